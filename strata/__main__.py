@@ -1,0 +1,5 @@
+import sys
+
+from strata.cli import main
+
+sys.exit(main())

@@ -1,0 +1,53 @@
+"""Every environment knob strata reads, in one place.
+
+| variable              | meaning                                                                 | default |
+|-----------------------|-------------------------------------------------------------------------|---------|
+| STRATA_PREFILL_RING   | force the streamed ring to N slots (N >= 1), overriding the resolved count | unset |
+| STRATA_PF_FUSED       | 1: fused path (one launch per layer over all experts, fused ring budget)   | unset (fused only for non-native packs) |
+| STRATA_MMQ_SLAB       | 1: stream-k fixup scratch comes from the loan's tail (SlabPool)            | unset = 0 = off |
+| TRITON_INTERPRET      | 1: run Triton kernels in the interpreter (set automatically without CUDA)  | auto |
+
+Knobs are read when a plan or a prompt starts (not at import), so tests can set them with
+monkeypatch. A malformed value is a StrataError naming the variable and the accepted form.
+"""
+from __future__ import annotations
+
+import os
+
+from strata.errors import StrataError
+
+KNOBS = ("STRATA_PREFILL_RING", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB", "TRITON_INTERPRET")
+
+
+def env_int(name: str, *, minimum: int | None = None) -> int | None:
+    """The integer value of env var `name`, None when unset or empty; a clear error otherwise."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        raise StrataError(f"{name}={raw!r} is not an integer; set it to a whole number "
+                          f"or unset it") from None
+    if minimum is not None and value < minimum:
+        raise StrataError(f"{name}={value} is below {minimum}; set it to at least {minimum} "
+                          f"or unset it")
+    return value
+
+
+def env_flag(name: str) -> bool | None:
+    """An on/off knob: None when unset, False for 0, True for any other integer."""
+    value = env_int(name)
+    return None if value is None else value != 0
+
+
+def prefill_ring_override() -> int | None:
+    return env_int("STRATA_PREFILL_RING", minimum=1)
+
+
+def pf_fused() -> bool | None:
+    return env_flag("STRATA_PF_FUSED")
+
+
+def mmq_slab() -> bool:
+    return bool(env_flag("STRATA_MMQ_SLAB"))

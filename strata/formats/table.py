@@ -1,0 +1,80 @@
+"""The block formats strata reads, each described once.
+
+A matrix of shape [N, K] (N output features, K inputs) is stored row-major by output feature,
+each row ceil-free: K must be a multiple of the format's block size, a row is K / block weights
+blocks of `block_bytes` each, exactly as a GGUF file stores it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata.errors import StrataError
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str          # ggml's name, e.g. "Q4_K"
+    ggml_type: int     # GGMLQuantizationType value
+    block: int         # weights per block
+    block_bytes: int   # bytes per block
+    layout: str        # field layout, for humans
+
+    def row_bytes(self, k: int) -> int:
+        """Bytes of one row of `k` weights; a clear error if `k` is not whole blocks."""
+        if k % self.block:
+            raise StrataError(f"a {self.name} row must hold a multiple of {self.block} weights, "
+                              f"got {k}; pick another format or pad the matrix")
+        return k // self.block * self.block_bytes
+
+    def nbytes(self, n: int, k: int) -> int:
+        """Bytes of an [n, k] matrix."""
+        return n * self.row_bytes(k)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.block_bytes / self.block
+
+
+_ALL = [
+    Format("F32", 0, 1, 4, "plain fp32"),
+    Format("F16", 1, 1, 2, "plain fp16"),
+    Format("BF16", 30, 1, 2, "plain bf16"),
+    Format("Q8_0", 8, 32, 34, "fp16 d; int8 qs[32]; w = d*q"),
+    Format("Q4_0", 2, 32, 18, "fp16 d; qs[16] nibbles (low = j, high = j+16); w = d*(q-8)"),
+    Format("Q5_0", 6, 32, 22, "fp16 d; qh[4] 5th bits; qs[16]; w = d*(q-16)"),
+    Format("IQ4_NL", 20, 32, 18, "fp16 d; qs[16] nibbles index kvalues_iq4nl[16]"),
+    Format("Q2_0", 42, 64, 18, "fp16 d; qs[16]; weight j at byte j/4 bits 2*(j%4); w = d*(q-1)"),
+    Format("Q4_K", 12, 256, 144, "fp16 d, dmin; scales[12] (6-bit scales/mins); qs[128]"),
+    Format("Q6_K", 14, 256, 210, "ql[128]; qh[64]; int8 scales[16]; fp16 d"),
+    Format("IQ3_S", 21, 256, 110, "fp16 d; qs[64]; qh[8]; signs[32]; scales[4]; 512-entry grid"),
+    Format("MXFP4", 39, 32, 17, "e8m0 scale; qs[16] e2m1 nibbles"),
+]
+
+FORMATS: dict[str, Format] = {f.name: f for f in _ALL}
+_BY_TYPE: dict[int, Format] = {f.ggml_type: f for f in _ALL}
+
+
+def get_format(qtype) -> Format:
+    """A Format from a name ('q4_k', 'Q4_K'), a ggml type id, a GGMLQuantizationType or a Format."""
+    if isinstance(qtype, Format):
+        return qtype
+    if isinstance(qtype, str):
+        fmt = FORMATS.get(qtype.strip().upper())
+        if fmt is None:
+            raise StrataError(f"unknown block format {qtype!r}; strata reads "
+                              f"{', '.join(FORMATS)}")
+        return fmt
+    try:
+        key = int(qtype)  # ints and IntEnums (gguf.GGMLQuantizationType)
+    except (TypeError, ValueError):
+        raise StrataError(f"cannot read block format {qtype!r}; give a name such as 'Q4_K'") from None
+    fmt = _BY_TYPE.get(key)
+    if fmt is None:
+        name = getattr(qtype, "name", str(key))
+        raise StrataError(f"ggml type {name} ({key}) is not a format strata reads; strata reads "
+                          f"{', '.join(FORMATS)}")
+    return fmt
+
+
+def row_bytes(qtype, k: int) -> int:
+    return get_format(qtype).row_bytes(k)

@@ -1,0 +1,64 @@
+"""Model shapes and the presets people plan against.
+
+Legend: L layers, D hidden, F expert width, E experts, K top-k, H query heads, Hkv kv heads,
+hd head dim, V vocabulary.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from strata.errors import StrataError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    arch: str = "qwen3moe"
+    n_layer: int = 2            # L
+    d_model: int = 64           # D
+    n_expert: int = 8           # E
+    top_k: int = 2              # K
+    d_expert: int = 32          # F
+    n_head: int = 4             # H
+    n_kv_head: int = 2          # Hkv
+    head_dim: int = 16          # hd
+    vocab: int = 256            # V
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    norm_topk_prob: bool = True
+    max_pos: int = 40960
+
+    def with_(self, **kw) -> "ModelShape":
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelShape":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one expert (gate + up + down)."""
+        return 3 * self.d_model * self.d_expert
+
+
+PRESETS: dict[str, ModelShape] = {
+    # Qwen3-30B-A3B: 48 layers, 128 experts of width 768, top-8.
+    "qwen3-30b-a3b": ModelShape("qwen3moe", 48, 2048, 128, 8, 768, 32, 4, 128, 151936),
+    # Qwen3-235B-A22B: 94 layers, 128 experts of width 1536, top-8.
+    "qwen3-235b-a22b": ModelShape("qwen3moe", 94, 4096, 128, 8, 1536, 64, 4, 128, 151936),
+    # The seeds' rig shape: 512 experts, hidden 2560, expert width 640 (Q2_0 blob = 1,382,400 B).
+    "seed-512e": ModelShape("qwen3moe", 30, 2560, 512, 10, 640, 16, 4, 256, 262144),
+    # Test and demo shapes: small enough for the Triton interpreter on two cores.
+    "tiny": ModelShape("qwen3moe", 2, 64, 8, 2, 32, 4, 2, 16, 256),
+    "small": ModelShape("qwen3moe", 4, 256, 16, 4, 128, 4, 2, 64, 1024),
+}
+
+
+def get_preset(name: str) -> ModelShape:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise StrataError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}") from None

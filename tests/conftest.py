@@ -1,0 +1,58 @@
+"""Shared test setup.
+
+- `torch.empty`/`empty_like` return NaN-filled float tensors (fla's trick): memory a kernel never
+  wrote shows up as NaN in the comparison instead of passing by luck.
+- `@pytest.mark.gpu` tests skip cleanly without CUDA; they run on the device machine.
+- Hypothesis: no deadline (the interpreter is slow), a fixed CI profile.
+"""
+import os
+
+import pytest
+import torch
+from hypothesis import settings
+
+import strata  # noqa: F401  (selects the Triton interpreter on a CPU-only machine)
+
+settings.register_profile("ci", deadline=None, max_examples=60, derandomize=True,
+                          print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=200)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+HAS_CUDA = torch.cuda.is_available()
+
+_empty, _empty_like = torch.empty, torch.empty_like
+
+
+def _poison(t):
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    return t
+
+
+def _nan_empty(*args, **kw):
+    return _poison(_empty(*args, **kw))
+
+
+def _nan_empty_like(*args, **kw):
+    return _poison(_empty_like(*args, **kw))
+
+
+@pytest.fixture(autouse=True)
+def nan_poison(monkeypatch):
+    monkeypatch.setattr(torch, "empty", _nan_empty)
+    monkeypatch.setattr(torch, "empty_like", _nan_empty_like)
+    yield
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (runs on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device():
+    return torch.device("cuda" if HAS_CUDA else "cpu")
