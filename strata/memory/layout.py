@@ -80,7 +80,7 @@ ACTIVATIONS = LayoutSpec(
             Buf("q", bf16, ("T", "QD"), "queries (q-norm and RoPE applied in place)"),
             Buf("k", bf16, ("T", "KVD"), "this chunk's keys, before they join the KV cache"),
             Buf("v", bf16, ("T", "KVD"), "this chunk's values"),
-            Buf("attn", bf16, ("T", "QD"), "attention output, before the o projection"),
+            Buf("attn", bf16, ("T", "QD"), "attention output; the o projection adds into x in place"),
         )),
         Phase("moe", (
             Buf("router_logits", f32, ("T", "E"), "router logits, fp32 for a stable softmax"),
