@@ -12,7 +12,8 @@ Order in the loan (each buffer 256-byte aligned):
 
 Legend: T tokens, D hidden, E experts, K top-k, F expert width, QD = H*hd (query width),
 KVD = Hkv*hd (key/value width), TK = T*K routed (token, expert) pairs,
-TKP = T*K + E*(BM-1) routed pairs after padding each expert's group to a multiple of BM rows.
+TKP = T*K + E*(BM-1) routed pairs after padding each expert's group to a multiple of BM rows,
+E1 = E + 1 (group offsets with an end marker).
 
 bytes_needed is ring*stride + sum(T * c_i) + max over phases of sum(T * c_j) + constant padding
 (+ alignment rounding), every c positive: monotone in T.

@@ -41,7 +41,7 @@ def run_prompt(device, ring_env=None, monkeypatch=None, scan_max=2048, scratch=0
         if not scratch:
             assert (loan.n_slots, loan.nbytes) == (part.loan_slots, part.loan)
         carve = loan.carve()
-        bufs = layout.carve(carve, plan.chunk, plan.ring if plan.ring != "STAGE" else 0)
+        bufs = layout.carve(carve, plan.chunk, plan.ring_slots)
         assert carve.stop == plan.bytes_needed
         tail = carve.tail()
         assert tail.nbytes == loan.nbytes - carve.stop and tail.view.device == cache.buffer.device

@@ -157,6 +157,7 @@ def test_forced_chunk_reports_fit_and_stage(monkeypatch):
     assert not bad.fits and "needs" in bad.short_of() and "room" in bad.short_of()
     stage = plan_prefill(lay, [p], chunk=40)             # 40 < ceil(512 / 10) = 52
     assert stage.ring == "STAGE" and stage.participants[0].ring == "STAGE"
+    assert stage.ring_slots == min(40 * 10, 512, 384)      # routed experts, at most the ring
     monkeypatch.setenv("STRATA_PREFILL_RING", "20")
     assert plan_prefill(lay, [p], chunk=40).ring == 20   # the override wins over STAGE
 
