@@ -2,7 +2,6 @@
 the empty-tail fallback and the check line (SPEC "Scratch pool", seed #2835)."""
 import logging
 
-import pytest
 import torch
 from hypothesis import example, given, strategies as st
 

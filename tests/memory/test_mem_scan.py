@@ -2,7 +2,7 @@
 import math
 
 import pytest
-from hypothesis import assume, example, given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from strata.errors import PlanError, StrataError
 from strata.memory import CacheLayout, Participant, PromptLayout, plan_prefill, ring_slots
