@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from strata.errors import PlanError, StrataError
 from strata.memory.cache import CacheLayout
+from strata.memory.carve import align_up
 from strata.memory.layout import PromptLayout
 from strata.memory.loan import LEND_CAP
 from strata.memory.ring import RING_MIN, STAGE, ring_cap, ring_slots, stream_all_min
@@ -61,7 +62,7 @@ class ParticipantPlan:
     cache_slots: int
     loan: int           # bytes of the slots lent for this plan (0 when it does not fit)
     loan_slots: int
-    tail: int           # loan - bytes_needed: the SlabPool's tail
+    tail: int           # loan - align256(bytes_needed): the SlabPool's tail (Carve.tail)
 
 
 @dataclass
@@ -160,7 +161,7 @@ def _finish(layout, participants, probe, chunk, rings, rule, full) -> Plan:
         loan = p.cache.top_bytes(n)
         parts.append(ParticipantPlan(p.name, ring, slots, layout.ring_bytes(slots), need, room,
                                      fits, p.cache.nbytes, p.cache.n_slots, loan, n,
-                                     loan - need if fits else 0))
+                                     max(0, loan - align_up(need)) if fits else 0))
     binding = min(parts, key=lambda q: (q.room - q.bytes_needed))
     return Plan(chunk=chunk, ring=binding.ring, ring_slots=binding.ring_slots,
                 ring_bytes=binding.ring_bytes, bytes_needed=binding.bytes_needed,

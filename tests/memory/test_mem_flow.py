@@ -46,6 +46,7 @@ def run_prompt(device, ring_env=None, monkeypatch=None, scan_max=2048, scratch=0
         tail = carve.tail()
         assert tail.nbytes == loan.nbytes - carve.stop and tail.view.device == cache.buffer.device
         assert tail.nbytes == part.tail or scratch
+        assert tail.address % 256 == cache.buffer.data_ptr() % 256   # tail starts aligned
         pool.publish(tail)
         # the engine writes every buffer; nothing escapes the loan
         for name, t in bufs.bufs.items():
