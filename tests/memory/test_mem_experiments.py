@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = ROOT.parent.parent / "shared" / "SPEC.md"   # present in the project's workspace only
+SPEC = ROOT.parent / "shared" / "SPEC.md"   # ../shared beside the checkout (workspace and CI)
 
 # The SPEC's "Memory" reference table, cell by cell (pack, max_blob, pinned, unpinned, fused).
 EXPECTED = [
