@@ -75,3 +75,44 @@ def to_strata(sd: dict[str, torch.Tensor], shape: ModelShape):
                 arena[e, m.offset:m.offset + m.nbytes] = w.view(torch.uint8).reshape(-1)
         blobs.append(arena)
     return dense, blobs, [lay] * shape.n_layer
+
+
+def quantize_roundtrip(w: torch.Tensor, fmt: str) -> torch.Tensor:
+    """w [rows, cols] fp32 -> dequant(quant(w)) fp32 through gguf-py: the weights a quantized
+    blob really holds (used to give HF the same expert weights as a quantized strata pack)."""
+    import gguf
+    q = gguf.GGMLQuantizationType[fmt]
+    return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), q), q)).float()
+
+
+def quantize_blob_bytes(w: torch.Tensor, fmt: str) -> torch.Tensor:
+    """w [rows, cols] fp32 -> uint8 bytes of the matrix in ggml format `fmt` (rows contiguous)."""
+    import gguf
+    q = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType[fmt])
+    return torch.from_numpy(q.view("uint8").reshape(-1).copy())
+
+
+def requantize_experts(model, fmt: str) -> None:
+    """Replace every HF expert matrix by dequant(quant(w)) in `fmt`, in place (HF v5 keeps the
+    experts fused: gate_up_proj [E, 2F, D], down_proj [E, D, F])."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            ex = layer.mlp.experts
+            for e in range(ex.gate_up_proj.shape[0]):
+                ex.gate_up_proj[e] = quantize_roundtrip(ex.gate_up_proj[e], fmt)
+                ex.down_proj[e] = quantize_roundtrip(ex.down_proj[e], fmt)
+
+
+def to_strata_quant(sd: dict[str, torch.Tensor], shape: ModelShape, fmt: str):
+    """Like `to_strata` with expert blobs quantized to `fmt` by gguf-py."""
+    dense, _, _ = to_strata(sd, shape)
+    lay = BlobLayout.make(shape.d_model, shape.d_expert, fmt)
+    blobs = []
+    for l in range(shape.n_layer):
+        arena = torch.zeros(shape.n_expert, lay.size, dtype=torch.uint8)
+        for e in range(shape.n_expert):
+            for m, hf in zip(lay.matrices, ("gate_proj", "up_proj", "down_proj")):
+                w = sd[f"model.layers.{l}.mlp.experts.{e}.{hf}.weight"]
+                arena[e, m.offset:m.offset + m.nbytes] = quantize_blob_bytes(w, fmt)
+        blobs.append(arena)
+    return dense, blobs, [lay] * shape.n_layer
