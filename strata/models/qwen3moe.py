@@ -11,7 +11,7 @@ then logits = W_out rms(x). RoPE is NEOX style (rotate halves), as HF Qwen3 and 
 Streaming: `forward_chunk` runs T tokens at positions P..P+T-1 against a KVCache holding the P
 earlier ones (causal inside the chunk, full attention to the cache) and asks the provider for each
 layer's experts after routing; `prefill` cuts a prompt into chunks. Dense weights use llama.cpp's
-GGUF tensor names (`DENSE_NAMES`).
+GGUF tensor names (strata.packs.names).
 """
 from __future__ import annotations
 
@@ -25,28 +25,12 @@ from strata.errors import StrataError
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_torch, route
 from strata.models.provider import ExpertProvider
 from strata.models.registry import register
+from strata.packs.names import check_dense
 from strata.shapes import ModelShape
 
-# Dense tensors by llama.cpp name; {l} is the layer. `output.weight` may be absent (tied embeddings).
-GLOBAL_NAMES = ("token_embd.weight", "output_norm.weight", "output.weight")
+# Per-layer dense tensors in LayerWeights order (names: strata.packs.names, llama.cpp's).
 LAYER_NAMES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm",
                "attn_k_norm", "ffn_norm", "ffn_gate_inp")
-
-
-def dense_names(n_layer: int) -> list[str]:
-    return list(GLOBAL_NAMES) + [f"blk.{l}.{n}.weight" for l in range(n_layer) for n in LAYER_NAMES]
-
-
-def _expected_shapes(s: ModelShape) -> dict[str, tuple[int, ...]]:
-    D, hd = s.d_model, s.head_dim
-    per_layer = {"attn_norm": (D,), "attn_q": (s.n_head * hd, D), "attn_k": (s.n_kv_head * hd, D),
-                 "attn_v": (s.n_kv_head * hd, D), "attn_output": (D, s.n_head * hd),
-                 "attn_q_norm": (hd,), "attn_k_norm": (hd,), "ffn_norm": (D,),
-                 "ffn_gate_inp": (s.n_expert, D)}
-    out = {"token_embd.weight": (s.vocab, D), "output_norm.weight": (D,), "output.weight": (s.vocab, D)}
-    for l in range(s.n_layer):
-        out.update({f"blk.{l}.{n}.weight": shp for n, shp in per_layer.items()})
-    return out
 
 
 @dataclass
@@ -147,19 +131,10 @@ class Qwen3Moe:
     def from_tensors(cls, shape: ModelShape, tensors: Mapping[str, torch.Tensor], *,
                      device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                      ffn: ExpertFFN | None = None) -> "Qwen3Moe":
-        """From dense tensors named as `dense_names` (llama.cpp names); checks every shape."""
-        want = _expected_shapes(shape)
-        got: dict[str, torch.Tensor] = {}
-        for name, shp in want.items():
-            t = tensors.get(name)
-            if t is None:
-                if name == "output.weight":
-                    continue  # tied embeddings: the LM head is token_embd
-                raise StrataError(f"dense tensor {name} is missing (expected shape {list(shp)})")
-            if tuple(t.shape) != shp:
-                raise StrataError(f"dense tensor {name} has shape {list(t.shape)}, the model "
-                                  f"shape needs {list(shp)}")
-            got[name] = t.to(device=device, dtype=dtype)
+        """From dense tensors named and shaped as strata.packs.names says (llama.cpp names);
+        `output.weight` may be absent (tied embeddings)."""
+        check_dense(shape, {n: tuple(t.shape) for n, t in tensors.items()}, "model weights")
+        got = {n: t.to(device=device, dtype=dtype) for n, t in tensors.items()}
         layers = [LayerWeights(*(got[f"blk.{l}.{n}.weight"] for n in LAYER_NAMES))
                   for l in range(shape.n_layer)]
         lm_head = got.get("output.weight", got["token_embd.weight"])
