@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from strata.errors import StrataError
+from strata.models.moe import FFN_CHOICES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -33,9 +34,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                    help="dense compute dtype (auto: bfloat16 on cuda, float32 on cpu)")
-    p.add_argument("--experts", choices=["auto", "kernel", "torch"], default="auto",
-                   help="expert FFN: the Triton GEMM, the plain-torch reference, or auto "
-                        "(the kernel when built)")
+    p.add_argument("--experts", choices=["auto", *FFN_CHOICES], default="auto",
+                   help="expert FFN: kernel (Triton GEMM), torch (its plain-torch twin, bf16), "
+                        "ref (fp32 reference); auto: kernel on cuda, ref on cpu (the Triton "
+                        "interpreter is slow)")
     p.add_argument("--dump-logits", metavar="PATH", default=None,
                    help="write the logits of every position as float32 [T, vocab] .npy")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -114,7 +116,9 @@ def run(args) -> int:
     device = resolve_device(args.device)
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" \
         else DTYPES[args.dtype]
-    ffn = expert_ffn(args.experts)
+    ffn_name = args.experts if args.experts != "auto" else \
+        ("kernel" if device.type == "cuda" else "ref")
+    ffn = expert_ffn(ffn_name)
     model = load_model(pack, device=device, dtype=dtype, ffn=ffn)
     provider_name, provider = make_provider(args, pack, device)
 
@@ -144,7 +148,7 @@ def run(args) -> int:
 
     res = PrefillResult(pack=str(args.pack), arch=pack.shape.arch, device=str(device),
                         dtype=str(dtype).replace("torch.", ""),
-                        experts=getattr(ffn, "__name__", str(ffn)), provider=provider_name,
+                        experts=ffn_name, provider=provider_name,
                         n_tokens=T, chunk=chunk, n_chunks=n_chunks, seconds=seconds,
                         tokens_per_s=T / seconds if seconds > 0 else float("inf"),
                         resident_expert_bytes=int(getattr(provider, "nbytes", 0)))

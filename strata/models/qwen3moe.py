@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.errors import StrataError
-from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_torch, route
+from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref, route
 from strata.models.provider import ExpertProvider
 from strata.models.registry import register
 from strata.packs.names import check_dense
@@ -117,7 +117,7 @@ class Qwen3Moe:
                  out_norm: torch.Tensor, lm_head: torch.Tensor, *, ffn: ExpertFFN | None = None):
         self.shape, self.tok_embd, self.layers = shape, tok_embd, layers
         self.out_norm, self.lm_head = out_norm, lm_head
-        self.ffn: ExpertFFN = ffn if ffn is not None else expert_ffn("auto")
+        self.ffn: ExpertFFN = ffn if ffn is not None else expert_ffn("kernel")
 
     @property
     def device(self) -> torch.device:
@@ -225,8 +225,8 @@ class Qwen3Moe:
 
 def forward_torch(model: Qwen3Moe, provider: ExpertProvider, tokens) -> torch.Tensor:
     """Reference: the whole prompt as one chunk, dense weights and decoded experts in fp32,
-    experts through `moe_ffn_torch`. Logits fp32 [T, V]."""
+    experts through `moe_ffn_ref`. Logits fp32 [T, V]."""
     f32 = Qwen3Moe(model.shape, model.tok_embd.float(),
                    [LayerWeights(*(t.float() for t in vars(lw).values())) for lw in model.layers],
-                   model.out_norm.float(), model.lm_head.float(), ffn=moe_ffn_torch)
+                   model.out_norm.float(), model.lm_head.float(), ffn=moe_ffn_ref)
     return f32.prefill(tokens, provider, chunk=None)

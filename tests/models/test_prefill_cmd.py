@@ -9,7 +9,7 @@ import torch
 
 from strata.cli import main
 from strata.models.load import load_model, resident_provider
-from strata.models.moe import moe_ffn_torch
+from strata.models.moe import moe_ffn_ref
 from strata.packs import write_pack
 from tests.models.hf_tiny import TINY, hf_state, make_hf_model, to_strata
 
@@ -32,7 +32,7 @@ def test_dump_logits_match_transformers(hf_and_pack, tmp_path, capsys):
     hf, pack = hf_and_pack
     out = tmp_path / "logits.npy"
     rc = main(["prefill", str(pack), "--tokens", ",".join(map(str, TOKENS)), "--device", "cpu",
-               "--experts", "torch", "--dump-logits", str(out)])
+               "--experts", "ref", "--dump-logits", str(out)])
     assert rc == 0
     got = np.load(out)
     assert got.dtype == np.float32 and got.shape == (len(TOKENS), TINY.vocab)
@@ -46,7 +46,7 @@ def test_dump_logits_match_transformers(hf_and_pack, tmp_path, capsys):
 def test_chunked_json(hf_and_pack, tmp_path, capsys):
     _, pack = hf_and_pack
     whole, parts = tmp_path / "a.npy", tmp_path / "b.npy"
-    args = ["prefill", str(pack), "--tokens", ",".join(map(str, TOKENS)), "--experts", "torch"]
+    args = ["prefill", str(pack), "--tokens", ",".join(map(str, TOKENS)), "--experts", "ref"]
     assert main(args + ["--dump-logits", str(whole)]) == 0
     capsys.readouterr()
     assert main(args + ["--chunk", "4", "--json", "--dump-logits", str(parts)]) == 0
@@ -59,7 +59,7 @@ def test_chunked_json(hf_and_pack, tmp_path, capsys):
 
 def test_load_model_from_pack(hf_and_pack):
     _, pack = hf_and_pack
-    model = load_model(pack, device="cpu", ffn=moe_ffn_torch)
+    model = load_model(pack, device="cpu", ffn=moe_ffn_ref)
     prov = resident_provider(pack, "cpu")
     assert prov.nbytes >= TINY.n_layer * TINY.n_expert * prov.sets[0].layout.size
     assert model.prefill(torch.tensor(TOKENS), prov).shape == (len(TOKENS), TINY.vocab)
