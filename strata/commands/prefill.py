@@ -70,6 +70,7 @@ class PrefillResult:
     seconds: float
     tokens_per_s: float
     resident_expert_bytes: int
+    next_token: int              # argmax of the last position's logits
     logits_path: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -79,7 +80,8 @@ class PrefillResult:
                  f"  device {self.device}, dtype {self.dtype}, experts via {self.experts}, "
                  f"provider {self.provider} ({self.resident_expert_bytes / 2**20:.1f} MiB of "
                  f"experts resident)",
-                 f"  {self.seconds * 1e3:.1f} ms, {self.tokens_per_s:.1f} tokens/s"]
+                 f"  {self.seconds * 1e3:.1f} ms, {self.tokens_per_s:.1f} tokens/s, "
+                 f"next token {self.next_token}"]
         lines += [f"  {k}: {v}" for k, v in self.extra.items()]
         if self.logits_path:
             lines.append(f"  logits float32 [{self.n_tokens}, vocab] -> {self.logits_path}")
@@ -140,7 +142,9 @@ def run(args) -> int:
     _sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        logits = model.prefill(tok, provider, chunk=chunk, progress=progress)
+        # [T, V] only when dumped: at V = 151936 a long prompt's logits would not fit in memory
+        logits = model.prefill(tok, provider, chunk=chunk, progress=progress,
+                               logits="all" if args.dump_logits else "last")
     _sync(device)
     seconds = time.perf_counter() - t0
     if bar is not None:
@@ -151,7 +155,8 @@ def run(args) -> int:
                         experts=ffn_name, provider=provider_name,
                         n_tokens=T, chunk=chunk, n_chunks=n_chunks, seconds=seconds,
                         tokens_per_s=T / seconds if seconds > 0 else float("inf"),
-                        resident_expert_bytes=int(getattr(provider, "nbytes", 0)))
+                        resident_expert_bytes=int(getattr(provider, "nbytes", 0)),
+                        next_token=int(logits[-1].argmax()))
     if args.dump_logits:
         out = np.ascontiguousarray(logits.float().cpu().numpy())   # [T, V] float32
         path = str(args.dump_logits)

@@ -242,3 +242,22 @@ def test_triton_expert_gemm_matches_transformers(hf_model, strata_bf16):
     tok = prompt(13, seed=4)
     out = model.with_ffn(expert_ffn("kernel")).prefill(tok, prov, chunk=5)
     assert rel_err(out, hf_logits(hf_model, tok)) < BF16_FFN_REL
+
+
+def test_query_blocks_of_later_chunks(strata_bf16, monkeypatch):
+    """Later chunks attend in query blocks (bounded mask); tiny blocks, uneven split, same logits."""
+    import strata.models.qwen3moe as q
+    model, prov = strata_bf16
+    tok = prompt(20, seed=9)
+    whole = model.prefill(tok, prov)
+    monkeypatch.setattr(q, "ATTN_QBLOCK", 3)
+    assert rel_err(_chunked(model, prov, tok, [4, 11, 5]), whole) < CHUNK_REL
+
+
+@pytest.mark.parametrize("chunk", [None, 6], ids=["one-chunk", "chunk6"])
+def test_last_logits_only(strata_bf16, chunk):
+    model, prov = strata_bf16
+    tok = prompt(17)
+    last = model.prefill(tok, prov, chunk=chunk, logits="last")
+    assert last.shape == (1, TINY.vocab)
+    assert rel_err(last, model.prefill(tok, prov)[-1:]) < CHUNK_REL
