@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from strata.errors import StrataError
 from strata.experts import ExpertSet
@@ -112,6 +112,7 @@ def _chunked(model, prov, tok, sizes):
     return torch.cat(outs)
 
 
+@settings(max_examples=12)  # each example is 2-3 forwards of the tiny model (~0.7 s on CI)
 @given(sizes=st.lists(st.integers(1, 13), min_size=1, max_size=6))
 @example(sizes=[1] * 5).via("one token per chunk: every query attends only to the cache + itself")
 @example(sizes=[29, 1]).via("a last chunk of one token after a long first chunk")
