@@ -24,7 +24,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("prefill", help="read a prompt through a pack; print tokens/s",
-                       description=__doc__.split("\n\n")[1])
+                       description="Read a prompt (token ids) through a pack with every expert "
+                                   "resident on the device; print tokens/s, optionally dump the "
+                                   "logits of every position.")
     p.add_argument("pack", help="a pack file (strata pack / strata synth)")
     src = p.add_argument_group("prompt")
     src.add_argument("--tokens", required=True,
