@@ -18,6 +18,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.models.moe import FFN_CHOICES
+from strata.units import fmt_bytes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -71,20 +72,19 @@ class PrefillResult:
     n_chunks: int
     seconds: float
     tokens_per_s: float
-    resident_expert_bytes: int
     next_token: int              # argmax of the last position's logits
     logits_path: str | None = None
-    extra: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)   # the provider's stats()
 
     def summary(self) -> str:
         lines = [f"strata prefill: {self.n_tokens} tokens in {self.n_chunks} chunk(s) of "
                  f"{self.chunk} through {self.pack} ({self.arch})",
                  f"  device {self.device}, dtype {self.dtype}, experts via {self.experts}, "
-                 f"provider {self.provider} ({self.resident_expert_bytes / 2**20:.1f} MiB of "
-                 f"experts resident)",
+                 f"provider {self.provider}",
                  f"  {self.seconds * 1e3:.1f} ms, {self.tokens_per_s:.1f} tokens/s, "
                  f"next token {self.next_token}"]
-        lines += [f"  {k}: {v}" for k, v in self.extra.items()]
+        lines += [f"  {k}: {fmt_bytes(v) if k.endswith('_bytes') else v}"
+                  for k, v in self.stats.items()]
         if self.logits_path:
             lines.append(f"  logits float32 [{self.n_tokens}, vocab] -> {self.logits_path}")
         return "\n".join(lines)
@@ -157,7 +157,7 @@ def run(args) -> int:
                         experts=ffn_name, provider=provider_name,
                         n_tokens=T, chunk=chunk, n_chunks=n_chunks, seconds=seconds,
                         tokens_per_s=T / seconds if seconds > 0 else float("inf"),
-                        resident_expert_bytes=int(getattr(provider, "nbytes", 0)),
+                        stats=provider.stats(),
                         next_token=int(logits[-1].argmax()))
     if args.dump_logits:
         out = np.ascontiguousarray(logits.float().cpu().numpy())   # [T, V] float32

@@ -229,19 +229,25 @@ class Qwen3Moe:
         cache = cache if cache is not None else self.new_cache(capacity=T)
         out = torch.zeros(T if logits == "all" else 1, self.shape.vocab, dtype=torch.float32,
                           device=self.device)
-        for start in range(0, T, chunk):
-            part = tokens[start:start + chunk]
-            last = start + part.numel() == T
-            mode = logits if logits == "all" else ("last" if last else "none")
-            provider.begin_chunk(cache.length, part.numel())
-            y = self.forward_chunk(part, cache, provider, logits=mode)
-            provider.end_chunk()
-            if mode == "all":
-                out[start:start + part.numel()] = y
-            elif mode == "last":
-                out[:] = y
-            if progress is not None:
-                progress(start + part.numel())
+        provider.begin_prompt(T, min(chunk, T))
+        ok = False
+        try:
+            for start in range(0, T, chunk):
+                part = tokens[start:start + chunk]
+                last = start + part.numel() == T
+                mode = logits if logits == "all" else ("last" if last else "none")
+                provider.begin_chunk(cache.length, part.numel())
+                y = self.forward_chunk(part, cache, provider, logits=mode)
+                provider.end_chunk()
+                if mode == "all":
+                    out[start:start + part.numel()] = y
+                elif mode == "last":
+                    out[:] = y
+                if progress is not None:
+                    progress(start + part.numel())
+            ok = True
+        finally:
+            provider.end_prompt(ok)
         return out
 
     def with_ffn(self, ffn: ExpertFFN) -> "Qwen3Moe":

@@ -140,6 +140,15 @@ class RoutedOnlyProvider:
         self.res, self.n_layer, self.calls = resident, resident.n_layer, []
         self.g = torch.Generator().manual_seed(seed)
 
+    def begin_prompt(self, n_tokens, chunk):
+        self.calls.append(("begin_prompt", n_tokens, chunk))
+
+    def end_prompt(self, ok):
+        self.calls.append(("end_prompt", ok))
+
+    def stats(self):
+        return {}
+
     def begin_chunk(self, start, n_tokens):
         self.calls.append(("begin_chunk", start, n_tokens))
 
@@ -178,7 +187,31 @@ def test_provider_contract_routed_experts_only(strata_bf16):
                                   + [c for l in range(L) for c in (("begin_layer", l),
                                      ("experts", l, (n, TINY.top_k)), ("end_layer", l))]
                                   + [("end_chunk",)])
-    assert staged.calls == per_chunk(0, 4) + per_chunk(4, 4) + per_chunk(8, 3)
+    assert staged.calls == ([("begin_prompt", 11, 4)] + per_chunk(0, 4) + per_chunk(4, 4)
+                            + per_chunk(8, 3) + [("end_prompt", True)])
+
+
+def test_failure_mid_prompt_ends_the_prompt(strata_bf16):
+    """An error inside a chunk (the engine's failed allocation) reaches the caller, the provider
+    hears end_prompt(ok=False), and the next prompt through the same provider succeeds."""
+    model, prov = strata_bf16
+
+    class FailOnce(RoutedOnlyProvider):
+        armed = True
+
+        def experts(self, layer, topk_ids):
+            if self.armed and self.calls.count(("begin_chunk", 4, 4)) and layer == 1:
+                self.armed = False
+                raise StrataError("injected: ring allocation failed")
+            return super().experts(layer, topk_ids)
+
+    p = FailOnce(prov)
+    tok = prompt(11)
+    with pytest.raises(StrataError, match="injected"):
+        model.prefill(tok, p, chunk=4)
+    assert p.calls[-1] == ("end_prompt", False) and ("end_chunk",) not in p.calls[-3:]
+    assert rel_err(model.prefill(tok, p, chunk=4), model.prefill(tok, prov)) < CHUNK_REL
+    assert p.calls[-1] == ("end_prompt", True)
 
 
 def test_absent_routed_expert_is_an_error(strata_bf16):
