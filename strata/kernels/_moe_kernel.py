@@ -1,0 +1,197 @@
+"""Triton kernels of the expert GEMM (see strata.kernels.moe for the op and its reference).
+
+Legend: BM/BN/BK tile sizes; a *tile* is BM sorted rows (one expert) x BN output features; an
+*iteration* is one BK step of a tile's reduction, KI = cdiv(n_in, BK) per tile.
+
+One kernel, two modes (MODE constexpr):
+  GATE_UP: h[r, f]  = silu(x[tok(r)] . gate_e[f]) * (x[tok(r)] . up_e[f])   r over padded rows
+  DOWN:    yk[a, d] = w[a] * (h[r(a)] . down_e[d])                          a = t*K + k
+and two schedules (SCHED constexpr):
+  DP:       one program per tile, the whole reduction.
+  STREAM_K: P programs; program p owns iterations [s_p, s_{p+1}) of the n_tiles*KI total
+            (s_p = p*base + min(p, extra)). A tile a program covers whole gets the epilogue at
+            once; a piece of a split tile goes as fp32 to fixup scratch slot 2p (the program's
+            first piece) or 2p+1 (its last piece), and `_moe_fixup_kernel` sums every split
+            tile's pieces in program order and applies the epilogue: deterministic, no atomics,
+            no waiting on other programs.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+try:  # the block decoders (formats branch); BF16 needs none of them
+    from strata.kernels.decode import decode_tile
+    HAVE_DECODE = True
+except ImportError:  # pragma: no cover - exercised only before the formats branch is merged
+    HAVE_DECODE = False
+
+    @triton.jit
+    def decode_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
+        return tl.zeros(mask.shape, tl.float32)  # unreachable: the launcher refuses non-BF16
+
+GGML_BF16: tl.constexpr = tl.constexpr(30)
+GATE_UP: tl.constexpr = tl.constexpr(0)
+DOWN: tl.constexpr = tl.constexpr(1)
+
+
+@triton.jit
+def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
+    """Weights [BN, BK] as bf16 for tl.dot: BF16 read as is, every other format decoded."""
+    if FMT == GGML_BF16:
+        ptr = w_ptr + offs_n[:, None].to(tl.int64) * row_bytes + offs_k[None, :].to(tl.int64) * 2
+        raw = tl.load(ptr.to(tl.pointer_type(tl.uint16), bitcast=True), mask=mask, other=0)
+        w = raw.to(tl.bfloat16, bitcast=True)
+    else:
+        w = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask).to(tl.bfloat16)
+    return w
+
+
+@triton.jit
+def _dot(a, w, acc, DOT_F32: tl.constexpr):
+    """acc += a @ w^T. The interpreter stores bf16 as raw uint16 and its tl.dot multiplies those
+    bit patterns, so there (DOT_F32) both operands go up to fp32 first: bf16 products are exact in
+    fp32, so the result is the same math; on the GPU the dot runs on bf16 tensor cores."""
+    if DOT_F32:
+        acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
+def _tile_rows(MODE: tl.constexpr, sorted_ids_ptr, mb, n_assign, TOPK: tl.constexpr,
+               BM: tl.constexpr):
+    offs_m = mb * BM + tl.arange(0, BM)                              # [BM] padded row
+    ids = tl.load(sorted_ids_ptr + offs_m)                            # [BM] assignment or sentinel
+    valid = ids < n_assign
+    if MODE == GATE_UP:
+        a_rows = ids // TOPK                                          # token of the assignment
+    else:
+        a_rows = offs_m                                               # row of h
+    return offs_m, ids, valid, a_rows
+
+
+@triton.jit
+def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi,
+         n_in, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc1 (and acc2 when TWO) [BM, BN] fp32 over reduction steps [k_lo, k_hi)."""
+    acc1 = tl.zeros((BM, BN), tl.float32)
+    acc2 = tl.zeros((BM, BN), tl.float32)
+    a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a          # [BM, 1]
+    for kk in range(k_lo, k_hi):
+        offs_k = kk * BK + tl.arange(0, BK)                            # [BK]
+        k_mask = offs_k < n_in
+        a = tl.load(a_base + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
+        wmask = n_mask[:, None] & k_mask[None, :]                      # [BN, BK]
+        w1 = _w_tile(FMT1, w1_ptr, rb1, offs_n, offs_k, wmask)
+        acc1 = _dot(a, w1, acc1, DOT_F32)
+        if TWO:
+            w2 = _w_tile(FMT2, w2_ptr, rb2, offs_n, offs_k, wmask)
+            acc2 = _dot(a, w2, acc2, DOT_F32)
+    return acc1, acc2
+
+
+@triton.jit
+def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n,
+              n_mask, tw_ptr):
+    if MODE == GATE_UP:
+        h = acc1 / (1.0 + tl.exp(-acc1)) * acc2                        # silu(gate) * up
+        ptr = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
+        tl.store(ptr, h.to(tl.bfloat16), mask=n_mask[None, :])       # padding rows too (zeros)
+    else:
+        w = tl.load(tw_ptr + ids, mask=valid, other=0.0)                # [BM] routing weight
+        ptr = out_ptr + ids[:, None].to(tl.int64) * stride_out + offs_n[None, :]
+        tl.store(ptr, acc1 * w[:, None], mask=valid[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _moe_gemm_kernel(
+        a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
+        arena_ptr, slot_ptr, off1, rb1, off2, rb2,
+        out_ptr, stride_out, tw_ptr, scratch_ptr,
+        n_out, n_in, n_tiles, n_programs,
+        MODE: tl.constexpr, SCHED: tl.constexpr, TOPK: tl.constexpr,
+        FMT1: tl.constexpr, FMT2: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr):
+    pid = tl.program_id(0)
+    NB = tl.cdiv(n_out, BN)
+    KI = tl.cdiv(n_in, BK)
+    TWO: tl.constexpr = MODE == GATE_UP
+    NACC: tl.constexpr = 2 if MODE == GATE_UP else 1
+    if SCHED == 0:
+        start = pid * KI
+        end = start + KI
+    else:
+        total = n_tiles * KI
+        base = total // n_programs
+        extra = total % n_programs
+        start = pid * base + tl.minimum(pid, extra)
+        end = start + base + (pid < extra).to(tl.int32)
+    it = start
+    while it < end:
+        t = it // KI
+        k_lo = it % KI
+        k_hi = tl.minimum(KI, k_lo + end - it)
+        mb = t // NB
+        nb = t % NB
+        e = tl.load(block_expert_ptr + mb)
+        blob = arena_ptr + tl.load(slot_ptr + e)                       # uint8* of expert e's blob
+        offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
+        offs_n = nb * BN + tl.arange(0, BN)
+        n_mask = offs_n < n_out
+        acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
+                          offs_n, n_mask, k_lo, k_hi, n_in, FMT1, FMT2, TWO, BM, BN, BK, DOT_F32)
+        if (k_lo == 0) & (k_hi == KI):
+            _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
+                      tw_ptr)
+        else:
+            slot = 2 * pid + (it != start).to(tl.int32)
+            r = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # [BM, BN]
+            sp = scratch_ptr + slot.to(tl.int64) * (NACC * BM * BN) + r
+            tl.store(sp, acc1)
+            if TWO:
+                tl.store(sp + BM * BN, acc2)
+        it += k_hi - k_lo
+
+
+@triton.jit
+def _moe_fixup_kernel(
+        sorted_ids_ptr, block_expert_ptr, n_assign, out_ptr, stride_out, tw_ptr, scratch_ptr,
+        n_out, n_in, n_tiles, n_programs,
+        MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+        BK: tl.constexpr):
+    """Program b looks at the boundary s_b between programs b-1 and b; the first boundary inside a
+    tile sums that tile's pieces, program by program in increasing order, and stores the result."""
+    b = tl.program_id(0)
+    NB = tl.cdiv(n_out, BN)
+    KI = tl.cdiv(n_in, BK)
+    NACC: tl.constexpr = 2 if MODE == GATE_UP else 1
+    total = n_tiles * KI
+    base = total // n_programs
+    extra = total % n_programs
+    s_b = b * base + tl.minimum(b, extra)
+    s_prev = (b - 1) * base + tl.minimum(b - 1, extra)
+    t = s_b // KI
+    first_inside = (b > 0) & (s_b < total) & (s_b % KI != 0) & (s_prev <= t * KI)
+    if first_inside:
+        r = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+        acc1 = tl.zeros((BM, BN), tl.float32)
+        acc2 = tl.zeros((BM, BN), tl.float32)
+        p = b - 1
+        s_p = s_prev
+        while (p < n_programs) & (s_p < (t + 1) * KI):
+            slot = 2 * p + (s_p // KI != t).to(tl.int32)
+            sp = scratch_ptr + slot.to(tl.int64) * (NACC * BM * BN) + r
+            acc1 += tl.load(sp)
+            if MODE == GATE_UP:
+                acc2 += tl.load(sp + BM * BN)
+            p += 1
+            s_p = p * base + tl.minimum(p, extra)
+        mb = t // NB
+        nb = t % NB
+        offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
+        offs_n = nb * BN + tl.arange(0, BN)
+        _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n,
+                  offs_n < n_out, tw_ptr)

@@ -1,0 +1,184 @@
+"""The MoE feed-forward of one layer, reading expert weights straight from their blobs.
+
+Legend: T tokens, D hidden, F expert width, E experts, K top-k.
+
+    y[t] = sum_k w[t,k] * down_e(silu(gate_e x[t]) * up_e x[t])     e = topk_ids[t,k]
+
+x [T, D] bf16, topk_ids [T, K] int, topk_weights [T, K] fp32, experts an ExpertSet (uint8 arena,
+slot_offset[E], BlobLayout: gate [F, D], up [F, D], down [D, F], each in any strata format).
+Accumulation is fp32; the intermediate h = silu(gate x) * up x is rounded to bf16 (the down GEMM's
+tensor-core input); y comes back as bf16 [T, D] like x (the K partial rows are summed in fp32 first).
+
+`moe_ffn` (Triton) and `moe_ffn_torch` (plain torch) share one signature.
+
+Launch plan (`moe_ffn`): route -> group by expert padded to BLOCK_M (one device sync, which also
+checks that every routed expert is resident) -> GATE_UP launch -> DOWN launch (each data-parallel
+or stream-k + fixup) -> y = sum over K of the weighted rows, in a fixed order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strata._backend import INTERPRET
+from strata.errors import StrataError
+from strata.experts import ExpertSet
+from strata.kernels import _moe_kernel as _k
+from strata.kernels.routing import check_topk_ids, group_blocked
+from strata.kernels.tiles import GemmProblem, TileConfig, device_sms, resolve_tile
+
+GGML_BF16 = 30
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """What the last `moe_ffn` launched: its tile, grid and the fixup scratch it asked for."""
+    tile: TileConfig
+    n_blocks: int          # BLOCK_M row blocks over all experts with tokens
+    tiles_gate_up: int     # n_blocks * cdiv(F, BN)
+    tiles_down: int        # n_blocks * cdiv(D, BN)
+    scratch_bytes: int     # fixup scratch (0 for data-parallel)
+
+
+_last: list[LaunchRecord] = []  # one-entry history, read through last_launch()
+
+
+def last_launch() -> LaunchRecord | None:
+    """The record of the most recent `moe_ffn` call in this process (None before the first)."""
+    return _last[0] if _last else None
+
+
+def scratch_nbytes(tile: TileConfig) -> int:
+    """Fixup scratch for one stream-k launch: 2 slots per program (its first and its last piece)
+    x 2 fp32 accumulators (gate and up) x BLOCK_M x BLOCK_N; the DOWN launch reuses it."""
+    if tile.schedule != "stream_k":
+        return 0
+    return 2 * tile.programs * 2 * tile.BLOCK_M * tile.BLOCK_N * 4
+
+
+def _default_alloc(device):
+    return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def _check_inputs(x, topk_ids, topk_weights, experts: ExpertSet):
+    lay = experts.layout
+    if x.dim() != 2 or x.shape[1] != lay.d_model:
+        raise StrataError(f"x must be [T, D={lay.d_model}] for this layer, got {tuple(x.shape)}")
+    if x.dtype != torch.bfloat16:
+        raise StrataError(f"x must be bf16, got {x.dtype}; convert with x.to(torch.bfloat16)")
+    check_topk_ids(topk_ids, experts.n_expert)
+    if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise StrataError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights "
+                          f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, K]")
+    devs = {x.device, topk_ids.device, topk_weights.device, experts.arena.device,
+            experts.slot_offset.device}
+    if len(devs) != 1:
+        raise StrataError(f"moe_ffn inputs must live on one device, got {sorted(map(str, devs))}")
+    if experts.arena.dtype != torch.uint8 or experts.slot_offset.dtype != torch.int64:
+        raise StrataError("ExpertSet must hold a uint8 arena and an int64 slot_offset")
+
+
+def _check_decoders(lay):
+    if not _k.HAVE_DECODE:
+        need = [m.fmt.name for m in lay.matrices if m.fmt.ggml_type != GGML_BF16]
+        if need:
+            raise StrataError(f"formats {need} need the in-kernel block decoders "
+                              f"(strata.kernels.decode), which this build lacks; use BF16")
+
+
+def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+            experts: ExpertSet, *, schedule=None, scratch_alloc=None) -> torch.Tensor:
+    """The layer's MoE feed-forward over T tokens -> y bf16 [T, D] (see module docstring).
+
+    schedule: None (the heuristic in strata.kernels.tiles, or the active `pin_tile`), "dp",
+    "stream_k", or a whole TileConfig. scratch_alloc(nbytes) -> uint8 tensor supplies the stream-k
+    fixup scratch (default: torch.empty on x's device); `last_launch()` reports its size.
+    """
+    _check_inputs(x, topk_ids, topk_weights, experts)
+    lay = experts.layout
+    _check_decoders(lay)
+    T, D = x.shape
+    K = topk_ids.shape[1]
+    F = lay.d_expert
+    E = experts.n_expert
+    dev = x.device
+    tile = resolve_tile(GemmProblem(T, K, E, D, F, device_sms(dev)), schedule)
+    BM, BN, BK = tile.BLOCK_M, tile.BLOCK_N, tile.BLOCK_K
+    if T * K == 0:
+        _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]
+        return torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
+    grp = group_blocked(topk_ids, E, BM, slot_offset=experts.slot_offset)
+    n_gu = grp.n_blocks * -(-F // BN)
+    n_dn = grp.n_blocks * -(-D // BN)
+    sk = tile.schedule == "stream_k"
+    nbytes = scratch_nbytes(tile)
+    if sk:
+        scratch = (scratch_alloc or _default_alloc(dev))(nbytes)
+        if scratch.dtype != torch.uint8 or scratch.numel() < nbytes or scratch.device != dev:
+            raise StrataError(f"scratch_alloc must return a uint8 tensor of >= {nbytes} bytes on "
+                              f"{dev}, got {scratch.dtype} x {scratch.numel()} on {scratch.device}")
+        scratch = scratch[:nbytes].view(torch.float32)
+    else:
+        scratch = torch.empty(1, dtype=torch.float32, device=dev)  # never touched
+    _last[:] = [LaunchRecord(tile, grp.n_blocks, n_gu, n_dn, nbytes)]
+
+    h = torch.empty(grp.n_blocks * BM, F, dtype=torch.bfloat16, device=dev)   # [Mpad, F]
+    yk = torch.empty(T * K, D, dtype=torch.float32, device=dev)               # [T·K, D]
+    tw = topk_weights.reshape(-1).float().contiguous()                        # [T·K]
+    x = x.contiguous()
+    meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK)
+    launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
+    for mode, a, n_out, n_in, m1, m2, out, n_tiles in (
+            (0, x, F, D, lay.gate, lay.up, h, n_gu),
+            (1, h, D, F, lay.down, lay.down, yk, n_dn)):
+        grid = (tile.programs,) if sk else (n_tiles,)
+        _k._moe_gemm_kernel[grid](
+            a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
+            experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
+            out, out.stride(0), tw, scratch, n_out, n_in, n_tiles, tile.programs,
+            MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
+            DOT_F32=INTERPRET, **meta, **launch)
+        if sk:
+            _k._moe_fixup_kernel[(tile.programs,)](
+                grp.sorted_ids, grp.block_expert, grp.n_assign, out, out.stride(0), tw, scratch,
+                n_out, n_in, n_tiles, tile.programs, MODE=mode, **meta, **launch)
+    return yk.view(T, K, D).sum(dim=1).to(torch.bfloat16)
+
+
+def dequantize_matrix(experts: ExpertSet, e: int, name: str) -> torch.Tensor:
+    """Expert e's matrix `name` ("gate" | "up" | "down") as fp32 [rows, cols], decoded in torch."""
+    mat = getattr(experts.layout, name)
+    off = int(experts.slot_offset[e])
+    if off < 0:
+        raise StrataError(f"expert {e} is not resident (slot_offset = -1); load it first")
+    raw = experts.arena[off + mat.offset: off + mat.offset + mat.nbytes]
+    plain = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+    if mat.fmt.name in plain:
+        w = raw.view(plain[mat.fmt.name])
+    else:
+        try:
+            from strata.formats import dequantize
+        except ImportError:
+            raise StrataError(f"format {mat.fmt.name} needs strata.formats.dequantize, which "
+                              f"this build lacks") from None
+        w = dequantize(raw, mat.fmt)
+    return w.float().reshape(mat.rows, mat.cols)
+
+
+def moe_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                  experts: ExpertSet, *, schedule=None, scratch_alloc=None) -> torch.Tensor:
+    """Plain-torch reference of `moe_ffn` (same signature; schedule/scratch_alloc ignored):
+    every product in fp32, h kept in fp32, y rounded to bf16 once at the end."""
+    _check_inputs(x, topk_ids, topk_weights, experts)
+    T, D = x.shape
+    y = torch.zeros(T, D, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in torch.unique(topk_ids).tolist():
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)            # [n_e]
+        g = xf[tok] @ dequantize_matrix(experts, e, "gate").T               # [n_e, F]
+        u = xf[tok] @ dequantize_matrix(experts, e, "up").T
+        hid = torch.nn.functional.silu(g) * u
+        out = hid @ dequantize_matrix(experts, e, "down").T                 # [n_e, D]
+        y.index_add_(0, tok, out * topk_weights[tok, slot, None].float())
+    return y.to(torch.bfloat16)

@@ -1,0 +1,125 @@
+"""Routing: pick each token's top-k experts, then group the T·K assignments by expert.
+
+Legend: T tokens, E experts, K top-k, BM the GEMM's row block (BLOCK_M).
+
+An *assignment* is one (token t, slot k) pair, flat index a = t·K + k. Grouping sorts the T·K
+assignments by expert (stable, so ties keep token order) and lays them out either
+
+- ragged: `order` [T·K] (assignments sorted by expert), `offsets` [E+1] (expert e owns
+  order[offsets[e]:offsets[e+1]]), or
+- block-padded for the kernel: each expert's run padded up to a multiple of BM with the sentinel
+  T·K, so every BM-row block belongs to exactly one expert (`block_expert`). Experts with no
+  assignments own no blocks, so the kernel launches nothing for them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strata.errors import StrataError
+
+
+def topk_route(logits: torch.Tensor, k: int, *, renormalize: bool = True):
+    """Softmax over experts, then top-k (Qwen3-MoE / Mixtral order).
+
+    logits [T, E] -> (topk_ids int64 [T, K], topk_weights fp32 [T, K]). With `renormalize` the K
+    weights of each token sum to 1 (Qwen3-MoE's norm_topk_prob, Mixtral); without, they are the
+    raw softmax probabilities.
+    """
+    if logits.dim() != 2:
+        raise StrataError(f"router logits must be [T, E], got shape {tuple(logits.shape)}")
+    n_expert = logits.shape[1]
+    if not 1 <= k <= n_expert:
+        raise StrataError(f"top-k must be between 1 and E={n_expert}, got {k}")
+    probs = torch.softmax(logits.float(), dim=-1)                  # [T, E]
+    weights, ids = torch.topk(probs, k, dim=-1)                    # [T, K]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights.float()
+
+
+def check_topk_ids(topk_ids: torch.Tensor, n_expert: int) -> None:
+    if topk_ids.dim() != 2:
+        raise StrataError(f"topk_ids must be [T, K], got shape {tuple(topk_ids.shape)}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
+        raise StrataError(f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Assignments sorted by expert. order[i] = flat assignment index; inverse[a] = its position."""
+    order: torch.Tensor    # int64 [T·K]
+    inverse: torch.Tensor  # int64 [T·K]
+    counts: torch.Tensor   # int64 [E]
+    offsets: torch.Tensor  # int64 [E+1], offsets[0] = 0, offsets[E] = T·K
+
+
+def group_ragged(topk_ids: torch.Tensor, n_expert: int) -> Ragged:
+    """Sort the T·K assignments by expert (stable). No device sync."""
+    check_topk_ids(topk_ids, n_expert)
+    flat = topk_ids.reshape(-1).long()                               # [T·K]
+    order = torch.sort(flat, stable=True).indices                    # [T·K]
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    counts = torch.bincount(flat, minlength=n_expert)[:n_expert]     # [E]
+    offsets = torch.zeros(n_expert + 1, dtype=torch.int64, device=flat.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return Ragged(order, inverse, counts, offsets)
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """The kernel's view: BM-row blocks, one expert each. Padding rows hold the sentinel T·K."""
+    sorted_ids: torch.Tensor     # int32 [n_blocks·BM]: flat assignment index, or T·K = padding
+    block_expert: torch.Tensor   # int32 [n_blocks]
+    counts: torch.Tensor         # int64 [E]
+    padded_offsets: torch.Tensor  # int64 [E+1]: first row of expert e's blocks
+    n_blocks: int
+    block_m: int
+    n_assign: int                # T·K (the sentinel)
+
+
+def group_blocked(topk_ids: torch.Tensor, n_expert: int, block_m: int, *,
+                  slot_offset: torch.Tensor | None = None) -> Blocked:
+    """Group by expert, each expert's rows padded to a multiple of `block_m`.
+
+    Syncs with the device once (the block count sizes the launch grid). When `slot_offset` [E] is
+    given, the same sync also checks that every routed expert is resident (slot_offset >= 0) and
+    raises StrataError naming the missing experts otherwise: the check rides on a copy the launch
+    needs anyway, so it costs no extra round trip.
+    """
+    if block_m < 1:
+        raise StrataError(f"block_m must be positive, got {block_m}")
+    check_topk_ids(topk_ids, n_expert)
+    out_of_range = ((topk_ids < 0) | (topk_ids >= n_expert)).sum()
+    topk_ids = topk_ids.clamp(0, n_expert - 1)  # keeps bincount valid until the sync reports it
+    rag = group_ragged(topk_ids, n_expert)
+    dev = rag.order.device
+    n_assign = rag.order.numel()
+    blocks_per = (rag.counts + block_m - 1) // block_m                # [E]
+    padded_offsets = torch.zeros(n_expert + 1, dtype=torch.int64, device=dev)
+    padded_offsets[1:] = torch.cumsum(blocks_per, 0) * block_m
+    # the one sync: total blocks, ids out of range, routed-but-absent experts
+    missing = (((rag.counts > 0) & (slot_offset.to(dev) < 0)).sum() if slot_offset is not None
+               else torch.zeros((), dtype=torch.int64, device=dev))
+    n_blocks, n_bad, n_missing = torch.stack([blocks_per.sum(), out_of_range.to(dev),
+                                              missing]).tolist()
+    if n_bad:
+        raise StrataError(f"{n_bad} entries of topk_ids lie outside [0, {n_expert}); "
+                          f"expert ids must index the layer's E={n_expert} experts")
+    if n_missing:
+        absent = torch.nonzero((rag.counts > 0) & (slot_offset.to(dev) < 0)).flatten().tolist()
+        raise StrataError(f"experts {absent} are routed to but not resident (slot_offset = -1); "
+                          f"load them into the arena before running the layer")
+    # position of the i-th sorted assignment: its expert's padded start + rank inside the expert
+    sorted_expert = topk_ids.reshape(-1).long()[rag.order]             # [T·K]
+    rank = torch.arange(n_assign, device=dev) - rag.offsets[sorted_expert]
+    pos = padded_offsets[sorted_expert] + rank
+    sorted_ids = torch.full((n_blocks * block_m,), n_assign, dtype=torch.int32, device=dev)
+    sorted_ids[pos] = rag.order.to(torch.int32)
+    block_expert = torch.repeat_interleave(
+        torch.arange(n_expert, device=dev, dtype=torch.int32), blocks_per,
+        output_size=n_blocks)
+    return Blocked(sorted_ids, block_expert, rag.counts, padded_offsets, n_blocks, block_m,
+                   n_assign)

@@ -1,0 +1,71 @@
+"""The MoE layer's two halves for the model: the router and the expert FFN.
+
+Legend: T tokens of the chunk, D hidden, F expert width, E experts, K top-k.
+
+    logits = x @ W_router^T                      # [T, E], fp32
+    p = softmax(logits); w, ids = topk(p, K)     # [T, K]; renormalized when norm_topk_prob
+    y[t] = sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t),   e = ids[t, k]
+
+Expert FFNs the model can use, all `(x, topk_ids, topk_w, experts) -> y` with y in x's dtype:
+- "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
+- "torch":  its plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
+- "ref":    `moe_ffn_ref` below: every product in fp32, x not rounded (the reference forward)
+Routing and block decoding are the kernels' own (`topk_route`, `dequantize_matrix`).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from strata.errors import StrataError
+from strata.experts import ExpertSet
+from strata.kernels.moe import dequantize_matrix
+from strata.kernels.routing import topk_route
+
+ExpertFFN = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertSet], torch.Tensor]
+FFN_CHOICES = ("kernel", "torch", "ref")
+
+
+def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk_prob: bool
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, D], w_router [E, D] -> (topk_ids int64 [T, K], topk_w fp32 [T, K]); fp32 logits."""
+    return topk_route(x.float() @ w_router.float().t(), top_k, renormalize=norm_topk_prob)
+
+
+def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
+                experts: ExpertSet) -> torch.Tensor:
+    """fp32 reference expert FFN: x [T, D] (any float dtype), topk [T, K] -> y [T, D] in x's
+    dtype. Decodes only the experts with tokens; an absent routed expert is a StrataError."""
+    T, D = x.shape
+    y = torch.zeros(T, D, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in torch.unique(topk_ids).tolist():
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)      # [n], [n]
+        gate, up, down = (dequantize_matrix(experts, e, m) for m in ("gate", "up", "down"))
+        xe = xf[tok]                                                 # [n, D]
+        h = F.silu(xe @ gate.t()) * (xe @ up.t())                    # [n, F]
+        y.index_add_(0, tok, (h @ down.t()) * topk_w[tok, slot].float()[:, None])
+    return y.to(x.dtype)
+
+
+def _bf16(fn) -> ExpertFFN:
+    """Adapt a bf16-contract expert FFN to any activation dtype (bf16 in, y back in x's dtype)."""
+    def ffn(x, topk_ids, topk_w, experts):
+        return fn(x.to(torch.bfloat16), topk_ids, topk_w, experts).to(x.dtype)
+    ffn.__name__ = fn.__name__
+    return ffn
+
+
+def expert_ffn(name: str = "kernel") -> ExpertFFN:
+    """The expert FFN called `name` (one of FFN_CHOICES)."""
+    if name == "kernel":
+        from strata.kernels.moe import moe_ffn
+        return _bf16(moe_ffn)
+    if name == "torch":
+        from strata.kernels.moe import moe_ffn_torch
+        return _bf16(moe_ffn_torch)
+    if name == "ref":
+        return moe_ffn_ref
+    raise StrataError(f"unknown expert FFN {name!r}; choose one of {', '.join(FFN_CHOICES)}")

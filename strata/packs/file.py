@@ -1,0 +1,357 @@
+"""The pack file: one safetensors container, memory-mapped on open, never pickle.
+
+Layout (a valid safetensors file; `safetensors.safe_open` reads it too):
+    8-byte little-endian header length N | JSON header (space-padded) | tensor data
+Every tensor starts on a 4096-byte boundary of the file (filler tensors `__pad.<n>` close the gaps),
+so a layer's experts can be copied/pinned page-aligned and bf16/fp32 views need no copy.
+
+Tensors:
+    blk.<i>.experts   uint8 [E, blob_size]  blob e at byte e*blob_size: gate, up, down (BlobLayout)
+    <dense names>     bf16/f16/f32, names and shapes from strata.packs.names (llama.cpp's names)
+Metadata (`__metadata__["strata.pack"]`, JSON): pack_version, strata_version, shape
+(ModelShape.to_dict()), layers [{layout: BlobLayout.to_dict(), blob_size}], max_blob, native,
+tied (LM head = token_embd), source, crc32 {tensor: hex} (checked by Pack.verify()).
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from strata.blob import BlobLayout
+from strata.errors import StrataError
+from strata.experts import ExpertSet
+from strata.packs.names import check_dense, dense_specs, experts_name
+from strata.shapes import ModelShape
+
+PACK_VERSION = 1
+META_KEY = "strata.pack"
+FILE_ALIGN = 4096
+MAX_HEADER = 256 << 20  # a header beyond this is corruption, not a model
+
+_DTYPES = {"U8": (torch.uint8, 1), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2),
+           "F32": (torch.float32, 4)}
+_TORCH_TO_ST = {v[0]: k for k, v in _DTYPES.items()}
+_NP_TO_ST = {np.dtype(np.uint8): "U8", np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
+
+
+@dataclass(frozen=True)
+class PackLayer:
+    layout: BlobLayout
+    blob_size: int  # == layout.size; a layer's cache slot size
+
+
+def _dense_bytes(name: str, t) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """(safetensors dtype, shape, uint8 view) of a torch tensor or numpy array, no copy if possible."""
+    if isinstance(t, torch.Tensor):
+        st = _TORCH_TO_ST.get(t.dtype)
+        if st is None or st == "U8":
+            raise StrataError(f"dense tensor {name} is {t.dtype}; packs hold bf16, f16 or f32")
+        shape = tuple(t.shape)
+        u8 = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        return st, shape, u8
+    a = np.asarray(t)
+    st = _NP_TO_ST.get(a.dtype)
+    if st is None or st == "U8":
+        raise StrataError(f"dense tensor {name} is {a.dtype}; packs hold bf16, f16 or f32")
+    return st, tuple(a.shape), np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _blob_bytes(i: int, blobs, layout: BlobLayout, n_expert: int) -> np.ndarray:
+    if callable(blobs):
+        blobs = blobs()
+    if isinstance(blobs, torch.Tensor):
+        blobs = blobs.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    a = np.ascontiguousarray(blobs)
+    if a.dtype != np.uint8:
+        raise StrataError(f"layer {i} expert blobs are {a.dtype}; give uint8 [E, blob_size]")
+    if a.size != n_expert * layout.size:
+        raise StrataError(f"layer {i} expert blobs hold {a.size} bytes, expected {n_expert} x "
+                          f"{layout.size} (E x blob size)")
+    return a.reshape(-1)
+
+
+def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layouts,
+               native: bool, source: str = "", progress: bool = True) -> Path:
+    """Write a pack. `dense`: name -> torch tensor / numpy array (names and shapes of
+    strata.packs.names; "output.weight" may be left out when tied to the embeddings).
+    `layer_blobs`: L items, each uint8 [E, blob_size] (numpy/torch) or a callable returning one,
+    consumed in layer order so a big pack streams one layer at a time. `layouts`: one BlobLayout
+    for every layer or a list of L. Writes to `<path>.partial` then renames."""
+    import strata
+    path = Path(path)
+    L, E = shape.n_layer, shape.n_expert
+    if isinstance(layouts, BlobLayout):
+        layouts = [layouts] * L
+    layouts = list(layouts)
+    if len(layouts) != L:
+        raise StrataError(f"{len(layouts)} blob layouts for {L} layers")
+    for i, lay in enumerate(layouts):
+        if (lay.d_model, lay.d_expert) != (shape.d_model, shape.d_expert):
+            raise StrataError(f"layer {i} blob layout is D={lay.d_model}, F={lay.d_expert}; the shape "
+                              f"says D={shape.d_model}, F={shape.d_expert}")
+    dense_info = {n: _dense_bytes(n, t) for n, t in dense.items()}
+    check_dense(shape, {n: v[1] for n, v in dense_info.items()}, f"writing {path}")
+    tied = "output.weight" not in dense_info
+
+    # Tensor plan in file order: globals, then per layer its dense tensors and its experts.
+    order = [n for n in dense_specs(shape) if n in dense_info and not n.startswith("blk.")]
+    plan: list[tuple[str, str, tuple[int, ...], int]] = [
+        (n, dense_info[n][0], dense_info[n][1], dense_info[n][2].size) for n in order]
+    for i in range(L):
+        plan += [(n, dense_info[n][0], dense_info[n][1], dense_info[n][2].size)
+                 for n in dense_specs(shape) if n.startswith(f"blk.{i}.") and n in dense_info]
+        plan.append((experts_name(i), "U8", (E, layouts[i].size), E * layouts[i].size))
+
+    header: dict = {}
+    entries = []  # (name or None for padding, start, nbytes)
+    off = 0
+    for name, st, shp, nbytes in plan:
+        pad = -off % FILE_ALIGN
+        if pad:
+            header[f"__pad.{len(entries)}"] = {"dtype": "U8", "shape": [pad],
+                                               "data_offsets": [off, off + pad]}
+            entries.append((None, off, pad))
+            off += pad
+        header[name] = {"dtype": st, "shape": list(shp), "data_offsets": [off, off + nbytes]}
+        entries.append((name, off, nbytes))
+        off += nbytes
+    meta = {
+        "pack_version": PACK_VERSION, "strata_version": strata.__version__,
+        "shape": shape.to_dict(),
+        "layers": [{"layout": lay.to_dict(), "blob_size": lay.size} for lay in layouts],
+        "max_blob": max(lay.size for lay in layouts), "native": bool(native), "tied": tied,
+        "source": str(source),
+        "crc32": {n: "00000000" for n, *_ in plan},
+    }
+
+    def header_bytes(meta: dict) -> bytes:
+        h = dict(header)
+        h["__metadata__"] = {META_KEY: json.dumps(meta, sort_keys=True)}
+        raw = json.dumps(h).encode()
+        raw += b" " * (-(8 + len(raw)) % FILE_ALIGN)  # data starts page-aligned
+        return raw
+
+    raw = header_bytes(meta)
+    tmp = path.with_name(path.name + ".partial")
+    crcs = {}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=L, desc=f"pack {path.name}", unit="layer", file=__import__("sys").stderr)
+    blob_iter = iter(layer_blobs)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            for name, start, nbytes in entries:
+                if name is None:
+                    f.write(bytes(nbytes))
+                    continue
+                if name.endswith(".experts"):
+                    i = int(name.split(".")[1])
+                    try:
+                        item = next(blob_iter)
+                    except StopIteration:
+                        raise StrataError(f"expert blobs given for {i} layers, the shape has {L}") from None
+                    data = _blob_bytes(i, item, layouts[i], E)
+                else:
+                    data = dense_info[name][2]
+                crcs[name] = f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+                f.write(memoryview(data))
+                if bar is not None and name.endswith(".experts"):
+                    bar.update(1)
+            meta["crc32"] = crcs
+            raw2 = header_bytes(meta)
+            assert len(raw2) == len(raw), "fixed-width checksums keep the header size"
+            f.seek(8)
+            f.write(raw2)
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp.exists():
+            tmp.unlink()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return path
+
+
+class Pack:
+    """A pack opened by memory-mapping. Tensors are zero-copy CPU views of the map.
+
+    .shape ModelShape · .layers[i].layout / .blob_size · .max_blob · .native · .tied · .source
+    .experts(i) -> uint8 [E, blob_size] · .expert_set(i) -> ExpertSet · .dense(name) · .dense_names()
+    """
+
+    def __init__(self, path: Path, header: dict, meta: dict, buf: torch.Tensor, data_start: int):
+        self.path = path
+        self._header = header
+        self.meta = meta
+        self._buf = buf
+        self._data_start = data_start
+        self.shape = ModelShape.from_dict(meta["shape"])
+        self.layers = [PackLayer(BlobLayout.from_dict(l["layout"]), int(l["blob_size"]))
+                       for l in meta["layers"]]
+        self.max_blob = int(meta["max_blob"])
+        self.native = bool(meta["native"])
+        self.tied = bool(meta["tied"])
+        self.source = meta.get("source", "")
+
+    # -- opening and validation ------------------------------------------------------------
+    @classmethod
+    def open(cls, path, verify: bool = False) -> "Pack":
+        """Open and validate a pack; `verify=True` also checks every tensor's CRC32 (reads it all)."""
+        path = Path(path)
+        if not path.is_file():
+            raise StrataError(f"no pack at {path}")
+        size = path.stat().st_size
+        bad = f"{path} is not a readable strata pack"
+        if size < 8:
+            raise StrataError(f"{bad}: {size} bytes is shorter than a safetensors header")
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > MAX_HEADER or 8 + n > size:
+                raise StrataError(f"{bad}: header length {n} does not fit a {size}-byte file "
+                                  f"(truncated or corrupted); re-create it with strata pack")
+            raw = f.read(n)
+        try:
+            header = json.loads(raw)
+            meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
+        except (ValueError, UnicodeDecodeError, AttributeError) as e:
+            raise StrataError(f"{bad}: its header is not valid JSON ({e}); the file is corrupted") from None
+        if not isinstance(meta, dict):
+            raise StrataError(f"{bad}: a safetensors file without strata pack metadata "
+                              f"(make one with `strata pack`)")
+        if meta.get("pack_version") != PACK_VERSION:
+            raise StrataError(f"{bad}: pack version {meta.get('pack_version')!r}, this strata reads "
+                              f"version {PACK_VERSION}; re-create it with this strata's `strata pack`")
+        data_start = 8 + n
+        cls._check_tensors(path, header, size - data_start)
+        buf = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+        try:
+            pack = cls(path, header, meta, buf, data_start)
+        except (KeyError, TypeError, ValueError) as e:
+            raise StrataError(f"{bad}: its metadata is incomplete or malformed ({e!r})") from None
+        pack._check_meta()
+        if verify:
+            pack.verify()
+        return pack
+
+    @staticmethod
+    def _check_tensors(path: Path, header: dict, data_len: int) -> None:
+        spans = []
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dt, shape, (a, b) = e["dtype"], e["shape"], e["data_offsets"]
+                item = _DTYPES[dt][1]
+            except (KeyError, TypeError, ValueError):
+                raise StrataError(f"{path}: tensor {name} has a malformed header entry {e!r}") from None
+            want = int(np.prod(shape, dtype=np.int64)) * item
+            if b - a != want or a < 0:
+                raise StrataError(f"{path}: tensor {name} spans {b - a} bytes but {dt} {shape} needs "
+                                  f"{want}; the header is corrupted")
+            spans.append((a, b, name))
+        spans.sort()
+        end = 0
+        for a, b, name in spans:
+            if a != end:
+                raise StrataError(f"{path}: tensor {name} starts at {a}, expected {end} "
+                                  f"(overlapping or missing data); the header is corrupted")
+            end = b
+        if end > data_len:
+            raise StrataError(f"{path} is truncated: its tensors need {end} data bytes, the file "
+                              f"has {data_len}; re-create it with strata pack")
+        if end < data_len:
+            raise StrataError(f"{path} has {data_len - end} bytes after its last tensor; corrupted")
+
+    def _check_meta(self) -> None:
+        s, where = self.shape, str(self.path)
+        if len(self.layers) != s.n_layer:
+            raise StrataError(f"{where}: metadata lists {len(self.layers)} layers, the shape has "
+                              f"{s.n_layer}")
+        for i, pl in enumerate(self.layers):
+            if pl.blob_size != pl.layout.size:
+                raise StrataError(f"{where}: layer {i} blob size {pl.blob_size} disagrees with its "
+                                  f"layout's {pl.layout.size}")
+            if (pl.layout.d_model, pl.layout.d_expert) != (s.d_model, s.d_expert):
+                raise StrataError(f"{where}: layer {i} layout is D={pl.layout.d_model}, "
+                                  f"F={pl.layout.d_expert}; the shape says D={s.d_model}, F={s.d_expert}")
+            e = self._header.get(experts_name(i))
+            if e is None:
+                raise StrataError(f"{where}: tensor {experts_name(i)} is missing")
+            if e["dtype"] != "U8" or list(e["shape"]) != [s.n_expert, pl.blob_size]:
+                raise StrataError(f"{where}: {experts_name(i)} is {e['dtype']} {e['shape']}, metadata "
+                                  f"says U8 [{s.n_expert}, {pl.blob_size}]")
+        mb = max(pl.blob_size for pl in self.layers)
+        if self.max_blob != mb:
+            raise StrataError(f"{where}: max_blob {self.max_blob} disagrees with the largest layer "
+                              f"blob {mb}")
+        shapes = {n: tuple(e["shape"]) for n, e in self._header.items()
+                  if n != "__metadata__" and not n.startswith("__pad.") and not n.endswith(".experts")}
+        extra_exp = [n for n in self._header if n.endswith(".experts")
+                     and n not in {experts_name(i) for i in range(s.n_layer)}]
+        if extra_exp:
+            raise StrataError(f"{where}: unexpected expert tensors {extra_exp[:3]}")
+        check_dense(s, shapes, where)
+        if self.tied != ("output.weight" not in shapes):
+            raise StrataError(f"{where}: metadata says tied={self.tied} but output.weight is "
+                              f"{'present' if 'output.weight' in shapes else 'absent'}")
+
+    def verify(self) -> None:
+        """Check every tensor against the CRC32 written with it (reads the whole file)."""
+        crcs = self.meta.get("crc32", {})
+        for name in self._names():
+            want = crcs.get(name)
+            got = f"{zlib.crc32(self._raw(name).numpy()) & 0xFFFFFFFF:08x}"
+            if want != got:
+                raise StrataError(f"{self.path}: tensor {name} fails its checksum (crc32 {got}, "
+                                  f"written {want}); the file is corrupted")
+
+    # -- access ----------------------------------------------------------------------------
+    def _names(self) -> list[str]:
+        return [n for n in self._header if n != "__metadata__" and not n.startswith("__pad.")]
+
+    def _raw(self, name: str) -> torch.Tensor:
+        a, b = self._header[name]["data_offsets"]
+        return self._buf[self._data_start + a:self._data_start + b]
+
+    def experts(self, i: int) -> torch.Tensor:
+        """Layer i's experts: uint8 [E, blob_size], blob e at row e (a view of the map)."""
+        if not 0 <= i < self.shape.n_layer:
+            raise StrataError(f"layer {i} out of range; the pack has {self.shape.n_layer} layers")
+        return self._raw(experts_name(i)).view(self.shape.n_expert, self.layers[i].blob_size)
+
+    def expert_set(self, i: int) -> ExpertSet:
+        """Layer i's experts as an ExpertSet over the map (CPU): slot_offset[e] = e * blob_size."""
+        bs = self.layers[i].blob_size
+        return ExpertSet(self.experts(i).reshape(-1),
+                         torch.arange(self.shape.n_expert, dtype=torch.int64) * bs,
+                         self.layers[i].layout)
+
+    def dense_names(self) -> list[str]:
+        return [n for n in self._names() if not n.endswith(".experts")]
+
+    def dense(self, name: str) -> torch.Tensor:
+        """A dense tensor (view of the map; its stored dtype). "output.weight" of a tied pack is
+        the embeddings."""
+        if name == "output.weight" and self.tied:
+            name = "token_embd.weight"
+        e = self._header.get(name)
+        if e is None or name.endswith(".experts") or name.startswith("__"):
+            raise StrataError(f"{self.path} has no dense tensor {name!r}")
+        return self._raw(name).view(_DTYPES[e["dtype"]][0]).view(tuple(e["shape"]))
+
+    def __repr__(self) -> str:
+        fmts = sorted({f"{m.fmt.name}" for pl in self.layers for m in pl.layout.matrices})
+        return (f"Pack({self.path.name}: {self.shape.n_layer} layers, E={self.shape.n_expert}, "
+                f"formats {'/'.join(fmts)}, max_blob {self.max_blob}, native={self.native})")
