@@ -8,8 +8,8 @@ from strata.errors import StrataError
 from strata.formats import dequantize, get_format, quantize
 from blocks import random_matrix, same_bits
 
-GGUF_DECODES = ["F16", "BF16", "Q8_0", "Q4_0", "Q5_0"]
-GGUF_ENCODES = ["BF16", "Q8_0", "Q4_0", "Q5_0"]
+GGUF_DECODES = ["F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_K", "Q6_K", "IQ3_S", "MXFP4"]
+GGUF_ENCODES = ["BF16", "Q8_0", "Q4_0", "Q5_0", "MXFP4"]
 
 
 def gguf_dequantize(raw: torch.Tensor, name: str) -> torch.Tensor:
