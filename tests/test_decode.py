@@ -9,19 +9,21 @@ import triton
 import triton.language as tl
 
 from strata.formats import dequantize, get_format
+from strata.formats.tables import device_table
 from strata.kernels.decode import decode_tile
 from blocks import random_matrix, same_bits
 
-DECODED = ["BF16", "F16", "Q8_0", "Q4_0"]
+DECODED = ["BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K",
+           "IQ3_S"]
 
 
 @triton.jit
-def _decode_matrix_kernel(w_ptr, out_ptr, N, K, row_bytes, FMT: tl.constexpr,
+def _decode_matrix_kernel(w_ptr, out_ptr, tab_ptr, N, K, row_bytes, FMT: tl.constexpr,
                           BN: tl.constexpr, BK: tl.constexpr):
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)                     # [BN]
     offs_k = tl.program_id(1) * BK + tl.arange(0, BK)                     # [BK]
     mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]                  # [BN, BK]
-    v = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask)
+    v = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
     tl.store(out_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :], v, mask=mask)
 
 
@@ -30,7 +32,7 @@ def decode_matrix(raw: torch.Tensor, qtype, k: int, bn: int = 4, bk: int = 16) -
     n = raw.shape[0]
     out = torch.empty((n, k), dtype=torch.float32, device=raw.device)
     grid = (triton.cdiv(n, bn), triton.cdiv(k, bk))
-    _decode_matrix_kernel[grid](raw, out, n, k, fmt.row_bytes(k), fmt.ggml_type, bn, bk)
+    _decode_matrix_kernel[grid](raw, out, device_table("iq3s", raw.device), n, k, fmt.row_bytes(k), fmt.ggml_type, bn, bk)
     return out
 
 
