@@ -4,5 +4,6 @@ The block table lives in `strata.formats.table`; everything else (blob layouts, 
 memory sizing) reads it from there.
 """
 from strata.formats.table import FORMATS, Format, get_format, row_bytes
+from strata.formats.codec import dequantize, quantize
 
-__all__ = ["FORMATS", "Format", "get_format", "row_bytes"]
+__all__ = ["FORMATS", "Format", "get_format", "row_bytes", "dequantize", "quantize"]
