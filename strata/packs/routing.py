@@ -7,7 +7,7 @@
 `route_trace` uses `strata.models` when that package provides `route_trace(weights, token_ids)`;
 until then it runs the small float32 reference forward below (Qwen3-MoE: RMSNorm, GQA attention with
 q/k-norm and NEOX RoPE, softmax -> top-k router, SwiGLU experts), which dequantizes each layer's
-experts with gguf-py. It is a measuring tool for synthetic models, not the model: tiny and small
+experts with strata.formats' torch references. It is a measuring tool for synthetic models, not the model: tiny and small
 shapes on the CPU, the full shape on a GPU host (one layer's experts dequantized at a time, ~2.4 GB
 fp32 for qwen3-30b-a3b).
 """
@@ -94,16 +94,10 @@ class GGUFWeights:
 
 
 def _dequant(raw, fmt, shp) -> torch.Tensor:
-    import gguf
-    from gguf.quants import dequantize
     if isinstance(fmt, str):  # plain numpy float tensor from GGUF
         return torch.from_numpy(np.array(raw, np.float32)).reshape(shp)
-    try:
-        qt = gguf.GGMLQuantizationType(fmt.ggml_type)
-    except ValueError:
-        raise StrataError(f"the reference router trace cannot decode {fmt.name} (gguf-py lacks it)") from None
-    w = dequantize(np.ascontiguousarray(raw).view(np.uint8), qt)
-    return torch.from_numpy(np.ascontiguousarray(w, np.float32)).reshape(shp)
+    from strata.formats import dequantize  # strata's torch references (every format, Q2_0 too)
+    return dequantize(np.ascontiguousarray(raw).view(np.uint8), fmt.name).float().reshape(shp)
 
 
 def _rms(x, w, eps):
