@@ -109,3 +109,32 @@ def test_synth_pack_q2_0_and_mixed(tmp_path):
     q = split_blobs(pk.layers[0].layout, pk.experts(0))["gate"].reshape(-1, 18)[:, 2:]
     crumbs = np.stack([(q >> (2 * j)) & 3 for j in range(4)])
     assert not (crumbs == 3).any() and (crumbs == 0).any() and (crumbs == 2).any()
+
+
+def test_gguf_expert_type_strata_cannot_read_is_refused(tmp_path):
+    """A qwen3moe GGUF whose experts are Q4_1 (a ggml type outside strata's table) is refused by
+    name, not packed into blobs no kernel decodes."""
+    from strata.packs.names import dense_specs
+    s = TINY
+    w = gguf.GGUFWriter(str(tmp_path / "q41.gguf"), "qwen3moe")
+    for k, v in {"block_count": s.n_layer, "embedding_length": s.d_model, "expert_count": s.n_expert,
+                 "expert_used_count": s.top_k, "expert_feed_forward_length": s.d_expert,
+                 "attention.head_count": s.n_head, "attention.head_count_kv": s.n_kv_head,
+                 "attention.key_length": s.head_dim}.items():
+        w.add_uint32(f"qwen3moe.{k}", v)
+    w.add_float32("qwen3moe.attention.layer_norm_rms_epsilon", s.rms_eps)
+    for n, shp in dense_specs(s).items():
+        w.add_tensor(n, np.zeros(shp, np.float32))
+    q41 = gguf.GGMLQuantizationType.Q4_1   # 32 weights in 20 bytes
+    for i in range(s.n_layer):
+        for m, rows, cols in (("gate", s.d_expert, s.d_model), ("up", s.d_expert, s.d_model),
+                              ("down", s.d_model, s.d_expert)):
+            w.add_tensor(f"blk.{i}.ffn_{m}_exps.weight",
+                         np.zeros((s.n_expert, rows, cols // 32 * 20), np.uint8), raw_dtype=q41)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(StrataError, match="Q4_1"):
+        gguf_to_pack(tmp_path / "q41.gguf", tmp_path / "o.pack", progress=False)
+    assert not (tmp_path / "o.pack").exists()
