@@ -51,15 +51,16 @@ def report_hits(path, shape, T: int, seed: int, csv_path=None) -> list[float]:
 
     from strata.packs.routing import route_trace
     ids = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(seed))
-    tr = route_trace(path, ids)
+    tr = route_trace(path, ids)  # a GGUF: reference forward; a pack: strata.models if present
     fr = tr.hit_fractions(shape.n_expert)
     print(f"expert hit fraction per layer, T={T} random tokens, K={shape.top_k}, E={shape.n_expert}:")
-    for i, (f, r) in enumerate(zip(fr, tr.resid_rms)):
+    rms = tr.resid_rms or [float("nan")] * len(fr)
+    for i, (f, r) in enumerate(zip(fr, rms)):
         print(f"  layer {i:3d}: {f:6.3f} of experts hit   residual RMS {r:7.3f}")
     print(f"  min {min(fr):.3f}  mean {sum(fr) / len(fr):.3f}", file=sys.stdout)
     if csv_path:
         with open(csv_path, "w") as f:
             f.write("layer,tokens,top_k,n_expert,hit_fraction,resid_rms\n")
-            for i, (h, r) in enumerate(zip(fr, tr.resid_rms)):
+            for i, (h, r) in enumerate(zip(fr, rms)):
                 f.write(f"{i},{T},{shape.top_k},{shape.n_expert},{h:.6f},{r:.6f}\n")
     return fr

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from strata.errors import StrataError
-from strata.formats import legacy, plain
+from strata.formats import iquants, kquants, legacy, mxfp4, plain
 from strata.formats.table import get_format
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -28,6 +28,12 @@ DEQUANTIZERS: dict[str, Fn] = {
     "Q8_0": legacy.dequantize_q8_0,
     "Q4_0": legacy.dequantize_q4_0,
     "Q5_0": legacy.dequantize_q5_0,
+    "IQ4_NL": iquants.dequantize_iq4_nl,
+    "Q2_0": legacy.dequantize_q2_0,
+    "Q4_K": kquants.dequantize_q4_k,
+    "Q6_K": kquants.dequantize_q6_k,
+    "IQ3_S": iquants.dequantize_iq3_s,
+    "MXFP4": mxfp4.dequantize_mxfp4,
 }
 QUANTIZERS: dict[str, Fn] = {
     "F32": plain.quantize_f32,
@@ -36,6 +42,8 @@ QUANTIZERS: dict[str, Fn] = {
     "Q8_0": legacy.quantize_q8_0,
     "Q4_0": legacy.quantize_q4_0,
     "Q5_0": legacy.quantize_q5_0,
+    "Q2_0": legacy.quantize_q2_0,
+    "MXFP4": mxfp4.quantize_mxfp4,
 }
 
 

@@ -1,8 +1,8 @@
 """Float matrices -> ggml block bytes, for packing Hugging Face weights.
 
 Plain formats (BF16/F16/F32) are cast by torch (a BF16 checkpoint packs bit-exactly); block formats
-use `strata.formats.quantize` when the formats package provides it, else gguf-py's reference
-quantizers (Q8_0, Q4_0, Q5_0, MXFP4, ...).
+use `strata.formats.codec.quantize` for the formats it quantizes (Q8_0, Q4_0, Q5_0, Q2_0, MXFP4),
+else gguf-py's reference quantizers; other formats (Q4_K, Q6_K, IQ3_S, IQ4_NL) are refused clearly.
 """
 from __future__ import annotations
 
@@ -22,14 +22,12 @@ def quantize_rows(w: torch.Tensor, fmt) -> np.ndarray:
     if fmt.name in _PLAIN:
         t = w.detach().to(_PLAIN[fmt.name]).contiguous()
         return t.view(torch.uint8).numpy().reshape(*w.shape[:-1], -1)
-    try:
-        from strata.formats import quantize as sq  # the formats package's quantizers, when built
+    try:  # the formats package's quantizers (torch, bit-compatible with ggml), when present
+        from strata.formats.codec import QUANTIZERS, quantize as sq
     except ImportError:
-        sq = None
-    if sq is not None and hasattr(sq, "quantize"):
-        out = sq.quantize(w.detach().float(), fmt.name)
-        return np.asarray(out.numpy() if hasattr(out, "numpy") else out, np.uint8).reshape(
-            *w.shape[:-1], -1)
+        QUANTIZERS = {}
+    if fmt.name in QUANTIZERS:
+        return sq(w.detach().float().contiguous(), fmt.name).cpu().numpy().reshape(*w.shape[:-1], -1)
     import gguf
     from gguf.quants import quantize
     try:

@@ -4,10 +4,11 @@
         (per chunk of `chunk` tokens when given: tensor [ceil(T / chunk)])
     route_trace(weights, token_ids [T]) -> RouteTrace(topk [L] x [T, K], resid_rms [L])
 
-`route_trace` uses `strata.models` when that package provides `route_trace(weights, token_ids)`;
-until then it runs the small float32 reference forward below (Qwen3-MoE: RMSNorm, GQA attention with
+`route_trace` runs a pack through `strata.models` when that package is importable (recording each
+layer's top-k through a wrapping expert provider); otherwise, and for GGUF files, it runs the small
+float32 reference forward below (Qwen3-MoE: RMSNorm, GQA attention with
 q/k-norm and NEOX RoPE, softmax -> top-k router, SwiGLU experts), which dequantizes each layer's
-experts with gguf-py. It is a measuring tool for synthetic models, not the model: tiny and small
+experts with strata.formats' torch references. It is a measuring tool for synthetic models, not the model: tiny and small
 shapes on the CPU, the full shape on a GPU host (one layer's experts dequantized at a time, ~2.4 GB
 fp32 for qwen3-30b-a3b).
 """
@@ -40,7 +41,7 @@ def expert_hit_fraction(topk_ids: torch.Tensor, n_expert: int, chunk: int | None
 @dataclass
 class RouteTrace:
     topk: list[torch.Tensor]     # per layer: int64 [T, K]
-    resid_rms: list[float]       # per layer: RMS of the residual stream after the layer
+    resid_rms: list[float]       # per layer: RMS of the residual after it ([] via strata.models)
 
     def hit_fractions(self, n_expert: int, chunk: int | None = None) -> list[float]:
         """Per layer: mean over chunks of the hit fraction."""
@@ -94,16 +95,10 @@ class GGUFWeights:
 
 
 def _dequant(raw, fmt, shp) -> torch.Tensor:
-    import gguf
-    from gguf.quants import dequantize
     if isinstance(fmt, str):  # plain numpy float tensor from GGUF
         return torch.from_numpy(np.array(raw, np.float32)).reshape(shp)
-    try:
-        qt = gguf.GGMLQuantizationType(fmt.ggml_type)
-    except ValueError:
-        raise StrataError(f"the reference router trace cannot decode {fmt.name} (gguf-py lacks it)") from None
-    w = dequantize(np.ascontiguousarray(raw).view(np.uint8), qt)
-    return torch.from_numpy(np.ascontiguousarray(w, np.float32)).reshape(shp)
+    from strata.formats import dequantize  # strata's torch references (every format, Q2_0 too)
+    return dequantize(np.ascontiguousarray(raw).view(np.uint8), fmt.name).float().reshape(shp)
 
 
 def _rms(x, w, eps):
@@ -158,21 +153,61 @@ def reference_route_trace(w, token_ids) -> RouteTrace:
     return RouteTrace(topks, rms)
 
 
-def route_trace(w, token_ids) -> RouteTrace:
-    """The model's routing over `token_ids`: strata.models when it offers route_trace, else the
-    reference forward above. `w`: a Pack, a GGUF path, or PackWeights/GGUFWeights."""
+class RecordingProvider:
+    """Wraps an expert provider (strata.models' protocol) and records every layer's top-k ids."""
+
+    def __init__(self, inner):
+        self.inner, self.n_layer = inner, inner.n_layer
+        self.topk: list[list[torch.Tensor]] = [[] for _ in range(inner.n_layer)]
+
+    def begin_chunk(self, start, n_tokens):
+        self.inner.begin_chunk(start, n_tokens)
+
+    def begin_layer(self, layer):
+        self.inner.begin_layer(layer)
+
+    def experts(self, layer, topk_ids):
+        self.topk[layer].append(topk_ids.detach().to("cpu", torch.int64))
+        return self.inner.experts(layer, topk_ids)
+
+    def end_layer(self, layer):
+        self.inner.end_layer(layer)
+
+    def end_chunk(self):
+        self.inner.end_chunk()
+
+
+def model_route_trace(pack, token_ids, device=None) -> RouteTrace:
+    """Routing through strata.models (the real model: resident experts, last-position logits only).
+    On the CPU the fp32 reference expert FFN runs, on CUDA the kernel. resid_rms is not observed."""
+    from strata.models.load import load_model, resident_provider, resolve_device
+    from strata.models.moe import moe_ffn_ref
+    dev = resolve_device(device)
+    model = load_model(pack, device=dev, ffn=None if dev.type == "cuda" else moe_ffn_ref)
+    rec = RecordingProvider(resident_provider(pack, dev))
+    model.prefill(torch.as_tensor(token_ids).long().to(dev), rec, logits="last")
+    return RouteTrace([torch.cat(t) for t in rec.topk], [])
+
+
+def route_trace(w, token_ids, use_model: bool | None = None) -> RouteTrace:
+    """The model's routing over `token_ids`. `w`: a Pack, a pack or .gguf path, or
+    PackWeights/GGUFWeights. A pack goes through strata.models when it is importable (use_model=None)
+    or when asked (True); otherwise, and for GGUF files, the reference forward above runs."""
     from pathlib import Path
     if isinstance(w, (str, Path)):
         w = GGUFWeights(w) if str(w).endswith(".gguf") else PackWeights(_open_pack(w))
     elif not isinstance(w, (PackWeights, GGUFWeights)):
         w = PackWeights(w)
-    try:
-        from strata import models
-        fn = getattr(models, "route_trace", None)
-    except ImportError:
-        fn = None
-    if fn is not None and isinstance(w, PackWeights):
-        return fn(w.pack, token_ids)
+    if use_model is None:
+        try:
+            import strata.models.load  # noqa: F401
+            use_model = isinstance(w, PackWeights)
+        except ImportError:
+            use_model = False
+    if use_model:
+        if not isinstance(w, PackWeights):
+            raise StrataError("strata.models runs packs; pack the GGUF first (strata pack)")
+        return model_route_trace(w.pack, token_ids)
     return reference_route_trace(w, token_ids)
 
 

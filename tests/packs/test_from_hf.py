@@ -90,3 +90,16 @@ def test_hf_refusals(tmp_path):
         hf_to_pack(d, tmp_path / "x.pack", progress=False)
     with pytest.raises(StrataError, match="config.json"):
         hf_to_pack(tmp_path, tmp_path / "x.pack", progress=False)
+
+
+def test_hf_q2_0_through_the_formats_quantizer(tmp_path):
+    """Q2_0 (no gguf-py quantizer) comes from strata.formats; down rows (F=32) need Q8_0."""
+    from strata.formats import dequantize
+    m, d = _tiny_hf(tmp_path)
+    pk = Pack.open(hf_to_pack(d, tmp_path / "q2.pack", quant="Q2_0", quant_down="Q8_0",
+                              progress=False))
+    g = split_blobs(pk.layers[1].layout, pk.experts(1))["gate"]
+    w = dequantize(g, "Q2_0")
+    ref = _experts(m.state_dict(), 1)[0].float()
+    assert w.shape == ref.shape
+    assert torch.corrcoef(torch.stack([w.flatten(), ref.flatten()]))[0, 1] > 0.5

@@ -61,3 +61,17 @@ def test_route_trace_same_through_gguf_and_pack(tmp_path):
     a, b = route_trace(g, ids), route_trace(p, ids)
     for x, y in zip(a.topk, b.topk):
         assert torch.equal(x, y)
+
+
+def test_model_and_reference_route_alike(tmp_path):
+    """Once strata.models is merged: its routing (recorded through the provider) equals the
+    reference forward's, layer by layer."""
+    pytest.importorskip("strata.models.load")
+    s = PRESETS["small"].with_(n_layer=3, d_model=128, d_expert=32, n_expert=32, top_k=4, vocab=256)
+    p = synth_pack(tmp_path / "m.pack", s, ExpertFormats.of("Q8_0"), seed=4, progress=False)
+    ids = torch.randint(0, s.vocab, (64,), generator=torch.Generator().manual_seed(2))
+    a, b = route_trace(p, ids, use_model=True), route_trace(p, ids, use_model=False)
+    assert not a.resid_rms and len(b.resid_rms) == 3
+    for x, y in zip(a.topk, b.topk):
+        # same expert sets per token (ties could reorder within a row)
+        assert torch.equal(x.sort(-1).values, y.sort(-1).values)

@@ -84,15 +84,15 @@ def test_gguf_refusals(tmp_path):
         synth_gguf(tmp_path / "q2.gguf", TINY, ExpertFormats.of("Q2_0"), progress=False)
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_K", "Q6_K", "IQ3_S", "MXFP4",
-                                 "BF16"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "Q4_K", "Q6_K", "IQ3_S",
+                                 "MXFP4", "BF16"])
 def test_random_blocks_decode_to_the_asked_scale(fmt):
-    from gguf.quants import dequantize
+    from strata.formats import dequantize
     f = get_format(fmt)
     cols = max(256, f.block)
     m = random_matrix(fmt, 64, cols, 0.02, seed=7)
     assert m.shape == (64, f.row_bytes(cols))
-    w = dequantize(m, gguf.GGMLQuantizationType(f.ggml_type)).astype(np.float64)
+    w = dequantize(m, fmt).double().numpy()
     assert np.isfinite(w).all()
     tol = 0.25 if fmt == "MXFP4" else 0.05   # MXFP4 scales are powers of two
     assert abs(w.std() / 0.02 - 1) < tol
@@ -109,3 +109,32 @@ def test_synth_pack_q2_0_and_mixed(tmp_path):
     q = split_blobs(pk.layers[0].layout, pk.experts(0))["gate"].reshape(-1, 18)[:, 2:]
     crumbs = np.stack([(q >> (2 * j)) & 3 for j in range(4)])
     assert not (crumbs == 3).any() and (crumbs == 0).any() and (crumbs == 2).any()
+
+
+def test_gguf_expert_type_strata_cannot_read_is_refused(tmp_path):
+    """A qwen3moe GGUF whose experts are Q4_1 (a ggml type outside strata's table) is refused by
+    name, not packed into blobs no kernel decodes."""
+    from strata.packs.names import dense_specs
+    s = TINY
+    w = gguf.GGUFWriter(str(tmp_path / "q41.gguf"), "qwen3moe")
+    for k, v in {"block_count": s.n_layer, "embedding_length": s.d_model, "expert_count": s.n_expert,
+                 "expert_used_count": s.top_k, "expert_feed_forward_length": s.d_expert,
+                 "attention.head_count": s.n_head, "attention.head_count_kv": s.n_kv_head,
+                 "attention.key_length": s.head_dim}.items():
+        w.add_uint32(f"qwen3moe.{k}", v)
+    w.add_float32("qwen3moe.attention.layer_norm_rms_epsilon", s.rms_eps)
+    for n, shp in dense_specs(s).items():
+        w.add_tensor(n, np.zeros(shp, np.float32))
+    q41 = gguf.GGMLQuantizationType.Q4_1   # 32 weights in 20 bytes
+    for i in range(s.n_layer):
+        for m, rows, cols in (("gate", s.d_expert, s.d_model), ("up", s.d_expert, s.d_model),
+                              ("down", s.d_model, s.d_expert)):
+            w.add_tensor(f"blk.{i}.ffn_{m}_exps.weight",
+                         np.zeros((s.n_expert, rows, cols // 32 * 20), np.uint8), raw_dtype=q41)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(StrataError, match="Q4_1"):
+        gguf_to_pack(tmp_path / "q41.gguf", tmp_path / "o.pack", progress=False)
+    assert not (tmp_path / "o.pack").exists()
