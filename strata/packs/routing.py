@@ -160,6 +160,12 @@ class RecordingProvider:
         self.inner, self.n_layer = inner, inner.n_layer
         self.topk: list[list[torch.Tensor]] = [[] for _ in range(inner.n_layer)]
 
+    def begin_prompt(self, n_tokens, chunk):
+        self.inner.begin_prompt(n_tokens, chunk)
+
+    def end_prompt(self, ok):
+        self.inner.end_prompt(ok)
+
     def begin_chunk(self, start, n_tokens):
         self.inner.begin_chunk(start, n_tokens)
 
