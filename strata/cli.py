@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 from strata.errors import StrataError
@@ -31,7 +32,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _log_to_stderr() -> None:
+    """strata's INFO lines (e.g. the scratch pool's check line) on stderr, once."""
+    log = logging.getLogger("strata")
+    if not any(getattr(h, "_strata", False) for h in log.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(message)s"))
+        h._strata = True
+        log.addHandler(h)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _log_to_stderr()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):

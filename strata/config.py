@@ -5,6 +5,7 @@
 | STRATA_PREFILL_RING   | force the streamed ring to N slots (N >= 1), overriding the resolved count | unset |
 | STRATA_PF_FUSED       | 1: fused path (one launch per layer over all experts, fused ring budget)   | unset (fused only for non-native packs) |
 | STRATA_MMQ_SLAB       | 1: stream-k fixup scratch comes from the loan's tail (SlabPool)            | unset = 0 = off |
+| STRATA_STREAM_ALL_MIN | chunks under N tokens STAGE their routed experts instead of streaming     | ceil(E / K) |
 | TRITON_INTERPRET      | 1: run Triton kernels in the interpreter (set automatically without CUDA)  | auto |
 
 Knobs are read when a plan or a prompt starts (not at import), so tests can set them with
@@ -16,7 +17,8 @@ import os
 
 from strata.errors import StrataError
 
-KNOBS = ("STRATA_PREFILL_RING", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB", "TRITON_INTERPRET")
+KNOBS = ("STRATA_PREFILL_RING", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB", "STRATA_STREAM_ALL_MIN",
+         "TRITON_INTERPRET")
 
 
 def env_int(name: str, *, minimum: int | None = None) -> int | None:
@@ -51,3 +53,7 @@ def pf_fused() -> bool | None:
 
 def mmq_slab() -> bool:
     return bool(env_flag("STRATA_MMQ_SLAB"))
+
+
+def stream_all_min_override() -> int | None:
+    return env_int("STRATA_STREAM_ALL_MIN", minimum=1)

@@ -1,0 +1,165 @@
+"""The expert cache: one device buffer of whole cache slots, each holding one blob of its layer.
+
+Layers may have different blob sizes (mixed quantization), so slots have per-layer sizes; slot
+offsets are 256-byte aligned. `CacheLayout` is the arithmetic (what `strata plan` needs, no
+memory); `ExpertCache` allocates the buffer (a CPU tensor without a GPU) and fills it.
+
+Fill order is round-robin over layers (expert 0 of every layer, then expert 1, ...), so every
+layer keeps a similar share of resident experts and the TOP slots (the ones a loan borrows) mix
+all layers. Filling stops at the first slot that does not fit.
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from strata.errors import StrataError
+from strata.experts import ExpertSet
+from strata.memory.carve import align_up
+from strata.units import fmt_bytes
+
+# A source gives the blob of (layer, expert) as a uint8 tensor of that layer's blob size:
+# a callable, or a mapping (e.g. a dict of host tensors).
+Source = Callable[[int, int], torch.Tensor] | Mapping
+
+
+def _get(source: Source, layer: int, expert: int) -> torch.Tensor:
+    blob = source(layer, expert) if callable(source) else source[(layer, expert)]
+    if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8:
+        raise StrataError(f"expert source gave {type(blob).__name__} for layer {layer} expert "
+                          f"{expert}; it must give a uint8 tensor")
+    return blob.reshape(-1)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Slots of a cache: who sits where. Slot i holds (layer, expert) slot_owner[i]."""
+    slot_owner: tuple[tuple[int, int], ...]
+    slot_offset: tuple[int, ...]
+    slot_bytes: tuple[int, ...]
+    nbytes: int
+
+    @classmethod
+    def build(cls, capacity: int, layer_blob: Mapping[int, int] | Sequence[int],
+              n_expert: int) -> "CacheLayout":
+        """Fill `capacity` bytes round-robin with the experts of the layers in `layer_blob`.
+
+        `layer_blob` maps layer -> blob bytes (a sequence means layers 0..n-1).
+        """
+        if not isinstance(layer_blob, Mapping):
+            layer_blob = dict(enumerate(layer_blob))
+        if capacity < 0:
+            raise StrataError(f"cache capacity must be >= 0 bytes, got {capacity:,}")
+        layers = sorted(layer_blob)
+        owner, offset, size = [], [], []
+        used = 0
+        for e in range(n_expert):
+            for layer in layers:
+                b = int(layer_blob[layer])
+                if b <= 0:
+                    raise StrataError(f"layer {layer} has a blob of {b} bytes")
+                if used + b > capacity:
+                    return cls(tuple(owner), tuple(offset), tuple(size), used)
+                owner.append((layer, e))
+                offset.append(used)
+                size.append(b)
+                used = align_up(used + b)
+        return cls(tuple(owner), tuple(offset), tuple(size), used)
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.slot_owner)
+
+    def top_bytes(self, n: int) -> int:
+        """Bytes of the top n slots (from slot N-n's start to the buffer's end)."""
+        if n <= 0:
+            return 0
+        return self.nbytes - self.slot_offset[self.n_slots - n]
+
+    def lendable(self, lend_cap: float) -> int:
+        """Most top slots a loan may take: their bytes stay within lend_cap of the cache."""
+        if not 0.0 <= lend_cap <= 1.0:
+            raise StrataError(f"lend cap must be within [0, 1], got {lend_cap}")
+        cap = int(lend_cap * self.nbytes)
+        # top_bytes(n) grows with n; starts (nbytes - offset) fall as the slot index rises.
+        starts = [self.nbytes - o for o in reversed(self.slot_offset)]  # top_bytes(1..N)
+        return bisect.bisect_right(starts, cap)
+
+    def room(self, lend_cap: float) -> int:
+        """Bytes a prompt may borrow: the whole slots of the largest allowed loan."""
+        return self.top_bytes(self.lendable(lend_cap))
+
+    def slots_for(self, need: int, lend_cap: float) -> int:
+        """Fewest top slots whose bytes cover `need`; a PlanError if the cap does not allow it."""
+        n_max = self.lendable(lend_cap)
+        starts = [self.nbytes - o for o in reversed(self.slot_offset)]
+        n = bisect.bisect_left(starts, need) + 1 if need > 0 else 0
+        if n > n_max:
+            from strata.errors import PlanError
+            raise PlanError(f"needs {need:,} B ({fmt_bytes(need)}) but the loan's room is "
+                            f"{self.room(lend_cap):,} B ({fmt_bytes(self.room(lend_cap))}, "
+                            f"{n_max} slots at lend cap {lend_cap})")
+        return n
+
+
+class ExpertCache:
+    """The cache's device buffer (uint8 [nbytes]) and which expert each slot holds."""
+
+    def __init__(self, layout: CacheLayout, source: Source, device=None, *, fill: bool = True):
+        self.layout = layout
+        self.source = source
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        self.buffer = torch.zeros(layout.nbytes, dtype=torch.uint8, device=self.device)
+        self.owner: list[tuple[int, int] | None] = [None] * layout.n_slots
+        self.index: dict[tuple[int, int], int] = {}
+        if fill:
+            self.fill()
+
+    def slot_view(self, i: int) -> torch.Tensor:
+        o = self.layout.slot_offset[i]
+        return self.buffer[o:o + self.layout.slot_bytes[i]]
+
+    def fill_slot(self, i: int) -> None:
+        """(Re)load slot i's own expert from the source."""
+        layer, expert = self.layout.slot_owner[i]
+        blob = _get(self.source, layer, expert)
+        if blob.numel() != self.layout.slot_bytes[i]:
+            raise StrataError(f"expert source gave {blob.numel():,} B for layer {layer} expert "
+                              f"{expert}; its slot holds {self.layout.slot_bytes[i]:,} B")
+        self.slot_view(i).copy_(blob, non_blocking=False)
+        self.owner[i] = (layer, expert)
+        self.index[(layer, expert)] = i
+
+    def evict_slot(self, i: int) -> None:
+        if self.owner[i] is not None:
+            del self.index[self.owner[i]]
+            self.owner[i] = None
+
+    def fill(self) -> None:
+        for i in range(self.layout.n_slots):
+            self.fill_slot(i)
+
+    def expert_set(self, layer: int, blob_layout, n_expert: int) -> ExpertSet:
+        """How a kernel finds this layer's resident experts (-1 = not in the cache)."""
+        offs = torch.full((n_expert,), -1, dtype=torch.int64)
+        for (lay, e), i in self.index.items():
+            if lay == layer:
+                offs[e] = self.layout.slot_offset[i]
+        return ExpertSet(self.buffer, offs.to(self.device), blob_layout)
+
+
+def synthetic_source(layer_blob: Mapping[int, int] | Sequence[int], seed: int = 0,
+                     device="cpu") -> Source:
+    """Deterministic random blobs per (layer, expert): for tests and demos, no pack needed."""
+    if not isinstance(layer_blob, Mapping):
+        layer_blob = dict(enumerate(layer_blob))
+
+    def source(layer: int, expert: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + layer * 65_537 + expert)
+        return torch.randint(0, 256, (int(layer_blob[layer]),), generator=g,
+                             dtype=torch.uint8).to(device)
+    return source

@@ -1,0 +1,134 @@
+"""SlabPool: the expert GEMM's stream-k fixup scratch, taken from the loan's tail (seed #2835).
+
+Requests round up to a size class (a power of two, 128 KiB floor): the stream-k tile width
+changes per launch, so caching exact sizes would keep one buffer per width (32 buffers, 31.5 MiB
+in the seed's measurement) where classes bound the pool to a few. At most one free buffer per
+class is kept.
+
+Guards (each load-bearing):
+- `publish(tail)` keys the slab on the tail's ADDRESS: a chunk that moves the carve's stop moves
+  the tail, and every buffer of the old tail is dropped.
+- `drop()` at the end of a prompt, before the loan refills its slots (the tail is cache memory).
+- An empty tail publishes nothing: scratch comes from ordinary device memory (`fallback`).
+
+Ordinary-memory scratch of 4 MiB or more logs, on logger "strata":
+    strata prefill mmq: CUDA<i> the scratch pool takes a new <N> MiB buffer
+
+The pool is an allocator callable, `pool(nbytes) -> uint8 tensor`, the hook the expert GEMM's
+stream-k schedule takes its scratch through (STRATA_MMQ_SLAB wires it in; off, the engine passes
+`ordinary_alloc` instead).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from strata.memory.carve import Tail, align_up
+
+log = logging.getLogger("strata")
+
+CLASS_FLOOR = 128 << 10
+LOG_MIN = 4 << 20
+
+
+def size_class(nbytes: int) -> int:
+    """The power-of-two class a request of `nbytes` is served from (at least 128 KiB)."""
+    n = max(int(nbytes), CLASS_FLOOR)
+    return 1 << (n - 1).bit_length()
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else (
+        torch.cuda.current_device() if device.type == "cuda" else 0)
+
+
+def ordinary_alloc(nbytes: int, device, *, pool_name: str = "scratch") -> torch.Tensor:
+    """Scratch from ordinary device memory, with the seed's check line for >= 4 MiB."""
+    device = torch.device(device)
+    if nbytes >= LOG_MIN:
+        log.info("strata prefill mmq: CUDA%d the scratch pool takes a new %d MiB buffer",
+                 _device_index(device), (nbytes + (1 << 20) - 1) >> 20)
+    return torch.empty(int(nbytes), dtype=torch.uint8, device=device)
+
+
+class SlabPool:
+    """Size-class scratch pool over one tail at a time."""
+
+    def __init__(self, device=None, fallback: Callable[[int], torch.Tensor] | None = None):
+        self.device = torch.device(device) if device is not None else None
+        self._fallback = fallback
+        self.tail: Tail | None = None
+        self.used = 0                       # bump offset inside the tail
+        self.free: dict[int, torch.Tensor] = {}   # class -> one free buffer
+        self._lent: dict[int, tuple[int, torch.Tensor]] = {}  # data_ptr -> (class, buffer)
+        self.high_water = 0                 # most tail bytes ever handed out at once
+        self.ordinary_bytes = 0             # bytes taken from ordinary memory (fallback)
+
+    # --- publication -------------------------------------------------------------------
+    @property
+    def address(self) -> int | None:
+        return None if self.tail is None else self.tail.address
+
+    def publish(self, tail: Tail | None) -> None:
+        """Serve from `tail` from now on; a different address drops every old buffer."""
+        if tail is None or tail.empty:
+            self.drop()
+            return
+        if self.tail is not None and self.tail.address == tail.address \
+                and self.tail.nbytes == tail.nbytes:
+            return
+        self.drop()
+        self.tail = tail
+        if self.device is None:
+            self.device = tail.view.device
+
+    def drop(self) -> None:
+        """Forget the tail and every buffer carved from it (end of prompt, moved tail)."""
+        self.tail = None
+        self.used = 0
+        self.free.clear()
+        self._lent.clear()
+
+    # --- allocation --------------------------------------------------------------------
+    def fallback(self, nbytes: int) -> torch.Tensor:
+        self.ordinary_bytes += nbytes
+        if self._fallback is not None:
+            return self._fallback(nbytes)
+        return ordinary_alloc(nbytes, self.device or "cpu")
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        """A uint8 scratch buffer of at least `nbytes` (a view of its class-sized buffer)."""
+        cls = size_class(nbytes)
+        buf = self.free.pop(cls, None)
+        if buf is None and self.tail is not None:
+            start = align_up(self.used)
+            if start + cls <= self.tail.nbytes:
+                buf = self.tail.view[start:start + cls]
+                self.used = start + cls
+                self.high_water = max(self.high_water, self.used)
+        if buf is None:
+            return self.fallback(nbytes)[:nbytes]
+        self._lent[buf.data_ptr()] = (cls, buf)
+        return buf[:nbytes]
+
+    __call__ = alloc
+
+    def release(self, t: torch.Tensor) -> None:
+        """Hand a tail buffer back; it becomes its class's one free buffer.
+
+        A second free buffer of a class is not kept (its tail bytes stay spent until `drop`):
+        that bounds the pool to one buffer per class, the seed's rule.
+        """
+        entry = self._lent.pop(t.data_ptr(), None)
+        if entry is None or self.tail is None:
+            return  # ordinary memory: torch frees it; or the tail has moved since
+        cls, buf = entry
+        if cls not in self.free:
+            self.free[cls] = buf
+
+    def stats(self) -> dict:
+        return {"tail_bytes": 0 if self.tail is None else self.tail.nbytes, "used": self.used,
+                "high_water": self.high_water, "free_classes": sorted(self.free),
+                "ordinary_bytes": self.ordinary_bytes}

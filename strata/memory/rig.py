@@ -1,0 +1,100 @@
+"""A rig (VRAM per GPU) turned into plan participants: layer split, dense weights, cache size.
+
+Layers are split over the GPUs in proportion to their VRAM (contiguous ranges, the first GPU
+holds the token embeddings, the last the output norm and LM head). Each GPU's expert cache is
+
+    cache = VRAM - dense weights of its layers - RESERVE
+
+and holds whole slots of its own layers' experts (CacheLayout.build, round-robin).
+RESERVE (1 GiB) stands for the CUDA context (~0.5 GiB on recent drivers), allocator slack and
+the attention workspace; the KV of earlier chunks is charged separately (`kv_tokens`, 0 in
+`strata plan`: the prefill engine knows its prompt length, the planner does not).
+Dense weights are counted at 2 bytes per weight (bf16), norms included.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from strata.errors import StrataError
+from strata.memory.cache import CacheLayout
+from strata.memory.loan import LEND_CAP
+from strata.memory.scan import Participant
+from strata.shapes import ModelShape
+from strata.units import fmt_bytes
+
+RESERVE = 1 << 30
+DENSE_BYTES = 2  # bf16
+
+
+def layer_dense_bytes(shape: ModelShape) -> int:
+    """One layer's dense weights: attention q/k/v/o, q/k norms, two RMS norms, router."""
+    D, QD, KVD = shape.d_model, shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
+    weights = D * QD + 2 * D * KVD + QD * D + 2 * shape.head_dim + 2 * D + shape.n_expert * D
+    return weights * DENSE_BYTES
+
+
+def split_layers(n_layer: int, vram: Sequence[int]) -> list[range]:
+    """Contiguous layer ranges in proportion to each GPU's VRAM (every GPU gets >= 1 layer)."""
+    if not vram:
+        raise StrataError("give at least one --vram")
+    if len(vram) > n_layer:
+        raise StrataError(f"{len(vram)} GPUs but only {n_layer} layers to split")
+    total = sum(vram)
+    bounds, acc = [0], 0
+    for i, v in enumerate(vram[:-1]):
+        acc += v
+        b = round(n_layer * acc / total)
+        b = min(max(b, bounds[-1] + 1), n_layer - (len(vram) - 1 - i))
+        bounds.append(b)
+    bounds.append(n_layer)
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    name: str
+    vram: int
+    layers: range
+    dense: int
+    reserve: int
+    kv: int
+    cache: int
+
+
+def budgets(shape: ModelShape, vram: Sequence[int], *, cache: int | None = None,
+            reserve: int = RESERVE, kv_tokens: int = 0) -> list[GpuBudget]:
+    """Per GPU: its layers, dense bytes and the expert cache bytes it can give (or `cache`)."""
+    out = []
+    splits = split_layers(shape.n_layer, vram)
+    kv_per_layer = kv_tokens * 2 * shape.n_kv_head * shape.head_dim * 2
+    for i, (v, layers) in enumerate(zip(vram, splits)):
+        dense = len(layers) * layer_dense_bytes(shape)
+        if i == 0:
+            dense += shape.vocab * shape.d_model * DENSE_BYTES
+        if i == len(vram) - 1:
+            dense += (shape.vocab * shape.d_model + shape.d_model) * DENSE_BYTES
+        kv = len(layers) * kv_per_layer
+        c = cache if cache is not None else v - dense - reserve - kv
+        if c <= 0:
+            raise StrataError(
+                f"CUDA{i} ({fmt_bytes(v)}) has no room for an expert cache: its dense weights "
+                f"take {fmt_bytes(dense)} and the reserve {fmt_bytes(reserve)}; give it more "
+                f"--vram, add GPUs, or set --cache")
+        out.append(GpuBudget(f"CUDA{i}", v, layers, dense, reserve, kv, c))
+    return out
+
+
+def participants(shape: ModelShape, layer_blob: Mapping[int, int] | Sequence[int],
+                 vram: Sequence[int], *, cache: int | None = None,
+                 lend_cap: float = LEND_CAP, reserve: int = RESERVE,
+                 kv_tokens: int = 0) -> tuple[list[Participant], list[GpuBudget]]:
+    """Participants (cache layouts of their own layers) for a rig."""
+    if not isinstance(layer_blob, Mapping):
+        layer_blob = dict(enumerate(layer_blob))
+    if not 0.0 < lend_cap <= 1.0:
+        raise StrataError(f"--lend-cap must be in (0, 1], got {lend_cap}")
+    bud = budgets(shape, vram, cache=cache, reserve=reserve, kv_tokens=kv_tokens)
+    parts = [Participant(b.name, CacheLayout.build(b.cache, {l: layer_blob[l] for l in b.layers},
+                                                   shape.n_expert), lend_cap) for b in bud]
+    return parts, bud

@@ -1,0 +1,102 @@
+"""The streamed ring: how many `max_blob`-sized VRAM slots the prompt path streams experts through.
+
+The ring is a BYTE budget; the slot count is derived from the pack's `max_blob` (seed #583):
+
+    slots = floor(budget / max_blob), clamped to [RING_MIN, RING_MAX], then bounded by ring_cap(native)
+
+| path              | budget                 | why                                              |
+|-------------------|------------------------|--------------------------------------------------|
+| unfused, pinned   | 384 x 1,382,400 B      | 384 slots measured on the Q2_0 pack (506.25 MiB) |
+| unfused, unpinned | 96 x 1,382,400 B       | pageable copies are ~6x slower; a bigger ring buys nothing |
+| fused             | 1024 x 1,382,400 B     | #136: a layer's ~460 of 512 experts in flight (1,350 MiB) |
+
+Flooring keeps the ring at or under its budget; the one exception is the RING_MIN floor, which a
+pack whose blob exceeds budget/16 hits on purpose (a ring under 16 slots cannot overlap copies).
+
+`resolve_ring` is what a prompt actually runs: a chunk under `stream_all_min(shape)` tokens does not
+stream whole layers but stages only its routed experts ("STAGE"), and `STRATA_PREFILL_RING=N`
+overrides both. `ring_slots` is the pure arithmetic (no environment), for tables and experiments.
+"""
+from __future__ import annotations
+
+import math
+
+from strata import config
+from strata.errors import StrataError
+from strata.shapes import ModelShape
+
+Q2_0_BLOB = 1_382_400          # the seed-512e Q2_0 blob the budgets were tuned on
+BUDGET_PINNED = 384 * Q2_0_BLOB
+BUDGET_UNPINNED = 96 * Q2_0_BLOB
+BUDGET_FUSED = 1024 * Q2_0_BLOB
+RING_MIN = 16                  # kRingMin: below this a ring cannot keep copies ahead of compute
+RING_MAX = 1024
+RING_CAP_NATIVE = 512          # native packs: the kernels' slot table bound (seed: ring_cap())
+STAGE = "STAGE"
+
+
+def ring_budget(*, pinned: bool = True, fused: bool = False) -> int:
+    """The ring's byte budget for this path."""
+    if fused:
+        return BUDGET_FUSED
+    return BUDGET_PINNED if pinned else BUDGET_UNPINNED
+
+
+def ring_cap(native: bool = True) -> int:
+    """The most slots a ring may have: 512 for a native pack, RING_MAX otherwise."""
+    return RING_CAP_NATIVE if native else RING_MAX
+
+
+def ring_slots(max_blob: int, *, pinned: bool = True, fused: bool = False, native: bool = True) -> int:
+    """Full-ring slot count for a pack whose largest blob is `max_blob` bytes (no env override)."""
+    if int(max_blob) <= 0:
+        raise StrataError(f"max_blob must be a positive byte count, got {max_blob}")
+    slots = ring_budget(pinned=pinned, fused=fused) // int(max_blob)
+    slots = min(max(slots, RING_MIN), RING_MAX)
+    return min(slots, ring_cap(native))
+
+
+def use_fused(native: bool, fused: bool | None = None) -> bool:
+    """Fused path selection: an explicit flag, else STRATA_PF_FUSED, else non-native packs."""
+    if fused is not None:
+        return bool(fused)
+    env = config.pf_fused()
+    return (not native) if env is None else env
+
+
+def stream_all_min(shape: ModelShape) -> int:
+    """Fewest tokens a chunk needs before it streams whole layers through the ring.
+
+    A chunk of T tokens routes T*K expert slots; under ceil(E / K) tokens it cannot touch every
+    expert of a layer even with perfectly spread routing, so streaming a whole layer would copy
+    experts nobody uses: such a chunk stages only its routed experts instead. Override with
+    STRATA_STREAM_ALL_MIN=N (e.g. to force STAGE in a test or an A/B).
+    """
+    env = config.stream_all_min_override()
+    if env is not None:
+        return env
+    return math.ceil(shape.n_expert / shape.top_k)
+
+
+def stage_slots(shape: ModelShape, chunk: int) -> int:
+    """Slots a STAGE chunk needs: every expert it can route to in one layer, min(T*K, E)."""
+    return min(chunk * shape.top_k, shape.n_expert)
+
+
+def resolve_ring(max_blob: int, shape: ModelShape, chunk: int, *, pinned: bool = True,
+                 fused: bool = False, native: bool = True) -> int | str:
+    """The ring a chunk of `chunk` tokens runs with: a slot count, or STAGE.
+
+    STRATA_PREFILL_RING=N wins over everything (it is an experimenter's explicit choice).
+    """
+    override = config.prefill_ring_override()
+    if override is not None:
+        return override
+    if chunk < stream_all_min(shape):
+        return STAGE
+    return ring_slots(max_blob, pinned=pinned, fused=fused, native=native)
+
+
+def ring_slot_count(ring: int | str, shape: ModelShape, chunk: int) -> int:
+    """Slots the carve reserves for a resolved ring (STAGE reserves stage_slots)."""
+    return stage_slots(shape, chunk) if ring == STAGE else int(ring)

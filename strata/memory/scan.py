@@ -1,0 +1,238 @@
+"""Planning a prompt: the chunk T and the ring, one byte budget borrowed from the expert cache.
+
+Rules (SPEC "Auto scan", seed #583):
+
+- full-ring (auto): chunks live on the grid 256, 512, ..., MAX. The scan takes the LARGEST chunk
+  that still leaves the full ring (the resolved slot count), found by bisection: bytes_needed is
+  monotone in T, so "fits" is a prefix of the grid. 7 probes for 256..32768 (8 when nothing fits),
+  one `bytes_needed` call each.
+- fallback: when not even the smallest chunk leaves a full ring, each participant takes as many
+  ring slots as fit beside the smallest chunk (never below RING_MIN = 16), then the scan takes the
+  largest chunk that fits beside that ring. If even that does not fit: PlanError naming the bytes
+  needed and the room.
+- legacy (A/B only): the old rule. Ring fixed at 384 slots (96 unpinned; the fused rule's 1024,
+  bounded by ring_cap) taken first, then the first chunk of LEGACY_CHUNKS that fits.
+- forced (`--chunk N`): that chunk with the resolved ring; the plan says whether it fits.
+
+Several participants (one per GPU, each with its own cache, loan and ring): a chunk is taken only
+if it fits on every one of them. Room is counted in BYTES of whole cache slots (CacheLayout.room).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from strata.errors import PlanError, StrataError
+from strata.memory.cache import CacheLayout
+from strata.memory.layout import PromptLayout
+from strata.memory.loan import LEND_CAP
+from strata.memory.ring import RING_MIN, STAGE, ring_cap, ring_slots, stream_all_min
+from strata import config
+from strata.units import fmt_bytes
+
+GRID = 256
+SCAN_MAX = 32768
+LEGACY_CHUNKS = (32768, 16384, 8192, 6144, 4096, 3072, 2048, 1024, 512, 256)
+LEGACY_RING_PINNED, LEGACY_RING_UNPINNED, LEGACY_RING_FUSED = 384, 96, 1024
+
+
+@dataclass(frozen=True)
+class Participant:
+    """One GPU's share of the rig: its cache (slots of its own layers) and lend cap."""
+    name: str
+    cache: CacheLayout
+    lend_cap: float = LEND_CAP
+
+    @property
+    def room(self) -> int:
+        return self.cache.room(self.lend_cap)
+
+
+@dataclass
+class ParticipantPlan:
+    name: str
+    ring: int | str
+    ring_bytes: int
+    bytes_needed: int
+    room: int
+    fits: bool
+    cache: int          # cache bytes (whole slots)
+    cache_slots: int
+    loan: int           # bytes of the slots lent for this plan (0 when it does not fit)
+    loan_slots: int
+    tail: int           # loan - bytes_needed: the SlabPool's tail
+
+
+@dataclass
+class Plan:
+    chunk: int
+    ring: int | str
+    ring_bytes: int
+    bytes_needed: int
+    room: int
+    probes: int
+    rule: str           # full-ring | fallback | legacy | forced
+    fits: bool
+    max_blob: int
+    full_ring: int
+    stream_all_min: int
+    participants: list[ParticipantPlan] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def short_of(self) -> str:
+        """One line: what the plan needs against its room (for a plan that does not fit)."""
+        worst = max(self.participants, key=lambda p: p.bytes_needed - p.room)
+        return (f"chunk {self.chunk} with ring {self.ring} needs {worst.bytes_needed:,} B "
+                f"({fmt_bytes(worst.bytes_needed)}) but {worst.name} has room for "
+                f"{worst.room:,} B ({fmt_bytes(worst.room)})")
+
+
+def grid(scan_max: int = SCAN_MAX) -> list[int]:
+    if scan_max < GRID or scan_max % GRID:
+        raise StrataError(f"the scan's MAX must be a multiple of {GRID} and at least {GRID}, "
+                          f"got {scan_max}; e.g. --prefill auto:16384")
+    return list(range(GRID, scan_max + 1, GRID))
+
+
+def last_fitting(chunks: list[int], fits) -> int | None:
+    """Largest chunk with fits(chunk), by bisection; `fits` must be a prefix of `chunks`.
+
+    ceil(log2(n)) probes, plus one when no probe succeeded (then the first is checked).
+    """
+    if not chunks:
+        return None
+    lo, hi, seen = 0, len(chunks) - 1, False
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(chunks[mid]):
+            lo, seen = mid, True
+        else:
+            hi = mid - 1
+    if seen or fits(chunks[lo]):
+        return chunks[lo]
+    return None
+
+
+class _Probe:
+    """layout.bytes_needed with a call counter (the scan's cost)."""
+
+    def __init__(self, layout: PromptLayout):
+        self.layout, self.count = layout, 0
+
+    def __call__(self, T: int, ring: int) -> int:
+        self.count += 1
+        return self.layout.bytes_needed(T, ring)
+
+
+def full_ring(layout: PromptLayout, *, pinned=True, fused=False, native=True) -> int:
+    """The resolved full ring: STRATA_PREFILL_RING, else ring_slots()."""
+    override = config.prefill_ring_override()
+    if override is not None:
+        return override
+    return ring_slots(layout.max_blob, pinned=pinned, fused=fused, native=native)
+
+
+def _slots(layout: PromptLayout, T: int, full: int) -> tuple[int | str, int]:
+    """(resolved ring, slots carved) for chunk T: STAGE under stream_all_min, unless overridden.
+
+    A STAGE chunk carves room for its routed experts, min(T*K, E), never more than the full ring
+    (it stages in ring-sized batches), which keeps bytes_needed monotone in T.
+    """
+    if config.prefill_ring_override() is None and T < stream_all_min(layout.shape):
+        sh = layout.shape
+        return STAGE, min(T * sh.top_k, sh.n_expert, full)
+    return full, full
+
+
+def _finish(layout, participants, probe, chunk, rings, rule, full) -> Plan:
+    parts = []
+    for p, (ring, slots) in zip(participants, rings):
+        need = layout.bytes_needed(chunk, slots)
+        room = p.room
+        fits = need <= room
+        n = p.cache.slots_for(need, p.lend_cap) if fits else 0
+        loan = p.cache.top_bytes(n)
+        parts.append(ParticipantPlan(p.name, ring, layout.ring_bytes(slots), need, room, fits,
+                                     p.cache.nbytes, p.cache.n_slots, loan, n,
+                                     loan - need if fits else 0))
+    binding = min(parts, key=lambda q: (q.room - q.bytes_needed))
+    return Plan(chunk=chunk, ring=min((q.ring for q in parts), key=lambda r: -1 if r == STAGE else r),
+                ring_bytes=binding.ring_bytes, bytes_needed=binding.bytes_needed,
+                room=min(q.room for q in parts), probes=probe.count, rule=rule,
+                fits=all(q.fits for q in parts), max_blob=layout.max_blob, full_ring=full,
+                stream_all_min=stream_all_min(layout.shape), participants=parts)
+
+
+def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan: str = "auto",
+                 scan_max: int = SCAN_MAX, chunk: int | None = None, pinned: bool = True,
+                 fused: bool = False, native: bool = True) -> Plan:
+    """The plan for this layout on these participants (see the module docstring for the rules)."""
+    if not participants:
+        raise StrataError("a plan needs at least one participant (GPU)")
+    probe = _Probe(layout)
+    full = full_ring(layout, pinned=pinned, fused=fused, native=native)
+    rooms = [p.room for p in participants]
+
+    def fits_all(T: int, slots: int) -> bool:
+        need = probe(T, slots)
+        return all(need <= r for r in rooms)
+
+    if chunk is not None:
+        if chunk < 1:
+            raise StrataError(f"--chunk must be at least 1 token, got {chunk}")
+        ring, slots = _slots(layout, chunk, full)
+        probe(chunk, slots)
+        return _finish(layout, participants, probe, chunk, [(ring, slots)] * len(participants),
+                       "forced", full)
+
+    if scan == "legacy":
+        ring = LEGACY_RING_FUSED if fused else (LEGACY_RING_PINNED if pinned else
+                                                 LEGACY_RING_UNPINNED)
+        ring = min(ring, ring_cap(native)) if fused else ring
+        override = config.prefill_ring_override()
+        ring = override if override is not None else ring
+        chunks = [c for c in LEGACY_CHUNKS if c <= scan_max]
+        for c in chunks:
+            if fits_all(c, ring):
+                return _finish(layout, participants, probe, c, [(ring, ring)] * len(participants),
+                               "legacy", full)
+        smallest = chunks[-1] if chunks else GRID
+        raise PlanError(_nothing_fits(layout, participants, smallest, ring, "legacy"))
+    if scan != "auto":
+        raise StrataError(f"unknown scan rule {scan!r}; use auto or legacy")
+
+    chunks = grid(scan_max)
+    best = last_fitting(chunks, lambda T: fits_all(T, _slots(layout, T, full)[1]))
+    if best is not None:
+        ring, slots = _slots(layout, best, full)
+        return _finish(layout, participants, probe, best, [(ring, slots)] * len(participants),
+                       "full-ring", full)
+    if config.prefill_ring_override() is not None:
+        raise PlanError(_nothing_fits(layout, participants, chunks[0], full,
+                                      "STRATA_PREFILL_RING"))
+
+    # Fallback: per participant, the most slots beside the smallest chunk (>= RING_MIN), then
+    # the largest chunk that fits beside each participant's own ring.
+    smallest = chunks[0]
+    act = probe(smallest, 0)                 # the chunk's bytes without a ring
+    stride = layout.slot_stride              # ring bytes grow by one stride per slot
+    rings = []
+    for p in participants:
+        r = max(RING_MIN, min(full, (p.room - act) // stride if p.room > act else 0))
+        rings.append((r, r))
+    best = last_fitting(chunks, lambda T: all(probe(T, r) <= p.room
+                                              for p, (r, _) in zip(participants, rings)))
+    if best is None:
+        worst = min(zip(participants, rings), key=lambda pr: pr[0].room)
+        raise PlanError(_nothing_fits(layout, [worst[0]], smallest, worst[1][0], "fallback"))
+    return _finish(layout, participants, probe, best, rings, "fallback", full)
+
+
+def _nothing_fits(layout, participants, chunk, ring, rule) -> str:
+    need = layout.bytes_needed(chunk, ring)
+    p = min(participants, key=lambda q: q.room)
+    return (f"nothing fits ({rule}): chunk {chunk} with a {ring}-slot ring needs {need:,} B "
+            f"({fmt_bytes(need)}) but {p.name}'s room is {p.room:,} B ({fmt_bytes(p.room)}, "
+            f"lend cap {p.lend_cap} of a {fmt_bytes(p.cache.nbytes)} cache); give the cache more "
+            f"VRAM, raise --lend-cap, or lower the ring with STRATA_PREFILL_RING")
