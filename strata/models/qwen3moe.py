@@ -179,10 +179,26 @@ class Qwen3Moe:
                                            attn_mask=mask, is_causal=causal)  # [H, T, hd]
         return o.transpose(0, 1).reshape(T, s.n_head * s.head_dim) @ lw.wo.t()    # [T, D]
 
+    def _experts(self, l: int, h: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
+                 provider: ExpertProvider) -> torch.Tensor:
+        """The layer's expert FFN. A provider with `expert_batches` (the streaming engine) serves
+        the layer in batches of experts (ids outside a batch read -1); their outputs add up in
+        fp32 and are rounded once."""
+        batches = getattr(provider, "expert_batches", None)
+        if batches is None:
+            return self.ffn(h, topk_ids, topk_w, provider.experts(l, topk_ids))
+        y = None
+        for experts, ids in batches(l, topk_ids):
+            part = self.ffn(h, ids, topk_w, experts).float()
+            y = part if y is None else y + part
+        return y if y is not None else torch.zeros_like(h, dtype=torch.float32)
+
     def forward_chunk(self, tokens: torch.Tensor, cache: KVCache,
-                      provider: ExpertProvider) -> torch.Tensor:
+                      provider: ExpertProvider, *, logits: str = "all") -> torch.Tensor | None:
         """Logits fp32 [T, V] of `tokens` [T] at positions cache.length...; extends the cache.
-        The caller brackets it with provider.begin_chunk / end_chunk (see `prefill`)."""
+        logits="last" returns only the last position's [1, V], "none" returns None (a long
+        prompt's [T, V] logits can outweigh the whole model). The caller brackets it with
+        provider.begin_chunk / end_chunk (see `prefill`)."""
         s = self.shape
         T, P = tokens.shape[0], cache.length
         x = self.tok_embd[tokens]                                           # [T, D]
@@ -192,16 +208,21 @@ class Qwen3Moe:
             x = x + self._attention(l, lw, rms_norm(x, lw.attn_norm, s.rms_eps), cos, sin, cache)
             h = rms_norm(x, lw.ffn_norm, s.rms_eps)
             topk_ids, topk_w = route(h, lw.router, s.top_k, s.norm_topk_prob)  # [T, K]
-            experts = provider.experts(l, topk_ids)
-            x = x + self.ffn(h, topk_ids, topk_w, experts).to(x.dtype)
+            x = x + self._experts(l, h, topk_ids, topk_w, provider).to(x.dtype)
             provider.end_layer(l)
         cache.commit(T)
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[-1:]
         return (rms_norm(x, self.out_norm, s.rms_eps) @ self.lm_head.t()).float()   # [T, V]
 
     # -- a whole prompt ----------------------------------------------------------------------
     def prefill(self, tokens, provider: ExpertProvider, *, chunk: int | None = None,
-                cache: KVCache | None = None, progress=None) -> torch.Tensor:
+                cache: KVCache | None = None, progress=None,
+                logits: str = "all") -> torch.Tensor | None:
         """Logits fp32 [T, V] of a prompt read in chunks of `chunk` tokens (all at once if None).
+        logits="last": only the prompt's last position [1, V]; "none": None.
         `progress(n_tokens_done)` is called after each chunk."""
         tokens = self.check_tokens(tokens)
         T = tokens.numel()
@@ -209,12 +230,21 @@ class Qwen3Moe:
         if chunk < 1:
             raise StrataError(f"chunk must be at least 1 token, got {chunk}")
         cache = cache if cache is not None else self.new_cache(capacity=T)
-        out = torch.zeros(T, self.shape.vocab, dtype=torch.float32, device=self.device)
+        if logits not in ("all", "last", "none"):
+            raise StrataError(f"logits must be all, last or none, got {logits!r}")
+        out = (torch.zeros(T, self.shape.vocab, dtype=torch.float32, device=self.device)
+               if logits == "all" else None)
         for start in range(0, T, chunk):
             part = tokens[start:start + chunk]
+            last = start + part.numel() >= T
+            want = logits if logits == "all" else ("last" if last and logits == "last" else "none")
             provider.begin_chunk(cache.length, part.numel())
-            out[start:start + part.numel()] = self.forward_chunk(part, cache, provider)
+            got = self.forward_chunk(part, cache, provider, logits=want)
             provider.end_chunk()
+            if logits == "all":
+                out[start:start + part.numel()] = got
+            elif want == "last":
+                out = got
             if progress is not None:
                 progress(start + part.numel())
         return out
