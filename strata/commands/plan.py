@@ -5,6 +5,9 @@
     strata plan --preset qwen3-30b-a3b --vram 6GiB --chunk 16384     # forced: does it fit?
 
 A plan that cannot fit prints one line naming the bytes needed and the room, and exits 2.
+
+`--pack PATH` reads `strata.packs.pack_info(path) -> (ModelShape, {layer: blob bytes}, native)`
+(the packs issue provides it; until then --pack says so and exits 2).
 """
 from __future__ import annotations
 
@@ -75,7 +78,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lend-cap", type=_lend_cap, default=LEND_CAP, metavar="F",
                    help=f"most of the cache a prompt may borrow (default {LEND_CAP})")
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--prefill", type=_prefill, default=SCAN_MAX, metavar="auto[:MAX]",
+    how.add_argument("--prefill", type=_prefill, default=None, metavar="auto[:MAX]",
                      help=f"scan chunks 256..MAX on the 256 grid (default auto:{SCAN_MAX})")
     how.add_argument("--chunk", type=int, metavar="N", help="force a chunk of N tokens")
     p.add_argument("--scan", choices=("auto", "legacy"), default="auto",
@@ -91,13 +94,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _source(args):
     """(name, shape, per-layer blob bytes, native) from --preset/--quant or --pack."""
     if args.pack:
-        try:
-            from strata import packs
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("strata.packs"):
-                raise StrataError("--pack needs strata.packs, which this build does not have yet; "
-                                  "plan a --preset with --quant instead") from None
-            raise
+        import importlib
+        import importlib.util
+        if importlib.util.find_spec("strata.packs") is None:
+            raise StrataError("--pack needs strata.packs, which this build does not have yet; "
+                              "plan a --preset with --quant instead")
+        packs = importlib.import_module("strata.packs")
         if not hasattr(packs, "pack_info"):
             raise StrataError("this build's strata.packs has no pack_info(path); plan a --preset")
         shape, layer_blob, native = packs.pack_info(args.pack)
@@ -117,7 +119,8 @@ def make_plan(args):
     parts, bud = participants(shape, layer_blob, vram, cache=args.cache, lend_cap=args.lend_cap)
     fused = use_fused(native, True if args.fused else None)
     layout = PromptLayout(shape, max(layer_blob.values()))
-    plan = plan_prefill(layout, parts, scan=args.scan, scan_max=args.prefill, chunk=args.chunk,
+    plan = plan_prefill(layout, parts, scan=args.scan,
+                        scan_max=args.prefill or SCAN_MAX, chunk=args.chunk,
                         pinned=not args.unpinned, fused=fused, native=native)
     return name, plan, bud, dict(pinned=not args.unpinned, fused=fused, native=native)
 

@@ -61,7 +61,7 @@ class CacheLayout:
                 b = int(layer_blob[layer])
                 if b <= 0:
                     raise StrataError(f"layer {layer} has a blob of {b} bytes")
-                if used + b > capacity:
+                if align_up(used + b) > capacity:  # a slot and its padding fit
                     return cls(tuple(owner), tuple(offset), tuple(size), used)
                 owner.append((layer, e))
                 offset.append(used)

@@ -39,6 +39,8 @@ class Loan:
         """Reload every borrowed slot's own expert; the cache is whole again."""
         if not self.active:
             return
+        # The alignment padding between slots was lent too: the cache keeps it zero.
+        self.buffer.zero_()
         for i in self.slots:
             self.cache.fill_slot(i)
         self.active = False

@@ -230,3 +230,15 @@ def test_tied_embeddings(hf_model):
     del dense["output.weight"]
     model = Qwen3Moe.from_tensors(TINY, dense, ffn=moe_ffn_ref)
     assert model.lm_head is model.tok_embd
+
+
+BF16_FFN_REL = 1e-2  # Triton GEMM's bf16 x/h contract; derivation in test_parity_packs
+
+
+def test_triton_expert_gemm_matches_transformers(hf_model, strata_bf16):
+    """The model through the Triton moe_ffn (interpreter on CPU), unevenly chunked, fp32 dense."""
+    from strata.models.moe import expert_ffn
+    model, prov = strata_bf16
+    tok = prompt(13, seed=4)
+    out = model.with_ffn(expert_ffn("kernel")).prefill(tok, prov, chunk=5)
+    assert rel_err(out, hf_logits(hf_model, tok)) < BF16_FFN_REL

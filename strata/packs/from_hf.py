@@ -1,0 +1,136 @@
+"""Hugging Face Qwen3-MoE checkpoint folder (config.json + *.safetensors) -> pack.
+
+Experts are read per expert (`mlp.experts.<e>.{gate,up,down}_proj.weight`, what save_pretrained
+writes) or fused (`mlp.experts.gate_up_proj` [E, 2F, D] with gate rows first and
+`mlp.experts.down_proj` [E, D, F], transformers 5's in-memory layout) and quantized to the chosen
+formats; dense weights keep their dtype. Legend: E experts, D hidden, F expert width.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from strata.errors import StrataError
+from strata.packs.blobs import assemble_blobs
+from strata.packs.names import dense_specs
+from strata.packs.quantize import quantize_rows
+from strata.shapes import ModelShape
+
+_DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+}
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+
+
+def hf_shape(cfg: dict, where) -> ModelShape:
+    mt = cfg.get("model_type")
+    if mt != "qwen3_moe":
+        raise StrataError(f"{where}: model_type {mt!r}; strata packs qwen3_moe checkpoints")
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        raise StrataError(f"{where}: dense MLP layers (mlp_only_layers/decoder_sparse_step) are not "
+                          f"supported; every layer must be MoE")
+    try:
+        H = cfg["num_attention_heads"]
+        rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        return ModelShape(
+            arch="qwen3moe", n_layer=cfg["num_hidden_layers"], d_model=cfg["hidden_size"],
+            n_expert=cfg.get("num_experts") or cfg["num_local_experts"],
+            top_k=cfg["num_experts_per_tok"], d_expert=cfg["moe_intermediate_size"], n_head=H,
+            n_kv_head=cfg.get("num_key_value_heads", H),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // H, vocab=cfg["vocab_size"],
+            rope_theta=float(rope), rms_eps=float(cfg["rms_norm_eps"]),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            max_pos=cfg.get("max_position_embeddings", 40960))
+    except KeyError as e:
+        raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
+
+
+class _Tensors:
+    """Name -> tensor over every *.safetensors file of a folder (memory-mapped, no pickle)."""
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise StrataError(f"{folder} has no *.safetensors files (strata never loads pickle "
+                              f"checkpoints; re-save with safe_serialization)")
+        self._open = [safe_open(str(f), "pt") for f in files]
+        self._where = {k: h for h in self._open for k in h.keys()}
+
+    def __contains__(self, k):
+        return k in self._where
+
+    def get(self, k) -> torch.Tensor:
+        h = self._where.get(k)
+        if h is None:
+            raise StrataError(f"checkpoint has no tensor {k}")
+        return h.get_tensor(k)
+
+
+def _experts(ts: _Tensors, i: int, s: ModelShape):
+    """(gate [E, F, D], up [E, F, D], down [E, D, F]) of layer i, per-expert or fused storage."""
+    p = f"model.layers.{i}.mlp.experts."
+    E, D, F = s.n_expert, s.d_model, s.d_expert
+    if p + "gate_up_proj" in ts:
+        gu, dn = ts.get(p + "gate_up_proj"), ts.get(p + "down_proj")
+        if tuple(gu.shape) == (E, D, 2 * F):   # stored [in, out]: make it [out, in]
+            gu = gu.transpose(1, 2)
+        if tuple(dn.shape) == (E, F, D) and D != F:
+            dn = dn.transpose(1, 2)
+        if tuple(gu.shape) != (E, 2 * F, D) or tuple(dn.shape) != (E, D, F):
+            raise StrataError(f"layer {i} fused experts are {list(gu.shape)} / {list(dn.shape)}, "
+                              f"expected [{E}, {2 * F}, {D}] / [{E}, {D}, {F}]")
+        return gu[:, :F], gu[:, F:], dn
+    if p + "0.gate_proj.weight" not in ts:
+        raise StrataError(f"checkpoint has neither {p}0.gate_proj.weight nor {p}gate_up_proj")
+    mats = []
+    for w, shp in (("gate", (F, D)), ("up", (F, D)), ("down", (D, F))):
+        m = torch.stack([ts.get(f"{p}{e}.{w}_proj.weight") for e in range(E)])
+        if tuple(m.shape[1:]) != shp:
+            raise StrataError(f"layer {i} {w}_proj is {list(m.shape[1:])}, expected {list(shp)}")
+        mats.append(m)
+    return tuple(mats)
+
+
+def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_down=None,
+               progress: bool = True):
+    """Write a pack from a HF Qwen3-MoE folder; experts quantized to `quant` (per-matrix overrides)."""
+    from strata.packs.file import write_pack
+    from strata.packs.synth import ExpertFormats
+    src = Path(src)
+    cfgp = src / "config.json"
+    if not cfgp.is_file():
+        raise StrataError(f"{src} has no config.json; give a Hugging Face checkpoint folder or a GGUF")
+    s = hf_shape(json.loads(cfgp.read_text()), src)
+    fmts = ExpertFormats.of(quant, quant_gate, quant_up, quant_down)
+    lay = fmts.layout(s)
+    ts = _Tensors(src)
+    dense = {}
+    tied = "lm_head.weight" not in ts
+    for name in dense_specs(s):
+        if name.startswith("blk."):
+            _, i, rest = name.split(".", 2)
+            dense[name] = ts.get(f"model.layers.{i}.{_DENSE[rest]}")
+        elif not (tied and name == "output.weight"):
+            dense[name] = ts.get(_GLOBAL[name])
+
+    def layer(i):
+        def make():
+            g, u, d = _experts(ts, i, s)
+            return assemble_blobs(lay, quantize_rows(g, fmts.gate), quantize_rows(u, fmts.up),
+                                  quantize_rows(d, fmts.down), s.n_expert)
+        return make
+    return write_pack(out, s, dense, [layer(i) for i in range(s.n_layer)], lay, native=True,  # plain ggml row layouts
+                     
+                      source=f"hf:{src.name}", progress=progress)

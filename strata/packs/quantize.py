@@ -1,0 +1,40 @@
+"""Float matrices -> ggml block bytes, for packing Hugging Face weights.
+
+Plain formats (BF16/F16/F32) are cast by torch (a BF16 checkpoint packs bit-exactly); block formats
+use `strata.formats.quantize` when the formats package provides it, else gguf-py's reference
+quantizers (Q8_0, Q4_0, Q5_0, MXFP4, ...).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from strata.errors import StrataError
+from strata.formats.table import get_format
+
+_PLAIN = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+def quantize_rows(w: torch.Tensor, fmt) -> np.ndarray:
+    """uint8 [..., rows, row_bytes] of `w` [..., rows, cols] in `fmt`, rows as GGUF stores them."""
+    fmt = get_format(fmt)
+    fmt.row_bytes(w.shape[-1])  # a clear error for a row that is not whole blocks
+    if fmt.name in _PLAIN:
+        t = w.detach().to(_PLAIN[fmt.name]).contiguous()
+        return t.view(torch.uint8).numpy().reshape(*w.shape[:-1], -1)
+    try:
+        from strata.formats import quantize as sq  # the formats package's quantizers, when built
+    except ImportError:
+        sq = None
+    if sq is not None and hasattr(sq, "quantize"):
+        out = sq.quantize(w.detach().float(), fmt.name)
+        return np.asarray(out.numpy() if hasattr(out, "numpy") else out, np.uint8).reshape(
+            *w.shape[:-1], -1)
+    import gguf
+    from gguf.quants import quantize
+    try:
+        q = quantize(w.detach().float().numpy(), gguf.GGMLQuantizationType(fmt.ggml_type))
+    except (NotImplementedError, ValueError):
+        raise StrataError(f"cannot quantize to {fmt.name} here (gguf-py has no quantizer for it); "
+                          f"use BF16, Q8_0, Q4_0, Q5_0 or MXFP4") from None
+    return np.ascontiguousarray(q).view(np.uint8).reshape(*w.shape[:-1], -1)

@@ -1,0 +1,270 @@
+"""Synthetic Qwen3-MoE models: a real GGUF file (as llama.cpp lays out qwen3moe) or a pack directly.
+
+Random weights that behave like a trained MoE where streaming cares:
+  * every matrix has weight std 1/sqrt(fan_in) (so a unit-RMS input gives unit-RMS outputs), norm
+    weights are 1 + N(0, 0.05^2), embeddings N(0, 1): activations stay O(1) through every layer
+    (the residual grows only like sqrt(layers));
+  * the router `ffn_gate_inp` [E, D] is N(0, 1/D): logits ~ N(0, 1) per expert for a unit-RMS token,
+    independent across experts, so top-K of different tokens are nearly independent draws and a chunk
+    of T >= 2048 tokens at K=8, E=128 hits every expert (see strata.packs.routing).
+Expert matrices are drawn as raw block bytes (strata.packs.randblocks), never by quantizing floats.
+
+Time and memory (full qwen3-30b-a3b, Q8_0, ~32 GB): one layer's expert tensor at a time is in RAM
+(~0.7 GB); random bytes come from up to 8 threads, so it is disk- and RNG-bound: about 2-4 minutes
+on a 16-core host with a fast disk. Dense weights (~2.4 GB bf16) are made one tensor at a time.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from strata.blob import BlobLayout
+from strata.errors import StrataError
+from strata.formats.table import get_format
+from strata.packs.blobs import assemble_blobs
+from strata.packs.names import dense_specs
+from strata.packs.randblocks import random_matrix, random_normal
+from strata.shapes import ModelShape
+
+NORM_JITTER = 0.05
+
+
+@dataclass(frozen=True)
+class ExpertFormats:
+    gate: str = "Q8_0"
+    up: str = "Q8_0"
+    down: str = "Q8_0"
+
+    @classmethod
+    def of(cls, quant: str, gate=None, up=None, down=None) -> "ExpertFormats":
+        f = cls(*(get_format(q or quant).name for q in (gate, up, down)))
+        return f
+
+    def layout(self, shape: ModelShape) -> BlobLayout:
+        return BlobLayout.make(shape.d_model, shape.d_expert, self.gate, self.up, self.down)
+
+
+def dense_sigma(name: str, shape: ModelShape) -> float | None:
+    """Weight std of a dense tensor, or None for a norm (1 + jitter)."""
+    if name.endswith("norm.weight"):
+        return None
+    if name == "token_embd.weight":
+        return 1.0
+    if name.endswith("attn_output.weight"):
+        return 1.0 / math.sqrt(shape.n_head * shape.head_dim)
+    return 1.0 / math.sqrt(shape.d_model)  # q/k/v, router, LM head: fan_in D
+
+
+def dense_dtype(name: str, dense_type: str) -> str:
+    """llama.cpp keeps norms and the router in F32; the other matrices take `dense_type`."""
+    if name.endswith("norm.weight") or name.endswith("ffn_gate_inp.weight"):
+        return "F32"
+    return dense_type
+
+
+def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str) -> np.ndarray:
+    """Raw bytes uint8 [rows, row_bytes] (or [n*itemsize] for 1-D) of one random dense tensor."""
+    n = int(np.prod(shp))
+    sigma = dense_sigma(name, shape)
+    if sigma is None:
+        g = np.random.default_rng(np.random.SeedSequence(seed))
+        w = (1.0 + NORM_JITTER * g.standard_normal(n)).astype(np.float32)
+        raw = w.view(np.uint8) if dtype == "F32" else torch.from_numpy(w).to(
+            {"BF16": torch.bfloat16, "F16": torch.float16}[dtype]).view(torch.uint8).numpy()
+    else:
+        raw = random_normal(seed, n, sigma, dtype)
+    return raw.reshape(shp[0], -1) if len(shp) == 2 else raw
+
+
+def expert_sigmas(shape: ModelShape) -> dict[str, float]:
+    return {"gate": 1 / math.sqrt(shape.d_model), "up": 1 / math.sqrt(shape.d_model),
+            "down": 1 / math.sqrt(shape.d_expert)}
+
+
+def expert_matrix(which: str, fmt: str, shape: ModelShape, seed) -> np.ndarray:
+    """uint8 [E, rows, row_bytes] of one layer's `which` experts (GGUF's ffn_{which}_exps bytes)."""
+    E, D, F = shape.n_expert, shape.d_model, shape.d_expert
+    rows, cols = (F, D) if which in ("gate", "up") else (D, F)
+    m = random_matrix(fmt, E * rows, cols, expert_sigmas(shape)[which], seed)
+    return m.reshape(E, rows, -1)
+
+
+def _seed(seed: int, k: int) -> list[int]:
+    return [int(seed), int(k)]
+
+
+# ------------------------------------------------------------------------------------ GGUF
+def _vocab(V: int) -> tuple[list[str], list[int], list[str], int]:
+    """A minimal valid byte-level BPE vocabulary of exactly V tokens (tokens, types, merges, eos)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):  # GPT-2's bytes_to_unicode: every byte one printable character
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    byte_tok = [chr(c) for _, c in sorted(zip(bs, cs))]
+    tokens = byte_tok[:V]
+    types = [1] * len(tokens)  # NORMAL
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    n_fill = V - len(tokens) - len(specials)
+    merges = []
+    if n_fill >= 0:
+        sp = byte_tok[ord(" ")]
+        first = [sp + "t", sp + "th"][:n_fill]
+        merges = [f"{sp} t", f"{sp}t h"][:len(first)]
+        tokens += first + [f"<|synth_{i}|>" for i in range(n_fill - len(first))] + specials
+        types += [1] * len(first) + [4] * (n_fill - len(first)) + [3] * len(specials)  # USER_DEFINED, CONTROL
+        eos = V - 3
+    else:
+        eos = V - 1
+    return tokens, types, merges, eos
+
+
+def _gguf_plan(shape: ModelShape, fmts: ExpertFormats, dense_type: str):
+    """[(name, ggml type name, byte shape, maker(seed) -> uint8 array)] in llama.cpp's order."""
+    specs = dense_specs(shape)
+    plan = []
+
+    def dense(name):
+        shp = specs[name]
+        dt = dense_dtype(name, dense_type)
+        isz = {"F32": 4, "F16": 2, "BF16": 2}[dt]
+        bshape = (shp[0], shp[1] * isz) if len(shp) == 2 else (shp[0] * isz,)
+        plan.append((name, dt, bshape, lambda s, name=name, shp=shp, dt=dt:
+                     dense_tensor(name, shp, shape, s, dt)))
+
+    dense("token_embd.weight")
+    for i in range(shape.n_layer):
+        for n in specs:
+            if n.startswith(f"blk.{i}."):
+                dense(n)
+        for which in ("gate", "up", "down"):
+            fmt = get_format(getattr(fmts, which))
+            rows, cols = (shape.d_expert, shape.d_model) if which != "down" else \
+                (shape.d_model, shape.d_expert)
+            plan.append((f"blk.{i}.ffn_{which}_exps.weight", fmt.name,
+                         (shape.n_expert, rows, fmt.row_bytes(cols)),
+                         lambda s, which=which, fmt=fmt.name: expert_matrix(which, fmt, shape, s)))
+    dense("output_norm.weight")
+    dense("output.weight")
+    return plan
+
+
+def synth_gguf(path, shape: ModelShape, fmts: ExpertFormats = ExpertFormats(), seed: int = 0,
+               dense_type: str = "BF16", progress: bool = True) -> Path:
+    """Write a qwen3moe GGUF with random weights; tensors are made and written one at a time."""
+    import gguf
+    if shape.arch != "qwen3moe":
+        raise StrataError(f"strata synth writes qwen3moe models, not {shape.arch}")
+    for which in ("gate", "up", "down"):
+        f = get_format(getattr(fmts, which))
+        if f.name not in gguf.GGMLQuantizationType.__members__:
+            raise StrataError(f"{f.name} has no GGUF type in gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else ''}"
+                              f"; write a pack directly with synth_pack (strata synth --pack)")
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    arch = "qwen3moe"
+    w.add_name(f"strata-synth {shape.n_layer}L E{shape.n_expert} {fmts.gate}/{fmts.up}/{fmts.down}")
+    ftype = {"Q8_0": 7, "Q4_0": 2, "Q5_0": 8, "Q4_K": 15, "Q6_K": 18, "BF16": 32, "F16": 1,
+             "F32": 0}.get(fmts.gate, 7)
+    w.add_file_type(ftype)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_context_length(shape.max_pos)
+    w.add_embedding_length(shape.d_model)
+    w.add_feed_forward_length(shape.d_expert * shape.top_k)  # dense width; qwen3moe does not use it
+    w.add_block_count(shape.n_layer)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_kv_head)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(shape.rms_eps)
+    w.add_expert_count(shape.n_expert)
+    w.add_expert_used_count(shape.top_k)
+    w.add_expert_feed_forward_length(shape.d_expert)
+    tokens, types, merges, eos = _vocab(shape.vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(eos)
+    w.add_pad_token_id(eos)
+    w.add_bos_token_id(eos)
+    w.add_add_bos_token(False)
+    w.add_string(f"strata.synth.seed", str(seed))
+
+    plan = _gguf_plan(shape, fmts, dense_type)
+    for name, tname, bshape, _ in plan:
+        w.add_tensor_info(name, bshape, np.dtype(np.uint8), int(np.prod(bshape)),
+                          raw_dtype=gguf.GGMLQuantizationType[tname])
+    tmp = path.with_name(path.name + ".partial")
+    w.write_header_to_file(tmp)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=sum(int(np.prod(p[2])) for p in plan), unit="B", unit_scale=True,
+                   desc=f"synth {path.name}", file=sys.stderr)
+    try:
+        for k, (name, _, bshape, make) in enumerate(plan):
+            arr = make(_seed(seed, k))
+            w.write_tensor_data(np.ascontiguousarray(arr).reshape(bshape))
+            if bar is not None:
+                bar.update(int(np.prod(bshape)))
+        w.close()
+        tmp.replace(path)
+    except BaseException:
+        w.close()
+        if tmp.exists():
+            tmp.unlink()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return path
+
+
+# ------------------------------------------------------------------------------------ pack
+def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16") -> dict[str, torch.Tensor]:
+    """The random dense weights as torch tensors (same draws as synth_gguf's for the same seed)."""
+    out = {}
+    k = {name: i for i, (name, *_) in enumerate(_gguf_plan(shape, ExpertFormats(), dense_type))}
+    tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    for name, shp in dense_specs(shape).items():
+        dt = dense_dtype(name, dense_type)
+        raw = dense_tensor(name, shp, shape, _seed(seed, k[name]), dt)
+        out[name] = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1)).view(tdt[dt]).view(shp)
+    return out
+
+
+def synth_pack(path, shape: ModelShape, fmts: ExpertFormats | list[ExpertFormats] = ExpertFormats(),
+               seed: int = 0, dense_type: str = "BF16", progress: bool = True) -> Path:
+    """Write a pack with random weights directly (no GGUF); `fmts` one for all layers or one per
+    layer. Any format of the table, Q2_0 included. Blobs of one layer are in RAM at a time
+    (qwen3-30b-a3b Q8_0: 128 x 5,222,400 B = 0.67 GB); the ~32 GB pack takes minutes (see module doc).
+    Native: the blobs keep GGUF block layouts."""
+    from strata.packs.file import write_pack
+    per_layer = fmts if isinstance(fmts, list) else [fmts] * shape.n_layer
+    if len(per_layer) != shape.n_layer:
+        raise StrataError(f"{len(per_layer)} expert formats for {shape.n_layer} layers")
+    layouts = [f.layout(shape) for f in per_layer]
+
+    def layer(i):
+        def make():
+            f = per_layer[i]
+            mats = [expert_matrix(w, getattr(f, w), shape, _seed(seed, 1_000_000 + 3 * i + j))
+                    for j, w in enumerate(("gate", "up", "down"))]
+            return assemble_blobs(layouts[i], *mats, shape.n_expert)
+        return make
+    return write_pack(path, shape, synth_dense(shape, seed, dense_type),
+                      [layer(i) for i in range(shape.n_layer)], layouts, native=True,
+                      source=f"synth seed={seed}", progress=progress)

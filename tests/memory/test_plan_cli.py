@@ -1,0 +1,106 @@
+"""`strata plan` and `strata demo`: options, JSON fields, the exit-2 line, size parsing."""
+import json
+
+import pytest
+
+from strata.cli import main
+
+FIELDS = {"chunk", "ring", "ring_bytes", "bytes_needed", "room", "probes", "rule", "fits",
+          "max_blob", "participants"}
+PART_FIELDS = {"name", "ring", "ring_bytes", "bytes_needed", "room", "fits", "cache", "loan",
+               "tail", "vram", "layers", "dense"}
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for k in ("STRATA_PREFILL_RING", "STRATA_STREAM_ALL_MIN", "STRATA_PF_FUSED"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def plan_json(capsys, *argv):
+    rc = main(["plan", *argv, "--json"])
+    out = capsys.readouterr()
+    return rc, json.loads(out.out), out.err
+
+
+def test_json_fields(capsys):
+    rc, d, _ = plan_json(capsys, "--preset", "qwen3-30b-a3b", "--quant", "Q8_0", "--vram", "12GiB")
+    assert rc == 0 and FIELDS <= set(d) and d["fits"] is True
+    assert d["rule"] == "full-ring" and d["probes"] == 7 and d["max_blob"] == 5_013_504
+    assert d["ring"] == 384 * 1_382_400 // 5_013_504
+    (p,) = d["participants"]
+    assert PART_FIELDS <= set(p) and p["tail"] == p["loan"] - p["bytes_needed"] >= 0
+
+
+def test_several_gpus_and_legacy(capsys):
+    rc, d, _ = plan_json(capsys, "--preset", "seed-512e", "--quant", "Q2_0", "--vram", "8GiB",
+                         "--vram", "6GiB", "--scan", "legacy")
+    assert rc == 0 and d["rule"] == "legacy" and d["ring"] == 384
+    assert [p["name"] for p in d["participants"]] == ["CUDA0", "CUDA1"]
+    assert d["participants"][0]["layers"] == [0, 17] and d["participants"][1]["layers"] == [17, 30]
+
+
+@pytest.mark.parametrize("flag,ring", [("--unpinned", 96 * 1_382_400 // 2_654_208),
+                                       ("--fused", 512)],   # 533 by bytes, capped: native
+                         ids=["unpinned", "fused"])
+def test_ring_flags(capsys, flag, ring):
+    rc, d, _ = plan_json(capsys, "--preset", "qwen3-30b-a3b", "--quant", "Q4_K", flag)
+    assert rc == 0 and d["ring"] == ring
+
+
+def test_forced_chunk_that_does_not_fit_exits_2_with_one_line(capsys):
+    rc = main(["plan", "--preset", "seed-512e", "--quant", "Q2_0", "--vram", "6GiB",
+               "--chunk", "32768"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "needs" in err[0] and "room" in err[0] and " B " in err[0]
+
+
+def test_nothing_fits_exits_2_with_one_line(capsys):
+    rc = main(["plan", "--preset", "seed-512e", "--quant", "Q2_0", "--cache", "20MiB"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "needs" in err[0] and "room" in err[0]
+
+
+@pytest.mark.parametrize("size", ["12GiB", "12884901888", "12288MiB"])
+def test_sizes(capsys, size):
+    rc, d, _ = plan_json(capsys, "--preset", "qwen3-30b-a3b", "--vram", size)
+    assert rc == 0 and d["participants"][0]["vram"] == 12 << 30
+
+
+@pytest.mark.parametrize("argv", [["--vram", "12 parsecs"], ["--prefill", "fast"],
+                                  ["--prefill", "auto:x"], ["--lend-cap", "1.5"],
+                                  ["--chunk", "256", "--prefill", "auto"]],
+                         ids=["bad-size", "bad-prefill", "bad-max", "bad-cap", "chunk-and-auto"])
+def test_bad_options_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--preset", "tiny", *argv])
+    assert e.value.code == 2
+
+
+def test_scan_max_and_quant_errors(capsys):
+    assert main(["plan", "--preset", "qwen3-30b-a3b", "--prefill", "auto:1000"]) == 2
+    assert "multiple of 256" in capsys.readouterr().err
+    assert main(["plan", "--preset", "seed-512e", "--quant", "Q4_K"]) == 2
+    assert "multiple of 256" in capsys.readouterr().err
+
+
+def test_prefill_max(capsys):
+    rc, d, _ = plan_json(capsys, "--preset", "qwen3-30b-a3b", "--prefill", "auto:4096")
+    assert rc == 0 and d["chunk"] == 4096 and d["probes"] == 4   # grid of 16: ceil(log2 16)
+
+
+def test_pack_without_packs_is_clear(capsys, tmp_path):
+    import importlib.util
+    if importlib.util.find_spec("strata.packs") is not None:
+        pytest.skip("strata.packs exists in this build")
+    assert main(["plan", "--pack", str(tmp_path / "x.pack")]) == 2
+    assert "strata.packs" in capsys.readouterr().err
+
+
+def test_table_and_demo(capsys):
+    assert main(["plan", "--preset", "qwen3-30b-a3b"]) == 0
+    out = capsys.readouterr().out
+    assert "full-ring" in out and "CUDA0" in out
+    assert main(["demo"]) == 0
+    assert "qwen3-30b-a3b Q8_0" in capsys.readouterr().out

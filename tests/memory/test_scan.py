@@ -1,0 +1,177 @@
+"""The auto scan against brute force, the fallback, legacy, forced, several participants."""
+import math
+
+import pytest
+from hypothesis import assume, example, given, strategies as st
+
+from strata.errors import PlanError, StrataError
+from strata.memory import CacheLayout, Participant, PromptLayout, plan_prefill, ring_slots
+from strata.memory.ring import RING_MIN
+from strata.memory.scan import LEGACY_CHUNKS, grid, last_fitting
+from strata.shapes import ModelShape, get_preset
+
+SEED = get_preset("seed-512e")
+SMALL = ModelShape(d_model=64, n_expert=16, top_k=4, d_expert=32, n_head=4, n_kv_head=2,
+                   head_dim=16)
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for k in ("STRATA_PREFILL_RING", "STRATA_STREAM_ALL_MIN", "STRATA_PF_FUSED"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def part(room_bytes: int, blob: int = 1 << 20, name="CUDA0") -> Participant:
+    """A participant whose room (lend cap 1.0) is room_bytes rounded down to whole blobs."""
+    return Participant(name, CacheLayout.build(room_bytes, [blob], 1 << 20), 1.0)
+
+
+def brute_full_ring(lay: PromptLayout, room: int, scan_max: int, full: int):
+    fit = [T for T in grid(scan_max) if lay.bytes_needed(T, full) <= room]
+    return max(fit) if fit else None
+
+
+@given(n=st.integers(1, 300), k=st.integers(0, 300))
+@example(n=128, k=127)   # 256..32768, everything fits
+@example(n=128, k=-1)    # nothing fits: the one extra probe
+@example(n=1, k=0)
+def test_last_fitting_is_the_largest_prefix_member(n, k):
+    chunks = list(range(n))
+    calls = []
+
+    def fits(c):
+        calls.append(c)
+        return c <= k
+    got = last_fitting(chunks, fits)
+    assert got == (min(k, n - 1) if k >= 0 else None)
+    assert len(calls) <= math.ceil(math.log2(n)) + 1
+
+
+@given(room_mib=st.integers(1, 6000), max_blob=st.integers(100_000, 6_000_000),
+       scan_max=st.sampled_from([256, 1024, 8192, 32768, 33024]),
+       unpinned=st.booleans())
+@example(room_mib=1100, max_blob=1_382_400, scan_max=32768, unpinned=False)  # seed Q2_0 ring 384
+@example(room_mib=1100, max_blob=2_663_424, scan_max=32768, unpinned=False)  # seed IQ3_S ring 199
+@example(room_mib=1100, max_blob=5_222_400, scan_max=32768, unpinned=False)  # seed Q8_0 ring 101
+@example(room_mib=6000, max_blob=1_382_400, scan_max=32768, unpinned=False)  # MAX itself fits
+def test_auto_scan_equals_brute_force(room_mib, max_blob, scan_max, unpinned):
+    lay = PromptLayout(SEED, max_blob)
+    p = part(room_mib << 20)
+    full = ring_slots(max_blob, pinned=not unpinned)
+    want = brute_full_ring(lay, p.room, scan_max, full)
+    n = len(grid(scan_max))
+    try:
+        plan = plan_prefill(lay, [p], scan_max=scan_max, pinned=not unpinned)
+    except PlanError:
+        assert want is None
+        return
+    if want is not None:
+        assert plan.rule == "full-ring" and plan.chunk == want and plan.ring == full
+        assert plan.probes <= math.ceil(math.log2(n)) + 1
+        if scan_max == 32768:
+            assert plan.probes == 7            # the seed's 7 probes for 256..32768
+    else:
+        # fallback: as many slots as fit beside the smallest chunk, never below RING_MIN
+        r = max(RING_MIN, (p.room - lay.bytes_needed(256, 0)) // lay.slot_stride)
+        assert plan.rule == "fallback" and plan.ring == r < full
+        fit = [T for T in grid(scan_max) if lay.bytes_needed(T, r) <= p.room]
+        assert plan.chunk == max(fit)
+    assert plan.fits and plan.bytes_needed <= plan.room
+    assert plan.bytes_needed == lay.bytes_needed(plan.chunk, plan.ring)
+
+
+def test_seed_rig_numbers():
+    # Q2_0, 384-slot ring, 1.1 GiB of room on the seed shape: a full ring and a mid-size chunk.
+    plan = plan_prefill(PromptLayout(SEED, 1_382_400), [part(1100 << 20)])
+    assert plan.ring == 384 and plan.rule == "full-ring" and plan.probes == 7
+    assert plan.chunk % 256 == 0
+
+
+def test_fallback_floor_and_error():
+    lay = PromptLayout(SEED, 1_382_400)
+    # room for the smallest chunk and RING_MIN slots only
+    need = lay.bytes_needed(256, RING_MIN)
+    plan = plan_prefill(lay, [Participant("CUDA0", CacheLayout.build(need, [need], 1), 1.0)])
+    assert plan.rule == "fallback" and plan.ring == RING_MIN and plan.chunk == 256
+    tiny = Participant("CUDA0", CacheLayout.build(need - 1, [need - 1], 1), 1.0)
+    with pytest.raises(PlanError, match=r"needs [\d,]+ B .* room is [\d,]+ B"):
+        plan_prefill(lay, [tiny])
+
+
+def test_several_participants_all_must_fit():
+    lay = PromptLayout(SEED, 1_382_400)
+    big, small = part(3000 << 20, name="CUDA0"), part(1100 << 20, name="CUDA1")
+    a = plan_prefill(lay, [big]).chunk
+    b = plan_prefill(lay, [small]).chunk
+    both = plan_prefill(lay, [big, small])
+    assert both.chunk == min(a, b) < a
+    assert [q.name for q in both.participants] == ["CUDA0", "CUDA1"]
+    for q in both.participants:
+        assert q.fits and q.loan >= q.bytes_needed and q.tail == q.loan - q.bytes_needed
+
+
+def test_several_participants_fallback_each_own_ring():
+    lay = PromptLayout(SEED, 1_382_400)
+    r0, r1 = 40, 20
+    rooms = [lay.bytes_needed(512, r0), lay.bytes_needed(256, r1)]
+    parts = [Participant(f"CUDA{i}", CacheLayout.build(r, [r], 1), 1.0) for i, r in enumerate(rooms)]
+    plan = plan_prefill(lay, parts)
+    assert plan.rule == "fallback"
+    # each its own ring: as many slots as fit beside the smallest chunk on that GPU
+    r0_fit = (rooms[0] - lay.bytes_needed(256, 0)) // lay.slot_stride
+    assert r0_fit > r0 and [q.ring for q in plan.participants] == [r0_fit, r1]
+    assert plan.chunk == 256 and plan.ring == r1
+
+
+@given(room_mib=st.integers(100, 8000), unpinned=st.booleans())
+@example(room_mib=1100, unpinned=False)
+def test_legacy_takes_the_first_list_chunk_beside_a_fixed_ring(room_mib, unpinned):
+    lay = PromptLayout(SEED, 2_663_424)
+    p = part(room_mib << 20)
+    ring = 96 if unpinned else 384
+    fit = [c for c in LEGACY_CHUNKS if lay.bytes_needed(c, ring) <= p.room]
+    try:
+        plan = plan_prefill(lay, [p], scan="legacy", pinned=not unpinned)
+    except PlanError as e:
+        assert not fit and "needs" in str(e) and "room" in str(e)
+        return
+    assert plan.rule == "legacy" and plan.ring == ring and plan.chunk == fit[0]
+    assert plan.probes == LEGACY_CHUNKS.index(fit[0]) + 1
+
+
+def test_auto_beats_legacy_on_big_blobs():
+    """The seed's point: on IQ3_S the byte-budget ring leaves room for a bigger chunk."""
+    lay = PromptLayout(SEED, 2_663_424)
+    p = part(1600 << 20)
+    auto, legacy = plan_prefill(lay, [p]), plan_prefill(lay, [p], scan="legacy")
+    assert auto.ring == 199 and legacy.ring == 384
+    assert auto.chunk > legacy.chunk
+
+
+def test_forced_chunk_reports_fit_and_stage(monkeypatch):
+    lay = PromptLayout(SEED, 1_382_400)
+    p = part(1100 << 20)
+    ok = plan_prefill(lay, [p], chunk=1000)
+    assert ok.rule == "forced" and ok.fits and ok.chunk == 1000 and ok.probes == 1
+    bad = plan_prefill(lay, [p], chunk=200_000)
+    assert not bad.fits and "needs" in bad.short_of() and "room" in bad.short_of()
+    stage = plan_prefill(lay, [p], chunk=40)             # 40 < ceil(512 / 10) = 52
+    assert stage.ring == "STAGE" and stage.participants[0].ring == "STAGE"
+    monkeypatch.setenv("STRATA_PREFILL_RING", "20")
+    assert plan_prefill(lay, [p], chunk=40).ring == 20   # the override wins over STAGE
+
+
+def test_override_is_the_full_ring_and_never_falls_back(monkeypatch):
+    lay = PromptLayout(SEED, 1_382_400)
+    monkeypatch.setenv("STRATA_PREFILL_RING", "1000")
+    p = part(1100 << 20)
+    with pytest.raises(PlanError, match="STRATA_PREFILL_RING"):
+        plan_prefill(lay, [p])
+    monkeypatch.setenv("STRATA_PREFILL_RING", "8")
+    plan = plan_prefill(lay, [p])
+    assert plan.ring == 8 and plan.rule == "full-ring"
+
+
+def test_scan_max_validated():
+    with pytest.raises(StrataError, match="multiple of 256"):
+        plan_prefill(PromptLayout(SEED, 1_382_400), [part(1 << 30)], scan_max=1000)
