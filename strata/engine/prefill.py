@@ -46,7 +46,7 @@ log = logging.getLogger("strata")
 @dataclass
 class EngineConfig:
     """Everything a prefill run is configured by; the CLI fills it from its flags."""
-    vram: int                          # bytes of VRAM this engine may use on its device
+    vram: int | list[int]              # bytes of VRAM per GPU (a list splits layers over GPUs)
     cache: int | None = None           # expert cache bytes (default: derived from vram)
     lend_cap: float = 0.9              # most of the cache a prompt may borrow
     scan: str = "auto"                 # auto | legacy
@@ -58,6 +58,8 @@ class EngineConfig:
     max_prompt: int = 32768            # KV reserved for prompts up to this many tokens
     reserve: int = RESERVE             # CUDA context, allocator slack, attention workspace
     device: str | None = None          # cuda when available
+    devices: list[str] | None = None   # one per participant (default: cuda:0.. or cpu)
+    layer_split: list[int] | None = None  # layers per participant (default: by VRAM)
     dtype: torch.dtype | None = None   # dense math: bf16 on CUDA, fp32 on the CPU
     ffn: str = "kernel"                # expert FFN: kernel (Triton) | torch
     batch: int | None = None           # experts per streamed batch (default ring // 2)
@@ -76,13 +78,30 @@ class PrefillResult:
         return {"prefill_chunk": self.chunk, "prefill_ring": self.ring}
 
 
+@dataclass
+class Part:
+    """One participant: a device, the layers it holds, its expert cache and lanes."""
+    name: str
+    device: torch.device
+    layers: range
+    participant: object        # strata.memory.scan.Participant (its cache layout, lend cap)
+    budget: object             # strata.memory.rig.GpuBudget
+    cache: ExpertCache
+    lane: Lane
+
+
 class PrefillEngine:
     def __init__(self, pack, cfg: EngineConfig):
         self.cfg = cfg
         self.pack = pack = open_pack(pack)
         self.shape = pack.shape
-        self.device = resolve_device(cfg.device)
-        self.lane = Lane(self.device)
+        vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
+        devices = [resolve_device(d) for d in (cfg.devices or _default_devices(cfg.device,
+                                                                               len(vram)))]
+        if len(devices) != len(vram):
+            raise StrataError(f"{len(vram)} --vram budgets for {len(devices)} devices; give one "
+                              f"--vram per GPU")
+        self.device = devices[0]
         self.dtype = cfg.dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.layouts = [pl.layout for pl in pack.layers]
         self.blob_sizes = [pl.blob_size for pl in pack.layers]
@@ -90,21 +109,33 @@ class PrefillEngine:
         self.host = HostExperts([pack.experts(i) for i in range(self.shape.n_layer)],
                                 self.blob_sizes, pin=cfg.pin, progress=cfg.progress)
         self.pinned = self.host.pinned or self.device.type != "cuda"
-        self.model = load_model(pack, device=self.device, dtype=self.dtype,
-                                ffn=expert_ffn(cfg.ffn))
-        parts, budgets = participants(self.shape, self.blob_sizes, [cfg.vram], cache=cfg.cache,
+        parts, budgets = participants(self.shape, self.blob_sizes, vram, cache=cfg.cache,
                                       lend_cap=cfg.lend_cap, reserve=cfg.reserve,
-                                      kv_tokens=cfg.max_prompt)
-        self.participant, self.budget = parts[0], budgets[0]
-        self.cache = ExpertCache(self.participant.cache, self.host.source, self.device)
+                                      kv_tokens=cfg.max_prompt, split=cfg.layer_split)
+        self.parts: list[Part] = []
+        for p, b, dev in zip(parts, budgets, devices):
+            cache = ExpertCache(p.cache, self.host.source, dev)
+            self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev)))
+        device_map = [part.device for part in self.parts for _ in part.layers]
+        self.model = load_model(pack, device=self.device, dtype=self.dtype,
+                                ffn=expert_ffn(cfg.ffn), device_map=device_map)
         self.layout = PromptLayout(self.shape, self.max_blob)
         self.fused = use_fused(pack.native, cfg.fused)
+
+    # single-participant conveniences (tests, the CLI's summary)
+    @property
+    def cache(self) -> ExpertCache:
+        return self.parts[0].cache
+
+    @property
+    def lane(self) -> Lane:
+        return self.parts[0].lane
 
     # -- planning ----------------------------------------------------------------------------
     def plan(self):
         """The plan for a prompt (chunk and ring from the scan, or the forced chunk)."""
         with _ring_override(self.cfg.ring):
-            return plan_prefill(self.layout, [self.participant], scan=self.cfg.scan,
+            return plan_prefill(self.layout, [p.participant for p in self.parts], scan=self.cfg.scan,
                                 scan_max=self.cfg.scan_max, chunk=self.cfg.chunk,
                                 pinned=self.pinned, fused=self.fused, native=self.pack.native)
 
@@ -138,27 +169,34 @@ class PrefillEngine:
         plan = self.plan()
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
-        chunk, ring, slots = self._resolve(plan, T)
-        need = self.layout.bytes_needed(chunk, slots)
+        chunk, ring, _ = self._resolve(plan, T)
         stats = PrefillStats(tokens=T)
         out = None
-        loan = Loan(self.cache, need, self.cfg.lend_cap)
+        loans: list[Loan] = []
         try:
-            bufs = self.layout.carve(loan.carve(), chunk, slots)
             mode = MODE_STAGE if ring == STAGE else MODE_STREAM
-            provider = StreamingProvider(self.cache, self.host, self.layouts, bufs.ring,
-                                         n_expert=self.shape.n_expert, mode=mode,
-                                         batch=self.cfg.batch, lane=self.lane)
+            providers = []
+            for part, pp in zip(self.parts, plan.participants):
+                # each participant carves its own ring (the fallback rule may size them apart)
+                r = ring if len(self.parts) == 1 or plan.rule != "fallback" else pp.ring
+                slots = ring_slot_count(r, self.shape, chunk)
+                need = self.layout.bytes_needed(chunk, slots)
+                loans.append(Loan(part.cache, need, self.cfg.lend_cap))
+                bufs = self.layout.carve(loans[-1].carve(), chunk, slots)
+                providers.append(StreamingProvider(
+                    part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
+                    mode=mode, layers=part.layers, batch=self.cfg.batch, lane=part.lane))
+            provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:
                 provider = _FailingProvider(provider, fail_after_layers)
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
-            self.lane.sync()
+            self._sync()
             t0 = time.perf_counter()
             try:
                 out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits,
                                          progress=(lambda n: bar.update(n - bar.n)) if bar else None)
-                self.lane.sync()
+                self._sync()
             except torch.cuda.OutOfMemoryError as e:
                 raise AllocationError(f"a device allocation failed mid-prompt ({_first_line(e)}); "
                                       f"the request failed and the cache was refilled; try a "
@@ -167,16 +205,61 @@ class PrefillEngine:
                 if bar is not None:
                     bar.close()
             stats.seconds = time.perf_counter() - t0
-            inner = provider.inner if isinstance(provider, _FailingProvider) else provider
-            for c in inner.chunks:
-                c.settle()
-            stats.chunks = inner.chunks
+            for pr in providers:
+                for c in pr.chunks:
+                    c.settle()
+                stats.chunks.extend(pr.chunks)
         finally:
-            # Drain the copy lane before the borrowed slots are rewritten, then refill them.
-            self.lane.sync()
-            loan.refill()
-            self.lane.sync()
+            # Drain the copy lanes before the borrowed slots are rewritten, then refill them.
+            self._sync()
+            for loan in loans:
+                loan.refill()
+            self._sync()
         return PrefillResult(out, plan, chunk, ring, stats)
+
+    def _sync(self) -> None:
+        for part in self.parts:
+            part.lane.sync()
+
+
+class SplitProvider:
+    """Several participants' providers behind one: each layer goes to the GPU that holds it."""
+
+    def __init__(self, providers: list[StreamingProvider]):
+        self.providers = providers
+        self.n_layer = providers[0].n_layer
+        self.owner = {l: p for p in providers for l in p.layers}
+
+    def begin_chunk(self, start: int, n_tokens: int) -> None:
+        for p in self.providers:
+            p.begin_chunk(start, n_tokens)
+
+    def begin_layer(self, layer: int) -> None:
+        self.owner[layer].begin_layer(layer)
+
+    def expert_batches(self, layer: int, topk_ids):
+        return self.owner[layer].expert_batches(layer, topk_ids)
+
+    def experts(self, layer: int, topk_ids):
+        return self.owner[layer].experts(layer, topk_ids)
+
+    def end_layer(self, layer: int) -> None:
+        self.owner[layer].end_layer(layer)
+
+    def end_chunk(self) -> None:
+        for p in self.providers:
+            p.end_chunk()
+
+
+def _default_devices(device: str | None, n: int) -> list[str]:
+    """n participants: cuda:0..n-1 when CUDA is there (and no device named), else the named
+    device (or cpu) n times — two simulated participants on the CPU share its memory."""
+    if device is None and torch.cuda.is_available():
+        if n > torch.cuda.device_count():
+            raise StrataError(f"{n} --vram budgets but only {torch.cuda.device_count()} GPUs are "
+                              f"visible")
+        return [f"cuda:{i}" for i in range(n)]
+    return [device or "cpu"] * n
 
 
 class _FailingProvider:
