@@ -122,10 +122,10 @@ def make_plan(args):
     plan = plan_prefill(layout, parts, scan=args.scan,
                         scan_max=args.prefill or SCAN_MAX, chunk=args.chunk,
                         pinned=not args.unpinned, fused=fused, native=native)
-    return name, plan, bud, dict(pinned=not args.unpinned, fused=fused, native=native)
+    return name, plan, bud, dict(pinned=not args.unpinned, fused=fused, native=native), shape
 
 
-def render(name, plan, bud, flags) -> str:
+def render(name, plan, bud, flags, n_expert: int) -> str:
     path = ("pinned" if flags["pinned"] else "unpinned") + (", fused" if flags["fused"] else "")
     ring = plan.ring if plan.ring == "STAGE" else f"{plan.ring} slots"
     lines = [
@@ -146,11 +146,15 @@ def render(name, plan, bud, flags) -> str:
             f"{fmt_bytes(b.dense):>11}{fmt_bytes(p.cache):>11}{p.cache_slots:>7}"
             f"{fmt_bytes(p.room):>11}{str(p.ring):>6}{fmt_bytes(p.bytes_needed):>11}"
             f"{fmt_bytes(p.loan):>11}{p.loan_slots:>6}{fmt_bytes(p.tail):>11}")
+    for b, p in zip(bud, plan.participants):
+        if p.cache_slots == len(b.layers) * n_expert:
+            lines.append(f"  note: {p.name}'s cache holds every expert of its layers: nothing "
+                         f"streams there, the ring only matters on GPUs that stream")
     return "\n".join(lines)
 
 
 def run(args) -> int:
-    name, plan, bud, flags = make_plan(args)
+    name, plan, bud, flags, shape = make_plan(args)
     if args.json:
         d = plan.to_dict()
         d.update(model=name, **flags)
@@ -158,7 +162,7 @@ def run(args) -> int:
             p.update(vram=b.vram, layers=[b.layers.start, b.layers.stop], dense=b.dense)
         print(json.dumps(d, indent=2))
     else:
-        print(render(name, plan, bud, flags))
+        print(render(name, plan, bud, flags, shape.n_expert))
     if not plan.fits:
         print(f"strata plan: does not fit: {plan.short_of()}", file=sys.stderr)
         return 2

@@ -18,13 +18,16 @@ import torch
 
 from strata.errors import StrataError
 from strata.models.moe import FFN_CHOICES
+from strata.units import fmt_bytes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("prefill", help="read a prompt through a pack; print tokens/s",
-                       description=__doc__.split("\n\n")[1])
+                       description="Read a prompt (token ids) through a pack with every expert "
+                                   "resident on the device; print tokens/s, optionally dump the "
+                                   "logits of every position.")
     p.add_argument("pack", help="a pack file (strata pack / strata synth)")
     src = p.add_argument_group("prompt")
     src.add_argument("--tokens", required=True,
@@ -69,18 +72,19 @@ class PrefillResult:
     n_chunks: int
     seconds: float
     tokens_per_s: float
-    resident_expert_bytes: int
+    next_token: int              # argmax of the last position's logits
     logits_path: str | None = None
-    extra: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)   # the provider's stats()
 
     def summary(self) -> str:
         lines = [f"strata prefill: {self.n_tokens} tokens in {self.n_chunks} chunk(s) of "
                  f"{self.chunk} through {self.pack} ({self.arch})",
                  f"  device {self.device}, dtype {self.dtype}, experts via {self.experts}, "
-                 f"provider {self.provider} ({self.resident_expert_bytes / 2**20:.1f} MiB of "
-                 f"experts resident)",
-                 f"  {self.seconds * 1e3:.1f} ms, {self.tokens_per_s:.1f} tokens/s"]
-        lines += [f"  {k}: {v}" for k, v in self.extra.items()]
+                 f"provider {self.provider}",
+                 f"  {self.seconds * 1e3:.1f} ms, {self.tokens_per_s:.1f} tokens/s, "
+                 f"next token {self.next_token}"]
+        lines += [f"  {k}: {fmt_bytes(v) if k.endswith('_bytes') else v}"
+                  for k, v in self.stats.items()]
         if self.logits_path:
             lines.append(f"  logits float32 [{self.n_tokens}, vocab] -> {self.logits_path}")
         return "\n".join(lines)
@@ -140,7 +144,9 @@ def run(args) -> int:
     _sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        logits = model.prefill(tok, provider, chunk=chunk, progress=progress)
+        # [T, V] only when dumped: at V = 151936 a long prompt's logits would not fit in memory
+        logits = model.prefill(tok, provider, chunk=chunk, progress=progress,
+                               logits="all" if args.dump_logits else "last")
     _sync(device)
     seconds = time.perf_counter() - t0
     if bar is not None:
@@ -151,7 +157,8 @@ def run(args) -> int:
                         experts=ffn_name, provider=provider_name,
                         n_tokens=T, chunk=chunk, n_chunks=n_chunks, seconds=seconds,
                         tokens_per_s=T / seconds if seconds > 0 else float("inf"),
-                        resident_expert_bytes=int(getattr(provider, "nbytes", 0)))
+                        stats=provider.stats(),
+                        next_token=int(logits[-1].argmax()))
     if args.dump_logits:
         out = np.ascontiguousarray(logits.float().cpu().numpy())   # [T, V] float32
         path = str(args.dump_logits)

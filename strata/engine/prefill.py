@@ -230,6 +230,18 @@ class SplitProvider:
         self.n_layer = providers[0].n_layer
         self.owner = {l: p for p in providers for l in p.layers}
 
+    def begin_prompt(self, n_tokens: int, chunk: int) -> None:
+        for p in self.providers:
+            p.begin_prompt(n_tokens, chunk)
+
+    def end_prompt(self, ok: bool) -> None:
+        for p in self.providers:
+            p.end_prompt(ok)
+
+    def stats(self) -> dict:
+        per = [p.stats() for p in self.providers]
+        return {k: sum(d[k] for d in per) for k in per[0]}
+
     def begin_chunk(self, start: int, n_tokens: int) -> None:
         for p in self.providers:
             p.begin_chunk(start, n_tokens)

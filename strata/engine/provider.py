@@ -101,6 +101,17 @@ class StreamingProvider:
         self.tables[layer] = tab.to(self.arena.device, non_blocking=True)
 
     # -- provider protocol -------------------------------------------------------------------
+    def begin_prompt(self, n_tokens: int, chunk: int) -> None:
+        pass  # the engine borrowed the loan and carved the ring before building this provider
+
+    def end_prompt(self, ok: bool) -> None:
+        pass  # the engine drains the copy lane and refills the loan, failed or not
+
+    def stats(self) -> dict:
+        return {"bytes_streamed": sum(c.bytes_streamed for c in self.chunks),
+                "cache_hits": sum(c.cache_hits for c in self.chunks),
+                "routed": sum(c.routed for c in self.chunks)}
+
     def begin_chunk(self, start: int, n_tokens: int) -> None:
         self.stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode, layers=self.layers)
         self.queue: list[tuple[int, int]] = []

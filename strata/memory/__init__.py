@@ -13,7 +13,7 @@ from strata.memory.cache import CacheLayout, ExpertCache, synthetic_source
 from strata.memory.carve import Carve, Placement, Tail
 from strata.memory.layout import ACTIVATIONS, Buf, LayoutSpec, Phase, PromptLayout
 from strata.memory.loan import LEND_CAP, Loan
-from strata.memory.pool import SlabPool, ordinary_alloc, size_class
+from strata.memory.pool import SlabPool, ordinary_alloc, scratch_allocator, size_class
 from strata.memory.ring import (RING_MAX, RING_MIN, STAGE, resolve_ring, ring_budget, ring_cap,
                                 ring_slots, stream_all_min, use_fused)
 from strata.memory.scan import Participant, Plan, plan_prefill
@@ -21,5 +21,5 @@ from strata.memory.scan import Participant, Plan, plan_prefill
 __all__ = ["ACTIVATIONS", "Buf", "CacheLayout", "Carve", "ExpertCache", "LEND_CAP", "LayoutSpec",
            "Loan", "Participant", "Phase", "Placement", "Plan", "PromptLayout", "RING_MAX",
            "RING_MIN", "STAGE", "SlabPool", "Tail", "ordinary_alloc", "plan_prefill",
-           "resolve_ring", "ring_budget", "ring_cap", "ring_slots", "size_class",
-           "stream_all_min", "synthetic_source", "use_fused"]
+           "resolve_ring", "ring_budget", "ring_cap", "ring_slots", "scratch_allocator",
+           "size_class", "stream_all_min", "synthetic_source", "use_fused"]

@@ -7,7 +7,8 @@ time (attention vs. feed-forward) may share bytes: `with carve.union() as u:` th
 
 A carve without a buffer (`Carve.dry()`) runs the same code and only counts: that is how
 `bytes_needed` reads the layout without a second hand-kept count. A carve with a buffer refuses
-to run past its capacity with a StrataError naming the buffer, the bytes and the room.
+to run past its capacity with an AllocationError (a StrataError) naming the buffer, the bytes and
+the room.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.errors import StrataError
+from strata.errors import AllocationError, StrataError
 from strata.units import fmt_bytes
 
 ALIGN = 256
@@ -90,7 +91,7 @@ class Carve:
         nbytes = numel * dtype.itemsize
         offset = align_up(self.used)
         if self.capacity is not None and offset + nbytes > self.capacity:
-            raise StrataError(
+            raise AllocationError(
                 f"carve: buffer {name!r} {list(shape)} {str(dtype).removeprefix('torch.')} needs "
                 f"{fmt_bytes(nbytes)} at offset {offset:,} but the loan holds "
                 f"{self.capacity:,} bytes ({offset + nbytes - self.capacity:,} short); "

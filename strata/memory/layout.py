@@ -12,7 +12,8 @@ Order in the loan (each buffer 256-byte aligned):
 
 Legend: T tokens, D hidden, E experts, K top-k, F expert width, QD = H*hd (query width),
 KVD = Hkv*hd (key/value width), TK = T*K routed (token, expert) pairs,
-TKP = T*K + E*(BM-1) routed pairs after padding each expert's group to a multiple of BM rows.
+TKP = T*K + E*(BM-1) routed pairs after padding each expert's group to a multiple of BM rows,
+E1 = E + 1 (group offsets with an end marker).
 
 bytes_needed is ring*stride + sum(T * c_i) + max over phases of sum(T * c_j) + constant padding
 (+ alignment rounding), every c positive: monotone in T.
@@ -80,7 +81,7 @@ ACTIVATIONS = LayoutSpec(
             Buf("q", bf16, ("T", "QD"), "queries (q-norm and RoPE applied in place)"),
             Buf("k", bf16, ("T", "KVD"), "this chunk's keys, before they join the KV cache"),
             Buf("v", bf16, ("T", "KVD"), "this chunk's values"),
-            Buf("attn", bf16, ("T", "QD"), "attention output, before the o projection"),
+            Buf("attn", bf16, ("T", "QD"), "attention output; the o projection adds into x in place"),
         )),
         Phase("moe", (
             Buf("router_logits", f32, ("T", "E"), "router logits, fp32 for a stable softmax"),

@@ -44,13 +44,29 @@ def _device_index(device: torch.device) -> int:
         torch.cuda.current_device() if device.type == "cuda" else 0)
 
 
-def ordinary_alloc(nbytes: int, device, *, pool_name: str = "scratch") -> torch.Tensor:
-    """Scratch from ordinary device memory, with the seed's check line for >= 4 MiB."""
-    device = torch.device(device)
+def log_ordinary(nbytes: int, device) -> None:
+    """The seed's check line, for scratch of >= 4 MiB from ordinary memory (MiB rounded up)."""
     if nbytes >= LOG_MIN:
         log.info("strata prefill mmq: CUDA%d the scratch pool takes a new %d MiB buffer",
-                 _device_index(device), (nbytes + (1 << 20) - 1) >> 20)
-    return torch.empty(int(nbytes), dtype=torch.uint8, device=device)
+                 _device_index(torch.device(device)), (nbytes + (1 << 20) - 1) >> 20)
+
+
+def ordinary_alloc(nbytes: int, device) -> torch.Tensor:
+    """Scratch from ordinary device memory (the slab-off path), with the check line."""
+    log_ordinary(nbytes, device)
+    return torch.empty(int(nbytes), dtype=torch.uint8, device=torch.device(device))
+
+
+def scratch_allocator(device, pool: "SlabPool | None" = None):
+    """The allocator the expert GEMM takes its stream-k scratch through.
+
+    STRATA_MMQ_SLAB=1 and a pool: the pool (tail first, ordinary memory when the tail is empty
+    or full). Otherwise ordinary device memory exactly as before.
+    """
+    from strata import config
+    if pool is not None and config.mmq_slab():
+        return pool
+    return lambda nbytes: ordinary_alloc(nbytes, device)
 
 
 class SlabPool:
@@ -95,6 +111,7 @@ class SlabPool:
     def fallback(self, nbytes: int) -> torch.Tensor:
         self.ordinary_bytes += nbytes
         if self._fallback is not None:
+            log_ordinary(nbytes, self.device or "cpu")
             return self._fallback(nbytes)
         return ordinary_alloc(nbytes, self.device or "cpu")
 

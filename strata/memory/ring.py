@@ -1,14 +1,14 @@
-"""The streamed ring: how many `max_blob`-sized VRAM slots the prompt path streams experts through.
+"""The streamed ring: how many `max_blob`-sized VRAM slots experts stream through.
 
 The ring is a BYTE budget; the slot count is derived from the pack's `max_blob` (seed #583):
 
     slots = floor(budget / max_blob), clamped to [RING_MIN, RING_MAX], then bounded by ring_cap(native)
 
-| path              | budget                 | why                                              |
-|-------------------|------------------------|--------------------------------------------------|
-| unfused, pinned   | 384 x 1,382,400 B      | 384 slots measured on the Q2_0 pack (506.25 MiB) |
-| unfused, unpinned | 96 x 1,382,400 B       | pageable copies are ~6x slower; a bigger ring buys nothing |
-| fused             | 1024 x 1,382,400 B     | #136: a layer's ~460 of 512 experts in flight (1,350 MiB) |
+| path              | budget             | why                                                  |
+|-------------------|--------------------|------------------------------------------------------|
+| unfused, pinned   | 384 x 1,382,400 B  | 384 slots measured on the Q2_0 pack (506.25 MiB)     |
+| unfused, unpinned | 96 x 1,382,400 B   | the old rule's pageable-host count, kept in bytes     |
+| fused             | 1024 x 1,382,400 B | #136: a layer's ~460 of 512 experts in flight        |
 
 Flooring keeps the ring at or under its budget; the one exception is the RING_MIN floor, which a
 pack whose blob exceeds budget/16 hits on purpose (a ring under 16 slots cannot overlap copies).
@@ -47,7 +47,8 @@ def ring_cap(native: bool = True) -> int:
     return RING_CAP_NATIVE if native else RING_MAX
 
 
-def ring_slots(max_blob: int, *, pinned: bool = True, fused: bool = False, native: bool = True) -> int:
+def ring_slots(max_blob: int, *, pinned: bool = True, fused: bool = False,
+               native: bool = True) -> int:
     """Full-ring slot count for a pack whose largest blob is `max_blob` bytes (no env override)."""
     if int(max_blob) <= 0:
         raise StrataError(f"max_blob must be a positive byte count, got {max_blob}")

@@ -9,7 +9,8 @@ Rules (SPEC "Auto scan", seed #583):
 - fallback: when not even the smallest chunk leaves a full ring, each participant takes as many
   ring slots as fit beside the smallest chunk (never below RING_MIN = 16), then the scan takes the
   largest chunk that fits beside that ring. If even that does not fit: PlanError naming the bytes
-  needed and the room.
+  needed and the room. (Probes: the failed full-ring bisection, one for the bare chunk, then a
+  second bisection, one call per participant per step.)
 - legacy (A/B only): the old rule. Ring fixed at 384 slots (96 unpinned; the fused rule's 1024,
   bounded by ring_cap) taken first, then the first chunk of LEGACY_CHUNKS that fits.
 - forced (`--chunk N`): that chunk with the resolved ring; the plan says whether it fits.
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from strata.errors import PlanError, StrataError
 from strata.memory.cache import CacheLayout
+from strata.memory.carve import align_up
 from strata.memory.layout import PromptLayout
 from strata.memory.loan import LEND_CAP
 from strata.memory.ring import RING_MIN, STAGE, ring_cap, ring_slots, stream_all_min
@@ -51,6 +53,7 @@ class Participant:
 class ParticipantPlan:
     name: str
     ring: int | str
+    ring_slots: int     # slots the carve reserves (a STAGE ring's staging slots)
     ring_bytes: int
     bytes_needed: int
     room: int
@@ -59,13 +62,16 @@ class ParticipantPlan:
     cache_slots: int
     loan: int           # bytes of the slots lent for this plan (0 when it does not fit)
     loan_slots: int
-    tail: int           # loan - bytes_needed: the SlabPool's tail
+    tail: int           # loan - align256(bytes_needed): the SlabPool's tail (Carve.tail)
 
 
 @dataclass
 class Plan:
+    """A prompt's plan. Top-level ring/byte fields are the binding participant's (least slack);
+    `participants` has every GPU's own ring, bytes, room, loan and tail."""
     chunk: int
-    ring: int | str
+    ring: int | str     # the resolved ring: slots, or "STAGE"
+    ring_slots: int     # slots the carve reserves for it (PromptLayout.carve's `ring`)
     ring_bytes: int
     bytes_needed: int
     room: int
@@ -153,13 +159,13 @@ def _finish(layout, participants, probe, chunk, rings, rule, full) -> Plan:
         fits = need <= room
         n = p.cache.slots_for(need, p.lend_cap) if fits else 0
         loan = p.cache.top_bytes(n)
-        parts.append(ParticipantPlan(p.name, ring, layout.ring_bytes(slots), need, room, fits,
-                                     p.cache.nbytes, p.cache.n_slots, loan, n,
-                                     loan - need if fits else 0))
+        parts.append(ParticipantPlan(p.name, ring, slots, layout.ring_bytes(slots), need, room,
+                                     fits, p.cache.nbytes, p.cache.n_slots, loan, n,
+                                     max(0, loan - align_up(need)) if fits else 0))
     binding = min(parts, key=lambda q: (q.room - q.bytes_needed))
-    return Plan(chunk=chunk, ring=min((q.ring for q in parts), key=lambda r: -1 if r == STAGE else r),
+    return Plan(chunk=chunk, ring=binding.ring, ring_slots=binding.ring_slots,
                 ring_bytes=binding.ring_bytes, bytes_needed=binding.bytes_needed,
-                room=min(q.room for q in parts), probes=probe.count, rule=rule,
+                room=binding.room, probes=probe.count, rule=rule,
                 fits=all(q.fits for q in parts), max_blob=layout.max_blob, full_ring=full,
                 stream_all_min=stream_all_min(layout.shape), participants=parts)
 

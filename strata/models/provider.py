@@ -1,17 +1,27 @@
 """Expert providers: how a model obtains the experts of (layer, chunk).
 
-The model never owns expert weights. For every chunk it calls, in this order:
+The model never owns expert weights. `Model.prefill` calls, in this order:
 
-    provider.begin_chunk(start, n_tokens)          # chunk of n_tokens at absolute position `start`
-    for layer in range(L):
-        provider.begin_layer(layer)                # before attention: time to start prefetching
-        es = provider.experts(layer, topk_ids)     # after routing; topk_ids int64 [T, K] on device
-        ... expert FFN reads es (arena + slot table) ...
-        provider.end_layer(layer)                  # the FFN is done with es: its ring slots may be reused
-    provider.end_chunk()
+    provider.begin_prompt(n_tokens, chunk)         # the whole prompt's size and the chunk size
+    try:
+        for each chunk:
+            provider.begin_chunk(start, n_tokens)  # chunk of n_tokens at absolute position `start`
+            for layer in range(L):
+                provider.begin_layer(layer)        # before attention: time to start prefetching
+                es = provider.experts(layer, topk_ids)  # after routing; topk_ids int64 [T, K], device
+                ... expert FFN reads es (arena + slot table) ...
+                provider.end_layer(layer)          # the FFN is done with es: its slots may be reused
+            provider.end_chunk()
+    finally:
+        provider.end_prompt(ok)                    # ok=False when anything raised: give back the
+                                                   # loan, refill the cache, stay usable
 
 `experts()` must return an ExpertSet in which every expert named in `topk_ids` has a slot
 (slot_offset >= 0), laid out with the layer's BlobLayout; experts not named may be absent (-1).
+A provider whose ring cannot hold a whole layer instead offers
+`expert_batches(layer, topk_ids) -> iterator of (ExpertSet, topk_ids_of_batch)`: the model runs
+the expert FFN once per batch (ids outside the batch read -1, skipped) and sums the outputs in
+fp32; the provider may reuse a batch's slots once the next batch is asked for.
 The streaming engine implements this over cache slots + ring slots; `ResidentProvider` keeps every
 expert of every layer in one device arena.
 """
@@ -30,6 +40,10 @@ from strata.experts import ExpertSet
 class ExpertProvider(Protocol):
     n_layer: int
 
+    def begin_prompt(self, n_tokens: int, chunk: int) -> None: ...
+
+    def end_prompt(self, ok: bool) -> None: ...
+
     def begin_chunk(self, start: int, n_tokens: int) -> None: ...
 
     def begin_layer(self, layer: int) -> None: ...
@@ -39,6 +53,8 @@ class ExpertProvider(Protocol):
     def end_layer(self, layer: int) -> None: ...
 
     def end_chunk(self) -> None: ...
+
+    def stats(self) -> dict: ...  # what the prompt reports (bytes streamed, cache hits, waits, ...)
 
 
 class ResidentProvider:
@@ -76,6 +92,12 @@ class ResidentProvider:
     def nbytes(self) -> int:
         return self.arena.numel()
 
+    def begin_prompt(self, n_tokens: int, chunk: int) -> None:
+        pass
+
+    def end_prompt(self, ok: bool) -> None:
+        pass
+
     def begin_chunk(self, start: int, n_tokens: int) -> None:
         pass
 
@@ -90,3 +112,6 @@ class ResidentProvider:
 
     def end_chunk(self) -> None:
         pass
+
+    def stats(self) -> dict:
+        return {"resident_expert_bytes": self.nbytes}

@@ -28,6 +28,10 @@ from strata.models.registry import register
 from strata.packs.names import check_dense
 from strata.shapes import ModelShape
 
+# Query rows per SDPA call for chunks after the first: bounds the [rows, P+T] causal mask
+# (4096 x 32K bools = 128 MiB) independently of the chunk size.
+ATTN_QBLOCK = 4096
+
 # Per-layer dense tensors in LayerWeights order (names: strata.packs.names, llama.cpp's).
 LAYER_NAMES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm",
                "attn_k_norm", "ffn_norm", "ffn_gate_inp")
@@ -178,16 +182,13 @@ class Qwen3Moe:
         q = apply_rope(rms_norm(q, lw.q_norm, s.rms_eps).transpose(0, 1), cos, sin)  # [H, T, hd]
         k = apply_rope(rms_norm(k, lw.k_norm, s.rms_eps).transpose(0, 1), cos, sin)  # [Hkv, T, hd]
         k_all, v_all = cache.extend(l, k, v.transpose(0, 1))               # [Hkv, P+T, hd]
-        if P == 0:
-            mask, causal = None, True
-        else:  # query i sits at P+i: it sees every cached key and keys 0..i of this chunk
-            qpos = torch.arange(P, P + T, device=x.device)[:, None]
-            mask = torch.arange(P + T, device=x.device)[None, :] <= qpos   # [T, P+T]
-            causal = False
         rep = s.n_head // s.n_kv_head  # GQA: query head h reads kv head h // rep
-        o = F.scaled_dot_product_attention(q, k_all.repeat_interleave(rep, 0),
-                                           v_all.repeat_interleave(rep, 0),
-                                           attn_mask=mask, is_causal=causal)  # [H, T, hd]
+        k_all, v_all = k_all.repeat_interleave(rep, 0), v_all.repeat_interleave(rep, 0)  # [H, P+T, hd]
+        if P == 0:  # first chunk: plain causal (flash attention on the GPU)
+            o = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True)     # [H, T, hd]
+        else:       # later chunks: query i sits at P+i and sees keys 0..P+i
+            o = torch.cat([self._attend_block(q[:, i:i + ATTN_QBLOCK], k_all, v_all, P + i)
+                           for i in range(0, T, ATTN_QBLOCK)], dim=1)                 # [H, T, hd]
         return o.transpose(0, 1).reshape(T, s.n_head * s.head_dim) @ lw.wo.t()    # [T, D]
 
     def _experts(self, l: int, h: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
@@ -204,12 +205,20 @@ class Qwen3Moe:
             y = part if y is None else y + part
         return y if y is not None else torch.zeros_like(h, dtype=torch.float32)
 
-    def forward_chunk(self, tokens: torch.Tensor, cache: KVCache,
-                      provider: ExpertProvider, *, logits: str = "all") -> torch.Tensor | None:
-        """Logits fp32 [T, V] of `tokens` [T] at positions cache.length...; extends the cache.
-        logits="last" returns only the last position's [1, V], "none" returns None (a long
-        prompt's [T, V] logits can outweigh the whole model). The caller brackets it with
-        provider.begin_chunk / end_chunk (see `prefill`)."""
+    @staticmethod
+    def _attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos0: int) -> torch.Tensor:
+        """q [H, b, hd] at positions pos0.., k/v [H, >= pos0+b, hd] -> [H, b, hd], causal."""
+        b = q.shape[1]
+        k, v = k[:, :pos0 + b], v[:, :pos0 + b]                                  # keys it may see
+        qpos = torch.arange(pos0, pos0 + b, device=q.device)[:, None]
+        mask = torch.arange(pos0 + b, device=q.device)[None, :] <= qpos         # [b, pos0+b]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def forward_chunk(self, tokens: torch.Tensor, cache: KVCache, provider: ExpertProvider,
+                      *, logits: str = "all") -> torch.Tensor | None:
+        """Logits fp32 of `tokens` [T] at positions cache.length...; extends the cache.
+        logits: "all" -> [T, V], "last" -> [1, V], "none" -> None (skips the LM head).
+        The caller brackets it with provider.begin_chunk / end_chunk (see `prefill`)."""
         s = self.shape
         T, P = tokens.shape[0], cache.length
         x = self.tok_embd[tokens]                                           # [T, D]
@@ -233,38 +242,44 @@ class Qwen3Moe:
         if logits == "last":
             x = x[-1:]
         x = x.to(self.lm_head.device)
-        return (rms_norm(x, self.out_norm, s.rms_eps) @ self.lm_head.t()).float()   # [T, V]
+        return (rms_norm(x, self.out_norm, s.rms_eps) @ self.lm_head.t()).float()   # [T|1, V]
 
     # -- a whole prompt ----------------------------------------------------------------------
     def prefill(self, tokens, provider: ExpertProvider, *, chunk: int | None = None,
-                cache: KVCache | None = None, progress=None,
-                logits: str = "all") -> torch.Tensor | None:
-        """Logits fp32 [T, V] of a prompt read in chunks of `chunk` tokens (all at once if None).
-        logits="last": only the prompt's last position [1, V]; "none": None.
-        `progress(n_tokens_done)` is called after each chunk."""
+                cache: KVCache | None = None, progress=None, logits: str = "all") -> torch.Tensor | None:
+        """Logits fp32 of a prompt read in chunks of `chunk` tokens (all at once if None):
+        logits="all" -> [T, V]; "last" -> [1, V] (the next-token logits; a 32K prompt's [T, V]
+        would not fit in memory at V = 151936); "none" -> None (a timed read skips the LM head).
+        `progress(n_tokens_done)` after each chunk."""
+        if logits not in ("all", "last", "none"):
+            raise StrataError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
         tokens = self.check_tokens(tokens)
         T = tokens.numel()
         chunk = T if chunk is None else int(chunk)
         if chunk < 1:
             raise StrataError(f"chunk must be at least 1 token, got {chunk}")
         cache = cache if cache is not None else self.new_cache(capacity=T)
-        if logits not in ("all", "last", "none"):
-            raise StrataError(f"logits must be all, last or none, got {logits!r}")
-        out = (torch.zeros(T, self.shape.vocab, dtype=torch.float32, device=self.lm_head.device)
-               if logits == "all" else None)
-        for start in range(0, T, chunk):
-            part = tokens[start:start + chunk]
-            last = start + part.numel() >= T
-            want = logits if logits == "all" else ("last" if last and logits == "last" else "none")
-            provider.begin_chunk(cache.length, part.numel())
-            got = self.forward_chunk(part, cache, provider, logits=want)
-            provider.end_chunk()
-            if logits == "all":
-                out[start:start + part.numel()] = got
-            elif want == "last":
-                out = got
-            if progress is not None:
-                progress(start + part.numel())
+        out = (torch.zeros(T if logits == "all" else 1, self.shape.vocab, dtype=torch.float32,
+                           device=self.lm_head.device) if logits != "none" else None)
+        provider.begin_prompt(T, min(chunk, T))
+        ok = False
+        try:
+            for start in range(0, T, chunk):
+                part = tokens[start:start + chunk]
+                last = start + part.numel() == T
+                mode = logits if logits == "all" else ("last" if last else "none")
+                provider.begin_chunk(cache.length, part.numel())
+                y = self.forward_chunk(part, cache, provider, logits=mode)
+                provider.end_chunk()
+                if mode == "all":
+                    out[start:start + part.numel()] = y
+                elif mode == "last":
+                    out[:] = y
+                if progress is not None:
+                    progress(start + part.numel())
+            ok = True
+        finally:
+            provider.end_prompt(ok)
         return out
 
     def with_ffn(self, ffn: ExpertFFN) -> "Qwen3Moe":

@@ -84,7 +84,8 @@ def _experts(ts: _Tensors, i: int, s: ModelShape):
     E, D, F = s.n_expert, s.d_model, s.d_expert
     if p + "gate_up_proj" in ts:
         gu, dn = ts.get(p + "gate_up_proj"), ts.get(p + "down_proj")
-        if tuple(gu.shape) == (E, D, 2 * F):   # stored [in, out]: make it [out, in]
+        # transformers' layout is [E, 2F, D]; only an unambiguous [E, D, 2F] is read transposed
+        if tuple(gu.shape) == (E, D, 2 * F) and D != 2 * F:
             gu = gu.transpose(1, 2)
         if tuple(dn.shape) == (E, F, D) and D != F:
             dn = dn.transpose(1, 2)

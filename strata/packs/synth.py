@@ -32,6 +32,11 @@ from strata.packs.randblocks import random_matrix, random_normal
 from strata.shapes import ModelShape
 
 NORM_JITTER = 0.05
+# q_norm/k_norm weights: 3 makes attention scores ~N(0, 9^2), so a token attends to a few keys as a
+# trained model's heads do. With 1, attention is near-uniform: every token receives the same prefix
+# mean, the shared part of the residual compounds layer by layer, and by layer ~20 routing collapses
+# onto half the experts (measured: hit fraction 0.43 at T=512, E=128, K=8).
+QK_NORM_SCALE = 3.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,8 @@ def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str) -> np.ndar
     sigma = dense_sigma(name, shape)
     if sigma is None:
         g = np.random.default_rng(np.random.SeedSequence(seed))
-        w = (1.0 + NORM_JITTER * g.standard_normal(n)).astype(np.float32)
+        base = QK_NORM_SCALE if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else 1.0
+        w = (base * (1.0 + NORM_JITTER * g.standard_normal(n))).astype(np.float32)
         raw = w.view(np.uint8) if dtype == "F32" else torch.from_numpy(w).to(
             {"BF16": torch.bfloat16, "F16": torch.float16}[dtype]).view(torch.uint8).numpy()
     else:

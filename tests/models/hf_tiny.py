@@ -18,7 +18,12 @@ TINY = ModelShape("qwen3moe", n_layer=2, d_model=64, n_expert=8, top_k=2, d_expe
                   n_kv_head=2, head_dim=16, vocab=256, rope_theta=10000.0)
 
 
-def make_hf_model(shape: ModelShape = TINY, seed: int = 0):
+# A second shape: 3 layers, MQA (Hkv = 1), K = 4 of 16 experts, hd 32, theta 1e6 (Qwen3's).
+TINY_B = ModelShape("qwen3moe", n_layer=3, d_model=64, n_expert=16, top_k=4, d_expert=32, n_head=4,
+                    n_kv_head=1, head_dim=32, vocab=192, rope_theta=1_000_000.0)
+
+
+def make_hf_model(shape: ModelShape = TINY, seed: int = 0, tied: bool = False):
     """A Qwen3MoeForCausalLM in fp32 whose weights are all exactly representable in BF16, so a
     BF16 pack stores them losslessly and only arithmetic order separates strata from HF.
     Weights are scaled like a trained model (≈ 1/sqrt(fan_in)) so that routing is decisive and
@@ -30,7 +35,7 @@ def make_hf_model(shape: ModelShape = TINY, seed: int = 0):
         num_attention_heads=shape.n_head, num_key_value_heads=shape.n_kv_head,
         head_dim=shape.head_dim, num_experts=shape.n_expert, num_experts_per_tok=shape.top_k,
         norm_topk_prob=shape.norm_topk_prob, rms_norm_eps=shape.rms_eps,
-        max_position_embeddings=512, tie_word_embeddings=False,
+        max_position_embeddings=512, tie_word_embeddings=tied,
         rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta})
     cfg._attn_implementation = "sdpa"
     g = torch.Generator().manual_seed(seed)

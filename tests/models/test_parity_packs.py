@@ -21,7 +21,7 @@ from strata.cli import _load, main
 from strata.models.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from tests.models.hf_gguf import write_gguf
-from tests.models.hf_tiny import TINY, hf_state, make_hf_model, requantize_experts
+from tests.models.hf_tiny import TINY, TINY_B, hf_state, make_hf_model, requantize_experts
 
 FP32_REL = 1e-5
 BF16_FFN_REL = 1e-2
@@ -68,6 +68,19 @@ def test_hf_folder_bf16_pack(hf_dir, tmp_path):
     got = _prefill(pack, tmp_path, "--device", "cpu", "--experts", "ref")
     assert got.shape == (len(TOKENS), TINY.vocab)
     assert rel(got, hf_logits(hf, TOKENS)) < FP32_REL
+
+
+@needs_pack_cmd
+def test_hf_folder_other_shape_tied(tmp_path):
+    """MQA, top-4 of 16, hd 32, theta 1e6, 3 layers, LM head tied to the embeddings."""
+    hf = make_hf_model(TINY_B, seed=7, tied=True)
+    hf.save_pretrained(tmp_path / "hf")
+    pack = _pack([tmp_path / "hf", "--quant", "BF16"], tmp_path / "b.pack")
+    tokens = [t % TINY_B.vocab for t in TOKENS]
+    out = tmp_path / "b.npy"
+    assert main(["prefill", str(pack), "--tokens", ",".join(map(str, tokens)), "--device", "cpu",
+                 "--experts", "ref", "--chunk", "4", "--dump-logits", str(out)]) == 0
+    assert rel(np.load(out), hf_logits(hf, tokens)) < FP32_REL
 
 
 @needs_pack_cmd

@@ -52,7 +52,8 @@ def test_chunked_json(hf_and_pack, tmp_path, capsys):
     assert main(args + ["--chunk", "4", "--json", "--dump-logits", str(parts)]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert (rep["n_tokens"], rep["chunk"], rep["n_chunks"], rep["provider"]) == (11, 4, 3, "resident")
-    assert rep["tokens_per_s"] > 0 and rep["resident_expert_bytes"] > 0
+    assert rep["tokens_per_s"] > 0 and rep["stats"]["resident_expert_bytes"] > 0
+    assert rep["next_token"] == int(np.load(whole)[-1].argmax())
     a, b = np.load(whole), np.load(parts)
     assert np.abs(a - b).max() / np.abs(a).max() < FP32_REL
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from strata.errors import StrataError
 from strata.experts import ExpertSet
@@ -112,6 +112,7 @@ def _chunked(model, prov, tok, sizes):
     return torch.cat(outs)
 
 
+@settings(max_examples=12)  # each example is 2-3 forwards of the tiny model (~0.7 s on CI)
 @given(sizes=st.lists(st.integers(1, 13), min_size=1, max_size=6))
 @example(sizes=[1] * 5).via("one token per chunk: every query attends only to the cache + itself")
 @example(sizes=[29, 1]).via("a last chunk of one token after a long first chunk")
@@ -138,6 +139,15 @@ class RoutedOnlyProvider:
     def __init__(self, resident: ResidentProvider, seed: int = 0):
         self.res, self.n_layer, self.calls = resident, resident.n_layer, []
         self.g = torch.Generator().manual_seed(seed)
+
+    def begin_prompt(self, n_tokens, chunk):
+        self.calls.append(("begin_prompt", n_tokens, chunk))
+
+    def end_prompt(self, ok):
+        self.calls.append(("end_prompt", ok))
+
+    def stats(self):
+        return {}
 
     def begin_chunk(self, start, n_tokens):
         self.calls.append(("begin_chunk", start, n_tokens))
@@ -177,7 +187,31 @@ def test_provider_contract_routed_experts_only(strata_bf16):
                                   + [c for l in range(L) for c in (("begin_layer", l),
                                      ("experts", l, (n, TINY.top_k)), ("end_layer", l))]
                                   + [("end_chunk",)])
-    assert staged.calls == per_chunk(0, 4) + per_chunk(4, 4) + per_chunk(8, 3)
+    assert staged.calls == ([("begin_prompt", 11, 4)] + per_chunk(0, 4) + per_chunk(4, 4)
+                            + per_chunk(8, 3) + [("end_prompt", True)])
+
+
+def test_failure_mid_prompt_ends_the_prompt(strata_bf16):
+    """An error inside a chunk (the engine's failed allocation) reaches the caller, the provider
+    hears end_prompt(ok=False), and the next prompt through the same provider succeeds."""
+    model, prov = strata_bf16
+
+    class FailOnce(RoutedOnlyProvider):
+        armed = True
+
+        def experts(self, layer, topk_ids):
+            if self.armed and self.calls.count(("begin_chunk", 4, 4)) and layer == 1:
+                self.armed = False
+                raise StrataError("injected: ring allocation failed")
+            return super().experts(layer, topk_ids)
+
+    p = FailOnce(prov)
+    tok = prompt(11)
+    with pytest.raises(StrataError, match="injected"):
+        model.prefill(tok, p, chunk=4)
+    assert p.calls[-1] == ("end_prompt", False) and ("end_chunk",) not in p.calls[-3:]
+    assert rel_err(model.prefill(tok, p, chunk=4), model.prefill(tok, prov)) < CHUNK_REL
+    assert p.calls[-1] == ("end_prompt", True)
 
 
 def test_absent_routed_expert_is_an_error(strata_bf16):
@@ -242,3 +276,22 @@ def test_triton_expert_gemm_matches_transformers(hf_model, strata_bf16):
     tok = prompt(13, seed=4)
     out = model.with_ffn(expert_ffn("kernel")).prefill(tok, prov, chunk=5)
     assert rel_err(out, hf_logits(hf_model, tok)) < BF16_FFN_REL
+
+
+def test_query_blocks_of_later_chunks(strata_bf16, monkeypatch):
+    """Later chunks attend in query blocks (bounded mask); tiny blocks, uneven split, same logits."""
+    import strata.models.qwen3moe as q
+    model, prov = strata_bf16
+    tok = prompt(20, seed=9)
+    whole = model.prefill(tok, prov)
+    monkeypatch.setattr(q, "ATTN_QBLOCK", 3)
+    assert rel_err(_chunked(model, prov, tok, [4, 11, 5]), whole) < CHUNK_REL
+
+
+@pytest.mark.parametrize("chunk", [None, 6], ids=["one-chunk", "chunk6"])
+def test_last_logits_only(strata_bf16, chunk):
+    model, prov = strata_bf16
+    tok = prompt(17)
+    last = model.prefill(tok, prov, chunk=chunk, logits="last")
+    assert last.shape == (1, TINY.vocab)
+    assert rel_err(last, model.prefill(tok, prov)[-1:]) < CHUNK_REL

@@ -2,7 +2,7 @@
 import math
 
 import pytest
-from hypothesis import assume, example, given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from strata.errors import PlanError, StrataError
 from strata.memory import CacheLayout, Participant, PromptLayout, plan_prefill, ring_slots
@@ -107,7 +107,7 @@ def test_several_participants_all_must_fit():
     assert both.chunk == min(a, b) < a
     assert [q.name for q in both.participants] == ["CUDA0", "CUDA1"]
     for q in both.participants:
-        assert q.fits and q.loan >= q.bytes_needed and q.tail == q.loan - q.bytes_needed
+        assert q.fits and q.loan >= q.bytes_needed and q.tail == q.loan - (q.bytes_needed + 255) // 256 * 256
 
 
 def test_several_participants_fallback_each_own_ring():
@@ -157,6 +157,7 @@ def test_forced_chunk_reports_fit_and_stage(monkeypatch):
     assert not bad.fits and "needs" in bad.short_of() and "room" in bad.short_of()
     stage = plan_prefill(lay, [p], chunk=40)             # 40 < ceil(512 / 10) = 52
     assert stage.ring == "STAGE" and stage.participants[0].ring == "STAGE"
+    assert stage.ring_slots == min(40 * 10, 512, 384)      # routed experts, at most the ring
     monkeypatch.setenv("STRATA_PREFILL_RING", "20")
     assert plan_prefill(lay, [p], chunk=40).ring == 20   # the override wins over STAGE
 

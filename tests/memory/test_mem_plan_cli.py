@@ -29,7 +29,7 @@ def test_json_fields(capsys):
     assert d["rule"] == "full-ring" and d["probes"] == 7 and d["max_blob"] == 5_013_504
     assert d["ring"] == 384 * 1_382_400 // 5_013_504
     (p,) = d["participants"]
-    assert PART_FIELDS <= set(p) and p["tail"] == p["loan"] - p["bytes_needed"] >= 0
+    assert PART_FIELDS <= set(p) and p["tail"] == p["loan"] - (p["bytes_needed"] + 255) // 256 * 256 >= 0
 
 
 def test_several_gpus_and_legacy(capsys):
@@ -101,6 +101,8 @@ def test_pack_without_packs_is_clear(capsys, tmp_path):
 def test_table_and_demo(capsys):
     assert main(["plan", "--preset", "qwen3-30b-a3b"]) == 0
     out = capsys.readouterr().out
-    assert "full-ring" in out and "CUDA0" in out
+    assert "full-ring" in out and "CUDA0" in out and "holds every expert" not in out
+    assert main(["plan", "--preset", "qwen3-30b-a3b", "--quant", "Q2_0", "--vram", "80GiB"]) == 0
+    assert "holds every expert" in capsys.readouterr().out
     assert main(["demo"]) == 0
     assert "qwen3-30b-a3b Q8_0" in capsys.readouterr().out

@@ -35,7 +35,11 @@ def test_iq3s_fused_is_the_cap_doing_its_job():
 @example(max_blob=1_382_400, pinned=True, fused=False, native=False)   # Q2_0: exactly 384
 @example(max_blob=1_382_400, pinned=False, fused=False, native=False)  # Q2_0: exactly 96
 @example(max_blob=1_382_400, pinned=True, fused=True, native=False)    # Q2_0 fused: exactly 1024
+@example(max_blob=2_663_424, pinned=True, fused=False, native=True)    # IQ3_S: 199 (505.5 MiB)
+@example(max_blob=2_663_424, pinned=False, fused=False, native=True)   # IQ3_S unpinned: 49
 @example(max_blob=2_663_424, pinned=True, fused=True, native=True)     # IQ3_S fused: 531 capped
+@example(max_blob=5_222_400, pinned=True, fused=False, native=True)    # Q8_0: 101 (503.0 MiB)
+@example(max_blob=5_222_400, pinned=False, fused=False, native=True)   # Q8_0 unpinned: 25
 @example(max_blob=5_222_400, pinned=True, fused=True, native=True)     # Q8_0 fused: 271 < a layer
 @example(max_blob=1, pinned=True, fused=True, native=False)            # tiny blob: RING_MAX clamp
 @example(max_blob=64 << 20, pinned=False, fused=False, native=True)    # huge blob: RING_MIN floor

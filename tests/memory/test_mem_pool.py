@@ -2,7 +2,6 @@
 the empty-tail fallback and the check line (SPEC "Scratch pool", seed #2835)."""
 import logging
 
-import pytest
 import torch
 from hypothesis import example, given, strategies as st
 
@@ -128,3 +127,23 @@ def test_tail_too_small_falls_back():
     t = pool.alloc(1 * MiB)
     assert not (tail.address <= t.data_ptr() < tail.address + tail.nbytes)
     assert pool.ordinary_bytes == 1 * MiB
+
+
+@given(moves=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=12))
+@example(moves=[(0, 4), (0, 4), (1, 4)])   # same tail twice keeps buffers, then a move drops them
+@example(moves=[(0, 4), (0, 2)])           # same address, shorter tail (a bigger chunk): dropped
+def test_pool_drops_everything_when_the_tail_moves(moves):
+    base = torch.zeros(8 * MiB, dtype=torch.uint8)
+    pool = SlabPool(device="cpu")
+    prev = None
+    for start_kib, mib in moves:
+        off = start_kib * 256 * KiB
+        tail = Tail(base[off:off + mib * MiB], base.data_ptr() + off)
+        pool.publish(tail)
+        if prev is not None and (prev.address, prev.nbytes) != (tail.address, tail.nbytes):
+            assert not pool.free and pool.used == 0
+        x = pool.alloc(200 * KiB)
+        assert tail.address <= x.data_ptr() < tail.address + tail.nbytes
+        pool.release(x)
+        assert list(pool.free) == [256 * KiB]
+        prev = tail

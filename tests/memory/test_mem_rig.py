@@ -1,0 +1,43 @@
+"""A rig turned into participants: layer split, dense weights, the derived cache size."""
+import pytest
+from hypothesis import example, given, strategies as st
+
+from strata.errors import StrataError
+from strata.memory.rig import RESERVE, budgets, layer_dense_bytes, participants, split_layers
+from strata.shapes import get_preset
+
+Q30 = get_preset("qwen3-30b-a3b")
+
+
+@given(n_layer=st.integers(1, 100), vram=st.lists(st.integers(1, 100), min_size=1, max_size=8))
+@example(n_layer=30, vram=[8, 8, 6, 6])   # the seeds' 5060/5060/3060/3060 style split
+@example(n_layer=3, vram=[1, 100, 1])     # a tiny card still gets a layer
+def test_split_layers_covers_every_layer_once(n_layer, vram):
+    if len(vram) > n_layer:
+        with pytest.raises(StrataError, match="layers to split"):
+            split_layers(n_layer, vram)
+        return
+    ranges = split_layers(n_layer, vram)
+    assert [l for r in ranges for l in r] == list(range(n_layer))
+    assert all(len(r) >= 1 for r in ranges)
+
+
+def test_cache_is_vram_minus_dense_minus_reserve():
+    (b,) = budgets(Q30, [12 << 30])
+    emb = Q30.vocab * Q30.d_model * 2
+    assert b.dense == 48 * layer_dense_bytes(Q30) + 2 * emb + Q30.d_model * 2
+    assert b.cache == (12 << 30) - b.dense - RESERVE
+    (c,) = budgets(Q30, [12 << 30], cache=1 << 30)
+    assert c.cache == 1 << 30
+
+
+def test_participants_hold_only_their_own_layers():
+    parts, bud = participants(Q30, [5_013_504] * 48, [12 << 30, 12 << 30])
+    for p, b in zip(parts, bud):
+        assert {layer for layer, _ in p.cache.slot_owner} <= set(b.layers)
+        assert p.cache.nbytes <= b.cache
+
+
+def test_dense_overflow_is_clear():
+    with pytest.raises(StrataError, match="no room for an expert cache"):
+        budgets(get_preset("qwen3-235b-a22b"), [8 << 30])
