@@ -62,11 +62,28 @@ class GpuBudget:
     cache: int
 
 
+def explicit_split(n_layer: int, counts: Sequence[int], n_gpu: int) -> list[range]:
+    """`--layer-split N,N,...`: layers per GPU, in order; they must add up to the model's."""
+    if len(counts) != n_gpu:
+        raise StrataError(f"--layer-split names {len(counts)} GPUs but {n_gpu} --vram budgets "
+                          f"were given; give one count per GPU")
+    if any(c < 1 for c in counts) or sum(counts) != n_layer:
+        raise StrataError(f"--layer-split {','.join(map(str, counts))} must give every GPU at "
+                          f"least one layer and add up to the model's {n_layer} layers")
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 def budgets(shape: ModelShape, vram: Sequence[int], *, cache: int | None = None,
-            reserve: int = RESERVE, kv_tokens: int = 0) -> list[GpuBudget]:
-    """Per GPU: its layers, dense bytes and the expert cache bytes it can give (or `cache`)."""
+            reserve: int = RESERVE, kv_tokens: int = 0,
+            split: Sequence[int] | None = None) -> list[GpuBudget]:
+    """Per GPU: its layers, dense bytes and the expert cache bytes it can give (or `cache`).
+    `split` (layers per GPU) overrides the split in proportion to VRAM."""
     out = []
-    splits = split_layers(shape.n_layer, vram)
+    splits = (explicit_split(shape.n_layer, split, len(vram)) if split is not None
+              else split_layers(shape.n_layer, vram))
     kv_per_layer = kv_tokens * 2 * shape.n_kv_head * shape.head_dim * 2
     for i, (v, layers) in enumerate(zip(vram, splits)):
         dense = len(layers) * layer_dense_bytes(shape)
@@ -88,13 +105,14 @@ def budgets(shape: ModelShape, vram: Sequence[int], *, cache: int | None = None,
 def participants(shape: ModelShape, layer_blob: Mapping[int, int] | Sequence[int],
                  vram: Sequence[int], *, cache: int | None = None,
                  lend_cap: float = LEND_CAP, reserve: int = RESERVE,
-                 kv_tokens: int = 0) -> tuple[list[Participant], list[GpuBudget]]:
+                 kv_tokens: int = 0, split: Sequence[int] | None = None
+                 ) -> tuple[list[Participant], list[GpuBudget]]:
     """Participants (cache layouts of their own layers) for a rig."""
     if not isinstance(layer_blob, Mapping):
         layer_blob = dict(enumerate(layer_blob))
     if not 0.0 < lend_cap <= 1.0:
         raise StrataError(f"--lend-cap must be in (0, 1], got {lend_cap}")
-    bud = budgets(shape, vram, cache=cache, reserve=reserve, kv_tokens=kv_tokens)
+    bud = budgets(shape, vram, cache=cache, reserve=reserve, kv_tokens=kv_tokens, split=split)
     parts = [Participant(b.name, CacheLayout.build(b.cache, {l: layer_blob[l] for l in b.layers},
                                                    shape.n_expert), lend_cap) for b in bud]
     return parts, bud

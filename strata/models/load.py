@@ -33,12 +33,14 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 
 
 def load_model(pack, *, device=None, dtype: torch.dtype = torch.float32,
-               ffn: ExpertFFN | None = None):
-    """The pack's model (class from the registry by `shape.arch`) with dense weights on `device`."""
+               ffn: ExpertFFN | None = None, device_map=None):
+    """The pack's model (class from the registry by `shape.arch`) with dense weights on `device`
+    (or, with `device_map`, each layer's on its own device: a layer split over GPUs)."""
     pack = open_pack(pack)
     cls = get_arch(pack.shape.arch)
     tensors = {n: pack.dense(n) for n in pack.dense_names()}
-    return cls.from_tensors(pack.shape, tensors, device=resolve_device(device), dtype=dtype, ffn=ffn)
+    return cls.from_tensors(pack.shape, tensors, device=resolve_device(device), dtype=dtype, ffn=ffn,
+                            device_map=device_map)
 
 
 def resident_provider(pack, device=None) -> ResidentProvider:

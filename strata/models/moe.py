@@ -37,11 +37,14 @@ def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk_prob: b
 def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
                 experts: ExpertSet) -> torch.Tensor:
     """fp32 reference expert FFN: x [T, D] (any float dtype), topk [T, K] -> y [T, D] in x's
-    dtype. Decodes only the experts with tokens; an absent routed expert is a StrataError."""
+    dtype. Decodes only the experts with tokens; an absent routed expert is a StrataError; an id of
+    -1 skips that assignment (it belongs to another pass over the layer's experts)."""
     T, D = x.shape
     y = torch.zeros(T, D, dtype=torch.float32, device=x.device)
     xf = x.float()
     for e in torch.unique(topk_ids).tolist():
+        if e < 0:  # an assignment outside this pass of experts (the streaming engine's batches)
+            continue
         tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)      # [n], [n]
         gate, up, down = (dequantize_matrix(experts, e, m) for m in ("gate", "up", "down"))
         xe = xf[tok]                                                 # [n, D]

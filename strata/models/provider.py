@@ -18,6 +18,10 @@ The model never owns expert weights. `Model.prefill` calls, in this order:
 
 `experts()` must return an ExpertSet in which every expert named in `topk_ids` has a slot
 (slot_offset >= 0), laid out with the layer's BlobLayout; experts not named may be absent (-1).
+A provider whose ring cannot hold a whole layer instead offers
+`expert_batches(layer, topk_ids) -> iterator of (ExpertSet, topk_ids_of_batch)`: the model runs
+the expert FFN once per batch (ids outside the batch read -1, skipped) and sums the outputs in
+fp32; the provider may reuse a batch's slots once the next batch is asked for.
 The streaming engine implements this over cache slots + ring slots; `ResidentProvider` keeps every
 expert of every layer in one device arena.
 """

@@ -59,14 +59,14 @@ class KVCache:
 
     def __init__(self, shape: ModelShape, *, capacity: int | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        """`device`: one device, or one per layer (a layer split over GPUs keeps each layer's
+        KV on that layer's GPU)."""
         self.shape, self.capacity, self.length = shape, capacity, 0
         L, Hkv, hd = shape.n_layer, shape.n_kv_head, shape.head_dim
-        if capacity is not None:
-            self.k = [torch.zeros(Hkv, capacity, hd, dtype=dtype, device=device) for _ in range(L)]
-            self.v = [torch.zeros(Hkv, capacity, hd, dtype=dtype, device=device) for _ in range(L)]
-        else:
-            self.k = [torch.zeros(Hkv, 0, hd, dtype=dtype, device=device) for _ in range(L)]
-            self.v = [torch.zeros(Hkv, 0, hd, dtype=dtype, device=device) for _ in range(L)]
+        devs = list(device) if isinstance(device, (list, tuple)) else [device] * L
+        n = capacity if capacity is not None else 0
+        self.k = [torch.zeros(Hkv, n, hd, dtype=dtype, device=d) for d in devs]
+        self.v = [torch.zeros(Hkv, n, hd, dtype=dtype, device=d) for d in devs]
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add this chunk's k, v [Hkv, T, hd] to `layer`; returns all keys/values [Hkv, P+T, hd]."""
@@ -128,25 +128,36 @@ class Qwen3Moe:
         return self.tok_embd.device
 
     @property
+    def layer_devices(self) -> list[torch.device]:
+        return [lw.wq.device for lw in self.layers]
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.tok_embd.dtype
 
     @classmethod
     def from_tensors(cls, shape: ModelShape, tensors: Mapping[str, torch.Tensor], *,
                      device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                     ffn: ExpertFFN | None = None) -> "Qwen3Moe":
+                     ffn: ExpertFFN | None = None, device_map=None) -> "Qwen3Moe":
         """From dense tensors named and shaped as strata.packs.names says (llama.cpp names);
-        `output.weight` may be absent (tied embeddings)."""
+        `output.weight` may be absent (tied embeddings). `device_map` (one device per layer)
+        splits the layers over GPUs: embeddings sit with the first layer, the output norm and
+        LM head with the last; the hidden state moves between GPUs once per boundary."""
         check_dense(shape, {n: tuple(t.shape) for n, t in tensors.items()}, "model weights")
-        got = {n: t.to(device=device, dtype=dtype) for n, t in tensors.items()}
-        layers = [LayerWeights(*(got[f"blk.{l}.{n}.weight"] for n in LAYER_NAMES))
+        devs = list(device_map) if device_map is not None else [device] * shape.n_layer
+        if len(devs) != shape.n_layer:
+            raise StrataError(f"device_map names {len(devs)} devices for {shape.n_layer} layers")
+
+        def put(name, dev):
+            return tensors[name].to(device=dev, dtype=dtype)
+        layers = [LayerWeights(*(put(f"blk.{l}.{n}.weight", devs[l]) for n in LAYER_NAMES))
                   for l in range(shape.n_layer)]
-        lm_head = got.get("output.weight", got["token_embd.weight"])
-        return cls(shape, got["token_embd.weight"], layers, got["output_norm.weight"], lm_head,
-                   ffn=ffn)
+        head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        return cls(shape, put("token_embd.weight", devs[0]), layers,
+                   put("output_norm.weight", devs[-1]), put(head, devs[-1]), ffn=ffn)
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
-        return KVCache(self.shape, capacity=capacity, dtype=self.dtype, device=self.device)
+        return KVCache(self.shape, capacity=capacity, dtype=self.dtype, device=self.layer_devices)
 
     def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = torch.as_tensor(tokens, dtype=torch.int64)
@@ -180,6 +191,20 @@ class Qwen3Moe:
                            for i in range(0, T, ATTN_QBLOCK)], dim=1)                 # [H, T, hd]
         return o.transpose(0, 1).reshape(T, s.n_head * s.head_dim) @ lw.wo.t()    # [T, D]
 
+    def _experts(self, l: int, h: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
+                 provider: ExpertProvider) -> torch.Tensor:
+        """The layer's expert FFN. A provider with `expert_batches` (the streaming engine) serves
+        the layer in batches of experts (ids outside a batch read -1); their outputs add up in
+        fp32 and are rounded once."""
+        batches = getattr(provider, "expert_batches", None)
+        if batches is None:
+            return self.ffn(h, topk_ids, topk_w, provider.experts(l, topk_ids))
+        y = None
+        for experts, ids in batches(l, topk_ids):
+            part = self.ffn(h, ids, topk_w, experts).float()
+            y = part if y is None else y + part
+        return y if y is not None else torch.zeros_like(h, dtype=torch.float32)
+
     @staticmethod
     def _attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos0: int) -> torch.Tensor:
         """q [H, b, hd] at positions pos0.., k/v [H, >= pos0+b, hd] -> [H, b, hd], causal."""
@@ -197,38 +222,45 @@ class Qwen3Moe:
         s = self.shape
         T, P = tokens.shape[0], cache.length
         x = self.tok_embd[tokens]                                           # [T, D]
-        cos, sin = rope_cos_sin(torch.arange(P, P + T, device=x.device), s.head_dim, s.rope_theta)
+        pos = torch.arange(P, P + T, device=x.device)
+        rope = {x.device: rope_cos_sin(pos, s.head_dim, s.rope_theta)}
         for l, lw in enumerate(self.layers):
             provider.begin_layer(l)
+            if x.device != lw.wq.device:  # a layer split: hand the hidden state to the next GPU
+                x = x.to(lw.wq.device)
+                if x.device not in rope:
+                    rope[x.device] = tuple(t.to(x.device) for t in rope[pos.device])
+            cos, sin = rope[x.device]
             x = x + self._attention(l, lw, rms_norm(x, lw.attn_norm, s.rms_eps), cos, sin, cache)
             h = rms_norm(x, lw.ffn_norm, s.rms_eps)
             topk_ids, topk_w = route(h, lw.router, s.top_k, s.norm_topk_prob)  # [T, K]
-            experts = provider.experts(l, topk_ids)
-            x = x + self.ffn(h, topk_ids, topk_w, experts).to(x.dtype)
+            x = x + self._experts(l, h, topk_ids, topk_w, provider).to(x.dtype)
             provider.end_layer(l)
         cache.commit(T)
         if logits == "none":
             return None
         if logits == "last":
             x = x[-1:]
+        x = x.to(self.lm_head.device)
         return (rms_norm(x, self.out_norm, s.rms_eps) @ self.lm_head.t()).float()   # [T|1, V]
 
     # -- a whole prompt ----------------------------------------------------------------------
     def prefill(self, tokens, provider: ExpertProvider, *, chunk: int | None = None,
-                cache: KVCache | None = None, progress=None, logits: str = "all") -> torch.Tensor:
+                cache: KVCache | None = None, progress=None, logits: str = "all") -> torch.Tensor | None:
         """Logits fp32 of a prompt read in chunks of `chunk` tokens (all at once if None):
         logits="all" -> [T, V]; "last" -> [1, V] (the next-token logits; a 32K prompt's [T, V]
-        would not fit in memory at V = 151936). `progress(n_tokens_done)` after each chunk."""
-        if logits not in ("all", "last"):
-            raise StrataError(f"logits must be 'all' or 'last', got {logits!r}")
+        would not fit in memory at V = 151936); "none" -> None (a timed read skips the LM head).
+        `progress(n_tokens_done)` after each chunk."""
+        if logits not in ("all", "last", "none"):
+            raise StrataError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
         tokens = self.check_tokens(tokens)
         T = tokens.numel()
         chunk = T if chunk is None else int(chunk)
         if chunk < 1:
             raise StrataError(f"chunk must be at least 1 token, got {chunk}")
         cache = cache if cache is not None else self.new_cache(capacity=T)
-        out = torch.zeros(T if logits == "all" else 1, self.shape.vocab, dtype=torch.float32,
-                          device=self.device)
+        out = (torch.zeros(T if logits == "all" else 1, self.shape.vocab, dtype=torch.float32,
+                           device=self.lm_head.device) if logits != "none" else None)
         provider.begin_prompt(T, min(chunk, T))
         ok = False
         try:

@@ -1,0 +1,190 @@
+"""A layer's experts from cache slots and ring slots: the streaming expert provider.
+
+Legend: L layers, E experts, K top-k, T tokens, R ring slots, G experts per streamed batch.
+
+Every expert a layer needs is either in the expert cache (a slot of its own layer) or streamed
+host->device into a ring slot. The copy lane walks one queue of (layer, expert) items; item i
+goes to ring slot i % R once the compute that read that slot's previous item (i - R) is done.
+The compute lane runs each layer in batches: first the experts the cache holds, then the
+streamed ones G at a time, each batch waiting only for its own copies. With G = R/2 the copies
+of the next batch land while this one computes (double buffering), and in stream-all mode the
+queue holds every layer's missing experts from the start of the chunk, so copies run ahead
+across layers (through attention too) as far as the ring allows.
+
+Modes:
+- "stream" (T >= stream_all_min): every expert the cache lacks, of every layer, is queued at
+  begin_chunk — a large chunk routes to nearly all of them, and the copies need not wait for
+  the router.
+- "stage" (small chunks, the resolved ring reads STAGE): after a layer's router, only its routed
+  experts that the cache lacks are queued (one device sync per layer to learn which).
+
+`expert_batches(layer, topk_ids)` yields (ExpertSet, topk_ids_for_this_batch): ids of experts
+outside the batch read -1 (skipped by the expert FFN). Host order matters: a copy may only be
+enqueued once the compute that frees its slot has been enqueued (a stream waiting on an event
+recorded later would not wait at all), which `_pump` guarantees.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from strata.blob import BlobLayout
+from strata.engine.device import Lane
+from strata.engine.host import HostExperts
+from strata.engine.stats import ChunkStats
+from strata.errors import StrataError
+from strata.experts import ExpertSet
+from strata.memory.cache import ExpertCache
+
+STREAM, STAGE = "stream", "stage"
+
+
+class StreamingProvider:
+    def __init__(self, cache: ExpertCache, host: HostExperts, layouts: Sequence[BlobLayout],
+                 ring: torch.Tensor, *, n_expert: int, mode: str = STREAM,
+                 layers: Sequence[int] | None = None, batch: int | None = None,
+                 lane: Lane | None = None):
+        if ring.dim() != 2 or ring.shape[0] < 1:
+            raise StrataError(f"the ring needs at least one slot, got {tuple(ring.shape)}")
+        if mode not in (STREAM, STAGE):
+            raise StrataError(f"unknown streaming mode {mode!r}")
+        self.cache, self.host, self.layouts = cache, host, list(layouts)
+        self.arena = cache.buffer
+        self.ring = ring                                       # uint8 [R, stride]
+        self.R, self.stride = ring.shape
+        if self.stride < max(l.size for l in self.layouts):
+            raise StrataError(f"ring slots of {self.stride:,} B cannot hold a "
+                              f"{max(l.size for l in self.layouts):,} B blob")
+        base = ring.data_ptr() - self.arena.data_ptr()
+        if not 0 <= base <= self.arena.numel() - self.R * self.stride:
+            raise StrataError("the ring must be a view inside the expert cache's buffer")
+        self.ring_base = base
+        self.E = n_expert
+        self.mode = mode
+        self.layers = list(layers) if layers is not None else list(range(len(self.layouts)))
+        self.n_layer = len(self.layouts)
+        self.G = max(1, min(batch or max(1, self.R // 2), self.R))
+        self.lane = lane or Lane(self.arena.device)
+        self.slot_free = [None] * self.R       # event: compute done with the slot's last item
+        self.chunks: list[ChunkStats] = []
+
+    # -- the copy queue ----------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Enqueue every copy whose ring slot's previous reader is already enqueued."""
+        st = self.stats
+        while self.issued < len(self.queue) and self.issued < self.released + self.R:
+            i = self.issued
+            layer, e = self.queue[i]
+            s = i % self.R
+            src = self.host.blob(layer, e)
+            n = src.numel()
+            start, done = self.lane.copy_into(self.ring[s, :n], src, after=self.slot_free[s])
+            self.ready.append(done)
+            st.copy_marks.append((start, done))
+            st.bytes_streamed += n
+            st.copies += 1
+            self.issued += 1
+
+    def _queue_layer(self, layer: int, experts) -> None:
+        """Queue the layer's experts the cache lacks; build its batches' slot tables at once
+        (one small host->device copy per layer, not one per batch)."""
+        a = len(self.queue)
+        self.queue.extend((layer, e) for e in experts if (layer, e) not in self.cache.index)
+        b = len(self.queue)
+        self.span[layer] = (a, b)
+        n_batch = -(-(b - a) // self.G)
+        tab = torch.full((max(n_batch, 1), self.E), -1, dtype=torch.int64,
+                         pin_memory=self.lane.cuda)
+        for i in range(a, b):
+            tab[(i - a) // self.G, self.queue[i][1]] = self.ring_base + (i % self.R) * self.stride
+        self.tables[layer] = tab.to(self.arena.device, non_blocking=True)
+
+    # -- provider protocol -------------------------------------------------------------------
+    def begin_prompt(self, n_tokens: int, chunk: int) -> None:
+        pass  # the engine borrowed the loan and carved the ring before building this provider
+
+    def end_prompt(self, ok: bool) -> None:
+        pass  # the engine drains the copy lane and refills the loan, failed or not
+
+    def stats(self) -> dict:
+        return {"bytes_streamed": sum(c.bytes_streamed for c in self.chunks),
+                "cache_hits": sum(c.cache_hits for c in self.chunks),
+                "routed": sum(c.routed for c in self.chunks)}
+
+    def begin_chunk(self, start: int, n_tokens: int) -> None:
+        self.stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode, layers=self.layers)
+        self.queue: list[tuple[int, int]] = []
+        self.ready: list = []
+        self.span: dict[int, tuple[int, int]] = {}
+        self.tables: dict[int, torch.Tensor] = {}
+        self.issued = self.released = 0
+        dev = self.arena.device
+        # Cached experts of each layer (the loan has already evicted what it borrowed).
+        self.cached_offsets = torch.full((self.n_layer, self.E), -1, dtype=torch.int64)
+        for (layer, e), slot in self.cache.index.items():
+            self.cached_offsets[layer, e] = self.cache.layout.slot_offset[slot]
+        self.cached_dev = self.cached_offsets.to(dev)
+        self.has_cached = (self.cached_offsets >= 0).any(dim=1).tolist()
+        self.routed = torch.zeros(self.n_layer, self.E, dtype=torch.bool, device=dev)
+        if self.mode == STREAM:
+            for layer in self.layers:
+                self._queue_layer(layer, range(self.E))
+        self._pump()
+
+    def begin_layer(self, layer: int) -> None:
+        pass
+
+    def experts(self, layer: int, topk_ids: torch.Tensor) -> ExpertSet:
+        raise StrataError("the streaming provider serves a layer in batches; call "
+                          "expert_batches(layer, topk_ids)")
+
+    def expert_batches(self, layer: int, topk_ids: torch.Tensor
+                       ) -> Iterator[tuple[ExpertSet, torch.Tensor]]:
+        lay = self.layouts[layer]
+        E = self.E
+        used = torch.bincount(topk_ids.reshape(-1), minlength=E)[:E] > 0        # [E] bool
+        self.routed[layer] |= used
+        if self.mode == STAGE:
+            routed = torch.nonzero(used).flatten().tolist()                     # one sync
+            self._queue_layer(layer, routed)
+            self._pump()
+        a, b = self.span[layer]
+        # 1) experts the cache holds: no copy to wait for.
+        if self.has_cached[layer]:
+            cached = self.cached_dev[layer]
+            ids = torch.where((cached >= 0)[topk_ids], topk_ids, -1)
+            yield ExpertSet(self.arena, cached, lay), ids
+        # 2) streamed experts, G at a time.
+        for n, g0 in enumerate(range(a, b, self.G)):
+            g1 = min(g0 + self.G, b)
+            marks = self.lane.wait(self.ready[g1 - 1])   # the copy lane is in order
+            if marks is not None:
+                self.stats.wait_marks.append(marks)
+            offs = self.tables[layer][n]                 # [E] this batch's ring slots
+            keep = offs >= 0
+            ids = torch.where(keep[topk_ids], topk_ids, -1)
+            yield ExpertSet(self.arena, offs, lay), ids
+            # The batch's compute is enqueued: its slots free once it has run.
+            done = self.lane.event()
+            for i in range(g0, g1):
+                self.slot_free[i % self.R] = done
+            self.released = g1
+            self._pump()
+
+    def end_layer(self, layer: int) -> None:
+        pass
+
+    def end_chunk(self) -> None:
+        if self.issued != len(self.queue):
+            raise StrataError(f"streaming ended a chunk with {len(self.queue) - self.issued} "
+                              f"copies never issued; a layer was skipped")
+        routed = self.routed.cpu()                                              # one sync
+        cached = self.cached_offsets >= 0
+        st = self.stats
+        for layer in self.layers:
+            r = routed[layer]
+            st.hit_fraction.append(float(r.float().mean()))
+            st.routed += int(r.sum())
+            st.cache_hits += int((r & cached[layer]).sum())
+        self.chunks.append(st)

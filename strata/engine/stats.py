@@ -1,0 +1,76 @@
+"""What a prompt cost, chunk by chunk, and the figures it is judged by."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from strata.engine.device import Lane
+
+
+@dataclass
+class ChunkStats:
+    start: int
+    tokens: int
+    mode: str
+    layers: list
+    bytes_streamed: int = 0
+    copies: int = 0
+    routed: int = 0            # (layer, expert) pairs the chunk routed to
+    cache_hits: int = 0        # of those, served from the expert cache
+    hit_fraction: list[float] = field(default_factory=list)  # per layer: experts hit / E
+    copy_marks: list = field(default_factory=list)   # (start, done) per copy
+    wait_marks: list = field(default_factory=list)   # (before, after) per compute stall
+    copy_s: float = 0.0
+    wait_s: float = 0.0
+
+    def settle(self) -> None:
+        """Turn marks into seconds (after the device has synchronized)."""
+        self.copy_s = sum(Lane.elapsed(a, b) for a, b in self.copy_marks)
+        self.wait_s = sum(Lane.elapsed(a, b) for a, b in self.wait_marks)
+        self.copy_marks, self.wait_marks = [], []
+
+
+@dataclass
+class PrefillStats:
+    tokens: int = 0
+    seconds: float = 0.0
+    chunks: list[ChunkStats] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def bytes_streamed(self) -> int:
+        return sum(c.bytes_streamed for c in self.chunks)
+
+    @property
+    def copy_s(self) -> float:
+        return sum(c.copy_s for c in self.chunks)
+
+    @property
+    def wait_s(self) -> float:
+        return sum(c.wait_s for c in self.chunks)
+
+    @property
+    def h2d_gbps(self) -> float:
+        """Achieved host->device rate while copying (bytes / time the copy lane was busy)."""
+        return self.bytes_streamed / self.copy_s / 1e9 if self.copy_s > 0 else 0.0
+
+    @property
+    def cache_hits(self) -> int:
+        return sum(c.cache_hits for c in self.chunks)
+
+    @property
+    def routed(self) -> int:
+        return sum(c.routed for c in self.chunks)
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "seconds": self.seconds,
+                "tokens_per_s": self.tokens_per_s, "bytes_streamed": self.bytes_streamed,
+                "h2d_gbps": self.h2d_gbps, "copy_s": self.copy_s, "wait_s": self.wait_s,
+                "cache_hits": self.cache_hits, "routed": self.routed,
+                "chunks": [{"start": c.start, "tokens": c.tokens, "mode": c.mode,
+                            "bytes_streamed": c.bytes_streamed, "copies": c.copies,
+                            "cache_hits": c.cache_hits, "routed": c.routed,
+                            "copy_s": c.copy_s, "wait_s": c.wait_s,
+                            "hit_fraction": c.hit_fraction} for c in self.chunks]}
