@@ -1,0 +1,91 @@
+"""strata.bench: the one convention every experiment script follows.
+
+    from strata import bench
+
+    def measure(args, rec: bench.Recorder) -> None:
+        x = make_inputs(args)
+        t = rec.timed(lambda: kernel(x), what="kernel == reference",
+                      check=lambda: torch.equal(kernel(x), reference(x)))   # the gate
+        rec.add("kernel time", t.median_ms, "ms", gate="kernel == reference", timer=t.timer,
+                shape=args.n)
+
+    def main(argv=None):
+        ap = bench.parser(__doc__)                  # --out --label --base --warmup --repeats
+        ap.add_argument("--n", type=int, default=4096)
+        return bench.main(ap.parse_args(argv), "kernel", measure, script=__file__, argv=argv)
+
+`bench.main` runs `measure` on the working tree, adds the rows of the same script run at
+`--base REF` (from a temporary git worktree), writes `<out>/<stem>.csv` (long format, COLUMNS) and
+a PNG (the script's own plot, or `plot.bars`), prints the figures, and returns the exit status:
+1 with nothing written when a gate refused.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from strata.bench.base import run_base, strip_own_args
+from strata.bench.gate import GateRefused, pytest_gate, run_check
+from strata.bench.plot import bars
+from strata.bench.record import COLUMNS, commit_of, gpu_name, read_csv, write_csv
+from strata.bench.recorder import Recorder
+from strata.bench.timing import CPU_TIMER, CUDA_TIMER, Timing, time_fn
+from strata.errors import StrataError
+
+__all__ = ["parser", "main", "Recorder", "Timing", "time_fn", "GateRefused", "pytest_gate",
+           "run_check", "run_base", "strip_own_args", "write_csv", "read_csv", "COLUMNS",
+           "bars", "commit_of", "gpu_name", "CUDA_TIMER", "CPU_TIMER"]
+
+
+def parser(doc: str | None, *, out: str | Path | None = None, warmup: int = 5,
+           repeats: int = 20) -> argparse.ArgumentParser:
+    """An ArgumentParser with the harness's options; the script adds its own."""
+    ap = argparse.ArgumentParser(description=(doc or "").strip().split("\n")[0],
+                                 epilog=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", "--out-dir", dest="out", default=str(out) if out else None,
+                    help="folder for the CSV and PNG (default: the script's results folder)")
+    ap.add_argument("--label", default="tree", help="label of this run's rows (default: tree)")
+    ap.add_argument("--base", metavar="REF", default=None,
+                    help="also run this script at git REF (a temporary worktree) and put both "
+                         "runs in the CSV, labelled tree and REF")
+    ap.add_argument("--warmup", type=int, default=warmup, help="untimed runs before timing")
+    ap.add_argument("--repeats", type=int, default=repeats, help="timed runs (median reported)")
+    return ap
+
+
+def main(args: argparse.Namespace, experiment: str, measure, *, script: str | Path,
+         argv: list[str] | None = None, stem: str | None = None, plot=None,
+         summary=None) -> int:
+    """Run `measure(args, rec)`, merge the --base run, write CSV + PNG. See the module docstring.
+
+    plot(rows, png_path) draws the script's own figure (default: `bars`); summary(rows) prints
+    the script's own lines (default: one line per row)."""
+    script = Path(script).resolve()
+    out = Path(args.out) if args.out else script.parent / "results"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rec = Recorder(experiment, args.label, root=script.parent, warmup=args.warmup,
+                       repeats=args.repeats)
+        measure(args, rec)
+        rows = rec.rows
+        if not rows:
+            raise StrataError(f"{experiment}: the run produced no figures")
+        if args.base:
+            rows = rows + run_base(args.base, script, argv)
+    except GateRefused as e:
+        print(f"{experiment}: REFUSED, no figures reported: {e}", file=sys.stderr)
+        return 1
+    stem = stem or experiment
+    csv_path = write_csv(rows, out / f"{stem}.csv")
+    png = out / f"{stem}.png"
+    (plot or (lambda rs, p: bars(rs, p, title=f"{experiment} ({rs[0]['gpu']})")))(rows, png)
+    if summary:
+        summary(rows)
+    else:
+        for r in rows:
+            cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
+            bound = f"  (bound: {r['bound']})" if r["bound"] else ""
+            print(f"[{r['label']}] {r['figure']} {cfg}: {r['value']:.6g} {r['unit']}{bound}")
+    print(f"wrote {csv_path} and {png}")
+    return 0
