@@ -1,28 +1,43 @@
 """benchmarks/dequant_bench.py runs end to end (--smoke: tiny shapes, the interpreter on a CPU)."""
-import csv
 import importlib.util
 from pathlib import Path
 
 import pytest
 
+from strata import bench
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "dequant_bench.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("dequant_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_dequant_bench_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("dequant_bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     argv = ["--smoke", "--formats", "Q8_0,IQ3_S", "--out-dtypes", "bf16,fp32", "--out-dir",
             str(tmp_path)]
-    assert bench.main(argv) == 0
+    assert _load().main(argv) == 0
     (csv_path,) = tmp_path.glob("dequant-*-smoke.csv")
     assert csv_path.with_suffix(".png").stat().st_size > 0
-    rows = list(csv.DictReader(open(csv_path)))
-    assert [(r["format"], r["out_dtype"]) for r in rows] == [
+    rows = [r for r in bench.read_csv(csv_path) if r["figure"] == "dequantize rate"]
+    assert [(r["config"]["format"], r["config"]["out_dtype"]) for r in rows] == [
         ("Q8_0", "bfloat16"), ("Q8_0", "float32"), ("IQ3_S", "bfloat16"), ("IQ3_S", "float32")]
     for r in rows:
-        assert r["commit"] and r["gpu"] and "--smoke" in r["command"]
+        assert r["commit"] and r["gpu"] and "--smoke" in r["config"]["command"]
+        assert r["gate"].startswith("bit-exact") and r["bound"].startswith("4.19 TB/s")
         # bytes moved: the blocks read + the matrix written (8 x 256 weights in smoke mode)
-        assert int(r["bytes_written"]) == 8 * 256 * (2 if r["out_dtype"] == "bfloat16" else 4)
-        assert float(r["GBps"]) > 0
+        c = r["config"]
+        assert c["bytes_written"] == 8 * 256 * (2 if c["out_dtype"] == "bfloat16" else 4)
+        assert r["value"] > 0 and r["unit"] == "GB/s"
+
+
+def test_dequant_bench_refuses_a_wrong_kernel(tmp_path, monkeypatch):
+    mod = _load()
+    monkeypatch.setattr(mod, "dequantize", lambda raw, fmt, dtype: mod.dequantize_torch(
+        raw, fmt, dtype) + 1)
+    assert mod.main(["--smoke", "--formats", "Q8_0", "--out-dir", str(tmp_path)]) == 1
+    assert not list(tmp_path.glob("*.csv"))
