@@ -5,21 +5,20 @@ the ring (slots and bytes), the bytes_needed probes, and the modelled room spent
 room). Pure arithmetic from strata's planner: no GPU, no timing; what it bounds is the plan, not
 the speed (the seed's +51% came from exactly these two changes on a real rig).
 
-    PYTHONPATH=. python experiments/scan_ab.py [--out experiments/results]
+    PYTHONPATH=. python experiments/scan_ab.py [--out experiments/results] [--base REF]
 
-Writes scan_ab.csv (long format: one row per case and rule) and scan_ab.png.
+Writes scan_ab.csv (strata.bench long format: one row per case, rule and figure; config = preset,
+quant, vram_gib, max_blob, rule, status, plan_rule) and scan_ab.png. Untimed: no gate applies.
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import datetime as dt
-import subprocess
 import sys
+from itertools import product
 from pathlib import Path
 
 from tqdm import tqdm
 
+from strata import bench
 from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.memory.layout import PromptLayout
@@ -35,22 +34,13 @@ CASES = {  # preset -> formats whose block fits the shape's widths
 }
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:
-        return "unknown"
-
-
 def sweep() -> list[dict]:
-    rows, stamp, rev = [], dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), commit()
+    rows = []
     jobs = [(p, q, v) for p, qs in CASES.items() for q in qs for v in VRAM_GIB]
     for preset, quant, vram in tqdm(jobs, desc="scan_ab", file=sys.stderr):
         shape = get_preset(preset)
         blob = BlobLayout.make(shape.d_model, shape.d_expert, quant).size
-        base = dict(time=stamp, commit=rev, preset=preset, quant=quant, vram_gib=vram,
-                    max_blob=blob)
+        base = dict(preset=preset, quant=quant, vram_gib=vram, max_blob=blob)
         try:
             parts, _ = participants(shape, [blob] * shape.n_layer, [vram << 30])
         except StrataError:
@@ -71,36 +61,64 @@ def sweep() -> list[dict]:
     return rows
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    cols = ["time", "commit", "preset", "quant", "vram_gib", "max_blob", "rule", "status",
-            "plan_rule", "chunk", "ring", "ring_bytes", "bytes_needed", "room", "probes",
-            "room_spent"]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r.get(c, "") for c in cols})
+FIGURES = {  # figure -> (unit, bound in words)
+    "chunk": ("tokens", ""), "ring": ("slots", ""), "ring_bytes": ("bytes", ""),
+    "bytes_needed": ("bytes", "room: the GPU's free VRAM after the cache"),
+    "room": ("bytes", ""), "probes": ("plans", ""),
+    "room_spent": ("fraction", "1.0 = all the room"),
+}
+CONFIG = ("preset", "quant", "vram_gib", "max_blob", "rule", "status", "plan_rule")
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def measure(args, rec: bench.Recorder) -> None:
+    """Each sweep row becomes long-format rows; a case that could not plan keeps one row
+    (figure "planned" = 0) so it is not lost."""
+    for r in sweep():
+        cfg = {k: r[k] for k in CONFIG if k in r}
+        rec.add("planned", float(r["status"] == "ok"), "bool", **cfg)
+        if r["status"] != "ok":
+            continue
+        for fig, (unit, bound) in FIGURES.items():
+            bv = r["room"] if fig == "bytes_needed" else 1.0 if fig == "room_spent" else None
+            rec.add(fig, r[fig], unit, bound=bound, bound_value=bv, **cfg)
+
+
+def pivot(long_rows: list[dict], label: str = "tree") -> list[dict]:
+    """Long rows of one label back to one dict per (case, rule), figures as keys."""
+    out: dict = {}
+    for r in long_rows:
+        if r["label"] != label:
+            continue
+        key = tuple(sorted(r["config"].items()))
+        row = out.setdefault(key, dict(r["config"]))
+        if r["figure"] != "planned":
+            row[r["figure"]] = r["value"]
+    return list(out.values())
+
+
+def plot(long_rows: list[dict], path: Path) -> None:
+    """Chunk and ring per VRAM size; the --base run (if any) dotted and faint beside the tree."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     presets = list(CASES)
+    labels = list(dict.fromkeys(r["label"] for r in long_rows))
     fig, axes = plt.subplots(2, len(presets), figsize=(5.2 * len(presets), 8), squeeze=False)
+    by_label = {label: pivot(long_rows, label) for label in labels}
     for j, preset in enumerate(presets):
-        for quant in CASES[preset]:
-            for rule, style in (("auto", "-"), ("legacy", "--")):
-                pts = [(r["vram_gib"], r) for r in rows if r["preset"] == preset
-                       and r["quant"] == quant and r["rule"] == rule and r["status"] == "ok"]
-                if not pts:
-                    continue
-                xs = [v for v, _ in pts]
-                line, = axes[0][j].plot(xs, [r["chunk"] for _, r in pts], style, marker="o",
-                                        ms=3, label=f"{quant} {rule}")
-                axes[1][j].plot(xs, [r["ring_bytes"] / 2**20 for _, r in pts], style,
-                                marker="o", ms=3, color=line.get_color(), label=f"{quant} {rule}")
+        for label, quant, (rule, style) in product(labels, CASES[preset],
+                                                   (("auto", "-"), ("legacy", "--"))):
+            tag, alpha = ("", 1.0) if label == "tree" else (f" @{label}", 0.45)
+            pts = [(r["vram_gib"], r) for r in by_label[label] if r["preset"] == preset
+                   and r["quant"] == quant and r["rule"] == rule and r["status"] == "ok"]
+            if not pts:
+                continue
+            xs = [v for v, _ in pts]
+            line, = axes[0][j].plot(xs, [r["chunk"] for _, r in pts], style, marker="o",
+                                    ms=3, alpha=alpha, label=f"{quant} {rule}{tag}")
+            axes[1][j].plot(xs, [r["ring_bytes"] / 2**20 for _, r in pts], style, marker="o",
+                            ms=3, alpha=alpha, color=line.get_color(), label=f"{quant} {rule}{tag}")
         axes[0][j].set_title(f"{preset}: chunk (tokens)")
         axes[1][j].set_title(f"{preset}: ring (MiB)")
         for i in (0, 1):
@@ -115,26 +133,26 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def summary(long_rows: list[dict]) -> None:
+    for label in dict.fromkeys(r["label"] for r in long_rows):
+        rows = pivot(long_rows, label)
+        pairs = {}
+        for r in rows:
+            if r["status"] == "ok":
+                pairs.setdefault((r["preset"], r["quant"], r["vram_gib"]), {})[r["rule"]] = r
+        both = [p for p in pairs.values() if len(p) == 2]
+        bigger = sum(p["auto"]["chunk"] > p["legacy"]["chunk"] for p in both)
+        smaller = sum(p["auto"]["chunk"] < p["legacy"]["chunk"] for p in both)
+        only_auto = sum(1 for p in pairs.values() if set(p) == {"auto"})
+        print(f"[{label}] {len(both)} cases planned by both rules: auto's chunk bigger in "
+              f"{bigger}, smaller in {smaller}; {only_auto} cases only auto could plan")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap = bench.parser(__doc__, out=Path(__file__).parent / "results")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = sweep()
-    write_csv(rows, out / "scan_ab.csv")
-    plot(rows, out / "scan_ab.png")
-    ok = [r for r in rows if r["status"] == "ok"]
-    pairs = {}
-    for r in ok:
-        pairs.setdefault((r["preset"], r["quant"], r["vram_gib"]), {})[r["rule"]] = r
-    both = [p for p in pairs.values() if len(p) == 2]
-    bigger = sum(p["auto"]["chunk"] > p["legacy"]["chunk"] for p in both)
-    smaller = sum(p["auto"]["chunk"] < p["legacy"]["chunk"] for p in both)
-    only_auto = sum(1 for p in pairs.values() if set(p) == {"auto"})
-    print(f"{len(both)} cases planned by both rules: auto's chunk bigger in {bigger}, smaller in "
-          f"{smaller}; {only_auto} cases only auto could plan; wrote {out}/scan_ab.csv and .png")
-    return 0
+    return bench.main(args, "scan_ab", measure, script=__file__, argv=argv, plot=plot,
+                      summary=summary)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """experiments/ring_table.py reproduces the SPEC table cell by cell; scan_ab.py runs end to end."""
-import csv
 import importlib.util
 from pathlib import Path
 
 import pytest
+
+from strata import bench
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT.parent / "shared" / "SPEC.md"   # ../shared beside the checkout (workspace and CI)
@@ -44,8 +45,8 @@ def test_scan_ab_writes_csv_and_png(tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "VRAM_GIB", [5, 12])
     monkeypatch.setattr(mod, "CASES", {"qwen3-30b-a3b": ["Q8_0"]})
     assert mod.main(["--out", str(tmp_path)]) == 0
-    rows = list(csv.DictReader((tmp_path / "scan_ab.csv").open()))
+    rows = mod.pivot(bench.read_csv(tmp_path / "scan_ab.csv"))
     assert {r["rule"] for r in rows} == {"legacy", "auto"} and len(rows) == 4
-    auto5 = next(r for r in rows if r["rule"] == "auto" and r["vram_gib"] == "5")
+    auto5 = next(r for r in rows if r["rule"] == "auto" and r["vram_gib"] == 5)
     assert auto5["status"] == "ok" and int(auto5["probes"]) == 7
     assert (tmp_path / "scan_ab.png").stat().st_size > 10_000
