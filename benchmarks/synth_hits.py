@@ -9,13 +9,12 @@ T >= 2048, K = 8, E = 128 (expected fraction for uniform independent routing: 1 
 1.0 here). A synthetic model that falls short makes every streaming number optimistic (fewer
 experts to move). Also compared: the synthesizer with flat q/k norms (QK_NORM_SCALE = 1), where
 near-uniform attention lets a shared residual component grow until routing collapses.
-Writes benchmarks/results/synth-hits-<commit>.csv (long format) and .png.
+Writes benchmarks/results/synth-hits-<commit>.csv (strata.bench long format: figures hit_fraction,
+peak_load_over_mean, resid_rms per layer and q/k norm scale) and .png; `--base REF` adds the same
+run at a git ref. Untimed: no gate applies.
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import strata.packs.synth as synth  # noqa: E402
+from strata import bench  # noqa: E402
 from strata.packs.routing import route_trace  # noqa: E402
 from strata.shapes import get_preset  # noqa: E402
 
@@ -46,58 +46,79 @@ def run(shape, T, quant, qk_scale, seed, use_model):
             enumerate(zip(tr.hit_fractions(shape.n_expert), rms, loads))]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default=None, help="a strata preset (default: 48L E128 K8 D512)")
-    ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--quant", default="Q8_0")
-    ap.add_argument("--model", action="store_true", help="route through strata.models (GPU)")
-    ap.add_argument("--smoke", action="store_true")
-    a = ap.parse_args()
+FIGURES = {"hit_fraction": "fraction", "peak_load_over_mean": "ratio", "resid_rms": "rms"}
+
+
+def shape_of(a):
     shape = get_preset(a.preset) if a.preset else get_preset("qwen3-30b-a3b").with_(
         d_model=512, d_expert=64, n_head=8, n_kv_head=2, head_dim=64, vocab=4096)
     if a.smoke:
         shape, a.tokens = get_preset("small").with_(n_layer=3, n_expert=32, top_k=4), 64
     if a.layers:
         shape = shape.with_(n_layer=a.layers)
-    rows = []
+    return shape
+
+
+def measure(a, rec: bench.Recorder) -> None:
+    shape = shape_of(a)
+    uniform = 1 - (1 - shape.top_k / shape.n_expert) ** a.tokens
     for qk in (synth.QK_NORM_SCALE, 1.0):
         for i, f, r, peak in run(shape, a.tokens, a.quant, qk, 0, a.model or None):
-            rows.append(dict(qk_norm_scale=qk, layer=i, tokens=a.tokens, n_expert=shape.n_expert,
-                             top_k=shape.top_k, d_model=shape.d_model, hit_fraction=f, resid_rms=r,
-                             peak_load_over_mean=peak))
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip() or "nogit"
-    out = ROOT / "benchmarks" / "results" / f"synth-hits-{'smoke-' if a.smoke else ''}{commit}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{out}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+            cfg = dict(qk_norm_scale=qk, layer=i, tokens=a.tokens, n_expert=shape.n_expert,
+                       top_k=shape.top_k, d_model=shape.d_model, quant=a.quant)
+            rec.add("hit_fraction", f, "fraction", bound="uniform routing 1-(1-K/E)^T",
+                    bound_value=uniform, **cfg)
+            rec.add("peak_load_over_mean", peak, "ratio", **cfg)
+            rec.add("resid_rms", r, "rms", **cfg)
+
+
+def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(1, 3, figsize=(14, 4))
-    for qk in (synth.QK_NORM_SCALE, 1.0):
-        rr = [r for r in rows if r["qk_norm_scale"] == qk]
-        for k, key in enumerate(("hit_fraction", "peak_load_over_mean", "resid_rms")):
-            ax[k].plot([r["layer"] for r in rr], [r[key] for r in rr], marker=".",
-                       label=f"q/k norm x{qk:g}")
+    series = dict.fromkeys((r["label"], r["config"]["qk_norm_scale"]) for r in rows)
+    for label, qk in series:
+        for k, key in enumerate(FIGURES):
+            rr = [r for r in rows if r["figure"] == key and r["label"] == label
+                  and r["config"]["qk_norm_scale"] == qk]
+            ax[k].plot([r["config"]["layer"] for r in rr], [r["value"] for r in rr], marker=".",
+                       label=f"q/k norm x{qk:g}" + ("" if label == "tree" else f" @{label}"))
             ax[k].set_xlabel("layer")
             ax[k].set_title(key.replace("_", " "))
     ax[0].set_ylim(0, 1.05)
-    ax[0].axhline(1.0, color="gray", lw=0.5)
+    ax[0].axhline(rows[0]["bound_value"] or 1.0, color="gray", lw=0.5)
     ax[0].legend()
-    fig.suptitle(f"synthetic MoE routing: T={a.tokens}, E={shape.n_expert}, K={shape.top_k}, "
-                 f"D={shape.d_model}, {shape.n_layer} layers, {a.quant} ({commit})")
+    c = rows[0]["config"]
+    fig.suptitle(f"synthetic MoE routing: T={c['tokens']}, E={c['n_expert']}, K={c['top_k']}, "
+                 f"D={c['d_model']}, {1 + max(r['config']['layer'] for r in rows)} layers, "
+                 f"{c['quant']} ({rows[0]['commit']})")
     fig.tight_layout()
-    fig.savefig(f"{out}.png", dpi=110)
-    for qk in (synth.QK_NORM_SCALE, 1.0):
-        fr = [r["hit_fraction"] for r in rows if r["qk_norm_scale"] == qk]
-        print(f"q/k norm x{qk:g}: hit fraction min {min(fr):.3f} mean {sum(fr) / len(fr):.3f}")
-    print(f"wrote {out}.csv and {out}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary(rows):
+    for label, qk in dict.fromkeys((r["label"], r["config"]["qk_norm_scale"]) for r in rows):
+        fr = [r["value"] for r in rows if r["figure"] == "hit_fraction" and r["label"] == label
+              and r["config"]["qk_norm_scale"] == qk]
+        print(f"[{label}] q/k norm x{qk:g}: hit fraction min {min(fr):.3f} "
+              f"mean {sum(fr) / len(fr):.3f}")
+
+
+def main(argv=None) -> int:
+    ap = bench.parser(__doc__, out=ROOT / "benchmarks" / "results")
+    ap.add_argument("--preset", default=None, help="a strata preset (default: 48L E128 K8 D512)")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--quant", default="Q8_0")
+    ap.add_argument("--model", action="store_true", help="route through strata.models (GPU)")
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args(argv)
+    stem = f"synth-hits-{'smoke-' if a.smoke else ''}{bench.commit_of(ROOT)}"
+    return bench.main(a, "synth_hits", measure, script=__file__, argv=argv, stem=stem,
+                      plot=plot, summary=summary)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
