@@ -6,8 +6,7 @@
 
 A plan that cannot fit prints one line naming the bytes needed and the room, and exits 2.
 
-`--pack PATH` reads `strata.packs.pack_info(path) -> (ModelShape, {layer: blob bytes}, native)`
-(the packs issue provides it; until then --pack says so and exits 2).
+`--pack PATH` plans a pack's own shape, per-layer blob sizes and nativeness (strata.packs.Pack).
 """
 from __future__ import annotations
 
@@ -94,15 +93,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _source(args):
     """(name, shape, per-layer blob bytes, native) from --preset/--quant or --pack."""
     if args.pack:
-        import importlib
-        import importlib.util
-        if importlib.util.find_spec("strata.packs") is None:
-            raise StrataError("--pack needs strata.packs, which this build does not have yet; "
-                              "plan a --preset with --quant instead")
-        packs = importlib.import_module("strata.packs")
-        if not hasattr(packs, "pack_info"):
-            raise StrataError("this build's strata.packs has no pack_info(path); plan a --preset")
-        shape, layer_blob, native = packs.pack_info(args.pack)
+        from strata.packs import Pack
+        pack = Pack.open(args.pack)
+        shape = pack.shape
+        layer_blob = {i: pl.blob_size for i, pl in enumerate(pack.layers)}
+        native = pack.native
         return args.pack, shape, dict(layer_blob), bool(native)
     shape = get_preset(args.preset or "qwen3-30b-a3b")
     fmts = [q.strip() for q in args.quant.split(",")]

@@ -90,12 +90,23 @@ def test_prefill_max(capsys):
     assert rc == 0 and d["chunk"] == 4096 and d["probes"] == 4   # grid of 16: ceil(log2 16)
 
 
-def test_pack_without_packs_is_clear(capsys, tmp_path):
-    import importlib.util
-    if importlib.util.find_spec("strata.packs") is not None:
-        pytest.skip("strata.packs exists in this build")
+def test_plan_a_pack(capsys, tmp_path, monkeypatch):
+    """--pack plans the pack's own blob sizes: its max_blob and nativeness reach the plan."""
+    monkeypatch.setenv("STRATA_PREFILL_RING", "2")   # a tiny model: the 16-slot floor won't fit
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.shapes import get_preset
+    path = synth_pack(tmp_path / "t.pack", get_preset("tiny"), ExpertFormats.of("Q8_0"),
+                      progress=False)
+    rc, d, _ = plan_json(capsys, "--pack", str(path), "--vram", "2GiB", "--cache", "1MiB",
+                         "--chunk", "16")
+    from strata.packs import Pack
+    assert rc == 0 and d["fits"] and d["ring"] == 2 and d["chunk"] == 16
+    assert d["max_blob"] == Pack.open(path).max_blob
+
+
+def test_missing_pack_is_clear(capsys, tmp_path):
     assert main(["plan", "--pack", str(tmp_path / "x.pack")]) == 2
-    assert "strata.packs" in capsys.readouterr().err
+    assert "x.pack" in capsys.readouterr().err
 
 
 def test_table_and_demo(capsys):
