@@ -16,11 +16,10 @@ import triton.language as tl
 
 from strata.formats import dequantize, get_format
 from strata.formats.tables import device_table
-from strata.kernels.decode import decode_tile
+from strata.kernels.decode import TRITON_FORMATS, decode_tile
 from blocks import assert_decoded_equal, code_sweep_blocks, random_matrix
 
-DECODED = ["BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K",
-           "IQ3_S"]
+DECODED = list(TRITON_FORMATS)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ from strata.kernels import dequantize, dequantize_torch
 from strata.kernels.dequant import DequantTiles, dequant_tiles
 from blocks import assert_decoded_equal, code_sweep_blocks, random_matrix
 
-FORMATS = ["BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K", "IQ3_S"]
+from strata.kernels.decode import TRITON_FORMATS as FORMATS
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # e8m0 255
@@ -60,6 +60,8 @@ def test_dequantize_errors():
         dequantize(torch.zeros(2, 36, dtype=torch.uint8), "Q8_0")
     with pytest.raises(StrataError, match="unknown block format"):
         dequantize(torch.zeros(2, 34, dtype=torch.uint8), "Q8_1")
+    with pytest.raises(StrataError, match="no Triton decoder for F32"):
+        dequantize(torch.zeros(2, 8, dtype=torch.uint8), "F32")
     odd = torch.zeros(35, dtype=torch.uint8)[1:].reshape(1, 34)      # storage starts mid-word
     with pytest.raises(StrataError, match="even address"):
         dequantize(odd, "Q8_0")

@@ -53,6 +53,10 @@ assert all(KVALUES_MXFP4[8 + i] == -KVALUES_MXFP4[i] for i in range(8))
 assert all(0 <= v < 16 for v in KVALUES_MXFP4[:8])
 MXFP4_MAGS = tl.constexpr(_signed32(sum(v << (4 * i) for i, v in enumerate(KVALUES_MXFP4[:8]))))
 
+# the formats decode_tile decodes (ggml type ids below); everything else is a compile-time error
+TRITON_FORMATS = ("BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K",
+                  "IQ3_S")
+
 GGML_F16 = tl.constexpr(1)
 GGML_Q4_0 = tl.constexpr(2)
 GGML_Q5_0 = tl.constexpr(6)

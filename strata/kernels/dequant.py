@@ -20,7 +20,7 @@ from strata.formats import dequantize as formats_dequantize
 from strata.formats import get_format
 from strata.formats.table import Format
 from strata.formats.tables import device_table
-from strata.kernels.decode import decode_tile
+from strata.kernels.decode import TRITON_FORMATS, decode_tile
 
 # out dtype -> the kernel's OUT code (0 fp32, 1 bf16, 2 fp16)
 OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -73,6 +73,9 @@ def _check(raw, qtype, out_dtype) -> tuple[Format, torch.Tensor]:
     if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
         got = raw.dtype if isinstance(raw, torch.Tensor) else type(raw).__name__
         raise StrataError(f"dequantize takes a uint8 torch tensor of ggml blocks, got {got}")
+    if fmt.name not in TRITON_FORMATS:
+        raise StrataError(f"no Triton decoder for {fmt.name}; strata.kernels.dequantize reads "
+                          f"{', '.join(TRITON_FORMATS)}")
     if out_dtype not in OUT_DTYPES:
         raise StrataError(f"out_dtype must be one of {', '.join(map(str, OUT_DTYPES))}, "
                           f"got {out_dtype}")
