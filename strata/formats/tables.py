@@ -109,4 +109,7 @@ def _device_table(name: str, device: str) -> torch.Tensor:
 
 def device_table(name: str, device) -> torch.Tensor:
     """The int32 table `name` ('iq4nl', 'mxfp4', 'iq3s') on `device`, made once per device."""
-    return _device_table(name, str(torch.device(device)))
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:  # "cuda" means the current device: name it
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return _device_table(name, str(dev))

@@ -18,6 +18,9 @@ Values equal `strata.formats.dequantize` (and gguf-py) bit for bit: each helper 
 products in the same order as the torch reference. Every product of scale and code is exact in
 fp32 (an fp16 significand times small integers), so FMA contraction cannot change a result.
 
+Type ids, block sizes and block bytes come from the format table (strata.formats.table); the
+offsets of fields inside a block are the layout each helper's docstring spells out.
+
 Speed notes. Addresses are int64 (N * row_bytes passes 2**31 on big experts). Block sizes are
 constexpr powers of two, so block/lane splits are shifts and masks. fp16 scales are read with one
 16-bit load: every block with an fp16 field has an even size (34, 18, 22, 144, 210, 110 bytes), so
@@ -27,6 +30,7 @@ registers (packed constants built from `strata.formats.tables`), not in memory.
 import triton
 import triton.language as tl
 
+from strata.formats.table import FORMATS
 from strata.formats.tables import KVALUES_IQ4NL, KVALUES_MXFP4
 
 
@@ -57,17 +61,25 @@ MXFP4_MAGS = tl.constexpr(_signed32(sum(v << (4 * i) for i, v in enumerate(KVALU
 TRITON_FORMATS = ("BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K",
                   "IQ3_S")
 
-GGML_F16 = tl.constexpr(1)
-GGML_Q4_0 = tl.constexpr(2)
-GGML_Q5_0 = tl.constexpr(6)
-GGML_Q8_0 = tl.constexpr(8)
-GGML_Q4_K = tl.constexpr(12)
-GGML_Q6_K = tl.constexpr(14)
-GGML_IQ4_NL = tl.constexpr(20)
-GGML_IQ3_S = tl.constexpr(21)
-GGML_BF16 = tl.constexpr(30)
-GGML_MXFP4 = tl.constexpr(39)
-GGML_Q2_0 = tl.constexpr(42)
+def _fmt(name: str):
+    """(ggml type id, log2 weights per block, bytes per block) of `name`, from the format table."""
+    f = FORMATS[name]
+    assert f.block & (f.block - 1) == 0, f"{name}: block size must be a power of two"
+    return (tl.constexpr(f.ggml_type), tl.constexpr(f.block.bit_length() - 1),
+            tl.constexpr(f.block_bytes))
+
+
+GGML_BF16, _, _ = _fmt("BF16")
+GGML_F16, _, _ = _fmt("F16")
+GGML_Q8_0, Q8_0_LOG2, Q8_0_BYTES = _fmt("Q8_0")
+GGML_Q4_0, Q4_0_LOG2, Q4_0_BYTES = _fmt("Q4_0")
+GGML_Q5_0, Q5_0_LOG2, Q5_0_BYTES = _fmt("Q5_0")
+GGML_IQ4_NL, IQ4_NL_LOG2, IQ4_NL_BYTES = _fmt("IQ4_NL")
+GGML_Q2_0, Q2_0_LOG2, Q2_0_BYTES = _fmt("Q2_0")
+GGML_MXFP4, MXFP4_LOG2, MXFP4_BYTES = _fmt("MXFP4")
+GGML_Q4_K, Q4_K_LOG2, Q4_K_BYTES = _fmt("Q4_K")
+GGML_Q6_K, Q6_K_LOG2, Q6_K_BYTES = _fmt("Q6_K")
+GGML_IQ3_S, IQ3_S_LOG2, IQ3_S_BYTES = _fmt("IQ3_S")
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -113,7 +125,7 @@ def decode_f16(w_ptr, row_bytes, offs_n, offs_k, mask):
 @triton.jit
 def decode_q8_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q8_0 (34 B): fp16 d; int8 qs[32]. w = q * d."""
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 34)          # [BN, BK]
+    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q8_0_LOG2, Q8_0_BYTES)  # [BN, BK]
     d = _ld_f16(blk, mask)
     q = tl.load(blk + 2 + (offs_k & 31)[None, :], mask=mask, other=0)
     return q.to(tl.int8, bitcast=True).to(tl.float32) * d
@@ -123,7 +135,7 @@ def decode_q8_0(w_ptr, row_bytes, offs_n, offs_k, mask):
 def decode_q4_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q4_0 (18 B): fp16 d; qs[16], weight j in qs[j % 16] (low nibble j < 16). w = d * (q - 8)."""
     j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 18)
+    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q4_0_LOG2, Q4_0_BYTES)
     d = _ld_f16(blk, mask)
     byte = _ld_u8(blk + 2 + (j & 15)[None, :], mask)
     q = (byte >> ((j >> 4) * 4)[None, :]) & 15
@@ -134,7 +146,7 @@ def decode_q4_0(w_ptr, row_bytes, offs_n, offs_k, mask):
 def decode_q5_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q5_0 (22 B): fp16 d; qh[4] (bit j = 5th bit of weight j); qs[16] as Q4_0. w = d*(q - 16)."""
     j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 22)
+    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q5_0_LOG2, Q5_0_BYTES)
     d = _ld_f16(blk, mask)
     hb = _ld_u8(blk + 2 + (j >> 3)[None, :], mask)
     lb = _ld_u8(blk + 6 + (j & 15)[None, :], mask)
@@ -153,7 +165,7 @@ def _iq4nl_level(q):
 def decode_iq4_nl(w_ptr, row_bytes, offs_n, offs_k, mask):
     """IQ4_NL (18 B): fp16 d; qs[16] nibbles as Q4_0 index kvalues_iq4nl. w = d * kv[q]."""
     j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 18)
+    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, IQ4_NL_LOG2, IQ4_NL_BYTES)
     d = _ld_f16(blk, mask)
     byte = _ld_u8(blk + 2 + (j & 15)[None, :], mask)
     q = (byte >> ((j >> 4) * 4)[None, :]) & 15
@@ -164,7 +176,7 @@ def decode_iq4_nl(w_ptr, row_bytes, offs_n, offs_k, mask):
 def decode_q2_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q2_0 (18 B / 64 weights): fp16 d; weight j at bits 2*(j%4) of qs[j/4]. w = (q - 1) * d."""
     j = offs_k & 63
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 6, 18)
+    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q2_0_LOG2, Q2_0_BYTES)
     d = _ld_f16(blk, mask)
     byte = _ld_u8(blk + 2 + (j >> 2)[None, :], mask)
     q = (byte >> ((j & 3) * 2)[None, :]) & 3
@@ -176,7 +188,7 @@ def decode_mxfp4(w_ptr, row_bytes, offs_n, offs_k, mask):
     """MXFP4 (17 B): e8m0 e; qs[16] nibbles as Q4_0 index the doubled e2m1 values.
     w = d * kv[q], d = 2**(e - 128) built from bits (subnormal for e < 2, as ggml)."""
     j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 17)
+    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, MXFP4_LOG2, MXFP4_BYTES)
     e = _ld_u8(blk, mask)
     d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
     byte = _ld_u8(blk + 1 + (j & 15)[None, :], mask)
@@ -194,7 +206,7 @@ def decode_q4_k(w_ptr, row_bytes, offs_n, offs_k, mask):
     qs[32*(s/2) + w%32] and 6-bit (sc, m) from get_scale_min_k4. w = (d*sc)*q - dmin*m."""
     w = offs_k & 255
     s = w >> 5
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 8, 144)
+    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q4_K_LOG2, Q4_K_BYTES)
     d = _ld_f16(blk, mask)
     dmin = _ld_f16(blk + 2, mask)
     sj = (s & 3)[None, :]
@@ -217,7 +229,7 @@ def decode_q6_k(w_ptr, row_bytes, offs_n, offs_k, mask):
     w = offs_k & 255
     h = w >> 7
     r = w & 127
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 8, 210)
+    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q6_K_LOG2, Q6_K_BYTES)
     d = _ld_f16(blk + 208, mask)
     sc = tl.load(blk + 192 + (w >> 4)[None, :], mask=mask, other=0).to(tl.int8, bitcast=True)
     lb = _ld_u8(blk + (h * 64 + (r & 63))[None, :], mask)
@@ -233,7 +245,7 @@ def decode_iq3_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
     sign bit w of signs; scale nibble w/32 of scales (low first). w = (d*(1+2*sc)) * mag * +-1."""
     w = offs_k & 255
     g = w >> 2
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 8, 110)
+    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, IQ3_S_LOG2, IQ3_S_BYTES)
     d = _ld_f16(blk, mask)
     lo = _ld_u8(blk + 2 + g[None, :], mask)
     hb = _ld_u8(blk + 66 + (g >> 3)[None, :], mask)
