@@ -174,6 +174,16 @@ def test_quantize_f16_matches_numpy():
     assert np.array_equal(quantize(x, "F16").numpy(), want)
 
 
+def test_chunked_calls_agree(monkeypatch):
+    # tensors larger than CHUNK_BLOCKS go through the family functions in pieces
+    from strata.formats import codec
+    x = torch.randn(10, 256, generator=torch.Generator().manual_seed(4))
+    whole_q, whole_d = quantize(x, "MXFP4"), dequantize(random_matrix("Q4_K", 10, 256), "Q4_K")
+    monkeypatch.setattr(codec, "CHUNK_BLOCKS", 3)
+    assert torch.equal(quantize(x, "MXFP4"), whole_q)
+    assert same_bits(dequantize(random_matrix("Q4_K", 10, 256), "Q4_K"), whole_d)
+
+
 def test_quantize_shapes():
     x = torch.randn(2, 3, 256)
     for name in ["BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "Q2_0", "MXFP4"]:
