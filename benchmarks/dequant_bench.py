@@ -1,7 +1,7 @@
 """Throughput of strata.kernels.dequantize per block format, against the device copy rate.
 
     python benchmarks/dequant_bench.py                 # GPU: every format, bf16 out, 32768 x 4096
-    python benchmarks/dequant_bench.py --smoke         # CPU interpreter, tiny shapes: checks the script
+    python benchmarks/dequant_bench.py --smoke         # CPU interpreter, tiny: checks the script
 
 What bounds it: dequantize reads the blocks and writes the decoded matrix, so its rate is
 (bytes read + bytes written) / time, the same count as a device-to-device copy's read + write.
@@ -33,9 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 from strata.formats import get_format  # noqa: E402
 from strata.kernels import dequantize, dequantize_torch  # noqa: E402
+from strata.kernels.decode import TRITON_FORMATS  # noqa: E402
 
 H200_COPY_RATE = 4.19e12  # bytes/s, read + write, measured device copy (SPEC)
-FORMATS = ["BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K", "IQ3_S"]
+FORMATS = list(TRITON_FORMATS)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -168,7 +169,8 @@ def main(argv=None) -> int:
                 "rows": args.rows, "cols": args.cols, "bytes_read": raw.numel(),
                 "bytes_written": out_bytes, "median_ms": s * 1e3, "GBps": moved / s / 1e9,
                 "frac_of_h200_copy": moved / s / H200_COPY_RATE,
-                "copy_measured_GBps": copy_rate / 1e9, "frac_of_copy_measured": moved / s / copy_rate,
+                "copy_measured_GBps": copy_rate / 1e9,
+                "frac_of_copy_measured": moved / s / copy_rate,
                 "repeats": args.repeats,
             })
         del raw

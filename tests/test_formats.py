@@ -1,4 +1,4 @@
-"""strata.formats.dequantize / quantize against gguf-py (the oracle) and ggml's Q2_0, bit for bit."""
+"""strata.formats.dequantize / quantize against gguf-py (the oracle) and ggml's Q2_0, bitwise."""
 import gguf
 import numpy as np
 import pytest
@@ -8,7 +8,8 @@ from hypothesis.extra import numpy as hnp
 
 from strata.errors import StrataError
 from strata.formats import FORMATS, dequantize, get_format, quantize
-from blocks import EDGE_F16, assert_decoded_equal, code_sweep_blocks, random_matrix, same_bits, set16
+from blocks import (EDGE_F16, assert_decoded_equal, code_sweep_blocks, random_matrix, same_bits,
+                    set16)
 
 # gguf-py 0.19 decodes every strata format but Q2_0 (ggml type 42, newer than gguf-py)
 GGUF_DECODES = ["F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_K", "Q6_K", "IQ3_S", "MXFP4"]

@@ -1,4 +1,5 @@
-"""Lookup tables of the ggml formats, held once: torch references and Triton decoders read them here.
+"""Lookup tables of the ggml formats, held once: the torch references and Triton decoders read
+them here.
 
 - KVALUES_IQ4NL: the 16 non-linear IQ4_NL levels a nibble indexes (ggml kvalues_iq4nl).
 - KVALUES_MXFP4: the 16 e2m1 values a nibble indexes, doubled to integers (ggml kvalues_mxfp4);

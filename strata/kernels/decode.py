@@ -85,21 +85,23 @@ GGML_IQ3_S, IQ3_S_LOG2, IQ3_S_BYTES = _fmt("IQ3_S")
 # ---------------------------------------------------------------- shared pieces
 
 @triton.jit
-def _block_base(w_ptr, row_bytes, offs_n, offs_k, LOG2_QK: tl.constexpr, QB: tl.constexpr):
-    """[BN, BK] uint8 pointers at each element's block start (blocks of 2**LOG2_QK weights, QB B)."""
-    off = offs_n.to(tl.int64)[:, None] * row_bytes + ((offs_k >> LOG2_QK).to(tl.int64) * QB)[None, :]
-    return w_ptr + off
+def _block_off(row_bytes, offs_n, offs_k, LOG2_QK: tl.constexpr, QB: tl.constexpr):
+    """[BN, BK] int64 byte offset of each element's block (blocks of 2**LOG2_QK weights, QB B)."""
+    kb = (offs_k >> LOG2_QK).to(tl.int64) * QB                            # [BK]
+    return offs_n.to(tl.int64)[:, None] * row_bytes + kb[None, :]
 
 
 @triton.jit
-def _ld_u8(p, mask):
-    return tl.load(p, mask=mask, other=0).to(tl.int32)
+def _ld_u8(w_ptr, off, mask):
+    return tl.load(w_ptr + off, mask=mask, other=0).to(tl.int32)
 
 
 @triton.jit
-def _ld_f16(p, mask):
-    """fp32 value of the fp16 at 2-byte-aligned byte pointer p; 0 where masked."""
-    return tl.load(p.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0).to(tl.float32)
+def _ld_f16(w_ptr, off, mask):
+    """fp32 value of the fp16 at even byte offset `off`; 0 where masked. The scalar base is cast,
+    not a tensor of pointers (triton 3.6's coalesce pass can assert on the latter)."""
+    p = w_ptr.to(tl.pointer_type(tl.float16))
+    return tl.load(p + (off >> 1), mask=mask, other=0.0).to(tl.float32)
 
 
 # ---------------------------------------------------------------- plain formats
@@ -125,9 +127,9 @@ def decode_f16(w_ptr, row_bytes, offs_n, offs_k, mask):
 @triton.jit
 def decode_q8_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q8_0 (34 B): fp16 d; int8 qs[32]. w = q * d."""
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q8_0_LOG2, Q8_0_BYTES)  # [BN, BK]
-    d = _ld_f16(blk, mask)
-    q = tl.load(blk + 2 + (offs_k & 31)[None, :], mask=mask, other=0)
+    blk = _block_off(row_bytes, offs_n, offs_k, Q8_0_LOG2, Q8_0_BYTES)  # [BN, BK]
+    d = _ld_f16(w_ptr, blk, mask)
+    q = tl.load(w_ptr + blk + 2 + (offs_k & 31)[None, :], mask=mask, other=0)
     return q.to(tl.int8, bitcast=True).to(tl.float32) * d
 
 
@@ -135,9 +137,9 @@ def decode_q8_0(w_ptr, row_bytes, offs_n, offs_k, mask):
 def decode_q4_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q4_0 (18 B): fp16 d; qs[16], weight j in qs[j % 16] (low nibble j < 16). w = d * (q - 8)."""
     j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q4_0_LOG2, Q4_0_BYTES)
-    d = _ld_f16(blk, mask)
-    byte = _ld_u8(blk + 2 + (j & 15)[None, :], mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, Q4_0_LOG2, Q4_0_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    byte = _ld_u8(w_ptr, blk + 2 + (j & 15)[None, :], mask)
     q = (byte >> ((j >> 4) * 4)[None, :]) & 15
     return d * (q - 8).to(tl.float32)
 
@@ -146,10 +148,10 @@ def decode_q4_0(w_ptr, row_bytes, offs_n, offs_k, mask):
 def decode_q5_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q5_0 (22 B): fp16 d; qh[4] (bit j = 5th bit of weight j); qs[16] as Q4_0. w = d*(q - 16)."""
     j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q5_0_LOG2, Q5_0_BYTES)
-    d = _ld_f16(blk, mask)
-    hb = _ld_u8(blk + 2 + (j >> 3)[None, :], mask)
-    lb = _ld_u8(blk + 6 + (j & 15)[None, :], mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, Q5_0_LOG2, Q5_0_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    hb = _ld_u8(w_ptr, blk + 2 + (j >> 3)[None, :], mask)
+    lb = _ld_u8(w_ptr, blk + 6 + (j & 15)[None, :], mask)
     q = ((lb >> ((j >> 4) * 4)[None, :]) & 15) | (((hb >> (j & 7)[None, :]) & 1) << 4)
     return d * (q - 16).to(tl.float32)
 
@@ -157,7 +159,8 @@ def decode_q5_0(w_ptr, row_bytes, offs_n, offs_k, mask):
 @triton.jit
 def _iq4nl_level(q):
     """kvalues_iq4nl[q] for int32 q in [0, 16), from packed register constants."""
-    word = tl.where(q < 8, tl.where(q < 4, IQ4NL_W0, IQ4NL_W1), tl.where(q < 12, IQ4NL_W2, IQ4NL_W3))
+    word = tl.where(q < 8, tl.where(q < 4, IQ4NL_W0, IQ4NL_W1),
+                    tl.where(q < 12, IQ4NL_W2, IQ4NL_W3))
     return (word << (24 - 8 * (q & 3))) >> 24                           # sign-extend the byte
 
 
@@ -165,9 +168,9 @@ def _iq4nl_level(q):
 def decode_iq4_nl(w_ptr, row_bytes, offs_n, offs_k, mask):
     """IQ4_NL (18 B): fp16 d; qs[16] nibbles as Q4_0 index kvalues_iq4nl. w = d * kv[q]."""
     j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, IQ4_NL_LOG2, IQ4_NL_BYTES)
-    d = _ld_f16(blk, mask)
-    byte = _ld_u8(blk + 2 + (j & 15)[None, :], mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ4_NL_LOG2, IQ4_NL_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    byte = _ld_u8(w_ptr, blk + 2 + (j & 15)[None, :], mask)
     q = (byte >> ((j >> 4) * 4)[None, :]) & 15
     return d * _iq4nl_level(q).to(tl.float32)
 
@@ -176,9 +179,9 @@ def decode_iq4_nl(w_ptr, row_bytes, offs_n, offs_k, mask):
 def decode_q2_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q2_0 (18 B / 64 weights): fp16 d; weight j at bits 2*(j%4) of qs[j/4]. w = (q - 1) * d."""
     j = offs_k & 63
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q2_0_LOG2, Q2_0_BYTES)
-    d = _ld_f16(blk, mask)
-    byte = _ld_u8(blk + 2 + (j >> 2)[None, :], mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, Q2_0_LOG2, Q2_0_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    byte = _ld_u8(w_ptr, blk + 2 + (j >> 2)[None, :], mask)
     q = (byte >> ((j & 3) * 2)[None, :]) & 3
     return (q - 1).to(tl.float32) * d
 
@@ -188,10 +191,10 @@ def decode_mxfp4(w_ptr, row_bytes, offs_n, offs_k, mask):
     """MXFP4 (17 B): e8m0 e; qs[16] nibbles as Q4_0 index the doubled e2m1 values.
     w = d * kv[q], d = 2**(e - 128) built from bits (subnormal for e < 2, as ggml)."""
     j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, MXFP4_LOG2, MXFP4_BYTES)
-    e = _ld_u8(blk, mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, MXFP4_LOG2, MXFP4_BYTES)
+    e = _ld_u8(w_ptr, blk, mask)
     d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
-    byte = _ld_u8(blk + 1 + (j & 15)[None, :], mask)
+    byte = _ld_u8(w_ptr, blk + 1 + (j & 15)[None, :], mask)
     q = (byte >> ((j >> 4) * 4)[None, :]) & 15
     mag = (MXFP4_MAGS >> ((q & 7) * 4)) & 15
     kv = tl.where(q >= 8, -mag, mag)                                    # int: code 8 is +0
@@ -206,17 +209,17 @@ def decode_q4_k(w_ptr, row_bytes, offs_n, offs_k, mask):
     qs[32*(s/2) + w%32] and 6-bit (sc, m) from get_scale_min_k4. w = (d*sc)*q - dmin*m."""
     w = offs_k & 255
     s = w >> 5
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q4_K_LOG2, Q4_K_BYTES)
-    d = _ld_f16(blk, mask)
-    dmin = _ld_f16(blk + 2, mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, Q4_K_LOG2, Q4_K_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    dmin = _ld_f16(w_ptr, blk + 2, mask)
     sj = (s & 3)[None, :]
-    b_d = _ld_u8(blk + 4 + sj, mask)
-    b_m = _ld_u8(blk + 8 + sj, mask)
-    b_md = _ld_u8(blk + 12 + sj, mask)
+    b_d = _ld_u8(w_ptr, blk + 4 + sj, mask)
+    b_m = _ld_u8(w_ptr, blk + 8 + sj, mask)
+    b_md = _ld_u8(w_ptr, blk + 12 + sj, mask)
     first = (s < 4)[None, :]
     sc = tl.where(first, b_d & 63, (b_md & 15) | ((b_d >> 6) << 4))
     mn = tl.where(first, b_m & 63, (b_md >> 4) | ((b_m >> 6) << 4))
-    byte = _ld_u8(blk + 16 + ((s >> 1) * 32 + (w & 31))[None, :], mask)
+    byte = _ld_u8(w_ptr, blk + 16 + ((s >> 1) * 32 + (w & 31))[None, :], mask)
     q = (byte >> ((s & 1) * 4)[None, :]) & 15
     return (d * sc.to(tl.float32)) * q.to(tl.float32) - dmin * mn.to(tl.float32)
 
@@ -229,11 +232,12 @@ def decode_q6_k(w_ptr, row_bytes, offs_n, offs_k, mask):
     w = offs_k & 255
     h = w >> 7
     r = w & 127
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, Q6_K_LOG2, Q6_K_BYTES)
-    d = _ld_f16(blk + 208, mask)
-    sc = tl.load(blk + 192 + (w >> 4)[None, :], mask=mask, other=0).to(tl.int8, bitcast=True)
-    lb = _ld_u8(blk + (h * 64 + (r & 63))[None, :], mask)
-    hb = _ld_u8(blk + 128 + (h * 32 + (r & 31))[None, :], mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, Q6_K_LOG2, Q6_K_BYTES)
+    d = _ld_f16(w_ptr, blk + 208, mask)
+    sc = tl.load(w_ptr + blk + 192 + (w >> 4)[None, :], mask=mask, other=0)
+    sc = sc.to(tl.int8, bitcast=True)
+    lb = _ld_u8(w_ptr, blk + (h * 64 + (r & 63))[None, :], mask)
+    hb = _ld_u8(w_ptr, blk + 128 + (h * 32 + (r & 31))[None, :], mask)
     q = ((lb >> ((r >> 6) * 4)[None, :]) & 15) | (((hb >> ((r >> 5) * 2)[None, :]) & 3) << 4)
     return (d * sc.to(tl.float32)) * (q - 32).to(tl.float32)
 
@@ -245,16 +249,16 @@ def decode_iq3_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
     sign bit w of signs; scale nibble w/32 of scales (low first). w = (d*(1+2*sc)) * mag * +-1."""
     w = offs_k & 255
     g = w >> 2
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, IQ3_S_LOG2, IQ3_S_BYTES)
-    d = _ld_f16(blk, mask)
-    lo = _ld_u8(blk + 2 + g[None, :], mask)
-    hb = _ld_u8(blk + 66 + (g >> 3)[None, :], mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ3_S_LOG2, IQ3_S_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    lo = _ld_u8(w_ptr, blk + 2 + g[None, :], mask)
+    hb = _ld_u8(w_ptr, blk + 66 + (g >> 3)[None, :], mask)
     idx = lo | (((hb >> (g & 7)[None, :]) & 1) << 8)
     word = tl.load(tab_ptr + idx, mask=mask, other=0)
     mag = (word >> ((w & 3) * 8)[None, :]) & 255
-    sb = _ld_u8(blk + 74 + (w >> 3)[None, :], mask)
+    sb = _ld_u8(w_ptr, blk + 74 + (w >> 3)[None, :], mask)
     neg = ((sb >> (w & 7)[None, :]) & 1) != 0
-    scb = _ld_u8(blk + 106 + (w >> 6)[None, :], mask)
+    scb = _ld_u8(w_ptr, blk + 106 + (w >> 6)[None, :], mask)
     sc = (scb >> (((w >> 5) & 1) * 4)[None, :]) & 15
     v = (d * (1 + 2 * sc).to(tl.float32)) * mag.to(tl.float32)
     # flip the sign bit, as ggml's * -1.0f: Triton's -v is 0 - v, which turns -0 into +0

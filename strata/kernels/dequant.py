@@ -1,6 +1,6 @@
 """Whole-matrix dequantize on the device: the baseline "decode, then cuBLAS" path.
 
-    Y[..., k] = decode(raw[..., :], fmt)[k]      raw uint8 [..., R] -> Y out_dtype [..., R/bytes*block]
+    Y = decode(raw, fmt)      raw uint8 [..., R] -> Y out_dtype [..., R / block_bytes * block]
 
 `dequantize` is a Triton launcher over `decode_tile`; `dequantize_torch` (same signature) is the
 reference, `strata.formats.dequantize` cast to `out_dtype`. fp32 results are bit-exact; bf16/fp16
@@ -109,7 +109,8 @@ def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32)
     return out.reshape(*lead, k)
 
 
-def dequantize_torch(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_torch(raw: torch.Tensor, qtype,
+                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Reference for `dequantize`: the torch decoder, then a round-to-nearest-even cast."""
     fmt, raw = _check(raw, qtype, out_dtype)
     return formats_dequantize(raw, fmt).to(out_dtype)
