@@ -1,7 +1,7 @@
 """Throughput of strata.kernels.dequantize per block format, against the device copy rate.
 
     python benchmarks/dequant_bench.py                 # GPU: every format, bf16 out, 32768 x 4096
-    python benchmarks/dequant_bench.py --smoke         # CPU interpreter, tiny shapes: checks the script
+    python benchmarks/dequant_bench.py --smoke         # CPU interpreter, tiny: checks the script
 
 What bounds it: dequantize reads the blocks and writes the decoded matrix, so its rate is
 (bytes read + bytes written) / time, the same count as a device-to-device copy's read + write.
@@ -16,6 +16,7 @@ Results: benchmarks/results/dequant-<gpu>-<commit>.csv (strata.bench long format
 """
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -28,10 +29,12 @@ sys.path.insert(0, str(ROOT))
 from strata import bench  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 from strata.kernels import dequantize, dequantize_torch  # noqa: E402
+from strata.kernels.decode import TRITON_FORMATS  # noqa: E402
+from strata.kernels.dequant import dequant_tiles  # noqa: E402
 
 H200_COPY_RATE = 4.19e12  # bytes/s, read + write, measured device copy (SPEC)
 H200_BOUND = "4.19 TB/s D2D (H200 copy, SPEC)"
-FORMATS = ["BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K", "IQ3_S"]
+FORMATS = list(TRITON_FORMATS)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 GATE = "bit-exact vs dequantize_torch (first 64 rows of the timed data)"
 
@@ -47,10 +50,10 @@ def random_blocks(fmt, n: int, k: int, dev: torch.device, seed: int = 0) -> torc
     return raw
 
 
-def check(raw, fmt, dtype):
+def check(raw, fmt, dtype, tiles):
     """Bit-exact against dequantize_torch on the first rows of the benchmark's data (the gate)."""
     part = raw[: min(64, raw.shape[0])]
-    got, want = dequantize(part, fmt, dtype), dequantize_torch(part, fmt, dtype)
+    got, want = dequantize(part, fmt, dtype, tiles=tiles), dequantize_torch(part, fmt, dtype)
     if not torch.equal(got.view(torch.int16 if got.element_size() == 2 else torch.int32),
                        want.view(torch.int16 if want.element_size() == 2 else torch.int32)):
         return f"dequantize({fmt.name}, {dtype}) differs from dequantize_torch"
@@ -64,15 +67,17 @@ def plot(rows: list[dict], path: Path) -> None:
 
     rates = [r for r in rows if r["figure"] == "dequantize rate"]
     copies = {r["label"]: r["value"] for r in rows if r["figure"] == "copy rate measured"}
-    series = list(dict.fromkeys((r["label"], r["config"]["out_dtype"]) for r in rates))
+    series = list(dict.fromkeys((r["label"], r["config"]["out_dtype"], r["config"]["decoder"])
+                                for r in rates))
     names = list(dict.fromkeys(r["config"]["format"] for r in rates))
     fig, ax = plt.subplots(figsize=(min(12, max(6, 0.6 * len(names) * len(series))), 4.5))
     width = 0.8 / max(1, len(series))
-    for i, (label, dname) in enumerate(series):
+    for i, (label, dname, dec) in enumerate(series):
         vals = [next((r["value"] for r in rates if r["config"]["format"] == n and r["label"] == label
-                      and r["config"]["out_dtype"] == dname), 0) for n in names]
+                      and r["config"]["out_dtype"] == dname and r["config"]["decoder"] == dec), 0)
+                for n in names]
         ax.bar([j + i * width for j in range(len(names))], vals, width,
-               label=f"{label}: out {dname}")
+               label=f"{label}: out {dname}, {dec}")
     ax.axhline(H200_COPY_RATE / 1e9, color="k", ls="--", lw=1, label="H200 copy 4.19 TB/s (SPEC)")
     for label, rate in copies.items():
         ax.axhline(rate, color="gray", ls=":", lw=1, label=f"{label}: copy measured here")
@@ -106,13 +111,18 @@ def measure(args, rec: bench.Recorder) -> None:
 
     for fmt in tqdm(fmts, desc="dequant_bench", file=sys.stderr):
         raw = random_blocks(fmt, args.rows, args.cols, dev)
-        for dtype in dtypes:
-            t = rec.timed(lambda: dequantize(raw, fmt, dtype), check=lambda: check(raw, fmt, dtype),
-                          what=f"{fmt.name} -> {dtype}")
+        for dtype, dec in [(d, dec) for d in dtypes for dec in args.decoders.split(",")]:
+            if dec not in ("elem", "runs"):
+                raise SystemExit(f"unknown decoder {dec!r}; use elem or runs")
+            tiles = dataclasses.replace(dequant_tiles(fmt, args.rows, args.cols),
+                                        runs=dec == "runs")
+            t = rec.timed(lambda: dequantize(raw, fmt, dtype, tiles=tiles),
+                          check=lambda: check(raw, fmt, dtype, tiles),
+                          what=f"{fmt.name} -> {dtype} ({dec})")
             out_bytes = args.rows * args.cols * torch.empty((), dtype=dtype).element_size()
             moved = raw.numel() + out_bytes
             cfg = dict(format=fmt.name, out_dtype=str(dtype).removeprefix("torch."),
-                       rows=args.rows, cols=args.cols, bytes_read=raw.numel(),
+                       decoder=dec, tile_bn=tiles.bn, tile_bk=tiles.bk, rows=args.rows, cols=args.cols, bytes_read=raw.numel(),
                        bytes_written=out_bytes, command=args.command)
             rec.add("dequantize rate", moved / t.median_s / 1e9, "GB/s", bound=H200_BOUND,
                     bound_value=H200_COPY_RATE / 1e9, gate=GATE, timer=t.timer, **cfg)
@@ -126,7 +136,8 @@ def summary(rows: list[dict]) -> None:
     for r in rows:
         c = r["config"]
         if r["figure"] == "dequantize rate":
-            print(f"[{r['label']}] {c['format']:>7} -> {c['out_dtype']:<8} {r['value']:9.1f} GB/s  "
+            print(f"[{r['label']}] {c['format']:>7} -> {c['out_dtype']:<8} {c['decoder']:<4} "
+                  f"{r['value']:9.1f} GB/s  "
                   f"{100 * r['value'] * 1e9 / H200_COPY_RATE:5.1f}% of 4.19 TB/s")
         elif r["figure"] == "copy rate measured":
             print(f"[{r['label']}] copy measured: {r['value']:.1f} GB/s")
@@ -136,6 +147,9 @@ def main(argv=None) -> int:
     ap = bench.parser(__doc__, out=ROOT / "benchmarks" / "results", warmup=5, repeats=50)
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated format names")
     ap.add_argument("--out-dtypes", default="bf16", help="comma-separated: fp32,bf16,fp16")
+    ap.add_argument("--decoders", default="elem,runs",
+                    help="comma-separated: elem (decode_tile, scales per weight), runs "
+                         "(decode_tile_runs, scales once per run of 32)")
     ap.add_argument("--rows", type=int, default=32768, help="N rows (output features)")
     ap.add_argument("--cols", type=int, default=4096, help="K weights per row (multiple of 256)")
     ap.add_argument("--smoke", action="store_true",

@@ -19,13 +19,14 @@ def _load():
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_dequant_bench_smoke(tmp_path):
     argv = ["--smoke", "--formats", "Q8_0,IQ3_S", "--out-dtypes", "bf16,fp32", "--out-dir",
-            str(tmp_path)]
+            str(tmp_path), "--decoders", "elem,runs"]
     assert _load().main(argv) == 0
     (csv_path,) = tmp_path.glob("dequant-*-smoke.csv")
     assert csv_path.with_suffix(".png").stat().st_size > 0
     rows = [r for r in bench.read_csv(csv_path) if r["figure"] == "dequantize rate"]
-    assert [(r["config"]["format"], r["config"]["out_dtype"]) for r in rows] == [
-        ("Q8_0", "bfloat16"), ("Q8_0", "float32"), ("IQ3_S", "bfloat16"), ("IQ3_S", "float32")]
+    assert [(r["config"]["format"], r["config"]["out_dtype"], r["config"]["decoder"])
+            for r in rows] == [(f, d, dec) for f in ("Q8_0", "IQ3_S") for d in ("bfloat16", "float32")
+                               for dec in ("elem", "runs")]
     for r in rows:
         assert r["commit"] and r["gpu"] and "--smoke" in r["config"]["command"]
         assert r["gate"].startswith("bit-exact") and r["bound"].startswith("4.19 TB/s")
@@ -37,7 +38,7 @@ def test_dequant_bench_smoke(tmp_path):
 
 def test_dequant_bench_refuses_a_wrong_kernel(tmp_path, monkeypatch):
     mod = _load()
-    monkeypatch.setattr(mod, "dequantize", lambda raw, fmt, dtype: mod.dequantize_torch(
-        raw, fmt, dtype) + 1)
+    monkeypatch.setattr(mod, "dequantize", lambda raw, fmt, dtype, tiles=None:
+                        mod.dequantize_torch(raw, fmt, dtype) + 1)
     assert mod.main(["--smoke", "--formats", "Q8_0", "--out-dir", str(tmp_path)]) == 1
     assert not list(tmp_path.glob("*.csv"))
