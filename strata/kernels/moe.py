@@ -127,7 +127,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     yk = torch.empty(T * K, D, dtype=torch.float32, device=dev)               # [T·K, D]
     tw = topk_weights.reshape(-1).float().contiguous()                        # [T·K]
     x = x.contiguous()
-    meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK)
+    meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, INTERP=INTERPRET)
     launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
     for mode, a, n_out, n_in, m1, m2, out, n_tiles in (
             (0, x, F, D, lay.gate, lay.up, h, n_gu),
@@ -138,7 +138,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
             out, out.stride(0), tw, scratch, n_out, n_in, n_tiles, tile.programs,
             MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
-            DOT_F32=INTERPRET, **meta, **launch)
+            **meta, **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
                 grp.sorted_ids, grp.block_expert, grp.n_assign, out, out.stride(0), tw, scratch,

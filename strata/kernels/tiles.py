@@ -99,7 +99,7 @@ def choose_tile(p: GemmProblem) -> TileConfig:
     return TileConfig(bm, bn, 64, warps, 3, "stream_k" if sk else "dp", p.n_sms)
 
 
-_PINNED: ContextVar[TileConfig | None] = ContextVar("strata_tile_pin", default=None)
+_PINNED: ContextVar[tuple | None] = ContextVar("strata_tile_pin", default=None)
 
 
 @contextlib.contextmanager
