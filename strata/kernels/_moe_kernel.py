@@ -121,6 +121,39 @@ def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, 
 
 
 @triton.jit
+def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
+          arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
+          n_out, n_in, MODE: tl.constexpr, TOPK: tl.constexpr, FMT1: tl.constexpr,
+          FMT2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+          INTERP: tl.constexpr):
+    """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
+    fp32 piece into scratch slot 2*pid + last."""
+    NB = tl.cdiv(n_out, BN)
+    KI = tl.cdiv(n_in, BK)
+    TWO: tl.constexpr = MODE == GATE_UP
+    NACC: tl.constexpr = 2 if MODE == GATE_UP else 1
+    mb = t // NB
+    nb = t % NB
+    e = tl.load(block_expert_ptr + mb)
+    blob = arena_ptr + tl.load(slot_ptr + e)                           # uint8* of expert e's blob
+    offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
+    offs_n = nb * BN + tl.arange(0, BN)
+    n_mask = offs_n < n_out
+    acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
+                      offs_n, n_mask, k_lo, k_hi, n_in, FMT1, FMT2, TWO, BM, BN, BK, INTERP)
+    if (k_lo == 0) & (k_hi == KI):
+        _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
+                  tw_ptr, INTERP)
+    else:
+        slot = 2 * pid + last
+        r = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]   # [BM, BN]
+        sp = scratch_ptr + slot.to(tl.int64) * (NACC * BM * BN) + r
+        tl.store(sp, acc1)
+        if TWO:
+            tl.store(sp + BM * BN, acc2)
+
+
+@triton.jit
 def _moe_gemm_kernel(
         a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
         arena_ptr, slot_ptr, off1, rb1, off2, rb2,
@@ -130,44 +163,28 @@ def _moe_gemm_kernel(
         FMT1: tl.constexpr, FMT2: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
     pid = tl.program_id(0)
-    NB = tl.cdiv(n_out, BN)
     KI = tl.cdiv(n_in, BK)
-    TWO: tl.constexpr = MODE == GATE_UP
-    NACC: tl.constexpr = 2 if MODE == GATE_UP else 1
     if SCHED == 0:
-        start = pid * KI
-        end = start + KI
+        # data-parallel: one tile, the whole reduction (no loop around it, so the K loop pipelines)
+        _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
+              arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
+              n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP)
     else:
         total = n_tiles * KI
         base = total // n_programs
         extra = total % n_programs
         start = pid * base + tl.minimum(pid, extra)
         end = start + base + (pid < extra).to(tl.int32)
-    it = start
-    while it < end:
-        t = it // KI
-        k_lo = it % KI
-        k_hi = tl.minimum(KI, k_lo + end - it)
-        mb = t // NB
-        nb = t % NB
-        e = tl.load(block_expert_ptr + mb)
-        blob = arena_ptr + tl.load(slot_ptr + e)                       # uint8* of expert e's blob
-        offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
-        offs_n = nb * BN + tl.arange(0, BN)
-        n_mask = offs_n < n_out
-        acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
-                          offs_n, n_mask, k_lo, k_hi, n_in, FMT1, FMT2, TWO, BM, BN, BK, INTERP)
-        if (k_lo == 0) & (k_hi == KI):
-            _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
-                      tw_ptr, INTERP)
-        else:
-            slot = 2 * pid + (it != start).to(tl.int32)
-            r = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # [BM, BN]
-            sp = scratch_ptr + slot.to(tl.int64) * (NACC * BM * BN) + r
-            tl.store(sp, acc1)
-            if TWO:
-                tl.store(sp + BM * BN, acc2)
-        it += k_hi - k_lo
+        it = start
+        while it < end:
+            k_lo = it % KI
+            k_hi = tl.minimum(KI, k_lo + end - it)
+            # slot 2p: this program's first piece; 2p+1: its last
+            _tile(it // KI, k_lo, k_hi, pid, (it != start).to(tl.int32), a_ptr, stride_a,
+                  sorted_ids_ptr, block_expert_ptr, n_assign, arena_ptr, slot_ptr, off1, rb1,
+                  off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, n_out, n_in, MODE, TOPK,
+                  FMT1, FMT2, BM, BN, BK, INTERP)
+            it += k_hi - k_lo
 
 
 @triton.jit

@@ -183,7 +183,7 @@ GPU_SHAPES = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("E,K,D,F", GPU_SHAPES)
-@pytest.mark.parametrize("T", [37, 512, 2048], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("T", [37, 2048], ids=lambda t: f"T{t}")
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_0"])
 @pytest.mark.parametrize("schedule", ["dp", "stream_k"])
 def test_moe_ffn_layer_shapes_gpu(E, K, D, F, T, fmt, schedule):
