@@ -31,6 +31,8 @@ except ImportError:  # pragma: no cover - exercised only before the formats bran
         return tl.zeros(mask.shape, tl.float32)  # unreachable: the launcher refuses non-BF16
 
 GGML_BF16: tl.constexpr = tl.constexpr(30)
+GGML_Q8_0: tl.constexpr = tl.constexpr(8)
+GGML_Q4_0: tl.constexpr = tl.constexpr(2)
 GATE_UP: tl.constexpr = tl.constexpr(0)
 DOWN: tl.constexpr = tl.constexpr(1)
 
@@ -50,12 +52,47 @@ def _bf16(x, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _decode_32(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
+    """Q8_0 / Q4_0 for a tile whose K range is whole 32-weight blocks (BK % 32 == 0, aligned):
+    the same values as decode_tile (same fp32 products d * q), but each block's fp16 scale is read
+    once per (row, block) and broadcast over its 32 weights instead of once per weight."""
+    BN: tl.constexpr = offs_n.shape[0]
+    BK: tl.constexpr = offs_k.shape[0]
+    NB: tl.constexpr = BK // 32
+    BB: tl.constexpr = 34 if FMT == GGML_Q8_0 else 18
+    kb = tl.reshape(offs_k, (NB, 32))                                     # [NB, 32]
+    blk = (offs_n.to(tl.int64)[:, None, None] * row_bytes
+           + ((kb >> 5) * BB)[None, :, :])                                # [BN, NB, 32]
+    m3 = tl.reshape(mask, (BN, NB, 32))
+    m_d = tl.max(m3.to(tl.int32), axis=2) > 0                            # [BN, NB] any weight used
+    kfirst = tl.min(kb, axis=1)                                          # [NB]
+    p_d = w_ptr + (offs_n.to(tl.int64)[:, None] * row_bytes
+                   + ((kfirst >> 5) * BB)[None, :])                      # [BN, NB] block start
+    lo = tl.load(p_d, mask=m_d, other=0).to(tl.uint16)
+    hi = tl.load(p_d + 1, mask=m_d, other=0).to(tl.uint16)
+    d = (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)    # [BN, NB]
+    j = (kb & 31)[None, :, :]                                            # [1, NB, 32]
+    if FMT == GGML_Q8_0:
+        q = tl.load(w_ptr + blk + 2 + j, mask=m3, other=0).to(tl.int8, bitcast=True)
+        w = q.to(tl.float32) * d[:, :, None]
+    else:
+        byte = tl.load(w_ptr + blk + 2 + (j & 15), mask=m3, other=0).to(tl.uint32)
+        q = (byte >> ((j >> 4) * 4)) & 15
+        w = d[:, :, None] * (q.to(tl.int32) - 8).to(tl.float32)
+    return tl.reshape(w, (BN, BK))
+
+
+@triton.jit
 def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, INTERP: tl.constexpr):
     """Weights [BN, BK] as bf16 for tl.dot: BF16 read as is, every other format decoded."""
     if FMT == GGML_BF16:
-        ptr = w_ptr + offs_n[:, None].to(tl.int64) * row_bytes + offs_k[None, :].to(tl.int64) * 2
-        raw = tl.load(ptr.to(tl.pointer_type(tl.uint16), bitcast=True), mask=mask, other=0)
-        w = raw.to(tl.bfloat16, bitcast=True)
+        # cast the scalar base, not a pointer tensor (triton 3.6's coalesce pass asserts on a
+        # tensor-of-pointers bitcast between element sizes); rows are 2-byte aligned
+        p16 = w_ptr.to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        idx = offs_n[:, None].to(tl.int64) * (row_bytes >> 1) + offs_k[None, :]
+        w = tl.load(p16 + idx, mask=mask, other=0.0)
+    elif ((FMT == GGML_Q8_0) | (FMT == GGML_Q4_0)) & (offs_k.shape[0] % 32 == 0):
+        w = _bf16(_decode_32(FMT, w_ptr, row_bytes, offs_n, offs_k, mask), INTERP)
     else:
         w = _bf16(decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask), INTERP)
     return w
@@ -125,7 +162,7 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
           arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
           n_out, n_in, MODE: tl.constexpr, TOPK: tl.constexpr, FMT1: tl.constexpr,
           FMT2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-          INTERP: tl.constexpr):
+          INTERP: tl.constexpr, SPLIT: tl.constexpr):
     """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
     fp32 piece into scratch slot 2*pid + last."""
     NB = tl.cdiv(n_out, BN)
@@ -135,13 +172,17 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
     mb = t // NB
     nb = t % NB
     e = tl.load(block_expert_ptr + mb)
-    blob = arena_ptr + tl.load(slot_ptr + e)                           # uint8* of expert e's blob
+    # blobs and their matrices start 256-byte aligned (strata.blob): say so, so loads vectorize
+    blob = arena_ptr + tl.multiple_of(tl.load(slot_ptr + e), 256)      # uint8* of expert e's blob
     offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
     offs_n = nb * BN + tl.arange(0, BN)
     n_mask = offs_n < n_out
     acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
                       offs_n, n_mask, k_lo, k_hi, n_in, FMT1, FMT2, TWO, BM, BN, BK, INTERP)
-    if (k_lo == 0) & (k_hi == KI):
+    if SPLIT == 0:
+        _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
+                  tw_ptr, INTERP)
+    elif (k_lo == 0) & (k_hi == KI):
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
                   tw_ptr, INTERP)
     else:
@@ -168,7 +209,7 @@ def _moe_gemm_kernel(
         # data-parallel: one tile, the whole reduction (no loop around it, so the K loop pipelines)
         _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
               arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
-              n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP)
+              n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP, 0)
     else:
         total = n_tiles * KI
         base = total // n_programs
@@ -183,7 +224,7 @@ def _moe_gemm_kernel(
             _tile(it // KI, k_lo, k_hi, pid, (it != start).to(tl.int32), a_ptr, stride_a,
                   sorted_ids_ptr, block_expert_ptr, n_assign, arena_ptr, slot_ptr, off1, rb1,
                   off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, n_out, n_in, MODE, TOPK,
-                  FMT1, FMT2, BM, BN, BK, INTERP)
+                  FMT1, FMT2, BM, BN, BK, INTERP, 1)
             it += k_hi - k_lo
 
 
