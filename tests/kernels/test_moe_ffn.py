@@ -65,6 +65,7 @@ CASES = [
     Case("mixed-bf16-q4-q8-sk", T=6, E=3, K=2, fmts=("BF16", "Q4_0", "Q8_0"),
          schedule="stream_k", programs=5),
     Case("q8-all", T=4, E=2, K=1, fmts=("Q8_0",)),
+    Case("q4-bk16-generic-decoder", T=4, E=2, K=1, fmts=("Q4_0",), BK=16),  # BK < a Q4_0 block
     Case("f16-all", T=4, E=2, K=1, fmts=("F16",)),
     Case("D-not-multiple-of-BN", T=4, E=3, K=2, D=96, F=64, BN=64, BK=64),
 ]
