@@ -103,7 +103,8 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     F = lay.d_expert
     E = experts.n_expert
     dev = x.device
-    tile = resolve_tile(GemmProblem(T, K, E, D, F, device_sms(dev)), schedule)
+    decoded = any(m.fmt.ggml_type != GGML_BF16 for m in lay.matrices)
+    tile = resolve_tile(GemmProblem(T, K, E, D, F, device_sms(dev), decoded), schedule)
     BM, BN, BK = tile.BLOCK_M, tile.BLOCK_N, tile.BLOCK_K
     if T * K == 0:
         _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]

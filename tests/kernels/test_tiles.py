@@ -22,12 +22,21 @@ def test_block_m_follows_rows_per_expert():
     assert small.BLOCK_M == 16 and big.BLOCK_M == 128
 
 
-def test_stream_k_only_for_a_partial_short_grid():
-    for T in (512, 2048, 8192, 32768):
-        p = GemmProblem(T, **QWEN)
-        cfg = choose_tile(p)
-        if T == 32768:
-            assert cfg.schedule == "dp"       # many waves: the tail is a small share
+def test_schedule_follows_the_wave_count():
+    # 32768 tokens: dozens of waves on 132 SMs, the partial last one is a small share -> dp
+    assert choose_tile(GemmProblem(32768, **QWEN)).schedule == "dp"
+    # 2 assignments -> 2 row blocks x 1 column tile on 5 SMs: a lone partial wave -> stream-k
+    tiny = GemmProblem(2, top_k=1, n_expert=4, d_model=64, d_expert=64, n_sms=5)
+    assert choose_tile(tiny).schedule == "stream_k"
+    # exactly full waves: nothing to balance
+    full = GemmProblem(16, top_k=1, n_expert=1, d_model=128, d_expert=128, n_sms=2)
+    assert choose_tile(full).schedule == "dp"
+
+
+def test_decoded_formats_take_narrower_tiles_when_tall():
+    p = GemmProblem(8192, **QWEN)
+    assert choose_tile(p).BLOCK_N == 128
+    assert choose_tile(GemmProblem(8192, **QWEN, decoded=True)).BLOCK_N == 64
 
 
 def test_pin_restores_previous_choice():
