@@ -6,7 +6,7 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
 - strata-dp / strata-sk: moe_ffn on the blobs (weights decoded inside the kernel).
 - grouped_mm-bf16: torch._grouped_mm on bf16 weights dequantized once, up front (the dense
   ceiling: it reads 2 bytes a weight).
-- decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.dequant), then
+- decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.expert_dequant), then
   torch._grouped_mm: what a framework without fused decode does each time.
 Every arm includes routing's grouping and the weighted sum over K.
 
@@ -40,7 +40,7 @@ import strata  # noqa: E402,F401  (selects the interpreter without CUDA)
 from strata.errors import StrataError  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route  # noqa: E402
-from strata.kernels.dequant import dequant_experts  # noqa: E402
+from strata.kernels.expert_dequant import dequant_experts  # noqa: E402
 from strata.kernels.moe import dequantize_matrix, last_launch  # noqa: E402
 from strata.kernels.routing import group_ragged  # noqa: E402
 from strata.kernels.synth import random_expert_set  # noqa: E402
@@ -69,21 +69,10 @@ def gpu_name() -> str:
 
 
 def supported(fmt: str) -> str | None:
-    """None when strata can both make (quantize) and decode-in-kernel this format, else why not."""
-    from strata.kernels import _moe_kernel
+    """None when moe_ffn decodes this format in the kernel, else why not."""
+    from strata.kernels.decode import TRITON_FORMATS
     name = get_format(fmt).name
-    if name == "BF16":
-        return None
-    try:
-        from strata.formats.codec import QUANTIZERS
-    except ImportError:
-        return "strata.formats has no quantizers in this build"
-    if name not in QUANTIZERS:
-        return f"no {name} quantizer in strata.formats yet"
-    src = Path(_moe_kernel.__file__).with_name("decode.py")
-    if not src.exists() or f"== {get_format(fmt).ggml_type}:" not in src.read_text():
-        return f"no in-kernel {name} decoder in strata.kernels.decode yet"
-    return None
+    return None if name in TRITON_FORMATS else f"no in-kernel {name} decoder yet"
 
 
 def timeit(fn, reps: int) -> float:

@@ -62,3 +62,27 @@ def quantize_q5_0(x: torch.Tensor) -> torch.Tensor:
     hi = (q >> 4) << torch.arange(8, dtype=torch.int32).repeat(4)       # bit j%8 of byte j/8
     qh = hi.reshape(-1, 4, 8).sum(dim=2)
     return torch.cat([f16_bytes(d), qh.to(torch.uint8), qs.to(torch.uint8)], dim=1)
+
+
+def dequantize_q2_0(blocks: torch.Tensor) -> torch.Tensor:
+    """Q2_0 [n, 18] (ggml type 42): fp16 d; qs[16], weight j at bits 2*(j%4) of byte j/4.
+    w = (q - 1) * d: the levels -d, 0, d, 2d."""
+    d = f16(blocks[:, :2])
+    return (bits(blocks[:, 2:], 2) - 1).to(torch.float32) * d
+
+
+def quantize_q2_0(x: torch.Tensor) -> torch.Tensor:
+    """ggml quantize_row_q2_0_ref: d = amax (fp32), id = 1/d (0 when d == 0),
+    q = clamp(roundf(x * id) + 1, 0, 3).
+
+    Where x * id is not finite (amax subnormal, so 1/d overflows) ggml's C is undefined; the stored
+    fp16 d is 0 there, every weight decodes to 0, and we store q = 1 (zero) for those weights.
+    """
+    d = x.abs().amax(dim=1, keepdim=True)
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    t = x * inv
+    q = torch.where(torch.isfinite(t), round_away(torch.nan_to_num(t, 0.0, 0.0, 0.0)) + 1,
+                    torch.ones_like(t))
+    q = q.clamp(0, 3).to(torch.int32).reshape(-1, 16, 4)
+    qs = q[..., 0] | (q[..., 1] << 2) | (q[..., 2] << 4) | (q[..., 3] << 6)
+    return torch.cat([f16_bytes(d), qs.to(torch.uint8)], dim=1)

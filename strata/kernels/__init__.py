@@ -3,10 +3,14 @@
 - moe_ffn / moe_ffn_torch: one layer's MoE feed-forward on quantized blobs (strata.kernels.moe)
 - routing: top-k and grouping by expert (strata.kernels.routing)
 - tiles: the expert GEMM's tile heuristic and `pin_tile` (strata.kernels.tiles)
+- dequantize / dequantize_torch: whole-matrix decode (strata.kernels.dequant); block decode
+  helpers live in strata.kernels.decode
 """
+from strata.kernels.dequant import dequantize, dequantize_torch
 from strata.kernels.moe import LaunchRecord, last_launch, moe_ffn, moe_ffn_torch
 from strata.kernels.routing import group_blocked, group_ragged, topk_route
 from strata.kernels.tiles import TileConfig, choose_tile, pin_tile
 
 __all__ = ["moe_ffn", "moe_ffn_torch", "last_launch", "LaunchRecord", "topk_route",
-           "group_blocked", "group_ragged", "TileConfig", "choose_tile", "pin_tile"]
+           "group_blocked", "group_ragged", "TileConfig", "choose_tile", "pin_tile",
+           "dequantize", "dequantize_torch"]

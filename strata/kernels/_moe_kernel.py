@@ -20,15 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-try:  # the block decoders (formats branch); BF16 needs none of them
-    from strata.kernels.decode import decode_tile
-    HAVE_DECODE = True
-except ImportError:  # pragma: no cover - exercised only before the formats branch is merged
-    HAVE_DECODE = False
-
-    @triton.jit
-    def decode_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
-        return tl.zeros(mask.shape, tl.float32)  # unreachable: the launcher refuses non-BF16
+from strata.kernels.decode import TRITON_FORMATS, decode_tile  # noqa: F401  (re-exported)
 
 GGML_BF16: tl.constexpr = tl.constexpr(30)
 GGML_Q8_0: tl.constexpr = tl.constexpr(8)
@@ -83,7 +75,8 @@ def _decode_32(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
 
 
 @triton.jit
-def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, INTERP: tl.constexpr):
+def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr,
+            INTERP: tl.constexpr):
     """Weights [BN, BK] as bf16 for tl.dot: BF16 read as is, every other format decoded."""
     if FMT == GGML_BF16:
         # cast the scalar base, not a pointer tensor (triton 3.6's coalesce pass asserts on a
@@ -94,7 +87,7 @@ def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, INTERP: t
     elif ((FMT == GGML_Q8_0) | (FMT == GGML_Q4_0)) & (offs_k.shape[0] % 32 == 0):
         w = _bf16(_decode_32(FMT, w_ptr, row_bytes, offs_n, offs_k, mask), INTERP)
     else:
-        w = _bf16(decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask), INTERP)
+        w = _bf16(decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr), INTERP)
     return w
 
 
@@ -125,7 +118,7 @@ def _tile_rows(MODE: tl.constexpr, sorted_ids_ptr, mb, n_assign, TOPK: tl.conste
 
 @triton.jit
 def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi,
-         n_in, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
+         n_in, tab_ptr, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
     """acc1 (and acc2 when TWO) [BM, BN] fp32 over reduction steps [k_lo, k_hi)."""
     acc1 = tl.zeros((BM, BN), tl.float32)
@@ -136,10 +129,10 @@ def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mas
         k_mask = offs_k < n_in
         a = tl.load(a_base + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         wmask = n_mask[:, None] & k_mask[None, :]                      # [BN, BK]
-        w1 = _w_tile(FMT1, w1_ptr, rb1, offs_n, offs_k, wmask, INTERP)
+        w1 = _w_tile(FMT1, w1_ptr, rb1, offs_n, offs_k, wmask, tab_ptr, INTERP)
         acc1 = _dot(a, w1, acc1, INTERP)
         if TWO:
-            w2 = _w_tile(FMT2, w2_ptr, rb2, offs_n, offs_k, wmask, INTERP)
+            w2 = _w_tile(FMT2, w2_ptr, rb2, offs_n, offs_k, wmask, tab_ptr, INTERP)
             acc2 = _dot(a, w2, acc2, INTERP)
     return acc1, acc2
 
@@ -160,7 +153,7 @@ def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, 
 @triton.jit
 def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
           arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
-          n_out, n_in, MODE: tl.constexpr, TOPK: tl.constexpr, FMT1: tl.constexpr,
+          tab_ptr, n_out, n_in, MODE: tl.constexpr, TOPK: tl.constexpr, FMT1: tl.constexpr,
           FMT2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
           INTERP: tl.constexpr, SPLIT: tl.constexpr):
     """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
@@ -178,7 +171,7 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
     offs_n = nb * BN + tl.arange(0, BN)
     n_mask = offs_n < n_out
     acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
-                      offs_n, n_mask, k_lo, k_hi, n_in, FMT1, FMT2, TWO, BM, BN, BK, INTERP)
+                      offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, FMT1, FMT2, TWO, BM, BN, BK, INTERP)
     if SPLIT == 0:
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
                   tw_ptr, INTERP)
@@ -198,7 +191,7 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
 def _moe_gemm_kernel(
         a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
         arena_ptr, slot_ptr, off1, rb1, off2, rb2,
-        out_ptr, stride_out, tw_ptr, scratch_ptr,
+        out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr,
         n_out, n_in, n_tiles, n_programs,
         MODE: tl.constexpr, SCHED: tl.constexpr, TOPK: tl.constexpr,
         FMT1: tl.constexpr, FMT2: tl.constexpr,
@@ -209,7 +202,7 @@ def _moe_gemm_kernel(
         # data-parallel: one tile, the whole reduction (no loop around it, so the K loop pipelines)
         _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
               arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
-              n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP, 0)
+              tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP, 0)
     else:
         total = n_tiles * KI
         base = total // n_programs
@@ -223,7 +216,8 @@ def _moe_gemm_kernel(
             # slot 2p: this program's first piece; 2p+1: its last
             _tile(it // KI, k_lo, k_hi, pid, (it != start).to(tl.int32), a_ptr, stride_a,
                   sorted_ids_ptr, block_expert_ptr, n_assign, arena_ptr, slot_ptr, off1, rb1,
-                  off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, n_out, n_in, MODE, TOPK,
+                  off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr, n_out, n_in, MODE,
+                  TOPK,
                   FMT1, FMT2, BM, BN, BK, INTERP, 1)
             it += k_hi - k_lo
 

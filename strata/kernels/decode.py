@@ -3,44 +3,105 @@
 Every helper is element-addressed, so any tile shape works (the expert GEMM's inner loop):
 
     decode_<fmt>(w_ptr, row_bytes, offs_n, offs_k, mask) -> fp32 [BN, BK]
-        w_ptr     uint8 pointer at the matrix's first byte (a GGUF [N, K] matrix, rows contiguous)
+        w_ptr     uint8 pointer at the matrix's first byte (a GGUF [N, K] matrix, rows contiguous),
+                  2-byte aligned (blob offsets are 256-aligned, GGUF tensor data 32-aligned)
         row_bytes bytes per row (K / block blocks of block_bytes; `Format.row_bytes(K)`)
         offs_n    [BN] row indices (output features)
         offs_k    [BK] weight indices along the row
         mask      [BN, BK] bool; masked-off elements return 0
-    decode_tile(FMT, ...) dispatches at compile time on FMT = `Format.ggml_type`.
+    decode_iq3_s takes one more argument, tab_ptr: the int32 IQ3_S grid on the device,
+        `strata.formats.tables.device_table("iq3s", device)`.
+    decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr=None) dispatches at compile
+        time on FMT = `Format.ggml_type`; only IQ3_S (21) needs tab_ptr.
 
 Values equal `strata.formats.dequantize` (and gguf-py) bit for bit: each helper forms the same fp32
-products in the same order as the torch reference beside it.
+products in the same order as the torch reference. Every product of scale and code is exact in
+fp32 (an fp16 significand times small integers), so FMA contraction cannot change a result.
 
-Addresses are int64 (N * row_bytes passes 2**31 on big experts). Block scales are fp16 at odd
-offsets (blocks of 34, 18, 22, 110, 210 bytes), so they are read as two bytes and bitcast; plain
-BF16/F16 rows are 2-byte aligned and read as 16-bit words. Block/lane splits use shifts and masks
-on constexpr block sizes, never integer division.
+Type ids, block sizes and block bytes come from the format table (strata.formats.table); the
+offsets of fields inside a block are the layout each helper's docstring spells out.
+
+Speed notes. Addresses are int64 (N * row_bytes passes 2**31 on big experts). Block sizes are
+constexpr powers of two, so block/lane splits are shifts and masks. fp16 scales are read with one
+16-bit load: every block with an fp16 field has an even size (34, 18, 22, 144, 210, 110 bytes), so
+with an even w_ptr each field is 2-byte aligned. IQ4_NL and MXFP4 look their 16 levels up in
+registers (packed constants built from `strata.formats.tables`), not in memory.
 """
 import triton
 import triton.language as tl
+
+from strata.formats.table import FORMATS
+from strata.formats.tables import KVALUES_IQ4NL, KVALUES_MXFP4
+
+
+def _signed32(v: int) -> int:
+    return v - (1 << 32) if v >= (1 << 31) else v
+
+
+def _pack_bytes(values) -> list[int]:
+    """Signed bytes, 4 per int32 word, lowest byte first."""
+    words = []
+    for i in range(0, len(values), 4):
+        words.append(_signed32(sum((v & 0xFF) << (8 * j) for j, v in enumerate(values[i:i + 4]))))
+    return words
+
+
+_IQ4NL_W = _pack_bytes(KVALUES_IQ4NL)
+IQ4NL_W0 = tl.constexpr(_IQ4NL_W[0])
+IQ4NL_W1 = tl.constexpr(_IQ4NL_W[1])
+IQ4NL_W2 = tl.constexpr(_IQ4NL_W[2])
+IQ4NL_W3 = tl.constexpr(_IQ4NL_W[3])
+
+# MXFP4 codes: bit 3 is the sign, bits 0-2 index 8 magnitudes (packed 4 bits each, < 16).
+assert all(KVALUES_MXFP4[8 + i] == -KVALUES_MXFP4[i] for i in range(8))
+assert all(0 <= v < 16 for v in KVALUES_MXFP4[:8])
+MXFP4_MAGS = tl.constexpr(_signed32(sum(v << (4 * i) for i, v in enumerate(KVALUES_MXFP4[:8]))))
+
+# the formats decode_tile decodes (ggml type ids below); everything else is a compile-time error
+TRITON_FORMATS = ("BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K",
+                  "IQ3_S")
+
+def _fmt(name: str):
+    """(ggml type id, log2 weights per block, bytes per block) of `name`, from the format table."""
+    f = FORMATS[name]
+    assert f.block & (f.block - 1) == 0, f"{name}: block size must be a power of two"
+    return (tl.constexpr(f.ggml_type), tl.constexpr(f.block.bit_length() - 1),
+            tl.constexpr(f.block_bytes))
+
+
+GGML_BF16, _, _ = _fmt("BF16")
+GGML_F16, _, _ = _fmt("F16")
+GGML_Q8_0, Q8_0_LOG2, Q8_0_BYTES = _fmt("Q8_0")
+GGML_Q4_0, Q4_0_LOG2, Q4_0_BYTES = _fmt("Q4_0")
+GGML_Q5_0, Q5_0_LOG2, Q5_0_BYTES = _fmt("Q5_0")
+GGML_IQ4_NL, IQ4_NL_LOG2, IQ4_NL_BYTES = _fmt("IQ4_NL")
+GGML_Q2_0, Q2_0_LOG2, Q2_0_BYTES = _fmt("Q2_0")
+GGML_MXFP4, MXFP4_LOG2, MXFP4_BYTES = _fmt("MXFP4")
+GGML_Q4_K, Q4_K_LOG2, Q4_K_BYTES = _fmt("Q4_K")
+GGML_Q6_K, Q6_K_LOG2, Q6_K_BYTES = _fmt("Q6_K")
+GGML_IQ3_S, IQ3_S_LOG2, IQ3_S_BYTES = _fmt("IQ3_S")
 
 
 # ---------------------------------------------------------------- shared pieces
 
 @triton.jit
-def _row_base(row_bytes, offs_n):
-    """[BN, 1] int64 byte offset of each row's start."""
-    return offs_n.to(tl.int64)[:, None] * row_bytes
+def _block_off(row_bytes, offs_n, offs_k, LOG2_QK: tl.constexpr, QB: tl.constexpr):
+    """[BN, BK] int64 byte offset of each element's block (blocks of 2**LOG2_QK weights, QB B)."""
+    kb = (offs_k >> LOG2_QK).to(tl.int64) * QB                            # [BK]
+    return offs_n.to(tl.int64)[:, None] * row_bytes + kb[None, :]
 
 
 @triton.jit
-def _ld_u8(p, mask):
-    return tl.load(p, mask=mask, other=0).to(tl.uint32)
+def _ld_u8(w_ptr, off, mask):
+    return tl.load(w_ptr + off, mask=mask, other=0).to(tl.int32)
 
 
 @triton.jit
-def _ld_f16(p, mask):
-    """fp32 value of the little-endian fp16 at byte pointer p (any alignment); 0 where masked."""
-    lo = tl.load(p, mask=mask, other=0).to(tl.uint16)
-    hi = tl.load(p + 1, mask=mask, other=0).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+def _ld_f16(w_ptr, off, mask):
+    """fp32 value of the fp16 at even byte offset `off`; 0 where masked. The scalar base is cast,
+    not a tensor of pointers (triton 3.6's coalesce pass can assert on the latter)."""
+    p = w_ptr.to(tl.pointer_type(tl.float16))
+    return tl.load(p + (off >> 1), mask=mask, other=0.0).to(tl.float32)
 
 
 # ---------------------------------------------------------------- plain formats
@@ -61,13 +122,13 @@ def decode_f16(w_ptr, row_bytes, offs_n, offs_k, mask):
     return tl.load(p + idx, mask=mask, other=0.0).to(tl.float32)
 
 
-# ---------------------------------------------------------------- 32-weight blocks
+# ---------------------------------------------------------------- 32- and 64-weight blocks
 
 @triton.jit
 def decode_q8_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q8_0 (34 B): fp16 d; int8 qs[32]. w = q * d."""
-    blk = _row_base(row_bytes, offs_n) + ((offs_k >> 5) * 34)[None, :]      # [BN, BK]
-    d = _ld_f16(w_ptr + blk, mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, Q8_0_LOG2, Q8_0_BYTES)  # [BN, BK]
+    d = _ld_f16(w_ptr, blk, mask)
     q = tl.load(w_ptr + blk + 2 + (offs_k & 31)[None, :], mask=mask, other=0)
     return q.to(tl.int8, bitcast=True).to(tl.float32) * d
 
@@ -76,25 +137,161 @@ def decode_q8_0(w_ptr, row_bytes, offs_n, offs_k, mask):
 def decode_q4_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q4_0 (18 B): fp16 d; qs[16], weight j in qs[j % 16] (low nibble j < 16). w = d * (q - 8)."""
     j = offs_k & 31
-    blk = _row_base(row_bytes, offs_n) + ((offs_k >> 5) * 18)[None, :]
-    d = _ld_f16(w_ptr + blk, mask)
-    byte = _ld_u8(w_ptr + blk + 2 + (j & 15)[None, :], mask)
+    blk = _block_off(row_bytes, offs_n, offs_k, Q4_0_LOG2, Q4_0_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    byte = _ld_u8(w_ptr, blk + 2 + (j & 15)[None, :], mask)
     q = (byte >> ((j >> 4) * 4)[None, :]) & 15
-    return d * (q.to(tl.int32) - 8).to(tl.float32)
+    return d * (q - 8).to(tl.float32)
+
+
+@triton.jit
+def decode_q5_0(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """Q5_0 (22 B): fp16 d; qh[4] (bit j = 5th bit of weight j); qs[16] as Q4_0. w = d*(q - 16)."""
+    j = offs_k & 31
+    blk = _block_off(row_bytes, offs_n, offs_k, Q5_0_LOG2, Q5_0_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    hb = _ld_u8(w_ptr, blk + 2 + (j >> 3)[None, :], mask)
+    lb = _ld_u8(w_ptr, blk + 6 + (j & 15)[None, :], mask)
+    q = ((lb >> ((j >> 4) * 4)[None, :]) & 15) | (((hb >> (j & 7)[None, :]) & 1) << 4)
+    return d * (q - 16).to(tl.float32)
+
+
+@triton.jit
+def _iq4nl_level(q):
+    """kvalues_iq4nl[q] for int32 q in [0, 16), from packed register constants."""
+    word = tl.where(q < 8, tl.where(q < 4, IQ4NL_W0, IQ4NL_W1),
+                    tl.where(q < 12, IQ4NL_W2, IQ4NL_W3))
+    return (word << (24 - 8 * (q & 3))) >> 24                           # sign-extend the byte
+
+
+@triton.jit
+def decode_iq4_nl(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """IQ4_NL (18 B): fp16 d; qs[16] nibbles as Q4_0 index kvalues_iq4nl. w = d * kv[q]."""
+    j = offs_k & 31
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ4_NL_LOG2, IQ4_NL_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    byte = _ld_u8(w_ptr, blk + 2 + (j & 15)[None, :], mask)
+    q = (byte >> ((j >> 4) * 4)[None, :]) & 15
+    return d * _iq4nl_level(q).to(tl.float32)
+
+
+@triton.jit
+def decode_q2_0(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """Q2_0 (18 B / 64 weights): fp16 d; weight j at bits 2*(j%4) of qs[j/4]. w = (q - 1) * d."""
+    j = offs_k & 63
+    blk = _block_off(row_bytes, offs_n, offs_k, Q2_0_LOG2, Q2_0_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    byte = _ld_u8(w_ptr, blk + 2 + (j >> 2)[None, :], mask)
+    q = (byte >> ((j & 3) * 2)[None, :]) & 3
+    return (q - 1).to(tl.float32) * d
+
+
+@triton.jit
+def decode_mxfp4(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """MXFP4 (17 B): e8m0 e; qs[16] nibbles as Q4_0 index the doubled e2m1 values.
+    w = d * kv[q], d = 2**(e - 128) built from bits (subnormal for e < 2, as ggml)."""
+    j = offs_k & 31
+    blk = _block_off(row_bytes, offs_n, offs_k, MXFP4_LOG2, MXFP4_BYTES)
+    e = _ld_u8(w_ptr, blk, mask)
+    d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+    byte = _ld_u8(w_ptr, blk + 1 + (j & 15)[None, :], mask)
+    q = (byte >> ((j >> 4) * 4)[None, :]) & 15
+    mag = (MXFP4_MAGS >> ((q & 7) * 4)) & 15
+    kv = tl.where(q >= 8, -mag, mag)                                    # int: code 8 is +0
+    return d * kv.to(tl.float32)
+
+
+# ---------------------------------------------------------------- 256-weight blocks
+
+@triton.jit
+def decode_q4_k(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """Q4_K (144 B): fp16 d, dmin; scales[12]; qs[128]. Sub-block s = w/32 takes nibble s%2 of
+    qs[32*(s/2) + w%32] and 6-bit (sc, m) from get_scale_min_k4. w = (d*sc)*q - dmin*m."""
+    w = offs_k & 255
+    s = w >> 5
+    blk = _block_off(row_bytes, offs_n, offs_k, Q4_K_LOG2, Q4_K_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    dmin = _ld_f16(w_ptr, blk + 2, mask)
+    sj = (s & 3)[None, :]
+    b_d = _ld_u8(w_ptr, blk + 4 + sj, mask)
+    b_m = _ld_u8(w_ptr, blk + 8 + sj, mask)
+    b_md = _ld_u8(w_ptr, blk + 12 + sj, mask)
+    first = (s < 4)[None, :]
+    sc = tl.where(first, b_d & 63, (b_md & 15) | ((b_d >> 6) << 4))
+    mn = tl.where(first, b_m & 63, (b_md >> 4) | ((b_m >> 6) << 4))
+    byte = _ld_u8(w_ptr, blk + 16 + ((s >> 1) * 32 + (w & 31))[None, :], mask)
+    q = (byte >> ((s & 1) * 4)[None, :]) & 15
+    return (d * sc.to(tl.float32)) * q.to(tl.float32) - dmin * mn.to(tl.float32)
+
+
+@triton.jit
+def decode_q6_k(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """Q6_K (210 B): ql[128]; qh[64]; int8 scales[16]; fp16 d. h = w/128, r = w%128:
+    q = ql[64h + r%64] >> 4*(r/64) & 15 | (qh[32h + r%32] >> 2*(r/32) & 3) << 4.
+    w = (d * scale[w/16]) * (q - 32)."""
+    w = offs_k & 255
+    h = w >> 7
+    r = w & 127
+    blk = _block_off(row_bytes, offs_n, offs_k, Q6_K_LOG2, Q6_K_BYTES)
+    d = _ld_f16(w_ptr, blk + 208, mask)
+    sc = tl.load(w_ptr + blk + 192 + (w >> 4)[None, :], mask=mask, other=0)
+    sc = sc.to(tl.int8, bitcast=True)
+    lb = _ld_u8(w_ptr, blk + (h * 64 + (r & 63))[None, :], mask)
+    hb = _ld_u8(w_ptr, blk + 128 + (h * 32 + (r & 31))[None, :], mask)
+    q = ((lb >> ((r >> 6) * 4)[None, :]) & 15) | (((hb >> ((r >> 5) * 2)[None, :]) & 3) << 4)
+    return (d * sc.to(tl.float32)) * (q - 32).to(tl.float32)
+
+
+@triton.jit
+def decode_iq3_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
+    """IQ3_S (110 B): fp16 d; qs[64]; qh[8]; signs[32]; scales[4]; tab_ptr: int32 grid [512].
+    Grid point g = w/4: index qs[g] | (bit g of qh) << 8, magnitude byte w%4 of the grid word;
+    sign bit w of signs; scale nibble w/32 of scales (low first). w = (d*(1+2*sc)) * mag * +-1."""
+    w = offs_k & 255
+    g = w >> 2
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ3_S_LOG2, IQ3_S_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    lo = _ld_u8(w_ptr, blk + 2 + g[None, :], mask)
+    hb = _ld_u8(w_ptr, blk + 66 + (g >> 3)[None, :], mask)
+    idx = lo | (((hb >> (g & 7)[None, :]) & 1) << 8)
+    word = tl.load(tab_ptr + idx, mask=mask, other=0)
+    mag = (word >> ((w & 3) * 8)[None, :]) & 255
+    sb = _ld_u8(w_ptr, blk + 74 + (w >> 3)[None, :], mask)
+    neg = ((sb >> (w & 7)[None, :]) & 1) != 0
+    scb = _ld_u8(w_ptr, blk + 106 + (w >> 6)[None, :], mask)
+    sc = (scb >> (((w >> 5) & 1) * 4)[None, :]) & 15
+    v = (d * (1 + 2 * sc).to(tl.float32)) * mag.to(tl.float32)
+    # flip the sign bit, as ggml's * -1.0f: Triton's -v is 0 - v, which turns -0 into +0
+    return (v.to(tl.uint32, bitcast=True) ^ (neg.to(tl.uint32) << 31)).to(tl.float32, bitcast=True)
 
 
 # ---------------------------------------------------------------- dispatch
 
 @triton.jit
-def decode_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
+def decode_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr=None):
     """decode_<fmt> chosen at compile time by FMT = the format's ggml type id."""
-    if FMT == 30:
+    if FMT == GGML_BF16:
         return decode_bf16(w_ptr, row_bytes, offs_n, offs_k, mask)
-    elif FMT == 1:
+    elif FMT == GGML_F16:
         return decode_f16(w_ptr, row_bytes, offs_n, offs_k, mask)
-    elif FMT == 8:
+    elif FMT == GGML_Q8_0:
         return decode_q8_0(w_ptr, row_bytes, offs_n, offs_k, mask)
-    elif FMT == 2:
+    elif FMT == GGML_Q4_0:
         return decode_q4_0(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q5_0:
+        return decode_q5_0(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_IQ4_NL:
+        return decode_iq4_nl(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q2_0:
+        return decode_q2_0(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_MXFP4:
+        return decode_mxfp4(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q4_K:
+        return decode_q4_k(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q6_K:
+        return decode_q6_k(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_IQ3_S:
+        tl.static_assert(tab_ptr is not None, "IQ3_S needs tab_ptr: the device IQ3_S grid")
+        return decode_iq3_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
     else:
         tl.static_assert(False, "decode_tile: no Triton decoder for this ggml type")

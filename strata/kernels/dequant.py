@@ -1,60 +1,116 @@
-"""Decode whole expert matrices to bf16 (the "decode, then a dense grouped GEMM" baseline).
+"""Whole-matrix dequantize on the device: the baseline "decode, then cuBLAS" path.
 
-Legend: E experts, R rows (output features), C columns (inputs) of one matrix.
+    Y = decode(raw, fmt)      raw uint8 [..., R] -> Y out_dtype [..., R / block_bytes * block]
 
-    out[e] = bf16(decode(blob_e.matrix))      for every e with counts[e] > 0; others untouched
-
-`dequant_experts` (Triton, no device sync: idle experts exit early on the device) and
-`dequant_experts_torch` share one signature.
+`dequantize` is a Triton launcher over `decode_tile`; `dequantize_torch` (same signature) is the
+reference, `strata.formats.dequantize` cast to `out_dtype`. fp32 results are bit-exact; bf16/fp16
+results are the fp32 values rounded to nearest even, exactly as torch's cast does.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from strata._backend import INTERPRET
-from strata.experts import ExpertSet
-from strata.kernels._moe_kernel import _bf16, _w_tile
+from strata.errors import StrataError
+from strata.formats import dequantize as formats_dequantize
+from strata.formats import get_format
+from strata.formats.table import Format
+from strata.formats.tables import device_table
+from strata.kernels.decode import TRITON_FORMATS, decode_tile
+
+# out dtype -> the kernel's OUT code (0 fp32, 1 bf16, 2 fp16)
+OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+@dataclass(frozen=True)
+class DequantTiles:
+    """Tile of one program: BN rows x BK weights."""
+    bn: int
+    bk: int
+    num_warps: int = 4
+
+
+def dequant_tiles(fmt: Format, n: int, k: int) -> DequantTiles:
+    """4096 weights per program, up to 512 along the row (two 256-blocks). A first guess, not a
+    sweep: benchmarks/dequant_bench.py measures it against the device copy rate."""
+    bk = min(512, triton.next_power_of_2(k))
+    return DequantTiles(bn=max(1, 4096 // bk), bk=bk)
 
 
 @triton.jit
-def _dequant_fwd_kernel(arena_ptr, slot_ptr, counts_ptr, mat_off, row_bytes, out_ptr, R, C,
-                        FMT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                        INTERP: tl.constexpr):
-    e = tl.program_id(0)
-    if tl.load(counts_ptr + e) > 0:
-        offs_n = tl.program_id(1) * BN + tl.arange(0, BN)               # [BN]
-        offs_k = tl.program_id(2) * BK + tl.arange(0, BK)               # [BK]
-        mask = (offs_n < R)[:, None] & (offs_k < C)[None, :]
-        w_ptr = arena_ptr + tl.load(slot_ptr + e) + mat_off
-        w = _w_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, INTERP)  # [BN, BK] bf16
-        dst = out_ptr + e.to(tl.int64) * R * C + offs_n[:, None].to(tl.int64) * C + offs_k[None, :]
-        tl.store(dst, w, mask=mask)
+def _to_out(v, OUT: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 -> the output dtype, round to nearest even (the GPU's cvt). The interpreter's bf16
+    cast truncates, so there bf16 is rounded on the bits (NaN kept a NaN)."""
+    if OUT == 0:
+        return v
+    elif OUT == 2:
+        return v.to(tl.float16)
+    elif INTERP:
+        u = v.to(tl.uint32, bitcast=True)
+        u = tl.where(v != v, u | 0x00400000, u + 0x7FFF + ((u >> 16) & 1))
+        return (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return v.to(tl.bfloat16)
 
 
-def dequant_experts(experts: ExpertSet, name: str, counts: torch.Tensor, *,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """Matrix `name` of every expert with counts[e] > 0, as bf16 [E, R, C] (see module doc)."""
-    mat = getattr(experts.layout, name)
-    E = experts.n_expert
-    if out is None:
-        out = torch.empty(E, mat.rows, mat.cols, dtype=torch.bfloat16, device=experts.device)
-    BN, BK = 64, 64
-    grid = (E, triton.cdiv(mat.rows, BN), triton.cdiv(mat.cols, BK))
-    _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, counts, mat.offset,
-                              mat.row_bytes, out, mat.rows, mat.cols, FMT=mat.fmt.ggml_type,
-                              BN=BN, BK=BK, INTERP=INTERPRET)
-    return out
+@triton.jit
+def _dequant_kernel(w_ptr, out_ptr, tab_ptr, N, K, row_bytes, FMT: tl.constexpr,
+                    OUT: tl.constexpr, INTERP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)                     # [BN]
+    offs_k = tl.program_id(1) * BK + tl.arange(0, BK)                     # [BK]
+    mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]                  # [BN, BK]
+    v = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)  # fp32 [BN, BK]
+    o = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
+    tl.store(out_ptr + o, _to_out(v, OUT, INTERP), mask=mask)
 
 
-def dequant_experts_torch(experts: ExpertSet, name: str, counts: torch.Tensor, *,
-                          out: torch.Tensor | None = None) -> torch.Tensor:
-    from strata.kernels.moe import dequantize_matrix
-    mat = getattr(experts.layout, name)
-    if out is None:
-        out = torch.empty(experts.n_expert, mat.rows, mat.cols, dtype=torch.bfloat16,
-                          device=experts.device)
-    for e in torch.nonzero(counts > 0).flatten().tolist():
-        out[e] = dequantize_matrix(experts, e, name).to(torch.bfloat16)
-    return out
+def _check(raw, qtype, out_dtype) -> tuple[Format, torch.Tensor]:
+    fmt = get_format(qtype)
+    if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
+        got = raw.dtype if isinstance(raw, torch.Tensor) else type(raw).__name__
+        raise StrataError(f"dequantize takes a uint8 torch tensor of ggml blocks, got {got}")
+    if fmt.name not in TRITON_FORMATS:
+        raise StrataError(f"no Triton decoder for {fmt.name}; strata.kernels.dequantize reads "
+                          f"{', '.join(TRITON_FORMATS)}")
+    if out_dtype not in OUT_DTYPES:
+        raise StrataError(f"out_dtype must be one of {', '.join(map(str, OUT_DTYPES))}, "
+                          f"got {out_dtype}")
+    if raw.dim() == 0 or raw.shape[-1] % fmt.block_bytes:
+        nbytes = raw.shape[-1] if raw.dim() else 0
+        raise StrataError(f"{fmt.name} rows are whole {fmt.block_bytes}-byte blocks, but the last "
+                          f"dimension holds {nbytes} bytes; pass the raw bytes of whole rows")
+    return fmt, raw
+
+
+def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode ggml blocks raw [..., R] (uint8, any device Triton runs on) to out_dtype [..., K]."""
+    fmt, raw = _check(raw, qtype, out_dtype)
+    row_bytes = raw.shape[-1]
+    k = row_bytes // fmt.block_bytes * fmt.block
+    lead = raw.shape[:-1]
+    raw = raw.contiguous().reshape(-1, row_bytes)
+    n = raw.shape[0]
+    out = torch.empty((n, k), dtype=out_dtype, device=raw.device)
+    if n == 0 or k == 0:
+        return out.reshape(*lead, k)
+    if fmt.block_bytes % 2 == 0 and raw.data_ptr() % 2:
+        # fp16 fields are read as aligned 16-bit words (see decode.py)
+        raise StrataError(f"{fmt.name} blocks must start at an even address; pass a tensor "
+                          f"whose storage starts at the matrix (e.g. raw.clone())")
+    t = dequant_tiles(fmt, n, k)
+    grid = (triton.cdiv(n, t.bn), triton.cdiv(k, t.bk))
+    _dequant_kernel[grid](raw, out, device_table("iq3s", raw.device), n, k, row_bytes,
+                          fmt.ggml_type, OUT_DTYPES[out_dtype], INTERPRET, t.bn, t.bk,
+                          num_warps=t.num_warps)
+    return out.reshape(*lead, k)
+
+
+def dequantize_torch(raw: torch.Tensor, qtype,
+                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Reference for `dequantize`: the torch decoder, then a round-to-nearest-even cast."""
+    fmt, raw = _check(raw, qtype, out_dtype)
+    return formats_dequantize(raw, fmt).to(out_dtype)

@@ -24,6 +24,7 @@ import torch
 from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.experts import ExpertSet
+from strata.formats.tables import device_table
 from strata.kernels import _moe_kernel as _k
 from strata.kernels.routing import check_topk_ids, group_blocked
 from strata.kernels.tiles import GemmProblem, TileConfig, device_sms, resolve_tile
@@ -80,11 +81,10 @@ def _check_inputs(x, topk_ids, topk_weights, experts: ExpertSet):
 
 
 def _check_decoders(lay):
-    if not _k.HAVE_DECODE:
-        need = [m.fmt.name for m in lay.matrices if m.fmt.ggml_type != GGML_BF16]
-        if need:
-            raise StrataError(f"formats {need} need the in-kernel block decoders "
-                              f"(strata.kernels.decode), which this build lacks; use BF16")
+    need = [m.fmt.name for m in lay.matrices if m.fmt.name not in _k.TRITON_FORMATS]
+    if need:
+        raise StrataError(f"no in-kernel decoder for {sorted(set(need))}; moe_ffn reads "
+                          f"{', '.join(_k.TRITON_FORMATS)}")
 
 
 def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -128,6 +128,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     yk = torch.empty(T * K, D, dtype=torch.float32, device=dev)               # [T·K, D]
     tw = topk_weights.reshape(-1).float().contiguous()                        # [T·K]
     x = x.contiguous()
+    tab = device_table("iq3s", dev)  # IQ3_S's grid; read only by IQ3_S matrices
     meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, INTERP=INTERPRET)
     launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
     for mode, a, n_out, n_in, m1, m2, out, n_tiles in (
@@ -137,7 +138,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
         _k._moe_gemm_kernel[grid](
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
-            out, out.stride(0), tw, scratch, n_out, n_in, n_tiles, tile.programs,
+            out, out.stride(0), tw, scratch, tab, n_out, n_in, n_tiles, tile.programs,
             MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
             **meta, **launch)
         if sk:

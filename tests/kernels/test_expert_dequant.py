@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from strata.kernels.dequant import dequant_experts, dequant_experts_torch
+from strata.kernels.expert_dequant import dequant_experts, dequant_experts_torch
 from strata.kernels.synth import random_expert_set
 
 

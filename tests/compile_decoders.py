@@ -1,0 +1,53 @@
+"""Compile the decode kernels for sm_90 (H200) without a GPU: `python compile_decoders.py Q4_K ...`.
+
+Per format: the test-only window kernel and strata.kernels.dequantize's kernel (fp32, bf16, fp16).
+
+Run by tests/test_decode.py in a process with TRITON_INTERPRET=0; exits 1 naming any format that
+fails to compile.
+"""
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from strata.formats import get_format
+from strata.kernels import dequant
+import test_decode
+
+SIG = {"w_ptr": "*u8", "out_ptr": "*fp32", "tab_ptr": "*i32", "N": "i32", "K": "i32",
+       "row_bytes": "i64", "row0": "i32", "k0": "i32",
+       "FMT": "constexpr", "BN": "constexpr", "BK": "constexpr"}
+DEQUANT_SIG = {"w_ptr": "*u8", "out_ptr": "*fp32", "tab_ptr": "*i32", "N": "i32", "K": "i32",
+               "row_bytes": "i64", "FMT": "constexpr", "OUT": "constexpr", "INTERP": "constexpr",
+               "BN": "constexpr", "BK": "constexpr"}
+OUT_PTR = {0: "*fp32", 1: "*bf16", 2: "*fp16"}
+
+
+def sources(name):
+    fmt = get_format(name).ggml_type
+    yield "window", ASTSource(fn=test_decode._decode_window_kernel, signature=SIG,
+                              constexprs={"FMT": fmt, "BN": 64, "BK": 128})
+    for out, ptr in OUT_PTR.items():
+        sig = dict(DEQUANT_SIG, out_ptr=ptr)
+        yield f"dequant-out{out}", ASTSource(
+            fn=dequant._dequant_kernel, signature=sig,
+            constexprs={"FMT": fmt, "OUT": out, "INTERP": False, "BN": 8, "BK": 512})
+
+
+def main(names) -> int:
+    failed = []
+    for name in names:
+        for what, src in sources(name):
+            try:
+                triton.compile(src, target=GPUTarget("cuda", 90, 32))
+            except Exception as e:  # report every format, then fail
+                failed.append(f"{name} {what}")
+                print(f"{name} {what}: {type(e).__name__}: {e}", file=sys.stderr)
+    if failed:
+        print("failed to compile for sm_90:", ", ".join(failed), file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
