@@ -5,7 +5,8 @@ Bounds, per compute dtype (never loosened to pass; a miss is a bug to find):
 - BF16_REL: BF16 weights. The kernel rounds h = silu(gate x) * up x to bf16 (the down GEMM's
   tensor-core input) and y to bf16; each rounding is <= 2^-9 relative (rms ~1.1e-3), and the
   reference keeps h in fp32. Observed ~2.3e-3 on the tiny shapes.
-- DECODED_REL: any decoded block format. Decoded weights (an fp16 scale times a small integer,
+- DECODED_REL: any decoded block format (decode-only formats such as Q4_K / IQ3_S get random
+  valid blocks from strata.kernels.synth.random_blocks). Decoded weights (an fp16 scale times a small integer,
   up to 18 significant bits) are rounded to bf16 for the tensor cores: one more 2^-9 rounding per
   weight on top of the BF16 case. Observed ~4e-3.
 """
@@ -67,6 +68,10 @@ CASES = [
     Case("q8-all", T=4, E=2, K=1, fmts=("Q8_0",)),
     Case("q4-bk16-generic-decoder", T=4, E=2, K=1, fmts=("Q4_0",), BK=16),  # BK < a Q4_0 block
     Case("f16-all", T=4, E=2, K=1, fmts=("F16",)),
+    Case("kquant-iquant-mixed-q4k-iq3s-q2", T=4, E=3, K=2, D=256, F=256,   # 256-weight blocks
+         fmts=("Q4_K", "IQ3_S", "Q2_0"), BN=32, BK=64),
+    Case("q6k-sk", T=3, E=2, K=1, D=256, F=256, fmts=("Q6_K",), schedule="stream_k",
+         programs=3, BN=32, BK=64),
     Case("D-not-multiple-of-BN", T=4, E=3, K=2, D=96, F=64, BN=64, BK=64),
 ]
 
