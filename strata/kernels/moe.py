@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from strata._backend import INTERPRET
+from strata.blob import ALIGN
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.formats.tables import device_table
@@ -78,6 +79,9 @@ def _check_inputs(x, topk_ids, topk_weights, experts: ExpertSet):
         raise StrataError(f"moe_ffn inputs must live on one device, got {sorted(map(str, devs))}")
     if experts.arena.dtype != torch.uint8 or experts.slot_offset.dtype != torch.int64:
         raise StrataError("ExpertSet must hold a uint8 arena and an int64 slot_offset")
+    if experts.arena.is_cuda and experts.arena.data_ptr() % ALIGN:  # (the interpreter ignores it)
+        raise StrataError(f"the ExpertSet arena must start {ALIGN}-byte aligned (got address "
+                          f"{experts.arena.data_ptr():#x}); pass the whole buffer, not an odd view")
 
 
 def _check_decoders(lay):

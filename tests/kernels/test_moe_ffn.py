@@ -160,6 +160,25 @@ def test_absent_expert_is_a_clear_error():
     assert rel_err(y, moe_ffn_torch(x, ok, w, experts)) < BF16_REL
 
 
+def test_misaligned_blobs_are_refused():
+    """The kernel tells the compiler blobs are 256-byte aligned (vector loads); a slot table or an
+    arena that breaks that must be an error, not silently wrong loads on the GPU."""
+    experts = random_expert_set(2, 64, 32, "BF16")
+    x = torch.randn(2, 64).bfloat16()
+    ids, w = torch.tensor([[0], [1]]), torch.ones(2, 1)
+    shifted = type(experts)(experts.arena, experts.slot_offset + 2, experts.layout)
+    with pytest.raises(StrataError, match="not a multiple of 256"):
+        moe_ffn(x, ids, w, shifted)
+    if not torch.cuda.is_available():
+        return  # the arena's own address matters only to compiled kernels
+    experts = random_expert_set(2, 64, 32, "BF16", device="cuda")
+    x, ids, w = x.cuda(), ids.cuda(), w.cuda()
+    buf = torch.zeros(experts.arena.numel() + 256, dtype=torch.uint8, device="cuda")
+    view = buf[2:2 + experts.arena.numel()]
+    with pytest.raises(StrataError, match="arena must start 256-byte aligned"):
+        moe_ffn(x, ids, w, type(experts)(view, experts.slot_offset, experts.layout))
+
+
 def test_bad_inputs_are_clear():
     experts = random_expert_set(2, 64, 32, "BF16")
     ids = torch.zeros(3, 1, dtype=torch.int64)
