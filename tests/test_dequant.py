@@ -19,6 +19,17 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
     assert_decoded_equal(got.float(), want.float(), name)  # widening is exact; bits compared
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_dequantize_runs_path(name):
+    # the decode_tile_runs launch gives the same bits; BK 64 puts several tiles on a row
+    fmt = get_format(name)
+    k = 64 if fmt.block == 1 else 2 * max(fmt.block, 256)
+    raw = random_matrix(fmt, 5, k, seed=8)
+    tiles = DequantTiles(bn=4, bk=64, runs=True)
+    got = dequantize(raw, name, torch.bfloat16, tiles=tiles)
+    assert_same(got, dequantize_torch(raw, name, torch.bfloat16, tiles=tiles), name)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", FORMATS)
 def test_dequantize_matches_torch(name, dtype):
@@ -73,6 +84,9 @@ def test_dequantize_errors():
 def test_dequantize_gpu(name, dtype):
     fmt = get_format(name)
     raw = random_matrix(fmt, 1531, 3072, seed=2).cuda()
-    got = dequantize(raw, name, DTYPES[dtype])
-    assert_same(got.cpu(), dequantize_torch(raw.cpu(), name, DTYPES[dtype]), name)
-    assert_same(got, dequantize_torch(raw, name, DTYPES[dtype]), name)  # the torch path on CUDA too
+    want = dequantize_torch(raw.cpu(), name, DTYPES[dtype])
+    for runs in (False, True):
+        tiles = DequantTiles(bn=8, bk=512, runs=runs)
+        got = dequantize(raw, name, DTYPES[dtype], tiles=tiles)
+        assert_same(got.cpu(), want, name)
+    assert_same(dequantize_torch(raw, name, DTYPES[dtype]).cpu(), want, name)  # torch on CUDA
