@@ -20,11 +20,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from strata.kernels.decode import TRITON_FORMATS, decode_tile  # noqa: F401  (re-exported)
+from strata.kernels.decode import TRITON_FORMATS, decode_tile, decode_tile_runs  # noqa: F401
 
 GGML_BF16: tl.constexpr = tl.constexpr(30)
-GGML_Q8_0: tl.constexpr = tl.constexpr(8)
-GGML_Q4_0: tl.constexpr = tl.constexpr(2)
 GATE_UP: tl.constexpr = tl.constexpr(0)
 DOWN: tl.constexpr = tl.constexpr(1)
 
@@ -44,37 +42,6 @@ def _bf16(x, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _decode_32(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
-    """Q8_0 / Q4_0 for a tile whose K range is whole 32-weight blocks (BK % 32 == 0, aligned):
-    the same values as decode_tile (same fp32 products d * q), but each block's fp16 scale is read
-    once per (row, block) and broadcast over its 32 weights instead of once per weight."""
-    BN: tl.constexpr = offs_n.shape[0]
-    BK: tl.constexpr = offs_k.shape[0]
-    NB: tl.constexpr = BK // 32
-    BB: tl.constexpr = 34 if FMT == GGML_Q8_0 else 18
-    kb = tl.reshape(offs_k, (NB, 32))                                     # [NB, 32]
-    blk = (offs_n.to(tl.int64)[:, None, None] * row_bytes
-           + ((kb >> 5) * BB)[None, :, :])                                # [BN, NB, 32]
-    m3 = tl.reshape(mask, (BN, NB, 32))
-    m_d = tl.max(m3.to(tl.int32), axis=2) > 0                            # [BN, NB] any weight used
-    kfirst = tl.min(kb, axis=1)                                          # [NB]
-    p_d = w_ptr + (offs_n.to(tl.int64)[:, None] * row_bytes
-                   + ((kfirst >> 5) * BB)[None, :])                      # [BN, NB] block start
-    lo = tl.load(p_d, mask=m_d, other=0).to(tl.uint16)
-    hi = tl.load(p_d + 1, mask=m_d, other=0).to(tl.uint16)
-    d = (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)    # [BN, NB]
-    j = (kb & 31)[None, :, :]                                            # [1, NB, 32]
-    if FMT == GGML_Q8_0:
-        q = tl.load(w_ptr + blk + 2 + j, mask=m3, other=0).to(tl.int8, bitcast=True)
-        w = q.to(tl.float32) * d[:, :, None]
-    else:
-        byte = tl.load(w_ptr + blk + 2 + (j & 15), mask=m3, other=0).to(tl.uint32)
-        q = (byte >> ((j >> 4) * 4)) & 15
-        w = d[:, :, None] * (q.to(tl.int32) - 8).to(tl.float32)
-    return tl.reshape(w, (BN, BK))
-
-
-@triton.jit
 def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr,
             INTERP: tl.constexpr):
     """Weights [BN, BK] as bf16 for tl.dot: BF16 read as is, every other format decoded."""
@@ -84,8 +51,9 @@ def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr,
         p16 = w_ptr.to(tl.pointer_type(tl.bfloat16), bitcast=True)
         idx = offs_n[:, None].to(tl.int64) * (row_bytes >> 1) + offs_k[None, :]
         w = tl.load(p16 + idx, mask=mask, other=0.0)
-    elif ((FMT == GGML_Q8_0) | (FMT == GGML_Q4_0)) & (offs_k.shape[0] % 32 == 0):
-        w = _bf16(_decode_32(FMT, w_ptr, row_bytes, offs_n, offs_k, mask), INTERP)
+    elif offs_k.shape[0] % 32 == 0:
+        # whole aligned runs of 32 (K loop steps are multiples of BK): scales read once per run
+        w = _bf16(decode_tile_runs(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr), INTERP)
     else:
         w = _bf16(decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr), INTERP)
     return w
