@@ -12,24 +12,21 @@ Every arm includes routing's grouping and the weighted sum over K.
 
 Figure: TFLOP/s of the whole feed-forward, counting 2·T·K·3·D·F, from the median of CUDA-event
 timings. Each figure is bounded by grouped_mm-bf16 on the same shape (the `bound` column holds
-its TFLOP/s and the ratio row says how close). Nothing is reported for a configuration whose
-correctness check against moe_ffn_torch fails; the script then exits 1.
+its TFLOP/s and the ratio row says how close). Follows strata.bench: every arm is checked against
+moe_ffn_torch on the very inputs it is timed on (normalized error under BF16_REL / DECODED_REL);
+a failure refuses the whole run (exit 1, nothing written). The CSV is strata.bench's long format
+(config: shape, T, format, arm), written as `<stem>.partial.csv` after every configuration so a
+cut run keeps some; `--base REF` adds the same run at a git ref.
 
     python experiments/kernel_bench.py             # full grid (GPU, writes CSV + PNG)
     python experiments/kernel_bench.py --quick     # T in {512, 2048}, BF16/Q8_0/Q4_0
     python experiments/kernel_bench.py --smoke     # tiny shapes, runs on the CPU
     python experiments/kernel_bench.py --sweep     # time a few pinned tiles (heuristic tuning)
+    python experiments/kernel_bench.py --quick --base main   # the working tree against main
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import datetime as dt
-import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -37,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strata  # noqa: E402,F401  (selects the interpreter without CUDA)
+from strata import bench  # noqa: E402
 from strata.errors import StrataError  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route  # noqa: E402
@@ -56,18 +54,6 @@ FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
-    except Exception:
-        return os.environ.get("STRATA_COMMIT", "unknown")
-
-
-def gpu_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-interpreter"
-
-
 def supported(fmt: str) -> str | None:
     """None when moe_ffn decodes this format in the kernel, else why not."""
     from strata.kernels.decode import TRITON_FORMATS
@@ -76,23 +62,8 @@ def supported(fmt: str) -> str | None:
 
 
 def timeit(fn, reps: int) -> float:
-    """Median seconds of `reps` calls after 2 warm-ups (CUDA events on the GPU)."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        if torch.cuda.is_available():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of `reps` calls after 2 warm-ups (strata.bench: CUDA events on the GPU)."""
+    return bench.time_fn(fn, warmup=2, repeats=reps).median_s
 
 
 def grouped_mm_ffn(x, topk_ids, topk_weights, w_gate, w_up, w_down):
@@ -139,56 +110,23 @@ def rel_err(y, ref):
     return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on the CPU")
-    ap.add_argument("--quick", action="store_true", help="T in {512, 2048}, BF16/Q8_0/Q4_0")
-    ap.add_argument("--sweep", action="store_true", help="time pinned tiles instead of the grid")
-    ap.add_argument("--shapes", nargs="*", default=None)
-    ap.add_argument("--T", nargs="*", type=int, default=None)
-    ap.add_argument("--formats", nargs="*", default=None)
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    ap.add_argument("--plot-only", metavar="CSV", help="redraw the PNG of an earlier run's CSV")
-    args = ap.parse_args(argv)
-    if args.plot_only:
-        plot(Path(args.plot_only), Path(args.plot_only).with_suffix(".png"))
-        return 0
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cpu" and not args.smoke:
-        print("kernel_bench: no GPU; use --smoke for the CPU interpreter run", file=sys.stderr)
-        return 2
-    shapes = dict(SHAPES)
-    if args.smoke:
-        shapes = {"tiny": get_preset("tiny").with_(n_expert=5, top_k=2)}
-    names = args.shapes or list(shapes)
-    Ts = args.T or ([5, 16] if args.smoke else [512, 2048] if args.quick or args.sweep else TS)
-    fmts = args.formats or (["BF16", "Q8_0", "Q4_0"] if args.quick or args.smoke or args.sweep
-                            else FORMATS)
-    reps = args.reps or (2 if args.smoke else 10)
-    if args.sweep:
-        return sweep(shapes, names, Ts, fmts, dev, reps)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    rows, failed = [], []
-    gpu, sha = gpu_name(), commit()
+def measure(args, rec: bench.Recorder) -> None:
+    dev = rec.device
+    shapes, names, Ts, fmts = args.grid
     try:
         from tqdm import tqdm
     except ImportError:  # progress is a nicety; the GPU image may lack tqdm
         def tqdm(it, **_):
             return it
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = "smoke" if args.smoke else ("quick" if args.quick else "full")
-    path = out / f"kernel_bench_{tag}.csv"
     todo = [(n, f, T) for n in names for f in fmts for T in Ts]
     cache = {}
     for name, fmt, T in tqdm(todo, desc="kernel_bench", file=sys.stderr):
         shape = shapes[name]
         why = supported(fmt)
-        cfg = f"{name}/T{T}/{fmt}"
+        cfg = dict(shape=name, T=T, format=fmt)
         if why:
-            print(f"skip {cfg}: {why}", file=sys.stderr)
-            rows.append(dict(config=cfg, arm="-", figure="skipped", value="", bound=why))
+            print(f"skip {name}/T{T}/{fmt}: {why}", file=sys.stderr)
+            rec.add("skipped", "", "", bound=why, arm="-", **cfg)
             continue
         if (name, fmt) not in cache:
             cache.clear()
@@ -213,69 +151,90 @@ def main(argv=None) -> int:
                 "decode+grouped_mm": decode_then_mm}
         ref = moe_ffn_torch(x, ids, w, experts)
         bound_rel = BF16_REL if fmt == "BF16" else DECODED_REL
-        ok = {}
+        gate = f"normalized error vs moe_ffn_torch < {bound_rel:g}"
+        errs = {}
         for arm, fn in list(arms.items()):
             try:
-                err = rel_err(fn(), ref)
+                errs[arm] = rel_err(fn(), ref)
             except Exception as exc:  # e.g. torch._grouped_mm unsupported here: drop the arm
                 if arm.startswith("strata"):
                     raise
-                print(f"{cfg}: arm {arm} unavailable: {type(exc).__name__}: {exc}"[:300],
-                      file=sys.stderr)
-                rows.append(dict(config=cfg, arm=arm, figure="skipped", value="",
-                                 bound=f"{type(exc).__name__}"))
+                print(f"{name}/T{T}/{fmt}: arm {arm} unavailable: {type(exc).__name__}: "
+                      f"{exc}"[:300], file=sys.stderr)
+                rec.add("skipped", "", "", bound=type(exc).__name__, arm=arm, **cfg)
                 del arms[arm]
                 continue
-            ok[arm] = err < bound_rel and err == err
-            rows.append(dict(config=cfg, arm=arm, figure="rel_err", value=f"{err:.3e}",
-                             bound=f"< {bound_rel:g} ({'pass' if ok[arm] else 'FAIL'})"))
-            if not ok[arm]:
-                failed.append(f"{cfg}/{arm}: normalized error {err:.3e} >= {bound_rel:g}")
-        if not all(ok.values()):
-            continue  # refuse to time a configuration that computes the wrong thing
+            rec.add("rel_err", errs[arm], "ratio", bound=f"< {bound_rel:g}",
+                    bound_value=bound_rel, arm=arm, **cfg)
+
+        def check(arm):   # the gate, on exactly the inputs timed below
+            e = errs[arm]
+            return None if e < bound_rel else f"normalized error {e:.3e} >= {bound_rel:g}"
+
         flops = 2 * T * shape.top_k * 3 * shape.d_model * shape.d_expert
-        secs = {arm: timeit(fn, reps) for arm, fn in arms.items()}
+        timed = {arm: rec.timed(fn, check=lambda arm=arm: check(arm),
+                                what=f"{name}/T{T}/{fmt}/{arm}") for arm, fn in arms.items()}
         moe_ffn(x, ids, w, experts, schedule="stream_k")
         sk_rec = last_launch()
         moe_ffn(x, ids, w, experts)
         auto = last_launch().tile
-        ceiling = flops / secs["grouped_mm-bf16"] / 1e12 if "grouped_mm-bf16" in secs else None
-        for arm, s in secs.items():
-            tf = flops / s / 1e12
-            rows.append(dict(config=cfg, arm=arm, figure="ms", value=f"{s * 1e3:.4f}", bound=""))
-            rows.append(dict(config=cfg, arm=arm, figure="tflops", value=f"{tf:.3f}",
-                             bound=f"grouped_mm-bf16 {ceiling:.3f} TFLOP/s" if ceiling
-                             else "no grouped_mm baseline"))
+        ceiling = (flops / timed["grouped_mm-bf16"].median_s / 1e12
+                   if "grouped_mm-bf16" in timed else None)
+        for arm, t in timed.items():
+            tf = flops / t.median_s / 1e12
+            rec.add("ms", t.median_ms, "ms", gate=gate, timer=t.timer, arm=arm, **cfg)
+            rec.add("tflops", tf, "TFLOP/s",
+                    bound=f"grouped_mm-bf16 {ceiling:.3f} TFLOP/s" if ceiling
+                    else "no grouped_mm baseline", bound_value=ceiling, gate=gate,
+                    timer=t.timer, arm=arm, **cfg)
             if ceiling:
-                rows.append(dict(config=cfg, arm=arm, figure="ratio_vs_grouped_mm_bf16",
-                                 value=f"{tf / ceiling:.3f}", bound="1.0 = dense bf16"))
-        rows.append(dict(config=cfg, arm="strata-sk", figure="scratch_bytes",
-                         value=str(sk_rec.scratch_bytes), bound=f"tile {sk_rec.tile}"))
-        rows.append(dict(config=cfg, arm="strata-auto", figure="tile", value=auto.schedule,
-                         bound=str(auto)))
-        print(f"{cfg}: " + "  ".join(f"{a} {flops / s / 1e12:.1f}" for a, s in secs.items())
+                rec.add("ratio_vs_grouped_mm_bf16", tf / ceiling, "ratio",
+                        bound="1.0 = dense bf16", bound_value=1.0, gate=gate, timer=t.timer,
+                        arm=arm, **cfg)
+        rec.add("scratch_bytes", sk_rec.scratch_bytes, "bytes", bound=f"tile {sk_rec.tile}",
+                arm="strata-sk", **cfg)
+        rec.add("tile", auto.schedule, "schedule", bound=str(auto), arm="strata-auto", **cfg)
+        print(f"{name}/T{T}/{fmt}: " + "  ".join(f"{a} {flops / t.median_s / 1e12:.1f}"
+                                                  for a, t in timed.items())
               + " TFLOP/s", file=sys.stderr)
-        write_csv(path, rows, gpu, sha, stamp)  # after every configuration: a cut run keeps some
-    write_csv(path, rows, gpu, sha, stamp)
-    print(f"wrote {path}", file=sys.stderr)
-    plot(path, path.with_suffix(".png"))
-    if failed:
-        print("correctness check FAILED; those configurations were not timed:\n  "
-              + "\n  ".join(failed), file=sys.stderr)
-        return 1
-    return 0
+        rec.flush()  # after every configuration: a cut run keeps some
 
 
-def write_csv(path, rows, gpu, sha, stamp):
-    with open(path, "w", newline="") as fh:
-        wr = csv.DictWriter(fh, ["gpu", "commit", "timestamp", "config", "arm", "figure", "value",
-                                 "bound"])
-        wr.writeheader()
-        for r in rows:
-            wr.writerow(dict(gpu=gpu, commit=sha, timestamp=stamp, **r))
+def main(argv=None) -> int:
+    ap = bench.parser(__doc__, out=Path(__file__).parent / "results", warmup=2, repeats=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on the CPU")
+    ap.add_argument("--quick", action="store_true", help="T in {512, 2048}, BF16/Q8_0/Q4_0")
+    ap.add_argument("--sweep", action="store_true", help="time pinned tiles instead of the grid")
+    ap.add_argument("--shapes", nargs="*", default=None)
+    ap.add_argument("--T", nargs="*", type=int, default=None)
+    ap.add_argument("--formats", nargs="*", default=None)
+    ap.add_argument("--reps", type=int, default=None, help="same as --repeats")
+    ap.add_argument("--plot-only", metavar="CSV", help="redraw the PNG of an earlier run's CSV")
+    args = ap.parse_args(argv)
+    if args.plot_only:
+        plot(bench.read_csv(args.plot_only), Path(args.plot_only).with_suffix(".png"))
+        return 0
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cpu" and not args.smoke:
+        print("kernel_bench: no GPU; use --smoke for the CPU interpreter run", file=sys.stderr)
+        return 2
+    shapes = dict(SHAPES)
+    if args.smoke:
+        shapes = {"tiny": get_preset("tiny").with_(n_expert=5, top_k=2)}
+    names = args.shapes or list(shapes)
+    Ts = args.T or ([5, 16] if args.smoke else [512, 2048] if args.quick or args.sweep else TS)
+    fmts = args.formats or (["BF16", "Q8_0", "Q4_0"] if args.quick or args.smoke or args.sweep
+                            else FORMATS)
+    args.repeats = args.reps or args.repeats or (2 if args.smoke else 10)
+    if args.sweep:
+        return sweep(shapes, names, Ts, fmts, dev, args.repeats)
+    args.grid = (shapes, names, Ts, fmts)
+    tag = "smoke" if args.smoke else ("quick" if args.quick else "full")
+    return bench.main(args, "kernel_bench", measure, script=__file__, argv=argv,
+                      stem=f"kernel_bench_{tag}", plot=plot, summary=lambda rows: None)
 
 
-def plot(csv_path: Path, png_path: Path) -> None:
+def plot(rows: list[dict], png_path: Path) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -283,33 +242,37 @@ def plot(csv_path: Path, png_path: Path) -> None:
     except ImportError:
         print("matplotlib missing: no PNG (plot later with --plot-only)", file=sys.stderr)
         return
-    rows = [r for r in csv.DictReader(open(csv_path)) if r["figure"] == "tflops"]
+    r0 = rows[0]
+    rows = [r for r in rows if r["figure"] == "tflops"]
     if not rows:
         return
-    shapes = sorted({r["config"].split("/")[0] for r in rows})
-    fmts = sorted({r["config"].split("/")[2] for r in rows}, key=FORMATS.index
-                  if all(f in FORMATS for r in rows for f in [r["config"].split("/")[2]]) else str)
+    shapes = sorted({r["config"]["shape"] for r in rows})
+    fmts = sorted({r["config"]["format"] for r in rows},
+                  key=lambda f: FORMATS.index(f) if f in FORMATS else len(FORMATS))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
     fig, axes = plt.subplots(len(shapes), len(fmts), figsize=(3.2 * len(fmts), 3 * len(shapes)),
                              squeeze=False, sharey="row")
     for i, s in enumerate(shapes):
         for j, f in enumerate(fmts):
             ax = axes[i][j]
-            for arm in ("strata-dp", "strata-sk", "grouped_mm-bf16", "decode+grouped_mm"):
-                pts = sorted((int(r["config"].split("/")[1][1:]), float(r["value"])) for r in rows
-                             if r["arm"] == arm and r["config"].startswith(f"{s}/")
-                             and r["config"].endswith(f"/{f}"))
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=arm)
+            for label in labels:
+                for arm in ("strata-dp", "strata-sk", "grouped_mm-bf16", "decode+grouped_mm"):
+                    pts = sorted((r["config"]["T"], r["value"]) for r in rows
+                                 if r["config"]["arm"] == arm and r["config"]["shape"] == s
+                                 and r["config"]["format"] == f and r["label"] == label)
+                    if pts:
+                        ax.plot(*zip(*pts), marker="o", ls="-" if label == "tree" else ":",
+                                label=arm if label == "tree" else f"{arm} @{label}")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{s} {f}", fontsize=9)
             ax.set_xlabel("T")
             if j == 0:
                 ax.set_ylabel("TFLOP/s (2·T·K·3·D·F)")
     axes[0][0].legend(fontsize=7)
-    r0 = next(csv.DictReader(open(csv_path)))
     fig.suptitle(f"MoE FFN, {r0['gpu']} @ {r0['commit']} ({r0['timestamp']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
+    plt.close(fig)
     print(f"wrote {png_path}", file=sys.stderr)
 
 

@@ -14,7 +14,8 @@
         ap.add_argument("--n", type=int, default=4096)
         return bench.main(ap.parse_args(argv), "kernel", measure, script=__file__, argv=argv)
 
-`bench.main` runs `measure` on the working tree, adds the rows of the same script run at
+`bench.main` runs `measure` on the working tree (`rec.flush()` writes `<stem>.partial.csv` as it
+goes, so a long run cut short keeps what it measured), adds the rows of the same script run at
 `--base REF` (from a temporary git worktree), writes `<out>/<stem>.csv` (long format, COLUMNS) and
 a PNG (the script's own plot, or `plot.bars`), prints the figures, and returns the exit status:
 1 with nothing written when a gate refused.
@@ -64,9 +65,11 @@ def main(args: argparse.Namespace, experiment: str, measure, *, script: str | Pa
     script = Path(script).resolve()
     out = Path(args.out) if args.out else script.parent / "results"
     argv = list(sys.argv[1:] if argv is None else argv)
+    stem = stem or experiment
+    rec = Recorder(experiment, args.label, root=script.parent, warmup=args.warmup,
+                   repeats=args.repeats)
+    rec.partial_path = out / f"{stem}.partial.csv"
     try:
-        rec = Recorder(experiment, args.label, root=script.parent, warmup=args.warmup,
-                       repeats=args.repeats)
         measure(args, rec)
         rows = rec.rows
         if not rows:
@@ -74,10 +77,11 @@ def main(args: argparse.Namespace, experiment: str, measure, *, script: str | Pa
         if args.base:
             rows = rows + run_base(args.base, script, argv)
     except GateRefused as e:
+        rec.partial_path.unlink(missing_ok=True)   # a wrong kernel anywhere: report nothing
         print(f"{experiment}: REFUSED, no figures reported: {e}", file=sys.stderr)
         return 1
-    stem = stem or experiment
     csv_path = write_csv(rows, out / f"{stem}.csv")
+    rec.partial_path.unlink(missing_ok=True)
     png = out / f"{stem}.png"
     (plot or (lambda rs, p: bars(rs, p, title=f"{experiment} ({rs[0]['gpu']})")))(rows, png)
     if summary:
@@ -86,6 +90,7 @@ def main(args: argparse.Namespace, experiment: str, measure, *, script: str | Pa
         for r in rows:
             cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
             bound = f"  (bound: {r['bound']})" if r["bound"] else ""
-            print(f"[{r['label']}] {r['figure']} {cfg}: {r['value']:.6g} {r['unit']}{bound}")
+            val = f"{r['value']:.6g}" if isinstance(r["value"], float) else r["value"]
+            print(f"[{r['label']}] {r['figure']} {cfg}: {val} {r['unit']}{bound}")
     print(f"wrote {csv_path} and {png}")
     return 0

@@ -18,6 +18,7 @@ def bars(rows: list[dict], path: str | Path, *, title: str = "", x_keys: list[st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if isinstance(r["value"], float)]   # categorical figures: not drawn
     figures = figures or list(dict.fromkeys(r["figure"] for r in rows))
     labels = list(dict.fromkeys(r["label"] for r in rows))
     fig, axes = plt.subplots(len(figures), 1, figsize=(9, 3.2 * len(figures)), squeeze=False)

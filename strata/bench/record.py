@@ -2,7 +2,7 @@
 
 Columns (COLUMNS): experiment, label (tree | the --base REF), gpu, commit (+"-dirty" when the tree
 has uncommitted changes), timestamp (UTC), torch, triton, config (JSON, sorted keys), figure,
-value, unit, bound (what the figure is judged against, in words: "4.19 TB/s D2D"), bound_value
+value (a number; a short text for a categorical figure such as a tile name), unit, bound (what the figure is judged against, in words: "4.19 TB/s D2D"), bound_value
 (that ceiling in `unit`, empty when there is none), gate (the check that passed before a timed
 figure; empty for untimed figures), timer (cuda events | perf_counter (CPU); empty if untimed).
 """
@@ -60,13 +60,20 @@ def write_csv(rows: list[dict], path: str | Path) -> Path:
     return path
 
 
+def _number(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v            # categorical (e.g. a tile's schedule) or empty (a skipped config)
+
+
 def read_csv(path: str | Path) -> list[dict]:
     """Rows as written, with `config` parsed back to a dict and `value` to a float."""
     rows = []
     with Path(path).open(newline="") as f:
         for r in csv.DictReader(f):
             r["config"] = json.loads(r["config"]) if r["config"] else {}
-            r["value"] = float(r["value"]) if r["value"] not in ("", None) else float("nan")
+            r["value"] = _number(r["value"])
             r["bound_value"] = float(r["bound_value"]) if r["bound_value"] else None
             rows.append(r)
     return rows

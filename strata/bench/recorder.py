@@ -25,16 +25,23 @@ class Recorder:
                             commit=record.commit_of(root), timestamp=record.utc_now(),
                             torch=torch.__version__, triton=triton.__version__)
         self.rows: list[dict] = []
+        self.partial_path: Path | None = None   # set by bench.main: where flush() writes
+
+    def flush(self) -> None:
+        """Write the rows so far (a long run cut short keeps what it measured)."""
+        if self.partial_path is not None and self.rows:
+            record.write_csv(self.rows, self.partial_path)
 
     @property
     def on_gpu(self) -> bool:
         return self.device.type == "cuda"
 
-    def add(self, figure: str, value: float, unit: str, *, bound: str = "",
+    def add(self, figure: str, value: float | str, unit: str, *, bound: str = "",
             bound_value: float | None = None, gate: str = "", timer: str = "", **config) -> dict:
         """One long-format row: `figure` = `value` `unit` for this config, judged against
         `bound` (words) / `bound_value` (the same ceiling as a number in `unit`)."""
-        row = self._common | dict(config=dict(config), figure=figure, value=float(value),
+        value = float(value) if isinstance(value, (int, float)) else value
+        row = self._common | dict(config=dict(config), figure=figure, value=value,
                                   unit=unit, bound=bound, bound_value=bound_value, gate=gate,
                                   timer=timer)
         self.rows.append(row)

@@ -1,23 +1,40 @@
-"""experiments/kernel_bench.py --smoke runs on the CPU and writes its long-format CSV."""
-import csv
+"""experiments/kernel_bench.py --smoke runs on the CPU and writes strata.bench's long-format CSV."""
 import importlib.util
 from pathlib import Path
+
+from strata import bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_kernel_bench_smoke(tmp_path):
+def _load():
     spec = importlib.util.spec_from_file_location("kernel_bench",
                                                   ROOT / "experiments" / "kernel_bench.py")
     kb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kb)
-    rc = kb.main(["--smoke", "--T", "5", "--formats", "Q8_0", "--reps", "1",
-                  "--out", str(tmp_path)])
+    return kb
+
+
+def test_kernel_bench_smoke(tmp_path):
+    rc = _load().main(["--smoke", "--T", "5", "--formats", "Q8_0", "--reps", "1",
+                       "--out", str(tmp_path)])
     assert rc == 0
-    rows = list(csv.DictReader(open(tmp_path / "kernel_bench_smoke.csv")))
-    assert {"gpu", "commit", "timestamp", "config", "arm", "figure", "value", "bound"} <= set(rows[0])
+    rows = bench.read_csv(tmp_path / "kernel_bench_smoke.csv")
+    assert {"gpu", "commit", "timestamp", "config", "figure", "value", "bound"} <= set(rows[0])
     checks = [r for r in rows if r["figure"] == "rel_err"]
-    assert {r["arm"] for r in checks} == {"strata-dp", "strata-sk", "grouped_mm-bf16",
-                                          "decode+grouped_mm"}
-    assert all("pass" in r["bound"] for r in checks)
-    assert any(r["figure"] == "tflops" for r in rows)
+    assert {r["config"]["arm"] for r in checks} == {"strata-dp", "strata-sk", "grouped_mm-bf16",
+                                                    "decode+grouped_mm"}
+    assert all(r["value"] < r["bound_value"] for r in checks)
+    tf = [r for r in rows if r["figure"] == "tflops"]
+    assert tf and all(r["gate"].startswith("normalized error") and r["timer"] for r in tf)
+    assert not list(tmp_path.glob("*.partial.csv"))
+    assert (tmp_path / "kernel_bench_smoke.png").stat().st_size > 5_000
+
+
+def test_kernel_bench_refuses_a_wrong_kernel(tmp_path, monkeypatch):
+    kb = _load()
+    real = kb.moe_ffn
+    monkeypatch.setattr(kb, "moe_ffn", lambda *a, **k: real(*a, **k) * 2)
+    rc = kb.main(["--smoke", "--T", "5", "--formats", "BF16", "--reps", "1",
+                  "--out", str(tmp_path)])
+    assert rc == 1 and not list(tmp_path.glob("*.csv"))
