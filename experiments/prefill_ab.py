@@ -18,15 +18,17 @@ Each row also records the fraction of each layer's experts every chunk hit (a se
 
     python experiments/prefill_ab.py                      # GPU: both models, 8K and 32K
     python experiments/prefill_ab.py --smoke              # CPU: a tiny model, seconds
+    python experiments/prefill_ab.py --base main          # the working tree against main
+
+Follows strata.bench: one long-format CSV (figures tokens_per_s, roofline_fraction, ... per model,
+arm and prompt, bound = the roofline; hit_fraction per chunk and layer) and a PNG. The gate: before
+timing, the engine's own tests (tests/engine/test_streaming.py: streamed == resident) must pass
+(`--no-gate` skips it; --smoke does not run it). Wall times are perf_counter around synchronized
+runs (a whole prompt, not one kernel).
 """
 from __future__ import annotations
 
-import argparse
-import csv
-import datetime as dt
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from strata import bench  # noqa: E402
 from strata.engine.host import HostExperts  # noqa: E402
 from strata.engine.prefill import EngineConfig, PrefillEngine  # noqa: E402
 from strata.models.load import load_model, resident_provider  # noqa: E402
@@ -59,21 +62,10 @@ def sync():
         torch.cuda.synchronize()
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def gpu_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-
-
 def h2d_rate(host: HostExperts, n: int = 96) -> float:
     """Bytes/s of blob-sized pinned host->device copies back to back (the ring's pattern)."""
-    blobs = [host.blob(l % host.n_layer, e) for l, e in zip(range(n), range(n))]
+    blobs = [host.blob(i % host.n_layer, i % host.layers[i % host.n_layer].shape[0])
+             for i in range(n)]   # wraps over experts too: the demo model has E < n
     dst = torch.empty(blobs[0].numel(), dtype=torch.uint8,
                       device="cuda" if torch.cuda.is_available() else "cpu")
     for b in blobs[:4]:
@@ -130,25 +122,60 @@ def roofline(res, shape, h2d: float, gemm: dict) -> float:
     return t
 
 
+WALL = "perf_counter (wall, synchronized)"
+ROW_FIGURES = {  # figure -> unit; each row of a run becomes these long-format figures
+    "tokens_per_s": "tok/s", "seconds": "s", "bytes_streamed": "bytes", "h2d_gbps": "GB/s",
+    "wait_s": "s", "copy_s": "s", "roofline_s": "s", "roofline_tokens_per_s": "tok/s",
+    "roofline_fraction": "fraction", "hit_min": "fraction", "hit_mean": "fraction",
+    "cache_hits": "experts", "routed": "experts", "room": "bytes", "bytes_needed": "bytes",
+}
+CONFIG = ("model", "arm", "prompt", "chunk", "ring", "rule")
+
+
+def record(rec: bench.Recorder, row: dict, gate: str) -> None:
+    """One run's row -> long-format figures, each with what bounds it."""
+    cfg = {k: row[k] for k in CONFIG}
+    if "gemm_tflops" in row:
+        cfg["gemm_tflops"] = row["gemm_tflops"]
+    roof = row.get("roofline_tokens_per_s") or None
+    for fig, unit in ROW_FIGURES.items():
+        if row.get(fig, "") == "":
+            continue
+        bound, bv = "", None
+        if fig == "tokens_per_s" and roof:
+            bound, bv = "roofline: max(H2D measured, grouped_mm measured) per chunk", roof
+        elif fig == "h2d_gbps":
+            bound, bv = "pinned H2D blob by blob, measured in this run", row["h2d_ceiling_gbps"]
+        elif fig == "roofline_fraction":
+            bound, bv = "1.0 = at the roofline", 1.0
+        elif fig == "bytes_needed":
+            bound, bv = "room", row["room"]
+        rec.add(fig, row[fig], unit, bound=bound, bound_value=bv, gate=gate,
+                timer=WALL if fig in ("tokens_per_s", "seconds") else "", **cfg)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = bench.parser(__doc__, out=ROOT / "experiments" / "results")
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU (checks the script)")
     ap.add_argument("--models", default=None, help=f"comma list of {', '.join(MODELS)}")
     ap.add_argument("--prompts", default="8192,32768")
     ap.add_argument("--arms", default="auto,legacy,resident")
-    ap.add_argument("--out", default=str(ROOT / "experiments" / "results"))
+    ap.add_argument("--no-gate", action="store_true",
+                    help="skip the engine tests run before timing (the gate)")
     args = ap.parse_args(argv)
+    tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")
+    return bench.main(args, "prefill_ab", measure, script=__file__, argv=argv,
+                      stem=f"prefill_ab-{tag}", plot=plot, summary=lambda rows: None)
 
+
+def measure(args, rec: bench.Recorder) -> None:
+    gate = ""
+    if not (args.smoke or args.no_gate):
+        gate = bench.pytest_gate("tests/engine/test_streaming.py", cwd=ROOT)
     models = SMOKE if args.smoke else {k: MODELS[k] for k in (args.models.split(",") if
                                                               args.models else MODELS)}
     prompts = [300, 700] if args.smoke else [int(p) for p in args.prompts.split(",")]
     arms = args.arms.split(",")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    sha, gpu = commit(), gpu_name()
-    tag = "smoke" if args.smoke else gpu.replace(" ", "_")
-    rows, hits = [], []
     gemm: dict = {}
     for name, (preset, quant, vram, layers) in models.items():
         shape = get_preset(preset)
@@ -181,8 +208,8 @@ def main(argv=None) -> int:
                         model.prefill(tok, prov, logits="none")
                     sync()
                     sec = time.perf_counter() - t1
-                    rows.append(dict(model=name, arm="resident", prompt=T, chunk=T, ring="",
-                                     rule="resident", tokens_per_s=T / sec, seconds=sec))
+                    record(rec, dict(model=name, arm="resident", prompt=T, chunk=T, ring="",
+                                     rule="resident", tokens_per_s=T / sec, seconds=sec), gate)
                     print(f"[{name}] resident T={T}: {T / sec:,.0f} tok/s", flush=True)
                 del model, prov
                 torch.cuda.empty_cache() if torch.cuda.is_available() else None
@@ -211,11 +238,12 @@ def main(argv=None) -> int:
                            hit_min=min(fr), hit_mean=sum(fr) / len(fr),
                            cache_hits=st.cache_hits, routed=st.routed,
                            room=res.plan.room, bytes_needed=res.plan.bytes_needed)
-                rows.append(row)
+                record(rec, row, gate)
                 for ci, c in enumerate(st.chunks):
                     for li, f in zip(c.layers, c.hit_fraction):
-                        hits.append(dict(model=name, arm=arm, prompt=T, chunk_index=ci,
-                                         chunk_tokens=c.tokens, layer=li, hit_fraction=f))
+                        rec.add("hit_fraction", f, "fraction", model=name, arm=arm, prompt=T,
+                                chunk_index=ci, chunk_tokens=c.tokens, layer=li)
+                rec.flush()
                 print(f"[{name}] {arm:6s} T={T}: chunk {res.chunk} ring {res.ring} "
                       f"({res.plan.rule}) {st.tokens_per_s:,.0f} tok/s; roofline "
                       f"{T / roof:,.0f} tok/s -> {roof / st.seconds:.2f} of it; streamed "
@@ -224,32 +252,26 @@ def main(argv=None) -> int:
                       flush=True)
             del eng
         del host, pack
-    meta = dict(gpu=gpu, commit=sha, timestamp=stamp,
-                command="python experiments/prefill_ab.py" + (" --smoke" if args.smoke else ""))
-    path = out / f"prefill_ab-{tag}.csv"
-    keys = list(meta) + sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k)
-                               if k in rows[0] else 99)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({**meta, **{k: json.dumps(v) if isinstance(v, dict) else v
-                                   for k, v in r.items()}})
-    hp = out / f"prefill_ab-hits-{tag}.csv"
-    with open(hp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(meta) + list(hits[0]))
-        w.writeheader()
-        for h in hits:
-            w.writerow({**meta, **h})
-    plot(rows, out / f"prefill_ab-{tag}.png", f"{gpu} @ {sha}")
-    print(f"wrote {path}, {hp} and the PNG")
-    return 0
 
 
-def plot(rows, png: Path, title: str) -> None:
+def runs(long_rows: list[dict], label: str) -> list[dict]:
+    """The long rows of one label back to one dict per (model, arm, prompt)."""
+    out: dict = {}
+    for r in long_rows:
+        if r["label"] != label or r["figure"] == "hit_fraction":
+            continue
+        c = r["config"]
+        row = out.setdefault((c["model"], c["arm"], c["prompt"]), dict(c))
+        row[r["figure"]] = r["value"]
+    return list(out.values())
+
+
+def plot(long_rows: list[dict], png: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    title = f"{long_rows[0]['gpu']} @ {long_rows[0]['commit']}"
+    rows = runs(long_rows, "tree")
     groups = sorted({(r["model"], r["prompt"]) for r in rows})
     arms = ["auto", "legacy", "resident"]
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4.2))
@@ -271,6 +293,7 @@ def plot(rows, png: Path, title: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
