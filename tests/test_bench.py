@@ -88,6 +88,14 @@ def test_gate_passes_and_labels_the_timer():
     assert t.repeats == 3 and t.timer == bench.CPU_TIMER and 0 < t.min_s <= t.median_s
 
 
+@pytest.mark.gpu
+def test_gpu_timing_uses_cuda_events():
+    import torch
+    x = torch.randn(1 << 20, device="cuda")
+    t = bench.time_fn(lambda: x.mul_(1.0), device="cuda", warmup=2, repeats=5)
+    assert t.timer == bench.CUDA_TIMER and 0 < t.min_s <= t.median_s
+
+
 def test_pytest_gate_refuses_a_failing_selection(tmp_path):
     (tmp_path / "test_fails.py").write_text("def test_x():\n    assert 1 == 2\n")
     (tmp_path / "test_ok.py").write_text("def test_x():\n    assert 1 == 1\n")
