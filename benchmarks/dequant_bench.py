@@ -73,9 +73,9 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(min(12, max(6, 0.6 * len(names) * len(series))), 4.5))
     width = 0.8 / max(1, len(series))
     for i, (label, dname, dec) in enumerate(series):
-        vals = [next((r["value"] for r in rates if r["config"]["format"] == n and r["label"] == label
-                      and r["config"]["out_dtype"] == dname and r["config"]["decoder"] == dec), 0)
-                for n in names]
+        vals = [next((r["value"] for r in rates if r["config"]["format"] == n
+                      and r["label"] == label and r["config"]["out_dtype"] == dname
+                      and r["config"]["decoder"] == dec), 0) for n in names]
         ax.bar([j + i * width for j in range(len(names))], vals, width,
                label=f"{label}: out {dname}, {dec}")
     ax.axhline(H200_COPY_RATE / 1e9, color="k", ls="--", lw=1, label="H200 copy 4.19 TB/s (SPEC)")
@@ -122,7 +122,8 @@ def measure(args, rec: bench.Recorder) -> None:
             out_bytes = args.rows * args.cols * torch.empty((), dtype=dtype).element_size()
             moved = raw.numel() + out_bytes
             cfg = dict(format=fmt.name, out_dtype=str(dtype).removeprefix("torch."),
-                       decoder=dec, tile_bn=tiles.bn, tile_bk=tiles.bk, rows=args.rows, cols=args.cols, bytes_read=raw.numel(),
+                       decoder=dec, tile_bn=tiles.bn, tile_bk=tiles.bk, rows=args.rows,
+                       cols=args.cols, bytes_read=raw.numel(),
                        bytes_written=out_bytes, command=args.command)
             rec.add("dequantize rate", moved / t.median_s / 1e9, "GB/s", bound=H200_BOUND,
                     bound_value=H200_COPY_RATE / 1e9, gate=GATE, timer=t.timer, **cfg)

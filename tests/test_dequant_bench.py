@@ -24,9 +24,9 @@ def test_dequant_bench_smoke(tmp_path):
     (csv_path,) = tmp_path.glob("dequant-*-smoke.csv")
     assert csv_path.with_suffix(".png").stat().st_size > 0
     rows = [r for r in bench.read_csv(csv_path) if r["figure"] == "dequantize rate"]
-    assert [(r["config"]["format"], r["config"]["out_dtype"], r["config"]["decoder"])
-            for r in rows] == [(f, d, dec) for f in ("Q8_0", "IQ3_S") for d in ("bfloat16", "float32")
-                               for dec in ("elem", "runs")]
+    got = [(r["config"]["format"], r["config"]["out_dtype"], r["config"]["decoder"]) for r in rows]
+    assert got == [(f, d, dec) for f in ("Q8_0", "IQ3_S") for d in ("bfloat16", "float32")
+                   for dec in ("elem", "runs")]
     for r in rows:
         assert r["commit"] and r["gpu"] and "--smoke" in r["config"]["command"]
         assert r["gate"].startswith("bit-exact") and r["bound"].startswith("4.19 TB/s")

@@ -1,4 +1,4 @@
-"""Every STRATA_* variable read in strata/ is in config.py's table and KNOBS, and in docs/knobs.md."""
+"""Every STRATA_* variable read in strata/ is in config.py (table, KNOBS) and in docs/knobs.md."""
 import re
 from pathlib import Path
 
@@ -10,7 +10,8 @@ NAME = re.compile(r"\bSTRATA_[A-Z0-9_]+\b")
 
 def _table(text: str) -> list[str]:
     """The knob rows of a markdown table (lines starting with '| <VARIABLE>')."""
-    return [l.strip() for l in text.splitlines() if re.match(r"\|\s*[A-Z][A-Z0-9_]+\s*\|", l.strip())]
+    return [line.strip() for line in text.splitlines()
+            if re.match(r"\|\s*[A-Z][A-Z0-9_]+\s*\|", line.strip())]
 
 
 def _used() -> set[str]:

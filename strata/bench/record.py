@@ -2,7 +2,8 @@
 
 Columns (COLUMNS): experiment, label (tree | the --base REF), gpu, commit (+"-dirty" when the tree
 has uncommitted changes), timestamp (UTC), torch, triton, config (JSON, sorted keys), figure,
-value (a number; a short text for a categorical figure such as a tile name), unit, bound (what the figure is judged against, in words: "4.19 TB/s D2D"), bound_value
+value (a number; a short text for a categorical figure such as a tile name), unit, bound (what
+the figure is judged against, in words: "4.19 TB/s D2D"), bound_value
 (that ceiling in `unit`, empty when there is none), gate (the check that passed before a timed
 figure; empty for untimed figures), timer (cuda events | perf_counter (CPU); empty if untimed).
 """
