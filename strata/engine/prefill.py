@@ -185,9 +185,13 @@ class PrefillEngine:
                 need = self.layout.bytes_needed(chunk, slots)
                 loans.append(Loan(part.cache, need, self.cfg.lend_cap))
                 bufs = self.layout.carve(loans[-1].carve(), chunk, slots)
-                providers.append(StreamingProvider(
+                pr = StreamingProvider(
                     part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
-                    mode=mode, layers=part.layers, batch=self.cfg.batch, lane=part.lane))
+                    mode=mode, layers=part.layers, batch=self.cfg.batch, lane=part.lane)
+                # the expert FFN works in the carve's buffers, not in fresh allocations
+                pr.ffn_kwargs = {"workspace": {"h": bufs["h"], "yk": bufs["yk"]},
+                                 "accumulator": bufs["moe_out"]}
+                providers.append(pr)
             provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:
                 provider = _FailingProvider(provider, fail_after_layers)

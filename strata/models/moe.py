@@ -35,7 +35,7 @@ def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk_prob: b
 
 
 def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
-                experts: ExpertSet) -> torch.Tensor:
+                experts: ExpertSet, *, out: torch.Tensor | None = None, **_) -> torch.Tensor:
     """fp32 reference expert FFN: x [T, D] (any float dtype), topk [T, K] -> y [T, D] in x's
     dtype. Decodes only the experts with tokens; an absent routed expert is a StrataError; an id of
     -1 skips that assignment (it belongs to another pass over the layer's experts)."""
@@ -50,13 +50,16 @@ def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
         xe = xf[tok]                                                 # [n, D]
         h = F.silu(xe @ gate.t()) * (xe @ up.t())                    # [n, F]
         y.index_add_(0, tok, (h @ down.t()) * topk_w[tok, slot].float()[:, None])
+    if out is not None:   # a pass of the streaming engine: add into the fp32 accumulator
+        return out.add_(y)
     return y.to(x.dtype)
 
 
 def _bf16(fn) -> ExpertFFN:
     """Adapt a bf16-contract expert FFN to any activation dtype (bf16 in, y back in x's dtype)."""
-    def ffn(x, topk_ids, topk_w, experts):
-        return fn(x.to(torch.bfloat16), topk_ids, topk_w, experts).to(x.dtype)
+    def ffn(x, topk_ids, topk_w, experts, **kw):
+        y = fn(x.to(torch.bfloat16), topk_ids, topk_w, experts, **kw)
+        return y if kw.get("out") is not None else y.to(x.dtype)
     ffn.__name__ = fn.__name__
     return ffn
 

@@ -195,11 +195,14 @@ class Qwen3Moe:
         batches = getattr(provider, "expert_batches", None)
         if batches is None:
             return self.ffn(h, topk_ids, topk_w, provider.experts(l, topk_ids))
-        y = None
+        # the provider may lend buffers (the carve's workspace, its scratch allocator)
+        kw = dict(getattr(provider, "ffn_kwargs", None) or {})
+        y = kw.pop("accumulator", None)                                   # fp32 [>= T, D]
+        y = y[:h.shape[0]].zero_() if y is not None else torch.zeros(
+            h.shape, dtype=torch.float32, device=h.device)
         for experts, ids in batches(l, topk_ids):
-            part = self.ffn(h, ids, topk_w, experts).float()
-            y = part if y is None else y + part
-        return y if y is not None else torch.zeros_like(h, dtype=torch.float32)
+            self.ffn(h, ids, topk_w, experts, out=y, **kw)
+        return y
 
     def forward_chunk(self, tokens: torch.Tensor, cache: KVCache, provider: ExpertProvider,
                       *, logits: str = "all") -> torch.Tensor | None:
