@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from strata.engine.host import HostExperts  # noqa: E402
 from strata.engine.prefill import EngineConfig, PrefillEngine  # noqa: E402
+from strata.errors import PlanError  # noqa: E402
 from strata.models.load import load_model, resident_provider  # noqa: E402
 from strata.models.moe import expert_ffn  # noqa: E402
 from strata.packs.memory import MemoryPack  # noqa: E402
@@ -73,7 +74,8 @@ def gpu_name() -> str:
 
 def h2d_rate(host: HostExperts, n: int = 96) -> float:
     """Bytes/s of blob-sized pinned host->device copies back to back (the ring's pattern)."""
-    blobs = [host.blob(l % host.n_layer, e) for l, e in zip(range(n), range(n))]
+    E = host.layers[0].shape[0]
+    blobs = [host.blob(i % host.n_layer, (i * 7) % E) for i in range(n)]
     dst = torch.empty(blobs[0].numel(), dtype=torch.uint8,
                       device="cuda" if torch.cuda.is_available() else "cpu")
     for b in blobs[:4]:
@@ -192,6 +194,14 @@ def main(argv=None) -> int:
                                scan_max=1024 if args.smoke else 32768,
                                ffn="kernel" if torch.cuda.is_available() else "torch")
             eng = PrefillEngine(pack, cfg, host=host)
+            try:
+                eng.plan()
+            except PlanError as e:   # e.g. legacy's fixed ring leaves no room for any chunk
+                print(f"[{name}] {arm}: {e}", flush=True)
+                rows += [dict(model=name, arm=arm, prompt=T, rule="does not fit",
+                              tokens_per_s=0.0) for T in prompts]
+                del eng
+                continue
             with torch.inference_mode():
                 eng.run(torch.randint(0, shape.vocab, (256,)), logits="none")   # compile, warm
             for T in prompts:

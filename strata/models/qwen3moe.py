@@ -257,7 +257,7 @@ class Qwen3Moe:
             for start in range(0, T, chunk):
                 part = tokens[start:start + chunk]
                 last = start + part.numel() == T
-                mode = logits if logits == "all" else ("last" if last else "none")
+                mode = logits if logits != "last" else ("last" if last else "none")
                 provider.begin_chunk(cache.length, part.numel())
                 y = self.forward_chunk(part, cache, provider, logits=mode)
                 provider.end_chunk()
