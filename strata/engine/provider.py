@@ -44,7 +44,7 @@ class StreamingProvider:
     def __init__(self, cache: ExpertCache, host: HostExperts, layouts: Sequence[BlobLayout],
                  ring: torch.Tensor, *, n_expert: int, mode: str = STREAM,
                  layers: Sequence[int] | None = None, batch: int | None = None,
-                 lane: Lane | None = None):
+                 lane: Lane | None = None, scratch_alloc=None):
         if ring.dim() != 2 or ring.shape[0] < 1:
             raise StrataError(f"the ring needs at least one slot, got {tuple(ring.shape)}")
         if mode not in (STREAM, STAGE):
@@ -68,6 +68,7 @@ class StreamingProvider:
         self.lane = lane or Lane(self.arena.device)
         self.slot_free = [None] * self.R       # event: compute done with the slot's last item
         self.chunks: list[ChunkStats] = []
+        self.scratch_alloc = scratch_alloc     # this participant's stream-k scratch (or None)
 
     # -- the copy queue ----------------------------------------------------------------------
     def _pump(self) -> None:
@@ -134,6 +135,10 @@ class StreamingProvider:
 
     def begin_layer(self, layer: int) -> None:
         pass
+
+    def scratch_for(self, layer: int):
+        """The stream-k scratch allocator the expert FFN of `layer` uses (its participant's)."""
+        return self.scratch_alloc
 
     def experts(self, layer: int, topk_ids: torch.Tensor) -> ExpertSet:
         raise StrataError("the streaming provider serves a layer in batches; call "

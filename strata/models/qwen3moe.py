@@ -199,9 +199,13 @@ class Qwen3Moe:
         batches = getattr(provider, "expert_batches", None)
         if batches is None:
             return self.ffn(h, topk_ids, topk_w, provider.experts(l, topk_ids))
+        # the participant's stream-k scratch allocator (strata.engine.scratch), when it has one
+        scratch_for = getattr(provider, "scratch_for", None)
+        alloc = scratch_for(l) if scratch_for is not None else None
+        kw = {} if alloc is None else {"scratch_alloc": alloc}
         y = None
         for experts, ids in batches(l, topk_ids):
-            part = self.ffn(h, ids, topk_w, experts).float()
+            part = self.ffn(h, ids, topk_w, experts, **kw).float()
             y = part if y is None else y + part
         return y if y is not None else torch.zeros_like(h, dtype=torch.float32)
 
