@@ -90,6 +90,12 @@ class ParticipantScratch:
         self._last: tuple[object, torch.Tensor] | None = None
         self.requests = 0
 
+    def use_ordinary(self, ordinary: OrdinaryScratch) -> None:
+        """Take ordinary memory from `ordinary` from now on (also the slab's fallback)."""
+        self._hand_back()
+        self.ordinary = ordinary
+        self.slab._fallback = ordinary
+
     # -- guards ------------------------------------------------------------------------------
     def publish(self, tail: Tail | None) -> None:
         """Serve scratch from `tail` (STRATA_MMQ_SLAB=1): it must lie in this participant's own
