@@ -19,7 +19,7 @@ from strata.models.moe import _bf16
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import ModelShape
 
-SHAPE = ModelShape(n_layer=2, d_model=64, n_expert=8, top_k=2, d_expert=32, n_head=4,
+SHAPE = ModelShape(n_layer=2, d_model=64, n_expert=16, top_k=2, d_expert=32, n_head=4,
                    n_kv_head=2, head_dim=16, vocab=64)
 TOKENS = torch.tensor([5, 17, 63, 0, 3, 9, 42, 7, 7, 28, 61, 33])   # 12 tokens: chunks 8 + 4
 CHUNK = 8
