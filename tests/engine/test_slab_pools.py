@@ -144,3 +144,23 @@ def test_real_stream_k_kernel_takes_scratch_from_the_tail(engine, caplog, monkey
             ps.drop()
     assert torch.equal(got, want)
     assert not [r for r in caplog.records if CHECK in r.getMessage()]
+
+
+def test_class_sweep_bounds_the_pool_when_the_size_changes_per_launch():
+    """experiments/slab_ab.py's sweep: a grid pinned to a different size per launch grows the
+    exact-size pool by one buffer per launch; the classes stay within two of the largest class.
+    With the heuristic's few tiles the classes may hold more (power-of-two rounding): reported,
+    not asserted either way."""
+    import importlib.util
+    from pathlib import Path
+    from strata.shapes import get_preset
+    path = Path(__file__).resolve().parents[2] / "experiments" / "slab_ab.py"
+    spec = importlib.util.spec_from_file_location("slab_ab", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run_classes = mod.run_classes
+    rows = run_classes(get_preset("qwen3-30b-a3b"), 132, list(range(256, 4097, 256)), "pinned-P")
+    last = rows[-1]
+    assert last["exact_buffers"] == len({r["scratch"] for r in rows}) == len(rows)
+    assert last["slab_high_water"] <= 2 * max(r["class"] for r in rows) + 256 * len(rows)
+    assert last["slab_high_water"] < last["exact_high_water"]
