@@ -54,7 +54,6 @@ from strata.engine.scratch import OrdinaryScratch
 from strata.errors import AllocationError
 from strata.kernels.moe import moe_ffn, scratch_nbytes
 from strata.kernels.tiles import GemmProblem, choose_tile, pin_tile
-from strata.memory import Loan
 from strata.memory.carve import Tail
 from strata.memory.pool import SlabPool, size_class
 from strata.models.moe import _bf16
@@ -92,6 +91,10 @@ class ZeroBudget:
 
 def mempool_alloc(device):
     """New buffers from a private torch.cuda.MemPool: each new one is a new device allocation."""
+    if not hasattr(torch.cuda, "MemPool"):
+        tqdm.write("  this torch has no torch.cuda.MemPool: ordinary scratch from torch.empty",
+                   file=sys.stderr)
+        return None
     pool = torch.cuda.MemPool()
 
     def alloc(nbytes):
@@ -323,7 +326,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, simulated full card")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--tokens", type=int, default=None, help="prompt length")
-    ap.add_argument("--vram-gib", type=float, nargs="+", default=[24.0])
+    ap.add_argument("--vram-gib", type=float, nargs="+", default=[3.0],
+                    help="engine VRAM budget per GPU (the ballast then fills the real card)")
+    ap.add_argument("--chunk", type=int, default=1024, help="GPU: forced chunk (tokens)")
     ap.add_argument("--margin-mib", type=int, default=0, help="left free beside the ballast")
     ap.add_argument("--ordinary", choices=["mempool", "torch"], default="mempool",
                     help="CUDA: where the slab-off scratch pool takes new buffers")
@@ -340,10 +345,11 @@ def main(argv=None) -> int:
         fmts = ExpertFormats("BF16", "BF16", "BF16")
         n_sms, chunks = 132, list(range(256, 4097, 256))
     else:
+        # qwen3-30b-a3b's layer widths, 4 layers, BF16 experts (9.4 MB blobs, 1.2 GB per layer)
         shape = ModelShape(n_layer=4, d_model=2048, n_expert=128, top_k=8, d_expert=768,
                            n_head=32, n_kv_head=4, head_dim=128, vocab=4096)
         args.vram = [int(g * (1 << 30)) for g in args.vram_gib]
-        args.chunk, args.ring, args.reserve, args.cache = None, None, 1 << 30, None
+        args.ring, args.reserve, args.cache = None, 1 << 30, None
         args.device, args.tokens = None, args.tokens or 4096
         fmts = ExpertFormats("BF16", "BF16", "BF16")
         n_sms = torch.cuda.get_device_properties(0).multi_processor_count
