@@ -1,7 +1,7 @@
 """Throughput of strata.kernels.dequantize per block format, against the device copy rate.
 
     python benchmarks/dequant_bench.py                 # GPU: every format, bf16 out, 32768 x 4096
-    python benchmarks/dequant_bench.py --smoke         # CPU interpreter, tiny shapes: checks the script
+    python benchmarks/dequant_bench.py --smoke         # CPU interpreter, tiny: checks the script
 
 What bounds it: dequantize reads the blocks and writes the decoded matrix, so its rate is
 (bytes read + bytes written) / time, the same count as a device-to-device copy's read + write.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime as dt
 import platform
 import shlex
@@ -33,9 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 from strata.formats import get_format  # noqa: E402
 from strata.kernels import dequantize, dequantize_torch  # noqa: E402
+from strata.kernels.decode import TRITON_FORMATS  # noqa: E402
+from strata.kernels.dequant import dequant_tiles  # noqa: E402
 
 H200_COPY_RATE = 4.19e12  # bytes/s, read + write, measured device copy (SPEC)
-FORMATS = ["BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K", "IQ3_S"]
+FORMATS = list(TRITON_FORMATS)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -85,10 +88,10 @@ def random_blocks(fmt, n: int, k: int, dev: torch.device, seed: int = 0) -> torc
     return raw
 
 
-def check(raw, fmt, dtype) -> None:
+def check(raw, fmt, dtype, tiles) -> None:
     """Bit-exact against dequantize_torch on the first rows of the benchmark's data."""
     part = raw[: min(64, raw.shape[0])]
-    got, want = dequantize(part, fmt, dtype), dequantize_torch(part, fmt, dtype)
+    got, want = dequantize(part, fmt, dtype, tiles=tiles), dequantize_torch(part, fmt, dtype)
     if not torch.equal(got.view(torch.int16 if got.element_size() == 2 else torch.int32),
                        want.view(torch.int16 if want.element_size() == 2 else torch.int32)):
         raise SystemExit(f"dequantize({fmt.name}, {dtype}) differs from dequantize_torch: "
@@ -100,14 +103,15 @@ def plot(rows: list[dict], path: Path, title: str, copy_measured: float) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dtypes = sorted({r["out_dtype"] for r in rows})
+    dtypes = sorted({(r["out_dtype"], r["decoder"]) for r in rows})
     names = list(dict.fromkeys(r["format"] for r in rows))
     fig, ax = plt.subplots(figsize=(min(12, max(6, 0.6 * len(names) * len(dtypes))), 4.5))
     width = 0.8 / len(dtypes)
-    for i, dname in enumerate(dtypes):
-        vals = [next((r["GBps"] for r in rows if r["format"] == n and r["out_dtype"] == dname), 0)
-                for n in names]
-        ax.bar([j + i * width for j in range(len(names))], vals, width, label=f"out {dname}")
+    for i, (dname, dec) in enumerate(dtypes):
+        vals = [next((r["GBps"] for r in rows if r["format"] == n and r["out_dtype"] == dname
+                      and r["decoder"] == dec), 0) for n in names]
+        ax.bar([j + i * width for j in range(len(names))], vals, width,
+               label=f"out {dname}, {dec}")
     ax.axhline(H200_COPY_RATE / 1e9, color="k", ls="--", lw=1, label="H200 copy 4.19 TB/s (SPEC)")
     ax.axhline(copy_measured / 1e9, color="gray", ls=":", lw=1, label="copy measured here")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=30)
@@ -123,6 +127,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated format names")
     ap.add_argument("--out-dtypes", default="bf16", help="comma-separated: fp32,bf16,fp16")
+    ap.add_argument("--decoders", default="elem,runs",
+                    help="comma-separated: elem (decode_tile, scales per weight), runs "
+                         "(decode_tile_runs, scales once per run of 32)")
     ap.add_argument("--rows", type=int, default=32768, help="N rows (output features)")
     ap.add_argument("--cols", type=int, default=4096, help="K weights per row (multiple of 256)")
     ap.add_argument("--repeats", type=int, default=50)
@@ -156,19 +163,26 @@ def main(argv=None) -> int:
     rows = []
     for fmt in tqdm(fmts, desc="dequant_bench", file=sys.stderr):
         raw = random_blocks(fmt, args.rows, args.cols, dev)
-        for dtype in dtypes:
-            check(raw, fmt, dtype)
+        for dtype, dec in [(d, dec) for d in dtypes for dec in args.decoders.split(",")]:
+            if dec not in ("elem", "runs"):
+                raise SystemExit(f"unknown decoder {dec!r}; use elem or runs")
+            tiles = dataclasses.replace(dequant_tiles(fmt, args.rows, args.cols),
+                                        runs=dec == "runs")
+            check(raw, fmt, dtype, tiles)
             out_bytes = args.rows * args.cols * torch.empty((), dtype=dtype).element_size()
-            s = time_fn(lambda: dequantize(raw, fmt, dtype), dev, args.repeats, args.warmup)
+            s = time_fn(lambda: dequantize(raw, fmt, dtype, tiles=tiles), dev, args.repeats,
+                        args.warmup)
             moved = raw.numel() + out_bytes
             rows.append({
                 "gpu": gpu, "commit": sha, "command": command, "utc": stamp,
                 "torch": torch.__version__, "triton": __import__("triton").__version__,
                 "format": fmt.name, "out_dtype": str(dtype).removeprefix("torch."),
+                "decoder": dec, "tile_bn": tiles.bn, "tile_bk": tiles.bk,
                 "rows": args.rows, "cols": args.cols, "bytes_read": raw.numel(),
                 "bytes_written": out_bytes, "median_ms": s * 1e3, "GBps": moved / s / 1e9,
                 "frac_of_h200_copy": moved / s / H200_COPY_RATE,
-                "copy_measured_GBps": copy_rate / 1e9, "frac_of_copy_measured": moved / s / copy_rate,
+                "copy_measured_GBps": copy_rate / 1e9,
+                "frac_of_copy_measured": moved / s / copy_rate,
                 "repeats": args.repeats,
             })
         del raw
@@ -183,7 +197,7 @@ def main(argv=None) -> int:
     plot(rows, stem.with_suffix(".png"),
          f"strata dequantize, {args.rows} x {args.cols}, {gpu}, {sha}\n{command}", copy_rate)
     for r in rows:
-        print(f"{r['format']:>7} -> {r['out_dtype']:<8} {r['median_ms']:9.3f} ms "
+        print(f"{r['format']:>7} -> {r['out_dtype']:<8} {r['decoder']:<4} {r['median_ms']:9.3f} ms "
               f"{r['GBps']:9.1f} GB/s  {100 * r['frac_of_h200_copy']:5.1f}% of 4.19 TB/s  "
               f"{100 * r['frac_of_copy_measured']:5.1f}% of copy here")
     print(f"copy measured: {copy_rate / 1e9:.1f} GB/s; wrote {stem}.csv and .png")

@@ -54,6 +54,8 @@ PRESETS: dict[str, ModelShape] = {
     # Test and demo shapes: small enough for the Triton interpreter on two cores.
     "tiny": ModelShape("qwen3moe", 2, 64, 8, 2, 32, 4, 2, 16, 256),
     "small": ModelShape("qwen3moe", 4, 256, 16, 4, 128, 4, 2, 64, 1024),
+    # `strata demo`: enough experts (64 per layer) that a 16-slot ring is a small part of a layer.
+    "demo": ModelShape("qwen3moe", 4, 256, 64, 4, 128, 4, 2, 64, 1024),
 }
 
 

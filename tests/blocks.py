@@ -61,7 +61,8 @@ def code_sweep_blocks(qtype) -> torch.Tensor:
     field value at every position). Block set 2: byte i of block b is (b + 37 i) mod 256, so
     neighbouring fields differ (Q5_0's high bits, IQ3_S's grid index high bit vs low byte).
     Each set is repeated under every EDGE_F16 scale (all fp16 fields of a block set alike).
-    Plain F16/BF16: every 16-bit pattern. For MXFP4 (no fp16 field) the first byte is the e8m0 scale, which b sweeps through 0..255.
+    Plain F16/BF16: every 16-bit pattern. For MXFP4 (no fp16 field) the first byte is the e8m0
+    scale, which b sweeps through 0..255.
     """
     fmt = get_format(qtype)
     if fmt.block == 1:  # plain 16-bit floats: all 65536 patterns, inf and NaN included
@@ -92,11 +93,12 @@ def same_bits_nan_any(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit, except that any NaN matches any NaN. For F16 only: fp16 -> fp32 conversion
     quiets signalling NaNs in torch and on the GPU but not in numpy; every NaN stays a NaN."""
     both_nan = torch.isnan(a) & torch.isnan(b)
-    return a.shape == b.shape and same_bits(torch.where(both_nan, 0.0, a), torch.where(both_nan, 0.0, b))
+    return a.shape == b.shape and same_bits(torch.where(both_nan, 0.0, a),
+                                            torch.where(both_nan, 0.0, b))
 
 
 def assert_decoded_equal(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
-    """The bit-exact contract: same fp32 bits (F16: NaN payloads excepted, see same_bits_nan_any)."""
+    """The bit-exact contract: same fp32 bits (F16: NaN payloads excepted, same_bits_nan_any)."""
     ok = same_bits_nan_any(got, want) if name == "F16" else same_bits(got, want)
     if not ok:
         g, w = got.reshape(-1), want.reshape(-1)

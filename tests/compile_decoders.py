@@ -1,6 +1,7 @@
 """Compile the decode kernels for sm_90 (H200) without a GPU: `python compile_decoders.py Q4_K ...`.
 
-Per format: the test-only window kernel and strata.kernels.dequantize's kernel (fp32, bf16, fp16).
+Per format: the test-only window kernel (decode_tile and decode_tile_runs) and
+strata.kernels.dequantize's kernel (fp32, bf16, fp16 out; both decode paths).
 
 Run by tests/test_decode.py in a process with TRITON_INTERPRET=0; exits 1 naming any format that
 fails to compile.
@@ -17,22 +18,26 @@ import test_decode
 
 SIG = {"w_ptr": "*u8", "out_ptr": "*fp32", "tab_ptr": "*i32", "N": "i32", "K": "i32",
        "row_bytes": "i64", "row0": "i32", "k0": "i32",
-       "FMT": "constexpr", "BN": "constexpr", "BK": "constexpr"}
+       "FMT": "constexpr", "BN": "constexpr", "BK": "constexpr", "RUNS": "constexpr"}
 DEQUANT_SIG = {"w_ptr": "*u8", "out_ptr": "*fp32", "tab_ptr": "*i32", "N": "i32", "K": "i32",
                "row_bytes": "i64", "FMT": "constexpr", "OUT": "constexpr", "INTERP": "constexpr",
-               "BN": "constexpr", "BK": "constexpr"}
+               "BN": "constexpr", "BK": "constexpr", "RUNS": "constexpr"}
 OUT_PTR = {0: "*fp32", 1: "*bf16", 2: "*fp16"}
 
 
 def sources(name):
     fmt = get_format(name).ggml_type
-    yield "window", ASTSource(fn=test_decode._decode_window_kernel, signature=SIG,
-                              constexprs={"FMT": fmt, "BN": 64, "BK": 128})
+    for runs in (False, True):
+        yield f"window-runs{int(runs)}", ASTSource(
+            fn=test_decode._decode_window_kernel, signature=SIG,
+            constexprs={"FMT": fmt, "BN": 64, "BK": 128, "RUNS": runs})
     for out, ptr in OUT_PTR.items():
         sig = dict(DEQUANT_SIG, out_ptr=ptr)
-        yield f"dequant-out{out}", ASTSource(
-            fn=dequant._dequant_kernel, signature=sig,
-            constexprs={"FMT": fmt, "OUT": out, "INTERP": False, "BN": 8, "BK": 512})
+        for runs in (False, True):
+            yield f"dequant-out{out}-runs{int(runs)}", ASTSource(
+                fn=dequant._dequant_kernel, signature=sig,
+                constexprs={"FMT": fmt, "OUT": out, "INTERP": False, "BN": 8, "BK": 512,
+                            "RUNS": runs})
 
 
 def main(names) -> int:

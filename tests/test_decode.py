@@ -16,34 +16,37 @@ import triton.language as tl
 
 from strata.formats import dequantize, get_format
 from strata.formats.tables import device_table
-from strata.kernels.decode import decode_tile
+from strata.kernels.decode import TRITON_FORMATS, decode_tile, decode_tile_runs
 from blocks import assert_decoded_equal, code_sweep_blocks, random_matrix
 
-DECODED = ["BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K",
-           "IQ3_S"]
+DECODED = list(TRITON_FORMATS)
 
 
 @triton.jit
 def _decode_window_kernel(w_ptr, out_ptr, tab_ptr, N, K, row_bytes, row0, k0,
-                          FMT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """out[n - row0, k - k0] = W[n, k] for n in [row0, N), k in [k0, K)."""
+                          FMT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                          RUNS: tl.constexpr):
+    """out[n - row0, k - k0] = W[n, k] for n in [row0, N), k in [k0, K); RUNS: decode_tile_runs."""
     offs_n = row0 + tl.program_id(0) * BN + tl.arange(0, BN)             # [BN]
     offs_k = k0 + tl.program_id(1) * BK + tl.arange(0, BK)               # [BK]
     mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]                 # [BN, BK]
-    v = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+    if RUNS:
+        v = decode_tile_runs(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+    else:
+        v = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
     o = (offs_n - row0).to(tl.int64)[:, None] * (K - k0) + (offs_k - k0)[None, :]
     tl.store(out_ptr + o, v, mask=mask)
 
 
 def decode_window(raw: torch.Tensor, qtype, k: int, bn: int = 4, bk: int = 16,
-                  row0: int = 0, k0: int = 0) -> torch.Tensor:
+                  row0: int = 0, k0: int = 0, runs: bool = False) -> torch.Tensor:
     """fp32 [N - row0, k - k0]: the decoded window of the [N, k] matrix `raw` [N, row_bytes]."""
     fmt = get_format(qtype)
     n = raw.shape[0]
     out = torch.empty((n - row0, k - k0), dtype=torch.float32, device=raw.device)
     grid = (triton.cdiv(n - row0, bn), triton.cdiv(k - k0, bk))
     _decode_window_kernel[grid](raw, out, device_table("iq3s", raw.device), n, k,
-                                fmt.row_bytes(k), row0, k0, fmt.ggml_type, bn, bk)
+                                fmt.row_bytes(k), row0, k0, fmt.ggml_type, bn, bk, runs)
     return out
 
 
@@ -64,6 +67,18 @@ def test_decode_tile_matches_reference(name, tile):
     assert_decoded_equal(decode_window(raw, fmt, k, *tile), dequantize(raw, fmt), name)
 
 
+@pytest.mark.parametrize("tile", [(2, 64), (8, 32), (4, 256)], ids=lambda t: f"BN{t[0]}-BK{t[1]}")
+@pytest.mark.parametrize("name", DECODED)
+def test_decode_tile_runs_matches_reference(name, tile):
+    # scales once per (row, run): same bits as the per-weight path; rows past N masked
+    fmt = get_format(name)
+    n, k = 5, _small_k(fmt) if fmt.block > 1 else 64
+    raw = random_matrix(fmt, n, k, seed=sum(tile) + 1)
+    got = decode_window(raw, fmt, k, *tile, runs=True)
+    assert_decoded_equal(got, dequantize(raw, fmt), name)
+    assert_decoded_equal(got, decode_window(raw, fmt, k, *tile), name)
+
+
 @pytest.mark.parametrize("name", DECODED)
 def test_decode_window_starting_mid_block(name):
     # row0 = 2, k0 = 7: tiles straddle block edges at arbitrary lanes
@@ -81,8 +96,10 @@ def test_decode_every_code_under_edge_scales(name):
     blocks = code_sweep_blocks(fmt)
     k = 256 if fmt.block == 1 else fmt.block
     raw = blocks.reshape(-1, fmt.row_bytes(k))
-    got = decode_window(raw, fmt, k, 64, 64 if fmt.block < 256 else 256)
-    assert_decoded_equal(got, dequantize(raw, fmt), name)
+    want = dequantize(raw, fmt)
+    for runs in (False, True):
+        got = decode_window(raw, fmt, k, 64, 64 if fmt.block < 256 else 256, runs=runs)
+        assert_decoded_equal(got, want, name)
 
 
 def test_decoders_compile_for_h200():
@@ -101,8 +118,9 @@ def test_decode_tile_gpu_big(name):
     fmt = get_format(name)
     n, k = 777, 4096
     raw = random_matrix(fmt, n, k, seed=1).cuda()
-    got = decode_window(raw, fmt, k, 64, 128)
-    assert_decoded_equal(got.cpu(), dequantize(raw.cpu(), fmt), name)
+    for runs in (False, True):
+        got = decode_window(raw, fmt, k, 64, 128, runs=runs)
+        assert_decoded_equal(got.cpu(), dequantize(raw.cpu(), fmt), name)
 
 
 @pytest.mark.gpu
@@ -112,8 +130,9 @@ def test_decode_every_code_gpu(name):
     blocks = code_sweep_blocks(fmt)
     k = 256 if fmt.block == 1 else fmt.block
     raw = blocks.reshape(-1, fmt.row_bytes(k)).cuda()
-    got = decode_window(raw, fmt, k, 32, 64)
-    assert_decoded_equal(got.cpu(), dequantize(raw.cpu(), fmt), name)
+    for runs in (False, True):
+        got = decode_window(raw, fmt, k, 32, 64, runs=runs)
+        assert_decoded_equal(got.cpu(), dequantize(raw.cpu(), fmt), name)
 
 
 @pytest.mark.gpu

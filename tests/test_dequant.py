@@ -8,7 +8,7 @@ from strata.kernels import dequantize, dequantize_torch
 from strata.kernels.dequant import DequantTiles, dequant_tiles
 from blocks import assert_decoded_equal, code_sweep_blocks, random_matrix
 
-FORMATS = ["BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K", "IQ3_S"]
+from strata.kernels.decode import TRITON_FORMATS as FORMATS
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # e8m0 255
@@ -17,6 +17,17 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarn
 def assert_same(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
     assert got.dtype == want.dtype and got.shape == want.shape
     assert_decoded_equal(got.float(), want.float(), name)  # widening is exact; bits compared
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_dequantize_runs_path(name):
+    # the decode_tile_runs launch gives the same bits; BK 64 puts several tiles on a row
+    fmt = get_format(name)
+    k = 64 if fmt.block == 1 else 2 * max(fmt.block, 256)
+    raw = random_matrix(fmt, 5, k, seed=8)
+    tiles = DequantTiles(bn=4, bk=64, runs=True)
+    got = dequantize(raw, name, torch.bfloat16, tiles=tiles)
+    assert_same(got, dequantize_torch(raw, name, torch.bfloat16, tiles=tiles), name)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -60,6 +71,8 @@ def test_dequantize_errors():
         dequantize(torch.zeros(2, 36, dtype=torch.uint8), "Q8_0")
     with pytest.raises(StrataError, match="unknown block format"):
         dequantize(torch.zeros(2, 34, dtype=torch.uint8), "Q8_1")
+    with pytest.raises(StrataError, match="no Triton decoder for F32"):
+        dequantize(torch.zeros(2, 8, dtype=torch.uint8), "F32")
     odd = torch.zeros(35, dtype=torch.uint8)[1:].reshape(1, 34)      # storage starts mid-word
     with pytest.raises(StrataError, match="even address"):
         dequantize(odd, "Q8_0")
@@ -71,6 +84,9 @@ def test_dequantize_errors():
 def test_dequantize_gpu(name, dtype):
     fmt = get_format(name)
     raw = random_matrix(fmt, 1531, 3072, seed=2).cuda()
-    got = dequantize(raw, name, DTYPES[dtype])
-    assert_same(got.cpu(), dequantize_torch(raw.cpu(), name, DTYPES[dtype]), name)
-    assert_same(got, dequantize_torch(raw, name, DTYPES[dtype]), name)  # the torch path on CUDA too
+    want = dequantize_torch(raw.cpu(), name, DTYPES[dtype])
+    for runs in (False, True):
+        tiles = DequantTiles(bn=8, bk=512, runs=runs)
+        got = dequantize(raw, name, DTYPES[dtype], tiles=tiles)
+        assert_same(got.cpu(), want, name)
+    assert_same(dequantize_torch(raw, name, DTYPES[dtype]).cpu(), want, name)  # torch on CUDA

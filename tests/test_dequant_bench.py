@@ -14,13 +14,14 @@ def test_dequant_bench_smoke(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     argv = ["--smoke", "--formats", "Q8_0,IQ3_S", "--out-dtypes", "bf16,fp32", "--out-dir",
-            str(tmp_path)]
+            str(tmp_path), "--decoders", "elem,runs"]
     assert bench.main(argv) == 0
     (csv_path,) = tmp_path.glob("dequant-*-smoke.csv")
     assert csv_path.with_suffix(".png").stat().st_size > 0
     rows = list(csv.DictReader(open(csv_path)))
-    assert [(r["format"], r["out_dtype"]) for r in rows] == [
-        ("Q8_0", "bfloat16"), ("Q8_0", "float32"), ("IQ3_S", "bfloat16"), ("IQ3_S", "float32")]
+    assert [(r["format"], r["out_dtype"], r["decoder"]) for r in rows] == [
+        (f, d, dec) for f in ("Q8_0", "IQ3_S") for d in ("bfloat16", "float32")
+        for dec in ("elem", "runs")]
     for r in rows:
         assert r["commit"] and r["gpu"] and "--smoke" in r["command"]
         # bytes moved: the blocks read + the matrix written (8 x 256 weights in smoke mode)

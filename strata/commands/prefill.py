@@ -1,8 +1,13 @@
-"""`strata prefill PACK --tokens 1,2,3 [--chunk N] [--device cpu|cuda] [--dump-logits out.npy]`
+"""`strata prefill PACK (--tokens 1,2,3 | --prompt-tokens N) [--vram SIZE ...] [...]`
 
-Reads a prompt through a pack and reports tokens/s. Today every expert is resident (one arena on
-the device, `ResidentProvider`); the streaming engine plugs in as another provider: `make_provider`
-is the one place that chooses it, `PrefillResult` the one place that collects what is reported.
+Reads a prompt through a pack and reports tokens/s.
+
+- Without --vram every expert is resident (one arena on the device, `ResidentProvider`).
+- With --vram (one per GPU) the streaming engine reads it: expert cache filled to the budget,
+  plan from the auto scan (or --chunk), loan + carve + ring, copies overlapped with compute
+  (strata.engine). It prints the plan, `prefill_chunk` and `prefill_ring` (the resolved ring: a
+  slot count or STAGE), bytes streamed, the achieved host->device rate, cache hits and the time
+  compute waited on copies.
 """
 from __future__ import annotations
 
@@ -30,8 +35,37 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "logits of every position.")
     p.add_argument("pack", help="a pack file (strata pack / strata synth)")
     src = p.add_argument_group("prompt")
-    src.add_argument("--tokens", required=True,
+    one = src.add_mutually_exclusive_group(required=True)
+    one.add_argument("--tokens",
                      help="token ids, comma separated (e.g. 1,2,3); no tokenizer is involved")
+    one.add_argument("--prompt-tokens", type=int, metavar="N",
+                     help="a prompt of N random token ids (seeded by --seed)")
+    src.add_argument("--seed", type=int, default=0, help="seed of --prompt-tokens (default 0)")
+    eng = p.add_argument_group("streaming (any of these turns the streaming engine on)")
+    eng.add_argument("--vram", action="append", metavar="SIZE",
+                     help="VRAM budget of a GPU (e.g. 12GiB); repeat it for a layer split over "
+                          "several GPUs")
+    eng.add_argument("--cache", metavar="SIZE", help="expert cache bytes per GPU (default: "
+                     "VRAM - dense weights - KV of --max-prompt - 1 GiB reserve)")
+    eng.add_argument("--lend-cap", type=float, default=0.9,
+                     help="most of the cache a prompt may borrow (default 0.9)")
+    eng.add_argument("--prefill", default="auto", metavar="auto[:MAX]",
+                     help="auto scan up to MAX tokens per chunk (default auto:32768)")
+    eng.add_argument("--scan", choices=["auto", "legacy"], default="auto",
+                     help="auto: largest chunk that leaves the ring full; legacy: fixed ring, "
+                          "first fitting chunk of the old list (A/B)")
+    eng.add_argument("--ring", type=int, metavar="N",
+                     help="force the ring to N slots (as STRATA_PREFILL_RING=N)")
+    eng.add_argument("--unpinned", action="store_true",
+                     help="do not pin the host blobs (pageable copies, the unpinned ring budget)")
+    eng.add_argument("--max-prompt", type=int, default=None, metavar="N",
+                     help="KV reserved for prompts up to N tokens (default: this prompt)")
+    eng.add_argument("--layer-split", default=None, metavar="auto|N,N,...",
+                     help="layers per GPU (default auto: in proportion to --vram)")
+    eng.add_argument("--devices", default=None, metavar="D,D,...",
+                     help="devices of the participants (default cuda:0.. or cpu)")
+    eng.add_argument("--batch", type=int, default=None,
+                     help="experts per streamed batch (default ring/2)")
     p.add_argument("--chunk", type=int, default=None,
                    help="tokens per chunk (default: the whole prompt in one chunk)")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
@@ -101,10 +135,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _streaming(args) -> bool:
+    return bool(args.vram) or args.cache is not None
+
+
+def prompt_tokens(args, vocab: int) -> list[int]:
+    if args.tokens is not None:
+        return parse_tokens(args.tokens)
+    if args.prompt_tokens < 1:
+        raise StrataError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
+    g = torch.Generator().manual_seed(args.seed)
+    return torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist()
+
+
 def run(args) -> int:
     from strata.models.load import load_model, open_pack, resolve_device
     from strata.models.moe import expert_ffn
 
+    if _streaming(args):
+        return run_streaming(args)
+    if args.tokens is None:
+        pack = open_pack(args.pack)
+        args.tokens = ",".join(map(str, prompt_tokens(args, pack.shape.vocab)))
     tokens = parse_tokens(args.tokens)
     if args.chunk is not None and args.chunk < 1:
         raise StrataError(f"--chunk must be at least 1 token, got {args.chunk}")
@@ -167,3 +219,125 @@ def run(args) -> int:
         res.logits_path = path
     print(json.dumps(asdict(res)) if args.json else res.summary())
     return 0
+
+
+def parse_prefill(text: str) -> int:
+    """`auto` or `auto:MAX` -> MAX (default 32768)."""
+    text = text.strip()
+    if text == "auto":
+        return 32768
+    if text.startswith("auto:"):
+        try:
+            n = int(text[5:])
+        except ValueError:
+            n = 0
+        if n >= 256:
+            return n
+    raise StrataError(f"--prefill {text!r}: write auto or auto:MAX with MAX >= 256 "
+                      f"(e.g. auto:32768)")
+
+
+def engine_config(args, n_tokens: int):
+    """The EngineConfig the flags describe."""
+    from strata.engine.prefill import EngineConfig
+    from strata.units import parse_size
+
+    vram = [parse_size(v) for v in (args.vram or ["80GiB"])]
+    split = None
+    if args.layer_split not in (None, "auto"):
+        try:
+            split = [int(x) for x in args.layer_split.split(",")]
+        except ValueError:
+            raise StrataError(f"--layer-split {args.layer_split!r}: write auto or layer counts "
+                              f"per GPU, e.g. 24,24") from None
+    if args.chunk is not None and args.chunk < 1:
+        raise StrataError(f"--chunk must be at least 1 token, got {args.chunk}")
+    if args.ring is not None and args.ring < 1:
+        raise StrataError(f"--ring must be at least 1 slot, got {args.ring}")
+    dev = args.device
+    devices = args.devices.split(",") if args.devices else None
+    ffn = args.experts if args.experts != "auto" else \
+        ("kernel" if (dev or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+         else "torch")
+    return EngineConfig(
+        vram=vram, cache=parse_size(args.cache) if args.cache else None, lend_cap=args.lend_cap,
+        scan=args.scan, scan_max=parse_prefill(args.prefill), chunk=args.chunk, ring=args.ring,
+        pin=not args.unpinned, max_prompt=args.max_prompt or n_tokens, device=dev,
+        devices=devices, layer_split=split,
+        dtype=None if args.dtype == "auto" else DTYPES[args.dtype], ffn=ffn, batch=args.batch,
+        progress=not args.json)
+
+
+def run_streaming(args) -> int:
+    """The streaming engine's read of one prompt, reported."""
+    from strata.engine.prefill import PrefillEngine
+    from strata.models.load import open_pack
+
+    if args.dump_logits and not Path(args.dump_logits).parent.resolve().is_dir():
+        raise StrataError(f"--dump-logits: directory {Path(args.dump_logits).parent} does not exist")
+    pack = open_pack(args.pack)
+    tokens = prompt_tokens(args, pack.shape.vocab)
+    cfg = engine_config(args, len(tokens))
+    engine = PrefillEngine(pack, cfg)
+    with torch.inference_mode():
+        res = engine.run(torch.tensor(tokens, dtype=torch.int64),
+                         logits="all" if args.dump_logits else "last")
+    report = streaming_report(engine, res, str(args.pack))
+    if args.dump_logits:
+        path = str(args.dump_logits)
+        path = path if path.endswith(".npy") else path + ".npy"
+        np.save(path, np.ascontiguousarray(res.logits.float().cpu().numpy()))
+        report["logits_path"] = path
+    print(json.dumps(report) if args.json else streaming_summary(report))
+    return 0
+
+
+def streaming_report(engine, res, pack_name: str) -> dict:
+    """Everything one streamed prompt reports, as plain data (the --json output)."""
+    st = res.stats
+    fr = [f for c in st.chunks for f in c.hit_fraction]
+    return {
+        "pack": pack_name, "arch": engine.shape.arch, "devices": [str(p.device) for p in engine.parts],
+        "experts": engine.cfg.ffn, "pinned": engine.host.pinned,
+        "n_tokens": st.tokens, "seconds": st.seconds, "tokens_per_s": st.tokens_per_s,
+        "prefill_chunk": res.chunk, "prefill_ring": res.ring,
+        "plan": res.plan.to_dict(),
+        "bytes_streamed": st.bytes_streamed, "h2d_gbps": st.h2d_gbps,
+        "copy_s": st.copy_s, "wait_s": st.wait_s,
+        "cache_hits": st.cache_hits, "routed": st.routed,
+        "hit_fraction_min": min(fr) if fr else None,
+        "hit_fraction_mean": sum(fr) / len(fr) if fr else None,
+        "next_token": int(res.logits[-1].argmax()) if res.logits is not None else None,
+        "chunks": st.to_dict()["chunks"],
+    }
+
+
+def streaming_summary(r: dict) -> str:
+    p = r["plan"]
+    ring = r["prefill_ring"]
+    hits = (f"{r['cache_hits']:,} of {r['routed']:,} routed experts served from the cache "
+            f"({100 * r['cache_hits'] / r['routed']:.1f}%)" if r["routed"] else "no experts routed")
+    lines = [
+        f"strata prefill: {r['n_tokens']:,} tokens through {r['pack']} ({r['arch']}) on "
+        f"{', '.join(r['devices'])}, experts via {r['experts']}",
+        f"  plan      rule {p['rule']}, chunk {p['chunk']}, ring {p['ring']} "
+        f"({fmt_bytes(p['ring_bytes'])}), needs {fmt_bytes(p['bytes_needed'])} of room "
+        f"{fmt_bytes(p['room'])}, {p['probes']} probes",
+        f"  INFO      prefill_chunk={r['prefill_chunk']} prefill_ring={ring}",
+        f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s)",
+        f"  streamed  {fmt_bytes(r['bytes_streamed'])} host->device at {r['h2d_gbps']:.1f} GB/s "
+        f"while copying " + (f"({'pinned' if r['pinned'] else 'pageable'}; ceiling 55.4 GB/s "
+                             f"pinned PCIe 5 x16, 8.3 GB/s pageable)"
+                             if any(d.startswith("cuda") for d in r["devices"])
+                             else "(CPU: a memory copy standing in for PCIe)"),
+        f"  waits     compute waited {r['wait_s'] * 1e3:.1f} ms on copies",
+        f"  cache     {hits}",
+    ]
+    if r["hit_fraction_mean"] is not None:
+        lines.append(f"  routing   a chunk hit {100 * r['hit_fraction_mean']:.1f}% of a layer's "
+                     f"experts on average (min {100 * r['hit_fraction_min']:.1f}%)")
+    if r["next_token"] is not None:
+        lines.append(f"  next token {r['next_token']}")
+    if r.get("logits_path"):
+        lines.append(f"  logits float32 [{r['n_tokens']}, vocab] -> {r['logits_path']}")
+    return "\n".join(lines)

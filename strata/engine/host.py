@@ -7,7 +7,7 @@ pageable memory with the unpinned ring budget, and says so once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -20,10 +20,18 @@ log = logging.getLogger("strata")
 class HostExperts:
     """Host copies of each layer's expert blobs; `blob(l, e)` is expert e of layer l (uint8)."""
 
-    def __init__(self, layer_blobs: Sequence[torch.Tensor], blob_sizes: Sequence[int], *,
-                 pin: bool = True, progress: bool = False):
-        if len(layer_blobs) != len(blob_sizes):
-            raise StrataError(f"{len(layer_blobs)} expert tensors for {len(blob_sizes)} blob sizes")
+    def __init__(self, layer_blobs: Sequence[torch.Tensor] | Callable[[int], torch.Tensor],
+                 blob_sizes: Sequence[int], *, pin: bool = True, progress: bool = False):
+        """`layer_blobs`: one uint8 tensor per layer, or a callable giving layer i's (so a
+        32 GB pack is read into pinned memory a layer at a time, never held twice)."""
+        if callable(layer_blobs):
+            get = layer_blobs
+            layer_blobs = range(len(blob_sizes))
+        else:
+            get = None
+            if len(layer_blobs) != len(blob_sizes):
+                raise StrataError(f"{len(layer_blobs)} expert tensors for {len(blob_sizes)} "
+                                  f"blob sizes")
         self.blob_sizes = [int(b) for b in blob_sizes]
         want_pin = pin and torch.cuda.is_available()
         self.pinned = False
@@ -34,6 +42,8 @@ class HostExperts:
             it = tqdm(list(it), desc="pinning experts" if want_pin else "loading experts",
                       unit="layer", leave=False)
         for i, (t, size) in enumerate(it):
+            if get is not None:
+                t = get(t)
             if t.dtype != torch.uint8 or t.numel() % size:
                 raise StrataError(f"layer {i}: expert blobs must be uint8 whole blobs of {size:,} B, "
                                   f"got {t.dtype} x {t.numel():,}")

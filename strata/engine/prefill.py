@@ -94,7 +94,9 @@ class Part:
 
 
 class PrefillEngine:
-    def __init__(self, pack, cfg: EngineConfig):
+    def __init__(self, pack, cfg: EngineConfig, *, host: HostExperts | None = None):
+        """`host`: the pack's blobs already in (pinned) host memory — experiments that build
+        several engines over one 32 GB pack pin it once."""
         self.cfg = cfg
         self.pack = pack = open_pack(pack)
         self.shape = pack.shape
@@ -109,8 +111,8 @@ class PrefillEngine:
         self.layouts = [pl.layout for pl in pack.layers]
         self.blob_sizes = [pl.blob_size for pl in pack.layers]
         self.max_blob = pack.max_blob
-        self.host = HostExperts([pack.experts(i) for i in range(self.shape.n_layer)],
-                                self.blob_sizes, pin=cfg.pin, progress=cfg.progress)
+        self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
+                                        progress=cfg.progress)
         self.pinned = self.host.pinned or self.device.type != "cuda"
         parts, budgets = participants(self.shape, self.blob_sizes, vram, cache=cfg.cache,
                                       lend_cap=cfg.lend_cap, reserve=cfg.reserve,

@@ -1,7 +1,12 @@
 """ggml block formats: the one description of each (table), torch references, quantizers.
 
-The block table lives in `strata.formats.table`; everything else (blob layouts, packs, kernels,
-memory sizing) reads it from there.
+- table:   Format + FORMATS, the one description of every block format (sizes, layout, scale
+           fields); blob layouts, packs, kernels and memory sizing read it from there
+- tables:  IQ4_NL / MXFP4 levels and the IQ3_S grid, held once
+- codec:   dequantize(raw, qtype) -> fp32 and quantize(x, qtype) -> uint8, gguf-py's call shapes
+- plain, legacy, kquants, iquants, mxfp4: the per-family torch references (bit-exact with
+           gguf-py / ggml), one function per format and direction
+Triton decoders of the same formats: strata.kernels.decode.
 """
 from strata.formats.table import FORMATS, Format, get_format, row_bytes
 from strata.formats.codec import dequantize, quantize

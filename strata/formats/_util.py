@@ -21,7 +21,7 @@ def nibbles(qs: torch.Tensor) -> torch.Tensor:
 
 
 def bits(b: torch.Tensor, width: int = 1) -> torch.Tensor:
-    """[..., n] bytes -> [..., n * 8/width] int32 fields, least significant first within each byte."""
+    """[..., n] bytes -> [..., n * 8/width] int32 fields, least significant first in each byte."""
     shifts = torch.arange(0, 8, width, device=b.device, dtype=torch.int32)
     v = (b.to(torch.int32)[..., None] >> shifts) & ((1 << width) - 1)
     return v.reshape(*b.shape[:-1], -1)

@@ -20,6 +20,10 @@ from strata.formats.table import get_format
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
+# blocks per call of a family function: bounds the temporaries (MXFP4's quantizer holds 16
+# candidate errors per weight) whatever the tensor size
+CHUNK_BLOCKS = 1 << 16
+
 # ggml type name -> blocks function; a format absent from QUANTIZERS is decode-only.
 DEQUANTIZERS: dict[str, Fn] = {
     "F32": plain.dequantize_f32,
@@ -80,7 +84,7 @@ def dequantize(raw, qtype) -> torch.Tensor:
         raise StrataError(f"{fmt.name} rows are whole {fmt.block_bytes}-byte blocks, but the last "
                           f"dimension holds {nbytes} bytes; pass the raw bytes of whole rows")
     lead = t.shape[:-1]
-    out = fn(t.reshape(-1, fmt.block_bytes))
+    out = _chunked(fn, t.reshape(-1, fmt.block_bytes), fmt.block, torch.float32)
     return out.reshape(*lead, nbytes // fmt.block_bytes * fmt.block)
 
 
@@ -99,6 +103,17 @@ def quantize(x, qtype) -> torch.Tensor:
     k = t.shape[-1]
     fmt.row_bytes(k)  # clear error when k is not whole blocks
     lead = t.shape[:-1]
-    out = fn(t.to(torch.float32).reshape(-1, fmt.block))
+    out = _chunked(fn, t.to(torch.float32).reshape(-1, fmt.block), fmt.block_bytes, torch.uint8)
     return out.reshape(*lead, k // fmt.block * fmt.block_bytes)
+
+
+def _chunked(fn: Fn, blocks: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """fn over blocks [n, ...] in CHUNK_BLOCKS pieces -> [n, width]."""
+    n = blocks.shape[0]
+    if n <= CHUNK_BLOCKS:
+        return fn(blocks)
+    out = torch.empty((n, width), dtype=dtype, device=blocks.device)
+    for i in range(0, n, CHUNK_BLOCKS):
+        out[i:i + CHUNK_BLOCKS] = fn(blocks[i:i + CHUNK_BLOCKS])
+    return out
 

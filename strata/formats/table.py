@@ -44,10 +44,12 @@ _ALL = [
     Format("Q4_0", 2, 32, 18, "fp16 d; qs[16] nibbles (low = j, high = j+16); w = d*(q-8)", (0,)),
     Format("Q5_0", 6, 32, 22, "fp16 d; qh[4] 5th bits; qs[16]; w = d*(q-16)", (0,)),
     Format("IQ4_NL", 20, 32, 18, "fp16 d; qs[16] nibbles index kvalues_iq4nl[16]", (0,)),
-    Format("Q2_0", 42, 64, 18, "fp16 d; qs[16]; weight j at byte j/4 bits 2*(j%4); w = d*(q-1)", (0,)),
+    Format("Q2_0", 42, 64, 18,
+           "fp16 d; qs[16]; weight j at byte j/4 bits 2*(j%4); w = d*(q-1)", (0,)),
     Format("Q4_K", 12, 256, 144, "fp16 d, dmin; scales[12] (6-bit scales/mins); qs[128]", (0, 2)),
     Format("Q6_K", 14, 256, 210, "ql[128]; qh[64]; int8 scales[16]; fp16 d", (208,)),
-    Format("IQ3_S", 21, 256, 110, "fp16 d; qs[64]; qh[8]; signs[32]; scales[4]; 512-entry grid", (0,)),
+    Format("IQ3_S", 21, 256, 110,
+           "fp16 d; qs[64]; qh[8]; signs[32]; scales[4]; 512-entry grid", (0,)),
     Format("MXFP4", 39, 32, 17, "e8m0 scale; qs[16] e2m1 nibbles"),
 ]
 

@@ -1,4 +1,5 @@
-"""Lookup tables of the ggml formats, held once: torch references and Triton decoders read them here.
+"""Lookup tables of the ggml formats, held once: the torch references and Triton decoders read
+them here.
 
 - KVALUES_IQ4NL: the 16 non-linear IQ4_NL levels a nibble indexes (ggml kvalues_iq4nl).
 - KVALUES_MXFP4: the 16 e2m1 values a nibble indexes, doubled to integers (ggml kvalues_mxfp4);
@@ -109,4 +110,7 @@ def _device_table(name: str, device: str) -> torch.Tensor:
 
 def device_table(name: str, device) -> torch.Tensor:
     """The int32 table `name` ('iq4nl', 'mxfp4', 'iq3s') on `device`, made once per device."""
-    return _device_table(name, str(torch.device(device)))
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:  # "cuda" means the current device: name it
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return _device_table(name, str(dev))

@@ -5,6 +5,8 @@
 - decode: the per-format @triton.jit block decoders the GEMM calls (strata.kernels.decode)
 - routing: top-k and grouping by expert (strata.kernels.routing)
 - tiles: the expert GEMM's tile heuristic and `pin_tile` (strata.kernels.tiles)
+- dequantize / dequantize_torch: whole-matrix decode (strata.kernels.dequant); block decode
+  helpers live in strata.kernels.decode
 """
 from strata.kernels.dequant import dequantize, dequantize_torch
 from strata.kernels.moe import LaunchRecord, last_launch, moe_ffn, moe_ffn_torch

@@ -20,15 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-try:  # the block decoders (formats branch); BF16 needs none of them
-    from strata.kernels.decode import decode_tile
-    HAVE_DECODE = True
-except ImportError:  # pragma: no cover - exercised only before the formats branch is merged
-    HAVE_DECODE = False
-
-    @triton.jit
-    def decode_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
-        return tl.zeros(mask.shape, tl.float32)  # unreachable: the launcher refuses non-BF16
+from strata.kernels.decode import TRITON_FORMATS, decode_tile, decode_tile_runs  # noqa: F401
 
 GGML_BF16: tl.constexpr = tl.constexpr(30)
 GATE_UP: tl.constexpr = tl.constexpr(0)
@@ -36,23 +28,43 @@ DOWN: tl.constexpr = tl.constexpr(1)
 
 
 @triton.jit
-def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
+def _bf16(x, INTERP: tl.constexpr):
+    """fp32 -> bf16, round to nearest even. The GPU's cvt does that; the interpreter's cast
+    truncates (and its "rtne" mode mis-carries into the exponent), so there the rounding is done
+    on the bits: add 0x7FFF plus the lowest kept bit, keep the top 16."""
+    if INTERP:
+        u = x.to(tl.uint32, bitcast=True)
+        u = u + 0x7FFF + ((u >> 16) & 1)
+        y = (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        y = x.to(tl.bfloat16)
+    return y
+
+
+@triton.jit
+def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr,
+            INTERP: tl.constexpr):
     """Weights [BN, BK] as bf16 for tl.dot: BF16 read as is, every other format decoded."""
     if FMT == GGML_BF16:
-        ptr = w_ptr + offs_n[:, None].to(tl.int64) * row_bytes + offs_k[None, :].to(tl.int64) * 2
-        raw = tl.load(ptr.to(tl.pointer_type(tl.uint16), bitcast=True), mask=mask, other=0)
-        w = raw.to(tl.bfloat16, bitcast=True)
+        # cast the scalar base, not a pointer tensor (triton 3.6's coalesce pass asserts on a
+        # tensor-of-pointers bitcast between element sizes); rows are 2-byte aligned
+        p16 = w_ptr.to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        idx = offs_n[:, None].to(tl.int64) * (row_bytes >> 1) + offs_k[None, :]
+        w = tl.load(p16 + idx, mask=mask, other=0.0)
+    elif offs_k.shape[0] % 32 == 0:
+        # whole aligned runs of 32 (K loop steps are multiples of BK): scales read once per run
+        w = _bf16(decode_tile_runs(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr), INTERP)
     else:
-        w = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask).to(tl.bfloat16)
+        w = _bf16(decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr), INTERP)
     return w
 
 
 @triton.jit
-def _dot(a, w, acc, DOT_F32: tl.constexpr):
+def _dot(a, w, acc, INTERP: tl.constexpr):
     """acc += a @ w^T. The interpreter stores bf16 as raw uint16 and its tl.dot multiplies those
-    bit patterns, so there (DOT_F32) both operands go up to fp32 first: bf16 products are exact in
+    bit patterns, so there (INTERP) both operands go up to fp32 first: bf16 products are exact in
     fp32, so the result is the same math; on the GPU the dot runs on bf16 tensor cores."""
-    if DOT_F32:
+    if INTERP:
         acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
     else:
         acc = tl.dot(a, tl.trans(w), acc)
@@ -74,8 +86,8 @@ def _tile_rows(MODE: tl.constexpr, sorted_ids_ptr, mb, n_assign, TOPK: tl.conste
 
 @triton.jit
 def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi,
-         n_in, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
-         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr):
+         n_in, tab_ptr, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
     """acc1 (and acc2 when TWO) [BM, BN] fp32 over reduction steps [k_lo, k_hi)."""
     acc1 = tl.zeros((BM, BN), tl.float32)
     acc2 = tl.zeros((BM, BN), tl.float32)
@@ -85,21 +97,21 @@ def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mas
         k_mask = offs_k < n_in
         a = tl.load(a_base + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
         wmask = n_mask[:, None] & k_mask[None, :]                      # [BN, BK]
-        w1 = _w_tile(FMT1, w1_ptr, rb1, offs_n, offs_k, wmask)
-        acc1 = _dot(a, w1, acc1, DOT_F32)
+        w1 = _w_tile(FMT1, w1_ptr, rb1, offs_n, offs_k, wmask, tab_ptr, INTERP)
+        acc1 = _dot(a, w1, acc1, INTERP)
         if TWO:
-            w2 = _w_tile(FMT2, w2_ptr, rb2, offs_n, offs_k, wmask)
-            acc2 = _dot(a, w2, acc2, DOT_F32)
+            w2 = _w_tile(FMT2, w2_ptr, rb2, offs_n, offs_k, wmask, tab_ptr, INTERP)
+            acc2 = _dot(a, w2, acc2, INTERP)
     return acc1, acc2
 
 
 @triton.jit
 def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n,
-              n_mask, tw_ptr):
+              n_mask, tw_ptr, INTERP: tl.constexpr):
     if MODE == GATE_UP:
         h = acc1 / (1.0 + tl.exp(-acc1)) * acc2                        # silu(gate) * up
         ptr = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
-        tl.store(ptr, h.to(tl.bfloat16), mask=n_mask[None, :])       # padding rows too (zeros)
+        tl.store(ptr, _bf16(h, INTERP), mask=n_mask[None, :])       # padding rows too (zeros)
     else:
         w = tl.load(tw_ptr + ids, mask=valid, other=0.0)                # [BM] routing weight
         ptr = out_ptr + ids[:, None].to(tl.int64) * stride_out + offs_n[None, :]
@@ -107,53 +119,75 @@ def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, 
 
 
 @triton.jit
-def _moe_gemm_kernel(
-        a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
-        arena_ptr, slot_ptr, off1, rb1, off2, rb2,
-        out_ptr, stride_out, tw_ptr, scratch_ptr,
-        n_out, n_in, n_tiles, n_programs,
-        MODE: tl.constexpr, SCHED: tl.constexpr, TOPK: tl.constexpr,
-        FMT1: tl.constexpr, FMT2: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr):
-    pid = tl.program_id(0)
+def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
+          arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
+          tab_ptr, n_out, n_in, MODE: tl.constexpr, TOPK: tl.constexpr, FMT1: tl.constexpr,
+          FMT2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+          INTERP: tl.constexpr, SPLIT: tl.constexpr):
+    """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
+    fp32 piece into scratch slot 2*pid + last."""
     NB = tl.cdiv(n_out, BN)
     KI = tl.cdiv(n_in, BK)
     TWO: tl.constexpr = MODE == GATE_UP
     NACC: tl.constexpr = 2 if MODE == GATE_UP else 1
+    mb = t // NB
+    nb = t % NB
+    e = tl.load(block_expert_ptr + mb)
+    # blobs and their matrices start 256-byte aligned (strata.blob): say so, so loads vectorize
+    blob = arena_ptr + tl.multiple_of(tl.load(slot_ptr + e), 256)      # uint8* of expert e's blob
+    offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
+    offs_n = nb * BN + tl.arange(0, BN)
+    n_mask = offs_n < n_out
+    acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
+                      offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, FMT1, FMT2, TWO, BM, BN, BK, INTERP)
+    if SPLIT == 0:
+        _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
+                  tw_ptr, INTERP)
+    elif (k_lo == 0) & (k_hi == KI):
+        _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
+                  tw_ptr, INTERP)
+    else:
+        slot = 2 * pid + last
+        r = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]   # [BM, BN]
+        sp = scratch_ptr + slot.to(tl.int64) * (NACC * BM * BN) + r
+        tl.store(sp, acc1)
+        if TWO:
+            tl.store(sp + BM * BN, acc2)
+
+
+@triton.jit
+def _moe_gemm_kernel(
+        a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
+        arena_ptr, slot_ptr, off1, rb1, off2, rb2,
+        out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr,
+        n_out, n_in, n_tiles, n_programs,
+        MODE: tl.constexpr, SCHED: tl.constexpr, TOPK: tl.constexpr,
+        FMT1: tl.constexpr, FMT2: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
+    pid = tl.program_id(0)
+    KI = tl.cdiv(n_in, BK)
     if SCHED == 0:
-        start = pid * KI
-        end = start + KI
+        # data-parallel: one tile, the whole reduction (no loop around it, so the K loop pipelines)
+        _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
+              arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
+              tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP, 0)
     else:
         total = n_tiles * KI
         base = total // n_programs
         extra = total % n_programs
         start = pid * base + tl.minimum(pid, extra)
         end = start + base + (pid < extra).to(tl.int32)
-    it = start
-    while it < end:
-        t = it // KI
-        k_lo = it % KI
-        k_hi = tl.minimum(KI, k_lo + end - it)
-        mb = t // NB
-        nb = t % NB
-        e = tl.load(block_expert_ptr + mb)
-        blob = arena_ptr + tl.load(slot_ptr + e)                       # uint8* of expert e's blob
-        offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
-        offs_n = nb * BN + tl.arange(0, BN)
-        n_mask = offs_n < n_out
-        acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
-                          offs_n, n_mask, k_lo, k_hi, n_in, FMT1, FMT2, TWO, BM, BN, BK, DOT_F32)
-        if (k_lo == 0) & (k_hi == KI):
-            _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
-                      tw_ptr)
-        else:
-            slot = 2 * pid + (it != start).to(tl.int32)
-            r = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # [BM, BN]
-            sp = scratch_ptr + slot.to(tl.int64) * (NACC * BM * BN) + r
-            tl.store(sp, acc1)
-            if TWO:
-                tl.store(sp + BM * BN, acc2)
-        it += k_hi - k_lo
+        it = start
+        while it < end:
+            k_lo = it % KI
+            k_hi = tl.minimum(KI, k_lo + end - it)
+            # slot 2p: this program's first piece; 2p+1: its last
+            _tile(it // KI, k_lo, k_hi, pid, (it != start).to(tl.int32), a_ptr, stride_a,
+                  sorted_ids_ptr, block_expert_ptr, n_assign, arena_ptr, slot_ptr, off1, rb1,
+                  off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr, n_out, n_in, MODE,
+                  TOPK,
+                  FMT1, FMT2, BM, BN, BK, INTERP, 1)
+            it += k_hi - k_lo
 
 
 @triton.jit
@@ -161,7 +195,7 @@ def _moe_fixup_kernel(
         sorted_ids_ptr, block_expert_ptr, n_assign, out_ptr, stride_out, tw_ptr, scratch_ptr,
         n_out, n_in, n_tiles, n_programs,
         MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-        BK: tl.constexpr):
+        BK: tl.constexpr, INTERP: tl.constexpr):
     """Program b looks at the boundary s_b between programs b-1 and b; the first boundary inside a
     tile sums that tile's pieces, program by program in increasing order, and stores the result."""
     b = tl.program_id(0)
@@ -194,4 +228,4 @@ def _moe_fixup_kernel(
         offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
         offs_n = nb * BN + tl.arange(0, BN)
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n,
-                  offs_n < n_out, tw_ptr)
+                  offs_n < n_out, tw_ptr, INTERP)

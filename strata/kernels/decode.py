@@ -13,10 +13,17 @@ Every helper is element-addressed, so any tile shape works (the expert GEMM's in
         `strata.formats.tables.device_table("iq3s", device)`.
     decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr=None) dispatches at compile
         time on FMT = `Format.ggml_type`; only IQ3_S (21) needs tab_ptr.
+    decode_tile_runs(same arguments): the same values, for tiles whose offs_k are whole aligned
+        runs of 32 weights (16 for Q6_K): block scales are loaded once per (row, run) and
+        broadcast instead of once per weight. Which is faster on a given tile is for the GEMM's
+        benchmark to say (the broadcast is a reshape Triton may lay out through shared memory).
 
 Values equal `strata.formats.dequantize` (and gguf-py) bit for bit: each helper forms the same fp32
 products in the same order as the torch reference. Every product of scale and code is exact in
 fp32 (an fp16 significand times small integers), so FMA contraction cannot change a result.
+
+Type ids, block sizes and block bytes come from the format table (strata.formats.table); the
+offsets of fields inside a block are the layout each helper's docstring spells out.
 
 Speed notes. Addresses are int64 (N * row_bytes passes 2**31 on big experts). Block sizes are
 constexpr powers of two, so block/lane splits are shifts and masks. fp16 scales are read with one
@@ -27,6 +34,7 @@ registers (packed constants built from `strata.formats.tables`), not in memory.
 import triton
 import triton.language as tl
 
+from strata.formats.table import FORMATS
 from strata.formats.tables import KVALUES_IQ4NL, KVALUES_MXFP4
 
 
@@ -53,37 +61,51 @@ assert all(KVALUES_MXFP4[8 + i] == -KVALUES_MXFP4[i] for i in range(8))
 assert all(0 <= v < 16 for v in KVALUES_MXFP4[:8])
 MXFP4_MAGS = tl.constexpr(_signed32(sum(v << (4 * i) for i, v in enumerate(KVALUES_MXFP4[:8]))))
 
-GGML_F16 = tl.constexpr(1)
-GGML_Q4_0 = tl.constexpr(2)
-GGML_Q5_0 = tl.constexpr(6)
-GGML_Q8_0 = tl.constexpr(8)
-GGML_Q4_K = tl.constexpr(12)
-GGML_Q6_K = tl.constexpr(14)
-GGML_IQ4_NL = tl.constexpr(20)
-GGML_IQ3_S = tl.constexpr(21)
-GGML_BF16 = tl.constexpr(30)
-GGML_MXFP4 = tl.constexpr(39)
-GGML_Q2_0 = tl.constexpr(42)
+# the formats decode_tile decodes (ggml type ids below); everything else is a compile-time error
+TRITON_FORMATS = ("BF16", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4", "Q4_K", "Q6_K",
+                  "IQ3_S")
+
+def _fmt(name: str):
+    """(ggml type id, log2 weights per block, bytes per block) of `name`, from the format table."""
+    f = FORMATS[name]
+    assert f.block & (f.block - 1) == 0, f"{name}: block size must be a power of two"
+    return (tl.constexpr(f.ggml_type), tl.constexpr(f.block.bit_length() - 1),
+            tl.constexpr(f.block_bytes))
+
+
+GGML_BF16, _, _ = _fmt("BF16")
+GGML_F16, _, _ = _fmt("F16")
+GGML_Q8_0, Q8_0_LOG2, Q8_0_BYTES = _fmt("Q8_0")
+GGML_Q4_0, Q4_0_LOG2, Q4_0_BYTES = _fmt("Q4_0")
+GGML_Q5_0, Q5_0_LOG2, Q5_0_BYTES = _fmt("Q5_0")
+GGML_IQ4_NL, IQ4_NL_LOG2, IQ4_NL_BYTES = _fmt("IQ4_NL")
+GGML_Q2_0, Q2_0_LOG2, Q2_0_BYTES = _fmt("Q2_0")
+GGML_MXFP4, MXFP4_LOG2, MXFP4_BYTES = _fmt("MXFP4")
+GGML_Q4_K, Q4_K_LOG2, Q4_K_BYTES = _fmt("Q4_K")
+GGML_Q6_K, Q6_K_LOG2, Q6_K_BYTES = _fmt("Q6_K")
+GGML_IQ3_S, IQ3_S_LOG2, IQ3_S_BYTES = _fmt("IQ3_S")
 
 
 # ---------------------------------------------------------------- shared pieces
 
 @triton.jit
-def _block_base(w_ptr, row_bytes, offs_n, offs_k, LOG2_QK: tl.constexpr, QB: tl.constexpr):
-    """[BN, BK] uint8 pointers at each element's block start (blocks of 2**LOG2_QK weights, QB B)."""
-    off = offs_n.to(tl.int64)[:, None] * row_bytes + ((offs_k >> LOG2_QK).to(tl.int64) * QB)[None, :]
-    return w_ptr + off
+def _block_off(row_bytes, offs_n, offs_k, LOG2_QK: tl.constexpr, QB: tl.constexpr):
+    """[BN, BK] int64 byte offset of each element's block (blocks of 2**LOG2_QK weights, QB B)."""
+    kb = (offs_k >> LOG2_QK).to(tl.int64) * QB                            # [BK]
+    return offs_n.to(tl.int64)[:, None] * row_bytes + kb[None, :]
 
 
 @triton.jit
-def _ld_u8(p, mask):
-    return tl.load(p, mask=mask, other=0).to(tl.int32)
+def _ld_u8(w_ptr, off, mask):
+    return tl.load(w_ptr + off, mask=mask, other=0).to(tl.int32)
 
 
 @triton.jit
-def _ld_f16(p, mask):
-    """fp32 value of the fp16 at 2-byte-aligned byte pointer p; 0 where masked."""
-    return tl.load(p.to(tl.pointer_type(tl.float16)), mask=mask, other=0.0).to(tl.float32)
+def _ld_f16(w_ptr, off, mask):
+    """fp32 value of the fp16 at even byte offset `off`; 0 where masked. The scalar base is cast,
+    not a tensor of pointers (triton 3.6's coalesce pass can assert on the latter)."""
+    p = w_ptr.to(tl.pointer_type(tl.float16))
+    return tl.load(p + (off >> 1), mask=mask, other=0.0).to(tl.float32)
 
 
 # ---------------------------------------------------------------- plain formats
@@ -104,105 +126,219 @@ def decode_f16(w_ptr, row_bytes, offs_n, offs_k, mask):
     return tl.load(p + idx, mask=mask, other=0.0).to(tl.float32)
 
 
-# ---------------------------------------------------------------- 32- and 64-weight blocks
+# ---------------------------------------------------------------- quantized formats
+#
+# Each format is split in two: _<fmt>_scale gives the per-block (or per-sub-block) fp32 factor(s)
+# and _<fmt>_code the per-weight code as fp32; decode_<fmt> combines them. decode_tile evaluates
+# both per weight; decode_tile_runs evaluates the scale once per (row, run of RUN weights) and
+# broadcasts it. The combining expression is written once per format (_<fmt>_value), so the two
+# paths form identical fp32 products.
+
+@triton.jit
+def _q8_0_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    return _ld_f16(w_ptr, _block_off(row_bytes, offs_n, offs_k, Q8_0_LOG2, Q8_0_BYTES), mask)
+
+
+@triton.jit
+def _q8_0_code(w_ptr, row_bytes, offs_n, offs_k, mask):
+    blk = _block_off(row_bytes, offs_n, offs_k, Q8_0_LOG2, Q8_0_BYTES)   # [BN, BK]
+    q = tl.load(w_ptr + blk + 2 + (offs_k & 31)[None, :], mask=mask, other=0)
+    return q.to(tl.int8, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _q8_0_value(d, q):
+    return q * d
+
 
 @triton.jit
 def decode_q8_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q8_0 (34 B): fp16 d; int8 qs[32]. w = q * d."""
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 34)          # [BN, BK]
-    d = _ld_f16(blk, mask)
-    q = tl.load(blk + 2 + (offs_k & 31)[None, :], mask=mask, other=0)
-    return q.to(tl.int8, bitcast=True).to(tl.float32) * d
+    return _q8_0_value(_q8_0_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
+                       _q8_0_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+
+
+@triton.jit
+def _q4_0_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    return _ld_f16(w_ptr, _block_off(row_bytes, offs_n, offs_k, Q4_0_LOG2, Q4_0_BYTES), mask)
+
+
+@triton.jit
+def _nibble32(w_ptr, blk, j, mask, QS: tl.constexpr):
+    """Weight j (0..31) of a 32-weight block whose qs[16] start at byte QS: low nibble of
+    qs[j] for j < 16, high nibble of qs[j - 16] otherwise (ggml's order)."""
+    byte = _ld_u8(w_ptr, blk + QS + (j & 15)[None, :], mask)
+    return (byte >> ((j >> 4) * 4)[None, :]) & 15
+
+
+@triton.jit
+def _q4_0_code(w_ptr, row_bytes, offs_n, offs_k, mask):
+    blk = _block_off(row_bytes, offs_n, offs_k, Q4_0_LOG2, Q4_0_BYTES)
+    return (_nibble32(w_ptr, blk, offs_k & 31, mask, 2) - 8).to(tl.float32)
+
+
+@triton.jit
+def _scale_first(d, q):
+    return d * q
 
 
 @triton.jit
 def decode_q4_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q4_0 (18 B): fp16 d; qs[16], weight j in qs[j % 16] (low nibble j < 16). w = d * (q - 8)."""
+    return _scale_first(_q4_0_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
+                        _q4_0_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+
+
+@triton.jit
+def _q5_0_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    return _ld_f16(w_ptr, _block_off(row_bytes, offs_n, offs_k, Q5_0_LOG2, Q5_0_BYTES), mask)
+
+
+@triton.jit
+def _q5_0_code(w_ptr, row_bytes, offs_n, offs_k, mask):
     j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 18)
-    d = _ld_f16(blk, mask)
-    byte = _ld_u8(blk + 2 + (j & 15)[None, :], mask)
-    q = (byte >> ((j >> 4) * 4)[None, :]) & 15
-    return d * (q - 8).to(tl.float32)
+    blk = _block_off(row_bytes, offs_n, offs_k, Q5_0_LOG2, Q5_0_BYTES)
+    hb = _ld_u8(w_ptr, blk + 2 + (j >> 3)[None, :], mask)
+    q = _nibble32(w_ptr, blk, j, mask, 6) | (((hb >> (j & 7)[None, :]) & 1) << 4)
+    return (q - 16).to(tl.float32)
 
 
 @triton.jit
 def decode_q5_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q5_0 (22 B): fp16 d; qh[4] (bit j = 5th bit of weight j); qs[16] as Q4_0. w = d*(q - 16)."""
-    j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 22)
-    d = _ld_f16(blk, mask)
-    hb = _ld_u8(blk + 2 + (j >> 3)[None, :], mask)
-    lb = _ld_u8(blk + 6 + (j & 15)[None, :], mask)
-    q = ((lb >> ((j >> 4) * 4)[None, :]) & 15) | (((hb >> (j & 7)[None, :]) & 1) << 4)
-    return d * (q - 16).to(tl.float32)
+    return _scale_first(_q5_0_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
+                        _q5_0_code(w_ptr, row_bytes, offs_n, offs_k, mask))
 
 
 @triton.jit
 def _iq4nl_level(q):
     """kvalues_iq4nl[q] for int32 q in [0, 16), from packed register constants."""
-    word = tl.where(q < 8, tl.where(q < 4, IQ4NL_W0, IQ4NL_W1), tl.where(q < 12, IQ4NL_W2, IQ4NL_W3))
+    word = tl.where(q < 8, tl.where(q < 4, IQ4NL_W0, IQ4NL_W1),
+                    tl.where(q < 12, IQ4NL_W2, IQ4NL_W3))
     return (word << (24 - 8 * (q & 3))) >> 24                           # sign-extend the byte
+
+
+@triton.jit
+def _iq4_nl_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    return _ld_f16(w_ptr, _block_off(row_bytes, offs_n, offs_k, IQ4_NL_LOG2, IQ4_NL_BYTES), mask)
+
+
+@triton.jit
+def _iq4_nl_code(w_ptr, row_bytes, offs_n, offs_k, mask):
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ4_NL_LOG2, IQ4_NL_BYTES)
+    return _iq4nl_level(_nibble32(w_ptr, blk, offs_k & 31, mask, 2)).to(tl.float32)
 
 
 @triton.jit
 def decode_iq4_nl(w_ptr, row_bytes, offs_n, offs_k, mask):
     """IQ4_NL (18 B): fp16 d; qs[16] nibbles as Q4_0 index kvalues_iq4nl. w = d * kv[q]."""
-    j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 18)
-    d = _ld_f16(blk, mask)
-    byte = _ld_u8(blk + 2 + (j & 15)[None, :], mask)
-    q = (byte >> ((j >> 4) * 4)[None, :]) & 15
-    return d * _iq4nl_level(q).to(tl.float32)
+    return _scale_first(_iq4_nl_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
+                        _iq4_nl_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+
+
+@triton.jit
+def _q2_0_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    return _ld_f16(w_ptr, _block_off(row_bytes, offs_n, offs_k, Q2_0_LOG2, Q2_0_BYTES), mask)
+
+
+@triton.jit
+def _q2_0_code(w_ptr, row_bytes, offs_n, offs_k, mask):
+    j = offs_k & 63
+    blk = _block_off(row_bytes, offs_n, offs_k, Q2_0_LOG2, Q2_0_BYTES)
+    byte = _ld_u8(w_ptr, blk + 2 + (j >> 2)[None, :], mask)
+    return (((byte >> ((j & 3) * 2)[None, :]) & 3) - 1).to(tl.float32)
 
 
 @triton.jit
 def decode_q2_0(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q2_0 (18 B / 64 weights): fp16 d; weight j at bits 2*(j%4) of qs[j/4]. w = (q - 1) * d."""
-    j = offs_k & 63
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 6, 18)
-    d = _ld_f16(blk, mask)
-    byte = _ld_u8(blk + 2 + (j >> 2)[None, :], mask)
-    q = (byte >> ((j & 3) * 2)[None, :]) & 3
-    return (q - 1).to(tl.float32) * d
+    return _q8_0_value(_q2_0_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
+                       _q2_0_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+
+
+@triton.jit
+def _mxfp4_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """2**(e - 128) built from bits (subnormal for e < 2), as ggml_e8m0_to_fp32_half."""
+    e = _ld_u8(w_ptr, _block_off(row_bytes, offs_n, offs_k, MXFP4_LOG2, MXFP4_BYTES), mask)
+    return tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mxfp4_code(w_ptr, row_bytes, offs_n, offs_k, mask):
+    blk = _block_off(row_bytes, offs_n, offs_k, MXFP4_LOG2, MXFP4_BYTES)
+    q = _nibble32(w_ptr, blk, offs_k & 31, mask, 1)
+    mag = (MXFP4_MAGS >> ((q & 7) * 4)) & 15
+    return tl.where(q >= 8, -mag, mag).to(tl.float32)                  # int: code 8 is +0
 
 
 @triton.jit
 def decode_mxfp4(w_ptr, row_bytes, offs_n, offs_k, mask):
     """MXFP4 (17 B): e8m0 e; qs[16] nibbles as Q4_0 index the doubled e2m1 values.
-    w = d * kv[q], d = 2**(e - 128) built from bits (subnormal for e < 2, as ggml)."""
-    j = offs_k & 31
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 5, 17)
-    e = _ld_u8(blk, mask)
-    d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
-    byte = _ld_u8(blk + 1 + (j & 15)[None, :], mask)
-    q = (byte >> ((j >> 4) * 4)[None, :]) & 15
-    mag = (MXFP4_MAGS >> ((q & 7) * 4)) & 15
-    kv = tl.where(q >= 8, -mag, mag)                                    # int: code 8 is +0
-    return d * kv.to(tl.float32)
+    w = d * kv[q], d = 2**(e - 128) (half the e8m0 scale, since kv is doubled)."""
+    return _scale_first(_mxfp4_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
+                        _mxfp4_code(w_ptr, row_bytes, offs_n, offs_k, mask))
 
 
 # ---------------------------------------------------------------- 256-weight blocks
 
 @triton.jit
-def decode_q4_k(w_ptr, row_bytes, offs_n, offs_k, mask):
-    """Q4_K (144 B): fp16 d, dmin; scales[12]; qs[128]. Sub-block s = w/32 takes nibble s%2 of
-    qs[32*(s/2) + w%32] and 6-bit (sc, m) from get_scale_min_k4. w = (d*sc)*q - dmin*m."""
-    w = offs_k & 255
-    s = w >> 5
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 8, 144)
-    d = _ld_f16(blk, mask)
-    dmin = _ld_f16(blk + 2, mask)
+def _q4_k_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """(d * sc[s], dmin * m[s]) for sub-block s = w/32, 6-bit sc/m as get_scale_min_k4."""
+    s = (offs_k & 255) >> 5
+    blk = _block_off(row_bytes, offs_n, offs_k, Q4_K_LOG2, Q4_K_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    dmin = _ld_f16(w_ptr, blk + 2, mask)
     sj = (s & 3)[None, :]
-    b_d = _ld_u8(blk + 4 + sj, mask)
-    b_m = _ld_u8(blk + 8 + sj, mask)
-    b_md = _ld_u8(blk + 12 + sj, mask)
+    b_d = _ld_u8(w_ptr, blk + 4 + sj, mask)
+    b_m = _ld_u8(w_ptr, blk + 8 + sj, mask)
+    b_md = _ld_u8(w_ptr, blk + 12 + sj, mask)
     first = (s < 4)[None, :]
     sc = tl.where(first, b_d & 63, (b_md & 15) | ((b_d >> 6) << 4))
     mn = tl.where(first, b_m & 63, (b_md >> 4) | ((b_m >> 6) << 4))
-    byte = _ld_u8(blk + 16 + ((s >> 1) * 32 + (w & 31))[None, :], mask)
-    q = (byte >> ((s & 1) * 4)[None, :]) & 15
-    return (d * sc.to(tl.float32)) * q.to(tl.float32) - dmin * mn.to(tl.float32)
+    return d * sc.to(tl.float32), dmin * mn.to(tl.float32)
+
+
+@triton.jit
+def _q4_k_code(w_ptr, row_bytes, offs_n, offs_k, mask):
+    w = offs_k & 255
+    s = w >> 5
+    blk = _block_off(row_bytes, offs_n, offs_k, Q4_K_LOG2, Q4_K_BYTES)
+    byte = _ld_u8(w_ptr, blk + 16 + ((s >> 1) * 32 + (w & 31))[None, :], mask)
+    return ((byte >> ((s & 1) * 4)[None, :]) & 15).to(tl.float32)
+
+
+@triton.jit
+def _q4_k_value(dsc, dm, q):
+    return dsc * q - dm
+
+
+@triton.jit
+def decode_q4_k(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """Q4_K (144 B): fp16 d, dmin; scales[12]; qs[128]. Sub-block s = w/32 takes nibble s%2 of
+    qs[32*(s/2) + w%32] and 6-bit (sc, m) from get_scale_min_k4. w = (d*sc)*q - dmin*m."""
+    dsc, dm = _q4_k_scale(w_ptr, row_bytes, offs_n, offs_k, mask)
+    return _q4_k_value(dsc, dm, _q4_k_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+
+
+@triton.jit
+def _q6_k_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """d * scale[w/16] (int8 scales, one per 16 weights)."""
+    blk = _block_off(row_bytes, offs_n, offs_k, Q6_K_LOG2, Q6_K_BYTES)
+    d = _ld_f16(w_ptr, blk + 208, mask)
+    sc = tl.load(w_ptr + blk + 192 + ((offs_k & 255) >> 4)[None, :], mask=mask, other=0)
+    return d * sc.to(tl.int8, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _q6_k_code(w_ptr, row_bytes, offs_n, offs_k, mask):
+    w = offs_k & 255
+    h = w >> 7
+    r = w & 127
+    blk = _block_off(row_bytes, offs_n, offs_k, Q6_K_LOG2, Q6_K_BYTES)
+    lb = _ld_u8(w_ptr, blk + (h * 64 + (r & 63))[None, :], mask)
+    hb = _ld_u8(w_ptr, blk + 128 + (h * 32 + (r & 31))[None, :], mask)
+    q = ((lb >> ((r >> 6) * 4)[None, :]) & 15) | (((hb >> ((r >> 5) * 2)[None, :]) & 3) << 4)
+    return (q - 32).to(tl.float32)
 
 
 @triton.jit
@@ -210,39 +346,50 @@ def decode_q6_k(w_ptr, row_bytes, offs_n, offs_k, mask):
     """Q6_K (210 B): ql[128]; qh[64]; int8 scales[16]; fp16 d. h = w/128, r = w%128:
     q = ql[64h + r%64] >> 4*(r/64) & 15 | (qh[32h + r%32] >> 2*(r/32) & 3) << 4.
     w = (d * scale[w/16]) * (q - 32)."""
+    return _scale_first(_q6_k_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
+                        _q6_k_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+
+
+@triton.jit
+def _iq3_s_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """d * (1 + 2*sc), sc = nibble w/32 of scales[4] (low nibble first)."""
     w = offs_k & 255
-    h = w >> 7
-    r = w & 127
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 8, 210)
-    d = _ld_f16(blk + 208, mask)
-    sc = tl.load(blk + 192 + (w >> 4)[None, :], mask=mask, other=0).to(tl.int8, bitcast=True)
-    lb = _ld_u8(blk + (h * 64 + (r & 63))[None, :], mask)
-    hb = _ld_u8(blk + 128 + (h * 32 + (r & 31))[None, :], mask)
-    q = ((lb >> ((r >> 6) * 4)[None, :]) & 15) | (((hb >> ((r >> 5) * 2)[None, :]) & 3) << 4)
-    return (d * sc.to(tl.float32)) * (q - 32).to(tl.float32)
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ3_S_LOG2, IQ3_S_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    scb = _ld_u8(w_ptr, blk + 106 + (w >> 6)[None, :], mask)
+    sc = (scb >> (((w >> 5) & 1) * 4)[None, :]) & 15
+    return d * (1 + 2 * sc).to(tl.float32)
+
+
+@triton.jit
+def _iq3_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
+    """(magnitude as fp32, negative?) of weight w: grid point g = w/4 has index
+    qs[g] | (bit g of qh) << 8; magnitude = byte w%4 of the grid word; sign = bit w of signs."""
+    w = offs_k & 255
+    g = w >> 2
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ3_S_LOG2, IQ3_S_BYTES)
+    lo = _ld_u8(w_ptr, blk + 2 + g[None, :], mask)
+    hb = _ld_u8(w_ptr, blk + 66 + (g >> 3)[None, :], mask)
+    idx = lo | (((hb >> (g & 7)[None, :]) & 1) << 8)
+    word = tl.load(tab_ptr + idx, mask=mask, other=0)
+    mag = (word >> ((w & 3) * 8)[None, :]) & 255
+    sb = _ld_u8(w_ptr, blk + 74 + (w >> 3)[None, :], mask)
+    return mag.to(tl.float32), (sb >> (w & 7)[None, :]) & 1
+
+
+@triton.jit
+def _iq3_s_value(db, mag, neg):
+    v = db * mag
+    # flip the sign bit, as ggml's * -1.0f: Triton's -v is 0 - v, which turns -0 into +0
+    return (v.to(tl.uint32, bitcast=True) ^ (neg.to(tl.uint32) << 31)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def decode_iq3_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
     """IQ3_S (110 B): fp16 d; qs[64]; qh[8]; signs[32]; scales[4]; tab_ptr: int32 grid [512].
-    Grid point g = w/4: index qs[g] | (bit g of qh) << 8, magnitude byte w%4 of the grid word;
-    sign bit w of signs; scale nibble w/32 of scales (low first). w = (d*(1+2*sc)) * mag * +-1."""
-    w = offs_k & 255
-    g = w >> 2
-    blk = _block_base(w_ptr, row_bytes, offs_n, offs_k, 8, 110)
-    d = _ld_f16(blk, mask)
-    lo = _ld_u8(blk + 2 + g[None, :], mask)
-    hb = _ld_u8(blk + 66 + (g >> 3)[None, :], mask)
-    idx = lo | (((hb >> (g & 7)[None, :]) & 1) << 8)
-    word = tl.load(tab_ptr + idx, mask=mask, other=0)
-    mag = (word >> ((w & 3) * 8)[None, :]) & 255
-    sb = _ld_u8(blk + 74 + (w >> 3)[None, :], mask)
-    neg = ((sb >> (w & 7)[None, :]) & 1) != 0
-    scb = _ld_u8(blk + 106 + (w >> 6)[None, :], mask)
-    sc = (scb >> (((w >> 5) & 1) * 4)[None, :]) & 15
-    v = (d * (1 + 2 * sc).to(tl.float32)) * mag.to(tl.float32)
-    # flip the sign bit, as ggml's * -1.0f: Triton's -v is 0 - v, which turns -0 into +0
-    return (v.to(tl.uint32, bitcast=True) ^ (neg.to(tl.uint32) << 31)).to(tl.float32, bitcast=True)
+    w = (d * (1 + 2*sc)) * magnitude * (+-1), in that order (see _iq3_s_code)."""
+    mag, neg = _iq3_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+    return _iq3_s_value(_iq3_s_scale(w_ptr, row_bytes, offs_n, offs_k, mask), mag, neg)
 
 
 # ---------------------------------------------------------------- dispatch
@@ -275,3 +422,63 @@ def decode_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_p
         return decode_iq3_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
     else:
         tl.static_assert(False, "decode_tile: no Triton decoder for this ggml type")
+
+
+@triton.jit
+def _spread(x, RUN: tl.constexpr):
+    """[BN, R] -> [BN, R * RUN]: each value repeated over its run of RUN weights."""
+    BN: tl.constexpr = x.shape[0]
+    R: tl.constexpr = x.shape[1]
+    return tl.reshape(tl.broadcast_to(x[:, :, None], (BN, R, RUN)), (BN, R * RUN))
+
+
+@triton.jit
+def decode_tile_runs(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr=None):
+    """decode_tile's values, with each (row, sub-block) scale loaded once instead of per weight.
+
+    offs_k must be whole aligned runs of 32 weights (BK % 32 == 0 and every run of 32 lanes
+    starts at a multiple of 32, e.g. offs_k = k0 + tl.arange(0, BK) with k0 % 32 == 0); Q6_K's
+    runs are 16 weights (one int8 scale per 16). BF16/F16 have no scales: decode_tile."""
+    if (FMT == GGML_BF16) | (FMT == GGML_F16):
+        return decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+    else:
+        RUN: tl.constexpr = 16 if FMT == GGML_Q6_K else 32
+        BN: tl.constexpr = offs_n.shape[0]
+        BK: tl.constexpr = offs_k.shape[0]
+        R: tl.constexpr = BK // RUN
+        tl.static_assert(BK % RUN == 0, "decode_tile_runs: BK must be a multiple of the run")
+        k_run = tl.min(tl.reshape(offs_k, (R, RUN)), axis=1)              # [R] first weight
+        m_run = tl.max(tl.reshape(mask, (BN, R, RUN)).to(tl.int32), axis=2) > 0  # [BN, R]
+        if FMT == GGML_Q8_0:
+            d = _spread(_q8_0_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN)
+            v = _q8_0_value(d, _q8_0_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q4_0:
+            d = _spread(_q4_0_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN)
+            v = _scale_first(d, _q4_0_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q5_0:
+            d = _spread(_q5_0_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN)
+            v = _scale_first(d, _q5_0_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_IQ4_NL:
+            d = _spread(_iq4_nl_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN)
+            v = _scale_first(d, _iq4_nl_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q2_0:
+            d = _spread(_q2_0_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN)
+            v = _q8_0_value(d, _q2_0_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_MXFP4:
+            d = _spread(_mxfp4_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN)
+            v = _scale_first(d, _mxfp4_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q4_K:
+            dsc, dm = _q4_k_scale(w_ptr, row_bytes, offs_n, k_run, m_run)
+            v = _q4_k_value(_spread(dsc, RUN), _spread(dm, RUN),
+                            _q4_k_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q6_K:
+            d = _spread(_q6_k_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN)
+            v = _scale_first(d, _q6_k_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        else:
+            tl.static_assert(FMT == GGML_IQ3_S, "decode_tile_runs: no decoder for this type")
+            tl.static_assert(tab_ptr is not None, "IQ3_S needs tab_ptr: the device IQ3_S grid")
+            mag, neg = _iq3_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+            db = _spread(_iq3_s_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN)
+            v = _iq3_s_value(db, mag, neg)
+        # a run's scale is loaded when any of its weights is used: zero the others explicitly
+        return tl.where(mask, v, 0.0)

@@ -1,6 +1,6 @@
 """Whole-matrix dequantize on the device: the baseline "decode, then cuBLAS" path.
 
-    Y[..., k] = decode(raw[..., :], fmt)[k]      raw uint8 [..., R] -> Y out_dtype [..., R/bytes*block]
+    Y = decode(raw, fmt)      raw uint8 [..., R] -> Y out_dtype [..., R / block_bytes * block]
 
 `dequantize` is a Triton launcher over `decode_tile`; `dequantize_torch` (same signature) is the
 reference, `strata.formats.dequantize` cast to `out_dtype`. fp32 results are bit-exact; bf16/fp16
@@ -20,7 +20,7 @@ from strata.formats import dequantize as formats_dequantize
 from strata.formats import get_format
 from strata.formats.table import Format
 from strata.formats.tables import device_table
-from strata.kernels.decode import decode_tile
+from strata.kernels.decode import TRITON_FORMATS, decode_tile, decode_tile_runs
 
 # out dtype -> the kernel's OUT code (0 fp32, 1 bf16, 2 fp16)
 OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -28,15 +28,18 @@ OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 @dataclass(frozen=True)
 class DequantTiles:
-    """Tile of one program: BN rows x BK weights."""
+    """Tile of one program: BN rows x BK weights; runs: decode through decode_tile_runs (scales
+    once per run of 32 weights) instead of decode_tile (scales per weight)."""
     bn: int
     bk: int
     num_warps: int = 4
+    runs: bool = False
 
 
 def dequant_tiles(fmt: Format, n: int, k: int) -> DequantTiles:
-    """4096 weights per program, up to 512 along the row (two 256-blocks). A first guess, not a
-    sweep: benchmarks/dequant_bench.py measures it against the device copy rate."""
+    """4096 weights per program, up to 512 along the row (two 256-blocks), per-weight decode.
+    A first guess, not a sweep: benchmarks/dequant_bench.py measures it (and runs=True) against
+    the device copy rate."""
     bk = min(512, triton.next_power_of_2(k))
     return DequantTiles(bn=max(1, 4096 // bk), bk=bk)
 
@@ -59,11 +62,15 @@ def _to_out(v, OUT: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def _dequant_kernel(w_ptr, out_ptr, tab_ptr, N, K, row_bytes, FMT: tl.constexpr,
-                    OUT: tl.constexpr, INTERP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                    OUT: tl.constexpr, INTERP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    RUNS: tl.constexpr):
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)                     # [BN]
     offs_k = tl.program_id(1) * BK + tl.arange(0, BK)                     # [BK]
     mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]                  # [BN, BK]
-    v = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)  # fp32 [BN, BK]
+    if RUNS:  # BK is a power of two >= 32 and tiles start at multiples of BK: whole runs
+        v = decode_tile_runs(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+    else:
+        v = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)  # fp32 [BN, BK]
     o = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
     tl.store(out_ptr + o, _to_out(v, OUT, INTERP), mask=mask)
 
@@ -73,6 +80,9 @@ def _check(raw, qtype, out_dtype) -> tuple[Format, torch.Tensor]:
     if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
         got = raw.dtype if isinstance(raw, torch.Tensor) else type(raw).__name__
         raise StrataError(f"dequantize takes a uint8 torch tensor of ggml blocks, got {got}")
+    if fmt.name not in TRITON_FORMATS:
+        raise StrataError(f"no Triton decoder for {fmt.name}; strata.kernels.dequantize reads "
+                          f"{', '.join(TRITON_FORMATS)}")
     if out_dtype not in OUT_DTYPES:
         raise StrataError(f"out_dtype must be one of {', '.join(map(str, OUT_DTYPES))}, "
                           f"got {out_dtype}")
@@ -83,8 +93,10 @@ def _check(raw, qtype, out_dtype) -> tuple[Format, torch.Tensor]:
     return fmt, raw
 
 
-def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Decode ggml blocks raw [..., R] (uint8, any device Triton runs on) to out_dtype [..., K]."""
+def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32, *,
+               tiles: DequantTiles | None = None) -> torch.Tensor:
+    """Decode ggml blocks raw [..., R] (uint8, any device Triton runs on) to out_dtype [..., K].
+    `tiles` pins the launch (default: dequant_tiles)."""
     fmt, raw = _check(raw, qtype, out_dtype)
     row_bytes = raw.shape[-1]
     k = row_bytes // fmt.block_bytes * fmt.block
@@ -98,15 +110,19 @@ def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32)
         # fp16 fields are read as aligned 16-bit words (see decode.py)
         raise StrataError(f"{fmt.name} blocks must start at an even address; pass a tensor "
                           f"whose storage starts at the matrix (e.g. raw.clone())")
-    t = dequant_tiles(fmt, n, k)
+    t = tiles or dequant_tiles(fmt, n, k)
+    if t.runs and (t.bk < 32 or fmt.block == 1):
+        t = DequantTiles(t.bn, t.bk, t.num_warps, runs=False)  # plain formats / tiny K: per weight
     grid = (triton.cdiv(n, t.bn), triton.cdiv(k, t.bk))
     _dequant_kernel[grid](raw, out, device_table("iq3s", raw.device), n, k, row_bytes,
-                          fmt.ggml_type, OUT_DTYPES[out_dtype], INTERPRET, t.bn, t.bk,
+                          fmt.ggml_type, OUT_DTYPES[out_dtype], INTERPRET, t.bn, t.bk, t.runs,
                           num_warps=t.num_warps)
     return out.reshape(*lead, k)
 
 
-def dequantize_torch(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Reference for `dequantize`: the torch decoder, then a round-to-nearest-even cast."""
+def dequantize_torch(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32, *,
+                     tiles: DequantTiles | None = None) -> torch.Tensor:
+    """Reference for `dequantize`: the torch decoder, then a round-to-nearest-even cast (`tiles`
+    is accepted for the same signature and has no effect)."""
     fmt, raw = _check(raw, qtype, out_dtype)
     return formats_dequantize(raw, fmt).to(out_dtype)

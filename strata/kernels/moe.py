@@ -22,8 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from strata._backend import INTERPRET
+from strata.blob import ALIGN
 from strata.errors import StrataError
 from strata.experts import ExpertSet
+from strata.formats.tables import device_table
 from strata.kernels import _moe_kernel as _k
 from strata.kernels.routing import check_topk_ids, group_blocked
 from strata.kernels.tiles import GemmProblem, TileConfig, device_sms, resolve_tile
@@ -77,14 +79,16 @@ def _check_inputs(x, topk_ids, topk_weights, experts: ExpertSet):
         raise StrataError(f"moe_ffn inputs must live on one device, got {sorted(map(str, devs))}")
     if experts.arena.dtype != torch.uint8 or experts.slot_offset.dtype != torch.int64:
         raise StrataError("ExpertSet must hold a uint8 arena and an int64 slot_offset")
+    if experts.arena.is_cuda and experts.arena.data_ptr() % ALIGN:  # (the interpreter ignores it)
+        raise StrataError(f"the ExpertSet arena must start {ALIGN}-byte aligned (got address "
+                          f"{experts.arena.data_ptr():#x}); pass the whole buffer, not an odd view")
 
 
 def _check_decoders(lay):
-    if not _k.HAVE_DECODE:
-        need = [m.fmt.name for m in lay.matrices if m.fmt.ggml_type != GGML_BF16]
-        if need:
-            raise StrataError(f"formats {need} need the in-kernel block decoders "
-                              f"(strata.kernels.decode), which this build lacks; use BF16")
+    need = [m.fmt.name for m in lay.matrices if m.fmt.name not in _k.TRITON_FORMATS]
+    if need:
+        raise StrataError(f"no in-kernel decoder for {sorted(set(need))}; moe_ffn reads "
+                          f"{', '.join(_k.TRITON_FORMATS)}")
 
 
 def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -103,7 +107,8 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     F = lay.d_expert
     E = experts.n_expert
     dev = x.device
-    tile = resolve_tile(GemmProblem(T, K, E, D, F, device_sms(dev)), schedule)
+    decoded = any(m.fmt.ggml_type != GGML_BF16 for m in lay.matrices)
+    tile = resolve_tile(GemmProblem(T, K, E, D, F, device_sms(dev), decoded), schedule)
     BM, BN, BK = tile.BLOCK_M, tile.BLOCK_N, tile.BLOCK_K
     if T * K == 0:
         _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]
@@ -127,7 +132,8 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     yk = torch.empty(T * K, D, dtype=torch.float32, device=dev)               # [T·K, D]
     tw = topk_weights.reshape(-1).float().contiguous()                        # [T·K]
     x = x.contiguous()
-    meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK)
+    tab = device_table("iq3s", dev)  # IQ3_S's grid; read only by IQ3_S matrices
+    meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, INTERP=INTERPRET)
     launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
     for mode, a, n_out, n_in, m1, m2, out, n_tiles in (
             (0, x, F, D, lay.gate, lay.up, h, n_gu),
@@ -136,9 +142,9 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
         _k._moe_gemm_kernel[grid](
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
-            out, out.stride(0), tw, scratch, n_out, n_in, n_tiles, tile.programs,
+            out, out.stride(0), tw, scratch, tab, n_out, n_in, n_tiles, tile.programs,
             MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
-            DOT_F32=INTERPRET, **meta, **launch)
+            **meta, **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
                 grp.sorted_ids, grp.block_expert, grp.n_assign, out, out.stride(0), tw, scratch,

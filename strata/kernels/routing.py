@@ -81,13 +81,13 @@ class Blocked:
 
 
 def group_blocked(topk_ids: torch.Tensor, n_expert: int, block_m: int, *,
-                  slot_offset: torch.Tensor | None = None) -> Blocked:
+                  slot_offset: torch.Tensor | None = None, align: int = 256) -> Blocked:
     """Group by expert, each expert's rows padded to a multiple of `block_m`.
 
     Syncs with the device once (the block count sizes the launch grid). When `slot_offset` [E] is
     given, the same sync also checks that every routed expert is resident (slot_offset >= 0) and
-    raises StrataError naming the missing experts otherwise: the check rides on a copy the launch
-    needs anyway, so it costs no extra round trip.
+    raises StrataError naming the missing experts otherwise, and that their blobs start `align`-byte
+    aligned: the checks ride on a copy the launch needs anyway, so they cost no extra round trip.
     """
     if block_m < 1:
         raise StrataError(f"block_m must be positive, got {block_m}")
@@ -100,11 +100,20 @@ def group_blocked(topk_ids: torch.Tensor, n_expert: int, block_m: int, *,
     blocks_per = (rag.counts + block_m - 1) // block_m                # [E]
     padded_offsets = torch.zeros(n_expert + 1, dtype=torch.int64, device=dev)
     padded_offsets[1:] = torch.cumsum(blocks_per, 0) * block_m
-    # the one sync: total blocks, ids out of range, routed-but-absent experts
-    missing = (((rag.counts > 0) & (slot_offset.to(dev) < 0)).sum() if slot_offset is not None
-               else torch.zeros((), dtype=torch.int64, device=dev))
-    n_blocks, n_bad, n_missing = torch.stack([blocks_per.sum(), out_of_range.to(dev),
-                                              missing]).tolist()
+    # the one sync: total blocks, ids out of range, routed-but-absent and misaligned experts
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
+    if slot_offset is not None:
+        so = slot_offset.to(dev)
+        missing = ((rag.counts > 0) & (so < 0)).sum()
+        misaligned = ((rag.counts > 0) & (so >= 0) & (so % align != 0)).sum()
+    else:
+        missing = misaligned = zero
+    n_blocks, n_bad, n_missing, n_misaligned = torch.stack(
+        [blocks_per.sum(), out_of_range.to(dev), missing, misaligned]).tolist()
+    if n_misaligned:
+        raise StrataError(f"{n_misaligned} routed experts have a slot_offset that is not a "
+                          f"multiple of {align} bytes; blobs must start {align}-byte aligned "
+                          f"in the arena (the kernel's vector loads rely on it)")
     if n_bad:
         raise StrataError(f"{n_bad} entries of topk_ids lie outside [0, {n_expert}); "
                           f"expert ids must index the layer's E={n_expert} experts")

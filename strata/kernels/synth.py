@@ -18,12 +18,30 @@ def encode_matrix(w: torch.Tensor, fmt) -> torch.Tensor:
     """fp32 [rows, cols] -> the format's bytes (uint8, row-major by output feature)."""
     if fmt.name in _PLAIN:
         return w.to(_PLAIN[fmt.name]).contiguous().view(torch.uint8).reshape(-1)
-    try:
-        from strata.formats import quantize
-    except ImportError:
-        raise StrataError(f"format {fmt.name} needs strata.formats.quantize, which this build "
-                          f"lacks") from None
+    from strata.formats.codec import QUANTIZERS, quantize
+    if fmt.name not in QUANTIZERS:
+        return random_blocks(fmt, w.shape[0], w.shape[1], seed=int(w.flatten()[0].abs() * 1e6))
     return quantize(w.float().cpu(), fmt).reshape(-1)
+
+
+# fp16 scale fields of the decode-only formats (byte offsets inside a block, from the ggml
+# layouts in strata.formats.table): random bytes everywhere else are valid codes
+_SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "IQ3_S": (0,)}
+
+
+def random_blocks(fmt, rows: int, cols: int, *, seed: int = 0) -> torch.Tensor:
+    """Random but valid blocks for a format strata cannot quantize to (decode-only): random codes,
+    fp16 scales drawn small enough that weights stay O(1/sqrt(cols)). For benchmarks and tests
+    of the GEMM, which only needs real bytes that the decoder and the reference agree on."""
+    if fmt.name not in _SCALE_FIELDS:
+        raise StrataError(f"no random-block recipe for {fmt.name}")
+    g = torch.Generator().manual_seed(seed)
+    n_blk = rows * cols // fmt.block
+    raw = torch.randint(0, 256, (n_blk, fmt.block_bytes), generator=g, dtype=torch.uint8)
+    for off in _SCALE_FIELDS[fmt.name]:
+        d = (torch.rand(n_blk, generator=g) + 0.5) * 2.0 ** -10 / cols ** 0.5
+        raw[:, off:off + 2] = d.to(torch.float16).view(torch.uint8).reshape(n_blk, 2)
+    return raw.reshape(-1)
 
 
 def random_expert_set(n_expert: int, d_model: int, d_expert: int, gate="BF16", up=None,

@@ -11,8 +11,10 @@ Reasoning behind the constants (to be revisited with the GPU sweep in experiment
   expert's row count multiplies padding work, one much shorter re-reads the expert's weights more
   often. 16 is tl.dot's minimum; 128 the largest that keeps two fp32 accumulators (gate and up) in
   registers with 8 warps.
-- BLOCK_N = 128 when the block is tall (>= 64 rows), else 64: decode cost is per weight read, and
-  a [BN, BK] decoded tile is reused over BM rows, so narrow M wants narrow N to keep more programs.
+- BLOCK_N = 128 when the block is tall (>= 64 rows), else 64: a [BN, BK] weight tile is reused
+  over BM rows, so narrow M wants narrow N to keep more programs. Decoded formats at BM = 128 take
+  BN = 64 with 4 warps: H200 sweep, Qwen3-30B-A3B Q8_0 T=2048 (commit 0f9bd59): 128x64x64/w4
+  29.9 TFLOP/s vs 128x128x64/w8 27.0 (decode, not the MMA, bounds those tiles).
 - BLOCK_K = 64: whole Q8_0/Q4_0 blocks (32) per step and a quarter of a K-quant super-block.
 - Stream-k when the data-parallel grid leaves a partial last wave that wastes >= 1/4 of a wave and
   there are fewer than 4 waves (past that the tail is a small share of the run); P = SM count.
@@ -63,6 +65,7 @@ class GemmProblem:
     d_model: int    # D
     d_expert: int   # F
     n_sms: int      # streaming multiprocessors (or a small number in the interpreter)
+    decoded: bool = False  # any of gate/up/down in a block format (not BF16)
 
 
 def device_sms(device: torch.device) -> int:
@@ -90,7 +93,7 @@ def choose_tile(p: GemmProblem) -> TileConfig:
     rows = p.n_tokens * p.top_k
     active = max(1, min(p.n_expert, rows))
     bm = _pow2_at_least(-(-rows // active), 16, 128)
-    bn = 128 if bm >= 64 else 64
+    bn = 64 if bm < 64 or (p.decoded and bm == 128) else 128
     warps = 8 if bm * bn >= 128 * 128 else 4
     # the larger of the two GEMMs (gate/up over F outputs, down over D outputs) decides the schedule
     tiles = max(expected_tiles(p, bm, bn, p.d_expert), expected_tiles(p, bm, bn, p.d_model))
@@ -99,7 +102,7 @@ def choose_tile(p: GemmProblem) -> TileConfig:
     return TileConfig(bm, bn, 64, warps, 3, "stream_k" if sk else "dp", p.n_sms)
 
 
-_PINNED: ContextVar[TileConfig | None] = ContextVar("strata_tile_pin", default=None)
+_PINNED: ContextVar[tuple | None] = ContextVar("strata_tile_pin", default=None)
 
 
 @contextlib.contextmanager

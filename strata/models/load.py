@@ -15,7 +15,10 @@ from strata.packs import Pack
 
 
 def open_pack(pack) -> Pack:
-    return pack if isinstance(pack, Pack) else Pack.open(pack)
+    """A Pack from a path; a pack object (Pack, MemoryPack) passes through."""
+    if isinstance(pack, (str, __import__("os").PathLike)):
+        return Pack.open(pack)
+    return pack
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:

@@ -20,6 +20,7 @@ from typing import Mapping
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from strata.errors import StrataError
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref, route
@@ -27,10 +28,6 @@ from strata.models.provider import ExpertProvider
 from strata.models.registry import register
 from strata.packs.names import check_dense
 from strata.shapes import ModelShape
-
-# Query rows per SDPA call for chunks after the first: bounds the [rows, P+T] causal mask
-# (4096 x 32K bools = 128 MiB) independently of the chunk size.
-ATTN_QBLOCK = 4096
 
 # Per-layer dense tensors in LayerWeights order (names: strata.packs.names, llama.cpp's).
 LAYER_NAMES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm",
@@ -182,13 +179,12 @@ class Qwen3Moe:
         q = apply_rope(rms_norm(q, lw.q_norm, s.rms_eps).transpose(0, 1), cos, sin)  # [H, T, hd]
         k = apply_rope(rms_norm(k, lw.k_norm, s.rms_eps).transpose(0, 1), cos, sin)  # [Hkv, T, hd]
         k_all, v_all = cache.extend(l, k, v.transpose(0, 1))               # [Hkv, P+T, hd]
-        rep = s.n_head // s.n_kv_head  # GQA: query head h reads kv head h // rep
-        k_all, v_all = k_all.repeat_interleave(rep, 0), v_all.repeat_interleave(rep, 0)  # [H, P+T, hd]
-        if P == 0:  # first chunk: plain causal (flash attention on the GPU)
-            o = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True)     # [H, T, hd]
-        else:       # later chunks: query i sits at P+i and sees keys 0..P+i
-            o = torch.cat([self._attend_block(q[:, i:i + ATTN_QBLOCK], k_all, v_all, P + i)
-                           for i in range(0, T, ATTN_QBLOCK)], dim=1)                 # [H, T, hd]
+        # GQA without copying K/V per query head (enable_gqa: query head h reads kv head
+        # h // (H / Hkv)). A later chunk's query i sits at P+i and sees keys 0..P+i: the causal
+        # mask aligned to the bottom right, which flash attention runs without materializing it.
+        mask = None if P == 0 else causal_lower_right(T, P + T)
+        o = F.scaled_dot_product_attention(q[None], k_all[None], v_all[None], attn_mask=mask,
+                                           is_causal=P == 0, enable_gqa=True)[0]  # [H, T, hd]
         return o.transpose(0, 1).reshape(T, s.n_head * s.head_dim) @ lw.wo.t()    # [T, D]
 
     def _experts(self, l: int, h: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
@@ -208,15 +204,6 @@ class Qwen3Moe:
             part = self.ffn(h, ids, topk_w, experts, **kw).float()
             y = part if y is None else y + part
         return y if y is not None else torch.zeros_like(h, dtype=torch.float32)
-
-    @staticmethod
-    def _attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos0: int) -> torch.Tensor:
-        """q [H, b, hd] at positions pos0.., k/v [H, >= pos0+b, hd] -> [H, b, hd], causal."""
-        b = q.shape[1]
-        k, v = k[:, :pos0 + b], v[:, :pos0 + b]                                  # keys it may see
-        qpos = torch.arange(pos0, pos0 + b, device=q.device)[:, None]
-        mask = torch.arange(pos0 + b, device=q.device)[None, :] <= qpos         # [b, pos0+b]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     def forward_chunk(self, tokens: torch.Tensor, cache: KVCache, provider: ExpertProvider,
                       *, logits: str = "all") -> torch.Tensor | None:

@@ -1,0 +1,277 @@
+"""The streaming prefill A/B (issue 6): auto scan vs the legacy rule, against the roofline.
+
+For each model (a full-size synthetic pack held in host memory: strata.packs.MemoryPack) on a
+VRAM budget, and each prompt length: tokens/s of the auto scan and of the legacy rule, both
+against the roofline of the same run, plus the all-resident tokens/s of the same model on the
+same GPU (every expert in VRAM, nothing streams: the cost of streaming is the ratio).
+
+    roofline time of a prompt = sum over its chunks of
+        max(bytes streamed / measured pinned H2D rate, expert FLOPs / measured grouped-GEMM rate)
+
+with both rates measured in this run: H2D as blob-sized pinned copies one after another (what
+the ring does), the GEMM as torch._grouped_mm bf16 on the model's expert shape at the chunk's
+size, uniform routing. The roofline leaves attention and the dense layers out on purpose (it is
+the issue's definition): where the engine falls short of it, the `where` columns say where the
+time went (compute waiting on copies vs copies hidden under compute).
+
+Each row also records the fraction of each layer's experts every chunk hit (a second CSV).
+
+    python experiments/prefill_ab.py                      # GPU: both models, 8K and 32K
+    python experiments/prefill_ab.py --smoke              # CPU: a tiny model, seconds
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from strata.engine.host import HostExperts  # noqa: E402
+from strata.engine.prefill import EngineConfig, PrefillEngine  # noqa: E402
+from strata.models.load import load_model, resident_provider  # noqa: E402
+from strata.models.moe import expert_ffn  # noqa: E402
+from strata.packs.memory import MemoryPack  # noqa: E402
+from strata.packs.synth import ExpertFormats  # noqa: E402
+from strata.shapes import get_preset  # noqa: E402
+
+GIB = 1 << 30
+MODELS = {  # name: (preset, quant, VRAM per GPU, layers or None)
+    "qwen3-30b-a3b-Q8_0": ("qwen3-30b-a3b", "Q8_0", 12 * GIB, None),
+    # seed-512e at 12 layers: the seeds' 512-expert shape; 12 x 512 x 5.2 MB = 32 GB of experts,
+    # the same host footprint as the 30B pack (the device host has 128 GiB).
+    "seed-512e-Q8_0": ("seed-512e", "Q8_0", 12 * GIB, 12),
+}
+SMOKE = {"demo-Q8_0": ("demo", "Q8_0", None, None)}
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def gpu_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def h2d_rate(host: HostExperts, n: int = 96) -> float:
+    """Bytes/s of blob-sized pinned host->device copies back to back (the ring's pattern)."""
+    blobs = [host.blob(l % host.n_layer, e) for l, e in zip(range(n), range(n))]
+    dst = torch.empty(blobs[0].numel(), dtype=torch.uint8,
+                      device="cuda" if torch.cuda.is_available() else "cpu")
+    for b in blobs[:4]:
+        dst[:b.numel()].copy_(b, non_blocking=True)
+    sync()
+    t0 = time.perf_counter()
+    for b in blobs:
+        dst[:b.numel()].copy_(b, non_blocking=True)
+    sync()
+    return sum(b.numel() for b in blobs) / (time.perf_counter() - t0)
+
+
+def gemm_rate(shape, T: int, reps: int = 5) -> float:
+    """FLOP/s of the expert FFN's three GEMMs through torch._grouped_mm bf16, uniform routing
+    over E experts, T tokens x K (the ceiling the SPEC's table measures)."""
+    E, K, D, F = shape.n_expert, shape.top_k, shape.d_model, shape.d_expert
+    if not (torch.cuda.is_available() and hasattr(torch, "_grouped_mm")):
+        return float("nan")
+    dev = "cuda"
+    M = T * K
+    counts = torch.full((E,), M // E, dtype=torch.int32)
+    counts[: M % E] += 1
+    offs = torch.cumsum(counts, 0).to(torch.int32).to(dev)
+    x = torch.randn(M, D, device=dev, dtype=torch.bfloat16)
+    wgu = torch.randn(E, D, 2 * F, device=dev, dtype=torch.bfloat16) * 0.02
+    wd = torch.randn(E, F, D, device=dev, dtype=torch.bfloat16) * 0.02
+    h = torch.randn(M, F, device=dev, dtype=torch.bfloat16)
+
+    def run():
+        torch._grouped_mm(x, wgu, offs=offs)
+        torch._grouped_mm(h, wd, offs=offs)
+    run()
+    sync()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return 2 * M * 3 * D * F / statistics.median(times)
+
+
+def roofline(res, shape, h2d: float, gemm: dict) -> float:
+    """Seconds the prompt needs at the roofline (see the module docstring)."""
+    t = 0.0
+    for c in res.stats.chunks:
+        flops = 2 * c.tokens * shape.top_k * 3 * shape.d_model * shape.d_expert
+        rate = gemm.get(c.tokens) or gemm_rate(shape, c.tokens)
+        gemm[c.tokens] = rate
+        t_gemm = flops / rate if rate == rate else 0.0
+        t += max(c.bytes_streamed / h2d, t_gemm)
+    return t
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU (checks the script)")
+    ap.add_argument("--models", default=None, help=f"comma list of {', '.join(MODELS)}")
+    ap.add_argument("--prompts", default="8192,32768")
+    ap.add_argument("--arms", default="auto,legacy,resident")
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results"))
+    args = ap.parse_args(argv)
+
+    models = SMOKE if args.smoke else {k: MODELS[k] for k in (args.models.split(",") if
+                                                              args.models else MODELS)}
+    prompts = [300, 700] if args.smoke else [int(p) for p in args.prompts.split(",")]
+    arms = args.arms.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    sha, gpu = commit(), gpu_name()
+    tag = "smoke" if args.smoke else gpu.replace(" ", "_")
+    rows, hits = [], []
+    gemm: dict = {}
+    for name, (preset, quant, vram, layers) in models.items():
+        shape = get_preset(preset)
+        if layers:
+            shape = shape.with_(n_layer=layers)
+        t0 = time.perf_counter()
+        pack = MemoryPack(shape, ExpertFormats.of(quant))
+        host = HostExperts(pack.experts, [pl.blob_size for pl in pack.layers], progress=True)
+        print(f"[{name}] {pack} built and {'pinned' if host.pinned else 'loaded'} in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        h2d = h2d_rate(host)
+        print(f"[{name}] pinned H2D, blob by blob: {h2d / 1e9:.1f} GB/s", flush=True)
+        gemm.clear()
+        max_prompt = max(prompts)
+        for arm in arms:
+            if arm == "resident":
+                if not torch.cuda.is_available() and not args.smoke:
+                    continue
+                model = load_model(pack, dtype=torch.bfloat16 if torch.cuda.is_available()
+                                   else torch.float32,
+                                   ffn=expert_ffn("kernel" if torch.cuda.is_available() else "torch"))
+                prov = resident_provider(pack)
+                with torch.inference_mode():
+                    model.prefill(torch.randint(0, shape.vocab, (512,)), prov, logits="none")
+                for T in prompts:
+                    tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
+                    sync()
+                    t1 = time.perf_counter()
+                    with torch.inference_mode():
+                        model.prefill(tok, prov, logits="none")
+                    sync()
+                    sec = time.perf_counter() - t1
+                    rows.append(dict(model=name, arm="resident", prompt=T, chunk=T, ring="",
+                                     rule="resident", tokens_per_s=T / sec, seconds=sec))
+                    print(f"[{name}] resident T={T}: {T / sec:,.0f} tok/s", flush=True)
+                del model, prov
+                torch.cuda.empty_cache() if torch.cuda.is_available() else None
+                continue
+            cfg = EngineConfig(vram=vram or 1 << 30, scan=arm, max_prompt=max_prompt,
+                               cache=int(pack.expert_bytes * 0.35) if vram is None else None,
+                               scan_max=1024 if args.smoke else 32768,
+                               ffn="kernel" if torch.cuda.is_available() else "torch")
+            eng = PrefillEngine(pack, cfg, host=host)
+            with torch.inference_mode():
+                eng.run(torch.randint(0, shape.vocab, (256,)), logits="none")   # compile, warm
+            for T in prompts:
+                tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
+                with torch.inference_mode():
+                    res = eng.run(tok, logits="none")
+                st = res.stats
+                roof = roofline(res, shape, h2d, gemm)
+                fr = [f for c in st.chunks for f in c.hit_fraction]
+                row = dict(model=name, arm=arm, prompt=T, chunk=res.chunk, ring=res.ring,
+                           rule=res.plan.rule, tokens_per_s=st.tokens_per_s, seconds=st.seconds,
+                           bytes_streamed=st.bytes_streamed, h2d_gbps=st.h2d_gbps,
+                           h2d_ceiling_gbps=h2d / 1e9, wait_s=st.wait_s, copy_s=st.copy_s,
+                           roofline_s=roof, roofline_tokens_per_s=T / roof if roof else "",
+                           roofline_fraction=roof / st.seconds if st.seconds else "",
+                           gemm_tflops={k: round(v / 1e12, 1) for k, v in gemm.items()},
+                           hit_min=min(fr), hit_mean=sum(fr) / len(fr),
+                           cache_hits=st.cache_hits, routed=st.routed,
+                           room=res.plan.room, bytes_needed=res.plan.bytes_needed)
+                rows.append(row)
+                for ci, c in enumerate(st.chunks):
+                    for li, f in zip(c.layers, c.hit_fraction):
+                        hits.append(dict(model=name, arm=arm, prompt=T, chunk_index=ci,
+                                         chunk_tokens=c.tokens, layer=li, hit_fraction=f))
+                print(f"[{name}] {arm:6s} T={T}: chunk {res.chunk} ring {res.ring} "
+                      f"({res.plan.rule}) {st.tokens_per_s:,.0f} tok/s; roofline "
+                      f"{T / roof:,.0f} tok/s -> {roof / st.seconds:.2f} of it; streamed "
+                      f"{st.bytes_streamed / 1e9:.1f} GB at {st.h2d_gbps:.1f} GB/s; compute waited "
+                      f"{st.wait_s:.2f} s; hit mean {row['hit_mean']:.3f} min {row['hit_min']:.3f}",
+                      flush=True)
+            del eng
+        del host, pack
+    meta = dict(gpu=gpu, commit=sha, timestamp=stamp,
+                command="python experiments/prefill_ab.py" + (" --smoke" if args.smoke else ""))
+    path = out / f"prefill_ab-{tag}.csv"
+    keys = list(meta) + sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k)
+                               if k in rows[0] else 99)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**meta, **{k: json.dumps(v) if isinstance(v, dict) else v
+                                   for k, v in r.items()}})
+    hp = out / f"prefill_ab-hits-{tag}.csv"
+    with open(hp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(meta) + list(hits[0]))
+        w.writeheader()
+        for h in hits:
+            w.writerow({**meta, **h})
+    plot(rows, out / f"prefill_ab-{tag}.png", f"{gpu} @ {sha}")
+    print(f"wrote {path}, {hp} and the PNG")
+    return 0
+
+
+def plot(rows, png: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = sorted({(r["model"], r["prompt"]) for r in rows})
+    arms = ["auto", "legacy", "resident"]
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4.2))
+    w = 0.25
+    for i, arm in enumerate(arms):
+        xs, ys = [], []
+        for g, (m, T) in enumerate(groups):
+            r = next((r for r in rows if r["model"] == m and r["prompt"] == T and r["arm"] == arm), None)
+            if r:
+                xs.append(g + (i - 1) * w)
+                ys.append(r["tokens_per_s"])
+                if r.get("roofline_tokens_per_s"):
+                    ax.plot([g + (i - 1) * w - w / 2, g + (i - 1) * w + w / 2],
+                            [r["roofline_tokens_per_s"]] * 2, color="k", lw=1.5)
+        ax.bar(xs, ys, w, label=arm)
+    ax.set_xticks(range(len(groups)), [f"{m}\nT={T}" for m, T in groups], fontsize=8)
+    ax.set_ylabel("prefill tokens/s")
+    ax.set_title(f"streamed prefill, auto vs legacy (black: roofline)\n{title}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

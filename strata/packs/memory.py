@@ -1,0 +1,85 @@
+"""A synthetic pack held in memory: the full-size experiments' model, built in seconds.
+
+Writing a ~32 GB qwen3-30b-a3b Q8_0 pack to disk takes minutes (synth_pack); a streaming
+benchmark only needs the bytes in host memory. `MemoryPack` has the `Pack` interface the model
+and the engine read (shape, layers, max_blob, native, experts(i), dense(name), dense_names()),
+with
+
+- dense weights drawn on `device` (a GPU when there is one) with the same scales as synth_pack
+  (strata.packs.synth.dense_sigma, norms 1 + jitter, q/k norms x QK_NORM_SCALE: the choices that
+  keep synthetic routing spread over the experts), and
+- expert blobs that are random VALID blocks (strata.packs.randblocks, the synth_pack generator)
+  for `distinct` experts per layer variant, repeated over the E experts of a layer and cycled over
+  `variants` layer variants. Streaming and the expert GEMM see real blocks of the real size; only
+  the variety of the values is smaller, which routing and timing do not depend on.
+
+experts(i) builds layer i's [E, blob] tensor on demand, so the engine's pinned copy is the only
+full-size copy in memory.
+"""
+from __future__ import annotations
+
+
+import torch
+
+from strata.packs.file import PackLayer
+from strata.packs.names import dense_specs
+from strata.packs.synth import NORM_JITTER, QK_NORM_SCALE, ExpertFormats, dense_sigma, expert_matrix
+from strata.shapes import ModelShape
+
+
+class MemoryPack:
+    def __init__(self, shape: ModelShape, fmts: ExpertFormats = ExpertFormats(), *, seed: int = 0,
+                 distinct: int = 8, variants: int = 4, device=None,
+                 dense_dtype: torch.dtype = torch.bfloat16):
+        self.shape = shape
+        self.native = True
+        self.tied = False
+        self.source = f"memory synth seed={seed}"
+        self.path = self.source
+        lay = fmts.layout(shape)
+        self.layers = [PackLayer(lay, lay.size) for _ in range(shape.n_layer)]
+        self.max_blob = lay.size
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        g = torch.Generator(device=dev).manual_seed(seed)
+        self._dense = {}
+        for i, (name, shp) in enumerate(dense_specs(shape).items()):
+            sigma = dense_sigma(name, shape)
+            if sigma is None:   # a norm: 1 + jitter (q/k norms sharper, as synth_pack)
+                base = QK_NORM_SCALE if name.endswith(("attn_q_norm.weight",
+                                                       "attn_k_norm.weight")) else 1.0
+                w = base * (1 + NORM_JITTER * torch.randn(shp, generator=g, device=dev))
+                self._dense[name] = w.float().cpu()
+            else:
+                w = torch.randn(shp, generator=g, device=dev, dtype=torch.float32) * sigma
+                self._dense[name] = w.to(dense_dtype).cpu()
+        small = shape.with_(n_expert=distinct)
+        self._base = []          # per variant: uint8 [distinct, blob]
+        for v in range(variants):
+            mats = [torch.from_numpy(expert_matrix(w, getattr(fmts, w), small,
+                                                   [seed, 7_000_000 + 3 * v + j]))
+                    for j, w in enumerate(("gate", "up", "down"))]
+            blob = torch.zeros(distinct, lay.size, dtype=torch.uint8)
+            for m, t in zip(lay.matrices, mats):
+                blob[:, m.offset:m.offset + m.nbytes] = t.reshape(distinct, -1)
+            self._base.append(blob)
+        self._idx = torch.arange(shape.n_expert) % distinct
+
+    def experts(self, i: int) -> torch.Tensor:
+        """Layer i's experts, uint8 [E, blob_size] (built now; the caller keeps or pins it)."""
+        return self._base[i % len(self._base)][self._idx]
+
+    def dense_names(self) -> list[str]:
+        return list(self._dense)
+
+    def dense(self, name: str) -> torch.Tensor:
+        return self._dense[name]
+
+    @property
+    def expert_bytes(self) -> int:
+        return sum(pl.blob_size for pl in self.layers) * self.shape.n_expert
+
+    def __repr__(self) -> str:
+        return (f"MemoryPack({self.shape.n_layer} layers, E={self.shape.n_expert}, max_blob "
+                f"{self.max_blob:,}, {self.expert_bytes / 1e9:.1f} GB of experts)")
+
+

@@ -1,0 +1,212 @@
+"""The streaming prefill engine reads a prompt exactly as the all-resident forward does.
+
+Cases and why each exists:
+- chunk 16 over 37 tokens: chunks split the prompt unevenly (the last one is short);
+- ring 3 < E = 8: a layer's experts do not fit the ring, so a layer runs in several batches and
+  copies wait for the compute that frees their slots;
+- ring 1: every expert waits for the one before it (the tightest pipeline);
+- STAGE: chunks below stream_all_min stage only their routed experts;
+- two participants: the layers split over two caches, each with its own loan and ring.
+Every run also checks the cache's bytes are identical before and after the prompt.
+"""
+import json
+
+import pytest
+import torch
+
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.errors import AllocationError, StrataError
+from strata.models.load import load_model, resident_provider
+from strata.models.moe import expert_ffn
+from strata.packs.synth import ExpertFormats, synth_pack
+from strata.shapes import get_preset
+
+FP32_REL = 1e-5   # streamed vs resident, fp32 dense math: only the order of fp32 sums differs
+
+SHAPE = get_preset("tiny")     # L=2, D=64, E=8, K=2, F=32
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    # mixed formats per layer: the ring slot (max_blob) is bigger than layer 0's blob
+    fmts = [ExpertFormats.of("Q8_0"), ExpertFormats.of("Q4_0", down="Q8_0")]
+    return synth_pack(tmp_path_factory.mktemp("p") / "tiny.pack", SHAPE, fmts, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, SHAPE.vocab, (37,), generator=torch.Generator().manual_seed(7))
+
+
+@pytest.fixture(scope="module")
+def reference(pack, tokens):
+    model = load_model(pack, dtype=torch.float32, ffn=expert_ffn("ref"))
+    return model.prefill(tokens, resident_provider(pack), chunk=None)
+
+
+def blob_bytes(pack, n):
+    from strata.packs import Pack
+    return n * Pack.open(pack).max_blob
+
+
+def engine(pack, *, cache_blobs=16, vram=1 << 30, **kw):
+    kw.setdefault("chunk", 16)
+    kw.setdefault("ffn", "ref")
+    cfg = EngineConfig(vram=vram, cache=blob_bytes(pack, cache_blobs), max_prompt=64,
+                       device="cpu", **kw)
+    return PrefillEngine(pack, cfg)
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def snapshot(eng):
+    return [p.cache.buffer.clone() for p in eng.parts]
+
+
+def assert_restored(eng, snap):
+    for p, s in zip(eng.parts, snap):
+        assert torch.equal(p.cache.buffer, s), f"{p.name}'s cache bytes changed"
+
+
+@pytest.mark.parametrize("ring,chunk", [(3, 16), (1, 16), (5, 37), (8, 10)],
+                         ids=["R3-C16", "R1-C16", "R5-C37", "R8-C10"])
+def test_streamed_equals_resident(pack, tokens, reference, ring, chunk):
+    eng = engine(pack, ring=ring, chunk=chunk)
+    snap = snapshot(eng)
+    res = eng.run(tokens)
+    assert rel(res.logits, reference) < FP32_REL
+    assert res.ring == ring and res.chunk == chunk
+    assert res.stats.bytes_streamed > 0
+    assert_restored(eng, snap)
+
+
+def test_env_ring_is_the_ring_flag(pack, tokens, reference, monkeypatch):
+    monkeypatch.setenv("STRATA_PREFILL_RING", "2")
+    eng = engine(pack)
+    res = eng.run(tokens)
+    assert res.ring == 2 and rel(res.logits, reference) < FP32_REL
+
+
+def test_stage_mode(pack, tokens, reference, monkeypatch):
+    monkeypatch.setenv("STRATA_STREAM_ALL_MIN", "1000")   # every chunk is "small": STAGE
+    eng = engine(pack)
+    snap = snapshot(eng)
+    res = eng.run(tokens)
+    assert res.ring == "STAGE"
+    assert {c.mode for c in res.stats.chunks} == {"stage"}
+    assert rel(res.logits, reference) < FP32_REL
+    # STAGE copies only routed experts the cache lacks: never more than stream-all would
+    full = engine(pack, ring=8).run(tokens).stats.bytes_streamed
+    assert res.stats.bytes_streamed <= full
+    assert_restored(eng, snap)
+
+
+def test_two_participants(pack, tokens, reference):
+    eng = engine(pack, cache_blobs=8, vram=[1 << 30, 1 << 30], ring=2)
+    assert [list(p.layers) for p in eng.parts] == [[0], [1]]
+    snap = snapshot(eng)
+    res = eng.run(tokens)
+    assert rel(res.logits, reference) < FP32_REL
+    assert len(res.plan.participants) == 2
+    assert_restored(eng, snap)
+
+
+def test_explicit_layer_split_is_checked(pack):
+    with pytest.raises(StrataError, match="add up to the model's 2 layers"):
+        engine(pack, vram=[1 << 30, 1 << 30], layer_split=[2, 1])
+
+
+def test_stats_add_up(pack, tokens):
+    eng = engine(pack, ring=3)
+    res = eng.run(tokens)
+    st = res.stats
+    assert st.tokens == 37 and len(st.chunks) == 3            # 16 + 16 + 5
+    assert st.routed >= st.cache_hits > 0
+    for c in st.chunks:
+        assert len(c.hit_fraction) == SHAPE.n_layer
+        assert all(0 < f <= 1 for f in c.hit_fraction)
+    # stream-all: every chunk copies the same experts (all that the loan left the cache without)
+    assert len({(c.copies, c.bytes_streamed) for c in st.chunks}) == 1
+    assert st.bytes_streamed == sum(c.bytes_streamed for c in st.chunks)
+    lent = eng.layout.bytes_needed(16, 3)  # the loan covers at least this many cache bytes
+    assert st.chunks[0].copies >= lent // eng.pack.max_blob
+
+
+def test_failure_mid_prompt_leaves_cache_whole(pack, tokens, reference):
+    eng = engine(pack, ring=3)
+    snap = snapshot(eng)
+    with pytest.raises(AllocationError, match="the request failed and the cache was refilled"):
+        eng.run(tokens, fail_after_layers=3)
+    assert_restored(eng, snap)
+    res = eng.run(tokens)                       # the engine stays usable
+    assert rel(res.logits, reference) < FP32_REL
+    assert_restored(eng, snap)
+
+
+def test_device_oom_mid_prompt_is_a_clear_error(pack, tokens, reference, monkeypatch):
+    eng = engine(pack, ring=3)
+    snap = snapshot(eng)
+    calls = {"n": 0}
+    real = eng.model.ffn
+
+    def flaky(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return real(*a, **kw)
+    monkeypatch.setattr(eng.model, "ffn", flaky)
+    with pytest.raises(AllocationError, match="allocation failed mid-prompt"):
+        eng.run(tokens)
+    assert_restored(eng, snap)
+    monkeypatch.setattr(eng.model, "ffn", real)
+    assert rel(eng.run(tokens).logits, reference) < FP32_REL
+
+
+def test_bad_prompt_leaves_cache_whole(pack):
+    eng = engine(pack, ring=3)
+    snap = snapshot(eng)
+    with pytest.raises(StrataError, match="outside the vocabulary"):
+        eng.run(torch.tensor([1, 2, SHAPE.vocab + 5]))
+    with pytest.raises(StrataError, match="reserved KV for 64"):
+        eng.run(torch.zeros(65, dtype=torch.int64))
+    assert_restored(eng, snap)
+
+
+def test_cli_json(pack, capsys):
+    from strata.cli import main
+    rc = main(["prefill", str(pack), "--prompt-tokens", "37", "--cache",
+               str(blob_bytes(pack, 16)), "--chunk", "16", "--ring", "3", "--device", "cpu",
+               "--experts", "ref", "--json"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["prefill_chunk"] == 16 and r["prefill_ring"] == 3
+    assert r["bytes_streamed"] > 0 and r["plan"]["rule"] == "forced"
+    for key in ("tokens_per_s", "h2d_gbps", "cache_hits", "wait_s", "hit_fraction_mean"):
+        assert key in r
+
+
+def test_cli_stage_reads_STAGE(pack, capsys, monkeypatch):
+    from strata.cli import main
+    monkeypatch.setenv("STRATA_STREAM_ALL_MIN", "1000")
+    rc = main(["prefill", str(pack), "--prompt-tokens", "20", "--cache",
+               str(blob_bytes(pack, 16)), "--chunk", "8", "--device", "cpu", "--experts", "ref",
+               "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["prefill_ring"] == "STAGE"
+
+
+def test_cli_dump_logits(pack, tmp_path, reference, capsys):
+    import numpy as np
+    from strata.cli import main
+    out = tmp_path / "logits.npy"
+    g = torch.Generator().manual_seed(0)
+    toks = torch.randint(0, SHAPE.vocab, (37,), generator=g)
+    rc = main(["prefill", str(pack), "--tokens", ",".join(map(str, toks.tolist())), "--cache",
+               str(blob_bytes(pack, 16)), "--chunk", "16", "--ring", "3", "--device", "cpu",
+               "--experts", "ref", "--dump-logits", str(out)])
+    assert rc == 0
+    got = torch.from_numpy(np.load(out))
+    want = load_model(pack, dtype=torch.float32, ffn=expert_ffn("ref")).prefill(
+        toks, resident_provider(pack), chunk=None)
+    assert got.shape == (37, SHAPE.vocab) and rel(got, want) < FP32_REL

@@ -1,0 +1,223 @@
+"""moe_ffn (Triton) against moe_ffn_torch (plain torch) on fresh random data.
+
+Error measure: normalized error ||y - ref|| / ||ref|| over the whole [T, D] output.
+Bounds, per compute dtype (never loosened to pass; a miss is a bug to find):
+- BF16_REL: BF16 weights. The kernel rounds h = silu(gate x) * up x to bf16 (the down GEMM's
+  tensor-core input) and y to bf16; each rounding is <= 2^-9 relative (rms ~1.1e-3), and the
+  reference keeps h in fp32. Observed ~2.3e-3 on the tiny shapes.
+- DECODED_REL: any decoded block format (decode-only formats such as Q4_K / IQ3_S get random
+  valid blocks from strata.kernels.synth.random_blocks). Decoded weights (an fp16 scale times a small integer,
+  up to 18 significant bits) are rounded to bf16 for the tensor cores: one more 2^-9 rounding per
+  weight on top of the BF16 case. Observed ~4e-3.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import zlib
+
+import pytest
+import torch
+
+from strata.errors import StrataError
+from strata.kernels import last_launch, moe_ffn, moe_ffn_torch, pin_tile, topk_route
+from strata.kernels.synth import random_expert_set
+
+BF16_REL = 1e-2
+DECODED_REL = 1.5e-2
+
+
+def rel_err(y, ref):
+    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def bound(experts):
+    return BF16_REL if all(m.fmt.name == "BF16" for m in experts.layout.matrices) else DECODED_REL
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    T: int
+    E: int
+    K: int
+    D: int = 64
+    F: int = 32
+    fmts: tuple = ("BF16",)
+    route: str = "random"        # "random" | "one" (every token on expert 0) | "skip" (expert 1 idle)
+    schedule: str = "dp"
+    programs: int = 4
+    BN: int = 16
+    BK: int = 32
+
+
+CASES = [
+    Case("T3-lt-tile", T=3, E=4, K=2),                                  # T < BLOCK_M
+    Case("idle-expert", T=9, E=5, K=2, route="skip"),                  # expert 1 gets no tokens
+    Case("all-on-one", T=20, E=4, K=1, route="one"),                    # one expert, two blocks
+    Case("K1", T=7, E=3, K=1),
+    Case("K-eq-E", T=5, E=3, K=3),
+    Case("E7-prime", T=11, E=7, K=2),
+    Case("sk-fewer-tiles-than-programs", T=3, E=2, K=1, schedule="stream_k", programs=13),
+    Case("sk-more-tiles-than-programs", T=9, E=5, K=2, schedule="stream_k", programs=3),
+    Case("sk-one-program", T=5, E=3, K=2, schedule="stream_k", programs=1),
+    Case("sk-idle-expert", T=9, E=5, K=2, route="skip", schedule="stream_k", programs=5),
+    Case("mixed-q8-q4-bf16", T=6, E=3, K=2, fmts=("Q8_0", "Q4_0", "BF16")),
+    Case("mixed-bf16-q4-q8-sk", T=6, E=3, K=2, fmts=("BF16", "Q4_0", "Q8_0"),
+         schedule="stream_k", programs=5),
+    Case("q8-all", T=4, E=2, K=1, fmts=("Q8_0",)),
+    Case("q4-bk16-generic-decoder", T=4, E=2, K=1, fmts=("Q4_0",), BK=16),  # BK < a Q4_0 block
+    Case("f16-all", T=4, E=2, K=1, fmts=("F16",)),
+    Case("kquant-iquant-mixed-q4k-iq3s-q2", T=4, E=3, K=2, D=256, F=256,   # 256-weight blocks
+         fmts=("Q4_K", "IQ3_S", "Q2_0"), BN=32, BK=64),
+    Case("q6k-sk", T=3, E=2, K=1, D=256, F=256, fmts=("Q6_K",), schedule="stream_k",
+         programs=3, BN=32, BK=64),
+    Case("D-not-multiple-of-BN", T=4, E=3, K=2, D=96, F=64, BN=64, BK=64),
+]
+
+
+def _routing(c: Case, gen):
+    logits = torch.randn(c.T, c.E, generator=gen)
+    if c.route == "one":
+        logits[:, 0] += 100.0
+    if c.route == "skip":
+        logits[:, 1] -= 100.0
+    return topk_route(logits, c.K)
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_moe_ffn_matches_reference(c: Case):
+    seed = zlib.crc32(c.id.encode())  # fixed per case, different across cases
+    gen = torch.Generator().manual_seed(seed)
+    experts = random_expert_set(c.E, c.D, c.F, *c.fmts, seed=seed)
+    x = torch.randn(c.T, c.D, generator=gen).bfloat16()
+    ids, w = _routing(c, gen)
+    ref = moe_ffn_torch(x, ids, w, experts)
+    with pin_tile(schedule=c.schedule, programs=c.programs, BLOCK_N=c.BN, BLOCK_K=c.BK):
+        y = moe_ffn(x, ids, w, experts)
+    assert y.shape == (c.T, c.D) and y.dtype == torch.bfloat16
+    assert not torch.isnan(y).any(), "output not fully written (NaN poison survived)"
+    err = rel_err(y, ref)
+    assert err < bound(experts), f"normalized error {err:.2e}"
+    rec = last_launch()
+    counts = torch.bincount(ids.reshape(-1), minlength=c.E)
+    bm = rec.tile.BLOCK_M
+    # experts with no tokens cost nothing: blocks only for routed experts
+    assert rec.n_blocks == int(((counts + bm - 1) // bm).sum())
+    if c.schedule == "stream_k":
+        assert rec.scratch_bytes == 2 * c.programs * 2 * bm * c.BN * 4
+        with pin_tile(schedule=c.schedule, programs=c.programs, BLOCK_N=c.BN, BLOCK_K=c.BK):
+            y2 = moe_ffn(x, ids, w, experts)
+        assert torch.equal(y, y2), "stream-k fixup must be deterministic"
+
+
+def test_stream_k_splits_tiles_and_matches_dp():
+    """Programs that do not divide the iterations: every tile boundary pattern (a program inside
+    one tile, spanning two, ending on a boundary) across P = 2..7."""
+    gen = torch.Generator().manual_seed(7)
+    experts = random_expert_set(3, 64, 32, "BF16", seed=7)
+    x = torch.randn(6, 64, generator=gen).bfloat16()
+    ids, w = topk_route(torch.randn(6, 3, generator=gen), 2)
+    ref = moe_ffn_torch(x, ids, w, experts)
+    with pin_tile(schedule="dp", BLOCK_N=16, BLOCK_K=16):
+        y_dp = moe_ffn(x, ids, w, experts)
+    for p in (2, 5, 7):
+        with pin_tile(schedule="stream_k", programs=p, BLOCK_N=16, BLOCK_K=16):
+            y = moe_ffn(x, ids, w, experts)
+        assert rel_err(y, ref) < BF16_REL
+        assert rel_err(y, y_dp) < BF16_REL
+
+
+def test_scratch_comes_from_the_allocator_hook():
+    calls = []
+
+    def alloc(nbytes):
+        calls.append(nbytes)
+        return torch.zeros(nbytes + 512, dtype=torch.uint8)   # a pool may hand out more
+
+    experts = random_expert_set(3, 64, 32, "BF16", seed=1)
+    x = torch.randn(4, 64).bfloat16()
+    ids, w = topk_route(torch.randn(4, 3), 2)
+    with pin_tile(schedule="stream_k", programs=3, BLOCK_N=16, BLOCK_K=32):
+        moe_ffn(x, ids, w, experts, scratch_alloc=alloc)
+    assert calls == [last_launch().scratch_bytes] and calls[0] > 0
+    with pytest.raises(StrataError, match="scratch_alloc must return"):
+        with pin_tile(schedule="stream_k", programs=3, BLOCK_N=16, BLOCK_K=32):
+            moe_ffn(x, ids, w, experts, scratch_alloc=lambda n: torch.zeros(8, dtype=torch.uint8))
+
+
+def test_absent_expert_is_a_clear_error():
+    experts = random_expert_set(4, 64, 32, "BF16", absent=(2,))
+    x = torch.randn(3, 64).bfloat16()
+    ids = torch.tensor([[0, 2], [1, 3], [0, 1]])
+    w = torch.full((3, 2), 0.5)
+    with pytest.raises(StrataError, match=r"experts \[2\] are routed to but not resident"):
+        moe_ffn(x, ids, w, experts)
+    with pytest.raises(StrataError, match="expert 2 is not resident"):
+        moe_ffn_torch(x, ids, w, experts)
+    ok = torch.tensor([[0, 1], [1, 3], [0, 3]])     # absent but not routed to: fine
+    y = moe_ffn(x, ok, w, experts)
+    assert rel_err(y, moe_ffn_torch(x, ok, w, experts)) < BF16_REL
+
+
+def test_misaligned_blobs_are_refused():
+    """The kernel tells the compiler blobs are 256-byte aligned (vector loads); a slot table or an
+    arena that breaks that must be an error, not silently wrong loads on the GPU."""
+    experts = random_expert_set(2, 64, 32, "BF16")
+    x = torch.randn(2, 64).bfloat16()
+    ids, w = torch.tensor([[0], [1]]), torch.ones(2, 1)
+    shifted = type(experts)(experts.arena, experts.slot_offset + 2, experts.layout)
+    with pytest.raises(StrataError, match="not a multiple of 256"):
+        moe_ffn(x, ids, w, shifted)
+    if not torch.cuda.is_available():
+        return  # the arena's own address matters only to compiled kernels
+    experts = random_expert_set(2, 64, 32, "BF16", device="cuda")
+    x, ids, w = x.cuda(), ids.cuda(), w.cuda()
+    buf = torch.zeros(experts.arena.numel() + 256, dtype=torch.uint8, device="cuda")
+    view = buf[2:2 + experts.arena.numel()]
+    with pytest.raises(StrataError, match="arena must start 256-byte aligned"):
+        moe_ffn(x, ids, w, type(experts)(view, experts.slot_offset, experts.layout))
+
+
+def test_bad_inputs_are_clear():
+    experts = random_expert_set(2, 64, 32, "BF16")
+    ids = torch.zeros(3, 1, dtype=torch.int64)
+    w = torch.ones(3, 1)
+    with pytest.raises(StrataError, match="bf16"):
+        moe_ffn(torch.randn(3, 64), ids, w, experts)
+    with pytest.raises(StrataError, match=r"\[T, D=64\]"):
+        moe_ffn(torch.randn(3, 32).bfloat16(), ids, w, experts)
+    with pytest.raises(StrataError, match="topk_weights"):
+        moe_ffn(torch.randn(3, 64).bfloat16(), ids, torch.ones(3, 2), experts)
+
+
+def test_empty_batch():
+    experts = random_expert_set(2, 64, 32, "BF16")
+    y = moe_ffn(torch.zeros(0, 64).bfloat16(), torch.zeros(0, 2, dtype=torch.int64),
+                torch.zeros(0, 2), experts)
+    assert y.shape == (0, 64)
+
+
+# ---------------------------------------------------------------- layer-sized, on the GPU
+
+GPU_SHAPES = [
+    pytest.param(128, 8, 2048, 768, id="qwen3-30b-a3b"),
+    pytest.param(512, 10, 2560, 640, id="seed-512e"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("E,K,D,F", GPU_SHAPES)
+@pytest.mark.parametrize("T", [37, 2048], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("fmt", ["BF16", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("schedule", ["dp", "stream_k"])
+def test_moe_ffn_layer_shapes_gpu(E, K, D, F, T, fmt, schedule):
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(T + E)
+    experts = random_expert_set(E, D, F, fmt, device=dev, seed=E)
+    x = torch.randn(T, D, generator=gen).bfloat16().to(dev)
+    ids, w = topk_route(torch.randn(T, E, generator=gen).to(dev), K)
+    ref = moe_ffn_torch(x, ids, w, experts)
+    y = moe_ffn(x, ids, w, experts, schedule=schedule)
+    assert not torch.isnan(y).any()
+    assert rel_err(y, ref) < bound(experts)
