@@ -206,7 +206,8 @@ def run_fill(args, eng, tokens) -> tuple[list[dict], list[dict]]:
         free = torch.cuda.mem_get_info(eng.device)[0]
         take = max(0, free - args.margin_mib * MiB)
         ballast = torch.empty(take, dtype=torch.uint8, device=eng.device)
-        tqdm.write(f"  ballast {take / MiB:,.0f} MiB of {free / MiB:,.0f} MiB free", file=sys.stderr)
+        tqdm.write(f"  ballast {take / MiB:,.0f} MiB of {free / MiB:,.0f} MiB free",
+                   file=sys.stderr)
         alloc = mempool_alloc(eng.device) if args.ordinary == "mempool" else None
     else:
         alloc = ZeroBudget()
@@ -263,7 +264,8 @@ def run_classes(shape: ModelShape, n_sms: int, chunks: list[int], sweep: str) ->
             exact.release(last[1])
         s, e = pool.alloc(b), exact.alloc(b)
         last = (s, e)
-        rows.append({"sweep": sweep, "launch": i, "tokens": t, "BLOCK_M": tile.BLOCK_M, "BLOCK_N": tile.BLOCK_N,
+        rows.append({"sweep": sweep, "launch": i, "tokens": t, "BLOCK_M": tile.BLOCK_M,
+                     "BLOCK_N": tile.BLOCK_N,
                      "programs": tile.programs, "scratch": b, "class": size_class(b),
                      "slab_high_water": pool.high_water, "exact_high_water": exact.high_water,
                      "exact_buffers": exact.new_buffers})

@@ -103,8 +103,9 @@ def test_guard_address_moved_tail_drops_old_buffers(engine):
 
 def test_slab_reserve_counts_the_kernels_own_classes():
     with pin_tile(**STREAM_K):
-        one = size_class(kmoe.scratch_nbytes(kmoe.resolve_tile(
-            kmoe.GemmProblem(CHUNK, SHAPE.top_k, SHAPE.n_expert, SHAPE.d_model, SHAPE.d_expert, 4))))
+        prob = kmoe.GemmProblem(CHUNK, SHAPE.top_k, SHAPE.n_expert, SHAPE.d_model,
+                                SHAPE.d_expert, 4)
+        one = size_class(kmoe.scratch_nbytes(kmoe.resolve_tile(prob)))
         assert slab_reserve(SHAPE, 12, CHUNK, "cpu") == one      # chunks 8 and 4: one class
     with pin_tile(schedule="dp"):
         assert slab_reserve(SHAPE, 12, CHUNK, "cpu") == 0
