@@ -37,9 +37,10 @@ def masked_kernel_ffn(x, topk_ids, topk_w, experts, *, scratch_alloc=None):
                    experts, scratch_alloc=scratch_alloc)
 
 
-def tiny_engine(pack, n_parts: int = 1, kernel: bool = True) -> PrefillEngine:
+def tiny_engine(pack, n_parts: int = 1, kernel: bool = True, device: str = "cpu"
+                ) -> PrefillEngine:
     cfg = EngineConfig(vram=[1 << 20] * n_parts, chunk=CHUNK, ring=2, reserve=0, max_prompt=64,
-                       ffn="kernel" if kernel else "torch", device="cpu")
+                       ffn="kernel" if kernel else "torch", device=device)
     eng = PrefillEngine(pack, cfg)
     if kernel:
         eng.model = eng.model.with_ffn(_bf16(masked_kernel_ffn))

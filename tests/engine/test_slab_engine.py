@@ -165,3 +165,26 @@ def test_full_card_slab_on_completes_with_identical_logits(pack, monkeypatch):
     off = _run(tiny_engine(pack))
     err = (got.logits - off.logits).abs().max() / off.logits.abs().max()
     assert err < BF16_REL
+
+
+@pytest.mark.gpu
+def test_full_card_on_the_gpu(pack, monkeypatch):
+    """The two full-card runs on a CUDA device (compiled kernels, device addresses): slab off
+    fails the request with the cache intact; slab on reads, logits equal to unconstrained."""
+    def engine(free):
+        eng = tiny_engine(pack, device="cuda")
+        if free is not None:
+            p = eng.parts[0]
+            p.scratch.use_ordinary(OrdinaryScratch(p.device, alloc=BudgetAlloc(free, "cuda")))
+        return eng
+    monkeypatch.setenv("STRATA_MMQ_SLAB", "0")
+    eng = engine(0)
+    before = eng.parts[0].cache.buffer.clone()
+    with pytest.raises(AllocationError):
+        _run(eng)
+    torch.cuda.synchronize()
+    assert torch.equal(eng.parts[0].cache.buffer, before)
+    monkeypatch.setenv("STRATA_MMQ_SLAB", "1")
+    got = _run(engine(0))
+    want = _run(engine(None))
+    assert torch.equal(got.logits, want.logits)

@@ -4,6 +4,7 @@ real loan and carve, and the real Triton stream-k moe_ffn taking its scratch fro
 import logging
 
 import pytest
+from hypothesis import example, given, strategies as st
 import torch
 
 from strata import config
@@ -15,7 +16,7 @@ from strata.kernels.moe import moe_ffn
 from strata.kernels.tiles import pin_tile
 from strata.memory import Loan
 from strata.memory import pool as mpool
-from strata.memory.carve import Tail
+from strata.memory.carve import Carve, Tail
 from strata.memory.pool import size_class
 from tests.engine.slab_helpers import CHUNK, SHAPE, STREAM_K, make_pack, tiny_engine
 
@@ -165,3 +166,41 @@ def test_class_sweep_bounds_the_pool_when_the_size_changes_per_launch():
     assert last["exact_buffers"] == len({r["scratch"] for r in rows}) == len(rows)
     assert last["slab_high_water"] <= 2 * max(r["class"] for r in rows) + 256 * len(rows)
     assert last["slab_high_water"] < last["exact_high_water"]
+
+
+KiB = 1 << 10
+_steps = st.lists(st.one_of(
+    st.tuples(st.just("layout"), st.integers(0, 900 * KiB)),   # carve this many bytes, publish
+    st.tuples(st.just("ask"), st.integers(1, 400 * KiB)),      # one launch's scratch
+    st.tuples(st.just("drop"), st.just(0))), max_size=30)
+
+
+@given(steps=_steps)
+@example(steps=[("layout", 0), ("ask", 1000), ("ask", 300 * KiB), ("layout", 600 * KiB),
+                ("ask", 1000)])   # the moved tail: the old floor buffer now lies in the layout
+@example(steps=[("layout", 1024 * KiB - 1), ("ask", 1)])   # a tail too small: ordinary memory
+@example(steps=[("layout", 0), ("ask", 1), ("drop", 0), ("ask", 1)])   # dropped: ordinary
+def test_scratch_never_lands_on_the_layout(steps):
+    """Whatever the order of layouts, launches and drops, a scratch buffer is either inside the
+    current layout's tail (slab) or outside the loan altogether (ordinary), never on a carved
+    buffer and never in the loan once dropped."""
+    loan = torch.zeros(1024 * KiB, dtype=torch.uint8)
+    ps = ParticipantScratch("CUDA0", "cpu", loan)
+    lo, hi = loan.data_ptr(), loan.data_ptr() + loan.numel()
+    stop, live = None, False
+    for op, n in steps:
+        if op == "layout":
+            carve = Carve(loan)
+            carve.take("act", torch.uint8, (n,))
+            ps.publish(carve.tail())
+            stop, live = lo + carve.stop, not carve.tail().empty
+        elif op == "drop":
+            ps.drop()
+            live = False
+        else:
+            buf = ps(n)
+            a, b = buf.data_ptr(), buf.data_ptr() + n
+            if live and lo <= a < hi:
+                assert stop <= a and b <= hi
+            else:
+                assert b <= lo or a >= hi
