@@ -5,8 +5,8 @@ Three parts, one CSV each (plus one PNG):
 
 1. `slab_ab_fill.csv` — the failure. A prefill engine reads a prompt with the expert GEMM pinned
    to stream-k (every launch asks for fixup scratch). Then the card is filled: on a GPU a ballast
-   tensor takes all the memory the driver reports free (minus --margin-mib), after a slab-on
-   warm-up so torch's caching allocator already holds the prompt's own temporaries; on the CPU
+   tensor leaves free only the prompt's own transient peak (torch's reserved bytes measured
+   over an unconstrained slab-on run from an emptied cache) plus --margin-mib; on the CPU
    (--smoke) the ordinary scratch allocator is given a zero budget (a SIMULATED full card: it
    raises torch.cuda.OutOfMemoryError, as torch.empty does on a full GPU). On the filled card:
    slab off (expected: the request fails with an AllocationError, the cache byte for byte intact),
@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import csv
 import datetime as dt
+import gc
 import os
 import subprocess
 import sys
@@ -165,6 +166,10 @@ def attempt(eng, tokens, label, rows, ref=None):
     except AllocationError as e:
         row.update(outcome="AllocationError", error=str(e).splitlines()[0][:160])
         out = None
+    except torch.cuda.OutOfMemoryError as e:   # outside the engine's request guard: a finding
+        row.update(outcome="OutOfMemoryError (uncaught by the engine)",
+                   error=str(e).splitlines()[0][:160])
+        out = None
     for i, part in enumerate(eng.parts):
         st = part.scratch.stats()
         row[f"p{i}_slots_lent"] = next((n for c, _, n in loans if c is part.cache), "")
@@ -176,16 +181,80 @@ def attempt(eng, tokens, label, rows, ref=None):
     return out, loans
 
 
+class Card:
+    """The device's memory around the filled-card runs (CUDA; a no-op on the CPU).
+
+    `warm()` measures the prompt's own transient footprint: torch's reserved bytes at the peak
+    of a slab-on prompt started from an emptied cache. `fill()` then leaves exactly that much
+    (plus --margin-mib) free beside a ballast tensor. Each constrained run starts from an emptied
+    cache, so a slab-on prompt repeats the measured allocation sequence and fits, and anything
+    the slab-off prompt takes on top (its scratch, in its own MemPool segments) does not."""
+
+    def __init__(self, eng, margin: int):
+        self.cuda = eng.device.type == "cuda"
+        self.dev, self.margin = eng.device, margin
+        self.peak, self.ballast, self.free_left = 0, None, None
+
+    def _settle(self):
+        if self.cuda:
+            gc.collect()
+            torch.cuda.synchronize(self.dev)
+            torch.cuda.empty_cache()
+
+    @contextlib.contextmanager
+    def warm(self):
+        self._settle()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.dev)
+            r0 = torch.cuda.memory_reserved(self.dev)
+        yield
+        if self.cuda:
+            self.peak = torch.cuda.max_memory_reserved(self.dev) - r0
+
+    def fill(self):
+        self._settle()
+        if not self.cuda:
+            return
+        free = torch.cuda.mem_get_info(self.dev)[0]
+        take = max(0, free - self.peak - self.margin)
+        for _ in range(8):        # the allocator rounds up: step down until the ballast fits
+            try:
+                self.ballast = torch.empty(take, dtype=torch.uint8, device=self.dev)
+                break
+            except torch.cuda.OutOfMemoryError:
+                take -= 2 * MiB
+        self._settle()
+        self.free_left = torch.cuda.mem_get_info(self.dev)[0]
+        tqdm.write(f"  ballast {take / MiB:,.0f} MiB; {self.free_left / MiB:,.0f} MiB left free "
+                   f"(the prompt's measured peak {self.peak / MiB:,.0f} MiB + margin)",
+                   file=sys.stderr)
+
+    def ordinary_alloc(self, kind: str):
+        """A fresh allocator for a constrained run's ordinary scratch."""
+        self._settle()
+        if not self.cuda:
+            return ZeroBudget()
+        return mempool_alloc(self.dev) if kind == "mempool" else None
+
+    def empty(self):
+        self.ballast = None
+        self._settle()
+
+
 def run_fill(args, eng, tokens) -> tuple[list[dict], list[dict]]:
-    cuda = eng.device.type == "cuda"
+    card = Card(eng, args.margin_mib * MiB)
     fill, cost = [], []
     digest = [p.cache.buffer.cpu().clone() for p in eng.parts]
+
+    def intact():
+        fill[-1]["cache_intact"] = all(torch.equal(p.cache.buffer.cpu(), d)
+                                       for p, d in zip(eng.parts, digest))
 
     # unconstrained references (and the cost: the loans lent with the slab off and on)
     fresh_ordinary(eng)
     with slab(False):
         ref_off, loans_off = attempt(eng, tokens, "unconstrained slab off", fill)
-    with slab(True):                     # also the warm-up of torch's cache for the filled card
+    with slab(True), card.warm():          # also measures the prompt's own peak
         ref_on, loans_on = attempt(eng, tokens, "unconstrained slab on", fill, ref_off)
     for i, part in enumerate(eng.parts):
         lay = part.cache.layout
@@ -196,39 +265,24 @@ def run_fill(args, eng, tokens) -> tuple[list[dict], list[dict]]:
                      "slots_on": on_n, "extra_slots_on": on_n - off_n,
                      "slab_high_water": hw, "slots_need_plus_hw": lay.slots_for(need + hw, 0.9),
                      "extra_slots_need_plus_hw": lay.slots_for(need + hw, 0.9) - off_n,
-                     "chunk_off": fill[0].get("plan_chunk"), "chunk_on": fill[1].get("plan_chunk"),
+                     "chunk_off": fill[0].get("plan_chunk"),
+                     "chunk_on": fill[1].get("plan_chunk"),
                      "ring_off": fill[0].get("plan_ring"), "ring_on": fill[1].get("plan_ring")})
 
-    # the card filled
-    ballast = None
-    if cuda:
-        torch.cuda.synchronize()
-        free = torch.cuda.mem_get_info(eng.device)[0]
-        take = max(0, free - args.margin_mib * MiB)
-        ballast = torch.empty(take, dtype=torch.uint8, device=eng.device)
-        tqdm.write(f"  ballast {take / MiB:,.0f} MiB of {free / MiB:,.0f} MiB free",
-                   file=sys.stderr)
-        alloc = mempool_alloc(eng.device) if args.ordinary == "mempool" else None
-    else:
-        alloc = ZeroBudget()
-    label = "filled card" if cuda else "SIMULATED full card"
-    fresh_ordinary(eng, alloc)
-    with slab(False):
-        attempt(eng, tokens, f"{label} slab off", fill, ref_off)
-    fill[-1]["cache_intact"] = all(torch.equal(p.cache.buffer.cpu(), d)
-                                   for p, d in zip(eng.parts, digest))
-    with slab(True):
-        attempt(eng, tokens, f"{label} slab on", fill, ref_on)
-    fill[-1]["cache_intact"] = all(torch.equal(p.cache.buffer.cpu(), d)
-                                   for p, d in zip(eng.parts, digest))
-    del ballast
-    if cuda:
-        torch.cuda.empty_cache()
+    card.fill()
+    label = "filled card" if card.cuda else "SIMULATED full card"
+    for on in (False, True):
+        fresh_ordinary(eng, card.ordinary_alloc(args.ordinary))
+        with slab(on):
+            attempt(eng, tokens, f"{label} slab {'on' if on else 'off'}", fill,
+                    ref_on if on else ref_off)
+        fill[-1]["free_left_mib"] = "" if card.free_left is None else card.free_left // MiB
+        intact()
     fresh_ordinary(eng)
+    card.empty()
     with slab(False):
         attempt(eng, tokens, "ballast freed, slab off (next prompt)", fill, ref_off)
-    fill[-1]["cache_intact"] = all(torch.equal(p.cache.buffer.cpu(), d)
-                                   for p, d in zip(eng.parts, digest))
+    intact()
     return fill, cost
 
 
@@ -331,7 +385,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vram-gib", type=float, nargs="+", default=[3.0],
                     help="engine VRAM budget per GPU (the ballast then fills the real card)")
     ap.add_argument("--chunk", type=int, default=1024, help="GPU: forced chunk (tokens)")
-    ap.add_argument("--margin-mib", type=int, default=0, help="left free beside the ballast")
+    ap.add_argument("--margin-mib", type=int, default=8,
+                    help="GPU: free memory left beside the ballast on top of the prompt's "
+                         "measured peak (keep it under the scratch's size)")
     ap.add_argument("--ordinary", choices=["mempool", "torch"], default="mempool",
                     help="CUDA: where the slab-off scratch pool takes new buffers")
     ap.add_argument("--no-masked", dest="masked", action="store_false",
