@@ -272,6 +272,7 @@ def run_fill(args, eng, tokens) -> tuple[list[dict], list[dict]]:
     card.fill()
     label = "filled card" if card.cuda else "SIMULATED full card"
     for on in (False, True):
+        fresh_ordinary(eng)                 # let go of the last run's pool before settling
         fresh_ordinary(eng, card.ordinary_alloc(args.ordinary))
         with slab(on):
             attempt(eng, tokens, f"{label} slab {'on' if on else 'off'}", fill,
