@@ -204,3 +204,25 @@ def test_scratch_never_lands_on_the_layout(steps):
                 assert stop <= a and b <= hi
             else:
                 assert b <= lo or a >= hi
+
+
+def test_full_tail_falls_back_to_the_ordinary_pool_with_one_check_line(caplog):
+    """A tail too small for the request's class: the scratch comes from the ordinary pool, which
+    logs the check line once (the slab does not log it a second time), and is reused there."""
+    caplog.set_level(logging.INFO, logger="strata")
+    loan = torch.zeros(8 * MiB, dtype=torch.uint8)
+    ps = ParticipantScratch("CUDA0", "cpu", loan)
+    carve = Carve(loan)
+    carve.take("act", torch.uint8, (6 * MiB,))          # a 2 MiB tail
+    ps.publish(carve.tail())
+    a = ps(4 * MiB)                                     # class 4 MiB: does not fit
+    ps(1000)                                            # from the tail; hands `a` back
+    b = ps(4 * MiB)
+    assert a.data_ptr() == b.data_ptr() and not _inside_loan(b, loan)
+    assert [r.getMessage() for r in caplog.records if CHECK in r.getMessage()] == [
+        "strata prefill mmq: CUDA0 the scratch pool takes a new 4 MiB buffer"]
+    assert ps.ordinary.new_buffers == 1 and ps.slab.high_water == size_class(1000)
+
+
+def _inside_loan(t, loan):
+    return loan.data_ptr() <= t.data_ptr() < loan.data_ptr() + loan.numel()
