@@ -13,6 +13,10 @@ top of the cache, carve the ring and the chunk's buffers out of it, read the pro
 compute: strata.engine.provider), then refill the borrowed slots. A prompt that fails — bad
 input, an allocation that fails mid-prompt — fails alone: the copy lane is drained, the loan is
 refilled, and the cache ends byte for byte as it started.
+
+The expert GEMM's stream-k scratch comes from each participant's `ParticipantScratch`
+(strata.engine.scratch): ordinary memory, or with STRATA_MMQ_SLAB=1 the tail of that
+participant's loan, published after the carve and dropped before the refill.
 """
 from __future__ import annotations
 
