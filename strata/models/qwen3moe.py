@@ -195,8 +195,10 @@ class Qwen3Moe:
         batches = getattr(provider, "expert_batches", None)
         if batches is None:
             return self.ffn(h, topk_ids, topk_w, provider.experts(l, topk_ids))
-        # the provider may lend buffers (the carve's workspace, its scratch allocator)
-        kw = dict(getattr(provider, "ffn_kwargs", None) or {})
+        # what the provider lends the FFN for this layer: the carve's workspace and fp32
+        # accumulator, its participant's stream-k scratch allocator (strata.engine)
+        lend = getattr(provider, "ffn_kwargs", None)
+        kw = dict(lend(l)) if lend is not None else {}
         y = kw.pop("accumulator", None)                                   # fp32 [>= T, D]
         y = y[:h.shape[0]].zero_() if y is not None else torch.zeros(
             h.shape, dtype=torch.float32, device=h.device)
