@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from strata import bench  # noqa: E402
 from strata.engine.host import HostExperts  # noqa: E402
 from strata.engine.prefill import EngineConfig, PrefillEngine  # noqa: E402
+from strata.errors import PlanError  # noqa: E402
 from strata.models.load import load_model, resident_provider  # noqa: E402
 from strata.models.moe import expert_ffn  # noqa: E402
 from strata.packs.memory import MemoryPack  # noqa: E402
@@ -64,8 +65,8 @@ def sync():
 
 def h2d_rate(host: HostExperts, n: int = 96) -> float:
     """Bytes/s of blob-sized pinned host->device copies back to back (the ring's pattern)."""
-    blobs = [host.blob(i % host.n_layer, i % host.layers[i % host.n_layer].shape[0])
-             for i in range(n)]   # wraps over experts too: the demo model has E < n
+    E = host.layers[0].shape[0]
+    blobs = [host.blob(i % host.n_layer, (i * 7) % E) for i in range(n)]
     dst = torch.empty(blobs[0].numel(), dtype=torch.uint8,
                       device="cuda" if torch.cuda.is_available() else "cpu")
     for b in blobs[:4]:
@@ -219,6 +220,16 @@ def measure(args, rec: bench.Recorder) -> None:
                                scan_max=1024 if args.smoke else 32768,
                                ffn="kernel" if torch.cuda.is_available() else "torch")
             eng = PrefillEngine(pack, cfg, host=host)
+            try:
+                eng.plan()
+            except PlanError as e:   # e.g. legacy's fixed ring leaves no room for any chunk
+                print(f"[{name}] {arm}: {e}", flush=True)
+                for T in prompts:
+                    rec.add("tokens_per_s", 0.0, "tok/s", bound=f"does not fit: {e}",
+                            model=name, arm=arm, prompt=T, chunk="", ring="",
+                            rule="does not fit")
+                del eng
+                continue
             with torch.inference_mode():
                 eng.run(torch.randint(0, shape.vocab, (256,)), logits="none")   # compile, warm
             for T in prompts:

@@ -16,7 +16,7 @@ import torch
 
 from strata.shapes import get_preset
 
-DEMO_PRESET, DEMO_QUANT, DEMO_TOKENS = "demo", "Q8_0", 1536
+DEMO_PRESET, DEMO_QUANT, DEMO_TOKENS = "demo", "Q8_0", 1024
 CACHE_SHARE = 0.4   # of all expert bytes: the rest must stream
 
 

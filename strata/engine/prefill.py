@@ -13,6 +13,10 @@ top of the cache, carve the ring and the chunk's buffers out of it, read the pro
 compute: strata.engine.provider), then refill the borrowed slots. A prompt that fails — bad
 input, an allocation that fails mid-prompt — fails alone: the copy lane is drained, the loan is
 refilled, and the cache ends byte for byte as it started.
+
+The expert GEMM's stream-k scratch comes from each participant's `ParticipantScratch`
+(strata.engine.scratch): ordinary memory, or with STRATA_MMQ_SLAB=1 the tail of that
+participant's loan, published after the carve and dropped before the refill.
 """
 from __future__ import annotations
 
@@ -30,8 +34,10 @@ from strata.engine.host import HostExperts
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import StreamingProvider
+from strata.engine.scratch import ParticipantScratch, slab_reserve
 from strata.engine.stats import PrefillStats
-from strata.errors import AllocationError, StrataError
+from strata import config
+from strata.errors import AllocationError, PlanError, StrataError
 from strata.memory import (STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, resolve_ring,
                            stream_all_min, use_fused)
 from strata.memory.ring import ring_slot_count
@@ -88,6 +94,7 @@ class Part:
     budget: object             # strata.memory.rig.GpuBudget
     cache: ExpertCache
     lane: Lane
+    scratch: ParticipantScratch  # its stream-k fixup scratch (strata.engine.scratch)
 
 
 class PrefillEngine:
@@ -117,7 +124,8 @@ class PrefillEngine:
         self.parts: list[Part] = []
         for p, b, dev in zip(parts, budgets, devices):
             cache = ExpertCache(p.cache, self.host.source, dev)
-            self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev)))
+            self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev),
+                                   ParticipantScratch(p.name, dev, cache.buffer)))
         device_map = [part.device for part in self.parts for _ in part.layers]
         self.model = load_model(pack, device=self.device, dtype=self.dtype,
                                 ffn=expert_ffn(cfg.ffn), device_map=device_map)
@@ -172,6 +180,7 @@ class PrefillEngine:
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
         chunk, ring, _ = self._resolve(plan, T)
+        slab = config.mmq_slab()   # STRATA_MMQ_SLAB, read per prompt (a bad value: StrataError)
         stats = PrefillStats(tokens=T)
         out = None
         loans: list[Loan] = []
@@ -183,11 +192,15 @@ class PrefillEngine:
                 r = ring if len(self.parts) == 1 or plan.rule != "fallback" else pp.ring
                 slots = ring_slot_count(r, self.shape, chunk)
                 need = self.layout.bytes_needed(chunk, slots)
-                loans.append(Loan(part.cache, need, self.cfg.lend_cap))
-                bufs = self.layout.carve(loans[-1].carve(), chunk, slots)
+                loans.append(self._borrow(part, need, T, chunk, slab))
+                carve = loans[-1].carve()
+                bufs = self.layout.carve(carve, chunk, slots)
+                if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
+                    part.scratch.publish(carve.tail())
                 providers.append(StreamingProvider(
                     part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
-                    mode=mode, layers=part.layers, batch=self.cfg.batch, lane=part.lane))
+                    mode=mode, layers=part.layers, batch=self.cfg.batch, lane=part.lane,
+                    scratch_alloc=part.scratch, buffers=bufs))
             provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:
                 provider = _FailingProvider(provider, fail_after_layers)
@@ -212,12 +225,30 @@ class PrefillEngine:
                     c.settle()
                 stats.chunks.extend(pr.chunks)
         finally:
-            # Drain the copy lanes before the borrowed slots are rewritten, then refill them.
+            # Drain the copy lanes before the borrowed slots are rewritten, drop the scratch slab
+            # (nothing may write into the tail once the slots refill), then refill them.
             self._sync()
+            for part in self.parts:
+                part.scratch.drop()
             for loan in loans:
                 loan.refill()
             self._sync()
         return PrefillResult(out, plan, chunk, ring, stats)
+
+    def _borrow(self, part: Part, need: int, n_tokens: int, chunk: int, slab: bool) -> Loan:
+        """The participant's loan: `need` bytes, plus with the slab on the size classes its
+        stream-k launches will ask for (the slab's cost in lent slots; the plan's chunk and ring
+        are unchanged). When the lend cap has no room for that, the loan is the plan's own and
+        the slab serves what its tail holds (the rest comes from ordinary memory)."""
+        extra = (slab_reserve(self.shape, n_tokens, chunk, part.device)
+                 if slab and self.cfg.ffn == "kernel" else 0)
+        if extra:
+            try:
+                return Loan(part.cache, need + extra, self.cfg.lend_cap)
+            except PlanError:
+                log.info("strata prefill mmq: %s has no room to lend %s more for the scratch "
+                         "slab; it serves what the tail holds", part.name, fmt_bytes(extra))
+        return Loan(part.cache, need, self.cfg.lend_cap)
 
     def _sync(self) -> None:
         for part in self.parts:
@@ -253,6 +284,9 @@ class SplitProvider:
 
     def expert_batches(self, layer: int, topk_ids):
         return self.owner[layer].expert_batches(layer, topk_ids)
+
+    def ffn_kwargs(self, layer: int) -> dict:
+        return self.owner[layer].ffn_kwargs(layer)
 
     def experts(self, layer: int, topk_ids):
         return self.owner[layer].experts(layer, topk_ids)

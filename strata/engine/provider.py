@@ -44,7 +44,7 @@ class StreamingProvider:
     def __init__(self, cache: ExpertCache, host: HostExperts, layouts: Sequence[BlobLayout],
                  ring: torch.Tensor, *, n_expert: int, mode: str = STREAM,
                  layers: Sequence[int] | None = None, batch: int | None = None,
-                 lane: Lane | None = None):
+                 lane: Lane | None = None, scratch_alloc=None, buffers=None):
         if ring.dim() != 2 or ring.shape[0] < 1:
             raise StrataError(f"the ring needs at least one slot, got {tuple(ring.shape)}")
         if mode not in (STREAM, STAGE):
@@ -68,6 +68,8 @@ class StreamingProvider:
         self.lane = lane or Lane(self.arena.device)
         self.slot_free = [None] * self.R       # event: compute done with the slot's last item
         self.chunks: list[ChunkStats] = []
+        self.scratch_alloc = scratch_alloc     # this participant's stream-k scratch (or None)
+        self.buffers = buffers                 # the carve's PromptBuffers (None: allocate)
 
     # -- the copy queue ----------------------------------------------------------------------
     def _pump(self) -> None:
@@ -134,6 +136,19 @@ class StreamingProvider:
 
     def begin_layer(self, layer: int) -> None:
         pass
+
+    def ffn_kwargs(self, layer: int) -> dict:
+        """What the expert FFN of `layer` borrows from this participant: the carve's workspace
+        ("h", "yk") and fp32 accumulator ("moe_out") instead of fresh allocations, and the
+        stream-k scratch allocator (ordinary pool, or the slab over the loan's tail)."""
+        kw = {}
+        if self.scratch_alloc is not None:
+            kw["scratch_alloc"] = self.scratch_alloc
+        if self.buffers is not None:
+            b = self.buffers
+            kw["workspace"] = {"h": b["h"], "yk": b["yk"]}
+            kw["accumulator"] = b["moe_out"]
+        return kw
 
     def experts(self, layer: int, topk_ids: torch.Tensor) -> ExpertSet:
         raise StrataError("the streaming provider serves a layer in batches; call "

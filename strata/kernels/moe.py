@@ -92,12 +92,20 @@ def _check_decoders(lay):
 
 
 def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-            experts: ExpertSet, *, schedule=None, scratch_alloc=None) -> torch.Tensor:
+            experts: ExpertSet, *, schedule=None, scratch_alloc=None, out=None,
+            workspace=None) -> torch.Tensor:
     """The layer's MoE feed-forward over T tokens -> y bf16 [T, D] (see module docstring).
 
     schedule: None (the heuristic in strata.kernels.tiles, or the active `pin_tile`), "dp",
     "stream_k", or a whole TileConfig. scratch_alloc(nbytes) -> uint8 tensor supplies the stream-k
     fixup scratch (default: torch.empty on x's device); `last_launch()` reports its size.
+
+    A topk id of -1 skips that assignment (a pass over some of the layer's experts; the
+    streaming engine runs a layer in such passes). `out` (fp32 [T, D]): add this pass's y into
+    it and return it, instead of returning a fresh bf16 y — passes then sum in fp32 and round
+    once. `workspace`: preallocated buffers the launch uses instead of allocating — "h" (bf16,
+    at least [T*K + E*(BLOCK_M-1), F]) and "yk" (fp32, at least [T*K, D]), e.g. views the carve
+    took out of the loan.
     """
     _check_inputs(x, topk_ids, topk_weights, experts)
     lay = experts.layout
@@ -112,8 +120,11 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     BM, BN, BK = tile.BLOCK_M, tile.BLOCK_N, tile.BLOCK_K
     if T * K == 0:
         _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]
-        return torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
-    grp = group_blocked(topk_ids, E, BM, slot_offset=experts.slot_offset)
+        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
+    grp = group_blocked(topk_ids, E, BM, slot_offset=experts.slot_offset, skip_negative=True)
+    if grp.n_blocks == 0:   # nothing routed to this pass's experts
+        _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]
+        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
     n_gu = grp.n_blocks * -(-F // BN)
     n_dn = grp.n_blocks * -(-D // BN)
     sk = tile.schedule == "stream_k"
@@ -128,28 +139,46 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
         scratch = torch.empty(1, dtype=torch.float32, device=dev)  # never touched
     _last[:] = [LaunchRecord(tile, grp.n_blocks, n_gu, n_dn, nbytes)]
 
-    h = torch.empty(grp.n_blocks * BM, F, dtype=torch.bfloat16, device=dev)   # [Mpad, F]
-    yk = torch.empty(T * K, D, dtype=torch.float32, device=dev)               # [T·K, D]
+    h = _work(workspace, "h", (grp.n_blocks * BM, F), torch.bfloat16, dev)    # [Mpad, F]
+    yk = _work(workspace, "yk", (T * K, D), torch.float32, dev)                # [T·K, D]
     tw = topk_weights.reshape(-1).float().contiguous()                        # [T·K]
     x = x.contiguous()
     tab = device_table("iq3s", dev)  # IQ3_S's grid; read only by IQ3_S matrices
     meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, INTERP=INTERPRET)
     launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
-    for mode, a, n_out, n_in, m1, m2, out, n_tiles in (
+    for mode, a, n_out, n_in, m1, m2, dst, n_tiles in (
             (0, x, F, D, lay.gate, lay.up, h, n_gu),
             (1, h, D, F, lay.down, lay.down, yk, n_dn)):
         grid = (tile.programs,) if sk else (n_tiles,)
         _k._moe_gemm_kernel[grid](
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
-            out, out.stride(0), tw, scratch, tab, n_out, n_in, n_tiles, tile.programs,
+            dst, dst.stride(0), tw, scratch, tab, n_out, n_in, n_tiles, tile.programs,
             MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
             **meta, **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
-                grp.sorted_ids, grp.block_expert, grp.n_assign, out, out.stride(0), tw, scratch,
+                grp.sorted_ids, grp.block_expert, grp.n_assign, dst, dst.stride(0), tw, scratch,
                 n_out, n_in, n_tiles, tile.programs, MODE=mode, **meta, **launch)
-    return yk.view(T, K, D).sum(dim=1).to(torch.bfloat16)
+    yk = yk.view(T, K, D)
+    if grp.n_skipped:   # rows of skipped assignments were never written
+        yk.masked_fill_((topk_ids < 0)[..., None], 0.0)
+    if out is not None:
+        return out.add_(yk.sum(dim=1))
+    return yk.sum(dim=1).to(torch.bfloat16)
+
+
+def _work(workspace, name: str, shape: tuple[int, int], dtype, dev) -> torch.Tensor:
+    """A [shape] view of workspace[name] (rows may be more than needed), or a fresh tensor."""
+    if not workspace or workspace.get(name) is None:
+        return torch.empty(shape, dtype=dtype, device=dev)
+    buf = workspace[name]
+    if (buf.dtype != dtype or buf.device != dev or buf.dim() != 2 or buf.shape[1] != shape[1]
+            or buf.shape[0] < shape[0]):
+        raise StrataError(f"workspace[{name!r}] is {str(buf.dtype)[6:]} {list(buf.shape)} on "
+                          f"{buf.device}; this launch needs {str(dtype)[6:]} at least "
+                          f"{list(shape)} on {dev}: size the layout's buffer for BLOCK_M padding")
+    return buf[:shape[0]]
 
 
 def dequantize_matrix(experts: ExpertSet, e: int, name: str) -> torch.Tensor:
@@ -173,18 +202,25 @@ def dequantize_matrix(experts: ExpertSet, e: int, name: str) -> torch.Tensor:
 
 
 def moe_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                  experts: ExpertSet, *, schedule=None, scratch_alloc=None) -> torch.Tensor:
-    """Plain-torch reference of `moe_ffn` (same signature; schedule/scratch_alloc ignored):
-    every product in fp32, h kept in fp32, y rounded to bf16 once at the end."""
+                  experts: ExpertSet, *, schedule=None, scratch_alloc=None, out=None,
+                  workspace=None) -> torch.Tensor:
+    """Plain-torch reference of `moe_ffn` (same signature; schedule/scratch_alloc/workspace
+    ignored): every product in fp32, h kept in fp32, y rounded to bf16 once at the end (or added
+    into `out` in fp32). Ids of -1 are skipped."""
     _check_inputs(x, topk_ids, topk_weights, experts)
     T, D = x.shape
     y = torch.zeros(T, D, dtype=torch.float32, device=x.device)
     xf = x.float()
     for e in torch.unique(topk_ids).tolist():
+        if e < 0:
+            continue
         tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)            # [n_e]
         g = xf[tok] @ dequantize_matrix(experts, e, "gate").T               # [n_e, F]
         u = xf[tok] @ dequantize_matrix(experts, e, "up").T
         hid = torch.nn.functional.silu(g) * u
-        out = hid @ dequantize_matrix(experts, e, "down").T                 # [n_e, D]
-        y.index_add_(0, tok, out * topk_weights[tok, slot, None].float())
+        down = hid @ dequantize_matrix(experts, e, "down").T                # [n_e, D]
+        y.index_add_(0, tok, down * topk_weights[tok, slot, None].float())
+    if out is not None:
+        return out.add_(y)
     return y.to(torch.bfloat16)
+

@@ -78,38 +78,47 @@ class Blocked:
     n_blocks: int
     block_m: int
     n_assign: int                # T·K (the sentinel)
+    n_skipped: int = 0           # assignments with id -1 (another pass's), in no block
 
 
 def group_blocked(topk_ids: torch.Tensor, n_expert: int, block_m: int, *,
-                  slot_offset: torch.Tensor | None = None, align: int = 256) -> Blocked:
+                  slot_offset: torch.Tensor | None = None, align: int = 256,
+                  skip_negative: bool = False) -> Blocked:
     """Group by expert, each expert's rows padded to a multiple of `block_m`.
 
     Syncs with the device once (the block count sizes the launch grid). When `slot_offset` [E] is
     given, the same sync also checks that every routed expert is resident (slot_offset >= 0) and
     raises StrataError naming the missing experts otherwise, and that their blobs start `align`-byte
     aligned: the checks ride on a copy the launch needs anyway, so they cost no extra round trip.
+
+    `skip_negative`: an id of -1 marks an assignment outside this pass (the streaming engine runs a
+    layer in batches of experts); it joins no block, and `n_skipped` counts it.
     """
     if block_m < 1:
         raise StrataError(f"block_m must be positive, got {block_m}")
     check_topk_ids(topk_ids, n_expert)
-    out_of_range = ((topk_ids < 0) | (topk_ids >= n_expert)).sum()
-    topk_ids = topk_ids.clamp(0, n_expert - 1)  # keeps bincount valid until the sync reports it
-    rag = group_ragged(topk_ids, n_expert)
+    low = -1 if skip_negative else 0
+    out_of_range = ((topk_ids < low) | (topk_ids >= n_expert)).sum()
+    # skipped assignments go to an extra bucket E that owns no blocks; clamping keeps bincount
+    # valid until the sync reports ids out of range
+    topk_ids = torch.where(topk_ids < 0, n_expert, topk_ids.clamp(0, n_expert - 1))
+    rag = group_ragged(topk_ids, n_expert + 1)
     dev = rag.order.device
     n_assign = rag.order.numel()
-    blocks_per = (rag.counts + block_m - 1) // block_m                # [E]
+    counts = rag.counts[:n_expert]                                    # [E]
+    blocks_per = (counts + block_m - 1) // block_m                    # [E]
     padded_offsets = torch.zeros(n_expert + 1, dtype=torch.int64, device=dev)
     padded_offsets[1:] = torch.cumsum(blocks_per, 0) * block_m
     # the one sync: total blocks, ids out of range, routed-but-absent and misaligned experts
     zero = torch.zeros((), dtype=torch.int64, device=dev)
     if slot_offset is not None:
         so = slot_offset.to(dev)
-        missing = ((rag.counts > 0) & (so < 0)).sum()
-        misaligned = ((rag.counts > 0) & (so >= 0) & (so % align != 0)).sum()
+        missing = ((counts > 0) & (so < 0)).sum()
+        misaligned = ((counts > 0) & (so >= 0) & (so % align != 0)).sum()
     else:
         missing = misaligned = zero
-    n_blocks, n_bad, n_missing, n_misaligned = torch.stack(
-        [blocks_per.sum(), out_of_range.to(dev), missing, misaligned]).tolist()
+    n_blocks, n_bad, n_missing, n_misaligned, n_skipped = torch.stack(
+        [blocks_per.sum(), out_of_range.to(dev), missing, misaligned, rag.counts[n_expert]]).tolist()
     if n_misaligned:
         raise StrataError(f"{n_misaligned} routed experts have a slot_offset that is not a "
                           f"multiple of {align} bytes; blobs must start {align}-byte aligned "
@@ -118,17 +127,21 @@ def group_blocked(topk_ids: torch.Tensor, n_expert: int, block_m: int, *,
         raise StrataError(f"{n_bad} entries of topk_ids lie outside [0, {n_expert}); "
                           f"expert ids must index the layer's E={n_expert} experts")
     if n_missing:
-        absent = torch.nonzero((rag.counts > 0) & (slot_offset.to(dev) < 0)).flatten().tolist()
+        absent = torch.nonzero((counts > 0) & (slot_offset.to(dev) < 0)).flatten().tolist()
         raise StrataError(f"experts {absent} are routed to but not resident (slot_offset = -1); "
                           f"load them into the arena before running the layer")
     # position of the i-th sorted assignment: its expert's padded start + rank inside the expert
     sorted_expert = topk_ids.reshape(-1).long()[rag.order]             # [T·K]
     rank = torch.arange(n_assign, device=dev) - rag.offsets[sorted_expert]
-    pos = padded_offsets[sorted_expert] + rank
+    pos = padded_offsets[sorted_expert.clamp(max=n_expert - 1)] + rank
     sorted_ids = torch.full((n_blocks * block_m,), n_assign, dtype=torch.int32, device=dev)
-    sorted_ids[pos] = rag.order.to(torch.int32)
+    if n_skipped:   # sorted last (bucket E): keep the first T·K - skipped
+        keep = n_assign - n_skipped
+        sorted_ids[pos[:keep]] = rag.order[:keep].to(torch.int32)
+    else:
+        sorted_ids[pos] = rag.order.to(torch.int32)
     block_expert = torch.repeat_interleave(
         torch.arange(n_expert, device=dev, dtype=torch.int32), blocks_per,
         output_size=n_blocks)
-    return Blocked(sorted_ids, block_expert, rag.counts, padded_offsets, n_blocks, block_m,
-                   n_assign)
+    return Blocked(sorted_ids, block_expert, counts, padded_offsets, n_blocks, block_m,
+                   n_assign, n_skipped)

@@ -74,6 +74,9 @@ def device_sms(device: torch.device) -> int:
     return 4  # the interpreter runs programs one after another; 4 exercises stream-k splits
 
 
+BLOCK_M_MAX = 128   # the tallest row block the heuristic picks (the layout pads h for it)
+
+
 def _pow2_at_least(n: int, lo: int, hi: int) -> int:
     v = lo
     while v < n and v < hi:
@@ -89,10 +92,15 @@ def expected_tiles(p: GemmProblem, bm: int, bn: int, n_out: int) -> int:
     return active * -(-per // bm) * -(-n_out // bn)
 
 
+def block_m_for(n_tokens: int, top_k: int, n_expert: int) -> int:
+    """The heuristic's BLOCK_M: mean rows per active expert, as a power of two in [16, 128]."""
+    rows = n_tokens * top_k
+    active = max(1, min(n_expert, rows))
+    return _pow2_at_least(-(-rows // active), 16, BLOCK_M_MAX)
+
+
 def choose_tile(p: GemmProblem) -> TileConfig:
-    rows = p.n_tokens * p.top_k
-    active = max(1, min(p.n_expert, rows))
-    bm = _pow2_at_least(-(-rows // active), 16, 128)
+    bm = block_m_for(p.n_tokens, p.top_k, p.n_expert)
     bn = 64 if bm < 64 or (p.decoded and bm == 128) else 128
     warps = 8 if bm * bn >= 128 * 128 else 4
     # the larger of the two GEMMs (gate/up over F outputs, down over D outputs) decides the schedule

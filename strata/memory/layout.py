@@ -12,7 +12,10 @@ Order in the loan (each buffer 256-byte aligned):
 
 Legend: T tokens, D hidden, E experts, K top-k, F expert width, QD = H*hd (query width),
 KVD = Hkv*hd (key/value width), TK = T*K routed (token, expert) pairs,
-TKP = T*K + E*(BM-1) routed pairs after padding each expert's group to a multiple of BM rows,
+TKP = T*K + min(E, T*K)*(BM-1) routed pairs after padding each routed expert's group to a
+multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk (strata.kernels.tiles.block_m_for;
+a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the GEMM's
+workspace check),
 E1 = E + 1 (group offsets with an end marker).
 
 bytes_needed is ring*stride + sum(T * c_i) + max over phases of sum(T * c_j) + constant padding
@@ -28,10 +31,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.tiles import block_m_for
 from strata.memory.carve import Carve, Placement, align_up
 from strata.shapes import ModelShape
 
-SORT_BLOCK = 64  # BM: rows per expert group in the block-padded grouping of the expert GEMM
 
 
 @dataclass(frozen=True)
@@ -89,19 +92,24 @@ ACTIVATIONS = LayoutSpec(
             Buf("topk_weights", f32, ("T", "K"), "their (renormalized) routing weights"),
             Buf("sorted_token", i32, ("TKP",), "(token*K + k) ids grouped by expert, BM-padded"),
             Buf("expert_offsets", i32, ("E1",), "start of each expert's group in sorted_token"),
-            Buf("h", bf16, ("TK", "F"), "expert intermediate silu(gate x) * up x per routed pair"),
-            Buf("moe_out", f32, ("T", "D"), "expert output accumulated in fp32"),
+            Buf("h", bf16, ("TKP", "F"), "expert intermediate silu(gate x) * up x, BM-padded rows"),
+            Buf("yk", f32, ("TK", "D"), "down projection per routed pair, weighted, before the "
+                                       "sum over K"),
+            Buf("moe_out", f32, ("T", "D"), "expert output accumulated in fp32 over the passes"),
         )),
     ),
 )
 
 
-def dims_for(shape: ModelShape, T: int, block_m: int = SORT_BLOCK) -> dict[str, int]:
-    """Values of the layout's symbols for a chunk of T tokens."""
+def dims_for(shape: ModelShape, T: int, block_m: int | None = None) -> dict[str, int]:
+    """Values of the layout's symbols for a chunk of T tokens. TKP pads each of the (at most
+    min(E, T*K)) routed experts' groups to `block_m` rows (default: the expert GEMM's BLOCK_M
+    for this chunk); monotone in T, as BLOCK_M only grows with T."""
     E, K = shape.n_expert, shape.top_k
+    bm = block_m if block_m is not None else block_m_for(T, K, E)
     return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": shape.n_head * shape.head_dim, "KVD": shape.n_kv_head * shape.head_dim,
-            "TK": T * K, "TKP": T * K + E * (block_m - 1)}
+            "TK": T * K, "TKP": T * K + min(E, T * K) * (bm - 1)}
 
 
 @dataclass
@@ -122,7 +130,7 @@ class PromptLayout:
     shape: ModelShape
     max_blob: int
     spec: LayoutSpec = ACTIVATIONS
-    block_m: int = SORT_BLOCK
+    block_m: int | None = None    # None: the expert GEMM's BLOCK_M for each chunk size
 
     @property
     def slot_stride(self) -> int:

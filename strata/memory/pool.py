@@ -111,7 +111,8 @@ class SlabPool:
     def fallback(self, nbytes: int) -> torch.Tensor:
         self.ordinary_bytes += nbytes
         if self._fallback is not None:
-            log_ordinary(nbytes, self.device or "cpu")
+            if not getattr(self._fallback, "logs_check_line", False):
+                log_ordinary(nbytes, self.device or "cpu")
             return self._fallback(nbytes)
         return ordinary_alloc(nbytes, self.device or "cpu")
 

@@ -6,7 +6,9 @@ Legend: T tokens of the chunk, D hidden, F expert width, E experts, K top-k.
     p = softmax(logits); w, ids = topk(p, K)     # [T, K]; renormalized when norm_topk_prob
     y[t] = sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t),   e = ids[t, k]
 
-Expert FFNs the model can use, all `(x, topk_ids, topk_w, experts) -> y` with y in x's dtype:
+Expert FFNs the model can use, all `(x, topk_ids, topk_w, experts, *, scratch_alloc=None) -> y`
+with y in x's dtype (scratch_alloc: where the stream-k fixup scratch comes from; see
+strata.engine.scratch):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
 - "torch":  its plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
 - "ref":    `moe_ffn_ref` below: every product in fp32, x not rounded (the reference forward)
@@ -35,10 +37,11 @@ def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk_prob: b
 
 
 def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
-                experts: ExpertSet) -> torch.Tensor:
+                experts: ExpertSet, *, out: torch.Tensor | None = None, **_) -> torch.Tensor:
     """fp32 reference expert FFN: x [T, D] (any float dtype), topk [T, K] -> y [T, D] in x's
     dtype. Decodes only the experts with tokens; an absent routed expert is a StrataError; an id of
-    -1 skips that assignment (it belongs to another pass over the layer's experts)."""
+    -1 skips that assignment (it belongs to another pass over the layer's experts).
+    `scratch_alloc` is accepted and ignored (no stream-k here)."""
     T, D = x.shape
     y = torch.zeros(T, D, dtype=torch.float32, device=x.device)
     xf = x.float()
@@ -50,13 +53,16 @@ def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
         xe = xf[tok]                                                 # [n, D]
         h = F.silu(xe @ gate.t()) * (xe @ up.t())                    # [n, F]
         y.index_add_(0, tok, (h @ down.t()) * topk_w[tok, slot].float()[:, None])
+    if out is not None:   # a pass of the streaming engine: add into the fp32 accumulator
+        return out.add_(y)
     return y.to(x.dtype)
 
 
 def _bf16(fn) -> ExpertFFN:
     """Adapt a bf16-contract expert FFN to any activation dtype (bf16 in, y back in x's dtype)."""
-    def ffn(x, topk_ids, topk_w, experts):
-        return fn(x.to(torch.bfloat16), topk_ids, topk_w, experts).to(x.dtype)
+    def ffn(x, topk_ids, topk_w, experts, **kw):
+        y = fn(x.to(torch.bfloat16), topk_ids, topk_w, experts, **kw)
+        return y if kw.get("out") is not None else y.to(x.dtype)
     ffn.__name__ = fn.__name__
     return ffn
 

@@ -195,11 +195,16 @@ class Qwen3Moe:
         batches = getattr(provider, "expert_batches", None)
         if batches is None:
             return self.ffn(h, topk_ids, topk_w, provider.experts(l, topk_ids))
-        y = None
+        # what the provider lends the FFN for this layer: the carve's workspace and fp32
+        # accumulator, its participant's stream-k scratch allocator (strata.engine)
+        lend = getattr(provider, "ffn_kwargs", None)
+        kw = dict(lend(l)) if lend is not None else {}
+        y = kw.pop("accumulator", None)                                   # fp32 [>= T, D]
+        y = y[:h.shape[0]].zero_() if y is not None else torch.zeros(
+            h.shape, dtype=torch.float32, device=h.device)
         for experts, ids in batches(l, topk_ids):
-            part = self.ffn(h, ids, topk_w, experts).float()
-            y = part if y is None else y + part
-        return y if y is not None else torch.zeros_like(h, dtype=torch.float32)
+            self.ffn(h, ids, topk_w, experts, out=y, **kw)
+        return y
 
     def forward_chunk(self, tokens: torch.Tensor, cache: KVCache, provider: ExpertProvider,
                       *, logits: str = "all") -> torch.Tensor | None:
@@ -254,7 +259,7 @@ class Qwen3Moe:
             for start in range(0, T, chunk):
                 part = tokens[start:start + chunk]
                 last = start + part.numel() == T
-                mode = logits if logits == "all" else ("last" if last else "none")
+                mode = logits if logits != "last" else ("last" if last else "none")
                 provider.begin_chunk(cache.length, part.numel())
                 y = self.forward_chunk(part, cache, provider, logits=mode)
                 provider.end_chunk()
