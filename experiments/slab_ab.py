@@ -1,9 +1,10 @@
 """A/B of the scratch slab (STRATA_MMQ_SLAB, seed #2835): the failure it exists for, its cost, and
 why its pool rounds to size classes.
 
-Three parts, one CSV each (plus one PNG):
+Three parts, all in one strata.bench long-format CSV (config "part": fill | cost | classes; the
+rest of each part's row becomes its config and figures), plus one PNG:
 
-1. `slab_ab_fill.csv` — the failure. A prefill engine reads a prompt with the expert GEMM pinned
+1. fill — the failure. A prefill engine reads a prompt with the expert GEMM pinned
    to stream-k (every launch asks for fixup scratch). Then the card is filled: on a GPU a ballast
    tensor leaves free only the prompt's own transient peak (torch's reserved bytes measured
    over an unconstrained slab-on run from an emptied cache) plus --margin-mib; on the CPU
@@ -15,13 +16,13 @@ Three parts, one CSV each (plus one PNG):
    On CUDA the ordinary scratch pool takes its buffers from a private torch.cuda.MemPool when
    torch has one (--ordinary mempool, the default): a new buffer is then a new device
    allocation, as ggml's pool's cudaMalloc is, instead of a block torch's cache happens to hold.
-2. `slab_ab_cost.csv` — what the slab costs, per participant. Measured, not modelled: the slots
+2. cost — what the slab costs, per participant. Measured, not modelled: the slots
    the engine actually lent (its Loan objects, recorded) with the slab off and on, the plan's
    chunk and ring both ways (the chunk arithmetic must not change), the slab pool's high-water
    mark, and the slots `need + high_water` would take (the cost if the loan were sized to exactly
    what the pool used; the engine lends the size classes its launches will ask for, computed from
    the kernel's own tile choice, so the two agree unless a prompt asks for fewer classes).
-3. `slab_ab_classes.csv` — the pool's high-water mark with size classes (SlabPool) against an
+3. classes — the pool's high-water mark with size classes (SlabPool) against an
    exact-size caching pool (OrdinaryScratch) over one run of launches whose tile changes per
    launch: the kernel's own heuristic tile for each chunk size of a sweep (--shape, stream-k
    forced, P = the SM count), scratch sized by the kernel's own `scratch_nbytes`. No kernel runs
@@ -30,17 +31,16 @@ Three parts, one CSV each (plus one PNG):
     PYTHONPATH=. python experiments/slab_ab.py            # GPU (the lead runs it on the H200)
     PYTHONPATH=. python experiments/slab_ab.py --smoke    # CPU, tiny shapes, simulated full card
 
-Writes experiments/results/slab_ab[_smoke]_{fill,cost,classes}.csv and slab_ab[_smoke].png.
+    PYTHONPATH=. python experiments/slab_ab.py --base main   # also the same run at main
+
+Writes experiments/results/slab_ab[_smoke].csv and slab_ab[_smoke].png. Untimed: no gate applies
+(the fill runs compare logits against the unconstrained run and record the outcome).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import csv
-import datetime as dt
 import gc
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -49,6 +49,7 @@ import torch
 from tqdm import tqdm
 
 import strata  # noqa: F401  (interpreter without CUDA)
+from strata import bench
 from strata.engine import prefill as prefill_mod
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.engine.scratch import OrdinaryScratch
@@ -61,14 +62,6 @@ from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import ModelShape, get_preset
 
 MiB = 1 << 20
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 class ZeroBudget:
@@ -314,20 +307,63 @@ def run_classes(shape: ModelShape, n_sms: int, chunks: list[int], sweep: str) ->
     return rows
 
 
-def write_csv(rows: list[dict], path: Path, stamp: dict) -> None:
-    cols = list(stamp) + sorted({k for r in rows for k in r}, key=lambda k: (
-        [k for r in rows for k in r].index(k)))
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow({**stamp, **{c: r.get(c, "") for c in cols if c not in stamp}})
+PART_CONFIG = {"fill": ("run",), "cost": ("participant",),
+               "classes": ("sweep", "launch", "tokens", "BLOCK_M", "BLOCK_N", "programs",
+                           "shape", "n_sms")}
+BOUNDS = {  # (part, figure) -> (bound in words, key of the row holding its value)
+    ("classes", "slab_high_water"): ("exact-size caching pool high-water", "exact_high_water"),
+    ("cost", "slots_on"): ("slots lent with the slab off", "slots_off"),
+}
 
 
-def plot(fill, cost, classes, path: Path, title: str) -> None:
+def unit_of(figure: str) -> str:
+    if "slots" in figure:
+        return "slots"
+    if figure in ("need", "scratch", "class") or "high_water" in figure or "held" in figure:
+        return "bytes"
+    if figure.endswith("_mib"):
+        return "MiB"
+    if "buffers" in figure:
+        return "buffers"
+    return ""
+
+
+def record(rec: bench.Recorder, part: str, rows: list[dict], mode: str) -> None:
+    """A part's table rows -> long-format figures (booleans as 1/0, outcomes as text)."""
+    for r in rows:
+        cfg = {"part": part, "mode": mode} | {k: r[k] for k in PART_CONFIG[part] if k in r}
+        for fig, v in r.items():
+            if fig in cfg or v == "" or v is None:
+                continue
+            bound, key = BOUNDS.get((part, fig), ("", None))
+            rec.add(fig, float(v) if isinstance(v, bool) else v, unit_of(fig), bound=bound,
+                    bound_value=r.get(key) if key else None, **cfg)
+
+
+def table(long_rows: list[dict], part: str, label: str = "tree") -> list[dict]:
+    """One part's rows back from the long format (in first-seen order)."""
+    out: dict = {}
+    for r in long_rows:
+        c = r["config"]
+        if r["label"] != label or c.get("part") != part:
+            continue
+        key = tuple(c.get(k) for k in PART_CONFIG[part])
+        row = out.setdefault(key, {k: c[k] for k in PART_CONFIG[part] if k in c})
+        v = r["value"]
+        row[r["figure"]] = int(v) if isinstance(v, float) and v.is_integer() else v
+    return list(out.values())
+
+
+def plot(long_rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    fill, cost, classes = (table(long_rows, p) for p in ("fill", "cost", "classes"))
+    r0 = long_rows[0]
+    c0 = classes[0] if classes else {}
+    title = (f"scratch slab A/B ({r0['config']['mode']}, {r0['commit']}); class sweep: "
+             f"{c0.get('shape', '')}, {c0.get('n_sms', '')} SMs")
 
     fig, ax = plt.subplots(1, 3, figsize=(16, 4.6))
     for sweep, style in (("heuristic", "-"), ("pinned-P", ":")):
@@ -363,12 +399,12 @@ def plot(fill, cost, classes, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = bench.parser(__doc__, out=Path(__file__).parent / "results")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, simulated full card")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--tokens", type=int, default=None, help="prompt length")
     ap.add_argument("--vram-gib", type=float, nargs="+", default=[3.0],
                     help="engine VRAM budget per GPU (the ballast then fills the real card)")
@@ -381,6 +417,12 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="qwen3-30b-a3b", help="preset for the class sweep")
     args = ap.parse_args(argv)
     smoke = args.smoke or not torch.cuda.is_available()
+    tag = "slab_ab_smoke" if smoke else "slab_ab"
+    return bench.main(args, "slab_ab", lambda a, rec: measure(a, rec, smoke), script=__file__,
+                      argv=argv, stem=tag, plot=plot, summary=summary)
+
+
+def measure(args, rec: bench.Recorder, smoke: bool) -> None:
     if smoke:
         shape = ModelShape(n_layer=2, d_model=64, n_expert=16, top_k=2, d_expert=32, n_head=4,
                            n_kv_head=2, head_dim=16, vocab=64)
@@ -398,11 +440,7 @@ def main(argv=None) -> int:
         fmts = ExpertFormats("BF16", "BF16", "BF16")
         n_sms = torch.cuda.get_device_properties(0).multi_processor_count
         chunks = list(range(256, 32769, 256))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = "slab_ab_smoke" if smoke else "slab_ab"
-    stamp = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-             "commit": commit(), "mode": "SMOKE (CPU, simulated full card)" if smoke else "gpu"}
+    mode = "SMOKE (CPU, simulated full card)" if smoke else "gpu"
     with tempfile.TemporaryDirectory() as tmp:
         pack = synth_pack(Path(tmp) / "slab.pack", shape, fmts, progress=not smoke)
         eng = build_engine(args, pack)
@@ -411,12 +449,13 @@ def main(argv=None) -> int:
         fill, cost = run_fill(args, eng, tokens)
     classes = [r for sweep in ("heuristic", "pinned-P")
                for r in run_classes(get_preset(args.shape), n_sms, chunks, sweep)]
-    write_csv(fill, out / f"{tag}_fill.csv", stamp)
-    write_csv(cost, out / f"{tag}_cost.csv", stamp)
-    write_csv(classes, out / f"{tag}_classes.csv", stamp)
-    plot(fill, cost, classes, out / f"{tag}.png",
-         f"scratch slab A/B ({stamp['mode']}, {stamp['commit']}); class sweep: {args.shape}, "
-         f"{n_sms} SMs")
+    record(rec, "fill", fill, mode)
+    record(rec, "cost", cost, mode)
+    record(rec, "classes", [r | {"shape": args.shape, "n_sms": n_sms} for r in classes], mode)
+
+
+def summary(long_rows: list[dict]) -> None:
+    fill, cost, classes = (table(long_rows, p) for p in ("fill", "cost", "classes"))
     for r in fill:
         print(f"{r['run']:<45} {r['outcome']:<16} identical={r.get('logits_identical', '-')} "
               f"cache_intact={r.get('cache_intact', '-')}")
@@ -429,9 +468,7 @@ def main(argv=None) -> int:
         last = rs[-1]
         print(f"class sweep {sweep} over {len(rs)} launches: size classes "
               f"{last['slab_high_water'] / MiB:.1f} MiB vs exact sizes "
-              f"{last['exact_high_water'] / MiB:.1f} MiB ({last['exact_buffers']} buffers)")
-    print(f"wrote {out}/{tag}_{{fill,cost,classes}}.csv and {tag}.png")
-    return 0
+              f"{last['exact_high_water'] / MiB:.1f} MiB ({last['exact_buffers']:.0f} buffers)")
 
 
 if __name__ == "__main__":
