@@ -13,7 +13,7 @@ from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import ModelShape
 
-SHAPE = ModelShape(n_layer=2, d_model=64, n_expert=16, top_k=2, d_expert=32, n_head=4,
+SHAPE = ModelShape(n_layer=2, d_model=64, n_expert=32, top_k=2, d_expert=32, n_head=4,
                    n_kv_head=2, head_dim=16, vocab=64)
 TOKENS = torch.tensor([5, 17, 63, 0, 3, 9, 42, 7, 7, 28, 61, 33])   # 12 tokens: chunks 8 + 4
 CHUNK = 8
@@ -26,7 +26,7 @@ def make_pack(path):
 
 def tiny_engine(pack, n_parts: int = 1, kernel: bool = True, device: str = "cpu"
                 ) -> PrefillEngine:
-    cfg = EngineConfig(vram=[1 << 20] * n_parts, chunk=CHUNK, ring=2, reserve=0, max_prompt=64,
+    cfg = EngineConfig(vram=[2 << 20] * n_parts, chunk=CHUNK, ring=2, reserve=0, max_prompt=64,
                        ffn="kernel" if kernel else "torch", device=device)
     return PrefillEngine(pack, cfg)
 
