@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device-machine call: the GPU tests, then the benchmarks, results under $OUT.
+#   bash benchmarks/gpu_session.sh [tests] [prefill] [kernels] [dequant] [slab] [split]
+# Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=$PWD:/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+for step in "$@"; do
+  case $step in
+    tests)   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -40 > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log" ;;
+    prefill) timeout 420 python3 experiments/prefill_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tee "$OUT/prefill_ab.log" | tail -30 ;;
+    kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
+    dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
+    slab)    timeout 180 python3 experiments/slab_ab.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/slab.log" ;;
+    split)   timeout 300 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/split.log" ;;
+  esac
+done
