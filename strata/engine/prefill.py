@@ -152,7 +152,7 @@ class PrefillEngine:
     def _resolve(self, plan, n_tokens: int) -> tuple[int, int | str, int]:
         """(chunk, resolved ring, ring slots carved) for a prompt of n_tokens under `plan`."""
         chunk = min(plan.chunk, n_tokens)
-        if chunk == plan.chunk:
+        if chunk == plan.chunk or plan.rule == "legacy":   # legacy: the fixed ring, as planned
             ring = plan.ring
         else:  # a prompt shorter than the planned chunk: the ring its own chunk resolves to
             with _ring_override(self.cfg.ring):
