@@ -197,7 +197,7 @@ def measure(args, rec: bench.Recorder) -> None:
                     continue
                 model = load_model(pack, dtype=torch.bfloat16 if torch.cuda.is_available()
                                    else torch.float32,
-                                   ffn=expert_ffn("kernel" if torch.cuda.is_available() else "torch"))
+                                   ffn=expert_ffn("auto" if torch.cuda.is_available() else "torch"))
                 prov = resident_provider(pack)
                 for T in prompts:
                     tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
@@ -218,7 +218,7 @@ def measure(args, rec: bench.Recorder) -> None:
             cfg = EngineConfig(vram=vram or 1 << 30, scan=arm, max_prompt=max_prompt,
                                cache=int(pack.expert_bytes * 0.35) if vram is None else None,
                                scan_max=1024 if args.smoke else 32768,
-                               ffn="kernel" if torch.cuda.is_available() else "torch")
+                               ffn="auto" if torch.cuda.is_available() else "torch")
             eng = PrefillEngine(pack, cfg, host=host)
             try:
                 eng.plan()

@@ -71,9 +71,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                    help="dense compute dtype (auto: bfloat16 on cuda, float32 on cpu)")
-    p.add_argument("--experts", choices=["auto", *FFN_CHOICES], default="auto",
-                   help="expert FFN: kernel (Triton GEMM), torch (its plain-torch twin, bf16), "
-                        "ref (fp32 reference); auto: kernel on cuda, ref on cpu (the Triton "
+    p.add_argument("--experts", choices=list(FFN_CHOICES), default="auto",
+                   help="expert FFN: kernel (fused Triton GEMM on the blocks), decoded (decode "
+                        "a pass's experts once, then the BF16 GEMM), torch (plain-torch twin, "
+                        "bf16), ref (fp32 reference); auto: on cuda decoded for long chunks and "
+                        "kernel for short ones, on cpu the torch/ref twins (the Triton "
                         "interpreter is slow)")
     p.add_argument("--dump-logits", metavar="PATH", default=None,
                    help="write the logits of every position as float32 [T, vocab] .npy")
@@ -173,7 +175,7 @@ def run(args) -> int:
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" \
         else DTYPES[args.dtype]
     ffn_name = args.experts if args.experts != "auto" else \
-        ("kernel" if device.type == "cuda" else "ref")
+        ("auto" if device.type == "cuda" else "ref")
     ffn = expert_ffn(ffn_name)
     model = load_model(pack, device=device, dtype=dtype, ffn=ffn)
     provider_name, provider = make_provider(args, pack, device)
@@ -257,7 +259,7 @@ def engine_config(args, n_tokens: int):
     dev = args.device
     devices = args.devices.split(",") if args.devices else None
     ffn = args.experts if args.experts != "auto" else \
-        ("kernel" if (dev or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        ("auto" if (dev or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
          else "torch")
     return EngineConfig(
         vram=vram, cache=parse_size(args.cache) if args.cache else None, lend_cap=args.lend_cap,

@@ -38,8 +38,9 @@ from strata.engine.scratch import ParticipantScratch, slab_reserve
 from strata.engine.stats import PrefillStats
 from strata import config
 from strata.errors import AllocationError, PlanError, StrataError
-from strata.memory import (STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, resolve_ring,
+from strata.memory import (ACTIVATIONS, STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, resolve_ring,
                            stream_all_min, use_fused)
+from strata.memory.layout import DECODE_BUF
 from strata.memory.ring import ring_slot_count
 from strata.memory.rig import RESERVE, participants
 from strata.models.load import load_model, open_pack, resolve_device
@@ -67,7 +68,7 @@ class EngineConfig:
     devices: list[str] | None = None   # one per participant (default: cuda:0.. or cpu)
     layer_split: list[int] | None = None  # layers per participant (default: by VRAM)
     dtype: torch.dtype | None = None   # dense math: bf16 on CUDA, fp32 on the CPU
-    ffn: str = "kernel"                # expert FFN: kernel (Triton) | torch
+    ffn: str = "auto"                  # expert FFN: auto | kernel | decoded | torch | ref
     batch: int | None = None           # experts per streamed batch (default ring // 2)
     progress: bool = False
 
@@ -129,7 +130,9 @@ class PrefillEngine:
         device_map = [part.device for part in self.parts for _ in part.layers]
         self.model = load_model(pack, device=self.device, dtype=self.dtype,
                                 ffn=expert_ffn(cfg.ffn), device_map=device_map)
-        self.layout = PromptLayout(self.shape, self.max_blob)
+        spec = ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if cfg.ffn in ("auto", "decoded") \
+            else ACTIVATIONS
+        self.layout = PromptLayout(self.shape, self.max_blob, spec=spec, batch=cfg.batch)
         self.fused = use_fused(pack.native, cfg.fused)
 
     # single-participant conveniences (tests, the CLI's summary)

@@ -36,6 +36,7 @@ from strata.engine.stats import ChunkStats
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.memory.cache import ExpertCache
+from strata.memory.layout import pass_experts
 
 STREAM, STAGE = "stream", "stage"
 
@@ -64,7 +65,7 @@ class StreamingProvider:
         self.mode = mode
         self.layers = list(layers) if layers is not None else list(range(len(self.layouts)))
         self.n_layer = len(self.layouts)
-        self.G = max(1, min(batch or max(1, self.R // 2), self.R))
+        self.G = pass_experts(self.R, batch)   # the layout sizes its per-pass buffers for it
         self.lane = lane or Lane(self.arena.device)
         self.slot_free = [None] * self.R       # event: compute done with the slot's last item
         self.chunks: list[ChunkStats] = []
@@ -127,7 +128,16 @@ class StreamingProvider:
         for (layer, e), slot in self.cache.index.items():
             self.cached_offsets[layer, e] = self.cache.layout.slot_offset[slot]
         self.cached_dev = self.cached_offsets.to(dev)
-        self.has_cached = (self.cached_offsets >= 0).any(dim=1).tolist()
+        self.cached_groups = {}
+        for layer in self.layers:
+            have = torch.nonzero(self.cached_offsets[layer] >= 0).flatten().tolist()
+            groups = []
+            for g0 in range(0, len(have), self.G):
+                tab = torch.full((self.E,), -1, dtype=torch.int64)
+                sel = torch.tensor(have[g0:g0 + self.G])
+                tab[sel] = self.cached_offsets[layer][sel]
+                groups.append(tab)
+            self.cached_groups[layer] = [t.to(dev) for t in groups]
         self.routed = torch.zeros(self.n_layer, self.E, dtype=torch.bool, device=dev)
         if self.mode == STREAM:
             for layer in self.layers:
@@ -147,6 +157,8 @@ class StreamingProvider:
         if self.buffers is not None:
             b = self.buffers
             kw["workspace"] = {"h": b["h"], "yk": b["yk"]}
+            if b.bufs.get("wdec") is not None:   # the "decoded" FFN's per-pass bf16 experts
+                kw["workspace"]["wdec"] = b["wdec"].view(-1)
             kw["accumulator"] = b["moe_out"]
         return kw
 
@@ -166,10 +178,10 @@ class StreamingProvider:
             self._pump()
         a, b = self.span[layer]
         # 1) experts the cache holds: no copy to wait for.
-        if self.has_cached[layer]:
-            cached = self.cached_dev[layer]
-            ids = torch.where((cached >= 0)[topk_ids], topk_ids, -1)
-            yield ExpertSet(self.arena, cached, lay), ids
+        # (G at a time too: a pass never holds more experts than the layout's per-pass buffers)
+        for group in self.cached_groups[layer]:
+            ids = torch.where((group >= 0)[topk_ids], topk_ids, -1)
+            yield ExpertSet(self.arena, group, lay), ids
         # 2) streamed experts, G at a time.
         for n, g0 in enumerate(range(a, b, self.G)):
             g1 = min(g0 + self.G, b)

@@ -101,7 +101,14 @@ ACTIVATIONS = LayoutSpec(
 )
 
 
-def dims_for(shape: ModelShape, T: int, block_m: int | None = None) -> dict[str, int]:
+def pass_experts(ring: int, batch: int | None = None) -> int:
+    """G: the most experts one pass of the expert FFN reads (the streaming provider's batch:
+    `batch`, default half the ring, so the next batch's copies land while this one computes)."""
+    return max(1, min(batch or max(1, ring // 2), max(ring, 1)))
+
+
+def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 0,
+             batch: int | None = None) -> dict[str, int]:
     """Values of the layout's symbols for a chunk of T tokens. TKP pads each of the (at most
     min(E, T*K)) routed experts' groups to `block_m` rows (default: the expert GEMM's BLOCK_M
     for this chunk); monotone in T, as BLOCK_M only grows with T."""
@@ -109,7 +116,13 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None) -> dict[str,
     bm = block_m if block_m is not None else block_m_for(T, K, E)
     return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": shape.n_head * shape.head_dim, "KVD": shape.n_kv_head * shape.head_dim,
-            "TK": T * K, "TKP": T * K + min(E, T * K) * (bm - 1)}
+            "TK": T * K, "TKP": T * K + min(E, T * K) * (bm - 1),
+            "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2}
+
+
+# The "decoded" expert FFN's buffer: one pass's experts decoded to bf16 (G x BB bytes). Engines
+# whose FFN may decode add it to their layout: ACTIVATIONS.with_buffer(DECODE_BUF, "moe").
+DECODE_BUF = Buf("wdec", torch.uint8, ("G", "BB"), "a pass's experts decoded to bf16 blobs")
 
 
 @dataclass
@@ -131,6 +144,7 @@ class PromptLayout:
     max_blob: int
     spec: LayoutSpec = ACTIVATIONS
     block_m: int | None = None    # None: the expert GEMM's BLOCK_M for each chunk size
+    batch: int | None = None      # experts per streamed pass (None: ring // 2; see pass_experts)
 
     @property
     def slot_stride(self) -> int:
@@ -142,7 +156,7 @@ class PromptLayout:
         if T < 1 or ring < 0:
             raise StrataError(f"a chunk needs T >= 1 tokens and ring >= 0 slots, got T={T}, "
                               f"ring={ring}")
-        dims = dims_for(self.shape, T, self.block_m)
+        dims = dims_for(self.shape, T, self.block_m, ring, self.batch)
         ring_view = carve.take("ring", torch.uint8, (ring, self.slot_stride))
         bufs: dict[str, torch.Tensor | None] = {}
 

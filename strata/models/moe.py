@@ -10,6 +10,8 @@ Expert FFNs the model can use, all `(x, topk_ids, topk_w, experts, *, scratch_al
 with y in x's dtype (scratch_alloc: where the stream-k fixup scratch comes from; see
 strata.engine.scratch):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
+- "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.decoded)
+- "auto":   "decoded" when an expert averages >= DECODED_MIN_ROWS rows, else "kernel"
 - "torch":  its plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
 - "ref":    `moe_ffn_ref` below: every product in fp32, x not rounded (the reference forward)
 Routing and block decoding are the kernels' own (`topk_route`, `dequantize_matrix`).
@@ -27,7 +29,7 @@ from strata.kernels.moe import dequantize_matrix
 from strata.kernels.routing import topk_route
 
 ExpertFFN = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertSet], torch.Tensor]
-FFN_CHOICES = ("kernel", "torch", "ref")
+FFN_CHOICES = ("auto", "kernel", "decoded", "torch", "ref")
 
 
 def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk_prob: bool
@@ -67,11 +69,30 @@ def _bf16(fn) -> ExpertFFN:
     return ffn
 
 
+# "auto" decodes a pass's experts once (then the BF16 GEMM) when an expert averages at least this
+# many rows: below it, decoding whole experts for a handful of tokens costs more bytes than the
+# fused kernel reads (STAGE chunks).
+DECODED_MIN_ROWS = 32
+
+
+def _auto(x, topk_ids, topk_w, experts, **kw):
+    from strata.kernels.decoded import moe_ffn_decoded
+    from strata.kernels.moe import moe_ffn
+    rows = topk_ids.numel() / max(1, experts.n_expert)
+    fn = moe_ffn_decoded if rows >= DECODED_MIN_ROWS else moe_ffn   # moe_ffn ignores "wdec"
+    return fn(x, topk_ids, topk_w, experts, **kw)
+
+
 def expert_ffn(name: str = "kernel") -> ExpertFFN:
     """The expert FFN called `name` (one of FFN_CHOICES)."""
     if name == "kernel":
         from strata.kernels.moe import moe_ffn
         return _bf16(moe_ffn)
+    if name == "decoded":
+        from strata.kernels.decoded import moe_ffn_decoded
+        return _bf16(moe_ffn_decoded)
+    if name == "auto":
+        return _bf16(_auto)
     if name == "torch":
         from strata.kernels.moe import moe_ffn_torch
         return _bf16(moe_ffn_torch)

@@ -1,0 +1,100 @@
+"""The expert FFN as "decode the pass's experts once, then the BF16 expert GEMM".
+
+Legend: T tokens, D hidden, F expert width, E experts, K top-k, n experts with tokens in the pass,
+BB = 3*D*F*2 bytes of one expert in bf16.
+
+    for every expert e with tokens:  dec[c(e)] = bf16(decode(blob_e))      (one launch)
+    y = moe_ffn(x, topk_ids, topk_weights, ExpertSet(dec, c(e) * BB, bf16 layout))
+
+The fused kernel (`moe_ffn` on quantized blobs) decodes each weight tile inside the GEMM's inner
+loop for every row block of its expert; at long chunks an expert has hundreds of rows, so
+decoding its blob once (memory-bound, microseconds) and running the BF16 tiles (tensor-core bound)
+is the faster order. Numerics are the fused kernel's: it too rounds every decoded weight to bf16
+before the dot. Same signature as `moe_ffn`; `workspace["wdec"]` (uint8, >= n*BB bytes) replaces
+the decode buffer's allocation — the carve's, in the streaming engine.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from strata._backend import INTERPRET
+from strata.blob import BlobLayout
+from strata.errors import StrataError
+from strata.experts import ExpertSet
+from strata.formats.tables import device_table
+from strata.kernels._moe_kernel import _bf16
+from strata.kernels.decode import decode_tile
+from strata.kernels.moe import moe_ffn
+
+
+def bf16_layout(layout: BlobLayout) -> BlobLayout:
+    """The same expert with all three matrices in BF16 (what the decode writes)."""
+    return BlobLayout.make(layout.d_model, layout.d_expert, "BF16", "BF16", "BF16")
+
+
+@triton.jit
+def _decode_experts_kernel(arena_ptr, slot_ptr, dst_slot_ptr, mat_off, row_bytes, dst_ptr,
+                           dst_off, tab_ptr, R, C, FMT: tl.constexpr, BN: tl.constexpr,
+                           BK: tl.constexpr, INTERP: tl.constexpr):
+    e = tl.program_id(0)
+    dst_base = tl.load(dst_slot_ptr + e)                                 # -1: not in this pass
+    if dst_base >= 0:
+        offs_n = tl.program_id(1) * BN + tl.arange(0, BN)               # [BN]
+        offs_k = tl.program_id(2) * BK + tl.arange(0, BK)               # [BK]
+        mask = (offs_n < R)[:, None] & (offs_k < C)[None, :]
+        w = decode_tile(FMT, arena_ptr + tl.load(slot_ptr + e) + mat_off, row_bytes,
+                        offs_n, offs_k, mask, tab_ptr)                  # [BN, BK] fp32
+        dst = (dst_ptr + dst_base + dst_off).to(tl.pointer_type(tl.bfloat16))
+        tl.store(dst + offs_n[:, None].to(tl.int64) * C + offs_k[None, :], _bf16(w, INTERP),
+                 mask=mask)
+
+
+def decode_experts(experts: ExpertSet, dst_slot: torch.Tensor, dst: torch.Tensor) -> ExpertSet:
+    """Decode every expert e with dst_slot[e] >= 0 into dst[dst_slot[e]:] as a BF16 blob.
+
+    Returns the ExpertSet over `dst` (slot_offset = dst_slot). Experts with dst_slot -1 are not
+    touched (no program work)."""
+    lay = experts.layout
+    out_lay = bf16_layout(lay)
+    tab = device_table("iq3s", experts.device)
+    BN, BK = 64, 64
+    for m, o in zip(lay.matrices, out_lay.matrices):
+        grid = (experts.n_expert, triton.cdiv(m.rows, BN), triton.cdiv(m.cols, BK))
+        _decode_experts_kernel[grid](experts.arena, experts.slot_offset, dst_slot, m.offset,
+                                     m.row_bytes, dst, o.offset, tab, m.rows, m.cols,
+                                     FMT=m.fmt.ggml_type, BN=BN, BK=BK, INTERP=INTERPRET)
+    return ExpertSet(dst, dst_slot, out_lay)
+
+
+def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    experts: ExpertSet, *, schedule=None, scratch_alloc=None, out=None,
+                    workspace=None) -> torch.Tensor:
+    """`moe_ffn`'s meaning and signature, computed as decode-once then the BF16 GEMM."""
+    lay = experts.layout
+    if all(m.fmt.name == "BF16" for m in lay.matrices):   # nothing to decode
+        return moe_ffn(x, topk_ids, topk_weights, experts, schedule=schedule,
+                       scratch_alloc=scratch_alloc, out=out, workspace=workspace)
+    E = experts.n_expert
+    dev = experts.device
+    flat = topk_ids.reshape(-1)
+    used = torch.bincount(flat[flat >= 0].long(), minlength=E)[:E] > 0       # [E]
+    present = used & (experts.slot_offset >= 0)
+    # experts routed to but absent keep -1 below: moe_ffn then names them in its error
+    bb = bf16_layout(lay).size
+    cidx = torch.cumsum(present.long(), 0) - 1                               # [E]
+    dst_slot = torch.where(present, cidx * bb, -1)
+    n = int(present.sum())                                                   # the one sync
+    need = max(n, 1) * bb
+    buf = (workspace or {}).get("wdec")
+    if buf is None:
+        buf = torch.empty(need, dtype=torch.uint8, device=dev)
+    elif buf.dtype != torch.uint8 or buf.numel() < need or buf.device != dev:
+        raise StrataError(f"workspace['wdec'] holds {buf.numel():,} B on {buf.device}; this pass "
+                          f"decodes {n} experts = {need:,} B on {dev}: size the layout's decode "
+                          f"buffer for the pass's experts")
+    dec = decode_experts(experts, dst_slot, buf)
+    ws = {k: v for k, v in (workspace or {}).items() if k != "wdec"} or None
+    return moe_ffn(x, topk_ids, topk_weights, dec, schedule=schedule,
+                   scratch_alloc=scratch_alloc, out=out, workspace=ws)

@@ -1,0 +1,62 @@
+"""moe_ffn_decoded (decode the pass's experts once, then the BF16 GEMM) == moe_ffn's meaning.
+
+Cases: mixed formats (each matrix its own decoder), a pass with skipped ids (the engine's
+batches), an absent routed expert (a clear error, as moe_ffn), a decode buffer too small.
+"""
+import pytest
+import torch
+
+from strata.errors import StrataError
+from strata.kernels import moe_ffn, moe_ffn_torch
+from strata.kernels.decoded import bf16_layout, decode_experts, moe_ffn_decoded
+from strata.kernels.synth import random_expert_set
+from strata.kernels.moe import dequantize_matrix
+
+DECODED_REL = 1.5e-2   # the GEMM's bound for decoded formats (tests/kernels/test_moe_ffn.py)
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_decode_experts_is_exact():
+    experts = random_expert_set(5, 64, 64, "Q8_0", up="Q4_0", down="Q2_0",
+                                seed=1)
+    bb = bf16_layout(experts.layout).size
+    dst_slot = torch.tensor([0, -1, bb, -1, 2 * bb])
+    buf = torch.full((3 * bb,), 255, dtype=torch.uint8)
+    dec = decode_experts(experts, dst_slot, buf)
+    for e in (0, 2, 4):
+        for m in ("gate", "up", "down"):
+            want = dequantize_matrix(experts, e, m).bfloat16().float()
+            assert torch.equal(dequantize_matrix(dec, e, m), want), (e, m)
+
+
+@pytest.mark.parametrize("fmt", [("Q8_0", "Q4_0", "BF16"), ("Q4_K", "IQ3_S", "Q6_K")],
+                         ids=["legacy-mix", "kquant-mix"])
+def test_decoded_matches_reference(fmt):
+    g = torch.Generator().manual_seed(2)
+    E, D, F, T, K = 6, 256, 256, 11, 2
+    experts = random_expert_set(E, D, F, *fmt, seed=4)
+    x = torch.randn(T, D, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    w = torch.softmax(torch.randn(T, K, generator=g), -1)
+    ref = moe_ffn_torch(x, ids, w, experts)
+    assert rel(moe_ffn_decoded(x, ids, w, experts), ref) < DECODED_REL
+    # a pass over some experts (ids of the others -1) adds into an fp32 accumulator
+    acc = torch.zeros(T, D)
+    for group in ([0, 1, 2], [3, 4, 5]):
+        part = torch.where(torch.isin(ids, torch.tensor(group)), ids, -1)
+        moe_ffn_decoded(x, part, w, experts, out=acc)
+    assert rel(acc, ref) < DECODED_REL
+
+
+def test_decoded_absent_and_small_buffer_are_clear():
+    experts = random_expert_set(4, 64, 32, "Q8_0", absent=(2,))
+    x = torch.randn(3, 64).bfloat16()
+    w = torch.full((3, 2), 0.5)
+    with pytest.raises(StrataError, match=r"experts \[2\] are routed to but not resident"):
+        moe_ffn_decoded(x, torch.tensor([[0, 2], [1, 3], [0, 1]]), w, experts)
+    with pytest.raises(StrataError, match="workspace\\['wdec'\\]"):
+        moe_ffn_decoded(x, torch.tensor([[0, 1], [1, 3], [0, 1]]), w, experts,
+                        workspace={"wdec": torch.empty(10, dtype=torch.uint8)})
