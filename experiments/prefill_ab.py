@@ -63,19 +63,23 @@ def sync():
         torch.cuda.synchronize()
 
 
-def h2d_rate(host: HostExperts, n: int = 96) -> float:
+def h2d_rate(host: HostExperts, n: int = 96, device=None) -> float:
     """Bytes/s of blob-sized pinned host->device copies back to back (the ring's pattern)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     E = host.layers[0].shape[0]
     blobs = [host.blob(i % host.n_layer, (i * 7) % E) for i in range(n)]
-    dst = torch.empty(blobs[0].numel(), dtype=torch.uint8,
-                      device="cuda" if torch.cuda.is_available() else "cpu")
+    dst = torch.empty(blobs[0].numel(), dtype=torch.uint8, device=dev)
+
+    def sync_dev():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
     for b in blobs[:4]:
         dst[:b.numel()].copy_(b, non_blocking=True)
-    sync()
+    sync_dev()
     t0 = time.perf_counter()
     for b in blobs:
         dst[:b.numel()].copy_(b, non_blocking=True)
-    sync()
+    sync_dev()
     return sum(b.numel() for b in blobs) / (time.perf_counter() - t0)
 
 

@@ -15,6 +15,8 @@ GGUF tensor names (strata.packs.names).
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -81,6 +83,11 @@ class KVCache:
 
     def commit(self, n_tokens: int) -> None:
         self.length += n_tokens
+
+
+def _on(device: torch.device):
+    """The device context of a CUDA device (a no-op elsewhere)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -223,10 +230,13 @@ class Qwen3Moe:
                 if x.device not in rope:
                     rope[x.device] = tuple(t.to(x.device) for t in rope[pos.device])
             cos, sin = rope[x.device]
-            x = x + self._attention(l, lw, rms_norm(x, lw.attn_norm, s.rms_eps), cos, sin, cache)
-            h = rms_norm(x, lw.ffn_norm, s.rms_eps)
-            topk_ids, topk_w = route(h, lw.router, s.top_k, s.norm_topk_prob)  # [T, K]
-            x = x + self._experts(l, h, topk_ids, topk_w, provider).to(x.dtype)
+            # Triton launches on the current device's stream: make it this layer's GPU
+            with _on(x.device):
+                x = x + self._attention(l, lw, rms_norm(x, lw.attn_norm, s.rms_eps), cos, sin,
+                                        cache)
+                h = rms_norm(x, lw.ffn_norm, s.rms_eps)
+                topk_ids, topk_w = route(h, lw.router, s.top_k, s.norm_topk_prob)  # [T, K]
+                x = x + self._experts(l, h, topk_ids, topk_w, provider).to(x.dtype)
             provider.end_layer(l)
         cache.commit(T)
         if logits == "none":
