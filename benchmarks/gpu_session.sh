@@ -15,10 +15,10 @@ for step in "$@"; do
   case $step in
     tests)   timeout 300 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests 2>&1 | tail -40 > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log" ;;
     enginetests) timeout 150 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/engine 2>&1 | tail -30 > "$OUT/gpu_engine_tests.log"; tail -8 "$OUT/gpu_engine_tests.log" ;;
-    prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tee "$OUT/prefill_ab.log" | tail -30 ;;
+    prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
     slab)    timeout 180 python3 experiments/slab_ab.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/slab.log" ;;
-    split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/split.log" ;;
+    split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 ;;
   esac
 done
