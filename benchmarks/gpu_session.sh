@@ -4,6 +4,7 @@
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+# the device copy has no .git: the caller passes the commit (STRATA_COMMIT=$(git rev-parse --short HEAD))
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \

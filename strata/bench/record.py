@@ -13,6 +13,7 @@ import csv
 import datetime as dt
 import json
 import platform
+import os
 import subprocess
 from pathlib import Path
 
@@ -27,7 +28,9 @@ def commit_of(path: str | Path) -> str:
     def git(*a):
         return subprocess.run(["git", "-C", str(path), *a], capture_output=True,
                               text=True).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:   # a copy of the tree without .git (the device machine): the caller says
+        return os.environ.get("STRATA_COMMIT") or "unknown"
     return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 

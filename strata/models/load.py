@@ -24,7 +24,7 @@ def open_pack(pack) -> Pack:
 def resolve_device(name: str | torch.device | None) -> torch.device:
     """'cpu', 'cuda', 'cuda:1' or None (cuda when available); a clear error without CUDA."""
     if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(name)
     except RuntimeError:
@@ -32,6 +32,8 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise StrataError("--device cuda asked for, but this machine has no CUDA device; "
                           "use --device cpu")
+    if dev.type == "cuda" and dev.index is None:   # one name per GPU: "cuda" is cuda:<current>
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

@@ -19,7 +19,7 @@ SHAPE = get_preset("small")      # L=4, D=256, E=16, K=4, F=128
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
     return synth_pack(tmp_path_factory.mktemp("g") / "small.pack", SHAPE,
-                      ExpertFormats.of("Q8_0", down="Q4_K"), progress=False)
+                      ExpertFormats.of("Q8_0", down="Q4_0"), progress=False)
 
 
 def rel(a, b):
