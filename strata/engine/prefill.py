@@ -20,9 +20,7 @@ participant's loan, published after the carve and dropped before the refill.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -147,10 +145,9 @@ class PrefillEngine:
     # -- planning ----------------------------------------------------------------------------
     def plan(self):
         """The plan for a prompt (chunk and ring from the scan, or the forced chunk)."""
-        with _ring_override(self.cfg.ring):
-            return plan_prefill(self.layout, [p.participant for p in self.parts], scan=self.cfg.scan,
-                                scan_max=self.cfg.scan_max, chunk=self.cfg.chunk,
-                                pinned=self.pinned, fused=self.fused, native=self.pack.native)
+        return plan_prefill(self.layout, [p.participant for p in self.parts], scan=self.cfg.scan,
+                            scan_max=self.cfg.scan_max, chunk=self.cfg.chunk, pinned=self.pinned,
+                            fused=self.fused, native=self.pack.native, ring=self.cfg.ring)
 
     def _resolve(self, plan, n_tokens: int) -> tuple[int, int | str, int]:
         """(chunk, resolved ring, ring slots carved) for a prompt of n_tokens under `plan`."""
@@ -158,9 +155,8 @@ class PrefillEngine:
         if chunk == plan.chunk or plan.rule == "legacy":   # legacy: the fixed ring, as planned
             ring = plan.ring
         else:  # a prompt shorter than the planned chunk: the ring its own chunk resolves to
-            with _ring_override(self.cfg.ring):
-                ring = resolve_ring(self.max_blob, self.shape, chunk, pinned=self.pinned,
-                                    fused=self.fused, native=self.pack.native)
+            ring = resolve_ring(self.max_blob, self.shape, chunk, pinned=self.pinned,
+                                fused=self.fused, native=self.pack.native, ring=self.cfg.ring)
             if ring != STAGE and plan.rule == "fallback":
                 ring = min(int(ring), int(plan.ring)) if plan.ring != STAGE else ring
         return chunk, ring, ring_slot_count(ring, self.shape, chunk)
@@ -330,23 +326,6 @@ class _FailingProvider:
                                       "failed and the cache was refilled")
             self.left -= 1
             yield item
-
-
-@contextlib.contextmanager
-def _ring_override(ring: int | None):
-    """--ring N acts exactly as STRATA_PREFILL_RING=N for the planner, for this call only."""
-    if ring is None:
-        yield
-        return
-    saved = os.environ.get("STRATA_PREFILL_RING")
-    os.environ["STRATA_PREFILL_RING"] = str(ring)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("STRATA_PREFILL_RING", None)
-        else:
-            os.environ["STRATA_PREFILL_RING"] = saved
 
 
 def _first_line(e: BaseException) -> str:

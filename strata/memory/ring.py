@@ -85,12 +85,13 @@ def stage_slots(shape: ModelShape, chunk: int) -> int:
 
 
 def resolve_ring(max_blob: int, shape: ModelShape, chunk: int, *, pinned: bool = True,
-                 fused: bool = False, native: bool = True) -> int | str:
+                 fused: bool = False, native: bool = True, ring: int | None = None) -> int | str:
     """The ring a chunk of `chunk` tokens runs with: a slot count, or STAGE.
 
-    STRATA_PREFILL_RING=N wins over everything (it is an experimenter's explicit choice).
+    An explicit `ring` (--ring N), else STRATA_PREFILL_RING=N, wins over everything (an
+    experimenter's explicit choice).
     """
-    override = config.prefill_ring_override()
+    override = ring if ring is not None else config.prefill_ring_override()
     if override is not None:
         return override
     if chunk < stream_all_min(shape):

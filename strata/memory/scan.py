@@ -131,21 +131,28 @@ class _Probe:
         return self.layout.bytes_needed(T, ring)
 
 
-def full_ring(layout: PromptLayout, *, pinned=True, fused=False, native=True) -> int:
-    """The resolved full ring: STRATA_PREFILL_RING, else ring_slots()."""
-    override = config.prefill_ring_override()
+def _override(ring: int | None) -> int | None:
+    """An explicit ring (--ring N) wins; else STRATA_PREFILL_RING; else None."""
+    return ring if ring is not None else config.prefill_ring_override()
+
+
+def full_ring(layout: PromptLayout, *, pinned=True, fused=False, native=True,
+              ring: int | None = None) -> int:
+    """The resolved full ring: the override (--ring / STRATA_PREFILL_RING), else ring_slots()."""
+    override = _override(ring)
     if override is not None:
         return override
     return ring_slots(layout.max_blob, pinned=pinned, fused=fused, native=native)
 
 
-def _slots(layout: PromptLayout, T: int, full: int) -> tuple[int | str, int]:
+def _slots(layout: PromptLayout, T: int, full: int,
+           override: int | None = None) -> tuple[int | str, int]:
     """(resolved ring, slots carved) for chunk T: STAGE under stream_all_min, unless overridden.
 
     A STAGE chunk carves room for its routed experts, min(T*K, E), never more than the full ring
     (it stages in ring-sized batches), which keeps bytes_needed monotone in T.
     """
-    if config.prefill_ring_override() is None and T < stream_all_min(layout.shape):
+    if override is None and T < stream_all_min(layout.shape):
         sh = layout.shape
         return STAGE, min(T * sh.top_k, sh.n_expert, full)
     return full, full
@@ -172,12 +179,16 @@ def _finish(layout, participants, probe, chunk, rings, rule, full) -> Plan:
 
 def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan: str = "auto",
                  scan_max: int = SCAN_MAX, chunk: int | None = None, pinned: bool = True,
-                 fused: bool = False, native: bool = True) -> Plan:
-    """The plan for this layout on these participants (see the module docstring for the rules)."""
+                 fused: bool = False, native: bool = True, ring: int | None = None) -> Plan:
+    """The plan for this layout on these participants (see the module docstring for the rules).
+
+    `ring`: an explicit ring override (`--ring N`); it wins over STRATA_PREFILL_RING, which wins
+    over the resolved count."""
     if not participants:
         raise StrataError("a plan needs at least one participant (GPU)")
     probe = _Probe(layout)
-    full = full_ring(layout, pinned=pinned, fused=fused, native=native)
+    override = _override(ring)
+    full = full_ring(layout, pinned=pinned, fused=fused, native=native, ring=override)
     rooms = [p.room for p in participants]
 
     def fits_all(T: int, slots: int) -> bool:
@@ -187,7 +198,7 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
     if chunk is not None:
         if chunk < 1:
             raise StrataError(f"--chunk must be at least 1 token, got {chunk}")
-        ring, slots = _slots(layout, chunk, full)
+        ring, slots = _slots(layout, chunk, full, override)
         probe(chunk, slots)
         return _finish(layout, participants, probe, chunk, [(ring, slots)] * len(participants),
                        "forced", full)
@@ -196,7 +207,6 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
         ring = LEGACY_RING_FUSED if fused else (LEGACY_RING_PINNED if pinned else
                                                  LEGACY_RING_UNPINNED)
         ring = min(ring, ring_cap(native)) if fused else ring
-        override = config.prefill_ring_override()
         ring = override if override is not None else ring
         chunks = [c for c in LEGACY_CHUNKS if c <= scan_max]
         for c in chunks:
@@ -209,12 +219,12 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
         raise StrataError(f"unknown scan rule {scan!r}; use auto or legacy")
 
     chunks = grid(scan_max)
-    best = last_fitting(chunks, lambda T: fits_all(T, _slots(layout, T, full)[1]))
+    best = last_fitting(chunks, lambda T: fits_all(T, _slots(layout, T, full, override)[1]))
     if best is not None:
-        ring, slots = _slots(layout, best, full)
+        ring, slots = _slots(layout, best, full, override)
         return _finish(layout, participants, probe, best, [(ring, slots)] * len(participants),
                        "full-ring", full)
-    if config.prefill_ring_override() is not None:
+    if override is not None:
         raise PlanError(_nothing_fits(layout, participants, chunks[0], full,
                                       "STRATA_PREFILL_RING"))
 

@@ -89,6 +89,16 @@ def test_env_ring_is_the_ring_flag(pack, tokens, reference, monkeypatch):
     assert res.ring == 2 and rel(res.logits, reference) < FP32_REL
 
 
+def test_ring_flag_wins_over_env(pack, tokens, monkeypatch):
+    """--ring N is passed to the planner explicitly; it wins over STRATA_PREFILL_RING and leaves
+    the environment untouched."""
+    monkeypatch.setenv("STRATA_PREFILL_RING", "5")
+    res = engine(pack, ring=2).run(tokens)
+    assert res.ring == 2 and res.plan.ring == 2
+    import os
+    assert os.environ["STRATA_PREFILL_RING"] == "5"
+
+
 def test_stage_mode(pack, tokens, reference, monkeypatch):
     monkeypatch.setenv("STRATA_STREAM_ALL_MIN", "1000")   # every chunk is "small": STAGE
     eng = engine(pack, chunk=8)
