@@ -30,8 +30,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("prefill", help="read a prompt through a pack; print tokens/s",
-                       description="Read a prompt (token ids) through a pack with every expert "
-                                   "resident on the device; print tokens/s, optionally dump the "
+                       description="Read a prompt (token ids) through a pack: with --vram/--cache "
+                                   "the streaming engine (expert cache + loan + ring, copies "
+                                   "overlapped with compute) prints the plan, prefill_chunk, "
+                                   "prefill_ring, bytes streamed, H2D rate, cache hits and waits; "
+                                   "without them every expert is resident. Optionally dumps the "
                                    "logits of every position.")
     p.add_argument("pack", help="a pack file (strata pack / strata synth)")
     src = p.add_argument_group("prompt")
