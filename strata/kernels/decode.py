@@ -482,3 +482,63 @@ def decode_tile_runs(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, 
             v = _iq3_s_value(db, mag, neg)
         # a run's scale is loaded when any of its weights is used: zero the others explicitly
         return tl.where(mask, v, 0.0)
+
+
+# ---------------------------------------------------------------- codes and run scales, split
+#
+# For the formats below a weight is one multiplicative scale per run (the block) times an exact
+# small-integer code: w = s[n, run] * c[n, k], every c exact in bf16 (|c| <= 128). A GEMM can
+# then feed the codes to the tensor cores and scale each run's partial sum once,
+#     sum_k x[k] * w[n, k] = sum_runs s[n, run] * (sum_{k in run} x[k] * c[n, k]),
+# instead of multiplying and rounding every weight. `s * c` (fp32) equals decode_tile bit for bit.
+
+SCALED_CODE_FORMATS = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4")
+
+
+def code_run(name: str) -> int:
+    """Weights sharing one scale in a SCALED_CODE_FORMATS format (the block: 32, Q2_0 64)."""
+    assert name in SCALED_CODE_FORMATS, name
+    return FORMATS[name].block
+
+
+@triton.jit
+def decode_codes(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
+    """fp32 [BN, BK] codes c of a SCALED_CODE_FORMATS format (0 where masked); arguments as
+    decode_tile. Exact small integers (bf16-exact)."""
+    if FMT == GGML_Q8_0:
+        c = _q8_0_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q4_0:
+        c = _q4_0_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q5_0:
+        c = _q5_0_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_IQ4_NL:
+        c = _iq4_nl_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q2_0:
+        c = _q2_0_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    else:
+        tl.static_assert(FMT == GGML_MXFP4, "decode_codes: not a SCALED_CODE_FORMATS type")
+        c = _mxfp4_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    return tl.where(mask, c, 0.0)
+
+
+@triton.jit
+def decode_run_scale(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, k_run, n_mask):
+    """fp32 [BN] scale s of the run holding weight k_run (a scalar) in each row offs_n; 0 where
+    n_mask is False. decode_tile's value is s * c (see decode_codes)."""
+    BN: tl.constexpr = offs_n.shape[0]
+    ok = k_run + tl.zeros((1,), tl.int32)                                # [1]
+    m = n_mask[:, None]                                                  # [BN, 1]
+    if FMT == GGML_Q8_0:
+        s = _q8_0_scale(w_ptr, row_bytes, offs_n, ok, m)
+    elif FMT == GGML_Q4_0:
+        s = _q4_0_scale(w_ptr, row_bytes, offs_n, ok, m)
+    elif FMT == GGML_Q5_0:
+        s = _q5_0_scale(w_ptr, row_bytes, offs_n, ok, m)
+    elif FMT == GGML_IQ4_NL:
+        s = _iq4_nl_scale(w_ptr, row_bytes, offs_n, ok, m)
+    elif FMT == GGML_Q2_0:
+        s = _q2_0_scale(w_ptr, row_bytes, offs_n, ok, m)
+    else:
+        tl.static_assert(FMT == GGML_MXFP4, "decode_run_scale: not a SCALED_CODE_FORMATS type")
+        s = _mxfp4_scale(w_ptr, row_bytes, offs_n, ok, m)
+    return tl.reshape(tl.where(m, s, 0.0), (BN,))
