@@ -542,3 +542,76 @@ def decode_run_scale(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, k_run, n_mask)
         tl.static_assert(FMT == GGML_MXFP4, "decode_run_scale: not a SCALED_CODE_FORMATS type")
         s = _mxfp4_scale(w_ptr, row_bytes, offs_n, ok, m)
     return tl.reshape(tl.where(m, s, 0.0), (BN,))
+
+
+# ---------------------------------------------------------------- raw code bytes, split from decode
+#
+# Q8_0 / Q4_0 only: a run's code bytes as a load that can be issued ahead of its use (a GEMM
+# prefetches the next run while the tensor cores work on this one), and the codes from them.
+# Codes come in two halves, weights [0, 16) and [16, 32) of the run: Q4_0 keeps them in the low
+# and high nibbles of the same 16 bytes, so halves need no shuffle. WIDE: 16-bit loads (every
+# field of a 34/18-byte block is 2-byte aligned), half the load instructions of byte loads.
+
+FAST_CODE_FORMATS = ("Q8_0", "Q4_0")
+
+
+@triton.jit
+def load_code_bytes(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, k_run, mask_n,
+                    WIDE: tl.constexpr):
+    """(lo, hi) raw code words of the 32-weight block holding weight k_run (a multiple of 32) in
+    each row offs_n; mask_n [BN] bool (0 where False). Q8_0: int8 [BN, 16] each (codes 0-15,
+    16-31), WIDE int16 [BN, 8]. Q4_0: lo = the 16 qs bytes (uint8 [BN, 16]; WIDE int16 [BN, 8]),
+    hi = lo (both halves are in the same bytes)."""
+    QB: tl.constexpr = Q8_0_BYTES if FMT == GGML_Q8_0 else Q4_0_BYTES
+    tl.static_assert((FMT == GGML_Q8_0) | (FMT == GGML_Q4_0), "load_code_bytes: Q8_0 / Q4_0")
+    base = offs_n.to(tl.int64) * row_bytes + (k_run >> 5).to(tl.int64) * QB + 2   # [BN] even
+    m = mask_n[:, None]
+    if WIDE:
+        p16 = w_ptr.to(tl.pointer_type(tl.int16))
+        b16 = (base >> 1)[:, None]
+        lo = tl.load(p16 + b16 + tl.arange(0, 8)[None, :], mask=m, other=0)
+        if FMT == GGML_Q8_0:
+            hi = tl.load(p16 + b16 + 8 + tl.arange(0, 8)[None, :], mask=m, other=0)
+        else:
+            hi = lo
+    else:
+        if FMT == GGML_Q8_0:
+            p8 = w_ptr.to(tl.pointer_type(tl.int8))
+            lo = tl.load(p8 + base[:, None] + tl.arange(0, 16)[None, :], mask=m, other=0)
+            hi = tl.load(p8 + base[:, None] + 16 + tl.arange(0, 16)[None, :], mask=m, other=0)
+        else:
+            lo = tl.load(w_ptr + base[:, None] + tl.arange(0, 16)[None, :], mask=m, other=0)
+            hi = lo
+    return lo, hi
+
+
+@triton.jit
+def _pairs(a, b):
+    """[BN, H] x 2 -> [BN, 2H] interleaved: a[:, i] at 2i, b[:, i] at 2i + 1."""
+    return tl.reshape(tl.join(a, b), (a.shape[0], 2 * a.shape[1]))
+
+
+@triton.jit
+def codes_from_bytes(FMT: tl.constexpr, lo, hi, WIDE: tl.constexpr):
+    """(c_lo, c_hi) fp32 [BN, 16]: codes of weights [0, 16) and [16, 32) of the block whose
+    load_code_bytes are (lo, hi); decode_tile's value is decode_run_scale * code."""
+    if FMT == GGML_Q8_0:
+        if WIDE:   # little-endian: code 2i in the low byte of word i, 2i + 1 in the high byte
+            wl = lo.to(tl.int32)
+            wh = hi.to(tl.int32)
+            c_lo = _pairs((wl << 24) >> 24, wl >> 8)
+            c_hi = _pairs((wh << 24) >> 24, wh >> 8)
+        else:
+            c_lo = lo.to(tl.int32)
+            c_hi = hi.to(tl.int32)
+    else:
+        tl.static_assert(FMT == GGML_Q4_0, "codes_from_bytes: Q8_0 / Q4_0")
+        if WIDE:
+            u = lo.to(tl.int32) & 0xFFFF
+            c_lo = _pairs(u & 15, (u >> 8) & 15) - 8
+            c_hi = _pairs((u >> 4) & 15, u >> 12) - 8
+        else:
+            u = lo.to(tl.int32)
+            c_lo = (u & 15) - 8
+            c_hi = (u >> 4) - 8
+    return c_lo.to(tl.float32), c_hi.to(tl.float32)

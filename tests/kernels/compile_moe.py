@@ -62,7 +62,8 @@ def main() -> int:
     names = {get_format(f).ggml_type: get_format(f).name for f in k.TRITON_FORMATS}
     runs = [(mode, sched, fmt, v) for mode, sched, fmt, v in
             itertools.product((0, 1), (0, 1), fmts, k.DOT_VARIANTS)
-            if v == "decode" or names[fmt] in k.SCALED_CODE_FORMATS]
+            if v == "decode" or names[fmt] in k.SCALED_CODE_FORMATS
+            and (not v.startswith("swap_fast") or names[fmt] in k.FAST_CODE_FORMATS)]
     for mode, sched, fmt, v in runs:
         const = dict(MODE=mode, SCHED=sched, TOPK=8, FMT1=fmt, FMT2=fmt, BM=128, BN=64, BK=64,
                      INTERP=False, **k.dot_plan(names[fmt], names[fmt], 64, v))
