@@ -18,6 +18,15 @@ Every helper is element-addressed, so any tile shape works (the expert GEMM's in
         broadcast instead of once per weight. Which is faster on a given tile is for the GEMM's
         benchmark to say (the broadcast is a reshape Triton may lay out through shared memory).
 
+Split helpers, for GEMMs that scale partial sums instead of weights (SCALED_CODE_FORMATS: one
+multiplicative scale per block times an exact small-integer code, w = s * c):
+    decode_codes(FMT, w_ptr, row_bytes, offs_n, offs_k, mask) -> fp32 [BN, BK] codes c
+    decode_run_scale(FMT, w_ptr, row_bytes, offs_n, k_run, n_mask) -> fp32 [BN] scale s of the
+        block holding weight k_run (a scalar)
+    load_code_bytes / codes_from_bytes (Q8_0, Q4_0): a block's raw code words as a load that can
+        be issued ahead of its use, and the codes (two 16-wide halves) from them.
+    s * c equals decode_tile bit for bit (tests/test_decode_codes.py).
+
 Values equal `strata.formats.dequantize` (and gguf-py) bit for bit: each helper forms the same fp32
 products in the same order as the torch reference. Every product of scale and code is exact in
 fp32 (an fp16 significand times small integers), so FMA contraction cannot change a result.

@@ -34,7 +34,7 @@ GGML_BF16 = 30
 
 # how decoded weights reach the tensor cores: one of _moe_kernel.DOT_VARIANTS (a module
 # attribute so benchmarks can compare them; the default is the fastest measured on the H200)
-DECODED_DOT = "scaled_swap"
+DECODED_DOT = "swap_fast_pf_w16"
 
 
 @dataclass(frozen=True)
