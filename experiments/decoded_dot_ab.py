@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--T", nargs="*", type=int, default=[2048, 512, 8192])
     ap.add_argument("--formats", nargs="*", default=["Q8_0", "Q4_0"])
     ap.add_argument("--variants", nargs="*", default=list(DOT_VARIANTS))
+    ap.add_argument("--auto-only", action="store_true", help="time the heuristic's tile only")
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting new configs")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "decoded_dot_ab.csv"))
     args = ap.parse_args(argv)
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     if args.smoke:
         shapes = {"tiny": get_preset("tiny").with_(n_expert=5, top_k=2)}
         args.shapes, args.T = ["tiny"], [5]
-    tiles = [] if args.smoke else TILES
+    tiles = [] if args.smoke or args.auto_only else TILES
     reps = 2 if args.smoke else 10
     gpu, sha = kb.gpu_name(), kb.commit()
     cmd = " ".join(["python", "experiments/decoded_dot_ab.py"] + (argv or sys.argv[1:]))

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarn
 def _codes_kernel(w_ptr, val_ptr, code_ptr, N, K, row_bytes, FMT: tl.constexpr,
                   BN: tl.constexpr, RUN: tl.constexpr, MODE: tl.constexpr):
     """Run program_id(1) of rows [program_id(0) * BN, +BN): val = scale * code, code = code.
-    MODE 0: decode_codes; 1: load_code_bytes + codes_from_bytes; 2: the same, 16-bit loads."""
+    MODE 0: decode_codes; 1: load_code_bytes + codes_from_bytes; 2: the same, 16-bit loads;
+    3, 4: 1, 2 with MAGIC (codes to float through their bits)."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     k_run = tl.program_id(1) * RUN
     n_mask = offs_n < N
@@ -36,8 +37,9 @@ def _codes_kernel(w_ptr, val_ptr, code_ptr, N, K, row_bytes, FMT: tl.constexpr,
         tl.store(val_ptr + o, s[:, None] * c, mask=n_mask[:, None])
         tl.store(code_ptr + o, c, mask=n_mask[:, None])
     else:
-        lo, hi = load_code_bytes(FMT, w_ptr, row_bytes, offs_n, k_run, n_mask, MODE == 2)
-        c_lo, c_hi = codes_from_bytes(FMT, lo, hi, MODE == 2)                   # [BN, 16]
+        WIDE: tl.constexpr = (MODE == 2) | (MODE == 4)
+        lo, hi = load_code_bytes(FMT, w_ptr, row_bytes, offs_n, k_run, n_mask, WIDE)
+        c_lo, c_hi = codes_from_bytes(FMT, lo, hi, WIDE, MODE >= 3)              # [BN, 16]
         o = offs_n.to(tl.int64)[:, None] * K + k_run + tl.arange(0, 16)[None, :]
         tl.store(val_ptr + o, s[:, None] * c_lo, mask=n_mask[:, None])
         tl.store(val_ptr + o + 16, s[:, None] * c_hi, mask=n_mask[:, None])
@@ -64,8 +66,9 @@ def _check(raw, name, k, mode, bn=4):
 
 
 CASES = [(n, 0) for n in SCALED_CODE_FORMATS] + [(n, m) for n in FAST_CODE_FORMATS
-                                                  for m in (1, 2)]
-IDS = [f"{n}-{['codes', 'bytes', 'bytes16'][m]}" for n, m in CASES]
+                                                  for m in (1, 2, 3, 4)]
+IDS = [f"{n}-{['codes', 'bytes', 'bytes16', 'bytes-magic', 'bytes16-magic'][m]}"
+       for n, m in CASES]
 
 
 @pytest.mark.parametrize("name,mode", CASES, ids=IDS)

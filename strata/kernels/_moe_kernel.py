@@ -38,9 +38,10 @@ GGML_BF16: tl.constexpr = tl.constexpr(30)
 #                  codes in two 16-wide halves straight from their bytes (load_code_bytes);
 #                  "_pf": the next run's bytes and scale are loaded before this run's dots
 #                  (register double buffering: byte loads cannot take the cp.async pipeline);
-#                  "_w16": 16-bit loads of the code bytes.
+#                  "_w16": 16-bit loads of the code bytes; "_magic": codes to float by a
+#                  float add on their bits (decode._f32_of) instead of int->float conversions.
 DOT_VARIANTS = ("decode", "scaled", "scaled_swap", "swap_fast", "swap_fast_pf",
-                "swap_fast_pf_w16")
+                "swap_fast_pf_w16", "swap_fast_pf_w16_magic")
 
 
 def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str) -> dict:
@@ -61,7 +62,7 @@ def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str) -> dict:
     fast = (variant.startswith("swap_fast") and fmt1 in FAST_CODE_FORMATS
             and fmt2 in FAST_CODE_FORMATS and block_k % 32 == 0)
     return dict(SC1=sc1, SC2=sc2, RUN=run, SW=sw, FAST=fast, PF=fast and "_pf" in variant,
-                W16=fast and variant.endswith("_w16"))
+                W16=fast and "_w16" in variant, MAGIC=fast and variant.endswith("_magic"))
 GATE_UP: tl.constexpr = tl.constexpr(0)
 DOWN: tl.constexpr = tl.constexpr(1)
 
@@ -148,9 +149,10 @@ def _scaled_run(FMT: tl.constexpr, w_ptr, rb, a_r, offs_n, n_mask, k_run, kr_mas
 
 
 @triton.jit
-def _fast_part(FMT: tl.constexpr, lo, hi, a_lo, a_hi, W16: tl.constexpr, INTERP: tl.constexpr):
+def _fast_part(FMT: tl.constexpr, lo, hi, a_lo, a_hi, W16: tl.constexpr, MAGIC: tl.constexpr,
+               INTERP: tl.constexpr):
     """[BN, BM] codes @ a^T of one 32-weight run, the codes as two 16-wide halves."""
-    c_lo, c_hi = codes_from_bytes(FMT, lo, hi, W16)
+    c_lo, c_hi = codes_from_bytes(FMT, lo, hi, W16, MAGIC)
     part = _dot_nt(c_lo.to(tl.bfloat16), a_lo, INTERP)
     return _dot(c_hi.to(tl.bfloat16), a_hi, part, INTERP)
 
@@ -158,7 +160,8 @@ def _fast_part(FMT: tl.constexpr, lo, hi, a_lo, a_hi, W16: tl.constexpr, INTERP:
 @triton.jit
 def _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi, n_in, acc1,
                acc2, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
-               BK: tl.constexpr, INTERP: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr):
+               BK: tl.constexpr, INTERP: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr,
+               MAGIC: tl.constexpr):
     """The FAST path of _mma (accumulators [BN, BM]): one iteration per 32-weight run of steps
     [k_lo, k_hi); PF loads run r+1's code bytes and scales during run r."""
     R: tl.constexpr = BK // 32
@@ -195,9 +198,9 @@ def _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_
         a_lo = tl.load(a_base + offs_a[None, :], mask=am, other=0.0)           # [BM, 16]
         a_hi = tl.load(a_base + 16 + offs_a[None, :], mask=am, other=0.0)
         # both matrices' dots before either is scaled: the MMAs can overlap
-        p1 = _fast_part(FMT1, cl1, ch1, a_lo, a_hi, W16, INTERP)
+        p1 = _fast_part(FMT1, cl1, ch1, a_lo, a_hi, W16, MAGIC, INTERP)
         if TWO:
-            p2 = _fast_part(FMT2, cl2, ch2, a_lo, a_hi, W16, INTERP)
+            p2 = _fast_part(FMT2, cl2, ch2, a_lo, a_hi, W16, MAGIC, INTERP)
             acc2 += p2 * cs2[:, None]
         acc1 += p1 * cs1[:, None]
     return acc1, acc2
@@ -208,7 +211,7 @@ def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mas
          n_in, tab_ptr, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
          SC1: tl.constexpr, SC2: tl.constexpr, RUN: tl.constexpr, SW: tl.constexpr,
-         FAST: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr):
+         FAST: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr, MAGIC: tl.constexpr):
     """acc1 (and acc2 when TWO) [BM, BN] fp32 over reduction steps [k_lo, k_hi).
 
     SC1/SC2: matrix 1/2 takes the scaled-code path (_scaled_run, RUN weights a run, BK % RUN == 0;
@@ -228,7 +231,8 @@ def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mas
     a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a          # [BM, 1]
     if FAST:
         acc1, acc2 = _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo,
-                                k_hi, n_in, acc1, acc2, FMT1, FMT2, TWO, BK, INTERP, PF, W16)
+                                k_hi, n_in, acc1, acc2, FMT1, FMT2, TWO, BK, INTERP, PF, W16,
+                                MAGIC)
     else:
         for kk in range(k_lo, k_hi):
             if PLAIN:
@@ -283,7 +287,7 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
           FMT2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
           INTERP: tl.constexpr, SPLIT: tl.constexpr, SC1: tl.constexpr, SC2: tl.constexpr,
           RUN: tl.constexpr, SW: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr,
-          W16: tl.constexpr):
+          W16: tl.constexpr, MAGIC: tl.constexpr):
     """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
     fp32 piece into scratch slot 2*pid + last."""
     NB = tl.cdiv(n_out, BN)
@@ -301,7 +305,7 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
     acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
                       offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, FMT1, FMT2, TWO, BM, BN, BK,
                       INTERP,
-                      SC1, SC2, RUN, SW, FAST, PF, W16)
+                      SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
     if SPLIT == 0:
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
                   tw_ptr, INTERP)
@@ -328,7 +332,7 @@ def _moe_gemm_kernel(
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
         SC1: tl.constexpr = False, SC2: tl.constexpr = False, RUN: tl.constexpr = 32,
         SW: tl.constexpr = False, FAST: tl.constexpr = False, PF: tl.constexpr = False,
-        W16: tl.constexpr = False):
+        W16: tl.constexpr = False, MAGIC: tl.constexpr = False):
     pid = tl.program_id(0)
     KI = tl.cdiv(n_in, BK)
     if SCHED == 0:
@@ -336,7 +340,7 @@ def _moe_gemm_kernel(
         _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
               arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
               tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP, 0,
-              SC1, SC2, RUN, SW, FAST, PF, W16)
+              SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
     else:
         total = n_tiles * KI
         base = total // n_programs
@@ -353,7 +357,7 @@ def _moe_gemm_kernel(
                   off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr, n_out, n_in, MODE,
                   TOPK,
                   FMT1, FMT2, BM, BN, BK, INTERP, 1, SC1, SC2, RUN, SW,
-                  FAST, PF, W16)
+                  FAST, PF, W16, MAGIC)
             it += k_hi - k_lo
 
 

@@ -601,26 +601,49 @@ def _pairs(a, b):
 
 
 @triton.jit
-def codes_from_bytes(FMT: tl.constexpr, lo, hi, WIDE: tl.constexpr):
+def _f32_of(u, bias: tl.constexpr):
+    """u - bias as fp32 for int32 0 <= u < 2**23 without an int->float conversion (quarter rate
+    on the GPU): the bits 0x4B000000 | u are the float 2**23 + u, and subtracting 2**23 + bias
+    is exact."""
+    return (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + bias)
+
+
+@triton.jit
+def codes_from_bytes(FMT: tl.constexpr, lo, hi, WIDE: tl.constexpr, MAGIC: tl.constexpr = False):
     """(c_lo, c_hi) fp32 [BN, 16]: codes of weights [0, 16) and [16, 32) of the block whose
-    load_code_bytes are (lo, hi); decode_tile's value is decode_run_scale * code."""
+    load_code_bytes are (lo, hi); decode_tile's value is decode_run_scale * code. MAGIC: the
+    same values through _f32_of (float add) instead of int->float conversions."""
     if FMT == GGML_Q8_0:
         if WIDE:   # little-endian: code 2i in the low byte of word i, 2i + 1 in the high byte
             wl = lo.to(tl.int32)
             wh = hi.to(tl.int32)
-            c_lo = _pairs((wl << 24) >> 24, wl >> 8)
-            c_hi = _pairs((wh << 24) >> 24, wh >> 8)
+            if MAGIC:   # q + 128 = the byte with its top bit flipped
+                c_lo = _f32_of(_pairs((wl & 255) ^ 128, ((wl >> 8) & 255) ^ 128), 128.0)
+                c_hi = _f32_of(_pairs((wh & 255) ^ 128, ((wh >> 8) & 255) ^ 128), 128.0)
+            else:
+                c_lo = _pairs((wl << 24) >> 24, wl >> 8).to(tl.float32)
+                c_hi = _pairs((wh << 24) >> 24, wh >> 8).to(tl.float32)
         else:
-            c_lo = lo.to(tl.int32)
-            c_hi = hi.to(tl.int32)
+            if MAGIC:
+                c_lo = _f32_of((lo.to(tl.int32) & 255) ^ 128, 128.0)
+                c_hi = _f32_of((hi.to(tl.int32) & 255) ^ 128, 128.0)
+            else:
+                c_lo = lo.to(tl.float32)
+                c_hi = hi.to(tl.float32)
     else:
         tl.static_assert(FMT == GGML_Q4_0, "codes_from_bytes: Q8_0 / Q4_0")
         if WIDE:
             u = lo.to(tl.int32) & 0xFFFF
-            c_lo = _pairs(u & 15, (u >> 8) & 15) - 8
-            c_hi = _pairs((u >> 4) & 15, u >> 12) - 8
+            n_lo = _pairs(u & 15, (u >> 8) & 15)
+            n_hi = _pairs((u >> 4) & 15, u >> 12)
         else:
             u = lo.to(tl.int32)
-            c_lo = (u & 15) - 8
-            c_hi = (u >> 4) - 8
-    return c_lo.to(tl.float32), c_hi.to(tl.float32)
+            n_lo = u & 15
+            n_hi = u >> 4
+        if MAGIC:
+            c_lo = _f32_of(n_lo, 8.0)
+            c_hi = _f32_of(n_hi, 8.0)
+        else:
+            c_lo = (n_lo - 8).to(tl.float32)
+            c_hi = (n_hi - 8).to(tl.float32)
+    return c_lo, c_hi

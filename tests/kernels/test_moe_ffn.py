@@ -257,7 +257,7 @@ def test_every_decoded_dot_variant_matches_reference(c: Case, variant, monkeypat
 
 def test_dot_plan():
     assert dot_plan("Q8_0", "Q4_0", 64, "swap_fast_pf") == dict(
-        SC1=True, SC2=True, RUN=32, SW=True, FAST=True, PF=True, W16=False)
+        SC1=True, SC2=True, RUN=32, SW=True, FAST=True, PF=True, W16=False, MAGIC=False)
     assert dot_plan("Q8_0", "Q8_0", 64, "decode")["SC1"] is False
     # BK smaller than a run: decode; Q2_0's 64-run beside a 32-run: matrix 2 decodes
     assert dot_plan("Q4_0", "Q4_0", 16, "scaled")["SC1"] is False
