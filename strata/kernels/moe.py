@@ -33,8 +33,11 @@ from strata.kernels.tiles import GemmProblem, TileConfig, device_sms, resolve_ti
 GGML_BF16 = 30
 
 # how decoded weights reach the tensor cores: one of _moe_kernel.DOT_VARIANTS (a module
-# attribute so benchmarks can compare them; the default is the fastest measured on the H200)
-DECODED_DOT = "swap_fast_pf_w16"
+# attribute so benchmarks can compare them). The default is the fastest measured on the H200:
+# experiments/results/decoded_dot_ab.csv (every variant, several tiles; commit 8b645ce) and
+# decoded_dot_ab_auto.csv (the last three at the heuristic's tile; a17746c), where _magic beat
+# plain _w16 on 13 of 18 shapes (e.g. Q4_0 T=512 22.3 vs 18.5 TFLOP/s, within ~2% where not).
+DECODED_DOT = "swap_fast_pf_w16_magic"
 
 
 @dataclass(frozen=True)
