@@ -45,12 +45,19 @@ DOT_VARIANTS = ("decode", "scaled", "scaled_swap", "swap_fast", "swap_fast_pf",
 
 
 def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str) -> dict:
-    """The kernel's constexprs SC1, SC2, RUN, SW for matrices of formats fmt1/fmt2 (names).
+    """The kernel's constexprs (SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC) for matrices of formats
+    fmt1/fmt2 (names). A swap_fast* variant applies to Q8_0/Q4_0 pairs; other pairs decode.
 
     A matrix takes the scaled-code path when its format is in SCALED_CODE_FORMATS and BLOCK_K
     holds whole runs; when both qualify with different runs (Q2_0's 64 beside a 32), matrix 2
     falls back to decoding."""
     assert variant in DOT_VARIANTS, variant
+    fast = (variant.startswith("swap_fast") and fmt1 in FAST_CODE_FORMATS
+            and fmt2 in FAST_CODE_FORMATS and block_k % 32 == 0)
+    if variant.startswith("swap_fast") and not fast:
+        # outside Q8_0/Q4_0 the generic scaled paths measured slower than decoding (H200,
+        # experiments/results/decoded_dot_ab.csv: scaled_swap 20.6 vs decode 25.0 TFLOP/s)
+        variant = "decode"
 
     def ok(f):
         return variant != "decode" and f in SCALED_CODE_FORMATS and block_k % code_run(f) == 0
@@ -59,10 +66,10 @@ def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str) -> dict:
     if sc1 and sc2 and code_run(fmt2) != run:
         sc2 = False
     sw = variant != "decode" and variant != "scaled"
-    fast = (variant.startswith("swap_fast") and fmt1 in FAST_CODE_FORMATS
-            and fmt2 in FAST_CODE_FORMATS and block_k % 32 == 0)
     return dict(SC1=sc1, SC2=sc2, RUN=run, SW=sw, FAST=fast, PF=fast and "_pf" in variant,
                 W16=fast and "_w16" in variant, MAGIC=fast and variant.endswith("_magic"))
+
+
 GATE_UP: tl.constexpr = tl.constexpr(0)
 DOWN: tl.constexpr = tl.constexpr(1)
 

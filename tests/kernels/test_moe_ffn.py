@@ -261,6 +261,9 @@ def test_dot_plan():
     assert dot_plan("Q8_0", "Q8_0", 64, "decode")["SC1"] is False
     # BK smaller than a run: decode; Q2_0's 64-run beside a 32-run: matrix 2 decodes
     assert dot_plan("Q4_0", "Q4_0", 16, "scaled")["SC1"] is False
-    p = dot_plan("Q8_0", "Q2_0", 64, "swap_fast")
+    p = dot_plan("Q8_0", "Q2_0", 64, "scaled_swap")
     assert (p["SC1"], p["SC2"], p["FAST"]) == (True, False, False)
+    # swap_fast* outside Q8_0/Q4_0 decodes (the generic scaled path measured slower)
+    p = dot_plan("Q8_0", "Q5_0", 64, "swap_fast_pf_w16_magic")
+    assert (p["SC1"], p["SC2"], p["SW"], p["FAST"]) == (False, False, False, False)
     assert dot_plan("Q4_K", "BF16", 64, "scaled_swap")["SC1"] is False
