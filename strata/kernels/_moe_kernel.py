@@ -20,9 +20,56 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from strata.kernels.decode import TRITON_FORMATS, decode_tile, decode_tile_runs  # noqa: F401
+from strata.kernels.decode import (FAST_CODE_FORMATS, SCALED_CODE_FORMATS,  # noqa: F401
+                                   TRITON_FORMATS, code_run, codes_from_bytes, decode_codes,
+                                   decode_run_scale, decode_tile, decode_tile_runs,
+                                   load_code_bytes)
 
 GGML_BF16: tl.constexpr = tl.constexpr(30)
+
+# How decoded weights meet the tensor cores (see dot_plan):
+#   "decode":      decode every weight to bf16 (scale * code, rounded), one dot per BK step.
+#   "scaled":      scaled-code formats: codes (exact in bf16) into one dot per run, the run's
+#                  scale applied to that partial sum (no per-weight multiply or rounding).
+#   "scaled_swap": as "scaled", with the dot transposed (codes x activations^T), so the codes
+#                  are the MMA's register operand and only the activations go through shared
+#                  memory.
+#   "swap_fast*":  Q8_0 / Q4_0 (else as scaled_swap): one loop iteration per 32-weight run,
+#                  codes in two 16-wide halves straight from their bytes (load_code_bytes);
+#                  "_pf": the next run's bytes and scale are loaded before this run's dots
+#                  (register double buffering: byte loads cannot take the cp.async pipeline);
+#                  "_w16": 16-bit loads of the code bytes; "_magic": codes to float by a
+#                  float add on their bits (decode._f32_of) instead of int->float conversions.
+DOT_VARIANTS = ("decode", "scaled", "scaled_swap", "swap_fast", "swap_fast_pf",
+                "swap_fast_pf_w16", "swap_fast_pf_w16_magic")
+
+
+def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str) -> dict:
+    """The kernel's constexprs (SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC) for matrices of formats
+    fmt1/fmt2 (names). A swap_fast* variant applies to Q8_0/Q4_0 pairs; other pairs decode.
+
+    A matrix takes the scaled-code path when its format is in SCALED_CODE_FORMATS and BLOCK_K
+    holds whole runs; when both qualify with different runs (Q2_0's 64 beside a 32), matrix 2
+    falls back to decoding."""
+    assert variant in DOT_VARIANTS, variant
+    fast = (variant.startswith("swap_fast") and fmt1 in FAST_CODE_FORMATS
+            and fmt2 in FAST_CODE_FORMATS and block_k % 32 == 0)
+    if variant.startswith("swap_fast") and not fast:
+        # outside Q8_0/Q4_0 the generic scaled paths measured slower than decoding (H200,
+        # experiments/results/decoded_dot_ab.csv: scaled_swap 20.6 vs decode 25.0 TFLOP/s)
+        variant = "decode"
+
+    def ok(f):
+        return variant != "decode" and f in SCALED_CODE_FORMATS and block_k % code_run(f) == 0
+    sc1, sc2 = ok(fmt1), ok(fmt2)
+    run = code_run(fmt1) if sc1 else code_run(fmt2) if sc2 else 32
+    if sc1 and sc2 and code_run(fmt2) != run:
+        sc2 = False
+    sw = variant != "decode" and variant != "scaled"
+    return dict(SC1=sc1, SC2=sc2, RUN=run, SW=sw, FAST=fast, PF=fast and "_pf" in variant,
+                W16=fast and "_w16" in variant, MAGIC=fast and variant.endswith("_magic"))
+
+
 GATE_UP: tl.constexpr = tl.constexpr(0)
 DOWN: tl.constexpr = tl.constexpr(1)
 
@@ -85,23 +132,145 @@ def _tile_rows(MODE: tl.constexpr, sorted_ids_ptr, mb, n_assign, TOPK: tl.conste
 
 
 @triton.jit
+def _dot_nt(a, b, INTERP: tl.constexpr):
+    """a @ b^T from a fresh fp32 accumulator (bf16 operands; fp32 in the interpreter, see _dot)."""
+    acc = tl.zeros((a.shape[0], b.shape[0]), tl.float32)
+    return _dot(a, b, acc, INTERP)
+
+
+@triton.jit
+def _scaled_run(FMT: tl.constexpr, w_ptr, rb, a_r, offs_n, n_mask, k_run, kr_mask, n_in, acc,
+                SW: tl.constexpr, INTERP: tl.constexpr):
+    """acc += (a_r @ codes^T) * s: one run (RUN weights sharing a scale) of a scaled-code format.
+    The codes go to the tensor cores as exact bf16, the run's scale multiplies the partial sum.
+    SW: acc is [BN, BM] and the codes are the dot's first operand (kept in registers by the MMA;
+    only a_r goes through shared memory), else acc is [BM, BN]."""
+    c = decode_codes(FMT, w_ptr, rb, offs_n, k_run + tl.arange(0, a_r.shape[1]),
+                     n_mask[:, None] & kr_mask[None, :]).to(tl.bfloat16)   # [BN, RUN] exact
+    s = decode_run_scale(FMT, w_ptr, rb, offs_n, k_run, n_mask & (k_run < n_in))   # [BN]
+    if SW:
+        acc += _dot_nt(c, a_r, INTERP) * s[:, None]
+    else:
+        acc += _dot_nt(a_r, c, INTERP) * s[None, :]
+    return acc
+
+
+@triton.jit
+def _fast_part(FMT: tl.constexpr, lo, hi, a_lo, a_hi, W16: tl.constexpr, MAGIC: tl.constexpr,
+               INTERP: tl.constexpr):
+    """[BN, BM] codes @ a^T of one 32-weight run, the codes as two 16-wide halves."""
+    c_lo, c_hi = codes_from_bytes(FMT, lo, hi, W16, MAGIC)
+    part = _dot_nt(c_lo.to(tl.bfloat16), a_lo, INTERP)
+    return _dot(c_hi.to(tl.bfloat16), a_hi, part, INTERP)
+
+
+@triton.jit
+def _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi, n_in, acc1,
+               acc2, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
+               BK: tl.constexpr, INTERP: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr,
+               MAGIC: tl.constexpr):
+    """The FAST path of _mma (accumulators [BN, BM]): one iteration per 32-weight run of steps
+    [k_lo, k_hi); PF loads run r+1's code bytes and scales during run r."""
+    R: tl.constexpr = BK // 32
+    r_lo = k_lo * R
+    r_hi = k_hi * R
+    if PF:
+        m0 = n_mask & (r_lo * 32 < n_in)
+        l1, h1 = load_code_bytes(FMT1, w1_ptr, rb1, offs_n, r_lo * 32, m0, W16)
+        s1 = decode_run_scale(FMT1, w1_ptr, rb1, offs_n, r_lo * 32, m0)
+        if TWO:
+            l2, h2 = load_code_bytes(FMT2, w2_ptr, rb2, offs_n, r_lo * 32, m0, W16)
+            s2 = decode_run_scale(FMT2, w2_ptr, rb2, offs_n, r_lo * 32, m0)
+    for rr in range(r_lo, r_hi):
+        k_run = rr * 32
+        ok = k_run < n_in
+        if PF:
+            cl1, ch1, cs1 = l1, h1, s1
+            mn = n_mask & (k_run + 32 < n_in) & (rr + 1 < r_hi)
+            l1, h1 = load_code_bytes(FMT1, w1_ptr, rb1, offs_n, k_run + 32, mn, W16)
+            s1 = decode_run_scale(FMT1, w1_ptr, rb1, offs_n, k_run + 32, mn)
+            if TWO:
+                cl2, ch2, cs2 = l2, h2, s2
+                l2, h2 = load_code_bytes(FMT2, w2_ptr, rb2, offs_n, k_run + 32, mn, W16)
+                s2 = decode_run_scale(FMT2, w2_ptr, rb2, offs_n, k_run + 32, mn)
+        else:
+            m = n_mask & ok
+            cl1, ch1 = load_code_bytes(FMT1, w1_ptr, rb1, offs_n, k_run, m, W16)
+            cs1 = decode_run_scale(FMT1, w1_ptr, rb1, offs_n, k_run, m)
+            if TWO:
+                cl2, ch2 = load_code_bytes(FMT2, w2_ptr, rb2, offs_n, k_run, m, W16)
+                cs2 = decode_run_scale(FMT2, w2_ptr, rb2, offs_n, k_run, m)
+        offs_a = k_run + tl.arange(0, 16)
+        am = valid[:, None] & ok
+        a_lo = tl.load(a_base + offs_a[None, :], mask=am, other=0.0)           # [BM, 16]
+        a_hi = tl.load(a_base + 16 + offs_a[None, :], mask=am, other=0.0)
+        # both matrices' dots before either is scaled: the MMAs can overlap
+        p1 = _fast_part(FMT1, cl1, ch1, a_lo, a_hi, W16, MAGIC, INTERP)
+        if TWO:
+            p2 = _fast_part(FMT2, cl2, ch2, a_lo, a_hi, W16, MAGIC, INTERP)
+            acc2 += p2 * cs2[:, None]
+        acc1 += p1 * cs1[:, None]
+    return acc1, acc2
+
+
+@triton.jit
 def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi,
          n_in, tab_ptr, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
-         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
-    """acc1 (and acc2 when TWO) [BM, BN] fp32 over reduction steps [k_lo, k_hi)."""
-    acc1 = tl.zeros((BM, BN), tl.float32)
-    acc2 = tl.zeros((BM, BN), tl.float32)
+         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
+         SC1: tl.constexpr, SC2: tl.constexpr, RUN: tl.constexpr, SW: tl.constexpr,
+         FAST: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr, MAGIC: tl.constexpr):
+    """acc1 (and acc2 when TWO) [BM, BN] fp32 over reduction steps [k_lo, k_hi).
+
+    SC1/SC2: matrix 1/2 takes the scaled-code path (_scaled_run, RUN weights a run, BK % RUN == 0;
+    both scaled ones share RUN, see dot_plan), else the weights are decoded to bf16 (_w_tile)."""
+    S1: tl.constexpr = SC1 and SW
+    S2: tl.constexpr = SC2 and SW and TWO
+    if S1:
+        acc1 = tl.zeros((BN, BM), tl.float32)
+    else:
+        acc1 = tl.zeros((BM, BN), tl.float32)
+    if S2:
+        acc2 = tl.zeros((BN, BM), tl.float32)
+    else:
+        acc2 = tl.zeros((BM, BN), tl.float32)
+    PLAIN: tl.constexpr = (not SC1) or (TWO and not SC2)
+    SCALED: tl.constexpr = SC1 or (TWO and SC2)
     a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a          # [BM, 1]
-    for kk in range(k_lo, k_hi):
-        offs_k = kk * BK + tl.arange(0, BK)                            # [BK]
-        k_mask = offs_k < n_in
-        a = tl.load(a_base + offs_k[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0)
-        wmask = n_mask[:, None] & k_mask[None, :]                      # [BN, BK]
-        w1 = _w_tile(FMT1, w1_ptr, rb1, offs_n, offs_k, wmask, tab_ptr, INTERP)
-        acc1 = _dot(a, w1, acc1, INTERP)
-        if TWO:
-            w2 = _w_tile(FMT2, w2_ptr, rb2, offs_n, offs_k, wmask, tab_ptr, INTERP)
-            acc2 = _dot(a, w2, acc2, INTERP)
+    if FAST:
+        acc1, acc2 = _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo,
+                                k_hi, n_in, acc1, acc2, FMT1, FMT2, TWO, BK, INTERP, PF, W16,
+                                MAGIC)
+    else:
+        for kk in range(k_lo, k_hi):
+            if PLAIN:
+                offs_k = kk * BK + tl.arange(0, BK)                    # [BK]
+                k_mask = offs_k < n_in
+                a = tl.load(a_base + offs_k[None, :], mask=valid[:, None] & k_mask[None, :],
+                            other=0.0)
+                wmask = n_mask[:, None] & k_mask[None, :]              # [BN, BK]
+                if not SC1:
+                    w1 = _w_tile(FMT1, w1_ptr, rb1, offs_n, offs_k, wmask, tab_ptr, INTERP)
+                    acc1 = _dot(a, w1, acc1, INTERP)
+                if TWO and not SC2:
+                    w2 = _w_tile(FMT2, w2_ptr, rb2, offs_n, offs_k, wmask, tab_ptr, INTERP)
+                    acc2 = _dot(a, w2, acc2, INTERP)
+            if SCALED:
+                for r in tl.static_range(BK // RUN):
+                    k_run = kk * BK + r * RUN
+                    offs_r = k_run + tl.arange(0, RUN)                 # [RUN]
+                    kr_mask = offs_r < n_in
+                    a_r = tl.load(a_base + offs_r[None, :],
+                                  mask=valid[:, None] & kr_mask[None, :], other=0.0)  # [BM, RUN]
+                    if SC1:
+                        acc1 = _scaled_run(FMT1, w1_ptr, rb1, a_r, offs_n, n_mask, k_run,
+                                           kr_mask, n_in, acc1, SW, INTERP)
+                    if TWO and SC2:
+                        acc2 = _scaled_run(FMT2, w2_ptr, rb2, a_r, offs_n, n_mask, k_run,
+                                           kr_mask, n_in, acc2, SW, INTERP)
+    if S1:
+        acc1 = tl.trans(acc1)
+    if S2:
+        acc2 = tl.trans(acc2)
     return acc1, acc2
 
 
@@ -123,7 +292,9 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
           arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
           tab_ptr, n_out, n_in, MODE: tl.constexpr, TOPK: tl.constexpr, FMT1: tl.constexpr,
           FMT2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-          INTERP: tl.constexpr, SPLIT: tl.constexpr):
+          INTERP: tl.constexpr, SPLIT: tl.constexpr, SC1: tl.constexpr, SC2: tl.constexpr,
+          RUN: tl.constexpr, SW: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr,
+          W16: tl.constexpr, MAGIC: tl.constexpr):
     """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
     fp32 piece into scratch slot 2*pid + last."""
     NB = tl.cdiv(n_out, BN)
@@ -139,7 +310,9 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
     offs_n = nb * BN + tl.arange(0, BN)
     n_mask = offs_n < n_out
     acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
-                      offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, FMT1, FMT2, TWO, BM, BN, BK, INTERP)
+                      offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, FMT1, FMT2, TWO, BM, BN, BK,
+                      INTERP,
+                      SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
     if SPLIT == 0:
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
                   tw_ptr, INTERP)
@@ -163,14 +336,18 @@ def _moe_gemm_kernel(
         n_out, n_in, n_tiles, n_programs,
         MODE: tl.constexpr, SCHED: tl.constexpr, TOPK: tl.constexpr,
         FMT1: tl.constexpr, FMT2: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
+        SC1: tl.constexpr = False, SC2: tl.constexpr = False, RUN: tl.constexpr = 32,
+        SW: tl.constexpr = False, FAST: tl.constexpr = False, PF: tl.constexpr = False,
+        W16: tl.constexpr = False, MAGIC: tl.constexpr = False):
     pid = tl.program_id(0)
     KI = tl.cdiv(n_in, BK)
     if SCHED == 0:
         # data-parallel: one tile, the whole reduction (no loop around it, so the K loop pipelines)
         _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
               arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
-              tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP, 0)
+              tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP, 0,
+              SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
     else:
         total = n_tiles * KI
         base = total // n_programs
@@ -186,7 +363,8 @@ def _moe_gemm_kernel(
                   sorted_ids_ptr, block_expert_ptr, n_assign, arena_ptr, slot_ptr, off1, rb1,
                   off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr, n_out, n_in, MODE,
                   TOPK,
-                  FMT1, FMT2, BM, BN, BK, INTERP, 1)
+                  FMT1, FMT2, BM, BN, BK, INTERP, 1, SC1, SC2, RUN, SW,
+                  FAST, PF, W16, MAGIC)
             it += k_hi - k_lo
 
 

@@ -18,6 +18,15 @@ Every helper is element-addressed, so any tile shape works (the expert GEMM's in
         broadcast instead of once per weight. Which is faster on a given tile is for the GEMM's
         benchmark to say (the broadcast is a reshape Triton may lay out through shared memory).
 
+Split helpers, for GEMMs that scale partial sums instead of weights (SCALED_CODE_FORMATS: one
+multiplicative scale per block times an exact small-integer code, w = s * c):
+    decode_codes(FMT, w_ptr, row_bytes, offs_n, offs_k, mask) -> fp32 [BN, BK] codes c
+    decode_run_scale(FMT, w_ptr, row_bytes, offs_n, k_run, n_mask) -> fp32 [BN] scale s of the
+        block holding weight k_run (a scalar)
+    load_code_bytes / codes_from_bytes (Q8_0, Q4_0): a block's raw code words as a load that can
+        be issued ahead of its use, and the codes (two 16-wide halves) from them.
+    s * c equals decode_tile bit for bit (tests/test_decode_codes.py).
+
 Values equal `strata.formats.dequantize` (and gguf-py) bit for bit: each helper forms the same fp32
 products in the same order as the torch reference. Every product of scale and code is exact in
 fp32 (an fp16 significand times small integers), so FMA contraction cannot change a result.
@@ -482,3 +491,159 @@ def decode_tile_runs(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, 
             v = _iq3_s_value(db, mag, neg)
         # a run's scale is loaded when any of its weights is used: zero the others explicitly
         return tl.where(mask, v, 0.0)
+
+
+# ---------------------------------------------------------------- codes and run scales, split
+#
+# For the formats below a weight is one multiplicative scale per run (the block) times an exact
+# small-integer code: w = s[n, run] * c[n, k], every c exact in bf16 (|c| <= 128). A GEMM can
+# then feed the codes to the tensor cores and scale each run's partial sum once,
+#     sum_k x[k] * w[n, k] = sum_runs s[n, run] * (sum_{k in run} x[k] * c[n, k]),
+# instead of multiplying and rounding every weight. `s * c` (fp32) equals decode_tile bit for bit.
+
+SCALED_CODE_FORMATS = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_0", "MXFP4")
+
+
+def code_run(name: str) -> int:
+    """Weights sharing one scale in a SCALED_CODE_FORMATS format (the block: 32, Q2_0 64)."""
+    assert name in SCALED_CODE_FORMATS, name
+    return FORMATS[name].block
+
+
+@triton.jit
+def decode_codes(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask):
+    """fp32 [BN, BK] codes c of a SCALED_CODE_FORMATS format (0 where masked); arguments as
+    decode_tile. Exact small integers (bf16-exact)."""
+    if FMT == GGML_Q8_0:
+        c = _q8_0_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q4_0:
+        c = _q4_0_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q5_0:
+        c = _q5_0_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_IQ4_NL:
+        c = _iq4_nl_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q2_0:
+        c = _q2_0_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    else:
+        tl.static_assert(FMT == GGML_MXFP4, "decode_codes: not a SCALED_CODE_FORMATS type")
+        c = _mxfp4_code(w_ptr, row_bytes, offs_n, offs_k, mask)
+    return tl.where(mask, c, 0.0)
+
+
+@triton.jit
+def decode_run_scale(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, k_run, n_mask):
+    """fp32 [BN] scale s of the run holding weight k_run (a scalar) in each row offs_n; 0 where
+    n_mask is False. decode_tile's value is s * c (see decode_codes)."""
+    BN: tl.constexpr = offs_n.shape[0]
+    ok = k_run + tl.zeros((1,), tl.int32)                                # [1]
+    m = n_mask[:, None]                                                  # [BN, 1]
+    if FMT == GGML_Q8_0:
+        s = _q8_0_scale(w_ptr, row_bytes, offs_n, ok, m)
+    elif FMT == GGML_Q4_0:
+        s = _q4_0_scale(w_ptr, row_bytes, offs_n, ok, m)
+    elif FMT == GGML_Q5_0:
+        s = _q5_0_scale(w_ptr, row_bytes, offs_n, ok, m)
+    elif FMT == GGML_IQ4_NL:
+        s = _iq4_nl_scale(w_ptr, row_bytes, offs_n, ok, m)
+    elif FMT == GGML_Q2_0:
+        s = _q2_0_scale(w_ptr, row_bytes, offs_n, ok, m)
+    else:
+        tl.static_assert(FMT == GGML_MXFP4, "decode_run_scale: not a SCALED_CODE_FORMATS type")
+        s = _mxfp4_scale(w_ptr, row_bytes, offs_n, ok, m)
+    return tl.reshape(tl.where(m, s, 0.0), (BN,))
+
+
+# ---------------------------------------------------------------- raw code bytes, split from decode
+#
+# Q8_0 / Q4_0 only: a run's code bytes as a load that can be issued ahead of its use (a GEMM
+# prefetches the next run while the tensor cores work on this one), and the codes from them.
+# Codes come in two halves, weights [0, 16) and [16, 32) of the run: Q4_0 keeps them in the low
+# and high nibbles of the same 16 bytes, so halves need no shuffle. WIDE: 16-bit loads (every
+# field of a 34/18-byte block is 2-byte aligned), half the load instructions of byte loads.
+
+FAST_CODE_FORMATS = ("Q8_0", "Q4_0")
+
+
+@triton.jit
+def load_code_bytes(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, k_run, mask_n,
+                    WIDE: tl.constexpr):
+    """(lo, hi) raw code words of the 32-weight block holding weight k_run (a multiple of 32) in
+    each row offs_n; mask_n [BN] bool (0 where False). Q8_0: int8 [BN, 16] each (codes 0-15,
+    16-31), WIDE int16 [BN, 8]. Q4_0: lo = the 16 qs bytes (uint8 [BN, 16]; WIDE int16 [BN, 8]),
+    hi = lo (both halves are in the same bytes)."""
+    QB: tl.constexpr = Q8_0_BYTES if FMT == GGML_Q8_0 else Q4_0_BYTES
+    tl.static_assert((FMT == GGML_Q8_0) | (FMT == GGML_Q4_0), "load_code_bytes: Q8_0 / Q4_0")
+    base = offs_n.to(tl.int64) * row_bytes + (k_run >> 5).to(tl.int64) * QB + 2   # [BN] even
+    m = mask_n[:, None]
+    if WIDE:
+        p16 = w_ptr.to(tl.pointer_type(tl.int16))
+        b16 = (base >> 1)[:, None]
+        lo = tl.load(p16 + b16 + tl.arange(0, 8)[None, :], mask=m, other=0)
+        if FMT == GGML_Q8_0:
+            hi = tl.load(p16 + b16 + 8 + tl.arange(0, 8)[None, :], mask=m, other=0)
+        else:
+            hi = lo
+    else:
+        if FMT == GGML_Q8_0:
+            p8 = w_ptr.to(tl.pointer_type(tl.int8))
+            lo = tl.load(p8 + base[:, None] + tl.arange(0, 16)[None, :], mask=m, other=0)
+            hi = tl.load(p8 + base[:, None] + 16 + tl.arange(0, 16)[None, :], mask=m, other=0)
+        else:
+            lo = tl.load(w_ptr + base[:, None] + tl.arange(0, 16)[None, :], mask=m, other=0)
+            hi = lo
+    return lo, hi
+
+
+@triton.jit
+def _pairs(a, b):
+    """[BN, H] x 2 -> [BN, 2H] interleaved: a[:, i] at 2i, b[:, i] at 2i + 1."""
+    return tl.reshape(tl.join(a, b), (a.shape[0], 2 * a.shape[1]))
+
+
+@triton.jit
+def _f32_of(u, bias: tl.constexpr):
+    """u - bias as fp32 for int32 0 <= u < 2**23 without an int->float conversion (quarter rate
+    on the GPU): the bits 0x4B000000 | u are the float 2**23 + u, and subtracting 2**23 + bias
+    is exact."""
+    return (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + bias)
+
+
+@triton.jit
+def codes_from_bytes(FMT: tl.constexpr, lo, hi, WIDE: tl.constexpr, MAGIC: tl.constexpr = False):
+    """(c_lo, c_hi) fp32 [BN, 16]: codes of weights [0, 16) and [16, 32) of the block whose
+    load_code_bytes are (lo, hi); decode_tile's value is decode_run_scale * code. MAGIC: the
+    same values through _f32_of (float add) instead of int->float conversions."""
+    if FMT == GGML_Q8_0:
+        if WIDE:   # little-endian: code 2i in the low byte of word i, 2i + 1 in the high byte
+            wl = lo.to(tl.int32)
+            wh = hi.to(tl.int32)
+            if MAGIC:   # q + 128 = the byte with its top bit flipped
+                c_lo = _f32_of(_pairs((wl & 255) ^ 128, ((wl >> 8) & 255) ^ 128), 128.0)
+                c_hi = _f32_of(_pairs((wh & 255) ^ 128, ((wh >> 8) & 255) ^ 128), 128.0)
+            else:
+                c_lo = _pairs((wl << 24) >> 24, wl >> 8).to(tl.float32)
+                c_hi = _pairs((wh << 24) >> 24, wh >> 8).to(tl.float32)
+        else:
+            if MAGIC:
+                c_lo = _f32_of((lo.to(tl.int32) & 255) ^ 128, 128.0)
+                c_hi = _f32_of((hi.to(tl.int32) & 255) ^ 128, 128.0)
+            else:
+                c_lo = lo.to(tl.float32)
+                c_hi = hi.to(tl.float32)
+    else:
+        tl.static_assert(FMT == GGML_Q4_0, "codes_from_bytes: Q8_0 / Q4_0")
+        if WIDE:
+            u = lo.to(tl.int32) & 0xFFFF
+            n_lo = _pairs(u & 15, (u >> 8) & 15)
+            n_hi = _pairs((u >> 4) & 15, u >> 12)
+        else:
+            u = lo.to(tl.int32)
+            n_lo = u & 15
+            n_hi = u >> 4
+        if MAGIC:
+            c_lo = _f32_of(n_lo, 8.0)
+            c_hi = _f32_of(n_hi, 8.0)
+        else:
+            c_lo = (n_lo - 8).to(tl.float32)
+            c_hi = (n_hi - 8).to(tl.float32)
+    return c_lo, c_hi

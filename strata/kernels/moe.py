@@ -32,6 +32,13 @@ from strata.kernels.tiles import GemmProblem, TileConfig, device_sms, resolve_ti
 
 GGML_BF16 = 30
 
+# how decoded weights reach the tensor cores: one of _moe_kernel.DOT_VARIANTS (a module
+# attribute so benchmarks can compare them). The default is the fastest measured on the H200:
+# experiments/results/decoded_dot_ab.csv (every variant, several tiles; commit 8b645ce) and
+# decoded_dot_ab_auto.csv (the last three at the heuristic's tile; a17746c), where _magic beat
+# plain _w16 on 13 of 18 shapes (e.g. Q4_0 T=512 22.3 vs 18.5 TFLOP/s, within ~2% where not).
+DECODED_DOT = "swap_fast_pf_w16_magic"
+
 
 @dataclass(frozen=True)
 class LaunchRecord:
@@ -155,7 +162,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
             dst, dst.stride(0), tw, scratch, tab, n_out, n_in, n_tiles, tile.programs,
             MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
-            **meta, **launch)
+            **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, DECODED_DOT), **meta, **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
                 grp.sorted_ids, grp.block_expert, grp.n_assign, dst, dst.stride(0), tw, scratch,

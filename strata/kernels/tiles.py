@@ -12,9 +12,10 @@ Reasoning behind the constants (to be revisited with the GPU sweep in experiment
   often. 16 is tl.dot's minimum; 128 the largest that keeps two fp32 accumulators (gate and up) in
   registers with 8 warps.
 - BLOCK_N = 128 when the block is tall (>= 64 rows), else 64: a [BN, BK] weight tile is reused
-  over BM rows, so narrow M wants narrow N to keep more programs. Decoded formats at BM = 128 take
-  BN = 64 with 4 warps: H200 sweep, Qwen3-30B-A3B Q8_0 T=2048 (commit 0f9bd59): 128x64x64/w4
-  29.9 TFLOP/s vs 128x128x64/w8 27.0 (decode, not the MMA, bounds those tiles).
+  over BM rows, so narrow M wants narrow N to keep more programs. Decoded formats take BN = 64
+  (4 warps) at every BM: H200, swap_fast_pf_w16 dot (experiments/results/decoded_dot_ab.csv,
+  commit 8b645ce): Qwen3-30B-A3B Q8_0 T=2048 128x64 52.9 TFLOP/s vs 128x128/w8 49.6; seed-512e
+  Q8_0 T=2048 64x64 48.9 vs 64x128 30.6 (decode work per tile, not the MMA, bounds them).
 - BLOCK_K = 64: whole Q8_0/Q4_0 blocks (32) per step and a quarter of a K-quant super-block.
 - Stream-k when the data-parallel grid leaves a partial last wave that wastes >= 1/4 of a wave and
   there are fewer than 4 waves (past that the tail is a small share of the run); P = SM count.
@@ -101,7 +102,7 @@ def block_m_for(n_tokens: int, top_k: int, n_expert: int) -> int:
 
 def choose_tile(p: GemmProblem) -> TileConfig:
     bm = block_m_for(p.n_tokens, p.top_k, p.n_expert)
-    bn = 64 if bm < 64 or (p.decoded and bm == 128) else 128
+    bn = 64 if bm < 64 or p.decoded else 128
     warps = 8 if bm * bn >= 128 * 128 else 4
     # the larger of the two GEMMs (gate/up over F outputs, down over D outputs) decides the schedule
     tiles = max(expected_tiles(p, bm, bn, p.d_expert), expected_tiles(p, bm, bn, p.d_model))

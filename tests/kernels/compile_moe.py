@@ -59,15 +59,20 @@ def gemm_sig(mode):
 def main() -> int:
     fails = 0
     fmts = [get_format(f).ggml_type for f in k.TRITON_FORMATS]
-    for mode, sched, fmt in itertools.product((0, 1), (0, 1), fmts):
+    names = {get_format(f).ggml_type: get_format(f).name for f in k.TRITON_FORMATS}
+    runs = [(mode, sched, fmt, v) for mode, sched, fmt, v in
+            itertools.product((0, 1), (0, 1), fmts, k.DOT_VARIANTS)
+            if v == "decode" or names[fmt] in k.SCALED_CODE_FORMATS
+            and (not v.startswith("swap_fast") or names[fmt] in k.FAST_CODE_FORMATS)]
+    for mode, sched, fmt, v in runs:
         const = dict(MODE=mode, SCHED=sched, TOPK=8, FMT1=fmt, FMT2=fmt, BM=128, BN=64, BK=64,
-                     INTERP=False)
+                     INTERP=False, **k.dot_plan(names[fmt], names[fmt], 64, v))
         try:
             md = compile_one(k._moe_gemm_kernel, gemm_sig(mode), const, 4, 3)
-            print(f"ok   gemm mode={mode} sched={sched} fmt={fmt} shared={md['shared']}")
+            print(f"ok   gemm mode={mode} sched={sched} fmt={fmt} dot={v} shared={md['shared']}")
         except Exception as exc:
             fails += 1
-            print(f"FAIL gemm mode={mode} sched={sched} fmt={fmt}: {str(exc)[:200]}")
+            print(f"FAIL gemm mode={mode} sched={sched} fmt={fmt} dot={v}: {str(exc)[:200]}")
     for mode in (0, 1):
         sig = {"sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32",
                "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32",

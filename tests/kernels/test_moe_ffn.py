@@ -21,6 +21,8 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels import last_launch, moe_ffn, moe_ffn_torch, pin_tile, topk_route
+from strata.kernels import moe as moe_mod
+from strata.kernels._moe_kernel import DOT_VARIANTS, dot_plan
 from strata.kernels.synth import random_expert_set
 
 BF16_REL = 1e-2
@@ -221,3 +223,47 @@ def test_moe_ffn_layer_shapes_gpu(E, K, D, F, T, fmt, schedule):
     y = moe_ffn(x, ids, w, experts, schedule=schedule)
     assert not torch.isnan(y).any()
     assert rel_err(y, ref) < bound(experts)
+
+
+VARIANT_CASES = [
+    Case("fast-q8-q4-sk", T=7, E=3, K=2, D=96, F=64, fmts=("Q8_0", "Q4_0", "Q4_0"),
+         schedule="stream_k", programs=5, BN=16, BK=64),
+    Case("scaled-q5-beside-q4", T=5, E=3, K=2, D=64, F=64, fmts=("Q5_0", "Q4_0", "Q5_0"),
+         BN=32, BK=64),
+    Case("runs-differ-q2-beside-q8", T=5, E=2, K=1, D=128, F=64, fmts=("Q8_0", "Q2_0", "Q8_0"),
+         BN=32, BK=64),       # gate scaled (run 32), up falls back to decoding (run 64)
+]
+
+
+@pytest.mark.parametrize("variant", DOT_VARIANTS)
+@pytest.mark.parametrize("c", VARIANT_CASES, ids=lambda c: c.id)
+def test_every_decoded_dot_variant_matches_reference(c: Case, variant, monkeypatch):
+    """moe.DECODED_DOT picks how decoded weights meet the MMA; every variant (not only the
+    default) stays within DECODED_REL, and stream-k stays deterministic under each."""
+    monkeypatch.setattr(moe_mod, "DECODED_DOT", variant)
+    seed = zlib.crc32(c.id.encode())
+    gen = torch.Generator().manual_seed(seed)
+    experts = random_expert_set(c.E, c.D, c.F, *c.fmts, seed=seed)
+    x = torch.randn(c.T, c.D, generator=gen).bfloat16()
+    ids, w = _routing(c, gen)
+    ref = moe_ffn_torch(x, ids, w, experts)
+    with pin_tile(schedule=c.schedule, programs=c.programs, BLOCK_N=c.BN, BLOCK_K=c.BK):
+        y = moe_ffn(x, ids, w, experts)
+        y2 = moe_ffn(x, ids, w, experts)
+    assert not torch.isnan(y).any()
+    assert rel_err(y, ref) < DECODED_REL, f"{variant}: normalized error {rel_err(y, ref):.2e}"
+    assert torch.equal(y, y2)
+
+
+def test_dot_plan():
+    assert dot_plan("Q8_0", "Q4_0", 64, "swap_fast_pf") == dict(
+        SC1=True, SC2=True, RUN=32, SW=True, FAST=True, PF=True, W16=False, MAGIC=False)
+    assert dot_plan("Q8_0", "Q8_0", 64, "decode")["SC1"] is False
+    # BK smaller than a run: decode; Q2_0's 64-run beside a 32-run: matrix 2 decodes
+    assert dot_plan("Q4_0", "Q4_0", 16, "scaled")["SC1"] is False
+    p = dot_plan("Q8_0", "Q2_0", 64, "scaled_swap")
+    assert (p["SC1"], p["SC2"], p["FAST"]) == (True, False, False)
+    # swap_fast* outside Q8_0/Q4_0 decodes (the generic scaled path measured slower)
+    p = dot_plan("Q8_0", "Q5_0", 64, "swap_fast_pf_w16_magic")
+    assert (p["SC1"], p["SC2"], p["SW"], p["FAST"]) == (False, False, False, False)
+    assert dot_plan("Q4_K", "BF16", 64, "scaled_swap")["SC1"] is False

@@ -37,6 +37,10 @@ def test_decoded_formats_take_narrower_tiles_when_tall():
     p = GemmProblem(8192, **QWEN)
     assert choose_tile(p).BLOCK_N == 128
     assert choose_tile(GemmProblem(8192, **QWEN, decoded=True)).BLOCK_N == 64
+    # BM = 64 (seed-512e at T = 2048): bf16 128 wide, decoded 64 (tiles.py's sweep note)
+    seed = dict(top_k=10, n_expert=512, d_model=2560, d_expert=640, n_sms=132)
+    assert choose_tile(GemmProblem(2048, **seed)).BLOCK_N == 128
+    assert choose_tile(GemmProblem(2048, **seed, decoded=True)).BLOCK_N == 64
 
 
 def test_pin_restores_previous_choice():
