@@ -31,13 +31,13 @@ from strata.engine.device import Lane
 from strata.engine.host import HostExperts
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
-from strata.engine.provider import StreamingProvider
+from strata.engine.provider import SplitProvider, StreamingProvider
 from strata.engine.scratch import ParticipantScratch, slab_reserve
 from strata.engine.stats import PrefillStats
 from strata import config
 from strata.errors import AllocationError, PlanError, StrataError
-from strata.memory import (ACTIVATIONS, STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, resolve_ring,
-                           stream_all_min, use_fused)
+from strata.memory import (ACTIVATIONS, STAGE, ExpertCache, Loan, PromptLayout, plan_prefill,
+                           resolve_ring, use_fused)
 from strata.memory.layout import DECODE_BUF
 from strata.memory.ring import ring_slot_count
 from strata.memory.rig import RESERVE, participants
@@ -252,50 +252,6 @@ class PrefillEngine:
     def _sync(self) -> None:
         for part in self.parts:
             part.lane.sync()
-
-
-class SplitProvider:
-    """Several participants' providers behind one: each layer goes to the GPU that holds it."""
-
-    def __init__(self, providers: list[StreamingProvider]):
-        self.providers = providers
-        self.n_layer = providers[0].n_layer
-        self.owner = {l: p for p in providers for l in p.layers}
-
-    def begin_prompt(self, n_tokens: int, chunk: int) -> None:
-        for p in self.providers:
-            p.begin_prompt(n_tokens, chunk)
-
-    def end_prompt(self, ok: bool) -> None:
-        for p in self.providers:
-            p.end_prompt(ok)
-
-    def stats(self) -> dict:
-        per = [p.stats() for p in self.providers]
-        return {k: sum(d[k] for d in per) for k in per[0]}
-
-    def begin_chunk(self, start: int, n_tokens: int) -> None:
-        for p in self.providers:
-            p.begin_chunk(start, n_tokens)
-
-    def begin_layer(self, layer: int) -> None:
-        self.owner[layer].begin_layer(layer)
-
-    def expert_batches(self, layer: int, topk_ids):
-        return self.owner[layer].expert_batches(layer, topk_ids)
-
-    def ffn_kwargs(self, layer: int) -> dict:
-        return self.owner[layer].ffn_kwargs(layer)
-
-    def experts(self, layer: int, topk_ids):
-        return self.owner[layer].experts(layer, topk_ids)
-
-    def end_layer(self, layer: int) -> None:
-        self.owner[layer].end_layer(layer)
-
-    def end_chunk(self) -> None:
-        for p in self.providers:
-            p.end_chunk()
 
 
 def _default_devices(device: str | None, n: int) -> list[str]:
