@@ -41,6 +41,7 @@ class CacheLayout:
     slot_offset: tuple[int, ...]
     slot_bytes: tuple[int, ...]
     nbytes: int
+    spare: int = 0   # bytes above the last slot when every expert fits (lent before any slot)
 
     @classmethod
     def build(cls, capacity: int, layer_blob: Mapping[int, int] | Sequence[int],
@@ -67,16 +68,21 @@ class CacheLayout:
                 offset.append(used)
                 size.append(b)
                 used = align_up(used + b)
-        return cls(tuple(owner), tuple(offset), tuple(size), used)
+        # Every expert fits: the rest of the budget stays in the cache as a spare region above
+        # the slots, which a loan takes first — a prompt on a card that holds the whole model
+        # evicts nothing and streams nothing.
+        spare = max(0, capacity - used) // 256 * 256
+        return cls(tuple(owner), tuple(offset), tuple(size), used + spare, spare)
 
     @property
     def n_slots(self) -> int:
         return len(self.slot_owner)
 
     def top_bytes(self, n: int) -> int:
-        """Bytes of the top n slots (from slot N-n's start to the buffer's end)."""
+        """Bytes of the top n slots and the spare region above them (from slot N-n's start to
+        the buffer's end); n = 0: the spare region alone."""
         if n <= 0:
-            return 0
+            return self.spare
         return self.nbytes - self.slot_offset[self.n_slots - n]
 
     def lendable(self, lend_cap: float) -> int:
@@ -89,15 +95,19 @@ class CacheLayout:
         return bisect.bisect_right(starts, cap)
 
     def room(self, lend_cap: float) -> int:
-        """Bytes a prompt may borrow: the whole slots of the largest allowed loan."""
-        return self.top_bytes(self.lendable(lend_cap))
+        """Bytes a prompt may borrow: the spare region and the whole slots of the largest allowed
+        loan (a spare region alone is lent up to the cap)."""
+        n = self.lendable(lend_cap)
+        if n == 0:
+            return min(self.spare, int(lend_cap * self.nbytes))
+        return self.top_bytes(n)
 
     def slots_for(self, need: int, lend_cap: float) -> int:
         """Fewest top slots whose bytes cover `need`; a PlanError if the cap does not allow it."""
         n_max = self.lendable(lend_cap)
         starts = [self.nbytes - o for o in reversed(self.slot_offset)]
-        n = bisect.bisect_left(starts, need) + 1 if need > 0 else 0
-        if n > n_max:
+        n = bisect.bisect_left(starts, need) + 1 if need > self.spare else 0
+        if n > n_max or need > self.room(lend_cap):
             from strata.errors import PlanError
             raise PlanError(f"needs {need:,} B ({fmt_bytes(need)}) but the loan's room is "
                             f"{self.room(lend_cap):,} B ({fmt_bytes(self.room(lend_cap))}, "

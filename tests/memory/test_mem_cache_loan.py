@@ -87,3 +87,21 @@ def test_bad_source_is_clear():
         ExpertCache(lay, lambda l, e: torch.zeros(100), device="cpu")
     with pytest.raises(StrataError, match="slot holds"):
         ExpertCache(lay, lambda l, e: torch.zeros(99, dtype=torch.uint8), device="cpu")
+
+
+def test_spare_region_is_lent_before_any_slot():
+    """Every expert fits: the rest of the budget is a spare region above the slots. A loan that
+    fits in it evicts nothing (a card that holds the whole model streams nothing); a bigger one
+    takes the fewest top slots on top of it."""
+    cache = _cache([1000, 600], 3, 20_000)
+    lay = cache.layout
+    top = lay.slot_offset[-1] + lay.slot_bytes[-1]
+    assert lay.n_slots == 6 and lay.spare > 0 and lay.nbytes == -(-top // ALIGN) * ALIGN + lay.spare
+    before, index_before = cache.buffer.clone(), dict(cache.index)
+    with Loan(cache, lay.spare, 0.9) as loan:
+        assert loan.n_slots == 0 and loan.nbytes == lay.spare and cache.index == index_before
+        loan.buffer.fill_(0xA5)
+    assert torch.equal(cache.buffer, before)
+    with Loan(cache, lay.spare + 1, 0.9) as loan:
+        assert loan.n_slots == 1 and len(cache.index) == 5
+    assert torch.equal(cache.buffer, before) and cache.index == index_before
