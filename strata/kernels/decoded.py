@@ -84,16 +84,19 @@ def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     # experts routed to but absent keep -1 below: moe_ffn then names them in its error
     bb = bf16_layout(lay).size
     cidx = torch.cumsum(present.long(), 0) - 1                               # [E]
-    dst_slot = torch.where(present, cidx * bb, -1)
-    n = int(present.sum())                                                   # the one sync
-    need = max(n, 1) * bb
     buf = (workspace or {}).get("wdec")
-    if buf is None:
-        buf = torch.empty(need, dtype=torch.uint8, device=dev)
-    elif buf.dtype != torch.uint8 or buf.numel() < need or buf.device != dev:
-        raise StrataError(f"workspace['wdec'] holds {buf.numel():,} B on {buf.device}; this pass "
-                          f"decodes {n} experts = {need:,} B on {dev}: size the layout's decode "
-                          f"buffer for the pass's experts")
+    if buf is None:   # standalone: size the buffer from the count (one sync)
+        n = int(present.sum())
+        buf = torch.empty(max(n, 1) * bb, dtype=torch.uint8, device=dev)
+    elif buf.dtype != torch.uint8 or buf.dim() != 1 or buf.device != dev or buf.numel() < bb:
+        raise StrataError(f"workspace['wdec'] must be a 1-D uint8 buffer on {dev} of at least one "
+                          f"bf16 expert ({bb:,} B); got {buf.dtype} {list(buf.shape)} on "
+                          f"{buf.device}")
+    # With the engine's buffer no sync is needed: a pass holds at most as many experts as it
+    # was sized for. An expert past its capacity is simply not decoded (slot -1), so a pass too
+    # big for the buffer fails moe_ffn's residency check by name instead of writing past it.
+    cap = buf.numel() // bb
+    dst_slot = torch.where(present & (cidx < cap), cidx * bb, -1)
     dec = decode_experts(experts, dst_slot, buf)
     ws = {k: v for k, v in (workspace or {}).items() if k != "wdec"} or None
     return moe_ffn(x, topk_ids, topk_weights, dec, schedule=schedule,

@@ -60,3 +60,9 @@ def test_decoded_absent_and_small_buffer_are_clear():
     with pytest.raises(StrataError, match="workspace\\['wdec'\\]"):
         moe_ffn_decoded(x, torch.tensor([[0, 1], [1, 3], [0, 1]]), w, experts,
                         workspace={"wdec": torch.empty(10, dtype=torch.uint8)})
+    # a buffer for one expert and a pass of three: never written past, refused by name
+    one = torch.full((bf16_layout(experts.layout).size + 100,), 7, dtype=torch.uint8)
+    with pytest.raises(StrataError, match="routed to but not resident"):
+        moe_ffn_decoded(x, torch.tensor([[0, 1], [1, 3], [0, 1]]), w, experts,
+                        workspace={"wdec": one[:-100]})
+    assert torch.all(one[-100:] == 7)
