@@ -50,6 +50,7 @@ def run(args) -> int:
         if not args.json:
             dev = "cuda" if torch.cuda.is_available() else "cpu"
             print(f"strata demo: a small Qwen3-MoE ({shape.n_layer} layers, {shape.n_expert} "
-                  f"experts, top-{shape.top_k}), {DEMO_QUANT} experts; the cache holds "
-                  f"{int(CACHE_SHARE * 100)}% of them, the rest stream through the ring ({dev})")
+                  f"experts, top-{shape.top_k}), {DEMO_QUANT} experts; a cache sized for "
+                  f"{int(CACHE_SHARE * 100)}% of them lends most of itself to the prompt (ring + "
+                  f"activations), the rest stream through the ring ({dev})")
         return pf.run(pargs)
