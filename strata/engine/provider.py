@@ -5,11 +5,12 @@ Legend: L layers, E experts, K top-k, T tokens, R ring slots, G experts per stre
 Every expert a layer needs is either in the expert cache (a slot of its own layer) or streamed
 host->device into a ring slot. The copy lane walks one queue of (layer, expert) items; item i
 goes to ring slot i % R once the compute that read that slot's previous item (i - R) is done.
-The compute lane runs each layer in batches: first the experts the cache holds, then the
-streamed ones G at a time, each batch waiting only for its own copies. With G = R/2 the copies
-of the next batch land while this one computes (double buffering), and in stream-all mode the
-queue holds every layer's missing experts from the start of the chunk, so copies run ahead
-across layers (through attention too) as far as the ring allows.
+The compute lane runs each layer in passes of at most G experts: the experts the cache holds
+first (nothing to wait for), then the streamed ones in queue order, sharing passes, each pass
+waiting only for its own copies. With G = R/2 the copies of the next pass land while this one
+computes (double buffering), and in stream-all mode the queue holds every layer's missing experts
+from the start of the chunk, so copies run ahead across layers (through attention too) as far as
+the ring allows.
 
 Modes:
 - "stream" (T >= stream_all_min): every expert the cache lacks, of every layer, is queued at
@@ -90,18 +91,27 @@ class StreamingProvider:
             self.issued += 1
 
     def _queue_layer(self, layer: int, experts) -> None:
-        """Queue the layer's experts the cache lacks; build its batches' slot tables at once
-        (one small host->device copy per layer, not one per batch)."""
+        """Queue the layer's experts the cache lacks and cut the layer into passes of at most G
+        experts: the cached ones first (no copy to wait for), then the streamed ones in queue
+        order, sharing passes — a layer with c cached and s streamed experts runs in
+        ceil((c + s) / G) passes. All its passes' slot tables go to the device at once."""
         a = len(self.queue)
         self.queue.extend((layer, e) for e in experts if (layer, e) not in self.cache.index)
         b = len(self.queue)
-        self.span[layer] = (a, b)
-        n_batch = -(-(b - a) // self.G)
-        tab = torch.full((max(n_batch, 1), self.E), -1, dtype=torch.int64,
+        members = [(e, off, None) for e, off in self.cached_list[layer]]
+        members += [(self.queue[i][1], self.ring_base + (i % self.R) * self.stride, i)
+                    for i in range(a, b)]
+        n_pass = -(-len(members) // self.G)
+        tab = torch.full((max(n_pass, 1), self.E), -1, dtype=torch.int64,
                          pin_memory=self.lane.cuda)
-        for i in range(a, b):
-            tab[(i - a) // self.G, self.queue[i][1]] = self.ring_base + (i % self.R) * self.stride
-        self.tables[layer] = tab.to(self.arena.device, non_blocking=True)
+        streamed = []   # per pass: (first, last + 1) queue indices it streams, or None
+        for k in range(n_pass):
+            group = members[k * self.G:(k + 1) * self.G]
+            for e, off, _ in group:
+                tab[k, e] = off
+            idx = [i for _, _, i in group if i is not None]
+            streamed.append((idx[0], idx[-1] + 1) if idx else None)
+        self.passes[layer] = (tab.to(self.arena.device, non_blocking=True), streamed)
 
     # -- provider protocol -------------------------------------------------------------------
     def begin_prompt(self, n_tokens: int, chunk: int) -> None:
@@ -119,25 +129,17 @@ class StreamingProvider:
         self.stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode, layers=self.layers)
         self.queue: list[tuple[int, int]] = []
         self.ready: list = []
-        self.span: dict[int, tuple[int, int]] = {}
-        self.tables: dict[int, torch.Tensor] = {}
+        self.passes: dict[int, tuple[torch.Tensor, list]] = {}
         self.issued = self.released = 0
         dev = self.arena.device
         # Cached experts of each layer (the loan has already evicted what it borrowed).
         self.cached_offsets = torch.full((self.n_layer, self.E), -1, dtype=torch.int64)
-        for (layer, e), slot in self.cache.index.items():
-            self.cached_offsets[layer, e] = self.cache.layout.slot_offset[slot]
-        self.cached_dev = self.cached_offsets.to(dev)
-        self.cached_groups = {}
-        for layer in self.layers:
-            have = torch.nonzero(self.cached_offsets[layer] >= 0).flatten().tolist()
-            groups = []
-            for g0 in range(0, len(have), self.G):
-                tab = torch.full((self.E,), -1, dtype=torch.int64)
-                sel = torch.tensor(have[g0:g0 + self.G])
-                tab[sel] = self.cached_offsets[layer][sel]
-                groups.append(tab)
-            self.cached_groups[layer] = [t.to(dev) for t in groups]
+        self.cached_list: dict[int, list[tuple[int, int]]] = {l: [] for l in self.layers}
+        for (layer, e), slot in sorted(self.cache.index.items()):
+            off = self.cache.layout.slot_offset[slot]
+            self.cached_offsets[layer, e] = off
+            if layer in self.cached_list:
+                self.cached_list[layer].append((e, off))
         self.routed = torch.zeros(self.n_layer, self.E, dtype=torch.bool, device=dev)
         if self.mode == STREAM:
             for layer in self.layers:
@@ -176,28 +178,21 @@ class StreamingProvider:
             routed = torch.nonzero(used).flatten().tolist()                     # one sync
             self._queue_layer(layer, routed)
             self._pump()
-        a, b = self.span[layer]
-        # 1) experts the cache holds: no copy to wait for.
-        # (G at a time too: a pass never holds more experts than the layout's per-pass buffers)
-        for group in self.cached_groups[layer]:
-            ids = torch.where((group >= 0)[topk_ids], topk_ids, -1)
-            yield ExpertSet(self.arena, group, lay), ids
-        # 2) streamed experts, G at a time.
-        for n, g0 in enumerate(range(a, b, self.G)):
-            g1 = min(g0 + self.G, b)
-            marks = self.lane.wait(self.ready[g1 - 1])   # the copy lane is in order
-            if marks is not None:
-                self.stats.wait_marks.append(marks)
-            offs = self.tables[layer][n]                 # [E] this batch's ring slots
-            keep = offs >= 0
-            ids = torch.where(keep[topk_ids], topk_ids, -1)
+        tables, streamed = self.passes[layer]
+        for n, span in enumerate(streamed):
+            if span is not None:   # wait for this pass's copies only (the copy lane is in order)
+                marks = self.lane.wait(self.ready[span[1] - 1])
+                if marks is not None:
+                    self.stats.wait_marks.append(marks)
+            offs = tables[n]                             # [E]: cache or ring slot, -1 elsewhere
+            ids = torch.where((offs >= 0)[topk_ids], topk_ids, -1)
             yield ExpertSet(self.arena, offs, lay), ids
-            # The batch's compute is enqueued: its slots free once it has run.
-            done = self.lane.event()
-            for i in range(g0, g1):
-                self.slot_free[i % self.R] = done
-            self.released = g1
-            self._pump()
+            if span is not None:   # the pass's compute is enqueued: its slots free once it ran
+                done = self.lane.event()
+                for i in range(*span):
+                    self.slot_free[i % self.R] = done
+                self.released = span[1]
+                self._pump()
 
     def end_layer(self, layer: int) -> None:
         pass
