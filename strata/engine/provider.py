@@ -36,6 +36,7 @@ from strata.engine.host import HostExperts
 from strata.engine.stats import ChunkStats
 from strata.errors import StrataError
 from strata.experts import ExpertSet
+from strata.kernels.routing import routed_mask
 from strata.memory.cache import ExpertCache
 from strata.memory.layout import pass_experts
 
@@ -172,7 +173,7 @@ class StreamingProvider:
                        ) -> Iterator[tuple[ExpertSet, torch.Tensor]]:
         lay = self.layouts[layer]
         E = self.E
-        used = torch.bincount(topk_ids.reshape(-1), minlength=E)[:E] > 0        # [E] bool
+        used = routed_mask(topk_ids, E)                                         # [E] bool
         self.routed[layer] |= used
         if self.mode == STAGE:
             routed = torch.nonzero(used).flatten().tolist()                     # one sync

@@ -27,6 +27,7 @@ from strata.formats.tables import device_table
 from strata.kernels._moe_kernel import _bf16
 from strata.kernels.decode import decode_tile
 from strata.kernels.moe import moe_ffn
+from strata.kernels.routing import routed_mask
 
 
 def bf16_layout(layout: BlobLayout) -> BlobLayout:
@@ -78,9 +79,7 @@ def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
                        scratch_alloc=scratch_alloc, out=out, workspace=workspace)
     E = experts.n_expert
     dev = experts.device
-    flat = topk_ids.reshape(-1)
-    used = torch.bincount(flat[flat >= 0].long(), minlength=E)[:E] > 0       # [E]
-    present = used & (experts.slot_offset >= 0)
+    present = routed_mask(topk_ids, E) & (experts.slot_offset >= 0)          # [E]
     # experts routed to but absent keep -1 below: moe_ffn then names them in its error
     bb = bf16_layout(lay).size
     cidx = torch.cumsum(present.long(), 0) - 1                               # [E]

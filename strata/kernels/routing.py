@@ -39,6 +39,15 @@ def topk_route(logits: torch.Tensor, k: int, *, renormalize: bool = True):
     return ids, weights.float()
 
 
+def routed_mask(topk_ids: torch.Tensor, n_expert: int) -> torch.Tensor:
+    """bool [E]: the experts some assignment routes to (ids of -1, another pass's, ignored).
+    No device sync (an index write, unlike bincount or boolean indexing)."""
+    flat = topk_ids.reshape(-1).long()
+    hit = torch.zeros(n_expert + 1, dtype=torch.bool, device=flat.device)
+    hit[torch.where(flat < 0, n_expert, flat)] = True
+    return hit[:n_expert]
+
+
 def check_topk_ids(topk_ids: torch.Tensor, n_expert: int) -> None:
     if topk_ids.dim() != 2:
         raise StrataError(f"topk_ids must be [T, K], got shape {tuple(topk_ids.shape)}")
@@ -62,7 +71,9 @@ def group_ragged(topk_ids: torch.Tensor, n_expert: int) -> Ragged:
     order = torch.sort(flat, stable=True).indices                    # [T·K]
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    counts = torch.bincount(flat, minlength=n_expert)[:n_expert]     # [E]
+    # scatter_add, not bincount: CUDA's bincount syncs to size its output from the max id
+    counts = torch.zeros(n_expert, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))                              # [E]
     offsets = torch.zeros(n_expert + 1, dtype=torch.int64, device=flat.device)
     offsets[1:] = torch.cumsum(counts, 0)
     return Ragged(order, inverse, counts, offsets)

@@ -105,3 +105,10 @@ def test_absent_expert_named():
     with pytest.raises(StrataError, match=r"experts \[1\] are routed to but not resident"):
         group_blocked(torch.tensor([[0, 1], [2, 0]]), 4, 16, slot_offset=slot)
     group_blocked(torch.tensor([[0, 2]]), 4, 16, slot_offset=slot)  # absent but unused: fine
+
+
+def test_routed_mask_ignores_skipped_ids():
+    """The engine's passes mark other passes' assignments -1; they route to nobody."""
+    from strata.kernels.routing import routed_mask
+    ids = torch.tensor([[0, -1], [3, 3], [-1, -1]])
+    assert routed_mask(ids, 5).tolist() == [True, False, False, True, False]
