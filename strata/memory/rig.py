@@ -13,6 +13,7 @@ Dense weights are counted at 2 bytes per weight (bf16), norms included.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from strata.errors import StrataError
 from strata.memory.cache import CacheLayout
 from strata.memory.loan import LEND_CAP
 from strata.memory.scan import Participant
+from strata.packs.names import global_specs, layer_specs
 from strata.shapes import ModelShape
 from strata.units import fmt_bytes
 
@@ -27,11 +29,14 @@ RESERVE = 1 << 30
 DENSE_BYTES = 2  # bf16
 
 
+def _weights(specs: dict) -> int:
+    return sum(math.prod(shp) for shp in specs.values())
+
+
 def layer_dense_bytes(shape: ModelShape) -> int:
-    """One layer's dense weights: attention q/k/v/o, q/k norms, two RMS norms, router."""
-    D, QD, KVD = shape.d_model, shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
-    weights = D * QD + 2 * D * KVD + QD * D + 2 * shape.head_dim + 2 * D + shape.n_expert * D
-    return weights * DENSE_BYTES
+    """One layer's dense weights (attention q/k/v/o, q/k norms, two RMS norms, router), read from
+    the one description of the dense tensors (strata.packs.names), at DENSE_BYTES each."""
+    return _weights(layer_specs(shape, 0)) * DENSE_BYTES
 
 
 def split_layers(n_layer: int, vram: Sequence[int]) -> list[range]:
@@ -87,10 +92,12 @@ def budgets(shape: ModelShape, vram: Sequence[int], *, cache: int | None = None,
     kv_per_layer = kv_tokens * 2 * shape.n_kv_head * shape.head_dim * 2
     for i, (v, layers) in enumerate(zip(vram, splits)):
         dense = len(layers) * layer_dense_bytes(shape)
+        g = global_specs(shape)
         if i == 0:
-            dense += shape.vocab * shape.d_model * DENSE_BYTES
-        if i == len(vram) - 1:
-            dense += (shape.vocab * shape.d_model + shape.d_model) * DENSE_BYTES
+            dense += _weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES
+        if i == len(vram) - 1:   # the output norm and LM head (counted untied: the worst case)
+            dense += _weights({k: g[k] for k in ("output_norm.weight", "output.weight")}) \
+                * DENSE_BYTES
         kv = len(layers) * kv_per_layer
         c = cache if cache is not None else v - dense - reserve - kv
         if c <= 0:
