@@ -16,16 +16,11 @@ the decode buffer's allocation — the carve's, in the streaming engine.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from strata._backend import INTERPRET
 from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.formats.tables import device_table
-from strata.kernels._moe_kernel import _bf16
-from strata.kernels.decode import decode_tile
+from strata.kernels.expert_dequant import decode_matrix_into
 from strata.kernels.moe import moe_ffn
 from strata.kernels.routing import routed_mask
 
@@ -35,23 +30,6 @@ def bf16_layout(layout: BlobLayout) -> BlobLayout:
     return BlobLayout.make(layout.d_model, layout.d_expert, "BF16", "BF16", "BF16")
 
 
-@triton.jit
-def _decode_experts_kernel(arena_ptr, slot_ptr, dst_slot_ptr, mat_off, row_bytes, dst_ptr,
-                           dst_off, tab_ptr, R, C, FMT: tl.constexpr, BN: tl.constexpr,
-                           BK: tl.constexpr, INTERP: tl.constexpr):
-    e = tl.program_id(0)
-    dst_base = tl.load(dst_slot_ptr + e)                                 # -1: not in this pass
-    if dst_base >= 0:
-        offs_n = tl.program_id(1) * BN + tl.arange(0, BN)               # [BN]
-        offs_k = tl.program_id(2) * BK + tl.arange(0, BK)               # [BK]
-        mask = (offs_n < R)[:, None] & (offs_k < C)[None, :]
-        w = decode_tile(FMT, arena_ptr + tl.load(slot_ptr + e) + mat_off, row_bytes,
-                        offs_n, offs_k, mask, tab_ptr)                  # [BN, BK] fp32
-        dst = (dst_ptr + dst_base + dst_off).to(tl.pointer_type(tl.bfloat16))
-        tl.store(dst + offs_n[:, None].to(tl.int64) * C + offs_k[None, :], _bf16(w, INTERP),
-                 mask=mask)
-
-
 def decode_experts(experts: ExpertSet, dst_slot: torch.Tensor, dst: torch.Tensor) -> ExpertSet:
     """Decode every expert e with dst_slot[e] >= 0 into dst[dst_slot[e]:] as a BF16 blob.
 
@@ -59,13 +37,8 @@ def decode_experts(experts: ExpertSet, dst_slot: torch.Tensor, dst: torch.Tensor
     touched (no program work)."""
     lay = experts.layout
     out_lay = bf16_layout(lay)
-    tab = device_table("iq3s", experts.device)
-    BN, BK = 64, 64
     for m, o in zip(lay.matrices, out_lay.matrices):
-        grid = (experts.n_expert, triton.cdiv(m.rows, BN), triton.cdiv(m.cols, BK))
-        _decode_experts_kernel[grid](experts.arena, experts.slot_offset, dst_slot, m.offset,
-                                     m.row_bytes, dst, o.offset, tab, m.rows, m.cols,
-                                     FMT=m.fmt.ggml_type, BN=BN, BK=BK, INTERP=INTERPRET)
+        decode_matrix_into(experts, m, dst_slot, dst, o.offset)
     return ExpertSet(dst, dst_slot, out_lay)
 
 

@@ -19,22 +19,37 @@ import triton.language as tl
 from strata._backend import INTERPRET
 from strata.experts import ExpertSet
 from strata.formats.tables import device_table
-from strata.kernels._moe_kernel import _bf16, _w_tile
+from strata.kernels._moe_kernel import _w_tile
 
 
 @triton.jit
-def _dequant_fwd_kernel(arena_ptr, slot_ptr, counts_ptr, mat_off, row_bytes, out_ptr, tab_ptr, R, C,
-                        FMT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+def _dequant_fwd_kernel(arena_ptr, slot_ptr, dst_slot_ptr, mat_off, row_bytes, dst_ptr, dst_off,
+                        tab_ptr, R, C, FMT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                         INTERP: tl.constexpr):
+    """bf16(decode(expert e's matrix)) at dst_ptr + dst_slot[e] + dst_off (bytes), rows of C;
+    experts with dst_slot[e] = -1 do nothing."""
     e = tl.program_id(0)
-    if tl.load(counts_ptr + e) > 0:
+    dst_base = tl.load(dst_slot_ptr + e)
+    if dst_base >= 0:
         offs_n = tl.program_id(1) * BN + tl.arange(0, BN)               # [BN]
         offs_k = tl.program_id(2) * BK + tl.arange(0, BK)               # [BK]
         mask = (offs_n < R)[:, None] & (offs_k < C)[None, :]
         w_ptr = arena_ptr + tl.load(slot_ptr + e) + mat_off
         w = _w_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr, INTERP)  # [BN, BK] bf16
-        dst = out_ptr + e.to(tl.int64) * R * C + offs_n[:, None].to(tl.int64) * C + offs_k[None, :]
-        tl.store(dst, w, mask=mask)
+        dst = (dst_ptr + dst_base + dst_off).to(tl.pointer_type(tl.bfloat16))
+        tl.store(dst + offs_n[:, None].to(tl.int64) * C + offs_k[None, :], w, mask=mask)
+
+
+def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: torch.Tensor,
+                       dst_off: int) -> None:
+    """Matrix `mat` (a MatrixSlot of the layout) of every expert e with dst_slot[e] >= 0, as bf16
+    rows at byte dst_slot[e] + dst_off of the uint8 buffer `dst`. One launch."""
+    BN, BK = 64, 64
+    grid = (experts.n_expert, triton.cdiv(mat.rows, BN), triton.cdiv(mat.cols, BK))
+    _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, dst_slot, mat.offset,
+                              mat.row_bytes, dst, dst_off, device_table("iq3s", experts.device),
+                              mat.rows, mat.cols, FMT=mat.fmt.ggml_type, BN=BN, BK=BK,
+                              INTERP=INTERPRET)
 
 
 def dequant_experts(experts: ExpertSet, name: str, counts: torch.Tensor, *,
@@ -44,12 +59,10 @@ def dequant_experts(experts: ExpertSet, name: str, counts: torch.Tensor, *,
     E = experts.n_expert
     if out is None:
         out = torch.empty(E, mat.rows, mat.cols, dtype=torch.bfloat16, device=experts.device)
-    BN, BK = 64, 64
-    grid = (E, triton.cdiv(mat.rows, BN), triton.cdiv(mat.cols, BK))
-    _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, counts, mat.offset,
-                              mat.row_bytes, out, device_table("iq3s", experts.device),
-                              mat.rows, mat.cols, FMT=mat.fmt.ggml_type,
-                              BN=BN, BK=BK, INTERP=INTERPRET)
+    step = mat.rows * mat.cols * 2
+    dst_slot = torch.where(counts[:E] > 0,
+                           torch.arange(E, device=counts.device, dtype=torch.int64) * step, -1)
+    decode_matrix_into(experts, mat, dst_slot, out.view(torch.uint8).view(-1), 0)
     return out
 
 
