@@ -22,10 +22,7 @@ def quantize_rows(w: torch.Tensor, fmt) -> np.ndarray:
     if fmt.name in _PLAIN:
         t = w.detach().to(_PLAIN[fmt.name]).contiguous()
         return t.view(torch.uint8).numpy().reshape(*w.shape[:-1], -1)
-    try:  # the formats package's quantizers (torch, bit-compatible with ggml), when present
-        from strata.formats.codec import QUANTIZERS, quantize as sq
-    except ImportError:
-        QUANTIZERS = {}
+    from strata.formats.codec import QUANTIZERS, quantize as sq   # torch, bit-exact with ggml
     if fmt.name in QUANTIZERS:
         return sq(w.detach().float().contiguous(), fmt.name).cpu().numpy().reshape(*w.shape[:-1], -1)
     import gguf

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from strata.cli import _load, main
+from strata.cli import main
 from strata.models.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from tests.models.hf_gguf import write_gguf
@@ -26,8 +26,6 @@ from tests.models.hf_tiny import TINY, TINY_B, hf_state, make_hf_model, requanti
 FP32_REL = 1e-5
 BF16_FFN_REL = 1e-2
 
-needs_pack_cmd = pytest.mark.skipif(_load("pack") is None,
-                                    reason="`strata pack` (branch packs) not merged yet")
 TOKENS = [3, 250, 17, 17, 0, 128, 64, 9, 200, 31, 5, 77, 1]
 
 
@@ -61,7 +59,6 @@ def _prefill(pack, tmp_path, *extra):
     return np.load(out)
 
 
-@needs_pack_cmd
 def test_hf_folder_bf16_pack(hf_dir, tmp_path):
     hf, d = hf_dir
     pack = _pack([d, "--quant", "BF16"], tmp_path / "hf.pack")
@@ -70,7 +67,6 @@ def test_hf_folder_bf16_pack(hf_dir, tmp_path):
     assert rel(got, hf_logits(hf, TOKENS)) < FP32_REL
 
 
-@needs_pack_cmd
 def test_hf_folder_other_shape_tied(tmp_path):
     """MQA, top-4 of 16, hd 32, theta 1e6, 3 layers, LM head tied to the embeddings."""
     hf = make_hf_model(TINY_B, seed=7, tied=True)
@@ -83,7 +79,6 @@ def test_hf_folder_other_shape_tied(tmp_path):
     assert rel(np.load(out), hf_logits(hf, tokens)) < FP32_REL
 
 
-@needs_pack_cmd
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0"])
 def test_gguf_pack(tmp_path, fmt):
     hf = make_hf_model(TINY, seed=6)
@@ -95,7 +90,6 @@ def test_gguf_pack(tmp_path, fmt):
     assert rel(got, hf_logits(hf, TOKENS)) < FP32_REL
 
 
-@needs_pack_cmd
 def test_triton_expert_gemm(hf_dir, tmp_path):
     """The model through the Triton moe_ffn (the interpreter on CPU), chunked unevenly."""
     hf, d = hf_dir
@@ -106,7 +100,6 @@ def test_triton_expert_gemm(hf_dir, tmp_path):
 
 
 @pytest.mark.gpu
-@needs_pack_cmd
 def test_gpu_resident_prefill(hf_dir, tmp_path):
     """On the GPU: fp32 dense + Triton GEMM within BF16_FFN_REL of HF; the default (bf16 dense)
     agrees on the top token at >= 90% of positions (a bf16 residual stream can flip a near-tied
