@@ -2,6 +2,7 @@
 # One device-machine call: the GPU tests, then the benchmarks, results under $OUT.
 #   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests] [prefill] [kernels] [dequant] [slab] [split]
 # (the *tests steps are subsets of `tests`, which needs more than one call's time)
+# pytest gets no -q: the repo's addopts has one, a second hides the summary line.
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -15,10 +16,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 for step in "$@"; do
   case $step in
-    tests)   timeout 300 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests 2>&1 | tail -40 > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log" ;;
-    decodetests) timeout 280 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_decode.py tests/test_dequant.py tests/test_decode_codes.py tests/test_bench.py tests/memory 2>&1 | tail -30 > "$OUT/gpu_decode_tests.log"; tail -8 "$OUT/gpu_decode_tests.log" ;;
-    kerneltests) timeout 280 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/kernels tests/test_kernel_lab.py tests/models 2>&1 | tail -30 > "$OUT/gpu_kernel_tests.log"; tail -8 "$OUT/gpu_kernel_tests.log" ;;
-    enginetests) timeout 150 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/engine 2>&1 | tail -30 > "$OUT/gpu_engine_tests.log"; tail -8 "$OUT/gpu_engine_tests.log" ;;
+    tests)   timeout 300 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests 2>&1 | tail -40 > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log" ;;
+    decodetests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_decode.py tests/test_dequant.py tests/test_decode_codes.py tests/test_bench.py tests/memory 2>&1 | tail -30 > "$OUT/gpu_decode_tests.log"; tail -8 "$OUT/gpu_decode_tests.log" ;;
+    kerneltests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels tests/test_kernel_lab.py tests/models 2>&1 | tail -30 > "$OUT/gpu_kernel_tests.log"; tail -8 "$OUT/gpu_kernel_tests.log" ;;
+    enginetests) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine 2>&1 | tail -30 > "$OUT/gpu_engine_tests.log"; tail -8 "$OUT/gpu_engine_tests.log" ;;
     prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;

@@ -7,7 +7,9 @@ rest of each part's row becomes its config and figures), plus one PNG:
 1. fill — the failure. A prefill engine reads a prompt with the expert GEMM pinned
    to stream-k (every launch asks for fixup scratch). Then the card is filled: on a GPU a ballast
    tensor leaves free only the prompt's own transient peak (torch's reserved bytes measured
-   over an unconstrained slab-on run from an emptied cache) plus --margin-mib; on the CPU
+   over an unconstrained slab-on run from an emptied cache) plus --margin-mib, then, level by
+   level, the live-bytes peak plus --scratch-fractions of the slab-off scratch (torch frees
+   cached blocks and retries a failed allocation, so live bytes are what must fit); on the CPU
    (--smoke) the ordinary scratch allocator is given a zero budget (a SIMULATED full card: it
    raises torch.cuda.OutOfMemoryError, as torch.empty does on a full GPU). On the filled card:
    slab off (expected: the request fails with an AllocationError, the cache byte for byte intact),
@@ -173,7 +175,7 @@ class Card:
     def __init__(self, eng, margin: int):
         self.cuda = eng.device.type == "cuda"
         self.dev, self.margin = eng.device, margin
-        self.peak, self.ballast, self.free_left = 0, None, None
+        self.peak, self.live, self.ballast, self.free_left = 0, 0, None, None
 
     def _settle(self):
         if self.cuda:
@@ -187,16 +189,20 @@ class Card:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.dev)
             r0 = torch.cuda.memory_reserved(self.dev)
+            a0 = torch.cuda.memory_allocated(self.dev)
         yield
         if self.cuda:
             self.peak = torch.cuda.max_memory_reserved(self.dev) - r0
+            self.live = torch.cuda.max_memory_allocated(self.dev) - a0
 
-    def fill(self):
+    def fill(self, leave: int | None = None):
+        """Leave `leave` bytes free (default: the measured reserved peak + margin)."""
         self._settle()
         if not self.cuda:
             return
+        leave = self.peak + self.margin if leave is None else leave
         free = torch.cuda.mem_get_info(self.dev)[0]
-        take = max(0, free - self.peak - self.margin)
+        take = max(0, free - leave)
         for _ in range(8):        # the allocator rounds up: step down until the ballast fits
             try:
                 self.ballast = torch.empty(take, dtype=torch.uint8, device=self.dev)
@@ -206,8 +212,8 @@ class Card:
         self._settle()
         self.free_left = torch.cuda.mem_get_info(self.dev)[0]
         tqdm.write(f"  ballast {take / MiB:,.0f} MiB; {self.free_left / MiB:,.0f} MiB left free "
-                   f"(the prompt's measured peak {self.peak / MiB:,.0f} MiB + margin)",
-                   file=sys.stderr)
+                   f"(asked {leave / MiB:,.1f}; the prompt's peak: {self.peak / MiB:,.0f} MiB "
+                   f"reserved, {self.live / MiB:,.0f} MiB live)", file=sys.stderr)
 
     def ordinary_alloc(self, kind: str):
         """A fresh allocator for a constrained run's ordinary scratch."""
@@ -249,18 +255,32 @@ def run_fill(args, eng, tokens) -> tuple[list[dict], list[dict]]:
                      "chunk_on": fill[1].get("plan_chunk"),
                      "ring_off": fill[0].get("plan_ring"), "ring_on": fill[1].get("plan_ring")})
 
-    card.fill()
-    label = "filled card" if card.cuda else "SIMULATED full card"
-    for on in (False, True):
-        fresh_ordinary(eng)                 # let go of the last run's pool before settling
-        fresh_ordinary(eng, card.ordinary_alloc(args.ordinary))
-        with slab(on):
-            attempt(eng, tokens, f"{label} slab {'on' if on else 'off'}", fill,
-                    ref_on if on else ref_off)
-        fill[-1]["free_left_mib"] = "" if card.free_left is None else card.free_left // MiB
-        intact()
-    fresh_ordinary(eng)
-    card.empty()
+    # The levels of free memory the card is filled to. On the CPU one (the zero budget). On a GPU:
+    # the reserved peak + margin, and then the live peak + a fraction of the slab-off scratch S:
+    # torch frees its cached blocks and retries when a device allocation fails, so what must fit
+    # beside the ballast is the live bytes, not the reserved ones; below live + S slab off cannot
+    # take its scratch while slab on (its scratch inside the loan) still fits.
+    scratch = max(int(fill[0].get("p0_ordinary_held") or 0), 1)
+    levels = [("filled card", None)] if card.cuda else [("SIMULATED full card", None)]
+    if card.cuda:
+        levels += [(f"filled card, live+{f:.0%} scratch", card.live + int(f * scratch))
+                   for f in args.scratch_fractions]
+    for label, leave in levels:
+        card.fill(leave)
+        for on in (False, True):
+            fresh_ordinary(eng)                 # let go of the last run's pool before settling
+            fresh_ordinary(eng, card.ordinary_alloc(args.ordinary))
+            with slab(on):
+                attempt(eng, tokens, f"{label} slab {'on' if on else 'off'}", fill,
+                        ref_on if on else ref_off)
+            fill[-1]["free_left_mib"] = "" if card.free_left is None else card.free_left // MiB
+            if card.cuda:
+                fill[-1]["live_peak_mib"] = card.live / MiB
+                fill[-1]["reserved_peak_mib"] = card.peak / MiB
+                fill[-1]["scratch_mib"] = scratch / MiB
+            intact()
+        fresh_ordinary(eng)
+        card.empty()
     with slab(False):
         attempt(eng, tokens, "ballast freed, slab off (next prompt)", fill, ref_off)
     intact()
@@ -412,6 +432,9 @@ def main(argv=None) -> int:
     ap.add_argument("--margin-mib", type=int, default=8,
                     help="GPU: free memory left beside the ballast on top of the prompt's "
                          "measured peak (keep it under the scratch's size)")
+    ap.add_argument("--scratch-fractions", type=float, nargs="+", default=[0.1, 0.4, 0.7],
+                    help="GPU: also fill the card to the prompt's live peak + these fractions "
+                         "of the slab-off scratch")
     ap.add_argument("--ordinary", choices=["mempool", "torch"], default="mempool",
                     help="CUDA: where the slab-off scratch pool takes new buffers")
     ap.add_argument("--shape", default="qwen3-30b-a3b", help="preset for the class sweep")

@@ -6,7 +6,7 @@
 | STRATA_PF_FUSED       | 1: fused path (one launch per layer over all experts, fused ring budget)   | unset (fused only for non-native packs) |
 | STRATA_MMQ_SLAB       | 1: stream-k fixup scratch comes from the loan's tail (SlabPool)            | unset = 0 = off |
 | STRATA_STREAM_ALL_MIN | chunks under N tokens STAGE their routed experts instead of streaming     | ceil(E / K) |
-| STRATA_COMMIT         | the commit an experiment records when the tree has no .git (device runs)  | unset |
+| STRATA_COMMIT         | the commit an experiment records (wins over git: device copies of the tree) | unset |
 | TRITON_INTERPRET      | 1: run Triton kernels in the interpreter (set automatically without CUDA)  | auto |
 
 Knobs are read when a plan or a prompt starts (not at import), so tests can set them with

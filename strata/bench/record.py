@@ -24,13 +24,18 @@ COLUMNS = ["experiment", "label", "gpu", "commit", "timestamp", "torch", "triton
 
 
 def commit_of(path: str | Path) -> str:
-    """Short HEAD of the git checkout holding `path`, "-dirty" if tracked files changed."""
+    """Short HEAD of the git checkout holding `path`, "-dirty" if tracked files changed.
+    STRATA_COMMIT, when set, wins: the device machine's copy of the tree may carry a stale .git
+    (seen: the session's first commit, "-dirty"), so the caller names what it sent."""
+    if os.environ.get("STRATA_COMMIT"):
+        return os.environ["STRATA_COMMIT"]
+
     def git(*a):
         return subprocess.run(["git", "-C", str(path), *a], capture_output=True,
                               text=True).stdout.strip()
     head = git("rev-parse", "--short", "HEAD")
     if not head:   # a copy of the tree without .git (the device machine): the caller says
-        return os.environ.get("STRATA_COMMIT") or "unknown"
+        return "unknown"
     return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
