@@ -4,7 +4,8 @@ Legend: T tokens, D hidden, F expert width, E experts, K top-k.
 
 Variants (strata.kernels._moe_kernel.DOT_VARIANTS): "decode" (every weight decoded to bf16),
 "scaled" (codes into the dot, each run's scale on the partial sum), "scaled_swap" (as scaled, the
-dot transposed so the codes are the MMA's register operand). Each variant is checked against
+dot transposed so the codes are the MMA's register operand), the swap_fast* and pair* paths of
+Q8_0/Q4_0 (see _moe_kernel.DOT_VARIANTS). Each variant is checked against
 moe_ffn_torch (the named DECODED_REL bound) before it is timed, on each shape's first T, for
 the heuristic tile and a few pinned ones; grouped_mm on bf16 weights is the reference speed.
 Writes experiments/results/decoded_dot_ab.csv (+ PNG) with GPU, commit and command.
@@ -34,7 +35,7 @@ from strata.kernels.moe import last_launch  # noqa: E402
 from strata.kernels.tiles import TileConfig  # noqa: E402
 from strata.shapes import get_preset  # noqa: E402
 
-TILES = [(128, 128, 64, 8, 3), (64, 128, 64, 4, 3), (64, 64, 64, 4, 3)]
+TILES = [(128, 128, 64, 8, 3), (64, 128, 64, 4, 3), (64, 64, 64, 4, 3), (128, 64, 128, 4, 2)]
 # (BM, BN, BK, warps, stages), timed beside the heuristic's tile (128x64x64/w4 at T >= 2048)
 
 

@@ -647,3 +647,83 @@ def codes_from_bytes(FMT: tl.constexpr, lo, hi, WIDE: tl.constexpr, MAGIC: tl.co
             c_lo = (n_lo - 8).to(tl.float32)
             c_hi = (n_hi - 8).to(tl.float32)
     return c_lo, c_hi
+
+
+# ---------------------------------------------------------------- aligned word loads of block pairs
+#
+# Q8_0 / Q4_0 blocks are 34 / 18 bytes (fp16 scale, then codes), so a block's codes start 2 bytes
+# off a 4-byte boundary every other block: byte or 16-bit loads, which the software pipeliner
+# cannot stage through cp.async (it needs >= 32 bits a thread). Two blocks make 68 / 36 bytes, a
+# multiple of 4: when a row's byte length is too, every load below is of aligned int32 words.
+# In a pair starting at word P (little-endian): block 0's code word i is the top half of word
+# P+i and the bottom half of word P+1+i; block 1's codes are whole words from P+(QB+2)/4; the
+# scales are the bottom half of word P and the top half of word P+(QB-2)/4. The whole pair
+# decodes into one [BN, 64] tile, so a GEMM step is one dot of K = 64.
+
+@triton.jit
+def _interleave4(b0, b1, b2, b3):
+    """[BN, W] x 4 -> [BN, 4W]: b_k[:, i] at 4i + k (byte k of word i is code 4i + k)."""
+    return _pairs(_pairs(b0, b2), _pairs(b1, b3))
+
+
+@triton.jit
+def _half_f32(bits):
+    """fp32 of the fp16 whose bits are the low 16 of int32 `bits`."""
+    return (bits & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def pair_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, pair, mask_n, MAGIC: tl.constexpr):
+    """fp32 [BN, 64]: weights [64 pair, 64 pair + 64) of rows offs_n, decoded with their scales
+    (0 where mask_n is False). Needs row_bytes % 4 == 0 and w_ptr 4-aligned; every load is of
+    whole int32 words (see above). MAGIC: codes to float by a float add (_f32_of)."""
+    QB: tl.constexpr = Q8_0_BYTES if FMT == GGML_Q8_0 else Q4_0_BYTES
+    NW: tl.constexpr = (QB - 2) // 4                    # code words a block: 8 (Q8_0), 4 (Q4_0)
+    tl.static_assert((FMT == GGML_Q8_0) | (FMT == GGML_Q4_0), "pair_tile: Q8_0 / Q4_0")
+    p32 = w_ptr.to(tl.pointer_type(tl.int32))
+    P = offs_n.to(tl.int64) * (row_bytes // 4) + pair * (QB // 2)      # [BN] first word
+    m = mask_n[:, None]
+    i = tl.arange(0, 2 * NW)[None, :]                   # code word i: block i // NW
+    blk1 = i >= NW
+    idx = P[:, None] + i + blk1.to(tl.int32)            # block 1's words sit one further on
+    x = tl.load(p32 + idx, mask=m, other=0)
+    y = tl.load(p32 + idx + 1, mask=m, other=0)
+    # block 0's codes straddle words: top half of word i, bottom half of word i + 1
+    words = tl.where(blk1, x, ((x >> 16) & 0xFFFF) | (y << 16))        # [BN, 2 NW]
+    s0 = _half_f32(tl.load(p32 + P, mask=mask_n, other=0))
+    s1 = _half_f32(tl.load(p32 + P + NW, mask=mask_n, other=0) >> 16)
+    s = tl.where(blk1, s1[:, None], s0[:, None])                       # [BN, 2 NW]
+    if FMT == GGML_Q8_0:
+        # byte j of code word i is weight 4 i + j
+        if MAGIC:
+            c = _interleave4(_f32_of((words & 255) ^ 128, 128.0) * s,
+                             _f32_of(((words >> 8) & 255) ^ 128, 128.0) * s,
+                             _f32_of(((words >> 16) & 255) ^ 128, 128.0) * s,
+                             _f32_of(((words >> 24) & 255) ^ 128, 128.0) * s)
+        else:
+            c = _interleave4(((words << 24) >> 24).to(tl.float32) * s,
+                             ((words << 16) >> 24).to(tl.float32) * s,
+                             ((words << 8) >> 24).to(tl.float32) * s,
+                             (words >> 24).to(tl.float32) * s)
+    else:
+        # byte j of a block's code word i' holds weight 4 i' + j (low nibble) and 16 + 4 i' + j
+        # (high): [BN, 2, 16] per nibble half, joined and ordered (block, half, 16)
+        lo = _interleave4(_nib(words, 0, MAGIC) * s, _nib(words, 8, MAGIC) * s,
+                          _nib(words, 16, MAGIC) * s, _nib(words, 24, MAGIC) * s)
+        hi = _interleave4(_nib(words, 4, MAGIC) * s, _nib(words, 12, MAGIC) * s,
+                          _nib(words, 20, MAGIC) * s, _nib(words, 28, MAGIC) * s)
+        BN: tl.constexpr = lo.shape[0]
+        c = tl.join(tl.reshape(lo, (BN, 2, 16)), tl.reshape(hi, (BN, 2, 16)))   # [BN, 2, 16, 2]
+        c = tl.reshape(tl.permute(c, (0, 1, 3, 2)), (BN, 64))
+    return tl.where(m, c, 0.0)
+
+
+@triton.jit
+def _nib(words, SH: tl.constexpr, MAGIC: tl.constexpr):
+    """fp32 Q4_0 code (nibble at bit SH, minus 8) of every word."""
+    n = (words >> SH) & 15
+    if MAGIC:
+        v = _f32_of(n, 8.0)
+    else:
+        v = (n - 8).to(tl.float32)
+    return v

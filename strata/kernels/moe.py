@@ -162,7 +162,8 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
             dst, dst.stride(0), tw, scratch, tab, n_out, n_in, n_tiles, tile.programs,
             MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
-            **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, DECODED_DOT), **meta, **launch)
+            **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, DECODED_DOT,
+                          words=_word_aligned(m1, m2, n_in)), **meta, **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
                 grp.sorted_ids, grp.block_expert, grp.n_assign, dst, dst.stride(0), tw, scratch,
@@ -173,6 +174,12 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     if out is not None:
         return out.add_(yk.sum(dim=1))
     return yk.sum(dim=1).to(torch.bfloat16)
+
+
+def _word_aligned(m1, m2, n_in: int) -> bool:
+    """The pair* dot paths read int32 words: every row and matrix 4-byte aligned, whole pairs of
+    32-weight blocks in a row."""
+    return n_in % 64 == 0 and all(m.row_bytes % 4 == 0 and m.offset % 4 == 0 for m in (m1, m2))
 
 
 def _work(workspace, name: str, shape: tuple[int, int], dtype, dev) -> torch.Tensor:
