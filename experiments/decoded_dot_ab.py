@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kernel_bench as kb  # noqa: E402
+from strata import bench  # noqa: E402
 from strata.kernels import moe as moe_mod  # noqa: E402
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route  # noqa: E402
 from strata.kernels._moe_kernel import DOT_VARIANTS  # noqa: E402
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
         args.shapes, args.T = ["tiny"], [5]
     tiles = [] if args.smoke or args.auto_only else TILES
     reps = 2 if args.smoke else 10
-    gpu, sha = kb.gpu_name(), kb.commit()
+    gpu, sha = bench.gpu_name(), bench.commit_of(Path(__file__).resolve().parents[1])
     cmd = " ".join(["python", "experiments/decoded_dot_ab.py"] + (argv or sys.argv[1:]))
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     rows = []
