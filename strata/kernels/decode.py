@@ -687,7 +687,7 @@ def pair_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, pair, mask_n, MAGIC: 
     blk1 = i >= NW
     idx = P[:, None] + i + blk1.to(tl.int32)            # block 1's words sit one further on
     x = tl.load(p32 + idx, mask=m, other=0)
-    y = tl.load(p32 + idx + 1, mask=m, other=0)
+    y = tl.load(p32 + idx + 1, mask=m & ~blk1, other=0)   # (block 1's would pass the pair's end)
     # block 0's codes straddle words: top half of word i, bottom half of word i + 1
     words = tl.where(blk1, x, ((x >> 16) & 0xFFFF) | (y << 16))        # [BN, 2 NW]
     s0 = _half_f32(tl.load(p32 + P, mask=mask_n, other=0))
