@@ -4,6 +4,8 @@ Legend: T tokens, D hidden, F expert width, E experts, K top-k.
 
 Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a routing:
 - strata-dp / strata-sk: moe_ffn on the blobs (weights decoded inside the kernel).
+- strata-decoded: strata.kernels.decoded.moe_ffn_decoded: the routed experts decoded once to
+  bf16 (expert_dequant), then strata's BF16 kernel (the engine's FFN for long chunks).
 - grouped_mm-bf16: torch._grouped_mm on bf16 weights dequantized once, up front (the dense
   ceiling: it reads 2 bytes a weight).
 - decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.expert_dequant), then
@@ -38,6 +40,7 @@ from strata import bench  # noqa: E402
 from strata.errors import StrataError  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route  # noqa: E402
+from strata.kernels.decoded import moe_ffn_decoded  # noqa: E402
 from strata.kernels.expert_dequant import dequant_experts  # noqa: E402
 from strata.kernels.moe import dequantize_matrix, last_launch  # noqa: E402
 from strata.kernels.routing import group_ragged  # noqa: E402
@@ -54,11 +57,17 @@ FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
 
 
-def supported(fmt: str) -> str | None:
-    """None when moe_ffn decodes this format in the kernel, else why not."""
+def supported(fmt: str, shape=None) -> str | None:
+    """None when moe_ffn decodes this format in the kernel (and, given a shape, its D and F are
+    whole blocks of it), else why not."""
     from strata.kernels.decode import TRITON_FORMATS
-    name = get_format(fmt).name
-    return None if name in TRITON_FORMATS else f"no in-kernel {name} decoder yet"
+    f = get_format(fmt)
+    if f.name not in TRITON_FORMATS:
+        return f"no in-kernel {f.name} decoder yet"
+    if shape is not None and (shape.d_model % f.block or shape.d_expert % f.block):
+        return (f"{f.name} blocks of {f.block} weights do not tile D={shape.d_model}, "
+                f"F={shape.d_expert}")
+    return None
 
 
 def timeit(fn, reps: int) -> float:
@@ -122,7 +131,7 @@ def measure(args, rec: bench.Recorder) -> None:
     cache = {}
     for name, fmt, T in tqdm(todo, desc="kernel_bench", file=sys.stderr):
         shape = shapes[name]
-        why = supported(fmt)
+        why = supported(fmt, shape)
         cfg = dict(shape=name, T=T, format=fmt)
         if why:
             print(f"skip {name}/T{T}/{fmt}: {why}", file=sys.stderr)
@@ -147,6 +156,7 @@ def measure(args, rec: bench.Recorder) -> None:
 
         arms = {"strata-dp": lambda: moe_ffn(x, ids, w, experts, schedule="dp"),
                 "strata-sk": lambda: moe_ffn(x, ids, w, experts, schedule="stream_k"),
+                "strata-decoded": lambda: moe_ffn_decoded(x, ids, w, experts),
                 "grouped_mm-bf16": lambda: grouped_mm_ffn(x, ids, w, wg, wu, wd),
                 "decode+grouped_mm": decode_then_mm}
         ref = moe_ffn_torch(x, ids, w, experts)
@@ -256,7 +266,8 @@ def plot(rows: list[dict], png_path: Path) -> None:
         for j, f in enumerate(fmts):
             ax = axes[i][j]
             for label in labels:
-                for arm in ("strata-dp", "strata-sk", "grouped_mm-bf16", "decode+grouped_mm"):
+                for arm in ("strata-dp", "strata-sk", "strata-decoded", "grouped_mm-bf16",
+                            "decode+grouped_mm"):
                     pts = sorted((r["config"]["T"], r["value"]) for r in rows
                                  if r["config"]["arm"] == arm and r["config"]["shape"] == s
                                  and r["config"]["format"] == f and r["label"] == label)
@@ -287,7 +298,7 @@ def sweep(shapes, names, Ts, fmts, dev, reps) -> int:
     for name in names:
         shape = shapes[name]
         for fmt in fmts:
-            if supported(fmt):
+            if supported(fmt, shape):
                 continue
             experts = make_experts(shape, fmt, dev, distinct=4)
             for T in Ts:

@@ -2,16 +2,26 @@
 import pytest
 import torch
 
+from strata.kernels import expert_dequant
 from strata.kernels.expert_dequant import dequant_experts, dequant_experts_torch
 from strata.kernels.synth import random_expert_set
 
+CASES = [(("BF16",), 64, 32), (("Q8_0", "Q4_0", "F16"), 64, 32),
+         # rows of whole block pairs and 4-byte words: Q8_0/Q4_0 take the word path
+         (("Q8_0", "Q4_0", "Q4_0"), 128, 192), (("Q4_0", "Q8_0", "Q8_0"), 192, 64)]
 
-@pytest.mark.parametrize("fmts", [("BF16",), ("Q8_0", "Q4_0", "F16")], ids=lambda f: "-".join(f))
-def test_dequant_matches_reference(fmts):
-    experts = random_expert_set(3, 64, 32, *fmts, seed=5)
+
+@pytest.mark.parametrize("words", [True, False], ids=["words", "bytes"])
+@pytest.mark.parametrize("fmts,D,F", CASES, ids=lambda c: "-".join(c) if isinstance(c, tuple)
+                         else str(c))
+def test_dequant_matches_reference(fmts, D, F, words, monkeypatch):
+    monkeypatch.setattr(expert_dequant, "WORD_DECODE", words)
+    experts = random_expert_set(3, D, F, *fmts, seed=5)
     counts = torch.tensor([2, 0, 1])                       # expert 1 idle: left untouched
     for name in ("gate", "up", "down"):
-        got = dequant_experts(experts, name, counts)
+        mat = getattr(experts.layout, name)
+        out = torch.full((3, mat.rows, mat.cols), float("nan"), dtype=torch.bfloat16)
+        got = dequant_experts(experts, name, counts, out=out)
         ref = dequant_experts_torch(experts, name, counts)
         assert torch.equal(got[counts > 0], ref[counts > 0])
         assert torch.isnan(got[1].float()).all(), "idle expert must cost nothing (not written)"

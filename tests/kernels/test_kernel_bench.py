@@ -22,8 +22,8 @@ def test_kernel_bench_smoke(tmp_path):
     rows = bench.read_csv(tmp_path / "kernel_bench_smoke.csv")
     assert {"gpu", "commit", "timestamp", "config", "figure", "value", "bound"} <= set(rows[0])
     checks = [r for r in rows if r["figure"] == "rel_err"]
-    assert {r["config"]["arm"] for r in checks} == {"strata-dp", "strata-sk", "grouped_mm-bf16",
-                                                    "decode+grouped_mm"}
+    assert {r["config"]["arm"] for r in checks} == {"strata-dp", "strata-sk", "strata-decoded",
+                                                    "grouped_mm-bf16", "decode+grouped_mm"}
     assert all(r["value"] < r["bound_value"] for r in checks)
     tf = [r for r in rows if r["figure"] == "tflops"]
     assert tf and all(r["gate"].startswith("normalized error") and r["timer"] for r in tf)
@@ -38,3 +38,29 @@ def test_kernel_bench_refuses_a_wrong_kernel(tmp_path, monkeypatch):
     rc = kb.main(["--smoke", "--T", "5", "--formats", "BF16", "--reps", "1",
                   "--out", str(tmp_path)])
     assert rc == 1 and not list(tmp_path.glob("*.csv"))
+
+
+def test_unfit_shape_format_is_skipped_with_a_reason():
+    """Q4_K's 256-weight blocks do not tile seed-512e's F=640: the grid skips it, naming why
+    (the full run once aborted there)."""
+    kb = _load()
+    why = kb.supported("Q4_K", kb.SHAPES["seed-512e"])
+    assert why and "F=640" in why
+    assert kb.supported("Q4_K", kb.SHAPES["qwen3-30b-a3b"]) is None
+
+
+def test_decoded_dot_ab_smoke(tmp_path):
+    """experiments/decoded_dot_ab.py --smoke (it once broke unnoticed: nothing ran it)."""
+    import csv
+    import sys
+    sys.path.insert(0, str(ROOT / "experiments"))
+    spec = importlib.util.spec_from_file_location("decoded_dot_ab",
+                                                  ROOT / "experiments" / "decoded_dot_ab.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    out = tmp_path / "dd.csv"
+    assert ab.main(["--smoke", "--variants", "swap_fast_pf_w16_magic", "pair",
+                    "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert {r["variant"] for r in rows} >= {"grouped_mm-bf16", "swap_fast_pf_w16_magic", "pair"}
+    assert all(float(r["rel_err"]) < 1.5e-2 for r in rows if r["rel_err"])
