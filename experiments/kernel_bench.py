@@ -253,6 +253,8 @@ def plot(rows: list[dict], png_path: Path) -> None:
         print("matplotlib missing: no PNG (plot later with --plot-only)", file=sys.stderr)
         return
     r0 = rows[0]
+    skipped = {(r["config"]["shape"], r["config"]["format"]): r["bound"] for r in rows
+               if r["figure"] == "skipped"}
     rows = [r for r in rows if r["figure"] == "tflops"]
     if not rows:
         return
@@ -274,6 +276,9 @@ def plot(rows: list[dict], png_path: Path) -> None:
                     if pts:
                         ax.plot(*zip(*pts), marker="o", ls="-" if label == "tree" else ":",
                                 label=arm if label == "tree" else f"{arm} @{label}")
+            if not ax.lines and (s, f) in skipped:   # say why the panel is empty
+                ax.text(0.5, 0.5, "skipped:\n" + skipped[(s, f)].replace(" do not", "\ndo not"),
+                        ha="center", va="center", fontsize=7, transform=ax.transAxes)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{s} {f}", fontsize=9)
             ax.set_xlabel("T")

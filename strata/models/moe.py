@@ -11,7 +11,7 @@ with y in x's dtype (scratch_alloc: where the stream-k fixup scratch comes from;
 strata.engine.scratch):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
 - "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.decoded)
-- "auto":   "decoded" when an expert averages >= DECODED_MIN_ROWS rows, else "kernel"
+- "auto":   "decoded" when an expert averages >= decoded_min_rows(experts) rows, else "kernel"
 - "torch":  its plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
 - "ref":    `moe_ffn_ref` below: every product in fp32, x not rounded (the reference forward)
 Routing and block decoding are the kernels' own (`topk_route`, `dequantize_matrix`).
@@ -70,16 +70,27 @@ def _bf16(fn) -> ExpertFFN:
 
 
 # "auto" decodes a pass's experts once (then the BF16 GEMM) when an expert averages at least this
-# many rows: below it, decoding whole experts for a handful of tokens costs more bytes than the
-# fused kernel reads (STAGE chunks).
+# many rows: below it, decoding whole experts for a handful of tokens costs more than the fused
+# kernel's in-loop decode. Measured on the H200 (experiments/results/kernel_bench_full.csv,
+# d167d62): formats without a fast fused path (Q4_K, Q2_0, IQ3_S, ...) gain from 32 rows on
+# (qwen3-30b-a3b T=512: IQ3_S 7.4 vs 2.4 TFLOP/s); Q8_0/Q4_0's fused kernel wins at 32-40 rows
+# (seed-512e T=2048: 52.3 vs 34.8) and ties at 128 (qwen3 T=2048: 54.5 vs 56.7).
 DECODED_MIN_ROWS = 32
+DECODED_MIN_ROWS_FAST = 128
+
+
+def decoded_min_rows(experts: ExpertSet) -> int:
+    """Rows per expert from which "auto" decodes first, for this expert set's formats."""
+    from strata.kernels.decode import FAST_CODE_FORMATS
+    fast = all(m.fmt.name in FAST_CODE_FORMATS + ("BF16",) for m in experts.layout.matrices)
+    return DECODED_MIN_ROWS_FAST if fast else DECODED_MIN_ROWS
 
 
 def _auto(x, topk_ids, topk_w, experts, **kw):
     from strata.kernels.decoded import moe_ffn_decoded
     from strata.kernels.moe import moe_ffn
     rows = topk_ids.numel() / max(1, experts.n_expert)
-    fn = moe_ffn_decoded if rows >= DECODED_MIN_ROWS else moe_ffn   # moe_ffn ignores "wdec"
+    fn = moe_ffn_decoded if rows >= decoded_min_rows(experts) else moe_ffn  # moe_ffn ignores wdec
     return fn(x, topk_ids, topk_w, experts, **kw)
 
 

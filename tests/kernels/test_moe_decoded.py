@@ -66,3 +66,24 @@ def test_decoded_absent_and_small_buffer_are_clear():
         moe_ffn_decoded(x, torch.tensor([[0, 1], [1, 3], [0, 1]]), w, experts,
                         workspace={"wdec": one[:-100]})
     assert torch.all(one[-100:] == 7)
+
+
+def test_auto_picks_decode_first_by_rows_and_format(monkeypatch):
+    """strata.models.moe's "auto": decoded from DECODED_MIN_ROWS_FAST rows an expert for Q8_0/Q4_0
+    (their fused kernel is fast), from DECODED_MIN_ROWS for the other formats."""
+    from strata.kernels import decoded as dec_mod
+    from strata.kernels import moe as moe_mod
+    from strata.models import moe as model_moe
+    fast = random_expert_set(4, 64, 32, "Q8_0", "Q4_0", "Q8_0", seed=1)
+    slow = random_expert_set(4, 64, 32, "Q8_0", "Q2_0", "Q8_0", seed=1)
+    assert model_moe.decoded_min_rows(fast) == model_moe.DECODED_MIN_ROWS_FAST
+    assert model_moe.decoded_min_rows(slow) == model_moe.DECODED_MIN_ROWS
+    called = []
+    monkeypatch.setattr(dec_mod, "moe_ffn_decoded", lambda *a, **k: called.append("decoded"))
+    monkeypatch.setattr(moe_mod, "moe_ffn", lambda *a, **k: called.append("kernel"))
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    for experts, rows in ((fast, model_moe.DECODED_MIN_ROWS), (slow, model_moe.DECODED_MIN_ROWS),
+                          (fast, model_moe.DECODED_MIN_ROWS_FAST)):
+        ids = torch.zeros(rows * experts.n_expert, 1, dtype=torch.int64)   # rows an expert
+        model_moe._auto(x, ids, ids.float(), experts)
+    assert called == ["kernel", "decoded", "decoded"]
