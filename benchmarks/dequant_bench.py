@@ -112,10 +112,12 @@ def measure(args, rec: bench.Recorder) -> None:
     for fmt in tqdm(fmts, desc="dequant_bench", file=sys.stderr):
         raw = random_blocks(fmt, args.rows, args.cols, dev)
         for dtype, dec in [(d, dec) for d in dtypes for dec in args.decoders.split(",")]:
-            if dec not in ("elem", "runs"):
-                raise SystemExit(f"unknown decoder {dec!r}; use elem or runs")
+            if dec not in ("elem", "runs", "words"):
+                raise SystemExit(f"unknown decoder {dec!r}; use elem, runs or words")
+            if dec == "words" and fmt.name not in ("Q8_0", "Q4_0"):
+                continue   # the word path exists for Q8_0/Q4_0 only
             tiles = dataclasses.replace(dequant_tiles(fmt, args.rows, args.cols),
-                                        runs=dec == "runs")
+                                        runs=dec == "runs", words=dec == "words")
             t = rec.timed(lambda: dequantize(raw, fmt, dtype, tiles=tiles),
                           check=lambda: check(raw, fmt, dtype, tiles),
                           what=f"{fmt.name} -> {dtype} ({dec})")
@@ -148,9 +150,10 @@ def main(argv=None) -> int:
     ap = bench.parser(__doc__, out=ROOT / "benchmarks" / "results", warmup=5, repeats=50)
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated format names")
     ap.add_argument("--out-dtypes", default="bf16", help="comma-separated: fp32,bf16,fp16")
-    ap.add_argument("--decoders", default="elem,runs",
+    ap.add_argument("--decoders", default="elem,runs,words",
                     help="comma-separated: elem (decode_tile, scales per weight), runs "
-                         "(decode_tile_runs, scales once per run of 32)")
+                         "(decode_tile_runs, scales once per run of 32), words (Q8_0/Q4_0: "
+                         "aligned int32 words, decode.pair_tile)")
     ap.add_argument("--rows", type=int, default=32768, help="N rows (output features)")
     ap.add_argument("--cols", type=int, default=4096, help="K weights per row (multiple of 256)")
     ap.add_argument("--smoke", action="store_true",

@@ -31,6 +31,23 @@ def test_dequantize_runs_path(name):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
+def test_dequantize_words_path(name, dtype):
+    """Q8_0/Q4_0 as aligned words (pair_tile): the same bits; rows of an odd number of pairs
+    (K = 192) so pairs straddle 16-byte lines; BK 128 puts two pairs in a program."""
+    fmt = get_format(name)
+    raw = random_matrix(fmt, 5, 192, seed=9)
+    want = dequantize_torch(raw, name, DTYPES[dtype])
+    for bk in (64, 128):
+        got = dequantize(raw, name, DTYPES[dtype], tiles=DequantTiles(bn=4, bk=bk, words=True))
+        assert_same(got, want, name)
+    # rows that are not whole 4-byte words (K = 32: one block) fall back to runs, same bits
+    raw = random_matrix(fmt, 3, 32, seed=9)
+    got = dequantize(raw, name, DTYPES[dtype], tiles=DequantTiles(bn=4, bk=64, words=True))
+    assert_same(got, dequantize_torch(raw, name, DTYPES[dtype]), name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", FORMATS)
 def test_dequantize_matches_torch(name, dtype):
     fmt = get_format(name)
@@ -85,8 +102,8 @@ def test_dequantize_gpu(name, dtype):
     fmt = get_format(name)
     raw = random_matrix(fmt, 1531, 3072, seed=2).cuda()
     want = dequantize_torch(raw.cpu(), name, DTYPES[dtype])
-    for runs in (False, True):
-        tiles = DequantTiles(bn=8, bk=512, runs=runs)
+    for runs, words in ((False, False), (True, False), (False, True)):
+        tiles = DequantTiles(bn=8, bk=512, runs=runs, words=words)
         got = dequantize(raw, name, DTYPES[dtype], tiles=tiles)
         assert_same(got.cpu(), want, name)
     assert_same(dequantize_torch(raw, name, DTYPES[dtype]).cpu(), want, name)  # torch on CUDA

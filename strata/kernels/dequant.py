@@ -20,7 +20,8 @@ from strata.formats import dequantize as formats_dequantize
 from strata.formats import get_format
 from strata.formats.table import Format
 from strata.formats.tables import device_table
-from strata.kernels.decode import TRITON_FORMATS, decode_tile, decode_tile_runs
+from strata.kernels.decode import (FAST_CODE_FORMATS, TRITON_FORMATS, decode_tile,
+                                   decode_tile_runs, pair_tile)
 
 # out dtype -> the kernel's OUT code (0 fp32, 1 bf16, 2 fp16)
 OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -29,11 +30,14 @@ OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 @dataclass(frozen=True)
 class DequantTiles:
     """Tile of one program: BN rows x BK weights; runs: decode through decode_tile_runs (scales
-    once per run of 32 weights) instead of decode_tile (scales per weight)."""
+    once per run of 32 weights) instead of decode_tile (scales per weight); words: Q8_0/Q4_0 read
+    as aligned int32 words a pair of blocks at a time (decode.pair_tile) where the rows allow it
+    (a multiple of 4 bytes, K of 64, BK of 64), else as runs."""
     bn: int
     bk: int
     num_warps: int = 4
     runs: bool = False
+    words: bool = False
 
 
 def dequant_tiles(fmt: Format, n: int, k: int) -> DequantTiles:
@@ -63,8 +67,16 @@ def _to_out(v, OUT: tl.constexpr, INTERP: tl.constexpr):
 @triton.jit
 def _dequant_kernel(w_ptr, out_ptr, tab_ptr, N, K, row_bytes, FMT: tl.constexpr,
                     OUT: tl.constexpr, INTERP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    RUNS: tl.constexpr):
+                    RUNS: tl.constexpr, WORDS: tl.constexpr = False):
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)                     # [BN]
+    if WORDS:   # Q8_0/Q4_0, rows of whole 4-byte words: one pair of blocks (64 weights) a step
+        for r in tl.static_range(BK // 64):
+            pair = tl.program_id(1) * (BK // 64) + r
+            n_mask = (offs_n < N) & (pair * 64 < K)
+            v = pair_tile(FMT, w_ptr, row_bytes, offs_n, pair, n_mask, True)     # fp32 [BN, 64]
+            o = offs_n.to(tl.int64)[:, None] * K + pair * 64 + tl.arange(0, 64)[None, :]
+            tl.store(out_ptr + o, _to_out(v, OUT, INTERP), mask=n_mask[:, None])
+        return
     offs_k = tl.program_id(1) * BK + tl.arange(0, BK)                     # [BK]
     mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]                  # [BN, BK]
     if RUNS:  # BK is a power of two >= 32 and tiles start at multiples of BK: whole runs
@@ -111,12 +123,15 @@ def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32,
         raise StrataError(f"{fmt.name} blocks must start at an even address; pass a tensor "
                           f"whose storage starts at the matrix (e.g. raw.clone())")
     t = tiles or dequant_tiles(fmt, n, k)
+    if t.words and not (fmt.name in FAST_CODE_FORMATS and row_bytes % 4 == 0 and k % 64 == 0
+                        and t.bk % 64 == 0 and raw.data_ptr() % 4 == 0):
+        t = DequantTiles(t.bn, t.bk, t.num_warps, runs=True)    # not word-aligned: runs
     if t.runs and (t.bk < 32 or fmt.block == 1):
         t = DequantTiles(t.bn, t.bk, t.num_warps, runs=False)  # plain formats / tiny K: per weight
     grid = (triton.cdiv(n, t.bn), triton.cdiv(k, t.bk))
     _dequant_kernel[grid](raw, out, device_table("iq3s", raw.device), n, k, row_bytes,
                           fmt.ggml_type, OUT_DTYPES[out_dtype], INTERPRET, t.bn, t.bk, t.runs,
-                          num_warps=t.num_warps)
+                          t.words, num_warps=t.num_warps)
     return out.reshape(*lead, k)
 
 
