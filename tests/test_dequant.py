@@ -75,7 +75,7 @@ def test_dequantize_empty():
 
 def test_tile_heuristic_pinned():
     assert dequant_tiles(get_format("Q4_K"), 5, 256) == DequantTiles(bn=16, bk=256)
-    assert dequant_tiles(get_format("Q8_0"), 4096, 4096) == DequantTiles(bn=8, bk=512)
+    assert dequant_tiles(get_format("Q8_0"), 4096, 4096) == DequantTiles(bn=8, bk=512, words=True)
     assert dequant_tiles(get_format("BF16"), 3, 48) == DequantTiles(bn=64, bk=64)
 
 

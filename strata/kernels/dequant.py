@@ -41,11 +41,13 @@ class DequantTiles:
 
 
 def dequant_tiles(fmt: Format, n: int, k: int) -> DequantTiles:
-    """4096 weights per program, up to 512 along the row (two 256-blocks), per-weight decode.
-    A first guess, not a sweep: benchmarks/dequant_bench.py measures it (and runs=True) against
-    the device copy rate."""
+    """4096 weights per program, up to 512 along the row (two 256-blocks), per-weight decode
+    (Q8_0: aligned words). Not a sweep: benchmarks/dequant_bench.py measures each decoder
+    against the device copy rate."""
     bk = min(512, triton.next_power_of_2(k))
-    return DequantTiles(bn=max(1, 4096 // bk), bk=bk)
+    # Q8_0 as aligned words: 1881 GB/s against 1547 (runs) and 1055 (per weight) on the H200,
+    # benchmarks/results/dequant-nvidia-h200-51bf383.csv; Q4_0's words were slower (969 vs 1118)
+    return DequantTiles(bn=max(1, 4096 // bk), bk=bk, words=fmt.name == "Q8_0")
 
 
 @triton.jit
