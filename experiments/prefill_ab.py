@@ -8,11 +8,16 @@ same GPU (every expert in VRAM, nothing streams: the cost of streaming is the ra
     roofline time of a prompt = sum over its chunks of
         max(bytes streamed / measured pinned H2D rate, expert FLOPs / measured grouped-GEMM rate)
 
+(expert FLOPs of a chunk: all its layers, 2·T·K·3·D·F each; until 2026-11-30 one layer's were
+counted, which changed no recorded roofline: every one was bound by H2D),
+
 with both rates measured in this run: H2D as blob-sized pinned copies one after another (what
 the ring does), the GEMM as torch._grouped_mm bf16 on the model's expert shape at the chunk's
 size, uniform routing. The roofline leaves attention and the dense layers out on purpose (it is
 the issue's definition): where the engine falls short of it, the `where` columns say where the
-time went (compute waiting on copies vs copies hidden under compute).
+time went (compute waiting on copies vs copies hidden under compute). A second, tighter bound
+(`roofline_attn_*`) adds each chunk's causal attention (4·H·hd FLOPs per query-key pair, all
+layers) at the rate of torch SDPA's flash kernel measured at the chunk's size.
 
 Each row also records the fraction of each layer's experts every chunk hit (a second CSV).
 
@@ -115,15 +120,53 @@ def gemm_rate(shape, T: int, reps: int = 5) -> float:
     return 2 * M * 3 * D * F / statistics.median(times)
 
 
-def roofline(res, shape, h2d: float, gemm: dict) -> float:
-    """Seconds the prompt needs at the roofline (see the module docstring)."""
+def sdpa_rate(shape, T: int, reps: int = 3) -> float:
+    """FLOP/s of causal flash attention (torch SDPA, bf16, GQA) over one T-token chunk at the
+    model's head shape: 2·T²·H·hd FLOPs (QKᵀ and PV, half of them masked away)."""
+    if not torch.cuda.is_available():
+        return float("nan")
+    H, Hkv, hd = shape.n_head, shape.n_kv_head, shape.head_dim
+    q = torch.randn(1, H, T, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, Hkv, T, hd, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+
+    def run():
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    run()
+    sync()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return 2 * T * T * H * hd / statistics.median(times)
+
+
+def attention_flops(shape, P: int, T: int) -> float:
+    """Causal attention FLOPs of a T-token chunk after P cached positions, all layers: query i
+    sees P + i + 1 keys, 4·H·hd FLOPs per query-key pair (QKᵀ and PV)."""
+    return 4.0 * shape.n_head * shape.head_dim * (T * P + T * (T + 1) / 2) * shape.n_layer
+
+
+def roofline(res, shape, h2d: float, gemm: dict, attn: dict | None = None) -> float:
+    """Seconds the prompt needs at the roofline (see the module docstring). With `attn` (a rate
+    cache like `gemm`), each chunk's compute side also pays its causal attention at the measured
+    SDPA rate: a second, tighter bound (the issue's roofline leaves attention out)."""
     t = 0.0
     for c in res.stats.chunks:
-        flops = 2 * c.tokens * shape.top_k * 3 * shape.d_model * shape.d_expert
+        P = c.start
+        flops = 2 * c.tokens * shape.top_k * 3 * shape.d_model * shape.d_expert * shape.n_layer
         rate = gemm.get(c.tokens) or gemm_rate(shape, c.tokens)
         gemm[c.tokens] = rate
-        t_gemm = flops / rate if rate == rate else 0.0
-        t += max(c.bytes_streamed / h2d, t_gemm)
+        t_comp = flops / rate if rate == rate else 0.0
+        if attn is not None:
+            ar = attn.get(c.tokens) or sdpa_rate(shape, c.tokens)
+            attn[c.tokens] = ar
+            t_comp += attention_flops(shape, P, c.tokens) / ar if ar == ar else 0.0
+        t += max(c.bytes_streamed / h2d, t_comp)
     return t
 
 
@@ -131,7 +174,9 @@ WALL = "perf_counter (wall, synchronized)"
 ROW_FIGURES = {  # figure -> unit; each row of a run becomes these long-format figures
     "tokens_per_s": "tok/s", "seconds": "s", "bytes_streamed": "bytes", "h2d_gbps": "GB/s",
     "wait_s": "s", "copy_s": "s", "roofline_s": "s", "roofline_tokens_per_s": "tok/s",
-    "roofline_fraction": "fraction", "hit_min": "fraction", "hit_mean": "fraction",
+    "roofline_fraction": "fraction", "roofline_attn_s": "s",
+    "roofline_attn_tokens_per_s": "tok/s", "roofline_attn_fraction": "fraction",
+    "hit_min": "fraction", "hit_mean": "fraction",
     "cache_hits": "experts", "routed": "experts", "room": "bytes", "bytes_needed": "bytes",
 }
 CONFIG = ("model", "arm", "prompt", "chunk", "ring", "rule")
@@ -151,7 +196,7 @@ def record(rec: bench.Recorder, row: dict, gate: str) -> None:
             bound, bv = "roofline: max(H2D measured, grouped_mm measured) per chunk", roof
         elif fig == "h2d_gbps":
             bound, bv = "pinned H2D blob by blob, measured in this run", row["h2d_ceiling_gbps"]
-        elif fig == "roofline_fraction":
+        elif fig in ("roofline_fraction", "roofline_attn_fraction"):
             bound, bv = "1.0 = at the roofline", 1.0
         elif fig == "bytes_needed":
             bound, bv = "room", row["room"]
@@ -182,6 +227,7 @@ def measure(args, rec: bench.Recorder) -> None:
     prompts = [300, 700] if args.smoke else [int(p) for p in args.prompts.split(",")]
     arms = args.arms.split(",")
     gemm: dict = {}
+    attn: dict = {}
     for name, (preset, quant, vram, layers) in models.items():
         shape = get_preset(preset)
         if layers:
@@ -194,6 +240,7 @@ def measure(args, rec: bench.Recorder) -> None:
         h2d = h2d_rate(host)
         print(f"[{name}] pinned H2D, blob by blob: {h2d / 1e9:.1f} GB/s", flush=True)
         gemm.clear()
+        attn.clear()
         max_prompt = max(prompts)
         for arm in arms:
             if arm == "resident":
@@ -242,6 +289,7 @@ def measure(args, rec: bench.Recorder) -> None:
                     res = eng.run(tok, logits="none")
                 st = res.stats
                 roof = roofline(res, shape, h2d, gemm)
+                roof_a = roofline(res, shape, h2d, gemm, attn)   # the bound with attention
                 fr = [f for c in st.chunks for f in c.hit_fraction]
                 row = dict(model=name, arm=arm, prompt=T, chunk=res.chunk, ring=res.ring,
                            rule=res.plan.rule, tokens_per_s=st.tokens_per_s, seconds=st.seconds,
@@ -249,6 +297,9 @@ def measure(args, rec: bench.Recorder) -> None:
                            h2d_ceiling_gbps=h2d / 1e9, wait_s=st.wait_s, copy_s=st.copy_s,
                            roofline_s=roof, roofline_tokens_per_s=T / roof if roof else "",
                            roofline_fraction=roof / st.seconds if st.seconds else "",
+                           roofline_attn_s=roof_a,
+                           roofline_attn_tokens_per_s=T / roof_a if roof_a else "",
+                           roofline_attn_fraction=roof_a / st.seconds if st.seconds else "",
                            gemm_tflops={k: round(v / 1e12, 1) for k, v in gemm.items()},
                            hit_min=min(fr), hit_mean=sum(fr) / len(fr),
                            cache_hits=st.cache_hits, routed=st.routed,
@@ -261,7 +312,8 @@ def measure(args, rec: bench.Recorder) -> None:
                 rec.flush()
                 print(f"[{name}] {arm:6s} T={T}: chunk {res.chunk} ring {res.ring} "
                       f"({res.plan.rule}) {st.tokens_per_s:,.0f} tok/s; roofline "
-                      f"{T / roof:,.0f} tok/s -> {roof / st.seconds:.2f} of it; streamed "
+                      f"{T / roof:,.0f} tok/s -> {roof / st.seconds:.2f} of it (with attention "
+                      f"{T / roof_a:,.0f} -> {roof_a / st.seconds:.2f}); streamed "
                       f"{st.bytes_streamed / 1e9:.1f} GB at {st.h2d_gbps:.1f} GB/s; compute waited "
                       f"{st.wait_s:.2f} s; hit mean {row['hit_mean']:.3f} min {row['hit_min']:.3f}",
                       flush=True)
@@ -301,10 +353,14 @@ def plot(long_rows: list[dict], png: Path) -> None:
                 if r.get("roofline_tokens_per_s"):
                     ax.plot([g + (i - 1) * w - w / 2, g + (i - 1) * w + w / 2],
                             [r["roofline_tokens_per_s"]] * 2, color="k", lw=1.5)
+                if r.get("roofline_attn_tokens_per_s"):
+                    ax.plot([g + (i - 1) * w - w / 2, g + (i - 1) * w + w / 2],
+                            [r["roofline_attn_tokens_per_s"]] * 2, color="k", lw=1.2, ls="--")
         ax.bar(xs, ys, w, label=arm)
     ax.set_xticks(range(len(groups)), [f"{m}\nT={T}" for m, T in groups], fontsize=8)
     ax.set_ylabel("prefill tokens/s")
-    ax.set_title(f"streamed prefill, auto vs legacy (black: roofline)\n{title}", fontsize=9)
+    ax.set_title(f"streamed prefill, auto vs legacy (black: roofline; dashed: with attention)"
+                 f"\n{title}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=120)

@@ -47,7 +47,8 @@ def split_roofline(res, shape, h2d: dict, gemm: dict) -> float:
     t = 0.0
     for parts in by_start.values():
         tokens = parts[0].tokens
-        flops = 2 * tokens * shape.top_k * 3 * shape.d_model * shape.d_expert
+        # every layer's experts (the GPUs' layers run one after the other)
+        flops = 2 * tokens * shape.top_k * 3 * shape.d_model * shape.d_expert * shape.n_layer
         rate = gemm.get(tokens) or pab.gemm_rate(shape, tokens)
         gemm[tokens] = rate
         t_copy = max(c.bytes_streamed / h2d[tuple(c.layers)] for c in parts)
