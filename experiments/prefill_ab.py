@@ -33,7 +33,6 @@ runs (a whole prompt, not one kernel).
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -107,17 +106,7 @@ def gemm_rate(shape, T: int, reps: int = 5) -> float:
     def run():
         torch._grouped_mm(x, wgu, offs=offs)
         torch._grouped_mm(h, wd, offs=offs)
-    run()
-    sync()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return 2 * M * 3 * D * F / statistics.median(times)
+    return 2 * M * 3 * D * F / bench.time_fn(run, device=dev, warmup=1, repeats=reps).median_s
 
 
 def sdpa_rate(shape, T: int, reps: int = 3) -> float:
@@ -132,17 +121,8 @@ def sdpa_rate(shape, T: int, reps: int = 3) -> float:
 
     def run():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    run()
-    sync()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return 2 * T * T * H * hd / statistics.median(times)
+    return 2 * T * T * H * hd / bench.time_fn(run, device="cuda", warmup=1,
+                                              repeats=reps).median_s
 
 
 def attention_flops(shape, P: int, T: int) -> float:
