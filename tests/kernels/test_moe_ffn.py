@@ -87,14 +87,19 @@ def _routing(c: Case, gen):
     return topk_route(logits, c.K)
 
 
-@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
-def test_moe_ffn_matches_reference(c: Case):
+def _inputs(c: Case):
+    """(experts, x, ids, w, reference y) of a case, seeded by its id."""
     seed = zlib.crc32(c.id.encode())  # fixed per case, different across cases
     gen = torch.Generator().manual_seed(seed)
     experts = random_expert_set(c.E, c.D, c.F, *c.fmts, seed=seed)
     x = torch.randn(c.T, c.D, generator=gen).bfloat16()
     ids, w = _routing(c, gen)
-    ref = moe_ffn_torch(x, ids, w, experts)
+    return experts, x, ids, w, moe_ffn_torch(x, ids, w, experts)
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_moe_ffn_matches_reference(c: Case):
+    experts, x, ids, w, ref = _inputs(c)
     with pin_tile(schedule=c.schedule, programs=c.programs, BLOCK_N=c.BN, BLOCK_K=c.BK):
         y = moe_ffn(x, ids, w, experts)
     assert y.shape == (c.T, c.D) and y.dtype == torch.bfloat16
@@ -246,12 +251,7 @@ def test_every_decoded_dot_variant_matches_reference(c: Case, variant, monkeypat
     """moe.DECODED_DOT picks how decoded weights meet the MMA; every variant (not only the
     default) stays within DECODED_REL, and stream-k stays deterministic under each."""
     monkeypatch.setattr(moe_mod, "DECODED_DOT", variant)
-    seed = zlib.crc32(c.id.encode())
-    gen = torch.Generator().manual_seed(seed)
-    experts = random_expert_set(c.E, c.D, c.F, *c.fmts, seed=seed)
-    x = torch.randn(c.T, c.D, generator=gen).bfloat16()
-    ids, w = _routing(c, gen)
-    ref = moe_ffn_torch(x, ids, w, experts)
+    experts, x, ids, w, ref = _inputs(c)
     with pin_tile(schedule=c.schedule, programs=c.programs, BLOCK_N=c.BN, BLOCK_K=c.BK):
         y = moe_ffn(x, ids, w, experts)
         y2 = moe_ffn(x, ids, w, experts)
