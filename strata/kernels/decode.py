@@ -660,6 +660,14 @@ def codes_from_bytes(FMT: tl.constexpr, lo, hi, WIDE: tl.constexpr, MAGIC: tl.co
 # scales are the bottom half of word P and the top half of word P+(QB-2)/4. The whole pair
 # decodes into one [BN, 64] tile, so a GEMM step is one dot of K = 64.
 
+def pair_words_fit(fmt_name: str, n_in: int, row_bytes: int, byte_offset: int) -> bool:
+    """Whether pair_tile can read a matrix: Q8_0/Q4_0, rows of whole block pairs (n_in % 64)
+    and whole 4-byte words, starting 4-byte aligned (byte_offset: of the matrix's first row
+    from an aligned base). The one statement of the word path's precondition."""
+    return (fmt_name in FAST_CODE_FORMATS and n_in % 64 == 0 and row_bytes % 4 == 0
+            and byte_offset % 4 == 0)
+
+
 @triton.jit
 def _interleave4(b0, b1, b2, b3):
     """[BN, W] x 4 -> [BN, 4W]: b_k[:, i] at 4i + k (byte k of word i is code 4i + k)."""

@@ -20,8 +20,8 @@ from strata.formats import dequantize as formats_dequantize
 from strata.formats import get_format
 from strata.formats.table import Format
 from strata.formats.tables import device_table
-from strata.kernels.decode import (FAST_CODE_FORMATS, TRITON_FORMATS, decode_tile,
-                                   decode_tile_runs, pair_tile)
+from strata.kernels.decode import (TRITON_FORMATS, decode_tile, decode_tile_runs, pair_tile,
+                                   pair_words_fit)
 
 # out dtype -> the kernel's OUT code (0 fp32, 1 bf16, 2 fp16)
 OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -125,8 +125,8 @@ def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32,
         raise StrataError(f"{fmt.name} blocks must start at an even address; pass a tensor "
                           f"whose storage starts at the matrix (e.g. raw.clone())")
     t = tiles or dequant_tiles(fmt, n, k)
-    if t.words and not (fmt.name in FAST_CODE_FORMATS and row_bytes % 4 == 0 and k % 64 == 0
-                        and t.bk % 64 == 0 and raw.data_ptr() % 4 == 0):
+    if t.words and not (t.bk % 64 == 0
+                        and pair_words_fit(fmt.name, k, row_bytes, raw.data_ptr())):
         t = DequantTiles(t.bn, t.bk, t.num_warps, runs=True)    # not word-aligned: runs
     if t.runs and (t.bk < 32 or fmt.block == 1):
         t = DequantTiles(t.bn, t.bk, t.num_warps, runs=False)  # plain formats / tiny K: per weight

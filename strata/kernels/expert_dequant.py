@@ -20,7 +20,7 @@ from strata._backend import INTERPRET
 from strata.experts import ExpertSet
 from strata.formats.tables import device_table
 from strata.kernels._moe_kernel import _bf16, _w_tile
-from strata.kernels.decode import FAST_CODE_FORMATS, pair_tile
+from strata.kernels.decode import pair_tile, pair_words_fit
 
 
 @triton.jit
@@ -62,8 +62,7 @@ def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: tor
     """Matrix `mat` (a MatrixSlot of the layout) of every expert e with dst_slot[e] >= 0, as bf16
     rows at byte dst_slot[e] + dst_off of the uint8 buffer `dst`. One launch."""
     BN, BK = 64, 64
-    words = (WORD_DECODE and mat.fmt.name in FAST_CODE_FORMATS and mat.cols % 64 == 0
-             and mat.row_bytes % 4 == 0 and mat.offset % 4 == 0)
+    words = WORD_DECODE and pair_words_fit(mat.fmt.name, mat.cols, mat.row_bytes, mat.offset)
     grid = (experts.n_expert, triton.cdiv(mat.rows, BN), triton.cdiv(mat.cols, BK))
     _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, dst_slot, mat.offset,
                               mat.row_bytes, dst, dst_off, device_table("iq3s", experts.device),

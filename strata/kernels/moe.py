@@ -27,6 +27,7 @@ from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.formats.tables import device_table
 from strata.kernels import _moe_kernel as _k
+from strata.kernels.decode import pair_words_fit
 from strata.kernels.routing import check_topk_ids, group_blocked
 from strata.kernels.tiles import GemmProblem, TileConfig, device_sms, resolve_tile
 
@@ -179,7 +180,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
 def _word_aligned(m1, m2, n_in: int) -> bool:
     """The pair* dot paths read int32 words: every row and matrix 4-byte aligned, whole pairs of
     32-weight blocks in a row."""
-    return n_in % 64 == 0 and all(m.row_bytes % 4 == 0 and m.offset % 4 == 0 for m in (m1, m2))
+    return all(pair_words_fit(m.fmt.name, n_in, m.row_bytes, m.offset) for m in (m1, m2))
 
 
 def _work(workspace, name: str, shape: tuple[int, int], dtype, dev) -> torch.Tensor:
