@@ -15,6 +15,7 @@ Two ways, both measured by `benchmarks/pin_bench.py`:
 from __future__ import annotations
 
 import logging
+import mmap
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -52,6 +53,19 @@ def pinned_copy(src: torch.Tensor, threads: int = 8) -> torch.Tensor:
     dst = torch.empty(src.shape, dtype=torch.uint8, pin_memory=True)
     parallel_copy(dst, src.contiguous(), threads)
     return dst
+
+
+def huge_page_buffer(nbytes: int) -> tuple[mmap.mmap, torch.Tensor]:
+    """Anonymous memory of `nbytes` asked to be backed by 2 MiB transparent huge pages (no-op
+    where THP is off), as a uint8 tensor over the map. Keep the map alive as long as the tensor.
+    Locking 2 MiB pages costs the driver 512x fewer page-table walks than 4 KiB ones."""
+    m = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return m, torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
 
 
 class Registration:

@@ -36,7 +36,7 @@ def test_pin_bench_smoke(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main(["--smoke", "--path", str(tmp_path / "f.bin"), "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "pin-smoke.csv").read_text().count("pin rate") == 3
+    assert (tmp_path / "pin-smoke.csv").read_text().count("pin rate") == 5
 
 
 @pytest.mark.gpu
