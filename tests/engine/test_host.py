@@ -22,3 +22,32 @@ def test_pinning_failure_falls_back_to_pageable_and_says_so(monkeypatch, caplog)
     assert any("pinning the expert blobs failed" in r.getMessage() and "unpinned ring budget"
                in r.getMessage() for r in caplog.records)
     assert torch.equal(host.blob(0, 2), blobs[0][2]) and torch.equal(host.blob(1, 0), blobs[1][0])
+
+
+class _FakeCudart:
+    """cudaHostRegister/Unregister that only record what was locked (no CUDA here)."""
+    def __init__(self):
+        self.locked: dict[int, int] = {}
+
+    def cudaHostRegister(self, ptr, nbytes, flags):
+        self.locked[ptr] = nbytes
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        self.locked.pop(ptr)
+        return 0
+
+
+def test_layers_go_to_registered_huge_page_memory_and_close_unlocks(monkeypatch):
+    blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(3)]
+    fake = _FakeCudart()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    host = HostExperts(lambda i: blobs[i], [1000] * 3, pin=True)
+    assert host.pinned and len(fake.locked) == 3
+    for i, b in enumerate(blobs):
+        assert host.layers[i].data_ptr() in fake.locked          # the copy is what got locked
+        assert host.layers[i].data_ptr() != b.data_ptr()
+        assert torch.equal(host.layers[i], b)
+    host.close()
+    assert fake.locked == {}
