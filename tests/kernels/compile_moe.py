@@ -19,7 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton._C.libtriton import ir  # noqa: E402
 
 import strata.kernels._moe_kernel as k  # noqa: E402
-import strata.kernels.expert_dequant as dq  # noqa: E402
+import strata.kernels._expert_dequant_kernel as dq  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
