@@ -1,11 +1,13 @@
-"""A/B of how decoded weights reach the tensor cores in moe_ffn (strata.kernels.moe.DECODED_DOT).
+"""A/B of how decoded weights reach the tensor cores in moe_ffn (the tile's `dot`, pinned with
+`pin_tile(dot=...)`).
 
 Legend: T tokens, D hidden, F expert width, E experts, K top-k.
 
-Variants (strata.kernels._moe_kernel.DOT_VARIANTS): "decode" (every weight decoded to bf16),
+Variants (strata.kernels.tiles.DOT_VARIANTS): "decode" (every weight decoded to bf16),
 "scaled" (codes into the dot, each run's scale on the partial sum), "scaled_swap" (as scaled, the
-dot transposed so the codes are the MMA's register operand), the swap_fast* and pair* paths of
-Q8_0/Q4_0 (see _moe_kernel.DOT_VARIANTS). Each variant is checked against
+dot transposed so the codes are the MMA's register operand), the swap_fast* paths of Q8_0/Q4_0
+(see strata.kernels.tiles). The aligned-word pair* dots were retired after this A/B measured them
+slower (experiments/results/decoded_dot_pair_ab.csv). Each variant is checked against
 moe_ffn_torch (the named DECODED_REL bound) before it is timed, on each shape's first T, for
 the heuristic tile and a few pinned ones; grouped_mm on bf16 weights is the reference speed.
 Writes experiments/results/decoded_dot_ab.csv (+ PNG) with GPU, commit and command.
@@ -29,11 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import kernel_bench as kb  # noqa: E402
 from strata import bench  # noqa: E402
-from strata.kernels import moe as moe_mod  # noqa: E402
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route  # noqa: E402
-from strata.kernels._moe_kernel import DOT_VARIANTS  # noqa: E402
 from strata.kernels.moe import last_launch  # noqa: E402
-from strata.kernels.tiles import TileConfig  # noqa: E402
+from strata.kernels.tiles import DOT_VARIANTS, TileConfig  # noqa: E402
 from strata.shapes import get_preset  # noqa: E402
 
 TILES = [(128, 128, 64, 8, 3), (64, 128, 64, 4, 3), (64, 64, 64, 4, 3), (128, 64, 128, 4, 2)]
@@ -66,7 +66,6 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     failed = []
-    default = moe_mod.DECODED_DOT
     for name in args.shapes:
         shape = shapes[name]
         for fmt in args.formats:
@@ -93,12 +92,11 @@ def main(argv=None) -> int:
                                                               auto.programs))
                     for bm, bn, bk, nw, ns in tiles]
                 for v in args.variants:
-                    moe_mod.DECODED_DOT = v
                     for label, tc in cands:
                         if v == "decode" and label != "auto":
                             continue  # the old path is known; time it at the heuristic tile
                         try:
-                            with pin_tile(tc) if tc else _null():
+                            with pin_tile(tc.with_(dot=v)) if tc else pin_tile(dot=v):
                                 fn = lambda: moe_ffn(x, ids, w, experts)  # noqa: E731
                                 err = kb.rel_err(fn(), ref) if ref is not None else float("nan")
                                 if ref is not None and not err < kb.DECODED_REL:
@@ -116,21 +114,12 @@ def main(argv=None) -> int:
                         print(f"{cfg} {v:12s} {lab:22s} {flops / t / 1e12:7.1f} TFLOP/s",
                               file=sys.stderr, flush=True)
                 _write(out, rows, gpu, sha, stamp, cmd)
-    moe_mod.DECODED_DOT = default
     _write(out, rows, gpu, sha, stamp, cmd)
     if failed:
         print("over the DECODED_REL bound (not timed):\n  " + "\n  ".join(failed),
               file=sys.stderr)
         return 1
     return 0
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 def _write(path, rows, gpu, sha, stamp, cmd):

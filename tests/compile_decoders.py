@@ -1,7 +1,7 @@
 """Compile the decode kernels for sm_90 (H200) without a GPU: `python compile_decoders.py Q4_K ...`.
 
 Per format: the test-only window kernel (decode_tile and decode_tile_runs) and
-strata.kernels.dequantize's kernel (fp32, bf16, fp16 out; both decode paths).
+strata.kernels.dequantize's kernel (strata.kernels._dequant_kernel) (fp32, bf16, fp16 out; both decode paths).
 
 Run by tests/test_decode.py in a process with TRITON_INTERPRET=0; exits 1 naming any format that
 fails to compile.
@@ -13,7 +13,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from strata.formats import get_format
-from strata.kernels import dequant
+from strata.kernels import _dequant_kernel
 import test_decode
 
 SIG = {"w_ptr": "*u8", "out_ptr": "*fp32", "tab_ptr": "*i32", "N": "i32", "K": "i32",
@@ -35,7 +35,7 @@ def sources(name):
         sig = dict(DEQUANT_SIG, out_ptr=ptr)
         for runs in (False, True):
             yield f"dequant-out{out}-runs{int(runs)}", ASTSource(
-                fn=dequant._dequant_kernel, signature=sig,
+                fn=_dequant_kernel._dequant_kernel, signature=sig,
                 constexprs={"FMT": fmt, "OUT": out, "INTERP": False, "BN": 8, "BK": 512,
                             "RUNS": runs})
 

@@ -36,6 +36,7 @@ from strata.engine.scratch import ParticipantScratch, slab_reserve
 from strata.engine.stats import PrefillStats
 from strata import config
 from strata.errors import AllocationError, PlanError, StrataError
+from strata.kernels.moe import decoded_weights
 from strata.memory import (ACTIVATIONS, STAGE, ExpertCache, Loan, PromptLayout, plan_prefill,
                            resolve_ring, use_fused)
 from strata.memory.layout import DECODE_BUF
@@ -239,7 +240,8 @@ class PrefillEngine:
         stream-k launches will ask for (the slab's cost in lent slots; the plan's chunk and ring
         are unchanged). When the lend cap has no room for that, the loan is the plan's own and
         the slab serves what its tail holds (the rest comes from ordinary memory)."""
-        extra = (slab_reserve(self.shape, n_tokens, chunk, part.device)
+        extra = (slab_reserve(self.shape, n_tokens, chunk, part.device,
+                              decoded={decoded_weights(lay) for lay in self.layouts})
                  if slab and self.cfg.ffn == "kernel" else 0)
         if extra:
             try:

@@ -1,4 +1,4 @@
-"""Where a participant's stream-k fixup scratch comes from (seed #2835, STRATA_MMQ_SLAB).
+"""Where a participant's stream-k fixup scratch comes from (STRATA_MMQ_SLAB).
 
 The expert GEMM asks for its fixup scratch through `moe_ffn(..., scratch_alloc=...)`. Each
 participant (one GPU, its own expert cache) owns one `ParticipantScratch`:
@@ -156,24 +156,26 @@ def _inside(buf: torch.Tensor, tail: Tail) -> bool:
     return tail.address <= buf.data_ptr() < tail.address + tail.nbytes
 
 
-def scratch_bytes_for(shape, n_tokens: int, device) -> int:
-    """The fixup scratch one expert-GEMM launch over n_tokens asks for, by the kernel's own
-    tile choice (strata.kernels.tiles.resolve_tile, honouring an active pin_tile) and size rule
-    (strata.kernels.moe.scratch_nbytes): no second count."""
-    from strata.kernels.moe import scratch_nbytes
-    from strata.kernels.tiles import GemmProblem, device_sms, resolve_tile
-    p = GemmProblem(n_tokens, shape.top_k, shape.n_expert, shape.d_model, shape.d_expert,
-                    device_sms(torch.device(device)))
-    return scratch_nbytes(resolve_tile(p))
+def scratch_bytes_for(shape, n_tokens: int, device, *, decoded: bool) -> int:
+    """The fixup scratch one expert-GEMM launch over n_tokens asks for: the kernel's own launch
+    plan (strata.kernels.tiles.plan_launch, honouring an active pin_tile), so no second count.
+    decoded: the layer's weights are in a block format (strata.kernels.moe.decoded_weights of
+    its layout); the tile, hence the scratch, depends on it."""
+    from strata.kernels.tiles import plan_launch
+    return plan_launch(n_tokens, shape.top_k, shape.n_expert, shape.d_model, shape.d_expert,
+                       decoded=decoded, device=torch.device(device)).scratch_bytes
 
 
-def slab_reserve(shape, n_tokens: int, chunk: int, device) -> int:
+def slab_reserve(shape, n_tokens: int, chunk: int, device, *, decoded) -> int:
     """Tail bytes the slab needs for a prompt of n_tokens read in chunks of `chunk`: one buffer
-    per size class its launches ask for (the full chunks and the last partial one), laid out
+    per size class its launches ask for (the full chunks and the last partial one, for each
+    kind of layer: `decoded` is a bool or the set of decoded_weights over the layers), laid out
     the way SlabPool bumps them. 0 when no launch runs stream-k."""
     from strata.memory.carve import align_up
+    kinds = {bool(decoded)} if isinstance(decoded, bool) else {bool(d) for d in decoded}
     sizes = {chunk} | ({n_tokens % chunk} - {0})
-    classes = {size_class(b) for t in sizes if (b := scratch_bytes_for(shape, t, device)) > 0}
+    classes = {size_class(b) for t in sizes for d in kinds
+               if (b := scratch_bytes_for(shape, t, device, decoded=d)) > 0}
     total = 0
     for c in sorted(classes):
         total = align_up(total) + c

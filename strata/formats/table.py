@@ -19,6 +19,14 @@ class Format:
     block_bytes: int   # bytes per block
     layout: str        # field layout, for humans
     fp16_fields: tuple[int, ...] = ()  # byte offsets of the fp16 scales in a block (bf16 for BF16)
+    # What strata.kernels.decode can do with the format, stated here once (its dispatch, tests and
+    # the expert GEMM's variant choice read these; a new format sets them with its decoder):
+    triton: bool = False       # decode_tile / decode_tile_runs decode it (the GEMM and dequantize)
+    tile_run: int = 0          # weights sharing one scale load in decode_tile_runs (0: no scales)
+    scaled_code: bool = False  # w = s * c, one multiplicative scale per block times an exact small
+    #                            integer code: decode_codes / decode_run_scale (code run = block)
+    code_words: bool = False   # raw code words: load_code_bytes / codes_from_bytes and the aligned
+    #                            word-pair path (pair_tile), for 32-weight blocks with an fp16 head
 
     def row_bytes(self, k: int) -> int:
         """Bytes of one row of `k` weights; a clear error if `k` is not whole blocks."""
@@ -38,19 +46,28 @@ class Format:
 
 _ALL = [
     Format("F32", 0, 1, 4, "plain fp32"),
-    Format("F16", 1, 1, 2, "plain fp16", (0,)),
-    Format("BF16", 30, 1, 2, "plain bf16", (0,)),
-    Format("Q8_0", 8, 32, 34, "fp16 d; int8 qs[32]; w = d*q", (0,)),
-    Format("Q4_0", 2, 32, 18, "fp16 d; qs[16] nibbles (low = j, high = j+16); w = d*(q-8)", (0,)),
-    Format("Q5_0", 6, 32, 22, "fp16 d; qh[4] 5th bits; qs[16]; w = d*(q-16)", (0,)),
-    Format("IQ4_NL", 20, 32, 18, "fp16 d; qs[16] nibbles index kvalues_iq4nl[16]", (0,)),
+    Format("F16", 1, 1, 2, "plain fp16", (0,), triton=True),
+    Format("BF16", 30, 1, 2, "plain bf16", (0,), triton=True),
+    Format("Q8_0", 8, 32, 34, "fp16 d; int8 qs[32]; w = d*q", (0,),
+           triton=True, tile_run=32, scaled_code=True, code_words=True),
+    Format("Q4_0", 2, 32, 18, "fp16 d; qs[16] nibbles (low = j, high = j+16); w = d*(q-8)", (0,),
+           triton=True, tile_run=32, scaled_code=True, code_words=True),
+    Format("Q5_0", 6, 32, 22, "fp16 d; qh[4] 5th bits; qs[16]; w = d*(q-16)", (0,),
+           triton=True, tile_run=32, scaled_code=True),
+    Format("IQ4_NL", 20, 32, 18, "fp16 d; qs[16] nibbles index kvalues_iq4nl[16]", (0,),
+           triton=True, tile_run=32, scaled_code=True),
     Format("Q2_0", 42, 64, 18,
-           "fp16 d; qs[16]; weight j at byte j/4 bits 2*(j%4); w = d*(q-1)", (0,)),
-    Format("Q4_K", 12, 256, 144, "fp16 d, dmin; scales[12] (6-bit scales/mins); qs[128]", (0, 2)),
-    Format("Q6_K", 14, 256, 210, "ql[128]; qh[64]; int8 scales[16]; fp16 d", (208,)),
+           "fp16 d; qs[16]; weight j at byte j/4 bits 2*(j%4); w = d*(q-1)", (0,),
+           triton=True, tile_run=32, scaled_code=True),
+    Format("Q4_K", 12, 256, 144, "fp16 d, dmin; scales[12] (6-bit scales/mins); qs[128]", (0, 2),
+           triton=True, tile_run=32),
+    Format("Q6_K", 14, 256, 210, "ql[128]; qh[64]; int8 scales[16]; fp16 d", (208,),
+           triton=True, tile_run=16),
     Format("IQ3_S", 21, 256, 110,
-           "fp16 d; qs[64]; qh[8]; signs[32]; scales[4]; 512-entry grid", (0,)),
-    Format("MXFP4", 39, 32, 17, "e8m0 scale; qs[16] e2m1 nibbles"),
+           "fp16 d; qs[64]; qh[8]; signs[32]; scales[4]; 512-entry grid", (0,),
+           triton=True, tile_run=32),
+    Format("MXFP4", 39, 32, 17, "e8m0 scale; qs[16] e2m1 nibbles",
+           triton=True, tile_run=32, scaled_code=True),
 ]
 
 FORMATS: dict[str, Format] = {f.name: f for f in _ALL}

@@ -4,15 +4,16 @@
 - dequantize / dequantize_torch: whole rows of blocks decoded on the device (strata.kernels.dequant)
 - decode: the per-format @triton.jit block decoders the GEMM calls (strata.kernels.decode)
 - routing: top-k and grouping by expert (strata.kernels.routing)
-- tiles: the expert GEMM's tile heuristic and `pin_tile` (strata.kernels.tiles)
-- dequantize / dequantize_torch: whole-matrix decode (strata.kernels.dequant); block decode
-  helpers live in strata.kernels.decode
+- tiles: the expert GEMM's tile heuristic, `pin_tile` and its launch plan (`plan_launch`)
+- decoded: the expert FFN as decode-once then the BF16 GEMM (strata.kernels.decoded)
+The @triton.jit kernels live in private modules (_moe_kernel, _dequant_kernel,
+_expert_dequant_kernel) behind these small launchers.
 """
 from strata.kernels.dequant import dequantize, dequantize_torch
 from strata.kernels.moe import LaunchRecord, last_launch, moe_ffn, moe_ffn_torch
 from strata.kernels.routing import group_blocked, group_ragged, topk_route
-from strata.kernels.tiles import TileConfig, choose_tile, pin_tile
+from strata.kernels.tiles import LaunchPlan, TileConfig, choose_tile, pin_tile, plan_launch
 
 __all__ = ["moe_ffn", "moe_ffn_torch", "last_launch", "LaunchRecord", "topk_route",
            "group_blocked", "group_ragged", "TileConfig", "choose_tile", "pin_tile",
-           "dequantize", "dequantize_torch"]
+           "dequantize", "dequantize_torch", "plan_launch", "LaunchPlan"]

@@ -23,49 +23,20 @@ import triton.language as tl
 from strata.kernels.decode import (FAST_CODE_FORMATS, SCALED_CODE_FORMATS,  # noqa: F401
                                    TRITON_FORMATS, code_run, codes_from_bytes,
                                    decode_codes, decode_run_scale, decode_tile,
-                                   decode_tile_runs, load_code_bytes, pair_tile)
-
-GGML_BF16: tl.constexpr = tl.constexpr(30)
-
-# How decoded weights meet the tensor cores (see dot_plan):
-#   "decode":      decode every weight to bf16 (scale * code, rounded), one dot per BK step.
-#   "scaled":      scaled-code formats: codes (exact in bf16) into one dot per run, the run's
-#                  scale applied to that partial sum (no per-weight multiply or rounding).
-#   "scaled_swap": as "scaled", with the dot transposed (codes x activations^T), so the codes
-#                  are the MMA's register operand and only the activations go through shared
-#                  memory.
-#   "swap_fast*":  Q8_0 / Q4_0 (else as scaled_swap): one loop iteration per 32-weight run,
-#                  codes in two 16-wide halves straight from their bytes (load_code_bytes);
-#                  "_pf": the next run's bytes and scale are loaded before this run's dots
-#                  (register double buffering: byte loads cannot take the cp.async pipeline);
-#                  "_w16": 16-bit loads of the code bytes; "_magic": codes to float by a
-#                  float add on their bits (decode._f32_of) instead of int->float conversions.
-#   "pair*":       Q8_0 / Q4_0 whose rows are a multiple of 4 bytes (else as swap_fast_pf_w16_magic):
-#                  one loop iteration per pair of blocks, read as aligned int32 words (pair_words)
-#                  that the pipeliner stages through cp.async; each weight decoded to bf16 with
-#                  its scale (as "decode"), one dot of K = 64 a pair, no per-run rescale. "pair_swap": the dot transposed (weights the register
-#                  operand); "pair": weights as the second operand (through shared memory).
-DOT_VARIANTS = ("decode", "scaled", "scaled_swap", "swap_fast", "swap_fast_pf",
-                "swap_fast_pf_w16", "swap_fast_pf_w16_magic", "pair", "pair_swap")
-PAIR_FALLBACK = "swap_fast_pf_w16_magic"
+                                   decode_tile_runs, load_code_bytes)
+from strata.kernels.decode.plain import GGML_BF16
+from strata.kernels.tiles import DOT_VARIANTS
 
 
-def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str, words: bool = True) -> dict:
-    """The kernel's constexprs (SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC, PAIR) for matrices of
-    formats fmt1/fmt2 (names). A swap_fast* variant applies to Q8_0/Q4_0 pairs; other pairs
-    decode. A pair* variant applies to Q8_0/Q4_0 pairs when `words` (every row a multiple of 4
-    bytes, the reduction a multiple of 64) and block_k % 64 == 0, else it is PAIR_FALLBACK.
+def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str) -> dict:
+    """The kernel's constexprs (SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC) for matrices of formats
+    fmt1/fmt2 (names) under dot variant `variant` (strata.kernels.tiles.DOT_VARIANTS; a
+    TileConfig's `dot`). A swap_fast* variant applies to Q8_0/Q4_0 pairs; other pairs decode.
 
     A matrix takes the scaled-code path when its format is in SCALED_CODE_FORMATS and BLOCK_K
     holds whole runs; when both qualify with different runs (Q2_0's 64 beside a 32), matrix 2
     falls back to decoding."""
     assert variant in DOT_VARIANTS, variant
-    if variant.startswith("pair"):
-        if (words and block_k % 64 == 0 and fmt1 in FAST_CODE_FORMATS
-                and fmt2 in FAST_CODE_FORMATS):
-            return dict(SC1=False, SC2=False, RUN=32, SW=variant == "pair_swap", FAST=False,
-                        PF=False, W16=False, MAGIC=True, PAIR=True)
-        variant = PAIR_FALLBACK
     fast = (variant.startswith("swap_fast") and fmt1 in FAST_CODE_FORMATS
             and fmt2 in FAST_CODE_FORMATS and block_k % 32 == 0)
     if variant.startswith("swap_fast") and not fast:
@@ -81,8 +52,7 @@ def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str, words: bool = Tru
         sc2 = False
     sw = variant != "decode" and variant != "scaled"
     return dict(SC1=sc1, SC2=sc2, RUN=run, SW=sw, FAST=fast, PF=fast and "_pf" in variant,
-                W16=fast and "_w16" in variant, MAGIC=fast and variant.endswith("_magic"),
-                PAIR=False)
+                W16=fast and "_w16" in variant, MAGIC=fast and variant.endswith("_magic"))
 
 
 GATE_UP: tl.constexpr = tl.constexpr(0)
@@ -229,49 +199,17 @@ def _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_
 
 
 @triton.jit
-def _dot_w(w, a, acc, SW: tl.constexpr, INTERP: tl.constexpr):
-    """acc += w @ a^T ([BN, BM], SW) or a @ w^T ([BM, BN])."""
-    if SW:
-        acc = _dot(w, a, acc, INTERP)
-    else:
-        acc = _dot(a, w, acc, INTERP)
-    return acc
-
-
-@triton.jit
-def _pair_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi, n_in, acc1,
-               acc2, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
-               BK: tl.constexpr, INTERP: tl.constexpr, SW: tl.constexpr, MAGIC: tl.constexpr):
-    """The PAIR path of _mma: one iteration per pair of 32-weight blocks of steps [k_lo, k_hi),
-    every weight decoded with its scale into a [BN, 64] bf16 tile, one dot of K = 64 a matrix
-    (accumulators [BN, BM] when SW, else [BM, BN])."""
-    R: tl.constexpr = BK // 64
-    for pp in range(k_lo * R, k_hi * R):
-        k0 = pp * 64
-        ok = k0 < n_in
-        a = tl.load(a_base + k0 + tl.arange(0, 64)[None, :], mask=valid[:, None] & ok,
-                    other=0.0)                                           # [BM, 64]
-        w1 = _bf16(pair_tile(FMT1, w1_ptr, rb1, offs_n, pp, n_mask & ok, MAGIC), INTERP)
-        acc1 = _dot_w(w1, a, acc1, SW, INTERP)
-        if TWO:
-            w2 = _bf16(pair_tile(FMT2, w2_ptr, rb2, offs_n, pp, n_mask & ok, MAGIC), INTERP)
-            acc2 = _dot_w(w2, a, acc2, SW, INTERP)
-    return acc1, acc2
-
-
-@triton.jit
 def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi,
          n_in, tab_ptr, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
          SC1: tl.constexpr, SC2: tl.constexpr, RUN: tl.constexpr, SW: tl.constexpr,
-         FAST: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr, MAGIC: tl.constexpr,
-         PAIR: tl.constexpr):
+         FAST: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr, MAGIC: tl.constexpr):
     """acc1 (and acc2 when TWO) [BM, BN] fp32 over reduction steps [k_lo, k_hi).
 
     SC1/SC2: matrix 1/2 takes the scaled-code path (_scaled_run, RUN weights a run, BK % RUN == 0;
     both scaled ones share RUN, see dot_plan), else the weights are decoded to bf16 (_w_tile)."""
-    S1: tl.constexpr = (SC1 or PAIR) and SW
-    S2: tl.constexpr = (SC2 or PAIR) and SW and TWO
+    S1: tl.constexpr = SC1 and SW
+    S2: tl.constexpr = SC2 and SW and TWO
     if S1:
         acc1 = tl.zeros((BN, BM), tl.float32)
     else:
@@ -283,10 +221,7 @@ def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mas
     PLAIN: tl.constexpr = (not SC1) or (TWO and not SC2)
     SCALED: tl.constexpr = SC1 or (TWO and SC2)
     a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a          # [BM, 1]
-    if PAIR:
-        acc1, acc2 = _pair_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo,
-                                k_hi, n_in, acc1, acc2, FMT1, FMT2, TWO, BK, INTERP, SW, MAGIC)
-    elif FAST:
+    if FAST:
         acc1, acc2 = _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo,
                                 k_hi, n_in, acc1, acc2, FMT1, FMT2, TWO, BK, INTERP, PF, W16,
                                 MAGIC)
@@ -344,7 +279,7 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
           FMT2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
           INTERP: tl.constexpr, SPLIT: tl.constexpr, SC1: tl.constexpr, SC2: tl.constexpr,
           RUN: tl.constexpr, SW: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr,
-          W16: tl.constexpr, MAGIC: tl.constexpr, PAIR: tl.constexpr):
+          W16: tl.constexpr, MAGIC: tl.constexpr):
     """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
     fp32 piece into scratch slot 2*pid + last."""
     NB = tl.cdiv(n_out, BN)
@@ -362,7 +297,7 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
     acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
                       offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, FMT1, FMT2, TWO, BM, BN, BK,
                       INTERP,
-                      SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC, PAIR)
+                      SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
     if SPLIT == 0:
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
                   tw_ptr, INTERP)
@@ -389,7 +324,7 @@ def _moe_gemm_kernel(
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
         SC1: tl.constexpr = False, SC2: tl.constexpr = False, RUN: tl.constexpr = 32,
         SW: tl.constexpr = False, FAST: tl.constexpr = False, PF: tl.constexpr = False,
-        W16: tl.constexpr = False, MAGIC: tl.constexpr = False, PAIR: tl.constexpr = False):
+        W16: tl.constexpr = False, MAGIC: tl.constexpr = False):
     pid = tl.program_id(0)
     KI = tl.cdiv(n_in, BK)
     if SCHED == 0:
@@ -397,7 +332,7 @@ def _moe_gemm_kernel(
         _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
               arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
               tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP, 0,
-              SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC, PAIR)
+              SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
     else:
         total = n_tiles * KI
         base = total // n_programs
@@ -414,7 +349,7 @@ def _moe_gemm_kernel(
                   off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr, n_out, n_in, MODE,
                   TOPK,
                   FMT1, FMT2, BM, BN, BK, INTERP, 1, SC1, SC2, RUN, SW,
-                  FAST, PF, W16, MAGIC, PAIR)
+                  FAST, PF, W16, MAGIC)
             it += k_hi - k_lo
 
 

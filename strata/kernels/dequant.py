@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
@@ -20,8 +19,8 @@ from strata.formats import dequantize as formats_dequantize
 from strata.formats import get_format
 from strata.formats.table import Format
 from strata.formats.tables import device_table
-from strata.kernels.decode import (TRITON_FORMATS, decode_tile, decode_tile_runs, pair_tile,
-                                   pair_words_fit)
+from strata.kernels._dequant_kernel import _dequant_kernel
+from strata.kernels.decode import TRITON_FORMATS, pair_words_fit
 
 # out dtype -> the kernel's OUT code (0 fp32, 1 bf16, 2 fp16)
 OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -40,53 +39,19 @@ class DequantTiles:
     words: bool = False
 
 
+# One program's tile: TILE_WEIGHTS weights, at most BK_MAX along the row (two 256-weight blocks).
+# Not a sweep: benchmarks/dequant_bench.py measures each decoder against the device copy rate.
+TILE_WEIGHTS = 4096
+BK_MAX = 512
+
+
 def dequant_tiles(fmt: Format, n: int, k: int) -> DequantTiles:
-    """4096 weights per program, up to 512 along the row (two 256-blocks), per-weight decode
-    (Q8_0: aligned words). Not a sweep: benchmarks/dequant_bench.py measures each decoder
-    against the device copy rate."""
-    bk = min(512, triton.next_power_of_2(k))
+    """TILE_WEIGHTS weights per program, up to BK_MAX along the row, per-weight decode (Q8_0:
+    aligned words)."""
+    bk = min(BK_MAX, triton.next_power_of_2(k))
     # Q8_0 as aligned words: 1881 GB/s against 1547 (runs) and 1055 (per weight) on the H200,
     # benchmarks/results/dequant-nvidia-h200-51bf383.csv; Q4_0's words were slower (969 vs 1118)
-    return DequantTiles(bn=max(1, 4096 // bk), bk=bk, words=fmt.name == "Q8_0")
-
-
-@triton.jit
-def _to_out(v, OUT: tl.constexpr, INTERP: tl.constexpr):
-    """fp32 -> the output dtype, round to nearest even (the GPU's cvt). The interpreter's bf16
-    cast truncates, so there bf16 is rounded on the bits (NaN kept a NaN)."""
-    if OUT == 0:
-        return v
-    elif OUT == 2:
-        return v.to(tl.float16)
-    elif INTERP:
-        u = v.to(tl.uint32, bitcast=True)
-        u = tl.where(v != v, u | 0x00400000, u + 0x7FFF + ((u >> 16) & 1))
-        return (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        return v.to(tl.bfloat16)
-
-
-@triton.jit
-def _dequant_kernel(w_ptr, out_ptr, tab_ptr, N, K, row_bytes, FMT: tl.constexpr,
-                    OUT: tl.constexpr, INTERP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    RUNS: tl.constexpr, WORDS: tl.constexpr = False):
-    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)                     # [BN]
-    if WORDS:   # Q8_0/Q4_0, rows of whole 4-byte words: one pair of blocks (64 weights) a step
-        for r in tl.static_range(BK // 64):
-            pair = tl.program_id(1) * (BK // 64) + r
-            n_mask = (offs_n < N) & (pair * 64 < K)
-            v = pair_tile(FMT, w_ptr, row_bytes, offs_n, pair, n_mask, True)     # fp32 [BN, 64]
-            o = offs_n.to(tl.int64)[:, None] * K + pair * 64 + tl.arange(0, 64)[None, :]
-            tl.store(out_ptr + o, _to_out(v, OUT, INTERP), mask=n_mask[:, None])
-        return
-    offs_k = tl.program_id(1) * BK + tl.arange(0, BK)                     # [BK]
-    mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]                  # [BN, BK]
-    if RUNS:  # BK is a power of two >= 32 and tiles start at multiples of BK: whole runs
-        v = decode_tile_runs(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
-    else:
-        v = decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)  # fp32 [BN, BK]
-    o = offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
-    tl.store(out_ptr + o, _to_out(v, OUT, INTERP), mask=mask)
+    return DequantTiles(bn=max(1, TILE_WEIGHTS // bk), bk=bk, words=fmt.name == "Q8_0")
 
 
 def _check(raw, qtype, out_dtype) -> tuple[Format, torch.Tensor]:
@@ -121,7 +86,7 @@ def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32,
     if n == 0 or k == 0:
         return out.reshape(*lead, k)
     if fmt.block_bytes % 2 == 0 and raw.data_ptr() % 2:
-        # fp16 fields are read as aligned 16-bit words (see decode.py)
+        # fp16 fields are read as aligned 16-bit words (see strata.kernels.decode)
         raise StrataError(f"{fmt.name} blocks must start at an even address; pass a tensor "
                           f"whose storage starts at the matrix (e.g. raw.clone())")
     t = tiles or dequant_tiles(fmt, n, k)

@@ -11,9 +11,12 @@ tensor-core input); y comes back as bf16 [T, D] like x (the K partial rows are s
 
 `moe_ffn` (Triton) and `moe_ffn_torch` (plain torch) share one signature.
 
-Launch plan (`moe_ffn`): route -> group by expert padded to BLOCK_M (one device sync, which also
-checks that every routed expert is resident) -> GATE_UP launch -> DOWN launch (each data-parallel
-or stream-k + fixup) -> y = sum over K of the weighted rows, in a fixed order.
+Launch (`moe_ffn`): plan (strata.kernels.tiles.plan_launch: tile, grid bound, workspace rows,
+fixup scratch; the engine sizes its buffers from the same plan) -> route -> group by expert padded
+to BLOCK_M (one device sync, which also checks that every routed expert is resident) -> GATE_UP
+launch -> DOWN launch (each data-parallel or stream-k + fixup) -> y = sum over K of the weighted
+rows, in a fixed order. How decoded weights meet the tensor cores is the tile's `dot` field
+(pinnable: `pin_tile(dot="decode")`).
 """
 from __future__ import annotations
 
@@ -25,20 +28,14 @@ from strata._backend import INTERPRET
 from strata.blob import ALIGN
 from strata.errors import StrataError
 from strata.experts import ExpertSet
+from strata.formats.table import FORMATS
 from strata.formats.tables import device_table
 from strata.kernels import _moe_kernel as _k
-from strata.kernels.decode import pair_words_fit
 from strata.kernels.routing import check_topk_ids, group_blocked
-from strata.kernels.tiles import GemmProblem, TileConfig, device_sms, resolve_tile
+from strata.kernels.tiles import (GemmProblem, LaunchPlan, TileConfig, device_sms,  # noqa: F401
+                                  plan_launch, resolve_tile, scratch_nbytes)
 
-GGML_BF16 = 30
-
-# how decoded weights reach the tensor cores: one of _moe_kernel.DOT_VARIANTS (a module
-# attribute so benchmarks can compare them). The default is the fastest measured on the H200:
-# experiments/results/decoded_dot_ab.csv (every variant, several tiles; commit 8b645ce) and
-# decoded_dot_ab_auto.csv (the last three at the heuristic's tile; a17746c), where _magic beat
-# plain _w16 on 13 of 18 shapes (e.g. Q4_0 T=512 22.3 vs 18.5 TFLOP/s, within ~2% where not).
-DECODED_DOT = "swap_fast_pf_w16_magic"
+GGML_BF16 = FORMATS["BF16"].ggml_type
 
 
 @dataclass(frozen=True)
@@ -59,12 +56,10 @@ def last_launch() -> LaunchRecord | None:
     return _last[0] if _last else None
 
 
-def scratch_nbytes(tile: TileConfig) -> int:
-    """Fixup scratch for one stream-k launch: 2 slots per program (its first and its last piece)
-    x 2 fp32 accumulators (gate and up) x BLOCK_M x BLOCK_N; the DOWN launch reuses it."""
-    if tile.schedule != "stream_k":
-        return 0
-    return 2 * tile.programs * 2 * tile.BLOCK_M * tile.BLOCK_N * 4
+def decoded_weights(layout) -> bool:
+    """Whether a layout's GEMM decodes blocks in its inner loop (any of gate/up/down not BF16):
+    the `decoded` of its launch plan."""
+    return any(m.fmt.ggml_type != GGML_BF16 for m in layout.matrices)
 
 
 def _default_alloc(device):
@@ -112,8 +107,8 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     streaming engine runs a layer in such passes). `out` (fp32 [T, D]): add this pass's y into
     it and return it, instead of returning a fresh bf16 y — passes then sum in fp32 and round
     once. `workspace`: preallocated buffers the launch uses instead of allocating — "h" (bf16,
-    at least [T*K + E*(BLOCK_M-1), F]) and "yk" (fp32, at least [T*K, D]), e.g. views the carve
-    took out of the loan.
+    at least [plan_launch(...).h_rows, F], TKP rows) and "yk" (fp32, at least [T*K, D]), e.g.
+    views the carve took out of the loan.
     """
     _check_inputs(x, topk_ids, topk_weights, experts)
     lay = experts.layout
@@ -123,8 +118,9 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     F = lay.d_expert
     E = experts.n_expert
     dev = x.device
-    decoded = any(m.fmt.ggml_type != GGML_BF16 for m in lay.matrices)
-    tile = resolve_tile(GemmProblem(T, K, E, D, F, device_sms(dev), decoded), schedule)
+    plan = plan_launch(T, K, E, D, F, decoded=decoded_weights(lay), device=dev,
+                       schedule=schedule)
+    tile = plan.tile
     BM, BN, BK = tile.BLOCK_M, tile.BLOCK_N, tile.BLOCK_K
     if T * K == 0:
         _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]
@@ -133,10 +129,10 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     if grp.n_blocks == 0:   # nothing routed to this pass's experts
         _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]
         return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
-    n_gu = grp.n_blocks * -(-F // BN)
-    n_dn = grp.n_blocks * -(-D // BN)
-    sk = tile.schedule == "stream_k"
-    nbytes = scratch_nbytes(tile)
+    n_gu = plan.tiles_gate_up(grp.n_blocks)
+    n_dn = plan.tiles_down(grp.n_blocks)
+    sk = plan.stream_k
+    nbytes = plan.scratch_bytes
     if sk:
         scratch = (scratch_alloc or _default_alloc(dev))(nbytes)
         if scratch.dtype != torch.uint8 or scratch.numel() < nbytes or scratch.device != dev:
@@ -157,14 +153,12 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     for mode, a, n_out, n_in, m1, m2, dst, n_tiles in (
             (0, x, F, D, lay.gate, lay.up, h, n_gu),
             (1, h, D, F, lay.down, lay.down, yk, n_dn)):
-        grid = (tile.programs,) if sk else (n_tiles,)
-        _k._moe_gemm_kernel[grid](
+        _k._moe_gemm_kernel[plan.grid(n_tiles)](
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
             dst, dst.stride(0), tw, scratch, tab, n_out, n_in, n_tiles, tile.programs,
             MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
-            **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, DECODED_DOT,
-                          words=_word_aligned(m1, m2, n_in)), **meta, **launch)
+            **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, tile.dot), **meta, **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
                 grp.sorted_ids, grp.block_expert, grp.n_assign, dst, dst.stride(0), tw, scratch,
@@ -175,12 +169,6 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     if out is not None:
         return out.add_(yk.sum(dim=1))
     return yk.sum(dim=1).to(torch.bfloat16)
-
-
-def _word_aligned(m1, m2, n_in: int) -> bool:
-    """The pair* dot paths read int32 words: every row and matrix 4-byte aligned, whole pairs of
-    32-weight blocks in a row."""
-    return all(pair_words_fit(m.fmt.name, n_in, m.row_bytes, m.offset) for m in (m1, m2))
 
 
 def _work(workspace, name: str, shape: tuple[int, int], dtype, dev) -> torch.Tensor:

@@ -19,6 +19,17 @@ Reasoning behind the constants (to be revisited with the GPU sweep in experiment
 - BLOCK_K = 64: whole Q8_0/Q4_0 blocks (32) per step and a quarter of a K-quant super-block.
 - Stream-k when the data-parallel grid leaves a partial last wave that wastes >= 1/4 of a wave and
   there are fewer than 4 waves (past that the tail is a small share of the run); P = SM count.
+
+Launch choices are data: a TileConfig also says how decoded weights meet the tensor cores (`dot`,
+one of DOT_VARIANTS) and whether Q8_0/Q4_0 rows of whole words decode through aligned word loads
+in the decode-once path (`words`); experiments A/B them with `pin_tile(dot=...)` /
+`pin_tile(words=False)`, never by assigning module globals.
+
+`plan_launch(...) -> LaunchPlan` is the one plan of an expert-GEMM launch, made before anything is
+allocated (in the manner of triton_kernels' matmul_ogs): the tile, the grid bound, the workspace
+rows (h padded to BLOCK_M per routed expert) and the stream-k fixup scratch. The launcher
+(strata.kernels.moe.moe_ffn) and the engine's scratch reserve (strata.engine.scratch) read it, and
+its workspace rows are `padded_rows`, the TKP the prompt layout pads h to; nothing recounts.
 """
 from __future__ import annotations
 
@@ -32,6 +43,50 @@ from strata.errors import StrataError
 
 SCHEDULES = ("dp", "stream_k")
 
+# How decoded weights reach the tensor cores (strata.kernels._moe_kernel.dot_plan turns a name into
+# the kernel's constexprs):
+#   "decode":      decode every weight to bf16 (scale * code, rounded), one dot per BK step.
+#   "scaled":      scaled-code formats: codes (exact in bf16) into one dot per run, the run's
+#                  scale applied to that partial sum (no per-weight multiply or rounding).
+#   "scaled_swap": as "scaled", with the dot transposed (codes x activations^T), so the codes
+#                  are the MMA's register operand and only the activations go through shared
+#                  memory.
+#   "swap_fast*":  Q8_0 / Q4_0 (else as scaled_swap): one loop iteration per 32-weight run,
+#                  codes in two 16-wide halves straight from their bytes (load_code_bytes);
+#                  "_pf": the next run's bytes and scale are loaded before this run's dots
+#                  (register double buffering: byte loads cannot take the cp.async pipeline);
+#                  "_w16": 16-bit loads of the code bytes; "_magic": codes to float by a
+#                  float add on their bits instead of int->float conversions.
+# (An aligned-word dot, "pair"/"pair_swap", measured slower than swap_fast_pf_w16_magic on every
+# recorded shape, e.g. qwen3-30b-a3b Q8_0 T=2048 31.0 vs 49.4 TFLOP/s (H200, commit 057a927,
+# experiments/results/decoded_dot_pair_ab.csv), and was retired from the GEMM; the aligned-word
+# decode itself lives on in the decode-once path, TileConfig.words.)
+DOT_VARIANTS = ("decode", "scaled", "scaled_swap", "swap_fast", "swap_fast_pf",
+                "swap_fast_pf_w16", "swap_fast_pf_w16_magic")
+# The default is the fastest measured on the H200: experiments/results/decoded_dot_ab.csv (every
+# variant, several tiles; commit 8b645ce) and decoded_dot_ab_auto.csv (the last three at the
+# heuristic's tile; a17746c), where _magic beat plain _w16 on 13 of 18 shapes (e.g. Q4_0 T=512
+# 22.3 vs 18.5 TFLOP/s, within ~2% where not).
+DEFAULT_DOT = "swap_fast_pf_w16_magic"
+# The decode-once path reads Q8_0/Q4_0 rows of whole 4-byte words as aligned int32 words: its
+# decode step measured 3x faster so (decode+grouped_mm at T=2048, 40.8 -> 70.7 TFLOP/s; README).
+DEFAULT_WORDS = True
+
+# Schedule constants of the heuristic (see the module docstring for each one's reason).
+BLOCK_M_MIN = 16        # tl.dot's smallest M
+BLOCK_M_MAX = 128       # the tallest row block the heuristic picks (the layout pads h for it)
+BLOCK_N_WIDE = 128      # BLOCK_N of BF16 weights when the row block is tall
+BLOCK_N_NARROW = 64     # BLOCK_N of short row blocks and of every decoded format (H200 A/B above)
+TALL_ROWS = 64          # a row block this tall takes BLOCK_N_WIDE (BF16 weights)
+BLOCK_K = 64            # whole Q8_0/Q4_0 blocks per step, a quarter of a K-quant super-block
+WARPS_BIG_TILE = 8      # warps of a tile of >= BIG_TILE elements (two fp32 accumulators of it)
+WARPS = 4
+BIG_TILE = 128 * 128
+NUM_STAGES = 3          # software-pipeline depth of the K loop (triton's default for sm_90)
+SK_TAIL_MAX = 3 / 4     # stream-k when the last wave is at most this full ...
+SK_WAVES_MAX = 4        # ... and the data-parallel grid has fewer than this many full waves
+INTERP_SMS = 4          # "SMs" in the interpreter: programs run one by one; 4 exercises splits
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -42,6 +97,8 @@ class TileConfig:
     num_stages: int
     schedule: str      # "dp" | "stream_k"
     programs: int      # stream-k grid size P (ignored by "dp")
+    dot: str = DEFAULT_DOT  # how decoded weights meet the tensor cores (DOT_VARIANTS)
+    words: bool = DEFAULT_WORDS  # decode-once path: Q8_0/Q4_0 whole-word rows as aligned words
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -52,6 +109,8 @@ class TileConfig:
                 raise StrataError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
         if self.programs < 1:
             raise StrataError(f"programs must be >= 1, got {self.programs}")
+        if self.dot not in DOT_VARIANTS:
+            raise StrataError(f"dot must be one of {DOT_VARIANTS}, got {self.dot!r}")
 
     def with_(self, **kw) -> "TileConfig":
         return replace(self, **kw)
@@ -72,10 +131,7 @@ class GemmProblem:
 def device_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter runs programs one after another; 4 exercises stream-k splits
-
-
-BLOCK_M_MAX = 128   # the tallest row block the heuristic picks (the layout pads h for it)
+    return INTERP_SMS
 
 
 def _pow2_at_least(n: int, lo: int, hi: int) -> int:
@@ -97,18 +153,18 @@ def block_m_for(n_tokens: int, top_k: int, n_expert: int) -> int:
     """The heuristic's BLOCK_M: mean rows per active expert, as a power of two in [16, 128]."""
     rows = n_tokens * top_k
     active = max(1, min(n_expert, rows))
-    return _pow2_at_least(-(-rows // active), 16, BLOCK_M_MAX)
+    return _pow2_at_least(-(-rows // active), BLOCK_M_MIN, BLOCK_M_MAX)
 
 
 def choose_tile(p: GemmProblem) -> TileConfig:
     bm = block_m_for(p.n_tokens, p.top_k, p.n_expert)
-    bn = 64 if bm < 64 or p.decoded else 128
-    warps = 8 if bm * bn >= 128 * 128 else 4
+    bn = BLOCK_N_NARROW if bm < TALL_ROWS or p.decoded else BLOCK_N_WIDE
+    warps = WARPS_BIG_TILE if bm * bn >= BIG_TILE else WARPS
     # the larger of the two GEMMs (gate/up over F outputs, down over D outputs) decides the schedule
     tiles = max(expected_tiles(p, bm, bn, p.d_expert), expected_tiles(p, bm, bn, p.d_model))
     waves, tail = divmod(tiles, p.n_sms)
-    sk = 0 < tail <= 3 * p.n_sms // 4 and waves < 4
-    return TileConfig(bm, bn, 64, warps, 3, "stream_k" if sk else "dp", p.n_sms)
+    sk = 0 < tail <= int(SK_TAIL_MAX * p.n_sms) and waves < SK_WAVES_MAX
+    return TileConfig(bm, bn, BLOCK_K, warps, NUM_STAGES, "stream_k" if sk else "dp", p.n_sms)
 
 
 _PINNED: ContextVar[tuple | None] = ContextVar("strata_tile_pin", default=None)
@@ -144,3 +200,81 @@ def resolve_tile(p: GemmProblem, schedule=None) -> TileConfig:
                               f"got {schedule!r}")
         cfg = cfg.with_(schedule=schedule)
     return cfg
+
+
+def pinned_choice(name: str):
+    """TileConfig field `name` as the active pin sets it (a field override, else the pinned
+    TileConfig's), or None without one: for launches that take one choice of the config, not
+    a whole tile (the decode-once path's `words`)."""
+    pin = _PINNED.get()
+    if pin is None:
+        return None
+    _, pcfg, over = pin
+    if name in over:
+        return over[name]
+    return getattr(pcfg, name) if pcfg is not None else None
+
+
+def padded_rows(n_tokens: int, top_k: int, n_expert: int, block_m: int) -> int:
+    """TKP: rows of h when each of the (at most min(E, T·K)) routed experts' groups of rows is
+    padded to a multiple of block_m; an upper bound of n_blocks * block_m for any routing."""
+    tk = n_tokens * top_k
+    return tk + min(n_expert, tk) * (block_m - 1)
+
+
+def scratch_nbytes(tile: TileConfig) -> int:
+    """Fixup scratch for one stream-k launch: 2 slots per program (its first and its last piece)
+    x 2 fp32 accumulators (gate and up) x BLOCK_M x BLOCK_N; the DOWN launch reuses it."""
+    if tile.schedule != "stream_k":
+        return 0
+    return 2 * tile.programs * 2 * tile.BLOCK_M * tile.BLOCK_N * 4
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One expert-GEMM launch (gate/up, then down) over T tokens, planned before allocation.
+
+    h_rows is TKP (padded_rows): the most rows h [h_rows, F] can take for any routing, so a
+    workspace of that many rows always fits; max_blocks = h_rows // BLOCK_M bounds the row
+    blocks, hence the data-parallel grids (tiles_gate_up / tiles_down of n_blocks)."""
+    tile: TileConfig
+    n_tokens: int      # T
+    top_k: int         # K
+    n_expert: int      # E
+    d_model: int       # D
+    d_expert: int      # F
+    decoded: bool      # weights in a block format (the fused decode), not BF16
+    h_rows: int        # TKP: workspace rows of h
+    yk_rows: int       # T·K: rows of the per-assignment output yk [T·K, D]
+    max_blocks: int    # BLOCK_M row blocks at most
+    scratch_bytes: int  # stream-k fixup scratch one launch asks for (0 for data-parallel)
+
+    @property
+    def stream_k(self) -> bool:
+        return self.tile.schedule == "stream_k"
+
+    def tiles_gate_up(self, n_blocks: int) -> int:
+        return n_blocks * -(-self.d_expert // self.tile.BLOCK_N)
+
+    def tiles_down(self, n_blocks: int) -> int:
+        return n_blocks * -(-self.d_model // self.tile.BLOCK_N)
+
+    def grid(self, n_tiles: int) -> tuple[int]:
+        """The GEMM launch's grid: P programs (stream-k) or one program a tile."""
+        return (self.tile.programs,) if self.stream_k else (n_tiles,)
+
+
+def plan_launch(n_tokens: int, top_k: int, n_expert: int, d_model: int, d_expert: int, *,
+                decoded: bool, device=None, n_sms: int | None = None,
+                schedule=None) -> LaunchPlan:
+    """The plan of one expert-GEMM launch: T tokens, K top-k, E experts, D hidden, F expert
+    width, `decoded` weights (any of gate/up/down in a block format). The tile is
+    resolve_tile's (a TileConfig `schedule`, else the active pin_tile, else the heuristic);
+    n_sms defaults to the device's (device_sms)."""
+    if n_sms is None:
+        n_sms = device_sms(torch.device(device if device is not None else "cpu"))
+    p = GemmProblem(n_tokens, top_k, n_expert, d_model, d_expert, n_sms, decoded)
+    tile = resolve_tile(p, schedule)
+    rows = padded_rows(n_tokens, top_k, n_expert, tile.BLOCK_M)
+    return LaunchPlan(tile, n_tokens, top_k, n_expert, d_model, d_expert, decoded, rows,
+                      n_tokens * top_k, rows // tile.BLOCK_M, scratch_nbytes(tile))

@@ -107,9 +107,10 @@ def test_slab_reserve_counts_the_kernels_own_classes():
         prob = kmoe.GemmProblem(CHUNK, SHAPE.top_k, SHAPE.n_expert, SHAPE.d_model,
                                 SHAPE.d_expert, 4)
         one = size_class(kmoe.scratch_nbytes(kmoe.resolve_tile(prob)))
-        assert slab_reserve(SHAPE, 12, CHUNK, "cpu") == one      # chunks 8 and 4: one class
+        # the pack is BF16 (not decoded); chunks 8 and 4: one class
+        assert slab_reserve(SHAPE, 12, CHUNK, "cpu", decoded=False) == one
     with pin_tile(schedule="dp"):
-        assert slab_reserve(SHAPE, 12, CHUNK, "cpu") == 0
+        assert slab_reserve(SHAPE, 12, CHUNK, "cpu", decoded=False) == 0
 
 
 def test_real_stream_k_kernel_takes_scratch_from_the_tail(engine, caplog, monkeypatch):
@@ -125,7 +126,8 @@ def test_real_stream_k_kernel_takes_scratch_from_the_tail(engine, caplog, monkey
     w = torch.softmax(torch.randn(T, K, generator=g), -1)
     cache = part.cache
     with pin_tile(**STREAM_K):
-        need = engine.layout.bytes_needed(CHUNK, 2) + slab_reserve(SHAPE, T, CHUNK, "cpu")
+        need = (engine.layout.bytes_needed(CHUNK, 2)
+                + slab_reserve(SHAPE, T, CHUNK, "cpu", decoded=False))
         with Loan(cache, need) as loan:
             offs = torch.full((E,), -1, dtype=torch.int64)   # layer 0's experts the loan left
             for (layer, e), slot in cache.index.items():

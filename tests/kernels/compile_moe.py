@@ -5,6 +5,7 @@ interpreter cannot see. Args get the divisibility-16 hints the JIT gives real la
 pipeliner sees what it sees on the H200.
 
     python tests/kernels/compile_moe.py            # every mode x schedule x format, one tile
+    python tests/kernels/compile_moe.py Q8_0 Q4_K  # only these formats (each variant it takes)
 """
 import itertools
 import os
@@ -18,7 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton._C.libtriton import ir  # noqa: E402
 
 import strata.kernels._moe_kernel as k  # noqa: E402
-import strata.kernels.expert_dequant as dq  # noqa: E402
+import strata.kernels._expert_dequant_kernel as dq  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -56,9 +57,15 @@ def gemm_sig(mode):
             "n_tiles": "i32", "n_programs": "i32"}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     fails = 0
-    fmts = [get_format(f).ggml_type for f in k.TRITON_FORMATS]
+    only = argv if argv is not None else sys.argv[1:]
+    bad = [f for f in only if f not in k.TRITON_FORMATS]
+    if bad:
+        print(f"no Triton decoder for {bad}; choose from {', '.join(k.TRITON_FORMATS)}",
+              file=sys.stderr)
+        return 2
+    fmts = [get_format(f).ggml_type for f in (only or k.TRITON_FORMATS)]
     names = {get_format(f).ggml_type: get_format(f).name for f in k.TRITON_FORMATS}
     runs = [(mode, sched, fmt, v) for mode, sched, fmt, v in
             itertools.product((0, 1), (0, 1), fmts, k.DOT_VARIANTS)

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from strata.kernels import expert_dequant
 from strata.kernels.expert_dequant import dequant_experts, dequant_experts_torch
 from strata.kernels.synth import random_expert_set
+from strata.kernels.tiles import pin_tile
 
 CASES = [(("BF16",), 64, 32), (("Q8_0", "Q4_0", "F16"), 64, 32),
          # rows of whole block pairs and 4-byte words: Q8_0/Q4_0 take the word path
@@ -14,8 +14,12 @@ CASES = [(("BF16",), 64, 32), (("Q8_0", "Q4_0", "F16"), 64, 32),
 @pytest.mark.parametrize("words", [True, False], ids=["words", "bytes"])
 @pytest.mark.parametrize("fmts,D,F", CASES, ids=lambda c: "-".join(c) if isinstance(c, tuple)
                          else str(c))
-def test_dequant_matches_reference(fmts, D, F, words, monkeypatch):
-    monkeypatch.setattr(expert_dequant, "WORD_DECODE", words)
+def test_dequant_matches_reference(fmts, D, F, words):
+    with pin_tile(words=words):
+        _check_dequant(fmts, D, F)
+
+
+def _check_dequant(fmts, D, F):
     experts = random_expert_set(3, D, F, *fmts, seed=5)
     counts = torch.tensor([2, 0, 1])                       # expert 1 idle: left untouched
     for name in ("gate", "up", "down"):

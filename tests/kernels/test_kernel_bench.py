@@ -59,8 +59,8 @@ def test_decoded_dot_ab_smoke(tmp_path):
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
     out = tmp_path / "dd.csv"
-    assert ab.main(["--smoke", "--variants", "swap_fast_pf_w16_magic", "pair",
+    assert ab.main(["--smoke", "--variants", "swap_fast_pf_w16_magic", "decode",
                     "--out", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
-    assert {r["variant"] for r in rows} >= {"grouped_mm-bf16", "swap_fast_pf_w16_magic", "pair"}
+    assert {r["variant"] for r in rows} >= {"grouped_mm-bf16", "swap_fast_pf_w16_magic", "decode"}
     assert all(float(r["rel_err"]) < 1.5e-2 for r in rows if r["rel_err"])

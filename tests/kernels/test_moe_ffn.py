@@ -21,8 +21,8 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels import last_launch, moe_ffn, moe_ffn_torch, pin_tile, topk_route
-from strata.kernels import moe as moe_mod
-from strata.kernels._moe_kernel import DOT_VARIANTS, PAIR_FALLBACK, dot_plan
+from strata.kernels._moe_kernel import dot_plan
+from strata.kernels.tiles import DOT_VARIANTS
 from strata.kernels.synth import random_expert_set
 
 BF16_REL = 1e-2
@@ -237,7 +237,7 @@ VARIANT_CASES = [
          BN=32, BK=64),
     Case("runs-differ-q2-beside-q8", T=5, E=2, K=1, D=128, F=64, fmts=("Q8_0", "Q2_0", "Q8_0"),
          BN=32, BK=64),       # gate scaled (run 32), up falls back to decoding (run 64)
-    # rows of whole block pairs (D, F multiples of 64): the pair* variants take their word path
+    # rows of whole block pairs (D, F multiples of 64), as the decode-once word path reads them
     Case("pairs-q8-q4-dp", T=9, E=3, K=2, D=128, F=192, fmts=("Q8_0", "Q4_0", "Q8_0"),
          BN=16, BK=64),
     Case("pairs-q4-q8-sk-bk128", T=6, E=3, K=2, D=256, F=128, fmts=("Q4_0", "Q8_0", "Q4_0"),
@@ -247,12 +247,12 @@ VARIANT_CASES = [
 
 @pytest.mark.parametrize("variant", DOT_VARIANTS)
 @pytest.mark.parametrize("c", VARIANT_CASES, ids=lambda c: c.id)
-def test_every_decoded_dot_variant_matches_reference(c: Case, variant, monkeypatch):
-    """moe.DECODED_DOT picks how decoded weights meet the MMA; every variant (not only the
+def test_every_decoded_dot_variant_matches_reference(c: Case, variant):
+    """The tile's `dot` picks how decoded weights meet the MMA; every variant (not only the
     default) stays within DECODED_REL, and stream-k stays deterministic under each."""
-    monkeypatch.setattr(moe_mod, "DECODED_DOT", variant)
     experts, x, ids, w, ref = _inputs(c)
-    with pin_tile(schedule=c.schedule, programs=c.programs, BLOCK_N=c.BN, BLOCK_K=c.BK):
+    with pin_tile(schedule=c.schedule, programs=c.programs, BLOCK_N=c.BN, BLOCK_K=c.BK,
+                  dot=variant):
         y = moe_ffn(x, ids, w, experts)
         y2 = moe_ffn(x, ids, w, experts)
     assert not torch.isnan(y).any()
@@ -262,16 +262,7 @@ def test_every_decoded_dot_variant_matches_reference(c: Case, variant, monkeypat
 
 def test_dot_plan():
     assert dot_plan("Q8_0", "Q4_0", 64, "swap_fast_pf") == dict(
-        SC1=True, SC2=True, RUN=32, SW=True, FAST=True, PF=True, W16=False, MAGIC=False,
-        PAIR=False)
-    # pair*: Q8_0/Q4_0 with word-aligned rows and BK a multiple of 64, else PAIR_FALLBACK's plan
-    p = dot_plan("Q8_0", "Q4_0", 128, "pair_swap")
-    assert (p["PAIR"], p["SW"], p["FAST"], p["SC1"]) == (True, True, False, False)
-    assert dot_plan("Q8_0", "Q8_0", 64, "pair")["SW"] is False
-    fb = dot_plan("Q8_0", "Q4_0", 64, PAIR_FALLBACK)
-    assert dot_plan("Q8_0", "Q4_0", 64, "pair_swap", words=False) == fb
-    assert dot_plan("Q8_0", "Q4_0", 32, "pair") == dot_plan("Q8_0", "Q4_0", 32, PAIR_FALLBACK)
-    assert dot_plan("Q8_0", "Q5_0", 64, "pair")["PAIR"] is False
+        SC1=True, SC2=True, RUN=32, SW=True, FAST=True, PF=True, W16=False, MAGIC=False)
     assert dot_plan("Q8_0", "Q8_0", 64, "decode")["SC1"] is False
     # BK smaller than a run: decode; Q2_0's 64-run beside a 32-run: matrix 2 decodes
     assert dot_plan("Q4_0", "Q4_0", 16, "scaled")["SC1"] is False

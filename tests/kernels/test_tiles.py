@@ -67,3 +67,22 @@ def test_bad_tiles_are_clear():
         TileConfig(32, 64, 64, 4, 2, "splitk", 1)
     with pytest.raises(StrataError, match="schedule must be"):
         resolve_tile(GemmProblem(4, 2, 4, 64, 32, 4), "fast")
+    with pytest.raises(StrataError, match="dot must be one of"):
+        TileConfig(32, 64, 64, 4, 2, "dp", 1, dot="pair")       # retired (measured slower)
+
+
+def test_launch_choices_are_pinnable_data():
+    """The dot variant and the decode-once word path are fields of the pinned config, restored
+    on exit (no module global to assign)."""
+    from strata.kernels.expert_dequant import word_decode
+    from strata.kernels.tiles import DEFAULT_DOT, DEFAULT_WORDS, pinned_choice
+    p = GemmProblem(512, **QWEN)
+    assert resolve_tile(p).dot == DEFAULT_DOT and word_decode() is DEFAULT_WORDS
+    assert pinned_choice("words") is None
+    with pin_tile(dot="decode", words=False):
+        assert resolve_tile(p).dot == "decode"
+        assert word_decode() is False
+        with pin_tile(resolve_tile(p).with_(words=True, dot="scaled")):
+            assert word_decode() is True and resolve_tile(p).dot == "scaled"
+        assert word_decode() is False
+    assert resolve_tile(p).dot == DEFAULT_DOT and word_decode() is DEFAULT_WORDS
