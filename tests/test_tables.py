@@ -54,3 +54,13 @@ def test_table_sizes_equal_gguf_py():
         if t is None:                                   # Q2_0: newer than gguf-py 0.19
             continue
         assert int(t) == f.ggml_type and gguf.GGML_QUANT_SIZES[t] == (f.block, f.block_bytes), f.name
+
+
+def test_iq_table_parts_at_their_offsets():
+    from strata.formats.tables import GRIDS, IQ3S_GRID, _TABLES, grid_values, iq_table_offset
+    t = _TABLES["iq"]()
+    assert t[:512].tolist() == list(IQ3S_GRID)                  # IQ3_S alone is a prefix
+    for name, (_, points, width) in GRIDS.items():
+        off = iq_table_offset(name)
+        assert torch.equal(t[off:off + points * width], grid_values(name).reshape(-1)), name
+    assert len(t) == iq_table_offset("IQ1_S") + 2048 * 8

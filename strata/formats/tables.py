@@ -121,14 +121,36 @@ def grid_values(name: str) -> torch.Tensor:
     return g.to(torch.int32)
 
 
+def _iq_parts() -> list[tuple[str, torch.Tensor]]:
+    """The parts of the one i-quant table a Triton decoder reads, in order: IQ3_S's packed words
+    first (so a table of IQ3_S alone is a prefix of it), then one int32 per grid weight."""
+    parts = [("IQ3_S", torch.tensor(IQ3S_GRID, dtype=torch.int32))]
+    return parts + [(g, grid_values(g).reshape(-1)) for g in GRIDS if g != "IQ1_M"]
+
+
+IQ_TABLE_SIZES = {"IQ3_S": 512, **{g: p * w for g, (_, p, w) in GRIDS.items() if g != "IQ1_M"}}
+
+
+def iq_table_offset(name: str) -> int:
+    """Where format `name`'s grid starts in device_table("iq") (IQ1_M reads IQ1_S's)."""
+    name = "IQ1_S" if name == "IQ1_M" else name
+    off = 0
+    for part in IQ_TABLE_SIZES:
+        if part == name:
+            return off
+        off += IQ_TABLE_SIZES[part]
+    raise KeyError(name)
+
+
 _TABLES = {
     "iq4nl": lambda: torch.tensor(KVALUES_IQ4NL, dtype=torch.int32),
     "mxfp4": lambda: torch.tensor(KVALUES_MXFP4, dtype=torch.int32),
     # packed words as int32 (values < 2**31: every byte <= 15)
     "iq3s": lambda: torch.tensor(IQ3S_GRID, dtype=torch.int32),
     "ksigns": lambda: torch.tensor(KSIGNS_IQ2XS, dtype=torch.int32),
-    # one int32 per grid weight, point-major: [points * width]
-    **{g.lower(): (lambda g=g: grid_values(g).reshape(-1).clone()) for g in GRIDS if g != "IQ1_M"},
+    # every i-quant grid in one table (Triton takes one table pointer whatever the mix of formats
+    # in a GEMM): IQ3_S's words, then each grid point-major [points * width], at iq_table_offset
+    "iq": lambda: torch.cat([t for _, t in _iq_parts()]),
 }
 
 
@@ -138,8 +160,8 @@ def _device_table(name: str, device: str) -> torch.Tensor:
 
 
 def device_table(name: str, device) -> torch.Tensor:
-    """The int32 table `name` ('iq4nl', 'mxfp4', 'iq3s', 'ksigns', 'iq2_xxs', 'iq2_xs', 'iq2_s',
-    'iq3_xxs', 'iq1_s') on `device`, made once per device."""
+    """The int32 table `name` ('iq4nl', 'mxfp4', 'iq3s', 'ksigns', 'iq') on `device`, made once
+    per device."""
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:  # "cuda" means the current device: name it
         dev = torch.device("cuda", torch.cuda.current_device())
