@@ -121,7 +121,7 @@ def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32,
     if n == 0 or k == 0:
         return out.reshape(*lead, k)
     if fmt.block_bytes % 2 == 0 and raw.data_ptr() % 2:
-        # fp16 fields are read as aligned 16-bit words (see decode.py)
+        # fp16 fields are read as aligned 16-bit words (see strata.kernels.decode)
         raise StrataError(f"{fmt.name} blocks must start at an even address; pass a tensor "
                           f"whose storage starts at the matrix (e.g. raw.clone())")
     t = tiles or dequant_tiles(fmt, n, k)
