@@ -75,6 +75,15 @@ CASES = [
     Case("q6k-sk", T=3, E=2, K=1, D=256, F=256, fmts=("Q6_K",), schedule="stream_k",
          programs=3, BN=32, BK=64),
     Case("D-not-multiple-of-BN", T=4, E=3, K=2, D=96, F=64, BN=64, BK=64),
+    # the stock mixes' types, three to a blob (the GEMM reads any mix of formats per matrix)
+    Case("mix-q4_1-q5_1-q5_k", T=4, E=3, K=2, D=256, F=256, fmts=("Q4_1", "Q5_1", "Q5_K"),
+         BN=32, BK=64),
+    Case("mix-q2k-q3k-iq4xs", T=4, E=3, K=2, D=256, F=256, fmts=("Q2_K", "Q3_K", "IQ4_XS"),
+         BN=32, BK=64),
+    Case("mix-iq2xxs-iq2xs-iq2s", T=4, E=3, K=2, D=256, F=256,
+         fmts=("IQ2_XXS", "IQ2_XS", "IQ2_S"), BN=32, BK=64),
+    Case("mix-iq3xxs-iq1s-iq1m-sk", T=4, E=3, K=2, D=256, F=256,
+         fmts=("IQ3_XXS", "IQ1_S", "IQ1_M"), schedule="stream_k", programs=3, BN=32, BK=64),
 ]
 
 
