@@ -55,22 +55,42 @@ def rel(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("mix", ["Q4_K_M"])
-def test_synth_mix_pack_prefill_equals_reference(tmp_path, mix, monkeypatch):
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """(GGUF, pack, reference logits) of a synth Q4_K_M model."""
     from strata.packs.synth import Mix, synth_gguf
-    g = synth_gguf(tmp_path / "m.gguf", SHAPE, Mix.stock(mix, SHAPE), seed=3, progress=False)
+    d = tmp_path_factory.mktemp("mix")
+    g = synth_gguf(d / "m.gguf", SHAPE, Mix.stock("Q4_K_M", SHAPE), seed=3, progress=False)
+    pack = d / "m.pack"
+    assert main(["pack", str(g), "-o", str(pack)]) == 0
+    return g, pack, gguf_reference(g, SHAPE, TOKENS).numpy()
+
+
+def _prefill(pack, out, *extra):
+    assert main(["prefill", str(pack), "--tokens", ",".join(map(str, TOKENS)), "--device", "cpu",
+                 "--experts", "ref", "--dump-logits", str(out), *extra]) == 0
+    return np.load(out)
+
+
+def test_synth_mix_pack_prefill_equals_reference(mixed, tmp_path):
+    g, pack, want = mixed
     types = {x.name: x.tensor_type.name for x in gguf.GGUFReader(str(g)).tensors}
     assert {types[f"blk.{i}.ffn_down_exps.weight"] for i in range(8)} == {"Q4_K", "Q6_K"}
     assert types["blk.0.attn_output.weight"] == "Q5_0" and types["output.weight"] == "Q6_K"
-    pack = tmp_path / "m.pack"
-    assert main(["pack", str(g), "-o", str(pack)]) == 0
     pk = Pack.open(pack)
     assert len({pl.blob_size for pl in pk.layers}) == 2 and pk.max_blob == max(
         pl.blob_size for pl in pk.layers)
-    out = tmp_path / "logits.npy"
-    assert main(["prefill", str(pack), "--tokens", ",".join(map(str, TOKENS)), "--device", "cpu",
-                 "--experts", "ref", "--chunk", "4", "--dump-logits", str(out)]) == 0
-    got = np.load(out)
-    want = gguf_reference(g, SHAPE, TOKENS).numpy()
+    got = _prefill(pack, tmp_path / "r.npy", "--chunk", "4")
     assert got.shape == want.shape == (len(TOKENS), SHAPE.vocab)
     assert np.isfinite(want).all() and rel(got, want) < FP32_REL
+
+
+def test_synth_mix_streamed_equals_reference(mixed, tmp_path, capsys):
+    """Streamed through a 4-slot ring and a cache too small for every expert: per-layer blob
+    sizes of the mix (Q6_K-down layers larger) move through slots sized by max_blob."""
+    _, pack, want = mixed
+    got = _prefill(pack, tmp_path / "s.npy", "--vram", "2GiB", "--cache", "3MiB", "--ring", "4",
+                   "--chunk", "4")
+    out = capsys.readouterr().out
+    assert "streamed" in out and "served from the cache" in out
+    assert rel(got, want) < FP32_REL
