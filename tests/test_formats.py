@@ -312,3 +312,13 @@ def test_errors_are_clear():
 def test_every_table_format_has_a_dequantizer():
     from strata.formats.codec import DEQUANTIZERS
     assert set(DEQUANTIZERS) == set(FORMATS)
+
+
+def test_family_names_the_reference_module():
+    # Format.family says where a format's torch reference lives
+    from strata.formats.codec import DEQUANTIZERS
+    modules = {"plain": {"plain"}, "legacy": {"legacy"}, "kquant": {"kquants"},
+               "iquant": {"iquants", "iq2", "iq1"}, "mx": {"mxfp4"}}
+    for f in FORMATS.values():
+        assert DEQUANTIZERS[f.name].__module__.rsplit(".", 1)[1] in modules[f.family], f.name
+
