@@ -36,6 +36,31 @@ def set16(blocks: torch.Tensor, off: int, u) -> None:
     blocks[:, off + 1] = ((u >> 8) & 0xFF).to(torch.uint8)
 
 
+def get_nibble16(blocks: torch.Tensor, off: int) -> torch.Tensor:
+    """int32 [n]: the 16-bit pattern held in the top nibbles of the 4 u16 words at byte `off`
+    (IQ1_M's split fp16 scale, `Format.f16_nibbles`; word 0 holds the lowest nibble)."""
+    u = torch.zeros(blocks.shape[0], dtype=torch.int32)
+    for j in range(4):
+        u |= ((blocks[:, off + 2 * j + 1].to(torch.int32) >> 4) & 0xF) << (4 * j)
+    return u
+
+
+def set_nibble16(blocks: torch.Tensor, off: int, u) -> None:
+    """Write 16-bit patterns u into the top nibbles of the 4 u16 words at byte `off`."""
+    u = torch.as_tensor(u, dtype=torch.int32)
+    for j in range(4):
+        hi = blocks[:, off + 2 * j + 1].to(torch.int32)
+        blocks[:, off + 2 * j + 1] = ((hi & 0x0F) | (((u >> (4 * j)) & 0xF) << 4)).to(torch.uint8)
+
+
+def set_scales(blocks: torch.Tensor, fmt, u) -> None:
+    """Every fp16 scale field of blocks [n, bytes] of `fmt` set to the patterns u."""
+    for off in fmt.fp16_fields:
+        set16(blocks, off, u)
+    if fmt.f16_nibbles is not None:
+        set_nibble16(blocks, fmt.f16_nibbles, u)
+
+
 def random_blocks(qtype, n_blocks: int, gen: torch.Generator) -> torch.Tensor:
     """uint8 [n_blocks, block_bytes]: uniform random bytes, finite scales."""
     fmt = get_format(qtype)
@@ -44,6 +69,8 @@ def random_blocks(qtype, n_blocks: int, gen: torch.Generator) -> torch.Tensor:
     for off in fmt.fp16_fields:
         u = b[:, off].to(torch.int32) | (b[:, off + 1].to(torch.int32) << 8)
         set16(b, off, finite16(u, fmt.name))
+    if fmt.f16_nibbles is not None:
+        set_nibble16(b, fmt.f16_nibbles, finite16(get_nibble16(b, fmt.f16_nibbles), fmt.name))
     return b
 
 
@@ -60,7 +87,8 @@ def code_sweep_blocks(qtype) -> torch.Tensor:
     Block set 1: all non-scale bytes equal b, for b = 0..255 (every nibble, 2-bit, 6-bit, 8-bit
     field value at every position). Block set 2: byte i of block b is (b + 37 i) mod 256, so
     neighbouring fields differ (Q5_0's high bits, IQ3_S's grid index high bit vs low byte).
-    Each set is repeated under every EDGE_F16 scale (all fp16 fields of a block set alike).
+    Each set is repeated under every EDGE_F16 scale (all fp16 fields of a block set alike; IQ1_M's
+    split scale too, whose nibbles then override the top nibbles of the swept scale bytes).
     Plain F16/BF16: every 16-bit pattern. For MXFP4 (no fp16 field) the first byte is the e8m0
     scale, which b sweeps through 0..255.
     """
@@ -72,13 +100,12 @@ def code_sweep_blocks(qtype) -> torch.Tensor:
     pos = torch.arange(fmt.block_bytes, dtype=torch.int32)[None, :]
     sets = [(b + 0 * pos) & 0xFF, (b + 37 * pos) & 0xFF]
     base = torch.cat(sets).to(torch.uint8)                                # [512, block_bytes]
-    if not fmt.fp16_fields:
+    if not fmt.fp16_fields and fmt.f16_nibbles is None:
         return base
     out = []
     for u in EDGE_F16.values():
         blk = base.clone()
-        for off in fmt.fp16_fields:
-            set16(blk, off, u)
+        set_scales(blk, fmt, u)
         out.append(blk)
     return torch.cat(out)
 

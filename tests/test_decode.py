@@ -45,7 +45,7 @@ def decode_window(raw: torch.Tensor, qtype, k: int, bn: int = 4, bk: int = 16,
     n = raw.shape[0]
     out = torch.empty((n - row0, k - k0), dtype=torch.float32, device=raw.device)
     grid = (triton.cdiv(n - row0, bn), triton.cdiv(k - k0, bk))
-    _decode_window_kernel[grid](raw, out, device_table("iq3s", raw.device), n, k,
+    _decode_window_kernel[grid](raw, out, device_table("iq", raw.device), n, k,
                                 fmt.row_bytes(k), row0, k0, fmt.ggml_type, bn, bk, runs)
     return out
 

@@ -8,12 +8,14 @@ from hypothesis.extra import numpy as hnp
 
 from strata.errors import StrataError
 from strata.formats import FORMATS, dequantize, get_format, quantize
-from blocks import (EDGE_F16, assert_decoded_equal, code_sweep_blocks, random_matrix, same_bits,
-                    set16)
+from blocks import (EDGE_F16, assert_decoded_equal, code_sweep_blocks, random_blocks,
+                    random_matrix, same_bits, set16, set_nibble16, set_scales)
 
 # gguf-py 0.19 decodes every strata format but Q2_0 (ggml type 42, newer than gguf-py)
-GGUF_DECODES = ["F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_K", "Q6_K", "IQ3_S", "MXFP4"]
-GGUF_ENCODES = ["BF16", "Q8_0", "Q4_0", "Q5_0", "MXFP4"]
+GGUF_DECODES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K",
+                "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS",
+                "IQ1_S", "IQ1_M", "MXFP4"]
+GGUF_ENCODES = ["BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"]
 
 # gguf-py's own MXFP4 decode overflows to inf for e8m0 = 255 (so does ggml's); not a failure
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")
@@ -94,6 +96,67 @@ def test_iq3_s_every_grid_point():
     assert same_bits(dequantize(raw, fmt), gguf_dequantize(raw, "IQ3_S"))
 
 
+def _u16s(raw: torch.Tensor, off: int, u: torch.Tensor) -> None:
+    """Write u16 words u [n, m] little-endian from byte `off` of blocks raw [n, bytes]."""
+    for j in range(u.shape[1]):
+        set16(raw, off + 2 * j, u[:, j])
+
+
+def grid_sweep(name: str) -> torch.Tensor:
+    """Blocks in which the grid index of point g of block b is 32 b + g (64 per IQ3_XXS block,
+    8-bit indices repeat): every grid point of the format, with random signs; one sub-block scale
+    and a + delta throughout, so the |weights| of distinct points differ; fp16 d 'one'.
+    Layouts written from gguf-py's dequantize_blocks."""
+    fmt = get_format(name)
+    points = {"IQ2_XXS": 256, "IQ2_XS": 512, "IQ2_S": 1024, "IQ3_XXS": 256, "IQ1_S": 2048,
+              "IQ1_M": 2048}[name]
+    per = 64 if name == "IQ3_XXS" else 32
+    nb = points // per
+    gen = torch.Generator().manual_seed(5)
+    raw = random_blocks(fmt, nb, gen)                      # random signs / scales elsewhere
+    idx = torch.arange(nb * per, dtype=torch.int32).reshape(nb, per) % points
+    if name == "IQ2_XXS":                                  # first u32 of each pair: 4 index bytes
+        pairs = raw[:, 2:66].reshape(nb, 8, 8)
+        pairs[:, :, :4] = idx.reshape(nb, 8, 4).to(torch.uint8)
+        pairs[:, :, 7] = (pairs[:, :, 7] & 0x0F) | 0x50    # scale 5 (bits 28..31)
+        raw[:, 2:66] = pairs.reshape(nb, 64)
+    elif name == "IQ2_XS":                                 # u16: 9-bit index | 7-bit signs
+        _u16s(raw, 2, idx | ((idx * 37 % 128) << 9))
+        raw[:, 66:74] = 0x55
+    elif name == "IQ2_S":                                  # qs low byte, 2 bits in qh[g//4]
+        raw[:, 2:34] = (idx & 255).to(torch.uint8)
+        hi = (idx >> 8).reshape(nb, 8, 4) << torch.tensor([0, 2, 4, 6])
+        raw[:, 66:74] = hi.sum(dim=2).to(torch.uint8)
+        raw[:, 74:82] = 0x55
+    elif name == "IQ3_XXS":
+        raw[:, 2:66] = idx.to(torch.uint8)
+        words = raw[:, 66:98].reshape(nb, 8, 4)
+        words[:, :, 3] = (words[:, :, 3] & 0x0F) | 0x50    # scale 5 (bits 28..31)
+        raw[:, 66:98] = words.reshape(nb, 32)
+    elif name == "IQ1_S":                                  # qs low byte, 3 bits in qh[g//4]
+        raw[:, 2:34] = (idx & 255).to(torch.uint8)
+        hi = ((idx >> 8).reshape(nb, 8, 4) << torch.tensor([0, 3, 6, 9])).sum(dim=2)
+        _u16s(raw, 34, 0x5000 | hi)                        # scale 5, delta +
+    elif name == "IQ1_M":                                  # qs low byte, 3 bits per qh nibble
+        raw[:, 0:32] = (idx & 255).to(torch.uint8)
+        lo, hi = (idx >> 8)[:, 0::2], (idx >> 8)[:, 1::2]
+        raw[:, 32:48] = (lo | (hi << 4)).to(torch.uint8)   # delta bits (3, 7) clear: +
+        raw[:, 48:56] = torch.where(torch.arange(8) % 2 == 1, 0x20, 0x49).to(torch.uint8)
+    set_scales(raw, fmt, EDGE_F16["one"])
+    return raw
+
+
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ1_S", "IQ1_M"])
+def test_every_grid_point(name):
+    raw = grid_sweep(name)
+    assert_decoded_equal(dequantize(raw, name), gguf_dequantize(raw, name), name)
+    # one scale and one delta throughout: distinct |groups| are distinct points, so a layout
+    # slip above (indices not reaching their high bits) shows as too few
+    width = 4 if name == "IQ3_XXS" else 8
+    groups = gguf_dequantize(raw, name).abs().reshape(-1, width)
+    assert len(torch.unique(groups, dim=0)) == raw.shape[0] * (64 if name == "IQ3_XXS" else 32)
+
+
 fp16_bits = st.one_of(st.sampled_from(sorted(EDGE_F16.values())),
                       st.integers(0, 0xFFFF).filter(lambda u: (u & 0x7C00) != 0x7C00))
 
@@ -105,6 +168,8 @@ def blocks_with_scales(draw, name):
     raw = torch.tensor(draw(hnp.arrays(np.uint8, (n, fmt.block_bytes))))
     for off in fmt.fp16_fields if fmt.block > 1 else ():
         set16(raw, off, draw(st.lists(fp16_bits, min_size=n, max_size=n)))
+    if fmt.f16_nibbles is not None:
+        set_nibble16(raw, fmt.f16_nibbles, draw(st.lists(fp16_bits, min_size=n, max_size=n)))
     if fmt.block == 1:
         raw = raw.reshape(1, -1)
     return raw
@@ -141,9 +206,42 @@ weights = hnp.arrays(np.float32, st.tuples(st.integers(1, 3), st.just(64)),
 @example(x=np.float32([[np.nextafter(np.float32(8), 0)] + [0.5] * 63]))  # amax just under 2**k
 @example(x=np.float32([[(i - 32) / 4 for i in range(64)]]))           # exact .5 ties in x/d
 def test_quantize_matches_gguf(name, x):
+    if name in ("Q4_1", "Q5_1"):
+        # -0 -> +0: which zero numpy's min/max reduction returns when a block holds both depends
+        # on its SIMD order; ggml's rule for that case is test_quantize_affine_zero_signs
+        x = x + np.float32(0)
     with np.errstate(all="ignore"):
         want = gguf_quantize(x, name)
     assert np.array_equal(quantize(x, name).numpy(), want)
+
+
+def ggml_affine_quantize_np(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """ggml quantize_row_q{4,5}_1_ref's min/max loop and codes, for one block [32]:
+    (d, m as fp16 bits, codes)."""
+    mn, mx = np.float32(np.finfo(np.float32).max), np.float32(-np.finfo(np.float32).max)
+    for v in x:
+        mn = v if v < mn else mn
+        mx = v if v > mx else mx
+    d = np.float32((mx - mn) / np.float32(levels))
+    inv = np.float32(0) if d == 0 else np.float32(1) / d
+    q = np.clip(np.trunc((x - mn) * inv + np.float32(0.5)), 0, levels).astype(np.int32)
+    return np.float16(d).view(np.uint16), np.float16(mn).view(np.uint16), q
+
+
+@pytest.mark.parametrize("name, levels", [("Q4_1", 15), ("Q5_1", 31)])
+@pytest.mark.parametrize("signs", [(0, 1), (1, 0), (1, 1), (0, 0)])
+def test_quantize_affine_zero_signs(name, levels, signs):
+    # a block of zeros of both signs (the first zero's sign is the one ggml keeps), and a block
+    # whose min is a signed zero beside positive weights
+    z = [np.float32(-0.0) if s else np.float32(0.0) for s in signs]
+    for block in (np.array(z * 16, np.float32), np.array(z + [1.5] * 30, np.float32)):
+        raw = quantize(block[None, :], name)[0].numpy()
+        d, m, q = ggml_affine_quantize_np(block, levels)
+        assert raw[:4].view(np.uint16).tolist() == [d, m]
+        got_q = dequantize(torch.from_numpy(raw[None]), name)   # w = d*q + m with q decoded
+        want = np.float32(np.float16(d.view(np.float16))) * q.astype(np.float32) + \
+            np.float32(m.view(np.float16))
+        assert same_bits(got_q[0], torch.from_numpy(want.astype(np.float32)))
 
 
 @given(x=weights)
@@ -200,7 +298,7 @@ def test_errors_are_clear():
     with pytest.raises(StrataError, match="unknown block format"):
         dequantize(torch.zeros(2, 34, dtype=torch.uint8), "Q9_0")
     with pytest.raises(StrataError, match="not a format strata reads"):
-        dequantize(torch.zeros(2, 34, dtype=torch.uint8), gguf.GGMLQuantizationType.Q3_K)
+        dequantize(torch.zeros(2, 34, dtype=torch.uint8), gguf.GGMLQuantizationType.TQ2_0)
     with pytest.raises(StrataError, match="multiple of 32"):
         quantize(torch.zeros(2, 40), "Q8_0")
     with pytest.raises(StrataError, match="decode only"):
@@ -214,3 +312,13 @@ def test_errors_are_clear():
 def test_every_table_format_has_a_dequantizer():
     from strata.formats.codec import DEQUANTIZERS
     assert set(DEQUANTIZERS) == set(FORMATS)
+
+
+def test_family_names_the_reference_module():
+    # Format.family says where a format's torch reference lives
+    from strata.formats.codec import DEQUANTIZERS
+    modules = {"plain": {"plain"}, "legacy": {"legacy"}, "kquant": {"kquants"},
+               "iquant": {"iquants", "iq2", "iq1"}, "mx": {"mxfp4"}}
+    for f in FORMATS.values():
+        assert DEQUANTIZERS[f.name].__module__.rsplit(".", 1)[1] in modules[f.family], f.name
+

@@ -1,4 +1,7 @@
-"""`strata synth --preset NAME --quant TYPE -o model.gguf`: a random qwen3moe model (GGUF or pack)."""
+"""`strata synth --preset NAME --quant TYPE -o model.gguf`: a random qwen3moe model (GGUF or pack).
+
+`--mix Q4_K_M` (Q5_K_M, Q3_K_M, Q2_K, IQ4_XS) lays the model out as llama.cpp's stock mix does:
+per-layer expert types and every dense tensor's type by llama.cpp's rules (strata.packs.mixes)."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +11,13 @@ def add_parser(sub):
     p = sub.add_parser("synth", help="write a random qwen3moe model as GGUF (or a pack)",
                        description=__doc__)
     p.add_argument("--preset", required=True, help="model shape (strata.shapes.PRESETS)")
-    p.add_argument("--quant", default="Q8_0", help="expert format (default Q8_0)")
+    p.add_argument("--quant", default=None, help="expert format (default Q8_0)")
+    p.add_argument("--mix", default=None,
+                   help="a llama.cpp stock mix for every tensor: Q4_K_M, Q5_K_M, Q3_K_M, Q2_K, "
+                        "IQ4_XS (instead of --quant)")
+    p.add_argument("--imatrix", action="store_true",
+                   help="with --mix: the layout an importance-matrix quantization gets (IQ4_XS "
+                        "keeps ffn_down in IQ4_XS on the first eighth of layers)")
     for m in ("gate", "up", "down"):
         p.add_argument(f"--quant-{m}", default=None, help=f"format of the {m} matrices (default --quant)")
     p.add_argument("-o", "--out", required=True, help="output .gguf (or a pack with --pack)")
@@ -27,20 +36,31 @@ def add_parser(sub):
 
 def run(args) -> int:
     from strata.errors import StrataError
-    from strata.packs.synth import ExpertFormats, synth_gguf, synth_pack
+    from strata.packs.synth import ExpertFormats, Mix, synth_gguf, synth_pack
     from strata.shapes import get_preset
     shape = get_preset(args.preset)
     if args.layers is not None:
         if not 1 <= args.layers:
             raise StrataError(f"--layers must be at least 1, got {args.layers}")
         shape = shape.with_(n_layer=args.layers)
-    fmts = ExpertFormats.of(args.quant, args.quant_gate, args.quant_up, args.quant_down)
+    if args.mix is not None:
+        if any(q is not None for q in (args.quant, args.quant_gate, args.quant_up, args.quant_down)):
+            raise StrataError("--mix sets every tensor's type; drop --quant/--quant-gate/--quant-up/"
+                              "--quant-down, or drop --mix")
+        fmts = Mix.stock(args.mix, shape, imatrix=args.imatrix)
+        desc = f"{fmts.name} mix (" + ", ".join(sorted({f"{f.gate}/{f.up}/{f.down}"
+                                                        for f in fmts.experts})) + ")"
+    else:
+        if args.imatrix:
+            raise StrataError("--imatrix only changes a --mix layout; give --mix too")
+        fmts = ExpertFormats.of(args.quant or "Q8_0", args.quant_gate, args.quant_up,
+                                args.quant_down)
+        desc = f"{fmts.gate}/{fmts.up}/{fmts.down}"
     if args.pack:
         out = synth_pack(args.out, shape, fmts, args.seed, args.dense_type)
     else:
         out = synth_gguf(args.out, shape, fmts, args.seed, args.dense_type)
-    print(f"{out}: {shape.n_layer} layers, E={shape.n_expert}, experts "
-          f"{fmts.gate}/{fmts.up}/{fmts.down}")
+    print(f"{out}: {shape.n_layer} layers, E={shape.n_expert}, experts {desc}")
     if args.report_hits:
         report_hits(out, shape, args.hits_tokens, args.seed, args.hits_csv)
     return 0

@@ -32,3 +32,25 @@ def round_away(x: torch.Tensor) -> torch.Tensor:
     a = x.abs()
     fl = torch.floor(a)
     return torch.sign(x) * (fl + torch.floor(2 * (a - fl)))
+
+
+def ksign_bits(aux: torch.Tensor) -> torch.Tensor:
+    """IQ2_XXS / IQ3_XXS sign words int64 [..., m] (4 x 7-bit ksigns indices in bits 0..27)
+    -> fp32 +-1 [..., m, 32]: weight 8j+i of a word takes bit i of ksigns_iq2xs[index j]."""
+    idx = (aux[..., None] >> torch.tensor([0, 7, 14, 21], device=aux.device)) & 0x7F
+    return sign_bits(idx)
+
+
+def sign_bits(idx: torch.Tensor) -> torch.Tensor:
+    """7-bit ksigns indices [..., j] -> fp32 +-1 [..., 8j] (8 signs per index, bit i = weight i)."""
+    from strata.formats.tables import KSIGNS_IQ2XS
+    ks = torch.tensor(KSIGNS_IQ2XS, dtype=torch.int32, device=idx.device)[idx.long()]
+    b = (ks[..., None] >> torch.arange(8, dtype=torch.int32, device=idx.device)) & 1
+    return torch.where(b == 0, 1.0, -1.0).reshape(*idx.shape[:-1], -1)
+
+
+def le_words(b: torch.Tensor, width: int) -> torch.Tensor:
+    """[..., n] bytes -> int64 [..., n / width] unsigned little-endian words of `width` bytes
+    (assembled from the bytes, so any storage offset works)."""
+    v = b.to(torch.int64).reshape(*b.shape[:-1], -1, width)
+    return (v << (8 * torch.arange(width, device=b.device))).sum(dim=-1)

@@ -5,7 +5,7 @@
 
 Bytes live in the last dimension, as `gguf.quants`. Inputs may be numpy arrays or torch tensors
 (any device); results are torch tensors on the input's device. Each format's arithmetic lives in
-its family module (plain, legacy, kquants, iquants, mxfp4); this module only checks and reshapes.
+its family module (plain, legacy, kquants, iquants, iq2, iq1, mxfp4); this module only checks and reshapes.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from strata.errors import StrataError
-from strata.formats import iquants, kquants, legacy, mxfp4, plain
+from strata.formats import iq1, iq2, iquants, kquants, legacy, mxfp4, plain
 from strata.formats.table import get_format
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
@@ -31,12 +31,24 @@ DEQUANTIZERS: dict[str, Fn] = {
     "BF16": plain.dequantize_bf16,
     "Q8_0": legacy.dequantize_q8_0,
     "Q4_0": legacy.dequantize_q4_0,
+    "Q4_1": legacy.dequantize_q4_1,
     "Q5_0": legacy.dequantize_q5_0,
+    "Q5_1": legacy.dequantize_q5_1,
     "IQ4_NL": iquants.dequantize_iq4_nl,
     "Q2_0": legacy.dequantize_q2_0,
+    "Q2_K": kquants.dequantize_q2_k,
+    "Q3_K": kquants.dequantize_q3_k,
     "Q4_K": kquants.dequantize_q4_k,
+    "Q5_K": kquants.dequantize_q5_k,
     "Q6_K": kquants.dequantize_q6_k,
+    "IQ2_XXS": iq2.dequantize_iq2_xxs,
+    "IQ2_XS": iq2.dequantize_iq2_xs,
+    "IQ2_S": iq2.dequantize_iq2_s,
+    "IQ3_XXS": iquants.dequantize_iq3_xxs,
     "IQ3_S": iquants.dequantize_iq3_s,
+    "IQ4_XS": iquants.dequantize_iq4_xs,
+    "IQ1_S": iq1.dequantize_iq1_s,
+    "IQ1_M": iq1.dequantize_iq1_m,
     "MXFP4": mxfp4.dequantize_mxfp4,
 }
 QUANTIZERS: dict[str, Fn] = {
@@ -45,7 +57,9 @@ QUANTIZERS: dict[str, Fn] = {
     "BF16": plain.quantize_bf16,
     "Q8_0": legacy.quantize_q8_0,
     "Q4_0": legacy.quantize_q4_0,
+    "Q4_1": legacy.quantize_q4_1,
     "Q5_0": legacy.quantize_q5_0,
+    "Q5_1": legacy.quantize_q5_1,
     "Q2_0": legacy.quantize_q2_0,
     "MXFP4": mxfp4.quantize_mxfp4,
 }

@@ -1,4 +1,5 @@
-"""32-weight ggml blocks with one fp16 scale: Q8_0, Q4_0, Q5_0 (and Q2_0's 64-weight block).
+"""32-weight ggml blocks with one fp16 scale: Q8_0, Q4_0, Q5_0 (and Q2_0's 64-weight block), or a
+scale and an offset: Q4_1, Q5_1.
 
 Each function takes blocks as uint8 [n, block_bytes] (dequantize) or fp32 [n, block] (quantize)
 and mirrors gguf-py / ggml's reference C operation for operation, so results are bit-exact.
@@ -62,6 +63,50 @@ def quantize_q5_0(x: torch.Tensor) -> torch.Tensor:
     hi = (q >> 4) << torch.arange(8, dtype=torch.int32).repeat(4)       # bit j%8 of byte j/8
     qh = hi.reshape(-1, 4, 8).sum(dim=2)
     return torch.cat([f16_bytes(d), qh.to(torch.uint8), qs.to(torch.uint8)], dim=1)
+
+
+def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
+    """Q4_1 [n, 20]: fp16 d, m; qs[16] (low nibble = weight j, high = j+16). w = d * q + m."""
+    d, m = f16(blocks[:, 0:2]), f16(blocks[:, 2:4])
+    return d * nibbles(blocks[:, 4:]).to(torch.float32) + m
+
+
+def _affine_codes(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ggml quantize_row_q{4,5}_1_ref: d = (max - min) / levels, id = 1/d (0 when d == 0),
+    q = min(levels, trunc((x - min) * id + 0.5)). A non-finite (x - min) * id (d subnormal, so
+    1/d overflows: C undefined) stores code 0, as numpy's cast in gguf-py does on x86.
+
+    max and min are the first largest / smallest weight, as ggml's loop (`if (v < min) min = v`)
+    keeps them: that fixes the sign of a zero min or max where a block holds both +0 and -0
+    (gguf-py's numpy reduction picks one by its SIMD order, which varies by machine)."""
+    mx = torch.gather(x, 1, x.argmax(dim=1, keepdim=True))
+    mn = torch.gather(x, 1, x.argmin(dim=1, keepdim=True))
+    d = (mx - mn) / levels
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    t = torch.trunc((x - mn) * inv + 0.5)
+    q = torch.where(torch.isfinite(t), t, torch.zeros_like(t)).to(torch.int32).clamp(0, levels)
+    return d, mn, q
+
+
+def quantize_q4_1(x: torch.Tensor) -> torch.Tensor:
+    d, mn, q = _affine_codes(x, 15)
+    qs = q[:, :16] | (q[:, 16:] << 4)
+    return torch.cat([f16_bytes(d), f16_bytes(mn), qs.to(torch.uint8)], dim=1)
+
+
+def dequantize_q5_1(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_1 [n, 24]: fp16 d, m; qh[4] (bit j = 5th bit of weight j); qs[16]. w = d * q + m."""
+    d, m = f16(blocks[:, 0:2]), f16(blocks[:, 2:4])
+    q = nibbles(blocks[:, 8:]) | (bits(blocks[:, 4:8]) << 4)
+    return d * q.to(torch.float32) + m
+
+
+def quantize_q5_1(x: torch.Tensor) -> torch.Tensor:
+    d, mn, q = _affine_codes(x, 31)
+    qs = (q[:, :16] & 0xF) | ((q[:, 16:] & 0xF) << 4)
+    hi = (q >> 4) << torch.arange(8, dtype=torch.int32).repeat(4)       # bit j%8 of byte j/8
+    qh = hi.reshape(-1, 4, 8).sum(dim=2)
+    return torch.cat([f16_bytes(d), f16_bytes(mn), qh.to(torch.uint8), qs.to(torch.uint8)], dim=1)
 
 
 def dequantize_q2_0(blocks: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,12 @@ them here.
   iq3s_grid: byte j of word i is magnitude j of point i. tests/test_tables.py checks it equals
   the grid gguf-py decodes from its own packed copy.
 
+- The IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ1_S (= IQ1_M) grids are read from gguf-py's own
+  packed copies when first asked for (`grid_values`), not held here: gguf-py is a dependency and
+  its decoder is the oracle, so the two cannot drift apart.
+- KSIGNS_IQ2XS: the 128 sign bytes of ggml's ksigns_iq2xs (7 stored sign bits, the 8th the
+  parity that makes the count of minus signs even), computed from that rule.
+
 `device_table(name, device)` gives the int32 tensor a Triton kernel takes as a pointer argument.
 """
 from __future__ import annotations
@@ -95,11 +101,56 @@ def iq3s_grid_values() -> torch.Tensor:
     return ((w[:, None] >> torch.arange(0, 32, 8)) & 0xFF).to(torch.int32)
 
 
+# ggml name -> (gguf-py class name, points, weights per point)
+GRIDS = {"IQ2_XXS": ("IQ2_XXS", 256, 8), "IQ2_XS": ("IQ2_XS", 512, 8), "IQ2_S": ("IQ2_S", 1024, 8),
+         "IQ3_XXS": ("IQ3_XXS", 256, 4), "IQ1_S": ("IQ1_S", 2048, 8), "IQ1_M": ("IQ1_S", 2048, 8)}
+
+KSIGNS_IQ2XS = tuple(i | ((bin(i).count("1") & 1) << 7) for i in range(128))
+
+
+@functools.lru_cache(maxsize=None)
+def grid_values(name: str) -> torch.Tensor:
+    """int32 [points, weights per point]: the grid of i-quant `name` (IQ1 grids hold -1, 0, 1;
+    IQ2 grids 8, 25, 43; IQ3_XXS 4..62), from gguf-py's packed copy."""
+    from gguf import quants
+    cls_name, points, width = GRIDS[name]
+    cls = getattr(quants, cls_name)
+    cls.init_grid()
+    g = torch.from_numpy(cls.grid.reshape(points, width).copy())
+    assert torch.equal(g, g.round()), name   # small integers, exact in fp32
+    return g.to(torch.int32)
+
+
+def _iq_parts() -> list[tuple[str, torch.Tensor]]:
+    """The parts of the one i-quant table a Triton decoder reads, in order: IQ3_S's packed words
+    first (so a table of IQ3_S alone is a prefix of it), then one int32 per grid weight."""
+    parts = [("IQ3_S", torch.tensor(IQ3S_GRID, dtype=torch.int32))]
+    return parts + [(g, grid_values(g).reshape(-1)) for g in GRIDS if g != "IQ1_M"]
+
+
+IQ_TABLE_SIZES = {"IQ3_S": 512, **{g: p * w for g, (_, p, w) in GRIDS.items() if g != "IQ1_M"}}
+
+
+def iq_table_offset(name: str) -> int:
+    """Where format `name`'s grid starts in device_table("iq") (IQ1_M reads IQ1_S's)."""
+    name = "IQ1_S" if name == "IQ1_M" else name
+    off = 0
+    for part in IQ_TABLE_SIZES:
+        if part == name:
+            return off
+        off += IQ_TABLE_SIZES[part]
+    raise KeyError(name)
+
+
 _TABLES = {
     "iq4nl": lambda: torch.tensor(KVALUES_IQ4NL, dtype=torch.int32),
     "mxfp4": lambda: torch.tensor(KVALUES_MXFP4, dtype=torch.int32),
     # packed words as int32 (values < 2**31: every byte <= 15)
     "iq3s": lambda: torch.tensor(IQ3S_GRID, dtype=torch.int32),
+    "ksigns": lambda: torch.tensor(KSIGNS_IQ2XS, dtype=torch.int32),
+    # every i-quant grid in one table (Triton takes one table pointer whatever the mix of formats
+    # in a GEMM): IQ3_S's words, then each grid point-major [points * width], at iq_table_offset
+    "iq": lambda: torch.cat([t for _, t in _iq_parts()]),
 }
 
 
@@ -109,7 +160,8 @@ def _device_table(name: str, device: str) -> torch.Tensor:
 
 
 def device_table(name: str, device) -> torch.Tensor:
-    """The int32 table `name` ('iq4nl', 'mxfp4', 'iq3s') on `device`, made once per device."""
+    """The int32 table `name` ('iq4nl', 'mxfp4', 'iq3s', 'ksigns', 'iq') on `device`, made once
+    per device."""
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:  # "cuda" means the current device: name it
         dev = torch.device("cuda", torch.cuda.current_device())

@@ -96,7 +96,7 @@ def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32,
     if t.runs and (t.bk < 32 or fmt.block == 1):
         t = DequantTiles(t.bn, t.bk, t.num_warps, runs=False)  # plain formats / tiny K: per weight
     grid = (triton.cdiv(n, t.bn), triton.cdiv(k, t.bk))
-    _dequant_kernel[grid](raw, out, device_table("iq3s", raw.device), n, k, row_bytes,
+    _dequant_kernel[grid](raw, out, device_table("iq", raw.device), n, k, row_bytes,
                           fmt.ggml_type, OUT_DTYPES[out_dtype], INTERPRET, t.bn, t.bk, t.runs,
                           t.words, num_warps=t.num_warps)
     return out.reshape(*lead, k)

@@ -43,7 +43,7 @@ def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: tor
     words = word_decode() and pair_words_fit(mat.fmt.name, mat.cols, mat.row_bytes, mat.offset)
     grid = (experts.n_expert, triton.cdiv(mat.rows, BN), triton.cdiv(mat.cols, BK))
     _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, dst_slot, mat.offset,
-                              mat.row_bytes, dst, dst_off, device_table("iq3s", experts.device),
+                              mat.row_bytes, dst, dst_off, device_table("iq", experts.device),
                               mat.rows, mat.cols, FMT=mat.fmt.ggml_type, BN=BN, BK=BK,
                               INTERP=INTERPRET, WORDS=words)
 

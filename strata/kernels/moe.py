@@ -147,7 +147,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     yk = _work(workspace, "yk", (T * K, D), torch.float32, dev)                # [T·K, D]
     tw = topk_weights.reshape(-1).float().contiguous()                        # [T·K]
     x = x.contiguous()
-    tab = device_table("iq3s", dev)  # IQ3_S's grid; read only by IQ3_S matrices
+    tab = device_table("iq", dev)  # the i-quant grids; read only by grid i-quant matrices
     meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, INTERP=INTERPRET)
     launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
     for mode, a, n_out, n_in, m1, m2, dst, n_tiles in (

@@ -24,23 +24,25 @@ def encode_matrix(w: torch.Tensor, fmt) -> torch.Tensor:
     return quantize(w.float().cpu(), fmt).reshape(-1)
 
 
-# fp16 scale fields of the decode-only formats (byte offsets inside a block, from the ggml
-# layouts in strata.formats.table): random bytes everywhere else are valid codes
-_SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "IQ3_S": (0,)}
-
-
 def random_blocks(fmt, rows: int, cols: int, *, seed: int = 0) -> torch.Tensor:
     """Random but valid blocks for a format strata cannot quantize to (decode-only): random codes,
-    fp16 scales drawn small enough that weights stay O(1/sqrt(cols)). For benchmarks and tests
-    of the GEMM, which only needs real bytes that the decoder and the reference agree on."""
-    if fmt.name not in _SCALE_FIELDS:
+    fp16 scales (the table's `fp16_fields`, IQ1_M's split `f16_nibbles`) drawn small enough that
+    weights stay O(1/sqrt(cols)). For benchmarks and tests of the GEMM, which only needs real
+    bytes that the decoder and the reference agree on."""
+    if fmt.block == 1 or (not fmt.fp16_fields and fmt.f16_nibbles is None):
         raise StrataError(f"no random-block recipe for {fmt.name}")
     g = torch.Generator().manual_seed(seed)
     n_blk = rows * cols // fmt.block
     raw = torch.randint(0, 256, (n_blk, fmt.block_bytes), generator=g, dtype=torch.uint8)
-    for off in _SCALE_FIELDS[fmt.name]:
+    for off in fmt.fp16_fields:
         d = (torch.rand(n_blk, generator=g) + 0.5) * 2.0 ** -10 / cols ** 0.5
         raw[:, off:off + 2] = d.to(torch.float16).view(torch.uint8).reshape(n_blk, 2)
+    if fmt.f16_nibbles is not None:   # nibble j of d in the top nibble of u16 word j
+        d = (torch.rand(n_blk, generator=g) + 0.5) * 2.0 ** -10 / cols ** 0.5
+        u = d.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+        for j in range(4):
+            at = fmt.f16_nibbles + 2 * j + 1
+            raw[:, at] = (raw[:, at] & 0x0F) | (((u >> (4 * j)) & 0xF) << 4).to(torch.uint8)
     return raw.reshape(-1)
 
 

@@ -2,7 +2,10 @@
 
 llama.cpp stores `blk.N.ffn_{gate,up}_exps` as ggml {D, F, E} and `ffn_down_exps` as {F, D, E}:
 read row-major that is [E, F, row_bytes(D)] and [E, D, row_bytes(F)], i.e. E consecutive matrices
-in exactly the blob's row format. Dense tensors keep F32/F16/BF16; quantized dense tensors are
+in exactly the blob's row format. Newer conversions fuse gate and up into `ffn_gate_up_exps`
+{D, 2F, E} (per expert the gate rows, then the up rows). The three matrices and the layers may
+each have their own type (llama.cpp's Q4_K_M etc. mix them); every type and shape is checked
+against the metadata, naming the tensor that disagrees. Dense tensors keep F32/F16/BF16; quantized dense tensors are
 dequantized to F32 (lossless). llama.cpp's converter permutes nothing for qwen3moe (its RoPE is
 NEOX, the same rotate-half as Hugging Face), so q/k weights are used as stored.
 """
@@ -79,8 +82,82 @@ def _dense(t, want_shape) -> torch.Tensor:
     return x.reshape(want_shape)
 
 
+def _ggml_shape(t) -> list[int]:
+    return [int(v) for v in t.shape]
+
+
+def _expert_format(t, cols: int):
+    """The table Format of expert tensor `t` whose rows hold `cols` weights; one line naming the
+    tensor where its type is not one strata reads or its rows are not whole blocks."""
+    try:
+        fmt = get_format(t.tensor_type)
+    except StrataError:
+        raise StrataError(f"{t.name} is stored as {t.tensor_type.name}, a ggml type strata cannot "
+                          f"read; re-quantize it to a type strata reads (strata.formats.FORMATS)"
+                          ) from None
+    if cols % fmt.block:
+        raise StrataError(f"{t.name}: {fmt.name} rows are whole {fmt.block}-weight blocks, but its "
+                          f"rows hold {cols} weights; the file's type and shape disagree")
+    return fmt
+
+
+def _check_expert(t, want: list[int], fmt) -> None:
+    got = _ggml_shape(t)
+    if got != want:
+        raise StrataError(f"{t.name} has ggml shape {got}, expected {want} from the metadata")
+    nbytes = want[2] * want[1] * fmt.row_bytes(want[0])
+    if int(np.asarray(t.data).nbytes) != nbytes:
+        raise StrataError(f"{t.name} holds {int(np.asarray(t.data).nbytes):,} bytes, but "
+                          f"{fmt.name} {want} is {nbytes:,}; the file's type and shape disagree")
+
+
+def layer_experts(tensors: dict, i: int, shape: ModelShape, src) -> tuple[list, list[str]]:
+    """Layer i's expert matrices as ([gate, up, down] uint8 [E, rows, row_bytes], their format
+    names). Reads separate `ffn_{gate,up}_exps` or one fused `ffn_gate_up_exps` (ggml
+    {D, 2F, E}: per expert the F gate rows, then the F up rows), and `ffn_down_exps` {F, D, E}."""
+    E, D, F = shape.n_expert, shape.d_model, shape.d_expert
+    p = f"blk.{i}."
+    fused = tensors.get(p + "ffn_gate_up_exps.weight")
+    parts = [tensors.get(p + f"ffn_{w}_exps.weight") for w in ("gate", "up", "down")]
+    if fused is not None and (parts[0] is not None or parts[1] is not None):
+        raise StrataError(f"{src} holds both {fused.name} and separate ffn_gate/ffn_up_exps for "
+                          f"layer {i}; a layer has one or the other")
+    if parts[2] is None:
+        raise StrataError(f"{src} has no {p}ffn_down_exps.weight; not a MoE layer strata can pack")
+    mats, fmts = [], []
+    if fused is not None:
+        fmt = _expert_format(fused, D)
+        _check_expert(fused, [D, 2 * F, E], fmt)
+        data = np.asarray(fused.data).reshape(E, 2 * F, fmt.row_bytes(D))
+        mats += [data[:, :F], data[:, F:]]
+        fmts += [fmt.name, fmt.name]
+    else:
+        for w, t in zip(("gate", "up"), parts[:2]):
+            if t is None:
+                raise StrataError(f"{src} has no {p}ffn_{w}_exps.weight (nor a fused "
+                                  f"{p}ffn_gate_up_exps.weight); not a MoE layer strata can pack")
+            fmt = _expert_format(t, D)
+            _check_expert(t, [D, F, E], fmt)
+            mats.append(t.data)
+            fmts.append(fmt.name)
+    fmt = _expert_format(parts[2], F)
+    _check_expert(parts[2], [F, D, E], fmt)
+    mats.append(parts[2].data)
+    fmts.append(fmt.name)
+    return mats, fmts
+
+
+def _check_dense(t, shp) -> None:
+    """A dense tensor's ggml shape is its torch shape reversed; one line naming it otherwise."""
+    want = list(shp)[::-1]
+    if _ggml_shape(t) != want:
+        raise StrataError(f"{t.name} has ggml shape {_ggml_shape(t)}, expected {want} from the "
+                          f"metadata")
+
+
 def gguf_to_pack(src, out, progress: bool = True):
-    """Write a native pack from a qwen3moe GGUF file; returns the output path."""
+    """Write a native pack from a qwen3moe GGUF file; returns the output path. Each layer keeps
+    its own expert types (llama.cpp's mixes change them by layer), so its own blob size."""
     from strata.packs.file import write_pack
     src = Path(src)
     r = open_gguf(src)
@@ -89,24 +166,11 @@ def gguf_to_pack(src, out, progress: bool = True):
     dense = {}
     for name, shp in dense_specs(shape).items():
         if name in tensors:
+            _check_dense(tensors[name], shp)
             dense[name] = _dense(tensors[name], shp)
     layouts, makers = [], []
     for i in range(shape.n_layer):
-        mats, fmts = [], []
-        for which, rows, cols in (("gate", shape.d_expert, shape.d_model),
-                                  ("up", shape.d_expert, shape.d_model),
-                                  ("down", shape.d_model, shape.d_expert)):
-            n = f"blk.{i}.ffn_{which}_exps.weight"
-            t = tensors.get(n)
-            if t is None:
-                raise StrataError(f"{src} has no {n}; not a MoE layer strata can pack")
-            fmt = get_format(t.tensor_type)  # refuses types strata cannot read, naming them
-            want = [cols, rows, shape.n_expert]
-            if [int(v) for v in t.shape] != want:
-                raise StrataError(f"{n} has ggml shape {[int(v) for v in t.shape]}, expected {want} "
-                                  f"from the metadata")
-            mats.append(t.data)
-            fmts.append(fmt.name)
+        mats, fmts = layer_experts(tensors, i, shape, src)
         lay = BlobLayout.make(shape.d_model, shape.d_expert, *fmts)
         layouts.append(lay)
         makers.append(lambda lay=lay, mats=mats: assemble_blobs(lay, *mats, shape.n_expert))

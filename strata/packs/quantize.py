@@ -1,8 +1,9 @@
 """Float matrices -> ggml block bytes, for packing Hugging Face weights.
 
 Plain formats (BF16/F16/F32) are cast by torch (a BF16 checkpoint packs bit-exactly); block formats
-use `strata.formats.codec.quantize` for the formats it quantizes (Q8_0, Q4_0, Q5_0, Q2_0, MXFP4),
-else gguf-py's reference quantizers; other formats (Q4_K, Q6_K, IQ3_S, IQ4_NL) are refused clearly.
+use `strata.formats.codec.quantize` for the formats it quantizes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+Q2_0, MXFP4), else gguf-py's reference quantizers; the decode-only formats (the k-quants and
+i-quants) are refused clearly.
 """
 from __future__ import annotations
 
@@ -31,5 +32,5 @@ def quantize_rows(w: torch.Tensor, fmt) -> np.ndarray:
         q = quantize(w.detach().float().numpy(), gguf.GGMLQuantizationType(fmt.ggml_type))
     except (NotImplementedError, ValueError):
         raise StrataError(f"cannot quantize to {fmt.name} here (gguf-py has no quantizer for it); "
-                          f"use BF16, Q8_0, Q4_0, Q5_0 or MXFP4") from None
+                          f"use BF16 or one of {', '.join(QUANTIZERS)}") from None
     return np.ascontiguousarray(q).view(np.uint8).reshape(*w.shape[:-1], -1)

@@ -10,6 +10,14 @@ Per-format fix-ups, and why:
   Q2_0   crumb 3 (+2) becomes 1 (0): codes -1, 0, 0, +1, symmetric.
   Q4_K   every 6-bit scale and min = 32 and dmin = 7.5 d: w = 32 d (q - 7.5), centred.
   Q6_K   int8 sub-block scales drawn in [16, 48).
+  Q4_1 / Q5_1  m = -7.5 d / -15.5 d: w = d (q - 7.5) / d (q - 15.5), centred.
+  Q2_K   every scale 8, every min 12, dmin = d: w = 8 d (q - 1.5), centred.
+  Q3_K   every 6-bit scale 48 (16 after the -32); code -4 (crumb 0, hmask bit 0) becomes 0 (the
+         hmask bit set): codes -3..3, symmetric.
+  Q5_K   as Q4_K with dmin = 15.5 d.
+  IQ4_XS every 6-bit scale 48 (16): the IQ4_NL levels, as IQ4_NL's blocks.
+  IQ2_*, IQ3_XXS, IQ1_*: random signs / delta signs centre them; only d is set (IQ1_M's is split
+  over the top nibbles of its scale words).
 """
 from __future__ import annotations
 
@@ -76,6 +84,37 @@ def _fixup(fmt: Format, blk: np.ndarray, d: float) -> None:
     elif name == "Q6_K":
         blk[:, 192:208] = (blk[:, 192:208] % 32 + 16)
         blk[:, 208:210] = d16
+    elif name in ("Q4_1", "Q5_1"):
+        blk[:, 0:2] = d16
+        blk[:, 2:4] = np.array([-d * (7.5 if name == "Q4_1" else 15.5)], np.float16).view(np.uint8)
+    elif name == "Q2_K":
+        blk[:, 0:16] = 8 | (12 << 4)
+        blk[:, 80:82] = d16
+        blk[:, 82:84] = d16
+    elif name == "Q3_K":
+        blk[:, 96:104] = 0       # low 4 bits of every scale: 0; high 2 bits: 3 -> 48
+        blk[:, 104:108] = 0xFF
+        blk[:, 108:110] = d16
+        qs, hm = blk[:, 32:96], blk[:, 0:32]
+        for h in range(2):       # weight 128h + 32j + l: crumb in qs[32h + l], bit 4h + j of hm[l]
+            for j in range(4):
+                zero = ((qs[:, 32 * h:32 * h + 32] >> (2 * j)) & 3) == 0
+                hm |= (zero.astype(np.uint8) << (4 * h + j))
+    elif name == "Q5_K":
+        blk[:, 0:2] = d16
+        blk[:, 2:4] = np.array([d * 15.5], np.float16).view(np.uint8)
+        blk[:, 4:12] = 160
+        blk[:, 12:16] = 0
+    elif name == "IQ4_XS":
+        blk[:, 0:2] = d16
+        blk[:, 2:4] = 0xFF       # high 2 bits of every scale 3, low 4 bits 0: 48
+        blk[:, 4:8] = 0
+    elif name in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ1_S"):
+        blk[:, 0:2] = d16
+    elif name == "IQ1_M":
+        u = int(d16.view(np.uint16)[0])
+        for j in range(4):       # nibble j of d in the top nibble of scale word j (byte 49 + 2j)
+            blk[:, 49 + 2 * j] = (blk[:, 49 + 2 * j] & 0x0F) | (((u >> (4 * j)) & 0xF) << 4)
     elif name == "MXFP4":
         blk[:, 0] = np.uint8(d)  # here `d` is the e8m0 exponent byte
     else:

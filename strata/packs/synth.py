@@ -54,6 +54,21 @@ class ExpertFormats:
         return BlobLayout.make(shape.d_model, shape.d_expert, self.gate, self.up, self.down)
 
 
+@dataclass(frozen=True)
+class Mix:
+    """A whole model's tensor types: per-layer expert formats and every dense tensor's type
+    (llama.cpp's stock mixes: `Mix.stock("Q4_K_M", shape)`, rules in strata.packs.mixes)."""
+    name: str
+    experts: tuple[ExpertFormats, ...]
+    dense: dict
+
+    @classmethod
+    def stock(cls, mix: str, shape: ModelShape, imatrix: bool = False) -> "Mix":
+        from strata.packs import mixes
+        ex = tuple(ExpertFormats(*t) for t in mixes.expert_types(mix, shape, imatrix))
+        return cls(mix.strip().upper(), ex, mixes.dense_types(mix, shape, imatrix))
+
+
 def dense_sigma(name: str, shape: ModelShape) -> float | None:
     """Weight std of a dense tensor, or None for a norm (1 + jitter)."""
     if name.endswith("norm.weight"):
@@ -73,9 +88,12 @@ def dense_dtype(name: str, dense_type: str) -> str:
 
 
 def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str) -> np.ndarray:
-    """Raw bytes uint8 [rows, row_bytes] (or [n*itemsize] for 1-D) of one random dense tensor."""
+    """Raw bytes uint8 [rows, row_bytes] (or [n*itemsize] for 1-D) of one random dense tensor;
+    a block `dtype` (a mix's Q6_K LM head, Q4_K attention...) is drawn as random blocks."""
     n = int(np.prod(shp))
     sigma = dense_sigma(name, shape)
+    if dtype not in ("F32", "F16", "BF16"):
+        return random_matrix(dtype, shp[0], shp[1], sigma, seed)
     if sigma is None:
         g = np.random.default_rng(np.random.SeedSequence(seed))
         base = QK_NORM_SCALE if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else 1.0
@@ -133,16 +151,31 @@ def _vocab(V: int) -> tuple[list[str], list[int], list[str], int]:
     return tokens, types, merges, eos
 
 
-def _gguf_plan(shape: ModelShape, fmts: ExpertFormats, dense_type: str):
-    """[(name, ggml type name, byte shape, maker(seed) -> uint8 array)] in llama.cpp's order."""
+def _per_layer(shape: ModelShape, fmts) -> list[ExpertFormats]:
+    per_layer = list(fmts) if isinstance(fmts, (list, tuple)) else [fmts] * shape.n_layer
+    if len(per_layer) != shape.n_layer:
+        raise StrataError(f"{len(per_layer)} expert formats for {shape.n_layer} layers")
+    return per_layer
+
+
+def _dense_type(name: str, dense_type: str, dense_types: dict | None) -> str:
+    return dense_types[name] if dense_types else dense_dtype(name, dense_type)
+
+
+def _gguf_plan(shape: ModelShape, fmts, dense_type: str, dense_types: dict | None = None):
+    """[(name, ggml type name, byte shape, maker(seed) -> uint8 array)] in llama.cpp's order.
+    `fmts`: one ExpertFormats or one per layer; `dense_types`: name -> type (a mix) or None."""
     specs = dense_specs(shape)
+    per_layer = _per_layer(shape, fmts)
     plan = []
 
     def dense(name):
         shp = specs[name]
-        dt = dense_dtype(name, dense_type)
-        isz = {"F32": 4, "F16": 2, "BF16": 2}[dt]
-        bshape = (shp[0], shp[1] * isz) if len(shp) == 2 else (shp[0] * isz,)
+        dt = _dense_type(name, dense_type, dense_types)
+        if len(shp) == 2:
+            bshape = (shp[0], get_format(dt).row_bytes(shp[1]))
+        else:
+            bshape = (shp[0] * get_format(dt).block_bytes,)
         plan.append((name, dt, bshape, lambda s, name=name, shp=shp, dt=dt:
                      dense_tensor(name, shp, shape, s, dt)))
 
@@ -152,7 +185,7 @@ def _gguf_plan(shape: ModelShape, fmts: ExpertFormats, dense_type: str):
             if n.startswith(f"blk.{i}."):
                 dense(n)
         for which in ("gate", "up", "down"):
-            fmt = get_format(getattr(fmts, which))
+            fmt = get_format(getattr(per_layer[i], which))
             rows, cols = (shape.d_expert, shape.d_model) if which != "down" else \
                 (shape.d_model, shape.d_expert)
             plan.append((f"blk.{i}.ffn_{which}_exps.weight", fmt.name,
@@ -163,23 +196,33 @@ def _gguf_plan(shape: ModelShape, fmts: ExpertFormats, dense_type: str):
     return plan
 
 
-def synth_gguf(path, shape: ModelShape, fmts: ExpertFormats = ExpertFormats(), seed: int = 0,
-               dense_type: str = "BF16", progress: bool = True) -> Path:
-    """Write a qwen3moe GGUF with random weights; tensors are made and written one at a time."""
+def synth_gguf(path, shape: ModelShape, fmts: ExpertFormats | list[ExpertFormats] | Mix =
+               ExpertFormats(), seed: int = 0, dense_type: str = "BF16",
+               progress: bool = True) -> Path:
+    """Write a qwen3moe GGUF with random weights; tensors are made and written one at a time.
+    `fmts`: expert formats for all layers, one per layer, or a whole Mix (dense types too)."""
     import gguf
     if shape.arch != "qwen3moe":
         raise StrataError(f"strata synth writes qwen3moe models, not {shape.arch}")
-    for which in ("gate", "up", "down"):
-        f = get_format(getattr(fmts, which))
-        if f.name not in gguf.GGMLQuantizationType.__members__:
-            raise StrataError(f"{f.name} has no GGUF type in gguf-py {gguf.__version__ if hasattr(gguf, '__version__') else ''}"
-                              f"; write a pack directly with synth_pack (strata synth --pack)")
+    mix = fmts if isinstance(fmts, Mix) else None
+    per_layer = _per_layer(shape, mix.experts if mix else fmts)
+    for f in per_layer:
+        for which in ("gate", "up", "down"):
+            name = get_format(getattr(f, which)).name
+            if name not in gguf.GGMLQuantizationType.__members__:
+                raise StrataError(f"{name} has no GGUF type in gguf-py; write a pack directly "
+                                  f"with synth_pack (strata synth --pack)")
     path = Path(path)
     w = gguf.GGUFWriter(str(path), "qwen3moe")
     arch = "qwen3moe"
-    w.add_name(f"strata-synth {shape.n_layer}L E{shape.n_expert} {fmts.gate}/{fmts.up}/{fmts.down}")
-    ftype = {"Q8_0": 7, "Q4_0": 2, "Q5_0": 8, "Q4_K": 15, "Q6_K": 18, "BF16": 32, "F16": 1,
-             "F32": 0}.get(fmts.gate, 7)
+    f0 = per_layer[0]
+    w.add_name(f"strata-synth {shape.n_layer}L E{shape.n_expert} "
+               + (mix.name if mix else f"{f0.gate}/{f0.up}/{f0.down}"))
+    if mix:
+        ftype = int(gguf.LlamaFileType[f"MOSTLY_{mix.name}"])
+    else:
+        ftype = {"Q8_0": 7, "Q4_0": 2, "Q5_0": 8, "Q4_K": 15, "Q6_K": 18, "BF16": 32, "F16": 1,
+                 "F32": 0}.get(f0.gate, 7)
     w.add_file_type(ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_context_length(shape.max_pos)
@@ -207,7 +250,7 @@ def synth_gguf(path, shape: ModelShape, fmts: ExpertFormats = ExpertFormats(), s
     w.add_add_bos_token(False)
     w.add_string(f"strata.synth.seed", str(seed))
 
-    plan = _gguf_plan(shape, fmts, dense_type)
+    plan = _gguf_plan(shape, per_layer, dense_type, mix.dense if mix else None)
     for name, tname, bshape, _ in plan:
         w.add_tensor_info(name, bshape, np.dtype(np.uint8), int(np.prod(bshape)),
                           raw_dtype=gguf.GGMLQuantizationType[tname])
@@ -240,28 +283,35 @@ def synth_gguf(path, shape: ModelShape, fmts: ExpertFormats = ExpertFormats(), s
 
 
 # ------------------------------------------------------------------------------------ pack
-def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16") -> dict[str, torch.Tensor]:
-    """The random dense weights as torch tensors (same draws as synth_gguf's for the same seed)."""
+def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16",
+                dense_types: dict | None = None) -> dict[str, torch.Tensor]:
+    """The random dense weights as torch tensors (same draws as synth_gguf's for the same seed);
+    block-format tensors of a mix decoded to F32, as a GGUF -> pack import keeps them."""
+    from strata.formats.codec import dequantize
     out = {}
     k = {name: i for i, (name, *_) in enumerate(_gguf_plan(shape, ExpertFormats(), dense_type))}
     tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
     for name, shp in dense_specs(shape).items():
-        dt = dense_dtype(name, dense_type)
+        dt = _dense_type(name, dense_type, dense_types)
         raw = dense_tensor(name, shp, shape, _seed(seed, k[name]), dt)
-        out[name] = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1)).view(tdt[dt]).view(shp)
+        if dt in tdt:
+            out[name] = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1)).view(tdt[dt]).view(shp)
+        else:
+            out[name] = dequantize(raw, dt).reshape(shp)
     return out
 
 
-def synth_pack(path, shape: ModelShape, fmts: ExpertFormats | list[ExpertFormats] = ExpertFormats(),
+def synth_pack(path, shape: ModelShape,
+               fmts: ExpertFormats | list[ExpertFormats] | Mix = ExpertFormats(),
                seed: int = 0, dense_type: str = "BF16", progress: bool = True) -> Path:
-    """Write a pack with random weights directly (no GGUF); `fmts` one for all layers or one per
-    layer. Any format of the table, Q2_0 included. Blobs of one layer are in RAM at a time
+    """Write a pack with random weights directly (no GGUF); `fmts` one for all layers, one per
+    layer, or a Mix (whose dense tensors are drawn in its types and stored decoded, F32).
+    Any format of the table, Q2_0 included. Blobs of one layer are in RAM at a time
     (qwen3-30b-a3b Q8_0: 128 x 5,222,400 B = 0.67 GB); the ~32 GB pack takes minutes (see module doc).
     Native: the blobs keep GGUF block layouts."""
     from strata.packs.file import write_pack
-    per_layer = fmts if isinstance(fmts, list) else [fmts] * shape.n_layer
-    if len(per_layer) != shape.n_layer:
-        raise StrataError(f"{len(per_layer)} expert formats for {shape.n_layer} layers")
+    mix = fmts if isinstance(fmts, Mix) else None
+    per_layer = _per_layer(shape, mix.experts if mix else fmts)
     layouts = [f.layout(shape) for f in per_layer]
 
     def layer(i):
@@ -271,6 +321,6 @@ def synth_pack(path, shape: ModelShape, fmts: ExpertFormats | list[ExpertFormats
                     for j, w in enumerate(("gate", "up", "down"))]
             return assemble_blobs(layouts[i], *mats, shape.n_expert)
         return make
-    return write_pack(path, shape, synth_dense(shape, seed, dense_type),
+    return write_pack(path, shape, synth_dense(shape, seed, dense_type, mix.dense if mix else None),
                       [layer(i) for i in range(shape.n_layer)], layouts, native=True,
                       source=f"synth seed={seed}", progress=progress)

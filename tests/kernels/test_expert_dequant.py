@@ -8,7 +8,10 @@ from strata.kernels.tiles import pin_tile
 
 CASES = [(("BF16",), 64, 32), (("Q8_0", "Q4_0", "F16"), 64, 32),
          # rows of whole block pairs and 4-byte words: Q8_0/Q4_0 take the word path
-         (("Q8_0", "Q4_0", "Q4_0"), 128, 192), (("Q4_0", "Q8_0", "Q8_0"), 192, 64)]
+         (("Q8_0", "Q4_0", "Q4_0"), 128, 192), (("Q4_0", "Q8_0", "Q8_0"), 192, 64),
+         # the stock mixes' types (decode-once path for each new decoder)
+         (("Q4_1", "Q5_1", "Q5_K"), 256, 256), (("Q2_K", "Q3_K", "IQ4_XS"), 256, 256),
+         (("IQ2_XXS", "IQ2_XS", "IQ2_S"), 256, 256), (("IQ3_XXS", "IQ1_S", "IQ1_M"), 256, 256)]
 
 
 @pytest.mark.parametrize("words", [True, False], ids=["words", "bytes"])

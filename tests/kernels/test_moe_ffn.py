@@ -75,6 +75,15 @@ CASES = [
     Case("q6k-sk", T=3, E=2, K=1, D=256, F=256, fmts=("Q6_K",), schedule="stream_k",
          programs=3, BN=32, BK=64),
     Case("D-not-multiple-of-BN", T=4, E=3, K=2, D=96, F=64, BN=64, BK=64),
+    # the stock mixes' types, three to a blob (the GEMM reads any mix of formats per matrix)
+    Case("mix-q4_1-q5_1-q5_k", T=4, E=3, K=2, D=256, F=256, fmts=("Q4_1", "Q5_1", "Q5_K"),
+         BN=32, BK=64),
+    Case("mix-q2k-q3k-iq4xs", T=4, E=3, K=2, D=256, F=256, fmts=("Q2_K", "Q3_K", "IQ4_XS"),
+         BN=32, BK=64),
+    Case("mix-iq2xxs-iq2xs-iq2s", T=4, E=3, K=2, D=256, F=256,
+         fmts=("IQ2_XXS", "IQ2_XS", "IQ2_S"), BN=32, BK=64),
+    Case("mix-iq3xxs-iq1s-iq1m-sk", T=4, E=3, K=2, D=256, F=256,
+         fmts=("IQ3_XXS", "IQ1_S", "IQ1_M"), schedule="stream_k", programs=3, BN=32, BK=64),
 ]
 
 
@@ -226,6 +235,27 @@ def test_moe_ffn_layer_shapes_gpu(E, K, D, F, T, fmt, schedule):
     ids, w = topk_route(torch.randn(T, E, generator=gen).to(dev), K)
     ref = moe_ffn_torch(x, ids, w, experts)
     y = moe_ffn(x, ids, w, experts, schedule=schedule)
+    assert not torch.isnan(y).any()
+    assert rel_err(y, ref) < bound(experts)
+
+
+MIX_FMTS = [("Q4_K", "Q4_K", "Q6_K"), ("Q2_K", "Q2_K", "Q3_K"), ("IQ4_XS", "IQ4_XS", "Q5_K"),
+            ("Q4_1", "Q5_1", "IQ3_XXS"), ("IQ2_XXS", "IQ2_XS", "IQ2_S"), ("IQ1_S", "IQ1_M", "Q3_K")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmts", MIX_FMTS, ids="-".join)
+def test_moe_ffn_new_formats_gpu(fmts):
+    """qwen3-30b-a3b's layer shape in the stock mixes' types (and the rest of the new formats),
+    compiled for the GPU: within the decoded bound of the torch reference."""
+    dev = torch.device("cuda")
+    E, K, D, F, T = 128, 8, 2048, 768, 512
+    gen = torch.Generator().manual_seed(T + E)
+    experts = random_expert_set(E, D, F, *fmts, device=dev, seed=E)
+    x = torch.randn(T, D, generator=gen).bfloat16().to(dev)
+    ids, w = topk_route(torch.randn(T, E, generator=gen).to(dev), K)
+    ref = moe_ffn_torch(x, ids, w, experts)
+    y = moe_ffn(x, ids, w, experts)
     assert not torch.isnan(y).any()
     assert rel_err(y, ref) < bound(experts)
 

@@ -1,6 +1,7 @@
 """Triton decode helpers: ggml blocks -> exact fp32 values in registers.
 
-One module per format family, mirroring strata.formats (plain, legacy, kquants, iquants, mxfp4),
+One module per format family, mirroring strata.formats (plain, legacy, kquants, iquants, iq2,
+iq1, mxfp4),
 the shared loads in _common, the raw code-word paths of Q8_0/Q4_0 in words; this module holds the
 one dispatch. What each format supports is stated once, in its row of strata.formats.table
 (`triton`, `tile_run`, `scaled_code`, `code_words`); the name tuples below are read from there.
@@ -14,12 +15,15 @@ Every helper is element-addressed, so any tile shape works (the expert GEMM's in
         offs_n    [BN] row indices (output features)
         offs_k    [BK] weight indices along the row
         mask      [BN, BK] bool; masked-off elements return 0
-    decode_iq3_s takes one more argument, tab_ptr: the int32 IQ3_S grid on the device,
-        `strata.formats.tables.device_table("iq3s", device)`.
+    the grid i-quants (IQ3_S, IQ3_XXS, IQ2_XXS/XS/S, IQ1_S/M) take one more argument, tab_ptr:
+        the one int32 i-quant table on the device, `strata.formats.tables.device_table("iq",
+        device)` (IQ3_S's grid words first, so the older "iq3s" table serves IQ3_S alone).
     decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr=None) dispatches at compile
-        time on FMT = `Format.ggml_type` (formats whose row says `triton`); only IQ3_S needs tab_ptr.
+        time on FMT = `Format.ggml_type` (formats whose row says `triton`); the grid i-quants need
+        tab_ptr.
     decode_tile_runs(same arguments): the same values, for tiles whose offs_k are whole aligned
-        runs of the format's `tile_run` weights (32; 16 for Q6_K): block scales are loaded once
+        runs of the format's `tile_run` weights (32; 16 where a scale covers 16 weights: Q6_K, Q2_K,
+        Q3_K, IQ2_XS, IQ2_S, IQ1_M): block scales are loaded once
         per (row, run) and broadcast instead of once per weight. Which is faster on a given tile
         is for the GEMM's benchmark to say (the broadcast is a reshape Triton may lay out through
         shared memory).
@@ -56,16 +60,29 @@ import triton.language as tl
 
 from strata.formats.table import FORMATS
 from strata.kernels.decode._common import _scale_first
-from strata.kernels.decode.iquants import (GGML_IQ3_S, GGML_IQ4_NL, _iq3_s_code, _iq3_s_scale,
-                                           _iq3_s_value, _iq4_nl_code, _iq4_nl_scale,
-                                           decode_iq3_s, decode_iq4_nl)
-from strata.kernels.decode.kquants import (GGML_Q4_K, GGML_Q6_K, _q4_k_code, _q4_k_scale,
-                                           _q4_k_value, _q6_k_code, _q6_k_scale, decode_q4_k,
-                                           decode_q6_k)
-from strata.kernels.decode.legacy import (GGML_Q2_0, GGML_Q4_0, GGML_Q5_0, GGML_Q8_0, _q2_0_code,
-                                          _q2_0_scale, _q4_0_code, _q4_0_scale, _q5_0_code,
-                                          _q5_0_scale, _q8_0_code, _q8_0_scale, _q8_0_value,
-                                          decode_q2_0, decode_q4_0, decode_q5_0, decode_q8_0)
+from strata.kernels.decode.iq1 import (GGML_IQ1_M, GGML_IQ1_S, _iq1_m_code, _iq1_m_scale,
+                                       _iq1_s_code, _iq1_s_scale, decode_iq1_m, decode_iq1_s)
+from strata.kernels.decode.iq2 import (GGML_IQ2_S, GGML_IQ2_XS, GGML_IQ2_XXS, _iq2_s_code,
+                                       _iq2_s_scale, _iq2_xs_code, _iq2_xs_scale, _iq2_xxs_code,
+                                       _iq2_xxs_scale, decode_iq2_s, decode_iq2_xs, decode_iq2_xxs)
+from strata.kernels.decode.iquants import (GGML_IQ3_S, GGML_IQ3_XXS, GGML_IQ4_NL, GGML_IQ4_XS,
+                                           _iq3_s_code, _iq3_s_scale, _iq3_s_value,
+                                           _iq3_xxs_code, _iq3_xxs_scale, _iq4_nl_code,
+                                           _iq4_nl_scale, _iq4_xs_code, _iq4_xs_scale,
+                                           decode_iq3_s, decode_iq3_xxs, decode_iq4_nl,
+                                           decode_iq4_xs)
+from strata.kernels.decode.kquants import (GGML_Q2_K, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K,
+                                           _q2_k_code, _q2_k_scale, _q3_k_code, _q3_k_scale,
+                                           _q4_k_code, _q4_k_scale, _q4_k_value, _q5_k_code,
+                                           _q5_k_scale, _q6_k_code, _q6_k_scale, decode_q2_k,
+                                           decode_q3_k, decode_q4_k, decode_q5_k, decode_q6_k)
+from strata.kernels.decode.legacy import (GGML_Q2_0, GGML_Q4_0, GGML_Q4_1, GGML_Q5_0, GGML_Q5_1,
+                                          GGML_Q8_0, _affine_value, _q2_0_code, _q2_0_scale,
+                                          _q4_0_code, _q4_0_scale, _q4_1_code, _q4_1_scale,
+                                          _q5_0_code, _q5_0_scale, _q5_1_code, _q5_1_scale,
+                                          _q8_0_code, _q8_0_scale, _q8_0_value, decode_q2_0,
+                                          decode_q4_0, decode_q4_1, decode_q5_0, decode_q5_1,
+                                          decode_q8_0)
 from strata.kernels.decode.mxfp4 import GGML_MXFP4, _mxfp4_code, _mxfp4_scale, decode_mxfp4
 from strata.kernels.decode.plain import GGML_BF16, GGML_F16, decode_bf16, decode_f16
 from strata.kernels.decode.words import (codes_from_bytes, load_code_bytes, pair_tile,
@@ -76,7 +93,9 @@ __all__ = ["TRITON_FORMATS", "SCALED_CODE_FORMATS", "FAST_CODE_FORMATS", "code_r
            "load_code_bytes", "codes_from_bytes", "pair_tile", "pair_words_fit",
            "decode_bf16", "decode_f16", "decode_q8_0", "decode_q4_0", "decode_q5_0",
            "decode_q2_0", "decode_iq4_nl", "decode_iq3_s", "decode_q4_k", "decode_q6_k",
-           "decode_mxfp4"]
+           "decode_mxfp4", "decode_q4_1", "decode_q5_1", "decode_q2_k", "decode_q3_k",
+           "decode_q5_k", "decode_iq4_xs", "decode_iq3_xxs", "decode_iq2_xxs", "decode_iq2_xs",
+           "decode_iq2_s", "decode_iq1_s", "decode_iq1_m"]
 
 # the formats decode_tile decodes (ggml type ids above); everything else is a compile-time error
 TRITON_FORMATS = tuple(f.name for f in FORMATS.values() if f.triton)
@@ -111,6 +130,18 @@ RUN_MXFP4 = _tile_run("MXFP4")
 RUN_Q4_K = _tile_run("Q4_K")
 RUN_Q6_K = _tile_run("Q6_K")
 RUN_IQ3_S = _tile_run("IQ3_S")
+RUN_Q4_1 = _tile_run("Q4_1")
+RUN_Q5_1 = _tile_run("Q5_1")
+RUN_Q2_K = _tile_run("Q2_K")
+RUN_Q3_K = _tile_run("Q3_K")
+RUN_Q5_K = _tile_run("Q5_K")
+RUN_IQ4_XS = _tile_run("IQ4_XS")
+RUN_IQ3_XXS = _tile_run("IQ3_XXS")
+RUN_IQ2_XXS = _tile_run("IQ2_XXS")
+RUN_IQ2_XS = _tile_run("IQ2_XS")
+RUN_IQ2_S = _tile_run("IQ2_S")
+RUN_IQ1_S = _tile_run("IQ1_S")
+RUN_IQ1_M = _tile_run("IQ1_M")
 
 
 # ---------------------------------------------------------------- whole weights
@@ -138,11 +169,35 @@ def decode_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_p
         return decode_q4_k(w_ptr, row_bytes, offs_n, offs_k, mask)
     elif FMT == GGML_Q6_K:
         return decode_q6_k(w_ptr, row_bytes, offs_n, offs_k, mask)
-    elif FMT == GGML_IQ3_S:
-        tl.static_assert(tab_ptr is not None, "IQ3_S needs tab_ptr: the device IQ3_S grid")
-        return decode_iq3_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+    elif FMT == GGML_Q4_1:
+        return decode_q4_1(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q5_1:
+        return decode_q5_1(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q2_K:
+        return decode_q2_k(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q3_K:
+        return decode_q3_k(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_Q5_K:
+        return decode_q5_k(w_ptr, row_bytes, offs_n, offs_k, mask)
+    elif FMT == GGML_IQ4_XS:
+        return decode_iq4_xs(w_ptr, row_bytes, offs_n, offs_k, mask)
     else:
-        tl.static_assert(False, "decode_tile: no Triton decoder for this ggml type")
+        tl.static_assert(tab_ptr is not None, "i-quant grids need tab_ptr: device_table('iq')")
+        if FMT == GGML_IQ3_S:
+            return decode_iq3_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+        elif FMT == GGML_IQ3_XXS:
+            return decode_iq3_xxs(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+        elif FMT == GGML_IQ2_XXS:
+            return decode_iq2_xxs(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+        elif FMT == GGML_IQ2_XS:
+            return decode_iq2_xs(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+        elif FMT == GGML_IQ2_S:
+            return decode_iq2_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+        elif FMT == GGML_IQ1_S:
+            return decode_iq1_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+        else:
+            tl.static_assert(FMT == GGML_IQ1_M, "decode_tile: no Triton decoder for this type")
+            return decode_iq1_m(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
 
 
 @triton.jit
@@ -171,7 +226,8 @@ def decode_tile_runs(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, 
 
     offs_k must be whole aligned runs of the format's tile_run weights (BK % run == 0 and every
     run of lanes starts at a multiple of it, e.g. offs_k = k0 + tl.arange(0, BK) with k0 % 32 ==
-    0); Q6_K's runs are 16 weights (one int8 scale per 16), the others' 32. BF16/F16 have no
+    0); runs are 16 weights where a scale covers 16 (Q6_K, Q2_K, Q3_K, IQ2_XS, IQ2_S, IQ1_M),
+    32 otherwise (the table's tile_run). BF16/F16 have no
     scales: decode_tile."""
     if (FMT == GGML_BF16) | (FMT == GGML_F16):
         return decode_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
@@ -209,13 +265,70 @@ def decode_tile_runs(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, 
             k_run, m_run = _runs(offs_k, mask, RUN_Q6_K)
             d = _spread(_q6_k_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_Q6_K)
             v = _scale_first(d, _q6_k_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q4_1:
+            k_run, m_run = _runs(offs_k, mask, RUN_Q4_1)
+            d, m = _q4_1_scale(w_ptr, row_bytes, offs_n, k_run, m_run)
+            v = _affine_value(_spread(d, RUN_Q4_1), _spread(m, RUN_Q4_1),
+                              _q4_1_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q5_1:
+            k_run, m_run = _runs(offs_k, mask, RUN_Q5_1)
+            d, m = _q5_1_scale(w_ptr, row_bytes, offs_n, k_run, m_run)
+            v = _affine_value(_spread(d, RUN_Q5_1), _spread(m, RUN_Q5_1),
+                              _q5_1_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q2_K:
+            k_run, m_run = _runs(offs_k, mask, RUN_Q2_K)
+            dl, ml = _q2_k_scale(w_ptr, row_bytes, offs_n, k_run, m_run)
+            v = _q4_k_value(_spread(dl, RUN_Q2_K), _spread(ml, RUN_Q2_K),
+                            _q2_k_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q3_K:
+            k_run, m_run = _runs(offs_k, mask, RUN_Q3_K)
+            d = _spread(_q3_k_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_Q3_K)
+            v = _scale_first(d, _q3_k_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_Q5_K:
+            k_run, m_run = _runs(offs_k, mask, RUN_Q5_K)
+            dsc, dm = _q5_k_scale(w_ptr, row_bytes, offs_n, k_run, m_run)
+            v = _q4_k_value(_spread(dsc, RUN_Q5_K), _spread(dm, RUN_Q5_K),
+                            _q5_k_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+        elif FMT == GGML_IQ4_XS:
+            k_run, m_run = _runs(offs_k, mask, RUN_IQ4_XS)
+            d = _spread(_iq4_xs_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_IQ4_XS)
+            v = _scale_first(d, _iq4_xs_code(w_ptr, row_bytes, offs_n, offs_k, mask))
         else:
-            tl.static_assert(FMT == GGML_IQ3_S, "decode_tile_runs: no decoder for this type")
-            tl.static_assert(tab_ptr is not None, "IQ3_S needs tab_ptr: the device IQ3_S grid")
-            k_run, m_run = _runs(offs_k, mask, RUN_IQ3_S)
-            mag, neg = _iq3_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
-            db = _spread(_iq3_s_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_IQ3_S)
-            v = _iq3_s_value(db, mag, neg)
+            tl.static_assert(tab_ptr is not None, "i-quant grids need tab_ptr: device_table('iq')")
+            if FMT == GGML_IQ3_S:
+                k_run, m_run = _runs(offs_k, mask, RUN_IQ3_S)
+                mag, neg = _iq3_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+                db = _spread(_iq3_s_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_IQ3_S)
+                v = _iq3_s_value(db, mag, neg)
+            elif FMT == GGML_IQ3_XXS:
+                k_run, m_run = _runs(offs_k, mask, RUN_IQ3_XXS)
+                mag, neg = _iq3_xxs_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+                db = _spread(_iq3_xxs_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_IQ3_XXS)
+                v = _iq3_s_value(db, mag, neg)
+            elif FMT == GGML_IQ2_XXS:
+                k_run, m_run = _runs(offs_k, mask, RUN_IQ2_XXS)
+                mag, neg = _iq2_xxs_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+                db = _spread(_iq2_xxs_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_IQ2_XXS)
+                v = _iq3_s_value(db, mag, neg)
+            elif FMT == GGML_IQ2_XS:
+                k_run, m_run = _runs(offs_k, mask, RUN_IQ2_XS)
+                mag, neg = _iq2_xs_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+                db = _spread(_iq2_xs_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_IQ2_XS)
+                v = _iq3_s_value(db, mag, neg)
+            elif FMT == GGML_IQ2_S:
+                k_run, m_run = _runs(offs_k, mask, RUN_IQ2_S)
+                mag, neg = _iq2_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+                db = _spread(_iq2_s_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_IQ2_S)
+                v = _iq3_s_value(db, mag, neg)
+            elif FMT == GGML_IQ1_S:
+                k_run, m_run = _runs(offs_k, mask, RUN_IQ1_S)
+                d = _spread(_iq1_s_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_IQ1_S)
+                v = _scale_first(d, _iq1_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr))
+            else:
+                tl.static_assert(FMT == GGML_IQ1_M, "decode_tile_runs: no decoder for this type")
+                k_run, m_run = _runs(offs_k, mask, RUN_IQ1_M)
+                d = _spread(_iq1_m_scale(w_ptr, row_bytes, offs_n, k_run, m_run), RUN_IQ1_M)
+                v = _scale_first(d, _iq1_m_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr))
         # a run's scale is loaded when any of its weights is used: zero the others explicitly
         return tl.where(mask, v, 0.0)
 

@@ -1,9 +1,12 @@
-"""Triton decoders of the importance-matrix formats IQ4_NL and IQ3_S (mirrors
+"""Triton decoders of the importance-matrix formats IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS (mirrors
 strata.formats.iquants).
 
-IQ4_NL looks its 16 levels up in registers (packed constants built from strata.formats.tables);
-IQ3_S reads its 512-entry grid from memory: decode_iq3_s takes one more argument, tab_ptr, the
-int32 grid on the device (`strata.formats.tables.device_table("iq3s", device)`).
+IQ4_NL / IQ4_XS look their 16 levels up in registers (packed constants built from
+strata.formats.tables); IQ3_S and IQ3_XXS read their grids from memory: their decoders take one
+more argument, tab_ptr, the one int32 i-quant table on the device
+(`strata.formats.tables.device_table("iq", device)`; IQ3_S's words are its first 512 entries, the
+other grids sit at `iq_table_offset(name)`). _ksign / _ksign_of: the ksigns_iq2xs sign bits the
+IQ2 family shares, computed in registers rather than looked up.
 
     _<fmt>_scale / _<fmt>_code / decode_<fmt>(w_ptr, row_bytes, offs_n, offs_k, mask[, tab_ptr])
         -> fp32 [BN, BK]   (arguments: see the package doc)
@@ -11,12 +14,15 @@ int32 grid on the device (`strata.formats.tables.device_table("iq3s", device)`).
 import triton
 import triton.language as tl
 
-from strata.formats.tables import KVALUES_IQ4NL
+from strata.formats.tables import KVALUES_IQ4NL, iq_table_offset
 from strata.kernels.decode._common import (_block_off, _ld_f16, _ld_u8, _nibble32, _scale_first,
                                            fmt_consts, pack_bytes)
 
 GGML_IQ4_NL, IQ4_NL_LOG2, IQ4_NL_BYTES = fmt_consts("IQ4_NL")
 GGML_IQ3_S, IQ3_S_LOG2, IQ3_S_BYTES = fmt_consts("IQ3_S")
+GGML_IQ4_XS, IQ4_XS_LOG2, IQ4_XS_BYTES = fmt_consts("IQ4_XS")
+GGML_IQ3_XXS, IQ3_XXS_LOG2, IQ3_XXS_BYTES = fmt_consts("IQ3_XXS")
+IQ3_XXS_TAB = tl.constexpr(iq_table_offset("IQ3_XXS"))
 
 _IQ4NL_W = pack_bytes(KVALUES_IQ4NL)
 IQ4NL_W0 = tl.constexpr(_IQ4NL_W[0])
@@ -84,3 +90,87 @@ def decode_iq3_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
     mag, neg = _iq3_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
     return _iq3_s_value(_iq3_s_scale(w_ptr, row_bytes, offs_n, offs_k, mask), mag, neg)
 
+
+@triton.jit
+def _iq4_xs_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """d * (scale - 32), s = w/32: 6-bit scale = nibble s%2 of scales_l[s/2] | (bits 2(s%4) of
+    byte s/4 of scales_h) << 4."""
+    s = ((offs_k & 255) >> 5)[None, :]
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ4_XS_LOG2, IQ4_XS_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    hi = (_ld_u8(w_ptr, blk + 2 + (s >> 2), mask) >> ((s & 3) * 2)) & 3
+    lo = (_ld_u8(w_ptr, blk + 4 + (s >> 1), mask) >> ((s & 1) * 4)) & 15
+    return d * ((lo | (hi << 4)) - 32).to(tl.float32)
+
+
+@triton.jit
+def _iq4_xs_code(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """kvalues_iq4nl[nibble (w%32)/16 of qs[16 s + w%16]], s = w/32."""
+    w = offs_k & 255
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ4_XS_LOG2, IQ4_XS_BYTES)
+    byte = _ld_u8(w_ptr, blk + 8 + ((w >> 5) * 16 + (w & 15))[None, :], mask)
+    return _iq4nl_level((byte >> (((w >> 4) & 1) * 4)[None, :]) & 15).to(tl.float32)
+
+
+@triton.jit
+def decode_iq4_xs(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """IQ4_XS (136 B): fp16 d; u16 scales_h; scales_l[4]; qs[128]. w = (d * scale) * kv[q]."""
+    return _scale_first(_iq4_xs_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
+                        _iq4_xs_code(w_ptr, row_bytes, offs_n, offs_k, mask))
+
+
+@triton.jit
+def _parity7(v):
+    """Parity of the 7-bit int32 v: ksigns_iq2xs's 8th sign bit."""
+    v = v ^ (v >> 4)
+    v = v ^ (v >> 2)
+    v = v ^ (v >> 1)
+    return v & 1
+
+
+@triton.jit
+def _ksign(w_ptr, base, grp, bit, mask):
+    """1 where weight `bit` (0..7) of group `grp` (0..3) is negative: the group's 7-bit ksigns
+    index sits at bits 7*grp of the little-endian word at byte `base`; the sign is bit `bit` of
+    ksigns_iq2xs[index], i.e. the index's own bit for bit < 7, its parity for bit 7."""
+    p = (grp * 7)[None, :]
+    lo = _ld_u8(w_ptr, base + (p >> 3), mask)
+    hi = _ld_u8(w_ptr, base + (p >> 3) + 1, mask)
+    return _ksign_of(((lo | (hi << 8)) >> (p & 7)) & 127, bit)
+
+
+@triton.jit
+def _ksign_of(v, bit):
+    """1 where bit `bit` [BK] (0..7) of ksigns_iq2xs[v] is set, v [BN, BK] 7-bit indices: v's own
+    bit below 7, its parity for bit 7 (ksigns makes the count of minus signs even)."""
+    return tl.where((bit < 7)[None, :], (v >> bit[None, :]) & 1, _parity7(v))
+
+
+@triton.jit
+def _iq3_xxs_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
+    """(d * (0.5 + sc)) * 0.5, sc = top nibble of sub-block s's u32 (s = w/32)."""
+    s = ((offs_k & 255) >> 5)[None, :]
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ3_XXS_LOG2, IQ3_XXS_BYTES)
+    d = _ld_f16(w_ptr, blk, mask)
+    sc = _ld_u8(w_ptr, blk + 66 + s * 4 + 3, mask) >> 4
+    return d * (0.5 + sc.to(tl.float32)) * 0.5
+
+
+@triton.jit
+def _iq3_xxs_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
+    """(magnitude, negative?): grid point w/4 indexes the 256 x 4 grid (qs[w/4]); signs from
+    sub-block s's u32 at byte 66 + 4s, group (w%32)/8."""
+    w = offs_k & 255
+    blk = _block_off(row_bytes, offs_n, offs_k, IQ3_XXS_LOG2, IQ3_XXS_BYTES)
+    idx = _ld_u8(w_ptr, blk + 2 + (w >> 2)[None, :], mask)
+    mag = tl.load(tab_ptr + IQ3_XXS_TAB + idx * 4 + (w & 3)[None, :], mask=mask, other=0)
+    neg = _ksign(w_ptr, blk + 66 + ((w >> 5) * 4)[None, :], (w >> 3) & 3, w & 7, mask)
+    return mag.to(tl.float32), neg
+
+
+@triton.jit
+def decode_iq3_xxs(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
+    """IQ3_XXS (98 B): fp16 d; qs[64]; 8 u32 (4 x 7-bit ksigns | 4-bit scale); tab_ptr: the
+    i-quant table. w = ((d * (0.5 + sc)) * 0.5) * magnitude * (+-1)."""
+    mag, neg = _iq3_xxs_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
+    return _iq3_s_value(_iq3_xxs_scale(w_ptr, row_bytes, offs_n, offs_k, mask), mag, neg)
