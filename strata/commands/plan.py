@@ -97,6 +97,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fused", action="store_true",
                    help="fused path (fused ring budget); default: STRATA_PF_FUSED, else "
                         "non-native packs")
+    p.add_argument("--ring", type=_positive("--ring", "slot"), metavar="N",
+                   help="an explicit ring of N slots (wins over STRATA_PREFILL_RING, as in "
+                        "strata prefill)")
     p.add_argument("--prompt-tokens", type=_positive("--prompt-tokens"), metavar="N",
                    help="plan one prompt of N tokens as the engine runs it (default: a prompt "
                         "at least one chunk long)")
@@ -113,15 +116,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
 EXPERT_FFNS = ("auto", "kernel", "decoded", "torch", "ref")   # strata.models.moe.FFN_CHOICES
 
 
-def _positive(flag: str):
+def _positive(flag: str, unit: str = "token"):
     def parse(text: str) -> int:
         try:
             n = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a whole number of tokens, got "
+            raise argparse.ArgumentTypeError(f"{flag} takes a whole number of {unit}s, got "
                                              f"{text!r}") from None
         if n < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be at least 1 token, got {n}")
+            raise argparse.ArgumentTypeError(f"{flag} must be at least 1 {unit}, got {n}")
         return n
     return parse
 
@@ -160,7 +163,7 @@ def make_plan(args):
                               config.mmq_slab())
     plan = plan_prefill(layout, parts, scan=args.scan,
                         scan_max=args.prefill or SCAN_MAX, chunk=args.chunk,
-                        pinned=not args.unpinned, fused=fused, native=native,
+                        pinned=not args.unpinned, fused=fused, native=native, ring=args.ring,
                         n_tokens=args.prompt_tokens, scratch_reserve=reserve)
     return name, plan, bud, dict(pinned=not args.unpinned, fused=fused, native=native,
                                  experts=args.experts, kv_tokens=kv_tokens), shape

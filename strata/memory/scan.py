@@ -203,7 +203,7 @@ def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=N
         fits = need <= room
         borrow = _borrow(p.cache, need, extra, p.lend_cap) if fits else 0
         n = p.cache.slots_for(borrow, p.lend_cap) if fits else 0
-        loan = p.cache.top_bytes(n)
+        loan = p.cache.loan_span(n, p.lend_cap)[1] if fits else 0
         ring_bytes = next(q.nbytes for q in placements if q.name == "ring")
         parts.append(ParticipantPlan(
             p.name, ring, slots, ring_bytes, need, room, fits, p.cache.nbytes,
