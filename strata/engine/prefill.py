@@ -10,8 +10,8 @@ KV of the longest prompt, a reserve) and fills round-robin over layers.
 Per prompt: plan (chunk + ring, one byte budget: strata.memory.scan, for this prompt's length),
 borrow the loan the plan names from the top of the cache, carve the ring and the chunk's buffers
 out of it exactly as the plan laid them out (`borrow_and_carve`: every size read off the plan,
-none derived again; `PrefillResult.memory` records what was borrowed and carved), read the prompt chunk by chunk
-(every layer computes its experts from cache slots and ring slots, copies overlapped with
+none derived again; `PrefillResult.memory` records what was borrowed and carved), read the prompt
+chunk by chunk (every layer computes its experts from cache slots and ring slots, copies overlapped with
 compute: strata.engine.provider), then refill the borrowed slots. A prompt that fails — bad
 input, an allocation that fails mid-prompt — fails alone: the copy lane is drained, the loan is
 refilled, and the cache ends byte for byte as it started.

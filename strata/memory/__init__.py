@@ -25,6 +25,6 @@ from strata.memory.sizes import Sizes
 
 __all__ = ["Buf", "CacheLayout", "Carve", "ExpertCache", "LEND_CAP", "LayoutSpec",
            "Loan", "Participant", "Phase", "Placement", "Plan", "PromptLayout", "RING_MAX",
-           "RING_MIN", "STAGE", "SlabPool", "Sizes", "Tail", "chunk_ring", "ordinary_alloc", "plan_prefill",
-           "resolve_ring", "ring_budget", "ring_cap", "ring_slots", "scratch_allocator",
+           "RING_MIN", "STAGE", "SlabPool", "Sizes", "Tail", "chunk_ring", "ordinary_alloc",
+           "plan_prefill", "resolve_ring", "ring_budget", "ring_cap", "ring_slots", "scratch_allocator",
            "size_class", "stream_all_min", "synthetic_source", "use_fused"]

@@ -28,7 +28,8 @@ from strata.memory.sizes import Sizes
 
 @dataclass(frozen=True)
 class Buf:
-    """One buffer: a name the engine looks it up by, a dtype, and symbolic dims (their values: Sizes.dims)."""
+    """One buffer: a name the engine looks it up by, a dtype, and symbolic dims (their values
+    come from Sizes.dims)."""
     name: str
     dtype: torch.dtype
     dims: tuple[str, ...]

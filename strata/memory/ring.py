@@ -16,7 +16,8 @@ pack whose blob exceeds budget/16 hits on purpose (a ring under 16 slots cannot 
 `chunk_ring` is what a chunk actually runs beside a full ring: a chunk under
 `stream_all_min(routing)` tokens does not stream whole layers but stages only its routed experts
 ("STAGE"), and an override (`--ring N`, `STRATA_PREFILL_RING=N`) wins over both. The planner
-and `resolve_ring` both go through it. `ring_slots` is the pure arithmetic (no environment), for tables and experiments.
+and `resolve_ring` both go through it. `ring_slots` is the pure arithmetic (no environment), for
+tables and experiments.
 """
 from __future__ import annotations
 

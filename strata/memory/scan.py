@@ -22,8 +22,8 @@ what the engine borrows (`borrow`, `loan_slots`) and carves (`ring_slots`, `plac
 at `bytes_needed`) is read off it, never derived again.
 
 The slab's scratch reserve (`scratch_reserve(participant, n_tokens, chunk)`, supplied by whoever
-knows the kernel) is borrowed on top of bytes_needed when the lend cap has room for it; otherwise the loan
-is bytes_needed alone and the slab serves what the tail holds.
+knows the kernel) is borrowed on top of bytes_needed when the lend cap has room for it; otherwise
+the loan is bytes_needed alone and the slab serves what the tail holds.
 
 Several participants (one per GPU, each with its own cache, loan and ring): a chunk is taken only
 if it fits on every one of them. Room is counted in BYTES of whole cache slots (CacheLayout.room).

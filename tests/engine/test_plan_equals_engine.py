@@ -31,7 +31,7 @@ from strata.memory.rig import RESERVE, participants
 from strata.models.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
-from strata.planning import layout_spec, model_sizes, prompt_layout, scratch_reserve
+from strata.planning import default_devices, layout_spec, model_sizes, scratch_reserve
 from strata.shapes import PRESETS, ModelShape
 
 # 64 experts, top-4: stream_all_min = 16, so a 15-token prompt stages up to 60 routed experts.
@@ -178,7 +178,7 @@ def engine_side(shape, layer_blob, native, rig):
                             lend_cap=rig["lend_cap"],
                             kv_tokens=rig["max_prompt"] or rig["n_tokens"] or 0)
     layout = PromptLayout(sizes, max(layer_blob.values()), layout_spec(rig["ffn"]))
-    devices = {p.name: torch.device("cpu") for p in parts}
+    devices = default_devices([p.name for p in parts])    # as strata plan picks them
     plan = plan_prefill(layout, parts, scan="auto", scan_max=rig["scan_max"], chunk=rig["chunk"],
                         pinned=rig["pinned"], fused=use_fused(native, rig["fused"] or None),
                         native=native, ring=rig["ring"], n_tokens=rig["n_tokens"],
@@ -275,3 +275,22 @@ def test_engine_takes_what_strata_plan_reports_presets(capsys, data, name, fmt):
         assert d["bytes_needed"] == 530_612_992                      # 530.6 MB
     if got is not None:
         check(plan, got, d)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_slab_reserve_is_borrowed_as_planned(pack, capsys, monkeypatch):
+    """On CUDA with the slab on and every launch pinned to stream-k: the loan includes the
+    slab's reserve sized by the device's own SM count, exactly as `strata plan` reports it."""
+    from strata.packs import Pack
+    monkeypatch.setenv("STRATA_MMQ_SLAB", "1")
+    cache = 100 * Pack.open(pack).max_blob
+    with pin_tile(**STREAM_K):
+        eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=cache, max_prompt=64,
+                                               ffn="kernel", chunk=16, ring=8))
+        res = eng.run(torch.arange(20) % SHAPE.vocab, logits="none")
+        d = cli_plan(capsys, "--pack", str(pack), "--vram", "1GiB", "--cache", str(cache),
+                     "--chunk", "16", "--ring", "8", "--prompt-tokens", "20", "--max-prompt",
+                     "64", "--experts", "kernel")
+    (pp,) = d["participants"]
+    assert pp["scratch_reserve"] > 0 and pp["borrow"] == pp["bytes_needed"] + pp["scratch_reserve"]
+    assert [planned(p) for p in d["participants"]] == [as_plan(b) for b in res.memory]
