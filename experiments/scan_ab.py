@@ -21,9 +21,9 @@ from tqdm import tqdm
 from strata import bench
 from strata.blob import BlobLayout
 from strata.errors import StrataError
-from strata.memory.layout import PromptLayout
 from strata.memory.rig import participants
 from strata.memory.scan import plan_prefill
+from strata.planning import model_sizes, prompt_layout
 from strata.shapes import get_preset
 
 VRAM_GIB = [4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 80]
@@ -42,12 +42,12 @@ def sweep() -> list[dict]:
         blob = BlobLayout.make(shape.d_model, shape.d_expert, quant).size
         base = dict(preset=preset, quant=quant, vram_gib=vram, max_blob=blob)
         try:
-            parts, _ = participants(shape, [blob] * shape.n_layer, [vram << 30])
+            parts, _ = participants(model_sizes(shape), [blob] * shape.n_layer, [vram << 30])
         except StrataError:
             for rule in ("legacy", "auto"):   # dense weights alone overflow this card
                 rows.append(base | dict(rule=rule, status="no-cache"))
             continue
-        lay = PromptLayout(shape, blob)
+        lay = prompt_layout(shape, blob)
         for rule in ("legacy", "auto"):
             try:
                 p = plan_prefill(lay, parts, scan=rule)

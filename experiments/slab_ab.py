@@ -139,7 +139,7 @@ def attempt(eng, tokens, label, rows, ref=None):
     try:
         with recorded_loans(loans), pin_tile(schedule="stream_k"):
             res = eng.run(tokens, logits="last")
-        row.update(outcome="ok", chunk=res.chunk, ring=res.ring, plan_chunk=res.plan.chunk,
+        row.update(outcome="ok", chunk=res.chunk, ring=res.ring, plan_chunk=res.plan.scan_chunk,
                    plan_ring=res.plan.ring)
         if ref is not None:
             row["logits_identical"] = bool(torch.equal(res.logits.cpu(), ref))

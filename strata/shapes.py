@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, replace
 
 from strata.errors import StrataError
 
+KV_BYTES = 2   # bf16 keys and values on the GPU (what the VRAM budget charges per element)
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -42,6 +44,11 @@ class ModelShape:
     def expert_params(self) -> int:
         """Weights of one expert (gate + up + down)."""
         return 3 * self.d_model * self.d_expert
+
+    def kv_bytes(self, n_tokens: int) -> int:
+        """One layer's KV cache for n_tokens: keys and values, Hkv heads of hd, KV_BYTES each.
+        The one count the rig's VRAM budget charges (strata.planning hands it to memory)."""
+        return n_tokens * 2 * self.n_kv_head * self.head_dim * KV_BYTES
 
 
 PRESETS: dict[str, ModelShape] = {

@@ -4,7 +4,16 @@
     strata plan --preset seed-512e --quant Q2_0 --vram 8GiB --vram 8GiB --scan legacy --json
     strata plan --preset qwen3-30b-a3b --vram 6GiB --chunk 16384     # forced: does it fit?
 
+    strata plan --preset qwen3-30b-a3b --vram 12GiB --prompt-tokens 15 --json   # one prompt
+
 A plan that cannot fit prints one line naming the bytes needed and the room, and exits 2.
+
+`--prompt-tokens N` plans one prompt of N tokens exactly as `strata prefill` runs it: a prompt
+shorter than the chunk is one chunk of N (its ring re-resolved: STAGE under stream_all_min), the
+KV of N tokens (or --max-prompt) leaves the cache, and the JSON's participants carry what the
+engine borrows (`borrow`, `loan_slots`) and carves (`placements`, ending at `bytes_needed`).
+`--experts` names the expert FFN (auto and decoded add the per-pass decode buffer, as the engine
+does); with STRATA_MMQ_SLAB=1 and `--experts kernel` the slab's reserve is borrowed too.
 
 `--pack PATH` plans a pack's own shape, per-layer blob sizes and nativeness (strata.packs.Pack).
 """
@@ -14,13 +23,15 @@ import argparse
 import json
 import sys
 
+from strata import config
 from strata.blob import BlobLayout
 from strata.errors import StrataError
-from strata.memory.layout import PromptLayout
 from strata.memory.loan import LEND_CAP
 from strata.memory.rig import RESERVE, participants
 from strata.memory.ring import use_fused
 from strata.memory.scan import SCAN_MAX, plan_prefill
+from strata.planning import default_devices, layout_spec, model_sizes, prompt_layout, \
+    scratch_reserve
 from strata.shapes import PRESETS, get_preset
 from strata.units import fmt_bytes, parse_size
 
@@ -86,8 +97,36 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fused", action="store_true",
                    help="fused path (fused ring budget); default: STRATA_PF_FUSED, else "
                         "non-native packs")
+    p.add_argument("--ring", type=_positive("--ring", "slot"), metavar="N",
+                   help="an explicit ring of N slots (wins over STRATA_PREFILL_RING, as in "
+                        "strata prefill)")
+    p.add_argument("--prompt-tokens", type=_positive("--prompt-tokens"), metavar="N",
+                   help="plan one prompt of N tokens as the engine runs it (default: a prompt "
+                        "at least one chunk long)")
+    p.add_argument("--max-prompt", type=_positive("--max-prompt"), metavar="N",
+                   help="KV reserved for prompts up to N tokens, taken from the cache "
+                        "(default: --prompt-tokens, else none)")
+    p.add_argument("--experts", choices=EXPERT_FFNS, default="kernel",
+                   help="expert FFN the prompt runs through (default kernel; auto and decoded "
+                        "add the decode buffer to the layout)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
+
+
+EXPERT_FFNS = ("auto", "kernel", "decoded", "torch", "ref")   # strata.models.moe.FFN_CHOICES
+
+
+def _positive(flag: str, unit: str = "token"):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a whole number of {unit}s, got "
+                                             f"{text!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be at least 1 {unit}, got {n}")
+        return n
+    return parse
 
 
 def _source(args):
@@ -98,26 +137,36 @@ def _source(args):
         shape = pack.shape
         layer_blob = {i: pl.blob_size for i, pl in enumerate(pack.layers)}
         native = pack.native
-        return args.pack, shape, dict(layer_blob), bool(native)
+        return args.pack, shape, dict(layer_blob), bool(native), [pl.layout for pl in pack.layers]
     shape = get_preset(args.preset or "qwen3-30b-a3b")
     fmts = [q.strip() for q in args.quant.split(",")]
     if len(fmts) not in (1, 3):
         raise StrataError(f"--quant takes one TYPE or GATE,UP,DOWN, got {args.quant!r}")
-    blob = BlobLayout.make(shape.d_model, shape.d_expert, *fmts).size
+    layout = BlobLayout.make(shape.d_model, shape.d_expert, *fmts)
     name = f"{args.preset or 'qwen3-30b-a3b'} {args.quant.upper()}"
-    return name, shape, {l: blob for l in range(shape.n_layer)}, True
+    return name, shape, {l: layout.size for l in range(shape.n_layer)}, True, [layout]
 
 
 def make_plan(args):
-    name, shape, layer_blob, native = _source(args)
+    """The plan, built the way the prefill engine builds its own (strata.planning's sizes and
+    layout, strata.memory's rig and scan), so what it reports is what the engine takes."""
+    name, shape, layer_blob, native, layouts = _source(args)
     vram = args.vram or [12 << 30]
-    parts, bud = participants(shape, layer_blob, vram, cache=args.cache, lend_cap=args.lend_cap)
+    sizes = model_sizes(shape)
+    kv_tokens = args.max_prompt or args.prompt_tokens or 0
+    parts, bud = participants(sizes, layer_blob, vram, cache=args.cache, lend_cap=args.lend_cap,
+                              kv_tokens=kv_tokens)
     fused = use_fused(native, True if args.fused else None)
-    layout = PromptLayout(shape, max(layer_blob.values()))
+    layout = prompt_layout(shape, max(layer_blob.values()), spec=layout_spec(args.experts),
+                           sizes=sizes)
+    reserve = scratch_reserve(shape, default_devices([p.name for p in parts]), args.experts,
+                              config.mmq_slab(), layouts)
     plan = plan_prefill(layout, parts, scan=args.scan,
                         scan_max=args.prefill or SCAN_MAX, chunk=args.chunk,
-                        pinned=not args.unpinned, fused=fused, native=native)
-    return name, plan, bud, dict(pinned=not args.unpinned, fused=fused, native=native), shape
+                        pinned=not args.unpinned, fused=fused, native=native, ring=args.ring,
+                        n_tokens=args.prompt_tokens, scratch_reserve=reserve)
+    return name, plan, bud, dict(pinned=not args.unpinned, fused=fused, native=native,
+                                 experts=args.experts, kv_tokens=kv_tokens), shape
 
 
 def render(name, plan, bud, flags, n_expert: int) -> str:
@@ -126,7 +175,9 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
     lines = [
         f"strata plan: {name}, {len(bud)} GPU(s), {path}, native={flags['native']}",
         f"  rule      {plan.rule} ({plan.probes} bytes_needed probes)",
-        f"  chunk     {plan.chunk} tokens" + ("" if plan.fits else "  (DOES NOT FIT)"),
+        f"  chunk     {plan.chunk} tokens" + ("" if plan.fits else "  (DOES NOT FIT)")
+        + (f" (a prompt of {plan.n_tokens}; the rule's chunk is {plan.scan_chunk})"
+           if plan.n_tokens is not None and plan.chunk != plan.scan_chunk else ""),
         f"  ring      {ring}, {fmt_bytes(plan.ring_bytes)} (full ring {plan.full_ring} slots of "
         f"max_blob {plan.max_blob:,} B; STAGE under {plan.stream_all_min} tokens)",
         f"  needed    {plan.bytes_needed:,} B ({fmt_bytes(plan.bytes_needed)}) of room "

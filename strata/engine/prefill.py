@@ -7,9 +7,11 @@ Once, at start: the pack's expert blobs go to host memory (pinned when possible)
 weights to the device, and the expert cache takes what the VRAM budget leaves (dense weights, the
 KV of the longest prompt, a reserve) and fills round-robin over layers.
 
-Per prompt: plan (chunk + ring, one byte budget: strata.memory.scan), borrow the loan from the
-top of the cache, carve the ring and the chunk's buffers out of it, read the prompt chunk by chunk
-(every layer computes its experts from cache slots and ring slots, copies overlapped with
+Per prompt: plan (chunk + ring, one byte budget: strata.memory.scan, for this prompt's length),
+borrow the loan the plan names from the top of the cache, carve the ring and the chunk's buffers
+out of it exactly as the plan laid them out (`borrow_and_carve`: every size read off the plan,
+none derived again; `PrefillResult.memory` records what was borrowed and carved), read the prompt
+chunk by chunk (every layer computes its experts from cache slots and ring slots, copies overlapped with
 compute: strata.engine.provider), then refill the borrowed slots. A prompt that fails — bad
 input, an allocation that fails mid-prompt — fails alone: the copy lane is drained, the loan is
 refilled, and the cache ends byte for byte as it started.
@@ -32,18 +34,18 @@ from strata.engine.host import HostExperts
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import SplitProvider, StreamingProvider
-from strata.engine.scratch import ParticipantScratch, slab_reserve
+from strata.engine.scratch import ParticipantScratch
 from strata.engine.stats import PrefillStats
 from strata import config
-from strata.errors import AllocationError, PlanError, StrataError
-from strata.kernels.moe import decoded_weights
-from strata.memory import (ACTIVATIONS, STAGE, ExpertCache, Loan, PromptLayout, plan_prefill,
-                           resolve_ring, use_fused)
-from strata.memory.layout import DECODE_BUF
-from strata.memory.ring import ring_slot_count
+from strata.errors import AllocationError, StrataError
+from strata.memory import STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
+from strata.memory.carve import Carve
+from strata.memory.layout import PromptBuffers
 from strata.memory.rig import RESERVE, participants
+from strata.memory.scan import ParticipantPlan
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.moe import expert_ffn
+from strata.planning import layout_spec, model_sizes, scratch_reserve
 from strata.units import fmt_bytes
 
 log = logging.getLogger("strata")
@@ -79,6 +81,7 @@ class PrefillResult:
     chunk: int                         # prefill_chunk: the chunk the prompt was read in
     ring: int | str                    # prefill_ring: the resolved ring (slots, or "STAGE")
     stats: PrefillStats = field(default_factory=PrefillStats)
+    memory: list["Borrowed"] = field(default_factory=list)  # per participant: what it took
 
     def info(self) -> dict:
         return {"prefill_chunk": self.chunk, "prefill_ring": self.ring}
@@ -95,6 +98,40 @@ class Part:
     cache: ExpertCache
     lane: Lane
     scratch: ParticipantScratch  # its stream-k fixup scratch (strata.engine.scratch)
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """What one participant actually borrowed and carved for a prompt (read off the Loan and
+    the Carve, not the plan), for comparing with the plan's ParticipantPlan."""
+    name: str
+    loan_slots: int
+    loan: int                  # bytes of the loan
+    ring_slots: int
+    placements: tuple[tuple[str, int, int], ...]   # (name, offset, nbytes) of every buffer
+    stop: int                  # the carve's stop: bytes of the loan the layout used
+    tail: int                  # bytes the carve left (the slab's tail)
+
+
+def borrow_and_carve(cache: ExpertCache, layout: PromptLayout, chunk: int, pp: ParticipantPlan,
+                     lend_cap: float, loans: list[Loan]
+                     ) -> tuple[Carve, PromptBuffers, Borrowed]:
+    """Borrow the loan the plan names for this participant and carve its layout: `pp.borrow`
+    bytes, then `chunk` tokens beside `pp.ring_slots` ring slots. The loan joins `loans` as soon
+    as it exists (the caller refills it, even when the carve fails)."""
+    loan = Loan(cache, pp.borrow, lend_cap)
+    loans.append(loan)
+    carve = loan.carve()
+    bufs = layout.carve(carve, chunk, pp.ring_slots)
+    tail = carve.tail()
+    got = Borrowed(pp.name, loan.n_slots, loan.nbytes, int(bufs.ring.shape[0]),
+                   tuple((q.name, q.offset, q.nbytes) for q in bufs.placements), bufs.stop,
+                   tail.nbytes)
+    if (got.loan_slots, got.stop) != (pp.loan_slots, pp.bytes_needed):
+        raise StrataError(f"{pp.name}: the engine borrowed {got.loan_slots} slots and carved "
+                          f"{got.stop:,} B but the plan says {pp.loan_slots} slots and "
+                          f"{pp.bytes_needed:,} B; the plan and the carve must agree (a bug)")
+    return carve, bufs, got
 
 
 class PrefillEngine:
@@ -118,7 +155,8 @@ class PrefillEngine:
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
                                         progress=cfg.progress)
         self.pinned = self.host.pinned or self.device.type != "cuda"
-        parts, budgets = participants(self.shape, self.blob_sizes, vram, cache=cfg.cache,
+        self.sizes = model_sizes(self.shape)
+        parts, budgets = participants(self.sizes, self.blob_sizes, vram, cache=cfg.cache,
                                       lend_cap=cfg.lend_cap, reserve=cfg.reserve,
                                       kv_tokens=cfg.max_prompt, split=cfg.layer_split)
         self.parts: list[Part] = []
@@ -129,9 +167,7 @@ class PrefillEngine:
         device_map = [part.device for part in self.parts for _ in part.layers]
         self.model = load_model(pack, device=self.device, dtype=self.dtype,
                                 ffn=expert_ffn(cfg.ffn), device_map=device_map)
-        spec = ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if cfg.ffn in ("auto", "decoded") \
-            else ACTIVATIONS
-        self.layout = PromptLayout(self.shape, self.max_blob, spec=spec, batch=cfg.batch)
+        self.layout = PromptLayout(self.sizes, self.max_blob, layout_spec(cfg.ffn), cfg.batch)
         self.fused = use_fused(pack.native, cfg.fused)
 
     # single-participant conveniences (tests, the CLI's summary)
@@ -144,23 +180,16 @@ class PrefillEngine:
         return self.parts[0].lane
 
     # -- planning ----------------------------------------------------------------------------
-    def plan(self):
-        """The plan for a prompt (chunk and ring from the scan, or the forced chunk)."""
+    def plan(self, n_tokens: int | None = None, *, slab: bool = False):
+        """The plan for a prompt of n_tokens (None: one at least a chunk long): chunk and ring
+        from the scan (or the forced chunk), and every byte the engine borrows and carves for it;
+        `slab`: borrow the stream-k scratch slab's reserve too (STRATA_MMQ_SLAB)."""
+        reserve = scratch_reserve(self.shape, {p.name: p.device for p in self.parts},
+                                  self.cfg.ffn, slab, self.layouts)
         return plan_prefill(self.layout, [p.participant for p in self.parts], scan=self.cfg.scan,
                             scan_max=self.cfg.scan_max, chunk=self.cfg.chunk, pinned=self.pinned,
-                            fused=self.fused, native=self.pack.native, ring=self.cfg.ring)
-
-    def _resolve(self, plan, n_tokens: int) -> tuple[int, int | str, int]:
-        """(chunk, resolved ring, ring slots carved) for a prompt of n_tokens under `plan`."""
-        chunk = min(plan.chunk, n_tokens)
-        if chunk == plan.chunk or plan.rule == "legacy":   # legacy: the fixed ring, as planned
-            ring = plan.ring
-        else:  # a prompt shorter than the planned chunk: the ring its own chunk resolves to
-            ring = resolve_ring(self.max_blob, self.shape, chunk, pinned=self.pinned,
-                                fused=self.fused, native=self.pack.native, ring=self.cfg.ring)
-            if ring != STAGE and plan.rule == "fallback":
-                ring = min(int(ring), int(plan.ring)) if plan.ring != STAGE else ring
-        return chunk, ring, ring_slot_count(ring, self.shape, chunk)
+                            fused=self.fused, native=self.pack.native, ring=self.cfg.ring,
+                            n_tokens=n_tokens, scratch_reserve=reserve)
 
     # -- a prompt ----------------------------------------------------------------------------
     def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None
@@ -176,31 +205,33 @@ class PrefillEngine:
         if T > self.cfg.max_prompt:
             raise StrataError(f"the prompt has {T} tokens but this engine reserved KV for "
                               f"{self.cfg.max_prompt}; raise max_prompt (--max-prompt)")
-        plan = self.plan()
+        slab = config.mmq_slab()   # STRATA_MMQ_SLAB, read per prompt (a bad value: StrataError)
+        plan = self.plan(T, slab=slab)
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
-        chunk, ring, _ = self._resolve(plan, T)
-        slab = config.mmq_slab()   # STRATA_MMQ_SLAB, read per prompt (a bad value: StrataError)
+        chunk, ring = plan.chunk, plan.ring
         stats = PrefillStats(tokens=T)
         out = None
         loans: list[Loan] = []
+        memory: list[Borrowed] = []
         try:
-            mode = MODE_STAGE if ring == STAGE else MODE_STREAM
             providers = []
             for part, pp in zip(self.parts, plan.participants):
                 # each participant carves its own ring (the fallback rule may size them apart)
-                r = ring if len(self.parts) == 1 or plan.rule != "fallback" else pp.ring
-                slots = ring_slot_count(r, self.shape, chunk)
-                need = self.layout.bytes_needed(chunk, slots)
-                loans.append(self._borrow(part, need, T, chunk, slab))
-                carve = loans[-1].carve()
-                bufs = self.layout.carve(carve, chunk, slots)
+                if pp.scratch_reserve and pp.borrow == pp.bytes_needed:
+                    log.info("strata prefill mmq: %s has no room to lend %s more for the scratch "
+                             "slab; it serves what the tail holds", part.name,
+                             fmt_bytes(pp.scratch_reserve))
+                carve, bufs, got = borrow_and_carve(part.cache, self.layout, chunk, pp,
+                                                    self.cfg.lend_cap, loans)
+                memory.append(got)
                 if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
                     part.scratch.publish(carve.tail())
                 providers.append(StreamingProvider(
                     part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
-                    mode=mode, layers=part.layers, batch=self.cfg.batch, lane=part.lane,
-                    scratch_alloc=part.scratch, buffers=bufs))
+                    mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
+                    batch=self.cfg.batch, lane=part.lane, scratch_alloc=part.scratch,
+                    buffers=bufs))
             provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:
                 provider = _FailingProvider(provider, fail_after_layers)
@@ -233,23 +264,7 @@ class PrefillEngine:
             for loan in loans:
                 loan.refill()
             self._sync()
-        return PrefillResult(out, plan, chunk, ring, stats)
-
-    def _borrow(self, part: Part, need: int, n_tokens: int, chunk: int, slab: bool) -> Loan:
-        """The participant's loan: `need` bytes, plus with the slab on the size classes its
-        stream-k launches will ask for (the slab's cost in lent slots; the plan's chunk and ring
-        are unchanged). When the lend cap has no room for that, the loan is the plan's own and
-        the slab serves what its tail holds (the rest comes from ordinary memory)."""
-        extra = (slab_reserve(self.shape, n_tokens, chunk, part.device,
-                              decoded={decoded_weights(lay) for lay in self.layouts})
-                 if slab and self.cfg.ffn == "kernel" else 0)
-        if extra:
-            try:
-                return Loan(part.cache, need + extra, self.cfg.lend_cap)
-            except PlanError:
-                log.info("strata prefill mmq: %s has no room to lend %s more for the scratch "
-                         "slab; it serves what the tail holds", part.name, fmt_bytes(extra))
-        return Loan(part.cache, need, self.cfg.lend_cap)
+        return PrefillResult(out, plan, chunk, ring, stats, memory)
 
     def _sync(self) -> None:
         for part in self.parts:

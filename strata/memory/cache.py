@@ -97,10 +97,17 @@ class CacheLayout:
     def room(self, lend_cap: float) -> int:
         """Bytes a prompt may borrow: the spare region and the whole slots of the largest allowed
         loan (a spare region alone is lent up to the cap)."""
-        n = self.lendable(lend_cap)
-        if n == 0:
-            return min(self.spare, int(lend_cap * self.nbytes))
-        return self.top_bytes(n)
+        return self.loan_span(self.lendable(lend_cap), lend_cap)[1]
+
+    def loan_span(self, n: int, lend_cap: float) -> tuple[int, int]:
+        """(offset, nbytes) of the loan of the top n slots: from slot N-n's start to the buffer's
+        end; n = 0: the top of the spare region, at most the cap (256-aligned; empty without a
+        spare region). The one count the planner reports and the Loan takes."""
+        if n > 0:
+            off = self.slot_offset[self.n_slots - n]
+            return off, self.nbytes - off
+        spare = min(self.spare, int(lend_cap * self.nbytes)) // 256 * 256
+        return self.nbytes - spare, spare
 
     def slots_for(self, need: int, lend_cap: float) -> int:
         """Fewest top slots whose bytes cover `need`; a PlanError if the cap does not allow it."""

@@ -21,11 +21,7 @@ class Loan:
         self.lend_cap = lend_cap
         self.n_slots = lay.slots_for(need, lend_cap)       # PlanError when it cannot
         self.first = lay.n_slots - self.n_slots
-        # no slot needed: the top of the spare region above the slots, up to the room (empty
-        # when there is no spare region)
-        spare = min(lay.spare, int(lend_cap * lay.nbytes)) // 256 * 256
-        self.offset = lay.slot_offset[self.first] if self.n_slots else lay.nbytes - spare
-        self.nbytes = lay.nbytes - self.offset
+        self.offset, self.nbytes = lay.loan_span(self.n_slots, lend_cap)
         self.buffer = cache.buffer[self.offset:lay.nbytes]  # uint8 view into the cache
         self.active = True
         for i in range(self.first, lay.n_slots):

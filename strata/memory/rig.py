@@ -9,11 +9,11 @@ and holds whole slots of its own layers' experts (CacheLayout.build, round-robin
 RESERVE (1 GiB) stands for the CUDA context (~0.5 GiB on recent drivers), allocator slack and
 the attention workspace; the KV of earlier chunks is charged separately (`kv_tokens`, 0 in
 `strata plan`: the prefill engine knows its prompt length, the planner does not).
-Dense weights are counted at 2 bytes per weight (bf16), norms included.
+The dense bytes and the KV bytes per layer are the model's to say (`Sizes.dense_layer`,
+`dense_first`, `dense_last`, `kv_bytes`; strata.planning.model_sizes builds them).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -21,22 +21,10 @@ from strata.errors import StrataError
 from strata.memory.cache import CacheLayout
 from strata.memory.loan import LEND_CAP
 from strata.memory.scan import Participant
-from strata.packs.names import global_specs, layer_specs
-from strata.shapes import ModelShape
+from strata.memory.sizes import Sizes
 from strata.units import fmt_bytes
 
 RESERVE = 1 << 30
-DENSE_BYTES = 2  # bf16
-
-
-def _weights(specs: dict) -> int:
-    return sum(math.prod(shp) for shp in specs.values())
-
-
-def layer_dense_bytes(shape: ModelShape) -> int:
-    """One layer's dense weights (attention q/k/v/o, q/k norms, two RMS norms, router), read from
-    the one description of the dense tensors (strata.packs.names), at DENSE_BYTES each."""
-    return _weights(layer_specs(shape, 0)) * DENSE_BYTES
 
 
 def split_layers(n_layer: int, vram: Sequence[int]) -> list[range]:
@@ -81,23 +69,21 @@ def explicit_split(n_layer: int, counts: Sequence[int], n_gpu: int) -> list[rang
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def budgets(shape: ModelShape, vram: Sequence[int], *, cache: int | None = None,
+def budgets(sizes: Sizes, vram: Sequence[int], *, cache: int | None = None,
             reserve: int = RESERVE, kv_tokens: int = 0,
             split: Sequence[int] | None = None) -> list[GpuBudget]:
     """Per GPU: its layers, dense bytes and the expert cache bytes it can give (or `cache`).
     `split` (layers per GPU) overrides the split in proportion to VRAM."""
     out = []
-    splits = (explicit_split(shape.n_layer, split, len(vram)) if split is not None
-              else split_layers(shape.n_layer, vram))
-    kv_per_layer = kv_tokens * 2 * shape.n_kv_head * shape.head_dim * 2
+    splits = (explicit_split(sizes.n_layer, split, len(vram)) if split is not None
+              else split_layers(sizes.n_layer, vram))
+    kv_per_layer = sizes.kv_bytes(kv_tokens)
     for i, (v, layers) in enumerate(zip(vram, splits)):
-        dense = len(layers) * layer_dense_bytes(shape)
-        g = global_specs(shape)
+        dense = len(layers) * sizes.dense_layer
         if i == 0:
-            dense += _weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES
-        if i == len(vram) - 1:   # the output norm and LM head (counted untied: the worst case)
-            dense += _weights({k: g[k] for k in ("output_norm.weight", "output.weight")}) \
-                * DENSE_BYTES
+            dense += sizes.dense_first
+        if i == len(vram) - 1:
+            dense += sizes.dense_last
         kv = len(layers) * kv_per_layer
         c = cache if cache is not None else v - dense - reserve - kv
         if c <= 0:
@@ -109,7 +95,7 @@ def budgets(shape: ModelShape, vram: Sequence[int], *, cache: int | None = None,
     return out
 
 
-def participants(shape: ModelShape, layer_blob: Mapping[int, int] | Sequence[int],
+def participants(sizes: Sizes, layer_blob: Mapping[int, int] | Sequence[int],
                  vram: Sequence[int], *, cache: int | None = None,
                  lend_cap: float = LEND_CAP, reserve: int = RESERVE,
                  kv_tokens: int = 0, split: Sequence[int] | None = None
@@ -119,7 +105,7 @@ def participants(shape: ModelShape, layer_blob: Mapping[int, int] | Sequence[int
         layer_blob = dict(enumerate(layer_blob))
     if not 0.0 < lend_cap <= 1.0:
         raise StrataError(f"--lend-cap must be in (0, 1], got {lend_cap}")
-    bud = budgets(shape, vram, cache=cache, reserve=reserve, kv_tokens=kv_tokens, split=split)
+    bud = budgets(sizes, vram, cache=cache, reserve=reserve, kv_tokens=kv_tokens, split=split)
     parts = [Participant(b.name, CacheLayout.build(b.cache, {l: layer_blob[l] for l in b.layers},
-                                                   shape.n_expert), lend_cap) for b in bud]
+                                                   sizes.n_expert), lend_cap) for b in bud]
     return parts, bud

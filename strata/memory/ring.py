@@ -13,9 +13,11 @@ The ring is a BYTE budget; the slot count is derived from the pack's `max_blob` 
 Flooring keeps the ring at or under its budget; the one exception is the RING_MIN floor, which a
 pack whose blob exceeds budget/16 hits on purpose (a ring under 16 slots cannot overlap copies).
 
-`resolve_ring` is what a prompt actually runs: a chunk under `stream_all_min(shape)` tokens does not
-stream whole layers but stages only its routed experts ("STAGE"), and `STRATA_PREFILL_RING=N`
-overrides both. `ring_slots` is the pure arithmetic (no environment), for tables and experiments.
+`chunk_ring` is what a chunk actually runs beside a full ring: a chunk under
+`stream_all_min(routing)` tokens does not stream whole layers but stages only its routed experts
+("STAGE"), and an override (`--ring N`, `STRATA_PREFILL_RING=N`) wins over both. The planner
+and `resolve_ring` both go through it. `ring_slots` is the pure arithmetic (no environment), for
+tables and experiments.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import math
 
 from strata import config
 from strata.errors import StrataError
-from strata.shapes import ModelShape
+from strata.memory.sizes import Routing
 
 Q2_0_BLOB = 1_382_400          # the seed-512e Q2_0 blob the budgets were tuned on
 BUDGET_PINNED = 384 * Q2_0_BLOB
@@ -65,7 +67,7 @@ def use_fused(native: bool, fused: bool | None = None) -> bool:
     return (not native) if env is None else env
 
 
-def stream_all_min(shape: ModelShape) -> int:
+def stream_all_min(routing: Routing) -> int:
     """Fewest tokens a chunk needs before it streams whole layers through the ring.
 
     A chunk of T tokens routes T*K expert slots; under ceil(E / K) tokens it cannot touch every
@@ -76,15 +78,28 @@ def stream_all_min(shape: ModelShape) -> int:
     env = config.stream_all_min_override()
     if env is not None:
         return env
-    return math.ceil(shape.n_expert / shape.top_k)
+    return math.ceil(routing.n_expert / routing.top_k)
 
 
-def stage_slots(shape: ModelShape, chunk: int) -> int:
-    """Slots a STAGE chunk needs: every expert it can route to in one layer, min(T*K, E)."""
-    return min(chunk * shape.top_k, shape.n_expert)
+def stage_slots(routing: Routing, chunk: int) -> int:
+    """Experts a STAGE chunk can route to in one layer: min(T*K, E)."""
+    return min(chunk * routing.top_k, routing.n_expert)
 
 
-def resolve_ring(max_blob: int, shape: ModelShape, chunk: int, *, pinned: bool = True,
+def chunk_ring(routing: Routing, chunk: int, full: int, *,
+               overridden: bool = False) -> tuple[int | str, int]:
+    """(resolved ring, slots the carve reserves) for a chunk of `chunk` tokens whose full ring
+    is `full` slots: the one rule the planner sizes and the engine carves by.
+
+    Under stream_all_min (and not `overridden` by an explicit ring) the ring is STAGE: it carves
+    room for the chunk's routed experts, never more than the full ring (it stages in ring-sized
+    batches), which keeps bytes_needed monotone in T. Otherwise the full ring."""
+    if not overridden and chunk < stream_all_min(routing):
+        return STAGE, min(stage_slots(routing, chunk), full)
+    return full, full
+
+
+def resolve_ring(max_blob: int, routing: Routing, chunk: int, *, pinned: bool = True,
                  fused: bool = False, native: bool = True, ring: int | None = None) -> int | str:
     """The ring a chunk of `chunk` tokens runs with: a slot count, or STAGE.
 
@@ -92,13 +107,6 @@ def resolve_ring(max_blob: int, shape: ModelShape, chunk: int, *, pinned: bool =
     experimenter's explicit choice).
     """
     override = ring if ring is not None else config.prefill_ring_override()
-    if override is not None:
-        return override
-    if chunk < stream_all_min(shape):
-        return STAGE
-    return ring_slots(max_blob, pinned=pinned, fused=fused, native=native)
-
-
-def ring_slot_count(ring: int | str, shape: ModelShape, chunk: int) -> int:
-    """Slots the carve reserves for a resolved ring (STAGE reserves stage_slots)."""
-    return stage_slots(shape, chunk) if ring == STAGE else int(ring)
+    full = override if override is not None else ring_slots(max_blob, pinned=pinned,
+                                                            fused=fused, native=native)
+    return chunk_ring(routing, chunk, full, overridden=override is not None)[0]

@@ -15,19 +15,30 @@ Rules (SPEC "Auto scan", seed #583):
   bounded by ring_cap) taken first, then the first chunk of LEGACY_CHUNKS that fits.
 - forced (`--chunk N`): that chunk with the resolved ring; the plan says whether it fits.
 
+A prompt shorter than the chunk (`n_tokens`) runs as one chunk of n_tokens: each participant's
+ring is re-resolved for that chunk by the same rule (`ring.chunk_ring`), capped at the ring the
+participant was planned with (legacy keeps its fixed ring). The plan is then the prompt's own:
+what the engine borrows (`borrow`, `loan_slots`) and carves (`ring_slots`, `placements`, ending
+at `bytes_needed`) is read off it, never derived again.
+
+The slab's scratch reserve (`scratch_reserve(participant, n_tokens, chunk)`, supplied by whoever
+knows the kernel) is borrowed on top of bytes_needed when the lend cap has room for it; otherwise
+the loan is bytes_needed alone and the slab serves what the tail holds.
+
 Several participants (one per GPU, each with its own cache, loan and ring): a chunk is taken only
 if it fits on every one of them. Room is counted in BYTES of whole cache slots (CacheLayout.room).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from strata.errors import PlanError, StrataError
 from strata.memory.cache import CacheLayout
-from strata.memory.carve import align_up
+from strata.memory.carve import Carve, align_up
 from strata.memory.layout import PromptLayout
 from strata.memory.loan import LEND_CAP
-from strata.memory.ring import RING_MIN, STAGE, ring_cap, ring_slots, stream_all_min
+from strata.memory.ring import RING_MIN, STAGE, chunk_ring, ring_cap, ring_slots, stream_all_min
 from strata import config
 from strata.units import fmt_bytes
 
@@ -63,6 +74,9 @@ class ParticipantPlan:
     loan: int           # bytes of the slots lent for this plan (0 when it does not fit)
     loan_slots: int
     tail: int           # loan - align256(bytes_needed): the SlabPool's tail (Carve.tail)
+    scratch_reserve: int = 0   # slab bytes asked beyond bytes_needed (0: none)
+    borrow: int = 0     # bytes the loan is asked for: bytes_needed (+ scratch_reserve if it fits)
+    placements: list[dict] = field(default_factory=list)  # the carve: name, offset, nbytes
 
 
 @dataclass
@@ -82,6 +96,8 @@ class Plan:
     full_ring: int
     stream_all_min: int
     participants: list[ParticipantPlan] = field(default_factory=list)
+    scan_chunk: int = 0           # the chunk the rule picked, before a shorter prompt capped it
+    n_tokens: int | None = None   # the prompt planned for (None: at least one chunk long)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -147,49 +163,82 @@ def full_ring(layout: PromptLayout, *, pinned=True, fused=False, native=True,
 
 def _slots(layout: PromptLayout, T: int, full: int,
            override: int | None = None) -> tuple[int | str, int]:
-    """(resolved ring, slots carved) for chunk T: STAGE under stream_all_min, unless overridden.
-
-    A STAGE chunk carves room for its routed experts, min(T*K, E), never more than the full ring
-    (it stages in ring-sized batches), which keeps bytes_needed monotone in T.
-    """
-    if override is None and T < stream_all_min(layout.shape):
-        sh = layout.shape
-        return STAGE, min(T * sh.top_k, sh.n_expert, full)
-    return full, full
+    """(resolved ring, slots carved) for chunk T beside a full ring (ring.chunk_ring)."""
+    return chunk_ring(layout.sizes, T, full, overridden=override is not None)
 
 
-def _finish(layout, participants, probe, chunk, rings, rule, full) -> Plan:
+def _for_prompt(layout, rule, chunk, rings, full, override, n_tokens):
+    """(chunk, per-participant rings) of a prompt of n_tokens under a plan of `chunk`: a
+    shorter prompt is one chunk of n_tokens, each ring re-resolved for it, capped at the ring
+    that participant was planned with (legacy: its fixed ring, as planned)."""
+    if n_tokens is None or n_tokens >= chunk:
+        return chunk, rings
+    if rule == "legacy":
+        return n_tokens, rings
+    return n_tokens, [_slots(layout, n_tokens, full if r == STAGE else int(r), override)
+                      for r, _ in rings]
+
+
+def _borrow(cache: CacheLayout, need: int, extra: int, lend_cap: float) -> int:
+    """Bytes to ask of the cache: need + extra when the lend cap has room for both, else need."""
+    if extra:
+        try:
+            cache.slots_for(need + extra, lend_cap)
+            return need + extra
+        except PlanError:
+            pass
+    return need
+
+
+def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=None,
+            n_tokens=None, scratch_reserve=None) -> Plan:
+    scan_chunk = chunk
+    chunk, rings = _for_prompt(layout, rule, chunk, rings, full, override, n_tokens)
     parts = []
     for p, (ring, slots) in zip(participants, rings):
-        need = layout.bytes_needed(chunk, slots)
+        extra = scratch_reserve(p.name, n_tokens or chunk, chunk) if scratch_reserve else 0
+        dry = layout.carve(Carve.dry(), chunk, slots)
+        placements, need = dry.placements, dry.stop
         room = p.room
         fits = need <= room
-        n = p.cache.slots_for(need, p.lend_cap) if fits else 0
-        loan = p.cache.top_bytes(n)
-        parts.append(ParticipantPlan(p.name, ring, slots, layout.ring_bytes(slots), need, room,
-                                     fits, p.cache.nbytes, p.cache.n_slots, loan, n,
-                                     max(0, loan - align_up(need)) if fits else 0))
+        borrow = _borrow(p.cache, need, extra, p.lend_cap) if fits else 0
+        n = p.cache.slots_for(borrow, p.lend_cap) if fits else 0
+        loan = p.cache.loan_span(n, p.lend_cap)[1] if fits else 0
+        ring_bytes = next(q.nbytes for q in placements if q.name == "ring")
+        parts.append(ParticipantPlan(
+            p.name, ring, slots, ring_bytes, need, room, fits, p.cache.nbytes,
+            p.cache.n_slots, loan, n, max(0, loan - align_up(need)) if fits else 0,
+            extra, borrow, [{"name": q.name, "offset": q.offset, "nbytes": q.nbytes}
+                            for q in placements]))
     binding = min(parts, key=lambda q: (q.room - q.bytes_needed))
     return Plan(chunk=chunk, ring=binding.ring, ring_slots=binding.ring_slots,
                 ring_bytes=binding.ring_bytes, bytes_needed=binding.bytes_needed,
                 room=binding.room, probes=probe.count, rule=rule,
                 fits=all(q.fits for q in parts), max_blob=layout.max_blob, full_ring=full,
-                stream_all_min=stream_all_min(layout.shape), participants=parts)
+                stream_all_min=stream_all_min(layout.sizes), participants=parts,
+                scan_chunk=scan_chunk, n_tokens=n_tokens)
 
 
 def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan: str = "auto",
                  scan_max: int = SCAN_MAX, chunk: int | None = None, pinned: bool = True,
-                 fused: bool = False, native: bool = True, ring: int | None = None) -> Plan:
+                 fused: bool = False, native: bool = True, ring: int | None = None,
+                 n_tokens: int | None = None,
+                 scratch_reserve: Callable[[str, int, int], int] | None = None) -> Plan:
     """The plan for this layout on these participants (see the module docstring for the rules).
 
     `ring`: an explicit ring override (`--ring N`); it wins over STRATA_PREFILL_RING, which wins
-    over the resolved count."""
+    over the resolved count. `n_tokens`: the prompt's length (None: a prompt at least one chunk
+    long). `scratch_reserve(participant name, n_tokens, chunk)`: slab bytes to borrow beyond
+    bytes_needed."""
     if not participants:
         raise StrataError("a plan needs at least one participant (GPU)")
+    if n_tokens is not None and n_tokens < 1:
+        raise StrataError(f"a prompt needs at least 1 token, got {n_tokens}")
     probe = _Probe(layout)
     override = _override(ring)
     full = full_ring(layout, pinned=pinned, fused=fused, native=native, ring=override)
     rooms = [p.room for p in participants]
+    prompt = dict(override=override, n_tokens=n_tokens, scratch_reserve=scratch_reserve)
 
     def fits_all(T: int, slots: int) -> bool:
         need = probe(T, slots)
@@ -201,7 +250,7 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
         ring, slots = _slots(layout, chunk, full, override)
         probe(chunk, slots)
         return _finish(layout, participants, probe, chunk, [(ring, slots)] * len(participants),
-                       "forced", full)
+                       "forced", full, **prompt)
 
     if scan == "legacy":
         ring = LEGACY_RING_FUSED if fused else (LEGACY_RING_PINNED if pinned else
@@ -212,7 +261,7 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
         for c in chunks:
             if fits_all(c, ring):
                 return _finish(layout, participants, probe, c, [(ring, ring)] * len(participants),
-                               "legacy", full)
+                               "legacy", full, **prompt)
         smallest = chunks[-1] if chunks else GRID
         raise PlanError(_nothing_fits(layout, participants, smallest, ring, "legacy"))
     if scan != "auto":
@@ -223,7 +272,7 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
     if best is not None:
         ring, slots = _slots(layout, best, full, override)
         return _finish(layout, participants, probe, best, [(ring, slots)] * len(participants),
-                       "full-ring", full)
+                       "full-ring", full, **prompt)
     if override is not None:
         raise PlanError(_nothing_fits(layout, participants, chunks[0], full,
                                       "STRATA_PREFILL_RING"))
@@ -242,7 +291,7 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
     if best is None:
         worst = min(zip(participants, rings), key=lambda pr: pr[0].room)
         raise PlanError(_nothing_fits(layout, [worst[0]], smallest, worst[1][0], "fallback"))
-    return _finish(layout, participants, probe, best, rings, "fallback", full)
+    return _finish(layout, participants, probe, best, rings, "fallback", full, **prompt)
 
 
 def _nothing_fits(layout, participants, chunk, ring, rule) -> str:

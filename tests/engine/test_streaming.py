@@ -250,3 +250,54 @@ def test_a_card_that_holds_the_model_streams_nothing(pack, tokens, reference):
     res = eng.run(tokens)
     assert res.stats.bytes_streamed == 0 and res.plan.participants[0].loan_slots == 0
     assert rel(res.logits, reference) < FP32_REL
+
+
+# 64 experts, top-4: stream_all_min = 16, so a 15-token prompt stages up to 60 routed experts.
+SHAPE64 = SHAPE.with_(n_layer=4, n_expert=64, top_k=4)
+
+
+@pytest.fixture(scope="module")
+def pack64(tmp_path_factory):
+    return synth_pack(tmp_path_factory.mktemp("p") / "e64.pack", SHAPE64, ExpertFormats.of("Q8_0"),
+                      progress=False)
+
+
+def test_a_short_prompt_carves_no_more_ring_than_its_plan(pack64, monkeypatch):
+    """A prompt under stream_all_min (STAGE) on a cache so tight the plan falls back to a ring
+    of about 24 slots: the engine carves that ring (STAGE staging in ring-sized batches), not
+    one slot per routed expert (60), and borrows the slots the plan names."""
+    from strata.engine import prefill as engine_prefill
+    from strata.memory import Loan, PromptLayout
+    blob = blob_bytes(pack64, 1)
+    probe = PrefillEngine(pack64, EngineConfig(vram=1 << 30, cache=blob * 256, max_prompt=64,
+                                               device="cpu", ffn="ref"))
+    need = probe.layout.bytes_needed(256, 24)       # the smallest chunk beside 24 slots
+    cache = (-(-need // blob) + 1) * blob * 10 // 9 + blob
+    carved, lent = [], []
+    real_carve = PromptLayout.carve
+
+    def watch_carve(self, carve, T, ring):
+        if not carve.is_dry:
+            carved.append((T, ring))
+        return real_carve(self, carve, T, ring)
+
+    class WatchedLoan(Loan):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            lent.append(self.n_slots)
+
+    monkeypatch.setattr(PromptLayout, "carve", watch_carve)
+    monkeypatch.setattr(engine_prefill, "Loan", WatchedLoan)
+    eng = PrefillEngine(pack64, EngineConfig(vram=1 << 30, cache=cache, max_prompt=64,
+                                             device="cpu", ffn="ref", scan_max=256))
+    tokens = torch.randint(0, SHAPE64.vocab, (15,), generator=torch.Generator().manual_seed(3))
+    snap = snapshot(eng)
+    res = eng.run(tokens)
+    (pp,) = res.plan.participants
+    assert res.plan.rule == "fallback" and res.ring == "STAGE"
+    assert len(carved) == 1 and carved[0][0] == 15 and carved[0][1] < 15 * SHAPE64.top_k
+    assert carved[0][1] <= pp.ring_slots and lent == [pp.loan_slots]
+    want = load_model(pack64, dtype=torch.float32, ffn=expert_ffn("ref")).prefill(
+        tokens, resident_provider(pack64), chunk=None)
+    assert rel(res.logits, want) < FP32_REL
+    assert_restored(eng, snap)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from strata.blob import BlobLayout
-from strata.memory import (CacheLayout, ExpertCache, Loan, Participant, PromptLayout, SlabPool,
+from strata.memory import (CacheLayout, ExpertCache, Loan, Participant, SlabPool,
                            plan_prefill, scratch_allocator, synthetic_source)
+from strata.planning import prompt_layout
 from strata.shapes import ModelShape
 
 SHAPE = ModelShape(n_layer=4, d_model=64, n_expert=64, top_k=4, d_expert=32, n_head=4,
@@ -32,7 +33,7 @@ def run_prompt(device, ring_env=None, monkeypatch=None, scan_max=2048, scratch=0
     cache = ExpertCache(CacheLayout.build(2 << 20, BLOBS, SHAPE.n_expert),
                         synthetic_source(BLOBS, seed=3, device=device), device=device)
     before = cache.buffer.clone()
-    layout = PromptLayout(SHAPE, max(BLOBS.values()))
+    layout = prompt_layout(SHAPE, max(BLOBS.values()))
     plan = plan_prefill(layout, [Participant("CUDA0", cache.layout)], scan_max=scan_max)
     assert plan.fits
     pool = SlabPool(device=device)

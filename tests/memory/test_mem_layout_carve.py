@@ -4,7 +4,8 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from strata.errors import StrataError
-from strata.memory import ACTIVATIONS, Buf, Carve, PromptLayout
+from strata.memory import Buf, Carve
+from strata.planning import ACTIVATIONS, prompt_layout
 from strata.memory.carve import ALIGN, may_alias
 from strata.shapes import ModelShape, get_preset
 
@@ -23,7 +24,7 @@ WIDE_Q = ModelShape(d_model=8, n_expert=4, top_k=1, d_expert=4, n_head=8, n_kv_h
 @example(shape=SMALL, max_blob=1, ring=0, t1=1, t2=2)             # smallest step of T
 @example(shape=WIDE_Q, max_blob=256, ring=3, t1=255, t2=256)      # attention phase dominates
 def test_bytes_needed_monotone_in_T(shape, max_blob, ring, t1, t2):
-    lay = PromptLayout(shape, max_blob)
+    lay = prompt_layout(shape, max_blob)
     lo, hi = sorted((t1, t2))
     assert lay.bytes_needed(lo, ring) <= lay.bytes_needed(hi, ring)
 
@@ -33,7 +34,7 @@ def test_bytes_needed_monotone_in_T(shape, max_blob, ring, t1, t2):
 @example(shape=WIDE_Q, max_blob=257, ring=2, T=1)      # max_blob one past a boundary: stride 512
 def test_carve_uses_exactly_bytes_needed(shape, max_blob, ring, T):
     """The real carve's stop IS bytes_needed (the seed's bug was a count off the carve)."""
-    lay = PromptLayout(shape, max_blob)
+    lay = prompt_layout(shape, max_blob)
     need = lay.bytes_needed(T, ring)
     buf = torch.zeros(need, dtype=torch.uint8)
     out = lay.carve(Carve(buf), T, ring)
@@ -54,7 +55,7 @@ def test_carve_uses_exactly_bytes_needed(shape, max_blob, ring, T):
        spare=st.integers(0, 4096))
 @example(shape=SMALL, max_blob=1, ring=1, T=1, spare=0)
 def test_carve_views_disjoint_aligned_inside(shape, max_blob, ring, T, spare):
-    lay = PromptLayout(shape, max_blob)
+    lay = prompt_layout(shape, max_blob)
     cap = lay.bytes_needed(T, ring) + spare
     buf = torch.zeros(cap, dtype=torch.uint8)
     c = Carve(buf)
@@ -77,7 +78,7 @@ def test_carve_views_disjoint_aligned_inside(shape, max_blob, ring, T, spare):
 
 
 def test_phases_share_bytes_and_the_union_takes_the_longest():
-    lay = PromptLayout(get_preset("qwen3-30b-a3b"), 5_013_504)
+    lay = prompt_layout(get_preset("qwen3-30b-a3b"), 5_013_504)
     ps = {p.name: p for p in lay.placements(4096, 0)}
     assert ps["q"].offset == ps["router_logits"].offset       # attention and moe alias
     longest = max(max(p.end for p in ps.values() if p.group and p.group[0][1] == ph)
@@ -86,16 +87,16 @@ def test_phases_share_bytes_and_the_union_takes_the_longest():
 
 
 def test_ring_adds_exactly_one_stride_per_slot():
-    lay = PromptLayout(SMALL, 1000)
+    lay = prompt_layout(SMALL, 1000)
     assert lay.slot_stride == 1024
     assert lay.bytes_needed(300, 5) - lay.bytes_needed(300, 0) == 5 * 1024
     assert lay.ring_bytes(5) == 5 * 1024
 
 
 def test_layout_is_extensible_and_the_count_follows():
-    lay = PromptLayout(SMALL, 512)
+    lay = prompt_layout(SMALL, 512)
     spec = ACTIVATIONS.with_buffer(Buf("gate_up", torch.bfloat16, ("TK", "F")), phase="moe")
-    lay2 = PromptLayout(SMALL, 512, spec)
+    lay2 = prompt_layout(SMALL, 512, spec=spec)
     assert lay2.bytes_needed(1000, 0) > lay.bytes_needed(1000, 0)
     buf = torch.zeros(lay2.bytes_needed(1000, 0), dtype=torch.uint8)
     assert lay2.carve(Carve(buf), 1000, 0)["gate_up"].shape == (2000, 8)

@@ -3,7 +3,8 @@ import pytest
 from hypothesis import example, given, strategies as st
 
 from strata.errors import StrataError
-from strata.memory.rig import RESERVE, budgets, layer_dense_bytes, participants, split_layers
+from strata.memory.rig import RESERVE, budgets, participants, split_layers
+from strata.planning import layer_dense_bytes, model_sizes
 from strata.shapes import get_preset
 
 Q30 = get_preset("qwen3-30b-a3b")
@@ -23,16 +24,16 @@ def test_split_layers_covers_every_layer_once(n_layer, vram):
 
 
 def test_cache_is_vram_minus_dense_minus_reserve():
-    (b,) = budgets(Q30, [12 << 30])
+    (b,) = budgets(model_sizes(Q30), [12 << 30])
     emb = Q30.vocab * Q30.d_model * 2
     assert b.dense == 48 * layer_dense_bytes(Q30) + 2 * emb + Q30.d_model * 2
     assert b.cache == (12 << 30) - b.dense - RESERVE
-    (c,) = budgets(Q30, [12 << 30], cache=1 << 30)
+    (c,) = budgets(model_sizes(Q30), [12 << 30], cache=1 << 30)
     assert c.cache == 1 << 30
 
 
 def test_participants_hold_only_their_own_layers():
-    parts, bud = participants(Q30, [5_013_504] * 48, [12 << 30, 12 << 30])
+    parts, bud = participants(model_sizes(Q30), [5_013_504] * 48, [12 << 30, 12 << 30])
     for p, b in zip(parts, bud):
         assert {layer for layer, _ in p.cache.slot_owner} <= set(b.layers)
         assert p.cache.nbytes <= b.cache
@@ -40,4 +41,4 @@ def test_participants_hold_only_their_own_layers():
 
 def test_dense_overflow_is_clear():
     with pytest.raises(StrataError, match="no room for an expert cache"):
-        budgets(get_preset("qwen3-235b-a22b"), [8 << 30])
+        budgets(model_sizes(get_preset("qwen3-235b-a22b")), [8 << 30])

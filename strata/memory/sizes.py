@@ -1,0 +1,40 @@
+"""What the memory manager is told about a model and its kernels: numbers, not names.
+
+The memory manager (cache, loan, carve, ring, scan, rig) never looks at a model's tensors or a
+kernel's tile rule. Everything it sizes from them arrives in one `Sizes`, built outside memory by
+the assembler that knows both (strata.planning.model_sizes):
+
+    dims(T, ring, batch)   values of a LayoutSpec's symbols for a chunk of T tokens (activation
+                           bytes per token follow from the Buf dims; workspace rows such as TKP
+                           come from the kernel's launch plan)
+    kv_bytes(n_tokens)     one layer's KV cache bytes for n_tokens (the architecture's count)
+    dense_layer            one layer's dense weight bytes
+    dense_first            dense bytes only the first GPU holds (token embeddings)
+    dense_last             dense bytes only the last GPU holds (output norm, LM head)
+    n_layer, n_expert, top_k   the routing facts the ring and the cache need (L, E, K)
+
+Legend: T tokens, L layers, E experts, K top-k.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Routing(Protocol):
+    """What the ring needs of a model: E experts per layer, K routed per token."""
+    n_expert: int
+    top_k: int
+
+
+@dataclass(frozen=True)
+class Sizes:
+    n_layer: int
+    n_expert: int
+    top_k: int
+    dims: Callable[[int, int, int | None], Mapping[str, int]] = field(compare=False, repr=False)
+    kv_bytes: Callable[[int], int] = field(compare=False, repr=False)
+    dense_layer: int = 0
+    dense_first: int = 0
+    dense_last: int = 0

@@ -1,0 +1,148 @@
+"""The assembler: a model shape and its kernels turned into the numbers the memory manager sizes.
+
+strata.memory knows no model and no kernel. This module knows both and hands memory what it
+needs, so `strata plan`, the prefill engine and the tests build their plans the same way:
+
+    model_sizes(shape)        Sizes: the layout's dims (TKP from the expert GEMM's BLOCK_M),
+                              one layer's KV bytes (the shape's own count), dense bytes
+    layout_spec(ffn)          the prompt path's buffers for the expert FFN `ffn`
+    prompt_layout(shape, max_blob, ...)   a PromptLayout of those
+    scratch_reserve(shape, devices, ffn, slab, decoded)   the slab's bytes beyond the layout (or None)
+
+Legend of the layout's symbols: T tokens, D hidden, E experts, K top-k, F expert width,
+QD = H*hd (query width), KVD = Hkv*hd (key/value width), TK = T*K routed (token, expert) pairs,
+TKP = T*K + min(E, T*K)*(BM-1) routed pairs after padding each routed expert's group to a
+multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk (strata.kernels.tiles.block_m_for;
+a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the GEMM's
+workspace check), E1 = E + 1 (group offsets with an end marker), G experts per streamed pass
+(strata.memory.layout.pass_experts), BB bytes of one expert decoded to bf16.
+
+To add a buffer, add a `Buf` to ACTIVATIONS (or pass a LayoutSpec of your own, with any new
+symbol in `dims_for`): the carve, the scan, `strata plan` and the tests all follow.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from strata.kernels.tiles import block_m_for
+from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
+from strata.memory.sizes import Sizes
+from strata.packs.names import global_specs, layer_specs
+from strata.shapes import ModelShape
+
+DENSE_BYTES = 2  # dense weights on the GPU: bf16, norms included
+
+bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+
+ACTIVATIONS = LayoutSpec(
+    persistent=(
+        Buf("x", bf16, ("T", "D"), "residual stream, carried from layer to layer"),
+        Buf("xn", bf16, ("T", "D"), "RMS-normed input of the current block"),
+    ),
+    phases=(
+        Phase("attention", (
+            Buf("q", bf16, ("T", "QD"), "queries (q-norm and RoPE applied in place)"),
+            Buf("k", bf16, ("T", "KVD"), "this chunk's keys, before they join the KV cache"),
+            Buf("v", bf16, ("T", "KVD"), "this chunk's values"),
+            Buf("attn", bf16, ("T", "QD"), "attention output; the o projection adds into x in place"),
+        )),
+        Phase("moe", (
+            Buf("router_logits", f32, ("T", "E"), "router logits, fp32 for a stable softmax"),
+            Buf("topk_ids", i32, ("T", "K"), "chosen experts per token"),
+            Buf("topk_weights", f32, ("T", "K"), "their (renormalized) routing weights"),
+            Buf("sorted_token", i32, ("TKP",), "(token*K + k) ids grouped by expert, BM-padded"),
+            Buf("expert_offsets", i32, ("E1",), "start of each expert's group in sorted_token"),
+            Buf("h", bf16, ("TKP", "F"), "expert intermediate silu(gate x) * up x, BM-padded rows"),
+            Buf("yk", f32, ("TK", "D"), "down projection per routed pair, weighted, before the "
+                                       "sum over K"),
+            Buf("moe_out", f32, ("T", "D"), "expert output accumulated in fp32 over the passes"),
+        )),
+    ),
+)
+
+# The "decoded" expert FFN's buffer: one pass's experts decoded to bf16 (G x BB bytes). Engines
+# whose FFN may decode add it to their layout (layout_spec does).
+DECODE_BUF = Buf("wdec", torch.uint8, ("G", "BB"), "a pass's experts decoded to bf16 blobs")
+
+DECODING_FFNS = ("auto", "decoded")   # expert FFNs that may decode a pass to bf16 first
+
+
+def layout_spec(ffn: str = "kernel") -> LayoutSpec:
+    """The prompt path's buffers when the experts run through `ffn`."""
+    return ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if ffn in DECODING_FFNS else ACTIVATIONS
+
+
+def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 0,
+             batch: int | None = None) -> dict[str, int]:
+    """Values of the layout's symbols for a chunk of T tokens. TKP pads each of the (at most
+    min(E, T*K)) routed experts' groups to `block_m` rows (default: the expert GEMM's BLOCK_M
+    for this chunk); monotone in T, as BLOCK_M only grows with T."""
+    E, K = shape.n_expert, shape.top_k
+    bm = block_m if block_m is not None else block_m_for(T, K, E)
+    return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
+            "QD": shape.n_head * shape.head_dim, "KVD": shape.n_kv_head * shape.head_dim,
+            "TK": T * K, "TKP": T * K + min(E, T * K) * (bm - 1),
+            "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2}
+
+
+def _weights(specs: dict) -> int:
+    return sum(math.prod(shp) for shp in specs.values())
+
+
+def layer_dense_bytes(shape: ModelShape) -> int:
+    """One layer's dense weights (attention q/k/v/o, q/k norms, two RMS norms, router), read from
+    the one description of the dense tensors (strata.packs.names), at DENSE_BYTES each."""
+    return _weights(layer_specs(shape, 0)) * DENSE_BYTES
+
+
+def model_sizes(shape: ModelShape, *, block_m: int | None = None) -> Sizes:
+    """What memory sizes from this model: layout dims, KV and dense bytes (see the module doc).
+    The output norm and LM head are counted untied (the worst case)."""
+    g = global_specs(shape)
+    return Sizes(
+        n_layer=shape.n_layer, n_expert=shape.n_expert, top_k=shape.top_k,
+        dims=lambda T, ring, batch: dims_for(shape, T, block_m, ring, batch),
+        kv_bytes=shape.kv_bytes,
+        dense_layer=layer_dense_bytes(shape),
+        dense_first=_weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES,
+        dense_last=_weights({k: g[k] for k in ("output_norm.weight", "output.weight")})
+        * DENSE_BYTES)
+
+
+def prompt_layout(shape: ModelShape, max_blob: int, *, spec: LayoutSpec | None = None,
+                  block_m: int | None = None, batch: int | None = None,
+                  sizes: Sizes | None = None) -> PromptLayout:
+    """The prompt path's layout for this model and ring slot size (spec: ACTIVATIONS)."""
+    return PromptLayout(sizes or model_sizes(shape, block_m=block_m), max_blob,
+                        spec if spec is not None else ACTIVATIONS, batch)
+
+
+def scratch_reserve(shape: ModelShape, devices: dict[str, torch.device], ffn: str,
+                    slab: bool, layouts: Sequence) -> Callable[[str, int, int], int] | None:
+    """The slab's reserve for plan_prefill: (participant, n_tokens, chunk) -> bytes its stream-k
+    launches ask for beyond the layout (strata.engine.scratch.slab_reserve, by the kernel's own
+    launch plan on that participant's device, for each kind of layer among `layouts`: the tile
+    depends on whether the layer's weights are decoded). None unless the slab is on and the
+    fused expert GEMM (the one that runs stream-k) reads the experts."""
+    if not slab or ffn != "kernel":
+        return None
+    from strata.engine.scratch import slab_reserve
+    from strata.kernels.moe import decoded_weights
+    decoded = {decoded_weights(lay) for lay in layouts}
+    return lambda name, n_tokens, chunk: slab_reserve(shape, n_tokens, chunk, devices[name],
+                                                      decoded=decoded)
+
+
+def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
+    """`strata plan`'s devices for the slab's tile choice: CUDAi is cuda:i where visible, else
+    the CPU (the interpreter's SM count)."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {name: torch.device("cuda", i) if i < n else torch.device("cpu")
+            for i, name in enumerate(names)}
+
+
+__all__ = ["ACTIVATIONS", "DECODE_BUF", "DENSE_BYTES", "dims_for", "layer_dense_bytes",
+           "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]
