@@ -163,3 +163,51 @@ class ResidentProvider:
 
     def stats(self) -> dict:
         return {"resident_expert_bytes": self.nbytes}
+
+
+class OnDemandProvider:
+    """One layer's experts at a time: layer l's blobs are read from the pack (a view of its map,
+    or assembled on demand by a GGUF reader) when the layer begins, moved to `device`, and dropped
+    when it ends — a whole model's experts need not fit anywhere at once (a reference trace of a
+    full-size model on the CPU). Each layer is one pass over all its experts."""
+
+    def __init__(self, pack, device: torch.device | str = "cpu"):
+        self.pack, self.device = pack, torch.device(device)
+        self.n_layer = pack.shape.n_layer
+        self._layer: tuple[int, ExpertSet] | None = None
+        self.bytes_read = 0
+
+    def begin_prompt(self, n_tokens: int, chunk: int) -> None:
+        pass
+
+    def end_prompt(self, ok: bool) -> None:
+        self._layer = None
+
+    def begin_chunk(self, start: int, n_tokens: int) -> None:
+        pass
+
+    def begin_layer(self, layer: int) -> None:
+        lay = self.pack.layers[layer].layout
+        blobs = self.pack.experts(layer).reshape(-1).to(self.device)
+        offs = torch.arange(blobs.numel() // lay.size, dtype=torch.int64,
+                            device=self.device) * lay.size
+        self._layer = (layer, ExpertSet(blobs, offs, lay))
+        self.bytes_read += blobs.numel()
+
+    def workspace(self, layer: int) -> LayerWorkspace:
+        return LayerWorkspace(accumulate=False)   # one pass: nothing to sum
+
+    def passes(self, layer: int, topk_ids: torch.Tensor) -> Iterator[Pass]:
+        if self._layer is None or self._layer[0] != layer:
+            raise StrataError(f"layer {layer}'s experts were asked for outside begin_layer / "
+                              f"end_layer")
+        yield Pass(self._layer[1], topk_ids)
+
+    def end_layer(self, layer: int) -> None:
+        self._layer = None
+
+    def end_chunk(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {"expert_bytes_read": self.bytes_read}
