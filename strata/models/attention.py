@@ -15,7 +15,7 @@ the wirings that lack them stay as they are.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +36,7 @@ class AttentionWeights:
 
     def map(self, fn) -> "AttentionWeights":
         """The same weights with `fn` applied to every tensor (dtype or device moves)."""
-        return AttentionWeights(**{f.name: None if getattr(self, f.name) is None
-                                   else fn(getattr(self, f.name)) for f in fields(self)})
+        return AttentionWeights(**{k: None if t is None else fn(t) for k, t in vars(self).items()})
 
 
 @dataclass(frozen=True)
