@@ -21,9 +21,9 @@ Modes:
 
 `passes(layer, topk_ids)` yields the layer's passes (strata.models.provider.Pass): ids of experts
 outside a pass read -1 (skipped by the expert FFN); `workspace(layer)` lends the FFN the carve's
-buffers and fp32 accumulator and the participant's stream-k scratch. Host order matters: a copy may only be
-enqueued once the compute that frees its slot has been enqueued (a stream waiting on an event
-recorded later would not wait at all), which `_pump` guarantees.
+buffers and fp32 accumulator and the participant's stream-k scratch. Host order matters: a copy
+may only be enqueued once the compute that frees its slot has been enqueued (a stream waiting on
+an event recorded later would not wait at all), which `_pump` guarantees.
 """
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ from strata.engine.host import HostExperts
 from strata.engine.stats import ChunkStats
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.models.provider import LayerWorkspace, Pass
 from strata.kernels.routing import routed_mask
 from strata.memory.cache import ExpertCache
 from strata.memory.layout import pass_experts
+from strata.models.provider import LayerWorkspace, Pass
 
 STREAM, STAGE = "stream", "stage"
 
@@ -129,7 +129,8 @@ class StreamingProvider:
                 "routed": sum(c.routed for c in self.chunks)}
 
     def begin_chunk(self, start: int, n_tokens: int) -> None:
-        self.chunk_stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode, layers=self.layers)
+        self.chunk_stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode,
+                                      layers=self.layers)
         self.queue: list[tuple[int, int]] = []
         self.ready: list = []
         self.pass_tables: dict[int, tuple[torch.Tensor, list]] = {}

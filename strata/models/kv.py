@@ -27,7 +27,8 @@ class KVCache:
         self.k = [torch.zeros(n_kv_head, n, head_dim, dtype=dtype, device=d) for d in devs]
         self.v = [torch.zeros(n_kv_head, n, head_dim, dtype=dtype, device=d) for d in devs]
 
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Add this chunk's k, v [Hkv, T, hd] to `layer`; returns all keys/values [Hkv, P+T, hd]."""
         P, T = self.length, k.shape[1]
         if self.capacity is None:

@@ -3,7 +3,7 @@
 Legend: T tokens, h heads, hd head dim.
 
     rms_norm(x, w, eps)              x * rsqrt(mean(x^2) + eps) * w over the last dim
-    rope_cos_sin(positions, hd, θ)   cos, sin [T, hd] of NEOX RoPE (frequency i on dims i, i + hd/2)
+    rope_cos_sin(positions, hd, θ)   cos, sin [T, hd], NEOX RoPE (frequency i on dims i, i + hd/2)
     apply_rope(x [h, T, hd], cos, sin)
 
 An architecture with another RoPE (YaRN scaling, interleaved pairs, a partial rotary dim) adds its

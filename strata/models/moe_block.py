@@ -1,4 +1,4 @@
-"""A layer's MoE block: route the tokens, then run the expert FFN over each pass the provider yields.
+"""A layer's MoE block: route the tokens, then the expert FFN over each pass the provider yields.
 
 Legend: T tokens of the chunk, D hidden, E experts, K top-k.
 

@@ -11,7 +11,7 @@ The model never owns expert weights. `Model.prefill` calls, in this order:
                 ws = provider.workspace(layer)     # after routing: what the layer's FFN borrows
                 for p in provider.passes(layer, topk_ids):   # topk_ids int64 [T, K], device
                     ... expert FFN over p.experts for p.topk_ids, buffers from ws ...
-                provider.end_layer(layer)          # the FFN is done: the layer's slots may be reused
+                provider.end_layer(layer)          # the FFN is done: its slots may be reused
             provider.end_chunk()
     finally:
         provider.end_prompt(ok)                    # ok=False when anything raised: give back the

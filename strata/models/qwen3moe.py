@@ -1,4 +1,4 @@
-"""Qwen3-MoE: the wiring of the shared layers, attention and the MoE block (as HF / vLLM's qwen3_moe).
+"""Qwen3-MoE: wires the shared layers, attention and the MoE block (as vLLM's qwen3_moe does).
 
 Legend: T tokens in the chunk, P tokens already in the KV cache, D hidden, E experts, K top-k,
 H query heads, Hkv kv heads, hd head dim, V vocabulary, L layers.

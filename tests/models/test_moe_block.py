@@ -1,4 +1,4 @@
-"""The MoE block: the router's ids go to the provider, each pass's FFN output adds up as declared."""
+"""The MoE block: the router's ids go to the provider; each pass's FFN output sums as declared."""
 import pytest
 import torch
 

@@ -78,15 +78,16 @@ def test_resident_provider(pack):
 def test_on_demand_provider(pack):
     p = OnDemandProvider(pack)
     assert conform(p, pack) == [1] * SHAPE.n_layer
-    assert p.stats()["expert_bytes_read"] == sum(pl.blob_size for pl in pack.layers) * SHAPE.n_expert
+    per_layer = [pl.blob_size * SHAPE.n_expert for pl in pack.layers]
+    assert p.stats()["expert_bytes_read"] == sum(per_layer)
 
 
 def _engine_provider(pack, monkeypatch, *, stage=False, cache_blobs=16, **kw):
     """Run `conform` on the provider the engine builds for a prompt (instead of the model)."""
     if stage:
         monkeypatch.setenv("STRATA_STREAM_ALL_MIN", "1000")   # every chunk is "small": STAGE
-    cfg = EngineConfig(cache=cache_blobs * pack.max_blob, max_prompt=64, device="cpu", chunk=T, ffn="ref",
-                       **kw)
+    cfg = EngineConfig(cache=cache_blobs * pack.max_blob, max_prompt=64, device="cpu", chunk=T,
+                       ffn="ref", **kw)
     eng = PrefillEngine(pack, cfg)
     seen = {}
 

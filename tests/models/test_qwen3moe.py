@@ -17,7 +17,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.models import ExpertProvider, LayerWorkspace, Pass, ResidentProvider, get_arch
+from strata.models import LayerWorkspace, Pass, ResidentProvider, get_arch
 from strata.models.moe import moe_ffn_ref
 from strata.models.qwen3moe import Qwen3Moe, forward_torch
 from tests.models.hf_tiny import (TINY, hf_state, make_hf_model, requantize_experts, to_strata,

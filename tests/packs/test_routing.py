@@ -66,8 +66,8 @@ def test_route_trace_same_through_gguf_and_pack(tmp_path):
 def test_trace_is_what_the_moe_block_routed(tmp_path):
     """route_trace's observer (one chunk, one layer's experts at a time) records what the MoE block
     handed the provider: here recorded independently by a provider wrapper around the resident
-    experts, with the prompt read in chunks of 16 — the same expert sets per token, layer by layer,
-    and a residual RMS for every layer."""
+    experts, with the prompt read in chunks of 16: the same expert sets per token, layer by
+    layer, and a residual RMS for every layer."""
     from strata.models.load import load_model, resident_provider
     from strata.models.moe import moe_ffn_ref
     s = PRESETS["small"].with_(n_layer=3, d_model=128, d_expert=32, n_expert=32, top_k=4, vocab=256)
