@@ -112,7 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--quant", default="Q8_0")
-    ap.add_argument("--model", action="store_true", help="route through strata.models (GPU)")
+    ap.add_argument("--model", action="store_true",
+                    help="the model on the default device (packs already are; CUDA: Triton GEMM)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     stem = f"synth-hits-{'smoke-' if a.smoke else ''}{bench.commit_of(ROOT)}"

@@ -71,7 +71,7 @@ def report_hits(path, shape, T: int, seed: int, csv_path=None) -> list[float]:
 
     from strata.packs.routing import route_trace
     ids = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(seed))
-    tr = route_trace(path, ids)  # a GGUF: reference forward; a pack: strata.models if present
+    tr = route_trace(path, ids)  # a GGUF: fp32 on the CPU; a pack: the default device
     fr = tr.hit_fractions(shape.n_expert)
     print(f"expert hit fraction per layer, T={T} random tokens, K={shape.top_k}, E={shape.n_expert}:")
     rms = tr.resid_rms or [float("nan")] * len(fr)

@@ -292,8 +292,8 @@ class _FailingProvider:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def expert_batches(self, layer, topk_ids):
-        for item in self.inner.expert_batches(layer, topk_ids):
+    def passes(self, layer, topk_ids):
+        for item in self.inner.passes(layer, topk_ids):
             if self.left <= 0:
                 raise AllocationError("injected allocation failure mid-prompt; the request "
                                       "failed and the cache was refilled")

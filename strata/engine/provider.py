@@ -19,10 +19,11 @@ Modes:
 - "stage" (small chunks, the resolved ring reads STAGE): after a layer's router, only its routed
   experts that the cache lacks are queued (one device sync per layer to learn which).
 
-`expert_batches(layer, topk_ids)` yields (ExpertSet, topk_ids_for_this_batch): ids of experts
-outside the batch read -1 (skipped by the expert FFN). Host order matters: a copy may only be
-enqueued once the compute that frees its slot has been enqueued (a stream waiting on an event
-recorded later would not wait at all), which `_pump` guarantees.
+`passes(layer, topk_ids)` yields the layer's passes (strata.models.provider.Pass): ids of experts
+outside a pass read -1 (skipped by the expert FFN); `workspace(layer)` lends the FFN the carve's
+buffers and fp32 accumulator and the participant's stream-k scratch. Host order matters: a copy
+may only be enqueued once the compute that frees its slot has been enqueued (a stream waiting on
+an event recorded later would not wait at all), which `_pump` guarantees.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from strata.experts import ExpertSet
 from strata.kernels.routing import routed_mask
 from strata.memory.cache import ExpertCache
 from strata.memory.layout import pass_experts
+from strata.models.provider import LayerWorkspace, Pass
 
 STREAM, STAGE = "stream", "stage"
 
@@ -77,7 +79,7 @@ class StreamingProvider:
     # -- the copy queue ----------------------------------------------------------------------
     def _pump(self) -> None:
         """Enqueue every copy whose ring slot's previous reader is already enqueued."""
-        st = self.stats
+        st = self.chunk_stats
         while self.issued < len(self.queue) and self.issued < self.released + self.R:
             i = self.issued
             layer, e = self.queue[i]
@@ -112,7 +114,7 @@ class StreamingProvider:
                 tab[k, e] = off
             idx = [i for _, _, i in group if i is not None]
             streamed.append((idx[0], idx[-1] + 1) if idx else None)
-        self.passes[layer] = (tab.to(self.arena.device, non_blocking=True), streamed)
+        self.pass_tables[layer] = (tab.to(self.arena.device, non_blocking=True), streamed)
 
     # -- provider protocol -------------------------------------------------------------------
     def begin_prompt(self, n_tokens: int, chunk: int) -> None:
@@ -127,10 +129,11 @@ class StreamingProvider:
                 "routed": sum(c.routed for c in self.chunks)}
 
     def begin_chunk(self, start: int, n_tokens: int) -> None:
-        self.stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode, layers=self.layers)
+        self.chunk_stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode,
+                                      layers=self.layers)
         self.queue: list[tuple[int, int]] = []
         self.ready: list = []
-        self.passes: dict[int, tuple[torch.Tensor, list]] = {}
+        self.pass_tables: dict[int, tuple[torch.Tensor, list]] = {}
         self.issued = self.released = 0
         dev = self.arena.device
         # Cached experts of each layer (the loan has already evicted what it borrowed).
@@ -150,27 +153,21 @@ class StreamingProvider:
     def begin_layer(self, layer: int) -> None:
         pass
 
-    def ffn_kwargs(self, layer: int) -> dict:
+    def workspace(self, layer: int) -> LayerWorkspace:
         """What the expert FFN of `layer` borrows from this participant: the carve's workspace
-        ("h", "yk") and fp32 accumulator ("moe_out") instead of fresh allocations, and the
-        stream-k scratch allocator (ordinary pool, or the slab over the loan's tail)."""
-        kw = {}
-        if self.scratch_alloc is not None:
-            kw["scratch_alloc"] = self.scratch_alloc
-        if self.buffers is not None:
-            b = self.buffers
-            kw["workspace"] = {"h": b["h"], "yk": b["yk"]}
-            if b.bufs.get("wdec") is not None:   # the "decoded" FFN's per-pass bf16 experts
-                kw["workspace"]["wdec"] = b["wdec"].view(-1)
-            kw["accumulator"] = b["moe_out"]
-        return kw
+        ("h", "yk", and "wdec" for the decoded FFN) and fp32 accumulator ("moe_out") instead of
+        fresh allocations, and the stream-k scratch allocator (ordinary pool, or the slab over
+        the loan's tail). The passes always sum in fp32: a layer may take several."""
+        if self.buffers is None:
+            return LayerWorkspace(scratch_alloc=self.scratch_alloc)
+        b = self.buffers
+        bufs = {"h": b["h"], "yk": b["yk"]}
+        if b.bufs.get("wdec") is not None:   # the "decoded" FFN's per-pass bf16 experts
+            bufs["wdec"] = b["wdec"].view(-1)
+        return LayerWorkspace(accumulator=b["moe_out"], buffers=bufs,
+                              scratch_alloc=self.scratch_alloc)
 
-    def experts(self, layer: int, topk_ids: torch.Tensor) -> ExpertSet:
-        raise StrataError("the streaming provider serves a layer in batches; call "
-                          "expert_batches(layer, topk_ids)")
-
-    def expert_batches(self, layer: int, topk_ids: torch.Tensor
-                       ) -> Iterator[tuple[ExpertSet, torch.Tensor]]:
+    def passes(self, layer: int, topk_ids: torch.Tensor) -> Iterator[Pass]:
         lay = self.layouts[layer]
         E = self.E
         used = routed_mask(topk_ids, E)                                         # [E] bool
@@ -179,15 +176,15 @@ class StreamingProvider:
             routed = torch.nonzero(used).flatten().tolist()                     # one sync
             self._queue_layer(layer, routed)
             self._pump()
-        tables, streamed = self.passes[layer]
+        tables, streamed = self.pass_tables[layer]
         for n, span in enumerate(streamed):
             if span is not None:   # wait for this pass's copies only (the copy lane is in order)
                 marks = self.lane.wait(self.ready[span[1] - 1])
                 if marks is not None:
-                    self.stats.wait_marks.append(marks)
+                    self.chunk_stats.wait_marks.append(marks)
             offs = tables[n]                             # [E]: cache or ring slot, -1 elsewhere
             ids = torch.where((offs >= 0)[topk_ids], topk_ids, -1)
-            yield ExpertSet(self.arena, offs, lay), ids
+            yield Pass(ExpertSet(self.arena, offs, lay), ids)
             if span is not None:   # the pass's compute is enqueued: its slots free once it ran
                 done = self.lane.event()
                 for i in range(*span):
@@ -204,7 +201,7 @@ class StreamingProvider:
                               f"copies never issued; a layer was skipped")
         routed = self.routed.cpu()                                              # one sync
         cached = self.cached_offsets >= 0
-        st = self.stats
+        st = self.chunk_stats
         for layer in self.layers:
             r = routed[layer]
             st.hit_fraction.append(float(r.float().mean()))
@@ -240,14 +237,11 @@ class SplitProvider:
     def begin_layer(self, layer: int) -> None:
         self.owner[layer].begin_layer(layer)
 
-    def expert_batches(self, layer: int, topk_ids):
-        return self.owner[layer].expert_batches(layer, topk_ids)
+    def workspace(self, layer: int) -> LayerWorkspace:
+        return self.owner[layer].workspace(layer)
 
-    def ffn_kwargs(self, layer: int) -> dict:
-        return self.owner[layer].ffn_kwargs(layer)
-
-    def experts(self, layer: int, topk_ids):
-        return self.owner[layer].experts(layer, topk_ids)
+    def passes(self, layer: int, topk_ids: torch.Tensor) -> Iterator[Pass]:
+        return self.owner[layer].passes(layer, topk_ids)
 
     def end_layer(self, layer: int) -> None:
         self.owner[layer].end_layer(layer)

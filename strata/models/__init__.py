@@ -1,5 +1,17 @@
-"""Models: architecture registry, forwards over chunks, expert providers."""
-from strata.models.provider import ExpertProvider, ResidentProvider
+"""Models: architecture registry, forwards over chunks, expert providers.
+
+    layers.py     RMSNorm, RoPE (shared by every wiring)
+    kv.py         KVCache: keys/values of the tokens read so far, per layer
+    attention.py  causal GQA attention of a chunk against the cache (optional q/k norms)
+    moe.py        the expert FFNs (Triton kernel, decoded, torch twin, fp32 reference)
+    moe_block.py  a layer's MoE block: router, then the FFN over each pass the provider yields
+    provider.py   the expert provider protocol (passes, their workspace) and ResidentProvider
+    observe.py    observers of a forward (routing, residual) and RouteRecorder
+    decoder.py    the chunk loop every wiring shares
+    qwen3moe.py   Qwen3-MoE: wires the above
+    registry.py   arch name -> wiring;  load.py  a model and its provider from a pack
+"""
+from strata.models.provider import ExpertProvider, LayerWorkspace, Pass, ResidentProvider
 from strata.models.registry import ARCHS, get_arch
 
-__all__ = ["ARCHS", "ExpertProvider", "ResidentProvider", "get_arch"]
+__all__ = ["ARCHS", "ExpertProvider", "LayerWorkspace", "Pass", "ResidentProvider", "get_arch"]

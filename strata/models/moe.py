@@ -1,20 +1,18 @@
-"""The MoE layer's two halves for the model: the router and the expert FFN.
+"""The expert FFNs a model's MoE block can run (strata.models.moe_block routes, then calls one).
 
 Legend: T tokens of the chunk, D hidden, F expert width, E experts, K top-k.
 
-    logits = x @ W_router^T                      # [T, E], fp32
-    p = softmax(logits); w, ids = topk(p, K)     # [T, K]; renormalized when norm_topk_prob
     y[t] = sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t),   e = ids[t, k]
 
-Expert FFNs the model can use, all `(x, topk_ids, topk_w, experts, *, scratch_alloc=None) -> y`
-with y in x's dtype (scratch_alloc: where the stream-k fixup scratch comes from; see
-strata.engine.scratch):
+All are `(x, topk_ids, topk_w, experts, *, out=None, scratch_alloc=None, workspace=None) -> y`
+with y in x's dtype, or added into `out` (fp32) when given (scratch_alloc and workspace: what the
+provider lends, strata.models.provider.LayerWorkspace):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
 - "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.decoded)
 - "auto":   "decoded" when an expert averages >= decoded_min_rows(experts) rows, else "kernel"
 - "torch":  its plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
 - "ref":    `moe_ffn_ref` below: every product in fp32, x not rounded (the reference forward)
-Routing and block decoding are the kernels' own (`topk_route`, `dequantize_matrix`).
+Block decoding is the kernels' own (`dequantize_matrix`).
 """
 from __future__ import annotations
 
@@ -26,16 +24,9 @@ import torch.nn.functional as F
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.kernels.moe import dequantize_matrix
-from strata.kernels.routing import topk_route
 
 ExpertFFN = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertSet], torch.Tensor]
 FFN_CHOICES = ("auto", "kernel", "decoded", "torch", "ref")
-
-
-def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk_prob: bool
-          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, D], w_router [E, D] -> (topk_ids int64 [T, K], topk_w fp32 [T, K]); fp32 logits."""
-    return topk_route(x.float() @ w_router.float().t(), top_k, renormalize=norm_topk_prob)
 
 
 def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,

@@ -1,4 +1,4 @@
-"""Expert providers: how a model obtains the experts of (layer, chunk).
+"""Expert providers: how a model obtains the experts of (layer, chunk), pass by pass.
 
 The model never owns expert weights. `Model.prefill` calls, in this order:
 
@@ -8,25 +8,30 @@ The model never owns expert weights. `Model.prefill` calls, in this order:
             provider.begin_chunk(start, n_tokens)  # chunk of n_tokens at absolute position `start`
             for layer in range(L):
                 provider.begin_layer(layer)        # before attention: time to start prefetching
-                es = provider.experts(layer, topk_ids)  # after routing; topk_ids int64 [T, K], device
-                ... expert FFN reads es (arena + slot table) ...
-                provider.end_layer(layer)          # the FFN is done with es: its slots may be reused
+                ws = provider.workspace(layer)     # after routing: what the layer's FFN borrows
+                for p in provider.passes(layer, topk_ids):   # topk_ids int64 [T, K], device
+                    ... expert FFN over p.experts for p.topk_ids, buffers from ws ...
+                provider.end_layer(layer)          # the FFN is done: its slots may be reused
             provider.end_chunk()
     finally:
         provider.end_prompt(ok)                    # ok=False when anything raised: give back the
                                                    # loan, refill the cache, stay usable
 
-`experts()` must return an ExpertSet in which every expert named in `topk_ids` has a slot
-(slot_offset >= 0), laid out with the layer's BlobLayout; experts not named may be absent (-1).
-A provider whose ring cannot hold a whole layer instead offers
-`expert_batches(layer, topk_ids) -> iterator of (ExpertSet, topk_ids_of_batch)`: the model runs
-the expert FFN once per batch (ids outside the batch read -1, skipped) and sums the outputs in
-fp32; the provider may reuse a batch's slots once the next batch is asked for.
-The streaming engine implements this over cache slots + ring slots; `ResidentProvider` keeps every
-expert of every layer in one device arena.
+`passes(layer, topk_ids)` yields `Pass`es: an ExpertSet laid out with the layer's BlobLayout and
+the ids it serves (ids of experts outside the pass read -1 and are skipped). Every expert named in
+`topk_ids` is served by exactly one pass and has a slot there (slot_offset >= 0); a provider may
+reuse a pass's slots once the next pass is asked for. A provider whose arena holds the whole layer
+yields one pass; the streaming engine, whose ring cannot, yields several.
+
+`workspace(layer)` declares what the layer's expert FFN borrows instead of allocating
+(`LayerWorkspace`): whether the passes add into an fp32 accumulator (and which one), the expert
+GEMM's buffers, and the stream-k fixup scratch. `ResidentProvider` keeps every expert of every
+layer in one device arena; `strata.engine.provider` streams them through cache and ring slots.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
@@ -34,6 +39,43 @@ import torch
 from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.experts import ExpertSet
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One expert FFN launch over some of a layer's experts."""
+    experts: ExpertSet          # slot table [E]: this pass's experts >= 0, the others -1
+    topk_ids: torch.Tensor      # int64 [T, K]: the routed ids, -1 where outside this pass
+
+
+@dataclass(frozen=True)
+class LayerWorkspace:
+    """What a layer's expert FFN borrows from the provider (declared per layer).
+
+    accumulate: True — every pass adds into an fp32 y [T, D], rounded once to the activations'
+    dtype (several passes must sum before rounding); False — the provider yields exactly one pass
+    and the FFN's output is used as it comes (in the FFN's own contract, e.g. bf16 y).
+    """
+    accumulate: bool = True
+    accumulator: torch.Tensor | None = None          # fp32 [>= T, D]; None: allocate per layer
+    buffers: Mapping[str, torch.Tensor] = field(default_factory=dict)  # the expert GEMM's
+    #   workspace: "h" (bf16 [Mpad, F]), "yk" (fp32 [T*K, D]), "wdec" (the decoded FFN's experts)
+    scratch_alloc: Callable[[int], torch.Tensor] | None = None   # stream-k fixup scratch
+
+    def ffn_kwargs(self) -> dict:
+        """The keyword arguments of the expert FFN (strata.models.moe) that this declares."""
+        kw = {}
+        if self.scratch_alloc is not None:
+            kw["scratch_alloc"] = self.scratch_alloc
+        if self.buffers:
+            kw["workspace"] = dict(self.buffers)
+        return kw
+
+    def output(self, like: torch.Tensor) -> torch.Tensor:
+        """The zeroed fp32 y [T, D] the passes add into (`like`: the FFN input [T, D])."""
+        if self.accumulator is not None:
+            return self.accumulator[:like.shape[0]].zero_()
+        return torch.zeros(like.shape, dtype=torch.float32, device=like.device)
 
 
 @runtime_checkable
@@ -48,7 +90,9 @@ class ExpertProvider(Protocol):
 
     def begin_layer(self, layer: int) -> None: ...
 
-    def experts(self, layer: int, topk_ids: torch.Tensor) -> ExpertSet: ...
+    def workspace(self, layer: int) -> LayerWorkspace: ...
+
+    def passes(self, layer: int, topk_ids: torch.Tensor) -> Iterator[Pass]: ...
 
     def end_layer(self, layer: int) -> None: ...
 
@@ -62,7 +106,8 @@ class ResidentProvider:
 
     Built from one uint8 tensor per layer ([E * blob_size] or [E, blob_size] bytes, blob e at
     e * blob_size) - the pack's per-layer expert tensors. All layers are copied into ONE arena on
-    `device` (each layer's region 256-aligned); one ExpertSet per layer views it.
+    `device` (each layer's region 256-aligned); one ExpertSet per layer views it. Each layer is one
+    pass over all its experts.
     """
 
     def __init__(self, layer_blobs: Sequence[torch.Tensor], layouts: Sequence[BlobLayout],
@@ -104,8 +149,11 @@ class ResidentProvider:
     def begin_layer(self, layer: int) -> None:
         pass
 
-    def experts(self, layer: int, topk_ids: torch.Tensor) -> ExpertSet:
-        return self.sets[layer]
+    def workspace(self, layer: int) -> LayerWorkspace:
+        return LayerWorkspace(accumulate=False)   # one pass: nothing to sum
+
+    def passes(self, layer: int, topk_ids: torch.Tensor) -> Iterator[Pass]:
+        yield Pass(self.sets[layer], topk_ids)
 
     def end_layer(self, layer: int) -> None:
         pass
@@ -115,3 +163,51 @@ class ResidentProvider:
 
     def stats(self) -> dict:
         return {"resident_expert_bytes": self.nbytes}
+
+
+class OnDemandProvider:
+    """One layer's experts at a time: layer l's blobs are read from the pack (a view of its map,
+    or assembled on demand by a GGUF reader) when the layer begins, moved to `device`, and dropped
+    when it ends — a whole model's experts need not fit anywhere at once (a reference trace of a
+    full-size model on the CPU). Each layer is one pass over all its experts."""
+
+    def __init__(self, pack, device: torch.device | str = "cpu"):
+        self.pack, self.device = pack, torch.device(device)
+        self.n_layer = pack.shape.n_layer
+        self._layer: tuple[int, ExpertSet] | None = None
+        self.bytes_read = 0
+
+    def begin_prompt(self, n_tokens: int, chunk: int) -> None:
+        pass
+
+    def end_prompt(self, ok: bool) -> None:
+        self._layer = None
+
+    def begin_chunk(self, start: int, n_tokens: int) -> None:
+        pass
+
+    def begin_layer(self, layer: int) -> None:
+        lay = self.pack.layers[layer].layout
+        blobs = self.pack.experts(layer).reshape(-1).to(self.device)
+        offs = torch.arange(blobs.numel() // lay.size, dtype=torch.int64,
+                            device=self.device) * lay.size
+        self._layer = (layer, ExpertSet(blobs, offs, lay))
+        self.bytes_read += blobs.numel()
+
+    def workspace(self, layer: int) -> LayerWorkspace:
+        return LayerWorkspace(accumulate=False)   # one pass: nothing to sum
+
+    def passes(self, layer: int, topk_ids: torch.Tensor) -> Iterator[Pass]:
+        if self._layer is None or self._layer[0] != layer:
+            raise StrataError(f"layer {layer}'s experts were asked for outside begin_layer / "
+                              f"end_layer")
+        yield Pass(self._layer[1], topk_ids)
+
+    def end_layer(self, layer: int) -> None:
+        self._layer = None
+
+    def end_chunk(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {"expert_bytes_read": self.bytes_read}

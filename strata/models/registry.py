@@ -1,7 +1,9 @@
 """Architecture registry: arch name (as GGUF's general.architecture spells it) -> model class.
 
-A model class provides `from_tensors(shape, tensors, device=, dtype=, ffn=)`, `prefill(tokens,
-provider, chunk=)` and `forward_chunk(tokens, cache, provider)`; see strata.models.qwen3moe.
+A model class is a wiring (strata.models.qwen3moe): a `strata.models.decoder.Decoder` (the chunk
+loop, `prefill(tokens, provider, chunk=, observer=)`) that provides `from_tensors(shape, tensors,
+device=, dtype=, ffn=, device_map=)`, `new_cache(capacity)` and `forward_chunk(tokens, cache,
+provider, logits=, observer=)` from the shared layers, attention and MoE block.
 """
 from __future__ import annotations
 

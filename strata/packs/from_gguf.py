@@ -20,6 +20,7 @@ from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.formats.table import get_format
 from strata.packs.blobs import assemble_blobs
+from strata.packs.file import PackLayer
 from strata.packs.names import dense_specs
 from strata.shapes import ModelShape
 
@@ -155,24 +156,54 @@ def _check_dense(t, shp) -> None:
                           f"metadata")
 
 
+class GGUFModel:
+    """A qwen3moe GGUF read through the interface the model reads from a pack: `shape`, `layers`
+    (PackLayer per layer), `max_blob`, `native`, `tied`, `dense_names()`, `dense(name)` and
+    `experts(i)` (uint8 [E, blob_size], assembled from the file's rows when asked, so one layer's
+    blobs are in memory at a time). Every expert tensor's type and shape is checked on open."""
+
+    def __init__(self, src):
+        src = Path(src)
+        r = open_gguf(src)
+        self.path, self.shape = src, gguf_shape(r, src)
+        self.source, self.native = f"gguf:{src.name}", True
+        shape = self.shape
+        tensors = {t.name: t for t in r.tensors}
+        self._dense = {}
+        for name, shp in dense_specs(shape).items():
+            if name in tensors:
+                _check_dense(tensors[name], shp)
+                self._dense[name] = _dense(tensors[name], shp)
+        self.tied = "output.weight" not in self._dense
+        self.layers, self._mats = [], []
+        for i in range(shape.n_layer):
+            mats, fmts = layer_experts(tensors, i, shape, src)
+            lay = BlobLayout.make(shape.d_model, shape.d_expert, *fmts)
+            self.layers.append(PackLayer(lay, lay.size))
+            self._mats.append(mats)
+        self.max_blob = max(pl.blob_size for pl in self.layers)
+
+    def blobs(self, i: int) -> np.ndarray:
+        """Layer i's blobs, uint8 [E, blob_size] (numpy)."""
+        return assemble_blobs(self.layers[i].layout, *self._mats[i], self.shape.n_expert)
+
+    def experts(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(self.blobs(i))
+
+    def dense_names(self) -> list[str]:
+        return list(self._dense)
+
+    def dense(self, name: str) -> torch.Tensor:
+        if name == "output.weight" and self.tied:
+            name = "token_embd.weight"
+        return self._dense[name]
+
+
 def gguf_to_pack(src, out, progress: bool = True):
     """Write a native pack from a qwen3moe GGUF file; returns the output path. Each layer keeps
     its own expert types (llama.cpp's mixes change them by layer), so its own blob size."""
     from strata.packs.file import write_pack
-    src = Path(src)
-    r = open_gguf(src)
-    shape = gguf_shape(r, src)
-    tensors = {t.name: t for t in r.tensors}
-    dense = {}
-    for name, shp in dense_specs(shape).items():
-        if name in tensors:
-            _check_dense(tensors[name], shp)
-            dense[name] = _dense(tensors[name], shp)
-    layouts, makers = [], []
-    for i in range(shape.n_layer):
-        mats, fmts = layer_experts(tensors, i, shape, src)
-        lay = BlobLayout.make(shape.d_model, shape.d_expert, *fmts)
-        layouts.append(lay)
-        makers.append(lambda lay=lay, mats=mats: assemble_blobs(lay, *mats, shape.n_expert))
-    return write_pack(out, shape, dense, makers, layouts, native=True, source=f"gguf:{src.name}",
-                      progress=progress)
+    g = GGUFModel(src)
+    makers = [lambda i=i: g.blobs(i) for i in range(g.shape.n_layer)]
+    return write_pack(out, g.shape, g._dense, makers, [pl.layout for pl in g.layers], native=True,
+                      source=g.source, progress=progress)

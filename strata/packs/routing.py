@@ -2,25 +2,23 @@
 
     expert_hit_fraction(topk_ids [T, K], E, chunk=None) -> fraction of E experts with >= 1 token
         (per chunk of `chunk` tokens when given: tensor [ceil(T / chunk)])
-    route_trace(weights, token_ids [T]) -> RouteTrace(topk [L] x [T, K], resid_rms [L])
+    route_trace(source, token_ids [T]) -> RouteTrace(topk [L] x [T, K], resid_rms [L])
 
-`route_trace` runs a pack through `strata.models` when that package is importable (recording each
-layer's top-k through a wrapping expert provider); otherwise, and for GGUF files, it runs the small
-float32 reference forward below (Qwen3-MoE: RMSNorm, GQA attention with
-q/k-norm and NEOX RoPE, softmax -> top-k router, SwiGLU experts), which dequantizes each layer's
-experts with strata.formats' torch references. It is a measuring tool for synthetic models, not the model: tiny and small
-shapes on the CPU, the full shape on a GPU host (one layer's experts dequantized at a time, ~2.4 GB
-fp32 for qwen3-30b-a3b).
+`route_trace` runs the model's one forward (strata.models) over the prompt with an observer
+(strata.models.observe.RouteRecorder) that records each layer's top-k ids and the RMS of the
+residual after it. A pack is read as it is; a GGUF file through strata.packs.from_gguf.GGUFModel
+(the same reader `strata pack` uses). The experts come one layer at a time (OnDemandProvider), so a
+full-size trace holds one layer's blobs, not the model's. It is a measuring tool for synthetic
+models: tiny and small shapes on the CPU, the full shape on a GPU host.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
 import torch
 
 from strata.errors import StrataError
-from strata.shapes import ModelShape
 
 
 def expert_hit_fraction(topk_ids: torch.Tensor, n_expert: int, chunk: int | None = None):
@@ -41,7 +39,7 @@ def expert_hit_fraction(topk_ids: torch.Tensor, n_expert: int, chunk: int | None
 @dataclass
 class RouteTrace:
     topk: list[torch.Tensor]     # per layer: int64 [T, K]
-    resid_rms: list[float]       # per layer: RMS of the residual after it ([] via strata.models)
+    resid_rms: list[float]       # per layer: RMS of the residual after it
 
     def hit_fractions(self, n_expert: int, chunk: int | None = None) -> list[float]:
         """Per layer: mean over chunks of the hit fraction."""
@@ -49,174 +47,35 @@ class RouteTrace:
                 for t in self.topk]
 
 
-class PackWeights:
-    """Float views of a pack's weights for the reference forward."""
-
-    def __init__(self, pack):
-        self.pack, self.shape = pack, pack.shape
-
-    def dense(self, name: str) -> torch.Tensor:
-        return self.pack.dense(name).float()
-
-    def experts(self, i: int):
-        from strata.packs.blobs import split_blobs
-        lay = self.pack.layers[i].layout
-        parts = split_blobs(lay, self.pack.experts(i).numpy())
-        return tuple(_dequant(parts[m.name], m.fmt, (self.shape.n_expert, m.rows, m.cols))
-                     for m in lay.matrices)
-
-
-class GGUFWeights:
-    """Float views of a qwen3moe GGUF's weights for the reference forward."""
-
-    def __init__(self, path):
-        from strata.packs.from_gguf import gguf_shape, open_gguf
-        self.reader = open_gguf(path)
-        self.shape = gguf_shape(self.reader, path)
-        self.t = {t.name: t for t in self.reader.tensors}
-
-    def _get(self, name, shp):
-        from strata.formats.table import get_format
-        t = self.t[name]
-        return _dequant(t.data, get_format(t.tensor_type) if t.tensor_type.name not in ("F32", "F16")
-                        else t.tensor_type.name, shp)
-
-    def dense(self, name: str) -> torch.Tensor:
-        from strata.packs.names import dense_specs
-        if name == "output.weight" and name not in self.t:
-            name = "token_embd.weight"
-        return self._get(name, dense_specs(self.shape)[name])
-
-    def experts(self, i: int):
-        s = self.shape
-        return (self._get(f"blk.{i}.ffn_gate_exps.weight", (s.n_expert, s.d_expert, s.d_model)),
-                self._get(f"blk.{i}.ffn_up_exps.weight", (s.n_expert, s.d_expert, s.d_model)),
-                self._get(f"blk.{i}.ffn_down_exps.weight", (s.n_expert, s.d_model, s.d_expert)))
-
-
-def _dequant(raw, fmt, shp) -> torch.Tensor:
-    if isinstance(fmt, str):  # plain numpy float tensor from GGUF
-        return torch.from_numpy(np.array(raw, np.float32)).reshape(shp)
-    from strata.formats import dequantize  # strata's torch references (every format, Q2_0 too)
-    return dequantize(np.ascontiguousarray(raw).view(np.uint8), fmt.name).float().reshape(shp)
-
-
-def _rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope(x, pos, theta):  # x [T, H, hd], NEOX: rotate the two halves
-    hd = x.shape[-1]
-    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-    ang = (pos.double()[:, None] * inv[None]).float()          # [T, hd/2]
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
-    a, b = x[..., :hd // 2], x[..., hd // 2:]
-    return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+def open_source(src):
+    """A pack-like object from a Pack/MemoryPack/GGUFModel (as is), a .gguf path or a pack path."""
+    if isinstance(src, (str, Path)):
+        if str(src).endswith(".gguf"):
+            from strata.packs.from_gguf import GGUFModel
+            return GGUFModel(src)
+        from strata.packs.file import Pack
+        return Pack.open(src)
+    return src
 
 
 @torch.no_grad()
-def reference_route_trace(w, token_ids) -> RouteTrace:
-    """float32 reference forward over all layers recording each layer's top-k expert ids."""
-    s: ModelShape = w.shape
-    ids = torch.as_tensor(token_ids).long()
-    T = ids.numel()
-    x = w.dense("token_embd.weight")[ids]                       # [T, D]
-    pos = torch.arange(T)
-    topks, rms = [], []
-    for i in range(s.n_layer):
-        p = f"blk.{i}."
-        h = _rms(x, w.dense(p + "attn_norm.weight"), s.rms_eps)
-        q = (h @ w.dense(p + "attn_q.weight").T).view(T, s.n_head, s.head_dim)
-        k = (h @ w.dense(p + "attn_k.weight").T).view(T, s.n_kv_head, s.head_dim)
-        v = (h @ w.dense(p + "attn_v.weight").T).view(T, s.n_kv_head, s.head_dim)
-        q = _rope(_rms(q, w.dense(p + "attn_q_norm.weight"), s.rms_eps), pos, s.rope_theta)
-        k = _rope(_rms(k, w.dense(p + "attn_k_norm.weight"), s.rms_eps), pos, s.rope_theta)
-        rep = s.n_head // s.n_kv_head
-        a = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), k.repeat_interleave(rep, 1).transpose(0, 1),
-            v.repeat_interleave(rep, 1).transpose(0, 1), is_causal=True)  # [H, T, hd]
-        x = x + a.transpose(0, 1).reshape(T, -1) @ w.dense(p + "attn_output.weight").T
-        h = _rms(x, w.dense(p + "ffn_norm.weight"), s.rms_eps)
-        probs = torch.softmax(h @ w.dense(p + "ffn_gate_inp.weight").T, -1)   # [T, E]
-        tw, ti = probs.topk(s.top_k, -1)                                         # [T, K]
-        if s.norm_topk_prob:
-            tw = tw / tw.sum(-1, keepdim=True)
-        gate, up, down = w.experts(i)                      # [E, F, D], [E, F, D], [E, D, F]
-        y = torch.zeros_like(x)
-        for e in ti.unique().tolist():
-            t, kk = (ti == e).nonzero(as_tuple=True)
-            z = torch.nn.functional.silu(h[t] @ gate[e].T) * (h[t] @ up[e].T)
-            y.index_add_(0, t, (z @ down[e].T) * tw[t, kk, None])
-        x = x + y
-        topks.append(ti)
-        rms.append(float(x.pow(2).mean().sqrt()))
-    return RouteTrace(topks, rms)
+def route_trace(src, token_ids, use_model: bool | None = None) -> RouteTrace:
+    """Each layer's top-k over `token_ids` (one chunk) and the residual RMS after it.
 
-
-class RecordingProvider:
-    """Wraps an expert provider (strata.models' protocol) and records every layer's top-k ids."""
-
-    def __init__(self, inner):
-        self.inner, self.n_layer = inner, inner.n_layer
-        self.topk: list[list[torch.Tensor]] = [[] for _ in range(inner.n_layer)]
-
-    def begin_prompt(self, n_tokens, chunk):
-        self.inner.begin_prompt(n_tokens, chunk)
-
-    def end_prompt(self, ok):
-        self.inner.end_prompt(ok)
-
-    def begin_chunk(self, start, n_tokens):
-        self.inner.begin_chunk(start, n_tokens)
-
-    def begin_layer(self, layer):
-        self.inner.begin_layer(layer)
-
-    def experts(self, layer, topk_ids):
-        self.topk[layer].append(topk_ids.detach().to("cpu", torch.int64))
-        return self.inner.experts(layer, topk_ids)
-
-    def end_layer(self, layer):
-        self.inner.end_layer(layer)
-
-    def end_chunk(self):
-        self.inner.end_chunk()
-
-
-def model_route_trace(pack, token_ids, device=None) -> RouteTrace:
-    """Routing through strata.models (the real model: resident experts, last-position logits only).
-    On the CPU the fp32 reference expert FFN runs, on CUDA the kernel. resid_rms is not observed."""
-    from strata.models.load import load_model, resident_provider, resolve_device
+    use_model: False — the reference: fp32 dense math and the fp32 expert FFN (moe_ffn_ref) on the
+    CPU; True — the model on the default device (CUDA when present, with the Triton expert GEMM;
+    on the CPU it is the reference); None — True for packs, False for GGUF files."""
+    from strata.models.load import load_model, resolve_device
     from strata.models.moe import moe_ffn_ref
-    dev = resolve_device(device)
-    model = load_model(pack, device=dev, ffn=None if dev.type == "cuda" else moe_ffn_ref)
-    rec = RecordingProvider(resident_provider(pack, dev))
-    model.prefill(torch.as_tensor(token_ids).long().to(dev), rec, logits="last")
-    return RouteTrace([torch.cat(t) for t in rec.topk], [])
-
-
-def route_trace(w, token_ids, use_model: bool | None = None) -> RouteTrace:
-    """The model's routing over `token_ids`. `w`: a Pack, a pack or .gguf path, or
-    PackWeights/GGUFWeights. A pack goes through strata.models when it is importable (use_model=None)
-    or when asked (True); otherwise, and for GGUF files, the reference forward above runs."""
-    from pathlib import Path
-    if isinstance(w, (str, Path)):
-        w = GGUFWeights(w) if str(w).endswith(".gguf") else PackWeights(_open_pack(w))
-    elif not isinstance(w, (PackWeights, GGUFWeights)):
-        w = PackWeights(w)
+    from strata.models.observe import RouteRecorder
+    from strata.models.provider import OnDemandProvider
     if use_model is None:
-        try:
-            import strata.models.load  # noqa: F401
-            use_model = isinstance(w, PackWeights)
-        except ImportError:
-            use_model = False
-    if use_model:
-        if not isinstance(w, PackWeights):
-            raise StrataError("strata.models runs packs; pack the GGUF first (strata pack)")
-        return model_route_trace(w.pack, token_ids)
-    return reference_route_trace(w, token_ids)
-
-
-def _open_pack(p):
-    from strata.packs.file import Pack
-    return Pack.open(p)
+        use_model = not str(src).endswith(".gguf")
+    source = open_source(src)
+    dev = resolve_device(None) if use_model else torch.device("cpu")
+    model = load_model(source, device=dev, dtype=torch.float32,
+                       ffn=None if dev.type == "cuda" else moe_ffn_ref)
+    rec = RouteRecorder(source.shape.n_layer)
+    model.prefill(torch.as_tensor(token_ids).long(), OnDemandProvider(source, dev),
+                  logits="none", observer=rec)
+    return RouteTrace(rec.topk, rec.resid_rms)

@@ -17,7 +17,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.models import ResidentProvider, get_arch
+from strata.models import LayerWorkspace, Pass, ResidentProvider, get_arch
 from strata.models.moe import moe_ffn_ref
 from strata.models.qwen3moe import Qwen3Moe, forward_torch
 from tests.models.hf_tiny import (TINY, hf_state, make_hf_model, requantize_experts, to_strata,
@@ -74,9 +74,9 @@ def test_routing_spreads_over_experts(hf_model, strata_bf16):
     seen = []
 
     class Spy(ResidentProvider):
-        def experts(self, layer, topk_ids):
+        def passes(self, layer, topk_ids):
             seen.append(topk_ids.clone())
-            return super().experts(layer, topk_ids)
+            return super().passes(layer, topk_ids)
 
     spy = Spy.__new__(Spy)
     spy.__dict__.update(prov.__dict__)
@@ -132,9 +132,9 @@ def test_prefill_chunk_option(strata_bf16, chunk):
 
 
 class RoutedOnlyProvider:
-    """What the streaming engine's STAGE mode does: each call returns a FRESH arena holding only
-    the experts routed in this chunk, at shuffled slots, every other expert absent (-1). Records
-    the call sequence so the test can check the contract."""
+    """What the streaming engine's STAGE mode does: each layer's one pass is a FRESH arena holding
+    only the experts routed in this chunk, at shuffled slots, every other expert absent (-1).
+    Records the call sequence so the test can check the contract."""
 
     def __init__(self, resident: ResidentProvider, seed: int = 0):
         self.res, self.n_layer, self.calls = resident, resident.n_layer, []
@@ -155,8 +155,14 @@ class RoutedOnlyProvider:
     def begin_layer(self, layer):
         self.calls.append(("begin_layer", layer))
 
+    def workspace(self, layer):
+        return LayerWorkspace(accumulate=False)
+
+    def passes(self, layer, topk_ids):
+        yield Pass(self.experts(layer, topk_ids), topk_ids)
+
     def experts(self, layer, topk_ids):
-        self.calls.append(("experts", layer, tuple(topk_ids.shape)))
+        self.calls.append(("passes", layer, tuple(topk_ids.shape)))
         full = self.res.sets[layer]
         size = full.layout.size
         ids = torch.unique(topk_ids).tolist()
@@ -185,7 +191,7 @@ def test_provider_contract_routed_experts_only(strata_bf16):
     L = TINY.n_layer
     per_chunk = lambda start, n: ([("begin_chunk", start, n)]
                                   + [c for l in range(L) for c in (("begin_layer", l),
-                                     ("experts", l, (n, TINY.top_k)), ("end_layer", l))]
+                                     ("passes", l, (n, TINY.top_k)), ("end_layer", l))]
                                   + [("end_chunk",)])
     assert staged.calls == ([("begin_prompt", 11, 4)] + per_chunk(0, 4) + per_chunk(4, 4)
                             + per_chunk(8, 3) + [("end_prompt", True)])

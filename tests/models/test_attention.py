@@ -1,0 +1,89 @@
+"""The shared attention of a chunk against the KV cache, against explicit softmax attention.
+
+The reference below spells the math out (K/V repeated per query head, a dense causal mask over
+absolute positions, softmax in fp32), so the optional pieces of `AttentionWeights` are checked on
+their own: with q/k norms (Qwen3) and without (the Mixtral wiring's case), in one chunk and cut
+into chunks against the cache. ATTN_REL = 1e-5: fp32 on both sides, only the order of sums
+differs (measured ~1e-7).
+"""
+import math
+
+import pytest
+import torch
+from hypothesis import example, given, settings, strategies as st
+
+from strata.models.attention import AttentionShape, AttentionWeights, attention
+from strata.models.kv import KVCache
+from strata.models.layers import apply_rope, rms_norm, rope_cos_sin
+
+ATTN_REL = 1e-5
+S = AttentionShape(n_head=4, n_kv_head=2, head_dim=16, norm_eps=1e-6)
+D = 32
+
+
+def weights(seed: int, norms: bool) -> AttentionWeights:
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape, s=0.2: torch.randn(*shape, generator=g) * s  # noqa: E731
+    H, Hkv, hd = S.n_head, S.n_kv_head, S.head_dim
+    return AttentionWeights(r(H * hd, D), r(Hkv * hd, D), r(Hkv * hd, D), r(D, H * hd),
+                            q_norm=1 + r(hd) if norms else None,
+                            k_norm=1 + r(hd) if norms else None)
+
+
+def explicit(x: torch.Tensor, w: AttentionWeights, theta: float = 10000.0) -> torch.Tensor:
+    """x [T, D] from position 0 -> [T, D], every step written out."""
+    T, H, Hkv, hd = x.shape[0], S.n_head, S.n_kv_head, S.head_dim
+    q = (x @ w.wq.t()).view(T, H, hd)
+    k = (x @ w.wk.t()).view(T, Hkv, hd)
+    v = (x @ w.wv.t()).view(T, Hkv, hd)
+    if w.q_norm is not None:
+        q, k = rms_norm(q, w.q_norm, S.norm_eps), rms_norm(k, w.k_norm, S.norm_eps)
+    cos, sin = rope_cos_sin(torch.arange(T), hd, theta)
+    q, k = apply_rope(q.transpose(0, 1), cos, sin), apply_rope(k.transpose(0, 1), cos, sin)
+    rep = H // Hkv
+    k, v = k.repeat_interleave(rep, 0), v.transpose(0, 1).repeat_interleave(rep, 0)  # [H, T, hd]
+    score = q @ k.transpose(1, 2) / math.sqrt(hd)                                     # [H, T, T]
+    score = score.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    o = torch.softmax(score, -1) @ v                                                  # [H, T, hd]
+    return o.transpose(0, 1).reshape(T, H * hd) @ w.wo.t()
+
+
+def chunked(x: torch.Tensor, w: AttentionWeights, sizes, capacity) -> torch.Tensor:
+    cache = KVCache(1, S.n_kv_head, S.head_dim, capacity=capacity)
+    outs, start = [], 0
+    for n in sizes:
+        cos, sin = rope_cos_sin(torch.arange(start, start + n), S.head_dim, 10000.0)
+        outs.append(attention(x[start:start + n], w, S, cos, sin, cache, 0))
+        cache.commit(n)
+        start += n
+    return torch.cat(outs)
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@settings(max_examples=20)
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=4), norms=st.booleans(),
+       grow=st.booleans())
+@example(sizes=[1], norms=False, grow=False).via("one token: attends only to itself")
+@example(sizes=[5, 1, 1], norms=True, grow=True).via("single-token chunks after a prefix")
+def test_attention_matches_explicit(sizes, norms, grow):
+    x = torch.randn(sum(sizes), D, generator=torch.Generator().manual_seed(len(sizes)))
+    w = weights(sum(sizes), norms)
+    got = chunked(x, w, sizes, None if grow else sum(sizes))
+    assert rel(got, explicit(x, w)) < ATTN_REL
+
+
+def test_norms_are_applied_when_given():
+    """With q/k norms the output differs from the same weights without them (the optional step is
+    not silently skipped)."""
+    x = torch.randn(6, D, generator=torch.Generator().manual_seed(0))
+    w = weights(1, norms=True)
+    bare = AttentionWeights(w.wq, w.wk, w.wv, w.wo)
+    assert rel(chunked(x, w, [6], 6), chunked(x, bare, [6], 6)) > 1e-2
+
+
+def test_map_keeps_absent_norms_absent():
+    w = weights(0, norms=False).map(lambda t: t.double())
+    assert w.q_norm is None and w.k_norm is None and w.wq.dtype == torch.float64
