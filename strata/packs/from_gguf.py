@@ -92,6 +92,19 @@ def _gguf_shape(r, path) -> ModelShape:
         max_pos=int(_field(r, f"{a}.context_length", 40960)))
 
 
+def _check_spans(tensors, path) -> None:
+    """Tensor data ranges must not overlap: a corrupted offset would otherwise read a
+    neighbour's bytes as this tensor (GGUF has no checksum to catch it)."""
+    spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes), t.name)
+                   for t in tensors)
+    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise StrataError(f"{path}: tensors {an} and {bn} overlap in the file (offsets "
+                              f"{a0}..{a1} and {b0}..{b1}); the GGUF is corrupted")
+    if len({n for *_, n in spans}) != len(spans):
+        raise StrataError(f"{path}: a tensor name appears twice; the GGUF is corrupted")
+
+
 def _rope_base(r, a: str, path) -> float:
     f = r.get_field(f"{a}.rope.freq_base")
     if f is None:
@@ -129,6 +142,7 @@ def gguf_to_pack(src, out, progress: bool = True):
     r = open_gguf(src)
     shape = gguf_shape(r, src)
     tensors = {t.name: t for t in r.tensors}
+    _check_spans(r.tensors, src)
     dense = {}
     for name, shp in dense_specs(shape).items():
         if name in tensors:
