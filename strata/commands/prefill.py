@@ -240,11 +240,15 @@ def run_streaming(args) -> int:
     cfg = engine_config(args, len(tokens), progress=not args.json)
     check_context(cfg.max_prompt, pack.shape, "--max-prompt")
     refuse_unfit_plan(pack, cfg)       # before the engine pins or allocates anything
-    engine = PrefillEngine(pack, cfg)
+    t0 = time.perf_counter()
+    engine = PrefillEngine(pack, cfg)      # host blobs loaded/pinned, cache allocated and filled
+    startup = time.perf_counter() - t0
     with torch.inference_mode():
         res = engine.run(torch.tensor(tokens, dtype=torch.int64),
                          logits="all" if dump else "last")
     report = streaming_report(engine, res, str(args.pack))
+    report["startup_s"] = startup
+    report["cache_bytes"] = sum(p.cache.buffer.numel() for p in engine.parts)
     if dump:
         report["logits_path"] = save_logits(dump, res.logits)
     print(json.dumps(report) if args.json else streaming_summary(report))
@@ -301,7 +305,9 @@ def streaming_summary(r: dict) -> str:
         f"({fmt_bytes(p['ring_bytes'])}), needs {fmt_bytes(p['bytes_needed'])} of room "
         f"{fmt_bytes(p['room'])}, {p['probes']} probes",
         f"  INFO      prefill_chunk={r['prefill_chunk']} prefill_ring={ring}",
-        f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s)",
+        f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s; before it, "
+        f"{r.get('startup_s', 0):.3f} s to load the host blobs and allocate and fill "
+        f"{fmt_bytes(r.get('cache_bytes', 0))} of expert cache)",
         f"  streamed  {fmt_bytes(r['bytes_streamed'])} host->device at {r['h2d_gbps']:.1f} GB/s "
         f"while copying " + (f"({'pinned' if r['pinned'] else 'pageable'}; ceiling 55.4 GB/s "
                              f"pinned PCIe 5 x16, 8.3 GB/s pageable)"
