@@ -53,6 +53,21 @@ def cpu_cache_cap(shape, blob_sizes, layers: range, layout, *, chunk: int, ring_
     return slots + int(work / lend_cap) + SLACK
 
 
+def check_room(shape, vram, *, reserve: int, kv_tokens: int, split) -> None:
+    """Each GPU's VRAM against its dense weights, the KV of `kv_tokens` and the reserve, from
+    the rig's own count (strata.memory.rig.budgets with an explicit cache, which skips its own
+    check): one line naming the KV when the KV is what leaves no room for a cache."""
+    from strata.memory.rig import budgets
+    for b in budgets(shape, vram, cache=1, reserve=reserve, kv_tokens=kv_tokens, split=split):
+        left = b.vram - b.dense - b.reserve - b.kv
+        if left <= 0:
+            raise StrataError(
+                f"{b.name} ({fmt_bytes(b.vram)}) has no room for an expert cache: the KV cache of "
+                f"{kv_tokens:,} tokens takes {fmt_bytes(b.kv)}, the dense weights "
+                f"{fmt_bytes(b.dense)} and the reserve {fmt_bytes(b.reserve)}; give more --vram, "
+                f"add GPUs, or read a shorter prompt (--max-prompt)")
+
+
 def check_fits(items: dict[str, int], available: int | None, where: str, advice: str) -> None:
     """Refuse when the items' sum exceeds `available`, naming the largest item."""
     if available is None:
@@ -85,6 +100,8 @@ def check_machine(budgets, devices, *, host_blobs: int, pin: bool, dense_host: i
         if d.type != "cuda":
             continue
         free, _ = torch.cuda.mem_get_info(d)
+        # blocks this process's caching allocator holds but no tensor uses are free to it
+        free += torch.cuda.memory_reserved(d) - torch.cuda.memory_allocated(d)
         check_fits({"dense weights": b.dense, "KV cache": b.kv, "expert cache": b.cache,
                     "reserve": b.reserve}, free, f"{d} ({b.name})",
                    "give a smaller --vram or --cache (the budget must fit the GPU's free memory)")

@@ -107,6 +107,8 @@ ROWS = [
      ["--ring", "fits with"], None),
     ("plan-prompt-longer-than-context", "plan --preset qwen3-30b-a3b --prompt-tokens 50000", 2,
      ["context"], None),
+    ("plan-kv-does-not-fit", "plan --preset qwen3-30b-a3b --vram 4GiB --prompt-tokens 40960", 2,
+     ["KV cache of 40,960 tokens", "--max-prompt"], None),
     ("verify-a-gguf", "verify {gguf}", 2, ["GGUF file, not a pack"], None),
     ("plan-ctrl-c", "plan --preset tiny", 130, ["interrupted"],
      ("strata.commands.plan.make_plan", lambda a: (_ for _ in ()).throw(KeyboardInterrupt))),

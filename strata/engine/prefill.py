@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from strata.budget import check_machine, cpu_cache_cap
+from strata.budget import check_machine, check_room, cpu_cache_cap
 from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
@@ -270,6 +270,9 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
     fused = use_fused(native, cfg.fused)
     kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
               split=cfg.layer_split)
+    if cfg.cache is None and cfg.max_prompt:
+        check_room(shape, vram, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
+                   split=cfg.layer_split)
     parts, budgets = participants(shape, blob_sizes, vram, cache=cfg.cache, **kw)
     if device_type != "cuda":
         from strata.memory.scan import GRID
