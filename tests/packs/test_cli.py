@@ -151,3 +151,29 @@ def test_resident_and_streamed_agree_by_default_on_cpu(tiny_pack, tmp_path, caps
     rel = np.abs(la - lb).max() / np.abs(la).max()
     assert rel < FP32_REL, rel
     assert (la.argmax(-1) == lb.argmax(-1)).all()
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA device (runs on the GPU machine)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_plan_equals_prefill_and_guards(tiny_pack, tmp_path, capsys):
+    """On the GPU: the same flags, the same plan; NaN fails the prompt naming the layer; a --vram
+    beyond the card is refused before anything is allocated."""
+    flags = ["--device", "cuda", "--vram", "2GiB", "--cache", "64KiB", "--ring", "2", "--chunk", "8",
+             "--experts", "torch"]
+    assert main(["plan", "--pack", str(tiny_pack), "--prompt-tokens", "40", *flags, "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert main(["prefill", str(tiny_pack), "--prompt-tokens", "40", *flags, "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)["plan"]
+    assert {k: planned[k] for k in ("chunk", "ring", "bytes_needed", "room", "rule")} == \
+        {k: ran[k] for k in ("chunk", "ring", "bytes_needed", "room", "rule")}
+    bad = _nan_pack(tiny_pack, tmp_path / "nan.pack")
+    assert main(["prefill", str(bad), "--tokens", "1,2,3,4,5", *flags]) == 2
+    assert "layer 1" in capsys.readouterr().err
+    free, total = torch.cuda.mem_get_info()
+    too_big = f"{(total >> 30) + 64}GiB"
+    assert main(["prefill", str(tiny_pack), "--tokens", "1,2", "--vram", too_big]) == 2
+    assert "does not fit" in capsys.readouterr().err
