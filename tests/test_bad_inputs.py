@@ -166,6 +166,19 @@ def test_rows_cover_the_issue():
 
 def test_dump_logits_checked_before_the_prompt(files, monkeypatch, capsys):
     """An unwritable --dump-logits path fails before any prompt work (the model is never built)."""
+    import strata.engine.prefill as engine
+    import strata.models.load as load
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("prompt ran"))
+    monkeypatch.setattr(engine, "PrefillEngine", lambda *a, **k: pytest.fail("engine built"))
+    blocker = files["dir"] / "plain-file"
+    blocker.write_text("x")
+    for extra in ([], ["--vram", "2GiB"]):     # resident and streamed
+        assert main(["prefill", str(files["pack"]), "--tokens", "1", *extra,
+                     "--dump-logits", str(blocker / "x.npy")]) == 2
+        assert "is not a folder" in capsys.readouterr().err
+
+
+def test_read_only_dump_folder_refused_first(files, monkeypatch, capsys):
     import strata.models.load as load
     monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("prompt ran"))
     ro = files["dir"] / "ro"
