@@ -3,7 +3,8 @@
 A flipped byte in an fp16 block scale, or a model that overflows in its dtype, turns a prompt's
 logits into NaN while everything "works". The guard marks, on the device and without a host
 sync, whether each layer's input to the experts and the experts' output are finite (one
-`isfinite(...).all()` each per layer, into a bool [L, 2] flag tensor per device); at the end of
+`aminmax` reduction each per layer: NaN propagates through min/max and ±Inf shows in them, and
+no [T, D] temporary is made; into a bool [L, 2] flag tensor per device); at the end of
 each chunk the host reads the flags once and, if any is set, raises `NonFiniteError` naming the
 first bad layer and the chunk. The engine's failure path then restores the cache as for any
 failed prompt.
@@ -55,7 +56,9 @@ class FiniteGuard:
         if f is None:
             f = self.flags[t.device] = torch.zeros(self.n_layer, 2, dtype=torch.bool,
                                                    device=t.device)
-        f[self.layer, which].logical_or_(~torch.isfinite(t).all())
+        # min and max propagate NaN and hold any ±Inf: two scalars, no [T, D] temporary
+        mn, mx = torch.aminmax(t)
+        f[self.layer, which].logical_or_(~(torch.isfinite(mn) & torch.isfinite(mx)))
 
     def begin_chunk(self, start: int, n_tokens: int) -> None:
         self._chunk = (start, n_tokens)

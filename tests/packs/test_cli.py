@@ -177,3 +177,37 @@ def test_gpu_plan_equals_prefill_and_guards(tiny_pack, tmp_path, capsys):
     too_big = f"{(total >> 30) + 64}GiB"
     assert main(["prefill", str(tiny_pack), "--tokens", "1,2", "--vram", too_big]) == 2
     assert "does not fit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), None],
+                         ids=["nan", "inf", "-inf", "finite"])
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_finite_guard_flags_exactly_the_bad_layer(bad, where):
+    from strata.engine.finite import FiniteGuard, NonFiniteError
+
+    class Prov:
+        n_layer = 3
+        def begin_chunk(self, s, n): pass
+        def begin_layer(self, l): pass
+        def end_layer(self, l): pass
+        def end_chunk(self): pass
+
+    g = FiniteGuard()
+    ffn = g.wrap(lambda x, ids, w, e, **kw: x * 2)
+    p = g.watch(Prov())
+    p.begin_chunk(0, 4)
+    for l in range(3):
+        p.begin_layer(l)
+        x = torch.ones(4, 8)
+        if bad is not None and l == 2 and where == "input":
+            x[1, 3] = bad
+        y = ffn(x, None, None, None)
+        if bad is not None and l == 2 and where == "output":
+            y[2, 5] = bad
+        p.end_layer(l)
+    if bad is None:
+        p.end_chunk()
+    else:
+        with pytest.raises(NonFiniteError, match="layer 2: " + (
+                "the hidden state entering" if where == "input" else "its experts' output")):
+            p.end_chunk()
