@@ -1,15 +1,28 @@
 """The `strata` command. Each subcommand lives in `strata/commands/<name>.py` with
-`add_parser(subparsers)` and `run(args) -> int`. A StrataError becomes one line and exit 2."""
+`add_parser(subparsers)` and `run(args) -> int`.
+
+Exit codes: 0 done; 2 bad input or an impossible request (a StrataError, a parser error, an OS
+error such as a full disk, too little memory, stdout closed early by `| head`), always one line on
+stderr; 130 interrupted (Ctrl-C, the shell's 128 + SIGINT); anything else is a bug in strata."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from strata.errors import StrataError
 
-COMMANDS = ("demo", "plan", "synth", "pack", "prefill")
+COMMANDS = ("demo", "plan", "synth", "pack", "prefill", "verify")
+EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (usage is one `--help` away)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _load(name: str):
@@ -22,8 +35,8 @@ def _load(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="strata", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    p = Parser(prog="strata", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMANDS:
         mod = _load(name)
         if mod is not None:
@@ -44,18 +57,52 @@ def _log_to_stderr() -> None:
         log.setLevel(logging.INFO)
 
 
+def _say(command: str, text: str) -> None:
+    try:
+        print(f"strata {command}: {text}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader is gone: point it at /dev/null so the interpreter's final flush does not
+    raise a second BrokenPipeError."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     _log_to_stderr()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
-        return 2
+        return EXIT_BAD_INPUT
+    cmd = args.command
     try:
-        return int(args._run(args) or 0)
+        rc = int(args._run(args) or 0)
+        sys.stdout.flush()
+        return rc
     except StrataError as e:
-        print(f"strata {args.command}: {e}", file=sys.stderr)
-        return 2
+        _say(cmd, str(e))
+    except KeyboardInterrupt:
+        _say(cmd, "interrupted (Ctrl-C); outputs are written whole or not at all, the pack and "
+                  "the cache are untouched")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        _say(cmd, "the reader of the output closed it early (e.g. `| head`); output cut short")
+    except MemoryError:
+        _say(cmd, "out of host memory; try a smaller --vram/--cache, a shorter prompt or "
+                  "--chunk, or a machine with more RAM")
+    except OSError as e:
+        from strata.atomic import os_error_line
+        _say(cmd, os_error_line(e))
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,6 +16,8 @@ engine borrows (`borrow`, `loan_slots`) and carves (`placements`, ending at `byt
 does); with STRATA_MMQ_SLAB=1 and `--experts kernel` the slab's reserve is borrowed too.
 
 `--pack PATH` plans a pack's own shape, per-layer blob sizes and nativeness (strata.packs.Pack).
+The budget flags are strata prefill's own (strata.commands._args): the same flags give the same
+plan. strata plan plans CUDA devices unless --device cpu (the CPU engine's capped cache).
 """
 from __future__ import annotations
 
@@ -23,53 +25,14 @@ import argparse
 import json
 import sys
 
-from strata import config
 from strata.blob import BlobLayout
+from strata.commands._args import (add_budget_flags, device_type, engine_config, positive,
+                                   unfit_line)
 from strata.errors import StrataError
-from strata.memory.loan import LEND_CAP
-from strata.memory.rig import RESERVE, participants
-from strata.memory.ring import use_fused
-from strata.memory.scan import SCAN_MAX, plan_prefill
-from strata.planning import default_devices, layout_spec, model_sizes, prompt_layout, \
-    scratch_reserve
+from strata import config
+from strata.planning import default_devices, scratch_reserve
 from strata.shapes import PRESETS, get_preset
-from strata.units import fmt_bytes, parse_size
-
-
-def _size(text: str) -> int:
-    try:
-        n = parse_size(text)
-    except StrataError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return n
-
-
-def _prefill(text: str) -> int:
-    """'auto' or 'auto:MAX' -> MAX."""
-    head, _, tail = text.partition(":")
-    if head != "auto":
-        raise argparse.ArgumentTypeError(f"--prefill takes auto or auto:MAX, got {text!r} "
-                                         f"(use --chunk N to force a chunk)")
-    if not tail:
-        return SCAN_MAX
-    try:
-        return int(tail)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--prefill auto:MAX needs a whole number MAX, "
-                                         f"got {tail!r}") from None
-
-
-def _lend_cap(text: str) -> float:
-    try:
-        f = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--lend-cap takes a fraction like 0.9, got {text!r}") \
-            from None
-    if not 0.0 < f <= 1.0:
-        raise argparse.ArgumentTypeError(f"--lend-cap must be in (0, 1], got {f}")
-    return f
+from strata.units import fmt_bytes
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -78,60 +41,22 @@ def add_parser(sub) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=sorted(PRESETS), help="a preset model shape")
     src.add_argument("--pack", metavar="PATH", help="a strata pack (its shape and blob sizes)")
-    p.add_argument("--quant", default="Q8_0", metavar="TYPE",
+    p.add_argument("--quant", default=None, metavar="TYPE",
                    help="expert block format with --preset, or GATE,UP,DOWN (default Q8_0)")
-    p.add_argument("--vram", type=_size, action="append", metavar="SIZE",
-                   help="VRAM of one GPU (repeat for several GPUs); default 12GiB")
-    p.add_argument("--cache", type=_size, metavar="SIZE",
-                   help=f"expert cache per GPU (default: VRAM - dense weights - "
-                        f"{fmt_bytes(RESERVE)} reserve)")
-    p.add_argument("--lend-cap", type=_lend_cap, default=LEND_CAP, metavar="F",
-                   help=f"most of the cache a prompt may borrow (default {LEND_CAP})")
-    how = p.add_mutually_exclusive_group()
-    how.add_argument("--prefill", type=_prefill, default=None, metavar="auto[:MAX]",
-                     help=f"scan chunks 256..MAX on the 256 grid (default auto:{SCAN_MAX})")
-    how.add_argument("--chunk", type=int, metavar="N", help="force a chunk of N tokens")
-    p.add_argument("--scan", choices=("auto", "legacy"), default="auto",
-                   help="auto: largest chunk that leaves the ring full; legacy: the old list")
-    p.add_argument("--unpinned", action="store_true", help="pageable host memory (smaller ring)")
-    p.add_argument("--fused", action="store_true",
-                   help="fused path (fused ring budget); default: STRATA_PF_FUSED, else "
-                        "non-native packs")
-    p.add_argument("--ring", type=_positive("--ring", "slot"), metavar="N",
-                   help="an explicit ring of N slots (wins over STRATA_PREFILL_RING, as in "
-                        "strata prefill)")
-    p.add_argument("--prompt-tokens", type=_positive("--prompt-tokens"), metavar="N",
-                   help="plan one prompt of N tokens as the engine runs it (default: a prompt "
-                        "at least one chunk long)")
-    p.add_argument("--max-prompt", type=_positive("--max-prompt"), metavar="N",
-                   help="KV reserved for prompts up to N tokens, taken from the cache "
-                        "(default: --prompt-tokens, else none)")
-    p.add_argument("--experts", choices=EXPERT_FFNS, default="kernel",
-                   help="expert FFN the prompt runs through (default kernel; auto and decoded "
-                        "add the decode buffer to the layout)")
+    p.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=None,
+                   metavar="N", help="the prompt's length: KV for N tokens (as strata prefill "
+                                     "--prompt-tokens N reserves; default none)")
+    add_budget_flags(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
-
-
-EXPERT_FFNS = ("auto", "kernel", "decoded", "torch", "ref")   # strata.models.moe.FFN_CHOICES
-
-
-def _positive(flag: str, unit: str = "token"):
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a whole number of {unit}s, got "
-                                             f"{text!r}") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be at least 1 {unit}, got {n}")
-        return n
-    return parse
 
 
 def _source(args):
     """(name, shape, per-layer blob bytes, native) from --preset/--quant or --pack."""
     if args.pack:
+        if args.quant is not None:
+            raise StrataError("--quant applies to --preset; a pack keeps its own formats "
+                              "(drop --quant)")
         from strata.packs import Pack
         pack = Pack.open(args.pack)
         shape = pack.shape
@@ -139,34 +64,34 @@ def _source(args):
         native = pack.native
         return args.pack, shape, dict(layer_blob), bool(native), [pl.layout for pl in pack.layers]
     shape = get_preset(args.preset or "qwen3-30b-a3b")
-    fmts = [q.strip() for q in args.quant.split(",")]
+    quant = args.quant or "Q8_0"
+    fmts = [q.strip() for q in quant.split(",")]
     if len(fmts) not in (1, 3):
-        raise StrataError(f"--quant takes one TYPE or GATE,UP,DOWN, got {args.quant!r}")
+        raise StrataError(f"--quant takes one TYPE or GATE,UP,DOWN, got {quant!r}")
     layout = BlobLayout.make(shape.d_model, shape.d_expert, *fmts)
-    name = f"{args.preset or 'qwen3-30b-a3b'} {args.quant.upper()}"
+    name = f"{args.preset or 'qwen3-30b-a3b'} {quant.upper()}"
     return name, shape, {l: layout.size for l in range(shape.n_layer)}, True, [layout]
 
 
 def make_plan(args):
-    """The plan, built the way the prefill engine builds its own (strata.planning's sizes and
-    layout, strata.memory's rig and scan), so what it reports is what the engine takes."""
+    """The plan `strata prefill` would make with the same flags: the same EngineConfig
+    (strata.commands._args) through the engine's own plan inputs (plan_inputs)."""
+    from strata.engine.prefill import plan_inputs, plan_prompt
     name, shape, layer_blob, native, layouts = _source(args)
-    vram = args.vram or [12 << 30]
-    sizes = model_sizes(shape)
-    kv_tokens = args.max_prompt or args.prompt_tokens or 0
-    parts, bud = participants(sizes, layer_blob, vram, cache=args.cache, lend_cap=args.lend_cap,
-                              kv_tokens=kv_tokens)
-    fused = use_fused(native, True if args.fused else None)
-    layout = prompt_layout(shape, max(layer_blob.values()), spec=layout_spec(args.experts),
-                           sizes=sizes)
-    reserve = scratch_reserve(shape, default_devices([p.name for p in parts]), args.experts,
+    blobs = [layer_blob[l] for l in range(shape.n_layer)]
+    cfg = engine_config(args, args.prompt_tokens)
+    if args.prompt_tokens and args.prompt_tokens > shape.max_pos:
+        raise StrataError(f"--prompt-tokens {args.prompt_tokens} is longer than the model's "
+                          f"context of {shape.max_pos} tokens")
+    dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default
+    parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, dev)
+    pinned = not args.unpinned or dev != "cuda"
+    reserve = scratch_reserve(shape, default_devices([p.name for p in parts]), cfg.ffn,
                               config.mmq_slab(), layouts)
-    plan = plan_prefill(layout, parts, scan=args.scan,
-                        scan_max=args.prefill or SCAN_MAX, chunk=args.chunk,
-                        pinned=not args.unpinned, fused=fused, native=native, ring=args.ring,
-                        n_tokens=args.prompt_tokens, scratch_reserve=reserve)
-    return name, plan, bud, dict(pinned=not args.unpinned, fused=fused, native=native,
-                                 experts=args.experts, kv_tokens=kv_tokens), shape
+    plan = plan_prompt(layout, parts, cfg, pinned=pinned, fused=fused, native=native,
+                       n_tokens=args.prompt_tokens, scratch_reserve=reserve)
+    why = None if plan.fits else unfit_line(plan, layout, parts)
+    return name, plan, bud, dict(pinned=pinned, fused=fused, native=native), shape, why
 
 
 def render(name, plan, bud, flags, n_expert: int) -> str:
@@ -200,7 +125,7 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
 
 
 def run(args) -> int:
-    name, plan, bud, flags, shape = make_plan(args)
+    name, plan, bud, flags, shape, why = make_plan(args)
     if args.json:
         d = plan.to_dict()
         d.update(model=name, **flags)
@@ -210,6 +135,6 @@ def run(args) -> int:
     else:
         print(render(name, plan, bud, flags, shape.n_expert))
     if not plan.fits:
-        print(f"strata plan: does not fit: {plan.short_of()}", file=sys.stderr)
+        print(f"strata plan: {why}", file=sys.stderr)
         return 2
     return 0

@@ -21,8 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from strata import filekind
+from strata.atomic import atomic_write, check_output
+from strata.commands._args import (add_budget_flags, check_budget_flags, engine_config,
+                                   resolve_experts)
 from strata.errors import StrataError
-from strata.models.moe import FFN_CHOICES
 from strata.units import fmt_bytes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,44 +47,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     one.add_argument("--prompt-tokens", type=int, metavar="N",
                      help="a prompt of N random token ids (seeded by --seed)")
     src.add_argument("--seed", type=int, default=0, help="seed of --prompt-tokens (default 0)")
-    eng = p.add_argument_group("streaming (any of these turns the streaming engine on)")
-    eng.add_argument("--vram", action="append", metavar="SIZE",
-                     help="VRAM budget of a GPU (e.g. 12GiB); repeat it for a layer split over "
-                          "several GPUs")
-    eng.add_argument("--cache", metavar="SIZE", help="expert cache bytes per GPU (default: "
-                     "VRAM - dense weights - KV of --max-prompt - 1 GiB reserve)")
-    eng.add_argument("--lend-cap", type=float, default=0.9,
-                     help="most of the cache a prompt may borrow (default 0.9)")
-    eng.add_argument("--prefill", default="auto", metavar="auto[:MAX]",
-                     help="auto scan up to MAX tokens per chunk (default auto:32768)")
-    eng.add_argument("--scan", choices=["auto", "legacy"], default="auto",
-                     help="auto: largest chunk that leaves the ring full; legacy: fixed ring, "
-                          "first fitting chunk of the old list (A/B)")
-    eng.add_argument("--ring", type=int, metavar="N",
-                     help="force the ring to N slots (as STRATA_PREFILL_RING=N)")
-    eng.add_argument("--unpinned", action="store_true",
-                     help="do not pin the host blobs (pageable copies, the unpinned ring budget)")
-    eng.add_argument("--max-prompt", type=int, default=None, metavar="N",
-                     help="KV reserved for prompts up to N tokens (default: this prompt)")
-    eng.add_argument("--layer-split", default=None, metavar="auto|N,N,...",
-                     help="layers per GPU (default auto: in proportion to --vram)")
+    add_budget_flags(p)    # --vram/--cache/... turn the streaming engine on; --chunk both paths
+    eng = p.add_argument_group("streaming")
     eng.add_argument("--devices", default=None, metavar="D,D,...",
                      help="devices of the participants (default cuda:0.. or cpu)")
-    eng.add_argument("--batch", type=int, default=None,
-                     help="experts per streamed batch (default ring/2)")
-    p.add_argument("--chunk", type=int, default=None,
-                   help="tokens per chunk (default: the whole prompt in one chunk)")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                    help="dense compute dtype (auto: bfloat16 on cuda, float32 on cpu)")
-    p.add_argument("--experts", choices=list(FFN_CHOICES), default="auto",
-                   help="expert FFN: kernel (fused Triton GEMM on the blocks), decoded (decode "
-                        "a pass's experts once, then the BF16 GEMM), torch (plain-torch twin, "
-                        "bf16), ref (fp32 reference); auto: on cuda decoded for long chunks and "
-                        "kernel for short ones, on cpu the torch/ref twins (the Triton "
-                        "interpreter is slow)")
     p.add_argument("--dump-logits", metavar="PATH", default=None,
-                   help="write the logits of every position as float32 [T, vocab] .npy")
+                   help="write the logits of every position as float32 [T, vocab] .npy "
+                        "(written whole or not at all; the path is checked before the prompt)")
+    p.add_argument("--force", action="store_true",
+                   help="let --dump-logits replace an existing file of another kind")
+    p.add_argument("--verify", action="store_true",
+                   help="check every tensor's checksum before reading (reads the whole pack)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 
@@ -153,21 +131,50 @@ def prompt_tokens(args, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist()
 
 
+def dump_path(args) -> Path | None:
+    """--dump-logits as the .npy path np.save would write, checked before the prompt runs."""
+    if not args.dump_logits:
+        return None
+    path = str(args.dump_logits)
+    path = path if path.endswith(".npy") else path + ".npy"   # what np.save writes
+    return check_output(path, "--dump-logits", kind=filekind.NPY, inputs=[args.pack],
+                        force=args.force)
+
+
+def save_logits(path: Path, logits: torch.Tensor) -> str:
+    """float32 [T, V] .npy, written to a temp file and renamed (whole or not at all)."""
+    out = np.ascontiguousarray(logits.float().cpu().numpy())
+    with atomic_write(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, out)
+    return str(path)
+
+
+def open_checked(args):
+    """The pack (--verify: every tensor's checksum first)."""
+    from strata.packs import Pack
+    return Pack.open(args.pack, verify=True if args.verify else None)
+
+
+def check_context(n_tokens: int, shape, flag: str = "the prompt") -> None:
+    if n_tokens > shape.max_pos:
+        raise StrataError(f"{flag} has {n_tokens} tokens, longer than the model's context of "
+                          f"{shape.max_pos} tokens; shorten it")
+
+
 def run(args) -> int:
-    from strata.models.load import load_model, open_pack, resolve_device
+    from strata.engine.finite import FiniteGuard
+    from strata.models.load import load_model, resolve_device
     from strata.models.moe import expert_ffn
 
     if _streaming(args):
         return run_streaming(args)
+    check_budget_flags(args)
+    dump = dump_path(args)
+    pack = open_checked(args)
     if args.tokens is None:
-        pack = open_pack(args.pack)
         args.tokens = ",".join(map(str, prompt_tokens(args, pack.shape.vocab)))
     tokens = parse_tokens(args.tokens)
-    if args.chunk is not None and args.chunk < 1:
-        raise StrataError(f"--chunk must be at least 1 token, got {args.chunk}")
-    if args.dump_logits and not Path(args.dump_logits).parent.resolve().is_dir():
-        raise StrataError(f"--dump-logits: directory {Path(args.dump_logits).parent} does not exist")
-    pack = open_pack(args.pack)
+    check_context(len(tokens), pack.shape)
     vocab = pack.shape.vocab
     bad = [(i, t) for i, t in enumerate(tokens) if not 0 <= t < vocab]
     if bad:
@@ -177,11 +184,11 @@ def run(args) -> int:
     device = resolve_device(args.device)
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" \
         else DTYPES[args.dtype]
-    ffn_name = args.experts if args.experts != "auto" else \
-        ("auto" if device.type == "cuda" else "ref")
-    ffn = expert_ffn(ffn_name)
-    model = load_model(pack, device=device, dtype=dtype, ffn=ffn)
+    ffn_name = resolve_experts(args.experts, device.type)
+    guard = FiniteGuard()
+    model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(expert_ffn(ffn_name)))
     provider_name, provider = make_provider(args, pack, device)
+    watched = guard.watch(provider)
 
     T = len(tokens)
     chunk = min(args.chunk or T, T)
@@ -202,8 +209,8 @@ def run(args) -> int:
     t0 = time.perf_counter()
     with torch.inference_mode():
         # [T, V] only when dumped: at V = 151936 a long prompt's logits would not fit in memory
-        logits = model.prefill(tok, provider, chunk=chunk, progress=progress,
-                               logits="all" if args.dump_logits else "last")
+        logits = model.prefill(tok, watched, chunk=chunk, progress=progress,
+                               logits="all" if dump else "last")
     _sync(device)
     seconds = time.perf_counter() - t0
     if bar is not None:
@@ -216,85 +223,53 @@ def run(args) -> int:
                         tokens_per_s=T / seconds if seconds > 0 else float("inf"),
                         stats=provider.stats(),
                         next_token=int(logits[-1].argmax()))
-    if args.dump_logits:
-        out = np.ascontiguousarray(logits.float().cpu().numpy())   # [T, V] float32
-        path = str(args.dump_logits)
-        path = path if path.endswith(".npy") else path + ".npy"   # what np.save writes
-        np.save(path, out)
-        res.logits_path = path
+    if dump:
+        res.logits_path = save_logits(dump, logits)
     print(json.dumps(asdict(res)) if args.json else res.summary())
     return 0
-
-
-def parse_prefill(text: str) -> int:
-    """`auto` or `auto:MAX` -> MAX (default 32768)."""
-    text = text.strip()
-    if text == "auto":
-        return 32768
-    if text.startswith("auto:"):
-        try:
-            n = int(text[5:])
-        except ValueError:
-            n = 0
-        if n >= 256:
-            return n
-    raise StrataError(f"--prefill {text!r}: write auto or auto:MAX with MAX >= 256 "
-                      f"(e.g. auto:32768)")
-
-
-def engine_config(args, n_tokens: int):
-    """The EngineConfig the flags describe."""
-    from strata.engine.prefill import EngineConfig
-    from strata.units import parse_size
-
-    vram = [parse_size(v) for v in (args.vram or ["80GiB"])]
-    split = None
-    if args.layer_split not in (None, "auto"):
-        try:
-            split = [int(x) for x in args.layer_split.split(",")]
-        except ValueError:
-            raise StrataError(f"--layer-split {args.layer_split!r}: write auto or layer counts "
-                              f"per GPU, e.g. 24,24") from None
-    if args.chunk is not None and args.chunk < 1:
-        raise StrataError(f"--chunk must be at least 1 token, got {args.chunk}")
-    if args.ring is not None and args.ring < 1:
-        raise StrataError(f"--ring must be at least 1 slot, got {args.ring}")
-    dev = args.device
-    devices = args.devices.split(",") if args.devices else None
-    ffn = args.experts if args.experts != "auto" else \
-        ("auto" if (dev or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-         else "torch")
-    return EngineConfig(
-        vram=vram, cache=parse_size(args.cache) if args.cache else None, lend_cap=args.lend_cap,
-        scan=args.scan, scan_max=parse_prefill(args.prefill), chunk=args.chunk, ring=args.ring,
-        pin=not args.unpinned, max_prompt=args.max_prompt or n_tokens, device=dev,
-        devices=devices, layer_split=split,
-        dtype=None if args.dtype == "auto" else DTYPES[args.dtype], ffn=ffn, batch=args.batch,
-        progress=not args.json)
 
 
 def run_streaming(args) -> int:
     """The streaming engine's read of one prompt, reported."""
     from strata.engine.prefill import PrefillEngine
-    from strata.models.load import open_pack
 
-    if args.dump_logits and not Path(args.dump_logits).parent.resolve().is_dir():
-        raise StrataError(f"--dump-logits: directory {Path(args.dump_logits).parent} does not exist")
-    pack = open_pack(args.pack)
+    dump = dump_path(args)
+    pack = open_checked(args)
     tokens = prompt_tokens(args, pack.shape.vocab)
-    cfg = engine_config(args, len(tokens))
-    engine = PrefillEngine(pack, cfg)
+    check_context(len(tokens), pack.shape)
+    cfg = engine_config(args, len(tokens), progress=not args.json)
+    check_context(cfg.max_prompt, pack.shape, "--max-prompt")
+    refuse_unfit_plan(pack, cfg, len(tokens))   # before the engine pins or allocates anything
+    t0 = time.perf_counter()
+    engine = PrefillEngine(pack, cfg)      # host blobs loaded/pinned, cache allocated and filled
+    startup = time.perf_counter() - t0
     with torch.inference_mode():
         res = engine.run(torch.tensor(tokens, dtype=torch.int64),
-                         logits="all" if args.dump_logits else "last")
+                         logits="all" if dump else "last")
     report = streaming_report(engine, res, str(args.pack))
-    if args.dump_logits:
-        path = str(args.dump_logits)
-        path = path if path.endswith(".npy") else path + ".npy"
-        np.save(path, np.ascontiguousarray(res.logits.float().cpu().numpy()))
-        report["logits_path"] = path
+    report["startup_s"] = startup
+    report["cache_bytes"] = sum(p.cache.buffer.numel() for p in engine.parts)
+    if dump:
+        report["logits_path"] = save_logits(dump, res.logits)
     print(json.dumps(report) if args.json else streaming_summary(report))
     return 0
+
+
+def refuse_unfit_plan(pack, cfg, n_tokens: int) -> None:
+    """The engine's plan, made before anything is allocated (strata.engine.prefill.plan_inputs,
+    the engine's own inputs): one line when it cannot fit, naming a ring that would."""
+    from strata.commands._args import unfit_line
+    from strata.engine.prefill import _default_devices, plan_inputs, plan_prompt
+    from strata.models.load import resolve_device
+    vram = cfg.vram if isinstance(cfg.vram, list) else [cfg.vram]
+    dev = resolve_device((cfg.devices or _default_devices(cfg.device, len(vram)))[0])
+    blobs = [pl.blob_size for pl in pack.layers]
+    parts, _, layout, fused = plan_inputs(pack.shape, blobs, pack.native, cfg, dev.type)
+    pinned = cfg.pin or dev.type != "cuda"
+    plan = plan_prompt(layout, parts, cfg, pinned=pinned, fused=fused, native=pack.native,
+                       n_tokens=n_tokens)
+    if not plan.fits:
+        raise StrataError(unfit_line(plan, layout, parts))
 
 
 def streaming_report(engine, res, pack_name: str) -> dict:
@@ -329,7 +304,9 @@ def streaming_summary(r: dict) -> str:
         f"({fmt_bytes(p['ring_bytes'])}), needs {fmt_bytes(p['bytes_needed'])} of room "
         f"{fmt_bytes(p['room'])}, {p['probes']} probes",
         f"  INFO      prefill_chunk={r['prefill_chunk']} prefill_ring={ring}",
-        f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s)",
+        f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s; before it, "
+        f"{r.get('startup_s', 0):.3f} s to load the host blobs and allocate and fill "
+        f"{fmt_bytes(r.get('cache_bytes', 0))} of expert cache)",
         f"  streamed  {fmt_bytes(r['bytes_streamed'])} host->device at {r['h2d_gbps']:.1f} GB/s "
         f"while copying " + (f"({'pinned' if r['pinned'] else 'pageable'}; ceiling 55.4 GB/s "
                              f"pinned PCIe 5 x16, 8.3 GB/s pageable)"

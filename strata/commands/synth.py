@@ -1,10 +1,15 @@
 """`strata synth --preset NAME --quant TYPE -o model.gguf`: a random qwen3moe model (GGUF or pack).
 
 `--mix Q4_K_M` (Q5_K_M, Q3_K_M, Q2_K, IQ4_XS) lays the model out as llama.cpp's stock mix does:
-per-layer expert types and every dense tensor's type by llama.cpp's rules (strata.packs.mixes)."""
+per-layer expert types and every dense tensor's type by llama.cpp's rules (strata.packs.mixes).
+
+Written to a temp file beside OUT and renamed when whole; an existing OUT of another kind (a pack
+when writing a GGUF, or the other way round) is refused unless --force."""
 from __future__ import annotations
 
 import sys
+
+from strata.commands._args import positive
 
 
 def add_parser(sub):
@@ -21,27 +26,31 @@ def add_parser(sub):
     for m in ("gate", "up", "down"):
         p.add_argument(f"--quant-{m}", default=None, help=f"format of the {m} matrices (default --quant)")
     p.add_argument("-o", "--out", required=True, help="output .gguf (or a pack with --pack)")
-    p.add_argument("--layers", type=int, default=None, help="keep only the first N layers")
+    p.add_argument("--layers", type=positive("--layers"), default=None,
+                   help="keep only the first N layers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dense-type", default="BF16", choices=["BF16", "F16", "F32"],
                    help="type of the attention/embedding/LM-head matrices (norms, router: F32)")
     p.add_argument("--pack", action="store_true",
                    help="write a pack directly instead of a GGUF (any format, Q2_0 included)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing OUT (or --hits-csv) of another kind")
     p.add_argument("--report-hits", action="store_true",
                    help="afterwards, route random tokens and print each layer's expert hit fraction")
-    p.add_argument("--hits-tokens", type=int, default=2048, help="tokens for --report-hits (T)")
+    p.add_argument("--hits-tokens", type=positive("--hits-tokens"), default=2048,
+                   help="tokens for --report-hits (T)")
     p.add_argument("--hits-csv", default=None, help="also write the per-layer report as CSV")
     return p
 
 
 def run(args) -> int:
+    from strata import filekind
+    from strata.atomic import check_output
     from strata.errors import StrataError
     from strata.packs.synth import ExpertFormats, Mix, synth_gguf, synth_pack
     from strata.shapes import get_preset
     shape = get_preset(args.preset)
     if args.layers is not None:
-        if not 1 <= args.layers:
-            raise StrataError(f"--layers must be at least 1, got {args.layers}")
         shape = shape.with_(n_layer=args.layers)
     if args.mix is not None:
         if any(q is not None for q in (args.quant, args.quant_gate, args.quant_up, args.quant_down)):
@@ -56,19 +65,32 @@ def run(args) -> int:
         fmts = ExpertFormats.of(args.quant or "Q8_0", args.quant_gate, args.quant_up,
                                 args.quant_down)
         desc = f"{fmts.gate}/{fmts.up}/{fmts.down}"
-    if args.pack:
-        out = synth_pack(args.out, shape, fmts, args.seed, args.dense_type)
-    else:
-        out = synth_gguf(args.out, shape, fmts, args.seed, args.dense_type)
+    out = check_output(args.out, "-o", kind=filekind.PACK if args.pack else filekind.GGUF,
+                       force=args.force)
+    csv = None
+    if args.hits_csv:
+        if not args.report_hits:
+            raise StrataError("--hits-csv writes the --report-hits table: add --report-hits")
+        csv = check_output(args.hits_csv, "--hits-csv", kind=filekind.OTHER, inputs=[out],
+                           force=args.force)
+    try:
+        if args.pack:
+            out = synth_pack(out, shape, fmts, args.seed, args.dense_type)
+        else:
+            out = synth_gguf(out, shape, fmts, args.seed, args.dense_type)
+    except OSError as e:   # a full disk: the writer removed its partial file
+        from strata.atomic import os_error_line
+        raise StrataError(os_error_line(e, out)) from None
     print(f"{out}: {shape.n_layer} layers, E={shape.n_expert}, experts {desc}")
     if args.report_hits:
-        report_hits(out, shape, args.hits_tokens, args.seed, args.hits_csv)
+        report_hits(out, shape, args.hits_tokens, args.seed, csv)
     return 0
 
 
 def report_hits(path, shape, T: int, seed: int, csv_path=None) -> list[float]:
     import torch
 
+    from strata.atomic import atomic_write
     from strata.packs.routing import route_trace
     ids = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(seed))
     tr = route_trace(path, ids)  # a GGUF: fp32 on the CPU; a pack: the default device
@@ -79,7 +101,7 @@ def report_hits(path, shape, T: int, seed: int, csv_path=None) -> list[float]:
         print(f"  layer {i:3d}: {f:6.3f} of experts hit   residual RMS {r:7.3f}")
     print(f"  min {min(fr):.3f}  mean {sum(fr) / len(fr):.3f}", file=sys.stdout)
     if csv_path:
-        with open(csv_path, "w") as f:
+        with atomic_write(csv_path) as tmp, open(tmp, "w") as f:
             f.write("layer,tokens,top_k,n_expert,hit_fraction,resid_rms\n")
             for i, (h, r) in enumerate(zip(fr, rms)):
                 f.write(f"{i},{T},{shape.top_k},{shape.n_expert},{h:.6f},{r:.6f}\n")

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from strata.budget import check_machine, check_room, cpu_cache_cap
 from strata.engine.device import Lane
+from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
@@ -152,23 +154,26 @@ class PrefillEngine:
         self.layouts = [pl.layout for pl in pack.layers]
         self.blob_sizes = [pl.blob_size for pl in pack.layers]
         self.max_blob = pack.max_blob
+        self.sizes = model_sizes(self.shape)
+        parts, budgets, self.layout, self.fused = plan_inputs(
+            self.shape, self.blob_sizes, pack.native, cfg, self.device.type)
+        # every budget against the machine before the host blobs are pinned or the cache is
+        # allocated (strata.budget): one line naming what does not fit
+        check_machine(budgets, devices, host_blobs=sum(self.blob_sizes) * self.shape.n_expert,
+                      pin=cfg.pin and host is None,
+                      dense_host=sum(b.dense for b in budgets) * self.dtype.itemsize // 2)
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
                                         progress=cfg.progress)
         self.pinned = self.host.pinned or self.device.type != "cuda"
-        self.sizes = model_sizes(self.shape)
-        parts, budgets = participants(self.sizes, self.blob_sizes, vram, cache=cfg.cache,
-                                      lend_cap=cfg.lend_cap, reserve=cfg.reserve,
-                                      kv_tokens=cfg.max_prompt, split=cfg.layer_split)
         self.parts: list[Part] = []
         for p, b, dev in zip(parts, budgets, devices):
             cache = ExpertCache(p.cache, self.host.source, dev)
             self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev),
                                    ParticipantScratch(p.name, dev, cache.buffer)))
         device_map = [part.device for part in self.parts for _ in part.layers]
+        self.finite = FiniteGuard()   # NaN/Inf in a chunk fails the prompt, the layer named
         self.model = load_model(pack, device=self.device, dtype=self.dtype,
-                                ffn=expert_ffn(cfg.ffn), device_map=device_map)
-        self.layout = PromptLayout(self.sizes, self.max_blob, layout_spec(cfg.ffn), cfg.batch)
-        self.fused = use_fused(pack.native, cfg.fused)
+                                ffn=self.finite.wrap(expert_ffn(cfg.ffn)), device_map=device_map)
 
     # single-participant conveniences (tests, the CLI's summary)
     @property
@@ -186,10 +191,9 @@ class PrefillEngine:
         `slab`: borrow the stream-k scratch slab's reserve too (STRATA_MMQ_SLAB)."""
         reserve = scratch_reserve(self.shape, {p.name: p.device for p in self.parts},
                                   self.cfg.ffn, slab, self.layouts)
-        return plan_prefill(self.layout, [p.participant for p in self.parts], scan=self.cfg.scan,
-                            scan_max=self.cfg.scan_max, chunk=self.cfg.chunk, pinned=self.pinned,
-                            fused=self.fused, native=self.pack.native, ring=self.cfg.ring,
-                            n_tokens=n_tokens, scratch_reserve=reserve)
+        return plan_prompt(self.layout, [p.participant for p in self.parts], self.cfg,
+                           pinned=self.pinned, fused=self.fused, native=self.pack.native,
+                           n_tokens=n_tokens, scratch_reserve=reserve)
 
     # -- a prompt ----------------------------------------------------------------------------
     def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None
@@ -235,6 +239,7 @@ class PrefillEngine:
             provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:
                 provider = _FailingProvider(provider, fail_after_layers)
+            provider = self.finite.watch(provider)
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
             self._sync()
@@ -269,6 +274,42 @@ class PrefillEngine:
     def _sync(self) -> None:
         for part in self.parts:
             part.lane.sync()
+
+
+def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str):
+    """(participants, budgets, prompt layout, fused) a plan is computed from: the engine and
+    `strata plan` both call this, so the same config gives the same plan. On the CPU the cache
+    is capped at what it can hold (strata.budget.cpu_cache_cap): --vram there is a budget, not
+    an allocation."""
+    vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
+    sizes = model_sizes(shape)
+    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn), cfg.batch)
+    fused = use_fused(native, cfg.fused)
+    kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
+              split=cfg.layer_split)
+    if cfg.cache is None and cfg.max_prompt:
+        check_room(sizes, vram, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
+                   split=cfg.layer_split)
+    parts, budgets = participants(sizes, blob_sizes, vram, cache=cfg.cache, **kw)
+    if device_type != "cuda":
+        from strata.memory.scan import GRID, full_ring
+        T = cfg.chunk or min(cfg.scan_max, -(-max(cfg.max_prompt, 1) // GRID) * GRID)
+        # the full ring bounds any chunk's ring (STAGE carves no more), so the cap holds it
+        ring = full_ring(layout, pinned=True, fused=fused, native=native, ring=cfg.ring)
+        cap = max(cpu_cache_cap(sizes, blob_sizes, b.layers, layout, chunk=T, ring_slots=ring,
+                                lend_cap=cfg.lend_cap) for b in budgets)
+        if cap < min(b.cache for b in budgets):
+            parts, budgets = participants(sizes, blob_sizes, vram, cache=cap, **kw)
+    return parts, budgets, layout, fused
+
+
+def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, native: bool,
+                n_tokens: int | None = None, scratch_reserve=None):
+    """The plan of one prompt from plan_inputs' participants and layout: the one call the
+    engine, `strata plan` and `strata prefill`'s early refusal make."""
+    return plan_prefill(layout, parts, scan=cfg.scan, scan_max=cfg.scan_max, chunk=cfg.chunk,
+                        pinned=pinned, fused=fused, native=native, ring=cfg.ring,
+                        n_tokens=n_tokens, scratch_reserve=scratch_reserve)
 
 
 def _default_devices(device: str | None, n: int) -> list[str]:

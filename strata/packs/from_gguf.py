@@ -11,6 +11,7 @@ NEOX, the same rotate-half as Hugging Face), so q/k weights are used as stored.
 """
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -36,15 +37,44 @@ def _field(r, key, default=None, required=True):
     return f.contents()
 
 
+# What gguf-py raises on a corrupted or truncated file (a wrong length or count, a bad type
+# code, a string that is not UTF-8): the file's fault, said in one line.
+_READ_ERRORS = (ValueError, OSError, KeyError, IndexError, OverflowError, MemoryError, TypeError,
+                AssertionError, struct.error)
+
+
 def open_gguf(path):
     import gguf
+    from strata import filekind
+    other = filekind.not_a(path, filekind.GGUF)
+    if other:
+        raise StrataError(other)
     try:
         return gguf.GGUFReader(str(path), "r")
-    except (ValueError, OSError, KeyError, IndexError) as e:
-        raise StrataError(f"{path} is not a readable GGUF file ({e})") from None
+    except _READ_ERRORS as e:
+        raise StrataError(f"{path} is not a readable GGUF file ({_short(e)}); truncated or "
+                          f"corrupted") from None
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def gguf_shape(r, path) -> ModelShape:
+    """The model shape from the GGUF's metadata; one line naming the key that is missing or
+    unreadable. rope.freq_base is required: llama.cpp's fallback (10000) is not Qwen3's."""
+    from strata.packs.file import check_shape
+    try:
+        shape = _gguf_shape(r, path)
+        check_shape(shape, path)
+        return shape
+    except _READ_ERRORS as e:
+        raise StrataError(f"{path}: its metadata is unreadable or of the wrong type ({_short(e)}); "
+                          f"the file is corrupted") from None
+
+
+def _gguf_shape(r, path) -> ModelShape:
     arch = _field(r, "general.architecture")
     if arch != "qwen3moe":
         raise StrataError(f"{path} is a {arch!r} model; strata packs qwen3moe GGUF files")
@@ -61,9 +91,35 @@ def gguf_shape(r, path) -> ModelShape:
         d_expert=int(_field(r, f"{a}.expert_feed_forward_length")), n_head=H,
         n_kv_head=int(_field(r, f"{a}.attention.head_count_kv", H)),
         head_dim=int(_field(r, f"{a}.attention.key_length", D // H)), vocab=V,
-        rope_theta=float(f"{float(_field(r, f'{a}.rope.freq_base', 10000.0)):.7g}"),
+        rope_theta=float(f"{float(_rope_base(r, a, path)):.7g}"),
         rms_eps=float(f"{float(_field(r, f'{a}.attention.layer_norm_rms_epsilon')):.7g}"),
         max_pos=int(_field(r, f"{a}.context_length", 40960)))
+
+
+def _check_spans(tensors, path) -> None:
+    """Tensor data ranges must not overlap: a corrupted offset would otherwise read a
+    neighbour's bytes as this tensor (GGUF has no checksum to catch it)."""
+    spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes), t.name)
+                   for t in tensors)
+    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise StrataError(f"{path}: tensors {an} and {bn} overlap in the file (offsets "
+                              f"{a0}..{a1} and {b0}..{b1}); the GGUF is corrupted")
+    if len({n for *_, n in spans}) != len(spans):
+        raise StrataError(f"{path}: a tensor name appears twice; the GGUF is corrupted")
+
+
+def _rope_base(r, a: str, path) -> float:
+    f = r.get_field(f"{a}.rope.freq_base")
+    if f is None:
+        raise StrataError(f"{path}: GGUF metadata {a}.rope.freq_base is missing; strata will not "
+                          f"guess it (llama.cpp falls back to 10000, Qwen3 models use 1000000): "
+                          f"set it with gguf-py's gguf_set_metadata.py or re-convert the model")
+    v = float(f.contents())
+    if not v > 0 or v != v or v == float("inf"):
+        raise StrataError(f"{path}: GGUF metadata {a}.rope.freq_base is {v}; it must be a "
+                          f"positive number")
+    return v
 
 
 def _dense(t, want_shape) -> torch.Tensor:
@@ -169,6 +225,7 @@ class GGUFModel:
         self.source, self.native = f"gguf:{src.name}", True
         shape = self.shape
         tensors = {t.name: t for t in r.tensors}
+        _check_spans(r.tensors, src)
         self._dense = {}
         for name, shp in dense_specs(shape).items():
             if name in tensors:

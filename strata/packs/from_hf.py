@@ -54,6 +54,8 @@ def hf_shape(cfg: dict, where) -> ModelShape:
             max_pos=cfg.get("max_position_embeddings", 40960))
     except KeyError as e:
         raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
+    except (TypeError, ValueError) as e:
+        raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
 
 
 class _Tensors:
@@ -113,7 +115,17 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
     cfgp = src / "config.json"
     if not cfgp.is_file():
         raise StrataError(f"{src} has no config.json; give a Hugging Face checkpoint folder or a GGUF")
-    s = hf_shape(json.loads(cfgp.read_text()), src)
+    try:
+        cfg = json.loads(cfgp.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise StrataError(f"{cfgp} is not valid JSON ({e}); fix or re-download the checkpoint's "
+                          f"config.json") from None
+    if not isinstance(cfg, dict):
+        raise StrataError(f"{cfgp} holds a JSON {type(cfg).__name__}, not an object; fix or "
+                          f"re-download it")
+    s = hf_shape(cfg, src)
+    from strata.packs.file import check_shape
+    check_shape(s, cfgp)
     fmts = ExpertFormats.of(quant, quant_gate, quant_up, quant_down)
     lay = fmts.layout(s)
     ts = _Tensors(src)

@@ -8,7 +8,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.packs import Pack, write_pack
-from strata.packs.file import FILE_ALIGN, META_KEY
+from strata.packs.file import FILE_ALIGN, HEADER_CRC_KEY, META_KEY, sign_header
 from tests.packs.helpers import TINY, mixed_layouts, random_dense, random_pack
 
 
@@ -45,13 +45,16 @@ def test_tensors_page_aligned_and_safetensors_readable(tmp_path):
         assert torch.equal(f.get_tensor("blk.1.experts"), pk.experts(1))
 
 
-def _rewrite_meta(path, edit):
+def _rewrite_meta(path, edit, sign=True):
+    """Edit the header; `sign` re-computes its checksum (so the deeper checks are reached)."""
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
     meta = json.loads(header["__metadata__"][META_KEY])
     edit(header, meta)
     header["__metadata__"][META_KEY] = json.dumps(meta)
+    if sign:
+        header = sign_header(header)
     new = json.dumps(header).encode()
     assert len(new) <= n, "test edits must not grow the header"
     new += b" " * (n - len(new))
@@ -104,11 +107,32 @@ def test_corrupted_header_and_data(tmp_path):
     p.write_bytes(bytes(raw2))
     with pytest.raises(StrataError, match="corrupted"):
         Pack.open(p)
-    raw[-5] ^= 0x01  # one bit of the last expert blob: only the checksum sees it
+    raw[-5] ^= 0x01  # one bit of the last expert blob: only the tensor checksum sees it
     p.write_bytes(bytes(raw))
-    Pack.open(p)
-    with pytest.raises(StrataError, match="checksum"):
+    Pack.open(p, verify=False)
+    with pytest.raises(StrataError, match="blk.1.experts fails its checksum"):
         Pack.open(p, verify=True)
+    with pytest.raises(StrataError, match="blk.1.experts fails its checksum"):
+        Pack.open(p)   # a small pack: every tensor is checked on open
+
+
+def test_unsigned_metadata_edit_refused(tmp_path):
+    """top_k 2 -> 3 with the header left unsigned: the header checksum refuses it."""
+    random_pack(tmp_path / "m.pack")
+    _rewrite_meta(tmp_path / "m.pack", lambda h, m: _set(m, ["shape", "top_k"], 3), sign=False)
+    with pytest.raises(StrataError, match="header fails its checksum"):
+        Pack.open(tmp_path / "m.pack", verify=False)
+
+
+def test_version_1_refused_with_repack_advice(tmp_path):
+    random_pack(tmp_path / "m.pack")
+
+    def v1(h, m):
+        m["pack_version"] = 1
+        del h["__metadata__"][HEADER_CRC_KEY]
+    _rewrite_meta(tmp_path / "m.pack", v1, sign=False)
+    with pytest.raises(StrataError, match="version 1 has no header checksum.*re-create it"):
+        Pack.open(tmp_path / "m.pack")
 
 
 def test_not_a_pack(tmp_path):

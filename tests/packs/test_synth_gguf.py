@@ -124,6 +124,7 @@ def test_gguf_expert_type_strata_cannot_read_is_refused(tmp_path):
                  "attention.key_length": s.head_dim}.items():
         w.add_uint32(f"qwen3moe.{k}", v)
     w.add_float32("qwen3moe.attention.layer_norm_rms_epsilon", s.rms_eps)
+    w.add_float32("qwen3moe.rope.freq_base", s.rope_theta)   # required (no silent 10000)
     for n, shp in dense_specs(s).items():
         w.add_tensor(n, np.zeros(shp, np.float32))
     q81 = gguf.GGMLQuantizationType.Q8_1   # 32 weights in 40 bytes

@@ -1,0 +1,114 @@
+"""NaN/Inf in a chunk's hidden state fails the prompt, naming the layer.
+
+A flipped byte in an fp16 block scale, or a model that overflows in its dtype, turns a prompt's
+logits into NaN while everything "works". The guard marks, on the device and without a host
+sync, whether each layer's input to the experts and the experts' output are finite (one
+`aminmax` reduction each per layer: NaN propagates through min/max and ±Inf shows in them, and
+no [T, D] temporary is made; into a bool [L, 2] flag tensor per device); at the end of
+each chunk the host reads the flags once and, if any is set, raises `NonFiniteError` naming the
+first bad layer and the chunk. The engine's failure path then restores the cache as for any
+failed prompt.
+
+    guard = FiniteGuard()
+    model = load_model(pack, ffn=guard.wrap(expert_ffn(name)))
+    model.prefill(tokens, guard.watch(provider))
+"""
+from __future__ import annotations
+
+import torch
+
+from strata.errors import StrataError
+
+
+class NonFiniteError(StrataError):
+    """A chunk's hidden state went NaN/Inf; names the layer."""
+
+
+class FiniteGuard:
+    def __init__(self):
+        self.layer: int | None = None
+        self.n_layer = 0
+        self.flags: dict[torch.device, torch.Tensor] = {}
+        self._first = False
+        self._y: torch.Tensor | None = None
+        self._chunk = (0, 0)
+
+    def wrap(self, ffn):
+        """The expert FFN, marking its input (once per layer) and remembering its output."""
+        def guarded(x, topk_ids, topk_w, experts, **kw):
+            y = ffn(x, topk_ids, topk_w, experts, **kw)
+            if self.layer is not None:
+                if self._first:
+                    self._mark(x, 0)
+                    self._first = False
+                self._y = y
+            return y
+        guarded.__name__ = getattr(ffn, "__name__", "ffn")
+        return guarded
+
+    def watch(self, provider) -> "_Watched":
+        self.n_layer = provider.n_layer
+        self.flags = {}
+        return _Watched(provider, self)
+
+    def _mark(self, t: torch.Tensor, which: int) -> None:
+        f = self.flags.get(t.device)
+        if f is None:
+            f = self.flags[t.device] = torch.zeros(self.n_layer, 2, dtype=torch.bool,
+                                                   device=t.device)
+        # min and max propagate NaN and hold any ±Inf: two scalars, no [T, D] temporary
+        mn, mx = torch.aminmax(t)
+        f[self.layer, which].logical_or_(~(torch.isfinite(mn) & torch.isfinite(mx)))
+
+    def begin_chunk(self, start: int, n_tokens: int) -> None:
+        self._chunk = (start, n_tokens)
+        for f in self.flags.values():
+            f.zero_()
+
+    def begin_layer(self, layer: int) -> None:
+        self.layer, self._first, self._y = layer, True, None
+
+    def end_layer(self, layer: int) -> None:
+        if self._y is not None:
+            self._mark(self._y, 1)
+        self.layer, self._y = None, None
+
+    def check(self) -> None:
+        """Once per chunk: one host read per device of the flags."""
+        for f in self.flags.values():
+            if bool(f.any()):
+                l, which = (int(v) for v in torch.nonzero(f.cpu())[0])
+                start, n = self._chunk
+                what = ("the hidden state entering its experts" if which == 0
+                        else "its experts' output")
+                raise NonFiniteError(
+                    f"layer {l}: {what} is NaN/Inf in the chunk of tokens {start}..{start + n - 1}; "
+                    f"the prompt failed and the cache was restored: check the pack with `strata "
+                    f"verify PACK`, or try --dtype float32")
+
+
+class _Watched:
+    """A provider with the guard's per-layer and per-chunk hooks around its own."""
+
+    def __init__(self, inner, guard: FiniteGuard):
+        self.inner, self.guard = inner, guard
+        self.n_layer = inner.n_layer
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def begin_chunk(self, start: int, n_tokens: int) -> None:
+        self.guard.begin_chunk(start, n_tokens)
+        self.inner.begin_chunk(start, n_tokens)
+
+    def begin_layer(self, layer: int) -> None:
+        self.guard.begin_layer(layer)
+        self.inner.begin_layer(layer)
+
+    def end_layer(self, layer: int) -> None:
+        self.inner.end_layer(layer)
+        self.guard.end_layer(layer)
+
+    def end_chunk(self) -> None:
+        self.inner.end_chunk()
+        self.guard.check()
