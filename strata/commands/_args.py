@@ -145,16 +145,12 @@ def check_budget_flags(args) -> None:
     """Rules argparse does not check, one line each."""
     if args.chunk is not None and args.chunk < 1:
         raise StrataError(f"--chunk must be at least 1 token, got {args.chunk}")
-    if args.cache is not None and args.vram:
-        for v in args.vram:
-            if args.cache > v:
-                raise StrataError(f"--cache {fmt_bytes(args.cache)} is more than --vram "
-                                  f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
-                                  f"memory; give a smaller --cache or more --vram")
 
 
-def engine_config(args, n_tokens: int | None, *, progress: bool = False):
-    """The EngineConfig the flags describe (n_tokens: the prompt's length, the KV default)."""
+def engine_config(args, n_tokens: int | None, *, progress: bool = False,
+                  dev_type: str | None = None):
+    """The EngineConfig the flags describe (n_tokens: the prompt's length, the KV default;
+    dev_type: the device `--experts auto` resolves for, default the one the run uses)."""
     from strata.engine.prefill import EngineConfig
 
     check_budget_flags(args)
@@ -171,7 +167,7 @@ def engine_config(args, n_tokens: int | None, *, progress: bool = False):
         pin=not args.unpinned, fused=args.fused, max_prompt=max_prompt, device=args.device,
         devices=devices, layer_split=layer_split(args),
         dtype=None if dtypes in (None, "auto") else DTYPES[dtypes],
-        ffn=resolve_experts(args.experts, device_type(args)), batch=args.batch,
+        ffn=resolve_experts(args.experts, dev_type or device_type(args)), batch=args.batch,
         progress=progress)
 
 

@@ -79,11 +79,11 @@ def make_plan(args):
     from strata.engine.prefill import plan_inputs, plan_prompt
     name, shape, layer_blob, native, layouts = _source(args)
     blobs = [layer_blob[l] for l in range(shape.n_layer)]
-    cfg = engine_config(args, args.prompt_tokens)
+    dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default
+    cfg = engine_config(args, args.prompt_tokens, dev_type=dev)
     if args.prompt_tokens and args.prompt_tokens > shape.max_pos:
         raise StrataError(f"--prompt-tokens {args.prompt_tokens} is longer than the model's "
                           f"context of {shape.max_pos} tokens")
-    dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default
     parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, dev)
     pinned = not args.unpinned or dev != "cuda"
     reserve = scratch_reserve(shape, default_devices([p.name for p in parts]), cfg.ffn,

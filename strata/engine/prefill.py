@@ -282,6 +282,11 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
     is capped at what it can hold (strata.budget.cpu_cache_cap): --vram there is a budget, not
     an allocation."""
     vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
+    for v in vram:
+        if cfg.cache is not None and cfg.cache > v:
+            raise StrataError(f"--cache {fmt_bytes(cfg.cache)} is more than --vram "
+                              f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
+                              f"memory; give a smaller --cache or more --vram")
     sizes = model_sizes(shape)
     layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn), cfg.batch)
     fused = use_fused(native, cfg.fused)
@@ -307,6 +312,9 @@ def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, 
                 n_tokens: int | None = None, scratch_reserve=None):
     """The plan of one prompt from plan_inputs' participants and layout: the one call the
     engine, `strata plan` and `strata prefill`'s early refusal make."""
+    if n_tokens is not None and cfg.max_prompt and n_tokens > cfg.max_prompt:
+        raise StrataError(f"the prompt has {n_tokens} tokens but --max-prompt reserves KV for "
+                          f"{cfg.max_prompt}; raise --max-prompt or shorten the prompt")
     return plan_prefill(layout, parts, scan=cfg.scan, scan_max=cfg.scan_max, chunk=cfg.chunk,
                         pinned=pinned, fused=fused, native=native, ring=cfg.ring,
                         n_tokens=n_tokens, scratch_reserve=scratch_reserve)

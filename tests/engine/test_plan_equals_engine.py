@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, assume, event, example, given, settings, str
 from strata.blob import BlobLayout
 from strata.cli import main
 from strata.engine import prefill as engine_prefill
-from strata.engine.prefill import EngineConfig, PrefillEngine, borrow_and_carve
+from strata.engine.prefill import (EngineConfig, PrefillEngine, borrow_and_carve, plan_inputs,
+                                   plan_prompt)
 from strata.errors import PlanError, StrataError
 from strata.kernels.tiles import pin_tile
 from strata.memory import ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
@@ -170,20 +171,20 @@ def slab_env(on: bool):
 
 
 def engine_side(shape, layer_blob, native, rig, layouts):
-    """The engine's own path, minus the pack: its rig, layout and plan calls, then the borrow
-    and carve it runs (over real CPU caches where small, meta-device ones where large)."""
-    sizes = model_sizes(shape)
-    # KV for max_prompt tokens, else this prompt's (as `strata prefill` configures the engine)
-    parts, _ = participants(sizes, layer_blob, rig["vram"], cache=rig["cache"],
-                            lend_cap=rig["lend_cap"],
-                            kv_tokens=rig["max_prompt"] or rig["n_tokens"] or 0)
-    layout = PromptLayout(sizes, max(layer_blob.values()), layout_spec(rig["ffn"]))
+    """The engine's own path, minus the pack: the plan_inputs and plan_prompt calls
+    PrefillEngine makes, then the borrow and carve it runs (over real CPU caches where small,
+    meta-device ones where large)."""
+    blobs = [layer_blob[l] for l in range(shape.n_layer)]
+    cfg = EngineConfig(vram=rig["vram"], cache=rig["cache"], lend_cap=rig["lend_cap"],
+                       scan_max=rig["scan_max"], chunk=rig["chunk"], ring=rig["ring"],
+                       pin=rig["pinned"], fused=rig["fused"] or None, ffn=rig["ffn"],
+                       max_prompt=rig["max_prompt"] or rig["n_tokens"] or 0)
+    parts, _, layout, fused = plan_inputs(shape, blobs, native, cfg, "cuda")
     devices = default_devices([p.name for p in parts])    # as strata plan picks them
-    plan = plan_prefill(layout, parts, scan="auto", scan_max=rig["scan_max"], chunk=rig["chunk"],
-                        pinned=rig["pinned"], fused=use_fused(native, rig["fused"] or None),
-                        native=native, ring=rig["ring"], n_tokens=rig["n_tokens"],
-                        scratch_reserve=scratch_reserve(shape, devices, rig["ffn"], rig["slab"],
-                                                        layouts))
+    plan = plan_prompt(layout, parts, cfg, pinned=rig["pinned"], fused=fused, native=native,
+                       n_tokens=rig["n_tokens"],
+                       scratch_reserve=scratch_reserve(shape, devices, rig["ffn"], rig["slab"],
+                                                       layouts))
     if not plan.fits:
         event("does not fit")
         return plan, None
