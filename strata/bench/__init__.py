@@ -31,12 +31,12 @@ from strata.bench.gate import GateRefused, pytest_gate, run_check
 from strata.bench.plot import bars
 from strata.bench.record import COLUMNS, commit_of, gpu_name, read_csv, write_csv
 from strata.bench.recorder import Recorder
-from strata.bench.timing import CPU_TIMER, CUDA_TIMER, Timing, time_fn
+from strata.bench.timing import CPU_TIMER, CUDA_TIMER, WALL_TIMER, Timing, time_fn
 from strata.errors import StrataError
 
 __all__ = ["parser", "main", "Recorder", "Timing", "time_fn", "GateRefused", "pytest_gate",
            "run_check", "run_base", "strip_own_args", "write_csv", "read_csv", "COLUMNS",
-           "bars", "commit_of", "gpu_name", "CUDA_TIMER", "CPU_TIMER"]
+           "bars", "commit_of", "gpu_name", "CUDA_TIMER", "CPU_TIMER", "WALL_TIMER"]
 
 
 def parser(doc: str | None, *, out: str | Path | None = None, warmup: int = 5,
