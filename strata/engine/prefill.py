@@ -15,8 +15,9 @@ input, an allocation that fails mid-prompt — fails alone: the copy lane is dra
 refilled, and the cache ends byte for byte as it started.
 
 The expert GEMM's stream-k scratch comes from each participant's `ParticipantScratch`
-(strata.engine.scratch): ordinary memory, or with STRATA_MMQ_SLAB=1 the tail of that
-participant's loan, published after the carve and dropped before the refill.
+(strata.engine.scratch): ordinary memory, or with the slab on (EngineConfig.slab, else
+STRATA_MMQ_SLAB=1) the tail of that participant's loan, published after the carve and dropped
+before the refill. Observers (strata.engine.observe) watch each prompt's plan, loans and result.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tqdm import tqdm
 
 from strata.engine.device import Lane
 from strata.engine.host import HostExperts
+from strata.engine.observe import EngineObserver
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import SplitProvider, StreamingProvider
@@ -68,6 +70,7 @@ class EngineConfig:
     dtype: torch.dtype | None = None   # dense math: bf16 on CUDA, fp32 on the CPU
     ffn: str = "auto"                  # expert FFN: auto | kernel | decoded | torch | ref
     batch: int | None = None           # experts per streamed batch (default ring // 2)
+    slab: bool | None = None           # scratch slab from the loan's tail; None: STRATA_MMQ_SLAB
     progress: bool = False
 
 
@@ -97,10 +100,13 @@ class Part:
 
 
 class PrefillEngine:
-    def __init__(self, pack, cfg: EngineConfig, *, host: HostExperts | None = None):
+    def __init__(self, pack, cfg: EngineConfig, *, host: HostExperts | None = None,
+                 observers: list[EngineObserver] | None = None):
         """`host`: the pack's blobs already in (pinned) host memory — experiments that build
-        several engines over one 32 GB pack pin it once."""
+        several engines over one 32 GB pack pin it once. `observers`: watch each prompt's plan,
+        loans and result (strata.engine.observe); `self.observers` may change between prompts."""
         self.cfg = cfg
+        self.observers: list[EngineObserver] = list(observers or [])
         self.pack = pack = open_pack(pack)
         self.shape = pack.shape
         vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
@@ -179,7 +185,10 @@ class PrefillEngine:
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
         chunk, ring, _ = self._resolve(plan, T)
-        slab = config.mmq_slab()   # STRATA_MMQ_SLAB, read per prompt (a bad value: StrataError)
+        for o in self.observers:
+            o.on_plan(plan, chunk, ring)
+        # read per prompt: cfg.slab, else STRATA_MMQ_SLAB (a bad value: StrataError)
+        slab = config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
         stats = PrefillStats(tokens=T)
         out = None
         loans: list[Loan] = []
@@ -192,6 +201,8 @@ class PrefillEngine:
                 slots = ring_slot_count(r, self.shape, chunk)
                 need = self.layout.bytes_needed(chunk, slots)
                 loans.append(self._borrow(part, need, T, chunk, slab))
+                for o in self.observers:
+                    o.on_loan(part, need, loans[-1])
                 carve = loans[-1].carve()
                 bufs = self.layout.carve(carve, chunk, slots)
                 if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
@@ -232,7 +243,10 @@ class PrefillEngine:
             for loan in loans:
                 loan.refill()
             self._sync()
-        return PrefillResult(out, plan, chunk, ring, stats)
+        result = PrefillResult(out, plan, chunk, ring, stats)
+        for o in self.observers:
+            o.on_result(result)
+        return result
 
     def _borrow(self, part: Part, need: int, n_tokens: int, chunk: int, slab: bool) -> Loan:
         """The participant's loan: `need` bytes, plus with the slab on the size classes its
