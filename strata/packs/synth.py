@@ -72,13 +72,15 @@ def dense_dtype(name: str, dense_type: str) -> str:
     return dense_type
 
 
-def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str) -> np.ndarray:
-    """Raw bytes uint8 [rows, row_bytes] (or [n*itemsize] for 1-D) of one random dense tensor."""
+def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str,
+                 qk_norm_scale: float = QK_NORM_SCALE) -> np.ndarray:
+    """Raw bytes uint8 [rows, row_bytes] (or [n*itemsize] for 1-D) of one random dense tensor;
+    q/k norm weights are drawn around `qk_norm_scale`."""
     n = int(np.prod(shp))
     sigma = dense_sigma(name, shape)
     if sigma is None:
         g = np.random.default_rng(np.random.SeedSequence(seed))
-        base = QK_NORM_SCALE if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else 1.0
+        base = qk_norm_scale if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else 1.0
         w = (base * (1.0 + NORM_JITTER * g.standard_normal(n))).astype(np.float32)
         raw = w.view(np.uint8) if dtype == "F32" else torch.from_numpy(w).to(
             {"BF16": torch.bfloat16, "F16": torch.float16}[dtype]).view(torch.uint8).numpy()
@@ -240,23 +242,25 @@ def synth_gguf(path, shape: ModelShape, fmts: ExpertFormats = ExpertFormats(), s
 
 
 # ------------------------------------------------------------------------------------ pack
-def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16") -> dict[str, torch.Tensor]:
+def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16",
+                qk_norm_scale: float = QK_NORM_SCALE) -> dict[str, torch.Tensor]:
     """The random dense weights as torch tensors (same draws as synth_gguf's for the same seed)."""
     out = {}
     k = {name: i for i, (name, *_) in enumerate(_gguf_plan(shape, ExpertFormats(), dense_type))}
     tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
     for name, shp in dense_specs(shape).items():
         dt = dense_dtype(name, dense_type)
-        raw = dense_tensor(name, shp, shape, _seed(seed, k[name]), dt)
+        raw = dense_tensor(name, shp, shape, _seed(seed, k[name]), dt, qk_norm_scale)
         out[name] = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1)).view(tdt[dt]).view(shp)
     return out
 
 
 def synth_pack(path, shape: ModelShape, fmts: ExpertFormats | list[ExpertFormats] = ExpertFormats(),
-               seed: int = 0, dense_type: str = "BF16", progress: bool = True) -> Path:
+               seed: int = 0, dense_type: str = "BF16", progress: bool = True,
+               qk_norm_scale: float = QK_NORM_SCALE) -> Path:
     """Write a pack with random weights directly (no GGUF); `fmts` one for all layers or one per
-    layer. Any format of the table, Q2_0 included. Blobs of one layer are in RAM at a time
-    (qwen3-30b-a3b Q8_0: 128 x 5,222,400 B = 0.67 GB); the ~32 GB pack takes minutes (see module doc).
+    layer. Any format of the table, Q2_0 included; `qk_norm_scale`: see QK_NORM_SCALE. Blobs of
+    one layer are in RAM at a time (qwen3-30b-a3b Q8_0: 128 x 5,222,400 B = 0.67 GB); the ~32 GB pack takes minutes (see module doc).
     Native: the blobs keep GGUF block layouts."""
     from strata.packs.file import write_pack
     per_layer = fmts if isinstance(fmts, list) else [fmts] * shape.n_layer
@@ -271,6 +275,6 @@ def synth_pack(path, shape: ModelShape, fmts: ExpertFormats | list[ExpertFormats
                     for j, w in enumerate(("gate", "up", "down"))]
             return assemble_blobs(layouts[i], *mats, shape.n_expert)
         return make
-    return write_pack(path, shape, synth_dense(shape, seed, dense_type),
+    return write_pack(path, shape, synth_dense(shape, seed, dense_type, qk_norm_scale),
                       [layer(i) for i in range(shape.n_layer)], layouts, native=True,
                       source=f"synth seed={seed}", progress=progress)
