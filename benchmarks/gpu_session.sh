@@ -17,7 +17,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in "$@"; do
   case $step in
     tests)   timeout 300 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests 2>&1 | tail -40 > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log" ;;
-    decodetests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_decode.py tests/test_dequant.py tests/test_decode_codes.py tests/test_bench.py tests/memory 2>&1 | tail -30 > "$OUT/gpu_decode_tests.log"; tail -8 "$OUT/gpu_decode_tests.log" ;;
+    decodetests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_decode.py tests/test_dequant.py tests/test_decode_codes.py tests/test_bench.py tests/test_roofline.py tests/memory 2>&1 | tail -30 > "$OUT/gpu_decode_tests.log"; tail -8 "$OUT/gpu_decode_tests.log" ;;
     kerneltests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels tests/test_kernel_lab.py tests/models 2>&1 | tail -30 > "$OUT/gpu_kernel_tests.log"; tail -8 "$OUT/gpu_kernel_tests.log" ;;
     enginetests) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine 2>&1 | tail -30 > "$OUT/gpu_engine_tests.log"; tail -8 "$OUT/gpu_engine_tests.log" ;;
     prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -30 ;;
