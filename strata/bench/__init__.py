@@ -19,6 +19,10 @@ goes, so a long run cut short keeps what it measured), adds the rows of the same
 `--base REF` (from a temporary git worktree), writes `<out>/<stem>.csv` (long format, COLUMNS) and
 a PNG (the script's own plot, or `plot.bars`), prints the figures, and returns the exit status:
 1 with nothing written when a gate refused.
+
+What several scripts share lives here too, so no script imports another: `strata.bench.roofline`
+(the measured H2D, grouped-GEMM and attention rates and the bounds built from them) and
+`strata.bench.expert_gemm` (the expert-GEMM shapes, inputs, dense baseline and check bounds).
 """
 from __future__ import annotations
 
