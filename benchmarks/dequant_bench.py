@@ -23,14 +23,13 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from strata import bench
+from strata.formats import get_format
+from strata.kernels import dequantize, dequantize_torch
+from strata.kernels.decode import TRITON_FORMATS
+from strata.kernels.dequant import dequant_tiles
 
-from strata import bench  # noqa: E402
-from strata.formats import get_format  # noqa: E402
-from strata.kernels import dequantize, dequantize_torch  # noqa: E402
-from strata.kernels.decode import TRITON_FORMATS  # noqa: E402
-from strata.kernels.dequant import dequant_tiles  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 H200_COPY_RATE = 4.19e12  # bytes/s, read + write, measured device copy (SPEC)
 H200_BOUND = "4.19 TB/s D2D (H200 copy, SPEC)"

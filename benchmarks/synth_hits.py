@@ -7,7 +7,7 @@
 What bounds it: a trained MoE with load balancing hits nearly every expert of a layer at
 T >= 2048, K = 8, E = 128 (expected fraction for uniform independent routing: 1 - (1 - K/E)^T, i.e.
 1.0 here). A synthetic model that falls short makes every streaming number optimistic (fewer
-experts to move). Also compared: the synthesizer with flat q/k norms (QK_NORM_SCALE = 1), where
+experts to move). Also compared: the synthesizer with flat q/k norms (synth_pack(qk_norm_scale=1)), where
 near-uniform attention lets a shared residual component grow until routing collapses.
 Writes benchmarks/results/synth-hits-<commit>.csv (strata.bench long format: figures hit_fraction,
 peak_load_over_mean, resid_rms per layer and q/k norm scale) and .png; `--base REF` adds the same
@@ -21,25 +21,20 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import strata.packs.synth as synth
+from strata import bench
+from strata.packs.routing import route_trace
+from strata.shapes import get_preset
 
-import strata.packs.synth as synth  # noqa: E402
-from strata import bench  # noqa: E402
-from strata.packs.routing import route_trace  # noqa: E402
-from strata.shapes import get_preset  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(shape, T, quant, qk_scale, seed, use_model):
-    old = synth.QK_NORM_SCALE
-    synth.QK_NORM_SCALE = qk_scale
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            p = synth.synth_pack(Path(d) / "m.pack", shape, synth.ExpertFormats.of(quant), seed=seed)
-            ids = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(seed))
-            tr = route_trace(p, ids, use_model=use_model)
-    finally:
-        synth.QK_NORM_SCALE = old
+    with tempfile.TemporaryDirectory() as d:
+        p = synth.synth_pack(Path(d) / "m.pack", shape, synth.ExpertFormats.of(quant), seed=seed,
+                             qk_norm_scale=qk_scale)
+        ids = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(seed))
+        tr = route_trace(p, ids, use_model=use_model)
     loads = [torch.bincount(t.flatten(), minlength=shape.n_expert).float() for t in tr.topk]
     rms = tr.resid_rms or [float("nan")] * shape.n_layer
     return [(i, f, r, float(l.max() / l.mean())) for i, (f, r, l) in

@@ -26,15 +26,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import kernel_bench as kb  # noqa: E402
-from strata import bench  # noqa: E402
-from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route  # noqa: E402
-from strata.kernels.moe import last_launch  # noqa: E402
-from strata.kernels.tiles import DOT_VARIANTS, TileConfig  # noqa: E402
-from strata.shapes import get_preset  # noqa: E402
+from strata import bench
+from strata.bench import expert_gemm as eg
+from strata.bench.roofline import expert_flops
+from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
+from strata.kernels.moe import last_launch
+from strata.kernels.tiles import DOT_VARIANTS, TileConfig
+from strata.shapes import get_preset
 
 TILES = [(128, 128, 64, 8, 3), (64, 128, 64, 4, 3), (64, 64, 64, 4, 3), (128, 64, 128, 4, 2)]
 # (BM, BN, BK, warps, stages), timed beside the heuristic's tile (128x64x64/w4 at T >= 2048)
@@ -53,7 +51,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     t_start = time.time()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shapes = dict(kb.SHAPES)
+    shapes = dict(eg.SHAPES)
     if args.smoke:
         shapes = {"tiny": get_preset("tiny").with_(n_expert=5, top_k=2)}
         args.shapes, args.T = ["tiny"], [5]
@@ -69,8 +67,8 @@ def main(argv=None) -> int:
     for name in args.shapes:
         shape = shapes[name]
         for fmt in args.formats:
-            experts = kb.make_experts(shape, fmt, dev, distinct=4 if args.smoke else 8)
-            dense = kb.dense_weights(experts)
+            experts = eg.make_experts(shape, fmt, dev, distinct=4 if args.smoke else 8)
+            dense = eg.dense_weights(experts)
             for i, T in enumerate(args.T):
                 if time.time() - t_start > args.budget_s:
                     print(f"budget spent: skipping {name}/{fmt}/T{T}", file=sys.stderr)
@@ -79,9 +77,9 @@ def main(argv=None) -> int:
                 x = torch.randn(T, shape.d_model, generator=gen).to(torch.bfloat16).to(dev)
                 ids, w = topk_route(torch.randn(T, shape.n_expert, generator=gen).to(dev),
                                     shape.top_k)
-                flops = 2 * T * shape.top_k * 3 * shape.d_model * shape.d_expert
+                flops = expert_flops(shape, T, layers=1)
                 cfg = f"{name}/T{T}/{fmt}"
-                t = kb.timeit(lambda: kb.grouped_mm_ffn(x, ids, w, *dense), reps)
+                t = median_s(lambda: eg.grouped_mm_ffn(x, ids, w, *dense), reps)
                 rows.append(dict(config=cfg, variant="grouped_mm-bf16", tile="-",
                                  tflops=f"{flops / t / 1e12:.3f}", rel_err=""))
                 ref = moe_ffn_torch(x, ids, w, experts) if i == 0 else None
@@ -98,11 +96,11 @@ def main(argv=None) -> int:
                         try:
                             with pin_tile(tc.with_(dot=v)) if tc else pin_tile(dot=v):
                                 fn = lambda: moe_ffn(x, ids, w, experts)  # noqa: E731
-                                err = kb.rel_err(fn(), ref) if ref is not None else float("nan")
-                                if ref is not None and not err < kb.DECODED_REL:
+                                err = eg.rel_err(fn(), ref) if ref is not None else float("nan")
+                                if ref is not None and not err < eg.DECODED_REL:
                                     failed.append(f"{cfg}/{v}/{label}: {err:.3e}")
                                     continue
-                                t = kb.timeit(fn, reps)
+                                t = median_s(fn, reps)
                         except Exception as exc:  # e.g. out of shared memory: report, go on
                             print(f"{cfg} {v} {label}: {type(exc).__name__}: {exc}"[:300],
                                   file=sys.stderr)
@@ -120,6 +118,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def median_s(fn, reps: int) -> float:
+    """Median seconds of `reps` calls after 2 warm-ups (CUDA events on the GPU)."""
+    return bench.time_fn(fn, warmup=2, repeats=reps).median_s
 
 
 def _write(path, rows, gpu, sha, stamp, cmd):

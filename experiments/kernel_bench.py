@@ -33,26 +33,20 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import strata  # noqa: F401  (selects the interpreter without CUDA)
+from strata import bench
+from strata.bench.expert_gemm import (BF16_REL, DECODED_REL, SHAPES, dense_weights,
+                                      grouped_mm_ffn, make_experts, rel_err)
+from strata.bench.roofline import expert_flops
+from strata.errors import StrataError
+from strata.formats import get_format
+from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
+from strata.kernels.decoded import moe_ffn_decoded
+from strata.kernels.expert_dequant import dequant_experts
+from strata.kernels.moe import last_launch
+from strata.kernels.tiles import TileConfig
+from strata.shapes import get_preset
 
-import strata  # noqa: E402,F401  (selects the interpreter without CUDA)
-from strata import bench  # noqa: E402
-from strata.errors import StrataError  # noqa: E402
-from strata.formats import get_format  # noqa: E402
-from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route  # noqa: E402
-from strata.kernels.decoded import moe_ffn_decoded  # noqa: E402
-from strata.kernels.expert_dequant import dequant_experts  # noqa: E402
-from strata.kernels.moe import dequantize_matrix, last_launch  # noqa: E402
-from strata.kernels.routing import group_ragged  # noqa: E402
-from strata.kernels.synth import random_expert_set  # noqa: E402
-from strata.kernels.tiles import TileConfig  # noqa: E402
-from strata.shapes import get_preset  # noqa: E402
-
-# the check's bound: tests/kernels/test_moe_ffn.py names and explains these
-BF16_REL = 1e-2
-DECODED_REL = 1.5e-2
-
-SHAPES = {"qwen3-30b-a3b": get_preset("qwen3-30b-a3b"), "seed-512e": get_preset("seed-512e")}
 FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
 
@@ -73,50 +67,6 @@ def supported(fmt: str, shape=None) -> str | None:
 def timeit(fn, reps: int) -> float:
     """Median seconds of `reps` calls after 2 warm-ups (strata.bench: CUDA events on the GPU)."""
     return bench.time_fn(fn, warmup=2, repeats=reps).median_s
-
-
-def grouped_mm_ffn(x, topk_ids, topk_weights, w_gate, w_up, w_down):
-    """The dense baseline: ragged grouping, torch._grouped_mm on bf16 [E, out, in] weights."""
-    T, K = topk_ids.shape
-    rag = group_ragged(topk_ids, w_gate.shape[0])
-    xs = x[rag.order // K]                                                     # [T·K, D]
-    offs = rag.offsets[1:].to(torch.int32)
-    if hasattr(torch, "_grouped_mm") and x.is_cuda:
-        mm = lambda a, w: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)  # noqa: E731
-    else:  # CPU fallback (smoke only): a loop over experts with the same meaning
-        def mm(a, w):
-            out = a.new_empty(a.shape[0], w.shape[1])
-            bounds = [0] + offs.tolist()
-            for e in range(w.shape[0]):
-                out[bounds[e]:bounds[e + 1]] = (a[bounds[e]:bounds[e + 1]].float()
-                                                @ w[e].float().T).to(a.dtype)
-            return out
-    h = torch.nn.functional.silu(mm(xs, w_gate).float()) * mm(xs, w_up).float()  # [T·K, F]
-    yk = mm(h.to(torch.bfloat16), w_down).float()                              # [T·K, D]
-    yk = yk * topk_weights.reshape(-1)[rag.order, None]
-    return yk[rag.inverse].view(T, K, -1).sum(1).to(torch.bfloat16)
-
-
-def dense_weights(experts, names=("gate", "up", "down")):
-    return [torch.stack([dequantize_matrix(experts, e, n).to(torch.bfloat16)
-                         for e in range(experts.n_expert)]) for n in names]
-
-
-def make_experts(shape, fmt, device, distinct: int):
-    """E experts whose blobs are `distinct` random ones repeated (quantizing 512 experts on the
-    host would dominate the run); every expert still has its own bytes in the arena, so the
-    kernel reads E different blobs."""
-    base = random_expert_set(min(distinct, shape.n_expert), shape.d_model, shape.d_expert, fmt,
-                             device="cpu", seed=0, shuffle=False)
-    size = base.layout.size
-    reps = -(-shape.n_expert // base.n_expert)
-    arena = base.arena[:base.n_expert * size].to(device).repeat(reps)[:shape.n_expert * size]
-    slot = torch.arange(shape.n_expert, dtype=torch.int64, device=device) * size
-    return type(base)(arena.contiguous(), slot, base.layout)
-
-
-def rel_err(y, ref):
-    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def measure(args, rec: bench.Recorder) -> None:
@@ -181,7 +131,7 @@ def measure(args, rec: bench.Recorder) -> None:
             e = errs[arm]
             return None if e < bound_rel else f"normalized error {e:.3e} >= {bound_rel:g}"
 
-        flops = 2 * T * shape.top_k * 3 * shape.d_model * shape.d_expert
+        flops = expert_flops(shape, T, layers=1)
         timed = {arm: rec.timed(fn, check=lambda arm=arm: check(arm),
                                 what=f"{name}/T{T}/{fmt}/{arm}") for arm, fn in arms.items()}
         moe_ffn(x, ids, w, experts, schedule="stream_k")
@@ -311,7 +261,7 @@ def sweep(shapes, names, Ts, fmts, dev, reps) -> int:
                 x = torch.randn(T, shape.d_model, generator=gen).to(torch.bfloat16).to(dev)
                 ids, w = topk_route(torch.randn(T, shape.n_expert, generator=gen).to(dev),
                                     shape.top_k)
-                flops = 2 * T * shape.top_k * 3 * shape.d_model * shape.d_expert
+                flops = expert_flops(shape, T, layers=1)
                 moe_ffn(x, ids, w, experts)
                 auto = last_launch().tile
                 res = [("auto", auto, flops / timeit(lambda: moe_ffn(x, ids, w, experts),

@@ -1,4 +1,4 @@
-"""The streaming prefill A/B (issue 6): auto scan vs the legacy rule, against the roofline.
+"""The streaming prefill A/B: auto scan vs the legacy rule, against the roofline.
 
 For each model (a full-size synthetic pack held in host memory: strata.packs.MemoryPack) on a
 VRAM budget, and each prompt length: tokens/s of the auto scan and of the legacy rule, both
@@ -8,16 +8,13 @@ same GPU (every expert in VRAM, nothing streams: the cost of streaming is the ra
     roofline time of a prompt = sum over its chunks of
         max(bytes streamed / measured pinned H2D rate, expert FLOPs / measured grouped-GEMM rate)
 
-(expert FLOPs of a chunk: all its layers, 2·T·K·3·D·F each; until 2026-11-30 one layer's were
-counted, which changed no recorded roofline: every one was bound by H2D),
-
-with both rates measured in this run: H2D as blob-sized pinned copies one after another (what
-the ring does), the GEMM as torch._grouped_mm bf16 on the model's expert shape at the chunk's
-size, uniform routing. The roofline leaves attention and the dense layers out on purpose (it is
-the issue's definition): where the engine falls short of it, the `where` columns say where the
-time went (compute waiting on copies vs copies hidden under compute). A second, tighter bound
-(`roofline_attn_*`) adds each chunk's causal attention (4·H·hd FLOPs per query-key pair, all
-layers) at the rate of torch SDPA's flash kernel measured at the chunk's size.
+(strata.bench.roofline: the rates, the FLOP counts and the bounds), with both rates measured in
+this run: H2D as blob-sized pinned copies one after another (what the ring does), the GEMM as
+torch._grouped_mm bf16 on the model's expert shape at the chunk's size, uniform routing. The
+roofline leaves attention and the dense layers out on purpose: it bounds the expert streaming.
+Where the engine falls short of it, wait_s and copy_s say where the time went (compute waiting
+on copies vs copies hidden under compute). A second, tighter bound (`roofline_attn_*`) adds each
+chunk's causal attention at the rate of torch SDPA's flash kernel measured at the chunk's size.
 
 Each row also records the fraction of each layer's experts every chunk hit (a second CSV).
 
@@ -39,18 +36,18 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from strata import bench
+from strata.bench.roofline import Rates, h2d_rate, roofline
+from strata.engine.host import HostExperts
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.errors import PlanError
+from strata.models.load import load_model, resident_provider
+from strata.models.moe import expert_ffn
+from strata.packs.memory import MemoryPack
+from strata.packs.synth import ExpertFormats
+from strata.shapes import get_preset
 
-from strata import bench  # noqa: E402
-from strata.engine.host import HostExperts  # noqa: E402
-from strata.engine.prefill import EngineConfig, PrefillEngine  # noqa: E402
-from strata.errors import PlanError  # noqa: E402
-from strata.models.load import load_model, resident_provider  # noqa: E402
-from strata.models.moe import expert_ffn  # noqa: E402
-from strata.packs.memory import MemoryPack  # noqa: E402
-from strata.packs.synth import ExpertFormats  # noqa: E402
-from strata.shapes import get_preset  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 GIB = 1 << 30
 MODELS = {  # name: (preset, quant, VRAM per GPU, layers or None)
@@ -67,90 +64,6 @@ def sync():
         torch.cuda.synchronize()
 
 
-def h2d_rate(host: HostExperts, n: int = 96, device=None) -> float:
-    """Bytes/s of blob-sized pinned host->device copies back to back (the ring's pattern)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    E = host.layers[0].shape[0]
-    blobs = [host.blob(i % host.n_layer, (i * 7) % E) for i in range(n)]
-    dst = torch.empty(blobs[0].numel(), dtype=torch.uint8, device=dev)
-
-    def sync_dev():
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-    for b in blobs[:4]:
-        dst[:b.numel()].copy_(b, non_blocking=True)
-    sync_dev()
-    t0 = time.perf_counter()
-    for b in blobs:
-        dst[:b.numel()].copy_(b, non_blocking=True)
-    sync_dev()
-    return sum(b.numel() for b in blobs) / (time.perf_counter() - t0)
-
-
-def gemm_rate(shape, T: int, reps: int = 5) -> float:
-    """FLOP/s of the expert FFN's three GEMMs through torch._grouped_mm bf16, uniform routing
-    over E experts, T tokens x K (the ceiling the SPEC's table measures)."""
-    E, K, D, F = shape.n_expert, shape.top_k, shape.d_model, shape.d_expert
-    if not (torch.cuda.is_available() and hasattr(torch, "_grouped_mm")):
-        return float("nan")
-    dev = "cuda"
-    M = T * K
-    counts = torch.full((E,), M // E, dtype=torch.int32)
-    counts[: M % E] += 1
-    offs = torch.cumsum(counts, 0).to(torch.int32).to(dev)
-    x = torch.randn(M, D, device=dev, dtype=torch.bfloat16)
-    wgu = torch.randn(E, D, 2 * F, device=dev, dtype=torch.bfloat16) * 0.02
-    wd = torch.randn(E, F, D, device=dev, dtype=torch.bfloat16) * 0.02
-    h = torch.randn(M, F, device=dev, dtype=torch.bfloat16)
-
-    def run():
-        torch._grouped_mm(x, wgu, offs=offs)
-        torch._grouped_mm(h, wd, offs=offs)
-    return 2 * M * 3 * D * F / bench.time_fn(run, device=dev, warmup=1, repeats=reps).median_s
-
-
-def sdpa_rate(shape, T: int, reps: int = 3) -> float:
-    """FLOP/s of causal flash attention (torch SDPA, bf16, GQA) over one T-token chunk at the
-    model's head shape: 2·T²·H·hd FLOPs (QKᵀ and PV, half of them masked away)."""
-    if not torch.cuda.is_available():
-        return float("nan")
-    H, Hkv, hd = shape.n_head, shape.n_kv_head, shape.head_dim
-    q = torch.randn(1, H, T, hd, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, Hkv, T, hd, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-
-    def run():
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    return 2 * T * T * H * hd / bench.time_fn(run, device="cuda", warmup=1,
-                                              repeats=reps).median_s
-
-
-def attention_flops(shape, P: int, T: int) -> float:
-    """Causal attention FLOPs of a T-token chunk after P cached positions, all layers: query i
-    sees P + i + 1 keys, 4·H·hd FLOPs per query-key pair (QKᵀ and PV)."""
-    return 4.0 * shape.n_head * shape.head_dim * (T * P + T * (T + 1) / 2) * shape.n_layer
-
-
-def roofline(res, shape, h2d: float, gemm: dict, attn: dict | None = None) -> float:
-    """Seconds the prompt needs at the roofline (see the module docstring). With `attn` (a rate
-    cache like `gemm`), each chunk's compute side also pays its causal attention at the measured
-    SDPA rate: a second, tighter bound (the issue's roofline leaves attention out)."""
-    t = 0.0
-    for c in res.stats.chunks:
-        P = c.start
-        flops = 2 * c.tokens * shape.top_k * 3 * shape.d_model * shape.d_expert * shape.n_layer
-        rate = gemm.get(c.tokens) or gemm_rate(shape, c.tokens)
-        gemm[c.tokens] = rate
-        t_comp = flops / rate if rate == rate else 0.0
-        if attn is not None:
-            ar = attn.get(c.tokens) or sdpa_rate(shape, c.tokens)
-            attn[c.tokens] = ar
-            t_comp += attention_flops(shape, P, c.tokens) / ar if ar == ar else 0.0
-        t += max(c.bytes_streamed / h2d, t_comp)
-    return t
-
-
-WALL = "perf_counter (wall, synchronized)"
 ROW_FIGURES = {  # figure -> unit; each row of a run becomes these long-format figures
     "tokens_per_s": "tok/s", "seconds": "s", "bytes_streamed": "bytes", "h2d_gbps": "GB/s",
     "wait_s": "s", "copy_s": "s", "roofline_s": "s", "roofline_tokens_per_s": "tok/s",
@@ -181,7 +94,7 @@ def record(rec: bench.Recorder, row: dict, gate: str) -> None:
         elif fig == "bytes_needed":
             bound, bv = "room", row["room"]
         rec.add(fig, row[fig], unit, bound=bound, bound_value=bv, gate=gate,
-                timer=WALL if fig in ("tokens_per_s", "seconds") else "", **cfg)
+                timer=bench.WALL_TIMER if fig in ("tokens_per_s", "seconds") else "", **cfg)
 
 
 def main(argv=None) -> int:
@@ -206,8 +119,6 @@ def measure(args, rec: bench.Recorder) -> None:
                                                               args.models else MODELS)}
     prompts = [300, 700] if args.smoke else [int(p) for p in args.prompts.split(",")]
     arms = args.arms.split(",")
-    gemm: dict = {}
-    attn: dict = {}
     for name, (preset, quant, vram, layers) in models.items():
         shape = get_preset(preset)
         if layers:
@@ -219,8 +130,7 @@ def measure(args, rec: bench.Recorder) -> None:
               f"{time.perf_counter() - t0:.1f} s", flush=True)
         h2d = h2d_rate(host)
         print(f"[{name}] pinned H2D, blob by blob: {h2d / 1e9:.1f} GB/s", flush=True)
-        gemm.clear()
-        attn.clear()
+        rates = Rates(shape)   # GEMM and attention rates of this shape, by chunk size
         max_prompt = max(prompts)
         for arm in arms:
             if arm == "resident":
@@ -268,8 +178,8 @@ def measure(args, rec: bench.Recorder) -> None:
                     eng.run(tok, logits="none")
                     res = eng.run(tok, logits="none")
                 st = res.stats
-                roof = roofline(res, shape, h2d, gemm)
-                roof_a = roofline(res, shape, h2d, gemm, attn)   # the bound with attention
+                roof = roofline(st.chunks, shape, h2d, rates)
+                roof_a = roofline(st.chunks, shape, h2d, rates, attention=True)
                 fr = [f for c in st.chunks for f in c.hit_fraction]
                 row = dict(model=name, arm=arm, prompt=T, chunk=res.chunk, ring=res.ring,
                            rule=res.plan.rule, tokens_per_s=st.tokens_per_s, seconds=st.seconds,
@@ -280,7 +190,7 @@ def measure(args, rec: bench.Recorder) -> None:
                            roofline_attn_s=roof_a,
                            roofline_attn_tokens_per_s=T / roof_a if roof_a else "",
                            roofline_attn_fraction=roof_a / st.seconds if st.seconds else "",
-                           gemm_tflops={k: round(v / 1e12, 1) for k, v in gemm.items()},
+                           gemm_tflops=rates.gemm_tflops(),
                            hit_min=min(fr), hit_mean=sum(fr) / len(fr),
                            cache_hits=st.cache_hits, routed=st.routed,
                            room=res.plan.room, bytes_needed=res.plan.bytes_needed)

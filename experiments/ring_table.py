@@ -2,14 +2,14 @@
 
     PYTHONPATH=. python experiments/ring_table.py
 
-Every cell comes from `strata.memory.ring_slots`; tests/memory/test_experiments.py asserts each
-against the SPEC (and seed #583).
+Every cell comes from `strata.memory.ring_slots`; tests/memory/test_mem_experiments.py asserts
+each against the SPEC's table, so the ring arithmetic and the SPEC cannot drift apart.
 """
 from __future__ import annotations
 
 from strata.memory import ring_budget, ring_slots
 
-# (pack, max_blob, native): the seed's three packs.
+# (pack, max_blob, native): the three packs of the SPEC's table.
 PACKS = [("Q2_0", 1_382_400, False), ("IQ3_S", 2_663_424, True), ("Q8_0", 5_222_400, True)]
 
 

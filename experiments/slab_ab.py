@@ -1,5 +1,5 @@
-"""A/B of the scratch slab (STRATA_MMQ_SLAB, seed #2835): the failure it exists for, its cost, and
-why its pool rounds to size classes.
+"""A/B of the scratch slab (EngineConfig.slab, STRATA_MMQ_SLAB): the failure it exists for, its
+cost, and why its pool rounds to size classes.
 
 Three parts, all in one strata.bench long-format CSV (config "part": fill | cost | classes; the
 rest of each part's row becomes its config and figures), plus one PNG:
@@ -18,12 +18,13 @@ rest of each part's row becomes its config and figures), plus one PNG:
    On CUDA the ordinary scratch pool takes its buffers from a private torch.cuda.MemPool when
    torch has one (--ordinary mempool, the default): a new buffer is then a new device
    allocation, as ggml's pool's cudaMalloc is, instead of a block torch's cache happens to hold.
-2. cost — what the slab costs, per participant. Measured, not modelled: the slots
-   the engine actually lent (its Loan objects, recorded) with the slab off and on, the plan's
-   chunk and ring both ways (the chunk arithmetic must not change), the slab pool's high-water
-   mark, and the slots `need + high_water` would take (the cost if the loan were sized to exactly
-   what the pool used; the engine lends the size classes its launches will ask for, computed from
-   the kernel's own tile choice, so the two agree unless a prompt asks for fewer classes).
+2. cost — what the slab costs, per participant. Measured, not modelled: the slots the engine
+   actually lent (its loans, seen through the engine's observer hook) with the slab off and on,
+   the plan's chunk and ring both ways (the chunk arithmetic must not change), the slab pool's
+   high-water mark, and the slots `need + high_water` would take (the cost if the loan were sized
+   to exactly what the pool used; the engine lends the size classes its launches will ask for,
+   computed from the kernel's own tile choice, so the two agree unless a prompt asks for fewer
+   classes).
 3. classes — the pool's high-water mark with size classes (SlabPool) against an
    exact-size caching pool (OrdinaryScratch) over one run of launches whose tile changes per
    launch: the kernel's own heuristic tile for each chunk size of a sweep (--shape, stream-k
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -52,7 +52,7 @@ from tqdm import tqdm
 
 import strata  # noqa: F401  (interpreter without CUDA)
 from strata import bench
-from strata.engine import prefill as prefill_mod
+from strata.engine.observe import EngineObserver
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.engine.scratch import OrdinaryScratch
 from strata.errors import AllocationError
@@ -91,32 +91,36 @@ def mempool_alloc(device):
 
 
 @contextlib.contextmanager
-def slab(on: bool):
-    saved = os.environ.get("STRATA_MMQ_SLAB")
-    os.environ["STRATA_MMQ_SLAB"] = "1" if on else "0"
+def slab(eng: PrefillEngine, on: bool):
+    """The engine's prompts inside read with the scratch slab on or off (EngineConfig.slab is
+    read per prompt)."""
+    saved, eng.cfg.slab = eng.cfg.slab, on
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("STRATA_MMQ_SLAB", None)
-        else:
-            os.environ["STRATA_MMQ_SLAB"] = saved
+        eng.cfg.slab = saved
+
+
+class LoanLog(EngineObserver):
+    """Appends every loan the engine borrows to `out`: (participant cache, bytes the layout
+    needs, slots lent)."""
+
+    def __init__(self, out: list):
+        self.out = out
+
+    def on_loan(self, part, need, loan):
+        self.out.append((part.cache, need, loan.n_slots))
 
 
 @contextlib.contextmanager
-def recorded_loans(out: list):
-    """Record every Loan the engine borrows (participant cache -> slots lent, bytes asked)."""
-    real = prefill_mod.Loan
-
-    class Recorded(real):
-        def __init__(self, cache, need, lend_cap=0.9):
-            super().__init__(cache, need, lend_cap)
-            out.append((cache, need, self.n_slots))
-    prefill_mod.Loan = Recorded
+def recorded_loans(eng: PrefillEngine, out: list):
+    """Record into `out` the loans of the prompts read inside."""
+    log = LoanLog(out)
+    eng.observers.append(log)
     try:
         yield
     finally:
-        prefill_mod.Loan = real
+        eng.observers.remove(log)
 
 
 # -- 1 + 2: the engine -------------------------------------------------------------------------
@@ -137,7 +141,7 @@ def attempt(eng, tokens, label, rows, ref=None):
     loans: list = []
     row = {"run": label}
     try:
-        with recorded_loans(loans), pin_tile(schedule="stream_k"):
+        with recorded_loans(eng, loans), pin_tile(schedule="stream_k"):
             res = eng.run(tokens, logits="last")
         row.update(outcome="ok", chunk=res.chunk, ring=res.ring, plan_chunk=res.plan.scan_chunk,
                    plan_ring=res.plan.ring)
@@ -238,9 +242,9 @@ def run_fill(args, eng, tokens) -> tuple[list[dict], list[dict]]:
 
     # unconstrained references (and the cost: the loans lent with the slab off and on)
     fresh_ordinary(eng)
-    with slab(False):
+    with slab(eng, False):
         ref_off, loans_off = attempt(eng, tokens, "unconstrained slab off", fill)
-    with slab(True), card.warm():          # also measures the prompt's own peak
+    with slab(eng, True), card.warm():          # also measures the prompt's own peak
         ref_on, loans_on = attempt(eng, tokens, "unconstrained slab on", fill, ref_off)
     for i, part in enumerate(eng.parts):
         lay = part.cache.layout
@@ -270,7 +274,7 @@ def run_fill(args, eng, tokens) -> tuple[list[dict], list[dict]]:
         for on in (False, True):
             fresh_ordinary(eng)                 # let go of the last run's pool before settling
             fresh_ordinary(eng, card.ordinary_alloc(args.ordinary))
-            with slab(on):
+            with slab(eng, on):
                 attempt(eng, tokens, f"{label} slab {'on' if on else 'off'}", fill,
                         ref_on if on else ref_off)
             fill[-1]["free_left_mib"] = "" if card.free_left is None else card.free_left // MiB
@@ -281,7 +285,7 @@ def run_fill(args, eng, tokens) -> tuple[list[dict], list[dict]]:
             intact()
         fresh_ordinary(eng)
         card.empty()
-    with slab(False):
+    with slab(eng, False):
         attempt(eng, tokens, "ballast freed, slab off (next prompt)", fill, ref_off)
     intact()
     return fill, cost

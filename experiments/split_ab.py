@@ -1,4 +1,4 @@
-"""Layer split over the GPUs of one host (issue 8): one GPU against two, each against its roofline.
+"""Layer split over the GPUs of one host: one GPU against two, each against its roofline.
 
 qwen3-30b-a3b with Q8_0 experts (a full-size synthetic pack in pinned host memory, shared by the
 participants), --vram 12GiB per GPU, a 32K prompt. With two GPUs each holds half the layers, its
@@ -8,52 +8,30 @@ the hidden state moves GPU to GPU once per chunk.
     roofline of a chunk = max(max over GPUs of its bytes streamed / its measured H2D rate,
                               expert FLOPs / measured grouped-GEMM rate)
 
-(the GPUs' copies run in parallel; the layers' compute runs one GPU after the other).
+(the GPUs' copies run in parallel; the layers' compute runs one GPU after the other), from
+strata.bench.roofline with one measured H2D rate per GPU's link.
 
     python experiments/split_ab.py                 # needs 2 GPUs (nvidia-h200-x2)
     python experiments/split_ab.py --smoke         # CPU: two simulated participants, tiny model
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from strata import bench
+from strata.bench.roofline import Rates, h2d_rate, roofline
+from strata.engine.host import HostExperts
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.packs.memory import MemoryPack
+from strata.packs.synth import ExpertFormats
+from strata.shapes import get_preset
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from strata import bench  # noqa: E402
-from strata.engine.host import HostExperts  # noqa: E402
-from strata.engine.prefill import EngineConfig, PrefillEngine  # noqa: E402
-from strata.packs.memory import MemoryPack  # noqa: E402
-from strata.packs.synth import ExpertFormats  # noqa: E402
-from strata.shapes import get_preset  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("prefill_ab", ROOT / "experiments" / "prefill_ab.py")
-pab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pab)
-
 GIB = 1 << 30
-
-
-def split_roofline(res, shape, h2d: dict, gemm: dict) -> float:
-    """Seconds at the roofline (module docstring); h2d maps participant layers -> bytes/s."""
-    by_start: dict[int, list] = {}
-    for c in res.stats.chunks:
-        by_start.setdefault(c.start, []).append(c)
-    t = 0.0
-    for parts in by_start.values():
-        tokens = parts[0].tokens
-        # every layer's experts (the GPUs' layers run one after the other)
-        flops = 2 * tokens * shape.top_k * 3 * shape.d_model * shape.d_expert * shape.n_layer
-        rate = gemm.get(tokens) or pab.gemm_rate(shape, tokens)
-        gemm[tokens] = rate
-        t_copy = max(c.bytes_streamed / h2d[tuple(c.layers)] for c in parts)
-        t += max(t_copy, flops / rate if rate == rate else 0.0)
-    return t
 
 
 def main(argv=None) -> int:
@@ -82,7 +60,7 @@ def measure(args, rec: bench.Recorder) -> None:
           flush=True)
     if args.smoke:
         cache = int(pack.expert_bytes * 0.2)
-    gemm: dict = {}
+    rates = Rates(shape)   # the GEMM rates by chunk size, shared by both runs
     for n in (1, 2):
         if cuda and n > n_gpu:
             print(f"{n} GPUs asked, {n_gpu} visible: skipped", flush=True)
@@ -94,18 +72,18 @@ def measure(args, rec: bench.Recorder) -> None:
         eng = PrefillEngine(pack, cfg, host=host)
         h2d = {}
         for part in eng.parts:   # each GPU's own link, blob by blob
-            h2d[tuple(part.layers)] = pab.h2d_rate(host, device=part.device)
+            h2d[tuple(part.layers)] = h2d_rate(host, device=part.device)
         for T in prompts:
             tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
             with torch.inference_mode():
                 eng.run(tok, logits="none")             # the first read compiles the tiles
                 res = eng.run(tok, logits="none")
             st = res.stats
-            roof = split_roofline(res, shape, h2d, gemm)
+            roof = roofline(st.chunks, shape, h2d, rates)
             cfg_row = dict(model=f"{shape.n_layer}L-{quant}", gpus=n, prompt=T, chunk=res.chunk,
                            ring=res.ring, rule=res.plan.rule,
                            split=[len(p.layers) for p in eng.parts])
-            rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=pab.WALL,
+            rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=bench.WALL_TIMER,
                     bound="roofline: max(per-GPU H2D, grouped_mm) per chunk",
                     bound_value=T / roof, **cfg_row)
             rec.add("roofline_fraction", roof / st.seconds, "fraction", bound="1.0", **cfg_row)

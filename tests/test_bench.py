@@ -139,3 +139,17 @@ def test_base_unknown_ref_is_a_clear_error(tmp_path):
     from strata.errors import StrataError
     with pytest.raises(StrataError, match="no such commit"):
         bench.run_base("no-such-ref-xyz", ROOT / "tests" / "test_bench.py", [])
+
+
+SCRIPTS = sorted([*(ROOT / "experiments").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")])
+# What an experiment must not do to reach another script or the engine: load a script by path
+# or edit the import path (shared pieces live in strata.bench), or set an environment knob to
+# steer the engine (EngineConfig fields, pin_tile and the engine's observers do that explicitly).
+FORBIDDEN = ("spec_from_file_location", "importlib", "runpy", "sys.path", "os.environ[",
+             "os.environ.pop", "setenv(")
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_experiments_use_the_library_not_each_other(script):
+    src = script.read_text()
+    assert not [f for f in FORBIDDEN if f in src], script.name

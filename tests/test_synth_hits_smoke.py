@@ -2,6 +2,8 @@
 import importlib.util
 from pathlib import Path
 
+import torch
+
 from strata import bench
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "synth_hits.py"
@@ -19,3 +21,18 @@ def test_synth_hits_smoke(tmp_path):
     hits = [r for r in rows if r["figure"] == "hit_fraction"]
     assert len(hits) == 2 * 3                        # two q/k norm scales x 3 layers
     assert all(0 < r["value"] <= 1 and 0 < r["bound_value"] <= 1 for r in hits)
+
+
+def test_qk_norm_scale_is_a_parameter_of_the_synthesizer():
+    """synth_hits compares q/k norm scales by passing them to synth_pack: the scale reaches the
+    q/k norm weights (1 + jitter around it) and leaves the other norms at 1."""
+    from strata.packs.synth import QK_NORM_SCALE, synth_dense
+    from strata.shapes import get_preset
+    shape = get_preset("tiny")
+    for scale in (QK_NORM_SCALE, 1.0):
+        d = synth_dense(shape, qk_norm_scale=scale)
+        for name in ("blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"):
+            assert abs(d[name].float().mean().item() - scale) < 0.1 * scale
+        assert abs(d["blk.0.attn_norm.weight"].float().mean().item() - 1.0) < 0.1
+    assert torch.equal(synth_dense(shape)["blk.0.attn_q_norm.weight"],
+                       synth_dense(shape, qk_norm_scale=QK_NORM_SCALE)["blk.0.attn_q_norm.weight"])

@@ -19,6 +19,10 @@ goes, so a long run cut short keeps what it measured), adds the rows of the same
 `--base REF` (from a temporary git worktree), writes `<out>/<stem>.csv` (long format, COLUMNS) and
 a PNG (the script's own plot, or `plot.bars`), prints the figures, and returns the exit status:
 1 with nothing written when a gate refused.
+
+What several scripts share lives here too, so no script imports another: `strata.bench.roofline`
+(the measured H2D, grouped-GEMM and attention rates and the bounds built from them) and
+`strata.bench.expert_gemm` (the expert-GEMM shapes, inputs, dense baseline and check bounds).
 """
 from __future__ import annotations
 
@@ -31,12 +35,12 @@ from strata.bench.gate import GateRefused, pytest_gate, run_check
 from strata.bench.plot import bars
 from strata.bench.record import COLUMNS, commit_of, gpu_name, read_csv, write_csv
 from strata.bench.recorder import Recorder
-from strata.bench.timing import CPU_TIMER, CUDA_TIMER, Timing, time_fn
+from strata.bench.timing import CPU_TIMER, CUDA_TIMER, WALL_TIMER, Timing, time_fn
 from strata.errors import StrataError
 
 __all__ = ["parser", "main", "Recorder", "Timing", "time_fn", "GateRefused", "pytest_gate",
            "run_check", "run_base", "strip_own_args", "write_csv", "read_csv", "COLUMNS",
-           "bars", "commit_of", "gpu_name", "CUDA_TIMER", "CPU_TIMER"]
+           "bars", "commit_of", "gpu_name", "CUDA_TIMER", "CPU_TIMER", "WALL_TIMER"]
 
 
 def parser(doc: str | None, *, out: str | Path | None = None, warmup: int = 5,

@@ -26,7 +26,7 @@ COLUMNS = ["experiment", "label", "gpu", "commit", "timestamp", "torch", "triton
 def commit_of(path: str | Path) -> str:
     """Short HEAD of the git checkout holding `path`, "-dirty" if tracked files changed.
     STRATA_COMMIT, when set, wins: the device machine's copy of the tree may carry a stale .git
-    (seen: the session's first commit, "-dirty"), so the caller names what it sent."""
+    (git would name whatever commit that copy came with), so the caller names what it sent."""
     if os.environ.get("STRATA_COMMIT"):
         return os.environ["STRATA_COMMIT"]
 

@@ -16,6 +16,8 @@ from strata.errors import StrataError
 
 CUDA_TIMER = "cuda events"
 CPU_TIMER = "perf_counter (CPU)"
+# a whole synchronized run (a prompt, not one kernel) timed on the host clock
+WALL_TIMER = "perf_counter (wall, synchronized)"
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ input, an allocation that fails mid-prompt — fails alone: the copy lane is dra
 refilled, and the cache ends byte for byte as it started.
 
 The expert GEMM's stream-k scratch comes from each participant's `ParticipantScratch`
-(strata.engine.scratch): ordinary memory, or with STRATA_MMQ_SLAB=1 the tail of that
-participant's loan, published after the carve and dropped before the refill.
+(strata.engine.scratch): ordinary memory, or with the slab on (EngineConfig.slab, else
+STRATA_MMQ_SLAB=1) the tail of that participant's loan, published after the carve and dropped
+before the refill. Observers (strata.engine.observe) watch each prompt's plan, loans and result.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from strata.budget import check_machine, check_room, cpu_cache_cap
 from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
+from strata.engine.observe import EngineObserver
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import SplitProvider, StreamingProvider
@@ -73,6 +75,7 @@ class EngineConfig:
     dtype: torch.dtype | None = None   # dense math: bf16 on CUDA, fp32 on the CPU
     ffn: str = "auto"                  # expert FFN: auto | kernel | decoded | torch | ref
     batch: int | None = None           # experts per streamed batch (default ring // 2)
+    slab: bool | None = None           # scratch slab from the loan's tail; None: STRATA_MMQ_SLAB
     progress: bool = False
 
 
@@ -137,10 +140,13 @@ def borrow_and_carve(cache: ExpertCache, layout: PromptLayout, chunk: int, pp: P
 
 
 class PrefillEngine:
-    def __init__(self, pack, cfg: EngineConfig, *, host: HostExperts | None = None):
+    def __init__(self, pack, cfg: EngineConfig, *, host: HostExperts | None = None,
+                 observers: list[EngineObserver] | None = None):
         """`host`: the pack's blobs already in (pinned) host memory — experiments that build
-        several engines over one 32 GB pack pin it once."""
+        several engines over one 32 GB pack pin it once. `observers`: watch each prompt's plan,
+        loans and result (strata.engine.observe); `self.observers` may change between prompts."""
         self.cfg = cfg
+        self.observers: list[EngineObserver] = list(observers or [])
         self.pack = pack = open_pack(pack)
         self.shape = pack.shape
         vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
@@ -209,11 +215,14 @@ class PrefillEngine:
         if T > self.cfg.max_prompt:
             raise StrataError(f"the prompt has {T} tokens but this engine reserved KV for "
                               f"{self.cfg.max_prompt}; raise max_prompt (--max-prompt)")
-        slab = config.mmq_slab()   # STRATA_MMQ_SLAB, read per prompt (a bad value: StrataError)
+        # read per prompt: cfg.slab, else STRATA_MMQ_SLAB (a bad value: StrataError)
+        slab = config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
         plan = self.plan(T, slab=slab)
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
         chunk, ring = plan.chunk, plan.ring
+        for o in self.observers:
+            o.on_plan(plan, chunk, ring)
         stats = PrefillStats(tokens=T)
         out = None
         loans: list[Loan] = []
@@ -229,6 +238,8 @@ class PrefillEngine:
                 carve, bufs, got = borrow_and_carve(part.cache, self.layout, chunk, pp,
                                                     self.cfg.lend_cap, loans)
                 memory.append(got)
+                for o in self.observers:
+                    o.on_loan(part, pp.bytes_needed, loans[-1])
                 if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
                     part.scratch.publish(carve.tail())
                 providers.append(StreamingProvider(
@@ -269,7 +280,10 @@ class PrefillEngine:
             for loan in loans:
                 loan.refill()
             self._sync()
-        return PrefillResult(out, plan, chunk, ring, stats, memory)
+        result = PrefillResult(out, plan, chunk, ring, stats, memory)
+        for o in self.observers:
+            o.on_result(result)
+        return result
 
     def _sync(self) -> None:
         for part in self.parts:

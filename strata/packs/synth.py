@@ -87,16 +87,18 @@ def dense_dtype(name: str, dense_type: str) -> str:
     return dense_type
 
 
-def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str) -> np.ndarray:
+def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str,
+                 qk_norm_scale: float = QK_NORM_SCALE) -> np.ndarray:
     """Raw bytes uint8 [rows, row_bytes] (or [n*itemsize] for 1-D) of one random dense tensor;
-    a block `dtype` (a mix's Q6_K LM head, Q4_K attention...) is drawn as random blocks."""
+    a block `dtype` (a mix's Q6_K LM head, Q4_K attention...) is drawn as random blocks; q/k
+    norm weights are drawn around `qk_norm_scale`."""
     n = int(np.prod(shp))
     sigma = dense_sigma(name, shape)
     if dtype not in ("F32", "F16", "BF16"):
         return random_matrix(dtype, shp[0], shp[1], sigma, seed)
     if sigma is None:
         g = np.random.default_rng(np.random.SeedSequence(seed))
-        base = QK_NORM_SCALE if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else 1.0
+        base = qk_norm_scale if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else 1.0
         w = (base * (1.0 + NORM_JITTER * g.standard_normal(n))).astype(np.float32)
         raw = w.view(np.uint8) if dtype == "F32" else torch.from_numpy(w).to(
             {"BF16": torch.bfloat16, "F16": torch.float16}[dtype]).view(torch.uint8).numpy()
@@ -284,7 +286,8 @@ def synth_gguf(path, shape: ModelShape, fmts: ExpertFormats | list[ExpertFormats
 
 # ------------------------------------------------------------------------------------ pack
 def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16",
-                dense_types: dict | None = None) -> dict[str, torch.Tensor]:
+                dense_types: dict | None = None, qk_norm_scale: float = QK_NORM_SCALE
+                ) -> dict[str, torch.Tensor]:
     """The random dense weights as torch tensors (same draws as synth_gguf's for the same seed);
     block-format tensors of a mix decoded to F32, as a GGUF -> pack import keeps them."""
     from strata.formats.codec import dequantize
@@ -293,7 +296,7 @@ def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16",
     tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
     for name, shp in dense_specs(shape).items():
         dt = _dense_type(name, dense_type, dense_types)
-        raw = dense_tensor(name, shp, shape, _seed(seed, k[name]), dt)
+        raw = dense_tensor(name, shp, shape, _seed(seed, k[name]), dt, qk_norm_scale)
         if dt in tdt:
             out[name] = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1)).view(tdt[dt]).view(shp)
         else:
@@ -303,11 +306,13 @@ def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16",
 
 def synth_pack(path, shape: ModelShape,
                fmts: ExpertFormats | list[ExpertFormats] | Mix = ExpertFormats(),
-               seed: int = 0, dense_type: str = "BF16", progress: bool = True) -> Path:
+               seed: int = 0, dense_type: str = "BF16", progress: bool = True,
+               qk_norm_scale: float = QK_NORM_SCALE) -> Path:
     """Write a pack with random weights directly (no GGUF); `fmts` one for all layers, one per
     layer, or a Mix (whose dense tensors are drawn in its types and stored decoded, F32).
-    Any format of the table, Q2_0 included. Blobs of one layer are in RAM at a time
-    (qwen3-30b-a3b Q8_0: 128 x 5,222,400 B = 0.67 GB); the ~32 GB pack takes minutes (see module doc).
+    Any format of the table, Q2_0 included; `qk_norm_scale`: see QK_NORM_SCALE. Blobs of one
+    layer are in RAM at a time (qwen3-30b-a3b Q8_0: 128 x 5,222,400 B = 0.67 GB); the ~32 GB
+    pack takes minutes (see module doc).
     Native: the blobs keep GGUF block layouts."""
     from strata.packs.file import write_pack
     mix = fmts if isinstance(fmts, Mix) else None
@@ -321,6 +326,7 @@ def synth_pack(path, shape: ModelShape,
                     for j, w in enumerate(("gate", "up", "down"))]
             return assemble_blobs(layouts[i], *mats, shape.n_expert)
         return make
-    return write_pack(path, shape, synth_dense(shape, seed, dense_type, mix.dense if mix else None),
+    return write_pack(path, shape, synth_dense(shape, seed, dense_type, mix.dense if mix else None,
+                                               qk_norm_scale=qk_norm_scale),
                       [layer(i) for i in range(shape.n_layer)], layouts, native=True,
                       source=f"synth seed={seed}", progress=progress)

@@ -41,8 +41,8 @@ def test_kernel_bench_refuses_a_wrong_kernel(tmp_path, monkeypatch):
 
 
 def test_unfit_shape_format_is_skipped_with_a_reason():
-    """Q4_K's 256-weight blocks do not tile seed-512e's F=640: the grid skips it, naming why
-    (the full run once aborted there)."""
+    """Q4_K's 256-weight blocks do not tile seed-512e's F=640: the grid skips the pair, naming
+    why, instead of aborting the whole grid there."""
     kb = _load()
     why = kb.supported("Q4_K", kb.SHAPES["seed-512e"])
     assert why and "F=640" in why
@@ -50,10 +50,9 @@ def test_unfit_shape_format_is_skipped_with_a_reason():
 
 
 def test_decoded_dot_ab_smoke(tmp_path):
-    """experiments/decoded_dot_ab.py --smoke (it once broke unnoticed: nothing ran it)."""
+    """experiments/decoded_dot_ab.py --smoke: the A/B runs only on a GPU session, so this run
+    is what notices when a change breaks it."""
     import csv
-    import sys
-    sys.path.insert(0, str(ROOT / "experiments"))
     spec = importlib.util.spec_from_file_location("decoded_dot_ab",
                                                   ROOT / "experiments" / "decoded_dot_ab.py")
     ab = importlib.util.module_from_spec(spec)

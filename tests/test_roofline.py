@@ -1,0 +1,120 @@
+"""strata.bench.roofline: the FLOP counts, the bounds and the measured rates."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from strata.bench import roofline as rl
+from strata.shapes import get_preset
+
+QWEN = get_preset("qwen3-30b-a3b")
+
+
+def chunks(*spec, layers=None):
+    """ChunkStats stand-ins: (start, tokens, bytes_streamed[, layers])."""
+    return [SimpleNamespace(start=s[0], tokens=s[1], bytes_streamed=s[2],
+                            layers=s[3] if len(s) > 3 else layers) for s in spec]
+
+
+def test_roofline_counts_every_layers_experts_and_attention():
+    """The compute side of a chunk is all its layers' expert FLOPs and, for the second bound,
+    their causal attention after the chunk's start position."""
+    shape = QWEN
+    T, rate, arate = 4096, 500e12, 300e12
+    per_layer = 2 * T * shape.top_k * 3 * shape.d_model * shape.d_expert
+    cs = chunks((0, T, 0), (T, T, 0))
+    rates = rl.Rates(shape, gemm={T: rate}, attn={T: arate})
+    want = 2 * shape.n_layer * per_layer / rate
+    assert rl.roofline(cs, shape, 1e30, rates) == pytest.approx(want)
+    attn = (rl.attention_flops(shape, 0, T) + rl.attention_flops(shape, T, T)) / arate
+    assert rl.roofline(cs, shape, 1e30, rates, attention=True) == pytest.approx(want + attn)
+    # a later chunk attends to the earlier one: 4·H·hd per query-key pair over every layer
+    assert rl.attention_flops(shape, T, T) - rl.attention_flops(shape, 0, T) == pytest.approx(
+        4 * shape.n_head * shape.head_dim * T * T * shape.n_layer)
+    # copies bound a chunk when they take longer than its compute
+    assert rl.roofline(chunks((0, T, 10**12)), shape, 1e9, rates) == pytest.approx(1000.0)
+
+
+def test_split_roofline_counts_every_layer_once_per_chunk():
+    """Two GPUs' records of one chunk: the compute counts every layer once (the GPUs' layers
+    run one after the other), the copies the slower link."""
+    shape = QWEN
+    T, rate = 2048, 400e12
+    cs = chunks((0, T, 0, (0, 1)), (0, T, 0, (2, 3)))
+    got = rl.roofline(cs, shape, {(0, 1): 1e30, (2, 3): 1e30}, rl.Rates(shape, gemm={T: rate}))
+    assert got == pytest.approx(2 * T * shape.top_k * 3 * shape.d_model * shape.d_expert
+                                * shape.n_layer / rate)
+    cs = chunks((0, T, 4e9, (0, 1)), (0, T, 1e9, (2, 3)))
+    got = rl.roofline(cs, shape, {(0, 1): 40e9, (2, 3): 1e9}, rl.Rates(shape, gemm={T: 1e30}))
+    assert got == pytest.approx(1.0)          # max(4e9 / 40e9, 1e9 / 1e9)
+
+
+def test_expert_flops_one_layer_and_all():
+    T = 512
+    one = 2 * T * QWEN.top_k * 3 * QWEN.d_model * QWEN.d_expert
+    assert rl.expert_flops(QWEN, T, layers=1) == one
+    assert rl.expert_flops(QWEN, T) == one * QWEN.n_layer
+
+
+def test_unmeasured_rates_bound_nothing():
+    """Without CUDA the GEMM and attention rates are NaN: the bound is the copies alone."""
+    nan = float("nan")
+    rates = rl.Rates(QWEN, gemm={256: nan}, attn={256: nan})
+    assert rl.compute_floor(QWEN, 0, 256, nan, nan) == 0.0
+    assert rl.roofline(chunks((0, 256, 5e9)), QWEN, 10e9, rates, attention=True) == 0.5
+
+
+def test_rates_measure_each_chunk_size_once():
+    calls = []
+    rates = rl.Rates(QWEN, measure_gemm=lambda s, T: calls.append(T) or 1e12 * T,
+                     measure_attn=lambda s, T: 2.0)
+    cs = chunks((0, 256, 0), (256, 256, 0), (512, 128, 0))
+    rl.roofline(cs, QWEN, 1e9, rates)
+    rl.roofline(cs, QWEN, 1e9, rates)
+    assert calls == [256, 128]
+    assert rates.gemm_tflops() == {256: 256.0, 128: 128.0}
+
+
+prompt = st.lists(st.tuples(st.integers(1, 32768), st.integers(0, 10**11)), min_size=1,
+                  max_size=6)
+
+
+@given(prompt, st.floats(1e9, 1e11), st.floats(1e12, 1e15), st.floats(1e12, 1e15))
+@example([(1, 0)], 1e9, 1e12, 1e12)            # one token, nothing streamed: compute alone
+@example([(32768, 10**11)], 1e9, 1e15, 1e15)   # everything streamed at the slowest link
+def test_roofline_lies_between_its_two_sides(spec, h2d, gemm, attn):
+    """Per chunk max(copy, compute): the prompt's roofline is at least each side's sum and at
+    most their total; adding attention never lowers it."""
+    cs, P = [], 0
+    for T, b in spec:
+        cs.append(SimpleNamespace(start=P, tokens=T, bytes_streamed=b, layers=None))
+        P += T
+    rates = rl.Rates(QWEN, gemm={c.tokens: gemm for c in cs}, attn={c.tokens: attn for c in cs})
+    copy = sum(rl.pcie_bound(c.bytes_streamed, h2d) for c in cs)
+    comp = sum(rl.compute_floor(QWEN, c.start, c.tokens, gemm) for c in cs)
+    got = rl.roofline(cs, QWEN, h2d, rates)
+    assert max(copy, comp) <= got * (1 + 1e-12)
+    assert got <= (copy + comp) * (1 + 1e-12)
+    assert rl.roofline(cs, QWEN, h2d, rates, attention=True) >= got
+    # one GPU named by its layers reads the same as its bare rate
+    for c in cs:
+        c.layers = (0, 1)
+    assert rl.roofline(cs, QWEN, {(0, 1): h2d}, rates) == pytest.approx(got)
+
+
+def test_h2d_rate_on_this_machine():
+    """The copy loop runs on any device (on the CPU: a host copy) and reports bytes/s."""
+    layers = [torch.randint(0, 255, (3, 4096), dtype=torch.uint8) for _ in range(2)]
+    host = SimpleNamespace(layers=layers, n_layer=2, blob=lambda l, e: layers[l][e])
+    r = rl.h2d_rate(host, n=8, device="cpu")
+    assert r > 0 and math.isfinite(r)
+
+
+@pytest.mark.gpu
+def test_measured_rates_on_the_gpu():
+    """On an H200 the grouped GEMM and flash attention run at tens to hundreds of TFLOP/s."""
+    g, a = rl.gemm_rate(QWEN, 2048), rl.sdpa_rate(QWEN, 2048)
+    assert 1e12 < g < 2e15 and 1e12 < a < 2e15
