@@ -19,6 +19,14 @@ of q * scale, each at most 2^-24 relative on a value <= 127 * scale, so
 |x - x'| <= scale * (1/2 + 2^-16) (`ROUNDTRIP_SLACK`). The symmetric range [-127, 127] (not -128)
 keeps q -> -q exact.
 
+A nonzero row's scale is at least fp32's smallest normal (2^-126): rows of |x| < 127·2^-126
+would otherwise get a subnormal scale, whose lost precision lets x / scale pass 127.5 and the
+clamp break the bound. Such rows keep the bound (relative to the stored scale) and lose nothing
+a bf16 key could hold.
+
+Magnitudes above 2^120 are refused (q · scale could round past fp32's largest finite value near
+2^128; a normed key is O(10)).
+
 Scales are fp32: an fp16 scale would go subnormal for rows of |x| < 127 * 6.1e-5 and lose the
 bound there; the kernel reads fp16 scales too, for a cache that chooses to store them.
 """
@@ -31,6 +39,8 @@ from strata.errors import StrataError
 QMAX = 127
 ROUNDTRIP_SLACK = 2.0 ** -16   # relative to scale, on top of scale / 2 (see the module docstring)
 KV_DTYPES = ("bf16", "int8")
+MAX_ABS = 2.0 ** 120      # the largest |x| accepted: q · scale stays finite in fp32 with room
+TINY = torch.finfo(torch.float32).tiny   # the smallest scale of a nonzero row (see above)
 
 
 def quantize_kv(x: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -42,9 +52,10 @@ def quantize_kv(x: torch.Tensor, *, out: torch.Tensor | None = None,
                           f"{x.dtype} {list(x.shape)}")
     xf = x.float()
     amax = xf.abs().amax(dim=-1)                                         # [S, Hkv]
-    if not bool(torch.isfinite(amax).all()):
-        raise StrataError("quantize_kv: the keys/values hold NaN or Inf (nothing to scale)")
-    scale = amax / QMAX                                                  # [S, Hkv] fp32
+    if not bool((amax <= MAX_ABS).all()):   # also False for NaN
+        raise StrataError(f"quantize_kv: the keys/values hold NaN, Inf or magnitudes above "
+                          f"2^120 (max |x| = {amax.max().item():.3g}); nothing to scale")
+    scale = torch.where(amax > 0, (amax / QMAX).clamp_min(TINY), 0.0)  # [S, Hkv] fp32
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(xf / safe[..., None]).clamp_(-QMAX, QMAX).to(torch.int8)
     if out is not None:
