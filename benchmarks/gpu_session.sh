@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU tests, then the benchmarks, results under $OUT.
-#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests] [prefill] [kernels] [dequant] [slab] [split]
+#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests] [prefill] [kernels] [dequant] [slab] [split] [attn] [attntests]
 # (the *tests steps are subsets of `tests`, which needs more than one call's time)
 # pytest gets no -q: the repo's addopts has one, a second hides the summary line.
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
@@ -24,6 +24,8 @@ for step in "$@"; do
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
     slab)    timeout 180 python3 experiments/slab_ab.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/slab.log" ;;
+    attn)    timeout 200 python3 experiments/attention_bench.py --out "$OUT" 2>&1 | tail -30 | tee "$OUT/attention_bench.log" ;;
+    attntests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_chunk_attention.py 2>&1 | tail -20 > "$OUT/gpu_attn_tests.log"; tail -5 "$OUT/gpu_attn_tests.log" ;;
     split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 ;;
   esac
 done

@@ -7,7 +7,12 @@
 - tiles: the expert GEMM's tile heuristic and `pin_tile` (strata.kernels.tiles)
 - dequantize / dequantize_torch: whole-matrix decode (strata.kernels.dequant); block decode
   helpers live in strata.kernels.decode
+- chunk_attention / chunk_attention_torch: one prefill chunk's causal GQA attention over up to two
+  prefix KV segments (bf16 or int8) and its own keys; quantize_kv / dequantize_kv the int8 KV
+  format; AttnTile / pin_attn_tile its launch choice (strata.kernels.attention)
 """
+from strata.kernels.attention import (AttnTile, KVSegment, chunk_attention, chunk_attention_torch,
+                                      dequantize_kv, pin_attn_tile, quantize_kv)
 from strata.kernels.dequant import dequantize, dequantize_torch
 from strata.kernels.moe import LaunchRecord, last_launch, moe_ffn, moe_ffn_torch
 from strata.kernels.routing import group_blocked, group_ragged, topk_route
@@ -15,4 +20,5 @@ from strata.kernels.tiles import TileConfig, choose_tile, pin_tile
 
 __all__ = ["moe_ffn", "moe_ffn_torch", "last_launch", "LaunchRecord", "topk_route",
            "group_blocked", "group_ragged", "TileConfig", "choose_tile", "pin_tile",
-           "dequantize", "dequantize_torch"]
+           "dequantize", "dequantize_torch", "chunk_attention", "chunk_attention_torch",
+           "KVSegment", "quantize_kv", "dequantize_kv", "AttnTile", "pin_attn_tile"]
