@@ -1,9 +1,9 @@
 """Compile the chunked-prefill attention kernel for sm_90 on a machine without a GPU (ttir ->
 cubin), at the tiles the heuristic picks on the H200, and report its footprint.
 
-Triton 3.6's GPU passes run on the CPU (see compile_moe.py). For each variant it prints the
-shared memory the kernel declares and, from triton's own ptxas run with -v on the same PTX, the
-registers a thread uses and any spill bytes. Pointer and stride args get the divisibility-16 hint
+Triton 3.6's GPU passes run on the CPU (compile_moe.py's pipeline, imported from this folder).
+For each variant it prints the shared memory the kernel declares and, from triton's own ptxas
+run with -v on the same PTX, the registers a thread uses and any spill bytes. Pointer and stride args get the divisibility-16 hint
 the JIT gives real launches (the model's tensors are contiguous with hd = 128), so the pipeliner
 sees what it sees on the H200.
 
@@ -18,16 +18,10 @@ import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton._C.libtriton import ir  # noqa: E402
-
+from compile_moe import compile_one  # noqa: E402  (this folder: the same sm_90 pipeline)
 from strata.kernels.attention import _kernel as k  # noqa: E402
 from strata.kernels.attention.tiles import AttnProblem, choose_attn_tile  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
-BACKEND = CUDABackend(TARGET)
 ALIGNED = {"q_ptr", "k_ptr", "v_ptr", "o_ptr", "stride_qt", "stride_qh", "stride_ot",
            "stride_oh", "stride_ct", "stride_ch", "ak_ptr", "av_ptr", "aks_ptr", "avs_ptr",
            "stride_at", "stride_ah", "bk_ptr", "bv_ptr", "bks_ptr", "bvs_ptr", "stride_bt",
@@ -46,34 +40,22 @@ def signature(a_int8: bool, b_int8: bool) -> dict:
     sig.update(seg("a", a_int8))
     sig.update(seg("b", b_int8))
     sig["qk_scale"] = "fp32"
-    sig["Pa"], sig["Pb"] = sig.pop("Pa"), sig.pop("Pb")   # keep the kernel's argument order
     return sig
 
 
 def ordered(sig: dict) -> dict:
+    """`sig` in the kernel's argument order (the divisibility hints are positional)."""
     names = list(k._chunk_attn_fwd_kernel.arg_names)
     return {n: sig[n] for n in names if n in sig}
 
 
-def compile_one(sig, const, warps, stages):
+def compile_attention(sig, const, warps, stages):
+    """(metadata, footprint line) of one variant, through compile_moe's sm_90 pipeline."""
     sig = ordered(dict(sig, **{c: "constexpr" for c in const}))
-    names = list(sig)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED if n in names}
-    src = ASTSource(k._chunk_attn_fwd_kernel, sig, const, attrs=attrs)
-    opts = BACKEND.parse_options({"num_warps": warps, "num_stages": stages})
-    ctx = ir.context()
-    ir.load_dialects(ctx)
-    BACKEND.load_dialects(ctx)
-    mod = src.make_ir(TARGET, opts, BACKEND.get_codegen_implementation(opts),
-                      BACKEND.get_module_map(), ctx)
-    stages_ = {}
-    BACKEND.add_stages(stages_, opts, src.language)
-    md = {}
-    for name in ("ttir", "ttgir", "llir", "ptx"):
-        mod = stages_[name](mod, md)
-    ptx = mod
-    stages_["cubin"](ptx, md)
-    return md, ptx_usage(ptx)
+    asm = {}
+    md = compile_one(k._chunk_attn_fwd_kernel, sig, const, warps, stages, aligned=ALIGNED,
+                     asm=asm)
+    return md, ptx_usage(asm["ptx"])
 
 
 def ptx_usage(ptx: str) -> str:
@@ -110,8 +92,8 @@ def main(head_dims) -> int:
                     f"s{tile.num_stages} a={'int8' if a8 else 'bf16'} "
                     f"b={'int8' if b8 else 'bf16'}")
             try:
-                md, usage = compile_one(signature(a8, b8), const, tile.num_warps,
-                                        tile.num_stages)
+                md, usage = compile_attention(signature(a8, b8), const, tile.num_warps,
+                                              tile.num_stages)
                 print(f"ok   {what}: shared {md['shared']} B, {usage}")
             except Exception as exc:  # report every variant, then fail
                 fails += 1
