@@ -50,7 +50,8 @@ EDGE = 64            # query rows checked against the torch reference at each en
 TS = [2048, 8192, 16384]
 CONTEXT = 131072
 SWEEP_TILES = [AttnTile(128, 64, 8, 3), AttnTile(128, 128, 8, 2), AttnTile(128, 64, 4, 3),
-               AttnTile(64, 64, 4, 3), AttnTile(64, 128, 4, 3), AttnTile(128, 32, 8, 4)]
+               AttnTile(64, 64, 4, 3), AttnTile(64, 128, 4, 3), AttnTile(128, 32, 8, 3),
+               AttnTile(128, 32, 8, 4)]
 
 
 def grid(smoke: bool, Ts=None):

@@ -152,6 +152,37 @@ def test_int8_and_bf16_segments_mix(device):
     assert ((got.float() - ref).abs() <= attention_bound(q, k, v, segs, ref)).all()
 
 
+def int8_prefix_bound(q, k, v, seg_bf16, seg_int8, sm_scale=None):
+    """|o(int8 prefix) - o(bf16 prefix)| per element, both exact: a key off by at most
+    s_k/2 per element moves a score by at most Δ = scale · ||q_t||_1 · max s_k / 2, which moves
+    every probability by a factor within e^{±2Δ}: (e^{2Δ} - 1) · (A @ |V|); a value off by at most
+    s_v / 2 moves the average by at most max s_v / 2 (kv_int8's round-trip slack included)."""
+    hd = q.shape[-1]
+    scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
+    slack = 0.5 + 2.0 ** -16
+    dk = scale * q.float().abs().sum(-1, keepdim=True) * seg_int8.k_scale.max() * slack  # [T, H, 1]
+    a_absv = chunk_attention_torch(q, k, v.abs(), _abs_v([seg_bf16]),
+                                   out=torch.empty(q.shape, device=q.device))
+    return torch.expm1(2 * dk) * a_absv + seg_int8.v_scale.max() * slack
+
+
+def test_int8_prefix_vs_bf16_prefix(device):
+    """What int8 KV costs at the attention's output, against a named bound (issue 14's int8 vs
+    bf16 logits start here): the kernel on the int8 prefix against the reference on the bf16
+    prefix it was quantized from, within int8_prefix_bound plus the kernel's own bound."""
+    c = Case(33, 300, 8, 2)
+    q, k, v, (seg,) = make_inputs(c, device)
+    (qk, sk), (qv, sv) = quantize_kv(seg.k), quantize_kv(seg.v)
+    seg8 = KVSegment(qk, qv, sk, sv)
+    got = chunk_attention(q, k, v, [seg8])
+    ref8 = chunk_attention_torch(q, k, v, [seg8], out=torch.empty(q.shape, device=device))
+    ref16 = chunk_attention_torch(q, k, v, [seg], out=torch.empty(q.shape, device=device))
+    bound = attention_bound(q, k, v, [seg8], ref8) + int8_prefix_bound(q, k, v, seg, seg8)
+    err = (got.float() - ref16).abs()
+    assert (err <= bound).all(), f"worst {(err / bound).max().item():.2f}x the bound"
+    assert err.max() > 0   # int8 is not bf16: the comparison sees the difference
+
+
 def test_cache_layout_strides_and_fp32_out(device):
     """A [Hkv, S, hd] cache passed as .transpose(0, 1) views, q/out as views of [T, H·hd]
     buffers, an fp32 out and a non-default scale: same answer as contiguous inputs."""
