@@ -43,6 +43,16 @@ def test_writes_into_cache_views():
     assert not cache_q[:, :3].any() and not cache_q[:, 8:].any()
 
 
+def test_unvalidated_nan_propagates_without_a_sync():
+    """validate=False (the hot path): no host check, and a NaN row stays visible as NaN."""
+    x = torch.randn(3, 2, 8)
+    x[1, 0, 3] = float("nan")
+    q, s = quantize_kv(x, validate=False)
+    assert torch.isnan(s[1, 0]) and torch.isfinite(s[[0, 2]]).all()
+    assert torch.isnan(dequantize_kv(q, s)[1, 0]).all()
+    torch.testing.assert_close(quantize_kv(x[[0, 2]])[0], q[[0, 2]], rtol=0, atol=0)
+
+
 def test_bad_input_refused():
     with pytest.raises(StrataError):
         quantize_kv(torch.zeros(3, 4))

@@ -44,18 +44,22 @@ TINY = torch.finfo(torch.float32).tiny   # the smallest scale of a nonzero row (
 
 
 def quantize_kv(x: torch.Tensor, *, out: torch.Tensor | None = None,
-                scale_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                scale_out: torch.Tensor | None = None,
+                validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """x [S, Hkv, hd] (any float dtype, e.g. a chunk's normed, rotated keys) -> (q [S, Hkv, hd]
-    int8, scale [S, Hkv] fp32). `out` / `scale_out` (views into a cache, say) receive them."""
+    int8, scale [S, Hkv] fp32). `out` / `scale_out` (views into a cache, say) receive them.
+    `validate` checks for NaN, Inf and |x| > 2^120 on the host (one device sync); the engine's
+    hot path passes False, and such a value then reaches the attention's output as NaN/Inf."""
     if x.ndim != 3 or not x.is_floating_point():
         raise StrataError(f"quantize_kv takes a float tensor [S, Hkv, hd], got "
                           f"{x.dtype} {list(x.shape)}")
     xf = x.float()
     amax = xf.abs().amax(dim=-1)                                         # [S, Hkv]
-    if not bool((amax <= MAX_ABS).all()):   # also False for NaN
+    if validate and not bool((amax <= MAX_ABS).all()):   # also False for NaN
         raise StrataError(f"quantize_kv: the keys/values hold NaN, Inf or magnitudes above "
                           f"2^120 (max |x| = {amax.max().item():.3g}); nothing to scale")
-    scale = torch.where(amax > 0, (amax / QMAX).clamp_min(TINY), 0.0)  # [S, Hkv] fp32
+    # amax == 0, not amax > 0: a NaN row keeps a NaN scale (visible downstream), never 0
+    scale = torch.where(amax == 0, 0.0, (amax / QMAX).clamp_min(TINY))  # [S, Hkv] fp32
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(xf / safe[..., None]).clamp_(-QMAX, QMAX).to(torch.int8)
     if out is not None:
