@@ -15,7 +15,13 @@ Reasoning behind the constants (to be revisited with experiments/attention_bench
 - BLOCK_N = 64: a K and a V tile of [64, 128] bf16 are 32 KiB a stage; 3 stages + q (32 KiB) are
   128 KiB of the H200's 227 KiB shared memory (int8 tiles are half that, plus the bf16 copies
   the tensor cores read). 128 would double the score tile's registers.
-- num_warps = 8 when BM·hd >= 128·128 (two warpgroups share the accumulator), else 4.
+- num_warps = 8 when BM·hd >= 128·64 (two warpgroups share the accumulator), else 4.
+- hd = 256 (seed-512e): BM 64, BN 32, 2 stages.
+Footprint on sm_90 (tests/kernels/compile_attention.py: triton 3.6 passes + ptxas -v, no GPU;
+commit 1cd5c73 and after): hd 128 128x64/w8s3: 128 KiB shared; 211 registers a thread for bf16
+segments, 255 for int8 (the int8 -> bf16 conversion), no spills (BN 128 spills 2 KB with int8;
+BN 32 is 192 registers). hd 64 128x64/w8s3: int8 230 registers (4 warps spilled 16 B). hd 256
+64x32/w8s2: 96 KiB, bf16 184 registers; int8 still spills ~100 B (64x64 spilled 20-400 B).
 """
 from __future__ import annotations
 
@@ -63,8 +69,9 @@ def _pow2_at_least(n: int, lo: int, hi: int) -> int:
 def choose_attn_tile(p: AttnProblem) -> AttnTile:
     bm_max = 64 if p.head_dim >= 256 else 128
     bm = _pow2_at_least(p.n_rows, 16, bm_max)
-    warps = 8 if bm * p.head_dim >= 128 * 128 else 4
-    return AttnTile(bm, 64, warps, 3 if p.head_dim <= 128 else 2)
+    warps = 8 if bm * p.head_dim >= 128 * 64 else 4
+    bn = 32 if p.head_dim >= 256 else 64
+    return AttnTile(bm, bn, warps, 3 if p.head_dim <= 128 else 2)
 
 
 _PINNED: ContextVar[tuple | None] = ContextVar("strata_attn_tile_pin", default=None)
