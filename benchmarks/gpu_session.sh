@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU tests, then the benchmarks, results under $OUT.
-#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests] [prefill] [kernels] [dequant] [slab] [split]
+#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests] [prefill] [kernels] [dequant] [slab] [split] [attn]
 # (the *tests steps are subsets of `tests`, which needs more than one call's time)
 # pytest gets no -q: the repo's addopts has one, a second hides the summary line.
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
@@ -29,6 +29,8 @@ for step in "$@"; do
     reltests) timeout 220 python3 -m pytest -rfE -p no:cacheprovider tests/packs/test_cli.py tests/test_bad_inputs.py tests/test_fuzz_headers.py 2>&1 | tail -20 > "$OUT/gpu_rel_tests.log"; tail -5 "$OUT/gpu_rel_tests.log"
              timeout 200 python3 -m strata.cli synth --preset qwen3-30b-a3b --layers 8 --pack -o /tmp/v8.pack 2>&1 | tail -1
              ( time python3 -m strata.cli verify /tmp/v8.pack ) 2>&1 | tail -5 | tee "$OUT/verify_time.log"; rm -f /tmp/v8.pack ;;
+    attn)    timeout 200 python3 experiments/attention_bench.py --out "$OUT" 2>&1 | tail -30 | tee "$OUT/attention_bench.log" ;;
+    attntests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_chunk_attention.py 2>&1 | tail -20 > "$OUT/gpu_attn_tests.log"; tail -5 "$OUT/gpu_attn_tests.log" ;;
     split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 ;;
   esac
 done

@@ -6,9 +6,14 @@
 - routing: top-k and grouping by expert (strata.kernels.routing)
 - tiles: the expert GEMM's tile heuristic, `pin_tile` and its launch plan (`plan_launch`)
 - decoded: the expert FFN as decode-once then the BF16 GEMM (strata.kernels.decoded)
+- chunk_attention / chunk_attention_torch: one prefill chunk's causal GQA attention over up to two
+  prefix KV segments (bf16 or int8) and its own keys; quantize_kv / dequantize_kv the int8 KV
+  format; AttnTile / pin_attn_tile its launch choice (strata.kernels.attention)
 The @triton.jit kernels live in private modules (_moe_kernel, _dequant_kernel,
-_expert_dequant_kernel) behind these small launchers.
+_expert_dequant_kernel, attention/_kernel) behind these small launchers.
 """
+from strata.kernels.attention import (AttnTile, KVSegment, chunk_attention, chunk_attention_torch,
+                                      dequantize_kv, pin_attn_tile, quantize_kv)
 from strata.kernels.dequant import dequantize, dequantize_torch
 from strata.kernels.moe import LaunchRecord, last_launch, moe_ffn, moe_ffn_torch
 from strata.kernels.routing import group_blocked, group_ragged, topk_route
@@ -16,4 +21,6 @@ from strata.kernels.tiles import LaunchPlan, TileConfig, choose_tile, pin_tile, 
 
 __all__ = ["moe_ffn", "moe_ffn_torch", "last_launch", "LaunchRecord", "topk_route",
            "group_blocked", "group_ragged", "TileConfig", "choose_tile", "pin_tile",
-           "dequantize", "dequantize_torch", "plan_launch", "LaunchPlan"]
+           "dequantize", "dequantize_torch", "plan_launch", "LaunchPlan", "chunk_attention",
+           "chunk_attention_torch", "KVSegment", "quantize_kv", "dequantize_kv", "AttnTile",
+           "pin_attn_tile"]

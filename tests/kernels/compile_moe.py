@@ -29,10 +29,12 @@ ALIGNED = {"a_ptr", "sorted_ids_ptr", "block_expert_ptr", "arena_ptr", "slot_ptr
            "n_in"}
 
 
-def compile_one(fn, sig, const, warps, stages):
+def compile_one(fn, sig, const, warps, stages, aligned=ALIGNED, asm=None):
+    """Compile `fn` to a cubin; returns the metadata. `aligned`: the args hinted divisible by 16;
+    `asm`, a dict, receives each stage's output by name (ttir ... ptx, cubin)."""
     sig = dict(sig, **{c: "constexpr" for c in const})
     names = list(sig)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED if n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
     src = ASTSource(fn, sig, const, attrs=attrs)
     opts = BACKEND.parse_options({"num_warps": warps, "num_stages": stages})
     ctx = ir.context()
@@ -45,6 +47,8 @@ def compile_one(fn, sig, const, warps, stages):
     md = {}
     for name in ("ttir", "ttgir", "llir", "ptx", "cubin"):
         mod = stages_[name](mod, md)
+        if asm is not None:
+            asm[name] = mod
     return md
 
 

@@ -1,0 +1,142 @@
+"""The chunked-prefill flash-attention kernel (forward). See strata.kernels.attention.chunk.
+
+Legend: T chunk tokens, Pa / Pb prefix segment lengths, G query heads per kv head, hd head width,
+BM rows (token·G + head) per program, BN keys per step. Scores live in the log2 domain
+(qk_scale = sm_scale·log2 e, so exp2 gives the softmax's exp).
+"""
+import triton
+import triton.language as tl
+
+from strata.kernels._moe_kernel import _bf16
+
+
+@triton.jit
+def _mma(a, b, acc, INTERP: tl.constexpr):
+    """acc + a @ b on bf16 (or int8-valued) operands. The interpreter's tl.dot multiplies bf16 bit
+    patterns, so there both go up to fp32 first (bf16 and int8 products are exact in fp32: the
+    same math); on the GPU the dot runs on bf16 tensor cores."""
+    if INTERP:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    return acc
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys, stride_t,
+                 stride_st, row_tok, qk_scale, HD: tl.constexpr, BN: tl.constexpr,
+                 INT8: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                 INTERP: tl.constexpr):
+    """One [BM, BN] step of the online softmax over keys n0..n0+BN of one segment.
+    MASK: keys past n_keys are cut (a segment's last tile); CAUSAL: key n is seen by rows whose
+    token >= n (the chunk's diagonal tiles)."""
+    offs_n = n0 + tl.arange(0, BN)                                   # [BN]
+    offs_d = tl.arange(0, HD)                                        # [HD]
+    kv_off = offs_n.to(tl.int64)[:, None] * stride_t + offs_d[None, :]   # [BN, HD]
+    if MASK:
+        live = offs_n < n_keys                                       # [BN]
+        k = tl.load(k_base + kv_off, mask=live[:, None], other=0)    # [BN, HD]
+    else:
+        k = tl.load(k_base + kv_off)
+    s = _mma(q, tl.trans(k), tl.zeros([q.shape[0], BN], tl.float32), INTERP)   # [BM, BN] fp32
+    if INT8:
+        # q . (k_i8 * s) = s * (q . k_i8): int8 is exact in bf16, the scale goes on the scores
+        if MASK:
+            ks = tl.load(ks_base + offs_n.to(tl.int64) * stride_st, mask=live, other=0)
+        else:
+            ks = tl.load(ks_base + offs_n.to(tl.int64) * stride_st)
+        s = s * (ks.to(tl.float32) * qk_scale)[None, :]
+    else:
+        s = s * qk_scale
+    if MASK:
+        s = tl.where(live[None, :], s, float("-inf"))
+    if CAUSAL:
+        s = tl.where(offs_n[None, :] <= row_tok[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))                            # [BM]
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])                                  # [BM, BN] fp32
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if MASK:
+        v = tl.load(v_base + kv_off, mask=live[:, None], other=0)    # [BN, HD]
+    else:
+        v = tl.load(v_base + kv_off)
+    if INT8:
+        # sum_n p (v_i8 * s) = sum_n (p * s) v_i8: the scale goes on the probabilities
+        if MASK:
+            vs = tl.load(vs_base + offs_n.to(tl.int64) * stride_st, mask=live, other=0)
+        else:
+            vs = tl.load(vs_base + offs_n.to(tl.int64) * stride_st)
+        p = p * vs.to(tl.float32)[None, :]
+    acc = _mma(_bf16(p, INTERP), v, acc, INTERP)                     # [BM, HD] fp32
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_segment(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n_keys, stride_t,
+                    stride_st, row_tok, qk_scale, HD: tl.constexpr, BN: tl.constexpr,
+                    INT8: tl.constexpr, INTERP: tl.constexpr):
+    """A prefix segment: every key is seen by every row; only its last tile is masked."""
+    full = (n_keys // BN) * BN
+    for n0 in range(0, full, BN):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0,
+                                     n_keys, stride_t, stride_st, row_tok, qk_scale, HD, BN,
+                                     INT8, False, False, INTERP)
+    if full < n_keys:
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, full,
+                                     n_keys, stride_t, stride_st, row_tok, qk_scale, HD, BN,
+                                     INT8, True, False, INTERP)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, stride_ot,
+                           stride_oh, stride_ct, stride_ch,
+                           ak_ptr, av_ptr, aks_ptr, avs_ptr, Pa, stride_at, stride_ah,
+                           stride_ast, stride_ash,
+                           bk_ptr, bv_ptr, bks_ptr, bvs_ptr, Pb, stride_bt, stride_bh,
+                           stride_bst, stride_bsh, qk_scale,
+                           G: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
+                           BN: tl.constexpr, A_INT8: tl.constexpr, B_INT8: tl.constexpr,
+                           INTERP: tl.constexpr):
+    # the last row blocks see the most chunk keys: start them first (shorter tail)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    hkv = tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)                             # [BM] token·G + head
+    row_tok = rows // G
+    head = (hkv * G + rows % G).to(tl.int64)
+    live = rows < T * G
+    offs_d = tl.arange(0, HD)
+    q_off = row_tok.to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=live[:, None], other=0)          # [BM, HD] bf16
+
+    acc = tl.zeros([BM, HD], dtype=tl.float32)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    hkv64 = hkv.to(tl.int64)
+    # prefix segment a (older, e.g. streamed from the host), then b (the resident window)
+    acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, ak_ptr + hkv64 * stride_ah,
+                                    av_ptr + hkv64 * stride_ah, aks_ptr + hkv64 * stride_ash,
+                                    avs_ptr + hkv64 * stride_ash, Pa, stride_at, stride_ast,
+                                    row_tok, qk_scale, HD, BN, A_INT8, INTERP)
+    acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, bk_ptr + hkv64 * stride_bh,
+                                    bv_ptr + hkv64 * stride_bh, bks_ptr + hkv64 * stride_bsh,
+                                    bvs_ptr + hkv64 * stride_bsh, Pb, stride_bt, stride_bst,
+                                    row_tok, qk_scale, HD, BN, B_INT8, INTERP)
+    # the chunk itself: tiles every row sees whole, then the diagonal ones (causal mask)
+    t_min = (pid_m * BM) // G
+    t_end = tl.minimum((pid_m * BM + BM - 1) // G + 1, T)
+    full = ((t_min + 1) // BN) * BN
+    kc = k_ptr + hkv64 * stride_ch
+    vc = v_ptr + hkv64 * stride_ch
+    for n0 in range(0, full, BN):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
+                                     row_tok, qk_scale, HD, BN, False, False, False, INTERP)
+    for n0 in range(full, t_end, BN):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
+                                     row_tok, qk_scale, HD, BN, False, True, True, INTERP)
+    o = acc / l_i[:, None]
+    o_off = row_tok.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    if o_ptr.dtype.element_ty == tl.bfloat16:
+        o = _bf16(o, INTERP)
+    tl.store(o_ptr + o_off, o, mask=live[:, None])

@@ -1,0 +1,203 @@
+"""Attention of one prefill chunk over the keys before it and its own, causal inside the chunk.
+
+Legend: T chunk tokens, P prefix tokens (P = Pa + Pb over up to two segments), S = P + T,
+H query heads, Hkv key/value heads, G = H / Hkv, hd head width.
+
+    o[t, h] = sum_s softmax_s(scale · q[t, h] . k[s, h // G]) · v[s, h // G]    over s <= P + t
+
+q [T, H, hd] bf16: the chunk's queries with the model's q-norm and RoPE already applied.
+k, v [T, Hkv, hd] bf16: the chunk's own keys/values (k normed and rotated: QK-norm and RoPE are
+applied before keys enter the cache, so every key the kernel sees, cached or not, is final).
+prefix: 0, 1 or 2 KVSegments, oldest first; their tokens precede the chunk's, in order. The
+engine passes (host-streamed older KV in a staging buffer, the resident window) without joining
+them in memory. Query t sits at absolute position P + t and sees every prefix key and chunk keys
+0..t. Output [T, H, hd] bf16 (or `out`, bf16 or fp32, any strides with a unit last one).
+
+`chunk_attention` (Triton) and `chunk_attention_torch` (plain torch) share this signature.
+
+Kernel (strata.kernels.attention._kernel): a program owns BLOCK_M rows of (token, query head) of
+one kv head — the G query heads of a kv head folded into M, so a K/V tile load serves all of them
+— and runs the online softmax (fp32 state, exp2 with log2 e folded into the scale) over segment
+a, segment b, then the chunk: the chunk's key tiles that lie wholly at or below the block's first
+token run unmasked, the diagonal ones with the causal mask, the ones above are never visited.
+int8 segments (strata.kernels.attention.kv_int8) are read with their per-token-per-head scales,
+folded onto the scores and the probabilities instead of dequantizing tiles.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from strata._backend import INTERPRET
+from strata.errors import StrataError
+from strata.kernels.attention import _kernel as _k
+from strata.kernels.attention.kv_int8 import dequantize_kv
+from strata.kernels.attention.tiles import AttnProblem, AttnTile, resolve_attn_tile
+
+LOG2E = 1.4426950408889634
+MAX_SEGMENTS = 2
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class KVSegment:
+    """Keys and values of a run of consecutive earlier tokens, for one layer.
+
+    k, v [S, Hkv, hd]: bf16, or int8 with k_scale, v_scale [S, Hkv] (fp32 or fp16). Any strides
+    with a unit last one (a [Hkv, S, hd] cache passes `.transpose(0, 1)`); k and v share strides,
+    and so do the two scales."""
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def int8(self) -> bool:
+        return self.k.dtype == torch.int8
+
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 (k, v) [S, Hkv, hd]."""
+        if self.int8:
+            return dequantize_kv(self.k, self.k_scale), dequantize_kv(self.v, self.v_scale)
+        return self.k.float(), self.v.float()
+
+
+def _check(q, k, v, prefix, out) -> tuple[int, int, int, int, list[KVSegment]]:
+    """Shapes, dtypes and devices of one call -> (T, H, Hkv, hd, segments)."""
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise StrataError(f"q, k, v must be [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]; got "
+                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    T, H, hd = q.shape
+    Hkv = k.shape[1]
+    if k.shape != v.shape or k.shape[0] != T or k.shape[2] != hd:
+        raise StrataError(f"k and v must be [T={T}, Hkv, hd={hd}]; got {list(k.shape)}, "
+                          f"{list(v.shape)}")
+    if T == 0 or Hkv == 0 or H % Hkv:
+        raise StrataError(f"need T >= 1 and H a multiple of Hkv; got T={T}, H={H}, Hkv={Hkv}")
+    if hd not in HEAD_DIMS:
+        raise StrataError(f"head width {hd} is not one of {HEAD_DIMS}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.bfloat16:
+            raise StrataError(f"{name} must be bf16, got {t.dtype}")
+    segs = list(prefix)
+    if len(segs) > MAX_SEGMENTS:
+        raise StrataError(f"at most {MAX_SEGMENTS} prefix segments, got {len(segs)}")
+    for i, s in enumerate(segs):
+        if not isinstance(s, KVSegment):
+            raise StrataError(f"prefix[{i}] must be a KVSegment, got {type(s).__name__}")
+        if s.k.ndim != 3 or s.k.shape != s.v.shape or s.k.shape[1:] != (Hkv, hd):
+            raise StrataError(f"prefix[{i}]: k and v must be [S, Hkv={Hkv}, hd={hd}]; got "
+                              f"{list(s.k.shape)}, {list(s.v.shape)}")
+        if s.k.dtype != s.v.dtype or s.k.dtype not in (torch.bfloat16, torch.int8):
+            raise StrataError(f"prefix[{i}]: k and v must both be bf16 or both int8; got "
+                              f"{s.k.dtype}, {s.v.dtype}")
+        if s.int8:
+            for name, sc in (("k_scale", s.k_scale), ("v_scale", s.v_scale)):
+                if sc is None or sc.shape != s.k.shape[:2] or sc.dtype not in (torch.float32,
+                                                                                torch.float16):
+                    raise StrataError(f"prefix[{i}]: an int8 segment needs {name} [S, Hkv] fp32 "
+                                      f"or fp16; got {None if sc is None else (sc.dtype, list(sc.shape))}")
+        elif s.k_scale is not None or s.v_scale is not None:
+            raise StrataError(f"prefix[{i}]: a bf16 segment takes no scales")
+        devs = {t.device for t in (s.k, s.v, s.k_scale, s.v_scale) if t is not None}
+        if devs != {q.device}:
+            raise StrataError(f"prefix[{i}] is on {sorted(map(str, devs))}, q on {q.device}")
+    if k.device != q.device or v.device != q.device:
+        raise StrataError(f"q, k, v must share a device; got {q.device}, {k.device}, {v.device}")
+    if out is not None and (out.shape != q.shape or out.dtype not in (torch.bfloat16,
+                                                                       torch.float32)
+                            or out.device != q.device):
+        raise StrataError(f"out must be bf16 or fp32 {list(q.shape)} on {q.device}; got "
+                          f"{out.dtype} {list(out.shape)} on {out.device}")
+    return T, H, Hkv, hd, segs
+
+
+def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          prefix: tuple[KVSegment, ...] | list[KVSegment] = (), *,
+                          sm_scale: float | None = None, out: torch.Tensor | None = None,
+                          tile: AttnTile | None = None) -> torch.Tensor:
+    """The reference: dequantize, concatenate, repeat kv heads for GQA, explicit causal mask over
+    [T, P + T], softmax in fp32. `tile` is accepted (and ignored) to keep the signature."""
+    T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
+    scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
+    parts = [s.dequantized() for s in segs] + [(k.float(), v.float())]
+    K = torch.cat([p[0] for p in parts]).repeat_interleave(H // Hkv, dim=1)   # [S, H, hd]
+    V = torch.cat([p[1] for p in parts]).repeat_interleave(H // Hkv, dim=1)
+    S = K.shape[0]
+    P = S - T
+    scores = torch.einsum("thd,shd->hts", q.float(), K) * scale              # [H, T, S]
+    pos = torch.arange(S, device=q.device)
+    seen = pos[None, :] <= P + torch.arange(T, device=q.device)[:, None]      # [T, S]
+    scores = scores.masked_fill(~seen, float("-inf"))
+    o = torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), V)      # [T, H, hd] fp32
+    if out is None:
+        return o.to(torch.bfloat16)
+    out.copy_(o)
+    return out
+
+
+def _strides(t: torch.Tensor, what: str) -> tuple[int, int]:
+    if t.stride(-1) != 1:
+        raise StrataError(f"{what} needs a unit stride in its last dim, got strides {t.stride()}")
+    return t.stride(0), t.stride(1)
+
+
+def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    prefix: tuple[KVSegment, ...] | list[KVSegment] = (), *,
+                    sm_scale: float | None = None, out: torch.Tensor | None = None,
+                    tile: AttnTile | None = None) -> torch.Tensor:
+    """The Triton kernel (see the module docstring). `tile` overrides the heuristic's tile (a pin,
+    `pin_attn_tile`, does so for a whole block of code)."""
+    T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
+    G = H // Hkv
+    scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
+    cfg = resolve_attn_tile(AttnProblem(T * G, hd), tile)
+    if out is None:
+        out = torch.empty_like(q)
+    st_q, st_o = _strides(q, "q"), _strides(out, "out")
+    st_c = _strides(k, "k")
+    if _strides(v, "v") != st_c:
+        raise StrataError(f"the chunk's k and v must share strides; got {k.stride()}, "
+                          f"{v.stride()}")
+    dummy = q   # the scale pointers of a bf16 or absent segment: never read (no allocation)
+    seg_args = []
+    for i in range(MAX_SEGMENTS):
+        if i >= len(segs) or segs[i].length == 0:
+            seg_args.append(((k, v, dummy, dummy, 0, 0, 0, 0, 0), False))
+            continue
+        s = segs[i]
+        st = _strides(s.k, f"prefix[{i}].k")
+        if _strides(s.v, f"prefix[{i}].v") != st:
+            raise StrataError(f"prefix[{i}]: k and v must share strides; got {s.k.stride()}, "
+                              f"{s.v.stride()}")
+        if s.int8:
+            sst = s.k_scale.stride()
+            if s.v_scale.stride() != sst:
+                raise StrataError(f"prefix[{i}]: k_scale and v_scale must share strides; got "
+                                  f"{sst}, {s.v_scale.stride()}")
+            seg_args.append(((s.k, s.v, s.k_scale, s.v_scale, s.length, *st, *sst), True))
+        else:
+            seg_args.append(((s.k, s.v, dummy, dummy, s.length, *st, 0, 0), False))
+    (a, a_int8), (b, b_int8) = seg_args
+    grid = (triton_cdiv(T * G, cfg.BLOCK_M), Hkv)
+    _k._chunk_attn_fwd_kernel[grid](
+        q, k, v, out, T, *st_q, *st_o, *st_c, *a, *b, scale * LOG2E,
+        G=G, HD=hd, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, A_INT8=a_int8, B_INT8=b_int8, INTERP=INTERPRET,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def causal_pairs(T: int, P: int) -> int:
+    """Visible (query, key) pairs of one head: T·P prefix pairs + T(T+1)/2 inside the chunk. The
+    attention's FLOPs are 4·hd·H per pair (q.k and p.v, a multiply and an add each)."""
+    return T * P + T * (T + 1) // 2

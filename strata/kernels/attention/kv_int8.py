@@ -1,0 +1,89 @@
+"""int8 KV: symmetric per-token-per-head scales (what the KV cache stores and the attention reads).
+
+Legend: S tokens (any count), Hkv key/value heads, hd head width.
+
+    scale[s, h] = max_d |x[s, h, d]| / 127          (0 where the row is all zeros)
+    q[s, h, d]  = clamp(round(x[s, h, d] / scale[s, h]), -127, 127)      int8
+    x'[s, h, d] = q[s, h, d] * scale[s, h]                                fp32
+
+Why per token and head rather than per block of tokens: a token's scale depends only on its own
+hd values, so the scales of a chunk's keys and values are written once, when the chunk joins the
+cache, and never touched again. Appending never re-quantizes older tokens and a streamed-back copy
+of older KV is byte-identical to the resident one. A per-block scale (say 64 tokens) would have
+to be rewritten whenever a chunk ends inside a block, re-rounding the tokens already stored there.
+The cost is one fp32 scale per hd int8 values (4 / hd: 3.1% at hd=128), and the attention kernel
+folds it out of the dot products: q . (k_i8 * s) = s * (q . k_i8), so no tile is dequantized.
+
+Bound (the round trip, per element): |x - x'| <= scale / 2 up to fp32 rounding of x / scale and
+of q * scale, each at most 2^-24 relative on a value <= 127 * scale, so
+|x - x'| <= scale * (1/2 + 2^-16) (`ROUNDTRIP_SLACK`). The symmetric range [-127, 127] (not -128)
+keeps q -> -q exact.
+
+A nonzero row's scale is at least fp32's smallest normal (2^-126): rows of |x| < 127·2^-126
+would otherwise get a subnormal scale, whose lost precision lets x / scale pass 127.5 and the
+clamp break the bound. Such rows keep the bound (relative to the stored scale) and lose nothing
+a bf16 key could hold.
+
+Magnitudes above 2^120 are refused (q · scale could round past fp32's largest finite value near
+2^128; a normed key is O(10)).
+
+Scales are fp32: an fp16 scale would go subnormal for rows of |x| < 127 * 6.1e-5 and lose the
+bound there; the kernel reads fp16 scales too, for a cache that chooses to store them.
+"""
+from __future__ import annotations
+
+import torch
+
+from strata.errors import StrataError
+
+QMAX = 127
+ROUNDTRIP_SLACK = 2.0 ** -16   # relative to scale, on top of scale / 2 (see the module docstring)
+KV_DTYPES = ("bf16", "int8")
+MAX_ABS = 2.0 ** 120      # the largest |x| accepted: q · scale stays finite in fp32 with room
+TINY = torch.finfo(torch.float32).tiny   # the smallest scale of a nonzero row (see above)
+
+
+def quantize_kv(x: torch.Tensor, *, out: torch.Tensor | None = None,
+                scale_out: torch.Tensor | None = None,
+                validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [S, Hkv, hd] (any float dtype, e.g. a chunk's normed, rotated keys) -> (q [S, Hkv, hd]
+    int8, scale [S, Hkv] fp32). `out` / `scale_out` (views into a cache, say) receive them.
+    `validate` checks for NaN, Inf and |x| > 2^120 on the host (one device sync); the engine's
+    hot path passes False, and such a value then reaches the attention's output as NaN/Inf."""
+    if x.ndim != 3 or not x.is_floating_point():
+        raise StrataError(f"quantize_kv takes a float tensor [S, Hkv, hd], got "
+                          f"{x.dtype} {list(x.shape)}")
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1)                                         # [S, Hkv]
+    if validate and not bool((amax <= MAX_ABS).all()):   # also False for NaN
+        raise StrataError(f"quantize_kv: the keys/values hold NaN, Inf or magnitudes above "
+                          f"2^120 (max |x| = {amax.max().item():.3g}); nothing to scale")
+    # amax == 0, not amax > 0: a NaN row keeps a NaN scale (visible downstream), never 0
+    scale = torch.where(amax == 0, 0.0, (amax / QMAX).clamp_min(TINY))  # [S, Hkv] fp32
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(xf / safe[..., None]).clamp_(-QMAX, QMAX).to(torch.int8)
+    if out is not None:
+        out.copy_(q)
+        q = out
+    if scale_out is not None:
+        scale_out.copy_(scale)
+        scale = scale_out
+    return q, scale
+
+
+def dequantize_kv(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q [S, Hkv, hd] int8, scale [S, Hkv] (fp32 or fp16) -> fp32 [S, Hkv, hd]."""
+    if q.dtype != torch.int8 or scale.shape != q.shape[:-1]:
+        raise StrataError(f"dequantize_kv takes int8 [S, Hkv, hd] and scales [S, Hkv]; got "
+                          f"{q.dtype} {list(q.shape)} and {list(scale.shape)}")
+    return q.float() * scale.float()[..., None]
+
+
+def kv_token_bytes(kv_dtype: str, n_kv_head: int, head_dim: int) -> int:
+    """Bytes one token's keys and values take in one layer's cache: bf16 2·Hkv·hd·2; int8
+    2·Hkv·(hd + 4) (the int8 values and one fp32 scale per head, for k and for v)."""
+    if kv_dtype == "bf16":
+        return 2 * n_kv_head * head_dim * 2
+    if kv_dtype == "int8":
+        return 2 * n_kv_head * (head_dim + 4)
+    raise StrataError(f"kv dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
