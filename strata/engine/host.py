@@ -30,9 +30,12 @@ class HostExperts:
     """Host copies of each layer's expert blobs; `blob(l, e)` is expert e of layer l (uint8)."""
 
     def __init__(self, layer_blobs: Sequence[torch.Tensor] | Callable[[int], torch.Tensor],
-                 blob_sizes: Sequence[int], *, pin: bool = True, progress: bool = False):
+                 blob_sizes: Sequence[int], *, pin: bool = True, progress: bool = False,
+                 layers: Sequence[int] | None = None):
         """`layer_blobs`: one uint8 tensor per layer, or a callable giving layer i's (so a
-        32 GB pack is read into pinned memory a layer at a time, never held twice)."""
+        32 GB pack is read into pinned memory a layer at a time, never held twice).
+        `layers`: load only these (a pipeline rank's range, strata.engine.distributed); the
+        others hold no blob ([0, blob] tensors) and are never read."""
         if callable(layer_blobs):
             get = layer_blobs
             layer_blobs = range(len(blob_sizes))
@@ -55,6 +58,9 @@ class HostExperts:
             it = tqdm(list(it), desc="pinning experts" if want_pin else "loading experts",
                       unit="layer", leave=False)
         for i, (t, size) in enumerate(it):
+            if layers is not None and i not in layers:
+                self.layers.append(torch.empty(0, size, dtype=torch.uint8))
+                continue
             if get is not None:
                 t = get(t)
             if t.dtype != torch.uint8 or t.numel() % size:

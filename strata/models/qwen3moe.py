@@ -113,12 +113,27 @@ class Qwen3Moe(Decoder):
         """Logits fp32 of `tokens` [T] at positions cache.length...; extends the cache.
         logits: "all" -> [T, V], "last" -> [1, V], "none" -> None (skips the LM head).
         The caller brackets it with provider.begin_chunk / end_chunk (see `prefill`)."""
+        T = tokens.shape[0]
+        x = self.forward_layers(self.embed(tokens), cache, provider, range(self.shape.n_layer),
+                                observer=observer)
+        cache.commit(T)
+        return self.head(x, logits)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The hidden states [T, D] of `tokens` [T] (the first stage of a pipeline)."""
+        return self.tok_embd[tokens]
+
+    def forward_layers(self, x: torch.Tensor, cache: KVCache, provider: ExpertProvider,
+                       layers: range, *, observer=None) -> torch.Tensor:
+        """Hidden states [T, D] through `layers` (a contiguous range) at positions cache.length...;
+        appends their KV but does not commit (the caller commits once per chunk). A pipeline
+        stage (strata.engine.distributed) runs its own range; forward_chunk runs them all."""
         s = self.shape
-        T, P = tokens.shape[0], cache.length
-        x = self.tok_embd[tokens]                                           # [T, D]
+        T, P = x.shape[0], cache.length
         pos = torch.arange(P, P + T, device=x.device)
         rope = {x.device: rope_cos_sin(pos, s.head_dim, s.rope_theta)}
-        for l, lw in enumerate(self.layers):
+        for l in layers:
+            lw = self.layers[l]
             provider.begin_layer(l)
             dev = lw.attn.wq.device
             if x.device != dev:  # a layer split: hand the hidden state to the next GPU
@@ -135,13 +150,16 @@ class Qwen3Moe(Decoder):
             if observer is not None:
                 observer.layer_done(l, x)
             provider.end_layer(l)
-        cache.commit(T)
+        return x
+
+    def head(self, x: torch.Tensor, logits: str = "all") -> torch.Tensor | None:
+        """Logits fp32 of hidden states [T, D]: "all" -> [T, V], "last" -> [1, V], "none" -> None."""
         if logits == "none":
             return None
         if logits == "last":
             x = x[-1:]
         x = x.to(self.lm_head.device)
-        return (rms_norm(x, self.out_norm, s.rms_eps) @ self.lm_head.t()).float()   # [T|1, V]
+        return (rms_norm(x, self.out_norm, self.shape.rms_eps) @ self.lm_head.t()).float()
 
     def with_ffn(self, ffn: ExpertFFN) -> "Qwen3Moe":
         return Qwen3Moe(self.shape, self.tok_embd, self.layers, self.out_norm, self.lm_head, ffn=ffn)

@@ -1,0 +1,471 @@
+"""The layer split as a torch.distributed pipeline: one process per participant.
+
+    torchrun --nproc-per-node 2 -m strata prefill PACK --prompt-tokens 32768 --vram 12GiB \
+        --distributed [--schedule pipelined] [--distributed-backend gloo]
+
+Legend: T tokens in a chunk, D hidden, W ranks (world size), r this rank.
+
+Each rank is one participant of the rig the single-process split would build (the same
+`plan_inputs` over W budgets: --vram once for every rank or once per rank), and keeps only its
+own: its layer range, its expert cache, loan, ring and lane, the blobs of its layers
+(HostExperts(layers=...): the pack is read by range), its layers' dense weights, plus the
+embeddings on rank 0 and the output norm + LM head on the last rank.
+
+The chunk is agreed per prompt: every rank plans its own participant alone on the scan grid,
+the ranks all-gather (scan chunk, rule, error) and take the smallest chunk; every rank then
+plans that chunk as forced. Under the full-ring rule this is exactly the single-process plan of
+the whole rig (the joint scan is the largest chunk that fits every participant, and the ring of
+a chunk depends on the chunk only), so plan = engine holds per rank: each rank borrows and
+carves its own ParticipantPlan through `borrow_and_carve`. A rank whose own scan falls back
+(no full ring beside the smallest chunk) fails the prompt on every rank with one line naming
+it; --prefill legacy is refused.
+
+Per chunk, rank 0 embeds the tokens, every rank runs its layers (Qwen3Moe.forward_layers) and
+hands the hidden states [T, D] (the model's dtype: T·D·2 bytes in bf16) to rank r + 1 with
+send/recv; the last rank computes the logits. Every hand-off is a 1-element status header and,
+when the sender is healthy, the payload: a rank that failed sends "failed" headers for the rest of
+the prompt (and drains what upstream still sends), so nothing waits on a message that never comes.
+
+Schedules:
+- "sequential": after every chunk the ranks all-reduce an ok flag (MIN), so chunk c + 1 starts
+  on rank 0 only once the last rank finished chunk c: one chunk in flight, a failure stops every
+  rank after the chunk it happened in. The bubble is (W - 1) / W of each rank's time.
+- "pipelined": no per-chunk collective; rank r runs chunk c + 1 while rank r + 1 runs chunk c
+  (sends are asynchronous), one ok all-gather per prompt. The bubble is the fill and drain:
+  (W - 1) chunk-stages of n_chunks + W - 1.
+
+Failure: an error on any rank (the plan, the carve, an allocation mid-prompt, the NaN guard)
+fails the prompt on every rank with the same line, "rank r of W: <what>" (the lowest failing
+rank's), after each rank refilled its loan (its cache ends byte for byte as it started). Every
+collective and every receive has a timeout (`DistConfig.timeout_s`): a rank that died leaves
+the others with a timeout error, not a hang.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.distributed as dist
+
+from strata.budget import check_machine
+from strata.engine.device import Lane
+from strata.engine.finite import FiniteGuard
+from strata.engine.host import HostExperts
+from strata.engine.prefill import (Borrowed, EngineConfig, Part, _FailingProvider, _first_line,
+                                   borrow_and_carve, plan_inputs, plan_prompt)
+from strata.engine.provider import STAGE as MODE_STAGE
+from strata.engine.provider import STREAM as MODE_STREAM
+from strata.engine.provider import StreamingProvider
+from strata.engine.scratch import ParticipantScratch
+from strata.engine.stats import PrefillStats
+from strata import config
+from strata.errors import StrataError
+from strata.memory import STAGE, ExpertCache, Loan
+from strata.models.kv import KVCache
+from strata.models.load import open_pack, resolve_device
+from strata.models.moe import expert_ffn
+from strata.planning import scratch_reserve
+from strata.units import fmt_bytes
+
+log = logging.getLogger("strata")
+
+SEQUENTIAL, PIPELINED = "sequential", "pipelined"
+SCHEDULES = (SEQUENTIAL, PIPELINED)
+TIMEOUT_S = 600.0            # collectives and receives; a dead rank surfaces within this
+_OK, _FAILED = 1, 0          # the hand-off's status header
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    schedule: str = SEQUENTIAL
+    backend: str | None = None      # None: nccl on CUDA, gloo on the CPU
+    timeout_s: float = TIMEOUT_S
+
+
+@dataclass
+class StageResult:
+    """One rank's read of a prompt. `logits` only on the last rank."""
+    logits: torch.Tensor | None
+    plan: object                     # this rank's plan (the agreed chunk, forced)
+    chunk: int
+    ring: int | str
+    rank: int
+    world: int
+    layers: range
+    stats: PrefillStats = field(default_factory=PrefillStats)
+    memory: list[Borrowed] = field(default_factory=list)
+    handoff_s: float = 0.0           # time in send/recv of hidden states (this rank)
+    handoff_bytes: int = 0           # hidden-state bytes this rank sent
+    compute_s: float = 0.0           # time in its own layers (synced per chunk)
+
+
+def init(backend: str | None = None, timeout_s: float = TIMEOUT_S, *,
+         init_method: str | None = None, rank: int | None = None, world: int | None = None
+         ) -> tuple[int, int, torch.device]:
+    """Join the process group (torchrun's environment unless `init_method`/`rank`/`world` are
+    given) and pick this rank's device: cuda:LOCAL_RANK (mod the visible GPUs, so two gloo ranks
+    may share one GPU) when CUDA is there, else the CPU. NCCL refuses two ranks on one GPU and
+    needs CUDA: both are refused here with one line."""
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend not in ("nccl", "gloo"):
+        raise StrataError(f"--distributed-backend must be nccl or gloo, got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise StrataError("--distributed-backend nccl needs CUDA; use gloo on CPUs")
+    if not dist.is_initialized():
+        if init_method is None and "RANK" not in os.environ:
+            raise StrataError("--distributed runs under torchrun (one process per GPU or host), "
+                              "e.g. torchrun --nproc-per-node 2 -m strata prefill ... "
+                              "--distributed")
+        kw = {} if init_method is None else dict(init_method=init_method, rank=rank,
+                                                 world_size=world)
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    r, w = dist.get_rank(), dist.get_world_size()
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", r))   # torchrun's contract, not a strata knob
+        n = torch.cuda.device_count()
+        if backend == "nccl" and w > n and local >= n:
+            raise StrataError(f"NCCL needs one GPU per rank but rank {r} has none of the {n} "
+                              f"visible; use --distributed-backend gloo to share a GPU")
+        dev = torch.device("cuda", local % n)
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    return r, w, dev
+
+
+def agree_chunk(mine, gather) -> int:
+    """The chunk every rank reads: the smallest of each rank's own scan chunk. `mine` is this
+    rank's (scan chunk, rule, error or None); `gather(obj)` returns every rank's (in rank
+    order). Raises the lowest failing rank's error, the same on every rank."""
+    every = gather(mine)
+    _raise_first([(r, e) for r, (_, _, e) in enumerate(every)], len(every))
+    bad = [(r, rule) for r, (_, rule, _) in enumerate(every) if rule not in ("full-ring", "forced")]
+    if bad:
+        r, rule = bad[0]
+        raise StrataError(f"rank {r} of {len(every)}: its plan needs the {rule} rule (no full "
+                          f"ring beside the smallest chunk); a distributed read agrees on one "
+                          f"chunk under the full-ring rule; give that rank more --vram or force "
+                          f"--chunk")
+    return min(c for c, _, _ in every)
+
+
+def _raise_first(errors, world: int) -> None:
+    for r, e in errors:
+        if e is not None:
+            raise StrataError(f"rank {r} of {world}: {e}")
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, StrataError):
+        return str(e).splitlines()[0]
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return (f"a device allocation failed mid-prompt ({_first_line(e)}); the request failed "
+                f"and the cache was refilled; try a smaller --chunk or more --vram")
+    return f"{type(e).__name__}: {_first_line(e)}"
+
+
+class StageEngine:
+    """One rank's participant of the layer split: plans, borrows, carves and streams its own
+    layers only; `run(tokens)` reads a prompt with the other ranks (every rank calls it with
+    the same tokens)."""
+
+    def __init__(self, pack, cfg: EngineConfig, dcfg: DistConfig, *, rank: int, world: int,
+                 device: torch.device):
+        if dcfg.schedule not in SCHEDULES:
+            raise StrataError(f"--schedule must be one of {', '.join(SCHEDULES)}, got "
+                              f"{dcfg.schedule!r}")
+        if cfg.scan == "legacy":
+            raise StrataError("--prefill legacy is not supported with --distributed; the ranks "
+                              "agree on a chunk of the auto scan (or a forced --chunk)")
+        self.dcfg, self.rank, self.world = dcfg, rank, world
+        self.pack = pack = open_pack(pack)
+        self.shape = s = pack.shape
+        vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
+        if len(vram) == 1:
+            vram = vram * world
+        if len(vram) != world:
+            raise StrataError(f"{len(vram)} --vram budgets for {world} ranks; give one --vram "
+                              f"(every rank) or one per rank")
+        self.cfg = cfg = replace(cfg, vram=vram, devices=None)
+        self.device = device = resolve_device(device)
+        self.dtype = cfg.dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        self.layouts = [pl.layout for pl in pack.layers]
+        blob_sizes = [pl.blob_size for pl in pack.layers]
+        # the whole rig's participants (the same call as the single-process split), then ours
+        parts, budgets, self.layout, self.fused = plan_inputs(s, blob_sizes, pack.native, cfg,
+                                                              device.type)
+        p, b = parts[rank], budgets[rank]
+        self.layers = b.layers
+        self.first, self.last = rank == 0, rank == world - 1
+        check_machine([b], [device], host_blobs=sum(blob_sizes[l] for l in b.layers) * s.n_expert,
+                      pin=cfg.pin, dense_host=b.dense * self.dtype.itemsize // 2)
+        self.host = HostExperts(pack.experts, blob_sizes, pin=cfg.pin, progress=cfg.progress,
+                                layers=b.layers)
+        self.pinned = self.host.pinned or device.type != "cuda"
+        cache = ExpertCache(p.cache, self.host.source, device)
+        self.part = Part(p.name, device, b.layers, p, b, cache, Lane(device),
+                         ParticipantScratch(p.name, device, cache.buffer))
+        self.finite = FiniteGuard()
+        self.model = load_stage(pack, b.layers, device=device, dtype=self.dtype,
+                                ffn=self.finite.wrap(expert_ffn(cfg.ffn)), first=self.first,
+                                last=self.last)
+        # the hand-off travels on the CPU under gloo, on the GPU under NCCL
+        self.wire = device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    @property
+    def cache(self) -> ExpertCache:
+        return self.part.cache
+
+    # -- planning ----------------------------------------------------------------------------
+    def plan_alone(self, n_tokens: int, *, slab: bool = False, chunk: int | None = None):
+        """This rank's plan of its own participant (`chunk`: forced)."""
+        reserve = scratch_reserve(self.shape, {self.part.name: self.device}, self.cfg.ffn, slab,
+                                  self.layouts)
+        cfg = self.cfg if chunk is None else replace(self.cfg, chunk=chunk)
+        return plan_prompt(self.layout, [self.part.participant], cfg, pinned=self.pinned,
+                           fused=self.fused, native=self.pack.native, n_tokens=n_tokens,
+                           scratch_reserve=reserve)
+
+    def plan(self, n_tokens: int, *, slab: bool = False):
+        """The agreed plan: the smallest of every rank's own scan chunk, planned forced here."""
+        try:
+            mine = self.plan_alone(n_tokens, slab=slab)
+            if not mine.fits:
+                raise StrataError(f"the plan does not fit: {mine.short_of()}")
+            own = (mine.scan_chunk, mine.rule, None)
+        except StrataError as e:
+            own = (0, "error", _message(e))
+        chunk = agree_chunk(own, self._gather)
+        plan = self.plan_alone(n_tokens, slab=slab, chunk=chunk)
+        if not plan.fits:   # the smaller chunk fits wherever the larger did; a bug otherwise
+            raise StrataError(f"rank {self.rank}: the agreed chunk {chunk} does not fit: "
+                              f"{plan.short_of()} (a bug)")
+        return plan
+
+    def _gather(self, obj) -> list:
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    # -- a prompt ----------------------------------------------------------------------------
+    def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None
+            ) -> StageResult:
+        """Read `tokens` (1-D ids, the same on every rank). logits: "all" | "last" | "none"
+        (the last rank returns them). `fail_after_layers`: this rank fails with an allocation
+        error after that many layer batches (tests of the failure path)."""
+        if logits not in ("all", "last", "none"):
+            raise StrataError(f"logits must be all, last or none, got {logits!r}")
+        tokens = torch.as_tensor(tokens, dtype=torch.int64)
+        T = tokens.numel()
+        own_error = None
+        try:
+            tokens = self.model.check_tokens(tokens)
+            if T > self.cfg.max_prompt:
+                raise StrataError(f"the prompt has {T} tokens but this engine reserved KV for "
+                                  f"{self.cfg.max_prompt}; raise max_prompt (--max-prompt)")
+        except StrataError as e:
+            own_error = _message(e)
+        _raise_first(list(enumerate(self._gather(own_error))), self.world)
+        slab = config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
+        plan = self.plan(T, slab=slab)
+        pp = plan.participants[0]
+        chunk = plan.chunk
+        res = StageResult(None, plan, chunk, plan.ring, self.rank, self.world, self.layers,
+                          PrefillStats(tokens=T))
+        loans: list[Loan] = []
+        part = self.part
+        error = None
+        try:
+            try:
+                carve, bufs, got = borrow_and_carve(part.cache, self.layout, chunk, pp,
+                                                    self.cfg.lend_cap, loans)
+                res.memory.append(got)
+                if slab:
+                    part.scratch.publish(carve.tail())
+                provider = StreamingProvider(
+                    part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
+                    mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
+                    batch=self.cfg.batch, lane=part.lane, scratch_alloc=part.scratch,
+                    buffers=bufs)
+                inner = provider
+                if fail_after_layers is not None:
+                    inner = _FailingProvider(provider, fail_after_layers)
+                watched = self.finite.watch(inner)
+            except Exception as e:   # noqa: BLE001 — every rank must hear of it
+                error, provider, watched = _message(e), None, None
+            error = self._read(tokens, chunk, watched, logits, res, error)
+            if provider is not None:
+                for c in provider.chunks:
+                    c.settle()
+                res.stats.chunks.extend(provider.chunks)
+        finally:
+            part.lane.sync()
+            part.scratch.drop()
+            for loan in loans:
+                loan.refill()
+            part.lane.sync()
+        _raise_first(list(enumerate(self._gather(error))), self.world)
+        return res
+
+    def _read(self, tokens, chunk: int, provider, logits: str, res: StageResult,
+              error: str | None) -> str | None:
+        """The chunk loop of this rank; returns its own error (None: it read every chunk).
+        A rank in error keeps receiving (and dropping) and sends "failed" headers."""
+        T = tokens.numel()
+        s = self.shape
+        kv = out = None
+        try:
+            kv = stage_kv(s, self.layers, T, self.dtype, self.device)
+            if self.last and logits != "none":
+                out = torch.zeros(T if logits == "all" else 1, s.vocab, dtype=torch.float32,
+                                  device=self.device)
+        except Exception as e:   # noqa: BLE001 — every rank must hear of it
+            error = error or _message(e)
+        sends: list = []
+        upstream_ok = True
+        seq = self.dcfg.schedule == SEQUENTIAL
+        t_start = time.perf_counter()
+        if provider is not None:
+            provider.begin_prompt(T, min(chunk, T))
+        for start in range(0, T, chunk):
+            n = min(chunk, T - start)
+            x = None
+            if not self.first:
+                t0 = time.perf_counter()
+                ok, x = self._recv(n, error is None and upstream_ok)
+                res.handoff_s += time.perf_counter() - t0
+                upstream_ok = upstream_ok and ok
+            if error is None and upstream_ok:
+                try:
+                    t0 = time.perf_counter()
+                    provider.begin_chunk(kv.length, n)
+                    if self.first:
+                        x = self.model.embed(tokens[start:start + n])
+                    x = self.model.forward_layers(x.to(self.device), kv, provider, self.layers)
+                    provider.end_chunk()
+                    kv.commit(n)
+                    if out is not None:
+                        last = start + n == T
+                        mode = logits if logits != "last" else ("last" if last else "none")
+                        y = self.model.head(x, mode)
+                        if mode == "all":
+                            out[start:start + n] = y
+                        elif mode == "last":
+                            out[:] = y
+                    _sync(self.device)
+                    res.compute_s += time.perf_counter() - t0
+                except Exception as e:   # noqa: BLE001 — every rank must hear of it
+                    error = _message(e)
+            if not self.last:
+                t0 = time.perf_counter()
+                healthy = error is None and upstream_ok
+                sends += self._send(x if healthy else None)
+                res.handoff_bytes += x.numel() * x.element_size() if healthy else 0
+                # sequential: this chunk is handed off before the next; pipelined: at most
+                # two chunks in flight (their buffers stay referenced until sent)
+                keep = 0 if seq else 2 * 2
+                while len(sends) > keep:
+                    self._wait(sends.pop(0))
+                res.handoff_s += time.perf_counter() - t0
+            if seq and not self._all_ok(error is None and upstream_ok):
+                break   # every rank leaves after the same chunk
+        for w in sends:
+            self._wait(w)
+        if provider is not None:
+            provider.end_prompt(error is None)
+        res.stats.seconds = time.perf_counter() - t_start
+        res.logits = out
+        return error
+
+    # -- the hand-off ------------------------------------------------------------------------
+    def _send(self, x: torch.Tensor | None) -> list:
+        dst = self.rank + 1
+        head = torch.tensor([_OK if x is not None else _FAILED], dtype=torch.int64,
+                            device=self.wire)
+        works = [(dist.isend(head, dst), head)]
+        if x is not None:
+            x = x.to(self.wire).contiguous()
+            works.append((dist.isend(x, dst), x))
+        return works
+
+    def _recv(self, n: int, want: bool) -> tuple[bool, torch.Tensor | None]:
+        """(upstream healthy, hidden states [n, D] or None). `want` False: drop them."""
+        src = self.rank - 1
+        head = torch.empty(1, dtype=torch.int64, device=self.wire)
+        self._wait(dist.irecv(head, src))
+        if int(head[0]) != _OK:
+            return False, None
+        x = torch.empty(n, self.shape.d_model, dtype=self.dtype, device=self.wire)
+        self._wait(dist.irecv(x, src))
+        return True, (x if want else None)
+
+    def _wait(self, work) -> None:
+        """Wait for a hand-off (a Work, or (Work, its buffer)) within the timeout."""
+        if isinstance(work, tuple):
+            work = work[0]
+        if not work.wait(datetime.timedelta(seconds=self.dcfg.timeout_s)):
+            raise StrataError(f"rank {self.rank}: a hand-off timed out after "
+                              f"{self.dcfg.timeout_s:.0f} s; a neighbouring rank died or hung")
+
+    def _all_ok(self, ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.wire)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag[0])
+
+
+def stage_kv(shape, layers: range, capacity: int, dtype, device) -> KVCache:
+    """A KV cache whose own `layers` hold `capacity` tokens; the other layers hold nothing."""
+    kv = KVCache(shape.n_layer, shape.n_kv_head, shape.head_dim, capacity=0, dtype=dtype,
+                 device=device)
+    for l in layers:
+        kv.k[l] = torch.zeros(shape.n_kv_head, capacity, shape.head_dim, dtype=dtype,
+                              device=device)
+        kv.v[l] = torch.zeros_like(kv.k[l])
+    kv.capacity = capacity
+    return kv
+
+
+def load_stage(pack, layers: range, *, device, dtype, ffn, first: bool, last: bool):
+    """The model of one pipeline stage: the dense weights of `layers` only, the embeddings when
+    `first`, the output norm and LM head when `last` (tied packs: the embeddings). The other
+    layers' weights are never read from the pack."""
+    from strata.models.qwen3moe import LayerWeights, Qwen3Moe
+    pack = open_pack(pack)
+    s = pack.shape
+    if s.arch != "qwen3moe":
+        raise StrataError(f"--distributed runs qwen3moe packs; {s.arch!r} has no pipeline stage")
+    names = set(pack.dense_names())
+
+    def get(name):
+        return pack.dense(name).to(device=device, dtype=dtype)
+    D = s.d_model
+    empty = torch.empty(0, D, dtype=dtype, device=device)
+    ws = [LayerWeights.from_tensors(get, l) if l in layers else None for l in range(s.n_layer)]
+    embd = get("token_embd.weight") if first else empty
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"
+    out_norm = get("output_norm.weight") if last else empty[0:0, 0]
+    lm_head = get(head) if last else empty
+    return Qwen3Moe(s, embd, ws, out_norm, lm_head, ffn=ffn)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bubble(schedule: str, n_chunks: int, world: int) -> float:
+    """The idle fraction of a rank under equal stage times: sequential (W-1)/W; pipelined the
+    fill and drain, (W-1)/(n_chunks + W - 1)."""
+    if schedule == SEQUENTIAL:
+        return (world - 1) / world
+    return (world - 1) / (n_chunks + world - 1)
+
+
+def fmt_stage(res: StageResult) -> str:
+    return (f"rank {res.rank}/{res.world} layers {res.layers.start}-{res.layers.stop - 1}: "
+            f"compute {res.compute_s:.3f} s, hand-off {res.handoff_s:.3f} s "
+            f"({fmt_bytes(res.handoff_bytes)} sent)")

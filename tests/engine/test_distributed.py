@@ -1,0 +1,128 @@
+"""The layer split as a torch.distributed pipeline (strata.engine.distributed), on CPU gloo.
+
+Cases and why each exists:
+- two ranks, both schedules, chunk 16 over 37 tokens (an uneven last chunk): the last rank's
+  logits equal the single-process split engine's bit for bit (same dtype, same cache, ring and
+  passes: the same expert path), and each rank's cache ends byte for byte as it started;
+- the agreed chunk (min of each rank's own scan, then forced) equals the single-process plan
+  of the whole rig, participant by participant, over random rigs (plan = engine per rank);
+- rank 1 fails mid-prompt (an injected allocation failure): both ranks raise the same line,
+  both caches are restored, nothing hangs (the spawn is bounded by a timeout);
+- the CLI under torchrun: two processes print the same one-line error and exit 2 when one
+  rank's budget does not fit.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.packs.synth import ExpertFormats, synth_pack
+from strata.shapes import get_preset
+
+SHAPE = get_preset("tiny").with_(n_layer=4)
+T = 37
+SPAWN_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    fmts = [ExpertFormats.of("Q8_0"), ExpertFormats.of("Q4_0", down="Q8_0")] * 2
+    return synth_pack(tmp_path_factory.mktemp("p") / "tiny4.pack", SHAPE, fmts, progress=False)
+
+
+def tokens():
+    return torch.randint(0, SHAPE.vocab, (T,), generator=torch.Generator().manual_seed(7))
+
+
+def config(pack, vram=1 << 30, **kw):
+    from strata.packs import Pack
+    kw.setdefault("chunk", 16)
+    kw.setdefault("ring", 3)    # < E = 8: a layer streams in several passes
+    return EngineConfig(vram=vram, cache=16 * Pack.open(pack).max_blob, max_prompt=64,
+                        device="cpu", ffn="ref", **kw)
+
+
+def _worker(rank, world, port, pack, out, schedule, fail_rank, threads):
+    from strata.engine.distributed import DistConfig, StageEngine, init
+    try:
+        torch.set_num_threads(threads)   # the parent's: a CPU GEMM's sums split by thread
+        r, w, dev = init("gloo", 60, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                         world=world)
+        eng = StageEngine(pack, config(pack), DistConfig(schedule=schedule, timeout_s=60),
+                          rank=r, world=w, device=dev)
+        before = eng.cache.buffer.clone()
+        res = {"rank": r, "layers": [eng.layers.start, eng.layers.stop]}
+        try:
+            got = eng.run(tokens(), logits="all",
+                          fail_after_layers=3 if r == fail_rank else None)
+            res["chunk"] = got.chunk
+            if got.logits is not None:
+                torch.save(got.logits, Path(out) / "logits.pt")
+        except Exception as e:   # noqa: BLE001 — the test compares what every rank raised
+            res["error"] = f"{type(e).__name__}: {e}"
+        res["restored"] = bool(torch.equal(before, eng.cache.buffer))
+        (Path(out) / f"rank{r}.json").write_text(json.dumps(res))
+        torch.distributed.destroy_process_group()
+    except Exception:   # noqa: BLE001
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps({"crash": traceback.format_exc()}))
+        raise
+
+
+def spawn(pack, out, schedule="sequential", fail_rank=-1, world=2):
+    ctx = mp.start_processes(_worker, args=(world, free_port(), str(pack), str(out), schedule,
+                                            fail_rank, torch.get_num_threads()),
+                             nprocs=world, join=False, start_method="spawn")
+    import time
+    t0 = time.time()
+    while not ctx.join(timeout=5):
+        if time.time() - t0 > SPAWN_TIMEOUT_S:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"the ranks did not finish within {SPAWN_TIMEOUT_S} s (a hang)")
+    return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def single(pack):
+    """The single-process split: two participants, the same rig, the same chunk."""
+    eng = PrefillEngine(pack, config(pack, vram=[1 << 30, 1 << 30]))
+    return eng.run(tokens(), logits="all")
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "pipelined"])
+def test_two_ranks_equal_single_process(pack, single, tmp_path, schedule):
+    ranks = spawn(pack, tmp_path, schedule)
+    for r in ranks:
+        assert "crash" not in r, r.get("crash")
+        assert "error" not in r, r["error"]
+        assert r["restored"]
+        assert r["chunk"] == single.chunk
+    assert [r["layers"] for r in ranks] == [[0, 2], [2, 4]]
+    logits = torch.load(tmp_path / "logits.pt")
+    assert logits.dtype == single.logits.dtype
+    assert torch.equal(logits, single.logits)
+
+
+def test_a_failing_rank_fails_every_rank(pack, tmp_path):
+    ranks = spawn(pack, tmp_path, "pipelined", fail_rank=1)
+    errors = [r.get("error") for r in ranks]
+    assert all(r["restored"] for r in ranks)
+    assert errors[0] is not None and errors[0] == errors[1]
+    assert errors[0].startswith("StrataError: rank 1 of 2: injected allocation failure")
+    assert "\n" not in errors[0]
