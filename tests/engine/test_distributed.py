@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from hypothesis import example, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from strata.engine.prefill import EngineConfig, PrefillEngine
@@ -126,3 +126,69 @@ def test_a_failing_rank_fails_every_rank(pack, tmp_path):
     assert errors[0] is not None and errors[0] == errors[1]
     assert errors[0].startswith("StrataError: rank 1 of 2: injected allocation failure")
     assert "\n" not in errors[0]
+
+
+# -- the agreed chunk is the single-process plan of the whole rig ---------------------------
+MiB = 1 << 20
+
+
+def _agreed(layout, parts, cfg, n_tokens, **kw):
+    """What every rank of a distributed read plans: its own scan, the collective min (a fake
+    gather over the ranks' answers), then the agreed chunk forced."""
+    from dataclasses import replace
+
+    from strata.engine.distributed import agree_chunk
+    from strata.engine.prefill import plan_prompt
+    from strata.errors import StrataError
+    own = []
+    for p in parts:
+        try:
+            alone = plan_prompt(layout, [p], cfg, n_tokens=n_tokens, **kw)
+            own.append((alone.scan_chunk, alone.rule, None if alone.fits else "does not fit"))
+        except StrataError as e:
+            own.append((0, "error", str(e)))
+    chunk = agree_chunk(own[0], lambda _: own)
+    return [plan_prompt(layout, [p], replace(cfg, chunk=chunk), n_tokens=n_tokens, **kw)
+            for p in parts]
+
+
+@settings(max_examples=60, deadline=None)
+@given(vram=st.lists(st.integers(2, 64), min_size=2, max_size=4),
+       n_tokens=st.integers(1, 4096), lend_cap=st.sampled_from([0.5, 0.9, 1.0]),
+       pinned=st.booleans(), ring=st.sampled_from([None, 2, 7]))
+@example(vram=[64, 3], n_tokens=4096, lend_cap=0.9, pinned=True, ring=None).via(
+    "a small rank binds the chunk the big one would have read")
+@example(vram=[8, 8, 8], n_tokens=5, lend_cap=0.9, pinned=True, ring=None).via(
+    "a prompt shorter than the chunk: every ring re-resolved for it")
+def test_agreed_chunk_is_the_single_process_plan(pack, vram, n_tokens, lend_cap, pinned, ring):
+    from strata.engine.prefill import plan_inputs, plan_prompt
+    from strata.errors import StrataError
+    from strata.packs import Pack
+    pk = Pack.open(pack)
+    cfg = EngineConfig(vram=[v * MiB for v in vram], lend_cap=lend_cap, max_prompt=4096,
+                       reserve=MiB, ring=ring, scan_max=4096, ffn="ref")
+    blobs = [pl.blob_size for pl in pk.layers]
+    if len(vram) > SHAPE.n_layer:
+        return
+    try:
+        parts, _, layout, fused = plan_inputs(SHAPE, blobs, pk.native, cfg, "cuda")
+    except StrataError:
+        event("no room for a cache")
+        return   # a rank with no room for a cache: refused before any plan, on every path
+    kw = dict(pinned=pinned, fused=fused, native=pk.native)
+    try:
+        joint = plan_prompt(layout, parts, cfg, n_tokens=n_tokens, **kw)
+    except StrataError:
+        event("nothing fits")
+        with pytest.raises(StrataError):
+            _agreed(layout, parts, cfg, n_tokens, **kw)
+        return
+    event(f"joint rule {joint.rule}")
+    if joint.rule != "full-ring":
+        with pytest.raises(StrataError, match="rank"):
+            _agreed(layout, parts, cfg, n_tokens, **kw)
+        return
+    ranks = _agreed(layout, parts, cfg, n_tokens, **kw)
+    for r, got in enumerate(ranks):
+        assert got.chunk == joint.chunk
+        assert got.participants[0] == joint.participants[r]
