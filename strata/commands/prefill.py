@@ -61,6 +61,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true",
                    help="check every tensor's checksum before reading (reads the whole pack)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    from strata.commands import _dist
+    _dist.add_flags(p)     # --distributed (torchrun): strata.commands._dist
     return p
 
 
@@ -166,6 +168,9 @@ def run(args) -> int:
     from strata.models.load import load_model, resolve_device
     from strata.models.moe import expert_ffn
 
+    if args.distributed:
+        from strata.commands import _dist
+        return _dist.run(args)
     if _streaming(args):
         return run_streaming(args)
     check_budget_flags(args)

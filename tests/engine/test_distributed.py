@@ -192,3 +192,48 @@ def test_agreed_chunk_is_the_single_process_plan(pack, vram, n_tokens, lend_cap,
     for r, got in enumerate(ranks):
         assert got.chunk == joint.chunk
         assert got.participants[0] == joint.participants[r]
+
+
+# -- the CLI under torchrun -------------------------------------------------------------------
+CLI_TIMEOUT_S = 240
+
+
+def torchrun(*argv, nproc=2):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parents[2]))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                           str(nproc), "--master-port", str(free_port()), "-m", "strata",
+                           "prefill", *map(str, argv), "--distributed"],
+                          capture_output=True, text=True, env=env, timeout=CLI_TIMEOUT_S)
+
+
+def test_cli_logits_equal_the_one_process_read(pack, tmp_path):
+    common = [pack, "--prompt-tokens", T, "--cache", "100KiB", "--chunk", 16, "--ring", 3,
+              "--experts", "ref", "--force"]
+    got = torchrun(*common, "--vram", "1GiB", "--dist-schedule", "pipelined", "--json",
+                   "--dump-logits", tmp_path / "d.npy")
+    assert got.returncode == 0, got.stderr[-2000:]
+    report = json.loads(got.stdout.strip().splitlines()[-1])
+    assert report["world"] == 2 and report["schedule"] == "pipelined"
+    assert report["ranks"][0]["handoff_bytes"] == T * SHAPE.d_model * 4   # fp32 on the CPU
+    one = subprocess.run([sys.executable, "-m", "strata", "prefill", *map(str, common),
+                          "--vram", "1GiB", "--vram", "1GiB", "--dump-logits", tmp_path / "s.npy"],
+                         capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                         env=dict(os.environ, OMP_NUM_THREADS="1",
+                                  PYTHONPATH=str(Path(__file__).parents[2])))
+    assert one.returncode == 0, one.stderr[-2000:]
+    import numpy as np
+    a, b = np.load(tmp_path / "d.npy"), np.load(tmp_path / "s.npy")
+    assert a.dtype == b.dtype and (a == b).all()
+
+
+def test_cli_one_rank_that_does_not_fit_fails_both_with_one_line(pack):
+    # rank 1's VRAM leaves a cache too small for any chunk; rank 0's is ample
+    got = torchrun(pack, "--prompt-tokens", T, "--vram", "2GiB", "--vram", "1048760KiB",
+                   "--experts", "ref")
+    assert got.returncode != 0
+    lines = [l for l in got.stderr.splitlines() if l.startswith("strata prefill: ")]
+    assert len(lines) == 2 and lines[0] == lines[1], got.stderr[-2000:]
+    assert lines[0].startswith("strata prefill: rank 1 of 2: nothing fits")
+    # torchrun prints its own launcher traceback when a child exits non-zero; the ranks print
+    # none: no frame of strata's code, no exception type
+    assert "/strata/" not in got.stderr and "StrataError" not in got.stderr
