@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU tests, then the benchmarks, results under $OUT.
-#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests] [prefill] [kernels] [dequant] [slab] [split] [attn]
+#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests] [prefill] [kernels] [dequant] [slab] [split] [attn] [dist] [dist2]
 # (the *tests steps are subsets of `tests`, which needs more than one call's time)
 # pytest gets no -q: the repo's addopts has one, a second hides the summary line.
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
@@ -32,5 +32,10 @@ for step in "$@"; do
     attn)    timeout 200 python3 experiments/attention_bench.py --out "$OUT" 2>&1 | tail -30 | tee "$OUT/attention_bench.log" ;;
     attntests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_chunk_attention.py 2>&1 | tail -20 > "$OUT/gpu_attn_tests.log"; tail -5 "$OUT/gpu_attn_tests.log" ;;
     split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 ;;
+    # issue 21 item 4 (nvidia-h200, one GPU): two gloo ranks sharing the GPU against the one-process split
+    dist)    timeout 470 python3 experiments/dist_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/dist_ab.log" ;;
+    # issue 22 (nvidia-h200-x2 ONLY; documented, not yet run): two NCCL ranks, 32K and 131072,
+    # sequential vs pipelined against the one-process split over cuda:0/cuda:1
+    dist2)   timeout 590 python3 experiments/dist_ab.py --backend nccl --prompts 32768,131072 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/dist2_ab.log" ;;
   esac
 done

@@ -12,13 +12,15 @@ own: its layer range, its expert cache, loan, ring and lane, the blobs of its la
 embeddings on rank 0 and the output norm + LM head on the last rank.
 
 The chunk is agreed per prompt: every rank plans its own participant alone on the scan grid,
-the ranks all-gather (scan chunk, rule, error) and take the smallest chunk; every rank then
-plans that chunk as forced. Under the full-ring rule this is exactly the single-process plan of
-the whole rig (the joint scan is the largest chunk that fits every participant, and the ring of
-a chunk depends on the chunk only), so plan = engine holds per rank: each rank borrows and
-carves its own ParticipantPlan through `borrow_and_carve`. A rank whose own scan falls back
-(no full ring beside the smallest chunk) fails the prompt on every rank with one line naming
-it; --prefill legacy is refused.
+the ranks all-gather (scan chunk, rule, error, participant) and take the smallest chunk (a
+collective min); every rank then plans that chunk as forced. Under the full-ring rule this is
+exactly the single-process plan of the whole rig (the joint scan is the largest chunk that fits
+every participant, and the ring of a chunk depends on the chunk only). When a rank's own scan
+falls back (no full ring beside the smallest chunk), every rank plans the whole rig from the
+gathered participants (cache layouts and lend caps: plain data), as the single-process split
+does, and takes its own ParticipantPlan. Either way every rank runs the same chunk under the same
+rule, and plan = engine holds per rank: each rank borrows and carves its own ParticipantPlan
+through `borrow_and_carve`. --prefill legacy is refused.
 
 Per chunk, rank 0 embeds the tokens, every rank runs its layers (Qwen3Moe.forward_layers) and
 hands the hidden states [T, D] (the model's dtype: T·D·2 bytes in bf16) to rank r + 1 with
@@ -137,20 +139,16 @@ def init(backend: str | None = None, timeout_s: float = TIMEOUT_S, *,
     return r, w, dev
 
 
-def agree_chunk(mine, gather) -> int:
-    """The chunk every rank reads: the smallest of each rank's own scan chunk. `mine` is this
-    rank's (scan chunk, rule, error or None); `gather(obj)` returns every rank's (in rank
-    order). Raises the lowest failing rank's error, the same on every rank."""
-    every = gather(mine)
-    _raise_first([(r, e) for r, (_, _, e) in enumerate(every)], len(every))
-    bad = [(r, rule) for r, (_, rule, _) in enumerate(every) if rule not in ("full-ring", "forced")]
-    if bad:
-        r, rule = bad[0]
-        raise StrataError(f"rank {r} of {len(every)}: its plan needs the {rule} rule (no full "
-                          f"ring beside the smallest chunk); a distributed read agrees on one "
-                          f"chunk under the full-ring rule; give that rank more --vram or force "
-                          f"--chunk")
-    return min(c for c, _, _ in every)
+def agree_chunk(every: list) -> int | None:
+    """The chunk every rank reads from every rank's (scan chunk, rule, error or None, ...), in
+    rank order: the smallest scan chunk when every rank's own scan found a full ring (or the
+    chunk was forced); None when a rank fell back (the ranks then plan the whole rig jointly
+    from the gathered participants: the fallback sizes each ring beside the smallest chunk).
+    Raises the lowest failing rank's error, the same on every rank."""
+    _raise_first([(r, e[2]) for r, e in enumerate(every)], len(every))
+    if all(e[1] in ("full-ring", "forced") for e in every):
+        return min(e[0] for e in every)
+    return None
 
 
 def _raise_first(errors, world: int) -> None:
@@ -231,7 +229,9 @@ class StageEngine:
                            scratch_reserve=reserve)
 
     def plan(self, n_tokens: int, *, slab: bool = False):
-        """The agreed plan: the smallest of every rank's own scan chunk, planned forced here."""
+        """(plan, this rank's ParticipantPlan): the smallest of every rank's own scan chunk,
+        planned forced here; when a rank's scan fell back, the joint plan of every rank's
+        gathered participant (what the single-process split plans)."""
         try:
             mine = self.plan_alone(n_tokens, slab=slab)
             if not mine.fits:
@@ -239,12 +239,23 @@ class StageEngine:
             own = (mine.scan_chunk, mine.rule, None)
         except StrataError as e:
             own = (0, "error", _message(e))
-        chunk = agree_chunk(own, self._gather)
-        plan = self.plan_alone(n_tokens, slab=slab, chunk=chunk)
-        if not plan.fits:   # the smaller chunk fits wherever the larger did; a bug otherwise
-            raise StrataError(f"rank {self.rank}: the agreed chunk {chunk} does not fit: "
+        every = self._gather((*own, self.part.participant, self.pinned))
+        chunk = agree_chunk(every)
+        if chunk is not None:
+            plan = self.plan_alone(n_tokens, slab=slab, chunk=chunk)
+            pp = plan.participants[0]
+        else:
+            parts = [e[3] for e in every]
+            reserve = scratch_reserve(self.shape, {p.name: self.device for p in parts},
+                                      self.cfg.ffn, slab, self.layouts)
+            plan = plan_prompt(self.layout, parts, self.cfg, pinned=all(e[4] for e in every),
+                               fused=self.fused, native=self.pack.native, n_tokens=n_tokens,
+                               scratch_reserve=reserve)
+            pp = plan.participants[self.rank]
+        if not pp.fits:   # the smaller chunk fits wherever the larger did; a bug otherwise
+            raise StrataError(f"rank {self.rank}: the agreed chunk {plan.chunk} does not fit: "
                               f"{plan.short_of()} (a bug)")
-        return plan
+        return plan, pp
 
     def _gather(self, obj) -> list:
         out = [None] * self.world
@@ -271,10 +282,9 @@ class StageEngine:
             own_error = _message(e)
         _raise_first(list(enumerate(self._gather(own_error))), self.world)
         slab = config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
-        plan = self.plan(T, slab=slab)
-        pp = plan.participants[0]
+        plan, pp = self.plan(T, slab=slab)
         chunk = plan.chunk
-        res = StageResult(None, plan, chunk, plan.ring, self.rank, self.world, self.layers,
+        res = StageResult(None, plan, chunk, pp.ring, self.rank, self.world, self.layers,
                           PrefillStats(tokens=T))
         loans: list[Loan] = []
         part = self.part
