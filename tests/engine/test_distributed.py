@@ -119,8 +119,9 @@ def test_two_ranks_equal_single_process(pack, single, tmp_path, schedule):
     assert torch.equal(logits, single.logits)
 
 
-def test_a_failing_rank_fails_every_rank(pack, tmp_path):
-    ranks = spawn(pack, tmp_path, "pipelined", fail_rank=1)
+@pytest.mark.parametrize("schedule", ["sequential", "pipelined"])
+def test_a_failing_rank_fails_every_rank(pack, tmp_path, schedule):
+    ranks = spawn(pack, tmp_path, schedule, fail_rank=1)
     errors = [r.get("error") for r in ranks]
     assert all(r["restored"] for r in ranks)
     assert errors[0] is not None and errors[0] == errors[1]
