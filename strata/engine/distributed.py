@@ -301,10 +301,9 @@ class StageEngine:
                     mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
                     batch=self.cfg.batch, lane=part.lane, scratch_alloc=part.scratch,
                     buffers=bufs)
-                inner = provider
+                watched = provider
                 if fail_after_layers is not None:
-                    inner = _FailingProvider(provider, fail_after_layers)
-                watched = self.finite.watch(inner)
+                    watched = _FailingProvider(provider, fail_after_layers)
             except Exception as e:   # noqa: BLE001 — every rank must hear of it
                 error, provider, watched = _message(e), None, None
             error = self._read(tokens, chunk, watched, logits, res, error)
@@ -339,6 +338,7 @@ class StageEngine:
         upstream_ok = True
         seq = self.dcfg.schedule == SEQUENTIAL
         t_start = time.perf_counter()
+        guard = self.finite.begin(s.n_layer)
         if provider is not None:
             provider.begin_prompt(T, min(chunk, T))
         for start in range(0, T, chunk):
@@ -355,7 +355,11 @@ class StageEngine:
                     provider.begin_chunk(kv.length, n)
                     if self.first:
                         x = self.model.embed(tokens[start:start + n])
-                    x = self.model.forward_layers(x.to(self.device), kv, provider, self.layers)
+                    # the NaN guard sees this rank's layers (its chunk named for the message)
+                    guard._chunk = (start, n)
+                    x = self.model.forward_layers(x.to(self.device), kv, provider, self.layers,
+                                                  observer=guard)
+                    guard.check()
                     provider.end_chunk()
                     kv.commit(n)
                     if out is not None:
