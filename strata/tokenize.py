@@ -19,30 +19,46 @@ from pathlib import Path
 from strata.errors import StrataError
 
 
-def gguf_tokenizer(path) -> dict | None:
+def gguf_tokenizer(path, reader=None) -> dict | None:
     """The GGUF's tokenizer as a pack entry, or None when the file has no `tokenizer.ggml.model`
-    (or one transformers cannot rebuild: a note on stderr says so; the pack then takes --tokens)."""
+    (or one transformers cannot rebuild: a note on stderr says so; the pack then takes --tokens).
+    The fields are read by gguf-py (`reader`: an open GGUFReader, else the file is opened); an
+    unreadable field is the file's fault, said in one line."""
     try:    # transformers >= 5 (its GGUF integration); without it the pack takes --tokens
-        from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
     except ImportError as e:
         print(f"note: the GGUF's tokenizer is not carried into the pack (transformers' GGUF "
               f"integration is unavailable: {e}); install transformers>=5 for --prompt",
               file=sys.stderr)
         return None
+    from strata.packs.from_gguf import _READ_ERRORS, _short, open_gguf
+    r = reader if reader is not None else open_gguf(path)
+
+    def field(key):
+        f = r.get_field(key)
+        return None if f is None else f.contents()
     try:
-        arch, tdict, tcfg = get_gguf_tokenizer(str(path))
-    except (KeyError, IndexError, TypeError):
-        return None
+        tdict = {name: v for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+                 if (v := field(f"tokenizer.{key}")) is not None}
+        arch = field("general.architecture")
+        add_bos, bos_id = field("tokenizer.ggml.add_bos_token"), field("tokenizer.ggml.bos_token_id")
+    except (*_READ_ERRORS, UnicodeDecodeError) as e:
+        raise StrataError(f"{path}: its tokenizer metadata is unreadable ({_short(e)}); the file "
+                          f"is corrupted") from None
     if "tokens" not in tdict or "tokenizer_type" not in tdict:
         return None
     if tdict["tokenizer_type"] == "gpt2":
-        tdict.setdefault("merges", [])   # an empty merges array reads back as absent
-    bos = tcfg.get("bos_token") if tcfg.get("add_bos_token") else None
+        tdict.setdefault("merges", [])   # a file may leave an empty merges array out
+    if tdict["tokenizer_type"] == "llama" and add_bos is None:
+        add_bos = True   # llama.cpp adds BOS to a sentencepiece vocabulary that does not say
+    tokens = tdict["tokens"]
+    bos = tokens[bos_id] if add_bos and isinstance(bos_id, int) and 0 <= bos_id < len(tokens) \
+        else None
     try:
         return ggml_tokenizer(arch, tdict, bos, f"gguf:{Path(path).name}")
-    except (ValueError, KeyError, TypeError) as e:
-        print(f"note: {path}: its tokenizer cannot be rebuilt ({str(e).splitlines()[0][:120]}); "
-              f"the pack carries none and takes --tokens prompts", file=sys.stderr)
+    except Exception as e:   # tokenizers raises bare Exceptions on vocabularies it cannot build
+        print(f"note: {path}: its tokenizer cannot be rebuilt ({_short(e)}); the pack carries "
+              f"none and takes --tokens prompts", file=sys.stderr)
         return None
 
 
