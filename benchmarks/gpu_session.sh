@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU tests, then the benchmarks, results under $OUT.
-#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests] [prefill] [kernels] [dequant] [slab] [split] [attn] [dist] [dist2]
+#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests] [prefill] [formats] [kernels] [dequant] [slab] [split] [attn] [dist] [dist2]
 # (the *tests steps are subsets of `tests`, which needs more than one call's time)
 # pytest gets no -q: the repo's addopts has one, a second hides the summary line.
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
@@ -23,6 +23,7 @@ for step in "$@"; do
     fmttests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_decode.py tests/kernels/test_moe_ffn.py -k "Q4_1 or Q5_1 or Q2_K or Q3_K or Q5_K or IQ4_XS or IQ3_XXS or IQ2_XXS or IQ2_XS or IQ2_S or IQ1_S or IQ1_M" 2>&1 | tail -30 > "$OUT/gpu_fmt_tests.log"; tail -8 "$OUT/gpu_fmt_tests.log" ;;
     fmtdequant) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_dequant.py -k "Q4_1 or Q5_1 or Q2_K or Q3_K or Q5_K or IQ4_XS or IQ3_XXS or IQ2_XXS or IQ2_XS or IQ2_S or IQ1_S or IQ1_M" 2>&1 | tail -30 > "$OUT/gpu_fmt_dequant.log"; tail -8 "$OUT/gpu_fmt_dequant.log" ;;
     prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -30 ;;
+    formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
     slab)    timeout 180 python3 experiments/slab_ab.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/slab.log" ;;

@@ -125,7 +125,7 @@ def h2d_rate(host, n: int = 96, device=None) -> float:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     E = host.layers[0].shape[0]
     blobs = [host.blob(i % host.n_layer, (i * 7) % E) for i in range(n)]
-    dst = torch.empty(blobs[0].numel(), dtype=torch.uint8, device=dev)
+    dst = torch.empty(max(b.numel() for b in blobs), dtype=torch.uint8, device=dev)  # mixes: per-layer sizes
 
     def sync():
         if dev.type == "cuda":

@@ -1,6 +1,7 @@
-"""`strata prefill PACK (--tokens 1,2,3 | --prompt-tokens N) [--vram SIZE ...] [...]`
+"""`strata prefill PACK (--prompt TEXT | --prompt-file F | --tokens 1,2,3 | --prompt-tokens N) [...]`
 
-Reads a prompt through a pack and reports tokens/s.
+Reads a prompt through a pack and reports tokens/s. Text (--prompt / --prompt-file) is tokenized
+with the tokenizer the pack carries from its GGUF or Hugging Face source (strata.tokenize).
 
 - Without --vram every expert is resident (one arena on the device, `ResidentProvider`).
 - With --vram (one per GPU) the streaming engine reads it: expert cache filled to the budget,
@@ -33,7 +34,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("prefill", help="read a prompt through a pack; print tokens/s",
-                       description="Read a prompt (token ids) through a pack: with --vram/--cache "
+                       description="Read a prompt (text through the pack's tokenizer, or token "
+                                   "ids) through a pack: with --vram/--cache "
                                    "the streaming engine (expert cache + loan + ring, copies "
                                    "overlapped with compute) prints the plan, prefill_chunk, "
                                    "prefill_ring, bytes streamed, H2D rate, cache hits and waits; "
@@ -42,6 +44,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("pack", help="a pack file (strata pack / strata synth)")
     src = p.add_argument_group("prompt")
     one = src.add_mutually_exclusive_group(required=True)
+    one.add_argument("--prompt", metavar="TEXT",
+                     help="prompt text, tokenized with the tokenizer the pack carries")
+    one.add_argument("--prompt-file", metavar="PATH",
+                     help="a UTF-8 text file as the prompt (tokenized like --prompt)")
     one.add_argument("--tokens",
                      help="token ids, comma separated (e.g. 1,2,3); no tokenizer is involved")
     one.add_argument("--prompt-tokens", type=int, metavar="N",
@@ -133,6 +139,48 @@ def prompt_tokens(args, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist()
 
 
+def prompt_ids(args, pack) -> tuple[list[int], dict | None]:
+    """The prompt's token ids and, for text, what the report shows of it ({source, tokenizer,
+    n_tokens, shown}: the first and last few tokens). Text longer than the model's context, or
+    ids outside its vocabulary, are refused in one line."""
+    if args.prompt is None and args.prompt_file is None:
+        return prompt_tokens(args, pack.shape.vocab), None
+    from strata.tokenize import pack_tokenizer, show_tokens
+    if args.prompt_file is not None:
+        src = f"--prompt-file {args.prompt_file}"
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise StrataError(f"--prompt-file: no such file {args.prompt_file}") from None
+        except IsADirectoryError:
+            raise StrataError(f"--prompt-file: {args.prompt_file} is a folder; give a text "
+                              f"file") from None
+        except UnicodeDecodeError as e:
+            raise StrataError(f"--prompt-file: {args.prompt_file} is not UTF-8 text (byte "
+                              f"{e.start}); convert it or give --tokens") from None
+    else:
+        src, text = "--prompt", args.prompt
+    if not text:
+        raise StrataError(f"{src} is empty; give some text")
+    tok = pack_tokenizer(pack)
+    ids = tok.encode(text)
+    if not ids:
+        raise StrataError(f"{src} tokenizes to no tokens; give some text")
+    check_context(len(ids), pack.shape, src)
+    big = [i for i in ids if i >= pack.shape.vocab]
+    if big:
+        raise StrataError(f"{src}: the tokenizer gave id {big[0]}, outside the model's "
+                          f"vocabulary of {pack.shape.vocab}; the pack's tokenizer does not "
+                          f"match its model")
+    return ids, {"source": src, "tokenizer": tok.source, "n_tokens": len(ids),
+                 "shown": show_tokens(tok, ids)}
+
+
+def prompt_line(info: dict) -> str:
+    return (f"prompt: {info['n_tokens']:,} tokens from {info['source']} (tokenizer "
+            f"{info['tokenizer']}): {info['shown']}")
+
+
 def dump_path(args) -> Path | None:
     """--dump-logits as the .npy path np.save would write, checked before the prompt runs."""
     if not args.dump_logits:
@@ -176,8 +224,10 @@ def run(args) -> int:
     check_budget_flags(args)
     dump = dump_path(args)
     pack = open_checked(args)
+    text = None
     if args.tokens is None:
-        args.tokens = ",".join(map(str, prompt_tokens(args, pack.shape.vocab)))
+        ids, text = prompt_ids(args, pack)
+        args.tokens = ",".join(map(str, ids))
     tokens = parse_tokens(args.tokens)
     check_context(len(tokens), pack.shape)
     vocab = pack.shape.vocab
@@ -230,7 +280,11 @@ def run(args) -> int:
                         next_token=int(logits[-1].argmax()))
     if dump:
         res.logits_path = save_logits(dump, logits)
-    print(json.dumps(asdict(res)) if args.json else res.summary())
+    out = asdict(res)
+    if text:
+        out["prompt"] = text
+    print(json.dumps(out) if args.json else
+          (prompt_line(text) + "\n" if text else "") + res.summary())
     return 0
 
 
@@ -240,7 +294,7 @@ def run_streaming(args) -> int:
 
     dump = dump_path(args)
     pack = open_checked(args)
-    tokens = prompt_tokens(args, pack.shape.vocab)
+    tokens, text = prompt_ids(args, pack)
     check_context(len(tokens), pack.shape)
     cfg = engine_config(args, len(tokens), progress=not args.json)
     check_context(cfg.max_prompt, pack.shape, "--max-prompt")
@@ -256,7 +310,10 @@ def run_streaming(args) -> int:
     report["cache_bytes"] = sum(p.cache.buffer.numel() for p in engine.parts)
     if dump:
         report["logits_path"] = save_logits(dump, res.logits)
-    print(json.dumps(report) if args.json else streaming_summary(report))
+    if text:
+        report["prompt"] = text
+    print(json.dumps(report) if args.json else
+          (prompt_line(text) + "\n" if text else "") + streaming_summary(report))
     return 0
 
 

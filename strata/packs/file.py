@@ -11,6 +11,8 @@ Tensors:
 Metadata (`__metadata__["strata.pack"]`, JSON): pack_version, strata_version, shape
 (ModelShape.to_dict()), layers [{layout: BlobLayout.to_dict(), blob_size}], max_blob, native,
 tied (LM head = token_embd), source, crc32 {tensor: hex} (checked by Pack.verify()).
+`__metadata__["strata.tokenizer"]` (optional, JSON): the source's tokenizer as strata.tokenize
+stores it ({json: tokenizer.json text, add_bos, source}); covered by the header checksum.
 `__metadata__["strata.header_crc32"]`: CRC32 of the whole header (every tensor entry and the
 metadata above) in canonical JSON without this key; checked on every open.
 
@@ -45,6 +47,7 @@ from strata.shapes import ModelShape
 
 PACK_VERSION = 2       # 2: the header checksum; 1 (without it) is refused with re-pack advice
 META_KEY = "strata.pack"
+TOKENIZER_KEY = "strata.tokenizer"
 HEADER_CRC_KEY = "strata.header_crc32"
 VERIFY_ON_OPEN = 64 << 20    # packs with at most this many data bytes are fully checked on open
 FILE_ALIGN = 4096
@@ -93,7 +96,8 @@ def _blob_bytes(i: int, blobs, layout: BlobLayout, n_expert: int) -> np.ndarray:
 
 
 def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layouts,
-               native: bool, source: str = "", progress: bool = True) -> Path:
+               native: bool, source: str = "", progress: bool = True,
+               tokenizer: dict | None = None) -> Path:
     """Write a pack. `dense`: name -> torch tensor / numpy array (names and shapes of
     strata.packs.names; "output.weight" may be left out when tied to the embeddings).
     `layer_blobs`: L items, each uint8 [E, blob_size] (numpy/torch) or a callable returning one,
@@ -149,6 +153,8 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
     def header_bytes(meta: dict) -> bytes:
         h = dict(header)
         h["__metadata__"] = {META_KEY: json.dumps(meta, sort_keys=True)}
+        if tokenizer is not None:
+            h["__metadata__"][TOKENIZER_KEY] = json.dumps(tokenizer, sort_keys=True)
         raw = json.dumps(sign_header(h)).encode()
         raw += b" " * (-(8 + len(raw)) % FILE_ALIGN)  # data starts page-aligned
         return raw
@@ -235,6 +241,7 @@ class Pack:
 
     .shape ModelShape · .layers[i].layout / .blob_size · .max_blob · .native · .tied · .source
     .experts(i) -> uint8 [E, blob_size] · .expert_set(i) -> ExpertSet · .dense(name) · .dense_names()
+    .tokenizer: the source's tokenizer entry (strata.tokenize) or None
     """
 
     def __init__(self, path: Path, header: dict, meta: dict, buf: torch.Tensor, data_start: int):
@@ -396,6 +403,21 @@ class Pack:
         return done
 
     # -- access ----------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> dict | None:
+        """The tokenizer carried from the source ({json, add_bos, source}), or None."""
+        raw = self._header["__metadata__"].get(TOKENIZER_KEY)
+        if raw is None:
+            return None
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            entry = None
+        if not isinstance(entry, dict) or not isinstance(entry.get("json"), str):
+            raise StrataError(f"{self.path}: its tokenizer entry is malformed; re-create it with "
+                              f"strata pack")
+        return entry
+
     def _names(self) -> list[str]:
         return [n for n in self._header if n != "__metadata__" and not n.startswith("__pad.")]
 

@@ -258,9 +258,11 @@ class GGUFModel:
 
 def gguf_to_pack(src, out, progress: bool = True):
     """Write a native pack from a qwen3moe GGUF file; returns the output path. Each layer keeps
-    its own expert types (llama.cpp's mixes change them by layer), so its own blob size."""
+    its own expert types (llama.cpp's mixes change them by layer), so its own blob size. The
+    file's tokenizer (tokenizer.ggml.*) is carried into the pack (strata.tokenize)."""
     from strata.packs.file import write_pack
+    from strata.tokenize import gguf_tokenizer
     g = GGUFModel(src)
     makers = [lambda i=i: g.blobs(i) for i in range(g.shape.n_layer)]
     return write_pack(out, g.shape, g._dense, makers, [pl.layout for pl in g.layers], native=True,
-                      source=g.source, progress=progress)
+                      source=g.source, progress=progress, tokenizer=gguf_tokenizer(src))

@@ -108,9 +108,11 @@ def _experts(ts: _Tensors, i: int, s: ModelShape):
 
 def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_down=None,
                progress: bool = True):
-    """Write a pack from a HF Qwen3-MoE folder; experts quantized to `quant` (per-matrix overrides)."""
+    """Write a pack from a HF Qwen3-MoE folder; experts quantized to `quant` (per-matrix overrides).
+    The folder's tokenizer (tokenizer.json, or the slow files through transformers) is carried."""
     from strata.packs.file import write_pack
     from strata.packs.synth import ExpertFormats
+    from strata.tokenize import hf_tokenizer
     src = Path(src)
     cfgp = src / "config.json"
     if not cfgp.is_file():
@@ -145,5 +147,4 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
                                   quantize_rows(d, fmts.down), s.n_expert)
         return make
     return write_pack(out, s, dense, [layer(i) for i in range(s.n_layer)], lay, native=True,  # plain ggml row layouts
-                     
-                      source=f"hf:{src.name}", progress=progress)
+                      source=f"hf:{src.name}", progress=progress, tokenizer=hf_tokenizer(src))

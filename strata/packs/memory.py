@@ -28,17 +28,21 @@ from strata.shapes import ModelShape
 
 
 class MemoryPack:
-    def __init__(self, shape: ModelShape, fmts: ExpertFormats = ExpertFormats(), *, seed: int = 0,
+    def __init__(self, shape: ModelShape, fmts=ExpertFormats(), *, seed: int = 0,
                  distinct: int = 8, variants: int = 4, device=None,
                  dense_dtype: torch.dtype = torch.bfloat16):
+        """`fmts`: one ExpertFormats, one per layer, or a Mix (its expert types by layer; the
+        dense weights stay `dense_dtype`: they are resident, not streamed)."""
+        from strata.packs.synth import Mix, _per_layer
         self.shape = shape
         self.native = True
         self.tied = False
         self.source = f"memory synth seed={seed}"
         self.path = self.source
-        lay = fmts.layout(shape)
-        self.layers = [PackLayer(lay, lay.size) for _ in range(shape.n_layer)]
-        self.max_blob = lay.size
+        self._fmts = _per_layer(shape, fmts.experts if isinstance(fmts, Mix) else fmts)
+        lays = {f: f.layout(shape) for f in self._fmts}
+        self.layers = [PackLayer(lays[f], lays[f].size) for f in self._fmts]
+        self.max_blob = max(pl.blob_size for pl in self.layers)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         g = torch.Generator(device=dev).manual_seed(seed)
         self._dense = {}
@@ -53,20 +57,23 @@ class MemoryPack:
                 w = torch.randn(shp, generator=g, device=dev, dtype=torch.float32) * sigma
                 self._dense[name] = w.to(dense_dtype).cpu()
         small = shape.with_(n_expert=distinct)
-        self._base = []          # per variant: uint8 [distinct, blob]
-        for v in range(variants):
-            mats = [torch.from_numpy(expert_matrix(w, getattr(fmts, w), small,
-                                                   [seed, 7_000_000 + 3 * v + j]))
-                    for j, w in enumerate(("gate", "up", "down"))]
-            blob = torch.zeros(distinct, lay.size, dtype=torch.uint8)
-            for m, t in zip(lay.matrices, mats):
-                blob[:, m.offset:m.offset + m.nbytes] = t.reshape(distinct, -1)
-            self._base.append(blob)
+        self._base = {}          # per layer formats, per variant: uint8 [distinct, blob]
+        for f, lay in lays.items():
+            self._base[f] = []
+            for v in range(variants):
+                mats = [torch.from_numpy(expert_matrix(w, getattr(f, w), small,
+                                                       [seed, 7_000_000 + 3 * v + j]))
+                        for j, w in enumerate(("gate", "up", "down"))]
+                blob = torch.zeros(distinct, lay.size, dtype=torch.uint8)
+                for m, t in zip(lay.matrices, mats):
+                    blob[:, m.offset:m.offset + m.nbytes] = t.reshape(distinct, -1)
+                self._base[f].append(blob)
         self._idx = torch.arange(shape.n_expert) % distinct
 
     def experts(self, i: int) -> torch.Tensor:
         """Layer i's experts, uint8 [E, blob_size] (built now; the caller keeps or pins it)."""
-        return self._base[i % len(self._base)][self._idx]
+        base = self._base[self._fmts[i]]
+        return base[i % len(base)][self._idx]
 
     def dense_names(self) -> list[str]:
         return list(self._dense)

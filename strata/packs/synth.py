@@ -125,32 +125,76 @@ def _seed(seed: int, k: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------ GGUF
-def _vocab(V: int) -> tuple[list[str], list[int], list[str], int]:
-    """A minimal valid byte-level BPE vocabulary of exactly V tokens (tokens, types, merges, eos)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):  # GPT-2's bytes_to_unicode: every byte one printable character
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
+# The text synth's BPE merges are learned from (fixed, so every synth file has the same vocabulary).
+_CORPUS = (
+    "strata reads long prompts through mixture-of-experts models whose experts do not fit in GPU "
+    "memory. The experts stream from host memory through a ring of slots while the kernels compute "
+    "on quantized blocks; the chunk, the ring, the cache and the scratch are planned together as "
+    "one byte budget. The quick brown fox jumps over the lazy dog. Tokens per second, bytes per "
+    "token, the copy rate of the bus and the time the compute waits on copies are what it reports. "
+    "def prefill(tokens, chunk=4096): return [t + 1 for t in tokens if t >= 0]  # 0123456789\n"
+)
+SYNTH_MERGES = 400   # at most this many learned merges (the rest of V: unused placeholders)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _byte_tokens() -> list[str]:
+    """GPT-2's bytes_to_unicode: byte b as one printable character, in byte order."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    alphabet = set(ByteLevel.alphabet())
+    printable = [b for b in range(256) if chr(b) in alphabet]
+    spelled, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            spelled[b] = chr(b)
+        else:
+            spelled[b] = chr(256 + n)
             n += 1
-    byte_tok = [chr(c) for _, c in sorted(zip(bs, cs))]
-    tokens = byte_tok[:V]
-    types = [1] * len(tokens)  # NORMAL
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    n_fill = V - len(tokens) - len(specials)
-    merges = []
-    if n_fill >= 0:
-        sp = byte_tok[ord(" ")]
-        first = [sp + "t", sp + "th"][:n_fill]
-        merges = [f"{sp} t", f"{sp}t h"][:len(first)]
-        tokens += first + [f"<|synth_{i}|>" for i in range(n_fill - len(first))] + specials
-        types += [1] * len(first) + [4] * (n_fill - len(first)) + [3] * len(specials)  # USER_DEFINED, CONTROL
-        eos = V - 3
-    else:
-        eos = V - 1
-    return tokens, types, merges, eos
+    assert set(spelled.values()) == alphabet, "the library's byte alphabet is GPT-2's"
+    return [spelled[b] for b in range(256)]
+
+
+def _learned_merges(n: int) -> list[tuple[str, str]]:
+    """Up to n byte-level BPE merges learned by the `tokenizers` library from _CORPUS, in order."""
+    import json
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    if n <= 0:
+        return []
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=256 + n, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_CORPUS] * 4, trainer)
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges][:n]
+
+
+def _vocab(V: int) -> tuple[list[str], list[int], list[str], int]:
+    """A byte-level BPE vocabulary of exactly V tokens (tokens, ggml token types, merges, eos):
+    the 256 byte tokens in byte order, merges learned by `tokenizers` from _CORPUS (each merge's
+    token after them, in merge order), unused placeholders, then Qwen's three control tokens.
+    Below 256 + 3 tokens: the first V byte tokens only (text with other bytes cannot be encoded)."""
+    byte_tok = _byte_tokens()
+    if V < 256 + len(SPECIALS):
+        return byte_tok[:V], [1] * min(V, 256), [], V - 1
+    n_free = V - 256 - len(SPECIALS)
+    pairs = _learned_merges(min(n_free, SYNTH_MERGES))
+    merged = [a + b for a, b in pairs]
+    fill = [f"<|synth_{i}|>" for i in range(n_free - len(merged))]
+    tokens = byte_tok + merged + fill + SPECIALS
+    # placeholders NORMAL (no merge makes them, so text never maps to one), specials CONTROL
+    types = [1] * (256 + len(merged) + len(fill)) + [3] * len(SPECIALS)
+    return tokens, types, [f"{a} {b}" for a, b in pairs], V - len(SPECIALS)
+
+
+def synth_tokenizer(V: int) -> dict:
+    """synth's tokenizer as a pack entry: the GGUF metadata synth_gguf writes, rebuilt by the
+    same transformers path a GGUF import takes (so synth_pack and synth_gguf -> pack agree)."""
+    from strata.tokenize import ggml_tokenizer
+    tokens, types, merges, _ = _vocab(V)
+    return ggml_tokenizer("qwen3moe", {"tokenizer_type": "gpt2", "pre_tokenizer_type": "qwen2",
+                                       "tokens": tokens, "token_type": types, "merges": merges},
+                          bos=None, source="synth")
 
 
 def _per_layer(shape: ModelShape, fmts) -> list[ExpertFormats]:
@@ -329,4 +373,5 @@ def synth_pack(path, shape: ModelShape,
     return write_pack(path, shape, synth_dense(shape, seed, dense_type, mix.dense if mix else None,
                                                qk_norm_scale=qk_norm_scale),
                       [layer(i) for i in range(shape.n_layer)], layouts, native=True,
-                      source=f"synth seed={seed}", progress=progress)
+                      source=f"synth seed={seed}", progress=progress,
+                      tokenizer=synth_tokenizer(shape.vocab))
