@@ -49,7 +49,7 @@ from strata.memory.rig import RESERVE, participants
 from strata.memory.scan import ParticipantPlan
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.moe import expert_ffn
-from strata.planning import layout_spec, model_sizes, scratch_reserve
+from strata.planning import KVPolicy, layout_spec, model_sizes, scratch_reserve
 from strata.units import fmt_bytes
 
 log = logging.getLogger("strata")
@@ -68,6 +68,8 @@ class EngineConfig:
     pin: bool = True                   # pin host blobs (falls back to pageable if it fails)
     fused: bool | None = None          # None: STRATA_PF_FUSED, else non-native packs
     max_prompt: int = 32768            # KV reserved for prompts up to this many tokens
+    kv: str = "bf16"                   # KV dtype: bf16 | int8 (codes + fp32 scale per token-head)
+    kv_resident: int | None = None     # tokens of KV per layer in VRAM (None: all); the rest host
     reserve: int = RESERVE             # CUDA context, allocator slack, attention workspace
     device: str | None = None          # cuda when available
     devices: list[str] | None = None   # one per participant (default: cuda:0.. or cpu)
@@ -160,14 +162,17 @@ class PrefillEngine:
         self.layouts = [pl.layout for pl in pack.layers]
         self.blob_sizes = [pl.blob_size for pl in pack.layers]
         self.max_blob = pack.max_blob
-        self.sizes = model_sizes(self.shape)
         parts, budgets, self.layout, self.fused = plan_inputs(
             self.shape, self.blob_sizes, pack.native, cfg, self.device.type)
+        self.sizes = self.layout.sizes
+        self.kv = kv_policy(cfg)
         # every budget against the machine before the host blobs are pinned or the cache is
         # allocated (strata.budget): one line naming what does not fit
         check_machine(budgets, devices, host_blobs=sum(self.blob_sizes) * self.shape.n_expert,
                       pin=cfg.pin and host is None,
-                      dense_host=sum(b.dense for b in budgets) * self.dtype.itemsize // 2)
+                      dense_host=sum(b.dense for b in budgets) * self.dtype.itemsize // 2,
+                      host_kv=self.shape.n_layer * self.sizes.kv_host(cfg.max_prompt),
+                      kv_tokens=cfg.max_prompt)
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
                                         progress=cfg.progress)
         self.pinned = self.host.pinned or self.device.type != "cuda"
@@ -301,8 +306,9 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
             raise StrataError(f"--cache {fmt_bytes(cfg.cache)} is more than --vram "
                               f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
                               f"memory; give a smaller --cache or more --vram")
-    sizes = model_sizes(shape)
-    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn), cfg.batch)
+    kv = kv_policy(cfg)
+    sizes = model_sizes(shape, kv=kv)
+    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv), cfg.batch)
     fused = use_fused(native, cfg.fused)
     kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
               split=cfg.layer_split)
@@ -320,6 +326,11 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
         if cap < min(b.cache for b in budgets):
             parts, budgets = participants(sizes, blob_sizes, vram, cache=cap, **kw)
     return parts, budgets, layout, fused
+
+
+def kv_policy(cfg: EngineConfig) -> KVPolicy:
+    """The KV dtype and resident window the config names, for prompts up to cfg.max_prompt."""
+    return KVPolicy(cfg.kv, cfg.kv_resident, cfg.max_prompt)
 
 
 def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, native: bool,
