@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU tests, then the benchmarks, results under $OUT.
-#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests] [prefill] [formats] [kernels] [dequant] [slab] [split] [attn] [dist] [dist2]
+#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests|kvtests] [prefill] [formats] [kernels] [dequant] [slab] [split] [attn] [long] [dist] [dist2]
 # (the *tests steps are subsets of `tests`, which needs more than one call's time)
 # pytest gets no -q: the repo's addopts has one, a second hides the summary line.
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
@@ -32,6 +32,8 @@ for step in "$@"; do
              ( time python3 -m strata.cli verify /tmp/v8.pack ) 2>&1 | tail -5 | tee "$OUT/verify_time.log"; rm -f /tmp/v8.pack ;;
     attn)    timeout 200 python3 experiments/attention_bench.py --out "$OUT" 2>&1 | tail -30 | tee "$OUT/attention_bench.log" ;;
     attntests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_chunk_attention.py 2>&1 | tail -20 > "$OUT/gpu_attn_tests.log"; tail -5 "$OUT/gpu_attn_tests.log" ;;
+    long)    timeout 540 python3 experiments/long_prompt.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/long_prompt.log" ;;
+    kvtests) timeout 200 python3 -m pytest -rfE -p no:cacheprovider tests/engine/test_kv.py tests/test_long_prompt_smoke.py 2>&1 | tail -20 > "$OUT/gpu_kv_tests.log"; tail -5 "$OUT/gpu_kv_tests.log" ;;
     split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 ;;
     # issue 21 item 4 (nvidia-h200, one GPU): two gloo ranks sharing the GPU against the one-process split
     dist)    timeout 470 python3 experiments/dist_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/dist_ab.log" ;;

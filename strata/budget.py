@@ -5,7 +5,9 @@ cache or pins the host blobs, `check_machine` compares each item with what the m
 refuses with one line naming the item that does not fit:
 
 - host: the expert blobs to pin (GPU runs; on the CPU they stay memory-mapped pack pages), the
-  dense weights (on the CPU), and on the CPU the expert cache and the KV as well;
+  KV outside the resident window (`--kv-resident`: pinned host memory), the dense weights (on
+  the CPU), and on the CPU the expert cache and the resident KV as well; when the host-held KV
+  is what does not fit, the line names the KV bytes, the VRAM and the host RAM (`check_kv_host`);
 - device (CUDA): dense + KV + cache + reserve of each GPU against its free memory.
 
 On the CPU, `--vram` is a budget, not an allocation: `cpu_cache_cap` caps the cache at every
@@ -65,7 +67,8 @@ def check_room(shape, vram, *, reserve: int, kv_tokens: int, split) -> None:
                 f"{b.name} ({fmt_bytes(b.vram)}) has no room for an expert cache: the KV cache of "
                 f"{kv_tokens:,} tokens takes {fmt_bytes(b.kv)}, the dense weights "
                 f"{fmt_bytes(b.dense)} and the reserve {fmt_bytes(b.reserve)}; give more --vram, "
-                f"add GPUs, or read a shorter prompt (--max-prompt)")
+                f"add GPUs, read a shorter prompt (--max-prompt), or keep less KV in VRAM "
+                f"(--kv int8, --kv-resident N)")
 
 
 def check_fits(items: dict[str, int], available: int | None, where: str, advice: str) -> None:
@@ -81,10 +84,26 @@ def check_fits(items: dict[str, int], available: int | None, where: str, advice:
                       f"{fmt_bytes(need)} ({parts}); the {big} does not fit: {advice}")
 
 
-def check_machine(budgets, devices, *, host_blobs: int, pin: bool, dense_host: int) -> None:
+def check_kv_host(host_kv: int, kv_vram: int, vram: int, other: int, available: int | None,
+                  n_tokens: int) -> None:
+    """The KV kept in host memory (`host_kv` bytes, all layers) beside `other` host bytes against
+    `available`: one line naming the KV bytes (resident and host), the VRAM and the host RAM."""
+    if available is None or not host_kv or host_kv + other <= available:
+        return
+    raise StrataError(
+        f"the KV cache of {n_tokens:,} tokens takes {fmt_bytes(kv_vram + host_kv)} "
+        f"({fmt_bytes(kv_vram)} resident in {fmt_bytes(vram)} of VRAM, {fmt_bytes(host_kv)} in "
+        f"host memory) but the host has {fmt_bytes(available)} available beside "
+        f"{fmt_bytes(other)} of other host memory: use --kv int8, a larger --kv-resident (with "
+        f"more --vram), a shorter prompt (--max-prompt), or a machine with more RAM")
+
+
+def check_machine(budgets, devices, *, host_blobs: int, pin: bool, dense_host: int,
+                  host_kv: int = 0, kv_tokens: int = 0) -> None:
     """Every budget against the machine, before any allocation or pinning (see module doc).
     `budgets`: strata.memory.rig.GpuBudget per participant; `devices` theirs;
-    `host_blobs`: bytes of every expert blob; `dense_host`: dense weights as the CPU holds them."""
+    `host_blobs`: bytes of every expert blob; `dense_host`: dense weights as the CPU holds them;
+    `host_kv`: bytes of the KV held in host memory for a prompt of `kv_tokens` (all layers)."""
     cpu = [b for b, d in zip(budgets, devices) if d.type != "cuda"]
     host = {}
     if any(d.type == "cuda" for d in devices) and pin:
@@ -93,7 +112,12 @@ def check_machine(budgets, devices, *, host_blobs: int, pin: bool, dense_host: i
         host["dense weights"] = dense_host
         host["KV cache"] = sum(b.kv for b in cpu)
         host["expert cache"] = sum(b.cache for b in cpu)
-    check_fits(host, host_available(), "host memory",
+    available = host_available()
+    check_kv_host(host_kv, sum(b.kv for b in budgets), sum(b.vram for b in budgets),
+                  sum(host.values()), available, kv_tokens)
+    if host_kv:
+        host["KV (host)"] = host_kv
+    check_fits(host, available, "host memory",
                "give a smaller --vram/--cache (on the CPU they are host memory), a shorter "
                "--max-prompt, --unpinned, or a machine with more RAM")
     for b, d in zip(budgets, devices):

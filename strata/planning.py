@@ -3,9 +3,11 @@
 strata.memory knows no model and no kernel. This module knows both and hands memory what it
 needs, so `strata plan`, the prefill engine and the tests build their plans the same way:
 
-    model_sizes(shape)        Sizes: the layout's dims (TKP from the expert GEMM's BLOCK_M),
-                              one layer's KV bytes (the shape's own count), dense bytes
-    layout_spec(ffn)          the prompt path's buffers for the expert FFN `ffn`
+    model_sizes(shape, kv)    Sizes: the layout's dims (TKP from the expert GEMM's BLOCK_M),
+                              one layer's KV bytes resident and in host memory (the shape's own
+                              count in the KV dtype, split at the resident window), dense bytes
+    layout_spec(ffn, kv)      the prompt path's buffers for the expert FFN `ffn` (and the KV
+                              staging buffer when part of the KV lives in host memory)
     prompt_layout(shape, max_blob, ...)   a PromptLayout of those
     scratch_reserve(shape, devices, ffn, slab, decoded)   the slab's bytes beyond the layout (or None)
 
@@ -15,7 +17,9 @@ TKP = T*K + min(E, T*K)*(BM-1) routed pairs after padding each routed expert's g
 multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk (strata.kernels.tiles.block_m_for;
 a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the GEMM's
 workspace check), E1 = E + 1 (group offsets with an end marker), G experts per streamed pass
-(strata.memory.layout.pass_experts), BB bytes of one expert decoded to bf16.
+(strata.memory.layout.pass_experts), BB bytes of one expert decoded to bf16, KS tokens of one
+layer's host-held KV (the longest prompt's tokens outside the resident window: KVPolicy.host),
+KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV dtype).
 
 To add a buffer, add a `Buf` to ACTIVATIONS (or pass a LayoutSpec of your own, with any new
 symbol in `dims_for`): the carve, the scan, `strata plan` and the tests all follow.
@@ -24,9 +28,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from strata.errors import StrataError
+from strata.kernels.attention.kv_int8 import KV_DTYPES, kv_token_bytes
 from strata.kernels.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.sizes import Sizes
@@ -69,14 +76,48 @@ DECODE_BUF = Buf("wdec", torch.uint8, ("G", "BB"), "a pass's experts decoded to 
 
 DECODING_FFNS = ("auto", "decoded")   # expert FFNs that may decode a pass to bf16 first
 
+# Host-held KV streams back into this buffer, one layer at a time, for the attention of each
+# later chunk (its keys/values and, int8, their scales: KVB bytes a token). Persistent, not in
+# the attention phase: the next layer's copy lands while this layer's experts compute.
+KV_STAGE_BUF = Buf("kv_stage", torch.uint8, ("KS", "KVB"),
+                   "one layer's host-held KV streamed back for the attention")
 
-def layout_spec(ffn: str = "kernel") -> LayoutSpec:
-    """The prompt path's buffers when the experts run through `ffn`."""
-    return ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if ffn in DECODING_FFNS else ACTIVATIONS
+
+@dataclass(frozen=True)
+class KVPolicy:
+    """How a prompt's KV is kept: dtype (bf16 | int8) and the resident window (tokens per layer
+    in VRAM; None: all), for prompts up to `max_prompt` tokens."""
+    dtype: str = "bf16"
+    resident: int | None = None
+    max_prompt: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in KV_DTYPES:
+            raise StrataError(f"--kv must be one of {', '.join(KV_DTYPES)}, got {self.dtype!r}")
+        if self.resident is not None and self.resident < 1:
+            raise StrataError(f"--kv-resident must be at least 1 token, got {self.resident}")
+
+    def resident_tokens(self, n_tokens: int) -> int:
+        return n_tokens if self.resident is None else min(n_tokens, self.resident)
+
+    def host_tokens(self, n_tokens: int) -> int:
+        """Tokens of a prompt of n_tokens whose KV lives in host memory (the oldest ones)."""
+        return n_tokens - self.resident_tokens(n_tokens)
+
+    @property
+    def streams(self) -> bool:
+        return self.host_tokens(self.max_prompt) > 0
+
+
+def layout_spec(ffn: str = "kernel", kv: KVPolicy | None = None) -> LayoutSpec:
+    """The prompt path's buffers when the experts run through `ffn` and the KV is kept as `kv`
+    says (a staging buffer when some of it lives in host memory)."""
+    spec = ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if ffn in DECODING_FFNS else ACTIVATIONS
+    return spec.with_buffer(KV_STAGE_BUF) if kv is not None and kv.streams else spec
 
 
 def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 0,
-             batch: int | None = None) -> dict[str, int]:
+             batch: int | None = None, kv: KVPolicy | None = None) -> dict[str, int]:
     """Values of the layout's symbols for a chunk of T tokens. TKP pads each of the (at most
     min(E, T*K)) routed experts' groups to `block_m` rows (default: the expert GEMM's BLOCK_M
     for this chunk); monotone in T, as BLOCK_M only grows with T."""
@@ -85,7 +126,10 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
     return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": shape.n_head * shape.head_dim, "KVD": shape.n_kv_head * shape.head_dim,
             "TK": T * K, "TKP": padded_rows(T, K, E, bm),
-            "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2}
+            "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2,
+            "KS": kv.host_tokens(kv.max_prompt) if kv is not None else 0,
+            "KVB": kv_token_bytes(kv.dtype if kv is not None else "bf16", shape.n_kv_head,
+                                  shape.head_dim)}
 
 
 def _weights(specs: dict) -> int:
@@ -98,14 +142,18 @@ def layer_dense_bytes(shape: ModelShape) -> int:
     return _weights(layer_specs(shape, 0)) * DENSE_BYTES
 
 
-def model_sizes(shape: ModelShape, *, block_m: int | None = None) -> Sizes:
+def model_sizes(shape: ModelShape, *, block_m: int | None = None,
+                kv: KVPolicy | None = None) -> Sizes:
     """What memory sizes from this model: layout dims, KV and dense bytes (see the module doc).
-    The output norm and LM head are counted untied (the worst case)."""
+    The output norm and LM head are counted untied (the worst case). `kv`: the KV dtype and
+    resident window (default bf16, all resident)."""
     g = global_specs(shape)
+    kv = kv or KVPolicy()
     return Sizes(
         n_layer=shape.n_layer, n_expert=shape.n_expert, top_k=shape.top_k,
-        dims=lambda T, ring, batch: dims_for(shape, T, block_m, ring, batch),
-        kv_bytes=shape.kv_bytes,
+        dims=lambda T, ring, batch: dims_for(shape, T, block_m, ring, batch, kv),
+        kv_bytes=lambda n: shape.kv_bytes(kv.resident_tokens(n), kv.dtype),
+        kv_host=lambda n: shape.kv_bytes(kv.host_tokens(n), kv.dtype),
         dense_layer=layer_dense_bytes(shape),
         dense_first=_weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES,
         dense_last=_weights({k: g[k] for k in ("output_norm.weight", "output.weight")})
@@ -144,5 +192,5 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
             for i, name in enumerate(names)}
 
 
-__all__ = ["ACTIVATIONS", "DECODE_BUF", "DENSE_BYTES", "dims_for", "layer_dense_bytes",
+__all__ = ["ACTIVATIONS", "DECODE_BUF", "DENSE_BYTES", "KV_STAGE_BUF", "KVPolicy", "dims_for", "layer_dense_bytes",
            "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]

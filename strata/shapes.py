@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, replace
 
 from strata.errors import StrataError
 
-KV_BYTES = 2   # bf16 keys and values on the GPU (what the VRAM budget charges per element)
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class ModelShape:
     rope_theta: float = 1_000_000.0
     rms_eps: float = 1e-6
     norm_topk_prob: bool = True
-    max_pos: int = 40960
+    max_pos: int = 40960        # the longest prompt strata accepts (the model's context)
 
     def with_(self, **kw) -> "ModelShape":
         return replace(self, **kw)
@@ -45,15 +44,20 @@ class ModelShape:
         """Weights of one expert (gate + up + down)."""
         return 3 * self.d_model * self.d_expert
 
-    def kv_bytes(self, n_tokens: int) -> int:
-        """One layer's KV cache for n_tokens: keys and values, Hkv heads of hd, KV_BYTES each.
-        The one count the rig's VRAM budget charges (strata.planning hands it to memory)."""
-        return n_tokens * 2 * self.n_kv_head * self.head_dim * KV_BYTES
+    def kv_bytes(self, n_tokens: int, kv: str = "bf16") -> int:
+        """One layer's KV cache for n_tokens in the KV dtype `kv` (bf16 | int8: codes and fp32
+        scales per token per kv head): the attention format's own count (kv_token_bytes). The
+        one count the rig's budgets charge (strata.planning hands it to memory)."""
+        from strata.kernels.attention.kv_int8 import kv_token_bytes
+        return n_tokens * kv_token_bytes(kv, self.n_kv_head, self.head_dim)
 
 
 PRESETS: dict[str, ModelShape] = {
     # Qwen3-30B-A3B: 48 layers, 128 experts of width 768, top-8.
-    "qwen3-30b-a3b": ModelShape("qwen3moe", 48, 2048, 128, 8, 768, 32, 4, 128, 151936),
+    # Context as the Instruct-2507 release ships it (config.json: max_position_embeddings 262144
+    # with rope_theta 1e7, native, no YaRN): the checkpoint people read 200K-token documents with.
+    "qwen3-30b-a3b": ModelShape("qwen3moe", 48, 2048, 128, 8, 768, 32, 4, 128, 151936,
+                                rope_theta=10_000_000.0, max_pos=262144),
     # Qwen3-235B-A22B: 94 layers, 128 experts of width 1536, top-8.
     "qwen3-235b-a22b": ModelShape("qwen3moe", 94, 4096, 128, 8, 1536, 64, 4, 128, 151936),
     # The seeds' rig shape: 512 experts, hidden 2560, expert width 640 (Q2_0 blob = 1,382,400 B).

@@ -105,7 +105,7 @@ ROWS = [
     ("plan-cache-over-vram", "plan --preset tiny --vram 2GiB --cache 3GiB", 2, ["more than --vram"], None),
     ("plan-forced-chunk-names-ring", "plan --preset qwen3-30b-a3b --vram 6GiB --chunk 16384", 2,
      ["--ring", "fits with"], None),
-    ("plan-prompt-longer-than-context", "plan --preset qwen3-30b-a3b --prompt-tokens 50000", 2,
+    ("plan-prompt-longer-than-context", "plan --preset qwen3-30b-a3b --prompt-tokens 262145", 2,
      ["context"], None),
     ("plan-kv-does-not-fit", "plan --preset qwen3-30b-a3b --vram 4GiB --prompt-tokens 40960", 2,
      ["KV cache of 40,960 tokens", "--max-prompt"], None),

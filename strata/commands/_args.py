@@ -2,7 +2,8 @@
 EngineConfig built from them, so the same arguments give the same plan in both commands.
 
     add_budget_flags(p)            --vram --cache --lend-cap --prefill|--chunk --scan --ring
-                                   --unpinned --fused --max-prompt --layer-split --batch
+                                   --unpinned --fused --max-prompt --kv --kv-resident
+                                   --layer-split --batch
                                    --experts --device
     cfg = engine_config(args, n_tokens)     # -> strata.engine.prefill.EngineConfig
 
@@ -106,6 +107,13 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prompt", type=positive("--max-prompt"), default=None, metavar="N",
                    help="KV reserved for prompts up to N tokens (default: the prompt's length; "
                         "strata plan: --prompt-tokens, else none)")
+    g.add_argument("--kv", choices=("bf16", "int8"), default="bf16",
+                   help="KV cache dtype: bf16, or int8 with one fp32 scale per token per kv head "
+                        "(2·Hkv·(hd+4) bytes a token per layer; default bf16)")
+    g.add_argument("--kv-resident", type=positive("--kv-resident"), default=None, metavar="N",
+                   help="at most N tokens of KV per layer in VRAM (the newest); the older KV "
+                        "lives in pinned host memory and streams back on the copy lane for "
+                        "each later chunk's attention (default: all resident)")
     g.add_argument("--layer-split", default=None, metavar="auto|N,N,...",
                    help="layers per GPU (default auto: in proportion to --vram)")
     g.add_argument("--batch", type=positive("--batch"), default=None,
@@ -164,7 +172,8 @@ def engine_config(args, n_tokens: int | None, *, progress: bool = False,
     return EngineConfig(
         vram=list(args.vram or [DEFAULT_VRAM]), cache=args.cache, lend_cap=args.lend_cap,
         scan=args.scan, scan_max=args.prefill or SCAN_MAX, chunk=args.chunk, ring=args.ring,
-        pin=not args.unpinned, fused=args.fused, max_prompt=max_prompt, device=args.device,
+        pin=not args.unpinned, fused=args.fused, max_prompt=max_prompt, kv=args.kv,
+        kv_resident=args.kv_resident, device=args.device,
         devices=devices, layer_split=layer_split(args),
         dtype=None if dtypes in (None, "auto") else DTYPES[dtypes],
         ffn=resolve_experts(args.experts, dev_type or device_type(args)), batch=args.batch,

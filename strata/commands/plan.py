@@ -91,7 +91,16 @@ def make_plan(args):
     plan = plan_prompt(layout, parts, cfg, pinned=pinned, fused=fused, native=native,
                        n_tokens=args.prompt_tokens, scratch_reserve=reserve)
     why = None if plan.fits else unfit_line(plan, layout, parts)
-    return name, plan, bud, dict(pinned=pinned, fused=fused, native=native), shape, why
+    return (name, plan, bud, dict(pinned=pinned, fused=fused, native=native,
+                                  kv=kv_summary(layout.sizes, cfg, bud)), shape, why)
+
+
+def kv_summary(sizes, cfg, bud) -> dict:
+    """The KV of the longest prompt as the budgets charge it: dtype, window, bytes (all layers)
+    resident in VRAM and held in pinned host memory."""
+    return {"dtype": cfg.kv, "resident_tokens": cfg.kv_resident, "tokens": cfg.max_prompt,
+            "vram_bytes": sum(b.kv for b in bud),
+            "host_bytes": sizes.n_layer * sizes.kv_host(cfg.max_prompt)}
 
 
 def render(name, plan, bud, flags, n_expert: int) -> str:
@@ -107,6 +116,7 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
         f"max_blob {plan.max_blob:,} B; STAGE under {plan.stream_all_min} tokens)",
         f"  needed    {plan.bytes_needed:,} B ({fmt_bytes(plan.bytes_needed)}) of room "
         f"{plan.room:,} B ({fmt_bytes(plan.room)})",
+        kv_line(flags["kv"]),
         "",
         f"  {'gpu':<6}{'vram':>11}{'layers':>9}{'dense':>11}{'cache':>11}{'slots':>7}"
         f"{'room':>11}{'ring':>6}{'needed':>11}{'loan':>11}{'lent':>6}{'tail':>11}",
@@ -122,6 +132,14 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
             lines.append(f"  note: {p.name}'s cache holds every expert of its layers: nothing "
                          f"streams there, the ring only matters on GPUs that stream")
     return "\n".join(lines)
+
+
+def kv_line(kv: dict) -> str:
+    window = ("all resident" if kv["resident_tokens"] is None
+              else f"newest {kv['resident_tokens']:,} tokens a layer resident")
+    return (f"  kv        {kv['dtype']}, {kv['tokens']:,} tokens, {window}: "
+            f"{fmt_bytes(kv['vram_bytes'])} in VRAM, {fmt_bytes(kv['host_bytes'])} in pinned "
+            f"host memory")
 
 
 def run(args) -> int:

@@ -127,7 +127,10 @@ def _sync(device: torch.device) -> None:
 
 
 def _streaming(args) -> bool:
-    return bool(args.vram) or args.cache is not None
+    """The streaming engine reads the prompt when a budget or a KV choice is given (the
+    resident reader keeps the model's own KV cache)."""
+    return (bool(args.vram) or args.cache is not None or args.kv != "bf16"
+            or args.kv_resident is not None)
 
 
 def prompt_tokens(args, vocab: int) -> list[int]:

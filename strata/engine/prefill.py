@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from strata.budget import check_machine, check_room, cpu_cache_cap
+from strata.budget import (check_kv_host, check_machine, check_room, cpu_cache_cap,
+                           host_available)
 from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
@@ -47,9 +48,10 @@ from strata.memory.carve import Carve
 from strata.memory.layout import PromptBuffers
 from strata.memory.rig import RESERVE, participants
 from strata.memory.scan import ParticipantPlan
+from strata.models.kv import PromptKV
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.moe import expert_ffn
-from strata.planning import layout_spec, model_sizes, scratch_reserve
+from strata.planning import KVPolicy, layout_spec, model_sizes, scratch_reserve
 from strata.units import fmt_bytes
 
 log = logging.getLogger("strata")
@@ -68,6 +70,8 @@ class EngineConfig:
     pin: bool = True                   # pin host blobs (falls back to pageable if it fails)
     fused: bool | None = None          # None: STRATA_PF_FUSED, else non-native packs
     max_prompt: int = 32768            # KV reserved for prompts up to this many tokens
+    kv: str = "bf16"                   # KV dtype: bf16 | int8 (codes + fp32 scale per token-head)
+    kv_resident: int | None = None     # tokens of KV per layer in VRAM (None: all); the rest host
     reserve: int = RESERVE             # CUDA context, allocator slack, attention workspace
     device: str | None = None          # cuda when available
     devices: list[str] | None = None   # one per participant (default: cuda:0.. or cpu)
@@ -87,6 +91,7 @@ class PrefillResult:
     ring: int | str                    # prefill_ring: the resolved ring (slots, or "STAGE")
     stats: PrefillStats = field(default_factory=PrefillStats)
     memory: list["Borrowed"] = field(default_factory=list)  # per participant: what it took
+    kv_streamed: int = 0               # bytes of host-held KV copied back for the attention
 
     def info(self) -> dict:
         return {"prefill_chunk": self.chunk, "prefill_ring": self.ring}
@@ -160,14 +165,17 @@ class PrefillEngine:
         self.layouts = [pl.layout for pl in pack.layers]
         self.blob_sizes = [pl.blob_size for pl in pack.layers]
         self.max_blob = pack.max_blob
-        self.sizes = model_sizes(self.shape)
         parts, budgets, self.layout, self.fused = plan_inputs(
             self.shape, self.blob_sizes, pack.native, cfg, self.device.type)
+        self.sizes = self.layout.sizes
+        self.kv = kv_policy(cfg)
         # every budget against the machine before the host blobs are pinned or the cache is
         # allocated (strata.budget): one line naming what does not fit
         check_machine(budgets, devices, host_blobs=sum(self.blob_sizes) * self.shape.n_expert,
                       pin=cfg.pin and host is None,
-                      dense_host=sum(b.dense for b in budgets) * self.dtype.itemsize // 2)
+                      dense_host=sum(b.dense for b in budgets) * self.dtype.itemsize // 2,
+                      host_kv=self.shape.n_layer * self.sizes.kv_host(cfg.max_prompt),
+                      kv_tokens=cfg.max_prompt)
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
                                         progress=cfg.progress)
         self.pinned = self.host.pinned or self.device.type != "cuda"
@@ -227,6 +235,8 @@ class PrefillEngine:
         out = None
         loans: list[Loan] = []
         memory: list[Borrowed] = []
+        kv = None
+        stages: dict[int, torch.Tensor] = {}
         try:
             providers = []
             for part, pp in zip(self.parts, plan.participants):
@@ -240,6 +250,8 @@ class PrefillEngine:
                 memory.append(got)
                 for o in self.observers:
                     o.on_loan(part, pp.bytes_needed, loans[-1])
+                if "kv_stage" in bufs.bufs:
+                    stages.update({l: bufs["kv_stage"] for l in part.layers})
                 if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
                     part.scratch.publish(carve.tail())
                 providers.append(StreamingProvider(
@@ -252,10 +264,11 @@ class PrefillEngine:
                 provider = _FailingProvider(provider, fail_after_layers)
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
+            kv = self.prompt_kv(T, stages)
             self._sync()
             t0 = time.perf_counter()
             try:
-                out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits,
+                out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=kv,
                                          progress=(lambda n: bar.update(n - bar.n)) if bar else None,
                                          observer=self.finite.begin(self.shape.n_layer))
                 self._sync()
@@ -280,10 +293,35 @@ class PrefillEngine:
             for loan in loans:
                 loan.refill()
             self._sync()
-        result = PrefillResult(out, plan, chunk, ring, stats, memory)
+            kv_streamed = kv.streamed if kv is not None else 0
+            if kv is not None:
+                kv.release()      # the resident and the pinned host KV go with the prompt
+            del kv, stages
+        result = PrefillResult(out, plan, chunk, ring, stats, memory, kv_streamed)
         for o in self.observers:
             o.on_result(result)
         return result
+
+    def uses_prompt_kv(self) -> bool:
+        """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) on CUDA and
+        whenever --kv int8 or --kv-resident is given; the CPU's default bf16, all-resident run
+        keeps the model's KVCache in its fp32 dense dtype (the CPU parity tests' reference)."""
+        return (self.device.type == "cuda" or self.cfg.kv != "bf16"
+                or self.cfg.kv_resident is not None)
+
+    def prompt_kv(self, n_tokens: int, stages: dict[int, torch.Tensor]) -> PromptKV | None:
+        """A prompt's KV (None: the model's own cache). Its host-held part is checked against
+        the host's memory before anything is pinned (strata.budget.check_kv_host)."""
+        if not self.uses_prompt_kv():
+            return None
+        s = self.shape
+        host_kv = s.n_layer * self.sizes.kv_host(n_tokens)
+        check_kv_host(host_kv, sum(len(p.layers) for p in self.parts) * self.sizes.kv_bytes(
+            n_tokens), sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
+        lanes = {l: part.lane for part in self.parts for l in part.layers}
+        return PromptKV(s.n_layer, s.n_kv_head, s.head_dim, n_tokens, kv=self.cfg.kv,
+                        resident=self.cfg.kv_resident, devices=self.model.layer_devices,
+                        stages=stages, lanes=lanes, pin=self.pinned and self.device.type == "cuda")
 
     def _sync(self) -> None:
         for part in self.parts:
@@ -301,8 +339,9 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
             raise StrataError(f"--cache {fmt_bytes(cfg.cache)} is more than --vram "
                               f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
                               f"memory; give a smaller --cache or more --vram")
-    sizes = model_sizes(shape)
-    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn), cfg.batch)
+    kv = kv_policy(cfg)
+    sizes = model_sizes(shape, kv=kv)
+    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv), cfg.batch)
     fused = use_fused(native, cfg.fused)
     kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
               split=cfg.layer_split)
@@ -320,6 +359,11 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
         if cap < min(b.cache for b in budgets):
             parts, budgets = participants(sizes, blob_sizes, vram, cache=cap, **kw)
     return parts, budgets, layout, fused
+
+
+def kv_policy(cfg: EngineConfig) -> KVPolicy:
+    """The KV dtype and resident window the config names, for prompts up to cfg.max_prompt."""
+    return KVPolicy(cfg.kv, cfg.kv_resident, cfg.max_prompt)
 
 
 def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, native: bool,

@@ -7,7 +7,10 @@ the assembler that knows both (strata.planning.model_sizes):
     dims(T, ring, batch)   values of a LayoutSpec's symbols for a chunk of T tokens (activation
                            bytes per token follow from the Buf dims; workspace rows such as TKP
                            come from the kernel's launch plan)
-    kv_bytes(n_tokens)     one layer's KV cache bytes for n_tokens (the architecture's count)
+    kv_bytes(n_tokens)     one layer's KV bytes in VRAM for a prompt of n_tokens (the resident
+                           window's share of the architecture's count, in the chosen KV dtype)
+    kv_host(n_tokens)      one layer's KV bytes kept in pinned host memory for such a prompt
+                           (what lies outside the resident window; 0 when all of it is resident)
     dense_layer            one layer's dense weight bytes
     dense_first            dense bytes only the first GPU holds (token embeddings)
     dense_last             dense bytes only the last GPU holds (output norm, LM head)
@@ -35,6 +38,7 @@ class Sizes:
     top_k: int
     dims: Callable[[int, int, int | None], Mapping[str, int]] = field(compare=False, repr=False)
     kv_bytes: Callable[[int], int] = field(compare=False, repr=False)
+    kv_host: Callable[[int], int] = field(default=lambda n: 0, compare=False, repr=False)
     dense_layer: int = 0
     dense_first: int = 0
     dense_last: int = 0

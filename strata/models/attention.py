@@ -7,6 +7,8 @@ Hkv kv heads, hd head dim.
     q, k = qnorm(q), knorm(k)                    # per-head RMSNorm, when the weights carry one
     q, k = rope(q), rope(k)                      # cos/sin from the caller (strata.models.layers)
     o = softmax(q k^T / sqrt(hd) + causal) v     # keys: the P cached + this chunk's T
+                                                 # (a PromptKV: chunk_attention over its
+                                                 # [host-staged, resident] segments, bf16)
     y = Wo o                                     # [T, D]
 
 The optional pieces are fields of `AttentionWeights` (Qwen3 has q/k norms, Mixtral none); an
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from strata.models.kv import KVCache
+from strata.models.kv import KVCache, PromptKV
 from strata.models.layers import apply_rope, rms_norm
 
 
@@ -48,7 +50,7 @@ class AttentionShape:
 
 
 def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torch.Tensor,
-              sin: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
+              sin: torch.Tensor, cache: KVCache | PromptKV, layer: int) -> torch.Tensor:
     """x [T, D] (already normed) at positions P..P+T-1 -> [T, D]; appends k, v to `cache`."""
     T, P = x.shape[0], cache.length
     q = (x @ w.wq.t()).view(T, s.n_head, s.head_dim)                 # [T, H, hd]
@@ -60,6 +62,11 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
         k = rms_norm(k, w.k_norm, s.norm_eps)
     q = apply_rope(q.transpose(0, 1), cos, sin)                      # [H, T, hd]
     k = apply_rope(k.transpose(0, 1), cos, sin)                      # [Hkv, T, hd]
+    if isinstance(cache, PromptKV):   # the engine's KV: bf16 or int8, resident + host-held
+        bf = torch.bfloat16
+        o = cache.attend(layer, q.transpose(0, 1).to(bf), k.transpose(0, 1).to(bf),
+                         v.to(bf))                                   # [T, H, hd] bf16
+        return o.reshape(T, s.n_head * s.head_dim).to(x.dtype) @ w.wo.t()
     k_all, v_all = cache.extend(layer, k, v.transpose(0, 1))         # [Hkv, P+T, hd]
     # GQA without copying K/V per query head (enable_gqa: query head h reads kv head
     # h // (H / Hkv)). A later chunk's query i sits at P+i and sees keys 0..P+i: the causal

@@ -146,6 +146,8 @@ def rigs(draw, shape, blob_scale, base=0):
         scan_max=draw(st.sampled_from([256, 1024, 4096, 32768])),
         n_tokens=draw(st.one_of(st.none(), st.integers(1, 64), st.integers(1, 5000))),
         max_prompt=draw(st.sampled_from([0, 64, 4096])),
+        kv=draw(st.sampled_from(["bf16", "int8"])),
+        kv_resident=draw(st.one_of(st.none(), st.integers(1, 5000))),
     )
 
 
@@ -178,8 +180,10 @@ def engine_side(shape, layer_blob, native, rig, layouts):
     cfg = EngineConfig(vram=rig["vram"], cache=rig["cache"], lend_cap=rig["lend_cap"],
                        scan_max=rig["scan_max"], chunk=rig["chunk"], ring=rig["ring"],
                        pin=rig["pinned"], fused=rig["fused"] or None, ffn=rig["ffn"],
-                       max_prompt=rig["max_prompt"] or rig["n_tokens"] or 0)
-    parts, _, layout, fused = plan_inputs(shape, blobs, native, cfg, "cuda")
+                       max_prompt=rig["max_prompt"] or rig["n_tokens"] or 0,
+                       kv=rig.get("kv", "bf16"), kv_resident=rig.get("kv_resident"))
+    parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, "cuda")
+    check_kv(shape, cfg, bud, layout)
     devices = default_devices([p.name for p in parts])    # as strata plan picks them
     plan = plan_prompt(layout, parts, cfg, pinned=rig["pinned"], fused=fused, native=native,
                        n_tokens=rig["n_tokens"],
@@ -201,6 +205,21 @@ def engine_side(shape, layer_blob, native, rig, layouts):
                     <= lo + loans[0].nbytes, name
         got.append(rec)
     return plan, got
+
+
+def check_kv(shape, cfg, bud, layout):
+    """The budgets charge the resident window's KV in the KV dtype, the host holds the rest, and
+    the layout stages one layer's host-held KV exactly when there is some (the kernel's count)."""
+    from strata.kernels.attention import kv_token_bytes
+    n = cfg.max_prompt
+    res = n if cfg.kv_resident is None else min(n, cfg.kv_resident)
+    tok = kv_token_bytes(cfg.kv, shape.n_kv_head, shape.head_dim)
+    for b in bud:
+        assert b.kv == len(b.layers) * res * tok
+    assert layout.sizes.kv_host(n) == (n - res) * tok
+    stage = [p for p in layout.placements(1, 0) if p.name == "kv_stage"]
+    assert [p.nbytes for p in stage] == ([(n - res) * tok] if n > res else [])
+    event(f"kv {cfg.kv}, {'streams' if n > res else 'resident'}")
 
 
 def check(plan, got, plan_dict=None):
@@ -260,8 +279,9 @@ def test_engine_takes_what_strata_plan_reports_presets(capsys, data, name, fmt):
     argv += ["--prefill", f"auto:{rig['scan_max']}"] * (rig["chunk"] is None)
     argv += [a for v in rig["vram"] for a in ("--vram", str(v))]
     for flag, key in (("--cache", "cache"), ("--ring", "ring"), ("--chunk", "chunk"),
-                      ("--prompt-tokens", "n_tokens"), ("--max-prompt", "max_prompt")):
-        if rig[key]:
+                      ("--prompt-tokens", "n_tokens"), ("--max-prompt", "max_prompt"),
+                      ("--kv", "kv"), ("--kv-resident", "kv_resident")):
+        if rig.get(key):
             argv += [flag, str(rig[key])]
     argv += ["--unpinned"] * (not rig["pinned"]) + ["--fused"] * rig["fused"]
     with slab_env(rig["slab"]), launches(rig):
