@@ -173,7 +173,7 @@ class PrefillEngine:
         self.pinned = self.host.pinned or self.device.type != "cuda"
         self.parts: list[Part] = []
         for p, b, dev in zip(parts, budgets, devices):
-            cache = ExpertCache(p.cache, self.host.source, dev)
+            cache = ExpertCache(p.cache, self.host.source, dev, progress=cfg.progress)
             self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev),
                                    ParticipantScratch(p.name, dev, cache.buffer)))
         device_map = [part.device for part in self.parts for _ in part.layers]
