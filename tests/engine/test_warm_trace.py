@@ -78,3 +78,25 @@ def test_trace_has_both_lanes_of_every_pass(pack, tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG"
     eng.run(TOKENS, logits="last")   # a second prompt adds its own spans after the first
     assert tr.prompts == 2 and max(s.args["prompt"] for s in tr.spans) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
+def test_trace_on_cuda_uses_event_times_and_warmup_changes_nothing(pack, tmp_path):
+    cfg = EngineConfig(vram=1 << 30, cache=6 * Pack.open(pack).max_blob, chunk=CHUNK, ring=2,
+                       max_prompt=64, device="cuda", ffn="torch")   # deterministic: exact equality
+    eng = PrefillEngine(pack, cfg)
+    before = eng.cache.buffer.clone()
+    cold = eng.run(TOKENS, logits="all").logits
+    assert eng.warmup(TOKENS.numel()) > 0
+    assert torch.equal(eng.cache.buffer, before)
+    tr = LaneTrace("cuda")
+    eng.observers.append(tr)
+    warm = eng.run(TOKENS, logits="all").logits
+    assert torch.equal(cold, warm)
+    assert tr.clock == "cuda-events"
+    copies = [s for s in tr.spans if s.lane == "copy"]
+    assert copies and all(s.dur > 0 for s in copies)
+    starts = [s.start for s in tr.spans if s.lane == "compute"]
+    assert starts == sorted(starts), "layers run one after another on the compute lane"
+    assert json.loads(tr.write(tmp_path / "c.json").read_text())["metadata"]["clock"] == "cuda-events"
