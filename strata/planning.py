@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from strata.kernels.tiles import block_m_for
+from strata.kernels.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.sizes import Sizes
 from strata.packs.names import global_specs, layer_specs
@@ -84,7 +84,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
     bm = block_m if block_m is not None else block_m_for(T, K, E)
     return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": shape.n_head * shape.head_dim, "KVD": shape.n_kv_head * shape.head_dim,
-            "TK": T * K, "TKP": T * K + min(E, T * K) * (bm - 1),
+            "TK": T * K, "TKP": padded_rows(T, K, E, bm),
             "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2}
 
 

@@ -262,7 +262,6 @@ def run(args) -> int:
     guard = FiniteGuard()
     model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(expert_ffn(ffn_name)))
     provider_name, provider = make_provider(args, pack, device)
-    watched = guard.watch(provider)
 
     T = len(tokens)
     chunk = min(args.chunk or T, T)
@@ -283,8 +282,9 @@ def run(args) -> int:
     t0 = time.perf_counter()
     with torch.inference_mode():
         # [T, V] only when dumped: at V = 151936 a long prompt's logits would not fit in memory
-        logits = model.prefill(tok, watched, chunk=chunk, progress=progress,
-                               logits="all" if dump else "last")
+        logits = model.prefill(tok, provider, chunk=chunk, progress=progress,
+                               logits="all" if dump else "last",
+                               observer=guard.begin(pack.shape.n_layer))
     _sync(device)
     seconds = time.perf_counter() - t0
     if bar is not None:

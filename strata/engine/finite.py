@@ -11,7 +11,7 @@ failed prompt.
 
     guard = FiniteGuard()
     model = load_model(pack, ffn=guard.wrap(expert_ffn(name)))
-    model.prefill(tokens, guard.watch(provider))
+    model.prefill(tokens, provider, observer=guard.begin(model.shape.n_layer))
 """
 from __future__ import annotations
 
@@ -46,10 +46,12 @@ class FiniteGuard:
         guarded.__name__ = getattr(ffn, "__name__", "ffn")
         return guarded
 
-    def watch(self, provider) -> "_Watched":
-        self.n_layer = provider.n_layer
-        self.flags = {}
-        return _Watched(provider, self)
+    def begin(self, n_layer: int) -> "FiniteGuard":
+        """Arm the guard for a prompt through a model of n_layer layers; returns itself, the
+        observer to hand the model's prefill (strata.models.observe.ForwardObserver)."""
+        self.n_layer, self.flags, self._start = n_layer, {}, 0
+        self.layer, self._y = None, None
+        return self
 
     def _mark(self, t: torch.Tensor, which: int) -> None:
         f = self.flags.get(t.device)
@@ -60,18 +62,21 @@ class FiniteGuard:
         mn, mx = torch.aminmax(t)
         f[self.layer, which].logical_or_(~(torch.isfinite(mn) & torch.isfinite(mx)))
 
-    def begin_chunk(self, start: int, n_tokens: int) -> None:
-        self._chunk = (start, n_tokens)
-        for f in self.flags.values():
-            f.zero_()
-
-    def begin_layer(self, layer: int) -> None:
+    # -- the model's observer hooks: routed (before the layer's experts), layer_done (after)
+    def routed(self, layer: int, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> None:
+        if layer == 0:                                   # a new chunk
+            self._chunk = (self._start, int(topk_ids.shape[0]))
+            for f in self.flags.values():
+                f.zero_()
         self.layer, self._first, self._y = layer, True, None
 
-    def end_layer(self, layer: int) -> None:
+    def layer_done(self, layer: int, x: torch.Tensor) -> None:
         if self._y is not None:
             self._mark(self._y, 1)
         self.layer, self._y = None, None
+        if layer == self.n_layer - 1:                    # the chunk's last layer: read the flags
+            self._start += self._chunk[1]
+            self.check()
 
     def check(self) -> None:
         """Once per chunk: one host read per device of the flags."""
@@ -86,29 +91,3 @@ class FiniteGuard:
                     f"the prompt failed and the cache was restored: check the pack with `strata "
                     f"verify PACK`, or try --dtype float32")
 
-
-class _Watched:
-    """A provider with the guard's per-layer and per-chunk hooks around its own."""
-
-    def __init__(self, inner, guard: FiniteGuard):
-        self.inner, self.guard = inner, guard
-        self.n_layer = inner.n_layer
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def begin_chunk(self, start: int, n_tokens: int) -> None:
-        self.guard.begin_chunk(start, n_tokens)
-        self.inner.begin_chunk(start, n_tokens)
-
-    def begin_layer(self, layer: int) -> None:
-        self.guard.begin_layer(layer)
-        self.inner.begin_layer(layer)
-
-    def end_layer(self, layer: int) -> None:
-        self.inner.end_layer(layer)
-        self.guard.end_layer(layer)
-
-    def end_chunk(self) -> None:
-        self.inner.end_chunk()
-        self.guard.check()

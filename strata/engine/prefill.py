@@ -294,14 +294,14 @@ class PrefillEngine:
             provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:
                 provider = _FailingProvider(provider, fail_after_layers)
-            provider = self.finite.watch(provider)
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
             self._sync()
             t0 = time.perf_counter()
             try:
                 out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits,
-                                         progress=(lambda n: bar.update(n - bar.n)) if bar else None)
+                                         progress=(lambda n: bar.update(n - bar.n)) if bar else None,
+                                         observer=self.finite.begin(self.shape.n_layer))
                 self._sync()
             except torch.cuda.OutOfMemoryError as e:
                 raise AllocationError(f"a device allocation failed mid-prompt ({_first_line(e)}); "

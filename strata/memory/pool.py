@@ -1,8 +1,8 @@
-"""SlabPool: the expert GEMM's stream-k fixup scratch, taken from the loan's tail (seed #2835).
+"""SlabPool: the expert GEMM's stream-k fixup scratch, taken from the loan's tail.
 
 Requests round up to a size class (a power of two, 128 KiB floor): the stream-k tile width
 changes per launch, so caching exact sizes would keep one buffer per width (32 buffers, 31.5 MiB
-in the seed's measurement) where classes bound the pool to a few. At most one free buffer per
+measured on a 512-expert rig) where classes bound the pool to a few. At most one free buffer per
 class is kept.
 
 Guards (each load-bearing):

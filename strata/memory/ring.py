@@ -1,6 +1,6 @@
 """The streamed ring: how many `max_blob`-sized VRAM slots experts stream through.
 
-The ring is a BYTE budget; the slot count is derived from the pack's `max_blob` (seed #583):
+The ring is a BYTE budget; the slot count is derived from the pack's `max_blob`:
 
     slots = floor(budget / max_blob), clamped to [RING_MIN, RING_MAX], then bounded by ring_cap(native)
 
@@ -8,7 +8,7 @@ The ring is a BYTE budget; the slot count is derived from the pack's `max_blob` 
 |-------------------|--------------------|------------------------------------------------------|
 | unfused, pinned   | 384 x 1,382,400 B  | 384 slots measured on the Q2_0 pack (506.25 MiB)     |
 | unfused, unpinned | 96 x 1,382,400 B   | the old rule's pageable-host count, kept in bytes     |
-| fused             | 1024 x 1,382,400 B | #136: a layer's ~460 of 512 experts in flight        |
+| fused             | 1024 x 1,382,400 B | a layer's ~460 of 512 experts in flight             |
 
 Flooring keeps the ring at or under its budget; the one exception is the RING_MIN floor, which a
 pack whose blob exceeds budget/16 hits on purpose (a ring under 16 slots cannot overlap copies).
@@ -31,7 +31,7 @@ Q2_0_BLOB = 1_382_400          # the seed-512e Q2_0 blob the budgets were tuned 
 BUDGET_PINNED = 384 * Q2_0_BLOB
 BUDGET_UNPINNED = 96 * Q2_0_BLOB
 BUDGET_FUSED = 1024 * Q2_0_BLOB
-RING_MIN = 16                  # kRingMin: below this a ring cannot keep copies ahead of compute
+RING_MIN = 16                  # below this a ring cannot keep copies ahead of compute
 RING_MAX = 1024
 RING_CAP_NATIVE = 512          # native packs: the kernels' slot table bound (seed: ring_cap())
 STAGE = "STAGE"

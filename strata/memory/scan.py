@@ -1,6 +1,6 @@
 """Planning a prompt: the chunk T and the ring, one byte budget borrowed from the expert cache.
 
-Rules (SPEC "Auto scan", seed #583):
+Rules (SPEC "Auto scan"):
 
 - full-ring (auto): chunks live on the grid 256, 512, ..., MAX. The scan takes the LARGEST chunk
   that still leaves the full ring (the resolved slot count), found by bisection: bytes_needed is

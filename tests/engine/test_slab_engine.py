@@ -1,4 +1,4 @@
-"""The scratch slab inside the prefill engine (STRATA_MMQ_SLAB, seed #2835): guard 2 (dropped
+"""The scratch slab inside the prefill engine (STRATA_MMQ_SLAB): guard 2 (dropped
 before the borrowed slots refill), guard 3 (each participant's own loan on its own device), the
 start check line, and the failure the slab exists for (a card too full for ordinary scratch).
 

@@ -50,7 +50,7 @@ def test_slots_hold_their_own_layers_blob_sizes():
 
 
 def test_room_is_counted_in_bytes_of_the_lent_slots():
-    """Seed #583: a cache slot holds its own layer's blob, smaller than max_blob; counting room
+    """A cache slot holds its own layer's blob, smaller than max_blob; counting room
     as slots x max_blob undercounts it."""
     blobs = [2_048, 2_560]                           # max_blob 2560, but half the slots are 2048
     lay = CacheLayout.build(10 * 2_560 + 10 * 2_048, blobs, 10)

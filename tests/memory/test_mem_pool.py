@@ -1,5 +1,5 @@
 """SlabPool over the loan's tail: size classes, one free buffer per class, the address guard,
-the empty-tail fallback and the check line (SPEC "Scratch pool", seed #2835)."""
+the empty-tail fallback and the check line (SPEC "Scratch pool")."""
 import logging
 
 import torch

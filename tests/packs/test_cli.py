@@ -142,8 +142,10 @@ FP32_REL = 1e-5   # one expert path (the fp32 reference) on both sides: only sum
 def test_resident_and_streamed_agree_by_default_on_cpu(tiny_pack, tmp_path, capsys):
     a, b = tmp_path / "a.npy", tmp_path / "b.npy"
     toks = ",".join(str(t) for t in range(3, 250, 7))
-    assert main(["prefill", str(tiny_pack), "--tokens", toks, "--dump-logits", str(a)]) == 0
-    assert main(["prefill", str(tiny_pack), "--tokens", toks, "--vram", "2GiB", "--cache", "64KiB",
+    assert main(["prefill", str(tiny_pack), "--tokens", toks, "--device", "cpu",
+                 "--dump-logits", str(a)]) == 0
+    assert main(["prefill", str(tiny_pack), "--tokens", toks, "--device", "cpu", "--vram", "2GiB",
+                 "--cache", "64KiB",
                  "--ring", "2", "--chunk", "8", "--dump-logits", str(b), "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["experts"] == "ref" and out["bytes_streamed"] > 0
@@ -185,29 +187,23 @@ def test_gpu_plan_equals_prefill_and_guards(tiny_pack, tmp_path, capsys):
 def test_finite_guard_flags_exactly_the_bad_layer(bad, where):
     from strata.engine.finite import FiniteGuard, NonFiniteError
 
-    class Prov:
-        n_layer = 3
-        def begin_chunk(self, s, n): pass
-        def begin_layer(self, l): pass
-        def end_layer(self, l): pass
-        def end_chunk(self): pass
-
-    g = FiniteGuard()
+    g = FiniteGuard().begin(3)
     ffn = g.wrap(lambda x, ids, w, e, **kw: x * 2)
-    p = g.watch(Prov())
-    p.begin_chunk(0, 4)
-    for l in range(3):
-        p.begin_layer(l)
-        x = torch.ones(4, 8)
-        if bad is not None and l == 2 and where == "input":
-            x[1, 3] = bad
-        y = ffn(x, None, None, None)
-        if bad is not None and l == 2 and where == "output":
-            y[2, 5] = bad
-        p.end_layer(l)
+    ids = torch.zeros(4, 2, dtype=torch.int64)
+
+    def layers():
+        for l in range(3):
+            g.routed(l, ids, None)
+            x = torch.ones(4, 8)
+            if bad is not None and l == 2 and where == "input":
+                x[1, 3] = bad
+            y = ffn(x, None, None, None)
+            if bad is not None and l == 2 and where == "output":
+                y[2, 5] = bad
+            g.layer_done(l, x + y)
     if bad is None:
-        p.end_chunk()
+        layers()
     else:
         with pytest.raises(NonFiniteError, match="layer 2: " + (
                 "the hidden state entering" if where == "input" else "its experts' output")):
-            p.end_chunk()
+            layers()
