@@ -8,7 +8,12 @@ with the tokenizer the pack carries from its GGUF or Hugging Face source (strata
   plan from the auto scan (or --chunk), loan + carve + ring, copies overlapped with compute
   (strata.engine). It prints the plan, `prefill_chunk` and `prefill_ring` (the resolved ring: a
   slot count or STAGE), bytes streamed, the achieved host->device rate, cache hits and the time
-  compute waited on copies.
+  compute waited on copies. Before the prompt is timed the engine warms up (PrefillEngine.warmup:
+  one dry prompt through the prompt's plan compiles and loads every kernel variant it launches;
+  `--no-warmup` skips it), and startup, warm-up and prompt time are reported apart.
+- `--prompts-file F` reads many prompts in one session (one engine, loaded once); `--trace
+  out.json` writes the copy and compute lanes of every pass as a Chrome/Perfetto trace, and
+  out.png one chunk's lanes (strata.engine.trace).
 """
 from __future__ import annotations
 
@@ -52,6 +57,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="token ids, comma separated (e.g. 1,2,3); no tokenizer is involved")
     one.add_argument("--prompt-tokens", type=int, metavar="N",
                      help="a prompt of N random token ids (seeded by --seed)")
+    one.add_argument("--prompts-file", metavar="F",
+                     help="many prompts in one session (needs --vram/--cache): one per line, "
+                          "either comma-separated token ids (`1,2,3`; one token: `5,`) or a "
+                          "length `N` alone (N random ids, seeded by --seed + the line number); "
+                          "blank lines and lines starting with # are skipped")
     src.add_argument("--seed", type=int, default=0, help="seed of --prompt-tokens (default 0)")
     add_budget_flags(p)    # --vram/--cache/... turn the streaming engine on; --chunk both paths
     eng = p.add_argument_group("streaming")
@@ -69,7 +79,68 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     from strata.commands import _dist
     _dist.add_flags(p)     # --distributed (torchrun): strata.commands._dist
+    add_run_flags(p)
     return p
+
+
+def add_run_flags(p) -> None:
+    """Flags `strata prefill` and `strata bench` share: the warm-up and the lanes' trace."""
+    p.add_argument("--no-warmup", action="store_true",
+                   help="time the first prompt cold: skip the warm-up that compiles and loads "
+                        "every kernel variant the plan launches before the prompt is timed")
+    p.add_argument("--trace", metavar="OUT.json", default=None,
+                   help="write the copy and compute lanes of every pass (streaming engine) as a "
+                        "Chrome/Perfetto trace, and OUT.png: one chunk's lanes")
+
+
+def check_trace(args) -> Path | None:
+    if not getattr(args, "trace", None):
+        return None
+    return check_output(args.trace, "--trace", inputs=[args.pack], force=True)
+
+
+def write_trace(trace, path: Path | None) -> list[str]:
+    """The trace's JSON and its PNG (beside it, .png): the paths written."""
+    if trace is None or path is None:
+        return []
+    out = [str(trace.write(path))]
+    png = trace.plot_chunk(path.with_suffix(".png"))
+    if png is not None:
+        out.append(str(png))
+    return out
+
+
+def read_prompts_file(path: str, vocab: int, seed: int) -> list[list[int]]:
+    """--prompts-file: one prompt per line (token ids with commas, or a length alone)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise StrataError(f"--prompts-file {path}: cannot read it ({e.strerror or e}); give a "
+                          f"text file with one prompt per line") from None
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "," in line:
+            try:
+                ids = parse_tokens(line)
+            except StrataError as e:
+                raise StrataError(f"--prompts-file {path} line {n}: {e}") from None
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise StrataError(f"--prompts-file {path} line {n}: id {bad[0]} is outside the "
+                                  f"vocabulary [0, {vocab})")
+            prompts.append(ids)
+            continue
+        if not line.isdigit() or int(line) < 1:
+            raise StrataError(f"--prompts-file {path} line {n}: {line[:40]!r} is neither token "
+                              f"ids (`1,2,3`) nor a length N >= 1")
+        g = torch.Generator().manual_seed(seed + n)
+        prompts.append(torch.randint(0, vocab, (int(line),), generator=g).tolist())
+    if not prompts:
+        raise StrataError(f"--prompts-file {path} holds no prompt; give one per line")
+    return prompts
 
 
 def parse_tokens(text: str) -> list[int]:
@@ -205,7 +276,7 @@ def save_logits(path: Path, logits: torch.Tensor) -> str:
 def open_checked(args):
     """The pack (--verify: every tensor's checksum first)."""
     from strata.packs import Pack
-    return Pack.open(args.pack, verify=True if args.verify else None)
+    return Pack.open(args.pack, verify=True if getattr(args, "verify", False) else None)
 
 
 def check_context(n_tokens: int, shape, flag: str = "the prompt") -> None:
@@ -224,6 +295,9 @@ def run(args) -> int:
         return _dist.run(args)
     if _streaming(args):
         return run_streaming(args)
+    if args.prompts_file or args.trace:
+        flag = "--prompts-file" if args.prompts_file else "--trace"
+        raise StrataError(f"{flag} needs the streaming engine: give --vram SIZE (or --cache)")
     check_budget_flags(args)
     dump = dump_path(args)
     pack = open_checked(args)
@@ -292,32 +366,73 @@ def run(args) -> int:
 
 
 def run_streaming(args) -> int:
-    """The streaming engine's read of one prompt, reported."""
+    """The streaming engine's read of one prompt (or of every prompt of --prompts-file, one
+    engine loaded once), reported: startup, warm-up and prompt time apart."""
+    t_start = time.perf_counter()
     from strata.engine.prefill import PrefillEngine
+    from strata.engine.trace import LaneTrace
 
     dump = dump_path(args)
+    trace_path = check_trace(args)
     pack = open_checked(args)
-    tokens, text = prompt_ids(args, pack)
-    check_context(len(tokens), pack.shape)
-    cfg = engine_config(args, len(tokens), progress=not args.json)
+    text = None
+    if args.prompts_file:
+        if dump:
+            raise StrataError("--dump-logits writes one prompt's logits; drop it with "
+                              "--prompts-file")
+        prompts = read_prompts_file(args.prompts_file, pack.shape.vocab, args.seed)
+    else:
+        tokens, text = prompt_ids(args, pack)
+        prompts = [tokens]
+    longest = max(len(t) for t in prompts)
+    check_context(longest, pack.shape)
+    cfg = engine_config(args, longest, progress=not args.json)
     check_context(cfg.max_prompt, pack.shape, "--max-prompt")
-    refuse_unfit_plan(pack, cfg, len(tokens))   # before the engine pins or allocates anything
+    for t in {len(t) for t in prompts}:   # before the engine pins or allocates anything
+        refuse_unfit_plan(pack, cfg, t)
     t0 = time.perf_counter()
     engine = PrefillEngine(pack, cfg)      # host blobs loaded/pinned, cache allocated and filled
     startup = time.perf_counter() - t0
-    with torch.inference_mode():
-        res = engine.run(torch.tensor(tokens, dtype=torch.int64),
-                         logits="all" if dump else "last")
-    report = streaming_report(engine, res, str(args.pack))
-    report["startup_s"] = startup
-    report["cache_bytes"] = sum(p.cache.buffer.numel() for p in engine.parts)
+    trace = LaneTrace(str(args.pack)) if trace_path else None
+    reports = []
+    for tokens in prompts:
+        warm = 0.0 if args.no_warmup else engine.warmup(len(tokens))
+        if trace is not None and trace not in engine.observers:
+            engine.observers.append(trace)
+        with torch.inference_mode():
+            res = engine.run(torch.tensor(tokens, dtype=torch.int64),
+                             logits="all" if dump else "last")
+        report = streaming_report(engine, res, str(args.pack))
+        report["startup_s"] = startup if not reports else 0.0
+        report["prepare_s"] = t0 - t_start if not reports else 0.0
+        report["warmup_s"] = warm
+        report["warmed"] = not args.no_warmup
+        report["cache_bytes"] = sum(p.cache.buffer.numel() for p in engine.parts)
+        reports.append(report)
     if dump:
-        report["logits_path"] = save_logits(dump, res.logits)
+        reports[0]["logits_path"] = save_logits(dump, res.logits)
     if text:
-        report["prompt"] = text
-    print(json.dumps(report) if args.json else
-          (prompt_line(text) + "\n" if text else "") + streaming_summary(report))
+        reports[0]["prompt"] = text
+    written = write_trace(trace, trace_path)
+    for r in reports:
+        r["trace"] = written
+    if args.json:
+        print(json.dumps(reports[0] if not args.prompts_file else reports))
+    elif len(reports) == 1:
+        print((prompt_line(text) + "\n" if text else "") + streaming_summary(reports[0]))
+    else:
+        print(prompts_summary(reports))
     return 0
+
+
+def prompts_summary(reports: list[dict]) -> str:
+    """--prompts-file: one line per prompt, after the first prompt's full summary."""
+    lines = [streaming_summary(reports[0]), "  prompts   (one engine, loaded once)"]
+    for i, r in enumerate(reports):
+        lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens  {r['tokens_per_s']:>10,.1f} "
+                     f"tokens/s  {r['seconds']:.3f} s  chunk {r['prefill_chunk']} ring "
+                     f"{r['prefill_ring']}  warm-up {r['warmup_s']:.3f} s")
+    return "\n".join(lines)
 
 
 def refuse_unfit_plan(pack, cfg, n_tokens: int) -> None:
@@ -369,9 +484,12 @@ def streaming_summary(r: dict) -> str:
         f"({fmt_bytes(p['ring_bytes'])}), needs {fmt_bytes(p['bytes_needed'])} of room "
         f"{fmt_bytes(p['room'])}, {p['probes']} probes",
         f"  INFO      prefill_chunk={r['prefill_chunk']} prefill_ring={ring}",
-        f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s; before it, "
-        f"{r.get('startup_s', 0):.3f} s to load the host blobs and allocate and fill "
-        f"{fmt_bytes(r.get('cache_bytes', 0))} of expert cache)",
+        f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s"
+        + (", warm" if r.get("warmed") else ", cold: --no-warmup") + ")",
+        f"  startup   {r.get('prepare_s', 0):.3f} s to open the pack and plan, "
+        f"{r.get('startup_s', 0):.3f} s to load the host blobs and allocate and fill {fmt_bytes(r.get('cache_bytes', 0))} of expert "
+        f"cache, {r.get('warmup_s', 0):.3f} s warm-up (one-time: kernel compile/load + a dry "
+        f"read of the plan's chunk sizes)",
         f"  streamed  {fmt_bytes(r['bytes_streamed'])} host->device at {r['h2d_gbps']:.1f} GB/s "
         f"while copying " + (f"({'pinned' if r['pinned'] else 'pageable'}; ceiling 55.4 GB/s "
                              f"pinned PCIe 5 x16, 8.3 GB/s pageable)"
@@ -387,4 +505,6 @@ def streaming_summary(r: dict) -> str:
         lines.append(f"  next token {r['next_token']}")
     if r.get("logits_path"):
         lines.append(f"  logits float32 [{r['n_tokens']}, vocab] -> {r['logits_path']}")
+    if r.get("trace"):
+        lines.append(f"  trace     {', '.join(r['trace'])}")
     return "\n".join(lines)

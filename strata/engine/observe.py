@@ -17,6 +17,20 @@ The engine calls every observer, in list order, at these points of a prompt:
   (the scratch slab's size classes, when lent too, come on top);
 - on_result(result): the prompt completed (a PrefillResult); not called when it failed.
 
+And, from the streaming provider of each participant (named `part`, e.g. "gpu0"), pass by pass —
+the lanes' timeline (strata.engine.trace writes it as a Chrome/Perfetto trace):
+- on_chunk(part, start, n_tokens, mark): a chunk of n_tokens at position `start` begins;
+- on_layer(part, layer, begin, end): the layer's compute (attention, routing, every pass) was
+  enqueued between the marks `begin` and `end` on the compute lane;
+- on_copy(part, layer, expert, nbytes, start, done): the expert's blob was copied into a ring
+  slot on the copy lane between `start` and `done`;
+- on_pass(part, layer, index, begin, end, wait): pass `index` of the layer computed between
+  `begin` and `end`; `wait` is the (before, after) pair bracketing the compute lane's stall on
+  the pass's copies, or None when it needed none.
+A mark is a CUDA timing event (read it after the device synchronized, e.g. in on_result:
+strata.engine.device.Lane.elapsed) or, on the CPU, a time.perf_counter() float. These hooks are
+only called when an observer is attached, so an engine without observers records nothing extra.
+
 Observers only read: what they are handed belongs to the engine (a loan is refilled after the
 prompt). The default methods do nothing, so an observer overrides only the points it watches.
 Experiments use this instead of patching engine classes or flipping environment knobs.
@@ -32,4 +46,16 @@ class EngineObserver:
         pass
 
     def on_result(self, result) -> None:
+        pass
+
+    def on_chunk(self, part: str, start: int, n_tokens: int, mark) -> None:
+        pass
+
+    def on_layer(self, part: str, layer: int, begin, end) -> None:
+        pass
+
+    def on_copy(self, part: str, layer: int, expert: int, nbytes: int, start, done) -> None:
+        pass
+
+    def on_pass(self, part: str, layer: int, index: int, begin, end, wait) -> None:
         pass

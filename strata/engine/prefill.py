@@ -181,10 +181,11 @@ class PrefillEngine:
         self.pinned = self.host.pinned or self.device.type != "cuda"
         self.parts: list[Part] = []
         for p, b, dev in zip(parts, budgets, devices):
-            cache = ExpertCache(p.cache, self.host.source, dev)
+            cache = ExpertCache(p.cache, self.host.source, dev, progress=cfg.progress)
             self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev),
                                    ParticipantScratch(p.name, dev, cache.buffer)))
         device_map = [part.device for part in self.parts for _ in part.layers]
+        self._warm: set = set()       # the (chunk, ring, last chunk) warm-ups already read
         self.finite = FiniteGuard()   # NaN/Inf in a chunk fails the prompt, the layer named
         self.model = load_model(pack, device=self.device, dtype=self.dtype,
                                 ffn=self.finite.wrap(expert_ffn(cfg.ffn)), device_map=device_map)
@@ -210,12 +211,55 @@ class PrefillEngine:
                            n_tokens=n_tokens, scratch_reserve=reserve)
 
     # -- a prompt ----------------------------------------------------------------------------
-    def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None
-            ) -> PrefillResult:
+    # -- warm start --------------------------------------------------------------------------
+    def warmup_lengths(self, n_tokens: int) -> tuple[int, list[int]]:
+        """(chunk, the chunk sizes a prompt of n_tokens is read in): every full chunk is `chunk`
+        tokens, the last one n_tokens % chunk (when not 0)."""
+        plan = self.plan(n_tokens, slab=self._slab())
+        C = plan.chunk
+        sizes = [C] * (n_tokens // C) + ([n_tokens % C] if n_tokens % C else [])
+        return C, sizes
+
+    def warmup(self, n_tokens: int, *, seed: int = 0) -> float:
+        """Compile and load every kernel variant a prompt of n_tokens will launch, before it is
+        timed; returns the seconds it took (0 when this engine is already warm for it).
+
+        Triton compiles a kernel per distinct set of constexprs and per specialization of its
+        integer arguments (divisible by 16, equal to 1), and the launch plan (tiles, the expert
+        FFN's kernel or decoded path, attention's tiles) follows the chunk's token count. So the
+        warm-up reads one dry prompt through the prompt's own plan, whose chunks are the sizes
+        the prompt uses: a full chunk, then the last partial chunk (or a second full one, so a
+        chunk after cached positions is covered too). It is an ordinary prompt through the same
+        loan, carve and ring, so the cache ends byte for byte as it started; observers do not
+        see it. The cost is one or two chunks' read plus the one-time compile and load."""
+        plan = self.plan(n_tokens, slab=self._slab())
+        C = plan.chunk
+        key = (C, plan.ring, n_tokens % C if n_tokens > C else n_tokens)
+        if key in self._warm:
+            return 0.0
+        n = n_tokens if n_tokens <= C else C + (n_tokens % C or C)
+        g = torch.Generator().manual_seed(seed)
+        dry = torch.randint(0, self.shape.vocab, (n,), generator=g, dtype=torch.int64)
+        saved, self.observers = self.observers, []
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                self.run(dry, logits="last", plan=plan)
+        finally:
+            self.observers = saved
+        self._warm.add(key)
+        return time.perf_counter() - t0
+
+    def _slab(self) -> bool:
+        return config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
+
+    def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None,
+            plan=None) -> PrefillResult:
         """Read `tokens` (1-D ids). logits: "all" (fp32 [T, V]), "last" or "none".
 
         `fail_after_layers` injects an allocation failure after that many layer batches
-        (tests of the failure path)."""
+        (tests of the failure path). `plan`: read with this plan (one made by `self.plan` for
+        a prompt at least this long: the warm-up reads through the real prompt's plan)."""
         if logits not in ("all", "last", "none"):
             raise StrataError(f"logits must be all, last or none, got {logits!r}")
         tokens = self.model.check_tokens(tokens)
@@ -224,8 +268,8 @@ class PrefillEngine:
             raise StrataError(f"the prompt has {T} tokens but this engine reserved KV for "
                               f"{self.cfg.max_prompt}; raise max_prompt (--max-prompt)")
         # read per prompt: cfg.slab, else STRATA_MMQ_SLAB (a bad value: StrataError)
-        slab = config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
-        plan = self.plan(T, slab=slab)
+        slab = self._slab()
+        plan = plan if plan is not None else self.plan(T, slab=slab)
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
         chunk, ring = plan.chunk, plan.ring
@@ -258,7 +302,7 @@ class PrefillEngine:
                     part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
                     mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
                     batch=self.cfg.batch, lane=part.lane, scratch_alloc=part.scratch,
-                    buffers=bufs))
+                    buffers=bufs, observers=self.observers, name=part.name))
             provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:
                 provider = _FailingProvider(provider, fail_after_layers)

@@ -27,6 +27,7 @@ an event recorded later would not wait at all), which `_pump` guarantees.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -49,7 +50,8 @@ class StreamingProvider:
     def __init__(self, cache: ExpertCache, host: HostExperts, layouts: Sequence[BlobLayout],
                  ring: torch.Tensor, *, n_expert: int, mode: str = STREAM,
                  layers: Sequence[int] | None = None, batch: int | None = None,
-                 lane: Lane | None = None, scratch_alloc=None, buffers=None):
+                 lane: Lane | None = None, scratch_alloc=None, buffers=None,
+                 observers: Sequence = (), name: str = ""):
         if ring.dim() != 2 or ring.shape[0] < 1:
             raise StrataError(f"the ring needs at least one slot, got {tuple(ring.shape)}")
         if mode not in (STREAM, STAGE):
@@ -75,6 +77,12 @@ class StreamingProvider:
         self.chunks: list[ChunkStats] = []
         self.scratch_alloc = scratch_alloc     # this participant's stream-k scratch (or None)
         self.buffers = buffers                 # the carve's PromptBuffers (None: allocate)
+        self.observers = list(observers)       # pass-level hooks (strata.engine.observe)
+        self.name = name
+
+    def _mark(self):
+        """A point on the compute lane for the observers: a CUDA event, or perf_counter."""
+        return self.lane.event() if self.lane.cuda else time.perf_counter()
 
     # -- the copy queue ----------------------------------------------------------------------
     def _pump(self) -> None:
@@ -89,6 +97,8 @@ class StreamingProvider:
             start, done = self.lane.copy_into(self.ring[s, :n], src, after=self.slot_free[s])
             self.ready.append(done)
             st.copy_marks.append((start, done))
+            for o in self.observers:
+                o.on_copy(self.name, layer, e, n, start, done)
             st.bytes_streamed += n
             st.copies += 1
             self.issued += 1
@@ -145,13 +155,18 @@ class StreamingProvider:
             if layer in self.cached_list:
                 self.cached_list[layer].append((e, off))
         self.routed = torch.zeros(self.n_layer, self.E, dtype=torch.bool, device=dev)
+        if self.observers:
+            mark = self._mark()
+            for o in self.observers:
+                o.on_chunk(self.name, start, n_tokens, mark)
         if self.mode == STREAM:
             for layer in self.layers:
                 self._queue_layer(layer, range(self.E))
         self._pump()
 
     def begin_layer(self, layer: int) -> None:
-        pass
+        if self.observers:
+            self.layer_begin = self._mark()
 
     def workspace(self, layer: int) -> LayerWorkspace:
         """What the expert FFN of `layer` borrows from this participant: the carve's workspace
@@ -178,22 +193,32 @@ class StreamingProvider:
             self._pump()
         tables, streamed = self.pass_tables[layer]
         for n, span in enumerate(streamed):
+            marks = None
             if span is not None:   # wait for this pass's copies only (the copy lane is in order)
                 marks = self.lane.wait(self.ready[span[1] - 1])
                 if marks is not None:
                     self.chunk_stats.wait_marks.append(marks)
+            begin = self._mark() if self.observers else None
             offs = tables[n]                             # [E]: cache or ring slot, -1 elsewhere
             ids = torch.where((offs >= 0)[topk_ids], topk_ids, -1)
             yield Pass(ExpertSet(self.arena, offs, lay), ids)
+            done = None
+            if self.observers:
+                done = self._mark()
+                for o in self.observers:
+                    o.on_pass(self.name, layer, n, begin, done, marks)
             if span is not None:   # the pass's compute is enqueued: its slots free once it ran
-                done = self.lane.event()
+                done = done if self.lane.cuda and done is not None else self.lane.event()
                 for i in range(*span):
                     self.slot_free[i % self.R] = done
                 self.released = span[1]
                 self._pump()
 
     def end_layer(self, layer: int) -> None:
-        pass
+        if self.observers:
+            end = self._mark()
+            for o in self.observers:
+                o.on_layer(self.name, layer, getattr(self, "layer_begin", end), end)
 
     def end_chunk(self) -> None:
         if self.issued != len(self.queue):

@@ -4,6 +4,10 @@ Layers may have different blob sizes (mixed quantization), so slots have per-lay
 offsets are 256-byte aligned. `CacheLayout` is the arithmetic (what `strata plan` needs, no
 memory); `ExpertCache` allocates the buffer (a CPU tensor without a GPU) and fills it.
 
+Filling copies every slot on one side stream, non-blocking, and synchronizes once at the end:
+from pinned host blobs the copies run back to back at the PCIe rate (one blocking copy per slot
+would pay a host round trip each). A loan's refill goes through the same `fill`.
+
 Fill order is round-robin over layers (expert 0 of every layer, then expert 1, ...), so every
 layer keeps a similar share of resident experts and the TOP slots (the ones a loan borrows) mix
 all layers. Filling stops at the first slot that does not fit.
@@ -11,6 +15,7 @@ all layers. Filling stops at the first slot that does not fit.
 from __future__ import annotations
 
 import bisect
+from contextlib import nullcontext as _nullcontext
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -125,7 +130,8 @@ class CacheLayout:
 class ExpertCache:
     """The cache's device buffer (uint8 [nbytes]) and which expert each slot holds."""
 
-    def __init__(self, layout: CacheLayout, source: Source, device=None, *, fill: bool = True):
+    def __init__(self, layout: CacheLayout, source: Source, device=None, *, fill: bool = True,
+                 progress: bool = False):
         self.layout = layout
         self.source = source
         self.device = torch.device(device) if device is not None else torch.device(
@@ -134,31 +140,57 @@ class ExpertCache:
         self.owner: list[tuple[int, int] | None] = [None] * layout.n_slots
         self.index: dict[tuple[int, int], int] = {}
         if fill:
-            self.fill()
+            self.fill(progress=progress)
 
     def slot_view(self, i: int) -> torch.Tensor:
         o = self.layout.slot_offset[i]
         return self.buffer[o:o + self.layout.slot_bytes[i]]
 
-    def fill_slot(self, i: int) -> None:
-        """(Re)load slot i's own expert from the source."""
+    def _load(self, i: int, non_blocking: bool) -> None:
         layer, expert = self.layout.slot_owner[i]
         blob = _get(self.source, layer, expert)
         if blob.numel() != self.layout.slot_bytes[i]:
             raise StrataError(f"expert source gave {blob.numel():,} B for layer {layer} expert "
                               f"{expert}; its slot holds {self.layout.slot_bytes[i]:,} B")
-        self.slot_view(i).copy_(blob, non_blocking=False)
+        self.slot_view(i).copy_(blob, non_blocking=non_blocking)
         self.owner[i] = (layer, expert)
         self.index[(layer, expert)] = i
+
+    def fill_slot(self, i: int) -> None:
+        """(Re)load slot i's own expert from the source (a blocking copy)."""
+        self._load(i, non_blocking=False)
 
     def evict_slot(self, i: int) -> None:
         if self.owner[i] is not None:
             del self.index[self.owner[i]]
             self.owner[i] = None
 
-    def fill(self) -> None:
-        for i in range(self.layout.n_slots):
-            self.fill_slot(i)
+    def fill(self, slots=None, *, progress: bool = False) -> None:
+        """(Re)load `slots` (default: every slot): on CUDA all copies are queued on one side
+        stream (non-blocking; pinned blobs copy asynchronously at the PCIe rate) and the host
+        waits once, at the end. `progress`: a tqdm bar in bytes."""
+        slots = range(self.layout.n_slots) if slots is None else list(slots)
+        bar = None
+        if progress and len(slots):
+            from tqdm import tqdm
+            bar = tqdm(total=sum(self.layout.slot_bytes[i] for i in slots), unit="B",
+                       unit_scale=True, desc="filling cache", leave=False)
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        if cuda:   # the buffer's zeroing ran on the current stream: copy after it
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        try:
+            with torch.cuda.stream(stream) if cuda else _nullcontext():
+                for i in slots:
+                    self._load(i, non_blocking=cuda)
+                    if bar is not None:
+                        bar.update(self.layout.slot_bytes[i])
+        finally:
+            if cuda:
+                stream.synchronize()   # the one wait: every queued copy has landed
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+            if bar is not None:
+                bar.close()
 
     def expert_set(self, layer: int, blob_layout, n_expert: int) -> ExpertSet:
         """How a kernel finds this layer's resident experts (-1 = not in the cache)."""

@@ -40,8 +40,7 @@ class Loan:
             return
         # The alignment padding between slots was lent too: the cache keeps it zero.
         self.buffer.zero_()
-        for i in self.slots:
-            self.cache.fill_slot(i)
+        self.cache.fill(self.slots)   # queued copies, one wait (strata.memory.cache)
         self.active = False
 
     def __enter__(self) -> "Loan":

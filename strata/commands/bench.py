@@ -1,0 +1,172 @@
+"""`strata bench PACK -p 8192,32768 [-r 3] [--vram SIZE ...] [-o md|csv|json]`
+
+Prompt-reading throughput in llama-bench's manner: one process, one engine (host blobs pinned
+and the cache filled once), a warm-up per prompt length (PrefillEngine.warmup: every kernel
+variant its plan launches is compiled and loaded first; `--no-warmup` measures cold), then `-r`
+timed repeats of each length. A row per length: mean ± sd tokens/s, the plan (chunk, ring),
+bytes streamed per read, and beside it the bounds measured in the same run:
+
+    PCIe bound    = bytes streamed / pinned H2D rate (blob-sized copies, measured here)
+    compute floor = expert GEMMs at torch._grouped_mm bf16's measured rate + causal attention
+                    at torch SDPA's measured rate, chunk by chunk (strata.bench.roofline)
+
+(both as tokens/s: prompt tokens / bound seconds; the compute floor needs CUDA and reads n/a on
+the CPU). The budget flags are strata plan's and strata prefill's (strata.commands._args).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+from strata.commands._args import add_budget_flags
+from strata.errors import StrataError
+from strata.units import fmt_bytes
+
+FORMATS = ("md", "csv", "json")
+COLUMNS = ["model", "pack_bytes", "vram", "kv", "test", "n_tokens", "chunk", "ring", "reps",
+           "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "h2d_gbps",
+           "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "of_bound", "warmup_s",
+           "wait_s"]
+
+
+def lengths(text: str) -> list[int]:
+    try:
+        out = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"-p takes comma-separated prompt lengths like "
+                                         f"8192,32768, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"-p needs prompt lengths >= 1, got {text!r}")
+    return out
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    from strata.commands.prefill import DTYPES, add_run_flags
+    p = sub.add_parser("bench", help="tokens/s per prompt length, repeats, beside the bounds",
+                       description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p.add_argument("pack", help="a pack file (strata pack / strata synth)")
+    p.add_argument("-p", "--prompts", type=lengths, default=[512, 8192], metavar="N,N,...",
+                   help="prompt lengths in tokens (default 512,8192)")
+    p.add_argument("-r", "--repeats", type=int, default=3, metavar="R",
+                   help="timed reads of each length (default 3)")
+    p.add_argument("-o", "--output", choices=FORMATS, default="md",
+                   help="md (a table), csv or json rows (default md)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
+    add_budget_flags(p)
+    p.add_argument("--devices", default=None, metavar="D,D,...",
+                   help="devices of the participants (default cuda:0.. or cpu)")
+    p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                   help="dense compute dtype (auto: bfloat16 on cuda, float32 on cpu)")
+    p.add_argument("--progress", action="store_true", help="progress bars on stderr")
+    add_run_flags(p)
+    return p
+
+
+def run(args) -> int:
+    from strata.bench.roofline import Rates, h2d_rate, roofline
+    from strata.commands._args import engine_config
+    from strata.commands.prefill import (check_context, check_trace, open_checked,
+                                         refuse_unfit_plan, write_trace)
+    from strata.engine.prefill import PrefillEngine
+    from strata.engine.trace import LaneTrace
+
+    if args.repeats < 1:
+        raise StrataError(f"-r must be at least 1, got {args.repeats}")
+    trace_path = check_trace(args)
+    pack = open_checked(args)
+    longest = max(args.prompts)
+    check_context(longest, pack.shape, "the longest -p prompt")
+    cfg = engine_config(args, longest, progress=args.progress)
+    for n in args.prompts:
+        refuse_unfit_plan(pack, cfg, n)
+    t0 = time.perf_counter()
+    engine = PrefillEngine(pack, cfg)
+    startup = time.perf_counter() - t0
+    h2d = h2d_rate(engine.host, device=engine.device)       # the PCIe bound's rate, this run
+    no_gemm = Rates(engine.shape, measure_gemm=lambda s, T: math.nan,
+                    measure_attn=lambda s, T: math.nan)
+    rates = Rates(engine.shape)
+    trace = LaneTrace(str(args.pack)) if trace_path else None
+    rows = []
+    for n in args.prompts:
+        g = torch.Generator().manual_seed(args.seed + n)
+        tokens = torch.randint(0, engine.shape.vocab, (n,), generator=g, dtype=torch.int64)
+        warm = 0.0 if args.no_warmup else engine.warmup(n)
+        if trace is not None and trace not in engine.observers:
+            engine.observers.append(trace)
+        tps, secs, res = [], [], None
+        for _ in range(args.repeats):
+            with torch.inference_mode():
+                res = engine.run(tokens, logits="none")
+            secs.append(res.stats.seconds)
+            tps.append(res.stats.tokens_per_s)
+        st = res.stats
+        pcie_s = roofline(st.chunks, engine.shape, h2d, no_gemm)
+        floor_s = roofline(st.chunks, engine.shape, math.inf, rates, attention=True)
+        best = max(pcie_s, floor_s)
+        rows.append({
+            "model": f"{engine.shape.arch} L{engine.shape.n_layer} E{engine.shape.n_expert}",
+            "pack_bytes": sum(engine.blob_sizes) * engine.shape.n_expert,
+            "vram": "+".join(fmt_bytes(v) for v in
+                             (cfg.vram if isinstance(cfg.vram, list) else [cfg.vram])),
+            "kv": str(getattr(args, "kv", "") or "bf16"),
+            "test": f"pp{n}", "n_tokens": n, "chunk": res.chunk, "ring": res.ring,
+            "reps": args.repeats,
+            "tokens_per_s": statistics.fmean(tps),
+            "tokens_per_s_sd": statistics.stdev(tps) if len(tps) > 1 else 0.0,
+            "seconds": statistics.fmean(secs),
+            "bytes_streamed": st.bytes_streamed, "h2d_gbps": h2d / 1e9,
+            "pcie_bound_tokens_per_s": n / pcie_s if pcie_s > 0 else None,
+            "compute_floor_tokens_per_s": n / floor_s if floor_s > 0 else None,
+            "of_bound": (n / statistics.fmean(secs)) / (n / best) if best > 0 else None,
+            "warmup_s": warm, "wait_s": st.wait_s,
+        })
+    written = write_trace(trace, trace_path)
+    out = {"md": markdown, "csv": to_csv, "json": to_json}[args.output](rows)
+    sys.stdout.write(out)
+    if args.output == "md":
+        print(f"\nstartup {startup:.2f} s (host blobs {'pinned' if engine.host.pinned else 'pageable'}"
+              f", cache {fmt_bytes(sum(p.cache.buffer.numel() for p in engine.parts))} filled); "
+              f"pinned H2D {h2d / 1e9:.1f} GB/s measured in this run"
+              + (f"; trace {', '.join(written)}" if written else ""))
+    return 0
+
+
+def _num(v, fmt="{:,.1f}") -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ["model", "experts", "vram", "kv", "chunk", "ring", "test", "t/s", "streamed",
+            "PCIe bound t/s", "compute floor t/s", "of bound"]
+    lines = ["| " + " | ".join(head) + " |",
+             "| " + " | ".join("---:" if i > 3 else "---" for i in range(len(head))) + " |"]
+    for r in rows:
+        cells = [r["model"], fmt_bytes(r["pack_bytes"]), r["vram"], r["kv"], str(r["chunk"]),
+                 str(r["ring"]), r["test"],
+                 f"{r['tokens_per_s']:,.1f} ± {r['tokens_per_s_sd']:,.1f}",
+                 fmt_bytes(r["bytes_streamed"]), _num(r["pcie_bound_tokens_per_s"]),
+                 _num(r["compute_floor_tokens_per_s"]), _num(r["of_bound"], "{:.2f}")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r[k] is None else r[k]) for k in COLUMNS})
+    return buf.getvalue()
+
+
+def to_json(rows: list[dict]) -> str:
+    return json.dumps(rows, indent=1) + "\n"

@@ -1,0 +1,102 @@
+"""Warm start (PrefillEngine.warmup) and the lanes' timeline (strata.engine.trace.LaneTrace)."""
+import json
+
+import pytest
+import torch
+
+from strata.engine.observe import EngineObserver
+from strata.engine.trace import LaneTrace
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.packs import Pack
+from tests.engine.slab_helpers import CHUNK, TOKENS, make_pack, tiny_engine
+
+
+def streaming_engine(pack, cache_blobs=6):
+    """A cache of a few blobs: most experts stream through a 2-slot ring."""
+    cfg = EngineConfig(vram=1 << 30, cache=cache_blobs * Pack.open(pack).max_blob, chunk=CHUNK,
+                       ring=2, max_prompt=64, device="cpu", ffn="torch")
+    return PrefillEngine(pack, cfg)
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    return make_pack(tmp_path_factory.mktemp("warm") / "t.pack")
+
+
+class Count(EngineObserver):
+    def __init__(self):
+        self.n = 0
+
+    def on_plan(self, plan, chunk, ring):
+        self.n += 1
+
+
+def test_warmup_reads_the_prompts_chunk_sizes_and_leaves_the_cache_whole(pack):
+    eng = tiny_engine(pack, kernel=False)
+    before = eng.cache.buffer.clone()
+    index = dict(eng.cache.index)
+    cold = eng.run(TOKENS, logits="all").logits
+    seen = Count()
+    eng.observers.append(seen)
+    calls = []
+    real = eng.run
+    eng.run = lambda tokens, **kw: (calls.append((tokens.numel(), kw["plan"].chunk)),
+                                    real(tokens, **kw))[1]
+    assert eng.warmup(TOKENS.numel()) > 0
+    eng.run = real
+    # 12 tokens in chunks of 8: the dry prompt is one full chunk and the partial 4 behind it
+    assert calls == [(CHUNK + TOKENS.numel() % CHUNK, CHUNK)]
+    assert eng.warmup_lengths(TOKENS.numel()) == (CHUNK, [CHUNK, TOKENS.numel() % CHUNK])
+    assert seen.n == 0, "observers must not see the warm-up"
+    assert eng.warmup(TOKENS.numel()) == 0.0, "already warm for this plan"
+    assert torch.equal(eng.cache.buffer, before) and eng.cache.index == index
+    assert torch.equal(eng.run(TOKENS, logits="all").logits, cold)
+
+
+def test_trace_has_both_lanes_of_every_pass(pack, tmp_path):
+    eng = streaming_engine(pack)
+    tr = LaneTrace("tiny")
+    eng.observers.append(tr)
+    res = eng.run(TOKENS, logits="last")
+    n_chunks = -(-TOKENS.numel() // CHUNK)
+    lanes = {}
+    for s in tr.spans:
+        lanes.setdefault(s.lane, []).append(s)
+    assert len(lanes["chunk"]) == n_chunks
+    assert len(lanes["compute"]) == n_chunks * eng.shape.n_layer
+    assert len(lanes["copy"]) == sum(c.copies for c in res.stats.chunks) > 0
+    assert sum(s.args["bytes"] for s in lanes["copy"]) == res.stats.bytes_streamed
+    assert lanes["passes"] and all(s.dur >= 0 for s in tr.spans)
+    for s in lanes["passes"]:   # a pass lies inside its layer's compute span
+        layer = next(l for l in lanes["compute"] if l.layer == s.layer and l.chunk == s.chunk)
+        assert layer.start <= s.start and s.start + s.dur <= layer.start + layer.dur + 1e-6
+    doc = json.loads(tr.write(tmp_path / "t.json").read_text())
+    x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(x) == len(tr.spans) - n_chunks and doc["metadata"]["clock"] == "perf_counter"
+    png = tr.plot_chunk(tmp_path / "t.png")
+    if png is not None:
+        assert png.read_bytes()[:4] == b"\x89PNG"
+    eng.run(TOKENS, logits="last")   # a second prompt adds its own spans after the first
+    assert tr.prompts == 2 and max(s.args["prompt"] for s in tr.spans) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
+def test_trace_on_cuda_uses_event_times_and_warmup_changes_nothing(pack, tmp_path):
+    cfg = EngineConfig(vram=1 << 30, cache=6 * Pack.open(pack).max_blob, chunk=CHUNK, ring=2,
+                       max_prompt=64, device="cuda", ffn="torch")   # deterministic: exact equality
+    eng = PrefillEngine(pack, cfg)
+    before = eng.cache.buffer.clone()
+    cold = eng.run(TOKENS, logits="all").logits
+    assert eng.warmup(TOKENS.numel()) > 0
+    assert torch.equal(eng.cache.buffer, before)
+    tr = LaneTrace("cuda")
+    eng.observers.append(tr)
+    warm = eng.run(TOKENS, logits="all").logits
+    assert torch.equal(cold, warm)
+    assert tr.clock == "cuda-events"
+    copies = [s for s in tr.spans if s.lane == "copy"]
+    assert copies and all(s.dur > 0 for s in copies)
+    starts = [s.start for s in tr.spans if s.lane == "compute"]
+    assert starts == sorted(starts), "layers run one after another on the compute lane"
+    assert json.loads(tr.write(tmp_path / "c.json").read_text())["metadata"]["clock"] == "cuda-events"

@@ -1,0 +1,82 @@
+"""`strata bench` and `strata prefill`'s --prompts-file / --trace / --no-warmup on a tiny pack (CPU)."""
+import csv
+import io
+import json
+
+import pytest
+
+from strata.cli import main
+from strata.packs.synth import ExpertFormats, synth_pack
+from strata.shapes import get_preset
+
+# a cache of a few blobs, so most experts stream through a 2-slot ring
+STREAM = ["--vram", "1GiB", "--cache", "90KiB", "--chunk", "32", "--ring", "2"]
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    return str(synth_pack(tmp_path_factory.mktemp("b") / "t.pack", get_preset("tiny"),
+                          ExpertFormats.of("Q8_0"), progress=False))
+
+
+def test_bench_rows_csv_and_json(pack, capsys, tmp_path):
+    assert main(["bench", pack, "-p", "40,70", "-r", "2", "-o", "json", *STREAM,
+                 "--trace", str(tmp_path / "b.json")]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp40", "pp70"]
+    for r in rows:
+        assert r["reps"] == 2 and r["tokens_per_s"] > 0 and r["tokens_per_s_sd"] >= 0
+        assert (r["chunk"], r["ring"]) == (32, 2) and r["bytes_streamed"] > 0
+        assert r["pcie_bound_tokens_per_s"] > 0 and r["warmup_s"] > 0
+    trace = json.loads((tmp_path / "b.json").read_text())
+    assert {e.get("cat") for e in trace["traceEvents"]} >= {"copy", "compute", "passes"}
+    assert main(["bench", pack, "-p", "40", "-r", "1", "-o", "csv", "--no-warmup", *STREAM]) == 0
+    got = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(got) == 1 and got[0]["test"] == "pp40" and float(got[0]["warmup_s"]) == 0.0
+    assert main(["bench", pack, "-p", "40", "-r", "1", *STREAM]) == 0
+    assert "| pp40 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["-p", "0"], "-p needs prompt lengths"),
+    (["-p", "8k"], "-p takes comma-separated"),
+    (["-p", "40", "-r", "0"], "-r must be at least 1"),
+])
+def test_bench_bad_input(pack, capsys, argv, msg):
+    try:
+        rc = main(["bench", pack, *argv, *STREAM])
+    except SystemExit as e:   # the parser's one-line error
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
+
+
+def test_prompts_file_reads_every_prompt_in_one_engine(pack, capsys, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("# a length, ids, a one-token prompt\n40\n\n1,2,3,4,5\n7,\n")
+    assert main(["prefill", pack, "--prompts-file", str(f), "--json", *STREAM]) == 0
+    reps = json.loads(capsys.readouterr().out)
+    assert [r["n_tokens"] for r in reps] == [40, 5, 1]
+    assert reps[0]["startup_s"] > 0 and all(r["startup_s"] == 0 for r in reps[1:])
+    assert all(r["warmed"] for r in reps)
+    # the same prompt alone gives the same next token as inside the file
+    assert main(["prefill", pack, "--tokens", "1,2,3,4,5", "--json", *STREAM]) == 0
+    assert json.loads(capsys.readouterr().out)["next_token"] == reps[1]["next_token"]
+
+
+@pytest.mark.parametrize("text, msg", [("", "holds no prompt"), ("abc\n", "line 1"),
+                                       ("1,2,999999\n", "outside the vocabulary")])
+def test_prompts_file_bad_lines(pack, capsys, tmp_path, text, msg):
+    f = tmp_path / "p.txt"
+    f.write_text(text)
+    assert main(["prefill", pack, "--prompts-file", str(f), *STREAM]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
+
+
+def test_prompts_file_needs_the_streaming_engine(pack, capsys, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("4\n")
+    assert main(["prefill", pack, "--prompts-file", str(f)]) == 2
+    assert "needs the streaming engine" in capsys.readouterr().err
