@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from strata import bench  # noqa: E402
 from strata.engine.pinning import Registration, huge_page_buffer, parallel_copy  # noqa: E402

@@ -32,8 +32,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import strata  # noqa: E402,F401  (selects the interpreter without CUDA)
 from strata import bench  # noqa: E402
 from strata.errors import StrataError  # noqa: E402

@@ -109,8 +109,6 @@ def measure(args, rec: bench.Recorder) -> None:
 
 
 def _two_ranks(args, rec, work: Path, prompts, one, model) -> None:
-    if str(ROOT / "experiments") not in sys.path:   # the spawned ranks import this module
-        sys.path.insert(0, str(ROOT / "experiments"))
     port = free_port()
     ctx = mp.start_processes(_rank, args=(2, port, args.smoke, args.prompts, args.backend,
                                           str(work), torch.get_num_threads()),

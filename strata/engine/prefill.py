@@ -347,11 +347,11 @@ class PrefillEngine:
         return result
 
     def uses_prompt_kv(self) -> bool:
-        """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) on CUDA and
-        whenever --kv int8 or --kv-resident is given; the CPU's default bf16, all-resident run
-        keeps the model's KVCache in its fp32 dense dtype (the CPU parity tests' reference)."""
-        return (self.device.type == "cuda" or self.cfg.kv != "bf16"
-                or self.cfg.kv_resident is not None)
+        """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever
+        --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the
+        model's KVCache and its attention (the path every engine test and device run so far
+        measured), until PromptKV's own device run says it may be the default."""
+        return self.cfg.kv != "bf16" or self.cfg.kv_resident is not None
 
     def prompt_kv(self, n_tokens: int, stages: dict[int, torch.Tensor]) -> PromptKV | None:
         """A prompt's KV (None: the model's own cache). Its host-held part is checked against
