@@ -17,6 +17,10 @@ Reasoning behind the constants (to be revisited with experiments/attention_bench
   the tensor cores read). 128 would double the score tile's registers.
 - num_warps = 8 when BM·hd >= 128·64 (two warpgroups share the accumulator), else 4.
 - hd = 256 (seed-512e): BM 64, BN 32, 2 stages.
+- int8 = "expand": int8 segments are expanded to exact bf16 codes (strata.kernels.attention
+  .expand) and run the bf16 tile path with their scales on the scores/probabilities; "kernel"
+  converts each int8 tile inside the attention loop (the register pressure below: 45% slower on
+  the H200 at commit 5b184e5). experiments/attention_bench.py times both.
 Footprint on sm_90 (tests/kernels/compile_attention.py: triton 3.6 passes + ptxas -v, no GPU;
 commit 1cd5c73 and after): hd 128 128x64/w8s3: 128 KiB shared; 211 registers a thread for bf16
 segments, 255 for int8 (the int8 -> bf16 conversion), no spills (BN 128 spills 2 KB with int8;
@@ -32,12 +36,16 @@ from dataclasses import dataclass, replace
 from strata.errors import StrataError
 
 
+INT8_PATHS = ("expand", "kernel")
+
+
 @dataclass(frozen=True)
 class AttnTile:
     BLOCK_M: int      # rows (token, head) per program
     BLOCK_N: int      # keys per step
     num_warps: int
     num_stages: int
+    int8: str = "expand"   # int8 segments: expanded to bf16 codes first, or converted per tile
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N"):
@@ -47,6 +55,8 @@ class AttnTile:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise StrataError(f"num_warps must be a power of two <= 16 and num_stages >= 1, "
                               f"got {self.num_warps}, {self.num_stages}")
+        if self.int8 not in INT8_PATHS:
+            raise StrataError(f"int8 must be one of {INT8_PATHS}, got {self.int8!r}")
 
     def with_(self, **kw) -> "AttnTile":
         return replace(self, **kw)
