@@ -20,6 +20,11 @@ only when a prompt is longer than R. Each extra launch moves the state twice (13
 against ~5 ms of attention over a 32K piece at T = 4096: under 1%). A shorter prompt's scratch is
 its own length and needs no state.
 
+In the plan these buffers sit in the layout's attention phase, which shares its bytes with the
+expert FFN's phase: `strata plan --preset qwen3-30b-a3b --vram 12GiB --kv int8 --kv-resident
+32768 --prompt-tokens 131072` (chunk 32768) needs the same bytes with them as without (attention
+phase 1.2 GB with the 64 MiB of codes and the 545 MB state, the FFN phase 2.9 GB).
+
 `expand_rows` / `needs_state` / `state_floats` are the one count: the memory plan
 (strata.planning: the kv_expand_k, kv_expand_v and attn_state buffers) and the launcher read them.
 """

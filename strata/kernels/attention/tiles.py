@@ -26,6 +26,11 @@ commit 1cd5c73 and after): hd 128 128x64/w8s3: 128 KiB shared; 211 registers a t
 segments, 255 for int8 (the int8 -> bf16 conversion), no spills (BN 128 spills 2 KB with int8;
 BN 32 is 192 registers). hd 64 128x64/w8s3: int8 230 registers (4 warps spilled 16 B). hd 256
 64x32/w8s2: 96 KiB, bf16 184 registers; int8 still spills ~100 B (64x64 spilled 20-400 B).
+Expanded int8 codes (bf16 tiles + the scale vectors; commit 7482e6f): hd 128 128x64/w8s3 255
+registers with 12 B spilled (the state-storing first piece 240, no spill); 128x64/w8s4 255 and
+128x32/w8s3 196, neither spills; 128x64/w8s2 spills 200 B, 128x128 2 KB. The scale vectors, not
+the conversion, are what the scaled path adds over bf16's 211; `attention_bench.py --sweep`
+times these tiles on the GPU for both int8 paths.
 """
 from __future__ import annotations
 
