@@ -147,7 +147,7 @@ def measure(args, rec) -> None:
                 from strata.packs.synth import ExpertFormats
                 from strata.shapes import get_preset
                 MemoryPack(get_preset(args.preset), ExpertFormats.of(args.quant), seed=0,
-                           device="cpu").save(pack)
+                           device="cpu").save(pack, tokenizer=False)
             synth_s = time.perf_counter() - t0
             rec.add("synth_s", synth_s, "s", model=args.preset, quant=args.quant,
                     bytes=pack.stat().st_size, writer="strata synth" if args.synth
