@@ -120,7 +120,9 @@ def measure(args, rec: bench.Recorder) -> None:
         try:
             eng = PrefillEngine(pack, EngineConfig(
                 vram=args.vram if cuda else 1 << 30, cache=None if cuda else 256 * 1024,
-                max_prompt=T, kv=kv, kv_resident=res, chunk=None if cuda else 8, ring=None if cuda else 4,
+                # the smoke forces chunks of 8 on the GPU too: one chunk would stream no host KV
+                max_prompt=T, kv=kv, kv_resident=res, chunk=8 if args.smoke else None,
+                ring=4 if args.smoke else None,
                 ffn="auto" if cuda else "ref", device=None if cuda else "cpu"), host=host)
             tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
             with torch.inference_mode():

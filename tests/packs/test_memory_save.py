@@ -28,3 +28,15 @@ def test_saved_mix_keeps_each_layers_blob_size(tmp_path):
     sizes = [pl.blob_size for pl in pack.layers]
     assert sizes == [pl.blob_size for pl in mem.layers] and len(set(sizes)) > 1
     assert pack.max_blob == mem.max_blob
+
+
+def test_synth_without_transformers_text_writes_a_pack_without_tokenizer(tmp_path, monkeypatch,
+                                                                         capsys):
+    """The weights never need transformers (an optional extra): an older or missing one leaves the
+    synthetic pack without a tokenizer, said on stderr, instead of failing the pack."""
+    import sys
+    from strata.packs.synth import synth_pack
+    monkeypatch.setitem(sys.modules, "transformers.integrations.gguf", None)   # import fails
+    pack = Pack.open(synth_pack(tmp_path / "t.pack", get_preset("tiny"), progress=False))
+    assert pack.tokenizer is None
+    assert "carries no tokenizer" in capsys.readouterr().err
