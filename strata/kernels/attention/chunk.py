@@ -186,7 +186,7 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     launch = _Launch(q, k, v, out, T, st_q, st_o, st_c, scale * LOG2E, G, hd, cfg, Hkv)
     int8_rows = sum(s.length for s in segs if s.int8)
     if cfg.int8 == "kernel" or int8_rows == 0:
-        launch([_seg_args(s) for s in segs], resume=False, finish=True)
+        launch([_seg_args(s) for s in segs if s.length], resume=False, finish=True)
         return out
     if scratch is None:
         scratch = AttnScratch.of(Hkv, hd, int8_rows, q.device)
