@@ -7,7 +7,8 @@ One chunk's causal GQA attention o [T, H, hd] over P prefix keys and its own T (
 0..P+t). Arms:
 - strata: chunk_attention (strata.kernels.attention), prefix bf16 or int8 + per-token-per-head
   scales (the int8 rows reuse the bf16 rows' SDPA arms: SDPA cannot read int8). int8 runs both
-  paths (config "int8"): "kernel" converts each int8 tile in the attention loop; "expand"
+  paths (config "int8"): "kernel" converts each int8 tile in the attention loop; "dequant"
+  (the default) dequantizes the prefix to plain bf16 first and runs the bf16 kernel; "expand"
   expands the codes to bf16 first (into a scratch of the engine's size, EXPAND_ROWS rows: a
   longer prefix goes in pieces that carry the softmax state), the expansion inside the timing.
   Its rows also give `expand_ms` (the expansion passes alone), `expand_share` (their part of
@@ -60,7 +61,7 @@ CONTEXT = 131072
 SWEEP_TILES = [AttnTile(128, 64, 8, 3), AttnTile(128, 128, 8, 2), AttnTile(128, 64, 4, 3),
                AttnTile(64, 64, 4, 3), AttnTile(64, 128, 4, 3), AttnTile(128, 32, 8, 3),
                AttnTile(128, 32, 8, 4), AttnTile(128, 64, 8, 4)]
-INT8_PATHS = ("kernel", "expand")
+INT8_PATHS = ("kernel", "expand", "dequant")
 TARGET_VS_BF16 = 0.95     # issue 14: int8 KV costs <= 5% of tokens/s against bf16
 
 
@@ -159,7 +160,7 @@ def measure(args, rec: bench.Recorder) -> None:
             # the engine's scratch (strata.planning: KX rows, the state past them), made once
             rows = tile.BLOCK_N if args.smoke else expand_rows(CONTEXT)   # smoke: P 100 in pieces
             sc = (AttnScratch.of(Hkv, hd, rows, dev, T=T, H=H)
-                  if path == "expand" and P else None)
+                  if path in ("expand", "dequant") and P else None)
             out = torch.empty_like(q)
             fn = lambda: chunk_attention(q, k, v, segs, out=out, tile=tile, scratch=sc)  # noqa: E731
             cfg = dict(T=T, P=P, kv=kv, arm="strata", **({"int8": path} if path else {}))
@@ -199,7 +200,7 @@ def measure(args, rec: bench.Recorder) -> None:
                         bound_value=TARGET_VS_BF16, gate=gate, timer=t.timer, **cfg)
             extra = ""
             if sc is not None:
-                te = time_expansion(rec, segs, sc, tile)
+                te = time_expansion(rec, segs, sc, tile, scaled=path == "dequant")
                 rec.add("expand_ms", te.median_ms, "ms", timer=te.timer, **cfg)
                 rec.add("expand_share", te.median_s / t.median_s, "ratio",
                         bound="part of the expand path's time", timer=te.timer, **cfg)
@@ -220,17 +221,17 @@ def variants(kvs):
     return out + ([("int8", p) for p in INT8_PATHS] if "int8" in kvs else [])
 
 
-def time_expansion(rec, segs, sc, tile):
-    """The expand path's expansion passes alone: the pieces chunk_attention cuts, k and v each
-    (the same calls, without the attention)."""
+def time_expansion(rec, segs, sc, tile, scaled=False):
+    """The expansion passes alone: the pieces chunk_attention cuts, k and v each (the same
+    calls, without the attention; `scaled`: dequant's, with the scales)."""
     pieces = [pc for lp in plan_pieces([(s.length, s.int8) for s in segs], sc.rows,
                                        tile.BLOCK_N) for pc in lp if pc.at is not None]
 
     def run():
         for pc in pieces:
             s, cut = segs[pc.seg], slice(pc.start, pc.start + pc.n)
-            expand_codes(s.k[cut], sc.k[pc.at:pc.at + pc.n])
-            expand_codes(s.v[cut], sc.v[pc.at:pc.at + pc.n])
+            expand_codes(s.k[cut], sc.k[pc.at:pc.at + pc.n], s.k_scale[cut] if scaled else None)
+            expand_codes(s.v[cut], sc.v[pc.at:pc.at + pc.n], s.v_scale[cut] if scaled else None)
     return bench.time_fn(run, device=rec.device, warmup=rec.warmup, repeats=rec.repeats)
 
 

@@ -128,19 +128,23 @@ def main(head_dims, quick=False) -> int:
             except Exception as exc:  # report every variant, then fail
                 fails += 1
                 print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
-        what = f"hd={hd} expand_codes BR={ROWS_PER_PROGRAM}/w4"
-        try:
-            sig = {"src_ptr": "*i8", "dst_ptr": "*bf16", "R": "i32", "Hkv": "i32",
-                   "stride_st": "i32", "stride_sh": "i32", "stride_dt": "i32",
-                   "stride_dh": "i32", "HD": "constexpr", "BR": "constexpr"}
-            asm = {}
-            md = compile_one(ek._expand_codes_kernel, sig, dict(HD=hd, BR=ROWS_PER_PROGRAM), 4,
-                             1, aligned={"src_ptr", "dst_ptr", "stride_st", "stride_sh",
-                                         "stride_dt", "stride_dh"}, asm=asm)
-            print(f"ok   {what}: shared {md['shared']} B, {ptx_usage(asm['ptx'])}")
-        except Exception as exc:  # report every variant, then fail
-            fails += 1
-            print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
+        for scale in (False, True):
+            what = f"hd={hd} expand_codes{' scaled' if scale else ''} BR={ROWS_PER_PROGRAM}/w4"
+            try:
+                sig = {"src_ptr": "*i8", "dst_ptr": "*bf16", "sc_ptr": "*fp32", "R": "i32",
+                       "Hkv": "i32", "stride_st": "i32", "stride_sh": "i32", "stride_dt": "i32",
+                       "stride_dh": "i32", "stride_ct": "i32", "stride_ch": "i32",
+                       "HD": "constexpr", "BR": "constexpr", "SCALE": "constexpr",
+                       "INTERP": "constexpr"}
+                asm = {}
+                md = compile_one(ek._expand_codes_kernel, sig,
+                                 dict(HD=hd, BR=ROWS_PER_PROGRAM, SCALE=scale, INTERP=False), 4,
+                                 1, aligned={"src_ptr", "dst_ptr", "stride_st", "stride_sh",
+                                             "stride_dt", "stride_dh"}, asm=asm)
+                print(f"ok   {what}: shared {md['shared']} B, {ptx_usage(asm['ptx'])}")
+            except Exception as exc:  # report every variant, then fail
+                fails += 1
+                print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
     return 1 if fails else 0
 
 

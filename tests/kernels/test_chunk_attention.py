@@ -85,17 +85,26 @@ def _abs_v(segs):
     return [KVSegment(s.k, s.v.abs(), s.k_scale, s.v_scale) for s in segs]
 
 
-def attention_bound(q, k, v, segs, ref, sm_scale=None):
-    """The per-element bound of the module docstring."""
+def attention_bound(q, k, v, segs, ref, sm_scale=None, int8_path=None):
+    """The per-element bound of the module docstring. `int8_path`: the tile's int8 choice (None:
+    the one a launch resolves now, pins included); "dequant" rounds each dequantized int8 K and V
+    element to bf16 once more: u relative on V, and on K a score error of at most
+    eps = u · scale · max|q| · max|k| (Cauchy-Schwarz), 4 eps relative on the probabilities."""
     T, H, hd = q.shape
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
     keys = [s.dequantized()[0] for s in segs] + [k.float()]
     S = sum(x.shape[0] for x in keys)
     kmax = max(x.norm(dim=-1).max().item() for x in keys if x.numel())
-    delta = (hd + 2) * U32 * scale * q.float().norm(dim=-1).max().item() * kmax
+    qmax = q.float().norm(dim=-1).max().item()
+    delta = (hd + 2) * U32 * scale * qmax * kmax
     a_absv = chunk_attention_torch(q, k, v.abs(), _abs_v(segs), sm_scale=sm_scale,
                                    out=torch.empty(q.shape, device=q.device))
-    return (U + 4 * delta + 3 * S * U32) * a_absv + U * ref.abs()
+    if int8_path is None:
+        int8_path = resolve_attn_tile(AttnProblem(T * H // k.shape[1], hd)).int8
+    rounding = 0.0
+    if int8_path == "dequant" and any(s.int8 and s.length for s in segs):
+        rounding = U + 4 * U * scale * qmax * kmax
+    return (U + 4 * delta + 3 * S * U32 + rounding) * a_absv + U * ref.abs()
 
 
 def check(c: Case, device, tile: AttnTile | None = None, seed=0, scratch=None):
@@ -106,7 +115,9 @@ def check(c: Case, device, tile: AttnTile | None = None, seed=0, scratch=None):
     ref = chunk_attention_torch(q, k, v, segs, out=torch.empty(q.shape, device=device))
     assert torch.isfinite(got).all(), "the kernel left rows unwritten (NaN poison survived)"
     err = (got.float() - ref).abs()
-    bound = attention_bound(q, k, v, segs, ref)
+    bound = attention_bound(q, k, v, segs, ref,
+                            int8_path=resolve_attn_tile(AttnProblem(c.T * c.H // c.Hkv, c.hd),
+                                                        tile).int8)
     worst = (err / bound).max().item()
     assert worst <= 1.0, f"{c.id}: error {err.max().item():.3e}, {worst:.2f}x the bound"
     return got
@@ -269,6 +280,43 @@ def test_expand_codes_exhaustive(device):
         expand_codes(codes, torch.empty(8, 2, 16, device=device))       # fp32 out
 
 
+def test_dequant_codes_bit_exact(device):
+    """bf16(code * scale): the Triton pass and its torch twin agree bit for bit on fresh random
+    codes and fp32 / fp16 scales (NaN-poisoned outputs, strided views), and equal one fp32
+    product rounded to bf16."""
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.randint(-127, 128, (37, 3, 32), generator=gen, dtype=torch.int8).to(device)
+    for sdt in (torch.float32, torch.float16):
+        scale = (torch.rand(37, 3, generator=gen) * 0.05 + 1e-4).to(sdt).to(device)
+        for src, sc in ((codes, scale), (codes[5:30], scale[5:30]),
+                        (codes.transpose(0, 1).contiguous().transpose(0, 1), scale)):
+            out = torch.full(src.shape, float("nan"), dtype=torch.bfloat16, device=device)
+            got = expand_codes(src, out, sc)
+            want = (src.float() * sc.float()[..., None]).to(torch.bfloat16)
+            assert got is out and torch.equal(got, want)
+            assert torch.equal(expand_codes_torch(src, scale=sc), want)
+    with pytest.raises(StrataError):
+        expand_codes(codes, scale=scale[:5])                      # wrong scale shape
+
+
+@pytest.mark.parametrize("c", [Case(1, 257, 4, 1, kv="int8"), Case(21, 100, 16, 2, kv="int8",
+                                                                  split=37),
+                               Case(9, 70, 4, 2, kv="int8", split=40)], ids=lambda c: c.id)
+def test_dequant_path_is_the_bf16_kernel(c, device):
+    """int8 = "dequant" reads the bf16 kernel over the dequantized bf16 K/V: bit for bit the
+    same as the bf16 launch on those K/V (also in pieces of a short scratch), and within the
+    reference's bound with the extra rounding named in attention_bound."""
+    q, k, v, segs = make_inputs(c, device)
+    tile = resolve_attn_tile(AttnProblem(c.T * c.H // c.Hkv, c.hd)).with_(int8="dequant")
+    bf = [KVSegment(expand_codes_torch(s.k, scale=s.k_scale),
+                    expand_codes_torch(s.v, scale=s.v_scale)) for s in segs]
+    want = chunk_attention(q, k, v, bf, tile=tile)
+    got = check(c, device, tile=tile)
+    assert torch.equal(got, want)
+    sc = AttnScratch.of(c.Hkv, c.hd, tile.BLOCK_N, device, T=c.T, H=c.H)
+    assert torch.equal(check(c, device, tile=tile, scratch=sc), want)
+
+
 # int8 cases of the edge list for both paths: a chunk of 1 token, a prefix of 1 key, lengths
 # ending inside a tile, GQA G = 1 and 8, two segments (the engine's host + resident split)
 PATHS = [Case(1, 257, 4, 1, kv="int8"), Case(63, 1, 4, 1, kv="int8"),
@@ -334,7 +382,7 @@ def test_scratch_misuse_is_refused(device):
     with pytest.raises(StrataError, match="scratch"):     # wrong kv heads
         chunk_attention(q, k, v, segs, scratch=AttnScratch.of(1, 16, 128, device))
     with pytest.raises(StrataError):
-        AttnTile(16, 16, 4, 1, int8="dequant")
+        AttnTile(16, 16, 4, 1, int8="bogus")
 
 
 @given(st.lists(st.tuples(st.integers(0, 300), st.booleans()), max_size=2),
@@ -405,7 +453,7 @@ def test_causal_pairs():
     assert causal_pairs(T, P) == sum(1 for t in range(T) for s in range(P + T) if s <= P + t)
 
 
-N_COMPILED = 5     # compile_attention.py --quick: hd = 128 variants and the expansion kernel
+N_COMPILED = 6     # compile_attention.py --quick: hd = 128 variants and the expansion kernel (codes, scaled)
 
 
 def test_attention_compiles_for_h200():

@@ -5,10 +5,13 @@ Legend: R rows (token, kv head) = S·Hkv, hd head width, BR rows per program.
 import triton
 import triton.language as tl
 
+from strata.kernels._moe_kernel import _bf16
+
 
 @triton.jit
-def _expand_codes_kernel(src_ptr, dst_ptr, R, Hkv, stride_st, stride_sh, stride_dt, stride_dh,
-                         HD: tl.constexpr, BR: tl.constexpr):
+def _expand_codes_kernel(src_ptr, dst_ptr, sc_ptr, R, Hkv, stride_st, stride_sh, stride_dt,
+                         stride_dh, stride_ct, stride_ch, HD: tl.constexpr, BR: tl.constexpr,
+                         SCALE: tl.constexpr, INTERP: tl.constexpr):
     rows = tl.program_id(0) * BR + tl.arange(0, BR)                  # [BR] token·Hkv + head
     live = rows < R
     tok = (rows // Hkv).to(tl.int64)
@@ -17,5 +20,9 @@ def _expand_codes_kernel(src_ptr, dst_ptr, R, Hkv, stride_st, stride_sh, stride_
     src = tok[:, None] * stride_st + head[:, None] * stride_sh + offs_d[None, :]   # [BR, HD]
     dst = tok[:, None] * stride_dt + head[:, None] * stride_dh + offs_d[None, :]
     x = tl.load(src_ptr + src, mask=live[:, None], other=0)          # [BR, HD] int8
-    # int8 -> fp32 -> bf16: every |code| <= 127 is exact in bf16 (8 significant bits)
-    tl.store(dst_ptr + dst, x.to(tl.float32).to(tl.bfloat16), mask=live[:, None])
+    x = x.to(tl.float32)
+    if SCALE:   # one fp32 product, then one round to nearest even (as the torch twin)
+        sc = tl.load(sc_ptr + tok * stride_ct + head * stride_ch, mask=live, other=0)
+        x = x * sc.to(tl.float32)[:, None]
+    # without SCALE: every |code| <= 127 is exact in bf16 (8 significant bits)
+    tl.store(dst_ptr + dst, _bf16(x, INTERP), mask=live[:, None])

@@ -20,12 +20,15 @@ one kv head — the G query heads of a kv head folded into M, so a K/V tile load
 — and runs the online softmax (fp32 state, exp2 with log2 e folded into the scale) over segment
 a, segment b, then the chunk: the chunk's key tiles that lie wholly at or below the block's first
 token run unmasked, the diagonal ones with the causal mask, the ones above are never visited.
-int8 segments (strata.kernels.attention.kv_int8) are read with their per-token-per-head scales,
-folded onto the scores and the probabilities instead of dequantizing tiles. The tile's `int8`
-choice says where the codes become bf16: "expand" (the default) expands them first, exactly and
-without the scales, into `scratch` (strata.kernels.attention.scratch; pieces of its rows, the
-softmax state carried between launches when the prefix is longer) and runs the bf16 tile path;
-"kernel" converts each tile inside the loop. Both compute the same products in the same order.
+int8 segments (strata.kernels.attention.kv_int8) carry per-token-per-head scales. The tile's
+`int8` choice says where the codes become bf16, always in pieces of `scratch`
+(strata.kernels.attention.scratch; the softmax state carried between launches when the prefix is
+longer than it):
+- "dequant" (the default): dequantized to plain bf16 K/V (one bf16 rounding of each element) and
+  read by the bf16 kernel itself, at its rate;
+- "expand": the exact codes as bf16, the scales folded onto the scores and the probabilities in
+  the kernel (the same products as "kernel", in the same order);
+- "kernel": each int8 tile converted inside the attention loop.
 """
 from __future__ import annotations
 
@@ -163,7 +166,7 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     scratch: AttnScratch | None = None) -> torch.Tensor:
     """The Triton kernel (see the module docstring). `tile` overrides the heuristic's tile (a pin,
     `pin_attn_tile`, does so for a whole block of code). `scratch`: where int8 segments are
-    expanded (tile.int8 = "expand"); without one, a fresh one holds the whole int8 prefix."""
+    expanded (tile.int8 = "dequant" or "expand"); without one, a fresh one holds the whole int8 prefix."""
     T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
     G = H // Hkv
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
@@ -202,6 +205,11 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             cut = slice(pc.start, pc.start + pc.n)
             if pc.at is None:
                 args.append(_seg_args(KVSegment(s.k[cut], s.v[cut])))
+                continue
+            if cfg.int8 == "dequant":     # plain bf16 K/V: the bf16 kernel, at its rate
+                kx = expand_codes(s.k[cut], scratch.k[pc.at:pc.at + pc.n], s.k_scale[cut])
+                vx = expand_codes(s.v[cut], scratch.v[pc.at:pc.at + pc.n], s.v_scale[cut])
+                args.append(_seg_args(KVSegment(kx, vx)))
                 continue
             kx = expand_codes(s.k[cut], scratch.k[pc.at:pc.at + pc.n])
             vx = expand_codes(s.v[cut], scratch.v[pc.at:pc.at + pc.n])

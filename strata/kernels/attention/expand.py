@@ -1,9 +1,18 @@
-"""int8 KV codes expanded to bf16, without their scales: the input of the attention's bf16 tile
-path for int8 segments (AttnTile.int8 = "expand").
+"""int8 KV codes expanded to bf16: the input of the attention's bf16 tile path for int8 segments.
 
 Legend: S tokens, Hkv kv heads, hd head width.
 
-    out[s, h, d] = bf16(codes[s, h, d])          exact: |code| <= 127 needs 7 bits, bf16 has 8
+    out[s, h, d] = bf16(codes[s, h, d])                   scale None ("expand"): exact, |code| <=
+                                                          127 needs 7 bits and bf16 has 8
+    out[s, h, d] = bf16(fp32(codes[s, h, d]) * scale[s, h])   ("dequant": one fp32 product, one
+                                                          round to nearest even)
+
+"dequant" (AttnTile.int8's default) hands the attention plain bf16 K/V: the kernel is then the
+bf16 kernel itself, at its rate. The price is one bf16 rounding of each dequantized K and V
+element (relative 2^-8, the rounding bf16 KV has anyway); "expand" keeps the exact codes and puts
+the scales on the scores and probabilities inside the kernel, which the H200 measured at 0.64-0.72
+of the bf16 rate over a long prefix (two scale vectors a tile and 255 registers a thread,
+experiments/results/attention_bench-NVIDIA_H200-e923e68.csv).
 
 The per-token scales stay where the int8 path puts them (on the scores and the probabilities,
 strata.kernels.attention._kernel), so the attention over expanded codes computes the same products
@@ -25,12 +34,17 @@ from __future__ import annotations
 
 import torch
 
+from strata._backend import INTERPRET
 from strata.errors import StrataError
 
 ROWS_PER_PROGRAM = 64     # (token, head) rows of hd codes a program converts: 8 KiB read at hd 128
 
 
-def _check(codes: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+def _check(codes: torch.Tensor, out: torch.Tensor | None, scale=None) -> torch.Tensor:
+    if scale is not None and (scale.shape != codes.shape[:2] or scale.device != codes.device
+                              or scale.dtype not in (torch.float32, torch.float16)):
+        raise StrataError(f"expand_codes: scale must be fp32/fp16 {list(codes.shape[:2])} on "
+                          f"{codes.device}; got {scale.dtype} {list(scale.shape)}")
     if codes.ndim != 3 or codes.dtype != torch.int8 or codes.stride(-1) != 1:
         raise StrataError(f"expand_codes takes int8 codes [S, Hkv, hd] with a unit last stride; "
                           f"got {codes.dtype} {list(codes.shape)} strides {codes.stride()}")
@@ -46,23 +60,32 @@ def _check(codes: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-def expand_codes_torch(codes: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """codes [S, Hkv, hd] int8 -> bf16 [S, Hkv, hd] (`out` receives it)."""
-    out = _check(codes, out)
-    out.copy_(codes)
+def expand_codes_torch(codes: torch.Tensor, out: torch.Tensor | None = None,
+                       scale: torch.Tensor | None = None) -> torch.Tensor:
+    """codes [S, Hkv, hd] int8 -> bf16 [S, Hkv, hd] (`out` receives it); with `scale`
+    [S, Hkv] the dequantized values (module docstring)."""
+    out = _check(codes, out, scale)
+    if scale is None:
+        out.copy_(codes)
+    else:
+        out.copy_(codes.float() * scale.float()[..., None])
     return out
 
 
-def expand_codes(codes: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def expand_codes(codes: torch.Tensor, out: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton twin of expand_codes_torch (same signature, bit-identical)."""
     from strata.kernels.attention._expand_kernel import _expand_codes_kernel
-    out = _check(codes, out)
+    out = _check(codes, out, scale)
     S, Hkv, hd = codes.shape
     R = S * Hkv
     if R == 0:
         return out
     grid = (-(-R // ROWS_PER_PROGRAM),)
-    _expand_codes_kernel[grid](codes, out, R, Hkv, codes.stride(0), codes.stride(1),
-                               out.stride(0), out.stride(1), HD=hd, BR=ROWS_PER_PROGRAM,
+    sc = codes if scale is None else scale      # never read without SCALE
+    _expand_codes_kernel[grid](codes, out, sc, R, Hkv, codes.stride(0), codes.stride(1),
+                               out.stride(0), out.stride(1), sc.stride(0) if scale is not None
+                               else 0, sc.stride(1) if scale is not None else 0, HD=hd,
+                               BR=ROWS_PER_PROGRAM, SCALE=scale is not None, INTERP=INTERPRET,
                                num_warps=4)
     return out

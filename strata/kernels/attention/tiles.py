@@ -17,10 +17,11 @@ Reasoning behind the constants (to be revisited with experiments/attention_bench
   the tensor cores read). 128 would double the score tile's registers.
 - num_warps = 8 when BM·hd >= 128·64 (two warpgroups share the accumulator), else 4.
 - hd = 256 (seed-512e): BM 64, BN 32, 2 stages.
-- int8 = "expand": int8 segments are expanded to exact bf16 codes (strata.kernels.attention
-  .expand) and run the bf16 tile path with their scales on the scores/probabilities; "kernel"
-  converts each int8 tile inside the attention loop (the register pressure below: 45% slower on
-  the H200 at commit 5b184e5). experiments/attention_bench.py times both.
+- int8 = "dequant" (default): int8 segments are dequantized to bf16 K/V in the scratch
+  (strata.kernels.attention.expand) and read by the bf16 kernel itself; "expand": exact bf16
+  codes, the scales on the scores/probabilities in the kernel (0.64-0.72 of the bf16 rate over a
+  long prefix on the H200, e923e68); "kernel" converts each int8 tile inside the attention loop
+  (0.52-0.57 of bf16). experiments/attention_bench.py times all three.
 Footprint on sm_90 (tests/kernels/compile_attention.py: triton 3.6 passes + ptxas -v, no GPU;
 commit 1cd5c73 and after): hd 128 128x64/w8s3: 128 KiB shared; 211 registers a thread for bf16
 segments, 255 for int8 (the int8 -> bf16 conversion), no spills (BN 128 spills 2 KB with int8;
@@ -41,7 +42,7 @@ from dataclasses import dataclass, replace
 from strata.errors import StrataError
 
 
-INT8_PATHS = ("expand", "kernel")
+INT8_PATHS = ("dequant", "expand", "kernel")
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class AttnTile:
     BLOCK_N: int      # keys per step
     num_warps: int
     num_stages: int
-    int8: str = "expand"   # int8 segments: expanded to bf16 codes first, or converted per tile
+    int8: str = "dequant"  # int8 segments: dequantized to bf16 first (the bf16 kernel), expanded
+    #                        to exact bf16 codes (scales in the kernel), or converted per tile
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N"):
