@@ -27,6 +27,39 @@ class ModelShape:
     rms_eps: float = 1e-6
     norm_topk_prob: bool = True
     max_pos: int = 40960        # the longest prompt strata accepts (the model's context)
+    # The DeepSeek / GLM-4.5 family (the defaults are Qwen3-MoE's: every layer routed, softmax).
+    n_dense_lead: int = 0       # the first layers have a dense FFN and no routed experts
+    d_ff: int = 0               # width of those dense FFNs
+    n_shared: int = 0           # shared experts per MoE layer: one dense FFN of n_shared * F
+    router: str = "softmax"     # softmax | sigmoid (grouped, e_score_correction_bias; routing.py)
+    n_group: int = 1            # expert groups (sigmoid router): the best topk_group are kept
+    topk_group: int = 1
+    routed_scale: float = 1.0   # routed_scaling_factor: the routed weights' scale (once)
+    qk_norm: bool = True        # per-head q/k RMSNorm (Qwen3); GLM-4.5 has none
+    attn_bias: bool = False     # q/k/v projection biases (GLM-4.5)
+    rope_dim: int = 0           # rotary dims of a head (0: all of head_dim; GLM-4.5: half)
+    # MLA (DeepSeek-V3, Kimi-K2): head_dim = qk_nope + qk_rope, n_kv_head = n_head
+    q_lora: int = 0             # q's low-rank width (0: a full Wq)
+    kv_lora: int = 0            # the cached latent's width (0: not MLA)
+    qk_rope: int = 0            # rope dims of q/k per head (the key's shared rope part)
+    v_head_dim: int = 0         # value head dim
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """True when `layer` routes to experts (False: a leading dense layer, no blobs)."""
+        return layer >= self.n_dense_lead
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [l for l in range(self.n_layer) if self.is_moe_layer(l)]
+
+    @property
+    def rot_dim(self) -> int:
+        """Rotary dims per head: qk_rope (MLA), rope_dim (partial RoPE) or all of head_dim."""
+        return self.qk_rope if self.mla else (self.rope_dim or self.head_dim)
 
     def with_(self, **kw) -> "ModelShape":
         return replace(self, **kw)
@@ -49,7 +82,18 @@ class ModelShape:
         scales per token per kv head): the attention format's own count (kv_token_bytes). The
         one count the rig's budgets charge (strata.planning hands it to memory)."""
         from strata.kernels.attention.kv_int8 import kv_token_bytes
+        if self.mla:   # MLA caches the normed latent and the rotated rope key, bf16 (strata.models.mla)
+            return n_tokens * mla_token_bytes(self, kv)
         return n_tokens * kv_token_bytes(kv, self.n_kv_head, self.head_dim)
+
+
+def mla_token_bytes(shape: "ModelShape", kv: str = "bf16") -> int:
+    """One token's MLA KV in one layer: the latent (kv_lora) and the rope key (qk_rope), bf16.
+    int8 MLA KV is not implemented (a StrataError names it)."""
+    if kv != "bf16":
+        raise StrataError(f"--kv {kv} is not implemented for MLA ({shape.arch}); its KV is the "
+                          f"bf16 latent + rope key: use --kv bf16")
+    return (shape.kv_lora + shape.qk_rope) * 2
 
 
 PRESETS: dict[str, ModelShape] = {
