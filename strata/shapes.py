@@ -106,6 +106,28 @@ PRESETS: dict[str, ModelShape] = {
     "qwen3-235b-a22b": ModelShape("qwen3moe", 94, 4096, 128, 8, 1536, 64, 4, 128, 151936),
     # The seeds' rig shape: 512 experts, hidden 2560, expert width 640 (Q2_0 blob = 1,382,400 B).
     "seed-512e": ModelShape("qwen3moe", 30, 2560, 512, 10, 640, 16, 4, 256, 262144),
+    # GLM-4.5 (355B-A32B): 92 layers (the NextN layer not read), the first 3 dense (FFN 12288),
+    # 160 experts of width 1536, top-8, one shared expert, sigmoid routing in one group, scale
+    # 2.5; GQA 96 / 8 heads of 128 with qkv bias, RoPE on half of each head, no q/k norm.
+    "glm-4.5": ModelShape("glm4moe", 92, 5120, 160, 8, 1536, 96, 8, 128, 151552,
+                          rms_eps=1e-5, max_pos=131072, n_dense_lead=3, d_ff=12288, n_shared=1,
+                          router="sigmoid", routed_scale=2.5, qk_norm=False, attn_bias=True,
+                          rope_dim=64),
+    # DeepSeek-V3 / R1 (671B-A37B): 61 layers, the first 3 dense (FFN 18432), 256 experts of
+    # width 2048, top-8 from the best 4 of 8 groups, one shared expert, scale 2.5; MLA with
+    # 128 heads, q_lora 1536, kv_lora 512 + a 64-wide rope key (1,152 B of KV a token a layer).
+    # Context as the config says (163840); strata runs its RoPE without the YaRN scaling.
+    "deepseek-v3": ModelShape("deepseek2", 61, 7168, 256, 8, 2048, 128, 128, 192, 129280,
+                              rope_theta=10000.0, max_pos=163840, n_dense_lead=3, d_ff=18432,
+                              n_shared=1, router="sigmoid", n_group=8, topk_group=4,
+                              routed_scale=2.5, q_lora=1536, kv_lora=512, qk_rope=64,
+                              v_head_dim=128),
+    # Kimi-K2 (1T-A32B): DeepSeek-V3's body with 384 experts in one group, 64 heads, the first
+    # layer dense, scale 2.827.
+    "kimi-k2": ModelShape("deepseek2", 61, 7168, 384, 8, 2048, 64, 64, 192, 163840,
+                          rope_theta=50000.0, max_pos=131072, n_dense_lead=1, d_ff=18432,
+                          n_shared=1, router="sigmoid", routed_scale=2.827, q_lora=1536,
+                          kv_lora=512, qk_rope=64, v_head_dim=128),
     # Test and demo shapes: small enough for the Triton interpreter on two cores.
     "tiny": ModelShape("qwen3moe", 2, 64, 8, 2, 32, 4, 2, 16, 256),
     "small": ModelShape("qwen3moe", 4, 256, 16, 4, 128, 4, 2, 64, 1024),
