@@ -14,9 +14,10 @@ Lkv kv_lora (the latent).
     y = Wo o                                [T, D]
 
 Two forms of the same attention, one signature (`mla_chunk_attention`):
-- expanded (what the model runs): decompress K_nope = c Wuk^T and V = c Wuv^T for a block of
-  keys at a time and attend with the heads' full q, merging blocks by their log-sum-exp, so the
-  transient is one block of expanded keys however long the prompt;
+- expanded (what the model runs): decompress K_nope = c Wuk^T and V = c Wuv^T and attend with
+  the heads' full q: off CUDA a block of keys at a time, merging blocks by their log-sum-exp
+  (a transient of one block however long the prompt); on CUDA all keys at once through torch's
+  fused SDPA (a transient of S keys' expanded K/V, not carved from the loan);
 - absorbed (`mla_chunk_attention_absorbed`, the reference, in fp64): fold Wuk into the query
   (q_lat = q_nope Wuk, [T, H, Lkv]) and attend in the latent space, then Wuv on the output.
 
@@ -95,10 +96,46 @@ def _split_kvb(wkvb: torch.Tensor, n_head: int, nope: int, v_dim: int):
 
 def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tensor,
                         k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
-                        scale: float, block: int = KEY_BLOCK) -> torch.Tensor:
+                        scale: float, block: int = KEY_BLOCK, sdpa: bool | None = None
+                        ) -> torch.Tensor:
     """Expanded form. q_nope [H, T, N], q_pe [H, T, R] (rotated) of the chunk's T tokens, the
     last T of the S keys c [S, Lkv], k_pe [S, R] (rotated); wkvb [H*(N+Hv), Lkv] -> o [T, H, Hv]
-    in q's dtype (scores and sums in fp32). Query t (position S-T+t) sees keys 0..S-T+t."""
+    in q's dtype. Query t (position S-T+t) sees keys 0..S-T+t.
+
+    sdpa=False (the default off CUDA): blocks of `block` queries x `block` keys, scores and sums
+    in fp32, blocks merged by log-sum-exp (a transient of one block's expanded keys and scores).
+    sdpa=True (the default on CUDA): all S keys decompressed in q's dtype, then torch's fused
+    scaled_dot_product_attention (bottom-right causal mask): S·H·(hd + Hv) elements of
+    transient K/V (DeepSeek-V3 at S = 32K: 2.7 GB bf16), outside the planned carve."""
+    H, T, N = q_nope.shape
+    sdpa = q_nope.is_cuda if sdpa is None else sdpa
+    if sdpa:
+        return _expanded_sdpa(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale)
+    return torch.cat([_expanded_blocks(q_nope[:, a:a + block], q_pe[:, a:a + block],
+                                       c[:c.shape[0] - T + a + q_nope[:, a:a + block].shape[1]],
+                                       k_pe, wkvb, v_head_dim, scale, block)
+                      for a in range(0, T, block)])
+
+
+def _expanded_sdpa(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale):
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+    H, T, N = q_nope.shape
+    S = c.shape[0]
+    w_uk, w_uv = _split_kvb(wkvb.to(q_nope.dtype), H, N, v_head_dim)
+    cd = c.to(q_nope.dtype)
+    k = torch.cat([torch.einsum("sl,hnl->hsn", cd, w_uk),
+                   k_pe.to(q_nope.dtype)[None].expand(H, S, -1)], dim=-1)     # [H, S, hd]
+    v = torch.einsum("sl,hvl->hsv", cd, w_uv)                                  # [H, S, Hv]
+    q = torch.cat([q_nope, q_pe.to(q_nope.dtype)], dim=-1)                     # [H, T, hd]
+    mask = None if S == T else causal_lower_right(T, S)
+    o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
+                                       is_causal=S == T, scale=scale)[0]       # [H, T, Hv]
+    return o.transpose(0, 1)
+
+
+def _expanded_blocks(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block):
+    """The queries are the last T of the S keys c (k_pe may be longer: its first S rows)."""
     H, T, N = q_nope.shape
     S = c.shape[0]
     P = S - T
@@ -127,8 +164,10 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
 
 def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tensor,
                                  k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
-                                 scale: float, block: int = KEY_BLOCK) -> torch.Tensor:
-    """Absorbed form, fp64, all keys at once (the reference; `block` accepted and unused)."""
+                                 scale: float, block: int = KEY_BLOCK, sdpa: bool | None = None
+                                 ) -> torch.Tensor:
+    """Absorbed form, fp64, all keys at once (the reference; `block`, `sdpa` accepted and
+    unused)."""
     H, T, N = q_nope.shape
     S = c.shape[0]
     w_uk, w_uv = _split_kvb(wkvb.double(), H, N, v_head_dim)

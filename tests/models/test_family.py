@@ -110,3 +110,20 @@ def test_bf16_expert_gemm_resident(family, tmp_path):
                  "cpu", "--experts", "kernel", "--chunk", "9", "--dump-logits", str(out)]) == 0
     assert rel(np.load(out), want) < 1e-2
     assert rel(got, want) < FP32_REL
+
+
+def test_mla_refuses_the_prompt_kv(family):
+    """deepseek2's KV is the latent (strata.models.mla): int8 and a host-held window are refused
+    in one line, not run wrong."""
+    from strata.errors import StrataError
+    shape, _, hf_pack, _ = family
+    if not shape.mla:
+        pytest.skip("GQA: PromptKV serves it")
+    pack = Pack.open(hf_pack)
+    cfg = dict(vram=1 << 30, cache=24 * pack.max_blob, max_prompt=64, device="cpu", ffn="ref",
+               chunk=8, ring=2)
+    with pytest.raises(StrataError, match="not implemented for MLA"):
+        PrefillEngine(pack, EngineConfig(kv="int8", **cfg))
+    eng = PrefillEngine(pack, EngineConfig(kv_resident=4, **cfg))
+    with pytest.raises(StrataError, match="not implemented for MLA"):
+        eng.run(torch.tensor(TOKENS))
