@@ -32,3 +32,13 @@ def test_a_128_gib_host_holds_16_q4k_moe_layers():
     """6.34 GB a Q4_K MoE layer: ~125 GiB available minus the dense host copy and headroom."""
     n = _mod().layers_that_fit(get_preset("deepseek-v3"), ExpertFormats.of("Q4_K"), 125 << 30)
     assert n == 16
+
+
+def test_mla_bench_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("mla_bench", ROOT / "benchmarks" / "mla_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = bench.read_csv(tmp_path / "mla_bench-smoke.csv")
+    assert {(r["config"]["arm"], r["config"]["P"]) for r in rows if r["figure"] == "ms"} == \
+        {(a, p) for a in ("expanded", "absorbed") for p in (0, 32)}

@@ -127,3 +127,25 @@ def test_mla_refuses_the_prompt_kv(family):
     eng = PrefillEngine(pack, EngineConfig(kv_resident=4, **cfg))
     with pytest.raises(StrataError, match="not implemented for MLA"):
         eng.run(torch.tensor(TOKENS))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ffn", ["kernel", "auto"])
+def test_streamed_on_the_gpu(family, ffn):
+    """CUDA: the streaming engine (pinned blobs, copy lane, the Triton expert GEMM, MLA's fused
+    SDPA path) against the all-resident bf16 forward of the same pack; the bound of
+    tests/engine/test_streaming_gpu (BF16_Y_REL, norm-relative: bf16 dense math)."""
+    from strata.models.load import load_model, resident_provider
+    from strata.models.moe import expert_ffn
+    shape, _, hf_pack, _ = family
+    pack = Pack.open(hf_pack)
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=12 * pack.max_blob, ring=3,
+                                           chunk=5, max_prompt=64, ffn=ffn))
+    assert eng.host.pinned
+    tok = torch.tensor(TOKENS)
+    res = eng.run(tok)
+    model = load_model(pack, device="cuda:0", dtype=torch.bfloat16, ffn=expert_ffn(ffn))
+    want = model.prefill(tok, resident_provider(pack, "cuda:0"), chunk=5)
+    got = res.logits.to(want.device)
+    assert float((got - want).norm() / want.norm()) < 2e-2
+    assert res.stats.bytes_streamed > 0
