@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.models.family import FamilyLayer, FamilyMoe
+from strata.models.family import FamilyLayer, FamilyMoe, optional
 from strata.models.mla import MLACache, MLAWeights, mla_attention
 from strata.models.registry import register
 
@@ -20,10 +20,7 @@ class DeepSeek2(FamilyMoe):
         p = f"blk.{l}."
 
         def opt(n):
-            try:
-                return get(p + n)
-            except KeyError:
-                return None
+            return optional(get, p + n)
         return MLAWeights(get(p + "attn_kv_a_mqa.weight"), get(p + "attn_kv_a_norm.weight"),
                           get(p + "attn_kv_b.weight"), get(p + "attn_output.weight"),
                           wq=opt("attn_q.weight"), wqa=opt("attn_q_a.weight"),

@@ -17,7 +17,7 @@ and the plan counts its FFN in its dense bytes (strata.planning.layer_dense_byte
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -44,23 +44,25 @@ class FamilyLayer:
     router: torch.Tensor | None = None  # [E, D]
     bias: torch.Tensor | None = None   # [E] e_score_correction_bias (sigmoid router)
     shared: DenseFFN | None = None     # the shared experts (n_shared * F wide)
-    device: torch.device = field(default=torch.device("cpu"))
 
     def map(self, fn) -> "FamilyLayer":
         opt = (lambda t: None if t is None else t.map(fn) if hasattr(t, "map") else fn(t))
         return FamilyLayer(fn(self.attn_norm), self.attn.map(fn), fn(self.ffn_norm),
                            opt(self.dense), opt(self.router),
-                           None if self.bias is None else self.bias.float(), opt(self.shared),
-                           self.device)
+                           None if self.bias is None else self.bias.float(), opt(self.shared))
+
+
+def optional(get, name: str):
+    """`get(name)`, or None where the weights lack it (a checkpoint without biases or norms)."""
+    try:
+        return get(name)
+    except KeyError:
+        return None
 
 
 class FamilyMoe(Qwen3Moe):
     """A family wiring subclasses this with `attention_weights(get, l)` (its weights of layer l
     from `get(name)`), `attention(xn, lw, cos, sin, cache, l)` and `new_cache(capacity)`."""
-
-    def __init__(self, shape: ModelShape, tok_embd, layers, out_norm, lm_head, *,
-                 ffn: ExpertFFN | None = None):
-        super().__init__(shape, tok_embd, layers, out_norm, lm_head, ffn=ffn)
 
     # -- weights -------------------------------------------------------------------------------
     @classmethod
@@ -68,10 +70,10 @@ class FamilyMoe(Qwen3Moe):
         raise NotImplementedError
 
     @classmethod
-    def layer_weights(cls, shape: ModelShape, get, l: int, device) -> FamilyLayer:
+    def layer_weights(cls, shape: ModelShape, get, l: int) -> FamilyLayer:
         p = f"blk.{l}."
         lw = FamilyLayer(get(p + "attn_norm.weight"), cls.attention_weights(get, l),
-                         get(p + ffn_norm_name(shape) + ".weight"), device=torch.device(device))
+                         get(p + ffn_norm_name(shape) + ".weight"))
         if not shape.is_moe_layer(l):
             lw.dense = DenseFFN(*(get(f"{p}ffn_{w}.weight") for w in ("gate", "up", "down")))
             return lw
@@ -93,7 +95,7 @@ class FamilyMoe(Qwen3Moe):
 
         def put(name, dev):
             return tensors[name].to(device=dev, dtype=dtype)
-        layers = [cls.layer_weights(shape, lambda n, d=devs[l]: put(n, d), l, devs[l])
+        layers = [cls.layer_weights(shape, lambda n, d=devs[l]: put(n, d), l)
                   for l in range(shape.n_layer)]
         head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
         return cls(shape, put("token_embd.weight", devs[0]), layers,

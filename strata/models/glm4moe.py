@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.models.attention import attend
-from strata.models.family import FamilyLayer, FamilyMoe
+from strata.models.family import FamilyLayer, FamilyMoe, optional
 from strata.models.kv import KVCache
 from strata.models.layers import apply_rope_partial, rms_norm
 from strata.models.registry import register
@@ -52,10 +52,7 @@ class Glm4Moe(FamilyMoe):
         p = f"blk.{l}."
 
         def opt(n):
-            try:
-                return get(p + n)
-            except KeyError:
-                return None
+            return optional(get, p + n)
         return GQAWeights(get(p + "attn_q.weight"), get(p + "attn_k.weight"),
                           get(p + "attn_v.weight"), get(p + "attn_output.weight"),
                           opt("attn_q.bias"), opt("attn_k.bias"), opt("attn_v.bias"),
