@@ -102,8 +102,11 @@ def test_streamed_matches_transformers(family, monkeypatch, ring, chunk, stage, 
 
 def test_bf16_expert_gemm_resident(family, tmp_path):
     """The Triton expert GEMM (interpreter) under the family's routing: bf16 x and h in each of
-    the 2 MoE layers, the bound of test_parity_packs (BF16_FFN_REL)."""
+    the 2 MoE layers, the bound of test_parity_packs (BF16_FFN_REL). One arch (CI time): both
+    feed the kernel the same scaled grouped-routing weights."""
     shape, want, hf_pack, _ = family
+    if not shape.mla:
+        pytest.skip("the deepseek2 case runs the same kernel path")
     got = _prefill(hf_pack, tmp_path, "--chunk", "9").astype(np.float32)
     out = tmp_path / "k.npy"
     assert main(["prefill", str(hf_pack), "--tokens", ",".join(map(str, TOKENS)), "--device",
