@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.attention.kv_int8 import KV_DTYPES, kv_token_bytes
+from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.kernels.attention.scratch import expand_rows, needs_state, state_floats
 from strata.kernels.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
@@ -147,13 +147,15 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
     for this chunk); monotone in T, as BLOCK_M only grows with T."""
     E, K = shape.n_expert, shape.top_k
     bm = block_m if block_m is not None else block_m_for(T, K, E)
+    qd, kvd = shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
+    if shape.mla:   # the chunk's expanded per-head keys and values (strata.models.mla)
+        qd = kvd = shape.n_head * max(shape.head_dim, shape.v_head_dim)
     return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
-            "QD": shape.n_head * shape.head_dim, "KVD": shape.n_kv_head * shape.head_dim,
+            "QD": qd, "KVD": kvd,
             "TK": T * K, "TKP": padded_rows(T, K, E, bm),
             "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2,
             "KS": kv.host_tokens(kv.max_prompt) if kv is not None else 0,
-            "KVB": kv_token_bytes(kv.dtype if kv is not None else "bf16", shape.n_kv_head,
-                                  shape.head_dim),
+            "KVB": shape.kv_bytes(1, kv.dtype if kv is not None else "bf16"),
             "KX": expand_rows(kv.max_prompt) if kv is not None else 0,
             "QS": state_floats(shape.n_head, shape.head_dim)}
 
@@ -162,10 +164,11 @@ def _weights(specs: dict) -> int:
     return sum(math.prod(shp) for shp in specs.values())
 
 
-def layer_dense_bytes(shape: ModelShape) -> int:
-    """One layer's dense weights (attention q/k/v/o, q/k norms, two RMS norms, router), read from
-    the one description of the dense tensors (strata.packs.names), at DENSE_BYTES each."""
-    return _weights(layer_specs(shape, 0)) * DENSE_BYTES
+def layer_dense_bytes(shape: ModelShape, layer: int = 0) -> int:
+    """One layer's dense weights (attention q/k/v/o, q/k norms, two RMS norms, router; a leading
+    dense layer's FFN; the shared experts, which stay resident: strata.models.ffn), read from the
+    one description of the dense tensors (strata.packs.names), at DENSE_BYTES each."""
+    return _weights(layer_specs(shape, layer)) * DENSE_BYTES
 
 
 def model_sizes(shape: ModelShape, *, block_m: int | None = None,
@@ -181,6 +184,7 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
         kv_bytes=lambda n: shape.kv_bytes(kv.resident_tokens(n), kv.dtype),
         kv_host=lambda n: shape.kv_bytes(kv.host_tokens(n), kv.dtype),
         dense_layer=layer_dense_bytes(shape),
+        dense_layers=tuple(layer_dense_bytes(shape, l) for l in range(shape.n_layer)),
         dense_first=_weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES,
         dense_last=_weights({k: g[k] for k in ("output_norm.weight", "output.weight")})
         * DENSE_BYTES)
@@ -205,7 +209,7 @@ def scratch_reserve(shape: ModelShape, devices: dict[str, torch.device], ffn: st
         return None
     from strata.engine.scratch import slab_reserve
     from strata.kernels.moe import decoded_weights
-    decoded = {decoded_weights(lay) for lay in layouts}
+    decoded = {decoded_weights(lay) for lay in layouts if lay is not None}   # None: dense layer
     return lambda name, n_tokens, chunk: slab_reserve(shape, n_tokens, chunk, devices[name],
                                                       decoded=decoded)
 

@@ -364,6 +364,9 @@ class PrefillEngine:
         if not self.uses_prompt_kv():
             return None
         s = self.shape
+        if s.mla:   # PromptKV holds per-head keys and values; MLA caches one latent a token
+            raise StrataError(f"--kv-resident is not implemented for MLA ({s.arch}); its KV "
+                              f"(the bf16 latent + rope key) stays resident: drop --kv-resident")
         host_kv = s.n_layer * self.sizes.kv_host(n_tokens)
         check_kv_host(host_kv, sum(len(p.layers) for p in self.parts) * self.sizes.kv_bytes(
             n_tokens), sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
@@ -389,6 +392,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
                               f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
                               f"memory; give a smaller --cache or more --vram")
     kv = kv_policy(cfg)
+    shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
     sizes = model_sizes(shape, kv=kv)
     layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv), cfg.batch)
     fused = use_fused(native, cfg.fused)
