@@ -219,6 +219,10 @@ def check_kv(shape, cfg, bud, layout):
     assert layout.sizes.kv_host(n) == (n - res) * tok
     stage = [p for p in layout.placements(1, 0) if p.name == "kv_stage"]
     assert [p.nbytes for p in stage] == ([(n - res) * tok] if n > res else [])
+    from strata.kernels.attention import expand_rows     # the int8 attention's scratch
+    rows = expand_rows(n) if cfg.kv == "int8" else 0
+    expand = [p.nbytes for p in layout.placements(1, 0) if p.name.startswith("kv_expand_")]
+    assert expand == ([rows * shape.n_kv_head * shape.head_dim * 2] * 2 if rows else [])
     event(f"kv {cfg.kv}, {'streams' if n > res else 'resident'}")
 
 
