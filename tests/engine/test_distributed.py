@@ -7,7 +7,8 @@ Cases and why each exists:
 - the agreed chunk (min of each rank's own scan, then forced) equals the single-process plan
   of the whole rig, participant by participant, over random rigs (plan = engine per rank);
 - rank 1 fails mid-prompt (an injected allocation failure): both ranks raise the same line,
-  both caches are restored, nothing hangs (the spawn is bounded by a timeout);
+  both caches are restored, nothing hangs (the spawn is bounded by a timeout); each schedule
+  spawns its two ranks once for both reads (a fresh engine per read, one process group);
 - the CLI under torchrun: the two ranks' logits equal the one-process read's; and when one
   rank's budget does not fit, both rank processes print the same one-line error and exit 2.
   That failure case launches the two ranks itself with torchrun's environment contract (RANK,
@@ -63,35 +64,45 @@ def config(pack, vram=1 << 30, **kw):
                         device="cpu", ffn="ref", **kw)
 
 
-def _worker(rank, world, port, pack, out, schedule, fail_rank, threads):
+def _worker(rank, world, port, pack, out, schedule, fail_ranks, threads):
+    """One rank: a read per entry of `fail_ranks` (the rank that fails it, -1: none), each on a
+    fresh StageEngine in one process group; rank{r}-{i}.json per read."""
     from strata.engine.distributed import DistConfig, StageEngine, init
+    done = 0
     try:
         torch.set_num_threads(threads)   # the parent's: a CPU GEMM's sums split by thread
         r, w, dev = init("gloo", 60, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                          world=world)
-        eng = StageEngine(pack, config(pack), DistConfig(schedule=schedule, timeout_s=60),
-                          rank=r, world=w, device=dev)
-        before = eng.cache.buffer.clone()
-        res = {"rank": r, "layers": [eng.layers.start, eng.layers.stop]}
-        try:
-            got = eng.run(tokens(), logits="all",
-                          fail_after_layers=3 if r == fail_rank else None)
-            res["chunk"] = got.chunk
-            if got.logits is not None:
-                torch.save(got.logits, Path(out) / "logits.pt")
-        except Exception as e:   # noqa: BLE001 — the test compares what every rank raised
-            res["error"] = f"{type(e).__name__}: {e}"
-        res["restored"] = bool(torch.equal(before, eng.cache.buffer))
-        (Path(out) / f"rank{r}.json").write_text(json.dumps(res))
+        for i, fail_rank in enumerate(fail_ranks):
+            eng = StageEngine(pack, config(pack), DistConfig(schedule=schedule, timeout_s=60),
+                              rank=r, world=w, device=dev)
+            before = eng.cache.buffer.clone()
+            res = {"rank": r, "layers": [eng.layers.start, eng.layers.stop]}
+            try:
+                got = eng.run(tokens(), logits="all",
+                              fail_after_layers=3 if r == fail_rank else None)
+                res["chunk"] = got.chunk
+                if got.logits is not None:
+                    torch.save(got.logits, Path(out) / f"logits-{i}.pt")
+            except Exception as e:   # noqa: BLE001 — the test compares what every rank raised
+                res["error"] = f"{type(e).__name__}: {e}"
+            res["restored"] = bool(torch.equal(before, eng.cache.buffer))
+            (Path(out) / f"rank{r}-{i}.json").write_text(json.dumps(res))
+            done += 1
+            del eng
         torch.distributed.destroy_process_group()
     except Exception:   # noqa: BLE001
-        (Path(out) / f"rank{rank}.json").write_text(json.dumps({"crash": traceback.format_exc()}))
+        for i in range(done, len(fail_ranks)):
+            (Path(out) / f"rank{rank}-{i}.json").write_text(
+                json.dumps({"crash": traceback.format_exc()}))
         raise
 
 
-def spawn(pack, out, schedule="sequential", fail_rank=-1, world=2):
+def spawn(pack, out, schedule="sequential", fail_ranks=(-1,), world=2):
+    """[[rank 0's result, rank 1's, ...] per read]: one spawn of `world` ranks for all reads
+    (the spawn and the imports are most of a read's cost on the CPU)."""
     ctx = mp.start_processes(_worker, args=(world, free_port(), str(pack), str(out), schedule,
-                                            fail_rank, torch.get_num_threads()),
+                                            list(fail_ranks), torch.get_num_threads()),
                              nprocs=world, join=False, start_method="spawn")
     import time
     t0 = time.time()
@@ -100,7 +111,25 @@ def spawn(pack, out, schedule="sequential", fail_rank=-1, world=2):
             for p in ctx.processes:
                 p.kill()
             pytest.fail(f"the ranks did not finish within {SPAWN_TIMEOUT_S} s (a hang)")
-    return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
+    return [[json.loads((Path(out) / f"rank{r}-{i}.json").read_text()) for r in range(world)]
+            for i in range(len(fail_ranks))]
+
+
+CLEAN, RANK1_FAILS = 0, 1    # the reads of one spawn per schedule: fail_ranks (-1, 1)
+
+
+@pytest.fixture(scope="module")
+def spawned(pack, tmp_path_factory):
+    """schedule -> (its reads' per-rank results, their folder): both ranks spawned once per
+    schedule for the clean read and the read that rank 1 fails."""
+    got = {}
+
+    def get(schedule):
+        if schedule not in got:
+            out = tmp_path_factory.mktemp(schedule)
+            got[schedule] = spawn(pack, out, schedule, fail_ranks=(-1, 1)), out
+        return got[schedule]
+    return get
 
 
 @pytest.fixture(scope="module")
@@ -111,22 +140,23 @@ def single(pack):
 
 
 @pytest.mark.parametrize("schedule", ["sequential", "pipelined"])
-def test_two_ranks_equal_single_process(pack, single, tmp_path, schedule):
-    ranks = spawn(pack, tmp_path, schedule)
+def test_two_ranks_equal_single_process(single, spawned, schedule):
+    reads, out = spawned(schedule)
+    ranks = reads[CLEAN]
     for r in ranks:
         assert "crash" not in r, r.get("crash")
         assert "error" not in r, r["error"]
         assert r["restored"]
         assert r["chunk"] == single.chunk
     assert [r["layers"] for r in ranks] == [[0, 2], [2, 4]]
-    logits = torch.load(tmp_path / "logits.pt")
+    logits = torch.load(out / f"logits-{CLEAN}.pt")
     assert logits.dtype == single.logits.dtype
     assert torch.equal(logits, single.logits)
 
 
 @pytest.mark.parametrize("schedule", ["sequential", "pipelined"])
-def test_a_failing_rank_fails_every_rank(pack, tmp_path, schedule):
-    ranks = spawn(pack, tmp_path, schedule, fail_rank=1)
+def test_a_failing_rank_fails_every_rank(spawned, schedule):
+    ranks = spawned(schedule)[0][RANK1_FAILS]
     errors = [r.get("error") for r in ranks]
     assert all(r["restored"] for r in ranks)
     assert errors[0] is not None and errors[0] == errors[1]
