@@ -8,8 +8,11 @@ engine on the VRAM budget (the expert cache allocated and filled, dense weights 
 reads the prompt `--repeats` times. Per process:
 
     ready_s = import_s (interpreter + torch + strata) + cuda_s (the CUDA context)
-            + pin_s (host blobs into pinned memory) + fill_s (cache allocate + fill, dense
-              weights to the device) + warmup_s + prompt_s (the first timed prompt)
+            + pin_s (host blobs into pinned memory) + fill_s (PrefillEngine.__init__ after the
+              pinning: plan_s, cache_alloc_s, cache_fill_s, dense_upload_s, model_build_s,
+              other_s, from PrefillEngine.timings) + warmup_s (warmup_read_s: the dry prompt's
+              tokens through its warmup_layers at the warm rate; warmup_load_s: the rest, the
+              one-time kernel compile/load) + prompt_s (the first timed prompt)
     first_over_warm = tokens/s of the first prompt / mean tokens/s of the later ones
 
 Targets (issue 17): first_over_warm >= 0.9 (the warm arm); ready_s <= 10 s for a 32 GB pack in
@@ -67,7 +70,7 @@ def child(a) -> int:
                        EngineConfig.reserve, ffn=resolve_experts("auto", "cuda" if cuda else "cpu"))
     eng = PrefillEngine(pack, cfg, host=host)
     t_fill = time.time()
-    warm = 0.0 if a.no_warmup else eng.warmup(a.prompt, seed=1)
+    warm = 0.0 if a.no_warmup else eng.warmup(a.prompt, seed=1, full=a.full_warmup)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, pack.shape.vocab, (a.prompt,), generator=g, dtype=torch.int64)
     tps, first_ready = [], None
@@ -85,6 +88,20 @@ def child(a) -> int:
            "pinned": host.pinned, "pack_bytes": sum(sizes) * pack.shape.n_expert,
            "chunk": res.chunk, "ring": res.ring, "bytes_streamed": res.stats.bytes_streamed}
     out["first_over_warm"] = out["first_tokens_per_s"] / out["warm_tokens_per_s"]
+    # fill_s split (PrefillEngine.timings), and the warm-up's read vs its one-time load: the
+    # dry prompt's read is its tokens through its layers at the warm rate
+    for k in ("plan_s", "cache_alloc_s", "cache_fill_s", "other_s", "dense_upload_s",
+              "model_build_s"):
+        out[k] = eng.timings.get(k, 0.0)
+    C = res.chunk
+    dry = a.prompt if a.prompt <= C else C + (a.prompt % C or C)
+    n_warm = eng.timings.get("warmup_layers", 0)
+    out["warmup_layers"] = n_warm
+    out["warmup_read_s"] = (dry * n_warm / pack.shape.n_layer / out["warm_tokens_per_s"]
+                            if warm else 0.0)
+    out["warmup_load_s"] = max(warm - out["warmup_read_s"], 0.0)
+    out["cache_bytes"] = sum(p.cache.layout.nbytes for p in eng.parts)
+    out["cache_fill_gbps"] = out["cache_bytes"] / max(out["cache_fill_s"], 1e-9) / 1e9
     out["pin_gbps"] = out["pack_bytes"] / max(out["pin_s"], 1e-9) / 1e9
     print(TAG + json.dumps(out), flush=True)
     return 0
@@ -95,6 +112,8 @@ def spawn(pack: Path, prompt: int, arm: str, a, extra: list[str]) -> dict:
            str(prompt), "--repeats", str(a.repeats), *extra]
     if arm == "nowarm":
         cmd.append("--no-warmup")
+    elif arm == "fullwarm":
+        cmd.append("--full-warmup")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd += ["--spawn", repr(time.time())]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -119,7 +138,9 @@ def page_cache_read(path: Path) -> float:
 FIGURES = {"ready_s": "s", "import_s": "s", "cuda_s": "s", "pin_s": "s", "fill_s": "s",
            "warmup_s": "s", "prompt_s": "s", "first_tokens_per_s": "tok/s",
            "warm_tokens_per_s": "tok/s", "first_over_warm": "fraction", "pin_gbps": "GB/s",
-           "bytes_streamed": "bytes"}
+           "bytes_streamed": "bytes", "plan_s": "s", "cache_alloc_s": "s", "cache_fill_s": "s",
+           "other_s": "s", "dense_upload_s": "s", "model_build_s": "s", "warmup_read_s": "s",
+           "warmup_load_s": "s", "warmup_layers": "layers", "cache_fill_gbps": "GB/s"}
 
 
 def measure(args, rec) -> None:
@@ -178,7 +199,11 @@ def measure(args, rec) -> None:
                 rec.flush()
                 print(f"{arm:6s} T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f}, "
                       f"cuda {r['cuda_s']:.2f}, pin {r['pin_s']:.2f} at {r['pin_gbps']:.1f} GB/s, "
-                      f"fill {r['fill_s']:.2f}, warm-up {r['warmup_s']:.2f}, prompt "
+                      f"fill {r['fill_s']:.2f} [plan {r['plan_s']:.2f}, cache alloc "
+                      f"{r['cache_alloc_s']:.2f}, cache fill {r['cache_fill_s']:.2f} at "
+                      f"{r['cache_fill_gbps']:.0f} GB/s, dense {r['dense_upload_s']:.2f}, model "
+                      f"{r['model_build_s']:.2f}], warm-up {r['warmup_s']:.2f} [{r['warmup_layers']} "
+                      f"layers: read {r['warmup_read_s']:.2f}, load {r['warmup_load_s']:.2f}], prompt "
                       f"{r['prompt_s']:.2f}); first {r['first_tokens_per_s']:,.0f} tok/s vs warm "
                       f"{r['warm_tokens_per_s']:,.0f} -> {r['first_over_warm']:.2f}", flush=True)
     finally:
@@ -197,12 +222,19 @@ def plot(rows: list[dict], png: Path) -> None:
             runs.setdefault((c["arm"], c["prompt"]), {})[r["figure"]] = r["value"]
     keys = sorted(runs, key=lambda k: (k[1], k[0]))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    phases = ["import_s", "cuda_s", "pin_s", "fill_s", "warmup_s", "prompt_s"]
+    # fill_s and warmup_s drawn split into their parts (the rest of fill_s: "fill other")
+    for r in runs.values():
+        parts = ("plan_s", "cache_alloc_s", "cache_fill_s", "dense_upload_s", "model_build_s")
+        r["fill_other_s"] = max(r.get("fill_s", 0.0) - sum(r.get(k, 0.0) for k in parts), 0.0)
+    phases = ["import_s", "cuda_s", "pin_s", "plan_s", "cache_alloc_s", "cache_fill_s",
+              "dense_upload_s", "model_build_s", "fill_other_s", "warmup_read_s",
+              "warmup_load_s", "prompt_s"]
     x = range(len(keys))
     bottom = [0.0] * len(keys)
-    for ph in phases:
+    colors = plt.get_cmap("tab20").colors
+    for i, ph in enumerate(phases):
         v = [runs[k].get(ph, 0.0) for k in keys]
-        a1.bar(x, v, bottom=bottom, label=ph.replace("_s", ""))
+        a1.bar(x, v, bottom=bottom, label=ph[:-2].replace("_", " "), color=colors[i % 20])
         bottom = [b + y for b, y in zip(bottom, v)]
     a1.axhline(10, color="k", ls="--", lw=1)
     a1.set_xticks(list(x), [f"{arm}\nT={T}" for arm, T in keys], fontsize=8)
@@ -236,6 +268,7 @@ def main(argv=None) -> int:
         ap.add_argument("--ring", type=int, default=None)
         ap.add_argument("--reserve", type=int, default=None)
         ap.add_argument("--no-warmup", action="store_true")
+        ap.add_argument("--full-warmup", action="store_true")
         ap.add_argument("--spawn", type=float, default=_T0)
         return child(ap.parse_args(argv))
     from strata import bench
@@ -252,7 +285,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vram", type=int, default=12 * GIB, help="bytes of VRAM (default 12 GiB)")
     ap.add_argument("--prompts", default="8192,32768")
     ap.add_argument("--arms", default="warm,nowarm",
-                    help="warm: the engine's warm-up before the first prompt; nowarm: without")
+                    help="warm: the engine's warm-up before the first prompt (its warm layers); "
+                         "fullwarm: the warm-up through every layer; nowarm: without")
     args = ap.parse_args(argv)
     if args.repeats < 2:
         ap.error("--repeats must be at least 2 (the first prompt and a warm one)")
