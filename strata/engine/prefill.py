@@ -182,26 +182,35 @@ class PrefillEngine:
                       kv_tokens=cfg.max_prompt)
         clock.cuda = [d for d in devices if d.type == "cuda"]
         clock.lap("plan_s")
+        # The host blobs load on a thread while the caches are allocated and the dense weights
+        # go up (the copy threads and the upload overlap); the caches fill once they are in.
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
-                                        progress=cfg.progress)
-        clock.lap("pin_s")
-        self.pinned = self.host.pinned or self.device.type != "cuda"
-        self.parts: list[Part] = []
-        for p, b, dev in zip(parts, budgets, devices):
-            cache = ExpertCache(p.cache, self.host.source, dev, fill=False)
+                                        progress=cfg.progress, background=True)
+        try:
+            caches = []
+            for p, dev in zip(parts, devices):
+                caches.append(ExpertCache(p.cache, self.host.source, dev, fill=False))
             clock.lap("cache_alloc_s")
-            cache.fill(progress=cfg.progress)
-            clock.lap("cache_fill_s")
-            self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev),
-                                   ParticipantScratch(p.name, dev, cache.buffer)))
-        device_map = [part.device for part in self.parts for _ in part.layers]
-        self._warm: set = set()       # the (chunk, ring, last chunk) warm-ups already read
-        self.finite = FiniteGuard()   # NaN/Inf in a chunk fails the prompt, the layer named
-        clock.lap("other_s")
-        self.model = load_model(pack, device=self.device, dtype=self.dtype,
-                                ffn=self.finite.wrap(expert_ffn(cfg.ffn)), device_map=device_map,
-                                timings=self.timings)
-        clock.lap("dense_s")
+            self._warm: set = set()       # the (chunk, ring, last chunk) warm-ups already read
+            self.finite = FiniteGuard()   # NaN/Inf in a chunk fails the prompt, the layer named
+            device_map = [dev for b, dev in zip(budgets, devices) for _ in b.layers]
+            self.model = load_model(pack, device=self.device, dtype=self.dtype,
+                                    ffn=self.finite.wrap(expert_ffn(cfg.ffn)),
+                                    device_map=device_map, timings=self.timings)
+            clock.lap("dense_s")
+            self.pinned = self.host.pinned or self.device.type != "cuda"   # waits for the blobs
+            clock.lap("pin_wait_s")
+            self.parts: list[Part] = []
+            for p, b, dev, cache in zip(parts, budgets, devices, caches):
+                cache.fill(progress=cfg.progress)
+                clock.lap("cache_fill_s")
+                self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev),
+                                       ParticipantScratch(p.name, dev, cache.buffer)))
+            clock.lap("other_s")
+        except BaseException:
+            if host is None:   # the blobs this engine began loading: wait, then let them go
+                self.host.close()
+            raise
 
     # single-participant conveniences (tests, the CLI's summary)
     @property
