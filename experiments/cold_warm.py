@@ -11,7 +11,7 @@ reads the prompt `--repeats` times. Per process:
             + start_s (the rest of strata's imports, the host blobs pinning on a thread beside
               them: pin_s is that thread's own wall time, pin_gbps its rate)
             + fill_s (PrefillEngine.__init__: plan_s, cache_alloc_s, dense_upload_s and
-              model_build_s still beside the pinning, pin_wait_s for what is left of it,
+              model_build_s, ffn_s (the FFN's kernel imports) still beside the pinning, pin_wait_s for what is left of it,
               cache_fill_s, other_s; from PrefillEngine.timings) + warmup_s (warmup_read_s: the
               dry prompt's tokens through its warmup_layers at the warm rate; warmup_load_s: the
               rest, the one-time kernel compile/load) + prompt_s (the first timed prompt)
@@ -68,6 +68,7 @@ def child(a) -> int:
     host = HostExperts(pack.experts, sizes, pin=True, background=True)
     from strata.commands._args import resolve_experts
     from strata.engine.prefill import EngineConfig, PrefillEngine
+    import strata.kernels.moe, strata.kernels.decoded  # noqa: E401,F401 (the FFN's, beside the pinning)
     t_pin = time.time()
     cfg = EngineConfig(vram=a.vram, cache=a.cache, chunk=a.chunk, ring=a.ring,
                        max_prompt=a.prompt, reserve=a.reserve if a.reserve is not None else
@@ -96,7 +97,7 @@ def child(a) -> int:
     # fill_s split (PrefillEngine.timings), and the warm-up's read vs its one-time load: the
     # dry prompt's read is its tokens through its layers at the warm rate
     for k in ("plan_s", "cache_alloc_s", "cache_fill_s", "other_s", "dense_upload_s",
-              "model_build_s", "pin_wait_s"):
+              "model_build_s", "pin_wait_s", "ffn_s"):
         out[k] = eng.timings.get(k, 0.0)
     C = res.chunk
     dry = a.prompt if a.prompt <= C else C + (a.prompt % C or C)
@@ -140,7 +141,7 @@ def page_cache_read(path: Path) -> float:
     return time.perf_counter() - t0
 
 
-FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "import_s": "s", "cuda_s": "s",
+FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "import_s": "s", "cuda_s": "s",
            "pin_s": "s", "fill_s": "s",
            "warmup_s": "s", "prompt_s": "s", "first_tokens_per_s": "tok/s",
            "warm_tokens_per_s": "tok/s", "first_over_warm": "fraction", "pin_gbps": "GB/s",
@@ -210,7 +211,7 @@ def measure(args, rec) -> None:
                       f"fill {r['fill_s']:.2f} [plan {r['plan_s']:.2f}, cache alloc "
                       f"{r['cache_alloc_s']:.2f}, cache fill {r['cache_fill_s']:.2f} at "
                       f"{r['cache_fill_gbps']:.0f} GB/s, dense {r['dense_upload_s']:.2f}, model "
-                      f"{r['model_build_s']:.2f}], warm-up {r['warmup_s']:.2f} [{r['warmup_layers']} "
+                      f"{r['model_build_s']:.2f}, ffn imports {r['ffn_s']:.2f}], warm-up {r['warmup_s']:.2f} [{r['warmup_layers']} "
                       f"layers: read {r['warmup_read_s']:.2f}, load {r['warmup_load_s']:.2f}], prompt "
                       f"{r['prompt_s']:.2f}); first {r['first_tokens_per_s']:,.0f} tok/s vs warm "
                       f"{r['warm_tokens_per_s']:,.0f} -> {r['first_over_warm']:.2f}", flush=True)
@@ -233,9 +234,9 @@ def plot(rows: list[dict], png: Path) -> None:
     # fill_s and warmup_s drawn split into their parts (the rest of fill_s: "fill other")
     for r in runs.values():
         parts = ("plan_s", "cache_alloc_s", "cache_fill_s", "dense_upload_s", "model_build_s",
-                 "pin_wait_s")
+                 "pin_wait_s", "ffn_s")
         r["fill_other_s"] = max(r.get("fill_s", 0.0) - sum(r.get(k, 0.0) for k in parts), 0.0)
-    phases = ["import_s", "cuda_s", "start_s", "plan_s", "cache_alloc_s", "dense_upload_s",
+    phases = ["import_s", "cuda_s", "start_s", "plan_s", "cache_alloc_s", "ffn_s", "dense_upload_s",
               "model_build_s", "pin_wait_s", "cache_fill_s", "fill_other_s", "warmup_read_s",
               "warmup_load_s", "prompt_s"]
     x = range(len(keys))

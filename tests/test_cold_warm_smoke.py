@@ -26,7 +26,8 @@ def test_cold_warm_smoke(tmp_path):
         assert fig["warmup_s"] > 0 and fig["first_tokens_per_s"] > 0
         # fill_s's parts (PrefillEngine.timings) lie inside it; the warm-up splits into read + load
         parts = sum(fig[k] for k in ("plan_s", "cache_alloc_s", "cache_fill_s", "other_s",
-                                     "dense_upload_s", "model_build_s", "pin_wait_s"))
+                                     "dense_upload_s", "model_build_s", "pin_wait_s",
+                                     "ffn_s"))
         assert 0 < parts <= fig["fill_s"] + 1e-6
         assert fig["warmup_layers"] >= 1 and fig["warmup_read_s"] > 0
         assert abs(fig["warmup_read_s"] + fig["warmup_load_s"] - fig["warmup_s"]) < 1e-6

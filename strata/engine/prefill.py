@@ -194,8 +194,9 @@ class PrefillEngine:
             self._warm: set = set()       # the (chunk, ring, last chunk) warm-ups already read
             self.finite = FiniteGuard()   # NaN/Inf in a chunk fails the prompt, the layer named
             device_map = [dev for b, dev in zip(budgets, devices) for _ in b.layers]
-            self.model = load_model(pack, device=self.device, dtype=self.dtype,
-                                    ffn=self.finite.wrap(expert_ffn(cfg.ffn)),
+            ffn = self.finite.wrap(expert_ffn(cfg.ffn))   # imports the kernels' modules
+            clock.lap("ffn_s")
+            self.model = load_model(pack, device=self.device, dtype=self.dtype, ffn=ffn,
                                     device_map=device_map, timings=self.timings)
             clock.lap("dense_s")
             self.pinned = self.host.pinned or self.device.type != "cuda"   # waits for the blobs
@@ -264,7 +265,11 @@ class PrefillEngine:
         n = n_tokens if n_tokens <= C else C + (n_tokens % C or C)
         g = torch.Generator().manual_seed(seed)
         dry = torch.randint(0, self.shape.vocab, (n,), generator=g, dtype=torch.int64)
-        layers = (list(range(self.shape.n_layer)) if full else
+        # a dry prompt whose KV spills to host memory reads every layer: PromptKV stages each
+        # layer's host part, so it takes every layer's stage view
+        spills = self.uses_prompt_kv() and self.cfg.kv_resident is not None and \
+            n > self.cfg.kv_resident
+        layers = (list(range(self.shape.n_layer)) if full or spills else
                   warm_layers([p.layers for p in self.parts], self.layouts))
         saved = self.observers, self.model, self.parts
         self.observers = []

@@ -111,6 +111,9 @@ def test_warm_layers_takes_the_first_two_of_each_layout_per_participant():
     assert warm_layers([range(3)], lay, per=1) == [0]
 
 
+ONE = TOKENS[:CHUNK]   # one chunk: the warm layers' tests read as little as they can
+
+
 @pytest.fixture(scope="module")
 def pack4(tmp_path_factory):
     """The tiny shape with 4 layers: two the warm-up reads, two it skips."""
@@ -124,7 +127,7 @@ def test_warmup_reads_only_the_warm_layers_through_the_same_run(pack4):
     eng = streaming_engine(pack4)   # most experts stream: the warm layers' copies are visible
     n_layer = eng.shape.n_layer
     before, index = eng.cache.buffer.clone(), dict(eng.cache.index)
-    cold = eng.run(TOKENS, logits="last")
+    cold = eng.run(ONE, logits="last")
     seen = []
     real = eng.run
 
@@ -133,7 +136,7 @@ def test_warmup_reads_only_the_warm_layers_through_the_same_run(pack4):
         seen.append((type(eng.model).__name__, [list(p.layers) for p in eng.parts], res))
         return res
     eng.run = spy
-    eng.warmup(TOKENS.numel())
+    eng.warmup(ONE.numel())
     eng.run = real
     (kind, layers, res), = seen
     assert kind == "LayerSubset" and layers == [[0, 1]]
@@ -142,5 +145,15 @@ def test_warmup_reads_only_the_warm_layers_through_the_same_run(pack4):
     assert type(eng.model).__name__ != "LayerSubset" and list(eng.parts[0].layers) == list(
         range(n_layer)), "the warm-up puts the model and the parts back"
     assert torch.equal(eng.cache.buffer, before) and eng.cache.index == index
-    assert torch.equal(eng.run(TOKENS, logits="last").logits, cold.logits)
+    assert torch.equal(eng.run(ONE, logits="last").logits, cold.logits)
     assert eng.timings["warmup_layers"] == 2
+
+
+def test_a_warmup_whose_kv_spills_to_the_host_reads_every_layer(pack4):
+    """PromptKV stages every layer's host-held KV, so that dry prompt cannot skip layers."""
+    cfg = EngineConfig(vram=1 << 30, cache=6 * Pack.open(pack4).max_blob, chunk=CHUNK, ring=2,
+                       max_prompt=64, device="cpu", ffn="torch", kv="int8", kv_resident=4)
+    eng = PrefillEngine(pack4, cfg)
+    before = eng.cache.buffer.clone()
+    assert eng.warmup(ONE.numel()) > 0 and eng.timings["warmup_layers"] == eng.shape.n_layer
+    assert torch.equal(eng.cache.buffer, before)
