@@ -11,7 +11,8 @@ reads the prompt `--repeats` times. Per process:
             + start_s (the rest of strata's imports, the host blobs pinning on a thread beside
               them: pin_s is that thread's own wall time, pin_gbps its rate)
             + fill_s (PrefillEngine.__init__: plan_s, cache_alloc_s, dense_upload_s and
-              model_build_s, ffn_s (the FFN's kernel imports) still beside the pinning, pin_wait_s for what is left of it,
+              model_build_s, ffn_s (the FFN's kernel imports) still beside the pinning,
+              pin_wait_s for what is left of it,
               cache_fill_s, other_s; from PrefillEngine.timings) + warmup_s (warmup_read_s: the
               dry prompt's tokens through its warmup_layers at the warm rate; warmup_load_s: the
               rest, the one-time kernel compile/load) + prompt_s (the first timed prompt)
@@ -68,7 +69,8 @@ def child(a) -> int:
     host = HostExperts(pack.experts, sizes, pin=True, background=True)
     from strata.commands._args import resolve_experts
     from strata.engine.prefill import EngineConfig, PrefillEngine
-    import strata.kernels.moe, strata.kernels.decoded  # noqa: E401,F401 (the FFN's, beside the pinning)
+    import strata.kernels.decoded  # noqa: F401 (the FFN's modules, beside the pinning)
+    import strata.kernels.moe  # noqa: F401
     t_pin = time.time()
     cfg = EngineConfig(vram=a.vram, cache=a.cache, chunk=a.chunk, ring=a.ring,
                        max_prompt=a.prompt, reserve=a.reserve if a.reserve is not None else
@@ -141,7 +143,8 @@ def page_cache_read(path: Path) -> float:
     return time.perf_counter() - t0
 
 
-FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "import_s": "s", "cuda_s": "s",
+FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "import_s": "s",
+           "cuda_s": "s",
            "pin_s": "s", "fill_s": "s",
            "warmup_s": "s", "prompt_s": "s", "first_tokens_per_s": "tok/s",
            "warm_tokens_per_s": "tok/s", "first_over_warm": "fraction", "pin_gbps": "GB/s",
@@ -211,8 +214,9 @@ def measure(args, rec) -> None:
                       f"fill {r['fill_s']:.2f} [plan {r['plan_s']:.2f}, cache alloc "
                       f"{r['cache_alloc_s']:.2f}, cache fill {r['cache_fill_s']:.2f} at "
                       f"{r['cache_fill_gbps']:.0f} GB/s, dense {r['dense_upload_s']:.2f}, model "
-                      f"{r['model_build_s']:.2f}, ffn imports {r['ffn_s']:.2f}], warm-up {r['warmup_s']:.2f} [{r['warmup_layers']} "
-                      f"layers: read {r['warmup_read_s']:.2f}, load {r['warmup_load_s']:.2f}], prompt "
+                      f"{r['model_build_s']:.2f}, ffn imports {r['ffn_s']:.2f}], warm-up "
+                      f"{r['warmup_s']:.2f} [{r['warmup_layers']} layers: read "
+                      f"{r['warmup_read_s']:.2f}, load {r['warmup_load_s']:.2f}], prompt "
                       f"{r['prompt_s']:.2f}); first {r['first_tokens_per_s']:,.0f} tok/s vs warm "
                       f"{r['warm_tokens_per_s']:,.0f} -> {r['first_over_warm']:.2f}", flush=True)
     finally:

@@ -91,8 +91,8 @@ class HostExperts:
             if get is not None:
                 t = get(t)
             if t.dtype != torch.uint8 or t.numel() % size:
-                raise StrataError(f"layer {i}: expert blobs must be uint8 whole blobs of {size:,} B, "
-                                  f"got {t.dtype} x {t.numel():,}")
+                raise StrataError(f"layer {i}: expert blobs must be uint8 whole blobs of "
+                                  f"{size:,} B, got {t.dtype} x {t.numel():,}")
             t = t.reshape(-1, size)
             if want_pin and self.pin_error is None:
                 try:
