@@ -105,9 +105,9 @@ def child(a) -> int:
     dry = a.prompt if a.prompt <= C else C + (a.prompt % C or C)
     n_warm = eng.timings.get("warmup_layers", 0)
     out["warmup_layers"] = n_warm
-    out["warmup_read_s"] = (dry * n_warm / pack.shape.n_layer / out["warm_tokens_per_s"]
-                            if warm else 0.0)
-    out["warmup_load_s"] = max(warm - out["warmup_read_s"], 0.0)
+    read = dry * n_warm / pack.shape.n_layer / out["warm_tokens_per_s"] if warm else 0.0
+    out["warmup_read_s"] = min(read, warm)   # an estimate: at most the whole warm-up
+    out["warmup_load_s"] = warm - out["warmup_read_s"]
     out["cache_bytes"] = sum(p.cache.layout.nbytes for p in eng.parts)
     out["cache_fill_gbps"] = out["cache_bytes"] / max(out["cache_fill_s"], 1e-9) / 1e9
     out["pin_gbps"] = out["pack_bytes"] / max(out["pin_s"], 1e-9) / 1e9
