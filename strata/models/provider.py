@@ -118,14 +118,20 @@ class ResidentProvider:
         bases, total = [], 0
         for l, (blobs, lay) in enumerate(zip(layer_blobs, layouts)):
             n = blobs.numel()
+            if lay is None:   # a layer without routed experts: nothing to hold
+                bases.append(total)
+                continue
             if blobs.dtype != torch.uint8 or n % lay.size:
                 raise StrataError(f"layer {l}: expert tensor must be uint8 whole blobs of "
                                   f"{lay.size} B, got {blobs.dtype} of {n} elements")
             bases.append(total)
             total += (n + 255) // 256 * 256
         self.arena = torch.zeros(total, dtype=torch.uint8, device=device)
-        self.sets: list[ExpertSet] = []
+        self.sets: list[ExpertSet | None] = []
         for blobs, lay, base in zip(layer_blobs, layouts, bases):
+            if lay is None:
+                self.sets.append(None)
+                continue
             n = blobs.numel()
             self.arena[base:base + n].copy_(blobs.reshape(-1))
             n_exp = n // lay.size
@@ -188,6 +194,8 @@ class OnDemandProvider:
 
     def begin_layer(self, layer: int) -> None:
         lay = self.pack.layers[layer].layout
+        if lay is None:   # a dense layer: no experts to read
+            return
         blobs = self.pack.experts(layer).reshape(-1).to(self.device)
         offs = torch.arange(blobs.numel() // lay.size, dtype=torch.int64,
                             device=self.device) * lay.size
