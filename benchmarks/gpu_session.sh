@@ -45,6 +45,8 @@ for step in "$@"; do
     coldpack) ( time timeout 560 python3 -m strata.cli synth --preset qwen3-30b-a3b --quant Q8_0 --pack -o /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ) 2>&1 | grep -v "it/s\]" | tail -5 | tee "$OUT/cold_pack.log" ;;
     # the full-size pack file (MemoryPack.save, seconds) stays in /dev/shm for benchfull; `packrm` removes it
     coldwarm) ( time timeout 400 python3 experiments/cold_warm.py --keep --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm.log" ;;
+    # the start-up pieces on the GPU: bulk dense upload through pinned staging, background pinning, warm layers
+    readytests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_pinning.py tests/engine/test_host.py tests/engine/test_warm_trace.py 2>&1 | tail -8 > "$OUT/gpu_ready.log"; tail -3 "$OUT/gpu_ready.log" ;;
     benchfull) timeout 200 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192,32768 -r 3 --vram 12GiB --trace "$OUT/bench_trace.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_full.csv" | tail -12 ;;
     packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
     moeffn)  timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_ffn.py 2>&1 | tail -20 > "$OUT/gpu_moe_ffn.log"; tail -5 "$OUT/gpu_moe_ffn.log" ;;
