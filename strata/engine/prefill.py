@@ -186,7 +186,8 @@ class PrefillEngine:
                                    ParticipantScratch(p.name, dev, cache.buffer)))
         device_map = [part.device for part in self.parts for _ in part.layers]
         self._warm: set = set()       # the (chunk, ring, last chunk) warm-ups already read
-        self.finite = FiniteGuard()   # NaN/Inf in a chunk fails the prompt, the layer named
+        # NaN/Inf in a chunk fails the prompt, the layer named; read once after the prompt
+        self.finite = FiniteGuard(defer=True)
         self.model = load_model(pack, device=self.device, dtype=self.dtype,
                                 ffn=self.finite.wrap(expert_ffn(cfg.ffn)), device_map=device_map)
 
@@ -315,6 +316,7 @@ class PrefillEngine:
                 out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=kv,
                                          progress=(lambda n: bar.update(n - bar.n)) if bar else None,
                                          observer=self.finite.begin(self.shape.n_layer))
+                self.finite.check()   # the prompt's one host read of the finite flags
                 self._sync()
             except torch.cuda.OutOfMemoryError as e:
                 raise AllocationError(f"a device allocation failed mid-prompt ({_first_line(e)}); "

@@ -21,12 +21,28 @@ class ChunkStats:
     wait_marks: list = field(default_factory=list)   # (before, after) per compute stall
     copy_s: float = 0.0
     wait_s: float = 0.0
+    copy_span_s: float = 0.0   # first copy's start to the last copy's end (the copy lane's window)
+    # (routed bool [L, E] on the device, cached bool [L, E] on the host): read in settle(), so
+    # the chunk's routing never reaches the host while the prompt runs
+    pending: tuple | None = None
 
     def settle(self) -> None:
-        """Turn marks into seconds (after the device has synchronized)."""
+        """Turn marks into seconds and the routing into counts (after the device has
+        synchronized: nothing here waits on it)."""
         self.copy_s = sum(Lane.elapsed(a, b) for a, b in self.copy_marks)
         self.wait_s = sum(Lane.elapsed(a, b) for a, b in self.wait_marks)
+        if self.copy_marks:
+            self.copy_span_s = Lane.elapsed(self.copy_marks[0][0], self.copy_marks[-1][1])
         self.copy_marks, self.wait_marks = [], []
+        if self.pending is not None:
+            routed, cached = self.pending
+            routed = routed.cpu()
+            for layer in self.layers:
+                r = routed[layer]
+                self.hit_fraction.append(float(r.float().mean()))
+                self.routed += int(r.sum())
+                self.cache_hits += int((r & cached[layer]).sum())
+            self.pending = None
 
 
 @dataclass

@@ -77,9 +77,9 @@ class LaneTrace(EngineObserver):
         self._raw.append(("copy", part, self._chunk.get(part, 0), layer, start, done,
                           {"expert": expert, "bytes": nbytes}))
 
-    def on_pass(self, part, layer, index, begin, end, wait) -> None:
+    def on_pass(self, part, layer, index, begin, end, wait, ahead: int = 0) -> None:
         c = self._chunk.get(part, 0)
-        self._raw.append(("passes", part, c, layer, begin, end, {"pass": index}))
+        self._raw.append(("passes", part, c, layer, begin, end, {"pass": index, "ahead": ahead}))
         if wait is not None:
             self._raw.append(("waits", part, c, layer, wait[0], wait[1], {"pass": index}))
 
