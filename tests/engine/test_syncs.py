@@ -1,0 +1,165 @@
+"""A chunk's layers and passes are enqueued without the host waiting on the device.
+
+The region watched is one whole chunk of the streaming engine: from the provider's begin_chunk
+through the chunk's layers (attention, routing, every pass's copies and expert GEMMs, the finite
+guard's marks, the observers) to its end_chunk. Cases and why:
+- CPU, stream mode, the Triton FFNs ("kernel" fused, "decoded" decode-once): strata.engine.syncs'
+  SyncGuard records every host read strata code makes (.item/.tolist/bool/.cpu/nonzero/...):
+  none may happen; a ring of 4 < E makes several passes per layer (the path that synced per pass)
+  and 8 tokens in chunks of 4 make two chunks (the boundary that synced per chunk);
+- CPU, stage mode: exactly one declared read per layer (which experts to copy), nothing else;
+- GPU: the device's own check, torch.cuda.set_sync_debug_mode("error") around every chunk of a
+  streamed prompt (stream mode; stage mode lifts it only inside its declared reads).
+The guard itself must catch what it claims (a test feeds it each pattern).
+"""
+import contextlib
+
+import pytest
+import torch
+
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.engine.provider import StreamingProvider
+from strata.engine.syncs import SyncGuard, host_read
+from strata.packs.synth import ExpertFormats, synth_pack
+from strata.shapes import get_preset
+
+SHAPE = get_preset("tiny")     # L=2, D=64, E=8, K=2, F=32
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    return synth_pack(tmp_path_factory.mktemp("s") / "tiny.pack", SHAPE,
+                      ExpertFormats.of("Q8_0", down="Q4_0"), progress=False)
+
+
+@contextlib.contextmanager
+def watched_chunks(monkeypatch, enter, leave):
+    """Run `enter()` as each chunk begins and `leave()` after it ends (the provider's calls)."""
+    begin, end = StreamingProvider.begin_chunk, StreamingProvider.end_chunk
+
+    def begin_chunk(self, start, n):
+        enter()
+        begin(self, start, n)
+
+    def end_chunk(self):
+        try:
+            end(self)
+        finally:
+            leave()
+    monkeypatch.setattr(StreamingProvider, "begin_chunk", begin_chunk)
+    monkeypatch.setattr(StreamingProvider, "end_chunk", end_chunk)
+    yield
+
+
+def guarded_run(pack, monkeypatch, *, device="cpu", ffn="kernel", ring=4, chunk=4, n=8,
+                **kw):
+    from strata.packs import Pack
+    blob = Pack.open(pack).max_blob
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=16 * blob, ring=ring, chunk=chunk,
+                                           max_prompt=n, device=device, ffn=ffn, **kw))
+    tok = torch.randint(0, SHAPE.vocab, (n,), generator=torch.Generator().manual_seed(2))
+    guards: list[SyncGuard] = []
+
+    def enter():
+        guards.append(SyncGuard().__enter__())
+
+    def leave():
+        guards[-1].__exit__(None, None, None)
+    with watched_chunks(monkeypatch, enter, leave):
+        res = eng.run(tok, logits="last")
+    return res, guards
+
+
+@pytest.mark.parametrize("ffn", ["kernel", "decoded"])
+def test_stream_mode_chunks_never_read_the_device(pack, monkeypatch, ffn):
+    res, guards = guarded_run(pack, monkeypatch, ffn=ffn)
+    assert {c.mode for c in res.stats.chunks} == {"stream"} and len(guards) == 2
+    assert res.stats.bytes_streamed > 0
+    for g in guards:
+        assert not g.caught, g.report()
+        assert not g.declared
+    # the statistics still arrive, read once the prompt synchronized
+    assert res.stats.routed > 0 and all(len(c.hit_fraction) == SHAPE.n_layer
+                                        for c in res.stats.chunks)
+
+
+def test_stage_mode_reads_once_per_layer_and_declares_it(pack, monkeypatch):
+    monkeypatch.setenv("STRATA_STREAM_ALL_MIN", "1000")   # every chunk is "small": STAGE
+    res, guards = guarded_run(pack, monkeypatch, ring=None)
+    assert res.ring == "STAGE" and len(guards) == 2
+    for g in guards:
+        assert not g.caught, g.report()
+        assert g.declared == ["stage: the layer's routed experts"] * SHAPE.n_layer
+
+
+def test_the_guard_catches_each_pattern():
+    """Each way a host can wait on a tensor, made from strata code (this guard only reports
+    strata's own frames: torch internals and the Triton interpreter read tensors too)."""
+    import strata.kernels.routing as r
+    ids = torch.tensor([[0, 1], [2, 1]])
+    with SyncGuard() as g:          # the checking grouping reads its counts once, by design
+        r.group_blocked(ids, 3, 16)
+    assert [c.call for c in g.caught] == ["Tensor.tolist"], g.report()
+    assert g.caught[0].where.endswith(f"routing.py:{_line_of(r.group_blocked, '.tolist()')}")
+    with SyncGuard() as g:
+        r.group_blocked_bounded(ids, 3, 16, max_blocks=3)
+        with host_read("a declared read"):
+            r.group_blocked(ids, 3, 16)
+    assert not g.caught and g.declared == ["a declared read"]
+    # patterns in a strata module's frame: run code compiled as if it lived in one
+    src = ("def f(t, m):\n"
+           "    out = [t.sum().item(), t.tolist(), bool(t.any()), int(t[0]), float(t[0]),\n"
+           "           t.cpu(), torch.nonzero(t), torch.unique(t), t[m], torch.bincount(t),\n"
+           "           torch.repeat_interleave(t, t)]\n"
+           "    t[m] = 0\n"
+           "    return out\n")
+    scope = {"__name__": "strata.probe", "torch": torch}
+    exec(compile(src, "strata/probe.py", "exec"), scope)
+    t = torch.tensor([1, 2])
+    with SyncGuard() as g:
+        scope["f"](t, t > 1)
+    calls = [c.call for c in g.caught]
+    for want in ("Tensor.item", "Tensor.tolist", "Tensor.__bool__", "Tensor.__int__",
+                 "Tensor.__float__", "Tensor.cpu", "torch.nonzero", "torch.unique",
+                 "Tensor.__getitem__", "torch.bincount", "torch.repeat_interleave",
+                 "Tensor.__setitem__"):
+        assert want in calls, (want, calls)
+
+
+def _line_of(fn, text: str) -> int:
+    import inspect
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, l in enumerate(lines) if text in l)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ffn", ["kernel", "decoded", "auto"])
+def test_no_cuda_sync_inside_a_chunk(tmp_path, monkeypatch, ffn):
+    """The device's own count: any cudaStreamSynchronize / blocking copy inside a chunk raises."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (runs on the GPU machine)")
+    small = get_preset("small")          # L=4, D=256, E=16, K=4, F=128
+    pk = synth_pack(tmp_path / "small.pack", small, ExpertFormats.of("Q8_0", down="Q4_0"),
+                    progress=False)
+    from strata.packs import Pack
+    blob = Pack.open(pk).max_blob
+    eng = PrefillEngine(pk, EngineConfig(vram=1 << 30, cache=20 * blob, ring=6, chunk=96,
+                                         max_prompt=300, ffn=ffn))
+    tok = torch.randint(0, small.vocab, (300,), generator=torch.Generator().manual_seed(1))
+    eng.warmup(300)                       # compiles outside the watched region
+    chunks = []
+
+    def enter():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        chunks.append(1)
+
+    def leave():
+        torch.cuda.set_sync_debug_mode(0)
+    try:
+        with watched_chunks(monkeypatch, enter, leave):
+            res = eng.run(tok, logits="last")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert {c.mode for c in res.stats.chunks} == {"stream"} and len(chunks) == 4
+    assert res.stats.bytes_streamed > 0
