@@ -163,3 +163,45 @@ def test_no_cuda_sync_inside_a_chunk(tmp_path, monkeypatch, ffn):
         torch.cuda.set_sync_debug_mode(0)
     assert {c.mode for c in res.stats.chunks} == {"stream"} and len(chunks) == 4
     assert res.stats.bytes_streamed > 0
+
+
+def test_copies_run_one_pass_ahead(pack):
+    """At every pass, the copy lane already holds the next pass's copies: with G = R/2 experts a
+    pass, at least min(copies left after the pass, R - G) beyond the pass's own (the other half
+    of the ring; a pass of cached experts has the whole ring queued), and the trace shows each
+    pass's count as its counter track."""
+    from strata.engine.observe import EngineObserver
+    from strata.engine.trace import LaneTrace
+    from strata.memory.layout import pass_experts
+    from strata.packs import Pack
+
+    class Ahead(EngineObserver):
+        def __init__(self):
+            self.chunks = []
+
+        def on_chunk(self, part, start, n, mark):
+            self.chunks.append({"copies": 0, "passes": []})
+
+        def on_copy(self, part, layer, expert, nbytes, start, done):
+            self.chunks[-1]["copies"] += 1
+
+        def on_pass(self, part, layer, index, begin, end, wait, ahead=0):
+            c = self.chunks[-1]
+            c["passes"].append((c["copies"], ahead))   # (copies issued so far, ahead)
+    R = 4
+    blob = Pack.open(pack).max_blob
+    obs, trace = Ahead(), LaneTrace()
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=16 * blob, ring=R, chunk=4,
+                                           max_prompt=8, device="cpu", ffn="ref"),
+                        observers=[obs, trace])
+    eng.run(torch.arange(8) % SHAPE.vocab, logits="none")
+    G = pass_experts(R)
+    assert G == R // 2
+    for c in obs.chunks:
+        total = c["copies"]
+        assert total > G and len(c["passes"]) > 2
+        for issued, ahead in c["passes"]:
+            left = total - (issued - ahead)      # copies not yet read by an earlier pass
+            assert ahead >= min(left - G, R - G) and ahead >= 0, (issued, ahead, total)
+    counters = [e["args"]["copies"] for e in trace.chrome()["traceEvents"] if e["ph"] == "C"]
+    assert counters == [a for c in obs.chunks for _, a in c["passes"]]
