@@ -118,7 +118,9 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     check: True — one host sync per call validates the ids and the slot table (StrataError naming
     what is wrong) and sizes the grid exactly; False — no host sync at all: the caller vouches
     that ids lie in [-1, E) and every routed expert is resident and 256-byte aligned, the grid is
-    the plan's bound (LaunchPlan.max_blocks) and the kernel reads the block count on the device.
+    the plan's bound (LaunchPlan.max_blocks) and the kernel reads the block count on the device
+    (data-parallel programs past it exit at once: a pass over 1/p of a layer's experts launches
+    about p times the programs it uses; stream-k's P programs split the real count).
 
     combine (how the per-assignment rows yk [T·K, D] become y = sum over K):
     - "pass": this call's rows alone (rows of id -1 count zero; with check=False, not knowing
