@@ -3,7 +3,8 @@
 The region watched is one whole chunk of the streaming engine: from the provider's begin_chunk
 through the chunk's layers (attention, routing, every pass's copies and expert GEMMs, the finite
 guard's marks, the observers) to its end_chunk. Cases and why:
-- CPU, stream mode, the Triton FFNs ("kernel" fused; "decoded" decode-once, with the engine's
+- CPU, stream mode, the Triton FFNs ("kernel" fused, whose logits also equal the all-resident
+  forward's bit for bit; "decoded" decode-once, with the engine's
   PromptKV holding int8 KV partly in host memory, so its copies and chunk attention are watched
   too): strata.engine.syncs' SyncGuard records every host read strata code makes
   (.item/.tolist/bool/.cpu/nonzero/...):
@@ -54,7 +55,7 @@ def watched_chunks(monkeypatch, enter, leave):
 
 
 def guarded_run(pack, monkeypatch, *, device="cpu", ffn="kernel", ring=4, chunk=4, n=8,
-                **kw):
+                logits="last", **kw):
     from strata.packs import Pack
     blob = Pack.open(pack).max_blob
     eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=16 * blob, ring=ring, chunk=chunk,
@@ -68,14 +69,34 @@ def guarded_run(pack, monkeypatch, *, device="cpu", ffn="kernel", ring=4, chunk=
     def leave():
         guards[-1].__exit__(None, None, None)
     with watched_chunks(monkeypatch, enter, leave):
-        res = eng.run(tok, logits="last")
+        res = eng.run(tok, logits=logits)
     return res, guards
 
 
-@pytest.mark.parametrize("ffn,kv", [("kernel", {}), ("decoded", {"kv": "int8", "kv_resident": 4})],
-                         ids=["kernel", "decoded-int8kv"])
-def test_stream_mode_chunks_never_read_the_device(pack, monkeypatch, ffn, kv):
-    res, guards = guarded_run(pack, monkeypatch, ffn=ffn, **kv)
+def test_decoded_ffn_and_int8_kv_chunks_never_read_the_device(pack, monkeypatch):
+    kv = {"kv": "int8", "kv_resident": 4}
+    res, guards = guarded_run(pack, monkeypatch, ffn="decoded", **kv)
+    _check_clean(res, guards, kv)
+
+
+def test_stream_mode_chunks_never_read_the_device(pack, monkeypatch):
+    """The fused FFN: no host read inside a chunk, and bit for bit the all-resident forward: with
+    bf16 activations and data-parallel tiles, a layer's passes leave their rows in one yk summed
+    once over K (not masked and summed per pass), so y rounds from the same fp32 sums as the
+    resident read's."""
+    from strata.kernels import pin_tile
+    from strata.models.load import load_model, resident_provider
+    from strata.models.moe import expert_ffn
+    with pin_tile(schedule="dp"):
+        res, guards = guarded_run(pack, monkeypatch, logits="all", dtype=torch.bfloat16)
+        _check_clean(res, guards, {})
+        model = load_model(pack, dtype=torch.bfloat16, ffn=expert_ffn("kernel"))
+        tok = torch.randint(0, SHAPE.vocab, (8,), generator=torch.Generator().manual_seed(2))
+        want = model.prefill(tok, resident_provider(pack), chunk=4)
+    assert torch.equal(res.logits, want)
+
+
+def _check_clean(res, guards, kv):
     assert {c.mode for c in res.stats.chunks} == {"stream"} and len(guards) == 2
     assert res.stats.bytes_streamed > 0 and (res.kv_streamed > 0) == bool(kv)
     for g in guards:
