@@ -58,7 +58,7 @@ class HostExperts:
             it = tqdm(list(it), desc="pinning experts" if want_pin else "loading experts",
                       unit="layer", leave=False)
         for i, (t, size) in enumerate(it):
-            if layers is not None and i not in layers:
+            if (layers is not None and i not in layers) or size == 0:  # not ours, or dense
                 self.layers.append(torch.empty(0, size, dtype=torch.uint8))
                 continue
             if get is not None:

@@ -282,6 +282,7 @@ class PrefillEngine:
         memory: list[Borrowed] = []
         kv = None
         stages: dict[int, torch.Tensor] = {}
+        kv_scratch: dict[int, object] = {}    # layer -> AttnScratch of its participant's carve
         try:
             providers = []
             for part, pp in zip(self.parts, plan.participants):
@@ -297,6 +298,8 @@ class PrefillEngine:
                     o.on_loan(part, pp.bytes_needed, loans[-1])
                 if "kv_stage" in bufs.bufs:
                     stages.update({l: bufs["kv_stage"] for l in part.layers})
+                if "kv_expand_k" in bufs.bufs:
+                    kv_scratch.update({l: attn_scratch(bufs, self.shape) for l in part.layers})
                 if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
                     part.scratch.publish(carve.tail())
                 providers.append(StreamingProvider(
@@ -310,6 +313,8 @@ class PrefillEngine:
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
             kv = self.prompt_kv(T, stages)
+            if kv is not None:      # each layer's int8 expansion scratch, from its carve
+                kv.scratch = kv_scratch
             self._sync()
             t0 = time.perf_counter()
             try:
@@ -342,7 +347,7 @@ class PrefillEngine:
             kv_streamed = kv.streamed if kv is not None else 0
             if kv is not None:
                 kv.release()      # the resident and the pinned host KV go with the prompt
-            del kv, stages
+            del kv, stages, kv_scratch
         result = PrefillResult(out, plan, chunk, ring, stats, memory, kv_streamed)
         for o in self.observers:
             o.on_result(result)
@@ -361,6 +366,9 @@ class PrefillEngine:
         if not self.uses_prompt_kv():
             return None
         s = self.shape
+        if s.mla:   # PromptKV holds per-head keys and values; MLA caches one latent a token
+            raise StrataError(f"--kv-resident is not implemented for MLA ({s.arch}); its KV "
+                              f"(the bf16 latent + rope key) stays resident: drop --kv-resident")
         host_kv = s.n_layer * self.sizes.kv_host(n_tokens)
         check_kv_host(host_kv, sum(len(p.layers) for p in self.parts) * self.sizes.kv_bytes(
             n_tokens), sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
@@ -386,6 +394,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
                               f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
                               f"memory; give a smaller --cache or more --vram")
     kv = kv_policy(cfg)
+    shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
     sizes = model_sizes(shape, kv=kv)
     layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv), cfg.batch)
     fused = use_fused(native, cfg.fused)
@@ -405,6 +414,15 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
         if cap < min(b.cache for b in budgets):
             parts, budgets = participants(sizes, blob_sizes, vram, cache=cap, **kw)
     return parts, budgets, layout, fused
+
+
+def attn_scratch(bufs, shape):
+    """The int8 attention's AttnScratch over a carve's kv_expand_k / kv_expand_v (/ attn_state)
+    buffers (strata.planning.KV_EXPAND_BUFS)."""
+    from strata.kernels.attention import AttnScratch
+    kv = (shape.n_kv_head, shape.head_dim)
+    return AttnScratch(bufs["kv_expand_k"].view(-1, *kv), bufs["kv_expand_v"].view(-1, *kv),
+                       bufs.bufs.get("attn_state"))
 
 
 def kv_policy(cfg: EngineConfig) -> KVPolicy:

@@ -86,9 +86,10 @@ class StreamingProvider:
         self.arena = cache.buffer
         self.ring = ring                                       # uint8 [R, stride]
         self.R, self.stride = ring.shape
-        if self.stride < max(l.size for l in self.layouts):
+        biggest = max(l.size for l in self.layouts if l is not None)
+        if self.stride < biggest:
             raise StrataError(f"ring slots of {self.stride:,} B cannot hold a "
-                              f"{max(l.size for l in self.layouts):,} B blob")
+                              f"{biggest:,} B blob")
         base = ring.data_ptr() - self.arena.data_ptr()
         if not 0 <= base <= self.arena.numel() - self.R * self.stride:
             raise StrataError("the ring must be a view inside the expert cache's buffer")
@@ -102,6 +103,8 @@ class StreamingProvider:
         self.E = n_expert
         self.mode = mode
         self.layers = list(layers) if layers is not None else list(range(len(self.layouts)))
+        # the layers that route to experts (a leading dense layer streams nothing)
+        self.moe_layers = [l for l in self.layers if self.layouts[l] is not None]
         self.n_layer = len(self.layouts)
         self.G = pass_experts(self.R, batch)   # the layout sizes its per-pass buffers for it
         self.lane = lane or Lane(self.arena.device)
@@ -172,7 +175,7 @@ class StreamingProvider:
 
     def begin_chunk(self, start: int, n_tokens: int) -> None:
         self.chunk_stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode,
-                                      layers=self.layers)
+                                      layers=self.moe_layers)
         self.queue: list[tuple[int, int]] = []
         self.ready: list = []
         self.pass_tables: dict[int, tuple[torch.Tensor, list]] = {}
@@ -180,7 +183,7 @@ class StreamingProvider:
         dev = self.arena.device
         # Cached experts of each layer (the loan has already evicted what it borrowed).
         self.cached_offsets = torch.full((self.n_layer, self.E), -1, dtype=torch.int64)
-        self.cached_list: dict[int, list[tuple[int, int]]] = {l: [] for l in self.layers}
+        self.cached_list: dict[int, list[tuple[int, int]]] = {l: [] for l in self.moe_layers}
         for (layer, e), slot in sorted(self.cache.index.items()):
             off = self.cache.layout.slot_offset[slot]
             self.cached_offsets[layer, e] = off
@@ -193,7 +196,7 @@ class StreamingProvider:
             for o in self.observers:
                 o.on_chunk(self.name, start, n_tokens, mark)
         if self.mode == STREAM:
-            for layer in self.layers:
+            for layer in self.moe_layers:
                 self._queue_layer(layer, range(self.E))
         self._pump()
 

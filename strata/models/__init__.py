@@ -9,6 +9,9 @@
     observe.py    observers of a forward (routing, residual) and RouteRecorder
     decoder.py    the chunk loop every wiring shares
     qwen3moe.py   Qwen3-MoE: wires the above
+    family.py     the DeepSeek / GLM-4.5 decoder: leading dense layers, shared experts (ffn.py),
+                  grouped sigmoid routing (routing.py); glm4moe.py (GQA with bias, partial
+                  RoPE) and deepseek.py (MLA attention, mla.py) wire it
     registry.py   arch name -> wiring;  load.py  a model and its provider from a pack
 """
 from strata.models.provider import ExpertProvider, LayerWorkspace, Pass, ResidentProvider

@@ -52,7 +52,7 @@ class AttentionShape:
 def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torch.Tensor,
               sin: torch.Tensor, cache: KVCache | PromptKV, layer: int) -> torch.Tensor:
     """x [T, D] (already normed) at positions P..P+T-1 -> [T, D]; appends k, v to `cache`."""
-    T, P = x.shape[0], cache.length
+    T = x.shape[0]
     q = (x @ w.wq.t()).view(T, s.n_head, s.head_dim)                 # [T, H, hd]
     k = (x @ w.wk.t()).view(T, s.n_kv_head, s.head_dim)              # [T, Hkv, hd]
     v = (x @ w.wv.t()).view(T, s.n_kv_head, s.head_dim)
@@ -62,11 +62,20 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
         k = rms_norm(k, w.k_norm, s.norm_eps)
     q = apply_rope(q.transpose(0, 1), cos, sin)                      # [H, T, hd]
     k = apply_rope(k.transpose(0, 1), cos, sin)                      # [Hkv, T, hd]
+    return attend(q, k, v, cache, layer).reshape(T, s.n_head * s.head_dim) @ w.wo.t()
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PromptKV,
+           layer: int) -> torch.Tensor:
+    """q [H, T, hd], k [Hkv, T, hd] (normed, rotated), v [T, Hkv, hd] of the chunk at positions
+    P..P+T-1 -> o [T, H, hd] in q's dtype; k, v join `cache` (the attention every GQA wiring
+    shares once its projections are done)."""
+    T, P = q.shape[1], cache.length
     if isinstance(cache, PromptKV):   # the engine's KV: bf16 or int8, resident + host-held
         bf = torch.bfloat16
         o = cache.attend(layer, q.transpose(0, 1).to(bf), k.transpose(0, 1).to(bf),
                          v.to(bf))                                   # [T, H, hd] bf16
-        return o.reshape(T, s.n_head * s.head_dim).to(x.dtype) @ w.wo.t()
+        return o.to(q.dtype)
     k_all, v_all = cache.extend(layer, k, v.transpose(0, 1))         # [Hkv, P+T, hd]
     # GQA without copying K/V per query head (enable_gqa: query head h reads kv head
     # h // (H / Hkv)). A later chunk's query i sits at P+i and sees keys 0..P+i: the causal
@@ -74,4 +83,4 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     mask = None if P == 0 else causal_lower_right(T, P + T)
     o = F.scaled_dot_product_attention(q[None], k_all[None], v_all[None], attn_mask=mask,
                                        is_causal=P == 0, enable_gqa=True)[0]  # [H, T, hd]
-    return o.transpose(0, 1).reshape(T, s.n_head * s.head_dim) @ w.wo.t()    # [T, D]
+    return o.transpose(0, 1)                                                  # [T, H, hd]

@@ -136,14 +136,20 @@ class ResidentProvider:
         bases, total = [], 0
         for l, (blobs, lay) in enumerate(zip(layer_blobs, layouts)):
             n = blobs.numel()
+            if lay is None:   # a layer without routed experts: nothing to hold
+                bases.append(total)
+                continue
             if blobs.dtype != torch.uint8 or n % lay.size:
                 raise StrataError(f"layer {l}: expert tensor must be uint8 whole blobs of "
                                   f"{lay.size} B, got {blobs.dtype} of {n} elements")
             bases.append(total)
             total += (n + 255) // 256 * 256
         self.arena = torch.zeros(total, dtype=torch.uint8, device=device)
-        self.sets: list[ExpertSet] = []
+        self.sets: list[ExpertSet | None] = []
         for blobs, lay, base in zip(layer_blobs, layouts, bases):
+            if lay is None:
+                self.sets.append(None)
+                continue
             n = blobs.numel()
             self.arena[base:base + n].copy_(blobs.reshape(-1))
             n_exp = n // lay.size
@@ -152,7 +158,7 @@ class ResidentProvider:
         self.n_layer = len(self.sets)
         # every expert of every layer is in its table; BlobLayout sizes are 256-byte multiples,
         # so each blob starts aligned (a hand-made layout that is not keeps the FFN's checks)
-        self.vouched = all(lay.size % 256 == 0 for lay in layouts)
+        self.vouched = all(lay.size % 256 == 0 for lay in layouts if lay is not None)
 
     @property
     def nbytes(self) -> int:
@@ -210,6 +216,8 @@ class OnDemandProvider:
 
     def begin_layer(self, layer: int) -> None:
         lay = self.pack.layers[layer].layout
+        if lay is None:   # a dense layer: no experts to read
+            return
         blobs = self.pack.experts(layer).reshape(-1).to(self.device)
         offs = torch.arange(blobs.numel() // lay.size, dtype=torch.int64,
                             device=self.device) * lay.size

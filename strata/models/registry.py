@@ -21,6 +21,8 @@ def register(name: str):
 
 def get_arch(name: str) -> type:
     import strata.models.qwen3moe  # noqa: F401  (registers itself)
+    import strata.models.glm4moe  # noqa: F401
+    import strata.models.deepseek  # noqa: F401
     try:
         return ARCHS[name]
     except KeyError:

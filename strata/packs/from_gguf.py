@@ -76,6 +76,9 @@ def gguf_shape(r, path) -> ModelShape:
 
 def _gguf_shape(r, path) -> ModelShape:
     arch = _field(r, "general.architecture")
+    from strata.packs import from_gguf_ds
+    if arch in from_gguf_ds.ARCHS:   # GLM-4.5, DeepSeek-V3 / Kimi-K2
+        return from_gguf_ds.gguf_shape_ds(r, path, _field, _rope_base)
     if arch != "qwen3moe":
         raise StrataError(f"{path} is a {arch!r} model; strata packs qwen3moe GGUF files")
     a = arch
@@ -231,9 +234,18 @@ class GGUFModel:
             if name in tensors:
                 _check_dense(tensors[name], shp)
                 self._dense[name] = _dense(tensors[name], shp)
+            elif name.endswith("attn_kv_b.weight"):   # deepseek2's k_b / v_b split, joined
+                from strata.packs.from_gguf_ds import join_kv_b
+                kvb = join_kv_b(shape, int(name.split(".")[1]), tensors, _dense)
+                if kvb is not None:
+                    self._dense[name] = kvb
         self.tied = "output.weight" not in self._dense
         self.layers, self._mats = [], []
         for i in range(shape.n_layer):
+            if not shape.is_moe_layer(i):   # a leading dense layer: no experts
+                self.layers.append(PackLayer.dense())
+                self._mats.append(None)
+                continue
             mats, fmts = layer_experts(tensors, i, shape, src)
             lay = BlobLayout.make(shape.d_model, shape.d_expert, *fmts)
             self.layers.append(PackLayer(lay, lay.size))
@@ -245,6 +257,8 @@ class GGUFModel:
         return assemble_blobs(self.layers[i].layout, *self._mats[i], self.shape.n_expert)
 
     def experts(self, i: int) -> torch.Tensor:
+        if self.layers[i].layout is None:
+            return torch.empty(self.shape.n_expert, 0, dtype=torch.uint8)
         return torch.from_numpy(self.blobs(i))
 
     def dense_names(self) -> list[str]:
