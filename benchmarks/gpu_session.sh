@@ -22,6 +22,10 @@ for step in "$@"; do
     enginetests) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine 2>&1 | tail -30 > "$OUT/gpu_engine_tests.log"; tail -8 "$OUT/gpu_engine_tests.log" ;;
     fmttests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_decode.py tests/kernels/test_moe_ffn.py -k "Q4_1 or Q5_1 or Q2_K or Q3_K or Q5_K or IQ4_XS or IQ3_XXS or IQ2_XXS or IQ2_XS or IQ2_S or IQ1_S or IQ1_M" 2>&1 | tail -30 > "$OUT/gpu_fmt_tests.log"; tail -8 "$OUT/gpu_fmt_tests.log" ;;
     fmtdequant) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_dequant.py -k "Q4_1 or Q5_1 or Q2_K or Q3_K or Q5_K or IQ4_XS or IQ3_XXS or IQ2_XXS or IQ2_XS or IQ2_S or IQ1_S or IQ1_M" 2>&1 | tail -30 > "$OUT/gpu_fmt_dequant.log"; tail -8 "$OUT/gpu_fmt_dequant.log" ;;
+    # issue 18 items 1-2: no host sync inside a chunk (set_sync_debug_mode "error"), and the overlap figure
+    synctests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_syncs.py 2>&1 | tail -20 > "$OUT/gpu_sync_tests.log"; tail -5 "$OUT/gpu_sync_tests.log" ;;
+    overlap8k)  timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap8k.log" ;;
+    overlap32k) timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 32768 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap32k.log" ;;
     prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;

@@ -192,7 +192,8 @@ class PrefillEngine:
                 caches.append(ExpertCache(p.cache, self.host.source, dev, fill=False))
             clock.lap("cache_alloc_s")
             self._warm: set = set()       # the (chunk, ring, last chunk) warm-ups already read
-            self.finite = FiniteGuard()   # NaN/Inf in a chunk fails the prompt, the layer named
+            # NaN/Inf in a chunk fails the prompt, the layer named; read once after the prompt
+            self.finite = FiniteGuard(defer=True)
             device_map = [dev for b, dev in zip(budgets, devices) for _ in b.layers]
             ffn = self.finite.wrap(expert_ffn(cfg.ffn))   # imports the kernels' modules
             clock.lap("ffn_s")
@@ -357,6 +358,7 @@ class PrefillEngine:
                 out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=kv,
                                          progress=(lambda n: bar.update(n - bar.n)) if bar else None,
                                          observer=self.finite.begin(self.shape.n_layer))
+                self.finite.check()   # the prompt's one host read of the finite flags
                 self._sync()
             except torch.cuda.OutOfMemoryError as e:
                 raise AllocationError(f"a device allocation failed mid-prompt ({_first_line(e)}); "

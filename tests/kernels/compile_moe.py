@@ -58,7 +58,7 @@ def gemm_sig(mode):
             "off1": "i32", "rb1": "i32", "off2": "i32", "rb2": "i32",
             "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
             "scratch_ptr": "*fp32", "tab_ptr": "*i32", "n_out": "i32", "n_in": "i32",
-            "n_tiles": "i32", "n_programs": "i32"}
+            "n_blocks_ptr": "*i32", "n_programs": "i32"}
 
 
 def main(argv=None) -> int:
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         sig = {"sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32",
                "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32",
                "tw_ptr": "*fp32", "scratch_ptr": "*fp32", "n_out": "i32", "n_in": "i32",
-               "n_tiles": "i32", "n_programs": "i32"}
+               "n_blocks_ptr": "*i32", "n_programs": "i32"}
         try:
             compile_one(k._moe_fixup_kernel, sig,
                         dict(MODE=mode, TOPK=8, BM=128, BN=64, BK=64, INTERP=False), 4, 3)
