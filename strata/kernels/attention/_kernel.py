@@ -3,6 +3,13 @@
 Legend: T chunk tokens, Pa / Pb prefix segment lengths, G query heads per kv head, hd head width,
 BM rows (token·G + head) per program, BN keys per step. Scores live in the log2 domain
 (qk_scale = sm_scale·log2 e, so exp2 gives the softmax's exp).
+
+Two optional pieces (constexprs, off by default: the plain kernel is unchanged), GPT-OSS's:
+WIN   a sliding window: row at absolute position p sees key at absolute position j only when
+      p - j < window (key tiles wholly before the block's window are never visited; a row's
+      running max stays -inf until its first visible key, so exp2 is taken against 0 then);
+SINKS a learned logit per query head joins each row's softmax denominator (not the output).
+Absolute positions: segment a's keys 0..Pa-1, b's Pa..Pa+Pb-1, the chunk's Pa+Pb+t.
 """
 import triton
 import triton.language as tl
@@ -26,10 +33,11 @@ def _mma(a, b, acc, INTERP: tl.constexpr):
 def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys, stride_t,
                  stride_st, row_tok, qk_scale, HD: tl.constexpr, BN: tl.constexpr,
                  INT8: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                 INTERP: tl.constexpr):
+                 INTERP: tl.constexpr, kpos0=0, row_abs=0, window=0, WIN: tl.constexpr = False):
     """One [BM, BN] step of the online softmax over keys n0..n0+BN of one segment.
     MASK: keys past n_keys are cut (a segment's last tile); CAUSAL: key n is seen by rows whose
-    token >= n (the chunk's diagonal tiles)."""
+    token >= n (the chunk's diagonal tiles); WIN: key n (absolute kpos0 + n) is seen by rows
+    at absolute row_abs only within the window."""
     offs_n = n0 + tl.arange(0, BN)                                   # [BN]
     offs_d = tl.arange(0, HD)                                        # [HD]
     kv_off = offs_n.to(tl.int64)[:, None] * stride_t + offs_d[None, :]   # [BN, HD]
@@ -52,9 +60,16 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys,
         s = tl.where(live[None, :], s, float("-inf"))
     if CAUSAL:
         s = tl.where(offs_n[None, :] <= row_tok[:, None], s, float("-inf"))
+    if WIN:
+        s = tl.where(row_abs[:, None] - (kpos0 + offs_n)[None, :] < window, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))                            # [BM]
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])                                  # [BM, BN] fp32
+    if WIN:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key seen yet
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+    else:
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])                              # [BM, BN] fp32
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if MASK:
@@ -75,17 +90,22 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys,
 @triton.jit
 def _attend_segment(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n_keys, stride_t,
                     stride_st, row_tok, qk_scale, HD: tl.constexpr, BN: tl.constexpr,
-                    INT8: tl.constexpr, INTERP: tl.constexpr):
-    """A prefix segment: every key is seen by every row; only its last tile is masked."""
+                    INT8: tl.constexpr, INTERP: tl.constexpr, kpos0=0, row_abs=0, lo_abs=0,
+                    window=0, WIN: tl.constexpr = False):
+    """A prefix segment: every key is seen by every row; only its last tile is masked. WIN:
+    tiles wholly before lo_abs - window + 1 (lo_abs: the block's first row) are skipped."""
     full = (n_keys // BN) * BN
-    for n0 in range(0, full, BN):
+    start = 0
+    if WIN:
+        start = (tl.maximum(lo_abs - window + 1 - kpos0, 0) // BN) * BN
+    for n0 in range(start, full, BN):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0,
                                      n_keys, stride_t, stride_st, row_tok, qk_scale, HD, BN,
-                                     INT8, False, False, INTERP)
+                                     INT8, False, False, INTERP, kpos0, row_abs, window, WIN)
     if full < n_keys:
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, full,
                                      n_keys, stride_t, stride_st, row_tok, qk_scale, HD, BN,
-                                     INT8, True, False, INTERP)
+                                     INT8, True, False, INTERP, kpos0, row_abs, window, WIN)
     return acc, m_i, l_i
 
 
@@ -98,7 +118,8 @@ def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, 
                            stride_bst, stride_bsh, qk_scale,
                            G: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, A_INT8: tl.constexpr, B_INT8: tl.constexpr,
-                           INTERP: tl.constexpr):
+                           INTERP: tl.constexpr, sinks_ptr=None, window=0,
+                           WIN: tl.constexpr = False, SINKS: tl.constexpr = False):
     # the last row blocks see the most chunk keys: start them first (shorter tail)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     hkv = tl.program_id(1)
@@ -114,27 +135,44 @@ def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, 
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     hkv64 = hkv.to(tl.int64)
+    t_min = (pid_m * BM) // G
+    P = Pa + Pb
+    row_abs = P + row_tok                                            # [BM] absolute positions
+    lo_abs = P + t_min
     # prefix segment a (older, e.g. streamed from the host), then b (the resident window)
     acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, ak_ptr + hkv64 * stride_ah,
                                     av_ptr + hkv64 * stride_ah, aks_ptr + hkv64 * stride_ash,
                                     avs_ptr + hkv64 * stride_ash, Pa, stride_at, stride_ast,
-                                    row_tok, qk_scale, HD, BN, A_INT8, INTERP)
+                                    row_tok, qk_scale, HD, BN, A_INT8, INTERP, 0, row_abs,
+                                    lo_abs, window, WIN)
     acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, bk_ptr + hkv64 * stride_bh,
                                     bv_ptr + hkv64 * stride_bh, bks_ptr + hkv64 * stride_bsh,
                                     bvs_ptr + hkv64 * stride_bsh, Pb, stride_bt, stride_bst,
-                                    row_tok, qk_scale, HD, BN, B_INT8, INTERP)
+                                    row_tok, qk_scale, HD, BN, B_INT8, INTERP, Pa, row_abs,
+                                    lo_abs, window, WIN)
     # the chunk itself: tiles every row sees whole, then the diagonal ones (causal mask)
-    t_min = (pid_m * BM) // G
     t_end = tl.minimum((pid_m * BM + BM - 1) // G + 1, T)
     full = ((t_min + 1) // BN) * BN
     kc = k_ptr + hkv64 * stride_ch
     vc = v_ptr + hkv64 * stride_ch
-    for n0 in range(0, full, BN):
+    c0 = 0
+    if WIN:
+        c0 = (tl.maximum(t_min - window + 1, 0) // BN) * BN
+    for n0 in range(c0, full, BN):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
-                                     row_tok, qk_scale, HD, BN, False, False, False, INTERP)
-    for n0 in range(full, t_end, BN):
+                                     row_tok, qk_scale, HD, BN, False, False, False, INTERP,
+                                     P, row_abs, window, WIN)
+    for n0 in range(tl.maximum(full, c0), t_end, BN):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
-                                     row_tok, qk_scale, HD, BN, False, True, True, INTERP)
+                                     row_tok, qk_scale, HD, BN, False, True, True, INTERP,
+                                     P, row_abs, window, WIN)
+    if SINKS:
+        # the sink's exp joins the denominator: rescale to the max of (row max, sink)
+        sk = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634   # log2 domain
+        m_f = tl.maximum(m_i, sk)
+        scale = tl.exp2(m_i - m_f)
+        acc = acc * scale[:, None]
+        l_i = l_i * scale + tl.exp2(sk - m_f)
     o = acc / l_i[:, None]
     o_off = row_tok.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     if o_ptr.dtype.element_ty == tl.bfloat16:

@@ -12,6 +12,9 @@ prefix: 0, 1 or 2 KVSegments, oldest first; their tokens precede the chunk's, in
 engine passes (host-streamed older KV in a staging buffer, the resident window) without joining
 them in memory. Query t sits at absolute position P + t and sees every prefix key and chunk keys
 0..t. Output [T, H, hd] bf16 (or `out`, bf16 or fp32, any strides with a unit last one).
+`window` W > 0 (a sliding layer): query t sees only keys at absolute positions j with
+P + t - j < W. `sinks` [H] fp32 (learned sink logits, GPT-OSS): each head's sink joins its rows'
+softmax denominator, o = sum_j e^{s_j} v_j / (e^{sink} + sum_j e^{s_j}).
 
 `chunk_attention` (Triton) and `chunk_attention_torch` (plain torch) share this signature.
 
@@ -68,6 +71,15 @@ class KVSegment:
         return self.k.float(), self.v.float()
 
 
+def _check_extras(q, window: int, sinks) -> None:
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        raise StrataError(f"window must be a whole number >= 0 (0: no window), got {window!r}")
+    if sinks is not None and (sinks.shape != (q.shape[1],) or sinks.device != q.device
+                              or not sinks.dtype.is_floating_point):
+        raise StrataError(f"sinks must be a float [H={q.shape[1]}] tensor on {q.device}; got "
+                          f"{sinks.dtype} {list(sinks.shape)} on {sinks.device}")
+
+
 def _check(q, k, v, prefix, out) -> tuple[int, int, int, int, list[KVSegment]]:
     """Shapes, dtypes and devices of one call -> (T, H, Hkv, hd, segments)."""
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
@@ -121,10 +133,13 @@ def _check(q, k, v, prefix, out) -> tuple[int, int, int, int, list[KVSegment]]:
 def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           prefix: tuple[KVSegment, ...] | list[KVSegment] = (), *,
                           sm_scale: float | None = None, out: torch.Tensor | None = None,
-                          tile: AttnTile | None = None) -> torch.Tensor:
-    """The reference: dequantize, concatenate, repeat kv heads for GQA, explicit causal mask over
-    [T, P + T], softmax in fp32. `tile` is accepted (and ignored) to keep the signature."""
+                          tile: AttnTile | None = None, window: int = 0,
+                          sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: dequantize, concatenate, repeat kv heads for GQA, explicit causal (and
+    window) mask over [T, P + T], the sink column, softmax in fp32. `tile` is accepted (and
+    ignored) to keep the signature."""
     T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
+    _check_extras(q, window, sinks)
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
     parts = [s.dequantized() for s in segs] + [(k.float(), v.float())]
     K = torch.cat([p[0] for p in parts]).repeat_interleave(H // Hkv, dim=1)   # [S, H, hd]
@@ -133,9 +148,17 @@ def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     P = S - T
     scores = torch.einsum("thd,shd->hts", q.float(), K) * scale              # [H, T, S]
     pos = torch.arange(S, device=q.device)
-    seen = pos[None, :] <= P + torch.arange(T, device=q.device)[:, None]      # [T, S]
+    qpos = P + torch.arange(T, device=q.device)[:, None]
+    seen = pos[None, :] <= qpos                                              # [T, S]
+    if window:
+        seen &= qpos - pos[None, :] < window
     scores = scores.masked_fill(~seen, float("-inf"))
-    o = torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), V)      # [T, H, hd] fp32
+    if sinks is not None:
+        col = sinks.float()[:, None, None].expand(H, T, 1)
+        probs = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    o = torch.einsum("hts,shd->thd", probs, V)                               # [T, H, hd] fp32
     if out is None:
         return o.to(torch.bfloat16)
     out.copy_(o)
@@ -151,10 +174,12 @@ def _strides(t: torch.Tensor, what: str) -> tuple[int, int]:
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     prefix: tuple[KVSegment, ...] | list[KVSegment] = (), *,
                     sm_scale: float | None = None, out: torch.Tensor | None = None,
-                    tile: AttnTile | None = None) -> torch.Tensor:
+                    tile: AttnTile | None = None, window: int = 0,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton kernel (see the module docstring). `tile` overrides the heuristic's tile (a pin,
     `pin_attn_tile`, does so for a whole block of code)."""
     T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
+    _check_extras(q, window, sinks)
     G = H // Hkv
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
     cfg = resolve_attn_tile(AttnProblem(T * G, hd), tile)
@@ -186,10 +211,15 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             seg_args.append(((s.k, s.v, dummy, dummy, s.length, *st, 0, 0), False))
     (a, a_int8), (b, b_int8) = seg_args
     grid = (triton_cdiv(T * G, cfg.BLOCK_M), Hkv)
+    extra = {}   # the window and the sinks only when asked for: the plain launch is unchanged
+    if window:
+        extra.update(window=window, WIN=True)
+    if sinks is not None:
+        extra.update(sinks_ptr=sinks.float().contiguous(), SINKS=True)
     _k._chunk_attn_fwd_kernel[grid](
         q, k, v, out, T, *st_q, *st_o, *st_c, *a, *b, scale * LOG2E,
         G=G, HD=hd, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, A_INT8=a_int8, B_INT8=b_int8, INTERP=INTERPRET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
     return out
 
 
