@@ -68,7 +68,7 @@ def _source(args):
     fmts = [q.strip() for q in quant.split(",")]
     if len(fmts) not in (1, 3):
         raise StrataError(f"--quant takes one TYPE or GATE,UP,DOWN, got {quant!r}")
-    layout = BlobLayout.make(shape.d_model, shape.d_expert, *fmts)
+    layout = BlobLayout.for_shape(shape, *fmts)
     name = f"{args.preset or 'qwen3-30b-a3b'} {quant.upper()}"
     return name, shape, {l: layout.size for l in range(shape.n_layer)}, True, [layout]
 
