@@ -65,9 +65,17 @@ def _proj(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Te
 def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, P: int,
                      window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [H, T, hd] at positions P.., k_all, v_all [Hkv, P+T, hd] -> o [H, T, hd] in q's dtype,
-    with an explicit mask (causal, the sliding window) and the sink column: the path for what
-    SDPA cannot express (sinks), in the model's own dtype."""
+    with the sliding window and the sink logits: what SDPA cannot express (sinks). bf16 on CUDA
+    runs strata's chunk_attention over the cache in place (flash-style, no [H, T, S] scores);
+    otherwise an explicit mask and sink column in the model's own dtype (the fp32 reference)."""
     H, T, hd = q.shape
+    if q.is_cuda and q.dtype == torch.bfloat16:
+        from strata.kernels.attention import KVSegment, chunk_attention
+        kt, vt = k_all.transpose(0, 1), v_all.transpose(0, 1)       # [P+T, Hkv, hd] views
+        prefix = [KVSegment(kt[:P], vt[:P])] if P else []
+        o = chunk_attention(q.transpose(0, 1), kt[P:], vt[P:], prefix, window=window,
+                            sinks=None if sinks is None else sinks.float())
+        return o.transpose(0, 1)
     G = H // k_all.shape[0]
     K = k_all.repeat_interleave(G, 0)                                # [H, S, hd]
     V = v_all.repeat_interleave(G, 0)

@@ -98,6 +98,20 @@ def main(head_dims) -> int:
             except Exception as exc:  # report every variant, then fail
                 fails += 1
                 print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
+    # GPT-OSS's layers (hd 64, G 8): the sliding window and the sinks, bf16 and int8 prefixes
+    if not head_dims or 64 in head_dims:
+        tile = choose_attn_tile(AttnProblem(2048 * 8, 64))
+        for a8, win, sinks in ((False, True, True), (False, False, True), (True, True, True)):
+            const = dict(G=8, HD=64, BM=tile.BLOCK_M, BN=tile.BLOCK_N, A_INT8=a8, B_INT8=a8,
+                         INTERP=False, WIN=win, SINKS=sinks)
+            sig = dict(signature(a8, a8), sinks_ptr="*fp32", window="i32")
+            what = f"hd=64 G=8 window={win} sinks={sinks} kv={'int8' if a8 else 'bf16'}"
+            try:
+                md, usage = compile_attention(sig, const, tile.num_warps, tile.num_stages)
+                print(f"ok   {what}: shared {md['shared']} B, {usage}")
+            except Exception as exc:
+                fails += 1
+                print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
     return 1 if fails else 0
 
 
