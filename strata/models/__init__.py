@@ -9,6 +9,9 @@
     observe.py    observers of a forward (routing, residual) and RouteRecorder
     decoder.py    the chunk loop every wiring shares
     qwen3moe.py   Qwen3-MoE: wires the above
+    mixtral.py    Mixtral: Qwen3-MoE's wiring without q/k norms
+    gpt_oss.py    GPT-OSS: biased router, attention biases + sinks + sliding layers, YaRN
+                  (adding one: docs/architectures.md)
     registry.py   arch name -> wiring;  load.py  a model and its provider from a pack
 """
 from strata.models.provider import ExpertProvider, LayerWorkspace, Pass, ResidentProvider
