@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU tests, then the benchmarks, results under $OUT.
-#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests|kvtests] [prefill] [formats] [kernels] [dequant] [slab] [split] [attn] [long] [dist] [dist2] [coldpack] [coldwarm] [benchcmd] [archtests] [arch]
+#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests|kvtests] [prefill] [formats] [kernels] [dequant] [slab] [split] [attn] [long] [dist] [dist2] [coldpack] [coldwarm] [benchfull] [packrm] [benchcmd] [moeffn] [archtests] [arch]
 # (the *tests steps are subsets of `tests`, which needs more than one call's time)
 # pytest gets no -q: the repo's addopts has one, a second hides the summary line.
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
@@ -41,8 +41,11 @@ for step in "$@"; do
     # sequential vs pipelined against the one-process split over cuda:0/cuda:1
     dist2)   timeout 590 python3 experiments/dist_ab.py --backend nccl --prompts 32768,131072 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/dist2_ab.log" ;;
     coldpack) ( time timeout 560 python3 -m strata.cli synth --preset qwen3-30b-a3b --quant Q8_0 --pack -o /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ) 2>&1 | grep -v "it/s\]" | tail -5 | tee "$OUT/cold_pack.log" ;;
-    coldwarm) ( time timeout 470 python3 experiments/cold_warm.py --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm.log"
-             rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
+    # the full-size pack file (MemoryPack.save, seconds) stays in /dev/shm for benchfull; `packrm` removes it
+    coldwarm) ( time timeout 400 python3 experiments/cold_warm.py --keep --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm.log" ;;
+    benchfull) timeout 200 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192,32768 -r 3 --vram 12GiB --trace "$OUT/bench_trace.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_full.csv" | tail -12 ;;
+    packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
+    moeffn)  timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_ffn.py 2>&1 | tail -20 > "$OUT/gpu_moe_ffn.log"; tail -5 "$OUT/gpu_moe_ffn.log" ;;
     benchcmd) timeout 120 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_warm_trace.py 2>&1 | tail -8 > "$OUT/gpu_warm_trace.log"; tail -3 "$OUT/gpu_warm_trace.log"
              timeout 100 python3 -m strata.cli synth --preset qwen3-30b-a3b --layers 8 --pack -o /dev/shm/b8.pack 2>&1 | tail -1
              timeout 200 python3 -m strata.cli bench /dev/shm/b8.pack -p 8192,32768 -r 3 --vram 6GiB --trace "$OUT/bench_trace.json" 2>&1 | grep -v "it/s\]" | tail -8 | tee "$OUT/bench_cmd.md"; rm -f /dev/shm/b8.pack ;;

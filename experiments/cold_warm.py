@@ -19,8 +19,10 @@ the pack file read once end to end from the page cache (an mmap loader's floor).
     python experiments/cold_warm.py                 # GPU: qwen3-30b-a3b Q8_0, --vram 12GiB, 8K/32K
     python experiments/cold_warm.py --smoke         # CPU: a tiny pack, seconds
 
-The GPU pack is written once to /dev/shm by `strata synth --preset qwen3-30b-a3b --pack` (its
-time is recorded as the `synth_s` figure; `--pack PATH` reuses a pack, `--keep` leaves it).
+The GPU pack is written once to /dev/shm by MemoryPack.save (the experts repeat a few distinct
+blobs, which no pinning, copy or kernel cost depends on; `--synth` draws every expert with
+`strata synth` instead, minutes). Its time is the `synth_s` figure; `--pack PATH` reuses a pack,
+`--keep` leaves it.
 Follows strata.bench: one long-format CSV (figures per arm and prompt, with commit and GPU) and a
 PNG (stacked time-to-ready phases per run, first vs warm tokens/s).
 """
@@ -136,12 +138,20 @@ def measure(args, rec) -> None:
         made = not pack.exists()
         if made:
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "strata.cli", "synth", "--preset", args.preset,
-                            "--quant", args.quant, "--pack", "-o", str(pack)], cwd=ROOT,
-                           check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            if args.synth:
+                subprocess.run([sys.executable, "-m", "strata.cli", "synth", "--preset",
+                                args.preset, "--quant", args.quant, "--pack", "-o", str(pack)],
+                               cwd=ROOT, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            else:
+                from strata.packs.memory import MemoryPack
+                from strata.packs.synth import ExpertFormats
+                from strata.shapes import get_preset
+                MemoryPack(get_preset(args.preset), ExpertFormats.of(args.quant), seed=0,
+                           device="cpu").save(pack, tokenizer=False)
             synth_s = time.perf_counter() - t0
             rec.add("synth_s", synth_s, "s", model=args.preset, quant=args.quant,
-                    bytes=pack.stat().st_size)
+                    bytes=pack.stat().st_size, writer="strata synth" if args.synth
+                    else "MemoryPack.save")
             print(f"wrote {pack} ({pack.stat().st_size / 1e9:.1f} GB) in {synth_s:.0f} s",
                   flush=True)
         extra = ["--vram", str(args.vram)]
@@ -236,6 +246,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pack", default="/dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack",
                     help="the pack file (written by strata synth when missing)")
     ap.add_argument("--keep", action="store_true", help="leave a pack this run wrote")
+    ap.add_argument("--synth", action="store_true",
+                    help="write a missing pack with `strata synth` (every expert drawn: minutes) "
+                         "instead of MemoryPack.save (repeated experts: seconds)")
     ap.add_argument("--vram", type=int, default=12 * GIB, help="bytes of VRAM (default 12 GiB)")
     ap.add_argument("--prompts", default="8192,32768")
     ap.add_argument("--arms", default="warm,nowarm",

@@ -81,6 +81,20 @@ class MemoryPack:
         base = self._base[self._fmts[i]]
         return base[i % len(base)][self._idx]
 
+    def save(self, path, progress: bool = True, tokenizer: bool = True):
+        """Write this model as a pack file (the same bytes a reader of this MemoryPack sees):
+        seconds for a full-size shape, where `strata synth --pack` draws every expert afresh
+        and takes minutes. For benchmarks that need a file (a fresh process opening it, the
+        page cache, pinning): the blobs repeat `distinct` experts, which no copy or kernel
+        cost depends on. `tokenizer=False` leaves synth's tokenizer out (a token-id-only pack)."""
+        from strata.packs.file import write_pack
+        from strata.packs.synth import synth_tokenizer
+        return write_pack(path, self.shape, dict(self._dense),
+                          [lambda i=i: self.experts(i) for i in range(self.shape.n_layer)],
+                          [pl.layout for pl in self.layers], native=True, source=self.source,
+                          progress=progress,
+                          tokenizer=synth_tokenizer(self.shape.vocab) if tokenizer else None)
+
     def dense_names(self) -> list[str]:
         return list(self._dense)
 

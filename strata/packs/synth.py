@@ -197,11 +197,19 @@ def _vocab(V: int) -> tuple[list[str], list[int], list[str], int]:
     return tokens, types, [f"{a} {b}" for a, b in pairs], V - len(SPECIALS)
 
 
-def synth_tokenizer(V: int) -> dict:
+def synth_tokenizer(V: int) -> dict | None:
     """synth's tokenizer as a pack entry: the GGUF metadata synth_gguf writes, rebuilt by the
     same transformers path a GGUF import takes (so synth_pack and synth_gguf -> pack agree)."""
     from strata.tokenize import ggml_tokenizer
     tokens, types, merges, _ = _vocab(V)
+    try:
+        import transformers.integrations.gguf as hf_gguf
+        hf_gguf.convert_gguf_tokenizer      # transformers >= 5.24 (strata[text])
+    except (ImportError, AttributeError):
+        # the weights do not need it: a pack without a tokenizer reads --tokens prompts
+        print("note: transformers >= 5.24 (pip install 'strata[text]') is not installed: the "
+              "synthetic pack carries no tokenizer and reads --tokens prompts", file=sys.stderr)
+        return None
     return ggml_tokenizer("qwen3moe", {"tokenizer_type": "gpt2", "pre_tokenizer_type": "qwen2",
                                        "tokens": tokens, "token_type": types, "merges": merges},
                           bos=None, source="synth")
