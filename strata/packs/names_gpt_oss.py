@@ -81,7 +81,14 @@ def _sliding(cfg: dict, n_layer: int, window: int, where) -> int:
     return 2
 
 
+MXFP4_HF = ("{where}: the experts are MXFP4 blocks (OpenAI's release format); convert the "
+            "checkpoint with llama.cpp's convert_hf_to_gguf.py and pack the GGUF (its MXFP4 "
+            "experts are kept byte for byte)")
+
+
 def hf_shape(cfg: dict, where) -> ModelShape:
+    if (cfg.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        raise StrataError(MXFP4_HF.format(where=where))
     try:
         H, L = cfg["num_attention_heads"], cfg["num_hidden_layers"]
         rp = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
@@ -129,9 +136,7 @@ def hf_experts(ts, i: int, s: ModelShape):
     E, D, F = s.n_expert, s.d_model, s.d_expert
     p = f"model.layers.{i}.mlp.experts."
     if p + "gate_up_proj_blocks" in ts:
-        raise StrataError(f"layer {i}'s experts are MXFP4 blocks (OpenAI's release format); "
-                          f"convert the checkpoint with llama.cpp's convert_hf_to_gguf.py and "
-                          f"pack the GGUF (its MXFP4 experts are kept byte for byte)")
+        raise StrataError(MXFP4_HF.format(where=f"layer {i}"))
     gu, dn = ts.get(p + "gate_up_proj"), ts.get(p + "down_proj")
     gub, dnb = ts.get(p + "gate_up_proj_bias"), ts.get(p + "down_proj_bias")
     want = ((E, D, 2 * F), (E, F, D), (E, 2 * F), (E, D))

@@ -183,3 +183,29 @@ def test_yarn_matches_transformers():
         want, want_attn = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
         got, attn = yarn_inv_freq(64, 150000.0, 32.0, 4096, 32.0, 1.0, truncate)
         assert torch.equal(got, want) and attn == pytest.approx(want_attn, rel=1e-12)
+
+
+def test_unreadable_sources_are_one_line(tmp_path, capsys):
+    """A dense llama GGUF (no experts) and OpenAI's MXFP4 safetensors release: exit 2, one line
+    saying what to do."""
+    import json
+
+    import gguf
+    w = gguf.GGUFWriter(str(tmp_path / "dense.gguf"), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert main(["pack", str(tmp_path / "dense.gguf"), "-o", str(tmp_path / "d.pack")]) == 2
+    assert "dense llama model" in capsys.readouterr().err
+    hf = tmp_path / "oss"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gpt_oss",
+                                                "quantization_config": {"quant_method": "mxfp4"}}))
+    assert main(["pack", str(hf), "-o", str(tmp_path / "o.pack")]) == 2
+    err = capsys.readouterr().err
+    assert "MXFP4 blocks" in err and "convert_hf_to_gguf" in err and len(err.splitlines()) == 1
