@@ -326,8 +326,9 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
                       offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, FMT1, FMT2, TWO, BM, BN, BK,
                       INTERP,
                       SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
-    b1 = _bias_ptr(arena_ptr, slot_ptr, e, boff1)
-    b2 = _bias_ptr(arena_ptr, slot_ptr, e, boff2)
+    f32 = tl.pointer_type(tl.float32)
+    b1 = (blob + boff1).to(f32, bitcast=True)   # the biases (read only with BIAS)
+    b2 = (blob + boff2).to(f32, bitcast=True)
     if SPLIT == 0:
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
                   tw_ptr, INTERP, b1, b2, alpha, limit, BIAS, ACT)
