@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: the GPU tests, then the benchmarks, results under $OUT.
-#   bash benchmarks/gpu_session.sh [tests|decodetests|kerneltests|enginetests|fmttests|fmtdequant|reltests|attntests|kvtests] [prefill] [formats] [kernels] [dequant] [slab] [split] [attn] [long] [dist] [dist2] [coldpack] [coldwarm] [benchfull] [packrm] [benchcmd] [moeffn] [archtests] [arch]
+#   bash benchmarks/gpu_session.sh STEP [STEP ...]      (the steps are the case labels below)
 # (the *tests steps are subsets of `tests`, which needs more than one call's time)
 # pytest gets no -q: the repo's addopts has one, a second hides the summary line.
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
@@ -22,6 +22,10 @@ for step in "$@"; do
     enginetests) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine 2>&1 | tail -30 > "$OUT/gpu_engine_tests.log"; tail -8 "$OUT/gpu_engine_tests.log" ;;
     fmttests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_decode.py tests/kernels/test_moe_ffn.py -k "Q4_1 or Q5_1 or Q2_K or Q3_K or Q5_K or IQ4_XS or IQ3_XXS or IQ2_XXS or IQ2_XS or IQ2_S or IQ1_S or IQ1_M" 2>&1 | tail -30 > "$OUT/gpu_fmt_tests.log"; tail -8 "$OUT/gpu_fmt_tests.log" ;;
     fmtdequant) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_dequant.py -k "Q4_1 or Q5_1 or Q2_K or Q3_K or Q5_K or IQ4_XS or IQ3_XXS or IQ2_XXS or IQ2_XS or IQ2_S or IQ1_S or IQ1_M" 2>&1 | tail -30 > "$OUT/gpu_fmt_dequant.log"; tail -8 "$OUT/gpu_fmt_dequant.log" ;;
+    # issue 18 items 1-2: no host sync inside a chunk (set_sync_debug_mode "error"), and the overlap figure
+    synctests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_syncs.py 2>&1 | tail -20 > "$OUT/gpu_sync_tests.log"; tail -5 "$OUT/gpu_sync_tests.log" ;;
+    overlap8k)  timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap8k.log" ;;
+    overlap32k) timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 32768 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap32k.log" ;;
     prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
@@ -30,8 +34,10 @@ for step in "$@"; do
     reltests) timeout 220 python3 -m pytest -rfE -p no:cacheprovider tests/packs/test_cli.py tests/test_bad_inputs.py tests/test_fuzz_headers.py 2>&1 | tail -20 > "$OUT/gpu_rel_tests.log"; tail -5 "$OUT/gpu_rel_tests.log"
              timeout 200 python3 -m strata.cli synth --preset qwen3-30b-a3b --layers 8 --pack -o /tmp/v8.pack 2>&1 | tail -1
              ( time python3 -m strata.cli verify /tmp/v8.pack ) 2>&1 | tail -5 | tee "$OUT/verify_time.log"; rm -f /tmp/v8.pack ;;
-    attn)    timeout 200 python3 experiments/attention_bench.py --out "$OUT" 2>&1 | tail -30 | tee "$OUT/attention_bench.log" ;;
-    attntests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_chunk_attention.py 2>&1 | tail -20 > "$OUT/gpu_attn_tests.log"; tail -5 "$OUT/gpu_attn_tests.log" ;;
+    attn)    timeout 230 python3 experiments/attention_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/attention_bench.log" ;;
+    attntests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_chunk_attention.py -k "not paths_agree and not pieces" 2>&1 | tail -20 > "$OUT/gpu_attn_tests.log"; tail -5 "$OUT/gpu_attn_tests.log" ;;
+    # issue 14: the two int8 paths against each other, pieces of a long prefix, PromptKV on CUDA
+    attnint8) timeout 220 python3 -m pytest -rfE -s -m gpu -p no:cacheprovider tests/kernels/test_chunk_attention.py tests/engine/test_kv_scratch.py -k "paths_agree or pieces" 2>&1 | grep -E "bit for bit|passed|failed|FAILED|Error|assert" | tail -25 > "$OUT/gpu_attn_int8_tests.log"; tail -12 "$OUT/gpu_attn_int8_tests.log" ;;
     long)    timeout 540 python3 experiments/long_prompt.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/long_prompt.log" ;;
     kvtests) timeout 200 python3 -m pytest -rfE -p no:cacheprovider tests/engine/test_kv.py tests/test_long_prompt_smoke.py 2>&1 | tail -20 > "$OUT/gpu_kv_tests.log"; tail -5 "$OUT/gpu_kv_tests.log" ;;
     split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 ;;
@@ -43,6 +49,8 @@ for step in "$@"; do
     coldpack) ( time timeout 560 python3 -m strata.cli synth --preset qwen3-30b-a3b --quant Q8_0 --pack -o /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ) 2>&1 | grep -v "it/s\]" | tail -5 | tee "$OUT/cold_pack.log" ;;
     # the full-size pack file (MemoryPack.save, seconds) stays in /dev/shm for benchfull; `packrm` removes it
     coldwarm) ( time timeout 400 python3 experiments/cold_warm.py --keep --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm.log" ;;
+    # the start-up pieces on the GPU: bulk dense upload through pinned staging, background pinning, warm layers
+    readytests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_pinning.py tests/engine/test_host.py tests/engine/test_warm_trace.py 2>&1 | tail -8 > "$OUT/gpu_ready.log"; tail -3 "$OUT/gpu_ready.log" ;;
     benchfull) timeout 200 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192,32768 -r 3 --vram 12GiB --trace "$OUT/bench_trace.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_full.csv" | tail -12 ;;
     packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
     moeffn)  timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_ffn.py 2>&1 | tail -20 > "$OUT/gpu_moe_ffn.log"; tail -5 "$OUT/gpu_moe_ffn.log" ;;
@@ -53,5 +61,10 @@ for step in "$@"; do
     archtests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_epilogue.py tests/kernels/test_chunk_attention_window.py tests/models/test_parity_archs.py 2>&1 | tail -12 > "$OUT/gpu_arch_tests.log"; tail -5 "$OUT/gpu_arch_tests.log" ;;
     # issue 19 item 4: gpt-oss-120b MXFP4 streamed under 24 GiB at 8K/32K vs PCIe, gpt-oss-20b resident
     arch)    timeout 470 python3 experiments/arch_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/arch_ab.log" ;;
+    # issue 20: the DeepSeek / GLM-4.5 family's GPU tests, MLA expanded vs absorbed, and a
+    # full-width DeepSeek-V3 pack (as many MoE layers as host memory holds) streamed at 8K/32K
+    familytests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla.py tests/models/test_family.py 2>&1 | tail -20 > "$OUT/gpu_family_tests.log"; tail -5 "$OUT/gpu_family_tests.log" ;;
+    mla)     timeout 200 python3 benchmarks/mla_bench.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/mla_bench.log" ;;
+    deepseek) timeout 560 python3 experiments/deepseek_stream.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/deepseek_stream.log" ;;
   esac
 done

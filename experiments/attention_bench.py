@@ -6,7 +6,14 @@ Hkv kv heads, G = H / Hkv, hd head width.
 One chunk's causal GQA attention o [T, H, hd] over P prefix keys and its own T (query t sees keys
 0..P+t). Arms:
 - strata: chunk_attention (strata.kernels.attention), prefix bf16 or int8 + per-token-per-head
-  scales (the int8 rows reuse the bf16 rows' SDPA arms: SDPA cannot read int8).
+  scales (the int8 rows reuse the bf16 rows' SDPA arms: SDPA cannot read int8). int8 runs both
+  paths (config "int8"): "kernel" converts each int8 tile in the attention loop; "dequant"
+  (the default) dequantizes the prefix to plain bf16 first and runs the bf16 kernel; "expand"
+  expands the codes to bf16 first (into a scratch of the engine's size, EXPAND_ROWS rows: a
+  longer prefix goes in pieces that carry the softmax state), the expansion inside the timing.
+  Its rows also give `expand_ms` (the expansion passes alone), `expand_share` (their part of
+  the expand path's time) and `vs_bf16` (tokens/s against the bf16 prefix: issue 14's target
+  is >= 0.95).
 - sdpa-causal (P = 0): SDPA is_causal=True over the chunk (flash attention).
 - sdpa-mask (P > 0): SDPA with an explicit boolean [T, S] mask (bottom-right causal): what a
   framework does for L != S causal; it leaves the flash kernel.
@@ -22,7 +29,8 @@ chunk_attention_torch (the last ones as a chunk of 64 over the prefix plus the c
 same keys) and, where the masked SDPA runs, all rows against it; normalized error < REL each.
 
     python experiments/attention_bench.py            # T {2048, 8192, 16384} x P {0, 32768, 131072-T}
-    python experiments/attention_bench.py --smoke    # tiny shapes, runs on the CPU (interpreter)
+    python experiments/attention_bench.py --smoke    # tiny shapes, runs on the CPU (interpreter);
+                                                     # a one-tile scratch: P 100 runs in pieces
     python experiments/attention_bench.py --sweep    # time a few pinned tiles (heuristic tuning)
 """
 from __future__ import annotations
@@ -35,8 +43,11 @@ import torch
 import strata  # noqa: E402,F401  (selects the interpreter without CUDA)
 from strata import bench  # noqa: E402
 from strata.errors import StrataError  # noqa: E402
-from strata.kernels.attention import (AttnTile, KVSegment, causal_pairs, chunk_attention,  # noqa: E402
-                                      chunk_attention_torch, pin_attn_tile, quantize_kv)
+from strata.kernels.attention import (AttnProblem, AttnScratch, AttnTile, KVSegment,  # noqa: E402
+                                      causal_pairs, chunk_attention, chunk_attention_torch,
+                                      expand_codes, expand_rows, pin_attn_tile, quantize_kv,
+                                      resolve_attn_tile)
+from strata.kernels.attention.scratch import plan_pieces  # noqa: E402
 from strata.shapes import get_preset  # noqa: E402
 
 # the check's bound, normalized error ||o - ref|| / ||ref||: the kernel rounds p to bf16 (at most
@@ -49,12 +60,14 @@ TS = [2048, 8192, 16384]
 CONTEXT = 131072
 SWEEP_TILES = [AttnTile(128, 64, 8, 3), AttnTile(128, 128, 8, 2), AttnTile(128, 64, 4, 3),
                AttnTile(64, 64, 4, 3), AttnTile(64, 128, 4, 3), AttnTile(128, 32, 8, 3),
-               AttnTile(128, 32, 8, 4)]
+               AttnTile(128, 32, 8, 4), AttnTile(128, 64, 8, 4)]
+INT8_PATHS = ("kernel", "expand", "dequant")
+TARGET_VS_BF16 = 0.95     # issue 14: int8 KV costs <= 5% of tokens/s against bf16
 
 
 def grid(smoke: bool, Ts=None):
     if smoke:
-        return [(T, P) for T in (Ts or [5, 16]) for P in (0, 7, 40)]
+        return [(T, P) for T in (Ts or [5, 16]) for P in (0, 7, 40, 100)]
     return [(T, P) for T in (Ts or TS) for P in (0, 32768, CONTEXT - T)]
 
 
@@ -134,32 +147,43 @@ def measure(args, rec: bench.Recorder) -> None:
         ceiling = sdpa_rates.get("sdpa-full", sdpa_rates.get("sdpa-causal"))
         bound = (f"SDPA flash causal over S={P + T} {ceiling:.1f} TFLOP/s" if ceiling
                  else "no SDPA flash rate")
-        for kv in args.kv:
-            if kv == "int8":
-                (qk, sk), (qv, sv) = quantize_kv(pk), quantize_kv(pv)
-                segs = [KVSegment(qk, qv, sk, sv)] if P else []
-            else:
-                segs = [KVSegment(pk, pv)] if P else []
+        bf16_tf = None
+        by_kv = {"bf16": [KVSegment(pk, pv)] if P else []}
+        if "int8" in args.kv:
+            (qk, sk), (qv, sv) = quantize_kv(pk), quantize_kv(pv)
+            by_kv["int8"] = [KVSegment(qk, qv, sk, sv)] if P else []
+        deq = {}   # SDPA on the dequantized prefix: once for both int8 paths
+        for kv, path in variants(args.kv):
+            segs = by_kv[kv]
+            tile = resolve_attn_tile(AttnProblem(T * (H // Hkv), hd))
+            tile = tile.with_(int8=path) if path else tile
+            # the engine's scratch (strata.planning: KX rows, the state past them), made once
+            rows = tile.BLOCK_N if args.smoke else expand_rows(CONTEXT)   # smoke: P 100 in pieces
+            sc = (AttnScratch.of(Hkv, hd, rows, dev, T=T, H=H)
+                  if path in ("expand", "dequant") and P else None)
             out = torch.empty_like(q)
-            fn = lambda: chunk_attention(q, k, v, segs, out=out)  # noqa: E731
-            cfg = dict(T=T, P=P, kv=kv, arm="strata")
+            fn = lambda: chunk_attention(q, k, v, segs, out=out, tile=tile, scratch=sc)  # noqa: E731
+            cfg = dict(T=T, P=P, kv=kv, arm="strata", **({"int8": path} if path else {}))
             gate = f"normalized error vs chunk_attention_torch (edge rows) and SDPA < {REL:g}"
 
-            def check(kv=kv, segs=segs, fn=fn, out=out):
+            def check(kv=kv, segs=segs, fn=fn, out=out, cfg=cfg):
                 fn()
                 e = edge_errors(out, q, k, v, segs)
                 rec.add("rel_err_edges", e, "ratio", bound=f"< {REL:g}", bound_value=REL, **cfg)
                 if sdpa_out is not None:
                     ref = sdpa_out
                     if kv == "int8" and segs:   # SDPA on the dequantized prefix (the int8 path)
-                        ref = _sdpa_dequantized(q, k, v, segs, P)
+                        if "ref" not in deq:
+                            deq["ref"] = _sdpa_dequantized(q, k, v, segs, P)
+                        ref = deq["ref"]
                     es = rel_err(out, ref)
                     rec.add("rel_err_sdpa", es, "ratio", bound=f"< {REL:g}", bound_value=REL,
                             **cfg)
                     e = max(e, es)
                 return None if e < REL else f"normalized error {e:.3e} >= {REL:g}"
 
-            t = rec.timed(fn, check=check, what=f"T{T}/P{P}/{kv}/strata")
+            name = kv + (f"/{path}" if path else "")
+            t = rec.timed(fn, check=check, what=f"T{T}/P{P}/{name}/strata")
             tf = flops / t.median_s / 1e12
             rec.add("ms", t.median_ms, "ms", gate=gate, timer=t.timer, **cfg)
             rec.add("tflops", tf, "TFLOP/s", bound=bound, bound_value=ceiling, gate=gate,
@@ -169,12 +193,46 @@ def measure(args, rec: bench.Recorder) -> None:
                     rec.add(f"speedup_vs_{arm}", tf / sdpa_rates[arm], "ratio",
                             bound="1.0 = SDPA", bound_value=1.0, gate=gate, timer=t.timer,
                             **cfg)
-            print(f"T{T}/P{P}/{kv}: strata {tf:.3g} TFLOP/s  " + "  ".join(
+            if kv == "bf16":
+                bf16_tf = tf
+            elif bf16_tf:
+                rec.add("vs_bf16", tf / bf16_tf, "ratio", bound=f"issue 14: >= {TARGET_VS_BF16}",
+                        bound_value=TARGET_VS_BF16, gate=gate, timer=t.timer, **cfg)
+            extra = ""
+            if sc is not None:
+                te = time_expansion(rec, segs, sc, tile, scaled=path == "dequant")
+                rec.add("expand_ms", te.median_ms, "ms", timer=te.timer, **cfg)
+                rec.add("expand_share", te.median_s / t.median_s, "ratio",
+                        bound="part of the expand path's time", timer=te.timer, **cfg)
+                extra = f" (expansion {te.median_ms:.3g} ms of {t.median_ms:.3g})"
+            print(f"T{T}/P{P}/{name}: strata {tf:.3g} TFLOP/s{extra}  " + "  ".join(
                 f"{a} {r:.3g}" for a, r in sdpa_rates.items()), file=sys.stderr)
+            del segs, sc, out
+        del by_kv, deq
         del q, k, v, pk, pv, K, V, arms, sdpa_out
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         rec.flush()
+
+
+def variants(kvs):
+    """(kv, int8 path) arms in order: bf16 first (the int8 rows' vs_bf16 reads its rate)."""
+    out = [("bf16", None)] if "bf16" in kvs else []
+    return out + ([("int8", p) for p in INT8_PATHS] if "int8" in kvs else [])
+
+
+def time_expansion(rec, segs, sc, tile, scaled=False):
+    """The expansion passes alone: the pieces chunk_attention cuts, k and v each (the same
+    calls, without the attention; `scaled`: dequant's, with the scales)."""
+    pieces = [pc for lp in plan_pieces([(s.length, s.int8) for s in segs], sc.rows,
+                                       tile.BLOCK_N) for pc in lp if pc.at is not None]
+
+    def run():
+        for pc in pieces:
+            s, cut = segs[pc.seg], slice(pc.start, pc.start + pc.n)
+            expand_codes(s.k[cut], sc.k[pc.at:pc.at + pc.n], s.k_scale[cut] if scaled else None)
+            expand_codes(s.v[cut], sc.v[pc.at:pc.at + pc.n], s.v_scale[cut] if scaled else None)
+    return bench.time_fn(run, device=rec.device, warmup=rec.warmup, repeats=rec.repeats)
 
 
 def _sdpa_dequantized(q, k, v, segs, P):
@@ -190,21 +248,26 @@ def _sdpa_dequantized(q, k, v, segs, P):
 
 
 def sweep(args, dev) -> int:
-    """Time each pinned tile at T = 8192, P = 32768 (bf16 and int8) against the heuristic."""
+    """Time each pinned tile at T = 8192, P = 32768 (bf16 and both int8 paths) against the
+    heuristic."""
     s = args.shape
     T, P = (16, 40) if args.smoke else (8192, 32768)
     q, k, v, pk, pv = make_inputs(T, P, s.n_head, s.n_kv_head, s.head_dim, dev)
     flops = 4 * s.head_dim * s.n_head * causal_pairs(T, P)
-    for kv in args.kv:
+    for kv, path in variants(args.kv):
         if kv == "int8":
             (qk, sk), (qv, sv) = quantize_kv(pk), quantize_kv(pv)
             segs = [KVSegment(qk, qv, sk, sv)]
         else:
             segs = [KVSegment(pk, pv)]
         ref = chunk_attention(q, k, v, segs)
+        kv = kv + (f"/{path}" if path else "")
         for tile in [None] + SWEEP_TILES:
+            pin = (pin_attn_tile(tile.with_(int8=path)) if tile and path else
+                   pin_attn_tile(tile) if tile else
+                   pin_attn_tile(int8=path) if path else _nullpin())
             try:
-                with pin_attn_tile(tile) if tile else _nullpin():
+                with pin:
                     o = chunk_attention(q, k, v, segs)
                     if rel_err(o, ref) > REL:
                         print(f"  {tile}: WRONG (normalized error {rel_err(o, ref):.2e})")
@@ -243,14 +306,14 @@ def plot(rows: list[dict], png_path: Path) -> None:
     for ax, T in zip(axes[0], Ts):
         rs = [r for r in rows if r["config"]["T"] == T]
         Ps = sorted({r["config"]["P"] for r in rs})
-        series = list(dict.fromkeys((r["label"], r["config"]["arm"], r["config"]["kv"])
-                                    for r in rs))
+        def key(r):
+            c = r["config"]
+            return r["label"], c["arm"], c["kv"], c.get("int8", "")
+        series = list(dict.fromkeys(key(r) for r in rs))
         width = 0.8 / max(1, len(series))
-        for i, (label, arm, kv) in enumerate(series):
-            vals = {r["config"]["P"]: r["value"] for r in rs if (r["label"], r["config"]["arm"],
-                                                                r["config"]["kv"]) == (label,
-                                                                                       arm, kv)}
-            name = arm if arm != "strata" else f"strata {kv}"
+        for i, (label, arm, kv, path) in enumerate(series):
+            vals = {r["config"]["P"]: r["value"] for r in rs if key(r) == (label, arm, kv, path)}
+            name = arm if arm != "strata" else f"strata {kv}" + (f" {path}" if path else "")
             name += "" if label == "tree" else f" @{label}"
             ax.bar([j + i * width for j in range(len(Ps))], [vals.get(p, 0) for p in Ps],
                    width, label=name)

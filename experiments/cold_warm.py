@@ -7,9 +7,15 @@ engine on the VRAM budget (the expert cache allocated and filled, dense weights 
 (PrefillEngine.warmup: one dry prompt through the prompt's plan; the `nowarm` arm skips it) and
 reads the prompt `--repeats` times. Per process:
 
-    ready_s = import_s (interpreter + torch + strata) + cuda_s (the CUDA context)
-            + pin_s (host blobs into pinned memory) + fill_s (cache allocate + fill, dense
-              weights to the device) + warmup_s + prompt_s (the first timed prompt)
+    ready_s = import_s (interpreter + torch + the pack reader) + cuda_s (the CUDA context)
+            + start_s (the rest of strata's imports, the host blobs pinning on a thread beside
+              them: pin_s is that thread's own wall time, pin_gbps its rate)
+            + fill_s (PrefillEngine.__init__: plan_s, cache_alloc_s, dense_upload_s and
+              model_build_s, ffn_s (the FFN's kernel imports) still beside the pinning,
+              pin_wait_s for what is left of it,
+              cache_fill_s, other_s; from PrefillEngine.timings) + warmup_s (warmup_read_s: the
+              dry prompt's tokens through its warmup_layers at the warm rate; warmup_load_s: the
+              rest, the one-time kernel compile/load) + prompt_s (the first timed prompt)
     first_over_warm = tokens/s of the first prompt / mean tokens/s of the later ones
 
 Targets (issue 17): first_over_warm >= 0.9 (the warm arm); ready_s <= 10 s for a 32 GB pack in
@@ -47,9 +53,7 @@ TAG = "COLDWARM "
 # -- the child: one fresh process ---------------------------------------------------------------
 def child(a) -> int:
     import torch
-    from strata.commands._args import resolve_experts
     from strata.engine.host import HostExperts
-    from strata.engine.prefill import EngineConfig, PrefillEngine
     from strata.packs import Pack
     t_import = time.time()
     cuda = torch.cuda.is_available()
@@ -58,16 +62,22 @@ def child(a) -> int:
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
     t_cuda = time.time()
+    # the blobs pin on a thread while the rest of strata (the engine, Triton, the kernels)
+    # imports and the engine allocates its cache and uploads the dense weights
     pack = Pack.open(a.child)
     sizes = [pl.blob_size for pl in pack.layers]
-    host = HostExperts(pack.experts, sizes, pin=True)
+    host = HostExperts(pack.experts, sizes, pin=True, background=True)
+    from strata.commands._args import resolve_experts
+    from strata.engine.prefill import EngineConfig, PrefillEngine
+    import strata.kernels.decoded  # noqa: F401 (the FFN's modules, beside the pinning)
+    import strata.kernels.moe  # noqa: F401
     t_pin = time.time()
     cfg = EngineConfig(vram=a.vram, cache=a.cache, chunk=a.chunk, ring=a.ring,
                        max_prompt=a.prompt, reserve=a.reserve if a.reserve is not None else
                        EngineConfig.reserve, ffn=resolve_experts("auto", "cuda" if cuda else "cpu"))
     eng = PrefillEngine(pack, cfg, host=host)
     t_fill = time.time()
-    warm = 0.0 if a.no_warmup else eng.warmup(a.prompt, seed=1)
+    warm = 0.0 if a.no_warmup else eng.warmup(a.prompt, seed=1, full=a.full_warmup)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, pack.shape.vocab, (a.prompt,), generator=g, dtype=torch.int64)
     tps, first_ready = [], None
@@ -77,14 +87,29 @@ def child(a) -> int:
         if r == 0:
             first_ready = time.time()
         tps.append(res.stats.tokens_per_s)
-    out = {"import_s": t_import - a.spawn, "cuda_s": t_cuda - t_import, "pin_s": t_pin - t_cuda,
-           "fill_s": t_fill - t_pin, "warmup_s": warm,
+    out = {"import_s": t_import - a.spawn, "cuda_s": t_cuda - t_import,
+           "start_s": t_pin - t_cuda, "pin_s": host.load_s, "fill_s": t_fill - t_pin,
+           "warmup_s": warm,
            "prompt_s": first_ready - t_fill - warm, "ready_s": first_ready - a.spawn,
            "first_tokens_per_s": tps[0],
            "warm_tokens_per_s": sum(tps[1:]) / max(len(tps) - 1, 1),
            "pinned": host.pinned, "pack_bytes": sum(sizes) * pack.shape.n_expert,
            "chunk": res.chunk, "ring": res.ring, "bytes_streamed": res.stats.bytes_streamed}
     out["first_over_warm"] = out["first_tokens_per_s"] / out["warm_tokens_per_s"]
+    # fill_s split (PrefillEngine.timings), and the warm-up's read vs its one-time load: the
+    # dry prompt's read is its tokens through its layers at the warm rate
+    for k in ("plan_s", "cache_alloc_s", "cache_fill_s", "other_s", "dense_upload_s",
+              "model_build_s", "pin_wait_s", "ffn_s"):
+        out[k] = eng.timings.get(k, 0.0)
+    C = res.chunk
+    dry = a.prompt if a.prompt <= C else C + (a.prompt % C or C)
+    n_warm = eng.timings.get("warmup_layers", 0)
+    out["warmup_layers"] = n_warm
+    read = dry * n_warm / pack.shape.n_layer / out["warm_tokens_per_s"] if warm else 0.0
+    out["warmup_read_s"] = min(read, warm)   # an estimate: at most the whole warm-up
+    out["warmup_load_s"] = warm - out["warmup_read_s"]
+    out["cache_bytes"] = sum(p.cache.layout.nbytes for p in eng.parts)
+    out["cache_fill_gbps"] = out["cache_bytes"] / max(out["cache_fill_s"], 1e-9) / 1e9
     out["pin_gbps"] = out["pack_bytes"] / max(out["pin_s"], 1e-9) / 1e9
     print(TAG + json.dumps(out), flush=True)
     return 0
@@ -95,6 +120,8 @@ def spawn(pack: Path, prompt: int, arm: str, a, extra: list[str]) -> dict:
            str(prompt), "--repeats", str(a.repeats), *extra]
     if arm == "nowarm":
         cmd.append("--no-warmup")
+    elif arm == "fullwarm":
+        cmd.append("--full-warmup")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd += ["--spawn", repr(time.time())]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -116,10 +143,14 @@ def page_cache_read(path: Path) -> float:
     return time.perf_counter() - t0
 
 
-FIGURES = {"ready_s": "s", "import_s": "s", "cuda_s": "s", "pin_s": "s", "fill_s": "s",
+FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "import_s": "s",
+           "cuda_s": "s",
+           "pin_s": "s", "fill_s": "s",
            "warmup_s": "s", "prompt_s": "s", "first_tokens_per_s": "tok/s",
            "warm_tokens_per_s": "tok/s", "first_over_warm": "fraction", "pin_gbps": "GB/s",
-           "bytes_streamed": "bytes"}
+           "bytes_streamed": "bytes", "plan_s": "s", "cache_alloc_s": "s", "cache_fill_s": "s",
+           "other_s": "s", "dense_upload_s": "s", "model_build_s": "s", "warmup_read_s": "s",
+           "warmup_load_s": "s", "warmup_layers": "layers", "cache_fill_gbps": "GB/s"}
 
 
 def measure(args, rec) -> None:
@@ -177,8 +208,15 @@ def measure(args, rec) -> None:
                             timer=bench.WALL_TIMER, **cfg)
                 rec.flush()
                 print(f"{arm:6s} T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f}, "
-                      f"cuda {r['cuda_s']:.2f}, pin {r['pin_s']:.2f} at {r['pin_gbps']:.1f} GB/s, "
-                      f"fill {r['fill_s']:.2f}, warm-up {r['warmup_s']:.2f}, prompt "
+                      f"cuda {r['cuda_s']:.2f}, start {r['start_s']:.2f} [pinning beside it: "
+                      f"{r['pin_s']:.2f} s at {r['pin_gbps']:.1f} GB/s, waited "
+                      f"{r['pin_wait_s']:.2f}], "
+                      f"fill {r['fill_s']:.2f} [plan {r['plan_s']:.2f}, cache alloc "
+                      f"{r['cache_alloc_s']:.2f}, cache fill {r['cache_fill_s']:.2f} at "
+                      f"{r['cache_fill_gbps']:.0f} GB/s, dense {r['dense_upload_s']:.2f}, model "
+                      f"{r['model_build_s']:.2f}, ffn imports {r['ffn_s']:.2f}], warm-up "
+                      f"{r['warmup_s']:.2f} [{r['warmup_layers']} layers: read "
+                      f"{r['warmup_read_s']:.2f}, load {r['warmup_load_s']:.2f}], prompt "
                       f"{r['prompt_s']:.2f}); first {r['first_tokens_per_s']:,.0f} tok/s vs warm "
                       f"{r['warm_tokens_per_s']:,.0f} -> {r['first_over_warm']:.2f}", flush=True)
     finally:
@@ -197,12 +235,20 @@ def plot(rows: list[dict], png: Path) -> None:
             runs.setdefault((c["arm"], c["prompt"]), {})[r["figure"]] = r["value"]
     keys = sorted(runs, key=lambda k: (k[1], k[0]))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    phases = ["import_s", "cuda_s", "pin_s", "fill_s", "warmup_s", "prompt_s"]
+    # fill_s and warmup_s drawn split into their parts (the rest of fill_s: "fill other")
+    for r in runs.values():
+        parts = ("plan_s", "cache_alloc_s", "cache_fill_s", "dense_upload_s", "model_build_s",
+                 "pin_wait_s", "ffn_s")
+        r["fill_other_s"] = max(r.get("fill_s", 0.0) - sum(r.get(k, 0.0) for k in parts), 0.0)
+    phases = ["import_s", "cuda_s", "start_s", "plan_s", "cache_alloc_s", "ffn_s", "dense_upload_s",
+              "model_build_s", "pin_wait_s", "cache_fill_s", "fill_other_s", "warmup_read_s",
+              "warmup_load_s", "prompt_s"]
     x = range(len(keys))
     bottom = [0.0] * len(keys)
-    for ph in phases:
+    colors = plt.get_cmap("tab20").colors
+    for i, ph in enumerate(phases):
         v = [runs[k].get(ph, 0.0) for k in keys]
-        a1.bar(x, v, bottom=bottom, label=ph.replace("_s", ""))
+        a1.bar(x, v, bottom=bottom, label=ph[:-2].replace("_", " "), color=colors[i % 20])
         bottom = [b + y for b, y in zip(bottom, v)]
     a1.axhline(10, color="k", ls="--", lw=1)
     a1.set_xticks(list(x), [f"{arm}\nT={T}" for arm, T in keys], fontsize=8)
@@ -236,6 +282,7 @@ def main(argv=None) -> int:
         ap.add_argument("--ring", type=int, default=None)
         ap.add_argument("--reserve", type=int, default=None)
         ap.add_argument("--no-warmup", action="store_true")
+        ap.add_argument("--full-warmup", action="store_true")
         ap.add_argument("--spawn", type=float, default=_T0)
         return child(ap.parse_args(argv))
     from strata import bench
@@ -252,7 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vram", type=int, default=12 * GIB, help="bytes of VRAM (default 12 GiB)")
     ap.add_argument("--prompts", default="8192,32768")
     ap.add_argument("--arms", default="warm,nowarm",
-                    help="warm: the engine's warm-up before the first prompt; nowarm: without")
+                    help="warm: the engine's warm-up before the first prompt (its warm layers); "
+                         "fullwarm: the warm-up through every layer; nowarm: without")
     args = ap.parse_args(argv)
     if args.repeats < 2:
         ap.error("--repeats must be at least 2 (the first prompt and a warm one)")

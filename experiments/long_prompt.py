@@ -99,6 +99,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU (checks the script)")
     ap.add_argument("--cells", default=None, help=f"PROMPT:KV:RESIDENT,... (default {DEFAULT_CELLS})")
     ap.add_argument("--vram", default=12 * GIB, type=int, help="VRAM budget in bytes (12 GiB)")
+    ap.add_argument("--warm", choices=["full", "engine"], default="full",
+                    help="before the timed read: the whole prompt once (full), or the engine's "
+                         "own warm-up (PrefillEngine.warmup)")
     args = ap.parse_args(argv)
     tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")
     return bench.main(args, "long_prompt", measure, script=__file__, argv=argv,
@@ -129,7 +132,13 @@ def measure(args, rec: bench.Recorder) -> None:
                 ffn="auto" if cuda else "ref", device=None if cuda else "cpu"), host=host)
             tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
             with torch.inference_mode():
-                eng.run(tok[:min(T, 8192)], logits="none")      # warm: compile this plan's tiles
+                # untimed first: every kernel variant this prompt launches (the chunk's tiles,
+                # the int8 pieces' first / middle / last launches) compiled and loaded; an 8K
+                # warm-up left the long-prefix variants to the timed read (2dab595's int8 cells)
+                if args.warm == "full":
+                    eng.run(tok, logits="none")
+                else:
+                    eng.warmup(T)
                 r = eng.run(tok, logits="none")
         except StrataError as e:
             print(f"[long] T={T} {kv} resident {cfg['resident']}: does not fit: {e}", flush=True)

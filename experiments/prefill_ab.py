@@ -18,6 +18,13 @@ chunk's causal attention at the rate of torch SDPA's flash kernel measured at th
 
 Each row also records the fraction of each layer's experts every chunk hit (a second CSV).
 
+Overlap (issue 18 item 2; a second PNG, `*-overlap.png`): the copy engine's achieved rate over
+its window during the read (`copy_window_gbps`: bytes / each chunk's first-copy-start to
+last-copy-end, so idle gaps inside the read count against it) beside the pinned rate measured in
+this run (`copy_rate_fraction`, target >= 0.95), and the time compute waited on copies (`wait_s`)
+beside the wait the PCIe bound forces (max(0, bytes / pinned rate - the all-resident read's
+time): compute may only wait where copying the bytes takes longer than computing without them).
+
     python experiments/prefill_ab.py                      # GPU: both models, 8K and 32K
     python experiments/prefill_ab.py --smoke              # CPU: a tiny model, seconds
     python experiments/prefill_ab.py --base main          # the working tree against main
@@ -70,6 +77,8 @@ ROW_FIGURES = {  # figure -> unit; each row of a run becomes these long-format f
     "roofline_fraction": "fraction", "roofline_attn_s": "s",
     "roofline_attn_tokens_per_s": "tok/s", "roofline_attn_fraction": "fraction",
     "hit_min": "fraction", "hit_mean": "fraction",
+    "copy_window_gbps": "GB/s", "copy_rate_fraction": "fraction", "copy_busy_fraction": "fraction",
+    "wait_fraction": "fraction", "pcie_s": "s", "h2d_ceiling_gbps": "GB/s",
     "cache_hits": "experts", "routed": "experts", "room": "bytes", "bytes_needed": "bytes",
 }
 CONFIG = ("model", "arm", "prompt", "chunk", "ring", "rule")
@@ -87,8 +96,10 @@ def record(rec: bench.Recorder, row: dict, gate: str) -> None:
         bound, bv = "", None
         if fig == "tokens_per_s" and roof:
             bound, bv = "roofline: max(H2D measured, grouped_mm measured) per chunk", roof
-        elif fig == "h2d_gbps":
+        elif fig in ("h2d_gbps", "copy_window_gbps"):
             bound, bv = "pinned H2D blob by blob, measured in this run", row["h2d_ceiling_gbps"]
+        elif fig == "copy_rate_fraction":
+            bound, bv = "target: the copy engine at >= 0.95 of the pinned rate", 0.95
         elif fig in ("roofline_fraction", "roofline_attn_fraction"):
             bound, bv = "1.0 = at the roofline", 1.0
         elif fig == "bytes_needed":
@@ -185,6 +196,11 @@ def measure(args, rec: bench.Recorder) -> None:
                            rule=res.plan.rule, tokens_per_s=st.tokens_per_s, seconds=st.seconds,
                            bytes_streamed=st.bytes_streamed, h2d_gbps=st.h2d_gbps,
                            h2d_ceiling_gbps=h2d / 1e9, wait_s=st.wait_s, copy_s=st.copy_s,
+                           copy_window_gbps=st.copy_window_gbps,
+                           copy_rate_fraction=st.copy_window_gbps / (h2d / 1e9) if h2d else "",
+                           copy_busy_fraction=st.copy_s / st.seconds if st.seconds else "",
+                           wait_fraction=st.wait_s / st.seconds if st.seconds else "",
+                           pcie_s=st.bytes_streamed / h2d if h2d else "",
                            roofline_s=roof, roofline_tokens_per_s=T / roof if roof else "",
                            roofline_fraction=roof / st.seconds if st.seconds else "",
                            roofline_attn_s=roof_a,
@@ -204,8 +220,10 @@ def measure(args, rec: bench.Recorder) -> None:
                       f"({res.plan.rule}) {st.tokens_per_s:,.0f} tok/s; roofline "
                       f"{T / roof:,.0f} tok/s -> {roof / st.seconds:.2f} of it (with attention "
                       f"{T / roof_a:,.0f} -> {roof_a / st.seconds:.2f}); streamed "
-                      f"{st.bytes_streamed / 1e9:.1f} GB at {st.h2d_gbps:.1f} GB/s; compute waited "
-                      f"{st.wait_s:.2f} s; hit mean {row['hit_mean']:.3f} min {row['hit_min']:.3f}",
+                      f"{st.bytes_streamed / 1e9:.1f} GB at {st.h2d_gbps:.1f} GB/s busy, "
+                      f"{st.copy_window_gbps:.1f} GB/s over the copy window (pinned "
+                      f"{h2d / 1e9:.1f}); compute waited {st.wait_s:.2f} s; hit mean "
+                      f"{row['hit_mean']:.3f} min {row['hit_min']:.3f}",
                       flush=True)
             del eng
         del host, pack
@@ -252,6 +270,53 @@ def plot(long_rows: list[dict], png: Path) -> None:
     ax.set_title(f"streamed prefill, auto vs legacy (black: roofline; dashed: with attention)"
                  f"\n{title}", fontsize=9)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    plot_overlap(rows, png.with_name(png.stem + "-overlap.png"), title)
+
+
+def expected_wait(rows: list[dict], r: dict) -> float | None:
+    """The wait the PCIe bound forces on a streamed read: max(0, bytes / pinned rate - the
+    all-resident read's seconds at the same model and prompt); None without a resident row."""
+    res = next((x for x in rows if x["arm"] == "resident" and x["model"] == r["model"]
+                and x["prompt"] == r["prompt"]), None)
+    if res is None or r.get("pcie_s") in (None, ""):
+        return None
+    return max(0.0, r["pcie_s"] - res["seconds"])
+
+
+def plot_overlap(rows: list[dict], png: Path, title: str) -> None:
+    """Left: the copy engine's rate over its window vs the pinned rate, per streamed run.
+    Right: compute's wait on copies vs the wait the PCIe bound forces."""
+    import matplotlib.pyplot as plt
+    runs_ = sorted((r for r in rows if r["arm"] != "resident" and r.get("copy_window_gbps")),
+                   key=lambda r: (r["model"], r["prompt"], r["arm"]))
+    if not runs_:
+        return
+    labels = [f"{r['model']}\nT={r['prompt']} {r['arm']}" for r in runs_]
+    xs = range(len(runs_))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(8, 1.8 * len(runs_)), 4.2))
+    a1.bar([x - 0.2 for x in xs], [r["copy_window_gbps"] for r in runs_], 0.4,
+           label="copy engine, over its window in the read")
+    a1.bar([x + 0.2 for x in xs], [r.get("h2d_gbps", 0) for r in runs_], 0.4,
+           label="copy engine, while busy")
+    for x, r in zip(xs, runs_):
+        pinned = r.get("h2d_ceiling_gbps") or 0
+        a1.plot([x - 0.45, x + 0.45], [pinned] * 2, color="k", lw=1.5)
+        a1.plot([x - 0.45, x + 0.45], [0.95 * pinned] * 2, color="k", lw=0.8, ls=":")
+    a1.set_ylabel("GB/s (black: pinned rate; dotted: 0.95 of it)")
+    a1.set_xticks(list(xs), labels, fontsize=7)
+    a1.legend(fontsize=7)
+    a2.bar([x - 0.2 for x in xs], [r.get("wait_s", 0) for r in runs_], 0.4,
+           label="compute waited on copies", color="tab:red")
+    forced = [expected_wait(rows, r) for r in runs_]
+    a2.bar([x + 0.2 for x in xs], [f or 0 for f in forced], 0.4, color="tab:gray",
+           label="wait the PCIe bound forces (0 where no resident row)")
+    a2.set_ylabel("seconds")
+    a2.set_xticks(list(xs), labels, fontsize=7)
+    a2.legend(fontsize=7)
+    fig.suptitle(f"overlap: copy rate and compute wait\n{title}", fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)

@@ -7,7 +7,8 @@ needs, so `strata plan`, the prefill engine and the tests build their plans the 
                               one layer's KV bytes resident and in host memory (the shape's own
                               count in the KV dtype, split at the resident window), dense bytes
     layout_spec(ffn, kv)      the prompt path's buffers for the expert FFN `ffn` (and the KV
-                              staging buffer when part of the KV lives in host memory)
+                              staging buffer when part of the KV lives in host memory, the
+                              attention's int8 expansion scratch when the KV is int8)
     prompt_layout(shape, max_blob, ...)   a PromptLayout of those
     scratch_reserve(shape, devices, ffn, slab, decoded)   the slab's bytes beyond the layout (or None)
 
@@ -19,7 +20,9 @@ a launch over fewer tokens picks no larger one; a pinned taller tile is refused 
 workspace check), E1 = E + 1 (group offsets with an end marker), G experts per streamed pass
 (strata.memory.layout.pass_experts), BB bytes of one expert decoded to bf16, KS tokens of one
 layer's host-held KV (the longest prompt's tokens outside the resident window: KVPolicy.host),
-KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV dtype).
+KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV dtype),
+KX rows of int8 KV expanded to bf16 per attention launch and QS fp32 values of carried softmax
+state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats).
 
 To add a buffer, add a `Buf` to ACTIVATIONS (or pass a LayoutSpec of your own, with any new
 symbol in `dims_for`): the carve, the scan, `strata plan` and the tests all follow.
@@ -33,7 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.attention.kv_int8 import KV_DTYPES, kv_token_bytes
+from strata.kernels.attention.kv_int8 import KV_DTYPES
+from strata.kernels.attention.scratch import expand_rows, needs_state, state_floats
 from strata.kernels.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.sizes import Sizes
@@ -82,6 +86,16 @@ DECODING_FFNS = ("auto", "decoded")   # expert FFNs that may decode a pass to bf
 KV_STAGE_BUF = Buf("kv_stage", torch.uint8, ("KS", "KVB"),
                    "one layer's host-held KV streamed back for the attention")
 
+# int8 KV: the attention expands the codes of up to KX prefix tokens to bf16 (exact, no scales)
+# and runs its bf16 tile path; a longer prefix goes in pieces that carry the online softmax's
+# state (acc, m, l) in attn_state. Live only inside one layer's attention: the attention phase.
+KV_EXPAND_BUFS = (
+    Buf("kv_expand_k", bf16, ("KX", "KVD"), "int8 key codes of a prefix piece, as bf16"),
+    Buf("kv_expand_v", bf16, ("KX", "KVD"), "int8 value codes of a prefix piece, as bf16"),
+)
+ATTN_STATE_BUF = Buf("attn_state", f32, ("T", "QS"),
+                     "online-softmax state between the launches of a long int8 prefix")
+
 
 @dataclass(frozen=True)
 class KVPolicy:
@@ -108,11 +122,21 @@ class KVPolicy:
     def streams(self) -> bool:
         return self.host_tokens(self.max_prompt) > 0
 
+    @property
+    def expands(self) -> bool:
+        """int8 KV: the attention's expansion scratch is part of the layout."""
+        return self.dtype == "int8" and self.max_prompt > 0
+
 
 def layout_spec(ffn: str = "kernel", kv: KVPolicy | None = None) -> LayoutSpec:
     """The prompt path's buffers when the experts run through `ffn` and the KV is kept as `kv`
     says (a staging buffer when some of it lives in host memory)."""
     spec = ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if ffn in DECODING_FFNS else ACTIVATIONS
+    if kv is not None and kv.expands:
+        for b in KV_EXPAND_BUFS:
+            spec = spec.with_buffer(b, "attention")
+        if needs_state(kv.max_prompt):
+            spec = spec.with_buffer(ATTN_STATE_BUF, "attention")
     return spec.with_buffer(KV_STAGE_BUF) if kv is not None and kv.streams else spec
 
 
@@ -123,23 +147,28 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
     for this chunk); monotone in T, as BLOCK_M only grows with T."""
     E, K = shape.n_expert, shape.top_k
     bm = block_m if block_m is not None else block_m_for(T, K, E)
+    qd, kvd = shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
+    if shape.mla:   # the chunk's expanded per-head keys and values (strata.models.mla)
+        qd = kvd = shape.n_head * max(shape.head_dim, shape.v_head_dim)
     return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
-            "QD": shape.n_head * shape.head_dim, "KVD": shape.n_kv_head * shape.head_dim,
+            "QD": qd, "KVD": kvd,
             "TK": T * K, "TKP": padded_rows(T, K, E, bm),
             "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2,
             "KS": kv.host_tokens(kv.max_prompt) if kv is not None else 0,
-            "KVB": kv_token_bytes(kv.dtype if kv is not None else "bf16", shape.n_kv_head,
-                                  shape.head_dim)}
+            "KVB": shape.kv_bytes(1, kv.dtype if kv is not None else "bf16"),
+            "KX": expand_rows(kv.max_prompt) if kv is not None else 0,
+            "QS": state_floats(shape.n_head, shape.head_dim)}
 
 
 def _weights(specs: dict) -> int:
     return sum(math.prod(shp) for shp in specs.values())
 
 
-def layer_dense_bytes(shape: ModelShape) -> int:
-    """One layer's dense weights (attention q/k/v/o, q/k norms, two RMS norms, router), read from
-    the one description of the dense tensors (strata.packs.names), at DENSE_BYTES each."""
-    return _weights(layer_specs(shape, 0)) * DENSE_BYTES
+def layer_dense_bytes(shape: ModelShape, layer: int = 0) -> int:
+    """One layer's dense weights (attention q/k/v/o, q/k norms, two RMS norms, router; a leading
+    dense layer's FFN; the shared experts, which stay resident: strata.models.ffn), read from the
+    one description of the dense tensors (strata.packs.names), at DENSE_BYTES each."""
+    return _weights(layer_specs(shape, layer)) * DENSE_BYTES
 
 
 def model_sizes(shape: ModelShape, *, block_m: int | None = None,
@@ -155,6 +184,7 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
         kv_bytes=lambda n: shape.kv_bytes(kv.resident_tokens(n), kv.dtype),
         kv_host=lambda n: shape.kv_bytes(kv.host_tokens(n), kv.dtype),
         dense_layer=layer_dense_bytes(shape),
+        dense_layers=tuple(layer_dense_bytes(shape, l) for l in range(shape.n_layer)),
         dense_first=_weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES,
         dense_last=_weights({k: g[k] for k in ("output_norm.weight", "output.weight")})
         * DENSE_BYTES)
@@ -179,7 +209,7 @@ def scratch_reserve(shape: ModelShape, devices: dict[str, torch.device], ffn: st
         return None
     from strata.engine.scratch import slab_reserve
     from strata.kernels.moe import decoded_weights
-    decoded = {decoded_weights(lay) for lay in layouts}
+    decoded = {decoded_weights(lay) for lay in layouts if lay is not None}   # None: dense layer
     return lambda name, n_tokens, chunk: slab_reserve(shape, n_tokens, chunk, devices[name],
                                                       decoded=decoded)
 
@@ -192,5 +222,6 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
             for i, name in enumerate(names)}
 
 
-__all__ = ["ACTIVATIONS", "DECODE_BUF", "DENSE_BYTES", "KV_STAGE_BUF", "KVPolicy", "dims_for", "layer_dense_bytes",
+__all__ = ["ACTIVATIONS", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXPAND_BUFS",
+           "KV_STAGE_BUF", "KVPolicy", "dims_for", "layer_dense_bytes",
            "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]

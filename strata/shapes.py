@@ -41,6 +41,39 @@ class ModelShape:
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     yarn_truncate: bool = True  # yarn: round the correction range to whole dims (HF's default)
+    # The DeepSeek / GLM-4.5 family (the defaults are Qwen3-MoE's: every layer routed, softmax).
+    n_dense_lead: int = 0       # the first layers have a dense FFN and no routed experts
+    d_ff: int = 0               # width of those dense FFNs
+    n_shared: int = 0           # shared experts per MoE layer: one dense FFN of n_shared * F
+    router: str = "softmax"     # softmax | sigmoid (grouped, e_score_correction_bias; routing.py)
+    n_group: int = 1            # expert groups (sigmoid router): the best topk_group are kept
+    topk_group: int = 1
+    routed_scale: float = 1.0   # routed_scaling_factor: the routed weights' scale (once)
+    qk_norm: bool = True        # per-head q/k RMSNorm (Qwen3); GLM-4.5 has none
+    attn_bias: bool = False     # q/k/v projection biases (GLM-4.5)
+    rope_dim: int = 0           # rotary dims of a head (0: all of head_dim; GLM-4.5: half)
+    # MLA (DeepSeek-V3, Kimi-K2): head_dim = qk_nope + qk_rope, n_kv_head = n_head
+    q_lora: int = 0             # q's low-rank width (0: a full Wq)
+    kv_lora: int = 0            # the cached latent's width (0: not MLA)
+    qk_rope: int = 0            # rope dims of q/k per head (the key's shared rope part)
+    v_head_dim: int = 0         # value head dim
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """True when `layer` routes to experts (False: a leading dense layer, no blobs)."""
+        return layer >= self.n_dense_lead
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [l for l in range(self.n_layer) if self.is_moe_layer(l)]
+
+    @property
+    def rot_dim(self) -> int:
+        """Rotary dims per head: qk_rope (MLA), rope_dim (partial RoPE) or all of head_dim."""
+        return self.qk_rope if self.mla else (self.rope_dim or self.head_dim)
 
     def with_(self, **kw) -> "ModelShape":
         return replace(self, **kw)
@@ -78,7 +111,18 @@ class ModelShape:
         scales per token per kv head): the attention format's own count (kv_token_bytes). The
         one count the rig's budgets charge (strata.planning hands it to memory)."""
         from strata.kernels.attention.kv_int8 import kv_token_bytes
+        if self.mla:   # MLA caches the normed latent and the rotated rope key, bf16 (strata.models.mla)
+            return n_tokens * mla_token_bytes(self, kv)
         return n_tokens * kv_token_bytes(kv, self.n_kv_head, self.head_dim)
+
+
+def mla_token_bytes(shape: "ModelShape", kv: str = "bf16") -> int:
+    """One token's MLA KV in one layer: the latent (kv_lora) and the rope key (qk_rope), bf16.
+    int8 MLA KV is not implemented (a StrataError names it)."""
+    if kv != "bf16":
+        raise StrataError(f"--kv {kv} is not implemented for MLA ({shape.arch}); its KV is the "
+                          f"bf16 latent + rope key: use --kv bf16")
+    return (shape.kv_lora + shape.qk_rope) * 2
 
 
 PRESETS: dict[str, ModelShape] = {
@@ -109,6 +153,28 @@ PRESETS: dict[str, ModelShape] = {
                               expert_bias=True, expert_act="swiglu_oai", sliding_window=128,
                               rope_scaling="yarn", rope_factor=32.0, rope_orig_ctx=4096,
                               yarn_truncate=False),
+    # GLM-4.5 (355B-A32B): 92 layers (the NextN layer not read), the first 3 dense (FFN 12288),
+    # 160 experts of width 1536, top-8, one shared expert, sigmoid routing in one group, scale
+    # 2.5; GQA 96 / 8 heads of 128 with qkv bias, RoPE on half of each head, no q/k norm.
+    "glm-4.5": ModelShape("glm4moe", 92, 5120, 160, 8, 1536, 96, 8, 128, 151552,
+                          rms_eps=1e-5, max_pos=131072, n_dense_lead=3, d_ff=12288, n_shared=1,
+                          router="sigmoid", routed_scale=2.5, qk_norm=False, attn_bias=True,
+                          rope_dim=64),
+    # DeepSeek-V3 / R1 (671B-A37B): 61 layers, the first 3 dense (FFN 18432), 256 experts of
+    # width 2048, top-8 from the best 4 of 8 groups, one shared expert, scale 2.5; MLA with
+    # 128 heads, q_lora 1536, kv_lora 512 + a 64-wide rope key (1,152 B of KV a token a layer).
+    # Context as the config says (163840); strata runs its RoPE without the YaRN scaling.
+    "deepseek-v3": ModelShape("deepseek2", 61, 7168, 256, 8, 2048, 128, 128, 192, 129280,
+                              rope_theta=10000.0, max_pos=163840, n_dense_lead=3, d_ff=18432,
+                              n_shared=1, router="sigmoid", n_group=8, topk_group=4,
+                              routed_scale=2.5, q_lora=1536, kv_lora=512, qk_rope=64,
+                              v_head_dim=128),
+    # Kimi-K2 (1T-A32B): DeepSeek-V3's body with 384 experts in one group, 64 heads, the first
+    # layer dense, scale 2.827.
+    "kimi-k2": ModelShape("deepseek2", 61, 7168, 384, 8, 2048, 64, 64, 192, 163840,
+                          rope_theta=50000.0, max_pos=131072, n_dense_lead=1, d_ff=18432,
+                          n_shared=1, router="sigmoid", routed_scale=2.827, q_lora=1536,
+                          kv_lora=512, qk_rope=64, v_head_dim=128),
     # Test and demo shapes: small enough for the Triton interpreter on two cores.
     "tiny": ModelShape("qwen3moe", 2, 64, 8, 2, 32, 4, 2, 16, 256),
     "small": ModelShape("qwen3moe", 4, 256, 16, 4, 128, 4, 2, 64, 1024),

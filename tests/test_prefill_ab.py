@@ -20,8 +20,10 @@ def test_prefill_ab_smoke(tmp_path):
     assert pab.main(["--smoke", "--out", str(tmp_path)]) == 0
     rows = bench.read_csv(tmp_path / "prefill_ab-smoke.csv")
     figs = {r["figure"] for r in rows if r["config"].get("arm") == "auto"}
-    assert {"tokens_per_s", "roofline_fraction", "roofline_attn_fraction", "hit_fraction"} <= figs
+    assert {"tokens_per_s", "roofline_fraction", "roofline_attn_fraction", "hit_fraction",
+            "copy_window_gbps", "copy_rate_fraction", "wait_s"} <= figs
     assert (tmp_path / "prefill_ab-smoke.png").stat().st_size > 5_000
+    assert (tmp_path / "prefill_ab-smoke-overlap.png").stat().st_size > 5_000
 
 
 def test_split_ab_smoke(tmp_path):

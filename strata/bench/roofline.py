@@ -123,8 +123,9 @@ def h2d_rate(host, n: int = 96, device=None) -> float:
     """Bytes/s of `n` blob-sized pinned host->device copies back to back (the ring's pattern),
     from `host` (strata.engine.host.HostExperts) to `device` (default: cuda, else cpu)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    E = host.layers[0].shape[0]
-    blobs = [host.blob(i % host.n_layer, (i * 7) % E) for i in range(n)]
+    held = [l for l in range(host.n_layer) if host.layers[l].numel()]   # dense layers hold none
+    E = host.layers[held[0]].shape[0]
+    blobs = [host.blob(held[i % len(held)], (i * 7) % E) for i in range(n)]
     dst = torch.empty(max(b.numel() for b in blobs), dtype=torch.uint8, device=dev)  # mixes: per-layer sizes
 
     def sync():

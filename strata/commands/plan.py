@@ -70,7 +70,9 @@ def _source(args):
         raise StrataError(f"--quant takes one TYPE or GATE,UP,DOWN, got {quant!r}")
     layout = BlobLayout.for_shape(shape, *fmts)
     name = f"{args.preset or 'qwen3-30b-a3b'} {quant.upper()}"
-    return name, shape, {l: layout.size for l in range(shape.n_layer)}, True, [layout]
+    # a leading dense layer (DeepSeek-V3's first 3, GLM-4.5's first 3) has no blobs
+    return name, shape, {l: layout.size if shape.is_moe_layer(l) else 0
+                         for l in range(shape.n_layer)}, True, [layout]
 
 
 def make_plan(args):

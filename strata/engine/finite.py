@@ -4,10 +4,16 @@ A flipped byte in an fp16 block scale, or a model that overflows in its dtype, t
 logits into NaN while everything "works". The guard marks, on the device and without a host
 sync, whether each layer's input to the experts and the experts' output are finite (one
 `aminmax` reduction each per layer: NaN propagates through min/max and ±Inf shows in them, and
-no [T, D] temporary is made; into a bool [L, 2] flag tensor per device); at the end of
-each chunk the host reads the flags once and, if any is set, raises `NonFiniteError` naming the
-first bad layer and the chunk. The engine's failure path then restores the cache as for any
-failed prompt.
+no [T, D] temporary is made; into a bool [L, 2] flag tensor per device). `check()` reads the flags
+on the host and, if any is set, raises `NonFiniteError` naming the first bad layer and its chunk;
+the engine's failure path then restores the cache as for any failed prompt.
+
+When the host reads them is the guard's one choice:
+- by default at the end of each chunk (its last layer_done): one sync per chunk, inside the
+  chunk's layers (a caller that syncs per chunk anyway, e.g. the pipeline's ranks);
+- `FiniteGuard(defer=True)` (the streaming engine): each chunk's flags get a tensor of their own
+  and the caller's `check()` after the prompt reads them all in one host read per device, so no
+  chunk's layers wait on the device (a NaN in chunk c still fails the prompt, naming chunk c).
 
     guard = FiniteGuard()
     model = load_model(pack, ffn=guard.wrap(expert_ffn(name)))
@@ -25,7 +31,9 @@ class NonFiniteError(StrataError):
 
 
 class FiniteGuard:
-    def __init__(self):
+    def __init__(self, *, defer: bool = False):
+        self.defer = defer
+        self._pending: list[tuple[tuple[int, int], dict]] = []   # deferred: (chunk, flags)
         self.layer: int | None = None
         self.n_layer = 0
         self.flags: dict[torch.device, torch.Tensor] = {}
@@ -50,7 +58,7 @@ class FiniteGuard:
         """Arm the guard for a prompt through a model of n_layer layers; returns itself, the
         observer to hand the model's prefill (strata.models.observe.ForwardObserver)."""
         self.n_layer, self.flags, self._start = n_layer, {}, 0
-        self.layer, self._y = None, None
+        self.layer, self._y, self._pending = None, None, []
         return self
 
     def _mark(self, t: torch.Tensor, which: int) -> None:
@@ -66,6 +74,8 @@ class FiniteGuard:
     def routed(self, layer: int, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> None:
         if layer == 0:                                   # a new chunk
             self._chunk = (self._start, int(topk_ids.shape[0]))
+            if self.defer:   # the last chunk's flags wait for check(): a fresh set for this one
+                self.flags = {}
             for f in self.flags.values():
                 f.zero_()
         self.layer, self._first, self._y = layer, True, None
@@ -74,20 +84,34 @@ class FiniteGuard:
         if self._y is not None:
             self._mark(self._y, 1)
         self.layer, self._y = None, None
-        if layer == self.n_layer - 1:                    # the chunk's last layer: read the flags
+        if layer == self.n_layer - 1:                    # the chunk's last layer
             self._start += self._chunk[1]
-            self.check()
+            if self.defer:
+                self._pending.append((self._chunk, self.flags))
+            else:
+                self.check()
 
     def check(self) -> None:
-        """Once per chunk: one host read per device of the flags."""
-        for f in self.flags.values():
-            if bool(f.any()):
-                l, which = (int(v) for v in torch.nonzero(f.cpu())[0])
-                start, n = self._chunk
-                what = ("the hidden state entering its experts" if which == 0
-                        else "its experts' output")
-                raise NonFiniteError(
-                    f"layer {l}: {what} is NaN/Inf in the chunk of tokens {start}..{start + n - 1}; "
-                    f"the prompt failed and the cache was restored: check the pack with `strata "
-                    f"verify PACK`, or try --dtype float32")
+        """Read the flags (the chunks still pending, deferred; else the current chunk's): one
+        host read per device; raises NonFiniteError naming the first bad chunk and layer."""
+        chunks = self._pending if self.defer else [(self._chunk, self.flags)]
+        self._pending = []
+        devices = {d for _, fl in chunks for d in fl}
+        host = {d: torch.stack([fl[d] for _, fl in chunks if d in fl]).cpu() for d in devices}
+        seen = dict.fromkeys(devices, 0)
+        for chunk, fl in chunks:
+            for d in fl:
+                f = host[d][seen[d]]
+                seen[d] += 1
+                if bool(f.any()):   # a host tensor: no device read
+                    l, which = (int(v) for v in torch.nonzero(f)[0])
+                    self._raise(chunk, l, which)
+
+    def _raise(self, chunk: tuple[int, int], l: int, which: int) -> None:
+        start, n = chunk
+        what = "the hidden state entering its experts" if which == 0 else "its experts' output"
+        raise NonFiniteError(
+            f"layer {l}: {what} is NaN/Inf in the chunk of tokens {start}..{start + n - 1}; "
+            f"the prompt failed and the cache was restored: check the pack with `strata "
+            f"verify PACK`, or try --dtype float32")
 

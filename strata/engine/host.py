@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -31,11 +33,14 @@ class HostExperts:
 
     def __init__(self, layer_blobs: Sequence[torch.Tensor] | Callable[[int], torch.Tensor],
                  blob_sizes: Sequence[int], *, pin: bool = True, progress: bool = False,
-                 layers: Sequence[int] | None = None):
+                 layers: Sequence[int] | None = None, background: bool = False):
         """`layer_blobs`: one uint8 tensor per layer, or a callable giving layer i's (so a
         32 GB pack is read into pinned memory a layer at a time, never held twice).
         `layers`: load only these (a pipeline rank's range, strata.engine.distributed); the
-        others hold no blob ([0, blob] tensors) and are never read."""
+        others hold no blob ([0, blob] tensors) and are never read.
+        `background`: load on a thread and return at once, so the caller's own start (imports,
+        the dense weights' upload, the cache's allocation) runs beside the copy threads; every
+        accessor (and `join()`) waits for it, and an error raised there is raised by them."""
         if callable(layer_blobs):
             get = layer_blobs
             layer_blobs = range(len(blob_sizes))
@@ -45,40 +50,79 @@ class HostExperts:
                 raise StrataError(f"{len(layer_blobs)} expert tensors for {len(blob_sizes)} "
                                   f"blob sizes")
         self.blob_sizes = [int(b) for b in blob_sizes]
-        want_pin = pin and torch.cuda.is_available()
-        self.pinned = False
-        self.layers: list[torch.Tensor] = []
+        self._want_pin = pin and torch.cuda.is_available()
+        self._pinned = False
+        self._layers: list[torch.Tensor] = []
         self.pin_error: str | None = None
         self._maps: list = []               # huge-page maps under the registered layers
         self._regs: list[Registration] = []
         self._finalizer = weakref.finalize(self, _release, self._regs, self._maps)
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self.load_s = 0.0
+        args = (layer_blobs, get, layers, progress)
+        if background:
+            threading.Thread(target=self._load, args=args, name="strata-pin", daemon=True).start()
+        else:
+            self._load(*args)
+            self.join()
+
+    def _load(self, layer_blobs, get, layers, progress) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._load_layers(layer_blobs, get, layers, progress)
+            self.load_s = time.perf_counter() - t0   # wall seconds of the loading alone
+        except BaseException as e:   # handed to the waiting thread (join)
+            self._error = e
+        finally:
+            self._done.set()
+
+    def _load_layers(self, layer_blobs, get, layers, progress) -> None:
+        want_pin = self._want_pin
         threads = min(8, os.cpu_count() or 1)
         it = zip(layer_blobs, self.blob_sizes)
         if progress:
             it = tqdm(list(it), desc="pinning experts" if want_pin else "loading experts",
                       unit="layer", leave=False)
         for i, (t, size) in enumerate(it):
-            if layers is not None and i not in layers:
-                self.layers.append(torch.empty(0, size, dtype=torch.uint8))
+            if (layers is not None and i not in layers) or size == 0:  # not ours, or dense
+                self._layers.append(torch.empty(0, size, dtype=torch.uint8))
                 continue
             if get is not None:
                 t = get(t)
             if t.dtype != torch.uint8 or t.numel() % size:
-                raise StrataError(f"layer {i}: expert blobs must be uint8 whole blobs of {size:,} B, "
-                                  f"got {t.dtype} x {t.numel():,}")
+                raise StrataError(f"layer {i}: expert blobs must be uint8 whole blobs of "
+                                  f"{size:,} B, got {t.dtype} x {t.numel():,}")
             t = t.reshape(-1, size)
             if want_pin and self.pin_error is None:
                 try:
                     t = self._pin(t, threads)
                 except RuntimeError as e:  # out of page-lockable memory: fall back, once
                     self.pin_error = str(e).splitlines()[0]
-                    self.layers = [x.clone() if x.is_pinned() else x for x in self.layers]
+                    self._layers = [x.clone() if x.is_pinned() else x for x in self._layers]
                     _release(self._regs, self._maps)
-            self.layers.append(t)
-        self.pinned = want_pin and self.pin_error is None
-        if want_pin and not self.pinned:
+            self._layers.append(t)
+        self._pinned = want_pin and self.pin_error is None
+        if want_pin and not self._pinned:
             log.warning("strata prefill: pinning the expert blobs failed (%s); streaming from "
                         "pageable memory with the unpinned ring budget", self.pin_error)
+
+    def join(self) -> "HostExperts":
+        """Wait until every layer is loaded (at once when not in the background); raise what
+        the loading raised."""
+        if not self._done.is_set():
+            self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def layers(self) -> list[torch.Tensor]:
+        return self.join()._layers
+
+    @property
+    def pinned(self) -> bool:
+        return self.join()._pinned
 
     def _pin(self, t: torch.Tensor, threads: int) -> torch.Tensor:
         """A page-locked copy of layer blobs `t`: huge pages + cudaHostRegister, else torch's
@@ -99,7 +143,8 @@ class HostExperts:
 
     def close(self) -> None:
         """Unlock and free the pinned layers now (the engine is done with them)."""
-        self.layers = []
+        self._done.wait()
+        self._layers = []
         self._finalizer()
 
     @property

@@ -24,9 +24,11 @@ the lanes' timeline (strata.engine.trace writes it as a Chrome/Perfetto trace):
   enqueued between the marks `begin` and `end` on the compute lane;
 - on_copy(part, layer, expert, nbytes, start, done): the expert's blob was copied into a ring
   slot on the copy lane between `start` and `done`;
-- on_pass(part, layer, index, begin, end, wait): pass `index` of the layer computed between
-  `begin` and `end`; `wait` is the (before, after) pair bracketing the compute lane's stall on
-  the pass's copies, or None when it needed none.
+- on_pass(part, layer, index, begin, end, wait, ahead): pass `index` of the layer computed
+  between `begin` and `end`; `wait` is the (before, after) pair bracketing the compute lane's
+  stall on the pass's copies, or None when it needed none; `ahead`: how many copies beyond the
+  pass's own were already queued on the copy lane when the pass was enqueued (the next passes'
+  experts, strata.engine.provider says how far ahead they run and why).
 A mark is a CUDA timing event (read it after the device synchronized, e.g. in on_result:
 strata.engine.device.Lane.elapsed) or, on the CPU, a time.perf_counter() float. These hooks are
 only called when an observer is attached, so an engine without observers records nothing extra.
@@ -57,5 +59,6 @@ class EngineObserver:
     def on_copy(self, part: str, layer: int, expert: int, nbytes: int, start, done) -> None:
         pass
 
-    def on_pass(self, part: str, layer: int, index: int, begin, end, wait) -> None:
+    def on_pass(self, part: str, layer: int, index: int, begin, end, wait,
+                ahead: int = 0) -> None:
         pass

@@ -91,9 +91,123 @@ class Registration:
         if self.open:
             torch.cuda.cudart().cudaHostUnregister(self.ptr)
             self.open = False
+            self.tensor = None   # so the memory under it can be unmapped
 
     def __enter__(self) -> "Registration":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Dense weights go up in pieces of this size through two pinned staging buffers: big enough
+# that each DMA runs at the PCIe rate, small enough that the staging costs little to pin.
+STAGE_PIECE = 128 << 20
+ALIGN = 256
+
+
+def parallel_copies(pairs: list[tuple[torch.Tensor, torch.Tensor]], pool: ThreadPoolExecutor | None,
+                    piece: int = 16 << 20) -> None:
+    """dst[:] = src for each (dst, src) pair of contiguous 1-D uint8 CPU tensors, the bytes split
+    into pieces of at most `piece` shared by the pool's threads (None: this thread)."""
+    jobs = []
+    for d, s in pairs:
+        n = d.numel()
+        jobs += [(d[a:min(a + piece, n)], s[a:min(a + piece, n)]) for a in range(0, n, piece)]
+    if pool is None or len(jobs) <= 1:
+        for d, s in jobs:
+            d.copy_(s)
+        return
+    list(pool.map(lambda ds: ds[0].copy_(ds[1]), jobs))
+
+
+def _staging(nbytes: int, cuda: bool) -> tuple[torch.Tensor, object]:
+    """A host buffer of nbytes the DMA can read asynchronously: huge pages + cudaHostRegister,
+    else torch's pinned allocator, else (no CUDA, or both failed) ordinary memory. Returns the
+    buffer and what to close when done (or None)."""
+    if not cuda:
+        return torch.empty(nbytes, dtype=torch.uint8), None
+    m, buf = huge_page_buffer(nbytes)
+    try:
+        return buf, (Registration(buf, read_only=False), m)
+    except RuntimeError:
+        del buf
+        m.close()
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), None
+    except RuntimeError:
+        return torch.empty(nbytes, dtype=torch.uint8), None
+
+
+def upload(tensors: dict[str, torch.Tensor], device, dtype: torch.dtype, *, threads: int = 8,
+           piece: int = STAGE_PIECE) -> dict[str, torch.Tensor]:
+    """Host tensors onto one device as `dtype`, in bulk: name -> a view of one device buffer that
+    holds them all (offsets 256-aligned).
+
+    One pageable `.to(device)` per tensor reads a memory-mapped pack on one core (a page fault
+    per 4 KiB, then the driver's own staging copy) and waits for each copy. Here the bytes stream
+    through two pinned staging pieces: `threads` threads copy piece k+1 out of the map while the
+    DMA of piece k runs, and the host waits once at the end. A tensor of another dtype is
+    converted on the host first (as `.to` does for a host-to-device copy), so the device holds
+    only `dtype` bytes. On the CPU the same pieces run as plain copies (what the tests check)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    raw, offs, total = {}, {}, 0
+    for name, t in tensors.items():
+        src = t if t.dtype == dtype else t.to(dtype)
+        raw[name] = src.contiguous().reshape(-1).view(torch.uint8)
+        offs[name] = total
+        total += -(-raw[name].numel() // ALIGN) * ALIGN
+    buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+    piece = max(ALIGN, min(piece, total))
+    stages = [_staging(piece, cuda) for _ in range(2 if total > piece else 1)]
+    stream = torch.cuda.Stream(device) if cuda else None
+    if cuda:
+        stream.wait_stream(torch.cuda.current_stream(device))   # buf's allocation, in order
+    done: list = [None] * len(stages)
+    stage, pairs = None, []
+    order = sorted(raw, key=offs.__getitem__)
+    pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+    try:
+        i = 0
+        for k, p in enumerate(range(0, total, piece)):
+            n = min(piece, total - p)
+            s = k % len(stages)
+            stage = stages[s][0]
+            if done[s] is not None:
+                done[s].synchronize()          # the DMA out of this staging piece has run
+            pairs = []
+            while i < len(order) and offs[order[i]] < p + n:
+                name = order[i]
+                a, r = offs[name], raw[name]
+                lo, hi = max(a, p), min(a + r.numel(), p + n)
+                if hi > lo:
+                    pairs.append((stage[lo - p:hi - p], r[lo - a:hi - a]))
+                if a + r.numel() > p + n:      # continues into the next piece
+                    break
+                i += 1
+            parallel_copies(pairs, pool)
+            if cuda:
+                with torch.cuda.stream(stream):
+                    buf[p:p + n].copy_(stage[:n], non_blocking=True)
+                    done[s] = torch.cuda.Event()
+                    done[s].record(stream)
+            else:
+                buf[p:p + n].copy_(stage[:n])
+        if cuda:
+            stream.synchronize()
+            torch.cuda.current_stream(device).wait_stream(stream)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        keeps = [keep for _, keep in stages if keep is not None]
+        for reg, _ in keeps:
+            reg.close()                        # unlock before the pages go
+        del stage, stages, pairs
+        for _, m in keeps:
+            try:
+                m.close()
+            except BufferError:                # a view still holds the map: freed at exit
+                pass
+    return {name: buf[offs[name]:offs[name] + raw[name].numel()].view(dtype).view(t.shape)
+            for name, t in tensors.items()}

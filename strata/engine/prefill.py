@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from tqdm import tqdm
@@ -41,6 +41,7 @@ from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import SplitProvider, StreamingProvider
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.stats import PrefillStats
+from strata.engine.warm import LayerSubset, warm_layers
 from strata import config
 from strata.errors import AllocationError, StrataError
 from strata.memory import STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
@@ -150,6 +151,9 @@ class PrefillEngine:
         """`host`: the pack's blobs already in (pinned) host memory — experiments that build
         several engines over one 32 GB pack pin it once. `observers`: watch each prompt's plan,
         loans and result (strata.engine.observe); `self.observers` may change between prompts."""
+        # where the start goes (seconds per phase; experiments/cold_warm.py reports them)
+        self.timings: dict[str, float] = {}
+        clock = _PhaseClock(self.timings)
         self.cfg = cfg
         self.observers: list[EngineObserver] = list(observers or [])
         self.pack = pack = open_pack(pack)
@@ -176,19 +180,39 @@ class PrefillEngine:
                       dense_host=sum(b.dense for b in budgets) * self.dtype.itemsize // 2,
                       host_kv=self.shape.n_layer * self.sizes.kv_host(cfg.max_prompt),
                       kv_tokens=cfg.max_prompt)
+        clock.cuda = [d for d in devices if d.type == "cuda"]
+        clock.lap("plan_s")
+        # The host blobs load on a thread while the caches are allocated and the dense weights
+        # go up (the copy threads and the upload overlap); the caches fill once they are in.
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
-                                        progress=cfg.progress)
-        self.pinned = self.host.pinned or self.device.type != "cuda"
-        self.parts: list[Part] = []
-        for p, b, dev in zip(parts, budgets, devices):
-            cache = ExpertCache(p.cache, self.host.source, dev, progress=cfg.progress)
-            self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev),
-                                   ParticipantScratch(p.name, dev, cache.buffer)))
-        device_map = [part.device for part in self.parts for _ in part.layers]
-        self._warm: set = set()       # the (chunk, ring, last chunk) warm-ups already read
-        self.finite = FiniteGuard()   # NaN/Inf in a chunk fails the prompt, the layer named
-        self.model = load_model(pack, device=self.device, dtype=self.dtype,
-                                ffn=self.finite.wrap(expert_ffn(cfg.ffn)), device_map=device_map)
+                                        progress=cfg.progress, background=True)
+        try:
+            caches = []
+            for p, dev in zip(parts, devices):
+                caches.append(ExpertCache(p.cache, self.host.source, dev, fill=False))
+            clock.lap("cache_alloc_s")
+            self._warm: set = set()       # the (chunk, ring, last chunk) warm-ups already read
+            # NaN/Inf in a chunk fails the prompt, the layer named; read once after the prompt
+            self.finite = FiniteGuard(defer=True)
+            device_map = [dev for b, dev in zip(budgets, devices) for _ in b.layers]
+            ffn = self.finite.wrap(expert_ffn(cfg.ffn))   # imports the kernels' modules
+            clock.lap("ffn_s")
+            self.model = load_model(pack, device=self.device, dtype=self.dtype, ffn=ffn,
+                                    device_map=device_map, timings=self.timings)
+            clock.lap("dense_s")
+            self.pinned = self.host.pinned or self.device.type != "cuda"   # waits for the blobs
+            clock.lap("pin_wait_s")
+            self.parts: list[Part] = []
+            for p, b, dev, cache in zip(parts, budgets, devices, caches):
+                cache.fill(progress=cfg.progress)
+                clock.lap("cache_fill_s")
+                self.parts.append(Part(p.name, dev, b.layers, p, b, cache, Lane(dev),
+                                       ParticipantScratch(p.name, dev, cache.buffer)))
+            clock.lap("other_s")
+        except BaseException:
+            if host is None:   # the blobs this engine began loading: wait, then let them go
+                self.host.close()
+            raise
 
     # single-participant conveniences (tests, the CLI's summary)
     @property
@@ -220,7 +244,7 @@ class PrefillEngine:
         sizes = [C] * (n_tokens // C) + ([n_tokens % C] if n_tokens % C else [])
         return C, sizes
 
-    def warmup(self, n_tokens: int, *, seed: int = 0) -> float:
+    def warmup(self, n_tokens: int, *, seed: int = 0, full: bool = False) -> float:
         """Compile and load every kernel variant a prompt of n_tokens will launch, before it is
         timed; returns the seconds it took (0 when this engine is already warm for it).
 
@@ -229,9 +253,11 @@ class PrefillEngine:
         FFN's kernel or decoded path, attention's tiles) follows the chunk's token count. So the
         warm-up reads one dry prompt through the prompt's own plan, whose chunks are the sizes
         the prompt uses: a full chunk, then the last partial chunk (or a second full one, so a
-        chunk after cached positions is covered too). It is an ordinary prompt through the same
+        chunk after cached positions is covered too). It goes through the first two layers of
+        each blob layout on each participant only (strata.engine.warm: the variants do not
+        depend on the layer; `full`: every layer). It is an ordinary prompt through the same
         loan, carve and ring, so the cache ends byte for byte as it started; observers do not
-        see it. The cost is one or two chunks' read plus the one-time compile and load."""
+        see it. `self.timings["warmup_layers"]` says how many layers it read."""
         plan = self.plan(n_tokens, slab=self._slab())
         C = plan.chunk
         key = (C, plan.ring, n_tokens % C if n_tokens > C else n_tokens)
@@ -240,14 +266,26 @@ class PrefillEngine:
         n = n_tokens if n_tokens <= C else C + (n_tokens % C or C)
         g = torch.Generator().manual_seed(seed)
         dry = torch.randint(0, self.shape.vocab, (n,), generator=g, dtype=torch.int64)
-        saved, self.observers = self.observers, []
+        # a dry prompt whose KV spills to host memory reads every layer: PromptKV stages each
+        # layer's host part, so it takes every layer's stage view
+        spills = self.uses_prompt_kv() and self.cfg.kv_resident is not None and \
+            n > self.cfg.kv_resident
+        layers = (list(range(self.shape.n_layer)) if full or spills else
+                  warm_layers([p.layers for p in self.parts], self.layouts))
+        saved = self.observers, self.model, self.parts
+        self.observers = []
+        if len(layers) < self.shape.n_layer:   # run() reads these parts' layers, this model's
+            keep = set(layers)
+            self.model = LayerSubset(self.model, layers)
+            self.parts = [replace(p, layers=[l for l in p.layers if l in keep]) for p in saved[2]]
         t0 = time.perf_counter()
         try:
             with torch.inference_mode():
                 self.run(dry, logits="last", plan=plan)
         finally:
-            self.observers = saved
+            self.observers, self.model, self.parts = saved
         self._warm.add(key)
+        self.timings["warmup_layers"] = len(layers)
         return time.perf_counter() - t0
 
     def _slab(self) -> bool:
@@ -281,6 +319,7 @@ class PrefillEngine:
         memory: list[Borrowed] = []
         kv = None
         stages: dict[int, torch.Tensor] = {}
+        kv_scratch: dict[int, object] = {}    # layer -> AttnScratch of its participant's carve
         try:
             providers = []
             for part, pp in zip(self.parts, plan.participants):
@@ -296,6 +335,8 @@ class PrefillEngine:
                     o.on_loan(part, pp.bytes_needed, loans[-1])
                 if "kv_stage" in bufs.bufs:
                     stages.update({l: bufs["kv_stage"] for l in part.layers})
+                if "kv_expand_k" in bufs.bufs:
+                    kv_scratch.update({l: attn_scratch(bufs, self.shape) for l in part.layers})
                 if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
                     part.scratch.publish(carve.tail())
                 providers.append(StreamingProvider(
@@ -309,12 +350,15 @@ class PrefillEngine:
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
             kv = self.prompt_kv(T, stages)
+            if kv is not None:      # each layer's int8 expansion scratch, from its carve
+                kv.scratch = kv_scratch
             self._sync()
             t0 = time.perf_counter()
             try:
                 out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=kv,
                                          progress=(lambda n: bar.update(n - bar.n)) if bar else None,
                                          observer=self.finite.begin(self.shape.n_layer))
+                self.finite.check()   # the prompt's one host read of the finite flags
                 self._sync()
             except torch.cuda.OutOfMemoryError as e:
                 raise AllocationError(f"a device allocation failed mid-prompt ({_first_line(e)}); "
@@ -340,7 +384,7 @@ class PrefillEngine:
             kv_streamed = kv.streamed if kv is not None else 0
             if kv is not None:
                 kv.release()      # the resident and the pinned host KV go with the prompt
-            del kv, stages
+            del kv, stages, kv_scratch
         result = PrefillResult(out, plan, chunk, ring, stats, memory, kv_streamed)
         for o in self.observers:
             o.on_result(result)
@@ -359,6 +403,9 @@ class PrefillEngine:
         if not self.uses_prompt_kv():
             return None
         s = self.shape
+        if s.mla:   # PromptKV holds per-head keys and values; MLA caches one latent a token
+            raise StrataError(f"--kv-resident is not implemented for MLA ({s.arch}); its KV "
+                              f"(the bf16 latent + rope key) stays resident: drop --kv-resident")
         host_kv = s.n_layer * self.sizes.kv_host(n_tokens)
         check_kv_host(host_kv, sum(len(p.layers) for p in self.parts) * self.sizes.kv_bytes(
             n_tokens), sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
@@ -384,6 +431,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
                               f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
                               f"memory; give a smaller --cache or more --vram")
     kv = kv_policy(cfg)
+    shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
     sizes = model_sizes(shape, kv=kv)
     layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv), cfg.batch)
     fused = use_fused(native, cfg.fused)
@@ -403,6 +451,15 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
         if cap < min(b.cache for b in budgets):
             parts, budgets = participants(sizes, blob_sizes, vram, cache=cap, **kw)
     return parts, budgets, layout, fused
+
+
+def attn_scratch(bufs, shape):
+    """The int8 attention's AttnScratch over a carve's kv_expand_k / kv_expand_v (/ attn_state)
+    buffers (strata.planning.KV_EXPAND_BUFS)."""
+    from strata.kernels.attention import AttnScratch
+    kv = (shape.n_kv_head, shape.head_dim)
+    return AttnScratch(bufs["kv_expand_k"].view(-1, *kv), bufs["kv_expand_v"].view(-1, *kv),
+                       bufs.bufs.get("attn_state"))
 
 
 def kv_policy(cfg: EngineConfig) -> KVPolicy:
@@ -450,6 +507,23 @@ class _FailingProvider:
                                       "failed and the cache was refilled")
             self.left -= 1
             yield item
+
+
+class _PhaseClock:
+    """Seconds between laps into `timings` (added up per name), the devices synchronized first
+    so a phase's queued copies count in it, not in the next."""
+
+    def __init__(self, timings: dict):
+        self.timings = timings
+        self.cuda: list = []      # set once the devices are known
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        for d in self.cuda:
+            torch.cuda.synchronize(d)
+        t = time.perf_counter()
+        self.timings[name] = self.timings.get(name, 0.0) + t - self.t
+        self.t = t
 
 
 def _first_line(e: BaseException) -> str:

@@ -19,6 +19,31 @@ Modes:
 - "stage" (small chunks, the resolved ring reads STAGE): after a layer's router, only its routed
   experts that the cache lacks are queued (one device sync per layer to learn which).
 
+Host syncs (strata.engine.syncs): in stream mode a chunk's layers and passes are enqueued
+without the host ever waiting on the device — the slot tables are built and checked on the host
+(every offset 256-byte aligned inside the arena), so the expert FFN runs unchecked (the
+workspace is `vouched`: no sync, grid bounded by the launch plan, block counts on the device),
+and the routing statistics stay on the device until the prompt has synchronized
+(ChunkStats.settle). Stage mode reads each layer's routed experts once (`host_read`): which
+experts to copy is the host's decision and layer l's routing depends on layer l-1's output, so it
+cannot be one read per chunk; the read waits for the router (attention and routing of that layer,
+the copies of earlier layers keep running), then the layer's copies and passes are enqueued. It is
+one read per layer, never per pass.
+
+How far ahead the copies run: the ring of R slots is two halves of G = R/2 (pass_experts). The
+copy of queue item i is enqueued on the copy lane as soon as the pass that read slot i % R before
+it (item i - R) has been enqueued on the compute lane (the copy waits on that pass's event on the
+device, not on the host). So while pass n computes from one half, the copies of pass n+1 are
+already queued on the copy engine into the other half, and the copies of pass n+2 are queued
+behind pass n's event: the copy engine always holds one pass of work ahead of compute and has the
+next queued behind it — one pass ahead, two in the queue. More passes ahead would need smaller
+passes (G < R/2: more launches and less weight reuse per pass) or a bigger ring (less room for
+the chunk); a full pass of slack is what double buffering needs for the copy engine never to idle
+while compute runs and compute to wait only when PCIe bounds the pass. In stream mode the queue
+holds every layer's missing experts from the chunk's start, so this carries across layers and
+through attention; `on_pass`'s `ahead` (strata.engine.observe) reports the copies queued beyond
+the pass when it was enqueued.
+
 `passes(layer, topk_ids)` yields the layer's passes (strata.models.provider.Pass): ids of experts
 outside a pass read -1 (skipped by the expert FFN); `workspace(layer)` lends the FFN the carve's
 buffers and fp32 accumulator and the participant's stream-k scratch. Host order matters: a copy
@@ -32,10 +57,11 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from strata.blob import BlobLayout
+from strata.blob import ALIGN, BlobLayout
 from strata.engine.device import Lane
 from strata.engine.host import HostExperts
 from strata.engine.stats import ChunkStats
+from strata.engine.syncs import host_read
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.kernels.routing import routed_mask
@@ -60,16 +86,25 @@ class StreamingProvider:
         self.arena = cache.buffer
         self.ring = ring                                       # uint8 [R, stride]
         self.R, self.stride = ring.shape
-        if self.stride < max(l.size for l in self.layouts):
+        biggest = max(l.size for l in self.layouts if l is not None)
+        if self.stride < biggest:
             raise StrataError(f"ring slots of {self.stride:,} B cannot hold a "
-                              f"{max(l.size for l in self.layouts):,} B blob")
+                              f"{biggest:,} B blob")
         base = ring.data_ptr() - self.arena.data_ptr()
         if not 0 <= base <= self.arena.numel() - self.R * self.stride:
             raise StrataError("the ring must be a view inside the expert cache's buffer")
         self.ring_base = base
+        # the slot tables vouch for the expert FFN (no host check per pass): every blob the
+        # tables can name starts 256-byte aligned inside the arena, checked here once
+        offs = [base, self.stride] + list(cache.layout.slot_offset)
+        if any(o % ALIGN for o in offs):
+            raise StrataError(f"ring and cache slots must start {ALIGN}-byte aligned in the "
+                              f"arena (ring at {base}, stride {self.stride}); a layout bug")
         self.E = n_expert
         self.mode = mode
         self.layers = list(layers) if layers is not None else list(range(len(self.layouts)))
+        # the layers that route to experts (a leading dense layer streams nothing)
+        self.moe_layers = [l for l in self.layers if self.layouts[l] is not None]
         self.n_layer = len(self.layouts)
         self.G = pass_experts(self.R, batch)   # the layout sizes its per-pass buffers for it
         self.lane = lane or Lane(self.arena.device)
@@ -140,7 +175,7 @@ class StreamingProvider:
 
     def begin_chunk(self, start: int, n_tokens: int) -> None:
         self.chunk_stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode,
-                                      layers=self.layers)
+                                      layers=self.moe_layers)
         self.queue: list[tuple[int, int]] = []
         self.ready: list = []
         self.pass_tables: dict[int, tuple[torch.Tensor, list]] = {}
@@ -148,19 +183,20 @@ class StreamingProvider:
         dev = self.arena.device
         # Cached experts of each layer (the loan has already evicted what it borrowed).
         self.cached_offsets = torch.full((self.n_layer, self.E), -1, dtype=torch.int64)
-        self.cached_list: dict[int, list[tuple[int, int]]] = {l: [] for l in self.layers}
+        self.cached_list: dict[int, list[tuple[int, int]]] = {l: [] for l in self.moe_layers}
         for (layer, e), slot in sorted(self.cache.index.items()):
             off = self.cache.layout.slot_offset[slot]
             self.cached_offsets[layer, e] = off
             if layer in self.cached_list:
                 self.cached_list[layer].append((e, off))
         self.routed = torch.zeros(self.n_layer, self.E, dtype=torch.bool, device=dev)
+        self.chunk_stats.pending = (self.routed, self.cached_offsets >= 0)   # read in settle()
         if self.observers:
             mark = self._mark()
             for o in self.observers:
                 o.on_chunk(self.name, start, n_tokens, mark)
         if self.mode == STREAM:
-            for layer in self.layers:
+            for layer in self.moe_layers:
                 self._queue_layer(layer, range(self.E))
         self._pump()
 
@@ -174,13 +210,14 @@ class StreamingProvider:
         fresh allocations, and the stream-k scratch allocator (ordinary pool, or the slab over
         the loan's tail). The passes always sum in fp32: a layer may take several."""
         if self.buffers is None:
-            return LayerWorkspace(scratch_alloc=self.scratch_alloc)
+            return LayerWorkspace(scratch_alloc=self.scratch_alloc, vouched=True)
         b = self.buffers
         bufs = {"h": b["h"], "yk": b["yk"]}
         if b.bufs.get("wdec") is not None:   # the "decoded" FFN's per-pass bf16 experts
             bufs["wdec"] = b["wdec"].view(-1)
+        # vouched: the tables are built and checked on the host (see the module docstring)
         return LayerWorkspace(accumulator=b["moe_out"], buffers=bufs,
-                              scratch_alloc=self.scratch_alloc)
+                              scratch_alloc=self.scratch_alloc, vouched=True)
 
     def passes(self, layer: int, topk_ids: torch.Tensor) -> Iterator[Pass]:
         lay = self.layouts[layer]
@@ -188,7 +225,8 @@ class StreamingProvider:
         used = routed_mask(topk_ids, E)                                         # [E] bool
         self.routed[layer] |= used
         if self.mode == STAGE:
-            routed = torch.nonzero(used).flatten().tolist()                     # one sync
+            with host_read("stage: the layer's routed experts"):               # one per layer
+                routed = torch.nonzero(used).flatten().tolist()
             self._queue_layer(layer, routed)
             self._pump()
         tables, streamed = self.pass_tables[layer]
@@ -199,14 +237,15 @@ class StreamingProvider:
                 if marks is not None:
                     self.chunk_stats.wait_marks.append(marks)
             begin = self._mark() if self.observers else None
+            ahead = self.issued - (span[1] if span is not None else self.released)
             offs = tables[n]                             # [E]: cache or ring slot, -1 elsewhere
             ids = torch.where((offs >= 0)[topk_ids], topk_ids, -1)
-            yield Pass(ExpertSet(self.arena, offs, lay), ids)
+            yield Pass(ExpertSet(self.arena, offs, lay), ids, last=n == len(streamed) - 1)
             done = None
             if self.observers:
                 done = self._mark()
                 for o in self.observers:
-                    o.on_pass(self.name, layer, n, begin, done, marks)
+                    o.on_pass(self.name, layer, n, begin, done, marks, ahead=ahead)
             if span is not None:   # the pass's compute is enqueued: its slots free once it ran
                 done = done if self.lane.cuda and done is not None else self.lane.event()
                 for i in range(*span):
@@ -224,15 +263,9 @@ class StreamingProvider:
         if self.issued != len(self.queue):
             raise StrataError(f"streaming ended a chunk with {len(self.queue) - self.issued} "
                               f"copies never issued; a layer was skipped")
-        routed = self.routed.cpu()                                              # one sync
-        cached = self.cached_offsets >= 0
-        st = self.chunk_stats
-        for layer in self.layers:
-            r = routed[layer]
-            st.hit_fraction.append(float(r.float().mean()))
-            st.routed += int(r.sum())
-            st.cache_hits += int((r & cached[layer]).sum())
-        self.chunks.append(st)
+        # the routing statistics stay on the device: ChunkStats.settle reads them once the
+        # prompt has synchronized (a read here would drain the lanes between chunks)
+        self.chunks.append(self.chunk_stats)
 
 
 class SplitProvider:

@@ -21,12 +21,28 @@ class ChunkStats:
     wait_marks: list = field(default_factory=list)   # (before, after) per compute stall
     copy_s: float = 0.0
     wait_s: float = 0.0
+    copy_span_s: float = 0.0   # first copy's start to the last copy's end (the copy lane's window)
+    # (routed bool [L, E] on the device, cached bool [L, E] on the host): read in settle(), so
+    # the chunk's routing never reaches the host while the prompt runs
+    pending: tuple | None = None
 
     def settle(self) -> None:
-        """Turn marks into seconds (after the device has synchronized)."""
+        """Turn marks into seconds and the routing into counts (after the device has
+        synchronized: nothing here waits on it)."""
         self.copy_s = sum(Lane.elapsed(a, b) for a, b in self.copy_marks)
         self.wait_s = sum(Lane.elapsed(a, b) for a, b in self.wait_marks)
+        if self.copy_marks:
+            self.copy_span_s = Lane.elapsed(self.copy_marks[0][0], self.copy_marks[-1][1])
         self.copy_marks, self.wait_marks = [], []
+        if self.pending is not None:
+            routed, cached = self.pending
+            routed = routed.cpu()
+            for layer in self.layers:
+                r = routed[layer]
+                self.hit_fraction.append(float(r.float().mean()))
+                self.routed += int(r.sum())
+                self.cache_hits += int((r & cached[layer]).sum())
+            self.pending = None
 
 
 @dataclass
@@ -57,6 +73,18 @@ class PrefillStats:
         return self.bytes_streamed / self.copy_s / 1e9 if self.copy_s > 0 else 0.0
 
     @property
+    def copy_span_s(self) -> float:
+        return sum(c.copy_span_s for c in self.chunks)
+
+    @property
+    def copy_window_gbps(self) -> float:
+        """The copy engine's rate over its whole window (each chunk's first copy start to its
+        last copy end): below h2d_gbps by the time the copy lane sat idle inside the window —
+        the figure a pipeline that keeps the copy engine busy holds at the pinned rate."""
+        span = self.copy_span_s
+        return self.bytes_streamed / span / 1e9 if span > 0 else 0.0
+
+    @property
     def cache_hits(self) -> int:
         return sum(c.cache_hits for c in self.chunks)
 
@@ -68,9 +96,10 @@ class PrefillStats:
         return {"tokens": self.tokens, "seconds": self.seconds,
                 "tokens_per_s": self.tokens_per_s, "bytes_streamed": self.bytes_streamed,
                 "h2d_gbps": self.h2d_gbps, "copy_s": self.copy_s, "wait_s": self.wait_s,
+                "copy_span_s": self.copy_span_s, "copy_window_gbps": self.copy_window_gbps,
                 "cache_hits": self.cache_hits, "routed": self.routed,
                 "chunks": [{"start": c.start, "tokens": c.tokens, "mode": c.mode,
                             "bytes_streamed": c.bytes_streamed, "copies": c.copies,
                             "cache_hits": c.cache_hits, "routed": c.routed,
-                            "copy_s": c.copy_s, "wait_s": c.wait_s,
+                            "copy_s": c.copy_s, "wait_s": c.wait_s, "copy_span_s": c.copy_span_s,
                             "hit_fraction": c.hit_fraction} for c in self.chunks]}

@@ -8,7 +8,9 @@
 
 An EngineObserver (strata.engine.observe): every copy, pass, layer and wait of every participant
 becomes a complete ("X") event: pid = the participant, tid = its lane ("copy", "compute",
-"passes", "waits"). Times are CUDA event times (resolved in on_result, once the device has
+"passes", "waits"); a counter track "copies queued ahead" shows, at each pass, how many copies
+beyond the pass's own the copy lane already held (strata.engine.provider: one pass ahead, the
+next queued behind it), and the PNG draws it as a step line over the lanes. Times are CUDA event times (resolved in on_result, once the device has
 synchronized) relative to an event recorded when the participant's loan was taken, placed on the
 host's perf_counter axis at that moment so several prompts line up one after another; on the CPU
 they are perf_counter times, and the trace's metadata says which clock ("cuda-events" or
@@ -77,9 +79,9 @@ class LaneTrace(EngineObserver):
         self._raw.append(("copy", part, self._chunk.get(part, 0), layer, start, done,
                           {"expert": expert, "bytes": nbytes}))
 
-    def on_pass(self, part, layer, index, begin, end, wait) -> None:
+    def on_pass(self, part, layer, index, begin, end, wait, ahead: int = 0) -> None:
         c = self._chunk.get(part, 0)
-        self._raw.append(("passes", part, c, layer, begin, end, {"pass": index}))
+        self._raw.append(("passes", part, c, layer, begin, end, {"pass": index, "ahead": ahead}))
         if wait is not None:
             self._raw.append(("waits", part, c, layer, wait[0], wait[1], {"pass": index}))
 
@@ -113,6 +115,9 @@ class LaneTrace(EngineObserver):
                 ev.append({"ph": "M", "name": "thread_name", "pid": i, "tid": t,
                            "args": {"name": lane}})
         for s in self.spans:
+            if s.lane == "passes":   # how far the copy lane ran ahead when this pass was enqueued
+                ev.append({"name": "copies queued ahead", "ph": "C", "ts": s.start * 1e6,
+                           "pid": pids[s.part], "args": {"copies": s.args.get("ahead", 0)}})
             e = {"name": s.name, "cat": s.lane, "ph": "X" if s.lane != "chunk" else "i",
                  "ts": s.start * 1e6, "pid": pids[s.part], "tid": tids[s.lane],
                  "args": dict(s.args, layer=s.layer, chunk=s.chunk)}
@@ -164,6 +169,15 @@ class LaneTrace(EngineObserver):
                 h = 0.4 if lane == "passes" else 0.8
                 ax.broken_barh(bars, (rows[lane] - h / 2, h), facecolors=colors[lane],
                                edgecolor="none", label=lane)
+        ahead = sorted(((s.start - t0) * 1e3, s.args.get("ahead", 0)) for s in spans
+                       if s.lane == "passes")
+        if ahead:   # copies queued beyond each pass when it was enqueued (right axis)
+            ax2 = ax.twinx()
+            ax2.step([a for a, _ in ahead], [n for _, n in ahead], where="post",
+                     color="tab:purple", lw=0.8, label="copies queued ahead")
+            ax2.set_ylabel("copies queued ahead", fontsize=7, color="tab:purple")
+            ax2.set_ylim(bottom=0)
+            ax2.tick_params(labelsize=7)
         layers = sorted((s.start, s.layer) for s in spans if s.lane == "compute")
         for x, _ in layers:
             ax.axvline((x - t0) * 1e3, color="k", lw=0.3, alpha=0.4)

@@ -17,6 +17,9 @@ and two schedules (SCHED constexpr):
             first piece) or 2p+1 (its last piece), and `_moe_fixup_kernel` sums every split
             tile's pieces in program order and applies the epilogue: deterministic, no atomics,
             no waiting on other programs.
+Both read the row-block count from the device (`n_blocks_ptr`, int32 [1]): n_tiles =
+n_blocks * cdiv(n_out, BN), so routing never has to reach the host to size a launch; the DP grid
+is the plan's bound (LaunchPlan.max_blocks) and programs past n_tiles do nothing.
 """
 from __future__ import annotations
 
@@ -349,7 +352,7 @@ def _moe_gemm_kernel(
         a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
         arena_ptr, slot_ptr, off1, rb1, off2, rb2,
         out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr,
-        n_out, n_in, n_tiles, n_programs, boff1, boff2, alpha, limit,
+        n_out, n_in, n_blocks_ptr, n_programs, boff1, boff2, alpha, limit,
         MODE: tl.constexpr, SCHED: tl.constexpr, TOPK: tl.constexpr,
         FMT1: tl.constexpr, FMT2: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
@@ -359,12 +362,17 @@ def _moe_gemm_kernel(
         ACT: tl.constexpr = 0):
     pid = tl.program_id(0)
     KI = tl.cdiv(n_in, BK)
+    # the row blocks are counted on the device (no host sync sizes the launch): the grid is an
+    # upper bound and the tiles past the count exit at once
+    n_tiles = tl.load(n_blocks_ptr) * tl.cdiv(n_out, BN)
     if SCHED == 0:
         # data-parallel: one tile, the whole reduction (no loop around it, so the K loop pipelines)
-        _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
-              arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
-              tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP, 0,
-              SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC, boff1, boff2, alpha, limit, BIAS, ACT)
+        if pid < n_tiles:
+            _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
+                  arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr,
+                  scratch_ptr, tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP,
+                  0, SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC, boff1, boff2, alpha, limit, BIAS,
+                  ACT)
     else:
         total = n_tiles * KI
         base = total // n_programs
@@ -388,7 +396,7 @@ def _moe_gemm_kernel(
 @triton.jit
 def _moe_fixup_kernel(
         sorted_ids_ptr, block_expert_ptr, n_assign, out_ptr, stride_out, tw_ptr, scratch_ptr,
-        n_out, n_in, n_tiles, n_programs, arena_ptr, slot_ptr, boff1, boff2, alpha, limit,
+        n_out, n_in, n_blocks_ptr, n_programs, arena_ptr, slot_ptr, boff1, boff2, alpha, limit,
         MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BK: tl.constexpr, INTERP: tl.constexpr, BIAS: tl.constexpr = False,
         ACT: tl.constexpr = 0):
@@ -398,7 +406,7 @@ def _moe_fixup_kernel(
     NB = tl.cdiv(n_out, BN)
     KI = tl.cdiv(n_in, BK)
     NACC: tl.constexpr = 2 if MODE == GATE_UP else 1
-    total = n_tiles * KI
+    total = tl.load(n_blocks_ptr) * NB * KI
     base = total // n_programs
     extra = total % n_programs
     s_b = b * base + tl.minimum(b, extra)

@@ -44,12 +44,13 @@ def decode_experts(experts: ExpertSet, dst_slot: torch.Tensor, dst: torch.Tensor
 
 def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                     experts: ExpertSet, *, schedule=None, scratch_alloc=None, out=None,
-                    workspace=None) -> torch.Tensor:
+                    workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
     """`moe_ffn`'s meaning and signature, computed as decode-once then the BF16 GEMM."""
     lay = experts.layout
+    kw = dict(schedule=schedule, scratch_alloc=scratch_alloc, out=out, check=check,
+              combine=combine)
     if all(m.fmt.name == "BF16" for m in lay.matrices):   # nothing to decode
-        return moe_ffn(x, topk_ids, topk_weights, experts, schedule=schedule,
-                       scratch_alloc=scratch_alloc, out=out, workspace=workspace)
+        return moe_ffn(x, topk_ids, topk_weights, experts, workspace=workspace, **kw)
     if not lay.plain:
         raise StrataError("the decoded expert FFN writes bias-free silu experts; these experts "
                           "carry biases or another activation: use the fused kernel "
@@ -61,8 +62,11 @@ def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     bb = bf16_layout(lay).size
     cidx = torch.cumsum(present.long(), 0) - 1                               # [E]
     buf = (workspace or {}).get("wdec")
-    if buf is None:   # standalone: size the buffer from the count (one sync)
+    if buf is None and check:   # standalone: size the buffer from the count (one sync)
         n = int(present.sum())
+        buf = torch.empty(max(n, 1) * bb, dtype=torch.uint8, device=dev)
+    elif buf is None:   # no sync: room for every expert the T·K assignments can reach
+        n = min(E, topk_ids.numel())
         buf = torch.empty(max(n, 1) * bb, dtype=torch.uint8, device=dev)
     elif buf.dtype != torch.uint8 or buf.dim() != 1 or buf.device != dev or buf.numel() < bb:
         raise StrataError(f"workspace['wdec'] must be a 1-D uint8 buffer on {dev} of at least one "
@@ -75,5 +79,4 @@ def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     dst_slot = torch.where(present & (cidx < cap), cidx * bb, -1)
     dec = decode_experts(experts, dst_slot, buf)
     ws = {k: v for k, v in (workspace or {}).items() if k != "wdec"} or None
-    return moe_ffn(x, topk_ids, topk_weights, dec, schedule=schedule,
-                   scratch_alloc=scratch_alloc, out=out, workspace=ws)
+    return moe_ffn(x, topk_ids, topk_weights, dec, workspace=ws, **kw)

@@ -17,9 +17,11 @@ tensor-core input); y comes back as bf16 [T, D] like x (the K partial rows are s
 
 Launch (`moe_ffn`): plan (strata.kernels.tiles.plan_launch: tile, grid bound, workspace rows,
 fixup scratch; the engine sizes its buffers from the same plan) -> route -> group by expert padded
-to BLOCK_M (one device sync, which also checks that every routed expert is resident) -> GATE_UP
-launch -> DOWN launch (each data-parallel or stream-k + fixup) -> y = sum over K of the weighted
-rows, in a fixed order. How decoded weights meet the tensor cores is the tile's `dot` field
+to BLOCK_M (check=True: one device sync, which also checks that every routed expert is resident;
+check=False, the engine's path: no sync, room for the plan's bound of blocks and the count read
+by the kernel on the device) -> GATE_UP launch -> DOWN launch (each data-parallel or stream-k +
+fixup) -> y = sum over K of the weighted rows, in a fixed order (`combine`: per call, or once per
+layer over several calls' rows). How decoded weights meet the tensor cores is the tile's `dot` field
 (pinnable: `pin_tile(dot="decode")`).
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ from strata.experts import ExpertSet
 from strata.formats.table import FORMATS
 from strata.formats.tables import device_table
 from strata.kernels import _moe_kernel as _k
-from strata.kernels.routing import check_topk_ids, group_blocked
+from strata.kernels.routing import check_topk_ids, group_blocked, group_blocked_bounded
 from strata.kernels.tiles import (GemmProblem, LaunchPlan, TileConfig, device_sms,  # noqa: F401
                                   plan_launch, resolve_tile, scratch_nbytes)
 
@@ -46,9 +48,9 @@ GGML_BF16 = FORMATS["BF16"].ggml_type
 class LaunchRecord:
     """What the last `moe_ffn` launched: its tile, grid and the fixup scratch it asked for."""
     tile: TileConfig
-    n_blocks: int          # BLOCK_M row blocks over all experts with tokens
-    tiles_gate_up: int     # n_blocks * cdiv(F, BN)
-    tiles_down: int        # n_blocks * cdiv(D, BN)
+    n_blocks: int | None   # BLOCK_M row blocks over all experts with tokens (None: check=False,
+    tiles_gate_up: int | None   # the count stayed on the device); n_blocks * cdiv(F, BN)
+    tiles_down: int | None      # n_blocks * cdiv(D, BN)
     scratch_bytes: int     # fixup scratch (0 for data-parallel)
 
 
@@ -98,9 +100,12 @@ def _check_decoders(lay):
                           f"{', '.join(_k.TRITON_FORMATS)}")
 
 
+COMBINES = ("pass", "defer", "layer")
+
+
 def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             experts: ExpertSet, *, schedule=None, scratch_alloc=None, out=None,
-            workspace=None) -> torch.Tensor:
+            workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
     """The layer's MoE feed-forward over T tokens -> y bf16 [T, D] (see module docstring).
 
     schedule: None (the heuristic in strata.kernels.tiles, or the active `pin_tile`), "dp",
@@ -113,7 +118,26 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     once. `workspace`: preallocated buffers the launch uses instead of allocating — "h" (bf16,
     at least [plan_launch(...).h_rows, F], TKP rows) and "yk" (fp32, at least [T*K, D]), e.g.
     views the carve took out of the loan.
+
+    check: True — one host sync per call validates the ids and the slot table (StrataError naming
+    what is wrong) and sizes the grid exactly; False — no host sync at all: the caller vouches
+    that ids lie in [-1, E) and every routed expert is resident and 256-byte aligned, the grid is
+    the plan's bound (LaunchPlan.max_blocks) and the kernel reads the block count on the device
+    (data-parallel programs past it exit at once: a pass over 1/p of a layer's experts launches
+    about p times the programs it uses; stream-k's P programs split the real count).
+
+    combine (how the per-assignment rows yk [T·K, D] become y = sum over K):
+    - "pass": this call's rows alone (rows of id -1 count zero; with check=False, not knowing
+      whether any id is -1, they are zeroed whatever).
+    - "defer": write this call's rows into workspace["yk"] and return `out` untouched: a later
+      call of the same layer sums them.
+    - "layer": sum every row of workspace["yk"] — this call's and the earlier "defer" calls' —
+      into y / `out`: the caller vouches that together they wrote all T·K rows (each routed
+      expert in exactly one call), so nothing is masked, and the layer's K rows of a token are
+      summed once, as one call over all its experts sums them.
     """
+    if combine not in COMBINES:
+        raise StrataError(f"combine must be one of {COMBINES}, got {combine!r}")
     _check_inputs(x, topk_ids, topk_weights, experts)
     lay = experts.layout
     _check_decoders(lay)
@@ -122,19 +146,28 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     F = lay.d_expert
     E = experts.n_expert
     dev = x.device
+    if combine == "defer" and (not workspace or workspace.get("yk") is None):
+        raise StrataError("combine='defer' keeps the rows between calls in workspace['yk']; "
+                          "pass one (fp32, at least [T*K, D])")
     plan = plan_launch(T, K, E, D, F, decoded=decoded_weights(lay), device=dev,
                        schedule=schedule)
     tile = plan.tile
     BM, BN, BK = tile.BLOCK_M, tile.BLOCK_N, tile.BLOCK_K
+    yk = _work(workspace, "yk", (T * K, D), torch.float32, dev)                # [T·K, D]
     if T * K == 0:
         _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]
-        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
-    grp = group_blocked(topk_ids, E, BM, slot_offset=experts.slot_offset, skip_negative=True)
-    if grp.n_blocks == 0:   # nothing routed to this pass's experts
-        _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]
-        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
-    n_gu = plan.tiles_gate_up(grp.n_blocks)
-    n_dn = plan.tiles_down(grp.n_blocks)
+        return _combine(yk, T, K, D, topk_ids, out, "layer" if combine == "layer" else None)
+    if check:   # one sync: validates, and sizes the grid and h exactly
+        grp = group_blocked(topk_ids, E, BM, slot_offset=experts.slot_offset, skip_negative=True)
+        if grp.n_blocks == 0:   # nothing routed to this pass's experts
+            _last[:] = [LaunchRecord(tile, 0, 0, 0, 0)]
+            return _combine(yk, T, K, D, topk_ids, out, "layer" if combine == "layer" else None)
+        room = grp.n_blocks
+    else:       # no sync: room for the most blocks any routing makes; the kernel reads the count
+        grp = group_blocked_bounded(topk_ids, E, BM, plan.max_blocks)
+        room = plan.max_blocks
+    n_gu = plan.tiles_gate_up(room)
+    n_dn = plan.tiles_down(room)
     sk = plan.stream_k
     nbytes = plan.scratch_bytes
     if sk:
@@ -145,10 +178,10 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
         scratch = scratch[:nbytes].view(torch.float32)
     else:
         scratch = torch.empty(1, dtype=torch.float32, device=dev)  # never touched
-    _last[:] = [LaunchRecord(tile, grp.n_blocks, n_gu, n_dn, nbytes)]
+    _last[:] = [LaunchRecord(tile, grp.n_blocks, n_gu if check else None,
+                             n_dn if check else None, nbytes)]
 
-    h = _work(workspace, "h", (grp.n_blocks * BM, F), torch.bfloat16, dev)    # [Mpad, F]
-    yk = _work(workspace, "yk", (T * K, D), torch.float32, dev)                # [T·K, D]
+    h = _work(workspace, "h", (room * BM, F), torch.bfloat16, dev)            # [Mpad, F]
     tw = topk_weights.reshape(-1).float().contiguous()                        # [T·K]
     x = x.contiguous()
     tab = device_table("iq", dev)  # the i-quant grids; read only by grid i-quant matrices
@@ -165,17 +198,32 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
         _k._moe_gemm_kernel[plan.grid(n_tiles)](
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
-            dst, dst.stride(0), tw, scratch, tab, n_out, n_in, n_tiles, tile.programs,
+            dst, dst.stride(0), tw, scratch, tab, n_out, n_in, grp.n_blocks_dev, tile.programs,
             *boff, *act,
             MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
             **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, tile.dot), **meta, **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
                 grp.sorted_ids, grp.block_expert, grp.n_assign, dst, dst.stride(0), tw, scratch,
-                n_out, n_in, n_tiles, tile.programs, experts.arena, experts.slot_offset,
-                *boff, *act, MODE=mode, **meta, **launch)
+                n_out, n_in, grp.n_blocks_dev, tile.programs, experts.arena,
+                experts.slot_offset, *boff, *act, MODE=mode, **meta, **launch)
+    if combine == "defer":
+        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
+    # "pass": rows of skipped assignments were never written (check=False cannot tell whether
+    # there are any, so it zeroes them whatever); "layer": every row was written
+    mask = combine == "pass" and (grp.n_skipped is None or grp.n_skipped > 0)
+    return _combine(yk, T, K, D, topk_ids, out, "mask" if mask else "all")
+
+
+def _combine(yk, T: int, K: int, D: int, topk_ids, out, rows) -> torch.Tensor:
+    """y = sum over K of yk's rows: rows "all" (every row written), "mask" (rows of id -1 zeroed
+    first), "layer" (all, or nothing when yk was never written: T·K = 0) or None (no rows: y = 0).
+    Added into `out` (fp32) when given, else bf16 [T, D]."""
+    if rows is None or T * K == 0:
+        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16,
+                                                       device=yk.device)
     yk = yk.view(T, K, D)
-    if grp.n_skipped:   # rows of skipped assignments were never written
+    if rows == "mask":
         yk.masked_fill_((topk_ids < 0)[..., None], 0.0)
     if out is not None:
         return out.add_(yk.sum(dim=1))
@@ -253,10 +301,11 @@ def expert_forward(xe: torch.Tensor, experts: ExpertSet, e: int) -> torch.Tensor
 
 def moe_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                   experts: ExpertSet, *, schedule=None, scratch_alloc=None, out=None,
-                  workspace=None) -> torch.Tensor:
-    """Plain-torch reference of `moe_ffn` (same signature; schedule/scratch_alloc/workspace
-    ignored): every product in fp32, h kept in fp32, y rounded to bf16 once at the end (or added
-    into `out` in fp32). Ids of -1 are skipped."""
+                  workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
+    """Plain-torch reference of `moe_ffn` (same signature; schedule/scratch_alloc/workspace/
+    check ignored): every product in fp32, h kept in fp32, y rounded to bf16 once at the end (or
+    added into `out` in fp32). Ids of -1 are skipped. Every call adds its own rows into `out`,
+    so a layer's calls sum to the same y whatever `combine` says."""
     _check_inputs(x, topk_ids, topk_weights, experts)
     T, D = x.shape
     y = torch.zeros(T, D, dtype=torch.float32, device=x.device)

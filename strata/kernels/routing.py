@@ -81,15 +81,63 @@ def group_ragged(topk_ids: torch.Tensor, n_expert: int) -> Ragged:
 
 @dataclass(frozen=True)
 class Blocked:
-    """The kernel's view: BM-row blocks, one expert each. Padding rows hold the sentinel T·K."""
+    """The kernel's view: BM-row blocks, one expert each. Padding rows hold the sentinel T·K.
+
+    From `group_blocked` every field is exact (the host read the counts). From
+    `group_blocked_bounded` the layout is sized for `max_blocks` blocks and the counts stay on the
+    device: n_blocks and n_skipped are None, block_expert reads E past the last real block, and
+    `n_blocks_dev` (int32 [1]) is what the kernel reads."""
     sorted_ids: torch.Tensor     # int32 [n_blocks·BM]: flat assignment index, or T·K = padding
     block_expert: torch.Tensor   # int32 [n_blocks]
     counts: torch.Tensor         # int64 [E]
     padded_offsets: torch.Tensor  # int64 [E+1]: first row of expert e's blocks
-    n_blocks: int
+    n_blocks: int | None
     block_m: int
     n_assign: int                # T·K (the sentinel)
-    n_skipped: int = 0           # assignments with id -1 (another pass's), in no block
+    n_skipped: int | None = 0    # assignments with id -1 (another pass's), in no block
+    n_blocks_dev: torch.Tensor | None = None   # int32 [1]: n_blocks, on the device
+
+
+def _counts(topk_ids: torch.Tensor, n_expert: int, block_m: int, skip_negative: bool):
+    """(ids with -1 moved to bucket E and others clamped, Ragged over E + 1 buckets, blocks per
+    expert [E], padded offsets [E+1], ids out of range (device scalar)). No device sync."""
+    if block_m < 1:
+        raise StrataError(f"block_m must be positive, got {block_m}")
+    check_topk_ids(topk_ids, n_expert)
+    low = -1 if skip_negative else 0
+    out_of_range = ((topk_ids < low) | (topk_ids >= n_expert)).sum()
+    # skipped assignments go to an extra bucket E that owns no blocks; clamping keeps the
+    # grouping valid until a check reports ids out of range
+    ids = torch.where(topk_ids < 0, n_expert, topk_ids.clamp(0, n_expert - 1))
+    rag = group_ragged(ids, n_expert + 1)
+    blocks_per = (rag.counts[:n_expert] + block_m - 1) // block_m              # [E]
+    padded_offsets = torch.zeros(n_expert + 1, dtype=torch.int64, device=rag.order.device)
+    padded_offsets[1:] = torch.cumsum(blocks_per, 0) * block_m
+    return ids, rag, blocks_per, padded_offsets, out_of_range
+
+
+def _lay_out(ids, rag: Ragged, blocks_per, padded_offsets, n_expert: int, block_m: int,
+             n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_ids int32 [n_blocks·BM], block_expert int32 [n_blocks]) for room of n_blocks
+    blocks (at least the real count): rows past the real blocks hold the sentinel T·K and their
+    blocks read expert E. Skipped assignments (bucket E) land in a spare row past the end. No sync.
+    """
+    dev = rag.order.device
+    n_assign = rag.order.numel()
+    rows = n_blocks * block_m
+    # position of the i-th sorted assignment: its expert's padded start + rank inside the expert
+    sorted_expert = ids.reshape(-1).long()[rag.order]                          # [T·K]
+    rank = torch.arange(n_assign, device=dev) - rag.offsets[sorted_expert]
+    pos = padded_offsets[sorted_expert.clamp(max=n_expert - 1)] + rank
+    pos = torch.where(sorted_expert == n_expert, rows, pos)                   # skipped: spare row
+    sorted_ids = torch.full((rows + 1,), n_assign, dtype=torch.int32, device=dev)
+    sorted_ids[pos] = rag.order.to(torch.int32)
+    # block b belongs to the first expert whose cumulative block count passes b (as
+    # repeat_interleave(arange(E), blocks_per) lays them out, without its output-size sync)
+    cum = torch.cumsum(blocks_per, 0)                                          # [E]
+    block_expert = torch.searchsorted(cum, torch.arange(n_blocks, device=dev, dtype=cum.dtype),
+                                      right=True).to(torch.int32)             # [n_blocks]
+    return sorted_ids[:rows], block_expert
 
 
 def group_blocked(topk_ids: torch.Tensor, n_expert: int, block_m: int, *,
@@ -97,29 +145,19 @@ def group_blocked(topk_ids: torch.Tensor, n_expert: int, block_m: int, *,
                   skip_negative: bool = False) -> Blocked:
     """Group by expert, each expert's rows padded to a multiple of `block_m`.
 
-    Syncs with the device once (the block count sizes the launch grid). When `slot_offset` [E] is
+    Syncs with the device once (the block count sizes the layout). When `slot_offset` [E] is
     given, the same sync also checks that every routed expert is resident (slot_offset >= 0) and
     raises StrataError naming the missing experts otherwise, and that their blobs start `align`-byte
-    aligned: the checks ride on a copy the launch needs anyway, so they cost no extra round trip.
+    aligned: the checks ride on the one round trip. (`group_blocked_bounded` is the sync-free
+    twin for callers that vouch for these.)
 
     `skip_negative`: an id of -1 marks an assignment outside this pass (the streaming engine runs a
     layer in batches of experts); it joins no block, and `n_skipped` counts it.
     """
-    if block_m < 1:
-        raise StrataError(f"block_m must be positive, got {block_m}")
-    check_topk_ids(topk_ids, n_expert)
-    low = -1 if skip_negative else 0
-    out_of_range = ((topk_ids < low) | (topk_ids >= n_expert)).sum()
-    # skipped assignments go to an extra bucket E that owns no blocks; clamping keeps bincount
-    # valid until the sync reports ids out of range
-    topk_ids = torch.where(topk_ids < 0, n_expert, topk_ids.clamp(0, n_expert - 1))
-    rag = group_ragged(topk_ids, n_expert + 1)
+    ids, rag, blocks_per, padded_offsets, out_of_range = _counts(topk_ids, n_expert, block_m,
+                                                                 skip_negative)
     dev = rag.order.device
-    n_assign = rag.order.numel()
     counts = rag.counts[:n_expert]                                    # [E]
-    blocks_per = (counts + block_m - 1) // block_m                    # [E]
-    padded_offsets = torch.zeros(n_expert + 1, dtype=torch.int64, device=dev)
-    padded_offsets[1:] = torch.cumsum(blocks_per, 0) * block_m
     # the one sync: total blocks, ids out of range, routed-but-absent and misaligned experts
     zero = torch.zeros((), dtype=torch.int64, device=dev)
     if slot_offset is not None:
@@ -141,18 +179,23 @@ def group_blocked(topk_ids: torch.Tensor, n_expert: int, block_m: int, *,
         absent = torch.nonzero((counts > 0) & (slot_offset.to(dev) < 0)).flatten().tolist()
         raise StrataError(f"experts {absent} are routed to but not resident (slot_offset = -1); "
                           f"load them into the arena before running the layer")
-    # position of the i-th sorted assignment: its expert's padded start + rank inside the expert
-    sorted_expert = topk_ids.reshape(-1).long()[rag.order]             # [T·K]
-    rank = torch.arange(n_assign, device=dev) - rag.offsets[sorted_expert]
-    pos = padded_offsets[sorted_expert.clamp(max=n_expert - 1)] + rank
-    sorted_ids = torch.full((n_blocks * block_m,), n_assign, dtype=torch.int32, device=dev)
-    if n_skipped:   # sorted last (bucket E): keep the first T·K - skipped
-        keep = n_assign - n_skipped
-        sorted_ids[pos[:keep]] = rag.order[:keep].to(torch.int32)
-    else:
-        sorted_ids[pos] = rag.order.to(torch.int32)
-    block_expert = torch.repeat_interleave(
-        torch.arange(n_expert, device=dev, dtype=torch.int32), blocks_per,
-        output_size=n_blocks)
+    sorted_ids, block_expert = _lay_out(ids, rag, blocks_per, padded_offsets, n_expert, block_m,
+                                        n_blocks)
+    n_dev = torch.full((1,), n_blocks, dtype=torch.int32, device=dev)
     return Blocked(sorted_ids, block_expert, counts, padded_offsets, n_blocks, block_m,
-                   n_assign, n_skipped)
+                   rag.order.numel(), n_skipped, n_dev)
+
+
+def group_blocked_bounded(topk_ids: torch.Tensor, n_expert: int, block_m: int,
+                          max_blocks: int, *, skip_negative: bool = True) -> Blocked:
+    """`group_blocked` without the host: the layout has room for `max_blocks` blocks (an upper
+    bound for any routing: strata.kernels.tiles.LaunchPlan.max_blocks), the block count stays on
+    the device (`n_blocks_dev`), and nothing is checked — the caller vouches that the ids lie in
+    [-1, E) and that every routed expert is resident and aligned (the streaming engine builds its
+    slot tables on the host, where it checks them). No device sync."""
+    ids, rag, blocks_per, padded_offsets, _ = _counts(topk_ids, n_expert, block_m, skip_negative)
+    sorted_ids, block_expert = _lay_out(ids, rag, blocks_per, padded_offsets, n_expert, block_m,
+                                        max_blocks)
+    n_dev = blocks_per.sum().to(torch.int32).reshape(1)
+    return Blocked(sorted_ids, block_expert, rag.counts[:n_expert], padded_offsets, None,
+                   block_m, rag.order.numel(), None, n_dev)

@@ -79,7 +79,7 @@ def budgets(sizes: Sizes, vram: Sequence[int], *, cache: int | None = None,
               else split_layers(sizes.n_layer, vram))
     kv_per_layer = sizes.kv_bytes(kv_tokens)
     for i, (v, layers) in enumerate(zip(vram, splits)):
-        dense = len(layers) * sizes.dense_layer
+        dense = sum(sizes.layer_dense(l) for l in layers)
         if i == 0:
             dense += sizes.dense_first
         if i == len(vram) - 1:
@@ -106,6 +106,8 @@ def participants(sizes: Sizes, layer_blob: Mapping[int, int] | Sequence[int],
     if not 0.0 < lend_cap <= 1.0:
         raise StrataError(f"--lend-cap must be in (0, 1], got {lend_cap}")
     bud = budgets(sizes, vram, cache=cache, reserve=reserve, kv_tokens=kv_tokens, split=split)
-    parts = [Participant(b.name, CacheLayout.build(b.cache, {l: layer_blob[l] for l in b.layers},
+    # a layer without routed experts (blob 0: a leading dense layer) has no cache slots
+    parts = [Participant(b.name, CacheLayout.build(b.cache, {l: layer_blob[l] for l in b.layers
+                                                             if layer_blob[l] > 0},
                                                    sizes.n_expert), lend_cap) for b in bud]
     return parts, bud

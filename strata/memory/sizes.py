@@ -11,7 +11,8 @@ the assembler that knows both (strata.planning.model_sizes):
                            window's share of the architecture's count, in the chosen KV dtype)
     kv_host(n_tokens)      one layer's KV bytes kept in pinned host memory for such a prompt
                            (what lies outside the resident window; 0 when all of it is resident)
-    dense_layer            one layer's dense weight bytes
+    dense_layer            one layer's dense weight bytes (every layer's, unless dense_layers)
+    dense_layers           per layer, when layers differ (a leading dense FFN, shared experts)
     dense_first            dense bytes only the first GPU holds (token embeddings)
     dense_last             dense bytes only the last GPU holds (output norm, LM head)
     n_layer, n_expert, top_k   the routing facts the ring and the cache need (L, E, K)
@@ -40,5 +41,10 @@ class Sizes:
     kv_bytes: Callable[[int], int] = field(compare=False, repr=False)
     kv_host: Callable[[int], int] = field(default=lambda n: 0, compare=False, repr=False)
     dense_layer: int = 0
+    dense_layers: tuple[int, ...] = ()
+
+    def layer_dense(self, layer: int) -> int:
+        """Dense weight bytes of `layer` (dense_layers[layer] when given, else dense_layer)."""
+        return self.dense_layers[layer] if self.dense_layers else self.dense_layer
     dense_first: int = 0
     dense_last: int = 0

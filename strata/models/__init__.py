@@ -11,7 +11,10 @@
     qwen3moe.py   Qwen3-MoE: wires the above
     mixtral.py    Mixtral: Qwen3-MoE's wiring without q/k norms
     gpt_oss.py    GPT-OSS: biased router, attention biases + sinks + sliding layers, YaRN
-                  (adding one: docs/architectures.md)
+    family.py     the DeepSeek / GLM-4.5 decoder: leading dense layers, shared experts (ffn.py),
+                  grouped sigmoid routing (routing.py); glm4moe.py (GQA with bias, partial
+                  RoPE) and deepseek.py (MLA attention, mla.py) wire it
+                  (adding an architecture: docs/architectures.md)
     registry.py   arch name -> wiring;  load.py  a model and its provider from a pack
 """
 from strata.models.provider import ExpertProvider, LayerWorkspace, Pass, ResidentProvider

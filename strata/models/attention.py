@@ -99,7 +99,7 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
               window: int = 0) -> torch.Tensor:
     """x [T, D] (already normed) at positions P..P+T-1 -> [T, D]; appends k, v to `cache`.
     `window` > 0: this layer slides (each query sees its last `window` keys)."""
-    T, P = x.shape[0], cache.length
+    T = x.shape[0]
     q = _proj(x, w.wq, w.bq).view(T, s.n_head, s.head_dim)           # [T, H, hd]
     k = _proj(x, w.wk, w.bk).view(T, s.n_kv_head, s.head_dim)        # [T, Hkv, hd]
     v = _proj(x, w.wv, w.bv).view(T, s.n_kv_head, s.head_dim)
@@ -109,22 +109,32 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
         k = rms_norm(k, w.k_norm, s.norm_eps)
     q = apply_rope(q.transpose(0, 1), cos, sin)                      # [H, T, hd]
     k = apply_rope(k.transpose(0, 1), cos, sin)                      # [Hkv, T, hd]
+    o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks)   # [T, H, hd]
+    return _proj(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo)    # [T, D]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PromptKV,
+           layer: int, *, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [H, T, hd], k [Hkv, T, hd] (normed, rotated), v [T, Hkv, hd] of the chunk at positions
+    P..P+T-1 -> o [T, H, hd] in q's dtype; k, v join `cache` (the attention every GQA wiring
+    shares once its projections are done). `window` > 0: a sliding layer; `sinks` [H]: the
+    heads' sink logits."""
+    T, P = q.shape[1], cache.length
     if isinstance(cache, PromptKV):   # the engine's KV: bf16 or int8, resident + host-held
         bf = torch.bfloat16
         extra = {}
-        if window or w.sinks is not None:   # only then: the plain call stays as it was
-            extra = dict(window=window, sinks=w.sinks)
+        if window or sinks is not None:   # only then: the plain call stays as it was
+            extra = dict(window=window, sinks=sinks)
         o = cache.attend(layer, q.transpose(0, 1).to(bf), k.transpose(0, 1).to(bf),
                          v.to(bf), **extra)                          # [T, H, hd] bf16
-        return _proj(o.reshape(T, s.n_head * s.head_dim).to(x.dtype), w.wo, w.bo)
+        return o.to(q.dtype)
     k_all, v_all = cache.extend(layer, k, v.transpose(0, 1))         # [Hkv, P+T, hd]
-    if window or w.sinks is not None:
-        o = masked_attention(q, k_all, v_all, P, window, w.sinks)    # [H, T, hd]
-        return _proj(o.transpose(0, 1).reshape(T, s.n_head * s.head_dim), w.wo, w.bo)
+    if window or sinks is not None:
+        return masked_attention(q, k_all, v_all, P, window, sinks).transpose(0, 1)  # [T, H, hd]
     # GQA without copying K/V per query head (enable_gqa: query head h reads kv head
     # h // (H / Hkv)). A later chunk's query i sits at P+i and sees keys 0..P+i: the causal
     # mask aligned to the bottom right, which flash attention runs without materializing it.
     mask = None if P == 0 else causal_lower_right(T, P + T)
     o = F.scaled_dot_product_attention(q[None], k_all[None], v_all[None], attn_mask=mask,
                                        is_causal=P == 0, enable_gqa=True)[0]  # [H, T, hd]
-    return _proj(o.transpose(0, 1).reshape(T, s.n_head * s.head_dim), w.wo, w.bo)  # [T, D]
+    return o.transpose(0, 1)                                                  # [T, H, hd]

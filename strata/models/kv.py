@@ -65,13 +65,16 @@ class PromptKV:
     over [staged host tokens, resident tokens] + the chunk's own keys: `chunk_attention` on CUDA,
     `chunk_attention_torch` on the CPU (one signature). The next layer's copy is issued as soon
     as this layer's attention has read the stage, so it lands while this layer's experts run.
+    int8 segments are expanded to bf16 codes for the kernel's bf16 tile path in `scratch[layer]`
+    (an AttnScratch over the layout's kv_expand_k / kv_expand_v / attn_state buffers,
+    strata.planning.KV_EXPAND_BUFS; absent: the launcher allocates its own).
 
     Legend: S tokens, Hkv kv heads, hd head dim; storage per layer is [S, Hkv, hd] (+ [S, Hkv]
     scales), the layout KVSegment reads."""
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, n_tokens: int, *,
                  kv: str = "bf16", resident: int | None = None, devices, stages=None,
-                 lanes=None, pin: bool = False):
+                 lanes=None, pin: bool = False, scratch=None):
         from strata.kernels.attention.kv_int8 import KV_DTYPES
         if kv not in KV_DTYPES:
             raise StrataError(f"kv dtype must be one of {KV_DTYPES}, got {kv!r}")
@@ -81,6 +84,7 @@ class PromptKV:
         self.Hkv, self.hd = n_kv_head, head_dim
         self.devices = list(devices)
         self.lanes = lanes or {}
+        self.scratch = scratch or {}   # layer -> AttnScratch (int8 on CUDA)
         self.code = torch.int8 if kv == "int8" else torch.bfloat16
         self.streamed = 0          # bytes of host KV copied back to the stages
         if self.host and stages is None:
@@ -157,7 +161,7 @@ class PromptKV:
         if n_res:
             prefix.append(self._segment(self.resident[layer], n_res))
         fn = chunk_attention if q.device.type == "cuda" else chunk_attention_torch
-        o = fn(q, k, v, prefix, **extra)
+        o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
         self._append(layer, k, v)
         nxt = layer + 1
         if n_host and nxt in self.stages:
@@ -190,8 +194,9 @@ class PromptKV:
         self._ready.clear()
 
     def release(self) -> None:
-        """Drop every tensor (the resident KV, the pinned host KV, the stage views)."""
+        """Drop every tensor (the resident KV, the pinned host KV, the stage and scratch views)."""
         self.resident, self.hosted, self.stages, self._ready = [], [], {}, {}
+        self.scratch = {}
 
     @property
     def host_bytes(self) -> int:

@@ -7,6 +7,11 @@ Legend: T tokens, h heads, hd head dim.
     yarn_cos_sin(positions, hd, θ, factor, orig_ctx, ...)   the same with YaRN's frequencies and
                                      attention factor (GPT-OSS)
     apply_rope(x [h, T, hd], cos, sin)
+    apply_rope_partial(x [h, T, hd], cos, sin)      NEOX on the first R dims (cos/sin [T, R]), the
+                                                    rest passed through (GLM-4.5: R = hd/2)
+    apply_rope_pairs(x [h, T, R], cos, sin)         interleaved pairs (2i, 2i+1) rotated by
+                                                    frequency i (DeepSeek's MLA rope key; GGUF
+                                                    rope type NORM)
 
 An architecture with another RoPE (YaRN scaling, interleaved pairs, a partial rotary dim) adds its
 own `*_cos_sin` / `apply_*` pair here; attention takes whatever cos/sin it is handed.
@@ -79,6 +84,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x.float() * cos + rot.float() * sin).to(x.dtype)
+
+
+def apply_rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [h, T, hd]: NEOX RoPE on x[..., :R] (R = cos.shape[-1]), x[..., R:] unrotated."""
+    R = cos.shape[-1]
+    if R == x.shape[-1]:
+        return apply_rope(x, cos, sin)
+    return torch.cat([apply_rope(x[..., :R], cos, sin), x[..., R:]], dim=-1)
+
+
+def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., T, R]: pairs (x[2i], x[2i+1]) rotated by angle i (cos/sin [T, R] as rope_cos_sin
+    gives them: angle i on dims i and i + R/2), written back in place of the pair."""
+    R = x.shape[-1]
+    c, s = cos[..., :R // 2], sin[..., :R // 2]
+    a, b = x[..., 0::2].float(), x[..., 1::2].float()
+    out = torch.stack([a * c - b * s, b * c + a * s], dim=-1)     # [..., T, R/2, 2]
+    return out.flatten(-2).to(x.dtype)
 
 
 def on_device(device: torch.device):

@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from strata.errors import StrataError
@@ -38,14 +40,52 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 
 
 def load_model(pack, *, device=None, dtype: torch.dtype = torch.float32,
-               ffn: ExpertFFN | None = None, device_map=None):
+               ffn: ExpertFFN | None = None, device_map=None, timings: dict | None = None):
     """The pack's model (class from the registry by `shape.arch`) with dense weights on `device`
-    (or, with `device_map`, each layer's on its own device: a layer split over GPUs)."""
+    (or, with `device_map`, each layer's on its own device: a layer split over GPUs).
+    `timings`: gets `dense_upload_s` (the weights onto the devices) and `model_build_s`."""
     pack = open_pack(pack)
     cls = get_arch(pack.shape.arch)
-    tensors = {n: pack.dense(n) for n in pack.dense_names()}
-    return cls.from_tensors(pack.shape, tensors, device=resolve_device(device), dtype=dtype, ffn=ffn,
-                            device_map=device_map)
+    dev = resolve_device(device)
+    t0 = time.perf_counter()
+    tensors = dense_on_devices({n: pack.dense(n) for n in pack.dense_names()}, dtype,
+                               dev if device_map is None else list(device_map))
+    t1 = time.perf_counter()
+    model = cls.from_tensors(pack.shape, tensors, device=dev, dtype=dtype, ffn=ffn,
+                             device_map=device_map)
+    if timings is not None:
+        timings["dense_upload_s"] = t1 - t0
+        timings["model_build_s"] = time.perf_counter() - t1
+    return model
+
+
+def tensor_device(name: str, devices: list[torch.device]) -> torch.device:
+    """Where a layer split puts a dense tensor (as the wirings do): a layer's own tensors on its
+    device, the embeddings with the first layer, the output norm and head with the last."""
+    if name.startswith("blk."):
+        return devices[int(name.split(".")[1])]
+    return devices[0] if name == "token_embd.weight" else devices[-1]
+
+
+def dense_on_devices(tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                     device) -> dict[str, torch.Tensor]:
+    """The dense tensors as `dtype` on their CUDA devices, each device's in one bulk upload
+    through pinned staging (strata.engine.pinning.upload); host tensors for a CPU model pass
+    through (from_tensors converts them). `device`: one device, or one per layer. A tensor the
+    placement puts elsewhere than the wiring wants is still right: from_tensors moves it."""
+    devices = [torch.device(d) for d in (device if isinstance(device, list) else [device])]
+    if not any(d.type == "cuda" for d in devices) or any(t.device.type != "cpu"
+                                                        for t in tensors.values()):
+        return tensors
+    from strata.engine.pinning import upload
+    per: dict[torch.device, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        d = tensor_device(name, devices) if len(devices) > 1 else devices[0]
+        per.setdefault(d, {})[name] = t
+    out = {}
+    for d, group in per.items():
+        out.update(upload(group, d, dtype) if d.type == "cuda" else group)
+    return out
 
 
 def resident_provider(pack, device=None) -> ResidentProvider:

@@ -6,6 +6,11 @@ Legend: T tokens of the chunk, D hidden, E experts, K top-k.
     for p in provider.passes(layer, topk_ids):    # strata.models.provider
         y += ffn(h, p.topk_ids, topk_w, p.experts)    # ids outside the pass read -1 (skipped)
 
+A provider that vouches for its slot tables (LayerWorkspace.vouched: the streaming engine, the
+resident arena) gets an FFN call with no host sync (check=False), and with a "yk" buffer its
+passes leave their per-assignment rows there for one sum over K per layer
+(LayerWorkspace.combine), instead of masking and summing T·K·D rows per pass.
+
 The router is a function of h, so an architecture brings its own (softmax then top-k below for
 Qwen3-MoE and Mixtral; a biased, grouped or sigmoid router is another function with the same
 signature); the expert FFN is one of strata.models.moe's. Shared experts beside the routed ones
@@ -53,8 +58,8 @@ def moe_block(h: torch.Tensor, layer: int, router: Router, ffn: ExpertFFN,
             raise StrataError(f"layer {layer}: a provider that does not accumulate must serve "
                               f"the layer in one pass, it yielded {len(passes)}")
         p = passes[0]
-        return ffn(h, p.topk_ids, topk_w, p.experts, **kw)
+        return ffn(h, p.topk_ids, topk_w, p.experts, combine=ws.combine(p), **kw)
     y = ws.output(h)                                                   # fp32 [T, D]
     for p in provider.passes(layer, topk_ids):
-        ffn(h, p.topk_ids, topk_w, p.experts, out=y, **kw)
+        ffn(h, p.topk_ids, topk_w, p.experts, out=y, combine=ws.combine(p), **kw)
     return y

@@ -46,6 +46,7 @@ class Pass:
     """One expert FFN launch over some of a layer's experts."""
     experts: ExpertSet          # slot table [E]: this pass's experts >= 0, the others -1
     topk_ids: torch.Tensor      # int64 [T, K]: the routed ids, -1 where outside this pass
+    last: bool = True           # the layer's last pass (a vouched workspace sums the rows then)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,11 @@ class LayerWorkspace:
     buffers: Mapping[str, torch.Tensor] = field(default_factory=dict)  # the expert GEMM's
     #   workspace: "h" (bf16 [Mpad, F]), "yk" (fp32 [T*K, D]), "wdec" (the decoded FFN's experts)
     scratch_alloc: Callable[[int], torch.Tensor] | None = None   # stream-k fixup scratch
+    # vouched: the provider built every slot table on the host and checked it there — routed
+    # ids in [0, E), each routed expert resident, 256-byte aligned and in exactly one pass,
+    # `Pass.last` set on the layer's last pass. The FFN then runs without a host sync (check=False)
+    # and, given a "yk" buffer, the passes leave their rows there for one sum per layer.
+    vouched: bool = False
 
     def ffn_kwargs(self) -> dict:
         """The keyword arguments of the expert FFN (strata.models.moe) that this declares."""
@@ -69,7 +75,19 @@ class LayerWorkspace:
             kw["scratch_alloc"] = self.scratch_alloc
         if self.buffers:
             kw["workspace"] = dict(self.buffers)
+        if self.vouched:
+            kw["check"] = False
         return kw
+
+    def combine(self, p: "Pass") -> str:
+        """How pass `p`'s rows become y (the expert FFN's `combine`): a vouched workspace with a
+        "yk" buffer defers every pass but the last, which sums the layer's rows once; a vouched
+        single pass sums all its rows (there are no -1 ids); otherwise each pass on its own."""
+        if not self.vouched:
+            return "pass"
+        if self.buffers.get("yk") is not None:
+            return "layer" if p.last else "defer"
+        return "layer" if p.last and not self.accumulate else "pass"
 
     def output(self, like: torch.Tensor) -> torch.Tensor:
         """The zeroed fp32 y [T, D] the passes add into (`like`: the FFN input [T, D])."""
@@ -118,20 +136,29 @@ class ResidentProvider:
         bases, total = [], 0
         for l, (blobs, lay) in enumerate(zip(layer_blobs, layouts)):
             n = blobs.numel()
+            if lay is None:   # a layer without routed experts: nothing to hold
+                bases.append(total)
+                continue
             if blobs.dtype != torch.uint8 or n % lay.size:
                 raise StrataError(f"layer {l}: expert tensor must be uint8 whole blobs of "
                                   f"{lay.size} B, got {blobs.dtype} of {n} elements")
             bases.append(total)
             total += (n + 255) // 256 * 256
         self.arena = torch.zeros(total, dtype=torch.uint8, device=device)
-        self.sets: list[ExpertSet] = []
+        self.sets: list[ExpertSet | None] = []
         for blobs, lay, base in zip(layer_blobs, layouts, bases):
+            if lay is None:
+                self.sets.append(None)
+                continue
             n = blobs.numel()
             self.arena[base:base + n].copy_(blobs.reshape(-1))
             n_exp = n // lay.size
             offs = base + torch.arange(n_exp, dtype=torch.int64, device=device) * lay.size
             self.sets.append(ExpertSet(self.arena, offs, lay))
         self.n_layer = len(self.sets)
+        # every expert of every layer is in its table; BlobLayout sizes are 256-byte multiples,
+        # so each blob starts aligned (a hand-made layout that is not keeps the FFN's checks)
+        self.vouched = all(lay.size % 256 == 0 for lay in layouts if lay is not None)
 
     @property
     def nbytes(self) -> int:
@@ -150,7 +177,8 @@ class ResidentProvider:
         pass
 
     def workspace(self, layer: int) -> LayerWorkspace:
-        return LayerWorkspace(accumulate=False)   # one pass: nothing to sum
+        # one pass: nothing to sum; its table is ours (every expert; aligned: see __init__)
+        return LayerWorkspace(accumulate=False, vouched=self.vouched)
 
     def passes(self, layer: int, topk_ids: torch.Tensor) -> Iterator[Pass]:
         yield Pass(self.sets[layer], topk_ids)
@@ -188,6 +216,8 @@ class OnDemandProvider:
 
     def begin_layer(self, layer: int) -> None:
         lay = self.pack.layers[layer].layout
+        if lay is None:   # a dense layer: no experts to read
+            return
         blobs = self.pack.experts(layer).reshape(-1).to(self.device)
         offs = torch.arange(blobs.numel() // lay.size, dtype=torch.int64,
                             device=self.device) * lay.size

@@ -61,8 +61,12 @@ _NP_TO_ST = {np.dtype(np.uint8): "U8", np.dtype(np.float16): "F16", np.dtype(np.
 
 @dataclass(frozen=True)
 class PackLayer:
-    layout: BlobLayout
-    blob_size: int  # == layout.size; a layer's cache slot size
+    layout: BlobLayout | None   # None: a layer without routed experts (a leading dense layer)
+    blob_size: int  # == layout.size (0 without experts); a layer's cache slot size
+
+    @classmethod
+    def dense(cls) -> "PackLayer":
+        return cls(None, 0)
 
 
 def _dense_bytes(name: str, t) -> tuple[str, tuple[int, ...], np.ndarray]:
@@ -101,8 +105,9 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
     """Write a pack. `dense`: name -> torch tensor / numpy array (names and shapes of
     strata.packs.names; "output.weight" may be left out when tied to the embeddings).
     `layer_blobs`: L items, each uint8 [E, blob_size] (numpy/torch) or a callable returning one,
-    consumed in layer order so a big pack streams one layer at a time. `layouts`: one BlobLayout
-    for every layer or a list of L. Writes to `<path>.partial` then renames."""
+    consumed in layer order so a big pack streams one layer at a time (a leading dense layer's
+    item is skipped: it has no experts). `layouts`: one BlobLayout for every layer or a list of
+    L. Writes to `<path>.partial` then renames."""
     import strata
     path = Path(path)
     L, E = shape.n_layer, shape.n_expert
@@ -111,7 +116,11 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
     layouts = list(layouts)
     if len(layouts) != L:
         raise StrataError(f"{len(layouts)} blob layouts for {L} layers")
+    # a leading dense layer (shape.is_moe_layer false) has no blob layout and no experts tensor
+    layouts = [lay if shape.is_moe_layer(i) else None for i, lay in enumerate(layouts)]
     for i, lay in enumerate(layouts):
+        if lay is None:
+            continue
         if (lay.d_model, lay.d_expert) != (shape.d_model, shape.d_expert):
             raise StrataError(f"layer {i} blob layout is D={lay.d_model}, F={lay.d_expert}; the shape "
                               f"says D={shape.d_model}, F={shape.d_expert}")
@@ -126,7 +135,8 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
     for i in range(L):
         plan += [(n, dense_info[n][0], dense_info[n][1], dense_info[n][2].size)
                  for n in dense_specs(shape) if n.startswith(f"blk.{i}.") and n in dense_info]
-        plan.append((experts_name(i), "U8", (E, layouts[i].size), E * layouts[i].size))
+        if layouts[i] is not None:
+            plan.append((experts_name(i), "U8", (E, layouts[i].size), E * layouts[i].size))
 
     header: dict = {}
     entries = []  # (name or None for padding, start, nbytes)
@@ -144,8 +154,9 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
     meta = {
         "pack_version": PACK_VERSION, "strata_version": strata.__version__,
         "shape": shape.to_dict(),
-        "layers": [{"layout": lay.to_dict(), "blob_size": lay.size} for lay in layouts],
-        "max_blob": max(lay.size for lay in layouts), "native": bool(native), "tied": tied,
+        "layers": [{"layout": lay.to_dict(), "blob_size": lay.size} if lay is not None
+                   else {"layout": None, "blob_size": 0} for lay in layouts],
+        "max_blob": max(lay.size for lay in layouts if lay is not None), "native": bool(native), "tied": tied,
         "source": str(source),
         "crc32": {n: "00000000" for n, *_ in plan},
     }
@@ -165,7 +176,7 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=L, desc=f"pack {path.name}", unit="layer", file=__import__("sys").stderr)
-    blob_iter = iter(layer_blobs)
+    blob_iter = iter(b for i, b in enumerate(layer_blobs) if layouts[i] is not None)
     try:
         with atomic_write(path) as tmp, open(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(raw)))
@@ -216,6 +227,31 @@ def check_shape(s: ModelShape, where) -> None:
         v = getattr(s, k)
         if not isinstance(v, (int, float)) or not 0 < v < float("inf"):
             raise StrataError(f"{where}: {k} is {v!r}; it must be a positive number")
+    check_family(s, where)
+
+
+def check_family(s: ModelShape, where) -> None:
+    """The DeepSeek / GLM-4.5 fields (strata.shapes): at least one MoE layer, a dense width for
+    the dense ones, whole expert groups, an MLA head wider than its rope part."""
+    if not 0 <= s.n_dense_lead < s.n_layer:
+        raise StrataError(f"{where}: n_dense_lead {s.n_dense_lead} must leave at least one of "
+                          f"the {s.n_layer} layers routed")
+    if s.n_dense_lead and s.d_ff < 1:
+        raise StrataError(f"{where}: {s.n_dense_lead} dense layers need d_ff >= 1")
+    if s.router not in ("softmax", "sigmoid"):
+        raise StrataError(f"{where}: router {s.router!r}; strata routes softmax or sigmoid")
+    if s.n_group < 1 or s.n_expert % s.n_group or not 1 <= s.topk_group <= s.n_group:
+        raise StrataError(f"{where}: {s.n_expert} experts in {s.n_group} groups, "
+                          f"{s.topk_group} kept: groups must be whole and 1 <= kept <= groups")
+    if s.n_group > 1 and s.top_k > s.topk_group * (s.n_expert // s.n_group):
+        raise StrataError(f"{where}: top_k {s.top_k} is more than the {s.topk_group} kept "
+                          f"groups hold")
+    if s.mla and not (0 < s.qk_rope < s.head_dim and s.v_head_dim > 0
+                      and s.n_kv_head == s.n_head and s.qk_rope % 2 == 0):
+        raise StrataError(f"{where}: MLA needs 0 < qk_rope (even) < head_dim, v_head_dim > 0 "
+                          f"and n_kv_head == n_head")
+    if s.rope_dim and (s.rope_dim > s.head_dim or s.rope_dim % 2):
+        raise StrataError(f"{where}: rope_dim {s.rope_dim} must be even and at most head_dim")
 
 
 def header_crc(header: dict) -> str:
@@ -251,7 +287,8 @@ class Pack:
         self._buf = buf
         self._data_start = data_start
         self.shape = ModelShape.from_dict(meta["shape"])
-        self.layers = [PackLayer(BlobLayout.from_dict(l["layout"]), int(l["blob_size"]))
+        self.layers = [PackLayer(BlobLayout.from_dict(l["layout"]) if l["layout"] is not None
+                                 else None, int(l["blob_size"]))
                        for l in meta["layers"]]
         self.max_blob = int(meta["max_blob"])
         self.native = bool(meta["native"])
@@ -354,6 +391,14 @@ class Pack:
             raise StrataError(f"{where}: metadata lists {len(self.layers)} layers, the shape has "
                               f"{s.n_layer}")
         for i, pl in enumerate(self.layers):
+            if (pl.layout is None) == s.is_moe_layer(i):
+                raise StrataError(f"{where}: layer {i} {'lacks' if pl.layout is None else 'has'} "
+                                  f"expert blobs but the shape says it is "
+                                  f"{'a MoE' if s.is_moe_layer(i) else 'a dense'} layer")
+            if pl.layout is None:
+                if experts_name(i) in self._header or pl.blob_size:
+                    raise StrataError(f"{where}: dense layer {i} holds expert blobs")
+                continue
             if pl.blob_size != pl.layout.size:
                 raise StrataError(f"{where}: layer {i} blob size {pl.blob_size} disagrees with its "
                                   f"layout's {pl.layout.size}")
@@ -366,14 +411,14 @@ class Pack:
             if e["dtype"] != "U8" or list(e["shape"]) != [s.n_expert, pl.blob_size]:
                 raise StrataError(f"{where}: {experts_name(i)} is {e['dtype']} {e['shape']}, metadata "
                                   f"says U8 [{s.n_expert}, {pl.blob_size}]")
-        mb = max(pl.blob_size for pl in self.layers)
+        mb = max(pl.blob_size for pl in self.layers if pl.layout is not None)
         if self.max_blob != mb:
             raise StrataError(f"{where}: max_blob {self.max_blob} disagrees with the largest layer "
                               f"blob {mb}")
         shapes = {n: tuple(e["shape"]) for n, e in self._header.items()
                   if n != "__metadata__" and not n.startswith("__pad.") and not n.endswith(".experts")}
         extra_exp = [n for n in self._header if n.endswith(".experts")
-                     and n not in {experts_name(i) for i in range(s.n_layer)}]
+                     and n not in {experts_name(i) for i in s.moe_layers}]
         if extra_exp:
             raise StrataError(f"{where}: unexpected expert tensors {extra_exp[:3]}")
         check_dense(s, shapes, where)
@@ -429,6 +474,8 @@ class Pack:
         """Layer i's experts: uint8 [E, blob_size], blob e at row e (a view of the map)."""
         if not 0 <= i < self.shape.n_layer:
             raise StrataError(f"layer {i} out of range; the pack has {self.shape.n_layer} layers")
+        if self.layers[i].layout is None:   # a dense layer: no experts
+            return torch.empty(self.shape.n_expert, 0, dtype=torch.uint8)
         return self._raw(experts_name(i)).view(self.shape.n_expert, self.layers[i].blob_size)
 
     def expert_set(self, i: int) -> ExpertSet:
@@ -452,6 +499,7 @@ class Pack:
         return self._raw(name).view(_DTYPES[e["dtype"]][0]).view(tuple(e["shape"]))
 
     def __repr__(self) -> str:
-        fmts = sorted({f"{m.fmt.name}" for pl in self.layers for m in pl.layout.matrices})
+        fmts = sorted({f"{m.fmt.name}" for pl in self.layers if pl.layout is not None
+                       for m in pl.layout.matrices})
         return (f"Pack({self.path.name}: {self.shape.n_layer} layers, E={self.shape.n_expert}, "
                 f"formats {'/'.join(fmts)}, max_blob {self.max_blob}, native={self.native})")

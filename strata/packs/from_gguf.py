@@ -81,6 +81,9 @@ def gguf_shape(r, path) -> ModelShape:
 
 def _gguf_shape(r, path) -> ModelShape:
     arch = _field(r, "general.architecture")
+    from strata.packs import from_gguf_ds
+    if arch in from_gguf_ds.ARCHS:   # GLM-4.5, DeepSeek-V3 / Kimi-K2
+        return from_gguf_ds.gguf_shape_ds(r, path, _field, _rope_base)
     tensors = {t.name: t for t in r.tensors}
     if arch != "qwen3moe":
         from strata.packs.names import ARCH_NAMES, by_source
@@ -261,10 +264,20 @@ class GGUFModel:
                 _check_dense(tensors[name], shp)
                 x = _dense(tensors[name], shp)
                 self._dense[name] = m.gguf_dense(name, x, shape) if m is not None else x
+            elif name.endswith("attn_kv_b.weight"):   # deepseek2's k_b / v_b split, joined
+                from strata.packs.from_gguf_ds import join_kv_b
+                kvb = join_kv_b(shape, int(name.split(".")[1]), tensors, _dense)
+                if kvb is not None:
+                    self._dense[name] = kvb
         self.tied = "output.weight" not in self._dense
         self.layers, self._mats, self._bias = [], [], []
         for i in range(shape.n_layer):
-            if m is not None:
+            if not shape.is_moe_layer(i):   # a leading dense layer: no experts
+                self.layers.append(PackLayer.dense())
+                self._mats.append(None)
+                self._bias.append(None)
+                continue
+            if m is not None:   # Mixtral, GPT-OSS: the arch's name map reads them
                 mats, fmts, bias = m.gguf_experts(tensors, i, shape, src)
             else:
                 (mats, fmts), bias = layer_experts(tensors, i, shape, src), None
@@ -280,6 +293,8 @@ class GGUFModel:
                               bias=self._bias[i])
 
     def experts(self, i: int) -> torch.Tensor:
+        if self.layers[i].layout is None:
+            return torch.empty(self.shape.n_expert, 0, dtype=torch.uint8)
         return torch.from_numpy(self.blobs(i))
 
     def dense_names(self) -> list[str]:

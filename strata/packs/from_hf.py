@@ -129,12 +129,15 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
     if not isinstance(cfg, dict):
         raise StrataError(f"{cfgp} holds a JSON {type(cfg).__name__}, not an object; fix or "
                           f"re-download it")
+    fmts = ExpertFormats.of(quant, quant_gate, quant_up, quant_down)
+    from strata.packs import from_hf_ds
+    if cfg.get("model_type") in from_hf_ds.MODEL_TYPES:   # GLM-4.5, DeepSeek-V3, Kimi-K2
+        return from_hf_ds.hf_to_pack_ds(src, cfg, out, fmts, progress, hf_tokenizer(src))
     from strata.packs.names import by_source
-    arch = by_source("hf", cfg.get("model_type"))
+    arch = by_source("hf", cfg.get("model_type"))   # Mixtral, GPT-OSS (None: Qwen3-MoE's)
     s = arch.hf_shape(cfg, src) if arch is not None else hf_shape(cfg, src)
     from strata.packs.file import check_shape
     check_shape(s, cfgp)
-    fmts = ExpertFormats.of(quant, quant_gate, quant_up, quant_down)
     lay = fmts.layout(s)
     ts = _Tensors(src)
     dense = {}

@@ -42,7 +42,8 @@ class MemoryPack:
         self.path = self.source
         self._fmts = _per_layer(shape, fmts.experts if isinstance(fmts, Mix) else fmts)
         lays = {f: f.layout(shape) for f in self._fmts}
-        self.layers = [PackLayer(lays[f], lays[f].size) for f in self._fmts]
+        self.layers = [PackLayer(lays[f], lays[f].size) if shape.is_moe_layer(i)
+                       else PackLayer.dense() for i, f in enumerate(self._fmts)]
         self.max_blob = max(pl.blob_size for pl in self.layers)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         g = torch.Generator(device=dev).manual_seed(seed)
@@ -77,7 +78,10 @@ class MemoryPack:
         self._idx = torch.arange(shape.n_expert) % distinct
 
     def experts(self, i: int) -> torch.Tensor:
-        """Layer i's experts, uint8 [E, blob_size] (built now; the caller keeps or pins it)."""
+        """Layer i's experts, uint8 [E, blob_size] (built now; the caller keeps or pins it);
+        [E, 0] for a leading dense layer."""
+        if self.layers[i].layout is None:
+            return torch.empty(self.shape.n_expert, 0, dtype=torch.uint8)
         base = self._base[self._fmts[i]]
         return base[i % len(base)][self._idx]
 
@@ -103,7 +107,7 @@ class MemoryPack:
 
     @property
     def expert_bytes(self) -> int:
-        return sum(pl.blob_size for pl in self.layers) * self.shape.n_expert
+        return sum(pl.blob_size for pl in self.layers) * self.shape.n_expert   # dense layers: 0
 
     def __repr__(self) -> str:
         return (f"MemoryPack({self.shape.n_layer} layers, E={self.shape.n_expert}, max_blob "

@@ -53,7 +53,10 @@ def global_specs(s: ModelShape) -> dict[str, tuple[int, ...]]:
 
 
 def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
-    m = arch_names(s.arch)
+    from strata.packs import names_ds
+    if s.arch in names_ds.ARCHS:   # GLM-4.5, DeepSeek-V3: strata.packs.names_ds
+        return names_ds.layer_specs_ds(s, i)
+    m = arch_names(s.arch)   # Mixtral, GPT-OSS
     if m is not None:
         return m.layer_specs(s, i)
     q, kv = s.n_head * s.head_dim, s.n_kv_head * s.head_dim

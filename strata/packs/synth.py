@@ -73,6 +73,8 @@ def dense_sigma(name: str, shape: ModelShape) -> float | None:
     """Weight std of a dense tensor, or None for a norm (1 + jitter)."""
     if name.endswith("norm.weight"):
         return None
+    if name.endswith(".bias"):   # q/k/v biases, the sigmoid router's correction bias: small
+        return 0.02
     if name == "token_embd.weight":
         return 1.0
     if name.endswith("attn_output.weight"):

@@ -51,3 +51,37 @@ def test_layers_go_to_registered_huge_page_memory_and_close_unlocks(monkeypatch)
         assert torch.equal(host.layers[i], b)
     host.close()
     assert fake.locked == {}
+
+
+def test_background_loading_gives_the_same_layers_and_waits_for_them(monkeypatch):
+    import threading
+    blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(3)]
+    fake = _FakeCudart()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    gate = threading.Event()
+
+    def slow(i):   # layer 2 waits for the test: the constructor must have returned by then
+        if i == 2:
+            assert gate.wait(10)
+        return blobs[i]
+    host = HostExperts(slow, [1000] * 3, pin=True, background=True)
+    assert not host._done.is_set(), "returned before the last layer was loaded"
+    gate.set()
+    assert host.pinned and len(fake.locked) == 3 and host.load_s > 0   # .pinned waits
+    for i, b in enumerate(blobs):
+        assert torch.equal(host.blob(i, 4), b[4])
+    host.close()
+    assert not fake.locked
+
+
+def test_a_background_error_is_raised_by_the_accessors():
+    def bad(i):
+        return torch.zeros(3, dtype=torch.float32)
+    host = HostExperts(bad, [4], pin=False, background=True)
+    import pytest
+    from strata.errors import StrataError
+    with pytest.raises(StrataError, match="must be uint8"):
+        host.join()
+    with pytest.raises(StrataError, match="must be uint8"):
+        host.blob(0, 0)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from strata.engine.pinning import COPY_PIECE, Registration, parallel_copy, pinned_copy
+from strata.engine.pinning import COPY_PIECE, Registration, parallel_copy, pinned_copy, upload
+from strata.models.load import dense_on_devices
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "pin_bench.py"
 
@@ -50,3 +51,44 @@ def test_pinned_copy_and_registration_on_the_gpu():
         torch.cuda.synchronize()
         assert torch.equal(d.cpu(), src)
     assert not reg.open
+
+
+def _dense(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"a": torch.randn(3, 5, generator=g).to(torch.bfloat16),      # 30 B
+            "norm": torch.randn(7, generator=g),                          # fp32: converted
+            "empty": torch.empty(0, 4, dtype=torch.bfloat16),
+            "big": torch.randn(40, 33, generator=g).to(torch.bfloat16),   # spans pieces
+            "tail": torch.randn(1, generator=g).to(torch.bfloat16)}
+
+
+@pytest.mark.parametrize("piece", [256, 512, 1 << 20])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_upload_lands_every_tensor_in_one_buffer(piece, threads):
+    """Pieces smaller than a tensor, ragged last pieces and a dtype conversion: every tensor
+    comes back equal to `.to(dtype)`, shaped, as a 256-aligned view of one buffer."""
+    src = _dense(piece)
+    got = upload(src, "cpu", torch.bfloat16, threads=threads, piece=piece)
+    assert list(got) == list(src)
+    base = got["a"].untyped_storage().data_ptr()
+    for name, t in src.items():
+        g = got[name]
+        assert g.dtype == torch.bfloat16 and g.shape == t.shape
+        assert torch.equal(g, t.to(torch.bfloat16)), name
+        assert g.untyped_storage().data_ptr() == base, "one buffer"
+        if g.numel():   # an empty tensor's data_ptr is 0
+            assert (g.data_ptr() - base) % 256 == 0
+
+
+def test_dense_on_devices_leaves_a_cpu_model_alone():
+    src = _dense(0)
+    assert dense_on_devices(src, torch.bfloat16, torch.device("cpu")) is src
+
+
+@pytest.mark.gpu
+def test_upload_to_the_gpu_through_pinned_staging():
+    src = _dense(1)
+    src["big"] = torch.randn(3000, 1000).to(torch.bfloat16)   # 6 MB: several 1 MiB pieces
+    got = upload(src, "cuda", torch.bfloat16, threads=4, piece=1 << 20)
+    for name, t in src.items():
+        assert got[name].is_cuda and torch.equal(got[name].cpu(), t.to(torch.bfloat16)), name

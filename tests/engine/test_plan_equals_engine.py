@@ -213,12 +213,18 @@ def check_kv(shape, cfg, bud, layout):
     from strata.kernels.attention import kv_token_bytes
     n = cfg.max_prompt
     res = n if cfg.kv_resident is None else min(n, cfg.kv_resident)
-    tok = kv_token_bytes(cfg.kv, shape.n_kv_head, shape.head_dim)
+    # MLA (deepseek2) caches the latent and the rope key, bf16: (kv_lora + qk_rope) * 2 a token
+    tok = ((shape.kv_lora + shape.qk_rope) * 2 if shape.mla
+           else kv_token_bytes(cfg.kv, shape.n_kv_head, shape.head_dim))
     for b in bud:
         assert b.kv == len(b.layers) * res * tok
     assert layout.sizes.kv_host(n) == (n - res) * tok
     stage = [p for p in layout.placements(1, 0) if p.name == "kv_stage"]
     assert [p.nbytes for p in stage] == ([(n - res) * tok] if n > res else [])
+    from strata.kernels.attention import expand_rows     # the int8 attention's scratch
+    rows = expand_rows(n) if cfg.kv == "int8" else 0
+    expand = [p.nbytes for p in layout.placements(1, 0) if p.name.startswith("kv_expand_")]
+    assert expand == ([rows * shape.n_kv_head * shape.head_dim * 2] * 2 if rows else [])
     event(f"kv {cfg.kv}, {'streams' if n > res else 'resident'}")
 
 
@@ -260,6 +266,52 @@ def test_engine_takes_what_the_plan_names_small_shapes(data, shape, fmts):
         check(plan, got)
 
 
+family_shapes = st.builds(
+    lambda L, lead, D, E, G, K, F, shared, arch: ModelShape(
+        arch=arch, n_layer=L, d_model=32 * D, n_expert=E * G, top_k=min(K, E * G), d_expert=32 * F,
+        n_head=4, n_kv_head=4 if arch == "deepseek2" else 2, head_dim=24 if arch == "deepseek2"
+        else 16, vocab=64, n_dense_lead=min(lead, L - 1), d_ff=96, n_shared=shared,
+        router="sigmoid", n_group=G, topk_group=G, **(dict(q_lora=32, kv_lora=32, qk_rope=8,
+                                                          v_head_dim=16)
+                                                     if arch == "deepseek2" else {})),
+    L=st.integers(2, 5), lead=st.integers(1, 3), D=st.integers(1, 3), E=st.integers(1, 12),
+    G=st.sampled_from([1, 2, 4]), K=st.integers(1, 8), F=st.integers(1, 3),
+    shared=st.integers(0, 2), arch=st.sampled_from(["glm4moe", "deepseek2"]))
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow,
+                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.data(), shape=family_shapes, fmts=st.lists(st.sampled_from(FORMATS), min_size=5,
+                                                           max_size=5))
+def test_engine_takes_what_the_plan_names_dense_leading_shapes(data, shape, fmts):
+    """Shapes whose first layers are dense (no blobs, no cache slots; their FFN in their dense
+    bytes) and whose MoE layers carry shared experts: the engine still takes exactly what the
+    plan names, and no cache slot belongs to a dense layer."""
+    layouts = [BlobLayout.make(shape.d_model, shape.d_expert, fmts[l]) if shape.is_moe_layer(l)
+               else None for l in range(shape.n_layer)]
+    layer_blob = {l: lay.size if lay is not None else 0 for l, lay in enumerate(layouts)}
+    rig = data.draw(rigs(shape, max(layer_blob.values()) * 64, base=RESERVE))
+    rig["kv"] = "bf16" if shape.mla else rig["kv"]       # MLA KV is bf16 only
+    try:
+        with launches(rig):
+            plan, got = engine_side(shape, layer_blob, True, rig, layouts)
+    except (PlanError, StrataError):
+        assume(False)
+    cfg = EngineConfig(vram=rig["vram"], cache=rig["cache"], lend_cap=rig["lend_cap"],
+                       max_prompt=rig["max_prompt"] or rig["n_tokens"] or 0)
+    parts, _, _, _ = plan_inputs(shape, [layer_blob[l] for l in range(shape.n_layer)], True,
+                                 cfg, "cuda")
+    assert all(shape.is_moe_layer(l) for p in parts for l, _ in p.cache.slot_owner)
+    # the dense FFN in the dense layer's bytes, the router, bias and shared experts in a MoE
+    # layer's (the attention and the two norms the same in both)
+    D, E, Fs = shape.d_model, shape.n_expert, shape.n_shared * shape.d_expert
+    sizes = model_sizes(shape)
+    assert sizes.dense_layers[0] - sizes.dense_layers[-1] == (3 * D * shape.d_ff - E * D - E
+                                                              - 3 * D * Fs) * 2
+    if got is not None:
+        check(plan, got)
+
+
 @settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow,
                                                   HealthCheck.function_scoped_fixture])
 @given(data=st.data(), name=st.sampled_from(PRESET_NAMES), fmt=st.sampled_from(FORMATS))
@@ -288,8 +340,9 @@ def test_engine_takes_what_strata_plan_reports_presets(capsys, data, name, fmt):
         rc = main(["plan", *argv, "--json"])
         out = capsys.readouterr()
         try:
-            plan, got = engine_side(shape, {l: blob for l in range(shape.n_layer)}, True, rig,
-                                    [layout])
+            # a leading dense layer (deepseek-v3, kimi-k2, glm-4.5) has no blobs
+            plan, got = engine_side(shape, {l: blob if shape.is_moe_layer(l) else 0
+                                            for l in range(shape.n_layer)}, True, rig, [layout])
         except (PlanError, StrataError):
             assert rc == 2
             assume(False)

@@ -6,6 +6,7 @@ import torch
 
 from strata.engine.observe import EngineObserver
 from strata.engine.trace import LaneTrace
+from strata.engine.warm import warm_layers
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.packs import Pack
 from tests.engine.slab_helpers import CHUNK, TOKENS, make_pack, tiny_engine
@@ -100,3 +101,59 @@ def test_trace_on_cuda_uses_event_times_and_warmup_changes_nothing(pack, tmp_pat
     starts = [s.start for s in tr.spans if s.lane == "compute"]
     assert starts == sorted(starts), "layers run one after another on the compute lane"
     assert json.loads(tr.write(tmp_path / "c.json").read_text())["metadata"]["clock"] == "cuda-events"
+
+
+def test_warm_layers_takes_the_first_two_of_each_layout_per_participant():
+    lay = ["q8", "q8", "q8", "q4", "q8", "q4", "q4", "q4"]
+    assert warm_layers([range(8)], lay) == [0, 1, 3, 5]
+    # two participants: each warms its own layers (its own cache and ring)
+    assert warm_layers([range(0, 4), range(4, 8)], lay) == [0, 1, 3, 4, 5, 6]
+    assert warm_layers([range(3)], lay, per=1) == [0]
+
+
+ONE = TOKENS[:CHUNK]   # one chunk: the warm layers' tests read as little as they can
+
+
+@pytest.fixture(scope="module")
+def pack4(tmp_path_factory):
+    """The tiny shape with 4 layers: two the warm-up reads, two it skips."""
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from tests.engine.slab_helpers import SHAPE
+    return synth_pack(tmp_path_factory.mktemp("warm4") / "t4.pack", SHAPE.with_(n_layer=4),
+                      ExpertFormats("BF16", "BF16", "BF16"), progress=False)
+
+
+def test_warmup_reads_only_the_warm_layers_through_the_same_run(pack4):
+    eng = streaming_engine(pack4)   # most experts stream: the warm layers' copies are visible
+    n_layer = eng.shape.n_layer
+    before, index = eng.cache.buffer.clone(), dict(eng.cache.index)
+    cold = eng.run(ONE, logits="last")
+    seen = []
+    real = eng.run
+
+    def spy(tokens, **kw):
+        res = real(tokens, **kw)
+        seen.append((type(eng.model).__name__, [list(p.layers) for p in eng.parts], res))
+        return res
+    eng.run = spy
+    eng.warmup(ONE.numel())
+    eng.run = real
+    (kind, layers, res), = seen
+    assert kind == "LayerSubset" and layers == [[0, 1]]
+    # STREAM mode queues every uncached expert of each read layer: two layers' worth, not all
+    assert 0 < res.stats.bytes_streamed < cold.stats.bytes_streamed
+    assert type(eng.model).__name__ != "LayerSubset" and list(eng.parts[0].layers) == list(
+        range(n_layer)), "the warm-up puts the model and the parts back"
+    assert torch.equal(eng.cache.buffer, before) and eng.cache.index == index
+    assert torch.equal(eng.run(ONE, logits="last").logits, cold.logits)
+    assert eng.timings["warmup_layers"] == 2
+
+
+def test_a_warmup_whose_kv_spills_to_the_host_reads_every_layer(pack4):
+    """PromptKV stages every layer's host-held KV, so that dry prompt cannot skip layers."""
+    cfg = EngineConfig(vram=1 << 30, cache=6 * Pack.open(pack4).max_blob, chunk=CHUNK, ring=2,
+                       max_prompt=64, device="cpu", ffn="torch", kv="int8", kv_resident=4)
+    eng = PrefillEngine(pack4, cfg)
+    before = eng.cache.buffer.clone()
+    assert eng.warmup(ONE.numel()) > 0 and eng.timings["warmup_layers"] == eng.shape.n_layer
+    assert torch.equal(eng.cache.buffer, before)

@@ -7,8 +7,15 @@ run with -v on the same PTX, the registers a thread uses and any spill bytes. Po
 the JIT gives real launches (the model's tensors are contiguous with hd = 128), so the pipeliner
 sees what it sees on the H200.
 
+Variants per head width: bf16 segments; int8 segments read by the kernel ("kernel" path: both,
+or a only); int8 codes expanded to bf16 with their scales ("expand" path) in one launch, and as
+the pieces of a long prefix (a first piece that stores the softmax state, a last that resumes it
+and attends the chunk).
+
     python tests/kernels/compile_attention.py          # exit 1 naming any variant that fails
     python tests/kernels/compile_attention.py 128      # only the hd = 128 variants (Qwen3)
+    python tests/kernels/compile_attention.py --quick 128   # the variants every code path needs
+                                                            # (the suite's check)
 """
 import os
 import re
@@ -19,27 +26,40 @@ import tempfile
 os.environ["TRITON_INTERPRET"] = "0"
 
 from compile_moe import compile_one  # noqa: E402  (this folder: the same sm_90 pipeline)
+from strata.kernels.attention import _expand_kernel as ek  # noqa: E402
 from strata.kernels.attention import _kernel as k  # noqa: E402
+from strata.kernels.attention.expand import ROWS_PER_PROGRAM  # noqa: E402
 from strata.kernels.attention.tiles import AttnProblem, choose_attn_tile  # noqa: E402
 
 ALIGNED = {"q_ptr", "k_ptr", "v_ptr", "o_ptr", "stride_qt", "stride_qh", "stride_ot",
            "stride_oh", "stride_ct", "stride_ch", "ak_ptr", "av_ptr", "aks_ptr", "avs_ptr",
            "stride_at", "stride_ah", "bk_ptr", "bv_ptr", "bks_ptr", "bvs_ptr", "stride_bt",
-           "stride_bh"}
+           "stride_bh", "acc_ptr", "ml_ptr"}
 
 
-def signature(a_int8: bool, b_int8: bool) -> dict:
-    def seg(p, int8):
-        kv = "*i8" if int8 else "*bf16"
+# (name, a codes, b codes, a scaled, b scaled, resume, finish)
+VARIANTS = [("bf16", "*bf16", "*bf16", False, False, False, True),
+            ("int8 kernel", "*i8", "*i8", True, True, False, True),
+            ("int8 kernel a only", "*i8", "*bf16", True, False, False, True),
+            ("int8 expanded", "*bf16", "*bf16", True, True, False, True),
+            ("int8 expanded first piece", "*bf16", "*bf16", True, True, False, False),
+            ("int8 expanded last piece", "*bf16", "*bf16", True, True, True, True)]
+# --quick skips these: their code paths are the others' (a single int8 launch = the last piece
+# without the resume loads; a mixed launch = int8 kernel's a-segment + bf16's b-segment)
+QUICK_SKIP = ("int8 kernel a only", "int8 expanded")
+
+
+def signature(a_codes: str, b_codes: str) -> dict:
+    def seg(p, kv):
         return {f"{p}k_ptr": kv, f"{p}v_ptr": kv, f"{p}ks_ptr": "*fp32", f"{p}vs_ptr": "*fp32",
                 f"P{p}": "i32", f"stride_{p}t": "i32", f"stride_{p}h": "i32",
                 f"stride_{p}st": "i32", f"stride_{p}sh": "i32"}
     sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "T": "i32",
            "stride_qt": "i32", "stride_qh": "i32", "stride_ot": "i32", "stride_oh": "i32",
            "stride_ct": "i32", "stride_ch": "i32"}
-    sig.update(seg("a", a_int8))
-    sig.update(seg("b", b_int8))
-    sig["qk_scale"] = "fp32"
+    sig.update(seg("a", a_codes))
+    sig.update(seg("b", b_codes))
+    sig.update({"qk_scale": "fp32", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "stride_ml": "i32"})
     return sig
 
 
@@ -76,44 +96,79 @@ def ptx_usage(ptx: str) -> str:
     spill = re.findall(r"(\d+) bytes spill (?:stores|loads)", text)
     if not regs:
         return f"(ptxas said: {text.strip()[:200]})"
-    return f"{regs.group(1)} registers, spill {'/'.join(spill) or '0'} bytes"
+    return (f"{regs.group(1)} registers, spill {'/'.join(spill) or '0'} bytes, "
+            f"{mma_kind(ptx)}")
 
 
-def main(head_dims) -> int:
+def mma_kind(ptx: str) -> str:
+    """Which tensor-core instructions the dots became: Hopper's wgmma (operands from shared
+    memory) or the older mma.sync (operands in registers, a fraction of sm_90's rate)."""
+    kinds = [n for n, pat in (("wgmma", "wgmma.mma_async"), ("mma.sync", "mma.sync"))
+             if pat in ptx]
+    return "+".join(kinds) or "no mma"
+
+
+def main(head_dims, quick=False) -> int:
     fails = 0
     for hd, G in ((128, 8), (256, 4), (64, 8)):
         if head_dims and hd not in head_dims:
             continue
         tile = choose_attn_tile(AttnProblem(2048 * G, hd))
-        for a8, b8 in ((False, False), (True, True), (True, False)):
-            const = dict(G=G, HD=hd, BM=tile.BLOCK_M, BN=tile.BLOCK_N, A_INT8=a8, B_INT8=b8,
-                         INTERP=False)
+        for name, a, b, a_sc, b_sc, resume, finish in VARIANTS:
+            if quick and name in QUICK_SKIP:
+                continue
+            const = dict(G=G, HD=hd, BM=tile.BLOCK_M, BN=tile.BLOCK_N, A_SCALED=a_sc,
+                         B_SCALED=b_sc, RESUME=resume, FINISH=finish, INTERP=False)
             what = (f"hd={hd} G={G} tile={tile.BLOCK_M}x{tile.BLOCK_N}/w{tile.num_warps}"
-                    f"s{tile.num_stages} a={'int8' if a8 else 'bf16'} "
-                    f"b={'int8' if b8 else 'bf16'}")
+                    f"s{tile.num_stages} {name}")
             try:
-                md, usage = compile_attention(signature(a8, b8), const, tile.num_warps,
+                md, usage = compile_attention(signature(a, b), const, tile.num_warps,
                                               tile.num_stages)
                 print(f"ok   {what}: shared {md['shared']} B, {usage}")
             except Exception as exc:  # report every variant, then fail
                 fails += 1
                 print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
-    # GPT-OSS's layers (hd 64, G 8): the sliding window and the sinks, bf16 and int8 prefixes
-    if not head_dims or 64 in head_dims:
-        tile = choose_attn_tile(AttnProblem(2048 * 8, 64))
-        for a8, win, sinks in ((False, True, True), (False, False, True), (True, True, True)):
-            const = dict(G=8, HD=64, BM=tile.BLOCK_M, BN=tile.BLOCK_N, A_INT8=a8, B_INT8=a8,
-                         INTERP=False, WIN=win, SINKS=sinks)
-            sig = dict(signature(a8, a8), sinks_ptr="*fp32", window="i32")
-            what = f"hd=64 G=8 window={win} sinks={sinks} kv={'int8' if a8 else 'bf16'}"
+        for scale in (False, True):
+            what = f"hd={hd} expand_codes{' scaled' if scale else ''} BR={ROWS_PER_PROGRAM}/w4"
             try:
-                md, usage = compile_attention(sig, const, tile.num_warps, tile.num_stages)
-                print(f"ok   {what}: shared {md['shared']} B, {usage}")
-            except Exception as exc:
+                sig = {"src_ptr": "*i8", "dst_ptr": "*bf16", "sc_ptr": "*fp32", "R": "i32",
+                       "Hkv": "i32", "stride_st": "i32", "stride_sh": "i32", "stride_dt": "i32",
+                       "stride_dh": "i32", "stride_ct": "i32", "stride_ch": "i32",
+                       "HD": "constexpr", "BR": "constexpr", "SCALE": "constexpr",
+                       "INTERP": "constexpr"}
+                asm = {}
+                md = compile_one(ek._expand_codes_kernel, sig,
+                                 dict(HD=hd, BR=ROWS_PER_PROGRAM, SCALE=scale, INTERP=False), 4,
+                                 1, aligned={"src_ptr", "dst_ptr", "stride_st", "stride_sh",
+                                             "stride_dt", "stride_dh"}, asm=asm)
+                print(f"ok   {what}: shared {md['shared']} B, {ptx_usage(asm['ptx'])}")
+            except Exception as exc:  # report every variant, then fail
                 fails += 1
                 print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
+    # GPT-OSS's layers (hd 64, G 8): the sliding window and the sinks, bf16 and int8 prefixes,
+    # one launch and the pieces of a split prefix (window in every piece, sinks in the last)
+    if not head_dims or 64 in head_dims:
+        tile = choose_attn_tile(AttnProblem(2048 * 8, 64))
+        for name, a, b, a_sc, b_sc, resume, finish in VARIANTS:
+            if quick and name in QUICK_SKIP:
+                continue
+            # --quick: both together (each one's code is a part of that variant's)
+            for win, sinks in ((True, True),) if quick else ((True, True), (False, True),
+                                                             (True, False)):
+                const = dict(G=8, HD=64, BM=tile.BLOCK_M, BN=tile.BLOCK_N, A_SCALED=a_sc,
+                             B_SCALED=b_sc, RESUME=resume, FINISH=finish, INTERP=False,
+                             WIN=win, SINKS=sinks)
+                sig = dict(signature(a, b), sinks_ptr="*fp32", window="i32", pos_a="i32",
+                           pos_b="i32", n_prefix="i32")
+                what = f"hd=64 G=8 window={win} sinks={sinks} {name}"
+                try:
+                    md, usage = compile_attention(sig, const, tile.num_warps, tile.num_stages)
+                    print(f"ok   {what}: shared {md['shared']} B, {usage}")
+                except Exception as exc:  # report every variant, then fail
+                    fails += 1
+                    print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
     return 1 if fails else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main([int(a) for a in sys.argv[1:]]))
+    sys.exit(main([int(a) for a in sys.argv[1:] if a != "--quick"], "--quick" in sys.argv))

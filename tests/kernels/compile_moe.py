@@ -58,7 +58,7 @@ def gemm_sig(mode):
             "off1": "i32", "rb1": "i32", "off2": "i32", "rb2": "i32",
             "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
             "scratch_ptr": "*fp32", "tab_ptr": "*i32", "n_out": "i32", "n_in": "i32",
-            "n_tiles": "i32", "n_programs": "i32", "boff1": "i32", "boff2": "i32",
+            "n_blocks_ptr": "*i32", "n_programs": "i32", "boff1": "i32", "boff2": "i32",
             "alpha": "fp32", "limit": "fp32"}
 
 
@@ -101,8 +101,9 @@ def main(argv=None) -> int:
         sig = {"sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32",
                "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32",
                "tw_ptr": "*fp32", "scratch_ptr": "*fp32", "n_out": "i32", "n_in": "i32",
-               "n_tiles": "i32", "n_programs": "i32", "arena_ptr": "*u8", "slot_ptr": "*i64",
-               "boff1": "i32", "boff2": "i32", "alpha": "fp32", "limit": "fp32"}
+               "n_blocks_ptr": "*i32", "n_programs": "i32", "arena_ptr": "*u8",
+               "slot_ptr": "*i64", "boff1": "i32", "boff2": "i32", "alpha": "fp32",
+               "limit": "fp32"}
         for extra in ({}, dict(BIAS=True, ACT=1)):
             try:
                 compile_one(k._moe_fixup_kernel, dict(sig),

@@ -28,6 +28,12 @@ def test_attention_bench_smoke(tmp_path):
             (40, "sdpa-mask", "bf16"), (40, "sdpa-full", "bf16"), (40, "strata", "int8")} <= arms
     strata = [r for r in tf if r["config"]["arm"] == "strata"]
     assert all(r["gate"].startswith("normalized error") and r["timer"] for r in strata)
+    # both int8 paths; the expand path's pieces (P 100 over a one-tile scratch) and its figures
+    paths = {(r["config"]["P"], r["config"].get("int8")) for r in strata
+             if r["config"]["kv"] == "int8"}
+    assert {(0, "kernel"), (40, "kernel"), (40, "expand"), (100, "expand")} <= paths
+    for fig in ("vs_bf16", "expand_ms", "expand_share"):
+        assert any(r["figure"] == fig and r["config"].get("int8") == "expand" for r in rows), fig
     checks = [r for r in rows if r["figure"].startswith("rel_err")]
     assert checks and all(r["value"] < r["bound_value"] for r in checks)
     assert not list(tmp_path.glob("*.partial.csv"))

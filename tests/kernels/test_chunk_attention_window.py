@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.attention import AttnTile, KVSegment, chunk_attention, chunk_attention_torch
+from strata.kernels.attention import (AttnScratch, AttnTile, KVSegment, chunk_attention,
+                                      chunk_attention_torch)
 from tests.kernels.test_chunk_attention import U, U32, Case, make_inputs
 
 CASES = [  # case, window, sinks, tile
@@ -69,6 +70,42 @@ def test_window_and_sinks_match_reference(c, device):
     # the case means something: without the window/sinks the result is far outside the bound
     plain = chunk_attention_torch(q, k, v, segs, out=torch.empty(q.shape, device=device))
     assert ((plain - ref).abs() / _bound(q, k, v, segs, ref, **extra)).max().item() > 10
+
+
+# a window and sinks over an int8 prefix longer than the scratch: the window ends inside the
+# prefix (pieces wholly before it skip their tiles by absolute position), crosses the seam of
+# two segments and a piece boundary; each int8 path
+PIECES = [(Case(21, 300, 4, 2, kv="int8", split=137), 100, 120, "dequant"),
+          (Case(9, 70, 4, 2, kv="int8", split=40), 16, 30, "expand"),
+          (Case(9, 70, 4, 2, kv="int8", split=40), 16, 30, "dequant")]
+
+
+@pytest.mark.parametrize("c", PIECES, ids=lambda c: f"{c[0].id}-R{c[1]}-W{c[2]}-{c[3]}")
+def test_window_and_sinks_in_pieces(c, device):
+    """The pieces' launches visit the same tiles in the same order as one launch (the window's
+    skip goes by absolute key position, the sinks join once, in the FINISH launch): the same bits
+    in the interpreter, and within the reference's bound."""
+    case, rows, window, path = c
+    q, k, v, segs = make_inputs(case, device, seed=5)
+    tile = AttnTile(16, 16, 4, 1, int8=path)
+    extra = {"window": window,
+             "sinks": (4.0 + torch.randn(case.H, generator=torch.Generator().manual_seed(6))
+                       ).to(device)}
+    whole = chunk_attention(q, k, v, segs, out=torch.full_like(q, float("nan")), tile=tile,
+                            **extra)
+    sc = AttnScratch.of(case.Hkv, case.hd, rows, device, T=case.T, H=case.H)
+    sc.k.fill_(float("nan"))
+    sc.v.fill_(float("nan"))
+    sc.state.fill_(float("nan"))
+    pieced = chunk_attention(q, k, v, segs, out=torch.full_like(q, float("nan")), tile=tile,
+                             scratch=sc, **extra)
+    assert torch.isfinite(pieced).all()
+    if device.type == "cpu":
+        assert torch.equal(pieced, whole)
+    ref = chunk_attention_torch(q, k, v, segs, out=torch.empty(q.shape, device=device), **extra)
+    err = (pieced.float() - ref).abs()
+    worst = (err / _bound(q, k, v, segs, ref, **extra)).max().item()
+    assert worst <= 1.0, f"error {err.max().item():.3e}, {worst:.2f}x the bound"
 
 
 def test_reference_window_is_the_definition():

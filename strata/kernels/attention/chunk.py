@@ -15,6 +15,8 @@ them in memory. Query t sits at absolute position P + t and sees every prefix ke
 `window` W > 0 (a sliding layer): query t sees only keys at absolute positions j with
 P + t - j < W. `sinks` [H] fp32 (learned sink logits, GPT-OSS): each head's sink joins its rows'
 softmax denominator, o = sum_j e^{s_j} v_j / (e^{sink} + sum_j e^{s_j}).
+When the prefix is split over several launches (int8 pieces, below) the window goes by absolute
+key position in each launch and the sinks join once, in the last (FINISH) launch.
 
 `chunk_attention` (Triton) and `chunk_attention_torch` (plain torch) share this signature.
 
@@ -23,8 +25,15 @@ one kv head — the G query heads of a kv head folded into M, so a K/V tile load
 — and runs the online softmax (fp32 state, exp2 with log2 e folded into the scale) over segment
 a, segment b, then the chunk: the chunk's key tiles that lie wholly at or below the block's first
 token run unmasked, the diagonal ones with the causal mask, the ones above are never visited.
-int8 segments (strata.kernels.attention.kv_int8) are read with their per-token-per-head scales,
-folded onto the scores and the probabilities instead of dequantizing tiles.
+int8 segments (strata.kernels.attention.kv_int8) carry per-token-per-head scales. The tile's
+`int8` choice says where the codes become bf16, always in pieces of `scratch`
+(strata.kernels.attention.scratch; the softmax state carried between launches when the prefix is
+longer than it):
+- "dequant" (the default): dequantized to plain bf16 K/V (one bf16 rounding of each element) and
+  read by the bf16 kernel itself, at its rate;
+- "expand": the exact codes as bf16, the scales folded onto the scores and the probabilities in
+  the kernel (the same products as "kernel", in the same order);
+- "kernel": each int8 tile converted inside the attention loop.
 """
 from __future__ import annotations
 
@@ -36,7 +45,9 @@ import torch
 from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.kernels.attention import _kernel as _k
+from strata.kernels.attention.expand import expand_codes
 from strata.kernels.attention.kv_int8 import dequantize_kv
+from strata.kernels.attention.scratch import AttnScratch, plan_pieces
 from strata.kernels.attention.tiles import AttnProblem, AttnTile, resolve_attn_tile
 
 LOG2E = 1.4426950408889634
@@ -133,11 +144,12 @@ def _check(q, k, v, prefix, out) -> tuple[int, int, int, int, list[KVSegment]]:
 def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           prefix: tuple[KVSegment, ...] | list[KVSegment] = (), *,
                           sm_scale: float | None = None, out: torch.Tensor | None = None,
-                          tile: AttnTile | None = None, window: int = 0,
+                          tile: AttnTile | None = None,
+                          scratch: AttnScratch | None = None, window: int = 0,
                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The reference: dequantize, concatenate, repeat kv heads for GQA, explicit causal (and
-    window) mask over [T, P + T], the sink column, softmax in fp32. `tile` is accepted (and
-    ignored) to keep the signature."""
+    window) mask over [T, P + T], the sink column, softmax in fp32. `tile` and `scratch` are
+    accepted (and ignored) to keep the signature."""
     T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
     _check_extras(q, window, sinks)
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
@@ -174,10 +186,12 @@ def _strides(t: torch.Tensor, what: str) -> tuple[int, int]:
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     prefix: tuple[KVSegment, ...] | list[KVSegment] = (), *,
                     sm_scale: float | None = None, out: torch.Tensor | None = None,
-                    tile: AttnTile | None = None, window: int = 0,
+                    tile: AttnTile | None = None,
+                    scratch: AttnScratch | None = None, window: int = 0,
                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton kernel (see the module docstring). `tile` overrides the heuristic's tile (a pin,
-    `pin_attn_tile`, does so for a whole block of code)."""
+    `pin_attn_tile`, does so for a whole block of code). `scratch`: where int8 segments are
+    expanded (tile.int8 = "dequant" or "expand"); without one, a fresh one holds the whole int8 prefix."""
     T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
     _check_extras(q, window, sinks)
     G = H // Hkv
@@ -190,37 +204,103 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if _strides(v, "v") != st_c:
         raise StrataError(f"the chunk's k and v must share strides; got {k.stride()}, "
                           f"{v.stride()}")
-    dummy = q   # the scale pointers of a bf16 or absent segment: never read (no allocation)
-    seg_args = []
-    for i in range(MAX_SEGMENTS):
-        if i >= len(segs) or segs[i].length == 0:
-            seg_args.append(((k, v, dummy, dummy, 0, 0, 0, 0, 0), False))
-            continue
-        s = segs[i]
+    for i, s in enumerate(segs):
         st = _strides(s.k, f"prefix[{i}].k")
         if _strides(s.v, f"prefix[{i}].v") != st:
             raise StrataError(f"prefix[{i}]: k and v must share strides; got {s.k.stride()}, "
                               f"{s.v.stride()}")
-        if s.int8:
-            sst = s.k_scale.stride()
-            if s.v_scale.stride() != sst:
-                raise StrataError(f"prefix[{i}]: k_scale and v_scale must share strides; got "
-                                  f"{sst}, {s.v_scale.stride()}")
-            seg_args.append(((s.k, s.v, s.k_scale, s.v_scale, s.length, *st, *sst), True))
-        else:
-            seg_args.append(((s.k, s.v, dummy, dummy, s.length, *st, 0, 0), False))
-    (a, a_int8), (b, b_int8) = seg_args
-    grid = (triton_cdiv(T * G, cfg.BLOCK_M), Hkv)
+        if s.int8 and s.v_scale.stride() != s.k_scale.stride():
+            raise StrataError(f"prefix[{i}]: k_scale and v_scale must share strides; got "
+                              f"{s.k_scale.stride()}, {s.v_scale.stride()}")
     extra = {}   # the window and the sinks only when asked for: the plain launch is unchanged
     if window:
-        extra.update(window=window, WIN=True)
+        extra.update(window=window, WIN=True, n_prefix=sum(x.length for x in segs))
     if sinks is not None:
         extra.update(sinks_ptr=sinks.float().contiguous(), SINKS=True)
-    _k._chunk_attn_fwd_kernel[grid](
-        q, k, v, out, T, *st_q, *st_o, *st_c, *a, *b, scale * LOG2E,
-        G=G, HD=hd, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, A_INT8=a_int8, B_INT8=b_int8, INTERP=INTERPRET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+    launch = _Launch(q, k, v, out, T, st_q, st_o, st_c, scale * LOG2E, G, hd, cfg, Hkv, extra)
+    # absolute position of each segment's first key: the window holds in every launch
+    seg_pos = [sum(x.length for x in segs[:i]) for i in range(len(segs))]
+    int8_rows = sum(s.length for s in segs if s.int8)
+    if cfg.int8 == "kernel" or int8_rows == 0:
+        launch([_seg_args(s) for s in segs if s.length],
+               [seg_pos[i] for i, s in enumerate(segs) if s.length], resume=False, finish=True)
+        return out
+    if scratch is None:
+        scratch = AttnScratch.of(Hkv, hd, int8_rows, q.device)
+    if scratch.k.shape[1:] != (Hkv, hd) or scratch.k.dtype != torch.bfloat16:
+        raise StrataError(f"the expansion scratch must be bf16 [R, Hkv={Hkv}, hd={hd}]; got "
+                          f"{scratch.k.dtype} {list(scratch.k.shape)}")
+    pieces = plan_pieces([(s.length, s.int8) for s in segs], scratch.rows, cfg.BLOCK_N)
+    state = scratch.carried(T, H, hd) if len(pieces) > 1 else None
+    for n, launch_pieces in enumerate(pieces):
+        args = []
+        for pc in launch_pieces:
+            s = segs[pc.seg]
+            cut = slice(pc.start, pc.start + pc.n)
+            if pc.at is None:
+                args.append(_seg_args(KVSegment(s.k[cut], s.v[cut])))
+                continue
+            if cfg.int8 == "dequant":     # plain bf16 K/V: the bf16 kernel, at its rate
+                kx = expand_codes(s.k[cut], scratch.k[pc.at:pc.at + pc.n], s.k_scale[cut])
+                vx = expand_codes(s.v[cut], scratch.v[pc.at:pc.at + pc.n], s.v_scale[cut])
+                args.append(_seg_args(KVSegment(kx, vx)))
+                continue
+            kx = expand_codes(s.k[cut], scratch.k[pc.at:pc.at + pc.n])
+            vx = expand_codes(s.v[cut], scratch.v[pc.at:pc.at + pc.n])
+            args.append(_seg_args(s, kx, vx, cut))
+        launch(args, [seg_pos[pc.seg] + pc.start for pc in launch_pieces], resume=n > 0,
+               finish=n == len(pieces) - 1, state=state)
     return out
+
+
+def _seg_args(s: KVSegment, k=None, v=None, cut=slice(None)) -> tuple[tuple, bool]:
+    """(kernel args, scaled) of one segment: its own k, v, or (k, v) its expanded codes with
+    the scales of its tokens `cut`."""
+    k = s.k if k is None else k
+    v = s.v if v is None else v
+    if s.int8:
+        ks, vs = s.k_scale[cut], s.v_scale[cut]
+        return (k, v, ks, vs, k.shape[0], *k.stride()[:2], *ks.stride()), True
+    return (k, v, k, k, k.shape[0], *k.stride()[:2], 0, 0), False
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """One chunk's fixed launch arguments; a call launches the kernel over up to two segments."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    T: int
+    st_q: tuple
+    st_o: tuple
+    st_c: tuple
+    qk_scale: float
+    G: int
+    hd: int
+    cfg: AttnTile
+    Hkv: int
+    extra: dict   # window / sinks kwargs (empty: the plain launch)
+
+    def __call__(self, segs: list[tuple[tuple, bool]], pos: list[int], *, resume: bool,
+                 finish: bool, state: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """pos: each segment's first key's absolute position (read only under a window)."""
+        # an absent segment: length 0, never read; a bf16 one's scale pointers: never read
+        empty = ((self.k, self.v, self.k, self.k, 0, 0, 0, 0, 0), False)
+        (a, a_sc), (b, b_sc) = (list(segs) + [empty] * MAX_SEGMENTS)[:MAX_SEGMENTS]
+        extra = dict(self.extra)
+        if "window" in extra:
+            pa, pb = (list(pos) + [0] * MAX_SEGMENTS)[:MAX_SEGMENTS]
+            extra.update(pos_a=pa, pos_b=pb)
+        acc, ml = state if state is not None else (self.q, self.q)
+        cfg = self.cfg
+        grid = (triton_cdiv(self.T * self.G, cfg.BLOCK_M), self.Hkv)
+        _k._chunk_attn_fwd_kernel[grid](
+            self.q, self.k, self.v, self.out, self.T, *self.st_q, *self.st_o, *self.st_c, *a, *b,
+            self.qk_scale, acc, ml, ml.stride(0),
+            G=self.G, HD=self.hd, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, A_SCALED=a_sc, B_SCALED=b_sc,
+            RESUME=resume, FINISH=finish, INTERP=INTERPRET,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
 
 
 def triton_cdiv(a: int, b: int) -> int:

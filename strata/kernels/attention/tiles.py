@@ -17,11 +17,21 @@ Reasoning behind the constants (to be revisited with experiments/attention_bench
   the tensor cores read). 128 would double the score tile's registers.
 - num_warps = 8 when BM·hd >= 128·64 (two warpgroups share the accumulator), else 4.
 - hd = 256 (seed-512e): BM 64, BN 32, 2 stages.
+- int8 = "dequant" (default): int8 segments are dequantized to bf16 K/V in the scratch
+  (strata.kernels.attention.expand) and read by the bf16 kernel itself; "expand": exact bf16
+  codes, the scales on the scores/probabilities in the kernel (0.64-0.72 of the bf16 rate over a
+  long prefix on the H200, e923e68); "kernel" converts each int8 tile inside the attention loop
+  (0.52-0.57 of bf16). experiments/attention_bench.py times all three.
 Footprint on sm_90 (tests/kernels/compile_attention.py: triton 3.6 passes + ptxas -v, no GPU;
 commit 1cd5c73 and after): hd 128 128x64/w8s3: 128 KiB shared; 211 registers a thread for bf16
 segments, 255 for int8 (the int8 -> bf16 conversion), no spills (BN 128 spills 2 KB with int8;
 BN 32 is 192 registers). hd 64 128x64/w8s3: int8 230 registers (4 warps spilled 16 B). hd 256
 64x32/w8s2: 96 KiB, bf16 184 registers; int8 still spills ~100 B (64x64 spilled 20-400 B).
+Expanded int8 codes (bf16 tiles + the scale vectors; commit 7482e6f): hd 128 128x64/w8s3 255
+registers with 12 B spilled (the state-storing first piece 240, no spill); 128x64/w8s4 255 and
+128x32/w8s3 196, neither spills; 128x64/w8s2 spills 200 B, 128x128 2 KB. The scale vectors, not
+the conversion, are what the scaled path adds over bf16's 211; `attention_bench.py --sweep`
+times these tiles on the GPU for both int8 paths.
 """
 from __future__ import annotations
 
@@ -32,12 +42,17 @@ from dataclasses import dataclass, replace
 from strata.errors import StrataError
 
 
+INT8_PATHS = ("dequant", "expand", "kernel")
+
+
 @dataclass(frozen=True)
 class AttnTile:
     BLOCK_M: int      # rows (token, head) per program
     BLOCK_N: int      # keys per step
     num_warps: int
     num_stages: int
+    int8: str = "dequant"  # int8 segments: dequantized to bf16 first (the bf16 kernel), expanded
+    #                        to exact bf16 codes (scales in the kernel), or converted per tile
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N"):
@@ -47,6 +62,8 @@ class AttnTile:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise StrataError(f"num_warps must be a power of two <= 16 and num_stages >= 1, "
                               f"got {self.num_warps}, {self.num_stages}")
+        if self.int8 not in INT8_PATHS:
+            raise StrataError(f"int8 must be one of {INT8_PATHS}, got {self.int8!r}")
 
     def with_(self, **kw) -> "AttnTile":
         return replace(self, **kw)

@@ -1,0 +1,106 @@
+"""MLA prefill attention: the expanded form strata runs against the absorbed form, measured.
+
+One layer of DeepSeek-V3's attention (H 128, N 128, R 64, Hv 128, Lkv 512) for a chunk of T
+tokens after P cached ones, bf16 on the GPU:
+- expanded  strata.models.mla.mla_chunk_attention (decompress K/V of all S = P + T keys, then
+            torch's fused SDPA over heads of 192 / 128), the model's path;
+- absorbed  Wuk folded into q (q_lat [T, H, Lkv]), SDPA in the latent space against the S
+            shared keys [c | k_pe] of 576 with values c of 512 (one kv head for all 128),
+            then Wuv on the output (this script's torch version of the form).
+Both pass the gate first: normalized error against strata's fp64 absorbed reference < 2e-2
+(bf16 q, K, V), on 4 heads and the last 512 queries. Figures: ms per call and TFLOP/s of the form's own multiply-adds (x2), bounds:
+the FLOP counts in strata/models/mla.py's docstring (expanded 81,920·T·S + 33.5M·S, absorbed
+278,528·T·S + 33.5M·T): the measured speedup is what decides the form the model runs.
+
+    python benchmarks/mla_bench.py             # GPU: T 4096 at P 0, 12288, 28672
+    python benchmarks/mla_bench.py --smoke     # CPU: tiny widths, checks the script
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from strata import bench
+from strata.models.mla import _split_kvb, mla_chunk_attention, mla_chunk_attention_absorbed
+
+ROOT = Path(__file__).resolve().parents[1]
+REL = 2e-2
+
+
+def absorbed(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale):
+    from torch.nn.attention.bias import causal_lower_right
+    H, T, N = q_nope.shape
+    S, L = c.shape
+    w_uk, w_uv = _split_kvb(wkvb, H, N, v_head_dim)
+    q = torch.cat([torch.einsum("htn,hnl->htl", q_nope, w_uk), q_pe], dim=-1)   # [H, T, L+R]
+    k = torch.cat([c, k_pe], dim=-1)[None, None].expand(1, H, S, -1)            # one kv head
+    v = c[None, None].expand(1, H, S, L)
+    mask = None if S == T else causal_lower_right(T, S)
+    o = F.scaled_dot_product_attention(q[None], k, v, attn_mask=mask, is_causal=S == T,
+                                       scale=scale)[0]                          # [H, T, L]
+    return torch.einsum("htl,hvl->thv", o, w_uv)
+
+
+def measure(args, rec: bench.Recorder) -> None:
+    dev = rec.device
+    if args.smoke:
+        H, N, R, Hv, L, T, Ps = 4, 8, 4, 8, 16, 16, [0, 32]
+    else:
+        H, N, R, Hv, L, T, Ps = 128, 128, 64, 128, 512, args.tokens, [0, 12288, 28672]
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    scale = (N + R) ** -0.5
+    for P in Ps:
+        S = P + T
+        g = torch.Generator().manual_seed(P)
+        q_nope, q_pe = torch.randn(H, T, N, generator=g), torch.randn(H, T, R, generator=g)
+        c, k_pe = torch.randn(S, L, generator=g), torch.randn(S, R, generator=g)
+        wkvb = torch.randn(H * (N + Hv), L, generator=g) / L ** 0.5
+        ins = [t.to(dev, dt) for t in (q_nope, q_pe, c, k_pe, wkvb)]
+        kw = dict(v_head_dim=Hv, scale=scale)
+        # the gate's reference: 4 heads, the last min(T, 512) queries (fp64 scores of every
+        # head and query at S = 32K would take 137 GB)
+        h, tq = min(H, 4), min(T, 512)
+        wsub = ins[4].view(H, N + Hv, L)[:h].reshape(h * (N + Hv), L)
+        ref = mla_chunk_attention_absorbed(ins[0][:h, -tq:], ins[1][:h, -tq:], ins[2], ins[3],
+                                           wsub, **kw).float()
+        arms = {"expanded": lambda: mla_chunk_attention(*ins, sdpa=True, **kw),
+                "absorbed": lambda: absorbed(*ins, **kw)}
+        flops = {"expanded": 2.0 * T * S * H * (N + R + Hv) + 2.0 * S * L * H * (N + Hv),
+                 "absorbed": 2.0 * T * S * H * (2 * L + R) + 4.0 * T * H * N * L}
+        ms = {}
+        for arm, fn in arms.items():
+            def check(fn=fn):
+                got = fn().float()[-tq:, :h]
+                err = float((got - ref).abs().max() / ref.abs().max())
+                return None if err < REL else f"normalized error {err:.3e}"
+            t = rec.timed(fn, check=check, what=f"{arm} P={P}")
+            ms[arm] = t.median_s * 1e3
+            rec.add("ms", ms[arm], "ms", timer=t.timer, gate=f"vs fp64 absorbed < {REL:g}",
+                    arm=arm, T=T, P=P, H=H)
+            rec.add("tflops", flops[arm] / t.median_s / 1e12, "TFLOP/s", timer=t.timer,
+                    bound=f"{flops[arm] / 1e12:.3f} TFLOP a call", arm=arm, T=T, P=P, H=H)
+        rec.add("absorbed_over_expanded", ms["absorbed"] / ms["expanded"], "ratio",
+                bound="FLOP ratio", bound_value=flops["absorbed"] / flops["expanded"], T=T, P=P,
+                H=H)
+        print(f"P={P} T={T}: expanded {ms['expanded']:.2f} ms, absorbed {ms['absorbed']:.2f} ms",
+              flush=True)
+        rec.flush()
+
+
+def main(argv=None) -> int:
+    ap = bench.parser(__doc__, out=ROOT / "benchmarks" / "results", warmup=3, repeats=10)
+    ap.add_argument("--smoke", action="store_true", help="tiny widths on the CPU")
+    ap.add_argument("--tokens", type=int, default=4096, help="chunk tokens T (default 4096)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.warmup, args.repeats = 0, 1
+    tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")
+    return bench.main(args, "mla_bench", measure, script=__file__, argv=argv,
+                      stem=f"mla_bench-{tag}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""DeepSeek-V3 streamed: a full-width deepseek-v3-shaped synthetic pack with as many layers as
+host memory holds, read at 8K and 32K through the streaming engine, tokens/s against the PCIe
+bound of the same run.
+
+The pack (strata.packs.MemoryPack, pinned host memory): DeepSeek-V3's widths exactly (hidden
+7168, 256 experts of width 2048 top-8 from 4 of 8 groups, one shared expert, MLA with 128 heads,
+q_lora 1536, kv_lora 512 + rope 64), its 3 leading dense layers (FFN 18432), then as many MoE
+layers as fit: n_moe = (MemAvailable - the dense weights' host copy - HEADROOM) // (E x blob),
+at most DeepSeek-V3's 58. At Q4_K a MoE layer is 256 x 24,772,608 B = 6.34 GB, so a 128 GiB
+host holds ~16 of them (the CSV's `layers` / `moe_layers` say what this run held; the full
+model's 58 would be 368 GB). Dense weights (bf16, ~0.37 GB of MLA per layer, 0.79 GB per dense
+FFN, 1.85 GB each for embeddings and head) stay resident on the GPU beside the expert cache.
+
+Per prompt (`--prompts`, default 8192,32768): one warm read (compiles the tiles), then one timed
+read, logits "none". Figures: tokens_per_s (bound: PCIe = bytes streamed / the pinned H2D rate
+measured blob by blob in this run), bytes_streamed, h2d_gbps, wait_s, chunk and ring of the
+plan. The attention is MLA's expanded form through torch's fused SDPA (strata.models.mla); its
+transient K/V (2.7 GB at 32K) is outside the planned carve, inside the reserve's slack.
+
+    python experiments/deepseek_stream.py              # GPU: 8K and 32K, --vram 64GiB, Q4_K
+    python experiments/deepseek_stream.py --smoke      # CPU: a tiny deepseek2 shape, seconds
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from strata import bench
+from strata.bench.roofline import h2d_rate
+from strata.budget import host_available
+from strata.engine.host import HostExperts
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.errors import StrataError
+from strata.packs.memory import MemoryPack
+from strata.packs.synth import ExpertFormats
+from strata.planning import DENSE_BYTES, layer_dense_bytes
+from strata.shapes import ModelShape, get_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+HEADROOM = 12 * GIB          # Python, torch, the CUDA context's host side, the KV of one prompt
+SMOKE = ModelShape("deepseek2", 4, 64, 16, 4, 32, 4, 4, 24, 256, rope_theta=10000.0,
+                   n_dense_lead=1, d_ff=96, n_shared=1, router="sigmoid", n_group=4,
+                   topk_group=2, routed_scale=2.5, q_lora=32, kv_lora=32, qk_rope=8,
+                   v_head_dim=16)
+
+
+def layers_that_fit(full: ModelShape, fmts: ExpertFormats, avail: int) -> int:
+    """MoE layers whose pinned experts fit beside the dense weights' host copy and HEADROOM."""
+    blob = fmts.layout(full).size
+    per_moe = blob * full.n_expert
+    dense = sum(layer_dense_bytes(full, l) for l in range(full.n_dense_lead + 1)) + \
+        2 * full.vocab * full.d_model * DENSE_BYTES
+    n = (avail - dense - HEADROOM) // (per_moe + layer_dense_bytes(full, full.n_layer - 1))
+    return int(max(0, min(full.n_layer - full.n_dense_lead, n)))
+
+
+def measure(args, rec: bench.Recorder) -> None:
+    fmts = ExpertFormats.of("Q8_0" if args.smoke else args.quant)   # tiny rows: 32-blocks
+    if args.smoke:
+        shape, prompts = SMOKE, [40, 64]
+    else:
+        full = get_preset("deepseek-v3")
+        avail = host_available() or 0
+        n_moe = args.moe_layers if args.moe_layers is not None else layers_that_fit(full, fmts,
+                                                                                    avail)
+        if n_moe < 1:
+            rec.add("tokens_per_s", 0.0, "tok/s", bound=f"does not fit: {avail / GIB:.0f} GiB of "
+                    f"host memory holds no MoE layer of {fmts.layout(full).size * full.n_expert / 1e9:.1f} GB")
+            return
+        shape = full.with_(n_layer=full.n_dense_lead + n_moe)
+        prompts = [int(p) for p in args.prompts.split(",")]
+        print(f"deepseek-v3 x {shape.n_layer} layers ({n_moe} MoE) of host "
+              f"{avail / GIB:.0f} GiB available", flush=True)
+    t0 = time.perf_counter()
+    pack = MemoryPack(shape, fmts, distinct=2 if args.smoke else 8)
+    host = HostExperts(pack.experts, [pl.blob_size for pl in pack.layers], progress=True)
+    print(f"{pack} built and {'pinned' if host.pinned else 'loaded'} in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    h2d = h2d_rate(host)
+    cfg = EngineConfig(vram=2 * GIB if args.smoke else args.vram * GIB, max_prompt=max(prompts),
+                       cache=160 << 10 if args.smoke else None, scan_max=256 if args.smoke
+                       else 32768, chunk=32 if args.smoke else None,
+                       ring=8 if args.smoke else None,
+                       ffn="auto" if torch.cuda.is_available() else "torch")
+    try:
+        eng = PrefillEngine(pack, cfg, host=host)
+        eng.plan()
+    except StrataError as e:
+        rec.add("tokens_per_s", 0.0, "tok/s", bound=f"does not fit: {e}", layers=shape.n_layer)
+        return
+    for T in prompts:
+        tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
+        with torch.inference_mode():
+            eng.run(tok, logits="none")
+            res = eng.run(tok, logits="none")
+        st = res.stats
+        pcie_s = st.bytes_streamed / h2d
+        common = dict(prompt=T, chunk=res.chunk, ring=res.ring, layers=shape.n_layer,
+                      moe_layers=len(shape.moe_layers), quant=args.quant,
+                      expert_bytes=pack.expert_bytes, vram_gib=cfg.vram / GIB)
+        rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=bench.WALL_TIMER,
+                bound="PCIe: bytes streamed / pinned H2D measured",
+                bound_value=T / pcie_s if pcie_s else None, **common)
+        rec.add("bytes_streamed", st.bytes_streamed, "bytes", **common)
+        rec.add("h2d_gbps", st.h2d_gbps, "GB/s", bound="pinned H2D blob by blob",
+                bound_value=h2d / 1e9, **common)
+        rec.add("wait_s", st.wait_s, "s", **common)
+        print(f"T={T}: {st.tokens_per_s:,.0f} tok/s, PCIe bound "
+              f"{(T / pcie_s if pcie_s else 0):,.0f} tok/s ({st.bytes_streamed / 1e9:.1f} GB at "
+              f"{h2d / 1e9:.1f} GB/s), chunk {res.chunk}, ring {res.ring}, compute waited "
+              f"{st.wait_s:.2f} s", flush=True)
+        rec.flush()
+
+
+def main(argv=None) -> int:
+    ap = bench.parser(__doc__, out=ROOT / "experiments" / "results", warmup=0, repeats=1)
+    ap.add_argument("--smoke", action="store_true", help="a tiny deepseek2 on the CPU")
+    ap.add_argument("--prompts", default="8192,32768", help="prompt lengths (default 8192,32768)")
+    ap.add_argument("--quant", default="Q4_K", help="expert block format (default Q4_K)")
+    ap.add_argument("--vram", type=int, default=64, help="GiB of VRAM for the engine (default 64)")
+    ap.add_argument("--moe-layers", type=int, default=None,
+                    help="MoE layers (default: as many as host memory holds)")
+    args = ap.parse_args(argv)
+    tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")
+    return bench.main(args, "deepseek_stream", measure, script=__file__, argv=argv,
+                      stem=f"deepseek_stream-{tag}", summary=summary)
+
+
+def summary(rows: list[dict]) -> None:
+    for r in rows:
+        if r["figure"] == "tokens_per_s":
+            c = r["config"]
+            print(f"T={c.get('prompt')} layers={c.get('layers')}: {r['value']:.4g} tok/s "
+                  f"(bound {r['bound']}: {r['bound_value']})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""DeepSeek-V3 / R1 and Kimi-K2 (`deepseek2`, DeepseekV3ForCausalLM): MLA attention
+(strata.models.mla) in the family's dense-lead / shared-expert / grouped sigmoid MoE
+(strata.models.family). RoPE is the interleaved-pairs form on the rope dims (HF's
+rope_interleave, llama.cpp's NORM rope for deepseek2), no YaRN (a checkpoint with rope scaling
+is refused on import). Dense weights use llama.cpp's names (strata.packs.names_ds).
+"""
+from __future__ import annotations
+
+import torch
+
+from strata.models.family import FamilyLayer, FamilyMoe, optional
+from strata.models.mla import MLACache, MLAWeights, mla_attention
+from strata.models.registry import register
+
+
+@register("deepseek2")
+class DeepSeek2(FamilyMoe):
+    @classmethod
+    def attention_weights(cls, get, l: int) -> MLAWeights:
+        p = f"blk.{l}."
+
+        def opt(n):
+            return optional(get, p + n)
+        return MLAWeights(get(p + "attn_kv_a_mqa.weight"), get(p + "attn_kv_a_norm.weight"),
+                          get(p + "attn_kv_b.weight"), get(p + "attn_output.weight"),
+                          wq=opt("attn_q.weight"), wqa=opt("attn_q_a.weight"),
+                          q_norm=opt("attn_q_a_norm.weight"), wqb=opt("attn_q_b.weight"))
+
+    def new_cache(self, capacity: int | None = None) -> MLACache:
+        s = self.shape
+        return MLACache(s.n_layer, s.kv_lora, s.qk_rope, capacity=capacity, dtype=self.dtype,
+                        device=self.layer_devices)
+
+    def attention(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
+        return mla_attention(xn, lw.attn, self.shape, cos, sin, cache, l, eps=self.shape.rms_eps)

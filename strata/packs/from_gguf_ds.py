@@ -1,0 +1,81 @@
+"""GGUF `glm4moe` (GLM-4.5) and `deepseek2` (DeepSeek-V3, Kimi-K2) metadata -> ModelShape, and
+the dense tensors llama.cpp's converter splits (strata.packs.from_gguf reads the rest).
+
+- Leading dense layers: {arch}.leading_dense_block_count, their width feed_forward_length.
+- NextN / MTP layers (GLM-4.5's last nextn_predict_layers blocks) are not read.
+- deepseek2 MLA: newer conversions write head_count_kv 1 with key_length = Lkv + R and the
+  per-head sizes in key_length_mla / value_length_mla; older ones head_count_kv = H and
+  key_length = N + R, value_length = Hv. Newer ones also split attn_kv_b [H*(N+Hv), Lkv] into
+  attn_k_b (torch [H, Lkv, N]) and attn_v_b ([H, Hv, Lkv]); `join_kv_b` rebuilds attn_kv_b.
+"""
+from __future__ import annotations
+
+import torch
+
+from strata.errors import StrataError
+from strata.shapes import ModelShape
+
+ARCHS = ("glm4moe", "deepseek2")
+SIGMOID = 2   # gguf.ExpertGatingFuncType.SIGMOID
+
+
+def gguf_shape_ds(r, path, field, rope_base) -> ModelShape:
+    """The shape from the metadata (`field(r, key, default)`: from_gguf's reader)."""
+    a = field(r, "general.architecture")
+    D = int(field(r, f"{a}.embedding_length"))
+    H = int(field(r, f"{a}.attention.head_count"))
+    tensors = {t.name: t for t in r.tensors}
+    if "token_embd.weight" not in tensors:
+        raise StrataError(f"{path} has no token_embd.weight")
+    gating = int(field(r, f"{a}.expert_gating_func", SIGMOID))
+    if gating != SIGMOID:
+        raise StrataError(f"{path}: expert_gating_func {gating}; strata routes this family's "
+                          f"sigmoid gate (2)")
+    n_layer = int(field(r, f"{a}.block_count")) - int(field(r, f"{a}.nextn_predict_layers", 0))
+    common = dict(
+        n_layer=n_layer, d_model=D, n_expert=int(field(r, f"{a}.expert_count")),
+        top_k=int(field(r, f"{a}.expert_used_count")),
+        d_expert=int(field(r, f"{a}.expert_feed_forward_length")), n_head=H,
+        vocab=int(tensors["token_embd.weight"].shape[1]),
+        rope_theta=float(f"{float(rope_base(r, a, path)):.7g}"),
+        rms_eps=float(f"{float(field(r, f'{a}.attention.layer_norm_rms_epsilon')):.7g}"),
+        max_pos=int(field(r, f"{a}.context_length", 40960)),
+        n_dense_lead=int(field(r, f"{a}.leading_dense_block_count", 0)),
+        d_ff=int(field(r, f"{a}.feed_forward_length")),
+        n_shared=int(field(r, f"{a}.expert_shared_count", 0)), router="sigmoid",
+        n_group=int(field(r, f"{a}.expert_group_count", 1)) or 1,
+        topk_group=int(field(r, f"{a}.expert_group_used_count", 1)) or 1,
+        routed_scale=float(f"{float(field(r, f'{a}.expert_weights_scale', 1.0)):.7g}"),
+        norm_topk_prob=bool(field(r, f"{a}.expert_weights_norm", True)))
+    if a == "glm4moe":
+        hd = int(field(r, f"{a}.attention.key_length", D // H))
+        p = "blk.0."
+        return ModelShape(arch=a, n_kv_head=int(field(r, f"{a}.attention.head_count_kv", H)),
+                          head_dim=hd, rope_dim=int(field(r, f"{a}.rope.dimension_count", hd)),
+                          qk_norm=p + "attn_q_norm.weight" in tensors,
+                          attn_bias=p + "attn_q.bias" in tensors, **common)
+    R = int(field(r, f"{a}.rope.dimension_count"))
+    mla_k = field(r, f"{a}.attention.key_length_mla", 0, required=False)
+    hd = int(mla_k) if mla_k else int(field(r, f"{a}.attention.key_length"))
+    mla_v = field(r, f"{a}.attention.value_length_mla", 0, required=False)
+    hv = int(mla_v) if mla_v else int(field(r, f"{a}.attention.value_length"))
+    return ModelShape(arch=a, n_kv_head=H, head_dim=hd,
+                      q_lora=int(field(r, f"{a}.attention.q_lora_rank", 0)),
+                      kv_lora=int(field(r, f"{a}.attention.kv_lora_rank")), qk_rope=R,
+                      v_head_dim=hv, **common)
+
+
+def join_kv_b(shape: ModelShape, l: int, tensors: dict, read) -> torch.Tensor | None:
+    """attn_kv_b [H*(N+Hv), Lkv] from layer l's attn_k_b / attn_v_b (None when absent);
+    `read(t, torch_shape)`: a tensor's values, F32/F16/BF16 or dequantized."""
+    p = f"blk.{l}."
+    kb, vb = tensors.get(p + "attn_k_b.weight"), tensors.get(p + "attn_v_b.weight")
+    if kb is None or vb is None:
+        return None
+    H, R, L = shape.n_head, shape.qk_rope, shape.kv_lora
+    N, Hv = shape.head_dim - R, shape.v_head_dim
+    k = read(kb, (H, L, N)).float().transpose(1, 2)                # [H, N, Lkv]
+    v = read(vb, (H, Hv, L)).float()                               # [H, Hv, Lkv]
+    return torch.cat([k, v], dim=1).reshape(H * (N + Hv), L)
+
+

@@ -1,0 +1,103 @@
+"""Hugging Face GLM-4.5 (`glm4_moe`) and DeepSeek-V3 / Kimi-K2 (`deepseek_v3`, `kimi_k2`)
+checkpoint folders -> pack (strata.packs.from_hf reads Qwen3-MoE; its tensor reader and expert
+reader are shared). Leading dense layers carry no blobs; shared experts and the correction bias
+are dense tensors (strata.packs.names_ds)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from strata.errors import StrataError
+from strata.packs.names import dense_specs
+from strata.shapes import ModelShape
+
+MODEL_TYPES = {"glm4_moe": "glm4moe", "deepseek_v3": "deepseek2", "kimi_k2": "deepseek2"}
+
+_DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+} | {f"attn_{x}.{kind}": f"self_attn.{x}_proj.{kind}" for x in "qkv" for kind in ("weight", "bias")
+     } | {f"ffn_{w}.weight": f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")
+          } | {f"ffn_{w}_shexp.weight": f"mlp.shared_experts.{w}_proj.weight"
+               for w in ("gate", "up", "down")}
+
+
+def hf_shape_ds(cfg: dict, where) -> ModelShape:
+    mt = cfg.get("model_type")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise StrataError(f"{where}: rope scaling {rope.get('rope_type', rope.get('type'))!r} is "
+                          f"not implemented (strata runs plain RoPE for {mt})")
+    try:
+        H = cfg["num_attention_heads"]
+        theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)
+        common = dict(
+            n_layer=cfg["num_hidden_layers"], d_model=cfg["hidden_size"],
+            n_expert=cfg.get("n_routed_experts") or cfg["num_local_experts"],
+            top_k=cfg["num_experts_per_tok"], d_expert=cfg["moe_intermediate_size"], n_head=H,
+            vocab=cfg["vocab_size"], rope_theta=float(theta), rms_eps=float(cfg["rms_norm_eps"]),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            max_pos=cfg.get("max_position_embeddings", 40960),
+            n_dense_lead=int(cfg.get("first_k_dense_replace", 0)),
+            d_ff=int(cfg["intermediate_size"]), n_shared=int(cfg.get("n_shared_experts") or 0),
+            router="sigmoid", n_group=int(cfg.get("n_group") or 1),
+            topk_group=int(cfg.get("topk_group") or 1),
+            routed_scale=float(cfg.get("routed_scaling_factor", 1.0)))
+        if MODEL_TYPES[mt] == "glm4moe":
+            hd = cfg.get("head_dim") or cfg["hidden_size"] // H
+            prf = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+            return ModelShape(arch="glm4moe", n_kv_head=cfg.get("num_key_value_heads", H),
+                              head_dim=hd, rope_dim=int(hd * prf),
+                              qk_norm=bool(cfg.get("use_qk_norm", False)),
+                              attn_bias=bool(cfg.get("attention_bias", False)), **common)
+        if not cfg.get("rope_interleave", True):
+            raise StrataError(f"{where}: rope_interleave false is not implemented; strata's "
+                              f"deepseek2 rotates interleaved pairs (as llama.cpp)")
+        return ModelShape(arch="deepseek2", n_kv_head=H,
+                          head_dim=cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"],
+                          q_lora=int(cfg.get("q_lora_rank") or 0), kv_lora=cfg["kv_lora_rank"],
+                          qk_rope=cfg["qk_rope_head_dim"], v_head_dim=cfg["v_head_dim"], **common)
+    except KeyError as e:
+        raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
+    except (TypeError, ValueError) as e:
+        raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
+
+
+def hf_to_pack_ds(src: Path, cfg: dict, out, fmts, progress: bool, tokenizer):
+    """The family's pack from a HF folder (called by strata.packs.from_hf.hf_to_pack)."""
+    from strata.packs.blobs import assemble_blobs
+    from strata.packs.file import check_shape, write_pack
+    from strata.packs.from_hf import _GLOBAL, _Tensors, _experts
+    from strata.packs.quantize import quantize_rows
+    s = hf_shape_ds(cfg, src)
+    check_shape(s, src / "config.json")
+    lay = fmts.layout(s)
+    ts = _Tensors(src)
+    dense = {}
+    tied = "lm_head.weight" not in ts
+    for name in dense_specs(s):
+        if name.startswith("blk."):
+            _, i, rest = name.split(".", 2)
+            dense[name] = ts.get(f"model.layers.{i}.{_DENSE[rest]}")
+        elif not (tied and name == "output.weight"):
+            dense[name] = ts.get(_GLOBAL[name])
+
+    def layer(i):
+        def make():
+            g, u, d = _experts(ts, i, s)
+            return assemble_blobs(lay, quantize_rows(g, fmts.gate), quantize_rows(u, fmts.up),
+                                  quantize_rows(d, fmts.down), s.n_expert)
+        return make
+    return write_pack(out, s, dense, [layer(i) for i in range(s.n_layer)], lay, native=True,
+                      source=f"hf:{src.name}", progress=progress, tokenizer=tokenizer)

@@ -1,0 +1,73 @@
+"""The dense tensors of a `glm4moe` (GLM-4.5) or `deepseek2` (DeepSeek-V3, Kimi-K2) pack, per
+layer: llama.cpp's GGUF names, torch shapes ([out, in] for matrices).
+
+Legend: D hidden, E experts, F expert width, Fd dense-layer FFN width, Fs = n_shared * F the
+shared experts' width, H query heads, Hkv kv heads, hd head dim, R rope dims, Lq q_lora,
+Lkv kv_lora, N = hd - R the no-rope dims of an MLA head, Hv the value head dim.
+
+Attention (glm4moe): attn_q/k/v (+ .bias), attn_output, optional attn_q_norm/attn_k_norm.
+Attention (deepseek2, MLA): attn_q_a [Lq, D], attn_q_a_norm [Lq], attn_q_b [H*hd, Lq] (or a full
+attn_q [H*hd, D] when q_lora = 0), attn_kv_a_mqa [Lkv + R, D], attn_kv_a_norm [Lkv],
+attn_kv_b [H*(N + Hv), Lkv] (llama.cpp's newer attn_k_b / attn_v_b split is joined back into it
+on import: strata.packs.from_gguf_ds), attn_output [D, H*Hv].
+FFN: a leading dense layer has ffn_gate/ffn_up [Fd, D], ffn_down [D, Fd]; a MoE layer has the
+router ffn_gate_inp [E, D], the sigmoid router's exp_probs_b.bias [E] (e_score_correction_bias)
+and the shared expert ffn_{gate,up}_shexp [Fs, D], ffn_down_shexp [D, Fs]; its routed experts
+are the pack's blobs. GLM-4.5 calls the pre-FFN norm post_attention_norm, DeepSeek ffn_norm.
+"""
+from __future__ import annotations
+
+from strata.shapes import ModelShape
+
+ARCHS = ("glm4moe", "deepseek2")
+
+
+def ffn_norm_name(s: ModelShape) -> str:
+    return "post_attention_norm" if s.arch == "glm4moe" else "ffn_norm"
+
+
+def _attention(s: ModelShape, p: str) -> dict[str, tuple[int, ...]]:
+    D, H = s.d_model, s.n_head
+    if s.mla:
+        out = {}
+        if s.q_lora:
+            out |= {p + "attn_q_a.weight": (s.q_lora, D), p + "attn_q_a_norm.weight": (s.q_lora,),
+                    p + "attn_q_b.weight": (H * s.head_dim, s.q_lora)}
+        else:
+            out[p + "attn_q.weight"] = (H * s.head_dim, D)
+        nope = s.head_dim - s.qk_rope
+        return out | {
+            p + "attn_kv_a_mqa.weight": (s.kv_lora + s.qk_rope, D),
+            p + "attn_kv_a_norm.weight": (s.kv_lora,),
+            p + "attn_kv_b.weight": (H * (nope + s.v_head_dim), s.kv_lora),
+            p + "attn_output.weight": (D, H * s.v_head_dim)}
+    q, kv = H * s.head_dim, s.n_kv_head * s.head_dim
+    out = {p + "attn_q.weight": (q, D), p + "attn_k.weight": (kv, D),
+           p + "attn_v.weight": (kv, D)}
+    if s.attn_bias:
+        out |= {p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)}
+    out[p + "attn_output.weight"] = (D, q)
+    if s.qk_norm:
+        out |= {p + "attn_q_norm.weight": (s.head_dim,), p + "attn_k_norm.weight": (s.head_dim,)}
+    return out
+
+
+def _ffn(s: ModelShape, i: int, p: str) -> dict[str, tuple[int, ...]]:
+    D = s.d_model
+    if not s.is_moe_layer(i):
+        return {p + "ffn_gate.weight": (s.d_ff, D), p + "ffn_up.weight": (s.d_ff, D),
+                p + "ffn_down.weight": (D, s.d_ff)}
+    out = {p + "ffn_gate_inp.weight": (s.n_expert, D)}
+    if s.router == "sigmoid":
+        out[p + "exp_probs_b.bias"] = (s.n_expert,)
+    if s.n_shared:
+        fs = s.n_shared * s.d_expert
+        out |= {p + "ffn_gate_shexp.weight": (fs, D), p + "ffn_up_shexp.weight": (fs, D),
+                p + "ffn_down_shexp.weight": (D, fs)}
+    return out
+
+
+def layer_specs_ds(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
+    p = f"blk.{i}."
+    return ({p + "attn_norm.weight": (s.d_model,)} | _attention(s, p)
+            | {p + ffn_norm_name(s) + ".weight": (s.d_model,)} | _ffn(s, i, p))

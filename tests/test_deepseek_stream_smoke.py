@@ -1,0 +1,44 @@
+"""experiments/deepseek_stream.py --smoke end to end on the CPU (a tiny deepseek2: a dense
+first layer, shared expert, grouped routing, MLA), and the layer count it picks for 128 GiB."""
+import importlib.util
+from pathlib import Path
+
+from strata import bench
+from strata.packs.synth import ExpertFormats
+from strata.shapes import get_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _mod():
+    spec = importlib.util.spec_from_file_location("deepseek_stream",
+                                                  ROOT / "experiments" / "deepseek_stream.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_deepseek_stream_smoke(tmp_path):
+    assert _mod().main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = bench.read_csv(tmp_path / "deepseek_stream-smoke.csv")
+    tps = [r for r in rows if r["figure"] == "tokens_per_s"]
+    assert {r["config"]["prompt"] for r in tps} == {40, 64}
+    assert all(r["value"] > 0 and r["bound_value"] > 0 for r in tps)
+    assert all(r["config"]["moe_layers"] == 3 for r in tps)
+    assert (tmp_path / "deepseek_stream-smoke.png").stat().st_size > 5_000
+
+
+def test_a_128_gib_host_holds_16_q4k_moe_layers():
+    """6.34 GB a Q4_K MoE layer: ~125 GiB available minus the dense host copy and headroom."""
+    n = _mod().layers_that_fit(get_preset("deepseek-v3"), ExpertFormats.of("Q4_K"), 125 << 30)
+    assert n == 16
+
+
+def test_mla_bench_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("mla_bench", ROOT / "benchmarks" / "mla_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = bench.read_csv(tmp_path / "mla_bench-smoke.csv")
+    assert {(r["config"]["arm"], r["config"]["P"]) for r in rows if r["figure"] == "ms"} == \
+        {(a, p) for a in ("expanded", "absorbed") for p in (0, 32)}
