@@ -57,6 +57,10 @@ for step in "$@"; do
     benchcmd) timeout 120 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_warm_trace.py 2>&1 | tail -8 > "$OUT/gpu_warm_trace.log"; tail -3 "$OUT/gpu_warm_trace.log"
              timeout 100 python3 -m strata.cli synth --preset qwen3-30b-a3b --layers 8 --pack -o /dev/shm/b8.pack 2>&1 | tail -1
              timeout 200 python3 -m strata.cli bench /dev/shm/b8.pack -p 8192,32768 -r 3 --vram 6GiB --trace "$OUT/bench_trace.json" 2>&1 | grep -v "it/s\]" | tail -8 | tee "$OUT/bench_cmd.md"; rm -f /dev/shm/b8.pack ;;
+    # issue 19: GPT-OSS / Mixtral kernels' GPU twins (bias + clamped-SwiGLU epilogue, window + sinks)
+    archtests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_epilogue.py tests/kernels/test_chunk_attention_window.py tests/models/test_parity_archs.py 2>&1 | tail -12 > "$OUT/gpu_arch_tests.log"; tail -5 "$OUT/gpu_arch_tests.log" ;;
+    # issue 19 item 4: gpt-oss-120b MXFP4 streamed under 24 GiB at 8K/32K vs PCIe, gpt-oss-20b resident
+    arch)    timeout 470 python3 experiments/arch_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/arch_ab.log" ;;
     # issue 20: the DeepSeek / GLM-4.5 family's GPU tests, MLA expanded vs absorbed, and a
     # full-width DeepSeek-V3 pack (as many MoE layers as host memory holds) streamed at 8K/32K
     familytests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla.py tests/models/test_family.py 2>&1 | tail -20 > "$OUT/gpu_family_tests.log"; tail -5 "$OUT/gpu_family_tests.log" ;;

@@ -68,7 +68,7 @@ def _source(args):
     fmts = [q.strip() for q in quant.split(",")]
     if len(fmts) not in (1, 3):
         raise StrataError(f"--quant takes one TYPE or GATE,UP,DOWN, got {quant!r}")
-    layout = BlobLayout.make(shape.d_model, shape.d_expert, *fmts)
+    layout = BlobLayout.for_shape(shape, *fmts)
     name = f"{args.preset or 'qwen3-30b-a3b'} {quant.upper()}"
     # a leading dense layer (DeepSeek-V3's first 3, GLM-4.5's first 3) has no blobs
     return name, shape, {l: layout.size if shape.is_moe_layer(l) else 0

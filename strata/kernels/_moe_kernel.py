@@ -4,8 +4,11 @@ Legend: BM/BN/BK tile sizes; a *tile* is BM sorted rows (one expert) x BN output
 *iteration* is one BK step of a tile's reduction, KI = cdiv(n_in, BK) per tile.
 
 One kernel, two modes (MODE constexpr):
-  GATE_UP: h[r, f]  = silu(x[tok(r)] . gate_e[f]) * (x[tok(r)] . up_e[f])   r over padded rows
-  DOWN:    yk[a, d] = w[a] * (h[r(a)] . down_e[d])                          a = t*K + k
+  GATE_UP: h[r, f]  = act(x[tok(r)] . gate_e[f] + bg_e[f], x[tok(r)] . up_e[f] + bu_e[f])
+  DOWN:    yk[a, d] = w[a] * (h[r(a)] . down_e[d] + bd_e[d])                a = t*K + k
+act (ACT constexpr, strata.blob.ExpertAct): 0 silu(g)·u; 1 GPT-OSS's clamped SwiGLU. The biases
+(BIAS constexpr) are fp32 vectors inside the expert's blob (strata.blob.BiasSlot), at byte
+offsets boff1 (gate, or down) and boff2 (up) from the blob's start; without BIAS they are 0.
 and two schedules (SCHED constexpr):
   DP:       one program per tile, the whole reduction.
   STREAM_K: P programs; program p owns iterations [s_p, s_{p+1}) of the n_tiles*KI total
@@ -263,10 +266,34 @@ def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mas
 
 
 @triton.jit
+def _bias_ptr(arena_ptr, slot_ptr, e, boff):
+    """fp32* of a bias vector boff bytes into expert e's blob (bias regions are 256-aligned)."""
+    blob = arena_ptr + tl.multiple_of(tl.load(slot_ptr + e), 256)
+    return (blob + boff).to(tl.pointer_type(tl.float32), bitcast=True)
+
+
+@triton.jit
+def _act(g, u, alpha, limit, ACT: tl.constexpr):
+    """h = act(g, u) in fp32 (see strata.blob.ExpertAct)."""
+    if ACT == 0:
+        h = g / (1.0 + tl.exp(-g)) * u                                  # silu(gate) * up
+    else:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+        h = g / (1.0 + tl.exp(-alpha * g)) * (u + 1.0)                  # g·sigmoid(αg)·(u+1)
+    return h
+
+
+@triton.jit
 def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n,
-              n_mask, tw_ptr, INTERP: tl.constexpr):
+              n_mask, tw_ptr, INTERP: tl.constexpr, b1_ptr, b2_ptr, alpha, limit,
+              BIAS: tl.constexpr, ACT: tl.constexpr):
+    if BIAS:
+        acc1 += tl.load(b1_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+        if MODE == GATE_UP:
+            acc2 += tl.load(b2_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     if MODE == GATE_UP:
-        h = acc1 / (1.0 + tl.exp(-acc1)) * acc2                        # silu(gate) * up
+        h = _act(acc1, acc2, alpha, limit, ACT)
         ptr = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
         tl.store(ptr, _bf16(h, INTERP), mask=n_mask[None, :])       # padding rows too (zeros)
     else:
@@ -282,7 +309,8 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
           FMT2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
           INTERP: tl.constexpr, SPLIT: tl.constexpr, SC1: tl.constexpr, SC2: tl.constexpr,
           RUN: tl.constexpr, SW: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr,
-          W16: tl.constexpr, MAGIC: tl.constexpr):
+          W16: tl.constexpr, MAGIC: tl.constexpr, boff1, boff2, alpha, limit,
+          BIAS: tl.constexpr, ACT: tl.constexpr):
     """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
     fp32 piece into scratch slot 2*pid + last."""
     NB = tl.cdiv(n_out, BN)
@@ -301,12 +329,15 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
                       offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, FMT1, FMT2, TWO, BM, BN, BK,
                       INTERP,
                       SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
+    f32 = tl.pointer_type(tl.float32)
+    b1 = (blob + boff1).to(f32, bitcast=True)   # the biases (read only with BIAS)
+    b2 = (blob + boff2).to(f32, bitcast=True)
     if SPLIT == 0:
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
-                  tw_ptr, INTERP)
+                  tw_ptr, INTERP, b1, b2, alpha, limit, BIAS, ACT)
     elif (k_lo == 0) & (k_hi == KI):
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
-                  tw_ptr, INTERP)
+                  tw_ptr, INTERP, b1, b2, alpha, limit, BIAS, ACT)
     else:
         slot = 2 * pid + last
         r = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]   # [BM, BN]
@@ -321,13 +352,14 @@ def _moe_gemm_kernel(
         a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
         arena_ptr, slot_ptr, off1, rb1, off2, rb2,
         out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr,
-        n_out, n_in, n_blocks_ptr, n_programs,
+        n_out, n_in, n_blocks_ptr, n_programs, boff1, boff2, alpha, limit,
         MODE: tl.constexpr, SCHED: tl.constexpr, TOPK: tl.constexpr,
         FMT1: tl.constexpr, FMT2: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
         SC1: tl.constexpr = False, SC2: tl.constexpr = False, RUN: tl.constexpr = 32,
         SW: tl.constexpr = False, FAST: tl.constexpr = False, PF: tl.constexpr = False,
-        W16: tl.constexpr = False, MAGIC: tl.constexpr = False):
+        W16: tl.constexpr = False, MAGIC: tl.constexpr = False, BIAS: tl.constexpr = False,
+        ACT: tl.constexpr = 0):
     pid = tl.program_id(0)
     KI = tl.cdiv(n_in, BK)
     # the row blocks are counted on the device (no host sync sizes the launch): the grid is an
@@ -339,7 +371,8 @@ def _moe_gemm_kernel(
             _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
                   arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr,
                   scratch_ptr, tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP,
-                  0, SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
+                  0, SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC, boff1, boff2, alpha, limit, BIAS,
+                  ACT)
     else:
         total = n_tiles * KI
         base = total // n_programs
@@ -356,16 +389,17 @@ def _moe_gemm_kernel(
                   off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr, n_out, n_in, MODE,
                   TOPK,
                   FMT1, FMT2, BM, BN, BK, INTERP, 1, SC1, SC2, RUN, SW,
-                  FAST, PF, W16, MAGIC)
+                  FAST, PF, W16, MAGIC, boff1, boff2, alpha, limit, BIAS, ACT)
             it += k_hi - k_lo
 
 
 @triton.jit
 def _moe_fixup_kernel(
         sorted_ids_ptr, block_expert_ptr, n_assign, out_ptr, stride_out, tw_ptr, scratch_ptr,
-        n_out, n_in, n_blocks_ptr, n_programs,
+        n_out, n_in, n_blocks_ptr, n_programs, arena_ptr, slot_ptr, boff1, boff2, alpha, limit,
         MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-        BK: tl.constexpr, INTERP: tl.constexpr):
+        BK: tl.constexpr, INTERP: tl.constexpr, BIAS: tl.constexpr = False,
+        ACT: tl.constexpr = 0):
     """Program b looks at the boundary s_b between programs b-1 and b; the first boundary inside a
     tile sums that tile's pieces, program by program in increasing order, and stores the result."""
     b = tl.program_id(0)
@@ -397,5 +431,7 @@ def _moe_fixup_kernel(
         nb = t % NB
         offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
         offs_n = nb * BN + tl.arange(0, BN)
+        e = tl.load(block_expert_ptr + mb)
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n,
-                  offs_n < n_out, tw_ptr, INTERP)
+                  offs_n < n_out, tw_ptr, INTERP, _bias_ptr(arena_ptr, slot_ptr, e, boff1),
+                  _bias_ptr(arena_ptr, slot_ptr, e, boff2), alpha, limit, BIAS, ACT)

@@ -51,6 +51,10 @@ def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
               combine=combine)
     if all(m.fmt.name == "BF16" for m in lay.matrices):   # nothing to decode
         return moe_ffn(x, topk_ids, topk_weights, experts, workspace=workspace, **kw)
+    if not lay.plain:
+        raise StrataError("the decoded expert FFN writes bias-free silu experts; these experts "
+                          "carry biases or another activation: use the fused kernel "
+                          "(--experts kernel or auto)")
     E = experts.n_expert
     dev = experts.device
     present = routed_mask(topk_ids, E) & (experts.slot_offset >= 0)          # [E]

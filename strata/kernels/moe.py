@@ -4,6 +4,10 @@ Legend: T tokens, D hidden, F expert width, E experts, K top-k.
 
     y[t] = sum_k w[t,k] * down_e(silu(gate_e x[t]) * up_e x[t])     e = topk_ids[t,k]
 
+A layout with biases and another activation (strata.blob: BiasSlot, ExpertAct; GPT-OSS) runs
+    y[t] = sum_k w[t,k] * (down_e act(gate_e x[t] + bg_e, up_e x[t] + bu_e) + bd_e)
+in the same GEMM's epilogue (`glu` and `expert_biases` below are its torch twin).
+
 x [T, D] bf16, topk_ids [T, K] int, topk_weights [T, K] fp32, experts an ExpertSet (uint8 arena,
 slot_offset[E], BlobLayout: gate [F, D], up [F, D], down [D, F], each in any strata format).
 Accumulation is fp32; the intermediate h = silu(gate x) * up x is rounded to bf16 (the down GEMM's
@@ -182,20 +186,27 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     x = x.contiguous()
     tab = device_table("iq", dev)  # the i-quant grids; read only by grid i-quant matrices
     meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, INTERP=INTERPRET)
+    if not lay.plain:   # only then: the plain FFN's launches keep their constexpr set
+        meta.update(BIAS=lay.bias is not None, ACT=lay.act.code)
+    act = (float(lay.act.alpha), float(lay.act.limit))
     launch = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
-    for mode, a, n_out, n_in, m1, m2, dst, n_tiles in (
-            (0, x, F, D, lay.gate, lay.up, h, n_gu),
-            (1, h, D, F, lay.down, lay.down, yk, n_dn)):
+    for mode, a, n_out, n_in, m1, m2, dst, n_tiles, b1, b2 in (
+            (0, x, F, D, lay.gate, lay.up, h, n_gu, "gate", "up"),
+            (1, h, D, F, lay.down, lay.down, yk, n_dn, "down", "down")):
+        boff = ((lay.bias.part(b1)[0], lay.bias.part(b2)[0]) if lay.bias is not None
+                else (0, 0))
         _k._moe_gemm_kernel[plan.grid(n_tiles)](
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
             dst, dst.stride(0), tw, scratch, tab, n_out, n_in, grp.n_blocks_dev, tile.programs,
+            *boff, *act,
             MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
             **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, tile.dot), **meta, **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
                 grp.sorted_ids, grp.block_expert, grp.n_assign, dst, dst.stride(0), tw, scratch,
-                n_out, n_in, grp.n_blocks_dev, tile.programs, MODE=mode, **meta, **launch)
+                n_out, n_in, grp.n_blocks_dev, tile.programs, experts.arena,
+                experts.slot_offset, *boff, *act, MODE=mode, **meta, **launch)
     if combine == "defer":
         return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
     # "pass": rows of skipped assignments were never written (check=False cannot tell whether
@@ -252,6 +263,42 @@ def dequantize_matrix(experts: ExpertSet, e: int, name: str) -> torch.Tensor:
     return w.float().reshape(mat.rows, mat.cols)
 
 
+def expert_biases(experts: ExpertSet, e: int) -> tuple[torch.Tensor, ...] | None:
+    """Expert e's fp32 (gate [F], up [F], down [D]) biases, None when the layout has none."""
+    b = experts.layout.bias
+    if b is None:
+        return None
+    off = int(experts.slot_offset[e])
+    if off < 0:
+        raise StrataError(f"expert {e} is not resident (slot_offset = -1); load it first")
+    out = []
+    for name in ("gate", "up", "down"):
+        at, n = b.part(name)
+        out.append(experts.arena[off + at: off + at + 4 * n].view(torch.float32).float())
+    return tuple(out)
+
+
+def glu(g: torch.Tensor, u: torch.Tensor, act) -> torch.Tensor:
+    """h = act(g, u) (strata.blob.ExpertAct) in g's dtype: the torch twin of the GEMM's epilogue."""
+    if act.name == "silu":
+        return torch.nn.functional.silu(g) * u
+    g = g.clamp(max=act.limit)
+    u = u.clamp(min=-act.limit, max=act.limit)
+    return g * torch.sigmoid(act.alpha * g) * (u + 1)
+
+
+def expert_forward(xe: torch.Tensor, experts: ExpertSet, e: int) -> torch.Tensor:
+    """fp32 [n, D] of expert e over rows xe [n, D] (fp32): down(act(gate xe + bg, up xe + bu))
+    + bd, weights decoded in torch. The one torch expert both references run."""
+    b = expert_biases(experts, e)
+    g = xe @ dequantize_matrix(experts, e, "gate").T                     # [n, F]
+    u = xe @ dequantize_matrix(experts, e, "up").T
+    if b is not None:
+        g, u = g + b[0], u + b[1]
+    y = glu(g, u, experts.layout.act) @ dequantize_matrix(experts, e, "down").T   # [n, D]
+    return y + b[2] if b is not None else y
+
+
 def moe_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                   experts: ExpertSet, *, schedule=None, scratch_alloc=None, out=None,
                   workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
@@ -267,10 +314,7 @@ def moe_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
         if e < 0:
             continue
         tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)            # [n_e]
-        g = xf[tok] @ dequantize_matrix(experts, e, "gate").T               # [n_e, F]
-        u = xf[tok] @ dequantize_matrix(experts, e, "up").T
-        hid = torch.nn.functional.silu(g) * u
-        down = hid @ dequantize_matrix(experts, e, "down").T                # [n_e, D]
+        down = expert_forward(xf[tok], experts, e)                          # [n_e, D]
         y.index_add_(0, tok, down * topk_weights[tok, slot, None].float())
     if out is not None:
         return out.add_(y)

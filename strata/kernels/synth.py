@@ -48,11 +48,12 @@ def random_blocks(fmt, rows: int, cols: int, *, seed: int = 0) -> torch.Tensor:
 
 def random_expert_set(n_expert: int, d_model: int, d_expert: int, gate="BF16", up=None,
                       down=None, *, device="cpu", seed: int = 0, absent=(),
-                      shuffle: bool = True) -> ExpertSet:
+                      shuffle: bool = True, bias: bool = False, act=None) -> ExpertSet:
     """E experts with random weights in the given formats. Experts in `absent` get
     slot_offset -1 (and no bytes); with `shuffle` blobs sit in the arena in a permuted order, so
-    a kernel that ignores the slot table reads the wrong expert."""
-    lay = BlobLayout.make(d_model, d_expert, gate, up, down)
+    a kernel that ignores the slot table reads the wrong expert. `bias`: random N(0, 0.5^2)
+    fp32 biases in the blob's bias slot; `act`: the experts' ExpertAct (default silu)."""
+    lay = BlobLayout.make(d_model, d_expert, gate, up, down, bias=bias, act=act)
     gen = torch.Generator().manual_seed(seed)
     present = [e for e in range(n_expert) if e not in set(absent)]
     order = (torch.randperm(len(present), generator=gen).tolist() if shuffle
@@ -67,4 +68,8 @@ def random_expert_set(n_expert: int, d_model: int, d_expert: int, gate="BF16", u
             assert raw.numel() == mat.nbytes, (mat, raw.numel())
             start = pos * lay.size + mat.offset
             arena[start:start + mat.nbytes] = raw.cpu()
+        if lay.bias is not None:
+            b = 0.5 * torch.randn(lay.bias.nbytes // 4, generator=gen)
+            start = pos * lay.size + lay.bias.offset
+            arena[start:start + lay.bias.nbytes] = b.view(torch.uint8)
     return ExpertSet(arena.to(device), slot.to(device), lay)

@@ -9,9 +9,12 @@
     observe.py    observers of a forward (routing, residual) and RouteRecorder
     decoder.py    the chunk loop every wiring shares
     qwen3moe.py   Qwen3-MoE: wires the above
+    mixtral.py    Mixtral: Qwen3-MoE's wiring without q/k norms
+    gpt_oss.py    GPT-OSS: biased router, attention biases + sinks + sliding layers, YaRN
     family.py     the DeepSeek / GLM-4.5 decoder: leading dense layers, shared experts (ffn.py),
                   grouped sigmoid routing (routing.py); glm4moe.py (GQA with bias, partial
                   RoPE) and deepseek.py (MLA attention, mla.py) wire it
+                  (adding an architecture: docs/architectures.md)
     registry.py   arch name -> wiring;  load.py  a model and its provider from a pack
 """
 from strata.models.provider import ExpertProvider, LayerWorkspace, Pass, ResidentProvider

@@ -3,17 +3,20 @@
 Legend: T tokens of the chunk, P tokens already in the cache, D hidden, H query heads,
 Hkv kv heads, hd head dim.
 
-    q = Wq x, k = Wk x, v = Wv x                 # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
+    q = Wq x + bq, k = Wk x + bk, v = Wv x + bv  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
     q, k = qnorm(q), knorm(k)                    # per-head RMSNorm, when the weights carry one
     q, k = rope(q), rope(k)                      # cos/sin from the caller (strata.models.layers)
-    o = softmax(q k^T / sqrt(hd) + causal) v     # keys: the P cached + this chunk's T
+    o = softmax(q k^T / sqrt(hd) + mask, sink) v # keys: the P cached + this chunk's T
                                                  # (a PromptKV: chunk_attention over its
                                                  # [host-staged, resident] segments, bf16)
-    y = Wo o                                     # [T, D]
+    y = Wo o + bo                                # [T, D]
 
-The optional pieces are fields of `AttentionWeights` (Qwen3 has q/k norms, Mixtral none); an
-architecture with biases, learned sinks or a sliding window adds fields and their steps here, so
-the wirings that lack them stay as they are.
+mask: causal, and with a `window` W > 0 (a sliding layer) query i sees only keys j with
+i - W < j <= i. sink: a learned logit per query head (GPT-OSS) that joins every row's softmax
+denominator and is then dropped: o = sum_j e^{s_j} v_j / (e^{sink} + sum_j e^{s_j}).
+
+The optional pieces are fields of `AttentionWeights` (Qwen3 has q/k norms, Mixtral none, GPT-OSS
+biases and sinks) and the `window` argument, so the wirings that lack them stay as they are.
 """
 from __future__ import annotations
 
@@ -35,6 +38,11 @@ class AttentionWeights:
     wo: torch.Tensor                     # [D, H*hd]
     q_norm: torch.Tensor | None = None   # [hd] per-head RMSNorm of q before RoPE (None: none)
     k_norm: torch.Tensor | None = None   # [hd] the same for k
+    bq: torch.Tensor | None = None       # [H*hd] projection biases (None: none)
+    bk: torch.Tensor | None = None       # [Hkv*hd]
+    bv: torch.Tensor | None = None       # [Hkv*hd]
+    bo: torch.Tensor | None = None       # [D]
+    sinks: torch.Tensor | None = None    # [H] learned sink logits (None: none)
 
     def map(self, fn) -> "AttentionWeights":
         """The same weights with `fn` applied to every tensor (dtype or device moves)."""
@@ -49,34 +57,80 @@ class AttentionShape:
     norm_eps: float      # eps of the q/k norms
 
 
+def _proj(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = x @ wt.t()
+    return y if b is None else y + b
+
+
+def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, P: int,
+                     window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [H, T, hd] at positions P.., k_all, v_all [Hkv, P+T, hd] -> o [H, T, hd] in q's dtype,
+    with the sliding window and the sink logits: what SDPA cannot express (sinks). bf16 on CUDA
+    runs strata's chunk_attention over the cache in place (flash-style, no [H, T, S] scores);
+    otherwise an explicit mask and sink column in the model's own dtype (the fp32 reference)."""
+    H, T, hd = q.shape
+    if q.is_cuda and q.dtype == torch.bfloat16:
+        from strata.kernels.attention import KVSegment, chunk_attention
+        kt, vt = k_all.transpose(0, 1), v_all.transpose(0, 1)       # [P+T, Hkv, hd] views
+        prefix = [KVSegment(kt[:P], vt[:P])] if P else []
+        o = chunk_attention(q.transpose(0, 1), kt[P:], vt[P:], prefix, window=window,
+                            sinks=None if sinks is None else sinks.float())
+        return o.transpose(0, 1)
+    G = H // k_all.shape[0]
+    K = k_all.repeat_interleave(G, 0)                                # [H, S, hd]
+    V = v_all.repeat_interleave(G, 0)
+    scores = (q @ K.transpose(1, 2)) * hd ** -0.5                    # [H, T, S]
+    qpos = P + torch.arange(T, device=q.device)[:, None]
+    kpos = torch.arange(K.shape[1], device=q.device)[None, :]
+    seen = kpos <= qpos
+    if window > 0:
+        seen &= qpos - kpos < window
+    scores = scores.masked_fill(~seen, float("-inf"))
+    if sinks is not None:
+        col = sinks.to(scores.dtype)[:, None, None].expand(H, T, 1)
+        probs = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return probs @ V
+
+
 def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torch.Tensor,
-              sin: torch.Tensor, cache: KVCache | PromptKV, layer: int) -> torch.Tensor:
-    """x [T, D] (already normed) at positions P..P+T-1 -> [T, D]; appends k, v to `cache`."""
+              sin: torch.Tensor, cache: KVCache | PromptKV, layer: int, *,
+              window: int = 0) -> torch.Tensor:
+    """x [T, D] (already normed) at positions P..P+T-1 -> [T, D]; appends k, v to `cache`.
+    `window` > 0: this layer slides (each query sees its last `window` keys)."""
     T = x.shape[0]
-    q = (x @ w.wq.t()).view(T, s.n_head, s.head_dim)                 # [T, H, hd]
-    k = (x @ w.wk.t()).view(T, s.n_kv_head, s.head_dim)              # [T, Hkv, hd]
-    v = (x @ w.wv.t()).view(T, s.n_kv_head, s.head_dim)
+    q = _proj(x, w.wq, w.bq).view(T, s.n_head, s.head_dim)           # [T, H, hd]
+    k = _proj(x, w.wk, w.bk).view(T, s.n_kv_head, s.head_dim)        # [T, Hkv, hd]
+    v = _proj(x, w.wv, w.bv).view(T, s.n_kv_head, s.head_dim)
     if w.q_norm is not None:
         q = rms_norm(q, w.q_norm, s.norm_eps)
     if w.k_norm is not None:
         k = rms_norm(k, w.k_norm, s.norm_eps)
     q = apply_rope(q.transpose(0, 1), cos, sin)                      # [H, T, hd]
     k = apply_rope(k.transpose(0, 1), cos, sin)                      # [Hkv, T, hd]
-    return attend(q, k, v, cache, layer).reshape(T, s.n_head * s.head_dim) @ w.wo.t()
+    o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks)   # [T, H, hd]
+    return _proj(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo)    # [T, D]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PromptKV,
-           layer: int) -> torch.Tensor:
+           layer: int, *, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [H, T, hd], k [Hkv, T, hd] (normed, rotated), v [T, Hkv, hd] of the chunk at positions
     P..P+T-1 -> o [T, H, hd] in q's dtype; k, v join `cache` (the attention every GQA wiring
-    shares once its projections are done)."""
+    shares once its projections are done). `window` > 0: a sliding layer; `sinks` [H]: the
+    heads' sink logits."""
     T, P = q.shape[1], cache.length
     if isinstance(cache, PromptKV):   # the engine's KV: bf16 or int8, resident + host-held
         bf = torch.bfloat16
+        extra = {}
+        if window or sinks is not None:   # only then: the plain call stays as it was
+            extra = dict(window=window, sinks=sinks)
         o = cache.attend(layer, q.transpose(0, 1).to(bf), k.transpose(0, 1).to(bf),
-                         v.to(bf))                                   # [T, H, hd] bf16
+                         v.to(bf), **extra)                          # [T, H, hd] bf16
         return o.to(q.dtype)
     k_all, v_all = cache.extend(layer, k, v.transpose(0, 1))         # [Hkv, P+T, hd]
+    if window or sinks is not None:
+        return masked_attention(q, k_all, v_all, P, window, sinks).transpose(0, 1)  # [T, H, hd]
     # GQA without copying K/V per query head (enable_gqa: query head h reads kv head
     # h // (H / Hkv)). A later chunk's query i sits at P+i and sees keys 0..P+i: the causal
     # mask aligned to the bottom right, which flash attention runs without materializing it.

@@ -142,10 +142,12 @@ class PromptKV:
             self.streamed += src[:n].numel() * src.element_size()
         self._ready[layer] = done
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-               ) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               **extra) -> torch.Tensor:
         """q [T, H, hd], k, v [T, Hkv, hd] (bf16, normed and rotated) of the chunk at
-        positions length.. -> o [T, H, hd] bf16; then k, v join the cache."""
+        positions length.. -> o [T, H, hd] bf16; then k, v join the cache. `extra`: the
+        attention's window / sinks (chunk_attention's keywords), for the layers that have them.
+        A sliding layer still keeps (and stages) every token: its window only masks."""
         from strata.kernels.attention import chunk_attention, chunk_attention_torch
         P = self.length
         n_host, n_res = min(P, self.host), max(0, P - self.host)
@@ -159,7 +161,7 @@ class PromptKV:
         if n_res:
             prefix.append(self._segment(self.resident[layer], n_res))
         fn = chunk_attention if q.device.type == "cuda" else chunk_attention_torch
-        o = fn(q, k, v, prefix, scratch=self.scratch.get(layer))
+        o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
         self._append(layer, k, v)
         nxt = layer + 1
         if n_host and nxt in self.stages:

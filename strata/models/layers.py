@@ -4,6 +4,8 @@ Legend: T tokens, h heads, hd head dim.
 
     rms_norm(x, w, eps)              x * rsqrt(mean(x^2) + eps) * w over the last dim
     rope_cos_sin(positions, hd, θ)   cos, sin [T, hd], NEOX RoPE (frequency i on dims i, i + hd/2)
+    yarn_cos_sin(positions, hd, θ, factor, orig_ctx, ...)   the same with YaRN's frequencies and
+                                     attention factor (GPT-OSS)
     apply_rope(x [h, T, hd], cos, sin)
     apply_rope_partial(x [h, T, hd], cos, sin)      NEOX on the first R dims (cos/sin [T, R]), the
                                                     rest passed through (GLM-4.5: R = hd/2)
@@ -17,6 +19,7 @@ own `*_cos_sin` / `apply_*` pair here; attention takes whatever cos/sin it is ha
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -36,6 +39,44 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float
     ang = positions.float()[:, None] * inv_freq[None, :]                           # [T, hd/2]
     ang = torch.cat([ang, ang], dim=-1)                                            # [T, hd]
     return ang.cos(), ang.sin()
+
+
+def yarn_inv_freq(head_dim: int, theta: float, factor: float, orig_ctx: int,
+                  beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True
+                  ) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071) as Hugging Face computes it: inverse frequencies [hd/2] (fp32)
+    blended between interpolated (/factor) and original by a linear ramp over the dims whose
+    wavelength lies between beta_fast and beta_slow rotations of the original context, and the
+    attention factor 0.1 ln(factor) + 1 that scales cos and sin. `truncate` rounds the ramp's
+    ends to whole dims."""
+    dim = head_dim
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)      # [hd/2]
+    extrapolated, interpolated = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+
+    def corr_dim(rotations: float) -> float:
+        return dim * math.log(orig_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001   # a one-dim ramp would divide by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp                     # 1: the original frequency, 0: the interpolated one
+    inv_freq = interpolated * (1 - keep) + extrapolated * keep
+    attn = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return inv_freq, attn
+
+
+def yarn_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, factor: float,
+                 orig_ctx: int, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                 truncate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, hd] (fp32) of NEOX RoPE with YaRN frequencies, times the attention factor."""
+    inv_freq, attn = yarn_inv_freq(head_dim, theta, factor, orig_ctx, beta_fast, beta_slow,
+                                   truncate)
+    ang = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]      # [T, hd/2]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos() * attn, ang.sin() * attn
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -19,11 +19,10 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.kernels.moe import dequantize_matrix
+from strata.kernels.moe import expert_forward
 
 ExpertFFN = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertSet], torch.Tensor]
 FFN_CHOICES = ("auto", "kernel", "decoded", "torch", "ref")
@@ -42,10 +41,8 @@ def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
         if e < 0:  # an assignment outside this pass of experts (the streaming engine's batches)
             continue
         tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)      # [n], [n]
-        gate, up, down = (dequantize_matrix(experts, e, m) for m in ("gate", "up", "down"))
-        xe = xf[tok]                                                 # [n, D]
-        h = F.silu(xe @ gate.t()) * (xe @ up.t())                    # [n, F]
-        y.index_add_(0, tok, (h @ down.t()) * topk_w[tok, slot].float()[:, None])
+        ye = expert_forward(xf[tok], experts, e)                     # [n, D] (biases, act)
+        y.index_add_(0, tok, ye * topk_w[tok, slot].float()[:, None])
     if out is not None:   # a pass of the streaming engine: add into the fp32 accumulator
         return out.add_(y)
     return y.to(x.dtype)
@@ -81,7 +78,9 @@ def _auto(x, topk_ids, topk_w, experts, **kw):
     from strata.kernels.decoded import moe_ffn_decoded
     from strata.kernels.moe import moe_ffn
     rows = topk_ids.numel() / max(1, experts.n_expert)
-    fn = moe_ffn_decoded if rows >= decoded_min_rows(experts) else moe_ffn  # moe_ffn ignores wdec
+    # the decoded path's BF16 experts have no bias slot: biased experts take the fused kernel
+    fn = (moe_ffn_decoded if experts.layout.plain and rows >= decoded_min_rows(experts)
+          else moe_ffn)  # moe_ffn ignores wdec
     return fn(x, topk_ids, topk_w, experts, **kw)
 
 

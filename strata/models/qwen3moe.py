@@ -40,19 +40,23 @@ class LayerWeights:
     ffn_norm: torch.Tensor     # [D]
     router: torch.Tensor       # [E, D]
 
+    QK_NORM = True   # Qwen3 norms q and k per head; a wiring without (Mixtral) says False
+
     @classmethod
     def from_tensors(cls, get, l: int) -> "LayerWeights":
         """`get(name)`: the tensor named (llama.cpp's names, strata.packs.names)."""
         def w(n):
             return get(f"blk.{l}.{n}.weight")
+        norms = (dict(q_norm=w("attn_q_norm"), k_norm=w("attn_k_norm")) if cls.QK_NORM
+                 else {})
         return cls(w("attn_norm"),
                    AttentionWeights(w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output"),
-                                    q_norm=w("attn_q_norm"), k_norm=w("attn_k_norm")),
+                                    **norms),
                    w("ffn_norm"), w("ffn_gate_inp"))
 
     def map(self, fn) -> "LayerWeights":
-        return LayerWeights(fn(self.attn_norm), self.attn.map(fn), fn(self.ffn_norm),
-                            fn(self.router))
+        return type(self)(fn(self.attn_norm), self.attn.map(fn), fn(self.ffn_norm),
+                          fn(self.router))
 
 
 @register("qwen3moe")
@@ -60,7 +64,10 @@ class Qwen3Moe(Decoder):
     """Dense weights of a Qwen3-MoE model on one device (or one per layer), and its forward.
 
     `forward_chunk(tokens, cache, provider)` -> logits [T, V] fp32 for one chunk;
-    `prefill(tokens, provider, chunk=N)` -> logits [T, V] fp32 for a whole prompt."""
+    `prefill(tokens, provider, chunk=N)` -> logits [T, V] fp32 for a whole prompt.
+    A wiring that differs only in its layers' dense weights (Mixtral) subclasses it and sets
+    `Layer`, its LayerWeights."""
+    Layer = LayerWeights
 
     def __init__(self, shape: ModelShape, tok_embd: torch.Tensor, layers: list[LayerWeights],
                  out_norm: torch.Tensor, lm_head: torch.Tensor, *, ffn: ExpertFFN | None = None):
@@ -97,7 +104,7 @@ class Qwen3Moe(Decoder):
 
         def put(name, dev):
             return tensors[name].to(device=dev, dtype=dtype)
-        layers = [LayerWeights.from_tensors(lambda n, d=devs[l]: put(n, d), l)
+        layers = [cls.Layer.from_tensors(lambda n, d=devs[l]: put(n, d), l)
                   for l in range(shape.n_layer)]
         head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
         return cls(shape, put("token_embd.weight", devs[0]), layers,
@@ -131,7 +138,7 @@ class Qwen3Moe(Decoder):
         s = self.shape
         T, P = x.shape[0], cache.length
         pos = torch.arange(P, P + T, device=x.device)
-        rope = {x.device: rope_cos_sin(pos, s.head_dim, s.rope_theta)}
+        rope = {x.device: self.rope(pos)}
         for l in layers:
             lw = self.layers[l]
             provider.begin_layer(l)
@@ -143,14 +150,22 @@ class Qwen3Moe(Decoder):
             cos, sin = rope[x.device]
             with on_device(x.device):
                 x = x + attention(rms_norm(x, lw.attn_norm, s.rms_eps), lw.attn, self.attn_shape,
-                                  cos, sin, cache, l)
+                                  cos, sin, cache, l, window=s.layer_window(l))
                 h = rms_norm(x, lw.ffn_norm, s.rms_eps)
-                router = softmax_topk(lw.router, s.top_k, s.norm_topk_prob)
-                x = x + moe_block(h, l, router, self.ffn, provider, observer).to(x.dtype)
+                x = x + moe_block(h, l, self.router(lw), self.ffn, provider,
+                                  observer).to(x.dtype)
             if observer is not None:
                 observer.layer_done(l, x)
             provider.end_layer(l)
         return x
+
+    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, hd] of positions `pos` (a wiring with another RoPE overrides it)."""
+        return rope_cos_sin(pos, self.shape.head_dim, self.shape.rope_theta)
+
+    def router(self, lw):
+        """Layer `lw`'s router, h [T, D] -> (ids, w) [T, K] (a wiring with another overrides it)."""
+        return softmax_topk(lw.router, self.shape.top_k, self.shape.norm_topk_prob)
 
     def head(self, x: torch.Tensor, logits: str = "all") -> torch.Tensor | None:
         """Logits fp32 of hidden states [T, D]: "all" -> [T, V], "last" -> [1, V], "none" -> None."""
@@ -162,11 +177,12 @@ class Qwen3Moe(Decoder):
         return (rms_norm(x, self.out_norm, self.shape.rms_eps) @ self.lm_head.t()).float()
 
     def with_ffn(self, ffn: ExpertFFN) -> "Qwen3Moe":
-        return Qwen3Moe(self.shape, self.tok_embd, self.layers, self.out_norm, self.lm_head, ffn=ffn)
+        return type(self)(self.shape, self.tok_embd, self.layers, self.out_norm, self.lm_head,
+                          ffn=ffn)
 
     def reference(self) -> "Qwen3Moe":
         """The reference twin: dense weights in fp32, experts through `moe_ffn_ref`."""
-        return Qwen3Moe(self.shape, self.tok_embd.float(),
+        return type(self)(self.shape, self.tok_embd.float(),
                         [lw.map(torch.Tensor.float) for lw in self.layers],
                         self.out_norm.float(), self.lm_head.float(), ffn=moe_ffn_ref)
 

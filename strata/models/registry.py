@@ -20,7 +20,9 @@ def register(name: str):
 
 
 def get_arch(name: str) -> type:
-    import strata.models.qwen3moe  # noqa: F401  (registers itself)
+    import strata.models.qwen3moe  # noqa: F401  (each wiring registers itself)
+    import strata.models.mixtral  # noqa: F401
+    import strata.models.gpt_oss  # noqa: F401
     import strata.models.glm4moe  # noqa: F401
     import strata.models.deepseek  # noqa: F401
     try:

@@ -17,10 +17,23 @@ def _as_u8(a) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
-def assemble_blobs(layout: BlobLayout, gate, up, down, n_expert: int) -> np.ndarray:
+def assemble_blobs(layout: BlobLayout, gate, up, down, n_expert: int, bias=None) -> np.ndarray:
     """uint8 [E, layout.size]: each matrix given as E experts' raw bytes (any shape/dtype whose
-    bytes are the GGUF rows, e.g. a GGUF `ffn_gate_exps` tensor [E, F, row_bytes])."""
+    bytes are the GGUF rows, e.g. a GGUF `ffn_gate_exps` tensor [E, F, row_bytes]). `bias`: a
+    biased layout's (gate [E, F], up [E, F], down [E, D]) biases, any float dtype (kept fp32)."""
     out = np.zeros((n_expert, layout.size), np.uint8)  # padding between matrices stays zero
+    if (bias is None) != (layout.bias is None):
+        raise StrataError("expert biases given for a layout without a bias slot, or missing for "
+                          "one with it" if bias is not None else
+                          "this blob layout has a bias slot; give the experts' biases")
+    if bias is not None:
+        for name, b in zip(("gate", "up", "down"), bias):
+            off, n = layout.bias.part(name)
+            b = np.asarray(b.detach().cpu().float() if hasattr(b, "detach") else b, np.float32)
+            if b.size != n_expert * n:
+                raise StrataError(f"{name} biases hold {b.size} values, expected {n_expert} "
+                                  f"experts x {n}")
+            out[:, off:off + 4 * n] = np.ascontiguousarray(b).reshape(n_expert, n).view(np.uint8)
     for slot, src in zip(layout.matrices, (gate, up, down)):
         b = _as_u8(src)
         if b.size != n_expert * slot.nbytes:

@@ -8,6 +8,11 @@ each have their own type (llama.cpp's Q4_K_M etc. mix them); every type and shap
 against the metadata, naming the tensor that disagrees. Dense tensors keep F32/F16/BF16; quantized dense tensors are
 dequantized to F32 (lossless). llama.cpp's converter permutes nothing for qwen3moe (its RoPE is
 NEOX, the same rotate-half as Hugging Face), so q/k weights are used as stored.
+
+Other architectures (a GGUF general.architecture that a tensor-name map claims, see
+strata.packs.names.by_source: `llama` with experts is Mixtral, `gpt-oss`) bring their metadata
+reader (`gguf_shape`), dense transform (`gguf_dense`) and expert reader (`gguf_experts`, which
+may return the experts' biases) from their map.
 """
 from __future__ import annotations
 
@@ -79,12 +84,17 @@ def _gguf_shape(r, path) -> ModelShape:
     from strata.packs import from_gguf_ds
     if arch in from_gguf_ds.ARCHS:   # GLM-4.5, DeepSeek-V3 / Kimi-K2
         return from_gguf_ds.gguf_shape_ds(r, path, _field, _rope_base)
+    tensors = {t.name: t for t in r.tensors}
     if arch != "qwen3moe":
-        raise StrataError(f"{path} is a {arch!r} model; strata packs qwen3moe GGUF files")
+        from strata.packs.names import ARCH_NAMES, by_source
+        m = by_source("gguf", arch)
+        if m is None:
+            raise StrataError(f"{path} is a {arch!r} model; strata packs qwen3moe GGUF files "
+                              f"and the architectures of {', '.join(ARCH_NAMES)}")
+        return m.gguf_shape(lambda key, default=None: _field(r, key, default), tensors, path)
     a = arch
     D = int(_field(r, f"{a}.embedding_length"))
     H = int(_field(r, f"{a}.attention.head_count"))
-    tensors = {t.name: t for t in r.tensors}
     if "token_embd.weight" not in tensors:
         raise StrataError(f"{path} has no token_embd.weight")
     V = int(tensors["token_embd.weight"].shape[1])
@@ -207,6 +217,23 @@ def layer_experts(tensors: dict, i: int, shape: ModelShape, src) -> tuple[list, 
     return mats, fmts
 
 
+def _check_dense_expert(ts: list, cols: int, rows: int):
+    """The one Format of per-expert 2-D tensors `ts` (ggml {cols, rows} each); one line naming
+    the first that differs in type or shape."""
+    fmt = _expert_format(ts[0], cols)
+    for t in ts:
+        if t.tensor_type != ts[0].tensor_type:
+            raise StrataError(f"{t.name} is {t.tensor_type.name} but {ts[0].name} is "
+                              f"{ts[0].tensor_type.name}; a layer's experts share one type")
+        if _ggml_shape(t) != [cols, rows]:
+            raise StrataError(f"{t.name} has ggml shape {_ggml_shape(t)}, expected "
+                              f"{[cols, rows]} from the metadata")
+        if int(np.asarray(t.data).nbytes) != rows * fmt.row_bytes(cols):
+            raise StrataError(f"{t.name} holds {int(np.asarray(t.data).nbytes):,} bytes; "
+                              f"{fmt.name} {[cols, rows]} is {rows * fmt.row_bytes(cols):,}")
+    return fmt
+
+
 def _check_dense(t, shp) -> None:
     """A dense tensor's ggml shape is its torch shape reversed; one line naming it otherwise."""
     want = list(shp)[::-1]
@@ -229,32 +256,41 @@ class GGUFModel:
         shape = self.shape
         tensors = {t.name: t for t in r.tensors}
         _check_spans(r.tensors, src)
+        from strata.packs.names import arch_names
+        m = arch_names(shape.arch)
         self._dense = {}
         for name, shp in dense_specs(shape).items():
             if name in tensors:
                 _check_dense(tensors[name], shp)
-                self._dense[name] = _dense(tensors[name], shp)
+                x = _dense(tensors[name], shp)
+                self._dense[name] = m.gguf_dense(name, x, shape) if m is not None else x
             elif name.endswith("attn_kv_b.weight"):   # deepseek2's k_b / v_b split, joined
                 from strata.packs.from_gguf_ds import join_kv_b
                 kvb = join_kv_b(shape, int(name.split(".")[1]), tensors, _dense)
                 if kvb is not None:
                     self._dense[name] = kvb
         self.tied = "output.weight" not in self._dense
-        self.layers, self._mats = [], []
+        self.layers, self._mats, self._bias = [], [], []
         for i in range(shape.n_layer):
             if not shape.is_moe_layer(i):   # a leading dense layer: no experts
                 self.layers.append(PackLayer.dense())
                 self._mats.append(None)
+                self._bias.append(None)
                 continue
-            mats, fmts = layer_experts(tensors, i, shape, src)
-            lay = BlobLayout.make(shape.d_model, shape.d_expert, *fmts)
+            if m is not None:   # Mixtral, GPT-OSS: the arch's name map reads them
+                mats, fmts, bias = m.gguf_experts(tensors, i, shape, src)
+            else:
+                (mats, fmts), bias = layer_experts(tensors, i, shape, src), None
+            lay = BlobLayout.for_shape(shape, *fmts)
             self.layers.append(PackLayer(lay, lay.size))
             self._mats.append(mats)
+            self._bias.append(bias)
         self.max_blob = max(pl.blob_size for pl in self.layers)
 
     def blobs(self, i: int) -> np.ndarray:
         """Layer i's blobs, uint8 [E, blob_size] (numpy)."""
-        return assemble_blobs(self.layers[i].layout, *self._mats[i], self.shape.n_expert)
+        return assemble_blobs(self.layers[i].layout, *self._mats[i], self.shape.n_expert,
+                              bias=self._bias[i])
 
     def experts(self, i: int) -> torch.Tensor:
         if self.layers[i].layout is None:

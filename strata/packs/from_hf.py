@@ -4,6 +4,10 @@ Experts are read per expert (`mlp.experts.<e>.{gate,up,down}_proj.weight`, what 
 writes) or fused (`mlp.experts.gate_up_proj` [E, 2F, D] with gate rows first and
 `mlp.experts.down_proj` [E, D, F], transformers 5's in-memory layout) and quantized to the chosen
 formats; dense weights keep their dtype. Legend: E experts, D hidden, F expert width.
+
+Another architecture's folder (a config.json model_type that a tensor-name map claims, see
+strata.packs.names.by_source: mixtral, gpt_oss) is read through its map's `hf_shape`, `hf_dense`
+and `hf_experts` (which may return the experts' biases).
 """
 from __future__ import annotations
 
@@ -129,7 +133,9 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
     from strata.packs import from_hf_ds
     if cfg.get("model_type") in from_hf_ds.MODEL_TYPES:   # GLM-4.5, DeepSeek-V3, Kimi-K2
         return from_hf_ds.hf_to_pack_ds(src, cfg, out, fmts, progress, hf_tokenizer(src))
-    s = hf_shape(cfg, src)
+    from strata.packs.names import by_source
+    arch = by_source("hf", cfg.get("model_type"))   # Mixtral, GPT-OSS (None: Qwen3-MoE's)
+    s = arch.hf_shape(cfg, src) if arch is not None else hf_shape(cfg, src)
     from strata.packs.file import check_shape
     check_shape(s, cfgp)
     lay = fmts.layout(s)
@@ -137,17 +143,24 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
     dense = {}
     tied = "lm_head.weight" not in ts
     for name in dense_specs(s):
-        if name.startswith("blk."):
+        if tied and name == "output.weight":
+            continue
+        if arch is not None:
+            dense[name] = arch.hf_dense(ts, name)
+        elif name.startswith("blk."):
             _, i, rest = name.split(".", 2)
             dense[name] = ts.get(f"model.layers.{i}.{_DENSE[rest]}")
-        elif not (tied and name == "output.weight"):
+        else:
             dense[name] = ts.get(_GLOBAL[name])
 
     def layer(i):
         def make():
-            g, u, d = _experts(ts, i, s)
+            if arch is not None:
+                g, u, d, bias = arch.hf_experts(ts, i, s)
+            else:
+                (g, u, d), bias = _experts(ts, i, s), None
             return assemble_blobs(lay, quantize_rows(g, fmts.gate), quantize_rows(u, fmts.up),
-                                  quantize_rows(d, fmts.down), s.n_expert)
+                                  quantize_rows(d, fmts.down), s.n_expert, bias=bias)
         return make
     return write_pack(out, s, dense, [layer(i) for i in range(s.n_layer)], lay, native=True,  # plain ggml row layouts
                       source=f"hf:{src.name}", progress=progress, tokenizer=hf_tokenizer(src))

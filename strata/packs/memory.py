@@ -23,7 +23,8 @@ import torch
 
 from strata.packs.file import PackLayer
 from strata.packs.names import dense_specs
-from strata.packs.synth import NORM_JITTER, QK_NORM_SCALE, ExpertFormats, dense_sigma, expert_matrix
+from strata.packs.synth import (NORM_JITTER, QK_NORM_SCALE, ExpertFormats, dense_sigma,
+                                expert_biases, expert_matrix)
 from strata.shapes import ModelShape
 
 
@@ -68,6 +69,11 @@ class MemoryPack:
                 blob = torch.zeros(distinct, lay.size, dtype=torch.uint8)
                 for m, t in zip(lay.matrices, mats):
                     blob[:, m.offset:m.offset + m.nbytes] = t.reshape(distinct, -1)
+                if lay.bias is not None:   # GPT-OSS: the biases stream inside the blob
+                    for name, b in zip(("gate", "up", "down"),
+                                       expert_biases(small, [seed, 8_000_000 + v])):
+                        off, n = lay.bias.part(name)
+                        blob[:, off:off + 4 * n] = torch.from_numpy(b).view(torch.uint8)
                 self._base[f].append(blob)
         self._idx = torch.arange(shape.n_expert) % distinct
 

@@ -51,7 +51,7 @@ class ExpertFormats:
         return f
 
     def layout(self, shape: ModelShape) -> BlobLayout:
-        return BlobLayout.make(shape.d_model, shape.d_expert, self.gate, self.up, self.down)
+        return BlobLayout.for_shape(shape, self.gate, self.up, self.down)
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,16 @@ def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str,
 def expert_sigmas(shape: ModelShape) -> dict[str, float]:
     return {"gate": 1 / math.sqrt(shape.d_model), "up": 1 / math.sqrt(shape.d_model),
             "down": 1 / math.sqrt(shape.d_expert)}
+
+
+BIAS_SIGMA = 0.1   # expert biases: small beside the O(1) pre-activations they shift
+
+
+def expert_biases(shape: ModelShape, seed) -> tuple[np.ndarray, ...]:
+    """Random fp32 (gate [E, F], up [E, F], down [E, D]) biases of one layer's experts."""
+    g = np.random.default_rng(np.random.SeedSequence(seed))
+    E, D, F = shape.n_expert, shape.d_model, shape.d_expert
+    return tuple((BIAS_SIGMA * g.standard_normal((E, n))).astype(np.float32) for n in (F, F, D))
 
 
 def expert_matrix(which: str, fmt: str, shape: ModelShape, seed) -> np.ndarray:
@@ -259,7 +269,8 @@ def synth_gguf(path, shape: ModelShape, fmts: ExpertFormats | list[ExpertFormats
     `fmts`: expert formats for all layers, one per layer, or a whole Mix (dense types too)."""
     import gguf
     if shape.arch != "qwen3moe":
-        raise StrataError(f"strata synth writes qwen3moe models, not {shape.arch}")
+        raise StrataError(f"strata synth writes qwen3moe GGUF files, not {shape.arch}; write "
+                          f"a {shape.arch} model as a pack (strata synth --pack)")
     mix = fmts if isinstance(fmts, Mix) else None
     per_layer = _per_layer(shape, mix.experts if mix else fmts)
     for f in per_layer:
@@ -378,7 +389,9 @@ def synth_pack(path, shape: ModelShape,
             f = per_layer[i]
             mats = [expert_matrix(w, getattr(f, w), shape, _seed(seed, 1_000_000 + 3 * i + j))
                     for j, w in enumerate(("gate", "up", "down"))]
-            return assemble_blobs(layouts[i], *mats, shape.n_expert)
+            bias = (expert_biases(shape, _seed(seed, 2_000_000 + i))
+                    if layouts[i].bias is not None else None)
+            return assemble_blobs(layouts[i], *mats, shape.n_expert, bias=bias)
         return make
     return write_pack(path, shape, synth_dense(shape, seed, dense_type, mix.dense if mix else None,
                                                qk_norm_scale=qk_norm_scale),

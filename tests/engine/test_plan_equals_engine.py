@@ -318,7 +318,7 @@ def test_engine_takes_what_the_plan_names_dense_leading_shapes(data, shape, fmts
 @example(data=None, name="qwen3-30b-a3b", fmt="Q8_0").via("the issue's case: 15 tokens, 105 slots")
 def test_engine_takes_what_strata_plan_reports_presets(capsys, data, name, fmt):
     shape = PRESETS[name]
-    layout = BlobLayout.make(shape.d_model, shape.d_expert, fmt)
+    layout = BlobLayout.for_shape(shape, fmt)   # biases too (GPT-OSS), as strata plan
     blob = layout.size
     if data is None:
         rig = dict(vram=[12 << 30], cache=None, lend_cap=0.9, pinned=True, ring=None,

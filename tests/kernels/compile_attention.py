@@ -145,6 +145,28 @@ def main(head_dims, quick=False) -> int:
             except Exception as exc:  # report every variant, then fail
                 fails += 1
                 print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
+    # GPT-OSS's layers (hd 64, G 8): the sliding window and the sinks, bf16 and int8 prefixes,
+    # one launch and the pieces of a split prefix (window in every piece, sinks in the last)
+    if not head_dims or 64 in head_dims:
+        tile = choose_attn_tile(AttnProblem(2048 * 8, 64))
+        for name, a, b, a_sc, b_sc, resume, finish in VARIANTS:
+            if quick and name in QUICK_SKIP:
+                continue
+            # --quick: both together (each one's code is a part of that variant's)
+            for win, sinks in ((True, True),) if quick else ((True, True), (False, True),
+                                                             (True, False)):
+                const = dict(G=8, HD=64, BM=tile.BLOCK_M, BN=tile.BLOCK_N, A_SCALED=a_sc,
+                             B_SCALED=b_sc, RESUME=resume, FINISH=finish, INTERP=False,
+                             WIN=win, SINKS=sinks)
+                sig = dict(signature(a, b), sinks_ptr="*fp32", window="i32", pos_a="i32",
+                           pos_b="i32", n_prefix="i32")
+                what = f"hd=64 G=8 window={win} sinks={sinks} {name}"
+                try:
+                    md, usage = compile_attention(sig, const, tile.num_warps, tile.num_stages)
+                    print(f"ok   {what}: shared {md['shared']} B, {usage}")
+                except Exception as exc:  # report every variant, then fail
+                    fails += 1
+                    print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
     return 1 if fails else 0
 
 

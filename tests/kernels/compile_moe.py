@@ -58,7 +58,8 @@ def gemm_sig(mode):
             "off1": "i32", "rb1": "i32", "off2": "i32", "rb2": "i32",
             "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
             "scratch_ptr": "*fp32", "tab_ptr": "*i32", "n_out": "i32", "n_in": "i32",
-            "n_blocks_ptr": "*i32", "n_programs": "i32"}
+            "n_blocks_ptr": "*i32", "n_programs": "i32", "boff1": "i32", "boff2": "i32",
+            "alpha": "fp32", "limit": "fp32"}
 
 
 def main(argv=None) -> int:
@@ -84,18 +85,34 @@ def main(argv=None) -> int:
         except Exception as exc:
             fails += 1
             print(f"FAIL gemm mode={mode} sched={sched} fmt={fmt} dot={v}: {str(exc)[:200]}")
+    # the biased, clamped-SwiGLU epilogue (GPT-OSS experts), on its decode path
+    for mode, sched, fmt in itertools.product((0, 1), (0, 1), fmts):
+        const = dict(MODE=mode, SCHED=sched, TOPK=4, FMT1=fmt, FMT2=fmt, BM=128, BN=64, BK=64,
+                     INTERP=False, BIAS=True, ACT=1,
+                     **k.dot_plan(names[fmt], names[fmt], 64, "decode"))
+        try:
+            compile_one(k._moe_gemm_kernel, gemm_sig(mode), const, 4, 3)
+            print(f"ok   gemm+bias+swiglu_oai mode={mode} sched={sched} fmt={fmt}")
+        except Exception as exc:
+            fails += 1
+            print(f"FAIL gemm+bias+swiglu_oai mode={mode} sched={sched} fmt={fmt}: "
+                  f"{str(exc)[:200]}")
     for mode in (0, 1):
         sig = {"sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32",
                "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32",
                "tw_ptr": "*fp32", "scratch_ptr": "*fp32", "n_out": "i32", "n_in": "i32",
-               "n_blocks_ptr": "*i32", "n_programs": "i32"}
-        try:
-            compile_one(k._moe_fixup_kernel, sig,
-                        dict(MODE=mode, TOPK=8, BM=128, BN=64, BK=64, INTERP=False), 4, 3)
-            print(f"ok   fixup mode={mode}")
-        except Exception as exc:
-            fails += 1
-            print(f"FAIL fixup mode={mode}: {str(exc)[:200]}")
+               "n_blocks_ptr": "*i32", "n_programs": "i32", "arena_ptr": "*u8",
+               "slot_ptr": "*i64", "boff1": "i32", "boff2": "i32", "alpha": "fp32",
+               "limit": "fp32"}
+        for extra in ({}, dict(BIAS=True, ACT=1)):
+            try:
+                compile_one(k._moe_fixup_kernel, dict(sig),
+                            dict(MODE=mode, TOPK=8, BM=128, BN=64, BK=64, INTERP=False,
+                                 **extra), 4, 3)
+                print(f"ok   fixup mode={mode} {extra}")
+            except Exception as exc:
+                fails += 1
+                print(f"FAIL fixup mode={mode} {extra}: {str(exc)[:200]}")
     # the expert decode (decode-then-grouped_mm baseline, and the decoded FFN's passes)
     sig = {"arena_ptr": "*u8", "slot_ptr": "*i64", "dst_slot_ptr": "*i64", "mat_off": "i32",
            "row_bytes": "i32", "dst_ptr": "*u8", "dst_off": "i32", "tab_ptr": "*i32", "R": "i32",

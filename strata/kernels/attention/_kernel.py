@@ -11,6 +11,17 @@ RESUME / FINISH split one chunk's attention over several launches (a prefix long
 expansion scratch, strata.kernels.attention.scratch): RESUME starts from the online-softmax state
 (acc, m, l) an earlier launch stored; without FINISH the launch stores that state and skips the
 chunk's own keys; with FINISH it attends them and writes o. One launch is RESUME=False, FINISH=True.
+
+Two optional pieces (constexprs, off by default: the plain kernel is unchanged), GPT-OSS's:
+WIN   a sliding window: row at absolute position p sees key at absolute position j only when
+      p - j < window (key tiles wholly before the block's window are never visited; a row's
+      running max stays -inf until its first visible key, so exp2 is taken against 0 then);
+SINKS a learned logit per query head joins each row's softmax denominator (not the output),
+      once, in the FINISH launch.
+Absolute positions come from the launcher, so they hold in every launch of a split chunk:
+segment a's keys start at pos_a, b's at pos_b, and the chunk's token t sits at n_prefix + t
+(n_prefix: the whole prefix, all launches' segments together). One launch over (a, b):
+pos_a = 0, pos_b = Pa, n_prefix = Pa + Pb.
 """
 import triton
 import triton.language as tl
@@ -34,10 +45,11 @@ def _mma(a, b, acc, INTERP: tl.constexpr):
 def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys, stride_t,
                  stride_st, row_tok, qk_scale, HD: tl.constexpr, BN: tl.constexpr,
                  SCALED: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                 INTERP: tl.constexpr):
+                 INTERP: tl.constexpr, kpos0=0, row_abs=0, window=0, WIN: tl.constexpr = False):
     """One [BM, BN] step of the online softmax over keys n0..n0+BN of one segment.
     MASK: keys past n_keys are cut (a segment's last tile); CAUSAL: key n is seen by rows whose
-    token >= n (the chunk's diagonal tiles)."""
+    token >= n (the chunk's diagonal tiles); WIN: key n (absolute kpos0 + n) is seen by rows
+    at absolute row_abs only within the window."""
     offs_n = n0 + tl.arange(0, BN)                                   # [BN]
     offs_d = tl.arange(0, HD)                                        # [HD]
     kv_off = offs_n.to(tl.int64)[:, None] * stride_t + offs_d[None, :]   # [BN, HD]
@@ -60,9 +72,16 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys,
         s = tl.where(live[None, :], s, float("-inf"))
     if CAUSAL:
         s = tl.where(offs_n[None, :] <= row_tok[:, None], s, float("-inf"))
+    if WIN:
+        s = tl.where(row_abs[:, None] - (kpos0 + offs_n)[None, :] < window, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))                            # [BM]
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])                                  # [BM, BN] fp32
+    if WIN:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key seen yet
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+    else:
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])                              # [BM, BN] fp32
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if MASK:
@@ -83,17 +102,22 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys,
 @triton.jit
 def _attend_segment(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n_keys, stride_t,
                     stride_st, row_tok, qk_scale, HD: tl.constexpr, BN: tl.constexpr,
-                    SCALED: tl.constexpr, INTERP: tl.constexpr):
-    """A prefix segment: every key is seen by every row; only its last tile is masked."""
+                    SCALED: tl.constexpr, INTERP: tl.constexpr, kpos0=0, row_abs=0, lo_abs=0,
+                    window=0, WIN: tl.constexpr = False):
+    """A prefix segment: every key is seen by every row; only its last tile is masked. WIN:
+    tiles wholly before lo_abs - window + 1 (lo_abs: the block's first row) are skipped."""
     full = (n_keys // BN) * BN
-    for n0 in range(0, full, BN):
+    start = 0
+    if WIN:
+        start = (tl.maximum(lo_abs - window + 1 - kpos0, 0) // BN) * BN
+    for n0 in range(start, full, BN):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0,
                                      n_keys, stride_t, stride_st, row_tok, qk_scale, HD, BN,
-                                     SCALED, False, False, INTERP)
+                                     SCALED, False, False, INTERP, kpos0, row_abs, window, WIN)
     if full < n_keys:
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, full,
                                      n_keys, stride_t, stride_st, row_tok, qk_scale, HD, BN,
-                                     SCALED, True, False, INTERP)
+                                     SCALED, True, False, INTERP, kpos0, row_abs, window, WIN)
     return acc, m_i, l_i
 
 
@@ -106,7 +130,9 @@ def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, 
                            stride_bst, stride_bsh, qk_scale, acc_ptr, ml_ptr, stride_ml,
                            G: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, A_SCALED: tl.constexpr, B_SCALED: tl.constexpr,
-                           RESUME: tl.constexpr, FINISH: tl.constexpr, INTERP: tl.constexpr):
+                           RESUME: tl.constexpr, FINISH: tl.constexpr, INTERP: tl.constexpr,
+                           sinks_ptr=None, window=0, pos_a=0, pos_b=0, n_prefix=0,
+                           WIN: tl.constexpr = False, SINKS: tl.constexpr = False):
     # the last row blocks see the most chunk keys: start them first (shorter tail)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     hkv = tl.program_id(1)
@@ -131,28 +157,49 @@ def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, 
         m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
     hkv64 = hkv.to(tl.int64)
+    t_min = (pid_m * BM) // G
+    row_abs = row_tok   # [BM] absolute positions (read only with WIN: n_prefix is set then)
+    lo_abs = t_min
+    if WIN:
+        row_abs = n_prefix + row_tok
+        lo_abs = n_prefix + t_min
     # prefix segment a (older, e.g. streamed from the host), then b (the resident window)
     acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, ak_ptr + hkv64 * stride_ah,
                                     av_ptr + hkv64 * stride_ah, aks_ptr + hkv64 * stride_ash,
                                     avs_ptr + hkv64 * stride_ash, Pa, stride_at, stride_ast,
-                                    row_tok, qk_scale, HD, BN, A_SCALED, INTERP)
+                                    row_tok, qk_scale, HD, BN, A_SCALED, INTERP, pos_a,
+                                    row_abs, lo_abs, window, WIN)
     acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, bk_ptr + hkv64 * stride_bh,
                                     bv_ptr + hkv64 * stride_bh, bks_ptr + hkv64 * stride_bsh,
                                     bvs_ptr + hkv64 * stride_bsh, Pb, stride_bt, stride_bst,
-                                    row_tok, qk_scale, HD, BN, B_SCALED, INTERP)
+                                    row_tok, qk_scale, HD, BN, B_SCALED, INTERP, pos_b,
+                                    row_abs, lo_abs, window, WIN)
     if FINISH:
         # the chunk itself: tiles every row sees whole, then the diagonal ones (causal mask)
-        t_min = (pid_m * BM) // G
         t_end = tl.minimum((pid_m * BM + BM - 1) // G + 1, T)
         full = ((t_min + 1) // BN) * BN
         kc = k_ptr + hkv64 * stride_ch
         vc = v_ptr + hkv64 * stride_ch
-        for n0 in range(0, full, BN):
+        c0 = 0
+        c1 = full
+        if WIN:
+            c0 = (tl.maximum(t_min - window + 1, 0) // BN) * BN
+            c1 = tl.maximum(full, c0)
+        for n0 in range(c0, full, BN):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
-                                         row_tok, qk_scale, HD, BN, False, False, False, INTERP)
-        for n0 in range(full, t_end, BN):
+                                         row_tok, qk_scale, HD, BN, False, False, False, INTERP,
+                                         n_prefix, row_abs, window, WIN)
+        for n0 in range(c1, t_end, BN):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
-                                         row_tok, qk_scale, HD, BN, False, True, True, INTERP)
+                                         row_tok, qk_scale, HD, BN, False, True, True, INTERP,
+                                         n_prefix, row_abs, window, WIN)
+        if SINKS:
+            # the sink's exp joins the denominator: rescale to the max of (row max, sink)
+            sk = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634   # log2 domain
+            m_f = tl.maximum(m_i, sk)
+            scale = tl.exp2(m_i - m_f)
+            acc = acc * scale[:, None]
+            l_i = l_i * scale + tl.exp2(sk - m_f)
         o = acc / l_i[:, None]
         o_off = (row_tok.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh
                  + offs_d[None, :])

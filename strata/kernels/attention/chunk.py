@@ -12,6 +12,11 @@ prefix: 0, 1 or 2 KVSegments, oldest first; their tokens precede the chunk's, in
 engine passes (host-streamed older KV in a staging buffer, the resident window) without joining
 them in memory. Query t sits at absolute position P + t and sees every prefix key and chunk keys
 0..t. Output [T, H, hd] bf16 (or `out`, bf16 or fp32, any strides with a unit last one).
+`window` W > 0 (a sliding layer): query t sees only keys at absolute positions j with
+P + t - j < W. `sinks` [H] fp32 (learned sink logits, GPT-OSS): each head's sink joins its rows'
+softmax denominator, o = sum_j e^{s_j} v_j / (e^{sink} + sum_j e^{s_j}).
+When the prefix is split over several launches (int8 pieces, below) the window goes by absolute
+key position in each launch and the sinks join once, in the last (FINISH) launch.
 
 `chunk_attention` (Triton) and `chunk_attention_torch` (plain torch) share this signature.
 
@@ -77,6 +82,15 @@ class KVSegment:
         return self.k.float(), self.v.float()
 
 
+def _check_extras(q, window: int, sinks) -> None:
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        raise StrataError(f"window must be a whole number >= 0 (0: no window), got {window!r}")
+    if sinks is not None and (sinks.shape != (q.shape[1],) or sinks.device != q.device
+                              or not sinks.dtype.is_floating_point):
+        raise StrataError(f"sinks must be a float [H={q.shape[1]}] tensor on {q.device}; got "
+                          f"{sinks.dtype} {list(sinks.shape)} on {sinks.device}")
+
+
 def _check(q, k, v, prefix, out) -> tuple[int, int, int, int, list[KVSegment]]:
     """Shapes, dtypes and devices of one call -> (T, H, Hkv, hd, segments)."""
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
@@ -131,11 +145,13 @@ def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           prefix: tuple[KVSegment, ...] | list[KVSegment] = (), *,
                           sm_scale: float | None = None, out: torch.Tensor | None = None,
                           tile: AttnTile | None = None,
-                          scratch: AttnScratch | None = None) -> torch.Tensor:
-    """The reference: dequantize, concatenate, repeat kv heads for GQA, explicit causal mask over
-    [T, P + T], softmax in fp32. `tile` and `scratch` are accepted (and ignored) to keep the
-    signature."""
+                          scratch: AttnScratch | None = None, window: int = 0,
+                          sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: dequantize, concatenate, repeat kv heads for GQA, explicit causal (and
+    window) mask over [T, P + T], the sink column, softmax in fp32. `tile` and `scratch` are
+    accepted (and ignored) to keep the signature."""
     T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
+    _check_extras(q, window, sinks)
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
     parts = [s.dequantized() for s in segs] + [(k.float(), v.float())]
     K = torch.cat([p[0] for p in parts]).repeat_interleave(H // Hkv, dim=1)   # [S, H, hd]
@@ -144,9 +160,17 @@ def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     P = S - T
     scores = torch.einsum("thd,shd->hts", q.float(), K) * scale              # [H, T, S]
     pos = torch.arange(S, device=q.device)
-    seen = pos[None, :] <= P + torch.arange(T, device=q.device)[:, None]      # [T, S]
+    qpos = P + torch.arange(T, device=q.device)[:, None]
+    seen = pos[None, :] <= qpos                                              # [T, S]
+    if window:
+        seen &= qpos - pos[None, :] < window
     scores = scores.masked_fill(~seen, float("-inf"))
-    o = torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), V)      # [T, H, hd] fp32
+    if sinks is not None:
+        col = sinks.float()[:, None, None].expand(H, T, 1)
+        probs = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    o = torch.einsum("hts,shd->thd", probs, V)                               # [T, H, hd] fp32
     if out is None:
         return o.to(torch.bfloat16)
     out.copy_(o)
@@ -163,11 +187,13 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     prefix: tuple[KVSegment, ...] | list[KVSegment] = (), *,
                     sm_scale: float | None = None, out: torch.Tensor | None = None,
                     tile: AttnTile | None = None,
-                    scratch: AttnScratch | None = None) -> torch.Tensor:
+                    scratch: AttnScratch | None = None, window: int = 0,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton kernel (see the module docstring). `tile` overrides the heuristic's tile (a pin,
     `pin_attn_tile`, does so for a whole block of code). `scratch`: where int8 segments are
     expanded (tile.int8 = "dequant" or "expand"); without one, a fresh one holds the whole int8 prefix."""
     T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
+    _check_extras(q, window, sinks)
     G = H // Hkv
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
     cfg = resolve_attn_tile(AttnProblem(T * G, hd), tile)
@@ -186,10 +212,18 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if s.int8 and s.v_scale.stride() != s.k_scale.stride():
             raise StrataError(f"prefix[{i}]: k_scale and v_scale must share strides; got "
                               f"{s.k_scale.stride()}, {s.v_scale.stride()}")
-    launch = _Launch(q, k, v, out, T, st_q, st_o, st_c, scale * LOG2E, G, hd, cfg, Hkv)
+    extra = {}   # the window and the sinks only when asked for: the plain launch is unchanged
+    if window:
+        extra.update(window=window, WIN=True, n_prefix=sum(x.length for x in segs))
+    if sinks is not None:
+        extra.update(sinks_ptr=sinks.float().contiguous(), SINKS=True)
+    launch = _Launch(q, k, v, out, T, st_q, st_o, st_c, scale * LOG2E, G, hd, cfg, Hkv, extra)
+    # absolute position of each segment's first key: the window holds in every launch
+    seg_pos = [sum(x.length for x in segs[:i]) for i in range(len(segs))]
     int8_rows = sum(s.length for s in segs if s.int8)
     if cfg.int8 == "kernel" or int8_rows == 0:
-        launch([_seg_args(s) for s in segs if s.length], resume=False, finish=True)
+        launch([_seg_args(s) for s in segs if s.length],
+               [seg_pos[i] for i, s in enumerate(segs) if s.length], resume=False, finish=True)
         return out
     if scratch is None:
         scratch = AttnScratch.of(Hkv, hd, int8_rows, q.device)
@@ -214,7 +248,8 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             kx = expand_codes(s.k[cut], scratch.k[pc.at:pc.at + pc.n])
             vx = expand_codes(s.v[cut], scratch.v[pc.at:pc.at + pc.n])
             args.append(_seg_args(s, kx, vx, cut))
-        launch(args, resume=n > 0, finish=n == len(pieces) - 1, state=state)
+        launch(args, [seg_pos[pc.seg] + pc.start for pc in launch_pieces], resume=n > 0,
+               finish=n == len(pieces) - 1, state=state)
     return out
 
 
@@ -245,12 +280,18 @@ class _Launch:
     hd: int
     cfg: AttnTile
     Hkv: int
+    extra: dict   # window / sinks kwargs (empty: the plain launch)
 
-    def __call__(self, segs: list[tuple[tuple, bool]], *, resume: bool, finish: bool,
-                 state: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def __call__(self, segs: list[tuple[tuple, bool]], pos: list[int], *, resume: bool,
+                 finish: bool, state: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """pos: each segment's first key's absolute position (read only under a window)."""
         # an absent segment: length 0, never read; a bf16 one's scale pointers: never read
         empty = ((self.k, self.v, self.k, self.k, 0, 0, 0, 0, 0), False)
         (a, a_sc), (b, b_sc) = (list(segs) + [empty] * MAX_SEGMENTS)[:MAX_SEGMENTS]
+        extra = dict(self.extra)
+        if "window" in extra:
+            pa, pb = (list(pos) + [0] * MAX_SEGMENTS)[:MAX_SEGMENTS]
+            extra.update(pos_a=pa, pos_b=pb)
         acc, ml = state if state is not None else (self.q, self.q)
         cfg = self.cfg
         grid = (triton_cdiv(self.T * self.G, cfg.BLOCK_M), self.Hkv)
@@ -259,7 +300,7 @@ class _Launch:
             self.qk_scale, acc, ml, ml.stride(0),
             G=self.G, HD=self.hd, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, A_SCALED=a_sc, B_SCALED=b_sc,
             RESUME=resume, FINISH=finish, INTERP=INTERPRET,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
 
 
 def triton_cdiv(a: int, b: int) -> int:
