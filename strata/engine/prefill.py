@@ -41,7 +41,8 @@ from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import SplitProvider, StreamingProvider
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.stats import PrefillStats
-from strata.engine.warm import LayerSubset, warm_layers
+from strata.engine.variants import KernelLaunches
+from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, warm_layers
 from strata import config
 from strata.errors import AllocationError, StrataError
 from strata.memory import STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
@@ -191,7 +192,7 @@ class PrefillEngine:
             for p, dev in zip(parts, devices):
                 caches.append(ExpertCache(p.cache, self.host.source, dev, fill=False))
             clock.lap("cache_alloc_s")
-            self._warm: set = set()       # the (chunk, ring, last chunk) warm-ups already read
+            self._warm: set = set()       # the warm-ups already read (warmup's keys)
             # NaN/Inf in a chunk fails the prompt, the layer named; read once after the prompt
             self.finite = FiniteGuard(defer=True)
             device_map = [dev for b, dev in zip(budgets, devices) for _ in b.layers]
@@ -255,38 +256,76 @@ class PrefillEngine:
         the prompt uses: a full chunk, then the last partial chunk (or a second full one, so a
         chunk after cached positions is covered too). It goes through the first two layers of
         each blob layout on each participant only (strata.engine.warm: the variants do not
-        depend on the layer; `full`: every layer). It is an ordinary prompt through the same
-        loan, carve and ring, so the cache ends byte for byte as it started; observers do not
-        see it. `self.timings["warmup_layers"]` says how many layers it read."""
+        depend on the layer; `full`: every layer). With the engine's own KV (PromptKV) the
+        attention's launches also follow the prompt's length (a long prefix cut into pieces):
+        the dry prompt's KV probes the real prompt's prefixes at each attention it reads
+        (strata.engine.warm.WarmKV: one program a launch). It is an ordinary prompt through the
+        same loan, carve and ring, so the cache ends byte for byte as it started; observers do
+        not see it. `self.timings` gets what it cost and launched: warmup_s, warmup_layers,
+        warmup_probes (attention calls probed), warmup_launches / warmup_variants (Triton
+        launches, distinct variants: strata.engine.variants) and, on CUDA, warmup_compiled
+        (variants Triton compiled or loaded)."""
         plan = self.plan(n_tokens, slab=self._slab())
         C = plan.chunk
-        key = (C, plan.ring, n_tokens % C if n_tokens > C else n_tokens)
+        # the probes follow the prompt's length: a PromptKV warm-up is for that length only
+        key = (C, plan.ring, n_tokens % C if n_tokens > C else n_tokens,
+               n_tokens if self.uses_prompt_kv() else None)
         if key in self._warm:
             return 0.0
         n = n_tokens if n_tokens <= C else C + (n_tokens % C or C)
         g = torch.Generator().manual_seed(seed)
         dry = torch.randint(0, self.shape.vocab, (n,), generator=g, dtype=torch.int64)
-        # a dry prompt whose KV spills to host memory reads every layer: PromptKV stages each
-        # layer's host part, so it takes every layer's stage view
-        spills = self.uses_prompt_kv() and self.cfg.kv_resident is not None and \
-            n > self.cfg.kv_resident
-        layers = (list(range(self.shape.n_layer)) if full or spills else
+        layers = (list(range(self.shape.n_layer)) if full else
                   warm_layers([p.layers for p in self.parts], self.layouts))
+        probe = ProbePlan(n_tokens, C, self.kv.host_tokens(n_tokens))
+        made: list[WarmKV] = []
         saved = self.observers, self.model, self.parts
-        self.observers = []
-        if len(layers) < self.shape.n_layer:   # run() reads these parts' layers, this model's
-            keep = set(layers)
-            self.model = LayerSubset(self.model, layers)
-            self.parts = [replace(p, layers=[l for l in p.layers if l in keep]) for p in saved[2]]
+        real_prompt_kv = self.prompt_kv
+
+        def dry_kv(n_dry: int, stages: dict):
+            # PromptKV views (and may stage) every layer's buffer and lane, read or not: the
+            # skipped layers get their participant's (one stage buffer a participant)
+            sub, every = self.parts, {}
+            for sp, p in zip(sub, saved[2]):
+                read = [l for l in sp.layers if l in stages]
+                if read:
+                    every.update({l: stages[read[0]] for l in p.layers})
+            stages = every
+            self.parts = saved[2]
+            try:
+                kv = real_prompt_kv(n_dry, stages, make=lambda *a, **kw: WarmKV(
+                    *a, probe=probe, stage_bufs=stages, **kw))
+            finally:
+                self.parts = sub
+            if kv is not None:
+                made.append(kv)
+            return kv
+
         t0 = time.perf_counter()
         try:
-            with torch.inference_mode():
+            self.observers = []
+            self.prompt_kv = dry_kv
+            if len(layers) < self.shape.n_layer:   # run() reads these parts' layers, this model's
+                keep = set(layers)
+                self.model = LayerSubset(self.model, layers)
+                self.parts = [replace(p, layers=[l for l in p.layers if l in keep])
+                              for p in saved[2]]
+            with torch.inference_mode(), KernelLaunches() as seen:
                 self.run(dry, logits="last", plan=plan)
         finally:
             self.observers, self.model, self.parts = saved
+            self.__dict__.pop("prompt_kv", None)    # the class's own again
+        took = time.perf_counter() - t0
         self._warm.add(key)
-        self.timings["warmup_layers"] = len(layers)
-        return time.perf_counter() - t0
+        t = self.timings
+        t["warmup_s"] = t.get("warmup_s", 0.0) + took
+        t["warmup_layers"] = len(layers)
+        t["warmup_probes"] = sum(kv.probes for kv in made)
+        t["warmup_launches"] = seen.launches
+        t["warmup_variants"] = len(seen.variants)
+        if seen.compiled is not None:
+            t["warmup_compiled"] = seen.compiled
+        return took
 
     def _slab(self) -> bool:
         return config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
@@ -397,9 +436,11 @@ class PrefillEngine:
         measured), until PromptKV's own device run says it may be the default."""
         return self.cfg.kv != "bf16" or self.cfg.kv_resident is not None
 
-    def prompt_kv(self, n_tokens: int, stages: dict[int, torch.Tensor]) -> PromptKV | None:
-        """A prompt's KV (None: the model's own cache). Its host-held part is checked against
-        the host's memory before anything is pinned (strata.budget.check_kv_host)."""
+    def prompt_kv(self, n_tokens: int, stages: dict[int, torch.Tensor], *, make=PromptKV
+                  ) -> PromptKV | None:
+        """A prompt's KV (None: the model's own cache), made by `make` (PromptKV's signature:
+        the warm-up's WarmKV). Its host-held part is checked against the host's memory before
+        anything is pinned (strata.budget.check_kv_host)."""
         if not self.uses_prompt_kv():
             return None
         s = self.shape
@@ -410,7 +451,7 @@ class PrefillEngine:
         check_kv_host(host_kv, sum(len(p.layers) for p in self.parts) * self.sizes.kv_bytes(
             n_tokens), sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
         lanes = {l: part.lane for part in self.parts for l in part.layers}
-        return PromptKV(s.n_layer, s.n_kv_head, s.head_dim, n_tokens, kv=self.cfg.kv,
+        return make(s.n_layer, s.n_kv_head, s.head_dim, n_tokens, kv=self.cfg.kv,
                         resident=self.cfg.kv_resident, devices=self.model.layer_devices,
                         stages=stages, lanes=lanes, pin=self.pinned and self.device.type == "cuda")
 

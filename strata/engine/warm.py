@@ -12,10 +12,30 @@ one-time load, not a whole chunk.
 
     subset = warm_layers([p.layers for p in parts], layouts)
     reader = LayerSubset(model, subset)       # model.prefill over those layers only
+
+The attention is the exception: its launches follow the prompt's length, not only the chunk's.
+A chunk at position P attends a prefix of P tokens (host-staged, then resident), and with int8
+KV a prefix longer than the expansion scratch's R rows is cut into pieces, one launch each: a
+first launch that stores the softmax state, middle ones that carry it, a last one that attends
+the chunk and normalizes (strata.kernels.attention.scratch), each with its expansions; their
+lengths are integer arguments Triton specializes (1, a multiple of 16, other). A two-chunk dry
+prompt sees a prefix of at most one chunk: a 131,072-token prompt in chunks of 32,768 (int8,
+32,768 resident) has prefixes of 64K and 96K host-staged tokens in its last two chunks, three
+and two launches each, variants a 64K dry prompt never launches. So the dry prompt's KV is a
+`WarmKV`: at each attention it reads, it first probes every chunk of the real prompt that has
+this chunk's size — the real prompt's prefix (host part over the same staging buffer, laid out
+for the real prompt's host count; resident part), this chunk's own q, k, v, the layer's scratch,
+window and sinks — through `chunk_attention` under `probe_launches()`: every launch the real
+chunk makes, with its arguments, running one program each (compile and load, not compute).
+
+    kv = WarmKV(..., probe=ProbePlan(n_tokens, chunk, host), stage_bufs=stages)
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from strata.models.kv import PromptKV
 
 WARM_PER_LAYOUT = 2
 
@@ -58,3 +78,83 @@ class LayerSubset:
             x = self.model.forward_layers(x, cache, provider, range(l, l + 1), observer=observer)
         cache.commit(tokens.shape[0])
         return self.model.head(x, logits)
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """The real prompt a warm-up stands for: n_tokens read in chunks of `chunk`, its KV's
+    oldest `host` tokens (KVPolicy.host_tokens) in host memory, the rest resident."""
+    n_tokens: int
+    chunk: int
+    host: int
+
+    def prefixes(self, T: int) -> Iterator[tuple[int, int]]:
+        """(host-staged, resident) prefix tokens of every chunk of T tokens, in prompt order:
+        a chunk at P sees the host part 0..min(P, host) and the resident part after it (the
+        split PromptKV.attend makes)."""
+        for P in range(0, self.n_tokens, self.chunk):
+            if min(self.chunk, self.n_tokens - P) == T:
+                yield min(P, self.host), max(0, P - self.host)
+
+
+class WarmKV(PromptKV):
+    """The dry prompt's PromptKV, probing the real prompt's attention launches (module
+    docstring). `stage_bufs`: layer -> the raw staging buffer (the carve's kv_stage, sized for
+    the plan's longest prompt); `probes`: chunk_attention calls probed."""
+
+    def __init__(self, *args, probe: ProbePlan, stage_bufs: dict, **kw):
+        super().__init__(*args, **kw)
+        self.probe = probe
+        self.stage_bufs = stage_bufs
+        self.probes = 0
+        self._seen: set = set()
+        self._long: dict = {}     # device -> resident storage the dry prompt's is too short for
+
+    def attend(self, layer, q, k, v, **extra):
+        from strata.kernels.attention import chunk_attention, chunk_attention_for
+        if chunk_attention_for(q.device) is chunk_attention:   # the torch twin compiles nothing
+            self._probe(layer, q, k, v, extra)
+        return super().attend(layer, q, k, v, **extra)
+
+    def _probe(self, layer, q, k, v, extra) -> None:
+        from strata.kernels.attention import chunk_attention, probe_launches
+        scratch = self.scratch.get(layer)
+        stage = self.stage_bufs.get(layer)
+        sinks = extra.get("sinks")
+        # what a launch depends on besides the prefix: layers alike in all of it probe once
+        key = (q.shape[0], str(q.device), q.stride(), k.stride(), v.stride(),
+               extra.get("window", 0), None if sinks is None else sinks.dtype,
+               None if scratch is None else scratch.k.data_ptr(),
+               None if stage is None else stage.data_ptr())
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        host = self._view(stage, self.probe.host) if self.probe.host else None
+        prefixes = list(self.probe.prefixes(q.shape[0]))
+        res = self._resident(layer, q.device, max(r for _, r in prefixes))
+        with probe_launches():
+            for n_host, n_res in prefixes:
+                prefix = []
+                if n_host:
+                    prefix.append(self._segment(host, n_host))
+                if n_res:
+                    prefix.append(self._segment(res, n_res))
+                chunk_attention(q, k, v, prefix, scratch=scratch, **extra)
+                self.probes += 1
+
+    def _resident(self, layer: int, device, n: int) -> list:
+        """Resident storage of at least n tokens on the layer's device: the dry prompt's own
+        (what it reads is never a result), or, where its window is shorter than the real
+        prompt's, one layer's worth kept for the warm-up (inside the KV the plan reserves for
+        the longest prompt, which the dry prompt leaves mostly unused)."""
+        if self.res >= n:
+            return self.resident[layer]
+        have = self._long.get(str(device))
+        if have is None or have[0].shape[0] < n:
+            have = self._long[str(device)] = self._store(n, device)
+        return have
+
+    def release(self) -> None:
+        super().release()
+        self._long = {}
+        self.stage_bufs = {}

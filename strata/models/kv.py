@@ -148,7 +148,7 @@ class PromptKV:
         positions length.. -> o [T, H, hd] bf16; then k, v join the cache. `extra`: the
         attention's window / sinks (chunk_attention's keywords), for the layers that have them.
         A sliding layer still keeps (and stages) every token: its window only masks."""
-        from strata.kernels.attention import chunk_attention, chunk_attention_torch
+        from strata.kernels.attention import chunk_attention_for
         P = self.length
         n_host, n_res = min(P, self.host), max(0, P - self.host)
         prefix = []
@@ -160,7 +160,7 @@ class PromptKV:
             prefix.append(self._segment(self.stages[layer], n_host))
         if n_res:
             prefix.append(self._segment(self.resident[layer], n_res))
-        fn = chunk_attention if q.device.type == "cuda" else chunk_attention_torch
+        fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
         o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
         self._append(layer, k, v)
         nxt = layer + 1

@@ -149,11 +149,14 @@ def test_warmup_reads_only_the_warm_layers_through_the_same_run(pack4):
     assert eng.timings["warmup_layers"] == 2
 
 
-def test_a_warmup_whose_kv_spills_to_the_host_reads_every_layer(pack4):
-    """PromptKV stages every layer's host-held KV, so that dry prompt cannot skip layers."""
+def test_a_warmup_whose_kv_spills_to_the_host_reads_only_the_warm_layers(pack4):
+    """PromptKV views every layer's stage: the warm-up hands the skipped layers their
+    participant's buffer, so a spilling dry prompt reads two layers, not all four."""
     cfg = EngineConfig(vram=1 << 30, cache=6 * Pack.open(pack4).max_blob, chunk=CHUNK, ring=2,
                        max_prompt=64, device="cpu", ffn="torch", kv="int8", kv_resident=4)
     eng = PrefillEngine(pack4, cfg)
     before = eng.cache.buffer.clone()
-    assert eng.warmup(ONE.numel()) > 0 and eng.timings["warmup_layers"] == eng.shape.n_layer
+    cold = eng.run(TOKENS, logits="last").logits
+    assert eng.warmup(TOKENS.numel()) > 0 and eng.timings["warmup_layers"] == 2
     assert torch.equal(eng.cache.buffer, before)
+    assert torch.equal(eng.run(TOKENS, logits="last").logits, cold)

@@ -47,6 +47,7 @@ from strata.errors import StrataError
 from strata.kernels.attention import _kernel as _k
 from strata.kernels.attention.expand import expand_codes
 from strata.kernels.attention.kv_int8 import dequantize_kv
+from strata.kernels.attention.probe import attention_impl, probe_grid
 from strata.kernels.attention.scratch import AttnScratch, plan_pieces
 from strata.kernels.attention.tiles import AttnProblem, AttnTile, resolve_attn_tile
 
@@ -294,13 +295,19 @@ class _Launch:
             extra.update(pos_a=pa, pos_b=pb)
         acc, ml = state if state is not None else (self.q, self.q)
         cfg = self.cfg
-        grid = (triton_cdiv(self.T * self.G, cfg.BLOCK_M), self.Hkv)
+        grid = probe_grid((triton_cdiv(self.T * self.G, cfg.BLOCK_M), self.Hkv))
         _k._chunk_attn_fwd_kernel[grid](
             self.q, self.k, self.v, self.out, self.T, *self.st_q, *self.st_o, *self.st_c, *a, *b,
             self.qk_scale, acc, ml, ml.stride(0),
             G=self.G, HD=self.hd, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, A_SCALED=a_sc, B_SCALED=b_sc,
             RESUME=resume, FINISH=finish, INTERP=INTERPRET,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+
+
+def chunk_attention_for(device):
+    """chunk_attention (the Triton kernel) on CUDA, chunk_attention_torch elsewhere, unless
+    pinned (strata.kernels.attention.probe.pin_attention): one signature, the caller's device."""
+    return chunk_attention if attention_impl(device) == "triton" else chunk_attention_torch
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -76,12 +76,13 @@ def expand_codes(codes: torch.Tensor, out: torch.Tensor | None = None,
                  scale: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton twin of expand_codes_torch (same signature, bit-identical)."""
     from strata.kernels.attention._expand_kernel import _expand_codes_kernel
+    from strata.kernels.attention.probe import probe_grid
     out = _check(codes, out, scale)
     S, Hkv, hd = codes.shape
     R = S * Hkv
     if R == 0:
         return out
-    grid = (-(-R // ROWS_PER_PROGRAM),)
+    grid = probe_grid((-(-R // ROWS_PER_PROGRAM),))
     sc = codes if scale is None else scale      # never read without SCALE
     _expand_codes_kernel[grid](codes, out, sc, R, Hkv, codes.stride(0), codes.stride(1),
                                out.stride(0), out.stride(1), sc.stride(0) if scale is not None

@@ -27,9 +27,13 @@ phase 1.2 GB with the 64 MiB of codes and the 545 MB state, the FFN phase 2.9 GB
 
 `expand_rows` / `needs_state` / `state_floats` are the one count: the memory plan
 (strata.planning: the kv_expand_k, kv_expand_v and attn_state buffers) and the launcher read them.
+`pin_expand_rows(R)` sets R for a block of code (tests cut a tiny prompt into several pieces
+through the engine's own plan; a ContextVar, restored on exit).
 """
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -38,10 +42,25 @@ from strata.errors import StrataError
 
 EXPAND_ROWS = 32768     # tokens of int8 prefix expanded per launch (see the module docstring)
 
+_ROWS: ContextVar[int | None] = ContextVar("strata_expand_rows", default=None)
+
+
+@contextlib.contextmanager
+def pin_expand_rows(rows: int):
+    """R = `rows` instead of EXPAND_ROWS inside the block (plan and launcher alike)."""
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise StrataError(f"pin_expand_rows takes a whole number of rows >= 1, got {rows!r}")
+    token = _ROWS.set(rows)
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
 
 def expand_rows(max_prompt: int) -> int:
     """R: scratch rows for prompts of up to max_prompt tokens."""
-    return min(EXPAND_ROWS, max_prompt)
+    pinned = _ROWS.get()
+    return min(EXPAND_ROWS if pinned is None else pinned, max_prompt)
 
 
 def needs_state(max_prompt: int) -> bool:

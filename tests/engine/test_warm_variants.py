@@ -1,0 +1,133 @@
+"""The warm-up launches every kernel variant the prompt will (issue 17 item 1), also when the
+prompt's later chunks attend a long prefix cut into pieces (issue 14's int8 KV).
+
+Each case reads a prompt of N = 52 tokens in chunks of 16 (8 resident, 44 in host memory)
+through the CPU engine with the Triton attention (the interpreter: pin_attention("triton")), an
+expansion scratch of ROWS = 16 rows (pin_expand_rows: the plan's one count, so the carve and the
+launcher agree) and key tiles of 16 (pin_attn_tile): the third chunk's 32-token prefix takes two
+launches, the last chunk's (4 tokens after 44 host-held and 4 resident ones) three — first,
+middle and last, the host and resident pieces in one launch. The dry prompt is 16 + 4 tokens:
+its own attention never needs more than one launch. strata.engine.variants records Triton's
+specialization of every launch; the prompt's set must lie inside the warm-up's, and must not lie
+inside the set the warm-up launched outside its probes (the dry prompt alone: the warm-up before
+the probes), so the case cannot pass by being too easy.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import pytest
+import torch
+
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.engine.variants import KernelLaunches
+from strata.engine.warm import ProbePlan
+from strata.kernels.attention import _kernel as attn_kernel
+from strata.kernels.attention import pin_attention, pin_attn_tile, pin_expand_rows
+from strata.packs.synth import ExpertFormats, synth_pack
+from strata.shapes import get_preset
+
+# one layer, two kv heads of one query head each: the interpreter runs few programs (one kv
+# head would trip the launcher: k from a transposed [1, T, hd] has strides v does not)
+SHAPE = get_preset("tiny").with_(n_layer=1, n_head=2, n_kv_head=2)
+N = 52                         # chunks of 16: 3 full, then 4 tokens after a 48-token prefix
+CHUNK = 16
+RESIDENT = 8
+ROWS = 16                      # int8 prefix rows expanded per launch
+BLOCK_N = 16
+
+
+@contextlib.contextmanager
+def long_prefix(attention: str = "triton"):
+    with pin_attention(attention), pin_expand_rows(ROWS), pin_attn_tile(BLOCK_N=BLOCK_N):
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny shapes gain nothing from intra-op threads; on a loaded 2-core machine they cost 3x."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    return synth_pack(tmp_path_factory.mktemp("wv") / "tiny.pack", SHAPE,
+                      ExpertFormats.of("Q8_0"), progress=False)
+
+
+def prompt(n: int) -> torch.Tensor:
+    return torch.randint(0, SHAPE.vocab, (n,), generator=torch.Generator().manual_seed(5))
+
+
+def engine(pack, ffn: str = "ref", **kw) -> PrefillEngine:
+    return PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=128 * 1024, max_prompt=64,
+                                            device="cpu", chunk=CHUNK, ring=4, ffn=ffn, **kw))
+
+
+def attention_launches(variants) -> set[tuple[bool, bool]]:
+    """(RESUME, FINISH) of the attention kernel's recorded variants."""
+    names = list(inspect.signature(attn_kernel._chunk_attn_fwd_kernel.fn).parameters)
+    r, f = names.index("RESUME"), names.index("FINISH")
+    return {(v[1][r][1] == "True", v[1][f][1] == "True") for v in variants
+            if v[0] == "_chunk_attn_fwd_kernel"}
+
+
+def sets(pack, n: int, attention: str = "triton", **kw):
+    """(warm-up's, prompt's, the warm-up's outside its probes) variants, and the engine; the
+    warm-up leaves the cache as it found it."""
+    with long_prefix(attention):
+        eng = engine(pack, **kw)
+        before, index = eng.cache.buffer.clone(), dict(eng.cache.index)
+        with KernelLaunches() as warm:
+            assert eng.warmup(n) > 0
+        assert torch.equal(eng.cache.buffer, before) and eng.cache.index == index
+        assert eng.warmup(n) == 0.0, "already warm for this prompt"
+        with KernelLaunches() as run:
+            eng.run(prompt(n), logits="last")
+    assert run.variants <= warm.variants, (
+        f"the prompt launched variants the warm-up did not: {run.variants - warm.variants}")
+    return warm.variants, run.variants, warm.plain, eng
+
+
+# (kv, prompt tokens, resident): int8 with 44 of 52 tokens' KV in host memory; int8 all
+# resident (the pieces cut the resident segment, longer than the dry prompt's); bf16 with one
+# token in host memory (N = 41 = 40 resident + 1: the chunks after the first see a host segment
+# of exactly 1 token, an argument Triton specializes, the dry prompt's 25 tokens none)
+CASES = {"int8-host": ("int8", N, RESIDENT), "int8-resident": ("int8", N, None),
+         "bf16-host": ("bf16", 41, 40)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_warmup_launches_what_a_long_prompt_does(pack, case):
+    kv, n, resident = CASES[case]
+    warm, run, dry, eng = sets(pack, n, kv=kv, kv_resident=resident)
+    assert run - dry, "the case is too easy: the dry prompt alone launches everything"
+    if kv == "int8":   # pieces: a first, a middle and a last launch; the dry prompt: one
+        assert {(False, False), (True, False), (True, True)} <= attention_launches(run)
+        assert attention_launches(dry) == {(False, True)}
+    t = eng.timings
+    assert t["warmup_probes"] > 0 and t["warmup_variants"] == len(warm) >= len(run)
+    assert t["warmup_launches"] >= t["warmup_variants"] > 0 and t["warmup_s"] > 0
+
+
+@pytest.mark.parametrize("ffn,kernel", [("kernel", "_moe_gemm_kernel"),
+                                        ("decoded", "_dequant_fwd_kernel")])
+def test_the_warmup_launches_what_the_expert_ffn_does(pack, ffn, kernel):
+    """The expert FFN's launches follow the chunk, not the routing: the dry prompt's chunks
+    (other tokens, other experts) cover a spilling int8 prompt's of the same sizes (the
+    attention in torch here: its launches are the case above)."""
+    warm, run, dry, eng = sets(pack, 20, attention="torch", ffn=ffn, kv="int8",
+                               kv_resident=RESIDENT)   # chunks of 16 and 4
+    assert kernel in {v[0] for v in run}
+
+
+def test_probe_plan_gives_each_chunk_its_prefix():
+    p = ProbePlan(n_tokens=60, chunk=8, host=52)
+    assert list(p.prefixes(8)) == [(0, 0), (8, 0), (16, 0), (24, 0), (32, 0), (40, 0), (48, 0)]
+    assert list(p.prefixes(4)) == [(52, 4)]
+    assert list(ProbePlan(16, 8, 0).prefixes(8)) == [(0, 0), (0, 8)]
+    assert list(ProbePlan(16, 8, 0).prefixes(3)) == []
