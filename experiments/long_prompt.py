@@ -22,9 +22,18 @@ with the engine's line in well under a second.
     python experiments/long_prompt.py                 # GPU: the default cells
     python experiments/long_prompt.py --smoke         # CPU: a tiny model, seconds
 
+Before the timed read, `--warm engine` (the default) runs the engine's own warm-up
+(PrefillEngine.warmup: a two-chunk dry prompt that also probes the long prefixes' attention
+launches), what a user's first prompt gets; `--warm full` reads the whole prompt once instead.
+Each cell records the warm-up's seconds and, on CUDA, how many kernels Triton compiled or loaded
+during the timed read (compiled_in_read, from Triton's caches: 0 when the warm-up covered the
+prompt); in the interpreter (the smoke), the variants the timed read launched that the warm-up
+did not (variants_missed, strata.engine.variants).
+
 Follows strata.bench: a long-format CSV (tokens_per_s bound by the lower of the two bounds,
-pcie_bound_tokens_per_s, compute_floor_tokens_per_s, expert_bytes, kv_bytes, ...) and a PNG.
-Wall times are perf_counter around a synchronized read of a whole prompt.
+pcie_bound_tokens_per_s, compute_floor_tokens_per_s, expert_bytes, kv_bytes, warmup_s,
+compiled_in_read, ...) and a PNG. Wall times are perf_counter around a synchronized read of a
+whole prompt.
 """
 from __future__ import annotations
 
@@ -38,6 +47,7 @@ from strata import bench
 from strata.bench.roofline import (Rates, attention_flops, compute_floor, gemm_rate, h2d_rate,
                                    pcie_bound)
 from strata.engine.host import HostExperts
+from strata.engine.variants import KernelLaunches
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
 from strata.packs.memory import MemoryPack
@@ -91,7 +101,8 @@ def sync():
 
 FIGURES = {"tokens_per_s": "tok/s", "seconds": "s", "expert_bytes": "bytes", "kv_bytes": "bytes",
            "pcie_bound_tokens_per_s": "tok/s", "compute_floor_tokens_per_s": "tok/s",
-           "floor_fraction": "fraction", "wait_s": "s"}
+           "floor_fraction": "fraction", "wait_s": "s", "warmup_s": "s",
+           "compiled_in_read": "kernels", "variants_missed": "variants"}
 
 
 def main(argv=None) -> int:
@@ -99,9 +110,10 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU (checks the script)")
     ap.add_argument("--cells", default=None, help=f"PROMPT:KV:RESIDENT,... (default {DEFAULT_CELLS})")
     ap.add_argument("--vram", default=12 * GIB, type=int, help="VRAM budget in bytes (12 GiB)")
-    ap.add_argument("--warm", choices=["full", "engine"], default="full",
-                    help="before the timed read: the whole prompt once (full), or the engine's "
-                         "own warm-up (PrefillEngine.warmup)")
+    ap.add_argument("--warm", choices=["full", "engine"], default="engine",
+                    help="before the timed read: the engine's own warm-up (engine, "
+                         "PrefillEngine.warmup: what a user's first prompt gets), or the whole "
+                         "prompt read once (full)")
     args = ap.parse_args(argv)
     tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")
     return bench.main(args, "long_prompt", measure, script=__file__, argv=argv,
@@ -133,13 +145,19 @@ def measure(args, rec: bench.Recorder) -> None:
             tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
             with torch.inference_mode():
                 # untimed first: every kernel variant this prompt launches (the chunk's tiles,
-                # the int8 pieces' first / middle / last launches) compiled and loaded; an 8K
-                # warm-up left the long-prefix variants to the timed read (2dab595's int8 cells)
-                if args.warm == "full":
-                    eng.run(tok, logits="none")
-                else:
-                    eng.warmup(T)
-                r = eng.run(tok, logits="none")
+                # the int8 pieces' first / middle / last launches) compiled and loaded; the
+                # engine's warm-up probes the long prefixes' launches (strata.engine.warm)
+                t0 = time.perf_counter()
+                with KernelLaunches() as warmed:
+                    if args.warm == "full":
+                        eng.run(tok, logits="none")
+                    else:
+                        eng.warmup(T)
+                warm_s = time.perf_counter() - t0
+                # the timed read: on CUDA Triton's caches say whether it compiled anything
+                # (no hooks then: nothing added to a launch); in the interpreter the variants
+                with KernelLaunches(record=not cuda) as seen:
+                    r = eng.run(tok, logits="none")
         except StrataError as e:
             print(f"[long] T={T} {kv} resident {cfg['resident']}: does not fit: {e}", flush=True)
             rec.add("tokens_per_s", 0.0, "tok/s", bound=f"does not fit: {e}", **cfg)
@@ -153,7 +171,9 @@ def measure(args, rec: bench.Recorder) -> None:
                    pcie_bound_tokens_per_s=T / pcie if pcie else "",
                    compute_floor_tokens_per_s=T / floor if floor else "",
                    floor_fraction=floor / st.seconds if floor and st.seconds else "",
-                   wait_s=st.wait_s)
+                   wait_s=st.wait_s, warmup_s=warm_s,
+                   compiled_in_read=seen.compiled if seen.compiled is not None else "",
+                   variants_missed=len(seen.variants - warmed.variants) if not cuda else "")
         bound = min(v for v in (row["pcie_bound_tokens_per_s"], row["compute_floor_tokens_per_s"])
                     if v != "") if (pcie or floor) else None
         for fig, unit in FIGURES.items():
@@ -163,12 +183,14 @@ def measure(args, rec: bench.Recorder) -> None:
                     if fig == "tokens_per_s" and bound else "",
                     bound_value=bound if fig == "tokens_per_s" else None,
                     timer=bench.WALL_TIMER if fig in ("tokens_per_s", "seconds") else "",
-                    chunk=r.chunk, ring=r.ring, **cfg)
+                    chunk=r.chunk, ring=r.ring, warm=args.warm, **cfg)
         rec.flush()
         print(f"[long] T={T} {kv} resident {cfg['resident']}: chunk {r.chunk} ring {r.ring} "
               f"{st.tokens_per_s:,.0f} tok/s; experts {st.bytes_streamed / 1e9:.1f} GB, KV "
               f"{r.kv_streamed / 1e9:.2f} GB; PCIe bound {T / pcie if pcie else float('inf'):,.0f}"
-              f" tok/s; compute floor {T / floor if floor else float('inf'):,.0f} tok/s", flush=True)
+              f" tok/s; compute floor {T / floor if floor else float('inf'):,.0f} tok/s; warm-up "
+              f"({args.warm}) {warm_s:.1f} s, compiled in the timed read: "
+              f"{seen.compiled if cuda else len(seen.variants - warmed.variants)}", flush=True)
         del eng
 
 

@@ -3,6 +3,7 @@ window), the CSV carries tokens/s and the KV bytes streamed, and the PNG is writ
 from __future__ import annotations
 
 import csv
+import json
 import importlib.util
 from pathlib import Path
 
@@ -20,3 +21,7 @@ def test_long_prompt_smoke(tmp_path):
     kv = [float(r["value"]) for r in rows if r["figure"] == "kv_bytes"]
     assert sorted(kv)[:2] == [0.0, 0.0] and max(kv) > 0     # all-resident cells stream no KV
     assert (tmp_path / "long_prompt-smoke.png").exists()
+    # the engine's own warm-up by default, its cost beside the read; nothing left to the read
+    assert all(json.loads(r["config"])["warm"] == "engine" for r in tps)
+    assert len([r for r in rows if r["figure"] == "warmup_s" and float(r["value"]) > 0]) == 4
+    assert [float(r["value"]) for r in rows if r["figure"] == "variants_missed"] == [0.0] * 4

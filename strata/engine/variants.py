@@ -74,7 +74,9 @@ def _cached(kernel) -> int:
 class KernelLaunches:
     """Records the variants of strata's kernels launched inside the block (module docstring)."""
 
-    def __init__(self):
+    def __init__(self, *, record: bool = True):
+        """record=False: no hooks (nothing added to a launch's cost), only `compiled` (CUDA)."""
+        self.record = record
         self.variants: set = set()
         self.plain: set = set()
         self.launches = 0
@@ -104,8 +106,9 @@ class KernelLaunches:
             raise StrataError("a KernelLaunches records one block at a time")
         kernels = strata_kernels()
         for k in kernels:
-            h = self._hook(k)
-            k.add_pre_run_hook(h)
+            h = self._hook(k) if self.record else None
+            if h is not None:
+                k.add_pre_run_hook(h)
             self._hooks.append((k, h))
         self._before = sum(_cached(k) for k in kernels)
         self.compiled = None
@@ -114,7 +117,8 @@ class KernelLaunches:
     def __exit__(self, *exc) -> None:
         kernels = [k for k, _ in self._hooks]
         for k, h in self._hooks:
-            k.pre_run_hooks.remove(h)
+            if h is not None:
+                k.pre_run_hooks.remove(h)
         self._hooks = []
         interpreted = all(not hasattr(k, "device_caches") for k in kernels)
         self.compiled = None if interpreted else sum(_cached(k) for k in kernels) - self._before

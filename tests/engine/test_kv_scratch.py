@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import strata.kernels.attention as attention
-from strata.kernels.attention import AttnScratch, chunk_attention, kv_token_bytes
+from strata.kernels.attention import AttnScratch, kv_token_bytes, pin_attention
 from strata.models.kv import PromptKV
 
 H, HKV, HD, N, RES, T = 4, 2, 16, 100, 40, 20      # 60 host-held tokens, chunks of 20
@@ -33,9 +32,10 @@ def read(scratch, device="cpu"):
 
 
 @pytest.fixture
-def kernel_on_cpu(monkeypatch):
-    """PromptKV picks the torch reference on the CPU; point it at the kernel (interpreter)."""
-    monkeypatch.setattr(attention, "chunk_attention_torch", chunk_attention)
+def kernel_on_cpu():
+    """PromptKV picks the torch reference on the CPU; pin it to the kernel (interpreter)."""
+    with pin_attention("triton"):
+        yield
 
 
 def test_pieces_through_prompt_kv(kernel_on_cpu):

@@ -131,3 +131,26 @@ def test_probe_plan_gives_each_chunk_its_prefix():
     assert list(p.prefixes(4)) == [(52, 4)]
     assert list(ProbePlan(16, 8, 0).prefixes(8)) == [(0, 0), (0, 8)]
     assert list(ProbePlan(16, 8, 0).prefixes(3)) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
+@pytest.mark.parametrize("case", list(CASES))
+def test_on_cuda_the_timed_read_compiles_nothing(pack, case):
+    """Triton's own caches: after the warm-up, the prompt adds no compiled kernel (the pieces
+    pinned small as above, so the tiny prompt has the long prompt's launches)."""
+    kv, n, resident = CASES[case]
+    with pin_expand_rows(ROWS), pin_attn_tile(BLOCK_N=BLOCK_N):
+        eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=128 * 1024, max_prompt=64,
+                                               device="cuda", chunk=CHUNK, ring=4,
+                                               ffn="kernel", kv=kv, kv_resident=resident))
+        before = eng.cache.buffer.clone()
+        with KernelLaunches() as warm:
+            eng.warmup(n)
+        assert torch.equal(eng.cache.buffer, before)
+        with KernelLaunches() as run:
+            eng.run(prompt(n), logits="last")
+    assert run.variants <= warm.variants, run.variants - warm.variants
+    assert warm.compiled is not None and run.compiled == 0, (
+        f"the timed read compiled {run.compiled} kernels")
+    assert eng.timings["warmup_compiled"] == warm.compiled
