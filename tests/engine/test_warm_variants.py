@@ -114,6 +114,31 @@ def test_the_warmup_launches_what_a_long_prompt_does(pack, case):
     assert t["warmup_launches"] >= t["warmup_variants"] > 0 and t["warmup_s"] > 0
 
 
+def test_the_warmup_launches_what_sliding_layers_with_sinks_do(tmp_path_factory):
+    """GPT-OSS-like: layer 0 slides over 5 keys, both have sinks; the window's absolute
+    positions and the sinks (in the last launch only) are launch arguments too."""
+    from tests.models.hf_archs import GPT_OSS_TINY
+    shape = GPT_OSS_TINY.with_(n_layer=2)
+    pack = synth_pack(tmp_path_factory.mktemp("wv-oss") / "oss.pack", shape,
+                      ExpertFormats.of("BF16"), progress=False)
+    with long_prefix():
+        eng = PrefillEngine(pack, EngineConfig(
+            vram=1 << 30, cache=512 * 1024, max_prompt=64, device="cpu", chunk=CHUNK, ring=4,
+            ffn="ref", kv="int8", kv_resident=RESIDENT))
+        with KernelLaunches() as warm:
+            eng.warmup(N)
+        with KernelLaunches() as run:
+            eng.run(torch.randint(0, shape.vocab, (N,), generator=torch.Generator().manual_seed(5)),
+                    logits="last")
+    assert run.variants <= warm.variants, run.variants - warm.variants
+    assert run.variants - warm.plain
+    names = list(inspect.signature(attn_kernel._chunk_attn_fwd_kernel.fn).parameters)
+    win, sinks = names.index("WIN"), names.index("SINKS")
+    flags = {(v[1][win][1], v[1][sinks][1]) for v in run.variants
+             if v[0] == "_chunk_attn_fwd_kernel"}
+    assert ("True", "True") in flags and ("False", "True") in flags, flags
+
+
 @pytest.mark.parametrize("ffn,kernel", [("kernel", "_moe_gemm_kernel"),
                                         ("decoded", "_dequant_fwd_kernel")])
 def test_the_warmup_launches_what_the_expert_ffn_does(pack, ffn, kernel):
