@@ -66,5 +66,9 @@ for step in "$@"; do
     familytests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla.py tests/models/test_family.py 2>&1 | tail -20 > "$OUT/gpu_family_tests.log"; tail -5 "$OUT/gpu_family_tests.log" ;;
     mla)     timeout 200 python3 benchmarks/mla_bench.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/mla_bench.log" ;;
     deepseek) timeout 560 python3 experiments/deepseek_stream.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/deepseek_stream.log" ;;
+    # issue 17: the pinning thread's rate beside a busy interpreter (GIL hand-offs), pread vs map copy
+    pinbg)   timeout 200 python3 benchmarks/pin_bench.py --gib 8 --options thp-8 pread-8 pread-16 bg-thp-8 bg-pread-8 bgsi-thp-8 bgsi-pread-8 bgsi-pread-16 --out-dir "$OUT" 2>&1 | grep "^pin_bench" | tee "$OUT/pin_bg.log" ;;
+    # issue 18: where the CUDA syncs are (the strict-xfail cases run, their tracebacks kept)
+    syncdiag) timeout 200 python3 -m pytest -rfE --runxfail --tb=long -m gpu -p no:cacheprovider tests/engine/test_syncs.py 2>&1 | tail -150 > "$OUT/gpu_sync_diag.log"; tail -5 "$OUT/gpu_sync_diag.log" ;;
   esac
 done
