@@ -120,6 +120,7 @@ def pread_into(fd: int, dst: torch.Tensor, offset: int, threads: int,
 _POOLS: dict = {}
 
 
+SMOKE_OPTIONS = ("alloc", "copy-1", "thp-8", "pread-8", "bgsi-thp-8")
 SWITCH_INTERVAL = 1e-4
 
 
@@ -220,6 +221,8 @@ def measure(args, rec: bench.Recorder) -> None:
     if gpu:
         rec.add("H2D one 1 GiB copy", ref_rate, "GB/s", bound="PCIe 5 x16 (SPEC: 55.4 GB/s)")
     options = [o for o in OPTIONS if gpu or o not in ("hostreg-8", "register")]
+    if args.smoke:   # one of each way (a process per option: seconds each)
+        options = list(SMOKE_OPTIONS)
     if args.options:
         options = args.options
     for opt in options:

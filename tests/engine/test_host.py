@@ -54,6 +54,7 @@ def test_layers_go_to_registered_huge_page_memory_and_close_unlocks(monkeypatch)
 
 
 def test_background_loading_gives_the_same_layers_and_waits_for_them(monkeypatch):
+    import pytest
     import threading
     blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(3)]
     fake = _FakeCudart()
@@ -65,10 +66,17 @@ def test_background_loading_gives_the_same_layers_and_waits_for_them(monkeypatch
         if i == 2:
             assert gate.wait(10)
         return blobs[i]
+    import sys
+    from strata.engine.host import PIN_SWITCH_INTERVAL
+    before = sys.getswitchinterval()
     host = HostExperts(slow, [1000] * 3, pin=True, background=True)
     assert not host._done.is_set(), "returned before the last layer was loaded"
+    # the copy threads get the GIL back quickly while the caller runs Python beside them
+    assert sys.getswitchinterval() == pytest.approx(min(PIN_SWITCH_INTERVAL, before)) \
+        and PIN_SWITCH_INTERVAL < before
     gate.set()
     assert host.pinned and len(fake.locked) == 3 and host.load_s > 0   # .pinned waits
+    assert sys.getswitchinterval() == before   # given back once the loading ended
     for i, b in enumerate(blobs):
         assert torch.equal(host.blob(i, 4), b[4])
     host.close()
