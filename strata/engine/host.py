@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from tqdm import tqdm
 
-from strata.engine.pinning import Registration, huge_page_buffer, parallel_copy
+from strata.engine.pinning import (PinMethod, Registration, huge_page_buffer, parallel_copy,
+                                   pread_copy)
 from strata.errors import StrataError
 
 log = logging.getLogger("strata")
@@ -35,14 +36,19 @@ class HostExperts:
 
     def __init__(self, layer_blobs: Sequence[torch.Tensor] | Callable[[int], torch.Tensor],
                  blob_sizes: Sequence[int], *, pin: bool = True, progress: bool = False,
-                 layers: Sequence[int] | None = None, background: bool = False):
+                 layers: Sequence[int] | None = None, background: bool = False,
+                 spans: Callable[[int], tuple[str, int, int] | None] | None = None,
+                 method: PinMethod | None = None):
         """`layer_blobs`: one uint8 tensor per layer, or a callable giving layer i's (so a
         32 GB pack is read into pinned memory a layer at a time, never held twice).
         `layers`: load only these (a pipeline rank's range, strata.engine.distributed); the
         others hold no blob ([0, blob] tensors) and are never read.
         `background`: load on a thread and return at once, so the caller's own start (imports,
         the dense weights' upload, the cache's allocation) runs beside the copy threads; every
-        accessor (and `join()`) waits for it, and an error raised there is raised by them."""
+        accessor (and `join()`) waits for it, and an error raised there is raised by them.
+        `spans`: layer i -> (file, offset, bytes) of its blobs in a file (Pack.expert_span), so
+        the "pread" method reads the file instead of copying from its map. `method`: how
+        (strata.engine.pinning.PinMethod; default PinMethod())."""
         if callable(layer_blobs):
             get = layer_blobs
             layer_blobs = range(len(blob_sizes))
@@ -62,10 +68,14 @@ class HostExperts:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self.load_s = 0.0
+        self.method = method or PinMethod()
+        self._spans = spans
         args = (layer_blobs, get, layers, progress)
         if background:
-            _switch_hold()   # released by the loading thread when it ends
-            threading.Thread(target=self._load, args=(*args, True), name="strata-pin",
+            held = self.method.switch is not None
+            if held:
+                _switch_hold(self.method.switch)   # released by the loading thread at its end
+            threading.Thread(target=self._load, args=(*args, held), name="strata-pin",
                              daemon=True).start()
         else:
             self._load(*args)
@@ -84,16 +94,21 @@ class HostExperts:
             self._done.set()
 
     def _load_layers(self, layer_blobs, get, layers, progress) -> None:
-        """Layer by layer: copy threads fill layer i's huge pages while a registering thread
-        page-locks layer i-1's (the two take about equal time: 0.48 s and 0.40 s per 8 GB on
-        the H200 machine), so the loading runs at about the faster of the two rates."""
+        """Layer by layer into huge pages (read from the file, or copied from the source
+        tensor), then page-locked: with `method.overlap` a locking thread registers layer i-1
+        while the copy threads fill layer i (the two take about equal time: 0.48 s and 0.40 s
+        per 8 GB on the H200 machine), so the load runs at about the slower of the two."""
         want_pin = self._want_pin
-        threads = min(8, os.cpu_count() or 1)
+        meth = self.method
+        threads = min(meth.threads, os.cpu_count() or 1)
         it = zip(layer_blobs, self.blob_sizes)
         if progress:
             it = tqdm(list(it), desc="pinning experts" if want_pin else "loading experts",
                       unit="layer", leave=False)
-        locker = ThreadPoolExecutor(1, thread_name_prefix="strata-lock") if want_pin else None
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="strata-copy") if threads > 1 \
+            else None
+        locker = ThreadPoolExecutor(1, thread_name_prefix="strata-lock") \
+            if want_pin and meth.overlap else None
         pending = None   # (index, future): the one layer being registered
         try:
             for i, (t, size) in enumerate(it):
@@ -111,15 +126,25 @@ class HostExperts:
                     continue
                 m, buf = huge_page_buffer(t.numel())
                 buf = buf.view(t.shape)
-                parallel_copy(buf, t.contiguous(), threads)
+                span = self._spans(i) if self._spans is not None and meth.source == "pread" \
+                    else None
+                if span is not None and span[2] == t.numel():
+                    pread_copy(buf, span[0], span[1], pool)
+                else:
+                    parallel_copy(buf, t.contiguous(), threads, pool=pool)
                 self._layers.append(t)              # until its registration resolves
                 pending = self._resolve(pending)
-                pending = (len(self._layers) - 1, locker.submit(self._lock_pages, buf, m, t,
-                                                                threads))
+                if locker is None:
+                    self._resolve((len(self._layers) - 1,
+                                   _done_future(self._lock_pages, buf, m, t, pool)))
+                else:
+                    pending = (len(self._layers) - 1,
+                               locker.submit(self._lock_pages, buf, m, t, pool))
             self._resolve(pending)
         finally:
-            if locker is not None:
-                locker.shutdown()
+            for ex in (locker, pool):
+                if ex is not None:
+                    ex.shutdown()
         self._pinned = want_pin and self.pin_error is None
         if want_pin and not self._pinned:
             log.warning("strata prefill: pinning the expert blobs failed (%s); streaming from "
@@ -138,7 +163,7 @@ class HostExperts:
             _release(self._regs, self._maps)
         return None
 
-    def _lock_pages(self, buf: torch.Tensor, m, t: torch.Tensor, threads: int) -> torch.Tensor:
+    def _lock_pages(self, buf: torch.Tensor, m, t: torch.Tensor, pool) -> torch.Tensor:
         """Page-lock the filled huge-page copy `buf` of layer blobs `t` (cudaHostRegister),
         else a copy in torch's pinned allocator (RuntimeError when both fail)."""
         try:
@@ -149,7 +174,7 @@ class HostExperts:
             del buf
             m.close()
         p = torch.empty(t.shape, dtype=torch.uint8, pin_memory=True)
-        parallel_copy(p, t.contiguous(), threads)
+        parallel_copy(p, t.contiguous(), pool=pool)
         return p
 
     def join(self) -> "HostExperts":
@@ -191,22 +216,31 @@ class HostExperts:
         return sum(t.numel() for t in self.layers)
 
 
+def _done_future(fn, *args):
+    """fn(*args) run now, as a finished Future (the no-overlap path shares _resolve)."""
+    from concurrent.futures import Future
+    f: Future = Future()
+    try:
+        f.set_result(fn(*args))
+    except BaseException as e:
+        f.set_exception(e)
+    return f
+
+
 # While a loading thread runs beside the caller's own Python (imports, Triton's compiles), every
 # time one of its copy threads needs the GIL back (a piece done, the next one started, a layer's
-# map and registration) it waits for the interpreter's switch interval, 5 ms by default: at
-# ~20 hand-offs a layer that cut the pinning thread from 9.1 to 2.5 GB/s on the H200 machine.
-# With 0.1 ms it keeps 9.7 GB/s (benchmarks/pin_bench.py bg-thp-8 / bgsi-thp-8,
-# benchmarks/results/pin-nvidia-h200-c0a135f.csv). Held while any loading thread runs.
-PIN_SWITCH_INTERVAL = 1e-4
+# map and registration) it waits for the interpreter's switch interval, 5 ms by default
+# (PinMethod.switch says what it is set to meanwhile). Held while any loading thread runs; the
+# first holder's value stands.
 _switch = {"holders": 0, "saved": None}
 _switch_lock = threading.Lock()
 
 
-def _switch_hold() -> None:
+def _switch_hold(interval: float) -> None:
     with _switch_lock:
         if _switch["holders"] == 0:
             _switch["saved"] = sys.getswitchinterval()
-            sys.setswitchinterval(min(PIN_SWITCH_INTERVAL, _switch["saved"]))
+            sys.setswitchinterval(min(interval, _switch["saved"]))
         _switch["holders"] += 1
 
 

@@ -185,7 +185,8 @@ class PrefillEngine:
         # The host blobs load on a thread while the caches are allocated and the dense weights
         # go up (the copy threads and the upload overlap); the caches fill once they are in.
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
-                                        progress=cfg.progress, background=True)
+                                        progress=cfg.progress, background=True,
+                                        spans=getattr(pack, "expert_span", None))
         try:
             caches = []
             for p, dev in zip(parts, devices):
