@@ -96,12 +96,13 @@ def child(a) -> int:
            "first_tokens_per_s": tps[0],
            "warm_tokens_per_s": sum(tps[1:]) / max(len(tps) - 1, 1),
            "pinned": host.pinned, "pack_bytes": sum(sizes) * pack.shape.n_expert,
+           "pin_end_s": host.loaded_at - a.spawn, "pin_lock_s": host.lock_s,
            "chunk": res.chunk, "ring": res.ring, "bytes_streamed": res.stats.bytes_streamed}
     out["first_over_warm"] = out["first_tokens_per_s"] / out["warm_tokens_per_s"]
     # fill_s split (PrefillEngine.timings), and the warm-up's read vs its one-time load: the
     # dry prompt's read is its tokens through its layers at the warm rate
     for k in ("plan_s", "cache_alloc_s", "cache_fill_s", "other_s", "dense_upload_s",
-              "model_build_s", "pin_wait_s", "ffn_s", "dense_s"):
+              "model_build_s", "pin_wait_s", "ffn_s", "dense_s", "sync_s"):
         out[k] = eng.timings.get(k, 0.0)
     C = res.chunk
     dry = a.prompt if a.prompt <= C else C + (a.prompt % C or C)
@@ -153,7 +154,7 @@ FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "imp
            "bytes_streamed": "bytes", "plan_s": "s", "cache_alloc_s": "s", "cache_fill_s": "s",
            "other_s": "s", "dense_upload_s": "s", "model_build_s": "s", "warmup_read_s": "s",
            "warmup_load_s": "s", "warmup_layers": "layers", "cache_fill_gbps": "GB/s",
-           "dense_s": "s"}
+           "dense_s": "s", "sync_s": "s", "pin_end_s": "s", "pin_lock_s": "s"}
 
 
 def measure(args, rec) -> None:
@@ -216,11 +217,12 @@ def measure(args, rec) -> None:
             rec.flush()
             print(f"{arm:6s} [{pm}] T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f}, "
                   f"cuda {r['cuda_s']:.2f}, start {r['start_s']:.2f} [pinning beside it: "
-                  f"{r['pin_s']:.2f} s at {r['pin_gbps']:.1f} GB/s, waited "
+                  f"{r['pin_s']:.2f} s at {r['pin_gbps']:.1f} GB/s (locking {r['pin_lock_s']:.2f}), "
+                  f"done at {r['pin_end_s']:.2f} s, waited "
                   f"{r['pin_wait_s']:.2f}], "
                   f"fill {r['fill_s']:.2f} [plan {r['plan_s']:.2f}, cache alloc "
                   f"{r['cache_alloc_s']:.2f}, cache fill {r['cache_fill_s']:.2f} at "
-                  f"{r['cache_fill_gbps']:.0f} GB/s, dense {r['dense_s']:.2f} (upload "
+                  f"{r['cache_fill_gbps']:.0f} GB/s, syncs {r['sync_s']:.2f}, dense {r['dense_s']:.2f} (upload "
                   f"{r['dense_upload_s']:.2f}), model "
                   f"{r['model_build_s']:.2f}, ffn imports {r['ffn_s']:.2f}], warm-up "
                   f"{r['warmup_s']:.2f} [{r['warmup_layers']} layers: read "

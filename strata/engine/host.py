@@ -68,6 +68,8 @@ class HostExperts:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self.load_s = 0.0
+        self.loaded_at: float | None = None       # epoch seconds the loading ended
+        self.lock_s = 0.0                          # of load_s: seconds in cudaHostRegister
         self.method = method or PinMethod()
         self._spans = spans
         args = (layer_blobs, get, layers, progress)
@@ -86,6 +88,7 @@ class HostExperts:
         try:
             self._load_layers(layer_blobs, get, layers, progress)
             self.load_s = time.perf_counter() - t0   # wall seconds of the loading alone
+            self.loaded_at = time.time()
         except BaseException as e:   # handed to the waiting thread (join)
             self._error = e
         finally:
@@ -166,6 +169,7 @@ class HostExperts:
     def _lock_pages(self, buf: torch.Tensor, m, t: torch.Tensor, pool) -> torch.Tensor:
         """Page-lock the filled huge-page copy `buf` of layer blobs `t` (cudaHostRegister),
         else a copy in torch's pinned allocator (RuntimeError when both fail)."""
+        t0 = time.perf_counter()
         try:
             self._regs.append(Registration(buf, read_only=False))
             self._maps.append(m)
@@ -173,6 +177,8 @@ class HostExperts:
         except RuntimeError:
             del buf
             m.close()
+        finally:
+            self.lock_s += time.perf_counter() - t0
         p = torch.empty(t.shape, dtype=torch.uint8, pin_memory=True)
         parallel_copy(p, t.contiguous(), pool=pool)
         return p
