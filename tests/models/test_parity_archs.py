@@ -217,10 +217,11 @@ def test_gpu_resident_prefill(hf_pack):
     read; bf16 dense (GPT-OSS's window and sinks then run chunk_attention over the cache) agrees
     on the top token at >= 90% of positions with a median error under 2 BF16_FFN_REL (as
     test_parity_packs' GPU case). The reference is strata's CPU read, which test_hf_folder_pack
-    holds to transformers' logits within FP32_REL under the tested transformers: the GPU image
-    carries another transformers (5.17), whose tiny GPT-OSS from the same seed is another model
-    (its logits differ from 5.24's by ~1x their size), so HF's own logits there would test the
-    image's transformers, not this GPU path."""
+    holds to transformers' logits within FP32_REL under the tested transformers (>= 5.24). The
+    GPU image carries transformers 5.17, outside the tested range: there strata's CPU read of
+    its GPT-OSS save is ~1x the logits' size away from its own forward (a checkpoint layout or
+    forward strata was not checked against), so HF's logits there would test the image's
+    transformers, not this GPU path."""
     arch, hf, pack, _ = hf_pack
     tok = torch.tensor(TOKENS)
     cpu = load_model(pack, device="cpu", dtype=torch.float32, ffn=expert_ffn("ref"))
