@@ -131,7 +131,7 @@ class WarmKV(PromptKV):
         self._seen.add(key)
         host = self._view(stage, self.probe.host) if self.probe.host else None
         prefixes = list(self.probe.prefixes(q.shape[0]))
-        res = self._resident(layer, q.device, max(r for _, r in prefixes))
+        res = self._resident(layer, q.device, max((r for _, r in prefixes), default=0))
         with probe_launches():
             for n_host, n_res in prefixes:
                 prefix = []
