@@ -30,6 +30,10 @@ for step in "$@"; do
     formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
+    # issues 15/18: the decode-once path of the K-quants/IQ4_XS, byte path vs super-block words at
+    # several tiles (Q8_0 bytes/words beside), input and output GB/s against the copy; then its GPU tests
+    kdecode) timeout 230 python3 benchmarks/dequant_bench.py --mode experts --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -45 | tee "$OUT/dequant_experts.log" ;;
+    kdecodetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_superblocks.py tests/kernels/test_expert_dequant.py tests/kernels/test_moe_decoded.py 2>&1 | tail -20 > "$OUT/gpu_kdecode_tests.log"; tail -5 "$OUT/gpu_kdecode_tests.log" ;;
     slab)    timeout 180 python3 experiments/slab_ab.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/slab.log" ;;
     reltests) timeout 220 python3 -m pytest -rfE -p no:cacheprovider tests/packs/test_cli.py tests/test_bad_inputs.py tests/test_fuzz_headers.py 2>&1 | tail -20 > "$OUT/gpu_rel_tests.log"; tail -5 "$OUT/gpu_rel_tests.log"
              timeout 200 python3 -m strata.cli synth --preset qwen3-30b-a3b --layers 8 --pack -o /tmp/v8.pack 2>&1 | tail -1
