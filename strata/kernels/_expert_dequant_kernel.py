@@ -10,7 +10,7 @@ import triton.language as tl
 from strata.kernels._moe_kernel import _bf16, _w_tile
 from strata.kernels.decode import pair_tile
 from strata.kernels.decode.superblocks import (SUPERBLOCK_K, superblock_base, superblock_head,
-                                              superblock_run)
+                                              superblock_run, superblock_words)
 
 
 @triton.jit
@@ -54,8 +54,9 @@ def _dequant_fwd_kernel(arena_ptr, slot_ptr, dst_slot_ptr, mat_off, row_bytes, d
                 n_mask = (offs_n < R) & (sb * SUPERBLOCK_K < C)
                 base = mat_base + superblock_base(FMT, row_bytes, offs_n, sb)    # [BN]
                 head = superblock_head(FMT, p32, base, n_mask, ALIGNED)
+                words = superblock_words(FMT, p32, base, n_mask, ALIGNED)
                 for run in tl.static_range(SUPERBLOCK_K // 32):
-                    v = superblock_run(FMT, p32, base, head, run, n_mask, ALIGNED)  # [BN, 32]
+                    v = superblock_run(FMT, words, head, run, n_mask)               # [BN, 32]
                     offs_k = sb * SUPERBLOCK_K + run * 32 + tl.arange(0, 32)
                     tl.store(rows + offs_k[None, :], _bf16(v, INTERP), mask=n_mask[:, None])
         elif WORDS:

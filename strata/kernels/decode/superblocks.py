@@ -11,7 +11,9 @@ weight order, ready for one contiguous store of 32 values a row.
 
     superblock_head(FMT, p32, base, mask_n, ALIGNED) -> (h0, h1, h2, h3, h4) int32 [BN] each:
         the header words of the super-block at byte `base` [BN] of each row
-    superblock_run(FMT, p32, base, head, RUN, mask_n, ALIGNED) -> fp32 [BN, 32]: weights
+    superblock_words(FMT, p32, base, mask_n, ALIGNED) -> 8 int32 [BN, 8]: its code words, all
+        loaded in one round before any run is decoded
+    superblock_run(FMT, words, head, RUN, mask_n) -> fp32 [BN, 32]: weights
         [32 RUN, 32 RUN + 32) of that super-block (RUN a constexpr 0..7), 0 where mask_n is False
         p32     int32 pointer the byte offsets `base` count from (4-byte aligned)
         base    int64 [BN] byte offset of each row's super-block from p32
@@ -185,9 +187,62 @@ def _halves(jj8, a, b):
 
 
 @triton.jit
-def superblock_run(FMT: tl.constexpr, p32, base, head, RUN: tl.constexpr, mask_n,
-                   ALIGNED: tl.constexpr):
-    """fp32 [BN, 32]: weights [32 RUN, 32 RUN + 32) of each row's super-block (see module doc)."""
+def superblock_words(FMT: tl.constexpr, p32, base, mask_n, ALIGNED: tl.constexpr):
+    """Every code word of each row's super-block, 8 words a row per tensor (int32 [BN, 8] x 8;
+    unused ones 0), in one round of loads issued before any is used: the runs' stores cannot
+    move above later loads (the compiler cannot tell the buffers apart), so loads interleaved
+    with stores would wait on memory once per run. Tensor k holds:
+    Q4_K   k < 4: qs bytes [32 k, 32 k + 32) (at 16)       Q5_K  k < 4: qs as Q4_K's (at 48); 4: qh
+    Q6_K   k < 4: ql bytes [32 k, +32); 4, 5: qh halves    Q2_K  k < 2: qs halves (at 16)
+    Q3_K   k < 2: qs halves (at 32); 2: hmask              IQ4_XS k: run k's 16 qs bytes twice
+                                                                  (words j % 4, see superblock_run)"""
+    jj = tl.arange(0, 8)
+    z = tl.zeros((base.shape[0], 8), tl.int32)
+    if FMT == GGML_Q4_K:
+        w = (_words(p32, base, 16, jj, mask_n, ALIGNED), _words(p32, base, 48, jj, mask_n, ALIGNED),
+             _words(p32, base, 80, jj, mask_n, ALIGNED),
+             _words(p32, base, 112, jj, mask_n, ALIGNED), z, z, z, z)
+    elif FMT == GGML_Q5_K:
+        w = (_words(p32, base, 48, jj, mask_n, ALIGNED), _words(p32, base, 80, jj, mask_n, ALIGNED),
+             _words(p32, base, 112, jj, mask_n, ALIGNED),
+             _words(p32, base, 144, jj, mask_n, ALIGNED),
+             _words(p32, base, 16, jj, mask_n, ALIGNED), z, z, z)
+    elif FMT == GGML_Q6_K:
+        w = (_words(p32, base, 0, jj, mask_n, ALIGNED), _words(p32, base, 32, jj, mask_n, ALIGNED),
+             _words(p32, base, 64, jj, mask_n, ALIGNED), _words(p32, base, 96, jj, mask_n, ALIGNED),
+             _words(p32, base, 128, jj, mask_n, ALIGNED),
+             _words(p32, base, 160, jj, mask_n, ALIGNED), z, z)
+    elif FMT == GGML_Q2_K:
+        w = (_words(p32, base, 16, jj, mask_n, ALIGNED), _words(p32, base, 48, jj, mask_n, ALIGNED),
+             z, z, z, z, z, z)
+    elif FMT == GGML_Q3_K:
+        w = (_words(p32, base, 32, jj, mask_n, ALIGNED), _words(p32, base, 64, jj, mask_n, ALIGNED),
+             _words(p32, base, 0, jj, mask_n, ALIGNED), z, z, z, z, z)
+    else:
+        tl.static_assert(FMT == GGML_IQ4_XS, "superblock_words: not a SUPERBLOCK_FORMATS type")
+        q = jj & 3
+        w = (_words(p32, base, 8, q, mask_n, ALIGNED), _words(p32, base, 24, q, mask_n, ALIGNED),
+             _words(p32, base, 40, q, mask_n, ALIGNED), _words(p32, base, 56, q, mask_n, ALIGNED),
+             _words(p32, base, 72, q, mask_n, ALIGNED), _words(p32, base, 88, q, mask_n, ALIGNED),
+             _words(p32, base, 104, q, mask_n, ALIGNED),
+             _words(p32, base, 120, q, mask_n, ALIGNED))
+    return w
+
+
+@triton.jit
+def _pick8(w, K: tl.constexpr):
+    """Tensor K (a constexpr) of superblock_words' tuple."""
+    w0, w1, w2, w3, w4, w5, w6, w7 = w
+    if K < 4:
+        return _pick(w0, w1, w2, w3, K)
+    else:
+        return _pick(w4, w5, w6, w7, K - 4)
+
+
+@triton.jit
+def superblock_run(FMT: tl.constexpr, words, head, RUN: tl.constexpr, mask_n):
+    """fp32 [BN, 32]: weights [32 RUN, 32 RUN + 32) of each row's super-block from its
+    superblock_words and superblock_head (see module doc)."""
     h0, h1, h2, h3, h4 = head
     jj = tl.arange(0, 8)
     C: tl.constexpr = RUN // 2          # Q4_K/Q5_K: 64-weight chunk of the run, nibble RUN % 2
@@ -198,18 +253,17 @@ def superblock_run(FMT: tl.constexpr, p32, base, head, RUN: tl.constexpr, mask_n
         dsc = _half_f32(h0) * sc.to(tl.float32)
         dm = _half_f32(h0 >> 16) * mn.to(tl.float32)
         if FMT == GGML_Q4_K:   # qs[128] at 16: byte 32 C + l, nibble RUN % 2
-            q = _planes(_words(p32, base, 16 + 32 * C, jj, mask_n, ALIGNED), 4 * (RUN % 2), 4)
+            q = _planes(_pick8(words, C), 4 * (RUN % 2), 4)
         else:                  # qh[32] at 16 (bit RUN of byte l), qs[128] at 48 as Q4_K's
-            lo = _planes(_words(p32, base, 48 + 32 * C, jj, mask_n, ALIGNED), 4 * (RUN % 2), 4)
-            hi = _planes(_words(p32, base, 16, jj, mask_n, ALIGNED), RUN, 1)
+            lo = _planes(_pick8(words, C), 4 * (RUN % 2), 4)
+            hi = _planes(_pick8(words, 4), RUN, 1)
             q = lo | (hi << 4)
         v = _q4_k_value(dsc[:, None], dm[:, None], _f32_of(q, 0.0))
     elif FMT == GGML_Q6_K:
         # ql[128] at 0: byte 64 H + 32 (G % 2) + l, nibble G // 2; qh[64] at 128: byte 32 H + l,
         # bits 2 G; int8 scales[16] at 192: one per 16 weights, 8 H + 2 G + l // 16
-        lo = _planes(_words(p32, base, 64 * H + 32 * (G % 2), jj, mask_n, ALIGNED), 4 * (G // 2),
-                     4)
-        hi = _planes(_words(p32, base, 128 + 32 * H, jj, mask_n, ALIGNED), 2 * G, 2)
+        lo = _planes(_pick8(words, 2 * H + G % 2), 4 * (G // 2), 4)
+        hi = _planes(_pick8(words, 4 + H), 2 * G, 2)
         T6: tl.constexpr = 8 * H + 2 * G
         sw = _pick(h0, h1, h2, h3, T6 // 4)
         s_a = ((sw << (24 - 8 * (T6 % 4))) >> 24).to(tl.float32)       # sign-extended int8
@@ -219,7 +273,7 @@ def superblock_run(FMT: tl.constexpr, p32, base, head, RUN: tl.constexpr, mask_n
         v = ds * _f32_of(lo | (hi << 4), 32.0)
     elif FMT == GGML_Q2_K:
         # qs[64] at 16: byte 32 H + l, bits 2 G; scales[16] at 0: sc | m << 4 per 16 weights
-        q = _planes(_words(p32, base, 16 + 32 * H, jj, mask_n, ALIGNED), 2 * G, 2)
+        q = _planes(_pick8(words, H), 2 * G, 2)
         T2: tl.constexpr = 8 * H + 2 * G
         sw = _pick(h0, h1, h2, h3, T2 // 4)
         b_a = _byte(sw, T2 % 4)
@@ -233,8 +287,8 @@ def superblock_run(FMT: tl.constexpr, p32, base, head, RUN: tl.constexpr, mask_n
     elif FMT == GGML_Q3_K:
         # hmask[32] at 0 (bit RUN of byte l: 0 subtracts 4), qs[64] at 32 as Q2_K's; 6-bit
         # scales per 16 weights s = 2 RUN + l // 16 from scales[12] at 96
-        crumb = _planes(_words(p32, base, 32 + 32 * H, jj, mask_n, ALIGNED), 2 * G, 2)
-        hb = _planes(_words(p32, base, 0, jj, mask_n, ALIGNED), RUN, 1)
+        crumb = _planes(_pick8(words, H), 2 * G, 2)
+        hb = _planes(_pick8(words, 2), RUN, 1)
         d = _half_f32(h3)
         s_a = _q3_k_sub_scale(h0, h1, h2, 2 * RUN)
         s_b = _q3_k_sub_scale(h0, h1, h2, 2 * RUN + 1)
@@ -244,7 +298,7 @@ def superblock_run(FMT: tl.constexpr, p32, base, head, RUN: tl.constexpr, mask_n
         tl.static_assert(FMT == GGML_IQ4_XS, "superblock_run: not a SUPERBLOCK_FORMATS type")
         # qs[128] at 8: 16 bytes a run, weight l < 16 the low nibble of byte l, l >= 16 the high
         # nibble of byte l - 16: 8 virtual words, word j = bytes of word j % 4, nibble j // 4
-        x = _words(p32, base, 8 + 16 * RUN, jj & 3, mask_n, ALIGNED)
+        x = _pick8(words, RUN)
         sh = (jj >> 2)[None, :] * 4
         q = _interleave4((x >> sh) & 15, (x >> (sh + 8)) & 15, (x >> (sh + 16)) & 15,
                          (x >> (sh + 24)) & 15)
