@@ -316,7 +316,7 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", default=",".join(EXPERT_PATHS),
                     help="--mode experts: comma-separated decode-once paths (bytes, words, "
                          "superblocks); each format takes those it has")
-    ap.add_argument("--sb-tiles", default="64x1,32x1,128x1,32x2,64x2",
+    ap.add_argument("--sb-tiles", default="32x2,64x1,32x1,16x2,32x4,128x1",
                     help="--mode experts: super-block path tiles, ROWSxSUPERBLOCKS")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes and 2 repeats, any device (the interpreter on a CPU)")

@@ -74,7 +74,8 @@ def _raws(fmt, rows, cols, seed, n=2):
 
 @pytest.mark.parametrize("name", SUPERBLOCK_FORMATS)
 def test_superblock_path_matches_reference(name):
-    """Random valid blocks, 5 rows (BN 64 masks 59), 2 super-blocks a row; the tile pinned to
+    """Random valid blocks, 5 rows (the default tile's 32 rows mask 27), 2 super-blocks a row
+    (the default tile's 2); the tile pinned to
     4 rows x 2 super-blocks a program over 3 rows of 3 super-blocks (the last program's second
     masked). The sweep below has rows of one block (odd rows of Q6_K/Q3_K 2 bytes off a word);
     the byte path (superblocks=False) meets the same reference in test_expert_dequant.py."""

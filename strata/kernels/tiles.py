@@ -75,11 +75,14 @@ DEFAULT_DOT = "swap_fast_pf_w16_magic"
 DEFAULT_WORDS = True
 # The decode-once path reads the super-block formats (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS) a
 # super-block at a time as int32 words (strata.kernels.decode.superblocks), a program's tile
-# `superblock_tile` = (rows, super-blocks): 64 rows x 1 super-block is 16K weights, as many as
-# the Q8_0 word path's 64 x 64 program moves in bytes out x 4. benchmarks/dequant_bench.py
-# --mode experts times both paths and several tiles in one run (issue 15).
+# `superblock_tile` = (rows, super-blocks). 32 rows x 2 super-blocks (16K weights, the bytes out
+# of the Q8_0 word path's 64 x 64 program x 4): compiled for sm_90 (4 warps), the word-aligned
+# formats' runs then store straight from the registers they were decoded in, where 64 rows
+# put a shared-memory layout change before every run's store (tests/kernels/compile_moe.py
+# prints each variant's shared memory). Not yet timed on the H200: benchmarks/dequant_bench.py
+# --mode experts times both paths at several tiles in one run (issue 15).
 DEFAULT_SUPERBLOCKS = True
-DEFAULT_SUPERBLOCK_TILE = (64, 1)
+DEFAULT_SUPERBLOCK_TILE = (32, 2)
 
 # Schedule constants of the heuristic (see the module docstring for each one's reason).
 BLOCK_M_MIN = 16        # tl.dot's smallest M

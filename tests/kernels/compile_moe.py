@@ -134,7 +134,7 @@ def main(argv=None) -> int:
                     continue   # never word-aligned (superblock_words_fit)
                 variants += [(f"superblocks aligned={aligned} tile={t}",
                               dict(BN=t[0], BK=256 * t[1], SUPER=True, ALIGNED=aligned))
-                             for t in ((rows, nsb), (32, 2))]
+                             for t in dict.fromkeys(((rows, nsb), (64, 1)))]
         for what, const in variants:
             try:
                 md = compile_one(dq._dequant_fwd_kernel, dict(sig),
