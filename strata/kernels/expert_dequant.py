@@ -63,7 +63,12 @@ def decode_launch(mat) -> dict:
 def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: torch.Tensor,
                        dst_off: int) -> None:
     """Matrix `mat` (a MatrixSlot of the layout) of every expert e with dst_slot[e] >= 0, as bf16
-    rows at byte dst_slot[e] + dst_off of the uint8 buffer `dst`. One launch (decode_launch)."""
+    rows at byte dst_slot[e] + dst_off of the uint8 buffer `dst`. One launch (decode_launch).
+
+    The word paths take what strata.blob guarantees as given, unchecked (a check would need a
+    sync): blob slots (experts.slot_offset) are multiples of 256 bytes, and dst_slot[e] and
+    dst_off multiples of 16 (bf16 blobs are 256-aligned; dequant_experts' [R, C] steps are
+    too, C being a multiple of 64 there)."""
     lc = decode_launch(mat)
     grid = (experts.n_expert, triton.cdiv(mat.rows, lc["BN"]), triton.cdiv(mat.cols, lc["BK"]))
     _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, dst_slot, mat.offset,

@@ -1,10 +1,12 @@
-"""The 256-weight super-block formats (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS) read as int32 words,
-a super-block's header once and its codes one 32-weight run at a time.
+"""The 256-weight super-block formats (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS) read as int32 words:
+a super-block's header and code words in one round of loads, then decoded one 32-weight run at
+a time (the decode-once path's, strata.kernels._expert_dequant_kernel).
 
 decode_tile addresses every weight on its own: a byte gather per weight and the packed 6-bit
 scales unpacked per weight (decode_tile_runs: per run, then broadcast). Here a program reads
 whole super-blocks: the header words (fp16 d / dmin, the scale bytes) once per row, each run's
-scale once per row, and each run's code bytes as 8 int32 words a row. Byte b of code word j
+scale unpacked once per row (static shifts: RUN is a constexpr), and each run's code bytes as 8
+int32 words a row. Byte b of code word j
 holds weight 4 j + b of the run (every one of these layouts puts consecutive weights of a run in
 consecutive bytes), so the run comes out of 4 byte planes interleaved (`_interleave4`), in
 weight order, ready for one contiguous store of 32 values a row.
