@@ -66,9 +66,10 @@ def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, 
                      window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [H, T, hd] at positions P.., k_all, v_all [Hkv, P+T, hd] -> o [H, T, hd] in q's dtype
     (positions counted from k_all's first key: a sliding layer's cache passes only its kept
-    tail as the P), with the sliding window and the sink logits: what SDPA cannot express (sinks). bf16 on CUDA
-    runs strata's chunk_attention over the cache in place (flash-style, no [H, T, S] scores);
-    otherwise an explicit mask and sink column in the model's own dtype (the fp32 reference)."""
+    tail as the P), with the sliding window and the sink logits: what SDPA cannot express
+    (sinks). bf16 on CUDA runs strata's chunk_attention over the cache in place (flash-style,
+    no [H, T, S] scores); otherwise an explicit mask and sink column in the model's own dtype
+    (the fp32 reference)."""
     H, T, hd = q.shape
     if q.is_cuda and q.dtype == torch.bfloat16:
         from strata.kernels.attention import KVSegment, chunk_attention
