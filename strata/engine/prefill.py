@@ -185,7 +185,8 @@ class PrefillEngine:
         # The host blobs load on a thread while the caches are allocated and the dense weights
         # go up (the copy threads and the upload overlap); the caches fill once they are in.
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
-                                        progress=cfg.progress, background=True)
+                                        progress=cfg.progress, background=True,
+                                        spans=getattr(pack, "expert_span", None))
         try:
             caches = []
             for p, dev in zip(parts, devices):
@@ -521,8 +522,12 @@ class _PhaseClock:
         self.t = time.perf_counter()
 
     def lap(self, name: str) -> None:
+        t = time.perf_counter()
         for d in self.cuda:
             torch.cuda.synchronize(d)
+        # the waits apart too: a sync can stall behind another thread's driver calls (the
+        # pinning thread's page-locking), which is not this phase's own work
+        self.timings["sync_s"] = self.timings.get("sync_s", 0.0) + time.perf_counter() - t
         t = time.perf_counter()
         self.timings[name] = self.timings.get(name, 0.0) + t - self.t
         self.t = t
