@@ -66,6 +66,8 @@ for step in "$@"; do
              timeout 200 python3 -m strata.cli bench /dev/shm/b8.pack -p 8192,32768 -r 3 --vram 6GiB --trace "$OUT/bench_trace.json" 2>&1 | grep -v "it/s\]" | tail -8 | tee "$OUT/bench_cmd.md"; rm -f /dev/shm/b8.pack ;;
     # issue 19: GPT-OSS / Mixtral kernels' GPU twins (bias + clamped-SwiGLU epilogue, window + sinks)
     archtests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_epilogue.py tests/kernels/test_chunk_attention_window.py tests/models/test_parity_archs.py 2>&1 | tail -12 > "$OUT/gpu_arch_tests.log"; tail -5 "$OUT/gpu_arch_tests.log" ;;
+    # issue 19 item 1: sliding layers keep only their window's KV (a ring of W - 1 in VRAM)
+    swatests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_kv_window.py tests/engine/test_kv_window.py 2>&1 | tail -12 > "$OUT/gpu_swa_tests.log"; tail -5 "$OUT/gpu_swa_tests.log" ;;
     # issue 19 item 4: gpt-oss-120b MXFP4 streamed under 24 GiB at 8K/32K vs PCIe, gpt-oss-20b resident
     arch)    timeout 470 python3 experiments/arch_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/arch_ab.log" ;;
     # issue 20: the DeepSeek / GLM-4.5 family's GPU tests, MLA expanded vs absorbed, and a
