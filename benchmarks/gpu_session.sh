@@ -32,6 +32,10 @@ for step in "$@"; do
     formatspcie) timeout 400 python3 experiments/formats_ab.py --prompts 2048,4096,8192 --no-gemm --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[" | tail -20 | tee "$OUT/formats_pcie.log" ;;
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
+    # issues 15/18: the decode-once path of the K-quants/IQ4_XS, byte path vs super-block words at
+    # several tiles (Q8_0 bytes/words beside), input and output GB/s against the copy; then its GPU tests
+    kdecode) timeout 230 python3 benchmarks/dequant_bench.py --mode experts --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -45 | tee "$OUT/dequant_experts.log" ;;
+    kdecodetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_superblocks.py tests/kernels/test_expert_dequant.py tests/kernels/test_moe_decoded.py 2>&1 | tail -20 > "$OUT/gpu_kdecode_tests.log"; tail -5 "$OUT/gpu_kdecode_tests.log" ;;
     slab)    timeout 180 python3 experiments/slab_ab.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/slab.log" ;;
     reltests) timeout 220 python3 -m pytest -rfE -p no:cacheprovider tests/packs/test_cli.py tests/test_bad_inputs.py tests/test_fuzz_headers.py 2>&1 | tail -20 > "$OUT/gpu_rel_tests.log"; tail -5 "$OUT/gpu_rel_tests.log"
              timeout 200 python3 -m strata.cli synth --preset qwen3-30b-a3b --layers 8 --pack -o /tmp/v8.pack 2>&1 | tail -1
@@ -65,6 +69,8 @@ for step in "$@"; do
              timeout 200 python3 -m strata.cli bench /dev/shm/b8.pack -p 8192,32768 -r 3 --vram 6GiB --trace "$OUT/bench_trace.json" 2>&1 | grep -v "it/s\]" | tail -8 | tee "$OUT/bench_cmd.md"; rm -f /dev/shm/b8.pack ;;
     # issue 19: GPT-OSS / Mixtral kernels' GPU twins (bias + clamped-SwiGLU epilogue, window + sinks)
     archtests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_epilogue.py tests/kernels/test_chunk_attention_window.py tests/models/test_parity_archs.py 2>&1 | tail -12 > "$OUT/gpu_arch_tests.log"; tail -5 "$OUT/gpu_arch_tests.log" ;;
+    # issue 19 item 1: sliding layers keep only their window's KV (a ring of W - 1 in VRAM)
+    swatests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_kv_window.py tests/engine/test_kv_window.py 2>&1 | tail -12 > "$OUT/gpu_swa_tests.log"; tail -5 "$OUT/gpu_swa_tests.log" ;;
     # issue 19 item 4: gpt-oss-120b MXFP4 streamed under 24 GiB at 8K/32K vs PCIe, gpt-oss-20b resident
     arch)    timeout 470 python3 experiments/arch_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/arch_ab.log" ;;
     # issue 20: the DeepSeek / GLM-4.5 family's GPU tests, MLA expanded vs absorbed, and a

@@ -50,7 +50,7 @@ from strata.memory.carve import Carve
 from strata.memory.layout import PromptBuffers
 from strata.memory.rig import RESERVE, participants
 from strata.memory.scan import ParticipantPlan
-from strata.models.kv import PromptKV
+from strata.models.kv import PromptKV, kv_windows
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.moe import expert_ffn
 from strata.planning import KVPolicy, layout_spec, model_sizes, scratch_reserve
@@ -179,7 +179,7 @@ class PrefillEngine:
         check_machine(budgets, devices, host_blobs=sum(self.blob_sizes) * self.shape.n_expert,
                       pin=cfg.pin and host is None,
                       dense_host=sum(b.dense for b in budgets) * self.dtype.itemsize // 2,
-                      host_kv=self.shape.n_layer * self.sizes.kv_host(cfg.max_prompt),
+                      host_kv=self.sizes.kv_host_all(cfg.max_prompt),
                       kv_tokens=cfg.max_prompt)
         clock.cuda = [d for d in devices if d.type == "cuda"]
         clock.lap("plan_s")
@@ -278,7 +278,7 @@ class PrefillEngine:
         dry = torch.randint(0, self.shape.vocab, (n,), generator=g, dtype=torch.int64)
         layers = (list(range(self.shape.n_layer)) if full else
                   warm_layers([p.layers for p in self.parts], self.layouts))
-        probe = ProbePlan(n_tokens, C, self.kv.host_tokens(n_tokens))
+        probe = ProbePlan(n_tokens, C, self.cfg.kv_resident)
         made: list[WarmKV] = []
         saved = self.observers, self.model, self.parts
         real_prompt_kv = self.prompt_kv
@@ -448,13 +448,15 @@ class PrefillEngine:
         if s.mla:   # PromptKV holds per-head keys and values; MLA caches one latent a token
             raise StrataError(f"--kv-resident is not implemented for MLA ({s.arch}); its KV "
                               f"(the bf16 latent + rope key) stays resident: drop --kv-resident")
-        host_kv = s.n_layer * self.sizes.kv_host(n_tokens)
-        check_kv_host(host_kv, sum(len(p.layers) for p in self.parts) * self.sizes.kv_bytes(
-            n_tokens), sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
+        host_kv = self.sizes.kv_host_all(n_tokens)
+        check_kv_host(host_kv, self.sizes.kv_vram(n_tokens, [l for p in self.parts
+                                                             for l in p.layers]),
+                      sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
         lanes = {l: part.lane for part in self.parts for l in part.layers}
         return make(s.n_layer, s.n_kv_head, s.head_dim, n_tokens, kv=self.cfg.kv,
                         resident=self.cfg.kv_resident, devices=self.model.layer_devices,
-                        stages=stages, lanes=lanes, pin=self.pinned and self.device.type == "cuda")
+                        stages=stages, lanes=lanes, pin=self.pinned and self.device.type == "cuda",
+                        windows=kv_windows(s))
 
     def _sync(self) -> None:
         for part in self.parts:

@@ -28,14 +28,14 @@ for the real prompt's host count; resident part), this chunk's own q, k, v, the 
 window and sinks — through `chunk_attention` under `probe_launches()`: every launch the real
 chunk makes, with its arguments, running one program each (compile and load, not compute).
 
-    kv = WarmKV(..., probe=ProbePlan(n_tokens, chunk, host), stage_bufs=stages)
+    kv = WarmKV(..., probe=ProbePlan(n_tokens, chunk, resident), stage_bufs=stages)
 """
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from strata.models.kv import PromptKV
+from strata.models.kv import PromptKV, layer_kv_tokens
 
 WARM_PER_LAYOUT = 2
 
@@ -82,19 +82,28 @@ class LayerSubset:
 
 @dataclass(frozen=True)
 class ProbePlan:
-    """The real prompt a warm-up stands for: n_tokens read in chunks of `chunk`, its KV's
-    oldest `host` tokens (KVPolicy.host_tokens) in host memory, the rest resident."""
+    """The real prompt a warm-up stands for: n_tokens read in chunks of `chunk`, its KV kept as
+    `resident` says (the engine's --kv-resident; None: all), per layer by layer_kv_tokens."""
     n_tokens: int
     chunk: int
-    host: int
+    resident: int | None
+
+    def starts(self, T: int) -> list[int]:
+        """Positions of the real prompt's chunks of T tokens."""
+        return [P for P in range(0, self.n_tokens, self.chunk)
+                if min(self.chunk, self.n_tokens - P) == T]
+
+    def kept(self, window: int = 0) -> tuple[int, int]:
+        """(VRAM, host) tokens a layer of this window keeps for the real prompt."""
+        return layer_kv_tokens(self.n_tokens, window, self.resident)
 
     def prefixes(self, T: int) -> Iterator[tuple[int, int]]:
-        """(host-staged, resident) prefix tokens of every chunk of T tokens, in prompt order:
-        a chunk at P sees the host part 0..min(P, host) and the resident part after it (the
-        split PromptKV.attend makes)."""
-        for P in range(0, self.n_tokens, self.chunk):
-            if min(self.chunk, self.n_tokens - P) == T:
-                yield min(P, self.host), max(0, P - self.host)
+        """A full layer's (host-staged, resident) prefix tokens of every chunk of T tokens, in
+        prompt order: a chunk at P sees the host part 0..min(P, host) and the resident part
+        after it (the split PromptKV.attend makes)."""
+        host = self.kept()[1]
+        for P in self.starts(T):
+            yield min(P, host), P - min(P, host)
 
 
 class WarmKV(PromptKV):
@@ -116,6 +125,22 @@ class WarmKV(PromptKV):
             self._probe(layer, q, k, v, extra)
         return super().attend(layer, q, k, v, **extra)
 
+    def _prefixes(self, layer: int, T: int, device) -> list[list]:
+        """The real prompt's prefix segments for its chunks of T tokens at this layer: a full
+        layer's staged host part (over the same stage, laid out for the real host count) and
+        resident part; a sliding layer's ring (PromptKV._ring: the dry prompt's ring, the real
+        one's size when the dry prompt fills it; else none are probed)."""
+        W = self.windows[layer]
+        ring, held = self.probe.kept(W)
+        if W:
+            return ([self._ring(layer, P) for P in self.probe.starts(T)]
+                    if self.kept[layer] == ring else [])
+        split = list(self.probe.prefixes(T))
+        host = self._view(self.stage_bufs[layer], held) if held else None
+        res = self._resident(layer, device, max((r for _, r in split), default=0))
+        return [([self._segment(host, h)] if h else []) + ([self._segment(res, r)] if r else [])
+                for h, r in split]
+
     def _probe(self, layer, q, k, v, extra) -> None:
         from strata.kernels.attention import chunk_attention, probe_launches
         scratch = self.scratch.get(layer)
@@ -123,22 +148,16 @@ class WarmKV(PromptKV):
         sinks = extra.get("sinks")
         # what a launch depends on besides the prefix: layers alike in all of it probe once
         key = (q.shape[0], str(q.device), q.stride(), k.stride(), v.stride(),
-               extra.get("window", 0), None if sinks is None else sinks.dtype,
+               self.windows[layer], extra.get("window", 0),
+               None if sinks is None else sinks.dtype,
                None if scratch is None else scratch.k.data_ptr(),
                None if stage is None else stage.data_ptr())
         if key in self._seen:
             return
         self._seen.add(key)
-        host = self._view(stage, self.probe.host) if self.probe.host else None
-        prefixes = list(self.probe.prefixes(q.shape[0]))
-        res = self._resident(layer, q.device, max((r for _, r in prefixes), default=0))
+        prefixes = self._prefixes(layer, q.shape[0], q.device)
         with probe_launches():
-            for n_host, n_res in prefixes:
-                prefix = []
-                if n_host:
-                    prefix.append(self._segment(host, n_host))
-                if n_res:
-                    prefix.append(self._segment(res, n_res))
+            for prefix in prefixes:
                 chunk_attention(q, k, v, prefix, scratch=scratch, **extra)
                 self.probes += 1
 
@@ -147,7 +166,7 @@ class WarmKV(PromptKV):
         (what it reads is never a result), or, where its window is shorter than the real
         prompt's, one layer's worth kept for the warm-up (inside the KV the plan reserves for
         the longest prompt, which the dry prompt leaves mostly unused)."""
-        if self.res >= n:
+        if self.kept[layer] >= n:
             return self.resident[layer]
         have = self._long.get(str(device))
         if have is None or have[0].shape[0] < n:

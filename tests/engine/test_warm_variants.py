@@ -151,11 +151,12 @@ def test_the_warmup_launches_what_the_expert_ffn_does(pack, ffn, kernel):
 
 
 def test_probe_plan_gives_each_chunk_its_prefix():
-    p = ProbePlan(n_tokens=60, chunk=8, host=52)
+    p = ProbePlan(n_tokens=60, chunk=8, resident=8)       # 52 host-held, 8 resident
     assert list(p.prefixes(8)) == [(0, 0), (8, 0), (16, 0), (24, 0), (32, 0), (40, 0), (48, 0)]
     assert list(p.prefixes(4)) == [(52, 4)]
-    assert list(ProbePlan(16, 8, 0).prefixes(8)) == [(0, 0), (0, 8)]
-    assert list(ProbePlan(16, 8, 0).prefixes(3)) == []
+    assert p.kept() == (8, 52) and p.kept(window=5) == (4, 0) and p.starts(4) == [56]
+    assert list(ProbePlan(16, 8, None).prefixes(8)) == [(0, 0), (0, 8)]
+    assert list(ProbePlan(16, 8, None).prefixes(3)) == []
 
 
 @pytest.mark.gpu
