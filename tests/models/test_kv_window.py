@@ -183,9 +183,10 @@ def test_ring_attention_equals_masked_full_kv(W, chunks, kv, resident, fp32):
 
 
 @pytest.fixture
-def kernel_on_cpu(monkeypatch):
-    """PromptKV picks the torch reference on the CPU; point it at the kernel (interpreter)."""
-    monkeypatch.setattr(attention, "chunk_attention_torch", chunk_attention)
+def kernel_on_cpu():
+    """PromptKV picks the torch reference on the CPU; pin it to the kernel (interpreter)."""
+    with attention.pin_attention("triton"):
+        yield
 
 
 def kernel_bound(q, k, v, pre, ref, extra):
