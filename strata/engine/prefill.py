@@ -51,6 +51,7 @@ from strata.memory.rig import RESERVE, participants
 from strata.memory.scan import ParticipantPlan
 from strata.models.kv import PromptKV
 from strata.models.load import load_model, open_pack, resolve_device
+from strata.models.mla_scratch import MLAScratch
 from strata.models.moe import expert_ffn
 from strata.planning import KVPolicy, layout_spec, model_sizes, scratch_reserve
 from strata.units import fmt_bytes
@@ -317,9 +318,10 @@ class PrefillEngine:
         out = None
         loans: list[Loan] = []
         memory: list[Borrowed] = []
-        kv = None
+        kv = cache = None
         stages: dict[int, torch.Tensor] = {}
         kv_scratch: dict[int, object] = {}    # layer -> AttnScratch of its participant's carve
+        mla_scratch: dict[int, object] = {}   # layer -> MLAScratch of its participant's carve
         try:
             providers = []
             for part, pp in zip(self.parts, plan.participants):
@@ -337,6 +339,8 @@ class PrefillEngine:
                     stages.update({l: bufs["kv_stage"] for l in part.layers})
                 if "kv_expand_k" in bufs.bufs:
                     kv_scratch.update({l: attn_scratch(bufs, self.shape) for l in part.layers})
+                if "mla_k" in bufs.bufs:
+                    mla_scratch.update({l: MLAScratch.of_carve(bufs) for l in part.layers})
                 if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
                     part.scratch.publish(carve.tail())
                 providers.append(StreamingProvider(
@@ -352,10 +356,14 @@ class PrefillEngine:
             kv = self.prompt_kv(T, stages)
             if kv is not None:      # each layer's int8 expansion scratch, from its carve
                 kv.scratch = kv_scratch
+            cache = kv              # MLA: the model's cache, its attention in the carve
+            if kv is None and mla_scratch:
+                cache = self.model.new_cache(capacity=T)
+                cache.scratch = mla_scratch
             self._sync()
             t0 = time.perf_counter()
             try:
-                out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=kv,
+                out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=cache,
                                          progress=(lambda n: bar.update(n - bar.n)) if bar else None,
                                          observer=self.finite.begin(self.shape.n_layer))
                 self.finite.check()   # the prompt's one host read of the finite flags
@@ -384,7 +392,7 @@ class PrefillEngine:
             kv_streamed = kv.streamed if kv is not None else 0
             if kv is not None:
                 kv.release()      # the resident and the pinned host KV go with the prompt
-            del kv, stages, kv_scratch
+            del kv, cache, stages, kv_scratch, mla_scratch
         result = PrefillResult(out, plan, chunk, ring, stats, memory, kv_streamed)
         for o in self.observers:
             o.on_result(result)
@@ -433,7 +441,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
     kv = kv_policy(cfg)
     shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
     sizes = model_sizes(shape, kv=kv)
-    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv), cfg.batch)
+    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape), cfg.batch)
     fused = use_fused(native, cfg.fused)
     kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
               split=cfg.layer_split)

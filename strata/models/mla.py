@@ -40,8 +40,8 @@ import torch
 
 from strata.errors import StrataError
 from strata.models.layers import apply_rope_pairs, rms_norm
+from strata.models.mla_scratch import MLA_BLOCK, MLAScratch
 
-KEY_BLOCK = 4096   # keys decompressed at a time by the expanded form
 
 
 @dataclass
@@ -61,11 +61,15 @@ class MLAWeights:
 
 class MLACache:
     """Per layer the normed latent c [P, Lkv] and the rotated rope key k_pe [P, R] of the tokens
-    read so far (the model's dtype; `capacity` preallocates, else it grows). `length` is P."""
+    read so far (the model's dtype; `capacity` preallocates, else it grows). `length` is P.
+    `scratch`: layer -> MLAScratch the attention works in on CUDA (the engine's carve of the
+    plan's mla_k / mla_v / mla_state; a layer without one makes its own of that size)."""
 
     def __init__(self, n_layer: int, kv_lora: int, rope: int, *, capacity: int | None = None,
-                 dtype: torch.dtype = torch.float32, device="cpu"):
+                 dtype: torch.dtype = torch.float32, device="cpu",
+                 scratch: dict[int, MLAScratch] | None = None):
         self.capacity, self.length = capacity, 0
+        self.scratch = scratch or {}
         devs = list(device) if isinstance(device, (list, tuple)) else [device] * n_layer
         n = capacity or 0
         self.c = [torch.zeros(n, kv_lora, dtype=dtype, device=d) for d in devs]
@@ -96,42 +100,112 @@ def _split_kvb(wkvb: torch.Tensor, n_head: int, nope: int, v_dim: int):
 
 def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tensor,
                         k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
-                        scale: float, block: int = KEY_BLOCK, sdpa: bool | None = None
+                        scale: float, block: int = MLA_BLOCK, sdpa: bool | None = None,
+                        scratch: MLAScratch | None = None, out: torch.Tensor | None = None
                         ) -> torch.Tensor:
     """Expanded form. q_nope [H, T, N], q_pe [H, T, R] (rotated) of the chunk's T tokens, the
     last T of the S keys c [S, Lkv], k_pe [S, R] (rotated); wkvb [H*(N+Hv), Lkv] -> o [T, H, Hv]
-    in q's dtype. Query t (position S-T+t) sees keys 0..S-T+t.
+    in q's dtype (written into `out` when given). Query t (position S-T+t) sees keys 0..S-T+t.
 
-    sdpa=False (the default off CUDA): blocks of `block` queries x `block` keys, scores and sums
-    in fp32, blocks merged by log-sum-exp (a transient of one block's expanded keys and scores).
-    sdpa=True (the default on CUDA): all S keys decompressed in q's dtype, then torch's fused
-    scaled_dot_product_attention (bottom-right causal mask): S·H·(hd + Hv) elements of
-    transient K/V (DeepSeek-V3 at S = 32K: 2.7 GB bf16), outside the planned carve."""
+    sdpa=True (the default on CUDA): query blocks of `block` tokens; each decompresses the keys
+    it sees `block` at a time into `scratch` (strata.models.mla_scratch: the plan's mla_k /
+    mla_v / mla_state carve; a launch given none makes one of that size) in q's dtype, attends
+    each key block with one fused launch (`attend_block`: torch's memory-efficient kernel, the
+    one SDPA picks for these head widths; `attend_block_ref` off CUDA) and merges the blocks by
+    their log-sum-exp in fp32 (`merge_block`).
+    sdpa=False (the default off CUDA, the reference): the same blocking in fp32 plain torch,
+    a transient of one block's expanded keys and scores."""
     H, T, N = q_nope.shape
     sdpa = q_nope.is_cuda if sdpa is None else sdpa
     if sdpa:
-        return _expanded_sdpa(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale)
-    return torch.cat([_expanded_blocks(q_nope[:, a:a + block], q_pe[:, a:a + block],
-                                       c[:c.shape[0] - T + a + q_nope[:, a:a + block].shape[1]],
-                                       k_pe, wkvb, v_head_dim, scale, block)
-                      for a in range(0, T, block)])
+        return _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block,
+                                 scratch, out)
+    o = torch.cat([_expanded_blocks(q_nope[:, a:a + block], q_pe[:, a:a + block],
+                                    c[:c.shape[0] - T + a + q_nope[:, a:a + block].shape[1]],
+                                    k_pe, wkvb, v_head_dim, scale, block)
+                   for a in range(0, T, block)])
+    return o if out is None else out.copy_(o)
 
 
-def _expanded_sdpa(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale):
-    import torch.nn.functional as F
-    from torch.nn.attention.bias import causal_lower_right
+def key_blocks(kv_end: int, n: int, block: int) -> list[tuple[int, int, bool]]:
+    """The key blocks a query block of n tokens whose last query sees keys 0..kv_end-1 attends:
+    (start, end, masked), ending with the one of min(block, kv_end) keys that ends at kv_end,
+    masked bottom-right (its query i sees its first i + size - n + 1 keys); the ones before it
+    are seen whole. Needs n <= min(block, kv_end)."""
+    lo = max(0, kv_end - block)
+    return [(a, min(a + block, lo), False) for a in range(0, lo, block)] + [(lo, kv_end, True)]
+
+
+def attend_block_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [H, n, hd], k [H, m, hd], v [H, m, Hv] -> (o [H, n, Hv] in q's dtype, lse fp32
+    [H, n]), scores and sums in fp32; masked: query i sees keys 0..i + m - n (bottom-right)."""
+    n, m = q.shape[1], k.shape[1]
+    s = (q.float() @ k.float().transpose(1, 2)) * scale                      # [H, n, m]
+    if masked:
+        hide = torch.arange(m, device=q.device)[None, :] > \
+            torch.arange(n, device=q.device)[:, None] + (m - n)
+        s = s.masked_fill(hide, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype), lse
+
+
+_NO_MASK, _BOTTOM_RIGHT = 0, 2   # the memory-efficient kernel's custom_mask_type values
+
+
+def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """attend_block_ref's signature on CUDA: torch's memory-efficient attention kernel (what
+    scaled_dot_product_attention runs for q/k heads of 192 and values of 128, flash needing
+    equal widths), asked for its log-sum-exp (natural log of the scaled scores, rows padded).
+    Head widths not multiples of 8 or other dtypes go to attend_block_ref."""
+    n, hd, Hv = q.shape[1], q.shape[-1], v.shape[-1]
+    if not q.is_cuda or hd % 8 or Hv % 8 or q.dtype not in (torch.bfloat16, torch.float16):
+        return attend_block_ref(q, k, v, masked, scale)
+    o, lse = torch.ops.aten._efficient_attention_forward(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, None,
+        None, None, None, 0.0, _BOTTOM_RIGHT if masked else _NO_MASK, True, scale=scale)[:2]
+    return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, Hv], [H, n]
+
+
+def merge_block(acc: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_b: torch.Tensor,
+                first: bool) -> None:
+    """Fold one key block's (o [H, n, Hv], lse_b [H, n]) into the fp32 state in place:
+    acc <- (acc e^lse + o e^lse_b) / e^new, lse <- new = log(e^lse + e^lse_b)."""
+    if first:
+        acc.copy_(o)
+        lse.copy_(lse_b)
+        return
+    new = torch.logaddexp(lse, lse_b)
+    acc.mul_((lse - new).exp_().unsqueeze(-1))
+    acc.addcmul_(o, (lse_b - new).exp_().unsqueeze(-1))
+    lse.copy_(new)
+
+
+def _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block, scratch, out):
     H, T, N = q_nope.shape
-    S = c.shape[0]
-    w_uk, w_uv = _split_kvb(wkvb.to(q_nope.dtype), H, N, v_head_dim)
-    cd = c.to(q_nope.dtype)
-    k = torch.cat([torch.einsum("sl,hnl->hsn", cd, w_uk),
-                   k_pe.to(q_nope.dtype)[None].expand(H, S, -1)], dim=-1)     # [H, S, hd]
-    v = torch.einsum("sl,hvl->hsv", cd, w_uv)                                  # [H, S, Hv]
-    q = torch.cat([q_nope, q_pe.to(q_nope.dtype)], dim=-1)                     # [H, T, hd]
-    mask = None if S == T else causal_lower_right(T, S)
-    o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
-                                       is_causal=S == T, scale=scale)[0]       # [H, T, Hv]
-    return o.transpose(0, 1)
+    S, R, Hv, dt = c.shape[0], q_pe.shape[-1], v_head_dim, q_nope.dtype
+    hd, P = N + R, S - T
+    if scratch is None:
+        scratch = MLAScratch.of(H, hd, Hv, T, S, q_nope.device, dtype=dt, block=block)
+    scratch.check(H, hd, Hv, T, S, dt, block)
+    w_uk, w_uv = _split_kvb(wkvb.to(dt), H, N, Hv)
+    w_uk, w_uv = w_uk.transpose(1, 2), w_uv.transpose(1, 2)                  # [H, Lkv, N|Hv]
+    cd, kp = c.to(dt), k_pe.to(dt)
+    q = torch.cat([q_nope, q_pe.to(dt)], dim=-1)                             # [H, T, hd]
+    o = out if out is not None else torch.empty(T, H, Hv, dtype=dt, device=q.device)
+    for t0 in range(0, T, block):
+        n = min(block, T - t0)
+        acc, lse = scratch.carried(n, H, Hv)
+        for i, (a, b, masked) in enumerate(key_blocks(P + t0 + n, n, block)):
+            k, v = scratch.kv(b - a, H, hd, Hv)
+            cb = cd[a:b].expand(H, b - a, cd.shape[1])                       # no copy
+            torch.bmm(cb, w_uk, out=k[..., :N])                              # c Wuk^T
+            k[..., N:].copy_(kp[a:b].expand(H, b - a, R))                    # the shared k_pe
+            torch.bmm(cb, w_uv, out=v)                                       # c Wuv^T
+            merge_block(acc, lse, *attend_block(q[:, t0:t0 + n], k, v, masked, scale), i == 0)
+        o[t0:t0 + n].copy_(acc.transpose(0, 1))
+    return o
 
 
 def _expanded_blocks(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block):
@@ -164,10 +238,11 @@ def _expanded_blocks(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block):
 
 def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tensor,
                                  k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
-                                 scale: float, block: int = KEY_BLOCK, sdpa: bool | None = None
-                                 ) -> torch.Tensor:
-    """Absorbed form, fp64, all keys at once (the reference; `block`, `sdpa` accepted and
-    unused)."""
+                                 scale: float, block: int = MLA_BLOCK, sdpa: bool | None = None,
+                                 scratch: MLAScratch | None = None,
+                                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Absorbed form, fp64, all keys at once (the reference; `block`, `sdpa`, `scratch`
+    accepted and unused; `out` written when given)."""
     H, T, N = q_nope.shape
     S = c.shape[0]
     w_uk, w_uv = _split_kvb(wkvb.double(), H, N, v_head_dim)
@@ -177,7 +252,8 @@ def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: to
     causal = torch.arange(S)[None, :] > (S - T + torch.arange(T))[:, None]
     p = torch.softmax(sc.masked_fill(causal.to(c.device), float("-inf")), dim=-1)
     o_lat = p @ cd                                                           # [H, T, Lkv]
-    return torch.einsum("htl,hvl->thv", o_lat, w_uv).to(q_nope.dtype)        # [T, H, Hv]
+    o = torch.einsum("htl,hvl->thv", o_lat, w_uv).to(q_nope.dtype)           # [T, H, Hv]
+    return o if out is None else out.copy_(o)
 
 
 def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin: torch.Tensor,
@@ -197,5 +273,5 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     k_pe = apply_rope_pairs(kv[:, s.kv_lora:], cos, sin)                     # [T, R]
     c_all, kpe_all = cache.extend(layer, c, k_pe)
     o = mla_chunk_attention(q_nope, q_pe, c_all, kpe_all, w.wkvb, v_head_dim=s.v_head_dim,
-                            scale=s.head_dim ** -0.5)
+                            scale=s.head_dim ** -0.5, scratch=cache.scratch.get(layer))
     return o.reshape(T, H * s.v_head_dim) @ w.wo.t()
