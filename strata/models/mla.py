@@ -15,11 +15,22 @@ Lkv kv_lora (the latent).
 
 Two forms of the same attention, one signature (`mla_chunk_attention`):
 - expanded (what the model runs): decompress K_nope = c Wuk^T and V = c Wuv^T and attend with
-  the heads' full q: off CUDA a block of keys at a time, merging blocks by their log-sum-exp
-  (a transient of one block however long the prompt); on CUDA all keys at once through torch's
-  fused SDPA (a transient of S keys' expanded K/V, not carved from the loan);
+  the heads' full q, a query block of B = MLA_BLOCK tokens at a time; each decompresses the keys
+  it sees B at a time and merges the key blocks by their log-sum-exp in fp32. On CUDA the keys
+  land in the plan's scratch (strata.models.mla_scratch: mla_k / mla_v one block of K/V,
+  mla_state the query block's acc and lse; the engine carves it) and each block is one launch
+  of torch's memory-efficient attention kernel with its lse (`attend_block`; flash needs equal
+  q/k and v widths, 192 and 128 here); off CUDA, the reference, the same blocks in fp32 plain
+  torch. The transient beyond the scratch is one block's kernel output (+ its fp32 accumulator)
+  and the chunk's concatenated q, not the S keys' K/V (2.7 GB at S = 32K before).
 - absorbed (`mla_chunk_attention_absorbed`, the reference, in fp64): fold Wuk into the query
   (q_lat = q_nope Wuk, [T, H, Lkv]) and attend in the latent space, then Wuv on the output.
+
+The blocks' cost on CUDA: each query block re-decompresses the keys before it, ceil(T / B)
+passes of 2·S·Lkv·H·(N+Hv) (33.5M·S: 1.1 TFLOP at S = 32K, a cuBLAS GEMM) against the
+attention's 81,920·T·S (11 TFLOP at T = 4096), and each key block's merge reads and writes the
+fp32 state (2·B·H·Hv·4 B); the kernel and its tiles are those the all-at-once SDPA ran.
+benchmarks/mla_bench.py measures blocked against all-at-once.
 
 Why expanded for prefill, per layer per chunk at DeepSeek-V3's widths (H 128, N 128, R 64,
 Hv 128, Lkv 512), counting multiply-adds x2:
