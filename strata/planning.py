@@ -25,7 +25,7 @@ KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV 
 KX rows of int8 KV expanded to bf16 per attention launch and QS fp32 values of carried softmax
 state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats); MR keys and
 MQ queries of MLA's blocked attention, MKD = H*hd and MVD = H*Hv values a key, MS fp32 values of
-state a query (strata.models.mla_scratch: mla_scratch_rows, mla_state_floats; S is the longest
+state a query, MLC = Lkv + R values of an int8 latent block dequantized (strata.models.mla_scratch: mla_scratch_rows, mla_state_floats; S is the longest
 prompt, or T without a KV policy).
 
 To add a buffer, add a `Buf` to ACTIVATIONS (or pass a LayoutSpec of your own, with any new
@@ -109,6 +109,8 @@ MLA_SCRATCH_BUFS = (
     Buf("mla_v", bf16, ("MR", "MVD"), "that block's values (c Wuv^T)"),
     Buf("mla_state", f32, ("MQ", "MS"), "a query block's merged output and log-sum-exp"),
 )
+# MLA with int8 KV: a key block's latent and rope key dequantized before the decompression.
+MLA_LATENT_BUF = Buf("mla_c", bf16, ("MR", "MLC"), "a block of int8 MLA latents, dequantized")
 
 
 @dataclass(frozen=True)
@@ -148,10 +150,12 @@ def layout_spec(ffn: str = "kernel", kv: KVPolicy | None = None,
     says (a staging buffer when some of it lives in host memory), with MLA's attention scratch
     when `shape` is MLA."""
     spec = ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if ffn in DECODING_FFNS else ACTIVATIONS
-    if shape is not None and shape.mla:
-        for b in MLA_SCRATCH_BUFS:
+    mla = shape is not None and shape.mla
+    if mla:   # MLA's own int8 path dequantizes a key block into mla_c (no per-head expansion)
+        for b in MLA_SCRATCH_BUFS + ((MLA_LATENT_BUF,) if kv is not None and
+                                     kv.dtype == "int8" else ()):
             spec = spec.with_buffer(b, "attention")
-    if kv is not None and kv.expands:
+    if kv is not None and kv.expands and not mla:
         for b in KV_EXPAND_BUFS:
             spec = spec.with_buffer(b, "attention")
         if needs_state(kv.max_prompt):
@@ -179,7 +183,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             "KX": expand_rows(kv.max_prompt) if kv is not None else 0,
             "QS": state_floats(shape.n_head, shape.head_dim),
             "MR": mr, "MQ": mq, "MKD": shape.n_head * shape.head_dim,
-            "MVD": shape.n_head * shape.v_head_dim,
+            "MVD": shape.n_head * shape.v_head_dim, "MLC": shape.kv_lora + shape.qk_rope,
             "MS": mla_state_floats(shape.n_head, shape.v_head_dim)}
 
 
@@ -246,5 +250,5 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
 
 
 __all__ = ["ACTIVATIONS", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXPAND_BUFS",
-           "KV_STAGE_BUF", "KVPolicy", "MLA_SCRATCH_BUFS", "dims_for", "layer_dense_bytes",
+           "KV_STAGE_BUF", "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for", "layer_dense_bytes",
            "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]

@@ -357,8 +357,8 @@ class PrefillEngine:
             if kv is not None:      # each layer's int8 expansion scratch, from its carve
                 kv.scratch = kv_scratch
             cache = kv              # MLA: the model's cache, its attention in the carve
-            if kv is None and mla_scratch:
-                cache = self.model.new_cache(capacity=T)
+            if kv is None and self.shape.mla:
+                cache = self.model.new_cache(capacity=T, kv=self.cfg.kv)
                 cache.scratch = mla_scratch
             self._sync()
             t0 = time.perf_counter()
@@ -402,7 +402,11 @@ class PrefillEngine:
         """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever
         --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the
         model's KVCache and its attention (the path every engine test and device run so far
-        measured), until PromptKV's own device run says it may be the default."""
+        measured), until PromptKV's own device run says it may be the default. MLA keeps its
+        own cache (bf16 or int8: strata.models.mla); only --kv-resident asks for PromptKV there
+        (refused: prompt_kv)."""
+        if self.shape.mla:
+            return self.cfg.kv_resident is not None
         return self.cfg.kv != "bf16" or self.cfg.kv_resident is not None
 
     def prompt_kv(self, n_tokens: int, stages: dict[int, torch.Tensor]) -> PromptKV | None:
@@ -413,7 +417,7 @@ class PrefillEngine:
         s = self.shape
         if s.mla:   # PromptKV holds per-head keys and values; MLA caches one latent a token
             raise StrataError(f"--kv-resident is not implemented for MLA ({s.arch}); its KV "
-                              f"(the bf16 latent + rope key) stays resident: drop --kv-resident")
+                              f"(the latent + rope key) stays resident: drop --kv-resident")
         host_kv = s.n_layer * self.sizes.kv_host(n_tokens)
         check_kv_host(host_kv, sum(len(p.layers) for p in self.parts) * self.sizes.kv_bytes(
             n_tokens), sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)

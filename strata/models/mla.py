@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.attention.kv_int8 import KV_DTYPES, quantize_kv
 from strata.models.layers import apply_rope_pairs, rms_norm
 from strata.models.mla_scratch import MLA_BLOCK, MLAScratch
 
@@ -72,36 +73,62 @@ class MLAWeights:
 
 class MLACache:
     """Per layer the normed latent c [P, Lkv] and the rotated rope key k_pe [P, R] of the tokens
-    read so far (the model's dtype; `capacity` preallocates, else it grows). `length` is P.
+    read so far (`capacity` preallocates, else it grows). `length` is P. kv="bf16" keeps them in
+    the model's dtype; kv="int8" keeps int8 codes with one fp32 scale per token for each of the
+    two (strata.kernels.attention.kv_int8's format with the latent and the rope key one "head"
+    each: a token's scales are its own, written once when its chunk joins the cache; the rope
+    key gets its own scale because it is not normed and its range is not the latent's).
     `scratch`: layer -> MLAScratch the attention works in on CUDA (the engine's carve of the
-    plan's mla_k / mla_v / mla_state; a layer without one makes its own of that size)."""
+    plan's mla_k / mla_v / mla_state (/ mla_c); a layer without one makes its own of that size)."""
 
     def __init__(self, n_layer: int, kv_lora: int, rope: int, *, capacity: int | None = None,
                  dtype: torch.dtype = torch.float32, device="cpu",
-                 scratch: dict[int, MLAScratch] | None = None):
-        self.capacity, self.length = capacity, 0
+                 scratch: dict[int, MLAScratch] | None = None, kv: str = "bf16"):
+        if kv not in KV_DTYPES:
+            raise StrataError(f"MLA KV must be one of {', '.join(KV_DTYPES)}, got {kv!r}")
+        self.capacity, self.length, self.kv = capacity, 0, kv
         self.scratch = scratch or {}
         devs = list(device) if isinstance(device, (list, tuple)) else [device] * n_layer
         n = capacity or 0
-        self.c = [torch.zeros(n, kv_lora, dtype=dtype, device=d) for d in devs]
-        self.k_pe = [torch.zeros(n, rope, dtype=dtype, device=d) for d in devs]
+        code = torch.int8 if kv == "int8" else dtype
+        self.c = [torch.zeros(n, kv_lora, dtype=code, device=d) for d in devs]
+        self.k_pe = [torch.zeros(n, rope, dtype=code, device=d) for d in devs]
+        self.c_scale = [torch.zeros(n, 1, device=d) for d in devs] if kv == "int8" else None
+        self.k_pe_scale = [torch.zeros(n, 1, device=d) for d in devs] if kv == "int8" else None
+
+    def _stores(self):
+        names = ("c", "k_pe") + (("c_scale", "k_pe_scale") if self.kv == "int8" else ())
+        return [getattr(self, n) for n in names]
 
     def extend(self, layer: int, c: torch.Tensor, k_pe: torch.Tensor):
-        """Add the chunk's c [T, Lkv], k_pe [T, R]; returns all [P+T, Lkv], [P+T, R]."""
+        """Add the chunk's c [T, Lkv], k_pe [T, R]; returns all P+T tokens' (c, k_pe, c_scale,
+        k_pe_scale): bf16 the values and None, None; int8 the codes and fp32 scales [P+T, 1]."""
         P, T = self.length, c.shape[0]
-        if self.capacity is None:
-            self.c[layer] = torch.cat([self.c[layer], c])
-            self.k_pe[layer] = torch.cat([self.k_pe[layer], k_pe])
-            return self.c[layer], self.k_pe[layer]
-        if P + T > self.capacity:
+        if self.capacity is not None and P + T > self.capacity:
             raise StrataError(f"MLA cache holds {self.capacity} tokens; a chunk of {T} at "
                               f"position {P} does not fit")
-        self.c[layer][P:P + T] = c
-        self.k_pe[layer][P:P + T] = k_pe
-        return self.c[layer][:P + T], self.k_pe[layer][:P + T]
+        new = [c, k_pe]
+        if self.kv == "int8":   # validate=False: a NaN reaches the output (the finite guard)
+            (cq, cs), (kq, ks) = (quantize_kv(x[:, None], validate=False) for x in (c, k_pe))
+            new = [cq[:, 0], kq[:, 0], cs, ks]
+        out = []
+        for store, x in zip(self._stores(), new):
+            if self.capacity is None:
+                store[layer] = torch.cat([store[layer], x])
+            else:
+                store[layer][P:P + T] = x
+            out.append(store[layer][:P + T])
+        return tuple(out) + ((None, None) if self.kv != "int8" else ())
 
     def commit(self, n_tokens: int) -> None:
         self.length += n_tokens
+
+
+def _dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """x as `dtype`: int8 codes times their per-token scale [S, 1] (or [S]), else a cast."""
+    if scale is None:
+        return x.to(dtype)
+    return (x.to(dtype) * scale.reshape(-1, 1).to(dtype))
 
 
 def _split_kvb(wkvb: torch.Tensor, n_head: int, nope: int, v_dim: int):
@@ -112,11 +139,15 @@ def _split_kvb(wkvb: torch.Tensor, n_head: int, nope: int, v_dim: int):
 def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tensor,
                         k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
                         scale: float, block: int = MLA_BLOCK, sdpa: bool | None = None,
-                        scratch: MLAScratch | None = None, out: torch.Tensor | None = None
-                        ) -> torch.Tensor:
+                        scratch: MLAScratch | None = None, out: torch.Tensor | None = None,
+                        c_scale: torch.Tensor | None = None,
+                        k_pe_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Expanded form. q_nope [H, T, N], q_pe [H, T, R] (rotated) of the chunk's T tokens, the
     last T of the S keys c [S, Lkv], k_pe [S, R] (rotated); wkvb [H*(N+Hv), Lkv] -> o [T, H, Hv]
     in q's dtype (written into `out` when given). Query t (position S-T+t) sees keys 0..S-T+t.
+    int8 KV (MLACache kv="int8"): c and k_pe are int8 codes and c_scale, k_pe_scale [S, 1] fp32
+    their per-token scales; each key block is dequantized to q's dtype (on CUDA into the
+    scratch's c rows, the plan's mla_c) before it is decompressed.
 
     sdpa=True (the default on CUDA): query blocks of `block` tokens; each decompresses the keys
     it sees `block` at a time into `scratch` (strata.models.mla_scratch: the plan's mla_k /
@@ -130,7 +161,9 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
     sdpa = q_nope.is_cuda if sdpa is None else sdpa
     if sdpa:
         return _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block,
-                                 scratch, out)
+                                 scratch, out, c_scale, k_pe_scale)
+    if c_scale is not None:
+        c, k_pe = _dequant(c, c_scale, torch.float32), _dequant(k_pe, k_pe_scale, torch.float32)
     o = torch.cat([_expanded_blocks(q_nope[:, a:a + block], q_pe[:, a:a + block],
                                     c[:c.shape[0] - T + a + q_nope[:, a:a + block].shape[1]],
                                     k_pe, wkvb, v_head_dim, scale, block)
@@ -193,16 +226,20 @@ def merge_block(acc: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_b: to
     lse.copy_(new)
 
 
-def _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block, scratch, out):
+def _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block, scratch, out,
+                      c_scale, k_pe_scale):
     H, T, N = q_nope.shape
-    S, R, Hv, dt = c.shape[0], q_pe.shape[-1], v_head_dim, q_nope.dtype
+    (S, L), R, Hv, dt = c.shape, q_pe.shape[-1], v_head_dim, q_nope.dtype
     hd, P = N + R, S - T
+    latent = L + R if c_scale is not None else 0
     if scratch is None:
-        scratch = MLAScratch.of(H, hd, Hv, T, S, q_nope.device, dtype=dt, block=block)
-    scratch.check(H, hd, Hv, T, S, dt, block)
+        scratch = MLAScratch.of(H, hd, Hv, T, S, q_nope.device, dtype=dt, block=block,
+                                latent=latent)
+    scratch.check(H, hd, Hv, T, S, dt, block, latent)
     w_uk, w_uv = _split_kvb(wkvb.to(dt), H, N, Hv)
     w_uk, w_uv = w_uk.transpose(1, 2), w_uv.transpose(1, 2)                  # [H, Lkv, N|Hv]
-    cd, kp = c.to(dt), k_pe.to(dt)
+    if not latent:
+        cd, kp = c.to(dt), k_pe.to(dt)
     q = torch.cat([q_nope, q_pe.to(dt)], dim=-1)                             # [H, T, hd]
     o = out if out is not None else torch.empty(T, H, Hv, dtype=dt, device=q.device)
     for t0 in range(0, T, block):
@@ -210,9 +247,16 @@ def _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block, scr
         acc, lse = scratch.carried(n, H, Hv)
         for i, (a, b, masked) in enumerate(key_blocks(P + t0 + n, n, block)):
             k, v = scratch.kv(b - a, H, hd, Hv)
-            cb = cd[a:b].expand(H, b - a, cd.shape[1])                       # no copy
+            if latent:   # codes x their token's scale, into the scratch's c rows
+                lat = scratch.latent(b - a, latent)
+                torch.mul(c[a:b], c_scale[a:b].reshape(-1, 1), out=lat[:, :L])
+                torch.mul(k_pe[a:b], k_pe_scale[a:b].reshape(-1, 1), out=lat[:, L:])
+                cblk, kblk = lat[:, :L], lat[:, L:]
+            else:
+                cblk, kblk = cd[a:b], kp[a:b]
+            cb = cblk.expand(H, b - a, L)                                    # no copy
             torch.bmm(cb, w_uk, out=k[..., :N])                              # c Wuk^T
-            k[..., N:].copy_(kp[a:b].expand(H, b - a, R))                    # the shared k_pe
+            k[..., N:].copy_(kblk.expand(H, b - a, R))                       # the shared k_pe
             torch.bmm(cb, w_uv, out=v)                                       # c Wuv^T
             merge_block(acc, lse, *attend_block(q[:, t0:t0 + n], k, v, masked, scale), i == 0)
         o[t0:t0 + n].copy_(acc.transpose(0, 1))
@@ -251,15 +295,18 @@ def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: to
                                  k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
                                  scale: float, block: int = MLA_BLOCK, sdpa: bool | None = None,
                                  scratch: MLAScratch | None = None,
-                                 out: torch.Tensor | None = None) -> torch.Tensor:
+                                 out: torch.Tensor | None = None,
+                                 c_scale: torch.Tensor | None = None,
+                                 k_pe_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Absorbed form, fp64, all keys at once (the reference; `block`, `sdpa`, `scratch`
-    accepted and unused; `out` written when given)."""
+    accepted and unused; `out` written when given; int8 codes dequantized in fp64)."""
     H, T, N = q_nope.shape
     S = c.shape[0]
     w_uk, w_uv = _split_kvb(wkvb.double(), H, N, v_head_dim)
-    cd = c.double()
+    cd = _dequant(c, c_scale, torch.float64)
+    kp = _dequant(k_pe, k_pe_scale, torch.float64)
     q_lat = torch.einsum("htn,hnl->htl", q_nope.double(), w_uk)              # [H, T, Lkv]
-    sc = (q_lat @ cd.t() + q_pe.double() @ k_pe.double().t()) * scale        # [H, T, S]
+    sc = (q_lat @ cd.t() + q_pe.double() @ kp.t()) * scale                   # [H, T, S]
     causal = torch.arange(S)[None, :] > (S - T + torch.arange(T))[:, None]
     p = torch.softmax(sc.masked_fill(causal.to(c.device), float("-inf")), dim=-1)
     o_lat = p @ cd                                                           # [H, T, Lkv]
@@ -282,7 +329,8 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     kv = x @ w.wkva.t()                                                      # [T, Lkv + R]
     c = rms_norm(kv[:, :s.kv_lora], w.kv_norm, eps)
     k_pe = apply_rope_pairs(kv[:, s.kv_lora:], cos, sin)                     # [T, R]
-    c_all, kpe_all = cache.extend(layer, c, k_pe)
+    c_all, kpe_all, c_scale, kpe_scale = cache.extend(layer, c, k_pe)
     o = mla_chunk_attention(q_nope, q_pe, c_all, kpe_all, w.wkvb, v_head_dim=s.v_head_dim,
-                            scale=s.head_dim ** -0.5, scratch=cache.scratch.get(layer))
+                            scale=s.head_dim ** -0.5, scratch=cache.scratch.get(layer),
+                            c_scale=c_scale, k_pe_scale=kpe_scale)
     return o.reshape(T, H * s.v_head_dim) @ w.wo.t()

@@ -7,6 +7,7 @@ Hv value head width, B the block (MLA_BLOCK).
     v      [rows, H, Hv]    its values c Wuv^T
     state  fp32 [qrows, H·(Hv + 1)]   a query block's merged output (acc [H, n, Hv], kept
                                       normalized) and its log-sum-exp (lse [H, n])
+    c      [rows, Lkv + R]  int8 KV only: the block's latent and rope key dequantized
     rows = min(B, S)   qrows = min(B, T)
 
 The attention goes a query block of (at most) B tokens at a time; for each it decompresses the
@@ -47,41 +48,57 @@ def mla_state_floats(n_head: int, v_head_dim: int) -> int:
 @dataclass(frozen=True)
 class MLAScratch:
     """Flat buffers: k (>= rows·H·hd values), v (>= rows·H·Hv), state fp32
-    (>= qrows·mla_state_floats(H, Hv)); k and v in the attention's dtype."""
+    (>= qrows·mla_state_floats(H, Hv)), c (int8 KV: >= rows·(Lkv + R)); k, v and c in the
+    attention's dtype."""
     k: torch.Tensor
     v: torch.Tensor
     state: torch.Tensor
+    c: torch.Tensor | None = None
 
     @classmethod
     def of(cls, H: int, hd: int, Hv: int, T: int, S: int, device, *,
-           dtype: torch.dtype = torch.bfloat16, block: int = MLA_BLOCK) -> "MLAScratch":
-        """Fresh scratch of exactly what (T, S) needs (tests, benchmarks, a launch given none)."""
+           dtype: torch.dtype = torch.bfloat16, block: int = MLA_BLOCK,
+           latent: int = 0) -> "MLAScratch":
+        """Fresh scratch of exactly what (T, S) needs (tests, benchmarks, a launch given none);
+        latent = Lkv + R adds the int8 KV's dequantization rows."""
         rows, qrows = mla_scratch_rows(T, S, block)
         mk = dict(dtype=dtype, device=device)
         return cls(torch.empty(rows * H * hd, **mk), torch.empty(rows * H * Hv, **mk),
                    torch.empty(qrows * mla_state_floats(H, Hv), dtype=torch.float32,
-                               device=device))
+                               device=device),
+                   torch.empty(rows * latent, **mk) if latent else None)
 
     @classmethod
     def of_carve(cls, bufs) -> "MLAScratch":
-        """Over a carve's mla_k / mla_v / mla_state buffers (strata.planning.MLA_SCRATCH_BUFS)."""
-        return cls(*(bufs[n].reshape(-1) for n in ("mla_k", "mla_v", "mla_state")))
+        """Over a carve's mla_k / mla_v / mla_state (/ mla_c) buffers
+        (strata.planning.MLA_SCRATCH_BUFS, MLA_LATENT_BUF)."""
+        c = bufs.bufs.get("mla_c")
+        return cls(*(bufs[n].reshape(-1) for n in ("mla_k", "mla_v", "mla_state")),
+                   None if c is None else c.reshape(-1))
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.state))
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.state, self.c)
+                   if t is not None)
 
     def check(self, H: int, hd: int, Hv: int, T: int, S: int, dtype: torch.dtype,
-              block: int = MLA_BLOCK) -> None:
+              block: int = MLA_BLOCK, latent: int = 0) -> None:
         rows, qrows = mla_scratch_rows(T, S, block)
-        need = (rows * H * hd, rows * H * Hv, qrows * mla_state_floats(H, Hv))
-        have = (self.k.numel(), self.v.numel(), self.state.numel())
+        need = (rows * H * hd, rows * H * Hv, qrows * mla_state_floats(H, Hv), rows * latent)
+        have = (self.k.numel(), self.v.numel(), self.state.numel(),
+                0 if self.c is None else self.c.numel())
         if any(h < n for h, n in zip(have, need)) or self.k.dtype != dtype or \
-                self.v.dtype != dtype or self.state.dtype != torch.float32:
+                self.v.dtype != dtype or self.state.dtype != torch.float32 or \
+                (latent and self.c.dtype != dtype):
             raise StrataError(f"MLA scratch too small or of the wrong dtype for T={T}, S={S}, "
-                              f"H={H}, hd={hd}, Hv={Hv}, block={block}: needs k, v, state of "
-                              f"{need} values ({dtype}, {dtype}, float32), has {have} "
-                              f"({self.k.dtype}, {self.v.dtype}, {self.state.dtype})")
+                              f"H={H}, hd={hd}, Hv={Hv}, block={block}, latent={latent}: needs "
+                              f"k, v, state, c of {need} values ({dtype}, {dtype}, float32, "
+                              f"{dtype}), has {have} ({self.k.dtype}, {self.v.dtype}, "
+                              f"{self.state.dtype}, {None if self.c is None else self.c.dtype})")
+
+    def latent(self, m: int, width: int) -> torch.Tensor:
+        """c [m, Lkv + R] view: a block's dequantized latent and rope key."""
+        return self.c[:m * width].view(m, width)
 
     def kv(self, m: int, H: int, hd: int, Hv: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k [H, m, hd], v [H, m, Hv]) contiguous views of a block of m keys."""

@@ -22,6 +22,7 @@ import torch
 from hypothesis import example, given, settings, strategies as st
 
 from strata.errors import StrataError
+from strata.kernels.attention.kv_int8 import quantize_kv
 from strata.memory.layout import PromptLayout
 from strata.models.mla import (attend_block, attend_block_ref, key_blocks, merge_block,
                                mla_chunk_attention, mla_chunk_attention_absorbed)
@@ -117,11 +118,15 @@ def test_a_short_scratch_is_refused():
 @dataclass(frozen=True)
 class Tracked(MLAScratch):
     """An MLAScratch that records the rows each view the launcher takes asks for."""
-    seen: dict = field(default_factory=lambda: {"kv": 0, "state": 0})
+    seen: dict = field(default_factory=lambda: {"kv": 0, "state": 0, "latent": 0})
 
     def kv(self, m, H, hd, Hv):
         self.seen["kv"] = max(self.seen["kv"], m)
         return super().kv(m, H, hd, Hv)
+
+    def latent(self, m, width):
+        self.seen["latent"] = max(self.seen["latent"], m)
+        return super().latent(m, width)
 
     def carried(self, n, H, Hv):
         self.seen["state"] = max(self.seen["state"], n)
@@ -136,29 +141,42 @@ def tiny_mla(H, N, R, Hv, L) -> ModelShape:
 
 @settings(max_examples=12, deadline=None)
 @given(C=st.integers(1, 2600), S=st.integers(1, 4400), H=st.integers(1, 2),
-       N=st.integers(1, 3), R=st.sampled_from([2]), Hv=st.integers(1, 3), L=st.integers(1, 3))
-@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1).via(
+       N=st.integers(1, 3), R=st.sampled_from([2]), Hv=st.integers(1, 3), L=st.integers(1, 3),
+       kvd=st.sampled_from(["bf16", "int8"]))
+@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="bf16").via(
     "a full block of queries, then a last chunk of one token over more than a block of keys")
-@example(C=3, S=5, H=2, N=2, R=2, Hv=3, L=2).via("a prompt shorter than one block")
-def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L):
-    """strata plan's mla_* placements for (chunk C, prompt S) are the bytes the launcher takes
-    at most while it reads a prompt of S tokens in chunks of C (the real block, MLA_BLOCK)."""
+@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="int8").via("the same, int8 KV")
+@example(C=3, S=5, H=2, N=2, R=2, Hv=3, L=2, kvd="bf16").via("a prompt shorter than one block")
+def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd):
+    """strata plan's mla_* placements for (chunk C, prompt S, KV dtype) are the bytes the
+    launcher takes at most while it reads a prompt of S tokens in chunks of C (the real block,
+    MLA_BLOCK); int8 adds the dequantized latent block mla_c."""
     C = max(min(C, S), -(-S // 12))     # at most 12 chunks: the CPU reads every one
     shape = tiny_mla(H, N, R, Hv, L)
-    kv = KVPolicy(max_prompt=S)
+    kv = KVPolicy(kvd, max_prompt=S)
     lay = PromptLayout(model_sizes(shape, kv=kv), 64, layout_spec("kernel", kv, shape))
     planned = {p.name: p.nbytes for p in lay.placements(C, 0) if p.name.startswith("mla_")}
-    sc = Tracked(*vars(MLAScratch.of(H, N + R, Hv, C, S, "cpu")).values())
+    int8 = kvd == "int8"
+    sc = Tracked(*vars(MLAScratch.of(H, N + R, Hv, C, S, "cpu",
+                                     latent=(L + R) * int8)).values())
     q_nope, q_pe, c, k_pe, wkvb = draw(H, S, 0, N, R, Hv, L, 5, dtype=torch.bfloat16)
+    kw = {}
+    if int8:
+        (c, cs), (k_pe, ks) = (quantize_kv(x[:, None]) for x in (c, k_pe))
+        c, k_pe, kw = c[:, 0], k_pe[:, 0], dict(c_scale=cs, k_pe_scale=ks)
     for a in range(0, S, C):
         b = min(S, a + C)
         o = mla_chunk_attention(q_nope[:, a:b], q_pe[:, a:b], c[:b], k_pe[:b], wkvb,
-                                v_head_dim=Hv, scale=0.5, sdpa=True, scratch=sc)
+                                v_head_dim=Hv, scale=0.5, sdpa=True, scratch=sc,
+                                **{k: v[:b] for k, v in kw.items()})
         assert torch.isfinite(o).all()
     rows, qrows = sc.seen["kv"], sc.seen["state"]
     assert (rows, qrows) == mla_scratch_rows(C, S) == (min(MLA_BLOCK, S), min(MLA_BLOCK, C))
-    assert planned == {"mla_k": rows * H * (N + R) * 2, "mla_v": rows * H * Hv * 2,
-                       "mla_state": qrows * mla_state_floats(H, Hv) * 4}
+    assert sc.seen["latent"] == rows * int8
+    want = {"mla_k": rows * H * (N + R) * 2, "mla_v": rows * H * Hv * 2,
+            "mla_state": qrows * mla_state_floats(H, Hv) * 4}
+    assert planned == want | ({"mla_c": rows * (L + R) * 2} if int8 else {})
+    assert not any(n.startswith("kv_expand") or n == "attn_state" for n in lay.spec.names())
 
 
 def test_a_gqa_shape_plans_no_mla_scratch():
