@@ -7,6 +7,8 @@
 - key_blocks tiles a query block's keys exactly once, the last block masked bottom-right.
 - The plan's mla_k / mla_v / mla_state bytes equal the most the launcher takes from the scratch
   over a whole prompt read in chunks, for any (T, S, dims).
+- The engine hands each layer's attention views of its carve (inside the loan, of the
+  planned sizes).
 - On CUDA (gpu mark): attend_block (torch's memory-efficient kernel with its log-sum-exp)
   against attend_block_ref, the whole path at DeepSeek-V3's head widths against the absorbed
   form, and its transient memory beyond the scratch bounded by one block.
@@ -246,3 +248,35 @@ def test_blocked_transient_is_one_block_on_the_gpu():
     bound = H * T * (N + R) * 2 + n * H * Hv * (2 + 4) + 4 * H * (n + 32) * 4 + (1 << 20)
     assert extra <= bound, f"{extra} B beyond the scratch, bound {bound} B"
     assert S * H * (N + R + Hv) * 2 > 8 * bound
+
+
+@pytest.mark.parametrize("kvd", ["bf16", "int8"])
+def test_the_engine_hands_its_carve_to_the_attention(kvd, tmp_path, monkeypatch):
+    """Every layer's attention gets an MLAScratch whose buffers lie in the prompt's loan (the
+    expert cache's bytes), of the plan's sizes (mla_c only with int8 KV)."""
+    import strata.models.mla as mla
+    from strata.engine.prefill import EngineConfig, PrefillEngine
+    from strata.packs import Pack
+    from strata.packs.memory import MemoryPack
+    from strata.packs.synth import ExpertFormats
+    from tests.models.hf_family import DS_TINY
+    mem = MemoryPack(DS_TINY, ExpertFormats.of("BF16"), distinct=2, variants=1, device="cpu")
+    pack = Pack.open(mem.save(tmp_path / "m.pack", progress=False, tokenizer=False))
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=24 * pack.max_blob, max_prompt=64,
+                                           device="cpu", ffn="ref", chunk=4, ring=2, kv=kvd))
+    seen = []
+    real = mla.mla_chunk_attention
+    monkeypatch.setattr(mla, "mla_chunk_attention",
+                        lambda *a, scratch=None, **kw: seen.append(scratch) or real(*a, **kw))
+    res = eng.run(torch.arange(9) % DS_TINY.vocab)
+    buf = eng.cache.buffer
+    lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+    sizes = {p["name"]: p["nbytes"] for p in res.plan.participants[0].placements}
+    assert len(seen) == DS_TINY.n_layer * 3                   # 3 chunks of 4, 4, 1
+    for sc in seen:
+        ts = {"mla_k": sc.k, "mla_v": sc.v, "mla_state": sc.state, "mla_c": sc.c}
+        assert (sc.c is not None) == (kvd == "int8")
+        for name, t in ts.items():
+            if t is not None:
+                assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi
+                assert t.numel() * t.element_size() == sizes[name]
