@@ -207,9 +207,12 @@ def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool
     n, hd, Hv = q.shape[1], q.shape[-1], v.shape[-1]
     if not q.is_cuda or hd % 8 or Hv % 8 or q.dtype not in (torch.bfloat16, torch.float16):
         return attend_block_ref(q, k, v, masked, scale)
+    # the call torch.nn.attention.bias.CausalBias makes for a bottom-right mask, asking for lse
     o, lse = torch.ops.aten._efficient_attention_forward(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, None,
-        None, None, None, 0.0, _BOTTOM_RIGHT if masked else _NO_MASK, True, scale=scale)[:2]
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], bias=None,
+        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+        dropout_p=0.0, custom_mask_type=_BOTTOM_RIGHT if masked else _NO_MASK,
+        compute_log_sumexp=True, scale=scale)[:2]
     return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, Hv], [H, n]
 
 
