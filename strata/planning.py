@@ -25,8 +25,9 @@ KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV 
 KX rows of int8 KV expanded to bf16 per attention launch and QS fp32 values of carried softmax
 state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats); MR keys and
 MQ queries of MLA's blocked attention, MKD = H*hd and MVD = H*Hv values a key, MS fp32 values of
-state a query, MLC = Lkv + R values of an int8 latent block dequantized (strata.models.mla_scratch: mla_scratch_rows, mla_state_floats; S is the longest
-prompt, or T without a KV policy).
+state a query, MLC = Lkv + R values of an int8 latent block dequantized
+(strata.models.mla_scratch: mla_scratch_rows, mla_state_floats; S is the longest prompt, or T
+without a KV policy).
 
 To add a buffer, add a `Buf` to ACTIVATIONS (or pass a LayoutSpec of your own, with any new
 symbol in `dims_for`): the carve, the scan, `strata plan` and the tests all follow.
@@ -250,5 +251,5 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
 
 
 __all__ = ["ACTIVATIONS", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXPAND_BUFS",
-           "KV_STAGE_BUF", "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for", "layer_dense_bytes",
-           "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]
+           "KV_STAGE_BUF", "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for",
+           "layer_dense_bytes", "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]
