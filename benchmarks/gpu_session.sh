@@ -28,8 +28,14 @@ for step in "$@"; do
     overlap32k) timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 32768 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap32k.log" ;;
     prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
+    # issue 15's target where PCIe bounds Q8_0: short prompts, the streamed reads only
+    formatspcie) timeout 400 python3 experiments/formats_ab.py --prompts 2048,4096,8192 --no-gemm --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[" | tail -20 | tee "$OUT/formats_pcie.log" ;;
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
+    # issues 15/18: the decode-once path of the K-quants/IQ4_XS, byte path vs super-block words at
+    # several tiles (Q8_0 bytes/words beside), input and output GB/s against the copy; then its GPU tests
+    kdecode) timeout 230 python3 benchmarks/dequant_bench.py --mode experts --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -45 | tee "$OUT/dequant_experts.log" ;;
+    kdecodetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_superblocks.py tests/kernels/test_expert_dequant.py tests/kernels/test_moe_decoded.py 2>&1 | tail -20 > "$OUT/gpu_kdecode_tests.log"; tail -5 "$OUT/gpu_kdecode_tests.log" ;;
     slab)    timeout 180 python3 experiments/slab_ab.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/slab.log" ;;
     reltests) timeout 220 python3 -m pytest -rfE -p no:cacheprovider tests/packs/test_cli.py tests/test_bad_inputs.py tests/test_fuzz_headers.py 2>&1 | tail -20 > "$OUT/gpu_rel_tests.log"; tail -5 "$OUT/gpu_rel_tests.log"
              timeout 200 python3 -m strata.cli synth --preset qwen3-30b-a3b --layers 8 --pack -o /tmp/v8.pack 2>&1 | tail -1
@@ -48,6 +54,7 @@ for step in "$@"; do
     dist2)   timeout 590 python3 experiments/dist_ab.py --backend nccl --prompts 32768,131072 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/dist2_ab.log" ;;
     coldpack) ( time timeout 560 python3 -m strata.cli synth --preset qwen3-30b-a3b --quant Q8_0 --pack -o /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ) 2>&1 | grep -v "it/s\]" | tail -5 | tee "$OUT/cold_pack.log" ;;
     # the full-size pack file (MemoryPack.save, seconds) stays in /dev/shm for benchfull; `packrm` removes it
+    coldwarm32) ( time timeout 300 python3 experiments/cold_warm.py --prompts 32768 --arms warm --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm32.log" ;;
     coldwarm) ( time timeout 400 python3 experiments/cold_warm.py --keep --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm.log" ;;
     # the start-up pieces on the GPU: bulk dense upload through pinned staging, background pinning, warm layers
     readytests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_pinning.py tests/engine/test_host.py tests/engine/test_warm_trace.py 2>&1 | tail -8 > "$OUT/gpu_ready.log"; tail -3 "$OUT/gpu_ready.log" ;;
@@ -59,6 +66,8 @@ for step in "$@"; do
              timeout 200 python3 -m strata.cli bench /dev/shm/b8.pack -p 8192,32768 -r 3 --vram 6GiB --trace "$OUT/bench_trace.json" 2>&1 | grep -v "it/s\]" | tail -8 | tee "$OUT/bench_cmd.md"; rm -f /dev/shm/b8.pack ;;
     # issue 19: GPT-OSS / Mixtral kernels' GPU twins (bias + clamped-SwiGLU epilogue, window + sinks)
     archtests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_epilogue.py tests/kernels/test_chunk_attention_window.py tests/models/test_parity_archs.py 2>&1 | tail -12 > "$OUT/gpu_arch_tests.log"; tail -5 "$OUT/gpu_arch_tests.log" ;;
+    # issue 19 item 1: sliding layers keep only their window's KV (a ring of W - 1 in VRAM)
+    swatests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_kv_window.py tests/engine/test_kv_window.py 2>&1 | tail -12 > "$OUT/gpu_swa_tests.log"; tail -5 "$OUT/gpu_swa_tests.log" ;;
     # issue 19 item 4: gpt-oss-120b MXFP4 streamed under 24 GiB at 8K/32K vs PCIe, gpt-oss-20b resident
     arch)    timeout 470 python3 experiments/arch_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/arch_ab.log" ;;
     # issue 20: the DeepSeek / GLM-4.5 family's GPU tests, MLA blocked vs all-at-once vs absorbed, and a
@@ -66,5 +75,9 @@ for step in "$@"; do
     familytests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla.py tests/models/test_mla_blocks.py tests/models/test_mla_int8.py tests/models/test_family.py 2>&1 | tail -20 > "$OUT/gpu_family_tests.log"; tail -5 "$OUT/gpu_family_tests.log" ;;
     mla)     timeout 200 python3 benchmarks/mla_bench.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/mla_bench.log" ;;
     deepseek) timeout 560 python3 experiments/deepseek_stream.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/deepseek_stream.log" ;;
+    # issue 17: the pinning thread's rate beside a busy interpreter (GIL hand-offs), pread vs map copy
+    pinbg)   timeout 200 python3 benchmarks/pin_bench.py --gib 8 --options thp-8 pread-8 pread-16 bg-thp-8 bg-pread-8 bgsi-thp-8 bgsi-pread-8 bgsi-pread-16 --out-dir "$OUT" 2>&1 | grep "^pin_bench" | tee "$OUT/pin_bg.log" ;;
+    # issue 18: the GPU sync cases with their whole tracebacks (where a sync is, if one is)
+    syncdiag) timeout 200 python3 -m pytest -rfE --tb=long -m gpu -p no:cacheprovider tests/engine/test_syncs.py > "$OUT/gpu_sync_diag.log" 2>&1; tail -5 "$OUT/gpu_sync_diag.log" ;;
   esac
 done

@@ -66,7 +66,9 @@ def child(a) -> int:
     # imports and the engine allocates its cache and uploads the dense weights
     pack = Pack.open(a.child)
     sizes = [pl.blob_size for pl in pack.layers]
-    host = HostExperts(pack.experts, sizes, pin=True, background=True)
+    from strata.engine.pinning import PinMethod
+    host = HostExperts(pack.experts, sizes, pin=True, background=True, spans=pack.expert_span,
+                       method=PinMethod.parse(a.pin_method))
     from strata.commands._args import resolve_experts
     from strata.engine.prefill import EngineConfig, PrefillEngine
     import strata.kernels.decoded  # noqa: F401 (the FFN's modules, beside the pinning)
@@ -94,12 +96,13 @@ def child(a) -> int:
            "first_tokens_per_s": tps[0],
            "warm_tokens_per_s": sum(tps[1:]) / max(len(tps) - 1, 1),
            "pinned": host.pinned, "pack_bytes": sum(sizes) * pack.shape.n_expert,
+           "pin_end_s": host.loaded_at - a.spawn, "pin_lock_s": host.lock_s,
            "chunk": res.chunk, "ring": res.ring, "bytes_streamed": res.stats.bytes_streamed}
     out["first_over_warm"] = out["first_tokens_per_s"] / out["warm_tokens_per_s"]
     # fill_s split (PrefillEngine.timings), and the warm-up's read vs its one-time load: the
     # dry prompt's read is its tokens through its layers at the warm rate
     for k in ("plan_s", "cache_alloc_s", "cache_fill_s", "other_s", "dense_upload_s",
-              "model_build_s", "pin_wait_s", "ffn_s"):
+              "model_build_s", "pin_wait_s", "ffn_s", "dense_s", "sync_s"):
         out[k] = eng.timings.get(k, 0.0)
     C = res.chunk
     dry = a.prompt if a.prompt <= C else C + (a.prompt % C or C)
@@ -150,7 +153,8 @@ FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "imp
            "warm_tokens_per_s": "tok/s", "first_over_warm": "fraction", "pin_gbps": "GB/s",
            "bytes_streamed": "bytes", "plan_s": "s", "cache_alloc_s": "s", "cache_fill_s": "s",
            "other_s": "s", "dense_upload_s": "s", "model_build_s": "s", "warmup_read_s": "s",
-           "warmup_load_s": "s", "warmup_layers": "layers", "cache_fill_gbps": "GB/s"}
+           "warmup_load_s": "s", "warmup_layers": "layers", "cache_fill_gbps": "GB/s",
+           "dense_s": "s", "sync_s": "s", "pin_end_s": "s", "pin_lock_s": "s"}
 
 
 def measure(args, rec) -> None:
@@ -192,33 +196,39 @@ def measure(args, rec) -> None:
     rd = page_cache_read(pack)
     rec.add("page_cache_read_s", rd, "s", bound="llama.cpp-style load floor: the pack file "
             "read once from page cache", bound_value=rd, bytes=size)
+    runs = [(T, arm, pm) for T in prompts for pm in args.pin_methods.split(";")
+            for arm in args.arms.split(",")]
+    if args.prime and runs:
+        runs.insert(0, (runs[0][0], "prime", runs[0][2]))
     try:
-        for T in prompts:
-            for arm in args.arms.split(","):
-                r = spawn(pack, T, arm, args, extra)
-                cfg = dict(arm=arm, prompt=T, chunk=r["chunk"], ring=r["ring"],
-                           pinned=r["pinned"], pack_bytes=r["pack_bytes"])
-                for fig, unit in FIGURES.items():
-                    bound, bv = "", None
-                    if fig == "first_over_warm":
-                        bound, bv = "target >= 0.9 (issue 17)", 0.9
-                    elif fig == "ready_s":
-                        bound, bv = "target <= 10 s for a 32 GB pack in page cache", 10.0
-                    rec.add(fig, r[fig], unit, bound=bound, bound_value=bv,
-                            timer=bench.WALL_TIMER, **cfg)
-                rec.flush()
-                print(f"{arm:6s} T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f}, "
-                      f"cuda {r['cuda_s']:.2f}, start {r['start_s']:.2f} [pinning beside it: "
-                      f"{r['pin_s']:.2f} s at {r['pin_gbps']:.1f} GB/s, waited "
-                      f"{r['pin_wait_s']:.2f}], "
-                      f"fill {r['fill_s']:.2f} [plan {r['plan_s']:.2f}, cache alloc "
-                      f"{r['cache_alloc_s']:.2f}, cache fill {r['cache_fill_s']:.2f} at "
-                      f"{r['cache_fill_gbps']:.0f} GB/s, dense {r['dense_upload_s']:.2f}, model "
-                      f"{r['model_build_s']:.2f}, ffn imports {r['ffn_s']:.2f}], warm-up "
-                      f"{r['warmup_s']:.2f} [{r['warmup_layers']} layers: read "
-                      f"{r['warmup_read_s']:.2f}, load {r['warmup_load_s']:.2f}], prompt "
-                      f"{r['prompt_s']:.2f}); first {r['first_tokens_per_s']:,.0f} tok/s vs warm "
-                      f"{r['warm_tokens_per_s']:,.0f} -> {r['first_over_warm']:.2f}", flush=True)
+        for T, arm, pm in runs:
+            r = spawn(pack, T, "warm" if arm == "prime" else arm, args,
+                      [*extra, "--pin-method", pm])
+            cfg = dict(arm=arm, prompt=T, chunk=r["chunk"], ring=r["ring"],
+                       pinned=r["pinned"], pack_bytes=r["pack_bytes"], pin_method=pm)
+            for fig, unit in FIGURES.items():
+                bound, bv = "", None
+                if fig == "first_over_warm":
+                    bound, bv = "target >= 0.9 (issue 17)", 0.9
+                elif fig == "ready_s":
+                    bound, bv = "target <= 10 s for a 32 GB pack in page cache", 10.0
+                rec.add(fig, r[fig], unit, bound=bound, bound_value=bv,
+                        timer=bench.WALL_TIMER, **cfg)
+            rec.flush()
+            print(f"{arm:6s} [{pm}] T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f}, "
+                  f"cuda {r['cuda_s']:.2f}, start {r['start_s']:.2f} [pinning beside it: "
+                  f"{r['pin_s']:.2f} s at {r['pin_gbps']:.1f} GB/s (locking {r['pin_lock_s']:.2f}), "
+                  f"done at {r['pin_end_s']:.2f} s, waited "
+                  f"{r['pin_wait_s']:.2f}], "
+                  f"fill {r['fill_s']:.2f} [plan {r['plan_s']:.2f}, cache alloc "
+                  f"{r['cache_alloc_s']:.2f}, cache fill {r['cache_fill_s']:.2f} at "
+                  f"{r['cache_fill_gbps']:.0f} GB/s, syncs {r['sync_s']:.2f}, dense {r['dense_s']:.2f} (upload "
+                  f"{r['dense_upload_s']:.2f}), model "
+                  f"{r['model_build_s']:.2f}, ffn imports {r['ffn_s']:.2f}], warm-up "
+                  f"{r['warmup_s']:.2f} [{r['warmup_layers']} layers: read "
+                  f"{r['warmup_read_s']:.2f}, load {r['warmup_load_s']:.2f}], prompt "
+                  f"{r['prompt_s']:.2f}); first {r['first_tokens_per_s']:,.0f} tok/s vs warm "
+                  f"{r['warm_tokens_per_s']:,.0f} -> {r['first_over_warm']:.2f}", flush=True)
     finally:
         if made and not args.keep:
             pack.unlink(missing_ok=True)
@@ -232,7 +242,9 @@ def plot(rows: list[dict], png: Path) -> None:
     for r in rows:
         c = r["config"]
         if "arm" in c:
-            runs.setdefault((c["arm"], c["prompt"]), {})[r["figure"]] = r["value"]
+            arm = c["arm"] if c.get("pin_method", "pread") == "pread" else \
+                f"{c['arm']} [{c['pin_method']}]"
+            runs.setdefault((arm, c["prompt"]), {})[r["figure"]] = r["value"]
     keys = sorted(runs, key=lambda k: (k[1], k[0]))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
     # fill_s and warmup_s drawn split into their parts (the rest of fill_s: "fill other")
@@ -284,6 +296,7 @@ def main(argv=None) -> int:
         ap.add_argument("--no-warmup", action="store_true")
         ap.add_argument("--full-warmup", action="store_true")
         ap.add_argument("--spawn", type=float, default=_T0)
+        ap.add_argument("--pin-method", default="")
         return child(ap.parse_args(argv))
     from strata import bench
     ap = bench.parser(__doc__, out=ROOT / "experiments" / "results", warmup=0, repeats=4)
@@ -301,6 +314,12 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default="warm,nowarm",
                     help="warm: the engine's warm-up before the first prompt (its warm layers); "
                          "fullwarm: the warm-up through every layer; nowarm: without")
+    ap.add_argument("--pin-methods", default="pread",
+                    help="';'-separated PinMethod texts (strata.engine.pinning), each a run of "
+                         "every arm, e.g. 'pread;map,overlap=0,switch=none'")
+    ap.add_argument("--prime", action="store_true",
+                    help="first one untimed child (its figures recorded as arm 'prime'), so the "
+                         "arms start from a Triton cache that holds this plan's kernels")
     args = ap.parse_args(argv)
     if args.repeats < 2:
         ap.error("--repeats must be at least 2 (the first prompt and a warm one)")

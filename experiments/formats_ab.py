@@ -8,7 +8,7 @@ Three figures per format, each against the bound it is read against:
 2. decode GB/s: dequant_experts (the decode-once path) of every expert of one layer, bytes read
    (blocks) + written (bf16) per second, against a device copy of the same volume measured here
    (benchmarks/dequant_bench's reading).
-3. streamed prefill tokens/s at 32K under --vram 12GiB (experiments/prefill_ab's machinery:
+3. streamed prefill tokens/s at each --prompts length (default 32K) under --vram 12GiB (experiments/prefill_ab's machinery:
    strata.packs.MemoryPack in pinned host memory, PrefillEngine, the roofline of the same run)
    against the PCIe bound of the pack's own bytes: bytes streamed / the pinned H2D rate measured
    blob by blob in this run (`pcie_bound_tokens_per_s`), and the roofline max(H2D, grouped_mm)
@@ -28,6 +28,7 @@ tiles); all 48 layers fit in ~5 min. `--layers N` cuts the model (tokens/s and t
 scale as 1/N for a PCIe-bound read, so the ratio holds).
 
     python experiments/formats_ab.py                 # GPU: the three formats, 32K, 12 GiB
+    python experiments/formats_ab.py --prompts 2048,4096,8192 --no-gemm   # where PCIe bounds Q8_0
     python experiments/formats_ab.py --smoke         # CPU: the tiny shape (legacy fallbacks), ~1 min
 """
 from __future__ import annotations
@@ -74,12 +75,13 @@ def measure(args, rec: bench.Recorder) -> None:
     full = get_preset("tiny" if args.smoke else "qwen3-30b-a3b")
     shape = full.with_(n_layer=args.layers) if args.layers else full
     T_gemm = 8 if args.smoke else args.gemm_tokens
-    prompt = 64 if args.smoke else args.prompt
+    prompts = [64] if args.smoke else [int(p) for p in str(args.prompts).split(",")]
     fmts_by_pack = {p: pack_formats(p, shape, full.n_layer) for p in PACKS}
     matrix_fmts = sorted({getattr(f, w) for fs in fmts_by_pack.values() for f in fs
                           for w in ("gate", "up", "down")})
-    gemm_and_decode(rec, dev, full, matrix_fmts, T_gemm, smoke=args.smoke)
-    streamed(rec, shape, fmts_by_pack, prompt, smoke=args.smoke)
+    if not args.no_gemm:
+        gemm_and_decode(rec, dev, full, matrix_fmts, T_gemm, smoke=args.smoke)
+    streamed(rec, shape, fmts_by_pack, prompts, smoke=args.smoke)
 
 
 def gemm_and_decode(rec, dev, shape, fmts, T: int, smoke: bool) -> None:
@@ -132,8 +134,9 @@ def gemm_and_decode(rec, dev, shape, fmts, T: int, smoke: bool) -> None:
         rec.flush()
 
 
-def streamed(rec, shape, fmts_by_pack, T: int, smoke: bool) -> None:
-    tps = {}
+def streamed(rec, shape, fmts_by_pack, prompts: list[int], smoke: bool) -> None:
+    """Each pack built and pinned once, then read at every prompt length (an engine each)."""
+    tps: dict = {T: {} for T in prompts}
     for name, fmts in fmts_by_pack.items():
         t0 = time.perf_counter()
         pack = MemoryPack(shape, fmts)
@@ -142,45 +145,57 @@ def streamed(rec, shape, fmts_by_pack, T: int, smoke: bool) -> None:
               f"{time.perf_counter() - t0:.1f} s", flush=True)
         h2d = h2d_rate(host)
         rates = Rates(shape)
-        cfg = EngineConfig(vram=2 * GIB if smoke else 12 * GIB, max_prompt=T,
-                           cache=64 << 10 if smoke else None,
-                           scan_max=256 if smoke else 32768,
-                           # smoke: the ring borrows most of the cache, so most experts stream
-                           chunk=16 if smoke else None, ring=2 if smoke else None,
-                           ffn="auto" if torch.cuda.is_available() else "torch")
-        try:
-            eng = PrefillEngine(pack, cfg, host=host)
-            eng.plan()
-        except StrataError as e:   # the plan does not fit this budget: say so, go on
-            rec.add("tokens_per_s", 0.0, "tok/s", bound=f"does not fit: {e}", pack=name, prompt=T)
-            continue
-        tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
-        with torch.inference_mode():
-            eng.run(tok, logits="none")           # the first read of a shape compiles its tiles
-            res = eng.run(tok, logits="none")
-        st = res.stats
-        pcie_s = st.bytes_streamed / h2d
-        roof = roofline(st.chunks, shape, h2d, rates)
-        common = dict(pack=name, prompt=T, chunk=res.chunk, ring=res.ring, layers=shape.n_layer,
-                      expert_bytes=pack.expert_bytes)
-        pcie_tps = T / pcie_s if pcie_s else None
-        rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=bench.WALL_TIMER,
-                bound="PCIe: bytes streamed / pinned H2D measured", bound_value=pcie_tps,
-                **common)
-        rec.add("roofline_tokens_per_s", T / roof if roof else "", "tok/s",
-                bound="max(H2D, grouped_mm) per chunk", **common)
-        rec.add("bytes_streamed", st.bytes_streamed, "bytes", **common)
-        rec.add("h2d_gbps", st.h2d_gbps, "GB/s", bound="pinned H2D blob by blob",
-                bound_value=h2d / 1e9, **common)
-        rec.add("wait_s", st.wait_s, "s", **common)
-        tps[name] = (st.tokens_per_s, pcie_s / st.seconds if st.seconds else 0.0)
-        print(f"[{name}] T={T}: {st.tokens_per_s:,.0f} tok/s, PCIe bound "
-              f"{pcie_tps or 0:,.0f} tok/s ({st.bytes_streamed / 1e9:.1f} GB at "
-              f"{h2d / 1e9:.1f} GB/s; {pcie_s / st.seconds:.2f} of the time), compute waited "
-              f"{st.wait_s:.2f} s", flush=True)
-        rec.flush()
-        del eng, host, pack
+        for T in prompts:
+            _read(rec, shape, pack, host, name, T, h2d, rates, smoke, tps[T])
+        del host, pack
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    for T in prompts:
+        _speedups(rec, tps[T], T)
+
+
+def _read(rec, shape, pack, host, name, T, h2d, rates, smoke, tps) -> None:
+    cfg = EngineConfig(vram=2 * GIB if smoke else 12 * GIB, max_prompt=T,
+                       cache=64 << 10 if smoke else None,
+                       scan_max=256 if smoke else 32768,
+                       # smoke: the ring borrows most of the cache, so most experts stream
+                       chunk=16 if smoke else None, ring=2 if smoke else None,
+                       ffn="auto" if torch.cuda.is_available() else "torch")
+    try:
+        eng = PrefillEngine(pack, cfg, host=host)
+        eng.plan()
+    except StrataError as e:   # the plan does not fit this budget: say so, go on
+        rec.add("tokens_per_s", 0.0, "tok/s", bound=f"does not fit: {e}", pack=name, prompt=T)
+        return
+    tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
+    with torch.inference_mode():
+        eng.run(tok, logits="none")           # the first read of a shape compiles its tiles
+        res = eng.run(tok, logits="none")
+    st = res.stats
+    pcie_s = st.bytes_streamed / h2d
+    roof = roofline(st.chunks, shape, h2d, rates)
+    common = dict(pack=name, prompt=T, chunk=res.chunk, ring=res.ring, layers=shape.n_layer,
+                  expert_bytes=pack.expert_bytes)
+    pcie_tps = T / pcie_s if pcie_s else None
+    rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=bench.WALL_TIMER,
+            bound="PCIe: bytes streamed / pinned H2D measured", bound_value=pcie_tps,
+            **common)
+    rec.add("roofline_tokens_per_s", T / roof if roof else "", "tok/s",
+            bound="max(H2D, grouped_mm) per chunk", **common)
+    rec.add("bytes_streamed", st.bytes_streamed, "bytes", **common)
+    rec.add("h2d_gbps", st.h2d_gbps, "GB/s", bound="pinned H2D blob by blob",
+            bound_value=h2d / 1e9, **common)
+    rec.add("wait_s", st.wait_s, "s", **common)
+    tps[name] = (st.tokens_per_s, pcie_s / st.seconds if st.seconds else 0.0)
+    print(f"[{name}] T={T}: {st.tokens_per_s:,.0f} tok/s, PCIe bound "
+          f"{pcie_tps or 0:,.0f} tok/s ({st.bytes_streamed / 1e9:.1f} GB at "
+          f"{h2d / 1e9:.1f} GB/s; {pcie_s / st.seconds:.2f} of the time), compute waited "
+          f"{st.wait_s:.2f} s", flush=True)
+    rec.flush()
+    del eng
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
+def _speedups(rec, tps: dict, T: int) -> None:
     if "Q8_0" in tps and tps["Q8_0"][0] > 0:
         for name, (v, pcie_frac) in tps.items():
             if name != "Q8_0":
@@ -194,7 +209,11 @@ def main(argv=None) -> int:
     ap = bench.parser(__doc__, out=ROOT / "experiments" / "results", warmup=2, repeats=10)
     ap.add_argument("--smoke", action="store_true", help="demo shape on the CPU (checks the script)")
     ap.add_argument("--layers", type=int, default=None, help="first N layers (default all 48)")
-    ap.add_argument("--prompt", type=int, default=32768, help="prompt tokens (default 32768)")
+    ap.add_argument("--prompts", default="32768",
+                    help="prompt lengths, comma-separated (default 32768): each pack is read at "
+                         "each, e.g. 2048,4096,8192 where PCIe bounds Q8_0")
+    ap.add_argument("--no-gemm", action="store_true",
+                    help="only the streamed reads (skip the GEMM and decode figures)")
     ap.add_argument("--gemm-tokens", type=int, default=8192, help="T of the GEMM figures")
     args = ap.parse_args(argv)
     tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")

@@ -4,8 +4,10 @@ strata.memory knows no model and no kernel. This module knows both and hands mem
 needs, so `strata plan`, the prefill engine and the tests build their plans the same way:
 
     model_sizes(shape, kv)    Sizes: the layout's dims (TKP from the expert GEMM's BLOCK_M),
-                              one layer's KV bytes resident and in host memory (the shape's own
-                              count in the KV dtype, split at the resident window), dense bytes
+                              each layer's KV bytes resident and in host memory (the shape's own
+                              count in the KV dtype, of the tokens strata.models.kv.
+                              layer_kv_tokens keeps: a full layer split at the resident window,
+                              a sliding one its window's last W - 1, all resident), dense bytes
     layout_spec(ffn, kv, shape)   the prompt path's buffers for the expert FFN `ffn` (and the KV
                               staging buffer when part of the KV lives in host memory, the
                               attention's int8 expansion scratch when the KV is int8, MLA's
@@ -20,7 +22,8 @@ multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk (strata.kernels.
 a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the GEMM's
 workspace check), E1 = E + 1 (group offsets with an end marker), G experts per streamed pass
 (strata.memory.layout.pass_experts), BB bytes of one expert decoded to bf16, KS tokens of one
-layer's host-held KV (the longest prompt's tokens outside the resident window: KVPolicy.host),
+full layer's host-held KV (the longest prompt's tokens outside the resident window:
+KVPolicy.host_tokens; 0 when no layer holds host KV, as when every layer slides),
 KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV dtype),
 KX rows of int8 KV expanded to bf16 per attention launch and QS fp32 values of carried softmax
 state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats); MR keys and
@@ -46,6 +49,7 @@ from strata.kernels.attention.scratch import expand_rows, needs_state, state_flo
 from strata.kernels.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.sizes import Sizes
+from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats
 from strata.packs.names import global_specs, layer_specs
 from strata.shapes import ModelShape
@@ -128,12 +132,15 @@ class KVPolicy:
         if self.resident is not None and self.resident < 1:
             raise StrataError(f"--kv-resident must be at least 1 token, got {self.resident}")
 
-    def resident_tokens(self, n_tokens: int) -> int:
-        return n_tokens if self.resident is None else min(n_tokens, self.resident)
+    def resident_tokens(self, n_tokens: int, window: int = 0) -> int:
+        """Tokens of a prompt of n_tokens whose KV a layer with this sliding `window` (0: full)
+        keeps in VRAM (strata.models.kv.layer_kv_tokens, the count PromptKV allocates)."""
+        return layer_kv_tokens(n_tokens, window, self.resident)[0]
 
-    def host_tokens(self, n_tokens: int) -> int:
-        """Tokens of a prompt of n_tokens whose KV lives in host memory (the oldest ones)."""
-        return n_tokens - self.resident_tokens(n_tokens)
+    def host_tokens(self, n_tokens: int, window: int = 0) -> int:
+        """Tokens of a prompt of n_tokens whose KV such a layer keeps in host memory (a full
+        layer's oldest ones; none of a sliding layer's)."""
+        return layer_kv_tokens(n_tokens, window, self.resident)[1]
 
     @property
     def streams(self) -> bool:
@@ -179,7 +186,8 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             "QD": qd, "KVD": kvd,
             "TK": T * K, "TKP": padded_rows(T, K, E, bm),
             "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2,
-            "KS": kv.host_tokens(kv.max_prompt) if kv is not None else 0,
+            "KS": max((kv.host_tokens(kv.max_prompt, w) for w in kv_windows(shape)), default=0)
+            if kv is not None else 0,
             "KVB": shape.kv_bytes(1, kv.dtype if kv is not None else "bf16"),
             "KX": expand_rows(kv.max_prompt) if kv is not None else 0,
             "QS": state_floats(shape.n_head, shape.head_dim),
@@ -203,14 +211,15 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
                 kv: KVPolicy | None = None) -> Sizes:
     """What memory sizes from this model: layout dims, KV and dense bytes (see the module doc).
     The output norm and LM head are counted untied (the worst case). `kv`: the KV dtype and
-    resident window (default bf16, all resident)."""
+    resident window (default bf16, all resident); each layer's KV by its window (kv_windows)."""
     g = global_specs(shape)
     kv = kv or KVPolicy()
+    win = kv_windows(shape)
     return Sizes(
         n_layer=shape.n_layer, n_expert=shape.n_expert, top_k=shape.top_k,
         dims=lambda T, ring, batch: dims_for(shape, T, block_m, ring, batch, kv),
-        kv_bytes=lambda n: shape.kv_bytes(kv.resident_tokens(n), kv.dtype),
-        kv_host=lambda n: shape.kv_bytes(kv.host_tokens(n), kv.dtype),
+        kv_bytes=lambda n, l: shape.kv_bytes(kv.resident_tokens(n, win[l]), kv.dtype),
+        kv_host=lambda n, l: shape.kv_bytes(kv.host_tokens(n, win[l]), kv.dtype),
         dense_layer=layer_dense_bytes(shape),
         dense_layers=tuple(layer_dense_bytes(shape, l) for l in range(shape.n_layer)),
         dense_first=_weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES,

@@ -1,7 +1,10 @@
 """Compile the decode kernels for sm_90 (H200) without a GPU: `python compile_decoders.py Q4_K ...`.
 
-Per format: the test-only window kernel (decode_tile and decode_tile_runs) and
-strata.kernels.dequantize's kernel (strata.kernels._dequant_kernel) (fp32, bf16, fp16 out; both decode paths).
+Per format: the test-only window kernel (decode_tile and decode_tile_runs),
+strata.kernels.dequantize's kernel (strata.kernels._dequant_kernel) (fp32, bf16, fp16 out; both decode paths),
+and for the super-block formats the decode-once kernel's super-block word path at the default tile
+(aligned where the format's blocks can be, else through word pairs; tests/kernels/compile_moe.py
+compiles every variant of that kernel).
 
 Run by tests/test_decode.py in a process with TRITON_INTERPRET=0; exits 1 naming any format that
 fails to compile.
@@ -13,7 +16,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from strata.formats import get_format
-from strata.kernels import _dequant_kernel
+from strata.kernels import _dequant_kernel, _expert_dequant_kernel
+from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS
+from strata.kernels.tiles import DEFAULT_SUPERBLOCK_TILE
 import test_decode
 
 SIG = {"w_ptr": "*u8", "out_ptr": "*fp32", "tab_ptr": "*i32", "N": "i32", "K": "i32",
@@ -23,6 +28,11 @@ DEQUANT_SIG = {"w_ptr": "*u8", "out_ptr": "*fp32", "tab_ptr": "*i32", "N": "i32"
                "row_bytes": "i64", "FMT": "constexpr", "OUT": "constexpr", "INTERP": "constexpr",
                "BN": "constexpr", "BK": "constexpr", "RUNS": "constexpr"}
 OUT_PTR = {0: "*fp32", 1: "*bf16", 2: "*fp16"}
+EXPERT_SIG = {"arena_ptr": "*u8", "slot_ptr": "*i64", "dst_slot_ptr": "*i64", "mat_off": "i32",
+              "row_bytes": "i32", "dst_ptr": "*u8", "dst_off": "i32", "tab_ptr": "*i32",
+              "R": "i32", "C": "i32", "FMT": "constexpr", "BN": "constexpr", "BK": "constexpr",
+              "INTERP": "constexpr", "WORDS": "constexpr", "SUPER": "constexpr",
+              "ALIGNED": "constexpr"}
 
 
 def sources(name):
@@ -38,6 +48,13 @@ def sources(name):
                 fn=_dequant_kernel._dequant_kernel, signature=sig,
                 constexprs={"FMT": fmt, "OUT": out, "INTERP": False, "BN": 8, "BK": 512,
                             "RUNS": runs})
+    if name in SUPERBLOCK_FORMATS:
+        rows, nsb = DEFAULT_SUPERBLOCK_TILE
+        aligned = get_format(name).block_bytes % 4 == 0
+        yield f"expert-superblocks-aligned{int(aligned)}", ASTSource(
+            fn=_expert_dequant_kernel._dequant_fwd_kernel, signature=EXPERT_SIG,
+            constexprs={"FMT": fmt, "BN": rows, "BK": 256 * nsb, "INTERP": False, "WORDS": False,
+                        "SUPER": True, "ALIGNED": aligned})
 
 
 def main(names) -> int:

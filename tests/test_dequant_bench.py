@@ -42,3 +42,36 @@ def test_dequant_bench_refuses_a_wrong_kernel(tmp_path, monkeypatch):
                         mod.dequantize_torch(raw, fmt, dtype) + 1)
     assert mod.main(["--smoke", "--formats", "Q8_0", "--out-dir", str(tmp_path)]) == 1
     assert not list(tmp_path.glob("*.csv"))
+
+
+def test_dequant_bench_experts_smoke(tmp_path):
+    """--mode experts: the decode-once paths of one format, input/output GB/s beside the copy."""
+    argv = ["--smoke", "--mode", "experts", "--formats", "Q4_K", "--sb-tiles", "64x1",
+            "--out-dir", str(tmp_path)]
+    assert _load().main(argv) == 0
+    (csv_path,) = tmp_path.glob("dequant-experts-*-smoke.csv")
+    assert csv_path.with_suffix(".png").stat().st_size > 0
+    rows = bench.read_csv(csv_path)
+    assert [r["figure"] for r in rows].count("copy rate measured") == 1
+    rates = [r for r in rows if r["figure"] == "decode-once input rate"]
+    assert [(r["config"]["path"], r["config"]["tile_rows"], r["config"]["tile_superblocks"])
+            for r in rates] == [("bytes", 64, 0), ("superblocks", 64, 1)]
+    for r in rates:
+        c = r["config"]
+        assert c["bytes_read"] == 2 * 8 * 144 and c["bytes_written"] == 2 * 8 * 256 * 2
+        assert r["gate"].startswith("bit-exact") and r["value"] > 0 and r["unit"] == "GB/s"
+
+
+def test_dequant_bench_experts_refuses_a_wrong_kernel(tmp_path, monkeypatch):
+    mod = _load()
+    monkeypatch.setattr(mod, "dequantize_torch", lambda raw, fmt, dtype:
+                        dequant_torch_plus_one(mod, raw, fmt, dtype))
+    argv = ["--smoke", "--mode", "experts", "--formats", "Q4_K", "--paths", "superblocks",
+            "--sb-tiles", "64x1", "--out-dir", str(tmp_path)]
+    assert mod.main(argv) == 1
+    assert not list(tmp_path.glob("*.csv"))
+
+
+def dequant_torch_plus_one(mod, raw, fmt, dtype):
+    from strata.kernels import dequantize_torch
+    return dequantize_torch(raw, fmt, dtype) + 1

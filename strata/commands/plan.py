@@ -94,15 +94,24 @@ def make_plan(args):
                        n_tokens=args.prompt_tokens, scratch_reserve=reserve)
     why = None if plan.fits else unfit_line(plan, layout, parts)
     return (name, plan, bud, dict(pinned=pinned, fused=fused, native=native,
-                                  kv=kv_summary(layout.sizes, cfg, bud)), shape, why)
+                                  kv=kv_summary(layout.sizes, cfg, bud, shape)), shape, why)
 
 
-def kv_summary(sizes, cfg, bud) -> dict:
+def kv_summary(sizes, cfg, bud, shape) -> dict:
     """The KV of the longest prompt as the budgets charge it: dtype, window, bytes (all layers)
-    resident in VRAM and held in pinned host memory."""
-    return {"dtype": cfg.kv, "resident_tokens": cfg.kv_resident, "tokens": cfg.max_prompt,
-            "vram_bytes": sum(b.kv for b in bud),
-            "host_bytes": sizes.n_layer * sizes.kv_host(cfg.max_prompt)}
+    resident in VRAM and held in pinned host memory; with sliding layers (GPT-OSS), how many,
+    the tokens each keeps (W - 1) and their share of the VRAM bytes."""
+    from strata.models.kv import kv_windows
+    out = {"dtype": cfg.kv, "resident_tokens": cfg.kv_resident, "tokens": cfg.max_prompt,
+           "vram_bytes": sum(b.kv for b in bud),
+           "host_bytes": sizes.kv_host_all(cfg.max_prompt)}
+    sliding = [(l, w) for l, w in enumerate(kv_windows(shape)) if w]
+    if sliding:
+        out.update(sliding_layers=len(sliding),
+                   sliding_tokens=max(min(cfg.max_prompt, w - 1) for _, w in sliding),
+                   sliding_vram_bytes=sum(sizes.kv_bytes(cfg.max_prompt, l)
+                                          for l, _ in sliding))
+    return out
 
 
 def render(name, plan, bud, flags, n_expert: int) -> str:
@@ -137,8 +146,12 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
 
 
 def kv_line(kv: dict) -> str:
+    layer = "a full layer" if kv.get("sliding_layers") else "a layer"
     window = ("all resident" if kv["resident_tokens"] is None
-              else f"newest {kv['resident_tokens']:,} tokens a layer resident")
+              else f"newest {kv['resident_tokens']:,} tokens {layer} resident")
+    if kv.get("sliding_layers"):   # they keep their window's last W - 1 tokens, in VRAM
+        window += (f" ({kv['sliding_layers']} sliding layers keep their last "
+                   f"{kv['sliding_tokens']:,}, {fmt_bytes(kv['sliding_vram_bytes'])})")
     return (f"  kv        {kv['dtype']}, {kv['tokens']:,} tokens, {window}: "
             f"{fmt_bytes(kv['vram_bytes'])} in VRAM, {fmt_bytes(kv['host_bytes'])} in pinned "
             f"host memory")

@@ -202,6 +202,7 @@ class StageEngine:
         check_machine([b], [device], host_blobs=sum(blob_sizes[l] for l in b.layers) * s.n_expert,
                       pin=cfg.pin, dense_host=b.dense * self.dtype.itemsize // 2)
         self.host = HostExperts(pack.experts, blob_sizes, pin=cfg.pin, progress=cfg.progress,
+                                spans=getattr(pack, "expert_span", None),
                                 layers=b.layers)
         self.pinned = self.host.pinned or device.type != "cuda"
         cache = ExpertCache(p.cache, self.host.source, device)

@@ -49,7 +49,7 @@ from strata.memory.carve import Carve
 from strata.memory.layout import PromptBuffers
 from strata.memory.rig import RESERVE, participants
 from strata.memory.scan import ParticipantPlan
-from strata.models.kv import PromptKV
+from strata.models.kv import PromptKV, kv_windows
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.mla_scratch import MLAScratch
 from strata.models.moe import expert_ffn
@@ -179,14 +179,15 @@ class PrefillEngine:
         check_machine(budgets, devices, host_blobs=sum(self.blob_sizes) * self.shape.n_expert,
                       pin=cfg.pin and host is None,
                       dense_host=sum(b.dense for b in budgets) * self.dtype.itemsize // 2,
-                      host_kv=self.shape.n_layer * self.sizes.kv_host(cfg.max_prompt),
+                      host_kv=self.sizes.kv_host_all(cfg.max_prompt),
                       kv_tokens=cfg.max_prompt)
         clock.cuda = [d for d in devices if d.type == "cuda"]
         clock.lap("plan_s")
         # The host blobs load on a thread while the caches are allocated and the dense weights
         # go up (the copy threads and the upload overlap); the caches fill once they are in.
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
-                                        progress=cfg.progress, background=True)
+                                        progress=cfg.progress, background=True,
+                                        spans=getattr(pack, "expert_span", None))
         try:
             caches = []
             for p, dev in zip(parts, devices):
@@ -418,13 +419,15 @@ class PrefillEngine:
         if s.mla:   # PromptKV holds per-head keys and values; MLA caches one latent a token
             raise StrataError(f"--kv-resident is not implemented for MLA ({s.arch}); its KV "
                               f"(the latent + rope key) stays resident: drop --kv-resident")
-        host_kv = s.n_layer * self.sizes.kv_host(n_tokens)
-        check_kv_host(host_kv, sum(len(p.layers) for p in self.parts) * self.sizes.kv_bytes(
-            n_tokens), sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
+        host_kv = self.sizes.kv_host_all(n_tokens)
+        check_kv_host(host_kv, self.sizes.kv_vram(n_tokens, [l for p in self.parts
+                                                             for l in p.layers]),
+                      sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
         lanes = {l: part.lane for part in self.parts for l in part.layers}
         return PromptKV(s.n_layer, s.n_kv_head, s.head_dim, n_tokens, kv=self.cfg.kv,
                         resident=self.cfg.kv_resident, devices=self.model.layer_devices,
-                        stages=stages, lanes=lanes, pin=self.pinned and self.device.type == "cuda")
+                        stages=stages, lanes=lanes, pin=self.pinned and self.device.type == "cuda",
+                        windows=kv_windows(s))
 
     def _sync(self) -> None:
         for part in self.parts:
@@ -531,8 +534,12 @@ class _PhaseClock:
         self.t = time.perf_counter()
 
     def lap(self, name: str) -> None:
+        t = time.perf_counter()
         for d in self.cuda:
             torch.cuda.synchronize(d)
+        # the waits apart too: a sync can stall behind another thread's driver calls (the
+        # pinning thread's page-locking), which is not this phase's own work
+        self.timings["sync_s"] = self.timings.get("sync_s", 0.0) + time.perf_counter() - t
         t = time.perf_counter()
         self.timings[name] = self.timings.get(name, 0.0) + t - self.t
         self.t = t

@@ -9,16 +9,31 @@ import triton.language as tl
 
 from strata.kernels._moe_kernel import _bf16, _w_tile
 from strata.kernels.decode import pair_tile
+from strata.kernels.decode.superblocks import (SUPERBLOCK_K, superblock_base, superblock_head,
+                                              superblock_run, superblock_words)
+
+
+@triton.jit
+def _rows16(dst_ptr, dst_base, dst_off, offs_n, C):
+    """bf16 pointers [BN, 1] at the start of each output row, for the word paths: their rows are
+    whole 64-weight multiples and dst_slot[e], dst_off are multiples of 16 bytes (see
+    decode_matrix_into); spelling dst_base as (dst_base >> 4) * 16 shows the compiler as much
+    (tl.multiple_of does not reach a loaded scalar), so the stores can be wide vectors."""
+    dst = (dst_ptr + (dst_base >> 4) * 16 + dst_off).to(tl.pointer_type(tl.bfloat16))
+    return dst + offs_n[:, None].to(tl.int64) * C
 
 
 @triton.jit
 def _dequant_fwd_kernel(arena_ptr, slot_ptr, dst_slot_ptr, mat_off, row_bytes, dst_ptr, dst_off,
                         tab_ptr, R, C, FMT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                        INTERP: tl.constexpr, WORDS: tl.constexpr = False):
+                        INTERP: tl.constexpr, WORDS: tl.constexpr = False,
+                        SUPER: tl.constexpr = False, ALIGNED: tl.constexpr = False):
     """bf16(decode(expert e's matrix)) at dst_ptr + dst_slot[e] + dst_off (bytes), rows of C;
     experts with dst_slot[e] = -1 do nothing. WORDS (Q8_0/Q4_0, rows a multiple of 4 bytes,
     BK % 64 == 0): the codes come as aligned int32 words a pair of blocks at a time (pair_tile)
-    instead of byte by byte."""
+    instead of byte by byte. SUPER (the super-block formats, BK % 256 == 0): BK / 256 whole
+    super-blocks a row, header words once, then run by run as int32 words
+    (decode.superblocks); ALIGNED: every super-block starts on a word (superblock_words_fit)."""
     e = tl.program_id(0)
     dst_base = tl.load(dst_slot_ptr + e)
     if dst_base >= 0:
@@ -26,7 +41,26 @@ def _dequant_fwd_kernel(arena_ptr, slot_ptr, dst_slot_ptr, mat_off, row_bytes, d
         w_ptr = arena_ptr + tl.load(slot_ptr + e) + mat_off
         dst = (dst_ptr + dst_base + dst_off).to(tl.pointer_type(tl.bfloat16))
         rows = dst + offs_n[:, None].to(tl.int64) * C
-        if WORDS:
+        if SUPER:
+            rows = _rows16(dst_ptr, dst_base, dst_off, offs_n, C)
+            # byte offsets from the arena's (aligned) first byte; blob slots are 256-aligned
+            # (strata.blob), which (slot >> 4) * 16 tells the compiler: with 16-aligned blocks
+            # and fields (Q4_K, Q5_K) code words load as 16-byte vectors
+            p32 = arena_ptr.to(tl.pointer_type(tl.int32))
+            mat_base = (tl.load(slot_ptr + e) >> 4) * 16 + mat_off
+            NSB: tl.constexpr = BK // SUPERBLOCK_K
+            for r in tl.static_range(NSB):
+                sb = tl.program_id(2) * NSB + r
+                n_mask = (offs_n < R) & (sb * SUPERBLOCK_K < C)
+                base = mat_base + superblock_base(FMT, row_bytes, offs_n, sb)    # [BN]
+                head = superblock_head(FMT, p32, base, n_mask, ALIGNED)
+                words = superblock_words(FMT, p32, base, n_mask, ALIGNED)
+                for run in tl.static_range(SUPERBLOCK_K // 32):
+                    v = superblock_run(FMT, words, head, run, n_mask)               # [BN, 32]
+                    offs_k = sb * SUPERBLOCK_K + run * 32 + tl.arange(0, 32)
+                    tl.store(rows + offs_k[None, :], _bf16(v, INTERP), mask=n_mask[:, None])
+        elif WORDS:
+            rows = _rows16(dst_ptr, dst_base, dst_off, offs_n, C)
             for r in tl.static_range(BK // 64):
                 pair = tl.program_id(2) * (BK // 64) + r
                 offs_k = pair * 64 + tl.arange(0, 64)

@@ -20,7 +20,9 @@ from strata.experts import ExpertSet
 from strata.formats.tables import device_table
 from strata.kernels._expert_dequant_kernel import _dequant_fwd_kernel
 from strata.kernels.decode import pair_words_fit
-from strata.kernels.tiles import DEFAULT_WORDS, pinned_choice
+from strata.kernels.decode.superblocks import SUPERBLOCK, superblock_words_fit
+from strata.kernels.tiles import (DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOCKS, DEFAULT_WORDS,
+                                  pinned_choice)
 
 # One program decodes DECODE_BN rows x DECODE_BK weights: BK = 64 is one pair of 32-weight
 # blocks, the word path's unit (pair_tile); 64 x 64 bf16 out is 8 KiB a program.
@@ -35,17 +37,43 @@ def word_decode() -> bool:
     return DEFAULT_WORDS if words is None else bool(words)
 
 
+def superblock_decode() -> tuple[bool, tuple[int, int]]:
+    """(on, (rows, super-blocks) a program) of the super-block word path for Q4_K, Q5_K, Q6_K,
+    Q2_K, Q3_K and IQ4_XS: the active pin_tile's `superblocks` / `superblock_tile` (an A/B turns
+    the path off with `pin_tile(superblocks=False)`), else the defaults in strata.kernels.tiles."""
+    on = pinned_choice("superblocks")
+    tile = pinned_choice("superblock_tile")
+    return (DEFAULT_SUPERBLOCKS if on is None else bool(on),
+            DEFAULT_SUPERBLOCK_TILE if tile is None else tuple(tile))
+
+
+def decode_launch(mat) -> dict:
+    """The decode-once launch of matrix `mat` (a MatrixSlot) under the active pin: the kernel's
+    tile and path constexprs (BN, BK, WORDS, SUPER, ALIGNED). Blob slots are 256-aligned, so
+    the matrix's own offset decides word alignment."""
+    name = mat.fmt.name
+    aligned = superblock_words_fit(name, mat.row_bytes, mat.offset)
+    on, (rows, nsb) = superblock_decode()
+    if on and aligned is not None:
+        return dict(BN=rows, BK=nsb * SUPERBLOCK, WORDS=False, SUPER=True, ALIGNED=aligned)
+    words = word_decode() and pair_words_fit(name, mat.cols, mat.row_bytes, mat.offset)
+    return dict(BN=DECODE_BN, BK=DECODE_BK, WORDS=words, SUPER=False, ALIGNED=False)
+
+
 def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: torch.Tensor,
                        dst_off: int) -> None:
     """Matrix `mat` (a MatrixSlot of the layout) of every expert e with dst_slot[e] >= 0, as bf16
-    rows at byte dst_slot[e] + dst_off of the uint8 buffer `dst`. One launch."""
-    BN, BK = DECODE_BN, DECODE_BK
-    words = word_decode() and pair_words_fit(mat.fmt.name, mat.cols, mat.row_bytes, mat.offset)
-    grid = (experts.n_expert, triton.cdiv(mat.rows, BN), triton.cdiv(mat.cols, BK))
+    rows at byte dst_slot[e] + dst_off of the uint8 buffer `dst`. One launch (decode_launch).
+
+    The word paths take what strata.blob guarantees as given, unchecked (a check would need a
+    sync): blob slots (experts.slot_offset) are multiples of 256 bytes, and dst_slot[e] and
+    dst_off multiples of 16 (bf16 blobs are 256-aligned; dequant_experts' [R, C] steps are
+    too, C being a multiple of 64 there)."""
+    lc = decode_launch(mat)
+    grid = (experts.n_expert, triton.cdiv(mat.rows, lc["BN"]), triton.cdiv(mat.cols, lc["BK"]))
     _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, dst_slot, mat.offset,
                               mat.row_bytes, dst, dst_off, device_table("iq", experts.device),
-                              mat.rows, mat.cols, FMT=mat.fmt.ggml_type, BN=BN, BK=BK,
-                              INTERP=INTERPRET, WORDS=words)
+                              mat.rows, mat.cols, FMT=mat.fmt.ggml_type, INTERP=INTERPRET, **lc)
 
 
 def dequant_experts(experts: ExpertSet, name: str, counts: torch.Tensor, *,

@@ -41,10 +41,11 @@ def topk_route(logits: torch.Tensor, k: int, *, renormalize: bool = True):
 
 def routed_mask(topk_ids: torch.Tensor, n_expert: int) -> torch.Tensor:
     """bool [E]: the experts some assignment routes to (ids of -1, another pass's, ignored).
-    No device sync (an index write, unlike bincount or boolean indexing)."""
+    No device sync: a scatter of a scalar (not bincount or boolean indexing; nor `hit[idx] =
+    True`, whose Python value goes up as a pageable one-element copy the host waits for)."""
     flat = topk_ids.reshape(-1).long()
     hit = torch.zeros(n_expert + 1, dtype=torch.bool, device=flat.device)
-    hit[torch.where(flat < 0, n_expert, flat)] = True
+    hit.scatter_(0, torch.where(flat < 0, n_expert, flat), True)
     return hit[:n_expert]
 
 

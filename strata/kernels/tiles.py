@@ -22,8 +22,10 @@ Reasoning behind the constants (to be revisited with the GPU sweep in experiment
 
 Launch choices are data: a TileConfig also says how decoded weights meet the tensor cores (`dot`,
 one of DOT_VARIANTS) and whether Q8_0/Q4_0 rows of whole words decode through aligned word loads
-in the decode-once path (`words`); experiments A/B them with `pin_tile(dot=...)` /
-`pin_tile(words=False)`, never by assigning module globals.
+in the decode-once path (`words`), whether the super-block formats decode there a super-block
+at a time as int32 words (`superblocks`) and that program's tile (`superblock_tile`);
+experiments A/B them with `pin_tile(dot=...)` / `pin_tile(words=False)` /
+`pin_tile(superblocks=False)`, never by assigning module globals.
 
 `plan_launch(...) -> LaunchPlan` is the one plan of an expert-GEMM launch, made before anything is
 allocated (in the manner of triton_kernels' matmul_ogs): the tile, the grid bound, the workspace
@@ -71,6 +73,16 @@ DEFAULT_DOT = "swap_fast_pf_w16_magic"
 # The decode-once path reads Q8_0/Q4_0 rows of whole 4-byte words as aligned int32 words: its
 # decode step measured 3x faster so (decode+grouped_mm at T=2048, 40.8 -> 70.7 TFLOP/s; README).
 DEFAULT_WORDS = True
+# The decode-once path reads the super-block formats (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS) a
+# super-block at a time as int32 words (strata.kernels.decode.superblocks), a program's tile
+# `superblock_tile` = (rows, super-blocks). 32 rows x 2 super-blocks (16K weights, the bytes out
+# of the Q8_0 word path's 64 x 64 program x 4): compiled for sm_90 (4 warps), the word-aligned
+# formats' runs then store straight from the registers they were decoded in, where 64 rows
+# put a shared-memory layout change before every run's store (tests/kernels/compile_moe.py
+# prints each variant's shared memory). Not yet timed on the H200: benchmarks/dequant_bench.py
+# --mode experts times both paths at several tiles in one run (issue 15).
+DEFAULT_SUPERBLOCKS = True
+DEFAULT_SUPERBLOCK_TILE = (32, 2)
 
 # Schedule constants of the heuristic (see the module docstring for each one's reason).
 BLOCK_M_MIN = 16        # tl.dot's smallest M
@@ -99,6 +111,8 @@ class TileConfig:
     programs: int      # stream-k grid size P (ignored by "dp")
     dot: str = DEFAULT_DOT  # how decoded weights meet the tensor cores (DOT_VARIANTS)
     words: bool = DEFAULT_WORDS  # decode-once path: Q8_0/Q4_0 whole-word rows as aligned words
+    superblocks: bool = DEFAULT_SUPERBLOCKS  # decode-once path: K-quants/IQ4_XS as words
+    superblock_tile: tuple = DEFAULT_SUPERBLOCK_TILE  # its program: (rows, super-blocks)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -111,6 +125,11 @@ class TileConfig:
             raise StrataError(f"programs must be >= 1, got {self.programs}")
         if self.dot not in DOT_VARIANTS:
             raise StrataError(f"dot must be one of {DOT_VARIANTS}, got {self.dot!r}")
+        st = self.superblock_tile
+        if (not isinstance(st, tuple) or len(st) != 2 or not all(isinstance(v, int) for v in st)
+                or st[0] < 1 or st[0] & (st[0] - 1) or st[1] < 1):
+            raise StrataError(f"superblock_tile must be (rows, super-blocks): rows a power of "
+                              f"two, super-blocks >= 1; got {st!r}")
 
     def with_(self, **kw) -> "TileConfig":
         return replace(self, **kw)

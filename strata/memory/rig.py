@@ -77,14 +77,13 @@ def budgets(sizes: Sizes, vram: Sequence[int], *, cache: int | None = None,
     out = []
     splits = (explicit_split(sizes.n_layer, split, len(vram)) if split is not None
               else split_layers(sizes.n_layer, vram))
-    kv_per_layer = sizes.kv_bytes(kv_tokens)
     for i, (v, layers) in enumerate(zip(vram, splits)):
         dense = sum(sizes.layer_dense(l) for l in layers)
         if i == 0:
             dense += sizes.dense_first
         if i == len(vram) - 1:
             dense += sizes.dense_last
-        kv = len(layers) * kv_per_layer
+        kv = sizes.kv_vram(kv_tokens, layers)
         c = cache if cache is not None else v - dense - reserve - kv
         if c <= 0:
             raise StrataError(

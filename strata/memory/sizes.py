@@ -7,10 +7,12 @@ the assembler that knows both (strata.planning.model_sizes):
     dims(T, ring, batch)   values of a LayoutSpec's symbols for a chunk of T tokens (activation
                            bytes per token follow from the Buf dims; workspace rows such as TKP
                            come from the kernel's launch plan)
-    kv_bytes(n_tokens)     one layer's KV bytes in VRAM for a prompt of n_tokens (the resident
-                           window's share of the architecture's count, in the chosen KV dtype)
-    kv_host(n_tokens)      one layer's KV bytes kept in pinned host memory for such a prompt
-                           (what lies outside the resident window; 0 when all of it is resident)
+    kv_bytes(n_tokens, layer)   `layer`'s KV bytes in VRAM for a prompt of n_tokens (a full
+                           layer: the resident window's share of the architecture's count; a
+                           sliding layer: its window's last W - 1 tokens; in the KV dtype)
+    kv_host(n_tokens, layer)    `layer`'s KV bytes kept in pinned host memory for such a prompt
+                           (a full layer's tokens outside the resident window; 0 when all of
+                           it is resident, and always for a sliding layer)
     dense_layer            one layer's dense weight bytes (every layer's, unless dense_layers)
     dense_layers           per layer, when layers differ (a leading dense FFN, shared experts)
     dense_first            dense bytes only the first GPU holds (token embeddings)
@@ -21,7 +23,7 @@ Legend: T tokens, L layers, E experts, K top-k.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,13 +40,23 @@ class Sizes:
     n_expert: int
     top_k: int
     dims: Callable[[int, int, int | None], Mapping[str, int]] = field(compare=False, repr=False)
-    kv_bytes: Callable[[int], int] = field(compare=False, repr=False)
-    kv_host: Callable[[int], int] = field(default=lambda n: 0, compare=False, repr=False)
+    kv_bytes: Callable[[int, int], int] = field(compare=False, repr=False)
+    kv_host: Callable[[int, int], int] = field(default=lambda n, layer: 0, compare=False,
+                                               repr=False)
     dense_layer: int = 0
     dense_layers: tuple[int, ...] = ()
 
     def layer_dense(self, layer: int) -> int:
         """Dense weight bytes of `layer` (dense_layers[layer] when given, else dense_layer)."""
         return self.dense_layers[layer] if self.dense_layers else self.dense_layer
+
+    def kv_vram(self, n_tokens: int, layers: Iterable[int] | None = None) -> int:
+        """KV bytes in VRAM of `layers` (default all) for a prompt of n_tokens."""
+        layers = range(self.n_layer) if layers is None else layers
+        return sum(self.kv_bytes(n_tokens, l) for l in layers)
+
+    def kv_host_all(self, n_tokens: int) -> int:
+        """KV bytes in host memory of every layer for a prompt of n_tokens."""
+        return sum(self.kv_host(n_tokens, l) for l in range(self.n_layer))
     dense_first: int = 0
     dense_last: int = 0

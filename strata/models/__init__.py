@@ -1,7 +1,8 @@
 """Models: architecture registry, forwards over chunks, expert providers.
 
     layers.py     RMSNorm, RoPE (shared by every wiring)
-    kv.py         KVCache: keys/values of the tokens read so far, per layer
+    kv.py         KVCache, PromptKV: keys/values of the tokens read so far, per layer (a
+                  sliding layer only its window's); layer_kv_tokens: the one per-layer count
     attention.py  causal GQA attention of a chunk against the cache (optional q/k norms)
     moe.py        the expert FFNs (Triton kernel, decoded, torch twin, fp32 reference)
     moe_block.py  a layer's MoE block: router, then the FFN over each pass the provider yields

@@ -64,10 +64,12 @@ def _proj(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Te
 
 def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, P: int,
                      window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """q [H, T, hd] at positions P.., k_all, v_all [Hkv, P+T, hd] -> o [H, T, hd] in q's dtype,
-    with the sliding window and the sink logits: what SDPA cannot express (sinks). bf16 on CUDA
-    runs strata's chunk_attention over the cache in place (flash-style, no [H, T, S] scores);
-    otherwise an explicit mask and sink column in the model's own dtype (the fp32 reference)."""
+    """q [H, T, hd] at positions P.., k_all, v_all [Hkv, P+T, hd] -> o [H, T, hd] in q's dtype
+    (positions counted from k_all's first key: a sliding layer's cache passes only its kept
+    tail as the P), with the sliding window and the sink logits: what SDPA cannot express
+    (sinks). bf16 on CUDA runs strata's chunk_attention over the cache in place (flash-style,
+    no [H, T, S] scores); otherwise an explicit mask and sink column in the model's own dtype
+    (the fp32 reference)."""
     H, T, hd = q.shape
     if q.is_cuda and q.dtype == torch.bfloat16:
         from strata.kernels.attention import KVSegment, chunk_attention
@@ -119,7 +121,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
     P..P+T-1 -> o [T, H, hd] in q's dtype; k, v join `cache` (the attention every GQA wiring
     shares once its projections are done). `window` > 0: a sliding layer; `sinks` [H]: the
     heads' sink logits."""
-    T, P = q.shape[1], cache.length
+    T = q.shape[1]
     if isinstance(cache, PromptKV):   # the engine's KV: bf16 or int8, resident + host-held
         bf = torch.bfloat16
         extra = {}
@@ -128,7 +130,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
         o = cache.attend(layer, q.transpose(0, 1).to(bf), k.transpose(0, 1).to(bf),
                          v.to(bf), **extra)                          # [T, H, hd] bf16
         return o.to(q.dtype)
-    k_all, v_all = cache.extend(layer, k, v.transpose(0, 1))         # [Hkv, P+T, hd]
+    k_all, v_all = cache.extend(layer, k, v.transpose(0, 1))         # [Hkv, n+T, hd]
+    P = k_all.shape[1] - T   # the keys kept before the chunk: P, a sliding layer's last W - 1
     if window or sinks is not None:
         return masked_attention(q, k_all, v_all, P, window, sinks).transpose(0, 1)  # [T, H, hd]
     # GQA without copying K/V per query head (enable_gqa: query head h reads kv head

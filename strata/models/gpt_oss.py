@@ -14,6 +14,9 @@ Per layer l:
           # (strata.blob.ExpertAct swiglu_oai): biases and activation live in the blob layout,
           # so every expert FFN (Triton epilogue, torch twin, fp32 reference) applies them
 RoPE: NEOX halves with YaRN frequencies and attention factor (strata.models.layers.yarn_*).
+KV: a sliding layer keeps only the last W - 1 tokens before the chunk, in VRAM, in the model's
+KVCache and the engine's PromptKV alike; the plan counts the same (strata.models.kv.kv_windows
+reads shape.layer_window, layer_kv_tokens the tokens each layer keeps).
 Dense weights use llama.cpp's gpt-oss names (strata.packs.names_gpt_oss); the pre-FFN norm is
 `post_attention_norm`, as llama.cpp names it.
 """

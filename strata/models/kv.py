@@ -3,16 +3,52 @@
 - KVCache: the model's own (growing or preallocated, the model's dtype, one device per layer)
 - PromptKV: the streaming engine's (bf16 or int8, a resident window in VRAM, the older tokens in
   pinned host memory streamed back through a staging buffer for each later chunk's attention)
+- layer_kv_tokens / kv_windows: how many tokens each layer keeps and where, the one count the
+  plan (strata.planning.model_sizes), PromptKV and KVCache all allocate by
 
-Legend: P tokens already cached, T tokens of the chunk, Hkv kv heads, hd head dim, L layers.
+Sliding layers (window W > 0, GPT-OSS's even layers: ModelShape.layer_window) keep only the
+last W - 1 tokens before the chunk, in VRAM: a query at position p sees keys p-W+1..p, so a
+chunk starting at P needs the prefix tokens P-W+1..P-1 (its own keys come with the chunk), at
+most W - 1 whatever the chunk's length. Such a layer never holds host KV and is never staged;
+only full layers split at the resident window.
+
+Legend: P tokens already cached, T tokens of the chunk, Hkv kv heads, hd head dim, L layers,
+W a sliding layer's window, R the tokens a layer keeps in VRAM.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 from strata.errors import StrataError
+
+
+def layer_kv_tokens(n_tokens: int, window: int = 0,
+                    resident: int | None = None) -> tuple[int, int]:
+    """(VRAM, host) tokens of KV one layer keeps for a prompt of n_tokens. A sliding layer
+    (window W > 0): its last min(n_tokens, W - 1), all in VRAM (`resident` does not apply: it
+    is never staged). A full layer: the newest min(n_tokens, resident) in VRAM (all when
+    resident is None), the older rest in host memory."""
+    if window > 0:
+        return min(n_tokens, window - 1), 0
+    res = n_tokens if resident is None else min(n_tokens, resident)
+    return res, n_tokens - res
+
+
+def kv_windows(shape) -> tuple[int, ...]:
+    """Each layer's sliding window, 0 for full attention (ModelShape.layer_window): the model's
+    KV description the plan, the engine's PromptKV and the model's KVCache read."""
+    return tuple(shape.layer_window(l) for l in range(shape.n_layer))
+
+
+def _windows(windows: Sequence[int] | None, n_layer: int) -> tuple[int, ...]:
+    out = tuple(windows) if windows is not None else (0,) * n_layer
+    if len(out) != n_layer or any(not isinstance(w, int) or w < 0 for w in out):
+        raise StrataError(f"windows must give {n_layer} whole numbers >= 0 (0: a full layer), "
+                          f"got {windows!r}")
+    return out
 
 
 class KVCache:
@@ -20,81 +56,118 @@ class KVCache:
 
     `capacity` (tokens) preallocates; without it the cache grows by concatenation. `length` is P,
     the absolute position of the next chunk's first token; it advances in `commit` once every layer
-    has appended the chunk."""
+    has appended the chunk. `windows` (one per layer, 0: full; default all full): a sliding
+    layer holds only its last R = W - 1 tokens, in order ([Hkv, R, hd], at most `capacity`), and
+    `extend` returns those joined with the chunk (a temporary of R + T tokens)."""
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, *,
                  capacity: int | None = None, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", windows: Sequence[int] | None = None):
         """`device`: one device, or one per layer (a layer split over GPUs keeps each layer's
         KV on that layer's GPU)."""
         self.capacity, self.length = capacity, 0
+        self.windows = _windows(windows, n_layer)
         devs = list(device) if isinstance(device, (list, tuple)) else [device] * n_layer
         n = capacity if capacity is not None else 0
-        self.k = [torch.zeros(n_kv_head, n, head_dim, dtype=dtype, device=d) for d in devs]
-        self.v = [torch.zeros(n_kv_head, n, head_dim, dtype=dtype, device=d) for d in devs]
+        sizes = [layer_kv_tokens(n, w)[0] for w in self.windows]
+        self.k = [torch.zeros(n_kv_head, r, head_dim, dtype=dtype, device=d)
+                  for r, d in zip(sizes, devs)]
+        self.v = [torch.zeros(n_kv_head, r, head_dim, dtype=dtype, device=d)
+                  for r, d in zip(sizes, devs)]
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add this chunk's k, v [Hkv, T, hd] to `layer`; returns all keys/values [Hkv, P+T, hd]."""
+        """Add this chunk's k, v [Hkv, T, hd] to `layer`; returns the keys/values the chunk
+        attends [Hkv, n + T, hd]: the n = P kept tokens before it (a sliding layer: its last
+        n = min(P, W - 1)), then the chunk's, in position order."""
         P, T = self.length, k.shape[1]
+        if self.capacity is not None and P + T > self.capacity:
+            raise StrataError(f"KV cache holds {self.capacity} tokens; a chunk of {T} at position "
+                              f"{P} does not fit")
+        if self.windows[layer]:
+            return self._extend_window(layer, k, v, self.windows[layer] - 1)
         if self.capacity is None:
             self.k[layer] = torch.cat([self.k[layer], k], dim=1)
             self.v[layer] = torch.cat([self.v[layer], v], dim=1)
             return self.k[layer], self.v[layer]
-        if P + T > self.capacity:
-            raise StrataError(f"KV cache holds {self.capacity} tokens; a chunk of {T} at position "
-                              f"{P} does not fit")
         self.k[layer][:, P:P + T] = k
         self.v[layer][:, P:P + T] = v
         return self.k[layer][:, :P + T], self.v[layer][:, :P + T]
+
+    def _extend_window(self, layer: int, k: torch.Tensor, v: torch.Tensor, keep: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        n, T = min(self.length, keep), k.shape[1]
+        k_all = torch.cat([self.k[layer][:, :n], k], dim=1)               # [Hkv, n + T, hd]
+        v_all = torch.cat([self.v[layer][:, :n], v], dim=1)
+        m = min(keep, n + T)                 # the tokens the next chunk needs: the last m
+        if self.capacity is None:
+            self.k[layer] = k_all[:, n + T - m:].clone()
+            self.v[layer] = v_all[:, n + T - m:].clone()
+        elif m:
+            self.k[layer][:, :m] = k_all[:, n + T - m:]
+            self.v[layer][:, :m] = v_all[:, n + T - m:]
+        return k_all, v_all
 
     def commit(self, n_tokens: int) -> None:
         self.length += n_tokens
 
 
 class PromptKV:
-    """One prompt's KV in a fixed placement: of its n_tokens, the oldest `host` = n_tokens - R
-    tokens of every layer live in host memory (pinned on CUDA), the newest R = min(n_tokens,
-    resident) in VRAM; bf16, or int8 codes with one fp32 scale per token per kv head
-    (strata.kernels.attention.kv_int8). Keys join the cache normed and rotated.
+    """One prompt's KV in a fixed placement, per layer as layer_kv_tokens says: a full layer's
+    oldest `host` = n_tokens - R tokens live in host memory (pinned on CUDA), its newest
+    R = min(n_tokens, resident) in VRAM; a sliding layer (`windows`, one per layer, 0: full;
+    default all full) keeps its last R = min(n_tokens, W - 1) tokens in VRAM as a ring (the
+    token at position j in slot j mod R), never in host memory. bf16, or int8 codes with one
+    fp32 scale per token per kv head (strata.kernels.attention.kv_int8). Keys join the cache
+    normed and rotated.
 
-    Per layer per chunk at position P: the host-held tokens 0..min(P, host) stream back into that
-    layer's staging buffer (`stages[layer]`: a uint8 view of KS·KVB bytes carved from the loan,
-    strata.planning.KV_STAGE_BUF) on the copy lane, ordered after the compute that last read it by
-    an event, and the attention waits for the copy's event (no host sync). The attention runs
-    over [staged host tokens, resident tokens] + the chunk's own keys: `chunk_attention` on CUDA,
-    `chunk_attention_torch` on the CPU (one signature). The next layer's copy is issued as soon
-    as this layer's attention has read the stage, so it lands while this layer's experts run.
-    int8 segments are expanded to bf16 codes for the kernel's bf16 tile path in `scratch[layer]`
-    (an AttnScratch over the layout's kv_expand_k / kv_expand_v / attn_state buffers,
-    strata.planning.KV_EXPAND_BUFS; absent: the launcher allocates its own).
+    Per full layer per chunk at position P: the host-held tokens 0..min(P, host) stream back
+    into that layer's staging buffer (`stages[layer]`: a uint8 view of KS·KVB bytes carved from
+    the loan, strata.planning.KV_STAGE_BUF) on the copy lane, ordered after the compute that last
+    read it by an event, and the attention waits for the copy's event (no host sync). The
+    attention runs over [staged host tokens, resident tokens] + the chunk's own keys:
+    `chunk_attention` on CUDA, `chunk_attention_torch` on the CPU (one signature). The next
+    staged layer's copy is issued as soon as this layer's attention has read the stage, so it
+    lands while this layer's experts run. A sliding layer's attention runs over its ring in
+    position order (at most two segments: slots P mod R..R-1, then 0..) + the chunk: the
+    kernel's window and causal masks go by position counted from the first segment's first key,
+    which shifts every position alike. int8 segments are expanded to bf16 codes for the
+    kernel's bf16 tile path in `scratch[layer]` (an AttnScratch over the layout's kv_expand_k /
+    kv_expand_v / attn_state buffers, strata.planning.KV_EXPAND_BUFS; absent: the launcher
+    allocates its own).
 
     Legend: S tokens, Hkv kv heads, hd head dim; storage per layer is [S, Hkv, hd] (+ [S, Hkv]
     scales), the layout KVSegment reads."""
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, n_tokens: int, *,
                  kv: str = "bf16", resident: int | None = None, devices, stages=None,
-                 lanes=None, pin: bool = False, scratch=None):
+                 lanes=None, pin: bool = False, scratch=None,
+                 windows: Sequence[int] | None = None):
         from strata.kernels.attention.kv_int8 import KV_DTYPES
         if kv not in KV_DTYPES:
             raise StrataError(f"kv dtype must be one of {KV_DTYPES}, got {kv!r}")
         self.kv, self.length, self.n_tokens = kv, 0, n_tokens
-        self.res = n_tokens if resident is None else min(n_tokens, resident)
-        self.host = n_tokens - self.res
+        self.windows = _windows(windows, n_layer)
+        self.res, self.host = layer_kv_tokens(n_tokens, 0, resident)    # a full layer's split
+        split = [layer_kv_tokens(n_tokens, w, resident) for w in self.windows]
+        self.kept = [r for r, _ in split]      # per layer: tokens in VRAM (a sliding one's ring)
+        self.held = [h for _, h in split]      # per layer: tokens in host memory
         self.Hkv, self.hd = n_kv_head, head_dim
         self.devices = list(devices)
         self.lanes = lanes or {}
         self.scratch = scratch or {}   # layer -> AttnScratch (int8 on CUDA)
         self.code = torch.int8 if kv == "int8" else torch.bfloat16
         self.streamed = 0          # bytes of host KV copied back to the stages
-        if self.host and stages is None:
+        staged = [l for l in range(n_layer) if self.held[l]]
+        if staged and (stages is None or any(l not in stages for l in staged)):
             raise StrataError("a prompt whose KV lives partly in host memory needs staging "
-                              "buffers (the layout's kv_stage)")
-        self.resident = [self._store(self.res, d) for d in self.devices]
+                              "buffers (the layout's kv_stage) for every full layer")
+        self.resident = [self._store(r, d) for r, d in zip(self.kept, self.devices)]
         hostdev = torch.device("cpu")
-        self.hosted = [self._store(self.host, hostdev, pin=pin) for _ in range(n_layer)]
-        self.stages = ({l: self._view(stages[l], self.host) for l in range(n_layer)}
-                       if self.host else {})
+        self.hosted = [self._store(h, hostdev, pin=pin) for h in self.held]
+        self.stages = {l: self._view(stages[l], self.held[l]) for l in staged}
+        # the copy a staged layer's attention issues next: the next staged layer's
+        self._next = dict(zip(staged, staged[1:]))
         self._ready: dict[int, object] = {}    # layer -> event of its staged copy
 
     # -- storage ---------------------------------------------------------------------------
@@ -124,11 +197,22 @@ class PromptKV:
         from strata.kernels.attention import KVSegment
         return KVSegment(*[p[:n] for p in parts])
 
+    def _ring(self, layer: int, P: int) -> list:
+        """A sliding layer's kept tokens before position P, oldest first (positions
+        max(0, P - R)..P-1, slot j mod R), as one or two segments."""
+        R, parts = self.kept[layer], self.resident[layer]
+        if min(P, R) == 0:
+            return []
+        s = P % R
+        if P <= R or s == 0:              # not wrapped yet, or the oldest sits in slot 0
+            return [self._segment(parts, min(P, R))]
+        return [self._segment([p[s:] for p in parts], R - s), self._segment(parts, s)]
+
     # -- the chunk's protocol -------------------------------------------------------------
     def stage(self, layer: int) -> None:
         """Issue the copy of `layer`'s host-held tokens seen by the current chunk into its stage
         (after everything the compute lane has queued: the stage's last reader, the host writes)."""
-        n = min(self.length, self.host)
+        n = min(self.length, self.held[layer])
         if n == 0 or layer in self._ready:
             return
         lane = self.lanes.get(layer)
@@ -146,26 +230,32 @@ class PromptKV:
                **extra) -> torch.Tensor:
         """q [T, H, hd], k, v [T, Hkv, hd] (bf16, normed and rotated) of the chunk at
         positions length.. -> o [T, H, hd] bf16; then k, v join the cache. `extra`: the
-        attention's window / sinks (chunk_attention's keywords), for the layers that have them.
-        A sliding layer still keeps (and stages) every token: its window only masks."""
+        attention's window / sinks (chunk_attention's keywords), for the layers that have them;
+        a layer kept as a sliding one must mask with its window (its ring holds no more)."""
         from strata.kernels.attention import chunk_attention, chunk_attention_torch
-        P = self.length
-        n_host, n_res = min(P, self.host), max(0, P - self.host)
-        prefix = []
-        if n_host:
-            self.stage(layer)
-            lane = self.lanes.get(layer)
-            if lane is not None:
-                lane.wait(self._ready[layer])
-            prefix.append(self._segment(self.stages[layer], n_host))
-        if n_res:
-            prefix.append(self._segment(self.resident[layer], n_res))
+        P, W = self.length, self.windows[layer]
+        if W and extra.get("window") != W:
+            raise StrataError(f"layer {layer} keeps the KV of a {W}-token window; its attention "
+                              f"must mask with window={W}, got {extra.get('window', 0)}")
+        n_host = min(P, self.held[layer])
+        if W:
+            prefix = self._ring(layer, P)
+        else:
+            prefix = []
+            if n_host:
+                self.stage(layer)
+                lane = self.lanes.get(layer)
+                if lane is not None:
+                    lane.wait(self._ready[layer])
+                prefix.append(self._segment(self.stages[layer], n_host))
+            if P - n_host:
+                prefix.append(self._segment(self.resident[layer], P - n_host))
         fn = chunk_attention if q.device.type == "cuda" else chunk_attention_torch
         o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
         self._append(layer, k, v)
-        nxt = layer + 1
-        if n_host and nxt in self.stages:
-            self.stage(nxt)     # the next layer's copy overlaps this layer's experts
+        nxt = self._next.get(layer)
+        if n_host and nxt is not None:
+            self.stage(nxt)     # the next staged layer's copy overlaps this layer's experts
         return o
 
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -180,14 +270,33 @@ class PromptKV:
             vals = [kq, vq, ks, vs]
         else:
             vals = [k, v]
-        h = max(0, min(P + T, self.host) - P)      # this chunk's tokens that go to the host
+        if self.windows[layer]:
+            self._ring_write(layer, vals, P, T)
+            return
+        host = self.held[layer]
+        h = max(0, min(P + T, host) - P)      # this chunk's tokens that go to the host
         for dst, src in zip(self.hosted[layer], vals):
             if h:
                 dst[P:P + h].copy_(src[:h], non_blocking=True)
         for dst, src in zip(self.resident[layer], vals):
             if T - h:
-                a = P + h - self.host
+                a = P + h - host
                 dst[a:a + T - h].copy_(src[h:])
+
+    def _ring_write(self, layer: int, vals, P: int, T: int) -> None:
+        """The chunk's last min(T, R) tokens into their slots (position mod R), queued after
+        the attention that read the ring (the same stream)."""
+        R = self.kept[layer]
+        m = min(T, R)
+        if m == 0:
+            return
+        a = (P + T - m) % R
+        first = min(m, R - a)
+        for dst, src in zip(self.resident[layer], vals):
+            src = src[T - m:]
+            dst[a:a + first].copy_(src[:first])
+            if m > first:
+                dst[:m - first].copy_(src[first:])
 
     def commit(self, n_tokens: int) -> None:
         self.length += n_tokens
@@ -201,3 +310,8 @@ class PromptKV:
     @property
     def host_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for parts in self.hosted for t in parts)
+
+    @property
+    def vram_bytes(self) -> int:
+        """Bytes of the KV kept on the layers' devices (resident windows and rings)."""
+        return sum(t.numel() * t.element_size() for parts in self.resident for t in parts)

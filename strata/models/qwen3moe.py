@@ -23,7 +23,7 @@ import torch
 from strata.errors import StrataError
 from strata.models.attention import AttentionShape, AttentionWeights, attention
 from strata.models.decoder import Decoder
-from strata.models.kv import KVCache
+from strata.models.kv import KVCache, kv_windows
 from strata.models.layers import on_device, rms_norm, rope_cos_sin
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
@@ -113,7 +113,7 @@ class Qwen3Moe(Decoder):
     def new_cache(self, capacity: int | None = None) -> KVCache:
         s = self.shape
         return KVCache(s.n_layer, s.n_kv_head, s.head_dim, capacity=capacity, dtype=self.dtype,
-                       device=self.layer_devices)
+                       device=self.layer_devices, windows=kv_windows(s))
 
     def forward_chunk(self, tokens: torch.Tensor, cache: KVCache, provider: ExpertProvider,
                       *, logits: str = "all", observer=None) -> torch.Tensor | None:

@@ -478,6 +478,14 @@ class Pack:
             return torch.empty(self.shape.n_expert, 0, dtype=torch.uint8)
         return self._raw(experts_name(i)).view(self.shape.n_expert, self.layers[i].blob_size)
 
+    def expert_span(self, i: int) -> tuple[str, int, int] | None:
+        """(file path, byte offset, bytes) of layer i's expert blobs in the pack file (None for
+        a dense layer): what a loader reads with pread instead of faulting the map in."""
+        if self.layers[i].layout is None:
+            return None
+        a, b = self._header[experts_name(i)]["data_offsets"]
+        return str(self.path), self._data_start + a, b - a
+
     def expert_set(self, i: int) -> ExpertSet:
         """Layer i's experts as an ExpertSet over the map (CPU): slot_offset[e] = e * blob_size."""
         bs = self.layers[i].blob_size

@@ -54,6 +54,7 @@ def test_layers_go_to_registered_huge_page_memory_and_close_unlocks(monkeypatch)
 
 
 def test_background_loading_gives_the_same_layers_and_waits_for_them(monkeypatch):
+    import pytest
     import threading
     blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(3)]
     fake = _FakeCudart()
@@ -65,10 +66,18 @@ def test_background_loading_gives_the_same_layers_and_waits_for_them(monkeypatch
         if i == 2:
             assert gate.wait(10)
         return blobs[i]
+    import sys
+    from strata.engine.pinning import PinMethod
+    PIN_SWITCH_INTERVAL = PinMethod().switch
+    before = sys.getswitchinterval()
     host = HostExperts(slow, [1000] * 3, pin=True, background=True)
     assert not host._done.is_set(), "returned before the last layer was loaded"
+    # the copy threads get the GIL back quickly while the caller runs Python beside them
+    assert sys.getswitchinterval() == pytest.approx(min(PIN_SWITCH_INTERVAL, before)) \
+        and PIN_SWITCH_INTERVAL < before
     gate.set()
     assert host.pinned and len(fake.locked) == 3 and host.load_s > 0   # .pinned waits
+    assert sys.getswitchinterval() == before   # given back once the loading ended
     for i, b in enumerate(blobs):
         assert torch.equal(host.blob(i, 4), b[4])
     host.close()
@@ -85,3 +94,39 @@ def test_a_background_error_is_raised_by_the_accessors():
         host.join()
     with pytest.raises(StrataError, match="must be uint8"):
         host.blob(0, 0)
+
+
+def test_every_pin_method_gives_the_pack_files_bytes(monkeypatch, tmp_path):
+    """pread from the file or copy from the map, page-locking overlapped or not, in the
+    background or not: every layer holds exactly the pack's blobs, all registered."""
+    import itertools
+
+    import pytest
+
+    from strata.engine.pinning import PinMethod
+    from strata.packs import Pack
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.shapes import get_preset
+    pack = Pack.open(synth_pack(tmp_path / "t.pack", get_preset("tiny"),
+                                ExpertFormats.of("Q8_0", down="Q4_0"), progress=False))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    sizes = [pl.blob_size for pl in pack.layers]
+    for source, overlap, bg in itertools.product(("pread", "map"), (True, False), (True, False)):
+        fake = _FakeCudart()
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+        host = HostExperts(pack.experts, sizes, pin=True, background=bg, spans=pack.expert_span,
+                           method=PinMethod(source, threads=2, overlap=overlap))
+        assert host.pinned and len(fake.locked) == len(sizes), (source, overlap, bg)
+        for i in range(len(sizes)):
+            assert torch.equal(host.layers[i], pack.experts(i)), (source, overlap, bg, i)
+        host.close()
+        assert not fake.locked
+    # a span that disagrees with the file (shorter file than its header says) fails by name
+    path, off, n = pack.expert_span(0)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart())
+    with pytest.raises(OSError, match="read"):
+        HostExperts(pack.experts, sizes, pin=True, spans=lambda i: (path, off + 10**12, n))
+    with pytest.raises(ValueError, match="source"):
+        PinMethod("mmap")
+    assert PinMethod.parse("map,threads=16,overlap=0,switch=none") == \
+        PinMethod("map", threads=16, overlap=False, switch=None)

@@ -208,8 +208,10 @@ def engine_side(shape, layer_blob, native, rig, layouts):
 
 
 def check_kv(shape, cfg, bud, layout):
-    """The budgets charge the resident window's KV in the KV dtype, the host holds the rest, and
-    the layout stages one layer's host-held KV exactly when there is some (the kernel's count)."""
+    """The budgets charge each full layer the resident window's KV in the KV dtype and each
+    sliding layer (window W, GPT-OSS) its last W - 1 tokens; the host holds the full layers'
+    rest, and the layout stages one full layer's host-held KV exactly when there is some (the
+    kernel's count)."""
     from strata.kernels.attention import kv_token_bytes
     n = cfg.max_prompt
     res = n if cfg.kv_resident is None else min(n, cfg.kv_resident)
@@ -218,9 +220,12 @@ def check_kv(shape, cfg, bud, layout):
     tok = (((shape.kv_lora + shape.qk_rope) * 2 if cfg.kv == "bf16" else
             shape.kv_lora + shape.qk_rope + 8) if shape.mla
            else kv_token_bytes(cfg.kv, shape.n_kv_head, shape.head_dim))
+    win = [shape.layer_window(l) for l in range(shape.n_layer)]
+    kept = [min(n, w - 1) if w else res for w in win]
     for b in bud:
-        assert b.kv == len(b.layers) * res * tok
-    assert layout.sizes.kv_host(n) == (n - res) * tok
+        assert b.kv == sum(kept[l] for l in b.layers) * tok
+    for l, w in enumerate(win):
+        assert layout.sizes.kv_host(n, l) == (0 if w else (n - res) * tok)
     stage = [p for p in layout.placements(1, 0) if p.name == "kv_stage"]
     assert [p.nbytes for p in stage] == ([(n - res) * tok] if n > res else [])
     from strata.kernels.attention import expand_rows     # the int8 attention's scratch

@@ -21,6 +21,9 @@ from triton._C.libtriton import ir  # noqa: E402
 import strata.kernels._moe_kernel as k  # noqa: E402
 import strata.kernels._expert_dequant_kernel as dq  # noqa: E402
 from strata.formats import get_format  # noqa: E402
+from strata.kernels.decode import FAST_CODE_FORMATS  # noqa: E402
+from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS  # noqa: E402
+from strata.kernels.tiles import DEFAULT_SUPERBLOCK_TILE  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
@@ -117,14 +120,30 @@ def main(argv=None) -> int:
     sig = {"arena_ptr": "*u8", "slot_ptr": "*i64", "dst_slot_ptr": "*i64", "mat_off": "i32",
            "row_bytes": "i32", "dst_ptr": "*u8", "dst_off": "i32", "tab_ptr": "*i32", "R": "i32",
            "C": "i32"}
+    # (hinted as the JIT specializes real launches: sizes and offsets divisible by 16)
+    hints = set(sig) - {"dst_slot_ptr"}
     for fmt in fmts:
-        try:
-            compile_one(dq._dequant_fwd_kernel, dict(sig),
-                        dict(FMT=fmt, BN=64, BK=64, INTERP=False), 4, 3)
-            print(f"ok   expert_dequant fmt={fmt}")
-        except Exception as exc:
-            fails += 1
-            print(f"FAIL expert_dequant fmt={fmt}: {str(exc)[:200]}")
+        name = names[fmt]
+        variants = [("bytes", dict(BN=64, BK=64))]
+        if name in FAST_CODE_FORMATS:
+            variants.append(("words", dict(BN=64, BK=64, WORDS=True)))
+        if name in SUPERBLOCK_FORMATS:
+            rows, nsb = DEFAULT_SUPERBLOCK_TILE
+            for aligned in (True, False):
+                if aligned and get_format(name).block_bytes % 4:
+                    continue   # never word-aligned (superblock_words_fit)
+                variants += [(f"superblocks aligned={aligned} tile={t}",
+                              dict(BN=t[0], BK=256 * t[1], SUPER=True, ALIGNED=aligned))
+                             for t in dict.fromkeys(((rows, nsb), (64, 1)))]
+        for what, const in variants:
+            try:
+                md = compile_one(dq._dequant_fwd_kernel, dict(sig),
+                                 {"FMT": fmt, "INTERP": False, "WORDS": False, "SUPER": False,
+                                  "ALIGNED": False, **const}, 4, 3, aligned=hints)
+                print(f"ok   expert_dequant fmt={fmt} {what} shared={md['shared']}")
+            except Exception as exc:
+                fails += 1
+                print(f"FAIL expert_dequant fmt={fmt} {what}: {str(exc)[:200]}")
     return 1 if fails else 0
 
 

@@ -14,21 +14,39 @@ CASES = [(("BF16",), 64, 32), (("Q8_0", "Q4_0", "F16"), 64, 32),
          (("IQ2_XXS", "IQ2_XS", "IQ2_S"), 256, 256), (("IQ3_XXS", "IQ1_S", "IQ1_M"), 256, 256)]
 
 
-@pytest.mark.parametrize("words", [True, False], ids=["words", "bytes"])
+# "words": the word paths (Q8_0/Q4_0 pairs, the super-block formats' super-blocks); "bytes":
+# every format through the byte path
+PATHS = [dict(words=True, superblocks=True), dict(words=False, superblocks=False)]
+
+
+@pytest.mark.parametrize("pin", PATHS, ids=["words", "bytes"])
 @pytest.mark.parametrize("fmts,D,F", CASES, ids=lambda c: "-".join(c) if isinstance(c, tuple)
                          else str(c))
-def test_dequant_matches_reference(fmts, D, F, words):
-    with pin_tile(words=words):
+def test_dequant_matches_reference(fmts, D, F, pin):
+    with pin_tile(**pin):
         _check_dequant(fmts, D, F)
 
 
-def _check_dequant(fmts, D, F):
-    experts = random_expert_set(3, D, F, *fmts, seed=5)
-    counts = torch.tensor([2, 0, 1])                       # expert 1 idle: left untouched
+@pytest.mark.gpu
+@pytest.mark.parametrize("pin", PATHS, ids=["words", "bytes"])
+@pytest.mark.parametrize("fmts", [("Q4_K", "Q5_K", "Q6_K"), ("Q2_K", "Q3_K", "IQ4_XS"),
+                                  ("Q8_0", "Q4_0", "Q6_K")], ids="-".join)
+def test_dequant_gpu(fmts, pin):
+    # quantized weights (the stock mixes' formats) on the device; down [512, 768] has 3
+    # super-blocks a row, so Q6_K/Q3_K rows alternate word parity
+    with pin_tile(**pin):
+        _check_dequant(fmts, 512, 768, device="cuda", E=4)
+
+
+def _check_dequant(fmts, D, F, device="cpu", E=3):
+    experts = random_expert_set(E, D, F, *fmts, seed=5, device=device)
+    counts = torch.tensor([2, 0, 1, 3][:E], device=device)   # expert 1 idle: left untouched
     for name in ("gate", "up", "down"):
         mat = getattr(experts.layout, name)
-        out = torch.full((3, mat.rows, mat.cols), float("nan"), dtype=torch.bfloat16)
+        out = torch.full((E, mat.rows, mat.cols), float("nan"), dtype=torch.bfloat16,
+                         device=device)
         got = dequant_experts(experts, name, counts, out=out)
         ref = dequant_experts_torch(experts, name, counts)
-        assert torch.equal(got[counts > 0], ref[counts > 0])
+        # bits, not values: -0 and +0 must not pass for each other
+        assert torch.equal(got[counts > 0].view(torch.int16), ref[counts > 0].view(torch.int16))
         assert torch.isnan(got[1].float()).all(), "idle expert must cost nothing (not written)"

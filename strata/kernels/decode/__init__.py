@@ -2,8 +2,10 @@
 
 One module per format family, mirroring strata.formats (plain, legacy, kquants, iquants, iq2,
 iq1, mxfp4),
-the shared loads in _common, the raw code-word paths of Q8_0/Q4_0 in words; this module holds the
-one dispatch. What each format supports is stated once, in its row of strata.formats.table
+the shared loads in _common, the raw code-word paths of Q8_0/Q4_0 in words, the super-block
+formats (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS) read a super-block at a time as int32 words in
+superblocks (the decode-once path's; whole super-blocks, not element-addressed); this module holds
+the one dispatch. What each format supports is stated once, in its row of strata.formats.table
 (`triton`, `tile_run`, `scaled_code`, `code_words`); the name tuples below are read from there.
 
 Every helper is element-addressed, so any tile shape works (the expert GEMM's inner loop):
