@@ -126,7 +126,7 @@ def test_the_engine_reads_int8_mla_kv(tmp_path):
     want = model.prefill(tok, resident_provider(pack), chunk=5,
                          cache=model.new_cache(capacity=11, kv="int8"))
     assert torch.equal(res.logits, want)
-    assert eng.sizes.kv_bytes(64) == 64 * (DS_TINY.kv_lora + DS_TINY.qk_rope + 8)
+    assert eng.sizes.kv_bytes(64, 1) == 64 * (DS_TINY.kv_lora + DS_TINY.qk_rope + 8)   # layer 1
     names = [p["name"] for p in res.plan.participants[0].placements]
     assert "mla_c" in names and not any(n.startswith("kv_expand") for n in names)
 
