@@ -73,9 +73,9 @@ for step in "$@"; do
     swatests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_kv_window.py tests/engine/test_kv_window.py 2>&1 | tail -12 > "$OUT/gpu_swa_tests.log"; tail -5 "$OUT/gpu_swa_tests.log" ;;
     # issue 19 item 4: gpt-oss-120b MXFP4 streamed under 24 GiB at 8K/32K vs PCIe, gpt-oss-20b resident
     arch)    timeout 470 python3 experiments/arch_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/arch_ab.log" ;;
-    # issue 20: the DeepSeek / GLM-4.5 family's GPU tests, MLA expanded vs absorbed, and a
+    # issue 20: the DeepSeek / GLM-4.5 family's GPU tests, MLA blocked vs all-at-once vs absorbed, and a
     # full-width DeepSeek-V3 pack (as many MoE layers as host memory holds) streamed at 8K/32K
-    familytests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla.py tests/models/test_family.py 2>&1 | tail -20 > "$OUT/gpu_family_tests.log"; tail -5 "$OUT/gpu_family_tests.log" ;;
+    familytests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla.py tests/models/test_mla_blocks.py tests/models/test_mla_int8.py tests/models/test_family.py 2>&1 | tail -20 > "$OUT/gpu_family_tests.log"; tail -5 "$OUT/gpu_family_tests.log" ;;
     mla)     timeout 200 python3 benchmarks/mla_bench.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/mla_bench.log" ;;
     deepseek) timeout 560 python3 experiments/deepseek_stream.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/deepseek_stream.log" ;;
     # issue 17: the pinning thread's rate beside a busy interpreter (GIL hand-offs), pread vs map copy

@@ -8,9 +8,10 @@ needs, so `strata plan`, the prefill engine and the tests build their plans the 
                               count in the KV dtype, of the tokens strata.models.kv.
                               layer_kv_tokens keeps: a full layer split at the resident window,
                               a sliding one its window's last W - 1, all resident), dense bytes
-    layout_spec(ffn, kv)      the prompt path's buffers for the expert FFN `ffn` (and the KV
+    layout_spec(ffn, kv, shape)   the prompt path's buffers for the expert FFN `ffn` (and the KV
                               staging buffer when part of the KV lives in host memory, the
-                              attention's int8 expansion scratch when the KV is int8)
+                              attention's int8 expansion scratch when the KV is int8, MLA's
+                              key-block scratch when the shape is MLA)
     prompt_layout(shape, max_blob, ...)   a PromptLayout of those
     scratch_reserve(shape, devices, ffn, slab, decoded)   the slab's bytes beyond the layout (or None)
 
@@ -25,7 +26,11 @@ full layer's host-held KV (the longest prompt's tokens outside the resident wind
 KVPolicy.host_tokens; 0 when no layer holds host KV, as when every layer slides),
 KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV dtype),
 KX rows of int8 KV expanded to bf16 per attention launch and QS fp32 values of carried softmax
-state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats).
+state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats); MR keys and
+MQ queries of MLA's blocked attention, MKD = H*hd and MVD = H*Hv values a key, MS fp32 values of
+state a query, MLC = Lkv + R values of an int8 latent block dequantized
+(strata.models.mla_scratch: mla_scratch_rows, mla_state_floats; S is the longest prompt, or T
+without a KV policy).
 
 To add a buffer, add a `Buf` to ACTIVATIONS (or pass a LayoutSpec of your own, with any new
 symbol in `dims_for`): the carve, the scan, `strata plan` and the tests all follow.
@@ -45,6 +50,7 @@ from strata.kernels.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.sizes import Sizes
 from strata.models.kv import kv_windows, layer_kv_tokens
+from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats
 from strata.packs.names import global_specs, layer_specs
 from strata.shapes import ModelShape
 
@@ -100,6 +106,17 @@ KV_EXPAND_BUFS = (
 ATTN_STATE_BUF = Buf("attn_state", f32, ("T", "QS"),
                      "online-softmax state between the launches of a long int8 prefix")
 
+# MLA: the expanded attention decompresses a block of keys at a time into mla_k / mla_v and
+# merges the blocks of a query block in mla_state (strata.models.mla_scratch). Live only inside
+# one layer's attention: the attention phase.
+MLA_SCRATCH_BUFS = (
+    Buf("mla_k", bf16, ("MR", "MKD"), "a block of MLA keys decompressed (c Wuk^T | k_pe)"),
+    Buf("mla_v", bf16, ("MR", "MVD"), "that block's values (c Wuv^T)"),
+    Buf("mla_state", f32, ("MQ", "MS"), "a query block's merged output and log-sum-exp"),
+)
+# MLA with int8 KV: a key block's latent and rope key dequantized before the decompression.
+MLA_LATENT_BUF = Buf("mla_c", bf16, ("MR", "MLC"), "a block of int8 MLA latents, dequantized")
+
 
 @dataclass(frozen=True)
 class KVPolicy:
@@ -135,11 +152,18 @@ class KVPolicy:
         return self.dtype == "int8" and self.max_prompt > 0
 
 
-def layout_spec(ffn: str = "kernel", kv: KVPolicy | None = None) -> LayoutSpec:
+def layout_spec(ffn: str = "kernel", kv: KVPolicy | None = None,
+                shape: ModelShape | None = None) -> LayoutSpec:
     """The prompt path's buffers when the experts run through `ffn` and the KV is kept as `kv`
-    says (a staging buffer when some of it lives in host memory)."""
+    says (a staging buffer when some of it lives in host memory), with MLA's attention scratch
+    when `shape` is MLA."""
     spec = ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if ffn in DECODING_FFNS else ACTIVATIONS
-    if kv is not None and kv.expands:
+    mla = shape is not None and shape.mla
+    if mla:   # MLA's own int8 path dequantizes a key block into mla_c (no per-head expansion)
+        for b in MLA_SCRATCH_BUFS + ((MLA_LATENT_BUF,) if kv is not None and
+                                     kv.dtype == "int8" else ()):
+            spec = spec.with_buffer(b, "attention")
+    if kv is not None and kv.expands and not mla:
         for b in KV_EXPAND_BUFS:
             spec = spec.with_buffer(b, "attention")
         if needs_state(kv.max_prompt):
@@ -157,6 +181,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
     qd, kvd = shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
     if shape.mla:   # the chunk's expanded per-head keys and values (strata.models.mla)
         qd = kvd = shape.n_head * max(shape.head_dim, shape.v_head_dim)
+    mr, mq = mla_scratch_rows(T, max(T, kv.max_prompt if kv is not None else 0))
     return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": qd, "KVD": kvd,
             "TK": T * K, "TKP": padded_rows(T, K, E, bm),
@@ -165,7 +190,10 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             if kv is not None else 0,
             "KVB": shape.kv_bytes(1, kv.dtype if kv is not None else "bf16"),
             "KX": expand_rows(kv.max_prompt) if kv is not None else 0,
-            "QS": state_floats(shape.n_head, shape.head_dim)}
+            "QS": state_floats(shape.n_head, shape.head_dim),
+            "MR": mr, "MQ": mq, "MKD": shape.n_head * shape.head_dim,
+            "MVD": shape.n_head * shape.v_head_dim, "MLC": shape.kv_lora + shape.qk_rope,
+            "MS": mla_state_floats(shape.n_head, shape.v_head_dim)}
 
 
 def _weights(specs: dict) -> int:
@@ -232,5 +260,5 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
 
 
 __all__ = ["ACTIVATIONS", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXPAND_BUFS",
-           "KV_STAGE_BUF", "KVPolicy", "dims_for", "layer_dense_bytes",
-           "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]
+           "KV_STAGE_BUF", "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for",
+           "layer_dense_bytes", "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]

@@ -111,18 +111,18 @@ class ModelShape:
         scales per token per kv head): the attention format's own count (kv_token_bytes). The
         one count the rig's budgets charge (strata.planning hands it to memory)."""
         from strata.kernels.attention.kv_int8 import kv_token_bytes
-        if self.mla:   # MLA caches the normed latent and the rotated rope key, bf16 (strata.models.mla)
+        if self.mla:   # MLA caches the normed latent and the rotated rope key (strata.models.mla)
             return n_tokens * mla_token_bytes(self, kv)
         return n_tokens * kv_token_bytes(kv, self.n_kv_head, self.head_dim)
 
 
 def mla_token_bytes(shape: "ModelShape", kv: str = "bf16") -> int:
-    """One token's MLA KV in one layer: the latent (kv_lora) and the rope key (qk_rope), bf16.
-    int8 MLA KV is not implemented (a StrataError names it)."""
-    if kv != "bf16":
-        raise StrataError(f"--kv {kv} is not implemented for MLA ({shape.arch}); its KV is the "
-                          f"bf16 latent + rope key: use --kv bf16")
-    return (shape.kv_lora + shape.qk_rope) * 2
+    """One token's MLA KV in one layer: the latent (kv_lora) and the rope key (qk_rope), in
+    bf16, or int8 with one fp32 scale each (strata.kernels.attention.kv_int8's per-token-per-head
+    format, the latent and the rope key one "head" each: strata.models.mla)."""
+    from strata.kernels.attention.kv_int8 import kv_token_bytes
+    # kv_token_bytes counts a key and a value of a head; the latent and the rope key are one each
+    return (kv_token_bytes(kv, 1, shape.kv_lora) + kv_token_bytes(kv, 1, shape.qk_rope)) // 2
 
 
 PRESETS: dict[str, ModelShape] = {

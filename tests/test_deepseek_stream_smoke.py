@@ -41,4 +41,4 @@ def test_mla_bench_smoke(tmp_path):
     assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
     rows = bench.read_csv(tmp_path / "mla_bench-smoke.csv")
     assert {(r["config"]["arm"], r["config"]["P"]) for r in rows if r["figure"] == "ms"} == \
-        {(a, p) for a in ("expanded", "absorbed") for p in (0, 32)}
+        {(a, p) for a in ("blocked", "all_at_once", "absorbed") for p in (0, 32)}

@@ -52,6 +52,7 @@ from strata.memory.rig import RESERVE, participants
 from strata.memory.scan import ParticipantPlan
 from strata.models.kv import PromptKV, kv_windows
 from strata.models.load import load_model, open_pack, resolve_device
+from strata.models.mla_scratch import MLAScratch
 from strata.models.moe import expert_ffn
 from strata.planning import KVPolicy, layout_spec, model_sizes, scratch_reserve
 from strata.units import fmt_bytes
@@ -357,9 +358,10 @@ class PrefillEngine:
         out = None
         loans: list[Loan] = []
         memory: list[Borrowed] = []
-        kv = None
+        kv = cache = None
         stages: dict[int, torch.Tensor] = {}
         kv_scratch: dict[int, object] = {}    # layer -> AttnScratch of its participant's carve
+        mla_scratch: dict[int, object] = {}   # layer -> MLAScratch of its participant's carve
         try:
             providers = []
             for part, pp in zip(self.parts, plan.participants):
@@ -377,6 +379,8 @@ class PrefillEngine:
                     stages.update({l: bufs["kv_stage"] for l in part.layers})
                 if "kv_expand_k" in bufs.bufs:
                     kv_scratch.update({l: attn_scratch(bufs, self.shape) for l in part.layers})
+                if "mla_k" in bufs.bufs:
+                    mla_scratch.update({l: MLAScratch.of_carve(bufs) for l in part.layers})
                 if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
                     part.scratch.publish(carve.tail())
                 providers.append(StreamingProvider(
@@ -392,10 +396,14 @@ class PrefillEngine:
             kv = self.prompt_kv(T, stages)
             if kv is not None:      # each layer's int8 expansion scratch, from its carve
                 kv.scratch = kv_scratch
+            cache = kv              # MLA: the model's cache, its attention in the carve
+            if kv is None and self.shape.mla:
+                cache = self.model.new_cache(capacity=T, kv=self.cfg.kv)
+                cache.scratch = mla_scratch
             self._sync()
             t0 = time.perf_counter()
             try:
-                out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=kv,
+                out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=cache,
                                          progress=(lambda n: bar.update(n - bar.n)) if bar else None,
                                          observer=self.finite.begin(self.shape.n_layer))
                 self.finite.check()   # the prompt's one host read of the finite flags
@@ -424,7 +432,7 @@ class PrefillEngine:
             kv_streamed = kv.streamed if kv is not None else 0
             if kv is not None:
                 kv.release()      # the resident and the pinned host KV go with the prompt
-            del kv, stages, kv_scratch
+            del kv, cache, stages, kv_scratch, mla_scratch
         result = PrefillResult(out, plan, chunk, ring, stats, memory, kv_streamed)
         for o in self.observers:
             o.on_result(result)
@@ -434,7 +442,11 @@ class PrefillEngine:
         """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever
         --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the
         model's KVCache and its attention (the path every engine test and device run so far
-        measured), until PromptKV's own device run says it may be the default."""
+        measured), until PromptKV's own device run says it may be the default. MLA keeps its
+        own cache (bf16 or int8: strata.models.mla); only --kv-resident asks for PromptKV there
+        (refused: prompt_kv)."""
+        if self.shape.mla:
+            return self.cfg.kv_resident is not None
         return self.cfg.kv != "bf16" or self.cfg.kv_resident is not None
 
     def prompt_kv(self, n_tokens: int, stages: dict[int, torch.Tensor], *, make=PromptKV
@@ -447,7 +459,7 @@ class PrefillEngine:
         s = self.shape
         if s.mla:   # PromptKV holds per-head keys and values; MLA caches one latent a token
             raise StrataError(f"--kv-resident is not implemented for MLA ({s.arch}); its KV "
-                              f"(the bf16 latent + rope key) stays resident: drop --kv-resident")
+                              f"(the latent + rope key) stays resident: drop --kv-resident")
         host_kv = self.sizes.kv_host_all(n_tokens)
         check_kv_host(host_kv, self.sizes.kv_vram(n_tokens, [l for p in self.parts
                                                              for l in p.layers]),
@@ -477,7 +489,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
     kv = kv_policy(cfg)
     shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
     sizes = model_sizes(shape, kv=kv)
-    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv), cfg.batch)
+    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape), cfg.batch)
     fused = use_fused(native, cfg.fused)
     kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
               split=cfg.layer_split)

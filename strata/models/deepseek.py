@@ -26,10 +26,11 @@ class DeepSeek2(FamilyMoe):
                           wq=opt("attn_q.weight"), wqa=opt("attn_q_a.weight"),
                           q_norm=opt("attn_q_a_norm.weight"), wqb=opt("attn_q_b.weight"))
 
-    def new_cache(self, capacity: int | None = None) -> MLACache:
+    def new_cache(self, capacity: int | None = None, kv: str = "bf16") -> MLACache:
+        """The MLA cache (kv: bf16 in the model's dtype, or int8 codes + per-token scales)."""
         s = self.shape
         return MLACache(s.n_layer, s.kv_lora, s.qk_rope, capacity=capacity, dtype=self.dtype,
-                        device=self.layer_devices)
+                        device=self.layer_devices, kv=kv)
 
     def attention(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
         return mla_attention(xn, lw.attn, self.shape, cos, sin, cache, l, eps=self.shape.rms_eps)

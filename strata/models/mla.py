@@ -8,18 +8,30 @@ Lkv kv_lora (the latent).
     c, k_pe = split(Wkva x)                 [T, Lkv], [T, R]   c = rms(c): the cached latent
     q_pe, k_pe = rope_pairs(q_pe), rope_pairs(k_pe)            k_pe shared by every head
     cache += (c, k_pe)                      (Lkv + R) values per token per layer: the KV the
-                                            plan counts (strata.shapes.mla_token_bytes, bf16)
+                                            plan counts (strata.shapes.mla_token_bytes): bf16,
+                                            or int8 + one fp32 scale each per token (MLACache)
     Wkvb = [Wuk | Wuv] per head             [H, N + Hv, Lkv]
     o = causal softmax([q_nope, q_pe] . [c Wuk^T, k_pe] / sqrt(hd)) (c Wuv^T)   [T, H, Hv]
     y = Wo o                                [T, D]
 
 Two forms of the same attention, one signature (`mla_chunk_attention`):
 - expanded (what the model runs): decompress K_nope = c Wuk^T and V = c Wuv^T and attend with
-  the heads' full q: off CUDA a block of keys at a time, merging blocks by their log-sum-exp
-  (a transient of one block however long the prompt); on CUDA all keys at once through torch's
-  fused SDPA (a transient of S keys' expanded K/V, not carved from the loan);
+  the heads' full q, a query block of B = MLA_BLOCK tokens at a time; each decompresses the keys
+  it sees B at a time and merges the key blocks by their log-sum-exp in fp32. On CUDA the keys
+  land in the plan's scratch (strata.models.mla_scratch: mla_k / mla_v one block of K/V,
+  mla_state the query block's acc and lse; the engine carves it) and each block is one launch
+  of torch's memory-efficient attention kernel with its lse (`attend_block`; flash needs equal
+  q/k and v widths, 192 and 128 here); off CUDA, the reference, the same blocks in fp32 plain
+  torch. The transient beyond the scratch is one block's kernel output (+ its fp32 accumulator)
+  and the chunk's concatenated q, not the S keys' K/V (2.7 GB at S = 32K before).
 - absorbed (`mla_chunk_attention_absorbed`, the reference, in fp64): fold Wuk into the query
   (q_lat = q_nope Wuk, [T, H, Lkv]) and attend in the latent space, then Wuv on the output.
+
+The blocks' cost on CUDA: each query block re-decompresses the keys before it, ceil(T / B)
+passes of 2·S·Lkv·H·(N+Hv) (33.5M·S: 1.1 TFLOP at S = 32K, a cuBLAS GEMM) against the
+attention's 81,920·T·S (11 TFLOP at T = 4096), and each key block's merge reads and writes the
+fp32 state (2·B·H·Hv·4 B); the kernel and its tiles are those the all-at-once SDPA ran.
+benchmarks/mla_bench.py measures blocked against all-at-once.
 
 Why expanded for prefill, per layer per chunk at DeepSeek-V3's widths (H 128, N 128, R 64,
 Hv 128, Lkv 512), counting multiply-adds x2:
@@ -39,9 +51,10 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.attention.kv_int8 import KV_DTYPES, quantize_kv
 from strata.models.layers import apply_rope_pairs, rms_norm
+from strata.models.mla_scratch import MLA_BLOCK, MLAScratch
 
-KEY_BLOCK = 4096   # keys decompressed at a time by the expanded form
 
 
 @dataclass
@@ -61,32 +74,62 @@ class MLAWeights:
 
 class MLACache:
     """Per layer the normed latent c [P, Lkv] and the rotated rope key k_pe [P, R] of the tokens
-    read so far (the model's dtype; `capacity` preallocates, else it grows). `length` is P."""
+    read so far (`capacity` preallocates, else it grows). `length` is P. kv="bf16" keeps them in
+    the model's dtype; kv="int8" keeps int8 codes with one fp32 scale per token for each of the
+    two (strata.kernels.attention.kv_int8's format with the latent and the rope key one "head"
+    each: a token's scales are its own, written once when its chunk joins the cache; the rope
+    key gets its own scale because it is not normed and its range is not the latent's).
+    `scratch`: layer -> MLAScratch the attention works in on CUDA (the engine's carve of the
+    plan's mla_k / mla_v / mla_state (/ mla_c); a layer without one makes its own of that size)."""
 
     def __init__(self, n_layer: int, kv_lora: int, rope: int, *, capacity: int | None = None,
-                 dtype: torch.dtype = torch.float32, device="cpu"):
-        self.capacity, self.length = capacity, 0
+                 dtype: torch.dtype = torch.float32, device="cpu",
+                 scratch: dict[int, MLAScratch] | None = None, kv: str = "bf16"):
+        if kv not in KV_DTYPES:
+            raise StrataError(f"MLA KV must be one of {', '.join(KV_DTYPES)}, got {kv!r}")
+        self.capacity, self.length, self.kv = capacity, 0, kv
+        self.scratch = scratch or {}
         devs = list(device) if isinstance(device, (list, tuple)) else [device] * n_layer
         n = capacity or 0
-        self.c = [torch.zeros(n, kv_lora, dtype=dtype, device=d) for d in devs]
-        self.k_pe = [torch.zeros(n, rope, dtype=dtype, device=d) for d in devs]
+        code = torch.int8 if kv == "int8" else dtype
+        self.c = [torch.zeros(n, kv_lora, dtype=code, device=d) for d in devs]
+        self.k_pe = [torch.zeros(n, rope, dtype=code, device=d) for d in devs]
+        self.c_scale = [torch.zeros(n, 1, device=d) for d in devs] if kv == "int8" else None
+        self.k_pe_scale = [torch.zeros(n, 1, device=d) for d in devs] if kv == "int8" else None
+
+    def _stores(self):
+        names = ("c", "k_pe") + (("c_scale", "k_pe_scale") if self.kv == "int8" else ())
+        return [getattr(self, n) for n in names]
 
     def extend(self, layer: int, c: torch.Tensor, k_pe: torch.Tensor):
-        """Add the chunk's c [T, Lkv], k_pe [T, R]; returns all [P+T, Lkv], [P+T, R]."""
+        """Add the chunk's c [T, Lkv], k_pe [T, R]; returns all P+T tokens' (c, k_pe, c_scale,
+        k_pe_scale): bf16 the values and None, None; int8 the codes and fp32 scales [P+T, 1]."""
         P, T = self.length, c.shape[0]
-        if self.capacity is None:
-            self.c[layer] = torch.cat([self.c[layer], c])
-            self.k_pe[layer] = torch.cat([self.k_pe[layer], k_pe])
-            return self.c[layer], self.k_pe[layer]
-        if P + T > self.capacity:
+        if self.capacity is not None and P + T > self.capacity:
             raise StrataError(f"MLA cache holds {self.capacity} tokens; a chunk of {T} at "
                               f"position {P} does not fit")
-        self.c[layer][P:P + T] = c
-        self.k_pe[layer][P:P + T] = k_pe
-        return self.c[layer][:P + T], self.k_pe[layer][:P + T]
+        new = [c, k_pe]
+        if self.kv == "int8":   # validate=False: a NaN reaches the output (the finite guard)
+            (cq, cs), (kq, ks) = (quantize_kv(x[:, None], validate=False) for x in (c, k_pe))
+            new = [cq[:, 0], kq[:, 0], cs, ks]
+        out = []
+        for store, x in zip(self._stores(), new):
+            if self.capacity is None:
+                store[layer] = torch.cat([store[layer], x])
+            else:
+                store[layer][P:P + T] = x
+            out.append(store[layer][:P + T])
+        return tuple(out) + ((None, None) if self.kv != "int8" else ())
 
     def commit(self, n_tokens: int) -> None:
         self.length += n_tokens
+
+
+def _dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """x as `dtype`: int8 codes times their per-token scale [S, 1] (or [S]), else a cast."""
+    if scale is None:
+        return x.to(dtype)
+    return (x.to(dtype) * scale.reshape(-1, 1).to(dtype))
 
 
 def _split_kvb(wkvb: torch.Tensor, n_head: int, nope: int, v_dim: int):
@@ -96,42 +139,132 @@ def _split_kvb(wkvb: torch.Tensor, n_head: int, nope: int, v_dim: int):
 
 def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tensor,
                         k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
-                        scale: float, block: int = KEY_BLOCK, sdpa: bool | None = None
-                        ) -> torch.Tensor:
+                        scale: float, block: int = MLA_BLOCK, sdpa: bool | None = None,
+                        scratch: MLAScratch | None = None, out: torch.Tensor | None = None,
+                        c_scale: torch.Tensor | None = None,
+                        k_pe_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Expanded form. q_nope [H, T, N], q_pe [H, T, R] (rotated) of the chunk's T tokens, the
     last T of the S keys c [S, Lkv], k_pe [S, R] (rotated); wkvb [H*(N+Hv), Lkv] -> o [T, H, Hv]
-    in q's dtype. Query t (position S-T+t) sees keys 0..S-T+t.
+    in q's dtype (written into `out` when given). Query t (position S-T+t) sees keys 0..S-T+t.
+    int8 KV (MLACache kv="int8"): c and k_pe are int8 codes and c_scale, k_pe_scale [S, 1] fp32
+    their per-token scales; each key block is dequantized to q's dtype (on CUDA into the
+    scratch's c rows, the plan's mla_c) before it is decompressed.
 
-    sdpa=False (the default off CUDA): blocks of `block` queries x `block` keys, scores and sums
-    in fp32, blocks merged by log-sum-exp (a transient of one block's expanded keys and scores).
-    sdpa=True (the default on CUDA): all S keys decompressed in q's dtype, then torch's fused
-    scaled_dot_product_attention (bottom-right causal mask): S·H·(hd + Hv) elements of
-    transient K/V (DeepSeek-V3 at S = 32K: 2.7 GB bf16), outside the planned carve."""
+    sdpa=True (the default on CUDA): query blocks of `block` tokens; each decompresses the keys
+    it sees `block` at a time into `scratch` (strata.models.mla_scratch: the plan's mla_k /
+    mla_v / mla_state carve; a launch given none makes one of that size) in q's dtype, attends
+    each key block with one fused launch (`attend_block`: torch's memory-efficient kernel, the
+    one SDPA picks for these head widths; `attend_block_ref` off CUDA) and merges the blocks by
+    their log-sum-exp in fp32 (`merge_block`).
+    sdpa=False (the default off CUDA, the reference): the same blocking in fp32 plain torch,
+    a transient of one block's expanded keys and scores."""
     H, T, N = q_nope.shape
     sdpa = q_nope.is_cuda if sdpa is None else sdpa
     if sdpa:
-        return _expanded_sdpa(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale)
-    return torch.cat([_expanded_blocks(q_nope[:, a:a + block], q_pe[:, a:a + block],
-                                       c[:c.shape[0] - T + a + q_nope[:, a:a + block].shape[1]],
-                                       k_pe, wkvb, v_head_dim, scale, block)
-                      for a in range(0, T, block)])
+        return _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block,
+                                 scratch, out, c_scale, k_pe_scale)
+    if c_scale is not None:
+        c, k_pe = _dequant(c, c_scale, torch.float32), _dequant(k_pe, k_pe_scale, torch.float32)
+    o = torch.cat([_expanded_blocks(q_nope[:, a:a + block], q_pe[:, a:a + block],
+                                    c[:c.shape[0] - T + a + q_nope[:, a:a + block].shape[1]],
+                                    k_pe, wkvb, v_head_dim, scale, block)
+                   for a in range(0, T, block)])
+    return o if out is None else out.copy_(o)
 
 
-def _expanded_sdpa(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale):
-    import torch.nn.functional as F
-    from torch.nn.attention.bias import causal_lower_right
+def key_blocks(kv_end: int, n: int, block: int) -> list[tuple[int, int, bool]]:
+    """The key blocks a query block of n tokens whose last query sees keys 0..kv_end-1 attends:
+    (start, end, masked), ending with the one of min(block, kv_end) keys that ends at kv_end,
+    masked bottom-right (its query i sees its first i + size - n + 1 keys); the ones before it
+    are seen whole. Needs n <= min(block, kv_end)."""
+    lo = max(0, kv_end - block)
+    return [(a, min(a + block, lo), False) for a in range(0, lo, block)] + [(lo, kv_end, True)]
+
+
+def attend_block_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [H, n, hd], k [H, m, hd], v [H, m, Hv] -> (o [H, n, Hv] in q's dtype, lse fp32
+    [H, n]), scores and sums in fp32; masked: query i sees keys 0..i + m - n (bottom-right)."""
+    n, m = q.shape[1], k.shape[1]
+    s = (q.float() @ k.float().transpose(1, 2)) * scale                      # [H, n, m]
+    if masked:
+        hide = torch.arange(m, device=q.device)[None, :] > \
+            torch.arange(n, device=q.device)[:, None] + (m - n)
+        s = s.masked_fill(hide, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype), lse
+
+
+_NO_MASK, _BOTTOM_RIGHT = 0, 2   # the memory-efficient kernel's custom_mask_type values
+
+
+def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """attend_block_ref's signature on CUDA: torch's memory-efficient attention kernel (what
+    scaled_dot_product_attention runs for q/k heads of 192 and values of 128, flash needing
+    equal widths), asked for its log-sum-exp (natural log of the scaled scores, rows padded).
+    Head widths not multiples of 8 or other dtypes go to attend_block_ref."""
+    n, hd, Hv = q.shape[1], q.shape[-1], v.shape[-1]
+    if not q.is_cuda or hd % 8 or Hv % 8 or q.dtype not in (torch.bfloat16, torch.float16):
+        return attend_block_ref(q, k, v, masked, scale)
+    # the call torch.nn.attention.bias.CausalBias makes for a bottom-right mask, asking for lse
+    o, lse = torch.ops.aten._efficient_attention_forward(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], bias=None,
+        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+        dropout_p=0.0, custom_mask_type=_BOTTOM_RIGHT if masked else _NO_MASK,
+        compute_log_sumexp=True, scale=scale)[:2]
+    return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, Hv], [H, n]
+
+
+def merge_block(acc: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_b: torch.Tensor,
+                first: bool) -> None:
+    """Fold one key block's (o [H, n, Hv], lse_b [H, n]) into the fp32 state in place:
+    acc <- (acc e^lse + o e^lse_b) / e^new, lse <- new = log(e^lse + e^lse_b)."""
+    if first:
+        acc.copy_(o)
+        lse.copy_(lse_b)
+        return
+    new = torch.logaddexp(lse, lse_b)
+    acc.mul_((lse - new).exp_().unsqueeze(-1))
+    acc.addcmul_(o, (lse_b - new).exp_().unsqueeze(-1))
+    lse.copy_(new)
+
+
+def _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block, scratch, out,
+                      c_scale, k_pe_scale):
     H, T, N = q_nope.shape
-    S = c.shape[0]
-    w_uk, w_uv = _split_kvb(wkvb.to(q_nope.dtype), H, N, v_head_dim)
-    cd = c.to(q_nope.dtype)
-    k = torch.cat([torch.einsum("sl,hnl->hsn", cd, w_uk),
-                   k_pe.to(q_nope.dtype)[None].expand(H, S, -1)], dim=-1)     # [H, S, hd]
-    v = torch.einsum("sl,hvl->hsv", cd, w_uv)                                  # [H, S, Hv]
-    q = torch.cat([q_nope, q_pe.to(q_nope.dtype)], dim=-1)                     # [H, T, hd]
-    mask = None if S == T else causal_lower_right(T, S)
-    o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
-                                       is_causal=S == T, scale=scale)[0]       # [H, T, Hv]
-    return o.transpose(0, 1)
+    (S, L), R, Hv, dt = c.shape, q_pe.shape[-1], v_head_dim, q_nope.dtype
+    hd, P = N + R, S - T
+    latent = L + R if c_scale is not None else 0
+    if scratch is None:
+        scratch = MLAScratch.of(H, hd, Hv, T, S, q_nope.device, dtype=dt, block=block,
+                                latent=latent)
+    scratch.check(H, hd, Hv, T, S, dt, block, latent)
+    w_uk, w_uv = _split_kvb(wkvb.to(dt), H, N, Hv)
+    w_uk, w_uv = w_uk.transpose(1, 2), w_uv.transpose(1, 2)                  # [H, Lkv, N|Hv]
+    if not latent:
+        cd, kp = c.to(dt), k_pe.to(dt)
+    q = torch.cat([q_nope, q_pe.to(dt)], dim=-1)                             # [H, T, hd]
+    o = out if out is not None else torch.empty(T, H, Hv, dtype=dt, device=q.device)
+    for t0 in range(0, T, block):
+        n = min(block, T - t0)
+        acc, lse = scratch.carried(n, H, Hv)
+        for i, (a, b, masked) in enumerate(key_blocks(P + t0 + n, n, block)):
+            k, v = scratch.kv(b - a, H, hd, Hv)
+            if latent:   # codes x their token's scale, into the scratch's c rows
+                lat = scratch.latent(b - a, latent)
+                torch.mul(c[a:b], c_scale[a:b].reshape(-1, 1), out=lat[:, :L])
+                torch.mul(k_pe[a:b], k_pe_scale[a:b].reshape(-1, 1), out=lat[:, L:])
+                cblk, kblk = lat[:, :L], lat[:, L:]
+            else:
+                cblk, kblk = cd[a:b], kp[a:b]
+            cb = cblk.expand(H, b - a, L)                                    # no copy
+            torch.bmm(cb, w_uk, out=k[..., :N])                              # c Wuk^T
+            k[..., N:].copy_(kblk.expand(H, b - a, R))                       # the shared k_pe
+            torch.bmm(cb, w_uv, out=v)                                       # c Wuv^T
+            merge_block(acc, lse, *attend_block(q[:, t0:t0 + n], k, v, masked, scale), i == 0)
+        o[t0:t0 + n].copy_(acc.transpose(0, 1))
+    return o
 
 
 def _expanded_blocks(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block):
@@ -164,20 +297,25 @@ def _expanded_blocks(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block):
 
 def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tensor,
                                  k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
-                                 scale: float, block: int = KEY_BLOCK, sdpa: bool | None = None
-                                 ) -> torch.Tensor:
-    """Absorbed form, fp64, all keys at once (the reference; `block`, `sdpa` accepted and
-    unused)."""
+                                 scale: float, block: int = MLA_BLOCK, sdpa: bool | None = None,
+                                 scratch: MLAScratch | None = None,
+                                 out: torch.Tensor | None = None,
+                                 c_scale: torch.Tensor | None = None,
+                                 k_pe_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Absorbed form, fp64, all keys at once (the reference; `block`, `sdpa`, `scratch`
+    accepted and unused; `out` written when given; int8 codes dequantized in fp64)."""
     H, T, N = q_nope.shape
     S = c.shape[0]
     w_uk, w_uv = _split_kvb(wkvb.double(), H, N, v_head_dim)
-    cd = c.double()
+    cd = _dequant(c, c_scale, torch.float64)
+    kp = _dequant(k_pe, k_pe_scale, torch.float64)
     q_lat = torch.einsum("htn,hnl->htl", q_nope.double(), w_uk)              # [H, T, Lkv]
-    sc = (q_lat @ cd.t() + q_pe.double() @ k_pe.double().t()) * scale        # [H, T, S]
+    sc = (q_lat @ cd.t() + q_pe.double() @ kp.t()) * scale                   # [H, T, S]
     causal = torch.arange(S)[None, :] > (S - T + torch.arange(T))[:, None]
     p = torch.softmax(sc.masked_fill(causal.to(c.device), float("-inf")), dim=-1)
     o_lat = p @ cd                                                           # [H, T, Lkv]
-    return torch.einsum("htl,hvl->thv", o_lat, w_uv).to(q_nope.dtype)        # [T, H, Hv]
+    o = torch.einsum("htl,hvl->thv", o_lat, w_uv).to(q_nope.dtype)           # [T, H, Hv]
+    return o if out is None else out.copy_(o)
 
 
 def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin: torch.Tensor,
@@ -195,7 +333,8 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     kv = x @ w.wkva.t()                                                      # [T, Lkv + R]
     c = rms_norm(kv[:, :s.kv_lora], w.kv_norm, eps)
     k_pe = apply_rope_pairs(kv[:, s.kv_lora:], cos, sin)                     # [T, R]
-    c_all, kpe_all = cache.extend(layer, c, k_pe)
+    c_all, kpe_all, c_scale, kpe_scale = cache.extend(layer, c, k_pe)
     o = mla_chunk_attention(q_nope, q_pe, c_all, kpe_all, w.wkvb, v_head_dim=s.v_head_dim,
-                            scale=s.head_dim ** -0.5)
+                            scale=s.head_dim ** -0.5, scratch=cache.scratch.get(layer),
+                            c_scale=c_scale, k_pe_scale=kpe_scale)
     return o.reshape(T, H * s.v_head_dim) @ w.wo.t()

@@ -215,8 +215,10 @@ def check_kv(shape, cfg, bud, layout):
     from strata.kernels.attention import kv_token_bytes
     n = cfg.max_prompt
     res = n if cfg.kv_resident is None else min(n, cfg.kv_resident)
-    # MLA (deepseek2) caches the latent and the rope key, bf16: (kv_lora + qk_rope) * 2 a token
-    tok = ((shape.kv_lora + shape.qk_rope) * 2 if shape.mla
+    # MLA (deepseek2) caches the latent and the rope key: (kv_lora + qk_rope) * 2 a token in
+    # bf16, kv_lora + qk_rope + 8 in int8 (one fp32 scale each)
+    tok = (((shape.kv_lora + shape.qk_rope) * 2 if cfg.kv == "bf16" else
+            shape.kv_lora + shape.qk_rope + 8) if shape.mla
            else kv_token_bytes(cfg.kv, shape.n_kv_head, shape.head_dim))
     win = [shape.layer_window(l) for l in range(shape.n_layer)]
     kept = [min(n, w - 1) if w else res for w in win]
@@ -227,7 +229,7 @@ def check_kv(shape, cfg, bud, layout):
     stage = [p for p in layout.placements(1, 0) if p.name == "kv_stage"]
     assert [p.nbytes for p in stage] == ([(n - res) * tok] if n > res else [])
     from strata.kernels.attention import expand_rows     # the int8 attention's scratch
-    rows = expand_rows(n) if cfg.kv == "int8" else 0
+    rows = expand_rows(n) if cfg.kv == "int8" and not shape.mla else 0   # MLA: its mla_c
     expand = [p.nbytes for p in layout.placements(1, 0) if p.name.startswith("kv_expand_")]
     assert expand == ([rows * shape.n_kv_head * shape.head_dim * 2] * 2 if rows else [])
     event(f"kv {cfg.kv}, {'streams' if n > res else 'resident'}")

@@ -1,0 +1,113 @@
+"""The VRAM MLA's expanded attention works in on CUDA (strata.models.mla), and its one count.
+
+Legend: T chunk tokens, P cached tokens, S = P + T keys, H heads, hd = N + R q/k head width,
+Hv value head width, B the block (MLA_BLOCK).
+
+    k      [rows, H, hd]    one key block decompressed (c Wuk^T | k_pe), head-major per block
+    v      [rows, H, Hv]    its values c Wuv^T
+    state  fp32 [qrows, H·(Hv + 1)]   a query block's merged output (acc [H, n, Hv], kept
+                                      normalized) and its log-sum-exp (lse [H, n])
+    c      [rows, Lkv + R]  int8 KV only: the block's latent and rope key dequantized
+    rows = min(B, S)   qrows = min(B, T)
+
+The attention goes a query block of (at most) B tokens at a time; for each it decompresses the
+keys it sees a block of B at a time, attends them (one fused launch a block), and merges the
+blocks by their log-sum-exp in fp32. The last key block of a query block ends at its last
+query's own key and holds min(B, P + t1) keys, so every launch's rows are at most min(B, S),
+and the last chunk of a prompt uses exactly that many: `mla_scratch_rows(T, S)` is both what the
+plan carves and what the launcher needs, for any (T, S).
+
+At DeepSeek-V3's widths (H 128, hd 192, Hv 128) and B = 2048: k + v 168 MB, state 135 MB at
+a chunk of 2048 tokens or more, where all keys at once (the old transient) took S·81,920 B, 2.7 GB
+at S = 32K. Why 2048: a smaller block launches more and re-decompresses the prefix once per
+query block (ceil(T / B) times: +1.1 TFLOP a pass at S = 32K against 11 TFLOP of attention at
+T = 4096, at the GEMM's rate); a larger one doubles the carve. strata.planning counts these
+buffers (mla_k, mla_v, mla_state) in the layout's attention phase from this module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strata.errors import StrataError
+
+MLA_BLOCK = 2048   # queries and keys per fused launch (see the module docstring)
+
+
+def mla_scratch_rows(T: int, S: int, block: int = MLA_BLOCK) -> tuple[int, int]:
+    """(key rows, query rows) of scratch a chunk of T tokens over S keys works in."""
+    return min(block, S), min(block, T)
+
+
+def mla_state_floats(n_head: int, v_head_dim: int) -> int:
+    """fp32 values of carried state per query row: acc (H·Hv) and lse (H)."""
+    return n_head * (v_head_dim + 1)
+
+
+@dataclass(frozen=True)
+class MLAScratch:
+    """Flat buffers: k (>= rows·H·hd values), v (>= rows·H·Hv), state fp32
+    (>= qrows·mla_state_floats(H, Hv)), c (int8 KV: >= rows·(Lkv + R)); k, v and c in the
+    attention's dtype."""
+    k: torch.Tensor
+    v: torch.Tensor
+    state: torch.Tensor
+    c: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, H: int, hd: int, Hv: int, T: int, S: int, device, *,
+           dtype: torch.dtype = torch.bfloat16, block: int = MLA_BLOCK,
+           latent: int = 0) -> "MLAScratch":
+        """Fresh scratch of exactly what (T, S) needs (tests, benchmarks, a launch given none);
+        latent = Lkv + R adds the int8 KV's dequantization rows."""
+        rows, qrows = mla_scratch_rows(T, S, block)
+        mk = dict(dtype=dtype, device=device)
+        return cls(torch.empty(rows * H * hd, **mk), torch.empty(rows * H * Hv, **mk),
+                   torch.empty(qrows * mla_state_floats(H, Hv), dtype=torch.float32,
+                               device=device),
+                   torch.empty(rows * latent, **mk) if latent else None)
+
+    @classmethod
+    def of_carve(cls, bufs) -> "MLAScratch":
+        """Over a carve's mla_k / mla_v / mla_state (/ mla_c) buffers
+        (strata.planning.MLA_SCRATCH_BUFS, MLA_LATENT_BUF)."""
+        c = bufs.bufs.get("mla_c")
+        return cls(*(bufs[n].reshape(-1) for n in ("mla_k", "mla_v", "mla_state")),
+                   None if c is None else c.reshape(-1))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.state, self.c)
+                   if t is not None)
+
+    def check(self, H: int, hd: int, Hv: int, T: int, S: int, dtype: torch.dtype,
+              block: int = MLA_BLOCK, latent: int = 0) -> None:
+        rows, qrows = mla_scratch_rows(T, S, block)
+        need = (rows * H * hd, rows * H * Hv, qrows * mla_state_floats(H, Hv), rows * latent)
+        have = (self.k.numel(), self.v.numel(), self.state.numel(),
+                0 if self.c is None else self.c.numel())
+        if any(h < n for h, n in zip(have, need)) or self.k.dtype != dtype or \
+                self.v.dtype != dtype or self.state.dtype != torch.float32 or \
+                (latent and self.c.dtype != dtype):
+            raise StrataError(f"MLA scratch too small or of the wrong dtype for T={T}, S={S}, "
+                              f"H={H}, hd={hd}, Hv={Hv}, block={block}, latent={latent}: needs "
+                              f"k, v, state, c of {need} values ({dtype}, {dtype}, float32, "
+                              f"{dtype}), has {have} ({self.k.dtype}, {self.v.dtype}, "
+                              f"{self.state.dtype}, {None if self.c is None else self.c.dtype})")
+
+    def latent(self, m: int, width: int) -> torch.Tensor:
+        """c [m, Lkv + R] view: a block's dequantized latent and rope key."""
+        return self.c[:m * width].view(m, width)
+
+    def kv(self, m: int, H: int, hd: int, Hv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k [H, m, hd], v [H, m, Hv]) contiguous views of a block of m keys."""
+        return (self.k[:H * m * hd].view(H, m, hd), self.v[:H * m * Hv].view(H, m, Hv))
+
+    def carried(self, n: int, H: int, Hv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(acc fp32 [H, n, Hv], lse fp32 [H, n]) views for a query block of n tokens."""
+        return (self.state[:H * n * Hv].view(H, n, Hv),
+                self.state[H * n * Hv:n * mla_state_floats(H, Hv)].view(H, n))
+
+
+__all__ = ["MLA_BLOCK", "MLAScratch", "mla_scratch_rows", "mla_state_floats"]

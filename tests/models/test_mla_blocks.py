@@ -1,0 +1,282 @@
+"""MLA's blocked attention in its planned scratch (strata.models.mla, strata.models.mla_scratch).
+
+- The blocked path (query blocks, key blocks decompressed into the scratch, merged by their
+  log-sum-exp) equals the fp64 absorbed form and the fp32 expanded reference of the same
+  signature, in a scratch of exactly mla_scratch_rows(T, S) poisoned with NaN, into a
+  NaN-poisoned output: odd lengths, T = 1, prefix 0, blocks of one key.
+- key_blocks tiles a query block's keys exactly once, the last block masked bottom-right.
+- The plan's mla_k / mla_v / mla_state bytes equal the most the launcher takes from the scratch
+  over a whole prompt read in chunks, for any (T, S, dims).
+- The engine hands each layer's attention views of its carve (inside the loan, of the
+  planned sizes).
+- On CUDA (gpu mark): attend_block (torch's memory-efficient kernel with its log-sum-exp)
+  against attend_block_ref, the whole path at DeepSeek-V3's head widths against the absorbed
+  form, and its transient memory beyond the scratch bounded by one block.
+
+CPU bound REL = 1e-5 relative to max |o| (fp32 against fp64, as tests/models/test_mla.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from hypothesis import example, given, settings, strategies as st
+
+from strata.errors import StrataError
+from strata.kernels.attention.kv_int8 import quantize_kv
+from strata.memory.layout import PromptLayout
+from strata.models.mla import (attend_block, attend_block_ref, key_blocks, merge_block,
+                               mla_chunk_attention, mla_chunk_attention_absorbed)
+from strata.models.mla_scratch import MLA_BLOCK, MLAScratch, mla_scratch_rows, mla_state_floats
+from strata.planning import KVPolicy, layout_spec, model_sizes
+from strata.shapes import ModelShape
+
+REL = 1e-5
+
+
+def draw(H, T, P, N, R, Hv, L, seed, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    S = P + T
+    ts = (torch.randn(H, T, N, generator=g), torch.randn(H, T, R, generator=g),
+          torch.randn(S, L, generator=g), torch.randn(S, R, generator=g),
+          torch.randn(H * (N + Hv), L, generator=g) / L ** 0.5)
+    return tuple(t.to(device, dtype) for t in ts)
+
+
+def poisoned(H, hd, Hv, T, S, block, dtype=torch.float32, device="cpu") -> MLAScratch:
+    s = MLAScratch.of(H, hd, Hv, T, S, device, dtype=dtype, block=block)
+    for t in (s.k, s.v, s.state):
+        t.fill_(float("nan"))
+    return s
+
+
+@settings(max_examples=40, deadline=None)
+@given(H=st.integers(1, 3), T=st.integers(1, 11), P=st.integers(0, 30), N=st.integers(1, 6),
+       R=st.sampled_from([2, 4]), Hv=st.integers(1, 6), L=st.integers(1, 9),
+       block=st.integers(1, 40), seed=st.integers(0, 999))
+@example(H=2, T=1, P=0, N=3, R=2, Hv=3, L=4, block=4, seed=0).via("one token, nothing cached")
+@example(H=2, T=7, P=0, N=3, R=2, Hv=5, L=4, block=1, seed=1).via("blocks of one key and query")
+@example(H=1, T=5, P=13, N=5, R=4, Hv=2, L=7, block=3, seed=2).via(
+    "odd lengths: query blocks and key blocks ending off the block grid")
+@example(H=2, T=1, P=29, N=2, R=2, Hv=2, L=3, block=8, seed=3).via(
+    "one query after many key blocks: the last block starts inside the prefix")
+@example(H=2, T=11, P=2, N=4, R=2, Hv=4, L=5, block=40, seed=4).via(
+    "one block holds every key: a single masked launch")
+def test_blocked_equals_the_references(H, T, P, N, R, Hv, L, block, seed):
+    q_nope, q_pe, c, k_pe, wkvb = draw(H, T, P, N, R, Hv, L, seed)
+    S = P + T
+    kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block)
+    out = torch.full((T, H, Hv), float("nan"))
+    got = mla_chunk_attention(q_nope, q_pe, c, k_pe, wkvb, sdpa=True, out=out,
+                              scratch=poisoned(H, N + R, Hv, T, S, block), **kw)
+    absorbed = mla_chunk_attention_absorbed(q_nope, q_pe, c, k_pe, wkvb, **kw)
+    expanded = mla_chunk_attention(q_nope, q_pe, c, k_pe, wkvb, sdpa=False, **kw)
+    assert got.data_ptr() == out.data_ptr() and torch.isfinite(got).all()
+    for want in (absorbed, expanded):
+        assert float((got - want).abs().max() / want.abs().max()) < REL
+
+
+@settings(max_examples=60, deadline=None)
+@given(end=st.integers(1, 200), n=st.integers(1, 64), block=st.integers(1, 64))
+@example(end=64, n=64, block=64).via("a query block that is its own key block")
+@example(end=65, n=1, block=64).via("one key before the last block")
+def test_key_blocks_tile_the_keys_once(end, n, block):
+    n = min(n, block, end)
+    bs = key_blocks(end, n, block)
+    assert [a for a, _, _ in bs] == [0] + [b for _, b, _ in bs[:-1]]    # contiguous, in order
+    assert bs[-1][1] == end and bs[-1][2] and not any(m for _, _, m in bs[:-1])
+    assert all(0 < b - a <= block for a, b, _ in bs)
+    assert bs[-1][1] - bs[-1][0] == min(block, end) >= n
+
+
+def test_bottom_right_mask_and_merge():
+    """attend_block_ref's mask is bottom-right (query i sees keys 0..i + m - n); two halves
+    merged equal one launch over all keys."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 4, generator=g),
+               torch.randn(2, 8, 4, generator=g),
+               torch.randn(2, 8, 5, generator=g))
+    o, lse = attend_block_ref(q, k, v, True, 0.5)
+    s = (q @ k.transpose(1, 2)) * 0.5
+    for i in range(3):
+        p = torch.softmax(s[:, i, :i + 6], -1)
+        assert torch.allclose(o[:, i], torch.einsum("hk,hkv->hv", p, v[:, :i + 6]), atol=1e-6)
+        assert torch.allclose(lse[:, i], torch.logsumexp(s[:, i, :i + 6], -1))
+    acc, l = torch.empty(2, 3, 5), torch.empty(2, 3)
+    merge_block(acc, l, *attend_block_ref(q, k[:, :4], v[:, :4], False, 0.5), True)
+    merge_block(acc, l, *attend_block_ref(q, k[:, 4:], v[:, 4:], True, 0.5), False)
+    assert torch.allclose(acc, o, atol=1e-6) and torch.allclose(l, lse, atol=1e-6)
+
+
+def test_a_short_scratch_is_refused():
+    q_nope, q_pe, c, k_pe, wkvb = draw(2, 4, 6, 3, 2, 3, 4, 0)
+    short = MLAScratch.of(2, 5, 3, 4, 9, "cpu", dtype=torch.float32, block=16)   # S = 9 of 10
+    with pytest.raises(StrataError, match="MLA scratch too small"):
+        mla_chunk_attention(q_nope, q_pe, c, k_pe, wkvb, v_head_dim=3, scale=0.4, block=16,
+                            sdpa=True, scratch=short)
+
+
+@dataclass(frozen=True)
+class Tracked(MLAScratch):
+    """An MLAScratch that records the rows each view the launcher takes asks for."""
+    seen: dict = field(default_factory=lambda: {"kv": 0, "state": 0, "latent": 0})
+
+    def kv(self, m, H, hd, Hv):
+        self.seen["kv"] = max(self.seen["kv"], m)
+        return super().kv(m, H, hd, Hv)
+
+    def latent(self, m, width):
+        self.seen["latent"] = max(self.seen["latent"], m)
+        return super().latent(m, width)
+
+    def carried(self, n, H, Hv):
+        self.seen["state"] = max(self.seen["state"], n)
+        return super().carried(n, H, Hv)
+
+
+def tiny_mla(H, N, R, Hv, L) -> ModelShape:
+    return ModelShape("deepseek2", n_layer=2, d_model=16, n_expert=4, top_k=2, d_expert=8,
+                      n_head=H, n_kv_head=H, head_dim=N + R, vocab=32, n_dense_lead=1, d_ff=16,
+                      q_lora=0, kv_lora=L, qk_rope=R, v_head_dim=Hv)
+
+
+@settings(max_examples=12, deadline=None)
+@given(C=st.integers(1, 2600), S=st.integers(1, 4400), H=st.integers(1, 2),
+       N=st.integers(1, 3), R=st.sampled_from([2]), Hv=st.integers(1, 3), L=st.integers(1, 3),
+       kvd=st.sampled_from(["bf16", "int8"]))
+@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="bf16").via(
+    "a full block of queries, then a last chunk of one token over more than a block of keys")
+@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="int8").via("the same, int8 KV")
+@example(C=3, S=5, H=2, N=2, R=2, Hv=3, L=2, kvd="bf16").via("a prompt shorter than one block")
+def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd):
+    """strata plan's mla_* placements for (chunk C, prompt S, KV dtype) are the bytes the
+    launcher takes at most while it reads a prompt of S tokens in chunks of C (the real block,
+    MLA_BLOCK); int8 adds the dequantized latent block mla_c."""
+    C = max(min(C, S), -(-S // 12))     # at most 12 chunks: the CPU reads every one
+    shape = tiny_mla(H, N, R, Hv, L)
+    kv = KVPolicy(kvd, max_prompt=S)
+    lay = PromptLayout(model_sizes(shape, kv=kv), 64, layout_spec("kernel", kv, shape))
+    planned = {p.name: p.nbytes for p in lay.placements(C, 0) if p.name.startswith("mla_")}
+    int8 = kvd == "int8"
+    sc = Tracked(*vars(MLAScratch.of(H, N + R, Hv, C, S, "cpu",
+                                     latent=(L + R) * int8)).values())
+    q_nope, q_pe, c, k_pe, wkvb = draw(H, S, 0, N, R, Hv, L, 5, dtype=torch.bfloat16)
+    kw = {}
+    if int8:
+        (c, cs), (k_pe, ks) = (quantize_kv(x[:, None]) for x in (c, k_pe))
+        c, k_pe, kw = c[:, 0], k_pe[:, 0], dict(c_scale=cs, k_pe_scale=ks)
+    for a in range(0, S, C):
+        b = min(S, a + C)
+        o = mla_chunk_attention(q_nope[:, a:b], q_pe[:, a:b], c[:b], k_pe[:b], wkvb,
+                                v_head_dim=Hv, scale=0.5, sdpa=True, scratch=sc,
+                                **{k: v[:b] for k, v in kw.items()})
+        assert torch.isfinite(o).all()
+    rows, qrows = sc.seen["kv"], sc.seen["state"]
+    assert (rows, qrows) == mla_scratch_rows(C, S) == (min(MLA_BLOCK, S), min(MLA_BLOCK, C))
+    assert sc.seen["latent"] == rows * int8
+    want = {"mla_k": rows * H * (N + R) * 2, "mla_v": rows * H * Hv * 2,
+            "mla_state": qrows * mla_state_floats(H, Hv) * 4}
+    assert planned == want | ({"mla_c": rows * (L + R) * 2} if int8 else {})
+    assert not any(n.startswith("kv_expand") or n == "attn_state" for n in lay.spec.names())
+
+
+def test_a_gqa_shape_plans_no_mla_scratch():
+    shape = tiny_mla(2, 2, 2, 2, 2).with_(arch="qwen3moe", kv_lora=0, qk_rope=0, v_head_dim=0,
+                                          n_dense_lead=0)
+    assert not any(n.startswith("mla_") for n in layout_spec("kernel", KVPolicy(), shape).names())
+
+
+# -- CUDA ------------------------------------------------------------------------------------
+BF16_REL = 2e-2   # bf16 q, K, V (u = 2^-9 each) and a bf16 output per block, through a softmax
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,m,masked", [(64, 64, True), (37, 300, True), (50, 129, False),
+                                        (1, 1, True)])
+def test_attend_block_equals_its_reference_on_the_gpu(n, m, masked):
+    """torch's memory-efficient kernel with its log-sum-exp against attend_block_ref at
+    DeepSeek-V3's head widths (q/k 192, v 128), bf16 in. lse: 1e-3 absolute (fp32 sums of
+    the same bf16 products in another order, exp2 in the kernel)."""
+    g = torch.Generator().manual_seed(n + m)
+    q, k, v = (torch.randn(4, r, d, generator=g).cuda().bfloat16()
+               for r, d in ((n, 192), (m, 192), (m, 128)))
+    o, lse = attend_block(q, k, v, masked, 192 ** -0.5)
+    ro, rl = attend_block_ref(q, k, v, masked, 192 ** -0.5)
+    assert o.shape == ro.shape and lse.shape == rl.shape == (4, n)
+    assert float((o.float() - ro.float()).abs().max() / ro.float().abs().max()) < BF16_REL
+    assert float((lse - rl).abs().max()) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,P,block", [(600, 1500, 256), (1, 0, 256), (333, 0, 128),
+                                       (5, 700, 2048)])
+def test_blocked_on_the_gpu_at_deepseek_widths(T, P, block):
+    """CUDA, bf16, H 8 heads of 128 + 64 / 128, Lkv 512: the blocked path in a NaN-poisoned
+    scratch of exactly its size, into a NaN-poisoned output, against the fp64 absorbed form."""
+    H, N, R, Hv, L = 8, 128, 64, 128, 512
+    ins = draw(H, T, P, N, R, Hv, L, T + P, dtype=torch.bfloat16, device="cuda")
+    kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block)
+    out = torch.full((T, H, Hv), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got = mla_chunk_attention(*ins, out=out, scratch=poisoned(H, N + R, Hv, T, P + T, block,
+                                                              torch.bfloat16, "cuda"), **kw)
+    want = mla_chunk_attention_absorbed(*ins, **kw)
+    assert torch.isfinite(got).all()
+    assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < BF16_REL
+
+
+@pytest.mark.gpu
+def test_blocked_transient_is_one_block_on_the_gpu():
+    """Beyond its scratch and output the blocked path allocates only the chunk's query [H, T, hd]
+    and, per launch, the kernel's output (bf16) with its fp32 accumulator, the lse and the
+    merge's [H, n] temporaries: the decompressed K/V of the S keys (84 MB here, what the
+    all-at-once SDPA took) never appears."""
+    H, N, R, Hv, L, T, P, block = 16, 128, 64, 128, 512, 512, 7680, 512
+    S = P + T
+    ins = draw(H, T, P, N, R, Hv, L, 1, dtype=torch.bfloat16, device="cuda")
+    sc = MLAScratch.of(H, N + R, Hv, T, S, "cuda", block=block)
+    out = torch.empty(T, H, Hv, dtype=torch.bfloat16, device="cuda")
+    kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block, scratch=sc, out=out)
+    mla_chunk_attention(*ins, **kw)           # warm: cuBLAS workspaces, kernel selection
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    mla_chunk_attention(*ins, **kw)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    n = min(block, T)
+    bound = H * T * (N + R) * 2 + n * H * Hv * (2 + 4) + 4 * H * (n + 32) * 4 + (1 << 20)
+    assert extra <= bound, f"{extra} B beyond the scratch, bound {bound} B"
+    assert S * H * (N + R + Hv) * 2 > 8 * bound
+
+
+@pytest.mark.parametrize("kvd", ["bf16", "int8"])
+def test_the_engine_hands_its_carve_to_the_attention(kvd, tmp_path, monkeypatch):
+    """Every layer's attention gets an MLAScratch whose buffers lie in the prompt's loan (the
+    expert cache's bytes), of the plan's sizes (mla_c only with int8 KV)."""
+    import strata.models.mla as mla
+    from strata.engine.prefill import EngineConfig, PrefillEngine
+    from strata.packs import Pack
+    from strata.packs.memory import MemoryPack
+    from strata.packs.synth import ExpertFormats
+    from tests.models.hf_family import DS_TINY
+    mem = MemoryPack(DS_TINY, ExpertFormats.of("BF16"), distinct=2, variants=1, device="cpu")
+    pack = Pack.open(mem.save(tmp_path / "m.pack", progress=False, tokenizer=False))
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=24 * pack.max_blob, max_prompt=64,
+                                           device="cpu", ffn="ref", chunk=4, ring=2, kv=kvd))
+    seen = []
+    real = mla.mla_chunk_attention
+    monkeypatch.setattr(mla, "mla_chunk_attention",
+                        lambda *a, scratch=None, **kw: seen.append(scratch) or real(*a, **kw))
+    res = eng.run(torch.arange(9) % DS_TINY.vocab)
+    buf = eng.cache.buffer
+    lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+    sizes = {p["name"]: p["nbytes"] for p in res.plan.participants[0].placements}
+    assert len(seen) == DS_TINY.n_layer * 3                   # 3 chunks of 4, 4, 1
+    for sc in seen:
+        ts = {"mla_k": sc.k, "mla_v": sc.v, "mla_state": sc.state, "mla_c": sc.c}
+        assert (sc.c is not None) == (kvd == "int8")
+        for name, t in ts.items():
+            if t is not None:
+                assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi
+                assert t.numel() * t.element_size() == sizes[name]
