@@ -1,6 +1,9 @@
-"""A/B of two strata trees on the 8K streamed read (diagnostic): run from a tree's root."""
+"""A/B of two strata trees on the 8K streamed read (diagnostic), run from each tree's root:
+
+    (cd OLD_TREE && PYTHONPATH=. python3 ../benchmarks/ab_stream8k.py old)
+    PYTHONPATH=. python3 benchmarks/ab_stream8k.py new
+"""
 import sys, time, torch
-sys.path.insert(0, ".")
 from strata.engine.host import HostExperts
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.packs.memory import MemoryPack
