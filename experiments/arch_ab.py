@@ -29,7 +29,7 @@ import torch
 
 import strata  # noqa: F401  (selects the interpreter without CUDA)
 from strata import bench
-from strata.bench.roofline import Rates, expert_flops, h2d_rate, roofline
+from strata.bench.roofline import Rates, expert_flops, h2d_rate, record_streamed
 from strata.engine.host import HostExperts
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
@@ -91,19 +91,7 @@ def streamed(rec, shape, prompts, args) -> None:
             eng.run(tok, logits="none")           # the first read of a shape compiles its tiles
             res = eng.run(tok, logits="none")
         st = res.stats
-        pcie_s = st.bytes_streamed / h2d
-        pcie_tps = T / pcie_s if pcie_s else None
-        roof = roofline(st.chunks, shape, h2d, rates)
-        common.update(chunk=res.chunk, ring=res.ring)
-        rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=bench.WALL_TIMER,
-                bound="PCIe: bytes streamed / pinned H2D measured", bound_value=pcie_tps,
-                **common)
-        rec.add("roofline_tokens_per_s", T / roof if roof else "", "tok/s",
-                bound="max(H2D, grouped_mm) per chunk", **common)
-        rec.add("bytes_streamed", st.bytes_streamed, "bytes", **common)
-        rec.add("h2d_gbps", st.h2d_gbps, "GB/s", bound="pinned H2D blob by blob",
-                bound_value=h2d / 1e9, **common)
-        rec.add("wait_s", st.wait_s, "s", **common)
+        pcie_tps = record_streamed(rec, res, T, shape, h2d, rates, **common)
         print(f"[gpt-oss-120b] T={T}: {st.tokens_per_s:,.0f} tok/s, PCIe bound "
               f"{pcie_tps or 0:,.0f} tok/s ({st.bytes_streamed / 1e9:.1f} GB at "
               f"{h2d / 1e9:.1f} GB/s), chunk {res.chunk}, ring {res.ring}", flush=True)

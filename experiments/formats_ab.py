@@ -43,7 +43,7 @@ import strata  # noqa: F401  (selects the interpreter without CUDA)
 from strata import bench
 from strata.bench.expert_gemm import (DECODED_REL, dense_weights, grouped_mm_ffn, make_experts,
                                       rel_err)
-from strata.bench.roofline import Rates, expert_flops, h2d_rate, roofline
+from strata.bench.roofline import Rates, expert_flops, h2d_rate, record_streamed
 from strata.engine.host import HostExperts
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
@@ -172,19 +172,8 @@ def _read(rec, shape, pack, host, name, T, h2d, rates, smoke, tps) -> None:
         res = eng.run(tok, logits="none")
     st = res.stats
     pcie_s = st.bytes_streamed / h2d
-    roof = roofline(st.chunks, shape, h2d, rates)
-    common = dict(pack=name, prompt=T, chunk=res.chunk, ring=res.ring, layers=shape.n_layer,
-                  expert_bytes=pack.expert_bytes)
-    pcie_tps = T / pcie_s if pcie_s else None
-    rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=bench.WALL_TIMER,
-            bound="PCIe: bytes streamed / pinned H2D measured", bound_value=pcie_tps,
-            **common)
-    rec.add("roofline_tokens_per_s", T / roof if roof else "", "tok/s",
-            bound="max(H2D, grouped_mm) per chunk", **common)
-    rec.add("bytes_streamed", st.bytes_streamed, "bytes", **common)
-    rec.add("h2d_gbps", st.h2d_gbps, "GB/s", bound="pinned H2D blob by blob",
-            bound_value=h2d / 1e9, **common)
-    rec.add("wait_s", st.wait_s, "s", **common)
+    pcie_tps = record_streamed(rec, res, T, shape, h2d, rates, pack=name, prompt=T,
+                               layers=shape.n_layer, expert_bytes=pack.expert_bytes)
     tps[name] = (st.tokens_per_s, pcie_s / st.seconds if st.seconds else 0.0)
     print(f"[{name}] T={T}: {st.tokens_per_s:,.0f} tok/s, PCIe bound "
           f"{pcie_tps or 0:,.0f} tok/s ({st.bytes_streamed / 1e9:.1f} GB at "

@@ -178,3 +178,27 @@ def sdpa_rate(shape, T: int, reps: int = 3) -> float:
     def run():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     return 2 * T * T * H * hd / time_fn(run, device="cuda", warmup=1, repeats=reps).median_s
+
+
+def record_streamed(rec, res, T: int, shape, h2d: float, rates: Rates, **config) -> float | None:
+    """A streamed read's figures, each beside its bound, into `rec` (the rows formats_ab and
+    arch_ab share): tokens_per_s against the PCIe bound (bytes streamed / the pinned H2D rate
+    `h2d` measured in the same run), roofline_tokens_per_s (max(H2D, grouped_mm) per chunk),
+    bytes_streamed, h2d_gbps, wait_s. `res` a PrefillResult of T tokens; `config` the rows'
+    config (chunk and ring are added). Returns the PCIe bound in tokens/s (None: nothing
+    streamed)."""
+    from strata.bench.timing import WALL_TIMER
+    st = res.stats
+    pcie_s = st.bytes_streamed / h2d
+    pcie_tps = T / pcie_s if pcie_s else None
+    roof = roofline(st.chunks, shape, h2d, rates)
+    common = dict(config, chunk=res.chunk, ring=res.ring)
+    rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=WALL_TIMER,
+            bound="PCIe: bytes streamed / pinned H2D measured", bound_value=pcie_tps, **common)
+    rec.add("roofline_tokens_per_s", T / roof if roof else "", "tok/s",
+            bound="max(H2D, grouped_mm) per chunk", **common)
+    rec.add("bytes_streamed", st.bytes_streamed, "bytes", **common)
+    rec.add("h2d_gbps", st.h2d_gbps, "GB/s", bound="pinned H2D blob by blob",
+            bound_value=h2d / 1e9, **common)
+    rec.add("wait_s", st.wait_s, "s", **common)
+    return pcie_tps
