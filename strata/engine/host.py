@@ -137,6 +137,10 @@ class HostExperts:
                     parallel_copy(buf, t.contiguous(), threads, pool=pool)
                 self._layers.append(t)              # until its registration resolves
                 pending = self._resolve(pending)
+                if self.pin_error is not None:      # the last layer's locking just failed:
+                    del buf                         # this one stays pageable like the rest
+                    m.close()
+                    continue
                 if locker is None:
                     self._resolve((len(self._layers) - 1,
                                    _done_future(self._lock_pages, buf, m, t, pool)))
@@ -162,7 +166,11 @@ class HostExperts:
             self._layers[idx] = fut.result()
         except RuntimeError as e:  # out of page-lockable memory: pageable from here on
             self.pin_error = str(e).splitlines()[0]
-            self._layers = [x.clone() if x.is_pinned() else x for x in self._layers]
+            # copy out what lies in locked memory (registered huge pages, torch's pinned
+            # blocks) before the maps under it go
+            locked = {r.ptr for r in self._regs}
+            self._layers = [x.clone() if x.data_ptr() in locked or x.is_pinned() else x
+                            for x in self._layers]
             _release(self._regs, self._maps)
         return None
 

@@ -130,3 +130,30 @@ def test_every_pin_method_gives_the_pack_files_bytes(monkeypatch, tmp_path):
         PinMethod("mmap")
     assert PinMethod.parse("map,threads=16,overlap=0,switch=none") == \
         PinMethod("map", threads=16, overlap=False, switch=None)
+
+
+def test_a_later_layers_locking_failure_leaves_nothing_locked(monkeypatch):
+    """Layer 2's registration fails while layer 3 is being read (the overlapped locking): from
+    there every layer is pageable, nothing stays registered, and the bytes are the blobs."""
+    blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(5)]
+
+    class FailsThird(_FakeCudart):
+        def cudaHostRegister(self, ptr, nbytes, flags):
+            if len(self.locked) == 2:
+                return 2          # cudaErrorMemoryAllocation
+            return super().cudaHostRegister(ptr, nbytes, flags)
+    fake = FailsThird()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    real_empty = torch.empty
+
+    def no_pinned(*a, pin_memory=False, **kw):   # the fallback allocator fails too
+        if pin_memory:
+            raise RuntimeError("CUDA error: out of memory (cudaHostAlloc)")
+        return real_empty(*a, **kw)
+    monkeypatch.setattr(torch, "empty", no_pinned)
+    host = HostExperts(lambda i: blobs[i], [1000] * 5, pin=True)
+    assert not host.pinned and host.pin_error
+    assert fake.locked == {}, "a layer stayed registered after the fallback"
+    for i, b in enumerate(blobs):
+        assert torch.equal(host.layers[i], b)
