@@ -321,6 +321,12 @@ def main(argv=None) -> int:
                     help="first one untimed child (its figures recorded as arm 'prime'), so the "
                          "arms start from a Triton cache that holds this plan's kernels")
     args = ap.parse_args(argv)
+    from strata.engine.pinning import PinMethod
+    for pm in args.pin_methods.split(";"):   # a bad one is one line now, not a child's traceback
+        try:
+            PinMethod.parse(pm)
+        except (TypeError, ValueError) as e:
+            ap.error(f"--pin-methods: {pm!r}: {e}")
     if args.repeats < 2:
         ap.error("--repeats must be at least 2 (the first prompt and a warm one)")
     tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")

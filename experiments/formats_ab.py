@@ -171,9 +171,9 @@ def _read(rec, shape, pack, host, name, T, h2d, rates, smoke, tps) -> None:
         eng.run(tok, logits="none")           # the first read of a shape compiles its tiles
         res = eng.run(tok, logits="none")
     st = res.stats
-    pcie_s = st.bytes_streamed / h2d
     pcie_tps = record_streamed(rec, res, T, shape, h2d, rates, pack=name, prompt=T,
                                layers=shape.n_layer, expert_bytes=pack.expert_bytes)
+    pcie_s = T / pcie_tps if pcie_tps else 0.0
     tps[name] = (st.tokens_per_s, pcie_s / st.seconds if st.seconds else 0.0)
     print(f"[{name}] T={T}: {st.tokens_per_s:,.0f} tok/s, PCIe bound "
           f"{pcie_tps or 0:,.0f} tok/s ({st.bytes_streamed / 1e9:.1f} GB at "
