@@ -28,7 +28,8 @@ KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV 
 KX rows of int8 KV expanded to bf16 per attention launch and QS fp32 values of carried softmax
 state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats); MR keys and
 MQ queries of MLA's blocked attention, MKD = H*hd and MVD = H*Hv values a key, MS fp32 values of
-state a query, MLC = Lkv + R values of an int8 latent block dequantized
+state a query, MLC = Lkv + R values of an int8 latent block dequantized (or, with host-held KV,
+a block gathered from the staged and resident segments)
 (strata.models.mla_scratch: mla_scratch_rows, mla_state_floats; S is the longest prompt, or T
 without a KV policy).
 

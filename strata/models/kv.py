@@ -2,7 +2,8 @@
 
 - KVCache: the model's own (growing or preallocated, the model's dtype, one device per layer)
 - PromptKV: the streaming engine's (bf16 or int8, a resident window in VRAM, the older tokens in
-  pinned host memory streamed back through a staging buffer for each later chunk's attention)
+  pinned host memory streamed back through a staging buffer for each later chunk's attention;
+  GQA's keys and values per kv head, or MLA's latent and rope key as one "head")
 - layer_kv_tokens / kv_windows: how many tokens each layer keeps and where, the one count the
   plan (strata.planning.model_sizes), PromptKV and KVCache all allocate by
 
@@ -237,6 +238,14 @@ class PromptKV:
             self.streamed += src[:n].numel() * src.element_size()
         self._ready[layer] = done
 
+    def _staged(self, layer: int) -> list[torch.Tensor]:
+        """`layer`'s stage views, once its copy is issued and the compute lane waits for it."""
+        self.stage(layer)
+        lane = self.lanes.get(layer)
+        if lane is not None:
+            lane.wait(self._ready[layer])
+        return self.stages[layer]
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                **extra) -> torch.Tensor:
         """q [T, H, hd], k, v [T, Hkv, hd] (bf16, normed and rotated) of the chunk at
@@ -252,13 +261,7 @@ class PromptKV:
         if W:
             prefix = self._ring(layer, P)
         else:
-            prefix = []
-            if n_host:
-                self.stage(layer)
-                lane = self.lanes.get(layer)
-                if lane is not None:
-                    lane.wait(self._ready[layer])
-                prefix.append(self._segment(self.stages[layer], n_host))
+            prefix = [self._segment(self._staged(layer), n_host)] if n_host else []
             if P - n_host:
                 prefix.append(self._segment(self.resident[layer], P - n_host))
         fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
@@ -312,13 +315,8 @@ class PromptKV:
             raise StrataError(f"layer {layer} slides; the latent KV has no sliding layers")
         P, T = self.length, c.shape[0]
         host, n_host = self.held[layer], min(P, self.held[layer])
-        prefix = []
-        if n_host:
-            self.stage(layer)
-            lane = self.lanes.get(layer)
-            if lane is not None:
-                lane.wait(self._ready[layer])
-            prefix.append(LatentSegment(*self._latent(self.stages[layer], 0, n_host)))
+        prefix = ([LatentSegment(*self._latent(self._staged(layer), 0, n_host))]
+                  if n_host else [])
         if self.kv != "int8":    # stored in the cache's dtype: the chunk attends what is kept
             c, k_pe = c.to(self.code), k_pe.to(self.code)
         vals = self._append(layer, c[:, None], k_pe[:, None])

@@ -9,7 +9,10 @@ Lkv kv_lora (the latent).
     q_pe, k_pe = rope_pairs(q_pe), rope_pairs(k_pe)            k_pe shared by every head
     cache += (c, k_pe)                      (Lkv + R) values per token per layer: the KV the
                                             plan counts (strata.shapes.mla_token_bytes): bf16,
-                                            or int8 + one fp32 scale each per token (MLACache)
+                                            or int8 + one fp32 scale each per token (MLACache;
+                                            with --kv-resident the engine's PromptKV keeps the
+                                            older tokens in host memory and hands them back as
+                                            the attention's `prefix`)
     Wkvb = [Wuk | Wuv] per head             [H, N + Hv, Lkv]
     o = causal softmax([q_nope, q_pe] . [c Wuk^T, k_pe] / sqrt(hd)) (c Wuv^T)   [T, H, Hv]
     y = Wo o                                [T, D]

@@ -49,8 +49,8 @@ def mla_state_floats(n_head: int, v_head_dim: int) -> int:
 @dataclass(frozen=True)
 class MLAScratch:
     """Flat buffers: k (>= rows·H·hd values), v (>= rows·H·Hv), state fp32
-    (>= qrows·mla_state_floats(H, Hv)), c (int8 KV: >= rows·(Lkv + R)); k, v and c in the
-    attention's dtype."""
+    (>= qrows·mla_state_floats(H, Hv)), c (int8 KV or a prefix of segments: >= rows·(Lkv + R));
+    k, v and c in the attention's dtype."""
     k: torch.Tensor
     v: torch.Tensor
     state: torch.Tensor

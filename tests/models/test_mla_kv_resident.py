@@ -30,7 +30,6 @@ import torch
 from hypothesis import example, given, settings, strategies as st
 
 from strata import budget
-from strata.engine import prefill as engine_prefill
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
 from strata.memory.layout import PromptLayout
@@ -39,6 +38,7 @@ from strata.models.mla import LatentSegment, mla_chunk_attention, mla_chunk_atte
 from strata.models.mla_scratch import MLAScratch
 from strata.planning import KVPolicy, layout_spec, model_sizes
 from strata.shapes import ModelShape
+from tests.engine.test_kv import refused_before_pinning
 from tests.models.hf_family import DS_TINY
 from tests.models.test_mla_blocks import REL, draw, poisoned
 from tests.models.test_mla_int8 import int8_cache_of
@@ -223,19 +223,8 @@ def test_kv_released_and_cache_restored(pack, tokens, monkeypatch):
 
 
 def test_host_kv_that_does_not_fit_is_refused_before_pinning(pack, monkeypatch):
-    host_kv = DS_TINY.n_layer * DS_TINY.kv_bytes(64 - 4, "bf16")
-    monkeypatch.setattr(budget, "host_available", lambda: host_kv - 1)
-
-    def no_pinning(*a, **k):
-        raise AssertionError("host blobs loaded before the KV check")
-    monkeypatch.setattr(engine_prefill, "HostExperts", no_pinning)
-    with pytest.raises(StrataError) as e:
-        engine(pack, kv_resident=4)
-    msg = str(e.value)
-    assert "\n" not in msg
-    for words in ("KV cache of 64 tokens", "in host memory", "VRAM", "available", "--kv int8",
-                  "--kv-resident"):
-        assert words in msg, msg
+    """The GQA check's own test, on the latent's bytes (ModelShape.kv_bytes)."""
+    refused_before_pinning(monkeypatch, DS_TINY, lambda: engine(pack, kv_resident=4))
 
 
 def test_cli_refuses_with_one_line(pack, monkeypatch, capsys):
