@@ -12,6 +12,9 @@ latent, `attend_latent`), tiny DeepSeek shapes.
   all-resident read attends, so any difference is a wrong token, position or scale. int8 equals
   the model's own int8 MLACache too (the same codes). The bytes streamed are every chunk's
   min(P, host) tokens a layer at the shape's own per-token count (ModelShape.kv_bytes).
+- CUDA's path on the CPU (bf16 dense math, the blocked attention in the scratch the engine
+  carves, mla_c included): streamed against the same plan read with every token in the model's
+  own MLACache, bit for bit.
 - The plan's MLA KV bytes (resident, host, the kv_stage) equal what PromptKV allocates and
   views, for random MLA shapes, dtypes, windows and prompt lengths (Hypothesis); and in the
   engine, what a prompt's PromptKV holds is what its plan charged.
@@ -207,6 +210,29 @@ def test_streamed_equals_resident(pack, tokens, kv, monkeypatch):
         assert all(r() is None for r in m["refs"]), "host/resident KV kept after the prompt"
     if kv == "int8":    # the model's own int8 MLACache (all resident) holds the same codes
         assert torch.equal(engine(pack, kv="int8").run(tokens).logits, whole.logits)
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_the_blocked_path_in_the_carve_streams_the_same_bits(pack, tokens, kv, monkeypatch):
+    """CUDA's path on the CPU: bf16 dense math and the blocked attention (sdpa=True) in the
+    scratch the engine carves from the loan (mla_k / mla_v / mla_state / mla_c, the plan's
+    sizes: a block spanning the staged and resident keys is gathered into mla_c). Streamed
+    against the same engine and plan read with every token in the model's own MLACache (the
+    same loan, so the same expert passes): the same bits."""
+    import strata.models.mla as mla
+    real, seen = mla.mla_chunk_attention, []
+
+    def blocked(*a, **kw):
+        seen.append((kw["scratch"] is not None, len(kw["prefix"])))
+        return real(*a, **{**kw, "sdpa": True})
+    monkeypatch.setattr(mla, "mla_chunk_attention", blocked)
+    eng = engine(pack, kv=kv, kv_resident=7, dtype=torch.bfloat16)
+    part = eng.run(tokens)
+    assert set(seen) == {(True, 0), (True, 1)}     # the carve's scratch; staged prefixes
+    monkeypatch.setattr(eng.cfg, "kv_resident", None)   # the plan stays; the KV all resident
+    whole = eng.run(tokens, plan=part.plan)
+    assert whole.kv_streamed == 0 < part.kv_streamed
+    assert torch.isfinite(part.logits).all() and torch.equal(part.logits, whole.logits)
 
 
 def test_kv_released_and_cache_restored(pack, tokens, monkeypatch):
