@@ -283,6 +283,26 @@ def test_plan_shows_mla_host_kv(capsys):
         assert got["host_bytes"] == ds.n_layer * (131072 - 32768) * ds.kv_bytes(1, kv)
 
 
+@pytest.mark.parametrize("preset,vram,rows", [
+    ("deepseek-v3", ["24GiB"] * 2, {(): 1536, ("--kv-resident", "32768"): 10496,
+                                    ("--kv", "int8", "--kv-resident", "32768"): 12288}),
+    ("kimi-k2", ["12GiB"] * 4, {(): 1024, ("--kv-resident", "32768"): 4864,
+                                ("--kv", "int8", "--kv-resident", "32768"): 5888})])
+def test_a_host_held_window_buys_a_long_document_its_chunk(capsys, preset, vram, rows):
+    """docs/families.md's table: 131,072 tokens at Q4_K, the chunk with every latent token
+    resident and with 32K a layer resident."""
+    import json
+    from strata.cli import main
+    for extra, chunk in rows.items():
+        argv = ["plan", "--preset", preset, "--quant", "Q4_K", "--max-prompt", "131072",
+                *extra, "--json"]
+        for v in vram:
+            argv += ["--vram", v]
+        assert main(argv) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["fits"] and d["chunk"] == chunk, (extra, d["chunk"])
+
+
 # -- plan == PromptKV, any MLA shape ------------------------------------------------------------
 
 @settings(max_examples=40, deadline=None)
