@@ -61,7 +61,7 @@ for step in "$@"; do
     coldwarm32) ( time timeout 300 python3 experiments/cold_warm.py --prompts 32768 --arms warm --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm32.log" ;;
     coldwarm) ( time timeout 400 python3 experiments/cold_warm.py --keep --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm.log" ;;
     # the start-up pieces on the GPU: bulk dense upload through pinned staging, background pinning, warm layers
-    readytests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_pinning.py tests/engine/test_host.py tests/engine/test_warm_trace.py 2>&1 | tail -8 > "$OUT/gpu_ready.log"; tail -3 "$OUT/gpu_ready.log" ;;
+    readytests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_pinning.py tests/engine/test_host.py tests/engine/test_warm_trace.py tests/engine/test_start_imports.py tests/models/test_attention.py 2>&1 | tail -8 > "$OUT/gpu_ready.log"; tail -3 "$OUT/gpu_ready.log" ;;
     benchfull) timeout 200 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192,32768 -r 3 --vram 12GiB --trace "$OUT/bench_trace.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_full.csv" | tail -12 ;;
     packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
     moeffn)  timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_ffn.py 2>&1 | tail -20 > "$OUT/gpu_moe_ffn.log"; tail -5 "$OUT/gpu_moe_ffn.log" ;;
