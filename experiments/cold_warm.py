@@ -52,6 +52,12 @@ TAG = "COLDWARM "
 
 # -- the child: one fresh process ---------------------------------------------------------------
 def child(a) -> int:
+    # as the CLI does (strata.cli.main): the pack's experts start coming off the page cache
+    # before torch is imported; HostExperts adopts them (a pin method's early=0: the old order)
+    from strata.engine.early import EarlyRead, PinMethod
+    method = PinMethod.parse(a.pin_method)
+    early = None if not method.early or method.source != "pread" else \
+        EarlyRead.start(a.child, threads=method.threads)
     import torch
     from strata.engine.host import HostExperts
     from strata.packs import Pack
@@ -66,9 +72,8 @@ def child(a) -> int:
     # imports and the engine allocates its cache and uploads the dense weights
     pack = Pack.open(a.child)
     sizes = [pl.blob_size for pl in pack.layers]
-    from strata.engine.pinning import PinMethod
     host = HostExperts(pack.experts, sizes, pin=True, background=True, spans=pack.expert_span,
-                       method=PinMethod.parse(a.pin_method))
+                       method=method, early=early)
     from strata.commands._args import resolve_experts
     from strata.engine.prefill import EngineConfig, PrefillEngine
     import strata.kernels.decoded  # noqa: F401 (the FFN's modules, beside the pinning)
@@ -97,6 +102,7 @@ def child(a) -> int:
            "warm_tokens_per_s": sum(tps[1:]) / max(len(tps) - 1, 1),
            "pinned": host.pinned, "pack_bytes": sum(sizes) * pack.shape.n_expert,
            "pin_end_s": host.loaded_at - a.spawn, "pin_lock_s": host.lock_s,
+           "early_layers": host.early_layers,
            "chunk": res.chunk, "ring": res.ring, "bytes_streamed": res.stats.bytes_streamed}
     out["first_over_warm"] = out["first_tokens_per_s"] / out["warm_tokens_per_s"]
     # fill_s split (PrefillEngine.timings), and the warm-up's read vs its one-time load: the
@@ -154,7 +160,8 @@ FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "imp
            "bytes_streamed": "bytes", "plan_s": "s", "cache_alloc_s": "s", "cache_fill_s": "s",
            "other_s": "s", "dense_upload_s": "s", "model_build_s": "s", "warmup_read_s": "s",
            "warmup_load_s": "s", "warmup_layers": "layers", "cache_fill_gbps": "GB/s",
-           "dense_s": "s", "sync_s": "s", "pin_end_s": "s", "pin_lock_s": "s"}
+           "dense_s": "s", "sync_s": "s", "pin_end_s": "s", "pin_lock_s": "s",
+           "early_layers": "layers"}
 
 
 def measure(args, rec) -> None:
