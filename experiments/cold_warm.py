@@ -7,7 +7,9 @@ engine on the VRAM budget (the expert cache allocated and filled, dense weights 
 (PrefillEngine.warmup: one dry prompt through the prompt's plan; the `nowarm` arm skips it) and
 reads the prompt `--repeats` times. Per process:
 
-    ready_s = import_s (interpreter + torch + the pack reader) + cuda_s (the CUDA context)
+    ready_s = import_s (interpreter + torch + the pack reader; torch_import_s: `import torch`
+              alone; the read-ahead of the pack, strata.engine.early, runs beside it)
+            + cuda_s (the CUDA context)
             + start_s (the rest of strata's imports, the host blobs pinning on a thread beside
               them: pin_s is that thread's own wall time, pin_gbps its rate)
             + fill_s (PrefillEngine.__init__: plan_s, cache_alloc_s, dense_upload_s and
@@ -58,7 +60,9 @@ def child(a) -> int:
     method = PinMethod.parse(a.pin_method)
     early = None if not method.early or method.source != "pread" else \
         EarlyRead.start(a.child, threads=method.threads)
+    t_torch = time.time()
     import torch
+    t_torch = time.time() - t_torch
     from strata.engine.host import HostExperts
     from strata.packs import Pack
     t_import = time.time()
@@ -94,7 +98,7 @@ def child(a) -> int:
         if r == 0:
             first_ready = time.time()
         tps.append(res.stats.tokens_per_s)
-    out = {"import_s": t_import - a.spawn, "cuda_s": t_cuda - t_import,
+    out = {"import_s": t_import - a.spawn, "torch_import_s": t_torch, "cuda_s": t_cuda - t_import,
            "start_s": t_pin - t_cuda, "pin_s": host.load_s, "fill_s": t_fill - t_pin,
            "warmup_s": warm,
            "prompt_s": first_ready - t_fill - warm, "ready_s": first_ready - a.spawn,
@@ -153,6 +157,7 @@ def page_cache_read(path: Path) -> float:
 
 
 FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "import_s": "s",
+           "torch_import_s": "s",
            "cuda_s": "s",
            "pin_s": "s", "fill_s": "s",
            "warmup_s": "s", "prompt_s": "s", "first_tokens_per_s": "tok/s",
@@ -222,7 +227,8 @@ def measure(args, rec) -> None:
                 rec.add(fig, r[fig], unit, bound=bound, bound_value=bv,
                         timer=bench.WALL_TIMER, **cfg)
             rec.flush()
-            print(f"{arm:6s} [{pm}] T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f}, "
+            print(f"{arm:6s} [{pm}] T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f} "
+                  f"[torch {r['torch_import_s']:.2f}], "
                   f"cuda {r['cuda_s']:.2f}, start {r['start_s']:.2f} [pinning beside it: "
                   f"{r['pin_s']:.2f} s at {r['pin_gbps']:.1f} GB/s (locking {r['pin_lock_s']:.2f}), "
                   f"done at {r['pin_end_s']:.2f} s, waited "
