@@ -59,8 +59,8 @@ for step in "$@"; do
     coldpack) ( time timeout 560 python3 -m strata.cli synth --preset qwen3-30b-a3b --quant Q8_0 --pack -o /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ) 2>&1 | grep -v "it/s\]" | tail -5 | tee "$OUT/cold_pack.log" ;;
     # the full-size pack file (MemoryPack.save, seconds) stays in /dev/shm for benchfull; `packrm` removes it
     coldwarm32) ( time timeout 300 python3 experiments/cold_warm.py --prompts 32768 --arms warm --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm32.log" ;;
-    coldwarm32e) ( time timeout 300 python3 experiments/cold_warm.py --prompts 32768 --arms warm --prime --pin-methods "pread;pread,early=0" --out "$OUT" ) 2>&1 | grep -v "it/s\]" | grep -v "^pack " | tail -8 | tee "$OUT/cold_warm32e.log" ;;
-    coldwarm5) ( time timeout 330 python3 experiments/cold_warm.py --prompts 32768 --arms warm --prime --keep --pin-methods "pread;pread,early=0;pread,threads=8;pread;pread,early=0" --out "$OUT" ) 2>&1 | grep -v "it/s\]" | grep -v "^pack " | tail -9 | tee "$OUT/cold_warm5.log" ;;
+    coldwarm32e) ( time timeout 300 python3 experiments/cold_warm.py --prompts 32768 --arms warm --prime --pin-methods "pread,early=1;pread" --out "$OUT" ) 2>&1 | grep -v "it/s\]" | grep -v "^pack " | tail -8 | tee "$OUT/cold_warm32e.log" ;;
+    coldwarm5) ( time timeout 330 python3 experiments/cold_warm.py --prompts 32768 --arms warm --prime --keep --pin-methods "pread,early=1;pread;pread,early=1,threads=8;pread,early=1;pread" --out "$OUT" ) 2>&1 | grep -v "it/s\]" | grep -v "^pack " | tail -9 | tee "$OUT/cold_warm5.log" ;;
     ring8k)  for r in auto 160 256; do x=""; [ "$r" = auto ] || x="--ring $r"; timeout 100 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192 -r 3 --vram 12GiB $x --trace "$OUT/ring8k_$r.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/ring8k_$r.csv" | tail -3; done ;;
     coldwarm) ( time timeout 400 python3 experiments/cold_warm.py --keep --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm.log" ;;
     # the start-up pieces on the GPU: bulk dense upload through pinned staging, background pinning, warm layers

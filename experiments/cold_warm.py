@@ -55,7 +55,7 @@ TAG = "COLDWARM "
 # -- the child: one fresh process ---------------------------------------------------------------
 def child(a) -> int:
     # as the CLI does (strata.cli.main): the pack's experts start coming off the page cache
-    # before torch is imported; HostExperts adopts them (a pin method's early=0: the old order)
+    # before torch is imported; HostExperts adopts them (a pin method's early=1; the default reads nothing ahead)
     from strata.engine.early import EarlyRead, PinMethod
     method = PinMethod.parse(a.pin_method)
     early = None if not method.early or method.source != "pread" else \

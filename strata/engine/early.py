@@ -46,13 +46,15 @@ class PinMethod:
              caller (2.5 vs 9.7 GB/s in benchmarks/results/pin-nvidia-h200-c0a135f.csv);
              None leaves it alone
     early    a process that knows its pack at start reads it ahead of torch's import
-             (EarlyRead: strata.cli, experiments/cold_warm.py's child), "pread" only
+             (EarlyRead: strata.cli, experiments/cold_warm.py's child), "pread" only. Off:
+             on the H200 machine the reads slow torch's import by about what they save
+             (ready 9.2-9.6 s with them, 8.8-9.6 s without; cold_warm-NVIDIA_H200-fa09f68)
     """
     source: str = "pread"
     threads: int = 16
     overlap: bool = True
     switch: float | None = 1e-4
-    early: bool = True
+    early: bool = False
 
     def __post_init__(self):
         if self.source not in ("pread", "map"):
@@ -188,12 +190,15 @@ class EarlyRead:
         os.close(self._fd)
 
 
-def early_read_for(argv: list[str]) -> EarlyRead | None:
-    """The read-ahead a command line will use, started now, or None. `strata prefill PACK` with
+def early_read_for(argv: list[str], method: PinMethod = PinMethod()) -> EarlyRead | None:
+    """The read-ahead a command line will use, started now, or None (always None unless
+    `method.early`: the engine's default PinMethod does not read ahead). `strata prefill PACK` with
     a streaming budget (--vram, --cache, --kv, --kv-resident) and `strata bench PACK` pin the
     pack's experts unless --unpinned; this looks for exactly that, before argparse (whose
     command modules import torch). A guess that misses only costs the read: nothing is
     adopted that the opened pack does not report."""
+    if not method.early or method.source != "pread":
+        return None
     if len(argv) < 2 or argv[0] not in ("prefill", "bench") or "--unpinned" in argv:
         return None
     if "-h" in argv or "--help" in argv:
@@ -204,4 +209,4 @@ def early_read_for(argv: list[str]) -> EarlyRead | None:
     pack = argv[1]
     if pack.startswith("-") or not os.path.isfile(pack):
         return None
-    return EarlyRead.start(pack)
+    return EarlyRead.start(pack, threads=method.threads)

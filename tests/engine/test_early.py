@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from strata.engine.early import EarlyRead, early_read_for, expert_spans
+from strata.engine.early import EarlyRead, PinMethod as Method, early_read_for, expert_spans
 from strata.engine.host import HostExperts
 from strata.engine.pinning import PinMethod
 from strata.packs import Pack
@@ -99,9 +99,10 @@ def test_what_starts_nothing(pack, tmp_path):
                  ["prefill", "--vram", "1GiB", p],              # not where the pack goes
                  ["bench", p, "--help"],
                  ["prefill", str(tmp_path / "missing.pack"), "--vram", "1GiB"]):
-        assert early_read_for(argv) is None, argv
+        assert early_read_for(argv, Method(early=True)) is None, argv
+    assert early_read_for(["bench", p]) is None                # the default reads nothing ahead
     for argv in (["prefill", p, "--vram", "1GiB"], ["prefill", p, "--kv=int8"], ["bench", p]):
-        got = early_read_for(argv)
+        got = early_read_for(argv, Method(early=True, threads=2))
         assert got is not None and len(got.spans) == pack.shape.n_layer, argv
         got.close()
 
