@@ -48,6 +48,7 @@ for step in "$@"; do
     # issues 14/17: the warm-up covers a long prompt's launches (probes); the first long prompt compiles nothing
     warmvariants) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_warm_variants.py 2>&1 | tail -8 > "$OUT/gpu_warm_variants.log"; tail -3 "$OUT/gpu_warm_variants.log" ;;
     long262) timeout 400 python3 experiments/long_prompt.py --cells 262144:bf16:32768,262144:int8:all,262144:bf16:all --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/long_prompt_262k.log" ;;
+    long32)  timeout 200 python3 experiments/long_prompt.py --cells 32768:bf16:all,32768:int8:all,32768:bf16:32768,32768:int8:32768 --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[long\] T=" | tee "$OUT/long_prompt_32k.log" ;;
     longwarm) timeout 230 python3 experiments/long_prompt.py --cells 131072:int8:32768,131072:bf16:32768 --warm engine --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -8 | tee "$OUT/long_prompt_warm.log" ;;
     kvtests) timeout 200 python3 -m pytest -rfE -p no:cacheprovider tests/engine/test_kv.py tests/test_long_prompt_smoke.py 2>&1 | tail -20 > "$OUT/gpu_kv_tests.log"; tail -5 "$OUT/gpu_kv_tests.log" ;;
     split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 ;;
