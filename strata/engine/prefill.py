@@ -23,6 +23,7 @@ before the refill. Observers (strata.engine.observe) watch each prompt's plan, l
 """
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,7 @@ from tqdm import tqdm
 
 from strata.budget import (check_kv_host, check_machine, check_room, cpu_cache_cap,
                            host_available)
+from strata.config import gc_pause
 from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
@@ -149,10 +151,12 @@ def borrow_and_carve(cache: ExpertCache, layout: PromptLayout, chunk: int, pp: P
 
 class PrefillEngine:
     def __init__(self, pack, cfg: EngineConfig, *, host: HostExperts | None = None,
-                 observers: list[EngineObserver] | None = None):
+                 observers: list[EngineObserver] | None = None, early=None):
         """`host`: the pack's blobs already in (pinned) host memory — experiments that build
         several engines over one 32 GB pack pin it once. `observers`: watch each prompt's plan,
-        loans and result (strata.engine.observe); `self.observers` may change between prompts."""
+        loans and result (strata.engine.observe); `self.observers` may change between prompts.
+        `early`: the pack's read-ahead begun before torch's import (strata.engine.early), which
+        the host blobs adopt (the CLI's; its owner closes it when the engine does not)."""
         # where the start goes (seconds per phase; experiments/cold_warm.py reports them)
         self.timings: dict[str, float] = {}
         clock = _PhaseClock(self.timings)
@@ -188,7 +192,8 @@ class PrefillEngine:
         # go up (the copy threads and the upload overlap); the caches fill once they are in.
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
                                         progress=cfg.progress, background=True,
-                                        spans=getattr(pack, "expert_span", None))
+                                        spans=getattr(pack, "expert_span", None),
+                                        early=early)
         try:
             caches = []
             for p, dev in zip(parts, devices):
@@ -338,7 +343,24 @@ class PrefillEngine:
 
         `fail_after_layers` injects an allocation failure after that many layer batches
         (tests of the failure path). `plan`: read with this plan (one made by `self.plan` for
-        a prompt at least this long: the warm-up reads through the real prompt's plan)."""
+        a prompt at least this long: the warm-up reads through the real prompt's plan).
+
+        Python's cyclic collector pauses for the prompt (STRATA_GC_PAUSE=0 leaves it alone):
+        a collection runs on the thread that enqueues both lanes, and while it runs neither
+        gets work. Reference counting still frees every tensor at once; only cycles wait for
+        the prompt's end."""
+        paused = gc_pause() and gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            return self._run(tokens, logits=logits, fail_after_layers=fail_after_layers,
+                             plan=plan)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _run(self, tokens, *, logits: str, fail_after_layers: int | None,
+             plan) -> PrefillResult:
         if logits not in ("all", "last", "none"):
             raise StrataError(f"logits must be all, last or none, got {logits!r}")
         tokens = self.model.check_tokens(tokens)

@@ -301,3 +301,39 @@ def test_a_short_prompt_carves_no_more_ring_than_its_plan(pack64, monkeypatch):
         tokens, resident_provider(pack64), chunk=None)
     assert rel(res.logits, want) < FP32_REL
     assert_restored(eng, snap)
+
+
+def test_the_collector_pauses_for_a_prompt_and_comes_back(pack, tokens, monkeypatch):
+    """PrefillEngine.run turns Python's cyclic GC off for the prompt and on again after it,
+    also when the prompt fails; STRATA_GC_PAUSE=0 leaves it alone; a caller's own gc.disable()
+    is kept."""
+    import gc
+
+    from strata.engine.observe import EngineObserver
+
+    class Seen(EngineObserver):
+        def __init__(self):
+            self.during = []
+
+        def on_plan(self, plan, chunk, ring):
+            self.during.append(gc.isenabled())
+
+    eng = engine(pack, ring=2)
+    seen = Seen()
+    eng.observers.append(seen)
+    assert gc.isenabled()
+    eng.run(tokens)
+    assert seen.during == [False] and gc.isenabled()
+    with pytest.raises(StrataError):   # a failed prompt gives the collector back too
+        eng.run(tokens, fail_after_layers=1)
+    assert gc.isenabled()
+    monkeypatch.setenv("STRATA_GC_PAUSE", "0")
+    eng.run(tokens)
+    assert seen.during[-1] is True
+    monkeypatch.delenv("STRATA_GC_PAUSE")
+    gc.disable()
+    try:
+        eng.run(tokens)
+        assert seen.during[-1] is False and not gc.isenabled()   # the caller's choice stands
+    finally:
+        gc.enable()

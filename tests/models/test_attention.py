@@ -87,3 +87,57 @@ def test_norms_are_applied_when_given():
 def test_map_keeps_absent_norms_absent():
     w = weights(0, norms=False).map(lambda t: t.double())
     assert w.q_norm is None and w.k_norm is None and w.wq.dtype == torch.float64
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash route runs on CUDA")
+@pytest.mark.parametrize("T,P", [(1, 7), (64, 100), (257, 3000)])
+def test_lower_right_causal_is_torchs_route_on_the_gpu(T, P):
+    """The direct flash call gives what torch's causal_lower_right gives, bit for bit (the same
+    kernel), GQA as Qwen3's 32 query heads on 4 KV heads, a later chunk's T queries against
+    P + T keys; and the explicit masked softmax within bf16 attention noise."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    from strata.models.attention import lower_right_causal
+    g = torch.Generator(device="cuda").manual_seed(T + P)
+    H, Hkv, hd = 32, 4, 128
+    q = torch.randn(1, H, T, hd, device="cuda", generator=g, dtype=torch.bfloat16)
+    k = torch.randn(1, Hkv, P + T, hd, device="cuda", generator=g, dtype=torch.bfloat16)
+    v = torch.randn(1, Hkv, P + T, hd, device="cuda", generator=g, dtype=torch.bfloat16)
+    got = lower_right_causal(q, k, v)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=causal_lower_right(T, P + T), enable_gqa=True)
+    assert got.shape == want.shape == (1, H, T, hd)
+    assert torch.equal(got, want)
+    kk, vv = (t.float().repeat_interleave(H // Hkv, dim=1) for t in (k, v))
+    s = (q.float() @ kk.transpose(-1, -2)) / math.sqrt(hd)
+    keep = torch.arange(P + T, device="cuda")[None, :] <= P + torch.arange(T, device="cuda")[:, None]
+    ref = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ vv
+    assert (got.float() - ref).abs().max().item() < 2e-2 * ref.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash route runs on CUDA")
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_the_first_chunk_takes_flash_and_later_chunks_the_kernel(kv):
+    """PromptKV's first chunk (no keys before it) is torch's flash causal attention on the
+    chunk's own bf16 keys, bit for bit, under either stored dtype; the next chunk reads the
+    stored prefix through chunk_attention, within the kernel's own bound of the explicit math."""
+    from strata.kernels.attention import chunk_attention_torch
+    from strata.models.kv import PromptKV, first_chunk_attention
+    g = torch.Generator(device="cuda").manual_seed(3)
+    H, Hkv, hd, T1, T2 = 32, 4, 128, 96, 40
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g, dtype=torch.bfloat16)  # noqa: E731
+    q1, k1, v1 = r(T1, H, hd), r(T1, Hkv, hd), r(T1, Hkv, hd)
+    q2, k2, v2 = r(T2, H, hd), r(T2, Hkv, hd), r(T2, Hkv, hd)
+    cache = PromptKV(1, Hkv, hd, T1 + T2, kv=kv, devices=["cuda"])
+    o1 = cache.attend(0, q1, k1, v1)
+    cache.commit(T1)
+    want1 = torch.nn.functional.scaled_dot_product_attention(
+        q1.transpose(0, 1)[None], k1.transpose(0, 1)[None], v1.transpose(0, 1)[None],
+        is_causal=True, enable_gqa=True)[0].transpose(0, 1)
+    assert torch.equal(o1, want1) and torch.equal(first_chunk_attention(q1, k1, v1), want1)
+    o2 = cache.attend(0, q2, k2, v2)
+    ref2 = chunk_attention_torch(q2, k2, v2, [cache._segment(cache.resident[0], T1)])
+    assert o2.shape == (T2, H, hd) and torch.isfinite(o2).all()
+    assert (o2.float() - ref2.float()).abs().max().item() < 2e-2 * ref2.float().abs().max().item()
