@@ -84,6 +84,11 @@ for step in "$@"; do
     # issue 20: the DeepSeek / GLM-4.5 family's GPU tests, MLA blocked vs all-at-once vs absorbed, and a
     # full-width DeepSeek-V3 pack (as many MoE layers as host memory holds) streamed at 8K/32K
     familytests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla.py tests/models/test_mla_blocks.py tests/models/test_mla_int8.py tests/models/test_family.py 2>&1 | tail -20 > "$OUT/gpu_family_tests.log"; tail -5 "$OUT/gpu_family_tests.log" ;;
+    # issue 14 x 20: MLA's latent KV beyond --kv-resident in pinned host memory, streamed back: the engine
+    # streamed == resident (bf16, int8) and the blocked attention over [staged, resident] at DeepSeek widths
+    mlakvtests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla_kv_resident.py 2>&1 | tail -12 > "$OUT/gpu_mla_kv_tests.log"; tail -5 "$OUT/gpu_mla_kv_tests.log" ;;
+    # a DeepSeek-V3-width pack (2 MoE layers) read at 64K, every latent token resident vs 16K a layer resident
+    mlakv)   timeout 300 python3 experiments/deepseek_stream.py --moe-layers 2 --prompts 65536 --kv-resident all,16384 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/deepseek_kv_resident.log" ;;
     mla)     timeout 200 python3 benchmarks/mla_bench.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/mla_bench.log" ;;
     deepseek) timeout 560 python3 experiments/deepseek_stream.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/deepseek_stream.log" ;;
     # issue 17: the pinning thread's rate beside a busy interpreter (GIL hand-offs), pread vs map copy

@@ -19,6 +19,10 @@ transient K/V (2.7 GB at 32K) is outside the planned carve, inside the reserve's
 
     python experiments/deepseek_stream.py              # GPU: 8K and 32K, --vram 64GiB, Q4_K
     python experiments/deepseek_stream.py --smoke      # CPU: a tiny deepseek2 shape, seconds
+    python experiments/deepseek_stream.py --moe-layers 2 --prompts 65536 --kv-resident all,16384
+        # the latent KV beyond 16K tokens a layer in pinned host memory, against all resident
+
+`--kv-resident` arms share the pinned pack; their KV bytes streamed are in the PCIe bound.
 """
 from __future__ import annotations
 
@@ -81,37 +85,50 @@ def measure(args, rec: bench.Recorder) -> None:
     print(f"{pack} built and {'pinned' if host.pinned else 'loaded'} in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     h2d = h2d_rate(host)
-    cfg = EngineConfig(vram=2 * GIB if args.smoke else args.vram * GIB, max_prompt=max(prompts),
-                       cache=160 << 10 if args.smoke else None, scan_max=256 if args.smoke
-                       else 32768, chunk=32 if args.smoke else None,
-                       ring=8 if args.smoke else None,
-                       ffn="auto" if torch.cuda.is_available() else "torch")
-    try:
-        eng = PrefillEngine(pack, cfg, host=host)
-        eng.plan()
-    except StrataError as e:
-        rec.add("tokens_per_s", 0.0, "tok/s", bound=f"does not fit: {e}", layers=shape.n_layer)
-        return
+    for resident in args.kv_resident:
+        cfg = EngineConfig(vram=2 * GIB if args.smoke else args.vram * GIB,
+                           max_prompt=max(prompts), cache=160 << 10 if args.smoke else None,
+                           scan_max=256 if args.smoke else 32768,
+                           chunk=32 if args.smoke else None, ring=8 if args.smoke else None,
+                           ffn="auto" if torch.cuda.is_available() else "torch", kv=args.kv,
+                           kv_resident=resident)
+        try:
+            eng = PrefillEngine(pack, cfg, host=host)
+            eng.plan()
+        except StrataError as e:
+            rec.add("tokens_per_s", 0.0, "tok/s", bound=f"does not fit: {e}",
+                    layers=shape.n_layer, kv=args.kv, kv_resident=resident)
+            continue
+        read_prompts(args, rec, eng, pack, shape, prompts, h2d, cfg)
+        del eng
+
+
+def read_prompts(args, rec, eng, pack, shape, prompts, h2d, cfg) -> None:
+    """One warm and one timed read of each prompt; a host-held latent window's KV bytes streamed
+    beside the experts' (both on the copy lane, so both in the PCIe bound)."""
     for T in prompts:
         tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
         with torch.inference_mode():
             eng.run(tok, logits="none")
             res = eng.run(tok, logits="none")
         st = res.stats
-        pcie_s = st.bytes_streamed / h2d
+        pcie_s = (st.bytes_streamed + res.kv_streamed) / h2d
         common = dict(prompt=T, chunk=res.chunk, ring=res.ring, layers=shape.n_layer,
                       moe_layers=len(shape.moe_layers), quant=args.quant,
-                      expert_bytes=pack.expert_bytes, vram_gib=cfg.vram / GIB)
+                      expert_bytes=pack.expert_bytes, vram_gib=cfg.vram / GIB, kv=cfg.kv,
+                      kv_resident=cfg.kv_resident)
         rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=bench.WALL_TIMER,
                 bound="PCIe: bytes streamed / pinned H2D measured",
                 bound_value=T / pcie_s if pcie_s else None, **common)
         rec.add("bytes_streamed", st.bytes_streamed, "bytes", **common)
+        rec.add("kv_bytes_streamed", res.kv_streamed, "bytes", **common)
         rec.add("h2d_gbps", st.h2d_gbps, "GB/s", bound="pinned H2D blob by blob",
                 bound_value=h2d / 1e9, **common)
         rec.add("wait_s", st.wait_s, "s", **common)
-        print(f"T={T}: {st.tokens_per_s:,.0f} tok/s, PCIe bound "
-              f"{(T / pcie_s if pcie_s else 0):,.0f} tok/s ({st.bytes_streamed / 1e9:.1f} GB at "
-              f"{h2d / 1e9:.1f} GB/s), chunk {res.chunk}, ring {res.ring}, compute waited "
+        print(f"T={T} kv {cfg.kv} resident {cfg.kv_resident or 'all'}: {st.tokens_per_s:,.0f} "
+              f"tok/s, PCIe bound {(T / pcie_s if pcie_s else 0):,.0f} tok/s "
+              f"({st.bytes_streamed / 1e9:.1f} GB of experts + {res.kv_streamed / 1e9:.2f} GB of "
+              f"KV at {h2d / 1e9:.1f} GB/s), chunk {res.chunk}, ring {res.ring}, compute waited "
               f"{st.wait_s:.2f} s", flush=True)
         rec.flush()
 
@@ -124,17 +141,34 @@ def main(argv=None) -> int:
     ap.add_argument("--vram", type=int, default=64, help="GiB of VRAM for the engine (default 64)")
     ap.add_argument("--moe-layers", type=int, default=None,
                     help="MoE layers (default: as many as host memory holds)")
+    ap.add_argument("--kv", default="bf16", choices=["bf16", "int8"], help="MLA KV dtype")
+    ap.add_argument("--kv-resident", default="all", type=_windows, metavar="N[,N...]",
+                    help="tokens of latent KV a layer keeps in VRAM, one arm each ('all': every "
+                         "token; default all); the rest streams back from pinned host memory")
     args = ap.parse_args(argv)
     tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")
     return bench.main(args, "deepseek_stream", measure, script=__file__, argv=argv,
                       stem=f"deepseek_stream-{tag}", summary=summary)
 
 
+def _windows(text: str) -> list[int | None]:
+    import argparse
+    try:
+        out = [None if w == "all" else int(w) for w in text.split(",")]
+    except ValueError:
+        out = [0]
+    if any(w is not None and w < 1 for w in out):
+        raise argparse.ArgumentTypeError(f"--kv-resident takes 'all' or whole numbers >= 1, "
+                                         f"comma-separated; got {text!r}")
+    return out
+
+
 def summary(rows: list[dict]) -> None:
     for r in rows:
         if r["figure"] == "tokens_per_s":
             c = r["config"]
-            print(f"T={c.get('prompt')} layers={c.get('layers')}: {r['value']:.4g} tok/s "
+            print(f"T={c.get('prompt')} layers={c.get('layers')} kv_resident="
+                  f"{c.get('kv_resident') or 'all'}: {r['value']:.4g} tok/s "
                   f"(bound {r['bound']}: {r['bound_value']})")
 
 

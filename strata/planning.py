@@ -28,7 +28,8 @@ KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV 
 KX rows of int8 KV expanded to bf16 per attention launch and QS fp32 values of carried softmax
 state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats); MR keys and
 MQ queries of MLA's blocked attention, MKD = H*hd and MVD = H*Hv values a key, MS fp32 values of
-state a query, MLC = Lkv + R values of an int8 latent block dequantized
+state a query, MLC = Lkv + R values of an int8 latent block dequantized (or, with host-held KV,
+a block gathered from the staged and resident segments)
 (strata.models.mla_scratch: mla_scratch_rows, mla_state_floats; S is the longest prompt, or T
 without a KV policy).
 
@@ -114,8 +115,10 @@ MLA_SCRATCH_BUFS = (
     Buf("mla_v", bf16, ("MR", "MVD"), "that block's values (c Wuv^T)"),
     Buf("mla_state", f32, ("MQ", "MS"), "a query block's merged output and log-sum-exp"),
 )
-# MLA with int8 KV: a key block's latent and rope key dequantized before the decompression.
-MLA_LATENT_BUF = Buf("mla_c", bf16, ("MR", "MLC"), "a block of int8 MLA latents, dequantized")
+# MLA with int8 KV: a key block's latent and rope key dequantized before the decompression;
+# with a host-held window (bf16 too) a key block spanning the staged and resident keys gathered.
+MLA_LATENT_BUF = Buf("mla_c", bf16, ("MR", "MLC"),
+                     "a block of MLA latents: int8 dequantized, or gathered from two segments")
 
 
 @dataclass(frozen=True)
@@ -159,9 +162,10 @@ def layout_spec(ffn: str = "kernel", kv: KVPolicy | None = None,
     when `shape` is MLA."""
     spec = ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if ffn in DECODING_FFNS else ACTIVATIONS
     mla = shape is not None and shape.mla
-    if mla:   # MLA's own int8 path dequantizes a key block into mla_c (no per-head expansion)
-        for b in MLA_SCRATCH_BUFS + ((MLA_LATENT_BUF,) if kv is not None and
-                                     kv.dtype == "int8" else ()):
+    if mla:   # MLA's own int8 path dequantizes a key block into mla_c (no per-head expansion);
+        # a host-held window gathers a block spanning the staged and resident keys there
+        latent = kv is not None and (kv.dtype == "int8" or kv.streams)
+        for b in MLA_SCRATCH_BUFS + ((MLA_LATENT_BUF,) if latent else ()):
             spec = spec.with_buffer(b, "attention")
     if kv is not None and kv.expands and not mla:
         for b in KV_EXPAND_BUFS:

@@ -106,23 +106,32 @@ class ModelShape:
             return ExpertAct()
         return ExpertAct(self.expert_act, self.swiglu_alpha, self.swiglu_limit)
 
+    @property
+    def kv_heads(self) -> tuple[int, int, int]:
+        """(heads, key width, value width) of one token's cached KV in one layer, in the KV
+        format's terms (strata.kernels.attention.kv_int8.kv_token_parts): GQA Hkv heads of hd
+        and hd; MLA one "head" whose key is the normed latent (kv_lora) and whose value is the
+        rotated rope key (qk_rope: strata.models.mla). The plan counts these bytes and the
+        caches (strata.models.kv.PromptKV, strata.models.mla.MLACache) allocate them."""
+        if self.mla:
+            return 1, self.kv_lora, self.qk_rope
+        return self.n_kv_head, self.head_dim, self.head_dim
+
     def kv_bytes(self, n_tokens: int, kv: str = "bf16") -> int:
         """One layer's KV cache for n_tokens in the KV dtype `kv` (bf16 | int8: codes and fp32
-        scales per token per kv head): the attention format's own count (kv_token_bytes). The
-        one count the rig's budgets charge (strata.planning hands it to memory)."""
+        scales per token per kv head): the attention format's own count (kv_token_bytes) of
+        `kv_heads`. The one count the rig's budgets charge (strata.planning hands it to memory)."""
         from strata.kernels.attention.kv_int8 import kv_token_bytes
-        if self.mla:   # MLA caches the normed latent and the rotated rope key (strata.models.mla)
-            return n_tokens * mla_token_bytes(self, kv)
-        return n_tokens * kv_token_bytes(kv, self.n_kv_head, self.head_dim)
+        return n_tokens * kv_token_bytes(kv, *self.kv_heads)
 
 
 def mla_token_bytes(shape: "ModelShape", kv: str = "bf16") -> int:
     """One token's MLA KV in one layer: the latent (kv_lora) and the rope key (qk_rope), in
     bf16, or int8 with one fp32 scale each (strata.kernels.attention.kv_int8's per-token-per-head
-    format, the latent and the rope key one "head" each: strata.models.mla)."""
-    from strata.kernels.attention.kv_int8 import kv_token_bytes
-    # kv_token_bytes counts a key and a value of a head; the latent and the rope key are one each
-    return (kv_token_bytes(kv, 1, shape.kv_lora) + kv_token_bytes(kv, 1, shape.qk_rope)) // 2
+    format, the latent and the rope key one "head": ModelShape.kv_heads)."""
+    if not shape.mla:
+        raise StrataError(f"{shape.arch} is not MLA (kv_lora 0)")
+    return shape.kv_bytes(1, kv)
 
 
 PRESETS: dict[str, ModelShape] = {

@@ -19,10 +19,17 @@ def _mod():
 
 
 def test_deepseek_stream_smoke(tmp_path):
-    assert _mod().main(["--smoke", "--out", str(tmp_path)]) == 0
+    """Two arms: every latent token resident, and 16 a layer (the rest streamed from host)."""
+    assert _mod().main(["--smoke", "--kv-resident", "all,16", "--out", str(tmp_path)]) == 0
     rows = bench.read_csv(tmp_path / "deepseek_stream-smoke.csv")
     tps = [r for r in rows if r["figure"] == "tokens_per_s"]
-    assert {r["config"]["prompt"] for r in tps} == {40, 64}
+    got = {(r["config"]["prompt"], r["config"]["kv_resident"]) for r in tps}
+    assert got == {(40, None), (64, None), (40, 16), (64, 16)}
+    kvb = {(r["config"]["prompt"], r["config"]["kv_resident"]): r["value"] for r in rows
+           if r["figure"] == "kv_bytes_streamed"}
+    # chunks of 32: the second chunk of each prompt streams min(32, T - 16) tokens a layer
+    tok = _mod().SMOKE.kv_bytes(1) * _mod().SMOKE.n_layer
+    assert kvb == {(40, None): 0, (64, None): 0, (40, 16): 24 * tok, (64, 16): 32 * tok}
     assert all(r["value"] > 0 and r["bound_value"] > 0 for r in tps)
     assert all(r["config"]["moe_layers"] == 3 for r in tps)
     assert (tmp_path / "deepseek_stream-smoke.png").stat().st_size > 5_000

@@ -416,9 +416,9 @@ class PrefillEngine:
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
             kv = self.prompt_kv(T, stages)
-            if kv is not None:      # each layer's int8 expansion scratch, from its carve
-                kv.scratch = kv_scratch
-            cache = kv              # MLA: the model's cache, its attention in the carve
+            if kv is not None:      # each layer's attention scratch, from its carve
+                kv.scratch = mla_scratch if self.shape.mla else kv_scratch
+            cache = kv              # MLA all resident: the model's cache, attention in the carve
             if kv is None and self.shape.mla:
                 cache = self.model.new_cache(capacity=T, kv=self.cfg.kv)
                 cache.scratch = mla_scratch
@@ -465,8 +465,8 @@ class PrefillEngine:
         --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the
         model's KVCache and its attention (the path every engine test and device run so far
         measured), until PromptKV's own device run says it may be the default. MLA keeps its
-        own cache (bf16 or int8: strata.models.mla); only --kv-resident asks for PromptKV there
-        (refused: prompt_kv)."""
+        own cache (bf16 or int8: strata.models.mla) unless --kv-resident asks for a host-held
+        window: PromptKV over the latent (PromptKV.attend_latent)."""
         if self.shape.mla:
             return self.cfg.kv_resident is not None
         return self.cfg.kv != "bf16" or self.cfg.kv_resident is not None
@@ -479,18 +479,16 @@ class PrefillEngine:
         if not self.uses_prompt_kv():
             return None
         s = self.shape
-        if s.mla:   # PromptKV holds per-head keys and values; MLA caches one latent a token
-            raise StrataError(f"--kv-resident is not implemented for MLA ({s.arch}); its KV "
-                              f"(the latent + rope key) stays resident: drop --kv-resident")
         host_kv = self.sizes.kv_host_all(n_tokens)
         check_kv_host(host_kv, self.sizes.kv_vram(n_tokens, [l for p in self.parts
                                                              for l in p.layers]),
                       sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
         lanes = {l: part.lane for part in self.parts for l in part.layers}
-        return make(s.n_layer, s.n_kv_head, s.head_dim, n_tokens, kv=self.cfg.kv,
-                        resident=self.cfg.kv_resident, devices=self.model.layer_devices,
-                        stages=stages, lanes=lanes, pin=self.pinned and self.device.type == "cuda",
-                        windows=kv_windows(s))
+        heads, key_dim, value_dim = s.kv_heads    # MLA: one "head", the latent and rope key
+        return make(s.n_layer, heads, key_dim, n_tokens, kv=self.cfg.kv,
+                    resident=self.cfg.kv_resident, devices=self.model.layer_devices,
+                    stages=stages, lanes=lanes, pin=self.pinned and self.device.type == "cuda",
+                    windows=kv_windows(s), value_dim=value_dim)
 
     def _sync(self) -> None:
         for part in self.parts:

@@ -2,7 +2,8 @@
 
 - KVCache: the model's own (growing or preallocated, the model's dtype, one device per layer)
 - PromptKV: the streaming engine's (bf16 or int8, a resident window in VRAM, the older tokens in
-  pinned host memory streamed back through a staging buffer for each later chunk's attention)
+  pinned host memory streamed back through a staging buffer for each later chunk's attention;
+  GQA's keys and values per kv head, or MLA's latent and rope key as one "head")
 - layer_kv_tokens / kv_windows: how many tokens each layer keeps and where, the one count the
   plan (strata.planning.model_sizes), PromptKV and KVCache all allocate by
 
@@ -136,16 +137,25 @@ class PromptKV:
     kv_expand_v / attn_state buffers, strata.planning.KV_EXPAND_BUFS; absent: the launcher
     allocates its own).
 
-    Legend: S tokens, Hkv kv heads, hd head dim; storage per layer is [S, Hkv, hd] (+ [S, Hkv]
-    scales), the layout KVSegment reads."""
+    MLA (DeepSeek-V3, Kimi-K2: `attend_latent`): one "head" whose key is the normed latent c
+    (head_dim = Lkv) and whose value is the rotated rope key (value_dim = R), the format of the
+    model's own MLACache (bf16, or int8 codes with one fp32 scale per token each), staged the
+    same way; the chunk's latent joins the cache before its attention, which runs over the
+    staged tokens as a prefix and the rest as one run (strata.models.mla.mla_chunk_attention).
+    `scratch[layer]` is then the layer's MLAScratch (the layout's mla_* buffers).
+
+    Legend: S tokens, Hkv kv heads, hd head dim, Hv value dim (hd unless value_dim); storage
+    per layer is [S, Hkv, hd] and [S, Hkv, Hv] (+ [S, Hkv] scales each), the layout KVSegment
+    reads: kv_token_parts, the tensors kv_token_bytes counts for the plan."""
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, n_tokens: int, *,
                  kv: str = "bf16", resident: int | None = None, devices, stages=None,
                  lanes=None, pin: bool = False, scratch=None,
-                 windows: Sequence[int] | None = None):
-        from strata.kernels.attention.kv_int8 import KV_DTYPES
+                 windows: Sequence[int] | None = None, value_dim: int | None = None):
+        from strata.kernels.attention.kv_int8 import KV_DTYPES, kv_token_parts
         if kv not in KV_DTYPES:
             raise StrataError(f"kv dtype must be one of {KV_DTYPES}, got {kv!r}")
+        self.parts = kv_token_parts(kv, n_kv_head, head_dim, value_dim)
         self.kv, self.length, self.n_tokens = kv, 0, n_tokens
         self.windows = _windows(windows, n_layer)
         self.res, self.host = layer_kv_tokens(n_tokens, 0, resident)    # a full layer's split
@@ -173,23 +183,25 @@ class PromptKV:
     # -- storage ---------------------------------------------------------------------------
     def _store(self, n: int, device, pin: bool = False) -> list[torch.Tensor]:
         mk = dict(device=device, pin_memory=pin)
-        parts = [torch.empty(n, self.Hkv, self.hd, dtype=self.code, **mk) for _ in range(2)]
-        if self.kv == "int8":
-            parts += [torch.empty(n, self.Hkv, dtype=torch.float32, **mk) for _ in range(2)]
-        return parts
+        return [torch.empty(n, *shp, dtype=dt, **mk) for shp, dt in self.parts]
 
     def _view(self, buf: torch.Tensor, n: int) -> list[torch.Tensor]:
-        """k, v (and k_scale, v_scale) views of n tokens over a uint8 stage of n·KVB bytes."""
-        flat, out, at = buf.reshape(-1), [], 0
-        shapes = [((n, self.Hkv, self.hd), self.code)] * 2
-        if self.kv == "int8":
-            shapes += [((n, self.Hkv), torch.float32)] * 2
-        for shp, dt in shapes:
-            nb = math.prod(shp) * dt.itemsize
-            out.append(flat[at:at + nb].view(dt).view(shp))
+        """k, v (and k_scale, v_scale) views of n tokens over a uint8 stage of n·KVB bytes. The
+        widest elements go first (fp32 scales, then the codes), so each view starts on a
+        multiple of its element size whatever the widths (an odd latent's int8 codes would
+        leave the scales after them unaligned); the views come back in the parts' order."""
+        flat = buf.reshape(-1)
+        sizes = [(n, *shp) for shp, _ in self.parts]
+        need = sum(math.prod(shp) * dt.itemsize for shp, (_, dt) in zip(sizes, self.parts))
+        if need > flat.numel():
+            raise StrataError(f"the KV stage holds {flat.numel():,} B but {n} tokens need "
+                              f"{need:,}")
+        out, at = [None] * len(self.parts), 0
+        for i in sorted(range(len(self.parts)), key=lambda i: -self.parts[i][1].itemsize):
+            dt = self.parts[i][1]
+            nb = math.prod(sizes[i]) * dt.itemsize
+            out[i] = flat[at:at + nb].view(dt).view(sizes[i])
             at += nb
-        if at > flat.numel():
-            raise StrataError(f"the KV stage holds {flat.numel():,} B but {n} tokens need {at:,}")
         return out
 
     @staticmethod
@@ -226,6 +238,14 @@ class PromptKV:
             self.streamed += src[:n].numel() * src.element_size()
         self._ready[layer] = done
 
+    def _staged(self, layer: int) -> list[torch.Tensor]:
+        """`layer`'s stage views, once its copy is issued and the compute lane waits for it."""
+        self.stage(layer)
+        lane = self.lanes.get(layer)
+        if lane is not None:
+            lane.wait(self._ready[layer])
+        return self.stages[layer]
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                **extra) -> torch.Tensor:
         """q [T, H, hd], k, v [T, Hkv, hd] (bf16, normed and rotated) of the chunk at
@@ -242,13 +262,7 @@ class PromptKV:
         if W:
             prefix = self._ring(layer, P)
         else:
-            prefix = []
-            if n_host:
-                self.stage(layer)
-                lane = self.lanes.get(layer)
-                if lane is not None:
-                    lane.wait(self._ready[layer])
-                prefix.append(self._segment(self.stages[layer], n_host))
+            prefix = [self._segment(self._staged(layer), n_host)] if n_host else []
             if P - n_host:
                 prefix.append(self._segment(self.resident[layer], P - n_host))
         if not prefix and not extra and attention_impl(q.device) == "triton":
@@ -262,7 +276,10 @@ class PromptKV:
             self.stage(nxt)     # the next staged layer's copy overlaps this layer's experts
         return o
 
-    def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+        """k, v [T, Hkv, hd|Hv] of the chunk at positions length.. into the cache (a full
+        layer's host-held part with a copy queued on the compute lane); returns the stored
+        values (int8: codes, then scales)."""
         P, T = self.length, k.shape[0]
         if P + T > self.n_tokens:
             raise StrataError(f"the KV holds {self.n_tokens} tokens; a chunk of {T} at position "
@@ -276,7 +293,7 @@ class PromptKV:
             vals = [k, v]
         if self.windows[layer]:
             self._ring_write(layer, vals, P, T)
-            return
+            return vals
         host = self.held[layer]
         h = max(0, min(P + T, host) - P)      # this chunk's tokens that go to the host
         for dst, src in zip(self.hosted[layer], vals):
@@ -286,6 +303,43 @@ class PromptKV:
             if T - h:
                 a = P + h - host
                 dst[a:a + T - h].copy_(src[h:])
+        return vals
+
+    def attend_latent(self, layer: int, c: torch.Tensor, k_pe: torch.Tensor, attend):
+        """MLA: the chunk's latent c [T, Lkv] and rope key k_pe [T, R] at positions length..
+        join the cache (bf16, or int8 codes and per-token scales, as MLACache stores them);
+        then `attend(prefix, c, k_pe, c_scale, k_pe_scale)` runs over keys 0..P+T-1 and its
+        result is returned: `prefix` the host-held tokens 0..min(P, host) staged back (a list of
+        at most one strata.models.mla.LatentSegment), then one run ending with the chunk — the
+        resident tokens after the host part and the chunk (a chunk at P >= host), or the chunk
+        alone (P < host: no resident token is before it). Then the next staged layer's copy is
+        issued (it lands while this layer's experts run)."""
+        from strata.models.mla import LatentSegment
+        if self.windows[layer]:
+            raise StrataError(f"layer {layer} slides; the latent KV has no sliding layers")
+        P, T = self.length, c.shape[0]
+        host, n_host = self.held[layer], min(P, self.held[layer])
+        prefix = ([LatentSegment(*self._latent(self._staged(layer), 0, n_host))]
+                  if n_host else [])
+        if self.kv != "int8":    # stored in the cache's dtype: the chunk attends what is kept
+            c, k_pe = c.to(self.code), k_pe.to(self.code)
+        vals = self._append(layer, c[:, None], k_pe[:, None])
+        run = (self._latent(self.resident[layer], 0, P + T - host) if P >= host else
+               self._latent(vals, 0, T))
+        o = attend(prefix, *run)
+        nxt = self._next.get(layer)
+        if n_host and nxt is not None:
+            self.stage(nxt)     # the next staged layer's copy overlaps this layer's experts
+        return o
+
+    @staticmethod
+    def _latent(parts, a: int, b: int) -> tuple:
+        """(c [n, Lkv], k_pe [n, R], c_scale [n, 1] | None, k_pe_scale | None) of rows a..b of a
+        one-head store's parts (k [S, 1, Lkv], v [S, 1, R], scales [S, 1])."""
+        c, kp = parts[0][a:b, 0], parts[1][a:b, 0]
+        if len(parts) == 2:
+            return c, kp, None, None
+        return c, kp, parts[2][a:b], parts[3][a:b]
 
     def _ring_write(self, layer: int, vals, P: int, T: int) -> None:
         """The chunk's last min(T, R) tokens into their slots (position mod R), queued after

@@ -9,7 +9,10 @@ Lkv kv_lora (the latent).
     q_pe, k_pe = rope_pairs(q_pe), rope_pairs(k_pe)            k_pe shared by every head
     cache += (c, k_pe)                      (Lkv + R) values per token per layer: the KV the
                                             plan counts (strata.shapes.mla_token_bytes): bf16,
-                                            or int8 + one fp32 scale each per token (MLACache)
+                                            or int8 + one fp32 scale each per token (MLACache;
+                                            with --kv-resident the engine's PromptKV keeps the
+                                            older tokens in host memory and hands them back as
+                                            the attention's `prefix`)
     Wkvb = [Wuk | Wuv] per head             [H, N + Hv, Lkv]
     o = causal softmax([q_nope, q_pe] . [c Wuk^T, k_pe] / sqrt(hd)) (c Wuv^T)   [T, H, Hv]
     y = Wo o                                [T, D]
@@ -46,6 +49,7 @@ both on the GPU (a gpu_session.sh step).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +74,22 @@ class MLAWeights:
 
     def map(self, fn) -> "MLAWeights":
         return MLAWeights(**{k: None if t is None else fn(t) for k, t in vars(self).items()})
+
+
+@dataclass(frozen=True, eq=False)
+class LatentSegment:
+    """The latent KV of a run of consecutive earlier tokens, for one layer: c [S, Lkv] and
+    k_pe [S, R] (rows contiguous), in a float dtype, or int8 codes with c_scale, k_pe_scale
+    [S, 1] fp32 (MLACache's format). `mla_chunk_attention`'s `prefix` is a list of these: the
+    host-held tokens a chunk streams back (strata.models.kv.PromptKV.attend_latent)."""
+    c: torch.Tensor
+    k_pe: torch.Tensor
+    c_scale: torch.Tensor | None = None
+    k_pe_scale: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.c.shape[0]
 
 
 class MLACache:
@@ -121,8 +141,37 @@ class MLACache:
             out.append(store[layer][:P + T])
         return tuple(out) + ((None, None) if self.kv != "int8" else ())
 
+    def attend_latent(self, layer: int, c: torch.Tensor, k_pe: torch.Tensor, attend):
+        """The chunk's c, k_pe join the cache (`extend`); then `attend(prefix, c, k_pe, c_scale,
+        k_pe_scale)` over all P+T tokens, the prefix empty (every token is resident): the
+        protocol strata.models.kv.PromptKV.attend_latent keeps for a host-held window."""
+        return attend([], *self.extend(layer, c, k_pe))
+
     def commit(self, n_tokens: int) -> None:
         self.length += n_tokens
+
+
+def _joined(prefix, c, k_pe, c_scale, k_pe_scale):
+    """One run of the prefix segments' tokens followed by (c, k_pe, c_scale, k_pe_scale)."""
+    if not prefix:
+        return c, k_pe, c_scale, k_pe_scale
+    segs = [*prefix, LatentSegment(c, k_pe, c_scale, k_pe_scale)]
+    cat = [torch.cat([getattr(g, n).to(getattr(segs[-1], n).dtype) for g in segs])
+           for n in ("c", "k_pe")]
+    if c_scale is None:
+        return cat[0], cat[1], None, None
+    return (*cat, torch.cat([g.c_scale for g in segs]), torch.cat([g.k_pe_scale for g in segs]))
+
+
+def _check_prefix(prefix, c, k_pe, c_scale) -> None:
+    for g in prefix:
+        if (g.c_scale is None) != (c_scale is None) or g.c.shape[1:] != c.shape[1:] or \
+                g.k_pe.shape[1:] != k_pe.shape[1:] or g.k_pe.shape[0] != g.c.shape[0]:
+            raise StrataError(f"an MLA prefix segment must hold the chunk's format: c [S, "
+                              f"{c.shape[1]}], k_pe [S, {k_pe.shape[1]}], "
+                              f"{'int8 with scales' if c_scale is not None else 'no scales'}; "
+                              f"got c {list(g.c.shape)}, k_pe {list(g.k_pe.shape)}, "
+                              f"{'scales' if g.c_scale is not None else 'no scales'}")
 
 
 def _dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -142,13 +191,18 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
                         scale: float, block: int = MLA_BLOCK, sdpa: bool | None = None,
                         scratch: MLAScratch | None = None, out: torch.Tensor | None = None,
                         c_scale: torch.Tensor | None = None,
-                        k_pe_scale: torch.Tensor | None = None) -> torch.Tensor:
+                        k_pe_scale: torch.Tensor | None = None,
+                        prefix: Sequence[LatentSegment] = ()) -> torch.Tensor:
     """Expanded form. q_nope [H, T, N], q_pe [H, T, R] (rotated) of the chunk's T tokens, the
     last T of the S keys c [S, Lkv], k_pe [S, R] (rotated); wkvb [H*(N+Hv), Lkv] -> o [T, H, Hv]
     in q's dtype (written into `out` when given). Query t (position S-T+t) sees keys 0..S-T+t.
     int8 KV (MLACache kv="int8"): c and k_pe are int8 codes and c_scale, k_pe_scale [S, 1] fp32
     their per-token scales; each key block is dequantized to q's dtype (on CUDA into the
-    scratch's c rows, the plan's mla_c) before it is decompressed.
+    scratch's c rows, the plan's mla_c) before it is decompressed. `prefix`: LatentSegments of
+    the tokens before c, in position order, in c's format (the S keys are the prefix's tokens,
+    then c's): a host-held window streamed back (strata.models.kv.PromptKV). A key block that
+    spans two of them is gathered into the scratch's c rows (bf16 too), so every block is the
+    one the keys in one run give, and the result is the same.
 
     sdpa=True (the default on CUDA): query blocks of `block` tokens; each decompresses the keys
     it sees `block` at a time into `scratch` (strata.models.mla_scratch: the plan's mla_k /
@@ -159,10 +213,13 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
     sdpa=False (the default off CUDA, the reference): the same blocking in fp32 plain torch,
     a transient of one block's expanded keys and scores."""
     H, T, N = q_nope.shape
+    _check_prefix(prefix, c, k_pe, c_scale)
     sdpa = q_nope.is_cuda if sdpa is None else sdpa
     if sdpa:
-        return _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block,
-                                 scratch, out, c_scale, k_pe_scale)
+        segs = [*prefix, LatentSegment(c, k_pe, c_scale, k_pe_scale)]
+        return _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block,
+                                 scratch, out)
+    c, k_pe, c_scale, k_pe_scale = _joined(prefix, c, k_pe, c_scale, k_pe_scale)
     if c_scale is not None:
         c, k_pe = _dequant(c, c_scale, torch.float32), _dequant(k_pe, k_pe_scale, torch.float32)
     o = torch.cat([_expanded_blocks(q_nope[:, a:a + block], q_pe[:, a:a + block],
@@ -230,20 +287,34 @@ def merge_block(acc: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_b: to
     lse.copy_(new)
 
 
-def _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block, scratch, out,
-                      c_scale, k_pe_scale):
+def _pieces(segs, starts, a: int, b: int):
+    """(segment index, its rows pa..pb, the block's rows i0..i1) covering keys a..b-1."""
+    for j, (g, s0) in enumerate(zip(segs, starts)):
+        lo, hi = max(a, s0), min(b, s0 + g.length)
+        if lo < hi:
+            yield j, lo - s0, hi - s0, lo - a, hi - a
+
+
+def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratch, out):
     H, T, N = q_nope.shape
-    (S, L), R, Hv, dt = c.shape, q_pe.shape[-1], v_head_dim, q_nope.dtype
+    L, R, Hv, dt = segs[-1].c.shape[1], q_pe.shape[-1], v_head_dim, q_nope.dtype
+    starts = [0]
+    for g in segs:
+        starts.append(starts[-1] + g.length)
+    S = starts.pop()
     hd, P = N + R, S - T
-    latent = L + R if c_scale is not None else 0
+    int8 = segs[-1].c_scale is not None
+    # int8 dequantizes every block into the c rows; bf16 uses them to gather a block that
+    # spans two segments (a host-held prefix beside the resident run)
+    latent = L + R if int8 or len(segs) > 1 else 0
     if scratch is None:
         scratch = MLAScratch.of(H, hd, Hv, T, S, q_nope.device, dtype=dt, block=block,
                                 latent=latent)
     scratch.check(H, hd, Hv, T, S, dt, block, latent)
     w_uk, w_uv = _split_kvb(wkvb.to(dt), H, N, Hv)
     w_uk, w_uv = w_uk.transpose(1, 2), w_uv.transpose(1, 2)                  # [H, Lkv, N|Hv]
-    if not latent:
-        cd, kp = c.to(dt), k_pe.to(dt)
+    if not int8:
+        cast = [(g.c.to(dt), g.k_pe.to(dt)) for g in segs]
     q = torch.cat([q_nope, q_pe.to(dt)], dim=-1)                             # [H, T, hd]
     o = out if out is not None else torch.empty(T, H, Hv, dtype=dt, device=q.device)
     for t0 in range(0, T, block):
@@ -251,13 +322,24 @@ def _expanded_scratch(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block, scr
         acc, lse = scratch.carried(n, H, Hv)
         for i, (a, b, masked) in enumerate(key_blocks(P + t0 + n, n, block)):
             k, v = scratch.kv(b - a, H, hd, Hv)
-            if latent:   # codes x their token's scale, into the scratch's c rows
+            pieces = list(_pieces(segs, starts, a, b))
+            if int8:     # codes x their token's scale, into the scratch's c rows
                 lat = scratch.latent(b - a, latent)
-                torch.mul(c[a:b], c_scale[a:b].reshape(-1, 1), out=lat[:, :L])
-                torch.mul(k_pe[a:b], k_pe_scale[a:b].reshape(-1, 1), out=lat[:, L:])
+                for j, pa, pb, i0, i1 in pieces:
+                    g = segs[j]
+                    torch.mul(g.c[pa:pb], g.c_scale[pa:pb].reshape(-1, 1), out=lat[i0:i1, :L])
+                    torch.mul(g.k_pe[pa:pb], g.k_pe_scale[pa:pb].reshape(-1, 1),
+                              out=lat[i0:i1, L:])
                 cblk, kblk = lat[:, :L], lat[:, L:]
-            else:
-                cblk, kblk = cd[a:b], kp[a:b]
+            elif len(pieces) == 1:
+                (j, pa, pb, _, _), = pieces
+                cd, kp = cast[j]
+                cblk, kblk = cd[pa:pb], kp[pa:pb]
+            else:        # gathered as one run's rows are laid out: [m, Lkv], then [m, R]
+                cblk, kblk = scratch.gathered(b - a, L, R)
+                for j, pa, pb, i0, i1 in pieces:
+                    cblk[i0:i1].copy_(segs[j].c[pa:pb])
+                    kblk[i0:i1].copy_(segs[j].k_pe[pa:pb])
             cb = cblk.expand(H, b - a, L)                                    # no copy
             torch.bmm(cb, w_uk, out=k[..., :N])                              # c Wuk^T
             k[..., N:].copy_(kblk.expand(H, b - a, R))                       # the shared k_pe
@@ -301,9 +383,13 @@ def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: to
                                  scratch: MLAScratch | None = None,
                                  out: torch.Tensor | None = None,
                                  c_scale: torch.Tensor | None = None,
-                                 k_pe_scale: torch.Tensor | None = None) -> torch.Tensor:
+                                 k_pe_scale: torch.Tensor | None = None,
+                                 prefix: Sequence[LatentSegment] = ()) -> torch.Tensor:
     """Absorbed form, fp64, all keys at once (the reference; `block`, `sdpa`, `scratch`
-    accepted and unused; `out` written when given; int8 codes dequantized in fp64)."""
+    accepted and unused; `out` written when given; int8 codes dequantized in fp64; the
+    prefix's tokens joined before c's)."""
+    _check_prefix(prefix, c, k_pe, c_scale)
+    c, k_pe, c_scale, k_pe_scale = _joined(prefix, c, k_pe, c_scale, k_pe_scale)
     H, T, N = q_nope.shape
     S = c.shape[0]
     w_uk, w_uv = _split_kvb(wkvb.double(), H, N, v_head_dim)
@@ -319,8 +405,10 @@ def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: to
 
 
 def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin: torch.Tensor,
-                  cache: MLACache, layer: int, *, eps: float) -> torch.Tensor:
-    """x [T, D] (normed) at positions P..P+T-1 -> [T, D]; appends (c, k_pe) to `cache`."""
+                  cache, layer: int, *, eps: float) -> torch.Tensor:
+    """x [T, D] (normed) at positions P..P+T-1 -> [T, D]; appends (c, k_pe) to `cache`: the
+    model's MLACache, or the engine's PromptKV over the latent (a host-held window streamed
+    back as the attention's prefix); both keep `attend_latent`'s protocol."""
     s = shape
     T, H, R = x.shape[0], s.n_head, s.qk_rope
     N = s.head_dim - R
@@ -333,8 +421,11 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     kv = x @ w.wkva.t()                                                      # [T, Lkv + R]
     c = rms_norm(kv[:, :s.kv_lora], w.kv_norm, eps)
     k_pe = apply_rope_pairs(kv[:, s.kv_lora:], cos, sin)                     # [T, R]
-    c_all, kpe_all, c_scale, kpe_scale = cache.extend(layer, c, k_pe)
-    o = mla_chunk_attention(q_nope, q_pe, c_all, kpe_all, w.wkvb, v_head_dim=s.v_head_dim,
-                            scale=s.head_dim ** -0.5, scratch=cache.scratch.get(layer),
-                            c_scale=c_scale, k_pe_scale=kpe_scale)
+
+    def attend(prefix, c_run, kpe_run, c_scale, kpe_scale):
+        return mla_chunk_attention(q_nope, q_pe, c_run, kpe_run, w.wkvb,
+                                   v_head_dim=s.v_head_dim, scale=s.head_dim ** -0.5,
+                                   scratch=cache.scratch.get(layer), c_scale=c_scale,
+                                   k_pe_scale=kpe_scale, prefix=prefix)
+    o = cache.attend_latent(layer, c, k_pe, attend)
     return o.reshape(T, H * s.v_head_dim) @ w.wo.t()

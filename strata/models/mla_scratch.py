@@ -7,7 +7,8 @@ Hv value head width, B the block (MLA_BLOCK).
     v      [rows, H, Hv]    its values c Wuv^T
     state  fp32 [qrows, H·(Hv + 1)]   a query block's merged output (acc [H, n, Hv], kept
                                       normalized) and its log-sum-exp (lse [H, n])
-    c      [rows, Lkv + R]  int8 KV only: the block's latent and rope key dequantized
+    c      [rows, Lkv + R]  int8 KV: the block's latent and rope key dequantized; a host-held
+                            window (bf16 too): a block spanning two segments gathered
     rows = min(B, S)   qrows = min(B, T)
 
 The attention goes a query block of (at most) B tokens at a time; for each it decompresses the
@@ -48,8 +49,8 @@ def mla_state_floats(n_head: int, v_head_dim: int) -> int:
 @dataclass(frozen=True)
 class MLAScratch:
     """Flat buffers: k (>= rows·H·hd values), v (>= rows·H·Hv), state fp32
-    (>= qrows·mla_state_floats(H, Hv)), c (int8 KV: >= rows·(Lkv + R)); k, v and c in the
-    attention's dtype."""
+    (>= qrows·mla_state_floats(H, Hv)), c (int8 KV or a prefix of segments: >= rows·(Lkv + R));
+    k, v and c in the attention's dtype."""
     k: torch.Tensor
     v: torch.Tensor
     state: torch.Tensor
@@ -99,6 +100,12 @@ class MLAScratch:
     def latent(self, m: int, width: int) -> torch.Tensor:
         """c [m, Lkv + R] view: a block's dequantized latent and rope key."""
         return self.c[:m * width].view(m, width)
+
+    def gathered(self, m: int, kv_lora: int, rope: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c [m, Lkv], k_pe [m, R]) contiguous views over the c rows: a bf16 block of keys
+        gathered from two segments, laid out as one run's rows are."""
+        return (self.c[:m * kv_lora].view(m, kv_lora),
+                self.c[m * kv_lora:m * (kv_lora + rope)].view(m, rope))
 
     def kv(self, m: int, H: int, hd: int, Hv: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(k [H, m, hd], v [H, m, Hv]) contiguous views of a block of m keys."""

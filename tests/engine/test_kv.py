@@ -112,14 +112,20 @@ def test_kv_released_and_cache_restored(pack, tokens, monkeypatch):
 
 
 def test_host_kv_that_does_not_fit_is_refused_before_pinning(pack, monkeypatch):
-    host_kv = SHAPE.n_layer * SHAPE.kv_bytes(64 - 4, "bf16")
+    refused_before_pinning(monkeypatch, SHAPE, lambda: engine(pack, kv_resident=4))
+
+
+def refused_before_pinning(monkeypatch, shape, make) -> None:
+    """`make()` (an engine of max_prompt 64, --kv-resident 4, bf16) on a host one byte short of
+    the host-held KV refuses in one line before the host blobs load (tests/models too)."""
+    host_kv = shape.n_layer * shape.kv_bytes(64 - 4, "bf16")
     monkeypatch.setattr(budget, "host_available", lambda: host_kv - 1)
 
     def no_pinning(*a, **k):
         raise AssertionError("host blobs loaded before the KV check")
     monkeypatch.setattr(engine_prefill, "HostExperts", no_pinning)
     with pytest.raises(StrataError) as e:
-        engine(pack, kv_resident=4)
+        make()
     msg = str(e.value)
     assert "\n" not in msg
     for words in ("KV cache of 64 tokens", "in host memory", "VRAM", "available",

@@ -32,6 +32,8 @@ bound there; the kernel reads fp16 scales too, for a cache that chooses to store
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from strata.errors import StrataError
@@ -79,11 +81,27 @@ def dequantize_kv(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale.float()[..., None]
 
 
-def kv_token_bytes(kv_dtype: str, n_kv_head: int, head_dim: int) -> int:
-    """Bytes one token's keys and values take in one layer's cache: bf16 2·Hkv·hd·2; int8
-    2·Hkv·(hd + 4) (the int8 values and one fp32 scale per head, for k and for v)."""
+def kv_token_parts(kv_dtype: str, n_kv_head: int, head_dim: int, value_dim: int | None = None
+                   ) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+    """The tensors one token's keys and values are stored as in one layer's cache, each as
+    (shape of one token's slice, dtype): the key [Hkv, hd] and the value [Hkv, Hv] (Hv =
+    value_dim, default hd) in bf16, or int8 codes and one fp32 scale per head for each
+    ([Hkv], [Hkv]). A cache allocates these per token and the plan counts their bytes
+    (kv_token_bytes): one description. MLA's latent KV is this format with one "head" whose key
+    is the latent and whose value is the rope key (strata.shapes.ModelShape.kv_heads)."""
+    vd = head_dim if value_dim is None else value_dim
     if kv_dtype == "bf16":
-        return 2 * n_kv_head * head_dim * 2
+        return ((n_kv_head, head_dim), torch.bfloat16), ((n_kv_head, vd), torch.bfloat16)
     if kv_dtype == "int8":
-        return 2 * n_kv_head * (head_dim + 4)
+        return (((n_kv_head, head_dim), torch.int8), ((n_kv_head, vd), torch.int8),
+                ((n_kv_head,), torch.float32), ((n_kv_head,), torch.float32))
     raise StrataError(f"kv dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+
+
+def kv_token_bytes(kv_dtype: str, n_kv_head: int, head_dim: int,
+                   value_dim: int | None = None) -> int:
+    """Bytes one token's keys and values take in one layer's cache (kv_token_parts): bf16
+    2·Hkv·hd·2; int8 2·Hkv·(hd + 4) (the int8 values and one fp32 scale per head, for k and for
+    v); with value_dim Hv the value's Hv in place of the second hd."""
+    return sum(math.prod(shp) * dt.itemsize
+               for shp, dt in kv_token_parts(kv_dtype, n_kv_head, head_dim, value_dim))
