@@ -6,6 +6,7 @@ poisoned with NaN before a launch, so a row the kernel should write and does not
 """
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -177,14 +178,23 @@ def test_bad_inputs_are_clear_errors():
 
 # -- on the GPU, at the real shape (qwen3-30b-a3b: D 2048, F 768, E 128, K 8) -------------------
 
-def _real(device, T, seed=0):
+@functools.lru_cache(maxsize=1)
+def _real_sets(device):
+    """The qwen3-30b-a3b layer's Q8_0 experts (4 distinct blobs repeated) and their planes,
+    made once for the module's GPU tests (quantizing on the host is the slow part)."""
     from strata.bench.expert_gemm import SHAPES, make_experts
+    ex = make_experts(SHAPES["qwen3-30b-a3b"], "Q8_0", device, distinct=4)
+    return ex, to_plane_set(ex)
+
+
+def _real(device, T, seed=0):
+    from strata.bench.expert_gemm import SHAPES
     shape = SHAPES["qwen3-30b-a3b"]
-    ex = make_experts(shape, "Q8_0", device, distinct=4)
+    ex, ps = _real_sets(device)
     gen = torch.Generator().manual_seed(seed + T)
     x = torch.randn(T, shape.d_model, generator=gen).bfloat16().to(device)
     ids, w = topk_route(torch.randn(T, shape.n_expert, generator=gen).to(device), shape.top_k)
-    return ex, to_plane_set(ex), x, ids, w
+    return ex, ps, x, ids, w
 
 
 GPU_TILES = [None] + [t.name for _, t in PLANE_TILES] + [
