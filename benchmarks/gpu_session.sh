@@ -86,6 +86,8 @@ for step in "$@"; do
     # strata-plane[tile] arm each (the sweep in the same call)
     planetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_plane_ffn.py 2>&1 | tail -20 > "$OUT/gpu_plane_tests.log"; tail -5 "$OUT/gpu_plane_tests.log" ;;
     plane)   timeout 230 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 512 2048 8192 --formats BF16 Q8_0 --arms strata-dp strata-plane ${PLANE_TILES:+--tiles $PLANE_TILES} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/plane_bench.log" ;;
+    # the same for Q4_0 (its plane arm beside the fused Q4_0 kernel and grouped_mm-bf16)
+    plane4)  timeout 230 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 512 2048 8192 --formats Q4_0 --arms strata-dp strata-plane ${PLANE_TILES:+--tiles $PLANE_TILES} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/plane4_bench.log" ;;
     # issue 18: the GPU sync cases with their whole tracebacks (where a sync is, if one is)
     syncdiag) timeout 200 python3 -m pytest -rfE --tb=long -m gpu -p no:cacheprovider tests/engine/test_syncs.py > "$OUT/gpu_sync_diag.log" 2>&1; tail -5 "$OUT/gpu_sync_diag.log" ;;
   esac

@@ -10,7 +10,7 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
   ceiling: it reads 2 bytes a weight).
 - decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.expert_dequant), then
   torch._grouped_mm: what a framework without fused decode does each time.
-- strata-plane (Q8_0 only): strata.kernels.plane.plane_ffn on the same experts re-laid once into
+- strata-plane (Q8_0, Q4_0): strata.kernels.plane.plane_ffn on the same experts re-laid once into
   the plane layout (strata.planes: int8 code tiles, scales apart), the tile from its default
   table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]` per PlaneTile (the sweep of its
   launch choices in the same call), e.g. --tiles 128x128x64/w8s4/tma 64x128x64/w8s4/noswap.
@@ -51,6 +51,7 @@ from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
 from strata.kernels.decoded import moe_ffn_decoded
 from strata.kernels.expert_dequant import dequant_experts
 from strata.kernels.moe import last_launch
+from strata.kernels.plane import KERNEL_FORMATS as PLANE_FORMATS
 from strata.kernels.plane import PlaneTile, plane_ffn, plane_tile
 from strata.kernels.tiles import TileConfig
 from strata.planes import to_plane_set
@@ -60,7 +61,6 @@ FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
 ARMS = ["strata-dp", "strata-sk", "strata-decoded", "grouped_mm-bf16", "decode+grouped_mm",
         "strata-plane"]
-PLANE_FORMATS = ("Q8_0",)   # what strata-plane reads (strata.kernels.plane.KERNEL_FORMATS)
 
 
 def supported(fmt: str, shape=None) -> str | None:

@@ -11,17 +11,20 @@ the same bytes of the blob (same offset, same `nbytes`), rearranged:
     [offset, offset + N·R·cb)              codes  [N, R·cb] uint8, row-major (row stride R·cb)
     [offset + N·R·cb, offset + nbytes)     scales [N, R] fp16, row-major (row stride 2·R bytes)
 
-Each block's code bytes keep their ggml order (Q8_0: int8 q[32]; Q4_0: qs[16], weight j < 16 in
-the low nibble of qs[j], j >= 16 in the high nibble of qs[j - 16]). Since blob matrices start
+Q8_0's code bytes are its int8 q, in weight order. Q4_0's codes are re-paired in weight order:
+code byte j of a row holds weight 2j in its low nibble and weight 2j+1 in its high nibble (ggml's
+block puts weight i < 16 in the low nibble of qs[i] and i >= 16 in the high nibble of qs[i - 16]),
+so a kernel unpacks a code tile into weight order with a shift and a mask, no shuffle. Since blob
+matrices start
 256-byte aligned (strata.blob) and K is whole blocks, every code row starts 16-byte aligned
 (R·cb is a multiple of 16) and the scale plane starts 16-byte aligned (N·R·cb is). Matrices in
 other formats and the bias slot are not touched, so the blob's size, and with it `max_blob` (the
 ring's unit) and every count made from the BlobLayout, stay what they are.
 
-The relayout is a byte permutation, so it is exactly invertible and every decoded value is the
-ggml decoder's bit for bit (`dequantize_planes` forms the same fp32 products as
-strata.formats.dequantize). `to_planes` / `to_ggml` are plain torch ops on any device (the
-engine can run them on the GPU on a cache slot after its copy lands).
+The relayout is a permutation of bytes (of nibbles for Q4_0's codes), so it is exactly invertible
+and every decoded value is the ggml decoder's bit for bit (`dequantize_planes` forms the same fp32
+products as strata.formats.dequantize). `to_planes` / `to_ggml` are plain torch ops on any device
+(the engine can run them on the GPU on a cache slot after its copy lands).
 """
 from __future__ import annotations
 
@@ -101,12 +104,27 @@ def _blocks(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
     return raw.reshape(*raw.shape[:-1], rows, cols // 32, cb + 2)          # [..., N, R, 2+cb]
 
 
+def _pairs_of_ggml(qs: torch.Tensor) -> torch.Tensor:
+    """Q4_0 qs [..., 16] (ggml's nibble order) -> [..., 16] bytes in weight-pair order."""
+    q = torch.cat([qs & 0xF, qs >> 4], dim=-1)                               # [..., 32] weights
+    return q[..., 0::2] | (q[..., 1::2] << 4)
+
+
+def _ggml_of_pairs(pairs: torch.Tensor) -> torch.Tensor:
+    """The inverse of _pairs_of_ggml."""
+    q = torch.stack([pairs & 0xF, pairs >> 4], dim=-1).flatten(-2)           # [..., 32] weights
+    return q[..., :16] | (q[..., 16:] << 4)
+
+
 def to_planes(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
     """ggml blocks -> plane layout: uint8 [..., nbytes] -> a new uint8 [..., nbytes] (leading
     dims: several matrices at once). Codes [N, R·cb], then scales [N, R] fp16."""
     b = _blocks(raw, fmt, rows, cols)
     lead = b.shape[:-3]
-    codes = b[..., 2:].reshape(*lead, -1)                                    # [..., N·R·cb]
+    qs = b[..., 2:]
+    if fmt == "Q4_0":
+        qs = _pairs_of_ggml(qs)
+    codes = qs.reshape(*lead, -1)                                            # [..., N·R·cb]
     scales = b[..., :2].reshape(*lead, -1)                                   # [..., N·R·2]
     return torch.cat([codes, scales], dim=-1)
 
@@ -119,6 +137,8 @@ def to_ggml(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tenso
     lead = planes.shape[:-1]
     n_codes = rows * r * cb
     codes = planes[..., :n_codes].reshape(*lead, rows, r, cb)
+    if fmt == "Q4_0":
+        codes = _ggml_of_pairs(codes)
     scales = planes[..., n_codes:].reshape(*lead, rows, r, 2)
     return torch.cat([scales, codes], dim=-1).reshape(*lead, -1)
 
@@ -134,15 +154,16 @@ def split_planes(planes: torch.Tensor, fmt: str, rows: int, cols: int):
 
 def dequantize_planes(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
     """fp32 [N, K] of one matrix in plane layout, in torch: the products ggml's decoder forms
-    (Q8_0 q·d, Q4_0 d·(q - 8); strata.formats.legacy), so equal to it bit for bit."""
+    (Q8_0 q·d, Q4_0 d·(q - 8); strata.formats.legacy), so equal to it bit for bit. Q4_0's codes
+    are weight pairs (low nibble the even weight)."""
     codes, scales = split_planes(planes, fmt, rows, cols)
     d = scales.float().reshape(rows, cols // 32, 1)                           # [N, R, 1]
     if fmt == "Q8_0":
         q = codes.view(torch.int8).to(torch.float32).reshape(rows, -1, 32)
         w = q * d
     else:
-        qs = codes.reshape(rows, -1, 16).to(torch.int32)
-        q = torch.cat([qs & 0xF, qs >> 4], dim=-1) - 8                        # ggml's order
+        b = codes.to(torch.int32)
+        q = torch.stack([b & 0xF, b >> 4], dim=-1).reshape(rows, -1, 32) - 8  # weight order
         w = d * q.to(torch.float32)
     return w.reshape(rows, cols)
 

@@ -31,7 +31,9 @@ def _same(a, b):
 
 @pytest.mark.parametrize("fmt", sorted(PLANE_FORMATS))
 def test_each_byte_goes_where_the_layout_says(fmt):
-    """codes[n, r·cb + j] = block (n, r)'s code byte j; scales[n, r] = block (n, r)'s fp16."""
+    """scales[n, r] = block (n, r)'s fp16; Q8_0 codes[n, r·32 + j] = the block's q[j]; Q4_0
+    code byte j of a row = weight 2j (low nibble) and 2j + 1 (high), where ggml's block keeps
+    weight i < 16 in the low nibble of qs[i] and i >= 16 in the high nibble of qs[i - 16]."""
     rows, cols, cb = 3, 96, PLANE_FORMATS[fmt]
     raw = _raw(fmt, rows, cols, 1, any_bytes=True)
     pl = to_planes(raw, fmt, rows, cols)
@@ -41,7 +43,13 @@ def test_each_byte_goes_where_the_layout_says(fmt):
         for r in range(R):
             blk = raw[(n * R + r) * bb:(n * R + r + 1) * bb]
             at = n * R * cb + r * cb
-            assert torch.equal(pl[at:at + cb], blk[2:])
+            if fmt == "Q8_0":
+                assert torch.equal(pl[at:at + cb], blk[2:])
+            else:
+                for i in range(32):   # weight i of the block, by both orders
+                    g = int(blk[2 + i % 16]) >> (4 * (i // 16)) & 15
+                    p = int(pl[at + i // 2]) >> (4 * (i % 2)) & 15
+                    assert g == p, (n, r, i)
             s = rows * R * cb + (n * R + r) * 2
             assert torch.equal(pl[s:s + 2], blk[:2])
     codes, scales = split_planes(pl, fmt, rows, cols)

@@ -1,4 +1,5 @@
-"""Triton kernels over plane-layout Q8_0 experts (strata.planes; the op: strata.kernels.plane).
+"""Triton kernels over plane-layout Q8_0 / Q4_0 experts (strata.planes; the op:
+strata.kernels.plane).
 
 Legend: BM/BN/BK tile sizes, R = BK / 32 scale runs per step; a *tile* is BM sorted rows (one
 expert) x BN output features, data-parallel (one program a tile, the whole reduction).
@@ -6,14 +7,16 @@ expert) x BN output features, data-parallel (one program a tile, the whole reduc
     GATE_UP: h[r, f]  = act(x[tok(r)] . gate_e[f] (+ bg), x[tok(r)] . up_e[f] (+ bu))
     DOWN:    yk[a, d] = w[a] * (h[r(a)] . down_e[d] (+ bd))
 
-Each reduction step loads the codes as one plain int8 tile [BN, BK] (rows 16-byte aligned: one
-vector load, cp.async / TMA pipelined by num_stages), the step's scales [BN, R] fp16 apart, forms
-w = q * d in fp32 (the ggml decoder's product, exact), rounds it to bf16 once and runs one bf16
-tl.dot with fp32 accumulation. SWAP puts the weights first (acc [BN, BM] = w @ a^T): the
-decoded weights stay in registers as the MMA's A operand and the token rows, the short side at
-small T, become the MMA's N (Hopper's wgmma needs M >= 64, not N). The routing rows, the
-epilogue (activation, biases, routing weight) and the bf16 rounding are the fused GEMM's own
-(strata.kernels._moe_kernel), so both kernels compute the same function.
+Each reduction step loads the codes as one plain byte tile (Q8_0 [BN, BK], Q4_0 [BN, BK / 2] nibble
+pairs; rows 16-byte aligned: vector loads, cp.async / TMA pipelined by num_stages), the step's
+scales [BN, R] fp16 apart, forms w = q * d in fp32 (the ggml decoder's product, exact; MAGIC: the
+codes to float by a float add on their bits, full rate, where an int->float convert runs at a
+quarter), rounds it to bf16 once and runs one bf16 tl.dot with fp32 accumulation. SWAP puts the
+weights first (acc [BN, BM] = w @ a^T): the decoded weights stay in registers as the MMA's A
+operand and the token rows, the short side at small T, become the MMA's N (Hopper's wgmma needs
+M >= 64, not N). The routing rows, the epilogue (activation, biases, routing weight) and the bf16
+rounding are the fused GEMM's own (strata.kernels._moe_kernel), so both kernels compute the same
+function.
 """
 from __future__ import annotations
 
@@ -21,15 +24,42 @@ import triton
 import triton.language as tl
 
 from strata.kernels._moe_kernel import GATE_UP, _bf16, _dot, _epilogue, _tile_rows
+from strata.kernels.decode._common import _f32_of
+from strata.kernels.decode.legacy import GGML_Q4_0, GGML_Q8_0
 
 
 @triton.jit
-def load_codes(c_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
-    """int8 [BN, BK]: codes k0 .. k0+BK of rows offs_n of a code plane (row stride n_in bytes;
-    0 where masked)."""
-    offs_k = k0 + tl.arange(0, BK)
-    m = n_mask[:, None] & (offs_k < n_in)[None, :]
-    return tl.load(c_ptr + offs_n[:, None].to(tl.int64) * n_in + offs_k[None, :], mask=m, other=0)
+def load_codes(c_ptr, row_bytes, offs_n, n_mask, k0, BK: tl.constexpr, FMT: tl.constexpr):
+    """uint8 [BN, BK / codes-per-byte]: the code bytes of weights k0 .. k0+BK of rows offs_n of a
+    code plane (row stride row_bytes; 0 where masked)."""
+    BB: tl.constexpr = BK if FMT == GGML_Q8_0 else BK // 2
+    offs_b = k0 // (BK // BB) + tl.arange(0, BB)
+    m = n_mask[:, None] & (offs_b < row_bytes)[None, :]
+    return tl.load(c_ptr + offs_n[:, None].to(tl.int64) * row_bytes + offs_b[None, :], mask=m,
+                   other=0)
+
+
+@triton.jit
+def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr):
+    """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width),
+    Q4_0 q - 8 of each nibble pair (BK = twice it; low nibble the even weight). MAGIC: by a
+    float add on the bits (strata.kernels.decode._common._f32_of), not an int->float convert."""
+    u = b.to(tl.int32) & 255                                          # the bytes, unsigned
+    if FMT == GGML_Q8_0:
+        if MAGIC:
+            q = _f32_of(u ^ 128, 128.0)                               # q + 128: top bit flipped
+        else:
+            q = b.to(tl.int8, bitcast=True).to(tl.float32)
+    else:
+        tl.static_assert(FMT == GGML_Q4_0, "plane codes: Q8_0 or Q4_0")
+        BN: tl.constexpr = b.shape[0]
+        BB: tl.constexpr = b.shape[1]
+        n = tl.reshape(tl.join(u & 15, u >> 4), (BN, 2 * BB))         # weight order
+        if MAGIC:
+            q = _f32_of(n, 8.0)
+        else:
+            q = (n - 8).to(tl.float32)
+    return q
 
 
 @triton.jit
@@ -44,25 +74,27 @@ def load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
 
 
 @triton.jit
-def scale_codes(c, s):
-    """fp32 [BN, BK]: int8 codes c [BN, BK] times their run's scale s [BN, BK // 32] (q * d,
-    ggml's Q8_0 product: exact in fp32)."""
-    BN: tl.constexpr = c.shape[0]
-    BK: tl.constexpr = c.shape[1]
-    q = tl.reshape(c.to(tl.float32), (BN, BK // 32, 32))
-    return tl.reshape(q * s[:, :, None], (BN, BK))
+def scale_codes(q, s):
+    """fp32 [BN, BK]: codes q [BN, BK] times their run's scale s [BN, BK // 32]: the products
+    ggml's decoders form (Q8_0 q * d, Q4_0 d * (q - 8)), exact in fp32."""
+    BN: tl.constexpr = q.shape[0]
+    BK: tl.constexpr = q.shape[1]
+    return tl.reshape(tl.reshape(q, (BN, BK // 32, 32)) * s[:, :, None], (BN, BK))
 
 
 @triton.jit
 def _weights(c_ptr, desc, s_ptr, n_in, offs_n, n_mask, nb, k0, BN: tl.constexpr,
-             BK: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
-    """bf16 [BN, BK]: one step's decoded weights (codes by TMA when TMA, else vector loads)."""
+             BK: tl.constexpr, FMT: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr,
+             INTERP: tl.constexpr):
+    """bf16 [BN, BK]: one step's decoded weights (code bytes by TMA when TMA, else vector loads),
+    each q·d rounded to bf16 once."""
     if TMA:
-        c = desc.load([nb * BN, k0])           # out-of-bounds rows / columns read 0
+        b = desc.load([nb * BN, k0 if FMT == GGML_Q8_0 else k0 // 2])   # out of bounds: 0
     else:
-        c = load_codes(c_ptr, n_in, offs_n, n_mask, k0, BK)
+        rb = n_in if FMT == GGML_Q8_0 else n_in // 2
+        b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
     s = load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK)
-    return _bf16(scale_codes(c, s), INTERP)
+    return _bf16(scale_codes(codes_f32(b, FMT, MAGIC), s), INTERP)
 
 
 @triton.jit
@@ -80,11 +112,13 @@ def _plane_gemm_kernel(
         arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off,
         out_ptr, stride_out, tw_ptr, n_out, n_in, n_blocks_ptr, boff1, boff2, alpha, limit,
         MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-        BK: tl.constexpr, SWAP: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr,
+        BK: tl.constexpr, FMT1: tl.constexpr, FMT2: tl.constexpr, SWAP: tl.constexpr,
+        TMA: tl.constexpr, MAGIC: tl.constexpr, INTERP: tl.constexpr,
         BIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
     """One tile of GATE_UP (MODE 0: gate c1/s1 and up c2/s2) or DOWN (MODE 1: c1/s1). c*_off /
-    s*_off: byte offsets of the code and scale planes from the blob's start. The grid is an
-    upper bound; the row-block count is read on the device (n_blocks_ptr)."""
+    s*_off: byte offsets of the code and scale planes from the blob's start; FMT1 / FMT2 their
+    ggml types (Q8_0, Q4_0). The grid is an upper bound; the row-block count is read on the
+    device (n_blocks_ptr)."""
     pid = tl.program_id(0)
     NB = tl.cdiv(n_out, BN)
     if pid < tl.load(n_blocks_ptr) * NB:
@@ -94,17 +128,20 @@ def _plane_gemm_kernel(
         e = tl.load(block_expert_ptr + mb)
         # blobs start 256-byte aligned and planes 16 (strata.planes): code rows load as vectors
         blob = arena_ptr + tl.multiple_of(tl.load(slot_ptr + e), 256)
-        i8 = tl.pointer_type(tl.int8)
         f16 = tl.pointer_type(tl.float16)
-        c1 = (blob + c1_off).to(i8, bitcast=True)
+        c1 = blob + c1_off
         s1 = (blob + s1_off).to(f16, bitcast=True)
-        c2 = (blob + c2_off).to(i8, bitcast=True)
+        c2 = blob + c2_off
         s2 = (blob + s2_off).to(f16, bitcast=True)
         if TMA:
-            d1 = tl.make_tensor_descriptor(c1, shape=[n_out, n_in], strides=[n_in, 1],
-                                           block_shape=[BN, BK])
-            d2 = tl.make_tensor_descriptor(c2, shape=[n_out, n_in], strides=[n_in, 1],
-                                           block_shape=[BN, BK])
+            B1: tl.constexpr = BK if FMT1 == GGML_Q8_0 else BK // 2   # code bytes a step
+            B2: tl.constexpr = BK if FMT2 == GGML_Q8_0 else BK // 2
+            rb1 = n_in if FMT1 == GGML_Q8_0 else n_in // 2
+            rb2 = n_in if FMT2 == GGML_Q8_0 else n_in // 2
+            d1 = tl.make_tensor_descriptor(c1, shape=[n_out, rb1], strides=[rb1, 1],
+                                           block_shape=[BN, B1])
+            d2 = tl.make_tensor_descriptor(c2, shape=[n_out, rb2], strides=[rb2, 1],
+                                           block_shape=[BN, B2])
         else:
             d1 = c1
             d2 = c2
@@ -122,9 +159,11 @@ def _plane_gemm_kernel(
             offs_k = k0 + tl.arange(0, BK)
             a = tl.load(a_base + offs_k[None, :], mask=valid[:, None] & (offs_k < n_in)[None, :],
                         other=0.0)                                          # [BM, BK] bf16
-            w1 = _weights(c1, d1, s1, n_in, offs_n, n_mask, nb, k0, BN, BK, TMA, INTERP)
+            w1 = _weights(c1, d1, s1, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT1, TMA, MAGIC,
+                          INTERP)
             if TWO:
-                w2 = _weights(c2, d2, s2, n_in, offs_n, n_mask, nb, k0, BN, BK, TMA, INTERP)
+                w2 = _weights(c2, d2, s2, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT2, TMA,
+                              MAGIC, INTERP)
             acc1 = _acc_dot(w1, a, acc1, SWAP, INTERP)
             if TWO:
                 acc2 = _acc_dot(w2, a, acc2, SWAP, INTERP)
@@ -139,14 +178,16 @@ def _plane_gemm_kernel(
 
 @triton.jit
 def _plane_dequant_kernel(c_ptr, s_ptr, out_ptr, n_rows, n_in, BN: tl.constexpr,
-                          BK: tl.constexpr):
-    """fp32 out [n_rows, n_in] of one Q8_0 matrix's planes, through the GEMM's own loads and
-    products (load_codes, load_scales, scale_codes), tile (pid 0: BN rows, pid 1: BK columns)."""
+                          BK: tl.constexpr, FMT: tl.constexpr, MAGIC: tl.constexpr):
+    """fp32 out [n_rows, n_in] of one matrix's planes (FMT Q8_0 / Q4_0), through the GEMM's own
+    loads and products (load_codes, codes_f32, load_scales, scale_codes), a [BN, BK] tile a
+    program (axis 0 rows, axis 1 columns)."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     k0 = tl.program_id(1) * BK
     n_mask = offs_n < n_rows
-    v = scale_codes(load_codes(c_ptr, n_in, offs_n, n_mask, k0, BK),
-                    load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK))
+    rb = n_in if FMT == GGML_Q8_0 else n_in // 2
+    b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
+    v = scale_codes(codes_f32(b, FMT, MAGIC), load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK))
     offs_k = k0 + tl.arange(0, BK)
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * n_in + offs_k[None, :], v,
              mask=n_mask[:, None] & (offs_k < n_in)[None, :])

@@ -1,15 +1,15 @@
-"""The MoE feed-forward over plane-layout Q8_0 experts (strata.planes): int8 code tiles, scales
-applied in registers, bf16 tensor-core dots.
+"""The MoE feed-forward over plane-layout Q8_0 / Q4_0 experts (strata.planes): plain code
+tiles, scales applied in registers, bf16 tensor-core dots.
 
 Legend: T tokens, D hidden, F expert width, E experts, K top-k.
 
     y[t] = sum_k w[t,k] * down_e(act(gate_e x[t] (+ bg_e), up_e x[t] (+ bu_e)) (+ bd_e))
 
-the op of strata.kernels.moe.moe_ffn, on a PlaneSet instead of an ExpertSet (the same blob
-layout, its Q8_0 matrices re-laid as code and scale planes). x [T, D] bf16, topk_ids [T, K] int
-(-1 skips an assignment), topk_weights [T, K] fp32 -> y bf16 [T, D]. Accumulation is fp32; each
-weight q·d is rounded to bf16 once (the tensor cores' input), h = act(...) to bf16 (the down
-GEMM's input), and the K rows of a token are summed in fp32.
+the op of strata.kernels.moe.moe_ffn, on a PlaneSet instead of an ExpertSet (the same blob layout,
+its Q8_0 / Q4_0 matrices re-laid as code and scale planes). x [T, D] bf16, topk_ids [T, K] int (-1
+skips an assignment), topk_weights [T, K] fp32 -> y bf16 [T, D]. Accumulation is fp32; each weight
+q·d is rounded to bf16 once (the tensor cores' input), h = act(...) to bf16 (the down GEMM's
+input), and the K rows of a token are summed in fp32.
 
 `plane_ffn` (Triton) and `plane_ffn_torch` (plain torch) share one signature, moe_ffn's:
 `schedule` takes a PlaneTile (None: `plane_tile`'s table), `scratch_alloc` is unused (the kernel
@@ -33,13 +33,14 @@ import torch
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
+from strata.formats.table import FORMATS
 from strata.kernels import _plane_kernel as _pk
 from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work, expert_biases, glu
 from strata.kernels.routing import group_blocked, group_blocked_bounded
 from strata.kernels.tiles import padded_rows
 from strata.planes import PlaneSet, dequantize_planes, plane_matrix, split_planes
 
-KERNEL_FORMATS = ("Q8_0",)   # what the plane GEMM decodes (Q4_0 has planes, not yet a kernel)
+KERNEL_FORMATS = ("Q8_0", "Q4_0")   # what the plane GEMM decodes, any mix over the matrices
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class PlaneTile:
     num_stages: int     # software-pipeline depth of the K loop (cp.async / TMA stages)
     swap: bool = True   # weights as the MMA's first operand (acc [BN, BM])
     tma: bool = False   # code tiles staged by TMA (device-side tensor descriptors)
+    magic: bool = True  # codes to float by a float add on their bits (no int->float convert)
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -69,20 +71,23 @@ class PlaneTile:
     @property
     def name(self) -> str:
         return (f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}/w{self.num_warps}s"
-                f"{self.num_stages}{'' if self.swap else '/noswap'}{'/tma' if self.tma else ''}")
+                f"{self.num_stages}{'' if self.swap else '/noswap'}{'/tma' if self.tma else ''}"
+                f"{'' if self.magic else '/nomagic'}")
 
     @classmethod
     def parse(cls, text: str) -> "PlaneTile":
-        """'BMxBNxBK/wWsS[/noswap][/tma]', e.g. '128x128x64/w8s3/tma' (the `name` form)."""
+        """'BMxBNxBK/wWsS[/noswap][/tma][/nomagic]', e.g. '128x128x64/w8s3/tma' (the `name`
+        form)."""
         try:
             dims, ws, *flags = text.split("/")
             bm, bn, bk = (int(v) for v in dims.split("x"))
             w, s = ws[1:].split("s")
-            if not ws.startswith("w") or set(flags) - {"noswap", "tma"}:
+            if not ws.startswith("w") or set(flags) - {"noswap", "tma", "nomagic"}:
                 raise ValueError
-            return cls(bm, bn, bk, int(w), int(s), "noswap" not in flags, "tma" in flags)
+            return cls(bm, bn, bk, int(w), int(s), "noswap" not in flags, "tma" in flags,
+                       "nomagic" not in flags)
         except ValueError:
-            raise StrataError(f"a plane tile is BMxBNxBK/wWsS[/noswap][/tma] (e.g. "
+            raise StrataError(f"a plane tile is BMxBNxBK/wWsS[/noswap][/tma][/nomagic] (e.g. "
                               f"128x128x64/w8s3), got {text!r}") from None
 
 
@@ -122,6 +127,7 @@ def _check_planes(experts) -> None:
                           f"layout has {', '.join(bad)}: run it through strata.kernels.moe_ffn")
 
 
+_GGML = {f: FORMATS[f].ggml_type for f in KERNEL_FORMATS}
 _ALLOCATOR_SET: list[bool] = []
 
 
@@ -138,8 +144,8 @@ def _tma_scratch() -> None:
 def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               experts: PlaneSet, *, schedule=None, scratch_alloc=None, out=None,
               workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
-    """The layer's MoE feed-forward on plane-layout Q8_0 experts -> y bf16 [T, D] (or `out`
-    fp32 [T, D] with this call's rows added). See the module docstring and moe_ffn's for the
+    """The layer's MoE feed-forward on plane-layout Q8_0 / Q4_0 experts -> y bf16 [T, D] (or
+    `out` fp32 [T, D] with this call's rows added). See the module docstring and moe_ffn's for the
     arguments; workspace["h"] needs padded_rows(T, K, E, BLOCK_M) rows of the tile used."""
     if combine not in COMBINES:
         raise StrataError(f"combine must be one of {COMBINES}, got {combine!r}")
@@ -174,7 +180,8 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     x = x.contiguous()
     if tile.tma and dev.type == "cuda" and not INTERPRET:
         _tma_scratch()
-    meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, SWAP=tile.swap, TMA=tile.tma, INTERP=INTERPRET)
+    meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic,
+                INTERP=INTERPRET)
     if not lay.plain:   # only then: the plain FFN's launches keep their constexpr set
         meta.update(BIAS=lay.bias is not None, ACT=lay.act.code)
     act = (float(lay.act.alpha), float(lay.act.limit))
@@ -188,7 +195,8 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset,
             p2.codes_offset, p2.scales_offset, dst, dst.stride(0), tw, n_out, n_in,
-            grp.n_blocks_dev, *boff, *act, MODE=mode, **meta,
+            grp.n_blocks_dev, *boff, *act, MODE=mode, FMT1=_GGML[p1.fmt], FMT2=_GGML[p2.fmt],
+            **meta,
             num_warps=tile.num_warps, num_stages=tile.num_stages)
     if combine == "defer":
         return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
@@ -227,20 +235,20 @@ def plane_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
 
 
 def plane_dequantize(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
-                     block=(32, 64)) -> torch.Tensor:
+                     block=(32, 64), magic: bool = True) -> torch.Tensor:
     """fp32 [rows, cols] of one matrix's planes (uint8 [nbytes]) decoded by the GEMM's Triton
-    loads and products; `block` = (BN, BK) of the decode tile."""
+    loads and products; `block` = (BN, BK) of the decode tile, `magic` PlaneTile.magic."""
     if fmt not in KERNEL_FORMATS:
         raise StrataError(f"plane_dequantize decodes {', '.join(KERNEL_FORMATS)}, got {fmt}")
     codes, scales = split_planes(planes, fmt, rows, cols)
     out = torch.full((rows, cols), float("nan"), dtype=torch.float32, device=planes.device)
     bn, bk = block
     _pk._plane_dequant_kernel[(-(-rows // bn), -(-cols // bk))](
-        codes.view(torch.int8), scales, out, rows, cols, BN=bn, BK=bk)
+        codes, scales, out, rows, cols, BN=bn, BK=bk, FMT=_GGML[fmt], MAGIC=magic)
     return out
 
 
 def plane_dequantize_torch(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
-                           block=(32, 64)) -> torch.Tensor:
-    """Plain-torch reference of `plane_dequantize` (same signature; `block` ignored)."""
+                           block=(32, 64), magic: bool = True) -> torch.Tensor:
+    """Plain-torch reference of `plane_dequantize` (same signature; `block`, `magic` ignored)."""
     return dequantize_planes(planes, fmt, rows, cols)

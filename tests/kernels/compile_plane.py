@@ -1,4 +1,4 @@
-"""Compile the plane-layout Q8_0 expert GEMM for sm_90 on a machine without a GPU (ttir -> cubin)
+"""Compile the plane-layout Q8_0 / Q4_0 expert GEMM for sm_90 on a machine without a GPU (ttir -> cubin)
 and report each variant's footprint: shared memory, registers and spills (triton's ptxas -v),
 which tensor-core instruction the dots became (wgmma or mma.sync), and how the code tiles reach
 shared memory (cp.async or TMA).
@@ -7,10 +7,11 @@ compile_moe.py's pipeline (this folder); args get the divisibility-16 hints the 
 launches (planes and rows 16-byte aligned, D and F multiples of 16).
 
     python tests/kernels/compile_plane.py            # the default table's tiles, both modes,
-                                                     # swap / no swap, TMA / vector loads
-    python tests/kernels/compile_plane.py --quick    # the default table's tiles only (the
-                                                     # suite's check)
-    python tests/kernels/compile_plane.py 128x128x64/w8s4/tma 64x128x128/w4s3
+                                                     # Q8_0 and Q4_0, swap / no swap, TMA /
+                                                     # vector loads, magic / int->float convert
+    python tests/kernels/compile_plane.py --quick    # the table's tiles on Q8_0, its largest
+                                                     # on Q4_0 (the suite's check)
+    python tests/kernels/compile_plane.py 128x128x64/w8s4/tma 64x128x128/w4s3   # Q8_0 only
 """
 import os
 import sys
@@ -21,6 +22,7 @@ from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v, m
 from compile_moe import compile_one  # noqa: E402
 import strata.kernels._plane_kernel as pk  # noqa: E402
 from strata.errors import StrataError  # noqa: E402
+from strata.formats import get_format  # noqa: E402
 from strata.kernels.plane import PLANE_TILES, PlaneTile  # noqa: E402
 
 ALIGNED = {"a_ptr", "stride_a", "sorted_ids_ptr", "block_expert_ptr", "arena_ptr", "slot_ptr",
@@ -51,9 +53,10 @@ class _Text(dict):
         super().__setitem__(key, value if isinstance(value, (str, bytes)) else str(value))
 
 
-def compile_tile(tile: PlaneTile, mode: int) -> str:
+def compile_tile(tile: PlaneTile, mode: int, fmt: str) -> str:
+    g = get_format(fmt).ggml_type
     const = dict(MODE=mode, TOPK=8, BM=tile.BLOCK_M, BN=tile.BLOCK_N, BK=tile.BLOCK_K,
-                 SWAP=tile.swap, TMA=tile.tma, INTERP=False)
+                 FMT1=g, FMT2=g, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic, INTERP=False)
     asm = _Text()
     md = compile_one(pk._plane_gemm_kernel, gemm_sig(mode), const, tile.num_warps,
                      tile.num_stages, aligned=ALIGNED, asm=asm)
@@ -68,17 +71,20 @@ def main(argv) -> int:
     except StrataError as exc:
         print(exc, file=sys.stderr)
         return 2
+    runs = [(t, "Q8_0") for t in tiles]
     if not tiles:
         base = [t for _, t in PLANE_TILES]
-        tiles = list(base)
+        runs = [(t, "Q8_0") for t in base] + [(base[-1], "Q4_0")]
         if not quick:
-            tiles += [t.with_(swap=False) for t in base] + [t.with_(tma=True) for t in base]
+            more = ([t.with_(swap=False) for t in base] + [t.with_(tma=True) for t in base]
+                    + [t.with_(magic=False) for t in base])
+            runs += [(t, "Q8_0") for t in more] + [(t, "Q4_0") for t in base[:-1] + more]
     fails = 0
-    for tile in dict.fromkeys(tiles):
+    for tile, fmt in dict.fromkeys(runs):
         for mode in (0, 1):
-            what = f"plane mode={'gate_up' if mode == 0 else 'down'} {tile.name}"
+            what = f"plane {fmt} mode={'gate_up' if mode == 0 else 'down'} {tile.name}"
             try:
-                print(f"ok   {what}: {compile_tile(tile, mode)}", flush=True)
+                print(f"ok   {what}: {compile_tile(tile, mode, fmt)}", flush=True)
             except Exception as exc:  # report every variant, then fail
                 fails += 1
                 print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)

@@ -42,6 +42,7 @@ class Case:
     route: str = "random"     # "random" | "one" (all on expert 0) | "skip" (expert 1 idle)
     absent: tuple = ()        # experts not resident (never routed to)
     bias: bool = False
+    fmts: tuple = ("Q8_0",)   # gate, up, down (one: all three)
 
 
 CASES = [
@@ -54,6 +55,10 @@ CASES = [
     Case("BM32-K-eq-E", T=6, E=3, K=3, tile="32x16x32/w4s1"),
     Case("absent-experts", T=5, E=6, K=2, absent=(1, 4), route="absent"),
     Case("bias-swiglu", T=5, E=3, K=2, bias=True),
+    Case("q4_0", T=6, E=3, K=2, fmts=("Q4_0",)),
+    Case("q4_0-tma-nomagic", T=5, E=3, K=2, fmts=("Q4_0",), tile="16x32x64/w4s2/tma/nomagic"),
+    Case("mixed-q4-q8-q4-BK-past-F", T=7, E=4, K=2, F=32, fmts=("Q4_0", "Q8_0", "Q4_0"),
+         tile="16x16x64/w4s2"),
 ]
 
 
@@ -64,7 +69,7 @@ def _inputs(c: Case, device="cpu"):
     if c.bias:
         from strata.blob import ExpertAct
         act = ExpertAct("swiglu_oai")
-    ex = random_expert_set(c.E, c.D, c.F, "Q8_0", seed=seed, absent=c.absent, bias=c.bias,
+    ex = random_expert_set(c.E, c.D, c.F, *c.fmts, seed=seed, absent=c.absent, bias=c.bias,
                            act=act)
     ps = to_plane_set(ex)
     x = torch.randn(c.T, c.D, generator=gen).bfloat16()
@@ -132,19 +137,22 @@ def test_nothing_routed_to_the_pass():
     assert torch.equal(y, torch.zeros_like(y))
 
 
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("magic", [True, False], ids=["magic", "convert"])
 @pytest.mark.parametrize("rows, cols, block", [(5, 96, (4, 64)), (33, 64, (32, 32)),
                                                (1, 32, (16, 128))],
                          ids=["masked-both", "rows-past-BN", "BK-past-K"])
-def test_plane_dequantize_bit_exact(rows, cols, block):
+def test_plane_dequantize_bit_exact(fmt, magic, rows, cols, block):
     """The GEMM's own loads and products (Triton) decode the planes to the very fp32 values
-    ggml's decoder gives (strata.formats.dequantize, bit-exact with gguf-py)."""
-    fmt = get_format("Q8_0")
-    raw = random_blocks(fmt, rows, cols, seed=rows * cols)
-    planes = to_planes(raw, "Q8_0", rows, cols)
-    ref = dequantize(raw, fmt).float().reshape(rows, cols)
-    got = plane_dequantize(planes, "Q8_0", rows, cols, block=block)
+    ggml's decoder gives (strata.formats.dequantize, bit-exact with gguf-py), both ways of
+    turning codes into floats."""
+    f = get_format(fmt)
+    raw = random_blocks(f, rows, cols, seed=rows * cols)
+    planes = to_planes(raw, fmt, rows, cols)
+    ref = dequantize(raw, f).float().reshape(rows, cols)
+    got = plane_dequantize(planes, fmt, rows, cols, block=block, magic=magic)
     assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
-    assert torch.equal(plane_dequantize_torch(planes, "Q8_0", rows, cols).view(torch.int32),
+    assert torch.equal(plane_dequantize_torch(planes, fmt, rows, cols).view(torch.int32),
                        ref.view(torch.int32))
 
 
@@ -154,8 +162,8 @@ def test_tile_table_and_parse():
     assert plane_tile(0, 8, 128) == PLANE_TILES[0][1]
     for _, t in PLANE_TILES:
         assert PlaneTile.parse(t.name) == t
-    assert PlaneTile.parse("64x128x64/w4s3/noswap/tma") == PlaneTile(64, 128, 64, 4, 3, False,
-                                                                      True)
+    assert PlaneTile.parse("64x128x64/w4s3/noswap/tma/nomagic") == PlaneTile(
+        64, 128, 64, 4, 3, swap=False, tma=True, magic=False)
     for bad in ("64x128/w4s3", "64x128x64/w4", "64x128x64/w4s3/fast", "64x128x48/w4s3",
                 "64x128x16/w4s3", "64x128x64/w3s3"):
         with pytest.raises(StrataError):
@@ -169,28 +177,28 @@ def test_bad_inputs_are_clear_errors():
         plane_ffn(x, ids, w, ex)
     with pytest.raises(StrataError, match="PlaneTile"):
         plane_ffn(x, ids, w, ps, schedule="dp")
-    q4 = to_plane_set(random_expert_set(3, 64, 64, "Q8_0", "Q8_0", "Q4_0", seed=1))
-    with pytest.raises(StrataError, match="down Q4_0"):
-        plane_ffn(x, ids, w, q4)
+    bf = to_plane_set(random_expert_set(3, 64, 64, "Q8_0", "Q8_0", "BF16", seed=1))
+    with pytest.raises(StrataError, match="down BF16"):
+        plane_ffn(x, ids, w, bf)
     with pytest.raises(StrataError, match="bf16"):
         plane_ffn(x.float(), ids, w, ps)
 
 
 # -- on the GPU, at the real shape (qwen3-30b-a3b: D 2048, F 768, E 128, K 8) -------------------
 
-@functools.lru_cache(maxsize=1)
-def _real_sets(device):
-    """The qwen3-30b-a3b layer's Q8_0 experts (4 distinct blobs repeated) and their planes,
-    made once for the module's GPU tests (quantizing on the host is the slow part)."""
+@functools.lru_cache(maxsize=2)
+def _real_sets(device, fmt):
+    """The qwen3-30b-a3b layer's experts (4 distinct blobs repeated) and their planes, made
+    once per format for the module's GPU tests (quantizing on the host is the slow part)."""
     from strata.bench.expert_gemm import SHAPES, make_experts
-    ex = make_experts(SHAPES["qwen3-30b-a3b"], "Q8_0", device, distinct=4)
+    ex = make_experts(SHAPES["qwen3-30b-a3b"], fmt, device, distinct=4)
     return ex, to_plane_set(ex)
 
 
-def _real(device, T, seed=0):
+def _real(device, T, seed=0, fmt="Q8_0"):
     from strata.bench.expert_gemm import SHAPES
     shape = SHAPES["qwen3-30b-a3b"]
-    ex, ps = _real_sets(device)
+    ex, ps = _real_sets(device, fmt)
     gen = torch.Generator().manual_seed(seed + T)
     x = torch.randn(T, shape.d_model, generator=gen).bfloat16().to(device)
     ids, w = topk_route(torch.randn(T, shape.n_expert, generator=gen).to(device), shape.top_k)
@@ -202,10 +210,11 @@ GPU_TILES = [None] + [t.name for _, t in PLANE_TILES] + [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 77, 2048])
-@pytest.mark.parametrize("tile", GPU_TILES, ids=lambda t: t or "table")
-def test_real_shape_gpu(T, tile):
-    ex, ps, x, ids, w = _real(torch.device("cuda"), T)
+@pytest.mark.parametrize("fmt, T, tile", [("Q8_0", T, t) for T in (1, 77, 2048) for t in GPU_TILES]
+                         + [("Q4_0", T, t) for T in (77, 2048) for t in (None, GPU_TILES[-1])],
+                         ids=lambda v: v if isinstance(v, str) else str(v) if v else "table")
+def test_real_shape_gpu(fmt, T, tile):
+    ex, ps, x, ids, w = _real(torch.device("cuda"), T, fmt=fmt)
     pt = PlaneTile.parse(tile) if tile else plane_tile(T, 8, 128)
     ref = plane_ffn_torch(x, ids, w, ps)
     ws = {"h": torch.full((padded_rows(T, 8, 128, pt.BLOCK_M), 768), float("nan"),
@@ -234,8 +243,8 @@ def test_relayout_on_gpu_is_the_cpu_relayout_and_check_false_never_syncs():
 
 def test_plane_gemm_compiles_for_h200():
     """Both modes compile for sm_90 (triton's passes and ptxas, no GPU) at the default table's
-    tiles, in a process without the interpreter: every dot a wgmma, the code tiles staged by
-    cp.async, no register spills."""
+    tiles (Q8_0; Q4_0 at the largest), in a process without the interpreter: every dot a wgmma,
+    the code tiles staged by cp.async, no register spills."""
     import os
     import subprocess
     import sys
@@ -246,6 +255,6 @@ def test_plane_gemm_compiles_for_h200():
                         "--quick"], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 2 * len(PLANE_TILES) and "FAIL" not in r.stdout, r.stdout
+    assert len(lines) == 2 * (len(PLANE_TILES) + 1) and "FAIL" not in r.stdout, r.stdout
     for line in lines:
         assert "spill 0/0" in line and "wgmma" in line and "cp.async" in line, line
