@@ -11,22 +11,24 @@ skips an assignment), topk_weights [T, K] fp32 -> y bf16 [T, D]. Accumulation is
 q·d is rounded to bf16 once (the tensor cores' input), h = act(...) to bf16 (the down GEMM's
 input), and the K rows of a token are summed in fp32.
 
-`plane_ffn` (Triton) and `plane_ffn_torch` (plain torch) share one signature, moe_ffn's:
-`schedule` takes a PlaneTile (None: `plane_tile`'s table), `scratch_alloc` is unused (the kernel
-is data-parallel: no stream-k fixup), `out` / `workspace` / `check` / `combine` mean what they
-mean there. `plane_dequantize` (Triton) / `plane_dequantize_torch` decode one matrix's planes
-through the GEMM's own loads and products, for the bit-exact tests.
+`plane_ffn` (Triton) and `plane_ffn_torch` (plain torch) share one signature, moe_ffn's: `schedule`
+takes a PlaneTile (None: the active `pin_plane_tile`, else `plane_tile`'s table), `scratch_alloc`
+is unused (the kernel is data-parallel: no stream-k fixup), `out` / `workspace` / `check` /
+`combine` mean what they mean there. `plane_dequantize` (Triton) / `plane_dequantize_torch` decode
+one matrix's planes through the GEMM's own loads and products, for the bit-exact tests.
 
-Launch choices are a PlaneTile (data, pinnable per call). The default table keys on the mean
-rows per routed expert, m = T·K / min(E, T·K) (for qwen3-30b-a3b, E 128 K 8: m = T / 16):
-BLOCK_M follows m (a taller block pads more rows, a shorter one re-reads the weights more often),
-the weights are the MMA's M side (swap) so a short BLOCK_M still runs wgmma (without swap a
-BLOCK_M below 64 compiles to mma.sync), BLOCK_K = 64 (no register spills: see PLANE_TILES).
-Not yet timed on the H200: the benchmark (experiments/kernel_bench.py --arms strata-plane
---tiles ...) sweeps them.
+Launch choices are a PlaneTile (data, pinnable per call). The default table keys on the mean rows
+per routed expert, m = T·K / min(E, T·K) (for qwen3-30b-a3b, E 128 K 8: m = T / 16): BLOCK_M
+follows m as the fused GEMM's heuristic does (a taller block pads more rows, a shorter one re-reads
+the weights more often), the weights are the MMA's M side (swap) so a short BLOCK_M still runs
+wgmma (without swap a BLOCK_M below 64 compiles to mma.sync), BLOCK_K = 64 (no register spills: see
+PLANE_TILES). Not yet timed on the H200: the benchmark (experiments/kernel_bench.py --arms
+strata-plane --tiles ...) sweeps them.
 """
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
 import torch
@@ -37,7 +39,7 @@ from strata.formats.table import FORMATS
 from strata.kernels import _plane_kernel as _pk
 from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work, expert_biases, glu
 from strata.kernels.routing import group_blocked, group_blocked_bounded
-from strata.kernels.tiles import padded_rows
+from strata.kernels.tiles import block_m_for, padded_rows
 from strata.planes import PlaneSet, dequantize_planes, plane_matrix, split_planes
 
 KERNEL_FORMATS = ("Q8_0", "Q4_0")   # what the plane GEMM decodes, any mix over the matrices
@@ -91,28 +93,41 @@ class PlaneTile:
                               f"128x128x64/w8s3), got {text!r}") from None
 
 
-# (largest mean rows per routed expert, tile): the first row whose bound holds is taken.
-# Footprints on sm_90 (tests/kernels/compile_plane.py: triton 3.6 + ptxas, GATE_UP, the larger
-# launch): 16x128x64/w4s4 58 KB shared, 251 registers; 32x128x64/w4s4 66 KB, 255; 64x128x64/w8s4
-# 82 KB, 175; 128x128x64/w8s4 115 KB, 242; none spills. BLOCK_K 128 at 4 warps, 64x128x64/w4
-# and 128x128x128/w8 spill (the two decoded weight tiles sit in registers beside the two
-# accumulators), so the table keeps BLOCK_K 64.
-PLANE_TILES = (
-    (16, PlaneTile(16, 128, 64, 4, 4)),
-    (32, PlaneTile(32, 128, 64, 4, 4)),
-    (64, PlaneTile(64, 128, 64, 8, 4)),
-    (None, PlaneTile(128, 128, 64, 8, 4)),
-)
+# BLOCK_M -> the tile at that row block. Footprints on sm_90 (tests/kernels/compile_plane.py:
+# triton 3.6 + ptxas, GATE_UP, the larger launch, Q8_0): 16x128x64/w4s4 58 KB shared, 232
+# registers; 32x128x64/w4s4 66 KB, 252; 64x128x64/w8s4 82 KB, 169; 128x128x64/w8s4 115 KB, 241;
+# none spills. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8 spill (the two decoded
+# weight tiles sit in registers beside the two accumulators), so the table keeps BLOCK_K 64.
+PLANE_TILES = {
+    16: PlaneTile(16, 128, 64, 4, 4),
+    32: PlaneTile(32, 128, 64, 4, 4),
+    64: PlaneTile(64, 128, 64, 8, 4),
+    128: PlaneTile(128, 128, 64, 8, 4),
+}
+
+
+_PINNED: ContextVar[PlaneTile | None] = ContextVar("strata_plane_tile_pin", default=None)
+
+
+@contextlib.contextmanager
+def pin_plane_tile(tile: PlaneTile):
+    """Every plane_ffn call inside the block without a `schedule` runs at `tile` (a ContextVar:
+    threads do not see each other's pins); the previous pin is restored on exit."""
+    if not isinstance(tile, PlaneTile):
+        raise StrataError(f"pin_plane_tile takes a PlaneTile, got {type(tile).__name__}")
+    token = _PINNED.set(tile)
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
 
 
 def plane_tile(n_tokens: int, top_k: int, n_expert: int) -> PlaneTile:
-    """The default table's tile for T tokens, K top-k, E experts (autotune-free, no device)."""
-    rows = n_tokens * top_k
-    mean = -(-rows // max(1, min(n_expert, rows)))
-    for bound, tile in PLANE_TILES:
-        if bound is None or mean <= bound:
-            return tile
-    raise AssertionError("PLANE_TILES ends with an unbounded row")
+    """The default table's tile for T tokens, K top-k, E experts (autotune-free, no device).
+    Its BLOCK_M is the fused GEMM's (strata.kernels.tiles.block_m_for: the mean rows per routed
+    expert as a power of two in [16, 128]), so the workspaces the engine plans for that GEMM
+    (h of padded_rows(T, K, E, BLOCK_M) rows) fit this one too."""
+    return PLANE_TILES[block_m_for(n_tokens, top_k, n_expert)]
 
 
 def _check_planes(experts) -> None:
@@ -158,7 +173,7 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     K = topk_ids.shape[1]
     F, E = lay.d_expert, experts.n_expert
     dev = x.device
-    tile = schedule or plane_tile(T, K, E)
+    tile = schedule or _PINNED.get() or plane_tile(T, K, E)
     BM, BN, BK = tile.BLOCK_M, tile.BLOCK_N, tile.BLOCK_K
     if combine == "defer" and (not workspace or workspace.get("yk") is None):
         raise StrataError("combine='defer' keeps the rows between calls in workspace['yk']; "

@@ -73,7 +73,7 @@ def main(argv) -> int:
         return 2
     runs = [(t, "Q8_0") for t in tiles]
     if not tiles:
-        base = [t for _, t in PLANE_TILES]
+        base = list(PLANE_TILES.values())
         runs = [(t, "Q8_0") for t in base] + [(base[-1], "Q4_0")]
         if not quick:
             more = ([t.with_(swap=False) for t in base] + [t.with_(tma=True) for t in base]

@@ -159,8 +159,13 @@ def test_plane_dequantize_bit_exact(fmt, magic, rows, cols, block):
 def test_tile_table_and_parse():
     assert [plane_tile(T, 8, 128).BLOCK_M for T in (1, 256, 512, 1024, 2048, 8192)] == \
         [16, 16, 32, 64, 128, 128]
-    assert plane_tile(0, 8, 128) == PLANE_TILES[0][1]
-    for _, t in PLANE_TILES:
+    assert plane_tile(0, 8, 128) == PLANE_TILES[16]
+    # one tile for each BLOCK_M the fused GEMM's heuristic picks (its workspaces fit this GEMM)
+    from strata.kernels.tiles import BLOCK_M_MAX, BLOCK_M_MIN, block_m_for
+    assert {block_m_for(T, 8, 128) for T in range(0, 4096, 7)} == set(PLANE_TILES)
+    assert min(PLANE_TILES) == BLOCK_M_MIN and max(PLANE_TILES) == BLOCK_M_MAX
+    assert all(t.BLOCK_M == m for m, t in PLANE_TILES.items())
+    for t in PLANE_TILES.values():
         assert PlaneTile.parse(t.name) == t
     assert PlaneTile.parse("64x128x64/w4s3/noswap/tma/nomagic") == PlaneTile(
         64, 128, 64, 4, 3, swap=False, tma=True, magic=False)
@@ -168,6 +173,30 @@ def test_tile_table_and_parse():
                 "64x128x16/w4s3", "64x128x64/w3s3"):
         with pytest.raises(StrataError):
             PlaneTile.parse(bad)
+
+
+def test_pin_plane_tile_wins_over_the_table_and_is_restored(monkeypatch):
+    from strata.kernels import plane as plane_mod
+    seen = []
+    real = plane_mod._pk._plane_gemm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append((kw["BM"], kw["BN"], kw["BK"], kw["num_warps"]))
+                return real[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(plane_mod._pk, "_plane_gemm_kernel", Spy())
+    c = Case("pin", T=3, E=3, K=1)
+    _, ps, x, ids, w = _inputs(c)
+    with plane_mod.pin_plane_tile(PlaneTile.parse("16x32x32/w2s1")):
+        plane_ffn(x, ids, w, ps)
+        plane_ffn(x, ids, w, ps, schedule=PlaneTile.parse("16x16x64/w4s1"))
+    plane_ffn(x, ids, w, ps)
+    assert seen == [(16, 32, 32, 2)] * 2 + [(16, 16, 64, 4)] * 2 + [(16, 128, 64, 4)] * 2
+    with pytest.raises(StrataError, match="PlaneTile"):
+        with plane_mod.pin_plane_tile("16x32x32/w2s1"):
+            pass
 
 
 def test_bad_inputs_are_clear_errors():
@@ -205,7 +234,7 @@ def _real(device, T, seed=0, fmt="Q8_0"):
     return ex, ps, x, ids, w
 
 
-GPU_TILES = [None] + [t.name for _, t in PLANE_TILES] + [
+GPU_TILES = [None] + [t.name for t in PLANE_TILES.values()] + [
     "128x128x64/w8s3/tma", "128x128x64/w8s3/noswap", "64x128x64/w4s3/tma"]
 
 
