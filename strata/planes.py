@@ -239,3 +239,29 @@ def plane_matrix(planes: PlaneSet, e: int, name: str) -> torch.Tensor:
         return dequantize_matrix(planes, e, name)
     raw = planes.arena[off + mat.offset: off + mat.offset + mat.nbytes]
     return dequantize_planes(raw, p.fmt, p.rows, p.cols)
+
+
+class Landing:
+    """What the engine runs on each blob that lands in a device slot when its experts run
+    through the plane GEMM (EngineConfig ffn="plane"): re-lay the blob to planes, on the stream
+    that copied it, after the copy (the cache's fill and refill, the ring's copy lane). `sets`
+    is the type a provider hands the expert FFN for such an arena (PlaneSet)."""
+    sets = PlaneSet
+
+    def __init__(self, layouts, formats):
+        """layouts: the model's BlobLayout per layer (None: a layer without routed experts);
+        formats: the formats the plane GEMM reads. A StrataError names a layer it cannot run."""
+        for layer, lay in enumerate(layouts):
+            if lay is None:
+                continue
+            bad = [f"{m.name} {m.fmt.name}" for m, p in zip(lay.matrices,
+                                                             plane_layout(lay).matrices)
+                   if p is None or p.fmt not in formats]
+            if bad:
+                raise StrataError(f"the plane expert FFN reads {', '.join(formats)} experts; "
+                                  f"layer {layer} has {', '.join(bad)}: choose another expert "
+                                  f"FFN (kernel, auto) for this pack")
+        self.layouts = list(layouts)
+
+    def __call__(self, blob: torch.Tensor, layer: int) -> None:
+        relayout_blob_(blob, self.layouts[layer])
