@@ -47,6 +47,7 @@ for step in "$@"; do
     long)    timeout 540 python3 experiments/long_prompt.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/long_prompt.log" ;;
     # issues 14/17: the warm-up covers a long prompt's launches (probes); the first long prompt compiles nothing
     warmvariants) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_warm_variants.py 2>&1 | tail -8 > "$OUT/gpu_warm_variants.log"; tail -3 "$OUT/gpu_warm_variants.log" ;;
+    long262) timeout 400 python3 experiments/long_prompt.py --cells 262144:bf16:32768,262144:int8:all,262144:bf16:all --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/long_prompt_262k.log" ;;
     longwarm) timeout 230 python3 experiments/long_prompt.py --cells 131072:int8:32768,131072:bf16:32768 --warm engine --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -8 | tee "$OUT/long_prompt_warm.log" ;;
     kvtests) timeout 200 python3 -m pytest -rfE -p no:cacheprovider tests/engine/test_kv.py tests/test_long_prompt_smoke.py 2>&1 | tail -20 > "$OUT/gpu_kv_tests.log"; tail -5 "$OUT/gpu_kv_tests.log" ;;
     split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 ;;
@@ -58,9 +59,12 @@ for step in "$@"; do
     coldpack) ( time timeout 560 python3 -m strata.cli synth --preset qwen3-30b-a3b --quant Q8_0 --pack -o /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ) 2>&1 | grep -v "it/s\]" | tail -5 | tee "$OUT/cold_pack.log" ;;
     # the full-size pack file (MemoryPack.save, seconds) stays in /dev/shm for benchfull; `packrm` removes it
     coldwarm32) ( time timeout 300 python3 experiments/cold_warm.py --prompts 32768 --arms warm --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm32.log" ;;
+    coldwarm32e) ( time timeout 300 python3 experiments/cold_warm.py --prompts 32768 --arms warm --prime --pin-methods "pread;pread,early=0" --out "$OUT" ) 2>&1 | grep -v "it/s\]" | grep -v "^pack " | tail -8 | tee "$OUT/cold_warm32e.log" ;;
+    coldwarm5) ( time timeout 330 python3 experiments/cold_warm.py --prompts 32768 --arms warm --prime --keep --pin-methods "pread;pread,early=0;pread,threads=8;pread;pread,early=0" --out "$OUT" ) 2>&1 | grep -v "it/s\]" | grep -v "^pack " | tail -9 | tee "$OUT/cold_warm5.log" ;;
+    ring8k)  for r in auto 160 256; do x=""; [ "$r" = auto ] || x="--ring $r"; timeout 100 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192 -r 3 --vram 12GiB $x --trace "$OUT/ring8k_$r.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/ring8k_$r.csv" | tail -3; done ;;
     coldwarm) ( time timeout 400 python3 experiments/cold_warm.py --keep --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/cold_warm.log" ;;
     # the start-up pieces on the GPU: bulk dense upload through pinned staging, background pinning, warm layers
-    readytests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_pinning.py tests/engine/test_host.py tests/engine/test_warm_trace.py 2>&1 | tail -8 > "$OUT/gpu_ready.log"; tail -3 "$OUT/gpu_ready.log" ;;
+    readytests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_pinning.py tests/engine/test_host.py tests/engine/test_warm_trace.py tests/engine/test_start_imports.py tests/models/test_attention.py 2>&1 | tail -8 > "$OUT/gpu_ready.log"; tail -3 "$OUT/gpu_ready.log" ;;
     benchfull) timeout 200 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192,32768 -r 3 --vram 12GiB --trace "$OUT/bench_trace.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_full.csv" | tail -12 ;;
     packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
     moeffn)  timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_ffn.py 2>&1 | tail -20 > "$OUT/gpu_moe_ffn.log"; tail -5 "$OUT/gpu_moe_ffn.log" ;;

@@ -7,7 +7,9 @@ engine on the VRAM budget (the expert cache allocated and filled, dense weights 
 (PrefillEngine.warmup: one dry prompt through the prompt's plan; the `nowarm` arm skips it) and
 reads the prompt `--repeats` times. Per process:
 
-    ready_s = import_s (interpreter + torch + the pack reader) + cuda_s (the CUDA context)
+    ready_s = import_s (interpreter + torch + the pack reader; torch_import_s: `import torch`
+              alone; the read-ahead of the pack, strata.engine.early, runs beside it)
+            + cuda_s (the CUDA context)
             + start_s (the rest of strata's imports, the host blobs pinning on a thread beside
               them: pin_s is that thread's own wall time, pin_gbps its rate)
             + fill_s (PrefillEngine.__init__: plan_s, cache_alloc_s, dense_upload_s and
@@ -52,7 +54,15 @@ TAG = "COLDWARM "
 
 # -- the child: one fresh process ---------------------------------------------------------------
 def child(a) -> int:
+    # as the CLI does (strata.cli.main): the pack's experts start coming off the page cache
+    # before torch is imported; HostExperts adopts them (a pin method's early=0: the old order)
+    from strata.engine.early import EarlyRead, PinMethod
+    method = PinMethod.parse(a.pin_method)
+    early = None if not method.early or method.source != "pread" else \
+        EarlyRead.start(a.child, threads=method.threads)
+    t_torch = time.time()
     import torch
+    t_torch = time.time() - t_torch
     from strata.engine.host import HostExperts
     from strata.packs import Pack
     t_import = time.time()
@@ -66,9 +76,8 @@ def child(a) -> int:
     # imports and the engine allocates its cache and uploads the dense weights
     pack = Pack.open(a.child)
     sizes = [pl.blob_size for pl in pack.layers]
-    from strata.engine.pinning import PinMethod
     host = HostExperts(pack.experts, sizes, pin=True, background=True, spans=pack.expert_span,
-                       method=PinMethod.parse(a.pin_method))
+                       method=method, early=early)
     from strata.commands._args import resolve_experts
     from strata.engine.prefill import EngineConfig, PrefillEngine
     import strata.kernels.decoded  # noqa: F401 (the FFN's modules, beside the pinning)
@@ -89,7 +98,7 @@ def child(a) -> int:
         if r == 0:
             first_ready = time.time()
         tps.append(res.stats.tokens_per_s)
-    out = {"import_s": t_import - a.spawn, "cuda_s": t_cuda - t_import,
+    out = {"import_s": t_import - a.spawn, "torch_import_s": t_torch, "cuda_s": t_cuda - t_import,
            "start_s": t_pin - t_cuda, "pin_s": host.load_s, "fill_s": t_fill - t_pin,
            "warmup_s": warm,
            "prompt_s": first_ready - t_fill - warm, "ready_s": first_ready - a.spawn,
@@ -97,6 +106,7 @@ def child(a) -> int:
            "warm_tokens_per_s": sum(tps[1:]) / max(len(tps) - 1, 1),
            "pinned": host.pinned, "pack_bytes": sum(sizes) * pack.shape.n_expert,
            "pin_end_s": host.loaded_at - a.spawn, "pin_lock_s": host.lock_s,
+           "early_layers": host.early_layers,
            "chunk": res.chunk, "ring": res.ring, "bytes_streamed": res.stats.bytes_streamed}
     out["first_over_warm"] = out["first_tokens_per_s"] / out["warm_tokens_per_s"]
     # fill_s split (PrefillEngine.timings), and the warm-up's read vs its one-time load: the
@@ -147,6 +157,7 @@ def page_cache_read(path: Path) -> float:
 
 
 FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "import_s": "s",
+           "torch_import_s": "s",
            "cuda_s": "s",
            "pin_s": "s", "fill_s": "s",
            "warmup_s": "s", "prompt_s": "s", "first_tokens_per_s": "tok/s",
@@ -154,7 +165,8 @@ FIGURES = {"ready_s": "s", "start_s": "s", "pin_wait_s": "s", "ffn_s": "s", "imp
            "bytes_streamed": "bytes", "plan_s": "s", "cache_alloc_s": "s", "cache_fill_s": "s",
            "other_s": "s", "dense_upload_s": "s", "model_build_s": "s", "warmup_read_s": "s",
            "warmup_load_s": "s", "warmup_layers": "layers", "cache_fill_gbps": "GB/s",
-           "dense_s": "s", "sync_s": "s", "pin_end_s": "s", "pin_lock_s": "s"}
+           "dense_s": "s", "sync_s": "s", "pin_end_s": "s", "pin_lock_s": "s",
+           "early_layers": "layers"}
 
 
 def measure(args, rec) -> None:
@@ -215,7 +227,8 @@ def measure(args, rec) -> None:
                 rec.add(fig, r[fig], unit, bound=bound, bound_value=bv,
                         timer=bench.WALL_TIMER, **cfg)
             rec.flush()
-            print(f"{arm:6s} [{pm}] T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f}, "
+            print(f"{arm:6s} [{pm}] T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f} "
+                  f"[torch {r['torch_import_s']:.2f}], "
                   f"cuda {r['cuda_s']:.2f}, start {r['start_s']:.2f} [pinning beside it: "
                   f"{r['pin_s']:.2f} s at {r['pin_gbps']:.1f} GB/s (locking {r['pin_lock_s']:.2f}), "
                   f"done at {r['pin_end_s']:.2f} s, waited "

@@ -24,25 +24,11 @@ import os
 import torch
 
 from strata.errors import StrataError
+from strata.hostmem import host_available  # noqa: F401  (strata.budget's callers use it)
 from strata.memory.carve import align_up
 from strata.units import fmt_bytes
 
 SLACK = 1 << 20   # alignment and allocator rounding above the working set
-
-
-def host_available() -> int | None:
-    """Bytes of host memory available now (None when the OS does not say)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def cpu_cache_cap(shape, blob_sizes, layers: range, layout, *, chunk: int, ring_slots: int,

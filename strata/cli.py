@@ -76,9 +76,23 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from strata.engine.early import early_read_for
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # before argparse's command modules import torch (3.5 s): a streamed read's pack starts
+    # coming off the page cache now, beside that import
+    early = early_read_for(argv)
+    try:
+        return _main(argv, early)
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _main(argv: list[str], early) -> int:
     _log_to_stderr()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args._early = early
     if not getattr(args, "_run", None):
         parser.print_help()
         return EXIT_BAD_INPUT

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-import strata  # noqa: F401  (selects the Triton interpreter on a CPU-only machine)
+import strata._backend  # noqa: F401  (selects the Triton interpreter on a CPU-only machine)
 
 settings.register_profile("ci", deadline=None, max_examples=60, derandomize=True,
                           print_blob=True)

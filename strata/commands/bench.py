@@ -88,7 +88,7 @@ def run(args) -> int:
     for n in args.prompts:
         refuse_unfit_plan(pack, cfg, n)
     t0 = time.perf_counter()
-    engine = PrefillEngine(pack, cfg)
+    engine = PrefillEngine(pack, cfg, early=getattr(args, "_early", None))
     startup = time.perf_counter() - t0
     h2d = h2d_rate(engine.host, device=engine.device)       # the PCIe bound's rate, this run
     no_gemm = Rates(engine.shape, measure_gemm=lambda s, T: math.nan,

@@ -394,7 +394,7 @@ def run_streaming(args) -> int:
     for t in {len(t) for t in prompts}:   # before the engine pins or allocates anything
         refuse_unfit_plan(pack, cfg, t)
     t0 = time.perf_counter()
-    engine = PrefillEngine(pack, cfg)      # host blobs loaded/pinned, cache allocated and filled
+    engine = PrefillEngine(pack, cfg, early=getattr(args, "_early", None))  # pinned, cache filled
     startup = time.perf_counter() - t0
     trace = LaneTrace(str(args.pack)) if trace_path else None
     reports = []

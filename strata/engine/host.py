@@ -38,7 +38,7 @@ class HostExperts:
                  blob_sizes: Sequence[int], *, pin: bool = True, progress: bool = False,
                  layers: Sequence[int] | None = None, background: bool = False,
                  spans: Callable[[int], tuple[str, int, int] | None] | None = None,
-                 method: PinMethod | None = None):
+                 method: PinMethod | None = None, early=None):
         """`layer_blobs`: one uint8 tensor per layer, or a callable giving layer i's (so a
         32 GB pack is read into pinned memory a layer at a time, never held twice).
         `layers`: load only these (a pipeline rank's range, strata.engine.distributed); the
@@ -48,7 +48,10 @@ class HostExperts:
         accessor (and `join()`) waits for it, and an error raised there is raised by them.
         `spans`: layer i -> (file, offset, bytes) of its blobs in a file (Pack.expert_span), so
         the "pread" method reads the file instead of copying from its map. `method`: how
-        (strata.engine.pinning.PinMethod; default PinMethod())."""
+        (strata.engine.pinning.PinMethod; default PinMethod()). `early`: a read-ahead of the
+        pack file begun before torch was imported (strata.engine.early.EarlyRead): a layer
+        whose span it holds is adopted (its reads awaited, then page-locked) instead of read
+        again; it is closed, whatever it did not hand over freed, when the load ends."""
         if callable(layer_blobs):
             get = layer_blobs
             layer_blobs = range(len(blob_sizes))
@@ -70,8 +73,10 @@ class HostExperts:
         self.load_s = 0.0
         self.loaded_at: float | None = None       # epoch seconds the loading ended
         self.lock_s = 0.0                          # of load_s: seconds in cudaHostRegister
+        self.early_layers = 0                      # layers adopted from the read-ahead
         self.method = method or PinMethod()
         self._spans = spans
+        self._early = early
         args = (layer_blobs, get, layers, progress)
         if background:
             held = self.method.switch is not None
@@ -127,14 +132,22 @@ class HostExperts:
                 if not (want_pin and self.pin_error is None):
                     self._layers.append(t)
                     continue
-                m, buf = huge_page_buffer(t.numel())
-                buf = buf.view(t.shape)
                 span = self._spans(i) if self._spans is not None and meth.source == "pread" \
                     else None
-                if span is not None and span[2] == t.numel():
-                    pread_copy(buf, span[0], span[1], pool)
+                if span is not None and span[2] != t.numel():
+                    span = None
+                m = self._early.take(*span) if span is not None and self._early is not None \
+                    else None
+                if m is not None:     # read ahead beside the imports
+                    buf = torch.frombuffer(m, dtype=torch.uint8, count=t.numel()).view(t.shape)
+                    self.early_layers += 1
                 else:
-                    parallel_copy(buf, t.contiguous(), threads, pool=pool)
+                    m, buf = huge_page_buffer(t.numel())
+                    buf = buf.view(t.shape)
+                    if span is not None:
+                        pread_copy(buf, span[0], span[1], pool)
+                    else:
+                        parallel_copy(buf, t.contiguous(), threads, pool=pool)
                 self._layers.append(t)              # until its registration resolves
                 pending = self._resolve(pending)
                 if self.pin_error is not None:      # the last layer's locking just failed:
@@ -152,6 +165,8 @@ class HostExperts:
             for ex in (locker, pool):
                 if ex is not None:
                     ex.shutdown()
+            if self._early is not None:   # what it read that no layer took goes now
+                self._early.close()
         self._pinned = want_pin and self.pin_error is None
         if want_pin and not self._pinned:
             log.warning("strata prefill: pinning the expert blobs failed (%s); streaming from "

@@ -19,7 +19,6 @@ import logging
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import torch
 
@@ -30,55 +29,8 @@ log = logging.getLogger("strata")
 HOST_REGISTER_PORTABLE = 0x01
 HOST_REGISTER_READ_ONLY = 0x08
 
-# 64 MiB pieces: large enough that a thread's per-piece overhead is nothing against the copy,
-# small enough that 8 threads share a 600 MB layer evenly.
-COPY_PIECE = 64 << 20
-
-
-@dataclass(frozen=True)
-class PinMethod:
-    """How HostExperts gets a layer's blobs into page-locked memory (pinnable: pass one).
-
-    source   "pread": read the pack file's bytes with os.preadv into the huge pages (no fault
-             per 4 KiB of the pack's map, which every other faulting thread of the process
-             queues behind); "map": copy from the mapped tensor (any source: in-memory packs,
-             GGUF re-layouts). "pread" falls back to "map" where a layer has no file span.
-    threads  copy threads (one pool for the whole load; at most the machine's cores): 16 read
-             10.3 GB/s beside a busy caller, 8 read 8.5 (cold_warm-NVIDIA_H200-3234f3a.csv)
-    overlap  page-lock layer i-1 on its own thread while the copy threads fill layer i
-    switch   the interpreter's switch interval (s) while a background load runs: each GIL
-             hand-off to a copy thread otherwise waits up to the 5 ms default beside a busy
-             caller (2.5 vs 9.7 GB/s in benchmarks/results/pin-nvidia-h200-c0a135f.csv);
-             None leaves it alone
-    """
-    source: str = "pread"
-    threads: int = 16
-    overlap: bool = True
-    switch: float | None = 1e-4
-
-    def __post_init__(self):
-        if self.source not in ("pread", "map"):
-            raise ValueError(f"PinMethod.source must be 'pread' or 'map', got {self.source!r}")
-        if self.threads < 1:
-            raise ValueError(f"PinMethod.threads must be at least 1, got {self.threads}")
-
-    @classmethod
-    def parse(cls, text: str) -> "PinMethod":
-        """"pread,threads=16,overlap=0,switch=none" (any subset, in any order)."""
-        kw: dict = {}
-        for item in filter(None, (t.strip() for t in text.split(","))):
-            key, eq, val = item.partition("=")
-            if not eq:
-                kw["source"] = key
-            elif key == "threads":
-                kw["threads"] = int(val)
-            elif key == "overlap":
-                kw["overlap"] = val not in ("0", "false", "no")
-            elif key == "switch":
-                kw["switch"] = None if val in ("none", "") else float(val)
-            else:
-                raise ValueError(f"unknown pin method field {key!r}")
-        return cls(**kw)
+# PinMethod and the copy piece live beside the read-ahead, which must not import torch
+from strata.engine.early import COPY_PIECE, PinMethod, huge_page_map  # noqa: F401
 
 
 def parallel_copy(dst: torch.Tensor, src: torch.Tensor, threads: int = 8,
@@ -133,15 +85,9 @@ def pinned_copy(src: torch.Tensor, threads: int = 8) -> torch.Tensor:
 
 
 def huge_page_buffer(nbytes: int) -> tuple[mmap.mmap, torch.Tensor]:
-    """Anonymous memory of `nbytes` asked to be backed by 2 MiB transparent huge pages (no-op
-    where THP is off), as a uint8 tensor over the map. Keep the map alive as long as the tensor.
-    Locking 2 MiB pages costs the driver 512x fewer page-table walks than 4 KiB ones."""
-    m = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            m.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass
+    """strata.engine.early.huge_page_map as a uint8 tensor over the map (keep the map alive as
+    long as the tensor)."""
+    m = huge_page_map(nbytes)
     return m, torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
 
 

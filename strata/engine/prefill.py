@@ -149,10 +149,12 @@ def borrow_and_carve(cache: ExpertCache, layout: PromptLayout, chunk: int, pp: P
 
 class PrefillEngine:
     def __init__(self, pack, cfg: EngineConfig, *, host: HostExperts | None = None,
-                 observers: list[EngineObserver] | None = None):
+                 observers: list[EngineObserver] | None = None, early=None):
         """`host`: the pack's blobs already in (pinned) host memory — experiments that build
         several engines over one 32 GB pack pin it once. `observers`: watch each prompt's plan,
-        loans and result (strata.engine.observe); `self.observers` may change between prompts."""
+        loans and result (strata.engine.observe); `self.observers` may change between prompts.
+        `early`: the pack's read-ahead begun before torch's import (strata.engine.early), which
+        the host blobs adopt (the CLI's; its owner closes it when the engine does not)."""
         # where the start goes (seconds per phase; experiments/cold_warm.py reports them)
         self.timings: dict[str, float] = {}
         clock = _PhaseClock(self.timings)
@@ -190,7 +192,8 @@ class PrefillEngine:
         # go up (the copy threads and the upload overlap); the caches fill once they are in.
         self.host = host or HostExperts(pack.experts, self.blob_sizes, pin=cfg.pin,
                                         progress=cfg.progress, background=True,
-                                        spans=getattr(pack, "expert_span", None))
+                                        spans=getattr(pack, "expert_span", None),
+                                        early=early)
         try:
             caches = []
             for p, dev in zip(parts, devices):

@@ -12,6 +12,7 @@
 The @triton.jit kernels live in private modules (_moe_kernel, _dequant_kernel,
 _expert_dequant_kernel, attention/_kernel) behind these small launchers.
 """
+from strata import _backend  # noqa: F401, I001  (before triton is imported: the CPU's interpreter)
 from strata.kernels.attention import (AttnTile, KVSegment, chunk_attention, chunk_attention_torch,
                                       dequantize_kv, pin_attn_tile, quantize_kv)
 from strata.kernels.dequant import dequantize, dequantize_torch

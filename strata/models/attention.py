@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from strata.models.kv import KVCache, PromptKV
 from strata.models.layers import apply_rope, rms_norm
@@ -115,6 +114,25 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     return _proj(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo)    # [T, D]
 
 
+def lower_right_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """SDPA of q [1, H, T, hd] against k, v [1, Hkv, S, hd] (S >= T, GQA) with the causal mask
+    aligned to the bottom right (query i sees keys 0..S-T+i) -> [1, H, T, hd].
+
+    torch's own route (torch.nn.attention.bias.causal_lower_right) imports torch._dynamo: 2 s of
+    import, 5 s beside the pinning threads, inside the time to a first token. Where flash
+    attention takes the inputs, that route ends in the flash op with is_causal=True (which for
+    S != T means bottom-right), so that op is called here directly; elsewhere (the CPU, other
+    dtypes or head widths) torch's route is taken. A GPU test holds the two equal."""
+    hd = q.shape[-1]
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and hd % 8 == 0 and hd <= 256:
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, is_causal=True, return_debug_mask=False)[0]
+    from torch.nn.attention.bias import causal_lower_right
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2],
+                                                                                k.shape[2]),
+                                          enable_gqa=True)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PromptKV,
            layer: int, *, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [H, T, hd], k [Hkv, T, hd] (normed, rotated), v [T, Hkv, hd] of the chunk at positions
@@ -137,7 +155,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
     # GQA without copying K/V per query head (enable_gqa: query head h reads kv head
     # h // (H / Hkv)). A later chunk's query i sits at P+i and sees keys 0..P+i: the causal
     # mask aligned to the bottom right, which flash attention runs without materializing it.
-    mask = None if P == 0 else causal_lower_right(T, P + T)
-    o = F.scaled_dot_product_attention(q[None], k_all[None], v_all[None], attn_mask=mask,
-                                       is_causal=P == 0, enable_gqa=True)[0]  # [H, T, hd]
+    if P == 0:
+        o = F.scaled_dot_product_attention(q[None], k_all[None], v_all[None], is_causal=True,
+                                           enable_gqa=True)[0]                   # [H, T, hd]
+    else:
+        o = lower_right_causal(q[None], k_all[None], v_all[None])[0]
     return o.transpose(0, 1)                                                  # [T, H, hd]

@@ -87,3 +87,30 @@ def test_norms_are_applied_when_given():
 def test_map_keeps_absent_norms_absent():
     w = weights(0, norms=False).map(lambda t: t.double())
     assert w.q_norm is None and w.k_norm is None and w.wq.dtype == torch.float64
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash route runs on CUDA")
+@pytest.mark.parametrize("T,P", [(1, 7), (64, 100), (257, 3000)])
+def test_lower_right_causal_is_torchs_route_on_the_gpu(T, P):
+    """The direct flash call gives what torch's causal_lower_right gives, bit for bit (the same
+    kernel), GQA as Qwen3's 32 query heads on 4 KV heads, a later chunk's T queries against
+    P + T keys; and the explicit masked softmax within bf16 attention noise."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    from strata.models.attention import lower_right_causal
+    g = torch.Generator(device="cuda").manual_seed(T + P)
+    H, Hkv, hd = 32, 4, 128
+    q = torch.randn(1, H, T, hd, device="cuda", generator=g, dtype=torch.bfloat16)
+    k = torch.randn(1, Hkv, P + T, hd, device="cuda", generator=g, dtype=torch.bfloat16)
+    v = torch.randn(1, Hkv, P + T, hd, device="cuda", generator=g, dtype=torch.bfloat16)
+    got = lower_right_causal(q, k, v)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=causal_lower_right(T, P + T), enable_gqa=True)
+    assert got.shape == want.shape == (1, H, T, hd)
+    assert torch.equal(got, want)
+    kk, vv = (t.float().repeat_interleave(H // Hkv, dim=1) for t in (k, v))
+    s = (q.float() @ kk.transpose(-1, -2)) / math.sqrt(hd)
+    keep = torch.arange(P + T, device="cuda")[None, :] <= P + torch.arange(T, device="cuda")[:, None]
+    ref = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ vv
+    assert (got.float() - ref).abs().max().item() < 2e-2 * ref.abs().max().item()
