@@ -10,6 +10,11 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
   ceiling: it reads 2 bytes a weight).
 - decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.expert_dequant), then
   torch._grouped_mm: what a framework without fused decode does each time.
+- strata-plane (Q8_0, Q4_0): strata.kernels.plane.plane_ffn on the same experts re-laid once into
+  the plane layout (strata.planes: int8 code tiles, scales apart), the tile from its default
+  table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]` per PlaneTile (the sweep of its
+  launch choices in the same call), e.g. --tiles 128x128x64/w8s4/tma 64x128x64/w8s4/noswap.
+`--arms A B ...` keeps only those arms (grouped_mm-bf16 always runs: it is every figure's bound).
 Every arm includes routing's grouping and the weighted sum over K.
 
 Figure: TFLOP/s of the whole feed-forward, counting 2·T·K·3·D·F, from the median of CUDA-event
@@ -25,6 +30,8 @@ cut run keeps some; `--base REF` adds the same run at a git ref.
     python experiments/kernel_bench.py --smoke     # tiny shapes, runs on the CPU
     python experiments/kernel_bench.py --sweep     # time a few pinned tiles (heuristic tuning)
     python experiments/kernel_bench.py --quick --base main   # the working tree against main
+    python experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 512 2048 8192 \
+        --formats BF16 Q8_0 --arms strata-dp strata-plane      # the plane GEMM (gpu_session: plane)
 """
 from __future__ import annotations
 
@@ -44,11 +51,16 @@ from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
 from strata.kernels.decoded import moe_ffn_decoded
 from strata.kernels.expert_dequant import dequant_experts
 from strata.kernels.moe import last_launch
+from strata.kernels.plane import KERNEL_FORMATS as PLANE_FORMATS
+from strata.kernels.plane import PlaneTile, plane_ffn, plane_tile
 from strata.kernels.tiles import TileConfig
+from strata.planes import to_plane_set
 from strata.shapes import get_preset
 
 FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
+ARMS = ["strata-dp", "strata-sk", "strata-decoded", "grouped_mm-bf16", "decode+grouped_mm",
+        "strata-plane"]
 
 
 def supported(fmt: str, shape=None) -> str | None:
@@ -87,12 +99,13 @@ def measure(args, rec: bench.Recorder) -> None:
             print(f"skip {name}/T{T}/{fmt}: {why}", file=sys.stderr)
             rec.add("skipped", "", "", bound=why, arm="-", **cfg)
             continue
+        plane = fmt in PLANE_FORMATS and ("strata-plane" in args.arms or args.tiles)
         if (name, fmt) not in cache:
             cache.clear()
             torch.cuda.empty_cache() if dev.type == "cuda" else None
             ex = make_experts(shape, fmt, dev, distinct=4 if args.smoke else 8)
-            cache[(name, fmt)] = (ex, dense_weights(ex))
-        experts, (wg, wu, wd) = cache[(name, fmt)]
+            cache[(name, fmt)] = (ex, dense_weights(ex), to_plane_set(ex) if plane else None)
+        experts, (wg, wu, wd), planes = cache[(name, fmt)]
         gen = torch.Generator().manual_seed(T)
         x = torch.randn(T, shape.d_model, generator=gen).to(torch.bfloat16).to(dev)
         ids, w = topk_route(torch.randn(T, shape.n_expert, generator=gen).to(dev), shape.top_k)
@@ -109,6 +122,13 @@ def measure(args, rec: bench.Recorder) -> None:
                 "strata-decoded": lambda: moe_ffn_decoded(x, ids, w, experts),
                 "grouped_mm-bf16": lambda: grouped_mm_ffn(x, ids, w, wg, wu, wd),
                 "decode+grouped_mm": decode_then_mm}
+        arms = {a: fn for a, fn in arms.items() if a in args.arms or a == "grouped_mm-bf16"}
+        if plane:
+            if "strata-plane" in args.arms:
+                arms["strata-plane"] = lambda: plane_ffn(x, ids, w, planes)
+            for pt in args.tiles:
+                arms[f"strata-plane[{pt.name}]"] = lambda pt=pt: plane_ffn(x, ids, w, planes,
+                                                                            schedule=pt)
         ref = moe_ffn_torch(x, ids, w, experts)
         bound_rel = BF16_REL if fmt == "BF16" else DECODED_REL
         gate = f"normalized error vs moe_ffn_torch < {bound_rel:g}"
@@ -134,10 +154,18 @@ def measure(args, rec: bench.Recorder) -> None:
         flops = expert_flops(shape, T, layers=1)
         timed = {arm: rec.timed(fn, check=lambda arm=arm: check(arm),
                                 what=f"{name}/T{T}/{fmt}/{arm}") for arm, fn in arms.items()}
-        moe_ffn(x, ids, w, experts, schedule="stream_k")
-        sk_rec = last_launch()
-        moe_ffn(x, ids, w, experts)
-        auto = last_launch().tile
+        if "strata-sk" in arms:
+            moe_ffn(x, ids, w, experts, schedule="stream_k")
+            sk_rec = last_launch()
+            rec.add("scratch_bytes", sk_rec.scratch_bytes, "bytes", bound=f"tile {sk_rec.tile}",
+                    arm="strata-sk", **cfg)
+        if "strata-dp" in arms:
+            moe_ffn(x, ids, w, experts)
+            auto = last_launch().tile
+            rec.add("tile", auto.schedule, "schedule", bound=str(auto), arm="strata-auto", **cfg)
+        if "strata-plane" in arms:
+            pt = plane_tile(T, shape.top_k, shape.n_expert)
+            rec.add("tile", pt.name, "plane tile", bound=str(pt), arm="strata-plane", **cfg)
         ceiling = (flops / timed["grouped_mm-bf16"].median_s / 1e12
                    if "grouped_mm-bf16" in timed else None)
         for arm, t in timed.items():
@@ -151,9 +179,6 @@ def measure(args, rec: bench.Recorder) -> None:
                 rec.add("ratio_vs_grouped_mm_bf16", tf / ceiling, "ratio",
                         bound="1.0 = dense bf16", bound_value=1.0, gate=gate, timer=t.timer,
                         arm=arm, **cfg)
-        rec.add("scratch_bytes", sk_rec.scratch_bytes, "bytes", bound=f"tile {sk_rec.tile}",
-                arm="strata-sk", **cfg)
-        rec.add("tile", auto.schedule, "schedule", bound=str(auto), arm="strata-auto", **cfg)
         print(f"{name}/T{T}/{fmt}: " + "  ".join(f"{a} {flops / t.median_s / 1e12:.1f}"
                                                   for a, t in timed.items())
               + " TFLOP/s", file=sys.stderr)
@@ -169,8 +194,24 @@ def main(argv=None) -> int:
     ap.add_argument("--T", nargs="*", type=int, default=None)
     ap.add_argument("--formats", nargs="*", default=None)
     ap.add_argument("--reps", type=int, default=None, help="same as --repeats")
+    ap.add_argument("--arms", nargs="*", default=None, metavar="ARM",
+                    help=f"only these arms (of {', '.join(ARMS)}; grouped_mm-bf16 always runs)")
+    ap.add_argument("--tiles", nargs="*", default=[], metavar="TILE",
+                    help="extra strata-plane arms at these PlaneTiles, BMxBNxBK/wWsS[/noswap][/tma]"
+                         " (e.g. 128x128x64/w8s4/tma)")
     ap.add_argument("--plot-only", metavar="CSV", help="redraw the PNG of an earlier run's CSV")
     args = ap.parse_args(argv)
+    args.arms = args.arms or list(ARMS)
+    unknown = sorted(set(args.arms) - set(ARMS))
+    if unknown:
+        print(f"kernel_bench: no arm {', '.join(unknown)}; choose from {', '.join(ARMS)}",
+              file=sys.stderr)
+        return 2
+    try:
+        args.tiles = [PlaneTile.parse(t) for t in args.tiles]
+    except StrataError as exc:
+        print(f"kernel_bench: --tiles: {exc}", file=sys.stderr)
+        return 2
     if args.plot_only:
         plot(bench.read_csv(args.plot_only), Path(args.plot_only).with_suffix(".png"))
         return 0
@@ -189,7 +230,8 @@ def main(argv=None) -> int:
     if args.sweep:
         return sweep(shapes, names, Ts, fmts, dev, args.repeats)
     args.grid = (shapes, names, Ts, fmts)
-    tag = "smoke" if args.smoke else ("quick" if args.quick else "full")
+    tag = ("smoke" if args.smoke else "quick" if args.quick else
+           "full" if args.arms == ARMS and not args.tiles else "arms")
     return bench.main(args, "kernel_bench", measure, script=__file__, argv=argv,
                       stem=f"kernel_bench_{tag}", plot=plot, summary=lambda rows: None)
 
@@ -212,14 +254,15 @@ def plot(rows: list[dict], png_path: Path) -> None:
     fmts = sorted({r["config"]["format"] for r in rows},
                   key=lambda f: FORMATS.index(f) if f in FORMATS else len(FORMATS))
     labels = list(dict.fromkeys(r["label"] for r in rows))
+    found = list(dict.fromkeys(r["config"]["arm"] for r in rows))
+    arms = [a for a in ARMS if a in found] + [a for a in found if a not in ARMS]
     fig, axes = plt.subplots(len(shapes), len(fmts), figsize=(3.2 * len(fmts), 3 * len(shapes)),
                              squeeze=False, sharey="row")
     for i, s in enumerate(shapes):
         for j, f in enumerate(fmts):
             ax = axes[i][j]
             for label in labels:
-                for arm in ("strata-dp", "strata-sk", "strata-decoded", "grouped_mm-bf16",
-                            "decode+grouped_mm"):
+                for arm in arms:
                     pts = sorted((r["config"]["T"], r["value"]) for r in rows
                                  if r["config"]["arm"] == arm and r["config"]["shape"] == s
                                  and r["config"]["format"] == f and r["label"] == label)

@@ -28,6 +28,8 @@ time): compute may only wait where copying the bytes takes longer than computing
     python experiments/prefill_ab.py                      # GPU: both models, 8K and 32K
     python experiments/prefill_ab.py --smoke              # CPU: a tiny model, seconds
     python experiments/prefill_ab.py --base main          # the working tree against main
+    python experiments/prefill_ab.py --arms auto,plane,resident   # + the auto scan with the
+                                                          # plane expert GEMM (ffn="plane", GPU)
 
 Follows strata.bench: one long-format CSV (figures tokens_per_s, roofline_fraction, ... per model,
 arm and prompt, bound = the roofline; hit_fraction per chunk and layer) and a PNG. The gate: before
@@ -167,10 +169,14 @@ def measure(args, rec: bench.Recorder) -> None:
                 del model, prov
                 torch.cuda.empty_cache() if torch.cuda.is_available() else None
                 continue
-            cfg = EngineConfig(vram=vram or 1 << 30, scan=arm, max_prompt=max_prompt,
+            if arm == "plane" and not torch.cuda.is_available():
+                continue   # the plane GEMM in the interpreter: minutes, and no speed to show
+            cfg = EngineConfig(vram=vram or 1 << 30, scan="auto" if arm == "plane" else arm,
+                               max_prompt=max_prompt,
                                cache=int(pack.expert_bytes * 0.35) if vram is None else None,
                                scan_max=1024 if args.smoke else 32768,
-                               ffn="auto" if torch.cuda.is_available() else "torch")
+                               ffn="plane" if arm == "plane" else
+                               "auto" if torch.cuda.is_available() else "torch")
             eng = PrefillEngine(pack, cfg, host=host)
             try:
                 eng.plan()
@@ -248,7 +254,7 @@ def plot(long_rows: list[dict], png: Path) -> None:
     title = f"{long_rows[0]['gpu']} @ {long_rows[0]['commit']}"
     rows = runs(long_rows, "tree")
     groups = sorted({(r["model"], r["prompt"]) for r in rows})
-    arms = ["auto", "legacy", "resident"]
+    arms = [a for a in ("auto", "legacy", "plane", "resident") if any(r["arm"] == a for r in rows)]
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4.2))
     w = 0.25
     for i, arm in enumerate(arms):

@@ -298,6 +298,9 @@ def run(args) -> int:
     if args.prompts_file or args.trace:
         flag = "--prompts-file" if args.prompts_file else "--trace"
         raise StrataError(f"{flag} needs the streaming engine: give --vram SIZE (or --cache)")
+    if args.experts == "plane":   # the blobs are re-laid as they land in the engine's cache
+        raise StrataError("--experts plane needs the streaming engine: give --vram SIZE (or "
+                          "--cache)")
     check_budget_flags(args)
     dump = dump_path(args)
     pack = open_checked(args)

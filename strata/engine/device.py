@@ -15,6 +15,7 @@ class Lane:
         if self.cuda:
             self.compute = torch.cuda.current_stream(self.device)
             self.copy = torch.cuda.Stream(self.device)
+            self.land = None   # then()'s stream, made on its first use
 
     def event(self, stream=None):
         """A timing event recorded now on `stream` (compute by default); None on the CPU."""
@@ -37,6 +38,22 @@ class Lane:
             dst.copy_(src, non_blocking=True)
             done = self.event(self.copy)
         return start, done
+
+    def then(self, after, fn):
+        """Run fn() once `after` (copy_into's done) has fired, on a stream of its own — device
+        work on a landed copy, such as a relayout, that the copy lane does not wait for (its
+        next copy starts meanwhile) — and return the event that marks its end. On the CPU fn
+        runs at once and `after` comes back."""
+        if not self.cuda:
+            fn()
+            return after
+        if self.land is None:
+            self.land = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self.land):
+            if after is not None:
+                self.land.wait_event(after)
+            fn()
+            return self.event(self.land)
 
     def wait(self, ev):
         """Make compute wait for `ev`; returns the (before, after) events that bracket the stall."""

@@ -179,6 +179,9 @@ class StageEngine:
         if cfg.scan == "legacy":
             raise StrataError("--prefill legacy is not supported with --distributed; the ranks "
                               "agree on a chunk of the auto scan (or a forced --chunk)")
+        if cfg.ffn == "plane":
+            raise StrataError("--experts plane is not supported with --distributed yet; use "
+                              "kernel or auto")
         self.dcfg, self.rank, self.world = dcfg, rank, world
         self.pack = pack = open_pack(pack)
         self.shape = s = pack.shape

@@ -55,7 +55,7 @@ from strata.memory.scan import ParticipantPlan
 from strata.models.kv import PromptKV, kv_windows
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.mla_scratch import MLAScratch
-from strata.models.moe import expert_ffn
+from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import KVPolicy, layout_spec, model_sizes, scratch_reserve
 from strata.units import fmt_bytes
 
@@ -82,7 +82,7 @@ class EngineConfig:
     devices: list[str] | None = None   # one per participant (default: cuda:0.. or cpu)
     layer_split: list[int] | None = None  # layers per participant (default: by VRAM)
     dtype: torch.dtype | None = None   # dense math: bf16 on CUDA, fp32 on the CPU
-    ffn: str = "auto"                  # expert FFN: auto | kernel | decoded | torch | ref
+    ffn: str = "auto"                  # expert FFN: auto | kernel | decoded | plane | torch | ref
     batch: int | None = None           # experts per streamed batch (default ring // 2)
     slab: bool | None = None           # scratch slab from the loan's tail; None: STRATA_MMQ_SLAB
     progress: bool = False
@@ -175,6 +175,8 @@ class PrefillEngine:
         self.layouts = [pl.layout for pl in pack.layers]
         self.blob_sizes = [pl.blob_size for pl in pack.layers]
         self.max_blob = pack.max_blob
+        # ffn "plane": every blob is re-laid into planes as it lands (strata.planes.Landing)
+        self.land = plane_landing(cfg.ffn, self.layouts)
         parts, budgets, self.layout, self.fused = plan_inputs(
             self.shape, self.blob_sizes, pack.native, cfg, self.device.type)
         self.sizes = self.layout.sizes
@@ -198,6 +200,7 @@ class PrefillEngine:
             caches = []
             for p, dev in zip(parts, devices):
                 caches.append(ExpertCache(p.cache, self.host.source, dev, fill=False))
+                caches[-1].land = self.land
             clock.lap("cache_alloc_s")
             self._warm: set = set()       # the warm-ups already read (warmup's keys)
             # NaN/Inf in a chunk fails the prompt, the layer named; read once after the prompt
@@ -409,7 +412,7 @@ class PrefillEngine:
                     part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
                     mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
                     batch=self.cfg.batch, lane=part.lane, scratch_alloc=part.scratch,
-                    buffers=bufs, observers=self.observers, name=part.name))
+                    buffers=bufs, observers=self.observers, name=part.name, land=self.land))
             provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:
                 provider = _FailingProvider(provider, fail_after_layers)

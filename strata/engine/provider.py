@@ -77,7 +77,7 @@ class StreamingProvider:
                  ring: torch.Tensor, *, n_expert: int, mode: str = STREAM,
                  layers: Sequence[int] | None = None, batch: int | None = None,
                  lane: Lane | None = None, scratch_alloc=None, buffers=None,
-                 observers: Sequence = (), name: str = ""):
+                 observers: Sequence = (), name: str = "", land=None):
         if ring.dim() != 2 or ring.shape[0] < 1:
             raise StrataError(f"the ring needs at least one slot, got {tuple(ring.shape)}")
         if mode not in (STREAM, STAGE):
@@ -114,6 +114,10 @@ class StreamingProvider:
         self.buffers = buffers                 # the carve's PromptBuffers (None: allocate)
         self.observers = list(observers)       # pass-level hooks (strata.engine.observe)
         self.name = name
+        # strata.planes.Landing when the experts run through the plane GEMM: each ring blob is
+        # re-laid once its copy lands (Lane.then), and the passes hand the FFN PlaneSets
+        self.land = land
+        self.sets = land.sets if land is not None else ExpertSet
 
     def _mark(self):
         """A point on the compute lane for the observers: a CUDA event, or perf_counter."""
@@ -129,8 +133,12 @@ class StreamingProvider:
             s = i % self.R
             src = self.host.blob(layer, e)
             n = src.numel()
-            start, done = self.lane.copy_into(self.ring[s, :n], src, after=self.slot_free[s])
-            self.ready.append(done)
+            dst = self.ring[s, :n]
+            start, done = self.lane.copy_into(dst, src, after=self.slot_free[s])
+            ready = done
+            if self.land is not None:   # re-lay the landed blob beside the next copies
+                ready = self.lane.then(done, lambda dst=dst, layer=layer: self.land(dst, layer))
+            self.ready.append(ready)
             st.copy_marks.append((start, done))
             for o in self.observers:
                 o.on_copy(self.name, layer, e, n, start, done)
@@ -240,7 +248,7 @@ class StreamingProvider:
             ahead = self.issued - (span[1] if span is not None else self.released)
             offs = tables[n]                             # [E]: cache or ring slot, -1 elsewhere
             ids = torch.where((offs >= 0)[topk_ids], topk_ids, -1)
-            yield Pass(ExpertSet(self.arena, offs, lay), ids, last=n == len(streamed) - 1)
+            yield Pass(self.sets(self.arena, offs, lay), ids, last=n == len(streamed) - 1)
             done = None
             if self.observers:
                 done = self._mark()

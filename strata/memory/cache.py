@@ -139,6 +139,9 @@ class ExpertCache:
         self.buffer = torch.zeros(layout.nbytes, dtype=torch.uint8, device=self.device)
         self.owner: list[tuple[int, int] | None] = [None] * layout.n_slots
         self.index: dict[tuple[int, int], int] = {}
+        # land(view, layer) after each slot's copy, on the copy's stream (strata.planes.Landing:
+        # the plane expert FFN's relayout); None: blobs stay as the source gives them
+        self.land = None
         if fill:
             self.fill(progress=progress)
 
@@ -153,6 +156,8 @@ class ExpertCache:
             raise StrataError(f"expert source gave {blob.numel():,} B for layer {layer} expert "
                               f"{expert}; its slot holds {self.layout.slot_bytes[i]:,} B")
         self.slot_view(i).copy_(blob, non_blocking=non_blocking)
+        if self.land is not None:
+            self.land(self.slot_view(i), layer)
         self.owner[i] = (layer, expert)
         self.index[(layer, expert)] = i
 

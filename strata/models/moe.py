@@ -10,6 +10,9 @@ provider lends, strata.models.provider.LayerWorkspace):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
 - "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.decoded)
 - "auto":   "decoded" when an expert averages >= decoded_min_rows(experts) rows, else "kernel"
+- "plane":  the plane-layout GEMM `strata.kernels.plane.plane_ffn` (Q8_0 / Q4_0 experts whose
+            blobs were re-laid into code and scale planes as they landed: the engine's
+            strata.planes.Landing; it takes PlaneSets, an ExpertSet is a StrataError)
 - "torch":  its plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
 - "ref":    `moe_ffn_ref` below: every product in fp32, x not rounded (the reference forward)
 Block decoding is the kernels' own (`dequantize_matrix`).
@@ -25,7 +28,7 @@ from strata.experts import ExpertSet
 from strata.kernels.moe import expert_forward
 
 ExpertFFN = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertSet], torch.Tensor]
-FFN_CHOICES = ("auto", "kernel", "decoded", "torch", "ref")
+FFN_CHOICES = ("auto", "kernel", "decoded", "plane", "torch", "ref")
 
 
 def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
@@ -84,6 +87,17 @@ def _auto(x, topk_ids, topk_w, experts, **kw):
     return fn(x, topk_ids, topk_w, experts, **kw)
 
 
+def plane_landing(name: str, layouts):
+    """The strata.planes.Landing an engine runs on each blob as it lands when its experts run
+    through FFN `name` ("plane"), else None. A StrataError names a layer the plane GEMM cannot
+    read."""
+    if name != "plane":
+        return None
+    from strata.kernels.plane import KERNEL_FORMATS
+    from strata.planes import Landing
+    return Landing(layouts, KERNEL_FORMATS)
+
+
 def expert_ffn(name: str = "kernel") -> ExpertFFN:
     """The expert FFN called `name` (one of FFN_CHOICES)."""
     if name == "kernel":
@@ -94,6 +108,9 @@ def expert_ffn(name: str = "kernel") -> ExpertFFN:
         return _bf16(moe_ffn_decoded)
     if name == "auto":
         return _bf16(_auto)
+    if name == "plane":
+        from strata.kernels.plane import plane_ffn
+        return _bf16(plane_ffn)
     if name == "torch":
         from strata.kernels.moe import moe_ffn_torch
         return _bf16(moe_ffn_torch)

@@ -23,12 +23,36 @@ def test_kernel_bench_smoke(tmp_path):
     assert {"gpu", "commit", "timestamp", "config", "figure", "value", "bound"} <= set(rows[0])
     checks = [r for r in rows if r["figure"] == "rel_err"]
     assert {r["config"]["arm"] for r in checks} == {"strata-dp", "strata-sk", "strata-decoded",
-                                                    "grouped_mm-bf16", "decode+grouped_mm"}
+                                                    "grouped_mm-bf16", "decode+grouped_mm",
+                                                    "strata-plane"}
     assert all(r["value"] < r["bound_value"] for r in checks)
     tf = [r for r in rows if r["figure"] == "tflops"]
     assert tf and all(r["gate"].startswith("normalized error") and r["timer"] for r in tf)
     assert not list(tmp_path.glob("*.partial.csv"))
     assert (tmp_path / "kernel_bench_smoke.png").stat().st_size > 5_000
+
+
+def test_kernel_bench_plane_arms_and_tiles(tmp_path):
+    """--arms keeps the named arms (and grouped_mm-bf16, the bound); --tiles adds one
+    strata-plane arm per PlaneTile; BF16 has no plane arm."""
+    rc = _load().main(["--smoke", "--T", "5", "--formats", "BF16", "Q8_0", "--reps", "1",
+                       "--arms", "strata-dp", "strata-plane", "--tiles", "16x32x64/w4s2/tma",
+                       "--out", str(tmp_path)])
+    assert rc == 0
+    rows = bench.read_csv(tmp_path / "kernel_bench_smoke.csv")
+    arms = {(r["config"]["format"], r["config"]["arm"]) for r in rows if r["figure"] == "tflops"}
+    assert arms == {("BF16", "strata-dp"), ("BF16", "grouped_mm-bf16"), ("Q8_0", "strata-dp"),
+                    ("Q8_0", "grouped_mm-bf16"), ("Q8_0", "strata-plane"),
+                    ("Q8_0", "strata-plane[16x32x64/w4s2/tma]")}
+    assert all(r["value"] < r["bound_value"] for r in rows if r["figure"] == "rel_err")
+
+
+def test_kernel_bench_bad_arm_or_tile_is_one_line(tmp_path, capsys):
+    kb = _load()
+    assert kb.main(["--smoke", "--arms", "strata-fast", "--out", str(tmp_path)]) == 2
+    assert kb.main(["--smoke", "--tiles", "128x128", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "no arm strata-fast" in err[0] and "BMxBNxBK" in err[1]
 
 
 def test_kernel_bench_refuses_a_wrong_kernel(tmp_path, monkeypatch):

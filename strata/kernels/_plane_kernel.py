@@ -1,0 +1,193 @@
+"""Triton kernels over plane-layout Q8_0 / Q4_0 experts (strata.planes; the op:
+strata.kernels.plane).
+
+Legend: BM/BN/BK tile sizes, R = BK / 32 scale runs per step; a *tile* is BM sorted rows (one
+expert) x BN output features, data-parallel (one program a tile, the whole reduction).
+
+    GATE_UP: h[r, f]  = act(x[tok(r)] . gate_e[f] (+ bg), x[tok(r)] . up_e[f] (+ bu))
+    DOWN:    yk[a, d] = w[a] * (h[r(a)] . down_e[d] (+ bd))
+
+Each reduction step loads the codes as one plain byte tile (Q8_0 [BN, BK], Q4_0 [BN, BK / 2] nibble
+pairs; rows 16-byte aligned: vector loads, cp.async / TMA pipelined by num_stages), the step's
+scales [BN, R] fp16 apart, forms w = q * d in fp32 (the ggml decoder's product, exact; MAGIC: the
+codes to float by a float add on their bits, full rate, where an int->float convert runs at a
+quarter), rounds it to bf16 once and runs one bf16 tl.dot with fp32 accumulation. SWAP puts the
+weights first (acc [BN, BM] = w @ a^T): the decoded weights stay in registers as the MMA's A
+operand and the token rows, the short side at small T, become the MMA's N (Hopper's wgmma needs
+M >= 64, not N). The routing rows, the epilogue (activation, biases, routing weight) and the bf16
+rounding are the fused GEMM's own (strata.kernels._moe_kernel), so both kernels compute the same
+function.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from strata.kernels._moe_kernel import GATE_UP, _bf16, _dot, _epilogue, _tile_rows
+from strata.kernels.decode._common import _f32_of
+from strata.kernels.decode.legacy import GGML_Q4_0, GGML_Q8_0
+
+
+@triton.jit
+def load_codes(c_ptr, row_bytes, offs_n, n_mask, k0, BK: tl.constexpr, FMT: tl.constexpr):
+    """uint8 [BN, BK / codes-per-byte]: the code bytes of weights k0 .. k0+BK of rows offs_n of a
+    code plane (row stride row_bytes; 0 where masked)."""
+    BB: tl.constexpr = BK if FMT == GGML_Q8_0 else BK // 2
+    offs_b = k0 // (BK // BB) + tl.arange(0, BB)
+    m = n_mask[:, None] & (offs_b < row_bytes)[None, :]
+    return tl.load(c_ptr + offs_n[:, None].to(tl.int64) * row_bytes + offs_b[None, :], mask=m,
+                   other=0)
+
+
+@triton.jit
+def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr):
+    """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width),
+    Q4_0 q - 8 of each nibble pair (BK = twice it; low nibble the even weight). MAGIC: by a
+    float add on the bits (strata.kernels.decode._common._f32_of), not an int->float convert."""
+    u = b.to(tl.int32) & 255                                          # the bytes, unsigned
+    if FMT == GGML_Q8_0:
+        if MAGIC:
+            q = _f32_of(u ^ 128, 128.0)                               # q + 128: top bit flipped
+        else:
+            q = b.to(tl.int8, bitcast=True).to(tl.float32)
+    else:
+        tl.static_assert(FMT == GGML_Q4_0, "plane codes: Q8_0 or Q4_0")
+        BN: tl.constexpr = b.shape[0]
+        BB: tl.constexpr = b.shape[1]
+        n = tl.reshape(tl.join(u & 15, u >> 4), (BN, 2 * BB))         # weight order
+        if MAGIC:
+            q = _f32_of(n, 8.0)
+        else:
+            q = (n - 8).to(tl.float32)
+    return q
+
+
+@triton.jit
+def load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
+    """fp32 [BN, BK // 32]: the scales of the runs k0 .. k0+BK of rows offs_n (0 where masked)."""
+    R: tl.constexpr = BK // 32
+    rr = n_in // 32
+    r = k0 // 32 + tl.arange(0, R)
+    m = n_mask[:, None] & (r < rr)[None, :]
+    s = tl.load(s_ptr + offs_n[:, None].to(tl.int64) * rr + r[None, :], mask=m, other=0.0)
+    return s.to(tl.float32)
+
+
+@triton.jit
+def scale_codes(q, s):
+    """fp32 [BN, BK]: codes q [BN, BK] times their run's scale s [BN, BK // 32]: the products
+    ggml's decoders form (Q8_0 q * d, Q4_0 d * (q - 8)), exact in fp32."""
+    BN: tl.constexpr = q.shape[0]
+    BK: tl.constexpr = q.shape[1]
+    return tl.reshape(tl.reshape(q, (BN, BK // 32, 32)) * s[:, :, None], (BN, BK))
+
+
+@triton.jit
+def _weights(c_ptr, desc, s_ptr, n_in, offs_n, n_mask, nb, k0, BN: tl.constexpr,
+             BK: tl.constexpr, FMT: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr,
+             INTERP: tl.constexpr):
+    """bf16 [BN, BK]: one step's decoded weights (code bytes by TMA when TMA, else vector loads),
+    each q·d rounded to bf16 once."""
+    if TMA:
+        b = desc.load([nb * BN, k0 if FMT == GGML_Q8_0 else k0 // 2])   # out of bounds: 0
+    else:
+        rb = n_in if FMT == GGML_Q8_0 else n_in // 2
+        b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
+    s = load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK)
+    return _bf16(scale_codes(codes_f32(b, FMT, MAGIC), s), INTERP)
+
+
+@triton.jit
+def _acc_dot(w, a, acc, SWAP: tl.constexpr, INTERP: tl.constexpr):
+    if SWAP:
+        acc = _dot(w, a, acc, INTERP)          # [BN, BM] += w @ a^T
+    else:
+        acc = _dot(a, w, acc, INTERP)          # [BM, BN] += a @ w^T
+    return acc
+
+
+@triton.jit
+def _plane_gemm_kernel(
+        a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
+        arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off,
+        out_ptr, stride_out, tw_ptr, n_out, n_in, n_blocks_ptr, boff1, boff2, alpha, limit,
+        MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+        BK: tl.constexpr, FMT1: tl.constexpr, FMT2: tl.constexpr, SWAP: tl.constexpr,
+        TMA: tl.constexpr, MAGIC: tl.constexpr, INTERP: tl.constexpr,
+        BIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
+    """One tile of GATE_UP (MODE 0: gate c1/s1 and up c2/s2) or DOWN (MODE 1: c1/s1). c*_off /
+    s*_off: byte offsets of the code and scale planes from the blob's start; FMT1 / FMT2 their
+    ggml types (Q8_0, Q4_0). The grid is an upper bound; the row-block count is read on the
+    device (n_blocks_ptr)."""
+    pid = tl.program_id(0)
+    NB = tl.cdiv(n_out, BN)
+    if pid < tl.load(n_blocks_ptr) * NB:
+        TWO: tl.constexpr = MODE == GATE_UP
+        mb = pid // NB
+        nb = pid % NB
+        e = tl.load(block_expert_ptr + mb)
+        # blobs start 256-byte aligned and planes 16 (strata.planes): code rows load as vectors
+        blob = arena_ptr + tl.multiple_of(tl.load(slot_ptr + e), 256)
+        f16 = tl.pointer_type(tl.float16)
+        c1 = blob + c1_off
+        s1 = (blob + s1_off).to(f16, bitcast=True)
+        c2 = blob + c2_off
+        s2 = (blob + s2_off).to(f16, bitcast=True)
+        if TMA:
+            B1: tl.constexpr = BK if FMT1 == GGML_Q8_0 else BK // 2   # code bytes a step
+            B2: tl.constexpr = BK if FMT2 == GGML_Q8_0 else BK // 2
+            rb1 = n_in if FMT1 == GGML_Q8_0 else n_in // 2
+            rb2 = n_in if FMT2 == GGML_Q8_0 else n_in // 2
+            d1 = tl.make_tensor_descriptor(c1, shape=[n_out, rb1], strides=[rb1, 1],
+                                           block_shape=[BN, B1])
+            d2 = tl.make_tensor_descriptor(c2, shape=[n_out, rb2], strides=[rb2, 1],
+                                           block_shape=[BN, B2])
+        else:
+            d1 = c1
+            d2 = c2
+        offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
+        offs_n = nb * BN + tl.arange(0, BN)
+        n_mask = offs_n < n_out
+        if SWAP:
+            acc1 = tl.zeros((BN, BM), tl.float32)
+            acc2 = tl.zeros((BN, BM), tl.float32)
+        else:
+            acc1 = tl.zeros((BM, BN), tl.float32)
+            acc2 = tl.zeros((BM, BN), tl.float32)
+        a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a           # [BM, 1]
+        for k0 in range(0, n_in, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            a = tl.load(a_base + offs_k[None, :], mask=valid[:, None] & (offs_k < n_in)[None, :],
+                        other=0.0)                                          # [BM, BK] bf16
+            w1 = _weights(c1, d1, s1, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT1, TMA, MAGIC,
+                          INTERP)
+            if TWO:
+                w2 = _weights(c2, d2, s2, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT2, TMA,
+                              MAGIC, INTERP)
+            acc1 = _acc_dot(w1, a, acc1, SWAP, INTERP)
+            if TWO:
+                acc2 = _acc_dot(w2, a, acc2, SWAP, INTERP)
+        if SWAP:
+            acc1 = tl.trans(acc1)
+            acc2 = tl.trans(acc2)
+        f32 = tl.pointer_type(tl.float32)
+        _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
+                  tw_ptr, INTERP, (blob + boff1).to(f32, bitcast=True),
+                  (blob + boff2).to(f32, bitcast=True), alpha, limit, BIAS, ACT)
+
+
+@triton.jit
+def _plane_dequant_kernel(c_ptr, s_ptr, out_ptr, n_rows, n_in, BN: tl.constexpr,
+                          BK: tl.constexpr, FMT: tl.constexpr, MAGIC: tl.constexpr):
+    """fp32 out [n_rows, n_in] of one matrix's planes (FMT Q8_0 / Q4_0), through the GEMM's own
+    loads and products (load_codes, codes_f32, load_scales, scale_codes), a [BN, BK] tile a
+    program (axis 0 rows, axis 1 columns)."""
+    offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+    k0 = tl.program_id(1) * BK
+    n_mask = offs_n < n_rows
+    rb = n_in if FMT == GGML_Q8_0 else n_in // 2
+    b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
+    v = scale_codes(codes_f32(b, FMT, MAGIC), load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK))
+    offs_k = k0 + tl.arange(0, BK)
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * n_in + offs_k[None, :], v,
+             mask=n_mask[:, None] & (offs_k < n_in)[None, :])

@@ -1,0 +1,269 @@
+"""The MoE feed-forward over plane-layout Q8_0 / Q4_0 experts (strata.planes): plain code
+tiles, scales applied in registers, bf16 tensor-core dots.
+
+Legend: T tokens, D hidden, F expert width, E experts, K top-k.
+
+    y[t] = sum_k w[t,k] * down_e(act(gate_e x[t] (+ bg_e), up_e x[t] (+ bu_e)) (+ bd_e))
+
+the op of strata.kernels.moe.moe_ffn, on a PlaneSet instead of an ExpertSet (the same blob layout,
+its Q8_0 / Q4_0 matrices re-laid as code and scale planes). x [T, D] bf16, topk_ids [T, K] int (-1
+skips an assignment), topk_weights [T, K] fp32 -> y bf16 [T, D]. Accumulation is fp32; each weight
+q·d is rounded to bf16 once (the tensor cores' input), h = act(...) to bf16 (the down GEMM's
+input), and the K rows of a token are summed in fp32.
+
+`plane_ffn` (Triton) and `plane_ffn_torch` (plain torch) share one signature, moe_ffn's: `schedule`
+takes a PlaneTile (None: the active `pin_plane_tile`, else `plane_tile`'s table), `scratch_alloc`
+is unused (the kernel is data-parallel: no stream-k fixup), `out` / `workspace` / `check` /
+`combine` mean what they mean there. `plane_dequantize` (Triton) / `plane_dequantize_torch` decode
+one matrix's planes through the GEMM's own loads and products, for the bit-exact tests.
+
+Launch choices are a PlaneTile (data, pinnable per call). The default table keys on the mean rows
+per routed expert, m = T·K / min(E, T·K) (for qwen3-30b-a3b, E 128 K 8: m = T / 16): BLOCK_M
+follows m as the fused GEMM's heuristic does (a taller block pads more rows, a shorter one re-reads
+the weights more often), the weights are the MMA's M side (swap) so a short BLOCK_M still runs
+wgmma (without swap a BLOCK_M below 64 compiles to mma.sync), BLOCK_K = 64 (no register spills: see
+PLANE_TILES). Not yet timed on the H200: the benchmark (experiments/kernel_bench.py --arms
+strata-plane --tiles ...) sweeps them.
+"""
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+
+import torch
+
+from strata._backend import INTERPRET
+from strata.errors import StrataError
+from strata.formats.table import FORMATS
+from strata.kernels import _plane_kernel as _pk
+from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work, expert_biases, glu
+from strata.kernels.routing import group_blocked, group_blocked_bounded
+from strata.kernels.tiles import block_m_for, padded_rows
+from strata.planes import PlaneSet, dequantize_planes, plane_matrix, split_planes
+
+KERNEL_FORMATS = ("Q8_0", "Q4_0")   # what the plane GEMM decodes, any mix over the matrices
+
+
+@dataclass(frozen=True)
+class PlaneTile:
+    BLOCK_M: int        # sorted rows (one expert's tokens) per tile
+    BLOCK_N: int        # output features per tile
+    BLOCK_K: int        # reduction step, whole 32-weight runs
+    num_warps: int
+    num_stages: int     # software-pipeline depth of the K loop (cp.async / TMA stages)
+    swap: bool = True   # weights as the MMA's first operand (acc [BN, BM])
+    tma: bool = False   # code tiles staged by TMA (device-side tensor descriptors)
+    magic: bool = True  # codes to float by a float add on their bits (no int->float convert)
+
+    def __post_init__(self):
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise StrataError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
+        if self.BLOCK_K % 32:
+            raise StrataError(f"BLOCK_K must hold whole 32-weight runs, got {self.BLOCK_K}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise StrataError(f"num_warps must be a power of two <= 16 and num_stages >= 1, "
+                              f"got {self.num_warps}, {self.num_stages}")
+
+    def with_(self, **kw) -> "PlaneTile":
+        return replace(self, **kw)
+
+    @property
+    def name(self) -> str:
+        return (f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}/w{self.num_warps}s"
+                f"{self.num_stages}{'' if self.swap else '/noswap'}{'/tma' if self.tma else ''}"
+                f"{'' if self.magic else '/nomagic'}")
+
+    @classmethod
+    def parse(cls, text: str) -> "PlaneTile":
+        """'BMxBNxBK/wWsS[/noswap][/tma][/nomagic]', e.g. '128x128x64/w8s3/tma' (the `name`
+        form)."""
+        try:
+            dims, ws, *flags = text.split("/")
+            bm, bn, bk = (int(v) for v in dims.split("x"))
+            w, s = ws[1:].split("s")
+            if not ws.startswith("w") or set(flags) - {"noswap", "tma", "nomagic"}:
+                raise ValueError
+            return cls(bm, bn, bk, int(w), int(s), "noswap" not in flags, "tma" in flags,
+                       "nomagic" not in flags)
+        except ValueError:
+            raise StrataError(f"a plane tile is BMxBNxBK/wWsS[/noswap][/tma][/nomagic] (e.g. "
+                              f"128x128x64/w8s3), got {text!r}") from None
+
+
+# BLOCK_M -> the tile at that row block. Footprints on sm_90 (tests/kernels/compile_plane.py:
+# triton 3.6 + ptxas, GATE_UP, the larger launch, Q8_0): 16x128x64/w4s4 58 KB shared, 232
+# registers; 32x128x64/w4s4 66 KB, 252; 64x128x64/w8s4 82 KB, 169; 128x128x64/w8s4 115 KB, 241;
+# none spills. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8 spill (the two decoded
+# weight tiles sit in registers beside the two accumulators), so the table keeps BLOCK_K 64.
+PLANE_TILES = {
+    16: PlaneTile(16, 128, 64, 4, 4),
+    32: PlaneTile(32, 128, 64, 4, 4),
+    64: PlaneTile(64, 128, 64, 8, 4),
+    128: PlaneTile(128, 128, 64, 8, 4),
+}
+
+
+_PINNED: ContextVar[PlaneTile | None] = ContextVar("strata_plane_tile_pin", default=None)
+
+
+@contextlib.contextmanager
+def pin_plane_tile(tile: PlaneTile):
+    """Every plane_ffn call inside the block without a `schedule` runs at `tile` (a ContextVar:
+    threads do not see each other's pins); the previous pin is restored on exit."""
+    if not isinstance(tile, PlaneTile):
+        raise StrataError(f"pin_plane_tile takes a PlaneTile, got {type(tile).__name__}")
+    token = _PINNED.set(tile)
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+def plane_tile(n_tokens: int, top_k: int, n_expert: int) -> PlaneTile:
+    """The default table's tile for T tokens, K top-k, E experts (autotune-free, no device).
+    Its BLOCK_M is the fused GEMM's (strata.kernels.tiles.block_m_for: the mean rows per routed
+    expert as a power of two in [16, 128]), so the workspaces the engine plans for that GEMM
+    (h of padded_rows(T, K, E, BLOCK_M) rows) fit this one too."""
+    return PLANE_TILES[block_m_for(n_tokens, top_k, n_expert)]
+
+
+def _check_planes(experts) -> None:
+    if not isinstance(experts, PlaneSet):
+        raise StrataError(f"plane_ffn reads a PlaneSet (blobs in the plane layout), got "
+                          f"{type(experts).__name__}; re-lay it with strata.planes.to_plane_set")
+    bad = [f"{m.name} {m.fmt.name}" for m, p in zip(experts.layout.matrices,
+                                                    experts.planes.matrices)
+           if p is None or p.fmt not in KERNEL_FORMATS]
+    if bad:
+        raise StrataError(f"the plane GEMM reads {', '.join(KERNEL_FORMATS)} matrices; this "
+                          f"layout has {', '.join(bad)}: run it through strata.kernels.moe_ffn")
+
+
+_GGML = {f: FORMATS[f].ggml_type for f in KERNEL_FORMATS}
+_ALLOCATOR_SET: list[bool] = []
+
+
+def _tma_scratch() -> None:
+    """Device-side tensor descriptors live in global scratch that Triton asks the allocator for
+    (128 bytes a descriptor); set one once per process."""
+    if not _ALLOCATOR_SET:
+        import triton
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                     device="cuda"))
+        _ALLOCATOR_SET.append(True)
+
+
+def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              experts: PlaneSet, *, schedule=None, scratch_alloc=None, out=None,
+              workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
+    """The layer's MoE feed-forward on plane-layout Q8_0 / Q4_0 experts -> y bf16 [T, D] (or
+    `out` fp32 [T, D] with this call's rows added). See the module docstring and moe_ffn's for the
+    arguments; workspace["h"] needs padded_rows(T, K, E, BLOCK_M) rows of the tile used."""
+    if combine not in COMBINES:
+        raise StrataError(f"combine must be one of {COMBINES}, got {combine!r}")
+    _check_planes(experts)
+    _check_inputs(x, topk_ids, topk_weights, experts)
+    if schedule is not None and not isinstance(schedule, PlaneTile):
+        raise StrataError(f"plane_ffn's schedule is a PlaneTile or None, got {schedule!r}")
+    lay, pl = experts.layout, experts.planes
+    T, D = x.shape
+    K = topk_ids.shape[1]
+    F, E = lay.d_expert, experts.n_expert
+    dev = x.device
+    tile = schedule or _PINNED.get() or plane_tile(T, K, E)
+    BM, BN, BK = tile.BLOCK_M, tile.BLOCK_N, tile.BLOCK_K
+    if combine == "defer" and (not workspace or workspace.get("yk") is None):
+        raise StrataError("combine='defer' keeps the rows between calls in workspace['yk']; "
+                          "pass one (fp32, at least [T*K, D])")
+    yk = _work(workspace, "yk", (T * K, D), torch.float32, dev)                # [T·K, D]
+    last = "layer" if combine == "layer" else None
+    if T * K == 0:
+        return _combine(yk, T, K, D, topk_ids, out, last)
+    if check:   # one sync: validates the ids and the slot table, sizes the grid exactly
+        grp = group_blocked(topk_ids, E, BM, slot_offset=experts.slot_offset, skip_negative=True)
+        if grp.n_blocks == 0:
+            return _combine(yk, T, K, D, topk_ids, out, last)
+        room = grp.n_blocks
+    else:       # no sync: room for the most blocks any routing makes (the padded rows' bound)
+        room = padded_rows(T, K, E, BM) // BM
+        grp = group_blocked_bounded(topk_ids, E, BM, room)
+    h = _work(workspace, "h", (room * BM, F), torch.bfloat16, dev)            # [Mpad, F]
+    tw = topk_weights.reshape(-1).float().contiguous()                        # [T·K]
+    x = x.contiguous()
+    if tile.tma and dev.type == "cuda" and not INTERPRET:
+        _tma_scratch()
+    meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic,
+                INTERP=INTERPRET)
+    if not lay.plain:   # only then: the plain FFN's launches keep their constexpr set
+        meta.update(BIAS=lay.bias is not None, ACT=lay.act.code)
+    act = (float(lay.act.alpha), float(lay.act.limit))
+    for mode, a, n_out, n_in, p1, p2, dst, b1, b2 in (
+            (0, x, F, D, pl.gate, pl.up, h, "gate", "up"),
+            (1, h, D, F, pl.down, pl.down, yk, "down", "down")):
+        boff = ((lay.bias.part(b1)[0], lay.bias.part(b2)[0]) if lay.bias is not None
+                else (0, 0))
+        grid = (room * -(-n_out // BN),)
+        _pk._plane_gemm_kernel[grid](
+            a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
+            experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset,
+            p2.codes_offset, p2.scales_offset, dst, dst.stride(0), tw, n_out, n_in,
+            grp.n_blocks_dev, *boff, *act, MODE=mode, FMT1=_GGML[p1.fmt], FMT2=_GGML[p2.fmt],
+            **meta,
+            num_warps=tile.num_warps, num_stages=tile.num_stages)
+    if combine == "defer":
+        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
+    mask = combine == "pass" and (grp.n_skipped is None or grp.n_skipped > 0)
+    return _combine(yk, T, K, D, topk_ids, out, "mask" if mask else "all")
+
+
+def plane_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    experts: PlaneSet, *, schedule=None, scratch_alloc=None, out=None,
+                    workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
+    """Plain-torch reference of `plane_ffn` (same signature; schedule/scratch_alloc/workspace/
+    check ignored): weights decoded from the planes in torch, every product in fp32, h in fp32,
+    y rounded to bf16 once (or added into `out`). Ids of -1 are skipped; every call adds its own
+    rows, so a layer's calls sum to the same y whatever `combine` says."""
+    _check_planes(experts)
+    _check_inputs(x, topk_ids, topk_weights, experts)
+    T, D = x.shape
+    y = torch.zeros(T, D, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in torch.unique(topk_ids).tolist():
+        if e < 0:
+            continue
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)            # [n_e]
+        b = expert_biases(experts, e)
+        g = xf[tok] @ plane_matrix(experts, e, "gate").T                    # [n_e, F]
+        u = xf[tok] @ plane_matrix(experts, e, "up").T
+        if b is not None:
+            g, u = g + b[0], u + b[1]
+        down = glu(g, u, experts.layout.act) @ plane_matrix(experts, e, "down").T
+        if b is not None:
+            down = down + b[2]
+        y.index_add_(0, tok, down * topk_weights[tok, slot, None].float())
+    if out is not None:
+        return out.add_(y)
+    return y.to(torch.bfloat16)
+
+
+def plane_dequantize(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
+                     block=(32, 64), magic: bool = True) -> torch.Tensor:
+    """fp32 [rows, cols] of one matrix's planes (uint8 [nbytes]) decoded by the GEMM's Triton
+    loads and products; `block` = (BN, BK) of the decode tile, `magic` PlaneTile.magic."""
+    if fmt not in KERNEL_FORMATS:
+        raise StrataError(f"plane_dequantize decodes {', '.join(KERNEL_FORMATS)}, got {fmt}")
+    codes, scales = split_planes(planes, fmt, rows, cols)
+    out = torch.full((rows, cols), float("nan"), dtype=torch.float32, device=planes.device)
+    bn, bk = block
+    _pk._plane_dequant_kernel[(-(-rows // bn), -(-cols // bk))](
+        codes, scales, out, rows, cols, BN=bn, BK=bk, FMT=_GGML[fmt], MAGIC=magic)
+    return out
+
+
+def plane_dequantize_torch(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
+                           block=(32, 64), magic: bool = True) -> torch.Tensor:
+    """Plain-torch reference of `plane_dequantize` (same signature; `block`, `magic` ignored)."""
+    return dequantize_planes(planes, fmt, rows, cols)

@@ -1,0 +1,126 @@
+"""EngineConfig(ffn="plane"): each blob is re-laid into planes as it lands in a cache slot (fill
+and refill) or a ring slot (on the copy lane, after its copy), and the layers' FFN runs through
+the plane GEMM; the logits equal the resident forward through the fused kernel on the ggml
+blobs. Tiny model (tests/engine/test_streaming.py's): layer 0 Q8_0, layer 1 Q4_0 with a Q8_0
+down (so the ring slot is bigger than layer 0's blob).
+"""
+import pytest
+import torch
+
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.errors import StrataError
+from strata.models.load import load_model, resident_provider
+from strata.models.moe import expert_ffn
+from strata.packs import Pack
+from strata.packs.synth import ExpertFormats, synth_pack
+from strata.planes import relayout_blob_
+from strata.shapes import get_preset
+
+SHAPE = get_preset("tiny")     # L=2, D=64, E=8, K=2, F=32
+BF16_Y_REL = 1e-2              # test_streaming.py's: the passes sum in fp32, resident rounds y
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    fmts = [ExpertFormats.of("Q8_0"), ExpertFormats.of("Q4_0", down="Q8_0")]
+    return synth_pack(tmp_path_factory.mktemp("p") / "tiny.pack", SHAPE, fmts, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, SHAPE.vocab, (20,), generator=torch.Generator().manual_seed(7))
+
+
+@pytest.fixture(scope="module")
+def want(pack, tokens):
+    """The resident forward through the fused kernel, on the ggml blobs."""
+    model = load_model(pack, dtype=torch.float32, ffn=expert_ffn("kernel"))
+    return model.prefill(tokens, resident_provider(pack), chunk=8)
+
+
+def engine(pack, **kw):
+    kw.setdefault("chunk", 8)
+    blob = Pack.open(pack).max_blob
+    return PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=16 * blob, max_prompt=64,
+                                            device="cpu", ffn="plane", **kw))
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def test_cache_slots_hold_planes(pack):
+    """After the fill every cached blob is its source blob re-laid (so the refill after a
+    prompt, the same fill, restores planes too)."""
+    eng = engine(pack, ring=3)
+    cache = eng.cache
+    assert cache.index, "nothing cached"
+    for (layer, e), i in cache.index.items():
+        src = eng.host.source(layer, e).clone()
+        relayout_blob_(src, eng.layouts[layer])
+        assert torch.equal(cache.slot_view(i), src), (layer, e)
+
+
+@pytest.mark.parametrize("ring", [3, 8], ids=["R3-passes", "R8"])
+def test_plane_engine_matches_resident_kernel(pack, tokens, want, ring):
+    """Ring 3 < E: layers run in passes, ring blobs re-laid on the copy lane; the cache bytes
+    after the prompt are what they were before it (the loan's refill re-lays)."""
+    eng = engine(pack, ring=ring)
+    snap = eng.cache.buffer.clone()
+    res = eng.run(tokens)
+    assert res.stats.bytes_streamed > 0
+    assert rel(res.logits, want) < BF16_Y_REL
+    assert torch.equal(eng.cache.buffer, snap), "the cache did not come back as planes"
+
+
+def test_stage_mode(pack, tokens, want, monkeypatch):
+    monkeypatch.setenv("STRATA_STREAM_ALL_MIN", "1000")   # every chunk is "small": STAGE
+    res = engine(pack).run(tokens)
+    assert res.ring == "STAGE" and rel(res.logits, want) < BF16_Y_REL
+
+
+def test_plane_ffn_refuses_ggml_blobs(pack, tokens):
+    """The resident provider hands ExpertSets (ggml blobs): the plane FFN says so instead of
+    reading them as planes."""
+    model = load_model(pack, dtype=torch.float32, ffn=expert_ffn("plane"))
+    with pytest.raises(StrataError, match="to_plane_set"):
+        model.prefill(tokens, resident_provider(pack), chunk=8)
+
+
+def test_a_pack_the_plane_gemm_cannot_read_is_refused(tmp_path):
+    p = synth_pack(tmp_path / "bf.pack", SHAPE, [ExpertFormats.of("Q8_0"),
+                                                 ExpertFormats.of("BF16")], progress=False)
+    with pytest.raises(StrataError, match="layer 1 has gate BF16, up BF16, down BF16"):
+        engine(p)
+
+
+def test_plane_chunks_never_read_the_device(pack, monkeypatch):
+    """test_syncs' guard around every chunk: the relayouts on landing and the plane GEMM's
+    passes add no host read (the engine calls it with check=False)."""
+    from tests.engine.test_syncs import _check_clean, guarded_run
+    res, guards = guarded_run(pack, monkeypatch, ffn="plane")
+    _check_clean(res, guards, {})
+
+
+@pytest.mark.gpu
+def test_plane_engine_on_the_gpu(pack, tokens, monkeypatch):
+    """On CUDA the ring's relayouts run on their own stream after each copy lands, the passes
+    wait for them; the logits equal the resident fused kernel's, and no chunk syncs (the
+    device's own check, as tests/engine/test_syncs.py runs it)."""
+    from tests.engine.test_syncs import watched_chunks
+    model = load_model(pack, device="cuda", dtype=torch.bfloat16, ffn=expert_ffn("kernel"))
+    want = model.prefill(tokens.cuda(), resident_provider(pack, device="cuda"), chunk=8)
+    blob = Pack.open(pack).max_blob
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=16 * blob, max_prompt=64,
+                                           device="cuda", ffn="plane", ring=3, chunk=8,
+                                           dtype=torch.bfloat16))
+    snap = eng.cache.buffer.clone()
+    try:
+        with watched_chunks(monkeypatch, lambda: torch.cuda.set_sync_debug_mode("error"),
+                            lambda: torch.cuda.set_sync_debug_mode(0)):
+            res = eng.run(tokens)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert res.stats.bytes_streamed > 0
+    assert rel(res.logits.float(), want.float()) < BF16_Y_REL
+    assert torch.equal(eng.cache.buffer, snap)

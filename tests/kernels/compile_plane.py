@@ -1,0 +1,95 @@
+"""Compile the plane-layout Q8_0 / Q4_0 expert GEMM for sm_90 on a machine without a GPU (ttir -> cubin)
+and report each variant's footprint: shared memory, registers and spills (triton's ptxas -v),
+which tensor-core instruction the dots became (wgmma or mma.sync), and how the code tiles reach
+shared memory (cp.async or TMA).
+
+compile_moe.py's pipeline (this folder); args get the divisibility-16 hints the JIT gives real
+launches (planes and rows 16-byte aligned, D and F multiples of 16).
+
+    python tests/kernels/compile_plane.py            # the default table's tiles, both modes,
+                                                     # Q8_0 and Q4_0, swap / no swap, TMA /
+                                                     # vector loads, magic / int->float convert
+    python tests/kernels/compile_plane.py --quick    # the table's tiles on Q8_0, its largest
+                                                     # on Q4_0 (the suite's check)
+    python tests/kernels/compile_plane.py 128x128x64/w8s4/tma 64x128x128/w4s3   # Q8_0 only
+"""
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"
+
+from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v, mma kind)
+from compile_moe import compile_one  # noqa: E402
+import strata.kernels._plane_kernel as pk  # noqa: E402
+from strata.errors import StrataError  # noqa: E402
+from strata.formats import get_format  # noqa: E402
+from strata.kernels.plane import PLANE_TILES, PlaneTile  # noqa: E402
+
+ALIGNED = {"a_ptr", "stride_a", "sorted_ids_ptr", "block_expert_ptr", "arena_ptr", "slot_ptr",
+           "c1_off", "s1_off", "c2_off", "s2_off", "out_ptr", "stride_out", "tw_ptr", "n_out",
+           "n_in"}
+
+
+def gemm_sig(mode: int) -> dict:
+    return {"a_ptr": "*bf16", "stride_a": "i32", "sorted_ids_ptr": "*i32",
+            "block_expert_ptr": "*i32", "n_assign": "i32", "arena_ptr": "*u8", "slot_ptr": "*i64",
+            "c1_off": "i32", "s1_off": "i32", "c2_off": "i32", "s2_off": "i32",
+            "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
+            "n_out": "i32", "n_in": "i32", "n_blocks_ptr": "*i32", "boff1": "i32",
+            "boff2": "i32", "alpha": "fp32", "limit": "fp32"}
+
+
+def staging(ttgir: str) -> str:
+    """How loads reach shared memory in the pipelined loop: TMA, cp.async, or neither."""
+    kinds = [n for n, pat in (("tma", "async_tma_copy_global_to_local"),
+                              ("cp.async", "async_copy_global_to_local")) if pat in ttgir]
+    return "+".join(kinds) or "register loads"
+
+
+class _Text(dict):
+    """compile_one's `asm`, kept as text as each stage finishes (later stages lower the same
+    module in place, so the object itself would not show the ttgir)."""
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value if isinstance(value, (str, bytes)) else str(value))
+
+
+def compile_tile(tile: PlaneTile, mode: int, fmt: str) -> str:
+    g = get_format(fmt).ggml_type
+    const = dict(MODE=mode, TOPK=8, BM=tile.BLOCK_M, BN=tile.BLOCK_N, BK=tile.BLOCK_K,
+                 FMT1=g, FMT2=g, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic, INTERP=False)
+    asm = _Text()
+    md = compile_one(pk._plane_gemm_kernel, gemm_sig(mode), const, tile.num_warps,
+                     tile.num_stages, aligned=ALIGNED, asm=asm)
+    return f"shared {md['shared']} B, {ptx_usage(asm['ptx'])}, {staging(asm['ttgir'])}"
+
+
+def main(argv) -> int:
+    quick = "--quick" in argv
+    names = [a for a in argv if a != "--quick"]
+    try:
+        tiles = [PlaneTile.parse(n) for n in names]
+    except StrataError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    runs = [(t, "Q8_0") for t in tiles]
+    if not tiles:
+        base = list(PLANE_TILES.values())
+        runs = [(t, "Q8_0") for t in base] + [(base[-1], "Q4_0")]
+        if not quick:
+            more = ([t.with_(swap=False) for t in base] + [t.with_(tma=True) for t in base]
+                    + [t.with_(magic=False) for t in base])
+            runs += [(t, "Q8_0") for t in more] + [(t, "Q4_0") for t in base[:-1] + more]
+    fails = 0
+    for tile, fmt in dict.fromkeys(runs):
+        for mode in (0, 1):
+            what = f"plane {fmt} mode={'gate_up' if mode == 0 else 'down'} {tile.name}"
+            try:
+                print(f"ok   {what}: {compile_tile(tile, mode, fmt)}", flush=True)
+            except Exception as exc:  # report every variant, then fail
+                fails += 1
+                print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,289 @@
+"""plane_ffn (Triton, plane-layout Q8_0 experts) against plane_ffn_torch on fresh random data.
+
+Error measure and bound: test_moe_ffn's DECODED_REL (each decoded weight q·d is rounded to bf16
+for the tensor cores, h and y to bf16; the reference keeps every product in fp32). Workspaces are
+poisoned with NaN before a launch, so a row the kernel should write and does not shows up.
+"""
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from strata.errors import StrataError
+from strata.formats import dequantize, get_format
+from strata.kernels import topk_route
+from strata.kernels.moe import moe_ffn_torch
+from strata.kernels.plane import (PLANE_TILES, PlaneTile, plane_dequantize,
+                                  plane_dequantize_torch, plane_ffn, plane_ffn_torch, plane_tile)
+from strata.kernels.synth import random_blocks, random_expert_set
+from strata.kernels.tiles import padded_rows
+from strata.planes import to_plane_set, to_planes
+
+DECODED_REL = 1.5e-2   # tests/kernels/test_moe_ffn.py says why
+
+
+def rel_err(y, ref):
+    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    T: int
+    E: int
+    K: int
+    D: int = 64
+    F: int = 64
+    tile: str = "16x16x32/w4s2"
+    route: str = "random"     # "random" | "one" (all on expert 0) | "skip" (expert 1 idle)
+    absent: tuple = ()        # experts not resident (never routed to)
+    bias: bool = False
+    fmts: tuple = ("Q8_0",)   # gate, up, down (one: all three)
+
+
+CASES = [
+    Case("T1", T=1, E=3, K=2),
+    Case("T7-odd-idle-expert", T=7, E=5, K=2, route="skip"),
+    Case("all-on-one-two-blocks", T=20, E=4, K=1, route="one"),
+    Case("T3-lt-tile-noswap", T=3, E=4, K=2, tile="16x32x64/w4s2/noswap"),
+    Case("tma", T=9, E=3, K=2, tile="16x32x64/w4s2/tma"),
+    Case("BK-past-F-and-D-not-whole-BN", T=5, E=3, K=2, D=96, F=32, tile="16x64x64/w4s2"),
+    Case("BM32-K-eq-E", T=6, E=3, K=3, tile="32x16x32/w4s1"),
+    Case("absent-experts", T=5, E=6, K=2, absent=(1, 4), route="absent"),
+    Case("bias-swiglu", T=5, E=3, K=2, bias=True),
+    Case("q4_0", T=6, E=3, K=2, fmts=("Q4_0",)),
+    Case("q4_0-tma-nomagic", T=5, E=3, K=2, fmts=("Q4_0",), tile="16x32x64/w4s2/tma/nomagic"),
+    Case("mixed-q4-q8-q4-BK-past-F", T=7, E=4, K=2, F=32, fmts=("Q4_0", "Q8_0", "Q4_0"),
+         tile="16x16x64/w4s2"),
+]
+
+
+def _inputs(c: Case, device="cpu"):
+    seed = zlib.crc32(c.id.encode())
+    gen = torch.Generator().manual_seed(seed)
+    act = None
+    if c.bias:
+        from strata.blob import ExpertAct
+        act = ExpertAct("swiglu_oai")
+    ex = random_expert_set(c.E, c.D, c.F, *c.fmts, seed=seed, absent=c.absent, bias=c.bias,
+                           act=act)
+    ps = to_plane_set(ex)
+    x = torch.randn(c.T, c.D, generator=gen).bfloat16()
+    logits = torch.randn(c.T, c.E, generator=gen)
+    if c.route == "one":
+        logits[:, 0] += 100.0
+    if c.route == "skip":
+        logits[:, 1] -= 100.0
+    for e in c.absent:
+        logits[:, e] -= 100.0
+    ids, w = topk_route(logits, c.K)
+    return ex, ps, x, ids, w
+
+
+def _poisoned(ps, T, K, tile):
+    F, D = ps.layout.d_expert, ps.layout.d_model
+    rows = padded_rows(T, K, ps.n_expert, tile.BLOCK_M)
+    return {"h": torch.full((rows, F), float("nan"), dtype=torch.bfloat16),
+            "yk": torch.full((T * K, D), float("nan"), dtype=torch.float32)}
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_plane_ffn_matches_reference(c: Case):
+    ex, ps, x, ids, w = _inputs(c)
+    tile = PlaneTile.parse(c.tile)
+    ref = plane_ffn_torch(x, ids, w, ps)
+    # the reference on planes is the ggml reference: the relayout and the plane decoder are exact
+    assert torch.equal(ref, moe_ffn_torch(x, ids, w, ex))
+    y = plane_ffn(x, ids, w, ps, schedule=tile, workspace=_poisoned(ps, c.T, c.K, tile))
+    assert y.shape == (c.T, c.D) and y.dtype == torch.bfloat16
+    assert not torch.isnan(y).any(), "a row was not written (NaN poison survived)"
+    assert rel_err(y, ref) < DECODED_REL
+
+
+def test_skipped_ids_out_and_the_layer_combines():
+    """Two passes over halves of the experts (ids of the other half -1), summed into `out`,
+    and check=False (no host sync) with combine defer/layer, equal the one-call result."""
+    c = Case("passes", T=11, E=6, K=2)
+    _, ps, x, ids, w = _inputs(c)
+    tile = PlaneTile.parse("16x32x64/w4s2")
+    ref = plane_ffn_torch(x, ids, w, ps).float()
+    halves = [torch.where(ids < 3, ids, -1), torch.where(ids >= 3, ids, -1)]
+    out = torch.zeros(c.T, c.D)
+    for part in halves:
+        plane_ffn(x, part, w, ps, schedule=tile, out=out)
+    assert rel_err(out, ref) < DECODED_REL
+    ws = _poisoned(ps, c.T, c.K, tile)
+    out2 = torch.zeros(c.T, c.D)
+    plane_ffn(x, halves[0], w, ps, schedule=tile, workspace=ws, check=False, combine="defer")
+    plane_ffn(x, halves[1], w, ps, schedule=tile, workspace=ws, check=False, combine="layer",
+              out=out2)
+    assert not torch.isnan(out2).any() and rel_err(out2, ref) < DECODED_REL
+    # the reference adds each call's own rows whatever combine says
+    ref32 = plane_ffn_torch(x, ids, w, ps, out=torch.zeros(c.T, c.D))
+    out3 = torch.zeros(c.T, c.D)
+    for part in halves:
+        plane_ffn_torch(x, part, w, ps, out=out3, combine="defer")
+    assert torch.allclose(out3, ref32, atol=1e-6, rtol=0)   # fp32 sums in another order
+
+
+def test_nothing_routed_to_the_pass():
+    c = Case("empty-pass", T=4, E=3, K=1)
+    _, ps, x, ids, w = _inputs(c)
+    y = plane_ffn(x, torch.full_like(ids, -1), w, ps, schedule=PlaneTile.parse("16x16x32/w4s1"))
+    assert torch.equal(y, torch.zeros_like(y))
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("magic", [True, False], ids=["magic", "convert"])
+@pytest.mark.parametrize("rows, cols, block", [(5, 96, (4, 64)), (33, 64, (32, 32)),
+                                               (1, 32, (16, 128))],
+                         ids=["masked-both", "rows-past-BN", "BK-past-K"])
+def test_plane_dequantize_bit_exact(fmt, magic, rows, cols, block):
+    """The GEMM's own loads and products (Triton) decode the planes to the very fp32 values
+    ggml's decoder gives (strata.formats.dequantize, bit-exact with gguf-py), both ways of
+    turning codes into floats."""
+    f = get_format(fmt)
+    raw = random_blocks(f, rows, cols, seed=rows * cols)
+    planes = to_planes(raw, fmt, rows, cols)
+    ref = dequantize(raw, f).float().reshape(rows, cols)
+    got = plane_dequantize(planes, fmt, rows, cols, block=block, magic=magic)
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(plane_dequantize_torch(planes, fmt, rows, cols).view(torch.int32),
+                       ref.view(torch.int32))
+
+
+def test_tile_table_and_parse():
+    assert [plane_tile(T, 8, 128).BLOCK_M for T in (1, 256, 512, 1024, 2048, 8192)] == \
+        [16, 16, 32, 64, 128, 128]
+    assert plane_tile(0, 8, 128) == PLANE_TILES[16]
+    # one tile for each BLOCK_M the fused GEMM's heuristic picks (its workspaces fit this GEMM)
+    from strata.kernels.tiles import BLOCK_M_MAX, BLOCK_M_MIN, block_m_for
+    assert {block_m_for(T, 8, 128) for T in range(0, 4096, 7)} == set(PLANE_TILES)
+    assert min(PLANE_TILES) == BLOCK_M_MIN and max(PLANE_TILES) == BLOCK_M_MAX
+    assert all(t.BLOCK_M == m for m, t in PLANE_TILES.items())
+    for t in PLANE_TILES.values():
+        assert PlaneTile.parse(t.name) == t
+    assert PlaneTile.parse("64x128x64/w4s3/noswap/tma/nomagic") == PlaneTile(
+        64, 128, 64, 4, 3, swap=False, tma=True, magic=False)
+    for bad in ("64x128/w4s3", "64x128x64/w4", "64x128x64/w4s3/fast", "64x128x48/w4s3",
+                "64x128x16/w4s3", "64x128x64/w3s3"):
+        with pytest.raises(StrataError):
+            PlaneTile.parse(bad)
+
+
+def test_pin_plane_tile_wins_over_the_table_and_is_restored(monkeypatch):
+    from strata.kernels import plane as plane_mod
+    seen = []
+    real = plane_mod._pk._plane_gemm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append((kw["BM"], kw["BN"], kw["BK"], kw["num_warps"]))
+                return real[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(plane_mod._pk, "_plane_gemm_kernel", Spy())
+    c = Case("pin", T=3, E=3, K=1)
+    _, ps, x, ids, w = _inputs(c)
+    with plane_mod.pin_plane_tile(PlaneTile.parse("16x32x32/w2s1")):
+        plane_ffn(x, ids, w, ps)
+        plane_ffn(x, ids, w, ps, schedule=PlaneTile.parse("16x16x64/w4s1"))
+    plane_ffn(x, ids, w, ps)
+    assert seen == [(16, 32, 32, 2)] * 2 + [(16, 16, 64, 4)] * 2 + [(16, 128, 64, 4)] * 2
+    with pytest.raises(StrataError, match="PlaneTile"):
+        with plane_mod.pin_plane_tile("16x32x32/w2s1"):
+            pass
+
+
+def test_bad_inputs_are_clear_errors():
+    c = Case("bad", T=3, E=3, K=1)
+    ex, ps, x, ids, w = _inputs(c)
+    with pytest.raises(StrataError, match="to_plane_set"):
+        plane_ffn(x, ids, w, ex)
+    with pytest.raises(StrataError, match="PlaneTile"):
+        plane_ffn(x, ids, w, ps, schedule="dp")
+    bf = to_plane_set(random_expert_set(3, 64, 64, "Q8_0", "Q8_0", "BF16", seed=1))
+    with pytest.raises(StrataError, match="down BF16"):
+        plane_ffn(x, ids, w, bf)
+    with pytest.raises(StrataError, match="bf16"):
+        plane_ffn(x.float(), ids, w, ps)
+
+
+# -- on the GPU, at the real shape (qwen3-30b-a3b: D 2048, F 768, E 128, K 8) -------------------
+
+@functools.lru_cache(maxsize=2)
+def _real_sets(device, fmt):
+    """The qwen3-30b-a3b layer's experts (4 distinct blobs repeated) and their planes, made
+    once per format for the module's GPU tests (quantizing on the host is the slow part)."""
+    from strata.bench.expert_gemm import SHAPES, make_experts
+    ex = make_experts(SHAPES["qwen3-30b-a3b"], fmt, device, distinct=4)
+    return ex, to_plane_set(ex)
+
+
+def _real(device, T, seed=0, fmt="Q8_0"):
+    from strata.bench.expert_gemm import SHAPES
+    shape = SHAPES["qwen3-30b-a3b"]
+    ex, ps = _real_sets(device, fmt)
+    gen = torch.Generator().manual_seed(seed + T)
+    x = torch.randn(T, shape.d_model, generator=gen).bfloat16().to(device)
+    ids, w = topk_route(torch.randn(T, shape.n_expert, generator=gen).to(device), shape.top_k)
+    return ex, ps, x, ids, w
+
+
+GPU_TILES = [None] + [t.name for t in PLANE_TILES.values()] + [
+    "128x128x64/w8s3/tma", "128x128x64/w8s3/noswap", "64x128x64/w4s3/tma"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt, T, tile", [("Q8_0", T, t) for T in (1, 77, 2048) for t in GPU_TILES]
+                         + [("Q4_0", T, t) for T in (77, 2048) for t in (None, GPU_TILES[-1])],
+                         ids=lambda v: v if isinstance(v, str) else str(v) if v else "table")
+def test_real_shape_gpu(fmt, T, tile):
+    ex, ps, x, ids, w = _real(torch.device("cuda"), T, fmt=fmt)
+    pt = PlaneTile.parse(tile) if tile else plane_tile(T, 8, 128)
+    ref = plane_ffn_torch(x, ids, w, ps)
+    ws = {"h": torch.full((padded_rows(T, 8, 128, pt.BLOCK_M), 768), float("nan"),
+                          dtype=torch.bfloat16, device="cuda"),
+          "yk": torch.full((T * 8, 2048), float("nan"), device="cuda")}
+    y = plane_ffn(x, ids, w, ps, schedule=pt, workspace=ws)
+    assert not torch.isnan(y).any()
+    assert rel_err(y, ref) < DECODED_REL
+
+
+@pytest.mark.gpu
+def test_relayout_on_gpu_is_the_cpu_relayout_and_check_false_never_syncs():
+    dev = torch.device("cuda")
+    ex, ps, x, ids, w = _real(dev, 512)
+    cpu = to_plane_set(type(ex)(ex.arena.cpu(), ex.slot_offset.cpu(), ex.layout))
+    assert torch.equal(ps.arena.cpu(), cpu.arena)
+    ref = plane_ffn(x, ids, w, ps)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = plane_ffn(x, ids, w, ps, check=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(y, ref)
+
+
+def test_plane_gemm_compiles_for_h200():
+    """Both modes compile for sm_90 (triton's passes and ptxas, no GPU) at the default table's
+    tiles (Q8_0; Q4_0 at the largest), in a process without the interpreter: every dot a wgmma,
+    the code tiles staged by cp.async, no register spills."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_plane.py"),
+                        "--quick"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
+    assert len(lines) == 2 * (len(PLANE_TILES) + 1) and "FAIL" not in r.stdout, r.stdout
+    for line in lines:
+        assert "spill 0/0" in line and "wgmma" in line and "cp.async" in line, line
