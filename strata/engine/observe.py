@@ -62,3 +62,9 @@ class EngineObserver:
     def on_pass(self, part: str, layer: int, index: int, begin, end, wait,
                 ahead: int = 0) -> None:
         pass
+
+    def on_read(self, part: str, begin, end) -> None:
+        """The prompt's timed read on this participant: marks (CUDA events on its compute lane,
+        perf_counter on the CPU) taken as the timer starts and after the last sync, so a trace
+        shows what of the read lies outside the lanes' own work."""
+        pass

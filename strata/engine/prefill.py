@@ -427,12 +427,17 @@ class PrefillEngine:
                 cache.scratch = mla_scratch
             self._sync()
             t0 = time.perf_counter()
+            read_marks = [self._read_mark(p) for p in self.parts] if self.observers else []
             try:
                 out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=cache,
                                          progress=(lambda n: bar.update(n - bar.n)) if bar else None,
                                          observer=self.finite.begin(self.shape.n_layer))
                 self.finite.check()   # the prompt's one host read of the finite flags
                 self._sync()
+                for p, begin in zip(self.parts, read_marks):
+                    end = self._read_mark(p)
+                    for o in self.observers:
+                        o.on_read(p.name, begin, end)
             except torch.cuda.OutOfMemoryError as e:
                 raise AllocationError(f"a device allocation failed mid-prompt ({_first_line(e)}); "
                                       f"the request failed and the cache was refilled; try a "
@@ -462,6 +467,12 @@ class PrefillEngine:
         for o in self.observers:
             o.on_result(result)
         return result
+
+    @staticmethod
+    def _read_mark(part):
+        """A point on the participant's compute lane: a CUDA event, else perf_counter."""
+        ev = part.lane.event()
+        return ev if ev is not None else time.perf_counter()
 
     def uses_prompt_kv(self) -> bool:
         """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever

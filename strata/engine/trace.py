@@ -85,6 +85,9 @@ class LaneTrace(EngineObserver):
         if wait is not None:
             self._raw.append(("waits", part, c, layer, wait[0], wait[1], {"pass": index}))
 
+    def on_read(self, part, begin, end) -> None:
+        self._raw.append(("read", part, -1, -1, begin, end, {}))
+
     def on_result(self, result) -> None:
         """The device has synchronized: every mark can be read."""
         for kind, part, chunk, layer, a, b, args in self._raw:
@@ -97,7 +100,8 @@ class LaneTrace(EngineObserver):
                 dur = Lane.elapsed(a, b)
             name = {"copy": f"copy L{layer} e{args.get('expert')}",
                     "compute": f"layer {layer}", "passes": f"L{layer} pass {args.get('pass')}",
-                    "waits": f"wait L{layer}", "chunk": f"chunk {chunk}"}[kind]
+                    "waits": f"wait L{layer}", "chunk": f"chunk {chunk}",
+                    "read": "read"}[kind]
             self.spans.append(Span(kind, name, t0, max(dur, 0.0), part, chunk, layer,
                                    dict(args, prompt=self.prompts)))
         self.prompts += 1
@@ -106,7 +110,7 @@ class LaneTrace(EngineObserver):
     # -- outputs -------------------------------------------------------------------------------
     def chrome(self) -> dict:
         """The trace as Chrome's JSON object format (µs)."""
-        tids = {"chunk": 0, "copy": 1, "compute": 2, "passes": 3, "waits": 4}
+        tids = {"chunk": 0, "copy": 1, "compute": 2, "passes": 3, "waits": 4, "read": 5}
         pids = {p: i for i, p in enumerate(sorted({s.part for s in self.spans}))}
         ev = []
         for p, i in pids.items():
@@ -142,7 +146,29 @@ class LaneTrace(EngineObserver):
         parts = sorted({s.part for s in self.spans})
         part = part or (parts[0] if parts else None)
         return [s for s in self.spans if s.chunk == chunk and s.part == part
-                and s.args.get("prompt") == prompt and s.lane != "chunk"]
+                and s.args.get("prompt") == prompt and s.lane not in ("chunk", "read")]
+
+    def read_summary(self, part: str | None = None) -> list[dict]:
+        """Per prompt of one participant (default the first): the timed read's seconds, the
+        span of its lanes' own events (first copy or compute to the last), what lies before
+        (head_s) and after (tail_s) them inside the read, and the seconds the copy lane was
+        busy: where a read's time goes that no lane accounts for."""
+        parts = sorted({s.part for s in self.spans})
+        part = part or (parts[0] if parts else None)
+        out = []
+        for p in range(self.prompts):
+            mine = [s for s in self.spans if s.part == part and s.args.get("prompt") == p]
+            read = [s for s in mine if s.lane == "read"]
+            lanes = [s for s in mine if s.lane in ("copy", "compute", "passes", "waits")]
+            if not read or not lanes:
+                continue
+            r = read[0]
+            a = min(s.start for s in lanes)
+            b = max(s.start + s.dur for s in lanes)
+            out.append({"prompt": p, "read_s": r.dur, "lanes_s": b - a,
+                        "head_s": a - r.start, "tail_s": r.start + r.dur - b,
+                        "copy_busy_s": sum(s.dur for s in lanes if s.lane == "copy")})
+        return out
 
     def plot_chunk(self, path: Path, chunk: int = 0, prompt: int | None = None) -> Path | None:
         """A PNG of one chunk's lanes: copy bars and compute bars (passes darker) against time,

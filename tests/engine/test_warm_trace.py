@@ -79,6 +79,17 @@ def test_trace_has_both_lanes_of_every_pass(pack, tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG"
     eng.run(TOKENS, logits="last")   # a second prompt adds its own spans after the first
     assert tr.prompts == 2 and max(s.args["prompt"] for s in tr.spans) == 1
+    # the timed read of each prompt holds its lanes' events: what lies outside them is head
+    # (before the first copy or compute) and tail (after the last), both >= 0, adding up
+    reads = [s for s in tr.spans if s.lane == "read"]
+    assert [s.args["prompt"] for s in reads] == [0, 1]
+    summary = tr.read_summary()
+    assert [r["prompt"] for r in summary] == [0, 1]
+    for r in summary:
+        assert r["head_s"] >= 0 and r["tail_s"] >= 0 and r["lanes_s"] > 0
+        assert abs(r["head_s"] + r["lanes_s"] + r["tail_s"] - r["read_s"]) < 1e-9
+        assert 0 < r["copy_busy_s"] <= r["read_s"]
+    assert summary[0]["read_s"] <= res.stats.seconds   # inside the engine's own timer
 
 
 @pytest.mark.gpu
@@ -100,6 +111,8 @@ def test_trace_on_cuda_uses_event_times_and_warmup_changes_nothing(pack, tmp_pat
     assert copies and all(s.dur > 0 for s in copies)
     starts = [s.start for s in tr.spans if s.lane == "compute"]
     assert starts == sorted(starts), "layers run one after another on the compute lane"
+    (r,) = tr.read_summary()       # on the device too, the read holds its lanes
+    assert r["head_s"] >= 0 and r["tail_s"] >= 0 and 0 < r["lanes_s"] <= r["read_s"]
     assert json.loads(tr.write(tmp_path / "c.json").read_text())["metadata"]["clock"] == "cuda-events"
 
 
