@@ -287,16 +287,38 @@ def glu(g: torch.Tensor, u: torch.Tensor, act) -> torch.Tensor:
     return g * torch.sigmoid(act.alpha * g) * (u + 1)
 
 
-def expert_forward(xe: torch.Tensor, experts: ExpertSet, e: int) -> torch.Tensor:
+def expert_forward(xe: torch.Tensor, experts: ExpertSet, e: int, *,
+                   matrix=None) -> torch.Tensor:
     """fp32 [n, D] of expert e over rows xe [n, D] (fp32): down(act(gate xe + bg, up xe + bu))
-    + bd, weights decoded in torch. The one torch expert both references run."""
+    + bd, weights decoded in torch. The one torch expert every reference runs; `matrix`
+    (experts, e, name) -> fp32 [out, in] decodes a matrix (default dequantize_matrix: ggml
+    blobs; strata.kernels.plane passes its plane decoder)."""
+    matrix = matrix or dequantize_matrix
     b = expert_biases(experts, e)
-    g = xe @ dequantize_matrix(experts, e, "gate").T                     # [n, F]
-    u = xe @ dequantize_matrix(experts, e, "up").T
+    g = xe @ matrix(experts, e, "gate").T                                 # [n, F]
+    u = xe @ matrix(experts, e, "up").T
     if b is not None:
         g, u = g + b[0], u + b[1]
-    y = glu(g, u, experts.layout.act) @ dequantize_matrix(experts, e, "down").T   # [n, D]
+    y = glu(g, u, experts.layout.act) @ matrix(experts, e, "down").T      # [n, D]
     return y + b[2] if b is not None else y
+
+
+def routed_sum(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts,
+               out: torch.Tensor | None, *, matrix=None) -> torch.Tensor:
+    """y [T, D] = sum over each token's routed experts (ids of -1 skipped) of the weight times
+    expert_forward, in fp32; rounded to bf16 once, or added into `out` in fp32."""
+    T, D = x.shape
+    y = torch.zeros(T, D, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in torch.unique(topk_ids).tolist():
+        if e < 0:
+            continue
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)            # [n_e]
+        down = expert_forward(xf[tok], experts, e, matrix=matrix)           # [n_e, D]
+        y.index_add_(0, tok, down * topk_weights[tok, slot, None].float())
+    if out is not None:
+        return out.add_(y)
+    return y.to(torch.bfloat16)
 
 
 def moe_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -307,16 +329,5 @@ def moe_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     added into `out` in fp32). Ids of -1 are skipped. Every call adds its own rows into `out`,
     so a layer's calls sum to the same y whatever `combine` says."""
     _check_inputs(x, topk_ids, topk_weights, experts)
-    T, D = x.shape
-    y = torch.zeros(T, D, dtype=torch.float32, device=x.device)
-    xf = x.float()
-    for e in torch.unique(topk_ids).tolist():
-        if e < 0:
-            continue
-        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)            # [n_e]
-        down = expert_forward(xf[tok], experts, e)                          # [n_e, D]
-        y.index_add_(0, tok, down * topk_weights[tok, slot, None].float())
-    if out is not None:
-        return out.add_(y)
-    return y.to(torch.bfloat16)
+    return routed_sum(x, topk_ids, topk_weights, experts, out)
 

@@ -37,7 +37,7 @@ from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.formats.table import FORMATS
 from strata.kernels import _plane_kernel as _pk
-from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work, expert_biases, glu
+from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work, routed_sum
 from strata.kernels.routing import group_blocked, group_blocked_bounded
 from strata.kernels.tiles import block_m_for, padded_rows
 from strata.planes import PlaneSet, dequantize_planes, plane_matrix, split_planes
@@ -228,25 +228,7 @@ def plane_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     rows, so a layer's calls sum to the same y whatever `combine` says."""
     _check_planes(experts)
     _check_inputs(x, topk_ids, topk_weights, experts)
-    T, D = x.shape
-    y = torch.zeros(T, D, dtype=torch.float32, device=x.device)
-    xf = x.float()
-    for e in torch.unique(topk_ids).tolist():
-        if e < 0:
-            continue
-        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)            # [n_e]
-        b = expert_biases(experts, e)
-        g = xf[tok] @ plane_matrix(experts, e, "gate").T                    # [n_e, F]
-        u = xf[tok] @ plane_matrix(experts, e, "up").T
-        if b is not None:
-            g, u = g + b[0], u + b[1]
-        down = glu(g, u, experts.layout.act) @ plane_matrix(experts, e, "down").T
-        if b is not None:
-            down = down + b[2]
-        y.index_add_(0, tok, down * topk_weights[tok, slot, None].float())
-    if out is not None:
-        return out.add_(y)
-    return y.to(torch.bfloat16)
+    return routed_sum(x, topk_ids, topk_weights, experts, out, matrix=plane_matrix)
 
 
 def plane_dequantize(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
