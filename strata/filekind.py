@@ -22,6 +22,7 @@ _GGUF_MAGIC = b"GGUF"
 _NPY_MAGIC = b"\x93NUMPY"
 _PACK_KEY = b'"strata.pack"'
 _SNIFF_HEADER = 1 << 20   # bytes of a safetensors header searched for the pack key
+MAX_HEADER = 256 << 20    # a pack header beyond this is corruption, not a model
 
 
 def kind(path) -> str:

@@ -20,13 +20,13 @@ import struct
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from strata.filekind import MAX_HEADER
 from strata.hostmem import host_available
 
 # 64 MiB pieces (each read here, each copy in strata.engine.pinning): large enough that a
 # thread's per-piece overhead is nothing against the copy, small enough that 8 threads share a
 # 600 MB layer evenly
 COPY_PIECE = 64 << 20
-MAX_HEADER = 1 << 30      # a pack header longer than this is not one (Pack.open says why)
 
 
 

@@ -265,7 +265,7 @@ class PromptKV:
             prefix = [self._segment(self._staged(layer), n_host)] if n_host else []
             if P - n_host:
                 prefix.append(self._segment(self.resident[layer], P - n_host))
-        if not prefix and not extra and attention_impl(q.device) == "triton":
+        if not prefix and not extra and q.is_cuda and attention_impl(q.device) == "triton":
             o = first_chunk_attention(q, k, v)
         else:
             fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned

@@ -51,7 +51,7 @@ TOKENIZER_KEY = "strata.tokenizer"
 HEADER_CRC_KEY = "strata.header_crc32"
 VERIFY_ON_OPEN = 64 << 20    # packs with at most this many data bytes are fully checked on open
 FILE_ALIGN = 4096
-MAX_HEADER = 256 << 20  # a header beyond this is corruption, not a model
+MAX_HEADER = filekind.MAX_HEADER  # a header beyond this is corruption (the read-ahead's too)
 
 _DTYPES = {"U8": (torch.uint8, 1), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2),
            "F32": (torch.float32, 4)}
