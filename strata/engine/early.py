@@ -108,6 +108,8 @@ def expert_spans(path: str) -> list[tuple[int, int]]:
         if n > MAX_HEADER:
             raise ValueError("header length out of range")
         header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
     start = 8 + n
     # every "<layer>.experts" tensor (strata.packs.names.experts_name; strata.packs itself
     # imports torch), in file order: the writer lays the layers out in order, and a span is

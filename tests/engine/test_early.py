@@ -92,6 +92,10 @@ def test_what_starts_nothing(pack, tmp_path):
     junk = tmp_path / "junk.pack"
     junk.write_bytes(b"\xff" * 64)
     assert EarlyRead.start(junk) is None                       # not a header
+    import struct
+    listed = tmp_path / "list.pack"
+    listed.write_bytes(struct.pack("<Q", 3) + b"[1]")
+    assert EarlyRead.start(listed) is None                     # a header that is not an object
     assert EarlyRead.start(tmp_path / "missing.pack") is None
     for argv in (["prefill", p],                                # the resident reader: no pinning
                  ["prefill", p, "--vram", "1GiB", "--unpinned"],
