@@ -105,5 +105,9 @@ for step in "$@"; do
     plane4)  timeout 230 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 512 2048 8192 --formats Q4_0 --arms strata-dp strata-plane ${PLANE_TILES:+--tiles $PLANE_TILES} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/plane4_bench.log" ;;
     # issue 18: the GPU sync cases with their whole tracebacks (where a sync is, if one is)
     syncdiag) timeout 200 python3 -m pytest -rfE --tb=long -m gpu -p no:cacheprovider tests/engine/test_syncs.py > "$OUT/gpu_sync_diag.log" 2>&1; tail -5 "$OUT/gpu_sync_diag.log" ;;
+    # issue 18: where the device time goes, by kernel: the expert FFN arms at T 512/2048/8192 (host
+    # overhead vs kernel time), then a whole all-resident qwen3-30b-a3b Q8_0 read at 8K and 32K
+    profileffn) timeout 200 python3 benchmarks/profile_read.py --what ffn --out "$OUT" 2>&1 | tail -80 > "$OUT/profile_ffn.log"; grep "^T=" "$OUT/profile_ffn.log" ;;
+    profileres) timeout 280 python3 benchmarks/profile_read.py --what resident --T 8192 32768 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -60 > "$OUT/profile_resident.log"; grep -A3 "^T=" "$OUT/profile_resident.log" ;;
   esac
 done

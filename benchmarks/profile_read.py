@@ -1,0 +1,166 @@
+"""Where a read's device time goes, by kernel (diagnostic, not a benchmark: torch.profiler's
+timings carry its own overhead; the figures to quote come from prefill_ab / kernel_bench).
+
+    python3 benchmarks/profile_read.py --what ffn --T 512 2048 8192          # one MoE FFN call
+    python3 benchmarks/profile_read.py --what resident --T 8192 32768        # a whole read
+
+`ffn`: plane_ffn (check on and off), the fused moe_ffn, decode-once (what "auto" runs from 128
+rows an expert) and grouped_mm-bf16 at the qwen3-30b-a3b
+expert shape, Q8_0; per arm the wall time of back-to-back calls (host running ahead) beside a
+single synchronized call, then the device time of each kernel. `resident`: the full-size
+qwen3-30b-a3b Q8_0 model with every expert in VRAM reading one prompt (one chunk), its kernels
+summed into attention / expert GEMM / dense GEMM / the rest. Prints a table and writes
+`profile_<what>.csv` (kernel, calls, device ms per read) under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from strata.bench.expert_gemm import dense_weights, grouped_mm_ffn, make_experts
+from strata.kernels import moe_ffn, topk_route
+from strata.kernels.decoded import moe_ffn_decoded
+from strata.kernels.plane import plane_ffn
+from strata.planes import to_plane_set
+from strata.shapes import get_preset
+
+CATEGORIES = (  # first match wins: a kernel's name -> what it computes
+    ("plane GEMM", ("_plane_gemm",)),
+    ("expert GEMM (fused)", ("_moe", "moe_")),
+    ("attention", ("flash", "fmha", "attn", "attention")),
+    ("dense GEMM", ("gemm", "nvjet", "cutlass", "xmma", "sm90")),
+    ("routing / sort", ("sort", "scan", "topk", "bincount", "histogram", "cumsum", "radix")),
+    ("copy", ("memcpy", "copy")),
+)
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    return next((c for c, keys in CATEGORIES if any(k in low for k in keys)), "elementwise / other")
+
+
+def kernels(fn, reps: int):
+    """{kernel name: (calls per rep, device ms per rep)} of fn() under the profiler."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for ev in prof.key_averages():
+        dev = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if dev > 0 and ev.device_type.name == "CUDA":
+            out[ev.key] = (ev.count / reps, dev / 1e3 / reps)
+    return out
+
+
+def wall(fn, reps: int) -> tuple[float, float]:
+    """(ms a call back to back, ms of one synchronized call), medians."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    back = (time.perf_counter() - t) / reps * 1e3
+    one = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        one.append((time.perf_counter() - t) * 1e3)
+    return back, sorted(one)[len(one) // 2]
+
+
+def report(title: str, ks: dict, rows: list, top: int = 12) -> None:
+    total = sum(ms for _, ms in ks.values())
+    cats = defaultdict(float)
+    for k, (_, ms) in ks.items():
+        cats[category(k)] += ms
+    print(f"-- {title}: device {total:.3f} ms; " +
+          "; ".join(f"{c} {ms:.3f}" for c, ms in sorted(cats.items(), key=lambda x: -x[1])))
+    for k, (n, ms) in sorted(ks.items(), key=lambda x: -x[1][1])[:top]:
+        print(f"   {ms:8.3f} ms {n:7.1f}x  {category(k):20s} {k[:110]}")
+    rows += [dict(what=title, kernel=k, category=category(k), calls=n, device_ms=ms)
+             for k, (n, ms) in ks.items()]
+
+
+def ffn(args, rows: list) -> None:
+    shape = get_preset("qwen3-30b-a3b")
+    ex = make_experts(shape, "Q8_0", "cuda", distinct=8)
+    planes = to_plane_set(ex)
+    wg, wu, wd = dense_weights(ex)
+    for T in args.T:
+        gen = torch.Generator().manual_seed(T)
+        x = torch.randn(T, shape.d_model, generator=gen).to(torch.bfloat16).cuda()
+        ids, w = topk_route(torch.randn(T, shape.n_expert, generator=gen).cuda(), shape.top_k)
+        arms = {"plane (check)": lambda: plane_ffn(x, ids, w, planes),
+                "plane (no check)": lambda: plane_ffn(x, ids, w, planes, check=False),
+                "fused moe_ffn (no check)": lambda: moe_ffn(x, ids, w, ex, check=False),
+                "decode once + BF16 GEMM (no check)": lambda: moe_ffn_decoded(x, ids, w, ex,
+                                                                              check=False),
+                "grouped_mm-bf16": lambda: grouped_mm_ffn(x, ids, w, wg, wu, wd)}
+        for arm, fn in arms.items():
+            back, one = wall(fn, args.reps)
+            ks = kernels(fn, args.reps)
+            print(f"T={T} {arm}: {back:.3f} ms a call back to back, {one:.3f} ms synchronized")
+            report(f"T={T} {arm}", ks, rows, top=6)
+
+
+def resident(args, rows: list) -> None:
+    from strata.models.load import load_model, resident_provider
+    from strata.models.moe import expert_ffn
+    from strata.packs.memory import MemoryPack
+    from strata.packs.synth import ExpertFormats
+    shape = get_preset("qwen3-30b-a3b")
+    t = time.perf_counter()
+    pack = MemoryPack(shape, ExpertFormats.of("Q8_0"))
+    model = load_model(pack, dtype=torch.bfloat16, ffn=expert_ffn(args.ffn))
+    prov = resident_provider(pack)
+    print(f"model resident in {time.perf_counter() - t:.1f} s", flush=True)
+    for T in args.T:
+        tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
+
+        def read():
+            with torch.inference_mode():
+                model.prefill(tok, prov, logits="none")
+        back, one = wall(read, 2)
+        print(f"T={T} resident read ({args.ffn}): {one:.3f} ms = {T / one * 1e3:,.0f} tok/s")
+        report(f"T={T} resident read", kernels(read, 1), rows, top=args.top)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--what", choices=("ffn", "resident"), default="ffn")
+    ap.add_argument("--T", nargs="*", type=int, default=[512, 2048, 8192])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--ffn", default="auto", help="the resident model's expert FFN (expert_ffn)")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_read needs CUDA: run it on the GPU (benchmarks/gpu_session.sh profile*)")
+        return 2
+    rows: list = []
+    (ffn if args.what == "ffn" else resident)(args, rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"profile_{args.what}.csv"
+    with open(path, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=["what", "kernel", "category", "calls", "device_ms"])
+        wr.writeheader()
+        wr.writerows(rows)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
