@@ -6,10 +6,12 @@
 - routing: top-k and grouping by expert (strata.kernels.routing)
 - tiles: the expert GEMM's tile heuristic, `pin_tile` and its launch plan (`plan_launch`)
 - decoded: the expert FFN as decode-once then the BF16 GEMM (strata.kernels.decoded)
+- combine_rows / combine_rows_torch: the expert FFN's sum over K of its per-assignment rows, in one
+  pass (strata.kernels.combine)
 - chunk_attention / chunk_attention_torch: one prefill chunk's causal GQA attention over up to two
   prefix KV segments (bf16 or int8) and its own keys; quantize_kv / dequantize_kv the int8 KV
   format; AttnTile / pin_attn_tile its launch choice (strata.kernels.attention)
-The @triton.jit kernels live in private modules (_moe_kernel, _dequant_kernel,
+The @triton.jit kernels live in private modules (_moe_kernel, _combine_kernel, _dequant_kernel,
 _expert_dequant_kernel, attention/_kernel) behind these small launchers.
 """
 from strata import _backend  # noqa: F401, I001  (before triton is imported: the CPU's interpreter)

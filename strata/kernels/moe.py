@@ -37,6 +37,7 @@ from strata.experts import ExpertSet
 from strata.formats.table import FORMATS
 from strata.formats.tables import device_table
 from strata.kernels import _moe_kernel as _k
+from strata.kernels.combine import combine_rows, combine_rows_torch
 from strata.kernels.routing import check_topk_ids, group_blocked, group_blocked_bounded
 from strata.kernels.tiles import (GemmProblem, LaunchPlan, TileConfig, device_sms,  # noqa: F401
                                   plan_launch, resolve_tile, scratch_nbytes)
@@ -128,7 +129,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
 
     combine (how the per-assignment rows yk [T·K, D] become y = sum over K):
     - "pass": this call's rows alone (rows of id -1 count zero; with check=False, not knowing
-      whether any id is -1, they are zeroed whatever).
+      whether any id is -1, the sum skips them whatever: they are never read).
     - "defer": write this call's rows into workspace["yk"] and return `out` untouched: a later
       call of the same layer sums them.
     - "layer": sum every row of workspace["yk"] — this call's and the earlier "defer" calls' —
@@ -210,24 +211,19 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     if combine == "defer":
         return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
     # "pass": rows of skipped assignments were never written (check=False cannot tell whether
-    # there are any, so it zeroes them whatever); "layer": every row was written
+    # there are any, so the sum skips them whatever); "layer": every row was written
     mask = combine == "pass" and (grp.n_skipped is None or grp.n_skipped > 0)
     return _combine(yk, T, K, D, topk_ids, out, "mask" if mask else "all")
 
 
 def _combine(yk, T: int, K: int, D: int, topk_ids, out, rows) -> torch.Tensor:
-    """y = sum over K of yk's rows: rows "all" (every row written), "mask" (rows of id -1 zeroed
-    first), "layer" (all, or nothing when yk was never written: T·K = 0) or None (no rows: y = 0).
-    Added into `out` (fp32) when given, else bf16 [T, D]."""
-    if rows is None or T * K == 0:
-        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16,
-                                                       device=yk.device)
-    yk = yk.view(T, K, D)
-    if rows == "mask":
-        yk.masked_fill_((topk_ids < 0)[..., None], 0.0)
-    if out is not None:
-        return out.add_(yk.sum(dim=1))
-    return yk.sum(dim=1).to(torch.bfloat16)
+    """y = sum over K of yk's rows: rows "all" (every row written), "mask" (rows of id -1 skip,
+    never read), "layer" (all, or nothing when yk was never written: T·K = 0) or None (no rows:
+    y = 0). Added into `out` (fp32) when given, else bf16 [T, D]. One read of yk, one write of y
+    (strata.kernels.combine); where Triton cannot run (CPU tensors without the interpreter) its
+    torch reference, which gives the same bits."""
+    fn = combine_rows if yk.is_cuda or INTERPRET else combine_rows_torch
+    return fn(yk, T, K, D, topk_ids, out, rows)
 
 
 def _work(workspace, name: str, shape: tuple[int, int], dtype, dev) -> torch.Tensor:
