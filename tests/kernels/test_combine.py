@@ -176,15 +176,16 @@ def test_combine_property(p):
 
 
 def test_combine_compiles_for_h200():
-    """Every variant (mask x add, and the default GPU tile) compiles for sm_90 (triton's passes
-    and ptxas, no GPU) in a process without the interpreter, without register spills."""
+    """Both sides of MASK and of ADD compile for sm_90 at the default GPU tile (triton's passes and
+    ptxas, no GPU) in a process without the interpreter, without register spills."""
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_combine.py")],
+    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_combine.py"),
+                        "--quick"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 4 and "FAIL" not in r.stdout, r.stdout
+    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
     for line in lines:
         assert "spill 0/0" in line, line
 
