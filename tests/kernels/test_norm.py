@@ -300,6 +300,25 @@ def test_norm_impl_defaults_and_pins():
             pass
 
 
+def test_norm_kernels_compile_for_h200():
+    """Both kernels compile for sm_90 with triton's passes and ptxas (no GPU), at qwen3-30b-a3b's
+    shapes and norm_tile's tiles, in a process without the interpreter, with no register spills
+    (compile_norm.py without --quick: every width and head shape, their footprints)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_norm.py"),
+                        "--quick"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
+    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
+    for line in lines:
+        assert "spill 0/0" in line, line
+
+
 # -- on the GPU: the real shapes (qwen3-30b-a3b: D 2048, H 32, Hkv 4, hd 128) ----------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", [RowCase((4099,), 2048), RowCase((1000, 32), 128),
