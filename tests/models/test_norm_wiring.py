@@ -58,14 +58,14 @@ def tiny(tmp_path_factory):
     tok = torch.randint(0, TINY.vocab, (9,), generator=torch.Generator().manual_seed(2))
     with pin_norm("torch"):
         plain = model.prefill(tok, prov, chunk=CHUNK)
-    return model, prov, tok, plain
+    return model, prov, tok, plain, pack
 
 
 CHUNK, CHUNKS = 5, 2     # 9 tokens: a chunk of 5, then 4 after a prefix
 
 
 def test_cpu_read_takes_the_torch_twins(tiny, launches):
-    model, prov, tok, plain = tiny
+    model, prov, tok, plain, _ = tiny
     assert torch.equal(model.prefill(tok, prov, chunk=CHUNK), plain)
     assert launches == {"rms_norm": 0, "qk_norm_rope": 0}
 
@@ -73,12 +73,35 @@ def test_cpu_read_takes_the_torch_twins(tiny, launches):
 def test_cpu_read_pinned_to_the_kernels(tiny, launches):
     """Each chunk x layer: q and k through qk_norm_rope, the two layer norms (and, per chunk,
     the output norm) through rms_norm."""
-    model, prov, tok, plain = tiny
+    model, prov, tok, plain, _ = tiny
     with pin_norm("triton"):
         got = model.prefill(tok, prov, chunk=CHUNK)
     assert launches["qk_norm_rope"] == 2 * TINY.n_layer * CHUNKS
     assert launches["rms_norm"] >= 2 * TINY.n_layer * CHUNKS + 1
     assert rel(got, plain) < FP32_REL
+
+
+def test_cpu_engine_pinned_to_the_kernels(tiny, launches):
+    """The engine's KV path on the CPU with the Triton attention (interpreter): PromptKV hands
+    the fused k back as [T, Hkv, hd] rows, and chunk_attention takes it beside v only if their
+    strides agree (the contract apply_rope's layout kept). The KV is bf16, so a q/k element the
+    other sum order moved can round to the neighbouring bf16 value: the reads agree within
+    BF16_Y_REL, not FP32_REL."""
+    from strata.engine.prefill import EngineConfig, PrefillEngine
+    from strata.kernels.attention import pin_attention
+    from strata.packs import Pack
+    _, _, tok, _, pack = tiny
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=16 * Pack.open(pack).max_blob,
+                                           max_prompt=16, device="cpu", chunk=CHUNK, ring=2,
+                                           ffn="ref"))
+    with pin_attention("triton"):
+        with pin_norm("torch"):
+            plain = eng.run(tok).logits
+        assert launches["qk_norm_rope"] == 0
+        with pin_norm("triton"):
+            got = eng.run(tok).logits
+    assert launches["qk_norm_rope"] >= 2 * TINY.n_layer * CHUNKS
+    assert torch.isfinite(got).all() and rel(got, plain) < BF16_Y_REL
 
 
 # -- on the GPU ---------------------------------------------------------------------------------
