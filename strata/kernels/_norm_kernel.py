@@ -8,9 +8,10 @@ one (token t, head h) pair of x [T, NH, HD], HB = next_pow2(HD / 2).
       n[t, h] = rnd_o(w * rnd_x(x[t, h] * rsqrt(mean(x[t, h]^2) + eps)))   (NORM; else x[t, h])
       o[t, h, :HD/2] = rnd_o(n1 * cos1[t] - n2 * sin1[t])
       o[t, h, HD/2:] = rnd_o(n2 * cos2[t] + n1 * sin2[t])                 n1, n2: n's halves
-rnd_x rounds to x's dtype and rnd_o to the output's (to nearest even), the steps torch's rms_norm
-and apply_rope take (strata.models.layers); all arithmetic in between is fp32. A program owns BM whole rows, so
-each row's mean square is one in-register reduction, and x is read once and written once.
+rnd_x rounds to x's dtype and rnd_o to the output's (to nearest even), the steps torch's
+rms_norm and apply_rope take (strata.models.layers); all arithmetic in between is fp32. A
+program owns BM whole rows, so each row's mean square is one in-register reduction, and x is
+read once and written once. The output of the q/k kernel is [T, NH, HD], contiguous.
 """
 from __future__ import annotations
 

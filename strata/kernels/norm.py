@@ -70,9 +70,10 @@ def norm_impl(x: torch.Tensor) -> str:
 
 @dataclass(frozen=True)
 class NormTile:
-    """One program's rows (BM) and warps. Not a sweep: ROW_ELEMS elements a program (32 fp32
-    registers a thread at 4 warps) keeps a row block in registers with 16-byte loads at every
-    width up to MAX_N; benchmarks/profile_read.py shows what the read's norms cost."""
+    """One program's rows (block_m, a power of two) and warps. Not a sweep: norm_tile gives a
+    program ROW_ELEMS elements (one row when wider) and a warp per 1024 of them (4 to 16), 32
+    fp32 values a thread, 16-byte loads, no spills at any width up to MAX_N
+    (tests/kernels/compile_norm.py); benchmarks/profile_read.py shows what the norms cost."""
     block_m: int
     num_warps: int
 
@@ -90,6 +91,13 @@ def norm_tile(width: int) -> NormTile:
     bn = triton.next_power_of_2(width)
     bm = max(1, ROW_ELEMS // bn)
     return NormTile(bm, min(16, max(4, bm * bn // 1024)))
+
+
+def _on_device(x: torch.Tensor):
+    """x's CUDA device made current for the launch: Triton launches on the current device's
+    stream, and the models' output norm runs outside the layers' device context (a layer split's
+    last GPU need not be the current one)."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def _out_dtype(x: torch.Tensor, w: torch.Tensor | None) -> torch.dtype:
@@ -130,10 +138,11 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float, *,
     R = rows.shape[0]
     if R:
         cfg = tile or norm_tile(N)
-        _rms_norm_fwd_kernel[(triton.cdiv(R, cfg.block_m),)](
-            rows, rows if w is None else w, out, R, rows.stride(0), out.stride(0), float(eps),
-            N=N, BM=cfg.block_m, BN=triton.next_power_of_2(N), HAS_W=w is not None,
-            INTERP=INTERPRET, num_warps=cfg.num_warps)
+        with _on_device(x):
+            _rms_norm_fwd_kernel[(triton.cdiv(R, cfg.block_m),)](
+                rows, rows if w is None else w, out, R, rows.stride(0), out.stride(0),
+                float(eps), N=N, BM=cfg.block_m, BN=triton.next_power_of_2(N),
+                HAS_W=w is not None, INTERP=INTERPRET, num_warps=cfg.num_warps)
     return out.view(x.shape)
 
 
@@ -187,11 +196,12 @@ def qk_norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin
     R = T * h
     if R:
         cfg = tile or norm_tile(hd)
-        _qk_norm_rope_fwd_kernel[(triton.cdiv(R, cfg.block_m),)](
-            x, x if w is None else w, cos, sin, out, R, x.stride(0), x.stride(1), cos.stride(0),
-            sin.stride(0), float(eps), NH=h, HD=hd, HB=triton.next_power_of_2(hd // 2),
-            BM=cfg.block_m, NORM=w is not None, INTERP=INTERPRET,
-            num_warps=cfg.num_warps)
+        with _on_device(x):
+            _qk_norm_rope_fwd_kernel[(triton.cdiv(R, cfg.block_m),)](
+                x, x if w is None else w, cos, sin, out, R, x.stride(0), x.stride(1),
+                cos.stride(0), sin.stride(0), float(eps), NH=h, HD=hd,
+                HB=triton.next_power_of_2(hd // 2), BM=cfg.block_m, NORM=w is not None,
+                INTERP=INTERPRET, num_warps=cfg.num_warps)
     return out.transpose(0, 1)
 
 

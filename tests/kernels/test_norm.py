@@ -104,7 +104,7 @@ class RowCase:
 
 
 ROW_CASES = [
-    RowCase((37,), 2048),                     # the hidden norm's width, 37 rows: not a block multiple
+    RowCase((37,), 2048),                     # the hidden norm's width; 37 rows: no block multiple
     RowCase((5, 3), 128, "bf16"),             # the q/k heads' shape [T, h, hd]
     RowCase((1,), 1, "fp32"),                 # one element: the mean square is x^2
     RowCase((130,), 96, "fp16"),              # masked columns (BN = 128), rows past one block
