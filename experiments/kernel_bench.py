@@ -232,6 +232,8 @@ def main(argv=None) -> int:
     args.grid = (shapes, names, Ts, fmts)
     tag = ("smoke" if args.smoke else "quick" if args.quick else
            "full" if args.arms == ARMS and not args.tiles else "arms")
+    if args.formats and tag == "arms":   # one call's runs by format must not overwrite each other
+        tag += "_" + "-".join(args.formats)
     return bench.main(args, "kernel_bench", measure, script=__file__, argv=argv,
                       stem=f"kernel_bench_{tag}", plot=plot, summary=lambda rows: None)
 
