@@ -108,8 +108,9 @@ def _check_rows(x, w, width: int, what: str) -> None:
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOATS or x.dim() == 0:
         raise StrataError(f"{what} takes a float tensor (fp32, bf16, fp16) with a last dim, got "
                           f"{getattr(x, 'dtype', type(x).__name__)}")
-    if x.stride(-1) != 1:
-        raise StrataError(f"{what} needs a unit stride in the last dim, got {x.stride()}")
+    if x.shape[-1] == 0 or x.stride(-1) != 1:
+        raise StrataError(f"{what} needs a last dim of at least one element with a unit stride, "
+                          f"got shape {list(x.shape)} strides {x.stride()}")
     if w is not None and (w.shape != (width,) or w.device != x.device
                           or w.dtype not in FLOATS):
         raise StrataError(f"{what}: the weight must be a float [{width}] tensor on {x.device}, "

@@ -45,8 +45,9 @@ def norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: t
               eps: float) -> torch.Tensor:
     """x [T, h, hd] -> apply_rope(rms_norm(x, w, eps).transpose(0, 1), cos, sin) [h, T, hd] (w
     None: no norm), as one fused kernel pass where `norm_impl` says so and it takes the inputs
-    (full-width NEOX cos/sin [T, hd] fp32), else the torch twin. Either way the result is the
-    [h, T, hd] transposed view of a [T, h, hd] buffer."""
+    (full-width NEOX cos/sin [T, hd] fp32), else the torch twin. For the projection's
+    contiguous x either way the result is the [h, T, hd] transposed view of a [T, h, hd] buffer
+    (the twin's elementwise ops keep their input's strides)."""
     if _norm.norm_impl(x) == "triton" and _norm.qk_norm_rope_supported(x, w, cos, sin):
         return _norm.qk_norm_rope(x, w, cos, sin, eps)
     return _norm.qk_norm_rope_torch(x, w, cos, sin, eps)

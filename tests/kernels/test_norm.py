@@ -178,6 +178,8 @@ def test_rms_norm_empty_and_bad_inputs():
         rms_norm(torch.ones(2, 64), torch.ones(32), EPS)
     with pytest.raises(StrataError, match="unit stride"):
         rms_norm(torch.ones(64, 2).t(), None, EPS)
+    with pytest.raises(StrataError, match="at least one element"):
+        rms_norm(torch.ones(3, 0), None, EPS)
     with pytest.raises(StrataError, match="at most"):
         rms_norm(torch.ones(1, norm.MAX_N + 1), None, EPS)
     with pytest.raises(StrataError, match="power of two"):
