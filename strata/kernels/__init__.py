@@ -11,8 +11,10 @@
 - chunk_attention / chunk_attention_torch: one prefill chunk's causal GQA attention over up to two
   prefix KV segments (bf16 or int8) and its own keys; quantize_kv / dequantize_kv the int8 KV
   format; AttnTile / pin_attn_tile its launch choice (strata.kernels.attention)
+- norm: rms_norm / qk_norm_rope (+ _torch twins): RMSNorm over rows, attention's per-head q/k
+  norm with NEOX RoPE in one pass; pin_norm the models' choice (strata.kernels.norm)
 The @triton.jit kernels live in private modules (_moe_kernel, _combine_kernel, _dequant_kernel,
-_expert_dequant_kernel, attention/_kernel) behind these small launchers.
+_expert_dequant_kernel, _norm_kernel, attention/_kernel) behind these small launchers.
 """
 from strata import _backend  # noqa: F401, I001  (before triton is imported: the CPU's interpreter)
 from strata.kernels.attention import (AttnTile, KVSegment, chunk_attention, chunk_attention_torch,

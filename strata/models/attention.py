@@ -5,7 +5,8 @@ Hkv kv heads, hd head dim.
 
     q = Wq x + bq, k = Wk x + bk, v = Wv x + bv  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
     q, k = qnorm(q), knorm(k)                    # per-head RMSNorm, when the weights carry one
-    q, k = rope(q), rope(k)                      # cos/sin from the caller (strata.models.layers)
+    q, k = rope(q), rope(k)                      # cos/sin from the caller (strata.models.layers;
+                                                 # norm and rope one fused kernel on CUDA)
     o = softmax(q k^T / sqrt(hd) + mask, sink) v # keys: the P cached + this chunk's T
                                                  # (a PromptKV: chunk_attention over its
                                                  # [host-staged, resident] segments, bf16)
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.models.kv import KVCache, PromptKV
-from strata.models.layers import apply_rope, rms_norm
+from strata.models.layers import norm_rope
 
 
 @dataclass
@@ -104,12 +105,9 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     q = _proj(x, w.wq, w.bq).view(T, s.n_head, s.head_dim)           # [T, H, hd]
     k = _proj(x, w.wk, w.bk).view(T, s.n_kv_head, s.head_dim)        # [T, Hkv, hd]
     v = _proj(x, w.wv, w.bv).view(T, s.n_kv_head, s.head_dim)
-    if w.q_norm is not None:
-        q = rms_norm(q, w.q_norm, s.norm_eps)
-    if w.k_norm is not None:
-        k = rms_norm(k, w.k_norm, s.norm_eps)
-    q = apply_rope(q.transpose(0, 1), cos, sin)                      # [H, T, hd]
-    k = apply_rope(k.transpose(0, 1), cos, sin)                      # [Hkv, T, hd]
+    # the optional per-head norm, then NEOX RoPE: one fused pass each on CUDA (layers.norm_rope)
+    q = norm_rope(q, w.q_norm, cos, sin, s.norm_eps)                 # [H, T, hd]
+    k = norm_rope(k, w.k_norm, cos, sin, s.norm_eps)                 # [Hkv, T, hd]
     o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks)   # [T, H, hd]
     return _proj(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo)    # [T, D]
 

@@ -3,6 +3,9 @@
 Legend: T tokens, h heads, hd head dim.
 
     rms_norm(x, w, eps)              x * rsqrt(mean(x^2) + eps) * w over the last dim
+    norm_rope(x [T, h, hd], w, cos, sin, eps)    apply_rope(rms_norm(x, w, eps).transpose(0, 1),
+                                     cos, sin) -> [h, T, hd] (w None: rope only), attention's
+                                     per-head q/k norm and NEOX RoPE
     rope_cos_sin(positions, hd, θ)   cos, sin [T, hd], NEOX RoPE (frequency i on dims i, i + hd/2)
     yarn_cos_sin(positions, hd, θ, factor, orig_ctx, ...)   the same with YaRN's frequencies and
                                      attention factor (GPT-OSS)
@@ -15,6 +18,10 @@ Legend: T tokens, h heads, hd head dim.
 
 An architecture with another RoPE (YaRN scaling, interleaved pairs, a partial rotary dim) adds its
 own `*_cos_sin` / `apply_*` pair here; attention takes whatever cos/sin it is handed.
+
+rms_norm and norm_rope run strata's fused Triton kernels for CUDA tensors in bf16/fp16 and their
+plain-torch twins elsewhere (the CPU's fp32 path is the twins' code, unchanged); `pin_norm`
+("torch" / "triton") forces one inside a block (strata.kernels.norm).
 """
 from __future__ import annotations
 
@@ -23,12 +30,27 @@ import math
 
 import torch
 
+from strata.kernels import norm as _norm
+
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, computed in fp32 (as HF does), result in x's dtype."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
+    """RMSNorm over the last dim, computed in fp32 (as HF does), rounded to x's dtype, times w:
+    the fused kernel where `norm_impl` says so and it takes the shape, else the torch twin."""
+    if _norm.norm_impl(x) == "triton" and _norm.rms_norm_supported(x, w):
+        return _norm.rms_norm(x, w, eps)
+    return _norm.rms_norm_torch(x, w, eps)
+
+
+def norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+              eps: float) -> torch.Tensor:
+    """x [T, h, hd] -> apply_rope(rms_norm(x, w, eps).transpose(0, 1), cos, sin) [h, T, hd] (w
+    None: no norm), as one fused kernel pass where `norm_impl` says so and it takes the inputs
+    (full-width NEOX cos/sin [T, hd] fp32), else the torch twin. For the projection's
+    contiguous x either way the result is the [h, T, hd] transposed view of a [T, h, hd] buffer
+    (the twin's elementwise ops keep their input's strides)."""
+    if _norm.norm_impl(x) == "triton" and _norm.qk_norm_rope_supported(x, w, cos, sin):
+        return _norm.qk_norm_rope(x, w, cos, sin, eps)
+    return _norm.qk_norm_rope_torch(x, w, cos, sin, eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float
@@ -80,10 +102,9 @@ def yarn_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, factor: f
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [h, T, hd]: x*cos + rotate_half(x)*sin, rotate_half(a, b) = (-b, a)."""
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rot.float() * sin).to(x.dtype)
+    """x [h, T, hd]: x*cos + rotate_half(x)*sin, rotate_half(a, b) = (-b, a) (in fp32, rounded to
+    x's dtype: strata.kernels.norm.neox_rope_torch, the fused kernel's twin)."""
+    return _norm.neox_rope_torch(x, cos, sin)
 
 
 def apply_rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
