@@ -35,8 +35,8 @@ packings use all 96 bits of the 12 bytes, so the re-pack is a bijection on any b
 reduction step (sub-blocks 2j, 2j+1) reads bytes 4+2j, 5+2j and 12+j.
 
 Since blob matrices start 256-byte aligned (strata.blob) and K is whole blocks, every code row
-starts 16-byte aligned (B·cb is a multiple of 16) and the scale plane starts 16-byte aligned (N·B·cb
-is); Q4_K's scale rows (16 bytes a super-block) are 16-byte aligned too. Matrices in other
+starts 16-byte aligned (B·cb is a multiple of 16) and the scale plane starts 16-byte aligned
+(N·B·cb is); Q4_K's scale rows (16 bytes a super-block) are 16-byte aligned too. Matrices in other
 formats and the bias slot are not touched, so the blob's size, and with it `max_blob` (the ring's
 unit) and every count made from the BlobLayout, stay what they are.
 
