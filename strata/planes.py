@@ -266,8 +266,9 @@ def dequantize_planes(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> t
 def relayout_blob_(blob: torch.Tensor, layout: BlobLayout, *, to: str = "planes") -> torch.Tensor:
     """Re-lay one expert blob (uint8 [>= layout.size], e.g. a cache slot) in place: every
     plane-format matrix to the plane layout (to="planes") or back to ggml's (to="ggml"). The
-    other matrices and the bias slot are left as they are. One temporary of a matrix's size;
-    no host sync (a device op on the blob's stream)."""
+    other matrices and the bias slot are left as they are. Temporaries of up to about twice a
+    matrix's size (4-bit codes pass through weight order, a byte each); no host sync (device
+    ops on the blob's stream)."""
     if to not in ("planes", "ggml"):
         raise StrataError(f"to must be 'planes' or 'ggml', got {to!r}")
     fn = to_planes if to == "planes" else to_ggml

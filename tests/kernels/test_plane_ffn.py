@@ -296,12 +296,16 @@ def test_real_shape_gpu(fmt, T, tile):
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_K"])
 def test_plane_dequantize_gpu_bit_exact(fmt):
     """Compiled for the GPU (where ptxas may contract a product and a difference into an FMA)
-    the GEMM's decode still gives ggml's values bit for bit: every product it forms is exact."""
+    the GEMM's decode still gives ggml's values bit for bit: every product it forms is exact.
+    The relayout run on the GPU is the CPU's, both ways."""
+    from strata.planes import to_ggml
     rows, cols = 96, 1024
     f = get_format(fmt)
     raw = _q4_k_blocks(rows, cols, seed=3) if fmt == "Q4_K" else random_blocks(f, rows, cols)
     ref = dequantize(raw, f).float().reshape(rows, cols)
-    planes = to_planes(raw, fmt, rows, cols).cuda()
+    planes = to_planes(raw.cuda(), fmt, rows, cols)
+    assert torch.equal(planes.cpu(), to_planes(raw, fmt, rows, cols))
+    assert torch.equal(to_ggml(planes, fmt, rows, cols).cpu(), raw)
     for block in ((32, 64), (64, 128)):
         got = plane_dequantize(planes, fmt, rows, cols, block=block)
         assert torch.equal(got.cpu().view(torch.int32), ref.view(torch.int32)), block
