@@ -12,8 +12,9 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
   torch._grouped_mm: what a framework without fused decode does each time.
 - strata-plane (Q8_0, Q4_0, Q4_K: plane.KERNEL_FORMATS): strata.kernels.plane.plane_ffn on the
   same experts re-laid once into the plane layout (strata.planes: aligned code tiles, scales
-  apart), the tile from its default table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]` per PlaneTile (the sweep of its
-  launch choices in the same call), e.g. --tiles 128x128x64/w8s4/tma 64x128x64/w8s4/noswap.
+  apart), the tile from its default table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]`
+  per PlaneTile (the sweep of its launch choices in the same call), e.g.
+  --tiles 128x128x64/w8s4/tma 64x128x64/w8s4/noswap.
 `--arms A B ...` keeps only those arms (grouped_mm-bf16 always runs: it is every figure's bound).
 Every arm includes routing's grouping and the weighted sum over K.
 
@@ -233,6 +234,8 @@ def main(argv=None) -> int:
     args.grid = (shapes, names, Ts, fmts)
     tag = ("smoke" if args.smoke else "quick" if args.quick else
            "full" if args.arms == ARMS and not args.tiles else "arms")
+    if args.formats and tag == "arms":   # one call's runs by format must not overwrite each other
+        tag += "_" + "-".join(args.formats)
     return bench.main(args, "kernel_bench", measure, script=__file__, argv=argv,
                       stem=f"kernel_bench_{tag}", plot=plot, summary=lambda rows: None)
 

@@ -158,15 +158,17 @@ class StreamingProvider:
         members += [(self.queue[i][1], self.ring_base + (i % self.R) * self.stride, i)
                     for i in range(a, b)]
         n_pass = -(-len(members) // self.G)
-        tab = torch.full((max(n_pass, 1), self.E), -1, dtype=torch.int64,
-                         pin_memory=self.lane.cuda)
+        # the table is filled as Python lists and becomes a tensor once: an element assignment
+        # into a tensor costs microseconds, E of them a layer before the first copy is issued
+        rows = [[-1] * self.E for _ in range(max(n_pass, 1))]
         streamed = []   # per pass: (first, last + 1) queue indices it streams, or None
         for k in range(n_pass):
             group = members[k * self.G:(k + 1) * self.G]
             for e, off, _ in group:
-                tab[k, e] = off
+                rows[k][e] = off
             idx = [i for _, _, i in group if i is not None]
             streamed.append((idx[0], idx[-1] + 1) if idx else None)
+        tab = torch.tensor(rows, dtype=torch.int64, pin_memory=self.lane.cuda)
         self.pass_tables[layer] = (tab.to(self.arena.device, non_blocking=True), streamed)
 
     # -- provider protocol -------------------------------------------------------------------
@@ -190,22 +192,24 @@ class StreamingProvider:
         self.issued = self.released = 0
         dev = self.arena.device
         # Cached experts of each layer (the loan has already evicted what it borrowed).
-        self.cached_offsets = torch.full((self.n_layer, self.E), -1, dtype=torch.int64)
+        cached = [[-1] * self.E for _ in range(self.n_layer)]
         self.cached_list: dict[int, list[tuple[int, int]]] = {l: [] for l in self.moe_layers}
         for (layer, e), slot in sorted(self.cache.index.items()):
             off = self.cache.layout.slot_offset[slot]
-            self.cached_offsets[layer, e] = off
+            cached[layer][e] = off
             if layer in self.cached_list:
                 self.cached_list[layer].append((e, off))
+        self.cached_offsets = torch.tensor(cached, dtype=torch.int64)     # [L, E]
         self.routed = torch.zeros(self.n_layer, self.E, dtype=torch.bool, device=dev)
         self.chunk_stats.pending = (self.routed, self.cached_offsets >= 0)   # read in settle()
         if self.observers:
             mark = self._mark()
             for o in self.observers:
                 o.on_chunk(self.name, start, n_tokens, mark)
-        if self.mode == STREAM:
+        if self.mode == STREAM:   # the first copies go out before the later layers are queued
             for layer in self.moe_layers:
                 self._queue_layer(layer, range(self.E))
+                self._pump()
         self._pump()
 
     def begin_layer(self, layer: int) -> None:

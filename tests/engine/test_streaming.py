@@ -337,3 +337,37 @@ def test_the_collector_pauses_for_a_prompt_and_comes_back(pack, tokens, monkeypa
         assert seen.during[-1] is False and not gc.isenabled()   # the caller's choice stands
     finally:
         gc.enable()
+
+
+def test_the_first_copy_goes_out_before_the_later_layers_are_queued(pack, tokens, monkeypatch):
+    """Stream mode queues every layer at a chunk's start; the copy lane gets its first blobs as
+    soon as the first layer is queued, not after the host has built every layer's tables."""
+    from strata.engine.observe import EngineObserver
+    from strata.engine.provider import StreamingProvider
+    events = []
+    queue_layer = StreamingProvider._queue_layer
+
+    def spy(self, layer, experts):
+        events.append(("queue", layer))
+        return queue_layer(self, layer, experts)
+
+    class Copies(EngineObserver):
+        def on_chunk(self, part, start, n_tokens, mark):
+            events.append(("chunk", start))
+
+        def on_copy(self, part, layer, expert, nbytes, start, done):
+            events.append(("copy", layer))
+
+    monkeypatch.setattr(StreamingProvider, "_queue_layer", spy)
+    eng = engine(pack, ring=3, chunk=16)
+    eng.observers.append(Copies())
+    res = eng.run(tokens, logits="none")
+    assert res.stats.bytes_streamed > 0
+    starts = [i for i, e in enumerate(events) if e[0] == "chunk"]
+    assert len(starts) == len(res.stats.chunks) > 1
+    for a, b in zip(starts, starts[1:] + [len(events)]):
+        chunk = events[a + 1:b]
+        queued = [l for kind, l in chunk if kind == "queue"]
+        assert len(queued) == SHAPE.n_layer > 1
+        first_copy = next(i for i, e in enumerate(chunk) if e[0] == "copy")
+        assert chunk[:first_copy] == [("queue", queued[0])], chunk
