@@ -1,7 +1,7 @@
 """Compile the plane-layout Q8_0 / Q4_0 / Q4_K expert GEMM for sm_90 on a machine without a GPU
-(ttir -> cubin) and report each variant's footprint: shared memory, registers and spills (triton's ptxas -v),
-which tensor-core instruction the dots became (wgmma or mma.sync), and how the code tiles reach
-shared memory (cp.async or TMA).
+(ttir -> cubin) and report each variant's footprint: shared memory, registers and spills
+(triton's ptxas -v), which tensor-core instruction the dots became (wgmma or mma.sync), and how
+the code tiles reach shared memory (cp.async or TMA).
 
 compile_moe.py's pipeline (this folder); args get the divisibility-16 hints the JIT gives real
 launches (planes and rows 16-byte aligned, D and F multiples of 16).
