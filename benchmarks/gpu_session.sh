@@ -96,7 +96,7 @@ for step in "$@"; do
     # issue 17: the pinning thread's rate beside a busy interpreter (GIL hand-offs), pread vs map copy
     pinbg)   timeout 200 python3 benchmarks/pin_bench.py --gib 8 --options thp-8 pread-8 pread-16 bg-thp-8 bg-pread-8 bgsi-thp-8 bgsi-pread-8 bgsi-pread-16 --out-dir "$OUT" 2>&1 | grep "^pin_bench" | tee "$OUT/pin_bg.log" ;;
     # issue 18 item 3: the plane-layout Q8_0 GEMM against its reference at the qwen3 shape (every
-    # table tile, TMA, no swap; T 1 / 77 / 2048), then timed beside grouped_mm-bf16 and strata's BF16 and
+    # table tile, TMA, no swap; T 1 / 77 / 2048; Q4_0 and Q4_K at T 77 / 2048, their decode bit-exact), then timed beside grouped_mm-bf16 and strata's BF16 and
     # fused Q8_0 kernels at T 512/2048/8192 (CSV + PNG); PLANE_TILES="128x128x64/w8s4/tma ..." adds one
     # strata-plane[tile] arm each (the sweep in the same call)
     planetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_plane_ffn.py tests/engine/test_plane_engine.py 2>&1 | tail -20 > "$OUT/gpu_plane_tests.log"; tail -5 "$OUT/gpu_plane_tests.log" ;;
@@ -105,6 +105,10 @@ for step in "$@"; do
     planeengine) timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192 --arms auto,plane --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/plane_engine8k.log" ;;
     # the same for Q4_0 (its plane arm beside the fused Q4_0 kernel and grouped_mm-bf16)
     plane4)  timeout 230 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 512 2048 8192 --formats Q4_0 --arms strata-dp strata-plane ${PLANE_TILES:+--tiles $PLANE_TILES} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/plane4_bench.log" ;;
+    # Q4_K (Q4_K_M's expert format): its plane arm beside the fused Q4_K kernel, decode-once + strata's BF16
+    # kernel and grouped_mm-bf16; plane4ktests: the Q4_K slice of the plane GPU tests alone (planetests runs it too)
+    plane4k) timeout 230 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 512 2048 8192 --formats Q4_K --arms strata-dp strata-decoded strata-plane ${PLANE_TILES:+--tiles $PLANE_TILES} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/plane4k_bench.log" ;;
+    plane4ktests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_plane_ffn.py -k Q4_K 2>&1 | tail -20 > "$OUT/gpu_plane4k_tests.log"; tail -5 "$OUT/gpu_plane4k_tests.log" ;;
     # issue 18: the GPU sync cases with their whole tracebacks (where a sync is, if one is)
     syncdiag) timeout 200 python3 -m pytest -rfE --tb=long -m gpu -p no:cacheprovider tests/engine/test_syncs.py > "$OUT/gpu_sync_diag.log" 2>&1; tail -5 "$OUT/gpu_sync_diag.log" ;;
     # issue 18: where the device time goes, by kernel: the expert FFN arms at T 512/2048/8192 (host

@@ -10,10 +10,11 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
   ceiling: it reads 2 bytes a weight).
 - decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.expert_dequant), then
   torch._grouped_mm: what a framework without fused decode does each time.
-- strata-plane (Q8_0, Q4_0): strata.kernels.plane.plane_ffn on the same experts re-laid once into
-  the plane layout (strata.planes: int8 code tiles, scales apart), the tile from its default
-  table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]` per PlaneTile (the sweep of its
-  launch choices in the same call), e.g. --tiles 128x128x64/w8s4/tma 64x128x64/w8s4/noswap.
+- strata-plane (Q8_0, Q4_0, Q4_K: plane.KERNEL_FORMATS): strata.kernels.plane.plane_ffn on the
+  same experts re-laid once into the plane layout (strata.planes: aligned code tiles, scales
+  apart), the tile from its default table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]`
+  per PlaneTile (the sweep of its launch choices in the same call), e.g.
+  --tiles 128x128x64/w8s4/tma 64x128x64/w8s4/noswap.
 `--arms A B ...` keeps only those arms (grouped_mm-bf16 always runs: it is every figure's bound).
 Every arm includes routing's grouping and the weighted sum over K.
 
@@ -31,7 +32,8 @@ cut run keeps some; `--base REF` adds the same run at a git ref.
     python experiments/kernel_bench.py --sweep     # time a few pinned tiles (heuristic tuning)
     python experiments/kernel_bench.py --quick --base main   # the working tree against main
     python experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 512 2048 8192 \
-        --formats BF16 Q8_0 --arms strata-dp strata-plane      # the plane GEMM (gpu_session: plane)
+        --formats BF16 Q8_0 --arms strata-dp strata-plane      # the plane GEMM (gpu_session: plane;
+                                                               # plane4 Q4_0, plane4k Q4_K)
 """
 from __future__ import annotations
 

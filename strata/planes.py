@@ -1,30 +1,50 @@
-"""The plane layout of an expert blob: each Q8_0 / Q4_0 matrix's codes and scales apart.
+"""The plane layout of an expert blob: each Q8_0 / Q4_0 / Q4_K matrix's codes and scales apart.
 
-Legend: N rows (output features), K inputs (a multiple of 32), R = K / 32 blocks per row,
-cb code bytes per block (Q8_0 32, Q4_0 16), E experts.
+Legend: N rows (output features), K inputs (a multiple of the format's block: 32, Q4_K 256),
+B = K / block blocks per row, cb code bytes per block (Q8_0 32, Q4_0 16, Q4_K 128), sb scale
+bytes per block (Q8_0 / Q4_0 2: the fp16 d; Q4_K 16: d, dmin and the 6-bit scales and mins), E
+experts.
 
-ggml stores such a matrix as N·R blocks of (fp16 scale, cb code bytes) back to back: 34 bytes
-(Q8_0) or 18 (Q4_0), so no code run starts 16-byte aligned and the scales interleave with the
-codes; a kernel cannot load the codes as one plain tile. The plane layout keeps the matrix in
-the same bytes of the blob (same offset, same `nbytes`), rearranged:
+ggml stores such a matrix as N·B blocks of (sb scale bytes, cb code bytes) back to back: 34 bytes
+(Q8_0), 18 (Q4_0) or 144 (Q4_K), so the scales interleave with the codes and (but for Q4_K) no
+code run starts 16-byte aligned; a kernel cannot load the codes as one plain tile. The plane
+layout keeps the matrix in the same bytes of the blob (same offset, same `nbytes`), rearranged:
 
-    [offset, offset + N·R·cb)              codes  [N, R·cb] uint8, row-major (row stride R·cb)
-    [offset + N·R·cb, offset + nbytes)     scales [N, R] fp16, row-major (row stride 2·R bytes)
+    [offset, offset + N·B·cb)              codes  [N, B·cb] uint8, row-major (row stride B·cb)
+    [offset + N·B·cb, offset + nbytes)     scales [N, B·sb] uint8, row-major (row stride B·sb):
+                                           Q8_0 / Q4_0 one fp16 d a block, Q4_K 16 bytes a
+                                           super-block (below)
 
-Q8_0's code bytes are its int8 q, in weight order. Q4_0's codes are re-paired in weight order:
-code byte j of a row holds weight 2j in its low nibble and weight 2j+1 in its high nibble (ggml's
-block puts weight i < 16 in the low nibble of qs[i] and i >= 16 in the high nibble of qs[i - 16]),
-so a kernel unpacks a code tile into weight order with a shift and a mask, no shuffle. Since blob
-matrices start
-256-byte aligned (strata.blob) and K is whole blocks, every code row starts 16-byte aligned
-(R·cb is a multiple of 16) and the scale plane starts 16-byte aligned (N·R·cb is). Matrices in
-other formats and the bias slot are not touched, so the blob's size, and with it `max_blob` (the
-ring's unit) and every count made from the BlobLayout, stay what they are.
+Q8_0's code bytes are its int8 q, in weight order. Q4_0's and Q4_K's codes are re-paired in weight
+order: code byte j of a row holds weight 2j in its low nibble and weight 2j+1 in its high nibble
+(ggml's Q4_0 block puts weight i < 16 in the low nibble of qs[i] and i >= 16 in the high nibble
+of qs[i - 16]; Q4_K's super-block puts weight 64g + i, i < 32, in the low nibble of qs[32g + i] and
+64g + 32 + i in its high nibble), so a kernel unpacks a code tile into weight order with a shift
+and a mask, no shuffle.
 
-The relayout is a permutation of bytes (of nibbles for Q4_0's codes), so it is exactly invertible
-and every decoded value is the ggml decoder's bit for bit (`dequantize_planes` forms the same fp32
-products as strata.formats.dequantize). `to_planes` / `to_ggml` are plain torch ops on any device
-(the engine can run them on the GPU on a cache slot after its copy lands).
+A Q4_K super-block's 16 scale bytes, re-packed so that sub-block s (weights 32s .. 32s+31 of the
+super-block) reads its 6-bit scale sc[s] and min m[s] from two fixed bytes with no select:
+
+    bytes 0-1   d (fp16), bytes 2-3 dmin (fp16)        ggml's own
+    byte 4 + s  sc[s] in bits 0-5, bits 4-5 of m[s] in bits 6-7          (s = 0..7)
+    byte 12 + j the low 4 bits of m[2j] in bits 0-3, of m[2j+1] in bits 4-7   (j = 0..3)
+
+(ggml's 12 bytes, get_scale_min_k4: bytes 0-3 sc[s] for s < 4 with the top 2 bits of sc[s+4],
+bytes 4-7 the same for the mins, bytes 8-11 the low nibbles of sc[s+4] and m[s+4].) Both
+packings use all 96 bits of the 12 bytes, so the re-pack is a bijection on any bytes. A 64-weight
+reduction step (sub-blocks 2j, 2j+1) reads bytes 4+2j, 5+2j and 12+j.
+
+Since blob matrices start 256-byte aligned (strata.blob) and K is whole blocks, every code row
+starts 16-byte aligned (B·cb is a multiple of 16) and the scale plane starts 16-byte aligned
+(N·B·cb is); Q4_K's scale rows (16 bytes a super-block) are 16-byte aligned too. Matrices in other
+formats and the bias slot are not touched, so the blob's size, and with it `max_blob` (the ring's
+unit) and every count made from the BlobLayout, stay what they are.
+
+The relayout is a permutation of bytes (of nibbles for the 4-bit codes, of bit fields for Q4_K's
+scales), so it is exactly invertible and every decoded value is the ggml decoder's bit for bit
+(`dequantize_planes` forms the same fp32 products as strata.formats.dequantize). `to_planes` /
+`to_ggml` are plain torch ops on any device (the engine can run them on the GPU on a cache slot
+after its copy lands).
 """
 from __future__ import annotations
 
@@ -36,10 +56,24 @@ import torch
 from strata.blob import BlobLayout, MatrixSlot
 from strata.errors import StrataError
 from strata.experts import ExpertSet
+from strata.formats.kquants import q4_k_scale_min
 
-# formats whose block is one fp16 scale (bytes 0..1) then the code bytes: the plane layout
-# separates the two; the value is the code bytes per block (cb)
-PLANE_FORMATS = {"Q8_0": 32, "Q4_0": 16}
+@dataclass(frozen=True)
+class PlaneFormat:
+    """A format's block as the plane layout splits it: `scale_bytes` of scales first (ggml's
+    order in each of these formats), then `code_bytes` of codes, for `block` weights."""
+    block: int
+    code_bytes: int
+    scale_bytes: int
+
+    @property
+    def block_bytes(self) -> int:
+        return self.code_bytes + self.scale_bytes
+
+
+# the formats with a plane layout (module docstring)
+PLANE_FORMATS = {"Q8_0": PlaneFormat(32, 32, 2), "Q4_0": PlaneFormat(32, 16, 2),
+                 "Q4_K": PlaneFormat(256, 128, 16)}
 PLANE_ALIGN = 16   # what a code row and the scale plane start aligned to (cp.async / TMA)
 
 
@@ -47,17 +81,17 @@ PLANE_ALIGN = 16   # what a code row and the scale plane start aligned to (cp.as
 class MatrixPlanes:
     """Where one matrix's planes sit, in bytes from the blob's start."""
     name: str
-    fmt: str             # "Q8_0" | "Q4_0"
+    fmt: str             # "Q8_0" | "Q4_0" | "Q4_K"
     rows: int            # N
     cols: int            # K
     codes_offset: int    # = the MatrixSlot's offset (256-aligned)
-    codes_row_bytes: int  # R·cb
-    scales_offset: int   # codes_offset + N·R·cb (16-aligned)
-    scales_row: int      # R: fp16 scales per row
+    codes_row_bytes: int  # B·cb
+    scales_offset: int   # codes_offset + N·B·cb (16-aligned)
+    scales_row_bytes: int  # B·sb: a row's scale bytes (Q8_0 / Q4_0 B fp16, Q4_K 16 a block)
 
     @property
     def nbytes(self) -> int:
-        return self.rows * (self.codes_row_bytes + 2 * self.scales_row)
+        return self.rows * (self.codes_row_bytes + self.scales_row_bytes)
 
 
 @dataclass(frozen=True)
@@ -75,12 +109,12 @@ class PlaneLayout:
 
 def matrix_planes(m: MatrixSlot) -> MatrixPlanes | None:
     """The planes of matrix slot `m`, None when its format has no plane layout."""
-    cb = PLANE_FORMATS.get(m.fmt.name)
-    if cb is None:
+    pf = PLANE_FORMATS.get(m.fmt.name)
+    if pf is None:
         return None
-    r = m.cols // 32
-    p = MatrixPlanes(m.name, m.fmt.name, m.rows, m.cols, m.offset, r * cb,
-                     m.offset + m.rows * r * cb, r)
+    b = m.cols // pf.block
+    p = MatrixPlanes(m.name, m.fmt.name, m.rows, m.cols, m.offset, b * pf.code_bytes,
+                     m.offset + m.rows * b * pf.code_bytes, b * pf.scale_bytes)
     assert p.nbytes == m.nbytes and p.codes_offset % PLANE_ALIGN == 0
     assert p.codes_row_bytes % PLANE_ALIGN == 0 and p.scales_offset % PLANE_ALIGN == 0
     return p
@@ -92,87 +126,149 @@ def plane_layout(layout: BlobLayout) -> PlaneLayout:
     return PlaneLayout(layout, *(matrix_planes(m) for m in layout.matrices))
 
 
-def _blocks(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
-    cb = PLANE_FORMATS.get(fmt)
-    if cb is None:
+def _format(fmt: str) -> PlaneFormat:
+    pf = PLANE_FORMATS.get(fmt)
+    if pf is None:
         raise StrataError(f"{fmt} has no plane layout; it is defined for "
                           f"{', '.join(PLANE_FORMATS)}")
-    if cols % 32 or raw.dtype != torch.uint8 or raw.shape[-1] != rows * cols // 32 * (cb + 2):
-        raise StrataError(f"a {fmt} [{rows}, {cols}] matrix is {rows * cols // 32 * (cb + 2)} "
-                          f"uint8 bytes with cols a multiple of 32; got {raw.dtype} "
-                          f"{tuple(raw.shape)}")
-    return raw.reshape(*raw.shape[:-1], rows, cols // 32, cb + 2)          # [..., N, R, 2+cb]
+    return pf
 
 
-def _pairs_of_ggml(qs: torch.Tensor) -> torch.Tensor:
-    """Q4_0 qs [..., 16] (ggml's nibble order) -> [..., 16] bytes in weight-pair order."""
-    q = torch.cat([qs & 0xF, qs >> 4], dim=-1)                               # [..., 32] weights
+def _blocks(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
+    pf = _format(fmt)
+    n = rows * cols // pf.block * pf.block_bytes
+    if cols % pf.block or raw.dtype != torch.uint8 or raw.shape[-1] != n:
+        raise StrataError(f"a {fmt} [{rows}, {cols}] matrix is {n} uint8 bytes with cols a "
+                          f"multiple of {pf.block}; got {raw.dtype} {tuple(raw.shape)}")
+    return raw.reshape(*raw.shape[:-1], rows, cols // pf.block, pf.block_bytes)  # [..., N, B, bb]
+
+
+def _pairs_of_weights(q: torch.Tensor) -> torch.Tensor:
+    """4-bit codes [..., 2n] in weight order -> [..., n] bytes (low nibble the even weight)."""
     return q[..., 0::2] | (q[..., 1::2] << 4)
 
 
-def _ggml_of_pairs(pairs: torch.Tensor) -> torch.Tensor:
-    """The inverse of _pairs_of_ggml."""
-    q = torch.stack([pairs & 0xF, pairs >> 4], dim=-1).flatten(-2)           # [..., 32] weights
-    return q[..., :16] | (q[..., 16:] << 4)
+def _weights_of_pairs(pairs: torch.Tensor) -> torch.Tensor:
+    """The inverse of _pairs_of_weights."""
+    return torch.stack([pairs & 0xF, pairs >> 4], dim=-1).flatten(-2)
+
+
+def _weights_of_ggml(qs: torch.Tensor, fmt: str) -> torch.Tensor:
+    """A 4-bit block's qs [..., cb] (ggml's nibble order) -> its codes [..., 2·cb] in weight
+    order: Q4_0 the low nibbles of qs[0..15] then the high; Q4_K the same within each 64-weight
+    group of 32 bytes."""
+    if fmt == "Q4_0":
+        return torch.cat([qs & 0xF, qs >> 4], dim=-1)
+    g = qs.reshape(*qs.shape[:-1], 4, 32)
+    return torch.cat([g & 0xF, g >> 4], dim=-1).flatten(-2)
+
+
+def _ggml_of_weights(q: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The inverse of _weights_of_ggml."""
+    if fmt == "Q4_0":
+        return q[..., :16] | (q[..., 16:] << 4)
+    g = q.reshape(*q.shape[:-1], 4, 64)
+    return (g[..., :32] | (g[..., 32:] << 4)).flatten(-2)
+
+
+def _k_scales_of_ggml(s: torch.Tensor) -> torch.Tensor:
+    """Q4_K's 12 scale bytes [..., 12], ggml's packing -> the plane's (module docstring)."""
+    sc, mn = q4_k_scale_min(s.reshape(-1, 12))                        # [n, 8] each, 6-bit
+    by = sc | ((mn >> 4) << 6)                                         # [n, 8]
+    lo = mn & 0xF
+    nib = lo[:, 0::2] | (lo[:, 1::2] << 4)                             # [n, 4]
+    return torch.cat([by, nib], dim=-1).to(torch.uint8).reshape(s.shape)
+
+
+def _k_sc_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plane's 12 Q4_K scale bytes [..., 12] -> int32 (sc, m) [..., 8] each."""
+    s = s.to(torch.int32)
+    by, nib = s[..., :8], s[..., 8:]
+    lo = torch.stack([nib & 0xF, nib >> 4], dim=-1).flatten(-2)        # [..., 8]
+    return by & 63, ((by >> 6) << 4) | lo
+
+
+def _ggml_of_k_scales(s: torch.Tensor) -> torch.Tensor:
+    """The inverse of _k_scales_of_ggml."""
+    sc, mn = _k_sc_min(s)
+    lo4, hi4 = slice(0, 4), slice(4, 8)
+    b0 = (sc[..., lo4] & 63) | ((sc[..., hi4] >> 4) << 6)
+    b1 = (mn[..., lo4] & 63) | ((mn[..., hi4] >> 4) << 6)
+    b2 = (sc[..., hi4] & 0xF) | ((mn[..., hi4] & 0xF) << 4)
+    return torch.cat([b0, b1, b2], dim=-1).to(torch.uint8)
 
 
 def to_planes(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
     """ggml blocks -> plane layout: uint8 [..., nbytes] -> a new uint8 [..., nbytes] (leading
-    dims: several matrices at once). Codes [N, R·cb], then scales [N, R] fp16."""
+    dims: several matrices at once). Codes [N, B·cb], then scales [N, B·sb]."""
     b = _blocks(raw, fmt, rows, cols)
     lead = b.shape[:-3]
-    qs = b[..., 2:]
-    if fmt == "Q4_0":
-        qs = _pairs_of_ggml(qs)
-    codes = qs.reshape(*lead, -1)                                            # [..., N·R·cb]
-    scales = b[..., :2].reshape(*lead, -1)                                   # [..., N·R·2]
-    return torch.cat([codes, scales], dim=-1)
+    sb = PLANE_FORMATS[fmt].scale_bytes
+    qs, sc = b[..., sb:], b[..., :sb]
+    if fmt != "Q8_0":
+        qs = _pairs_of_weights(_weights_of_ggml(qs, fmt))
+    if fmt == "Q4_K":
+        sc = torch.cat([sc[..., :4], _k_scales_of_ggml(sc[..., 4:])], dim=-1)
+    return torch.cat([qs.reshape(*lead, -1), sc.reshape(*lead, -1)], dim=-1)
 
 
 def to_ggml(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
     """The inverse of `to_planes`: plane layout -> ggml blocks, uint8 [..., nbytes]."""
-    cb = PLANE_FORMATS.get(fmt)
     _blocks(planes, fmt, rows, cols)      # validates
-    r = cols // 32
+    pf = PLANE_FORMATS[fmt]
+    nb = cols // pf.block
     lead = planes.shape[:-1]
-    n_codes = rows * r * cb
-    codes = planes[..., :n_codes].reshape(*lead, rows, r, cb)
-    if fmt == "Q4_0":
-        codes = _ggml_of_pairs(codes)
-    scales = planes[..., n_codes:].reshape(*lead, rows, r, 2)
+    n_codes = rows * nb * pf.code_bytes
+    codes = planes[..., :n_codes].reshape(*lead, rows, nb, pf.code_bytes)
+    if fmt != "Q8_0":
+        codes = _ggml_of_weights(_weights_of_pairs(codes), fmt)
+    scales = planes[..., n_codes:].reshape(*lead, rows, nb, pf.scale_bytes)
+    if fmt == "Q4_K":
+        scales = torch.cat([scales[..., :4], _ggml_of_k_scales(scales[..., 4:])], dim=-1)
     return torch.cat([scales, codes], dim=-1).reshape(*lead, -1)
 
 
 def split_planes(planes: torch.Tensor, fmt: str, rows: int, cols: int):
-    """(codes uint8 [N, R·cb], scales fp16 [N, R]) views of one matrix in plane layout."""
+    """(codes uint8 [N, B·cb], scales) views of one matrix in plane layout: scales fp16 [N, B]
+    (Q8_0 / Q4_0) or uint8 [N, B, 16] (Q4_K's super-block entries)."""
     _blocks(planes, fmt, rows, cols)
-    n_codes = rows * (cols // 32) * PLANE_FORMATS[fmt]
+    pf = PLANE_FORMATS[fmt]
+    nb = cols // pf.block
+    n_codes = rows * nb * pf.code_bytes
     codes = planes[:n_codes].view(rows, -1)
-    scales = planes[n_codes:].view(torch.float16).view(rows, cols // 32)
-    return codes, scales
+    if fmt == "Q4_K":
+        return codes, planes[n_codes:].view(rows, nb, pf.scale_bytes)
+    return codes, planes[n_codes:].view(torch.float16).view(rows, nb)
 
 
 def dequantize_planes(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
     """fp32 [N, K] of one matrix in plane layout, in torch: the products ggml's decoder forms
-    (Q8_0 q·d, Q4_0 d·(q - 8); strata.formats.legacy), so equal to it bit for bit. Q4_0's codes
-    are weight pairs (low nibble the even weight)."""
+    (Q8_0 q·d, Q4_0 d·(q - 8), Q4_K (d·sc)·q - dmin·m; strata.formats.legacy / kquants), so
+    equal to it bit for bit. 4-bit codes are weight pairs (low nibble the even weight)."""
     codes, scales = split_planes(planes, fmt, rows, cols)
-    d = scales.float().reshape(rows, cols // 32, 1)                           # [N, R, 1]
     if fmt == "Q8_0":
+        d = scales.float().reshape(rows, cols // 32, 1)                       # [N, R, 1]
         q = codes.view(torch.int8).to(torch.float32).reshape(rows, -1, 32)
-        w = q * d
-    else:
-        b = codes.to(torch.int32)
-        q = torch.stack([b & 0xF, b >> 4], dim=-1).reshape(rows, -1, 32) - 8  # weight order
-        w = d * q.to(torch.float32)
-    return w.reshape(rows, cols)
+        return (q * d).reshape(rows, cols)
+    q = _weights_of_pairs(codes.to(torch.int32)).reshape(rows, -1, 32)        # weight order
+    if fmt == "Q4_0":
+        d = scales.float().reshape(rows, cols // 32, 1)
+        return (d * (q - 8).to(torch.float32)).reshape(rows, cols)
+    nb = cols // 256
+    d = scales[..., 0:2].contiguous().view(torch.float16).float()             # [N, nb, 1]
+    dmin = scales[..., 2:4].contiguous().view(torch.float16).float()
+    sc, mn = _k_sc_min(scales[..., 4:])                                        # [N, nb, 8]
+    dsc = (d * sc.to(torch.float32)).reshape(rows, nb * 8, 1)                  # [N, R, 1]
+    dm = (dmin * mn.to(torch.float32)).reshape(rows, nb * 8, 1)
+    return (dsc * q.to(torch.float32) - dm).reshape(rows, cols)
 
 
 def relayout_blob_(blob: torch.Tensor, layout: BlobLayout, *, to: str = "planes") -> torch.Tensor:
     """Re-lay one expert blob (uint8 [>= layout.size], e.g. a cache slot) in place: every
     plane-format matrix to the plane layout (to="planes") or back to ggml's (to="ggml"). The
-    other matrices and the bias slot are left as they are. One temporary of a matrix's size;
-    no host sync (a device op on the blob's stream)."""
+    other matrices and the bias slot are left as they are. Temporaries of up to about twice a
+    matrix's size (4-bit codes pass through weight order, a byte each); no host sync (device
+    ops on the blob's stream)."""
     if to not in ("planes", "ggml"):
         raise StrataError(f"to must be 'planes' or 'ggml', got {to!r}")
     fn = to_planes if to == "planes" else to_ggml

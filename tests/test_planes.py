@@ -29,12 +29,12 @@ def _same(a, b):
     return torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
 
 
-@pytest.mark.parametrize("fmt", sorted(PLANE_FORMATS))
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
 def test_each_byte_goes_where_the_layout_says(fmt):
     """scales[n, r] = block (n, r)'s fp16; Q8_0 codes[n, r·32 + j] = the block's q[j]; Q4_0
     code byte j of a row = weight 2j (low nibble) and 2j + 1 (high), where ggml's block keeps
     weight i < 16 in the low nibble of qs[i] and i >= 16 in the high nibble of qs[i - 16]."""
-    rows, cols, cb = 3, 96, PLANE_FORMATS[fmt]
+    rows, cols, cb = 3, 96, PLANE_FORMATS[fmt].code_bytes
     raw = _raw(fmt, rows, cols, 1, any_bytes=True)
     pl = to_planes(raw, fmt, rows, cols)
     bb = cb + 2
@@ -56,15 +56,72 @@ def test_each_byte_goes_where_the_layout_says(fmt):
     assert codes.shape == (rows, R * cb) and scales.shape == (rows, R)
 
 
+def test_q4_k_bytes_go_where_the_layout_says():
+    """Q4_K: code byte j of a row = weights 2j (low nibble) and 2j + 1 (high), where ggml keeps
+    weight 64g + i (i < 32) of a super-block in the low nibble of qs[32g + i] and 64g + 32 + i in
+    its high nibble; the scale entry of super-block (n, b) is ggml's d, dmin, then byte 4 + s =
+    sc[s] | (m[s] >> 4) << 6 and byte 12 + j = the low nibbles of m[2j], m[2j + 1], with (sc, m)
+    ggml's get_scale_min_k4 of its 12 bytes (strata.formats.kquants.q4_k_scale_min)."""
+    from strata.formats.kquants import q4_k_scale_min
+    rows, cols = 2, 512
+    raw = _raw("Q4_K", rows, cols, 2, any_bytes=True)
+    pl = to_planes(raw, "Q4_K", rows, cols)
+    nb = cols // 256
+    codes, scales = split_planes(pl, "Q4_K", rows, cols)
+    assert codes.shape == (rows, cols // 2) and scales.shape == (rows, nb, 16)
+    for n in range(rows):
+        for b in range(nb):
+            blk = raw[(n * nb + b) * 144:(n * nb + b + 1) * 144]
+            for w in range(256):
+                g = int(blk[16 + 32 * (w // 64) + w % 32]) >> (4 * (w % 64 // 32)) & 15
+                k = 256 * b + w
+                p = int(codes[n, k // 2]) >> (4 * (k % 2)) & 15
+                assert g == p, (n, b, w)
+            ent = scales[n, b]
+            assert torch.equal(ent[:4], blk[:4])
+            sc, mn = (v[0].tolist() for v in q4_k_scale_min(blk[4:16].reshape(1, 12)))
+            for s in range(8):
+                assert int(ent[4 + s]) == sc[s] | (mn[s] >> 4) << 6, (n, b, s)
+                assert int(ent[12 + s // 2]) >> (4 * (s % 2)) & 15 == mn[s] & 15, (n, b, s)
+    assert pl[rows * cols // 2:].numel() == rows * nb * 16
+
+
+def _q4_k_extremes() -> torch.Tensor:
+    """Q4_K super-blocks at the edges: d, dmin the largest fp16, the smallest subnormal,
+    negative, zero; every sc and m 0 or 63; codes all 0 or all 15."""
+    f16 = [65504.0, -65504.0, 2.0 ** -24, -(2.0 ** -24), 0.0, 1.0]
+    blocks = []
+    for i, (d, dmin) in enumerate([(a, b) for a in f16 for b in f16]):
+        blk = torch.zeros(144, dtype=torch.uint8)
+        blk[0:2] = torch.tensor([d], dtype=torch.float16).view(torch.uint8)
+        blk[2:4] = torch.tensor([dmin], dtype=torch.float16).view(torch.uint8)
+        blk[4:16] = 255 if i % 2 else 0                  # all sc = m = 63, or all 0
+        if i % 3 == 1:
+            blk[4:16] = torch.tensor([0x3F, 0xC0] * 6, dtype=torch.uint8)   # mixed 63 / 0 fields
+        blk[16:] = 255 if i % 4 < 2 else 0               # codes all 15 or all 0
+        blocks.append(blk)
+    return torch.cat(blocks)
+
+
+def test_q4_k_extreme_scales_decode_bit_exact():
+    raw = _q4_k_extremes()
+    rows = raw.numel() // 144
+    pl = to_planes(raw, "Q4_K", rows, 256)
+    assert torch.equal(to_ggml(pl, "Q4_K", rows, 256), raw)
+    ref = dequantize(raw, get_format("Q4_K")).float().reshape(rows, 256)
+    assert _same(dequantize_planes(pl, "Q4_K", rows, 256), ref)
+
+
 @given(fmt=st.sampled_from(sorted(PLANE_FORMATS)), rows=st.integers(1, 9),
        blocks=st.integers(1, 6), lead=st.integers(0, 2), seed=st.integers(0, 2**16),
        any_bytes=st.booleans())
 @example(fmt="Q8_0", rows=1, blocks=1, lead=0, seed=0, any_bytes=True)   # one block: no strides
 @example(fmt="Q4_0", rows=7, blocks=3, lead=2, seed=5, any_bytes=True)   # odd rows, batched
+@example(fmt="Q4_K", rows=5, blocks=3, lead=2, seed=6, any_bytes=True)   # inf/NaN/subnormal d
 def test_relayout_inverts_and_decodes_bit_exact(fmt, rows, blocks, lead, seed, any_bytes):
     """to_ggml(to_planes(x)) == x (and the other way), same byte count, and the plane decoder
     equals ggml's decoder bit for bit, over shapes and leading (batch) dims."""
-    cols = 32 * blocks
+    cols = PLANE_FORMATS[fmt].block * blocks
     mats = [_raw(fmt, rows, cols, seed + i, any_bytes=any_bytes) for i in range(max(1, lead))]
     raw = torch.stack(mats) if lead else mats[0]
     pl = to_planes(raw, fmt, rows, cols)
@@ -79,31 +136,39 @@ def test_relayout_inverts_and_decodes_bit_exact(fmt, rows, blocks, lead, seed, a
 
 def test_bad_matrix_is_a_clear_error():
     with pytest.raises(StrataError, match="no plane layout"):
-        to_planes(torch.zeros(64, dtype=torch.uint8), "Q4_K", 1, 256)
+        to_planes(torch.zeros(210, dtype=torch.uint8), "Q6_K", 1, 256)
     with pytest.raises(StrataError, match="uint8 bytes"):
         to_planes(torch.zeros(33, dtype=torch.uint8), "Q8_0", 1, 32)
+    with pytest.raises(StrataError, match="multiple of 256"):
+        to_planes(torch.zeros(72, dtype=torch.uint8), "Q4_K", 1, 128)
 
 
 def test_plane_layout_offsets_keep_the_blob():
     """Each plane matrix keeps its slot's offset and bytes; codes rows and the scale plane start
     16-byte aligned; BF16 matrices and the bias slot have no planes; the size is unchanged."""
-    lay = BlobLayout.make(2048, 768, "Q8_0", "Q4_0", "BF16", bias=True)
-    pl = plane_layout(lay)
-    assert pl.blob.size == lay.size and pl.down is None
-    for m, p in zip(lay.matrices[:2], pl.matrices[:2]):
-        assert p.codes_offset == m.offset and p.nbytes == m.nbytes
-        assert p.codes_offset % 256 == 0 and p.codes_row_bytes % 16 == 0
-        assert p.scales_offset % 16 == 0
-        assert p.scales_offset + 2 * p.rows * p.scales_row == m.offset + m.nbytes
-    assert pl.gate.codes_row_bytes == 2048 and pl.up.codes_row_bytes == 1024
+    for fmts, bias in ((("Q8_0", "Q4_0", "BF16"), True), (("Q4_K", "Q4_K", "BF16"), False)):
+        lay = BlobLayout.make(2048, 768, *fmts, bias=bias)
+        pl = plane_layout(lay)
+        assert pl.blob.size == lay.size and pl.down is None
+        for m, p in zip(lay.matrices[:2], pl.matrices[:2]):
+            assert p.codes_offset == m.offset and p.nbytes == m.nbytes
+            assert p.codes_offset % 256 == 0 and p.codes_row_bytes % 16 == 0
+            assert p.scales_offset % 16 == 0 and p.scales_row_bytes % 2 == 0
+            assert p.scales_offset + p.rows * p.scales_row_bytes == m.offset + m.nbytes
+        if fmts[0] == "Q4_K":     # 16 bytes of scales a super-block: scale rows aligned too
+            assert pl.gate.codes_row_bytes == 1024 and pl.gate.scales_row_bytes == 128
+        else:
+            assert pl.gate.codes_row_bytes == 2048 and pl.up.codes_row_bytes == 1024
 
 
-@pytest.mark.parametrize("fmts, bias", [(("Q8_0",), False), (("Q8_0", "Q4_0", "BF16"), True)],
-                         ids=["q8", "mixed+bias"])
+@pytest.mark.parametrize("fmts, bias", [(("Q8_0",), False), (("Q8_0", "Q4_0", "BF16"), True),
+                                        (("Q4_K", "Q4_K", "Q8_0"), True)],
+                         ids=["q8", "mixed+bias", "q4k-q8-down+bias"])
 def test_expert_set_relayout(fmts, bias):
     """A layer's resident blobs re-laid in place: matrices decode as before bit for bit, BF16
     matrices, bias slots and absent experts' bytes untouched, the way back restores the arena."""
-    ex = random_expert_set(4, 64, 96, *fmts, seed=3, absent=(2,), bias=bias)
+    d_model = 256 if "Q4_K" in fmts else 64
+    ex = random_expert_set(4, d_model, 96, *fmts, seed=3, absent=(2,), bias=bias)
     ps = to_plane_set(ex)
     assert isinstance(ps, PlaneSet) and ps.arena.shape == ex.arena.shape
     lay = ex.layout

@@ -1,4 +1,4 @@
-"""Triton kernels over plane-layout Q8_0 / Q4_0 experts (strata.planes; the op:
+"""Triton kernels over plane-layout Q8_0 / Q4_0 / Q4_K experts (strata.planes; the op:
 strata.kernels.plane).
 
 Legend: BM/BN/BK tile sizes, R = BK / 32 scale runs per step; a *tile* is BM sorted rows (one
@@ -7,11 +7,14 @@ expert) x BN output features, data-parallel (one program a tile, the whole reduc
     GATE_UP: h[r, f]  = act(x[tok(r)] . gate_e[f] (+ bg), x[tok(r)] . up_e[f] (+ bu))
     DOWN:    yk[a, d] = w[a] * (h[r(a)] . down_e[d] (+ bd))
 
-Each reduction step loads the codes as one plain byte tile (Q8_0 [BN, BK], Q4_0 [BN, BK / 2] nibble
-pairs; rows 16-byte aligned: vector loads, cp.async / TMA pipelined by num_stages), the step's
-scales [BN, R] fp16 apart, forms w = q * d in fp32 (the ggml decoder's product, exact; MAGIC: the
-codes to float by a float add on their bits, full rate, where an int->float convert runs at a
-quarter), rounds it to bf16 once and runs one bf16 tl.dot with fp32 accumulation. SWAP puts the
+Each reduction step loads the codes as one plain byte tile (Q8_0 [BN, BK], Q4_0 / Q4_K [BN, BK / 2]
+nibble pairs; rows 16-byte aligned: vector loads, cp.async / TMA pipelined by num_stages), the
+step's scales apart (Q8_0 / Q4_0 [BN, R] fp16 d; Q4_K each 32-weight sub-block's d·sc and dmin·m
+[BN, R] from its super-block's 16-byte entry), forms each weight in fp32 as the ggml decoder
+does (q * d, d * (q - 8), (d·sc) * q - dmin·m: the products are exact, so an FMA cannot change
+the one rounding of the last; MAGIC: the codes to float by a float add on their bits, full rate,
+where an int->float convert runs at a quarter), rounds it to bf16 once and runs one bf16 tl.dot
+with fp32 accumulation. SWAP puts the
 weights first (acc [BN, BM] = w @ a^T): the decoded weights stay in registers as the MMA's A
 operand and the token rows, the short side at small T, become the MMA's N (Hopper's wgmma needs
 M >= 64, not N). The routing rows, the epilogue (activation, biases, routing weight) and the bf16
@@ -25,6 +28,7 @@ import triton.language as tl
 
 from strata.kernels._moe_kernel import GATE_UP, _bf16, _dot, _epilogue, _tile_rows
 from strata.kernels.decode._common import _f32_of
+from strata.kernels.decode.kquants import GGML_Q4_K
 from strata.kernels.decode.legacy import GGML_Q4_0, GGML_Q8_0
 
 
@@ -42,8 +46,9 @@ def load_codes(c_ptr, row_bytes, offs_n, n_mask, k0, BK: tl.constexpr, FMT: tl.c
 @triton.jit
 def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr):
     """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width),
-    Q4_0 q - 8 of each nibble pair (BK = twice it; low nibble the even weight). MAGIC: by a
-    float add on the bits (strata.kernels.decode._common._f32_of), not an int->float convert."""
+    Q4_0 q - 8 of each nibble pair, Q4_K q of each (BK = twice it; low nibble the even weight).
+    MAGIC: by a float add on the bits (strata.kernels.decode._common._f32_of), not an int->float
+    convert."""
     u = b.to(tl.int32) & 255                                          # the bytes, unsigned
     if FMT == GGML_Q8_0:
         if MAGIC:
@@ -51,14 +56,20 @@ def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr):
         else:
             q = b.to(tl.int8, bitcast=True).to(tl.float32)
     else:
-        tl.static_assert(FMT == GGML_Q4_0, "plane codes: Q8_0 or Q4_0")
         BN: tl.constexpr = b.shape[0]
         BB: tl.constexpr = b.shape[1]
         n = tl.reshape(tl.join(u & 15, u >> 4), (BN, 2 * BB))         # weight order
-        if MAGIC:
-            q = _f32_of(n, 8.0)
+        if FMT == GGML_Q4_0:
+            if MAGIC:
+                q = _f32_of(n, 8.0)
+            else:
+                q = (n - 8).to(tl.float32)
         else:
-            q = (n - 8).to(tl.float32)
+            tl.static_assert(FMT == GGML_Q4_K, "plane codes: Q8_0, Q4_0 or Q4_K")
+            if MAGIC:
+                q = _f32_of(n, 0.0)
+            else:
+                q = n.to(tl.float32)
     return q
 
 
@@ -83,18 +94,63 @@ def scale_codes(q, s):
 
 
 @triton.jit
+def load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
+    """(d·sc, dmin·m) fp32 [BN, BK // 32] each: the factors of the 32-weight sub-blocks k0 ..
+    k0+BK of rows offs_n of a Q4_K scale plane (a 16-byte entry a super-block: fp16 d, dmin at
+    bytes 0, 2; byte 4 + s = sc[s] | (m[s] >> 4) << 6; byte 12 + s // 2 the low nibble of m[s] at
+    bit 4·(s % 2); strata.planes), 0 where masked. The products are exact in fp32."""
+    R: tl.constexpr = BK // 32
+    r = k0 // 32 + tl.arange(0, R)                                   # sub-block along the row
+    m = n_mask[:, None] & (r < n_in // 32)[None, :]
+    ent = offs_n[:, None].to(tl.int64) * (n_in // 16) + ((r >> 3) * 16)[None, :]   # entry byte
+    h = s_ptr.to(tl.pointer_type(tl.float16), bitcast=True)
+    u8 = s_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
+    d = tl.load(h + (ent >> 1), mask=m, other=0.0).to(tl.float32)
+    dmin = tl.load(h + (ent >> 1) + 1, mask=m, other=0.0).to(tl.float32)
+    sub = (r & 7)[None, :]
+    b = tl.load(u8 + ent + 4 + sub, mask=m, other=0).to(tl.int32)
+    lo = tl.load(u8 + ent + 12 + (sub >> 1), mask=m, other=0).to(tl.int32)
+    sc = b & 63
+    mn = ((b >> 6) << 4) | ((lo >> ((sub & 1) * 4)) & 15)
+    return d * sc.to(tl.float32), dmin * mn.to(tl.float32)
+
+
+@triton.jit
+def scale_min_codes(q, s, m):
+    """fp32 [BN, BK]: codes q [BN, BK] times their sub-block's s [BN, BK // 32] less its m:
+    Q4_K's (d·sc) * q - dmin·m as ggml's decoder forms it (s * q exact: one rounding)."""
+    BN: tl.constexpr = q.shape[0]
+    BK: tl.constexpr = q.shape[1]
+    return tl.reshape(tl.reshape(q, (BN, BK // 32, 32)) * s[:, :, None] - m[:, :, None],
+                      (BN, BK))
+
+
+@triton.jit
+def decoded(b, s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr, FMT: tl.constexpr,
+            MAGIC: tl.constexpr):
+    """fp32 [BN, BK]: the weights k0 .. k0+BK of rows offs_n from their code bytes b and the
+    scale plane at s_ptr, the ggml decoder's values bit for bit."""
+    if FMT == GGML_Q4_K:
+        dsc, dm = load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK)
+        w = scale_min_codes(codes_f32(b, FMT, MAGIC), dsc, dm)
+    else:
+        s = load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK)
+        w = scale_codes(codes_f32(b, FMT, MAGIC), s)
+    return w
+
+
+@triton.jit
 def _weights(c_ptr, desc, s_ptr, n_in, offs_n, n_mask, nb, k0, BN: tl.constexpr,
              BK: tl.constexpr, FMT: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr,
              INTERP: tl.constexpr):
     """bf16 [BN, BK]: one step's decoded weights (code bytes by TMA when TMA, else vector loads),
-    each q·d rounded to bf16 once."""
+    each rounded to bf16 once."""
     if TMA:
         b = desc.load([nb * BN, k0 if FMT == GGML_Q8_0 else k0 // 2])   # out of bounds: 0
     else:
         rb = n_in if FMT == GGML_Q8_0 else n_in // 2
         b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
-    s = load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK)
-    return _bf16(scale_codes(codes_f32(b, FMT, MAGIC), s), INTERP)
+    return _bf16(decoded(b, s_ptr, n_in, offs_n, n_mask, k0, BK, FMT, MAGIC), INTERP)
 
 
 @triton.jit
@@ -117,7 +173,7 @@ def _plane_gemm_kernel(
         BIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
     """One tile of GATE_UP (MODE 0: gate c1/s1 and up c2/s2) or DOWN (MODE 1: c1/s1). c*_off /
     s*_off: byte offsets of the code and scale planes from the blob's start; FMT1 / FMT2 their
-    ggml types (Q8_0, Q4_0). The grid is an upper bound; the row-block count is read on the
+    ggml types (Q8_0, Q4_0, Q4_K). The grid is an upper bound; the row-block count is read on the
     device (n_blocks_ptr)."""
     pid = tl.program_id(0)
     NB = tl.cdiv(n_out, BN)
@@ -179,15 +235,15 @@ def _plane_gemm_kernel(
 @triton.jit
 def _plane_dequant_kernel(c_ptr, s_ptr, out_ptr, n_rows, n_in, BN: tl.constexpr,
                           BK: tl.constexpr, FMT: tl.constexpr, MAGIC: tl.constexpr):
-    """fp32 out [n_rows, n_in] of one matrix's planes (FMT Q8_0 / Q4_0), through the GEMM's own
-    loads and products (load_codes, codes_f32, load_scales, scale_codes), a [BN, BK] tile a
-    program (axis 0 rows, axis 1 columns)."""
+    """fp32 out [n_rows, n_in] of one matrix's planes (FMT Q8_0 / Q4_0 / Q4_K), through the GEMM's
+    own loads and products (load_codes, decoded), a [BN, BK] tile a program (axis 0 rows, axis 1
+    columns). s_ptr: the scale plane (fp16 d, or Q4_K's bytes)."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     k0 = tl.program_id(1) * BK
     n_mask = offs_n < n_rows
     rb = n_in if FMT == GGML_Q8_0 else n_in // 2
     b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
-    v = scale_codes(codes_f32(b, FMT, MAGIC), load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK))
+    v = decoded(b, s_ptr, n_in, offs_n, n_mask, k0, BK, FMT, MAGIC)
     offs_k = k0 + tl.arange(0, BK)
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * n_in + offs_k[None, :], v,
              mask=n_mask[:, None] & (offs_k < n_in)[None, :])

@@ -1,4 +1,4 @@
-"""The MoE feed-forward over plane-layout Q8_0 / Q4_0 experts (strata.planes): plain code
+"""The MoE feed-forward over plane-layout Q8_0 / Q4_0 / Q4_K experts (strata.planes): plain code
 tiles, scales applied in registers, bf16 tensor-core dots.
 
 Legend: T tokens, D hidden, F expert width, E experts, K top-k.
@@ -6,10 +6,11 @@ Legend: T tokens, D hidden, F expert width, E experts, K top-k.
     y[t] = sum_k w[t,k] * down_e(act(gate_e x[t] (+ bg_e), up_e x[t] (+ bu_e)) (+ bd_e))
 
 the op of strata.kernels.moe.moe_ffn, on a PlaneSet instead of an ExpertSet (the same blob layout,
-its Q8_0 / Q4_0 matrices re-laid as code and scale planes). x [T, D] bf16, topk_ids [T, K] int (-1
-skips an assignment), topk_weights [T, K] fp32 -> y bf16 [T, D]. Accumulation is fp32; each weight
-q·d is rounded to bf16 once (the tensor cores' input), h = act(...) to bf16 (the down GEMM's
-input), and the K rows of a token are summed in fp32.
+its Q8_0 / Q4_0 / Q4_K matrices re-laid as code and scale planes, any mix over gate, up and down).
+x [T, D] bf16, topk_ids [T, K] int (-1 skips an assignment), topk_weights [T, K] fp32 -> y bf16
+[T, D]. Accumulation is fp32; each weight (q·d; Q4_K's (d·sc)·q - dmin·m) is formed in fp32 as
+ggml's decoder forms it and rounded to bf16 once (the tensor cores' input), h = act(...) to bf16
+(the down GEMM's input), and the K rows of a token are summed in fp32.
 
 `plane_ffn` (Triton) and `plane_ffn_torch` (plain torch) share one signature, moe_ffn's: `schedule`
 takes a PlaneTile (None: the active `pin_plane_tile`, else `plane_tile`'s table), `scratch_alloc`
@@ -42,7 +43,7 @@ from strata.kernels.routing import group_blocked, group_blocked_bounded
 from strata.kernels.tiles import block_m_for, padded_rows
 from strata.planes import PlaneSet, dequantize_planes, plane_matrix, split_planes
 
-KERNEL_FORMATS = ("Q8_0", "Q4_0")   # what the plane GEMM decodes, any mix over the matrices
+KERNEL_FORMATS = ("Q8_0", "Q4_0", "Q4_K")   # what the plane GEMM decodes, any mix over the matrices
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def _tma_scratch() -> None:
 def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               experts: PlaneSet, *, schedule=None, scratch_alloc=None, out=None,
               workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
-    """The layer's MoE feed-forward on plane-layout Q8_0 / Q4_0 experts -> y bf16 [T, D] (or
+    """The layer's MoE feed-forward on plane-layout Q8_0 / Q4_0 / Q4_K experts -> y bf16 [T, D] (or
     `out` fp32 [T, D] with this call's rows added). See the module docstring and moe_ffn's for the
     arguments; workspace["h"] needs padded_rows(T, K, E, BLOCK_M) rows of the tile used."""
     if combine not in COMBINES:
@@ -234,7 +235,8 @@ def plane_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
 def plane_dequantize(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
                      block=(32, 64), magic: bool = True) -> torch.Tensor:
     """fp32 [rows, cols] of one matrix's planes (uint8 [nbytes]) decoded by the GEMM's Triton
-    loads and products; `block` = (BN, BK) of the decode tile, `magic` PlaneTile.magic."""
+    loads and products; `block` = (BN, BK) of the decode tile (BK whole 32-weight runs),
+    `magic` PlaneTile.magic."""
     if fmt not in KERNEL_FORMATS:
         raise StrataError(f"plane_dequantize decodes {', '.join(KERNEL_FORMATS)}, got {fmt}")
     codes, scales = split_planes(planes, fmt, rows, cols)

@@ -10,7 +10,7 @@ provider lends, strata.models.provider.LayerWorkspace):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
 - "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.decoded)
 - "auto":   "decoded" when an expert averages >= decoded_min_rows(experts) rows, else "kernel"
-- "plane":  the plane-layout GEMM `strata.kernels.plane.plane_ffn` (Q8_0 / Q4_0 experts whose
+- "plane":  the plane-layout GEMM `strata.kernels.plane.plane_ffn` (Q8_0/Q4_0/Q4_K experts whose
             blobs were re-laid into code and scale planes as they landed: the engine's
             strata.planes.Landing; it takes PlaneSets, an ExpertSet is a StrataError)
 - "torch":  its plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)

@@ -1,17 +1,19 @@
-"""Compile the plane-layout Q8_0 / Q4_0 expert GEMM for sm_90 on a machine without a GPU (ttir -> cubin)
-and report each variant's footprint: shared memory, registers and spills (triton's ptxas -v),
-which tensor-core instruction the dots became (wgmma or mma.sync), and how the code tiles reach
-shared memory (cp.async or TMA).
+"""Compile the plane-layout Q8_0 / Q4_0 / Q4_K expert GEMM for sm_90 on a machine without a GPU
+(ttir -> cubin) and report each variant's footprint: shared memory, registers and spills
+(triton's ptxas -v), which tensor-core instruction the dots became (wgmma or mma.sync), and how
+the code tiles reach shared memory (cp.async or TMA).
 
 compile_moe.py's pipeline (this folder); args get the divisibility-16 hints the JIT gives real
 launches (planes and rows 16-byte aligned, D and F multiples of 16).
 
     python tests/kernels/compile_plane.py            # the default table's tiles, both modes,
-                                                     # Q8_0 and Q4_0, swap / no swap, TMA /
-                                                     # vector loads, magic / int->float convert
+                                                     # Q8_0, Q4_0 and Q4_K, swap / no swap,
+                                                     # TMA / vector loads, magic / int->float
     python tests/kernels/compile_plane.py --quick    # the table's tiles on Q8_0, its largest
-                                                     # on Q4_0 (the suite's check)
-    python tests/kernels/compile_plane.py 128x128x64/w8s4/tma 64x128x128/w4s3   # Q8_0 only
+                                                     # on Q4_0 and Q4_K (the suite's check)
+    python tests/kernels/compile_plane.py --formats Q4_K   # the default table's tiles, Q4_K only
+    python tests/kernels/compile_plane.py 128x128x64/w8s4/tma 64x128x128/w4s3   # Q8_0 (or
+                                                     # --formats ...) at these tiles
 """
 import os
 import sys
@@ -23,7 +25,7 @@ from compile_moe import compile_one  # noqa: E402
 import strata.kernels._plane_kernel as pk  # noqa: E402
 from strata.errors import StrataError  # noqa: E402
 from strata.formats import get_format  # noqa: E402
-from strata.kernels.plane import PLANE_TILES, PlaneTile  # noqa: E402
+from strata.kernels.plane import KERNEL_FORMATS, PLANE_TILES, PlaneTile  # noqa: E402
 
 ALIGNED = {"a_ptr", "stride_a", "sorted_ids_ptr", "block_expert_ptr", "arena_ptr", "slot_ptr",
            "c1_off", "s1_off", "c2_off", "s2_off", "out_ptr", "stride_out", "tw_ptr", "n_out",
@@ -65,20 +67,33 @@ def compile_tile(tile: PlaneTile, mode: int, fmt: str) -> str:
 
 def main(argv) -> int:
     quick = "--quick" in argv
-    names = [a for a in argv if a != "--quick"]
+    args = [a for a in argv if a != "--quick"]
+    fmts = None
+    if "--formats" in args:
+        i = args.index("--formats")
+        fmts = [a for a in args[i + 1:] if a in KERNEL_FORMATS]
+        bad = [a for a in args[i + 1:len(fmts) + i + 1] if a not in KERNEL_FORMATS]
+        if not fmts or bad:
+            print(f"--formats takes one or more of {', '.join(KERNEL_FORMATS)}", file=sys.stderr)
+            return 2
+        args = args[:i] + args[i + 1 + len(fmts):]
     try:
-        tiles = [PlaneTile.parse(n) for n in names]
+        tiles = [PlaneTile.parse(n) for n in args]
     except StrataError as exc:
         print(exc, file=sys.stderr)
         return 2
-    runs = [(t, "Q8_0") for t in tiles]
+    runs = [(t, f) for f in (fmts or ["Q8_0"]) for t in tiles]
     if not tiles:
         base = list(PLANE_TILES.values())
-        runs = [(t, "Q8_0") for t in base] + [(base[-1], "Q4_0")]
-        if not quick:
-            more = ([t.with_(swap=False) for t in base] + [t.with_(tma=True) for t in base]
-                    + [t.with_(magic=False) for t in base])
-            runs += [(t, "Q8_0") for t in more] + [(t, "Q4_0") for t in base[:-1] + more]
+        more = ([t.with_(swap=False) for t in base] + [t.with_(tma=True) for t in base]
+                + [t.with_(magic=False) for t in base])
+        if fmts:
+            runs = [(t, f) for f in fmts for t in base + ([] if quick else more)]
+        else:
+            runs = [(t, "Q8_0") for t in base] + [(base[-1], f) for f in ("Q4_0", "Q4_K")]
+            if not quick:
+                runs += [(t, "Q8_0") for t in more] + [(t, f) for f in ("Q4_0", "Q4_K")
+                                                      for t in base[:-1] + more]
     fails = 0
     for tile, fmt in dict.fromkeys(runs):
         for mode in (0, 1):

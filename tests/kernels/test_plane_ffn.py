@@ -1,4 +1,5 @@
-"""plane_ffn (Triton, plane-layout Q8_0 experts) against plane_ffn_torch on fresh random data.
+"""plane_ffn (Triton, plane-layout Q8_0 / Q4_0 / Q4_K experts) against plane_ffn_torch on fresh
+random data.
 
 Error measure and bound: test_moe_ffn's DECODED_REL (each decoded weight q·d is rounded to bf16
 for the tensor cores, h and y to bf16; the reference keeps every product in fp32). Workspaces are
@@ -59,6 +60,11 @@ CASES = [
     Case("q4_0-tma-nomagic", T=5, E=3, K=2, fmts=("Q4_0",), tile="16x32x64/w4s2/tma/nomagic"),
     Case("mixed-q4-q8-q4-BK-past-F", T=7, E=4, K=2, F=32, fmts=("Q4_0", "Q8_0", "Q4_0"),
          tile="16x16x64/w4s2"),
+    # Q4_K rows are whole 256-weight super-blocks: D (gate/up's K) 256; F 256 for a Q4_K down
+    Case("q4_k-gate-up-q8-down", T=5, E=3, K=2, D=256, F=64, fmts=("Q4_K", "Q4_K", "Q8_0"),
+         tile="16x32x64/w4s2"),
+    Case("q4_0-q4_k-q4_k-tma-nomagic-BK128", T=4, E=3, K=2, D=256, F=256,
+         fmts=("Q4_0", "Q4_K", "Q4_K"), tile="16x64x128/w4s2/tma/nomagic"),
 ]
 
 
@@ -156,6 +162,35 @@ def test_plane_dequantize_bit_exact(fmt, magic, rows, cols, block):
                        ref.view(torch.int32))
 
 
+def _q4_k_blocks(rows, cols, seed):
+    """Random Q4_K rows, the first super-blocks replaced by tests/test_planes.py's extremes
+    (d, dmin at the fp16 limits, subnormal, negative, zero; sc / m 0 or 63; codes 0 or 15)."""
+    from tests.test_planes import _q4_k_extremes
+    raw = random_blocks(get_format("Q4_K"), rows, cols, seed=seed).clone()
+    ext = _q4_k_extremes()
+    n = min(ext.numel(), raw.numel())
+    raw[:n] = ext[:n]
+    return raw
+
+
+@pytest.mark.parametrize("magic", [True, False], ids=["magic", "convert"])
+@pytest.mark.parametrize("rows, cols, block", [(5, 512, (4, 64)), (17, 256, (16, 32)),
+                                               (3, 512, (4, 512))],
+                         ids=["masked-rows", "BK32-rows-past-BN", "BK-two-super-blocks"])
+def test_plane_dequantize_q4_k_bit_exact(magic, rows, cols, block):
+    """Q4_K through the GEMM's loads and products: each sub-block's (d·sc, dmin·m) from the
+    re-packed scale entry and (d·sc)·q - dmin·m equal ggml's decoder bit for bit, extreme
+    scales and mins included, at reduction steps of one sub-block to two super-blocks."""
+    f = get_format("Q4_K")
+    raw = _q4_k_blocks(rows, cols, seed=rows + cols)
+    planes = to_planes(raw, "Q4_K", rows, cols)
+    ref = dequantize(raw, f).float().reshape(rows, cols)
+    got = plane_dequantize(planes, "Q4_K", rows, cols, block=block, magic=magic)
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(plane_dequantize_torch(planes, "Q4_K", rows, cols).view(torch.int32),
+                       ref.view(torch.int32))
+
+
 def test_tile_table_and_parse():
     assert [plane_tile(T, 8, 128).BLOCK_M for T in (1, 256, 512, 1024, 2048, 8192)] == \
         [16, 16, 32, 64, 128, 128]
@@ -209,6 +244,8 @@ def test_bad_inputs_are_clear_errors():
     bf = to_plane_set(random_expert_set(3, 64, 64, "Q8_0", "Q8_0", "BF16", seed=1))
     with pytest.raises(StrataError, match="down BF16"):
         plane_ffn(x, ids, w, bf)
+    with pytest.raises(StrataError, match="Q4_K, got Q6_K"):
+        plane_dequantize(torch.zeros(210, dtype=torch.uint8), "Q6_K", 1, 256)
     with pytest.raises(StrataError, match="bf16"):
         plane_ffn(x.float(), ids, w, ps)
 
@@ -240,7 +277,8 @@ GPU_TILES = [None] + [t.name for t in PLANE_TILES.values()] + [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt, T, tile", [("Q8_0", T, t) for T in (1, 77, 2048) for t in GPU_TILES]
-                         + [("Q4_0", T, t) for T in (77, 2048) for t in (None, GPU_TILES[-1])],
+                         + [(f, T, t) for f in ("Q4_0", "Q4_K") for T in (77, 2048)
+                            for t in (None, GPU_TILES[-1])],
                          ids=lambda v: v if isinstance(v, str) else str(v) if v else "table")
 def test_real_shape_gpu(fmt, T, tile):
     ex, ps, x, ids, w = _real(torch.device("cuda"), T, fmt=fmt)
@@ -252,6 +290,25 @@ def test_real_shape_gpu(fmt, T, tile):
     y = plane_ffn(x, ids, w, ps, schedule=pt, workspace=ws)
     assert not torch.isnan(y).any()
     assert rel_err(y, ref) < DECODED_REL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_K"])
+def test_plane_dequantize_gpu_bit_exact(fmt):
+    """Compiled for the GPU (where ptxas may contract a product and a difference into an FMA)
+    the GEMM's decode still gives ggml's values bit for bit: every product it forms is exact.
+    The relayout run on the GPU is the CPU's, both ways."""
+    from strata.planes import to_ggml
+    rows, cols = 96, 1024
+    f = get_format(fmt)
+    raw = _q4_k_blocks(rows, cols, seed=3) if fmt == "Q4_K" else random_blocks(f, rows, cols)
+    ref = dequantize(raw, f).float().reshape(rows, cols)
+    planes = to_planes(raw.cuda(), fmt, rows, cols)
+    assert torch.equal(planes.cpu(), to_planes(raw, fmt, rows, cols))
+    assert torch.equal(to_ggml(planes, fmt, rows, cols).cpu(), raw)
+    for block in ((32, 64), (64, 128)):
+        got = plane_dequantize(planes, fmt, rows, cols, block=block)
+        assert torch.equal(got.cpu().view(torch.int32), ref.view(torch.int32)), block
 
 
 @pytest.mark.gpu
@@ -272,8 +329,8 @@ def test_relayout_on_gpu_is_the_cpu_relayout_and_check_false_never_syncs():
 
 def test_plane_gemm_compiles_for_h200():
     """Both modes compile for sm_90 (triton's passes and ptxas, no GPU) at the default table's
-    tiles (Q8_0; Q4_0 at the largest), in a process without the interpreter: every dot a wgmma,
-    the code tiles staged by cp.async, no register spills."""
+    tiles (Q8_0; Q4_0 and Q4_K at the largest), in a process without the interpreter: every dot
+    a wgmma, the code tiles staged by cp.async, no register spills."""
     import os
     import subprocess
     import sys
@@ -284,6 +341,6 @@ def test_plane_gemm_compiles_for_h200():
                         "--quick"], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 2 * (len(PLANE_TILES) + 1) and "FAIL" not in r.stdout, r.stdout
+    assert len(lines) == 2 * (len(PLANE_TILES) + 2) and "FAIL" not in r.stdout, r.stdout
     for line in lines:
         assert "spill 0/0" in line and "wgmma" in line and "cp.async" in line, line
