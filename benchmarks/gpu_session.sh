@@ -117,8 +117,8 @@ for step in "$@"; do
     profileres) timeout 280 python3 benchmarks/profile_read.py --what resident --T 8192 32768 --top 40 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -120 > "$OUT/profile_resident.log"; grep -A3 "^T=" "$OUT/profile_resident.log" ;;
     # issue 18 item 4: the fused RMSNorm / q-k norm + NEOX RoPE kernels against their torch twins at the
     # real shapes, and bf16 reads (model + engine) fused vs torch; normab: profileres's 32K read with the
-    # norms pinned to torch (the fused arm is profileres itself), CSV under $OUT/norm_torch
+    # norms pinned to torch (the fused arm is profileres itself): profile_resident_norm_torch.{csv,log}
     normtests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_norm.py tests/models/test_norm_wiring.py 2>&1 | tail -20 > "$OUT/gpu_norm_tests.log"; tail -5 "$OUT/gpu_norm_tests.log" ;;
-    normab)  timeout 230 python3 -c $'import runpy, sys\nfrom strata.kernels.norm import pin_norm\nsys.argv = ["profile_read.py", "--what", "resident", "--T", "32768", "--top", "40", "--out", sys.argv[1]]\nwith pin_norm("torch"):\n    runpy.run_path("benchmarks/profile_read.py", run_name="__main__")' "$OUT/norm_torch" 2>&1 | grep -v "it/s\]" | tail -60 > "$OUT/profile_resident_norm_torch.log"; grep -A3 "^T=" "$OUT/profile_resident_norm_torch.log" ;;
+    normab)  timeout 230 python3 benchmarks/profile_read.py --what resident --T 32768 --top 40 --norm torch --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -60 > "$OUT/profile_resident_norm_torch.log"; grep -A3 "^T=" "$OUT/profile_resident_norm_torch.log" ;;
   esac
 done

@@ -15,6 +15,7 @@ summed into attention / expert GEMM / dense GEMM / the rest. Prints a table and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import time
 from collections import defaultdict
@@ -145,15 +146,20 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--ffn", default="auto", help="the resident model's expert FFN (expert_ffn)")
+    ap.add_argument("--norm", choices=("auto", "torch", "triton"), default="auto",
+                    help="the models' norms and q/k RoPE: auto (fused kernels on CUDA) or pinned "
+                         "(strata.kernels.norm.pin_norm), for the A/B")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_read needs CUDA: run it on the GPU (benchmarks/gpu_session.sh profile*)")
         return 2
     rows: list = []
-    (ffn if args.what == "ffn" else resident)(args, rows)
+    from strata.kernels.norm import pin_norm
+    with pin_norm(args.norm) if args.norm != "auto" else contextlib.nullcontext():
+        (ffn if args.what == "ffn" else resident)(args, rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"profile_{args.what}.csv"
+    path = args.out / f"profile_{args.what}{'' if args.norm == 'auto' else '_norm_' + args.norm}.csv"
     with open(path, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=["what", "kernel", "category", "calls", "device_ms"])
         wr.writeheader()
