@@ -99,11 +99,15 @@ class PlaneTile:
 # registers; 32x128x64/w4s4 66 KB, 252; 64x128x64/w8s4 82 KB, 169; 128x128x64/w8s4 115 KB, 241;
 # none spills. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8 spill (the two decoded
 # weight tiles sit in registers beside the two accumulators), so the table keeps BLOCK_K 64.
+# BLOCK_M 128 stages its code tiles by TMA: on the H200 (kernel_bench, qwen3-30b-a3b, 40ffc9a,
+# experiments/results/kernel_bench_plane-*) that tile ran Q8_0 at 59.6 / 151.1 TFLOP/s against
+# 55.8 / 134.4 by cp.async at T = 2048 / 8192, and Q4_0 at 77.7 / 158.7 against 73.3 / 150.0;
+# at BLOCK_M 32 (T = 512) every swept tile was within 4% of the table's, so those stay.
 PLANE_TILES = {
     16: PlaneTile(16, 128, 64, 4, 4),
     32: PlaneTile(32, 128, 64, 4, 4),
     64: PlaneTile(64, 128, 64, 8, 4),
-    128: PlaneTile(128, 128, 64, 8, 4),
+    128: PlaneTile(128, 128, 64, 8, 4, tma=True),
 }
 
 
