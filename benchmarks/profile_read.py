@@ -32,6 +32,8 @@ from strata.planes import to_plane_set
 from strata.shapes import get_preset
 
 CATEGORIES = (  # first match wins: a kernel's name -> what it computes
+    ("combine over K", ("_combine",)),
+    ("norms / q-k rope", ("_rms_norm", "norm_rope")),
     ("plane GEMM", ("_plane_gemm",)),
     ("expert GEMM (fused)", ("_moe", "moe_")),
     ("attention", ("flash", "fmha", "attn", "attention")),
