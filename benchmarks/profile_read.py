@@ -24,9 +24,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from strata.atomic import atomic_write
+from strata.errors import StrataError
 from strata.bench.expert_gemm import dense_weights, grouped_mm_ffn, make_experts
 from strata.kernels import moe_ffn, topk_route
 from strata.kernels.decoded import moe_ffn_decoded
+from strata.kernels.norm import pin_norm
 from strata.kernels.plane import plane_ffn
 from strata.planes import to_plane_set
 from strata.shapes import get_preset
@@ -157,15 +160,18 @@ def main(argv=None) -> int:
         print("profile_read needs CUDA: run it on the GPU (benchmarks/gpu_session.sh profile*)")
         return 2
     rows: list = []
-    from strata.kernels.norm import pin_norm
     with pin_norm(args.norm) if args.norm != "auto" else contextlib.nullcontext():
         (ffn if args.what == "ffn" else resident)(args, rows)
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"profile_{args.what}{'' if args.norm == 'auto' else '_norm_' + args.norm}.csv"
-    with open(path, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=["what", "kernel", "category", "calls", "device_ms"])
-        wr.writeheader()
-        wr.writerows(rows)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as tmp, open(tmp, "w", newline="") as f:   # whole, or not at all
+            wr = csv.DictWriter(f, fieldnames=["what", "kernel", "category", "calls", "device_ms"])
+            wr.writeheader()
+            wr.writerows(rows)
+    except (OSError, StrataError) as e:
+        print(f"profile_read: cannot write {path}: {e}; pass --out a writable folder")
+        return 2
     print(f"wrote {path}")
     return 0
 
