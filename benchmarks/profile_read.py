@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     rows: list = []
     with pin_norm(args.norm) if args.norm != "auto" else contextlib.nullcontext():
         (ffn if args.what == "ffn" else resident)(args, rows)
-    path = args.out / f"profile_{args.what}{'' if args.norm == 'auto' else '_norm_' + args.norm}.csv"
+    tag = "" if args.norm == "auto" else f"_norm_{args.norm}"
+    path = args.out / f"profile_{args.what}{tag}.csv"
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         with atomic_write(path) as tmp, open(tmp, "w", newline="") as f:   # whole, or not at all
