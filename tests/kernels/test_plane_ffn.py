@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from strata.bench.expert_gemm import DECODED_REL, rel_err   # the GEMM tests' bound and measure
 from strata.errors import StrataError
 from strata.formats import dequantize, get_format
 from strata.kernels import topk_route
@@ -23,13 +24,6 @@ from strata.kernels.plane import (PLANE_TILES, PlaneTile, plane_dequantize,
 from strata.kernels.synth import random_blocks, random_expert_set
 from strata.kernels.tiles import padded_rows
 from strata.planes import to_plane_set, to_planes
-
-DECODED_REL = 1.5e-2   # tests/kernels/test_moe_ffn.py says why
-
-
-def rel_err(y, ref):
-    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
-
 
 @dataclass(frozen=True)
 class Case:
