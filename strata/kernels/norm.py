@@ -37,6 +37,7 @@ import triton
 from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.kernels._norm_kernel import _qk_norm_rope_fwd_kernel, _rms_norm_fwd_kernel
+from strata.kernels.pins import pinned
 
 NORM_IMPLS = ("triton", "torch")
 # one program holds whole rows in registers: widths past this go to the torch twin
@@ -53,11 +54,8 @@ def pin_norm(impl: str):
     interpreter) or "torch" (the twins, also on CUDA)."""
     if impl not in NORM_IMPLS:
         raise StrataError(f"pin_norm takes one of {NORM_IMPLS}, got {impl!r}")
-    token = _IMPL.set(impl)
-    try:
+    with pinned(_IMPL, impl):
         yield
-    finally:
-        _IMPL.reset(token)
 
 
 def norm_impl(x: torch.Tensor) -> str:

@@ -39,6 +39,7 @@ from strata.errors import StrataError
 from strata.formats.table import FORMATS
 from strata.kernels import _plane_kernel as _pk
 from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work, routed_sum
+from strata.kernels.pins import pinned
 from strata.kernels.routing import group_blocked, group_blocked_bounded
 from strata.kernels.tiles import block_m_for, padded_rows
 from strata.planes import PlaneSet, dequantize_planes, plane_matrix, split_planes
@@ -120,11 +121,8 @@ def pin_plane_tile(tile: PlaneTile):
     threads do not see each other's pins); the previous pin is restored on exit."""
     if not isinstance(tile, PlaneTile):
         raise StrataError(f"pin_plane_tile takes a PlaneTile, got {type(tile).__name__}")
-    token = _PINNED.set(tile)
-    try:
+    with pinned(_PINNED, tile):
         yield
-    finally:
-        _PINNED.reset(token)
 
 
 def plane_tile(n_tokens: int, top_k: int, n_expert: int) -> PlaneTile:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.pins import pinned
 
 SCHEDULES = ("dp", "stream_k")
 
@@ -196,11 +197,8 @@ def pin_tile(cfg: TileConfig | None = None, **overrides):
     The previous pin is restored on exit, also on error."""
     if cfg is not None and not isinstance(cfg, TileConfig):
         raise StrataError(f"pin_tile takes a TileConfig, got {type(cfg).__name__}")
-    token = _PINNED.set(("cfg", cfg, overrides))
-    try:
+    with pinned(_PINNED, ("cfg", cfg, overrides)):
         yield
-    finally:
-        _PINNED.reset(token)
 
 
 def resolve_tile(p: GemmProblem, schedule=None) -> TileConfig:

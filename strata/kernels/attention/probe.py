@@ -22,6 +22,7 @@ import contextlib
 from contextvars import ContextVar
 
 from strata.errors import StrataError
+from strata.kernels.pins import pinned
 
 ATTENTION_IMPLS = ("triton", "torch")
 
@@ -33,11 +34,8 @@ _IMPL: ContextVar[str | None] = ContextVar("strata_attn_impl", default=None)
 def probe_launches():
     """Inside the block every attention launch (the attention kernel and the int8 expansion)
     runs its grid's first program only (see the module docstring)."""
-    token = _PROBE.set(True)
-    try:
+    with pinned(_PROBE, True):
         yield
-    finally:
-        _PROBE.reset(token)
 
 
 def probing() -> bool:
@@ -55,11 +53,8 @@ def pin_attention(impl: str):
     launcher, on the CPU through the interpreter) or "torch" (the plain-torch twin)."""
     if impl not in ATTENTION_IMPLS:
         raise StrataError(f"pin_attention takes one of {ATTENTION_IMPLS}, got {impl!r}")
-    token = _IMPL.set(impl)
-    try:
+    with pinned(_IMPL, impl):
         yield
-    finally:
-        _IMPL.reset(token)
 
 
 def attention_impl(device) -> str:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.pins import pinned
 
 EXPAND_ROWS = 32768     # tokens of int8 prefix expanded per launch (see the module docstring)
 
@@ -50,11 +51,8 @@ def pin_expand_rows(rows: int):
     """R = `rows` instead of EXPAND_ROWS inside the block (plan and launcher alike)."""
     if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
         raise StrataError(f"pin_expand_rows takes a whole number of rows >= 1, got {rows!r}")
-    token = _ROWS.set(rows)
-    try:
+    with pinned(_ROWS, rows):
         yield
-    finally:
-        _ROWS.reset(token)
 
 
 def expand_rows(max_prompt: int) -> int:

@@ -40,6 +40,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
 from strata.errors import StrataError
+from strata.kernels.pins import pinned
 
 
 INT8_PATHS = ("dequant", "expand", "kernel")
@@ -101,11 +102,8 @@ def pin_attn_tile(tile: AttnTile | None = None, **overrides):
     error (a ContextVar: threads do not see each other's pins)."""
     if tile is not None and not isinstance(tile, AttnTile):
         raise StrataError(f"pin_attn_tile takes an AttnTile, got {type(tile).__name__}")
-    token = _PINNED.set((tile, overrides))
-    try:
+    with pinned(_PINNED, (tile, overrides)):
         yield
-    finally:
-        _PINNED.reset(token)
 
 
 def resolve_attn_tile(p: AttnProblem, tile: AttnTile | None = None) -> AttnTile:
