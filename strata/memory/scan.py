@@ -22,6 +22,10 @@ Rules (SPEC "Auto scan"):
   on seed-512e (12 GiB) a layer's ~20 ms of attention outlasts a 101-slot ring's 9.6 ms of
   copies. Shorter prompts keep the full ring: their attention is short and every slot lent to
   the ring is a slot the expert cache no longer holds (seed-512e 8K read 4% slower at 160 slots).
+  The grown slots are pure run-ahead: passes keep the full ring's size (`ParticipantPlan.batch`,
+  what the carve sizes the per-pass buffers for and the streaming provider batches by), so the
+  decode buffer does not grow with the ring (seed-512e 32K on the H200: 49,915 tok/s with passes
+  of 50 at 204 slots, 45,255 with passes of half a 154-slot ring, 38,375 with passes of 32).
   STRATA_RING_GROW=0 turns it off (the A/B); an explicit ring (--ring / STRATA_PREFILL_RING)
   never grows.
 
@@ -46,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from strata.errors import PlanError, StrataError
 from strata.memory.cache import CacheLayout
 from strata.memory.carve import Carve, align_up
-from strata.memory.layout import PromptLayout
+from strata.memory.layout import PromptLayout, pass_experts
 from strata.memory.loan import LEND_CAP
 from strata.memory.ring import RING_MIN, STAGE, chunk_ring, ring_cap, ring_slots, stream_all_min
 from strata import config
@@ -85,6 +89,7 @@ class ParticipantPlan:
     loan: int           # bytes of the slots lent for this plan (0 when it does not fit)
     loan_slots: int
     tail: int           # loan - align256(bytes_needed): the SlabPool's tail (Carve.tail)
+    batch: int = 0      # experts per pass: the carve's per-pass buffers and the provider's batch
     scratch_reserve: int = 0   # slab bytes asked beyond bytes_needed (0: none)
     borrow: int = 0     # bytes the loan is asked for: bytes_needed (+ scratch_reserve if it fits)
     placements: list[dict] = field(default_factory=list)  # the carve: name, offset, nbytes
@@ -154,9 +159,9 @@ class _Probe:
     def __init__(self, layout: PromptLayout):
         self.layout, self.count = layout, 0
 
-    def __call__(self, T: int, ring: int) -> int:
+    def __call__(self, T: int, ring: int, batch: int | None = None) -> int:
         self.count += 1
-        return self.layout.bytes_needed(T, ring)
+        return self.layout.bytes_needed(T, ring, batch)
 
 
 def _override(ring: int | None) -> int | None:
@@ -224,14 +229,15 @@ def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=N
     parts = []
     for p, (ring, slots) in zip(participants, rings):
         extra = scratch_reserve(p.name, n_tokens or chunk, chunk) if scratch_reserve else 0
+        batch = pass_experts(slots, layout.batch)
         if cap is not None and grows(rule, ring, override, n_tokens):
             # the slab's reserve keeps its room when it had it beside the full ring
             room = p.room - extra if layout.bytes_needed(chunk, slots) + extra <= p.room \
                 else p.room
             before = probe.count
-            ring = slots = grown_ring(lambda r: probe(chunk, r) <= room, slots, cap)
+            ring = slots = grown_ring(lambda r: probe(chunk, r, batch) <= room, slots, cap)
             grow_probes += probe.count - before
-        dry = layout.carve(Carve.dry(), chunk, slots)
+        dry = layout.carve(Carve.dry(), chunk, slots, batch)
         placements, need = dry.placements, dry.stop
         room = p.room
         fits = need <= room
@@ -242,7 +248,7 @@ def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=N
         parts.append(ParticipantPlan(
             p.name, ring, slots, ring_bytes, need, room, fits, p.cache.nbytes,
             p.cache.n_slots, loan, n, max(0, loan - align_up(need)) if fits else 0,
-            extra, borrow, [{"name": q.name, "offset": q.offset, "nbytes": q.nbytes}
+            batch, extra, borrow, [{"name": q.name, "offset": q.offset, "nbytes": q.nbytes}
                             for q in placements]))
     binding = min(parts, key=lambda q: (q.room - q.bytes_needed))
     return Plan(chunk=chunk, ring=binding.ring, ring_slots=binding.ring_slots,

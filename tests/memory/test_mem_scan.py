@@ -7,6 +7,7 @@ from hypothesis import example, given, strategies as st
 from strata.errors import PlanError, StrataError
 from strata.memory import CacheLayout, Participant, PromptLayout, plan_prefill, ring_slots
 from strata.memory.ring import RING_MIN
+from strata.memory.layout import pass_experts
 from strata.memory.ring import ring_cap
 from strata.memory.scan import GROW_MIN_TOKENS, LEGACY_CHUNKS, grid, last_fitting
 from strata.planning import prompt_layout
@@ -209,8 +210,11 @@ def test_a_long_prompts_ring_grows_into_the_room_its_chunk_leaves(room_mib, max_
         return
     cap = ring_cap(True)
     assert flat.ring == flat.full_ring <= grown.ring <= max(cap, flat.full_ring)
-    assert grown.fits and grown.bytes_needed == lay.bytes_needed(grown.chunk, grown.ring) <= p.room
-    assert grown.ring >= cap or lay.bytes_needed(grown.chunk, grown.ring + 1) > p.room
+    # the grown slots are run-ahead: passes keep the full ring's size
+    b = grown.participants[0].batch
+    assert b == flat.participants[0].batch == pass_experts(flat.ring)
+    assert grown.fits and grown.bytes_needed == lay.bytes_needed(grown.chunk, grown.ring, b) <= p.room
+    assert grown.ring >= cap or lay.bytes_needed(grown.chunk, grown.ring + 1, b) > p.room
     assert grown.grow_probes <= math.ceil(math.log2(cap + 1)) + 1
     # what the engine carves is the grown ring (one source: the plan's own participant row)
     assert grown.participants[0].ring_slots == grown.ring_slots == grown.ring
