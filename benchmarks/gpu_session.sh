@@ -120,5 +120,7 @@ for step in "$@"; do
     # norms pinned to torch (the fused arm is profileres itself): profile_resident_norm_torch.{csv,log}
     normtests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_norm.py tests/models/test_norm_wiring.py 2>&1 | tail -20 > "$OUT/gpu_norm_tests.log"; tail -5 "$OUT/gpu_norm_tests.log" ;;
     normab)  timeout 230 python3 benchmarks/profile_read.py --what resident --T 32768 --top 40 --norm torch --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -60 > "$OUT/profile_resident_norm_torch.log"; grep -A3 "^T=" "$OUT/profile_resident_norm_torch.log" ;;
+    # issue 18 item 4 on the seed-512e shape (12 layers): streamed (the grown ring at 32K) beside all-resident
+    seed512e) timeout 230 python3 experiments/prefill_ab.py --no-gate --models seed-512e-Q8_0 --prompts 8192,32768 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | grep -v "layer/s" | tail -12 | tee "$OUT/seed512e.log" ;;
   esac
 done
