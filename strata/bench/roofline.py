@@ -167,6 +167,12 @@ class Rates:
         """The GEMM rates measured so far, TFLOP/s by T (recorded beside the figures)."""
         return {T: round(r / 1e12, 1) for T, r in self._gemm.items()}
 
+    def tflops(self) -> dict[str, dict[int, float]]:
+        """Every rate measured so far, TFLOP/s by T, by kind (gemm, attn, dense)."""
+        return {kind: {T: round(r / 1e12, 1) for T, r in rates.items()}
+                for kind, rates in (("gemm", self._gemm), ("attn", self._attn),
+                                    ("dense", self._dense))}
+
 
 def roofline(chunks: Sequence, shape, h2d: float | Mapping[tuple, float], rates: Rates, *,
              attention: bool = False, dense: bool = False) -> float:
