@@ -26,6 +26,8 @@ for step in "$@"; do
     synctests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_syncs.py 2>&1 | tail -20 > "$OUT/gpu_sync_tests.log"; tail -5 "$OUT/gpu_sync_tests.log" ;;
     overlap8k)  timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap8k.log" ;;
     overlap32k) timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 32768 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap32k.log" ;;
+    # issue 18 item 4: the all-resident read against its full compute floor (attention + experts + dense)
+    floor32k) timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192,32768 --arms resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/floor32k.log"; timeout 60 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_roofline.py 2>&1 | tail -3 ;;
     prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -30 ;;
     formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
     # issue 15's target where PCIe bounds Q8_0: short prompts, the streamed reads only

@@ -59,6 +59,72 @@ def test_expert_flops_one_layer_and_all():
     assert rl.expert_flops(QWEN, T) == one * QWEN.n_layer
 
 
+def test_dense_flops_by_hand():
+    """The tiny shape (D 64, H 4, Hkv 2, hd 16, E 8, 2 layers) counted by hand: q 64x64, k and
+    v 64x32 each, o 64x64, router 64x8 multiply-adds per token per layer."""
+    tiny = get_preset("tiny")
+    per_token = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 64 * 8       # 12,800 multiply-adds
+    assert rl.dense_flops(tiny, 10, layers=1) == 2 * 10 * per_token
+    assert rl.dense_flops(tiny, 10) == 2 * 10 * per_token * 2
+    assert rl.dense_flops(tiny, 10, layers=[1]) == 2 * 10 * per_token
+    assert rl.dense_flops(tiny, 10, layers=0) == 0
+    # the brief's GQA formula, at the 30B's widths
+    D, H, Hkv, hd, E = (QWEN.d_model, QWEN.n_head, QWEN.n_kv_head, QWEN.head_dim,
+                        QWEN.n_expert)
+    assert rl.dense_flops(QWEN, 4096) == 2 * 4096 * (D * (H * hd + 2 * Hkv * hd) + H * hd * D
+                                                     + D * E) * QWEN.n_layer
+
+
+def test_dense_flops_count_shared_experts_and_dense_lead_layers():
+    """A leading dense layer has its FFN (3·D·d_ff) and no router or routed experts; a MoE
+    layer's S shared experts are one FFN of width S·F beside the router."""
+    tiny = get_preset("tiny")
+    fam = tiny.with_(n_layer=3, n_dense_lead=1, d_ff=48, n_shared=2)
+    attn = 64 * 64 + 2 * 64 * 32 + 64 * 64
+    lead = attn + 3 * 64 * 48
+    moe = attn + 64 * 8 + 3 * 64 * (2 * 32)
+    assert rl.dense_flops(fam, 5, layers=[0]) == 2 * 5 * lead
+    assert rl.dense_flops(fam, 5, layers=1) == 2 * 5 * moe
+    assert rl.dense_flops(fam, 5) == 2 * 5 * (lead + 2 * moe)
+    # the routed experts count only the two MoE layers
+    assert rl.expert_flops(fam, 5) == rl.expert_flops(fam, 5, layers=2)
+
+
+def test_dense_flops_of_mla():
+    """MLA (DeepSeek-V3's widths): q through q_lora, the latent and rope key, the chunk's own
+    tokens' decompression once, o over the value heads; the router and one shared expert."""
+    ds = get_preset("deepseek-v3")
+    D, H, hd, Lq, Lkv, R, Hv = 7168, 128, 192, 1536, 512, 64, 128
+    attn = D * Lq + Lq * H * hd + D * (Lkv + R) + Lkv * H * (hd - R + Hv) + H * Hv * D
+    moe = attn + D * 256 + 3 * D * 2048
+    lead = attn + 3 * D * 18432
+    assert rl.dense_flops(ds, 7, layers=1) == 2 * 7 * moe
+    assert rl.dense_flops(ds, 7) == 2 * 7 * (3 * lead + 58 * moe)
+
+
+def test_dense_term_adds_its_seconds_to_the_floor():
+    """dense=rate adds exactly dense FLOPs / rate; a NaN (unmeasured) dense rate adds 0."""
+    T, P, g, a, d = 2048, 1024, 400e12, 300e12, 600e12
+    base = rl.compute_floor(QWEN, P, T, g, a)
+    assert rl.compute_floor(QWEN, P, T, g, a, dense=d) == pytest.approx(
+        base + rl.dense_flops(QWEN, T) / d)
+    assert rl.compute_floor(QWEN, P, T, g, a, dense=float("nan")) == base
+    assert rl.compute_floor(QWEN, P, T, g, dense=d) == pytest.approx(
+        rl.compute_floor(QWEN, P, T, g) + rl.dense_flops(QWEN, T) / d)
+    cs = chunks((0, T, 0), (T, T, 0))
+    rates = rl.Rates(QWEN, gemm={T: g}, attn={T: a}, dense={T: d})
+    want = sum(rl.compute_floor(QWEN, c.start, T, g, a, dense=d) for c in cs)
+    assert rl.roofline(cs, QWEN, 1e30, rates, attention=True, dense=True) == pytest.approx(want)
+    assert rl.roofline(cs, QWEN, 1e30, rates, attention=True) == pytest.approx(
+        want - 2 * rl.dense_flops(QWEN, T) / d)
+
+
+def test_dense_rate_is_nan_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("measures on the GPU (test_measured_rates_on_the_gpu)")
+    assert math.isnan(rl.dense_rate(QWEN, 256))
+
+
 def test_unmeasured_rates_bound_nothing():
     """Without CUDA the GEMM and attention rates are NaN: the bound is the copies alone."""
     nan = float("nan")
@@ -76,6 +142,13 @@ def test_rates_measure_each_chunk_size_once():
     rl.roofline(cs, QWEN, 1e9, rates)
     assert calls == [256, 128]
     assert rates.gemm_tflops() == {256: 256.0, 128: 128.0}
+    dense = []
+    rates = rl.Rates(QWEN, gemm={256: 1e12}, measure_dense=lambda s, T: dense.append(T) or 5e12)
+    rl.roofline(cs[:2], QWEN, 1e9, rates)
+    assert dense == []                       # the plain roofline never asks for it
+    rl.roofline(cs[:2], QWEN, 1e9, rates, dense=True)
+    rl.roofline(cs[:2], QWEN, 1e9, rates, dense=True)
+    assert dense == [256]
 
 
 prompt = st.lists(st.tuples(st.integers(1, 32768), st.integers(0, 10**11)), min_size=1,
@@ -99,6 +172,10 @@ def test_roofline_lies_between_its_two_sides(spec, h2d, gemm, attn):
     assert max(copy, comp) <= got * (1 + 1e-12)
     assert got <= (copy + comp) * (1 + 1e-12)
     assert rl.roofline(cs, QWEN, h2d, rates, attention=True) >= got
+    rates_d = rl.Rates(QWEN, gemm={c.tokens: gemm for c in cs}, attn={c.tokens: attn for c in cs},
+                       dense={c.tokens: gemm for c in cs})
+    assert rl.roofline(cs, QWEN, h2d, rates_d, attention=True, dense=True) >= \
+        rl.roofline(cs, QWEN, h2d, rates, attention=True)
     # one GPU named by its layers reads the same as its bare rate
     for c in cs:
         c.layers = (0, 1)
@@ -116,5 +193,5 @@ def test_h2d_rate_on_this_machine():
 @pytest.mark.gpu
 def test_measured_rates_on_the_gpu():
     """On an H200 the grouped GEMM and flash attention run at tens to hundreds of TFLOP/s."""
-    g, a = rl.gemm_rate(QWEN, 2048), rl.sdpa_rate(QWEN, 2048)
-    assert 1e12 < g < 2e15 and 1e12 < a < 2e15
+    g, a, d = rl.gemm_rate(QWEN, 2048), rl.sdpa_rate(QWEN, 2048), rl.dense_rate(QWEN, 2048)
+    assert 1e12 < g < 2e15 and 1e12 < a < 2e15 and 1e12 < d < 2e15

@@ -1,7 +1,7 @@
-"""The roofline of a streamed prefill: three measured rates and the bounds built from them.
+"""The roofline of a streamed prefill: four measured rates and the bounds built from them.
 
 Legend: T tokens of a chunk, P positions cached before it, L layers, D hidden, F expert width,
-K top-k, H query heads, hd head width.
+E experts, K top-k, S shared experts, H query heads, Hkv kv heads, hd head width.
 
 The rates, measured on the machine the experiment runs on (NaN where it cannot measure them,
 i.e. without CUDA; an unmeasured rate makes its part of the bound free):
@@ -11,17 +11,28 @@ i.e. without CUDA; an unmeasured rate makes its part of the bound free):
   T·K rows routed uniformly over E experts (the ceiling the SPEC's table measures).
 - `sdpa_rate(shape, T)`: FLOP/s of causal flash attention (torch SDPA, bf16, GQA) over one
   T-token chunk at the model's head shape.
+- `dense_rate(shape, T)`: FLOP/s of the dense layers' GEMMs (torch.mm bf16, T rows, each
+  layer's `dense_gemms`), over every layer of the shape.
 
 The bounds of one chunk, and of a prompt (the sum over its chunks):
 
     PCIe bound    = bytes streamed / H2D rate          (several GPUs: the slowest link)
     compute floor = expert FLOPs / GEMM rate  [+ attention FLOPs / attention rate]
+                                              [+ dense FLOPs / dense rate]
     roofline      = max(PCIe bound, compute floor)
 
-expert FLOPs = 2·T·K·3·D·F per layer (gate, up and down), over every layer; attention FLOPs =
-4·H·hd per query-key pair (QKᵀ and PV) over every layer, query i of the chunk seeing P + i + 1
-keys. The attention term is optional: the plain roofline leaves attention and the dense layers
-out, so it is the bound of the expert streaming alone; with attention it is a tighter bound.
+expert FLOPs = 2·T·K·3·D·F per MoE layer (gate, up and down; a shape's leading dense layers
+route none); attention FLOPs = 4·H·hd per query-key pair (QKᵀ and PV) over every layer, query i
+of the chunk seeing P + i + 1 keys; dense FLOPs = 2·T·(D·(H·hd + 2·Hkv·hd) + H·hd·D + D·E) per
+MoE layer (the q, k, v and o projections and the router), plus a shared expert's 2·T·3·D·(S·F)
+(S shared experts as one FFN) and a leading dense layer's FFN 2·T·3·D·F_dense in place of the
+router and experts; MLA layers count their own projections (`dense_gemms`). The attention and
+dense terms are optional: the plain roofline leaves them out, so it is the bound of the expert
+streaming alone; with attention it is tighter, and with attention and dense it is the full
+compute floor of the read (every GEMM and the attention at its measured rate). Not counted:
+norms, RoPE, activations, routing's top-k, biases and the LM head (the experiments read with
+logits="none"). The attention count is full causal attention at hd for both QKᵀ and PV: for
+sliding-window layers (GPT-OSS) and MLA's narrower value heads it counts more than they do.
 """
 from __future__ import annotations
 
@@ -37,9 +48,58 @@ from strata.bench.timing import time_fn
 # -- FLOP counts and bounds (pure arithmetic) --------------------------------------------------
 def expert_flops(shape, T: int, layers: int | None = None) -> float:
     """FLOPs of the routed experts' three GEMMs for T tokens: 2·T·K·3·D·F per layer, over
-    `layers` layers (default: every layer of the shape)."""
-    L = shape.n_layer if layers is None else layers
+    `layers` MoE layers (default: every MoE layer of the shape; leading dense layers route
+    none)."""
+    L = len(shape.moe_layers) if layers is None else layers
     return 2.0 * T * shape.top_k * 3 * shape.d_model * shape.d_expert * L
+
+
+def dense_gemms(shape, layer: int) -> list[tuple[int, int]]:
+    """The dense GEMMs of `layer` as (in, out) widths, each run over the chunk's T rows (what
+    the model's wiring multiplies; strata.models.attention, mla, ffn, the routers):
+    - attention: q [D -> H·hd], k and v [D -> Hkv·hd], o [H·hd -> D]; MLA instead q
+      [D -> H·hd] (or through q_lora: [D -> Lq], [Lq -> H·hd]), the latent and rope key
+      [D -> Lkv + R], the decompression [Lkv -> H·(N + Hv)] of the chunk's own tokens once,
+      o [H·Hv -> D];
+    - a MoE layer: the router [D -> E] and, with S shared experts, one SwiGLU FFN of width
+      S·F (gate and up [D -> S·F], down [S·F -> D]);
+    - a leading dense layer: its SwiGLU FFN of width d_ff (no router, no experts).
+    Not here: the routed experts (expert_flops), attention's QKᵀ and PV (attention_flops), and
+    MLA's re-decompression of earlier keys per query block (an engine choice, not the model's
+    floor)."""
+    D, H, hd = shape.d_model, shape.n_head, shape.head_dim
+    if shape.mla:
+        R, Lkv, Hv = shape.qk_rope, shape.kv_lora, shape.v_head_dim
+        q = [(D, shape.q_lora), (shape.q_lora, H * hd)] if shape.q_lora else [(D, H * hd)]
+        g = q + [(D, Lkv + R), (Lkv, H * (hd - R + Hv)), (H * Hv, D)]
+    else:
+        kv = shape.n_kv_head * hd
+        g = [(D, H * hd), (D, kv), (D, kv), (H * hd, D)]
+    if not shape.is_moe_layer(layer):
+        return g + [(D, shape.d_ff), (D, shape.d_ff), (shape.d_ff, D)]
+    g.append((D, shape.n_expert))
+    if shape.n_shared:
+        Fs = shape.n_shared * shape.d_expert
+        g += [(D, Fs), (D, Fs), (Fs, D)]
+    return g
+
+
+def _layer_ids(shape, layers) -> list[int]:
+    """None: every layer; an int n: n MoE layers (as expert_flops counts them); else the ids."""
+    if layers is None:
+        return list(range(shape.n_layer))
+    if isinstance(layers, int):
+        return [shape.moe_layers[0]] * layers if layers else []
+    return list(layers)
+
+
+def dense_flops(shape, T: int, layers: int | Sequence[int] | None = None) -> float:
+    """FLOPs of the dense layers for T tokens: 2·T·in·out over each of `dense_gemms`, over
+    `layers` (default: every layer of the shape; an int n: n MoE layers, as expert_flops counts
+    them; a sequence: those layer ids). A plain GQA MoE layer (Qwen3, Mixtral, GPT-OSS):
+    2·T·(D·(H·hd + 2·Hkv·hd) + H·hd·D + D·E)."""
+    return 2.0 * T * sum(i * o for l in _layer_ids(shape, layers)
+                         for i, o in dense_gemms(shape, l))
 
 
 def attention_flops(shape, P: int, T: int, layers: int | None = None) -> float:
@@ -59,27 +119,34 @@ def pcie_bound(nbytes: float, h2d: float) -> float:
     return nbytes / h2d
 
 
-def compute_floor(shape, P: int, T: int, gemm: float, attn: float | None = None) -> float:
+def compute_floor(shape, P: int, T: int, gemm: float, attn: float | None = None, *,
+                  dense: float | None = None) -> float:
     """Seconds of a chunk's compute at the measured rates: its experts at `gemm` FLOP/s, plus
-    with `attn` its causal attention at that rate."""
+    with `attn` its causal attention at that rate, plus with `dense` its dense layers
+    (dense_flops) at that rate. All three: the full compute floor."""
     t = seconds_at(expert_flops(shape, T), gemm)
     if attn is not None:
         t += seconds_at(attention_flops(shape, P, T), attn)
+    if dense is not None:
+        t += seconds_at(dense_flops(shape, T), dense)
     return t
 
 
 class Rates:
-    """The GEMM and attention rates of one model shape, measured once per chunk size and kept
-    (a prompt's chunks share a few sizes). `gemm` / `attn` seed known rates by T (tests, or a
-    run that already measured them); the others are measured on first use."""
+    """The GEMM, attention and dense rates of one model shape, measured once per chunk size and
+    kept (a prompt's chunks share a few sizes). `gemm` / `attn` / `dense` seed known rates by T
+    (tests, or a run that already measured them); the others are measured on first use."""
 
     def __init__(self, shape, *, gemm: Mapping[int, float] | None = None,
                  attn: Mapping[int, float] | None = None,
-                 measure_gemm: Callable | None = None, measure_attn: Callable | None = None):
+                 dense: Mapping[int, float] | None = None,
+                 measure_gemm: Callable | None = None, measure_attn: Callable | None = None,
+                 measure_dense: Callable | None = None):
         self.shape = shape
-        self._gemm, self._attn = dict(gemm or {}), dict(attn or {})
+        self._gemm, self._attn, self._dense = dict(gemm or {}), dict(attn or {}), dict(dense or {})
         self._measure_gemm = measure_gemm or gemm_rate
         self._measure_attn = measure_attn or sdpa_rate
+        self._measure_dense = measure_dense or dense_rate
 
     def gemm(self, T: int) -> float:
         if T not in self._gemm:
@@ -91,14 +158,26 @@ class Rates:
             self._attn[T] = self._measure_attn(self.shape, T)
         return self._attn[T]
 
+    def dense(self, T: int) -> float:
+        if T not in self._dense:
+            self._dense[T] = self._measure_dense(self.shape, T)
+        return self._dense[T]
+
     def gemm_tflops(self) -> dict[int, float]:
         """The GEMM rates measured so far, TFLOP/s by T (recorded beside the figures)."""
         return {T: round(r / 1e12, 1) for T, r in self._gemm.items()}
 
+    def tflops(self) -> dict[str, dict[int, float]]:
+        """Every rate measured so far, TFLOP/s by T, by kind (gemm, attn, dense)."""
+        return {kind: {T: round(r / 1e12, 1) for T, r in rates.items()}
+                for kind, rates in (("gemm", self._gemm), ("attn", self._attn),
+                                    ("dense", self._dense))}
+
 
 def roofline(chunks: Sequence, shape, h2d: float | Mapping[tuple, float], rates: Rates, *,
-             attention: bool = False) -> float:
-    """Seconds a prompt needs at the roofline (module docstring).
+             attention: bool = False, dense: bool = False) -> float:
+    """Seconds a prompt needs at the roofline (module docstring); `attention` / `dense` add
+    those terms to each chunk's compute floor (both: the full floor).
 
     `chunks`: the run's ChunkStats (start, tokens, bytes_streamed, layers). With one GPU, `h2d`
     is its rate; with the layers split over GPUs, a mapping from a participant's layers (as a
@@ -113,7 +192,8 @@ def roofline(chunks: Sequence, shape, h2d: float | Mapping[tuple, float], rates:
         t_copy = max(pcie_bound(c.bytes_streamed,
                                 h2d[tuple(c.layers)] if isinstance(h2d, Mapping) else h2d)
                      for c in parts)
-        t_comp = compute_floor(shape, P, T, rates.gemm(T), rates.attn(T) if attention else None)
+        t_comp = compute_floor(shape, P, T, rates.gemm(T), rates.attn(T) if attention else None,
+                               dense=rates.dense(T) if dense else None)
         t += max(t_copy, t_comp)
     return t
 
@@ -178,6 +258,29 @@ def sdpa_rate(shape, T: int, reps: int = 3) -> float:
     def run():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     return 2 * T * T * H * hd / time_fn(run, device="cuda", warmup=1, repeats=reps).median_s
+
+
+def dense_rate(shape, T: int, reps: int = 3) -> float:
+    """FLOP/s of the dense layers' GEMMs (`dense_gemms`: torch.mm bf16 of T rows by each
+    layer's weights) over every layer of the shape: one MoE layer and, where the shape has
+    them, one leading dense layer are timed, each counted as often as the shape has such
+    layers; NaN without CUDA."""
+    if not torch.cuda.is_available():
+        return float("nan")
+    kinds = [(shape.moe_layers[0], len(shape.moe_layers))] if shape.moe_layers else []
+    if shape.n_dense_lead:
+        kinds.append((0, shape.n_dense_lead))
+    dev, seconds = "cuda", 0.0
+    for layer, count in kinds:
+        gemms = dense_gemms(shape, layer)
+        xs = {i: torch.randn(T, i, device=dev, dtype=torch.bfloat16) for i, _ in gemms}
+        ws = [torch.randn(i, o, device=dev, dtype=torch.bfloat16) * 0.02 for i, o in gemms]
+
+        def run(gemms=gemms, xs=xs, ws=ws):
+            for (i, _), w in zip(gemms, ws):
+                torch.mm(xs[i], w)
+        seconds += count * time_fn(run, device=dev, warmup=1, repeats=reps).median_s
+    return dense_flops(shape, T) / seconds
 
 
 def record_streamed(rec, res, T: int, shape, h2d: float, rates: Rates, **config) -> float | None:
