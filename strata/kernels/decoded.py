@@ -26,7 +26,8 @@ from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.kernels.expert_dequant import decode_matrix_into
 from strata.kernels.grouped import (GROUPED_MIN_ROWS, grouped_ffn,  # noqa: F401
-                                    last_decoded_gemm, pin_decoded_gemm, resolve)
+                                    last_decoded_gemm, pin_decoded_gemm, record,
+                                    resolve)
 from strata.kernels.moe import moe_ffn
 from strata.kernels.routing import routed_mask
 
@@ -56,6 +57,7 @@ def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     kw = dict(schedule=schedule, scratch_alloc=scratch_alloc, out=out, check=check,
               combine=combine)
     if all(m.fmt.name == "BF16" for m in lay.matrices):   # nothing to decode
+        record("triton", "BF16 experts: nothing to decode, moe_ffn reads the blobs in place")
         return moe_ffn(x, topk_ids, topk_weights, experts, workspace=workspace, **kw)
     if not lay.plain:
         raise StrataError("the decoded expert FFN writes bias-free silu experts; these experts "

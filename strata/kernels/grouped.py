@@ -113,7 +113,13 @@ _last: list[GemmChoice] = []
 
 
 def last_decoded_gemm() -> GemmChoice | None:
+    """The choice of the most recent moe_ffn_decoded call in this process (None before one)."""
     return _last[0] if _last else None
+
+
+def record(backend: str, reason: str | None = None) -> str:
+    _last[:] = [GemmChoice(backend, reason)]
+    return backend
 
 
 def resolve(x, topk_ids, dec: ExpertSet) -> str:
@@ -123,8 +129,7 @@ def resolve(x, topk_ids, dec: ExpertSet) -> str:
     why = grouped_unfit(dec) if want == "grouped" else None
     if why and _GEMM.get() == "grouped":
         warnings.warn(f"pin_decoded_gemm('grouped'): {why}; running the Triton GEMM", stacklevel=3)
-    _last[:] = [GemmChoice("triton" if why else want, why)]
-    return _last[0].backend
+    return record("triton" if why else want, why)
 
 
 def _rows_tile(rows: int, cols: int) -> tuple[int, int]:
