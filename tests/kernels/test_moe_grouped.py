@@ -87,13 +87,11 @@ def test_streamed_passes_add_into_out_and_defer_to_the_layer(experts):
     ref = moe_ffn_torch(x, ids, w, experts)
     out0 = torch.randn(T, D, generator=torch.Generator().manual_seed(1))
     acc, acc_layer = out0.clone(), out0.clone()
-    ws = _engine_ws(experts, T, n_slots=4)     # room for more experts than a pass holds: empty groups
+    ws = _engine_ws(experts, T, n_slots=4)   # room for more than a pass holds: an empty group
     for n, group in enumerate(([0, 1, 2], [3, 4, 5])):
-        keep = torch.isin(ids, torch.tensor(group))
-        part = torch.where(keep, ids, -1)
-        sub = type(experts)(experts.arena, torch.where(torch.isin(torch.arange(E),
-                                                                  torch.tensor(group)),
-                                                       experts.slot_offset, -1),
+        part = torch.where(torch.isin(ids, torch.tensor(group)), ids, -1)
+        in_pass = torch.isin(torch.arange(E), torch.tensor(group))
+        sub = type(experts)(experts.arena, torch.where(in_pass, experts.slot_offset, -1),
                             experts.layout)
         got = _grouped(x, part, w, sub, out=acc, workspace=ws, check=False)
         assert got is acc
