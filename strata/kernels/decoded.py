@@ -87,7 +87,7 @@ def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     dst_slot = torch.where(present & (cidx < cap), cidx * bb, -1)
     dec = decode_experts(experts, dst_slot, buf)
     ws = {k: v for k, v in (workspace or {}).items() if k != "wdec"} or None
-    if resolve(x, topk_ids, dec) == "grouped":
+    if resolve(x, topk_ids, dec, workspace) == "grouped":
         return grouped_ffn(x, topk_ids, topk_weights, dec, out=out, workspace=ws, check=check,
                            combine=combine)
     return moe_ffn(x, topk_ids, topk_weights, dec, workspace=ws, **kw)

@@ -73,15 +73,20 @@ def grouped_available(x: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device) >= (9, 0))
 
 
-def decoded_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n_expert: int) -> str:
-    """"triton" or "grouped": the pin, else "auto"'s rule — grouped where it is available and an
+def decoded_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n_expert: int, *,
+                 carved: bool = False) -> str:
+    """"triton" or "grouped": the pin, else "auto"'s rule — grouped where it is available, an
     expert averages at least GROUPED_MIN_ROWS rows (T·K / E: what the host knows without a sync;
-    a streamed pass's experts average the same as the layer's)."""
+    a streamed pass's experts average the same as the layer's) and the call's buffers are not
+    `carved` (the streaming engine's workspace: its plan counts h, yk and wdec, not the grouped
+    path's xs [TK, D], g/u [TK, 2F] and yd [TK, D], so there "auto" keeps the Triton GEMM and the
+    engine inside its byte budget; a pin still runs grouped there, for the A/B)."""
     choice = _GEMM.get() or "auto"
     if choice != "auto":
         return choice
     rows = topk_ids.numel() / max(1, n_expert)
-    return "grouped" if grouped_available(x) and rows >= GROUPED_MIN_ROWS else "triton"
+    fits = grouped_available(x) and rows >= GROUPED_MIN_ROWS and not carved
+    return "grouped" if fits else "triton"
 
 
 def grouped_unfit(dec: ExpertSet) -> str | None:
@@ -122,10 +127,11 @@ def record(backend: str, reason: str | None = None) -> str:
     return backend
 
 
-def resolve(x, topk_ids, dec: ExpertSet) -> str:
+def resolve(x, topk_ids, dec: ExpertSet, workspace=None) -> str:
     """The backend this call runs (records it): "grouped" falls back to "triton" when the
     experts do not fit it (a warning when the grouped GEMM was pinned)."""
-    want = decoded_gemm(x, topk_ids, dec.n_expert)
+    carved = bool(workspace) and workspace.get("yk") is not None
+    want = decoded_gemm(x, topk_ids, dec.n_expert, carved=carved)
     why = grouped_unfit(dec) if want == "grouped" else None
     if why and _GEMM.get() == "grouped":
         warnings.warn(f"pin_decoded_gemm('grouped'): {why}; running the Triton GEMM", stacklevel=3)

@@ -9,7 +9,7 @@ Cases: all experts present (check True / False), a streamed pass's subset (ids -
 other passes at slot -1, the engine's workspace, combine defer/layer), out= accumulation into a
 non-zero accumulator, a decoded expert with no rows (an empty group mid-buffer), T = 1, the
 absent-expert error, a misaligned buffer (falls back, says why), no host reads with check=False,
-and "auto"'s rule.
+and "auto"'s rule (grouped on its own buffers, the Triton GEMM on the engine's carve).
 """
 import pytest
 import torch
@@ -166,6 +166,23 @@ def test_check_false_reads_nothing_on_the_host(experts):
     assert not g.caught, g.report()
 
 
+def test_auto_through_the_ffn_keeps_triton_on_the_engines_carve(experts, monkeypatch):
+    """With grouped available, moe_ffn_decoded's "auto" runs it on its own buffers and the Triton
+    GEMM on the carve's (workspace "yk"), whose plan does not count the grouped temporaries."""
+    monkeypatch.setattr(gm, "GROUPED_MIN_ROWS", 1)
+    monkeypatch.setattr(gm, "grouped_available", lambda x: True)
+    T = 4
+    x, ids, w = _inputs(T)
+    ref = moe_ffn_torch(x, ids, w, experts)
+    assert rel_err(moe_ffn_decoded(x, ids, w, experts), ref) < DECODED_REL
+    assert last_decoded_gemm().backend == "grouped"
+    ws = _engine_ws(experts, T, n_slots=E)
+    acc = torch.zeros(T, D)
+    moe_ffn_decoded(x, ids, w, experts, out=acc, workspace=ws, check=False)
+    assert last_decoded_gemm().backend == "triton"
+    assert rel_err(acc, ref) < DECODED_REL
+
+
 def test_auto_takes_grouped_where_available_and_rows_suffice(monkeypatch):
     x = torch.zeros(1, D, dtype=torch.bfloat16)
     enough = torch.zeros(gm.GROUPED_MIN_ROWS * E // K, K, dtype=torch.int64)
@@ -174,10 +191,11 @@ def test_auto_takes_grouped_where_available_and_rows_suffice(monkeypatch):
     monkeypatch.setattr(gm, "grouped_available", lambda x: True)
     assert gm.decoded_gemm(x, enough, E) == "grouped"
     assert gm.decoded_gemm(x, short, E) == "triton"
+    assert gm.decoded_gemm(x, enough, E, carved=True) == "triton"   # the engine's budget
     with pin_decoded_gemm("triton"):
         assert gm.decoded_gemm(x, enough, E) == "triton"
     with pin_decoded_gemm("grouped"):
-        assert gm.decoded_gemm(x, short, E) == "grouped"
+        assert gm.decoded_gemm(x, short, E, carved=True) == "grouped"
         with pin_decoded_gemm("auto"):
             assert gm.decoded_gemm(x, short, E) == "triton"
 
