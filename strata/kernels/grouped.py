@@ -14,6 +14,8 @@ BB = the BF16 blob's size (strata.kernels.decoded.bf16_layout).
     yd         = grouped_mm(h, W_down[g]^T, offs)                                      [M, D]
     yk[order[i]] = yd[i] * w[order[i]]   for i < n_valid   (scatter_rows, fp32)        [TK, D]
     y          = sum over K of yk's rows                   (strata.kernels.combine)    [T, D]
+                 (no yk in the workspace: y = sum over K of yd[inv[a]] * w[a], combine_sorted,
+                 the same sum without the fp32 rows' write and read)
 
 Numerics: fp32 accumulation inside each GEMM as in the Triton kernel, h rounded to bf16 where the
 Triton kernel rounds it (its down GEMM's input); torch._grouped_mm returns its input dtype, so g,
@@ -41,6 +43,7 @@ from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.kernels import _grouped_kernel as _k
+from strata.kernels.combine import combine_tile
 from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work
 from strata.kernels.pins import pinned
 from strata.kernels.routing import group_blocked, group_ragged
@@ -234,11 +237,64 @@ def scatter_rows_torch(yd: torch.Tensor, order: torch.Tensor, tw: torch.Tensor,
     return yk.index_copy_(0, order, rows)
 
 
+def _check_sorted(yd, inv, tw, T, K, D, topk_ids, out, rows):
+    if rows not in ("all", "mask"):
+        raise StrataError(f"combine_sorted: rows must be 'all' or 'mask', got {rows!r}")
+    _check_rows("yd", yd, torch.bfloat16, D, yd.device)
+    for name, t, dt in (("inv", inv, torch.int64), ("tw", tw, torch.float32)):
+        if t.dtype != dt or tuple(t.shape) != (T * K,) or t.device != yd.device:
+            raise StrataError(f"combine_sorted: {name} must be {str(dt)[6:]} [T*K={T * K}] on "
+                              f"{yd.device}, got {t.dtype} {list(t.shape)} on {t.device}")
+    if tuple(topk_ids.shape) != (T, K) or topk_ids.dtype.is_floating_point:
+        raise StrataError(f"topk_ids must be an integer [T={T}, K={K}], got {topk_ids.dtype} "
+                          f"{list(topk_ids.shape)}")
+    if out is not None:
+        _check_rows("out", out, torch.float32, D, yd.device)
+        if out.shape[0] != T:
+            raise StrataError(f"out must be fp32 [T={T}, D={D}], got {list(out.shape)}")
+
+
+def combine_sorted(yd: torch.Tensor, inv: torch.Tensor, tw: torch.Tensor, T: int, K: int,
+                   D: int, topk_ids: torch.Tensor, out: torch.Tensor | None,
+                   rows: str) -> torch.Tensor:
+    """y = strata.kernels.combine's sum over K, of the rows yd[inv[a]] * tw[a] (a = t*K + k)
+    instead of yk[a]: the scatter into yk and its read skipped where no later call needs yk.
+    rows "mask": a k with topk_ids[t, k] < 0 adds +0.0 (its row never read); "all": every
+    row. Added into `out` (fp32 [T, D]) and returned, else bf16 [T, D]. yd bf16 [M, D], inv
+    int64 [T*K] (a's row of yd), tw fp32 [T*K]."""
+    _check_sorted(yd, inv, tw, T, K, D, topk_ids, out, rows)
+    dst = out if out is not None else torch.empty(T, D, dtype=torch.bfloat16, device=yd.device)
+    if T * K == 0:
+        return dst if out is not None else dst.zero_()
+    tile = combine_tile(T, D)
+    _k._combine_sorted_kernel[(triton.cdiv(T, tile.BLOCK_T), triton.cdiv(D, tile.BLOCK_D))](
+        yd, yd.stride(0), inv, tw, topk_ids, topk_ids.stride(0), topk_ids.stride(1), dst,
+        dst.stride(0), T, D, TOPK=K, MASK=rows == "mask", ADD=out is not None,
+        BT=tile.BLOCK_T, BD=tile.BLOCK_D, INTERP=INTERPRET, num_warps=tile.num_warps)
+    return dst
+
+
+def combine_sorted_torch(yd: torch.Tensor, inv: torch.Tensor, tw: torch.Tensor, T: int, K: int,
+                         D: int, topk_ids: torch.Tensor, out: torch.Tensor | None,
+                         rows: str) -> torch.Tensor:
+    """Plain-torch reference of `combine_sorted` (same signature): the K products added one
+    after another in k order from +0.0, as combine_rows_torch adds yk's rows."""
+    _check_sorted(yd, inv, tw, T, K, D, topk_ids, out, rows)
+    y = torch.zeros(T, D, dtype=torch.float32, device=yd.device)
+    for k in range(K):
+        a = torch.arange(T, device=yd.device) * K + k                              # [T]
+        r = yd[inv[a]].float() * tw[a][:, None]                                    # [T, D]
+        y = y + (torch.where((topk_ids[:, k] >= 0)[:, None], r, 0.0) if rows == "mask" else r)
+    if out is not None:
+        return out.add_(y)
+    return y.to(torch.bfloat16)
+
+
 def _kernels(dev):
     """The Triton launchers where Triton runs (CUDA, or the interpreter), else their twins."""
     if dev.type == "cuda" or INTERPRET:
-        return silu_mul, scatter_rows
-    return silu_mul_torch, scatter_rows_torch
+        return silu_mul, scatter_rows, combine_sorted
+    return silu_mul_torch, scatter_rows_torch, combine_sorted_torch
 
 
 def grouped_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -263,18 +319,27 @@ def grouped_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     if combine == "defer" and (not workspace or workspace.get("yk") is None):
         raise StrataError("combine='defer' keeps the rows between calls in workspace['yk']; "
                           "pass one (fp32, at least [T*K, D])")
-    yk = _work(workspace, "yk", (T * K, D), torch.float32, dev)                # [T·K, D]
-    nothing = "layer" if combine == "layer" else None
+    # yk only where a later call reads these rows (the workspace's, defer / layer); otherwise
+    # the rows are summed straight from the GEMM's output (combine_sorted)
+    keep = bool(workspace) and workspace.get("yk") is not None
+    yk = _work(workspace, "yk", (T * K, D), torch.float32, dev) if keep else None  # [T·K, D]
+
+    def nothing():   # no rows from this call: y = 0 / out as is, or the earlier calls' rows
+        if yk is not None:
+            return _combine(yk, T, K, D, topk_ids, out, "layer" if combine == "layer" else None)
+        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
     if T * K == 0:
-        return _combine(yk, T, K, D, topk_ids, out, nothing)
+        return nothing()
     G = min(E, dec.arena.numel() // bb)
     so = dec.slot_offset
     group = torch.where(so >= 0, so // bb, G)                 # [E]: its slot; G = not decoded
     if check:   # one sync: validates ids and residency as moe_ffn does, and sizes M exactly
         grp = group_blocked(topk_ids, E, 1, slot_offset=so, skip_negative=True)
         if grp.n_blocks == 0:
-            return _combine(yk, T, K, D, topk_ids, out, nothing)
+            return nothing()
         order = grp.sorted_ids.long()                         # [M] by expert = by slot (c rises)
+        inv = torch.zeros(T * K, dtype=torch.int64, device=dev).scatter_(
+            0, order, torch.arange(order.numel(), device=dev))                  # [T·K]
         counts = torch.zeros(G + 1, dtype=torch.int64, device=dev).scatter_add_(
             0, group, grp.counts)[:G]                                           # [G]
         n_valid, n_skipped, live_ids = grp.n_blocks_dev, grp.n_skipped, topk_ids
@@ -282,7 +347,7 @@ def grouped_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         flat = topk_ids.reshape(-1).long()
         bucket = torch.where(flat >= 0, group[flat.clamp(min=0)], G).view(T, K)  # [T, K]
         rag = group_ragged(bucket, G + 1)
-        order, counts = rag.order, rag.counts[:G]
+        order, inv, counts = rag.order, rag.inverse, rag.counts[:G]
         n_valid = rag.offsets[G:G + 1].to(torch.int32)
         n_skipped = None
         live_ids = torch.where(bucket < G, 0, -1)            # combine's mask: the rows written
@@ -302,12 +367,14 @@ def grouped_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         g, u = gu[:, :F], gu[:, F:]
     else:
         g, u = mm(xs, mat(lay.gate, F)), mm(xs, mat(lay.up, F))                 # [M, F] each
-    silu, scatter = _kernels(dev)
+    silu, scatter, combine_yd = _kernels(dev)
     h = silu(g, u, _work(workspace, "h", (M, F), torch.bfloat16, dev), n_valid)[:M]
     yd = mm(h, mat(lay.down, D))                                                # [M, D]
     tw = topk_weights.reshape(-1).float().contiguous()                          # [T·K]
+    mask = combine == "pass" and (n_skipped is None or n_skipped > 0)
+    if not keep:   # same bits as yk's sum, without writing and reading T·K·D fp32
+        return combine_yd(yd, inv, tw, T, K, D, live_ids, out, "mask" if mask else "all")
     scatter(yd, order, tw, yk, n_valid)
     if combine == "defer":
         return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
-    mask = combine == "pass" and (n_skipped is None or n_skipped > 0)
     return _combine(yk, T, K, D, live_ids, out, "mask" if mask else "all")

@@ -1,10 +1,11 @@
-"""Compile the grouped decoded FFN's two kernels (silu_mul, scatter_rows) for sm_90 on a machine
-without a GPU (ttir -> cubin) and report their footprint (registers, spills: ptxas -v).
+"""Compile the grouped decoded FFN's kernels (silu_mul, scatter_rows, combine_sorted) for sm_90
+on a machine without a GPU (ttir -> cubin) and report their footprint (registers, spills: ptxas -v).
 
 compile_moe.py's pipeline (this folder); args get the divisibility-16 hints the JIT gives real
 launches (bf16 rows of F, fp32 rows of D, F and D multiples of 16 at every real shape).
 
-    python tests/kernels/compile_grouped.py        # both kernels at the GPU tile (8 x 256)
+    python tests/kernels/compile_grouped.py        # each at its GPU tile (combine_sorted: both
+                                                   # sides of MASK and of ADD once)
 """
 import os
 import sys
@@ -28,6 +29,15 @@ KERNELS = {
                      {"yd_ptr", "stride_yd", "order_ptr", "tw_ptr", "yk_ptr", "stride_yk", "D"},
                      dict(BR=8, BC=256)),
 }
+_SORTED_SIG = {"yd_ptr": "*bf16", "stride_yd": "i32", "inv_ptr": "*i64", "tw_ptr": "*fp32",
+               "ids_ptr": "*i64", "stride_it": "i32", "stride_ik": "i32", "out_ptr": "*fp32",
+               "stride_ot": "i32", "T": "i32", "D": "i32"}
+_SORTED_ALIGNED = {"yd_ptr", "stride_yd", "inv_ptr", "tw_ptr", "ids_ptr", "out_ptr", "stride_ot",
+                   "D"}
+for _mask, _add in ((True, False), (False, True)):   # combine_tile's GPU tile, qwen3's K 8
+    KERNELS[f"combine_sorted mask={_mask} add={_add}"] = (
+        gk._combine_sorted_kernel, dict(_SORTED_SIG, out_ptr="*fp32" if _add else "*bf16"),
+        _SORTED_ALIGNED, dict(TOPK=8, MASK=_mask, ADD=_add, BT=4, BD=512, INTERP=False))
 
 
 class _Text(dict):

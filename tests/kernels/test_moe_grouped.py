@@ -86,7 +86,7 @@ def test_streamed_passes_add_into_out_and_defer_to_the_layer(experts):
     x, ids, w = _inputs(T, seed=5)
     ref = moe_ffn_torch(x, ids, w, experts)
     out0 = torch.randn(T, D, generator=torch.Generator().manual_seed(1))
-    acc, acc_layer = out0.clone(), out0.clone()
+    acc, acc_layer, acc_own = out0.clone(), out0.clone(), out0.clone()
     ws = _engine_ws(experts, T, n_slots=4)   # room for more than a pass holds: an empty group
     for n, group in enumerate(([0, 1, 2], [3, 4, 5])):
         part = torch.where(torch.isin(ids, torch.tensor(group)), ids, -1)
@@ -97,8 +97,10 @@ def test_streamed_passes_add_into_out_and_defer_to_the_layer(experts):
         assert got is acc
         _grouped(x, part, w, sub, out=acc_layer, workspace=ws, check=False,
                  combine="layer" if n == 1 else "defer")
+        _grouped(x, part, w, sub, out=acc_own, check=False)    # own buffers: no yk at all
     assert rel_err(acc - out0, ref) < DECODED_REL
     assert rel_err(acc_layer - out0, ref) < DECODED_REL
+    assert torch.equal(acc_own, acc)          # the sum from yd is yk's sum, bit for bit
     # the Triton backend's passes on the same workspace agree
     tri = out0.clone()
     ws = _engine_ws(experts, T, n_slots=4)
@@ -223,9 +225,36 @@ def test_silu_mul_and_scatter_rows_match_their_twins(M, n_valid):
     assert not y1[written].isnan().any() and y1[~written].isnan().all()
 
 
+@pytest.mark.parametrize("rows", ["all", "mask"])
+@pytest.mark.parametrize("add", [False, True])
+def test_combine_sorted_is_the_scatter_then_combine(rows, add):
+    """The sum straight from the sorted rows == scatter_rows then combine_rows, bit for bit (and
+    its twin too); a masked k's row (NaN here) is never read."""
+    from strata.kernels.combine import combine_rows
+    g = torch.Generator().manual_seed(7)
+    T, Kc, Dc = 11, 3, 40
+    ids = torch.randint(0, 4, (T, Kc), generator=g)
+    if rows == "mask":
+        ids[torch.rand(T, Kc, generator=g) < 0.3] = -1
+    live = (ids.reshape(-1) >= 0).int()
+    order = torch.sort(1 - live, stable=True).indices                 # live assignments first
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(T * Kc)
+    nv = live.sum().int().reshape(1)
+    yd = torch.randn(T * Kc, Dc, generator=g).bfloat16()
+    yd[nv:] = float("nan")
+    tw = torch.rand(T * Kc, generator=g)
+    base = torch.randn(T, Dc, generator=g)
+    want = combine_rows(gm.scatter_rows(yd, order, tw, _nan(T * Kc, Dc), nv), T, Kc, Dc, ids,
+                        base.clone() if add else None, rows)
+    for fn in (gm.combine_sorted, gm.combine_sorted_torch):
+        got = fn(yd, inv, tw, T, Kc, Dc, ids, base.clone() if add else None, rows)
+        assert got.dtype == want.dtype and torch.equal(got, want), fn.__name__
+
+
 def test_grouped_kernels_compile_for_h200():
-    """silu_mul and scatter_rows compile for sm_90 at the GPU tile (triton's passes and ptxas, no
-    GPU) in a process without the interpreter, without register spills."""
+    """silu_mul, scatter_rows and combine_sorted compile for sm_90 at their GPU tiles (triton's
+    passes and ptxas, no GPU) in a process without the interpreter, without register spills."""
     import os
     import subprocess
     import sys
@@ -236,7 +265,7 @@ def test_grouped_kernels_compile_for_h200():
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
+    assert len(lines) == 4 and "FAIL" not in r.stdout, r.stdout
     for line in lines:
         assert "spill 0/0" in line, line
 
