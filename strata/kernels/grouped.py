@@ -50,10 +50,11 @@ from strata.kernels.routing import group_blocked, group_ragged
 
 DECODED_GEMMS = ("triton", "grouped", "auto")
 # "auto" takes the grouped GEMM from this many rows an expert (T·K / E). Profiled on the H200
-# (qwen3-30b-a3b Q8_0, uniform routing): at T = 8192 (256 rows an expert) cutlass's grouped GEMMs
-# took 1.14 ms against strata's BF16 GEMM's 1.31 ms per FFN call, and at T = 32768 (1024 rows)
-# 697 against ~237 TFLOP/s; below that its tiles run mostly empty. A starting point to sweep
-# (benchmarks/gpu_session.sh groupedbench), not a tuned value.
+# (qwen3-30b-a3b Q8_0, E 128, K 8, uniform routing): at T = 8192 (512 rows an expert) cutlass's
+# grouped GEMMs took 1.14 ms against strata's BF16 GEMM's 1.31 ms per FFN call, at T = 32768
+# (2048 rows) 697 against ~237 TFLOP/s. 256 rows (T = 4096 there) is a starting point below the
+# measured win and above the short chunks, where the two were not compared yet; the groupedbench
+# step (benchmarks/gpu_session.sh, T 2048 / 8192 / 32768) is what places it.
 GROUPED_MIN_ROWS = 256
 
 _GEMM: ContextVar[str | None] = ContextVar("strata_decoded_gemm", default=None)
