@@ -116,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help=f"comma list of {', '.join(MODELS)}")
     ap.add_argument("--prompts", default="8192,32768")
     ap.add_argument("--arms", default="auto,legacy,resident")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="experts per streamed pass (EngineConfig.batch; default half the ring)")
     ap.add_argument("--no-gate", action="store_true",
                     help="skip the engine tests run before timing (the gate)")
     args = ap.parse_args(argv)
@@ -174,7 +176,7 @@ def measure(args, rec: bench.Recorder) -> None:
             cfg = EngineConfig(vram=vram or 1 << 30, scan="auto" if arm == "plane" else arm,
                                max_prompt=max_prompt,
                                cache=int(pack.expert_bytes * 0.35) if vram is None else None,
-                               scan_max=1024 if args.smoke else 32768,
+                               scan_max=1024 if args.smoke else 32768, batch=args.batch,
                                ffn="plane" if arm == "plane" else
                                "auto" if torch.cuda.is_available() else "torch")
             eng = PrefillEngine(pack, cfg, host=host)

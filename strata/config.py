@@ -6,6 +6,7 @@
 | STRATA_PF_FUSED       | 1: fused path (one launch per layer over all experts, fused ring budget)   | unset (fused only for non-native packs) |
 | STRATA_MMQ_SLAB       | 1: stream-k fixup scratch comes from the loan's tail (SlabPool)            | unset = 0 = off |
 | STRATA_STREAM_ALL_MIN | chunks under N tokens STAGE their routed experts instead of streaming     | ceil(E / K) |
+| STRATA_RING_GROW      | 0: a long prompt's ring keeps the full ring (no growth into leftover room) | unset = 1 = grows |
 | STRATA_GC_PAUSE       | 0: leave Python's cyclic GC running during a prompt (the engine pauses it)  | unset = 1 = paused |
 | STRATA_COMMIT         | the commit an experiment records (wins over git: device copies of the tree) | unset |
 | TRITON_INTERPRET      | 1: run Triton kernels in the interpreter (set automatically without CUDA)  | auto |
@@ -20,7 +21,7 @@ import os
 from strata.errors import StrataError
 
 KNOBS = ("STRATA_PREFILL_RING", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB", "STRATA_STREAM_ALL_MIN",
-         "STRATA_GC_PAUSE", "STRATA_COMMIT", "TRITON_INTERPRET")
+         "STRATA_RING_GROW", "STRATA_GC_PAUSE", "STRATA_COMMIT", "TRITON_INTERPRET")
 
 
 def env_int(name: str, *, minimum: int | None = None) -> int | None:
@@ -47,6 +48,11 @@ def env_flag(name: str) -> bool | None:
 
 def prefill_ring_override() -> int | None:
     return env_int("STRATA_PREFILL_RING", minimum=1)
+
+
+def ring_grow() -> bool:
+    """Whether a long prompt's ring grows into its chunk's leftover room (strata.memory.scan)."""
+    return env_flag("STRATA_RING_GROW") is not False
 
 
 def pf_fused() -> bool | None:

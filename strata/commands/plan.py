@@ -124,7 +124,11 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
         + (f" (a prompt of {plan.n_tokens}; the rule's chunk is {plan.scan_chunk})"
            if plan.n_tokens is not None and plan.chunk != plan.scan_chunk else ""),
         f"  ring      {ring}, {fmt_bytes(plan.ring_bytes)} (full ring {plan.full_ring} slots of "
-        f"max_blob {plan.max_blob:,} B; STAGE under {plan.stream_all_min} tokens)",
+        f"max_blob {plan.max_blob:,} B; STAGE under {plan.stream_all_min} tokens)"
+        + (f"; grown into the chunk's leftover room ({plan.grow_probes} probes), passes of "
+           f"{plan.participants[0].batch} experts"
+           if plan.ring != "STAGE" and plan.ring > plan.full_ring and plan.rule == "full-ring"
+           else ""),
         f"  needed    {plan.bytes_needed:,} B ({fmt_bytes(plan.bytes_needed)}) of room "
         f"{plan.room:,} B ({fmt_bytes(plan.room)})",
         kv_line(flags["kv"]),

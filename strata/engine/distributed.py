@@ -303,7 +303,7 @@ class StageEngine:
                 provider = StreamingProvider(
                     part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
                     mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
-                    batch=self.cfg.batch, lane=part.lane, scratch_alloc=part.scratch,
+                    batch=pp.batch, lane=part.lane, scratch_alloc=part.scratch,
                     buffers=bufs)
                 watched = provider
                 if fail_after_layers is not None:

@@ -137,7 +137,7 @@ def borrow_and_carve(cache: ExpertCache, layout: PromptLayout, chunk: int, pp: P
     loan = Loan(cache, pp.borrow, lend_cap)
     loans.append(loan)
     carve = loan.carve()
-    bufs = layout.carve(carve, chunk, pp.ring_slots)
+    bufs = layout.carve(carve, chunk, pp.ring_slots, pp.batch)
     tail = carve.tail()
     got = Borrowed(pp.name, loan.n_slots, loan.nbytes, int(bufs.ring.shape[0]),
                    tuple((q.name, q.offset, q.nbytes) for q in bufs.placements), bufs.stop,
@@ -411,7 +411,7 @@ class PrefillEngine:
                 providers.append(StreamingProvider(
                     part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
                     mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
-                    batch=self.cfg.batch, lane=part.lane, scratch_alloc=part.scratch,
+                    batch=pp.batch, lane=part.lane, scratch_alloc=part.scratch,
                     buffers=bufs, observers=self.observers, name=part.name, land=self.land))
             provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:

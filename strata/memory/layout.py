@@ -94,12 +94,13 @@ class PromptLayout:
         """Bytes between ring slots: max_blob rounded up to the carve's alignment."""
         return align_up(self.max_blob)
 
-    def carve(self, carve: Carve, T: int, ring: int) -> PromptBuffers:
-        """Lay the buffers for T tokens and `ring` slots out on `carve` (the one executor)."""
+    def carve(self, carve: Carve, T: int, ring: int, batch: int | None = None) -> PromptBuffers:
+        """Lay the buffers for T tokens and `ring` slots out on `carve` (the one executor);
+        `batch`: experts per pass (None: the layout's own, see pass_experts)."""
         if T < 1 or ring < 0:
             raise StrataError(f"a chunk needs T >= 1 tokens and ring >= 0 slots, got T={T}, "
                               f"ring={ring}")
-        dims = self.sizes.dims(T, ring, self.batch)
+        dims = self.sizes.dims(T, ring, self.batch if batch is None else batch)
         ring_view = carve.take("ring", torch.uint8, (ring, self.slot_stride))
         bufs: dict[str, torch.Tensor | None] = {}
 
@@ -120,10 +121,11 @@ class PromptLayout:
         self.carve(c, T, ring)
         return c.placements
 
-    def bytes_needed(self, T: int, ring: int) -> int:
-        """Bytes of the loan a chunk of T tokens with `ring` slots uses: the dry carve's stop."""
+    def bytes_needed(self, T: int, ring: int, batch: int | None = None) -> int:
+        """Bytes of the loan a chunk of T tokens with `ring` slots (passes of `batch` experts)
+        uses: the dry carve's stop."""
         c = Carve.dry()
-        self.carve(c, T, ring)
+        self.carve(c, T, ring, batch)
         return c.stop
 
     def ring_bytes(self, ring: int) -> int:

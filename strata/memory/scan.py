@@ -14,6 +14,20 @@ Rules (SPEC "Auto scan"):
 - legacy (A/B only): the old rule. Ring fixed at 384 slots (96 unpinned; the fused rule's 1024,
   bounded by ring_cap) taken first, then the first chunk of LEGACY_CHUNKS that fits.
 - forced (`--chunk N`): that chunk with the resolved ring; the plan says whether it fits.
+- growth (full-ring, a prompt of at least GROW_MIN_TOKENS): the ring then grows into the room the
+  prompt's chunk leaves, to the most slots (up to ring_cap) that still fit beside it, by
+  bisection (bytes_needed is monotone in the ring; `Plan.grow_probes` counts those calls apart
+  from the scan's). Why: between two layers' experts the chunk's attention runs for a time that
+  grows with T·(P + T), while copies can run ahead only as far as the ring's free slots; at 32K
+  on seed-512e (12 GiB) a layer's ~20 ms of attention outlasts a 101-slot ring's 9.6 ms of
+  copies. Shorter prompts keep the full ring: their attention is short and every slot lent to
+  the ring is a slot the expert cache no longer holds (seed-512e 8K read 4% slower at 160 slots).
+  The grown slots are pure run-ahead: passes keep the full ring's size (`ParticipantPlan.batch`,
+  what the carve sizes the per-pass buffers for and the streaming provider batches by), so the
+  decode buffer does not grow with the ring (seed-512e 32K on the H200: 49,915 tok/s with passes
+  of 50 at 204 slots, 45,255 with passes of half a 154-slot ring, 38,375 with passes of 32).
+  STRATA_RING_GROW=0 turns it off (the A/B); an explicit ring (--ring / STRATA_PREFILL_RING)
+  never grows.
 
 A prompt shorter than the chunk (`n_tokens`) runs as one chunk of n_tokens: each participant's
 ring is re-resolved for that chunk by the same rule (`ring.chunk_ring`), capped at the ring the
@@ -36,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from strata.errors import PlanError, StrataError
 from strata.memory.cache import CacheLayout
 from strata.memory.carve import Carve, align_up
-from strata.memory.layout import PromptLayout
+from strata.memory.layout import PromptLayout, pass_experts
 from strata.memory.loan import LEND_CAP
 from strata.memory.ring import RING_MIN, STAGE, chunk_ring, ring_cap, ring_slots, stream_all_min
 from strata import config
@@ -44,6 +58,7 @@ from strata.units import fmt_bytes
 
 GRID = 256
 SCAN_MAX = 32768
+GROW_MIN_TOKENS = 16384    # prompts from here grow the ring into the chunk's leftover room
 LEGACY_CHUNKS = (32768, 16384, 8192, 6144, 4096, 3072, 2048, 1024, 512, 256)
 LEGACY_RING_PINNED, LEGACY_RING_UNPINNED, LEGACY_RING_FUSED = 384, 96, 1024
 
@@ -74,6 +89,7 @@ class ParticipantPlan:
     loan: int           # bytes of the slots lent for this plan (0 when it does not fit)
     loan_slots: int
     tail: int           # loan - align256(bytes_needed): the SlabPool's tail (Carve.tail)
+    batch: int = 0      # experts per pass: the carve's per-pass buffers and the provider's batch
     scratch_reserve: int = 0   # slab bytes asked beyond bytes_needed (0: none)
     borrow: int = 0     # bytes the loan is asked for: bytes_needed (+ scratch_reserve if it fits)
     placements: list[dict] = field(default_factory=list)  # the carve: name, offset, nbytes
@@ -98,6 +114,7 @@ class Plan:
     participants: list[ParticipantPlan] = field(default_factory=list)
     scan_chunk: int = 0           # the chunk the rule picked, before a shorter prompt capped it
     n_tokens: int | None = None   # the prompt planned for (None: at least one chunk long)
+    grow_probes: int = 0          # bytes_needed calls of the ring's growth (module docstring)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,9 +159,9 @@ class _Probe:
     def __init__(self, layout: PromptLayout):
         self.layout, self.count = layout, 0
 
-    def __call__(self, T: int, ring: int) -> int:
+    def __call__(self, T: int, ring: int, batch: int | None = None) -> int:
         self.count += 1
-        return self.layout.bytes_needed(T, ring)
+        return self.layout.bytes_needed(T, ring, batch)
 
 
 def _override(ring: int | None) -> int | None:
@@ -190,14 +207,37 @@ def _borrow(cache: CacheLayout, need: int, extra: int, lend_cap: float) -> int:
     return need
 
 
+def grows(rule: str, ring, override, n_tokens: int | None) -> bool:
+    """Whether this plan's ring grows into its chunk's leftover room (module docstring)."""
+    return (rule == "full-ring" and ring != STAGE and override is None and n_tokens is not None
+            and n_tokens >= GROW_MIN_TOKENS and config.ring_grow())
+
+
+def grown_ring(fits: Callable[[int], bool], slots: int, cap: int) -> int:
+    """The most slots in [slots, cap] with fits(slots) (a prefix: bytes_needed is monotone in
+    the ring); `slots` itself when it is already at the cap or nothing more fits."""
+    if cap <= slots:
+        return slots
+    return last_fitting(list(range(slots, cap + 1)), fits) or slots
+
+
 def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=None,
-            n_tokens=None, scratch_reserve=None) -> Plan:
+            n_tokens=None, scratch_reserve=None, cap: int | None = None) -> Plan:
     scan_chunk = chunk
     chunk, rings = _for_prompt(layout, rule, chunk, rings, full, override, n_tokens)
+    grow_probes = 0
     parts = []
     for p, (ring, slots) in zip(participants, rings):
         extra = scratch_reserve(p.name, n_tokens or chunk, chunk) if scratch_reserve else 0
-        dry = layout.carve(Carve.dry(), chunk, slots)
+        batch = pass_experts(slots, layout.batch)
+        if cap is not None and grows(rule, ring, override, n_tokens):
+            # the slab's reserve keeps its room when it had it beside the full ring
+            room = p.room - extra if layout.bytes_needed(chunk, slots) + extra <= p.room \
+                else p.room
+            before = probe.count
+            ring = slots = grown_ring(lambda r: probe(chunk, r, batch) <= room, slots, cap)
+            grow_probes += probe.count - before
+        dry = layout.carve(Carve.dry(), chunk, slots, batch)
         placements, need = dry.placements, dry.stop
         room = p.room
         fits = need <= room
@@ -208,15 +248,15 @@ def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=N
         parts.append(ParticipantPlan(
             p.name, ring, slots, ring_bytes, need, room, fits, p.cache.nbytes,
             p.cache.n_slots, loan, n, max(0, loan - align_up(need)) if fits else 0,
-            extra, borrow, [{"name": q.name, "offset": q.offset, "nbytes": q.nbytes}
+            batch, extra, borrow, [{"name": q.name, "offset": q.offset, "nbytes": q.nbytes}
                             for q in placements]))
     binding = min(parts, key=lambda q: (q.room - q.bytes_needed))
     return Plan(chunk=chunk, ring=binding.ring, ring_slots=binding.ring_slots,
                 ring_bytes=binding.ring_bytes, bytes_needed=binding.bytes_needed,
-                room=binding.room, probes=probe.count, rule=rule,
+                room=binding.room, probes=probe.count - grow_probes, rule=rule,
                 fits=all(q.fits for q in parts), max_blob=layout.max_blob, full_ring=full,
                 stream_all_min=stream_all_min(layout.sizes), participants=parts,
-                scan_chunk=scan_chunk, n_tokens=n_tokens)
+                scan_chunk=scan_chunk, n_tokens=n_tokens, grow_probes=grow_probes)
 
 
 def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan: str = "auto",
@@ -272,7 +312,7 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
     if best is not None:
         ring, slots = _slots(layout, best, full, override)
         return _finish(layout, participants, probe, best, [(ring, slots)] * len(participants),
-                       "full-ring", full, **prompt)
+                       "full-ring", full, cap=ring_cap(native), **prompt)
     if override is not None:
         raise PlanError(_nothing_fits(layout, participants, chunks[0], full,
                                       "STRATA_PREFILL_RING"))

@@ -276,10 +276,10 @@ def test_a_short_prompt_carves_no_more_ring_than_its_plan(pack64, monkeypatch):
     carved, lent = [], []
     real_carve = PromptLayout.carve
 
-    def watch_carve(self, carve, T, ring):
+    def watch_carve(self, carve, T, ring, batch=None):
         if not carve.is_dry:
             carved.append((T, ring))
-        return real_carve(self, carve, T, ring)
+        return real_carve(self, carve, T, ring, batch)
 
     class WatchedLoan(Loan):
         def __init__(self, *a, **kw):

@@ -7,7 +7,9 @@ from hypothesis import example, given, strategies as st
 from strata.errors import PlanError, StrataError
 from strata.memory import CacheLayout, Participant, PromptLayout, plan_prefill, ring_slots
 from strata.memory.ring import RING_MIN
-from strata.memory.scan import LEGACY_CHUNKS, grid, last_fitting
+from strata.memory.layout import pass_experts
+from strata.memory.ring import ring_cap
+from strata.memory.scan import GROW_MIN_TOKENS, LEGACY_CHUNKS, grid, last_fitting
 from strata.planning import prompt_layout
 from strata.shapes import ModelShape, get_preset
 
@@ -18,7 +20,8 @@ SMALL = ModelShape(d_model=64, n_expert=16, top_k=4, d_expert=32, n_head=4, n_kv
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for k in ("STRATA_PREFILL_RING", "STRATA_STREAM_ALL_MIN", "STRATA_PF_FUSED"):
+    for k in ("STRATA_PREFILL_RING", "STRATA_STREAM_ALL_MIN", "STRATA_PF_FUSED",
+              "STRATA_RING_GROW"):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -180,3 +183,51 @@ def test_override_is_the_full_ring_and_never_falls_back(monkeypatch):
 def test_scan_max_validated():
     with pytest.raises(StrataError, match="multiple of 256"):
         plan_prefill(prompt_layout(SEED, 1_382_400), [part(1 << 30)], scan_max=1000)
+
+
+@given(room_mib=st.integers(600, 9000), max_blob=st.sampled_from([1_382_400, 2_663_424, 5_222_400]),
+       n_tokens=st.integers(GROW_MIN_TOKENS, 200_000), scan_max=st.sampled_from([16384, 32768]))
+@example(room_mib=5877, max_blob=5_222_400, n_tokens=32768, scan_max=32768)  # seed Q8_0, 32K
+@example(room_mib=9000, max_blob=1_382_400, n_tokens=32768, scan_max=32768)  # grows to the cap
+@example(room_mib=600, max_blob=5_222_400, n_tokens=GROW_MIN_TOKENS, scan_max=32768)  # fallback
+def test_a_long_prompts_ring_grows_into_the_room_its_chunk_leaves(room_mib, max_blob, n_tokens,
+                                                                   scan_max):
+    """The growth keeps the scan's chunk and probes, and takes the MOST slots (up to the cap)
+    that still fit beside that chunk: ring + 1 does not fit, or the ring is at the cap."""
+    lay = prompt_layout(SEED, max_blob)
+    p = part(room_mib << 20)
+    try:
+        grown = plan_prefill(lay, [p], scan_max=scan_max, n_tokens=n_tokens)
+    except PlanError:
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STRATA_RING_GROW", "0")
+        flat = plan_prefill(lay, [p], scan_max=scan_max, n_tokens=n_tokens)
+    assert (grown.chunk, grown.scan_chunk, grown.rule, grown.probes) == \
+        (flat.chunk, flat.scan_chunk, flat.rule, flat.probes)
+    if flat.rule != "full-ring":           # the fallback's ring is already all that fits
+        assert grown.ring == flat.ring and grown.grow_probes == 0
+        return
+    cap = ring_cap(True)
+    assert flat.ring == flat.full_ring <= grown.ring <= max(cap, flat.full_ring)
+    # the grown slots are run-ahead: passes keep the full ring's size
+    b = grown.participants[0].batch
+    assert b == flat.participants[0].batch == pass_experts(flat.ring)
+    assert grown.fits and grown.bytes_needed == lay.bytes_needed(grown.chunk, grown.ring, b) <= p.room
+    assert grown.ring >= cap or lay.bytes_needed(grown.chunk, grown.ring + 1, b) > p.room
+    assert grown.grow_probes <= math.ceil(math.log2(cap + 1)) + 1
+    # what the engine carves is the grown ring (one source: the plan's own participant row)
+    assert grown.participants[0].ring_slots == grown.ring_slots == grown.ring
+
+
+def test_short_prompts_and_explicit_rings_keep_the_full_ring(monkeypatch):
+    lay = prompt_layout(SEED, 5_222_400)
+    p = part(9000 << 20)
+    full = ring_slots(5_222_400)
+    assert plan_prefill(lay, [p], n_tokens=8192).ring == full            # under GROW_MIN_TOKENS
+    assert plan_prefill(lay, [p]).ring == full                           # the scan's own plan
+    assert plan_prefill(lay, [p], n_tokens=GROW_MIN_TOKENS).ring > full
+    assert plan_prefill(lay, [p], n_tokens=32768, chunk=16384).ring == full   # forced
+    assert plan_prefill(lay, [p], n_tokens=32768, ring=64).ring == 64         # --ring N
+    monkeypatch.setenv("STRATA_RING_GROW", "0")
+    assert plan_prefill(lay, [p], n_tokens=32768).ring == full
