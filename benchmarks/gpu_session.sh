@@ -124,5 +124,12 @@ for step in "$@"; do
     normab)  timeout 230 python3 benchmarks/profile_read.py --what resident --T 32768 --top 40 --norm torch --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -60 > "$OUT/profile_resident_norm_torch.log"; grep -A3 "^T=" "$OUT/profile_resident_norm_torch.log" ;;
     # issue 18 item 4 on the seed-512e shape (12 layers): streamed (the grown ring at 32K) beside all-resident
     seed512e) timeout 230 python3 experiments/prefill_ab.py --no-gate --models seed-512e-Q8_0 --prompts 8192,32768 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | grep -v "layer/s" | tail -12 | tee "$OUT/seed512e.log" ;;
+    # issue 18: the decoded FFN's GEMMs through torch._grouped_mm (strata.kernels.grouped): its GPU test (grouped ==
+    # triton == reference at qwen3's shape, T 2048; check=False under the sync check; auto's pick) and the decoded
+    # tests; groupedbench: decode-once + strata's BF16 GEMM vs + grouped_mm, Q8_0, T 2048/8192/32768 (CSV + PNG);
+    # groupedres: profileres's 32K read with the decoded GEMM pinned to triton (profileres itself runs auto: grouped)
+    groupedtests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_grouped.py tests/kernels/test_moe_decoded.py 2>&1 | tail -20 > "$OUT/gpu_grouped_tests.log"; tail -5 "$OUT/gpu_grouped_tests.log" ;;
+    groupedbench) timeout 230 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 2048 8192 32768 --formats Q8_0 --arms strata-decoded strata-decoded-grouped --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/grouped_bench.log" ;;
+    groupedres) timeout 230 python3 benchmarks/profile_read.py --what resident --T 32768 --top 40 --decoded-gemm triton --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -60 > "$OUT/profile_resident_gemm_triton.log"; grep -A3 "^T=" "$OUT/profile_resident_gemm_triton.log" ;;
   esac
 done

@@ -5,11 +5,14 @@ timings carry its own overhead; the figures to quote come from prefill_ab / kern
     python3 benchmarks/profile_read.py --what resident --T 8192 32768        # a whole read
 
 `ffn`: plane_ffn (check on and off), the fused moe_ffn, decode-once (what "auto" runs from 128
-rows an expert) and grouped_mm-bf16 at the qwen3-30b-a3b
+rows an expert) with strata's BF16 GEMM and with torch._grouped_mm over the decode buffer
+(strata.kernels.grouped: "auto"'s choice on sm90+ from 256 rows an expert), and
+grouped_mm-bf16 at the qwen3-30b-a3b
 expert shape, Q8_0; per arm the wall time of back-to-back calls (host running ahead) beside a
 single synchronized call, then the device time of each kernel. `resident`: the full-size
 qwen3-30b-a3b Q8_0 model with every expert in VRAM reading one prompt (one chunk), its kernels
-summed into attention / expert GEMM / dense GEMM / the rest. Prints a table and writes
+summed into attention / expert GEMM / dense GEMM / the rest (`--decoded-gemm triton|grouped`
+pins the decoded FFN's GEMM for the A/B). Prints a table and writes
 `profile_<what>.csv` (kernel, calls, device ms per read) under --out.
 """
 from __future__ import annotations
@@ -28,7 +31,7 @@ from strata.atomic import atomic_write
 from strata.errors import StrataError
 from strata.bench.expert_gemm import dense_weights, grouped_mm_ffn, make_experts
 from strata.kernels import moe_ffn, topk_route
-from strata.kernels.decoded import moe_ffn_decoded
+from strata.kernels.decoded import moe_ffn_decoded, pin_decoded_gemm
 from strata.kernels.norm import pin_norm
 from strata.kernels.plane import plane_ffn
 from strata.planes import to_plane_set
@@ -38,6 +41,8 @@ CATEGORIES = (  # first match wins: a kernel's name -> what it computes
     ("combine over K", ("_combine",)),
     ("norms / q-k rope", ("_rms_norm", "norm_rope")),
     ("plane GEMM", ("_plane_gemm",)),
+    ("expert GEMM (grouped)", ("groupproblemshape", "grouped")),   # cutlass's, via _grouped_mm
+    ("grouped FFN glue", ("_silu_mul", "_scatter_kernel")),
     ("expert GEMM (fused)", ("_moe", "moe_")),
     ("attention", ("flash", "fmha", "attn", "attention")),
     ("dense GEMM", ("gemm", "nvjet", "cutlass", "xmma", "sm90")),
@@ -108,11 +113,14 @@ def ffn(args, rows: list) -> None:
         gen = torch.Generator().manual_seed(T)
         x = torch.randn(T, shape.d_model, generator=gen).to(torch.bfloat16).cuda()
         ids, w = topk_route(torch.randn(T, shape.n_expert, generator=gen).cuda(), shape.top_k)
+        def decoded(gemm):
+            with pin_decoded_gemm(gemm):
+                return moe_ffn_decoded(x, ids, w, ex, check=False)
         arms = {"plane (check)": lambda: plane_ffn(x, ids, w, planes),
                 "plane (no check)": lambda: plane_ffn(x, ids, w, planes, check=False),
                 "fused moe_ffn (no check)": lambda: moe_ffn(x, ids, w, ex, check=False),
-                "decode once + BF16 GEMM (no check)": lambda: moe_ffn_decoded(x, ids, w, ex,
-                                                                              check=False),
+                "decode once + BF16 GEMM (no check)": lambda: decoded("triton"),
+                "decode once + grouped_mm (no check)": lambda: decoded("grouped"),
                 "grouped_mm-bf16": lambda: grouped_mm_ffn(x, ids, w, wg, wu, wd)}
         for arm, fn in arms.items():
             back, one = wall(fn, args.reps)
@@ -154,15 +162,23 @@ def main(argv=None) -> int:
     ap.add_argument("--norm", choices=("auto", "torch", "triton"), default="auto",
                     help="the models' norms and q/k RoPE: auto (fused kernels on CUDA) or pinned "
                          "(strata.kernels.norm.pin_norm), for the A/B")
+    ap.add_argument("--decoded-gemm", choices=("auto", "triton", "grouped"), default="auto",
+                    help="the decoded FFN's GEMM (strata.kernels.grouped.pin_decoded_gemm), for "
+                         "the resident read's A/B")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_read needs CUDA: run it on the GPU (benchmarks/gpu_session.sh profile*)")
         return 2
     rows: list = []
-    with pin_norm(args.norm) if args.norm != "auto" else contextlib.nullcontext():
+    with contextlib.ExitStack() as pins:
+        if args.norm != "auto":
+            pins.enter_context(pin_norm(args.norm))
+        if args.decoded_gemm != "auto":
+            pins.enter_context(pin_decoded_gemm(args.decoded_gemm))
         (ffn if args.what == "ffn" else resident)(args, rows)
     tag = "" if args.norm == "auto" else f"_norm_{args.norm}"
+    tag += "" if args.decoded_gemm == "auto" else f"_gemm_{args.decoded_gemm}"
     path = args.out / f"profile_{args.what}{tag}.csv"
     try:
         args.out.mkdir(parents=True, exist_ok=True)

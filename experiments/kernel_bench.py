@@ -6,6 +6,8 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
 - strata-dp / strata-sk: moe_ffn on the blobs (weights decoded inside the kernel).
 - strata-decoded: strata.kernels.decoded.moe_ffn_decoded: the routed experts decoded once to
   bf16 (expert_dequant), then strata's BF16 kernel (the engine's FFN for long chunks).
+- strata-decoded-grouped: the same decode, then torch._grouped_mm straight over the decode buffer
+  (pin_decoded_gemm("grouped"): what "auto" runs on sm90+ from GROUPED_MIN_ROWS rows an expert).
 - grouped_mm-bf16: torch._grouped_mm on bf16 weights dequantized once, up front (the dense
   ceiling: it reads 2 bytes a weight).
 - decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.expert_dequant), then
@@ -50,7 +52,7 @@ from strata.bench.roofline import expert_flops
 from strata.errors import StrataError
 from strata.formats import get_format
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
-from strata.kernels.decoded import moe_ffn_decoded
+from strata.kernels.decoded import last_decoded_gemm, moe_ffn_decoded, pin_decoded_gemm
 from strata.kernels.expert_dequant import dequant_experts
 from strata.kernels.moe import last_launch
 from strata.kernels.plane import KERNEL_FORMATS as PLANE_FORMATS
@@ -61,8 +63,8 @@ from strata.shapes import get_preset
 
 FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
-ARMS = ["strata-dp", "strata-sk", "strata-decoded", "grouped_mm-bf16", "decode+grouped_mm",
-        "strata-plane"]
+ARMS = ["strata-dp", "strata-sk", "strata-decoded", "strata-decoded-grouped", "grouped_mm-bf16",
+        "decode+grouped_mm", "strata-plane"]
 
 
 def supported(fmt: str, shape=None) -> str | None:
@@ -119,12 +121,24 @@ def measure(args, rec: bench.Recorder) -> None:
                        for n, b in zip(("gate", "up", "down"), bufs))
             return grouped_mm_ffn(x, ids, w, g, u, d)
 
+        def decoded(gemm):   # a figure under the grouped label must be the grouped GEMM's
+            with pin_decoded_gemm(gemm):
+                y = moe_ffn_decoded(x, ids, w, experts)
+            ran = last_decoded_gemm()
+            if ran.backend != gemm:
+                raise StrataError(f"strata-decoded pinned to {gemm} ran {ran.backend}: "
+                                  f"{ran.reason}")
+            return y
+
         arms = {"strata-dp": lambda: moe_ffn(x, ids, w, experts, schedule="dp"),
                 "strata-sk": lambda: moe_ffn(x, ids, w, experts, schedule="stream_k"),
-                "strata-decoded": lambda: moe_ffn_decoded(x, ids, w, experts),
+                "strata-decoded": lambda: decoded("triton"),
+                "strata-decoded-grouped": lambda: decoded("grouped"),
                 "grouped_mm-bf16": lambda: grouped_mm_ffn(x, ids, w, wg, wu, wd),
                 "decode+grouped_mm": decode_then_mm}
         arms = {a: fn for a, fn in arms.items() if a in args.arms or a == "grouped_mm-bf16"}
+        if fmt == "BF16":   # nothing to decode: moe_ffn_decoded is moe_ffn on the blobs
+            arms.pop("strata-decoded-grouped", None)
         if plane:
             if "strata-plane" in args.arms:
                 arms["strata-plane"] = lambda: plane_ffn(x, ids, w, planes)

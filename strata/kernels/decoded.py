@@ -12,6 +12,10 @@ decoding its blob once (memory-bound, microseconds) and running the BF16 tiles (
 is the faster order. Numerics are the fused kernel's: it too rounds every decoded weight to bf16
 before the dot. Same signature as `moe_ffn`; `workspace["wdec"]` (uint8, >= n*BB bytes) replaces
 the decode buffer's allocation — the carve's, in the streaming engine.
+
+The BF16 GEMM is strata's Triton kernel ("triton") or torch._grouped_mm straight over the decode
+buffer ("grouped", strata.kernels.grouped: cutlass on sm90+, faster at long chunks); "auto" picks
+by device and rows an expert; `pin_decoded_gemm` pins the choice for a block.
 """
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.kernels.expert_dequant import decode_matrix_into
+from strata.kernels.grouped import (GROUPED_MIN_ROWS, grouped_ffn,  # noqa: F401
+                                    last_decoded_gemm, pin_decoded_gemm, record,
+                                    resolve)
 from strata.kernels.moe import moe_ffn
 from strata.kernels.routing import routed_mask
 
@@ -50,6 +57,7 @@ def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     kw = dict(schedule=schedule, scratch_alloc=scratch_alloc, out=out, check=check,
               combine=combine)
     if all(m.fmt.name == "BF16" for m in lay.matrices):   # nothing to decode
+        record("triton", "BF16 experts: nothing to decode, moe_ffn reads the blobs in place")
         return moe_ffn(x, topk_ids, topk_weights, experts, workspace=workspace, **kw)
     if not lay.plain:
         raise StrataError("the decoded expert FFN writes bias-free silu experts; these experts "
@@ -79,4 +87,7 @@ def moe_ffn_decoded(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     dst_slot = torch.where(present & (cidx < cap), cidx * bb, -1)
     dec = decode_experts(experts, dst_slot, buf)
     ws = {k: v for k, v in (workspace or {}).items() if k != "wdec"} or None
+    if resolve(x, topk_ids, dec, workspace) == "grouped":
+        return grouped_ffn(x, topk_ids, topk_weights, dec, out=out, workspace=ws, check=check,
+                           combine=combine)
     return moe_ffn(x, topk_ids, topk_weights, dec, workspace=ws, **kw)

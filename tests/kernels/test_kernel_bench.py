@@ -23,7 +23,7 @@ def test_kernel_bench_smoke(tmp_path):
     assert {"gpu", "commit", "timestamp", "config", "figure", "value", "bound"} <= set(rows[0])
     checks = [r for r in rows if r["figure"] == "rel_err"]
     assert {r["config"]["arm"] for r in checks} == {"strata-dp", "strata-sk", "strata-decoded",
-                                                    "grouped_mm-bf16", "decode+grouped_mm",
+                                                    "strata-decoded-grouped", "grouped_mm-bf16", "decode+grouped_mm",
                                                     "strata-plane"}
     assert all(r["value"] < r["bound_value"] for r in checks)
     tf = [r for r in rows if r["figure"] == "tflops"]
