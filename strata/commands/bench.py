@@ -110,7 +110,7 @@ def run(args) -> int:
             tps.append(res.stats.tokens_per_s)
         st = res.stats
         pcie_s = roofline(st.chunks, engine.shape, h2d, no_gemm)
-        floor_s = roofline(st.chunks, engine.shape, math.inf, rates, attention=True)
+        floor_s = roofline(st.chunks, engine.shape, math.inf, rates, attention=True, dense=True)
         best = max(pcie_s, floor_s)
         rows.append({
             "model": f"{engine.shape.arch} L{engine.shape.n_layer} E{engine.shape.n_expert}",
