@@ -165,7 +165,7 @@ class Rates:
 
     def gemm_tflops(self) -> dict[int, float]:
         """The GEMM rates measured so far, TFLOP/s by T (recorded beside the figures)."""
-        return {T: round(r / 1e12, 1) for T, r in self._gemm.items()}
+        return self.tflops()["gemm"]
 
     def tflops(self) -> dict[str, dict[int, float]]:
         """Every rate measured so far, TFLOP/s by T, by kind (gemm, attn, dense)."""

@@ -232,7 +232,7 @@ def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=N
         batch = pass_experts(slots, layout.batch)
         if cap is not None and grows(rule, ring, override, n_tokens):
             # the slab's reserve keeps its room when it had it beside the full ring
-            room = p.room - extra if layout.bytes_needed(chunk, slots) + extra <= p.room \
+            room = p.room - extra if layout.bytes_needed(chunk, slots, batch) + extra <= p.room \
                 else p.room
             before = probe.count
             ring = slots = grown_ring(lambda r: probe(chunk, r, batch) <= room, slots, cap)
