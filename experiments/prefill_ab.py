@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-gate", action="store_true",
                     help="skip the engine tests run before timing (the gate)")
     args = ap.parse_args(argv)
+    if args.batch is not None and args.batch < 1:
+        ap.error(f"--batch is experts per pass, at least 1; got {args.batch}")
     tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")
     return bench.main(args, "prefill_ab", measure, script=__file__, argv=argv,
                       stem=f"prefill_ab-{tag}", plot=plot, summary=lambda rows: None)
