@@ -52,9 +52,11 @@ DECODED_GEMMS = ("triton", "grouped", "auto")
 # "auto" takes the grouped GEMM from this many rows an expert (T·K / E). Profiled on the H200
 # (qwen3-30b-a3b Q8_0, E 128, K 8, uniform routing): at T = 8192 (512 rows an expert) cutlass's
 # grouped GEMMs took 1.14 ms against strata's BF16 GEMM's 1.31 ms per FFN call, at T = 32768
-# (2048 rows) 697 against ~237 TFLOP/s. 256 rows (T = 4096 there) is a starting point below the
-# measured win and above the short chunks, where the two were not compared yet; the groupedbench
-# step (benchmarks/gpu_session.sh, T 2048 / 8192 / 32768) is what places it.
+# (2048 rows) 697 against ~237 TFLOP/s. The whole-FFN bench (groupedbench, 413a1c8, check=True:
+# the grouped arm's check groups by group_blocked and scatters) ran it at 61.8 / 153.7 / 334.3
+# TFLOP/s against the Triton GEMM's 58.3 / 175.6 / 303.9 at T = 2048 / 8192 / 32768, while the
+# resident 8K read (check=False) ran faster with it (207 ms against 214): 256 stays until an
+# unchecked A/B at 4K-8K settles it.
 GROUPED_MIN_ROWS = 256
 
 _GEMM: ContextVar[str | None] = ContextVar("strata_decoded_gemm", default=None)
