@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.routing import topk_route
+from strata.kernels.router import route_softmax_topk
 from strata.models.moe import ExpertFFN
 from strata.models.provider import ExpertProvider
 
@@ -33,8 +33,10 @@ Router = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]   # h [T, D
 def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk_prob: bool
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, D], w_router [E, D] -> (topk_ids int64 [T, K], topk_w fp32 [T, K]):
-    p = softmax(x W^T) in fp32, the K largest, renormalized to sum 1 when norm_topk_prob."""
-    return topk_route(x.float() @ w_router.float().t(), top_k, renormalize=norm_topk_prob)
+    p = softmax(x W^T) in fp32, the K largest, renormalized to sum 1 when norm_topk_prob.
+    One kernel on CUDA activations in bf16, the fp32 torch ops elsewhere
+    (strata.kernels.router)."""
+    return route_softmax_topk(x, w_router, top_k, renormalize=norm_topk_prob)
 
 
 def softmax_topk(w_router: torch.Tensor, top_k: int, norm_topk_prob: bool) -> Router:

@@ -1,0 +1,66 @@
+"""Compile the fused router kernel for sm_90 on a machine without a GPU (ttir -> cubin) at the
+models' expert counts and the tiles router_tile picks, and report its footprint (registers,
+spills, shared memory).
+
+compile_moe.py's pipeline (this folder); pointers and strides get the divisibility-16 hint the
+JIT gives real launches (contiguous rows, D a multiple of 16).
+
+    python tests/kernels/compile_router.py          # exit 1 naming any variant that fails
+    python tests/kernels/compile_router.py --quick  # qwen3-30b-a3b's and seed-512e's (the suite)
+"""
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"
+
+import triton  # noqa: E402
+
+from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v)
+from compile_moe import compile_one  # noqa: E402
+from strata.kernels import _router_kernel as k  # noqa: E402
+from strata.kernels.router import router_tile  # noqa: E402
+
+ALIGNED = {"x_ptr", "w_ptr", "ids_ptr", "wt_ptr", "stride_xt", "stride_wp", "stride_we"}
+
+
+def variant(E: int, K: int, parts: int):
+    t = router_tile(E, parts)
+    const = dict(K=K, KP=triton.next_power_of_2(K), P=parts, BM=t.block_m,
+                 BE=max(16, triton.next_power_of_2(E)), BD=t.block_d, RENORM=True, INTERP=False)
+    sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*fp32", "T": "i32",
+           "D": "i32", "E": "i32", "stride_xt": "i32", "stride_wp": "i32", "stride_we": "i32",
+           **{c: "constexpr" for c in const}}
+    sig = {n: sig[n] for n in k._softmax_topk_fwd_kernel.arg_names if n in sig}
+    return sig, const, t
+
+
+def variants():
+    yield "E=128 K=8 bf16 weight", variant(128, 8, 1)       # qwen3-30b-a3b
+    yield "E=512 K=8 bf16 weight", variant(512, 8, 1)       # seed-512e
+    yield "E=128 K=8 fp32 weight", variant(128, 8, 3)       # an fp32 router, three parts
+    yield "E=8 K=2 bf16 weight", variant(8, 2, 1)           # Mixtral
+    yield "E=60 K=4 fp16 weight", variant(60, 4, 2)         # E not a power of two, two parts
+
+
+QUICK = ("E=128 K=8 bf16 weight", "E=512 K=8 bf16 weight")
+
+
+def main(quick: bool = False) -> int:
+    fails = 0
+    for what, (sig, const, tile) in variants():
+        if quick and what not in QUICK:
+            continue
+        asm = {}
+        try:
+            compile_one(k._softmax_topk_fwd_kernel, sig, const, tile.num_warps, tile.num_stages,
+                        aligned=ALIGNED, asm=asm)
+            print(f"ok   {what} BM={tile.block_m} BD={tile.block_d}/w{tile.num_warps}"
+                  f"s{tile.num_stages}: {ptx_usage(asm['ptx'])}")
+        except Exception as exc:  # report every variant, then fail
+            fails += 1
+            print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main("--quick" in sys.argv))

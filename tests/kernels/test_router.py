@@ -1,0 +1,186 @@
+"""The fused softmax -> top-k router (strata.kernels.router) against an fp64 truth and its twin.
+
+The truth: logits in fp64 from the same bf16 x and the exact weight, softmax in fp64, top-k.
+A row whose K-th and (K+1)-th logits lie closer than the fp32 sum's rounding could go either way
+in any fp32 implementation, so ids are compared on the other rows ("decidable"), and a case must
+keep nearly all of its rows decidable (a test that compares nothing cannot pass).
+"""
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from strata.errors import StrataError
+from strata.kernels.router import (MAX_EXPERTS, RouterTile, bf16_parts, pin_router, router_impl,
+                                   router_tile, softmax_topk_route, softmax_topk_route_torch)
+from strata.models.moe_block import route
+
+# fp32 sums of D bf16 products of unit scale: |error| stays far below this; gaps under it are ties
+TIE_GAP = 1e-4
+# weights: fp32 softmax against fp64, a few ulps of the exp, the sum and the renormalization
+WEIGHT_REL = 1e-5
+
+
+@dataclass(frozen=True)
+class Case:
+    T: int
+    D: int
+    E: int
+    K: int
+    wdtype: torch.dtype
+    why: str
+
+    @property
+    def id(self):
+        return f"T{self.T}-D{self.D}-E{self.E}-K{self.K}-{str(self.wdtype)[6:]}"
+
+
+CASES = [
+    Case(1, 64, 8, 2, torch.bfloat16, "one token: a block of BM rows mostly masked"),
+    Case(77, 96, 60, 4, torch.float32, "E not a power of two, D not a multiple of the step, "
+         "an fp32 weight in three bf16 parts"),
+    Case(130, 128, 128, 8, torch.bfloat16, "qwen3's E and K, rows over two blocks"),
+    Case(33, 64, 512, 8, torch.float16, "seed-512e's E (the widest block), fp16 in two parts"),
+    Case(20, 64, 8, 8, torch.bfloat16, "K = E: every expert, in order"),
+    Case(19, 64, 17, 1, torch.bfloat16, "K = 1, prime E"),
+]
+
+
+def truth(x, w, k, renormalize):
+    """fp64 ids, weights and the per-row gap between the K-th and the next logit."""
+    logits = x.double() @ w.double().t()                                     # [T, E]
+    p = torch.softmax(logits, -1)
+    top = logits.topk(min(k + 1, w.shape[0]), -1).values
+    gap = (top[:, k - 1] - top[:, k]) if k < w.shape[0] else torch.full_like(top[:, 0], 1e9)
+    wt, ids = p.topk(k, -1)
+    if renormalize:
+        wt = wt / wt.sum(-1, keepdim=True)
+    return ids, wt, gap
+
+
+def inputs(c: Case, seed: int, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(c.T, c.D, generator=g).to(torch.bfloat16)
+    w = (torch.randn(c.E, c.D, generator=g) * 2 / c.D ** 0.5).to(c.wdtype)
+    return x.to(device), w.to(device)
+
+
+def check_against_truth(ids, wt, x, w, k, renormalize):
+    tid, twt, gap = truth(x.cpu(), w.cpu(), k, renormalize)
+    ok = gap > TIE_GAP                                                       # [T] decidable
+    assert ok.float().mean() >= 0.9, "too few decidable rows: the case compares nothing"
+    ids, wt = ids.cpu(), wt.cpu()
+    assert ids.dtype == torch.int64 and wt.dtype == torch.float32
+    assert torch.equal(ids[ok], tid[ok])
+    assert not wt.isnan().any()
+    rel = ((wt[ok].double() - twt[ok]).abs() / twt[ok].abs().clamp_min(1e-30)).max()
+    assert rel < WEIGHT_REL, f"weights off by {rel:.2e} relative"
+
+
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renorm", "raw"])
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_kernel_matches_truth_and_twin(c, renormalize):
+    for seed in (0, 1):    # fresh data each draw
+        x, w = inputs(c, seed)
+        ids, wt = softmax_topk_route(x, w, c.K, renormalize)
+        check_against_truth(ids, wt, x, w, c.K, renormalize)
+        tids, twt = softmax_topk_route_torch(x, w, c.K, renormalize)
+        check_against_truth(tids, twt, x, w, c.K, renormalize)
+
+
+def test_ties_pick_the_lower_expert():
+    # two identical weight rows: equal logits in every token; the kernel names the lower first
+    x = torch.randn(16, 64).to(torch.bfloat16)
+    w = torch.randn(8, 64).to(torch.bfloat16)
+    w[5] = w[2]
+    ids, _ = softmax_topk_route(x, w, 8, False)
+    pos = {e: (ids == e).nonzero()[:, 1] for e in (2, 5)}
+    assert (pos[2] < pos[5]).all()
+
+
+def test_empty_chunk():
+    x = torch.zeros(0, 64, dtype=torch.bfloat16)
+    ids, wt = softmax_topk_route(x, torch.randn(8, 64).to(torch.bfloat16), 2)
+    assert ids.shape == (0, 2) and wt.shape == (0, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_bf16_parts_sum_to_the_weight(dtype):
+    # a wide spread of exponents: each part holds the next 8 mantissa bits
+    w = (torch.randn(64, 96, dtype=torch.float64) * torch.logspace(-6, 3, 96)).to(dtype)
+    parts = bf16_parts(w)
+    assert parts.dtype == torch.bfloat16
+    assert parts.shape[0] == {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}[dtype]
+    assert torch.equal(parts.double().sum(0), w.double())
+
+
+def test_bad_inputs_are_one_clear_error():
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    w = torch.randn(8, 64).to(torch.bfloat16)
+    for bad in (lambda: softmax_topk_route(x, w, 0), lambda: softmax_topk_route(x, w, 9),
+                lambda: softmax_topk_route(x, w[:, :32], 2),
+                lambda: softmax_topk_route(x.float(), w, 2),
+                lambda: softmax_topk_route(x, torch.randn(MAX_EXPERTS + 1, 64).bfloat16(), 2),
+                lambda: softmax_topk_route_torch(x, w, 9)):
+        with pytest.raises(StrataError):
+            bad()
+    with pytest.raises(StrataError):
+        RouterTile(block_m=8, block_d=64)
+    with pytest.raises(StrataError):
+        pin_router("cuda").__enter__()
+
+
+def test_impl_choice_and_pins():
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    w = torch.randn(8, 64).to(torch.bfloat16)
+    assert router_impl(x, w) == ("triton" if x.is_cuda else "torch")   # CPU: the twin
+    with pin_router("triton"):
+        assert router_impl(x, w) == "triton"
+        with pin_router("torch"):
+            assert router_impl(x, w) == "torch"
+        assert router_impl(x, w) == "triton"
+    assert router_tile(128) == RouterTile(64, 64, 4, 3)
+    assert router_tile(512, parts=3).block_m == 16 and router_tile(512, 3).num_stages == 2
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_models_route_through_the_pinned_impl(renormalize):
+    # moe_block.route is what Qwen3-MoE, Mixtral and the softmax family layers call
+    x, w = inputs(CASES[2], seed=3)
+    with pin_router("triton"):
+        a = route(x, w, 8, renormalize)
+    with pin_router("torch"):
+        b = route(x, w, 8, renormalize)
+    check_against_truth(*a, x, w, 8, renormalize)
+    check_against_truth(*b, x, w, 8, renormalize)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("E,K", [(128, 8), (512, 8)], ids=["qwen3", "seed-512e"])
+def test_gpu_real_shapes(E, K):
+    c = Case(4096, 2048, E, K, torch.bfloat16, "the real widths on the tensor cores")
+    x, w = inputs(c, seed=7, device="cuda")
+    ids, wt = softmax_topk_route(x, w, K, True)
+    torch.cuda.synchronize()
+    check_against_truth(ids, wt, x, w, K, True)
+    assert router_impl(x, w) == "triton"
+
+
+def test_router_kernel_compiles_for_h200():
+    """The kernel compiles for sm_90 (triton's passes and ptxas, no GPU) at qwen3-30b-a3b's and
+    seed-512e's widths and router_tile's tiles, without register spills (compile_router.py
+    without --quick: every variant and its footprint)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_router.py"),
+                        "--quick"], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=root / "tests" / "kernels")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
+    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
+    for line in lines:
+        assert "spill 0/0" in line, line
