@@ -156,8 +156,11 @@ def measure(args, rec: bench.Recorder) -> None:
 
 
 def _tile_name(c: dict) -> str:
-    return (f"{c['path']} {c['tile_rows']}x{c['tile_superblocks']}sb" if c["path"] == "superblocks"
-            else c["path"])
+    if c["path"] == "superblocks":
+        return f"{c['path']} {c['tile_rows']}x{c['tile_superblocks']}sb"
+    if c["path"] == "words":
+        return f"words {c['tile_rows']}x{c['tile_cols']}"
+    return c["path"]
 
 
 def plot_experts(rows: list[dict], path: Path) -> None:
@@ -205,13 +208,15 @@ def raw_experts(fmt, n_expert: int, rows: int, cols: int, dev) -> tuple[ExpertSe
     return ExpertSet(arena, slot, None), MatrixSlot("gate", fmt, rows, cols, 0, nbytes)
 
 
-def expert_pins(fmt, tiles: list[tuple[int, int]], paths: list[str]):
+def expert_pins(fmt, tiles: list[tuple[int, int]], paths: list[str],
+                word_tiles: list[tuple[int, int]] = ((64, 64),)):
     """(path, tile, pin_tile overrides) of every path `fmt` takes among `paths`."""
     for p in paths:
         if p == "bytes":
             yield p, None, dict(words=False, superblocks=False)
         elif p == "words" and fmt.name in FAST_CODE_FORMATS:
-            yield p, None, dict(words=True, superblocks=False)
+            for t in word_tiles:
+                yield p, t, dict(words=True, superblocks=False, word_tile=t)
         elif p == "superblocks" and fmt.name in SUPERBLOCK_FORMATS:
             for t in tiles:
                 yield p, t, dict(superblocks=True, superblock_tile=t)
@@ -227,6 +232,7 @@ def measure_experts(args, rec: bench.Recorder) -> None:
     if bad:
         raise SystemExit(f"unknown path {bad[0]!r}; use {', '.join(EXPERT_PATHS)}")
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.sb_tiles.split(",")]
+    word_tiles = [tuple(int(v) for v in t.split("x")) for t in args.word_tiles.split(",")]
     out = torch.empty(E, R, C, dtype=torch.bfloat16, device=dev)
     out_bytes = out.numel() * 2
     src = torch.empty(out_bytes, dtype=torch.uint8, device=dev)
@@ -254,7 +260,7 @@ def measure_experts(args, rec: bench.Recorder) -> None:
                     return f"decode-once {fmt.name} expert {e} differs from dequantize_torch"
             return None
 
-        for path, tile, pin in expert_pins(fmt, tiles, paths):
+        for path, tile, pin in expert_pins(fmt, tiles, paths, word_tiles):
             with pin_tile(**pin):
                 lc = decode_launch(mat)
                 t = rec.timed(lambda: decode_matrix_into(experts, mat, every, flat, 0),
@@ -318,6 +324,9 @@ def main(argv=None) -> int:
                          "superblocks); each format takes those it has")
     ap.add_argument("--sb-tiles", default="32x2,64x1,32x1,16x2,32x4,128x1",
                     help="--mode experts: super-block path tiles, ROWSxSUPERBLOCKS")
+    ap.add_argument("--word-tiles", default="64x64",
+                    help="--mode experts: Q8_0/Q4_0 word path tiles, ROWSxCOLS (COLS a multiple "
+                         "of 64), e.g. 64x64,32x256,64x256,16x512")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes and 2 repeats, any device (the interpreter on a CPU)")
     args = ap.parse_args(argv)

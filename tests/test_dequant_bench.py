@@ -62,6 +62,17 @@ def test_dequant_bench_experts_smoke(tmp_path):
         assert r["gate"].startswith("bit-exact") and r["value"] > 0 and r["unit"] == "GB/s"
 
 
+def test_dequant_bench_word_tiles(tmp_path):
+    """--word-tiles: one row per Q8_0 word-path tile, each gated bit for bit before it is timed."""
+    argv = ["--smoke", "--mode", "experts", "--formats", "Q8_0", "--paths", "words",
+            "--word-tiles", "64x64,16x256", "--out-dir", str(tmp_path)]
+    assert _load().main(argv) == 0
+    (csv_path,) = tmp_path.glob("dequant-experts-*-smoke.csv")
+    rates = [r for r in bench.read_csv(csv_path) if r["figure"] == "decode-once input rate"]
+    assert [(r["config"]["path"], r["config"]["tile_rows"], r["config"]["tile_cols"])
+            for r in rates] == [("words", 64, 64), ("words", 16, 256)]
+
+
 def test_dequant_bench_experts_refuses_a_wrong_kernel(tmp_path, monkeypatch):
     mod = _load()
     monkeypatch.setattr(mod, "dequantize_torch", lambda raw, fmt, dtype:

@@ -21,11 +21,10 @@ from strata.formats.tables import device_table
 from strata.kernels._expert_dequant_kernel import _dequant_fwd_kernel
 from strata.kernels.decode import pair_words_fit
 from strata.kernels.decode.superblocks import SUPERBLOCK, superblock_words_fit
-from strata.kernels.tiles import (DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOCKS, DEFAULT_WORDS,
-                                  pinned_choice)
+from strata.kernels.tiles import (DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOCKS,
+                                  DEFAULT_WORD_TILE, DEFAULT_WORDS, pinned_choice)
 
-# One program decodes DECODE_BN rows x DECODE_BK weights: BK = 64 is one pair of 32-weight
-# blocks, the word path's unit (pair_tile); 64 x 64 bf16 out is 8 KiB a program.
+# The byte path's program: DECODE_BN rows x DECODE_BK weights (64 x 64 bf16 out, 8 KiB).
 DECODE_BN = 64
 DECODE_BK = 64
 
@@ -57,7 +56,11 @@ def decode_launch(mat) -> dict:
     if on and aligned is not None:
         return dict(BN=rows, BK=nsb * SUPERBLOCK, WORDS=False, SUPER=True, ALIGNED=aligned)
     words = word_decode() and pair_words_fit(name, mat.cols, mat.row_bytes, mat.offset)
-    return dict(BN=DECODE_BN, BK=DECODE_BK, WORDS=words, SUPER=False, ALIGNED=False)
+    if words:   # BK a multiple of 64: whole pairs of 32-weight blocks (pair_tile)
+        tile = pinned_choice("word_tile")
+        rows, cols = DEFAULT_WORD_TILE if tile is None else tuple(tile)
+        return dict(BN=rows, BK=cols, WORDS=True, SUPER=False, ALIGNED=False)
+    return dict(BN=DECODE_BN, BK=DECODE_BK, WORDS=False, SUPER=False, ALIGNED=False)
 
 
 def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: torch.Tensor,

@@ -84,6 +84,10 @@ DEFAULT_WORDS = True
 # --mode experts times both paths at several tiles in one run (issue 15).
 DEFAULT_SUPERBLOCKS = True
 DEFAULT_SUPERBLOCK_TILE = (32, 2)
+# The word path's program (`word_tile` = (rows, columns), columns a multiple of 64, one pair of
+# Q8_0/Q4_0 blocks): 64 x 64 (8 KiB of bf16 out a program) until benchmarks/dequant_bench.py
+# --mode experts --word-tiles times the others on the H200.
+DEFAULT_WORD_TILE = (64, 64)
 
 # Schedule constants of the heuristic (see the module docstring for each one's reason).
 BLOCK_M_MIN = 16        # tl.dot's smallest M
@@ -114,6 +118,7 @@ class TileConfig:
     words: bool = DEFAULT_WORDS  # decode-once path: Q8_0/Q4_0 whole-word rows as aligned words
     superblocks: bool = DEFAULT_SUPERBLOCKS  # decode-once path: K-quants/IQ4_XS as words
     superblock_tile: tuple = DEFAULT_SUPERBLOCK_TILE  # its program: (rows, super-blocks)
+    word_tile: tuple = DEFAULT_WORD_TILE  # the words path's program: (rows, columns)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -131,9 +136,18 @@ class TileConfig:
                 or st[0] < 1 or st[0] & (st[0] - 1) or st[1] < 1):
             raise StrataError(f"superblock_tile must be (rows, super-blocks): rows a power of "
                               f"two, super-blocks >= 1; got {st!r}")
+        wt = self.word_tile
+        if (not isinstance(wt, tuple) or len(wt) != 2 or not all(isinstance(v, int) for v in wt)
+                or wt[0] < 1 or wt[0] & (wt[0] - 1) or wt[1] < 64 or wt[1] % 64):
+            raise StrataError(f"word_tile must be (rows, columns): rows a power of two, columns "
+                              f"a multiple of 64; got {wt!r}")
 
     def with_(self, **kw) -> "TileConfig":
         return replace(self, **kw)
+
+
+# a valid config the overrides of pin_tile are checked against (TileConfig's own checks)
+_ANY_TILE = TileConfig(BLOCK_M_MIN, 16, 16, WARPS, NUM_STAGES, "dp", 1)
 
 
 @dataclass(frozen=True)
@@ -197,6 +211,11 @@ def pin_tile(cfg: TileConfig | None = None, **overrides):
     The previous pin is restored on exit, also on error."""
     if cfg is not None and not isinstance(cfg, TileConfig):
         raise StrataError(f"pin_tile takes a TileConfig, got {type(cfg).__name__}")
+    if overrides:   # a bad value fails here, not at some later launch
+        try:
+            replace(cfg or _ANY_TILE, **overrides)
+        except TypeError as exc:
+            raise StrataError(f"pin_tile: {exc}") from None
     with pinned(_PINNED, ("cfg", cfg, overrides)):
         yield
 

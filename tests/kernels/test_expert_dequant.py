@@ -27,6 +27,24 @@ def test_dequant_matches_reference(fmts, D, F, pin):
         _check_dequant(fmts, D, F)
 
 
+# the word path's tile is a launch choice (TileConfig.word_tile): rows past the matrix's end
+# (16 x 256 on 128 rows is exact, 128 x 128 on 64 rows masks half), columns past its end
+# (256 on a 192-wide row masks a pair)
+@pytest.mark.parametrize("tile", [(16, 256), (128, 128), (32, 192)], ids=lambda t: f"{t[0]}x{t[1]}")
+def test_word_tiles_decode_the_same_bits(tile):
+    with pin_tile(words=True, superblocks=False, word_tile=tile):
+        _check_dequant(("Q8_0", "Q4_0", "Q4_0"), 128, 192)
+        _check_dequant(("Q4_0", "Q8_0", "Q8_0"), 64, 256)
+
+
+def test_word_tile_must_be_whole_pairs():
+    from strata.errors import StrataError
+    for bad in ((64, 32), (48, 64), (64, 100), "64x64"):
+        with pytest.raises(StrataError):
+            with pin_tile(word_tile=bad):
+                pass
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("pin", PATHS, ids=["words", "bytes"])
 @pytest.mark.parametrize("fmts", [("Q4_K", "Q5_K", "Q6_K"), ("Q2_K", "Q3_K", "IQ4_XS"),
