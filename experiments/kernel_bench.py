@@ -18,7 +18,9 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
   per PlaneTile (the sweep of its launch choices in the same call), e.g.
   --tiles 128x128x64/w8s4/tma 64x128x64/w8s4/noswap.
 `--arms A B ...` keeps only those arms (grouped_mm-bf16 always runs: it is every figure's bound).
-Every arm includes routing's grouping and the weighted sum over K.
+Every arm includes routing's grouping and the weighted sum over K. The strata arms run as the
+engine calls them, check=False (no host sync validating the routing: the engine vouches for it);
+`--checked` times them with the check (a sync a call), the default of a standalone call.
 
 Figure: TFLOP/s of the whole feed-forward, counting 2·T·K·3·D·F, from the median of CUDA-event
 timings. Each figure is bounded by grouped_mm-bf16 on the same shape (the `bound` column holds
@@ -98,7 +100,7 @@ def measure(args, rec: bench.Recorder) -> None:
     for name, fmt, T in tqdm(todo, desc="kernel_bench", file=sys.stderr):
         shape = shapes[name]
         why = supported(fmt, shape)
-        cfg = dict(shape=name, T=T, format=fmt)
+        cfg = dict(shape=name, T=T, format=fmt, check=args.checked)
         if why:
             print(f"skip {name}/T{T}/{fmt}: {why}", file=sys.stderr)
             rec.add("skipped", "", "", bound=why, arm="-", **cfg)
@@ -123,15 +125,18 @@ def measure(args, rec: bench.Recorder) -> None:
 
         def decoded(gemm):   # a figure under the grouped label must be the grouped GEMM's
             with pin_decoded_gemm(gemm):
-                y = moe_ffn_decoded(x, ids, w, experts)
+                y = moe_ffn_decoded(x, ids, w, experts, check=chk)
             ran = last_decoded_gemm()
             if ran.backend != gemm:
                 raise StrataError(f"strata-decoded pinned to {gemm} ran {ran.backend}: "
                                   f"{ran.reason}")
             return y
 
-        arms = {"strata-dp": lambda: moe_ffn(x, ids, w, experts, schedule="dp"),
-                "strata-sk": lambda: moe_ffn(x, ids, w, experts, schedule="stream_k"),
+        chk = args.checked   # the engine's calls vouch for their routing: check=False
+
+        arms = {"strata-dp": lambda: moe_ffn(x, ids, w, experts, schedule="dp", check=chk),
+                "strata-sk": lambda: moe_ffn(x, ids, w, experts, schedule="stream_k",
+                                             check=chk),
                 "strata-decoded": lambda: decoded("triton"),
                 "strata-decoded-grouped": lambda: decoded("grouped"),
                 "grouped_mm-bf16": lambda: grouped_mm_ffn(x, ids, w, wg, wu, wd),
@@ -141,10 +146,11 @@ def measure(args, rec: bench.Recorder) -> None:
             arms.pop("strata-decoded-grouped", None)
         if plane:
             if "strata-plane" in args.arms:
-                arms["strata-plane"] = lambda: plane_ffn(x, ids, w, planes)
+                arms["strata-plane"] = lambda: plane_ffn(x, ids, w, planes, check=chk)
             for pt in args.tiles:
                 arms[f"strata-plane[{pt.name}]"] = lambda pt=pt: plane_ffn(x, ids, w, planes,
-                                                                            schedule=pt)
+                                                                            schedule=pt,
+                                                                            check=chk)
         ref = moe_ffn_torch(x, ids, w, experts)
         bound_rel = BF16_REL if fmt == "BF16" else DECODED_REL
         gate = f"normalized error vs moe_ffn_torch < {bound_rel:g}"
@@ -215,6 +221,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", nargs="*", default=[], metavar="TILE",
                     help="extra strata-plane arms at these PlaneTiles, BMxBNxBK/wWsS[/noswap][/tma]"
                          " (e.g. 128x128x64/w8s4/tma)")
+    ap.add_argument("--checked", action="store_true",
+                    help="strata arms validate the routing on the host first (check=True: a "
+                         "sync a call); default off, as the engine runs them")
     ap.add_argument("--plot-only", metavar="CSV", help="redraw the PNG of an earlier run's CSV")
     args = ap.parse_args(argv)
     args.arms = args.arms or list(ARMS)
