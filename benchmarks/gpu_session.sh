@@ -131,5 +131,11 @@ for step in "$@"; do
     groupedtests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_grouped.py tests/kernels/test_moe_decoded.py 2>&1 | tail -20 > "$OUT/gpu_grouped_tests.log"; tail -5 "$OUT/gpu_grouped_tests.log" ;;
     groupedbench) timeout 230 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 2048 8192 32768 --formats Q8_0 --arms strata-decoded strata-decoded-grouped --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/grouped_bench.log" ;;
     groupedres) timeout 230 python3 benchmarks/profile_read.py --what resident --T 32768 --top 40 --decoded-gemm triton --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -60 > "$OUT/profile_resident_gemm_triton.log"; grep -A3 "^T=" "$OUT/profile_resident_gemm_triton.log" ;;
+    # issue 18 item 4: the fused softmax -> top-k router (strata.kernels.router) on the GPU: its tests at the
+    # real widths, then timed against the torch ops it replaces (fp32 GEMM, softmax, topk) at several tiles
+    routertests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_router.py 2>&1 | tail -12 > "$OUT/gpu_router_tests.log"; tail -3 "$OUT/gpu_router_tests.log" ;;
+    routerbench) timeout 200 python3 benchmarks/router_bench.py --tiles 64x64/w8s3 32x64/w4s3 64x32/w4s3 64x64/w4s4 16x64/w4s3 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -24 | tee "$OUT/router_bench.log" ;;
+    # issue 18: the Q8_0/Q4_0 decode-once word path's program tile (TileConfig.word_tile), qwen3's gate
+    wordtiles) timeout 200 python3 benchmarks/dequant_bench.py --mode experts --formats Q8_0,Q4_0 --paths words --word-tiles 64x64,32x128,32x256,64x128,64x256,16x512,128x64,16x1024,8x2048,32x512 --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -24 | tee "$OUT/word_tiles.log" ;;
   esac
 done
