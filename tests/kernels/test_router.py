@@ -65,7 +65,9 @@ def inputs(c: Case, seed: int, device="cpu"):
     return x.to(device), w.to(device)
 
 
-def check_against_truth(ids, wt, x, w, k, renormalize):
+def check_against_truth(ids, wt, x, w, k, renormalize, weight_rel=WEIGHT_REL) -> float:
+    """Asserts ids (decidable rows) and weights against the fp64 truth; returns the weights'
+    largest relative error."""
     tid, twt, gap = truth(x.cpu(), w.cpu(), k, renormalize)
     ok = gap > TIE_GAP                                                       # [T] decidable
     assert ok.float().mean() >= 0.9, "too few decidable rows: the case compares nothing"
@@ -73,8 +75,9 @@ def check_against_truth(ids, wt, x, w, k, renormalize):
     assert ids.dtype == torch.int64 and wt.dtype == torch.float32
     assert torch.equal(ids[ok], tid[ok])
     assert not wt.isnan().any()
-    rel = ((wt[ok].double() - twt[ok]).abs() / twt[ok].abs().clamp_min(1e-30)).max()
-    assert rel < WEIGHT_REL, f"weights off by {rel:.2e} relative"
+    rel = ((wt[ok].double() - twt[ok]).abs() / twt[ok].abs().clamp_min(1e-30)).max().item()
+    assert rel < weight_rel, f"weights off by {rel:.2e} relative"
+    return rel
 
 
 @pytest.mark.parametrize("renormalize", [True, False], ids=["renorm", "raw"])
@@ -139,7 +142,7 @@ def test_impl_choice_and_pins():
         with pin_router("torch"):
             assert router_impl(x, w) == "torch"
         assert router_impl(x, w) == "triton"
-    assert router_tile(128) == RouterTile(64, 64, 4, 3)
+    assert router_tile(128) == RouterTile(64, 64, 4, 4)
     assert router_tile(512, parts=3).block_m == 16 and router_tile(512, 3).num_stages == 2
 
 
@@ -161,8 +164,12 @@ def test_gpu_real_shapes(E, K):
     c = Case(4096, 2048, E, K, torch.bfloat16, "the real widths on the tensor cores")
     x, w = inputs(c, seed=7, device="cuda")
     ids, wt = softmax_topk_route(x, w, K, True)
-    torch.cuda.synchronize()
-    check_against_truth(ids, wt, x, w, K, True)
+    # at D = 2048 any fp32 sum of the logits is ~1e-5 off (the H200's cuBLAS fp32 GEMM too): the
+    # kernel must be as close to the truth as the fp32 code it replaces (its twin, same device)
+    twin = check_against_truth(*softmax_topk_route_torch(x, w, K, True), x, w, K, True,
+                               weight_rel=1.0)
+    got = check_against_truth(ids, wt, x, w, K, True, weight_rel=max(WEIGHT_REL, 2 * twin))
+    print(f"E={E}: weights vs fp64, kernel {got:.2e}, fp32 twin {twin:.2e}")
     assert router_impl(x, w) == "triton"
 
 
