@@ -30,10 +30,15 @@ def _softmax_topk_fwd_kernel(x_ptr, w_ptr, ids_ptr, wt_ptr, T, D, E, stride_xt, 
         d_mask = offs_d < D
         xt = tl.load(x_rows + offs_d[None, :], mask=m_mask[:, None] & d_mask[None, :],
                      other=0.0)                                               # [BM, BD]
+        step = tl.zeros((BM, BE), dtype=tl.float32)
         for p in tl.static_range(P):
             wt = tl.load(w_rows + p * stride_wp + offs_d[None, :],
                          mask=e_mask[:, None] & d_mask[None, :], other=0.0)   # [BE, BD]
-            acc = _dot(xt, wt, acc, INTERP)                                   # [BM, BE] fp32
+            step = _dot(xt, wt, step, INTERP)                                 # [BM, BE] fp32
+        # promoted: the tensor cores sum BD products (their accumulator rounds coarser than
+        # fp32 FFMA: 1.9e-5 against 5e-6 on the weights at D 2048 on the H200), the running
+        # sum over D is an fp32 add with round-to-nearest
+        acc += step
     logits = tl.where(e_mask[None, :], acc, float("-inf"))
     mx = tl.max(logits, axis=1)                                               # [BM]
     den = tl.sum(tl.exp(logits - mx[:, None]), axis=1)                        # [BM] (0 masked)

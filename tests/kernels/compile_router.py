@@ -38,6 +38,8 @@ def variants():
     yield "E=128 K=8 bf16 weight", variant(128, 8, 1)       # qwen3-30b-a3b
     yield "E=512 K=8 bf16 weight", variant(512, 8, 1)       # seed-512e
     yield "E=128 K=8 fp32 weight", variant(128, 8, 3)       # an fp32 router, three parts
+    yield "E=256 K=8 bf16 weight", variant(256, 8, 1)       # DeepSeek-V3's experts
+    yield "E=512 K=8 fp32 weight", variant(512, 8, 3)
     yield "E=8 K=2 bf16 weight", variant(8, 2, 1)           # Mixtral
     yield "E=60 K=4 fp16 weight", variant(60, 4, 2)         # E not a power of two, two parts
 

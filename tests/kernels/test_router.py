@@ -143,7 +143,8 @@ def test_impl_choice_and_pins():
             assert router_impl(x, w) == "torch"
         assert router_impl(x, w) == "triton"
     assert router_tile(128) == RouterTile(64, 64, 4, 4)
-    assert router_tile(512, parts=3).block_m == 16 and router_tile(512, 3).num_stages == 2
+    assert router_tile(512) == RouterTile(32, 64, 8, 3)
+    assert router_tile(512, parts=3) == RouterTile(32, 16, 8, 2)
 
 
 @pytest.mark.parametrize("renormalize", [True, False])
