@@ -134,7 +134,9 @@ for step in "$@"; do
     # issue 18 item 4: the fused softmax -> top-k router (strata.kernels.router) on the GPU: its tests at the
     # real widths, then timed against the torch ops it replaces (fp32 GEMM, softmax, topk) at several tiles
     routertests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_router.py 2>&1 | tail -12 > "$OUT/gpu_router_tests.log"; tail -3 "$OUT/gpu_router_tests.log" ;;
-    routerbench) timeout 200 python3 benchmarks/router_bench.py --tiles 64x64/w8s3 32x64/w4s3 64x32/w4s3 64x64/w4s4 16x64/w4s3 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -24 | tee "$OUT/router_bench.log" ;;
+    routerbench) timeout 200 python3 benchmarks/router_bench.py --tiles ${ROUTER_TILES:-64x64/w8s3 32x64/w4s3} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -24 | tee "$OUT/router_bench.log" ;;
+    # issue 18 item 3: the expert FFN arms as the engine calls them (check=False) at T 512 / 2048, BF16, Q8_0, Q4_K
+    itemthree) timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T ${KB_T:-512 2048} --formats BF16 Q8_0 Q4_K --arms strata-dp strata-plane strata-decoded strata-decoded-grouped --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/item3_bench.log" ;;
     # issue 18: the Q8_0/Q4_0 decode-once word path's program tile (TileConfig.word_tile), qwen3's gate
     wordtiles) timeout 200 python3 benchmarks/dequant_bench.py --mode experts --formats Q8_0,Q4_0 --paths words --word-tiles 64x64,32x128,32x256,64x128,64x256,16x512,128x64,16x1024,8x2048,32x512 --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -24 | tee "$OUT/word_tiles.log" ;;
   esac
