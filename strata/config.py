@@ -8,6 +8,7 @@
 | STRATA_STREAM_ALL_MIN | chunks under N tokens STAGE their routed experts instead of streaming     | ceil(E / K) |
 | STRATA_RING_GROW      | 0: a long prompt's ring keeps the full ring (no growth into leftover room) | unset = 1 = grows |
 | STRATA_GC_PAUSE       | 0: leave Python's cyclic GC running during a prompt (the engine pauses it)  | unset = 1 = paused |
+| STRATA_COPY_RUNS      | 0: one copy per streamed blob (runs of adjacent blobs go as one copy)       | unset = 1 = runs |
 | STRATA_COMMIT         | the commit an experiment records (wins over git: device copies of the tree) | unset |
 | TRITON_INTERPRET      | 1: run Triton kernels in the interpreter (set automatically without CUDA)  | auto |
 
@@ -21,7 +22,8 @@ import os
 from strata.errors import StrataError
 
 KNOBS = ("STRATA_PREFILL_RING", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB", "STRATA_STREAM_ALL_MIN",
-         "STRATA_RING_GROW", "STRATA_GC_PAUSE", "STRATA_COMMIT", "TRITON_INTERPRET")
+         "STRATA_RING_GROW", "STRATA_GC_PAUSE", "STRATA_COPY_RUNS", "STRATA_COMMIT",
+         "TRITON_INTERPRET")
 
 
 def env_int(name: str, *, minimum: int | None = None) -> int | None:
@@ -71,3 +73,8 @@ def gc_pause() -> bool:
     """Whether PrefillEngine.run pauses Python's cyclic GC for a prompt (default yes)."""
     flag = env_flag("STRATA_GC_PAUSE")
     return True if flag is None else flag
+
+
+def copy_runs() -> bool:
+    """Whether the streaming provider copies runs of adjacent blobs as one copy (default yes)."""
+    return env_flag("STRATA_COPY_RUNS") is not False

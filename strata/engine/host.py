@@ -236,6 +236,14 @@ class HostExperts:
     def blob(self, layer: int, expert: int) -> torch.Tensor:
         return self.layers[layer][expert]
 
+    def run(self, layer: int, expert: int, count: int) -> torch.Tensor | None:
+        """Blobs expert .. expert + count - 1 of `layer` as one flat view (one copy carries
+        them), or None where the layer's blobs are not one contiguous [E, size] block."""
+        t = self.layers[layer]
+        if t.dim() != 2 or not t.is_contiguous():
+            return None
+        return t[expert:expert + count].view(-1)
+
     def source(self, layer: int, expert: int) -> torch.Tensor:
         """The ExpertCache's source callable: the blob to (re)fill a slot with."""
         return self.layers[layer][expert]

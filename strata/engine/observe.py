@@ -56,7 +56,9 @@ class EngineObserver:
     def on_layer(self, part: str, layer: int, begin, end) -> None:
         pass
 
-    def on_copy(self, part: str, layer: int, expert: int, nbytes: int, start, done) -> None:
+    def on_copy(self, part: str, layer: int, expert: int, nbytes: int, start, done,
+                count: int = 1) -> None:
+        """One host-to-device copy: `count` blobs of `layer` from `expert` on, `nbytes` in all."""
         pass
 
     def on_pass(self, part: str, layer: int, index: int, begin, end, wait,

@@ -58,6 +58,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from strata.blob import ALIGN, BlobLayout
+from strata.config import copy_runs
 from strata.engine.device import Lane
 from strata.engine.host import HostExperts
 from strata.engine.stats import ChunkStats
@@ -118,6 +119,9 @@ class StreamingProvider:
         # re-laid once its copy lands (Lane.then), and the passes hand the FFN PlaneSets
         self.land = land
         self.sets = land.sets if land is not None else ExpertSet
+        # runs of adjacent blobs as one copy (fewer host calls a read: the 8K read of a 48-layer
+        # model is ~6,000 blobs); not where each blob is re-laid as it lands
+        self.runs = copy_runs() and land is None
 
     def _mark(self):
         """A point on the compute lane for the observers: a CUDA event, or perf_counter."""
@@ -125,26 +129,52 @@ class StreamingProvider:
 
     # -- the copy queue ----------------------------------------------------------------------
     def _pump(self) -> None:
-        """Enqueue every copy whose ring slot's previous reader is already enqueued."""
+        """Enqueue every copy whose ring slot's previous reader is already enqueued: a run of
+        queued blobs adjacent in host memory and in the ring as one copy (_run_end)."""
         st = self.chunk_stats
-        while self.issued < len(self.queue) and self.issued < self.released + self.R:
+        limit = min(len(self.queue), self.released + self.R)
+        while self.issued < limit:
             i = self.issued
             layer, e = self.queue[i]
             s = i % self.R
             src = self.host.blob(layer, e)
             n = src.numel()
-            dst = self.ring[s, :n]
-            start, done = self.lane.copy_into(dst, src, after=self.slot_free[s])
+            j = self._run_end(i, limit, n)
+            run = self.host.run(layer, e, j - i) if j - i > 1 else None
+            if run is not None:   # whole slots back to back: one copy of (j - i) blobs
+                src, dst = run, self.ring[s:s + j - i].view(-1)
+            else:
+                j, dst = i + 1, self.ring[s, :n]
+            # the run's slots were last read in queue order, so the last slot's reader is the
+            # latest of them (compute-lane events fire in order)
+            start, done = self.lane.copy_into(dst, src, after=self.slot_free[(j - 1) % self.R])
             ready = done
             if self.land is not None:   # re-lay the landed blob beside the next copies
                 ready = self.lane.then(done, lambda dst=dst, layer=layer: self.land(dst, layer))
-            self.ready.append(ready)
+            self.ready.extend([ready] * (j - i))
             st.copy_marks.append((start, done))
             for o in self.observers:
-                o.on_copy(self.name, layer, e, n, start, done)
-            st.bytes_streamed += n
-            st.copies += 1
-            self.issued += 1
+                o.on_copy(self.name, layer, e, src.numel(), start, done, count=j - i)
+            st.bytes_streamed += src.numel()
+            st.copies += j - i
+            st.copy_ops += 1
+            self.issued = j
+
+    def _run_end(self, i: int, limit: int, nbytes: int) -> int:
+        """The end of the run of queue entries from i that one copy can carry: the same layer's
+        next experts, adjacent rows of its host blobs that fill whole ring slots, in slots that
+        do not wrap, and no further than the pass that copy i belongs to (a pass waits for its
+        last copy: a run into the next pass would hold it back). i + 1 without runs (the
+        STRATA_COPY_RUNS knob, or a relayout landing each blob); the host may still refuse a
+        run whose blobs are not one block (HostExperts.run)."""
+        if not self.runs or nbytes != self.stride:
+            return i + 1
+        layer, e = self.queue[i]
+        j = i + 1
+        while (j < limit and j % self.R and j not in self.cuts
+               and self.queue[j] == (layer, e + j - i)):
+            j += 1
+        return j
 
     def _queue_layer(self, layer: int, experts) -> None:
         """Queue the layer's experts the cache lacks and cut the layer into passes of at most G
@@ -168,6 +198,8 @@ class StreamingProvider:
                 rows[k][e] = off
             idx = [i for _, _, i in group if i is not None]
             streamed.append((idx[0], idx[-1] + 1) if idx else None)
+            if idx:   # a copy run stops where a pass's copies end (_run_end)
+                self.cuts.add(idx[-1] + 1)
         tab = torch.tensor(rows, dtype=torch.int64, pin_memory=self.lane.cuda)
         self.pass_tables[layer] = (tab.to(self.arena.device, non_blocking=True), streamed)
 
@@ -187,6 +219,7 @@ class StreamingProvider:
         self.chunk_stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode,
                                       layers=self.moe_layers)
         self.queue: list[tuple[int, int]] = []
+        self.cuts: set[int] = set()   # queue indices where a pass's copies end
         self.ready: list = []
         self.pass_tables: dict[int, tuple[torch.Tensor, list]] = {}
         self.issued = self.released = 0

@@ -13,7 +13,8 @@ class ChunkStats:
     mode: str
     layers: list
     bytes_streamed: int = 0
-    copies: int = 0
+    copies: int = 0            # blobs copied into the ring
+    copy_ops: int = 0          # host-to-device copies issued (a run of adjacent blobs is one)
     routed: int = 0            # (layer, expert) pairs the chunk routed to
     cache_hits: int = 0        # of those, served from the expert cache
     hit_fraction: list[float] = field(default_factory=list)  # per layer: experts hit / E
@@ -100,6 +101,7 @@ class PrefillStats:
                 "cache_hits": self.cache_hits, "routed": self.routed,
                 "chunks": [{"start": c.start, "tokens": c.tokens, "mode": c.mode,
                             "bytes_streamed": c.bytes_streamed, "copies": c.copies,
+                            "copy_ops": c.copy_ops,
                             "cache_hits": c.cache_hits, "routed": c.routed,
                             "copy_s": c.copy_s, "wait_s": c.wait_s, "copy_span_s": c.copy_span_s,
                             "hit_fraction": c.hit_fraction} for c in self.chunks]}

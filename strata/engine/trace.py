@@ -75,9 +75,9 @@ class LaneTrace(EngineObserver):
     def on_layer(self, part, layer, begin, end) -> None:
         self._raw.append(("compute", part, self._chunk.get(part, 0), layer, begin, end, {}))
 
-    def on_copy(self, part, layer, expert, nbytes, start, done) -> None:
+    def on_copy(self, part, layer, expert, nbytes, start, done, count: int = 1) -> None:
         self._raw.append(("copy", part, self._chunk.get(part, 0), layer, start, done,
-                          {"expert": expert, "bytes": nbytes}))
+                          {"expert": expert, "bytes": nbytes, "blobs": count}))
 
     def on_pass(self, part, layer, index, begin, end, wait, ahead: int = 0) -> None:
         c = self._chunk.get(part, 0)
@@ -98,7 +98,8 @@ class LaneTrace(EngineObserver):
             else:
                 t0 = host - self.origin + Lane.elapsed(ref, a)
                 dur = Lane.elapsed(a, b)
-            name = {"copy": f"copy L{layer} e{args.get('expert')}",
+            e0, nb = args.get("expert"), args.get("blobs", 1)
+            name = {"copy": f"copy L{layer} e{e0}" + (f"-{e0 + nb - 1}" if nb > 1 else ""),
                     "compute": f"layer {layer}", "passes": f"L{layer} pass {args.get('pass')}",
                     "waits": f"wait L{layer}", "chunk": f"chunk {chunk}",
                     "read": "read"}[kind]

@@ -355,7 +355,7 @@ def test_the_first_copy_goes_out_before_the_later_layers_are_queued(pack, tokens
         def on_chunk(self, part, start, n_tokens, mark):
             events.append(("chunk", start))
 
-        def on_copy(self, part, layer, expert, nbytes, start, done):
+        def on_copy(self, part, layer, expert, nbytes, start, done, count=1):
             events.append(("copy", layer))
 
     monkeypatch.setattr(StreamingProvider, "_queue_layer", spy)

@@ -212,8 +212,8 @@ def test_copies_run_one_pass_ahead(pack):
         def on_chunk(self, part, start, n, mark):
             self.chunks.append({"copies": 0, "passes": []})
 
-        def on_copy(self, part, layer, expert, nbytes, start, done):
-            self.chunks[-1]["copies"] += 1
+        def on_copy(self, part, layer, expert, nbytes, start, done, count=1):
+            self.chunks[-1]["copies"] += count     # blobs: a run of adjacent ones is one copy
 
         def on_pass(self, part, layer, index, begin, end, wait, ahead=0):
             c = self.chunks[-1]

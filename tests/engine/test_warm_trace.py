@@ -65,7 +65,9 @@ def test_trace_has_both_lanes_of_every_pass(pack, tmp_path):
         lanes.setdefault(s.lane, []).append(s)
     assert len(lanes["chunk"]) == n_chunks
     assert len(lanes["compute"]) == n_chunks * eng.shape.n_layer
-    assert len(lanes["copy"]) == sum(c.copies for c in res.stats.chunks) > 0
+    # one span per copy issued (a run of adjacent blobs is one), every blob in one of them
+    assert len(lanes["copy"]) == sum(c.copy_ops for c in res.stats.chunks) > 0
+    assert sum(s.args["blobs"] for s in lanes["copy"]) == sum(c.copies for c in res.stats.chunks)
     assert sum(s.args["bytes"] for s in lanes["copy"]) == res.stats.bytes_streamed
     assert lanes["passes"] and all(s.dur >= 0 for s in tr.spans)
     for s in lanes["passes"]:   # a pass lies inside its layer's compute span
