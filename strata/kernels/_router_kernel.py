@@ -10,6 +10,16 @@ from strata.kernels._moe_kernel import _dot
 
 
 @triton.jit
+def _opaque(x, INTERP: tl.constexpr):
+    """x unchanged, but not a dot's result to the compiler: triton folds `acc + dot(a, b, 0)`
+    into `dot(a, b, acc)`, which would put the running sum back into the tensor cores."""
+    if not INTERP:
+        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+    return x
+
+
+@triton.jit
 def _softmax_topk_fwd_kernel(x_ptr, w_ptr, ids_ptr, wt_ptr, T, D, E, stride_xt, stride_wp,
                              stride_we, K: tl.constexpr, KP: tl.constexpr, P: tl.constexpr,
                              BM: tl.constexpr, BE: tl.constexpr, BD: tl.constexpr,
@@ -38,7 +48,7 @@ def _softmax_topk_fwd_kernel(x_ptr, w_ptr, ids_ptr, wt_ptr, T, D, E, stride_xt, 
         # promoted: the tensor cores sum BD products (their accumulator rounds coarser than
         # fp32 FFMA: 1.9e-5 against 5e-6 on the weights at D 2048 on the H200), the running
         # sum over D is an fp32 add with round-to-nearest
-        acc += step
+        acc += _opaque(step, INTERP)
     logits = tl.where(e_mask[None, :], acc, float("-inf"))
     mx = tl.max(logits, axis=1)                                               # [BM]
     den = tl.sum(tl.exp(logits - mx[:, None]), axis=1)                        # [BM] (0 masked)

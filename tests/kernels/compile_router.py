@@ -1,6 +1,7 @@
 """Compile the fused router kernel for sm_90 on a machine without a GPU (ttir -> cubin) at the
 models' expert counts and the tiles router_tile picks, and report its footprint (registers,
-spills, shared memory).
+spills) and whether the sum over D stays promoted out of the tensor cores (each dot from a zero
+accumulator: triton folds `acc + dot(a, b, 0)` back into one dot unless the kernel stops it).
 
 compile_moe.py's pipeline (this folder); pointers and strides get the divisibility-16 hint the
 JIT gives real launches (contiguous rows, D a multiple of 16).
@@ -9,6 +10,7 @@ JIT gives real launches (contiguous rows, D a multiple of 16).
     python tests/kernels/compile_router.py --quick  # qwen3-30b-a3b's and seed-512e's (the suite)
 """
 import os
+import re
 import sys
 
 os.environ["TRITON_INTERPRET"] = "0"
@@ -17,10 +19,19 @@ import triton  # noqa: E402
 
 from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v)
 from compile_moe import compile_one  # noqa: E402
+from compile_plane import _Text  # noqa: E402  (compile_one's stages kept as text)
 from strata.kernels import _router_kernel as k  # noqa: E402
 from strata.kernels.router import router_tile  # noqa: E402
 
 ALIGNED = {"x_ptr", "w_ptr", "ids_ptr", "wt_ptr", "stride_xt", "stride_wp", "stride_we"}
+
+
+def promoted(ttgir: str) -> str:
+    """"promoted" when no dot of the kernel accumulates into the loop's running sum (a loop
+    block argument, %argN: each D step's dots start from zero, or from the step's earlier
+    part), "FOLDED" when triton fed the running sum back into a dot."""
+    dots = re.findall(r"(?:warp_group_dot|tt\.dot) (%[\w.]+), (%[\w.]+), (%[\w.]+)", ttgir)
+    return "promoted" if dots and not any(c.startswith("%arg") for _, _, c in dots) else "FOLDED"
 
 
 def variant(E: int, K: int, parts: int):
@@ -52,12 +63,12 @@ def main(quick: bool = False) -> int:
     for what, (sig, const, tile) in variants():
         if quick and what not in QUICK:
             continue
-        asm = {}
+        asm = _Text()
         try:
             compile_one(k._softmax_topk_fwd_kernel, sig, const, tile.num_warps, tile.num_stages,
                         aligned=ALIGNED, asm=asm)
             print(f"ok   {what} BM={tile.block_m} BD={tile.block_d}/w{tile.num_warps}"
-                  f"s{tile.num_stages}: {ptx_usage(asm['ptx'])}")
+                  f"s{tile.num_stages}: {ptx_usage(asm['ptx'])}, {promoted(asm['ttgir'])}")
         except Exception as exc:  # report every variant, then fail
             fails += 1
             print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
