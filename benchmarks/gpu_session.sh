@@ -27,6 +27,9 @@ for step in "$@"; do
     overlap8k)  timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap8k.log" ;;
     # the same 8K read with one copy per blob (STRATA_COPY_RUNS=0): the A/B of the copy runs
     overlap8koff) STRATA_COPY_RUNS=0 timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192 --arms auto --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap8k_runs_off.log" ;;
+    # the 8K read two ways on one machine: prefill_ab's warm streamed read, then a fresh process's (cold_warm)
+    h8k) timeout 100 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192 --arms auto --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -4 | tee "$OUT/h8k_prefill_ab.log"
+         timeout 120 python3 experiments/cold_warm.py --prompts 8192 --arms warm --repeats 3 --out "$OUT" 2>&1 | grep -v "it/s\]" | grep -v "^pack " | tail -4 | tee "$OUT/h8k_cold_warm.log" ;;
     overlap32k) timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 32768 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/overlap32k.log" ;;
     # issue 18 item 4: the all-resident read against its full compute floor (attention + experts + dense)
     floor32k) timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192,32768 --arms resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/floor32k.log"; timeout 60 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_roofline.py 2>&1 | tail -3 ;;
