@@ -23,11 +23,14 @@ def _opaque(x, INTERP: tl.constexpr):
 def _softmax_topk_fwd_kernel(x_ptr, w_ptr, ids_ptr, wt_ptr, T, D, E, stride_xt, stride_wp,
                              stride_we, K: tl.constexpr, KP: tl.constexpr, P: tl.constexpr,
                              BM: tl.constexpr, BE: tl.constexpr, BD: tl.constexpr,
-                             RENORM: tl.constexpr, INTERP: tl.constexpr):
+                             RENORM: tl.constexpr, INTERP: tl.constexpr,
+                             LOGITS: tl.constexpr = False):
     """Rows pid*BM.. of ids [T, K] int64 and wt [T, K] fp32: logits = sum_p x @ w[p]^T (bf16
     products, exact in fp32, summed in fp32), softmax over E, the K largest (ties: the lower
     expert), renormalized to sum 1 when RENORM. The probabilities are computed only at the K
-    picks (exp(l - max) / sum, the softmax's own formula): one [BM, BE] block stays live."""
+    picks (exp(l - max) / sum, the softmax's own formula): one [BM, BE] block stays live.
+    LOGITS: the logits themselves to wt_ptr as [T, E] fp32 instead (ids_ptr, K, RENORM unused):
+    the GEMM of the routers that score otherwise (sigmoid, top-k then softmax)."""
     offs_m = tl.program_id(0) * BM + tl.arange(0, BM)                         # [BM]
     offs_e = tl.arange(0, BE)                                                 # [BE]
     m_mask = offs_m < T
@@ -49,6 +52,18 @@ def _softmax_topk_fwd_kernel(x_ptr, w_ptr, ids_ptr, wt_ptr, T, D, E, stride_xt, 
         # fp32 FFMA: 1.9e-5 against 5e-6 on the weights at D 2048 on the H200), the running
         # sum over D is an fp32 add with round-to-nearest
         acc += _opaque(step, INTERP)
+    if LOGITS:
+        out = offs_m[:, None].to(tl.int64) * E + offs_e[None, :]              # [BM, BE]
+        tl.store(wt_ptr + out, acc, mask=m_mask[:, None] & e_mask[None, :])
+    else:
+        _topk_epilogue(acc, ids_ptr, wt_ptr, offs_m, offs_e, m_mask, e_mask, K, KP, BM, BE,
+                       RENORM)
+
+
+@triton.jit
+def _topk_epilogue(acc, ids_ptr, wt_ptr, offs_m, offs_e, m_mask, e_mask, K: tl.constexpr,
+                   KP: tl.constexpr, BM: tl.constexpr, BE: tl.constexpr, RENORM: tl.constexpr):
+    """The softmax -> top-k of a [BM, BE] block of logits, stored as ids / weights [T, K]."""
     logits = tl.where(e_mask[None, :], acc, float("-inf"))
     mx = tl.max(logits, axis=1)                                               # [BM]
     den = tl.sum(tl.exp(logits - mx[:, None]), axis=1)                        # [BM] (0 masked)

@@ -15,7 +15,8 @@ sum is the weight (8 + 8 + 8 mantissa bits), fp16 into 2, so the products stay e
 Ties between equal logits pick the lower expert (torch.topk leaves tie order unspecified).
 
 `softmax_topk_route` (Triton) and its twin `softmax_topk_route_torch` (the models' CPU path, the
-code they ran before) share one signature. Which one a model gets: `router_impl` (the kernel for
+code they ran before) share one signature; `router_logits` / `router_logits_torch` are the same
+GEMM alone, for routers that score the logits another way (sigmoid, top-k then softmax). Which one a model gets: `router_impl` (the kernel for
 CUDA activations in bf16 with up to MAX_EXPERTS experts), `pin_router` forces one for a
 block. The launch is a `RouterTile` (router_tile: rows a program and the D step, sized so the
 [BM, BE] fp32 logits and a step's weights fit one program), pinnable through `tile=`.
@@ -126,11 +127,8 @@ def _check(x, w, k):
         raise StrataError(f"top-k must be between 1 and E={E}, got {k}")
 
 
-def softmax_topk_route(x: torch.Tensor, w: torch.Tensor, k: int, renormalize: bool = True, *,
-                       tile: RouterTile | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, D] bf16, w [E, D] (E <= MAX_EXPERTS) -> (ids int64 [T, K], weights fp32
-    [T, K]) in one launch (the module doc). `tile` pins the launch (default router_tile)."""
-    _check(x, w, k)
+def _launch(x, w, k, renormalize, tile, logits: bool):
+    """The kernel over x [T, D], w [E, D]: (ids, weights) [T, K], or logits [T, E] fp32."""
     if x.dtype not in ACTS or w.dtype not in WEIGHTS or w.device != x.device:
         raise StrataError(f"the router kernel takes bf16 x and a bf16/fp16/fp32 w on x's "
                           f"device; got x {x.dtype} on {x.device}, w {w.dtype} on {w.device}")
@@ -138,23 +136,51 @@ def softmax_topk_route(x: torch.Tensor, w: torch.Tensor, k: int, renormalize: bo
     E = w.shape[0]
     if E > MAX_EXPERTS:
         raise StrataError(f"the router kernel holds at most {MAX_EXPERTS} experts a row, got {E}; "
-                          f"use softmax_topk_route_torch")
+                          f"use its torch twin")
     if x.stride(1) != 1:
         x = x.contiguous()
     parts = bf16_parts(w.contiguous())                                        # [P, E, D]
-    ids = torch.full((T, k), -1, dtype=torch.int64, device=x.device)
-    wt = torch.empty((T, k), dtype=torch.float32, device=x.device)
+    if logits:
+        ids, wt = None, torch.empty((T, E), dtype=torch.float32, device=x.device)
+    else:
+        ids = torch.full((T, k), -1, dtype=torch.int64, device=x.device)
+        wt = torch.empty((T, k), dtype=torch.float32, device=x.device)
     if T:
         cfg = tile or router_tile(E, parts.shape[0])
         be = max(16, triton.next_power_of_2(E))
         ctx = torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
         with ctx:
             _softmax_topk_fwd_kernel[(triton.cdiv(T, cfg.block_m),)](
-                x, parts, ids, wt, T, D, E, x.stride(0), parts.stride(0), parts.stride(1),
-                K=k, KP=triton.next_power_of_2(k), P=parts.shape[0], BM=cfg.block_m, BE=be,
-                BD=cfg.block_d, RENORM=bool(renormalize), INTERP=INTERPRET, num_warps=cfg.num_warps,
+                x, parts, wt if logits else ids, wt, T, D, E, x.stride(0), parts.stride(0),
+                parts.stride(1), K=k, KP=triton.next_power_of_2(k), P=parts.shape[0],
+                BM=cfg.block_m, BE=be, BD=cfg.block_d, RENORM=bool(renormalize),
+                INTERP=INTERPRET, LOGITS=logits, num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages)
-    return ids, wt
+    return wt if logits else (ids, wt)
+
+
+def softmax_topk_route(x: torch.Tensor, w: torch.Tensor, k: int, renormalize: bool = True, *,
+                       tile: RouterTile | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, D] bf16, w [E, D] (E <= MAX_EXPERTS) -> (ids int64 [T, K], weights fp32
+    [T, K]) in one launch (the module doc). `tile` pins the launch (default router_tile)."""
+    _check(x, w, k)
+    return _launch(x, w, k, renormalize, tile, logits=False)
+
+
+def router_logits(x: torch.Tensor, w: torch.Tensor, *, tile: RouterTile | None = None
+                  ) -> torch.Tensor:
+    """x [T, D] bf16, w [E, D] -> logits x w^T [T, E] fp32: the same GEMM (exact products, the
+    promoted fp32 sum) for the routers that score otherwise (DeepSeek's sigmoid, GPT-OSS's
+    top-k then softmax)."""
+    _check(x, w, 1)
+    return _launch(x, w, 1, False, tile, logits=True)
+
+
+def router_logits_torch(x: torch.Tensor, w: torch.Tensor, *,
+                        tile: RouterTile | None = None) -> torch.Tensor:
+    """The twin (the models' CPU and reference path): the fp32 GEMM. `tile` is ignored."""
+    _check(x, w, 1)
+    return x.float() @ w.float().t()
 
 
 def softmax_topk_route_torch(x: torch.Tensor, w: torch.Tensor, k: int, renormalize: bool = True,
@@ -171,3 +197,8 @@ def route_softmax_topk(x: torch.Tensor, w: torch.Tensor, k: int, renormalize: bo
     """The implementation `router_impl` picks, called."""
     fn = softmax_topk_route if router_impl(x, w) == "triton" else softmax_topk_route_torch
     return fn(x, w, k, renormalize)
+
+
+def route_logits(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The logits x w^T [T, E] fp32 by the implementation `router_impl` picks."""
+    return (router_logits if router_impl(x, w) == "triton" else router_logits_torch)(x, w)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.kernels.router import route_logits
 from strata.models.attention import AttentionWeights
 from strata.models.layers import rope_cos_sin, yarn_cos_sin
 from strata.models.qwen3moe import Qwen3Moe
@@ -34,9 +35,10 @@ from strata.models.registry import register
 
 def topk_softmax(w_router: torch.Tensor, b_router: torch.Tensor, top_k: int):
     """GPT-OSS's router of one layer: h [T, D] -> (ids int64 [T, K], w fp32 [T, K]): logits
-    h Wr^T + br in fp32, the K largest, softmax over them."""
+    h Wr^T + br in fp32 (the GEMM: strata.kernels.router.route_logits), the K largest, softmax
+    over them."""
     def route(h: torch.Tensor):
-        logits = h.float() @ w_router.float().t() + b_router.float()     # [T, E]
+        logits = route_logits(h, w_router) + b_router.float()            # [T, E]
         vals, ids = torch.topk(logits, top_k, dim=-1)
         return ids, torch.softmax(vals, dim=-1)
     return route

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.router import route_logits
 
 
 def _check(logits, bias, top_k, n_group, topk_group):
@@ -86,7 +87,7 @@ def grouped_topk_ref(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int
 def sigmoid_router(w_router: torch.Tensor, bias: torch.Tensor | None, shape):
     """The layer's router h [T, D] -> (ids, w) for a sigmoid-routed shape (strata.shapes)."""
     def route(h: torch.Tensor):
-        return grouped_topk(h.float() @ w_router.float().t(), bias, shape.top_k,
+        return grouped_topk(route_logits(h, w_router), bias, shape.top_k,
                             n_group=shape.n_group, topk_group=shape.topk_group,
                             norm_topk_prob=shape.norm_topk_prob, routed_scale=shape.routed_scale)
     return route

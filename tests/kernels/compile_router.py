@@ -34,10 +34,11 @@ def promoted(ttgir: str) -> str:
     return "promoted" if dots and not any(c.startswith("%arg") for _, _, c in dots) else "FOLDED"
 
 
-def variant(E: int, K: int, parts: int):
+def variant(E: int, K: int, parts: int, logits: bool = False):
     t = router_tile(E, parts)
     const = dict(K=K, KP=triton.next_power_of_2(K), P=parts, BM=t.block_m,
-                 BE=max(16, triton.next_power_of_2(E)), BD=t.block_d, RENORM=True, INTERP=False)
+                 BE=max(16, triton.next_power_of_2(E)), BD=t.block_d, RENORM=True, INTERP=False,
+                 LOGITS=logits)
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*fp32", "T": "i32",
            "D": "i32", "E": "i32", "stride_xt": "i32", "stride_wp": "i32", "stride_we": "i32",
            **{c: "constexpr" for c in const}}
@@ -53,6 +54,8 @@ def variants():
     yield "E=512 K=8 fp32 weight", variant(512, 8, 3)
     yield "E=8 K=2 bf16 weight", variant(8, 2, 1)           # Mixtral
     yield "E=60 K=4 fp16 weight", variant(60, 4, 2)         # E not a power of two, two parts
+    yield "E=256 logits", variant(256, 1, 1, logits=True)   # DeepSeek-V3's sigmoid router's GEMM
+    yield "E=128 logits", variant(128, 1, 1, logits=True)   # GPT-OSS's
 
 
 QUICK = ("E=128 K=8 bf16 weight", "E=512 K=8 bf16 weight")

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.router import (MAX_EXPERTS, RouterTile, bf16_parts, pin_router, router_impl,
-                                   router_tile, softmax_topk_route, softmax_topk_route_torch)
+from strata.kernels.router import (MAX_EXPERTS, RouterTile, bf16_parts, pin_router, route_logits,
+                                   router_impl, router_logits, router_logits_torch, router_tile,
+                                   softmax_topk_route, softmax_topk_route_torch)
 from strata.models.moe_block import route
 
 # fp32 sums of D bf16 products of unit scale: |error| stays far below this; gaps under it are ties
@@ -157,6 +158,76 @@ def test_models_route_through_the_pinned_impl(renormalize):
         b = route(x, w, 8, renormalize)
     check_against_truth(*a, x, w, 8, renormalize)
     check_against_truth(*b, x, w, 8, renormalize)
+
+
+def logit_bound(x, w):
+    """The a-priori bound of any fp32 sum of the D exact products, |sum - exact| <= g D u
+    sum_d |x_d w_d| (u = 2^-24; g = 2 allows the tensor cores' truncating adds), [T, E]."""
+    D = x.shape[1]
+    return 2 * D * 2.0 ** -24 * (x.double().abs() @ w.double().abs().t())
+
+
+def check_logits(got, x, w) -> float:
+    """Asserts logits [T, E] fp32 within logit_bound of the fp64 truth; returns the largest
+    error as a fraction of the bound."""
+    xc, wc = x.cpu(), w.cpu()
+    exact = xc.double() @ wc.double().t()
+    got = got.cpu()
+    assert got.dtype == torch.float32 and got.shape == exact.shape and not got.isnan().any()
+    frac = ((got.double() - exact).abs() / logit_bound(xc, wc).clamp_min(1e-300)).max().item()
+    assert frac <= 1.0, f"logits {frac:.2f} of the fp32 summation bound off"
+    return frac
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_logits_within_the_fp32_sum_bound(c):
+    for seed in (0, 1):
+        x, w = inputs(c, seed)
+        check_logits(router_logits(x, w), x, w)
+        check_logits(router_logits_torch(x, w), x, w)
+    assert router_logits(x[:0], w).shape == (0, c.E)
+
+
+def test_route_logits_takes_the_pinned_impl():
+    x, w = inputs(CASES[1], seed=4)
+    with pin_router("triton"):
+        a = route_logits(x, w)
+    with pin_router("torch"):
+        b = route_logits(x, w)
+    check_logits(a, x, w)
+    assert torch.equal(b, x.float() @ w.float().t())
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_sigmoid_and_gpt_oss_routers_through_the_kernel(renormalize):
+    # DeepSeek / GLM's grouped sigmoid router and GPT-OSS's top-k-then-softmax score the
+    # kernel's logits: the same picks as their fp32 GEMM on decidable rows
+    from types import SimpleNamespace
+
+    from strata.models.gpt_oss import topk_softmax
+    from strata.models.routing import sigmoid_router
+    x, w = inputs(Case(64, 128, 32, 4, torch.bfloat16, ""), seed=5)
+    bias = torch.randn(32) * 0.1
+    shape = SimpleNamespace(top_k=4, n_group=4, topk_group=2, norm_topk_prob=renormalize,
+                            routed_scale=2.5)
+    for make in (lambda: sigmoid_router(w, bias, shape), lambda: topk_softmax(w, bias, 4)):
+        with pin_router("triton"):
+            ids_k, wt_k = make()(x)
+        with pin_router("torch"):
+            ids_t, wt_t = make()(x)
+        same = (ids_k == ids_t).all(1)
+        assert same.float().mean() >= 0.9
+        assert torch.allclose(wt_k[same], wt_t[same], rtol=WEIGHT_REL, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("E", [128, 256, 512], ids=["qwen3", "deepseek-v3", "seed-512e"])
+def test_gpu_logits(E):
+    x, w = inputs(Case(4096, 2048, E, 8, torch.bfloat16, ""), seed=9, device="cuda")
+    got = check_logits(router_logits(x, w), x, w)
+    twin = check_logits(router_logits_torch(x, w), x, w)
+    print(f"E={E}: logits' error as a fraction of the fp32 sum bound: kernel {got:.3f}, "
+          f"fp32 twin {twin:.3f}")
 
 
 @pytest.mark.gpu
