@@ -143,7 +143,7 @@ def _launch(x, w, k, renormalize, tile, logits: bool):
     if logits:
         ids, wt = None, torch.empty((T, E), dtype=torch.float32, device=x.device)
     else:
-        ids = torch.full((T, k), -1, dtype=torch.int64, device=x.device)
+        ids = torch.empty((T, k), dtype=torch.int64, device=x.device)    # every row written
         wt = torch.empty((T, k), dtype=torch.float32, device=x.device)
     if T:
         cfg = tile or router_tile(E, parts.shape[0])
