@@ -31,7 +31,6 @@ around the GEMMs read n_valid there and leave rows past it alone (a streamed pas
 """
 from __future__ import annotations
 
-import contextlib
 import warnings
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from strata.experts import ExpertSet
 from strata.kernels import _grouped_kernel as _k
 from strata.kernels.combine import combine_tile
 from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work
-from strata.kernels.pins import pinned
+from strata.kernels.pins import pinned_one_of
 from strata.kernels.routing import group_blocked, group_ragged
 
 DECODED_GEMMS = ("triton", "grouped", "auto")
@@ -62,14 +61,10 @@ GROUPED_MIN_ROWS = 256
 _GEMM: ContextVar[str | None] = ContextVar("strata_decoded_gemm", default=None)
 
 
-@contextlib.contextmanager
 def pin_decoded_gemm(choice: str):
     """Force `decoded_gemm`'s answer inside the block: "triton" (strata's BF16 expert GEMM),
     "grouped" (torch._grouped_mm, also on the CPU) or "auto" (the default rule)."""
-    if choice not in DECODED_GEMMS:
-        raise StrataError(f"pin_decoded_gemm takes one of {DECODED_GEMMS}, got {choice!r}")
-    with pinned(_GEMM, choice):
-        yield
+    return pinned_one_of(_GEMM, choice, DECODED_GEMMS, "pin_decoded_gemm")
 
 
 def grouped_available(x: torch.Tensor) -> bool:

@@ -37,7 +37,7 @@ import triton
 from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.kernels._norm_kernel import _qk_norm_rope_fwd_kernel, _rms_norm_fwd_kernel
-from strata.kernels.pins import pinned
+from strata.kernels.pins import pinned_one_of
 
 NORM_IMPLS = ("triton", "torch")
 # one program holds whole rows in registers: widths past this go to the torch twin
@@ -48,14 +48,10 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _IMPL: ContextVar[str | None] = ContextVar("strata_norm_impl", default=None)
 
 
-@contextlib.contextmanager
 def pin_norm(impl: str):
     """Force `norm_impl`'s answer inside the block: "triton" (the kernels, on the CPU through the
     interpreter) or "torch" (the twins, also on CUDA)."""
-    if impl not in NORM_IMPLS:
-        raise StrataError(f"pin_norm takes one of {NORM_IMPLS}, got {impl!r}")
-    with pinned(_IMPL, impl):
-        yield
+    return pinned_one_of(_IMPL, impl, NORM_IMPLS, "pin_norm")
 
 
 def norm_impl(x: torch.Tensor) -> str:

@@ -33,7 +33,7 @@ import triton
 from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.kernels._router_kernel import _softmax_topk_fwd_kernel
-from strata.kernels.pins import pinned
+from strata.kernels.pins import pinned_one_of
 from strata.kernels.routing import topk_route
 
 ROUTER_IMPLS = ("triton", "torch")
@@ -45,14 +45,10 @@ WEIGHTS = (torch.bfloat16, torch.float16, torch.float32)
 _IMPL: ContextVar[str | None] = ContextVar("strata_router_impl", default=None)
 
 
-@contextlib.contextmanager
 def pin_router(impl: str):
     """Force `router_impl`'s answer inside the block: "triton" (the kernel, on the CPU through the
     interpreter) or "torch" (the twin, also on CUDA)."""
-    if impl not in ROUTER_IMPLS:
-        raise StrataError(f"pin_router takes one of {ROUTER_IMPLS}, got {impl!r}")
-    with pinned(_IMPL, impl):
-        yield
+    return pinned_one_of(_IMPL, impl, ROUTER_IMPLS, "pin_router")
 
 
 def router_impl(x: torch.Tensor, w: torch.Tensor) -> str:

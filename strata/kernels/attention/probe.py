@@ -21,8 +21,7 @@ from __future__ import annotations
 import contextlib
 from contextvars import ContextVar
 
-from strata.errors import StrataError
-from strata.kernels.pins import pinned
+from strata.kernels.pins import pinned, pinned_one_of
 
 ATTENTION_IMPLS = ("triton", "torch")
 
@@ -47,14 +46,10 @@ def probe_grid(grid: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(1 for _ in grid) if _PROBE.get() else grid
 
 
-@contextlib.contextmanager
 def pin_attention(impl: str):
     """Force the implementation `attention_impl` names inside the block: "triton" (the Triton
     launcher, on the CPU through the interpreter) or "torch" (the plain-torch twin)."""
-    if impl not in ATTENTION_IMPLS:
-        raise StrataError(f"pin_attention takes one of {ATTENTION_IMPLS}, got {impl!r}")
-    with pinned(_IMPL, impl):
-        yield
+    return pinned_one_of(_IMPL, impl, ATTENTION_IMPLS, "pin_attention")
 
 
 def attention_impl(device) -> str:
