@@ -185,7 +185,7 @@ def softmax_topk_route_torch(x: torch.Tensor, w: torch.Tensor, k: int, renormali
     """The twin (and the models' CPU and reference path): the fp32 GEMM, softmax, torch.topk.
     `tile` is accepted (and ignored) to keep the signature."""
     _check(x, w, k)
-    return topk_route(x.float() @ w.float().t(), k, renormalize=renormalize)
+    return topk_route(router_logits_torch(x, w), k, renormalize=renormalize)
 
 
 def route_softmax_topk(x: torch.Tensor, w: torch.Tensor, k: int, renormalize: bool = True
