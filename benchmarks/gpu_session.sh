@@ -142,6 +142,8 @@ for step in "$@"; do
     routerbench) timeout 200 python3 benchmarks/router_bench.py --tiles ${ROUTER_TILES:-64x64/w8s3 32x64/w4s3} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -24 | tee "$OUT/router_bench.log" ;;
     # issue 18 item 4: the first chunk's SDPA as the engine calls it (v strided, o reshaped) against the floor's call
     sdpalayout) timeout 150 python3 benchmarks/sdpa_layout_bench.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -14 | tee "$OUT/sdpa_layout.log" ;;
+    # issue 18 item 4: the floor's rates as it measured them (a burst) against settled ones, and SDPA call by call
+    floorrates) timeout 200 python3 benchmarks/floor_rates_bench.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -16 | tee "$OUT/floor_rates.log" ;;
     # issue 18 item 3: the expert FFN arms as the engine calls them (check=False) at T 512 / 2048, BF16, Q8_0, Q4_K
     itemthree) timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T ${KB_T:-512 2048} --formats BF16 Q8_0 Q4_K --arms strata-dp strata-plane strata-decoded strata-decoded-grouped --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/item3_bench.log" ;;
     # issue 18: the Q8_0/Q4_0 decode-once word path's program tile (TileConfig.word_tile), qwen3's gate

@@ -221,9 +221,24 @@ def h2d_rate(host, n: int = 96, device=None) -> float:
     return sum(b.numel() for b in blobs) / (time.perf_counter() - t0)
 
 
-def gemm_rate(shape, T: int, reps: int = 5) -> float:
+def settled_seconds(run, *, device, reps: int, settle_s: float = 0.0) -> float:
+    """Median seconds of run() over `reps` timed repeats, after one untimed call and, with
+    `settle_s` > 0, after running it back to back for settle_s seconds first: a rate measured
+    in a burst of a few calls can run at clocks the GPU does not hold through a second-long
+    read (benchmarks/floor_rates_bench.py measures both)."""
+    if settle_s > 0:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < settle_s:
+            for _ in range(4):
+                run()
+            torch.cuda.synchronize(device)
+    return time_fn(run, device=device, warmup=1, repeats=reps).median_s
+
+
+def gemm_rate(shape, T: int, reps: int = 5, settle_s: float = 0.0) -> float:
     """FLOP/s of the expert FFN's GEMMs (gate+up as one [D, 2F] GEMM, then down) through
-    torch._grouped_mm bf16 over T·K rows routed uniformly to E experts; NaN without CUDA."""
+    torch._grouped_mm bf16 over T·K rows routed uniformly to E experts; NaN without CUDA.
+    `settle_s`: settled_seconds'."""
     if not (torch.cuda.is_available() and hasattr(torch, "_grouped_mm")):
         return float("nan")
     E, K, D, F = shape.n_expert, shape.top_k, shape.d_model, shape.d_expert
@@ -240,14 +255,14 @@ def gemm_rate(shape, T: int, reps: int = 5) -> float:
     def run():
         torch._grouped_mm(x, wgu, offs=offs)
         torch._grouped_mm(h, wd, offs=offs)
-    return expert_flops(shape, T, layers=1) / time_fn(run, device=dev, warmup=1,
-                                                        repeats=reps).median_s
+    return expert_flops(shape, T, layers=1) / settled_seconds(run, device=dev, reps=reps,
+                                                                settle_s=settle_s)
 
 
-def sdpa_rate(shape, T: int, reps: int = 3) -> float:
+def sdpa_rate(shape, T: int, reps: int = 3, settle_s: float = 0.0) -> float:
     """FLOP/s of causal flash attention (torch SDPA, bf16, GQA) over one T-token chunk at the
     model's head shape, counting 2·T²·H·hd FLOPs (QKᵀ and PV, half of them masked away);
-    NaN without CUDA."""
+    NaN without CUDA. `settle_s`: settled_seconds'."""
     if not torch.cuda.is_available():
         return float("nan")
     H, Hkv, hd = shape.n_head, shape.n_kv_head, shape.head_dim
@@ -257,10 +272,10 @@ def sdpa_rate(shape, T: int, reps: int = 3) -> float:
 
     def run():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    return 2 * T * T * H * hd / time_fn(run, device="cuda", warmup=1, repeats=reps).median_s
+    return 2 * T * T * H * hd / settled_seconds(run, device="cuda", reps=reps, settle_s=settle_s)
 
 
-def dense_rate(shape, T: int, reps: int = 3) -> float:
+def dense_rate(shape, T: int, reps: int = 3, settle_s: float = 0.0) -> float:
     """FLOP/s of the dense layers' GEMMs (`dense_gemms`: torch.mm bf16 of T rows by each
     layer's weights) over every layer of the shape: one MoE layer and, where the shape has
     them, one leading dense layer are timed, each counted as often as the shape has such
@@ -279,7 +294,7 @@ def dense_rate(shape, T: int, reps: int = 3) -> float:
         def run(gemms=gemms, xs=xs, ws=ws):
             for (i, _), w in zip(gemms, ws):
                 torch.mm(xs[i], w)
-        seconds += count * time_fn(run, device=dev, warmup=1, repeats=reps).median_s
+        seconds += count * settled_seconds(run, device=dev, reps=reps, settle_s=settle_s)
     return dense_flops(shape, T) / seconds
 
 
