@@ -34,7 +34,7 @@ from strata.shapes import get_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = {"attn": rl.sdpa_rate, "gemm": rl.gemm_rate, "dense": rl.dense_rate}
-BURST_REPS = {"attn": 3, "gemm": 5, "dense": 3}     # the rate functions' own defaults
+BURST_REPS = {"attn": 3, "gemm": 5, "dense": 3}     # how the floor timed them before 7d195b6
 
 
 def series(shape, T: int, n: int) -> list[float]:
@@ -62,13 +62,12 @@ def measure(args, rec: bench.Recorder) -> None:
     shape = get_preset(args.shape)
     for T in args.T:
         for kind, fn in KINDS.items():
-            for arm, kw in (("burst", {}), ("settled", dict(reps=args.reps,
-                                                            settle_s=args.settle))):
+            for arm, kw in (("burst", dict(reps=BURST_REPS[kind], settle_s=0.0)),
+                            ("settled", dict(reps=args.reps, settle_s=args.settle))):
                 rate = fn(shape, T, **kw)
                 rec.add("tflops", rate / 1e12, "TFLOP/s", timer="cuda events", shape=args.shape,
                         T=T, kind=kind, arm=arm,
-                        reps=kw.get("reps", BURST_REPS[kind]), settle_s=kw.get("settle_s", 0.0),
-                        command=args.command)
+                        reps=kw["reps"], settle_s=kw["settle_s"], command=args.command)
         rec.flush()
     if torch.cuda.is_available() and args.series:
         T = max(args.T)
@@ -99,7 +98,7 @@ def plot(rows: list[dict], path) -> Path:
     names = [f"{r['config']['kind']} T{r['config']['T']}\n{r['config']['arm']}" for r in rates]
     a.bar(range(len(rates)), [r["value"] for r in rates],
           color=["C0" if r["config"]["arm"] == "burst" else "C1" for r in rates])
-    a.set_xticks(range(len(rates)), names, fontsize=7)
+    a.set_xticks(range(len(rates)), names, fontsize=7, rotation=60)
     a.set_ylabel("TFLOP/s")
     a.set_title("floor rates: burst (as the floor measured) vs settled", fontsize=9)
     s = [r for r in rows if r["figure"] == "series tflops"]
@@ -120,7 +119,8 @@ def main(argv=None) -> int:
     ap = bench.parser(__doc__, out=ROOT / "benchmarks" / "results", warmup=0, repeats=1)
     ap.add_argument("--shape", default="qwen3-30b-a3b")
     ap.add_argument("--T", nargs="*", type=int, default=[8192, 32768])
-    ap.add_argument("--settle", type=float, default=1.0, help="seconds of the op before timing")
+    ap.add_argument("--settle", type=float, default=rl.SETTLE_S,
+                    help="seconds of the op before timing")
     ap.add_argument("--reps", type=int, default=10, help="timed repeats of the settled arm")
     ap.add_argument("--series", type=int, default=150, help="calls in the SDPA series (0: none)")
     ap.add_argument("--smoke", action="store_true", help="tiny T on any device (CPU: NaN rates)")

@@ -20,7 +20,9 @@ experts and leading dense FFNs) at torch.mm bf16's rate at their sizes: the full
 
 The all-resident read (one chunk of T tokens at P = 0) is judged against that full floor alone
 (nothing streams): `floor_tokens_per_s` (attention + experts + dense at the measured rates) and
-`floor_fraction` = floor seconds / read seconds (issue 18 item 4: target >= 0.8 at 32K).
+`floor_fraction` = floor seconds / read seconds (issue 18 item 4: target >= 0.8 at 32K). Every
+rate is timed settled (strata.bench.roofline.SETTLE_S, recorded as `rates_settle_s`): before
+7d195b6 the floor was timed in a burst of 4-6 calls, 10-20% above the rates a read holds.
 
 Each row also records the fraction of each layer's experts every chunk hit (a second CSV).
 
@@ -52,7 +54,7 @@ from pathlib import Path
 import torch
 
 from strata import bench
-from strata.bench.roofline import Rates, compute_floor, h2d_rate, roofline
+from strata.bench.roofline import SETTLE_S, Rates, compute_floor, h2d_rate, roofline
 from strata.engine.host import HostExperts
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import PlanError
@@ -114,6 +116,7 @@ def record(rec: bench.Recorder, row: dict, gate: str) -> None:
     for k in ("gemm_tflops", "rates_tflops"):
         if k in row:
             cfg[k] = row[k]
+            cfg["rates_settle_s"] = SETTLE_S    # the rates were timed settled (roofline)
     roof = row.get("roofline_tokens_per_s") or None
     floor = row.get("floor_tokens_per_s") or None
     for fig, unit in ROW_FIGURES.items():

@@ -13,6 +13,8 @@ i.e. without CUDA; an unmeasured rate makes its part of the bound free):
   T-token chunk at the model's head shape.
 - `dense_rate(shape, T)`: FLOP/s of the dense layers' GEMMs (torch.mm bf16, T rows, each
   layer's `dense_gemms`), over every layer of the shape.
+The three compute rates are timed settled: after SETTLE_S seconds of their op back to back, at
+the clocks a read holds, not the first calls' boost (settled_seconds).
 
 The bounds of one chunk, and of a prompt (the sum over its chunks):
 
@@ -221,6 +223,15 @@ def h2d_rate(host, n: int = 96, device=None) -> float:
     return sum(b.numel() for b in blobs) / (time.perf_counter() - t0)
 
 
+# Seconds each rate's op runs back to back before it is timed. Timed in a burst (one untimed
+# call, then 3-5), the H200 ran SDPA at 32K at 650-715 TFLOP/s, its first calls at ~680, then
+# ~595 from the fourth call on; the grouped GEMM and dense GEMMs fell 2-20% the same way
+# (benchmarks/results/floor-rates-nvidia-h200-7d195b6: burst vs settled, and the call-by-call
+# series). A read runs its kernels back to back for a second or more, at the settled clocks, so
+# a floor priced at burst rates is one no read can reach; the floor is priced settled.
+SETTLE_S = 1.0
+
+
 def settled_seconds(run, *, device, reps: int, settle_s: float = 0.0) -> float:
     """Median seconds of run() over `reps` timed repeats, after one untimed call and, with
     `settle_s` > 0, after running it back to back for settle_s seconds first: a rate measured
@@ -235,7 +246,7 @@ def settled_seconds(run, *, device, reps: int, settle_s: float = 0.0) -> float:
     return time_fn(run, device=device, warmup=1, repeats=reps).median_s
 
 
-def gemm_rate(shape, T: int, reps: int = 5, settle_s: float = 0.0) -> float:
+def gemm_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
     """FLOP/s of the expert FFN's GEMMs (gate+up as one [D, 2F] GEMM, then down) through
     torch._grouped_mm bf16 over T·K rows routed uniformly to E experts; NaN without CUDA.
     `settle_s`: settled_seconds'."""
@@ -259,7 +270,7 @@ def gemm_rate(shape, T: int, reps: int = 5, settle_s: float = 0.0) -> float:
                                                                 settle_s=settle_s)
 
 
-def sdpa_rate(shape, T: int, reps: int = 3, settle_s: float = 0.0) -> float:
+def sdpa_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
     """FLOP/s of causal flash attention (torch SDPA, bf16, GQA) over one T-token chunk at the
     model's head shape, counting 2·T²·H·hd FLOPs (QKᵀ and PV, half of them masked away);
     NaN without CUDA. `settle_s`: settled_seconds'."""
@@ -275,7 +286,7 @@ def sdpa_rate(shape, T: int, reps: int = 3, settle_s: float = 0.0) -> float:
     return 2 * T * T * H * hd / settled_seconds(run, device="cuda", reps=reps, settle_s=settle_s)
 
 
-def dense_rate(shape, T: int, reps: int = 3, settle_s: float = 0.0) -> float:
+def dense_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
     """FLOP/s of the dense layers' GEMMs (`dense_gemms`: torch.mm bf16 of T rows by each
     layer's weights) over every layer of the shape: one MoE layer and, where the shape has
     them, one leading dense layer are timed, each counted as often as the shape has such
