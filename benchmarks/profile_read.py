@@ -4,7 +4,8 @@ timings carry its own overhead; the figures to quote come from prefill_ab / kern
     python3 benchmarks/profile_read.py --what ffn --T 512 2048 8192          # one MoE FFN call
     python3 benchmarks/profile_read.py --what resident --T 8192 32768        # a whole read
 
-`ffn`: plane_ffn (check on and off), the fused moe_ffn, decode-once (what "auto" runs from 128
+`ffn`: plane_ffn (check on and off), the fused moe_ffn (Q8_0, and on BF16 experts: strata's BF16
+kernel, the bar issue 18 item 3 sets at T = 512), decode-once (what "auto" runs from 128
 rows an expert) with strata's BF16 GEMM and with torch._grouped_mm over the decode buffer
 (strata.kernels.grouped: "auto"'s choice on sm90+ from 256 rows an expert), and
 grouped_mm-bf16 at the qwen3-30b-a3b
@@ -107,6 +108,7 @@ def report(title: str, ks: dict, rows: list, top: int = 12) -> None:
 def ffn(args, rows: list) -> None:
     shape = get_preset("qwen3-30b-a3b")
     ex = make_experts(shape, "Q8_0", "cuda", distinct=8)
+    ex16 = make_experts(shape, "BF16", "cuda", distinct=8)   # strata's BF16 kernel: item 3's bar
     planes = to_plane_set(ex)
     wg, wu, wd = dense_weights(ex)
     for T in args.T:
@@ -119,6 +121,7 @@ def ffn(args, rows: list) -> None:
         arms = {"plane (check)": lambda: plane_ffn(x, ids, w, planes),
                 "plane (no check)": lambda: plane_ffn(x, ids, w, planes, check=False),
                 "fused moe_ffn (no check)": lambda: moe_ffn(x, ids, w, ex, check=False),
+                "BF16 moe_ffn (no check)": lambda: moe_ffn(x, ids, w, ex16, check=False),
                 "decode once + BF16 GEMM (no check)": lambda: decoded("triton"),
                 "decode once + grouped_mm (no check)": lambda: decoded("grouped"),
                 "grouped_mm-bf16": lambda: grouped_mm_ffn(x, ids, w, wg, wu, wd)}
