@@ -120,7 +120,7 @@ for step in "$@"; do
     syncdiag) timeout 200 python3 -m pytest -rfE --tb=long -m gpu -p no:cacheprovider tests/engine/test_syncs.py > "$OUT/gpu_sync_diag.log" 2>&1; tail -5 "$OUT/gpu_sync_diag.log" ;;
     # issue 18: where the device time goes, by kernel: the expert FFN arms at T 512/2048/8192 (host
     # overhead vs kernel time), then a whole all-resident qwen3-30b-a3b Q8_0 read at 8K and 32K
-    profileffn) timeout 200 python3 benchmarks/profile_read.py --what ffn --out "$OUT" 2>&1 | tail -80 > "$OUT/profile_ffn.log"; grep "^T=" "$OUT/profile_ffn.log" ;;
+    profileffn) timeout 200 python3 benchmarks/profile_read.py --what ffn --T ${PF_T:-512 2048 8192} --out "$OUT" 2>&1 | tail -300 > "$OUT/profile_ffn.log"; grep "^T=" "$OUT/profile_ffn.log" ;;
     profileres) timeout 280 python3 benchmarks/profile_read.py --what resident --T 8192 32768 --top 40 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -120 > "$OUT/profile_resident.log"; grep -A3 "^T=" "$OUT/profile_resident.log" ;;
     # issue 18 item 4: the fused RMSNorm / q-k norm + NEOX RoPE kernels against their torch twins at the
     # real shapes, and bf16 reads (model + engine) fused vs torch; normab: profileres's 32K read with the
