@@ -144,6 +144,8 @@ for step in "$@"; do
     sdpalayout) timeout 150 python3 benchmarks/sdpa_layout_bench.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -14 | tee "$OUT/sdpa_layout.log" ;;
     # issue 18 item 4: the floor's rates as it measured them (a burst) against settled ones, and SDPA call by call
     floorrates) timeout 200 python3 benchmarks/floor_rates_bench.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -16 | tee "$OUT/floor_rates.log" ;;
+    # issue 18 item 3: the host's share of one expert FFN call (cProfile by function), T 512 / 2048
+    hostprof) timeout 200 python3 benchmarks/host_profile.py --T ${PF_T:-512 2048} > "$OUT/host_profile.log" 2>&1; grep "^==" "$OUT/host_profile.log" ;;
     # issue 18 item 3: the expert FFN arms as the engine calls them (check=False) at T 512 / 2048, BF16, Q8_0, Q4_K
     itemthree) timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T ${KB_T:-512 2048} --formats BF16 Q8_0 Q4_K --arms strata-dp strata-plane strata-decoded strata-decoded-grouped --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/item3_bench.log" ;;
     # issue 18: the Q8_0/Q4_0 decode-once word path's program tile (TileConfig.word_tile), qwen3's gate
