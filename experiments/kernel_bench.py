@@ -22,6 +22,9 @@ Every arm includes routing's grouping and the weighted sum over K. The strata ar
 engine calls them, check=False (no host sync validating the routing: the engine vouches for it);
 `--checked` times them with the check (a sync a call), the default of a standalone call.
 
+Each arm runs back to back for SETTLE_S seconds before its timed repeats (`--settle`; the rows
+carry settle_s): timed in bursts, the same grouped_mm-bf16 arm read 97.9 / 112.8 / 117.0 TFLOP/s
+at T = 2048 in one call (21ffca6), the clocks it happened to get.
 Figure: TFLOP/s of the whole feed-forward, counting 2·T·K·3·D·F, from the median of CUDA-event
 timings. Each figure is bounded by grouped_mm-bf16 on the same shape (the `bound` column holds
 its TFLOP/s and the ratio row says how close). Follows strata.bench: every arm is checked against
@@ -65,6 +68,7 @@ from strata.shapes import get_preset
 
 FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
+SETTLE_S = 0.3
 ARMS = ["strata-dp", "strata-sk", "strata-decoded", "strata-decoded-grouped", "grouped_mm-bf16",
         "decode+grouped_mm", "strata-plane"]
 
@@ -208,7 +212,8 @@ def measure(args, rec: bench.Recorder) -> None:
 
 
 def main(argv=None) -> int:
-    ap = bench.parser(__doc__, out=Path(__file__).parent / "results", warmup=2, repeats=None)
+    ap = bench.parser(__doc__, out=Path(__file__).parent / "results", warmup=2, repeats=None,
+                      settle=SETTLE_S)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on the CPU")
     ap.add_argument("--quick", action="store_true", help="T in {512, 2048}, BF16/Q8_0/Q4_0")
     ap.add_argument("--sweep", action="store_true", help="time pinned tiles instead of the grid")

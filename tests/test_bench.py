@@ -153,3 +153,14 @@ FORBIDDEN = ("spec_from_file_location", "importlib", "runpy", "sys.path", "os.en
 def test_experiments_use_the_library_not_each_other(script):
     src = script.read_text()
     assert not [f for f in FORBIDDEN if f in src], script.name
+
+
+def test_settle_is_recorded_on_timed_rows_only():
+    from strata.bench import Recorder
+    rec = Recorder("x", settle_s=0.25, warmup=0, repeats=1)
+    t = rec.timed(lambda: None, check=lambda: None, what="nothing")
+    timed = rec.add("ms", t.median_ms, "ms", timer=t.timer, arm="a")
+    plain = rec.add("bytes", 3, "B", arm="a")
+    assert timed["config"] == {"arm": "a", "settle_s": 0.25}
+    assert plain["config"] == {"arm": "a"}
+    assert bench.parser("doc", settle=0.3).parse_args([]).settle == 0.3

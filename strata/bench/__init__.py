@@ -44,7 +44,7 @@ __all__ = ["parser", "main", "Recorder", "Timing", "time_fn", "GateRefused", "py
 
 
 def parser(doc: str | None, *, out: str | Path | None = None, warmup: int = 5,
-           repeats: int = 20) -> argparse.ArgumentParser:
+           repeats: int = 20, settle: float = 0.0) -> argparse.ArgumentParser:
     """An ArgumentParser with the harness's options; the script adds its own."""
     ap = argparse.ArgumentParser(description=(doc or "").strip().split("\n")[0],
                                  epilog=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,6 +56,10 @@ def parser(doc: str | None, *, out: str | Path | None = None, warmup: int = 5,
                          "runs in the CSV, labelled tree and REF")
     ap.add_argument("--warmup", type=int, default=warmup, help="untimed runs before timing")
     ap.add_argument("--repeats", type=int, default=repeats, help="timed runs (median reported)")
+    ap.add_argument("--settle", type=float, default=settle,
+                    help="seconds each timed arm runs back to back before its repeats count, "
+                         "so arms compare at the clocks the GPU holds (CUDA only; default "
+                         f"{settle})")
     return ap
 
 
@@ -71,7 +75,7 @@ def main(args: argparse.Namespace, experiment: str, measure, *, script: str | Pa
     argv = list(sys.argv[1:] if argv is None else argv)
     stem = stem or experiment
     rec = Recorder(experiment, args.label, root=script.parent, warmup=args.warmup,
-                   repeats=args.repeats)
+                   repeats=args.repeats, settle_s=getattr(args, "settle", 0.0))
     rec.partial_path = out / f"{stem}.partial.csv"
     try:
         measure(args, rec)

@@ -15,9 +15,9 @@ class Recorder:
     runs the kernel's check on the very inputs it times before a single repeat is counted."""
 
     def __init__(self, experiment: str, label: str = "tree", *, root: str | Path = ".",
-                 warmup: int = 5, repeats: int = 20, device=None):
+                 warmup: int = 5, repeats: int = 20, device=None, settle_s: float = 0.0):
         self.experiment, self.label = experiment, label
-        self.warmup, self.repeats = warmup, repeats
+        self.warmup, self.repeats, self.settle_s = warmup, repeats, settle_s
         self.device = torch.device(device) if device is not None else (
             torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
         import triton
@@ -41,6 +41,8 @@ class Recorder:
         """One long-format row: `figure` = `value` `unit` for this config, judged against
         `bound` (words) / `bound_value` (the same ceiling as a number in `unit`)."""
         value = float(value) if isinstance(value, (int, float)) else value
+        if self.settle_s and timer:   # a timed figure: say how it was timed
+            config = dict(config, settle_s=self.settle_s)
         row = self._common | dict(config=dict(config), figure=figure, value=value,
                                   unit=unit, bound=bound, bound_value=bound_value, gate=gate,
                                   timer=timer)
@@ -52,4 +54,5 @@ class Recorder:
         the inputs fn() uses (see strata.bench.gate); a failure raises GateRefused and nothing
         is timed. Returns the Timing; pass `gate=what, timer=t.timer` to `add`."""
         run_check(what, check)
-        return time_fn(fn, device=self.device, warmup=self.warmup, repeats=self.repeats)
+        return time_fn(fn, device=self.device, warmup=self.warmup, repeats=self.repeats,
+                       settle_s=self.settle_s)

@@ -32,8 +32,14 @@ class Timing:
         return self.median_s * 1e3
 
 
-def time_fn(fn, *, device=None, warmup: int = 5, repeats: int = 20) -> Timing:
-    """Median seconds of fn() over `repeats` runs after `warmup` untimed runs."""
+def time_fn(fn, *, device=None, warmup: int = 5, repeats: int = 20,
+            settle_s: float = 0.0) -> Timing:
+    """Median seconds of fn() over `repeats` runs after `warmup` untimed runs and, on a CUDA
+    device with `settle_s` > 0, after running fn() back to back for settle_s seconds: a kernel
+    timed in its first tens of milliseconds runs at boost clocks the GPU does not hold (the
+    H200's SDPA at 32K: ~680 TFLOP/s for three calls, then ~595; benchmarks/results/
+    floor-rates-nvidia-h200-7d195b6), so arms timed one after another in short bursts are
+    compared at whatever clocks each happened to get."""
     if repeats < 1 or warmup < 0:
         raise StrataError(f"timing needs repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
     dev = torch.device(device) if device is not None else (
@@ -43,6 +49,11 @@ def time_fn(fn, *, device=None, warmup: int = 5, repeats: int = 20) -> Timing:
     times = []
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < settle_s:
+            for _ in range(4):
+                fn()
+            torch.cuda.synchronize(dev)
         for _ in range(repeats):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata._backend import INTERPRET
 from strata.errors import StrataError
 
 
@@ -193,7 +194,47 @@ def group_blocked_bounded(topk_ids: torch.Tensor, n_expert: int, block_m: int,
     bound for any routing: strata.kernels.tiles.LaunchPlan.max_blocks), the block count stays on
     the device (`n_blocks_dev`), and nothing is checked — the caller vouches that the ids lie in
     [-1, E) and that every routed expert is resident and aligned (the streaming engine builds its
-    slot tables on the host, where it checks them). No device sync."""
+    slot tables on the host, where it checks them). No device sync.
+
+    Where Triton runs (CUDA, the interpreter) three launches do it (strata.kernels._group_kernel):
+    the ~30 torch ops of `group_blocked_bounded_torch` took 0.6 ms of the host's time a call, more
+    than the device's whole FFN at T = 512 (benchmarks/host_profile.py, 1e97cc7). Same fields,
+    same values (sorted_ids holds exactly max_blocks·BM rows)."""
+    if not (topk_ids.is_cuda or INTERPRET) or topk_ids.numel() == 0:
+        return group_blocked_bounded_torch(topk_ids, n_expert, block_m, max_blocks,
+                                           skip_negative=skip_negative)
+    if block_m < 1:
+        raise StrataError(f"block_m must be positive, got {block_m}")
+    check_topk_ids(topk_ids, n_expert)
+    import triton
+
+    from strata.kernels import _group_kernel as _g
+    dev = topk_ids.device
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    n, E = ids.numel(), n_expert
+    rows = max_blocks * block_m
+    C = min(1024, triton.next_power_of_2(max(n, 16)))
+    P = max(1, triton.cdiv(n, C))
+    NB = triton.next_power_of_2(E + 2)
+    i32 = torch.empty(P * NB + max_blocks + 1, dtype=torch.int32, device=dev)
+    hist, block_expert, n_dev = i32[:P * NB], i32[P * NB:-1], i32[-1:]
+    i64 = torch.empty(2 * E + 1, dtype=torch.int64, device=dev)
+    counts, padded = i64[:E], i64[E:]
+    sorted_ids = torch.empty(rows, dtype=torch.int32, device=dev)
+    _g._group_count_kernel[(P,)](ids, n, E, hist, sorted_ids, rows, triton.cdiv(rows, P),
+                                 C=C, NB=NB, num_warps=4)
+    _g._group_scan_kernel[(1,)](hist, P, E, block_m, max_blocks, counts, padded, block_expert,
+                                n_dev, NB=NB, BB=max(16, 8192 // NB), num_warps=8,
+                                PC=min(max(1, 8192 // NB), triton.next_power_of_2(P)))
+    _g._group_place_kernel[(P,)](ids, n, E, hist, padded, sorted_ids, C=C, NB=NB, num_warps=4)
+    return Blocked(sorted_ids, block_expert, counts, padded, None, block_m, n, None, n_dev)
+
+
+def group_blocked_bounded_torch(topk_ids: torch.Tensor, n_expert: int, block_m: int,
+                                max_blocks: int, *, skip_negative: bool = True) -> Blocked:
+    """Plain-torch twin of `group_blocked_bounded` (same signature and fields)."""
     ids, rag, blocks_per, padded_offsets, _ = _counts(topk_ids, n_expert, block_m, skip_negative)
     sorted_ids, block_expert = _lay_out(ids, rag, blocks_per, padded_offsets, n_expert, block_m,
                                         max_blocks)
