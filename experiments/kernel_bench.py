@@ -298,8 +298,9 @@ def plot(rows: list[dict], png_path: Path) -> None:
                     pts = sorted((r["config"]["T"], r["value"]) for r in rows
                                  if r["config"]["arm"] == arm and r["config"]["shape"] == s
                                  and r["config"]["format"] == f and r["label"] == label)
-                    if pts:
+                    if pts:   # one color an arm in every panel: the figure's legend holds
                         ax.plot(*zip(*pts), marker="o", ls="-" if label == "tree" else ":",
+                                color=f"C{arms.index(arm) % 10}",
                                 label=arm if label == "tree" else f"{arm} @{label}")
             if not ax.lines and (s, f) in skipped:   # say why the panel is empty
                 ax.text(0.5, 0.5, "skipped:\n" + skipped[(s, f)].replace(" do not", "\ndo not"),
@@ -309,9 +310,14 @@ def plot(rows: list[dict], png_path: Path) -> None:
             ax.set_xlabel("T")
             if j == 0:
                 ax.set_ylabel("TFLOP/s (2·T·K·3·D·F)")
-    axes[0][0].legend(fontsize=7)
+    handles = {}
+    for ax in axes.flat:   # every arm once, from whichever panel drew it
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="lower center",
+               ncol=min(len(handles), 4))
     fig.suptitle(f"MoE FFN, {r0['gpu']} @ {r0['commit']} ({r0['timestamp']})", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(handles) - 1) // 4), 1, 1))
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
     print(f"wrote {png_path}", file=sys.stderr)
