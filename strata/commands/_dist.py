@@ -45,10 +45,18 @@ def run(args) -> int:
                         timeout_s=args.dist_timeout or D.TIMEOUT_S)
     rank, world, device = D.init(dcfg.backend, dcfg.timeout_s)
     try:
-        return _run(args, dcfg, rank, world, device, D, engine_config, check_context, dump_path,
-                    open_checked, prompt_tokens, save_logits)
-    finally:
+        rc = _run(args, dcfg, rank, world, device, D, engine_config, check_context, dump_path,
+                  open_checked, prompt_tokens, save_logits)
+    except BaseException:
+        # a rank that raises leaves at once (its peers' hand-offs time out or see it gone): no
+        # barrier it could hang in
         torch.distributed.destroy_process_group()
+        raise
+    # every rank returned: meet once before tearing the group down, so no rank's teardown
+    # closes a connection a peer is still using (gloo then aborted a rank at exit, ~1 run in 3)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    return rc
 
 
 def _run(args, dcfg, rank, world, device, D, engine_config, check_context, dump_path,
