@@ -27,7 +27,6 @@ Results: benchmarks/results/dequant-<gpu>-<commit>.csv (strata.bench long format
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import sys
 from pathlib import Path
 
@@ -345,11 +344,9 @@ def main(argv=None) -> int:
         args.expert_shape = (2, 8, 256)
     elif not torch.cuda.is_available():
         raise SystemExit("dequant_bench needs a CUDA device; use --smoke to check it on a CPU")
-    args.command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
-    gpu, sha = bench.gpu_name(), bench.commit_of(ROOT)
-    slug = "".join(c if c.isalnum() else "-" for c in gpu).strip("-").lower()
+    args.command = bench.command_line(argv)
     mode = "-experts" if args.mode == "experts" else ""
-    stem = f"dequant{mode}-{slug}-{sha}{'-smoke' if args.smoke else ''}"
+    stem = bench.run_stem(f"dequant{mode}", ROOT, smoke=args.smoke)
     return bench.main(args, "dequant", measure_experts if args.mode == "experts" else measure, script=__file__, argv=argv, stem=stem, plot=plot,
                       summary=summary)
 

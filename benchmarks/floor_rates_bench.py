@@ -8,7 +8,7 @@ untimed call and 3-5 timed ones: a burst of a few tens of milliseconds at 32K. A
 kernels back to back for a second and more; if the GPU's clocks fall under that load, a burst
 rate is one the read can never reach. This bench measures, per kind and T:
 - burst: the rate function as the floor calls it (settle_s 0);
-- settled: the same function after `--settle` seconds of the same op back to back, `--reps`
+- settled: the same function after `--settle-for` seconds of the same op back to back, `--reps`
   timed repeats;
 and a series: the floor's SDPA call at the largest T, each of `--series` calls timed on its own
 after two idle seconds, as TFLOP/s (what the clocks do over a second of attention).
@@ -39,13 +39,7 @@ BURST_REPS = {"attn": 3, "gemm": 5, "dense": 3}     # how the floor timed them b
 
 def series(shape, T: int, n: int) -> list[float]:
     """TFLOP/s of each of n back-to-back SDPA calls (the floor's call) after 2 s idle."""
-    H, Hkv, hd = shape.n_head, shape.n_kv_head, shape.head_dim
-    q = torch.randn(1, H, T, hd, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, Hkv, T, hd, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-
-    def run():
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    run = rl.sdpa_call(shape, T)
     run()
     torch.cuda.synchronize()
     time.sleep(2.0)
@@ -55,7 +49,8 @@ def series(shape, T: int, n: int) -> list[float]:
         run()
         ev[i + 1].record()
     torch.cuda.synchronize()
-    return [2 * T * T * H * hd / (ev[i].elapsed_time(ev[i + 1]) / 1e3) / 1e12 for i in range(n)]
+    return [rl.sdpa_flops(shape, T) / (ev[i].elapsed_time(ev[i + 1]) / 1e3) / 1e12
+            for i in range(n)]
 
 
 def measure(args, rec: bench.Recorder) -> None:
@@ -63,7 +58,7 @@ def measure(args, rec: bench.Recorder) -> None:
     for T in args.T:
         for kind, fn in KINDS.items():
             for arm, kw in (("burst", dict(reps=BURST_REPS[kind], settle_s=0.0)),
-                            ("settled", dict(reps=args.reps, settle_s=args.settle))):
+                            ("settled", dict(reps=args.reps, settle_s=args.settle_for))):
                 rate = fn(shape, T, **kw)
                 rec.add("tflops", rate / 1e12, "TFLOP/s", timer="cuda events", shape=args.shape,
                         T=T, kind=kind, arm=arm,
@@ -115,26 +110,23 @@ def plot(rows: list[dict], path) -> Path:
 
 
 def main(argv=None) -> int:
-    import shlex
     ap = bench.parser(__doc__, out=ROOT / "benchmarks" / "results", warmup=0, repeats=1)
     ap.add_argument("--shape", default="qwen3-30b-a3b")
     ap.add_argument("--T", nargs="*", type=int, default=[8192, 32768])
-    ap.add_argument("--settle", type=float, default=rl.SETTLE_S,
-                    help="seconds of the op before timing")
+    ap.add_argument("--settle-for", dest="settle_for", type=float, default=rl.SETTLE_S,
+                    help="seconds the settled arm runs its op before timing")
     ap.add_argument("--reps", type=int, default=10, help="timed repeats of the settled arm")
     ap.add_argument("--series", type=int, default=150, help="calls in the SDPA series (0: none)")
     ap.add_argument("--smoke", action="store_true", help="tiny T on any device (CPU: NaN rates)")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.T, args.settle, args.reps, args.series = [256], 0.05, 2, 4
+        args.T, args.settle_for, args.reps, args.series = [256], 0.05, 2, 4
     elif not torch.cuda.is_available():
         print("floor_rates_bench needs a CUDA device; use --smoke to check it on a CPU",
               file=sys.stderr)
         return 2
-    args.command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
-    gpu, sha = bench.gpu_name(), bench.commit_of(ROOT)
-    slug = "".join(c if c.isalnum() else "-" for c in gpu).strip("-").lower()
-    stem = f"floor-rates-{slug}-{sha}{'-smoke' if args.smoke else ''}"
+    args.command = bench.command_line(argv)
+    stem = bench.run_stem("floor-rates", ROOT, smoke=args.smoke)
     return bench.main(args, "floor_rates", measure, script=__file__, argv=argv, stem=stem,
                       summary=summary, plot=plot)
 

@@ -123,7 +123,6 @@ def summary(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    import shlex
     ap = bench.parser(__doc__, out=ROOT / "benchmarks" / "results", warmup=5, repeats=30)
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES))
     ap.add_argument("--T", nargs="*", type=int, default=[8192, 32768])
@@ -138,10 +137,8 @@ def main(argv=None) -> int:
         print("router_bench needs a CUDA device; use --smoke to check it on a CPU",
               file=sys.stderr)
         return 2
-    args.command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
-    gpu, sha = bench.gpu_name(), bench.commit_of(ROOT)
-    slug = "".join(c if c.isalnum() else "-" for c in gpu).strip("-").lower()
-    stem = f"router-{slug}-{sha}{'-smoke' if args.smoke else ''}"
+    args.command = bench.command_line(argv)
+    stem = bench.run_stem("router", ROOT, smoke=args.smoke)
     return bench.main(args, "router", measure, script=__file__, argv=argv, stem=stem,
                       summary=summary,
                       plot=lambda rs, p: bench.bars(rs, p, title=f"router ({rs[0]['gpu']})",

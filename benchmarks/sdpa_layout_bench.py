@@ -116,7 +116,6 @@ def summary(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    import shlex
     ap = bench.parser(__doc__, out=ROOT / "benchmarks" / "results", warmup=3, repeats=10)
     ap.add_argument("--shape", default="qwen3-30b-a3b")
     ap.add_argument("--T", nargs="*", type=int, default=[8192, 32768])
@@ -128,10 +127,8 @@ def main(argv=None) -> int:
         print("sdpa_layout_bench needs a CUDA device; use --smoke to check it on a CPU",
               file=sys.stderr)
         return 2
-    args.command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
-    gpu, sha = bench.gpu_name(), bench.commit_of(ROOT)
-    slug = "".join(c if c.isalnum() else "-" for c in gpu).strip("-").lower()
-    stem = f"sdpa-layout-{slug}-{sha}{'-smoke' if args.smoke else ''}"
+    args.command = bench.command_line(argv)
+    stem = bench.run_stem("sdpa-layout", ROOT, smoke=args.smoke)
     return bench.main(args, "sdpa_layout", measure, script=__file__, argv=argv, stem=stem,
                       summary=summary,
                       plot=lambda rs, p: bench.bars(rs, p, title=f"first-chunk SDPA "

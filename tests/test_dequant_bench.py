@@ -1,19 +1,13 @@
 """benchmarks/dequant_bench.py runs end to end (--smoke: tiny shapes, the interpreter on a CPU)."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from strata import bench
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "dequant_bench.py"
+from tests.scripts import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("dequant_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/dequant_bench.py")
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")

@@ -1,21 +1,15 @@
 """benchmarks/floor_rates_bench.py runs end to end on a CPU (--smoke: the rates are NaN there, the
 rows and plot are still written), and the rate functions' settle_s leaves their CPU answer alone."""
-import importlib.util
 import math
-from pathlib import Path
 
 from strata import bench
+from tests.scripts import load_script
 from strata.bench import roofline as rl
 from strata.shapes import get_preset
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "floor_rates_bench.py"
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location("floor_rates_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/floor_rates_bench.py")
 
 
 def test_floor_rates_bench_smoke(tmp_path):

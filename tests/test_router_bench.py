@@ -1,17 +1,10 @@
 """benchmarks/router_bench.py runs end to end (--smoke: tiny shapes, the interpreter on a CPU)."""
-import importlib.util
-from pathlib import Path
-
 from strata import bench
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "router_bench.py"
+from tests.scripts import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("router_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/router_bench.py")
 
 
 def test_router_bench_smoke(tmp_path):

@@ -1,18 +1,11 @@
 """benchmarks/sdpa_layout_bench.py runs end to end (--smoke: tiny shapes on a CPU) and refuses an
 arm whose output is not the floor arm's."""
-import importlib.util
-from pathlib import Path
-
 from strata import bench
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "sdpa_layout_bench.py"
+from tests.scripts import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("sdpa_layout_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/sdpa_layout_bench.py")
 
 
 def test_sdpa_layout_bench_smoke(tmp_path):

@@ -38,9 +38,21 @@ from strata.bench.recorder import Recorder
 from strata.bench.timing import CPU_TIMER, CUDA_TIMER, WALL_TIMER, Timing, time_fn
 from strata.errors import StrataError
 
-__all__ = ["parser", "main", "Recorder", "Timing", "time_fn", "GateRefused", "pytest_gate",
+__all__ = ["run_stem", "command_line", "parser", "main", "Recorder", "Timing", "time_fn", "GateRefused", "pytest_gate",
            "run_check", "run_base", "strip_own_args", "write_csv", "read_csv", "COLUMNS",
            "bars", "commit_of", "gpu_name", "CUDA_TIMER", "CPU_TIMER", "WALL_TIMER"]
+
+
+def run_stem(name: str, root: str | Path, *, smoke: bool = False) -> str:
+    """A results file's stem: `name`-<gpu slug>-<commit of root>[-smoke] (the benchmarks/ naming)."""
+    slug = "".join(c if c.isalnum() else "-" for c in gpu_name()).strip("-").lower()
+    return f"{name}-{slug}-{commit_of(root)}{'-smoke' if smoke else ''}"
+
+
+def command_line(argv: list[str] | None) -> str:
+    """The command that ran a script, for its rows (`argv` as main got it; None: sys.argv)."""
+    import shlex
+    return shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
 
 
 def parser(doc: str | None, *, out: str | Path | None = None, warmup: int = 5,

@@ -276,6 +276,18 @@ def sdpa_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> floa
     NaN without CUDA. `settle_s`: settled_seconds'."""
     if not torch.cuda.is_available():
         return float("nan")
+    return sdpa_flops(shape, T) / settled_seconds(sdpa_call(shape, T), device="cuda", reps=reps,
+                                                  settle_s=settle_s)
+
+
+def sdpa_flops(shape, T: int) -> float:
+    """sdpa_rate's count for one T-token chunk: 2·T²·H·hd."""
+    return 2.0 * T * T * shape.n_head * shape.head_dim
+
+
+def sdpa_call(shape, T: int):
+    """A zero-argument call of the SDPA sdpa_rate times: causal, GQA, bf16 q [1, H, T, hd] and
+    k, v [1, Hkv, T, hd], all contiguous, on CUDA."""
     H, Hkv, hd = shape.n_head, shape.n_kv_head, shape.head_dim
     q = torch.randn(1, H, T, hd, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, Hkv, T, hd, device="cuda", dtype=torch.bfloat16)
@@ -283,7 +295,7 @@ def sdpa_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> floa
 
     def run():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    return 2 * T * T * H * hd / settled_seconds(run, device="cuda", reps=reps, settle_s=settle_s)
+    return run
 
 
 def dense_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
