@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
+from strata.kernels import _group_kernel as _g
 
 
 def topk_route(logits: torch.Tensor, k: int, *, renormalize: bool = True):
@@ -206,9 +208,6 @@ def group_blocked_bounded(topk_ids: torch.Tensor, n_expert: int, block_m: int,
     if block_m < 1:
         raise StrataError(f"block_m must be positive, got {block_m}")
     check_topk_ids(topk_ids, n_expert)
-    import triton
-
-    from strata.kernels import _group_kernel as _g
     dev = topk_ids.device
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous():

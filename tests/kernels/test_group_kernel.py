@@ -73,7 +73,6 @@ def test_int32_ids_and_a_strided_view():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
 @pytest.mark.parametrize("T,E,bm", [(512, 128, 32), (2048, 128, 128), (32768, 128, 128),
                                     (8192, 512, 128)])
 def test_gpu_real_shapes(T, E, bm):
