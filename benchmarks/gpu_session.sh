@@ -150,6 +150,9 @@ for step in "$@"; do
     grouptests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_group_kernel.py tests/kernels/test_moe_passes.py 2>&1 | tail -12 > "$OUT/gpu_group_tests.log"; tail -3 "$OUT/gpu_group_tests.log" ;;
     # issue 18 item 3: the expert FFN arms as the engine calls them (check=False) at T 512 / 2048, BF16, Q8_0, Q4_K
     itemthree) timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T ${KB_T:-512 2048} --formats ${KB_FMT:-BF16 Q8_0 Q4_K} --arms strata-dp strata-plane strata-decoded strata-decoded-grouped --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/item3_bench.log" ;;
+    # issue 18 item 3: the plane GEMM alone beside strata's BF16 kernel and grouped_mm-bf16 (KB_T, KB_FMT),
+    # PLANE_TILES adding one strata-plane[tile] arm each
+    planeab) timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T ${KB_T:-512 2048} --formats ${KB_FMT:-BF16 Q8_0 Q4_0 Q4_K} --arms strata-dp strata-plane ${PLANE_TILES:+--tiles $PLANE_TILES} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/plane_ab.log" ;;
     # issue 18: the Q8_0/Q4_0 decode-once word path's program tile (TileConfig.word_tile), qwen3's gate
     wordtiles) timeout 200 python3 benchmarks/dequant_bench.py --mode experts --formats Q8_0,Q4_0 --paths words --word-tiles 64x64,32x128,32x256,64x128,64x256,16x512,128x64,16x1024,8x2048,32x512 --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -24 | tee "$OUT/word_tiles.log" ;;
   esac

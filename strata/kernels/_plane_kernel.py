@@ -44,36 +44,6 @@ def load_codes(c_ptr, row_bytes, offs_n, n_mask, k0, BK: tl.constexpr, FMT: tl.c
 
 
 @triton.jit
-def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr):
-    """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width),
-    Q4_0 q - 8 of each nibble pair, Q4_K q of each (BK = twice it; low nibble the even weight).
-    MAGIC: by a float add on the bits (strata.kernels.decode._common._f32_of), not an int->float
-    convert."""
-    u = b.to(tl.int32) & 255                                          # the bytes, unsigned
-    if FMT == GGML_Q8_0:
-        if MAGIC:
-            q = _f32_of(u ^ 128, 128.0)                               # q + 128: top bit flipped
-        else:
-            q = b.to(tl.int8, bitcast=True).to(tl.float32)
-    else:
-        BN: tl.constexpr = b.shape[0]
-        BB: tl.constexpr = b.shape[1]
-        n = tl.reshape(tl.join(u & 15, u >> 4), (BN, 2 * BB))         # weight order
-        if FMT == GGML_Q4_0:
-            if MAGIC:
-                q = _f32_of(n, 8.0)
-            else:
-                q = (n - 8).to(tl.float32)
-        else:
-            tl.static_assert(FMT == GGML_Q4_K, "plane codes: Q8_0, Q4_0 or Q4_K")
-            if MAGIC:
-                q = _f32_of(n, 0.0)
-            else:
-                q = n.to(tl.float32)
-    return q
-
-
-@triton.jit
 def load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
     """fp32 [BN, BK // 32]: the scales of the runs k0 .. k0+BK of rows offs_n (0 where masked)."""
     R: tl.constexpr = BK // 32
@@ -82,15 +52,6 @@ def load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
     m = n_mask[:, None] & (r < rr)[None, :]
     s = tl.load(s_ptr + offs_n[:, None].to(tl.int64) * rr + r[None, :], mask=m, other=0.0)
     return s.to(tl.float32)
-
-
-@triton.jit
-def scale_codes(q, s):
-    """fp32 [BN, BK]: codes q [BN, BK] times their run's scale s [BN, BK // 32]: the products
-    ggml's decoders form (Q8_0 q * d, Q4_0 d * (q - 8)), exact in fp32."""
-    BN: tl.constexpr = q.shape[0]
-    BK: tl.constexpr = q.shape[1]
-    return tl.reshape(tl.reshape(q, (BN, BK // 32, 32)) * s[:, :, None], (BN, BK))
 
 
 @triton.jit
@@ -115,42 +76,86 @@ def load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
     return d * sc.to(tl.float32), dmin * mn.to(tl.float32)
 
 
-@triton.jit
-def scale_min_codes(q, s, m):
-    """fp32 [BN, BK]: codes q [BN, BK] times their sub-block's s [BN, BK // 32] less its m:
-    Q4_K's (d·sc) * q - dmin·m as ggml's decoder forms it (s * q exact: one rounding)."""
-    BN: tl.constexpr = q.shape[0]
-    BK: tl.constexpr = q.shape[1]
-    return tl.reshape(tl.reshape(q, (BN, BK // 32, 32)) * s[:, :, None] - m[:, :, None],
-                      (BN, BK))
+# 1.5 * 2**23: a float whose ulp is 1 on [2**23, 2**24), so its bits plus a small signed int q are
+# the float BIAS + q
+BIAS = tl.constexpr(12582912.0)
+BIAS_BITS = tl.constexpr(0x4B400000)
 
 
 @triton.jit
-def decoded(b, s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr, FMT: tl.constexpr,
-            MAGIC: tl.constexpr):
-    """fp32 [BN, BK]: the weights k0 .. k0+BK of rows offs_n from their code bytes b and the
-    scale plane at s_ptr, the ggml decoder's values bit for bit."""
+def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr):
+    """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width),
+    Q4_0 q - 8 of each nibble pair, Q4_K q of each (BK = twice it; low nibble the even weight).
+    MAGIC: by a float subtract on the bits of a biased float, not an int->float convert (a
+    quarter rate on the GPU): Q8_0's sign-extended q added to BIAS's bits (one PRMT and one
+    add a code in sm_90's SASS, where flipping the top bit to q + 128 and masking cost four),
+    the nibbles ORed under 2**23 (strata.kernels.decode._common._f32_of)."""
+    if FMT == GGML_Q8_0:
+        q = b.to(tl.int8, bitcast=True).to(tl.int32)                  # sign-extended
+        if MAGIC:
+            f = (q + BIAS_BITS).to(tl.float32, bitcast=True) - BIAS
+        else:
+            f = q.to(tl.float32)
+    else:
+        BN: tl.constexpr = b.shape[0]
+        BB: tl.constexpr = b.shape[1]
+        u = b.to(tl.int32) & 255
+        n = tl.reshape(tl.join(u & 15, u >> 4), (BN, 2 * BB))         # weight order
+        if FMT == GGML_Q4_0:
+            if MAGIC:
+                f = _f32_of(n, 8.0)
+            else:
+                f = (n - 8).to(tl.float32)
+        else:
+            tl.static_assert(FMT == GGML_Q4_K, "plane codes: Q8_0, Q4_0 or Q4_K")
+            if MAGIC:
+                f = _f32_of(n, 0.0)
+            else:
+                f = n.to(tl.float32)
+    return f
+
+
+@triton.jit
+def step_scales(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr, FMT: tl.constexpr):
+    """(s, m) fp32 [BN, BK // 32] each: the factors of the runs k0 .. k0+BK of rows offs_n (0
+    where masked or past the row). Q8_0 / Q4_0: s = d (m = s, unused); Q4_K: s = d·sc,
+    m = dmin·m."""
     if FMT == GGML_Q4_K:
-        dsc, dm = load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK)
-        w = scale_min_codes(codes_f32(b, FMT, MAGIC), dsc, dm)
+        s, m = load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK)
     else:
         s = load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK)
-        w = scale_codes(codes_f32(b, FMT, MAGIC), s)
-    return w
+        m = s
+    return s, m
 
 
 @triton.jit
-def _weights(c_ptr, desc, s_ptr, n_in, offs_n, n_mask, nb, k0, BN: tl.constexpr,
+def decoded(b, s, m, FMT: tl.constexpr, MAGIC: tl.constexpr):
+    """fp32 [BN, BK]: the weights from their code bytes b and their runs' factors (s, m) of
+    step_scales, the ggml decoder's values bit for bit: q * d, d * (q - 8), (d·sc) * q - dmin·m
+    (q * s is exact in fp32, so Q4_K's one rounding is its subtraction of m, as in ggml; an FMA
+    of (BIAS + q) * s - BIAS * s would save the subtract but give +0 where ggml gives -0)."""
+    f = codes_f32(b, FMT, MAGIC)
+    BN: tl.constexpr = f.shape[0]
+    BK: tl.constexpr = f.shape[1]
+    R: tl.constexpr = BK // 32
+    w = tl.reshape(f, (BN, R, 32)) * s[:, :, None]
+    if FMT == GGML_Q4_K:
+        w = w - m[:, :, None]
+    return tl.reshape(w, (BN, BK))
+
+
+@triton.jit
+def _weights(c_ptr, desc, s, m, n_in, offs_n, n_mask, nb, k0, BN: tl.constexpr,
              BK: tl.constexpr, FMT: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr,
              INTERP: tl.constexpr):
-    """bf16 [BN, BK]: one step's decoded weights (code bytes by TMA when TMA, else vector loads),
-    each rounded to bf16 once."""
+    """bf16 [BN, BK]: one step's decoded weights (code bytes by TMA when TMA, else vector loads;
+    the step's factors s, m loaded a step ahead), each rounded to bf16 once."""
     if TMA:
         b = desc.load([nb * BN, k0 if FMT == GGML_Q8_0 else k0 // 2])   # out of bounds: 0
     else:
         rb = n_in if FMT == GGML_Q8_0 else n_in // 2
         b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
-    return _bf16(decoded(b, s_ptr, n_in, offs_n, n_mask, k0, BK, FMT, MAGIC), INTERP)
+    return _bf16(decoded(b, s, m, FMT, MAGIC), INTERP)
 
 
 @triton.jit
@@ -211,15 +216,25 @@ def _plane_gemm_kernel(
             acc1 = tl.zeros((BM, BN), tl.float32)
             acc2 = tl.zeros((BM, BN), tl.float32)
         a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a           # [BM, 1]
+        # the scales are byte / fp16 gathers the cp.async pipeline does not take: each step's
+        # are loaded one step ahead, so their latency hides behind a step of decode and MMA
+        f1, g1 = step_scales(s1, n_in, offs_n, n_mask, 0, BK, FMT1)
+        f2, g2 = step_scales(s2, n_in, offs_n, n_mask & TWO, 0, BK, FMT2)
         for k0 in range(0, n_in, BK):
             offs_k = k0 + tl.arange(0, BK)
             a = tl.load(a_base + offs_k[None, :], mask=valid[:, None] & (offs_k < n_in)[None, :],
                         other=0.0)                                          # [BM, BK] bf16
-            w1 = _weights(c1, d1, s1, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT1, TMA, MAGIC,
-                          INTERP)
+            nf1, ng1 = step_scales(s1, n_in, offs_n, n_mask, k0 + BK, BK, FMT1)
+            w1 = _weights(c1, d1, f1, g1, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT1, TMA,
+                          MAGIC, INTERP)
+            f1 = nf1
+            g1 = ng1
             if TWO:
-                w2 = _weights(c2, d2, s2, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT2, TMA,
+                nf2, ng2 = step_scales(s2, n_in, offs_n, n_mask, k0 + BK, BK, FMT2)
+                w2 = _weights(c2, d2, f2, g2, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT2, TMA,
                               MAGIC, INTERP)
+                f2 = nf2
+                g2 = ng2
             acc1 = _acc_dot(w1, a, acc1, SWAP, INTERP)
             if TWO:
                 acc2 = _acc_dot(w2, a, acc2, SWAP, INTERP)
@@ -243,7 +258,8 @@ def _plane_dequant_kernel(c_ptr, s_ptr, out_ptr, n_rows, n_in, BN: tl.constexpr,
     n_mask = offs_n < n_rows
     rb = n_in if FMT == GGML_Q8_0 else n_in // 2
     b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
-    v = decoded(b, s_ptr, n_in, offs_n, n_mask, k0, BK, FMT, MAGIC)
+    s, m = step_scales(s_ptr, n_in, offs_n, n_mask, k0, BK, FMT)
+    v = decoded(b, s, m, FMT, MAGIC)
     offs_k = k0 + tl.arange(0, BK)
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * n_in + offs_k[None, :], v,
              mask=n_mask[:, None] & (offs_k < n_in)[None, :])
