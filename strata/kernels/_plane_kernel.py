@@ -57,29 +57,35 @@ def load_scales(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
 @triton.jit
 def load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
     """(d·sc, dmin·m) fp32 [BN, BK // 32] each: the factors of the 32-weight sub-blocks k0 ..
-    k0+BK of rows offs_n of a Q4_K scale plane (a 16-byte entry a super-block: fp16 d, dmin at
-    bytes 0, 2; byte 4 + s = sc[s] | (m[s] >> 4) << 6; byte 12 + s // 2 the low nibble of m[s] at
-    bit 4·(s % 2); strata.planes), 0 where masked. The products are exact in fp32."""
+    k0+BK of rows offs_n of a Q4_K scale plane (a 16-byte entry a super-block, read as four int32
+    words: word 0 the fp16 d and dmin; byte 4 + s = sc[s] | (m[s] >> 4) << 6; word 3's nibble s
+    the low nibble of m[s]; strata.planes), 0 where masked. Each sub-block's entry is one 16-byte
+    load (a step inside one super-block reads the same entry for each of its sub-blocks: L1
+    hits), where byte and fp16 gathers took four. The products are exact in fp32."""
     R: tl.constexpr = BK // 32
     r = k0 // 32 + tl.arange(0, R)                                   # sub-block along the row
     m = n_mask[:, None] & (r < n_in // 32)[None, :]
-    ent = offs_n[:, None].to(tl.int64) * (n_in // 16) + ((r >> 3) * 16)[None, :]   # entry byte
-    h = s_ptr.to(tl.pointer_type(tl.float16), bitcast=True)
-    u8 = s_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
-    d = tl.load(h + (ent >> 1), mask=m, other=0.0).to(tl.float32)
-    dmin = tl.load(h + (ent >> 1) + 1, mask=m, other=0.0).to(tl.float32)
+    wrd = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    row = offs_n.to(tl.int64) * (n_in // 64)                         # entry words a row: K/256 * 4
+    at = row[:, None, None] + ((r >> 3) * 4)[None, :, None] + tl.arange(0, 4)[None, None, :]
+    at = tl.max_contiguous(tl.multiple_of(at, [1, 1, 4]), [1, 1, 4])   # 16-byte entries
+    e = tl.load(wrd + at, mask=m[:, :, None], other=0)
+    w01, w23 = tl.split(tl.reshape(e, (e.shape[0], R, 2, 2)))       # [BN, R, 2]: (w0, w2), (w1, w3)
+    w0, w2 = tl.split(w01)
+    w1, w3 = tl.split(w23)
     sub = (r & 7)[None, :]
-    b = tl.load(u8 + ent + 4 + sub, mask=m, other=0).to(tl.int32)
-    lo = tl.load(u8 + ent + 12 + (sub >> 1), mask=m, other=0).to(tl.int32)
+    b = (tl.where(sub < 4, w1, w2) >> ((sub & 3) * 8)) & 255
     sc = b & 63
-    mn = ((b >> 6) << 4) | ((lo >> ((sub & 1) * 4)) & 15)
+    mn = ((b >> 6) << 4) | ((w3 >> (sub * 4)) & 15)
+    d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = ((w0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     return d * sc.to(tl.float32), dmin * mn.to(tl.float32)
 
 
 # 1.5 * 2**23: a float whose ulp is 1 on [2**23, 2**24), so its bits plus a small signed int q are
-# the float BIAS + q
-BIAS = tl.constexpr(12582912.0)
-BIAS_BITS = tl.constexpr(0x4B400000)
+# the float CODE_BIAS + q
+CODE_BIAS = tl.constexpr(12582912.0)
+CODE_BIAS_BITS = tl.constexpr(0x4B400000)
 
 
 @triton.jit
@@ -87,13 +93,13 @@ def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr):
     """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width),
     Q4_0 q - 8 of each nibble pair, Q4_K q of each (BK = twice it; low nibble the even weight).
     MAGIC: by a float subtract on the bits of a biased float, not an int->float convert (a
-    quarter rate on the GPU): Q8_0's sign-extended q added to BIAS's bits (one PRMT and one
+    quarter rate on the GPU): Q8_0's sign-extended q added to CODE_BIAS's bits (one PRMT and one
     add a code in sm_90's SASS, where flipping the top bit to q + 128 and masking cost four),
     the nibbles ORed under 2**23 (strata.kernels.decode._common._f32_of)."""
     if FMT == GGML_Q8_0:
         q = b.to(tl.int8, bitcast=True).to(tl.int32)                  # sign-extended
         if MAGIC:
-            f = (q + BIAS_BITS).to(tl.float32, bitcast=True) - BIAS
+            f = (q + CODE_BIAS_BITS).to(tl.float32, bitcast=True) - CODE_BIAS
         else:
             f = q.to(tl.float32)
     else:
@@ -133,7 +139,8 @@ def decoded(b, s, m, FMT: tl.constexpr, MAGIC: tl.constexpr):
     """fp32 [BN, BK]: the weights from their code bytes b and their runs' factors (s, m) of
     step_scales, the ggml decoder's values bit for bit: q * d, d * (q - 8), (d·sc) * q - dmin·m
     (q * s is exact in fp32, so Q4_K's one rounding is its subtraction of m, as in ggml; an FMA
-    of (BIAS + q) * s - BIAS * s would save the subtract but give +0 where ggml gives -0)."""
+    (CODE_BIAS + q) * s - CODE_BIAS * s would save the subtract but gives +0 where ggml gives
+    -0)."""
     f = codes_f32(b, FMT, MAGIC)
     BN: tl.constexpr = f.shape[0]
     BK: tl.constexpr = f.shape[1]

@@ -98,15 +98,19 @@ class PlaneTile:
 # BLOCK_M -> the tile at that row block. Footprints on sm_90 (tests/kernels/compile_plane.py:
 # triton 3.6 + ptxas, GATE_UP, the larger launch, Q8_0): 16x128x64/w4s4 58 KB shared, 232
 # registers; 32x128x64/w4s4 66 KB, 252; 64x128x64/w8s4 82 KB, 169; 128x128x64/w8s4 115 KB, 241;
-# none spills. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8 spill (the two decoded
-# weight tiles sit in registers beside the two accumulators), so the table keeps BLOCK_K 64.
+# 32x64x64/w4s4 41 KB, 128; none spills. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8
+# spill (the two decoded weight tiles sit in registers beside the two accumulators), so the table
+# keeps BLOCK_K 64.
 # BLOCK_M 128 stages its code tiles by TMA: on the H200 (kernel_bench, qwen3-30b-a3b, 40ffc9a,
 # experiments/results/kernel_bench_plane-*) that tile ran Q8_0 at 59.6 / 151.1 TFLOP/s against
 # 55.8 / 134.4 by cp.async at T = 2048 / 8192, and Q4_0 at 77.7 / 158.7 against 73.3 / 150.0;
-# at BLOCK_M 32 (T = 512) every swept tile was within 4% of the table's, so those stay.
+# at BLOCK_M 32 (T = 512), with the decode of f1d94b8 (Q8_0 codes by sign extension, scales a step
+# ahead) and settled timing, 32x64x64/w4s4 (128 registers, four programs an SM where 32x128 at
+# four warps holds 255 and two) ran Q8_0 / Q4_0 / Q4_K at 64.3 / 66.5 / 41.9 TFLOP/s against
+# 49.4 / 61.7 / 40.0 (kernel_bench_plane_ab-*-f1d94b8; strata's BF16 kernel 64.5).
 PLANE_TILES = {
     16: PlaneTile(16, 128, 64, 4, 4),
-    32: PlaneTile(32, 128, 64, 4, 4),
+    32: PlaneTile(32, 64, 64, 4, 4),
     64: PlaneTile(64, 128, 64, 8, 4),
     128: PlaneTile(128, 128, 64, 8, 4, tma=True),
 }
