@@ -153,6 +153,9 @@ for step in "$@"; do
     # issue 18 item 3: the plane GEMM alone beside strata's BF16 kernel and grouped_mm-bf16 (KB_T, KB_FMT),
     # PLANE_TILES adding one strata-plane[tile] arm each
     planeab) timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T ${KB_T:-512 2048} --formats ${KB_FMT:-BF16 Q8_0 Q4_0 Q4_K} --arms strata-dp strata-plane ${PLANE_TILES:+--tiles $PLANE_TILES} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/plane_ab.log" ;;
+    # issue 18: the hardware counters of the T = 512 expert GEMMs (BF16 fused, the plane GEMM's table
+    # tile and NCU_TILES): memory throughput, issue slots, where warps stall (Firecracker: ncu reads them)
+    ncuplane) timeout 280 ncu --clock-control none --kernel-name regex:"_plane_gemm|_moe_gemm" --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats python3 benchmarks/ncu_plane.py --T ${KB_T:-512} --formats ${KB_FMT:-BF16 Q8_0 Q4_K} --calls 1 ${NCU_TILES:+--tiles $NCU_TILES} > "$OUT/ncu_plane.txt" 2>&1; grep -E "^T|_gemm|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|No Eligible|Stall" "$OUT/ncu_plane.txt" | head -150 ;;
     # issue 18: the Q8_0/Q4_0 decode-once word path's program tile (TileConfig.word_tile), qwen3's gate
     wordtiles) timeout 200 python3 benchmarks/dequant_bench.py --mode experts --formats Q8_0,Q4_0 --paths words --word-tiles 64x64,32x128,32x256,64x128,64x256,16x512,128x64,16x1024,8x2048,32x512 --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -24 | tee "$OUT/word_tiles.log" ;;
   esac

@@ -287,7 +287,10 @@ def _act(g, u, alpha, limit, ACT: tl.constexpr):
 @triton.jit
 def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n,
               n_mask, tw_ptr, INTERP: tl.constexpr, b1_ptr, b2_ptr, alpha, limit,
-              BIAS: tl.constexpr, ACT: tl.constexpr):
+              BIAS: tl.constexpr, ACT: tl.constexpr, row_end=None):
+    """GATE_UP stores every row of the tile (its padding rows too, as act(0, 0)) below row_end
+    (None: all of them; a tile that spans blocks of one expert stops where the next expert's
+    rows begin), DOWN only its valid rows, each times its routing weight."""
     if BIAS:
         acc1 += tl.load(b1_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
         if MODE == GATE_UP:
@@ -295,7 +298,10 @@ def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, 
     if MODE == GATE_UP:
         h = _act(acc1, acc2, alpha, limit, ACT)
         ptr = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
-        tl.store(ptr, _bf16(h, INTERP), mask=n_mask[None, :])       # padding rows too (zeros)
+        if row_end is None:
+            tl.store(ptr, _bf16(h, INTERP), mask=n_mask[None, :])
+        else:
+            tl.store(ptr, _bf16(h, INTERP), mask=(offs_m < row_end)[:, None] & n_mask[None, :])
     else:
         w = tl.load(tw_ptr + ids, mask=valid, other=0.0)                # [BM] routing weight
         ptr = out_ptr + ids[:, None].to(tl.int64) * stride_out + offs_n[None, :]

@@ -1,8 +1,9 @@
 """Triton kernels over plane-layout Q8_0 / Q4_0 / Q4_K experts (strata.planes; the op:
 strata.kernels.plane).
 
-Legend: BM/BN/BK tile sizes, R = BK / 32 scale runs per step; a *tile* is BM sorted rows (one
-expert) x BN output features, data-parallel (one program a tile, the whole reduction).
+Legend: BM/BN/BK tile sizes, R = BK / 32 scale runs per step, RB row blocks a program; a *tile*
+is RB·BM sorted rows (one expert) x BN output features, data-parallel (one program a tile, the
+whole reduction).
 
     GATE_UP: h[r, f]  = act(x[tok(r)] . gate_e[f] (+ bg), x[tok(r)] . up_e[f] (+ bu))
     DOWN:    yk[a, d] = w[a] * (h[r(a)] . down_e[d] (+ bd))
@@ -166,6 +167,21 @@ def _weights(c_ptr, desc, s, m, n_in, offs_n, n_mask, nb, k0, BN: tl.constexpr,
 
 
 @triton.jit
+def _span_rows(MODE: tl.constexpr, sorted_ids_ptr, mb, row_end, n_assign, TOPK: tl.constexpr,
+               BM: tl.constexpr, ROWS: tl.constexpr):
+    """_tile_rows over ROWS padded rows from block mb's first, those at or past row_end (the
+    next expert's) invalid like padding."""
+    offs_m = mb * BM + tl.arange(0, ROWS)
+    ids = tl.load(sorted_ids_ptr + offs_m, mask=offs_m < row_end, other=n_assign)
+    valid = ids < n_assign
+    if MODE == GATE_UP:
+        a_rows = ids // TOPK
+    else:
+        a_rows = offs_m
+    return offs_m, ids, valid, a_rows
+
+
+@triton.jit
 def _acc_dot(w, a, acc, SWAP: tl.constexpr, INTERP: tl.constexpr):
     if SWAP:
         acc = _dot(w, a, acc, INTERP)          # [BN, BM] += w @ a^T
@@ -178,20 +194,28 @@ def _acc_dot(w, a, acc, SWAP: tl.constexpr, INTERP: tl.constexpr):
 def _plane_gemm_kernel(
         a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
         arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off,
-        out_ptr, stride_out, tw_ptr, n_out, n_in, n_blocks_ptr, boff1, boff2, alpha, limit,
-        MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-        BK: tl.constexpr, FMT1: tl.constexpr, FMT2: tl.constexpr, SWAP: tl.constexpr,
-        TMA: tl.constexpr, MAGIC: tl.constexpr, INTERP: tl.constexpr,
+        out_ptr, stride_out, tw_ptr, n_out, n_in, n_blocks_ptr, padded_ptr, boff1, boff2, alpha,
+        limit, MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr,
+        BN: tl.constexpr, BK: tl.constexpr, FMT1: tl.constexpr, FMT2: tl.constexpr,
+        SWAP: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr, INTERP: tl.constexpr,
         BIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
     """One tile of GATE_UP (MODE 0: gate c1/s1 and up c2/s2) or DOWN (MODE 1: c1/s1). c*_off /
     s*_off: byte offsets of the code and scale planes from the blob's start; FMT1 / FMT2 their
     ggml types (Q8_0, Q4_0, Q4_K). The grid is an upper bound; the row-block count is read on the
-    device (n_blocks_ptr)."""
+    device (n_blocks_ptr). RB > 1: a program takes RB consecutive BM-row blocks of one expert
+    (the first, RB-th, ... of its blocks; the others' programs return at once), so the weights
+    are decoded once for RB·BM rows while the routing, and the workspace the planner sized for
+    it, keep BLOCK_M = BM; padded_ptr (the routing's padded offsets, int64 [E+1]) says where the
+    expert's blocks end."""
     pid = tl.program_id(0)
     NB = tl.cdiv(n_out, BN)
-    if pid < tl.load(n_blocks_ptr) * NB:
+    mb = pid // NB
+    lead = pid < tl.load(n_blocks_ptr) * NB
+    if RB > 1:
+        e = tl.load(block_expert_ptr + mb, mask=lead, other=0)
+        lead &= (mb - tl.load(padded_ptr + e) // BM) % RB == 0
+    if lead:
         TWO: tl.constexpr = MODE == GATE_UP
-        mb = pid // NB
         nb = pid % NB
         e = tl.load(block_expert_ptr + mb)
         # blobs start 256-byte aligned and planes 16 (strata.planes): code rows load as vectors
@@ -213,24 +237,34 @@ def _plane_gemm_kernel(
         else:
             d1 = c1
             d2 = c2
-        offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
+        if RB > 1:
+            row_end = tl.load(padded_ptr + e + 1)                   # the expert's blocks end here
+            offs_m, ids, valid, a_rows = _span_rows(MODE, sorted_ids_ptr, mb, row_end, n_assign,
+                                                    TOPK, BM, RB * BM)
+        else:
+            row_end = None
+            offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
         offs_n = nb * BN + tl.arange(0, BN)
         n_mask = offs_n < n_out
+        ROWS: tl.constexpr = RB * BM
         if SWAP:
-            acc1 = tl.zeros((BN, BM), tl.float32)
-            acc2 = tl.zeros((BN, BM), tl.float32)
+            acc1 = tl.zeros((BN, ROWS), tl.float32)
+            acc2 = tl.zeros((BN, ROWS), tl.float32)
         else:
-            acc1 = tl.zeros((BM, BN), tl.float32)
-            acc2 = tl.zeros((BM, BN), tl.float32)
-        a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a           # [BM, 1]
+            acc1 = tl.zeros((ROWS, BN), tl.float32)
+            acc2 = tl.zeros((ROWS, BN), tl.float32)
+        a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a           # [ROWS, 1]
         # the scales are byte / fp16 gathers the cp.async pipeline does not take: each step's
         # are loaded one step ahead, so their latency hides behind a step of decode and MMA
         f1, g1 = step_scales(s1, n_in, offs_n, n_mask, 0, BK, FMT1)
         f2, g2 = step_scales(s2, n_in, offs_n, n_mask & TWO, 0, BK, FMT2)
+        # without it the loop may run zero times, that path sets the accumulators to zero by
+        # plain moves, and ptxas (C7515) then waits on every wgmma before the next issues
+        tl.assume(n_in > 0)
         for k0 in range(0, n_in, BK):
             offs_k = k0 + tl.arange(0, BK)
             a = tl.load(a_base + offs_k[None, :], mask=valid[:, None] & (offs_k < n_in)[None, :],
-                        other=0.0)                                          # [BM, BK] bf16
+                        other=0.0)                                        # [ROWS, BK] bf16
             nf1, ng1 = step_scales(s1, n_in, offs_n, n_mask, k0 + BK, BK, FMT1)
             w1 = _weights(c1, d1, f1, g1, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT1, TMA,
                           MAGIC, INTERP)
@@ -251,7 +285,7 @@ def _plane_gemm_kernel(
         f32 = tl.pointer_type(tl.float32)
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
                   tw_ptr, INTERP, (blob + boff1).to(f32, bitcast=True),
-                  (blob + boff2).to(f32, bitcast=True), alpha, limit, BIAS, ACT)
+                  (blob + boff2).to(f32, bitcast=True), alpha, limit, BIAS, ACT, row_end)
 
 
 @triton.jit

@@ -57,6 +57,7 @@ class PlaneTile:
     swap: bool = True   # weights as the MMA's first operand (acc [BN, BM])
     tma: bool = False   # code tiles staged by TMA (device-side tensor descriptors)
     magic: bool = True  # codes to float by a float add on their bits (no int->float convert)
+    row_blocks: int = 1  # BLOCK_M-row blocks of one expert a program takes (weights decoded once)
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -65,6 +66,8 @@ class PlaneTile:
                 raise StrataError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
         if self.BLOCK_K % 32:
             raise StrataError(f"BLOCK_K must hold whole 32-weight runs, got {self.BLOCK_K}")
+        if self.row_blocks < 1 or self.row_blocks & (self.row_blocks - 1):
+            raise StrataError(f"row_blocks must be a power of two >= 1, got {self.row_blocks}")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise StrataError(f"num_warps must be a power of two <= 16 and num_stages >= 1, "
                               f"got {self.num_warps}, {self.num_stages}")
@@ -76,23 +79,26 @@ class PlaneTile:
     def name(self) -> str:
         return (f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}/w{self.num_warps}s"
                 f"{self.num_stages}{'' if self.swap else '/noswap'}{'/tma' if self.tma else ''}"
-                f"{'' if self.magic else '/nomagic'}")
+                f"{'' if self.magic else '/nomagic'}"
+                f"{f'/r{self.row_blocks}' if self.row_blocks > 1 else ''}")
 
     @classmethod
     def parse(cls, text: str) -> "PlaneTile":
-        """'BMxBNxBK/wWsS[/noswap][/tma][/nomagic]', e.g. '128x128x64/w8s3/tma' (the `name`
-        form)."""
+        """'BMxBNxBK/wWsS[/noswap][/tma][/nomagic][/rRB]', e.g. '128x128x64/w8s3/tma' or
+        '32x64x64/w4s4/r2' (the `name` form)."""
         try:
             dims, ws, *flags = text.split("/")
             bm, bn, bk = (int(v) for v in dims.split("x"))
             w, s = ws[1:].split("s")
-            if not ws.startswith("w") or set(flags) - {"noswap", "tma", "nomagic"}:
+            rb = [f for f in flags if f[:1] == "r" and f[1:].isdigit()]
+            if (not ws.startswith("w") or len(rb) > 1
+                    or set(flags) - {"noswap", "tma", "nomagic", *rb}):
                 raise ValueError
             return cls(bm, bn, bk, int(w), int(s), "noswap" not in flags, "tma" in flags,
-                       "nomagic" not in flags)
+                       "nomagic" not in flags, int(rb[0][1:]) if rb else 1)
         except ValueError:
-            raise StrataError(f"a plane tile is BMxBNxBK/wWsS[/noswap][/tma][/nomagic] (e.g. "
-                              f"128x128x64/w8s3), got {text!r}") from None
+            raise StrataError(f"a plane tile is BMxBNxBK/wWsS[/noswap][/tma][/nomagic][/rRB] "
+                              f"(e.g. 128x128x64/w8s3), got {text!r}") from None
 
 
 # BLOCK_M -> the tile at that row block. Footprints on sm_90 (tests/kernels/compile_plane.py:
@@ -202,8 +208,8 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     x = x.contiguous()
     if tile.tma and dev.type == "cuda" and not INTERPRET:
         _tma_scratch()
-    meta = dict(TOPK=K, BM=BM, BN=BN, BK=BK, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic,
-                INTERP=INTERPRET)
+    meta = dict(TOPK=K, BM=BM, RB=tile.row_blocks, BN=BN, BK=BK, SWAP=tile.swap, TMA=tile.tma,
+                MAGIC=tile.magic, INTERP=INTERPRET)
     if not lay.plain:   # only then: the plain FFN's launches keep their constexpr set
         meta.update(BIAS=lay.bias is not None, ACT=lay.act.code)
     act = (float(lay.act.alpha), float(lay.act.limit))
@@ -217,8 +223,8 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset,
             p2.codes_offset, p2.scales_offset, dst, dst.stride(0), tw, n_out, n_in,
-            grp.n_blocks_dev, *boff, *act, MODE=mode, FMT1=_GGML[p1.fmt], FMT2=_GGML[p2.fmt],
-            **meta,
+            grp.n_blocks_dev, grp.padded_offsets, *boff, *act, MODE=mode, FMT1=_GGML[p1.fmt],
+            FMT2=_GGML[p2.fmt], **meta,
             num_warps=tile.num_warps, num_stages=tile.num_stages)
     if combine == "defer":
         return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)

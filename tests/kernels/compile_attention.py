@@ -79,7 +79,9 @@ def compile_attention(sig, const, warps, stages):
 
 
 def ptx_usage(ptx: str) -> str:
-    """'N registers, S spill bytes' from triton's bundled ptxas -v (or why not)."""
+    """'N registers, S spill bytes, <mma kind>' from triton's bundled ptxas -v (or why not),
+    with ', wgmma serialized' where ptxas reports C7515 (each wgmma waited on before the next
+    issues: a non-wgmma instruction defines an accumulator inside the async stage)."""
     try:
         from triton.backends.nvidia.compiler import get_ptxas
         exe = get_ptxas(90).path
@@ -97,7 +99,7 @@ def ptx_usage(ptx: str) -> str:
     if not regs:
         return f"(ptxas said: {text.strip()[:200]})"
     return (f"{regs.group(1)} registers, spill {'/'.join(spill) or '0'} bytes, "
-            f"{mma_kind(ptx)}")
+            f"{mma_kind(ptx)}{', wgmma serialized' if 'C7515' in text else ''}")
 
 
 def mma_kind(ptx: str) -> str:

@@ -37,7 +37,8 @@ def gemm_sig(mode: int) -> dict:
             "block_expert_ptr": "*i32", "n_assign": "i32", "arena_ptr": "*u8", "slot_ptr": "*i64",
             "c1_off": "i32", "s1_off": "i32", "c2_off": "i32", "s2_off": "i32",
             "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
-            "n_out": "i32", "n_in": "i32", "n_blocks_ptr": "*i32", "boff1": "i32",
+            "n_out": "i32", "n_in": "i32", "n_blocks_ptr": "*i32", "padded_ptr": "*i64",
+            "boff1": "i32",
             "boff2": "i32", "alpha": "fp32", "limit": "fp32"}
 
 
@@ -57,7 +58,8 @@ class _Text(dict):
 
 def compile_tile(tile: PlaneTile, mode: int, fmt: str) -> str:
     g = get_format(fmt).ggml_type
-    const = dict(MODE=mode, TOPK=8, BM=tile.BLOCK_M, BN=tile.BLOCK_N, BK=tile.BLOCK_K,
+    const = dict(MODE=mode, TOPK=8, BM=tile.BLOCK_M, RB=tile.row_blocks, BN=tile.BLOCK_N,
+                 BK=tile.BLOCK_K,
                  FMT1=g, FMT2=g, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic, INTERP=False)
     asm = _Text()
     md = compile_one(pk._plane_gemm_kernel, gemm_sig(mode), const, tile.num_warps,
