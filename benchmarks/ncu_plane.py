@@ -46,7 +46,7 @@ def main(argv=None) -> int:
             arms = {"strata-dp": lambda: moe_ffn(x, ids, w, ex, schedule="dp", check=False)}
         else:
             ps = to_plane_set(ex)
-            tiles = [plane_tile(args.T, shape.top_k, shape.n_expert)]
+            tiles = [plane_tile(args.T, shape.top_k, shape.n_expert, fmt)]
             tiles += [PlaneTile.parse(t) for t in args.tiles]
             arms = {f"plane[{t.name}]": (lambda t=t: plane_ffn(x, ids, w, ps, schedule=t,
                                                                check=False)) for t in tiles}

@@ -190,7 +190,7 @@ def measure(args, rec: bench.Recorder) -> None:
             auto = last_launch().tile
             rec.add("tile", auto.schedule, "schedule", bound=str(auto), arm="strata-auto", **cfg)
         if "strata-plane" in arms:
-            pt = plane_tile(T, shape.top_k, shape.n_expert)
+            pt = plane_tile(T, shape.top_k, shape.n_expert, fmt)
             rec.add("tile", pt.name, "plane tile", bound=str(pt), arm="strata-plane", **cfg)
         ceiling = (flops / timed["grouped_mm-bf16"].median_s / 1e12
                    if "grouped_mm-bf16" in timed else None)

@@ -18,13 +18,13 @@ is unused (the kernel is data-parallel: no stream-k fixup), `out` / `workspace` 
 `combine` mean what they mean there. `plane_dequantize` (Triton) / `plane_dequantize_torch` decode
 one matrix's planes through the GEMM's own loads and products, for the bit-exact tests.
 
-Launch choices are a PlaneTile (data, pinnable per call). The default table keys on the mean rows
-per routed expert, m = T·K / min(E, T·K) (for qwen3-30b-a3b, E 128 K 8: m = T / 16): BLOCK_M
-follows m as the fused GEMM's heuristic does (a taller block pads more rows, a shorter one re-reads
-the weights more often), the weights are the MMA's M side (swap) so a short BLOCK_M still runs
-wgmma (without swap a BLOCK_M below 64 compiles to mma.sync), BLOCK_K = 64 (no register spills: see
-PLANE_TILES). Not yet timed on the H200: the benchmark (experiments/kernel_bench.py --arms
-strata-plane --tiles ...) sweeps them.
+Launch choices are a PlaneTile (data, pinnable per call). The default tables (one a gate/up code
+format) key on the mean rows per routed expert, m = T·K / min(E, T·K) (for qwen3-30b-a3b, E 128
+K 8: m = T / 16), as the planner's BLOCK_M does (a taller block pads more rows, a shorter one
+re-reads the weights more often; row_blocks decodes the weights once for several blocks of one
+expert), the weights are the MMA's M side (swap) so a short BLOCK_M still runs wgmma (without swap
+a BLOCK_M below 64 compiles to mma.sync), BLOCK_K = 64 (no register spills). PLANE_TILES says
+what the H200 measured; experiments/kernel_bench.py --arms strata-plane --tiles ... sweeps.
 """
 from __future__ import annotations
 
@@ -101,25 +101,35 @@ class PlaneTile:
                               f"(e.g. 128x128x64/w8s3), got {text!r}") from None
 
 
-# BLOCK_M -> the tile at that row block. Footprints on sm_90 (tests/kernels/compile_plane.py:
-# triton 3.6 + ptxas, GATE_UP, the larger launch, Q8_0): 16x128x64/w4s4 58 KB shared, 232
-# registers; 32x128x64/w4s4 66 KB, 252; 64x128x64/w8s4 82 KB, 169; 128x128x64/w8s4 115 KB, 241;
-# 32x64x64/w4s4 41 KB, 128; none spills. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8
-# spill (the two decoded weight tiles sit in registers beside the two accumulators), so the table
-# keeps BLOCK_K 64.
-# BLOCK_M 128 stages its code tiles by TMA: on the H200 (kernel_bench, qwen3-30b-a3b, 40ffc9a,
-# experiments/results/kernel_bench_plane-*) that tile ran Q8_0 at 59.6 / 151.1 TFLOP/s against
-# 55.8 / 134.4 by cp.async at T = 2048 / 8192, and Q4_0 at 77.7 / 158.7 against 73.3 / 150.0;
-# at BLOCK_M 32 (T = 512), with the decode of f1d94b8 (Q8_0 codes by sign extension, scales a step
-# ahead) and settled timing, 32x64x64/w4s4 (128 registers, four programs an SM where 32x128 at
-# four warps holds 255 and two) ran Q8_0 / Q4_0 / Q4_K at 64.3 / 66.5 / 41.9 TFLOP/s against
-# 49.4 / 61.7 / 40.0 (kernel_bench_plane_ab-*-f1d94b8; strata's BF16 kernel 64.5).
-PLANE_TILES = {
+# The planner's BLOCK_M -> the tile at that row block, one table a gate/up code format. A tile's
+# BLOCK_M may be below its key: the workspace the planner sized (padded_rows at the key) holds the
+# padded rows of any smaller block (padded_rows grows with BLOCK_M). row_blocks spans a tile over
+# several blocks of one expert, so each weight is decoded once for up to RB·BLOCK_M rows.
+# Footprints on sm_90 (tests/kernels/compile_plane.py: triton 3.6 + ptxas, GATE_UP, Q8_0):
+# 16x128x64/w4s4 58 KB shared, 236 registers; 32x64x64/w4s4/r2 58 KB, 170; 64x128x64/w8s4 83 KB,
+# 175; 128x128x64/w8s4/tma 116 KB, 218; 64x64x64/w4s4/r2 (Q4_K) 78 KB, 252; none spills, every
+# wgmma asynchronous. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8 spill (the two
+# decoded weight tiles sit in registers beside the two accumulators): BLOCK_K stays 64.
+# Chosen on the H200 (kernel_bench, qwen3-30b-a3b, settled, check=False, 7bc0530,
+# experiments/results/kernel_bench_plane_tiles-*-7bc0530): at T 512 the one-block tile
+# 32x64x64/w4s4 ran Q8_0 / Q4_0 / Q4_K at 51.8 / 70.2 / 57.9 TFLOP/s, the two-block 63.3 / 74.2 /
+# 64.3; at T 2048 Q8_0 keeps 64x128x64/w8s4 (145.6 against 129.4 for 64x64x64/w4s4/r2) where
+# Q4_0 / Q4_K ran 176.7 / 130.6 on 64x64x64/w4s4/r2 against 135.8 / 110.3; at T 8192 Q8_0 ran
+# 230.0 on the TMA tile (231.9 on 64x64x64/w4s4/r2), Q4_0 / Q4_K 262.3 / 214.2 on
+# 64x64x64/w4s4/r2 against 214.6 / 199.4.
+_Q8_TILES = {
     16: PlaneTile(16, 128, 64, 4, 4),
-    32: PlaneTile(32, 64, 64, 4, 4),
+    32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2),
     64: PlaneTile(64, 128, 64, 8, 4),
     128: PlaneTile(128, 128, 64, 8, 4, tma=True),
 }
+_NIBBLE_TILES = {   # Q4_0, Q4_K: half the code bytes a weight, the decode weighs more
+    16: PlaneTile(16, 128, 64, 4, 4),
+    32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2),
+    64: PlaneTile(64, 64, 64, 4, 4, row_blocks=2),
+    128: PlaneTile(64, 64, 64, 4, 4, row_blocks=2),
+}
+PLANE_TILES = {"Q8_0": _Q8_TILES, "Q4_0": _NIBBLE_TILES, "Q4_K": _NIBBLE_TILES}
 
 
 _PINNED: ContextVar[PlaneTile | None] = ContextVar("strata_plane_tile_pin", default=None)
@@ -135,12 +145,16 @@ def pin_plane_tile(tile: PlaneTile):
         yield
 
 
-def plane_tile(n_tokens: int, top_k: int, n_expert: int) -> PlaneTile:
-    """The default table's tile for T tokens, K top-k, E experts (autotune-free, no device).
-    Its BLOCK_M is the fused GEMM's (strata.kernels.tiles.block_m_for: the mean rows per routed
-    expert as a power of two in [16, 128]), so the workspaces the engine plans for that GEMM
-    (h of padded_rows(T, K, E, BLOCK_M) rows) fit this one too."""
-    return PLANE_TILES[block_m_for(n_tokens, top_k, n_expert)]
+def plane_tile(n_tokens: int, top_k: int, n_expert: int, fmt: str = "Q8_0") -> PlaneTile:
+    """The default table's tile for T tokens, K top-k, E experts and gate/up planes of `fmt`
+    (autotune-free, no device). Its key is the fused GEMM's BLOCK_M (strata.kernels.tiles.
+    block_m_for: the mean rows per routed expert as a power of two in [16, 128]), the one the
+    planner sizes the engine's workspaces by; the tile's own BLOCK_M is at most that, so h of
+    padded_rows(T, K, E, key) rows fits."""
+    if fmt not in PLANE_TILES:
+        raise StrataError(f"plane_tile: no table for {fmt}; the plane GEMM reads "
+                          f"{', '.join(KERNEL_FORMATS)}")
+    return PLANE_TILES[fmt][block_m_for(n_tokens, top_k, n_expert)]
 
 
 def _check_planes(experts) -> None:
@@ -186,7 +200,7 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     K = topk_ids.shape[1]
     F, E = lay.d_expert, experts.n_expert
     dev = x.device
-    tile = schedule or _PINNED.get() or plane_tile(T, K, E)
+    tile = schedule or _PINNED.get() or plane_tile(T, K, E, experts.planes.gate.fmt)
     BM, BN, BK = tile.BLOCK_M, tile.BLOCK_N, tile.BLOCK_K
     if combine == "defer" and (not workspace or workspace.get("yk") is None):
         raise StrataError("combine='defer' keeps the rows between calls in workspace['yk']; "

@@ -9,8 +9,8 @@ launches (planes and rows 16-byte aligned, D and F multiples of 16).
     python tests/kernels/compile_plane.py            # the default table's tiles, both modes,
                                                      # Q8_0, Q4_0 and Q4_K, swap / no swap,
                                                      # TMA / vector loads, magic / int->float
-    python tests/kernels/compile_plane.py --quick    # the table's tiles on Q8_0, its largest
-                                                     # on Q4_0 and Q4_K (the suite's check)
+    python tests/kernels/compile_plane.py --quick    # the Q8_0 table's tiles, and the Q4_0 /
+                                                     # Q4_K table's own (the suite's check)
     python tests/kernels/compile_plane.py --formats Q4_K   # the default table's tiles, Q4_K only
     python tests/kernels/compile_plane.py 128x128x64/w8s4/tma 64x128x128/w4s3   # Q8_0 (or
                                                      # --formats ...) at these tiles
@@ -86,13 +86,14 @@ def main(argv) -> int:
         return 2
     runs = [(t, f) for f in (fmts or ["Q8_0"]) for t in tiles]
     if not tiles:
-        base = list(PLANE_TILES.values())
+        base = list(dict.fromkeys(t for f in KERNEL_FORMATS for t in PLANE_TILES[f].values()))
         more = ([t.with_(swap=False) for t in base] + [t.with_(tma=True) for t in base]
                 + [t.with_(magic=False) for t in base])
         if fmts:
             runs = [(t, f) for f in fmts for t in base + ([] if quick else more)]
         else:
-            runs = [(t, "Q8_0") for t in base] + [(base[-1], f) for f in ("Q4_0", "Q4_K")]
+            runs = [(t, f) for f in KERNEL_FORMATS for t in PLANE_TILES[f].values()
+                    if f == "Q8_0" or t not in PLANE_TILES["Q8_0"].values()]
             if not quick:
                 runs += [(t, "Q8_0") for t in more] + [(t, f) for f in ("Q4_0", "Q4_K")
                                                       for t in base[:-1] + more]

@@ -19,7 +19,7 @@ from strata.errors import StrataError
 from strata.formats import dequantize, get_format
 from strata.kernels import topk_route
 from strata.kernels.moe import moe_ffn_torch
-from strata.kernels.plane import (PLANE_TILES, PlaneTile, plane_dequantize,
+from strata.kernels.plane import (KERNEL_FORMATS, PLANE_TILES, PlaneTile, plane_dequantize,
                                   plane_dequantize_torch, plane_ffn, plane_ffn_torch, plane_tile)
 from strata.kernels.synth import random_blocks, random_expert_set
 from strata.kernels.tiles import padded_rows
@@ -209,14 +209,22 @@ def test_plane_dequantize_q4_k_bit_exact(magic, rows, cols, block):
 def test_tile_table_and_parse():
     assert [plane_tile(T, 8, 128).BLOCK_M for T in (1, 256, 512, 1024, 2048, 8192)] == \
         [16, 16, 32, 64, 128, 128]
-    assert plane_tile(0, 8, 128) == PLANE_TILES[16]
-    # one tile for each BLOCK_M the fused GEMM's heuristic picks (its workspaces fit this GEMM)
+    assert plane_tile(0, 8, 128) == PLANE_TILES["Q8_0"][16]
+    assert plane_tile(8192, 8, 128, "Q4_K") == PLANE_TILES["Q4_K"][128]
+    with pytest.raises(StrataError, match="Q6_K"):
+        plane_tile(512, 8, 128, "Q6_K")
+    # a table for each format the GEMM reads, a tile for each BLOCK_M the planner picks, each no
+    # taller than its key (the planner's workspace, padded_rows at the key, holds its rows)
     from strata.kernels.tiles import BLOCK_M_MAX, BLOCK_M_MIN, block_m_for
-    assert {block_m_for(T, 8, 128) for T in range(0, 4096, 7)} == set(PLANE_TILES)
-    assert min(PLANE_TILES) == BLOCK_M_MIN and max(PLANE_TILES) == BLOCK_M_MAX
-    assert all(t.BLOCK_M == m for m, t in PLANE_TILES.items())
-    for t in PLANE_TILES.values():
-        assert PlaneTile.parse(t.name) == t
+    assert set(PLANE_TILES) == set(KERNEL_FORMATS)
+    for table in PLANE_TILES.values():
+        assert {block_m_for(T, 8, 128) for T in range(0, 4096, 7)} == set(table)
+        assert min(table) == BLOCK_M_MIN and max(table) == BLOCK_M_MAX
+        for m, t in table.items():
+            assert t.BLOCK_M <= m
+            assert all(padded_rows(T, 8, 128, t.BLOCK_M) <= padded_rows(T, 8, 128, m)
+                       for T in (1, 77, 512, 4096))
+            assert PlaneTile.parse(t.name) == t
     assert PlaneTile.parse("64x128x64/w4s3/noswap/tma/nomagic") == PlaneTile(
         64, 128, 64, 4, 3, swap=False, tma=True, magic=False)
     t = PlaneTile.parse("32x64x64/w4s4/r2")
@@ -289,7 +297,8 @@ def _real(device, T, seed=0, fmt="Q8_0"):
     return ex, ps, x, ids, w
 
 
-GPU_TILES = [None] + [t.name for t in PLANE_TILES.values()] + [
+GPU_TILES = [None] + list(dict.fromkeys(t.name for f in KERNEL_FORMATS
+                                         for t in PLANE_TILES[f].values())) + [
     "128x128x64/w8s3/tma", "128x128x64/w8s3/noswap", "32x64x64/w4s4/r2", "64x64x64/w4s4/r2",
     "64x128x64/w4s3/tma"]
 
@@ -301,7 +310,7 @@ GPU_TILES = [None] + [t.name for t in PLANE_TILES.values()] + [
                          ids=lambda v: v if isinstance(v, str) else str(v) if v else "table")
 def test_real_shape_gpu(fmt, T, tile):
     ex, ps, x, ids, w = _real(torch.device("cuda"), T, fmt=fmt)
-    pt = PlaneTile.parse(tile) if tile else plane_tile(T, 8, 128)
+    pt = PlaneTile.parse(tile) if tile else plane_tile(T, 8, 128, fmt)
     ref = plane_ffn_torch(x, ids, w, ps)
     ws = {"h": torch.full((padded_rows(T, 8, 128, pt.BLOCK_M), 768), float("nan"),
                           dtype=torch.bfloat16, device="cuda"),
@@ -347,8 +356,8 @@ def test_relayout_on_gpu_is_the_cpu_relayout_and_check_false_never_syncs():
 
 
 def test_plane_gemm_compiles_for_h200():
-    """Both modes compile for sm_90 (triton's passes and ptxas, no GPU) at the default table's
-    tiles (Q8_0; Q4_0 and Q4_K at the largest), in a process without the interpreter: every dot
+    """Both modes compile for sm_90 (triton's passes and ptxas, no GPU) at the default tables'
+    tiles (the Q8_0 table's, the Q4_0 / Q4_K table's own), in a process without the interpreter: every dot
     a wgmma, none serialized (ptxas C7515: the accumulators' zeros on the loop's zero-trip path
     made ptxas wait on each wgmma before the next, until the kernel told it n_in > 0), the code
     tiles staged by cp.async, no register spills."""
@@ -362,7 +371,9 @@ def test_plane_gemm_compiles_for_h200():
                         "--quick"], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 2 * (len(PLANE_TILES) + 2) and "FAIL" not in r.stdout, r.stdout
+    runs = {(t, f) for f in KERNEL_FORMATS for t in PLANE_TILES[f].values()
+            if f == "Q8_0" or t not in PLANE_TILES["Q8_0"].values()}
+    assert len(lines) == 2 * len(runs) and "FAIL" not in r.stdout, r.stdout
     for line in lines:
         assert "spill 0/0" in line and "wgmma" in line and "cp.async" in line, line
         assert "serialized" not in line, line
