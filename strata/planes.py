@@ -15,12 +15,16 @@ layout keeps the matrix in the same bytes of the blob (same offset, same `nbytes
                                            Q8_0 / Q4_0 one fp16 d a block, Q4_K 16 bytes a
                                            super-block (below)
 
-Q8_0's code bytes are its int8 q, in weight order. Q4_0's and Q4_K's codes are re-paired in weight
-order: code byte j of a row holds weight 2j in its low nibble and weight 2j+1 in its high nibble
-(ggml's Q4_0 block puts weight i < 16 in the low nibble of qs[i] and i >= 16 in the high nibble
-of qs[i - 16]; Q4_K's super-block puts weight 64g + i, i < 32, in the low nibble of qs[32g + i] and
-64g + 32 + i in its high nibble), so a kernel unpacks a code tile into weight order with a shift
-and a mask, no shuffle.
+Q8_0's code bytes are its int8 q, each 16-weight group's in the order the GEMM's tensor cores take
+them (Q8_ORDER): byte 4i + 2h + p of a group holds weight 8h + 2i + p (i = 0..3, h, p = 0..1). A
+Hopper wgmma's register operand gives lane i of each quad the weights 2i, 2i+1, 2i+8, 2i+9 of every
+16-wide k slice; in weight order those are two 2-byte runs (16-bit shared loads, 32 a 64x64 step of
+a 128-thread program), in this order one 4-byte run (ldmatrix: 4). Q4_0's and Q4_K's codes are
+re-paired in weight order: code byte j of a row holds weight 2j in its low nibble and weight 2j+1 in
+its high nibble (ggml's Q4_0 block puts weight i < 16 in the low nibble of qs[i] and i >= 16 in the
+high nibble of qs[i - 16]; Q4_K's super-block puts weight 64g + i, i < 32, in the low nibble of
+qs[32g + i] and 64g + 32 + i in its high nibble), so a kernel unpacks a code tile into weight order
+with a shift and a mask, no shuffle.
 
 A Q4_K super-block's 16 scale bytes, re-packed so that sub-block s (weights 32s .. 32s+31 of the
 super-block) reads its 6-bit scale sc[s] and min m[s] from two fixed bytes with no select:
@@ -143,6 +147,17 @@ def _blocks(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
     return raw.reshape(*raw.shape[:-1], rows, cols // pf.block, pf.block_bytes)  # [..., N, B, bb]
 
 
+# Q8_0: byte j of a 16-weight group holds weight Q8_ORDER[j]; Q8_WEIGHTS inverts it
+Q8_ORDER = tuple(8 * h + 2 * i + p for i in range(4) for h in range(2) for p in range(2))
+Q8_WEIGHTS = tuple(sorted(range(16), key=Q8_ORDER.__getitem__))
+
+
+def _q8_order(q: torch.Tensor, order: tuple) -> torch.Tensor:
+    """Q8_0 codes [..., 16n] with each 16-byte group gathered by `order`."""
+    g = q.reshape(*q.shape[:-1], -1, 16)
+    return g[..., list(order)].reshape(q.shape)
+
+
 def _pairs_of_weights(q: torch.Tensor) -> torch.Tensor:
     """4-bit codes [..., 2n] in weight order -> [..., n] bytes (low nibble the even weight)."""
     return q[..., 0::2] | (q[..., 1::2] << 4)
@@ -205,7 +220,9 @@ def to_planes(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor
     lead = b.shape[:-3]
     sb = PLANE_FORMATS[fmt].scale_bytes
     qs, sc = b[..., sb:], b[..., :sb]
-    if fmt != "Q8_0":
+    if fmt == "Q8_0":
+        qs = _q8_order(qs, Q8_ORDER)
+    else:
         qs = _pairs_of_weights(_weights_of_ggml(qs, fmt))
     if fmt == "Q4_K":
         sc = torch.cat([sc[..., :4], _k_scales_of_ggml(sc[..., 4:])], dim=-1)
@@ -220,7 +237,9 @@ def to_ggml(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tenso
     lead = planes.shape[:-1]
     n_codes = rows * nb * pf.code_bytes
     codes = planes[..., :n_codes].reshape(*lead, rows, nb, pf.code_bytes)
-    if fmt != "Q8_0":
+    if fmt == "Q8_0":
+        codes = _q8_order(codes, Q8_WEIGHTS)
+    else:
         codes = _ggml_of_weights(_weights_of_pairs(codes), fmt)
     scales = planes[..., n_codes:].reshape(*lead, rows, nb, pf.scale_bytes)
     if fmt == "Q4_K":
@@ -244,11 +263,12 @@ def split_planes(planes: torch.Tensor, fmt: str, rows: int, cols: int):
 def dequantize_planes(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
     """fp32 [N, K] of one matrix in plane layout, in torch: the products ggml's decoder forms
     (Q8_0 q·d, Q4_0 d·(q - 8), Q4_K (d·sc)·q - dmin·m; strata.formats.legacy / kquants), so
-    equal to it bit for bit. 4-bit codes are weight pairs (low nibble the even weight)."""
+    equal to it bit for bit. Q8_0's codes are in Q8_ORDER, 4-bit codes weight pairs (low nibble
+    the even weight)."""
     codes, scales = split_planes(planes, fmt, rows, cols)
     if fmt == "Q8_0":
         d = scales.float().reshape(rows, cols // 32, 1)                       # [N, R, 1]
-        q = codes.view(torch.int8).to(torch.float32).reshape(rows, -1, 32)
+        q = _q8_order(codes, Q8_WEIGHTS).view(torch.int8).to(torch.float32).reshape(rows, -1, 32)
         return (q * d).reshape(rows, cols)
     q = _weights_of_pairs(codes.to(torch.int32)).reshape(rows, -1, 32)        # weight order
     if fmt == "Q4_0":

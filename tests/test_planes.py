@@ -1,5 +1,7 @@
 """The plane layout (strata.planes): where the bytes go, exact inversion, decoded values equal to
 ggml's decoder (strata.formats.dequantize, itself bit-exact against gguf-py) bit for bit."""
+import itertools
+
 import pytest
 import torch
 from hypothesis import example, given, strategies as st
@@ -31,9 +33,10 @@ def _same(a, b):
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
 def test_each_byte_goes_where_the_layout_says(fmt):
-    """scales[n, r] = block (n, r)'s fp16; Q8_0 codes[n, r·32 + j] = the block's q[j]; Q4_0
-    code byte j of a row = weight 2j (low nibble) and 2j + 1 (high), where ggml's block keeps
-    weight i < 16 in the low nibble of qs[i] and i >= 16 in the high nibble of qs[i - 16]."""
+    """scales[n, r] = block (n, r)'s fp16; Q8_0 codes[n, r·32 + 16g + 4i + 2h + p] = the block's
+    q[16g + 8h + 2i + p] (each lane's four codes of a 16-wide k slice adjacent); Q4_0 code byte j
+    of a row = weight 2j (low nibble) and 2j + 1 (high), where ggml's block keeps weight i < 16
+    in the low nibble of qs[i] and i >= 16 in the high nibble of qs[i - 16]."""
     rows, cols, cb = 3, 96, PLANE_FORMATS[fmt].code_bytes
     raw = _raw(fmt, rows, cols, 1, any_bytes=True)
     pl = to_planes(raw, fmt, rows, cols)
@@ -44,7 +47,9 @@ def test_each_byte_goes_where_the_layout_says(fmt):
             blk = raw[(n * R + r) * bb:(n * R + r + 1) * bb]
             at = n * R * cb + r * cb
             if fmt == "Q8_0":
-                assert torch.equal(pl[at:at + cb], blk[2:])
+                for g, i, h, p in itertools.product(range(2), range(4), range(2), range(2)):
+                    j = 16 * g + 4 * i + 2 * h + p
+                    assert pl[at + j] == blk[2 + 16 * g + 8 * h + 2 * i + p], (n, r, j)
             else:
                 for i in range(32):   # weight i of the block, by both orders
                     g = int(blk[2 + i % 16]) >> (4 * (i // 16)) & 15

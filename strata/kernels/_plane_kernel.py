@@ -90,17 +90,27 @@ CODE_BIAS_BITS = tl.constexpr(0x4B400000)
 
 
 @triton.jit
-def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr):
-    """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width),
+def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr, BIASED: tl.constexpr = False):
+    """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width;
+    the bytes in strata.planes.Q8_ORDER),
     Q4_0 q - 8 of each nibble pair, Q4_K q of each (BK = twice it; low nibble the even weight).
     MAGIC: by a float subtract on the bits of a biased float, not an int->float convert (a
     quarter rate on the GPU): Q8_0's sign-extended q added to CODE_BIAS's bits (one PRMT and one
     add a code in sm_90's SASS, where flipping the top bit to q + 128 and masking cost four),
-    the nibbles ORed under 2**23 (strata.kernels.decode._common._f32_of)."""
+    the nibbles ORed under 2**23 (strata.kernels.decode._common._f32_of). BIASED (Q8_0 with
+    MAGIC): CODE_BIAS + q, the subtraction left to the caller."""
     if FMT == GGML_Q8_0:
+        # byte 4i + 2h + p of each 16 holds weight 8h + 2i + p (strata.planes.Q8_ORDER): in
+        # weight order by a permute that is only a relabelling of registers
+        BN: tl.constexpr = b.shape[0]
+        BB: tl.constexpr = b.shape[1]
+        b = tl.reshape(tl.permute(tl.reshape(b, (BN, BB // 16, 4, 2, 2)), (0, 1, 3, 2, 4)),
+                       (BN, BB))
         q = b.to(tl.int8, bitcast=True).to(tl.int32)                  # sign-extended
         if MAGIC:
-            f = (q + CODE_BIAS_BITS).to(tl.float32, bitcast=True) - CODE_BIAS
+            f = (q + CODE_BIAS_BITS).to(tl.float32, bitcast=True)     # CODE_BIAS + q
+            if not BIASED:
+                f = f - CODE_BIAS
         else:
             f = q.to(tl.float32)
     else:
@@ -136,19 +146,39 @@ def step_scales(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr, FMT: tl.const
 
 
 @triton.jit
-def decoded(b, s, m, FMT: tl.constexpr, MAGIC: tl.constexpr):
+def _fma_exact(a, b, c, INTERP: tl.constexpr):
+    """a * b + c rounded once, for operands whose a * b + c is exact in fp32 (the interpreter's
+    fma rounds a * b first; in float64 that product and sum are exact)."""
+    if INTERP:
+        return (a.to(tl.float64) * b.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+    else:
+        return tl.fma(a, b, c)
+
+
+@triton.jit
+def decoded(b, s, m, FMT: tl.constexpr, MAGIC: tl.constexpr, FMA: tl.constexpr,
+            INTERP: tl.constexpr):
     """fp32 [BN, BK]: the weights from their code bytes b and their runs' factors (s, m) of
     step_scales, the ggml decoder's values bit for bit: q * d, d * (q - 8), (d·sc) * q - dmin·m
-    (q * s is exact in fp32, so Q4_K's one rounding is its subtraction of m, as in ggml; an FMA
-    (CODE_BIAS + q) * s - CODE_BIAS * s would save the subtract but gives +0 where ggml gives
-    -0)."""
-    f = codes_f32(b, FMT, MAGIC)
-    BN: tl.constexpr = f.shape[0]
-    BK: tl.constexpr = f.shape[1]
-    R: tl.constexpr = BK // 32
-    w = tl.reshape(f, (BN, R, 32)) * s[:, :, None]
-    if FMT == GGML_Q4_K:
-        w = w - m[:, :, None]
+    (q * s is exact in fp32, so Q4_K's one rounding is its subtraction of m, as in ggml).
+    FMA (Q8_0 with MAGIC): one fused (CODE_BIAS + q) * d - CODE_BIAS * d in place of a subtract
+    and a product (CODE_BIAS has two significant bits, so CODE_BIAS * d and the result q * d are
+    exact): the same value, except +0 where ggml gives -0 (q = 0, d < 0), which no dot can show
+    (a product of +-0 adds nothing to a sum, and the sum starts at +0)."""
+    BN: tl.constexpr = b.shape[0]
+    if FMT == GGML_Q8_0 and MAGIC and FMA:
+        f = codes_f32(b, FMT, MAGIC, True)
+        BK: tl.constexpr = f.shape[1]
+        R: tl.constexpr = BK // 32
+        s3 = s[:, :, None]
+        w = _fma_exact(tl.reshape(f, (BN, R, 32)), s3, -(s3 * CODE_BIAS), INTERP)   # exact
+    else:
+        f = codes_f32(b, FMT, MAGIC)
+        BK: tl.constexpr = f.shape[1]
+        R: tl.constexpr = BK // 32
+        w = tl.reshape(f, (BN, R, 32)) * s[:, :, None]
+        if FMT == GGML_Q4_K:
+            w = w - m[:, :, None]
     return tl.reshape(w, (BN, BK))
 
 
@@ -163,7 +193,7 @@ def _weights(c_ptr, desc, s, m, n_in, offs_n, n_mask, nb, k0, BN: tl.constexpr,
     else:
         rb = n_in if FMT == GGML_Q8_0 else n_in // 2
         b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
-    return _bf16(decoded(b, s, m, FMT, MAGIC), INTERP)
+    return _bf16(decoded(b, s, m, FMT, MAGIC, True, INTERP), INTERP)
 
 
 @triton.jit
@@ -290,17 +320,18 @@ def _plane_gemm_kernel(
 
 @triton.jit
 def _plane_dequant_kernel(c_ptr, s_ptr, out_ptr, n_rows, n_in, BN: tl.constexpr,
-                          BK: tl.constexpr, FMT: tl.constexpr, MAGIC: tl.constexpr):
+                          BK: tl.constexpr, FMT: tl.constexpr, MAGIC: tl.constexpr,
+                          FMA: tl.constexpr, INTERP: tl.constexpr):
     """fp32 out [n_rows, n_in] of one matrix's planes (FMT Q8_0 / Q4_0 / Q4_K), through the GEMM's
-    own loads and products (load_codes, decoded), a [BN, BK] tile a program (axis 0 rows, axis 1
-    columns). s_ptr: the scale plane (fp16 d, or Q4_K's bytes)."""
+    own loads and products (load_codes, decoded; FMA True is the GEMM's form), a [BN, BK] tile a
+    program (axis 0 rows, axis 1 columns). s_ptr: the scale plane (fp16 d, or Q4_K's bytes)."""
     offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
     k0 = tl.program_id(1) * BK
     n_mask = offs_n < n_rows
     rb = n_in if FMT == GGML_Q8_0 else n_in // 2
     b = load_codes(c_ptr, rb, offs_n, n_mask, k0, BK, FMT)
     s, m = step_scales(s_ptr, n_in, offs_n, n_mask, k0, BK, FMT)
-    v = decoded(b, s, m, FMT, MAGIC)
+    v = decoded(b, s, m, FMT, MAGIC, FMA, INTERP)
     offs_k = k0 + tl.arange(0, BK)
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * n_in + offs_k[None, :], v,
              mask=n_mask[:, None] & (offs_k < n_in)[None, :])

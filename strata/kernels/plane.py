@@ -259,21 +259,26 @@ def plane_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
 
 
 def plane_dequantize(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
-                     block=(32, 64), magic: bool = True) -> torch.Tensor:
+                     block=(32, 64), magic: bool = True, fma: bool = True) -> torch.Tensor:
     """fp32 [rows, cols] of one matrix's planes (uint8 [nbytes]) decoded by the GEMM's Triton
     loads and products; `block` = (BN, BK) of the decode tile (BK whole 32-weight runs),
-    `magic` PlaneTile.magic."""
+    `magic` PlaneTile.magic. `fma` (the GEMM's form): Q8_0's weights by one fused multiply-add,
+    ggml's values except +0 where ggml gives -0; False: ggml's bit for bit."""
     if fmt not in KERNEL_FORMATS:
         raise StrataError(f"plane_dequantize decodes {', '.join(KERNEL_FORMATS)}, got {fmt}")
     codes, scales = split_planes(planes, fmt, rows, cols)
     out = torch.full((rows, cols), float("nan"), dtype=torch.float32, device=planes.device)
     bn, bk = block
     _pk._plane_dequant_kernel[(-(-rows // bn), -(-cols // bk))](
-        codes, scales, out, rows, cols, BN=bn, BK=bk, FMT=_GGML[fmt], MAGIC=magic)
+        codes, scales, out, rows, cols, BN=bn, BK=bk, FMT=_GGML[fmt], MAGIC=magic, FMA=fma,
+        INTERP=INTERPRET)
     return out
 
 
 def plane_dequantize_torch(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
-                           block=(32, 64), magic: bool = True) -> torch.Tensor:
-    """Plain-torch reference of `plane_dequantize` (same signature; `block`, `magic` ignored)."""
-    return dequantize_planes(planes, fmt, rows, cols)
+                           block=(32, 64), magic: bool = True,
+                           fma: bool = True) -> torch.Tensor:
+    """Plain-torch reference of `plane_dequantize` (same signature; `block` ignored): ggml's
+    values, with -0 made +0 where plane_dequantize's fused form gives +0 (Q8_0, magic and fma)."""
+    out = dequantize_planes(planes, fmt, rows, cols)
+    return out + 0.0 if fmt == "Q8_0" and magic and fma else out

@@ -158,23 +158,42 @@ def test_nothing_routed_to_the_pass():
     assert torch.equal(y, torch.zeros_like(y))
 
 
+def _negative_zeros(raw, fmt):
+    """raw with its first block's scale made negative and its first codes zero: the weights ggml
+    decodes to -0 (Q8_0: q * d; Q4_0: d * (q - 8) at q = 8)."""
+    f = get_format(fmt)
+    raw = raw.clone()
+    blk = raw.view(-1, f.block_bytes)
+    blk[0, :2] = torch.tensor([-1.5], dtype=torch.float16).view(torch.uint8)
+    blk[0, 2:10] = 0 if fmt == "Q8_0" else 0x88
+    return raw
+
+
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
-@pytest.mark.parametrize("magic", [True, False], ids=["magic", "convert"])
+@pytest.mark.parametrize("magic, fma", [(True, True), (True, False), (False, True)],
+                         ids=["magic-fma", "magic", "convert"])
 @pytest.mark.parametrize("rows, cols, block", [(5, 96, (4, 64)), (33, 64, (32, 32)),
                                                (1, 32, (16, 128))],
                          ids=["masked-both", "rows-past-BN", "BK-past-K"])
-def test_plane_dequantize_bit_exact(fmt, magic, rows, cols, block):
+def test_plane_dequantize_bit_exact(fmt, magic, fma, rows, cols, block):
     """The GEMM's own loads and products (Triton) decode the planes to the very fp32 values
     ggml's decoder gives (strata.formats.dequantize, bit-exact with gguf-py), both ways of
-    turning codes into floats."""
+    turning codes into floats. Q8_0's fused form (the GEMM's) differs in one thing only, and
+    its torch twin says so: +0 where ggml gives -0."""
     f = get_format(fmt)
-    raw = random_blocks(f, rows, cols, seed=rows * cols)
+    raw = _negative_zeros(random_blocks(f, rows, cols, seed=rows * cols), fmt)
     planes = to_planes(raw, fmt, rows, cols)
     ref = dequantize(raw, f).float().reshape(rows, cols)
-    got = plane_dequantize(planes, fmt, rows, cols, block=block, magic=magic)
-    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
-    assert torch.equal(plane_dequantize_torch(planes, fmt, rows, cols).view(torch.int32),
-                       ref.view(torch.int32))
+    got = plane_dequantize(planes, fmt, rows, cols, block=block, magic=magic, fma=fma)
+    twin = plane_dequantize_torch(planes, fmt, rows, cols, magic=magic, fma=fma)
+    assert torch.equal(got.view(torch.int32), twin.view(torch.int32))
+    assert torch.equal(twin, ref)                                   # as values: -0 == +0
+    neg_zero = ref.view(torch.int32) == torch.tensor([-0.0]).view(torch.int32)
+    assert neg_zero.any()
+    if fmt == "Q8_0" and magic and fma:
+        assert torch.equal(twin.view(torch.int32) != ref.view(torch.int32), neg_zero)
+    else:
+        assert torch.equal(twin.view(torch.int32), ref.view(torch.int32))
 
 
 def _q4_k_blocks(rows, cols, seed):
@@ -324,19 +343,24 @@ def test_real_shape_gpu(fmt, T, tile):
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0", "Q4_K"])
 def test_plane_dequantize_gpu_bit_exact(fmt):
     """Compiled for the GPU (where ptxas may contract a product and a difference into an FMA)
-    the GEMM's decode still gives ggml's values bit for bit: every product it forms is exact.
-    The relayout run on the GPU is the CPU's, both ways."""
+    the GEMM's decode still gives ggml's values bit for bit: every product it forms is exact
+    (Q8_0's fused form: its torch twin's, +0 for ggml's -0). The relayout run on the GPU is the
+    CPU's, both ways."""
     from strata.planes import to_ggml
     rows, cols = 96, 1024
     f = get_format(fmt)
-    raw = _q4_k_blocks(rows, cols, seed=3) if fmt == "Q4_K" else random_blocks(f, rows, cols)
+    raw = (_q4_k_blocks(rows, cols, seed=3) if fmt == "Q4_K"
+           else _negative_zeros(random_blocks(f, rows, cols), fmt))
     ref = dequantize(raw, f).float().reshape(rows, cols)
     planes = to_planes(raw.cuda(), fmt, rows, cols)
     assert torch.equal(planes.cpu(), to_planes(raw, fmt, rows, cols))
     assert torch.equal(to_ggml(planes, fmt, rows, cols).cpu(), raw)
+    twin = plane_dequantize_torch(planes.cpu(), fmt, rows, cols)
     for block in ((32, 64), (64, 128)):
-        got = plane_dequantize(planes, fmt, rows, cols, block=block)
+        got = plane_dequantize(planes, fmt, rows, cols, block=block, fma=False)
         assert torch.equal(got.cpu().view(torch.int32), ref.view(torch.int32)), block
+        got = plane_dequantize(planes, fmt, rows, cols, block=block)   # the GEMM's form
+        assert torch.equal(got.cpu().view(torch.int32), twin.view(torch.int32)), block
 
 
 @pytest.mark.gpu
@@ -356,11 +380,11 @@ def test_relayout_on_gpu_is_the_cpu_relayout_and_check_false_never_syncs():
 
 
 def test_plane_gemm_compiles_for_h200():
-    """Both modes compile for sm_90 (triton's passes and ptxas, no GPU) at the default tables'
-    tiles (the Q8_0 table's, the Q4_0 / Q4_K table's own), in a process without the interpreter: every dot
-    a wgmma, none serialized (ptxas C7515: the accumulators' zeros on the loop's zero-trip path
-    made ptxas wait on each wgmma before the next, until the kernel told it n_in > 0), the code
-    tiles staged by cp.async, no register spills."""
+    """Both modes compile for sm_90 (triton's passes and ptxas, no GPU) at the default tables' tiles
+    (the Q8_0 table's, the Q4_0 / Q4_K table's own), in a process without the interpreter: every dot
+    a wgmma, none serialized (ptxas C7515: the accumulators' zeros on the loop's zero-trip path made
+    ptxas wait on each wgmma before the next, until the kernel told it n_in > 0), the code tiles
+    staged by cp.async, no register spills."""
     import os
     import subprocess
     import sys
