@@ -153,9 +153,12 @@ Q8_WEIGHTS = tuple(sorted(range(16), key=Q8_ORDER.__getitem__))
 
 
 def _q8_order(q: torch.Tensor, order: tuple) -> torch.Tensor:
-    """Q8_0 codes [..., 16n] with each 16-byte group gathered by `order`."""
-    g = q.reshape(*q.shape[:-1], -1, 16)
-    return g[..., list(order)].reshape(q.shape)
+    """Q8_0 codes [..., 16n], each 16-byte group gathered by `order` (Q8_ORDER: weight order ->
+    the plane's; Q8_WEIGHTS: back). Both are a swap of two axes of [2, 4, 2] (h, i, p <-> i, h,
+    p): a view and a copy, no index tensor (whose upload would sync the engine's stream)."""
+    g = q.reshape(*q.shape[:-1], -1, 2, 4, 2) if order == Q8_ORDER else \
+        q.reshape(*q.shape[:-1], -1, 4, 2, 2)
+    return g.transpose(-3, -2).reshape(q.shape)
 
 
 def _pairs_of_weights(q: torch.Tensor) -> torch.Tensor:

@@ -106,30 +106,25 @@ class PlaneTile:
 # padded rows of any smaller block (padded_rows grows with BLOCK_M). row_blocks spans a tile over
 # several blocks of one expert, so each weight is decoded once for up to RB·BLOCK_M rows.
 # Footprints on sm_90 (tests/kernels/compile_plane.py: triton 3.6 + ptxas, GATE_UP, Q8_0):
-# 16x128x64/w4s4 58 KB shared, 236 registers; 32x64x64/w4s4/r2 58 KB, 170; 64x128x64/w8s4 83 KB,
-# 175; 128x128x64/w8s4/tma 116 KB, 218; 64x64x64/w4s4/r2 (Q4_K) 78 KB, 252; none spills, every
-# wgmma asynchronous. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8 spill (the two
+# 16x128x64/w4s4 58 KB shared, 179 registers; 32x64x64/w4s4/r2 58 KB, 152; 64x64x64/w4s4/r2
+# 91 KB, 233 (Q4_K 78 KB, 252); 64x128x64/w8s4 83 KB, 141; 128x128x64/w8s4/tma 116 KB, 218; none
+# spills, every wgmma asynchronous. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8 spill (the two
 # decoded weight tiles sit in registers beside the two accumulators): BLOCK_K stays 64.
-# Chosen on the H200 (kernel_bench, qwen3-30b-a3b, settled, check=False, 7bc0530,
-# experiments/results/kernel_bench_plane_tiles-*-7bc0530): at T 512 the one-block tile
-# 32x64x64/w4s4 ran Q8_0 / Q4_0 / Q4_K at 51.8 / 70.2 / 57.9 TFLOP/s, the two-block 63.3 / 74.2 /
-# 64.3; at T 2048 Q8_0 keeps 64x128x64/w8s4 (145.6 against 129.4 for 64x64x64/w4s4/r2) where
-# Q4_0 / Q4_K ran 176.7 / 130.6 on 64x64x64/w4s4/r2 against 135.8 / 110.3; at T 8192 Q8_0 ran
-# 230.0 on the TMA tile (231.9 on 64x64x64/w4s4/r2), Q4_0 / Q4_K 262.3 / 214.2 on
-# 64x64x64/w4s4/r2 against 214.6 / 199.4.
-_Q8_TILES = {
-    16: PlaneTile(16, 128, 64, 4, 4),
-    32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2),
-    64: PlaneTile(64, 128, 64, 8, 4),
-    128: PlaneTile(128, 128, 64, 8, 4, tma=True),
-}
-_NIBBLE_TILES = {   # Q4_0, Q4_K: half the code bytes a weight, the decode weighs more
+# Chosen on the H200 (kernel_bench, qwen3-30b-a3b, settled, check=False; TFLOP/s of the whole
+# feed-forward; experiments/results/kernel_bench_plane_tiles-*): at 7bc0530, T 512, the one-block
+# 32x64x64/w4s4 ran Q8_0 / Q4_0 / Q4_K at 51.8 / 70.2 / 57.9, the two-block 32x64x64/w4s4/r2
+# 63.3 / 74.2 / 64.3; 64x64x64/w4s4/r2 ran Q4_0 / Q4_K at 176.7 / 130.6 (T 2048) and 262.3 /
+# 214.2 (T 8192) against 135.8 / 110.3 and 214.6 / 199.4 on 64x128x64/w8s4 and the TMA tile
+# 128x128x64/w8s4. At 2c5088e (Q8_0 in Q8_ORDER, fused multiply-adds) Q8_0 ran 71.1 at T 512
+# on 32x64x64/w4s4/r2 (63.9 on 32x64x64/w4s4), 178.1 / 255.9 on 64x64x64/w4s4/r2 against
+# 172.3 / 243.3 on 64x128x64/w8s4 and the TMA tile. Today the three formats share one table.
+_TILES = {
     16: PlaneTile(16, 128, 64, 4, 4),
     32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2),
     64: PlaneTile(64, 64, 64, 4, 4, row_blocks=2),
     128: PlaneTile(64, 64, 64, 4, 4, row_blocks=2),
 }
-PLANE_TILES = {"Q8_0": _Q8_TILES, "Q4_0": _NIBBLE_TILES, "Q4_K": _NIBBLE_TILES}
+PLANE_TILES = {"Q8_0": _TILES, "Q4_0": _TILES, "Q4_K": _TILES}
 
 
 _PINNED: ContextVar[PlaneTile | None] = ContextVar("strata_plane_tile_pin", default=None)

@@ -9,8 +9,8 @@ launches (planes and rows 16-byte aligned, D and F multiples of 16).
     python tests/kernels/compile_plane.py            # the default table's tiles, both modes,
                                                      # Q8_0, Q4_0 and Q4_K, swap / no swap,
                                                      # TMA / vector loads, magic / int->float
-    python tests/kernels/compile_plane.py --quick    # the Q8_0 table's tiles, and the Q4_0 /
-                                                     # Q4_K table's own (the suite's check)
+    python tests/kernels/compile_plane.py --quick    # each format at its table's tiles (the
+                                                     # suite's check)
     python tests/kernels/compile_plane.py --formats Q4_K   # the default table's tiles, Q4_K only
     python tests/kernels/compile_plane.py 128x128x64/w8s4/tma 64x128x128/w4s3   # Q8_0 (or
                                                      # --formats ...) at these tiles
@@ -92,8 +92,7 @@ def main(argv) -> int:
         if fmts:
             runs = [(t, f) for f in fmts for t in base + ([] if quick else more)]
         else:
-            runs = [(t, f) for f in KERNEL_FORMATS for t in PLANE_TILES[f].values()
-                    if f == "Q8_0" or t not in PLANE_TILES["Q8_0"].values()]
+            runs = [(t, f) for f in KERNEL_FORMATS for t in PLANE_TILES[f].values()]
             if not quick:
                 runs += [(t, "Q8_0") for t in more] + [(t, f) for f in ("Q4_0", "Q4_K")
                                                       for t in base[:-1] + more]

@@ -226,8 +226,10 @@ def test_plane_dequantize_q4_k_bit_exact(magic, rows, cols, block):
 
 
 def test_tile_table_and_parse():
-    assert [plane_tile(T, 8, 128).BLOCK_M for T in (1, 256, 512, 1024, 2048, 8192)] == \
-        [16, 16, 32, 64, 128, 128]
+    # keyed by the planner's BLOCK_M (qwen3's E 128, K 8: T / 16 in [16, 128])
+    for fmt in KERNEL_FORMATS:
+        assert [plane_tile(T, 8, 128, fmt) for T in (1, 256, 512, 1024, 2048, 8192)] == \
+            [PLANE_TILES[fmt][m] for m in (16, 16, 32, 64, 128, 128)]
     assert plane_tile(0, 8, 128) == PLANE_TILES["Q8_0"][16]
     assert plane_tile(8192, 8, 128, "Q4_K") == PLANE_TILES["Q4_K"][128]
     with pytest.raises(StrataError, match="Q6_K"):
@@ -381,7 +383,7 @@ def test_relayout_on_gpu_is_the_cpu_relayout_and_check_false_never_syncs():
 
 def test_plane_gemm_compiles_for_h200():
     """Both modes compile for sm_90 (triton's passes and ptxas, no GPU) at the default tables' tiles
-    (the Q8_0 table's, the Q4_0 / Q4_K table's own), in a process without the interpreter: every dot
+    (each format at its own table's), in a process without the interpreter: every dot
     a wgmma, none serialized (ptxas C7515: the accumulators' zeros on the loop's zero-trip path made
     ptxas wait on each wgmma before the next, until the kernel told it n_in > 0), the code tiles
     staged by cp.async, no register spills."""
@@ -395,8 +397,7 @@ def test_plane_gemm_compiles_for_h200():
                         "--quick"], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    runs = {(t, f) for f in KERNEL_FORMATS for t in PLANE_TILES[f].values()
-            if f == "Q8_0" or t not in PLANE_TILES["Q8_0"].values()}
+    runs = {(t, f) for f in KERNEL_FORMATS for t in PLANE_TILES[f].values()}
     assert len(lines) == 2 * len(runs) and "FAIL" not in r.stdout, r.stdout
     for line in lines:
         assert "spill 0/0" in line and "wgmma" in line and "cp.async" in line, line
