@@ -107,9 +107,10 @@ class PlaneTile:
 # several blocks of one expert, so each weight is decoded once for up to RB·BLOCK_M rows.
 # Footprints on sm_90 (tests/kernels/compile_plane.py: triton 3.6 + ptxas, GATE_UP, Q8_0):
 # 16x128x64/w4s4 58 KB shared, 179 registers; 32x64x64/w4s4/r2 58 KB, 152; 64x64x64/w4s4/r2
-# 91 KB, 233 (Q4_K 78 KB, 252); 64x128x64/w8s4 83 KB, 141; 128x128x64/w8s4/tma 116 KB, 218; none
-# spills, every wgmma asynchronous. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8 spill (the two
-# decoded weight tiles sit in registers beside the two accumulators): BLOCK_K stays 64.
+# 91 KB, 233 (Q4_K 78 KB, 252); 64x128x64/w8s4 83 KB, 141; 128x128x64/w8s4/tma 116 KB, 218;
+# none spills, every wgmma asynchronous. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8
+# spill (the two decoded weight tiles sit in registers beside the two accumulators): BLOCK_K
+# stays 64.
 # Chosen on the H200 (kernel_bench, qwen3-30b-a3b, settled, check=False; TFLOP/s of the whole
 # feed-forward; experiments/results/kernel_bench_plane_tiles-*): at 7bc0530, T 512, the one-block
 # 32x64x64/w4s4 ran Q8_0 / Q4_0 / Q4_K at 51.8 / 70.2 / 57.9, the two-block 32x64x64/w4s4/r2
