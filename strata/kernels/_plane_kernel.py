@@ -284,8 +284,10 @@ def _plane_gemm_kernel(
             acc1 = tl.zeros((ROWS, BN), tl.float32)
             acc2 = tl.zeros((ROWS, BN), tl.float32)
         a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a           # [ROWS, 1]
-        # the scales are byte / fp16 gathers the cp.async pipeline does not take: each step's
-        # are loaded one step ahead, so their latency hides behind a step of decode and MMA
+        # Q8_0 / Q4_0's scales are 2-byte gathers the cp.async pipeline does not take: each
+        # step's are loaded one step ahead, so their latency hides behind a step of decode and
+        # MMA (Q4_K's 16-byte entries it would stage if loaded in their step: the same SASS
+        # count at 32x64x64/w4s4/r2, so one path for all)
         f1, g1 = step_scales(s1, n_in, offs_n, n_mask, 0, BK, FMT1)
         f2, g2 = step_scales(s2, n_in, offs_n, n_mask & TWO, 0, BK, FMT2)
         # without it the loop may run zero times, that path sets the accumulators to zero by
