@@ -152,12 +152,12 @@ Q8_ORDER = tuple(8 * h + 2 * i + p for i in range(4) for h in range(2) for p in 
 Q8_WEIGHTS = tuple(sorted(range(16), key=Q8_ORDER.__getitem__))
 
 
-def _q8_order(q: torch.Tensor, order: tuple) -> torch.Tensor:
-    """Q8_0 codes [..., 16n], each 16-byte group gathered by `order` (Q8_ORDER: weight order ->
-    the plane's; Q8_WEIGHTS: back). Both are a swap of two axes of [2, 4, 2] (h, i, p <-> i, h,
-    p): a view and a copy, no index tensor (whose upload would sync the engine's stream)."""
-    g = q.reshape(*q.shape[:-1], -1, 2, 4, 2) if order == Q8_ORDER else \
-        q.reshape(*q.shape[:-1], -1, 4, 2, 2)
+def _q8_order(q: torch.Tensor, back: bool = False) -> torch.Tensor:
+    """Q8_0 codes [..., 16n], each 16-byte group from weight order to Q8_ORDER (back: from
+    Q8_ORDER to weight order, i.e. gathered by Q8_WEIGHTS). Either is a swap of two axes of
+    [2, 4, 2] (h, i, p <-> i, h, p): a view and a copy, no index tensor (whose upload would sync
+    the engine's stream)."""
+    g = q.reshape(*q.shape[:-1], -1, *((4, 2, 2) if back else (2, 4, 2)))
     return g.transpose(-3, -2).reshape(q.shape)
 
 
@@ -224,7 +224,7 @@ def to_planes(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor
     sb = PLANE_FORMATS[fmt].scale_bytes
     qs, sc = b[..., sb:], b[..., :sb]
     if fmt == "Q8_0":
-        qs = _q8_order(qs, Q8_ORDER)
+        qs = _q8_order(qs)
     else:
         qs = _pairs_of_weights(_weights_of_ggml(qs, fmt))
     if fmt == "Q4_K":
@@ -241,7 +241,7 @@ def to_ggml(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tenso
     n_codes = rows * nb * pf.code_bytes
     codes = planes[..., :n_codes].reshape(*lead, rows, nb, pf.code_bytes)
     if fmt == "Q8_0":
-        codes = _q8_order(codes, Q8_WEIGHTS)
+        codes = _q8_order(codes, back=True)
     else:
         codes = _ggml_of_weights(_weights_of_pairs(codes), fmt)
     scales = planes[..., n_codes:].reshape(*lead, rows, nb, pf.scale_bytes)
@@ -271,7 +271,7 @@ def dequantize_planes(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> t
     codes, scales = split_planes(planes, fmt, rows, cols)
     if fmt == "Q8_0":
         d = scales.float().reshape(rows, cols // 32, 1)                       # [N, R, 1]
-        q = _q8_order(codes, Q8_WEIGHTS).view(torch.int8).to(torch.float32).reshape(rows, -1, 32)
+        q = _q8_order(codes, back=True).view(torch.int8).to(torch.float32).reshape(rows, -1, 32)
         return (q * d).reshape(rows, cols)
     q = _weights_of_pairs(codes.to(torch.int32)).reshape(rows, -1, 32)        # weight order
     if fmt == "Q4_0":
