@@ -250,9 +250,17 @@ def test_tile_table_and_parse():
         64, 128, 64, 4, 3, swap=False, tma=True, magic=False)
     t = PlaneTile.parse("32x64x64/w4s4/r2")
     assert t.row_blocks == 2 and PlaneTile.parse(t.name) == t and t.name == "32x64x64/w4s4/r2"
+    assert t.occupancy == 0 and t.max_registers is None
+    t = PlaneTile.parse("32x64x64/w4s4/o3/r2")
+    assert (t.row_blocks, t.occupancy, t.name) == (2, 3, "32x64x64/w4s4/r2/o3")
+    # 65536 registers an SM: 3 programs of 128 threads leave 170, allocated in 8s
+    assert t.max_registers == 168 and t.with_(occupancy=4).max_registers == 128
+    assert PlaneTile.parse("64x128x64/w8s4/o1").max_registers == 255
+    assert PlaneTile.parse("64x128x64/w8s4/o2").max_registers == 128
     for bad in ("64x128/w4s3", "64x128x64/w4", "64x128x64/w4s3/fast", "64x128x48/w4s3",
                 "64x128x16/w4s3", "64x128x64/w3s3", "32x64x64/w4s4/r3", "32x64x64/w4s4/r2/r2",
-                "32x64x64/w4s4/r0", "32x64x64/w4s4/r"):
+                "32x64x64/w4s4/r0", "32x64x64/w4s4/r", "32x64x64/w4s4/o", "32x64x64/w4s4/o2/o3",
+                "32x64x64/w4s4/o-1", "32x64x64/w4s4/o32"):
         with pytest.raises(StrataError):
             PlaneTile.parse(bad)
 
@@ -265,7 +273,7 @@ def test_pin_plane_tile_wins_over_the_table_and_is_restored(monkeypatch):
     class Spy:
         def __getitem__(self, grid):
             def launch(*a, **kw):
-                seen.append((kw["BM"], kw["BN"], kw["BK"], kw["num_warps"]))
+                seen.append((kw["BM"], kw["BN"], kw["BK"], kw["num_warps"], kw.get("maxnreg")))
                 return real[grid](*a, **kw)
             return launch
     monkeypatch.setattr(plane_mod._pk, "_plane_gemm_kernel", Spy())
@@ -273,9 +281,11 @@ def test_pin_plane_tile_wins_over_the_table_and_is_restored(monkeypatch):
     _, ps, x, ids, w = _inputs(c)
     with plane_mod.pin_plane_tile(PlaneTile.parse("16x32x32/w2s1")):
         plane_ffn(x, ids, w, ps)
-        plane_ffn(x, ids, w, ps, schedule=PlaneTile.parse("16x16x64/w4s1"))
+        plane_ffn(x, ids, w, ps, schedule=PlaneTile.parse("16x16x64/w4s1/o3"))
     plane_ffn(x, ids, w, ps)
-    assert seen == [(16, 32, 32, 2)] * 2 + [(16, 16, 64, 4)] * 2 + [(16, 128, 64, 4)] * 2
+    table = plane_mod.plane_tile(3, 1, 3, "Q8_0")
+    assert seen == ([(16, 32, 32, 2, None)] * 2 + [(16, 16, 64, 4, 168)] * 2
+                    + [(16, 128, 64, 4, table.max_registers)] * 2)
     with pytest.raises(StrataError, match="PlaneTile"):
         with plane_mod.pin_plane_tile("16x32x32/w2s1"):
             pass
