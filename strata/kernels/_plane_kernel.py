@@ -62,15 +62,22 @@ def load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
     words: word 0 the fp16 d and dmin; byte 4 + s = sc[s] | (m[s] >> 4) << 6; word 3's nibble s
     the low nibble of m[s]; strata.planes), 0 where masked. Each sub-block's entry is one 16-byte
     load (a step inside one super-block reads the same entry for each of its sub-blocks: L1
-    hits), where byte and fp16 gathers took four. The products are exact in fp32."""
+    hits), where byte and fp16 gathers took four. The products are exact in fp32.
+    The entries load as one [BN, R·4] word tile: Triton lays that out with warps along the rows
+    only, so the factors reach the decode's layout inside each warp. Loaded as [BN, R, 4], R was
+    split across warps and each of a step's four factor tensors crossed warps through shared
+    memory (9 barriers a step of 32x64x64/w4s4/r2's gate/up on sm_90, 5 now; Q4_0 has 3)."""
     R: tl.constexpr = BK // 32
     r = k0 // 32 + tl.arange(0, R)                                   # sub-block along the row
     m = n_mask[:, None] & (r < n_in // 32)[None, :]
     wrd = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     row = offs_n.to(tl.int64) * (n_in // 64)                         # entry words a row: K/256 * 4
-    at = row[:, None, None] + ((r >> 3) * 4)[None, :, None] + tl.arange(0, 4)[None, None, :]
-    at = tl.max_contiguous(tl.multiple_of(at, [1, 1, 4]), [1, 1, 4])   # 16-byte entries
-    e = tl.load(wrd + at, mask=m[:, :, None], other=0)
+    c = tl.arange(0, R * 4)                                          # (sub-block, word)
+    rc = k0 // 32 + c // 4
+    at = row[:, None] + ((rc >> 3) * 4 + c % 4)[None, :]
+    at = tl.max_contiguous(tl.multiple_of(at, [1, 4]), [1, 4])        # 16-byte entries
+    mc = n_mask[:, None] & (rc < n_in // 32)[None, :]
+    e = tl.reshape(tl.load(wrd + at, mask=mc, other=0), (at.shape[0], R, 4))
     w01, w23 = tl.split(tl.reshape(e, (e.shape[0], R, 2, 2)))       # [BN, R, 2]: (w0, w2), (w1, w3)
     w0, w2 = tl.split(w01)
     w1, w3 = tl.split(w23)
