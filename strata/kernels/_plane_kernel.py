@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from strata.kernels._moe_kernel import GATE_UP, _bf16, _dot, _epilogue, _tile_rows
-from strata.kernels.decode._common import _f32_of
 from strata.kernels.decode.kquants import GGML_Q4_K
 from strata.kernels.decode.legacy import GGML_Q4_0, GGML_Q8_0
 
@@ -90,6 +89,17 @@ def load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
     return d * sc.to(tl.float32), dmin * mn.to(tl.float32)
 
 
+@triton.jit
+def _low_nibble_bits(u, INTERP: tl.constexpr):
+    """(u & 15) | 0x4B000000, the float 2**23 + the low nibble of u, as one three-input LOP3
+    (ptxas splits an AND and an OR of two immediates in two: a LOP3 holds one immediate)."""
+    if INTERP:
+        return (u & 15) | 0x4B000000
+    else:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, 15, 0x4B000000, 0xEA;", "=r,r", [u],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+
 # 1.5 * 2**23: a float whose ulp is 1 on [2**23, 2**24), so its bits plus a small signed int q are
 # the float CODE_BIAS + q
 CODE_BIAS = tl.constexpr(12582912.0)
@@ -97,14 +107,15 @@ CODE_BIAS_BITS = tl.constexpr(0x4B400000)
 
 
 @triton.jit
-def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr, BIASED: tl.constexpr = False):
+def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr, BIASED: tl.constexpr = False,
+              INTERP: tl.constexpr = True):
     """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width;
     the bytes in strata.planes.Q8_ORDER),
     Q4_0 q - 8 of each nibble pair, Q4_K q of each (BK = twice it; low nibble the even weight).
     MAGIC: by a float subtract on the bits of a biased float, not an int->float convert (a
     quarter rate on the GPU): Q8_0's sign-extended q added to CODE_BIAS's bits (one PRMT and one
     add a code in sm_90's SASS, where flipping the top bit to q + 128 and masking cost four),
-    the nibbles ORed under 2**23 (strata.kernels.decode._common._f32_of). BIASED (Q8_0 with
+    the nibbles ORed under 2**23 (as strata.kernels.decode._common._f32_of). BIASED (Q8_0 with
     MAGIC): CODE_BIAS + q, the subtraction left to the caller."""
     if FMT == GGML_Q8_0:
         # byte 4i + 2h + p of each 16 holds weight 8h + 2i + p (strata.planes.Q8_ORDER): in
@@ -124,18 +135,17 @@ def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr, BIASED: tl.constexpr = 
         BN: tl.constexpr = b.shape[0]
         BB: tl.constexpr = b.shape[1]
         u = b.to(tl.int32) & 255
-        n = tl.reshape(tl.join(u & 15, u >> 4), (BN, 2 * BB))         # weight order
-        if FMT == GGML_Q4_0:
-            if MAGIC:
-                f = _f32_of(n, 8.0)
-            else:
-                f = (n - 8).to(tl.float32)
+        if MAGIC:
+            # 2**23 + n, the low nibble by one LOP3, the high by one LEA.HI ((u >> 4) + bits)
+            lo = _low_nibble_bits(u, INTERP)
+            hi = (u >> 4) | 0x4B000000
+            f = tl.reshape(tl.join(lo, hi), (BN, 2 * BB)).to(tl.float32, bitcast=True)
+            f = f - (8388608.0 + (8.0 if FMT == GGML_Q4_0 else 0.0))
         else:
-            tl.static_assert(FMT == GGML_Q4_K, "plane codes: Q8_0, Q4_0 or Q4_K")
-            if MAGIC:
-                f = _f32_of(n, 0.0)
-            else:
-                f = n.to(tl.float32)
+            tl.static_assert(FMT == GGML_Q4_0 or FMT == GGML_Q4_K,
+                             "plane codes: Q8_0, Q4_0 or Q4_K")
+            n = tl.reshape(tl.join(u & 15, u >> 4), (BN, 2 * BB))     # weight order
+            f = (n - (8 if FMT == GGML_Q4_0 else 0)).to(tl.float32)
     return f
 
 
@@ -174,13 +184,13 @@ def decoded(b, s, m, FMT: tl.constexpr, MAGIC: tl.constexpr, FMA: tl.constexpr,
     (a product of +-0 adds nothing to a sum, and the sum starts at +0)."""
     BN: tl.constexpr = b.shape[0]
     if FMT == GGML_Q8_0 and MAGIC and FMA:
-        f = codes_f32(b, FMT, MAGIC, True)
+        f = codes_f32(b, FMT, MAGIC, True, INTERP)
         BK: tl.constexpr = f.shape[1]
         R: tl.constexpr = BK // 32
         s3 = s[:, :, None]
         w = _fma_exact(tl.reshape(f, (BN, R, 32)), s3, -(s3 * CODE_BIAS), INTERP)   # exact
     else:
-        f = codes_f32(b, FMT, MAGIC)
+        f = codes_f32(b, FMT, MAGIC, False, INTERP)
         BK: tl.constexpr = f.shape[1]
         R: tl.constexpr = BK // 32
         w = tl.reshape(f, (BN, R, 32)) * s[:, :, None]

@@ -59,7 +59,8 @@ class PlaneTile:
     tma: bool = False   # code tiles staged by TMA (device-side tensor descriptors)
     magic: bool = True  # codes to float by a float add on their bits (no int->float convert)
     row_blocks: int = 1  # BLOCK_M-row blocks of one expert a program takes (weights decoded once)
-    occupancy: int = 0  # programs an SM must hold by registers (ptxas's maxnreg); 0: ptxas's choice
+    # programs an SM must hold by registers (ptxas's maxnreg), (gate/up, down); 0: ptxas's choice
+    occupancy: tuple[int, int] = (0, 0)
 
     def __post_init__(self):
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -73,17 +74,20 @@ class PlaneTile:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise StrataError(f"num_warps must be a power of two <= 16 and num_stages >= 1, "
                               f"got {self.num_warps}, {self.num_stages}")
-        if self.occupancy < 0 or (self.occupancy and self.max_registers < 24):
-            raise StrataError(f"occupancy must be 0 (ptxas's choice) or leave each thread 24 "
-                              f"registers or more, got {self.occupancy} at {self.num_warps} warps")
+        if (len(self.occupancy) != 2 or min(self.occupancy) < 0
+                or any(r is not None and r < 24 for r in map(self.max_registers, (0, 1)))):
+            raise StrataError(f"occupancy is (gate/up, down), each 0 (ptxas's choice) or a count "
+                              f"of programs that leaves each thread 24 registers or more, got "
+                              f"{self.occupancy} at {self.num_warps} warps")
 
-    @property
-    def max_registers(self) -> int | None:
-        """The registers a thread may use so that `occupancy` programs fit an SM's register file
-        (ptxas allocates in 8s; at most 255), None when occupancy is 0."""
-        if not self.occupancy:
+    def max_registers(self, mode: int) -> int | None:
+        """The registers a thread of GEMM `mode` (0 gate/up, 1 down) may use so that its
+        occupancy's programs fit an SM's register file (ptxas allocates in 8s; at most 255),
+        None where that occupancy is 0."""
+        n = self.occupancy[mode]
+        if not n:
             return None
-        return min(255, REGISTERS_PER_SM // (self.occupancy * 32 * self.num_warps) // 8 * 8)
+        return min(255, REGISTERS_PER_SM // (n * 32 * self.num_warps) // 8 * 8)
 
     def with_(self, **kw) -> "PlaneTile":
         return replace(self, **kw)
@@ -94,26 +98,34 @@ class PlaneTile:
                 f"{self.num_stages}{'' if self.swap else '/noswap'}{'/tma' if self.tma else ''}"
                 f"{'' if self.magic else '/nomagic'}"
                 f"{f'/r{self.row_blocks}' if self.row_blocks > 1 else ''}"
-                f"{f'/o{self.occupancy}' if self.occupancy else ''}")
+                f"{self._occupancy_name}")
+
+    @property
+    def _occupancy_name(self) -> str:
+        g, d = self.occupancy
+        return "" if g == d == 0 else f"/o{g}" if g == d else f"/o{g}.{d}"
 
     @classmethod
     def parse(cls, text: str) -> "PlaneTile":
-        """'BMxBNxBK/wWsS[/noswap][/tma][/nomagic][/rRB][/oN]', e.g. '128x128x64/w8s3/tma' or
-        '32x64x64/w4s4/r2/o3' (the `name` form)."""
+        """'BMxBNxBK/wWsS[/noswap][/tma][/nomagic][/rRB][/oN | /oG.D]', e.g.
+        '128x128x64/w8s3/tma' or '32x64x64/w4s4/r2/o3.4' (the `name` form; /oN: N for both GEMMs,
+        /oG.D: G for gate/up, D for down)."""
         try:
             dims, ws, *flags = text.split("/")
             bm, bn, bk = (int(v) for v in dims.split("x"))
             w, s = ws[1:].split("s")
-            num = {c: [f for f in flags if f[:1] == c and f[1:].isdigit()] for c in "ro"}
-            if (not ws.startswith("w") or any(len(v) > 1 for v in num.values())
-                    or set(flags) - {"noswap", "tma", "nomagic", *num["r"], *num["o"]}):
+            rb = [f for f in flags if f[:1] == "r" and f[1:].isdigit()]
+            oc = [f for f in flags if f[:1] == "o" and f[1:].replace(".", "", 1).isdigit()]
+            if (not ws.startswith("w") or len(rb) > 1 or len(oc) > 1
+                    or set(flags) - {"noswap", "tma", "nomagic", *rb, *oc}):
                 raise ValueError
-            rb, occ = (int(num[c][0][1:]) if num[c] else d for c, d in (("r", 1), ("o", 0)))
+            occ = [int(v) for v in oc[0][1:].split(".")] if oc else [0]
             return cls(bm, bn, bk, int(w), int(s), "noswap" not in flags, "tma" in flags,
-                       "nomagic" not in flags, rb, occ)
+                       "nomagic" not in flags, int(rb[0][1:]) if rb else 1,
+                       (occ[0], occ[-1]))
         except ValueError:
             raise StrataError(f"a plane tile is BMxBNxBK/wWsS[/noswap][/tma][/nomagic][/rRB]"
-                              f"[/oN] (e.g. 128x128x64/w8s3), got {text!r}") from None
+                              f"[/oN | /oG.D] (e.g. 128x128x64/w8s3), got {text!r}") from None
 
 
 # The planner's BLOCK_M -> the tile at that row block, one table a gate/up code format. A tile's
@@ -136,7 +148,7 @@ class PlaneTile:
 # 172.3 / 243.3 on 64x128x64/w8s4 and the TMA tile. Today the three formats share one table.
 _TILES = {
     16: PlaneTile(16, 128, 64, 4, 4),
-    32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2),
+    32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2, occupancy=(3, 4)),
     64: PlaneTile(64, 64, 64, 4, 4, row_blocks=2),
     128: PlaneTile(64, 64, 64, 4, 4, row_blocks=2),
 }
@@ -238,7 +250,6 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     if not lay.plain:   # only then: the plain FFN's launches keep their constexpr set
         meta.update(BIAS=lay.bias is not None, ACT=lay.act.code)
     act = (float(lay.act.alpha), float(lay.act.limit))
-    launch = {"maxnreg": tile.max_registers} if tile.occupancy else {}
     for mode, a, n_out, n_in, p1, p2, dst, b1, b2 in (
             (0, x, F, D, pl.gate, pl.up, h, "gate", "up"),
             (1, h, D, F, pl.down, pl.down, yk, "down", "down")):
@@ -251,7 +262,8 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
             p2.codes_offset, p2.scales_offset, dst, dst.stride(0), tw, n_out, n_in,
             grp.n_blocks_dev, grp.padded_offsets, *boff, *act, MODE=mode, FMT1=_GGML[p1.fmt],
             FMT2=_GGML[p2.fmt], **meta,
-            num_warps=tile.num_warps, num_stages=tile.num_stages, **launch)
+            num_warps=tile.num_warps, num_stages=tile.num_stages,
+            **({"maxnreg": tile.max_registers(mode)} if tile.occupancy[mode] else {}))
     if combine == "defer":
         return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
     mask = combine == "pass" and (grp.n_skipped is None or grp.n_skipped > 0)

@@ -63,7 +63,7 @@ def compile_tile(tile: PlaneTile, mode: int, fmt: str) -> str:
                  FMT1=g, FMT2=g, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic, INTERP=False)
     asm = _Text()
     md = compile_one(pk._plane_gemm_kernel, gemm_sig(mode), const, tile.num_warps,
-                     tile.num_stages, aligned=ALIGNED, asm=asm, maxnreg=tile.max_registers)
+                     tile.num_stages, aligned=ALIGNED, asm=asm, maxnreg=tile.max_registers(mode))
     return f"shared {md['shared']} B, {ptx_usage(asm['ptx'])}, {staging(asm['ttgir'])}"
 
 

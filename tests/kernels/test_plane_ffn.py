@@ -250,17 +250,21 @@ def test_tile_table_and_parse():
         64, 128, 64, 4, 3, swap=False, tma=True, magic=False)
     t = PlaneTile.parse("32x64x64/w4s4/r2")
     assert t.row_blocks == 2 and PlaneTile.parse(t.name) == t and t.name == "32x64x64/w4s4/r2"
-    assert t.occupancy == 0 and t.max_registers is None
-    t = PlaneTile.parse("32x64x64/w4s4/o3/r2")
-    assert (t.row_blocks, t.occupancy, t.name) == (2, 3, "32x64x64/w4s4/r2/o3")
-    # 65536 registers an SM: 3 programs of 128 threads leave 170, allocated in 8s
-    assert t.max_registers == 168 and t.with_(occupancy=4).max_registers == 128
-    assert PlaneTile.parse("64x128x64/w8s4/o1").max_registers == 255
-    assert PlaneTile.parse("64x128x64/w8s4/o2").max_registers == 128
+    assert t.occupancy == (0, 0) and t.max_registers(0) is None is t.max_registers(1)
+    t = PlaneTile.parse("32x64x64/w4s4/o3.4/r2")
+    assert (t.row_blocks, t.occupancy, t.name) == (2, (3, 4), "32x64x64/w4s4/r2/o3.4")
+    # 65536 registers an SM: 3 programs of 128 threads leave 170, allocated in 8s; 4 leave 128
+    assert (t.max_registers(0), t.max_registers(1)) == (168, 128)
+    t = PlaneTile.parse("64x128x64/w8s4/o1")
+    assert t.occupancy == (1, 1) and t.name == "64x128x64/w8s4/o1"
+    assert t.max_registers(0) == 255 == t.max_registers(1)
+    t = PlaneTile.parse("64x128x64/w8s4/o0.2")
+    assert (t.max_registers(0), t.max_registers(1), t.name) == (None, 128, "64x128x64/w8s4/o0.2")
     for bad in ("64x128/w4s3", "64x128x64/w4", "64x128x64/w4s3/fast", "64x128x48/w4s3",
                 "64x128x16/w4s3", "64x128x64/w3s3", "32x64x64/w4s4/r3", "32x64x64/w4s4/r2/r2",
                 "32x64x64/w4s4/r0", "32x64x64/w4s4/r", "32x64x64/w4s4/o", "32x64x64/w4s4/o2/o3",
-                "32x64x64/w4s4/o-1", "32x64x64/w4s4/o32"):
+                "32x64x64/w4s4/o-1", "32x64x64/w4s4/o32", "32x64x64/w4s4/o3.32",
+                "32x64x64/w4s4/o3.4.5", "32x64x64/w4s4/o.3"):
         with pytest.raises(StrataError):
             PlaneTile.parse(bad)
 
@@ -281,11 +285,10 @@ def test_pin_plane_tile_wins_over_the_table_and_is_restored(monkeypatch):
     _, ps, x, ids, w = _inputs(c)
     with plane_mod.pin_plane_tile(PlaneTile.parse("16x32x32/w2s1")):
         plane_ffn(x, ids, w, ps)
-        plane_ffn(x, ids, w, ps, schedule=PlaneTile.parse("16x16x64/w4s1/o3"))
+        plane_ffn(x, ids, w, ps, schedule=PlaneTile.parse("16x16x64/w4s1/o3.4"))
     plane_ffn(x, ids, w, ps)
-    table = plane_mod.plane_tile(3, 1, 3, "Q8_0")
-    assert seen == ([(16, 32, 32, 2, None)] * 2 + [(16, 16, 64, 4, 168)] * 2
-                    + [(16, 128, 64, 4, table.max_registers)] * 2)
+    assert seen == ([(16, 32, 32, 2, None)] * 2 + [(16, 16, 64, 4, 168), (16, 16, 64, 4, 128)]
+                    + [(16, 128, 64, 4, None)] * 2)
     with pytest.raises(StrataError, match="PlaneTile"):
         with plane_mod.pin_plane_tile("16x32x32/w2s1"):
             pass
