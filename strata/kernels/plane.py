@@ -261,7 +261,7 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
             experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset,
             p2.codes_offset, p2.scales_offset, dst, dst.stride(0), tw, n_out, n_in,
             grp.n_blocks_dev, grp.padded_offsets, *boff, *act, MODE=mode, FMT1=_GGML[p1.fmt],
-            FMT2=_GGML[p2.fmt], **meta,
+            FMT2=_GGML[p2.fmt], EVEN=n_out % BN == 0 and n_in % BK == 0, **meta,
             num_warps=tile.num_warps, num_stages=tile.num_stages,
             **({"maxnreg": tile.max_registers(mode)} if tile.occupancy[mode] else {}))
     if combine == "defer":

@@ -60,7 +60,8 @@ def compile_tile(tile: PlaneTile, mode: int, fmt: str) -> str:
     g = get_format(fmt).ggml_type
     const = dict(MODE=mode, TOPK=8, BM=tile.BLOCK_M, RB=tile.row_blocks, BN=tile.BLOCK_N,
                  BK=tile.BLOCK_K,
-                 FMT1=g, FMT2=g, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic, INTERP=False)
+                 FMT1=g, FMT2=g, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic, INTERP=False,
+                 EVEN=True)   # whole tiles, as the real shapes (D, F multiples of 64 and 128)
     asm = _Text()
     md = compile_one(pk._plane_gemm_kernel, gemm_sig(mode), const, tile.num_warps,
                      tile.num_stages, aligned=ALIGNED, asm=asm, maxnreg=tile.max_registers(mode))
