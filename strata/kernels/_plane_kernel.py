@@ -72,7 +72,6 @@ def load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
     memory (9 barriers a step of 32x64x64/w4s4/r2's gate/up on sm_90, 5 now; Q4_0 has 3)."""
     R: tl.constexpr = BK // 32
     r = k0 // 32 + tl.arange(0, R)                                   # sub-block along the row
-    m = n_mask[:, None] & (r < n_in // 32)[None, :]
     wrd = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     row = offs_n.to(tl.int64) * (n_in // 64)                         # entry words a row: K/256 * 4
     c = tl.arange(0, R * 4)                                          # (sub-block, word)
