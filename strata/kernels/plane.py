@@ -133,11 +133,12 @@ class PlaneTile:
 # padded rows of any smaller block (padded_rows grows with BLOCK_M). row_blocks spans a tile over
 # several blocks of one expert, so each weight is decoded once for up to RB·BLOCK_M rows.
 # Footprints on sm_90 (tests/kernels/compile_plane.py: triton 3.6 + ptxas, GATE_UP, Q8_0):
-# 16x128x64/w4s4 58 KB shared, 179 registers; 32x64x64/w4s4/r2 58 KB, 152; 64x64x64/w4s4/r2
-# 91 KB, 233 (Q4_K 78 KB, 252); 64x128x64/w8s4 83 KB, 141; 128x128x64/w8s4/tma 116 KB, 218;
-# none spills, every wgmma asynchronous. BLOCK_K 128 at 4 warps, 64x128x64/w4 and 128x128x128/w8
-# spill (the two decoded weight tiles sit in registers beside the two accumulators): BLOCK_K
-# stays 64.
+# 16x128x64/w4s4 58 KB shared, 179 registers; 32x64x64/w4s4/r2 58 KB, 152 (Q4_0 / Q4_K 46 KB,
+# 168 at /o3); 64x64x64/w4s4/r2 91 KB, 233 (Q4_K 78 KB, 250); 64x128x64/w8s4 83 KB, 141;
+# 128x128x64/w8s4/tma 116 KB, 218; none spills, every wgmma asynchronous. BLOCK_K 128 at 4 warps,
+# 64x128x64/w4 and 128x128x128/w8 spill (the two decoded weight tiles sit in registers beside the
+# two accumulators), and so does 32x64x64/w4s4/r2's gate/up at 4 programs an SM (128 registers):
+# BLOCK_K stays 64, gate/up at 3 programs, down (one matrix, 128 registers unspilled) at 4.
 # Chosen on the H200 (kernel_bench, qwen3-30b-a3b, settled, check=False; TFLOP/s of the whole
 # feed-forward; experiments/results/kernel_bench_plane_tiles-*): at 7bc0530, T 512, the one-block
 # 32x64x64/w4s4 ran Q8_0 / Q4_0 / Q4_K at 51.8 / 70.2 / 57.9, the two-block 32x64x64/w4s4/r2
@@ -146,6 +147,9 @@ class PlaneTile:
 # 128x128x64/w8s4. At 2c5088e (Q8_0 in Q8_ORDER, fused multiply-adds) Q8_0 ran 71.1 at T 512
 # on 32x64x64/w4s4/r2 (63.9 on 32x64x64/w4s4), 178.1 / 255.9 on 64x64x64/w4s4/r2 against
 # 172.3 / 243.3 on 64x128x64/w8s4 and the TMA tile. Today the three formats share one table.
+# The occupancy of the BLOCK_M 32 tile (ncu, T 512 GEMMs, gate/up + down, 6f4a11a,
+# ncu_plane-T512-*-6f4a11a): unpinned Q4_0 / Q4_K 346 / 392 µs, /o3 329 / 376, /o4 378 / 417
+# (gate/up spills), 32x64x64/w8s4/r2/o2 459 / 505; strata's BF16 kernel 349.
 _TILES = {
     16: PlaneTile(16, 128, 64, 4, 4),
     32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2, occupancy=(3, 4)),
