@@ -74,7 +74,10 @@ class PlaneTile:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise StrataError(f"num_warps must be a power of two <= 16 and num_stages >= 1, "
                               f"got {self.num_warps}, {self.num_stages}")
-        if (len(self.occupancy) != 2 or min(self.occupancy) < 0
+        if isinstance(self.occupancy, int):          # one count for both GEMMs
+            object.__setattr__(self, "occupancy", (self.occupancy, self.occupancy))
+        if (not isinstance(self.occupancy, tuple) or len(self.occupancy) != 2
+                or not all(isinstance(n, int) for n in self.occupancy) or min(self.occupancy) < 0
                 or any(r is not None and r < 24 for r in map(self.max_registers, (0, 1)))):
             raise StrataError(f"occupancy is (gate/up, down), each 0 (ptxas's choice) or a count "
                               f"of programs that leaves each thread 24 registers or more, got "

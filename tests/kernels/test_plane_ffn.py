@@ -258,6 +258,10 @@ def test_tile_table_and_parse():
     t = PlaneTile.parse("64x128x64/w8s4/o1")
     assert t.occupancy == (1, 1) and t.name == "64x128x64/w8s4/o1"
     assert t.max_registers(0) == 255 == t.max_registers(1)
+    assert PlaneTile(32, 64, 64, 4, 4, occupancy=3).occupancy == (3, 3)
+    for bad in ((3,), (3, 4, 5), (3, -1), "3", (3.0, 4)):
+        with pytest.raises(StrataError, match="occupancy"):
+            PlaneTile(32, 64, 64, 4, 4, occupancy=bad)
     t = PlaneTile.parse("64x128x64/w8s4/o0.2")
     assert (t.max_registers(0), t.max_registers(1), t.name) == (None, 128, "64x128x64/w8s4/o0.2")
     for bad in ("64x128/w4s3", "64x128x64/w4", "64x128x64/w4s3/fast", "64x128x48/w4s3",
