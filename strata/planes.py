@@ -20,11 +20,15 @@ them (Q8_ORDER): byte 4i + 2h + p of a group holds weight 8h + 2i + p (i = 0..3,
 Hopper wgmma's register operand gives lane i of each quad the weights 2i, 2i+1, 2i+8, 2i+9 of every
 16-wide k slice; in weight order those are two 2-byte runs (16-bit shared loads, 32 a 64x64 step of
 a 128-thread program), in this order one 4-byte run (ldmatrix: 4). Q4_0's and Q4_K's codes are
-re-paired in weight order: code byte j of a row holds weight 2j in its low nibble and weight 2j+1 in
-its high nibble (ggml's Q4_0 block puts weight i < 16 in the low nibble of qs[i] and i >= 16 in the
-high nibble of qs[i - 16]; Q4_K's super-block puts weight 64g + i, i < 32, in the low nibble of
-qs[32g + i] and 64g + 32 + i in its high nibble), so a kernel unpacks a code tile into weight order
-with a shift and a mask, no shuffle.
+re-paired: weight pair p (weights 2p, 2p+1) is one byte, the even weight in its low nibble (ggml's
+Q4_0 block puts weight i < 16 in the low nibble of qs[i] and i >= 16 in the high nibble of
+qs[i - 16]; Q4_K's super-block puts weight 64g + i, i < 32, in the low nibble of qs[32g + i] and
+64g + 32 + i in its high nibble), so a kernel unpacks a code into two weights with a mask and a
+shift, no shuffle. The pairs of each 16-byte group (32 weights) sit in Q4_ORDER: byte 4i + 2s + h
+holds pair 8s + 4h + i (i = 0..3, s, h = 0..1). The wgmma register operand gives lane i of a quad
+the pairs i and i+4 of every 16-wide k slice (pairs 8s + i, 8s + 4 + i of a group): in this order
+its four are one 4-byte run (one 32-bit shared load, and the nibbles of four pairs formed by word
+operations), where pair order took a byte load a pair.
 
 A Q4_K super-block's 16 scale bytes, re-packed so that sub-block s (weights 32s .. 32s+31 of the
 super-block) reads its 6-bit scale sc[s] and min m[s] from two fixed bytes with no select:
@@ -150,6 +154,9 @@ def _blocks(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor:
 # Q8_0: byte j of a 16-weight group holds weight Q8_ORDER[j]; Q8_WEIGHTS inverts it
 Q8_ORDER = tuple(8 * h + 2 * i + p for i in range(4) for h in range(2) for p in range(2))
 Q8_WEIGHTS = tuple(sorted(range(16), key=Q8_ORDER.__getitem__))
+# Q4_0 / Q4_K: byte j of a 16-byte group (32 weights) holds weight pair Q4_ORDER[j] (the pair p:
+# weights 2p, 2p + 1)
+Q4_ORDER = tuple(8 * s + 4 * h + i for i in range(4) for s in range(2) for h in range(2))
 
 
 def _q8_order(q: torch.Tensor, back: bool = False) -> torch.Tensor:
@@ -159,6 +166,14 @@ def _q8_order(q: torch.Tensor, back: bool = False) -> torch.Tensor:
     the engine's stream)."""
     g = q.reshape(*q.shape[:-1], -1, *((4, 2, 2) if back else (2, 4, 2)))
     return g.transpose(-3, -2).reshape(q.shape)
+
+
+def _q4_order(pairs: torch.Tensor, back: bool = False) -> torch.Tensor:
+    """4-bit code bytes [..., 16n], each 16-byte group from pair order (byte p the weights 2p,
+    2p + 1) to Q4_ORDER (back: the inverse). Pair 8s + 4h + i moves to byte 4i + 2s + h: an axis
+    move of [2, 2, 4] (s, h, i <-> i, s, h), no index tensor."""
+    g = pairs.reshape(*pairs.shape[:-1], -1, *((4, 2, 2) if back else (2, 2, 4)))
+    return (g.movedim(-3, -1) if back else g.movedim(-1, -3)).reshape(pairs.shape)
 
 
 def _pairs_of_weights(q: torch.Tensor) -> torch.Tensor:
@@ -226,7 +241,7 @@ def to_planes(raw: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tensor
     if fmt == "Q8_0":
         qs = _q8_order(qs)
     else:
-        qs = _pairs_of_weights(_weights_of_ggml(qs, fmt))
+        qs = _q4_order(_pairs_of_weights(_weights_of_ggml(qs, fmt)))
     if fmt == "Q4_K":
         sc = torch.cat([sc[..., :4], _k_scales_of_ggml(sc[..., 4:])], dim=-1)
     return torch.cat([qs.reshape(*lead, -1), sc.reshape(*lead, -1)], dim=-1)
@@ -243,7 +258,7 @@ def to_ggml(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> torch.Tenso
     if fmt == "Q8_0":
         codes = _q8_order(codes, back=True)
     else:
-        codes = _ggml_of_weights(_weights_of_pairs(codes), fmt)
+        codes = _ggml_of_weights(_weights_of_pairs(_q4_order(codes, back=True)), fmt)
     scales = planes[..., n_codes:].reshape(*lead, rows, nb, pf.scale_bytes)
     if fmt == "Q4_K":
         scales = torch.cat([scales[..., :4], _ggml_of_k_scales(scales[..., 4:])], dim=-1)
@@ -267,13 +282,13 @@ def dequantize_planes(planes: torch.Tensor, fmt: str, rows: int, cols: int) -> t
     """fp32 [N, K] of one matrix in plane layout, in torch: the products ggml's decoder forms
     (Q8_0 q·d, Q4_0 d·(q - 8), Q4_K (d·sc)·q - dmin·m; strata.formats.legacy / kquants), so
     equal to it bit for bit. Q8_0's codes are in Q8_ORDER, 4-bit codes weight pairs (low nibble
-    the even weight)."""
+    the even weight) in Q4_ORDER."""
     codes, scales = split_planes(planes, fmt, rows, cols)
     if fmt == "Q8_0":
         d = scales.float().reshape(rows, cols // 32, 1)                       # [N, R, 1]
         q = _q8_order(codes, back=True).view(torch.int8).to(torch.float32).reshape(rows, -1, 32)
         return (q * d).reshape(rows, cols)
-    q = _weights_of_pairs(codes.to(torch.int32)).reshape(rows, -1, 32)        # weight order
+    q = _weights_of_pairs(_q4_order(codes, back=True).to(torch.int32)).reshape(rows, -1, 32)
     if fmt == "Q4_0":
         d = scales.float().reshape(rows, cols // 32, 1)
         return (d * (q - 8).to(torch.float32)).reshape(rows, cols)

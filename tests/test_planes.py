@@ -26,6 +26,15 @@ def _raw(fmt, rows, cols, seed, *, any_bytes=False):
     return random_blocks(get_format(fmt), rows, cols, seed=seed)
 
 
+def _q4_byte(pair):
+    """Where weight pair `pair` (weights 2·pair, 2·pair + 1) of a row's 4-bit codes sits: pair
+    8s + 4h + i of each 16-byte group at byte 4i + 2s + h (a wgmma lane's pairs adjacent)."""
+    g, q = divmod(pair, 16)
+    s, rest = divmod(q, 8)
+    h, i = divmod(rest, 4)
+    return 16 * g + 4 * i + 2 * s + h
+
+
 def _same(a, b):
     """Bit-equal fp32 tensors (NaNs compared by their bits too)."""
     return torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
@@ -34,9 +43,10 @@ def _same(a, b):
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
 def test_each_byte_goes_where_the_layout_says(fmt):
     """scales[n, r] = block (n, r)'s fp16; Q8_0 codes[n, r·32 + 16g + 4i + 2h + p] = the block's
-    q[16g + 8h + 2i + p] (each lane's four codes of a 16-wide k slice adjacent); Q4_0 code byte j
-    of a row = weight 2j (low nibble) and 2j + 1 (high), where ggml's block keeps weight i < 16
-    in the low nibble of qs[i] and i >= 16 in the high nibble of qs[i - 16]."""
+    q[16g + 8h + 2i + p] (each lane's four codes of a 16-wide k slice adjacent); Q4_0 weight pair
+    j of a row (weight 2j in the low nibble, 2j + 1 in the high) at code byte _q4_byte(j), where
+    ggml's block keeps weight i < 16 in the low nibble of qs[i] and i >= 16 in the high nibble of
+    qs[i - 16]."""
     rows, cols, cb = 3, 96, PLANE_FORMATS[fmt].code_bytes
     raw = _raw(fmt, rows, cols, 1, any_bytes=True)
     pl = to_planes(raw, fmt, rows, cols)
@@ -53,7 +63,7 @@ def test_each_byte_goes_where_the_layout_says(fmt):
             else:
                 for i in range(32):   # weight i of the block, by both orders
                     g = int(blk[2 + i % 16]) >> (4 * (i // 16)) & 15
-                    p = int(pl[at + i // 2]) >> (4 * (i % 2)) & 15
+                    p = int(pl[at + _q4_byte(i // 2)]) >> (4 * (i % 2)) & 15
                     assert g == p, (n, r, i)
             s = rows * R * cb + (n * R + r) * 2
             assert torch.equal(pl[s:s + 2], blk[:2])
@@ -62,9 +72,9 @@ def test_each_byte_goes_where_the_layout_says(fmt):
 
 
 def test_q4_k_bytes_go_where_the_layout_says():
-    """Q4_K: code byte j of a row = weights 2j (low nibble) and 2j + 1 (high), where ggml keeps
-    weight 64g + i (i < 32) of a super-block in the low nibble of qs[32g + i] and 64g + 32 + i in
-    its high nibble; the scale entry of super-block (n, b) is ggml's d, dmin, then byte 4 + s =
+    """Q4_K: weight pair j of a row (2j low nibble, 2j + 1 high) at code byte _q4_byte(j),
+    where ggml keeps weight 64g + i (i < 32) of a super-block in the low nibble of qs[32g + i] and
+    64g + 32 + i in its high nibble; the scale entry of super-block (n, b) is ggml's d, dmin, then byte 4 + s =
     sc[s] | (m[s] >> 4) << 6 and byte 12 + j = the low nibbles of m[2j], m[2j + 1], with (sc, m)
     ggml's get_scale_min_k4 of its 12 bytes (strata.formats.kquants.q4_k_scale_min)."""
     from strata.formats.kquants import q4_k_scale_min
@@ -80,7 +90,7 @@ def test_q4_k_bytes_go_where_the_layout_says():
             for w in range(256):
                 g = int(blk[16 + 32 * (w // 64) + w % 32]) >> (4 * (w % 64 // 32)) & 15
                 k = 256 * b + w
-                p = int(codes[n, k // 2]) >> (4 * (k % 2)) & 15
+                p = int(codes[n, _q4_byte(k // 2)]) >> (4 * (k % 2)) & 15
                 assert g == p, (n, b, w)
             ent = scales[n, b]
             assert torch.equal(ent[:4], blk[:4])

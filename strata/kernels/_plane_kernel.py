@@ -93,14 +93,24 @@ def load_scales_k(s_ptr, n_in, offs_n, n_mask, k0, BK: tl.constexpr):
 
 
 @triton.jit
-def _low_nibble_bits(u, INTERP: tl.constexpr):
-    """(u & 15) | 0x4B000000, the float 2**23 + the low nibble of u, as one three-input LOP3
-    (ptxas splits an AND and an OR of two immediates in two: a LOP3 holds one immediate)."""
+def _nibble_bits(b, INTERP: tl.constexpr):
+    """(lo, hi) int32: (b & 15) | 0x4B000000 and (b >> 4) | 0x4B000000 of code bytes b, the
+    floats 2**23 + each nibble. On the GPU by word operations on four bytes at once (the bytes a
+    thread holds sit packed four to a register): one AND masks four low nibbles, a shift and an
+    AND four high ones, and one PRMT a nibble sets its float's bits (a byte each from the masked
+    word and 0x4B000000), where byte by byte took a load, a LOP3 and a LEA.HI a byte."""
     if INTERP:
-        return (u & 15) | 0x4B000000
+        u = b.to(tl.int32) & 255
+        return (u & 15) | 0x4B000000, (u >> 4) | 0x4B000000
     else:
-        return tl.inline_asm_elementwise("lop3.b32 $0, $1, 15, 0x4B000000, 0xEA;", "=r,r", [u],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t, m; mov.b32 m, 0x4B000000; and.b32 t, $8, 0x0F0F0F0F; "
+            "prmt.b32 $0, t, m, 0x7440; prmt.b32 $1, t, m, 0x7441; "
+            "prmt.b32 $2, t, m, 0x7442; prmt.b32 $3, t, m, 0x7443; "
+            "shr.b32 t, $8, 4; and.b32 t, t, 0x0F0F0F0F; "
+            "prmt.b32 $4, t, m, 0x7440; prmt.b32 $5, t, m, 0x7441; "
+            "prmt.b32 $6, t, m, 0x7442; prmt.b32 $7, t, m, 0x7443; }",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r", [b], dtype=(tl.int32, tl.int32), is_pure=True, pack=4)
 
 
 # 1.5 * 2**23: a float whose ulp is 1 on [2**23, 2**24), so its bits plus a small signed int q are
@@ -135,18 +145,19 @@ def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr, BIASED: tl.constexpr = 
         else:
             f = q.to(tl.float32)
     else:
+        tl.static_assert(FMT == GGML_Q4_0 or FMT == GGML_Q4_K, "plane codes: Q8_0, Q4_0 or Q4_K")
         BN: tl.constexpr = b.shape[0]
         BB: tl.constexpr = b.shape[1]
-        u = b.to(tl.int32) & 255
+        # byte 4i + 2s + h of each 16 holds pair 8s + 4h + i (strata.planes.Q4_ORDER): in pair
+        # order by a permute that is only a relabelling of registers
+        b = tl.reshape(tl.permute(tl.reshape(b, (BN, BB // 16, 4, 2, 2)), (0, 1, 3, 4, 2)),
+                       (BN, BB))
         if MAGIC:
-            # 2**23 + n, the low nibble by one LOP3, the high by one LEA.HI ((u >> 4) + bits)
-            lo = _low_nibble_bits(u, INTERP)
-            hi = (u >> 4) | 0x4B000000
+            lo, hi = _nibble_bits(b, INTERP)                          # 2**23 + each nibble
             f = tl.reshape(tl.join(lo, hi), (BN, 2 * BB)).to(tl.float32, bitcast=True)
             f = f - (8388608.0 + (8.0 if FMT == GGML_Q4_0 else 0.0))
         else:
-            tl.static_assert(FMT == GGML_Q4_0 or FMT == GGML_Q4_K,
-                             "plane codes: Q8_0, Q4_0 or Q4_K")
+            u = b.to(tl.int32) & 255
             n = tl.reshape(tl.join(u & 15, u >> 4), (BN, 2 * BB))     # weight order
             f = (n - (8 if FMT == GGML_Q4_0 else 0)).to(tl.float32)
     return f
