@@ -137,7 +137,7 @@ class PlaneTile:
 # several blocks of one expert, so each weight is decoded once for up to RB·BLOCK_M rows.
 # Footprints on sm_90 (tests/kernels/compile_plane.py: triton 3.6 + ptxas, GATE_UP, Q8_0):
 # 16x128x64/w4s4 58 KB shared, 179 registers; 32x64x64/w4s4/r2 58 KB, 152 (Q4_0 / Q4_K 46 KB,
-# 168 at /o3); 64x64x64/w4s4/r2 91 KB, 233 (Q4_K 78 KB, 250); 64x128x64/w8s4 83 KB, 141;
+# 164 / 155); 64x64x64/w4s4/r2 91 KB, 233; 64x128x64/w8s4 83 KB, 141;
 # 128x128x64/w8s4/tma 116 KB, 218; none spills, every wgmma asynchronous. BLOCK_K 128 at 4 warps,
 # 64x128x64/w4 and 128x128x128/w8 spill (the two decoded weight tiles sit in registers beside the
 # two accumulators), and so does 32x64x64/w4s4/r2's gate/up at 4 programs an SM (128 registers):
@@ -152,7 +152,10 @@ class PlaneTile:
 # 172.3 / 243.3 on 64x128x64/w8s4 and the TMA tile. Today the three formats share one table.
 # The occupancy of the BLOCK_M 32 tile (ncu, T 512 GEMMs, gate/up + down, 6f4a11a,
 # ncu_plane-T512-*-6f4a11a): unpinned Q4_0 / Q4_K 346 / 392 µs, /o3 329 / 376, /o4 378 / 417
-# (gate/up spills), 32x64x64/w8s4/r2/o2 459 / 505; strata's BF16 kernel 349.
+# (gate/up spills), 32x64x64/w8s4/r2/o2 459 / 505; strata's BF16 kernel 349. Since 5ab1d03 (4-bit
+# codes by ldmatrix) ptxas keeps the 4-bit formats under the pin unasked (ncu_plane-T512-*-5ab1d03:
+# pinned / unpinned Q8_0 329 / 335, Q4_0 281 / 282, Q4_K 331 / 330; BF16 346); the pin stays: it
+# holds gate/up at three programs an SM whatever a kernel change makes of ptxas's choice.
 _TILES = {
     16: PlaneTile(16, 128, 64, 4, 4),
     32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2, occupancy=(3, 4)),
