@@ -35,6 +35,18 @@ def _q4_byte(pair):
     return 16 * g + 4 * i + 2 * s + h
 
 
+def test_the_order_tables_are_the_relayouts():
+    """Q8_ORDER / Q8_WEIGHTS and Q4_ORDER say what _q8_order / _q4_order do to one 16-byte group
+    (byte j holds weight, or weight pair, ORDER[j]), and `back` undoes each."""
+    from strata.planes import Q4_ORDER, Q8_ORDER, Q8_WEIGHTS, _q4_order, _q8_order
+    g = torch.arange(32, dtype=torch.uint8)                            # two groups, by index
+    for order, fn in ((Q8_ORDER, _q8_order), (Q4_ORDER, _q4_order)):
+        want = torch.tensor(list(order) + [16 + j for j in order], dtype=torch.uint8)
+        assert torch.equal(fn(g), want)
+        assert torch.equal(fn(fn(g), back=True), g)
+    assert [Q8_ORDER[j] for j in Q8_WEIGHTS] == list(range(16))
+
+
 def _same(a, b):
     """Bit-equal fp32 tensors (NaNs compared by their bits too)."""
     return torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))

@@ -120,23 +120,30 @@ CODE_BIAS_BITS = tl.constexpr(0x4B400000)
 
 
 @triton.jit
+def _from_group_order(b, PERM: tl.constexpr):
+    """Code bytes [BN, BB] whose 16-byte groups are in a wgmma order (strata.planes.Q8_ORDER,
+    Q4_ORDER) back in weight (pair) order: each group viewed as [4, 2, 2] and its axes permuted
+    by PERM (over [BN, BB / 16, 4, 2, 2]), only a relabelling of registers."""
+    BN: tl.constexpr = b.shape[0]
+    BB: tl.constexpr = b.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(b, (BN, BB // 16, 4, 2, 2)), PERM), (BN, BB))
+
+
+@triton.jit
 def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr, BIASED: tl.constexpr = False,
               INTERP: tl.constexpr = True):
     """fp32 [BN, BK] codes in weight order from code bytes b: Q8_0 the int8 q (BK = b's width;
     the bytes in strata.planes.Q8_ORDER),
-    Q4_0 q - 8 of each nibble pair, Q4_K q of each (BK = twice it; low nibble the even weight).
+    Q4_0 q - 8 of each nibble pair, Q4_K q of each (BK = twice it; low nibble the even weight;
+    the pairs in strata.planes.Q4_ORDER).
     MAGIC: by a float subtract on the bits of a biased float, not an int->float convert (a
     quarter rate on the GPU): Q8_0's sign-extended q added to CODE_BIAS's bits (one PRMT and one
     add a code in sm_90's SASS, where flipping the top bit to q + 128 and masking cost four),
     the nibbles ORed under 2**23 (as strata.kernels.decode._common._f32_of). BIASED (Q8_0 with
     MAGIC): CODE_BIAS + q, the subtraction left to the caller."""
     if FMT == GGML_Q8_0:
-        # byte 4i + 2h + p of each 16 holds weight 8h + 2i + p (strata.planes.Q8_ORDER): in
-        # weight order by a permute that is only a relabelling of registers
-        BN: tl.constexpr = b.shape[0]
-        BB: tl.constexpr = b.shape[1]
-        b = tl.reshape(tl.permute(tl.reshape(b, (BN, BB // 16, 4, 2, 2)), (0, 1, 3, 2, 4)),
-                       (BN, BB))
+        # byte 4i + 2h + p of each 16 holds weight 8h + 2i + p (strata.planes.Q8_ORDER)
+        b = _from_group_order(b, (0, 1, 3, 2, 4))
         q = b.to(tl.int8, bitcast=True).to(tl.int32)                  # sign-extended
         if MAGIC:
             f = (q + CODE_BIAS_BITS).to(tl.float32, bitcast=True)     # CODE_BIAS + q
@@ -148,10 +155,8 @@ def codes_f32(b, FMT: tl.constexpr, MAGIC: tl.constexpr, BIASED: tl.constexpr = 
         tl.static_assert(FMT == GGML_Q4_0 or FMT == GGML_Q4_K, "plane codes: Q8_0, Q4_0 or Q4_K")
         BN: tl.constexpr = b.shape[0]
         BB: tl.constexpr = b.shape[1]
-        # byte 4i + 2s + h of each 16 holds pair 8s + 4h + i (strata.planes.Q4_ORDER): in pair
-        # order by a permute that is only a relabelling of registers
-        b = tl.reshape(tl.permute(tl.reshape(b, (BN, BB // 16, 4, 2, 2)), (0, 1, 3, 4, 2)),
-                       (BN, BB))
+        # byte 4i + 2s + h of each 16 holds pair 8s + 4h + i (strata.planes.Q4_ORDER)
+        b = _from_group_order(b, (0, 1, 3, 4, 2))
         if MAGIC:
             lo, hi = _nibble_bits(b, INTERP)                          # 2**23 + each nibble
             f = tl.reshape(tl.join(lo, hi), (BN, 2 * BB)).to(tl.float32, bitcast=True)
