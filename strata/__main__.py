@@ -1,5 +1,5 @@
 import sys
 
-from strata.cli import main
+from strata.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -75,6 +75,33 @@ def _quiet_stdout() -> None:
         pass
 
 
+_skip_teardown = False
+
+
+def skip_interpreter_teardown() -> None:
+    """For a command whose libraries can abort in the interpreter's teardown after the work is
+    done and reported: gloo's worker threads, still joinable when their owners die during
+    finalization, call std::terminate (SIGABRT with no Python frame left; torchrun then calls the
+    whole run failed). `entry` then leaves by os._exit once stdout and stderr are flushed. Only
+    the process entry point acts on it: `main` called in-process returns as usual."""
+    global _skip_teardown
+    _skip_teardown = True
+
+
+def entry() -> int:
+    """The process entry point (`strata`, `python -m strata`): main's exit code, leaving
+    without the interpreter's teardown where a command asked for that."""
+    rc = main()
+    if _skip_teardown:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(rc)
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     from strata.engine.early import early_read_for
     argv = sys.argv[1:] if argv is None else list(argv)
