@@ -60,6 +60,8 @@ for step in "$@"; do
     kvtests) timeout 200 python3 -m pytest -rfE -p no:cacheprovider tests/engine/test_kv.py tests/test_long_prompt_smoke.py 2>&1 | tail -20 > "$OUT/gpu_kv_tests.log"; tail -5 "$OUT/gpu_kv_tests.log" ;;
     split)   timeout 200 python3 experiments/split_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 ;;
     # issue 21 item 4 (nvidia-h200, one GPU): two gloo ranks sharing the GPU against the one-process split
+    # every architecture through two gloo ranks sharing the GPU, logits equal to the one-process read
+    distarchs) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_distributed_archs.py 2>&1 | tail -20 > "$OUT/gpu_dist_archs_tests.log"; tail -5 "$OUT/gpu_dist_archs_tests.log" ;;
     dist)    timeout 470 python3 experiments/dist_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/dist_ab.log" ;;
     # issue 22 (nvidia-h200-x2 ONLY; documented, not yet run): two NCCL ranks, 32K and 131072,
     # sequential vs pipelined against the one-process split over cuda:0/cuda:1

@@ -8,8 +8,11 @@ Legend: T tokens in a chunk, D hidden, W ranks (world size), r this rank.
 Each rank is one participant of the rig the single-process split would build (the same
 `plan_inputs` over W budgets: --vram once for every rank or once per rank), and keeps only its
 own: its layer range, its expert cache, loan, ring and lane, the blobs of its layers
-(HostExperts(layers=...): the pack is read by range), its layers' dense weights, plus the
-embeddings on rank 0 and the output norm + LM head on the last rank.
+(HostExperts(layers=...): the pack is read by range), its layers' dense weights and KV, plus the
+embeddings on rank 0 and the output norm + LM head on the last rank. Every architecture the
+registry knows runs this way (`load_stage`: the model's own class, the other layers on the meta
+device); the KV is the one-process engine's default, the model's own cache (MLA: bf16 or int8);
+--kv-resident and GQA's --kv int8 (the engine's PromptKV) are refused.
 
 The chunk is agreed per prompt: every rank plans its own participant alone on the scan grid,
 the ranks all-gather (scan chunk, rule, error, participant) and take the smallest chunk (a
@@ -22,7 +25,7 @@ does, and takes its own ParticipantPlan. Either way every rank runs the same chu
 rule, and plan = engine holds per rank: each rank borrows and carves its own ParticipantPlan
 through `borrow_and_carve`. --prefill legacy is refused.
 
-Per chunk, rank 0 embeds the tokens, every rank runs its layers (Qwen3Moe.forward_layers) and
+Per chunk, rank 0 embeds the tokens, every rank runs its layers (the model's forward_layers) and
 hands the hidden states [T, D] (the model's dtype: T·D·2 bytes in bf16) to rank r + 1 with
 send/recv; the last rank computes the logits. Every hand-off is a 1-element status header and,
 when the sender is healthy, the payload: a rank that failed sends "failed" headers for the rest of
@@ -58,7 +61,7 @@ from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.prefill import (Borrowed, EngineConfig, Part, _FailingProvider, _first_line,
-                                   borrow_and_carve, plan_inputs, plan_prompt)
+                                   borrow_and_carve, plan_inputs, plan_prompt, uses_prompt_kv)
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import StreamingProvider
@@ -67,8 +70,8 @@ from strata.engine.stats import PrefillStats
 from strata import config
 from strata.errors import StrataError
 from strata.memory import STAGE, ExpertCache, Loan
-from strata.models.kv import KVCache
-from strata.models.load import open_pack, resolve_device
+from strata.models.load import load_model, open_pack, resolve_device
+from strata.models.mla_scratch import MLAScratch
 from strata.models.moe import expert_ffn
 from strata.planning import scratch_reserve
 from strata.units import fmt_bytes
@@ -185,6 +188,13 @@ class StageEngine:
         self.dcfg, self.rank, self.world = dcfg, rank, world
         self.pack = pack = open_pack(pack)
         self.shape = s = pack.shape
+        if cfg.kv_resident is not None:
+            raise StrataError("--kv-resident is not supported with --distributed yet: each rank "
+                              "keeps its own layers' KV resident; drop --kv-resident")
+        if uses_prompt_kv(s, cfg):
+            raise StrataError(f"--kv {cfg.kv} is not supported with --distributed for {s.arch} "
+                              f"yet (each rank keeps its layers' KV in the model's dtype); use "
+                              f"--kv bf16")
         vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
         if len(vram) == 1:
             vram = vram * world
@@ -213,8 +223,7 @@ class StageEngine:
                          ParticipantScratch(p.name, device, cache.buffer))
         self.finite = FiniteGuard()
         self.model = load_stage(pack, b.layers, device=device, dtype=self.dtype,
-                                ffn=self.finite.wrap(expert_ffn(cfg.ffn)), first=self.first,
-                                last=self.last)
+                                ffn=self.finite.wrap(expert_ffn(cfg.ffn)))
         # the hand-off travels on the CPU under gloo, on the GPU under NCCL
         self.wire = device if dist.get_backend() == "nccl" else torch.device("cpu")
 
@@ -293,11 +302,14 @@ class StageEngine:
         loans: list[Loan] = []
         part = self.part
         error = None
+        mla_scratch: dict[int, MLAScratch] = {}   # layer -> its MLA attention's carve
         try:
             try:
                 carve, bufs, got = borrow_and_carve(part.cache, self.layout, chunk, pp,
                                                     self.cfg.lend_cap, loans)
                 res.memory.append(got)
+                if "mla_k" in bufs.bufs:
+                    mla_scratch = {l: MLAScratch.of_carve(bufs) for l in part.layers}
                 if slab:
                     part.scratch.publish(carve.tail())
                 provider = StreamingProvider(
@@ -310,7 +322,7 @@ class StageEngine:
                     watched = _FailingProvider(provider, fail_after_layers)
             except Exception as e:   # noqa: BLE001 — every rank must hear of it
                 error, provider, watched = _message(e), None, None
-            error = self._read(tokens, chunk, watched, logits, res, error)
+            error = self._read(tokens, chunk, watched, logits, res, error, mla_scratch)
             if provider is not None:
                 for c in provider.chunks:
                     c.settle()
@@ -325,14 +337,14 @@ class StageEngine:
         return res
 
     def _read(self, tokens, chunk: int, provider, logits: str, res: StageResult,
-              error: str | None) -> str | None:
+              error: str | None, mla_scratch: dict) -> str | None:
         """The chunk loop of this rank; returns its own error (None: it read every chunk).
         A rank in error keeps receiving (and dropping) and sends "failed" headers."""
         T = tokens.numel()
         s = self.shape
         kv = out = None
         try:
-            kv = stage_kv(s, self.layers, T, self.dtype, self.device)
+            kv = stage_cache(self.model, T, self.cfg.kv, mla_scratch)
             if self.last and logits != "none":
                 out = torch.zeros(T if logits == "all" else 1, s.vocab, dtype=torch.float32,
                                   device=self.device)
@@ -435,39 +447,27 @@ class StageEngine:
         return bool(flag[0])
 
 
-def stage_kv(shape, layers: range, capacity: int, dtype, device) -> KVCache:
-    """A KV cache whose own `layers` hold `capacity` tokens; the other layers hold nothing."""
-    kv = KVCache(shape.n_layer, shape.n_kv_head, shape.head_dim, capacity=0, dtype=dtype,
-                 device=device)
-    for l in layers:
-        kv.k[l] = torch.zeros(shape.n_kv_head, capacity, shape.head_dim, dtype=dtype,
-                              device=device)
-        kv.v[l] = torch.zeros_like(kv.k[l])
-    kv.capacity = capacity
-    return kv
+def stage_cache(model, capacity: int, kv: str, mla_scratch: dict):
+    """The stage's KV: the model's own cache (as the one-process engine's default read uses),
+    holding `capacity` tokens for the stage's layers only (the others' sit on the meta device,
+    load_stage); MLA's in `kv` (bf16 or int8) with its attention's scratch from the carve."""
+    if not model.shape.mla:
+        return model.new_cache(capacity=capacity)
+    cache = model.new_cache(capacity=capacity, kv=kv)
+    cache.scratch = mla_scratch
+    return cache
 
 
-def load_stage(pack, layers: range, *, device, dtype, ffn, first: bool, last: bool):
-    """The model of one pipeline stage: the dense weights of `layers` only, the embeddings when
-    `first`, the output norm and LM head when `last` (tied packs: the embeddings). The other
-    layers' weights are never read from the pack."""
-    from strata.models.qwen3moe import LayerWeights, Qwen3Moe
+def load_stage(pack, layers: range, *, device, dtype, ffn):
+    """The model of one pipeline stage, of the pack's architecture (the registry's class, loaded
+    as the one-process engine loads it): the dense weights of `layers` on `device`, every other
+    layer's on the meta device (shapes only: never read from the pack, no memory), the
+    embeddings with the first layer and the output norm + LM head with the last, so only the
+    first and the last rank hold them."""
     pack = open_pack(pack)
-    s = pack.shape
-    if s.arch != "qwen3moe":
-        raise StrataError(f"--distributed runs qwen3moe packs; {s.arch!r} has no pipeline stage")
-    names = set(pack.dense_names())
-
-    def get(name):
-        return pack.dense(name).to(device=device, dtype=dtype)
-    D = s.d_model
-    empty = torch.empty(0, D, dtype=dtype, device=device)
-    ws = [LayerWeights.from_tensors(get, l) if l in layers else None for l in range(s.n_layer)]
-    embd = get("token_embd.weight") if first else empty
-    head = "output.weight" if "output.weight" in names else "token_embd.weight"
-    out_norm = get("output_norm.weight") if last else empty[0:0, 0]
-    lm_head = get(head) if last else empty
-    return Qwen3Moe(s, embd, ws, out_norm, lm_head, ffn=ffn)
+    meta = torch.device("meta")
+    device_map = [device if l in layers else meta for l in range(pack.shape.n_layer)]
+    return load_model(pack, device=device, dtype=dtype, ffn=ffn, device_map=device_map)
 
 
 def _sync(device: torch.device) -> None:

@@ -475,15 +475,7 @@ class PrefillEngine:
         return ev if ev is not None else time.perf_counter()
 
     def uses_prompt_kv(self) -> bool:
-        """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever
-        --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the
-        model's KVCache and its attention (the path every engine test and device run so far
-        measured), until PromptKV's own device run says it may be the default. MLA keeps its
-        own cache (bf16 or int8: strata.models.mla) unless --kv-resident asks for a host-held
-        window: PromptKV over the latent (PromptKV.attend_latent)."""
-        if self.shape.mla:
-            return self.cfg.kv_resident is not None
-        return self.cfg.kv != "bf16" or self.cfg.kv_resident is not None
+        return uses_prompt_kv(self.shape, self.cfg)
 
     def prompt_kv(self, n_tokens: int, stages: dict[int, torch.Tensor], *, make=PromptKV
                   ) -> PromptKV | None:
@@ -507,6 +499,18 @@ class PrefillEngine:
     def _sync(self) -> None:
         for part in self.parts:
             part.lane.sync()
+
+
+def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
+    """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever
+    --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the model's
+    KVCache and its attention (the path every engine test and device run so far measured),
+    until PromptKV's own device run says it may be the default. MLA keeps its own cache (bf16
+    or int8: strata.models.mla) unless --kv-resident asks for a host-held window: PromptKV over
+    the latent (PromptKV.attend_latent)."""
+    if shape.mla:
+        return cfg.kv_resident is not None
+    return cfg.kv != "bf16" or cfg.kv_resident is not None
 
 
 def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str):
