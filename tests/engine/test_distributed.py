@@ -238,7 +238,11 @@ CLI_TIMEOUT_S = 600   # a hang guard: two torch imports + a read on a loaded 2-c
 
 
 def _env(**kw):
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parents[2]), **kw)
+    """The ranks' environment: this tree first on the path, then whatever the caller's had (the
+    device machine's carried wheels)."""
+    path = os.pathsep.join(p for p in (str(Path(__file__).parents[2]),
+                                       os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path, **kw)
 
 
 def ranks_said(stderr: str) -> str:
