@@ -12,7 +12,8 @@ own: its layer range, its expert cache, loan, ring and lane, the blobs of its la
 embeddings on rank 0 and the output norm + LM head on the last rank. Every architecture the
 registry knows runs this way (`load_stage`: the model's own class, the other layers on the meta
 device); the KV is the one-process engine's default, the model's own cache (MLA: bf16 or int8);
---kv-resident and GQA's --kv int8 (the engine's PromptKV) are refused.
+--kv-resident and GQA's --kv int8 (the engine's PromptKV) are refused. --experts plane re-lays
+the blobs as planes as they land, as one process does.
 
 The chunk is agreed per prompt: every rank plans its own participant alone on the scan grid,
 the ranks all-gather (scan chunk, rule, error, participant) and take the smallest chunk (a
@@ -72,7 +73,7 @@ from strata.errors import StrataError
 from strata.memory import STAGE, ExpertCache, Loan
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.mla_scratch import MLAScratch
-from strata.models.moe import expert_ffn
+from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import scratch_reserve
 from strata.units import fmt_bytes
 
@@ -182,9 +183,6 @@ class StageEngine:
         if cfg.scan == "legacy":
             raise StrataError("--prefill legacy is not supported with --distributed; the ranks "
                               "agree on a chunk of the auto scan (or a forced --chunk)")
-        if cfg.ffn == "plane":
-            raise StrataError("--experts plane is not supported with --distributed yet; use "
-                              "kernel or auto")
         self.dcfg, self.rank, self.world = dcfg, rank, world
         self.pack = pack = open_pack(pack)
         self.shape = s = pack.shape
@@ -205,6 +203,9 @@ class StageEngine:
         self.device = device = resolve_device(device)
         self.dtype = cfg.dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         self.layouts = [pl.layout for pl in pack.layers]
+        # ffn "plane": every blob is re-laid into planes as it lands (in the cache's slots and
+        # the ring's), as in one process; a layer the plane GEMM cannot read is refused here
+        self.land = plane_landing(cfg.ffn, self.layouts)
         blob_sizes = [pl.blob_size for pl in pack.layers]
         # the whole rig's participants (the same call as the single-process split), then ours
         parts, budgets, self.layout, self.fused = plan_inputs(s, blob_sizes, pack.native, cfg,
@@ -218,7 +219,9 @@ class StageEngine:
                                 spans=getattr(pack, "expert_span", None),
                                 layers=b.layers)
         self.pinned = self.host.pinned or device.type != "cuda"
-        cache = ExpertCache(p.cache, self.host.source, device)
+        cache = ExpertCache(p.cache, self.host.source, device, fill=False)
+        cache.land = self.land
+        cache.fill()
         self.part = Part(p.name, device, b.layers, p, b, cache, Lane(device),
                          ParticipantScratch(p.name, device, cache.buffer))
         self.finite = FiniteGuard()
@@ -316,7 +319,7 @@ class StageEngine:
                     part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
                     mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
                     batch=pp.batch, lane=part.lane, scratch_alloc=part.scratch,
-                    buffers=bufs)
+                    buffers=bufs, land=self.land)
                 watched = provider
                 if fail_after_layers is not None:
                     watched = _FailingProvider(provider, fail_after_layers)

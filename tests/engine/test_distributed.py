@@ -319,3 +319,20 @@ def test_cli_one_rank_that_does_not_fit_fails_both_with_one_line(pack):
         lines += mine
     assert lines[0] == lines[1]
     assert lines[0].startswith("strata prefill: rank 1 of 2: nothing fits")
+
+
+def test_cli_plane_experts_equal_the_one_process_read(pack, tmp_path):
+    """--experts plane: each rank re-lays its blobs as planes as they land (its cache and its
+    ring) and runs the plane GEMM; the logits are exactly the one-process plane read's."""
+    common = [pack, "--prompt-tokens", T, "--cache", "100KiB", "--chunk", 16, "--ring", 3,
+              "--experts", "plane", "--force", "--device", "cpu"]
+    got = ranks(*common, "--vram", "1GiB", "--dump-logits", tmp_path / "d.npy")
+    for r, (rc, out, err) in enumerate(got):
+        assert rc == 0, f"rank {r}: {err[-2000:]}"
+    one = subprocess.run([sys.executable, "-m", "strata", "prefill", *map(str, common),
+                          "--vram", "1GiB", "--vram", "1GiB", "--dump-logits", tmp_path / "s.npy"],
+                         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=_env())
+    assert one.returncode == 0, one.stderr[-2000:]
+    import numpy as np
+    a, b = np.load(tmp_path / "d.npy"), np.load(tmp_path / "s.npy")
+    assert np.isfinite(b).all() and a.dtype == b.dtype and (a == b).all()
