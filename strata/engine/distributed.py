@@ -11,8 +11,9 @@ own: its layer range, its expert cache, loan, ring and lane, the blobs of its la
 (HostExperts(layers=...): the pack is read by range), its layers' dense weights and KV, plus the
 embeddings on rank 0 and the output norm + LM head on the last rank. Every architecture the
 registry knows runs this way (`load_stage`: the model's own class, the other layers on the meta
-device); the KV is the one-process engine's default, the model's own cache (MLA: bf16 or int8);
---kv-resident and GQA's --kv int8 (the engine's PromptKV) are refused. --experts plane re-lays
+device); the KV is what one process keeps with the same flags, for this rank's layers only:
+the model's own cache by default (MLA: bf16 or int8), the engine's PromptKV under --kv int8 or
+--kv-resident (host-held tokens staged back through the rank's carve). --experts plane re-lays
 the blobs as planes as they land, as one process does.
 
 The chunk is agreed per prompt: every rank plans its own participant alone on the scan grid,
@@ -62,7 +63,8 @@ from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.prefill import (Borrowed, EngineConfig, Part, _FailingProvider, _first_line,
-                                   borrow_and_carve, plan_inputs, plan_prompt, uses_prompt_kv)
+                                   attn_scratch, borrow_and_carve, new_prompt_kv, plan_inputs,
+                                   plan_prompt, uses_prompt_kv)
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import StreamingProvider
@@ -71,6 +73,7 @@ from strata.engine.stats import PrefillStats
 from strata import config
 from strata.errors import StrataError
 from strata.memory import STAGE, ExpertCache, Loan
+from strata.models.kv import PromptKV
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.mla_scratch import MLAScratch
 from strata.models.moe import expert_ffn, plane_landing
@@ -186,13 +189,6 @@ class StageEngine:
         self.dcfg, self.rank, self.world = dcfg, rank, world
         self.pack = pack = open_pack(pack)
         self.shape = s = pack.shape
-        if cfg.kv_resident is not None:
-            raise StrataError("--kv-resident is not supported with --distributed yet: each rank "
-                              "keeps its own layers' KV resident; drop --kv-resident")
-        if uses_prompt_kv(s, cfg):
-            raise StrataError(f"--kv {cfg.kv} is not supported with --distributed for {s.arch} "
-                              f"yet (each rank keeps its layers' KV in the model's dtype); use "
-                              f"--kv bf16")
         vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
         if len(vram) == 1:
             vram = vram * world
@@ -214,7 +210,9 @@ class StageEngine:
         self.layers = b.layers
         self.first, self.last = rank == 0, rank == world - 1
         check_machine([b], [device], host_blobs=sum(blob_sizes[l] for l in b.layers) * s.n_expert,
-                      pin=cfg.pin, dense_host=b.dense * self.dtype.itemsize // 2)
+                      pin=cfg.pin, dense_host=b.dense * self.dtype.itemsize // 2,
+                      host_kv=self.layout.sizes.kv_host_all(cfg.max_prompt, b.layers),
+                      kv_tokens=cfg.max_prompt)
         self.host = HostExperts(pack.experts, blob_sizes, pin=cfg.pin, progress=cfg.progress,
                                 spans=getattr(pack, "expert_span", None),
                                 layers=b.layers)
@@ -305,12 +303,18 @@ class StageEngine:
         loans: list[Loan] = []
         part = self.part
         error = None
-        mla_scratch: dict[int, MLAScratch] = {}   # layer -> its MLA attention's carve
+        stages: dict[int, torch.Tensor] = {}       # layer -> its KV stage (PromptKV)
+        kv_scratch: dict = {}                      # layer -> its int8 attention's carve
+        mla_scratch: dict[int, MLAScratch] = {}    # layer -> its MLA attention's carve
         try:
             try:
                 carve, bufs, got = borrow_and_carve(part.cache, self.layout, chunk, pp,
                                                     self.cfg.lend_cap, loans)
                 res.memory.append(got)
+                if "kv_stage" in bufs.bufs:
+                    stages = {l: bufs["kv_stage"] for l in part.layers}
+                if "kv_expand_k" in bufs.bufs:
+                    kv_scratch = {l: attn_scratch(bufs, self.shape) for l in part.layers}
                 if "mla_k" in bufs.bufs:
                     mla_scratch = {l: MLAScratch.of_carve(bufs) for l in part.layers}
                 if slab:
@@ -325,7 +329,8 @@ class StageEngine:
                     watched = _FailingProvider(provider, fail_after_layers)
             except Exception as e:   # noqa: BLE001 — every rank must hear of it
                 error, provider, watched = _message(e), None, None
-            error = self._read(tokens, chunk, watched, logits, res, error, mla_scratch)
+            error = self._read(tokens, chunk, watched, logits, res, error,
+                               (stages, kv_scratch, mla_scratch))
             if provider is not None:
                 for c in provider.chunks:
                     c.settle()
@@ -340,14 +345,14 @@ class StageEngine:
         return res
 
     def _read(self, tokens, chunk: int, provider, logits: str, res: StageResult,
-              error: str | None, mla_scratch: dict) -> str | None:
+              error: str | None, carved: tuple) -> str | None:
         """The chunk loop of this rank; returns its own error (None: it read every chunk).
         A rank in error keeps receiving (and dropping) and sends "failed" headers."""
         T = tokens.numel()
         s = self.shape
         kv = out = None
         try:
-            kv = stage_cache(self.model, T, self.cfg.kv, mla_scratch)
+            kv = self._kv(T, *carved)
             if self.last and logits != "none":
                 out = torch.zeros(T if logits == "all" else 1, s.vocab, dtype=torch.float32,
                                   device=self.device)
@@ -410,9 +415,23 @@ class StageEngine:
             self._wait(w)
         if provider is not None:
             provider.end_prompt(error is None)
+        if isinstance(kv, PromptKV):
+            kv.release()     # the resident and the pinned host KV go with the prompt
         res.stats.seconds = time.perf_counter() - t_start
         res.logits = out
         return error
+
+    def _kv(self, T: int, stages: dict, kv_scratch: dict, mla_scratch: dict):
+        """This rank's KV for a prompt of T tokens: what one process keeps with the same flags
+        (strata.engine.prefill: uses_prompt_kv), for this rank's layers only."""
+        if not uses_prompt_kv(self.shape, self.cfg):
+            return stage_cache(self.model, T, self.cfg.kv, mla_scratch)
+        kv = new_prompt_kv(self.shape, self.cfg, self.layout.sizes, T, layers=self.layers,
+                           vram=self.part.budget.vram, devices=self.model.layer_devices,
+                           stages=stages, lanes={l: self.part.lane for l in self.layers},
+                           pin=self.pinned and self.device.type == "cuda")
+        kv.scratch = mla_scratch if self.shape.mla else kv_scratch
+        return kv
 
     # -- the hand-off ------------------------------------------------------------------------
     def _send(self, x: torch.Tensor | None) -> list:

@@ -484,17 +484,12 @@ class PrefillEngine:
         anything is pinned (strata.budget.check_kv_host)."""
         if not self.uses_prompt_kv():
             return None
-        s = self.shape
-        host_kv = self.sizes.kv_host_all(n_tokens)
-        check_kv_host(host_kv, self.sizes.kv_vram(n_tokens, [l for p in self.parts
-                                                             for l in p.layers]),
-                      sum(b.budget.vram for b in self.parts), 0, host_available(), n_tokens)
-        lanes = {l: part.lane for part in self.parts for l in part.layers}
-        heads, key_dim, value_dim = s.kv_heads    # MLA: one "head", the latent and rope key
-        return make(s.n_layer, heads, key_dim, n_tokens, kv=self.cfg.kv,
-                    resident=self.cfg.kv_resident, devices=self.model.layer_devices,
-                    stages=stages, lanes=lanes, pin=self.pinned and self.device.type == "cuda",
-                    windows=kv_windows(s), value_dim=value_dim)
+        return new_prompt_kv(self.shape, self.cfg, self.sizes, n_tokens,
+                             layers=[l for p in self.parts for l in p.layers],
+                             vram=sum(b.budget.vram for b in self.parts),
+                             devices=self.model.layer_devices, stages=stages,
+                             lanes={l: part.lane for part in self.parts for l in part.layers},
+                             pin=self.pinned and self.device.type == "cuda", make=make)
 
     def _sync(self) -> None:
         for part in self.parts:
@@ -511,6 +506,19 @@ def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
     if shape.mla:
         return cfg.kv_resident is not None
     return cfg.kv != "bf16" or cfg.kv_resident is not None
+
+
+def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vram: int, devices,
+                  stages: dict, lanes: dict, pin: bool, make=PromptKV) -> PromptKV:
+    """A prompt's engine-owned KV (made by `make`, PromptKV's signature) keeping `layers` (the
+    others are another process's: they keep nothing). Its host-held part is checked against the
+    host's memory before anything is pinned (strata.budget.check_kv_host)."""
+    check_kv_host(sizes.kv_host_all(n_tokens, layers), sizes.kv_vram(n_tokens, layers), vram, 0,
+                  host_available(), n_tokens)
+    heads, key_dim, value_dim = shape.kv_heads    # MLA: one "head", the latent and rope key
+    return make(shape.n_layer, heads, key_dim, n_tokens, kv=cfg.kv, resident=cfg.kv_resident,
+                devices=devices, stages=stages, lanes=lanes, pin=pin, windows=kv_windows(shape),
+                value_dim=value_dim, layers=layers)
 
 
 def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str):

@@ -55,8 +55,9 @@ class Sizes:
         layers = range(self.n_layer) if layers is None else layers
         return sum(self.kv_bytes(n_tokens, l) for l in layers)
 
-    def kv_host_all(self, n_tokens: int) -> int:
-        """KV bytes in host memory of every layer for a prompt of n_tokens."""
-        return sum(self.kv_host(n_tokens, l) for l in range(self.n_layer))
+    def kv_host_all(self, n_tokens: int, layers: Iterable[int] | None = None) -> int:
+        """KV bytes in host memory of `layers` (default all) for a prompt of n_tokens."""
+        layers = range(self.n_layer) if layers is None else layers
+        return sum(self.kv_host(n_tokens, l) for l in layers)
     dense_first: int = 0
     dense_last: int = 0

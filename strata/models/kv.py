@@ -151,7 +151,8 @@ class PromptKV:
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, n_tokens: int, *,
                  kv: str = "bf16", resident: int | None = None, devices, stages=None,
                  lanes=None, pin: bool = False, scratch=None,
-                 windows: Sequence[int] | None = None, value_dim: int | None = None):
+                 windows: Sequence[int] | None = None, value_dim: int | None = None,
+                 layers: Sequence[int] | None = None):
         from strata.kernels.attention.kv_int8 import KV_DTYPES, kv_token_parts
         if kv not in KV_DTYPES:
             raise StrataError(f"kv dtype must be one of {KV_DTYPES}, got {kv!r}")
@@ -168,13 +169,19 @@ class PromptKV:
         self.scratch = scratch or {}   # layer -> AttnScratch (int8 on CUDA)
         self.code = torch.int8 if kv == "int8" else torch.bfloat16
         self.streamed = 0          # bytes of host KV copied back to the stages
-        staged = [l for l in range(n_layer) if self.held[l]]
+        # `layers`: the ones this KV keeps (default all); the others are another process's (a
+        # pipeline stage's) and keep nothing: their stores sit on the meta device
+        self.mine = set(range(n_layer)) if layers is None else set(layers)
+        meta = torch.device("meta")
+        staged = [l for l in range(n_layer) if self.held[l] and l in self.mine]
         if staged and (stages is None or any(l not in stages for l in staged)):
             raise StrataError("a prompt whose KV lives partly in host memory needs staging "
                               "buffers (the layout's kv_stage) for every full layer")
-        self.resident = [self._store(r, d) for r, d in zip(self.kept, self.devices)]
+        self.resident = [self._store(r, d if l in self.mine else meta)
+                         for l, (r, d) in enumerate(zip(self.kept, self.devices))]
         hostdev = torch.device("cpu")
-        self.hosted = [self._store(h, hostdev, pin=pin) for h in self.held]
+        self.hosted = [self._store(h, hostdev, pin=pin) if l in self.mine else
+                       self._store(h, meta) for l, h in enumerate(self.held)]
         self.stages = {l: self._view(stages[l], self.held[l]) for l in staged}
         # the copy a staged layer's attention issues next: the next staged layer's
         self._next = dict(zip(staged, staged[1:]))
@@ -367,12 +374,17 @@ class PromptKV:
 
     @property
     def host_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for parts in self.hosted for t in parts)
+        """Bytes of the KV this one keeps in host memory (its own layers')."""
+        return self._bytes(self.hosted)
 
     @property
     def vram_bytes(self) -> int:
         """Bytes of the KV kept on the layers' devices (resident windows and rings)."""
-        return sum(t.numel() * t.element_size() for parts in self.resident for t in parts)
+        return self._bytes(self.resident)
+
+    def _bytes(self, stores) -> int:
+        return sum(t.numel() * t.element_size() for l, parts in enumerate(stores)
+                   if l in self.mine for t in parts)
 
 
 def first_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

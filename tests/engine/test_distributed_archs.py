@@ -46,10 +46,10 @@ def _one_process(args, out):
     return np.load(out)
 
 
-def _read_both(arch_pack, tmp_path, device: str, experts: str):
+def _read_both(arch_pack, tmp_path, device: str, experts: str, *extra):
     arch, pack = arch_pack
     common = [pack, "--prompt-tokens", T, "--device", device, "--experts", experts, "--chunk", 6,
-              "--ring", 2, "--cache", "200KiB", "--force"]
+              "--ring", 2, "--cache", "200KiB", "--force", *extra]
     # gloo: the two ranks may share one GPU (NCCL refuses that)
     got = ranks(*common, "--vram", "1GiB", "--dist-schedule", "pipelined",
                 "--distributed-backend", "gloo", "--dump-logits", tmp_path / "d.npy")
@@ -65,6 +65,15 @@ def _read_both(arch_pack, tmp_path, device: str, experts: str):
 
 def test_two_ranks_equal_the_one_process_read(arch_pack, tmp_path):
     arch, have, want = _read_both(arch_pack, tmp_path, "cpu", "ref")
+    assert have.dtype == want.dtype and (have == want).all(), arch
+
+
+def test_two_ranks_equal_the_one_process_read_with_the_engines_kv(arch_pack, tmp_path):
+    """--kv int8 --kv-resident 8: the engine's PromptKV on each rank for its layers only, int8
+    codes, the tokens before the last 8 held in host memory and staged back through the rank's
+    carve each chunk (MLA: the latent's PromptKV)."""
+    arch, have, want = _read_both(arch_pack, tmp_path, "cpu", "ref", "--kv", "int8",
+                                  "--kv-resident", 8)
     assert have.dtype == want.dtype and (have == want).all(), arch
 
 
@@ -98,23 +107,18 @@ def test_a_stage_holds_only_its_own_layers(arch_pack):
     for per_layer in stores:
         assert per_layer[0].device.type == "meta"
         assert all(t.device.type == "cpu" for t in per_layer[1:])
-
-
-@pytest.mark.parametrize("arch_pack", ["mixtral"], indirect=True)
-@pytest.mark.parametrize("kw, says", [
-    (dict(kv_resident=8), "--kv-resident is not supported with --distributed"),
-    (dict(kv="int8"), "--kv int8 is not supported with --distributed for mixtral"),
-])
-def test_a_kv_the_stage_does_not_keep_is_refused(arch_pack, kw, says):
-    """--kv-resident, and --kv int8 outside MLA, are the engine's PromptKV, which a stage does not
-    build: one line, before any weight is read (not a silently bf16, all-resident KV)."""
-    from strata.engine.distributed import DistConfig, StageEngine
-    from strata.engine.prefill import EngineConfig
-    from strata.errors import StrataError
-    arch, pack = arch_pack
-    with pytest.raises(StrataError, match=says):
-        StageEngine(pack, EngineConfig(vram=1 << 30, device="cpu", **kw), DistConfig(), rank=0,
-                    world=2, device=torch.device("cpu"))
+    # the engine's own KV likewise: layer 0's host and resident stores hold nothing
+    from strata.engine.prefill import EngineConfig, kv_policy, new_prompt_kv
+    from strata.planning import model_sizes
+    cfg = EngineConfig(vram=1 << 30, device="cpu", kv="int8", kv_resident=8)
+    sizes = model_sizes(s, kv=kv_policy(cfg))
+    stage = torch.zeros(1 << 20, dtype=torch.uint8)
+    kv = new_prompt_kv(s, cfg, sizes, T, layers=own, vram=1 << 30,
+                       devices=model.layer_devices, stages={l: stage for l in own}, lanes={},
+                       pin=False)
+    assert all(t.device.type == "meta" for t in kv.hosted[0] + kv.resident[0])
+    assert kv.host_bytes == sizes.kv_host_all(T, own) > 0
+    assert kv.vram_bytes == sizes.kv_vram(T, own)
 
 
 def test_mla_int8_kv_is_the_models_own_cache(arch_pack):
