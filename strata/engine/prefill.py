@@ -44,7 +44,7 @@ from strata.engine.provider import SplitProvider, StreamingProvider
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.stats import PrefillStats
 from strata.engine.variants import KernelLaunches
-from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, warm_layers
+from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, dry_tokens, warm_layers
 from strata import config
 from strata.errors import AllocationError, StrataError
 from strata.memory import STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
@@ -282,7 +282,7 @@ class PrefillEngine:
                n_tokens if self.uses_prompt_kv() else None)
         if key in self._warm:
             return 0.0
-        n = n_tokens if n_tokens <= C else C + (n_tokens % C or C)
+        n = dry_tokens(n_tokens, C)
         g = torch.Generator().manual_seed(seed)
         dry = torch.randint(0, self.shape.vocab, (n,), generator=g, dtype=torch.int64)
         layers = (list(range(self.shape.n_layer)) if full else

@@ -40,6 +40,14 @@ from strata.models.kv import PromptKV, layer_kv_tokens
 WARM_PER_LAYOUT = 2
 
 
+def dry_tokens(n_tokens: int, chunk: int) -> int:
+    """The dry prompt's length for a prompt of n_tokens read in chunks of `chunk`: the prompt
+    itself when it is one chunk, else a full chunk and then the prompt's last chunk's size (a
+    second full one when it divides): the chunk sizes the prompt reads, each after cached
+    positions where the prompt has them."""
+    return n_tokens if n_tokens <= chunk else chunk + (n_tokens % chunk or chunk)
+
+
 def warm_layers(part_layers: Sequence[Sequence[int]], layouts: Sequence, per: int = WARM_PER_LAYOUT
                 ) -> list[int]:
     """The layers a warm-up reads: per participant (its layers), the first `per` of each
@@ -109,7 +117,12 @@ class ProbePlan:
 class WarmKV(PromptKV):
     """The dry prompt's PromptKV, probing the real prompt's attention launches (module
     docstring). `stage_bufs`: layer -> the raw staging buffer (the carve's kv_stage, sized for
-    the plan's longest prompt); `probes`: chunk_attention calls probed."""
+    the plan's longest prompt); `probes`: chunk_attention calls probed.
+
+    Each full layer's resident store holds the real prompt's resident tokens from the start (the
+    dry prompt writes its first ones): a probe reads real-length resident prefixes over it and
+    never allocates, and the dry prompt's VRAM is the real prompt's own, which the plan counts
+    (sizes.kv_vram of the real prompt; a property test holds it)."""
 
     def __init__(self, *args, probe: ProbePlan, stage_bufs: dict, **kw):
         super().__init__(*args, **kw)
@@ -117,7 +130,10 @@ class WarmKV(PromptKV):
         self.stage_bufs = stage_bufs
         self.probes = 0
         self._seen: set = set()
-        self._long: dict = {}     # device -> resident storage the dry prompt's is too short for
+        real = probe.kept(0)[0]
+        for l, (w, r) in enumerate(zip(self.windows, self.kept)):
+            if not w and r < real and l in self.mine:
+                self.resident[l] = self._store(real, self.devices[l])
 
     def attend(self, layer, q, k, v, **extra):
         from strata.kernels.attention import chunk_attention, chunk_attention_for
@@ -137,7 +153,7 @@ class WarmKV(PromptKV):
                     if self.kept[layer] == ring else [])
         split = list(self.probe.prefixes(T))
         host = self._view(self.stage_bufs[layer], held) if held else None
-        res = self._resident(layer, device, max((r for _, r in split), default=0))
+        res = self.resident[layer]
         return [([self._segment(host, h)] if h else []) + ([self._segment(res, r)] if r else [])
                 for h, r in split]
 
@@ -161,19 +177,6 @@ class WarmKV(PromptKV):
                 chunk_attention(q, k, v, prefix, scratch=scratch, **extra)
                 self.probes += 1
 
-    def _resident(self, layer: int, device, n: int) -> list:
-        """Resident storage of at least n tokens on the layer's device: the dry prompt's own
-        (what it reads is never a result), or, where its window is shorter than the real
-        prompt's, one layer's worth kept for the warm-up (inside the KV the plan reserves for
-        the longest prompt, which the dry prompt leaves mostly unused)."""
-        if self.kept[layer] >= n:
-            return self.resident[layer]
-        have = self._long.get(str(device))
-        if have is None or have[0].shape[0] < n:
-            have = self._long[str(device)] = self._store(n, device)
-        return have
-
     def release(self) -> None:
         super().release()
-        self._long = {}
         self.stage_bufs = {}
