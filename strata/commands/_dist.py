@@ -32,7 +32,7 @@ def add_flags(p) -> None:
 def run(args) -> int:
     from strata.cli import skip_interpreter_teardown
     from strata.commands._args import engine_config
-    from strata.commands.prefill import (check_context, dump_path, open_checked, prompt_tokens,
+    from strata.commands.prefill import (check_context, dump_path, open_checked, prompt_ids,
                                          save_logits)
     from strata.engine import distributed as D
 
@@ -42,6 +42,11 @@ def run(args) -> int:
     if getattr(args, "devices", None):
         raise StrataError("--devices does not go with --distributed: each rank takes "
                           "cuda:LOCAL_RANK; launch one rank per GPU with torchrun")
+    for flag in ("prompts_file", "trace"):
+        if getattr(args, flag, None):
+            raise StrataError(f"--{flag.replace('_', '-')} does not go with --distributed yet: "
+                              f"the ranks read one prompt (--prompt, --prompt-file, --tokens "
+                              f"or --prompt-tokens)")
     dcfg = D.DistConfig(schedule=args.dist_schedule, backend=args.distributed_backend,
                         timeout_s=args.dist_timeout or D.TIMEOUT_S)
     rank, world, device = D.init(dcfg.backend, dcfg.timeout_s)
@@ -50,7 +55,7 @@ def run(args) -> int:
     skip_interpreter_teardown()
     try:
         rc = _run(args, dcfg, rank, world, device, D, engine_config, check_context, dump_path,
-                  open_checked, prompt_tokens, save_logits)
+                  open_checked, prompt_ids, save_logits)
     except BaseException:
         # a rank that raises leaves at once (its peers' hand-offs time out or see it gone): no
         # barrier it could hang in
@@ -64,12 +69,12 @@ def run(args) -> int:
 
 
 def _run(args, dcfg, rank, world, device, D, engine_config, check_context, dump_path,
-         open_checked, prompt_tokens, save_logits) -> int:
+         open_checked, prompt_ids, save_logits) -> int:
     import time
     last = rank == world - 1
     dump = dump_path(args) if last else None
     pack = open_checked(args)
-    tokens = prompt_tokens(args, pack.shape.vocab)
+    tokens, text = prompt_ids(args, pack)   # text through the pack's tokenizer, or ids
     check_context(len(tokens), pack.shape)
     args.device = str(device)
     cfg = engine_config(args, len(tokens), progress=False)
@@ -85,6 +90,8 @@ def _run(args, dcfg, rank, world, device, D, engine_config, check_context, dump_
     if not last:
         return 0
     report = pipeline_report(every, res, str(args.pack), pack.shape.arch, dcfg, startup)
+    if text:
+        report["prompt"] = text
     if dump:
         report["logits_path"] = save_logits(dump, res.logits)
     print(json.dumps(report) if args.json else summary(report))
@@ -121,12 +128,14 @@ def pipeline_report(every: list[dict], res, pack: str, arch: str, dcfg, startup:
 
 
 def summary(r: dict) -> str:
+    from strata.commands.prefill import prompt_line
     from strata.units import fmt_bytes
-    lines = [f"strata prefill --distributed: {r['n_tokens']:,} tokens through {r['pack']} "
-             f"({r['arch']}) on {r['world']} ranks, {r['schedule']} schedule",
-             f"  INFO      prefill_chunk={r['prefill_chunk']} ({r['n_chunks']} chunks)",
-             f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s)",
-             f"  bubble    {100 * r['bubble_model']:.1f}% by the schedule's count"]
+    lines = [prompt_line(r["prompt"])] if r.get("prompt") else []
+    lines += [f"strata prefill --distributed: {r['n_tokens']:,} tokens through {r['pack']} "
+              f"({r['arch']}) on {r['world']} ranks, {r['schedule']} schedule",
+              f"  INFO      prefill_chunk={r['prefill_chunk']} ({r['n_chunks']} chunks)",
+              f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s)",
+              f"  bubble    {100 * r['bubble_model']:.1f}% by the schedule's count"]
     for s in r["ranks"]:
         lines.append(f"  rank {s['rank']}    layers {s['layers'][0]}-{s['layers'][1] - 1}, ring "
                      f"{s['prefill_ring']}, compute {s['compute_s']:.3f} s, hand-off "

@@ -336,3 +336,39 @@ def test_cli_plane_experts_equal_the_one_process_read(pack, tmp_path):
     import numpy as np
     a, b = np.load(tmp_path / "d.npy"), np.load(tmp_path / "s.npy")
     assert np.isfinite(b).all() and a.dtype == b.dtype and (a == b).all()
+
+
+def test_cli_text_prompt_is_tokenized_as_in_one_process(pack, tmp_path):
+    """--prompt goes through the pack's tokenizer on every rank (not random ids): the report
+    says so and the logits are exactly the one-process read's."""
+    text = "The ring of VRAM slots streams experts while the kernels compute."
+    common = [pack, "--prompt", text, "--cache", "100KiB", "--chunk", 8, "--ring", 3,
+              "--experts", "ref", "--force", "--device", "cpu"]
+    got = ranks(*common, "--vram", "1GiB", "--json", "--dump-logits", tmp_path / "d.npy")
+    for r, (rc, out, err) in enumerate(got):
+        assert rc == 0, f"rank {r}: {err[-2000:]}"
+    report = json.loads(got[-1][1].strip().splitlines()[-1])
+    from strata.packs import Pack
+    from strata.tokenize import pack_tokenizer
+    ids = pack_tokenizer(Pack.open(pack)).encode(text)
+    assert report["prompt"]["source"] == "--prompt"
+    assert report["n_tokens"] == report["prompt"]["n_tokens"] == len(ids)
+    one = subprocess.run([sys.executable, "-m", "strata", "prefill", *map(str, common),
+                          "--vram", "1GiB", "--vram", "1GiB", "--dump-logits", tmp_path / "s.npy"],
+                         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=_env())
+    assert one.returncode == 0, one.stderr[-2000:]
+    import numpy as np
+    a, b = np.load(tmp_path / "d.npy"), np.load(tmp_path / "s.npy")
+    assert a.shape[0] == len(ids) and (a == b).all()
+
+
+@pytest.mark.parametrize("flag", ["--prompts-file", "--trace"])
+def test_cli_many_prompts_are_refused_in_one_line(pack, tmp_path, flag, capsys):
+    from strata.cli import main
+    f = tmp_path / "p.txt"
+    f.write_text("1,2,3\n")
+    one = [] if flag == "--prompts-file" else ["--prompt-tokens", "4"]
+    assert main(["prefill", str(pack), flag, str(f), *one, "--vram", "1GiB",
+                 "--distributed"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag} does not go with --distributed" in err[0], err
