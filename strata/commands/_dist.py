@@ -82,6 +82,7 @@ def _run(args, dcfg, rank, world, device, D, engine_config, check_context, dump_
     t0 = time.perf_counter()
     eng = D.StageEngine(pack, cfg, dcfg, rank=rank, world=world, device=device)
     startup = time.perf_counter() - t0
+    warm = 0.0 if args.no_warmup else eng.warmup(len(tokens))
     with torch.inference_mode():
         res = eng.run(torch.tensor(tokens, dtype=torch.int64), logits="all" if dump else "last")
     mine = stage_report(res)
@@ -90,6 +91,7 @@ def _run(args, dcfg, rank, world, device, D, engine_config, check_context, dump_
     if not last:
         return 0
     report = pipeline_report(every, res, str(args.pack), pack.shape.arch, dcfg, startup)
+    report["warmup_s"], report["warmed"] = warm, not args.no_warmup
     if text:
         report["prompt"] = text
     if dump:
@@ -134,7 +136,9 @@ def summary(r: dict) -> str:
     lines += [f"strata prefill --distributed: {r['n_tokens']:,} tokens through {r['pack']} "
               f"({r['arch']}) on {r['world']} ranks, {r['schedule']} schedule",
               f"  INFO      prefill_chunk={r['prefill_chunk']} ({r['n_chunks']} chunks)",
-              f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s)",
+              f"  speed     {r['tokens_per_s']:,.1f} tokens/s ({r['seconds']:.3f} s, "
+              + (f"after a {r['warmup_s']:.3f} s warm-up)" if r.get("warmed") else
+                 "cold: --no-warmup)"),
               f"  bubble    {100 * r['bubble_model']:.1f}% by the schedule's count"]
     for s in r["ranks"]:
         lines.append(f"  rank {s['rank']}    layers {s['layers'][0]}-{s['layers'][1] - 1}, ring "

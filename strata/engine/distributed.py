@@ -70,6 +70,7 @@ from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import StreamingProvider
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.stats import PrefillStats
+from strata.engine.warm import dry_tokens
 from strata import config
 from strata.errors import StrataError
 from strata.memory import STAGE, ExpertCache, Loan
@@ -227,6 +228,7 @@ class StageEngine:
                                 ffn=self.finite.wrap(expert_ffn(cfg.ffn)))
         # the hand-off travels on the CPU under gloo, on the GPU under NCCL
         self.wire = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self._warm: set = set()     # the warm-ups already read (warmup's keys)
 
     @property
     def cache(self) -> ExpertCache:
@@ -277,11 +279,35 @@ class StageEngine:
         return out
 
     # -- a prompt ----------------------------------------------------------------------------
-    def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None
-            ) -> StageResult:
+    def warmup(self, n_tokens: int, *, seed: int = 0) -> float:
+        """Every rank together, before a prompt of n_tokens is timed: a dry prompt of the chunk
+        sizes that prompt reads (strata.engine.warm.dry_tokens) through the prompt's own plan,
+        loan, carve and ring, so its kernels are compiled and loaded and the timed read pays
+        none of it. An ordinary read with the hand-offs (the cache ends byte for byte as it
+        started). Returns its seconds (0.0 when this length's plan was warmed already). What it
+        does not cover: the long-prefix attention launches of host-held KV (the one-process
+        warm-up's probes, strata.engine.warm.WarmKV) compile in the timed read."""
+        slab = config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
+        plan, pp = self.plan(n_tokens, slab=slab)
+        C = plan.chunk
+        key = (C, pp.ring, n_tokens % C if n_tokens > C else n_tokens)
+        if key in self._warm:
+            return 0.0
+        g = torch.Generator().manual_seed(seed)
+        dry = torch.randint(0, self.shape.vocab, (dry_tokens(n_tokens, C),), generator=g)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            self.run(dry, logits="last", planned=(plan, pp))
+        self._warm.add(key)
+        return time.perf_counter() - t0
+
+    def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None,
+            planned: tuple | None = None) -> StageResult:
         """Read `tokens` (1-D ids, the same on every rank). logits: "all" | "last" | "none"
         (the last rank returns them). `fail_after_layers`: this rank fails with an allocation
-        error after that many layer batches (tests of the failure path)."""
+        error after that many layer batches (tests of the failure path). `planned`: (plan,
+        this rank's ParticipantPlan) to read under instead of the prompt's own (the warm-up:
+        the real prompt's; every rank passes one)."""
         if logits not in ("all", "last", "none"):
             raise StrataError(f"logits must be all, last or none, got {logits!r}")
         tokens = torch.as_tensor(tokens, dtype=torch.int64)
@@ -296,7 +322,7 @@ class StageEngine:
             own_error = _message(e)
         _raise_first(list(enumerate(self._gather(own_error))), self.world)
         slab = config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
-        plan, pp = self.plan(T, slab=slab)
+        plan, pp = planned if planned is not None else self.plan(T, slab=slab)
         chunk = plan.chunk
         res = StageResult(None, plan, chunk, pp.ring, self.rank, self.world, self.layers,
                           PrefillStats(tokens=T))

@@ -292,6 +292,9 @@ def test_cli_logits_equal_the_one_process_read(pack, tmp_path):
     assert got.returncode == 0, ranks_said(got.stderr)
     report = json.loads(got.stdout.strip().splitlines()[-1])
     assert report["world"] == 2 and report["schedule"] == "pipelined"
+    # the ranks warmed up together first (a dry prompt through the same plan): the logits below
+    # are still exactly the one-process read's, so the warm-up left every cache as it was
+    assert report["warmed"] and report["warmup_s"] > 0
     assert report["ranks"][0]["handoff_bytes"] == T * SHAPE.d_model * 4   # fp32 on the CPU
     one = subprocess.run([sys.executable, "-m", "strata", "prefill", *map(str, common),
                           "--vram", "1GiB", "--vram", "1GiB", "--dump-logits", tmp_path / "s.npy"],
@@ -344,10 +347,12 @@ def test_cli_text_prompt_is_tokenized_as_in_one_process(pack, tmp_path):
     text = "The ring of VRAM slots streams experts while the kernels compute."
     common = [pack, "--prompt", text, "--cache", "100KiB", "--chunk", 8, "--ring", 3,
               "--experts", "ref", "--force", "--device", "cpu"]
-    got = ranks(*common, "--vram", "1GiB", "--json", "--dump-logits", tmp_path / "d.npy")
+    got = ranks(*common, "--vram", "1GiB", "--json", "--dump-logits", tmp_path / "d.npy",
+                "--no-warmup")
     for r, (rc, out, err) in enumerate(got):
         assert rc == 0, f"rank {r}: {err[-2000:]}"
     report = json.loads(got[-1][1].strip().splitlines()[-1])
+    assert not report["warmed"] and report["warmup_s"] == 0.0
     from strata.packs import Pack
     from strata.tokenize import pack_tokenizer
     ids = pack_tokenizer(Pack.open(pack)).encode(text)
