@@ -284,6 +284,17 @@ def ranks(*argv, world=2):
                 p.kill()
 
 
+def one_process(*argv, out):
+    """The same read in one process, its two participants' budgets split as the ranks' are
+    (`--vram 1GiB` twice): the logits `strata prefill ... --dump-logits out` writes."""
+    import numpy as np
+    got = subprocess.run([sys.executable, "-m", "strata", "prefill", *map(str, argv), "--vram",
+                          "1GiB", "--vram", "1GiB", "--dump-logits", str(out)],
+                         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=_env())
+    assert got.returncode == 0, got.stderr[-2000:]
+    return np.load(out)
+
+
 def test_cli_logits_equal_the_one_process_read(pack, tmp_path):
     common = [pack, "--prompt-tokens", T, "--cache", "100KiB", "--chunk", 16, "--ring", 3,
               "--experts", "ref", "--force"]
@@ -296,14 +307,8 @@ def test_cli_logits_equal_the_one_process_read(pack, tmp_path):
     # are still exactly the one-process read's, so the warm-up left every cache as it was
     assert report["warmed"] and report["warmup_s"] > 0
     assert report["ranks"][0]["handoff_bytes"] == T * SHAPE.d_model * 4   # fp32 on the CPU
-    one = subprocess.run([sys.executable, "-m", "strata", "prefill", *map(str, common),
-                          "--vram", "1GiB", "--vram", "1GiB", "--dump-logits", tmp_path / "s.npy"],
-                         capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
-                         env=dict(os.environ, OMP_NUM_THREADS="1",
-                                  PYTHONPATH=str(Path(__file__).parents[2])))
-    assert one.returncode == 0, one.stderr[-2000:]
     import numpy as np
-    a, b = np.load(tmp_path / "d.npy"), np.load(tmp_path / "s.npy")
+    a, b = np.load(tmp_path / "d.npy"), one_process(*common, out=tmp_path / "s.npy")
     assert a.dtype == b.dtype and (a == b).all()
 
 
@@ -332,12 +337,8 @@ def test_cli_plane_experts_equal_the_one_process_read(pack, tmp_path):
     got = ranks(*common, "--vram", "1GiB", "--dump-logits", tmp_path / "d.npy")
     for r, (rc, out, err) in enumerate(got):
         assert rc == 0, f"rank {r}: {err[-2000:]}"
-    one = subprocess.run([sys.executable, "-m", "strata", "prefill", *map(str, common),
-                          "--vram", "1GiB", "--vram", "1GiB", "--dump-logits", tmp_path / "s.npy"],
-                         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=_env())
-    assert one.returncode == 0, one.stderr[-2000:]
     import numpy as np
-    a, b = np.load(tmp_path / "d.npy"), np.load(tmp_path / "s.npy")
+    a, b = np.load(tmp_path / "d.npy"), one_process(*common, out=tmp_path / "s.npy")
     assert np.isfinite(b).all() and a.dtype == b.dtype and (a == b).all()
 
 
@@ -358,12 +359,8 @@ def test_cli_text_prompt_is_tokenized_as_in_one_process(pack, tmp_path):
     ids = pack_tokenizer(Pack.open(pack)).encode(text)
     assert report["prompt"]["source"] == "--prompt"
     assert report["n_tokens"] == report["prompt"]["n_tokens"] == len(ids)
-    one = subprocess.run([sys.executable, "-m", "strata", "prefill", *map(str, common),
-                          "--vram", "1GiB", "--vram", "1GiB", "--dump-logits", tmp_path / "s.npy"],
-                         capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=_env())
-    assert one.returncode == 0, one.stderr[-2000:]
     import numpy as np
-    a, b = np.load(tmp_path / "d.npy"), np.load(tmp_path / "s.npy")
+    a, b = np.load(tmp_path / "d.npy"), one_process(*common, out=tmp_path / "s.npy")
     assert a.shape[0] == len(ids) and (a == b).all()
 
 

@@ -7,15 +7,13 @@ device), must give exactly the logits of the one-process read of the same flags 
 the same code in the same order; the hand-off carries the model's fp32 hidden states)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from strata.cli import main
-from tests.engine.test_distributed import CLI_TIMEOUT_S, _env, ranks
+from tests.engine.test_distributed import one_process, ranks
 
 T = 19     # chunks of 6: three full, one short
 
@@ -38,14 +36,6 @@ def arch_pack(request, tmp_path_factory):
     return request.param, out
 
 
-def _one_process(args, out):
-    got = subprocess.run([sys.executable, "-m", "strata", "prefill", *map(str, args),
-                          "--dump-logits", str(out)], capture_output=True, text=True,
-                         timeout=CLI_TIMEOUT_S, env=_env())
-    assert got.returncode == 0, got.stderr[-2000:]
-    return np.load(out)
-
-
 def _read_both(arch_pack, tmp_path, device: str, experts: str, *extra):
     arch, pack = arch_pack
     common = [pack, "--prompt-tokens", T, "--device", device, "--experts", experts, "--chunk", 6,
@@ -56,7 +46,7 @@ def _read_both(arch_pack, tmp_path, device: str, experts: str, *extra):
     for r, (rc, out, err) in enumerate(got):
         assert rc == 0, f"rank {r}: {err[-2000:]}"
     assert got[0][1] == "" and f"({arch}) on 2 ranks" in got[-1][1], got[-1][1]
-    want = _one_process([*common, "--vram", "1GiB", "--vram", "1GiB"], tmp_path / "s.npy")
+    want = one_process(*common, out=tmp_path / "s.npy")
     have = np.load(tmp_path / "d.npy")
     assert have.shape == want.shape == (T, _vocab(pack))
     assert np.isfinite(want).all()
