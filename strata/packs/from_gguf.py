@@ -68,9 +68,12 @@ def _short(e: BaseException) -> str:
 
 def gguf_shape(r, path) -> ModelShape:
     """The model shape from the GGUF's metadata; one line naming the key that is missing or
-    unreadable. rope.freq_base is required: llama.cpp's fallback (10000) is not Qwen3's."""
+    unreadable, or that strata would drop (strata.packs.hparams audits every key first).
+    rope.freq_base is required: llama.cpp's fallback (10000) is not Qwen3's."""
     from strata.packs.file import check_shape
+    from strata.packs.hparams import audit_gguf, gguf_meta
     try:
+        audit_gguf(_field(r, "general.architecture", required=False), gguf_meta(r), path)
         shape = _gguf_shape(r, path)
         check_shape(shape, path)
         return shape

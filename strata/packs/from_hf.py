@@ -54,7 +54,7 @@ def hf_shape(cfg: dict, where) -> ModelShape:
             n_kv_head=cfg.get("num_key_value_heads", H),
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // H, vocab=cfg["vocab_size"],
             rope_theta=float(rope), rms_eps=float(cfg["rms_norm_eps"]),
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),   # Qwen3MoeConfig's default
             max_pos=cfg.get("max_position_embeddings", 40960))
     except KeyError as e:
         raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
@@ -129,6 +129,8 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
     if not isinstance(cfg, dict):
         raise StrataError(f"{cfgp} holds a JSON {type(cfg).__name__}, not an object; fix or "
                           f"re-download it")
+    from strata.packs.hparams import audit_hf
+    audit_hf(cfg, src)   # a field strata would drop, or a value it does not implement: refused
     fmts = ExpertFormats.of(quant, quant_gate, quant_up, quant_down)
     from strata.packs import from_hf_ds
     if cfg.get("model_type") in from_hf_ds.MODEL_TYPES:   # GLM-4.5, DeepSeek-V3, Kimi-K2

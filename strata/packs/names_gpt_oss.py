@@ -14,7 +14,8 @@ GGUF (arch `gpt-oss`, convert_hf_to_gguf.py's layout): gate and up de-interleave
 `ffn_gate_exps` / `ffn_up_exps` ({D, F, E}, or fused `ffn_gate_up_exps` {D, 2F, E}, gate rows
 first) and `ffn_down_exps` {F, D, E}, each with a `.bias` ({F, E} / {2F, E} / {D, E});
 `attn_sinks.weight` [H]; the pre-FFN norm is `post_attention_norm`. Metadata: expert width
-`gpt-oss.expert_feed_forward_length`, `gpt-oss.attention.sliding_window`, YaRN in
+`gpt-oss.expert_feed_forward_length`, `gpt-oss.attention.sliding_window` (its layers by
+`attention.sliding_window_pattern`, llama.cpp's default 2: even layers), YaRN in
 `gpt-oss.rope.scaling.{type,factor,original_context_length}`. The clamped SwiGLU's alpha and
 limit are not in llama.cpp's gpt-oss files (it fixes them at 1.702 and 7.0: strata.shapes
 defaults); a per-layer `gpt-oss.swiglu_clamp_exp` (gguf-py's key for other models' clamps), when
@@ -71,14 +72,29 @@ _HF_LAYER = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
 }
 
 
+def pattern_of(slides: list[bool]) -> int | None:
+    """The ModelShape.sliding_pattern p whose layers slide exactly where `slides` says (layer l
+    slides when l % p < p - 1, llama.cpp's set_swa_pattern), None when no p spells it."""
+    n = len(slides)
+    for p in range(1, n + 2):
+        if all((l % p < p - 1) == bool(s) for l, s in enumerate(slides)):
+            return p
+    return None
+
+
 def _sliding(cfg: dict, n_layer: int, window: int, where) -> int:
-    """The sliding pattern (2: even layers slide) that layer_types spells; refuse others."""
+    """The sliding pattern that layer_types spells (GPT-OSS's: 2, even layers slide); refuse
+    one no pattern spells."""
     types = cfg.get("layer_types")
-    want = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layer)]
-    if window and types is not None and list(types) != want:
-        raise StrataError(f"{where}: layer_types {types} is not GPT-OSS's alternation (even "
-                          f"layers sliding); strata reads that pattern only")
-    return 2
+    if not window or types is None:
+        return 2
+    kinds = {"sliding_attention": True, "full_attention": False}
+    p = (pattern_of([kinds[t] for t in types])
+         if len(types) == n_layer and all(t in kinds for t in types) else None)
+    if p is None:
+        raise StrataError(f"{where}: layer_types {types} is not a repeating pattern of sliding "
+                          f"layers then one full layer; strata reads those patterns only")
+    return p
 
 
 MXFP4_HF = ("{where}: the experts are MXFP4 blocks (OpenAI's release format); convert the "
@@ -104,7 +120,7 @@ def hf_shape(cfg: dict, where) -> ModelShape:
                         yarn_beta_fast=float(rp.get("beta_fast") or 32.0),
                         yarn_beta_slow=float(rp.get("beta_slow") or 1.0),
                         yarn_truncate=bool(rp.get("truncate", True)))
-        window = int(cfg.get("sliding_window") or 0)
+        window = int(cfg.get("sliding_window", 128) or 0)   # GptOssConfig's default
         return _shape(
             n_layer=L, d_model=cfg["hidden_size"], n_expert=cfg["num_local_experts"],
             top_k=cfg["num_experts_per_tok"], d_expert=cfg["intermediate_size"], n_head=H,
@@ -172,8 +188,9 @@ def gguf_shape(field, tensors: dict, path) -> ModelShape:
                           f"reads one SwiGLU limit per model")
     if clamp:
         yarn["swiglu_limit"] = clamp[0]
+    n_layer = int(field(f"{a}.block_count"))
     return _shape(
-        n_layer=int(field(f"{a}.block_count")), d_model=D,
+        n_layer=n_layer, d_model=D,
         n_expert=int(field(f"{a}.expert_count")), top_k=int(field(f"{a}.expert_used_count")),
         d_expert=int(field(f"{a}.expert_feed_forward_length")), n_head=H,
         n_kv_head=int(field(f"{a}.attention.head_count_kv", H)),
@@ -182,7 +199,25 @@ def gguf_shape(field, tensors: dict, path) -> ModelShape:
         rope_theta=float(f"{float(field(f'{a}.rope.freq_base')):.7g}"),
         rms_eps=float(f"{float(field(f'{a}.attention.layer_norm_rms_epsilon')):.7g}"),
         max_pos=int(field(f"{a}.context_length", 131072)),
-        sliding_window=int(field(f"{a}.attention.sliding_window", 0)), **yarn)
+        sliding_window=int(field(f"{a}.attention.sliding_window", 0)),
+        sliding_pattern=_gguf_pattern(field(f"{a}.attention.sliding_window_pattern", 2),
+                                      n_layer, path), **yarn)
+
+
+def _gguf_pattern(v, n_layer: int, path) -> int:
+    """llama.cpp's sliding_window_pattern (load_swa_pattern): a number p (layer l slides when
+    l % p < p - 1; 0: every layer) or one bool per layer, as ModelShape.sliding_pattern."""
+    a = f"{ARCH}.attention.sliding_window_pattern"
+    if isinstance(v, (list, tuple)):
+        p = pattern_of([bool(x) for x in v]) if len(v) == n_layer else None
+        if p is None:
+            raise StrataError(f"{path}: {a} {list(v)} is not a repeating pattern of sliding "
+                              f"layers then one full layer; strata reads those patterns only")
+        return p
+    if int(v) < 1:
+        raise StrataError(f"{path}: {a} is {v} (every layer sliding); strata reads patterns of "
+                          f"sliding layers then one full layer (>= 1)")
+    return int(v)
 
 
 def gguf_dense(name: str, x: torch.Tensor, s: ModelShape) -> torch.Tensor:

@@ -1,0 +1,693 @@
+"""The hparam audit (strata.packs.hparams) walked against its sources and its readers.
+
+(a) every key llama.cpp's loader reads for an architecture (and convert_hf_to_gguf.py writes), and
+    every field transformers' config class writes, is in the table: a new key fails here;
+(b) every used key, changed in a GGUF / config.json, changes the ModelShape field(s) the table
+    names; every used field the tensors do not pin changes a tiny model's logits (key -> field
+    -> logits); an absent key reads as the source's default;
+(c) every refused value (and every bound on a used one, every refusal of an absent key): `strata
+    pack` exits 2 with one line naming the key;
+(d) a key the table does not know: exit 2, one line.
+
+DeepSeek's YaRN keys (DEEPSEEK_YARN_*) are used in the table; their key -> field -> logits
+tests are tests/models/test_deepseek_yarn.py's (its own change), so (b) leaves them out.
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from strata.cli import main
+from strata.packs import hparams as hp
+from strata.shapes import ModelShape
+from tests.models.hf_archs import GPT_OSS_TINY, MIXTRAL_TINY
+from tests.models.hf_family import DS_TINY, GLM_TINY
+from tests.models.hf_tiny import TINY
+
+# ---- (a) the sources ------------------------------------------------------------------------
+# llama.cpp 0c1e57098 (vendored by llama-cpp-python 0.3.36): every key its loader reads, from
+# src/llama-model.cpp (load_hparams up to load_arch_hparams, minus the WavTokenizer branch;
+# llama_prec_policy::load; load_swa_pattern), src/models/<arch>.cpp (load_arch_hparams) and
+# src/llama-model-loader.cpp, the LLM_KV names resolved through src/llama-arch.cpp. "%s." is the
+# architecture; tokenizer.* keys are strata.tokenize's, not the audit's.
+LOADER_ALL = [
+    "general.architecture", "general.name", "general.file_type", "general.alignment",
+    "general.tensor_extra.name", "general.tensor_extra.prec_a4", "split.count", "split.no",
+    "split.tensors.count",
+    "%s.attention.causal", "%s.attention.head_count", "%s.attention.head_count_kv",
+    "%s.attention.key_length", "%s.attention.key_length_swa", "%s.attention.value_length",
+    "%s.attention.value_length_swa", "%s.block_count", "%s.classifier.output_labels",
+    "%s.classifier.pooling_type", "%s.context_length", "%s.embedding_length",
+    "%s.embedding_length_out", "%s.expert_count", "%s.expert_group_count",
+    "%s.expert_group_used_count", "%s.expert_used_count", "%s.feed_forward_length",
+    "%s.nextn_predict_layers", "%s.pooling_type", "%s.rope.dimension_count",
+    "%s.rope.dimension_count_swa", "%s.rope.freq_base", "%s.rope.scale_linear",
+    "%s.rope.scaling.alpha", "%s.rope.scaling.attn_factor", "%s.rope.scaling.factor",
+    "%s.rope.scaling.finetuned", "%s.rope.scaling.original_context_length",
+    "%s.rope.scaling.type",
+]
+LOADER_ARCH = {
+    "qwen3moe": ["%s.attention.layer_norm_rms_epsilon", "%s.expert_feed_forward_length"],
+    "llama": ["%s.attention.layer_norm_rms_epsilon", "%s.vocab_size", "tokenizer.ggml.tokens"],
+    "gpt-oss": ["%s.attention.layer_norm_rms_epsilon", "%s.attention.sliding_window",
+                "%s.expert_feed_forward_length", "%s.rope.freq_base_swa",
+                "%s.attention.sliding_window_pattern"],
+    "deepseek2": ["%s.attention.key_length_mla", "%s.attention.kv_lora_rank",
+                  "%s.attention.layer_norm_rms_epsilon", "%s.attention.q_lora_rank",
+                  "%s.attention.temperature_length", "%s.attention.temperature_scale",
+                  "%s.attention.value_length_mla", "%s.expert_feed_forward_length",
+                  "%s.expert_gating_func", "%s.expert_shared_count", "%s.expert_weights_norm",
+                  "%s.expert_weights_scale", "%s.leading_dense_block_count",
+                  "%s.rope.scaling.yarn_log_multiplier", "%s.vocab_size",
+                  "tokenizer.ggml.tokens"],
+    "glm4moe": ["%s.attention.layer_norm_rms_epsilon", "%s.expert_feed_forward_length",
+                "%s.expert_gating_func", "%s.expert_shared_count", "%s.expert_weights_norm",
+                "%s.expert_weights_scale", "%s.leading_dense_block_count",
+                "%s.rope.dimension_sections"],
+}
+# what the same llama.cpp's conversion/base.py (TextModel.set_gguf_parameters) and its
+# qwen.py / llama.py / gpt_oss.py / deepseek.py / glm.py classes write for these architectures
+CONVERTER_ALL = [
+    "%s.block_count", "%s.context_length", "%s.embedding_length", "%s.feed_forward_length",
+    "%s.attention.head_count", "%s.attention.head_count_kv", "%s.attention.causal",
+    "%s.rope.scaling.type", "%s.rope.scaling.factor", "%s.rope.scaling.original_context_length",
+    "%s.rope.scaling.yarn_ext_factor", "%s.rope.scaling.yarn_attn_factor",
+    "%s.rope.scaling.yarn_beta_fast", "%s.rope.scaling.yarn_beta_slow", "%s.rope.freq_base",
+    "%s.attention.layer_norm_rms_epsilon", "%s.attention.layer_norm_epsilon",
+    "%s.expert_count", "%s.expert_used_count", "%s.expert_group_count",
+    "%s.expert_group_used_count", "%s.expert_gating_func", "%s.attention.key_length",
+    "%s.attention.value_length", "%s.pooling_type", "general.file_type",
+    "general.quantization_version", "general.type", "general.name",
+]
+CONVERTER_ARCH = {
+    "qwen3moe": ["%s.expert_feed_forward_length", "%s.expert_shared_feed_forward_length"],
+    "llama": ["%s.vocab_size", "%s.rope.dimension_count"],
+    "gpt-oss": ["%s.attention.sliding_window", "%s.expert_feed_forward_length",
+                "%s.rope.freq_base_swa"],
+    "deepseek2": ["%s.leading_dense_block_count", "%s.vocab_size", "%s.attention.q_lora_rank",
+                  "%s.attention.kv_lora_rank", "%s.attention.key_length_mla",
+                  "%s.attention.value_length_mla", "%s.expert_feed_forward_length",
+                  "%s.expert_shared_count", "%s.expert_weights_scale",
+                  "%s.expert_weights_norm", "%s.rope.dimension_count",
+                  "%s.rope.scaling.yarn_log_multiplier"],
+    "glm4moe": ["%s.rope.dimension_count", "%s.expert_feed_forward_length",
+                "%s.expert_shared_count", "%s.leading_dense_block_count",
+                "%s.expert_weights_scale", "%s.expert_weights_norm", "%s.nextn_predict_layers"],
+}
+# fields of the released config.json files (Qwen3-30B-A3B, Mixtral-8x7B, gpt-oss-20b,
+# DeepSeek-V3 / Kimi-K2 with their remote code, GLM-4.5) that transformers 5 no longer writes
+RELEASED = {
+    "qwen3_moe": ["rope_theta", "rope_scaling", "torch_dtype", "max_window_layers",
+                  "num_experts", "head_dim"],
+    "mixtral": ["rope_theta", "torch_dtype"],
+    "gpt_oss": ["rope_theta", "rope_scaling", "torch_dtype", "experts_per_token",
+                "initial_context_length", "quantization_config"],
+    "deepseek_v3": ["rope_theta", "rope_scaling", "torch_dtype", "aux_loss_alpha", "ep_size",
+                    "moe_layer_freq", "scoring_func", "seq_aux", "topk_method",
+                    "quantization_config", "auto_map"],
+    "glm4_moe": ["rope_theta", "rope_scaling", "torch_dtype", "partial_rotary_factor",
+                 "head_dim"],
+}
+HF_CLASSES = {"qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
+              "gpt_oss": "GptOssConfig", "deepseek_v3": "DeepseekV3Config",
+              "glm4_moe": "Glm4MoeConfig"}
+
+# DeepSeek's YaRN keys: used in the table, read by strata.packs.from_gguf_ds / from_hf_ds
+# (gguf_yarn_ds / hf_yarn_ds); their key -> field -> logits tests are tests/models/
+# test_deepseek_yarn.py's, so (b) leaves them out. DEEPSEEK_YARN_FIELDS: the ModelShape fields
+# that change brings (tolerated before it is committed).
+DEEPSEEK_YARN_GGUF = {"rope.scaling.type", "rope.scaling.factor",
+                      "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast",
+                      "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier",
+                      "rope.scaling.attn_factor"}
+DEEPSEEK_YARN_HF = {hp.ROPE + k for k in ("rope_type", "type", "factor",
+                                          "original_max_position_embeddings", "beta_fast",
+                                          "beta_slow", "mscale", "mscale_all_dim",
+                                          "attention_factor", "truncate")}
+DEEPSEEK_YARN_FIELDS = {"yarn_attn", "yarn_kq"}
+
+
+def _ids(v):
+    return str(v)
+
+
+def _pending(table: str, key: str) -> bool:
+    return ((table == "deepseek2" and key in DEEPSEEK_YARN_GGUF)
+            or (table in ("deepseek_v3", "kimi_k2") and key in DEEPSEEK_YARN_HF))
+
+
+def _in_gguf_table(arch: str, key: str) -> bool:
+    if key.startswith("tokenizer."):
+        return True   # strata.tokenize's
+    if key.startswith("%s."):
+        return key[3:] in hp.GGUF[arch]
+    return key in hp.GGUF_GLOBAL
+
+
+@pytest.mark.parametrize("arch", sorted(hp.GGUF))
+def test_every_llama_cpp_key_is_in_the_table(arch):
+    keys = LOADER_ALL + LOADER_ARCH[arch] + CONVERTER_ALL + CONVERTER_ARCH[arch]
+    assert [k for k in keys if not _in_gguf_table(arch, k)] == []
+
+
+def _hf_config(model_type: str, **kw):
+    import transformers
+    return getattr(transformers, HF_CLASSES[model_type])(**kw)
+
+
+@pytest.mark.parametrize("model_type", sorted(HF_CLASSES))
+def test_every_transformers_field_is_in_the_table(model_type):
+    yarn = {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                                "beta_slow": 1.0}}
+    fields = set(hp.hf_fields(_hf_config(model_type).to_dict()))
+    if model_type in ("gpt_oss", "deepseek_v3"):
+        fields |= set(hp.hf_fields(_hf_config(model_type, **yarn).to_dict()))
+    fields |= {f for f in RELEASED[model_type] if f not in hp.ROPE_DICTS}
+    assert sorted(fields - set(hp.HF[model_type])) == []
+
+
+def test_table_entries_are_well_formed():
+    """Used fields are ModelShape's (the pending DeepSeek YaRN ones aside); a SameAs names a key
+    of its own table; refusals and inert entries say why; defaults of the HF tables are
+    transformers' own."""
+    import transformers
+    shape_fields = set(ModelShape.__dataclass_fields__) | DEEPSEEK_YARN_FIELDS
+    tables = {**{a: t | hp.GGUF_GLOBAL for a, t in hp.GGUF.items()}, **hp.HF}
+    for name, t in tables.items():
+        for key, e in t.items():
+            assert e.kind in (hp.USED, hp.REFUSED, hp.INERT), (name, key)
+            assert set(e.fields) <= shape_fields, (name, key)
+            assert e.kind != hp.USED or e.fields, (name, key)
+            assert e.kind == hp.USED or e.why, (name, key)
+            if isinstance(e.ok, hp.SameAs):
+                assert e.ok.key in t or e.ok.key.startswith("general."), (name, key)
+    for mt, cls in HF_CLASSES.items():
+        sig = inspect.signature(getattr(transformers, cls).__init__).parameters
+        for key, e in hp.HF[mt].items():
+            if e.default is not hp.NO_DEFAULT and key in sig:
+                assert sig[key].default == e.default, (mt, key)
+
+
+# ---- GGUF and config.json writers -------------------------------------------------------------
+GGUF_SHAPES = {"qwen3moe": TINY, "llama": MIXTRAL_TINY, "gpt-oss": GPT_OSS_TINY,
+               "glm4moe": GLM_TINY, "deepseek2": DS_TINY}
+
+
+def base_gguf(arch: str) -> dict:
+    """The metadata convert_hf_to_gguf.py writes for the tiny model of `arch` (suffixes)."""
+    s = GGUF_SHAPES[arch]
+    m = {"context_length": 512, "embedding_length": s.d_model, "block_count": s.n_layer,
+         "attention.head_count": s.n_head, "attention.head_count_kv": s.n_kv_head,
+         "attention.key_length": s.head_dim, "attention.value_length": s.head_dim,
+         "rope.freq_base": s.rope_theta, "attention.layer_norm_rms_epsilon": s.rms_eps,
+         "expert_count": s.n_expert, "expert_used_count": s.top_k, "vocab_size": s.vocab,
+         "feed_forward_length": 4 * s.d_model, "general.file_type": 32,
+         "general.quantization_version": 2}
+    if arch == "qwen3moe":
+        m["expert_feed_forward_length"] = s.d_expert
+    elif arch == "llama":
+        m |= {"feed_forward_length": s.d_expert, "rope.dimension_count": s.head_dim}
+    elif arch == "gpt-oss":
+        m |= {"expert_feed_forward_length": s.d_expert, "feed_forward_length": s.d_expert,
+              "attention.sliding_window": s.sliding_window, "rope.scaling.type": "yarn",
+              "rope.scaling.factor": s.rope_factor,
+              "rope.scaling.original_context_length": s.rope_orig_ctx,
+              "swiglu_clamp_exp": [s.swiglu_limit] * s.n_layer}
+    else:   # the family
+        m |= {"feed_forward_length": s.d_ff, "expert_feed_forward_length": s.d_expert,
+              "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead,
+              "expert_weights_scale": s.routed_scale, "expert_weights_norm": s.norm_topk_prob,
+              "expert_gating_func": 2, "expert_group_count": s.n_group,
+              "expert_group_used_count": s.topk_group, "rope.dimension_count": s.rot_dim}
+        if arch == "glm4moe":
+            m["nextn_predict_layers"] = 0
+        else:   # deepseek2, the newer MLA layout
+            m |= {"attention.q_lora_rank": s.q_lora, "attention.kv_lora_rank": s.kv_lora,
+                  "attention.head_count_kv": 1, "attention.key_length": s.kv_lora + s.qk_rope,
+                  "attention.value_length": s.kv_lora, "attention.key_length_mla": s.head_dim,
+                  "attention.value_length_mla": s.v_head_dim}
+    return m
+
+
+_names = itertools.count()
+
+
+def _vt(v):
+    import gguf
+    T = gguf.GGUFValueType
+    if isinstance(v, bool):
+        return T.BOOL
+    if isinstance(v, int):
+        return T.INT32 if v < 0 else T.UINT32
+    return T.FLOAT32 if isinstance(v, float) else T.STRING
+
+
+def write_gguf(d, arch: str, meta: dict):
+    """A GGUF of `meta` (suffixes of "{arch}.", or whole general.* / split.* keys) and a token
+    embedding (all the shape readers look at); the audit runs before any other tensor is read."""
+    import gguf
+    path = d / f"m{next(_names)}.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in meta.items():
+        key = k if k.startswith(hp.GLOBAL_PREFIXES) else f"{arch}.{k}"
+        if isinstance(v, (list, tuple)):
+            w.add_key_value(key, list(v), gguf.GGUFValueType.ARRAY, sub_type=_vt(v[0]))
+        else:
+            w.add_key_value(key, v, _vt(v))
+    w.add_tensor("token_embd.weight", np.zeros((GGUF_SHAPES[arch].vocab, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def gguf_read(d, arch: str, meta: dict) -> ModelShape:
+    from strata.packs.from_gguf import gguf_shape, open_gguf
+    p = write_gguf(d, arch, meta)
+    return gguf_shape(open_gguf(p), p)
+
+
+HF_SHAPES = {"qwen3_moe": TINY, "mixtral": MIXTRAL_TINY, "gpt_oss": GPT_OSS_TINY,
+             "glm4_moe": GLM_TINY, "deepseek_v3": DS_TINY}
+
+
+def base_hf(model_type: str) -> dict:
+    """config.json of the tiny model of `model_type`, as transformers 5 writes it."""
+    s = HF_SHAPES[model_type]
+    kw = dict(vocab_size=s.vocab, hidden_size=s.d_model, num_hidden_layers=s.n_layer,
+              num_attention_heads=s.n_head, num_key_value_heads=s.n_kv_head,
+              num_experts_per_tok=s.top_k, rms_norm_eps=s.rms_eps, max_position_embeddings=512,
+              tie_word_embeddings=False)
+    rope = {"rope_type": "default", "rope_theta": s.rope_theta}
+    if model_type == "qwen3_moe":
+        kw |= dict(intermediate_size=4 * s.d_model, moe_intermediate_size=s.d_expert,
+                   head_dim=s.head_dim, num_experts=s.n_expert, norm_topk_prob=True)
+    elif model_type == "mixtral":
+        kw |= dict(intermediate_size=s.d_expert, head_dim=s.head_dim,
+                   num_local_experts=s.n_expert, sliding_window=None)
+    elif model_type == "gpt_oss":
+        kw |= dict(intermediate_size=s.d_expert, head_dim=s.head_dim,
+                   num_local_experts=s.n_expert, sliding_window=s.sliding_window,
+                   swiglu_limit=s.swiglu_limit, max_position_embeddings=s.max_pos)
+        rope = {"rope_type": "yarn", "rope_theta": s.rope_theta, "factor": s.rope_factor,
+                "beta_fast": s.yarn_beta_fast, "beta_slow": s.yarn_beta_slow,
+                "truncate": s.yarn_truncate, "original_max_position_embeddings": s.rope_orig_ctx}
+    else:
+        from tests.models.hf_family import _config
+        return _config(s).to_dict()
+    return _hf_config(model_type, rope_parameters=rope, **kw).to_dict()
+
+
+def hf_read(cfg: dict) -> ModelShape:
+    """What strata.packs.from_hf.hf_to_pack reads from `cfg`: the audit, then the reader."""
+    from strata.packs import from_hf, from_hf_ds
+    from strata.packs.file import check_shape
+    from strata.packs.names import by_source
+    hp.audit_hf(cfg, "cfg")
+    mt = cfg["model_type"]
+    if mt in from_hf_ds.MODEL_TYPES:
+        s = from_hf_ds.hf_shape_ds(cfg, "cfg")
+    else:
+        m = by_source("hf", mt)
+        s = m.hf_shape(cfg, "cfg") if m is not None else from_hf.hf_shape(cfg, "cfg")
+    check_shape(s, "cfg")
+    return s
+
+
+def hf_with(cfg: dict, key: str, value) -> dict:
+    """cfg with field `key` (a "rope_parameters.<sub>" too) set, or dropped when value is DROP."""
+    out = json.loads(json.dumps(cfg))
+    if key.startswith(hp.ROPE):
+        d, k = out.setdefault("rope_parameters", {}), key[len(hp.ROPE):]
+    else:
+        d, k = out, key
+    if value is DROP:
+        d.pop(k, None)
+    else:
+        d[k] = value
+    return out
+
+
+DROP = object()
+
+
+def _with(meta: dict, changes: dict) -> dict:
+    out = dict(meta)
+    for k, v in changes.items():
+        if v is DROP:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+# ---- (b) used keys change their fields ---------------------------------------------------------
+# key -> (new value, changes that go with it, changes made to both files) -- the second keeps
+# the model valid (a wider head's values), the third makes the key the one that counts
+GGUF_CASES = {
+    "embedding_length": (128, {}), "block_count": (3, {}), "expert_count": (16, {}),
+    "expert_used_count": (4, {}), "attention.head_count": (8, {}),
+    "attention.head_count_kv": (4, {}), "rope.freq_base": (5e5, {}),
+    "attention.key_length": (32, {"attention.value_length": 32}),
+    "attention.layer_norm_rms_epsilon": (1e-3, {}), "expert_feed_forward_length": (64, {}),
+}
+GGUF_ARCH_CASES = {
+    "llama": {"feed_forward_length": (64, {}),
+              "attention.key_length": (32, {"attention.value_length": 32,
+                                            "rope.dimension_count": 32})},
+    "gpt-oss": {"block_count": (4, {}),
+                "expert_feed_forward_length": (32, {}), "attention.sliding_window": (3, {}),
+                "attention.sliding_window_pattern": (3, {}),
+                "swiglu_clamp_exp": ([3.0] * 3, {}), "rope.scaling.type": ("none", {}),
+                "rope.scaling.factor": (16.0, {}),
+                "rope.scaling.original_context_length": (2048, {}),
+                "rope.scaling.yarn_beta_fast": (16.0, {}),
+                "rope.scaling.yarn_beta_slow": (2.0, {})},
+    "glm4moe": {"block_count": (4, {}), "expert_count": (32, {}),
+                "expert_used_count": (3, {}), "nextn_predict_layers": (1, {}), "expert_group_count": (2, {}),
+                "expert_group_used_count": (1, {}), "feed_forward_length": (128, {}),
+                "leading_dense_block_count": (2, {}), "expert_shared_count": (2, {}),
+                "expert_weights_scale": (1.5, {}), "expert_weights_norm": (False, {}),
+                "rope.dimension_count": (4, {})},
+    "deepseek2": {"block_count": (4, {}), "expert_count": (32, {}),
+                  "expert_used_count": (3, {}), "nextn_predict_layers": (1, {}), "expert_group_count": (2, {}),
+                  "expert_group_used_count": (1, {}), "feed_forward_length": (128, {}),
+                  "leading_dense_block_count": (2, {}), "expert_shared_count": (2, {}),
+                  "expert_weights_scale": (1.5, {}), "expert_weights_norm": (False, {}),
+                  "attention.key_length_mla": (32, {}), "attention.value_length_mla": (24, {}),
+                  "attention.key_length": (32, {}, {"attention.key_length_mla": DROP}),
+                  "attention.value_length": (24, {}, {"attention.value_length_mla": DROP}),
+                  "attention.q_lora_rank": (16, {}), "attention.kv_lora_rank": (16, {}),
+                  "rope.dimension_count": (4, {})},
+}
+
+
+def _used(tables: dict, pending=_pending):
+    return [(name, key) for name, t in tables.items() for key, e in t.items()
+            if e.kind == hp.USED and e.fields != ("arch",) and not pending(name, key)]
+
+
+def _gguf_case(arch, key):
+    return GGUF_ARCH_CASES.get(arch, {}).get(key) or GGUF_CASES.get(key)
+
+
+@pytest.mark.parametrize("arch,key", _used(hp.GGUF), ids=_ids)
+def test_gguf_used_key_sets_its_fields(arch, key, tmp_path):
+    case = _gguf_case(arch, key)
+    assert case is not None, f"a used key needs a case here: {arch} {key}"
+    value, co, pre = (*case, {})[:3]
+    base = _with(base_gguf(arch), pre)
+    a = gguf_read(tmp_path, arch, base)
+    b = gguf_read(tmp_path, arch, _with(base, {**co, key: value}))
+    for f in hp.GGUF[arch][key].fields:
+        assert getattr(a, f) != getattr(b, f), (key, f)
+
+
+HF_CASES = {
+    "vocab_size": 512, "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 32, "rms_norm_eps": 1e-3, "num_experts_per_tok": 4,
+    "rope_theta": 5e5, hp.ROPE + "rope_theta": 5e5, "moe_intermediate_size": 64,
+    "intermediate_size": 128, "num_experts": 16, "num_local_experts": 16,
+    "norm_topk_prob": False,
+}
+# (model_type, key) -> (value, other changes)
+HF_ARCH_CASES = {
+    "qwen3_moe": {"num_local_experts": (16, {}, {"num_experts": DROP})},
+    "mixtral": {"intermediate_size": (64, {})},
+    "gpt_oss": {"intermediate_size": (32, {}), "sliding_window": (3, {}),
+                "num_hidden_layers": (4, {"layer_types": ["sliding_attention",
+                                                          "full_attention"] * 2}),
+                "layer_types": (["sliding_attention", "sliding_attention", "full_attention"],
+                                {}),
+                "swiglu_alpha": (1.0, {}), "swiglu_limit": (3.0, {}),
+                hp.ROPE + "rope_type": ("default", {}),
+                hp.ROPE + "type": ("default", {}, {hp.ROPE + "rope_type": DROP,
+                                                   hp.ROPE + "type": "yarn"}),
+                hp.ROPE + "factor": (16.0, {}),
+                hp.ROPE + "original_max_position_embeddings": (2048, {}),
+                hp.ROPE + "beta_fast": (16.0, {}), hp.ROPE + "beta_slow": (2.0, {}),
+                hp.ROPE + "truncate": (True, {})},
+    "glm4_moe": {"attention_bias": (False, {}), "use_qk_norm": (True, {}),
+                 "partial_rotary_factor": (0.25, {}, {hp.ROPE + "partial_rotary_factor": DROP,
+                                                      "partial_rotary_factor": 0.5}),
+                 hp.ROPE + "partial_rotary_factor": (0.25, {})},
+    "deepseek_v3": {"num_attention_heads": (8, {"num_key_value_heads": 8}),
+                    "qk_nope_head_dim": (24, {}), "qk_rope_head_dim": (4, {}),
+                    "v_head_dim": (24, {}), "q_lora_rank": (16, {}), "kv_lora_rank": (16, {}),
+                    "n_routed_experts": (8, {})},
+}
+_FAMILY_CASES = {"n_shared_experts": (2, {}), "routed_scaling_factor": (1.5, {}),
+                 "n_group": (2, {}), "topk_group": (1, {}), "first_k_dense_replace": (2, {}),
+                 "num_hidden_layers": (4, {}), "n_routed_experts": (8, {}),
+                 "num_experts_per_tok": (3, {}),
+                 "num_local_experts": (8, {}, {"n_routed_experts": DROP,
+                                               "num_local_experts": 16})}
+for _mt in ("glm4_moe", "deepseek_v3"):
+    HF_ARCH_CASES[_mt] = _FAMILY_CASES | HF_ARCH_CASES[_mt]
+
+
+def _hf_case(mt, key):
+    c = HF_ARCH_CASES.get(mt, {}).get(key)
+    return c if c is not None or key not in HF_CASES else (HF_CASES[key], {})
+
+
+def _hf_used():
+    return _used({m: t for m, t in hp.HF.items() if m != "kimi_k2"})
+
+
+@pytest.mark.parametrize("mt,key", _hf_used(), ids=_ids)
+def test_hf_used_field_sets_its_fields(mt, key):
+    case = _hf_case(mt, key)
+    assert case is not None, f"a used field needs a case here: {mt} {key}"
+    value, co, pre = (*case, {})[:3]
+    base = base_hf(mt)
+    for k, v in pre.items():
+        base = hf_with(base, k, v)
+    changed = base
+    for k, v in {**co, key: value}.items():
+        changed = hf_with(changed, k, v)
+    a, b = hf_read(base), hf_read(changed)
+    for f in hp.HF[mt][key].fields:
+        assert getattr(a, f) != getattr(b, f), (key, f)
+
+
+# what a default needs of the other keys to be a valid model (one group: one kept)
+DEFAULT_PRE = {("deepseek2", "expert_group_count"): {"expert_group_used_count": 1},
+               ("glm4moe", "expert_group_count"): {"expert_group_used_count": 1},
+               ("glm4_moe", "n_group"): {"topk_group": 1}}
+
+
+@pytest.mark.parametrize("arch,key", [(a, k) for a, k in _used(hp.GGUF)
+                                      if hp.GGUF[a][k].default is not hp.NO_DEFAULT],
+                         ids=_ids)
+def test_gguf_absent_key_reads_as_its_default(arch, key, tmp_path):
+    base = _with(base_gguf(arch), DEFAULT_PRE.get((arch, key), {}))
+    a = gguf_read(tmp_path, arch, _with(base, {key: DROP}))
+    b = gguf_read(tmp_path, arch, _with(base, {key: hp.GGUF[arch][key].default}))
+    assert a == b
+
+
+@pytest.mark.parametrize("mt,key", [(m, k) for m, k in _hf_used()
+                                    if hp.HF[m][k].default is not hp.NO_DEFAULT],
+                         ids=_ids)
+def test_hf_absent_field_reads_as_transformers_default(mt, key):
+    base = base_hf(mt)
+    for k, v in DEFAULT_PRE.get((mt, key), {}).items():
+        base = hf_with(base, k, v)
+    assert hf_read(hf_with(base, key, DROP)) == hf_read(hf_with(base, key, hp.HF[mt][key].default))
+
+
+# ---- (b) fields change the logits ------------------------------------------------------------
+# fields the tensors pin (a wrong value reads tensors of the wrong shape: refused by the readers'
+# shape checks, tests/test_fuzz_headers.py) and max_pos (a bound, never a computation)
+PINNED = {"arch", "n_layer", "d_model", "n_expert", "d_expert", "n_head", "n_kv_head",
+          "head_dim", "vocab", "d_ff", "n_dense_lead", "n_shared", "q_lora", "kv_lora",
+          "qk_rope", "v_head_dim", "qk_norm", "attn_bias", "max_pos"}
+LOGIT_CHANGES = {   # field -> its new value, from the tiny shape's
+    "rope_theta": lambda s: s.rope_theta * 7, "rms_eps": lambda s: 0.3,
+    "top_k": lambda s: s.top_k + 1, "norm_topk_prob": lambda s: not s.norm_topk_prob,
+    "routed_scale": lambda s: 1.0, "n_group": lambda s: 2, "topk_group": lambda s: 3,
+    "sliding_window": lambda s: 3, "sliding_pattern": lambda s: 3,
+    "swiglu_alpha": lambda s: 1.0, "swiglu_limit": lambda s: 1.0,
+    "rope_scaling": lambda s: "", "rope_factor": lambda s: 8.0, "rope_orig_ctx": lambda s: 64,
+    "yarn_beta_fast": lambda s: 8.0, "yarn_beta_slow": lambda s: 4.0,
+    "yarn_truncate": lambda s: not s.yarn_truncate, "rope_dim": lambda s: 4,
+}
+LOGIT_SHAPES = {"qwen3moe": TINY, "mixtral": MIXTRAL_TINY, "gpt-oss": GPT_OSS_TINY,
+                "glm4moe": GLM_TINY, "deepseek2": DS_TINY}
+_TABLES_OF = {"qwen3moe": ("qwen3moe", "qwen3_moe"), "mixtral": ("llama", "mixtral"),
+              "gpt-oss": ("gpt-oss", "gpt_oss"), "glm4moe": ("glm4moe", "glm4_moe"),
+              "deepseek2": ("deepseek2", "deepseek_v3")}
+
+
+def _fields_used(arch: str) -> set[str]:
+    g, h = _TABLES_OF[arch]
+    out = set()
+    for name, t in ((g, hp.GGUF[g]), (h, hp.HF[h])):
+        out |= {f for k, e in t.items() if e.kind == hp.USED and not _pending(name, k)
+                for f in e.fields}
+    return out
+
+
+LOGIT_CASES = [(a, f) for a in LOGIT_SHAPES for f in sorted(_fields_used(a) - PINNED)]
+
+
+def test_every_used_field_is_pinned_or_changes_the_logits():
+    assert [(a, f) for a, f in LOGIT_CASES if f not in LOGIT_CHANGES] == []
+
+
+TOKENS = torch.tensor([3, 250, 17, 17, 0, 128, 64, 9, 200, 31, 5, 77, 1, 42, 99, 7, 180])
+_logits_cache: dict = {}
+
+
+def _logits(shape: ModelShape) -> torch.Tensor:
+    from strata.models.load import load_model, resident_provider
+    from strata.models.moe import expert_ffn
+    from strata.packs.memory import MemoryPack
+    from strata.packs.synth import ExpertFormats
+    if shape not in _logits_cache:
+        mem = MemoryPack(shape, ExpertFormats.of("BF16"), distinct=shape.n_expert, variants=2,
+                         device="cpu")
+        _logits_cache[shape] = load_model(mem, ffn=expert_ffn("ref")).prefill(
+            TOKENS % shape.vocab, resident_provider(mem), chunk=None)
+    return _logits_cache[shape]
+
+
+@pytest.mark.parametrize("arch,field", LOGIT_CASES, ids=_ids)
+def test_field_changes_the_logits(arch, field):
+    s = LOGIT_SHAPES[arch]
+    a, b = _logits(s), _logits(s.with_(**{field: LOGIT_CHANGES[field](s)}))
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    assert float((a - b).abs().max()) > 1e-4 * float(a.abs().max()), field
+
+
+# ---- (c) refusals, (d) unknown keys: one line, exit 2 ----------------------------------------
+SAMPLES = {"quantization_config": {"quant_method": "fp8"}, "general.type": "adapter",
+           "hidden_act": "gelu", "scoring_func": "softmax", "topk_method": "greedy",
+           "classifier.output_labels": ["yes", "no"],
+           "rope.dimension_sections": [8, 8, 0, 0], "expert_weights_scale": 0.0}
+
+
+def _bad(key: str, e: hp.Hp, get):
+    """A value strata does not implement for `key` (given the base file's other values)."""
+    if key in SAMPLES:
+        return SAMPLES[key]
+    ok = e.ok
+    if isinstance(ok, hp.SameAs):
+        want = get(ok.key)
+        want = ok.fallback(get) if want is None and ok.fallback else want
+        return want + 8
+    vals = [v for v in ok.values if v is not None and v != []]
+    if not ok.values:
+        return 1.0
+    if not vals:
+        return 8
+    if isinstance(vals[0], bool):
+        return not vals[0]
+    if isinstance(vals[0], (int, float)):
+        return max(vals) + (7 if all(isinstance(v, int) for v in vals) else 7.0)
+    return next(s for s in ("yarn", "linear", "longrope") if s not in vals)
+
+
+def _one_line_refusal(argv, capsys, *words):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+    return err
+
+
+def _gguf_refusals():
+    out = []
+    for arch, t in hp.GGUF.items():
+        for key, e in t.items():
+            if e.ok is not None:
+                out.append((arch, key, "value"))
+            if e.missing:
+                out.append((arch, key, "missing"))
+    return out + [("qwen3moe", k, "value") for k, e in hp.GGUF_GLOBAL.items() if e.ok]
+
+
+@pytest.mark.parametrize("arch,key,what", _gguf_refusals(), ids=_ids)
+def test_gguf_refusal_is_one_line(arch, key, what, tmp_path, capsys):
+    base = base_gguf(arch)
+    e = hp.GGUF[arch].get(key) or hp.GGUF_GLOBAL[key]
+    bad = DROP if what == "missing" else _bad(key, e, base.get)
+    p = write_gguf(tmp_path, arch, _with(base, {key: bad}))
+    _one_line_refusal(["pack", str(p), "-o", str(tmp_path / "x.pack")], capsys, key,
+                      "missing" if what == "missing" else "but strata")
+
+
+def test_gguf_per_layer_array_is_refused(tmp_path, capsys):
+    p = write_gguf(tmp_path, "qwen3moe", _with(base_gguf("qwen3moe"), {"expert_used_count": [2, 2]}))
+    _one_line_refusal(["pack", str(p), "-o", str(tmp_path / "x.pack")], capsys,
+                      "qwen3moe.expert_used_count", "per-layer")
+
+
+def _hf_refusals():
+    out = []
+    for mt, t in hp.HF.items():
+        if mt == "kimi_k2":
+            continue
+        for key, e in t.items():
+            if e.ok is not None:
+                out.append((mt, key, "value"))
+            if e.missing:
+                out.append((mt, key, "missing"))
+    return out
+
+
+def _hf_folder(d, cfg: dict):
+    f = d / f"hf{next(_names)}"
+    f.mkdir()
+    (f / "config.json").write_text(json.dumps(cfg))
+    return f
+
+
+@pytest.mark.parametrize("mt,key,what", _hf_refusals(), ids=_ids)
+def test_hf_refusal_is_one_line(mt, key, what, tmp_path, capsys):
+    base = base_hf(mt)
+    e = hp.HF[mt][key]
+    if what == "missing":
+        cfg = hf_with(base, key, DROP)
+        for k in e.also:
+            cfg = hf_with(cfg, k, DROP)
+    else:
+        cfg = hf_with(base, key, _bad(key, e, hp.hf_fields(base).get))
+    _one_line_refusal(["pack", str(_hf_folder(tmp_path, cfg)), "-o", str(tmp_path / "x.pack")],
+                      capsys, key, "missing" if what == "missing" else "but strata")
+
+
+@pytest.mark.parametrize("arch", sorted(hp.GGUF))
+def test_unknown_gguf_key_is_refused(arch, tmp_path, capsys):
+    p = write_gguf(tmp_path, arch, _with(base_gguf(arch), {"attention.scale": 0.125}))
+    _one_line_refusal(["pack", str(p), "-o", str(tmp_path / "x.pack")], capsys,
+                      f"{arch}.attention.scale", "not in strata's table")
+
+
+@pytest.mark.parametrize("mt", sorted(HF_SHAPES))
+def test_unknown_hf_field_is_refused(mt, tmp_path, capsys):
+    cfg = hf_with(base_hf(mt), "attn_logit_softcapping", 50.0)
+    _one_line_refusal(["pack", str(_hf_folder(tmp_path, cfg)), "-o", str(tmp_path / "x.pack")],
+                      capsys, "attn_logit_softcapping", "not in strata's table")
+    cfg = hf_with(base_hf(mt), hp.ROPE + "low_freq_factor", 1.0)
+    _one_line_refusal(["pack", str(_hf_folder(tmp_path, cfg)), "-o", str(tmp_path / "x.pack")],
+                      capsys, "rope_parameters.low_freq_factor")
+
+
+def test_the_base_files_pass_the_audit(tmp_path):
+    """Every writer's file of this test reads (so a refusal above is the key's, not the base's);
+    general.* keys outside the table (a license, an author) and tokenizer.* keys are not the
+    audit's."""
+    for arch in hp.GGUF:
+        gguf_read(tmp_path, arch, base_gguf(arch) | {"general.license": "mit"})
+    for mt in HF_SHAPES:
+        hf_read(base_hf(mt))
