@@ -107,9 +107,11 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prompt", type=positive("--max-prompt"), default=None, metavar="N",
                    help="KV reserved for prompts up to N tokens (default: the prompt's length; "
                         "strata plan: --prompt-tokens, else none)")
-    g.add_argument("--kv", choices=("bf16", "int8"), default="bf16",
-                   help="KV cache dtype: bf16, or int8 with one fp32 scale per token per kv head "
-                        "(2·Hkv·(hd+4) bytes a token per layer; default bf16)")
+    g.add_argument("--kv", choices=("auto", "bf16", "fp32", "int8"), default="auto",
+                   help="KV cache dtype, kept alike on every path (resident, streamed, host-held "
+                        "window): bf16, fp32, or int8 with one fp32 scale per token per kv head "
+                        "(2·Hkv·(hd+4) bytes a token per layer); default auto: the dense dtype's "
+                        "(bf16 on CUDA, fp32 with the CPU's fp32 math)")
     g.add_argument("--kv-resident", type=positive("--kv-resident"), default=None, metavar="N",
                    help="at most N tokens of KV per layer in VRAM (the newest); the older KV "
                         "lives in pinned host memory and streams back on the copy lane for "
@@ -159,7 +161,7 @@ def engine_config(args, n_tokens: int | None, *, progress: bool = False,
                   dev_type: str | None = None):
     """The EngineConfig the flags describe (n_tokens: the prompt's length, the KV default;
     dev_type: the device `--experts auto` resolves for, default the one the run uses)."""
-    from strata.engine.prefill import EngineConfig
+    from strata.engine.prefill import EngineConfig, resolved
 
     check_budget_flags(args)
     max_prompt = args.max_prompt or n_tokens or 0
@@ -169,7 +171,7 @@ def engine_config(args, n_tokens: int | None, *, progress: bool = False,
     devices = args.devices.split(",") if getattr(args, "devices", None) else None
     dtypes = getattr(args, "dtype", "auto")
     from strata.commands.prefill import DTYPES
-    return EngineConfig(
+    cfg = EngineConfig(
         vram=list(args.vram or [DEFAULT_VRAM]), cache=args.cache, lend_cap=args.lend_cap,
         scan=args.scan, scan_max=args.prefill or SCAN_MAX, chunk=args.chunk, ring=args.ring,
         pin=not args.unpinned, fused=args.fused, max_prompt=max_prompt, kv=args.kv,
@@ -178,6 +180,7 @@ def engine_config(args, n_tokens: int | None, *, progress: bool = False,
         dtype=None if dtypes in (None, "auto") else DTYPES[dtypes],
         ffn=resolve_experts(args.experts, dev_type or device_type(args)), batch=args.batch,
         progress=progress)
+    return resolved(cfg, dev_type or device_type(args))   # --kv auto: the dense dtype's
 
 
 def ring_that_fits(plan, layout, parts) -> int | None:

@@ -32,6 +32,8 @@ from strata.atomic import atomic_write, check_output
 from strata.commands._args import (add_budget_flags, check_budget_flags, engine_config,
                                    resolve_experts)
 from strata.errors import StrataError
+from strata.kernels.attention.kv_int8 import resolve_kv
+from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.units import fmt_bytes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -169,14 +171,17 @@ class PrefillResult:
     seconds: float
     tokens_per_s: float
     next_token: int              # argmax of the last position's logits
+    kv: str = "fp32"             # the KV dtype every layer's cache keeps (--kv, resolved)
+    kv_bytes: int = 0            # bytes the KV cache allocated
+    kv_plan_bytes: int = 0       # bytes the shape counts for it (ModelShape.kv_bytes, per layer)
     logits_path: str | None = None
     stats: dict = field(default_factory=dict)   # the provider's stats()
 
     def summary(self) -> str:
         lines = [f"strata prefill: {self.n_tokens} tokens in {self.n_chunks} chunk(s) of "
                  f"{self.chunk} through {self.pack} ({self.arch})",
-                 f"  device {self.device}, dtype {self.dtype}, experts via {self.experts}, "
-                 f"provider {self.provider}",
+                 f"  device {self.device}, dtype {self.dtype}, KV {self.kv}, experts via "
+                 f"{self.experts}, provider {self.provider}",
                  f"  {self.seconds * 1e3:.1f} ms, {self.tokens_per_s:.1f} tokens/s, "
                  f"next token {self.next_token}"]
         lines += [f"  {k}: {fmt_bytes(v) if k.endswith('_bytes') else v}"
@@ -200,8 +205,41 @@ def _sync(device: torch.device) -> None:
 def _streaming(args) -> bool:
     """The streaming engine reads the prompt when a budget or a KV choice is given (the
     resident reader keeps the model's own KV cache)."""
-    return (bool(args.vram) or args.cache is not None or args.kv != "bf16"
+    return (bool(args.vram) or args.cache is not None or args.kv == "int8"
             or args.kv_resident is not None)
+
+
+# flags that shape only the streaming engine (its loan, ring, scan, pinned host memory, a layer
+# split): given to an all-resident read they would change nothing, so they are refused
+STREAMING_ONLY = (("--lend-cap", "lend_cap"), ("--prefill", "prefill"), ("--scan", "scan"),
+                  ("--ring", "ring"), ("--unpinned", "unpinned"), ("--fused", "fused"),
+                  ("--max-prompt", "max_prompt"), ("--layer-split", "layer_split"),
+                  ("--batch", "batch"))
+
+
+def resident_device(args) -> str | None:
+    """The device of an all-resident read, after refusing the flags it cannot honour (one line
+    each): the streaming-only ones (set to anything but their default), and --devices naming
+    more than one device or another than --device. One --devices entry is the read's device."""
+    from strata.models.load import resolve_device
+    defaults = argparse.ArgumentParser()
+    add_budget_flags(defaults)      # the defaults the flags were declared with, not a copy
+    for flag, dest in STREAMING_ONLY:
+        if getattr(args, dest) != defaults.get_default(dest):
+            raise StrataError(f"{flag} shapes the streaming engine, but this read keeps every "
+                              f"expert resident: give --vram SIZE (or --cache) to stream, or "
+                              f"drop {flag}")
+    if not args.devices:
+        return args.device
+    devs = [d.strip() for d in args.devices.split(",") if d.strip()]
+    if len(devs) != 1:
+        raise StrataError(f"--devices {args.devices}: an all-resident read runs on one device; "
+                          f"a layer split over several needs the streaming engine (give --vram "
+                          f"SIZE once per device)")
+    if args.device is not None and resolve_device(args.device) != resolve_device(devs[0]):
+        raise StrataError(f"--device {args.device} and --devices {args.devices} disagree; give "
+                          f"one of them")
+    return devs[0]
 
 
 def prompt_tokens(args, vocab: int) -> list[int]:
@@ -302,6 +340,8 @@ def run(args) -> int:
         raise StrataError("--experts plane needs the streaming engine: give --vram SIZE (or "
                           "--cache)")
     check_budget_flags(args)
+    args.device = resident_device(args)
+    resolve_device(args.device)     # a device this machine lacks: one line, before the pack
     dump = dump_path(args)
     pack = open_checked(args)
     text = None
@@ -339,11 +379,13 @@ def run(args) -> int:
         done[0] = n
 
     tok = torch.tensor(tokens, dtype=torch.int64)
+    kv = resolve_kv(args.kv, dtype)      # the one KV dtype the streamed read would keep too
+    cache = model.new_cache(capacity=T, kv=kv)
     _sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
         # [T, V] only when dumped: at V = 151936 a long prompt's logits would not fit in memory
-        logits = model.prefill(tok, provider, chunk=chunk, progress=progress,
+        logits = model.prefill(tok, provider, chunk=chunk, progress=progress, cache=cache,
                                logits="all" if dump else "last",
                                observer=guard.begin(pack.shape.n_layer))
     _sync(device)
@@ -352,7 +394,10 @@ def run(args) -> int:
         bar.close()
 
     res = PrefillResult(pack=str(args.pack), arch=pack.shape.arch, device=str(device),
-                        dtype=str(dtype).replace("torch.", ""),
+                        dtype=str(dtype).replace("torch.", ""), kv=kv,
+                        kv_bytes=cache.vram_bytes,
+                        kv_plan_bytes=sum(pack.shape.kv_bytes(
+                            layer_kv_tokens(T, w)[0], kv) for w in kv_windows(pack.shape)),
                         experts=ffn_name, provider=provider_name,
                         n_tokens=T, chunk=chunk, n_chunks=n_chunks, seconds=seconds,
                         tokens_per_s=T / seconds if seconds > 0 else float("inf"),
@@ -461,6 +506,8 @@ def streaming_report(engine, res, pack_name: str) -> dict:
     fr = [f for c in st.chunks for f in c.hit_fraction]
     return {
         "pack": pack_name, "arch": engine.shape.arch, "devices": [str(p.device) for p in engine.parts],
+        "layers": [len(p.layers) for p in engine.parts],
+        "dtype": str(engine.dtype).replace("torch.", ""),
         "experts": engine.cfg.ffn, "pinned": engine.host.pinned,
         "n_tokens": st.tokens, "seconds": st.seconds, "tokens_per_s": st.tokens_per_s,
         "prefill_chunk": res.chunk, "prefill_ring": res.ring,
@@ -471,12 +518,17 @@ def streaming_report(engine, res, pack_name: str) -> dict:
         "hit_fraction_min": min(fr) if fr else None,
         "hit_fraction_mean": sum(fr) / len(fr) if fr else None,
         "next_token": int(res.logits[-1].argmax()) if res.logits is not None else None,
+        "kv": {"dtype": res.kv, "resident_tokens": engine.cfg.kv_resident,
+               "vram_bytes": res.kv_bytes[0], "host_bytes": res.kv_bytes[1],
+               "plan_vram_bytes": engine.sizes.kv_vram(st.tokens),
+               "plan_host_bytes": engine.sizes.kv_host_all(st.tokens),
+               "streamed_bytes": res.kv_streamed},
         "chunks": st.to_dict()["chunks"],
     }
 
 
 def streaming_summary(r: dict) -> str:
-    p = r["plan"]
+    p, kv = r["plan"], r["kv"]
     ring = r["prefill_ring"]
     hits = (f"{r['cache_hits']:,} of {r['routed']:,} routed experts served from the cache "
             f"({100 * r['cache_hits'] / r['routed']:.1f}%)" if r["routed"] else "no experts routed")
@@ -500,6 +552,10 @@ def streaming_summary(r: dict) -> str:
                              else "(CPU: a memory copy standing in for PCIe)"),
         f"  waits     compute waited {r['wait_s'] * 1e3:.1f} ms on copies",
         f"  cache     {hits}",
+        f"  kv        {kv['dtype']}, {fmt_bytes(kv['vram_bytes'])} on the device"
+        + (f" + {fmt_bytes(kv['host_bytes'])} in host memory (the newest "
+           f"{kv['resident_tokens']:,} tokens of a layer resident; "
+           f"{fmt_bytes(kv['streamed_bytes'])} streamed back)" if kv["host_bytes"] else ""),
     ]
     if r["hit_fraction_mean"] is not None:
         lines.append(f"  routing   a chunk hit {100 * r['hit_fraction_mean']:.1f}% of a layer's "

@@ -63,8 +63,8 @@ from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.prefill import (Borrowed, EngineConfig, Part, _FailingProvider, _first_line,
-                                   attn_scratch, borrow_and_carve, new_prompt_kv, plan_inputs,
-                                   plan_prompt, uses_prompt_kv)
+                                   attn_scratch, borrow_and_carve, dense_dtype, new_prompt_kv,
+                                   plan_inputs, plan_prompt, resolved, uses_prompt_kv)
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import StreamingProvider
@@ -198,7 +198,8 @@ class StageEngine:
                               f"(every rank) or one per rank")
         self.cfg = cfg = replace(cfg, vram=vram, devices=None)
         self.device = device = resolve_device(device)
-        self.dtype = cfg.dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        self.dtype = dense_dtype(cfg, device.type)
+        self.cfg = cfg = resolved(cfg, device.type)    # one KV dtype, as one process keeps
         self.layouts = [pl.layout for pl in pack.layers]
         # ffn "plane": every blob is re-laid into planes as it lands (in the cache's slots and
         # the ring's), as in one process; a layer the plane GEMM cannot read is refused here
@@ -498,11 +499,11 @@ class StageEngine:
 def stage_cache(model, capacity: int, kv: str, mla_scratch: dict):
     """The stage's KV: the model's own cache (as the one-process engine's default read uses),
     holding `capacity` tokens for the stage's layers only (the others' sit on the meta device,
-    load_stage); MLA's in `kv` (bf16 or int8) with its attention's scratch from the carve."""
-    if not model.shape.mla:
-        return model.new_cache(capacity=capacity)
+    load_stage), in the KV dtype `kv` (bf16 | fp32; MLA also int8, with its attention's scratch
+    from the carve)."""
     cache = model.new_cache(capacity=capacity, kv=kv)
-    cache.scratch = mla_scratch
+    if model.shape.mla:
+        cache.scratch = mla_scratch
     return cache
 
 

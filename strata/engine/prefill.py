@@ -47,6 +47,7 @@ from strata.engine.variants import KernelLaunches
 from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, dry_tokens, warm_layers
 from strata import config
 from strata.errors import AllocationError, StrataError
+from strata.kernels.attention.kv_int8 import resolve_kv
 from strata.memory import STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
 from strata.memory.carve import Carve
 from strata.memory.layout import PromptBuffers
@@ -75,7 +76,9 @@ class EngineConfig:
     pin: bool = True                   # pin host blobs (falls back to pageable if it fails)
     fused: bool | None = None          # None: STRATA_PF_FUSED, else non-native packs
     max_prompt: int = 32768            # KV reserved for prompts up to this many tokens
-    kv: str = "bf16"                   # KV dtype: bf16 | int8 (codes + fp32 scale per token-head)
+    kv: str = "auto"                   # KV dtype: auto (the dense dtype's: fp32 on the CPU, bf16
+                                       # on CUDA) | bf16 | fp32 | int8 (codes + fp32 scale per
+                                       # token-head); every path of a run stores this one
     kv_resident: int | None = None     # tokens of KV per layer in VRAM (None: all); the rest host
     reserve: int = RESERVE             # CUDA context, allocator slack, attention workspace
     device: str | None = None          # cuda when available
@@ -97,6 +100,8 @@ class PrefillResult:
     stats: PrefillStats = field(default_factory=PrefillStats)
     memory: list["Borrowed"] = field(default_factory=list)  # per participant: what it took
     kv_streamed: int = 0               # bytes of host-held KV copied back for the attention
+    kv: str = ""                       # the KV dtype every layer kept (--kv, resolved)
+    kv_bytes: tuple[int, int] = (0, 0)  # (VRAM, host) bytes the prompt's KV allocated
 
     def info(self) -> dict:
         return {"prefill_chunk": self.chunk, "prefill_ring": self.ring}
@@ -171,7 +176,8 @@ class PrefillEngine:
             raise StrataError(f"{len(vram)} --vram budgets for {len(devices)} devices; give one "
                               f"--vram per GPU")
         self.device = devices[0]
-        self.dtype = cfg.dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.dtype = dense_dtype(cfg, self.device.type)
+        cfg = self.cfg = resolved(cfg, self.device.type)
         self.layouts = [pl.layout for pl in pack.layers]
         self.blob_sizes = [pl.blob_size for pl in pack.layers]
         self.max_blob = pack.max_blob
@@ -180,7 +186,7 @@ class PrefillEngine:
         parts, budgets, self.layout, self.fused = plan_inputs(
             self.shape, self.blob_sizes, pack.native, cfg, self.device.type)
         self.sizes = self.layout.sizes
-        self.kv = kv_policy(cfg)
+        self.kv = kv_policy(cfg, self.device.type)
         # every budget against the machine before the host blobs are pinned or the cache is
         # allocated (strata.budget): one line naming what does not fit
         check_machine(budgets, devices, host_blobs=sum(self.blob_sizes) * self.shape.n_expert,
@@ -421,10 +427,11 @@ class PrefillEngine:
             kv = self.prompt_kv(T, stages)
             if kv is not None:      # each layer's attention scratch, from its carve
                 kv.scratch = mla_scratch if self.shape.mla else kv_scratch
-            cache = kv              # MLA all resident: the model's cache, attention in the carve
-            if kv is None and self.shape.mla:
+            cache = kv
+            if kv is None:          # the model's own cache, in the run's KV dtype
                 cache = self.model.new_cache(capacity=T, kv=self.cfg.kv)
-                cache.scratch = mla_scratch
+                if self.shape.mla:  # MLA all resident: its attention works in the carve
+                    cache.scratch = mla_scratch
             self._sync()
             t0 = time.perf_counter()
             read_marks = [self._read_mark(p) for p in self.parts] if self.observers else []
@@ -460,10 +467,12 @@ class PrefillEngine:
                 loan.refill()
             self._sync()
             kv_streamed = kv.streamed if kv is not None else 0
+            kv_bytes = (cache.vram_bytes, cache.host_bytes) if cache is not None else (0, 0)
             if kv is not None:
                 kv.release()      # the resident and the pinned host KV go with the prompt
             del kv, cache, stages, kv_scratch, mla_scratch
-        result = PrefillResult(out, plan, chunk, ring, stats, memory, kv_streamed)
+        result = PrefillResult(out, plan, chunk, ring, stats, memory, kv_streamed,
+                               self.kv.dtype, kv_bytes)
         for o in self.observers:
             o.on_result(result)
         return result
@@ -505,7 +514,7 @@ def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
     the latent (PromptKV.attend_latent)."""
     if shape.mla:
         return cfg.kv_resident is not None
-    return cfg.kv != "bf16" or cfg.kv_resident is not None
+    return cfg.kv == "int8" or cfg.kv_resident is not None
 
 
 def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vram: int, devices,
@@ -532,7 +541,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
             raise StrataError(f"--cache {fmt_bytes(cfg.cache)} is more than --vram "
                               f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
                               f"memory; give a smaller --cache or more --vram")
-    kv = kv_policy(cfg)
+    kv = kv_policy(cfg, device_type)
     shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
     sizes = model_sizes(shape, kv=kv)
     layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape), cfg.batch)
@@ -564,9 +573,21 @@ def attn_scratch(bufs, shape):
                        bufs.bufs.get("attn_state"))
 
 
-def kv_policy(cfg: EngineConfig) -> KVPolicy:
-    """The KV dtype and resident window the config names, for prompts up to cfg.max_prompt."""
-    return KVPolicy(cfg.kv, cfg.kv_resident, cfg.max_prompt)
+def dense_dtype(cfg: EngineConfig, device_type: str) -> torch.dtype:
+    """The dense math's dtype: --dtype, else bf16 on CUDA and fp32 on the CPU."""
+    return cfg.dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
+
+
+def resolved(cfg: EngineConfig, device_type: str) -> EngineConfig:
+    """The config with its KV dtype resolved (auto -> the dense dtype's: kv_int8.resolve_kv), the
+    one dtype the plan counts and every cache of the run allocates."""
+    return replace(cfg, kv=resolve_kv(cfg.kv, dense_dtype(cfg, device_type)))
+
+
+def kv_policy(cfg: EngineConfig, device_type: str = "cpu") -> KVPolicy:
+    """The KV dtype (resolved for `device_type`) and resident window the config names, for
+    prompts up to cfg.max_prompt."""
+    return KVPolicy(resolved(cfg, device_type).kv, cfg.kv_resident, cfg.max_prompt)
 
 
 def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, native: bool,

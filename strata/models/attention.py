@@ -138,15 +138,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
     shares once its projections are done). `window` > 0: a sliding layer; `sinks` [H]: the
     heads' sink logits."""
     T = q.shape[1]
-    if isinstance(cache, PromptKV):   # the engine's KV: bf16 or int8, resident + host-held
-        bf = torch.bfloat16
+    if isinstance(cache, PromptKV):   # the engine's KV: bf16/fp32 or int8, resident + host-held
+        # the Triton kernel reads bf16 (CUDA, or pinned); its torch twin computes in the dense
+        # dtype. The chunk's keys are attended as the cache keeps them (a float KV dtype), as
+        # KVCache does below.
+        from strata.kernels.attention.probe import attention_impl
+        at = torch.bfloat16 if attention_impl(q.device) == "triton" else q.dtype
+        kd = at if cache.kv == "int8" else cache.code
         extra = {}
         if window or sinks is not None:   # only then: the plain call stays as it was
             extra = dict(window=window, sinks=sinks)
-        o = cache.attend(layer, q.transpose(0, 1).to(bf), k.transpose(0, 1).to(bf),
-                         v.to(bf), **extra)                          # [T, H, hd] bf16
+        o = cache.attend(layer, q.transpose(0, 1).to(at), k.transpose(0, 1).to(kd).to(at),
+                         v.to(kd).to(at), **extra)                    # [T, H, hd]
         return o.to(q.dtype)
     k_all, v_all = cache.extend(layer, k, v.transpose(0, 1))         # [Hkv, n+T, hd]
+    # the KV dtype (--kv) may be narrower than the dense math (bf16 KV beside fp32 on the CPU)
+    k_all, v_all = k_all.to(q.dtype), v_all.to(q.dtype)
     P = k_all.shape[1] - T   # the keys kept before the chunk: P, a sliding layer's last W - 1
     if window or sinks is not None:
         return masked_attention(q, k_all, v_all, P, window, sinks).transpose(0, 1)  # [T, H, hd]

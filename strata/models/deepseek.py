@@ -1,8 +1,10 @@
 """DeepSeek-V3 / R1 and Kimi-K2 (`deepseek2`, DeepseekV3ForCausalLM): MLA attention
 (strata.models.mla) in the family's dense-lead / shared-expert / grouped sigmoid MoE
 (strata.models.family). RoPE is the interleaved-pairs form on the rope dims (HF's
-rope_interleave, llama.cpp's NORM rope for deepseek2), no YaRN (a checkpoint with rope scaling
-is refused on import). Dense weights use llama.cpp's names (strata.packs.names_ds).
+rope_interleave, llama.cpp's NORM rope for deepseek2), with YaRN when the checkpoint has it (the
+frequencies and the cos/sin factor in strata.models.layers.shape_cos_sin, the softmax scale's
+mscale² as ModelShape.yarn_kq in strata.models.mla). Dense weights use llama.cpp's names
+(strata.packs.names_ds).
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ class DeepSeek2(FamilyMoe):
                           wq=opt("attn_q.weight"), wqa=opt("attn_q_a.weight"),
                           q_norm=opt("attn_q_a_norm.weight"), wqb=opt("attn_q_b.weight"))
 
-    def new_cache(self, capacity: int | None = None, kv: str = "bf16") -> MLACache:
-        """The MLA cache (kv: bf16 in the model's dtype, or int8 codes + per-token scales)."""
+    def new_cache(self, capacity: int | None = None, kv: str | None = None) -> MLACache:
+        """The MLA cache (kv: None the model's dtype, bf16 / fp32, or int8 codes + per-token
+        scales)."""
         s = self.shape
         return MLACache(s.n_layer, s.kv_lora, s.qk_rope, capacity=capacity, dtype=self.dtype,
                         device=self.layer_devices, kv=kv)

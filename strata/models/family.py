@@ -24,7 +24,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.models.ffn import DenseFFN
-from strata.models.layers import on_device, rms_norm, rope_cos_sin
+from strata.models.layers import on_device, rms_norm, shape_cos_sin
 from strata.models.moe import ExpertFFN, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
 from strata.models.provider import ExpertProvider
@@ -123,7 +123,7 @@ class FamilyMoe(Qwen3Moe):
         s = self.shape
         T, P = x.shape[0], cache.length
         pos = torch.arange(P, P + T, device=x.device)
-        rope = {x.device: rope_cos_sin(pos, s.rot_dim, s.rope_theta)}
+        rope = {x.device: shape_cos_sin(pos, s)}
         for l in layers:
             lw = self.layers[l]
             provider.begin_layer(l)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.models.attention import attend
 from strata.models.family import FamilyLayer, FamilyMoe, optional
 from strata.models.kv import KVCache
@@ -58,10 +59,11 @@ class Glm4Moe(FamilyMoe):
                           opt("attn_q.bias"), opt("attn_k.bias"), opt("attn_v.bias"),
                           opt("attn_q_norm.weight"), opt("attn_k_norm.weight"))
 
-    def new_cache(self, capacity: int | None = None) -> KVCache:
+    def new_cache(self, capacity: int | None = None, kv: str | None = None) -> KVCache:
+        """The KV cache in the KV dtype `kv` (bf16 | fp32; None: the model's dtype)."""
         s = self.shape
-        return KVCache(s.n_layer, s.n_kv_head, s.head_dim, capacity=capacity, dtype=self.dtype,
-                       device=self.layer_devices)
+        return KVCache(s.n_layer, s.n_kv_head, s.head_dim, capacity=capacity,
+                       dtype=cache_dtype(kv, self.dtype), device=self.layer_devices)
 
     def attention(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
         s, w = self.shape, lw.attn

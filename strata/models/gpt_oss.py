@@ -28,7 +28,7 @@ import torch
 
 from strata.kernels.router import route_logits
 from strata.models.attention import AttentionWeights
-from strata.models.layers import rope_cos_sin, yarn_cos_sin
+from strata.models.layers import shape_cos_sin
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.registry import register
 
@@ -74,11 +74,7 @@ class GptOss(Qwen3Moe):
     Layer = LayerWeights
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s = self.shape
-        if s.rope_scaling == "yarn":
-            return yarn_cos_sin(pos, s.head_dim, s.rope_theta, s.rope_factor, s.rope_orig_ctx,
-                                s.yarn_beta_fast, s.yarn_beta_slow, s.yarn_truncate)
-        return rope_cos_sin(pos, s.head_dim, s.rope_theta)
+        return shape_cos_sin(pos, self.shape, self.shape.head_dim)
 
     def router(self, lw: LayerWeights):
         return topk_softmax(lw.router, lw.router_bias, self.shape.top_k)

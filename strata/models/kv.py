@@ -1,7 +1,8 @@
 """The KV cache of a chunked prefill: keys and values of the tokens read so far, per layer.
 
-- KVCache: the model's own (growing or preallocated, the model's dtype, one device per layer)
-- PromptKV: the streaming engine's (bf16 or int8, a resident window in VRAM, the older tokens in
+- KVCache: the model's own (growing or preallocated, a float KV dtype: bf16 or fp32, one device
+  per layer)
+- PromptKV: the streaming engine's (bf16, fp32 or int8, a resident window in VRAM, the older tokens in
   pinned host memory streamed back through a staging buffer for each later chunk's attention;
   GQA's keys and values per kv head, or MLA's latent and rope key as one "head")
 - layer_kv_tokens / kv_windows: how many tokens each layer keeps and where, the one count the
@@ -112,14 +113,21 @@ class KVCache:
     def commit(self, n_tokens: int) -> None:
         self.length += n_tokens
 
+    @property
+    def vram_bytes(self) -> int:
+        """Bytes the cache holds on the layers' devices (what the plan's kv_vram counts)."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+    host_bytes = 0      # the model's cache keeps nothing in host memory
+
 
 class PromptKV:
     """One prompt's KV in a fixed placement, per layer as layer_kv_tokens says: a full layer's
     oldest `host` = n_tokens - R tokens live in host memory (pinned on CUDA), its newest
     R = min(n_tokens, resident) in VRAM; a sliding layer (`windows`, one per layer, 0: full;
     default all full) keeps its last R = min(n_tokens, W - 1) tokens in VRAM as a ring (the
-    token at position j in slot j mod R), never in host memory. bf16, or int8 codes with one
-    fp32 scale per token per kv head (strata.kernels.attention.kv_int8). Keys join the cache
+    token at position j in slot j mod R), never in host memory. bf16 (fp32 on the CPU, where
+    the dense math is fp32: `--kv fp32`), or int8 codes with one fp32 scale per token per kv head (strata.kernels.attention.kv_int8). Keys join the cache
     normed and rotated.
 
     Per full layer per chunk at position P: the host-held tokens 0..min(P, host) stream back
@@ -167,7 +175,15 @@ class PromptKV:
         self.devices = list(devices)
         self.lanes = lanes or {}
         self.scratch = scratch or {}   # layer -> AttnScratch (int8 on CUDA)
-        self.code = torch.int8 if kv == "int8" else torch.bfloat16
+        from strata.kernels.attention.kv_int8 import KV_FLOATS
+        self.code = KV_FLOATS.get(kv, torch.int8)
+        if kv == "fp32":
+            from strata.kernels.attention.probe import attention_impl
+            if any(torch.device(d).type != "meta" and attention_impl(torch.device(d)) == "triton"
+                   for d in self.devices):
+                raise StrataError("--kv fp32 beside the Triton attention kernel (CUDA), which "
+                                  "reads bf16 or int8 KV: give --kv bf16 or int8 (fp32 KV is "
+                                  "the CPU's)")
         self.streamed = 0          # bytes of host KV copied back to the stages
         # `layers`: the ones this KV keeps (default all); the others are another process's (a
         # pipeline stage's) and keep nothing: their stores sit on the meta device
@@ -255,8 +271,9 @@ class PromptKV:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                **extra) -> torch.Tensor:
-        """q [T, H, hd], k, v [T, Hkv, hd] (bf16, normed and rotated) of the chunk at
-        positions length.. -> o [T, H, hd] bf16; then k, v join the cache. `extra`: the
+        """q [T, H, hd], k, v [T, Hkv, hd] (normed and rotated; bf16 on CUDA, the dense dtype on
+        the CPU) of the chunk at positions length.. -> o [T, H, hd] in q's dtype; then k, v join
+        the cache. `extra`: the
         attention's window / sinks (chunk_attention's keywords), for the layers that have them;
         a layer kept as a sliding one must mask with its window (its ring holds no more)."""
         from strata.kernels.attention import chunk_attention_for

@@ -86,19 +86,56 @@ def yarn_inv_freq(head_dim: int, theta: float, factor: float, orig_ctx: int,
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     keep = 1 - ramp                     # 1: the original frequency, 0: the interpolated one
     inv_freq = interpolated * (1 - keep) + extrapolated * keep
-    attn = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    return inv_freq, attn
+    return inv_freq, yarn_mscale(factor)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature 0.1 m ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def deepseek_yarn(factor: float, mscale: float | None, mscale_all_dim: float | None,
+                  attention_factor: float | None = None) -> tuple[float, float]:
+    """(cos/sin multiplier, softmax-scale multiplier) of DeepSeek's YaRN as transformers'
+    DeepseekV3 reads its config: cos and sin scale by mscale's temperature over mscale_all_dim's
+    (both given; else YaRN's default temperature; `attention_factor` overrides it), and the
+    softmax scale 1/sqrt(hd) by mscale_all_dim's temperature squared (when given). DeepSeek-V3 /
+    Kimi-K2 (mscale = mscale_all_dim = 1, factor 40): (1, 1.369²)."""
+    if attention_factor is not None:
+        attn = float(attention_factor)
+    elif mscale and mscale_all_dim:
+        attn = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    else:
+        attn = yarn_mscale(factor)
+    kq = yarn_mscale(factor, mscale_all_dim) ** 2 if mscale_all_dim else 1.0
+    return attn, kq
 
 
 def yarn_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, factor: float,
                  orig_ctx: int, beta_fast: float = 32.0, beta_slow: float = 1.0,
-                 truncate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, hd] (fp32) of NEOX RoPE with YaRN frequencies, times the attention factor."""
-    inv_freq, attn = yarn_inv_freq(head_dim, theta, factor, orig_ctx, beta_fast, beta_slow,
-                                   truncate)
+                 truncate: bool = True, attn: float | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, hd] (fp32) of NEOX RoPE with YaRN frequencies, times the attention factor
+    (`attn`; None: YaRN's own, yarn_mscale(factor))."""
+    inv_freq, own = yarn_inv_freq(head_dim, theta, factor, orig_ctx, beta_fast, beta_slow,
+                                  truncate)
+    attn = own if attn is None else attn
     ang = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]      # [T, hd/2]
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos() * attn, ang.sin() * attn
+
+
+def shape_cos_sin(positions: torch.Tensor, shape, dim: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, dim] of a model shape's RoPE over `dim` rotary dims (default its rot_dim):
+    YaRN's (shape.rope_scaling == "yarn": factor, original context, betas, truncation and the
+    cos/sin multiplier yarn_attn, 0 for YaRN's own) or plain. The one table every wiring reads."""
+    dim = shape.rot_dim if dim is None else dim
+    if shape.rope_scaling == "yarn":
+        return yarn_cos_sin(positions, dim, shape.rope_theta, shape.rope_factor,
+                            shape.rope_orig_ctx, shape.yarn_beta_fast, shape.yarn_beta_slow,
+                            shape.yarn_truncate, attn=shape.yarn_attn or None)
+    return rope_cos_sin(positions, dim, shape.rope_theta)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

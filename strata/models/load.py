@@ -32,10 +32,13 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     except RuntimeError:
         raise StrataError(f"unknown device {name!r}; use cpu or cuda[:N]") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise StrataError("--device cuda asked for, but this machine has no CUDA device; "
-                          "use --device cpu")
+        raise StrataError(f"device {name} asked for, but this machine has no CUDA device; "
+                          f"use cpu")
     if dev.type == "cuda" and dev.index is None:   # one name per GPU: "cuda" is cuda:<current>
         dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type == "cuda" and dev.index >= torch.cuda.device_count():
+        raise StrataError(f"{dev} asked for, but this machine has {torch.cuda.device_count()} "
+                          f"CUDA device(s) (cuda:0..); name one of them")
     return dev
 
 

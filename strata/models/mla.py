@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.attention.kv_int8 import KV_DTYPES, quantize_kv
+from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
 from strata.models.layers import apply_rope_pairs, rms_norm
 from strata.models.mla_scratch import MLA_BLOCK, MLAScratch
 
@@ -94,8 +94,8 @@ class LatentSegment:
 
 class MLACache:
     """Per layer the normed latent c [P, Lkv] and the rotated rope key k_pe [P, R] of the tokens
-    read so far (`capacity` preallocates, else it grows). `length` is P. kv="bf16" keeps them in
-    the model's dtype; kv="int8" keeps int8 codes with one fp32 scale per token for each of the
+    read so far (`capacity` preallocates, else it grows). `length` is P. kv="bf16" / "fp32" keeps
+    them in that dtype (None: the model's `dtype`, the reference forward's); kv="int8" keeps int8 codes with one fp32 scale per token for each of the
     two (strata.kernels.attention.kv_int8's format with the latent and the rope key one "head"
     each: a token's scales are its own, written once when its chunk joins the cache; the rope
     key gets its own scale because it is not normed and its range is not the latent's).
@@ -104,18 +104,25 @@ class MLACache:
 
     def __init__(self, n_layer: int, kv_lora: int, rope: int, *, capacity: int | None = None,
                  dtype: torch.dtype = torch.float32, device="cpu",
-                 scratch: dict[int, MLAScratch] | None = None, kv: str = "bf16"):
-        if kv not in KV_DTYPES:
+                 scratch: dict[int, MLAScratch] | None = None, kv: str | None = None):
+        if kv is not None and kv not in KV_DTYPES:
             raise StrataError(f"MLA KV must be one of {', '.join(KV_DTYPES)}, got {kv!r}")
         self.capacity, self.length, self.kv = capacity, 0, kv
         self.scratch = scratch or {}
         devs = list(device) if isinstance(device, (list, tuple)) else [device] * n_layer
         n = capacity or 0
-        code = torch.int8 if kv == "int8" else dtype
+        code = torch.int8 if kv == "int8" else cache_dtype(kv, dtype)
         self.c = [torch.zeros(n, kv_lora, dtype=code, device=d) for d in devs]
         self.k_pe = [torch.zeros(n, rope, dtype=code, device=d) for d in devs]
         self.c_scale = [torch.zeros(n, 1, device=d) for d in devs] if kv == "int8" else None
         self.k_pe_scale = [torch.zeros(n, 1, device=d) for d in devs] if kv == "int8" else None
+
+    @property
+    def vram_bytes(self) -> int:
+        """Bytes the cache holds on the layers' devices (what the plan's kv_vram counts)."""
+        return sum(t.numel() * t.element_size() for store in self._stores() for t in store)
+
+    host_bytes = 0      # the model's cache keeps nothing in host memory
 
     def _stores(self):
         names = ("c", "k_pe") + (("c_scale", "k_pe_scale") if self.kv == "int8" else ())
@@ -424,7 +431,8 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
 
     def attend(prefix, c_run, kpe_run, c_scale, kpe_scale):
         return mla_chunk_attention(q_nope, q_pe, c_run, kpe_run, w.wkvb,
-                                   v_head_dim=s.v_head_dim, scale=s.head_dim ** -0.5,
+                                   v_head_dim=s.v_head_dim,
+                                   scale=s.head_dim ** -0.5 * s.yarn_kq,   # YaRN's mscale²
                                    scratch=cache.scratch.get(layer), c_scale=c_scale,
                                    k_pe_scale=kpe_scale, prefix=prefix)
     o = cache.attend_latent(layer, c, k_pe, attend)

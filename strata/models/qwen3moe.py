@@ -21,10 +21,11 @@ from typing import Mapping
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.models.attention import AttentionShape, AttentionWeights, attention
 from strata.models.decoder import Decoder
 from strata.models.kv import KVCache, kv_windows
-from strata.models.layers import on_device, rms_norm, rope_cos_sin
+from strata.models.layers import on_device, rms_norm, shape_cos_sin
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
 from strata.models.provider import ExpertProvider
@@ -110,10 +111,12 @@ class Qwen3Moe(Decoder):
         return cls(shape, put("token_embd.weight", devs[0]), layers,
                    put("output_norm.weight", devs[-1]), put(head, devs[-1]), ffn=ffn)
 
-    def new_cache(self, capacity: int | None = None) -> KVCache:
+    def new_cache(self, capacity: int | None = None, kv: str | None = None) -> KVCache:
+        """The KV cache in the KV dtype `kv` (bf16 | fp32; None: the model's dtype)."""
         s = self.shape
-        return KVCache(s.n_layer, s.n_kv_head, s.head_dim, capacity=capacity, dtype=self.dtype,
-                       device=self.layer_devices, windows=kv_windows(s))
+        return KVCache(s.n_layer, s.n_kv_head, s.head_dim, capacity=capacity,
+                       dtype=cache_dtype(kv, self.dtype), device=self.layer_devices,
+                       windows=kv_windows(s))
 
     def forward_chunk(self, tokens: torch.Tensor, cache: KVCache, provider: ExpertProvider,
                       *, logits: str = "all", observer=None) -> torch.Tensor | None:
@@ -161,7 +164,7 @@ class Qwen3Moe(Decoder):
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, hd] of positions `pos` (a wiring with another RoPE overrides it)."""
-        return rope_cos_sin(pos, self.shape.head_dim, self.shape.rope_theta)
+        return shape_cos_sin(pos, self.shape, self.shape.head_dim)
 
     def router(self, lw):
         """Layer `lw`'s router, h [T, D] -> (ids, w) [T, K] (a wiring with another overrides it)."""

@@ -101,13 +101,14 @@ def _blob_bytes(i: int, blobs, layout: BlobLayout, n_expert: int) -> np.ndarray:
 
 def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layouts,
                native: bool, source: str = "", progress: bool = True,
-               tokenizer: dict | None = None) -> Path:
+               tokenizer: dict | None = None, provenance: dict | None = None) -> Path:
     """Write a pack. `dense`: name -> torch tensor / numpy array (names and shapes of
     strata.packs.names; "output.weight" may be left out when tied to the embeddings).
     `layer_blobs`: L items, each uint8 [E, blob_size] (numpy/torch) or a callable returning one,
     consumed in layer order so a big pack streams one layer at a time (a leading dense layer's
     item is skipped: it has no experts). `layouts`: one BlobLayout for every layer or a list of
-    L. Writes to `<path>.partial` then renames."""
+    L. `provenance`: the source's metadata record (strata.packs.provenance). Writes to
+    `<path>.partial` then renames."""
     import strata
     path = Path(path)
     L, E = shape.n_layer, shape.n_expert
@@ -160,6 +161,8 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
         "source": str(source),
         "crc32": {n: "00000000" for n, *_ in plan},
     }
+    if provenance is not None:
+        meta["source_meta"] = provenance
 
     def header_bytes(meta: dict) -> bytes:
         h = dict(header)

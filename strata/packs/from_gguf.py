@@ -256,6 +256,7 @@ class GGUFModel:
         r = open_gguf(src)
         self.path, self.shape = src, gguf_shape(r, src)
         self.source, self.native = f"gguf:{src.name}", True
+        self.reader = r
         shape = self.shape
         tensors = {t.name: t for t in r.tensors}
         _check_spans(r.tensors, src)
@@ -314,8 +315,10 @@ def gguf_to_pack(src, out, progress: bool = True):
     its own expert types (llama.cpp's mixes change them by layer), so its own blob size. The
     file's tokenizer (tokenizer.ggml.*) is carried into the pack (strata.tokenize)."""
     from strata.packs.file import write_pack
+    from strata.packs.provenance import gguf_record
     from strata.tokenize import gguf_tokenizer
     g = GGUFModel(src)
     makers = [lambda i=i: g.blobs(i) for i in range(g.shape.n_layer)]
     return write_pack(out, g.shape, g._dense, makers, [pl.layout for pl in g.layers], native=True,
-                      source=g.source, progress=progress, tokenizer=gguf_tokenizer(src))
+                      source=g.source, progress=progress, tokenizer=gguf_tokenizer(src),
+                      provenance=gguf_record(g.reader))

@@ -62,7 +62,52 @@ def gguf_shape_ds(r, path, field, rope_base) -> ModelShape:
     return ModelShape(arch=a, n_kv_head=H, head_dim=hd,
                       q_lora=int(field(r, f"{a}.attention.q_lora_rank", 0)),
                       kv_lora=int(field(r, f"{a}.attention.kv_lora_rank")), qk_rope=R,
-                      v_head_dim=hv, **common)
+                      v_head_dim=hv, **common, **gguf_yarn_ds(r, a, path, field))
+
+
+def gguf_yarn_ds(r, a: str, path, field) -> dict:
+    """deepseek2's rope scaling as llama.cpp reads it (ModelShape fields; {} for plain RoPE).
+
+    llama.cpp (src/models/deepseek2.cpp, llama-context.cpp): rope.scaling.yarn_log_multiplier L
+    is 0.1 mscale_all_dim (the converter's legacy form, divided back by 0.1) and mscale is taken
+    equal to mscale_all_dim, so cos/sin keep rope.scaling.attn_factor (default 1) and the softmax
+    scale gains (attn_factor · (0.1 mscale_all_dim ln factor + 1))². The correction range comes
+    from rope.scaling.original_context_length and the betas (the converter writes the config's;
+    llama.cpp's loader reads none and uses 32 / 1, the values every DeepSeek release carries:
+    strata reads the file's). A YaRN file without the log multiplier, or one carrying
+    yarn_attn_factor / yarn_ext_factor (transformers and llama.cpp read those apart), is refused:
+    strata does not guess which reading was meant."""
+    from strata.models.layers import yarn_mscale
+    kind = str(field(r, f"{a}.rope.scaling.type", "none"))
+    factor = float(field(r, f"{a}.rope.scaling.factor", 0.0, required=False) or 0.0)
+    if kind in ("none", "linear") and factor in (0.0, 1.0):
+        return {}
+    if kind != "yarn":
+        raise StrataError(f"{path}: {a}.rope.scaling.type {kind!r} with factor {factor:g}; "
+                          f"strata reads deepseek2 with plain RoPE or yarn")
+    log_mul = field(r, f"{a}.rope.scaling.yarn_log_multiplier", None, required=False)
+    if log_mul is None:
+        raise StrataError(f"{path}: yarn without {a}.rope.scaling.yarn_log_multiplier: llama.cpp "
+                          f"and transformers scale such a file's attention differently; "
+                          f"re-convert it with llama.cpp's convert_hf_to_gguf.py")
+    for key, implied in (("yarn_attn_factor", None), ("yarn_ext_factor", 1.0)):
+        v = field(r, f"{a}.rope.scaling.{key}", None, required=False)
+        if v is not None and (implied is None or float(v) != implied):
+            raise StrataError(f"{path}: {a}.rope.scaling.{key} = {float(v):g}: llama.cpp's "
+                              f"deepseek2 ignores it and transformers applies it; strata does not "
+                              f"guess which was meant")
+    if factor <= 1.0:
+        raise StrataError(f"{path}: yarn with {a}.rope.scaling.factor {factor:g}; it must be > 1")
+    mscale_all = float(log_mul) / 0.1
+    raf = float(field(r, f"{a}.rope.scaling.attn_factor", 1.0, required=False) or 1.0)
+    return dict(rope_scaling="yarn", rope_factor=float(f"{factor:.7g}"),
+                rope_orig_ctx=int(field(r, f"{a}.rope.scaling.original_context_length")),
+                yarn_beta_fast=float(field(r, f"{a}.rope.scaling.yarn_beta_fast", 32.0,
+                                           required=False)),
+                yarn_beta_slow=float(field(r, f"{a}.rope.scaling.yarn_beta_slow", 1.0,
+                                           required=False)),
+                yarn_truncate=True, yarn_attn=raf,
+                yarn_kq=(raf * yarn_mscale(factor, mscale_all)) ** 2)
 
 
 def join_kv_b(shape: ModelShape, l: int, tensors: dict, read) -> torch.Tensor | None:

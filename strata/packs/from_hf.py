@@ -110,14 +110,10 @@ def _experts(ts: _Tensors, i: int, s: ModelShape):
     return tuple(mats)
 
 
-def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_down=None,
-               progress: bool = True):
-    """Write a pack from a HF Qwen3-MoE folder; experts quantized to `quant` (per-matrix overrides).
-    The folder's tokenizer (tokenizer.json, or the slow files through transformers) is carried."""
-    from strata.packs.file import write_pack
-    from strata.packs.synth import ExpertFormats
-    from strata.tokenize import hf_tokenizer
-    src = Path(src)
+def hf_folder(src: Path):
+    """(config.json, the shape strata reads from it, the architecture's name map or None for
+    Qwen3-MoE) of a HF folder; the config audited (strata.packs.hparams) and refused in one
+    line where strata would read it wrong."""
     cfgp = src / "config.json"
     if not cfgp.is_file():
         raise StrataError(f"{src} has no config.json; give a Hugging Face checkpoint folder or a GGUF")
@@ -131,15 +127,39 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
                           f"re-download it")
     from strata.packs.hparams import audit_hf
     audit_hf(cfg, src)   # a field strata would drop, or a value it does not implement: refused
+    from strata.packs import from_hf_ds
+    from strata.packs.file import check_shape
+    from strata.packs.names import by_source
+    arch = None
+    if cfg.get("model_type") in from_hf_ds.MODEL_TYPES:   # GLM-4.5, DeepSeek-V3, Kimi-K2
+        s = from_hf_ds.hf_shape_ds(cfg, src)
+    else:
+        arch = by_source("hf", cfg.get("model_type"))   # Mixtral, GPT-OSS (None: Qwen3-MoE's)
+        s = arch.hf_shape(cfg, src) if arch is not None else hf_shape(cfg, src)
+    check_shape(s, cfgp)
+    return cfg, s, arch
+
+
+def hf_folder_shape(src) -> ModelShape:
+    """The shape `strata pack` reads from a HF folder (strata.packs.provenance checks a pack's
+    against it)."""
+    return hf_folder(Path(src))[1]
+
+
+def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_down=None,
+               progress: bool = True):
+    """Write a pack from a HF Qwen3-MoE folder; experts quantized to `quant` (per-matrix overrides).
+    The folder's tokenizer (tokenizer.json, or the slow files through transformers) is carried."""
+    from strata.packs.file import write_pack
+    from strata.packs.provenance import hf_record
+    from strata.packs.synth import ExpertFormats
+    from strata.tokenize import hf_tokenizer
+    src = Path(src)
+    cfg, s, arch = hf_folder(src)
     fmts = ExpertFormats.of(quant, quant_gate, quant_up, quant_down)
     from strata.packs import from_hf_ds
     if cfg.get("model_type") in from_hf_ds.MODEL_TYPES:   # GLM-4.5, DeepSeek-V3, Kimi-K2
-        return from_hf_ds.hf_to_pack_ds(src, cfg, out, fmts, progress, hf_tokenizer(src))
-    from strata.packs.names import by_source
-    arch = by_source("hf", cfg.get("model_type"))   # Mixtral, GPT-OSS (None: Qwen3-MoE's)
-    s = arch.hf_shape(cfg, src) if arch is not None else hf_shape(cfg, src)
-    from strata.packs.file import check_shape
-    check_shape(s, cfgp)
+        return from_hf_ds.hf_to_pack_ds(src, cfg, s, out, fmts, progress, hf_tokenizer(src))
     lay = fmts.layout(s)
     ts = _Tensors(src)
     dense = {}
@@ -165,4 +185,5 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
                                   quantize_rows(d, fmts.down), s.n_expert, bias=bias)
         return make
     return write_pack(out, s, dense, [layer(i) for i in range(s.n_layer)], lay, native=True,  # plain ggml row layouts
-                      source=f"hf:{src.name}", progress=progress, tokenizer=hf_tokenizer(src))
+                      source=f"hf:{src.name}", progress=progress, tokenizer=hf_tokenizer(src),
+                      provenance=hf_record(cfg))

@@ -33,12 +33,36 @@ _DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
                for w in ("gate", "up", "down")}
 
 
+def hf_yarn_ds(cfg: dict, rope: dict, where) -> dict:
+    """DeepseekV3's rope scaling as transformers reads it (ModelShape fields; {} for plain RoPE):
+    YaRN's frequencies over qk_rope_head_dim from factor (default max_position_embeddings /
+    original_max_position_embeddings), original_max_position_embeddings, beta_fast / beta_slow
+    and truncate; cos/sin and the softmax scale from mscale / mscale_all_dim / attention_factor
+    (strata.models.layers.deepseek_yarn)."""
+    from strata.models.layers import deepseek_yarn
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in ("default", None):
+        return {}
+    if kind != "yarn":
+        raise StrataError(f"{where}: rope scaling {kind!r} is not implemented (strata reads "
+                          f"DeepSeek with plain RoPE or yarn)")
+    orig = int(rope["original_max_position_embeddings"])
+    factor = float(rope.get("factor") or cfg["max_position_embeddings"] / orig)
+    attn, kq = deepseek_yarn(factor, rope.get("mscale"), rope.get("mscale_all_dim"),
+                             rope.get("attention_factor"))
+    return dict(rope_scaling="yarn", rope_factor=factor, rope_orig_ctx=orig,
+                yarn_beta_fast=float(rope.get("beta_fast") or 32.0),
+                yarn_beta_slow=float(rope.get("beta_slow") or 1.0),
+                yarn_truncate=bool(rope.get("truncate", True)), yarn_attn=attn, yarn_kq=kq)
+
+
 def hf_shape_ds(cfg: dict, where) -> ModelShape:
     mt = cfg.get("model_type")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-        raise StrataError(f"{where}: rope scaling {rope.get('rope_type', rope.get('type'))!r} is "
-                          f"not implemented (strata runs plain RoPE for {mt})")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if MODEL_TYPES.get(mt) != "deepseek2" and kind not in ("default", None):
+        raise StrataError(f"{where}: rope scaling {kind!r} is not implemented (strata runs "
+                          f"plain RoPE for {mt})")
     try:
         H = cfg["num_attention_heads"]
         theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)
@@ -67,21 +91,22 @@ def hf_shape_ds(cfg: dict, where) -> ModelShape:
         return ModelShape(arch="deepseek2", n_kv_head=H,
                           head_dim=cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"],
                           q_lora=int(cfg.get("q_lora_rank") or 0), kv_lora=cfg["kv_lora_rank"],
-                          qk_rope=cfg["qk_rope_head_dim"], v_head_dim=cfg["v_head_dim"], **common)
+                          qk_rope=cfg["qk_rope_head_dim"], v_head_dim=cfg["v_head_dim"],
+                          **common, **hf_yarn_ds(cfg, rope, where))
     except KeyError as e:
         raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
     except (TypeError, ValueError) as e:
         raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
 
 
-def hf_to_pack_ds(src: Path, cfg: dict, out, fmts, progress: bool, tokenizer):
-    """The family's pack from a HF folder (called by strata.packs.from_hf.hf_to_pack)."""
+def hf_to_pack_ds(src: Path, cfg: dict, s: ModelShape, out, fmts, progress: bool, tokenizer):
+    """The family's pack from a HF folder of shape `s` (hf_shape_ds, checked; called by
+    strata.packs.from_hf.hf_to_pack)."""
     from strata.packs.blobs import assemble_blobs
-    from strata.packs.file import check_shape, write_pack
+    from strata.packs.file import write_pack
     from strata.packs.from_hf import _GLOBAL, _Tensors, _experts
+    from strata.packs.provenance import hf_record
     from strata.packs.quantize import quantize_rows
-    s = hf_shape_ds(cfg, src)
-    check_shape(s, src / "config.json")
     lay = fmts.layout(s)
     ts = _Tensors(src)
     dense = {}
@@ -100,4 +125,5 @@ def hf_to_pack_ds(src: Path, cfg: dict, out, fmts, progress: bool, tokenizer):
                                   quantize_rows(d, fmts.down), s.n_expert)
         return make
     return write_pack(out, s, dense, [layer(i) for i in range(s.n_layer)], lay, native=True,
-                      source=f"hf:{src.name}", progress=progress, tokenizer=tokenizer)
+                      source=f"hf:{src.name}", progress=progress, tokenizer=tokenizer,
+                      provenance=hf_record(cfg))

@@ -456,9 +456,9 @@ HF: dict[str, dict[str, Hp]] = {
         "ep_size": inert("the training run's expert-parallel degree"),
         # DeepSeek's YaRN (strata.packs.from_hf_ds.hf_yarn_ds): cos/sin and the softmax scale
         ROPE + "truncate": used("yarn_truncate", default=True),
-        ROPE + "mscale": used("yarn_attn", "yarn_kq"),
+        ROPE + "mscale": used("yarn_attn"),
         ROPE + "mscale_all_dim": used("yarn_attn", "yarn_kq"),
-        ROPE + "attention_factor": used("yarn_attn", "yarn_kq"),
+        ROPE + "attention_factor": used("yarn_attn"),
     },
     "glm4_moe": _HF_COMMON | _HF_FAMILY | {
         "attention_bias": used("attn_bias", default=False),

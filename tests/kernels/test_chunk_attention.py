@@ -250,7 +250,8 @@ def test_bad_inputs_are_refused(device):
         dict(prefix=[KVSegment(seg.k[:, :1], seg.v[:, :1])]),               # wrong Hkv
         dict(prefix=[KVSegment(seg.k.to(torch.int8), seg.v.to(torch.int8))]),  # no scales
         dict(prefix=[KVSegment(seg.k, seg.v.float())]),                     # mixed dtypes
-        dict(q=q.float()),
+        dict(q=q.float()),                                                  # q's dtype not k's
+        dict(q=q.half(), k=k.half(), v=v.half()),                           # fp16
         dict(q=q[:, :3]),                                                   # H not k·Hkv
         dict(q=q[..., :12], k=k[..., :12], v=v[..., :12]),                  # hd 12
         dict(out=torch.empty(3, 4, 8, device=device)),

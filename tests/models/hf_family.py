@@ -23,7 +23,16 @@ DS_TINY = ModelShape("deepseek2", n_layer=3, d_model=64, n_expert=16, top_k=4, d
                      v_head_dim=16)
 
 
-def _config(shape: ModelShape):
+# DeepSeek-V3's own YaRN (config.json of the release: factor 40 over a 4096-token pretraining
+# context, betas 32 / 1, mscale = mscale_all_dim = 1), with the original context shrunk to 32 so
+# the correction ramp falls inside the tiny model's 8 rope dims (at 4096 every one of them would
+# keep its original frequency) and the positions of a 17-token prompt turn the fast dims more
+# than once.
+DS_YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 32,
+           "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def _config(shape: ModelShape, rope: dict | None = None):
     common = dict(
         vocab_size=shape.vocab, hidden_size=shape.d_model, intermediate_size=shape.d_ff,
         moe_intermediate_size=shape.d_expert, num_hidden_layers=shape.n_layer,
@@ -45,14 +54,16 @@ def _config(shape: ModelShape):
                             qk_nope_head_dim=shape.head_dim - shape.qk_rope,
                             qk_rope_head_dim=shape.qk_rope, v_head_dim=shape.v_head_dim,
                             rope_interleave=True,
-                            rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
+                            rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta,
+                                             **(rope or {})},
                             **common)
 
 
-def make_hf_family(shape: ModelShape, seed: int = 0):
-    """A Glm4MoeForCausalLM / DeepseekV3ForCausalLM in fp32, weights exactly BF16."""
+def make_hf_family(shape: ModelShape, seed: int = 0, rope: dict | None = None):
+    """A Glm4MoeForCausalLM / DeepseekV3ForCausalLM in fp32, weights exactly BF16. `rope`:
+    DeepSeek's rope scaling parameters (DS_YARN), on top of plain RoPE at shape.rope_theta."""
     from transformers import DeepseekV3ForCausalLM, Glm4MoeForCausalLM
-    cfg = _config(shape)
+    cfg = _config(shape, rope)
     cfg._attn_implementation = "eager"
     cls = Glm4MoeForCausalLM if shape.arch == "glm4moe" else DeepseekV3ForCausalLM
     g = torch.Generator().manual_seed(seed)

@@ -14,10 +14,21 @@ from strata.shapes import ModelShape
 
 
 def write_family_gguf(sd: dict[str, torch.Tensor], shape: ModelShape, path,
-                      expert_fmt: str = "BF16", split_kv_b: bool = True):
+                      expert_fmt: str = "BF16", split_kv_b: bool = True,
+                      rope: dict | None = None):
+    """`rope`: a DeepSeek rope scaling dict (hf_family.DS_YARN), written as llama.cpp's
+    converter writes it (conversion/base.py and deepseek.py): type, factor, original context,
+    the betas, and yarn_log_multiplier = 0.1 mscale_all_dim."""
     import gguf
     a = shape.arch
     w = gguf.GGUFWriter(str(path), a)
+    if rope:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
     w.add_block_count(shape.n_layer)
     w.add_context_length(shape.max_pos)
     w.add_embedding_length(shape.d_model)

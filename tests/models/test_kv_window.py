@@ -30,6 +30,8 @@ import strata.kernels.attention as attention
 from strata.kernels.attention import (KVSegment, chunk_attention, chunk_attention_torch,
                                       kv_token_bytes, quantize_kv)
 from strata.memory.rig import budgets
+from strata.kernels.attention.kv_int8 import KV_DTYPES
+from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.models.kv import KVCache, PromptKV, kv_windows, layer_kv_tokens
 from strata.planning import KVPolicy, layout_spec, model_sizes, prompt_layout
 from strata.shapes import ModelShape
@@ -60,7 +62,7 @@ def test_layer_kv_tokens():
 
 
 @given(L=st.integers(1, 5), window=st.integers(0, 40), pattern=st.integers(1, 3),
-       kv=st.sampled_from(["bf16", "int8"]),
+       kv=st.sampled_from(KV_DTYPES),
        resident=st.one_of(st.none(), st.integers(1, 300)), n=st.integers(1, 300))
 @example(L=4, window=128, pattern=2, kv="bf16", resident=16, n=300)   # GPT-OSS's pattern
 @example(L=2, window=5, pattern=3, kv="int8", resident=2, n=50)   # every layer slides: no stage
@@ -85,8 +87,9 @@ def test_plan_equals_allocation(L, window, pattern, kv, resident, n):
     assert sum(b.kv for b in budgets(sizes, [1 << 40], kv_tokens=n)) == got.vram_bytes
     # the stage holds one full layer's host part; none when no layer holds host KV
     assert stage == max([nbytes(h) for h in got.hosted], default=0)
-    if kv == "bf16" and resident is None:    # the model's own cache, bf16 on the GPU
-        cache = KVCache(L, HKV, HD, capacity=n, dtype=torch.bfloat16, windows=kv_windows(s))
+    if kv != "int8" and resident is None:    # the model's own cache, in the same KV dtype
+        cache = KVCache(L, HKV, HD, capacity=n, dtype=cache_dtype(kv, torch.float32),
+                        windows=kv_windows(s))
         assert sum(nbytes([k, v]) for k, v in zip(cache.k, cache.v)) == sizes.kv_vram(n)
 
 

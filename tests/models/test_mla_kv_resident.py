@@ -39,7 +39,9 @@ from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
 from strata.memory.layout import PromptLayout
 from strata.models.kv import PromptKV
-from strata.models.mla import LatentSegment, mla_chunk_attention, mla_chunk_attention_absorbed
+from strata.kernels.attention.kv_int8 import KV_DTYPES
+from strata.models.mla import (LatentSegment, MLACache, mla_chunk_attention,
+                              mla_chunk_attention_absorbed)
 from strata.models.mla_scratch import MLAScratch
 from strata.planning import KVPolicy, layout_spec, model_sizes
 from strata.shapes import ModelShape
@@ -307,7 +309,7 @@ def test_a_host_held_window_buys_a_long_document_its_chunk(capsys, preset, vram,
 
 @settings(max_examples=40, deadline=None)
 @given(L=st.integers(1, 40), R=st.sampled_from([2, 4, 8, 64]), n_layer=st.integers(1, 4),
-       kv=st.sampled_from(["bf16", "int8"]), n=st.integers(1, 300),
+       kv=st.sampled_from(KV_DTYPES), n=st.integers(1, 300),
        resident=st.one_of(st.none(), st.integers(1, 300)))
 @example(L=512, R=64, n_layer=2, kv="int8", n=300, resident=100).via("DeepSeek-V3's widths")
 @example(L=3, R=2, n_layer=1, kv="int8", n=7, resident=7).via(
@@ -331,6 +333,10 @@ def test_plan_counts_what_prompt_kv_allocates(L, R, n_layer, kv, n, resident):
     assert pk.host_bytes == sizes.kv_host_all(n)
     for l, views in pk.stages.items():   # the stage's views are the host part's bytes, exactly
         assert sum(t.numel() * t.element_size() for t in views) == bufs["kv_stage"] == held
+    if resident is None:   # all resident: the model's own MLACache keeps the same dtype and bytes
+        cache = MLACache(n_layer, L, R, capacity=n, kv=kv)
+        assert sum(t.numel() * t.element_size() for store in cache._stores()
+                   for t in store) == sizes.kv_vram(n)
 
 
 # -- CUDA ---------------------------------------------------------------------------------------

@@ -8,9 +8,6 @@
 (c) every refused value (and every bound on a used one, every refusal of an absent key): `strata
     pack` exits 2 with one line naming the key;
 (d) a key the table does not know: exit 2, one line.
-
-DeepSeek's YaRN keys (DEEPSEEK_YARN_*) are used in the table; their key -> field -> logits
-tests are tests/models/test_deepseek_yarn.py's (its own change), so (b) leaves them out.
 """
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ from strata.cli import main
 from strata.packs import hparams as hp
 from strata.shapes import ModelShape
 from tests.models.hf_archs import GPT_OSS_TINY, MIXTRAL_TINY
-from tests.models.hf_family import DS_TINY, GLM_TINY
+from tests.models.hf_family import DS_TINY, DS_YARN, GLM_TINY
 from tests.models.hf_tiny import TINY
 
 # ---- (a) the sources ------------------------------------------------------------------------
@@ -117,28 +114,8 @@ HF_CLASSES = {"qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
               "gpt_oss": "GptOssConfig", "deepseek_v3": "DeepseekV3Config",
               "glm4_moe": "Glm4MoeConfig"}
 
-# DeepSeek's YaRN keys: used in the table, read by strata.packs.from_gguf_ds / from_hf_ds
-# (gguf_yarn_ds / hf_yarn_ds); their key -> field -> logits tests are tests/models/
-# test_deepseek_yarn.py's, so (b) leaves them out. DEEPSEEK_YARN_FIELDS: the ModelShape fields
-# that change brings (tolerated before it is committed).
-DEEPSEEK_YARN_GGUF = {"rope.scaling.type", "rope.scaling.factor",
-                      "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast",
-                      "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier",
-                      "rope.scaling.attn_factor"}
-DEEPSEEK_YARN_HF = {hp.ROPE + k for k in ("rope_type", "type", "factor",
-                                          "original_max_position_embeddings", "beta_fast",
-                                          "beta_slow", "mscale", "mscale_all_dim",
-                                          "attention_factor", "truncate")}
-DEEPSEEK_YARN_FIELDS = {"yarn_attn", "yarn_kq"}
-
-
 def _ids(v):
     return str(v)
-
-
-def _pending(table: str, key: str) -> bool:
-    return ((table == "deepseek2" and key in DEEPSEEK_YARN_GGUF)
-            or (table in ("deepseek_v3", "kimi_k2") and key in DEEPSEEK_YARN_HF))
 
 
 def _in_gguf_table(arch: str, key: str) -> bool:
@@ -173,11 +150,11 @@ def test_every_transformers_field_is_in_the_table(model_type):
 
 
 def test_table_entries_are_well_formed():
-    """Used fields are ModelShape's (the pending DeepSeek YaRN ones aside); a SameAs names a key
+    """Used fields are ModelShape's; a SameAs names a key
     of its own table; refusals and inert entries say why; defaults of the HF tables are
     transformers' own."""
     import transformers
-    shape_fields = set(ModelShape.__dataclass_fields__) | DEEPSEEK_YARN_FIELDS
+    shape_fields = set(ModelShape.__dataclass_fields__)
     tables = {**{a: t | hp.GGUF_GLOBAL for a, t in hp.GGUF.items()}, **hp.HF}
     for name, t in tables.items():
         for key, e in t.items():
@@ -351,6 +328,9 @@ def _with(meta: dict, changes: dict) -> dict:
 # ---- (b) used keys change their fields ---------------------------------------------------------
 # key -> (new value, changes that go with it, changes made to both files) -- the second keeps
 # the model valid (a wider head's values), the third makes the key the one that counts
+_DS_YARN = {"rope.scaling.type": "yarn", "rope.scaling.factor": 40.0,
+            "rope.scaling.original_context_length": 32, "rope.scaling.yarn_log_multiplier": 0.1,
+            "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0}
 GGUF_CASES = {
     "embedding_length": (128, {}), "block_count": (3, {}), "expert_count": (16, {}),
     "expert_used_count": (4, {}), "attention.head_count": (8, {}),
@@ -385,13 +365,22 @@ GGUF_ARCH_CASES = {
                   "attention.key_length": (32, {}, {"attention.key_length_mla": DROP}),
                   "attention.value_length": (24, {}, {"attention.value_length_mla": DROP}),
                   "attention.q_lora_rank": (16, {}), "attention.kv_lora_rank": (16, {}),
-                  "rope.dimension_count": (4, {})},
+                  "rope.dimension_count": (4, {}),
+                  # YaRN as convert_hf_to_gguf.py writes DeepSeek-V3's (hf_family.DS_YARN)
+                  "rope.scaling.type": ("yarn", {k: v for k, v in _DS_YARN.items()
+                                                 if k != "rope.scaling.type"}),
+                  **{k: (v, {}, _DS_YARN) for k, v in (
+                      ("rope.scaling.factor", 16.0),
+                      ("rope.scaling.original_context_length", 64),
+                      ("rope.scaling.yarn_beta_fast", 16.0), ("rope.scaling.yarn_beta_slow", 2.0),
+                      ("rope.scaling.yarn_log_multiplier", 0.0707),
+                      ("rope.scaling.attn_factor", 1.5))}},
 }
 
 
-def _used(tables: dict, pending=_pending):
+def _used(tables: dict):
     return [(name, key) for name, t in tables.items() for key, e in t.items()
-            if e.kind == hp.USED and e.fields != ("arch",) and not pending(name, key)]
+            if e.kind == hp.USED and e.fields != ("arch",)]
 
 
 def _gguf_case(arch, key):
@@ -441,7 +430,18 @@ HF_ARCH_CASES = {
     "deepseek_v3": {"num_attention_heads": (8, {"num_key_value_heads": 8}),
                     "qk_nope_head_dim": (24, {}), "qk_rope_head_dim": (4, {}),
                     "v_head_dim": (24, {}), "q_lora_rank": (16, {}), "kv_lora_rank": (16, {}),
-                    "n_routed_experts": (8, {})},
+                    "n_routed_experts": (8, {}),
+                    # YaRN (hf_family.DS_YARN) on top of the plain base, then each of its fields
+                    hp.ROPE + "rope_type": ("yarn", {hp.ROPE + k: v for k, v in DS_YARN.items()
+                                                     if k != "rope_type"}),
+                    hp.ROPE + "type": ("yarn", {hp.ROPE + k: v for k, v in DS_YARN.items()
+                                                if k != "rope_type"},
+                                       {hp.ROPE + "rope_type": DROP}),
+                    **{hp.ROPE + k: (v, {}, {hp.ROPE + k: v for k, v in DS_YARN.items()})
+                       for k, v in (("factor", 16.0), ("original_max_position_embeddings", 64),
+                                    ("beta_fast", 16.0), ("beta_slow", 2.0), ("truncate", False),
+                                    ("mscale", 0.707), ("mscale_all_dim", 0.707),
+                                    ("attention_factor", 0.9))}},
 }
 _FAMILY_CASES = {"n_shared_experts": (2, {}), "routed_scaling_factor": (1.5, {}),
                  "n_group": (2, {}), "topk_group": (1, {}), "first_k_dense_replace": (2, {}),
@@ -519,9 +519,15 @@ LOGIT_CHANGES = {   # field -> its new value, from the tiny shape's
     "rope_scaling": lambda s: "", "rope_factor": lambda s: 8.0, "rope_orig_ctx": lambda s: 64,
     "yarn_beta_fast": lambda s: 8.0, "yarn_beta_slow": lambda s: 4.0,
     "yarn_truncate": lambda s: not s.yarn_truncate, "rope_dim": lambda s: 4,
+    "yarn_attn": lambda s: 1.5, "yarn_kq": lambda s: 2.0,
 }
 LOGIT_SHAPES = {"qwen3moe": TINY, "mixtral": MIXTRAL_TINY, "gpt-oss": GPT_OSS_TINY,
-                "glm4moe": GLM_TINY, "deepseek2": DS_TINY}
+                "glm4moe": GLM_TINY,
+                # with DeepSeek-V3's YaRN, so that its fields have something to change; the
+                # correction range untruncated (over 4 rotary pairs whole dims hide the betas)
+                "deepseek2": DS_TINY.with_(rope_scaling="yarn", rope_factor=40.0,
+                                           rope_orig_ctx=4096, yarn_truncate=False,
+                                           yarn_attn=1.0, yarn_kq=1.3689 ** 2)}
 _TABLES_OF = {"qwen3moe": ("qwen3moe", "qwen3_moe"), "mixtral": ("llama", "mixtral"),
               "gpt-oss": ("gpt-oss", "gpt_oss"), "glm4moe": ("glm4moe", "glm4_moe"),
               "deepseek2": ("deepseek2", "deepseek_v3")}
@@ -531,7 +537,7 @@ def _fields_used(arch: str) -> set[str]:
     g, h = _TABLES_OF[arch]
     out = set()
     for name, t in ((g, hp.GGUF[g]), (h, hp.HF[h])):
-        out |= {f for k, e in t.items() if e.kind == hp.USED and not _pending(name, k)
+        out |= {f for k, e in t.items() if e.kind == hp.USED
                 for f in e.fields}
     return out
 

@@ -92,8 +92,11 @@ def _check_extras(q, window: int, sinks) -> None:
                           f"{sinks.dtype} {list(sinks.shape)} on {sinks.device}")
 
 
-def _check(q, k, v, prefix, out) -> tuple[int, int, int, int, list[KVSegment]]:
-    """Shapes, dtypes and devices of one call -> (T, H, Hkv, hd, segments)."""
+def _check(q, k, v, prefix, out, floats=(torch.bfloat16,)
+           ) -> tuple[int, int, int, int, list[KVSegment]]:
+    """Shapes, dtypes and devices of one call -> (T, H, Hkv, hd, segments). `floats`: the float
+    dtypes q, k, v and a float segment may have (the kernel: bf16; its torch twin: fp32 too, the
+    CPU's fp32 KV)."""
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
         raise StrataError(f"q, k, v must be [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]; got "
                           f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
@@ -106,9 +109,12 @@ def _check(q, k, v, prefix, out) -> tuple[int, int, int, int, list[KVSegment]]:
         raise StrataError(f"need T >= 1 and H a multiple of Hkv; got T={T}, H={H}, Hkv={Hkv}")
     if hd not in HEAD_DIMS:
         raise StrataError(f"head width {hd} is not one of {HEAD_DIMS}")
+    names = "/".join(str(f).removeprefix("torch.") for f in floats)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype != torch.bfloat16:
-            raise StrataError(f"{name} must be bf16, got {t.dtype}")
+        if t.dtype not in floats:
+            raise StrataError(f"{name} must be {names}, got {t.dtype}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise StrataError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     segs = list(prefix)
     if len(segs) > MAX_SEGMENTS:
         raise StrataError(f"at most {MAX_SEGMENTS} prefix segments, got {len(segs)}")
@@ -118,8 +124,8 @@ def _check(q, k, v, prefix, out) -> tuple[int, int, int, int, list[KVSegment]]:
         if s.k.ndim != 3 or s.k.shape != s.v.shape or s.k.shape[1:] != (Hkv, hd):
             raise StrataError(f"prefix[{i}]: k and v must be [S, Hkv={Hkv}, hd={hd}]; got "
                               f"{list(s.k.shape)}, {list(s.v.shape)}")
-        if s.k.dtype != s.v.dtype or s.k.dtype not in (torch.bfloat16, torch.int8):
-            raise StrataError(f"prefix[{i}]: k and v must both be bf16 or both int8; got "
+        if s.k.dtype != s.v.dtype or s.k.dtype not in (*floats, torch.int8):
+            raise StrataError(f"prefix[{i}]: k and v must both be {names} or both int8; got "
                               f"{s.k.dtype}, {s.v.dtype}")
         if s.int8:
             for name, sc in (("k_scale", s.k_scale), ("v_scale", s.v_scale)):
@@ -149,9 +155,10 @@ def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           scratch: AttnScratch | None = None, window: int = 0,
                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The reference: dequantize, concatenate, repeat kv heads for GQA, explicit causal (and
-    window) mask over [T, P + T], the sink column, softmax in fp32. `tile` and `scratch` are
-    accepted (and ignored) to keep the signature."""
-    T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
+    window) mask over [T, P + T], the sink column, softmax in fp32; o in q's dtype. `tile` and
+    `scratch` are accepted (and ignored) to keep the signature. Besides the kernel's bf16 it
+    takes fp32 q, k, v and segments (the CPU's fp32 KV, `--kv fp32`)."""
+    T, H, Hkv, hd, segs = _check(q, k, v, prefix, out, floats=(torch.bfloat16, torch.float32))
     _check_extras(q, window, sinks)
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
     parts = [s.dequantized() for s in segs] + [(k.float(), v.float())]
@@ -173,7 +180,7 @@ def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         probs = torch.softmax(scores, dim=-1)
     o = torch.einsum("hts,shd->thd", probs, V)                               # [T, H, hd] fp32
     if out is None:
-        return o.to(torch.bfloat16)
+        return o.to(q.dtype)
     out.copy_(o)
     return out
 

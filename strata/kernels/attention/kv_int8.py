@@ -40,9 +40,33 @@ from strata.errors import StrataError
 
 QMAX = 127
 ROUNDTRIP_SLACK = 2.0 ** -16   # relative to scale, on top of scale / 2 (see the module docstring)
-KV_DTYPES = ("bf16", "int8")
+KV_DTYPES = ("bf16", "fp32", "int8")
+KV_FLOATS = {"bf16": torch.bfloat16, "fp32": torch.float32}   # the float KV dtypes, stored as is
+
+
+def resolve_kv(kv: str, dense: torch.dtype) -> str:
+    """The KV dtype `--kv` names for a run whose dense math is `dense`: "auto" keeps the KV in
+    the dense dtype's precision (fp32 beside fp32 math, the CPU's default; bf16 otherwise), so
+    every path of one run (the model's cache, the engine's PromptKV, MLA's latent cache) stores
+    the same dtype and the plan counts its bytes; an explicit dtype is kept everywhere."""
+    if kv == "auto":
+        return "fp32" if dense == torch.float32 else "bf16"
+    if kv not in KV_DTYPES:
+        raise StrataError(f"--kv must be auto or one of {', '.join(KV_DTYPES)}, got {kv!r}")
+    return kv
 MAX_ABS = 2.0 ** 120      # the largest |x| accepted: q · scale stays finite in fp32 with room
 TINY = torch.finfo(torch.float32).tiny   # the smallest scale of a nonzero row (see above)
+
+
+def cache_dtype(kv: str | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The torch dtype a model's own cache keeps for the KV dtype `kv` (None: the model's own
+    dtype, the reference forward's default); int8 is the engine's (PromptKV, MLACache)."""
+    if kv is None:
+        return model_dtype
+    if kv not in KV_FLOATS:
+        raise StrataError(f"the model's KV cache keeps {' or '.join(KV_FLOATS)}, not {kv!r} "
+                          f"(int8 KV is the streaming engine's)")
+    return KV_FLOATS[kv]
 
 
 def quantize_kv(x: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -85,13 +109,14 @@ def kv_token_parts(kv_dtype: str, n_kv_head: int, head_dim: int, value_dim: int 
                    ) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
     """The tensors one token's keys and values are stored as in one layer's cache, each as
     (shape of one token's slice, dtype): the key [Hkv, hd] and the value [Hkv, Hv] (Hv =
-    value_dim, default hd) in bf16, or int8 codes and one fp32 scale per head for each
+    value_dim, default hd) in bf16 or fp32, or int8 codes and one fp32 scale per head for each
     ([Hkv], [Hkv]). A cache allocates these per token and the plan counts their bytes
     (kv_token_bytes): one description. MLA's latent KV is this format with one "head" whose key
     is the latent and whose value is the rope key (strata.shapes.ModelShape.kv_heads)."""
     vd = head_dim if value_dim is None else value_dim
-    if kv_dtype == "bf16":
-        return ((n_kv_head, head_dim), torch.bfloat16), ((n_kv_head, vd), torch.bfloat16)
+    if kv_dtype in KV_FLOATS:
+        dt = KV_FLOATS[kv_dtype]
+        return ((n_kv_head, head_dim), dt), ((n_kv_head, vd), dt)
     if kv_dtype == "int8":
         return (((n_kv_head, head_dim), torch.int8), ((n_kv_head, vd), torch.int8),
                 ((n_kv_head,), torch.float32), ((n_kv_head,), torch.float32))
@@ -101,7 +126,7 @@ def kv_token_parts(kv_dtype: str, n_kv_head: int, head_dim: int, value_dim: int 
 def kv_token_bytes(kv_dtype: str, n_kv_head: int, head_dim: int,
                    value_dim: int | None = None) -> int:
     """Bytes one token's keys and values take in one layer's cache (kv_token_parts): bf16
-    2·Hkv·hd·2; int8 2·Hkv·(hd + 4) (the int8 values and one fp32 scale per head, for k and for
+    2·Hkv·hd·2, fp32 2·Hkv·hd·4; int8 2·Hkv·(hd + 4) (the int8 values and one fp32 scale per head, for k and for
     v); with value_dim Hv the value's Hv in place of the second hd."""
     return sum(math.prod(shp) * dt.itemsize
                for shp, dt in kv_token_parts(kv_dtype, n_kv_head, head_dim, value_dim))
