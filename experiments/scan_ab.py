@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from strata import bench
+from strata import bench, config
 from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.memory.rig import participants
@@ -36,6 +36,7 @@ CASES = {  # preset -> formats whose block fits the shape's widths
 
 def sweep() -> list[dict]:
     rows = []
+    policy = config.ring_policy()     # the STRATA_* ring knobs, as strata plan honours them
     jobs = [(p, q, v) for p, qs in CASES.items() for q in qs for v in VRAM_GIB]
     for preset, quant, vram in tqdm(jobs, desc="scan_ab", file=sys.stderr):
         shape = get_preset(preset)
@@ -50,7 +51,7 @@ def sweep() -> list[dict]:
         lay = prompt_layout(shape, blob)
         for rule in ("legacy", "auto"):
             try:
-                p = plan_prefill(lay, parts, scan=rule)
+                p = plan_prefill(lay, parts, scan=rule, policy=policy)
             except StrataError:
                 rows.append(base | dict(rule=rule, status="no-fit", room=parts[0].room))
                 continue

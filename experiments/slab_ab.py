@@ -58,7 +58,6 @@ from strata.engine.scratch import OrdinaryScratch
 from strata.errors import AllocationError
 from strata.kernels.moe import scratch_nbytes
 from strata.kernels.tiles import GemmProblem, choose_tile, pin_tile
-from strata.memory.carve import Tail
 from strata.memory.pool import SlabPool, size_class
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import ModelShape, get_preset
@@ -306,15 +305,12 @@ def sweep_tiles(shape: ModelShape, n_sms: int, chunks: list[int], sweep: str):
 
 
 def run_classes(shape: ModelShape, n_sms: int, chunks: list[int], sweep: str) -> list[dict]:
-    """Feed the scratch of one launch per chunk size to a SlabPool and to an exact-size caching
-    pool (the real pools, no kernel); their high-water marks after each launch."""
+    """Feed the scratch of one launch per chunk size to a SlabPool (dry: its own classes and
+    bump, no memory) and to an exact-size caching pool (the real pools' code, no kernel); their
+    high-water marks after each launch."""
     sizes = [(t, tile, scratch_nbytes(tile)) for t, tile in
              sweep_tiles(shape, n_sms, chunks, sweep)]
-    room = sum(sorted({size_class(b) for _, _, b in sizes})) + 256 * len(sizes)
-    backing = torch.empty(room, dtype=torch.uint8)          # untouched pages: virtual only
-    pool = SlabPool("cpu", fallback=lambda n: (_ for _ in ()).throw(
-        AssertionError("the tail is sized for every class")))
-    pool.publish(Tail(backing, backing.data_ptr()))
+    pool = SlabPool.dry()          # the pool's own code over an unbounded tail, no memory
     exact = OrdinaryScratch("cpu", alloc=lambda n: torch.empty(1, dtype=torch.uint8))
     rows, last = [], None
     for i, (t, tile, b) in enumerate(sizes):

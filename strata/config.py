@@ -14,12 +14,20 @@
 
 Knobs are read when a plan or a prompt starts (not at import), so tests can set them with
 monkeypatch. A malformed value is a StrataError naming the variable and the accepted form.
+
+The ring and slab knobs reach strata.memory as one `RingPolicy` (`ring_policy()`), built here
+when a plan or a prompt starts and passed down by the engine, the planner and the CLI: memory
+reads no environment.
 """
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from strata.errors import StrataError
+
+if TYPE_CHECKING:
+    from strata.memory.ring import RingPolicy
 
 KNOBS = ("STRATA_PREFILL_RING", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB", "STRATA_STREAM_ALL_MIN",
          "STRATA_RING_GROW", "STRATA_GC_PAUSE", "STRATA_COPY_RUNS", "STRATA_COMMIT",
@@ -78,3 +86,13 @@ def gc_pause() -> bool:
 def copy_runs() -> bool:
     """Whether the streaming provider copies runs of adjacent blobs as one copy (default yes)."""
     return env_flag("STRATA_COPY_RUNS") is not False
+
+
+def ring_policy(*, slab: bool | None = None) -> "RingPolicy":
+    """The ring and slab knobs as the RingPolicy strata.memory reads, read now:
+    STRATA_PREFILL_RING, STRATA_PF_FUSED, STRATA_STREAM_ALL_MIN, STRATA_RING_GROW and, unless an
+    explicit `slab` (EngineConfig.slab) decides, STRATA_MMQ_SLAB."""
+    from strata.memory.ring import RingPolicy   # here: importing config loads no torch
+    return RingPolicy(ring=prefill_ring_override(), fused=pf_fused(),
+                      stream_all_min=stream_all_min_override(), grow=ring_grow(),
+                      slab=mmq_slab() if slab is None else bool(slab))

@@ -86,12 +86,13 @@ def make_plan(args):
     if args.prompt_tokens and args.prompt_tokens > shape.max_pos:
         raise StrataError(f"--prompt-tokens {args.prompt_tokens} is longer than the model's "
                           f"context of {shape.max_pos} tokens")
-    parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, dev)
+    policy = config.ring_policy()     # the STRATA_* ring and slab knobs, read once
+    parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, dev, policy)
     pinned = not args.unpinned or dev != "cuda"
     reserve = scratch_reserve(shape, default_devices([p.name for p in parts]), cfg.ffn,
-                              config.mmq_slab(), layouts)
+                              policy.slab, layouts)
     plan = plan_prompt(layout, parts, cfg, pinned=pinned, fused=fused, native=native,
-                       n_tokens=args.prompt_tokens, scratch_reserve=reserve)
+                       n_tokens=args.prompt_tokens, scratch_reserve=reserve, policy=policy)
     why = None if plan.fits else unfit_line(plan, layout, parts)
     return (name, plan, bud, dict(pinned=pinned, fused=fused, native=native,
                                   kv=kv_summary(layout.sizes, cfg, bud, shape)), shape, why)

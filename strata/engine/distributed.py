@@ -63,15 +63,15 @@ from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.prefill import (Borrowed, EngineConfig, Part, _FailingProvider, _first_line,
-                                   attn_scratch, borrow_and_carve, dense_dtype, new_prompt_kv,
-                                   plan_inputs, plan_prompt, resolved, uses_prompt_kv)
+                                   attn_scratch, borrow_and_carve, dense_dtype, engine_policy,
+                                   new_prompt_kv, plan_inputs, plan_prompt, resolved,
+                                   uses_prompt_kv)
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
 from strata.engine.provider import StreamingProvider
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.stats import PrefillStats
 from strata.engine.warm import dry_tokens
-from strata import config
 from strata.errors import StrataError
 from strata.memory import STAGE, ExpertCache, Loan
 from strata.models.kv import PromptKV
@@ -236,21 +236,24 @@ class StageEngine:
         return self.part.cache
 
     # -- planning ----------------------------------------------------------------------------
-    def plan_alone(self, n_tokens: int, *, slab: bool = False, chunk: int | None = None):
-        """This rank's plan of its own participant (`chunk`: forced)."""
+    def plan_alone(self, n_tokens: int, *, slab: bool = False, chunk: int | None = None,
+                   policy=None):
+        """This rank's plan of its own participant (`chunk`: forced; `policy`: the launch
+        choices, None: the environment's, read now)."""
         reserve = scratch_reserve(self.shape, {self.part.name: self.device}, self.cfg.ffn, slab,
                                   self.layouts)
         cfg = self.cfg if chunk is None else replace(self.cfg, chunk=chunk)
         return plan_prompt(self.layout, [self.part.participant], cfg, pinned=self.pinned,
                            fused=self.fused, native=self.pack.native, n_tokens=n_tokens,
-                           scratch_reserve=reserve)
+                           scratch_reserve=reserve, policy=policy)
 
-    def plan(self, n_tokens: int, *, slab: bool = False):
+    def plan(self, n_tokens: int, *, slab: bool = False, policy=None):
         """(plan, this rank's ParticipantPlan): the smallest of every rank's own scan chunk,
         planned forced here; when a rank's scan fell back, the joint plan of every rank's
         gathered participant (what the single-process split plans)."""
-        try:
-            mine = self.plan_alone(n_tokens, slab=slab)
+        try:   # a bad knob is this rank's error, raised on every rank
+            policy = engine_policy(self.cfg) if policy is None else policy
+            mine = self.plan_alone(n_tokens, slab=slab, policy=policy)
             if not mine.fits:
                 raise StrataError(f"the plan does not fit: {mine.short_of()}")
             own = (mine.scan_chunk, mine.rule, None)
@@ -259,7 +262,7 @@ class StageEngine:
         every = self._gather((*own, self.part.participant, self.pinned))
         chunk = agree_chunk(every)
         if chunk is not None:
-            plan = self.plan_alone(n_tokens, slab=slab, chunk=chunk)
+            plan = self.plan_alone(n_tokens, slab=slab, chunk=chunk, policy=policy)
             pp = plan.participants[0]
         else:
             parts = [e[3] for e in every]
@@ -267,7 +270,7 @@ class StageEngine:
                                       self.cfg.ffn, slab, self.layouts)
             plan = plan_prompt(self.layout, parts, self.cfg, pinned=all(e[4] for e in every),
                                fused=self.fused, native=self.pack.native, n_tokens=n_tokens,
-                               scratch_reserve=reserve)
+                               scratch_reserve=reserve, policy=policy)
             pp = plan.participants[self.rank]
         if not pp.fits:   # the smaller chunk fits wherever the larger did; a bug otherwise
             raise StrataError(f"rank {self.rank}: the agreed chunk {plan.chunk} does not fit: "
@@ -288,8 +291,8 @@ class StageEngine:
         started). Returns its seconds (0.0 when this length's plan was warmed already). What it
         does not cover: the long-prefix attention launches of host-held KV (the one-process
         warm-up's probes, strata.engine.warm.WarmKV) compile in the timed read."""
-        slab = config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
-        plan, pp = self.plan(n_tokens, slab=slab)
+        policy = engine_policy(self.cfg)
+        plan, pp = self.plan(n_tokens, slab=policy.slab, policy=policy)
         C = plan.chunk
         key = (C, pp.ring, n_tokens % C if n_tokens > C else n_tokens)
         if key in self._warm:
@@ -319,11 +322,12 @@ class StageEngine:
             if T > self.cfg.max_prompt:
                 raise StrataError(f"the prompt has {T} tokens but this engine reserved KV for "
                                   f"{self.cfg.max_prompt}; raise max_prompt (--max-prompt)")
+            policy = engine_policy(self.cfg)      # the prompt's launch choices, read now
         except StrataError as e:
             own_error = _message(e)
         _raise_first(list(enumerate(self._gather(own_error))), self.world)
-        slab = config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
-        plan, pp = planned if planned is not None else self.plan(T, slab=slab)
+        slab = policy.slab
+        plan, pp = planned if planned is not None else self.plan(T, slab=slab, policy=policy)
         chunk = plan.chunk
         res = StageResult(None, plan, chunk, pp.ring, self.rank, self.world, self.layers,
                           PrefillStats(tokens=T))

@@ -20,6 +20,8 @@ The expert GEMM's stream-k scratch comes from each participant's `ParticipantScr
 (strata.engine.scratch): ordinary memory, or with the slab on (EngineConfig.slab, else
 STRATA_MMQ_SLAB=1) the tail of that participant's loan, published after the carve and dropped
 before the refill. Observers (strata.engine.observe) watch each prompt's plan, loans and result.
+The STRATA_* ring and slab knobs are read as one RingPolicy (engine_policy) when a prompt starts,
+or a plan is made without one, and go down to strata.memory as an argument.
 """
 from __future__ import annotations
 
@@ -48,7 +50,8 @@ from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, dry_tokens, warm_
 from strata import config
 from strata.errors import AllocationError, StrataError
 from strata.kernels.attention.kv_int8 import resolve_kv
-from strata.memory import STAGE, ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
+from strata.memory import (STAGE, ExpertCache, Loan, PromptLayout, RingPolicy, plan_prefill,
+                           use_fused)
 from strata.memory.carve import Carve
 from strata.memory.layout import PromptBuffers
 from strata.memory.rig import RESERVE, participants
@@ -241,22 +244,25 @@ class PrefillEngine:
         return self.parts[0].lane
 
     # -- planning ----------------------------------------------------------------------------
-    def plan(self, n_tokens: int | None = None, *, slab: bool = False):
+    def plan(self, n_tokens: int | None = None, *, slab: bool = False,
+             policy: RingPolicy | None = None):
         """The plan for a prompt of n_tokens (None: one at least a chunk long): chunk and ring
         from the scan (or the forced chunk), and every byte the engine borrows and carves for it;
-        `slab`: borrow the stream-k scratch slab's reserve too (STRATA_MMQ_SLAB)."""
+        `slab`: borrow the stream-k scratch slab's reserve too (STRATA_MMQ_SLAB). `policy`: the
+        launch choices (None: the environment's, read now)."""
         reserve = scratch_reserve(self.shape, {p.name: p.device for p in self.parts},
                                   self.cfg.ffn, slab, self.layouts)
         return plan_prompt(self.layout, [p.participant for p in self.parts], self.cfg,
                            pinned=self.pinned, fused=self.fused, native=self.pack.native,
-                           n_tokens=n_tokens, scratch_reserve=reserve)
+                           n_tokens=n_tokens, scratch_reserve=reserve, policy=policy)
 
     # -- a prompt ----------------------------------------------------------------------------
     # -- warm start --------------------------------------------------------------------------
     def warmup_lengths(self, n_tokens: int) -> tuple[int, list[int]]:
         """(chunk, the chunk sizes a prompt of n_tokens is read in): every full chunk is `chunk`
         tokens, the last one n_tokens % chunk (when not 0)."""
-        plan = self.plan(n_tokens, slab=self._slab())
+        policy = engine_policy(self.cfg)
+        plan = self.plan(n_tokens, slab=policy.slab, policy=policy)
         C = plan.chunk
         sizes = [C] * (n_tokens // C) + ([n_tokens % C] if n_tokens % C else [])
         return C, sizes
@@ -281,7 +287,8 @@ class PrefillEngine:
         warmup_probes (attention calls probed), warmup_launches / warmup_variants (Triton
         launches, distinct variants: strata.engine.variants) and, on CUDA, warmup_compiled
         (variants Triton compiled or loaded)."""
-        plan = self.plan(n_tokens, slab=self._slab())
+        policy = engine_policy(self.cfg)
+        plan = self.plan(n_tokens, slab=policy.slab, policy=policy)
         C = plan.chunk
         # the probes follow the prompt's length: a PromptKV warm-up is for that length only
         key = (C, plan.ring, n_tokens % C if n_tokens > C else n_tokens,
@@ -343,9 +350,6 @@ class PrefillEngine:
             t["warmup_compiled"] = seen.compiled
         return took
 
-    def _slab(self) -> bool:
-        return config.mmq_slab() if self.cfg.slab is None else self.cfg.slab
-
     def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None,
             plan=None) -> PrefillResult:
         """Read `tokens` (1-D ids). logits: "all" (fp32 [T, V]), "last" or "none".
@@ -377,9 +381,10 @@ class PrefillEngine:
         if T > self.cfg.max_prompt:
             raise StrataError(f"the prompt has {T} tokens but this engine reserved KV for "
                               f"{self.cfg.max_prompt}; raise max_prompt (--max-prompt)")
-        # read per prompt: cfg.slab, else STRATA_MMQ_SLAB (a bad value: StrataError)
-        slab = self._slab()
-        plan = plan if plan is not None else self.plan(T, slab=slab)
+        # read per prompt: cfg.slab, else STRATA_MMQ_SLAB; the ring knobs (a bad value: StrataError)
+        policy = engine_policy(self.cfg)
+        slab = policy.slab
+        plan = plan if plan is not None else self.plan(T, slab=slab, policy=policy)
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
         chunk, ring = plan.chunk, plan.ring
@@ -530,11 +535,19 @@ def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vra
                 value_dim=value_dim, layers=layers)
 
 
-def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str):
+def engine_policy(cfg: EngineConfig) -> RingPolicy:
+    """The launch choices of a prompt starting now: the environment's (strata.config.ring_policy),
+    the slab EngineConfig.slab when set (else STRATA_MMQ_SLAB). A bad value: StrataError."""
+    return config.ring_policy(slab=cfg.slab)
+
+
+def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str,
+                policy: RingPolicy | None = None):
     """(participants, budgets, prompt layout, fused) a plan is computed from: the engine and
     `strata plan` both call this, so the same config gives the same plan. On the CPU the cache
     is capped at what it can hold (strata.budget.cpu_cache_cap): --vram there is a budget, not
-    an allocation."""
+    an allocation. `policy`: the launch choices (None: the environment's, read now)."""
+    policy = engine_policy(cfg) if policy is None else policy
     vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
     for v in vram:
         if cfg.cache is not None and cfg.cache > v:
@@ -545,7 +558,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
     shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
     sizes = model_sizes(shape, kv=kv)
     layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape), cfg.batch)
-    fused = use_fused(native, cfg.fused)
+    fused = use_fused(native, cfg.fused, policy)
     kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
               split=cfg.layer_split)
     if cfg.cache is None and cfg.max_prompt:
@@ -556,7 +569,8 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
         from strata.memory.scan import GRID, full_ring
         T = cfg.chunk or min(cfg.scan_max, -(-max(cfg.max_prompt, 1) // GRID) * GRID)
         # the full ring bounds any chunk's ring (STAGE carves no more), so the cap holds it
-        ring = full_ring(layout, pinned=True, fused=fused, native=native, ring=cfg.ring)
+        ring = full_ring(layout, pinned=True, fused=fused, native=native, ring=cfg.ring,
+                         policy=policy)
         cap = max(cpu_cache_cap(sizes, blob_sizes, b.layers, layout, chunk=T, ring_slots=ring,
                                 lend_cap=cfg.lend_cap) for b in budgets)
         if cap < min(b.cache for b in budgets):
@@ -591,15 +605,18 @@ def kv_policy(cfg: EngineConfig, device_type: str = "cpu") -> KVPolicy:
 
 
 def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, native: bool,
-                n_tokens: int | None = None, scratch_reserve=None):
+                n_tokens: int | None = None, scratch_reserve=None,
+                policy: RingPolicy | None = None):
     """The plan of one prompt from plan_inputs' participants and layout: the one call the
-    engine, `strata plan` and `strata prefill`'s early refusal make."""
+    engine, `strata plan` and `strata prefill`'s early refusal make. `policy`: the launch
+    choices (None: the environment's, read now)."""
     if n_tokens is not None and cfg.max_prompt and n_tokens > cfg.max_prompt:
         raise StrataError(f"the prompt has {n_tokens} tokens but --max-prompt reserves KV for "
                           f"{cfg.max_prompt}; raise --max-prompt or shorten the prompt")
     return plan_prefill(layout, parts, scan=cfg.scan, scan_max=cfg.scan_max, chunk=cfg.chunk,
                         pinned=pinned, fused=fused, native=native, ring=cfg.ring,
-                        n_tokens=n_tokens, scratch_reserve=scratch_reserve)
+                        n_tokens=n_tokens, scratch_reserve=scratch_reserve,
+                        policy=engine_policy(cfg) if policy is None else policy)
 
 
 def _default_devices(device: str | None, n: int) -> list[str]:

@@ -28,7 +28,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.memory.carve import Tail
-from strata.memory.pool import LOG_MIN, SlabPool, log_ordinary, size_class
+from strata.memory.pool import LOG_MIN, SlabPool, log_ordinary
 
 
 def _torch_alloc(device: torch.device) -> Callable[[int], torch.Tensor]:
@@ -167,19 +167,19 @@ def scratch_bytes_for(shape, n_tokens: int, device, *, decoded: bool) -> int:
 
 
 def slab_reserve(shape, n_tokens: int, chunk: int, device, *, decoded) -> int:
-    """Tail bytes the slab needs for a prompt of n_tokens read in chunks of `chunk`: one buffer
-    per size class its launches ask for (the full chunks and the last partial one, for each
-    kind of layer: `decoded` is a bool or the set of decoded_weights over the layers), laid out
-    the way SlabPool bumps them. 0 when no launch runs stream-k."""
-    from strata.memory.carve import align_up
+    """Tail bytes the slab needs for a prompt of n_tokens read in chunks of `chunk`: what a dry
+    SlabPool (strata.memory.pool: the pool's own classes and bump, no memory) reaches over the
+    requests of its launches (the full chunks and the last partial one, for each kind of layer:
+    `decoded` is a bool or the set of decoded_weights over the layers), one launch's scratch at
+    a time as ParticipantScratch hands them out. 0 when no launch runs stream-k."""
     kinds = {bool(decoded)} if isinstance(decoded, bool) else {bool(d) for d in decoded}
-    sizes = {chunk} | ({n_tokens % chunk} - {0})
-    classes = {size_class(b) for t in sizes for d in kinds
-               if (b := scratch_bytes_for(shape, t, device, decoded=d)) > 0}
-    total = 0
-    for c in sorted(classes):
-        total = align_up(total) + c
-    return total
+    sizes = [chunk] + ([n_tokens % chunk] if n_tokens % chunk else [])
+    pool = SlabPool.dry()
+    for t in sizes:
+        for d in sorted(kinds):
+            if (b := scratch_bytes_for(shape, t, device, decoded=d)) > 0:
+                pool.release(pool.alloc(b))
+    return pool.high_water
 
 
 __all__ = ["LOG_MIN", "OrdinaryScratch", "ParticipantScratch", "scratch_bytes_for",

@@ -15,8 +15,14 @@ Ordinary-memory scratch of 4 MiB or more logs, on logger "strata":
     strata prefill mmq: CUDA<i> the scratch pool takes a new <N> MiB buffer
 
 The pool is an allocator callable, `pool(nbytes) -> uint8 tensor`, the hook the expert GEMM's
-stream-k schedule takes its scratch through (STRATA_MMQ_SLAB wires it in; off, the engine passes
-`ordinary_alloc` instead).
+stream-k schedule takes its scratch through (RingPolicy.slab, STRATA_MMQ_SLAB, wires it in; off,
+the engine passes `ordinary_alloc` instead).
+
+A pool without memory (`SlabPool.dry(nbytes)`) runs the same classes, free list and bump over a
+tail on the meta device (views without storage, data_ptr = offset): its `used`, `high_water`
+and `ordinary_bytes` are what a real tail of that size reaches for the same requests. That is
+how the planner's slab reserve (strata.engine.scratch.slab_reserve) counts, as `Carve.dry()`
+counts for `bytes_needed`: one count, never two.
 """
 from __future__ import annotations
 
@@ -25,12 +31,14 @@ from collections.abc import Callable
 
 import torch
 
-from strata.memory.carve import Tail, align_up
+from strata.memory.carve import ALIGN, Tail, align_up
+from strata.memory.ring import NO_POLICY, RingPolicy
 
 log = logging.getLogger("strata")
 
 CLASS_FLOOR = 128 << 10
 LOG_MIN = 4 << 20
+DRY_UNBOUNDED = 1 << 60        # a dry pool's tail without a size: room for any request
 
 
 def size_class(nbytes: int) -> int:
@@ -57,16 +65,23 @@ def ordinary_alloc(nbytes: int, device) -> torch.Tensor:
     return torch.empty(int(nbytes), dtype=torch.uint8, device=torch.device(device))
 
 
-def scratch_allocator(device, pool: "SlabPool | None" = None):
+def scratch_allocator(device, pool: "SlabPool | None" = None, policy: RingPolicy = NO_POLICY):
     """The allocator the expert GEMM takes its stream-k scratch through.
 
-    STRATA_MMQ_SLAB=1 and a pool: the pool (tail first, ordinary memory when the tail is empty
-    or full). Otherwise ordinary device memory exactly as before.
+    The policy's slab on (STRATA_MMQ_SLAB=1) and a pool: the pool (tail first, ordinary memory
+    when the tail is empty or full). Otherwise ordinary device memory exactly as before.
     """
-    from strata import config
-    if pool is not None and config.mmq_slab():
+    if pool is not None and policy.slab:
         return pool
     return lambda nbytes: ordinary_alloc(nbytes, device)
+
+
+def _dry_alloc(nbytes: int) -> torch.Tensor:
+    """A dry pool's ordinary memory: a meta tensor (no storage), counted, never logged."""
+    return torch.empty(int(nbytes), dtype=torch.uint8, device="meta")
+
+
+_dry_alloc.logs_check_line = True   # a dry run prints no check line
 
 
 class SlabPool:
@@ -81,6 +96,21 @@ class SlabPool:
         self._lent: dict[int, tuple[int, torch.Tensor]] = {}  # data_ptr -> (class, buffer)
         self.high_water = 0                 # most tail bytes ever handed out at once
         self.ordinary_bytes = 0             # bytes taken from ordinary memory (fallback)
+
+    @classmethod
+    def dry(cls, nbytes: int | None = None) -> "SlabPool":
+        """A pool over a tail of `nbytes` (None: unbounded) that holds no memory: requests run
+        the same code over a meta-device tail, and what they would take from ordinary memory is
+        counted (`ordinary_bytes`), not allocated."""
+        n = DRY_UNBOUNDED if nbytes is None else int(nbytes)
+        base = torch.empty(ALIGN + n, dtype=torch.uint8, device="meta")
+        pool = cls("meta", fallback=_dry_alloc)
+        pool.publish(Tail(base[ALIGN:], ALIGN))   # data_ptr = offset: ALIGN.. (0 is ordinary)
+        return pool
+
+    @property
+    def is_dry(self) -> bool:
+        return self.device is not None and self.device.type == "meta"
 
     # --- publication -------------------------------------------------------------------
     @property

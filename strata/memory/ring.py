@@ -15,15 +15,20 @@ pack whose blob exceeds budget/16 hits on purpose (a ring under 16 slots cannot 
 
 `chunk_ring` is what a chunk actually runs beside a full ring: a chunk under
 `stream_all_min(routing)` tokens does not stream whole layers but stages only its routed experts
-("STAGE"), and an override (`--ring N`, `STRATA_PREFILL_RING=N`) wins over both. The planner
-and `resolve_ring` both go through it. `ring_slots` is the pure arithmetic (no environment), for
-tables and experiments.
+("STAGE"), and an override (`--ring N`, `STRATA_PREFILL_RING=N`) wins over both: the planner
+(strata.memory.scan) goes through it. `ring_slots` is the pure arithmetic, for tables and
+experiments.
+
+The launch choices an experimenter makes (a forced ring, the fused path, the STAGE threshold,
+growth, the scratch slab) arrive as one `RingPolicy`: data built from the environment at the edge
+(strata.config.ring_policy, when a plan or a prompt starts) and passed down; memory reads no
+environment. `RingPolicy.override` is the one ring-override rule.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from strata import config
 from strata.errors import StrataError
 from strata.memory.sizes import Routing
 
@@ -35,6 +40,25 @@ RING_MIN = 16                  # below this a ring cannot keep copies ahead of c
 RING_MAX = 1024
 RING_CAP_NATIVE = 512          # native packs: the kernels' slot table bound (seed: ring_cap())
 STAGE = "STAGE"
+
+
+@dataclass(frozen=True)
+class RingPolicy:
+    """The launch choices the ring, the planner and the slab read, as data. The default is every
+    rule's own choice (nothing forced); strata.config.ring_policy() reads the STRATA_* knobs."""
+    ring: int | None = None            # STRATA_PREFILL_RING: the full ring forced to N slots
+    fused: bool | None = None          # STRATA_PF_FUSED: None = fused for non-native packs only
+    stream_all_min: int | None = None  # STRATA_STREAM_ALL_MIN: STAGE under N tokens
+    grow: bool = True                  # STRATA_RING_GROW: a long prompt's ring grows
+    slab: bool = False                 # STRATA_MMQ_SLAB: stream-k scratch from the loan's tail
+
+    def override(self, ring: int | None = None) -> int | None:
+        """The ring override: an explicit `ring` (--ring N) wins, else the policy's
+        (STRATA_PREFILL_RING), else None (the resolved count)."""
+        return ring if ring is not None else self.ring
+
+
+NO_POLICY = RingPolicy()
 
 
 def ring_budget(*, pinned: bool = True, fused: bool = False) -> int:
@@ -59,25 +83,25 @@ def ring_slots(max_blob: int, *, pinned: bool = True, fused: bool = False,
     return min(slots, ring_cap(native))
 
 
-def use_fused(native: bool, fused: bool | None = None) -> bool:
-    """Fused path selection: an explicit flag, else STRATA_PF_FUSED, else non-native packs."""
+def use_fused(native: bool, fused: bool | None = None, policy: RingPolicy = NO_POLICY) -> bool:
+    """Fused path selection: an explicit flag, else the policy's (STRATA_PF_FUSED), else
+    non-native packs."""
     if fused is not None:
         return bool(fused)
-    env = config.pf_fused()
-    return (not native) if env is None else env
+    return (not native) if policy.fused is None else policy.fused
 
 
-def stream_all_min(routing: Routing) -> int:
+def stream_all_min(routing: Routing, policy: RingPolicy = NO_POLICY) -> int:
     """Fewest tokens a chunk needs before it streams whole layers through the ring.
 
     A chunk of T tokens routes T*K expert slots; under ceil(E / K) tokens it cannot touch every
     expert of a layer even with perfectly spread routing, so streaming a whole layer would copy
-    experts nobody uses: such a chunk stages only its routed experts instead. Override with
-    STRATA_STREAM_ALL_MIN=N (e.g. to force STAGE in a test or an A/B).
+    experts nobody uses: such a chunk stages only its routed experts instead. The policy's
+    `stream_all_min` (STRATA_STREAM_ALL_MIN=N) overrides it (e.g. to force STAGE in a test or an
+    A/B).
     """
-    env = config.stream_all_min_override()
-    if env is not None:
-        return env
+    if policy.stream_all_min is not None:
+        return policy.stream_all_min
     return math.ceil(routing.n_expert / routing.top_k)
 
 
@@ -86,27 +110,14 @@ def stage_slots(routing: Routing, chunk: int) -> int:
     return min(chunk * routing.top_k, routing.n_expert)
 
 
-def chunk_ring(routing: Routing, chunk: int, full: int, *,
-               overridden: bool = False) -> tuple[int | str, int]:
+def chunk_ring(routing: Routing, chunk: int, full: int, *, overridden: bool = False,
+               policy: RingPolicy = NO_POLICY) -> tuple[int | str, int]:
     """(resolved ring, slots the carve reserves) for a chunk of `chunk` tokens whose full ring
     is `full` slots: the one rule the planner sizes and the engine carves by.
 
     Under stream_all_min (and not `overridden` by an explicit ring) the ring is STAGE: it carves
     room for the chunk's routed experts, never more than the full ring (it stages in ring-sized
     batches), which keeps bytes_needed monotone in T. Otherwise the full ring."""
-    if not overridden and chunk < stream_all_min(routing):
+    if not overridden and chunk < stream_all_min(routing, policy):
         return STAGE, min(stage_slots(routing, chunk), full)
     return full, full
-
-
-def resolve_ring(max_blob: int, routing: Routing, chunk: int, *, pinned: bool = True,
-                 fused: bool = False, native: bool = True, ring: int | None = None) -> int | str:
-    """The ring a chunk of `chunk` tokens runs with: a slot count, or STAGE.
-
-    An explicit `ring` (--ring N), else STRATA_PREFILL_RING=N, wins over everything (an
-    experimenter's explicit choice).
-    """
-    override = ring if ring is not None else config.prefill_ring_override()
-    full = override if override is not None else ring_slots(max_blob, pinned=pinned,
-                                                            fused=fused, native=native)
-    return chunk_ring(routing, chunk, full, overridden=override is not None)[0]

@@ -26,8 +26,8 @@ Rules (SPEC "Auto scan"):
   what the carve sizes the per-pass buffers for and the streaming provider batches by), so the
   decode buffer does not grow with the ring (seed-512e 32K on the H200: 49,915 tok/s with passes
   of 50 at 204 slots, 45,255 with passes of half a 154-slot ring, 38,375 with passes of 32).
-  STRATA_RING_GROW=0 turns it off (the A/B); an explicit ring (--ring / STRATA_PREFILL_RING)
-  never grows.
+  STRATA_RING_GROW=0 (`RingPolicy.grow`) turns it off (the A/B); an explicit ring (--ring /
+  STRATA_PREFILL_RING) never grows.
 
 A prompt shorter than the chunk (`n_tokens`) runs as one chunk of n_tokens: each participant's
 ring is re-resolved for that chunk by the same rule (`ring.chunk_ring`), capped at the ring the
@@ -41,6 +41,10 @@ the loan is bytes_needed alone and the slab serves what the tail holds.
 
 Several participants (one per GPU, each with its own cache, loan and ring): a chunk is taken only
 if it fits on every one of them. Room is counted in BYTES of whole cache slots (CacheLayout.room).
+
+The experimenter's choices (STRATA_PREFILL_RING, STRATA_STREAM_ALL_MIN, STRATA_RING_GROW) arrive
+as `plan_prefill(policy=RingPolicy)`, read from the environment by the caller (strata.config):
+the scan reads no environment.
 """
 from __future__ import annotations
 
@@ -52,8 +56,8 @@ from strata.memory.cache import CacheLayout
 from strata.memory.carve import Carve, align_up
 from strata.memory.layout import PromptLayout, pass_experts
 from strata.memory.loan import LEND_CAP
-from strata.memory.ring import RING_MIN, STAGE, chunk_ring, ring_cap, ring_slots, stream_all_min
-from strata import config
+from strata.memory.ring import (NO_POLICY, RING_MIN, STAGE, RingPolicy, chunk_ring, ring_cap,
+                                ring_slots, stream_all_min)
 from strata.units import fmt_bytes
 
 GRID = 256
@@ -164,27 +168,23 @@ class _Probe:
         return self.layout.bytes_needed(T, ring, batch)
 
 
-def _override(ring: int | None) -> int | None:
-    """An explicit ring (--ring N) wins; else STRATA_PREFILL_RING; else None."""
-    return ring if ring is not None else config.prefill_ring_override()
-
-
 def full_ring(layout: PromptLayout, *, pinned=True, fused=False, native=True,
-              ring: int | None = None) -> int:
-    """The resolved full ring: the override (--ring / STRATA_PREFILL_RING), else ring_slots()."""
-    override = _override(ring)
+              ring: int | None = None, policy: RingPolicy = NO_POLICY) -> int:
+    """The resolved full ring: the override (--ring, else the policy's STRATA_PREFILL_RING:
+    RingPolicy.override), else ring_slots()."""
+    override = policy.override(ring)
     if override is not None:
         return override
     return ring_slots(layout.max_blob, pinned=pinned, fused=fused, native=native)
 
 
-def _slots(layout: PromptLayout, T: int, full: int,
-           override: int | None = None) -> tuple[int | str, int]:
+def _slots(layout: PromptLayout, T: int, full: int, override: int | None = None,
+           policy: RingPolicy = NO_POLICY) -> tuple[int | str, int]:
     """(resolved ring, slots carved) for chunk T beside a full ring (ring.chunk_ring)."""
-    return chunk_ring(layout.sizes, T, full, overridden=override is not None)
+    return chunk_ring(layout.sizes, T, full, overridden=override is not None, policy=policy)
 
 
-def _for_prompt(layout, rule, chunk, rings, full, override, n_tokens):
+def _for_prompt(layout, rule, chunk, rings, full, override, n_tokens, policy):
     """(chunk, per-participant rings) of a prompt of n_tokens under a plan of `chunk`: a
     shorter prompt is one chunk of n_tokens, each ring re-resolved for it, capped at the ring
     that participant was planned with (legacy: its fixed ring, as planned)."""
@@ -192,7 +192,7 @@ def _for_prompt(layout, rule, chunk, rings, full, override, n_tokens):
         return chunk, rings
     if rule == "legacy":
         return n_tokens, rings
-    return n_tokens, [_slots(layout, n_tokens, full if r == STAGE else int(r), override)
+    return n_tokens, [_slots(layout, n_tokens, full if r == STAGE else int(r), override, policy)
                       for r, _ in rings]
 
 
@@ -207,10 +207,11 @@ def _borrow(cache: CacheLayout, need: int, extra: int, lend_cap: float) -> int:
     return need
 
 
-def grows(rule: str, ring, override, n_tokens: int | None) -> bool:
+def grows(rule: str, ring, override, n_tokens: int | None,
+          policy: RingPolicy = NO_POLICY) -> bool:
     """Whether this plan's ring grows into its chunk's leftover room (module docstring)."""
     return (rule == "full-ring" and ring != STAGE and override is None and n_tokens is not None
-            and n_tokens >= GROW_MIN_TOKENS and config.ring_grow())
+            and n_tokens >= GROW_MIN_TOKENS and policy.grow)
 
 
 def grown_ring(fits: Callable[[int], bool], slots: int, cap: int) -> int:
@@ -222,15 +223,16 @@ def grown_ring(fits: Callable[[int], bool], slots: int, cap: int) -> int:
 
 
 def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=None,
-            n_tokens=None, scratch_reserve=None, cap: int | None = None) -> Plan:
+            n_tokens=None, scratch_reserve=None, cap: int | None = None,
+            policy: RingPolicy = NO_POLICY) -> Plan:
     scan_chunk = chunk
-    chunk, rings = _for_prompt(layout, rule, chunk, rings, full, override, n_tokens)
+    chunk, rings = _for_prompt(layout, rule, chunk, rings, full, override, n_tokens, policy)
     grow_probes = 0
     parts = []
     for p, (ring, slots) in zip(participants, rings):
         extra = scratch_reserve(p.name, n_tokens or chunk, chunk) if scratch_reserve else 0
         batch = pass_experts(slots, layout.batch)
-        if cap is not None and grows(rule, ring, override, n_tokens):
+        if cap is not None and grows(rule, ring, override, n_tokens, policy):
             # the slab's reserve keeps its room when it had it beside the full ring
             room = p.room - extra if layout.bytes_needed(chunk, slots, batch) + extra <= p.room \
                 else p.room
@@ -255,7 +257,7 @@ def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=N
                 ring_bytes=binding.ring_bytes, bytes_needed=binding.bytes_needed,
                 room=binding.room, probes=probe.count - grow_probes, rule=rule,
                 fits=all(q.fits for q in parts), max_blob=layout.max_blob, full_ring=full,
-                stream_all_min=stream_all_min(layout.sizes), participants=parts,
+                stream_all_min=stream_all_min(layout.sizes, policy), participants=parts,
                 scan_chunk=scan_chunk, n_tokens=n_tokens, grow_probes=grow_probes)
 
 
@@ -263,22 +265,25 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
                  scan_max: int = SCAN_MAX, chunk: int | None = None, pinned: bool = True,
                  fused: bool = False, native: bool = True, ring: int | None = None,
                  n_tokens: int | None = None,
-                 scratch_reserve: Callable[[str, int, int], int] | None = None) -> Plan:
+                 scratch_reserve: Callable[[str, int, int], int] | None = None,
+                 policy: RingPolicy = NO_POLICY) -> Plan:
     """The plan for this layout on these participants (see the module docstring for the rules).
 
-    `ring`: an explicit ring override (`--ring N`); it wins over STRATA_PREFILL_RING, which wins
-    over the resolved count. `n_tokens`: the prompt's length (None: a prompt at least one chunk
-    long). `scratch_reserve(participant name, n_tokens, chunk)`: slab bytes to borrow beyond
-    bytes_needed."""
+    `ring`: an explicit ring override (`--ring N`); it wins over the policy's ring
+    (STRATA_PREFILL_RING), which wins over the resolved count (RingPolicy.override). `n_tokens`:
+    the prompt's length (None: a prompt at least one chunk long). `scratch_reserve(participant
+    name, n_tokens, chunk)`: slab bytes to borrow beyond bytes_needed. `policy`: the launch
+    choices (strata.config.ring_policy(); the default forces nothing)."""
     if not participants:
         raise StrataError("a plan needs at least one participant (GPU)")
     if n_tokens is not None and n_tokens < 1:
         raise StrataError(f"a prompt needs at least 1 token, got {n_tokens}")
     probe = _Probe(layout)
-    override = _override(ring)
+    override = policy.override(ring)
     full = full_ring(layout, pinned=pinned, fused=fused, native=native, ring=override)
     rooms = [p.room for p in participants]
-    prompt = dict(override=override, n_tokens=n_tokens, scratch_reserve=scratch_reserve)
+    prompt = dict(override=override, n_tokens=n_tokens, scratch_reserve=scratch_reserve,
+                  policy=policy)
 
     def fits_all(T: int, slots: int) -> bool:
         need = probe(T, slots)
@@ -287,7 +292,7 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
     if chunk is not None:
         if chunk < 1:
             raise StrataError(f"--chunk must be at least 1 token, got {chunk}")
-        ring, slots = _slots(layout, chunk, full, override)
+        ring, slots = _slots(layout, chunk, full, override, policy)
         probe(chunk, slots)
         return _finish(layout, participants, probe, chunk, [(ring, slots)] * len(participants),
                        "forced", full, **prompt)
@@ -308,9 +313,10 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
         raise StrataError(f"unknown scan rule {scan!r}; use auto or legacy")
 
     chunks = grid(scan_max)
-    best = last_fitting(chunks, lambda T: fits_all(T, _slots(layout, T, full, override)[1]))
+    best = last_fitting(chunks, lambda T: fits_all(T, _slots(layout, T, full, override,
+                                                             policy)[1]))
     if best is not None:
-        ring, slots = _slots(layout, best, full, override)
+        ring, slots = _slots(layout, best, full, override, policy)
         return _finish(layout, participants, probe, best, [(ring, slots)] * len(participants),
                        "full-ring", full, cap=ring_cap(native), **prompt)
     if override is not None:

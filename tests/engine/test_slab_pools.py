@@ -1,14 +1,16 @@
 """Scratch sources of one participant (strata.engine.scratch): the exact-size ordinary pool and
 its check line, the knob, the empty tail, guard 1 (the slab keyed on the tail's address) over a
 real loan and carve, and the real Triton stream-k moe_ffn taking its scratch from the tail."""
+import contextlib
 import logging
 
 import pytest
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given, settings, strategies as st
 import torch
 
 from strata import config
-from strata.engine.scratch import OrdinaryScratch, ParticipantScratch, slab_reserve
+from strata.engine.scratch import OrdinaryScratch, ParticipantScratch, scratch_bytes_for, \
+    slab_reserve
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.kernels import moe as kmoe
@@ -17,7 +19,9 @@ from strata.kernels.tiles import pin_tile
 from strata.memory import Loan
 from strata.memory import pool as mpool
 from strata.memory.carve import Carve, Tail
+from strata.memory.carve import ALIGN
 from strata.memory.pool import size_class
+from strata.shapes import ModelShape
 from tests.engine.slab_helpers import CHUNK, SHAPE, STREAM_K, make_pack, tiny_engine
 
 MiB = 1 << 20
@@ -111,6 +115,62 @@ def test_slab_reserve_counts_the_kernels_own_classes():
         assert slab_reserve(SHAPE, 12, CHUNK, "cpu", decoded=False) == one
     with pin_tile(schedule="dp"):
         assert slab_reserve(SHAPE, 12, CHUNK, "cpu", decoded=False) == 0
+
+
+def _prompt_asks(shape, n_tokens: int, chunk: int, layers: list[bool]) -> list[int]:
+    """The scratch every launch of a prompt asks, in the prompt's order: each chunk (the full
+    ones, then the partial one) through each layer (`layers`: its weights decoded or not)."""
+    chunks = [chunk] * (n_tokens // chunk) + ([n_tokens % chunk] if n_tokens % chunk else [])
+    return [b for t in chunks for d in layers
+            if (b := scratch_bytes_for(shape, t, "cpu", decoded=d)) > 0]
+
+
+def _real_slab(asks: list[int], tail_bytes: int) -> ParticipantScratch:
+    """The asks through a real ParticipantScratch whose slab serves a CPU loan's whole tail of
+    `tail_bytes` (one launch's scratch at a time, as the engine hands them out)."""
+    loan = torch.empty(tail_bytes, dtype=torch.uint8)
+    ps = ParticipantScratch("CUDA0", "cpu", loan)
+    ps.publish(Carve(loan).tail())
+    for n in asks:
+        ps(n)
+    return ps
+
+
+@settings(max_examples=40, deadline=None)
+@given(d_model=st.sampled_from([64, 128, 192, 2048]), d_expert=st.sampled_from([32, 64, 96, 768]),
+       n_expert=st.integers(1, 128), top_k=st.integers(1, 8), chunk=st.integers(1, 1024),
+       full=st.integers(1, 4), partial=st.integers(0, 1023),
+       layers=st.lists(st.booleans(), min_size=1, max_size=5),
+       programs=st.one_of(st.none(), st.integers(1, 32)))
+@example(d_model=64, d_expert=32, n_expert=32, top_k=2, chunk=8, full=1, partial=4, layers=[False],
+         programs=3)   # the tiny engine's prompt: chunks 8 + 4 in one class
+@example(d_model=64, d_expert=64, n_expert=4, top_k=2, chunk=72, full=1, partial=0,
+         layers=[True, False, True], programs=3)   # two kinds of layer: a class each
+@example(d_model=2048, d_expert=768, n_expert=128, top_k=8, chunk=1024, full=2, partial=1,
+         layers=[False], programs=32)   # a large class beside the partial chunk's small one
+@example(d_model=64, d_expert=32, n_expert=8, top_k=2, chunk=16, full=2, partial=0,
+         layers=[False], programs=None)   # the heuristic: data-parallel asks nothing, reserve 0
+def test_slab_reserve_is_what_a_real_slab_pool_reserves(d_model, d_expert, n_expert, top_k, chunk,
+                                                         full, partial, layers, programs):
+    """slab_reserve (a dry SlabPool) against a real SlabPool over a CPU tail, fed the prompt's
+    own launches: a tail of the reserve's bytes serves every one of them (high-water = the
+    reserve, nothing from ordinary memory), and a tail one alignment step smaller does not. So
+    the planner's reserve is the pool's own count, not a second one."""
+    shape = ModelShape(d_model=d_model, n_expert=n_expert, top_k=min(top_k, n_expert),
+                       d_expert=d_expert)
+    n_tokens = full * chunk + partial % chunk
+    pin = pin_tile(schedule="stream_k", programs=programs) if programs else contextlib.nullcontext()
+    with pin:
+        reserve = slab_reserve(shape, n_tokens, chunk, "cpu", decoded=set(layers))
+        asks = _prompt_asks(shape, n_tokens, chunk, layers)
+    if reserve == 0:
+        assert asks == []            # no launch runs stream-k
+        return
+    ps = _real_slab(asks, reserve)
+    assert ps.slab.high_water == reserve
+    assert ps.slab.ordinary_bytes == 0 and ps.ordinary.new_buffers == 0
+    short = _real_slab(asks, reserve - ALIGN)
+    assert short.slab.ordinary_bytes > 0
 
 
 def test_real_stream_k_kernel_takes_scratch_from_the_tail(engine, caplog, monkeypatch):

@@ -7,8 +7,9 @@ import logging
 import pytest
 import torch
 
+from strata import config
 from strata.blob import BlobLayout
-from strata.memory import (CacheLayout, ExpertCache, Loan, Participant, SlabPool,
+from strata.memory import (CacheLayout, ExpertCache, Loan, Participant, RingPolicy, SlabPool,
                            plan_prefill, scratch_allocator, synthetic_source)
 from strata.planning import prompt_layout
 from strata.shapes import ModelShape
@@ -26,15 +27,15 @@ def _clean_env(monkeypatch):
         monkeypatch.delenv(k, raising=False)
 
 
-def run_prompt(device, ring_env=None, monkeypatch=None, scan_max=2048, scratch=0):
-    """One prompt's memory life; `scratch` extra bytes are borrowed for the pool (slab on)."""
-    if ring_env is not None:
-        monkeypatch.setenv("STRATA_PREFILL_RING", str(ring_env))
+def run_prompt(device, ring=None, scan_max=2048, scratch=0):
+    """One prompt's memory life (`ring`: STRATA_PREFILL_RING's RingPolicy.ring); `scratch`
+    extra bytes are borrowed for the pool (slab on)."""
     cache = ExpertCache(CacheLayout.build(2 << 20, BLOBS, SHAPE.n_expert),
                         synthetic_source(BLOBS, seed=3, device=device), device=device)
     before = cache.buffer.clone()
     layout = prompt_layout(SHAPE, max(BLOBS.values()))
-    plan = plan_prefill(layout, [Participant("CUDA0", cache.layout)], scan_max=scan_max)
+    plan = plan_prefill(layout, [Participant("CUDA0", cache.layout)], scan_max=scan_max,
+                        policy=RingPolicy(ring=ring))
     assert plan.fits
     pool = SlabPool(device=device)
     with Loan(cache, plan.bytes_needed + scratch) as loan:
@@ -68,31 +69,31 @@ def test_flow_fallback_ring(device):
     assert plan.rule == "fallback" and plan.ring >= 16
 
 
-def test_flow_forced_ring(device, monkeypatch):
-    plan = run_prompt(device, ring_env=8, monkeypatch=monkeypatch)
+def test_flow_forced_ring(device):
+    plan = run_prompt(device, ring=8)
     assert plan.rule == "full-ring" and plan.ring == 8
 
 
-def test_flow_with_scratch_in_the_tail(device, monkeypatch):
-    plan = run_prompt(device, ring_env=8, monkeypatch=monkeypatch, scan_max=512,
-                      scratch=256 << 10)
+def test_flow_with_scratch_in_the_tail(device):
+    plan = run_prompt(device, ring=8, scan_max=512, scratch=256 << 10)
     assert plan.chunk == 512
 
 
 def test_scratch_allocator_follows_the_knob(monkeypatch, device):
     pool = SlabPool(device=device)
-    assert scratch_allocator(device, pool) is not pool            # unset: off
+    assert scratch_allocator(device, pool, config.ring_policy()) is not pool   # unset: off
     monkeypatch.setenv("STRATA_MMQ_SLAB", "0")
-    assert scratch_allocator(device, pool) is not pool
+    assert scratch_allocator(device, pool, config.ring_policy()) is not pool
     monkeypatch.setenv("STRATA_MMQ_SLAB", "1")
-    assert scratch_allocator(device, pool) is pool
+    assert scratch_allocator(device, pool, config.ring_policy()) is pool
+    assert scratch_allocator(device, pool) is not pool             # memory reads no environment
     assert scratch_allocator(device, None)(1000).numel() == 1000  # no pool: ordinary memory
 
 
 @pytest.mark.gpu
-def test_flow_on_gpu_and_check_line(caplog, monkeypatch):
+def test_flow_on_gpu_and_check_line(caplog):
     dev = torch.device("cuda", torch.cuda.current_device())
-    run_prompt(dev, ring_env=8, monkeypatch=monkeypatch, scan_max=512, scratch=256 << 10)
+    run_prompt(dev, ring=8, scan_max=512, scratch=256 << 10)
     pool = SlabPool(device=dev)
     with caplog.at_level(logging.INFO, logger="strata"):
         t = pool.alloc(4 << 20)

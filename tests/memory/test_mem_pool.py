@@ -147,3 +147,50 @@ def test_pool_drops_everything_when_the_tail_moves(moves):
         pool.release(x)
         assert list(pool.free) == [256 * KiB]
         prev = tail
+
+
+def _offset(pool: SlabPool, t: torch.Tensor) -> int | None:
+    """Where `t` sits in the pool's tail (bytes from its start); None: ordinary memory."""
+    tail = pool.tail
+    if tail is None or not tail.address <= t.data_ptr() < tail.address + tail.nbytes:
+        return None
+    return t.data_ptr() - tail.address
+
+
+@given(ops=ops, tail_kib=st.integers(0, 16 * 1024))
+@example(ops=[("alloc", 100 * KiB), ("release", 0), ("alloc", 120 * KiB)],
+         tail_kib=1024)   # one class asked twice: the free buffer again, no new bytes
+@example(ops=[("alloc", 3 * MiB), ("alloc", 100 * KiB)],
+         tail_kib=1024)   # past the tail: ordinary memory in both, the next fits
+@example(ops=[("alloc", 1)], tail_kib=0)   # an empty tail publishes nothing: both fall back
+@example(ops=[("alloc", 512 * KiB), ("alloc", 512 * KiB)],
+         tail_kib=1024)   # exactly full: the bump ends at the tail's last byte
+def test_dry_pool_counts_what_a_real_pool_reserves(ops, tail_kib):
+    """SlabPool.dry runs the real pool's code without memory: over the same requests every
+    buffer lands at the same tail offset (or in ordinary memory alike), and used, high_water,
+    ordinary_bytes and the free classes stay equal after each step."""
+    tail, _ = _tail(tail_kib * KiB)
+    real = SlabPool(device="cpu", fallback=lambda n: torch.zeros(n, dtype=torch.uint8))
+    real.publish(tail)
+    dry = SlabPool.dry(tail_kib * KiB)
+    assert dry.is_dry and not real.is_dry
+    live = []
+    for op, arg in ops:
+        if op == "alloc":
+            a, d = real.alloc(arg), dry.alloc(arg)
+            assert d.device.type == "meta" and d.numel() == a.numel() == arg
+            assert _offset(dry, d) == _offset(real, a)
+            live.append((a, d))
+        elif live:
+            a, d = live.pop(arg % len(live))
+            real.release(a)
+            dry.release(d)
+        assert dry.stats() == real.stats()
+
+
+def test_unbounded_dry_pool_never_falls_back():
+    dry = SlabPool.dry()
+    for n in (1, 200 * KiB, 64 * MiB, 1 << 34):
+        dry.release(dry.alloc(n))
+    assert dry.ordinary_bytes == 0
+    assert dry.high_water == sum(size_class(n) for n in (1, 200 * KiB, 64 * MiB, 1 << 34))

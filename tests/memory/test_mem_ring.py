@@ -1,10 +1,14 @@
-"""Ring sizing: the byte budget, floor, clamp, ring_cap, the override and STAGE (SPEC "Ring")."""
+"""Ring sizing: the byte budget, floor, clamp, ring_cap, the override and STAGE (SPEC "Ring");
+the launch choices as a RingPolicy, and strata.config reading it from the environment."""
 import pytest
 from hypothesis import example, given, strategies as st
 
+from strata import config
 from strata.errors import StrataError
-from strata.memory import RING_MAX, RING_MIN, STAGE, resolve_ring, ring_budget, ring_cap, \
-    ring_slots, stream_all_min, use_fused
+from strata.memory import RING_MAX, RING_MIN, STAGE, RingPolicy, chunk_ring, ring_budget, \
+    ring_cap, ring_slots, stream_all_min, use_fused
+from strata.memory.scan import full_ring
+from strata.planning import prompt_layout
 from strata.shapes import get_preset
 
 SEED = get_preset("seed-512e")
@@ -63,25 +67,43 @@ def test_stream_all_min_is_a_function_of_shape(monkeypatch):
     monkeypatch.delenv("STRATA_STREAM_ALL_MIN", raising=False)
     assert stream_all_min(SEED) == 52          # ceil(512 / 10)
     assert stream_all_min(get_preset("qwen3-30b-a3b")) == 16
+    assert stream_all_min(SEED, config.ring_policy()) == 52
+    assert stream_all_min(SEED, RingPolicy(stream_all_min=300)) == 300
     monkeypatch.setenv("STRATA_STREAM_ALL_MIN", "300")
-    assert stream_all_min(SEED) == 300
+    assert stream_all_min(SEED) == 52          # memory reads no environment
+    assert stream_all_min(SEED, config.ring_policy()) == 300
 
 
-def test_resolve_ring_stage_and_override(monkeypatch):
+def _ring(policy: RingPolicy, chunk: int, ring: int | None = None):
+    """The ring a chunk runs with, down the planner's path (scan._slots): the override rule,
+    the full ring, chunk_ring."""
+    override = policy.override(ring)
+    full = full_ring(prompt_layout(SEED, 1_382_400), ring=override)
+    return chunk_ring(SEED, chunk, full, overridden=override is not None, policy=policy)[0]
+
+
+def test_the_ring_override_rule_stage_and_override(monkeypatch):
+    """RingPolicy.override, the one rule: an explicit ring (--ring N), else the policy's
+    (STRATA_PREFILL_RING), else the resolved count."""
     monkeypatch.delenv("STRATA_PREFILL_RING", raising=False)
     monkeypatch.delenv("STRATA_STREAM_ALL_MIN", raising=False)
-    assert resolve_ring(1_382_400, SEED, 51) == STAGE
-    assert resolve_ring(1_382_400, SEED, 52) == 384
+    policy = config.ring_policy()
+    assert policy.override() is None and policy.override(5) == 5
+    assert _ring(policy, 51) == STAGE
+    assert _ring(policy, 52) == 384
     monkeypatch.setenv("STRATA_PREFILL_RING", "7")       # override wins over STAGE and clamps
-    assert resolve_ring(1_382_400, SEED, 51) == 7
-    assert resolve_ring(1_382_400, SEED, 4096) == 7
+    policy = config.ring_policy()
+    assert policy == RingPolicy(ring=7) and policy.override() == 7
+    assert _ring(policy, 51) == 7
+    assert _ring(policy, 4096) == 7
+    assert _ring(policy, 4096, ring=5) == 5              # an explicit ring wins over the knob
 
 
 @pytest.mark.parametrize("bad", ["abc", "0", "-3", "1.5"])
 def test_ring_override_validated(monkeypatch, bad):
     monkeypatch.setenv("STRATA_PREFILL_RING", bad)
     with pytest.raises(StrataError, match="STRATA_PREFILL_RING"):
-        resolve_ring(1_382_400, SEED, 4096)
+        config.ring_policy()
 
 
 def test_fused_selection(monkeypatch):
@@ -89,7 +111,9 @@ def test_fused_selection(monkeypatch):
     assert use_fused(native=True) is False
     assert use_fused(native=False) is True      # non-native packs default to fused
     monkeypatch.setenv("STRATA_PF_FUSED", "1")
-    assert use_fused(native=True) is True
+    assert use_fused(native=True) is False      # memory reads no environment
+    assert use_fused(native=True, policy=config.ring_policy()) is True
     monkeypatch.setenv("STRATA_PF_FUSED", "0")
-    assert use_fused(native=False) is False
-    assert use_fused(native=True, fused=True) is True   # an explicit flag wins
+    assert use_fused(native=False, policy=config.ring_policy()) is False
+    assert use_fused(native=True, fused=True, policy=RingPolicy(fused=False)) is True   # explicit
+

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import example, given, strategies as st
 
 from strata.errors import PlanError, StrataError
-from strata.memory import CacheLayout, Participant, PromptLayout, plan_prefill, ring_slots
+from strata.memory import CacheLayout, Participant, PromptLayout, RingPolicy, plan_prefill, \
+    ring_slots
 from strata.memory.ring import RING_MIN
 from strata.memory.layout import pass_experts
 from strata.memory.ring import ring_cap
@@ -16,13 +17,6 @@ from strata.shapes import ModelShape, get_preset
 SEED = get_preset("seed-512e")
 SMALL = ModelShape(d_model=64, n_expert=16, top_k=4, d_expert=32, n_head=4, n_kv_head=2,
                    head_dim=16)
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for k in ("STRATA_PREFILL_RING", "STRATA_STREAM_ALL_MIN", "STRATA_PF_FUSED",
-              "STRATA_RING_GROW"):
-        monkeypatch.delenv(k, raising=False)
 
 
 def part(room_bytes: int, blob: int = 1 << 20, name="CUDA0") -> Participant:
@@ -155,7 +149,7 @@ def test_auto_beats_legacy_on_big_blobs():
     assert auto.chunk > legacy.chunk
 
 
-def test_forced_chunk_reports_fit_and_stage(monkeypatch):
+def test_forced_chunk_reports_fit_and_stage():
     lay = prompt_layout(SEED, 1_382_400)
     p = part(1100 << 20)
     ok = plan_prefill(lay, [p], chunk=1000)
@@ -165,18 +159,16 @@ def test_forced_chunk_reports_fit_and_stage(monkeypatch):
     stage = plan_prefill(lay, [p], chunk=40)             # 40 < ceil(512 / 10) = 52
     assert stage.ring == "STAGE" and stage.participants[0].ring == "STAGE"
     assert stage.ring_slots == min(40 * 10, 512, 384)      # routed experts, at most the ring
-    monkeypatch.setenv("STRATA_PREFILL_RING", "20")
-    assert plan_prefill(lay, [p], chunk=40).ring == 20   # the override wins over STAGE
+    forced = RingPolicy(ring=20)                          # STRATA_PREFILL_RING=20
+    assert plan_prefill(lay, [p], chunk=40, policy=forced).ring == 20   # wins over STAGE
 
 
-def test_override_is_the_full_ring_and_never_falls_back(monkeypatch):
+def test_override_is_the_full_ring_and_never_falls_back():
     lay = prompt_layout(SEED, 1_382_400)
-    monkeypatch.setenv("STRATA_PREFILL_RING", "1000")
     p = part(1100 << 20)
     with pytest.raises(PlanError, match="STRATA_PREFILL_RING"):
-        plan_prefill(lay, [p])
-    monkeypatch.setenv("STRATA_PREFILL_RING", "8")
-    plan = plan_prefill(lay, [p])
+        plan_prefill(lay, [p], policy=RingPolicy(ring=1000))
+    plan = plan_prefill(lay, [p], policy=RingPolicy(ring=8))
     assert plan.ring == 8 and plan.rule == "full-ring"
 
 
@@ -200,9 +192,8 @@ def test_a_long_prompts_ring_grows_into_the_room_its_chunk_leaves(room_mib, max_
         grown = plan_prefill(lay, [p], scan_max=scan_max, n_tokens=n_tokens)
     except PlanError:
         return
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STRATA_RING_GROW", "0")
-        flat = plan_prefill(lay, [p], scan_max=scan_max, n_tokens=n_tokens)
+    flat = plan_prefill(lay, [p], scan_max=scan_max, n_tokens=n_tokens,
+                        policy=RingPolicy(grow=False))          # STRATA_RING_GROW=0
     assert (grown.chunk, grown.scan_chunk, grown.rule, grown.probes) == \
         (flat.chunk, flat.scan_chunk, flat.rule, flat.probes)
     if flat.rule != "full-ring":           # the fallback's ring is already all that fits
@@ -220,7 +211,7 @@ def test_a_long_prompts_ring_grows_into_the_room_its_chunk_leaves(room_mib, max_
     assert grown.participants[0].ring_slots == grown.ring_slots == grown.ring
 
 
-def test_short_prompts_and_explicit_rings_keep_the_full_ring(monkeypatch):
+def test_short_prompts_and_explicit_rings_keep_the_full_ring():
     lay = prompt_layout(SEED, 5_222_400)
     p = part(9000 << 20)
     full = ring_slots(5_222_400)
@@ -229,5 +220,4 @@ def test_short_prompts_and_explicit_rings_keep_the_full_ring(monkeypatch):
     assert plan_prefill(lay, [p], n_tokens=GROW_MIN_TOKENS).ring > full
     assert plan_prefill(lay, [p], n_tokens=32768, chunk=16384).ring == full   # forced
     assert plan_prefill(lay, [p], n_tokens=32768, ring=64).ring == 64         # --ring N
-    monkeypatch.setenv("STRATA_RING_GROW", "0")
-    assert plan_prefill(lay, [p], n_tokens=32768).ring == full
+    assert plan_prefill(lay, [p], n_tokens=32768, policy=RingPolicy(grow=False)).ring == full

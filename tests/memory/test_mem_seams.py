@@ -1,8 +1,10 @@
-"""strata.memory knows no model and no kernel: it imports none of their modules.
+"""strata.memory knows no model and no kernel: it imports none of their modules. It reads no
+environment: it imports nothing of strata.config and never touches os.environ.
 
 Everything it sizes from a model or a kernel (layout dims, KV bytes, dense bytes, workspace rows,
 scratch reserve) arrives as numbers through strata.memory.sizes.Sizes and plan_prefill's
-arguments, assembled outside by strata.planning.
+arguments, assembled outside by strata.planning; the launch choices arrive as a RingPolicy
+(strata.config.ring_policy builds it at the edge).
 """
 import ast
 import subprocess
@@ -13,7 +15,7 @@ import strata.memory
 
 MEMORY = Path(strata.memory.__file__).parent
 FORBIDDEN = ("strata.kernels", "strata.models", "strata.packs", "strata.shapes",
-             "strata.planning", "strata.engine")
+             "strata.planning", "strata.engine", "strata.config")
 
 
 def _imports(path: Path) -> list[str]:
@@ -37,6 +39,20 @@ def test_no_memory_module_imports_a_model_or_kernel_module():
     assert len(files) >= 9
     bad = {p.name: [m for m in _imports(p) if _forbidden(m)] for p in files}
     assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_no_memory_module_reads_the_environment():
+    """No `os.environ` / `os.getenv` in memory (strata.config is a FORBIDDEN import): the knobs
+    reach it as a RingPolicy argument, read by the caller when a plan or a prompt starts."""
+    bad = {}
+    for p in sorted(MEMORY.glob("*.py")):
+        tree = ast.parse(p.read_text(), str(p))
+        hits = [ast.unparse(n) for n in ast.walk(tree)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                and n.value.id == "os" and n.attr in ("environ", "getenv", "environb")]
+        if hits:
+            bad[p.name] = hits
+    assert bad == {}
 
 
 def test_importing_memory_loads_no_model_or_kernel_module():
