@@ -360,21 +360,6 @@ def to_expert_set(planes: PlaneSet) -> ExpertSet:
     return ExpertSet(arena, planes.slot_offset.clone(), planes.layout)
 
 
-def plane_matrix(planes: PlaneSet, e: int, name: str) -> torch.Tensor:
-    """Expert e's matrix `name` ("gate" | "up" | "down") as fp32 [rows, cols], decoded from its
-    planes in torch (a matrix of another format decoded as strata.kernels.moe does)."""
-    off = int(planes.slot_offset[e])
-    if off < 0:
-        raise StrataError(f"expert {e} is not resident (slot_offset = -1); load it first")
-    mat = getattr(planes.layout, name)
-    p = getattr(planes.planes, name)
-    if p is None:
-        from strata.kernels.moe import dequantize_matrix
-        return dequantize_matrix(planes, e, name)
-    raw = planes.arena[off + mat.offset: off + mat.offset + mat.nbytes]
-    return dequantize_planes(raw, p.fmt, p.rows, p.cols)
-
-
 class Landing:
     """What the engine runs on each blob that lands in a device slot when its experts run
     through the plane GEMM (EngineConfig ffn="plane"): re-lay the blob to planes, on the stream

@@ -42,14 +42,14 @@ class ModelShape:
     yarn_beta_slow: float = 1.0
     yarn_truncate: bool = True  # yarn: round the correction range to whole dims (HF's default)
     yarn_attn: float = 0.0      # yarn: cos/sin multiplier (0: YaRN's 0.1 ln(factor) + 1; DeepSeek:
-                                # mscale / mscale_all_dim, strata.models.layers.deepseek_yarn)
+                                # mscale / mscale_all_dim, strata.rope_scaling.deepseek_yarn)
     yarn_kq: float = 1.0        # yarn: multiplier of the softmax scale 1/sqrt(hd) (DeepSeek:
                                 # mscale_all_dim's temperature squared)
     # The DeepSeek / GLM-4.5 family (the defaults are Qwen3-MoE's: every layer routed, softmax).
     n_dense_lead: int = 0       # the first layers have a dense FFN and no routed experts
     d_ff: int = 0               # width of those dense FFNs
     n_shared: int = 0           # shared experts per MoE layer: one dense FFN of n_shared * F
-    router: str = "softmax"     # softmax | sigmoid (grouped, e_score_correction_bias; routing.py)
+    router: str = "softmax"     # softmax | sigmoid (grouped, e_score_correction_bias; models/routers.py)
     n_group: int = 1            # expert groups (sigmoid router): the best topk_group are kept
     topk_group: int = 1
     routed_scale: float = 1.0   # routed_scaling_factor: the routed weights' scale (once)

@@ -31,7 +31,7 @@ def gguf_tokenizer(path, reader=None) -> dict | None:
               f"integration is unavailable: {e}); install transformers>=5 for --prompt",
               file=sys.stderr)
         return None
-    from strata.packs.from_gguf import _READ_ERRORS, _short, open_gguf
+    from strata.gguf_file import READ_ERRORS, open_gguf, short_error
     r = reader if reader is not None else open_gguf(path)
 
     def field(key):
@@ -42,8 +42,8 @@ def gguf_tokenizer(path, reader=None) -> dict | None:
                  if (v := field(f"tokenizer.{key}")) is not None}
         arch = field("general.architecture")
         add_bos, bos_id = field("tokenizer.ggml.add_bos_token"), field("tokenizer.ggml.bos_token_id")
-    except (*_READ_ERRORS, UnicodeDecodeError) as e:
-        raise StrataError(f"{path}: its tokenizer metadata is unreadable ({_short(e)}); the file "
+    except (*READ_ERRORS, UnicodeDecodeError) as e:
+        raise StrataError(f"{path}: its tokenizer metadata is unreadable ({short_error(e)}); the file "
                           f"is corrupted") from None
     if "tokens" not in tdict or "tokenizer_type" not in tdict:
         return None
@@ -57,7 +57,7 @@ def gguf_tokenizer(path, reader=None) -> dict | None:
     try:
         return ggml_tokenizer(arch, tdict, bos, f"gguf:{Path(path).name}")
     except Exception as e:   # tokenizers raises bare Exceptions on vocabularies it cannot build
-        print(f"note: {path}: its tokenizer cannot be rebuilt ({_short(e)}); the pack carries "
+        print(f"note: {path}: its tokenizer cannot be rebuilt ({short_error(e)}); the pack carries "
               f"none and takes --tokens prompts", file=sys.stderr)
         return None
 

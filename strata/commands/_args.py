@@ -23,6 +23,7 @@ from strata.memory.scan import SCAN_MAX
 from strata.models.moe import FFN_CHOICES
 from strata.units import fmt_bytes, parse_size
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_VRAM = 12 << 30   # one GPU of 12 GiB when no --vram is given (plan and prefill alike)
 
 
@@ -170,7 +171,6 @@ def engine_config(args, n_tokens: int | None, *, progress: bool = False,
                           f"{max_prompt}; raise --max-prompt or shorten the prompt")
     devices = args.devices.split(",") if getattr(args, "devices", None) else None
     dtypes = getattr(args, "dtype", "auto")
-    from strata.commands.prefill import DTYPES
     cfg = EngineConfig(
         vram=list(args.vram or [DEFAULT_VRAM]), cache=args.cache, lend_cap=args.lend_cap,
         scan=args.scan, scan_max=args.prefill or SCAN_MAX, chunk=args.chunk, ring=args.ring,

@@ -32,7 +32,7 @@ def add_flags(p) -> None:
 def run(args) -> int:
     from strata.cli import skip_interpreter_teardown
     from strata.commands._args import engine_config
-    from strata.commands.prefill import (check_context, dump_path, open_checked, prompt_ids,
+    from strata.commands._prompt import (check_context, dump_path, open_checked, prompt_ids,
                                          save_logits)
     from strata.engine import distributed as D
 
@@ -130,7 +130,7 @@ def pipeline_report(every: list[dict], res, pack: str, arch: str, dcfg, startup:
 
 
 def summary(r: dict) -> str:
-    from strata.commands.prefill import prompt_line
+    from strata.commands._prompt import prompt_line
     from strata.units import fmt_bytes
     lines = [prompt_line(r["prompt"])] if r.get("prompt") else []
     lines += [f"strata prefill --distributed: {r['n_tokens']:,} tokens through {r['pack']} "

@@ -49,7 +49,8 @@ def lengths(text: str) -> list[int]:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from strata.commands.prefill import DTYPES, add_run_flags
+    from strata.commands._args import DTYPES
+    from strata.commands.prefill import add_run_flags
     p = sub.add_parser("bench", help="tokens/s per prompt length, repeats, beside the bounds",
                        description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("pack", help="a pack file (strata pack / strata synth)")
@@ -73,8 +74,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from strata.bench.roofline import Rates, h2d_rate, roofline
     from strata.commands._args import engine_config
-    from strata.commands.prefill import (check_context, check_trace, open_checked,
-                                         refuse_unfit_plan, write_trace)
+    from strata.commands._prompt import check_context, open_checked
+    from strata.commands.prefill import check_trace, refuse_unfit_plan, write_trace
     from strata.engine.prefill import PrefillEngine
     from strata.engine.trace import LaneTrace
 

@@ -3,7 +3,7 @@
 - moe_ffn / moe_ffn_torch: one layer's MoE feed-forward on quantized blobs (strata.kernels.moe)
 - dequantize / dequantize_torch: whole rows of blocks decoded on the device (strata.kernels.dequant)
 - decode: the per-format @triton.jit block decoders the GEMM calls (strata.kernels.decode)
-- routing: top-k and grouping by expert (strata.kernels.routing)
+- routing: top-k and grouping by expert (strata.kernels.grouping)
 - tiles: the expert GEMM's tile heuristic, `pin_tile` and its launch plan (`plan_launch`)
 - decoded: the expert FFN as decode-once then the BF16 GEMM (strata.kernels.decoded)
 - combine_rows / combine_rows_torch: the expert FFN's sum over K of its per-assignment rows, in one
@@ -21,7 +21,7 @@ from strata.kernels.attention import (AttnTile, KVSegment, chunk_attention, chun
                                       dequantize_kv, pin_attn_tile, quantize_kv)
 from strata.kernels.dequant import dequantize, dequantize_torch
 from strata.kernels.moe import LaunchRecord, last_launch, moe_ffn, moe_ffn_torch
-from strata.kernels.routing import group_blocked, group_ragged, topk_route
+from strata.kernels.grouping import group_blocked, group_ragged, topk_route
 from strata.kernels.tiles import LaunchPlan, TileConfig, choose_tile, pin_tile, plan_launch
 
 __all__ = ["moe_ffn", "moe_ffn_torch", "last_launch", "LaunchRecord", "topk_route",

@@ -29,7 +29,7 @@ from strata.kernels.grouped import (GROUPED_MIN_ROWS, grouped_ffn,  # noqa: F401
                                     last_decoded_gemm, pin_decoded_gemm, record,
                                     resolve)
 from strata.kernels.moe import moe_ffn
-from strata.kernels.routing import routed_mask
+from strata.kernels.grouping import routed_mask
 
 
 def bf16_layout(layout: BlobLayout) -> BlobLayout:

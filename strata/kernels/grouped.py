@@ -45,7 +45,7 @@ from strata.kernels import _grouped_kernel as _k
 from strata.kernels.combine import combine_tile
 from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work
 from strata.kernels.pins import pinned_one_of
-from strata.kernels.routing import group_blocked, group_ragged
+from strata.kernels.grouping import group_blocked, group_ragged
 
 DECODED_GEMMS = ("triton", "grouped", "auto")
 # "auto" takes the grouped GEMM from this many rows an expert (T·K / E). Profiled on the H200

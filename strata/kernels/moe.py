@@ -38,7 +38,7 @@ from strata.formats.table import FORMATS
 from strata.formats.tables import device_table
 from strata.kernels import _moe_kernel as _k
 from strata.kernels.combine import combine_rows, combine_rows_torch
-from strata.kernels.routing import check_topk_ids, group_blocked, group_blocked_bounded
+from strata.kernels.grouping import check_topk_ids, group_blocked, group_blocked_bounded
 from strata.kernels.tiles import (GemmProblem, LaunchPlan, TileConfig, device_sms,  # noqa: F401
                                   plan_launch, resolve_tile, scratch_nbytes)
 

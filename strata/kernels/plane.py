@@ -38,11 +38,12 @@ from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.formats.table import FORMATS
 from strata.kernels import _plane_kernel as _pk
-from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work, routed_sum
+from strata.kernels.moe import (COMBINES, _check_inputs, _combine, _work, dequantize_matrix,
+                                routed_sum)
 from strata.kernels.pins import pinned
-from strata.kernels.routing import group_blocked, group_blocked_bounded
+from strata.kernels.grouping import group_blocked, group_blocked_bounded
 from strata.kernels.tiles import block_m_for, padded_rows
-from strata.planes import PlaneSet, dequantize_planes, plane_matrix, split_planes
+from strata.planes import PlaneSet, dequantize_planes, split_planes
 
 KERNEL_FORMATS = ("Q8_0", "Q4_0", "Q4_K")   # what the plane GEMM decodes, any mix over the matrices
 REGISTERS_PER_SM = 65536   # 32-bit registers of an SM's file (sm_80 / sm_90): PlaneTile.occupancy
@@ -176,6 +177,20 @@ def pin_plane_tile(tile: PlaneTile):
         raise StrataError(f"pin_plane_tile takes a PlaneTile, got {type(tile).__name__}")
     with pinned(_PINNED, tile):
         yield
+
+
+def plane_matrix(planes: PlaneSet, e: int, name: str) -> torch.Tensor:
+    """Expert e's matrix `name` ("gate" | "up" | "down") as fp32 [rows, cols], decoded from its
+    planes in torch (a matrix of another format decoded as strata.kernels.moe does)."""
+    off = int(planes.slot_offset[e])
+    if off < 0:
+        raise StrataError(f"expert {e} is not resident (slot_offset = -1); load it first")
+    mat = getattr(planes.layout, name)
+    p = getattr(planes.planes, name)
+    if p is None:
+        return dequantize_matrix(planes, e, name)
+    raw = planes.arena[off + mat.offset: off + mat.offset + mat.nbytes]
+    return dequantize_planes(raw, p.fmt, p.rows, p.cols)
 
 
 def plane_tile(n_tokens: int, top_k: int, n_expert: int, fmt: str = "Q8_0") -> PlaneTile:

@@ -13,12 +13,12 @@
     mixtral.py    Mixtral: Qwen3-MoE's wiring without q/k norms
     gpt_oss.py    GPT-OSS: biased router, attention biases + sinks + sliding layers, YaRN
     family.py     the DeepSeek / GLM-4.5 decoder: leading dense layers, shared experts (ffn.py),
-                  grouped sigmoid routing (routing.py); glm4moe.py (GQA with bias, partial
+                  grouped sigmoid routing (routers.py); glm4moe.py (GQA with bias, partial
                   RoPE) and deepseek.py (MLA attention, mla.py) wire it
                   (adding an architecture: docs/architectures.md)
     registry.py   arch name -> wiring;  load.py  a model and its provider from a pack
 """
 from strata.models.provider import ExpertProvider, LayerWorkspace, Pass, ResidentProvider
-from strata.models.registry import ARCHS, get_arch
+from strata.models.registry import get_arch, wirings
 
-__all__ = ["ARCHS", "ExpertProvider", "LayerWorkspace", "Pass", "ResidentProvider", "get_arch"]
+__all__ = ["ExpertProvider", "LayerWorkspace", "Pass", "ResidentProvider", "get_arch", "wirings"]

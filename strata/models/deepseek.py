@@ -12,10 +12,8 @@ import torch
 
 from strata.models.family import FamilyLayer, FamilyMoe, optional
 from strata.models.mla import MLACache, MLAWeights, mla_attention
-from strata.models.registry import register
 
 
-@register("deepseek2")
 class DeepSeek2(FamilyMoe):
     @classmethod
     def attention_weights(cls, get, l: int) -> MLAWeights:

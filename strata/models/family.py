@@ -7,7 +7,7 @@ Per layer l:
     h = x + attn(rms(x))                                  # glm4moe.py (GQA) / deepseek.py (MLA)
     l <  n_dense_lead:  x = h + ffn(rms(h))               # a dense SwiGLU, no experts (ffn.py)
     l >= n_dense_lead:  x = h + moe(rms(h)) + shared(rms(h))
-                        moe: grouped sigmoid top-k (routing.py), experts through the provider's
+                        moe: grouped sigmoid top-k (routers.py), experts through the provider's
                         passes (moe_block.py); shared: resident dense SwiGLU (ffn.py)
 then logits = W_out rms(x) (Qwen3Moe's embed / head, inherited).
 
@@ -29,7 +29,7 @@ from strata.models.moe import ExpertFFN, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
 from strata.models.provider import ExpertProvider
 from strata.models.qwen3moe import Qwen3Moe
-from strata.models.routing import sigmoid_router
+from strata.models.routers import sigmoid_router
 from strata.packs.names import check_dense
 from strata.packs.names_ds import ffn_norm_name
 from strata.shapes import ModelShape

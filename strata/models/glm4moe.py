@@ -22,7 +22,6 @@ from strata.models.attention import attend
 from strata.models.family import FamilyLayer, FamilyMoe, optional
 from strata.models.kv import KVCache
 from strata.models.layers import apply_rope_partial, rms_norm
-from strata.models.registry import register
 
 
 @dataclass
@@ -46,7 +45,6 @@ def _proj(x, w, b):
     return y if b is None else y + b
 
 
-@register("glm4moe")
 class Glm4Moe(FamilyMoe):
     @classmethod
     def attention_weights(cls, get, l: int) -> GQAWeights:

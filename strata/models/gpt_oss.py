@@ -30,7 +30,6 @@ from strata.kernels.router import route_logits
 from strata.models.attention import AttentionWeights
 from strata.models.layers import shape_cos_sin
 from strata.models.qwen3moe import Qwen3Moe
-from strata.models.registry import register
 
 
 def topk_softmax(w_router: torch.Tensor, b_router: torch.Tensor, top_k: int):
@@ -69,7 +68,6 @@ class LayerWeights:
                             fn(self.router), fn(self.router_bias))
 
 
-@register("gpt-oss")
 class GptOss(Qwen3Moe):
     Layer = LayerWeights
 

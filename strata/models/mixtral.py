@@ -13,13 +13,11 @@ Qwen3-MoE's with norm_topk_prob = True (HF Mixtral renormalizes the top-k weight
 from __future__ import annotations
 
 from strata.models.qwen3moe import LayerWeights, Qwen3Moe
-from strata.models.registry import register
 
 
 class MixtralLayerWeights(LayerWeights):
     QK_NORM = False
 
 
-@register("mixtral")
 class Mixtral(Qwen3Moe):
     Layer = MixtralLayerWeights

@@ -29,7 +29,6 @@ from strata.models.layers import on_device, rms_norm, shape_cos_sin
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
 from strata.models.provider import ExpertProvider
-from strata.models.registry import register
 from strata.packs.names import check_dense
 from strata.shapes import ModelShape
 
@@ -60,7 +59,6 @@ class LayerWeights:
                           fn(self.router))
 
 
-@register("qwen3moe")
 class Qwen3Moe(Decoder):
     """Dense weights of a Qwen3-MoE model on one device (or one per layer), and its forward.
 

@@ -16,7 +16,6 @@ may return the experts' biases) from their map.
 """
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.formats.table import get_format
+from strata.gguf_file import READ_ERRORS, open_gguf, short_error
 from strata.packs.blobs import assemble_blobs
 from strata.packs.file import PackLayer
 from strata.packs.names import dense_specs
@@ -42,30 +42,6 @@ def _field(r, key, default=None, required=True):
     return f.contents()
 
 
-# What gguf-py raises on a corrupted or truncated file (a wrong length or count, a bad type
-# code, a string that is not UTF-8): the file's fault, said in one line.
-_READ_ERRORS = (ValueError, OSError, KeyError, IndexError, OverflowError, MemoryError, TypeError,
-                AssertionError, struct.error)
-
-
-def open_gguf(path):
-    import gguf
-    from strata import filekind
-    other = filekind.not_a(path, filekind.GGUF)
-    if other:
-        raise StrataError(other)
-    try:
-        return gguf.GGUFReader(str(path), "r")
-    except _READ_ERRORS as e:
-        raise StrataError(f"{path} is not a readable GGUF file ({_short(e)}); truncated or "
-                          f"corrupted") from None
-
-
-def _short(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
 def gguf_shape(r, path) -> ModelShape:
     """The model shape from the GGUF's metadata; one line naming the key that is missing or
     unreadable, or that strata would drop (strata.packs.hparams audits every key first).
@@ -77,8 +53,8 @@ def gguf_shape(r, path) -> ModelShape:
         shape = _gguf_shape(r, path)
         check_shape(shape, path)
         return shape
-    except _READ_ERRORS as e:
-        raise StrataError(f"{path}: its metadata is unreadable or of the wrong type ({_short(e)}); "
+    except READ_ERRORS as e:
+        raise StrataError(f"{path}: its metadata is unreadable or of the wrong type ({short_error(e)}); "
                           f"the file is corrupted") from None
 
 
@@ -139,7 +115,6 @@ def _rope_base(r, a: str, path) -> float:
 
 
 def _dense(t, want_shape) -> torch.Tensor:
-    import gguf
     from gguf.quants import dequantize
     name = t.tensor_type.name
     if name in _PLAIN:
@@ -314,7 +289,7 @@ def gguf_to_pack(src, out, progress: bool = True):
     """Write a native pack from a qwen3moe GGUF file; returns the output path. Each layer keeps
     its own expert types (llama.cpp's mixes change them by layer), so its own blob size. The
     file's tokenizer (tokenizer.ggml.*) is carried into the pack (strata.tokenize)."""
-    from strata.packs.file import write_pack
+    from strata.packs.writer import write_pack
     from strata.packs.provenance import gguf_record
     from strata.tokenize import gguf_tokenizer
     g = GGUFModel(src)

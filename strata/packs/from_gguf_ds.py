@@ -77,7 +77,7 @@ def gguf_yarn_ds(r, a: str, path, field) -> dict:
     strata reads the file's). A YaRN file without the log multiplier, or one carrying
     yarn_attn_factor / yarn_ext_factor (transformers and llama.cpp read those apart), is refused:
     strata does not guess which reading was meant."""
-    from strata.models.layers import yarn_mscale
+    from strata.rope_scaling import yarn_mscale
     kind = str(field(r, f"{a}.rope.scaling.type", "none"))
     factor = float(field(r, f"{a}.rope.scaling.factor", 0.0, required=False) or 0.0)
     if kind in ("none", "linear") and factor in (0.0, 1.0):

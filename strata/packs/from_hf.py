@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from strata.errors import StrataError
 from strata.packs.blobs import assemble_blobs
+from strata.packs.hf_tensors import HF_GLOBAL, SafeTensors, layer_experts
 from strata.packs.names import dense_specs
 from strata.packs.quantize import quantize_rows
 from strata.shapes import ModelShape
@@ -33,10 +32,6 @@ _DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate_inp.weight": "mlp.gate.weight",
 }
-_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-           "output.weight": "lm_head.weight"}
-
-
 def hf_shape(cfg: dict, where) -> ModelShape:
     mt = cfg.get("model_type")
     if mt != "qwen3_moe":
@@ -60,54 +55,6 @@ def hf_shape(cfg: dict, where) -> ModelShape:
         raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
     except (TypeError, ValueError) as e:
         raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
-
-
-class _Tensors:
-    """Name -> tensor over every *.safetensors file of a folder (memory-mapped, no pickle)."""
-
-    def __init__(self, folder: Path):
-        from safetensors import safe_open
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise StrataError(f"{folder} has no *.safetensors files (strata never loads pickle "
-                              f"checkpoints; re-save with safe_serialization)")
-        self._open = [safe_open(str(f), "pt") for f in files]
-        self._where = {k: h for h in self._open for k in h.keys()}
-
-    def __contains__(self, k):
-        return k in self._where
-
-    def get(self, k) -> torch.Tensor:
-        h = self._where.get(k)
-        if h is None:
-            raise StrataError(f"checkpoint has no tensor {k}")
-        return h.get_tensor(k)
-
-
-def _experts(ts: _Tensors, i: int, s: ModelShape):
-    """(gate [E, F, D], up [E, F, D], down [E, D, F]) of layer i, per-expert or fused storage."""
-    p = f"model.layers.{i}.mlp.experts."
-    E, D, F = s.n_expert, s.d_model, s.d_expert
-    if p + "gate_up_proj" in ts:
-        gu, dn = ts.get(p + "gate_up_proj"), ts.get(p + "down_proj")
-        # transformers' layout is [E, 2F, D]; only an unambiguous [E, D, 2F] is read transposed
-        if tuple(gu.shape) == (E, D, 2 * F) and D != 2 * F:
-            gu = gu.transpose(1, 2)
-        if tuple(dn.shape) == (E, F, D) and D != F:
-            dn = dn.transpose(1, 2)
-        if tuple(gu.shape) != (E, 2 * F, D) or tuple(dn.shape) != (E, D, F):
-            raise StrataError(f"layer {i} fused experts are {list(gu.shape)} / {list(dn.shape)}, "
-                              f"expected [{E}, {2 * F}, {D}] / [{E}, {D}, {F}]")
-        return gu[:, :F], gu[:, F:], dn
-    if p + "0.gate_proj.weight" not in ts:
-        raise StrataError(f"checkpoint has neither {p}0.gate_proj.weight nor {p}gate_up_proj")
-    mats = []
-    for w, shp in (("gate", (F, D)), ("up", (F, D)), ("down", (D, F))):
-        m = torch.stack([ts.get(f"{p}{e}.{w}_proj.weight") for e in range(E)])
-        if tuple(m.shape[1:]) != shp:
-            raise StrataError(f"layer {i} {w}_proj is {list(m.shape[1:])}, expected {list(shp)}")
-        mats.append(m)
-    return tuple(mats)
 
 
 def hf_folder(src: Path):
@@ -150,7 +97,7 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
                progress: bool = True):
     """Write a pack from a HF Qwen3-MoE folder; experts quantized to `quant` (per-matrix overrides).
     The folder's tokenizer (tokenizer.json, or the slow files through transformers) is carried."""
-    from strata.packs.file import write_pack
+    from strata.packs.writer import write_pack
     from strata.packs.provenance import hf_record
     from strata.packs.synth import ExpertFormats
     from strata.tokenize import hf_tokenizer
@@ -161,7 +108,7 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
     if cfg.get("model_type") in from_hf_ds.MODEL_TYPES:   # GLM-4.5, DeepSeek-V3, Kimi-K2
         return from_hf_ds.hf_to_pack_ds(src, cfg, s, out, fmts, progress, hf_tokenizer(src))
     lay = fmts.layout(s)
-    ts = _Tensors(src)
+    ts = SafeTensors(src)
     dense = {}
     tied = "lm_head.weight" not in ts
     for name in dense_specs(s):
@@ -173,14 +120,14 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
             _, i, rest = name.split(".", 2)
             dense[name] = ts.get(f"model.layers.{i}.{_DENSE[rest]}")
         else:
-            dense[name] = ts.get(_GLOBAL[name])
+            dense[name] = ts.get(HF_GLOBAL[name])
 
     def layer(i):
         def make():
             if arch is not None:
                 g, u, d, bias = arch.hf_experts(ts, i, s)
             else:
-                (g, u, d), bias = _experts(ts, i, s), None
+                (g, u, d), bias = layer_experts(ts, i, s), None
             return assemble_blobs(lay, quantize_rows(g, fmts.gate), quantize_rows(u, fmts.up),
                                   quantize_rows(d, fmts.down), s.n_expert, bias=bias)
         return make

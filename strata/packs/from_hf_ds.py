@@ -38,8 +38,8 @@ def hf_yarn_ds(cfg: dict, rope: dict, where) -> dict:
     YaRN's frequencies over qk_rope_head_dim from factor (default max_position_embeddings /
     original_max_position_embeddings), original_max_position_embeddings, beta_fast / beta_slow
     and truncate; cos/sin and the softmax scale from mscale / mscale_all_dim / attention_factor
-    (strata.models.layers.deepseek_yarn)."""
-    from strata.models.layers import deepseek_yarn
+    (strata.rope_scaling.deepseek_yarn)."""
+    from strata.rope_scaling import deepseek_yarn
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind in ("default", None):
         return {}
@@ -103,12 +103,12 @@ def hf_to_pack_ds(src: Path, cfg: dict, s: ModelShape, out, fmts, progress: bool
     """The family's pack from a HF folder of shape `s` (hf_shape_ds, checked; called by
     strata.packs.from_hf.hf_to_pack)."""
     from strata.packs.blobs import assemble_blobs
-    from strata.packs.file import write_pack
-    from strata.packs.from_hf import _GLOBAL, _Tensors, _experts
+    from strata.packs.writer import write_pack
+    from strata.packs.hf_tensors import HF_GLOBAL, SafeTensors, layer_experts
     from strata.packs.provenance import hf_record
     from strata.packs.quantize import quantize_rows
     lay = fmts.layout(s)
-    ts = _Tensors(src)
+    ts = SafeTensors(src)
     dense = {}
     tied = "lm_head.weight" not in ts
     for name in dense_specs(s):
@@ -116,11 +116,11 @@ def hf_to_pack_ds(src: Path, cfg: dict, s: ModelShape, out, fmts, progress: bool
             _, i, rest = name.split(".", 2)
             dense[name] = ts.get(f"model.layers.{i}.{_DENSE[rest]}")
         elif not (tied and name == "output.weight"):
-            dense[name] = ts.get(_GLOBAL[name])
+            dense[name] = ts.get(HF_GLOBAL[name])
 
     def layer(i):
         def make():
-            g, u, d = _experts(ts, i, s)
+            g, u, d = layer_experts(ts, i, s)
             return assemble_blobs(lay, quantize_rows(g, fmts.gate), quantize_rows(u, fmts.up),
                                   quantize_rows(d, fmts.down), s.n_expert)
         return make

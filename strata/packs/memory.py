@@ -91,7 +91,7 @@ class MemoryPack:
         and takes minutes. For benchmarks that need a file (a fresh process opening it, the
         page cache, pinning): the blobs repeat `distinct` experts, which no copy or kernel
         cost depends on. `tokenizer=False` leaves synth's tokenizer out (a token-id-only pack)."""
-        from strata.packs.file import write_pack
+        from strata.packs.writer import write_pack
         from strata.packs.synth import synth_tokenizer
         return write_pack(path, self.shape, dict(self._dense),
                           [lambda i=i: self.experts(i) for i in range(self.shape.n_layer)],

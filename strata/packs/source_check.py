@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from strata.errors import StrataError
-from strata.packs.from_gguf import gguf_shape, open_gguf
+from strata.gguf_file import open_gguf
+from strata.packs.from_gguf import gguf_shape
 from strata.packs.from_hf import hf_folder_shape
 from strata.packs.provenance import check_record, gguf_record, hf_record
 

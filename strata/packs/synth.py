@@ -6,7 +6,7 @@ Random weights that behave like a trained MoE where streaming cares:
     (the residual grows only like sqrt(layers));
   * the router `ffn_gate_inp` [E, D] is N(0, 1/D): logits ~ N(0, 1) per expert for a unit-RMS token,
     independent across experts, so top-K of different tokens are nearly independent draws and a chunk
-    of T >= 2048 tokens at K=8, E=128 hits every expert (see strata.packs.routing).
+    of T >= 2048 tokens at K=8, E=128 hits every expert (see strata.packs.route_trace).
 Expert matrices are drawn as raw block bytes (strata.packs.randblocks), never by quantizing floats.
 
 Time and memory (full qwen3-30b-a3b, Q8_0, ~32 GB): one layer's expert tensor at a time is in RAM
@@ -379,7 +379,7 @@ def synth_pack(path, shape: ModelShape,
     layer are in RAM at a time (qwen3-30b-a3b Q8_0: 128 x 5,222,400 B = 0.67 GB); the ~32 GB
     pack takes minutes (see module doc).
     Native: the blobs keep GGUF block layouts."""
-    from strata.packs.file import write_pack
+    from strata.packs.writer import write_pack
     mix = fmts if isinstance(fmts, Mix) else None
     per_layer = _per_layer(shape, mix.experts if mix else fmts)
     layouts = [f.layout(shape) for f in per_layer]

@@ -119,12 +119,12 @@ def test_stage_mode_reads_once_per_layer_and_declares_it(pack, monkeypatch):
 def test_the_guard_catches_each_pattern():
     """Each way a host can wait on a tensor, made from strata code (this guard only reports
     strata's own frames: torch internals and the Triton interpreter read tensors too)."""
-    import strata.kernels.routing as r
+    import strata.kernels.grouping as r
     ids = torch.tensor([[0, 1], [2, 1]])
     with SyncGuard() as g:          # the checking grouping reads its counts once, by design
         r.group_blocked(ids, 3, 16)
     assert [c.call for c in g.caught] == ["Tensor.tolist"], g.report()
-    assert g.caught[0].where.endswith(f"routing.py:{_line_of(r.group_blocked, '.tolist()')}")
+    assert g.caught[0].where.endswith(f"grouping.py:{_line_of(r.group_blocked, '.tolist()')}")
     with SyncGuard() as g:
         r.group_blocked_bounded(ids, 3, 16, max_blocks=3)
         with host_read("a declared read"):

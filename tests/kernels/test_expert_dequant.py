@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from strata.kernels.expert_dequant import dequant_experts, dequant_experts_torch
-from strata.kernels.synth import random_expert_set
+from strata.kernels.random_experts import random_expert_set
 from strata.kernels.tiles import pin_tile
 
 CASES = [(("BF16",), 64, 32), (("Q8_0", "Q4_0", "F16"), 64, 32),

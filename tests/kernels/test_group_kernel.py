@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from strata.kernels.routing import (group_blocked, group_blocked_bounded,
+from strata.kernels.grouping import (group_blocked, group_blocked_bounded,
                                     group_blocked_bounded_torch)
 from strata.kernels.tiles import padded_rows
 

@@ -14,8 +14,8 @@ from hypothesis import example, given, settings, strategies as st
 from strata.engine.scratch import scratch_bytes_for, slab_reserve
 from strata.kernels import moe_ffn, topk_route
 from strata.kernels.moe import decoded_weights, last_launch
-from strata.kernels.routing import group_blocked
-from strata.kernels.synth import random_expert_set
+from strata.kernels.grouping import group_blocked
+from strata.kernels.random_experts import random_expert_set
 from strata.kernels.tiles import block_m_for, padded_rows, pin_tile, plan_launch
 from strata.memory.pool import size_class
 from strata.shapes import ModelShape

@@ -9,7 +9,7 @@ import torch
 from strata.errors import StrataError
 from strata.kernels import moe_ffn, moe_ffn_torch
 from strata.kernels.decoded import bf16_layout, decode_experts, moe_ffn_decoded
-from strata.kernels.synth import random_expert_set
+from strata.kernels.random_experts import random_expert_set
 from strata.kernels.moe import dequantize_matrix
 
 DECODED_REL = 1.5e-2   # the GEMM's bound for decoded formats (tests/kernels/test_moe_ffn.py)

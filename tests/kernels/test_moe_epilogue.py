@@ -21,7 +21,7 @@ from strata.blob import ExpertAct
 from strata.errors import StrataError
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
 from strata.kernels.moe import expert_biases, glu
-from strata.kernels.synth import random_expert_set
+from strata.kernels.random_experts import random_expert_set
 
 BF16_REL = 1e-2
 DECODED_REL = 1.5e-2

@@ -21,7 +21,7 @@ from strata.kernels import moe_ffn_torch
 from strata.kernels import grouped as gm
 from strata.kernels.decoded import (bf16_layout, decode_experts, last_decoded_gemm,
                                     moe_ffn_decoded, pin_decoded_gemm)
-from strata.kernels.synth import random_expert_set
+from strata.kernels.random_experts import random_expert_set
 from strata.kernels.tiles import plan_launch
 
 E, D, F, K = 6, 64, 32, 2

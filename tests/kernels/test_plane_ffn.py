@@ -21,7 +21,7 @@ from strata.kernels import topk_route
 from strata.kernels.moe import moe_ffn_torch
 from strata.kernels.plane import (KERNEL_FORMATS, PLANE_TILES, PlaneTile, plane_dequantize,
                                   plane_dequantize_torch, plane_ffn, plane_ffn_torch, plane_tile)
-from strata.kernels.synth import random_blocks, random_expert_set
+from strata.kernels.random_experts import random_blocks, random_expert_set
 from strata.kernels.tiles import padded_rows
 from strata.planes import to_plane_set, to_planes
 

@@ -205,7 +205,7 @@ def test_sigmoid_and_gpt_oss_routers_through_the_kernel(renormalize):
     from types import SimpleNamespace
 
     from strata.models.gpt_oss import topk_softmax
-    from strata.models.routing import sigmoid_router
+    from strata.models.routers import sigmoid_router
     x, w = inputs(Case(64, 128, 32, 4, torch.bfloat16, ""), seed=5)
     bias = torch.randn(32) * 0.1
     shape = SimpleNamespace(top_k=4, n_group=4, topk_group=2, norm_topk_prob=renormalize,

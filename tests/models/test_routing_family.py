@@ -1,4 +1,4 @@
-"""The family's router (strata.models.routing) against its brute-force twin, and its invariants:
+"""The family's router (strata.models.routers) against its brute-force twin, and its invariants:
 - group-limited top-k picks what enumerating the kept groups and sorting picks;
 - the correction bias moves the choice, never the weights (they are the unbiased sigmoid);
 - routed_scale multiplies the weights exactly once;
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from strata.models.routing import grouped_topk, grouped_topk_ref
+from strata.models.routers import grouped_topk, grouped_topk_ref
 
 
 @st.composite

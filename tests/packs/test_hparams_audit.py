@@ -246,7 +246,8 @@ def write_gguf(d, arch: str, meta: dict):
 
 
 def gguf_read(d, arch: str, meta: dict) -> ModelShape:
-    from strata.packs.from_gguf import gguf_shape, open_gguf
+    from strata.gguf_file import open_gguf
+    from strata.packs.from_gguf import gguf_shape
     p = write_gguf(d, arch, meta)
     return gguf_shape(open_gguf(p), p)
 

@@ -5,7 +5,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from strata.errors import StrataError
-from strata.packs.routing import expert_hit_fraction, route_trace
+from strata.packs.route_trace import expert_hit_fraction, route_trace
 from strata.packs.synth import ExpertFormats, synth_gguf, synth_pack
 from strata.shapes import PRESETS
 

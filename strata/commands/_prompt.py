@@ -1,0 +1,138 @@
+"""The prompt of `strata prefill` / `bench` and what comes out of it: token ids from --tokens,
+--prompt, --prompt-file or --prompts-file (refused in one line when they do not fit the pack),
+the pack opened as asked, and the logits written whole or not at all."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from strata import filekind
+from strata.atomic import atomic_write, check_output
+from strata.errors import StrataError
+
+
+def read_prompts_file(path: str, vocab: int, seed: int) -> list[list[int]]:
+    """--prompts-file: one prompt per line (token ids with commas, or a length alone)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise StrataError(f"--prompts-file {path}: cannot read it ({e.strerror or e}); give a "
+                          f"text file with one prompt per line") from None
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "," in line:
+            try:
+                ids = parse_tokens(line)
+            except StrataError as e:
+                raise StrataError(f"--prompts-file {path} line {n}: {e}") from None
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise StrataError(f"--prompts-file {path} line {n}: id {bad[0]} is outside the "
+                                  f"vocabulary [0, {vocab})")
+            prompts.append(ids)
+            continue
+        if not line.isdigit() or int(line) < 1:
+            raise StrataError(f"--prompts-file {path} line {n}: {line[:40]!r} is neither token "
+                              f"ids (`1,2,3`) nor a length N >= 1")
+        g = torch.Generator().manual_seed(seed + n)
+        prompts.append(torch.randint(0, vocab, (int(line),), generator=g).tolist())
+    if not prompts:
+        raise StrataError(f"--prompts-file {path} holds no prompt; give one per line")
+    return prompts
+
+
+def parse_tokens(text: str) -> list[int]:
+    parts = [t for t in text.replace(" ", "").split(",") if t != ""]
+    if not parts:
+        raise StrataError("--tokens is empty; give comma-separated token ids, e.g. --tokens 1,2,3")
+    try:
+        return [int(t, 10) for t in parts]
+    except ValueError:
+        bad = next(t for t in parts if not t.lstrip("-").isdigit())
+        raise StrataError(f"--tokens: {bad!r} is not a token id; give comma-separated integers") from None
+
+
+def prompt_tokens(args, vocab: int) -> list[int]:
+    if args.tokens is not None:
+        return parse_tokens(args.tokens)
+    if args.prompt_tokens < 1:
+        raise StrataError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
+    g = torch.Generator().manual_seed(args.seed)
+    return torch.randint(0, vocab, (args.prompt_tokens,), generator=g).tolist()
+
+
+def prompt_ids(args, pack) -> tuple[list[int], dict | None]:
+    """The prompt's token ids and, for text, what the report shows of it ({source, tokenizer,
+    n_tokens, shown}: the first and last few tokens). Text longer than the model's context, or
+    ids outside its vocabulary, are refused in one line."""
+    if args.prompt is None and args.prompt_file is None:
+        return prompt_tokens(args, pack.shape.vocab), None
+    from strata.tokenize import pack_tokenizer, show_tokens
+    if args.prompt_file is not None:
+        src = f"--prompt-file {args.prompt_file}"
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise StrataError(f"--prompt-file: no such file {args.prompt_file}") from None
+        except IsADirectoryError:
+            raise StrataError(f"--prompt-file: {args.prompt_file} is a folder; give a text "
+                              f"file") from None
+        except UnicodeDecodeError as e:
+            raise StrataError(f"--prompt-file: {args.prompt_file} is not UTF-8 text (byte "
+                              f"{e.start}); convert it or give --tokens") from None
+    else:
+        src, text = "--prompt", args.prompt
+    if not text:
+        raise StrataError(f"{src} is empty; give some text")
+    tok = pack_tokenizer(pack)
+    ids = tok.encode(text)
+    if not ids:
+        raise StrataError(f"{src} tokenizes to no tokens; give some text")
+    check_context(len(ids), pack.shape, src)
+    big = [i for i in ids if i >= pack.shape.vocab]
+    if big:
+        raise StrataError(f"{src}: the tokenizer gave id {big[0]}, outside the model's "
+                          f"vocabulary of {pack.shape.vocab}; the pack's tokenizer does not "
+                          f"match its model")
+    return ids, {"source": src, "tokenizer": tok.source, "n_tokens": len(ids),
+                 "shown": show_tokens(tok, ids)}
+
+
+def prompt_line(info: dict) -> str:
+    return (f"prompt: {info['n_tokens']:,} tokens from {info['source']} (tokenizer "
+            f"{info['tokenizer']}): {info['shown']}")
+
+
+def dump_path(args) -> Path | None:
+    """--dump-logits as the .npy path np.save would write, checked before the prompt runs."""
+    if not args.dump_logits:
+        return None
+    path = str(args.dump_logits)
+    path = path if path.endswith(".npy") else path + ".npy"   # what np.save writes
+    return check_output(path, "--dump-logits", kind=filekind.NPY, inputs=[args.pack],
+                        force=args.force)
+
+
+def save_logits(path: Path, logits: torch.Tensor) -> str:
+    """float32 [T, V] .npy, written to a temp file and renamed (whole or not at all)."""
+    out = np.ascontiguousarray(logits.float().cpu().numpy())
+    with atomic_write(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, out)
+    return str(path)
+
+
+def open_checked(args):
+    """The pack (--verify: every tensor's checksum first)."""
+    from strata.packs import Pack
+    return Pack.open(args.pack, verify=True if getattr(args, "verify", False) else None)
+
+
+def check_context(n_tokens: int, shape, flag: str = "the prompt") -> None:
+    if n_tokens > shape.max_pos:
+        raise StrataError(f"{flag} has {n_tokens} tokens, longer than the model's context of "
+                          f"{shape.max_pos} tokens; shorten it")
