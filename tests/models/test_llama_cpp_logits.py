@@ -1,0 +1,830 @@
+"""strata's logits against llama.cpp's on the same files: tiny HF models of every architecture
+strata reads, converted by llama.cpp's convert_hf_to_gguf.py, quantized by its quantizer
+(F16, Q8_0, Q4_K_M) and read by llama.cpp's CPU backend (llama-cpp-python 0.3.36); the files
+and llama.cpp's logits are fixtures (tests/models/make_llama_cpp_logits.py made them, its
+docstring and llama_cpp.json say how). Each file is packed with `strata pack` here.
+
+What llama.cpp computes otherwise, on purpose: before each product with a weight it rounds the
+activations to that weight's `vec_dot_type` (ggml-cpu's type traits): F16 weights read f16
+activations (relative error <= 2^-11), Q8_0 / Q4_0 / Q5_0 weights q8_0 ones (blocks of 32,
+scale amax/127 stored as f16: error <= amax/254), K-quants q8_K ones (blocks of 256, fp32 scale:
+<= amax/254). F32 weights (norms, routers, biases) and the F32 KV cache the fixtures ask for read
+fp32. strata's reference keeps every activation fp32. Per file, strata's fp32 reference
+(`--experts ref`) is read twice and held by two bounds, each derived as tests/models/fp32_bound
+derives its own (a perturbation of the size the arithmetic allows, propagated through the model
+itself, the largest of DRAWS sign draws, doubled):
+
+- emulated, bound EMULATED: llama.cpp's rounding of every product's input done in torch
+  (`Arith(mode="emulate")`), so only fp32 order is left, and the roundings it tips to the other
+  neighbour (an input within fp32 error of a rounding midpoint). Per format:
+  F16: the draws perturb every product's input by fp32's backward error λ√n u (n its
+  reduction length, at least the prompt) before the rounding, so they tip f16 roundings as
+  another summation order does. llama.cpp's own order tips dozens of them a prompt, each one
+  ulp of one element: EMULATED is then about the rounding's own size (1-2.5e-3), and the F16
+  files' sharp test is against transformers (below).
+  Q8_0, Q4_K_M: the draws keep the read's q8 codes and scales and perturb what lies between
+  two roundings (4e-6 - 1e-5). A q8 rounding that fp32 order tips moves a whole step (up to
+  amax/127) and is rare (none to three a prompt here): those llama.cpp tipped are found among
+  the few within fp32 error of a midpoint (`tipped`: row by row, the combination that brings
+  the row within EMULATED), and each is taken the other way in the emulated read.
+- plain, bound PLAIN: strata as `strata prefill --experts ref` reads the file, no rounding.
+  PLAIN is the rounding's own size: each product's input moved by the format's largest rounding
+  error (f16: 2^-11 x; q8_0: amax/254 and the f16 scale's 2^-11; q8_K: amax/254) with random
+  signs, doubled, plus EMULATED (the triangle: plain -> emulated -> llama.cpp). A routing
+  decision the rounding can change makes every later row incomparable at that size: PLAIN holds
+  the rows before the first token a draw routes otherwise (`decided`); the fixtures' prompts
+  were picked so that every row routes alike.
+- transformers (F16 files), bound ORDER: the maker's weights are exact in BF16 and F16, so the
+  F16 file holds transformers' model exactly and strata's read of it (the pack's own shape) is
+  transformers' forward up to fp32 order (hf_logits.npy, made from the HF model itself); ORDER
+  is fp32_bound's, from strata's read with its products' inputs perturbed.
+
+Where llama.cpp and transformers disagree, and what strata does:
+- activations: llama.cpp rounds them as above; transformers and strata's reference keep fp32
+  (strata's Triton expert GEMM rounds to bf16, its own contract). strata follows transformers:
+  the rounding is ggml-cpu's implementation, not the model.
+- GPT-OSS's YaRN correction range: llama.cpp rounds it to whole dims (ggml_rope_yarn_corr_dims,
+  floor / ceil); transformers' GptOss does not (the release's config: truncate false, as
+  OpenAI's reference). A gpt-oss GGUF does not say which, so strata reads it as the model was
+  trained (truncate false); the emulated and plain reads here take llama.cpp's convention
+  (`llama_cpp_shape`); `test_gpt_oss_yarn_truncation_is_the_one_convention_apart` shows the
+  two conventions apart by far more than EMULATED.
+- deepseek2-yarn-f32.gguf (YaRN in the HF config, converted as it is): F32, so llama.cpp rounds
+  nothing; strata equals transformers and llama.cpp within ORDER, on a prompt inside and one
+  longer than the original context (test_deepseek_yarn.py does the same from strata's own
+  writer and the HF folder).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+from tests.models.fp32_bound import rel, theta
+
+DATA = Path(__file__).parent / "data" / "llama_cpp"
+DRAWS = 2
+U16, UBF16 = 2.0 ** -11, 2.0 ** -8
+
+
+# ---- llama.cpp's activation rounding (ggml-cpu), in torch -------------------------------------
+def _q8(b: torch.Tensor, t: torch.Tensor, tips, eps: float, seen: list | None):
+    """The codes round(t) of a block-quantized activation, t = b x its block's 127/amax; the
+    codes in `tips` (flat indices) taken to the other neighbour of t. `seen` (a list) gets the
+    flat indices whose t lies within 2 eps |t| of a midpoint between two codes: fp32 order
+    (eps relative on x and on amax) may round them either way."""
+    q = torch.round(t)
+    if seen is not None:
+        near = (0.5 - (t - q).abs()) < 2 * eps * t.abs()
+        seen.extend(near.reshape(-1).nonzero().reshape(-1).tolist())
+    if tips:
+        i = torch.tensor(sorted(tips))
+        qf = q.reshape(-1)
+        qf[i] += torch.sign(t.reshape(-1)[i] - qf[i])
+    return q
+
+
+def _q8_0(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None) -> torch.Tensor:
+    """x [..., K] as ggml-cpu's quantize_row_q8_0 (x86) leaves it: per 32, d = amax/127 stored
+    fp16, q = round-half-even(x * 127/amax); the dot product reads fp16(d) * q."""
+    assert x.shape[-1] % 32 == 0, f"q8_0 rows of {x.shape[-1]}"
+    b = x.reshape(-1, 32)
+    amax = b.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = _q8(b, b * inv, tips, eps, seen)
+    return (q * (amax / 127.0).half().float()).reshape(x.shape)
+
+
+def _q8_k(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None) -> torch.Tensor:
+    """x [..., K] as quantize_row_q8_K_ref: per 256, max = the value of largest |x| (signed),
+    iscale = -127/max, q = min(127, nearest(iscale x)), value (1/iscale) q in fp32."""
+    assert x.shape[-1] % 256 == 0, f"q8_K rows of {x.shape[-1]}"
+    b = x.reshape(-1, 256)
+    mx = b.gather(-1, b.abs().argmax(-1, keepdim=True))
+    iscale = torch.where(mx != 0, -127.0 / mx, torch.zeros_like(mx))
+    d = torch.where(mx != 0, 1.0 / iscale, torch.zeros_like(mx))
+    return (_q8(b, iscale * b, tips, eps, seen).clamp(max=127) * d).reshape(x.shape)
+
+
+def _signs(shape, gen: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 2, tuple(shape), generator=gen).float() * 2 - 1
+
+
+def _block_noise(x: torch.Tensor, block: int, gen, scale_u: float) -> torch.Tensor:
+    """x moved by +-amax/254 per element (amax over each block), and by a factor 1 +- scale_u
+    per block (the scale's own rounding)."""
+    b = x.reshape(-1, block)
+    amax = b.abs().amax(-1, keepdim=True)
+    y = b + _signs(b.shape, gen) * amax / 254.0
+    if scale_u:
+        y = y * (1 + _signs(amax.shape, gen) * scale_u)
+    return y.reshape(x.shape)
+
+
+# vec_dot_type of each weight type ggml-cpu reads (ggml-cpu.c's type_traits_cpu)
+_ACT = {"F32": None, "F16": "f16", "BF16": "bf16",
+        **{t: "q8_K" for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS",
+                                "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS", "IQ1_S", "IQ1_M")}}
+BLOCK_ROUND = {"q8_0": _q8_0, "q8_K": _q8_k}
+FLOAT_ROUND = {"f16": lambda x: x.half().float(), "bf16": lambda x: x.bfloat16().float()}
+NOISE = {"f16": lambda x, g: x * (1 + _signs(x.shape, g) * U16),
+         "bf16": lambda x, g: x * (1 + _signs(x.shape, g) * UBF16),
+         "q8_0": lambda x, g: _block_noise(x, 32, g, U16),
+         "q8_K": lambda x, g: _block_noise(x, 256, g, 0.0)}
+
+
+def activation_format(ggml_type: str) -> str | None:
+    """What ggml-cpu rounds the activations to before a product with a weight of this type
+    (None: fp32); Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4 read q8_0, Q4_1 / Q5_1 q8_1 (the same
+    values)."""
+    return _ACT.get(ggml_type, "q8_0")
+
+
+@dataclass
+class Arith:
+    """How a read treats the input x of each product with a weight of ggml type t:
+    mode "plain": as it is; "emulate": llama.cpp's rounding; "noise": moved by the rounding's
+    largest error with random signs (NOISE).
+    `order` (a seed): x perturbed by fp32's backward error theta(max(n, tokens)), random signs:
+    before an f16 / bf16 rounding (the draws tip those roundings as another summation order
+    does: they are many and each small), after a q8 one, whose codes and scales are then the
+    read `frozen`'s (its `out`): fp32 order moves what lies between two q8 roundings, and the
+    q8 roundings it tips (rare, each a whole step) are searched for instead: `near` gets, per
+    rounding call, the flat indices within fp32 error of a midpoint, `tips` {call: indices}
+    takes them the other way. `formats` maps a type to another activation format (the tests
+    that must fail)."""
+    mode: str = "plain"
+    order: int | None = None
+    noise: int | None = None
+    tips: dict = field(default_factory=dict)
+    formats: dict = field(default_factory=dict)
+    frozen: dict | None = None
+    tokens: int = 1
+
+    def __post_init__(self):
+        self.gen = torch.Generator().manual_seed(
+            1_000_003 * (self.order or 0) + (self.noise or 0))
+        self.hits: set[str] = set()
+        self.near: dict[int, list[int]] = {}
+        self.out: dict[int, torch.Tensor] = {}
+        self.calls, self._last = 0, None
+        self.offset = 0                          # the chunk's first position
+        self.row_tok: torch.Tensor | None = None  # the chunk rows an expert's input holds
+        self.near_tok: dict[int, list[int]] = {}  # the prompt position of each near index
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "plain" or self.order is not None
+
+    def input_fn(self, ggml_type: str, name: str):
+        """x -> x as this read gives it to a product with a weight of `ggml_type` (None: as it
+        is)."""
+        fmt = self.formats.get(ggml_type, activation_format(ggml_type))
+        if self.mode == "plain":
+            fmt = None
+        if fmt is None and self.order is None:
+            return None
+
+        def perturb(x):
+            return x * (1 + theta(max(x.shape[-1], self.tokens)) * _signs(x.shape, self.gen))
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            self.hits.add(name)
+            if fmt is None:
+                return perturb(x)
+            if self.mode == "noise":
+                return NOISE[fmt](x, self.gen)
+            if fmt in FLOAT_ROUND:
+                return FLOAT_ROUND[fmt](x if self.order is None else perturb(x))
+            # one rounding per distinct input: ggml quantizes it once per product, and the
+            # products of one input (q, k, v; gate, up) read the same codes
+            if self._last is None or x is not self._last[0] or fmt != self._last[1]:
+                self._last, self.calls = (x, fmt), self.calls + 1   # (held: no later input
+                #                                                      takes its place)
+            c = self.calls - 1
+            if self.frozen is not None:
+                y = self.frozen[c]
+                assert y.shape == x.shape, "the frozen read took another path"
+            elif c in self.out:
+                y = self.out[c]
+            else:
+                seen = self.near.setdefault(c, [])
+                y = self.out[c] = BLOCK_ROUND[fmt](x, self.tips.get(c, ()),
+                                                   theta(max(x.shape[-1], self.tokens)), seen)
+                rows = torch.tensor(seen, dtype=torch.long) // x.shape[-1] % x.shape[-2]
+                if self.row_tok is not None:
+                    rows = self.row_tok[rows]
+                self.near_tok[c] = (self.offset + rows).tolist()
+            return y if self.order is None else perturb(y)
+        return fn
+
+
+_MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm,
+            torch.Tensor.mm, torch.bmm, torch.Tensor.bmm}
+_VIEWS = {torch.Tensor.t, torch.Tensor.transpose, torch.Tensor.view, torch.Tensor.reshape,
+          torch.Tensor.to, torch.Tensor.float, torch.Tensor.contiguous, torch.Tensor.detach,
+          torch.Tensor.clone, torch.Tensor.__getitem__}
+
+
+class Rounding(torch.Tensor):
+    """A dense weight whose products hand the other operand (the activations) through `rnd`
+    along the contraction first (Arith.input_fn). Its views and dtype moves keep it; every other
+    op returns plain tensors (a row lookup, the embedding, is not a product)."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, rnd):
+        t = torch.Tensor._make_subclass(cls, data)
+        t.rnd = rnd
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            if func in _MATMULS or func is torch.Tensor.__rmatmul__:
+                a, b = (args[1], args[0]) if func is torch.Tensor.__rmatmul__ else args[:2]
+                if isinstance(b, Rounding) and not isinstance(a, Rounding):   # x @ W^T
+                    return torch.matmul(b.rnd(a.contiguous()), b)
+                if isinstance(a, Rounding) and not isinstance(b, Rounding):  # W @ x
+                    return torch.matmul(a, a.rnd(b.transpose(-1, -2).contiguous())
+                                        .transpose(-1, -2))
+                raise NotImplementedError("a product of two rounding weights")
+            if func in (torch.nn.functional.linear, torch.einsum, torch.addmm, torch.baddbmm):
+                raise NotImplementedError(f"{func.__name__} on a rounding weight")
+            out = func(*args, **kwargs)
+            w = next(a for a in args if isinstance(a, Rounding))
+            keep = func in _VIEWS and not (func is torch.Tensor.__getitem__ and any(
+                isinstance(i, torch.Tensor) for i in (args[1] if isinstance(args[1], tuple)
+                                                      else (args[1],))))
+            if keep and isinstance(out, torch.Tensor):
+                return Rounding(out, w.rnd)
+            return out
+
+
+def _expert_ffn(arith: Arith):
+    """strata.models.moe.moe_ffn_ref with each expert matrix's input given as `arith` says for
+    its format (llama.cpp's mul_mat_id of ffn_{gate,up,down}_exps reads them so)."""
+    from strata.kernels.moe import dequantize_matrix, expert_biases, glu
+
+    def expert(xe, experts, e):
+        lay = experts.layout
+
+        def mm(x, name):
+            fn = arith.input_fn(getattr(lay, name).fmt.name, f"experts.{name}")
+            return (x if fn is None else fn(x)) @ dequantize_matrix(experts, e, name).T
+        b = expert_biases(experts, e)
+        g, u = mm(xe, "gate"), mm(xe, "up")
+        if b is not None:
+            g, u = g + b[0], u + b[1]
+        y = mm(glu(g, u, lay.act), "down")
+        return y + b[2] if b is not None else y
+
+    def ffn(x, topk_ids, topk_w, experts, *, out=None, **_):
+        y = torch.zeros(x.shape, dtype=torch.float32)
+        for e in torch.unique(topk_ids).tolist():
+            if e < 0:
+                continue
+            tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+            arith.row_tok = tok
+            ye = expert(x.float()[tok], experts, e)
+            arith.row_tok = None
+            y.index_add_(0, tok, ye * topk_w[tok, slot].float()[:, None])
+        return out.add_(y) if out is not None else y.to(x.dtype)
+    return ffn
+
+
+def _mla(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale, prefix=(), c_scale=None,
+         k_pe_scale=None, **_):
+    """llama.cpp's MLA (absorbed: attn_k_b into the query, attn_v_b after the attention over the
+    latent), fp32, q_nope handed through attn_k_b's input function and the latent output
+    through attn_v_b's."""
+    assert not prefix and c_scale is None
+    rk, rv = wkvb.rnd
+    H, T, N = q_nope.shape
+    with torch._C.DisableTorchFunctionSubclass():
+        w = wkvb.float().view(H, N + v_head_dim, -1)
+        w_uk, w_uv = w[:, :N], w[:, N:]                                   # [H, N|Hv, Lkv]
+        q_lat = (q_nope if rk is None else rk(q_nope.contiguous())) @ w_uk  # [H, T, Lkv]
+        S = c.shape[0]
+        sc = (q_lat @ c.float().t() + q_pe.float() @ k_pe.float().t()) * scale
+        hide = torch.arange(S)[None, :] > (S - T + torch.arange(T))[:, None]
+        p = torch.softmax(sc.masked_fill(hide, float("-inf")), dim=-1)
+        o_lat = p @ c.float()                                             # [H, T, Lkv]
+        o = (o_lat if rv is None else rv(o_lat.contiguous())) @ w_uv.transpose(1, 2)
+    return o.transpose(0, 1).to(q_nope.dtype)                             # [T, H, Hv]
+
+
+def llama_cpp_shape(shape):
+    """The shape with llama.cpp's conventions where strata reads a GGUF otherwise: YaRN's
+    correction range rounded to whole dims (ggml_rope_yarn_corr_dims floors / ceils it; strata
+    reads gpt-oss as transformers and the release do, truncate false)."""
+    return shape.with_(yarn_truncate=True) if shape.rope_scaling == "yarn" else shape
+
+
+def gguf_types(src) -> dict[str, str]:
+    import gguf
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(src)).tensors}
+
+
+@dataclass
+class Read:
+    logits: np.ndarray                 # [T, V]
+    topk: list[torch.Tensor]           # per MoE layer, the chosen ids [T, K] (sorted per row)
+    near: list = field(default_factory=list)   # q8 roundings near a midpoint: (call, i, pos)
+
+
+def read_pack(pack, src=None, *, tokens, arith: Arith | None = None, shape=None,
+              chunk: int = 4) -> Read:
+    """strata's fp32 reference on the pack (experts "ref", chunks of `chunk`), with each
+    product's input as `arith` says for the types of the GGUF `src` the pack was made from
+    (Arith(): as `strata prefill --device cpu --experts ref` reads it). `shape` overrides the
+    pack's. Every weight `arith` treats must be met by a product (else the read missed one)."""
+    from strata.models import mla, moe
+    from strata.models.load import resident_provider
+    from strata.models.observe import RouteRecorder
+    from strata.models.registry import get_arch
+    from strata.packs import Pack
+    p = Pack.open(pack)
+    shape = shape or p.shape
+    arith = arith or Arith()
+    arith.tokens = len(tokens)
+    tensors = {n: p.dense(n) for n in p.dense_names()}
+    types = gguf_types(src) if arith.active else {}
+    wrapped = set()
+    for n, t in tensors.items():
+        if not arith.active or t.dim() != 2 or n == "token_embd.weight" and \
+                "output.weight" in tensors:
+            continue
+        if n.endswith("attn_kv_b.weight") and n not in types:   # joined from k_b / v_b
+            pre = n[:-len("attn_kv_b.weight")]
+            fns = tuple(arith.input_fn(types[f"{pre}attn_{k}_b.weight"], f"{pre}attn_{k}_b")
+                        for k in ("k", "v"))
+            tensors[n] = Rounding(t, fns)
+            wrapped |= {f"{pre}attn_{k}_b" for k, f in zip("kv", fns) if f is not None}
+            continue
+        fn = arith.input_fn(types[n], n)
+        if fn is not None:
+            tensors[n] = Rounding(t, fn)
+            wrapped.add(n)
+    patches = contextlib.ExitStack()
+    if arith.active:
+        patches.enter_context(mock.patch.object(mla, "mla_chunk_attention", _mla))
+
+    class Rec(RouteRecorder):
+        def layer_done(self, layer, x):
+            super().layer_done(layer, x)
+            if layer == shape.n_layer - 1:
+                arith.offset += x.shape[0]
+    rec = Rec(shape.n_layer)
+    with patches:
+        ffn = _expert_ffn(arith) if arith.active else moe.moe_ffn_ref
+        model = get_arch(p.shape.arch).from_tensors(shape, tensors, device="cpu",
+                                                    dtype=torch.float32, ffn=ffn)
+        with torch.no_grad():
+            out = model.prefill(tokens, resident_provider(p, "cpu"), chunk=chunk,
+                                observer=rec).numpy()
+    missed = wrapped - arith.hits
+    assert not missed, f"the read never multiplied {sorted(missed)}"
+    return Read(out, [t.sort(-1).values for t in rec.topk if t.numel()],
+                [(c, i, tk) for c in sorted(arith.near)
+                 for i, tk in zip(arith.near[c], arith.near_tok.get(c, []))])
+
+
+def decided(base: Read, others: list[Read]) -> int:
+    """The rows before the first token any of `others` routes differently from `base` in any
+    MoE layer (all rows when none does)."""
+    T = base.logits.shape[0]
+    first = T
+    for o in others:
+        for a, b in zip(base.topk, o.topk):
+            bad = (a != b).any(-1).nonzero()
+            if bad.numel():
+                first = min(first, int(bad[0]))
+    return first
+
+
+def spread(base: Read, draws: list[Read], rows: int | None = None) -> float:
+    """2 x the largest rel(draw, base) over the draws (over the first `rows` rows)."""
+    r = slice(None, rows)
+    return 2 * max(rel(d.logits[r], base.logits[r]) for d in draws)
+
+
+TIPS_AT_ONE_POSITION = 6
+
+
+def tipped(read, base: Read, want: np.ndarray, bound: float
+           ) -> tuple[Read, list[tuple[int, int]]]:
+    """The q8 roundings llama.cpp's fp32 order tipped, among those that lie within fp32 error
+    of a midpoint (`base.near`): row by row, at the first row off `want` by `bound` or more,
+    the combination of that position's roundings whose read brings it within (each read as it
+    is; a tip moves its own row and the later ones only). `read(tips)` -> Read."""
+    scale = np.abs(want).max()
+    cur, tips = base, {}
+    done = -1
+    while True:
+        off = np.abs(cur.logits - want).max(-1) / scale >= bound
+        off[:done + 1] = False
+        if not off.any():
+            return cur, sorted((c, i) for c, v in tips.items() for i in v)
+        r = int(np.flatnonzero(off)[0])
+        here = [(c, i) for c, i, tk in cur.near if tk == r]
+        assert len(here) <= TIPS_AT_ONE_POSITION, f"{len(here)} q8 roundings near at {r}"
+        fixed = None
+        for m in range(1, 2 ** len(here)):
+            t = {c: list(v) for c, v in tips.items()}
+            for j, (c, i) in enumerate(here):
+                if m >> j & 1:
+                    t.setdefault(c, []).append(i)
+            got = read(t)
+            if np.abs(got.logits[r] - want[r]).max() / scale < bound:
+                fixed = (got, t)
+                break
+        if fixed is None:       # no tipping explains the row: the comparison says so
+            return cur, sorted((c, i) for c, v in tips.items() for i in v)
+        (cur, tips), done = fixed, r
+
+
+# ---- the fixtures --------------------------------------------------------------------------------
+INFO = json.loads((DATA / "llama_cpp.json").read_text()) if (DATA / "llama_cpp.json").exists() \
+    else {"models": {}}
+FILES = [(m, f) for m, e in INFO["models"].items() for f in e["files"]]
+QUANT_FILES = [(m, f) for m, f in FILES if not m.endswith("-yarn")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The reads are tiny: one torch thread, or a busy 2-core machine stalls them (the second
+    thread's share of each product waits for a core), 0.1 s a file becoming 10."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _pack(src: Path, d: Path) -> Path:
+    from strata.cli import main
+    out = d / (src.stem + ".pack")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["pack", str(src), "-o", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama-cpp-packs")
+    made = {}
+
+    def get(fname: str) -> Path:
+        if fname not in made:
+            made[fname] = _pack(DATA / fname, d)
+        return made[fname]
+    return get
+
+
+@dataclass
+class FileReads:
+    """The reads of one fixture file and its bounds."""
+    want: np.ndarray           # llama.cpp's logits
+    emulated: Read             # llama.cpp's rounding emulated (with the tips found, if any)
+    plain: Read                # strata's own read
+    emulated_bound: float      # EMULATED
+    plain_bound: float         # PLAIN
+    rows: int                  # the rows PLAIN holds (routed alike under the rounding)
+    routed_alike: int          # the rows before an order draw of the emulated read routes apart
+    tips: list                 # the q8 roundings taken the other way (call, index)
+    near: int                  # how many lay within fp32 of a midpoint
+
+
+def file_reads(pack: Path, src: Path, tokens: list[int], want: np.ndarray | None,
+               **arith) -> FileReads:
+    """Every read and bound of one file (`arith`: Arith fields every read takes: a deliberate
+    error; `want` None: no llama.cpp logits yet, no tips looked for: the maker's prompt pick)."""
+    from strata.packs import Pack
+    shape = llama_cpp_shape(Pack.open(pack).shape)
+
+    def rd(**kw):
+        return read_pack(pack, src, tokens=tokens, shape=shape, arith=Arith(**{**arith, **kw}))
+    a = Arith(mode="emulate", **arith)
+    emu = read_pack(pack, src, tokens=tokens, shape=shape, arith=a)
+    emu_d = [rd(mode="emulate", order=i + 1, frozen=a.out) for i in range(DRAWS)]
+    eb = spread(emu, emu_d)
+    tips, near = [], len(emu.near)
+    if want is not None and rel(emu.logits, want) >= eb:
+        emu, tips = tipped(lambda t: rd(mode="emulate", tips=t), emu, want, eb)
+    plain = rd()
+    noise_d = [rd(mode="noise", noise=i + 1) for i in range(DRAWS)]
+    rows = decided(plain, [emu, *noise_d])
+    return FileReads(want, emu, plain, eb, spread(plain, noise_d, rows) + eb, rows,
+                     decided(emu, emu_d), tips, near)
+
+
+def want_of(fname: str, sfx: str = "") -> np.ndarray:
+    return np.load(DATA / f"{fname[:-len('.gguf')]}{sfx}.logits.npy")
+
+
+@pytest.fixture(scope="module")
+def reads(packs):
+    cache = {}
+
+    def get(model: str, fname: str) -> FileReads:
+        if fname not in cache:
+            cache[fname] = file_reads(packs(fname), DATA / fname, INFO["models"][model]["tokens"],
+                                      want_of(fname))
+        return cache[fname]
+    return get
+
+
+def _id(x):
+    return x[1][:-5] if isinstance(x, tuple) else None
+
+
+# ---- the tests -------------------------------------------------------------------------------
+@pytest.mark.skipif(not FILES, reason="tests/models/data/llama_cpp has no llama_cpp.json")
+def test_the_fixtures_are_the_files_llama_cpp_read():
+    """Every file of the folder is byte for byte the one the maker wrote (its sha256 in
+    llama_cpp.json): the GGUFs llama.cpp read, its logits, transformers' logits."""
+    got = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(DATA.iterdir())
+           if f.name != "llama_cpp.json"}
+    assert got == INFO["sha256"]
+    for model, fname in FILES:
+        for sfx in ("", "-long") if "long_tokens" in INFO["models"][model] else ("",):
+            assert want_of(fname, sfx).shape == (
+                len(INFO["models"][model]["long_tokens" if sfx else "tokens"]),
+                INFO["models"][model]["shape"]["vocab"])
+
+
+@pytest.mark.parametrize("item", QUANT_FILES, ids=_id)
+def test_emulated_equals_llama_cpp(reads, item):
+    """With llama.cpp's rounding of the activations done in torch, strata's reference is
+    llama.cpp's forward up to fp32 order and the roundings it tips: within EMULATED."""
+    r = reads(*item)
+    assert r.routed_alike == r.want.shape[0], "fp32 order changes a routing decision"
+    assert r.emulated.logits.shape == r.want.shape
+    assert rel(r.emulated.logits, r.want) < r.emulated_bound
+
+
+@pytest.mark.parametrize("item", QUANT_FILES, ids=_id)
+def test_plain_equals_llama_cpp(reads, item):
+    """strata's own read (no rounding) is llama.cpp's within PLAIN, the size of llama.cpp's
+    rounding propagated through the model; the prompt routes alike under that rounding (else
+    the rows from the first token it routes otherwise are not comparable at that size)."""
+    r = reads(*item)
+    assert r.rows == r.want.shape[0], f"row {r.rows} routes otherwise under the rounding"
+    assert rel(r.plain.logits, r.want) < r.plain_bound
+
+
+@pytest.mark.parametrize("item", [f for f in QUANT_FILES if not f[1].endswith("-f16.gguf")],
+                         ids=_id)
+def test_emulation_is_sharper_than_the_rounding(reads, item):
+    """For the q8 formats EMULATED is far below the rounding's own effect on strata's read, so
+    the emulated test fails a read that leaves the rounding out or does another format's.
+    (F16's is not: llama.cpp's own order tips dozens of its f16 roundings, each one ulp; the
+    F16 files are held to transformers at fp32 order instead.)"""
+    r = reads(*item)
+    assert 100 * r.emulated_bound < rel(r.plain.logits, r.emulated.logits)
+
+
+F16_FILES = [(m, f) for m, f in QUANT_FILES if f.endswith("-f16.gguf")]
+
+
+@pytest.fixture(scope="module")
+def f16_reads(packs):
+    cache = {}
+
+    def get(model, fname):
+        if fname not in cache:
+            pack, src = packs(fname), DATA / fname
+            toks = INFO["models"][model]["tokens"]
+            own = read_pack(pack, src, tokens=toks)                  # the pack's own shape
+            draws = [read_pack(pack, src, tokens=toks, arith=Arith(order=i + 1))
+                     for i in range(DRAWS)]
+            hf = np.load(DATA / f"{model}.hf_logits.npy")
+            cache[fname] = own, spread(own, draws), hf
+        return cache[fname]
+    return get
+
+
+@pytest.mark.parametrize("item", F16_FILES, ids=_id)
+def test_f16_file_reads_as_transformers(f16_reads, item):
+    """The F16 file holds transformers' weights exactly (the maker's weights are exact in BF16
+    and F16): strata's own read of it (as `strata prefill` reads the pack: for GPT-OSS
+    transformers' YaRN, truncate false) is transformers' forward within ORDER, where llama.cpp
+    is off by its rounding (and for GPT-OSS its YaRN convention)."""
+    own, order, hf = f16_reads(*item)
+    assert rel(own.logits, hf) < order
+
+
+def test_cli_prefill_is_the_plain_read(packs, tmp_path):
+    """The plain read here is the CLI's: `strata prefill --experts ref` on the pack gives it."""
+    from strata.cli import main
+    model, fname = QUANT_FILES[0]
+    toks = INFO["models"][model]["tokens"]
+    out = tmp_path / "l.npy"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["prefill", str(packs(fname)), "--tokens", ",".join(map(str, toks)),
+                     "--device", "cpu", "--experts", "ref", "--chunk", "4", "--dump-logits",
+                     str(out)]) == 0
+    assert np.array_equal(np.load(out), read_pack(packs(fname), tokens=toks).logits)
+
+
+def test_gpt_oss_yarn_truncation_is_the_one_convention_apart(packs, reads):
+    """strata's gpt-oss read (YaRN's correction range not rounded: transformers, the release)
+    and llama.cpp's (rounded to whole dims) differ by more than EMULATED: the emulated read
+    with strata's own convention misses llama.cpp, and with llama.cpp's it meets it."""
+    from strata.packs import Pack
+    fname = "gpt-oss-q8_0.gguf"
+    r = reads("gpt-oss", fname)
+    shape = Pack.open(packs(fname)).shape
+    assert shape.yarn_truncate is False
+    own = read_pack(packs(fname), DATA / fname, tokens=INFO["models"]["gpt-oss"]["tokens"],
+                    shape=shape, arith=Arith(mode="emulate", tips=_tips(r)))
+    assert rel(own.logits, r.want) > 100 * r.emulated_bound
+    assert rel(r.emulated.logits, r.want) < r.emulated_bound
+
+
+def test_llama_cpp_s_yarn_convention_is_not_transformers(packs, f16_reads):
+    """On the F16 file, which holds transformers' GPT-OSS exactly: strata's read is
+    transformers' within ORDER (test_f16_file_reads_as_transformers), the same read with
+    llama.cpp's whole-dim YaRN correction range is not."""
+    own, order, hf = f16_reads("gpt-oss", "gpt-oss-f16.gguf")
+    from strata.packs import Pack
+    pack = packs("gpt-oss-f16.gguf")
+    theirs = read_pack(pack, tokens=INFO["models"]["gpt-oss"]["tokens"],
+                       shape=llama_cpp_shape(Pack.open(pack).shape))
+    assert rel(theirs.logits, hf) > 10 * order
+
+
+def _tips(r: FileReads) -> dict:
+    t: dict = {}
+    for c, i in r.tips:
+        t.setdefault(c, []).append(i)
+    return t
+
+
+# a deliberate error per bound: each must miss llama.cpp's logits by more than the bound
+WRONG_ROUNDING = {   # a file, the format its weights' activations are rounded to instead
+    "qwen3moe-f16.gguf": {"F16": "q8_0"},
+    "qwen3moe-q8_0.gguf": {"Q8_0": "f16"},
+    "qwen3moe-wide-q4_k_m.gguf": {"Q4_K": "q8_0", "Q6_K": "q8_0"},
+    "deepseek2-q8_0.gguf": {"Q8_0": "bf16"},
+}
+
+
+@pytest.mark.parametrize("fname", list(WRONG_ROUNDING), ids=lambda f: f[:-5])
+def test_emulated_bound_catches_another_format_s_rounding(packs, reads, fname):
+    from strata.packs import Pack
+    model = {f: m for m, f in QUANT_FILES}.get(fname)
+    if model is None:
+        pytest.skip(f"no {fname}")
+    r = reads(model, fname)
+    got = read_pack(packs(fname), DATA / fname, tokens=INFO["models"][model]["tokens"],
+                    shape=llama_cpp_shape(Pack.open(packs(fname)).shape),
+                    arith=Arith(mode="emulate", formats=WRONG_ROUNDING[fname]))
+    assert rel(got.logits, r.want) > r.emulated_bound
+
+
+def _scale_as_bf16(fmt_name: str):
+    """strata's decoder with one slip: each Q8_0 block's f16 scale read through bf16."""
+    from strata.kernels import moe as kmoe
+    real = kmoe.dequantize_matrix
+
+    def dq(experts, e, name):
+        w = real(experts, e, name)
+        if getattr(experts.layout, name).fmt.name != fmt_name:
+            return w
+        b = w.reshape(-1, 32)
+        d = b.abs().amax(-1, keepdim=True) / 127
+        return (b / d * d.bfloat16().float()).reshape(w.shape)
+    return dq
+
+
+def test_emulated_bound_catches_a_decoder_slip(packs, reads):
+    """Q8_0 experts decoded with each block's scale rounded to bf16 (2^-8 relative, a whole
+    block at a time): under EMULATED's microscope, far off; PLAIN alone would not see it."""
+    from strata.kernels import moe as kmoe
+    from strata.packs import Pack
+    fname = "qwen3moe-q8_0.gguf"
+    r = reads("qwen3moe", fname)
+    with mock.patch.object(kmoe, "dequantize_matrix", _scale_as_bf16("Q8_0")):
+        got = read_pack(packs(fname), DATA / fname, tokens=INFO["models"]["qwen3moe"]["tokens"],
+                        shape=llama_cpp_shape(Pack.open(packs(fname)).shape),
+                        arith=Arith(mode="emulate", tips=_tips(r)))
+    assert rel(got.logits, r.want) > 100 * r.emulated_bound
+
+
+WRONG_SHAPE = {   # a file, a hyperparameter read otherwise
+    "gpt-oss-f16.gguf": dict(rope_scaling="none"),           # plain RoPE for YaRN
+    "qwen3moe-f16.gguf": dict(rope_theta=1e6),               # another RoPE base
+    "mixtral-q8_0.gguf": dict(rope_theta=1e4),               # the default base for 1e6
+    "glm4moe-wide-q4_k_m.gguf": dict(routed_scale=1.0),      # the routed experts' scale dropped
+}
+
+
+def _wrong(packs, reads, fname, emulate: bool):
+    """The file's reads, and its read (emulated: with the tips llama.cpp took) with
+    WRONG_SHAPE's hyperparameter."""
+    from strata.packs import Pack
+    model = {f: m for m, f in QUANT_FILES}.get(fname)
+    if model is None:
+        pytest.skip(f"no {fname}")
+    r = reads(model, fname)
+    shape = llama_cpp_shape(Pack.open(packs(fname)).shape).with_(**WRONG_SHAPE[fname])
+    arith = Arith(mode="emulate", tips=_tips(r)) if emulate else Arith()
+    return r, read_pack(packs(fname), DATA / fname, tokens=INFO["models"][model]["tokens"],
+                        shape=shape, arith=arith)
+
+
+@pytest.mark.parametrize("fname", list(WRONG_SHAPE), ids=lambda f: f[:-5])
+def test_emulated_bound_catches_a_hyperparameter_read_otherwise(packs, reads, fname):
+    r, got = _wrong(packs, reads, fname, emulate=True)
+    assert rel(got.logits, r.want) > r.emulated_bound
+
+
+@pytest.mark.parametrize("fname", ["gpt-oss-f16.gguf", "qwen3moe-f16.gguf"],
+                         ids=lambda f: f[:-5])
+def test_plain_bound_catches_a_rope_read_otherwise(packs, reads, fname):
+    r, got = _wrong(packs, reads, fname, emulate=False)
+    assert rel(got.logits[:r.rows], r.want[:r.rows]) > r.plain_bound
+
+
+# ---- DeepSeek's YaRN from the converter's GGUF ------------------------------------------------
+YARN = "deepseek2-yarn"
+YARN_FILE = f"{YARN}-f32.gguf"
+
+
+@pytest.fixture(scope="module")
+def yarn(packs):
+    """Per prompt ("" short, "-long" past the original context): strata's read of the
+    converter's F32 file (all weights as transformers had them: llama.cpp rounds nothing),
+    ORDER from its own order draws, transformers' and llama.cpp's logits."""
+    e = INFO["models"][YARN]
+    pack = packs(YARN_FILE)
+    out = {}
+    for sfx, toks in (("", e["tokens"]), ("-long", e["long_tokens"])):
+        own = read_pack(pack, tokens=toks)
+        draws = [read_pack(pack, DATA / YARN_FILE, tokens=toks, arith=Arith(order=i + 1))
+                 for i in range(DRAWS)]
+        out[sfx] = dict(tokens=toks, own=own.logits, order=spread(own, draws),
+                        hf=np.load(DATA / f"{YARN}{sfx}.hf_logits.npy"),
+                        lc=want_of(YARN_FILE, sfx))
+    return pack, out
+
+
+needs_yarn = pytest.mark.skipif(YARN not in INFO["models"], reason="no deepseek2-yarn fixture")
+
+
+@needs_yarn
+def test_yarn_keys_as_the_converter_wrote_them(yarn):
+    import math
+    from strata.packs import Pack
+    s = Pack.open(yarn[0]).shape
+    cfg = json.loads((DATA / f"{YARN}.config.json").read_text())
+    cfg = cfg.get("rope_parameters") or cfg["rope_scaling"]
+    assert (s.rope_scaling, s.rope_factor, s.rope_orig_ctx) == \
+        ("yarn", cfg["factor"], cfg["original_max_position_embeddings"])
+    assert (s.yarn_beta_fast, s.yarn_beta_slow, s.yarn_truncate) == \
+        (cfg["beta_fast"], cfg["beta_slow"], True)
+    assert s.yarn_kq == pytest.approx((0.1 * math.log(cfg["factor"]) + 1) ** 2, rel=1e-6)
+    assert len(yarn[1]["-long"]["tokens"]) > cfg["original_max_position_embeddings"]
+
+
+@needs_yarn
+@pytest.mark.parametrize("sfx", ["", "-long"], ids=["short", "long"])
+def test_yarn_equals_transformers_and_llama_cpp(yarn, sfx):
+    r = yarn[1][sfx]
+    assert 0 < r["order"] < 1e-4
+    assert rel(r["own"], r["hf"]) < r["order"]
+    assert rel(r["own"], r["lc"]) < r["order"]
+
+
+@needs_yarn
+@pytest.mark.parametrize("how", ["resident", "streamed"])
+def test_yarn_cli_equals_transformers(yarn, tmp_path, how):
+    """`strata prefill` on the converter's file, resident and streamed, long prompt."""
+    from strata.cli import main
+    r = yarn[1]["-long"]
+    extra = ["--vram", "2GiB", "--cache", "3MiB", "--ring", "4"] if how == "streamed" else []
+    out = tmp_path / "l.npy"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["prefill", str(yarn[0]), "--tokens", ",".join(map(str, r["tokens"])),
+                     "--device", "cpu", "--experts", "ref", "--chunk", "5", "--dump-logits",
+                     str(out), *extra]) == 0
+    assert rel(np.load(out), r["hf"]) < r["order"]
+
+
+@needs_yarn
+@pytest.mark.parametrize("sfx", ["", "-long"], ids=["short", "long"])
+def test_yarn_read_as_plain_rope_is_far_off(yarn, sfx):
+    from strata.packs import Pack
+    r = yarn[1][sfx]
+    shape = Pack.open(yarn[0]).shape.with_(rope_scaling="none", yarn_kq=1.0, yarn_attn=0.0)
+    got = read_pack(yarn[0], tokens=r["tokens"], shape=shape).logits
+    assert min(rel(got, r["hf"]), rel(got, r["lc"])) > 100 * r["order"]
