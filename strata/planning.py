@@ -49,6 +49,7 @@ from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.kernels.attention.scratch import expand_rows, needs_state, state_floats
 from strata.kernels.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
+from strata.memory.pool import SlabPool
 from strata.memory.sizes import Sizes
 from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats
@@ -242,13 +243,12 @@ def prompt_layout(shape: ModelShape, max_blob: int, *, spec: LayoutSpec | None =
 def scratch_reserve(shape: ModelShape, devices: dict[str, torch.device], ffn: str,
                     slab: bool, layouts: Sequence) -> Callable[[str, int, int], int] | None:
     """The slab's reserve for plan_prefill: (participant, n_tokens, chunk) -> bytes its stream-k
-    launches ask for beyond the layout (strata.engine.scratch.slab_reserve, by the kernel's own
+    launches ask for beyond the layout (slab_reserve below, by the kernel's own
     launch plan on that participant's device, for each kind of layer among `layouts`: the tile
     depends on whether the layer's weights are decoded). None unless the slab is on and the
     fused expert GEMM (the one that runs stream-k) reads the experts."""
     if not slab or ffn != "kernel":
         return None
-    from strata.engine.scratch import slab_reserve
     from strata.kernels.moe import decoded_weights
     decoded = {decoded_weights(lay) for lay in layouts if lay is not None}   # None: dense layer
     return lambda name, n_tokens, chunk: slab_reserve(shape, n_tokens, chunk, devices[name],
@@ -266,3 +266,29 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
 __all__ = ["ACTIVATIONS", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXPAND_BUFS",
            "KV_STAGE_BUF", "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for",
            "layer_dense_bytes", "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]
+
+
+def scratch_bytes_for(shape, n_tokens: int, device, *, decoded: bool) -> int:
+    """The fixup scratch one expert-GEMM launch over n_tokens asks for: the kernel's own launch
+    plan (strata.kernels.tiles.plan_launch, honouring an active pin_tile), so no second count.
+    decoded: the layer's weights are in a block format (strata.kernels.moe.decoded_weights of
+    its layout); the tile, hence the scratch, depends on it."""
+    from strata.kernels.tiles import plan_launch
+    return plan_launch(n_tokens, shape.top_k, shape.n_expert, shape.d_model, shape.d_expert,
+                       decoded=decoded, device=torch.device(device)).scratch_bytes
+
+
+def slab_reserve(shape, n_tokens: int, chunk: int, device, *, decoded) -> int:
+    """Tail bytes the slab needs for a prompt of n_tokens read in chunks of `chunk`: what a dry
+    SlabPool (strata.memory.pool: the pool's own classes and bump, no memory) reaches over the
+    requests of its launches (the full chunks and the last partial one, for each kind of layer:
+    `decoded` is a bool or the set of decoded_weights over the layers), one launch's scratch at
+    a time as ParticipantScratch hands them out. 0 when no launch runs stream-k."""
+    kinds = {bool(decoded)} if isinstance(decoded, bool) else {bool(d) for d in decoded}
+    sizes = [chunk] + ([n_tokens % chunk] if n_tokens % chunk else [])
+    pool = SlabPool.dry()
+    for t in sizes:
+        for d in sorted(kinds):
+            if (b := scratch_bytes_for(shape, t, device, decoded=d)) > 0:
+                pool.release(pool.alloc(b))
+    return pool.high_water

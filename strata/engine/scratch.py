@@ -156,31 +156,4 @@ def _inside(buf: torch.Tensor, tail: Tail) -> bool:
     return tail.address <= buf.data_ptr() < tail.address + tail.nbytes
 
 
-def scratch_bytes_for(shape, n_tokens: int, device, *, decoded: bool) -> int:
-    """The fixup scratch one expert-GEMM launch over n_tokens asks for: the kernel's own launch
-    plan (strata.kernels.tiles.plan_launch, honouring an active pin_tile), so no second count.
-    decoded: the layer's weights are in a block format (strata.kernels.moe.decoded_weights of
-    its layout); the tile, hence the scratch, depends on it."""
-    from strata.kernels.tiles import plan_launch
-    return plan_launch(n_tokens, shape.top_k, shape.n_expert, shape.d_model, shape.d_expert,
-                       decoded=decoded, device=torch.device(device)).scratch_bytes
-
-
-def slab_reserve(shape, n_tokens: int, chunk: int, device, *, decoded) -> int:
-    """Tail bytes the slab needs for a prompt of n_tokens read in chunks of `chunk`: what a dry
-    SlabPool (strata.memory.pool: the pool's own classes and bump, no memory) reaches over the
-    requests of its launches (the full chunks and the last partial one, for each kind of layer:
-    `decoded` is a bool or the set of decoded_weights over the layers), one launch's scratch at
-    a time as ParticipantScratch hands them out. 0 when no launch runs stream-k."""
-    kinds = {bool(decoded)} if isinstance(decoded, bool) else {bool(d) for d in decoded}
-    sizes = [chunk] + ([n_tokens % chunk] if n_tokens % chunk else [])
-    pool = SlabPool.dry()
-    for t in sizes:
-        for d in sorted(kinds):
-            if (b := scratch_bytes_for(shape, t, device, decoded=d)) > 0:
-                pool.release(pool.alloc(b))
-    return pool.high_water
-
-
-__all__ = ["LOG_MIN", "OrdinaryScratch", "ParticipantScratch", "scratch_bytes_for",
-           "slab_reserve"]
+__all__ = ["LOG_MIN", "OrdinaryScratch", "ParticipantScratch"]

@@ -21,7 +21,7 @@ the engine passes `ordinary_alloc` instead).
 A pool without memory (`SlabPool.dry(nbytes)`) runs the same classes, free list and bump over a
 tail on the meta device (views without storage, data_ptr = offset): its `used`, `high_water`
 and `ordinary_bytes` are what a real tail of that size reaches for the same requests. That is
-how the planner's slab reserve (strata.engine.scratch.slab_reserve) counts, as `Carve.dry()`
+how the planner's slab reserve (strata.planning.slab_reserve) counts, as `Carve.dry()`
 counts for `bytes_needed`: one count, never two.
 """
 from __future__ import annotations

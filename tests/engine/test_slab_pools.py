@@ -9,8 +9,8 @@ from hypothesis import example, given, settings, strategies as st
 import torch
 
 from strata import config
-from strata.engine.scratch import OrdinaryScratch, ParticipantScratch, scratch_bytes_for, \
-    slab_reserve
+from strata.engine.scratch import OrdinaryScratch, ParticipantScratch
+from strata.planning import scratch_bytes_for, slab_reserve
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.kernels import moe as kmoe

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from strata.engine.scratch import scratch_bytes_for, slab_reserve
+from strata.planning import scratch_bytes_for, slab_reserve
 from strata.kernels import moe_ffn, topk_route
 from strata.kernels.moe import decoded_weights, last_launch
 from strata.kernels.grouping import group_blocked
