@@ -25,7 +25,7 @@ falls back (no full ring beside the smallest chunk), every rank plans the whole 
 gathered participants (cache layouts and lend caps: plain data), as the single-process split
 does, and takes its own ParticipantPlan. Either way every rank runs the same chunk under the same
 rule, and plan = engine holds per rank: each rank borrows and carves its own ParticipantPlan
-through `borrow_and_carve`. --prefill legacy is refused.
+through `strata.engine.session.open_share`. --prefill legacy is refused.
 
 Per chunk, rank 0 embeds the tokens, every rank runs its layers (the model's forward_layers) and
 hands the hidden states [T, D] (the model's dtype: T·D·2 bytes in bf16) to rank r + 1 with
@@ -62,18 +62,15 @@ from strata.budget import check_machine
 from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
-from strata.engine.prefill import (Borrowed, EngineConfig, Part, _FailingProvider, _first_line,
-                                   attn_scratch, borrow_and_carve, dense_dtype, engine_policy,
-                                   new_prompt_kv, plan_inputs, plan_prompt, resolved,
-                                   uses_prompt_kv)
-from strata.engine.provider import STAGE as MODE_STAGE
-from strata.engine.provider import STREAM as MODE_STREAM
-from strata.engine.provider import StreamingProvider
+from strata.engine.prefill import (EngineConfig, Part, _FailingProvider, _first_line,
+                                   dense_dtype, engine_policy, new_prompt_kv, plan_inputs,
+                                   plan_prompt, resolved, uses_prompt_kv)
 from strata.engine.scratch import ParticipantScratch
+from strata.engine.session import Borrowed, close_shares, open_share
 from strata.engine.stats import PrefillStats
 from strata.engine.warm import dry_tokens
 from strata.errors import StrataError
-from strata.memory import STAGE, ExpertCache, Loan
+from strata.memory import ExpertCache, Loan
 from strata.models.kv import PromptKV
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.mla_scratch import MLAScratch
@@ -339,22 +336,13 @@ class StageEngine:
         mla_scratch: dict[int, MLAScratch] = {}    # layer -> its MLA attention's carve
         try:
             try:
-                carve, bufs, got = borrow_and_carve(part.cache, self.layout, chunk, pp,
-                                                    self.cfg.lend_cap, loans)
-                res.memory.append(got)
-                if "kv_stage" in bufs.bufs:
-                    stages = {l: bufs["kv_stage"] for l in part.layers}
-                if "kv_expand_k" in bufs.bufs:
-                    kv_scratch = {l: attn_scratch(bufs, self.shape) for l in part.layers}
-                if "mla_k" in bufs.bufs:
-                    mla_scratch = {l: MLAScratch.of_carve(bufs) for l in part.layers}
-                if slab:
-                    part.scratch.publish(carve.tail())
-                provider = StreamingProvider(
-                    part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
-                    mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
-                    batch=pp.batch, lane=part.lane, scratch_alloc=part.scratch,
-                    buffers=bufs, land=self.land)
+                share = open_share(part, pp, self.layout, chunk, self.cfg.lend_cap, loans,
+                                   shape=self.shape, host=self.host, layouts=self.layouts,
+                                   land=self.land, slab=slab)
+                res.memory.append(share.got)
+                stages, kv_scratch, mla_scratch = (share.stages, share.kv_scratch,
+                                                   share.mla_scratch)
+                provider = share.provider
                 watched = provider
                 if fail_after_layers is not None:
                     watched = _FailingProvider(provider, fail_after_layers)
@@ -367,11 +355,7 @@ class StageEngine:
                     c.settle()
                 res.stats.chunks.extend(provider.chunks)
         finally:
-            part.lane.sync()
-            part.scratch.drop()
-            for loan in loans:
-                loan.refill()
-            part.lane.sync()
+            close_shares([part], loans)
         _raise_first(list(enumerate(self._gather(error))), self.world)
         return res
 

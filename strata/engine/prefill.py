@@ -9,7 +9,7 @@ KV of the longest prompt, a reserve) and fills round-robin over layers.
 
 Per prompt: plan (chunk + ring, one byte budget: strata.memory.scan, for this prompt's length),
 borrow the loan the plan names from the top of the cache, carve the ring and the chunk's buffers
-out of it exactly as the plan laid them out (`borrow_and_carve`: every size read off the plan,
+out of it exactly as the plan laid them out (strata.engine.session: every size read off the plan,
 none derived again; `PrefillResult.memory` records what was borrowed and carved), read the prompt
 chunk by chunk (every layer computes its experts from cache slots and ring slots, copies overlapped with
 compute: strata.engine.provider), then refill the borrowed slots. A prompt that fails — bad
@@ -40,25 +40,19 @@ from strata.engine.device import Lane
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.observe import EngineObserver
-from strata.engine.provider import STAGE as MODE_STAGE
-from strata.engine.provider import STREAM as MODE_STREAM
-from strata.engine.provider import SplitProvider, StreamingProvider
+from strata.engine.provider import SplitProvider
 from strata.engine.scratch import ParticipantScratch
+from strata.engine.session import Borrowed, close_shares, open_share
 from strata.engine.stats import PrefillStats
 from strata.engine.variants import KernelLaunches
 from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, dry_tokens, warm_layers
 from strata import config
 from strata.errors import AllocationError, StrataError
 from strata.kernels.attention.kv_int8 import resolve_kv
-from strata.memory import (STAGE, ExpertCache, Loan, PromptLayout, RingPolicy, plan_prefill,
-                           use_fused)
-from strata.memory.carve import Carve
-from strata.memory.layout import PromptBuffers
+from strata.memory import ExpertCache, Loan, PromptLayout, RingPolicy, plan_prefill, use_fused
 from strata.memory.rig import RESERVE, participants
-from strata.memory.scan import ParticipantPlan
 from strata.models.kv import PromptKV, kv_windows
 from strata.models.load import load_model, open_pack, resolve_device
-from strata.models.mla_scratch import MLAScratch
 from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import KVPolicy, layout_spec, model_sizes, scratch_reserve
 from strata.units import fmt_bytes
@@ -121,40 +115,6 @@ class Part:
     cache: ExpertCache
     lane: Lane
     scratch: ParticipantScratch  # its stream-k fixup scratch (strata.engine.scratch)
-
-
-@dataclass(frozen=True)
-class Borrowed:
-    """What one participant actually borrowed and carved for a prompt (read off the Loan and
-    the Carve, not the plan), for comparing with the plan's ParticipantPlan."""
-    name: str
-    loan_slots: int
-    loan: int                  # bytes of the loan
-    ring_slots: int
-    placements: tuple[tuple[str, int, int], ...]   # (name, offset, nbytes) of every buffer
-    stop: int                  # the carve's stop: bytes of the loan the layout used
-    tail: int                  # bytes the carve left (the slab's tail)
-
-
-def borrow_and_carve(cache: ExpertCache, layout: PromptLayout, chunk: int, pp: ParticipantPlan,
-                     lend_cap: float, loans: list[Loan]
-                     ) -> tuple[Carve, PromptBuffers, Borrowed]:
-    """Borrow the loan the plan names for this participant and carve its layout: `pp.borrow`
-    bytes, then `chunk` tokens beside `pp.ring_slots` ring slots. The loan joins `loans` as soon
-    as it exists (the caller refills it, even when the carve fails)."""
-    loan = Loan(cache, pp.borrow, lend_cap)
-    loans.append(loan)
-    carve = loan.carve()
-    bufs = layout.carve(carve, chunk, pp.ring_slots, pp.batch)
-    tail = carve.tail()
-    got = Borrowed(pp.name, loan.n_slots, loan.nbytes, int(bufs.ring.shape[0]),
-                   tuple((q.name, q.offset, q.nbytes) for q in bufs.placements), bufs.stop,
-                   tail.nbytes)
-    if (got.loan_slots, got.stop) != (pp.loan_slots, pp.bytes_needed):
-        raise StrataError(f"{pp.name}: the engine borrowed {got.loan_slots} slots and carved "
-                          f"{got.stop:,} B but the plan says {pp.loan_slots} slots and "
-                          f"{pp.bytes_needed:,} B; the plan and the carve must agree (a bug)")
-    return carve, bufs, got
 
 
 class PrefillEngine:
@@ -402,28 +362,14 @@ class PrefillEngine:
             providers = []
             for part, pp in zip(self.parts, plan.participants):
                 # each participant carves its own ring (the fallback rule may size them apart)
-                if pp.scratch_reserve and pp.borrow == pp.bytes_needed:
-                    log.info("strata prefill mmq: %s has no room to lend %s more for the scratch "
-                             "slab; it serves what the tail holds", part.name,
-                             fmt_bytes(pp.scratch_reserve))
-                carve, bufs, got = borrow_and_carve(part.cache, self.layout, chunk, pp,
-                                                    self.cfg.lend_cap, loans)
-                memory.append(got)
-                for o in self.observers:
-                    o.on_loan(part, pp.bytes_needed, loans[-1])
-                if "kv_stage" in bufs.bufs:
-                    stages.update({l: bufs["kv_stage"] for l in part.layers})
-                if "kv_expand_k" in bufs.bufs:
-                    kv_scratch.update({l: attn_scratch(bufs, self.shape) for l in part.layers})
-                if "mla_k" in bufs.bufs:
-                    mla_scratch.update({l: MLAScratch.of_carve(bufs) for l in part.layers})
-                if slab:  # the slab: scratch from this layout's tail (empty: ordinary memory)
-                    part.scratch.publish(carve.tail())
-                providers.append(StreamingProvider(
-                    part.cache, self.host, self.layouts, bufs.ring, n_expert=self.shape.n_expert,
-                    mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=part.layers,
-                    batch=pp.batch, lane=part.lane, scratch_alloc=part.scratch,
-                    buffers=bufs, observers=self.observers, name=part.name, land=self.land))
+                share = open_share(part, pp, self.layout, chunk, self.cfg.lend_cap, loans,
+                                   shape=self.shape, host=self.host, layouts=self.layouts,
+                                   land=self.land, slab=slab, observers=self.observers)
+                memory.append(share.got)
+                stages.update(share.stages)
+                kv_scratch.update(share.kv_scratch)
+                mla_scratch.update(share.mla_scratch)
+                providers.append(share.provider)
             provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
             if fail_after_layers is not None:
                 provider = _FailingProvider(provider, fail_after_layers)
@@ -463,14 +409,7 @@ class PrefillEngine:
                     c.settle()
                 stats.chunks.extend(pr.chunks)
         finally:
-            # Drain the copy lanes before the borrowed slots are rewritten, drop the scratch slab
-            # (nothing may write into the tail once the slots refill), then refill them.
-            self._sync()
-            for part in self.parts:
-                part.scratch.drop()
-            for loan in loans:
-                loan.refill()
-            self._sync()
+            close_shares(self.parts, loans)
             kv_streamed = kv.streamed if kv is not None else 0
             kv_bytes = (cache.vram_bytes, cache.host_bytes) if cache is not None else (0, 0)
             if kv is not None:
@@ -576,15 +515,6 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
         if cap < min(b.cache for b in budgets):
             parts, budgets = participants(sizes, blob_sizes, vram, cache=cap, **kw)
     return parts, budgets, layout, fused
-
-
-def attn_scratch(bufs, shape):
-    """The int8 attention's AttnScratch over a carve's kv_expand_k / kv_expand_v (/ attn_state)
-    buffers (strata.planning.KV_EXPAND_BUFS)."""
-    from strata.kernels.attention import AttnScratch
-    kv = (shape.n_kv_head, shape.head_dim)
-    return AttnScratch(bufs["kv_expand_k"].view(-1, *kv), bufs["kv_expand_v"].view(-1, *kv),
-                       bufs.bufs.get("attn_state"))
 
 
 def dense_dtype(cfg: EngineConfig, device_type: str) -> torch.dtype:

@@ -22,9 +22,10 @@ from hypothesis import HealthCheck, assume, event, example, given, settings, str
 
 from strata.blob import BlobLayout
 from strata.cli import main
-from strata.engine import prefill as engine_prefill
-from strata.engine.prefill import (EngineConfig, PrefillEngine, borrow_and_carve, plan_inputs,
+from strata.engine import session as engine_session
+from strata.engine.prefill import (EngineConfig, PrefillEngine, plan_inputs,
                                    plan_prompt)
+from strata.engine.session import borrow_and_carve
 from strata.errors import PlanError, StrataError
 from strata.kernels.tiles import pin_tile
 from strata.memory import ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
@@ -82,13 +83,13 @@ def planned(pp: dict) -> dict:
 def test_run_records_what_the_plan_reported(pack, capsys, monkeypatch, n_tokens, blobs, vram,
                                             kw):
     calls = []
-    real = engine_prefill.borrow_and_carve
+    real = engine_session.borrow_and_carve
 
     def spy(cache, layout, chunk, pp, lend_cap, loans):
         calls.append(pp.name)
         return real(cache, layout, chunk, pp, lend_cap, loans)
 
-    monkeypatch.setattr(engine_prefill, "borrow_and_carve", spy)
+    monkeypatch.setattr(engine_session, "borrow_and_carve", spy)
     from strata.packs import Pack
     from strata.units import parse_size
     cache = blobs * Pack.open(pack).max_blob

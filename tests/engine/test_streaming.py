@@ -266,7 +266,7 @@ def test_a_short_prompt_carves_no_more_ring_than_its_plan(pack64, monkeypatch):
     """A prompt under stream_all_min (STAGE) on a cache so tight the plan falls back to a ring
     of about 24 slots: the engine carves that ring (STAGE staging in ring-sized batches), not
     one slot per routed expert (60), and borrows the slots the plan names."""
-    from strata.engine import prefill as engine_prefill
+    from strata.engine import session as engine_session
     from strata.memory import Loan, PromptLayout
     blob = blob_bytes(pack64, 1)
     probe = PrefillEngine(pack64, EngineConfig(vram=1 << 30, cache=blob * 256, max_prompt=64,
@@ -287,7 +287,7 @@ def test_a_short_prompt_carves_no_more_ring_than_its_plan(pack64, monkeypatch):
             lent.append(self.n_slots)
 
     monkeypatch.setattr(PromptLayout, "carve", watch_carve)
-    monkeypatch.setattr(engine_prefill, "Loan", WatchedLoan)
+    monkeypatch.setattr(engine_session, "Loan", WatchedLoan)
     eng = PrefillEngine(pack64, EngineConfig(vram=1 << 30, cache=cache, max_prompt=64,
                                              device="cpu", ffn="ref", scan_max=256))
     tokens = torch.randint(0, SHAPE64.vocab, (15,), generator=torch.Generator().manual_seed(3))
