@@ -115,7 +115,7 @@ def read_prompts(args, rec, eng, pack, shape, prompts, h2d, cfg) -> None:
         pcie_s = (st.bytes_streamed + res.kv_streamed) / h2d
         common = dict(prompt=T, chunk=res.chunk, ring=res.ring, layers=shape.n_layer,
                       moe_layers=len(shape.moe_layers), quant=args.quant,
-                      expert_bytes=pack.expert_bytes, vram_gib=cfg.vram / GIB, kv=cfg.kv,
+                      expert_bytes=pack.expert_bytes, vram_gib=sum(cfg.vram) / GIB, kv=cfg.kv,
                       kv_resident=cfg.kv_resident)
         rec.add("tokens_per_s", st.tokens_per_s, "tok/s", timer=bench.WALL_TIMER,
                 bound="PCIe: bytes streamed / pinned H2D measured",

@@ -116,8 +116,7 @@ def run(args) -> int:
         rows.append({
             "model": f"{engine.shape.arch} L{engine.shape.n_layer} E{engine.shape.n_expert}",
             "pack_bytes": sum(engine.blob_sizes) * engine.shape.n_expert,
-            "vram": "+".join(fmt_bytes(v) for v in
-                             (cfg.vram if isinstance(cfg.vram, list) else [cfg.vram])),
+            "vram": "+".join(fmt_bytes(v) for v in cfg.vram),
             "kv": str(getattr(args, "kv", "") or "bf16"),
             "test": f"pp{n}", "n_tokens": n, "chunk": res.chunk, "ring": res.ring,
             "reps": args.repeats,

@@ -363,7 +363,7 @@ def refuse_unfit_plan(pack, cfg, n_tokens: int) -> None:
     from strata.commands._args import unfit_line
     from strata.engine.prefill import _default_devices, plan_inputs, plan_prompt
     from strata.models.load import resolve_device
-    vram = cfg.vram if isinstance(cfg.vram, list) else [cfg.vram]
+    vram = cfg.vram
     dev = resolve_device((cfg.devices or _default_devices(cfg.device, len(vram)))[0])
     blobs = [pl.blob_size for pl in pack.layers]
     parts, _, layout, fused = plan_inputs(pack.shape, blobs, pack.native, cfg, dev.type)

@@ -187,7 +187,7 @@ class StageEngine:
         self.dcfg, self.rank, self.world = dcfg, rank, world
         self.pack = pack = open_pack(pack)
         self.shape = s = pack.shape
-        vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
+        vram = cfg.vram
         if len(vram) == 1:
             vram = vram * world
         if len(vram) != world:

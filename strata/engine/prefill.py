@@ -63,7 +63,8 @@ log = logging.getLogger("strata")
 @dataclass
 class EngineConfig:
     """Everything a prefill run is configured by; the CLI fills it from its flags."""
-    vram: int | list[int]              # bytes of VRAM per GPU (a list splits layers over GPUs)
+    vram: int | list[int]              # bytes of VRAM per GPU (several split layers over GPUs);
+                                       # held as a list, one per participant (__post_init__)
     cache: int | None = None           # expert cache bytes (default: derived from vram)
     lend_cap: float = 0.9              # most of the cache a prompt may borrow
     scan: str = "auto"                 # auto | legacy
@@ -86,6 +87,10 @@ class EngineConfig:
     batch: int | None = None           # experts per streamed batch (default ring // 2)
     slab: bool | None = None           # scratch slab from the loan's tail; None: STRATA_MMQ_SLAB
     progress: bool = False
+
+    def __post_init__(self):
+        # one VRAM budget or one per participant, held as a list once, read as one everywhere
+        self.vram = list(self.vram) if isinstance(self.vram, (list, tuple)) else [self.vram]
 
 
 @dataclass
@@ -132,7 +137,7 @@ class PrefillEngine:
         self.observers: list[EngineObserver] = list(observers or [])
         self.pack = pack = open_pack(pack)
         self.shape = pack.shape
-        vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
+        vram = cfg.vram
         devices = [resolve_device(d) for d in (cfg.devices or _default_devices(cfg.device,
                                                                                len(vram)))]
         if len(devices) != len(vram):
@@ -487,7 +492,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
     is capped at what it can hold (strata.budget.cpu_cache_cap): --vram there is a budget, not
     an allocation. `policy`: the launch choices (None: the environment's, read now)."""
     policy = engine_policy(cfg) if policy is None else policy
-    vram = list(cfg.vram) if isinstance(cfg.vram, (list, tuple)) else [cfg.vram]
+    vram = cfg.vram
     for v in vram:
         if cfg.cache is not None and cfg.cache > v:
             raise StrataError(f"--cache {fmt_bytes(cfg.cache)} is more than --vram "
