@@ -267,42 +267,30 @@ class PrefillEngine:
                   warm_layers([p.layers for p in self.parts], self.layouts))
         probe = ProbePlan(n_tokens, C, self.cfg.kv_resident)
         made: list[WarmKV] = []
-        saved = self.observers, self.model, self.parts
-        real_prompt_kv = self.prompt_kv
+        model, parts = self.model, self.parts
+        if len(layers) < self.shape.n_layer:   # the read runs these parts' layers, this model's
+            keep = set(layers)
+            model = LayerSubset(self.model, layers)
+            parts = [replace(p, layers=[l for l in p.layers if l in keep]) for p in self.parts]
 
         def dry_kv(n_dry: int, stages: dict):
             # PromptKV views (and may stage) every layer's buffer and lane, read or not: the
             # skipped layers get their participant's (one stage buffer a participant)
-            sub, every = self.parts, {}
-            for sp, p in zip(sub, saved[2]):
+            every = {}
+            for sp, p in zip(parts, self.parts):
                 read = [l for l in sp.layers if l in stages]
                 if read:
                     every.update({l: stages[read[0]] for l in p.layers})
-            stages = every
-            self.parts = saved[2]
-            try:
-                kv = real_prompt_kv(n_dry, stages, make=lambda *a, **kw: WarmKV(
-                    *a, probe=probe, stage_bufs=stages, **kw))
-            finally:
-                self.parts = sub
+            kv = self.prompt_kv(n_dry, every, parts=self.parts, make=lambda *a, **kw: WarmKV(
+                *a, probe=probe, stage_bufs=every, **kw))
             if kv is not None:
                 made.append(kv)
             return kv
 
         t0 = time.perf_counter()
-        try:
-            self.observers = []
-            self.prompt_kv = dry_kv
-            if len(layers) < self.shape.n_layer:   # run() reads these parts' layers, this model's
-                keep = set(layers)
-                self.model = LayerSubset(self.model, layers)
-                self.parts = [replace(p, layers=[l for l in p.layers if l in keep])
-                              for p in saved[2]]
-            with torch.inference_mode(), KernelLaunches() as seen:
-                self.run(dry, logits="last", plan=plan)
-        finally:
-            self.observers, self.model, self.parts = saved
-            self.__dict__.pop("prompt_kv", None)    # the class's own again
+        with torch.inference_mode(), KernelLaunches() as seen:
+            self._gc_paused(dry, logits="last", fail_after_layers=None, plan=plan,
+                            rd=_Reading(model, parts, [], dry_kv))
         took = time.perf_counter() - t0
         self._warm.add(key)
         t = self.timings
@@ -327,21 +315,27 @@ class PrefillEngine:
         a collection runs on the thread that enqueues both lanes, and while it runs neither
         gets work. Reference counting still frees every tensor at once; only cycles wait for
         the prompt's end."""
+        return self._gc_paused(tokens, logits=logits, fail_after_layers=fail_after_layers,
+                               plan=plan, rd=_Reading(self.model, self.parts, self.observers,
+                                                      self.prompt_kv))
+
+    def _gc_paused(self, tokens, **kw) -> PrefillResult:
         paused = gc_pause() and gc.isenabled()
         if paused:
             gc.disable()
         try:
-            return self._run(tokens, logits=logits, fail_after_layers=fail_after_layers,
-                             plan=plan)
+            return self._run(tokens, **kw)
         finally:
             if paused:
                 gc.enable()
 
-    def _run(self, tokens, *, logits: str, fail_after_layers: int | None,
-             plan) -> PrefillResult:
+    def _run(self, tokens, *, logits: str, fail_after_layers: int | None, plan,
+             rd: "_Reading") -> PrefillResult:
+        """run()'s read, of `rd`'s model over `rd`'s participants with its observers and KV
+        factory (the warm-up passes a layer subset, none and its dry KV)."""
         if logits not in ("all", "last", "none"):
             raise StrataError(f"logits must be all, last or none, got {logits!r}")
-        tokens = self.model.check_tokens(tokens)
+        tokens = rd.model.check_tokens(tokens)
         T = tokens.numel()
         if T > self.cfg.max_prompt:
             raise StrataError(f"the prompt has {T} tokens but this engine reserved KV for "
@@ -353,7 +347,7 @@ class PrefillEngine:
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
         chunk, ring = plan.chunk, plan.ring
-        for o in self.observers:
+        for o in rd.observers:
             o.on_plan(plan, chunk, ring)
         stats = PrefillStats(tokens=T)
         out = None
@@ -365,11 +359,11 @@ class PrefillEngine:
         mla_scratch: dict[int, object] = {}   # layer -> MLAScratch of its participant's carve
         try:
             providers = []
-            for part, pp in zip(self.parts, plan.participants):
+            for part, pp in zip(rd.parts, plan.participants):
                 # each participant carves its own ring (the fallback rule may size them apart)
                 share = open_share(part, pp, self.layout, chunk, self.cfg.lend_cap, loans,
                                    shape=self.shape, host=self.host, layouts=self.layouts,
-                                   land=self.land, slab=slab, observers=self.observers)
+                                   land=self.land, slab=slab, observers=rd.observers)
                 memory.append(share.got)
                 stages.update(share.stages)
                 kv_scratch.update(share.kv_scratch)
@@ -380,26 +374,26 @@ class PrefillEngine:
                 provider = _FailingProvider(provider, fail_after_layers)
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
-            kv = self.prompt_kv(T, stages)
+            kv = rd.prompt_kv(T, stages)
             if kv is not None:      # each layer's attention scratch, from its carve
                 kv.scratch = mla_scratch if self.shape.mla else kv_scratch
             cache = kv
             if kv is None:          # the model's own cache, in the run's KV dtype
-                cache = self.model.new_cache(capacity=T, kv=self.cfg.kv)
+                cache = rd.model.new_cache(capacity=T, kv=self.cfg.kv)
                 if self.shape.mla:  # MLA all resident: its attention works in the carve
                     cache.scratch = mla_scratch
-            self._sync()
+            _sync(rd.parts)
             t0 = time.perf_counter()
-            read_marks = [self._read_mark(p) for p in self.parts] if self.observers else []
+            read_marks = [self._read_mark(p) for p in rd.parts] if rd.observers else []
             try:
-                out = self.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=cache,
+                out = rd.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=cache,
                                          progress=(lambda n: bar.update(n - bar.n)) if bar else None,
                                          observer=self.finite.begin(self.shape.n_layer))
                 self.finite.check()   # the prompt's one host read of the finite flags
-                self._sync()
-                for p, begin in zip(self.parts, read_marks):
+                _sync(rd.parts)
+                for p, begin in zip(rd.parts, read_marks):
                     end = self._read_mark(p)
-                    for o in self.observers:
+                    for o in rd.observers:
                         o.on_read(p.name, begin, end)
             except torch.cuda.OutOfMemoryError as e:
                 raise AllocationError(f"a device allocation failed mid-prompt ({_first_line(e)}); "
@@ -414,7 +408,7 @@ class PrefillEngine:
                     c.settle()
                 stats.chunks.extend(pr.chunks)
         finally:
-            close_shares(self.parts, loans)
+            close_shares(rd.parts, loans)
             kv_streamed = kv.streamed if kv is not None else 0
             kv_bytes = (cache.vram_bytes, cache.host_bytes) if cache is not None else (0, 0)
             if kv is not None:
@@ -422,7 +416,7 @@ class PrefillEngine:
             del kv, cache, stages, kv_scratch, mla_scratch
         result = PrefillResult(out, plan, chunk, ring, stats, memory, kv_streamed,
                                self.kv.dtype, kv_bytes)
-        for o in self.observers:
+        for o in rd.observers:
             o.on_result(result)
         return result
 
@@ -435,23 +429,38 @@ class PrefillEngine:
     def uses_prompt_kv(self) -> bool:
         return uses_prompt_kv(self.shape, self.cfg)
 
-    def prompt_kv(self, n_tokens: int, stages: dict[int, torch.Tensor], *, make=PromptKV
-                  ) -> PromptKV | None:
+    def prompt_kv(self, n_tokens: int, stages: dict[int, torch.Tensor], *, make=PromptKV,
+                  parts=None) -> PromptKV | None:
         """A prompt's KV (None: the model's own cache), made by `make` (PromptKV's signature:
         the warm-up's WarmKV). Its host-held part is checked against the host's memory before
         anything is pinned (strata.budget.check_kv_host)."""
         if not self.uses_prompt_kv():
             return None
+        parts = self.parts if parts is None else parts
         return new_prompt_kv(self.shape, self.cfg, self.sizes, n_tokens,
-                             layers=[l for p in self.parts for l in p.layers],
-                             vram=sum(b.budget.vram for b in self.parts),
+                             layers=[l for p in parts for l in p.layers],
+                             vram=sum(b.budget.vram for b in parts),
                              devices=self.model.layer_devices, stages=stages,
-                             lanes={l: part.lane for part in self.parts for l in part.layers},
+                             lanes={l: part.lane for part in parts for l in part.layers},
                              pin=self.pinned and self.device.type == "cuda", make=make)
 
     def _sync(self) -> None:
-        for part in self.parts:
-            part.lane.sync()
+        _sync(self.parts)
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What one read goes through: the model (or a layer subset of it), the participants (their
+    layers), the observers and the KV factory (PrefillEngine.prompt_kv's signature)."""
+    model: object
+    parts: list
+    observers: list
+    prompt_kv: object
+
+
+def _sync(parts) -> None:
+    for part in parts:
+        part.lane.sync()
 
 
 def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:

@@ -40,11 +40,11 @@ def test_warmup_reads_the_prompts_chunk_sizes_and_leaves_the_cache_whole(pack):
     seen = Count()
     eng.observers.append(seen)
     calls = []
-    real = eng.run
-    eng.run = lambda tokens, **kw: (calls.append((tokens.numel(), kw["plan"].chunk)),
-                                    real(tokens, **kw))[1]
+    real = eng._run     # the read run() makes; the warm-up passes its own model, parts and KV
+    eng._run = lambda tokens, **kw: (calls.append((tokens.numel(), kw["plan"].chunk)),
+                                     real(tokens, **kw))[1]
     assert eng.warmup(TOKENS.numel()) > 0
-    eng.run = real
+    eng._run = real
     # 12 tokens in chunks of 8: the dry prompt is one full chunk and the partial 4 behind it
     assert calls == [(CHUNK + TOKENS.numel() % CHUNK, CHUNK)]
     assert eng.warmup_lengths(TOKENS.numel()) == (CHUNK, [CHUNK, TOKENS.numel() % CHUNK])
@@ -144,21 +144,22 @@ def test_warmup_reads_only_the_warm_layers_through_the_same_run(pack4):
     before, index = eng.cache.buffer.clone(), dict(eng.cache.index)
     cold = eng.run(ONE, logits="last")
     seen = []
-    real = eng.run
+    real = eng._run     # the read run() makes, here of the warm-up's own model and parts
 
     def spy(tokens, **kw):
         res = real(tokens, **kw)
-        seen.append((type(eng.model).__name__, [list(p.layers) for p in eng.parts], res))
+        rd = kw["rd"]
+        seen.append((type(rd.model).__name__, [list(p.layers) for p in rd.parts], res))
         return res
-    eng.run = spy
+    eng._run = spy
     eng.warmup(ONE.numel())
-    eng.run = real
+    eng._run = real
     (kind, layers, res), = seen
     assert kind == "LayerSubset" and layers == [[0, 1]]
     # STREAM mode queues every uncached expert of each read layer: two layers' worth, not all
     assert 0 < res.stats.bytes_streamed < cold.stats.bytes_streamed
     assert type(eng.model).__name__ != "LayerSubset" and list(eng.parts[0].layers) == list(
-        range(n_layer)), "the warm-up puts the model and the parts back"
+        range(n_layer)), "the warm-up leaves the engine's model and parts as they are"
     assert torch.equal(eng.cache.buffer, before) and eng.cache.index == index
     assert torch.equal(eng.run(ONE, logits="last").logits, cold.logits)
     assert eng.timings["warmup_layers"] == 2
