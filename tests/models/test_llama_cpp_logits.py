@@ -453,8 +453,8 @@ def tipped(read, base: Read, want: np.ndarray, bound: float
 
 
 # ---- the fixtures --------------------------------------------------------------------------------
-INFO = json.loads((DATA / "llama_cpp.json").read_text()) if (DATA / "llama_cpp.json").exists() \
-    else {"models": {}}
+# committed with the tests: a missing fixture fails here, it is never skipped
+INFO = json.loads((DATA / "llama_cpp.json").read_text())
 FILES = [(m, f) for m, e in INFO["models"].items() for f in e["files"]]
 QUANT_FILES = [(m, f) for m, f in FILES if not m.endswith("-yarn")]
 
@@ -547,7 +547,6 @@ def _id(x):
 
 
 # ---- the tests -------------------------------------------------------------------------------
-@pytest.mark.skipif(not FILES, reason="tests/models/data/llama_cpp has no llama_cpp.json")
 def test_the_fixtures_are_the_files_llama_cpp_read():
     """Every file of the folder is byte for byte the one the maker wrote (its sha256 in
     llama_cpp.json): the GGUFs llama.cpp read, its logits, transformers' logits."""
@@ -682,8 +681,7 @@ WRONG_ROUNDING = {   # a file, the format its weights' activations are rounded t
 def test_emulated_bound_catches_another_format_s_rounding(packs, reads, fname):
     from strata.packs import Pack
     model = {f: m for m, f in QUANT_FILES}.get(fname)
-    if model is None:
-        pytest.skip(f"no {fname}")
+    assert model is not None, f"llama_cpp.json lists no {fname}"
     r = reads(model, fname)
     got = read_pack(packs(fname), DATA / fname, tokens=INFO["models"][model]["tokens"],
                     shape=llama_cpp_shape(Pack.open(packs(fname)).shape),
@@ -733,8 +731,7 @@ def _wrong(packs, reads, fname, emulate: bool):
     WRONG_SHAPE's hyperparameter."""
     from strata.packs import Pack
     model = {f: m for m, f in QUANT_FILES}.get(fname)
-    if model is None:
-        pytest.skip(f"no {fname}")
+    assert model is not None, f"llama_cpp.json lists no {fname}"
     r = reads(model, fname)
     shape = llama_cpp_shape(Pack.open(packs(fname)).shape).with_(**WRONG_SHAPE[fname])
     arith = Arith(mode="emulate", tips=_tips(r)) if emulate else Arith()
@@ -778,10 +775,8 @@ def yarn(packs):
     return pack, out
 
 
-needs_yarn = pytest.mark.skipif(YARN not in INFO["models"], reason="no deepseek2-yarn fixture")
 
 
-@needs_yarn
 def test_yarn_keys_as_the_converter_wrote_them(yarn):
     import math
     from strata.packs import Pack
@@ -796,7 +791,6 @@ def test_yarn_keys_as_the_converter_wrote_them(yarn):
     assert len(yarn[1]["-long"]["tokens"]) > cfg["original_max_position_embeddings"]
 
 
-@needs_yarn
 @pytest.mark.parametrize("sfx", ["", "-long"], ids=["short", "long"])
 def test_yarn_equals_transformers_and_llama_cpp(yarn, sfx):
     r = yarn[1][sfx]
@@ -805,7 +799,6 @@ def test_yarn_equals_transformers_and_llama_cpp(yarn, sfx):
     assert rel(r["own"], r["lc"]) < r["order"]
 
 
-@needs_yarn
 @pytest.mark.parametrize("how", ["resident", "streamed"])
 def test_yarn_cli_equals_transformers(yarn, tmp_path, how):
     """`strata prefill` on the converter's file, resident and streamed, long prompt."""
@@ -820,7 +813,6 @@ def test_yarn_cli_equals_transformers(yarn, tmp_path, how):
     assert rel(np.load(out), r["hf"]) < r["order"]
 
 
-@needs_yarn
 @pytest.mark.parametrize("sfx", ["", "-long"], ids=["short", "long"])
 def test_yarn_read_as_plain_rope_is_far_off(yarn, sfx):
     from strata.packs import Pack
