@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from strata.kernels.attention.probe import attention_impl
 from strata.models.kv import KVCache, PromptKV
 from strata.models.layers import norm_rope
 
@@ -142,7 +143,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
         # the Triton kernel reads bf16 (CUDA, or pinned); its torch twin computes in the dense
         # dtype. The chunk's keys are attended as the cache keeps them (a float KV dtype), as
         # KVCache does below.
-        from strata.kernels.attention.probe import attention_impl
         at = torch.bfloat16 if attention_impl(q.device) == "triton" else q.dtype
         kd = at if cache.kv == "int8" else cache.code
         extra = {}

@@ -16,6 +16,9 @@ from strata.packs.provenance import check_record, gguf_record, hf_record
 def source_record(src) -> dict:
     """The record of a source path: a GGUF file or a HF folder (its config.json)."""
     src = Path(src)
+    if not src.exists():
+        raise StrataError(f"--source {src}: no such file or folder; give the GGUF file or HF "
+                          f"folder the pack was made from")
     if src.is_dir():
         return hf_record(_config(src))
     return gguf_record(open_gguf(src))
