@@ -56,3 +56,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+def pytest_runtest_logreport(report):
+    """With STRATA_TEST_TIMES=FILE each test's call time is appended to FILE as it finishes (in
+    the xdist controller too), so a device run stopped at its time limit still says which tests
+    took the time (`--durations` and junit files are written only at the end)."""
+    path = os.environ.get("STRATA_TEST_TIMES")
+    if path and report.when == "call" and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f} {report.outcome} {report.nodeid}\n")
