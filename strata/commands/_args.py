@@ -5,7 +5,7 @@ EngineConfig built from them, so the same arguments give the same plan in both c
                                    --unpinned --fused --max-prompt --kv --kv-resident
                                    --layer-split --batch
                                    --experts --device
-    cfg = engine_config(args, n_tokens)     # -> strata.engine.prefill.EngineConfig
+    cfg = engine_config(args, n_tokens)     # -> strata.engine.engine_config.EngineConfig
 
 Values are checked where argparse reads them (a size must be positive, --batch >= 1, ...), and
 the cross-flag rules (--cache within --vram) in `check_budget_flags`.
@@ -162,7 +162,7 @@ def engine_config(args, n_tokens: int | None, *, progress: bool = False,
                   dev_type: str | None = None):
     """The EngineConfig the flags describe (n_tokens: the prompt's length, the KV default;
     dev_type: the device `--experts auto` resolves for, default the one the run uses)."""
-    from strata.engine.prefill import EngineConfig, resolved
+    from strata.engine.engine_config import EngineConfig, resolved
 
     check_budget_flags(args)
     max_prompt = args.max_prompt or n_tokens or 0

@@ -78,7 +78,7 @@ def _source(args):
 def make_plan(args):
     """The plan `strata prefill` would make with the same flags: the same EngineConfig
     (strata.commands._args) through the engine's own plan inputs (plan_inputs)."""
-    from strata.engine.prefill import plan_inputs, plan_prompt
+    from strata.engine.prompt_plan import plan_inputs, plan_prompt
     name, shape, layer_blob, native, layouts = _source(args)
     blobs = [layer_blob[l] for l in range(shape.n_layer)]
     dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default

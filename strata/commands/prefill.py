@@ -358,13 +358,14 @@ def prompts_summary(reports: list[dict]) -> str:
 
 
 def refuse_unfit_plan(pack, cfg, n_tokens: int) -> None:
-    """The engine's plan, made before anything is allocated (strata.engine.prefill.plan_inputs,
+    """The engine's plan, made before anything is allocated (strata.engine.prompt_plan.plan_inputs,
     the engine's own inputs): one line when it cannot fit, naming a ring that would."""
     from strata.commands._args import unfit_line
-    from strata.engine.prefill import _default_devices, plan_inputs, plan_prompt
+    from strata.engine.engine_config import default_devices
+    from strata.engine.prompt_plan import plan_inputs, plan_prompt
     from strata.models.load import resolve_device
     vram = cfg.vram
-    dev = resolve_device((cfg.devices or _default_devices(cfg.device, len(vram)))[0])
+    dev = resolve_device((cfg.devices or default_devices(cfg.device, len(vram)))[0])
     blobs = [pl.blob_size for pl in pack.layers]
     parts, _, layout, fused = plan_inputs(pack.shape, blobs, pack.native, cfg, dev.type)
     pinned = cfg.pin or dev.type != "cuda"

@@ -25,13 +25,15 @@ falls back (no full ring beside the smallest chunk), every rank plans the whole 
 gathered participants (cache layouts and lend caps: plain data), as the single-process split
 does, and takes its own ParticipantPlan. Either way every rank runs the same chunk under the same
 rule, and plan = engine holds per rank: each rank borrows and carves its own ParticipantPlan
-through `strata.engine.session.open_share`. --prefill legacy is refused.
+and keeps its prompt's KV in a `strata.engine.session.PromptSession`, as one process does.
+--prefill legacy is refused.
 
 Per chunk, rank 0 embeds the tokens, every rank runs its layers (the model's forward_layers) and
 hands the hidden states [T, D] (the model's dtype: T·D·2 bytes in bf16) to rank r + 1 with
-send/recv; the last rank computes the logits. Every hand-off is a 1-element status header and,
-when the sender is healthy, the payload: a rank that failed sends "failed" headers for the rest of
-the prompt (and drains what upstream still sends), so nothing waits on a message that never comes.
+send/recv (strata.engine.handoff); the last rank computes the logits. Every hand-off is a
+1-element status header and, when the sender is healthy, the payload: a rank that failed sends
+"failed" headers for the rest of the prompt (and drains what upstream still sends), so nothing
+waits on a message that never comes.
 
 Schedules:
 - "sequential": after every chunk the ranks all-reduce an ok flag (MIN), so chunk c + 1 starts
@@ -60,20 +62,20 @@ import torch.distributed as dist
 
 from strata.budget import check_machine
 from strata.engine.device import Lane
+from strata.engine.engine_config import EngineConfig, dense_dtype, engine_policy, resolved
 from strata.engine.finite import FiniteGuard
+from strata.engine.handoff import Handoff, raise_first, rank_message
 from strata.engine.host import HostExperts
-from strata.engine.prefill import (EngineConfig, Part, _FailingProvider, _first_line,
-                                   dense_dtype, engine_policy, new_prompt_kv, plan_inputs,
-                                   plan_prompt, resolved, uses_prompt_kv)
+from strata.engine.prompt_kv import new_prompt_kv, uses_prompt_kv
+from strata.engine.prompt_plan import plan_inputs, plan_prompt
 from strata.engine.scratch import ParticipantScratch
-from strata.engine.session import Borrowed, close_shares, open_share
+from strata.engine.session import Borrowed, Part, PromptSession
 from strata.engine.stats import PrefillStats
 from strata.engine.warm import dry_tokens
 from strata.errors import StrataError
-from strata.memory import ExpertCache, Loan
+from strata.memory import ExpertCache
 from strata.models.kv import PromptKV
 from strata.models.load import load_model, open_pack, resolve_device
-from strata.models.mla_scratch import MLAScratch
 from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import scratch_reserve
 from strata.units import fmt_bytes
@@ -83,7 +85,6 @@ log = logging.getLogger("strata")
 SEQUENTIAL, PIPELINED = "sequential", "pipelined"
 SCHEDULES = (SEQUENTIAL, PIPELINED)
 TIMEOUT_S = 600.0            # collectives and receives; a dead rank surfaces within this
-_OK, _FAILED = 1, 0          # the hand-off's status header
 
 
 @dataclass(frozen=True)
@@ -150,25 +151,10 @@ def agree_chunk(every: list) -> int | None:
     chunk was forced); None when a rank fell back (the ranks then plan the whole rig jointly
     from the gathered participants: the fallback sizes each ring beside the smallest chunk).
     Raises the lowest failing rank's error, the same on every rank."""
-    _raise_first([(r, e[2]) for r, e in enumerate(every)], len(every))
+    raise_first([(r, e[2]) for r, e in enumerate(every)], len(every))
     if all(e[1] in ("full-ring", "forced") for e in every):
         return min(e[0] for e in every)
     return None
-
-
-def _raise_first(errors, world: int) -> None:
-    for r, e in errors:
-        if e is not None:
-            raise StrataError(f"rank {r} of {world}: {e}")
-
-
-def _message(e: BaseException) -> str:
-    if isinstance(e, StrataError):
-        return str(e).splitlines()[0]
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        return (f"a device allocation failed mid-prompt ({_first_line(e)}); the request failed "
-                f"and the cache was refilled; try a smaller --chunk or more --vram")
-    return f"{type(e).__name__}: {_first_line(e)}"
 
 
 class StageEngine:
@@ -224,8 +210,8 @@ class StageEngine:
         self.finite = FiniteGuard()
         self.model = load_stage(pack, b.layers, device=device, dtype=self.dtype,
                                 ffn=self.finite.wrap(expert_ffn(cfg.ffn)))
-        # the hand-off travels on the CPU under gloo, on the GPU under NCCL
-        self.wire = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.wire = Handoff(rank, world, device, dcfg.timeout_s, width=s.d_model,
+                            dtype=self.dtype)
         self._warm: set = set()     # the warm-ups already read (warmup's keys)
 
     @property
@@ -255,8 +241,8 @@ class StageEngine:
                 raise StrataError(f"the plan does not fit: {mine.short_of()}")
             own = (mine.scan_chunk, mine.rule, None)
         except StrataError as e:
-            own = (0, "error", _message(e))
-        every = self._gather((*own, self.part.participant, self.pinned))
+            own = (0, "error", rank_message(e))
+        every = self.wire.gather((*own, self.part.participant, self.pinned))
         chunk = agree_chunk(every)
         if chunk is not None:
             plan = self.plan_alone(n_tokens, slab=slab, chunk=chunk, policy=policy)
@@ -273,11 +259,6 @@ class StageEngine:
             raise StrataError(f"rank {self.rank}: the agreed chunk {plan.chunk} does not fit: "
                               f"{plan.short_of()} (a bug)")
         return plan, pp
-
-    def _gather(self, obj) -> list:
-        out = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
 
     # -- a prompt ----------------------------------------------------------------------------
     def warmup(self, n_tokens: int, *, seed: int = 0) -> float:
@@ -321,58 +302,43 @@ class StageEngine:
                                   f"{self.cfg.max_prompt}; raise max_prompt (--max-prompt)")
             policy = engine_policy(self.cfg)      # the prompt's launch choices, read now
         except StrataError as e:
-            own_error = _message(e)
-        _raise_first(list(enumerate(self._gather(own_error))), self.world)
+            own_error = rank_message(e)
+        raise_first(list(enumerate(self.wire.gather(own_error))), self.world)
         slab = policy.slab
         plan, pp = planned if planned is not None else self.plan(T, slab=slab, policy=policy)
         chunk = plan.chunk
         res = StageResult(None, plan, chunk, pp.ring, self.rank, self.world, self.layers,
                           PrefillStats(tokens=T))
-        loans: list[Loan] = []
-        part = self.part
         error = None
-        stages: dict[int, torch.Tensor] = {}       # layer -> its KV stage (PromptKV)
-        kv_scratch: dict = {}                      # layer -> its int8 attention's carve
-        mla_scratch: dict[int, MLAScratch] = {}    # layer -> its MLA attention's carve
-        try:
+        with PromptSession([self.part], [pp], self.layout, chunk, self.cfg.lend_cap,
+                           shape=self.shape, host=self.host, layouts=self.layouts,
+                           land=self.land, slab=slab) as session:
             try:
-                share = open_share(part, pp, self.layout, chunk, self.cfg.lend_cap, loans,
-                                   shape=self.shape, host=self.host, layouts=self.layouts,
-                                   land=self.land, slab=slab)
-                res.memory.append(share.got)
-                stages, kv_scratch, mla_scratch = (share.stages, share.kv_scratch,
-                                                   share.mla_scratch)
-                provider = share.provider
-                watched = provider
-                if fail_after_layers is not None:
-                    watched = _FailingProvider(provider, fail_after_layers)
+                session.open(fail_after_layers)
+                res.memory.extend(session.memory)
             except Exception as e:   # noqa: BLE001 — every rank must hear of it
-                error, provider, watched = _message(e), None, None
-            error = self._read(tokens, chunk, watched, logits, res, error,
-                               (stages, kv_scratch, mla_scratch))
-            if provider is not None:
-                for c in provider.chunks:
-                    c.settle()
-                res.stats.chunks.extend(provider.chunks)
-        finally:
-            close_shares([part], loans)
-        _raise_first(list(enumerate(self._gather(error))), self.world)
+                error = rank_message(e)
+            error = self._read(tokens, chunk, session, logits, res, error)
+            session.settle(res.stats)
+        raise_first(list(enumerate(self.wire.gather(error))), self.world)
         return res
 
-    def _read(self, tokens, chunk: int, provider, logits: str, res: StageResult,
-              error: str | None, carved: tuple) -> str | None:
-        """The chunk loop of this rank; returns its own error (None: it read every chunk).
-        A rank in error keeps receiving (and dropping) and sends "failed" headers."""
+    def _read(self, tokens, chunk: int, session: PromptSession, logits: str, res: StageResult,
+              error: str | None) -> str | None:
+        """The chunk loop of this rank through `session`'s provider and KV; returns its own
+        error (None: it read every chunk). A rank in error keeps receiving (and dropping) and
+        sends "failed" headers."""
         T = tokens.numel()
         s = self.shape
+        provider = session.provider       # None: its share failed to open
         kv = out = None
         try:
-            kv = self._kv(T, *carved)
+            kv = session.new_kv(T, self._prompt_kv, self.model, self.cfg.kv)
             if self.last and logits != "none":
                 out = torch.zeros(T if logits == "all" else 1, s.vocab, dtype=torch.float32,
                                   device=self.device)
         except Exception as e:   # noqa: BLE001 — every rank must hear of it
-            error = error or _message(e)
+            error = error or rank_message(e)
         sends: list = []
         upstream_ok = True
         seq = self.dcfg.schedule == SEQUENTIAL
@@ -385,7 +351,7 @@ class StageEngine:
             x = None
             if not self.first:
                 t0 = time.perf_counter()
-                ok, x = self._recv(n, error is None and upstream_ok)
+                ok, x = self.wire.recv(n, error is None and upstream_ok)
                 res.handoff_s += time.perf_counter() - t0
                 upstream_ok = upstream_ok and ok
             if error is None and upstream_ok:
@@ -412,87 +378,37 @@ class StageEngine:
                     _sync(self.device)
                     res.compute_s += time.perf_counter() - t0
                 except Exception as e:   # noqa: BLE001 — every rank must hear of it
-                    error = _message(e)
+                    error = rank_message(e)
             if not self.last:
                 t0 = time.perf_counter()
                 healthy = error is None and upstream_ok
-                sends += self._send(x if healthy else None)
+                sends += self.wire.send(x if healthy else None)
                 res.handoff_bytes += x.numel() * x.element_size() if healthy else 0
                 # sequential: this chunk is handed off before the next; pipelined: at most
                 # two chunks in flight (their buffers stay referenced until sent)
                 keep = 0 if seq else 2 * 2
                 while len(sends) > keep:
-                    self._wait(sends.pop(0))
+                    self.wire.wait(sends.pop(0))
                 res.handoff_s += time.perf_counter() - t0
-            if seq and not self._all_ok(error is None and upstream_ok):
+            if seq and not self.wire.all_ok(error is None and upstream_ok):
                 break   # every rank leaves after the same chunk
         for w in sends:
-            self._wait(w)
+            self.wire.wait(w)
         if provider is not None:
             provider.end_prompt(error is None)
-        if isinstance(kv, PromptKV):
-            kv.release()     # the resident and the pinned host KV go with the prompt
         res.stats.seconds = time.perf_counter() - t_start
         res.logits = out
         return error
 
-    def _kv(self, T: int, stages: dict, kv_scratch: dict, mla_scratch: dict):
-        """This rank's KV for a prompt of T tokens: what one process keeps with the same flags
-        (strata.engine.prefill: uses_prompt_kv), for this rank's layers only."""
+    def _prompt_kv(self, T: int, stages: dict) -> PromptKV | None:
+        """This rank's PromptKV for a prompt of T tokens, for its layers only, when one process
+        keeps one with the same flags (strata.engine.prompt_kv); None: the model's own cache."""
         if not uses_prompt_kv(self.shape, self.cfg):
-            return stage_cache(self.model, T, self.cfg.kv, mla_scratch)
-        kv = new_prompt_kv(self.shape, self.cfg, self.layout.sizes, T, layers=self.layers,
-                           vram=self.part.budget.vram, devices=self.model.layer_devices,
-                           stages=stages, lanes={l: self.part.lane for l in self.layers},
-                           pin=self.pinned and self.device.type == "cuda")
-        kv.scratch = mla_scratch if self.shape.mla else kv_scratch
-        return kv
-
-    # -- the hand-off ------------------------------------------------------------------------
-    def _send(self, x: torch.Tensor | None) -> list:
-        dst = self.rank + 1
-        head = torch.tensor([_OK if x is not None else _FAILED], dtype=torch.int64,
-                            device=self.wire)
-        works = [(dist.isend(head, dst), head)]
-        if x is not None:
-            x = x.to(self.wire).contiguous()
-            works.append((dist.isend(x, dst), x))
-        return works
-
-    def _recv(self, n: int, want: bool) -> tuple[bool, torch.Tensor | None]:
-        """(upstream healthy, hidden states [n, D] or None). `want` False: drop them."""
-        src = self.rank - 1
-        head = torch.empty(1, dtype=torch.int64, device=self.wire)
-        self._wait(dist.irecv(head, src))
-        if int(head[0]) != _OK:
-            return False, None
-        x = torch.empty(n, self.shape.d_model, dtype=self.dtype, device=self.wire)
-        self._wait(dist.irecv(x, src))
-        return True, (x if want else None)
-
-    def _wait(self, work) -> None:
-        """Wait for a hand-off (a Work, or (Work, its buffer)) within the timeout."""
-        if isinstance(work, tuple):
-            work = work[0]
-        if not work.wait(datetime.timedelta(seconds=self.dcfg.timeout_s)):
-            raise StrataError(f"rank {self.rank}: a hand-off timed out after "
-                              f"{self.dcfg.timeout_s:.0f} s; a neighbouring rank died or hung")
-
-    def _all_ok(self, ok: bool) -> bool:
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.wire)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag[0])
-
-
-def stage_cache(model, capacity: int, kv: str, mla_scratch: dict):
-    """The stage's KV: the model's own cache (as the one-process engine's default read uses),
-    holding `capacity` tokens for the stage's layers only (the others' sit on the meta device,
-    load_stage), in the KV dtype `kv` (bf16 | fp32; MLA also int8, with its attention's scratch
-    from the carve)."""
-    cache = model.new_cache(capacity=capacity, kv=kv)
-    if model.shape.mla:
-        cache.scratch = mla_scratch
-    return cache
+            return None
+        return new_prompt_kv(self.shape, self.cfg, self.layout.sizes, T, layers=self.layers,
+                             vram=self.part.budget.vram, devices=self.model.layer_devices,
+                             stages=stages, lanes={l: self.part.lane for l in self.layers},
+                             pin=self.pinned and self.device.type == "cuda")
 
 
 def load_stage(pack, layers: range, *, device, dtype, ffn):

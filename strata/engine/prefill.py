@@ -8,13 +8,14 @@ weights to the device, and the expert cache takes what the VRAM budget leaves (d
 KV of the longest prompt, a reserve) and fills round-robin over layers.
 
 Per prompt: plan (chunk + ring, one byte budget: strata.memory.scan, for this prompt's length),
-borrow the loan the plan names from the top of the cache, carve the ring and the chunk's buffers
-out of it exactly as the plan laid them out (strata.engine.session: every size read off the plan,
-none derived again; `PrefillResult.memory` records what was borrowed and carved), read the prompt
-chunk by chunk (every layer computes its experts from cache slots and ring slots, copies overlapped with
-compute: strata.engine.provider), then refill the borrowed slots. A prompt that fails — bad
-input, an allocation that fails mid-prompt — fails alone: the copy lane is drained, the loan is
-refilled, and the cache ends byte for byte as it started.
+then in a PromptSession (strata.engine.session) borrow the loan the plan names from the top of
+the cache and carve the ring and the chunk's buffers out of it exactly as the plan laid them out
+(every size read off the plan, none derived again; `PrefillResult.memory` records what was
+borrowed and carved), read the prompt chunk by chunk (every layer computes its experts from cache
+slots and ring slots, copies overlapped with compute: strata.engine.provider), then refill the
+borrowed slots. A prompt that fails — bad input, an allocation that fails mid-prompt — fails
+alone: the copy lane is drained, the loan is refilled, and the cache ends byte for byte as it
+started. The warm-up reads through the same session (a layer subset, its dry KV factory).
 
 The expert GEMM's stream-k scratch comes from each participant's `ParticipantScratch`
 (strata.engine.scratch): ordinary memory, or with the slab on (EngineConfig.slab, else
@@ -33,64 +34,29 @@ from dataclasses import dataclass, field, replace
 import torch
 from tqdm import tqdm
 
-from strata.budget import (check_kv_host, check_machine, check_room, cpu_cache_cap,
-                           host_available)
+from strata.budget import check_machine
 from strata.config import gc_pause
 from strata.engine.device import Lane
+from strata.engine.engine_config import (EngineConfig, default_devices, dense_dtype,
+                                         engine_policy, kv_policy, resolved)
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.observe import EngineObserver
-from strata.engine.provider import SplitProvider
+from strata.engine.prompt_kv import new_prompt_kv, uses_prompt_kv
+from strata.engine.prompt_plan import plan_inputs, plan_prompt
 from strata.engine.scratch import ParticipantScratch
-from strata.engine.session import Borrowed, close_shares, open_share
+from strata.engine.session import Borrowed, Part, PromptSession
 from strata.engine.stats import PrefillStats
 from strata.engine.variants import KernelLaunches
 from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, dry_tokens, warm_layers
-from strata import config
-from strata.errors import AllocationError, StrataError
-from strata.kernels.attention.kv_int8 import resolve_kv
-from strata.memory import ExpertCache, Loan, PromptLayout, RingPolicy, plan_prefill, use_fused
-from strata.memory.rig import RESERVE, participants
-from strata.models.kv import PromptKV, kv_windows
+from strata.errors import AllocationError, StrataError, allocation_failed
+from strata.memory import ExpertCache, RingPolicy
+from strata.models.kv import PromptKV
 from strata.models.load import load_model, open_pack, resolve_device
 from strata.models.moe import expert_ffn, plane_landing
-from strata.planning import KVPolicy, layout_spec, model_sizes, scratch_reserve
-from strata.units import fmt_bytes
+from strata.planning import scratch_reserve
 
 log = logging.getLogger("strata")
-
-
-@dataclass
-class EngineConfig:
-    """Everything a prefill run is configured by; the CLI fills it from its flags."""
-    vram: int | list[int]              # bytes of VRAM per GPU (several split layers over GPUs);
-                                       # held as a list, one per participant (__post_init__)
-    cache: int | None = None           # expert cache bytes (default: derived from vram)
-    lend_cap: float = 0.9              # most of the cache a prompt may borrow
-    scan: str = "auto"                 # auto | legacy
-    scan_max: int = 32768              # --prefill auto:MAX
-    chunk: int | None = None           # --chunk N: forced
-    ring: int | None = None            # --ring N: like STRATA_PREFILL_RING=N
-    pin: bool = True                   # pin host blobs (falls back to pageable if it fails)
-    fused: bool | None = None          # None: STRATA_PF_FUSED, else non-native packs
-    max_prompt: int = 32768            # KV reserved for prompts up to this many tokens
-    kv: str = "auto"                   # KV dtype: auto (the dense dtype's: fp32 on the CPU, bf16
-                                       # on CUDA) | bf16 | fp32 | int8 (codes + fp32 scale per
-                                       # token-head); every path of a run stores this one
-    kv_resident: int | None = None     # tokens of KV per layer in VRAM (None: all); the rest host
-    reserve: int = RESERVE             # CUDA context, allocator slack, attention workspace
-    device: str | None = None          # cuda when available
-    devices: list[str] | None = None   # one per participant (default: cuda:0.. or cpu)
-    layer_split: list[int] | None = None  # layers per participant (default: by VRAM)
-    dtype: torch.dtype | None = None   # dense math: bf16 on CUDA, fp32 on the CPU
-    ffn: str = "auto"                  # expert FFN: auto | kernel | decoded | plane | torch | ref
-    batch: int | None = None           # experts per streamed batch (default ring // 2)
-    slab: bool | None = None           # scratch slab from the loan's tail; None: STRATA_MMQ_SLAB
-    progress: bool = False
-
-    def __post_init__(self):
-        # one VRAM budget or one per participant, held as a list once, read as one everywhere
-        self.vram = list(self.vram) if isinstance(self.vram, (list, tuple)) else [self.vram]
 
 
 @dataclass
@@ -109,19 +75,6 @@ class PrefillResult:
         return {"prefill_chunk": self.chunk, "prefill_ring": self.ring}
 
 
-@dataclass
-class Part:
-    """One participant: a device, the layers it holds, its expert cache and lanes."""
-    name: str
-    device: torch.device
-    layers: range
-    participant: object        # strata.memory.scan.Participant (its cache layout, lend cap)
-    budget: object             # strata.memory.rig.GpuBudget
-    cache: ExpertCache
-    lane: Lane
-    scratch: ParticipantScratch  # its stream-k fixup scratch (strata.engine.scratch)
-
-
 class PrefillEngine:
     def __init__(self, pack, cfg: EngineConfig, *, host: HostExperts | None = None,
                  observers: list[EngineObserver] | None = None, early=None):
@@ -138,7 +91,7 @@ class PrefillEngine:
         self.pack = pack = open_pack(pack)
         self.shape = pack.shape
         vram = cfg.vram
-        devices = [resolve_device(d) for d in (cfg.devices or _default_devices(cfg.device,
+        devices = [resolve_device(d) for d in (cfg.devices or default_devices(cfg.device,
                                                                                len(vram)))]
         if len(devices) != len(vram):
             raise StrataError(f"{len(vram)} --vram budgets for {len(devices)} devices; give one "
@@ -221,7 +174,6 @@ class PrefillEngine:
                            pinned=self.pinned, fused=self.fused, native=self.pack.native,
                            n_tokens=n_tokens, scratch_reserve=reserve, policy=policy)
 
-    # -- a prompt ----------------------------------------------------------------------------
     # -- warm start --------------------------------------------------------------------------
     def warmup_lengths(self, n_tokens: int) -> tuple[int, list[int]]:
         """(chunk, the chunk sizes a prompt of n_tokens is read in): every full chunk is `chunk`
@@ -303,6 +255,7 @@ class PrefillEngine:
             t["warmup_compiled"] = seen.compiled
         return took
 
+    # -- a prompt ----------------------------------------------------------------------------
     def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None,
             plan=None) -> PrefillResult:
         """Read `tokens` (1-D ids). logits: "all" (fp32 [T, V]), "last" or "none".
@@ -351,44 +304,21 @@ class PrefillEngine:
             o.on_plan(plan, chunk, ring)
         stats = PrefillStats(tokens=T)
         out = None
-        loans: list[Loan] = []
-        memory: list[Borrowed] = []
-        kv = cache = None
-        stages: dict[int, torch.Tensor] = {}
-        kv_scratch: dict[int, object] = {}    # layer -> AttnScratch of its participant's carve
-        mla_scratch: dict[int, object] = {}   # layer -> MLAScratch of its participant's carve
-        try:
-            providers = []
-            for part, pp in zip(rd.parts, plan.participants):
-                # each participant carves its own ring (the fallback rule may size them apart)
-                share = open_share(part, pp, self.layout, chunk, self.cfg.lend_cap, loans,
-                                   shape=self.shape, host=self.host, layouts=self.layouts,
-                                   land=self.land, slab=slab, observers=rd.observers)
-                memory.append(share.got)
-                stages.update(share.stages)
-                kv_scratch.update(share.kv_scratch)
-                mla_scratch.update(share.mla_scratch)
-                providers.append(share.provider)
-            provider = providers[0] if len(providers) == 1 else SplitProvider(providers)
-            if fail_after_layers is not None:
-                provider = _FailingProvider(provider, fail_after_layers)
+        with PromptSession(rd.parts, plan.participants, self.layout, chunk, self.cfg.lend_cap,
+                           shape=self.shape, host=self.host, layouts=self.layouts,
+                           land=self.land, slab=slab, observers=rd.observers) as session:
+            session.open(fail_after_layers)
+            session.new_kv(T, rd.prompt_kv, rd.model, self.cfg.kv)
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
-            kv = rd.prompt_kv(T, stages)
-            if kv is not None:      # each layer's attention scratch, from its carve
-                kv.scratch = mla_scratch if self.shape.mla else kv_scratch
-            cache = kv
-            if kv is None:          # the model's own cache, in the run's KV dtype
-                cache = rd.model.new_cache(capacity=T, kv=self.cfg.kv)
-                if self.shape.mla:  # MLA all resident: its attention works in the carve
-                    cache.scratch = mla_scratch
             _sync(rd.parts)
             t0 = time.perf_counter()
             read_marks = [self._read_mark(p) for p in rd.parts] if rd.observers else []
             try:
-                out = rd.model.prefill(tokens, provider, chunk=chunk, logits=logits, cache=cache,
-                                         progress=(lambda n: bar.update(n - bar.n)) if bar else None,
-                                         observer=self.finite.begin(self.shape.n_layer))
+                out = rd.model.prefill(tokens, session.provider, chunk=chunk, logits=logits,
+                                       cache=session.kv,
+                                       progress=(lambda n: bar.update(n - bar.n)) if bar else None,
+                                       observer=self.finite.begin(self.shape.n_layer))
                 self.finite.check()   # the prompt's one host read of the finite flags
                 _sync(rd.parts)
                 for p, begin in zip(rd.parts, read_marks):
@@ -396,26 +326,14 @@ class PrefillEngine:
                     for o in rd.observers:
                         o.on_read(p.name, begin, end)
             except torch.cuda.OutOfMemoryError as e:
-                raise AllocationError(f"a device allocation failed mid-prompt ({_first_line(e)}); "
-                                      f"the request failed and the cache was refilled; try a "
-                                      f"smaller --chunk or more --vram") from None
+                raise AllocationError(allocation_failed(e)) from None
             finally:
                 if bar is not None:
                     bar.close()
             stats.seconds = time.perf_counter() - t0
-            for pr in providers:
-                for c in pr.chunks:
-                    c.settle()
-                stats.chunks.extend(pr.chunks)
-        finally:
-            close_shares(rd.parts, loans)
-            kv_streamed = kv.streamed if kv is not None else 0
-            kv_bytes = (cache.vram_bytes, cache.host_bytes) if cache is not None else (0, 0)
-            if kv is not None:
-                kv.release()      # the resident and the pinned host KV go with the prompt
-            del kv, cache, stages, kv_scratch, mla_scratch
-        result = PrefillResult(out, plan, chunk, ring, stats, memory, kv_streamed,
-                               self.kv.dtype, kv_bytes)
+            session.settle(stats)
+        result = PrefillResult(out, plan, chunk, ring, stats, session.memory,
+                               session.kv_streamed, self.kv.dtype, session.kv_bytes)
         for o in rd.observers:
             o.on_result(result)
         return result
@@ -463,136 +381,6 @@ def _sync(parts) -> None:
         part.lane.sync()
 
 
-def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
-    """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever
-    --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the model's
-    KVCache and its attention (the path every engine test and device run so far measured),
-    until PromptKV's own device run says it may be the default. MLA keeps its own cache (bf16
-    or int8: strata.models.mla) unless --kv-resident asks for a host-held window: PromptKV over
-    the latent (PromptKV.attend_latent)."""
-    if shape.mla:
-        return cfg.kv_resident is not None
-    return cfg.kv == "int8" or cfg.kv_resident is not None
-
-
-def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vram: int, devices,
-                  stages: dict, lanes: dict, pin: bool, make=PromptKV) -> PromptKV:
-    """A prompt's engine-owned KV (made by `make`, PromptKV's signature) keeping `layers` (the
-    others are another process's: they keep nothing). Its host-held part is checked against the
-    host's memory before anything is pinned (strata.budget.check_kv_host)."""
-    check_kv_host(sizes.kv_host_all(n_tokens, layers), sizes.kv_vram(n_tokens, layers), vram, 0,
-                  host_available(), n_tokens)
-    heads, key_dim, value_dim = shape.kv_heads    # MLA: one "head", the latent and rope key
-    return make(shape.n_layer, heads, key_dim, n_tokens, kv=cfg.kv, resident=cfg.kv_resident,
-                devices=devices, stages=stages, lanes=lanes, pin=pin, windows=kv_windows(shape),
-                value_dim=value_dim, layers=layers)
-
-
-def engine_policy(cfg: EngineConfig) -> RingPolicy:
-    """The launch choices of a prompt starting now: the environment's (strata.config.ring_policy),
-    the slab EngineConfig.slab when set (else STRATA_MMQ_SLAB). A bad value: StrataError."""
-    return config.ring_policy(slab=cfg.slab)
-
-
-def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str,
-                policy: RingPolicy | None = None):
-    """(participants, budgets, prompt layout, fused) a plan is computed from: the engine and
-    `strata plan` both call this, so the same config gives the same plan. On the CPU the cache
-    is capped at what it can hold (strata.budget.cpu_cache_cap): --vram there is a budget, not
-    an allocation. `policy`: the launch choices (None: the environment's, read now)."""
-    policy = engine_policy(cfg) if policy is None else policy
-    vram = cfg.vram
-    for v in vram:
-        if cfg.cache is not None and cfg.cache > v:
-            raise StrataError(f"--cache {fmt_bytes(cfg.cache)} is more than --vram "
-                              f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
-                              f"memory; give a smaller --cache or more --vram")
-    kv = kv_policy(cfg, device_type)
-    shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
-    sizes = model_sizes(shape, kv=kv)
-    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape), cfg.batch)
-    fused = use_fused(native, cfg.fused, policy)
-    kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
-              split=cfg.layer_split)
-    if cfg.cache is None and cfg.max_prompt:
-        check_room(sizes, vram, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
-                   split=cfg.layer_split)
-    parts, budgets = participants(sizes, blob_sizes, vram, cache=cfg.cache, **kw)
-    if device_type != "cuda":
-        from strata.memory.scan import GRID, full_ring
-        T = cfg.chunk or min(cfg.scan_max, -(-max(cfg.max_prompt, 1) // GRID) * GRID)
-        # the full ring bounds any chunk's ring (STAGE carves no more), so the cap holds it
-        ring = full_ring(layout, pinned=True, fused=fused, native=native, ring=cfg.ring,
-                         policy=policy)
-        cap = max(cpu_cache_cap(sizes, blob_sizes, b.layers, layout, chunk=T, ring_slots=ring,
-                                lend_cap=cfg.lend_cap) for b in budgets)
-        if cap < min(b.cache for b in budgets):
-            parts, budgets = participants(sizes, blob_sizes, vram, cache=cap, **kw)
-    return parts, budgets, layout, fused
-
-
-def dense_dtype(cfg: EngineConfig, device_type: str) -> torch.dtype:
-    """The dense math's dtype: --dtype, else bf16 on CUDA and fp32 on the CPU."""
-    return cfg.dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
-
-
-def resolved(cfg: EngineConfig, device_type: str) -> EngineConfig:
-    """The config with its KV dtype resolved (auto -> the dense dtype's: kv_int8.resolve_kv), the
-    one dtype the plan counts and every cache of the run allocates."""
-    return replace(cfg, kv=resolve_kv(cfg.kv, dense_dtype(cfg, device_type)))
-
-
-def kv_policy(cfg: EngineConfig, device_type: str = "cpu") -> KVPolicy:
-    """The KV dtype (resolved for `device_type`) and resident window the config names, for
-    prompts up to cfg.max_prompt."""
-    return KVPolicy(resolved(cfg, device_type).kv, cfg.kv_resident, cfg.max_prompt)
-
-
-def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, native: bool,
-                n_tokens: int | None = None, scratch_reserve=None,
-                policy: RingPolicy | None = None):
-    """The plan of one prompt from plan_inputs' participants and layout: the one call the
-    engine, `strata plan` and `strata prefill`'s early refusal make. `policy`: the launch
-    choices (None: the environment's, read now)."""
-    if n_tokens is not None and cfg.max_prompt and n_tokens > cfg.max_prompt:
-        raise StrataError(f"the prompt has {n_tokens} tokens but --max-prompt reserves KV for "
-                          f"{cfg.max_prompt}; raise --max-prompt or shorten the prompt")
-    return plan_prefill(layout, parts, scan=cfg.scan, scan_max=cfg.scan_max, chunk=cfg.chunk,
-                        pinned=pinned, fused=fused, native=native, ring=cfg.ring,
-                        n_tokens=n_tokens, scratch_reserve=scratch_reserve,
-                        policy=engine_policy(cfg) if policy is None else policy)
-
-
-def _default_devices(device: str | None, n: int) -> list[str]:
-    """n participants: cuda:0..n-1 when CUDA is there (and no device named), else the named
-    device (or cpu) n times — two simulated participants on the CPU share its memory."""
-    if device is None and torch.cuda.is_available():
-        if n > torch.cuda.device_count():
-            raise StrataError(f"{n} --vram budgets but only {torch.cuda.device_count()} GPUs are "
-                              f"visible")
-        return [f"cuda:{i}" for i in range(n)]
-    return [device or "cpu"] * n
-
-
-class _FailingProvider:
-    """Wraps a provider and raises an allocation failure after n layer batches (tests)."""
-
-    def __init__(self, inner, n: int):
-        self.inner, self.left = inner, n
-        self.n_layer = inner.n_layer
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def passes(self, layer, topk_ids):
-        for item in self.inner.passes(layer, topk_ids):
-            if self.left <= 0:
-                raise AllocationError("injected allocation failure mid-prompt; the request "
-                                      "failed and the cache was refilled")
-            self.left -= 1
-            yield item
-
-
 class _PhaseClock:
     """Seconds between laps into `timings` (added up per name), the devices synchronized first
     so a phase's queued copies count in it, not in the next."""
@@ -612,7 +400,3 @@ class _PhaseClock:
         t = time.perf_counter()
         self.timings[name] = self.timings.get(name, 0.0) + t - self.t
         self.t = t
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -1,13 +1,21 @@
-"""One participant's share of a prompt, the same for the single-process engine and a pipeline
-stage: borrow the loan its ParticipantPlan names and carve the prompt layout in it (every size
-read off the plan: `borrow_and_carve` refuses a carve that disagrees), hand the carve's KV
-stage and attention scratch to the prompt's KV, publish the slab, build the streaming provider;
-and after the prompt, whatever happened, drain, drop the slab and refill every loan, so the
-expert cache ends as it began.
+"""One prompt's hold on the engine's participants, the same for the single-process engine, a
+pipeline stage and the warm-up: `PromptSession`.
 
-    share = open_share(part, pp, layout, chunk, lend_cap, loans, shape=, host=, layouts=, ...)
-    ... the prompt reads through share.provider ...
-    close_shares(parts, loans)            # in a finally
+Per participant (open_share): borrow the loan its ParticipantPlan names and carve the prompt
+layout in it (every size read off the plan: `borrow_and_carve` refuses a carve that disagrees),
+hand the carve's KV stage and attention scratch to the prompt's KV, publish the slab, build the
+streaming provider. For the prompt: its KV (the engine's PromptKV from a factory, else the
+model's own cache) over those stages and scratch. After the prompt, whatever happened
+(close_shares): drain the lanes, drop the slabs, refill every loan, then release the KV, so the
+expert cache ends byte for byte as it began and a failed prompt fails alone.
+
+    with PromptSession(parts, plan.participants, layout, chunk, lend_cap, shape=, host=,
+                       layouts=, land=, slab=, observers=) as session:
+        session.open()                                  # borrow and carve every share
+        cache = session.new_kv(T, make_kv, model, kv)   # make_kv(T, stages) -> PromptKV | None
+        ... the prompt reads through session.provider and cache ...
+        session.settle(stats)
+    session.memory, session.kv_streamed, session.kv_bytes    # what it took, for the result
 """
 from __future__ import annotations
 
@@ -16,10 +24,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from strata.engine.device import Lane
 from strata.engine.provider import STAGE as MODE_STAGE
 from strata.engine.provider import STREAM as MODE_STREAM
-from strata.engine.provider import StreamingProvider
-from strata.errors import StrataError
+from strata.engine.provider import SplitProvider, StreamingProvider
+from strata.engine.scratch import ParticipantScratch
+from strata.errors import AllocationError, StrataError
 from strata.memory import STAGE, ExpertCache, Loan, PromptLayout
 from strata.memory.carve import Carve
 from strata.memory.layout import PromptBuffers
@@ -28,6 +38,19 @@ from strata.models.mla_scratch import MLAScratch
 from strata.units import fmt_bytes
 
 log = logging.getLogger("strata")
+
+
+@dataclass
+class Part:
+    """One participant: a device, the layers it holds, its expert cache and lanes."""
+    name: str
+    device: torch.device
+    layers: range
+    participant: object        # strata.memory.scan.Participant (its cache layout, lend cap)
+    budget: object             # strata.memory.rig.GpuBudget
+    cache: ExpertCache
+    lane: Lane
+    scratch: ParticipantScratch  # its stream-k fixup scratch (strata.engine.scratch)
 
 
 @dataclass(frozen=True)
@@ -125,3 +148,106 @@ def close_shares(parts, loans: list[Loan]) -> None:
         loan.refill()
     for part in parts:
         part.lane.sync()
+
+
+class PromptSession:
+    """One prompt's shares of `parts` (each borrows and carves its ParticipantPlan of `pps`,
+    in chunks of `chunk`), its provider and its KV; leaving the `with`, whatever happened,
+    drains, drops the slabs, refills every loan and releases the KV (module docstring)."""
+
+    def __init__(self, parts, pps, layout: PromptLayout, chunk: int, lend_cap: float, *,
+                 shape, host, layouts, land, slab: bool, observers=()):
+        self.parts, self.pps, self.layout, self.chunk = list(parts), list(pps), layout, chunk
+        self.lend_cap, self.shape, self.host, self.layouts = lend_cap, shape, host, layouts
+        self.land, self.slab, self.observers = land, slab, list(observers)
+        self.loans: list[Loan] = []
+        self.memory: list[Borrowed] = []          # per participant: what it borrowed and carved
+        self.providers: list[StreamingProvider] = []
+        self.provider = None                      # what the prompt reads through (open)
+        self.stages: dict[int, torch.Tensor] = {}     # layer -> its participant's KV stage
+        self.kv_scratch: dict[int, object] = {}       # layer -> AttnScratch of its carve
+        self.mla_scratch: dict[int, object] = {}      # layer -> MLAScratch of its carve
+        self.kv = None                            # the prompt's KV (new_kv)
+        self._engine_kv = False                   # kv is a PromptKV (released on exit)
+        self.kv_streamed = 0                      # bytes of host-held KV copied back (on exit)
+        self.kv_bytes = (0, 0)                    # (VRAM, host) bytes the KV allocated (on exit)
+
+    def __enter__(self) -> "PromptSession":
+        # nothing borrowed yet: open() borrows inside the with, so what it took is refilled
+        # on exit even when it fails part way (a pipeline stage catches that failure and keeps
+        # its hand-offs going)
+        return self
+
+    def open(self, fail_after_layers: int | None = None) -> None:
+        """Borrow and carve every participant's share (each carves its own ring: the fallback
+        rule may size them apart) and the provider over them. `fail_after_layers`: the
+        provider fails with an allocation error after that many layer batches (tests of the
+        failure path)."""
+        for part, pp in zip(self.parts, self.pps):
+            share = open_share(part, pp, self.layout, self.chunk, self.lend_cap, self.loans,
+                               shape=self.shape, host=self.host, layouts=self.layouts,
+                               land=self.land, slab=self.slab, observers=self.observers)
+            self.memory.append(share.got)
+            self.stages.update(share.stages)
+            self.kv_scratch.update(share.kv_scratch)
+            self.mla_scratch.update(share.mla_scratch)
+            self.providers.append(share.provider)
+        ps = self.providers
+        self.provider = ps[0] if len(ps) == 1 else SplitProvider(ps)
+        if fail_after_layers is not None:
+            self.provider = FailingProvider(self.provider, fail_after_layers)
+
+    def new_kv(self, n_tokens: int, make, model, kv: str):
+        """The prompt's KV over the shares' stages and attention scratch: `make(n_tokens,
+        stages)` (a PromptKV, or None for the model's own cache of n_tokens in the KV dtype
+        `kv`, its MLA attention working in the carve)."""
+        cache = make(n_tokens, self.stages)
+        self._engine_kv = cache is not None
+        if cache is not None:
+            cache.scratch = self.mla_scratch if self.shape.mla else self.kv_scratch
+        else:
+            cache = model.new_cache(capacity=n_tokens, kv=kv)
+            if self.shape.mla:
+                cache.scratch = self.mla_scratch
+        self.kv = cache
+        return cache
+
+    def settle(self, stats) -> None:
+        """The read chunks' timings, settled into `stats.chunks` (after the prompt's sync)."""
+        for pr in self.providers:
+            for c in pr.chunks:
+                c.settle()
+            stats.chunks.extend(pr.chunks)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            close_shares(self.parts, self.loans)
+        finally:
+            kv = self.kv
+            if kv is not None:
+                self.kv_bytes = (kv.vram_bytes, kv.host_bytes)
+                if self._engine_kv:
+                    self.kv_streamed = kv.streamed
+                    kv.release()      # the resident and the pinned host KV go with the prompt
+            self.kv = self.provider = None
+            self.stages, self.kv_scratch, self.mla_scratch = {}, {}, {}
+            self.providers, self.loans = [], []
+
+
+class FailingProvider:
+    """Wraps a provider and raises an allocation failure after n layer batches (tests)."""
+
+    def __init__(self, inner, n: int):
+        self.inner, self.left = inner, n
+        self.n_layer = inner.n_layer
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def passes(self, layer, topk_ids):
+        for item in self.inner.passes(layer, topk_ids):
+            if self.left <= 0:
+                raise AllocationError("injected allocation failure mid-prompt; the request "
+                                      "failed and the cache was refilled")
+            self.left -= 1
+            yield item

@@ -175,7 +175,7 @@ def _agreed(layout, parts, cfg, n_tokens, **kw):
     from dataclasses import replace
 
     from strata.engine.distributed import agree_chunk
-    from strata.engine.prefill import plan_prompt
+    from strata.engine.prompt_plan import plan_prompt
     from strata.errors import StrataError
     every = []
     for p in parts:
@@ -204,7 +204,7 @@ def _agreed(layout, parts, cfg, n_tokens, **kw):
 @example(vram=[8, 8, 8], n_tokens=5, lend_cap=0.9, pinned=True, ring=None).via(
     "a prompt shorter than the chunk: every ring re-resolved for it")
 def test_agreed_chunk_is_the_single_process_plan(pack, vram, n_tokens, lend_cap, pinned, ring):
-    from strata.engine.prefill import plan_inputs, plan_prompt
+    from strata.engine.prompt_plan import plan_inputs, plan_prompt
     from strata.errors import StrataError
     from strata.packs import Pack
     pk = Pack.open(pack)

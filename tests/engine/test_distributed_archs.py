@@ -98,7 +98,8 @@ def test_a_stage_holds_only_its_own_layers(arch_pack):
         assert per_layer[0].device.type == "meta"
         assert all(t.device.type == "cpu" for t in per_layer[1:])
     # the engine's own KV likewise: layer 0's host and resident stores hold nothing
-    from strata.engine.prefill import EngineConfig, kv_policy, new_prompt_kv
+    from strata.engine.engine_config import EngineConfig, kv_policy
+    from strata.engine.prompt_kv import new_prompt_kv
     from strata.planning import model_sizes
     cfg = EngineConfig(vram=1 << 30, device="cpu", kv="int8", kv_resident=8)
     sizes = model_sizes(s, kv=kv_policy(cfg))
@@ -113,8 +114,9 @@ def test_a_stage_holds_only_its_own_layers(arch_pack):
 
 def test_mla_int8_kv_is_the_models_own_cache(arch_pack):
     """MLA keeps int8 in its own cache (as the one-process engine does): not refused."""
-    from strata.engine.distributed import stage_cache
-    from strata.engine.prefill import EngineConfig, uses_prompt_kv
+    from strata.engine.session import PromptSession
+    from strata.engine.engine_config import EngineConfig
+    from strata.engine.prompt_kv import uses_prompt_kv
     from strata.packs import Pack
     arch, pack = arch_pack
     s = Pack.open(pack).shape
@@ -124,5 +126,7 @@ def test_mla_int8_kv_is_the_models_own_cache(arch_pack):
         from strata.engine.distributed import load_stage
         model = load_stage(pack, range(s.n_layer), device=torch.device("cpu"),
                            dtype=torch.float32, ffn=None)
-        cache = stage_cache(model, T, "int8", {})
+        session = PromptSession([], [], None, T, 0.9, shape=s, host=None, layouts=None,
+                                land=None, slab=False)
+        cache = session.new_kv(T, lambda n, stages: None, model, "int8")   # the stage's KV
         assert cache.kv == "int8" and cache.c[0].dtype == torch.int8

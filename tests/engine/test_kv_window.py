@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from strata.cli import main
-from strata.engine import prefill as engine_prefill
+from strata.engine import prompt_kv as engine_prompt_kv
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.kernels.attention import kv_token_bytes
 from strata.models.load import load_model, resident_provider
@@ -71,7 +71,7 @@ def read(pack, tokens, monkeypatch, *, old: bool, **kw):
     """(engine, result, the PromptKV it made or None); `old`: every layer's KV kept full."""
     with monkeypatch.context() as m:
         if old:
-            m.setattr(engine_prefill, "kv_windows", lambda s: (0,) * s.n_layer)
+            m.setattr(engine_prompt_kv, "kv_windows", lambda s: (0,) * s.n_layer)
         eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=1 << 20, max_prompt=32,
                                                device="cpu", ring=4, ffn="ref", **kw))
         made = []
@@ -159,7 +159,7 @@ def test_windowed_read_gpu(pack, tokens, reference, monkeypatch, kv):
     for old in (True, False):
         with monkeypatch.context() as m:
             if old:
-                m.setattr(engine_prefill, "kv_windows", lambda s: (0,) * s.n_layer)
+                m.setattr(engine_prompt_kv, "kv_windows", lambda s: (0,) * s.n_layer)
             eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=1 << 20, max_prompt=32,
                                                    device="cuda", chunk=7, ring=4, kv=kv,
                                                    kv_resident=2))

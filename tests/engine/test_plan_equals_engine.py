@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, assume, event, example, given, settings, str
 from strata.blob import BlobLayout
 from strata.cli import main
 from strata.engine import session as engine_session
-from strata.engine.prefill import (EngineConfig, PrefillEngine, plan_inputs,
-                                   plan_prompt)
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.engine.prompt_plan import plan_inputs, plan_prompt
 from strata.engine.session import borrow_and_carve
 from strata.errors import PlanError, StrataError
 from strata.kernels.tiles import pin_tile

@@ -1,0 +1,39 @@
+"""Which KV a prompt keeps, and the engine's own made for some layers: PromptKV (chunk_attention
+over bf16/int8 segments, a resident window, the older tokens host-held) under --kv int8 or
+--kv-resident, else the model's own cache. The single-process engine keeps every layer's, a
+pipeline stage its own layers' (the others keep nothing).
+
+    if uses_prompt_kv(shape, cfg):
+        kv = new_prompt_kv(shape, cfg, sizes, T, layers=..., vram=..., devices=..., stages=...,
+                           lanes=..., pin=...)
+"""
+from __future__ import annotations
+
+from strata.budget import check_kv_host, host_available
+from strata.engine.engine_config import EngineConfig
+from strata.models.kv import PromptKV, kv_windows
+
+
+def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
+    """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever
+    --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the model's
+    KVCache and its attention (the path every engine test and device run so far measured),
+    until PromptKV's own device run says it may be the default. MLA keeps its own cache (bf16
+    or int8: strata.models.mla) unless --kv-resident asks for a host-held window: PromptKV over
+    the latent (PromptKV.attend_latent)."""
+    if shape.mla:
+        return cfg.kv_resident is not None
+    return cfg.kv == "int8" or cfg.kv_resident is not None
+
+
+def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vram: int, devices,
+                  stages: dict, lanes: dict, pin: bool, make=PromptKV) -> PromptKV:
+    """A prompt's engine-owned KV (made by `make`, PromptKV's signature) keeping `layers` (the
+    others are another process's: they keep nothing). Its host-held part is checked against the
+    host's memory before anything is pinned (strata.budget.check_kv_host)."""
+    check_kv_host(sizes.kv_host_all(n_tokens, layers), sizes.kv_vram(n_tokens, layers), vram, 0,
+                  host_available(), n_tokens)
+    heads, key_dim, value_dim = shape.kv_heads    # MLA: one "head", the latent and rope key
+    return make(shape.n_layer, heads, key_dim, n_tokens, kv=cfg.kv, resident=cfg.kv_resident,
+                devices=devices, stages=stages, lanes=lanes, pin=pin, windows=kv_windows(shape),
+                value_dim=value_dim, layers=layers)

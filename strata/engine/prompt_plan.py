@@ -1,0 +1,66 @@
+"""A prompt's plan from the engine's config: the participants, budgets and prompt layout the
+config gives (plan_inputs), and the plan of one prompt over them (plan_prompt). The engine,
+a pipeline stage, `strata plan` and `strata prefill`'s early refusal all call these, so the same
+config gives the same plan.
+"""
+from __future__ import annotations
+
+from strata.budget import check_room, cpu_cache_cap
+from strata.engine.engine_config import EngineConfig, engine_policy, kv_policy
+from strata.errors import StrataError
+from strata.memory import PromptLayout, RingPolicy, plan_prefill, use_fused
+from strata.memory.rig import participants
+from strata.planning import layout_spec, model_sizes
+from strata.units import fmt_bytes
+
+
+def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str,
+                policy: RingPolicy | None = None):
+    """(participants, budgets, prompt layout, fused) a plan is computed from: the engine and
+    `strata plan` both call this, so the same config gives the same plan. On the CPU the cache
+    is capped at what it can hold (strata.budget.cpu_cache_cap): --vram there is a budget, not
+    an allocation. `policy`: the launch choices (None: the environment's, read now)."""
+    policy = engine_policy(cfg) if policy is None else policy
+    vram = cfg.vram
+    for v in vram:
+        if cfg.cache is not None and cfg.cache > v:
+            raise StrataError(f"--cache {fmt_bytes(cfg.cache)} is more than --vram "
+                              f"{fmt_bytes(v)}: the expert cache lives inside the GPU's "
+                              f"memory; give a smaller --cache or more --vram")
+    kv = kv_policy(cfg, device_type)
+    shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
+    sizes = model_sizes(shape, kv=kv)
+    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape), cfg.batch)
+    fused = use_fused(native, cfg.fused, policy)
+    kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
+              split=cfg.layer_split)
+    if cfg.cache is None and cfg.max_prompt:
+        check_room(sizes, vram, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
+                   split=cfg.layer_split)
+    parts, budgets = participants(sizes, blob_sizes, vram, cache=cfg.cache, **kw)
+    if device_type != "cuda":
+        from strata.memory.scan import GRID, full_ring
+        T = cfg.chunk or min(cfg.scan_max, -(-max(cfg.max_prompt, 1) // GRID) * GRID)
+        # the full ring bounds any chunk's ring (STAGE carves no more), so the cap holds it
+        ring = full_ring(layout, pinned=True, fused=fused, native=native, ring=cfg.ring,
+                         policy=policy)
+        cap = max(cpu_cache_cap(sizes, blob_sizes, b.layers, layout, chunk=T, ring_slots=ring,
+                                lend_cap=cfg.lend_cap) for b in budgets)
+        if cap < min(b.cache for b in budgets):
+            parts, budgets = participants(sizes, blob_sizes, vram, cache=cap, **kw)
+    return parts, budgets, layout, fused
+
+
+def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, native: bool,
+                n_tokens: int | None = None, scratch_reserve=None,
+                policy: RingPolicy | None = None):
+    """The plan of one prompt from plan_inputs' participants and layout: the one call the
+    engine, `strata plan` and `strata prefill`'s early refusal make. `policy`: the launch
+    choices (None: the environment's, read now)."""
+    if n_tokens is not None and cfg.max_prompt and n_tokens > cfg.max_prompt:
+        raise StrataError(f"the prompt has {n_tokens} tokens but --max-prompt reserves KV for "
+                          f"{cfg.max_prompt}; raise --max-prompt or shorten the prompt")
+    return plan_prefill(layout, parts, scan=cfg.scan, scan_max=cfg.scan_max, chunk=cfg.chunk,
+                        pinned=pinned, fused=fused, native=native, ring=cfg.ring,
+                        n_tokens=n_tokens, scratch_reserve=scratch_reserve,
+                        policy=engine_policy(cfg) if policy is None else policy)
