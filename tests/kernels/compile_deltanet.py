@@ -19,7 +19,7 @@ import triton.language as tl  # noqa: E402
 from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v)
 from compile_moe import compile_one  # noqa: E402
 from strata.kernels.deltanet import _chunk_kernel as ck, _norm_kernel as nk  # noqa: E402
-from strata.kernels.deltanet.chunk import BV, PREC, WARPS  # noqa: E402
+from strata.kernels.deltanet.chunk import BV, PREC, STAGES, WARPS  # noqa: E402
 from strata.kernels.deltanet.norms import ROW_ELEMS  # noqa: E402
 
 ALIGNED = {"k_ptr", "v_ptr", "q_ptr", "w_ptr", "u_ptr", "h0_ptr", "o_ptr", "ht_ptr", "x_ptr",
@@ -77,7 +77,7 @@ def main(quick: bool = False) -> int:
             continue
         asm = {}
         try:
-            compile_one(fn, sig, const, warps, 1, aligned=ALIGNED, asm=asm)
+            compile_one(fn, sig, const, warps, STAGES, aligned=ALIGNED, asm=asm)
             print(f"ok   {what} w{warps}: {ptx_usage(asm['ptx'])}")
         except Exception as exc:  # report every variant, then fail
             fails += 1

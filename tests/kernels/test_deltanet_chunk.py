@@ -271,3 +271,50 @@ def test_chunk_kernels_compile_for_h200():
     assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
     for line in lines:
         assert "wgmma" in line, line
+
+
+def _cuda_ms(fn, reps=10):
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1024, 8192], ids=lambda t: f"T{t}")
+def test_gpu_time_beside_fla(T):
+    """Prints the chunk rule's time at Qwen3.5's layer shape (16 / 32 heads of 128, bf16 q/k/v)
+    and, where fla-core is importable (not a dependency: pip install --no-deps fla-core==0.6.0
+    einops), flash-linear-attention's chunk_gated_delta_rule on the same inputs, with each one's
+    largest distance to the fp64 recurrence at T 1024. Holds only the bound; the times are for
+    the report (tokens/s: one layer's linear attention, the projections and conv aside)."""
+    c = Case(T, Hk=16, Hv=32, dk=128, dv=128)
+    x = inputs(c, 10, torch.bfloat16, device="cuda")
+    ours = lambda: chunk_gated_delta_rule(*x, use_qk_l2norm=True)           # noqa: E731
+    ms = _cuda_ms(ours)
+    line = f"deltanet T={T} Hk=16 Hv=32 d=128 bf16: strata {ms:.3f} ms ({T / ms * 1e3:.3g} tok/s)"
+    ref = truth(*x) if T <= 1024 else None
+    if ref is not None:
+        line += f", max |o - fp64| {check(*ours(), ref, 'strata')[0]:.3g}"
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    except ImportError:
+        print(line + "; fla-core not importable")
+        return
+    q, k, v, g, beta, h0 = x
+    theirs = lambda: fla_chunk(q[None], k[None], v[None], g[None], beta[None],  # noqa: E731
+                               initial_state=h0[None], output_final_state=True,
+                               use_qk_l2norm_in_kernel=True)
+    fms = _cuda_ms(theirs)
+    line += f"; fla-core {fms:.3f} ms"
+    if ref is not None:
+        fo, fS = theirs()
+        fo_err = (fo[0].double().cpu() - ref[0]).abs().max()
+        line += f", max |o - fp64| {fo_err:.3g}, max |S - fp64| "
+        line += f"{(fS[0].double().cpu() - ref[1]).abs().max():.3g}"
+    print(line)

@@ -10,6 +10,7 @@ inside a chunk; all arithmetic fp32, tl.dot at PREC ("ieee": fp32 products and s
       Ai = (I + A)^-1 by forward substitution, row by row in registers
       w = Ai (beta exp(G) k)  [BT, DK]     u = Ai (beta v)  [BT, DV]           (stored)
   _gdn_state_fwd_kernel, grid (DV / BV, HV): per value head and DV block, the chunks in order
+      (offsets in int64: T * HV * DK passes 2^31 past 512K tokens)
       v_new = u - w S                                                          [BT, BV]
       o = (q exp(G)) S + tril(q k^T exp(G_i - G_j)) v_new                      [BT, BV]
       S = S exp(G_last) + (k exp(G_last - G))^T v_new                          [BK, BV]
@@ -76,7 +77,7 @@ def _gdn_state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h0_ptr, o_ptr, ht_
     i_v = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_hk = i_h // (HV // HK)
-    o_i = tl.arange(0, BT)                                                     # [BT]
+    o_i = tl.arange(0, BT).to(tl.int64)            # [BT]; int64 rows: i_t below is an int32
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < DK

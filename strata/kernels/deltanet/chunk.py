@@ -14,7 +14,8 @@ chunk, all chunks in parallel; then the scan over chunks per (value head, dv blo
 state in registers, writing o as it goes. The scratch the call allocates is exactly
 sizes.chunk_buffers (g_cum, w, u; qn, kn with use_qk_l2norm), all fp32 and freed on return.
 `out_state` receives the final state and may be `initial_state` itself (each program reads its
-block of the state before the scan and writes the same block after it).
+block of the state before the scan and writes the same block after it). The kernels read rows
+of q, k, v, g, beta contiguous; other strides are copied first (outside the counted scratch).
 
 A prompt cut at a multiple of BT runs the same programs on the same rows as one call does, so
 two calls carrying the state give the one-call result; a cut inside a chunk moves only
@@ -39,6 +40,7 @@ BV = 32                 # dv block of the scan: Hv * dv / 32 programs (128 for Q
 # spills ~1.8 KB a thread at BV 16 or 32, 4 or 8 warps alike (tests/kernels/compile_deltanet.py,
 # not yet timed on the GPU)
 WARPS = 8
+STAGES = 1              # the default 3 pipelines the scan's loads into ~100 more spilled bytes
 # tl.dot's input precision: three tf32 tensor-core products per fp32 one (the hi*hi, hi*lo and
 # lo*hi parts), each within 12 u = 12 * 2^-24 of the fp32 product, where "ieee" gives up the
 # tensor cores (FMA dots: 1.4 to 3.7 KB of spills at dk = 128) and plain "tf32" costs ~1e-3
@@ -80,10 +82,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
         if T:
             _gdn_wy_fwd_kernel[(triton.cdiv(T, chunk_size), Hv)](
                 k, v, g, beta, scratch["g_cum"], scratch["w"], scratch["u"], T,
-                BV=bv, num_warps=WARPS, **dims)
+                BV=bv, num_warps=WARPS, num_stages=STAGES, **dims)
         h0 = initial_state if initial_state is not None else ht
         _gdn_state_fwd_kernel[(triton.cdiv(dv, bv), Hv)](
             q, k, scratch["w"], scratch["u"], scratch["g_cum"], h0, o, ht, T,
             float(dk ** -0.5 if scale is None else scale), BV=bv,
-            HAS_H0=initial_state is not None, num_warps=WARPS, **dims)
+            HAS_H0=initial_state is not None, num_warps=WARPS,
+            num_stages=STAGES, **dims)
     return o, ht
