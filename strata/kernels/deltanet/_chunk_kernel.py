@@ -3,7 +3,8 @@ strata.kernels.deltanet.chunk / .naive).
 
 Legend: T tokens, HK key heads, HV value heads (value head h reads key head h // (HV / HK)),
 DK / DV head dims, BT the chunk (64), BK = next_pow2(DK), BV a block of DV; G = cumsum of g
-inside a chunk; all arithmetic fp32, tl.dot at PREC ("ieee": fp32 products and sums).
+inside a chunk; all arithmetic fp32, tl.dot at PREC (the launcher's "tf32x3": products within
+12 u of fp32's on the tensor cores, fp32 sums).
 
   _gdn_wy_fwd_kernel, grid (chunks, HV): per chunk and value head
       G = cumsum(g);  A = strict_tril(beta_i k_i.k_j exp(G_i - G_j))          [BT, BT]
