@@ -1,0 +1,61 @@
+"""Triton kernels of the DeltaNet layer's two per-row norms (ops and twins:
+strata.kernels.deltanet.norms).
+
+Legend: R rows, N row width, BM rows per program, BN = next_pow2(N).
+
+  _l2norm_fwd_kernel:      y[r] = x[r] * rsqrt(sum(x[r]^2) + eps)                   (fp32 out)
+  _gated_rms_norm_fwd_kernel:
+      n = rnd_x(x[r] * rsqrt(mean(x[r]^2) + eps));  p = rnd_p(w * n)
+      y[r] = rnd_x(p * silu(z[r]))                     silu(z) = z / (1 + exp(-z)), fp32
+rnd_x rounds to x's dtype, rnd_p to promote(w, x)'s (to nearest even): the steps transformers'
+Qwen3NextRMSNormGated takes. All arithmetic in between is fp32.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rnd(v, DT: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 v rounded to DT, to nearest even, as fp32. The GPU's cvt rounds so; the
+    interpreter's bf16 cast truncates, so there bf16 is rounded on the bits (a NaN kept one)."""
+    if DT == tl.float32:
+        return v
+    elif INTERP and DT == tl.bfloat16:
+        u = v.to(tl.uint32, bitcast=True)
+        u = tl.where(v != v, u | 0x00400000, u + 0x7FFF + ((u >> 16) & 1))
+        return (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    else:
+        return v.to(DT).to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _l2norm_fwd_kernel(x_ptr, out_ptr, n_rows, stride_x, eps,
+                       N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)               # [BM]
+    cols = tl.arange(0, BN)                                                    # [BN]
+    m = (rows < n_rows)[:, None] & (cols < N)[None, :]                         # [BM, BN]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=m,
+                other=0.0).to(tl.float32)
+    r = tl.math.rsqrt(tl.sum(x * x, axis=1) + eps)                             # [BM]
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], x * r[:, None], mask=m)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _gated_rms_norm_fwd_kernel(x_ptr, z_ptr, w_ptr, out_ptr, n_rows, stride_x, stride_z, eps,
+                               N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                               PT: tl.constexpr, INTERP: tl.constexpr):
+    XT: tl.constexpr = x_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)               # [BM]
+    cols = tl.arange(0, BN)                                                    # [BN]
+    m = (rows < n_rows)[:, None] & (cols < N)[None, :]                         # [BM, BN]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=m,
+                other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=m,
+                other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)        # [BN]
+    r = tl.math.rsqrt(tl.sum(x * x, axis=1) / N + eps)                        # [BM]
+    p = _rnd(w[None, :] * _rnd(x * r[:, None], XT, INTERP), PT, INTERP)        # rnd_p(w rnd_x)
+    y = p * (z / (1.0 + tl.exp(-z)))
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], _rnd(y, XT, INTERP).to(XT), mask=m)

@@ -1,0 +1,68 @@
+"""The short causal depthwise conv of a DeltaNet layer (q, k and v side by side), with the last
+K-1 inputs carried from call to call, in plain torch: K (4) elementwise multiply-adds over the
+rows, fused into nothing (a kernel would spare K passes over [T, C] on the GPU, nothing on the
+CPU).
+
+Legend: T tokens of this call, C channels (2 Hk dk + Hv dv), K the kernel width.
+
+    causal_conv1d(x [T, C], weight [C, K], bias [C] | None, state [K-1, C] | None)
+        -> (y [T, C] in x's dtype, new state [K-1, C] in x's dtype)
+    xp = cat(state or zeros, x)                    [K-1+T, C]
+    y[t] = silu(bias + sum_j weight[:, j] * xp[t + j])    (fp32, j = 0 .. K-1 in order)
+    new state = xp[-(K-1):]
+
+transformers' causal_conv1d_fn (F.conv1d with padding K-1, then SiLU) is the same sum; its
+conv state keeps K inputs, of which the conv reads the last K-1. The sums are the same K
+correctly rounded fp32 operations for every element whatever T is; SiLU is not (torch's CPU
+exp takes a vector path or a scalar tail by an element's place in the tensor), so it runs on
+blocks of ROWS rows, each the same shape whatever call it falls in. A prompt cut at a multiple
+of ROWS (the chunk rule's 64) thus gives the one-call result bit for bit; a cut elsewhere moves
+SiLU by an ulp at most.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from strata.errors import StrataError
+
+ROWS = 64               # the chunk of strata.kernels.deltanet.sizes.CHUNK
+
+
+def _check(x, weight, bias, state):
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise StrataError(f"causal_conv1d: x must be a float [T, C] tensor, got "
+                          f"{list(getattr(x, 'shape', []))}")
+    C = x.shape[1]
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] != C:
+        raise StrataError(f"causal_conv1d: weight must be [C={C}, K], got "
+                          f"{list(getattr(weight, 'shape', []))}")
+    K = weight.shape[1]
+    if bias is not None and bias.shape != (C,):
+        raise StrataError(f"causal_conv1d: bias must be [{C}], got {list(bias.shape)}")
+    if state is not None and (state.shape != (K - 1, C) or state.dtype != x.dtype):
+        raise StrataError(f"causal_conv1d: state must be {x.dtype} [{K - 1}, {C}], got "
+                          f"{state.dtype} {list(state.shape)}")
+    return K
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  state: torch.Tensor | None = None, *, activation: str | None = "silu"):
+    """The conv over this call's rows after the carried ones (see the module docstring)."""
+    K = _check(x, weight, bias, state)
+    T, C = x.shape
+    if state is None:
+        state = torch.zeros((K - 1, C), dtype=x.dtype, device=x.device)
+    xp = torch.cat([state, x], dim=0).float()                                  # [K-1+T, C]
+    wf = weight.float()
+    acc = torch.zeros((T, C), dtype=torch.float32, device=x.device)
+    if bias is not None:
+        acc = acc + bias.float()
+    for j in range(K):
+        acc = acc + xp[j:j + T] * wf[:, j]
+    if activation == "silu":
+        acc = torch.cat([F.silu(acc[s:s + ROWS]) for s in range(0, T, ROWS)]) if T else acc
+    elif activation is not None:
+        raise StrataError(f"causal_conv1d: activation must be 'silu' or None, got {activation!r}")
+    new_state = xp[T:].to(x.dtype) if K > 1 else xp[:0].to(x.dtype)
+    return acc.to(x.dtype), new_state.contiguous()

@@ -1,0 +1,112 @@
+"""The DeltaNet layer's per-row norms: the q/k L2 norm and the gated RMSNorm of the output, as
+Triton launchers with plain-torch twins of the same signature (transformers 5.24's l2norm and
+Qwen3NextRMSNormGated).
+
+Legend: N row width (dk for the L2 norm, dv for the output gate), leading dims any.
+
+    l2norm(x [..., N], eps=1e-6) -> fp32 [..., N]        x * rsqrt(sum(x^2) + eps)
+    gated_rms_norm(x [..., N], z [..., N], w [N], eps) -> [..., N] in x's dtype
+        = rnd_x(w * rnd_x(x * rsqrt(mean(x^2) + eps)) * silu(z))
+
+The L2 norm is taken in fp32 whatever x's dtype (transformers normalises the fp32 copy), so
+its output is fp32. The kernels take rows with a unit last stride (copied otherwise).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from strata._backend import INTERPRET
+from strata.errors import StrataError
+from strata.kernels.deltanet._norm_kernel import _gated_rms_norm_fwd_kernel, _l2norm_fwd_kernel
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+MAX_N = 4096            # one program holds whole rows; DeltaNet heads are 128 wide
+ROW_ELEMS = 4096        # elements a program holds (as strata.kernels.norm), 4 warps
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _rows(x, N, what):
+    if not isinstance(x, torch.Tensor) or x.dtype not in FLOATS or x.dim() == 0:
+        raise StrataError(f"{what} takes a float tensor (fp32, bf16, fp16) with a last dim, got "
+                          f"{getattr(x, 'dtype', type(x).__name__)}")
+    if not 0 < N <= MAX_N:
+        raise StrataError(f"{what}: rows of 1 to {MAX_N} elements, got {N}")
+    return x.reshape(-1, N) if x.stride(-1) == 1 else x.contiguous().reshape(-1, N)
+
+
+def _grid(R, N):
+    bn = triton.next_power_of_2(N)
+    bm = max(1, ROW_ELEMS // bn)
+    return (triton.cdiv(R, bm),), bm, bn
+
+
+def _l2_out(x, out, what):
+    if out is None:
+        return torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    if (not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != torch.float32
+            or not out.is_contiguous() or out.device != x.device):
+        raise StrataError(f"{what}: out must be a contiguous fp32 {list(x.shape)} tensor on "
+                          f"{x.device}, got {getattr(out, 'dtype', type(out).__name__)} "
+                          f"{list(getattr(out, 'shape', []))}")
+    return out
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., N] -> x / sqrt(sum(x^2) + eps) over the last dim, fp32 [..., N] (into `out`, a
+    contiguous fp32 tensor of x's shape, when given)."""
+    N = x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() else 0
+    rows = _rows(x, N, "l2norm")                                               # [R, N]
+    out = _l2_out(x, out, "l2norm").view(rows.shape)
+    if rows.shape[0]:
+        grid, bm, bn = _grid(rows.shape[0], N)
+        _l2norm_fwd_kernel[grid](rows, out, rows.shape[0], rows.stride(0), float(eps), N=N,
+                                 BM=bm, BN=bn, num_warps=4)
+    return out.view(x.shape)
+
+
+def l2norm_torch(x: torch.Tensor, eps: float = 1e-6, *,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """The twin: transformers' l2norm on x.float()."""
+    xf = x.float()
+    y = xf * torch.rsqrt((xf * xf).sum(dim=-1, keepdim=True) + eps)
+    return y if out is None else _l2_out(x, out, "l2norm_torch").copy_(y)
+
+
+def _check_gate(x, z, w, what):
+    N = x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() else 0
+    if (not isinstance(z, torch.Tensor) or z.shape != x.shape or z.dtype not in FLOATS
+            or not isinstance(w, torch.Tensor) or w.shape != (N,) or w.dtype not in FLOATS
+            or z.device != x.device or w.device != x.device):
+        raise StrataError(f"{what}: z must match x {list(getattr(x, 'shape', []))} and w be "
+                          f"[{N}], float, on x's device; got z "
+                          f"{list(getattr(z, 'shape', []))} w {list(getattr(w, 'shape', []))}")
+    return N
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """The output gate: RMSNorm of x [..., N] weighted by w [N], times silu(z) -> x's dtype."""
+    N = _check_gate(x, z, w, "gated_rms_norm")
+    rows, zr = _rows(x, N, "gated_rms_norm"), _rows(z, N, "gated_rms_norm")
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        grid, bm, bn = _grid(rows.shape[0], N)
+        pt = torch.promote_types(w.dtype, x.dtype)
+        _gated_rms_norm_fwd_kernel[grid](
+            rows, zr, w, out, rows.shape[0], rows.stride(0), zr.stride(0), float(eps), N=N,
+            BM=bm, BN=bn, PT=_TL[pt], INTERP=INTERPRET, num_warps=4)
+    return out.view(x.shape)
+
+
+def gated_rms_norm_torch(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
+                         eps: float) -> torch.Tensor:
+    """The twin: transformers' Qwen3NextRMSNormGated.forward with weight w."""
+    _check_gate(x, z, w, "gated_rms_norm_torch")
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    y = w * y.to(x.dtype)
+    return (y * F.silu(z.float())).to(x.dtype)
+

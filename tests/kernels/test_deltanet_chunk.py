@@ -1,0 +1,320 @@
+"""The gated delta rule (strata.kernels.deltanet): the Triton chunked form, its torch twin and the
+recurrent reference against an fp64 evaluation of the recurrence, against transformers 5.24's
+torch_chunk_gated_delta_rule, and carried across calls.
+
+The bound, and why it holds. With k L2-normalised (|k| <= 1), 0 <= beta <= 1 and g <= 0, one
+token's map S -> exp(g) (I - beta k k^T) S + beta k v^T has a linear part of spectral norm <= 1:
+an error in S is never amplified by later tokens, so the state's error after t tokens is at
+most the sum of the errors each token adds. Any of the three fp32 evaluations adds, per token,
+the rounding of a few (c = 4) sequential stages of sums at most dk + BT terms long (a dk-term
+dot with S, a BT-term one inside the chunk) whose products are each within 12 u of exact (the
+Triton dots' tf32x3: three tf32 products per fp32 one), on values no larger than
+|S_{t-1}|_F + beta |v_t|:
+    E_t = c u (dk + BT + 12) sum_{s <= t} (|S_{s-1}|_F + beta_s |v_s|)       u = 2^-24
+bounds |S_t - S_t^64|_F (so every element of the state), and o_t = S_t^T q_t adds one read of
+S_t by q_t: |o_t - o_t^64| <= 2 |q_t| E_t. A bf16 output adds one bf16 step of the rounding
+(the interpreter truncates). Two fp32 evaluations differ by at most the sum of their bounds.
+It is a worst case (every rounding aligned, the Frobenius norm for each element): measured
+errors sit near 1e-4 of it (the prints of -s), so it does not tell tf32x3 from fp32 dots; an
+algorithmic slip (a wrong decay, a missing head repeat, a chunk off by one) moves results by
+O(0.1 to 1), far past it.
+
+Carrying: a cut at a multiple of the chunk (64) runs the same programs / torch calls on the same
+rows, so two calls carrying the state equal one call bit for bit (the twin and the recurrent
+form on the CPU, the Triton path in the interpreter); a cut inside a chunk moves rounding only,
+within the bound. Outputs start as NaN (tests/conftest.py), so an element never written fails.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from strata.errors import StrataError
+from strata.kernels.deltanet import (chunk_gated_delta_rule, chunk_gated_delta_rule_torch,
+                                     delta_gates, recurrent_gated_delta_rule)
+
+U32 = 2.0 ** -24
+C_STAGES = 4
+BT = 64
+TF32X3 = 12      # u per product of tl.dot at input_precision tf32x3
+
+
+@dataclass(frozen=True)
+class Case:
+    T: int
+    Hk: int = 2
+    Hv: int = 4
+    dk: int = 32
+    dv: int = 32
+
+    @property
+    def id(self) -> str:
+        return f"T{self.T}-Hk{self.Hk}-Hv{self.Hv}-dk{self.dk}-dv{self.dv}"
+
+
+CASES = [
+    Case(1),                         # one token: the chunk is one row
+    Case(63),                        # one short chunk
+    Case(64),                        # exactly one chunk
+    Case(65),                        # a chunk and one row
+    Case(200),                       # four chunks, the last of 8 rows
+    Case(65, Hk=1, Hv=3, dk=48, dv=24),   # masked head dims (BK 64, BV 32), GQA 3 to 1
+    Case(70, Hk=4, Hv=4, dk=16, dv=80),   # no GQA, the smallest dk, dv over three blocks
+]
+
+
+def inputs(c: Case, seed: int, dtype=torch.float32, device="cpu"):
+    """q, k, v, g, beta, h0 as the model makes them: g and beta from the gates with per-head A
+    drawn as transformers initialises it (A in [0.01, 16]: weak to very strong decay)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(c.T, c.Hk, c.dk, generator=gen)
+    k = torch.randn(c.T, c.Hk, c.dk, generator=gen)
+    v = torch.randn(c.T, c.Hv, c.dv, generator=gen)
+    a, b = torch.randn(c.T, c.Hv, generator=gen), torch.randn(c.T, c.Hv, generator=gen)
+    A_log = torch.empty(c.Hv).uniform_(0.01, 16, generator=gen).log()
+    g, beta = delta_gates(a, b, A_log, torch.ones(c.Hv))
+    h0 = 0.5 * torch.randn(c.Hv, c.dk, c.dv, generator=gen)
+    q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
+    return tuple(x.to(device) for x in (q, k, v, g, beta, h0))
+
+
+def truth(q, k, v, g, beta, h0):
+    """The recurrence in fp64 (with the L2 norm and the dk^-1/2 scale) and the bound pieces:
+    -> o [T, Hv, dv], S [Hv, dk, dv], E [T, Hv] (E_t above), |q_t| [T, Hv]."""
+    T, Hk, dk = q.shape
+    Hv = v.shape[1]
+    f = lambda x: x.detach().cpu().double()                                 # noqa: E731
+    qd, kd, vd, gd, bd = (f(x) for x in (q, k, v, g, beta))
+    qd = qd * torch.rsqrt((qd * qd).sum(-1, keepdim=True) + 1e-6) / math.sqrt(dk)
+    kd = kd * torch.rsqrt((kd * kd).sum(-1, keepdim=True) + 1e-6)
+    qd, kd = (x.repeat_interleave(Hv // Hk, dim=1) for x in (qd, kd))      # [T, Hv, dk]
+    S = f(h0).clone() if h0 is not None else torch.zeros(Hv, dk, v.shape[2], dtype=torch.double)
+    o = torch.zeros(T, Hv, v.shape[2], dtype=torch.double)
+    E = torch.zeros(T, Hv, dtype=torch.double)
+    acc = torch.zeros(Hv, dtype=torch.double)
+    for t in range(T):
+        acc = acc + S.flatten(1).norm(dim=1) + bd[t] * vd[t].norm(dim=-1)
+        S = S * gd[t].exp()[:, None, None]
+        delta = (vd[t] - torch.einsum("hkv,hk->hv", S, kd[t])) * bd[t][:, None]
+        S = S + kd[t][:, :, None] * delta[:, None, :]
+        o[t] = torch.einsum("hkv,hk->hv", S, qd[t])
+        E[t] = C_STAGES * U32 * (dk + BT + TF32X3) * acc
+    return o, S, E, qd.norm(dim=-1)
+
+
+def bf16_step(x):
+    _, e = torch.frexp(x.abs())
+    return torch.ldexp(torch.ones_like(x), e - 1 - 7)
+
+
+def check(o, S, ref, what, scale=1.0):
+    """o, S within `scale` x the bound of the fp64 truth `ref`; returns the max errors."""
+    o64, S64, E, qn = ref
+    ob = scale * 2 * qn[:, :, None] * E[:, :, None]                          # [T, Hv, 1]
+    if o.dtype == torch.bfloat16:
+        ob = ob + bf16_step(o64)
+    do = (o.cpu().double() - o64).abs()
+    dS = (S.cpu().double() - S64).abs()
+    assert torch.isfinite(o).all() and torch.isfinite(S).all(), what
+    assert (do <= ob).all(), f"{what}: o off by {do.max():.3g}, worst ratio {(do / ob).max():.3g}"
+    sb = scale * E[-1] if len(E) else torch.zeros(S.shape[0], dtype=torch.double)
+    assert (dS <= sb[:, None, None]).all(), f"{what}: S off by {dS.max():.3g}"
+    return float(do.max()) if do.numel() else 0.0, float(dS.max())
+
+
+IMPLS = {"triton": chunk_gated_delta_rule, "twin": chunk_gated_delta_rule_torch,
+         "recurrent": recurrent_gated_delta_rule}
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_within_bound_of_fp64_truth(c, impl):
+    q, k, v, g, beta, h0 = inputs(c, 1)
+    o, S = IMPLS[impl](q, k, v, g, beta, h0, use_qk_l2norm=True)
+    assert o.shape == v.shape and o.dtype == q.dtype and S.shape == h0.shape
+    errs = check(o, S, truth(q, k, v, g, beta, h0), f"{impl} {c.id}")
+    print(f"{impl} {c.id}: max |o - fp64| {errs[0]:.3g}, max |S - fp64| {errs[1]:.3g}")
+
+
+@pytest.mark.parametrize("c", [Case(1), Case(65), Case(200)], ids=lambda c: c.id)
+def test_zero_initial_state_and_given_scale(c):
+    """No initial state starts from zeros; pre-normalised q, k and an explicit scale give what
+    use_qk_l2norm and the default scale give."""
+    q, k, v, g, beta, _ = inputs(c, 2)
+    ref = truth(q, k, v, g, beta, None)
+    qn = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    kn = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    o, S = chunk_gated_delta_rule(qn, kn, v, g, beta, None, scale=c.dk ** -0.5)
+    check(o, S, ref, f"triton {c.id}")
+
+
+@pytest.mark.parametrize("c", [Case(1), Case(63), Case(64), Case(65), Case(200),
+                               Case(65, Hk=1, Hv=3, dk=48, dv=24)], ids=lambda c: c.id)
+def test_matches_transformers_chunk(c):
+    """Against transformers' own chunked evaluation ([B=1, T, H, d]): both lie within the bound
+    of the fp64 truth, so they differ by at most twice it."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
+    q, k, v, g, beta, h0 = inputs(c, 3)
+    ho, hS = torch_chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
+                                          initial_state=h0[None], output_final_state=True,
+                                          use_qk_l2norm_in_kernel=True)
+    ref = truth(q, k, v, g, beta, h0)
+    check(ho[0], hS[0], ref, "transformers")
+    hf = (ho[0].double(), hS[0].double(), ref[2], ref[3])
+    for impl in ("triton", "twin"):
+        o, S = IMPLS[impl](q, k, v, g, beta, h0, use_qk_l2norm=True)
+        errs = check(o, S, hf, f"{impl} vs transformers {c.id}", scale=2.0)
+        print(f"{impl} vs transformers {c.id}: max |o| {errs[0]:.3g}, max |S| {errs[1]:.3g}")
+
+
+def two_calls(fn, x, cut):
+    q, k, v, g, beta, h0 = x
+    a = fn(q[:cut], k[:cut], v[:cut], g[:cut], beta[:cut], h0, use_qk_l2norm=True)
+    b = fn(q[cut:], k[cut:], v[cut:], g[cut:], beta[cut:], a[1], use_qk_l2norm=True)
+    return torch.cat([a[0], b[0]]), b[1]
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("cut", [0, 64, 128, 200], ids=lambda n: f"cut{n}")
+def test_carry_at_chunk_multiples_is_bit_exact(impl, cut):
+    """A 200-token prompt as two calls cut at a multiple of the chunk (0 and 200: an empty call)
+    equals one call bit for bit, state and output."""
+    x = inputs(Case(200), 4)
+    one = IMPLS[impl](*x[:5], x[5], use_qk_l2norm=True)
+    o, S = two_calls(IMPLS[impl], x, cut)
+    assert torch.equal(o, one[0]) and torch.equal(S, one[1])
+
+
+@pytest.mark.parametrize("cut", [1, 63, 100, 199], ids=lambda n: f"cut{n}")
+def test_recurrent_carry_is_bit_exact_anywhere(cut):
+    x = inputs(Case(200), 5)
+    one = recurrent_gated_delta_rule(*x[:5], x[5], use_qk_l2norm=True)
+    o, S = two_calls(recurrent_gated_delta_rule, x, cut)
+    assert torch.equal(o, one[0]) and torch.equal(S, one[1])
+
+
+@pytest.mark.parametrize("impl", ["triton", "twin"])
+@pytest.mark.parametrize("cut", [1, 100], ids=lambda n: f"cut{n}")
+def test_carry_inside_a_chunk_within_bound(impl, cut):
+    """Cut inside a chunk, the chunks differ, so rounding moves: both the one call and the two
+    stay within the bound of the truth."""
+    x = inputs(Case(200), 6)
+    o, S = two_calls(IMPLS[impl], x, cut)
+    check(o, S, truth(*x), f"{impl} two calls cut {cut}")
+
+
+def test_state_updated_in_place():
+    """out_state = initial_state: the state buffer is read and rewritten by the same program."""
+    q, k, v, g, beta, h0 = inputs(Case(130), 7)
+    ref = chunk_gated_delta_rule(q, k, v, g, beta, h0, use_qk_l2norm=True)
+    S = h0.clone()
+    o, S2 = chunk_gated_delta_rule(q, k, v, g, beta, S, use_qk_l2norm=True, out_state=S)
+    assert S2.data_ptr() == S.data_ptr()
+    assert torch.equal(o, ref[0]) and torch.equal(S, ref[1])
+    St = h0.clone()
+    chunk_gated_delta_rule_torch(q, k, v, g, beta, St, use_qk_l2norm=True, out_state=St)
+    assert torch.equal(St, chunk_gated_delta_rule_torch(q, k, v, g, beta, h0,
+                                                         use_qk_l2norm=True)[1])
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("bad", ["hv-not-multiple", "state-bf16", "g-shape", "chunk-32"])
+def test_bad_inputs_one_line(impl, bad):
+    q, k, v, g, beta, h0 = inputs(Case(5), 8)
+    kw = {}
+    if bad == "hv-not-multiple":
+        v = torch.randn(5, 3, 32)
+    elif bad == "state-bf16":
+        h0 = h0.bfloat16()
+    elif bad == "g-shape":
+        g = g[:, :2]
+    else:
+        kw["chunk_size"] = 32
+    with pytest.raises(StrataError) as e:
+        IMPLS[impl](q, k, v, g, beta, h0, **kw)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("c", [Case(1), Case(65), Case(200),
+                               Case(1000, Hk=16, Hv=32, dk=128, dv=128),
+                               Case(333, Hk=1, Hv=3, dk=48, dv=24)], ids=lambda c: c.id)
+def test_gpu_within_bound_and_carry(c, dtype):
+    """The same bound on CUDA (Qwen3.5's 16 / 32 heads of 128 among the cases), and the carry
+    at a chunk multiple: the same programs on the same rows, so equal to the bit there too."""
+    x = inputs(c, 9, dtype, device="cuda")
+    o, S = chunk_gated_delta_rule(*x, use_qk_l2norm=True)
+    check(o, S, truth(*x), f"cuda {c.id}")
+    cut = (c.T // 2) // BT * BT
+    o2, S2 = two_calls(chunk_gated_delta_rule, x, cut)
+    assert torch.equal(o2, o) and torch.equal(S2, S)
+
+
+def test_chunk_kernels_compile_for_h200():
+    """Both chunk kernels compile for sm_90 with triton's passes and ptxas (no GPU) at Qwen3.5's
+    heads, in a process without the interpreter, their dots on the tensor cores (wgmma)
+    (compile_deltanet.py without --quick: the norms, other shapes, bf16 q/k, the footprints)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_deltanet.py"),
+                        "--quick"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
+    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
+    for line in lines:
+        assert "wgmma" in line, line
+
+
+def _cuda_ms(fn, reps=10):
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1024, 8192], ids=lambda t: f"T{t}")
+def test_gpu_time_beside_fla(T):
+    """Prints the chunk rule's time at Qwen3.5's layer shape (16 / 32 heads of 128, bf16 q/k/v)
+    and, where fla-core is importable (not a dependency: pip install --no-deps fla-core==0.6.0
+    einops), flash-linear-attention's chunk_gated_delta_rule on the same inputs, with each one's
+    largest distance to the fp64 recurrence at T 1024. Holds only the bound; the times are for
+    the report (tokens/s: one layer's linear attention, the projections and conv aside)."""
+    c = Case(T, Hk=16, Hv=32, dk=128, dv=128)
+    x = inputs(c, 10, torch.bfloat16, device="cuda")
+    ours = lambda: chunk_gated_delta_rule(*x, use_qk_l2norm=True)           # noqa: E731
+    ms = _cuda_ms(ours)
+    line = f"deltanet T={T} Hk=16 Hv=32 d=128 bf16: strata {ms:.3f} ms ({T / ms * 1e3:.3g} tok/s)"
+    ref = truth(*x) if T <= 1024 else None
+    if ref is not None:
+        line += f", max |o - fp64| {check(*ours(), ref, 'strata')[0]:.3g}"
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    except ImportError:
+        print(line + "; fla-core not importable")
+        return
+    q, k, v, g, beta, h0 = x
+    theirs = lambda: fla_chunk(q[None], k[None], v[None], g[None], beta[None],  # noqa: E731
+                               initial_state=h0[None], output_final_state=True,
+                               use_qk_l2norm_in_kernel=True)
+    fms = _cuda_ms(theirs)
+    line += f"; fla-core {fms:.3f} ms"
+    if ref is not None:
+        fo, fS = theirs()
+        fo_err = (fo[0].double().cpu() - ref[0]).abs().max()
+        line += f", max |o - fp64| {fo_err:.3g}, max |S - fp64| "
+        line += f"{(fS[0].double().cpu() - ref[1]).abs().max():.3g}"
+    print(line)

@@ -1,0 +1,221 @@
+"""The smaller parts of a Gated DeltaNet layer (strata.kernels.deltanet): the short causal conv
+and its carried state, the gates, the q/k L2 norm and the gated output norm against their twins
+and transformers 5.24, and the sizes the planner reads against what the chunk launcher allocates.
+
+Bounds (u = 2^-24, fp32 unless said):
+- conv: K products and K + 1 sums in fp32 against F.conv1d's own order: (K + 2) u sum |w x|
+  before SiLU, which moves an error by at most 1.1x (|silu'| <= 1.1), plus one rounding of
+  silu: (1.1 (K + 2) + 2) u (sum |w x| + |bias|).
+- l2norm: sum of N squares in another order, rsqrt and a product: (N + 4) u |y|.
+- gated_rms_norm, fp32: the mean square in another order, rsqrt, the weight, silu (its exp
+  within 2 u on the GPU) and the product: (N + 10) u |ref|. bf16: the normed value x r may land
+  one bf16 step off (as strata.kernels.norm), which w and silu(z) scale, plus one bf16 rounding
+  of the output (a full step: the interpreter truncates).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from strata.errors import StrataError
+from strata.kernels.deltanet import (causal_conv1d, chunk_buffers, chunk_gated_delta_rule,
+                                     chunk_scratch_bytes, conv_state_bytes, delta_gates,
+                                     gated_rms_norm, gated_rms_norm_torch, l2norm, l2norm_torch,
+                                     recurrent_state_bytes)
+
+U32 = 2.0 ** -24
+EPS = 1e-6
+
+
+def bf16_step(x):
+    _, e = torch.frexp(x.abs().float())
+    return torch.ldexp(torch.ones_like(x, dtype=torch.float32), e - 1 - 7)
+
+
+# -- the short causal conv -------------------------------------------------------------------
+def conv_inputs(T, C=24, K=4, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, C, generator=gen).to(dtype)
+    w = (0.5 * torch.randn(C, K, generator=gen)).to(dtype)
+    b = (0.1 * torch.randn(C, generator=gen)).to(dtype)
+    return x, w, b
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("T", [1, 2, 3, 63, 64, 65, 200], ids=lambda t: f"T{t}")
+def test_conv_matches_transformers(T, bias):
+    """The whole prompt in one call against causal_conv1d_fn ([B, C, T], F.conv1d, SiLU)."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import causal_conv1d_fn
+    x, w, b = conv_inputs(T, seed=1)
+    b = b if bias else None
+    y, state = causal_conv1d(x, w, b)
+    ref = causal_conv1d_fn(x.t()[None], w, b, activation="silu")[0].t()
+    xp = torch.cat([torch.zeros(3, x.shape[1]), x])
+    mag = sum((xp[j:j + T] * w[:, j]).abs() for j in range(4)) + (0 if b is None else b.abs())
+    assert ((y - ref).abs() <= (1.1 * 6 + 2) * U32 * mag).all()
+    assert torch.equal(state, xp[-3:])          # the last K-1 inputs (zeros before the prompt)
+
+
+def conv_in_pieces(x, w, b, cuts):
+    ys, state, last = [], None, 0
+    for c in (*cuts, x.shape[0]):
+        y, state = causal_conv1d(x[last:c], w, b, state)
+        ys.append(y)
+        last = c
+    return torch.cat(ys), state
+
+
+@pytest.mark.parametrize("cuts", [(0,), (64,), (128,), (64, 128, 192)],
+                         ids=lambda c: "cut" + "-".join(map(str, c)))
+@pytest.mark.parametrize("C", [24, 8192], ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_conv_carry_at_chunk_multiples_is_bit_exact(cuts, C, dtype):
+    """200 rows cut at multiples of 64, the state handed over, equal one call bit for bit
+    (C 8192: Qwen3.5's channels, where torch splits SiLU over threads)."""
+    x, w, b = conv_inputs(200, C=C, seed=2, dtype=dtype)
+    one, s_one = causal_conv1d(x, w, b)
+    y, state = conv_in_pieces(x, w, b, cuts)
+    assert torch.equal(y, one) and torch.equal(state, s_one)
+
+
+@pytest.mark.parametrize("cuts", [(1,), (3,), (100,), (1, 2, 3, 50, 51)],
+                         ids=lambda c: "cut" + "-".join(map(str, c)))
+def test_conv_carry_elsewhere_within_an_ulp(cuts):
+    """Cut off the 64-row grid (the decode step's one row included), the sums are the same
+    and SiLU may move by one fp32 ulp (its exp's vector or scalar path); the state is exact."""
+    x, w, b = conv_inputs(200, seed=2)
+    one, s_one = causal_conv1d(x, w, b)
+    y, state = conv_in_pieces(x, w, b, cuts)
+    assert torch.equal(state, s_one)
+    assert ((y - one).abs() <= 2 * U32 * one.abs()).all()
+
+
+def test_conv_bad_state_one_line():
+    x, w, b = conv_inputs(5)
+    with pytest.raises(StrataError) as e:
+        causal_conv1d(x, w, b, torch.zeros(4, x.shape[1]))
+    assert "\n" not in str(e.value)
+
+
+# -- the gates -------------------------------------------------------------------------------
+def test_gates_are_transformers():
+    """beta = sigmoid(b) in b's dtype, g = -exp(A_log) softplus(a + dt_bias) in fp32, the lines
+    of Qwen3NextGatedDeltaNet.forward, and g <= 0 (the decay the bound of the rule needs)."""
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(9, 4, generator=gen).bfloat16(), torch.randn(9, 4, generator=gen).bfloat16()
+    A_log = torch.empty(4).uniform_(0.01, 16, generator=gen).log()
+    dt = torch.rand(4, generator=gen)
+    g, beta = delta_gates(a, b, A_log, dt)
+    assert beta.dtype == torch.bfloat16 and torch.equal(beta, b.sigmoid())
+    assert g.dtype == torch.float32 and (g <= 0).all()
+    assert torch.equal(g, -A_log.float().exp() * F.softplus(a.float() + dt))
+
+
+# -- the norms -------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(1, 1, 128), (65, 2, 128), (7, 3, 48), (5, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_l2norm(shape, dtype):
+    from transformers.models.qwen3_next.modeling_qwen3_next import l2norm as hf_l2norm
+    gen = torch.Generator().manual_seed(4)
+    x = (3 * torch.randn(shape, generator=gen)).to(dtype)
+    got, ref = l2norm(x), l2norm_torch(x)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    assert torch.equal(ref, hf_l2norm(x.float()))
+    assert ((got - ref).abs() <= (shape[-1] + 4) * U32 * ref.abs()).all()
+    out = torch.empty(shape, dtype=torch.float32)
+    assert l2norm(x, out=out).data_ptr() == out.data_ptr() and torch.equal(out, got)
+
+
+@pytest.mark.parametrize("rows,N,dt,wdt", [(65, 128, "fp32", "fp32"), (130, 128, "bf16", "fp32"),
+                                          (33, 128, "bf16", "bf16"), (9, 48, "fp32", "fp32"),
+                                          (1, 128, "bf16", "bf16")],
+                         ids=lambda v: str(v))
+def test_gated_rms_norm(rows, N, dt, wdt):
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+    dts = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    gen = torch.Generator().manual_seed(5)
+    x = (2 * torch.randn(rows, N, generator=gen)).to(dts[dt])
+    z = (2 * torch.randn(rows, N, generator=gen)).to(dts[dt])
+    w = (1 + 0.3 * torch.randn(N, generator=gen)).to(dts[wdt])
+    hf = Qwen3NextRMSNormGated(N, eps=EPS).to(dts[wdt])
+    with torch.no_grad():
+        hf.weight.copy_(w)
+        assert torch.equal(gated_rms_norm_torch(x, z, w, EPS), hf(x, z))
+    got, ref = gated_rms_norm(x, z, w, EPS), gated_rms_norm_torch(x, z, w, EPS)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    diff = (got.float() - ref.float()).abs()
+    if dt == "fp32":
+        assert (diff <= (N + 10) * U32 * ref.abs()).all()
+    else:
+        xf = x.float()
+        n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).bfloat16().float()
+        moved = w.float().abs() * bf16_step(n) * F.silu(z.float()).abs()
+        assert (diff <= moved + bf16_step(ref.float().abs() + moved)).all()
+
+
+# -- sizes -----------------------------------------------------------------------------------
+def test_sizes_of_qwen35():
+    """Qwen3.5-35B-A3B's DeltaNet layer (16 key heads, 32 value heads of 128, conv 4, bf16):
+    the conv state holds 3 rows of 8192 channels, the recurrent matrix 32 x 128 x 128 fp32."""
+    assert conv_state_bytes(16, 32, 128, 128) == 3 * 8192 * 2
+    assert recurrent_state_bytes(16, 32, 128, 128) == 3 * 8192 * 2 + 32 * 128 * 128 * 4
+    T = 8192
+    assert chunk_scratch_bytes(T, 16, 32, 128, 128) == T * 32 * (1 + 128 + 128) * 4
+    assert (chunk_scratch_bytes(T, 16, 32, 128, 128, qk_l2norm=True)
+            == T * 32 * (1 + 128 + 128) * 4 + 2 * T * 16 * 128 * 4)
+    with pytest.raises(StrataError):
+        chunk_scratch_bytes(T, 3, 32, 128, 128)
+
+
+@pytest.mark.parametrize("qk_l2norm", [False, True], ids=["prenormed", "l2norm"])
+@pytest.mark.parametrize("T", [1, 65], ids=lambda t: f"T{t}")
+def test_launcher_allocates_what_the_sizes_count(monkeypatch, T, qk_l2norm):
+    """Every tensor the launcher creates goes through torch.empty: recorded, they are the
+    output, the final state and exactly chunk_buffers (names' shapes, fp32)."""
+    Hk, Hv, dk, dv = 1, 2, 32, 16
+    gen = torch.Generator().manual_seed(6)
+    q, k = torch.randn(T, Hk, dk, generator=gen), torch.randn(T, Hk, dk, generator=gen)
+    if not qk_l2norm:
+        q, k = l2norm_torch(q), l2norm_torch(k)
+    v = torch.randn(T, Hv, dv, generator=gen)
+    g, beta = -torch.rand(T, Hv, generator=gen), torch.rand(T, Hv, generator=gen)
+    made = []
+    empty = torch.empty
+
+    def record(*args, **kw):
+        t = empty(*args, **kw)
+        made.append((tuple(t.shape), t.dtype))
+        return t
+    monkeypatch.setattr(torch, "empty", record)
+    chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=qk_l2norm)
+    monkeypatch.setattr(torch, "empty", empty)
+    outputs = [((T, Hv, dv), q.dtype), ((Hv, dk, dv), torch.float32)]
+    scratch = [(b.shape, torch.float32) for b in chunk_buffers(T, Hk, Hv, dk, dv,
+                                                                qk_l2norm=qk_l2norm)]
+    assert sorted(made, key=str) == sorted(outputs + scratch, key=str)
+    nbytes = sum(torch.Size(s).numel() * torch.finfo(d).bits // 8 for s, d in made)
+    assert nbytes - T * Hv * dv * 4 - Hv * dk * dv * 4 == chunk_scratch_bytes(
+        T, Hk, Hv, dk, dv, qk_l2norm=qk_l2norm)
+
+
+@pytest.mark.gpu
+def test_gpu_peak_memory_is_the_sizes():
+    """On CUDA the call's peak allocation above its inputs is the outputs plus the scratch the
+    sizes count (the caching allocator rounds each block up to 512 bytes)."""
+    T, Hk, Hv, dk, dv = 4096, 16, 32, 128, 128
+    dev = torch.device("cuda")
+    q, k = (torch.randn(T, Hk, dk, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(T, Hv, dv, device=dev, dtype=torch.bfloat16)
+    g, beta = -torch.rand(T, Hv, device=dev), torch.rand(T, Hv, device=dev)
+    chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=True)     # compile first
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    o, S = chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=True)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    want = (chunk_scratch_bytes(T, Hk, Hv, dk, dv, qk_l2norm=True)
+            + o.numel() * o.element_size() + S.numel() * 4)
+    assert want <= peak <= want + 512 * 8
