@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from strata.commands._args import DTYPES, add_budget_flags, check_budget_flags, engine_config
-from strata.commands._args import resolve_experts
+from strata.commands._args import (DTYPES, add_budget_flags, check_budget_flags, engine_config,
+                                   resolve_experts)
 from strata.errors import StrataError
 
 DEFAULT_CTX = 512       # llama-perplexity's default window
@@ -172,7 +172,8 @@ def run(args) -> int:
 
 class Reader:
     """A logits source for the instrument: `read(ids [n, ctx]) -> [n, n_scored, V]` float32 on
-    the CPU, one prompt per window; `stats()` what the reads cost."""
+    the model's device (the instrument's per-token work runs there too), one prompt per window;
+    `stats()` what the reads cost."""
 
     def __init__(self, name: str, one, windows):
         self.name, self._one, self.first, self.ctx = name, one, windows.first, windows.ctx
@@ -180,7 +181,7 @@ class Reader:
 
     def read(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return torch.stack([self._one(row)[self.first:self.ctx - 1].float().cpu()
+            return torch.stack([self._one(row)[self.first:self.ctx - 1].float()
                                 for row in ids])
 
     def stats(self) -> dict:

@@ -88,12 +88,13 @@ class KldRows:
 
 
 def kld_rows(logits: torch.Tensor, base: np.ndarray, targets: torch.Tensor) -> KldRows:
-    logits = logits.float().cpu()
+    """Computed where the logits are (the GPU's [n, V] work stays there); results on the CPU."""
+    logits = logits.float()
     V = logits.shape[1]
     mx, lse = _lse(logits)
     log_q = logits - (mx + lse)[:, None]                        # [n, V] float32
-    lp_base = base_log_probs(base, V)                           # [n, V] float32
-    t = targets.cpu().to(torch.int64)[:, None]
+    lp_base = base_log_probs(base, V).to(logits.device)         # [n, V] float32
+    t = targets.to(logits.device, torch.int64)[:, None]
     nll = -log_q.gather(1, t)[:, 0].double()
     nll_base = -lp_base.gather(1, t)[:, 0].double()
     keep = lp_base > -LOG_RANGE
@@ -101,4 +102,4 @@ def kld_rows(logits: torch.Tensor, base: np.ndarray, targets: torch.Tensor) -> K
     kld = terms.double().sum(dim=1)
     same = logits.argmax(dim=1) == lp_base.argmax(dim=1)
     p_diff = torch.exp(-nll.float()) - torch.exp(-nll_base.float())
-    return KldRows(nll, nll_base, kld, p_diff, same)
+    return KldRows(nll.cpu(), nll_base.cpu(), kld.cpu(), p_diff.cpu(), same.cpu())
