@@ -130,6 +130,10 @@ def run(args) -> int:
                           f"its model")
     if base is not None:
         base.check(vocab_sha=vsha, n_vocab=pack.shape.vocab, ctx=args.ctx, tokens=tokens)
+        if base.identity is None and not args.json:
+            print(f"note: {args.kld} carries no tokenizer identity (llama-perplexity wrote it): "
+                  f"only its vocabulary size" + (" and tokens are" if tokens is not None else
+                                                 " is") + " checked", file=sys.stderr)
         tokens = base.tokens
     windows = Windows.of(tokens, ctx, tok.add_bos, what=f"--file {args.file}" if args.file
                          else f"--kld {args.kld}")
