@@ -123,7 +123,9 @@ def run(args) -> int:
     vsha = vocab_sha256(pack.tokenizer)
     ctx = args.ctx or (base.ctx if base is not None else DEFAULT_CTX)
     check_ctx(ctx, pack.shape.max_pos)
-    tokens = torch.tensor(tok.encode(text), dtype=torch.int64) if text is not None else None
+    # special tokens in the text are text, as llama-perplexity reads them (parse_special off)
+    tokens = torch.tensor(tok.encode(text, specials=False), dtype=torch.int64) \
+        if text is not None else None
     if tokens is not None and int(tokens.max()) >= pack.shape.vocab:
         raise StrataError(f"the tokenizer gave id {int(tokens.max())}, outside the model's "
                           f"vocabulary of {pack.shape.vocab}; the pack's tokenizer does not match "
