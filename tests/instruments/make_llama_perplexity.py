@@ -27,6 +27,9 @@ libraries, the folder that holds them (LD_LIBRARY_PATH). The figures here came f
    and no flash attention (the cache the logits fixtures ask for), 2 threads; the F16 run also
    writes its KL-divergence base (qwen3moe-f16.kld, llama.cpp's own file).
 3. The Q8_0 file read against that base (--kl-divergence): llama.cpp's closing statistics.
+4. The other way: `strata perplexity --kld-save` of the F16 file's pack (strata's base, with its
+   identity trailer) read by llama-perplexity --kl-divergence with the Q8_0 file (a record: the
+   tool reads strata's base; strata's read is fp32 on this machine's CPU).
 """
 from __future__ import annotations
 
@@ -58,8 +61,10 @@ def run(bin_: str, args: list[str], env: dict, until: str | None = None) -> tupl
     for _ in range(10):
         p = subprocess.run([bin_, *args], capture_output=True, text=True, env=env)
         out = p.stdout + p.stderr
-        if p.returncode or until is None or until in out:
+        if until is None or until in out:
             return p.returncode, out
+    if p.returncode:
+        return p.returncode, out
     raise SystemExit(f"{until!r} never reached the output of {args}")
 
 
@@ -110,11 +115,26 @@ def main(bin_: str, libdir: str | None = None) -> None:
         rec["system_info"] = info.group(1).strip() if info else None
     args = ["-m", str(GGUF / "qwen3moe-q8_0.gguf"), "--kl-divergence-base",
             str(OUT / "qwen3moe-f16.kld"), "--kl-divergence", *COMMON]
-    rc, text = run(bin_, args, env, until="Same top p")
+    rc, text = run(bin_, args, env, until="Same top p:")
     if rc:
         raise SystemExit(f"--kl-divergence exited {rc}:\n{text[-3000:]}")
     rec["kld_q8_0_vs_f16"] = kld_of(text)
     rec["kld_log"] = [ln for ln in text.splitlines() if re.match(r"^\s+\d+\s", ln)]
+    with tempfile.TemporaryDirectory() as d:
+        pack, base = Path(d) / "f16.pack", Path(d) / "strata-f16.kld"
+        senv = {**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        subprocess.run([sys.executable, "-m", "strata", "pack", str(GGUF / FILES[0]), "-o",
+                        str(pack)], check=True, capture_output=True, env=senv, cwd=ROOT)
+        subprocess.run([sys.executable, "-m", "strata", "perplexity", str(pack), "--file",
+                        str(TEXT), "--ctx", "32", "--chunks", "8", "--device", "cpu",
+                        "--kld-save", str(base)], check=True, capture_output=True, env=senv,
+                       cwd=ROOT)
+        args = ["-m", str(GGUF / "qwen3moe-q8_0.gguf"), "--kl-divergence-base", str(base),
+                "--kl-divergence", *COMMON]
+        rc, text = run(bin_, args, env, until="Same top p:")
+        if rc:
+            raise SystemExit(f"--kl-divergence of strata's base exited {rc}:\n{text[-3000:]}")
+        rec["kld_q8_0_vs_strata_f16"] = kld_of(text)
     rec["sha256"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
                      for p in sorted(OUT.glob("*.kld"))}
     (OUT / "llama_perplexity.json").write_text(json.dumps(rec, indent=1, ensure_ascii=False)
