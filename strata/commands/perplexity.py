@@ -122,7 +122,8 @@ def run(args) -> int:
     tok = pack_tokenizer(pack)
     vsha = vocab_sha256(pack.tokenizer)
     ctx = args.ctx or (base.ctx if base is not None else DEFAULT_CTX)
-    check_ctx(ctx, pack.shape.max_pos)
+    even = args.ctx is not None or base is None     # a llama.cpp base may bring an odd window
+    check_ctx(ctx, pack.shape.max_pos, even=even)
     # special tokens in the text are text, as llama-perplexity reads them (parse_special off)
     tokens = torch.tensor(tok.encode(text, specials=False), dtype=torch.int64) \
         if text is not None else None
@@ -138,7 +139,7 @@ def run(args) -> int:
                                                  " is") + " checked", file=sys.stderr)
         tokens = base.tokens
     windows = Windows.of(tokens, ctx, tok.add_bos, what=f"--file {args.file}" if args.file
-                         else f"--kld {args.kld}")
+                         else f"--kld {args.kld}", even=even)
     if args.chunks is not None and args.chunks < windows.n:
         windows = Windows(windows.tokens[:args.chunks * ctx], ctx, windows.bos)
     source = make_reader(args, pack, windows)

@@ -34,12 +34,13 @@ Read = Callable[[torch.Tensor], torch.Tensor]
 MIN_CTX = 4     # the smallest window that scores a token: first = 2, scored position 2
 
 
-def check_ctx(ctx: int, max_pos: int | None = None) -> None:
-    """--ctx must be even, at least MIN_CTX, and within the model's context (one line each)."""
+def check_ctx(ctx: int, max_pos: int | None = None, *, even: bool = True) -> None:
+    """--ctx must be even, at least MIN_CTX, and within the model's context (one line each);
+    `even=False` for a window a base file brings (llama.cpp takes an odd one: first = ctx//2)."""
     if ctx < MIN_CTX:
         raise StrataError(f"--ctx {ctx} is too small: a window needs at least {MIN_CTX} tokens "
                           f"(its first half is context, its second half is scored)")
-    if ctx % 2:
+    if even and ctx % 2:
         raise StrataError(f"--ctx {ctx} is odd; give an even window (half context, half "
                           f"scored), e.g. {ctx + 1}")
     if max_pos is not None and ctx > max_pos:
@@ -54,9 +55,10 @@ class Windows:
     bos: int | None             # the id that replaces each window's first token, or None
 
     @classmethod
-    def of(cls, tokens, ctx: int, bos: int | None, *, what: str = "the text") -> "Windows":
+    def of(cls, tokens, ctx: int, bos: int | None, *, what: str = "the text",
+           even: bool = True) -> "Windows":
         """The windows of `tokens`; fewer than 2·ctx tokens are refused as llama.cpp does."""
-        check_ctx(ctx)
+        check_ctx(ctx, even=even)
         t = torch.as_tensor(tokens, dtype=torch.int64).flatten()
         if t.numel() < 2 * ctx:
             raise StrataError(f"{what} tokenizes to {t.numel():,} tokens; perplexity at --ctx "

@@ -141,3 +141,18 @@ def test_a_base_refuses_another_model_tokenizer_window_or_text(tmp_path):
                           ({"tokens": torch.tensor(text(30))}, "another text")]:
         with pytest.raises(StrataError, match=words):
             base.check(**{**ok, **change})
+
+
+def test_an_odd_window_from_a_llama_cpp_base(tmp_path):
+    # llama-perplexity takes -c 9: first = 4, 4 scored a window; strata reads such a base
+    p = tmp_path / "odd.kld"
+    rows = np.zeros((2, 4, row_width(V)), np.uint16)
+    p.write_bytes(b"_logits_" + struct.pack("<iii", 9, V, 2)
+                  + np.array(text(18), dtype="<i4").tobytes() + rows.tobytes())
+    base = Base.open(p)
+    w = Windows.of(base.tokens, base.ctx, None, even=False)
+    assert (w.n, w.first, w.n_scored) == (2, 4, 4)
+    res = measure(w, oracle(0.5, []), base=base)
+    assert res.count == 8
+    with pytest.raises(StrataError, match="odd"):
+        Windows.of(base.tokens, 9, None)
