@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -139,7 +140,8 @@ def run(args) -> int:
                                                  " is") + " checked", file=sys.stderr)
         tokens = base.tokens
     windows = Windows.of(tokens, ctx, tok.add_bos, what=f"--file {args.file}" if args.file
-                         else f"--kld {args.kld}", even=even)
+                         else f"--kld {args.kld}", even=even,
+                         min_windows=2 if base is None else 1)
     if args.chunks is not None and args.chunks < windows.n:
         windows = Windows(windows.tokens[:args.chunks * ctx], ctx, windows.bos)
     source = make_reader(args, pack, windows)
@@ -169,12 +171,24 @@ def run(args) -> int:
            "n_tokens": len(tokens), "reader": source.name, **res.to_dict(), **source.stats(),
            "kld_saved": str(save_path) if save_path else None, "kld_base": args.kld}
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(_finite(out)))
     elif res.kld is not None:
         print(report.kld_blocks(res.kld))
     else:
         print(report.final_line(res.ppl, res.ppl_err))
     return 0
+
+
+def _finite(x):
+    """NaN (an error with no spread, a correlation of fewer than ten tokens) as null: JSON has
+    no NaN."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
 
 
 class Reader:

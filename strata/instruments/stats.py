@@ -76,7 +76,9 @@ def ratio_stats(sum_nll: float, sum_nll2: float, sum_base: float, sum_base2: flo
                 sum_cross: float, count: int) -> dict:
     """PPL(Q) against PPL(base) as llama.cpp's "Perplexity statistics" block: each PPL ± error,
     the correlation of the two mean log-PPLs, ln(PPL(Q)/PPL(base)), the ratio and the
-    difference, each ± its error (errors combined with the covariance)."""
+    difference, each ± its error (errors combined with the covariance). Where rounding makes a
+    combined variance negative (a model against its own base) the error is 0; llama.cpp prints
+    nan there."""
     lq, dlq = mean_and_uncertainty(sum_nll, sum_nll2, count)
     lb, dlb = mean_and_uncertainty(sum_base, sum_base2, count)
     cov = covariance(sum_nll, sum_base, sum_cross, count)

@@ -56,14 +56,15 @@ class Windows:
 
     @classmethod
     def of(cls, tokens, ctx: int, bos: int | None, *, what: str = "the text",
-           even: bool = True) -> "Windows":
-        """The windows of `tokens`; fewer than 2·ctx tokens are refused as llama.cpp does."""
+           even: bool = True, min_windows: int = 2) -> "Windows":
+        """The windows of `tokens`; fewer than 2·ctx tokens are refused as llama.cpp refuses a
+        text (a base file's tokens, windowed already, may hold one: min_windows=1)."""
         check_ctx(ctx, even=even)
         t = torch.as_tensor(tokens, dtype=torch.int64).flatten()
-        if t.numel() < 2 * ctx:
+        if t.numel() < min_windows * ctx:
             raise StrataError(f"{what} tokenizes to {t.numel():,} tokens; perplexity at --ctx "
-                              f"{ctx} needs at least {2 * ctx:,} (two windows): give a longer "
-                              f"text or a smaller --ctx")
+                              f"{ctx} needs at least {min_windows * ctx:,} (two windows): give "
+                              f"a longer text or a smaller --ctx")
         n = t.numel() // ctx
         return cls(t[:n * ctx].clone(), ctx, bos)
 

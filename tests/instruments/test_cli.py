@@ -195,3 +195,16 @@ def test_an_interrupted_save_leaves_nothing(packs, texts, capsys, tmp_path, monk
                      tmp_path / "b.kld")
     assert rc == 130 and "interrupted" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_json_is_strict_when_too_few_tokens_give_no_error(packs, texts, capsys, tmp_path):
+    # 3 scored tokens: no error of the mean (llama.cpp wants more than ten), no correlation
+    base = tmp_path / "small.kld"
+    argv = (packs[0], "--file", texts[0], "--ctx", "8", "--chunks", "1")
+    run_json(capsys, *argv, "--kld-save", base)
+    rc, out, err = run(capsys, *argv, "--kld", base, "--json")
+
+    def no_nan(name):
+        raise AssertionError(f"{name} in --json")
+    rep = json.loads(out, parse_constant=no_nan)
+    assert rc == 0 and rep["kld"]["count"] == 3 and rep["kld"]["perplexity"]["cor"] is None
