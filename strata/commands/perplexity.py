@@ -119,6 +119,7 @@ def run(args) -> int:
     check_budget_flags(args)
     save_path = check_save(args)
     base = Base.open(args.kld) if args.kld else None
+    note = None
     pack = open_checked(args)
     tok = pack_tokenizer(pack)
     vsha = vocab_sha256(pack.tokenizer)
@@ -134,10 +135,10 @@ def run(args) -> int:
                           f"its model")
     if base is not None:
         base.check(vocab_sha=vsha, n_vocab=pack.shape.vocab, ctx=args.ctx, tokens=tokens)
-        if base.identity is None and not args.json:
-            print(f"note: {args.kld} carries no tokenizer identity (llama-perplexity wrote it): "
-                  f"only its vocabulary size" + (" and tokens are" if tokens is not None else
-                                                 " is") + " checked", file=sys.stderr)
+        if base.identity is None:   # said once every refusal is behind (one line each)
+            note = (f"note: {args.kld} carries no tokenizer identity (llama-perplexity wrote "
+                    f"it): only its vocabulary size" + (" and tokens are" if tokens is not None
+                                                        else " is") + " checked")
         tokens = base.tokens
     windows = Windows.of(tokens, ctx, tok.add_bos, what=f"--file {args.file}" if args.file
                          else f"--kld {args.kld}", even=even,
@@ -146,6 +147,8 @@ def run(args) -> int:
         windows = Windows(windows.tokens[:args.chunks * ctx], ctx, windows.bos)
     source = make_reader(args, pack, windows)
     if not args.json:
+        if note:
+            print(note, file=sys.stderr)
         print(f"perplexity: {windows.n} windows of {ctx} tokens ({windows.n_scored} scored "
               f"each) from {len(tokens):,} tokens (tokenizer {tok.source}), {source.name}",
               file=sys.stderr, flush=True)

@@ -96,3 +96,10 @@ def test_the_f16_read_against_llama_cpp_s_f16_base(packs):
     bound = (STEP / 2 + 1e-5) * math.exp(STEP)     # the 16-bit step; the arithmetic adds ~1e-7
     assert max(abs(k["kld"]["max"]), abs(k["kld"]["min"])) <= bound
     assert k["same_top"]["p"] == 1.0
+
+
+def test_a_flag_refused_beside_llama_cpp_s_base_is_one_line(packs, capsys):
+    rc = main(["perplexity", str(packs("qwen3moe-f16.gguf")), "--kld",
+               str(DATA / "qwen3moe-f16.kld"), "--ring", "3"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--ring" in err
