@@ -208,3 +208,11 @@ def test_the_json_is_strict_when_too_few_tokens_give_no_error(packs, texts, caps
         raise AssertionError(f"{name} in --json")
     rep = json.loads(out, parse_constant=no_nan)
     assert rc == 0 and rep["kld"]["count"] == 3 and rep["kld"]["perplexity"]["cor"] is None
+
+
+def test_a_pack_without_a_tokenizer_is_one_line(texts, capsys, tmp_path):
+    from strata.packs.memory import MemoryPack
+    mem = MemoryPack(get_preset("tiny"), ExpertFormats.of("BF16"), distinct=2, variants=1,
+                     device="cpu")
+    bare = mem.save(tmp_path / "bare.pack", progress=False, tokenizer=False)
+    assert "carries no tokenizer" in one_line(capsys, bare, "--file", texts[0], *READ)
