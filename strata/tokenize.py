@@ -121,8 +121,15 @@ class TextTokenizer:
         self.add_bos = entry.get("add_bos")
         self.source = entry.get("source", "")
 
-    def encode(self, text: str) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, *, specials: bool = True) -> list[int]:
+        """The ids of `text` (the BOS first when the source adds one). specials=False reads the
+        special tokens written in the text as plain text, as llama.cpp does with parse_special
+        off (llama-perplexity's tokenization)."""
+        self._tok.encode_special_tokens = not specials
+        try:
+            ids = self._tok.encode(text, add_special_tokens=False).ids
+        finally:
+            self._tok.encode_special_tokens = False
         return ([int(self.add_bos)] if self.add_bos is not None else []) + ids
 
     def piece(self, i: int) -> str:
