@@ -72,7 +72,7 @@ from strata.engine.warm import dry_tokens
 from strata.errors import StrataError
 from strata.memory import ExpertCache, Loan
 from strata.models.kv import PromptKV
-from strata.models.load import load_model, open_pack, resolve_device
+from strata.engine.load import load_model, open_pack, resolve_device
 from strata.models.mla_scratch import MLAScratch
 from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import scratch_reserve

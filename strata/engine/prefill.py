@@ -52,7 +52,7 @@ from strata.kernels.attention.kv_int8 import resolve_kv
 from strata.memory import ExpertCache, Loan, PromptLayout, RingPolicy, plan_prefill, use_fused
 from strata.memory.rig import RESERVE, participants
 from strata.models.kv import PromptKV, kv_windows
-from strata.models.load import load_model, open_pack, resolve_device
+from strata.engine.load import load_model, open_pack, resolve_device
 from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import KVPolicy, layout_spec, model_sizes, scratch_reserve
 from strata.units import fmt_bytes

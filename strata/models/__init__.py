@@ -1,4 +1,4 @@
-"""Models: architecture registry, forwards over chunks, expert providers.
+"""Models: the wirings' forwards over chunks, their shared layers, expert providers.
 
     layers.py     RMSNorm, RoPE (shared by every wiring)
     kv.py         KVCache, PromptKV: keys/values of the tokens read so far, per layer (a
@@ -15,10 +15,9 @@
     family.py     the DeepSeek / GLM-4.5 decoder: leading dense layers, shared experts (ffn.py),
                   grouped sigmoid routing (routers.py); glm4moe.py (GQA with bias, partial
                   RoPE) and deepseek.py (MLA attention, mla.py) wire it
-                  (adding an architecture: docs/architectures.md)
-    registry.py   arch name -> wiring;  load.py  a model and its provider from a pack
+                  (adding an architecture: docs/architectures.md; each wiring is named by
+                  its architecture's record, strata.archs, which models never import)
 """
 from strata.models.provider import ExpertProvider, LayerWorkspace, Pass, ResidentProvider
-from strata.models.registry import get_arch, wirings
 
-__all__ = ["ExpertProvider", "LayerWorkspace", "Pass", "ResidentProvider", "get_arch", "wirings"]
+__all__ = ["ExpertProvider", "LayerWorkspace", "Pass", "ResidentProvider"]

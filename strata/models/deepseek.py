@@ -4,7 +4,7 @@
 rope_interleave, llama.cpp's NORM rope for deepseek2), with YaRN when the checkpoint has it (the
 frequencies and the cos/sin factor in strata.models.layers.shape_cos_sin, the softmax scale's
 mscale² as ModelShape.yarn_kq in strata.models.mla). Dense weights use llama.cpp's names
-(strata.packs.names_ds).
+(strata.archs.family_names).
 """
 from __future__ import annotations
 

@@ -30,8 +30,6 @@ from strata.models.moe_block import moe_block, softmax_topk
 from strata.models.provider import ExpertProvider
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.routers import sigmoid_router
-from strata.packs.names import check_dense
-from strata.packs.names_ds import ffn_norm_name
 from strata.shapes import ModelShape
 
 
@@ -62,7 +60,9 @@ def optional(get, name: str):
 
 class FamilyMoe(Qwen3Moe):
     """A family wiring subclasses this with `attention_weights(get, l)` (its weights of layer l
-    from `get(name)`), `attention(xn, lw, cos, sin, cache, l)` and `new_cache(capacity)`."""
+    from `get(name)`), `attention(xn, lw, cos, sin, cache, l)` and `new_cache(capacity)`;
+    FFN_NORM names its pre-FFN norm (llama.cpp's name)."""
+    FFN_NORM = "ffn_norm"
 
     # -- weights -------------------------------------------------------------------------------
     @classmethod
@@ -73,7 +73,7 @@ class FamilyMoe(Qwen3Moe):
     def layer_weights(cls, shape: ModelShape, get, l: int) -> FamilyLayer:
         p = f"blk.{l}."
         lw = FamilyLayer(get(p + "attn_norm.weight"), cls.attention_weights(get, l),
-                         get(p + ffn_norm_name(shape) + ".weight"))
+                         get(p + cls.FFN_NORM + ".weight"))
         if not shape.is_moe_layer(l):
             lw.dense = DenseFFN(*(get(f"{p}ffn_{w}.weight") for w in ("gate", "up", "down")))
             return lw
@@ -88,7 +88,6 @@ class FamilyMoe(Qwen3Moe):
     def from_tensors(cls, shape: ModelShape, tensors: Mapping[str, torch.Tensor], *,
                      device="cpu", dtype: torch.dtype = torch.float32,
                      ffn: ExpertFFN | None = None, device_map=None):
-        check_dense(shape, {n: tuple(t.shape) for n, t in tensors.items()}, "model weights")
         devs = list(device_map) if device_map is not None else [device] * shape.n_layer
         if len(devs) != shape.n_layer:
             raise StrataError(f"device_map names {len(devs)} devices for {shape.n_layer} layers")

@@ -46,6 +46,8 @@ def _proj(x, w, b):
 
 
 class Glm4Moe(FamilyMoe):
+    FFN_NORM = "post_attention_norm"   # llama.cpp's name of GLM-4.5's pre-FFN norm
+
     @classmethod
     def attention_weights(cls, get, l: int) -> GQAWeights:
         p = f"blk.{l}."

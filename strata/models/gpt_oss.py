@@ -17,7 +17,7 @@ RoPE: NEOX halves with YaRN frequencies and attention factor (strata.models.laye
 KV: a sliding layer keeps only the last W - 1 tokens before the chunk, in VRAM, in the model's
 KVCache and the engine's PromptKV alike; the plan counts the same (strata.models.kv.kv_windows
 reads shape.layer_window, layer_kv_tokens the tokens each layer keeps).
-Dense weights use llama.cpp's gpt-oss names (strata.packs.names_gpt_oss); the pre-FFN norm is
+Dense weights use llama.cpp's gpt-oss names (strata.archs.gpt_oss); the pre-FFN norm is
 `post_attention_norm`, as llama.cpp names it.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ class LayerWeights:
 
     @classmethod
     def from_tensors(cls, get, l: int) -> "LayerWeights":
-        """`get(name)`: the tensor named (strata.packs.names_gpt_oss)."""
+        """`get(name)`: the tensor named (strata.archs.gpt_oss)."""
         def t(n):
             return get(f"blk.{l}.{n}")
         attn = AttentionWeights(t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight"),

@@ -7,7 +7,7 @@ Per layer:
     h = x + Wo . attn(rope(Wq rms(x)), rope(Wk rms(x)), Wv rms(x))   # no QK-norm
     x = h + moe(rms(h))         # softmax over the E router logits, top-K, renormalized to sum 1
 RoPE is NEOX style, as HF Mixtral computes it (a llama GGUF stores q/k permuted for ggml's
-interleaved RoPE; strata.packs.names_mixtral undoes that on import). Mixtral's router is
+interleaved RoPE; strata.archs.mixtral undoes that on import). Mixtral's router is
 Qwen3-MoE's with norm_topk_prob = True (HF Mixtral renormalizes the top-k weights).
 """
 from __future__ import annotations

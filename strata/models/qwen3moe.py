@@ -11,7 +11,7 @@ then logits = W_out rms(x). RoPE is NEOX style (rotate halves), as HF Qwen3 and 
 `forward_chunk` runs T tokens at positions P..P+T-1 against a KVCache holding the P earlier ones
 (causal inside the chunk, full attention to the cache) and asks the provider for each layer's
 passes after routing; `prefill` (strata.models.decoder) cuts a prompt into chunks. Dense weights
-use llama.cpp's GGUF tensor names (strata.packs.names).
+use llama.cpp's GGUF tensor names (strata.archs.qwen3moe).
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from strata.models.layers import on_device, rms_norm, shape_cos_sin
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
 from strata.models.provider import ExpertProvider
-from strata.packs.names import check_dense
 from strata.shapes import ModelShape
 
 
@@ -44,7 +43,7 @@ class LayerWeights:
 
     @classmethod
     def from_tensors(cls, get, l: int) -> "LayerWeights":
-        """`get(name)`: the tensor named (llama.cpp's names, strata.packs.names)."""
+        """`get(name)`: the tensor named (llama.cpp's names, strata.archs.qwen3moe)."""
         def w(n):
             return get(f"blk.{l}.{n}.weight")
         norms = (dict(q_norm=w("attn_q_norm"), k_norm=w("attn_k_norm")) if cls.QK_NORM
@@ -92,11 +91,11 @@ class Qwen3Moe(Decoder):
     def from_tensors(cls, shape: ModelShape, tensors: Mapping[str, torch.Tensor], *,
                      device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                      ffn: ExpertFFN | None = None, device_map=None) -> "Qwen3Moe":
-        """From dense tensors named and shaped as strata.packs.names says (llama.cpp names);
-        `output.weight` may be absent (tied embeddings). `device_map` (one device per layer)
+        """From dense tensors named and shaped as the architecture's record says (llama.cpp
+        names; strata.archs, whose `build` checks them first); `output.weight` may be absent
+        (tied embeddings). `device_map` (one device per layer)
         splits the layers over GPUs: embeddings sit with the first layer, the output norm and
         LM head with the last; the hidden state moves between GPUs once per boundary."""
-        check_dense(shape, {n: tuple(t.shape) for n, t in tensors.items()}, "model weights")
         devs = list(device_map) if device_map is not None else [device] * shape.n_layer
         if len(devs) != shape.n_layer:
             raise StrataError(f"device_map names {len(devs)} devices for {shape.n_layer} layers")

@@ -6,8 +6,9 @@ the audit that refuses a file carrying one strata would otherwise drop.
     HF[model_type][name]   a config.json field; "rope_parameters.<sub>" a field of its RoPE dict
                            (transformers 5's rope_parameters, or the legacy rope_scaling)
 
-The tables live in strata.packs.hparams_gguf and hparams_hf, their entry kinds in
-strata.packs.hparam_kinds; this module holds the audit.
+The tables live in strata.archs.hparams_gguf and hparams_hf (each architecture's record,
+strata.archs.registry, holds its own), their entry kinds in strata.archs.hparam_kinds; this
+module holds the audit.
 
 Legend (Hp.kind):
     used      the reader sets ModelShape field(s) `fields` from it; `ok`, when given, bounds the
@@ -37,12 +38,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from strata.errors import StrataError
-from strata.packs.hparam_kinds import (INERT, NO_DEFAULT, REFUSED, ROPE, ROPE_DICTS, USED, Hp,
+from strata.archs.hparam_kinds import (INERT, NO_DEFAULT, REFUSED, ROPE, ROPE_DICTS, USED, Hp,
                                        OneOf, SameAs, Where, _show)
-from strata.packs.hparams_gguf import GGUF, GGUF_GLOBAL, GLOBAL_PREFIXES
-from strata.packs.hparams_hf import HF, SAME_ARCH
+from strata.archs.hparams_gguf import GGUF, GGUF_GLOBAL, GLOBAL_PREFIXES
+from strata.archs.hparams_hf import HF
 
-__all__ = ["GGUF", "GGUF_GLOBAL", "GLOBAL_PREFIXES", "HF", "SAME_ARCH", "Hp", "INERT",
+__all__ = ["GGUF", "GGUF_GLOBAL", "GLOBAL_PREFIXES", "HF", "Hp", "INERT",
            "NO_DEFAULT", "OneOf", "REFUSED", "ROPE", "ROPE_DICTS", "SameAs", "USED", "Where",
            "audit_gguf", "audit_hf", "counts", "gguf_meta", "hf_fields"]
 
@@ -64,9 +65,11 @@ def audit_gguf(arch: str | None, meta: Mapping[str, Any], path) -> None:
     """Refuse a GGUF whose metadata carries a key strata would drop or a value it does not
     implement (one line naming the key). `meta`: key -> value (values read when asked);
     an architecture without a table is left to the reader (which names those it reads)."""
-    table = GGUF.get(arch) if isinstance(arch, str) else None
-    if table is None:
+    from strata.archs.registry import BY_GGUF
+    rec = BY_GGUF.get(arch) if isinstance(arch, str) else None
+    if rec is None:
         return
+    table = rec.gguf_hparams
     pre = arch + "."
     where = f"{path}: GGUF metadata"
     fix = "re-convert the model without it, or read it with llama.cpp"
@@ -111,9 +114,11 @@ def hf_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def audit_hf(cfg: Mapping[str, Any], where) -> None:
     """Refuse a config.json with a field strata would drop or a value it does not implement
     (one line naming the field); a model_type without a table is left to the reader."""
-    table = HF.get(cfg.get("model_type"))
-    if table is None:
+    from strata.archs.registry import BY_HF
+    rec = BY_HF.get(cfg.get("model_type")) if isinstance(cfg.get("model_type"), str) else None
+    if rec is None:
         return
+    table = rec.hf_hparams
     flat = hf_fields(cfg)
     at = f"{where}: config.json's"
     fix = "strata cannot read this checkpoint"

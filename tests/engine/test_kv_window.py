@@ -31,7 +31,7 @@ from strata.cli import main
 from strata.engine import prefill as engine_prefill
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.kernels.attention import kv_token_bytes
-from strata.models.load import load_model, resident_provider
+from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import ModelShape

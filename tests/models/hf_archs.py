@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from strata.packs.names_mixtral import permute_rope
+from strata.archs.mixtral import permute_rope
 from strata.shapes import ModelShape
 from tests.models.hf_tiny import quantize_roundtrip
 
@@ -197,7 +197,7 @@ def write_gpt_oss_gguf(sd, shape: ModelShape, path, expert_fmt: str = "BF16"):
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(shape.rope_factor)
     w.add_rope_scaling_orig_ctx_len(shape.rope_orig_ctx)
-    if shape.swiglu_limit != 7.0:   # llama.cpp's fixed limit otherwise (names_gpt_oss)
+    if shape.swiglu_limit != 7.0:   # llama.cpp's fixed limit otherwise (strata.archs.gpt_oss)
         w.add_swiglu_clamp_exp([shape.swiglu_limit] * shape.n_layer)
 
     def f32(name, t):

@@ -285,16 +285,10 @@ def base_hf(model_type: str) -> dict:
 
 def hf_read(cfg: dict) -> ModelShape:
     """What strata.packs.from_hf.hf_to_pack reads from `cfg`: the audit, then the reader."""
-    from strata.packs import from_hf, from_hf_ds
+    from strata.archs.registry import by_hf
     from strata.packs.file import check_shape
-    from strata.packs.names import by_source
     hp.audit_hf(cfg, "cfg")
-    mt = cfg["model_type"]
-    if mt in from_hf_ds.MODEL_TYPES:
-        s = from_hf_ds.hf_shape_ds(cfg, "cfg")
-    else:
-        m = by_source("hf", mt)
-        s = m.hf_shape(cfg, "cfg") if m is not None else from_hf.hf_shape(cfg, "cfg")
+    s = by_hf(cfg["model_type"], "cfg").hf_shape(cfg, "cfg")
     check_shape(s, "cfg")
     return s
 
@@ -555,7 +549,7 @@ _logits_cache: dict = {}
 
 
 def _logits(shape: ModelShape) -> torch.Tensor:
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import expert_ffn
     from strata.packs.memory import MemoryPack
     from strata.packs.synth import ExpertFormats

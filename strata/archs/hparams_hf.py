@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from strata.packs.hparam_kinds import (NO_DEFAULT, ROPE, TOKENIZER, Hp, SameAs, inert, refused,
+from strata.archs.hparam_kinds import (NO_DEFAULT, ROPE, TOKENIZER, Hp, SameAs, inert, refused,
                                        used)
 
 # ---- Hugging Face config.json ---------------------------------------------------------------
@@ -70,7 +70,7 @@ _HF_YARN = {  # the RoPE dict of a family whose YaRN strata reads
                                            "it from the factor"),
 }
 
-_HF_FAMILY = {  # GLM-4.5, DeepSeek-V3 (strata.packs.from_hf_ds)
+_HF_FAMILY = {  # GLM-4.5, DeepSeek-V3 (strata.archs.family_hf)
     "intermediate_size": used("d_ff"),
     "moe_intermediate_size": used("d_expert"),
     "n_routed_experts": used("n_expert"),
@@ -166,7 +166,7 @@ HF: dict[str, dict[str, Hp]] = {
         "aux_loss_alpha": inert("the training loss's balance term"),
         "seq_aux": inert("the training loss's balance term"),
         "ep_size": inert("the training run's expert-parallel degree"),
-        # DeepSeek's YaRN (strata.packs.from_hf_ds.hf_yarn_ds): cos/sin and the softmax scale
+        # DeepSeek's YaRN (strata.archs.family_hf.hf_yarn_ds): cos/sin and the softmax scale
         ROPE + "truncate": used("yarn_truncate", default=True),
         ROPE + "mscale": used("yarn_attn"),
         ROPE + "mscale_all_dim": used("yarn_attn", "yarn_kq"),
@@ -188,7 +188,3 @@ for _f, _hf, _st in (("routed_scaling_factor", "2.5", "1.0"), ("n_shared_experts
 for _f, _hf, _st in (("n_shared_experts", "1", "0"), ("first_k_dense_replace", "1", "0")):
     HF["glm4_moe"][_f] = replace(HF["glm4_moe"][_f], missing=_hf_missing(_f, _hf, _st))
 HF["kimi_k2"] = HF["deepseek_v3"]   # Kimi-K2's config.json: DeepSeek-V3's fields
-
-# The HF model_type of each GGUF architecture's table (one architecture, two sources)
-SAME_ARCH = {"qwen3moe": "qwen3_moe", "llama": "mixtral", "gpt-oss": "gpt_oss",
-             "deepseek2": "deepseek_v3", "glm4moe": "glm4_moe"}

@@ -2,7 +2,7 @@
 llama.cpp's loader reads (and its converter writes), and what strata does with it."""
 from __future__ import annotations
 
-from strata.packs.hparam_kinds import NONZERO, Hp, SameAs, Where, _head_dim, inert, refused, used
+from strata.archs.hparam_kinds import NONZERO, Hp, SameAs, Where, _head_dim, inert, refused, used
 
 # ---- GGUF: what llama.cpp's load_hparams reads for every architecture ------------------------
 _GGUF_COMMON: dict[str, Hp] = {
@@ -82,7 +82,7 @@ _YARN_GGUF = {  # a model family whose YaRN strata reads: the rope.scaling.* key
     "rope.scaling.yarn_beta_slow": used("yarn_beta_slow", default=1.0),
 }
 
-_FAMILY = {  # DeepSeek / GLM-4.5 (strata.packs.from_gguf_ds)
+_FAMILY = {  # DeepSeek / GLM-4.5 (strata.archs.family_gguf)
     "nextn_predict_layers": used("n_layer", default=0),
     "expert_group_count": used("n_group", default=0),
     "expert_group_used_count": used("topk_group", default=0),
@@ -105,7 +105,7 @@ GGUF: dict[str, dict[str, Hp]] = {
         "expert_shared_feed_forward_length": refused(
             (0,), "shared experts; strata's qwen3moe has none"),
     },
-    # Mixtral: llama.cpp arch `llama` with experts (strata.packs.names_mixtral)
+    # Mixtral: llama.cpp arch `llama` with experts (strata.archs.mixtral)
     "llama": _GGUF_COMMON | {
         "feed_forward_length": used("d_expert"),
         "expert_feed_forward_length": used("d_expert"),
@@ -139,7 +139,7 @@ GGUF: dict[str, dict[str, Hp]] = {
         "attention.q_lora_rank": used("q_lora", default=0),
         "attention.kv_lora_rank": used("kv_lora"),
         "rope.dimension_count": used("qk_rope"),
-        # DeepSeek's YaRN (strata.packs.from_gguf_ds.gguf_yarn_ds): the softmax scale's mscale
+        # DeepSeek's YaRN (strata.archs.family_gguf.gguf_yarn_ds): the softmax scale's mscale
         "rope.scaling.type": used("rope_scaling", ok=("none", "linear", "yarn"), default="none"),
         "rope.scaling.yarn_log_multiplier": used("yarn_kq"),
         "rope.scaling.attn_factor": used("yarn_attn", "yarn_kq", default=1.0),
