@@ -33,7 +33,7 @@ from strata.archs.hparams_hf import HF
 from strata.archs.record import Arch
 from strata.errors import StrataError
 from strata.models.gpt_oss import GptOss
-from strata.shapes import ModelShape
+from strata.shapes import GptOssOptions, ModelShape
 
 ARCH = "gpt-oss"
 
@@ -58,8 +58,9 @@ def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _shape(**kw) -> ModelShape:
-    return ModelShape(arch=ARCH, expert_bias=True, expert_act="swiglu_oai", **kw)
+def _shape(swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, **kw) -> ModelShape:
+    """A GPT-OSS shape: its options (biased experts, the clamped SwiGLU) and `kw`'s fields."""
+    return ModelShape(arch=ARCH, opts=GptOssOptions(swiglu_alpha, swiglu_limit), **kw)
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
@@ -258,4 +259,4 @@ GPT_OSS = Arch(
     name=ARCH, hf_types=("gpt_oss",), gguf_archs=("gpt-oss",), wiring=GptOss,
     layer_specs=layer_specs, hf_shape=hf_shape, hf_dense=hf_dense, hf_experts=hf_experts,
     gguf_shape=gguf_shape, gguf_experts=gguf_experts, gguf_hparams=GGUF["gpt-oss"],
-    hf_hparams=HF["gpt_oss"])
+    hf_hparams=HF["gpt_oss"], options=GptOssOptions)

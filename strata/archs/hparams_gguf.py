@@ -121,7 +121,7 @@ GGUF: dict[str, dict[str, Hp]] = {
         "attention.sliding_window_pattern": used("sliding_pattern", default=2, array=True),
         "rope.freq_base_swa": refused(SameAs("rope.freq_base"),
                                       "strata's sliding layers rotate with rope.freq_base"),
-        "swiglu_clamp_exp": used("swiglu_limit", array=True),
+        "swiglu_clamp_exp": used("opts.swiglu_limit", array=True),
         "expert_gating_func": refused((3,), "gpt-oss routes top-k, then a softmax over the "
                                             "chosen (llama.cpp's SOFTMAX_WEIGHT)"),
     },

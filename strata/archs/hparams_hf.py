@@ -126,8 +126,8 @@ HF: dict[str, dict[str, Hp]] = {
         "num_experts": _ALIAS_EXPERTS,
         "sliding_window": used("sliding_window", default=128),
         "layer_types": used("sliding_pattern", default=None),
-        "swiglu_alpha": used("swiglu_alpha", default=1.702),
-        "swiglu_limit": used("swiglu_limit", default=7.0),
+        "swiglu_alpha": used("opts.swiglu_alpha", default=1.702),
+        "swiglu_limit": used("opts.swiglu_limit", default=7.0),
         "attention_bias": refused((True,), "strata's gpt-oss has q/k/v/o biases"),
         "hidden_act": inert("GptOss's experts use their own clamped SwiGLU (swiglu_alpha, "
                             "swiglu_limit); transformers does not read it"),
