@@ -33,5 +33,5 @@ class DeepSeek2(FamilyMoe):
         return MLACache(s.n_layer, s.kv_lora, s.qk_rope, capacity=capacity, dtype=self.dtype,
                         device=self.layer_devices, kv=kv)
 
-    def attention(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
+    def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
         return mla_attention(xn, lw.attn, self.shape, cos, sin, cache, l, eps=self.shape.rms_eps)

@@ -1,5 +1,6 @@
-"""GPT-OSS (HF GptOssForCausalLM; GGUF arch `gpt-oss`): Qwen3-MoE's chunk loop with its own
-attention, RoPE, router and experts.
+"""GPT-OSS (HF GptOssForCausalLM; GGUF arch `gpt-oss`): the MoE decoder
+(strata.models.moe_decoder) with its own layer weights (attention biases and sinks, a biased
+router), router and experts (the shape's options); its RoPE is the shape's (YaRN).
 
 Legend: T tokens, D hidden, E experts, K top-k (4), H query heads, Hkv kv heads, hd head dim.
 
@@ -28,8 +29,7 @@ import torch
 
 from strata.kernels.router import route_logits
 from strata.models.attention import AttentionWeights
-from strata.models.layers import shape_cos_sin
-from strata.models.qwen3moe import Qwen3Moe
+from strata.models.moe_decoder import MoeDecoder
 
 
 def topk_softmax(w_router: torch.Tensor, b_router: torch.Tensor, top_k: int):
@@ -68,11 +68,8 @@ class LayerWeights:
                             fn(self.router), fn(self.router_bias))
 
 
-class GptOss(Qwen3Moe):
+class GptOss(MoeDecoder):
     Layer = LayerWeights
-
-    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return shape_cos_sin(pos, self.shape, self.shape.head_dim)
 
     def router(self, lw: LayerWeights):
         return topk_softmax(lw.router, lw.router_bias, self.shape.top_k)
