@@ -9,12 +9,14 @@
     provider.py   the expert provider protocol (passes, their workspace) and ResidentProvider
     observe.py    observers of a forward (routing, residual) and RouteRecorder
     decoder.py    the chunk loop every wiring shares
-    qwen3moe.py   Qwen3-MoE: wires the above
-    mixtral.py    Mixtral: Qwen3-MoE's wiring without q/k norms
+    moe_decoder.py  MoeDecoder, the base every wiring composes: embeddings, the layer loop,
+                  the cache, the head; GqaLayer, the GQA layer's weights
+    qwen3moe.py   Qwen3-MoE: the base's defaults
+    mixtral.py    Mixtral: GQA layers without q/k norms
     gpt_oss.py    GPT-OSS: biased router, attention biases + sinks + sliding layers, YaRN
-    family.py     the DeepSeek / GLM-4.5 decoder: leading dense layers, shared experts (ffn.py),
-                  grouped sigmoid routing (routers.py); glm4moe.py (GQA with bias, partial
-                  RoPE) and deepseek.py (MLA attention, mla.py) wire it
+    family.py     the DeepSeek / GLM-4.5 layer body: leading dense layers, shared experts
+                  (ffn.py), grouped sigmoid routing (routers.py); glm4moe.py (GQA with bias,
+                  partial RoPE) and deepseek.py (MLA attention, mla.py) wire it
                   (adding an architecture: docs/architectures.md; each wiring is named by
                   its architecture's record, strata.archs, which models never import)
 """
