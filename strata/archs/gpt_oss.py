@@ -28,8 +28,7 @@ import numpy as np
 import torch
 
 from strata.archs.gguf_tensors import dense, field as gguf_field, layer_experts
-from strata.archs.hparams_gguf import GGUF
-from strata.archs.hparams_hf import HF
+from strata.archs import hparams_gguf, hparams_hf
 from strata.archs.record import Arch
 from strata.errors import StrataError
 from strata.models.gpt_oss import GptOss
@@ -258,5 +257,5 @@ def gguf_experts(tensors: dict, i: int, s: ModelShape, src):
 GPT_OSS = Arch(
     name=ARCH, hf_types=("gpt_oss",), gguf_archs=("gpt-oss",), wiring=GptOss,
     layer_specs=layer_specs, hf_shape=hf_shape, hf_dense=hf_dense, hf_experts=hf_experts,
-    gguf_shape=gguf_shape, gguf_experts=gguf_experts, gguf_hparams=GGUF["gpt-oss"],
-    hf_hparams=HF["gpt_oss"], options=GptOssOptions)
+    gguf_shape=gguf_shape, gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.GPT_OSS,
+    hf_hparams=hparams_hf.GPT_OSS, options=GptOssOptions)

@@ -96,95 +96,96 @@ def _hf_missing(field: str, hf: str, strata: str) -> str:
             f"{field} into config.json")
 
 
-HF: dict[str, dict[str, Hp]] = {
-    "qwen3_moe": _HF_COMMON | {
-        "intermediate_size": inert("the dense MLP's width; every layer routes to experts "
-                                   "(mlp_only_layers / decoder_sparse_step are refused)"),
-        "moe_intermediate_size": used("d_expert"),
-        "num_experts": used("n_expert"),
-        "num_local_experts": used("n_expert"),
-        "norm_topk_prob": used("norm_topk_prob", default=False),
-        "attention_bias": refused((False,), "q/k/v/o biases; strata's qwen3moe has none"),
-        "use_sliding_window": refused((False,), "sliding-window attention; strata's qwen3moe "
-                                                "attends fully"),
-        "sliding_window": inert("read only with use_sliding_window (refused unless false)"),
-        "max_window_layers": inert("read only with use_sliding_window (refused unless false)"),
-        "decoder_sparse_step": refused((1,), "dense MLP layers between the MoE ones"),
-        "mlp_only_layers": refused(([], None), "dense MLP layers between the MoE ones"),
-    },
-    "mixtral": _HF_COMMON | {
-        "intermediate_size": used("d_expert"),
-        "num_local_experts": used("n_expert"),
-        "num_experts": _ALIAS_EXPERTS,
-        "sliding_window": refused((None,), "sliding-window attention on every layer; strata's "
-                                           "mixtral attends fully"),
-        "router_jitter_noise": inert("noise on the router in training only"),
-    },
-    "gpt_oss": _HF_COMMON | _HF_YARN | {
-        "intermediate_size": used("d_expert"),
-        "num_local_experts": used("n_expert"),
-        "num_experts": _ALIAS_EXPERTS,
-        "sliding_window": used("sliding_window", default=128),
-        "layer_types": used("sliding_pattern", default=None),
-        "swiglu_alpha": used("opts.swiglu_alpha", default=1.702),
-        "swiglu_limit": used("opts.swiglu_limit", default=7.0),
-        "attention_bias": refused((True,), "strata's gpt-oss has q/k/v/o biases"),
-        "hidden_act": inert("GptOss's experts use their own clamped SwiGLU (swiglu_alpha, "
-                            "swiglu_limit); transformers does not read it"),
-        "quantization_config": refused((), (
-            "the experts are MXFP4 blocks (OpenAI's release format); convert the checkpoint "
-            "with llama.cpp's convert_hf_to_gguf.py and pack the GGUF (its MXFP4 experts are "
-            "kept byte for byte)")),
-        "experts_per_token": inert("OpenAI's duplicate of num_experts_per_tok; transformers "
-                                   "does not read it"),
-        "initial_context_length": inert("OpenAI's note of the pretraining context; "
-                                        "transformers does not read it"),
-        ROPE + "truncate": used("yarn_truncate", default=True),
-        ROPE + "mscale": refused((), "YaRN's mscale changes the attention factor; strata's "
-                                     "gpt-oss derives it from the factor alone"),
-        ROPE + "mscale_all_dim": refused((), "see mscale"),
-    },
-    "deepseek_v3": _HF_COMMON | _HF_FAMILY | _HF_YARN | {
-        "num_key_value_heads": refused(SameAs("num_attention_heads"),
-                                       "MLA: each head has its own key and value"),
-        "head_dim": inert("transformers sets it to qk_rope_head_dim (the rotary width)"),
-        "qk_head_dim": inert("derived: qk_nope_head_dim + qk_rope_head_dim"),
-        "qk_nope_head_dim": used("head_dim"),
-        "qk_rope_head_dim": used("head_dim", "qk_rope"),
-        "v_head_dim": used("v_head_dim"),
-        "q_lora_rank": used("q_lora"),
-        "kv_lora_rank": used("kv_lora"),
-        "rope_interleave": refused((True,), "strata's deepseek2 rotates interleaved pairs (as "
-                                            "llama.cpp)"),
-        "attention_bias": refused((False,), "projection biases; strata's MLA has none"),
-        "pretraining_tp": inert("the training run's tensor-parallel degree"),
-        # the release's remote-code config.json
-        "scoring_func": refused(("sigmoid",), "strata routes DeepSeek-V3 with the sigmoid gate"),
-        "topk_method": refused(("noaux_tc",), "strata routes with the bias-corrected group "
-                                              "top-k (noaux_tc)"),
-        "moe_layer_freq": refused((1,), "dense layers between the MoE ones"),
-        "aux_loss_alpha": inert("the training loss's balance term"),
-        "seq_aux": inert("the training loss's balance term"),
-        "ep_size": inert("the training run's expert-parallel degree"),
-        # DeepSeek's YaRN (strata.archs.family_hf.hf_yarn_ds): cos/sin and the softmax scale
-        ROPE + "truncate": used("yarn_truncate", default=True),
-        ROPE + "mscale": used("yarn_attn"),
-        ROPE + "mscale_all_dim": used("yarn_attn", "yarn_kq"),
-        ROPE + "attention_factor": used("yarn_attn"),
-    },
-    "glm4_moe": _HF_COMMON | _HF_FAMILY | {
-        "attention_bias": used("attn_bias", default=False),
-        "use_qk_norm": used("qk_norm", default=False),
-        "partial_rotary_factor": used("rope_dim", missing=_hf_missing(
-            "partial_rotary_factor", "0.5", "1.0"), also=(ROPE + "partial_rotary_factor",)),
-        ROPE + "partial_rotary_factor": used("rope_dim"),
-    },
+QWEN3_MOE: dict[str, Hp] = _HF_COMMON | {
+    "intermediate_size": inert("the dense MLP's width; every layer routes to experts "
+                               "(mlp_only_layers / decoder_sparse_step are refused)"),
+    "moe_intermediate_size": used("d_expert"),
+    "num_experts": used("n_expert"),
+    "num_local_experts": used("n_expert"),
+    "norm_topk_prob": used("norm_topk_prob", default=False),
+    "attention_bias": refused((False,), "q/k/v/o biases; strata's qwen3moe has none"),
+    "use_sliding_window": refused((False,), "sliding-window attention; strata's qwen3moe "
+                                            "attends fully"),
+    "sliding_window": inert("read only with use_sliding_window (refused unless false)"),
+    "max_window_layers": inert("read only with use_sliding_window (refused unless false)"),
+    "decoder_sparse_step": refused((1,), "dense MLP layers between the MoE ones"),
+    "mlp_only_layers": refused(([], None), "dense MLP layers between the MoE ones"),
+}
+
+MIXTRAL: dict[str, Hp] = _HF_COMMON | {
+    "intermediate_size": used("d_expert"),
+    "num_local_experts": used("n_expert"),
+    "num_experts": _ALIAS_EXPERTS,
+    "sliding_window": refused((None,), "sliding-window attention on every layer; strata's "
+                                       "mixtral attends fully"),
+    "router_jitter_noise": inert("noise on the router in training only"),
+}
+
+GPT_OSS: dict[str, Hp] = _HF_COMMON | _HF_YARN | {
+    "intermediate_size": used("d_expert"),
+    "num_local_experts": used("n_expert"),
+    "num_experts": _ALIAS_EXPERTS,
+    "sliding_window": used("sliding_window", default=128),
+    "layer_types": used("sliding_pattern", default=None),
+    "swiglu_alpha": used("opts.swiglu_alpha", default=1.702),
+    "swiglu_limit": used("opts.swiglu_limit", default=7.0),
+    "attention_bias": refused((True,), "strata's gpt-oss has q/k/v/o biases"),
+    "hidden_act": inert("GptOss's experts use their own clamped SwiGLU (swiglu_alpha, "
+                        "swiglu_limit); transformers does not read it"),
+    "quantization_config": refused((), (
+        "the experts are MXFP4 blocks (OpenAI's release format); convert the checkpoint "
+        "with llama.cpp's convert_hf_to_gguf.py and pack the GGUF (its MXFP4 experts are "
+        "kept byte for byte)")),
+    "experts_per_token": inert("OpenAI's duplicate of num_experts_per_tok; transformers "
+                               "does not read it"),
+    "initial_context_length": inert("OpenAI's note of the pretraining context; "
+                                    "transformers does not read it"),
+    ROPE + "truncate": used("yarn_truncate", default=True),
+    ROPE + "mscale": refused((), "YaRN's mscale changes the attention factor; strata's "
+                                 "gpt-oss derives it from the factor alone"),
+    ROPE + "mscale_all_dim": refused((), "see mscale"),
+}
+
+DEEPSEEK_V3: dict[str, Hp] = _HF_COMMON | _HF_FAMILY | _HF_YARN | {
+    "num_key_value_heads": refused(SameAs("num_attention_heads"),
+                                   "MLA: each head has its own key and value"),
+    "head_dim": inert("transformers sets it to qk_rope_head_dim (the rotary width)"),
+    "qk_head_dim": inert("derived: qk_nope_head_dim + qk_rope_head_dim"),
+    "qk_nope_head_dim": used("head_dim"),
+    "qk_rope_head_dim": used("head_dim", "qk_rope"),
+    "v_head_dim": used("v_head_dim"),
+    "q_lora_rank": used("q_lora"),
+    "kv_lora_rank": used("kv_lora"),
+    "rope_interleave": refused((True,), "strata's deepseek2 rotates interleaved pairs (as "
+                                        "llama.cpp)"),
+    "attention_bias": refused((False,), "projection biases; strata's MLA has none"),
+    "pretraining_tp": inert("the training run's tensor-parallel degree"),
+    # the release's remote-code config.json
+    "scoring_func": refused(("sigmoid",), "strata routes DeepSeek-V3 with the sigmoid gate"),
+    "topk_method": refused(("noaux_tc",), "strata routes with the bias-corrected group "
+                                          "top-k (noaux_tc)"),
+    "moe_layer_freq": refused((1,), "dense layers between the MoE ones"),
+    "aux_loss_alpha": inert("the training loss's balance term"),
+    "seq_aux": inert("the training loss's balance term"),
+    "ep_size": inert("the training run's expert-parallel degree"),
+    # DeepSeek's YaRN (strata.archs.family_hf.hf_yarn_ds): cos/sin and the softmax scale
+    ROPE + "truncate": used("yarn_truncate", default=True),
+    ROPE + "mscale": used("yarn_attn"),
+    ROPE + "mscale_all_dim": used("yarn_attn", "yarn_kq"),
+    ROPE + "attention_factor": used("yarn_attn"),
+}
+
+GLM4_MOE: dict[str, Hp] = _HF_COMMON | _HF_FAMILY | {
+    "attention_bias": used("attn_bias", default=False),
+    "use_qk_norm": used("qk_norm", default=False),
+    "partial_rotary_factor": used("rope_dim", missing=_hf_missing(
+        "partial_rotary_factor", "0.5", "1.0"), also=(ROPE + "partial_rotary_factor",)),
+    ROPE + "partial_rotary_factor": used("rope_dim"),
 }
 for _f, _hf, _st in (("routed_scaling_factor", "2.5", "1.0"), ("n_shared_experts", "1", "0"),
                      ("first_k_dense_replace", "3", "0"), ("n_group", "8", "1"),
                      ("topk_group", "4", "1"), ("q_lora_rank", "1536", "0 (a full Wq)")):
-    HF["deepseek_v3"][_f] = replace(HF["deepseek_v3"][_f], missing=_hf_missing(_f, _hf, _st),
-                                    default=NO_DEFAULT)
+    DEEPSEEK_V3[_f] = replace(DEEPSEEK_V3[_f], missing=_hf_missing(_f, _hf, _st),
+                              default=NO_DEFAULT)
 for _f, _hf, _st in (("n_shared_experts", "1", "0"), ("first_k_dense_replace", "1", "0")):
-    HF["glm4_moe"][_f] = replace(HF["glm4_moe"][_f], missing=_hf_missing(_f, _hf, _st))
-HF["kimi_k2"] = HF["deepseek_v3"]   # Kimi-K2's config.json: DeepSeek-V3's fields
+    GLM4_MOE[_f] = replace(GLM4_MOE[_f], missing=_hf_missing(_f, _hf, _st))

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from strata.archs.gguf_tensors import check_dense_expert, field as gguf_field, layer_experts
-from strata.archs.hparams_gguf import GGUF
-from strata.archs.hparams_hf import HF
+from strata.archs import hparams_gguf, hparams_hf
 from strata.archs.record import Arch
 from strata.errors import StrataError
 from strata.models.mixtral import Mixtral
@@ -192,4 +191,4 @@ MIXTRAL = Arch(
     name=ARCH, hf_types=("mixtral",), gguf_archs=("llama",), wiring=Mixtral,
     layer_specs=layer_specs, hf_shape=hf_shape, hf_dense=hf_dense, hf_experts=hf_experts,
     gguf_shape=gguf_shape, gguf_dense=gguf_dense, gguf_experts=gguf_experts,
-    gguf_hparams=GGUF["llama"], hf_hparams=HF["mixtral"])
+    gguf_hparams=hparams_gguf.LLAMA, hf_hparams=hparams_hf.MIXTRAL)

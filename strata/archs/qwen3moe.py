@@ -16,8 +16,7 @@ import torch
 
 from strata.archs.gguf_tensors import field, layer_experts, rope_base
 from strata.archs.hf_tensors import HF_GLOBAL, layer_experts as hf_layer_experts
-from strata.archs.hparams_gguf import GGUF
-from strata.archs.hparams_hf import HF
+from strata.archs import hparams_gguf, hparams_hf
 from strata.archs.record import Arch
 from strata.errors import StrataError
 from strata.models.qwen3moe import Qwen3Moe
@@ -116,5 +115,5 @@ def gguf_experts(tensors: dict, i: int, s: ModelShape, src):
 QWEN3MOE = Arch(
     name="qwen3moe", hf_types=("qwen3_moe",), gguf_archs=("qwen3moe",), wiring=Qwen3Moe,
     layer_specs=layer_specs, hf_shape=hf_shape, hf_dense=hf_dense, hf_experts=hf_experts,
-    gguf_shape=gguf_shape, gguf_experts=gguf_experts, gguf_hparams=GGUF["qwen3moe"],
-    hf_hparams=HF["qwen3_moe"])
+    gguf_shape=gguf_shape, gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.QWEN3MOE,
+    hf_hparams=hparams_hf.QWEN3_MOE)

@@ -37,11 +37,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from strata.errors import StrataError
 from strata.archs.hparam_kinds import (INERT, NO_DEFAULT, REFUSED, ROPE, ROPE_DICTS, USED, Hp,
                                        OneOf, SameAs, Where, _show)
-from strata.archs.hparams_gguf import GGUF, GGUF_GLOBAL, GLOBAL_PREFIXES
-from strata.archs.hparams_hf import HF
+from strata.archs.hparams_gguf import GGUF_GLOBAL, GLOBAL_PREFIXES
+from strata.archs.registry import ARCHS
+from strata.errors import StrataError
+
+# Every table by the source's name for it (the records hold them: strata.archs.registry)
+GGUF = {g: a.gguf_hparams for a in ARCHS for g in a.gguf_archs}
+HF = {t: a.hf_hparams for a in ARCHS for t in a.hf_types}
 
 __all__ = ["GGUF", "GGUF_GLOBAL", "GLOBAL_PREFIXES", "HF", "Hp", "INERT",
            "NO_DEFAULT", "OneOf", "REFUSED", "ROPE", "ROPE_DICTS", "SameAs", "USED", "Where",
@@ -65,11 +69,9 @@ def audit_gguf(arch: str | None, meta: Mapping[str, Any], path) -> None:
     """Refuse a GGUF whose metadata carries a key strata would drop or a value it does not
     implement (one line naming the key). `meta`: key -> value (values read when asked);
     an architecture without a table is left to the reader (which names those it reads)."""
-    from strata.archs.registry import BY_GGUF
-    rec = BY_GGUF.get(arch) if isinstance(arch, str) else None
-    if rec is None:
+    table = GGUF.get(arch) if isinstance(arch, str) else None
+    if table is None:
         return
-    table = rec.gguf_hparams
     pre = arch + "."
     where = f"{path}: GGUF metadata"
     fix = "re-convert the model without it, or read it with llama.cpp"
@@ -114,11 +116,10 @@ def hf_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def audit_hf(cfg: Mapping[str, Any], where) -> None:
     """Refuse a config.json with a field strata would drop or a value it does not implement
     (one line naming the field); a model_type without a table is left to the reader."""
-    from strata.archs.registry import BY_HF
-    rec = BY_HF.get(cfg.get("model_type")) if isinstance(cfg.get("model_type"), str) else None
-    if rec is None:
+    mt = cfg.get("model_type")
+    table = HF.get(mt) if isinstance(mt, str) else None
+    if table is None:
         return
-    table = rec.hf_hparams
     flat = hf_fields(cfg)
     at = f"{where}: config.json's"
     fix = "strata cannot read this checkpoint"

@@ -2,8 +2,7 @@
 every part that differs by architecture is read from it."""
 import pytest
 
-from strata.archs.hparams_gguf import GGUF
-from strata.archs.hparams_hf import HF
+from strata.packs.hparams import GGUF, HF
 from strata.archs.registry import ARCHS, BY_GGUF, BY_HF, by_gguf, by_hf, get_arch
 from strata.errors import StrataError
 from strata.shapes import PRESETS
