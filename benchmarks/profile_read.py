@@ -133,7 +133,7 @@ def ffn(args, rows: list) -> None:
 
 
 def resident(args, rows: list) -> None:
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import expert_ffn
     from strata.packs.memory import MemoryPack
     from strata.packs.synth import ExpertFormats

@@ -23,7 +23,7 @@ import torch
 
 import strata.packs.synth as synth
 from strata import bench
-from strata.packs.route_trace import route_trace
+from strata.engine.route_trace import route_trace
 from strata.shapes import get_preset
 
 ROOT = Path(__file__).resolve().parents[1]

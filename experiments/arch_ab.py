@@ -33,7 +33,7 @@ from strata.bench.roofline import Rates, expert_flops, h2d_rate, record_streamed
 from strata.engine.host import HostExperts
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
-from strata.models.load import load_model
+from strata.engine.load import load_model
 from strata.models.moe import expert_ffn
 from strata.models.provider import ResidentProvider
 from strata.packs.memory import MemoryPack

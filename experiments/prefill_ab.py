@@ -58,7 +58,7 @@ from strata.bench.roofline import SETTLE_S, Rates, compute_floor, h2d_rate, roof
 from strata.engine.host import HostExperts
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import PlanError
-from strata.models.load import load_model, resident_provider
+from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.memory import MemoryPack
 from strata.packs.synth import ExpertFormats

@@ -53,7 +53,7 @@ from strata.memory.pool import SlabPool
 from strata.memory.sizes import Sizes
 from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats
-from strata.packs.names import global_specs, layer_specs
+from strata.archs.names import global_specs, layer_specs
 from strata.shapes import ModelShape
 
 DENSE_BYTES = 2  # dense weights on the GPU: bf16, norms included
@@ -208,7 +208,7 @@ def _weights(specs: dict) -> int:
 def layer_dense_bytes(shape: ModelShape, layer: int = 0) -> int:
     """One layer's dense weights (attention q/k/v/o, q/k norms, two RMS norms, router; a leading
     dense layer's FFN; the shared experts, which stay resident: strata.models.ffn), read from the
-    one description of the dense tensors (strata.packs.names), at DENSE_BYTES each."""
+    one description of the dense tensors (strata.archs.names), at DENSE_BYTES each."""
     return _weights(layer_specs(shape, layer)) * DENSE_BYTES
 
 

@@ -5,10 +5,23 @@ hd head dim, V vocabulary.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from strata.errors import StrataError
 
+
+@dataclass(frozen=True)
+class GptOssOptions:
+    """GPT-OSS's experts: each blob carries fp32 gate/up/down biases (strata.blob.BiasSlot), and
+    the activation is the clamped SwiGLU h = min(g, limit)·sigmoid(alpha·min(g, limit)) ·
+    (clamp(u, ±limit) + 1) (strata.blob.ExpertAct "swiglu_oai")."""
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+
+# The flat keys a shape's dict (a pack's header) has always carried for GPT-OSS's options:
+# to_dict writes them and from_dict reads them, so packs written before and after read alike.
+_GPT_OSS_KEYS = ("expert_bias", "expert_act", "swiglu_alpha", "swiglu_limit")
 
 
 @dataclass(frozen=True)
@@ -29,10 +42,6 @@ class ModelShape:
     max_pos: int = 40960        # the longest prompt strata accepts (the model's context)
     # Architecture options, each off by default (Qwen3-MoE needs none of them); what an
     # architecture's wiring and tensor-name map read (docs/architectures.md).
-    expert_bias: bool = False   # experts carry gate/up/down biases (in the blob, fp32)
-    expert_act: str = "silu"    # "silu": silu(g)·u; "swiglu_oai": GPT-OSS's clamped SwiGLU
-    swiglu_alpha: float = 1.702  # swiglu_oai: g·sigmoid(alpha·g)·(u + 1), g <= limit, |u| <= limit
-    swiglu_limit: float = 7.0
     sliding_window: int = 0     # > 0: sliding layers see only the last `sliding_window` keys
     sliding_pattern: int = 2    # layer l slides when l % sliding_pattern < sliding_pattern - 1
     rope_scaling: str = ""      # "" (plain RoPE) or "yarn"
@@ -61,6 +70,9 @@ class ModelShape:
     kv_lora: int = 0            # the cached latent's width (0: not MLA)
     qk_rope: int = 0            # rope dims of q/k per head (the key's shared rope part)
     v_head_dim: int = 0         # value head dim
+    # The architecture's own options (its record's `options` type, strata.archs): GPT-OSS's
+    # biased experts and clamped SwiGLU; None: plain silu experts without biases.
+    opts: GptOssOptions | None = None
 
     @property
     def mla(self) -> bool:
@@ -80,15 +92,45 @@ class ModelShape:
         return self.qk_rope if self.mla else (self.rope_dim or self.head_dim)
 
     def with_(self, **kw) -> "ModelShape":
+        """A copy with fields changed; "opts.<name>" changes a field of the shape's options."""
+        opt = {k[5:]: kw.pop(k) for k in list(kw) if k.startswith("opts.")}
+        if opt:
+            base = kw.get("opts", self.opts)
+            if base is None:
+                raise StrataError(f"{self.arch} has no options to change ({', '.join(opt)})")
+            kw["opts"] = replace(base, **opt)
         return replace(self, **kw)
 
+    def field(self, name: str):
+        """A field's value by name; "opts.<name>" reads the options' field."""
+        return getattr(self.opts, name[5:]) if name.startswith("opts.") else getattr(self, name)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a flat dict in field order (a pack's header); the options as the flat
+        keys packs have always carried (_GPT_OSS_KEYS)."""
+        out = {}
+        for f in fields(self):
+            if f.name != "opts":
+                out[f.name] = getattr(self, f.name)
+            if f.name == "max_pos":
+                o = self.opts or GptOssOptions()
+                out |= dict(expert_bias=self.opts is not None,
+                            expert_act="swiglu_oai" if self.opts is not None else "silu",
+                            swiglu_alpha=o.swiglu_alpha, swiglu_limit=o.swiglu_limit)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelShape":
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "opts"}
+        if d.get("expert_act", "silu") != "silu" or d.get("expert_bias"):
+            known["opts"] = GptOssOptions(float(d.get("swiglu_alpha", 1.702)),
+                                          float(d.get("swiglu_limit", 7.0)))
         return cls(**known)
+
+    @property
+    def expert_bias(self) -> bool:
+        """The experts carry gate/up/down biases (in the blob, fp32)."""
+        return isinstance(self.opts, GptOssOptions)
 
     @property
     def expert_params(self) -> int:
@@ -106,9 +148,9 @@ class ModelShape:
     def expert_act_spec(self):
         """The experts' activation as the blob layout records it (strata.blob.ExpertAct)."""
         from strata.blob import ExpertAct
-        if self.expert_act == "silu":
+        if not isinstance(self.opts, GptOssOptions):
             return ExpertAct()
-        return ExpertAct(self.expert_act, self.swiglu_alpha, self.swiglu_limit)
+        return ExpertAct("swiglu_oai", self.opts.swiglu_alpha, self.opts.swiglu_limit)
 
     @property
     def kv_heads(self) -> tuple[int, int, int]:
@@ -158,12 +200,12 @@ PRESETS: dict[str, ModelShape] = {
     # (truncate false), theta 150000; 131072 context.
     "gpt-oss-120b": ModelShape("gpt-oss", 36, 2880, 128, 4, 2880, 64, 8, 64, 201088,
                                rope_theta=150_000.0, rms_eps=1e-5, max_pos=131072,
-                               expert_bias=True, expert_act="swiglu_oai", sliding_window=128,
+                               opts=GptOssOptions(), sliding_window=128,
                                rope_scaling="yarn", rope_factor=32.0, rope_orig_ctx=4096,
                                yarn_truncate=False),
     "gpt-oss-20b": ModelShape("gpt-oss", 24, 2880, 32, 4, 2880, 64, 8, 64, 201088,
                               rope_theta=150_000.0, rms_eps=1e-5, max_pos=131072,
-                              expert_bias=True, expert_act="swiglu_oai", sliding_window=128,
+                              opts=GptOssOptions(), sliding_window=128,
                               rope_scaling="yarn", rope_factor=32.0, rope_orig_ctx=4096,
                               yarn_truncate=False),
     # GLM-4.5 (355B-A32B): 92 layers (the NextN layer not read), the first 3 dense (FFN 12288),

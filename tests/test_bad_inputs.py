@@ -168,7 +168,7 @@ def test_rows_cover_the_issue():
 def test_dump_logits_checked_before_the_prompt(files, monkeypatch, capsys):
     """An unwritable --dump-logits path fails before any prompt work (the model is never built)."""
     import strata.engine.prefill as engine
-    import strata.models.load as load
+    import strata.engine.load as load
     monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("prompt ran"))
     monkeypatch.setattr(engine, "PrefillEngine", lambda *a, **k: pytest.fail("engine built"))
     blocker = files["dir"] / "plain-file"
@@ -180,7 +180,7 @@ def test_dump_logits_checked_before_the_prompt(files, monkeypatch, capsys):
 
 
 def test_read_only_dump_folder_refused_first(files, monkeypatch, capsys):
-    import strata.models.load as load
+    import strata.engine.load as load
     monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("prompt ran"))
     ro = files["dir"] / "ro"
     ro.mkdir(exist_ok=True)

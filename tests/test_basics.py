@@ -31,3 +31,24 @@ def test_format_errors_are_clear():
         get_format("Q9_9")
     with pytest.raises(StrataError, match="multiple of 256"):
         get_format("Q4_K").row_bytes(100)
+
+
+def test_gpt_oss_options_live_in_the_shape_and_keep_the_header_keys():
+    """GPT-OSS's options are one dataclass inside the shape; the dict (a pack's header) keeps
+    the flat keys packs have always carried, so packs written before read alike."""
+    from strata.shapes import PRESETS, GptOssOptions, ModelShape
+    s = PRESETS["gpt-oss-20b"]
+    assert s.opts == GptOssOptions() and s.expert_bias
+    d = s.to_dict()
+    assert "opts" not in d
+    assert {k: d[k] for k in ("expert_bias", "expert_act", "swiglu_alpha", "swiglu_limit")} == \
+        {"expert_bias": True, "expert_act": "swiglu_oai", "swiglu_alpha": 1.702,
+         "swiglu_limit": 7.0}
+    assert list(d).index("expert_bias") == list(d).index("max_pos") + 1   # the old order
+    assert ModelShape.from_dict(d) == s
+    q = PRESETS["qwen3-30b-a3b"]
+    assert q.opts is None and not q.expert_bias and ModelShape.from_dict(q.to_dict()) == q
+    assert q.to_dict()["expert_act"] == "silu"
+    limited = s.with_(**{"opts.swiglu_limit": 2.0})
+    assert limited.opts.swiglu_limit == 2.0 and limited.field("opts.swiglu_limit") == 2.0
+    assert ModelShape.from_dict(limited.to_dict()) == limited

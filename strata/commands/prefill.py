@@ -148,7 +148,7 @@ class ResidentReport:
 
 def make_provider(args, pack, device):
     """The expert provider of an all-resident read (the streaming engine brings its own)."""
-    from strata.models.load import resident_provider
+    from strata.engine.load import resident_provider
     return "resident", resident_provider(pack, device)
 
 
@@ -176,7 +176,7 @@ def resident_device(args) -> str | None:
     """The device of an all-resident read, after refusing the flags it cannot honour (one line
     each): the streaming-only ones (set to anything but their default), and --devices naming
     more than one device or another than --device. One --devices entry is the read's device."""
-    from strata.models.load import resolve_device
+    from strata.engine.load import resolve_device
     defaults = argparse.ArgumentParser()
     add_budget_flags(defaults)      # the defaults the flags were declared with, not a copy
     for flag, dest in STREAMING_ONLY:
@@ -199,7 +199,7 @@ def resident_device(args) -> str | None:
 
 def run(args) -> int:
     from strata.engine.finite import FiniteGuard
-    from strata.models.load import load_model, resolve_device
+    from strata.engine.load import load_model, resolve_device
     from strata.models.moe import expert_ffn
 
     if args.distributed:
@@ -363,7 +363,7 @@ def refuse_unfit_plan(pack, cfg, n_tokens: int) -> None:
     from strata.commands._args import unfit_line
     from strata.engine.engine_config import default_devices
     from strata.engine.prompt_plan import plan_inputs, plan_prompt
-    from strata.models.load import resolve_device
+    from strata.engine.load import resolve_device
     vram = cfg.vram
     dev = resolve_device((cfg.devices or default_devices(cfg.device, len(vram)))[0])
     blobs = [pl.blob_size for pl in pack.layers]

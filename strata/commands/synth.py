@@ -91,7 +91,7 @@ def report_hits(path, shape, T: int, seed: int, csv_path=None) -> list[float]:
     import torch
 
     from strata.atomic import atomic_write
-    from strata.packs.route_trace import route_trace
+    from strata.engine.route_trace import route_trace
     ids = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(seed))
     tr = route_trace(path, ids)  # a GGUF: fp32 on the CPU; a pack: the default device
     fr = tr.hit_fractions(shape.n_expert)

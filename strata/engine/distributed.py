@@ -75,7 +75,7 @@ from strata.engine.warm import dry_tokens
 from strata.errors import StrataError
 from strata.memory import ExpertCache
 from strata.models.kv import PromptKV
-from strata.models.load import load_model, open_pack, resolve_device
+from strata.engine.load import load_model, open_pack, resolve_device
 from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import scratch_reserve
 from strata.units import fmt_bytes

@@ -111,7 +111,7 @@ def expert_spans(path: str) -> list[tuple[int, int]]:
     if not isinstance(header, dict):
         raise ValueError("the header is not a JSON object")
     start = 8 + n
-    # every "<layer>.experts" tensor (strata.packs.names.experts_name; strata.packs itself
+    # every "<layer>.experts" tensor (strata.archs.names.experts_name; strata.packs itself
     # imports torch), in file order: the writer lays the layers out in order, and a span is
     # adopted only where the opened pack reports the same one
     spans = sorted((start + int(e["data_offsets"][0]),

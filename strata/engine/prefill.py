@@ -52,7 +52,7 @@ from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, dry_tokens, warm_
 from strata.errors import AllocationError, StrataError, allocation_failed
 from strata.memory import ExpertCache, RingPolicy
 from strata.models.kv import PromptKV
-from strata.models.load import load_model, open_pack, resolve_device
+from strata.engine.load import load_model, open_pack, resolve_device
 from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import scratch_reserve
 

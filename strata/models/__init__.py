@@ -1,4 +1,4 @@
-"""Models: architecture registry, forwards over chunks, expert providers.
+"""Models: the wirings' forwards over chunks, their shared layers, expert providers.
 
     layers.py     RMSNorm, RoPE (shared by every wiring)
     kv.py         KVCache, PromptKV: keys/values of the tokens read so far, per layer (a
@@ -9,16 +9,17 @@
     provider.py   the expert provider protocol (passes, their workspace) and ResidentProvider
     observe.py    observers of a forward (routing, residual) and RouteRecorder
     decoder.py    the chunk loop every wiring shares
-    qwen3moe.py   Qwen3-MoE: wires the above
-    mixtral.py    Mixtral: Qwen3-MoE's wiring without q/k norms
+    moe_decoder.py  MoeDecoder, the base every wiring composes: embeddings, the layer loop,
+                  the cache, the head; GqaLayer, the GQA layer's weights
+    qwen3moe.py   Qwen3-MoE: the base's defaults
+    mixtral.py    Mixtral: GQA layers without q/k norms
     gpt_oss.py    GPT-OSS: biased router, attention biases + sinks + sliding layers, YaRN
-    family.py     the DeepSeek / GLM-4.5 decoder: leading dense layers, shared experts (ffn.py),
-                  grouped sigmoid routing (routers.py); glm4moe.py (GQA with bias, partial
-                  RoPE) and deepseek.py (MLA attention, mla.py) wire it
-                  (adding an architecture: docs/architectures.md)
-    registry.py   arch name -> wiring;  load.py  a model and its provider from a pack
+    family.py     the DeepSeek / GLM-4.5 layer body: leading dense layers, shared experts
+                  (ffn.py), grouped sigmoid routing (routers.py); glm4moe.py (GQA with bias,
+                  partial RoPE) and deepseek.py (MLA attention, mla.py) wire it
+                  (adding an architecture: docs/architectures.md; each wiring is named by
+                  its architecture's record, strata.archs, which models never import)
 """
 from strata.models.provider import ExpertProvider, LayerWorkspace, Pass, ResidentProvider
-from strata.models.registry import get_arch, wirings
 
-__all__ = ["ExpertProvider", "LayerWorkspace", "Pass", "ResidentProvider", "get_arch", "wirings"]
+__all__ = ["ExpertProvider", "LayerWorkspace", "Pass", "ResidentProvider"]

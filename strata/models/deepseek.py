@@ -4,7 +4,7 @@
 rope_interleave, llama.cpp's NORM rope for deepseek2), with YaRN when the checkpoint has it (the
 frequencies and the cos/sin factor in strata.models.layers.shape_cos_sin, the softmax scale's
 mscale² as ModelShape.yarn_kq in strata.models.mla). Dense weights use llama.cpp's names
-(strata.packs.names_ds).
+(strata.archs.family_names).
 """
 from __future__ import annotations
 
@@ -33,5 +33,5 @@ class DeepSeek2(FamilyMoe):
         return MLACache(s.n_layer, s.kv_lora, s.qk_rope, capacity=capacity, dtype=self.dtype,
                         device=self.layer_devices, kv=kv)
 
-    def attention(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
+    def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
         return mla_attention(xn, lw.attn, self.shape, cos, sin, cache, l, eps=self.shape.rms_eps)

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.kernels.attention.kv_int8 import cache_dtype
-from strata.models.attention import attend
+from strata.models.attention import attend as attend_cached
 from strata.models.family import FamilyLayer, FamilyMoe, optional
-from strata.models.kv import KVCache
 from strata.models.layers import apply_rope_partial, rms_norm
 
 
@@ -46,6 +44,8 @@ def _proj(x, w, b):
 
 
 class Glm4Moe(FamilyMoe):
+    FFN_NORM = "post_attention_norm"   # llama.cpp's name of GLM-4.5's pre-FFN norm
+
     @classmethod
     def attention_weights(cls, get, l: int) -> GQAWeights:
         p = f"blk.{l}."
@@ -57,13 +57,7 @@ class Glm4Moe(FamilyMoe):
                           opt("attn_q.bias"), opt("attn_k.bias"), opt("attn_v.bias"),
                           opt("attn_q_norm.weight"), opt("attn_k_norm.weight"))
 
-    def new_cache(self, capacity: int | None = None, kv: str | None = None) -> KVCache:
-        """The KV cache in the KV dtype `kv` (bf16 | fp32; None: the model's dtype)."""
-        s = self.shape
-        return KVCache(s.n_layer, s.n_kv_head, s.head_dim, capacity=capacity,
-                       dtype=cache_dtype(kv, self.dtype), device=self.layer_devices)
-
-    def attention(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
+    def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
         s, w = self.shape, lw.attn
         T = xn.shape[0]
         q = _proj(xn, w.wq, w.bq).view(T, s.n_head, s.head_dim)
@@ -75,4 +69,4 @@ class Glm4Moe(FamilyMoe):
             k = rms_norm(k, w.k_norm, s.rms_eps)
         q = apply_rope_partial(q.transpose(0, 1), cos, sin)          # [H, T, hd]
         k = apply_rope_partial(k.transpose(0, 1), cos, sin)          # [Hkv, T, hd]
-        return attend(q, k, v, cache, l).reshape(T, s.n_head * s.head_dim) @ w.wo.t()
+        return attend_cached(q, k, v, cache, l).reshape(T, s.n_head * s.head_dim) @ w.wo.t()

@@ -1,5 +1,6 @@
-"""GPT-OSS (HF GptOssForCausalLM; GGUF arch `gpt-oss`): Qwen3-MoE's chunk loop with its own
-attention, RoPE, router and experts.
+"""GPT-OSS (HF GptOssForCausalLM; GGUF arch `gpt-oss`): the MoE decoder
+(strata.models.moe_decoder) with its own layer weights (attention biases and sinks, a biased
+router), router and experts (the shape's options); its RoPE is the shape's (YaRN).
 
 Legend: T tokens, D hidden, E experts, K top-k (4), H query heads, Hkv kv heads, hd head dim.
 
@@ -17,7 +18,7 @@ RoPE: NEOX halves with YaRN frequencies and attention factor (strata.models.laye
 KV: a sliding layer keeps only the last W - 1 tokens before the chunk, in VRAM, in the model's
 KVCache and the engine's PromptKV alike; the plan counts the same (strata.models.kv.kv_windows
 reads shape.layer_window, layer_kv_tokens the tokens each layer keeps).
-Dense weights use llama.cpp's gpt-oss names (strata.packs.names_gpt_oss); the pre-FFN norm is
+Dense weights use llama.cpp's gpt-oss names (strata.archs.gpt_oss); the pre-FFN norm is
 `post_attention_norm`, as llama.cpp names it.
 """
 from __future__ import annotations
@@ -28,8 +29,7 @@ import torch
 
 from strata.kernels.router import route_logits
 from strata.models.attention import AttentionWeights
-from strata.models.layers import shape_cos_sin
-from strata.models.qwen3moe import Qwen3Moe
+from strata.models.moe_decoder import MoeDecoder
 
 
 def topk_softmax(w_router: torch.Tensor, b_router: torch.Tensor, top_k: int):
@@ -53,7 +53,7 @@ class LayerWeights:
 
     @classmethod
     def from_tensors(cls, get, l: int) -> "LayerWeights":
-        """`get(name)`: the tensor named (strata.packs.names_gpt_oss)."""
+        """`get(name)`: the tensor named (strata.archs.gpt_oss)."""
         def t(n):
             return get(f"blk.{l}.{n}")
         attn = AttentionWeights(t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight"),
@@ -68,11 +68,8 @@ class LayerWeights:
                             fn(self.router), fn(self.router_bias))
 
 
-class GptOss(Qwen3Moe):
+class GptOss(MoeDecoder):
     Layer = LayerWeights
-
-    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return shape_cos_sin(pos, self.shape, self.shape.head_dim)
 
     def router(self, lw: LayerWeights):
         return topk_softmax(lw.router, lw.router_bias, self.shape.top_k)

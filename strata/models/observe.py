@@ -6,7 +6,7 @@ An observer passed to `Model.prefill(..., observer=)` hears, per chunk and layer
     observer.layer_done(layer, x [T, D])                     # the residual stream after the layer
 
 `RouteRecorder` keeps every layer's top-k ids (all chunks, in token order) and the RMS of the
-residual after each layer over all tokens; strata.packs.route_trace turns them into a RouteTrace.
+residual after each layer over all tokens; strata.engine.route_trace turns them into a RouteTrace.
 """
 from __future__ import annotations
 

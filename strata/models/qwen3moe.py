@@ -1,193 +1,26 @@
-"""Qwen3-MoE: wires the shared layers, attention and the MoE block (as vLLM's qwen3_moe does).
+"""Qwen3-MoE: the MoE decoder (strata.models.moe_decoder) with its defaults, as vLLM's
+qwen3_moe wires the shared layers.
 
-Legend: T tokens in the chunk, P tokens already in the KV cache, D hidden, E experts, K top-k,
-H query heads, Hkv kv heads, hd head dim, V vocabulary, L layers.
+Legend: T tokens in the chunk, D hidden, E experts, K top-k, H query heads, Hkv kv heads,
+hd head dim.
 
 Per layer (all sparse, as Qwen3-MoE ships):
     h = x + Wo . attn(rope(qnorm(Wq rms(x))), rope(knorm(Wk rms(x))), Wv rms(x))  # attention.py
     x = h + moe(rms(h))                          # moe_block.py: softmax top-k, passes, expert FFN
 then logits = W_out rms(x). RoPE is NEOX style (rotate halves), as HF Qwen3 and llama.cpp qwen3moe.
-
-`forward_chunk` runs T tokens at positions P..P+T-1 against a KVCache holding the P earlier ones
-(causal inside the chunk, full attention to the cache) and asks the provider for each layer's
-passes after routing; `prefill` (strata.models.decoder) cuts a prompt into chunks. Dense weights
-use llama.cpp's GGUF tensor names (strata.packs.names).
+Dense weights use llama.cpp's GGUF tensor names (strata.archs.qwen3moe).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
-
 import torch
 
-from strata.errors import StrataError
-from strata.kernels.attention.kv_int8 import cache_dtype
-from strata.models.attention import AttentionShape, AttentionWeights, attention
-from strata.models.decoder import Decoder
-from strata.models.kv import KVCache, kv_windows
-from strata.models.layers import on_device, rms_norm, shape_cos_sin
-from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
-from strata.models.moe_block import moe_block, softmax_topk
+from strata.models.moe_decoder import GqaLayer, MoeDecoder
 from strata.models.provider import ExpertProvider
-from strata.packs.names import check_dense
-from strata.shapes import ModelShape
+
+class Qwen3Moe(MoeDecoder):
+    Layer = GqaLayer   # q/k norms, softmax router
 
 
-@dataclass
-class LayerWeights:
-    attn_norm: torch.Tensor    # [D]
-    attn: AttentionWeights     # q, k, v, o and the q/k norms
-    ffn_norm: torch.Tensor     # [D]
-    router: torch.Tensor       # [E, D]
-
-    QK_NORM = True   # Qwen3 norms q and k per head; a wiring without (Mixtral) says False
-
-    @classmethod
-    def from_tensors(cls, get, l: int) -> "LayerWeights":
-        """`get(name)`: the tensor named (llama.cpp's names, strata.packs.names)."""
-        def w(n):
-            return get(f"blk.{l}.{n}.weight")
-        norms = (dict(q_norm=w("attn_q_norm"), k_norm=w("attn_k_norm")) if cls.QK_NORM
-                 else {})
-        return cls(w("attn_norm"),
-                   AttentionWeights(w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output"),
-                                    **norms),
-                   w("ffn_norm"), w("ffn_gate_inp"))
-
-    def map(self, fn) -> "LayerWeights":
-        return type(self)(fn(self.attn_norm), self.attn.map(fn), fn(self.ffn_norm),
-                          fn(self.router))
-
-
-class Qwen3Moe(Decoder):
-    """Dense weights of a Qwen3-MoE model on one device (or one per layer), and its forward.
-
-    `forward_chunk(tokens, cache, provider)` -> logits [T, V] fp32 for one chunk;
-    `prefill(tokens, provider, chunk=N)` -> logits [T, V] fp32 for a whole prompt.
-    A wiring that differs only in its layers' dense weights (Mixtral) subclasses it and sets
-    `Layer`, its LayerWeights."""
-    Layer = LayerWeights
-
-    def __init__(self, shape: ModelShape, tok_embd: torch.Tensor, layers: list[LayerWeights],
-                 out_norm: torch.Tensor, lm_head: torch.Tensor, *, ffn: ExpertFFN | None = None):
-        self.shape, self.tok_embd, self.layers = shape, tok_embd, layers
-        self.out_norm, self.lm_head = out_norm, lm_head
-        self.ffn: ExpertFFN = ffn if ffn is not None else expert_ffn("kernel")
-        self.attn_shape = AttentionShape(shape.n_head, shape.n_kv_head, shape.head_dim,
-                                         shape.rms_eps)
-
-    @property
-    def device(self) -> torch.device:
-        return self.tok_embd.device
-
-    @property
-    def layer_devices(self) -> list[torch.device]:
-        return [lw.attn.wq.device for lw in self.layers]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.tok_embd.dtype
-
-    @classmethod
-    def from_tensors(cls, shape: ModelShape, tensors: Mapping[str, torch.Tensor], *,
-                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                     ffn: ExpertFFN | None = None, device_map=None) -> "Qwen3Moe":
-        """From dense tensors named and shaped as strata.packs.names says (llama.cpp names);
-        `output.weight` may be absent (tied embeddings). `device_map` (one device per layer)
-        splits the layers over GPUs: embeddings sit with the first layer, the output norm and
-        LM head with the last; the hidden state moves between GPUs once per boundary."""
-        check_dense(shape, {n: tuple(t.shape) for n, t in tensors.items()}, "model weights")
-        devs = list(device_map) if device_map is not None else [device] * shape.n_layer
-        if len(devs) != shape.n_layer:
-            raise StrataError(f"device_map names {len(devs)} devices for {shape.n_layer} layers")
-
-        def put(name, dev):
-            return tensors[name].to(device=dev, dtype=dtype)
-        layers = [cls.Layer.from_tensors(lambda n, d=devs[l]: put(n, d), l)
-                  for l in range(shape.n_layer)]
-        head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-        return cls(shape, put("token_embd.weight", devs[0]), layers,
-                   put("output_norm.weight", devs[-1]), put(head, devs[-1]), ffn=ffn)
-
-    def new_cache(self, capacity: int | None = None, kv: str | None = None) -> KVCache:
-        """The KV cache in the KV dtype `kv` (bf16 | fp32; None: the model's dtype)."""
-        s = self.shape
-        return KVCache(s.n_layer, s.n_kv_head, s.head_dim, capacity=capacity,
-                       dtype=cache_dtype(kv, self.dtype), device=self.layer_devices,
-                       windows=kv_windows(s))
-
-    def forward_chunk(self, tokens: torch.Tensor, cache: KVCache, provider: ExpertProvider,
-                      *, logits: str = "all", observer=None) -> torch.Tensor | None:
-        """Logits fp32 of `tokens` [T] at positions cache.length...; extends the cache.
-        logits: "all" -> [T, V], "last" -> [1, V], "none" -> None (skips the LM head).
-        The caller brackets it with provider.begin_chunk / end_chunk (see `prefill`)."""
-        T = tokens.shape[0]
-        x = self.forward_layers(self.embed(tokens), cache, provider, range(self.shape.n_layer),
-                                observer=observer)
-        cache.commit(T)
-        return self.head(x, logits)
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The hidden states [T, D] of `tokens` [T] (the first stage of a pipeline)."""
-        return self.tok_embd[tokens]
-
-    def forward_layers(self, x: torch.Tensor, cache: KVCache, provider: ExpertProvider,
-                       layers: range, *, observer=None) -> torch.Tensor:
-        """Hidden states [T, D] through `layers` (a contiguous range) at positions cache.length...;
-        appends their KV but does not commit (the caller commits once per chunk). A pipeline
-        stage (strata.engine.distributed) runs its own range; forward_chunk runs them all."""
-        s = self.shape
-        T, P = x.shape[0], cache.length
-        pos = torch.arange(P, P + T, device=x.device)
-        rope = {x.device: self.rope(pos)}
-        for l in layers:
-            lw = self.layers[l]
-            provider.begin_layer(l)
-            dev = lw.attn.wq.device
-            if x.device != dev:  # a layer split: hand the hidden state to the next GPU
-                x = x.to(dev)
-                if x.device not in rope:
-                    rope[x.device] = tuple(t.to(x.device) for t in rope[pos.device])
-            cos, sin = rope[x.device]
-            with on_device(x.device):
-                x = x + attention(rms_norm(x, lw.attn_norm, s.rms_eps), lw.attn, self.attn_shape,
-                                  cos, sin, cache, l, window=s.layer_window(l))
-                h = rms_norm(x, lw.ffn_norm, s.rms_eps)
-                x = x + moe_block(h, l, self.router(lw), self.ffn, provider,
-                                  observer).to(x.dtype)
-            if observer is not None:
-                observer.layer_done(l, x)
-            provider.end_layer(l)
-        return x
-
-    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, hd] of positions `pos` (a wiring with another RoPE overrides it)."""
-        return shape_cos_sin(pos, self.shape, self.shape.head_dim)
-
-    def router(self, lw):
-        """Layer `lw`'s router, h [T, D] -> (ids, w) [T, K] (a wiring with another overrides it)."""
-        return softmax_topk(lw.router, self.shape.top_k, self.shape.norm_topk_prob)
-
-    def head(self, x: torch.Tensor, logits: str = "all") -> torch.Tensor | None:
-        """Logits fp32 of hidden states [T, D]: "all" -> [T, V], "last" -> [1, V], "none" -> None."""
-        if logits == "none":
-            return None
-        if logits == "last":
-            x = x[-1:]
-        x = x.to(self.lm_head.device)
-        return (rms_norm(x, self.out_norm, self.shape.rms_eps) @ self.lm_head.t()).float()
-
-    def with_ffn(self, ffn: ExpertFFN) -> "Qwen3Moe":
-        return type(self)(self.shape, self.tok_embd, self.layers, self.out_norm, self.lm_head,
-                          ffn=ffn)
-
-    def reference(self) -> "Qwen3Moe":
-        """The reference twin: dense weights in fp32, experts through `moe_ffn_ref`."""
-        return type(self)(self.shape, self.tok_embd.float(),
-                        [lw.map(torch.Tensor.float) for lw in self.layers],
-                        self.out_norm.float(), self.lm_head.float(), ffn=moe_ffn_ref)
-
-
-def forward_torch(model: Qwen3Moe, provider: ExpertProvider, tokens) -> torch.Tensor:
+def forward_torch(model: MoeDecoder, provider: ExpertProvider, tokens) -> torch.Tensor:
     """Reference: the whole prompt as one chunk through `model.reference()`. Logits fp32 [T, V]."""
     return model.reference().prefill(tokens, provider, chunk=None)

@@ -6,7 +6,7 @@
 """
 from strata.packs.blobs import assemble_blobs, split_blobs
 from strata.packs.file import Pack, PackLayer
-from strata.packs.names import dense_specs, experts_name
+from strata.archs.names import dense_specs, experts_name
 from strata.packs.writer import write_pack
 
 __all__ = ["Pack", "PackLayer", "write_pack", "assemble_blobs", "split_blobs", "dense_specs",

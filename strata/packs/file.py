@@ -8,7 +8,7 @@ so a layer's experts can be copied/pinned page-aligned and bf16/fp32 views need 
 
 Tensors:
     blk.<i>.experts   uint8 [E, blob_size]  blob e at byte e*blob_size: gate, up, down (BlobLayout)
-    <dense names>     bf16/f16/f32, names and shapes from strata.packs.names (llama.cpp's names)
+    <dense names>     bf16/f16/f32, names and shapes from strata.archs.names (llama.cpp's names)
 Metadata (`__metadata__["strata.pack"]`, JSON): pack_version, strata_version, shape
 (ModelShape.to_dict()), layers [{layout: BlobLayout.to_dict(), blob_size}], max_blob, native,
 tied (LM head = token_embd), source, crc32 {tensor: hex} (checked by Pack.verify()).
@@ -41,7 +41,7 @@ from strata import filekind
 from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.packs.names import check_dense, experts_name
+from strata.archs.names import check_dense, experts_name
 from strata.shapes import ModelShape
 
 PACK_VERSION = 2       # 2: the header checksum; 1 (without it) is refused with re-pack advice

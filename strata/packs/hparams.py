@@ -6,8 +6,9 @@ the audit that refuses a file carrying one strata would otherwise drop.
     HF[model_type][name]   a config.json field; "rope_parameters.<sub>" a field of its RoPE dict
                            (transformers 5's rope_parameters, or the legacy rope_scaling)
 
-The tables live in strata.packs.hparams_gguf and hparams_hf, their entry kinds in
-strata.packs.hparam_kinds; this module holds the audit.
+The tables live in strata.archs.hparams_gguf and hparams_hf (each architecture's record,
+strata.archs.registry, holds its own), their entry kinds in strata.archs.hparam_kinds; this
+module holds the audit.
 
 Legend (Hp.kind):
     used      the reader sets ModelShape field(s) `fields` from it; `ok`, when given, bounds the
@@ -36,13 +37,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from strata.errors import StrataError
-from strata.packs.hparam_kinds import (INERT, NO_DEFAULT, REFUSED, ROPE, ROPE_DICTS, USED, Hp,
+from strata.archs.hparam_kinds import (INERT, NO_DEFAULT, REFUSED, ROPE, ROPE_DICTS, USED, Hp,
                                        OneOf, SameAs, Where, _show)
-from strata.packs.hparams_gguf import GGUF, GGUF_GLOBAL, GLOBAL_PREFIXES
-from strata.packs.hparams_hf import HF, SAME_ARCH
+from strata.archs.hparams_gguf import GGUF_GLOBAL, GLOBAL_PREFIXES
+from strata.archs.registry import ARCHS
+from strata.errors import StrataError
 
-__all__ = ["GGUF", "GGUF_GLOBAL", "GLOBAL_PREFIXES", "HF", "SAME_ARCH", "Hp", "INERT",
+# Every table by the source's name for it (the records hold them: strata.archs.registry)
+GGUF = {g: a.gguf_hparams for a in ARCHS for g in a.gguf_archs}
+HF = {t: a.hf_hparams for a in ARCHS for t in a.hf_types}
+
+__all__ = ["GGUF", "GGUF_GLOBAL", "GLOBAL_PREFIXES", "HF", "Hp", "INERT",
            "NO_DEFAULT", "OneOf", "REFUSED", "ROPE", "ROPE_DICTS", "SameAs", "USED", "Where",
            "audit_gguf", "audit_hf", "counts", "gguf_meta", "hf_fields"]
 
@@ -111,7 +116,8 @@ def hf_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def audit_hf(cfg: Mapping[str, Any], where) -> None:
     """Refuse a config.json with a field strata would drop or a value it does not implement
     (one line naming the field); a model_type without a table is left to the reader."""
-    table = HF.get(cfg.get("model_type"))
+    mt = cfg.get("model_type")
+    table = HF.get(mt) if isinstance(mt, str) else None
     if table is None:
         return
     flat = hf_fields(cfg)

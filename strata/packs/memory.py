@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from strata.packs.file import PackLayer
-from strata.packs.names import dense_specs
+from strata.archs.names import dense_specs
 from strata.packs.synth import (NORM_JITTER, QK_NORM_SCALE, ExpertFormats, dense_sigma,
                                 expert_biases, expert_matrix)
 from strata.shapes import ModelShape

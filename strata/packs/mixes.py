@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from strata.errors import StrataError
 from strata.formats.table import get_format
-from strata.packs.names import dense_specs
+from strata.archs.names import dense_specs
 from strata.shapes import ModelShape
 
 DEFAULT = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K",

@@ -6,7 +6,7 @@ Random weights that behave like a trained MoE where streaming cares:
     (the residual grows only like sqrt(layers));
   * the router `ffn_gate_inp` [E, D] is N(0, 1/D): logits ~ N(0, 1) per expert for a unit-RMS token,
     independent across experts, so top-K of different tokens are nearly independent draws and a chunk
-    of T >= 2048 tokens at K=8, E=128 hits every expert (see strata.packs.route_trace).
+    of T >= 2048 tokens at K=8, E=128 hits every expert (see strata.engine.route_trace).
 Expert matrices are drawn as raw block bytes (strata.packs.randblocks), never by quantizing floats.
 
 Time and memory (full qwen3-30b-a3b, Q8_0, ~32 GB): one layer's expert tensor at a time is in RAM
@@ -27,7 +27,7 @@ from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.formats.table import get_format
 from strata.packs.blobs import assemble_blobs
-from strata.packs.names import dense_specs
+from strata.archs.names import dense_specs
 from strata.packs.randblocks import random_matrix, random_normal
 from strata.shapes import ModelShape
 

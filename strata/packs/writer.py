@@ -17,7 +17,7 @@ from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.packs.file import (_NP_TO_ST, _TORCH_TO_ST, FILE_ALIGN, META_KEY, PACK_VERSION,
                                TOKENIZER_KEY, sign_header)
-from strata.packs.names import check_dense, dense_specs, experts_name
+from strata.archs.names import check_dense, dense_specs, experts_name
 from strata.shapes import ModelShape
 
 
@@ -55,7 +55,7 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
                native: bool, source: str = "", progress: bool = True,
                tokenizer: dict | None = None, provenance: dict | None = None) -> Path:
     """Write a pack. `dense`: name -> torch tensor / numpy array (names and shapes of
-    strata.packs.names; "output.weight" may be left out when tied to the embeddings).
+    strata.archs.names; "output.weight" may be left out when tied to the embeddings).
     `layer_blobs`: L items, each uint8 [E, blob_size] (numpy/torch) or a callable returning one,
     consumed in layer order so a big pack streams one layer at a time (a leading dense layer's
     item is skipped: it has no experts). `layouts`: one BlobLayout for every layer or a list of

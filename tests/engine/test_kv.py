@@ -78,7 +78,7 @@ def test_streamed_equals_resident(pack, tokens, kv, resident):
 
 
 def test_int8_against_bf16(pack, tokens):
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import expert_ffn
     _, bf = read(pack, tokens, kv="bf16", kv_resident=64)      # PromptKV, bf16
     _, i8 = read(pack, tokens, kv="int8")

@@ -31,14 +31,14 @@ from strata.cli import main
 from strata.engine import prompt_kv as engine_prompt_kv
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.kernels.attention import kv_token_bytes
-from strata.models.load import load_model, resident_provider
+from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
-from strata.shapes import ModelShape
+from strata.shapes import GptOssOptions, ModelShape
 
 SHAPE = ModelShape("gpt-oss", n_layer=4, d_model=64, n_expert=4, top_k=2, d_expert=32,
-                   n_head=4, n_kv_head=2, head_dim=16, vocab=128, expert_bias=True,
-                   expert_act="swiglu_oai", sliding_window=5, max_pos=4096)
+                   n_head=4, n_kv_head=2, head_dim=16, vocab=128, opts=GptOssOptions(),
+                   sliding_window=5, max_pos=4096)
 N = 23
 FP32_REL = 1e-5
 FLIPS_OF_BF16 = 0.1    # the windowed read's distance from the old one, in bf16 attention errors

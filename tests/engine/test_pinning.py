@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from strata.engine.pinning import COPY_PIECE, Registration, parallel_copy, pinned_copy, upload
-from strata.models.load import dense_on_devices
+from strata.engine.load import dense_on_devices
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "pin_bench.py"
 

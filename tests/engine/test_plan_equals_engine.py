@@ -30,7 +30,7 @@ from strata.errors import PlanError, StrataError
 from strata.kernels.tiles import pin_tile
 from strata.memory import ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
 from strata.memory.rig import RESERVE, participants
-from strata.models.load import load_model, resident_provider
+from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.planning import default_devices, layout_spec, model_sizes, scratch_reserve

@@ -16,7 +16,7 @@ import torch
 
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import AllocationError, StrataError
-from strata.models.load import load_model, resident_provider
+from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import get_preset

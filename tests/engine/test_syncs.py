@@ -85,7 +85,7 @@ def test_stream_mode_chunks_never_read_the_device(pack, monkeypatch):
     once over K (not masked and summed per pass), so y rounds from the same fp32 sums as the
     resident read's."""
     from strata.kernels import pin_tile
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import expert_ffn
     with pin_tile(schedule="dp"):
         res, guards = guarded_run(pack, monkeypatch, logits="all", dtype=torch.bfloat16)

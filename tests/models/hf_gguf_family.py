@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from strata.packs.from_hf_ds import _DENSE
-from strata.packs.names import dense_specs
+from strata.archs.family_hf import _DENSE
+from strata.archs.names import dense_specs
 from strata.shapes import ModelShape
 
 

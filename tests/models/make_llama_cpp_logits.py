@@ -119,7 +119,7 @@ def _small():
     # the files' size, and fewer near-ties the rounding can tip; DeepSeek / GLM keep 2 of 4
     # groups of 2, top-2
     return {"qwen3moe": TINY.with_(n_expert=4), "mixtral": MIXTRAL_TINY.with_(n_expert=4),
-            "gpt-oss": GPT_OSS_TINY.with_(swiglu_limit=7.0, n_expert=4, n_layer=2),
+            "gpt-oss": GPT_OSS_TINY.with_(**{"opts.swiglu_limit": 7.0}, n_expert=4, n_layer=2),
             "deepseek2": DS_TINY.with_(n_expert=8, top_k=2),
             "glm4moe": GLM_TINY.with_(n_expert=8, top_k=2)}
 

@@ -138,7 +138,7 @@ def test_streamed_on_the_gpu(family, ffn):
     """CUDA: the streaming engine (pinned blobs, copy lane, the Triton expert GEMM, MLA's fused
     SDPA path) against the all-resident bf16 forward of the same pack; the bound of
     tests/engine/test_streaming_gpu (BF16_Y_REL, norm-relative: bf16 dense math)."""
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import expert_ffn
     shape, _, hf_pack, _ = family
     pack = Pack.open(hf_pack)
@@ -158,7 +158,7 @@ def test_streamed_on_the_gpu(family, ffn):
 def test_memory_pack_with_dense_layers_saves_what_it_serves(shape, tmp_path):
     """A synthetic MemoryPack of the family (dense first layer: no experts) written as a pack
     file reads back the same layers and gives the same logits, bit for bit."""
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import expert_ffn
     from strata.packs.memory import MemoryPack
     from strata.packs.synth import ExpertFormats

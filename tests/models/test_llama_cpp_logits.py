@@ -348,9 +348,9 @@ def read_pack(pack, src=None, *, tokens, arith: Arith | None = None, shape=None,
     (Arith(): as `strata prefill --device cpu --experts ref` reads it). `shape` overrides the
     pack's. Every weight `arith` treats must be met by a product (else the read missed one)."""
     from strata.models import mla, moe
-    from strata.models.load import resident_provider
+    from strata.engine.load import resident_provider
     from strata.models.observe import RouteRecorder
-    from strata.models.registry import get_arch
+    from strata.archs.registry import get_arch
     from strata.packs import Pack
     p = Pack.open(pack)
     shape = shape or p.shape
@@ -386,7 +386,7 @@ def read_pack(pack, src=None, *, tokens, arith: Arith | None = None, shape=None,
     rec = Rec(shape.n_layer)
     with patches:
         ffn = _expert_ffn(arith) if arith.active else moe.moe_ffn_ref
-        model = get_arch(p.shape.arch).from_tensors(shape, tensors, device="cpu",
+        model = get_arch(p.shape.arch).build(shape, tensors, device="cpu",
                                                     dtype=torch.float32, ffn=ffn)
         with torch.no_grad():
             out = model.prefill(tokens, resident_provider(p, "cpu"), chunk=chunk,

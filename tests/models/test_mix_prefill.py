@@ -24,7 +24,7 @@ from strata.models import ResidentProvider
 from strata.models.moe import moe_ffn_ref
 from strata.models.qwen3moe import Qwen3Moe, forward_torch
 from strata.packs import Pack
-from strata.packs.names import dense_specs
+from strata.archs.names import dense_specs
 from strata.shapes import PRESETS
 from tests.models.fp32_bound import order_bound, rel
 

@@ -87,7 +87,7 @@ def test_int8_attention_equals_the_references(H, T, P, N, R, Hv, L, block, seed)
 @pytest.fixture(scope="module")
 def every_expert_model():
     """DS_TINY with 4 experts, all chosen (top-4, one group): no expert choice to flip."""
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import expert_ffn
     from strata.packs.memory import MemoryPack
     from strata.packs.synth import ExpertFormats
@@ -111,7 +111,7 @@ def test_the_engine_reads_int8_mla_kv(tmp_path):
     the logits of the model's int8 prefill bit for bit; the plan counts Lkv + R + 8 bytes a
     token a layer and carves mla_c, not the GQA int8 expansion."""
     from strata.engine.prefill import EngineConfig, PrefillEngine
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import expert_ffn
     from strata.packs import Pack
     from strata.packs.memory import MemoryPack

@@ -4,7 +4,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.models import LayerWorkspace, Pass
-from strata.models.load import resident_provider
+from strata.engine.load import resident_provider
 from strata.models.moe import moe_ffn_ref
 from strata.models.moe_block import moe_block
 from strata.packs.synth import ExpertFormats, synth_pack

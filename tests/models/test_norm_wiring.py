@@ -19,7 +19,7 @@ import torch
 
 from strata.kernels import norm
 from strata.kernels.norm import pin_norm
-from strata.models.load import load_model, resident_provider
+from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import get_preset

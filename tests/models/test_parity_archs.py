@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from strata.cli import main
-from strata.models.load import load_model, resident_provider
+from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.shapes import get_preset
 from tests.models.hf_archs import (GPT_OSS_TINY, MIXTRAL_TINY, make_gpt_oss, make_mixtral,

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from strata.cli import main
-from strata.models.load import load_model, resident_provider
+from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from tests.models.hf_gguf import write_gguf
 from tests.models.hf_tiny import TINY, TINY_B, hf_state, make_hf_model, requantize_experts

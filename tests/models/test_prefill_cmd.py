@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from strata.cli import main
-from strata.models.load import load_model, resident_provider
+from strata.engine.load import load_model, resident_provider
 from strata.models.moe import moe_ffn_ref
 from strata.packs import write_pack
 from tests.models.hf_tiny import TINY, hf_state, make_hf_model, to_strata

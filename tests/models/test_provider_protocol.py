@@ -12,7 +12,7 @@ import torch
 
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.models import ExpertProvider, LayerWorkspace, Pass, ResidentProvider
-from strata.models.load import resident_provider
+from strata.engine.load import resident_provider
 from strata.models.provider import OnDemandProvider
 from strata.packs import Pack
 from strata.packs.synth import ExpertFormats, synth_pack

@@ -17,7 +17,8 @@ from hypothesis import example, given, settings, strategies as st
 
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.models import LayerWorkspace, Pass, ResidentProvider, get_arch
+from strata.archs.registry import get_arch
+from strata.models import LayerWorkspace, Pass, ResidentProvider
 from strata.models.moe import moe_ffn_ref
 from strata.models.qwen3moe import Qwen3Moe, forward_torch
 from tests.models.hf_tiny import (TINY, hf_state, make_hf_model, requantize_experts, to_strata,
@@ -53,7 +54,7 @@ def hf_logits(hf, tokens):
 
 
 def test_registry_has_qwen3moe():
-    assert get_arch("qwen3moe") is Qwen3Moe
+    assert get_arch("qwen3moe").wiring is Qwen3Moe
     with pytest.raises(StrataError, match="not supported"):
         get_arch("llama")
 
@@ -256,13 +257,14 @@ def test_kv_cache_capacity(strata_bf16):
 
 
 def test_dense_shape_mismatch_refused(hf_model):
+    """The record checks the tensors against its name map before the wiring reads them."""
     dense, _, _ = to_strata(hf_state(hf_model), TINY)
     dense["blk.1.attn_k.weight"] = dense["blk.1.attn_k.weight"][:, :8]
     with pytest.raises(StrataError, match=r"blk.1.attn_k.weight is \[32, 8\], expected \[32, 64\]"):
-        Qwen3Moe.from_tensors(TINY, dense)
+        get_arch("qwen3moe").build(TINY, dense)
     del dense["blk.0.attn_q.weight"]
     with pytest.raises(StrataError, match="missing blk.0.attn_q.weight"):
-        Qwen3Moe.from_tensors(TINY, dense)
+        get_arch("qwen3moe").build(TINY, dense)
 
 
 def test_tied_embeddings(hf_model):

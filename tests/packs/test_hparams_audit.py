@@ -150,11 +150,13 @@ def test_every_transformers_field_is_in_the_table(model_type):
 
 
 def test_table_entries_are_well_formed():
-    """Used fields are ModelShape's; a SameAs names a key
+    """Used fields are ModelShape's (or, as "opts.<name>", its options'); a SameAs names a key
     of its own table; refusals and inert entries say why; defaults of the HF tables are
     transformers' own."""
     import transformers
-    shape_fields = set(ModelShape.__dataclass_fields__)
+    from strata.shapes import GptOssOptions
+    shape_fields = (set(ModelShape.__dataclass_fields__)
+                    | {f"opts.{f}" for f in GptOssOptions.__dataclass_fields__})
     tables = {**{a: t | hp.GGUF_GLOBAL for a, t in hp.GGUF.items()}, **hp.HF}
     for name, t in tables.items():
         for key, e in t.items():
@@ -195,7 +197,7 @@ def base_gguf(arch: str) -> dict:
               "attention.sliding_window": s.sliding_window, "rope.scaling.type": "yarn",
               "rope.scaling.factor": s.rope_factor,
               "rope.scaling.original_context_length": s.rope_orig_ctx,
-              "swiglu_clamp_exp": [s.swiglu_limit] * s.n_layer}
+              "swiglu_clamp_exp": [s.opts.swiglu_limit] * s.n_layer}
     else:   # the family
         m |= {"feed_forward_length": s.d_ff, "expert_feed_forward_length": s.d_expert,
               "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead,
@@ -273,7 +275,7 @@ def base_hf(model_type: str) -> dict:
     elif model_type == "gpt_oss":
         kw |= dict(intermediate_size=s.d_expert, head_dim=s.head_dim,
                    num_local_experts=s.n_expert, sliding_window=s.sliding_window,
-                   swiglu_limit=s.swiglu_limit, max_position_embeddings=s.max_pos)
+                   swiglu_limit=s.opts.swiglu_limit, max_position_embeddings=s.max_pos)
         rope = {"rope_type": "yarn", "rope_theta": s.rope_theta, "factor": s.rope_factor,
                 "beta_fast": s.yarn_beta_fast, "beta_slow": s.yarn_beta_slow,
                 "truncate": s.yarn_truncate, "original_max_position_embeddings": s.rope_orig_ctx}
@@ -285,16 +287,10 @@ def base_hf(model_type: str) -> dict:
 
 def hf_read(cfg: dict) -> ModelShape:
     """What strata.packs.from_hf.hf_to_pack reads from `cfg`: the audit, then the reader."""
-    from strata.packs import from_hf, from_hf_ds
+    from strata.archs.registry import by_hf
     from strata.packs.file import check_shape
-    from strata.packs.names import by_source
     hp.audit_hf(cfg, "cfg")
-    mt = cfg["model_type"]
-    if mt in from_hf_ds.MODEL_TYPES:
-        s = from_hf_ds.hf_shape_ds(cfg, "cfg")
-    else:
-        m = by_source("hf", mt)
-        s = m.hf_shape(cfg, "cfg") if m is not None else from_hf.hf_shape(cfg, "cfg")
+    s = by_hf(cfg["model_type"], "cfg").hf_shape(cfg, "cfg")
     check_shape(s, "cfg")
     return s
 
@@ -397,7 +393,7 @@ def test_gguf_used_key_sets_its_fields(arch, key, tmp_path):
     a = gguf_read(tmp_path, arch, base)
     b = gguf_read(tmp_path, arch, _with(base, {**co, key: value}))
     for f in hp.GGUF[arch][key].fields:
-        assert getattr(a, f) != getattr(b, f), (key, f)
+        assert a.field(f) != b.field(f), (key, f)
 
 
 HF_CASES = {
@@ -476,7 +472,7 @@ def test_hf_used_field_sets_its_fields(mt, key):
         changed = hf_with(changed, k, v)
     a, b = hf_read(base), hf_read(changed)
     for f in hp.HF[mt][key].fields:
-        assert getattr(a, f) != getattr(b, f), (key, f)
+        assert a.field(f) != b.field(f), (key, f)
 
 
 # what a default needs of the other keys to be a valid model (one group: one kept)
@@ -516,7 +512,7 @@ LOGIT_CHANGES = {   # field -> its new value, from the tiny shape's
     "top_k": lambda s: s.top_k + 1, "norm_topk_prob": lambda s: not s.norm_topk_prob,
     "routed_scale": lambda s: 1.0, "n_group": lambda s: 2, "topk_group": lambda s: 3,
     "sliding_window": lambda s: 3, "sliding_pattern": lambda s: 3,
-    "swiglu_alpha": lambda s: 1.0, "swiglu_limit": lambda s: 1.0,
+    "opts.swiglu_alpha": lambda s: 1.0, "opts.swiglu_limit": lambda s: 1.0,
     "rope_scaling": lambda s: "", "rope_factor": lambda s: 8.0, "rope_orig_ctx": lambda s: 64,
     "yarn_beta_fast": lambda s: 8.0, "yarn_beta_slow": lambda s: 4.0,
     "yarn_truncate": lambda s: not s.yarn_truncate, "rope_dim": lambda s: 4,
@@ -555,7 +551,7 @@ _logits_cache: dict = {}
 
 
 def _logits(shape: ModelShape) -> torch.Tensor:
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import expert_ffn
     from strata.packs.memory import MemoryPack
     from strata.packs.synth import ExpertFormats

@@ -5,7 +5,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from strata.errors import StrataError
-from strata.packs.route_trace import expert_hit_fraction, route_trace
+from strata.engine.route_trace import expert_hit_fraction, route_trace
 from strata.packs.synth import ExpertFormats, synth_gguf, synth_pack
 from strata.shapes import PRESETS
 
@@ -68,7 +68,7 @@ def test_trace_is_what_the_moe_block_routed(tmp_path):
     handed the provider: here recorded independently by a provider wrapper around the resident
     experts, with the prompt read in chunks of 16: the same expert sets per token, layer by
     layer, and a residual RMS for every layer."""
-    from strata.models.load import load_model, resident_provider
+    from strata.engine.load import load_model, resident_provider
     from strata.models.moe import moe_ffn_ref
     s = PRESETS["small"].with_(n_layer=3, d_model=128, d_expert=32, n_expert=32, top_k=4, vocab=256)
     p = synth_pack(tmp_path / "m.pack", s, ExpertFormats.of("Q8_0"), seed=4, progress=False)

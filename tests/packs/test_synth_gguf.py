@@ -115,7 +115,7 @@ def test_synth_pack_q2_0_and_mixed(tmp_path):
 def test_gguf_expert_type_strata_cannot_read_is_refused(tmp_path):
     """A qwen3moe GGUF whose experts are Q8_1 (a ggml type outside strata's table) is refused by
     name, not packed into blobs no kernel decodes."""
-    from strata.packs.names import dense_specs
+    from strata.archs.names import dense_specs
     s = TINY
     w = gguf.GGUFWriter(str(tmp_path / "q81.gguf"), "qwen3moe")
     for k, v in {"block_count": s.n_layer, "embedding_length": s.d_model, "expert_count": s.n_expert,

@@ -65,7 +65,7 @@ def route_trace(src, token_ids, use_model: bool | None = None) -> RouteTrace:
     use_model: False — the reference: fp32 dense math and the fp32 expert FFN (moe_ffn_ref) on the
     CPU; True — the model on the default device (CUDA when present, with the Triton expert GEMM;
     on the CPU it is the reference); None — True for packs, False for GGUF files."""
-    from strata.models.load import load_model, resolve_device
+    from strata.engine.load import load_model, resolve_device
     from strata.models.moe import moe_ffn_ref
     from strata.models.observe import RouteRecorder
     from strata.models.provider import OnDemandProvider

@@ -9,7 +9,7 @@ Attention (glm4moe): attn_q/k/v (+ .bias), attn_output, optional attn_q_norm/att
 Attention (deepseek2, MLA): attn_q_a [Lq, D], attn_q_a_norm [Lq], attn_q_b [H*hd, Lq] (or a full
 attn_q [H*hd, D] when q_lora = 0), attn_kv_a_mqa [Lkv + R, D], attn_kv_a_norm [Lkv],
 attn_kv_b [H*(N + Hv), Lkv] (llama.cpp's newer attn_k_b / attn_v_b split is joined back into it
-on import: strata.packs.from_gguf_ds), attn_output [D, H*Hv].
+on import: strata.archs.family_gguf), attn_output [D, H*Hv].
 FFN: a leading dense layer has ffn_gate/ffn_up [Fd, D], ffn_down [D, Fd]; a MoE layer has the
 router ffn_gate_inp [E, D], the sigmoid router's exp_probs_b.bias [E] (e_score_correction_bias)
 and the shared expert ffn_{gate,up}_shexp [Fs, D], ffn_down_shexp [D, Fs]; its routed experts
@@ -18,9 +18,6 @@ are the pack's blobs. GLM-4.5 calls the pre-FFN norm post_attention_norm, DeepSe
 from __future__ import annotations
 
 from strata.shapes import ModelShape
-
-ARCHS = ("glm4moe", "deepseek2")
-
 
 def ffn_norm_name(s: ModelShape) -> str:
     return "post_attention_norm" if s.arch == "glm4moe" else "ffn_norm"
@@ -67,7 +64,7 @@ def _ffn(s: ModelShape, i: int, p: str) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def layer_specs_ds(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
+def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
     p = f"blk.{i}."
     return ({p + "attn_norm.weight": (s.d_model,)} | _attention(s, p)
             | {p + ffn_norm_name(s) + ".weight": (s.d_model,)} | _ffn(s, i, p))

@@ -1,10 +1,12 @@
-"""The GGUF half of the hparam tables (strata.packs.hparams): per architecture every key
-llama.cpp's loader reads (and its converter writes), and what strata does with it."""
+"""The GGUF half of the hparam tables (audited by strata.packs.hparams): per architecture
+every key llama.cpp's loader reads (and its converter writes), and what strata does with it."""
 from __future__ import annotations
 
-from strata.packs.hparam_kinds import NONZERO, Hp, SameAs, Where, _head_dim, inert, refused, used
+from strata.archs.hparam_kinds import NONZERO, Hp, SameAs, Where, _head_dim, inert, refused, used
 
 # ---- GGUF: what llama.cpp's load_hparams reads for every architecture ------------------------
+# (each architecture's table below is held by its record, strata.archs.registry, under the
+# GGUF general.architecture names it answers to)
 _GGUF_COMMON: dict[str, Hp] = {
     "context_length": inert("bounds the positions a prompt may use (ModelShape.max_pos)",
                             "max_pos"),
@@ -82,7 +84,7 @@ _YARN_GGUF = {  # a model family whose YaRN strata reads: the rope.scaling.* key
     "rope.scaling.yarn_beta_slow": used("yarn_beta_slow", default=1.0),
 }
 
-_FAMILY = {  # DeepSeek / GLM-4.5 (strata.packs.from_gguf_ds)
+_FAMILY = {  # DeepSeek / GLM-4.5 (strata.archs.family_gguf)
     "nextn_predict_layers": used("n_layer", default=0),
     "expert_group_count": used("n_group", default=0),
     "expert_group_used_count": used("topk_group", default=0),
@@ -99,62 +101,64 @@ _FAMILY = {  # DeepSeek / GLM-4.5 (strata.packs.from_gguf_ds)
     "expert_gating_func": refused((2,), "strata routes this family with the sigmoid gate (2)"),
 }
 
-GGUF: dict[str, dict[str, Hp]] = {
-    "qwen3moe": _GGUF_COMMON | {
-        "expert_feed_forward_length": used("d_expert"),
-        "expert_shared_feed_forward_length": refused(
-            (0,), "shared experts; strata's qwen3moe has none"),
-    },
-    # Mixtral: llama.cpp arch `llama` with experts (strata.packs.names_mixtral)
-    "llama": _GGUF_COMMON | {
-        "feed_forward_length": used("d_expert"),
-        "expert_feed_forward_length": used("d_expert"),
-        "rope.dimension_count": refused(SameAs("attention.key_length", _head_dim),
-                                        "llama.cpp refuses a llama model whose rotary width is "
-                                        "not its head size"),
-    },
-    "gpt-oss": _GGUF_COMMON | _YARN_GGUF | {
-        "expert_feed_forward_length": used("d_expert"),
-        "attention.sliding_window": used("sliding_window", missing=(
-            "llama.cpp requires it for gpt-oss (the sliding layers' window); re-convert the "
-            "model")),
-        "attention.sliding_window_pattern": used("sliding_pattern", default=2, array=True),
-        "rope.freq_base_swa": refused(SameAs("rope.freq_base"),
-                                      "strata's sliding layers rotate with rope.freq_base"),
-        "swiglu_clamp_exp": used("swiglu_limit", array=True),
-        "expert_gating_func": refused((3,), "gpt-oss routes top-k, then a softmax over the "
-                                            "chosen (llama.cpp's SOFTMAX_WEIGHT)"),
-    },
-    "deepseek2": _GGUF_COMMON | _FAMILY | _YARN_GGUF | {
-        "expert_gating_func": refused((2,), "strata routes DeepSeek with the sigmoid gate (2)",
-                                      missing=(
-            "llama.cpp reads its absence as softmax (DeepSeek-V2's router), strata routes this "
-            "family with the sigmoid gate (2); write it or re-convert the model")),
-        "attention.head_count_kv": inert("MLA's layout marker (1: attn_k_b / attn_v_b, H: "
-                                         "attn_kv_b); strata's n_kv_head is head_count"),
-        "attention.key_length": used("head_dim"),   # the older MLA layout (no key_length_mla)
-        "attention.value_length": used("v_head_dim"),
-        "attention.key_length_mla": used("head_dim"),
-        "attention.value_length_mla": used("v_head_dim"),
-        "attention.q_lora_rank": used("q_lora", default=0),
-        "attention.kv_lora_rank": used("kv_lora"),
-        "rope.dimension_count": used("qk_rope"),
-        # DeepSeek's YaRN (strata.packs.from_gguf_ds.gguf_yarn_ds): the softmax scale's mscale
-        "rope.scaling.type": used("rope_scaling", ok=("none", "linear", "yarn"), default="none"),
-        "rope.scaling.yarn_log_multiplier": used("yarn_kq"),
-        "rope.scaling.attn_factor": used("yarn_attn", "yarn_kq", default=1.0),
-        "attention.temperature_scale": refused((0.0,), "Llama-4 style attention temperature "
-                                                       "(Mistral-Large 3)"),
-        "attention.temperature_length": inert("read only with attention.temperature_scale "
-                                              "(refused unless 0)"),
-    },
-    "glm4moe": _GGUF_COMMON | _FAMILY | {
-        "nextn_predict_layers": used("n_layer", default=0),
-        "rope.dimension_count": used("rope_dim"),
-        "rope.dimension_sections": refused(Where(lambda v: not any(v), "absent or all 0"),
-                                           "multi-axis RoPE sections (a vision model's)",
-                                           array=True),
-    },
+QWEN3MOE: dict[str, Hp] = _GGUF_COMMON | {
+    "expert_feed_forward_length": used("d_expert"),
+    "expert_shared_feed_forward_length": refused(
+        (0,), "shared experts; strata's qwen3moe has none"),
+}
+
+# Mixtral: llama.cpp arch `llama` with experts (strata.archs.mixtral)
+LLAMA: dict[str, Hp] = _GGUF_COMMON | {
+    "feed_forward_length": used("d_expert"),
+    "expert_feed_forward_length": used("d_expert"),
+    "rope.dimension_count": refused(SameAs("attention.key_length", _head_dim),
+                                    "llama.cpp refuses a llama model whose rotary width is "
+                                    "not its head size"),
+}
+
+GPT_OSS: dict[str, Hp] = _GGUF_COMMON | _YARN_GGUF | {
+    "expert_feed_forward_length": used("d_expert"),
+    "attention.sliding_window": used("sliding_window", missing=(
+        "llama.cpp requires it for gpt-oss (the sliding layers' window); re-convert the "
+        "model")),
+    "attention.sliding_window_pattern": used("sliding_pattern", default=2, array=True),
+    "rope.freq_base_swa": refused(SameAs("rope.freq_base"),
+                                  "strata's sliding layers rotate with rope.freq_base"),
+    "swiglu_clamp_exp": used("opts.swiglu_limit", array=True),
+    "expert_gating_func": refused((3,), "gpt-oss routes top-k, then a softmax over the "
+                                        "chosen (llama.cpp's SOFTMAX_WEIGHT)"),
+}
+
+DEEPSEEK2: dict[str, Hp] = _GGUF_COMMON | _FAMILY | _YARN_GGUF | {
+    "expert_gating_func": refused((2,), "strata routes DeepSeek with the sigmoid gate (2)",
+                                  missing=(
+        "llama.cpp reads its absence as softmax (DeepSeek-V2's router), strata routes this "
+        "family with the sigmoid gate (2); write it or re-convert the model")),
+    "attention.head_count_kv": inert("MLA's layout marker (1: attn_k_b / attn_v_b, H: "
+                                     "attn_kv_b); strata's n_kv_head is head_count"),
+    "attention.key_length": used("head_dim"),   # the older MLA layout (no key_length_mla)
+    "attention.value_length": used("v_head_dim"),
+    "attention.key_length_mla": used("head_dim"),
+    "attention.value_length_mla": used("v_head_dim"),
+    "attention.q_lora_rank": used("q_lora", default=0),
+    "attention.kv_lora_rank": used("kv_lora"),
+    "rope.dimension_count": used("qk_rope"),
+    # DeepSeek's YaRN (strata.archs.family_gguf.gguf_yarn_ds): the softmax scale's mscale
+    "rope.scaling.type": used("rope_scaling", ok=("none", "linear", "yarn"), default="none"),
+    "rope.scaling.yarn_log_multiplier": used("yarn_kq"),
+    "rope.scaling.attn_factor": used("yarn_attn", "yarn_kq", default=1.0),
+    "attention.temperature_scale": refused((0.0,), "Llama-4 style attention temperature "
+                                                   "(Mistral-Large 3)"),
+    "attention.temperature_length": inert("read only with attention.temperature_scale "
+                                          "(refused unless 0)"),
+}
+
+GLM4MOE: dict[str, Hp] = _GGUF_COMMON | _FAMILY | {
+    "nextn_predict_layers": used("n_layer", default=0),
+    "rope.dimension_count": used("rope_dim"),
+    "rope.dimension_sections": refused(Where(lambda v: not any(v), "absent or all 0"),
+                                       "multi-axis RoPE sections (a vision model's)",
+                                       array=True),
 }
 
 GGUF_GLOBAL: dict[str, Hp] = {

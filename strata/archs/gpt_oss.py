@@ -1,4 +1,4 @@
-"""GPT-OSS's tensor-name map: its dense tensors (llama.cpp's gpt-oss names), and how the HF and
+"""GPT-OSS's record: its dense tensors (llama.cpp's gpt-oss names), and how the HF and
 GGUF readers find them and its experts (with their biases).
 
 Legend: D hidden, E experts, F expert width, H query heads, Hkv kv heads, hd head dim.
@@ -27,12 +27,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from strata.archs.gguf_tensors import dense, field as gguf_field, layer_experts
+from strata.archs import hparams_gguf, hparams_hf
+from strata.archs.record import Arch
 from strata.errors import StrataError
-from strata.shapes import ModelShape
+from strata.models.gpt_oss import GptOss
+from strata.shapes import GptOssOptions, ModelShape
 
 ARCH = "gpt-oss"
-HF_MODEL_TYPES = ("gpt_oss",)
-GGUF_ARCHS = ("gpt-oss",)
 
 
 def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
@@ -55,8 +57,9 @@ def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _shape(**kw) -> ModelShape:
-    return ModelShape(arch=ARCH, expert_bias=True, expert_act="swiglu_oai", **kw)
+def _shape(swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, **kw) -> ModelShape:
+    """A GPT-OSS shape: its options (biased experts, the clamped SwiGLU) and `kw`'s fields."""
+    return ModelShape(arch=ARCH, opts=GptOssOptions(swiglu_alpha, swiglu_limit), **kw)
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
@@ -165,8 +168,12 @@ def hf_experts(ts, i: int, s: ModelShape):
 
 
 # ---- GGUF --------------------------------------------------------------------------------------
-def gguf_shape(field, tensors: dict, path) -> ModelShape:
+def gguf_shape(r, path) -> ModelShape:
     a = ARCH
+    tensors = {t.name: t for t in r.tensors}
+
+    def field(key, default=None):
+        return gguf_field(r, key, default)
     D = int(field(f"{a}.embedding_length"))
     H = int(field(f"{a}.attention.head_count"))
     if "token_embd.weight" not in tensors:
@@ -220,25 +227,19 @@ def _gguf_pattern(v, n_layer: int, path) -> int:
     return int(v)
 
 
-def gguf_dense(name: str, x: torch.Tensor, s: ModelShape) -> torch.Tensor:
-    return x   # llama.cpp permutes nothing for gpt-oss (NEOX RoPE, as HF)
-
-
 def _bias(tensors: dict, name: str, shape: tuple[int, int], src) -> np.ndarray:
     """A ggml {n, E} bias tensor as fp32 [E, n]; one line naming it when absent or mis-shaped."""
-    from strata.packs.from_gguf import _dense
     t = tensors.get(name)
     if t is None:
         raise StrataError(f"{src} has no {name}; GPT-OSS experts carry biases")
     if [int(v) for v in t.shape] != [shape[1], shape[0]]:
         raise StrataError(f"{name} has ggml shape {[int(v) for v in t.shape]}, expected "
                           f"{[shape[1], shape[0]]} from the metadata")
-    return _dense(t, shape).float().numpy()
+    return dense(t, shape).float().numpy()
 
 
 def gguf_experts(tensors: dict, i: int, s: ModelShape, src):
     """Layer i's ([gate, up, down] expert bytes, format names, (gate, up, down) fp32 biases)."""
-    from strata.packs.from_gguf import layer_experts
     E, D, F = s.n_expert, s.d_model, s.d_expert
     p = f"blk.{i}."
     mats, fmts = layer_experts(tensors, i, s, src)
@@ -250,3 +251,11 @@ def gguf_experts(tensors: dict, i: int, s: ModelShape, src):
         bu = _bias(tensors, p + "ffn_up_exps.bias", (E, F), src)
     bd = _bias(tensors, p + "ffn_down_exps.bias", (E, D), src)
     return mats, fmts, (bg, bu, bd)
+
+
+# llama.cpp permutes nothing for gpt-oss (NEOX RoPE, as HF): the record's gguf_dense is the default
+GPT_OSS = Arch(
+    name=ARCH, hf_types=("gpt_oss",), gguf_archs=("gpt-oss",), wiring=GptOss,
+    layer_specs=layer_specs, hf_shape=hf_shape, hf_dense=hf_dense, hf_experts=hf_experts,
+    gguf_shape=gguf_shape, gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.GPT_OSS,
+    hf_hparams=hparams_hf.GPT_OSS, options=GptOssOptions)

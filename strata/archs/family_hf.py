@@ -1,16 +1,12 @@
-"""Hugging Face GLM-4.5 (`glm4_moe`) and DeepSeek-V3 / Kimi-K2 (`deepseek_v3`, `kimi_k2`)
-checkpoint folders -> pack (strata.packs.from_hf reads Qwen3-MoE; its tensor reader and expert
-reader are shared). Leading dense layers carry no blobs; shared experts and the correction bias
-are dense tensors (strata.packs.names_ds)."""
+"""How the HF folder reader reads GLM-4.5 (`glm4_moe`) and DeepSeek-V3 / Kimi-K2
+(`deepseek_v3`, `kimi_k2`) checkpoints: config.json -> ModelShape, the dense tensors' HF names,
+the experts (strata.archs.hf_tensors). Leading dense layers carry no blobs; shared experts and
+the correction bias are dense tensors (strata.archs.family_names)."""
 from __future__ import annotations
 
-from pathlib import Path
-
+from strata.archs.hf_tensors import HF_GLOBAL, layer_experts
 from strata.errors import StrataError
-from strata.packs.names import dense_specs
 from strata.shapes import ModelShape
-
-MODEL_TYPES = {"glm4_moe": "glm4moe", "deepseek_v3": "deepseek2", "kimi_k2": "deepseek2"}
 
 _DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
     "attn_norm.weight": "input_layernorm.weight",
@@ -56,11 +52,19 @@ def hf_yarn_ds(cfg: dict, rope: dict, where) -> dict:
                 yarn_truncate=bool(rope.get("truncate", True)), yarn_attn=attn, yarn_kq=kq)
 
 
+def hf_shape_glm(cfg: dict, where) -> ModelShape:
+    return _hf_shape(cfg, where, "glm4moe")
+
+
 def hf_shape_ds(cfg: dict, where) -> ModelShape:
+    return _hf_shape(cfg, where, "deepseek2")
+
+
+def _hf_shape(cfg: dict, where, arch: str) -> ModelShape:
     mt = cfg.get("model_type")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if MODEL_TYPES.get(mt) != "deepseek2" and kind not in ("default", None):
+    if arch != "deepseek2" and kind not in ("default", None):
         raise StrataError(f"{where}: rope scaling {kind!r} is not implemented (strata runs "
                           f"plain RoPE for {mt})")
     try:
@@ -78,7 +82,7 @@ def hf_shape_ds(cfg: dict, where) -> ModelShape:
             router="sigmoid", n_group=int(cfg.get("n_group") or 1),
             topk_group=int(cfg.get("topk_group") or 1),
             routed_scale=float(cfg.get("routed_scaling_factor", 1.0)))
-        if MODEL_TYPES[mt] == "glm4moe":
+        if arch == "glm4moe":
             hd = cfg.get("head_dim") or cfg["hidden_size"] // H
             prf = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
             return ModelShape(arch="glm4moe", n_kv_head=cfg.get("num_key_value_heads", H),
@@ -99,31 +103,14 @@ def hf_shape_ds(cfg: dict, where) -> ModelShape:
         raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
 
 
-def hf_to_pack_ds(src: Path, cfg: dict, s: ModelShape, out, fmts, progress: bool, tokenizer):
-    """The family's pack from a HF folder of shape `s` (hf_shape_ds, checked; called by
-    strata.packs.from_hf.hf_to_pack)."""
-    from strata.packs.blobs import assemble_blobs
-    from strata.packs.writer import write_pack
-    from strata.packs.hf_tensors import HF_GLOBAL, SafeTensors, layer_experts
-    from strata.packs.provenance import hf_record
-    from strata.packs.quantize import quantize_rows
-    lay = fmts.layout(s)
-    ts = SafeTensors(src)
-    dense = {}
-    tied = "lm_head.weight" not in ts
-    for name in dense_specs(s):
-        if name.startswith("blk."):
-            _, i, rest = name.split(".", 2)
-            dense[name] = ts.get(f"model.layers.{i}.{_DENSE[rest]}")
-        elif not (tied and name == "output.weight"):
-            dense[name] = ts.get(HF_GLOBAL[name])
+def hf_dense(ts, name: str):
+    """The HF tensor of pack dense tensor `name` (a layer's or a global one)."""
+    if not name.startswith("blk."):
+        return ts.get(HF_GLOBAL[name])
+    _, i, rest = name.split(".", 2)
+    return ts.get(f"model.layers.{i}.{_DENSE[rest]}")
 
-    def layer(i):
-        def make():
-            g, u, d = layer_experts(ts, i, s)
-            return assemble_blobs(lay, quantize_rows(g, fmts.gate), quantize_rows(u, fmts.up),
-                                  quantize_rows(d, fmts.down), s.n_expert)
-        return make
-    return write_pack(out, s, dense, [layer(i) for i in range(s.n_layer)], lay, native=True,
-                      source=f"hf:{src.name}", progress=progress, tokenizer=tokenizer,
-                      provenance=hf_record(cfg))
+
+def hf_experts(ts, i: int, s: ModelShape):
+    """(gate [E, F, D], up [E, F, D], down [E, D, F], None: no biases) of MoE layer i."""
+    return (*layer_experts(ts, i, s), None)

@@ -1,5 +1,5 @@
 """GGUF `glm4moe` (GLM-4.5) and `deepseek2` (DeepSeek-V3, Kimi-K2) metadata -> ModelShape, and
-the dense tensors llama.cpp's converter splits (strata.packs.from_gguf reads the rest).
+the dense tensors llama.cpp's converter splits (strata.archs.family holds their records).
 
 - Leading dense layers: {arch}.leading_dense_block_count, their width feed_forward_length.
 - NextN / MTP layers (GLM-4.5's last nextn_predict_layers blocks) are not read.
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import torch
 
+from strata.archs.gguf_tensors import field, rope_base
 from strata.errors import StrataError
 from strata.shapes import ModelShape
 
-ARCHS = ("glm4moe", "deepseek2")
 SIGMOID = 2   # gguf.ExpertGatingFuncType.SIGMOID
 
 
-def gguf_shape_ds(r, path, field, rope_base) -> ModelShape:
-    """The shape from the metadata (`field(r, key, default)`: from_gguf's reader)."""
+def gguf_shape(r, path) -> ModelShape:
+    """The shape from the metadata."""
     a = field(r, "general.architecture")
     D = int(field(r, f"{a}.embedding_length"))
     H = int(field(r, f"{a}.attention.head_count"))
@@ -62,10 +62,10 @@ def gguf_shape_ds(r, path, field, rope_base) -> ModelShape:
     return ModelShape(arch=a, n_kv_head=H, head_dim=hd,
                       q_lora=int(field(r, f"{a}.attention.q_lora_rank", 0)),
                       kv_lora=int(field(r, f"{a}.attention.kv_lora_rank")), qk_rope=R,
-                      v_head_dim=hv, **common, **gguf_yarn_ds(r, a, path, field))
+                      v_head_dim=hv, **common, **gguf_yarn_ds(r, a, path))
 
 
-def gguf_yarn_ds(r, a: str, path, field) -> dict:
+def gguf_yarn_ds(r, a: str, path) -> dict:
     """deepseek2's rope scaling as llama.cpp reads it (ModelShape fields; {} for plain RoPE).
 
     llama.cpp (src/models/deepseek2.cpp, llama-context.cpp): rope.scaling.yarn_log_multiplier L
@@ -110,10 +110,13 @@ def gguf_yarn_ds(r, a: str, path, field) -> dict:
                 yarn_kq=(raf * yarn_mscale(factor, mscale_all)) ** 2)
 
 
-def join_kv_b(shape: ModelShape, l: int, tensors: dict, read) -> torch.Tensor | None:
-    """attn_kv_b [H*(N+Hv), Lkv] from layer l's attn_k_b / attn_v_b (None when absent);
-    `read(t, torch_shape)`: a tensor's values, F32/F16/BF16 or dequantized."""
-    p = f"blk.{l}."
+def join_kv_b(name: str, tensors: dict, shape: ModelShape, read) -> torch.Tensor | None:
+    """attn_kv_b [H*(N+Hv), Lkv] of dense tensor `name` from its layer's attn_k_b / attn_v_b
+    (None when absent, or for another name); `read(t, torch_shape)`: a tensor's values,
+    F32/F16/BF16 or dequantized."""
+    if not name.endswith("attn_kv_b.weight"):
+        return None
+    p = name[:-len("attn_kv_b.weight")]
     kb, vb = tensors.get(p + "attn_k_b.weight"), tensors.get(p + "attn_v_b.weight")
     if kb is None or vb is None:
         return None

@@ -12,7 +12,7 @@ import torch
 from strata.errors import StrataError
 from strata.models.moe import ExpertFFN
 from strata.models.provider import ResidentProvider
-from strata.models.registry import get_arch
+from strata.archs.registry import get_arch
 from strata.packs import Pack
 
 
@@ -44,17 +44,17 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 
 def load_model(pack, *, device=None, dtype: torch.dtype = torch.float32,
                ffn: ExpertFFN | None = None, device_map=None, timings: dict | None = None):
-    """The pack's model (class from the registry by `shape.arch`) with dense weights on `device`
+    """The pack's model (its architecture's record by `shape.arch`: strata.archs) with dense weights on `device`
     (or, with `device_map`, each layer's on its own device: a layer split over GPUs).
     `timings`: gets `dense_upload_s` (the weights onto the devices) and `model_build_s`."""
     pack = open_pack(pack)
-    cls = get_arch(pack.shape.arch)
+    arch = get_arch(pack.shape.arch)
     dev = resolve_device(device)
     t0 = time.perf_counter()
     tensors = dense_on_devices({n: pack.dense(n) for n in pack.dense_names()}, dtype,
                                dev if device_map is None else list(device_map))
     t1 = time.perf_counter()
-    model = cls.from_tensors(pack.shape, tensors, device=dev, dtype=dtype, ffn=ffn,
+    model = arch.build(pack.shape, tensors, device=dev, dtype=dtype, ffn=ffn,
                              device_map=device_map)
     if timings is not None:
         timings["dense_upload_s"] = t1 - t0

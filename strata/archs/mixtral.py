@@ -1,5 +1,5 @@
-"""Mixtral's tensor-name map: its dense tensors (llama.cpp's names), and how the HF and GGUF
-readers find them and its experts.
+"""Mixtral's record: its dense tensors (llama.cpp's names), and how the HF and GGUF readers
+find them and its experts.
 
 Legend: D hidden, E experts, F expert width, H query heads, Hkv kv heads, hd head dim.
 
@@ -20,12 +20,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from strata.archs.gguf_tensors import check_dense_expert, field as gguf_field, layer_experts
+from strata.archs import hparams_gguf, hparams_hf
+from strata.archs.record import Arch
 from strata.errors import StrataError
+from strata.models.mixtral import Mixtral
 from strata.shapes import ModelShape
 
 ARCH = "mixtral"
-HF_MODEL_TYPES = ("mixtral",)
-GGUF_ARCHS = ("llama",)
 
 
 def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
@@ -111,9 +113,12 @@ def hf_experts(ts, i: int, s: ModelShape):
 
 
 # ---- GGUF --------------------------------------------------------------------------------------
-def gguf_shape(field, tensors: dict, path) -> ModelShape:
-    """`field(key, default=None)`: a metadata value (a StrataError when missing without default)."""
+def gguf_shape(r, path) -> ModelShape:
     a = "llama"
+    tensors = {t.name: t for t in r.tensors}
+
+    def field(key, default=None):
+        return gguf_field(r, key, default)
     if field(f"{a}.expert_count", 0) in (0, None):
         raise StrataError(f"{path} is a dense llama model (no {a}.expert_count); strata reads "
                           f"MoE models (a llama GGUF with experts is Mixtral)")
@@ -160,7 +165,6 @@ def gguf_dense(name: str, x: torch.Tensor, s: ModelShape) -> torch.Tensor:
 def gguf_experts(tensors: dict, i: int, s: ModelShape, src):
     """Layer i's ([gate, up, down] expert bytes, format names, None: no biases): the 3-D
     `ffn_*_exps` tensors, else the per-expert 2-D `ffn_{gate,up,down}.<e>.weight`."""
-    from strata.packs.from_gguf import _check_dense_expert, layer_experts
     p = f"blk.{i}."
     if p + "ffn_down_exps.weight" in tensors:
         mats, fmts = layer_experts(tensors, i, s, src)
@@ -177,7 +181,14 @@ def gguf_experts(tensors: dict, i: int, s: ModelShape, src):
             if t is None:
                 raise StrataError(f"{src} has no {p}ffn_{w}.{e}.weight (expert {e} of {E})")
             ts.append(t)
-        fmt = _check_dense_expert(ts, cols, rows)
+        fmt = check_dense_expert(ts, cols, rows)
         mats.append(np.stack([np.asarray(t.data).reshape(rows, -1) for t in ts]))
         fmts.append(fmt.name)
     return mats, fmts, None
+
+
+MIXTRAL = Arch(
+    name=ARCH, hf_types=("mixtral",), gguf_archs=("llama",), wiring=Mixtral,
+    layer_specs=layer_specs, hf_shape=hf_shape, hf_dense=hf_dense, hf_experts=hf_experts,
+    gguf_shape=gguf_shape, gguf_dense=gguf_dense, gguf_experts=gguf_experts,
+    gguf_hparams=hparams_gguf.LLAMA, hf_hparams=hparams_hf.MIXTRAL)

@@ -1,0 +1,191 @@
+"""The Hugging Face half of the hparam tables (strata.packs.hparams): per model_type every
+config.json field transformers' model reads, and what strata does with it."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from strata.archs.hparam_kinds import (NO_DEFAULT, ROPE, TOKENIZER, Hp, SameAs, inert, refused,
+                                       used)
+
+# ---- Hugging Face config.json ---------------------------------------------------------------
+_HF_COMMON: dict[str, Hp] = {
+    "model_type": used("arch"),
+    "architectures": inert("the class names; model_type picks strata's reader"),
+    "transformers_version": inert("the writer's version"),
+    "_name_or_path": inert("a path"),
+    "dtype": inert("the checkpoint's dtype; strata reads each tensor as stored"),
+    "torch_dtype": inert("the old name of dtype"),
+    "output_hidden_states": inert("what HF returns, not what it computes"),
+    "output_attentions": inert("what HF returns, not what it computes"),
+    "return_dict": inert("what HF returns, not what it computes"),
+    "use_cache": inert("HF's KV cache between calls; a prefill's logits do not depend on it"),
+    "chunk_size_feed_forward": inert("splits a feed-forward into chunks; the same values"),
+    "is_encoder_decoder": refused((False,), "strata reads decoder-only models"),
+    "id2label": inert("a classifier head's label names"),
+    "label2id": inert("a classifier head's label names"),
+    "problem_type": inert("a classifier head's loss"),
+    "initializer_range": inert("the random init of training"),
+    "attention_dropout": inert("dropout, off in inference"),
+    "output_router_logits": inert("what HF returns (the aux loss's input)"),
+    "router_aux_loss_coef": inert("the training loss's balance term"),
+    "pad_token_id": inert(TOKENIZER),
+    "bos_token_id": inert(TOKENIZER),
+    "eos_token_id": inert(TOKENIZER),
+    "tie_word_embeddings": inert("the LM head is what the checkpoint holds: lm_head.weight, or "
+                                 "the embeddings when it has none (save_pretrained omits a tied "
+                                 "head)"),
+    "max_position_embeddings": inert("bounds the positions a prompt may use (ModelShape."
+                                     "max_pos); YaRN's factor is read from the RoPE dict",
+                                     "max_pos"),
+    "hidden_act": refused(("silu",), "strata's experts and dense FFNs are SiLU-gated"),
+    "quantization_config": refused((), "strata packs unquantized safetensors (bf16 / fp16 / "
+                                       "fp32); dequantize the checkpoint or pack a GGUF of it"),
+    "auto_map": inert("names remote code; strata implements the architecture itself"),
+    "vocab_size": used("vocab"),
+    "hidden_size": used("d_model"),
+    "num_hidden_layers": used("n_layer"),
+    "num_attention_heads": used("n_head"),
+    "num_key_value_heads": used("n_kv_head"),
+    "head_dim": used("head_dim"),
+    "rms_norm_eps": used("rms_eps"),
+    "num_experts_per_tok": used("top_k"),
+    "rope_theta": used("rope_theta"),
+    "partial_rotary_factor": refused((1.0,), "strata rotates the whole head for this "
+                                             "architecture"),
+    ROPE + "rope_type": refused(("default",), "strata runs plain RoPE for this architecture"),
+    ROPE + "type": refused(("default",), "strata runs plain RoPE for this architecture"),
+    ROPE + "rope_theta": used("rope_theta"),
+    ROPE + "partial_rotary_factor": refused((1.0,), "strata rotates the whole head for this "
+                                                    "architecture"),
+}
+
+_HF_YARN = {  # the RoPE dict of a family whose YaRN strata reads
+    ROPE + "rope_type": used("rope_scaling", ok=("default", "yarn"), default="default"),
+    ROPE + "type": used("rope_scaling", ok=("default", "yarn"), default="default"),
+    ROPE + "factor": used("rope_factor"),
+    ROPE + "original_max_position_embeddings": used("rope_orig_ctx"),
+    ROPE + "beta_fast": used("yarn_beta_fast", default=32.0),
+    ROPE + "beta_slow": used("yarn_beta_slow", default=1.0),
+    ROPE + "attention_factor": refused((), "an explicit YaRN attention factor; strata derives "
+                                           "it from the factor"),
+}
+
+_HF_FAMILY = {  # GLM-4.5, DeepSeek-V3 (strata.archs.family_hf)
+    "intermediate_size": used("d_ff"),
+    "moe_intermediate_size": used("d_expert"),
+    "n_routed_experts": used("n_expert"),
+    "num_local_experts": used("n_expert"),
+    "n_shared_experts": used("n_shared"),
+    "routed_scaling_factor": used("routed_scale", default=1.0),
+    "n_group": used("n_group", default=1),
+    "topk_group": used("topk_group", default=1),
+    "first_k_dense_replace": used("n_dense_lead"),
+    "norm_topk_prob": used("norm_topk_prob", default=True),
+    "num_nextn_predict_layers": inert("MTP layers: HF's model does not run them, strata does "
+                                      "not read them"),
+    "num_mtp_layers": inert("the new name of num_nextn_predict_layers"),
+}
+
+
+_ALIAS_EXPERTS = refused(SameAs("num_local_experts"), "transformers' alias of "
+                                                     "num_local_experts, which strata reads")
+
+
+def _hf_missing(field: str, hf: str, strata: str) -> str:
+    return (f"transformers reads its absence as {hf}, strata's reader as {strata}; write "
+            f"{field} into config.json")
+
+
+QWEN3_MOE: dict[str, Hp] = _HF_COMMON | {
+    "intermediate_size": inert("the dense MLP's width; every layer routes to experts "
+                               "(mlp_only_layers / decoder_sparse_step are refused)"),
+    "moe_intermediate_size": used("d_expert"),
+    "num_experts": used("n_expert"),
+    "num_local_experts": used("n_expert"),
+    "norm_topk_prob": used("norm_topk_prob", default=False),
+    "attention_bias": refused((False,), "q/k/v/o biases; strata's qwen3moe has none"),
+    "use_sliding_window": refused((False,), "sliding-window attention; strata's qwen3moe "
+                                            "attends fully"),
+    "sliding_window": inert("read only with use_sliding_window (refused unless false)"),
+    "max_window_layers": inert("read only with use_sliding_window (refused unless false)"),
+    "decoder_sparse_step": refused((1,), "dense MLP layers between the MoE ones"),
+    "mlp_only_layers": refused(([], None), "dense MLP layers between the MoE ones"),
+}
+
+MIXTRAL: dict[str, Hp] = _HF_COMMON | {
+    "intermediate_size": used("d_expert"),
+    "num_local_experts": used("n_expert"),
+    "num_experts": _ALIAS_EXPERTS,
+    "sliding_window": refused((None,), "sliding-window attention on every layer; strata's "
+                                       "mixtral attends fully"),
+    "router_jitter_noise": inert("noise on the router in training only"),
+}
+
+GPT_OSS: dict[str, Hp] = _HF_COMMON | _HF_YARN | {
+    "intermediate_size": used("d_expert"),
+    "num_local_experts": used("n_expert"),
+    "num_experts": _ALIAS_EXPERTS,
+    "sliding_window": used("sliding_window", default=128),
+    "layer_types": used("sliding_pattern", default=None),
+    "swiglu_alpha": used("opts.swiglu_alpha", default=1.702),
+    "swiglu_limit": used("opts.swiglu_limit", default=7.0),
+    "attention_bias": refused((True,), "strata's gpt-oss has q/k/v/o biases"),
+    "hidden_act": inert("GptOss's experts use their own clamped SwiGLU (swiglu_alpha, "
+                        "swiglu_limit); transformers does not read it"),
+    "quantization_config": refused((), (
+        "the experts are MXFP4 blocks (OpenAI's release format); convert the checkpoint "
+        "with llama.cpp's convert_hf_to_gguf.py and pack the GGUF (its MXFP4 experts are "
+        "kept byte for byte)")),
+    "experts_per_token": inert("OpenAI's duplicate of num_experts_per_tok; transformers "
+                               "does not read it"),
+    "initial_context_length": inert("OpenAI's note of the pretraining context; "
+                                    "transformers does not read it"),
+    ROPE + "truncate": used("yarn_truncate", default=True),
+    ROPE + "mscale": refused((), "YaRN's mscale changes the attention factor; strata's "
+                                 "gpt-oss derives it from the factor alone"),
+    ROPE + "mscale_all_dim": refused((), "see mscale"),
+}
+
+DEEPSEEK_V3: dict[str, Hp] = _HF_COMMON | _HF_FAMILY | _HF_YARN | {
+    "num_key_value_heads": refused(SameAs("num_attention_heads"),
+                                   "MLA: each head has its own key and value"),
+    "head_dim": inert("transformers sets it to qk_rope_head_dim (the rotary width)"),
+    "qk_head_dim": inert("derived: qk_nope_head_dim + qk_rope_head_dim"),
+    "qk_nope_head_dim": used("head_dim"),
+    "qk_rope_head_dim": used("head_dim", "qk_rope"),
+    "v_head_dim": used("v_head_dim"),
+    "q_lora_rank": used("q_lora"),
+    "kv_lora_rank": used("kv_lora"),
+    "rope_interleave": refused((True,), "strata's deepseek2 rotates interleaved pairs (as "
+                                        "llama.cpp)"),
+    "attention_bias": refused((False,), "projection biases; strata's MLA has none"),
+    "pretraining_tp": inert("the training run's tensor-parallel degree"),
+    # the release's remote-code config.json
+    "scoring_func": refused(("sigmoid",), "strata routes DeepSeek-V3 with the sigmoid gate"),
+    "topk_method": refused(("noaux_tc",), "strata routes with the bias-corrected group "
+                                          "top-k (noaux_tc)"),
+    "moe_layer_freq": refused((1,), "dense layers between the MoE ones"),
+    "aux_loss_alpha": inert("the training loss's balance term"),
+    "seq_aux": inert("the training loss's balance term"),
+    "ep_size": inert("the training run's expert-parallel degree"),
+    # DeepSeek's YaRN (strata.archs.family_hf.hf_yarn_ds): cos/sin and the softmax scale
+    ROPE + "truncate": used("yarn_truncate", default=True),
+    ROPE + "mscale": used("yarn_attn"),
+    ROPE + "mscale_all_dim": used("yarn_attn", "yarn_kq"),
+    ROPE + "attention_factor": used("yarn_attn"),
+}
+
+GLM4_MOE: dict[str, Hp] = _HF_COMMON | _HF_FAMILY | {
+    "attention_bias": used("attn_bias", default=False),
+    "use_qk_norm": used("qk_norm", default=False),
+    "partial_rotary_factor": used("rope_dim", missing=_hf_missing(
+        "partial_rotary_factor", "0.5", "1.0"), also=(ROPE + "partial_rotary_factor",)),
+    ROPE + "partial_rotary_factor": used("rope_dim"),
+}
+for _f, _hf, _st in (("routed_scaling_factor", "2.5", "1.0"), ("n_shared_experts", "1", "0"),
+                     ("first_k_dense_replace", "3", "0"), ("n_group", "8", "1"),
+                     ("topk_group", "4", "1"), ("q_lora_rank", "1536", "0 (a full Wq)")):
+    DEEPSEEK_V3[_f] = replace(DEEPSEEK_V3[_f], missing=_hf_missing(_f, _hf, _st),
+                              default=NO_DEFAULT)
+for _f, _hf, _st in (("n_shared_experts", "1", "0"), ("first_k_dense_replace", "1", "0")):
+    GLM4_MOE[_f] = replace(GLM4_MOE[_f], missing=_hf_missing(_f, _hf, _st))

@@ -1,0 +1,76 @@
+"""An architecture as one record: its names in each source, its model wiring, its tensor-name
+map, its readers' hooks, its options, its presets and its hparam tables.
+
+Legend: D hidden, E experts, F expert width, i / l a layer.
+
+Every part of strata that differs by architecture reads it here (strata.archs.registry finds
+the record by strata name, HF model_type or GGUF general.architecture):
+- `wiring`: the model class (strata.models): `from_tensors(shape, tensors, device=, dtype=,
+  ffn=, device_map=)`; `build` checks the tensors against `layer_specs` first.
+- `layer_specs(shape, i)`: layer i's dense tensors, llama.cpp's names -> torch shapes (the one
+  description the pack writer, reader, importers, synthesizer and planner read).
+- HF folder hooks: `hf_shape(cfg, where)` -> ModelShape; `hf_dense(ts, name)` -> the tensor
+  of a pack name; `hf_experts(ts, i, shape)` -> (gate [E, F, D], up [E, F, D], down [E, D, F],
+  (gate [E, F], up [E, F], down [E, D]) biases or None).
+- GGUF hooks: `gguf_shape(r, path)` -> ModelShape (r: gguf-py's reader); `gguf_dense(name, x,
+  shape)` -> x as strata holds it (e.g. Mixtral's q/k un-permuted); `gguf_join(name, tensors,
+  shape, read)` -> a dense tensor the file stores split (None: absent); `gguf_experts(tensors,
+  i, shape, src)` -> ([gate, up, down] bytes, format names, biases or None).
+- `gguf_hparams` / `hf_hparams`: every metadata key / config field and what strata does with it
+  (strata.archs.hparam_kinds), the audit's tables (strata.packs.hparams).
+- `options`: the type of its options inside ModelShape (ModelShape.opts), None for none.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from strata.archs.dense import global_specs, refuse_mismatch
+from strata.shapes import ModelShape
+
+
+def _same(name, x, shape):
+    return x
+
+
+def _nothing(name, tensors, shape, read):
+    return None
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str                          # strata's name: ModelShape.arch, a pack's header
+    hf_types: tuple[str, ...]          # config.json model_type(s)
+    gguf_archs: tuple[str, ...]        # GGUF general.architecture name(s)
+    wiring: type                       # the model class
+    layer_specs: Callable[[ModelShape, int], dict[str, tuple[int, ...]]]
+    hf_shape: Callable
+    hf_dense: Callable
+    hf_experts: Callable
+    gguf_shape: Callable
+    gguf_experts: Callable
+    gguf_hparams: Mapping
+    hf_hparams: Mapping
+    gguf_dense: Callable = _same
+    gguf_join: Callable = _nothing
+    options: type | None = None
+
+    def dense_specs(self, shape: ModelShape) -> dict[str, tuple[int, ...]]:
+        """Every dense tensor of the model, name -> torch shape, in file order."""
+        out = dict(global_specs(shape))
+        for i in range(shape.n_layer):
+            out.update(self.layer_specs(shape, i))
+        return out
+
+    @property
+    def presets(self) -> dict[str, ModelShape]:
+        """The presets of this architecture (strata.shapes.PRESETS holds them all)."""
+        from strata.shapes import PRESETS
+        return {n: s for n, s in PRESETS.items() if s.arch == self.name}
+
+    def build(self, shape: ModelShape, tensors, **kw):
+        """The wiring from dense tensors, checked against the name map first (one line naming
+        the tensors that are missing, extra or mis-shaped)."""
+        refuse_mismatch(self.dense_specs(shape), {n: tuple(t.shape) for n, t in tensors.items()},
+                        "model weights")
+        return self.wiring.from_tensors(shape, tensors, **kw)

@@ -1,0 +1,205 @@
+"""The MoE decoder every wiring composes: embeddings, a stack of layers (attention, then an FFN
+block over routed experts), the output norm and LM head, on one device or a layer split.
+
+Legend: T tokens in the chunk, P tokens already in the KV cache, D hidden, E experts, K top-k,
+H query heads, Hkv kv heads, hd head dim, V vocabulary, L layers.
+
+Per layer l:
+    h = x + attend(rms(x))              # the wiring's attention (default: the shared GQA,
+                                        # strata.models.attention, with its window)
+    x = h + mlp(rms(h))                 # default: the routed experts (router, then the expert
+                                        # FFN over each pass the provider yields: moe_block.py)
+then logits = W_out rms(x).
+
+A wiring is a small subclass that says what differs: `Layer` (its layer weights,
+`from_tensors(get, l)` and `map(fn)`) or `layer_weights(shape, get, l)`, and where needed
+`attend`, `mlp`, `router`, `rope` and `new_cache`. `forward_chunk` runs T tokens at positions
+P..P+T-1 against a cache holding the P earlier ones; `prefill` (strata.models.decoder) cuts a
+prompt into chunks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from strata.errors import StrataError
+from strata.kernels.attention.kv_int8 import cache_dtype
+from strata.models.attention import AttentionShape, AttentionWeights, attention
+from strata.models.decoder import Decoder
+from strata.models.kv import KVCache, kv_windows
+from strata.models.layers import on_device, rms_norm, shape_cos_sin
+from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
+from strata.models.moe_block import moe_block, softmax_topk
+from strata.models.provider import ExpertProvider
+from strata.shapes import ModelShape
+
+
+@dataclass
+class GqaLayer:
+    """A layer's dense weights around the shared GQA attention and a softmax router."""
+    attn_norm: torch.Tensor    # [D]
+    attn: AttentionWeights     # q, k, v, o and the q/k norms
+    ffn_norm: torch.Tensor     # [D]
+    router: torch.Tensor       # [E, D]
+
+    QK_NORM = True   # per-head q and k norms (Qwen3); a wiring without them says False
+
+    @classmethod
+    def from_tensors(cls, get, l: int) -> "GqaLayer":
+        """`get(name)`: the tensor named (llama.cpp's names, the record's name map)."""
+        def w(n):
+            return get(f"blk.{l}.{n}.weight")
+        norms = (dict(q_norm=w("attn_q_norm"), k_norm=w("attn_k_norm")) if cls.QK_NORM
+                 else {})
+        return cls(w("attn_norm"),
+                   AttentionWeights(w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output"),
+                                    **norms),
+                   w("ffn_norm"), w("ffn_gate_inp"))
+
+    def map(self, fn) -> "GqaLayer":
+        return type(self)(fn(self.attn_norm), self.attn.map(fn), fn(self.ffn_norm),
+                          fn(self.router))
+
+
+class MoeDecoder(Decoder):
+    """Dense weights of a MoE decoder on one device (or one per layer), and its forward.
+
+    `forward_chunk(tokens, cache, provider)` -> logits [T, V] fp32 for one chunk;
+    `prefill(tokens, provider, chunk=N)` -> logits [T, V] fp32 for a whole prompt."""
+    Layer: type = GqaLayer
+
+    def __init__(self, shape: ModelShape, tok_embd: torch.Tensor, layers: list,
+                 out_norm: torch.Tensor, lm_head: torch.Tensor, *, ffn: ExpertFFN | None = None):
+        self.shape, self.tok_embd, self.layers = shape, tok_embd, layers
+        self.out_norm, self.lm_head = out_norm, lm_head
+        self.ffn: ExpertFFN = ffn if ffn is not None else expert_ffn("kernel")
+        self.attn_shape = AttentionShape(shape.n_head, shape.n_kv_head, shape.head_dim,
+                                         shape.rms_eps)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_embd.device
+
+    @property
+    def layer_devices(self) -> list[torch.device]:
+        return [lw.attn_norm.device for lw in self.layers]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embd.dtype
+
+    # -- weights -------------------------------------------------------------------------------
+    @classmethod
+    def layer_weights(cls, shape: ModelShape, get, l: int):
+        """Layer l's weights from `get(name)` (a wiring with more than `Layer` overrides it)."""
+        return cls.Layer.from_tensors(get, l)
+
+    @classmethod
+    def from_tensors(cls, shape: ModelShape, tensors: Mapping[str, torch.Tensor], *,
+                     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                     ffn: ExpertFFN | None = None, device_map=None):
+        """From dense tensors named and shaped as the architecture's record says (llama.cpp
+        names; strata.archs, whose `build` checks them first); `output.weight` may be absent
+        (tied embeddings). `device_map` (one device per layer) splits the layers over GPUs:
+        embeddings sit with the first layer, the output norm and LM head with the last; the
+        hidden state moves between GPUs once per boundary."""
+        devs = list(device_map) if device_map is not None else [device] * shape.n_layer
+        if len(devs) != shape.n_layer:
+            raise StrataError(f"device_map names {len(devs)} devices for {shape.n_layer} layers")
+
+        def put(name, dev):
+            return tensors[name].to(device=dev, dtype=dtype)
+        layers = [cls.layer_weights(shape, lambda n, d=devs[l]: put(n, d), l)
+                  for l in range(shape.n_layer)]
+        head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        return cls(shape, put("token_embd.weight", devs[0]), layers,
+                   put("output_norm.weight", devs[-1]), put(head, devs[-1]), ffn=ffn)
+
+    def new_cache(self, capacity: int | None = None, kv: str | None = None):
+        """The KV cache in the KV dtype `kv` (bf16 | fp32; None: the model's dtype); a sliding
+        layer keeps only its window (kv_windows)."""
+        s = self.shape
+        return KVCache(s.n_layer, s.n_kv_head, s.head_dim, capacity=capacity,
+                       dtype=cache_dtype(kv, self.dtype), device=self.layer_devices,
+                       windows=kv_windows(s))
+
+    # -- forward -------------------------------------------------------------------------------
+    def forward_chunk(self, tokens: torch.Tensor, cache, provider: ExpertProvider,
+                      *, logits: str = "all", observer=None) -> torch.Tensor | None:
+        """Logits fp32 of `tokens` [T] at positions cache.length...; extends the cache.
+        logits: "all" -> [T, V], "last" -> [1, V], "none" -> None (skips the LM head).
+        The caller brackets it with provider.begin_chunk / end_chunk (see `prefill`)."""
+        T = tokens.shape[0]
+        x = self.forward_layers(self.embed(tokens), cache, provider, range(self.shape.n_layer),
+                                observer=observer)
+        cache.commit(T)
+        return self.head(x, logits)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The hidden states [T, D] of `tokens` [T] (the first stage of a pipeline)."""
+        return self.tok_embd[tokens]
+
+    def forward_layers(self, x: torch.Tensor, cache, provider: ExpertProvider, layers: range,
+                       *, observer=None) -> torch.Tensor:
+        """Hidden states [T, D] through `layers` (a contiguous range) at positions cache.length...;
+        appends their KV but does not commit (the caller commits once per chunk). A pipeline
+        stage (strata.engine.distributed) runs its own range; forward_chunk runs them all."""
+        s = self.shape
+        T, P = x.shape[0], cache.length
+        pos = torch.arange(P, P + T, device=x.device)
+        rope = {x.device: self.rope(pos)}
+        for l in layers:
+            lw = self.layers[l]
+            provider.begin_layer(l)
+            dev = lw.attn_norm.device
+            if x.device != dev:  # a layer split: hand the hidden state to the next GPU
+                x = x.to(dev)
+                if x.device not in rope:
+                    rope[x.device] = tuple(t.to(x.device) for t in rope[pos.device])
+            cos, sin = rope[x.device]
+            with on_device(x.device):
+                x = x + self.attend(rms_norm(x, lw.attn_norm, s.rms_eps), lw, cos, sin, cache, l)
+                h = rms_norm(x, lw.ffn_norm, s.rms_eps)
+                x = x + self.mlp(h, lw, l, provider, observer).to(x.dtype)
+            if observer is not None:
+                observer.layer_done(l, x)
+            provider.end_layer(l)
+        return x
+
+    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, rot_dim] of positions `pos` (plain or YaRN, as the shape says)."""
+        return shape_cos_sin(pos, self.shape)
+
+    def attend(self, xn, lw, cos, sin, cache, l: int) -> torch.Tensor:
+        """Layer l's attention output [T, D] of normed hidden states `xn` [T, D]."""
+        return attention(xn, lw.attn, self.attn_shape, cos, sin, cache, l,
+                         window=self.shape.layer_window(l))
+
+    def mlp(self, h, lw, l: int, provider: ExpertProvider, observer) -> torch.Tensor:
+        """Layer l's FFN block [T, D] of normed hidden states `h` [T, D]: the routed experts."""
+        return moe_block(h, l, self.router(lw), self.ffn, provider, observer)
+
+    def router(self, lw):
+        """Layer `lw`'s router, h [T, D] -> (ids, w) [T, K] (a wiring with another overrides it)."""
+        return softmax_topk(lw.router, self.shape.top_k, self.shape.norm_topk_prob)
+
+    def head(self, x: torch.Tensor, logits: str = "all") -> torch.Tensor | None:
+        """Logits fp32 of hidden states [T, D]: "all" -> [T, V], "last" -> [1, V], "none" -> None."""
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[-1:]
+        x = x.to(self.lm_head.device)
+        return (rms_norm(x, self.out_norm, self.shape.rms_eps) @ self.lm_head.t()).float()
+
+    def with_ffn(self, ffn: ExpertFFN):
+        return type(self)(self.shape, self.tok_embd, self.layers, self.out_norm, self.lm_head,
+                          ffn=ffn)
+
+    def reference(self):
+        """The reference twin: dense weights in fp32, experts through `moe_ffn_ref`."""
+        return type(self)(self.shape, self.tok_embd.float(),
+                          [lw.map(torch.Tensor.float) for lw in self.layers],
+                          self.out_norm.float(), self.lm_head.float(), ffn=moe_ffn_ref)
