@@ -224,7 +224,7 @@ def resident_reader(args, pack, windows) -> Reader:
     from strata.commands.prefill import make_provider, resident_device
     from strata.engine.finite import FiniteGuard
     from strata.kernels.attention.kv_int8 import resolve_kv
-    from strata.models.load import load_model, resolve_device
+    from strata.engine.load import load_model, resolve_device
     from strata.models.moe import expert_ffn
 
     if args.experts == "plane":
