@@ -180,6 +180,17 @@ def mla_token_bytes(shape: "ModelShape", kv: str = "bf16") -> int:
     return shape.kv_bytes(1, kv)
 
 
+def _ds_yarn(factor: float, orig: int, beta_fast: float, beta_slow: float) -> dict:
+    """DeepSeek's YaRN fields for mscale = mscale_all_dim = 1 (strata.rope_scaling.deepseek_yarn:
+    cos/sin x 1, the softmax scale x mscale(factor)^2)."""
+    from strata.rope_scaling import deepseek_yarn
+    attn, kq = deepseek_yarn(factor, 1.0, 1.0)
+    return dict(rope_scaling="yarn", rope_factor=factor, rope_orig_ctx=orig,
+                yarn_beta_fast=beta_fast, yarn_beta_slow=beta_slow, yarn_attn=attn, yarn_kq=kq)
+
+
+_TINY_QWEN3MOE = ModelShape("qwen3moe", 2, 64, 8, 2, 32, 4, 2, 16, 256)
+
 PRESETS: dict[str, ModelShape] = {
     # Qwen3-30B-A3B: 48 layers, 128 experts of width 768, top-8.
     # Context as the Instruct-2507 release ships it (config.json: max_position_embeddings 262144
@@ -219,19 +230,51 @@ PRESETS: dict[str, ModelShape] = {
     # width 2048, top-8 from the best 4 of 8 groups, one shared expert, scale 2.5; MLA with
     # 128 heads, q_lora 1536, kv_lora 512 + a 64-wide rope key (1,152 B of KV a token a layer).
     # Context as the config says (163840); strata runs its RoPE without the YaRN scaling.
+    # DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json): 61 layers, first 3 dense (18432 wide),
+    # D 7168, 128 heads of 192 (128 + 64 rope) / v 128, q_lora 1536, kv_lora 512, 256 experts
+    # of 2048 top-8 + 1 shared, 8 groups top-4, routed scale 2.5, vocab 129280, rope 10000 with
+    # YaRN factor 40 over 4096 (mscale = mscale_all_dim = 1: softmax scale x 1.369^2).
+    # 671B weights (the MTP layer's 14B not run).
     "deepseek-v3": ModelShape("deepseek2", 61, 7168, 256, 8, 2048, 128, 128, 192, 129280,
                               rope_theta=10000.0, max_pos=163840, n_dense_lead=3, d_ff=18432,
                               n_shared=1, router="sigmoid", n_group=8, topk_group=4,
                               routed_scale=2.5, q_lora=1536, kv_lora=512, qk_rope=64,
-                              v_head_dim=128),
-    # Kimi-K2 (1T-A32B): DeepSeek-V3's body with 384 experts in one group, 64 heads, the first
-    # layer dense, scale 2.827.
+                              v_head_dim=128, **_ds_yarn(40.0, 4096, 32.0, 1.0)),
+    # Kimi-K2 (moonshotai/Kimi-K2-Instruct config.json): DeepSeek-V3's layout with 384 experts,
+    # 64 heads, first 1 layer dense, one group, routed scale 2.827, vocab 163840, rope 50000
+    # with YaRN factor 32 over 4096 (betas 1 / 1, mscale = mscale_all_dim = 1). ~1.03T weights.
     "kimi-k2": ModelShape("deepseek2", 61, 7168, 384, 8, 2048, 64, 64, 192, 163840,
                           rope_theta=50000.0, max_pos=131072, n_dense_lead=1, d_ff=18432,
                           n_shared=1, router="sigmoid", routed_scale=2.827, q_lora=1536,
-                          kv_lora=512, qk_rope=64, v_head_dim=128),
-    # Test and demo shapes: small enough for the Triton interpreter on two cores.
-    "tiny": ModelShape("qwen3moe", 2, 64, 8, 2, 32, 4, 2, 16, 256),
+                          kv_lora=512, qk_rope=64, v_head_dim=128,
+                          **_ds_yarn(32.0, 4096, 1.0, 1.0)),
+    # GLM-4.5-Air (zai-org/GLM-4.5-Air config.json, transformers' Glm4MoeConfig): 46 layers, the
+    # first dense (intermediate_size 10944), D 4096, 96 heads / 8 kv of 128, partial rotary 0.5
+    # (64 dims), attention biases, no q/k norm, 128 experts of 1408 top-8 + 1 shared, sigmoid
+    # router (n_group 1), routed scale 1.0, vocab 151552, rope 1e6, eps 1e-5, 131072 context.
+    # 106B weights, 12B active (the MTP layer not run).
+    "glm-4.5-air": ModelShape("glm4moe", 46, 4096, 128, 8, 1408, 96, 8, 128, 151552,
+                              rms_eps=1e-5, max_pos=131072, n_dense_lead=1, d_ff=10944,
+                              n_shared=1, router="sigmoid", routed_scale=1.0, qk_norm=False,
+                              attn_bias=True, rope_dim=64),
+    "tiny": _TINY_QWEN3MOE,
+    # one tiny model per architecture (tests; llama.cpp reads their synth GGUFs: every matrix row
+    # a whole number of 32-weight blocks, V = 256: 248 bytes and 8 merges)
+    "tiny-qwen3moe": _TINY_QWEN3MOE,
+    "tiny-mixtral": ModelShape("mixtral", 2, 64, 8, 2, 32, 4, 2, 16, 256, rope_theta=1e6,
+                               rms_eps=1e-5, max_pos=512),
+    "tiny-gpt-oss": ModelShape("gpt-oss", 2, 64, 4, 2, 32, 4, 2, 16, 256, rope_theta=150_000.0,
+                               rms_eps=1e-5, max_pos=131072, opts=GptOssOptions(),
+                               sliding_window=4, rope_scaling="yarn", rope_factor=32.0,
+                               rope_orig_ctx=4096, yarn_truncate=False),
+    "tiny-deepseek2": ModelShape("deepseek2", 3, 64, 8, 2, 32, 4, 4, 40, 256, rope_theta=10000.0,
+                                 max_pos=512, n_dense_lead=1, d_ff=96, n_shared=1,
+                                 router="sigmoid", n_group=4, topk_group=2, routed_scale=2.5,
+                                 q_lora=32, kv_lora=32, qk_rope=8, v_head_dim=16),
+    "tiny-glm4moe": ModelShape("glm4moe", 3, 64, 8, 2, 32, 4, 2, 16, 256, rms_eps=1e-5,
+                               max_pos=512, n_dense_lead=1, d_ff=96, n_shared=1,
+                               router="sigmoid", routed_scale=2.5, qk_norm=False,
+                               attn_bias=True, rope_dim=8),
     "small": ModelShape("qwen3moe", 4, 256, 16, 4, 128, 4, 2, 64, 1024),
     # `strata demo`: enough experts (64 per layer) that a 16-slot ring is a small part of a layer.
     "demo": ModelShape("qwen3moe", 4, 256, 64, 4, 128, 4, 2, 64, 1024),

@@ -15,7 +15,8 @@ GLM4MOE = Arch(
     layer_specs=family_names.layer_specs, hf_shape=family_hf.hf_shape_glm,
     hf_dense=family_hf.hf_dense, hf_experts=family_hf.hf_experts,
     gguf_shape=family_gguf.gguf_shape, gguf_experts=gguf_experts,
-    gguf_hparams=hparams_gguf.GLM4MOE, hf_hparams=hparams_hf.GLM4_MOE)
+    gguf_hparams=hparams_gguf.GLM4MOE, hf_hparams=hparams_hf.GLM4_MOE,
+    gguf_values=family_gguf.gguf_values)
 
 DEEPSEEK2 = Arch(
     name="deepseek2", hf_types=("deepseek_v3", "kimi_k2"), gguf_archs=("deepseek2",),
@@ -23,4 +24,5 @@ DEEPSEEK2 = Arch(
     hf_dense=family_hf.hf_dense, hf_experts=family_hf.hf_experts,
     gguf_shape=family_gguf.gguf_shape, gguf_experts=gguf_experts,
     gguf_join=family_gguf.join_kv_b, gguf_hparams=hparams_gguf.DEEPSEEK2,
-    hf_hparams=hparams_hf.DEEPSEEK_V3)
+    hf_hparams=hparams_hf.DEEPSEEK_V3, gguf_split=family_gguf.split_kv_b,
+    gguf_values=family_gguf.gguf_values)

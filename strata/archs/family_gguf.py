@@ -127,3 +127,35 @@ def join_kv_b(name: str, tensors: dict, shape: ModelShape, read) -> torch.Tensor
     return torch.cat([k, v], dim=1).reshape(H * (N + Hv), L)
 
 
+
+
+# ---- the writer's side (strata.archs.gguf_layout) ----------------------------------------------
+def split_kv_b(name: str, shp, shape: ModelShape) -> dict | None:
+    """attn_kv_b [H*(N+Hv), Lkv] as llama.cpp's converter stores it: attn_k_b [H, Lkv, N] and
+    attn_v_b [H, Hv, Lkv] (join_kv_b's inverse); None for any other tensor."""
+    if not name.endswith("attn_kv_b.weight"):
+        return None
+    p = name[:-len("attn_kv_b.weight")]
+    H, L, N = shape.n_head, shape.kv_lora, shape.head_dim - shape.qk_rope
+    return {p + "attn_k_b.weight": (H, L, N), p + "attn_v_b.weight": (H, shape.v_head_dim, L)}
+
+
+def gguf_values(shape: ModelShape) -> dict:
+    """The metadata values that are not one ModelShape field, as llama.cpp's converter writes
+    them: the sigmoid gate; GLM's rotary width; MLA's newer layout (head_count_kv 1, the latent's
+    key / value widths, the per-head sizes in *_mla)."""
+    out = {"expert_gating_func": SIGMOID}
+    if shape.arch == "glm4moe":
+        out["rope.dimension_count"] = shape.rot_dim
+    if shape.mla:
+        out |= {"attention.head_count_kv": 1,
+                "attention.key_length": shape.kv_lora + shape.qk_rope,
+                "attention.value_length": shape.kv_lora,
+                "attention.key_length_mla": shape.head_dim,
+                "attention.value_length_mla": shape.v_head_dim}
+    if shape.mla and shape.rope_scaling == "yarn":   # gguf_yarn_ds's reading, inverted
+        import math
+        raf = shape.yarn_attn or 1.0
+        out |= {"rope.scaling.attn_factor": raf, "rope.scaling.yarn_log_multiplier":
+                (math.sqrt(shape.yarn_kq) / raf - 1.0) / math.log(shape.rope_factor)}
+    return out

@@ -18,6 +18,10 @@ the record by strata name, HF model_type or GGUF general.architecture):
   i, shape, src)` -> ([gate, up, down] bytes, format names, biases or None).
 - `gguf_hparams` / `hf_hparams`: every metadata key / config field and what strata does with it
   (strata.archs.hparam_kinds), the audit's tables (strata.packs.hparams).
+- GGUF writer hooks (strata.archs.gguf_layout, the inverse of the GGUF hooks): `gguf_split(name,
+  shp, shape)` -> {stored name: torch shape} of a dense tensor llama.cpp stores split (None: as
+  it is); `gguf_values(shape)` -> {key: value} for the metadata keys whose value is not one
+  ModelShape field (the table names the field of the others).
 - `options`: the type of its options inside ModelShape (ModelShape.opts), None for none.
 """
 from __future__ import annotations
@@ -37,6 +41,14 @@ def _nothing(name, tensors, shape, read):
     return None
 
 
+def _no_split(name, shp, shape):
+    return None
+
+
+def _no_values(shape):
+    return {}
+
+
 @dataclass(frozen=True)
 class Arch:
     name: str                          # strata's name: ModelShape.arch, a pack's header
@@ -54,6 +66,8 @@ class Arch:
     gguf_dense: Callable = _same
     gguf_join: Callable = _nothing
     options: type | None = None
+    gguf_split: Callable = _no_split
+    gguf_values: Callable = _no_values
 
     def dense_specs(self, shape: ModelShape) -> dict[str, tuple[int, ...]]:
         """Every dense tensor of the model, name -> torch shape, in file order."""

@@ -1,7 +1,9 @@
-"""`strata synth --preset NAME --quant TYPE -o model.gguf`: a random qwen3moe model (GGUF or pack).
+"""`strata synth --preset NAME --quant TYPE -o model.gguf`: a random model (GGUF or pack), laid out
+as llama.cpp lays its architecture out (tiny-<arch> presets for every architecture).
 
-`--mix Q4_K_M` (Q5_K_M, Q3_K_M, Q2_K, IQ4_XS) lays the model out as llama.cpp's stock mix does:
-per-layer expert types and every dense tensor's type by llama.cpp's rules (strata.packs.mixes).
+`--mix Q4_K_M` (Q5_K_M, Q3_K_M, Q2_K, IQ4_XS; MXFP4_MOE, gpt-oss's) lays the model out as
+llama.cpp's stock mix does: per-layer expert types and every dense tensor's type by llama.cpp's
+rules (strata.packs.mixes).
 
 Written to a temp file beside OUT and renamed when whole; an existing OUT of another kind (a pack
 when writing a GGUF, or the other way round) is refused unless --force."""
@@ -13,13 +15,14 @@ from strata.commands._args import positive
 
 
 def add_parser(sub):
-    p = sub.add_parser("synth", help="write a random qwen3moe model as GGUF (or a pack)",
+    p = sub.add_parser("synth", help="write a random model of any architecture as GGUF (or a "
+                                     "pack)",
                        description=__doc__)
     p.add_argument("--preset", required=True, help="model shape (strata.shapes.PRESETS)")
     p.add_argument("--quant", default=None, help="expert format (default Q8_0)")
     p.add_argument("--mix", default=None,
                    help="a llama.cpp stock mix for every tensor: Q4_K_M, Q5_K_M, Q3_K_M, Q2_K, "
-                        "IQ4_XS (instead of --quant)")
+                        "IQ4_XS, MXFP4_MOE (instead of --quant)")
     p.add_argument("--imatrix", action="store_true",
                    help="with --mix: the layout an importance-matrix quantization gets (IQ4_XS "
                         "keeps ffn_down in IQ4_XS on the first eighth of layers)")

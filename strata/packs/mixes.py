@@ -1,7 +1,11 @@
-"""llama.cpp's stock quantization mixes: which ggml type each tensor of a qwen3moe model gets.
+"""llama.cpp's stock quantization mixes: which ggml type each tensor of a model gets.
 
 The rules are those of llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp) for the mixes
-people download most, restated for the tensors a qwen3moe GGUF holds:
+people download most, restated for the tensors a GGUF holds (strata.archs.gguf_layout; a dense
+layer's and a shared expert's ffn_down take ffn_down's rule by their layer, ffn_gate / ffn_up
+and MLA's projections the default: llama.cpp counts its ffn_down tensors in file order instead,
+so on a model with leading dense layers or shared experts a Q4_K_M file may differ in which
+ffn_down tensors get Q6_K):
 
     mix      default  ffn_down_exps (layer i of n)                 attn_v (layer i)
     Q4_K_M   Q4_K     Q6_K where use_more_bits(i, n)               Q6_K where use_more_bits(i, n)
@@ -9,6 +13,7 @@ people download most, restated for the tensors a qwen3moe GGUF holds:
     Q3_K_M   Q3_K     Q5_K for i < n/16, else Q4_K                  Q5_K for i < 2, else Q4_K
     Q2_K     Q2_K     Q3_K                                          Q4_K if n_gqa >= 4, else Q3_K
     IQ4_XS   IQ4_XS   Q5_K for i < n/8 (no imatrix), else IQ4_XS    Q5_K if n_gqa >= 4
+    MXFP4_MOE: every 3-D tensor (the experts) MXFP4, every other matrix Q8_0 (the LM head too)
 
     use_more_bits(i, n): i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2 (C integer division)
 
@@ -23,11 +28,11 @@ from __future__ import annotations
 
 from strata.errors import StrataError
 from strata.formats.table import get_format
-from strata.archs.names import dense_specs
+from strata.archs.gguf_layout import stored_dense
 from strata.shapes import ModelShape
 
 DEFAULT = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K",
-           "IQ4_XS": "IQ4_XS"}
+           "IQ4_XS": "IQ4_XS", "MXFP4_MOE": "MXFP4"}
 MIXES = tuple(DEFAULT)
 
 _FALLBACK = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL",
@@ -62,6 +67,8 @@ def _asked(mix: str, kind: str, i: int, shape: ModelShape, imatrix: bool) -> str
     """llama.cpp's choice for tensor `kind` of layer i, before the row-length fallback."""
     n, t = shape.n_layer, DEFAULT[mix]
     e8 = shape.n_expert == 8
+    if mix == "MXFP4_MOE":   # experts (3-D) MXFP4, every other matrix Q8_0
+        return "MXFP4"          # (expert_types asks only for experts; dense_types below)
     if kind == "output":
         return "Q6_K"
     if kind == "attn_v":
@@ -107,12 +114,19 @@ def dense_types(mix: str, shape: ModelShape, imatrix: bool = False) -> dict[str,
     """Stored type of every dense tensor under `mix` (norms and the router F32)."""
     mix = _check(mix)
     out = {}
-    for name, shp in dense_specs(shape).items():
+    for name, shp in stored_dense(shape).items():
         if len(shp) == 1 or name.endswith("ffn_gate_inp.weight"):
             out[name] = "F32"
             continue
         i = int(name.split(".")[1]) if name.startswith("blk.") else 0
         kind = {"output.weight": "output", "token_embd.weight": "token_embd"}.get(name) or \
-            name.split(".")[2]   # attn_q / attn_k / attn_v / attn_output
-        out[name] = fallback(_asked(mix, kind, i, shape, imatrix), shp[1])
+            name.split(".")[2]   # attn_q / attn_k / attn_v / attn_output / ffn_down_shexp ...
+        if kind.startswith("ffn_down"):   # a dense layer's or the shared expert's: ffn_down's rule
+            kind = "ffn_down"
+        elif kind.startswith(("ffn_gate", "ffn_up")):
+            kind = kind[:kind.index("_", 4)] if kind.count("_") > 1 else kind
+        if mix == "MXFP4_MOE":   # llama.cpp: a 3-D tensor (MLA's attn_k_b / attn_v_b) MXFP4
+            out[name] = fallback("MXFP4" if len(shp) == 3 else "Q8_0", shp[-1])
+            continue
+        out[name] = fallback(_asked(mix, kind, i, shape, imatrix), shp[-1])
     return out

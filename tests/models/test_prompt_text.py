@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from strata.cli import main
 from strata.packs import Pack, write_pack
-from strata.packs.synth import _byte_tokens, _vocab, synth_gguf, synth_pack, synth_tokenizer
+from strata.packs.synth import synth_gguf, synth_pack
+from strata.packs.synth_vocab import _byte_tokens, _vocab, synth_tokenizer
 from strata.shapes import PRESETS
 from strata.tokenize import TextTokenizer, hf_tokenizer
 from tests.models.hf_tiny import TINY, hf_state, make_hf_model, to_strata
