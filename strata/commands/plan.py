@@ -43,6 +43,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     src.add_argument("--pack", metavar="PATH", help="a strata pack (its shape and blob sizes)")
     p.add_argument("--quant", default=None, metavar="TYPE",
                    help="expert block format with --preset, or GATE,UP,DOWN (default Q8_0)")
+    p.add_argument("--layers", type=positive("--layers"), default=None,
+                   help="with --preset: keep only the first N layers (a model whose dense "
+                        "weights alone pass the VRAM, as DeepSeek-V3's under 24 GiB: as many "
+                        "layers as fit)")
     p.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=None,
                    metavar="N", help="the prompt's length: KV for N tokens (as strata prefill "
                                      "--prompt-tokens N reserves; default none)")
@@ -54,9 +58,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _source(args):
     """(name, shape, per-layer blob bytes, native) from --preset/--quant or --pack."""
     if args.pack:
-        if args.quant is not None:
-            raise StrataError("--quant applies to --preset; a pack keeps its own formats "
-                              "(drop --quant)")
+        if args.quant is not None or getattr(args, "layers", None) is not None:
+            raise StrataError("--quant and --layers apply to --preset; a pack keeps its own "
+                              "formats and layers (drop them)")
         from strata.packs import Pack
         pack = Pack.open(args.pack)
         shape = pack.shape
@@ -64,12 +68,15 @@ def _source(args):
         native = pack.native
         return args.pack, shape, dict(layer_blob), bool(native), [pl.layout for pl in pack.layers]
     shape = get_preset(args.preset or "qwen3-30b-a3b")
+    if getattr(args, "layers", None) is not None:
+        shape = shape.with_(n_layer=min(args.layers, shape.n_layer))
     quant = args.quant or "Q8_0"
     fmts = [q.strip() for q in quant.split(",")]
     if len(fmts) not in (1, 3):
         raise StrataError(f"--quant takes one TYPE or GATE,UP,DOWN, got {quant!r}")
     layout = BlobLayout.for_shape(shape, *fmts)
-    name = f"{args.preset or 'qwen3-30b-a3b'} {quant.upper()}"
+    name = f"{args.preset or 'qwen3-30b-a3b'} {quant.upper()}" + (
+        f" (first {shape.n_layer} layers)" if getattr(args, "layers", None) else "")
     # a leading dense layer (DeepSeek-V3's first 3, GLM-4.5's first 3) has no blobs
     return name, shape, {l: layout.size if shape.is_moe_layer(l) else 0
                          for l in range(shape.n_layer)}, True, [layout]
