@@ -33,14 +33,14 @@ def files(tmp_path_factory):
     hf.mkdir()
     (hf / "config.json").write_text('{"model_type": "qwen3_moe", "hidden_size": ')   # cut short
     f["hf"] = hf
-    import gguf
-    real = gguf.GGUFWriter.add_rope_freq_base
-    gguf.GGUFWriter.add_rope_freq_base = lambda self, v: None
+    import strata.packs.synth_gguf as writer   # the synth GGUF's metadata, less rope.freq_base
+    real = writer.metadata
+    writer.metadata = lambda s: {k: v for k, v in real(s).items() if k != "rope.freq_base"}
     try:
         f["norope"] = synth_gguf(d / "norope.gguf", TINY, ExpertFormats.of("Q8_0"),
                                  progress=False)
     finally:
-        gguf.GGUFWriter.add_rope_freq_base = real
+        writer.metadata = real
     return f
 
 
