@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.kernels.router import route_logits
+from strata.kernels.moe.router import route_logits
 from strata.models.attention import AttentionWeights
 from strata.models.layers import shape_cos_sin
 from strata.models.qwen3moe import Qwen3Moe
@@ -34,7 +34,7 @@ from strata.models.qwen3moe import Qwen3Moe
 
 def topk_softmax(w_router: torch.Tensor, b_router: torch.Tensor, top_k: int):
     """GPT-OSS's router of one layer: h [T, D] -> (ids int64 [T, K], w fp32 [T, K]): logits
-    h Wr^T + br in fp32 (the GEMM: strata.kernels.router.route_logits), the K largest, softmax
+    h Wr^T + br in fp32 (the GEMM: strata.kernels.moe.router.route_logits), the K largest, softmax
     over them."""
     def route(h: torch.Tensor):
         logits = route_logits(h, w_router) + b_router.float()            # [T, E]

@@ -18,12 +18,12 @@ from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton._C.libtriton import ir  # noqa: E402
 
-import strata.kernels._moe_kernel as k  # noqa: E402
-import strata.kernels._expert_dequant_kernel as dq  # noqa: E402
+import strata.kernels.moe._ffn_kernel as k  # noqa: E402
+import strata.kernels.moe._expert_dequant_kernel as dq  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 from strata.kernels.decode import FAST_CODE_FORMATS  # noqa: E402
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS  # noqa: E402
-from strata.kernels.tiles import DEFAULT_SUPERBLOCK_TILE  # noqa: E402
+from strata.kernels.moe.tiles import DEFAULT_SUPERBLOCK_TILE  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)

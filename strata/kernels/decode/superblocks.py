@@ -1,6 +1,6 @@
 """The 256-weight super-block formats (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS) read as int32 words:
 a super-block's header and code words in one round of loads, then decoded one 32-weight run at
-a time (the decode-once path's, strata.kernels._expert_dequant_kernel).
+a time (the decode-once path's, strata.kernels.moe._expert_dequant_kernel).
 
 decode_tile addresses every weight on its own: a byte gather per weight and the packed 6-bit
 scales unpacked per weight (decode_tile_runs: per run, then broadcast). Here a program reads

@@ -5,7 +5,8 @@ Legend: T tokens, D hidden, F expert width, E experts, K top-k.
 
     y[t] = sum_k w[t,k] * down_e(act(gate_e x[t] (+ bg_e), up_e x[t] (+ bu_e)) (+ bd_e))
 
-the op of strata.kernels.moe.moe_ffn, on a PlaneSet instead of an ExpertSet (the same blob layout,
+the op of strata.kernels.moe.ffn.moe_ffn, on a PlaneSet instead of an ExpertSet (the same blob
+layout,
 its Q8_0 / Q4_0 / Q4_K matrices re-laid as code and scale planes, any mix over gate, up and down).
 x [T, D] bf16, topk_ids [T, K] int (-1 skips an assignment), topk_weights [T, K] fp32 -> y bf16
 [T, D]. Accumulation is fp32; each weight (q·d; Q4_K's (d·sc)·q - dmin·m) is formed in fp32 as
@@ -37,12 +38,12 @@ import torch
 from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.formats.table import FORMATS
-from strata.kernels import _plane_kernel as _pk
-from strata.kernels.moe import (COMBINES, _check_inputs, _combine, _work, dequantize_matrix,
-                                routed_sum)
+from strata.kernels.moe import _plane_kernel as _pk
+from strata.kernels.moe.ffn import (COMBINES, _check_inputs, _combine, _work, dequantize_matrix,
+                                    routed_sum)
 from strata.kernels.pins import pinned
-from strata.kernels.grouping import group_blocked, group_blocked_bounded
-from strata.kernels.tiles import block_m_for, padded_rows
+from strata.kernels.moe.grouping import group_blocked, group_blocked_bounded
+from strata.kernels.moe.tiles import block_m_for, padded_rows
 from strata.planes import PlaneSet, dequantize_planes, split_planes
 
 KERNEL_FORMATS = ("Q8_0", "Q4_0", "Q4_K")   # what the plane GEMM decodes, any mix over the matrices
@@ -181,7 +182,7 @@ def pin_plane_tile(tile: PlaneTile):
 
 def plane_matrix(planes: PlaneSet, e: int, name: str) -> torch.Tensor:
     """Expert e's matrix `name` ("gate" | "up" | "down") as fp32 [rows, cols], decoded from its
-    planes in torch (a matrix of another format decoded as strata.kernels.moe does)."""
+    planes in torch (a matrix of another format decoded as strata.kernels.moe.ffn does)."""
     off = int(planes.slot_offset[e])
     if off < 0:
         raise StrataError(f"expert {e} is not resident (slot_offset = -1); load it first")
@@ -195,7 +196,7 @@ def plane_matrix(planes: PlaneSet, e: int, name: str) -> torch.Tensor:
 
 def plane_tile(n_tokens: int, top_k: int, n_expert: int, fmt: str = "Q8_0") -> PlaneTile:
     """The default table's tile for T tokens, K top-k, E experts and gate/up planes of `fmt`
-    (autotune-free, no device). Its key is the fused GEMM's BLOCK_M (strata.kernels.tiles.
+    (autotune-free, no device). Its key is the fused GEMM's BLOCK_M (strata.kernels.moe.tiles.
     block_m_for: the mean rows per routed expert as a power of two in [16, 128]), the one the
     planner sizes the engine's workspaces by; the tile's own BLOCK_M is at most that, so h of
     padded_rows(T, K, E, key) rows fits."""

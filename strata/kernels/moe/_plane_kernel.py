@@ -1,5 +1,5 @@
 """Triton kernels over plane-layout Q8_0 / Q4_0 / Q4_K experts (strata.planes; the op:
-strata.kernels.plane).
+strata.kernels.moe.plane).
 
 Legend: BM/BN/BK tile sizes, R = BK / 32 scale runs per step, RB row blocks a program; a *tile*
 is RB·BM sorted rows (one expert) x BN output features, data-parallel (one program a tile, the
@@ -19,7 +19,7 @@ with fp32 accumulation. SWAP puts the
 weights first (acc [BN, BM] = w @ a^T): the decoded weights stay in registers as the MMA's A
 operand and the token rows, the short side at small T, become the MMA's N (Hopper's wgmma needs
 M >= 64, not N). The routing rows, the epilogue (activation, biases, routing weight) and the bf16
-rounding are the fused GEMM's own (strata.kernels._moe_kernel), so both kernels compute the same
+rounding are the fused GEMM's own (strata.kernels.moe._ffn_kernel), so both kernels compute the same
 function.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from strata.kernels._moe_kernel import GATE_UP, _bf16, _dot, _epilogue, _tile_rows
+from strata.kernels.moe._ffn_kernel import GATE_UP, _bf16, _dot, _epilogue, _tile_rows
 from strata.kernels.decode.kquants import GGML_Q4_K
 from strata.kernels.decode.legacy import GGML_Q4_0, GGML_Q8_0
 

@@ -15,7 +15,7 @@ tensor-core input); y comes back as bf16 [T, D] like x (the K partial rows are s
 
 `moe_ffn` (Triton) and `moe_ffn_torch` (plain torch) share one signature.
 
-Launch (`moe_ffn`): plan (strata.kernels.tiles.plan_launch: tile, grid bound, workspace rows,
+Launch (`moe_ffn`): plan (strata.kernels.moe.tiles.plan_launch: tile, grid bound, workspace rows,
 fixup scratch; the engine sizes its buffers from the same plan) -> route -> group by expert padded
 to BLOCK_M (check=True: one device sync, which also checks that every routed expert is resident;
 check=False, the engine's path: no sync, room for the plan's bound of blocks and the count read
@@ -36,11 +36,11 @@ from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.formats.table import FORMATS
 from strata.formats.tables import device_table
-from strata.kernels import _moe_kernel as _k
-from strata.kernels.combine import combine_rows, combine_rows_torch
-from strata.kernels.grouping import check_topk_ids, group_blocked, group_blocked_bounded
-from strata.kernels.tiles import (GemmProblem, LaunchPlan, TileConfig, device_sms,  # noqa: F401
-                                  plan_launch, resolve_tile, scratch_nbytes)
+from strata.kernels.moe import _ffn_kernel as _k
+from strata.kernels.moe.combine import combine_rows, combine_rows_torch
+from strata.kernels.moe.grouping import check_topk_ids, group_blocked, group_blocked_bounded
+from strata.kernels.moe.tiles import (GemmProblem, LaunchPlan, TileConfig, device_sms,  # noqa: F401
+                                      plan_launch, resolve_tile, scratch_nbytes)
 
 GGML_BF16 = FORMATS["BF16"].ggml_type
 
@@ -109,7 +109,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
     """The layer's MoE feed-forward over T tokens -> y bf16 [T, D] (see module docstring).
 
-    schedule: None (the heuristic in strata.kernels.tiles, or the active `pin_tile`), "dp",
+    schedule: None (the heuristic in strata.kernels.moe.tiles, or the active `pin_tile`), "dp",
     "stream_k", or a whole TileConfig. scratch_alloc(nbytes) -> uint8 tensor supplies the stream-k
     fixup scratch (default: torch.empty on x's device); `last_launch()` reports its size.
 
@@ -220,7 +220,7 @@ def _combine(yk, T: int, K: int, D: int, topk_ids, out, rows) -> torch.Tensor:
     """y = sum over K of yk's rows: rows "all" (every row written), "mask" (rows of id -1 skip,
     never read), "layer" (all, or nothing when yk was never written: T·K = 0) or None (no rows:
     y = 0). Added into `out` (fp32) when given, else bf16 [T, D]. One read of yk, one write of y
-    (strata.kernels.combine); where Triton cannot run (CPU tensors without the interpreter) its
+    (strata.kernels.moe.combine); where Triton cannot run (CPU tensors without the interpreter) its
     torch reference, which gives the same bits."""
     fn = combine_rows if yk.is_cuda or INTERPRET else combine_rows_torch
     return fn(yk, T, K, D, topk_ids, out, rows)
@@ -288,7 +288,7 @@ def expert_forward(xe: torch.Tensor, experts: ExpertSet, e: int, *,
     """fp32 [n, D] of expert e over rows xe [n, D] (fp32): down(act(gate xe + bg, up xe + bu))
     + bd, weights decoded in torch. The one torch expert every reference runs; `matrix`
     (experts, e, name) -> fp32 [out, in] decodes a matrix (default dequantize_matrix: ggml
-    blobs; strata.kernels.plane passes its plane decoder)."""
+    blobs; strata.kernels.moe.plane passes its plane decoder)."""
     matrix = matrix or dequantize_matrix
     b = expert_biases(experts, e)
     g = xe @ matrix(experts, e, "gate").T                                 # [n, F]

@@ -1,4 +1,5 @@
-"""The @triton.jit kernels behind strata.kernels.grouping.group_blocked_bounded: the expert grouping
+"""The @triton.jit kernels behind strata.kernels.moe.grouping.group_blocked_bounded: the expert
+grouping
 in three launches instead of some thirty torch ops (the launcher and its torch twin live there).
 
 Legend: n = T·K assignments (flat index a = t·K + k), E experts, BM the GEMM's row block, C

@@ -1,4 +1,4 @@
-"""Triton kernels of the expert GEMM (see strata.kernels.moe for the op and its reference).
+"""Triton kernels of the expert GEMM (see strata.kernels.moe.ffn for the op and its reference).
 
 Legend: BM/BN/BK tile sizes; a *tile* is BM sorted rows (one expert) x BN output features; an
 *iteration* is one BK step of a tile's reduction, KI = cdiv(n_in, BK) per tile.
@@ -31,12 +31,12 @@ from strata.kernels.decode import (FAST_CODE_FORMATS, SCALED_CODE_FORMATS,  # no
                                    decode_codes, decode_run_scale, decode_tile,
                                    decode_tile_runs, load_code_bytes)
 from strata.kernels.decode.plain import GGML_BF16
-from strata.kernels.tiles import DOT_VARIANTS
+from strata.kernels.moe.tiles import DOT_VARIANTS
 
 
 def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str) -> dict:
     """The kernel's constexprs (SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC) for matrices of formats
-    fmt1/fmt2 (names) under dot variant `variant` (strata.kernels.tiles.DOT_VARIANTS; a
+    fmt1/fmt2 (names) under dot variant `variant` (strata.kernels.moe.tiles.DOT_VARIANTS; a
     TileConfig's `dot`). A swap_fast* variant applies to Q8_0/Q4_0 pairs; other pairs decode.
 
     A matrix takes the scaled-code path when its format is in SCALED_CODE_FORMATS and BLOCK_K

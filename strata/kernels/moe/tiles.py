@@ -30,7 +30,8 @@ experiments A/B them with `pin_tile(dot=...)` / `pin_tile(words=False)` /
 `plan_launch(...) -> LaunchPlan` is the one plan of an expert-GEMM launch, made before anything is
 allocated (in the manner of triton_kernels' matmul_ogs): the tile, the grid bound, the workspace
 rows (h padded to BLOCK_M per routed expert) and the stream-k fixup scratch. The launcher
-(strata.kernels.moe.moe_ffn) and the engine's scratch reserve (strata.engine.scratch) read it, and
+(strata.kernels.moe.ffn.moe_ffn) and the engine's scratch reserve (strata.engine.scratch) read it,
+and
 its workspace rows are `padded_rows`, the TKP the prompt layout pads h to; nothing recounts.
 """
 from __future__ import annotations
@@ -46,7 +47,8 @@ from strata.kernels.pins import pinned
 
 SCHEDULES = ("dp", "stream_k")
 
-# How decoded weights reach the tensor cores (strata.kernels._moe_kernel.dot_plan turns a name into
+# How decoded weights reach the tensor cores (strata.kernels.moe._ffn_kernel.dot_plan turns a name
+# into
 # the kernel's constexprs):
 #   "decode":      decode every weight to bf16 (scale * code, rounded), one dot per BK step.
 #   "scaled":      scaled-code formats: codes (exact in bf16) into one dot per run, the run's
