@@ -30,7 +30,6 @@ from strata.kernels.decode import (FAST_CODE_FORMATS, SCALED_CODE_FORMATS,  # no
                                    TRITON_FORMATS, code_run, codes_from_bytes,
                                    decode_codes, decode_run_scale, decode_tile,
                                    decode_tile_runs, load_code_bytes)
-from strata.kernels.decode.plain import GGML_BF16
 from strata.kernels.moe.tiles import DOT_VARIANTS
 
 
@@ -83,7 +82,7 @@ def _bf16(x, INTERP: tl.constexpr):
 def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr,
             INTERP: tl.constexpr):
     """Weights [BN, BK] as bf16 for tl.dot: BF16 read as is, every other format decoded."""
-    if FMT == GGML_BF16:
+    if FMT.NATIVE:
         # cast the scalar base, not a pointer tensor (triton 3.6's coalesce pass asserts on a
         # tensor-of-pointers bitcast between element sizes); rows are 2-byte aligned
         p16 = w_ptr.to(tl.pointer_type(tl.bfloat16), bitcast=True)

@@ -19,7 +19,7 @@ from strata._backend import INTERPRET
 from strata.experts import ExpertSet
 from strata.formats.tables import device_table
 from strata.kernels.moe._expert_dequant_kernel import _dequant_fwd_kernel
-from strata.kernels.decode import pair_words_fit
+from strata.kernels.decode import format_traits, pair_words_fit
 from strata.kernels.decode.superblocks import SUPERBLOCK, superblock_words_fit
 from strata.kernels.moe.tiles import (DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOCKS,
                                       DEFAULT_WORD_TILE, DEFAULT_WORDS, pinned_choice)
@@ -77,7 +77,8 @@ def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: tor
     grid = (experts.n_expert, triton.cdiv(mat.rows, lc["BN"]), triton.cdiv(mat.cols, lc["BK"]))
     _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, dst_slot, mat.offset,
                               mat.row_bytes, dst, dst_off, device_table("iq", experts.device),
-                              mat.rows, mat.cols, FMT=mat.fmt.ggml_type, INTERP=INTERPRET, **lc)
+                              mat.rows, mat.cols, FMT=format_traits(mat.fmt), INTERP=INTERPRET,
+                              **lc)
 
 
 def dequant_experts(experts: ExpertSet, name: str, counts: torch.Tensor, *,

@@ -34,15 +34,13 @@ from strata._backend import INTERPRET
 from strata.blob import ALIGN
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.formats.table import FORMATS
 from strata.formats.tables import device_table
+from strata.kernels.decode import format_traits
 from strata.kernels.moe import _ffn_kernel as _k
 from strata.kernels.moe.combine import combine_rows, combine_rows_torch
 from strata.kernels.moe.grouping import check_topk_ids, group_blocked, group_blocked_bounded
 from strata.kernels.moe.tiles import (GemmProblem, LaunchPlan, TileConfig, device_sms,  # noqa: F401
                                       plan_launch, resolve_tile, scratch_nbytes)
-
-GGML_BF16 = FORMATS["BF16"].ggml_type
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ def last_launch() -> LaunchRecord | None:
 def decoded_weights(layout) -> bool:
     """Whether a layout's GEMM decodes blocks in its inner loop (any of gate/up/down not BF16):
     the `decoded` of its launch plan."""
-    return any(m.fmt.ggml_type != GGML_BF16 for m in layout.matrices)
+    return any(m.fmt.name != "BF16" for m in layout.matrices)
 
 
 def _default_alloc(device):
@@ -201,7 +199,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
             dst, dst.stride(0), tw, scratch, tab, n_out, n_in, grp.n_blocks_dev, tile.programs,
             *boff, *act,
-            MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
+            MODE=mode, SCHED=int(sk), FMT1=format_traits(m1.fmt), FMT2=format_traits(m2.fmt),
             **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, tile.dot), **meta, **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
@@ -326,4 +324,3 @@ def moe_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     so a layer's calls sum to the same y whatever `combine` says."""
     _check_inputs(x, topk_ids, topk_weights, experts)
     return routed_sum(x, topk_ids, topk_weights, experts, out)
-

@@ -37,7 +37,7 @@ import torch
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
-from strata.formats.table import FORMATS
+from strata.kernels.decode import TRAITS
 from strata.kernels.moe import _plane_kernel as _pk
 from strata.kernels.moe.ffn import (COMBINES, _check_inputs, _combine, _work, dequantize_matrix,
                                     routed_sum)
@@ -46,7 +46,8 @@ from strata.kernels.moe.grouping import group_blocked, group_blocked_bounded
 from strata.kernels.moe.tiles import block_m_for, padded_rows
 from strata.planes import PlaneSet, dequantize_planes, split_planes
 
-KERNEL_FORMATS = ("Q8_0", "Q4_0", "Q4_K")   # what the plane GEMM decodes, any mix over the matrices
+# what the plane GEMM decodes (bundles with a plane layout), any mix over the matrices
+KERNEL_FORMATS = tuple(n for n, t in TRAITS.items() if t.PLANE_PACK)
 REGISTERS_PER_SM = 65536   # 32-bit registers of an SM's file (sm_80 / sm_90): PlaneTile.occupancy
 
 
@@ -218,7 +219,6 @@ def _check_planes(experts) -> None:
                           f"layout has {', '.join(bad)}: run it through strata.kernels.moe_ffn")
 
 
-_GGML = {f: FORMATS[f].ggml_type for f in KERNEL_FORMATS}
 _ALLOCATOR_SET: list[bool] = []
 
 
@@ -286,8 +286,8 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset,
             p2.codes_offset, p2.scales_offset, dst, dst.stride(0), tw, n_out, n_in,
-            grp.n_blocks_dev, grp.padded_offsets, *boff, *act, MODE=mode, FMT1=_GGML[p1.fmt],
-            FMT2=_GGML[p2.fmt], EVEN=n_out % BN == 0 and n_in % BK == 0, **meta,
+            grp.n_blocks_dev, grp.padded_offsets, *boff, *act, MODE=mode, FMT1=TRAITS[p1.fmt],
+            FMT2=TRAITS[p2.fmt], EVEN=n_out % BN == 0 and n_in % BK == 0, **meta,
             num_warps=tile.num_warps, num_stages=tile.num_stages,
             **({"maxnreg": tile.max_registers(mode)} if tile.occupancy[mode] else {}))
     if combine == "defer":
@@ -320,7 +320,7 @@ def plane_dequantize(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
     out = torch.full((rows, cols), float("nan"), dtype=torch.float32, device=planes.device)
     bn, bk = block
     _pk._plane_dequant_kernel[(-(-rows // bn), -(-cols // bk))](
-        codes, scales, out, rows, cols, BN=bn, BK=bk, FMT=_GGML[fmt], MAGIC=magic, FMA=fma,
+        codes, scales, out, rows, cols, BN=bn, BK=bk, FMT=TRAITS[fmt], MAGIC=magic, FMA=fma,
         INTERP=INTERPRET)
     return out
 
