@@ -18,10 +18,9 @@ needs, so `strata plan`, the prefill engine and the tests build their plans the 
 Legend of the layout's symbols: T tokens, D hidden, E experts, K top-k, F expert width,
 QD = H*hd (query width), KVD = Hkv*hd (key/value width), TK = T*K routed (token, expert) pairs,
 TKP = T*K + min(E, T*K)*(BM-1) routed pairs after padding each routed expert's group to a
-multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk
-(strata.kernels.moe.tiles.block_m_for;
-a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the GEMM's
-workspace check), E1 = E + 1 (group offsets with an end marker), G experts per streamed pass
+multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk (strata.kernels.moe.tiles.
+block_m_for; a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the
+GEMM's workspace check), E1 = E + 1 (group offsets with an end marker), G experts per streamed pass
 (strata.memory.layout.pass_experts), BB bytes of one expert decoded to bf16, KS tokens of one
 full layer's host-held KV (the longest prompt's tokens outside the resident window:
 KVPolicy.host_tokens; 0 when no layer holds host KV, as when every layer slides),

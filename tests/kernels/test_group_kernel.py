@@ -1,7 +1,6 @@
 """The grouping kernels (strata.kernels.moe._group_kernel, behind group_blocked_bounded) against
-their
-torch twin: every field equal, on fresh random routings with skipped (-1) and out-of-range ids,
-chunk counts past one program, expert counts that are not powers of two, and room to spare."""
+their torch twin: every field equal, on fresh random routings with skipped (-1) and out-of-range
+ids, chunk counts past one program, expert counts that are not powers of two, and room to spare."""
 import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st

@@ -1,6 +1,5 @@
 """The expert GEMM's launch plan (strata.kernels.moe.tiles.plan_launch) is what the launcher does
-and
-what the engine reserves: one count.
+and what the engine reserves: one count.
 
 - moe_ffn launches exactly the plan's tile and asks for exactly its scratch bytes;
 - the engine's slab reserve (strata.engine.scratch) equals the size classes of what the launches

@@ -6,10 +6,9 @@ Bounds, per compute dtype (never loosened to pass; a miss is a bug to find):
   tensor-core input) and y to bf16; each rounding is <= 2^-9 relative (rms ~1.1e-3), and the
   reference keeps h in fp32. Observed ~2.3e-3 on the tiny shapes.
 - DECODED_REL: any decoded block format (decode-only formats such as Q4_K / IQ3_S get random
-  valid blocks from strata.kernels.moe.random_experts.random_blocks). Decoded weights (an fp16
-  scale times a small integer,
-  up to 18 significant bits) are rounded to bf16 for the tensor cores: one more 2^-9 rounding per
-  weight on top of the BF16 case. Observed ~4e-3.
+  valid blocks from strata.kernels.moe.random_experts.random_blocks). Decoded weights (an fp16 scale
+  times a small integer, up to 18 significant bits) are rounded to bf16 for the tensor cores: one
+  more 2^-9 rounding per weight on top of the BF16 case. Observed ~4e-3.
 """
 from __future__ import annotations
 

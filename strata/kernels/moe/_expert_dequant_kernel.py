@@ -1,6 +1,5 @@
 """The @triton.jit kernel behind strata.kernels.moe.expert_dequant (decode the routed experts'
-matrices
-to bf16; the launcher and reference live there).
+matrices to bf16; the launcher and reference live there).
 
 Legend: E experts, R rows (output features), C columns (inputs) of one matrix; BN x BK a
 program's tile; grid (E, cdiv(R, BN), cdiv(C, BK)).

@@ -15,8 +15,7 @@ the decode buffer's allocation — the carve's, in the streaming engine.
 
 The BF16 GEMM is strata's Triton kernel ("triton") or torch._grouped_mm straight over the decode
 buffer ("grouped", strata.kernels.moe.grouped: cutlass on sm90+, faster at long chunks); "auto"
-picks
-by device and rows an expert; `pin_decoded_gemm` pins the choice for a block.
+picks by device and rows an expert; `pin_decoded_gemm` pins the choice for a block.
 """
 from __future__ import annotations
 

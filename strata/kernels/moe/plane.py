@@ -6,10 +6,9 @@ Legend: T tokens, D hidden, F expert width, E experts, K top-k.
     y[t] = sum_k w[t,k] * down_e(act(gate_e x[t] (+ bg_e), up_e x[t] (+ bu_e)) (+ bd_e))
 
 the op of strata.kernels.moe.ffn.moe_ffn, on a PlaneSet instead of an ExpertSet (the same blob
-layout,
-its Q8_0 / Q4_0 / Q4_K matrices re-laid as code and scale planes, any mix over gate, up and down).
-x [T, D] bf16, topk_ids [T, K] int (-1 skips an assignment), topk_weights [T, K] fp32 -> y bf16
-[T, D]. Accumulation is fp32; each weight (q·d; Q4_K's (d·sc)·q - dmin·m) is formed in fp32 as
+layout, its Q8_0 / Q4_0 / Q4_K matrices re-laid as code and scale planes, any mix over gate, up and
+down). x [T, D] bf16, topk_ids [T, K] int (-1 skips an assignment), topk_weights [T, K] fp32 -> y
+bf16 [T, D]. Accumulation is fp32; each weight (q·d; Q4_K's (d·sc)·q - dmin·m) is formed in fp32 as
 ggml's decoder forms it and rounded to bf16 once (the tensor cores' input), h = act(...) to bf16
 (the down GEMM's input), and the K rows of a token are summed in fp32.
 
@@ -146,19 +145,15 @@ class PlaneTile:
 # two accumulators), and so does 32x64x64/w4s4/r2's gate/up at 4 programs an SM (128 registers):
 # BLOCK_K stays 64, gate/up at 3 programs, down (one matrix, 128 registers unspilled) at 4.
 # Chosen on the H200 (kernel_bench, qwen3-30b-a3b, settled, check=False; TFLOP/s of the whole
-# feed-forward; experiments/results/kernel_bench_plane_tiles-*): at 7bc0530, T 512, the one-block
-# 32x64x64/w4s4 ran Q8_0 / Q4_0 / Q4_K at 51.8 / 70.2 / 57.9, the two-block 32x64x64/w4s4/r2
-# 63.3 / 74.2 / 64.3; 64x64x64/w4s4/r2 ran Q4_0 / Q4_K at 176.7 / 130.6 (T 2048) and 262.3 /
-# 214.2 (T 8192) against 135.8 / 110.3 and 214.6 / 199.4 on 64x128x64/w8s4 and the TMA tile
-# 128x128x64/w8s4. At 2c5088e (Q8_0 in Q8_ORDER, fused multiply-adds) Q8_0 ran 71.1 at T 512
-# on 32x64x64/w4s4/r2 (63.9 on 32x64x64/w4s4), 178.1 / 255.9 on 64x64x64/w4s4/r2 against
-# 172.3 / 243.3 on 64x128x64/w8s4 and the TMA tile. Today the three formats share one table.
-# The occupancy of the BLOCK_M 32 tile (ncu, T 512 GEMMs, gate/up + down, 6f4a11a,
-# ncu_plane-T512-*-6f4a11a): unpinned Q4_0 / Q4_K 346 / 392 µs, /o3 329 / 376, /o4 378 / 417
-# (gate/up spills), 32x64x64/w8s4/r2/o2 459 / 505; strata's BF16 kernel 349. Since 5ab1d03 (4-bit
-# codes by ldmatrix) ptxas keeps the 4-bit formats under the pin unasked (ncu_plane-T512-*-5ab1d03:
-# pinned / unpinned Q8_0 329 / 335, Q4_0 281 / 282, Q4_K 331 / 330; BF16 346); the pin stays: it
-# holds gate/up at three programs an SM whatever a kernel change makes of ptxas's choice.
+# feed-forward; experiments/results/kernel_bench_plane_tiles-*): at T 512 the two-block
+# 32x64x64/w4s4/r2 beats the one-block 32x64x64/w4s4 for every format (Q8_0 / Q4_0 / Q4_K 63.3 /
+# 74.2 / 64.3 against 51.8 / 70.2 / 57.9, 7bc0530); at T 2048 / 8192 64x64x64/w4s4/r2 beats
+# 64x128x64/w8s4 and the TMA tile 128x128x64/w8s4 (Q4_0 / Q4_K 176.7 / 130.6 and 262.3 / 214.2
+# against 135.8 / 110.3 and 214.6 / 199.4, 7bc0530; Q8_0 178.1 / 255.9 against 172.3 / 243.3,
+# 2c5088e). The BLOCK_M 32 tile's occupancy pin /o3.4 (ncu, T 512 GEMMs, gate/up + down,
+# ncu_plane-T512-*-6f4a11a: Q4_0 / Q4_K 329 / 376 µs against 346 / 392 unpinned, 378 / 417 at
+# /o4, where gate/up spills) holds gate/up at three programs an SM whatever a kernel change makes
+# of ptxas's own choice. docs/kernel_notes.md keeps how the table got here.
 _TILES = {
     16: PlaneTile(16, 128, 64, 4, 4),
     32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2, occupancy=(3, 4)),
