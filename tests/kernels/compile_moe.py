@@ -83,8 +83,9 @@ def main(argv=None) -> int:
             and (not v.startswith("swap_fast") or names[fmt] in k.FAST_CODE_FORMATS)]
     for mode, sched, fmt, v in runs:
         tr = format_traits(fmt)
-        const = dict(MODE=mode, SCHED=sched, TOPK=8, FMT1=tr, FMT2=tr, BM=128, BN=64, BK=64,
-                     INTERP=False, **k.dot_plan(names[fmt], names[fmt], 64, v))
+        const = dict(SCHED=sched, S=k.GemmSpec(MODE=mode, TOPK=8, FMT1=tr, FMT2=tr, BM=128,
+                                                BN=64, BK=64, INTERP=False,
+                                                **k.dot_plan(names[fmt], names[fmt], 64, v)))
         try:
             md = compile_one(k._moe_gemm_kernel, gemm_sig(mode), const, 4, 3)
             print(f"ok   gemm mode={mode} sched={sched} fmt={fmt} dot={v} shared={md['shared']}")
@@ -94,9 +95,10 @@ def main(argv=None) -> int:
     # the biased, clamped-SwiGLU epilogue (GPT-OSS experts), on its decode path
     for mode, sched, fmt in itertools.product((0, 1), (0, 1), fmts):
         tr = format_traits(fmt)
-        const = dict(MODE=mode, SCHED=sched, TOPK=4, FMT1=tr, FMT2=tr, BM=128, BN=64, BK=64,
-                     INTERP=False, BIAS=True, ACT=1,
-                     **k.dot_plan(names[fmt], names[fmt], 64, "decode"))
+        const = dict(SCHED=sched, S=k.GemmSpec(MODE=mode, TOPK=4, FMT1=tr, FMT2=tr, BM=128,
+                                                BN=64, BK=64, INTERP=False, BIAS=True, ACT=1,
+                                                **k.dot_plan(names[fmt], names[fmt], 64,
+                                                             "decode")))
         try:
             compile_one(k._moe_gemm_kernel, gemm_sig(mode), const, 4, 3)
             print(f"ok   gemm+bias+swiglu_oai mode={mode} sched={sched} fmt={fmt}")

@@ -198,9 +198,10 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
             dst, dst.stride(0), tw, scratch, tab, n_out, n_in, grp.n_blocks_dev, tile.programs,
-            *boff, *act,
-            MODE=mode, SCHED=int(sk), FMT1=format_traits(m1.fmt), FMT2=format_traits(m2.fmt),
-            **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, tile.dot), **meta, **launch)
+            *boff, *act, SCHED=int(sk),
+            S=_k.GemmSpec(MODE=mode, FMT1=format_traits(m1.fmt), FMT2=format_traits(m2.fmt),
+                          **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, tile.dot), **meta),
+            **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
                 grp.sorted_ids, grp.block_expert, grp.n_assign, dst, dst.stride(0), tw, scratch,
