@@ -26,7 +26,7 @@ pos_a = 0, pos_b = Pa, n_prefix = Pa + Pb.
 import triton
 import triton.language as tl
 
-from strata.kernels._moe_kernel import _bf16
+from strata.kernels.moe._ffn_kernel import _bf16
 
 
 @triton.jit
