@@ -42,6 +42,21 @@ def test_hf_folder_pack(hf_pack, tmp_path):
     assert rel(got, ref) < FP32_REL
 
 
+def test_in_memory_layout_reads_alike(hf_pack, tmp_path):
+    """transformers 5's in-memory names (mlp.gate, mlp.e_score_correction_bias, fused
+    mlp.experts.gate_up_proj / down_proj) read as the release's layout does."""
+    from safetensors.torch import save_file
+    hf, _, ref = hf_pack
+    d = tmp_path / "fused"
+    hf.config.save_pretrained(d)
+    sd = state(hf)
+    assert "model.layers.0.mlp.experts.gate_up_proj" in sd
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
+    pack = _pack([d, "--quant", "BF16"], tmp_path / "fused.pack")
+    got = _prefill(pack, tmp_path, "--device", "cpu", "--experts", "ref", "--chunk", "13")
+    assert rel(got, ref) < FP32_REL
+
+
 @pytest.mark.parametrize("fmt", ["BF16", "Q8_0"])
 def test_gguf_pack(tmp_path, fmt):
     hf = make_minimax_m2(MINIMAX_TINY, seed=6)
