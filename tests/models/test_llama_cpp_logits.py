@@ -723,7 +723,9 @@ WRONG_SHAPE = {   # a file, a hyperparameter read otherwise
     "qwen3moe-f16.gguf": dict(rope_theta=1e6),               # another RoPE base
     "mixtral-q8_0.gguf": dict(rope_theta=1e4),               # the default base for 1e6
     "glm4moe-wide-q4_k_m.gguf": dict(routed_scale=1.0),      # the routed experts' scale dropped
-}
+    "minimax-m2-f16.gguf": dict(rope_dim=16),                # RoPE over all of the head, not 8
+    "minimax-m2-wide-q4_k_m.gguf": dict(norm_topk_prob=False),   # the k sigmoid weights as
+}                                                            # they are, not renormalised
 
 
 def _wrong(packs, reads, fname, emulate: bool):
@@ -745,7 +747,8 @@ def test_emulated_bound_catches_a_hyperparameter_read_otherwise(packs, reads, fn
     assert rel(got.logits, r.want) > r.emulated_bound
 
 
-@pytest.mark.parametrize("fname", ["gpt-oss-f16.gguf", "qwen3moe-f16.gguf"],
+@pytest.mark.parametrize("fname", ["gpt-oss-f16.gguf", "qwen3moe-f16.gguf",
+                                   "minimax-m2-f16.gguf"],
                          ids=lambda f: f[:-5])
 def test_plain_bound_catches_a_rope_read_otherwise(packs, reads, fname):
     r, got = _wrong(packs, reads, fname, emulate=False)
