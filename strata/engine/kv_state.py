@@ -135,29 +135,31 @@ class KVState:
     path: str
     manifest: dict
     _file: object = field(repr=False, default=None)
+    flag: str = "--resume"      # the flag that named it, for messages
 
     @classmethod
-    def open(cls, path, *, pack=None, kv: str | None = None) -> "KVState":
+    def open(cls, path, *, pack=None, kv: str | None = None, flag: str = "--resume"
+             ) -> "KVState":
         """Open `path` and refuse, in one line, a state that is not one, or one saved from
         another pack, tokenizer or KV dtype (`kv`: this run's resolved dtype)."""
         from safetensors import safe_open
-        flag = f"--resume {path}"
+        where = f"{flag} {path}"
         k = filekind.kind(path)
         if k == filekind.MISSING:
-            raise StrataError(f"{flag}: no such file")
+            raise StrataError(f"{where}: no such file")
         if k != filekind.SAFETENSORS:
-            raise StrataError(f"{flag} is {filekind.NAMES[k]}, not a saved KV state (strata "
+            raise StrataError(f"{where} is {filekind.NAMES[k]}, not a saved KV state (strata "
                               f"prefill --save-kv writes one)")
         try:
             f = safe_open(str(path), framework="pt")
             meta = json.loads((f.metadata() or {})[META_KEY])
         except Exception as e:   # safetensors' own error type, a missing key, bad JSON
-            raise StrataError(f"{flag} is not a saved KV state ({type(e).__name__}); strata "
+            raise StrataError(f"{where} is not a saved KV state ({type(e).__name__}); strata "
                               f"prefill --save-kv writes one") from None
         if meta.get("format") != FORMAT:
-            raise StrataError(f"{flag} has format {meta.get('format')!r}; this strata reads "
+            raise StrataError(f"{where} has format {meta.get('format')!r}; this strata reads "
                               f"{FORMAT}: save it again")
-        state = cls(str(path), meta, f)
+        state = cls(str(path), meta, f, flag)
         if pack is not None:
             state.check(pack, kv)
         return state
@@ -175,7 +177,7 @@ class KVState:
         return self.manifest["kv"]["dtype"]
 
     def check(self, pack, kv: str | None) -> None:
-        m, flag = self.manifest, f"--resume {self.path}"
+        m, flag = self.manifest, f"{self.flag} {self.path}"
         mine = pack_identity(pack)
         if m["pack"]["crc"] != mine["crc"]:
             raise StrataError(f"{flag} was saved from another pack ({m['pack']['arch']}, "
