@@ -116,10 +116,16 @@ def save_state(path, cache, *, pack, tokens, logits: torch.Tensor | None) -> Sav
                     continue
                 if p.device.type == "cpu":
                     host += p.numel() * p.element_size()
-                t = p.detach().to("cpu").contiguous()
-                f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+                f.write(_host_bytes(p))
     nbytes = 8 + len(raw) + at
     return SaveInfo(str(path), nbytes, time.perf_counter() - t0, host, P)
+
+
+def _host_bytes(t: torch.Tensor):
+    """A tensor's bytes as a buffer on the host (a host tensor's own memory when contiguous;
+    a device one's copied once)."""
+    t = t.detach().to("cpu").contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def _row_numel(t: torch.Tensor) -> int:
