@@ -206,6 +206,10 @@ def run(args) -> int:
 
     if args.distributed:
         from strata.commands import _dist
+        from strata.commands._kv import uses_kv_state
+        if uses_kv_state(args):
+            raise StrataError("--save-kv, --resume and --reuse are the single-process "
+                              "engine's; drop --distributed")
         return _dist.run(args)
     if _streaming(args):
         return run_streaming(args)
@@ -414,8 +418,8 @@ def streaming_report(engine, res, pack_name: str) -> dict:
         "next_token": int(res.logits[-1].argmax()) if res.logits is not None else None,
         "kv": {"dtype": res.kv, "resident_tokens": engine.cfg.kv_resident,
                "vram_bytes": res.kv_bytes[0], "host_bytes": res.kv_bytes[1],
-               "plan_vram_bytes": engine.sizes.kv_vram(st.tokens),
-               "plan_host_bytes": engine.sizes.kv_host_all(st.tokens),
+               "plan_vram_bytes": engine.sizes.kv_vram(st.tokens + res.restored),
+               "plan_host_bytes": engine.sizes.kv_host_all(st.tokens + res.restored),
                "streamed_bytes": res.kv_streamed},
         "chunks": st.to_dict()["chunks"],
     }
