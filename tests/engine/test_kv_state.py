@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,12 +137,15 @@ def _cli(capsys, *argv):
     return rc, capsys.readouterr()
 
 
-def test_cli_resident_resume_and_refusals(packs, tmp_path, capsys):
-    """`strata prefill --save-kv` then `--resume` on the all-resident path: the logits equal a
-    full read's; a state of another pack, dtype or tokenizer, and a file that is no state,
-    are refused in one line (exit 2)."""
-    pack = packs["qwen3moe"]
-    t = tokens("qwen3moe").tolist()
+@pytest.mark.parametrize("arch", list(SHAPES))
+def test_cli_resident_resume(packs, tmp_path, capsys, arch):
+    """`strata prefill --save-kv` then `--resume` on the all-resident path (the model's own
+    KVCache / MLACache, the resident provider): the logits equal a full read's bit for bit."""
+    pack, t = packs[arch], tokens(arch).tolist()
+    _resident_resume(pack, t, tmp_path, capsys)
+
+
+def _resident_resume(pack, t, tmp_path, capsys):
     ids = lambda xs: ",".join(map(str, xs))   # noqa: E731
     st, a, b = tmp_path / "s.kv", tmp_path / "a.npy", tmp_path / "b.npy"
     common = ["--device", "cpu", "--experts", "ref", "--chunk", "8"]
@@ -153,9 +157,15 @@ def test_cli_resident_resume_and_refusals(packs, tmp_path, capsys):
     r = json.loads(out.out)["kv_state"]
     assert (r["restored"], r["read"]) == (CUT, N - CUT)
     rc, _ = _cli(capsys, "prefill", pack.path, "--tokens", ids(t), "--dump-logits", b, *common)
-    import numpy as np
     assert np.array_equal(np.load(a), np.load(b)[CUT:])
-    # refusals
+    return st, ids, common
+
+
+def test_cli_refusals(packs, tmp_path, capsys):
+    """A state of another pack, dtype or tokenizer, and a file that is no state, are refused
+    in one line (exit 2)."""
+    pack = packs["qwen3moe"]
+    st, ids, common = _resident_resume(pack, tokens("qwen3moe").tolist(), tmp_path, capsys)
     for argv, what in [((packs["deepseek2"].path, "--resume", st), "another pack"),
                        ((pack.path, "--resume", st, "--kv", "bf16"), "keeps fp32 KV"),
                        ((pack.path, "--resume", pack.path), "not a saved KV state"),
