@@ -80,6 +80,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     from strata.commands import _dist
     _dist.add_flags(p)     # --distributed (torchrun): strata.commands._dist
     add_run_flags(p)
+    from strata.commands._kv import add_kv_flags
+    add_kv_flags(p)        # --save-kv / --resume / --reuse: strata.commands._kv
     return p
 
 
@@ -204,6 +206,10 @@ def run(args) -> int:
 
     if args.distributed:
         from strata.commands import _dist
+        from strata.commands._kv import uses_kv_state
+        if uses_kv_state(args):
+            raise StrataError("--save-kv, --resume and --reuse are the single-process "
+                              "engine's; drop --distributed")
         return _dist.run(args)
     if _streaming(args):
         return run_streaming(args)
@@ -233,13 +239,18 @@ def run(args) -> int:
     device = resolve_device(args.device)
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" \
         else DTYPES[args.dtype]
+    from strata.commands._kv import kv_io, kv_line
+    io = kv_io(args, pack, tokens, from_text=text is not None)
+    kv = resolve_kv(args.kv, dtype)      # the one KV dtype the streamed read would keep too
+    io.check_kv(kv)
+    tokens = io.new
     ffn_name = resolve_experts(args.experts, device.type)
     guard = FiniteGuard()
     model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(expert_ffn(ffn_name)))
     provider_name, provider = make_provider(args, pack, device)
 
     T = len(tokens)
-    chunk = min(args.chunk or T, T)
+    chunk = min(args.chunk or T, T) or 1
     n_chunks = -(-T // chunk)
     bar = None
     if n_chunks > 1 and not args.json:
@@ -253,17 +264,18 @@ def run(args) -> int:
         done[0] = n
 
     tok = torch.tensor(tokens, dtype=torch.int64)
-    kv = resolve_kv(args.kv, dtype)      # the one KV dtype the streamed read would keep too
-    cache = model.new_cache(capacity=T, kv=kv)
+    cache = model.new_cache(capacity=io.total, kv=kv)
+    io.restore(cache)
     _sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
         # [T, V] only when dumped: at V = 151936 a long prompt's logits would not fit in memory
-        logits = model.prefill(tok, provider, chunk=chunk, progress=progress, cache=cache,
-                               logits="all" if dump else "last",
-                               observer=guard.begin(pack.shape.n_layer))
+        logits = io.state.logits() if not T else model.prefill(
+            tok, provider, chunk=chunk, progress=progress, cache=cache,
+            logits="all" if dump else "last", observer=guard.begin(pack.shape.n_layer))
     _sync(device)
     seconds = time.perf_counter() - t0
+    io.write(cache, logits)
     if bar is not None:
         bar.close()
 
@@ -282,8 +294,10 @@ def run(args) -> int:
     out = asdict(res)
     if text:
         out["prompt"] = text
+    out["kv_state"] = io.report()
     print(json.dumps(out) if args.json else
-          (prompt_line(text) + "\n" if text else "") + res.summary())
+          (prompt_line(text) + "\n" if text else "") + res.summary()
+          + ("\n" + kv_line(out["kv_state"]) if io.state or io.save else ""))
     return 0
 
 
@@ -298,33 +312,41 @@ def run_streaming(args) -> int:
     trace_path = check_trace(args)
     pack = open_checked(args)
     text = None
+    from strata.commands._kv import KVIO, kv_io, kv_line, uses_kv_state
+    io = KVIO(pack)
     if args.prompts_file:
         if dump:
             raise StrataError("--dump-logits writes one prompt's logits; drop it with "
                               "--prompts-file")
+        if uses_kv_state(args):
+            raise StrataError("--save-kv, --resume and --reuse take one prompt; drop "
+                              "--prompts-file")
         prompts = read_prompts_file(args.prompts_file, pack.shape.vocab, args.seed)
     else:
         tokens, text = prompt_ids(args, pack)
-        prompts = [tokens]
-    longest = max(len(t) for t in prompts)
+        io = kv_io(args, pack, tokens, from_text=text is not None)
+        prompts = [io.new]
+    longest = max(max(len(t) for t in prompts), io.total)
     check_context(longest, pack.shape)
     cfg = engine_config(args, longest, progress=not args.json)
     check_context(cfg.max_prompt, pack.shape, "--max-prompt")
-    for t in {len(t) for t in prompts}:   # before the engine pins or allocates anything
-        refuse_unfit_plan(pack, cfg, t)
+    for t in {len(t) for t in prompts if t} | ({io.total} if io.state else set()):
+        refuse_unfit_plan(pack, cfg, t)   # before the engine pins or allocates anything
     t0 = time.perf_counter()
     engine = PrefillEngine(pack, cfg, early=getattr(args, "_early", None))  # pinned, cache filled
     startup = time.perf_counter() - t0
     trace = LaneTrace(str(args.pack)) if trace_path else None
+    io.check_kv(engine.kv.dtype)
     reports = []
     for tokens in prompts:
-        warm = 0.0 if args.no_warmup else engine.warmup(len(tokens))
+        warm = 0.0 if args.no_warmup else engine.warmup(max(len(tokens), io.total))
         if trace is not None and trace not in engine.observers:
             engine.observers.append(trace)
         with torch.inference_mode():
             res = engine.run(torch.tensor(tokens, dtype=torch.int64),
-                             logits="all" if dump else "last")
+                             logits="all" if dump else "last", **io.engine_kw())
         report = streaming_report(engine, res, str(args.pack))
+        report["kv_state"] = io.report(res)
         report["startup_s"] = startup if not reports else 0.0
         report["prepare_s"] = t0 - t_start if not reports else 0.0
         report["warmup_s"] = warm
@@ -341,7 +363,8 @@ def run_streaming(args) -> int:
     if args.json:
         print(json.dumps(reports[0] if not args.prompts_file else reports))
     elif len(reports) == 1:
-        print((prompt_line(text) + "\n" if text else "") + streaming_summary(reports[0]))
+        print((prompt_line(text) + "\n" if text else "") + streaming_summary(reports[0])
+              + ("\n" + kv_line(reports[0]["kv_state"]) if io.state or io.save else ""))
     else:
         print(prompts_summary(reports))
     return 0
@@ -395,8 +418,8 @@ def streaming_report(engine, res, pack_name: str) -> dict:
         "next_token": int(res.logits[-1].argmax()) if res.logits is not None else None,
         "kv": {"dtype": res.kv, "resident_tokens": engine.cfg.kv_resident,
                "vram_bytes": res.kv_bytes[0], "host_bytes": res.kv_bytes[1],
-               "plan_vram_bytes": engine.sizes.kv_vram(st.tokens),
-               "plan_host_bytes": engine.sizes.kv_host_all(st.tokens),
+               "plan_vram_bytes": engine.sizes.kv_vram(st.tokens + res.restored),
+               "plan_host_bytes": engine.sizes.kv_host_all(st.tokens + res.restored),
                "streamed_bytes": res.kv_streamed},
         "chunks": st.to_dict()["chunks"],
     }
