@@ -107,7 +107,7 @@ def _detok(pack, ids: list[int]) -> str | None:
 def _run_resident(args, pack, io, pick) -> dict:
     from strata.engine.generate import decode, decode_bound
     from strata.kernels.attention.kv_int8 import resolve_kv
-    from strata.models.load import load_model, resident_provider, resolve_device
+    from strata.engine.load import load_model, resident_provider, resolve_device
     from strata.models.moe import expert_ffn
     device = resolve_device(args.device)
     dtype = ((torch.bfloat16 if device.type == "cuda" else torch.float32)
