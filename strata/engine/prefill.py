@@ -257,8 +257,15 @@ class PrefillEngine:
 
     # -- a prompt ----------------------------------------------------------------------------
     def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None,
-            plan=None) -> PrefillResult:
+            plan=None, packed=None) -> PrefillResult:
         """Read `tokens` (1-D ids). logits: "all" (fp32 [T, V]), "last" or "none".
+
+        `packed` (strata.models.packed.Packed): the tokens are several independent sequences
+        back to back (windows of a text, prompts of a file), read as one chunk: block-diagonal
+        causal attention, positions restarting per sequence, the experts streamed once for all
+        of them. The plan counts the batch as any prompt of T tokens; it must fit its chunk
+        (refused in one line otherwise), and its KV is its own (a fresh PromptKV, as every
+        prompt's).
 
         `fail_after_layers` injects an allocation failure after that many layer batches
         (tests of the failure path). `plan`: read with this plan (one made by `self.plan` for
@@ -270,7 +277,7 @@ class PrefillEngine:
         the prompt's end."""
         return self._gc_paused(tokens, logits=logits, fail_after_layers=fail_after_layers,
                                plan=plan, rd=_Reading(self.model, self.parts, self.observers,
-                                                      self.prompt_kv))
+                                                      self.prompt_kv), packed=packed)
 
     def _gc_paused(self, tokens, **kw) -> PrefillResult:
         paused = gc_pause() and gc.isenabled()
@@ -283,7 +290,7 @@ class PrefillEngine:
                 gc.enable()
 
     def _run(self, tokens, *, logits: str, fail_after_layers: int | None, plan,
-             rd: "_Reading") -> PrefillResult:
+             rd: "_Reading", packed=None) -> PrefillResult:
         """run()'s read, of `rd`'s model over `rd`'s participants with its observers and KV
         factory (the warm-up passes a layer subset, none and its dry KV)."""
         if logits not in ("all", "last", "none"):
@@ -300,6 +307,8 @@ class PrefillEngine:
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
         chunk, ring = plan.chunk, plan.ring
+        if packed is not None:
+            packed.check_chunk(T, 0, chunk)
         for o in rd.observers:
             o.on_plan(plan, chunk, ring)
         stats = PrefillStats(tokens=T)
@@ -318,7 +327,8 @@ class PrefillEngine:
                 out = rd.model.prefill(tokens, session.provider, chunk=chunk, logits=logits,
                                        cache=session.kv,
                                        progress=(lambda n: bar.update(n - bar.n)) if bar else None,
-                                       observer=self.finite.begin(self.shape.n_layer))
+                                       observer=self.finite.begin(self.shape.n_layer),
+                                       packed=packed)
                 self.finite.check()   # the prompt's one host read of the finite flags
                 _sync(rd.parts)
                 for p, begin in zip(rd.parts, read_marks):

@@ -148,7 +148,9 @@ class MoeDecoder(Decoder):
         stage (strata.engine.distributed) runs its own range; forward_chunk runs them all."""
         s = self.shape
         T, P = x.shape[0], cache.length
-        pos = torch.arange(P, P + T, device=x.device)
+        packed = getattr(cache, "packed", None)   # packed sequences: positions restart in each
+        pos = (torch.arange(P, P + T, device=x.device) if packed is None
+               else packed.positions(x.device))
         rope = {x.device: self.rope(pos)}
         for l in layers:
             lw = self.layers[l]

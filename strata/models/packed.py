@@ -16,7 +16,7 @@ one batch never meets the next's (each batch is a prompt of its own).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,7 @@ from strata.errors import StrataError
 @dataclass(frozen=True)
 class Packed:
     lengths: tuple[int, ...]
+    _on: dict = field(default_factory=dict, compare=False, repr=False)   # device -> starts
 
     @classmethod
     def of(cls, lengths) -> "Packed":
@@ -34,6 +35,20 @@ class Packed:
             raise StrataError(f"packed sequences need one or more lengths >= 1, got "
                               f"{list(lengths)}")
         return cls(lengths)
+
+    def check_chunk(self, T: int, P: int, chunk: int) -> None:
+        """A chunk of T tokens at position P read in chunks of `chunk`: it must be this batch,
+        whole, with nothing before it (one line each)."""
+        if T != self.n_tokens:
+            raise StrataError(f"the packed batch holds {self.n_tokens} tokens "
+                              f"({len(self.lengths)} sequences); the prompt has {T}")
+        if T > chunk:
+            raise StrataError(f"a packed batch is read as one chunk: its {T} tokens "
+                              f"({len(self.lengths)} sequences) exceed the chunk of {chunk}; "
+                              f"put fewer sequences in a batch")
+        if P:
+            raise StrataError(f"a packed batch is read with an empty KV; this one holds {P} "
+                              f"tokens")
 
     @property
     def n_tokens(self) -> int:
@@ -48,8 +63,12 @@ class Packed:
         return out
 
     def starts(self, device) -> torch.Tensor:
-        return torch.cat([torch.full((b - a,), a, dtype=torch.int32)
-                          for a, b in self.bounds]).to(device)
+        """int32 [T] on `device` (made once per device: every layer's attention reads it)."""
+        device = torch.device(device)
+        if device not in self._on:
+            self._on[device] = torch.cat([torch.full((b - a,), a, dtype=torch.int32)
+                                          for a, b in self.bounds]).to(device)
+        return self._on[device]
 
     def positions(self, device) -> torch.Tensor:
         return torch.cat([torch.arange(b - a) for a, b in self.bounds]).to(device)
