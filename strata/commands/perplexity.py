@@ -283,6 +283,7 @@ def streamed_reader(args, pack, windows) -> Reader:
     from strata.engine.prefill import PrefillEngine
 
     from strata.memory.scan import SCAN_MAX
+    from strata.models.packed import Packed
 
     ctx = windows.ctx
     if args.batch_windows is not None:
@@ -302,7 +303,13 @@ def streamed_reader(args, pack, windows) -> Reader:
         raise StrataError(f"--batch-windows {per_call} at --ctx {ctx} makes batches of "
                           f"{per_call * ctx} tokens, longer than the planned chunk of "
                           f"{plan.chunk}; give --batch-windows {max(1, plan.chunk // ctx)} or less")
-    warm = 0.0 if args.no_warmup else engine.warmup(per_call * ctx)
+    if per_call > 1 and per_call * ctx < want:
+        # the batch the chunk holds is shorter than planned for: read through its own plan
+        # (the one the warm-up makes for it); a batch always fits the chunk of its plan
+        plan = engine.plan(per_call * ctx)
+        per_call = max(1, min(per_call, plan.chunk // ctx))
+    packed = Packed.of([ctx] * per_call) if per_call > 1 else None
+    warm = 0.0 if args.no_warmup else engine.warmup(per_call * ctx, packed=packed)
     extra = {"warmup_s": warm, "bytes_streamed": 0, "copy_s": 0.0, "wait_s": 0.0, "batches": 0}
 
     def one(ids, packed=None):

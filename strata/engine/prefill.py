@@ -184,7 +184,8 @@ class PrefillEngine:
         sizes = [C] * (n_tokens // C) + ([n_tokens % C] if n_tokens % C else [])
         return C, sizes
 
-    def warmup(self, n_tokens: int, *, seed: int = 0, full: bool = False) -> float:
+    def warmup(self, n_tokens: int, *, seed: int = 0, full: bool = False,
+               packed=None) -> float:
         """Compile and load every kernel variant a prompt of n_tokens will launch, before it is
         timed; returns the seconds it took (0 when this engine is already warm for it).
 
@@ -203,13 +204,16 @@ class PrefillEngine:
         not see it. `self.timings` gets what it cost and launched: warmup_s, warmup_layers,
         warmup_probes (attention calls probed), warmup_launches / warmup_variants (Triton
         launches, distinct variants: strata.engine.variants) and, on CUDA, warmup_compiled
-        (variants Triton compiled or loaded)."""
+        (variants Triton compiled or loaded). `packed` (strata.models.packed.Packed, n_tokens
+        long): the prompts are batches of packed sequences, whose attention launches differ
+        (the block-diagonal mask): the dry prompt is read packed the same way."""
         policy = engine_policy(self.cfg)
         plan = self.plan(n_tokens, slab=policy.slab, policy=policy)
         C = plan.chunk
         # the probes follow the prompt's length: a PromptKV warm-up is for that length only
         key = (C, plan.ring, n_tokens % C if n_tokens > C else n_tokens,
-               n_tokens if self.uses_prompt_kv() else None)
+               n_tokens if self.uses_prompt_kv() else None,
+               None if packed is None else packed.lengths)
         if key in self._warm:
             return 0.0
         n = dry_tokens(n_tokens, C)
@@ -242,7 +246,7 @@ class PrefillEngine:
         t0 = time.perf_counter()
         with torch.inference_mode(), KernelLaunches() as seen:
             self._gc_paused(dry, logits="last", fail_after_layers=None, plan=plan,
-                            rd=_Reading(model, parts, [], dry_kv))
+                            rd=_Reading(model, parts, [], dry_kv), packed=packed)
         took = time.perf_counter() - t0
         self._warm.add(key)
         t = self.timings
