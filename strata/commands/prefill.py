@@ -62,6 +62,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                           "either comma-separated token ids (`1,2,3`; one token: `5,`) or a "
                           "length `N` alone (N random ids, seeded by --seed + the line number); "
                           "blank lines and lines starting with # are skipped")
+    src.add_argument("--pack-prompts", action="store_true",
+                     help="--prompts-file: read consecutive prompts together as one batch of "
+                          "packed sequences, up to the planned chunk (the experts stream once "
+                          "a batch); a report a batch")
     src.add_argument("--seed", type=int, default=0, help="seed of --prompt-tokens (default 0)")
     add_budget_flags(p)    # --vram/--cache/... turn the streaming engine on; --chunk both paths
     eng = p.add_argument_group("streaming")
@@ -202,6 +206,9 @@ def run(args) -> int:
     from strata.engine.load import load_model, resolve_device
     from strata.models.moe import expert_ffn
 
+    if args.pack_prompts and (not args.prompts_file or args.distributed):
+        raise StrataError("--pack-prompts packs the prompts of --prompts-file in one engine; "
+                          "give --prompts-file (and no --distributed)")
     if args.distributed:
         from strata.commands import _dist
         return _dist.run(args)
@@ -308,23 +315,28 @@ def run_streaming(args) -> int:
         prompts = [tokens]
     longest = max(len(t) for t in prompts)
     check_context(longest, pack.shape)
-    cfg = engine_config(args, longest, progress=not args.json)
+    room = batch_room(args, prompts)
+    cfg = engine_config(args, room, progress=not args.json)
     check_context(cfg.max_prompt, pack.shape, "--max-prompt")
-    for t in {len(t) for t in prompts}:   # before the engine pins or allocates anything
+    for t in {len(t) for t in prompts} | {room}:   # before the engine pins or allocates anything
         refuse_unfit_plan(pack, cfg, t)
     t0 = time.perf_counter()
     engine = PrefillEngine(pack, cfg, early=getattr(args, "_early", None))  # pinned, cache filled
     startup = time.perf_counter() - t0
     trace = LaneTrace(str(args.pack)) if trace_path else None
     reports = []
-    for tokens in prompts:
-        warm = 0.0 if args.no_warmup else engine.warmup(len(tokens))
+    for tokens, packed, plan in read_batches(engine, prompts, room if args.pack_prompts else 0):
+        n = len(tokens)
+        warm = 0.0 if args.no_warmup else engine.warmup(n, packed=packed)
         if trace is not None and trace not in engine.observers:
             engine.observers.append(trace)
         with torch.inference_mode():
             res = engine.run(torch.tensor(tokens, dtype=torch.int64),
-                             logits="all" if dump else "last")
+                             logits="all" if dump else "last", packed=packed, plan=plan)
         report = streaming_report(engine, res, str(args.pack))
+        if packed is not None:
+            report["sequences"] = len(packed.lengths)
+            report["next_tokens"] = res.logits.argmax(-1).tolist()
         report["startup_s"] = startup if not reports else 0.0
         report["prepare_s"] = t0 - t_start if not reports else 0.0
         report["warmup_s"] = warm
@@ -347,11 +359,44 @@ def run_streaming(args) -> int:
     return 0
 
 
+def batch_room(args, prompts) -> int:
+    """The tokens a prompt may hold: the longest prompt's, or with --pack-prompts a batch's
+    (--chunk, else every prompt's up to the scan's ceiling), the KV each reserves."""
+    longest = max(len(t) for t in prompts)
+    if not args.pack_prompts:
+        return longest
+    from strata.memory.scan import SCAN_MAX
+    cap = args.chunk or args.prefill or SCAN_MAX
+    return max(longest, min(sum(len(t) for t in prompts), cap))
+
+
+def read_batches(engine, prompts, room: int):
+    """(tokens, Packed or None, plan or None) per read: each prompt alone (room 0), or
+    consecutive prompts packed, as many as the chunk of the plan for `room` tokens holds (a
+    prompt longer than it alone, in chunks)."""
+    from strata.models.packed import Packed
+    if not room:
+        yield from ((t, None, None) for t in prompts)
+        return
+    plan = engine.plan(room)
+    group: list = []
+    for t in [*prompts, None]:
+        if group and (t is None or sum(map(len, group)) + len(t) > plan.chunk):
+            if len(group) == 1:
+                yield group[0], None, None
+            else:
+                yield [i for g in group for i in g], Packed.of(map(len, group)), plan
+            group = []
+        if t is not None:
+            group.append(t)
+
+
 def prompts_summary(reports: list[dict]) -> str:
     """--prompts-file: one line per prompt, after the first prompt's full summary."""
     lines = [streaming_summary(reports[0]), "  prompts   (one engine, loaded once)"]
     for i, r in enumerate(reports):
-        lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens  {r['tokens_per_s']:>10,.1f} "
+        seqs = f" ({r['sequences']} prompts)" if "sequences" in r else ""
+        lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens{seqs}  {r['tokens_per_s']:>10,.1f} "
                      f"tokens/s  {r['seconds']:.3f} s  chunk {r['prefill_chunk']} ring "
                      f"{r['prefill_ring']}  warm-up {r['warmup_s']:.3f} s")
     return "\n".join(lines)

@@ -34,7 +34,8 @@ class Decoder:
         `progress(n_tokens_done)` after each chunk; `observer` (strata.models.observe) sees each
         layer's routing and residual. `packed` (strata.models.packed.Packed): the tokens are
         several independent sequences back to back, read as one chunk into an empty `cache`
-        (block-diagonal causal attention, positions restarting per sequence)."""
+        (block-diagonal causal attention, positions restarting per sequence); "last" then
+        gives each sequence's next-token logits, [n, V]."""
         if logits not in ("all", "last", "none"):
             raise StrataError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
         tokens = self.check_tokens(tokens)
@@ -45,7 +46,8 @@ class Decoder:
         cache = cache if cache is not None else self.new_cache(capacity=T)
         if packed is not None:
             packed.check_chunk(T, cache.length, chunk)
-        out = (torch.zeros(T if logits == "all" else 1, self.shape.vocab, dtype=torch.float32,
+        rows = T if logits == "all" else (1 if packed is None else len(packed.lengths))
+        out = (torch.zeros(rows, self.shape.vocab, dtype=torch.float32,
                            device=self.lm_head.device) if logits != "none" else None)
         provider.begin_prompt(T, min(chunk, T))
         ok = False

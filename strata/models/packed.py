@@ -9,6 +9,8 @@ Legend: T = sum(lengths) tokens of the chunk, n sequences.
     p.positions(dev) int64 [T]      each token's position in its own sequence (0..4, 0..2,
                                     0..6): RoPE restarts per sequence
     p.bounds         [(a, b)]       each sequence's chunk rows a..b-1
+    p.last_rows(x)   [n, ...]       each sequence's last row (logits="last" of a packed read:
+                                    every sequence's next-token logits)
 
 A packed chunk is read alone: the KV holds nothing before it (no sequence continues one in the
 cache, none spans two chunks), so the experts stream once for all n sequences and the KV of
@@ -62,6 +64,10 @@ class Packed:
             a += n
         return out
 
+    def last_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Each sequence's last row of x [T, ...] -> [n, ...] (its next-token logits' input)."""
+        return x[torch.tensor([b - 1 for _, b in self.bounds], device=x.device)]
+
     def starts(self, device) -> torch.Tensor:
         """int32 [T] on `device` (made once per device: every layer's attention reads it)."""
         device = torch.device(device)
@@ -72,3 +78,12 @@ class Packed:
 
     def positions(self, device) -> torch.Tensor:
         return torch.cat([torch.arange(b - a) for a, b in self.bounds]).to(device)
+
+
+def packed_head(x: torch.Tensor, logits: str, cache) -> tuple[torch.Tensor, str]:
+    """(hidden rows, logits mode) the LM head reads for a chunk: with the cache's packed
+    sequences, "last" is every sequence's last row (logits [n, V])."""
+    packed = getattr(cache, "packed", None)
+    if packed is None or logits != "last":
+        return x, logits
+    return packed.last_rows(x), "all"

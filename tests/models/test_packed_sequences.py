@@ -107,6 +107,31 @@ def test_streamed_packed_equals_each_alone(arch, kv):
     print(f"{name} streamed ({kv} KV): packed vs alone {err:.2e}, bound {bound:.2e}")
     assert err < bound
     assert res.chunk >= T and res.stats.bytes_streamed > 0
+    # logits="last": every sequence's next-token logits, [n, V]
+    last = eng.run(torch.cat(seqs), logits="last", packed=Packed.of(LENGTHS)).logits
+    assert last.shape == (len(LENGTHS), alone[0].shape[1])
+    assert rel(last.cpu(), torch.stack([x[-1] for x in alone]).cpu()) < bound
+
+
+def test_prefill_packs_the_prompts_of_a_file(arch, tmp_path, capsys):
+    """`strata prefill --prompts-file F --pack-prompts`: one batch, one streamed expert pass,
+    each prompt's next token as read alone."""
+    import json
+    _, pack, seqs, _ = arch
+    f = tmp_path / "prompts.txt"
+    f.write_text("".join(",".join(map(str, s.tolist())) + ",\n" for s in seqs))
+    flags = [str(pack), "--prompts-file", str(f), "--vram", "1GiB", "--cache", "200KiB",
+             "--ring", "2", "--chunk", "32", "--device", "cpu", "--experts", "ref", "--json",
+             "--no-warmup"]
+    assert main(["prefill", *flags]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(["prefill", *flags, "--pack-prompts"]) == 0
+    (batch,) = json.loads(capsys.readouterr().out)
+    assert batch["sequences"] == len(seqs) and batch["n_tokens"] == T
+    assert batch["next_tokens"] == [r["next_token"] for r in alone]
+    assert 0 < batch["bytes_streamed"] < sum(r["bytes_streamed"] for r in alone) / 2
+    assert main(["prefill", str(pack), "--tokens", "1,2", "--pack-prompts"]) == 2
+    assert "--pack-prompts packs the prompts of --prompts-file" in capsys.readouterr().err
 
 
 def test_a_batch_longer_than_its_chunk_is_refused(arch):
