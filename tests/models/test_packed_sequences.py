@@ -142,3 +142,25 @@ def test_a_batch_longer_than_its_chunk_is_refused(arch):
                       packed=Packed.of(LENGTHS))
     with pytest.raises(StrataError, match="holds 25 tokens"):
         model.prefill(torch.cat(seqs)[:-1], resident_provider(pack), packed=Packed.of(LENGTHS))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["model", "engine"])
+def test_streamed_packed_on_the_gpu(arch, kv):
+    """CUDA: bf16 dense math, the Triton expert GEMM, chunk_attention's packed launch (GQA, with
+    the window and sinks) and MLA's per-sequence CUDA path: packed against each sequence alone,
+    both against the fp32 reference read within the bound of bf16 dense math (test_family's GPU
+    read: 2e-2, norm-relative), and packed against alone much closer than that."""
+    name, pack, seqs, _ = arch
+    extra = {"kv_resident": T} if kv == "engine" else {}
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=200 << 10, max_prompt=T,
+                                           device="cuda", chunk=32, ring=2, ffn="kernel",
+                                           **extra))
+    alone = torch.cat([eng.run(s).logits.cpu() for s in seqs])
+    packed = eng.run(torch.cat(seqs), packed=Packed.of(LENGTHS)).logits.cpu()
+    model = load_model(pack, dtype=torch.float32, ffn=expert_ffn("ref"))
+    want = torch.cat([model.prefill(s, resident_provider(pack)) for s in seqs])
+    for got in (alone, packed):
+        assert float((got - want).norm() / want.norm()) < 2e-2, name
+    print(f"{name} GPU ({kv} KV): packed vs alone "
+          f"{float((packed - alone).norm() / alone.norm()):.2e}")
