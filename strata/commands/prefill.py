@@ -31,6 +31,7 @@ from strata.commands._args import (DTYPES, add_budget_flags, check_budget_flags,
                                    resolve_experts)
 from strata.commands._prompt import (check_context, dump_path, open_checked, parse_tokens,
                                      prompt_ids, prompt_line, read_prompts_file, save_logits)
+from strata.commands._packing import batch_room, read_batches
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import resolve_kv
 from strata.models.kv import kv_windows, layer_kv_tokens
@@ -62,6 +63,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                           "either comma-separated token ids (`1,2,3`; one token: `5,`) or a "
                           "length `N` alone (N random ids, seeded by --seed + the line number); "
                           "blank lines and lines starting with # are skipped")
+    src.add_argument("--pack-prompts", action="store_true",
+                     help="--prompts-file: read consecutive prompts together as one batch of "
+                          "packed sequences, up to the planned chunk (the experts stream once "
+                          "a batch); a report a batch")
     src.add_argument("--seed", type=int, default=0, help="seed of --prompt-tokens (default 0)")
     add_budget_flags(p)    # --vram/--cache/... turn the streaming engine on; --chunk both paths
     eng = p.add_argument_group("streaming")
@@ -204,6 +209,9 @@ def run(args) -> int:
     from strata.engine.load import load_model, resolve_device
     from strata.models.moe import expert_ffn
 
+    if args.pack_prompts and (not args.prompts_file or args.distributed):
+        raise StrataError("--pack-prompts packs the prompts of --prompts-file in one engine; "
+                          "give --prompts-file (and no --distributed)")
     if args.distributed:
         from strata.commands import _dist
         from strata.commands._kv import uses_kv_state
@@ -328,25 +336,31 @@ def run_streaming(args) -> int:
         prompts = [io.new]
     longest = max(max(len(t) for t in prompts), io.total)
     check_context(longest, pack.shape)
-    cfg = engine_config(args, longest, progress=not args.json)
+    room = max(batch_room(args, prompts), io.total)
+    cfg = engine_config(args, room, progress=not args.json)
     check_context(cfg.max_prompt, pack.shape, "--max-prompt")
-    for t in {len(t) for t in prompts if t} | ({io.total} if io.state else set()):
-        refuse_unfit_plan(pack, cfg, t)   # before the engine pins or allocates anything
+    for t in {len(t) for t in prompts if t} | {room}:   # before the engine pins or allocates
+        refuse_unfit_plan(pack, cfg, t)
     t0 = time.perf_counter()
     engine = PrefillEngine(pack, cfg, early=getattr(args, "_early", None))  # pinned, cache filled
     startup = time.perf_counter() - t0
     trace = LaneTrace(str(args.pack)) if trace_path else None
     io.check_kv(engine.kv.dtype)
     reports = []
-    for tokens in prompts:
-        warm = 0.0 if args.no_warmup else engine.warmup(max(len(tokens), io.total))
+    for tokens, packed, plan in read_batches(engine, prompts, room if args.pack_prompts else 0):
+        n = max(len(tokens), io.total)
+        warm = 0.0 if args.no_warmup else engine.warmup(n, packed=packed)
         if trace is not None and trace not in engine.observers:
             engine.observers.append(trace)
         with torch.inference_mode():
             res = engine.run(torch.tensor(tokens, dtype=torch.int64),
-                             logits="all" if dump else "last", **io.engine_kw())
+                             logits="all" if dump else "last", packed=packed, plan=plan,
+                             **io.engine_kw())
         report = streaming_report(engine, res, str(args.pack))
         report["kv_state"] = io.report(res)
+        if packed is not None:
+            report["sequences"] = len(packed.lengths)
+            report["next_tokens"] = res.logits.argmax(-1).tolist()
         report["startup_s"] = startup if not reports else 0.0
         report["prepare_s"] = t0 - t_start if not reports else 0.0
         report["warmup_s"] = warm
@@ -374,7 +388,8 @@ def prompts_summary(reports: list[dict]) -> str:
     """--prompts-file: one line per prompt, after the first prompt's full summary."""
     lines = [streaming_summary(reports[0]), "  prompts   (one engine, loaded once)"]
     for i, r in enumerate(reports):
-        lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens  {r['tokens_per_s']:>10,.1f} "
+        seqs = f" ({r['sequences']} prompts)" if "sequences" in r else ""
+        lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens{seqs}  {r['tokens_per_s']:>10,.1f} "
                      f"tokens/s  {r['seconds']:.3f} s  chunk {r['prefill_chunk']} ring "
                      f"{r['prefill_ring']}  warm-up {r['warmup_s']:.3f} s")
     return "\n".join(lines)
