@@ -1,5 +1,5 @@
 """Throughput of strata.kernels.dequantize per block format, against the device copy rate; with
---mode experts, of the decode-once path (strata.kernels.expert_dequant, the decoded expert FFN's
+--mode experts, of the decode-once path (strata.kernels.moe.expert_dequant, the decoded expert FFN's
 decode step) per path and tile.
 
     python benchmarks/dequant_bench.py                 # GPU: every format, bf16 out, 32768 x 4096
@@ -40,8 +40,8 @@ from strata.kernels import dequantize, dequantize_torch
 from strata.kernels.decode import FAST_CODE_FORMATS, TRITON_FORMATS
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS
 from strata.kernels.dequant import dequant_tiles
-from strata.kernels.expert_dequant import decode_launch, decode_matrix_into
-from strata.kernels.tiles import pin_tile
+from strata.kernels.moe.expert_dequant import decode_launch, decode_matrix_into
+from strata.kernels.moe.tiles import pin_tile
 
 ROOT = Path(__file__).resolve().parents[1]
 

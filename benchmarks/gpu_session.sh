@@ -16,6 +16,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 for step in "$@"; do
   case $step in
+    # the whole GPU suite in one call (issue 36 item 7): the decode files first, each test's time in
+    # test_times.txt as it finishes (a run stopped at its limit still names the slow ones)
+    suite)   STRATA_TEST_TIMES="$OUT/test_times.txt" timeout -s INT 470 python3 -m pytest -rfE -m gpu -n 8 -p no:cacheprovider tests/test_*.py tests/kernels tests/models tests/engine tests/archs tests/instruments tests/memory tests/packs 2>&1 | tail -60 > "$OUT/gpu_suite.log"; tail -25 "$OUT/gpu_suite.log"; sort -rn "$OUT/test_times.txt" | head -30 ;;
     tests)   timeout 300 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests 2>&1 | tail -40 > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log" ;;
     decodetests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_decode.py tests/test_dequant.py tests/test_decode_codes.py tests/test_bench.py tests/test_roofline.py tests/memory 2>&1 | tail -30 > "$OUT/gpu_decode_tests.log"; tail -8 "$OUT/gpu_decode_tests.log" ;;
     kerneltests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels tests/test_kernel_lab.py tests/models 2>&1 | tail -30 > "$OUT/gpu_kernel_tests.log"; tail -8 "$OUT/gpu_kernel_tests.log" ;;
@@ -131,14 +134,14 @@ for step in "$@"; do
     normab)  timeout 230 python3 benchmarks/profile_read.py --what resident --T 32768 --top 40 --norm torch --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -60 > "$OUT/profile_resident_norm_torch.log"; grep -A3 "^T=" "$OUT/profile_resident_norm_torch.log" ;;
     # issue 18 item 4 on the seed-512e shape (12 layers): streamed (the grown ring at 32K) beside all-resident
     seed512e) timeout 230 python3 experiments/prefill_ab.py --no-gate --models seed-512e-Q8_0 --prompts 8192,32768 --arms auto,resident --out "$OUT" 2>&1 | grep -v "it/s\]" | grep -v "layer/s" | tail -12 | tee "$OUT/seed512e.log" ;;
-    # issue 18: the decoded FFN's GEMMs through torch._grouped_mm (strata.kernels.grouped): its GPU test (grouped ==
+    # issue 18: the decoded FFN's GEMMs through torch._grouped_mm (strata.kernels.moe.grouped): its GPU test (grouped ==
     # triton == reference at qwen3's shape, T 2048; check=False under the sync check; auto's pick) and the decoded
     # tests; groupedbench: decode-once + strata's BF16 GEMM vs + grouped_mm, Q8_0, T 2048/8192/32768 (CSV + PNG);
     # groupedres: profileres's 32K read with the decoded GEMM pinned to triton (profileres itself runs auto: grouped)
     groupedtests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_grouped.py tests/kernels/test_moe_decoded.py 2>&1 | tail -20 > "$OUT/gpu_grouped_tests.log"; tail -5 "$OUT/gpu_grouped_tests.log" ;;
     groupedbench) timeout 230 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 2048 8192 32768 --formats Q8_0 --arms strata-decoded strata-decoded-grouped --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/grouped_bench.log" ;;
     groupedres) timeout 230 python3 benchmarks/profile_read.py --what resident --T 32768 --top 40 --decoded-gemm triton --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -60 > "$OUT/profile_resident_gemm_triton.log"; grep -A3 "^T=" "$OUT/profile_resident_gemm_triton.log" ;;
-    # issue 18 item 4: the fused softmax -> top-k router (strata.kernels.router) on the GPU: its tests at the
+    # issue 18 item 4: the fused softmax -> top-k router (strata.kernels.moe.router) on the GPU: its tests at the
     # real widths, then timed against the torch ops it replaces (fp32 GEMM, softmax, topk) at several tiles
     routertests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_router.py 2>&1 | tail -12 > "$OUT/gpu_router_tests.log"; tail -3 "$OUT/gpu_router_tests.log" ;;
     routerbench) timeout 200 python3 benchmarks/router_bench.py --tiles ${ROUTER_TILES:-64x64/w8s3 32x64/w4s3} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -24 | tee "$OUT/router_bench.log" ;;
@@ -148,7 +151,7 @@ for step in "$@"; do
     floorrates) timeout 200 python3 benchmarks/floor_rates_bench.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -16 | tee "$OUT/floor_rates.log" ;;
     # issue 18 item 3: the host's share of one expert FFN call (cProfile by function), T 512 / 2048
     hostprof) timeout 200 python3 benchmarks/host_profile.py --T ${PF_T:-512 2048} > "$OUT/host_profile.log" 2>&1; grep "^==" "$OUT/host_profile.log" ;;
-    # issue 18 item 3: the grouping kernels (strata.kernels._group_kernel) on the GPU at the real shapes, and the FFNs over them
+    # issue 18 item 3: the grouping kernels (strata.kernels.moe._group_kernel) on the GPU at the real shapes, and the FFNs over them
     grouptests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_group_kernel.py tests/kernels/test_moe_passes.py 2>&1 | tail -12 > "$OUT/gpu_group_tests.log"; tail -3 "$OUT/gpu_group_tests.log" ;;
     # issue 18 item 3: the expert FFN arms as the engine calls them (check=False) at T 512 / 2048, BF16, Q8_0, Q4_K
     itemthree) timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T ${KB_T:-512 2048} --formats ${KB_FMT:-BF16 Q8_0 Q4_K} --arms strata-dp strata-plane strata-decoded strata-decoded-grouped --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/item3_bench.log" ;;

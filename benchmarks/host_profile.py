@@ -23,8 +23,8 @@ import torch
 import strata  # noqa: F401  (selects the interpreter without CUDA)
 from strata.bench.expert_gemm import dense_weights, grouped_mm_ffn, make_experts
 from strata.kernels import moe_ffn, topk_route
-from strata.kernels.decoded import moe_ffn_decoded
-from strata.kernels.plane import plane_ffn
+from strata.kernels.moe.decoded import moe_ffn_decoded
+from strata.kernels.moe.plane import plane_ffn
 from strata.planes import to_plane_set
 from strata.shapes import get_preset
 

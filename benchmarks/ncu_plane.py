@@ -20,7 +20,7 @@ import torch
 import strata  # noqa: F401  (selects the interpreter without CUDA)
 from strata.bench.expert_gemm import SHAPES, make_experts
 from strata.kernels import moe_ffn, topk_route
-from strata.kernels.plane import PlaneTile, plane_ffn, plane_tile
+from strata.kernels.moe.plane import PlaneTile, plane_ffn, plane_tile
 from strata.planes import to_plane_set
 
 

@@ -7,7 +7,7 @@ timings carry its own overhead; the figures to quote come from prefill_ab / kern
 `ffn`: plane_ffn (check on and off), the fused moe_ffn (Q8_0, and on BF16 experts: strata's BF16
 kernel, the bar issue 18 item 3 sets at T = 512), decode-once (what "auto" runs from 128
 rows an expert) with strata's BF16 GEMM and with torch._grouped_mm over the decode buffer
-(strata.kernels.grouped: "auto"'s choice on sm90+ from 256 rows an expert), and
+(strata.kernels.moe.grouped: "auto"'s choice on sm90+ from 256 rows an expert), and
 grouped_mm-bf16 at the qwen3-30b-a3b
 expert shape, Q8_0; per arm the wall time of back-to-back calls (host running ahead) beside a
 single synchronized call, then the device time of each kernel. `resident`: the full-size
@@ -32,9 +32,9 @@ from strata.atomic import atomic_write
 from strata.errors import StrataError
 from strata.bench.expert_gemm import dense_weights, grouped_mm_ffn, make_experts
 from strata.kernels import moe_ffn, topk_route
-from strata.kernels.decoded import moe_ffn_decoded, pin_decoded_gemm
+from strata.kernels.moe.decoded import moe_ffn_decoded, pin_decoded_gemm
 from strata.kernels.norm import pin_norm
-from strata.kernels.plane import plane_ffn
+from strata.kernels.moe.plane import plane_ffn
 from strata.planes import to_plane_set
 from strata.shapes import get_preset
 
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                     help="the models' norms and q/k RoPE: auto (fused kernels on CUDA) or pinned "
                          "(strata.kernels.norm.pin_norm), for the A/B")
     ap.add_argument("--decoded-gemm", choices=("auto", "triton", "grouped"), default="auto",
-                    help="the decoded FFN's GEMM (strata.kernels.grouped.pin_decoded_gemm), for "
+                    help="the decoded FFN's GEMM (strata.kernels.moe.grouped.pin_decoded_gemm), for "
                          "the resident read's A/B")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The fused softmax -> top-k router (strata.kernels.router) against the torch ops it replaces.
+"""The fused softmax -> top-k router (strata.kernels.moe.router) against the torch ops it replaces.
 
 Legend: T tokens, D hidden, E experts, K top-k.
 
@@ -25,8 +25,8 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from strata import bench
-from strata.kernels.router import (RouterTile, router_tile, softmax_topk_route,
-                                   softmax_topk_route_torch)
+from strata.kernels.moe.router import (RouterTile, router_tile, softmax_topk_route,
+                                       softmax_topk_route_torch)
 from strata.shapes import get_preset
 
 ROOT = Path(__file__).resolve().parents[1]

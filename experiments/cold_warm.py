@@ -80,8 +80,8 @@ def child(a) -> int:
                        method=method, early=early)
     from strata.commands._args import resolve_experts
     from strata.engine.prefill import EngineConfig, PrefillEngine
-    import strata.kernels.decoded  # noqa: F401 (the FFN's modules, beside the pinning)
-    import strata.kernels.moe  # noqa: F401
+    import strata.kernels.moe.decoded  # noqa: F401 (the FFN's modules, beside the pinning)
+    import strata.kernels.moe.ffn  # noqa: F401
     t_pin = time.time()
     cfg = EngineConfig(vram=a.vram, cache=a.cache, chunk=a.chunk, ring=a.ring,
                        max_prompt=a.prompt, reserve=a.reserve if a.reserve is not None else

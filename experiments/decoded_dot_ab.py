@@ -3,10 +3,10 @@
 
 Legend: T tokens, D hidden, F expert width, E experts, K top-k.
 
-Variants (strata.kernels.tiles.DOT_VARIANTS): "decode" (every weight decoded to bf16),
+Variants (strata.kernels.moe.tiles.DOT_VARIANTS): "decode" (every weight decoded to bf16),
 "scaled" (codes into the dot, each run's scale on the partial sum), "scaled_swap" (as scaled, the
 dot transposed so the codes are the MMA's register operand), the swap_fast* paths of Q8_0/Q4_0
-(see strata.kernels.tiles). The aligned-word pair* dots were retired after this A/B measured them
+(see strata.kernels.moe.tiles). The aligned-word pair* dots were retired after this A/B measured them
 slower (experiments/results/decoded_dot_pair_ab.csv). Each variant is checked against
 moe_ffn_torch (the named DECODED_REL bound) before it is timed, on each shape's first T, for
 the heuristic tile and a few pinned ones; grouped_mm on bf16 weights is the reference speed.
@@ -30,8 +30,8 @@ from strata import bench
 from strata.bench import expert_gemm as eg
 from strata.bench.roofline import expert_flops
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
-from strata.kernels.moe import last_launch
-from strata.kernels.tiles import DOT_VARIANTS, TileConfig
+from strata.kernels.moe.ffn import last_launch
+from strata.kernels.moe.tiles import DOT_VARIANTS, TileConfig
 from strata.shapes import get_preset
 
 TILES = [(128, 128, 64, 8, 3), (64, 128, 64, 4, 3), (64, 64, 64, 4, 3), (128, 64, 128, 4, 2)]

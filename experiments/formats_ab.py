@@ -48,8 +48,8 @@ from strata.engine.host import HostExperts
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
 from strata.kernels import moe_ffn, moe_ffn_torch, topk_route
-from strata.kernels.decoded import moe_ffn_decoded
-from strata.kernels.expert_dequant import dequant_experts
+from strata.kernels.moe.decoded import moe_ffn_decoded
+from strata.kernels.moe.expert_dequant import dequant_experts
 from strata.packs.memory import MemoryPack
 from strata.packs.synth import ExpertFormats, Mix
 from strata.shapes import get_preset

@@ -4,15 +4,15 @@ Legend: T tokens, D hidden, F expert width, E experts, K top-k.
 
 Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a routing:
 - strata-dp / strata-sk: moe_ffn on the blobs (weights decoded inside the kernel).
-- strata-decoded: strata.kernels.decoded.moe_ffn_decoded: the routed experts decoded once to
+- strata-decoded: strata.kernels.moe.decoded.moe_ffn_decoded: the routed experts decoded once to
   bf16 (expert_dequant), then strata's BF16 kernel (the engine's FFN for long chunks).
 - strata-decoded-grouped: the same decode, then torch._grouped_mm straight over the decode buffer
   (pin_decoded_gemm("grouped"): what "auto" runs on sm90+ from GROUPED_MIN_ROWS rows an expert).
 - grouped_mm-bf16: torch._grouped_mm on bf16 weights dequantized once, up front (the dense
   ceiling: it reads 2 bytes a weight).
-- decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.expert_dequant), then
+- decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.moe.expert_dequant), then
   torch._grouped_mm: what a framework without fused decode does each time.
-- strata-plane (Q8_0, Q4_0, Q4_K: plane.KERNEL_FORMATS): strata.kernels.plane.plane_ffn on the
+- strata-plane (Q8_0, Q4_0, Q4_K: plane.KERNEL_FORMATS): strata.kernels.moe.plane.plane_ffn on the
   same experts re-laid once into the plane layout (strata.planes: aligned code tiles, scales
   apart), the tile from its default table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]`
   per PlaneTile (the sweep of its launch choices in the same call), e.g.
@@ -57,12 +57,12 @@ from strata.bench.roofline import expert_flops
 from strata.errors import StrataError
 from strata.formats import get_format
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
-from strata.kernels.decoded import last_decoded_gemm, moe_ffn_decoded, pin_decoded_gemm
-from strata.kernels.expert_dequant import dequant_experts
-from strata.kernels.moe import last_launch
-from strata.kernels.plane import KERNEL_FORMATS as PLANE_FORMATS
-from strata.kernels.plane import PlaneTile, plane_ffn, plane_tile
-from strata.kernels.tiles import TileConfig
+from strata.kernels.moe.decoded import last_decoded_gemm, moe_ffn_decoded, pin_decoded_gemm
+from strata.kernels.moe.expert_dequant import dequant_experts
+from strata.kernels.moe.ffn import last_launch
+from strata.kernels.moe.plane import KERNEL_FORMATS as PLANE_FORMATS
+from strata.kernels.moe.plane import PlaneTile, plane_ffn, plane_tile
+from strata.kernels.moe.tiles import TileConfig
 from strata.planes import to_plane_set
 from strata.shapes import get_preset
 

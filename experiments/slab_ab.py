@@ -56,8 +56,8 @@ from strata.engine.observe import EngineObserver
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.engine.scratch import OrdinaryScratch
 from strata.errors import AllocationError
-from strata.kernels.moe import scratch_nbytes
-from strata.kernels.tiles import GemmProblem, choose_tile, pin_tile
+from strata.kernels.moe.ffn import scratch_nbytes
+from strata.kernels.moe.tiles import GemmProblem, choose_tile, pin_tile
 from strata.memory.pool import SlabPool, size_class
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import ModelShape, get_preset

@@ -14,7 +14,7 @@ import sys
 
 from strata.errors import StrataError
 
-COMMANDS = ("demo", "plan", "synth", "pack", "prefill", "bench", "verify", "perplexity")
+COMMANDS = ("demo", "plan", "synth", "pack", "prefill", "generate", "bench", "verify", "perplexity")
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 
 

@@ -18,9 +18,9 @@ needs, so `strata plan`, the prefill engine and the tests build their plans the 
 Legend of the layout's symbols: T tokens, D hidden, E experts, K top-k, F expert width,
 QD = H*hd (query width), KVD = Hkv*hd (key/value width), TK = T*K routed (token, expert) pairs,
 TKP = T*K + min(E, T*K)*(BM-1) routed pairs after padding each routed expert's group to a
-multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk (strata.kernels.tiles.block_m_for;
-a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the GEMM's
-workspace check), E1 = E + 1 (group offsets with an end marker), G experts per streamed pass
+multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk (strata.kernels.moe.tiles.
+block_m_for; a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the
+GEMM's workspace check), E1 = E + 1 (group offsets with an end marker), G experts per streamed pass
 (strata.memory.layout.pass_experts), BB bytes of one expert decoded to bf16, KS tokens of one
 full layer's host-held KV (the longest prompt's tokens outside the resident window:
 KVPolicy.host_tokens; 0 when no layer holds host KV, as when every layer slides),
@@ -47,7 +47,7 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.kernels.attention.scratch import expand_rows, needs_state, state_floats
-from strata.kernels.tiles import block_m_for, padded_rows
+from strata.kernels.moe.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.pool import SlabPool
 from strata.memory.sizes import Sizes
@@ -249,7 +249,7 @@ def scratch_reserve(shape: ModelShape, devices: dict[str, torch.device], ffn: st
     fused expert GEMM (the one that runs stream-k) reads the experts."""
     if not slab or ffn != "kernel":
         return None
-    from strata.kernels.moe import decoded_weights
+    from strata.kernels.moe.ffn import decoded_weights
     decoded = {decoded_weights(lay) for lay in layouts if lay is not None}   # None: dense layer
     return lambda name, n_tokens, chunk: slab_reserve(shape, n_tokens, chunk, devices[name],
                                                       decoded=decoded)
@@ -270,10 +270,10 @@ __all__ = ["ACTIVATIONS", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXP
 
 def scratch_bytes_for(shape, n_tokens: int, device, *, decoded: bool) -> int:
     """The fixup scratch one expert-GEMM launch over n_tokens asks for: the kernel's own launch
-    plan (strata.kernels.tiles.plan_launch, honouring an active pin_tile), so no second count.
-    decoded: the layer's weights are in a block format (strata.kernels.moe.decoded_weights of
+    plan (strata.kernels.moe.tiles.plan_launch, honouring an active pin_tile), so no second count.
+    decoded: the layer's weights are in a block format (strata.kernels.moe.ffn.decoded_weights of
     its layout); the tile, hence the scratch, depends on it."""
-    from strata.kernels.tiles import plan_launch
+    from strata.kernels.moe.tiles import plan_launch
     return plan_launch(n_tokens, shape.top_k, shape.n_expert, shape.d_model, shape.d_expert,
                        decoded=decoded, device=torch.device(device)).scratch_bytes
 

@@ -275,6 +275,16 @@ PRESETS: dict[str, ModelShape] = {
                                max_pos=512, n_dense_lead=1, d_ff=96, n_shared=1,
                                router="sigmoid", routed_scale=2.5, qk_norm=False,
                                attn_bias=True, rope_dim=8),
+    # MiniMax-M2 (230B-A10B; MiniMaxAI/MiniMax-M2 config.json, transformers' MiniMaxM2Config
+    # defaults): 62 layers, 256 experts of width 1536, top-8 by sigmoid scores steered by a
+    # correction bias, no shared expert; GQA 48 / 8 heads of 128 with q/k norms over the whole
+    # projection, RoPE on 64 of each head's 128 dims, theta 5e6; 196608 context.
+    "minimax-m2": ModelShape("minimax-m2", 62, 3072, 256, 8, 1536, 48, 8, 128, 200064,
+                             rope_theta=5_000_000.0, rms_eps=1e-6, max_pos=196608,
+                             router="sigmoid", rope_dim=64),
+    "tiny-minimax-m2": ModelShape("minimax-m2", 2, 64, 8, 2, 32, 4, 2, 16, 256,
+                                  rope_theta=5_000_000.0, max_pos=4096, router="sigmoid",
+                                  rope_dim=8),
     "small": ModelShape("qwen3moe", 4, 256, 16, 4, 128, 4, 2, 64, 1024),
     # `strata demo`: enough experts (64 per layer) that a 16-slot ring is a small part of a layer.
     "demo": ModelShape("qwen3moe", 4, 256, 64, 4, 128, 4, 2, 64, 1024),

@@ -16,9 +16,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from strata.formats import get_format
-from strata.kernels import _dequant_kernel, _expert_dequant_kernel
+from strata.kernels import _dequant_kernel
+from strata.kernels.moe import _expert_dequant_kernel
+from strata.kernels.decode import format_traits
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS
-from strata.kernels.tiles import DEFAULT_SUPERBLOCK_TILE
+from strata.kernels.moe.tiles import DEFAULT_SUPERBLOCK_TILE
 import test_decode
 
 SIG = {"w_ptr": "*u8", "out_ptr": "*fp32", "tab_ptr": "*i32", "N": "i32", "K": "i32",
@@ -36,7 +38,7 @@ EXPERT_SIG = {"arena_ptr": "*u8", "slot_ptr": "*i64", "dst_slot_ptr": "*i64", "m
 
 
 def sources(name):
-    fmt = get_format(name).ggml_type
+    fmt = format_traits(name)
     for runs in (False, True):
         yield f"window-runs{int(runs)}", ASTSource(
             fn=test_decode._decode_window_kernel, signature=SIG,

@@ -111,6 +111,22 @@ ROWS = [
     ("plan-kv-does-not-fit", "plan --preset qwen3-30b-a3b --vram 4GiB --prompt-tokens 40960", 2,
      ["KV cache of 40,960 tokens", "--max-prompt"], None),
     ("verify-a-gguf", "verify {gguf}", 2, ["GGUF file, not a pack"], None),
+    ("prefill-save-kv-missing-folder", "prefill {pack} --tokens 1,2 --device cpu --save-kv "
+     "{dir}/nope/s.kv", 2, ["--save-kv", "does not exist"], None),
+    ("prefill-save-kv-onto-pack", "prefill {pack} --tokens 1,2 --device cpu --save-kv {pack}", 2,
+     ["--save-kv", "the input itself"], None),
+    ("prefill-resume-missing", "prefill {pack} --tokens 1,2 --device cpu --resume {dir}/no.kv",
+     2, ["--resume", "no such file"], None),
+    ("prefill-resume-a-pack", "prefill {pack} --tokens 1,2 --device cpu --resume {pack}", 2,
+     ["not a saved KV state"], None),
+    ("prefill-resume-and-reuse", "prefill {pack} --tokens 1 --resume {npy} --reuse {npy}", 2,
+     ["not allowed with"], None),
+    ("prefill-save-kv-distributed", "prefill {pack} --tokens 1,2 --distributed --save-kv "
+     "{dir}/s.kv", 2, ["--save-kv", "--distributed"], None),
+    ("generate-n-0", "generate {pack} --tokens 1,2 --device cpu -n 0", 2, ["-n"], None),
+    ("generate-no-prompt", "generate {pack} --device cpu", 2, ["give a prompt", "--resume"], None),
+    ("generate-temperature-negative", "generate {pack} --tokens 1 --device cpu --temperature -1",
+     2, ["--temperature"], None),
     ("plan-ctrl-c", "plan --preset tiny", 130, ["interrupted"],
      ("strata.commands.plan.make_plan", lambda a: (_ for _ in ()).throw(KeyboardInterrupt))),
 ]

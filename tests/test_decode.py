@@ -16,7 +16,7 @@ import triton.language as tl
 
 from strata.formats import dequantize, get_format
 from strata.formats.tables import device_table
-from strata.kernels.decode import TRITON_FORMATS, decode_tile, decode_tile_runs
+from strata.kernels.decode import TRITON_FORMATS, decode_tile, decode_tile_runs, format_traits
 from blocks import assert_decoded_equal, code_sweep_blocks, random_matrix
 
 DECODED = list(TRITON_FORMATS)
@@ -46,7 +46,7 @@ def decode_window(raw: torch.Tensor, qtype, k: int, bn: int = 4, bk: int = 16,
     out = torch.empty((n - row0, k - k0), dtype=torch.float32, device=raw.device)
     grid = (triton.cdiv(n - row0, bn), triton.cdiv(k - k0, bk))
     _decode_window_kernel[grid](raw, out, device_table("iq", raw.device), n, k,
-                                fmt.row_bytes(k), row0, k0, fmt.ggml_type, bn, bk, runs)
+                                fmt.row_bytes(k), row0, k0, format_traits(fmt), bn, bk, runs)
     return out
 
 

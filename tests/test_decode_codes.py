@@ -14,7 +14,7 @@ import triton.language as tl
 from strata.formats import dequantize, get_format
 from strata.kernels.decode import (FAST_CODE_FORMATS, SCALED_CODE_FORMATS, code_run,
                                    codes_from_bytes, decode_codes, decode_run_scale,
-                                   load_code_bytes)
+                                   format_traits, load_code_bytes)
 from blocks import assert_decoded_equal, code_sweep_blocks, random_matrix
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # e8m0 255
@@ -55,7 +55,7 @@ def decode_split(raw: torch.Tensor, name: str, k: int, mode: int = 0, bn: int = 
     val = torch.empty((n, k), dtype=torch.float32, device=raw.device)
     code = torch.empty((n, k), dtype=torch.float32, device=raw.device)
     _codes_kernel[(triton.cdiv(n, bn), k // run)](raw, val, code, n, k, fmt.row_bytes(k),
-                                                   fmt.ggml_type, bn, run, mode)
+                                                   format_traits(fmt), bn, run, mode)
     return val, code
 
 

@@ -9,9 +9,9 @@ from hypothesis import example, given, strategies as st
 from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.formats import dequantize, get_format
-from strata.kernels.moe import dequantize_matrix
-from strata.kernels.random_experts import random_blocks, random_expert_set
-from strata.kernels.plane import plane_matrix
+from strata.kernels.moe.ffn import dequantize_matrix
+from strata.kernels.moe.random_experts import random_blocks, random_expert_set
+from strata.kernels.moe.plane import plane_matrix
 from strata.planes import (PLANE_FORMATS, PlaneSet, dequantize_planes, plane_layout,
                            relayout_blob_, split_planes, to_expert_set, to_ggml,
                            to_plane_set, to_planes)

@@ -13,8 +13,8 @@ from strata.blob import MatrixSlot, align_up
 from strata.experts import ExpertSet
 from strata.formats import dequantize, get_format
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS, superblock_words_fit
-from strata.kernels.expert_dequant import decode_launch, decode_matrix_into
-from strata.kernels.tiles import TileConfig, pin_tile
+from strata.kernels.moe.expert_dequant import decode_launch, decode_matrix_into
+from strata.kernels.moe.tiles import TileConfig, pin_tile
 from blocks import code_sweep_blocks, random_blocks
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")

@@ -161,6 +161,22 @@ GLM4MOE: dict[str, Hp] = _GGUF_COMMON | _FAMILY | {
                                        array=True),
 }
 
+# MiniMax-M2 (strata.archs.minimax_m2): llama.cpp's minimax-m2 loader reads
+# expert_feed_forward_length and expert_gating_func; its expert tensors are sized by
+# feed_forward_length (n_ff), so a file it loads has the two widths equal
+MINIMAX_M2: dict[str, Hp] = _GGUF_COMMON | {
+    "expert_feed_forward_length": used("d_expert"),
+    "feed_forward_length": refused(SameAs("expert_feed_forward_length"),
+                                   "llama.cpp's minimax-m2 sizes its expert tensors by "
+                                   "feed_forward_length, strata by expert_feed_forward_length"),
+    "expert_gating_func": refused((2,), "strata routes MiniMax-M2 with the sigmoid gate (2)",
+                                  missing=(
+        "llama.cpp's minimax-m2 graph has no gating function without it and stops, strata "
+        "routes with the sigmoid gate (2); re-convert the model from a config.json with "
+        "scoring_func sigmoid")),
+    "rope.dimension_count": used("rope_dim"),
+}
+
 GGUF_GLOBAL: dict[str, Hp] = {
     "general.architecture": used("arch"),
     "general.type": refused(("model",), "an adapter (LoRA) or other file kind, not a model"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from strata.archs.hparam_kinds import (NO_DEFAULT, ROPE, TOKENIZER, Hp, SameAs, inert, refused,
-                                       used)
+from strata.archs.hparam_kinds import (NO_DEFAULT, ROPE, TOKENIZER, Hp, SameAs, Where, inert,
+                                       refused, used)
 
 # ---- Hugging Face config.json ---------------------------------------------------------------
 _HF_COMMON: dict[str, Hp] = {
@@ -182,6 +182,56 @@ GLM4_MOE: dict[str, Hp] = _HF_COMMON | _HF_FAMILY | {
         "partial_rotary_factor", "0.5", "1.0"), also=(ROPE + "partial_rotary_factor",)),
     ROPE + "partial_rotary_factor": used("rope_dim"),
 }
+_MTP = "MTP modules: transformers' model does not run them, strata does not read them"
+_RELEASE = "the release's remote-code config; transformers' minimax_m2 does not read it"
+
+MINIMAX_M2: dict[str, Hp] = _HF_COMMON | {
+    "intermediate_size": used("d_expert"),
+    "num_local_experts": used("n_expert"),
+    "num_experts": _ALIAS_EXPERTS,
+    "router_jitter_noise": inert("noise on the router in training only"),
+    "rotary_dim": used("rope_dim", why="the release's rotary width; transformers reads it as "
+                                       "partial_rotary_factor = rotary_dim / head_dim when "
+                                       "neither factor is given"),
+    "partial_rotary_factor": used("rope_dim"),
+    ROPE + "partial_rotary_factor": used("rope_dim"),
+    # fields of the release's config.json (its remote code) that transformers' class lacks
+    "attn_type_list": refused(Where(lambda v: all(int(t) == 1 for t in v),
+                                    "every layer 1 (softmax attention)"),
+                              "0 marks MiniMax-01's lightning (linear) attention layers; "
+                              "MiniMax-M2 and strata attend with softmax in every layer"),
+    "use_qk_norm": refused((True,), "strata's minimax-m2 norms q and k"),
+    "qk_norm_type": refused(("per_layer",), "one q/k norm over the whole projection "
+                                            "(per_layer); a per-head norm is another layout"),
+    "use_routing_bias": refused((True,), "the choice is steered by e_score_correction_bias, "
+                                         "which transformers always adds"),
+    "scoring_func": refused(("sigmoid",), "strata routes MiniMax-M2 with the sigmoid gate"),
+    "use_grouped_topk": inert("read only with num_expert_group (refused above 1)"),
+    "num_expert_group": refused((None, 1), "grouped expert choice; MiniMax-M2 picks from all "
+                                           "experts"),
+    "topk_group": refused((None, 1), "grouped expert choice (see num_expert_group)"),
+    "routed_scaling_factor": refused((1.0,), "a routed-weight scale; MiniMax-M2's router "
+                                             "(and transformers') has none"),
+    "layernorm_full_attention_beta": refused((1.0,), "MiniMax-01's DeepNorm residual scale; 1 "
+                                                     "is the plain residual"),
+    "layernorm_linear_attention_beta": refused((1.0,), "MiniMax-01's DeepNorm residual scale "
+                                                       "of linear-attention layers"),
+    "layernorm_mlp_beta": refused((1.0,), "MiniMax-01's DeepNorm residual scale; 1 is the "
+                                          "plain residual"),
+    "shared_intermediate_size": refused((0,), "a shared expert; MiniMax-M2 has none"),
+    "shared_moe_mode": inert("read only with a shared expert (shared_intermediate_size, "
+                             "refused unless 0)"),
+    "mlp_intermediate_size": inert("a dense MLP's width; every layer routes to experts"),
+    "use_mtp": inert(_MTP),
+    "num_mtp_modules": inert(_MTP),
+    "mtp_transformer_layers": inert(_MTP),
+    "attn_window_size": refused((None,), "sliding-window attention; MiniMax-M2 attends fully"),
+    "sliding_window": refused((None,), "sliding-window attention; MiniMax-M2 attends fully"),
+    "swa_rope_theta": inert("the sliding layers' RoPE base; no layer slides "
+                            "(attn_window_size / sliding_window refused)"),
+    "max_model_len": inert(_RELEASE + " (a serving limit)"),
+}
+
 for _f, _hf, _st in (("routed_scaling_factor", "2.5", "1.0"), ("n_shared_experts", "1", "0"),
                      ("first_k_dense_replace", "3", "0"), ("n_group", "8", "1"),
                      ("topk_group", "4", "1"), ("q_lora_rank", "1536", "0 (a full Wq)")):

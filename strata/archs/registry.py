@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from strata.archs.family import DEEPSEEK2, GLM4MOE
 from strata.archs.gpt_oss import GPT_OSS
+from strata.archs.minimax_m2 import MINIMAX_M2
 from strata.archs.mixtral import MIXTRAL
 from strata.archs.qwen3moe import QWEN3MOE
 from strata.archs.record import Arch
 from strata.errors import StrataError
 
-ARCHS: tuple[Arch, ...] = (QWEN3MOE, MIXTRAL, GPT_OSS, GLM4MOE, DEEPSEEK2)
+ARCHS: tuple[Arch, ...] = (QWEN3MOE, MIXTRAL, GPT_OSS, GLM4MOE, DEEPSEEK2, MINIMAX_M2)
 
 BY_NAME = {a.name: a for a in ARCHS}
 BY_HF = {t: a for a in ARCHS for t in a.hf_types}

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from strata.kernels.moe import dequantize_matrix
-from strata.kernels.grouping import group_ragged
-from strata.kernels.random_experts import random_expert_set
+from strata.kernels.moe.ffn import dequantize_matrix
+from strata.kernels.moe.grouping import group_ragged
+from strata.kernels.moe.random_experts import random_expert_set
 from strata.shapes import get_preset
 
 # The normalized-error bounds of the check, the kernel tests' own (tests/kernels/test_moe_ffn.py

@@ -9,11 +9,17 @@ stderr and `Final estimate: PPL = X +/- Y` on stdout; --json prints the numbers 
   base layout, strata.instruments.kldfile); `--kld base.kld` reads this pack against such a base
   and prints llama.cpp's KL-divergence table and statistics. Without --file, --kld reads the
   base's own tokens.
-- Without --vram every expert is resident; with --vram / --cache the streaming engine reads each
-  window as a prompt (the budget flags of `strata prefill`).
+- Without --vram every expert is resident; with --vram / --cache the streaming engine reads the
+  windows (the budget flags of `strata prefill`).
+- Windows are independent: `--batch-windows N` of them are read together as one batch of packed
+  sequences (strata.models.packed: block-diagonal causal attention, positions restarting per
+  window), so a streamed read moves the experts over PCIe once per batch, not once per window.
+  The default fills the chunk: N = chunk // ctx, the chunk the plan picks for a prompt of
+  min(all windows, --chunk or the scan's ceiling) tokens (streamed), or --chunk / 2048 tokens
+  (llama.cpp's default batch) when resident. N = 1 reads each window as a prompt of its own.
 
-The logits come through a `read(windows) -> logits` function made here (one prompt per window);
-the instrument takes any such function.
+The logits come through a `read(windows) -> logits` function made here; the instrument takes
+any such function.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from strata.commands._args import (DTYPES, add_budget_flags, check_budget_flags,
 from strata.errors import StrataError
 
 DEFAULT_CTX = 512       # llama-perplexity's default window
+RESIDENT_BATCH = 2048   # tokens a resident batch holds without --chunk (llama.cpp's n_batch)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -53,6 +60,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     kl.add_argument("--kld", metavar="BASE", default=None,
                     help="read this pack against a base file: KL-divergence, same top token, "
                          "Δp and PPL ratio as llama-perplexity --kl-divergence prints them")
+    p.add_argument("--batch-windows", type=int, default=None, metavar="N",
+                   help="windows read together as one batch of packed sequences (default: as "
+                        "many as the chunk holds, chunk // ctx; 1: each window its own prompt)")
     p.add_argument("--force", action="store_true",
                    help="let --kld-save replace an existing file that is not a base file")
     add_budget_flags(p)
@@ -113,6 +123,8 @@ def run(args) -> int:
                           "own tokens)")
     if args.chunks is not None and args.chunks < 1:
         raise StrataError(f"--chunks must be at least 1, got {args.chunks}")
+    if args.batch_windows is not None and args.batch_windows < 1:
+        raise StrataError(f"--batch-windows must be at least 1, got {args.batch_windows}")
     text = read_text(args.file) if args.file is not None else None
     if args.ctx is not None:
         check_ctx(args.ctx)
@@ -150,7 +162,8 @@ def run(args) -> int:
         if note:
             print(note, file=sys.stderr)
         print(f"perplexity: {windows.n} windows of {ctx} tokens ({windows.n_scored} scored "
-              f"each) from {len(tokens):,} tokens (tokenizer {tok.source}), {source.name}",
+              f"each) from {len(tokens):,} tokens (tokenizer {tok.source}), {source.name}, "
+              f"{source.per_call} window{'s' if source.per_call > 1 else ''} a batch",
               file=sys.stderr, flush=True)
         if base is not None:
             print("\n" + report.KLD_HEADER, file=sys.stderr, flush=True)
@@ -165,9 +178,11 @@ def run(args) -> int:
         identity = {"vocab_sha256": vsha, "tokenizer": tok.source, "add_bos": tok.add_bos,
                     "pack": Path(args.pack).name}
         with BaseWriter(save_path, windows, pack.shape.vocab, identity) as writer:
-            res = measure(windows, source.read, save=writer, on_window=on_window)
+            res = measure(windows, source.read, per_call=source.per_call, save=writer,
+                          on_window=on_window)
     else:
-        res = measure(windows, source.read, base=base, on_window=on_window)
+        res = measure(windows, source.read, per_call=source.per_call, base=base,
+                      on_window=on_window)
     if not args.json and base is None:
         print(file=sys.stderr, flush=True)
     out = {"pack": str(args.pack), "file": args.file, "tokenizer": tok.source,
@@ -196,20 +211,33 @@ def _finite(x):
 
 class Reader:
     """A logits source for the instrument: `read(ids [n, ctx]) -> [n, n_scored, V]` float32 on
-    the model's device (the instrument's per-token work runs there too), one prompt per window;
-    `stats()` what the reads cost."""
+    the model's device (the instrument's per-token work runs there too); `per_call` windows a
+    call. One window is read by `one(ids [ctx])`; several by `batch(ids [n·ctx], Packed)` as
+    packed sequences. `stats()` what the reads cost."""
 
-    def __init__(self, name: str, one, windows):
+    def __init__(self, name: str, one, windows, *, batch=None, per_call: int = 1):
         self.name, self._one, self.first, self.ctx = name, one, windows.first, windows.ctx
+        self._batch, self.per_call = batch, per_call if batch is not None else 1
         self.extra: dict = {}
 
     def read(self, ids: torch.Tensor) -> torch.Tensor:
+        from strata.models.packed import Packed
+        n = ids.shape[0]
         with torch.inference_mode():
+            if n > 1:
+                lg = self._batch(ids.reshape(-1), Packed.of([self.ctx] * n))   # [n·ctx, V]
+                return lg.view(n, self.ctx, -1)[:, self.first:self.ctx - 1].float()
             return torch.stack([self._one(row)[self.first:self.ctx - 1].float()
                                 for row in ids])
 
     def stats(self) -> dict:
-        return dict(self.extra)
+        return {"windows_per_batch": self.per_call, **self.extra}
+
+
+def windows_per_batch(args, chunk: int, windows) -> int:
+    """--batch-windows, else as many windows as `chunk` tokens hold (at least 1), at most all."""
+    n = args.batch_windows if args.batch_windows is not None else max(1, chunk // windows.ctx)
+    return max(1, min(n, windows.n))
 
 
 def make_reader(args, pack, windows) -> Reader:
@@ -240,11 +268,13 @@ def resident_reader(args, pack, windows) -> Reader:
     _, provider = make_provider(args, pack, device)
     kv = resolve_kv(args.kv, dtype)
 
-    def one(ids):
+    def one(ids, packed=None):
         cache = model.new_cache(capacity=ids.numel(), kv=kv)
-        return model.prefill(ids, provider, chunk=args.chunk, cache=cache, logits="all",
-                             observer=guard.begin(pack.shape.n_layer))
-    return Reader(f"resident on {device}", one, windows)
+        chunk = ids.numel() if packed is not None else args.chunk
+        return model.prefill(ids, provider, chunk=chunk, cache=cache, logits="all",
+                             observer=guard.begin(pack.shape.n_layer), packed=packed)
+    per_call = windows_per_batch(args, args.chunk or RESIDENT_BATCH, windows)
+    return Reader(f"resident on {device}", one, windows, batch=one, per_call=per_call)
 
 
 def streamed_reader(args, pack, windows) -> Reader:
@@ -252,20 +282,47 @@ def streamed_reader(args, pack, windows) -> Reader:
     from strata.commands.prefill import refuse_unfit_plan
     from strata.engine.prefill import PrefillEngine
 
-    cfg = engine_config(args, windows.ctx, progress=False)
-    check_context(cfg.max_prompt, pack.shape, "--max-prompt")
-    refuse_unfit_plan(pack, cfg, windows.ctx)
-    engine = PrefillEngine(pack, cfg, early=getattr(args, "_early", None))
-    warm = 0.0 if args.no_warmup else engine.warmup(windows.ctx)
-    extra = {"warmup_s": warm, "bytes_streamed": 0, "copy_s": 0.0, "wait_s": 0.0}
+    from strata.memory.scan import SCAN_MAX
+    from strata.models.packed import Packed
 
-    def one(ids):
-        res = engine.run(ids, logits="all")
+    ctx = windows.ctx
+    if args.batch_windows is not None:
+        want = min(args.batch_windows, windows.n) * ctx
+    else:   # fill the chunk: plan for as many windows as the scan may take in one
+        cap = args.chunk or args.prefill or SCAN_MAX
+        want = max(1, min(windows.n, cap // ctx)) * ctx
+    want = min(want, args.max_prompt) if args.max_prompt else want
+    want = max(want, ctx)
+    cfg = engine_config(args, want, progress=False)
+    check_context(cfg.max_prompt, pack.shape, "--max-prompt")
+    refuse_unfit_plan(pack, cfg, want)
+    engine = PrefillEngine(pack, cfg, early=getattr(args, "_early", None))
+    plan = engine.plan(want)
+    per_call = windows_per_batch(args, min(plan.chunk, want), windows)
+    if per_call > 1 and per_call * ctx > plan.chunk:
+        raise StrataError(f"--batch-windows {per_call} at --ctx {ctx} makes batches of "
+                          f"{per_call * ctx} tokens, longer than the planned chunk of "
+                          f"{plan.chunk}; give --batch-windows {max(1, plan.chunk // ctx)} or less")
+    if per_call > 1 and per_call * ctx < want:
+        # the batch the chunk holds is shorter than planned for: read through its own plan
+        # (the one the warm-up makes for it); a batch always fits the chunk of its plan
+        plan = engine.plan(per_call * ctx)
+        per_call = max(1, min(per_call, plan.chunk // ctx))
+    packed = Packed.of([ctx] * per_call) if per_call > 1 else None
+    warm = 0.0 if args.no_warmup else engine.warmup(per_call * ctx, packed=packed)
+    extra = {"warmup_s": warm, "bytes_streamed": 0, "copy_s": 0.0, "wait_s": 0.0, "batches": 0}
+
+    def one(ids, packed=None):
+        # every batch through the plan made for the fullest one (a last, shorter batch too)
+        res = engine.run(ids, logits="all", packed=packed,
+                         plan=plan if packed is not None else None)
         extra["bytes_streamed"] += res.stats.bytes_streamed
         extra["copy_s"] += res.stats.copy_s
         extra["wait_s"] += res.stats.wait_s
+        extra["batches"] += 1
         extra["prefill_chunk"], extra["prefill_ring"] = res.chunk, res.ring
         return res.logits
-    r = Reader(f"streamed on {', '.join(str(p.device) for p in engine.parts)}", one, windows)
+    r = Reader(f"streamed on {', '.join(str(p.device) for p in engine.parts)}", one, windows,
+               batch=one, per_call=per_call)
     r.extra = extra
     return r

@@ -31,6 +31,7 @@ from strata.commands._args import (DTYPES, add_budget_flags, check_budget_flags,
                                    resolve_experts)
 from strata.commands._prompt import (check_context, dump_path, open_checked, parse_tokens,
                                      prompt_ids, prompt_line, read_prompts_file, save_logits)
+from strata.commands._packing import batch_room, read_batches
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import resolve_kv
 from strata.models.kv import kv_windows, layer_kv_tokens
@@ -62,6 +63,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                           "either comma-separated token ids (`1,2,3`; one token: `5,`) or a "
                           "length `N` alone (N random ids, seeded by --seed + the line number); "
                           "blank lines and lines starting with # are skipped")
+    src.add_argument("--pack-prompts", action="store_true",
+                     help="--prompts-file: read consecutive prompts together as one batch of "
+                          "packed sequences, up to the planned chunk (the experts stream once "
+                          "a batch); a report a batch")
     src.add_argument("--seed", type=int, default=0, help="seed of --prompt-tokens (default 0)")
     add_budget_flags(p)    # --vram/--cache/... turn the streaming engine on; --chunk both paths
     eng = p.add_argument_group("streaming")
@@ -80,6 +85,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     from strata.commands import _dist
     _dist.add_flags(p)     # --distributed (torchrun): strata.commands._dist
     add_run_flags(p)
+    from strata.commands._kv import add_kv_flags
+    add_kv_flags(p)        # --save-kv / --resume / --reuse: strata.commands._kv
     return p
 
 
@@ -202,8 +209,15 @@ def run(args) -> int:
     from strata.engine.load import load_model, resolve_device
     from strata.models.moe import expert_ffn
 
+    if args.pack_prompts and (not args.prompts_file or args.distributed):
+        raise StrataError("--pack-prompts packs the prompts of --prompts-file in one engine; "
+                          "give --prompts-file (and no --distributed)")
     if args.distributed:
         from strata.commands import _dist
+        from strata.commands._kv import uses_kv_state
+        if uses_kv_state(args):
+            raise StrataError("--save-kv, --resume and --reuse are the single-process "
+                              "engine's; drop --distributed")
         return _dist.run(args)
     if _streaming(args):
         return run_streaming(args)
@@ -233,13 +247,18 @@ def run(args) -> int:
     device = resolve_device(args.device)
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if args.dtype == "auto" \
         else DTYPES[args.dtype]
+    from strata.commands._kv import kv_io, kv_line
+    io = kv_io(args, pack, tokens, from_text=text is not None)
+    kv = resolve_kv(args.kv, dtype)      # the one KV dtype the streamed read would keep too
+    io.check_kv(kv)
+    tokens = io.new
     ffn_name = resolve_experts(args.experts, device.type)
     guard = FiniteGuard()
     model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(expert_ffn(ffn_name)))
     provider_name, provider = make_provider(args, pack, device)
 
     T = len(tokens)
-    chunk = min(args.chunk or T, T)
+    chunk = min(args.chunk or T, T) or 1
     n_chunks = -(-T // chunk)
     bar = None
     if n_chunks > 1 and not args.json:
@@ -253,17 +272,18 @@ def run(args) -> int:
         done[0] = n
 
     tok = torch.tensor(tokens, dtype=torch.int64)
-    kv = resolve_kv(args.kv, dtype)      # the one KV dtype the streamed read would keep too
-    cache = model.new_cache(capacity=T, kv=kv)
+    cache = model.new_cache(capacity=io.total, kv=kv)
+    io.restore(cache)
     _sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
         # [T, V] only when dumped: at V = 151936 a long prompt's logits would not fit in memory
-        logits = model.prefill(tok, provider, chunk=chunk, progress=progress, cache=cache,
-                               logits="all" if dump else "last",
-                               observer=guard.begin(pack.shape.n_layer))
+        logits = io.state.logits() if not T else model.prefill(
+            tok, provider, chunk=chunk, progress=progress, cache=cache,
+            logits="all" if dump else "last", observer=guard.begin(pack.shape.n_layer))
     _sync(device)
     seconds = time.perf_counter() - t0
+    io.write(cache, logits)
     if bar is not None:
         bar.close()
 
@@ -282,8 +302,10 @@ def run(args) -> int:
     out = asdict(res)
     if text:
         out["prompt"] = text
+    out["kv_state"] = io.report()
     print(json.dumps(out) if args.json else
-          (prompt_line(text) + "\n" if text else "") + res.summary())
+          (prompt_line(text) + "\n" if text else "") + res.summary()
+          + ("\n" + kv_line(out["kv_state"]) if io.state or io.save else ""))
     return 0
 
 
@@ -298,33 +320,47 @@ def run_streaming(args) -> int:
     trace_path = check_trace(args)
     pack = open_checked(args)
     text = None
+    from strata.commands._kv import KVIO, kv_io, kv_line, uses_kv_state
+    io = KVIO(pack)
     if args.prompts_file:
         if dump:
             raise StrataError("--dump-logits writes one prompt's logits; drop it with "
                               "--prompts-file")
+        if uses_kv_state(args):
+            raise StrataError("--save-kv, --resume and --reuse take one prompt; drop "
+                              "--prompts-file")
         prompts = read_prompts_file(args.prompts_file, pack.shape.vocab, args.seed)
     else:
         tokens, text = prompt_ids(args, pack)
-        prompts = [tokens]
-    longest = max(len(t) for t in prompts)
+        io = kv_io(args, pack, tokens, from_text=text is not None)
+        prompts = [io.new]
+    longest = max(max(len(t) for t in prompts), io.total)
     check_context(longest, pack.shape)
-    cfg = engine_config(args, longest, progress=not args.json)
+    room = max(batch_room(args, prompts), io.total)
+    cfg = engine_config(args, room, progress=not args.json)
     check_context(cfg.max_prompt, pack.shape, "--max-prompt")
-    for t in {len(t) for t in prompts}:   # before the engine pins or allocates anything
+    for t in {len(t) for t in prompts if t} | {room}:   # before the engine pins or allocates
         refuse_unfit_plan(pack, cfg, t)
     t0 = time.perf_counter()
     engine = PrefillEngine(pack, cfg, early=getattr(args, "_early", None))  # pinned, cache filled
     startup = time.perf_counter() - t0
     trace = LaneTrace(str(args.pack)) if trace_path else None
+    io.check_kv(engine.kv.dtype)
     reports = []
-    for tokens in prompts:
-        warm = 0.0 if args.no_warmup else engine.warmup(len(tokens))
+    for tokens, packed, plan in read_batches(engine, prompts, room if args.pack_prompts else 0):
+        n = max(len(tokens), io.total)
+        warm = 0.0 if args.no_warmup else engine.warmup(n, packed=packed)
         if trace is not None and trace not in engine.observers:
             engine.observers.append(trace)
         with torch.inference_mode():
             res = engine.run(torch.tensor(tokens, dtype=torch.int64),
-                             logits="all" if dump else "last")
+                             logits="all" if dump else "last", packed=packed, plan=plan,
+                             **io.engine_kw())
         report = streaming_report(engine, res, str(args.pack))
+        report["kv_state"] = io.report(res)
+        if packed is not None:
+            report["sequences"] = len(packed.lengths)
+            report["next_tokens"] = res.logits.argmax(-1).tolist()
         report["startup_s"] = startup if not reports else 0.0
         report["prepare_s"] = t0 - t_start if not reports else 0.0
         report["warmup_s"] = warm
@@ -341,7 +377,8 @@ def run_streaming(args) -> int:
     if args.json:
         print(json.dumps(reports[0] if not args.prompts_file else reports))
     elif len(reports) == 1:
-        print((prompt_line(text) + "\n" if text else "") + streaming_summary(reports[0]))
+        print((prompt_line(text) + "\n" if text else "") + streaming_summary(reports[0])
+              + ("\n" + kv_line(reports[0]["kv_state"]) if io.state or io.save else ""))
     else:
         print(prompts_summary(reports))
     return 0
@@ -351,7 +388,8 @@ def prompts_summary(reports: list[dict]) -> str:
     """--prompts-file: one line per prompt, after the first prompt's full summary."""
     lines = [streaming_summary(reports[0]), "  prompts   (one engine, loaded once)"]
     for i, r in enumerate(reports):
-        lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens  {r['tokens_per_s']:>10,.1f} "
+        seqs = f" ({r['sequences']} prompts)" if "sequences" in r else ""
+        lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens{seqs}  {r['tokens_per_s']:>10,.1f} "
                      f"tokens/s  {r['seconds']:.3f} s  chunk {r['prefill_chunk']} ring "
                      f"{r['prefill_ring']}  warm-up {r['warmup_s']:.3f} s")
     return "\n".join(lines)
@@ -395,8 +433,8 @@ def streaming_report(engine, res, pack_name: str) -> dict:
         "next_token": int(res.logits[-1].argmax()) if res.logits is not None else None,
         "kv": {"dtype": res.kv, "resident_tokens": engine.cfg.kv_resident,
                "vram_bytes": res.kv_bytes[0], "host_bytes": res.kv_bytes[1],
-               "plan_vram_bytes": engine.sizes.kv_vram(st.tokens),
-               "plan_host_bytes": engine.sizes.kv_host_all(st.tokens),
+               "plan_vram_bytes": engine.sizes.kv_vram(st.tokens + res.restored),
+               "plan_host_bytes": engine.sizes.kv_host_all(st.tokens + res.restored),
                "streamed_bytes": res.kv_streamed},
         "chunks": st.to_dict()["chunks"],
     }

@@ -70,6 +70,9 @@ class PrefillResult:
     kv_streamed: int = 0               # bytes of host-held KV copied back for the attention
     kv: str = ""                       # the KV dtype every layer kept (--kv, resolved)
     kv_bytes: tuple[int, int] = (0, 0)  # (VRAM, host) bytes the prompt's KV allocated
+    restored: int = 0                  # positions restored from a saved state before the read
+    restore_s: float = 0.0             # seconds the restore took
+    then: object = None                # what run's `then` returned
 
     def info(self) -> dict:
         return {"prefill_chunk": self.chunk, "prefill_ring": self.ring}
@@ -184,7 +187,8 @@ class PrefillEngine:
         sizes = [C] * (n_tokens // C) + ([n_tokens % C] if n_tokens % C else [])
         return C, sizes
 
-    def warmup(self, n_tokens: int, *, seed: int = 0, full: bool = False) -> float:
+    def warmup(self, n_tokens: int, *, seed: int = 0, full: bool = False,
+               packed=None) -> float:
         """Compile and load every kernel variant a prompt of n_tokens will launch, before it is
         timed; returns the seconds it took (0 when this engine is already warm for it).
 
@@ -203,13 +207,16 @@ class PrefillEngine:
         not see it. `self.timings` gets what it cost and launched: warmup_s, warmup_layers,
         warmup_probes (attention calls probed), warmup_launches / warmup_variants (Triton
         launches, distinct variants: strata.engine.variants) and, on CUDA, warmup_compiled
-        (variants Triton compiled or loaded)."""
+        (variants Triton compiled or loaded). `packed` (strata.models.packed.Packed, n_tokens
+        long): the prompts are batches of packed sequences, whose attention launches differ
+        (the block-diagonal mask): the dry prompt is read packed the same way."""
         policy = engine_policy(self.cfg)
         plan = self.plan(n_tokens, slab=policy.slab, policy=policy)
         C = plan.chunk
         # the probes follow the prompt's length: a PromptKV warm-up is for that length only
         key = (C, plan.ring, n_tokens % C if n_tokens > C else n_tokens,
-               n_tokens if self.uses_prompt_kv() else None)
+               n_tokens if self.uses_prompt_kv() else None,
+               None if packed is None else packed.lengths)
         if key in self._warm:
             return 0.0
         n = dry_tokens(n_tokens, C)
@@ -242,7 +249,7 @@ class PrefillEngine:
         t0 = time.perf_counter()
         with torch.inference_mode(), KernelLaunches() as seen:
             self._gc_paused(dry, logits="last", fail_after_layers=None, plan=plan,
-                            rd=_Reading(model, parts, [], dry_kv))
+                            rd=_Reading(model, parts, [], dry_kv), packed=packed)
         took = time.perf_counter() - t0
         self._warm.add(key)
         t = self.timings
@@ -257,8 +264,22 @@ class PrefillEngine:
 
     # -- a prompt ----------------------------------------------------------------------------
     def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None,
-            plan=None) -> PrefillResult:
+            plan=None, resume=None, extra: int = 0, then=None, packed=None) -> PrefillResult:
         """Read `tokens` (1-D ids). logits: "all" (fp32 [T, V]), "last" or "none".
+
+        `resume` (state, n): positions 0..n-1 restored from a saved state
+        (strata.engine.kv_state.KVState) into the prompt's KV before `tokens` are read at
+        positions n.. (no tokens: the state's own last logits are the result); `extra`: tokens
+        of KV kept past the prompt (a decode's). The plan and the KV are for n + T + extra
+        tokens. `then(session, logits)`: called once the read is timed and settled, the
+        session's KV and provider still held (a save, a decode); it returns `result.then`.
+
+        `packed` (strata.models.packed.Packed): the tokens are several independent sequences
+        back to back (windows of a text, prompts of a file), read as one chunk: block-diagonal
+        causal attention, positions restarting per sequence, the experts streamed once for all
+        of them. The plan counts the batch as any prompt of T tokens; it must fit its chunk
+        (refused in one line otherwise), and its KV is its own (a fresh PromptKV, as every
+        prompt's).
 
         `fail_after_layers` injects an allocation failure after that many layer batches
         (tests of the failure path). `plan`: read with this plan (one made by `self.plan` for
@@ -270,7 +291,8 @@ class PrefillEngine:
         the prompt's end."""
         return self._gc_paused(tokens, logits=logits, fail_after_layers=fail_after_layers,
                                plan=plan, rd=_Reading(self.model, self.parts, self.observers,
-                                                      self.prompt_kv))
+                                                      self.prompt_kv),
+                               resume=resume, extra=extra, then=then, packed=packed)
 
     def _gc_paused(self, tokens, **kw) -> PrefillResult:
         paused = gc_pause() and gc.isenabled()
@@ -283,23 +305,34 @@ class PrefillEngine:
                 gc.enable()
 
     def _run(self, tokens, *, logits: str, fail_after_layers: int | None, plan,
-             rd: "_Reading") -> PrefillResult:
+             rd: "_Reading", resume=None, extra: int = 0, then=None,
+             packed=None) -> PrefillResult:
         """run()'s read, of `rd`'s model over `rd`'s participants with its observers and KV
         factory (the warm-up passes a layer subset, none and its dry KV)."""
         if logits not in ("all", "last", "none"):
             raise StrataError(f"logits must be all, last or none, got {logits!r}")
-        tokens = rd.model.check_tokens(tokens)
+        state, n0 = resume if resume is not None else (None, 0)
+        if state is not None and len(tokens) == 0:
+            tokens = torch.zeros(0, dtype=torch.int64)    # the state's logits are the result
+        else:
+            tokens = rd.model.check_tokens(tokens)
         T = tokens.numel()
-        if T > self.cfg.max_prompt:
-            raise StrataError(f"the prompt has {T} tokens but this engine reserved KV for "
+        total = n0 + T + extra
+        if total > self.cfg.max_prompt:
+            raise StrataError(f"the prompt has {total} tokens but this engine reserved KV for "
                               f"{self.cfg.max_prompt}; raise max_prompt (--max-prompt)")
         # read per prompt: cfg.slab, else STRATA_MMQ_SLAB; the ring knobs (a bad value: StrataError)
         policy = engine_policy(self.cfg)
         slab = policy.slab
-        plan = plan if plan is not None else self.plan(T, slab=slab, policy=policy)
+        plan = plan if plan is not None else self.plan(total, slab=slab, policy=policy)
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
         chunk, ring = plan.chunk, plan.ring
+        if packed is not None:
+            if state is not None:
+                raise StrataError("a packed batch is read into an empty KV; it cannot resume "
+                                  "a saved state (read the batch without --resume)")
+            packed.check_chunk(T, 0, chunk)
         for o in rd.observers:
             o.on_plan(plan, chunk, ring)
         stats = PrefillStats(tokens=T)
@@ -308,18 +341,20 @@ class PrefillEngine:
                            shape=self.shape, host=self.host, layouts=self.layouts,
                            land=self.land, slab=slab, observers=rd.observers) as session:
             session.open(fail_after_layers)
-            session.new_kv(T, rd.prompt_kv, rd.model, self.cfg.kv)
+            session.new_kv(total, rd.prompt_kv, rd.model, self.cfg.kv)
+            restore_s = state.restore(session.kv, n0) if state is not None else 0.0
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
             _sync(rd.parts)
             t0 = time.perf_counter()
             read_marks = [self._read_mark(p) for p in rd.parts] if rd.observers else []
             try:
-                out = rd.model.prefill(tokens, session.provider, chunk=chunk, logits=logits,
-                                       cache=session.kv,
-                                       progress=(lambda n: bar.update(n - bar.n)) if bar else None,
-                                       observer=self.finite.begin(self.shape.n_layer))
-                self.finite.check()   # the prompt's one host read of the finite flags
+                out = state.logits() if T == 0 else rd.model.prefill(
+                    tokens, session.provider, chunk=chunk, logits=logits, cache=session.kv,
+                    progress=(lambda n: bar.update(n - bar.n)) if bar else None,
+                    observer=self.finite.begin(self.shape.n_layer), packed=packed)
+                if T:
+                    self.finite.check()   # the prompt's one host read of the finite flags
                 _sync(rd.parts)
                 for p, begin in zip(rd.parts, read_marks):
                     end = self._read_mark(p)
@@ -332,8 +367,10 @@ class PrefillEngine:
                     bar.close()
             stats.seconds = time.perf_counter() - t0
             session.settle(stats)
+            after = then(session, out) if then is not None else None
         result = PrefillResult(out, plan, chunk, ring, stats, session.memory,
-                               session.kv_streamed, self.kv.dtype, session.kv_bytes)
+                               session.kv_streamed, self.kv.dtype, session.kv_bytes, n0,
+                               restore_s, after)
         for o in rd.observers:
             o.on_result(result)
         return result

@@ -65,7 +65,7 @@ from strata.engine.stats import ChunkStats
 from strata.engine.syncs import host_read
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.kernels.grouping import routed_mask
+from strata.kernels.moe.grouping import routed_mask
 from strata.memory.cache import ExpertCache
 from strata.memory.layout import pass_experts
 from strata.models.provider import LayerWorkspace, Pass

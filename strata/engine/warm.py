@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from strata.models.kv import PromptKV, layer_kv_tokens
+from strata.models.packed import packed_head
 
 WARM_PER_LAYOUT = 2
 
@@ -85,7 +86,7 @@ class LayerSubset:
         for l in self.layers:
             x = self.model.forward_layers(x, cache, provider, range(l, l + 1), observer=observer)
         cache.commit(tokens.shape[0])
-        return self.model.head(x, logits)
+        return self.model.head(*packed_head(x, logits, cache))
 
 
 @dataclass(frozen=True)

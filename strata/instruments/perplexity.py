@@ -6,7 +6,7 @@
 
 `read` is strata.instruments.windows.Read: int64 [n, ctx] -> float32 [n, n_scored, V], called
 with `per_call` windows at a time. The instrument neither knows nor cares how the logits are
-made (one prompt per window today; many sequences per streamed batch later).
+made (strata.commands.perplexity: many windows per streamed batch, as packed sequences).
 
 Perplexity mode follows llama.cpp's `perplexity()`: NLL sums in float64, PPL = exp(mean) and
 its error from the sample variance (stats.ppl_estimate). KL-divergence mode follows

@@ -17,8 +17,8 @@ The instrument reads logits through a `Read` function:
 
     read(ids: int64 [n, ctx]) -> float32 [n, n_scored, V]   logits of positions first .. ctx-2
 
-one window at a time today (a prompt each, strata.commands.perplexity); a reader of many
-sequences per streamed batch replaces it without touching the instrument.
+called with a batch of windows at a time; strata.commands.perplexity reads them as packed
+sequences (strata.models.packed), one chunk a batch.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from strata.formats import get_format
 from strata.formats.table import Format
 from strata.formats.tables import device_table
 from strata.kernels._dequant_kernel import _dequant_kernel
-from strata.kernels.decode import TRITON_FORMATS, pair_words_fit
+from strata.kernels.decode import TRITON_FORMATS, format_traits, pair_words_fit
 
 # out dtype -> the kernel's OUT code (0 fp32, 1 bf16, 2 fp16)
 OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -97,7 +97,7 @@ def dequantize(raw: torch.Tensor, qtype, out_dtype: torch.dtype = torch.float32,
         t = DequantTiles(t.bn, t.bk, t.num_warps, runs=False)  # plain formats / tiny K: per weight
     grid = (triton.cdiv(n, t.bn), triton.cdiv(k, t.bk))
     _dequant_kernel[grid](raw, out, device_table("iq", raw.device), n, k, row_bytes,
-                          fmt.ggml_type, OUT_DTYPES[out_dtype], INTERPRET, t.bn, t.bk, t.runs,
+                          format_traits(fmt), OUT_DTYPES[out_dtype], INTERPRET, t.bn, t.bk, t.runs,
                           t.words, num_warps=t.num_warps)
     return out.reshape(*lead, k)
 

@@ -14,6 +14,8 @@
     qwen3moe.py   Qwen3-MoE: the base's defaults
     mixtral.py    Mixtral: GQA layers without q/k norms
     gpt_oss.py    GPT-OSS: biased router, attention biases + sinks + sliding layers, YaRN
+    minimax_m2.py MiniMax-M2: whole-projection q/k norms, partial RoPE, the sigmoid router
+                  with a correction bias over Mixtral-style experts
     family.py     the DeepSeek / GLM-4.5 layer body: leading dense layers, shared experts
                   (ffn.py), grouped sigmoid routing (routers.py); glm4moe.py (GQA with bias,
                   partial RoPE) and deepseek.py (MLA attention, mla.py) wire it

@@ -16,6 +16,11 @@ mask: causal, and with a `window` W > 0 (a sliding layer) query i sees only keys
 i - W < j <= i. sink: a learned logit per query head (GPT-OSS) that joins every row's softmax
 denominator and is then dropped: o = sum_j e^{s_j} v_j / (e^{sink} + sum_j e^{s_j}).
 
+Packed sequences (the cache's `packed`, strata.models.packed): the chunk holds several
+independent sequences back to back and the cache nothing before it; query i sees only keys of
+its own sequence (starts[i] <= j <= i), the window and sinks holding within each, and the
+positions the caller's RoPE used restart per sequence.
+
 The optional pieces are fields of `AttentionWeights` (Qwen3 has q/k norms, Mixtral none, GPT-OSS
 biases and sinks) and the `window` argument, so the wirings that lack them stay as they are.
 """
@@ -64,11 +69,13 @@ def _proj(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Te
 
 
 def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, P: int,
-                     window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     window: int = 0, sinks: torch.Tensor | None = None,
+                     starts: torch.Tensor | None = None) -> torch.Tensor:
     """q [H, T, hd] at positions P.., k_all, v_all [Hkv, P+T, hd] -> o [H, T, hd] in q's dtype
     (positions counted from k_all's first key: a sliding layer's cache passes only its kept
     tail as the P), with the sliding window and the sink logits: what SDPA cannot express
-    (sinks). bf16 on CUDA runs strata's chunk_attention over the cache in place (flash-style,
+    (sinks). `starts` [T] (packed sequences, P = 0): query i sees keys starts[i]..i only.
+    bf16 on CUDA runs strata's chunk_attention over the cache in place (flash-style,
     no [H, T, S] scores); otherwise an explicit mask and sink column in the model's own dtype
     (the fp32 reference)."""
     H, T, hd = q.shape
@@ -77,7 +84,7 @@ def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, 
         kt, vt = k_all.transpose(0, 1), v_all.transpose(0, 1)       # [P+T, Hkv, hd] views
         prefix = [KVSegment(kt[:P], vt[:P])] if P else []
         o = chunk_attention(q.transpose(0, 1), kt[P:], vt[P:], prefix, window=window,
-                            sinks=None if sinks is None else sinks.float())
+                            sinks=None if sinks is None else sinks.float(), starts=starts)
         return o.transpose(0, 1)
     G = H // k_all.shape[0]
     K = k_all.repeat_interleave(G, 0)                                # [H, S, hd]
@@ -88,6 +95,8 @@ def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, 
     seen = kpos <= qpos
     if window > 0:
         seen &= qpos - kpos < window
+    if starts is not None:
+        seen &= kpos >= P + starts.to(kpos.dtype)[:, None]
     scores = scores.masked_fill(~seen, float("-inf"))
     if sinks is not None:
         col = sinks.to(scores.dtype)[:, None, None].expand(H, T, 1)
@@ -137,8 +146,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
     """q [H, T, hd], k [Hkv, T, hd] (normed, rotated), v [T, Hkv, hd] of the chunk at positions
     P..P+T-1 -> o [T, H, hd] in q's dtype; k, v join `cache` (the attention every GQA wiring
     shares once its projections are done). `window` > 0: a sliding layer; `sinks` [H]: the
-    heads' sink logits."""
+    heads' sink logits. The cache's `packed` sequences mask block-diagonally."""
     T = q.shape[1]
+    packed = getattr(cache, "packed", None)
+    starts = None if packed is None else packed.starts(q.device)
     if isinstance(cache, PromptKV):   # the engine's KV: bf16/fp32 or int8, resident + host-held
         # the Triton kernel reads bf16 (CUDA, or pinned); its torch twin computes in the dense
         # dtype. The chunk's keys are attended as the cache keeps them (a float KV dtype), as
@@ -148,6 +159,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
         extra = {}
         if window or sinks is not None:   # only then: the plain call stays as it was
             extra = dict(window=window, sinks=sinks)
+        if starts is not None:
+            extra["starts"] = starts
         o = cache.attend(layer, q.transpose(0, 1).to(at), k.transpose(0, 1).to(kd).to(at),
                          v.to(kd).to(at), **extra)                    # [T, H, hd]
         return o.to(q.dtype)
@@ -155,8 +168,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
     # the KV dtype (--kv) may be narrower than the dense math (bf16 KV beside fp32 on the CPU)
     k_all, v_all = k_all.to(q.dtype), v_all.to(q.dtype)
     P = k_all.shape[1] - T   # the keys kept before the chunk: P, a sliding layer's last W - 1
-    if window or sinks is not None:
-        return masked_attention(q, k_all, v_all, P, window, sinks).transpose(0, 1)  # [T, H, hd]
+    if window or sinks is not None or starts is not None:
+        return masked_attention(q, k_all, v_all, P, window, sinks,
+                                starts).transpose(0, 1)                           # [T, H, hd]
     # GQA without copying K/V per query head (enable_gqa: query head h reads kv head
     # h // (H / Hkv)). A later chunk's query i sits at P+i and sees keys 0..P+i: the causal
     # mask aligned to the bottom right, which flash attention runs without materializing it.

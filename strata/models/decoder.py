@@ -27,12 +27,15 @@ class Decoder:
         return tokens.to(self.device)
 
     def prefill(self, tokens, provider, *, chunk: int | None = None, cache=None, progress=None,
-                logits: str = "all", observer=None) -> torch.Tensor | None:
+                logits: str = "all", observer=None, packed=None) -> torch.Tensor | None:
         """Logits fp32 of a prompt read in chunks of `chunk` tokens (all at once if None):
         logits="all" -> [T, V]; "last" -> [1, V] (the next-token logits; a 32K prompt's [T, V]
         would not fit in memory at V = 151936); "none" -> None (a timed read skips the LM head).
         `progress(n_tokens_done)` after each chunk; `observer` (strata.models.observe) sees each
-        layer's routing and residual."""
+        layer's routing and residual. `packed` (strata.models.packed.Packed): the tokens are
+        several independent sequences back to back, read as one chunk into an empty `cache`
+        (block-diagonal causal attention, positions restarting per sequence); "last" then
+        gives each sequence's next-token logits, [n, V]."""
         if logits not in ("all", "last", "none"):
             raise StrataError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
         tokens = self.check_tokens(tokens)
@@ -41,10 +44,14 @@ class Decoder:
         if chunk < 1:
             raise StrataError(f"chunk must be at least 1 token, got {chunk}")
         cache = cache if cache is not None else self.new_cache(capacity=T)
-        out = (torch.zeros(T if logits == "all" else 1, self.shape.vocab, dtype=torch.float32,
+        if packed is not None:
+            packed.check_chunk(T, cache.length, chunk)
+        rows = T if logits == "all" else (1 if packed is None else len(packed.lengths))
+        out = (torch.zeros(rows, self.shape.vocab, dtype=torch.float32,
                            device=self.lm_head.device) if logits != "none" else None)
         provider.begin_prompt(T, min(chunk, T))
         ok = False
+        cache.packed = packed     # the chunk's sequence layout: its attention and positions read it
         try:
             for start in range(0, T, chunk):
                 part = tokens[start:start + chunk]
@@ -61,5 +68,6 @@ class Decoder:
                     progress(start + part.numel())
             ok = True
         finally:
+            cache.packed = None
             provider.end_prompt(ok)
         return out

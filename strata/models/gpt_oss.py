@@ -27,14 +27,14 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.kernels.router import route_logits
+from strata.kernels.moe.router import route_logits
 from strata.models.attention import AttentionWeights
 from strata.models.moe_decoder import MoeDecoder
 
 
 def topk_softmax(w_router: torch.Tensor, b_router: torch.Tensor, top_k: int):
     """GPT-OSS's router of one layer: h [T, D] -> (ids int64 [T, K], w fp32 [T, K]): logits
-    h Wr^T + br in fp32 (the GEMM: strata.kernels.router.route_logits), the K largest, softmax
+    h Wr^T + br in fp32 (the GEMM: strata.kernels.moe.router.route_logits), the K largest, softmax
     over them."""
     def route(h: torch.Tensor):
         logits = route_logits(h, w_router) + b_router.float()            # [T, E]

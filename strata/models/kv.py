@@ -62,6 +62,10 @@ class KVCache:
     layer holds only its last R = W - 1 tokens, in order ([Hkv, R, hd], at most `capacity`), and
     `extend` returns those joined with the chunk (a temporary of R + T tokens)."""
 
+    # the chunk's packed sequences (strata.models.packed.Packed), set by Decoder.prefill for
+    # the chunk it reads; None: one sequence
+    packed = None
+
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, *,
                  capacity: int | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", windows: Sequence[int] | None = None):
@@ -155,6 +159,10 @@ class PromptKV:
     Legend: S tokens, Hkv kv heads, hd head dim, Hv value dim (hd unless value_dim); storage
     per layer is [S, Hkv, hd] and [S, Hkv, Hv] (+ [S, Hkv] scales each), the layout KVSegment
     reads: kv_token_parts, the tensors kv_token_bytes counts for the plan."""
+
+    # the chunk's packed sequences (strata.models.packed.Packed), set by Decoder.prefill for
+    # the chunk it reads; None: one sequence
+    packed = None
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, n_tokens: int, *,
                  kv: str = "bf16", resident: int | None = None, devices, stages=None,

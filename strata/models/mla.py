@@ -102,6 +102,10 @@ class MLACache:
     `scratch`: layer -> MLAScratch the attention works in on CUDA (the engine's carve of the
     plan's mla_k / mla_v / mla_state (/ mla_c); a layer without one makes its own of that size)."""
 
+    # the chunk's packed sequences (strata.models.packed.Packed), set by Decoder.prefill for
+    # the chunk it reads; None: one sequence
+    packed = None
+
     def __init__(self, n_layer: int, kv_lora: int, rope: int, *, capacity: int | None = None,
                  dtype: torch.dtype = torch.float32, device="cpu",
                  scratch: dict[int, MLAScratch] | None = None, kv: str | None = None):
@@ -435,5 +439,29 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
                                    scale=s.head_dim ** -0.5 * s.yarn_kq,   # YaRN's mscale²
                                    scratch=cache.scratch.get(layer), c_scale=c_scale,
                                    k_pe_scale=kpe_scale, prefix=prefix)
+    packed = getattr(cache, "packed", None)
+    if packed is not None:
+        attend = _per_sequence(packed, q_nope, q_pe, w, s, cache.scratch.get(layer))
     o = cache.attend_latent(layer, c, k_pe, attend)
     return o.reshape(T, H * s.v_head_dim) @ w.wo.t()
+
+
+def _per_sequence(packed, q_nope, q_pe, w: MLAWeights, s, scratch):
+    """attend_latent's `attend` for packed sequences (an empty cache: no prefix, the run is the
+    chunk): each sequence's queries over its own keys, one mla_chunk_attention call each (the
+    blocked kernels take no block-diagonal mask; the sequences' rows are disjoint, so the calls
+    write their own rows of one output)."""
+    def attend(prefix, c_run, kpe_run, c_scale, kpe_scale):
+        if prefix or c_run.shape[0] != q_nope.shape[1]:
+            raise StrataError("packed sequences read a chunk with no keys before it")
+        T, H = q_nope.shape[1], q_nope.shape[0]
+        o = torch.empty(T, H, s.v_head_dim, dtype=q_nope.dtype, device=q_nope.device)
+        for a, b in packed.bounds:
+            cut = slice(a, b)
+            mla_chunk_attention(q_nope[:, cut], q_pe[:, cut], c_run[cut], kpe_run[cut], w.wkvb,
+                                v_head_dim=s.v_head_dim, scale=s.head_dim ** -0.5 * s.yarn_kq,
+                                scratch=scratch, out=o[cut],
+                                c_scale=None if c_scale is None else c_scale[cut],
+                                k_pe_scale=None if kpe_scale is None else kpe_scale[cut])
+        return o
+    return attend

@@ -8,9 +8,9 @@ All are `(x, topk_ids, topk_w, experts, *, out=None, scratch_alloc=None, workspa
 with y in x's dtype, or added into `out` (fp32) when given (scratch_alloc and workspace: what the
 provider lends, strata.models.provider.LayerWorkspace):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
-- "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.decoded)
+- "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.moe.decoded)
 - "auto":   "decoded" when an expert averages >= decoded_min_rows(experts) rows, else "kernel"
-- "plane":  the plane-layout GEMM `strata.kernels.plane.plane_ffn` (Q8_0/Q4_0/Q4_K experts whose
+- "plane":  the plane-layout GEMM `strata.kernels.moe.plane.plane_ffn` (Q8_0/Q4_0/Q4_K experts whose
             blobs were re-laid into code and scale planes as they landed: the engine's
             strata.planes.Landing; it takes PlaneSets, an ExpertSet is a StrataError)
 - "torch":  its plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
@@ -25,7 +25,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.kernels.moe import expert_forward
+from strata.kernels.moe.ffn import expert_forward
 
 ExpertFFN = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertSet], torch.Tensor]
 FFN_CHOICES = ("auto", "kernel", "decoded", "plane", "torch", "ref")
@@ -78,8 +78,8 @@ def decoded_min_rows(experts: ExpertSet) -> int:
 
 
 def _auto(x, topk_ids, topk_w, experts, **kw):
-    from strata.kernels.decoded import moe_ffn_decoded
-    from strata.kernels.moe import moe_ffn
+    from strata.kernels.moe.decoded import moe_ffn_decoded
+    from strata.kernels.moe.ffn import moe_ffn
     rows = topk_ids.numel() / max(1, experts.n_expert)
     # the decoded path's BF16 experts have no bias slot: biased experts take the fused kernel
     fn = (moe_ffn_decoded if experts.layout.plain and rows >= decoded_min_rows(experts)
@@ -93,7 +93,7 @@ def plane_landing(name: str, layouts):
     read."""
     if name != "plane":
         return None
-    from strata.kernels.plane import KERNEL_FORMATS
+    from strata.kernels.moe.plane import KERNEL_FORMATS
     from strata.planes import Landing
     return Landing(layouts, KERNEL_FORMATS)
 
@@ -101,18 +101,18 @@ def plane_landing(name: str, layouts):
 def expert_ffn(name: str = "kernel") -> ExpertFFN:
     """The expert FFN called `name` (one of FFN_CHOICES)."""
     if name == "kernel":
-        from strata.kernels.moe import moe_ffn
+        from strata.kernels.moe.ffn import moe_ffn
         return _bf16(moe_ffn)
     if name == "decoded":
-        from strata.kernels.decoded import moe_ffn_decoded
+        from strata.kernels.moe.decoded import moe_ffn_decoded
         return _bf16(moe_ffn_decoded)
     if name == "auto":
         return _bf16(_auto)
     if name == "plane":
-        from strata.kernels.plane import plane_ffn
+        from strata.kernels.moe.plane import plane_ffn
         return _bf16(plane_ffn)
     if name == "torch":
-        from strata.kernels.moe import moe_ffn_torch
+        from strata.kernels.moe.ffn import moe_ffn_torch
         return _bf16(moe_ffn_torch)
     if name == "ref":
         return moe_ffn_ref

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.router import route_softmax_topk
+from strata.kernels.moe.router import route_softmax_topk
 from strata.models.moe import ExpertFFN
 from strata.models.provider import ExpertProvider
 
@@ -35,7 +35,7 @@ def route(x: torch.Tensor, w_router: torch.Tensor, top_k: int, norm_topk_prob: b
     """x [T, D], w_router [E, D] -> (topk_ids int64 [T, K], topk_w fp32 [T, K]):
     p = softmax(x W^T) in fp32, the K largest, renormalized to sum 1 when norm_topk_prob.
     One kernel on CUDA activations in bf16, the fp32 torch ops elsewhere
-    (strata.kernels.router)."""
+    (strata.kernels.moe.router)."""
     return route_softmax_topk(x, w_router, top_k, renormalize=norm_topk_prob)
 
 

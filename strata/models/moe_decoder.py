@@ -32,6 +32,7 @@ from strata.models.kv import KVCache, kv_windows
 from strata.models.layers import on_device, rms_norm, shape_cos_sin
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
+from strata.models.packed import packed_head
 from strata.models.provider import ExpertProvider
 from strata.shapes import ModelShape
 
@@ -129,13 +130,14 @@ class MoeDecoder(Decoder):
     def forward_chunk(self, tokens: torch.Tensor, cache, provider: ExpertProvider,
                       *, logits: str = "all", observer=None) -> torch.Tensor | None:
         """Logits fp32 of `tokens` [T] at positions cache.length...; extends the cache.
-        logits: "all" -> [T, V], "last" -> [1, V], "none" -> None (skips the LM head).
+        logits: "all" -> [T, V], "last" -> [1, V] (packed sequences: [n, V], each one's last
+        token), "none" -> None (skips the LM head).
         The caller brackets it with provider.begin_chunk / end_chunk (see `prefill`)."""
         T = tokens.shape[0]
         x = self.forward_layers(self.embed(tokens), cache, provider, range(self.shape.n_layer),
                                 observer=observer)
         cache.commit(T)
-        return self.head(x, logits)
+        return self.head(*packed_head(x, logits, cache))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The hidden states [T, D] of `tokens` [T] (the first stage of a pipeline)."""
@@ -148,7 +150,9 @@ class MoeDecoder(Decoder):
         stage (strata.engine.distributed) runs its own range; forward_chunk runs them all."""
         s = self.shape
         T, P = x.shape[0], cache.length
-        pos = torch.arange(P, P + T, device=x.device)
+        packed = getattr(cache, "packed", None)   # packed sequences: positions restart in each
+        pos = (torch.arange(P, P + T, device=x.device) if packed is None
+               else packed.positions(x.device))
         rope = {x.device: self.rope(pos)}
         for l in layers:
             lw = self.layers[l]

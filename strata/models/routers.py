@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.router import route_logits
+from strata.kernels.moe.router import route_logits
 
 
 def _check(logits, bias, top_k, n_group, topk_group):

@@ -5,7 +5,7 @@ import torch
 
 from strata.engine.observe import EngineObserver
 from strata.errors import AllocationError
-from strata.kernels.tiles import pin_tile
+from strata.kernels.moe.tiles import pin_tile
 from tests.engine.slab_helpers import STREAM_K, TOKENS, make_pack, tiny_engine
 
 

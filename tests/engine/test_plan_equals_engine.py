@@ -27,7 +27,7 @@ from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.engine.prompt_plan import plan_inputs, plan_prompt
 from strata.engine.session import borrow_and_carve
 from strata.errors import PlanError, StrataError
-from strata.kernels.tiles import pin_tile
+from strata.kernels.moe.tiles import pin_tile
 from strata.memory import ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
 from strata.memory.rig import RESERVE, participants
 from strata.engine.load import load_model, resident_provider

@@ -11,7 +11,7 @@ import torch
 
 from strata.engine.scratch import OrdinaryScratch
 from strata.errors import AllocationError, StrataError
-from strata.kernels.tiles import pin_tile
+from strata.kernels.moe.tiles import pin_tile
 from strata.memory import Loan
 from strata.memory import pool as mpool
 from tests.engine.slab_helpers import (STREAM_K, TOKENS, BudgetAlloc, make_pack, tiny_engine)

@@ -13,9 +13,9 @@ from strata.engine.scratch import OrdinaryScratch, ParticipantScratch
 from strata.planning import scratch_bytes_for, slab_reserve
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.kernels import moe as kmoe
-from strata.kernels.moe import moe_ffn
-from strata.kernels.tiles import pin_tile
+from strata.kernels.moe import ffn as kmoe
+from strata.kernels.moe.ffn import moe_ffn
+from strata.kernels.moe.tiles import pin_tile
 from strata.memory import Loan
 from strata.memory import pool as mpool
 from strata.memory.carve import Carve, Tail

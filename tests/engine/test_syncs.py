@@ -119,7 +119,7 @@ def test_stage_mode_reads_once_per_layer_and_declares_it(pack, monkeypatch):
 def test_the_guard_catches_each_pattern():
     """Each way a host can wait on a tensor, made from strata code (this guard only reports
     strata's own frames: torch internals and the Triton interpreter read tensors too)."""
-    import strata.kernels.grouping as r
+    import strata.kernels.moe.grouping as r
     ids = torch.tensor([[0, 1], [2, 1]])
     with SyncGuard() as g:          # the checking grouping reads its counts once, by design
         r.group_blocked(ids, 3, 16)

@@ -169,7 +169,31 @@ def main(head_dims, quick=False) -> int:
                 except Exception as exc:  # report every variant, then fail
                     fails += 1
                     print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
+    # packed sequences (starts: block-diagonal causal, no prefix): plain (Qwen3, hd 128) and
+    # with the window and sinks (GPT-OSS, hd 64)
+    for hd, G, win in ((128, 8, False), (64, 8, True)):
+        if head_dims and hd not in head_dims:
+            continue
+        fails += packed_variant(hd, G, win)
     return 1 if fails else 0
+
+
+def packed_variant(hd: int, G: int, win: bool) -> int:
+    """Compile the one-launch bf16 kernel with SEQ (and WIN, SINKS when `win`); 1 if it fails."""
+    tile = choose_attn_tile(AttnProblem(2048 * G, hd))
+    const = dict(G=G, HD=hd, BM=tile.BLOCK_M, BN=tile.BLOCK_N, A_SCALED=False, B_SCALED=False,
+                 RESUME=False, FINISH=True, INTERP=False, SEQ=True, WIN=win, SINKS=win)
+    sig = dict(signature("*bf16", "*bf16"), starts_ptr="*i32")
+    if win:
+        sig.update(sinks_ptr="*fp32", window="i32", pos_a="i32", pos_b="i32", n_prefix="i32")
+    what = f"hd={hd} G={G} packed sequences window={win} sinks={win}"
+    try:
+        md, usage = compile_attention(sig, const, tile.num_warps, tile.num_stages)
+        print(f"ok   {what}: shared {md['shared']} B, {usage}")
+        return 0
+    except Exception as exc:  # report every variant, then fail
+        print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
+        return 1
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ os.environ["TRITON_INTERPRET"] = "0"
 
 from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v)
 from compile_moe import compile_one  # noqa: E402
-import strata.kernels._combine_kernel as ck  # noqa: E402
-from strata.kernels.combine import CombineTile  # noqa: E402
+import strata.kernels.moe._combine_kernel as ck  # noqa: E402
+from strata.kernels.moe.combine import CombineTile  # noqa: E402
 
 SIG = {"yk_ptr": "*fp32", "stride_yk": "i32", "ids_ptr": "*i64", "stride_it": "i32",
        "stride_ik": "i32", "out_ptr": "*fp32", "stride_ot": "i32", "T": "i32", "D": "i32"}

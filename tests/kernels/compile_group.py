@@ -1,4 +1,4 @@
-"""Compile the expert-grouping kernels (strata.kernels._group_kernel) for sm_90 on a machine
+"""Compile the expert-grouping kernels (strata.kernels.moe._group_kernel) for sm_90 on a machine
 without a GPU (ttir -> cubin) at the launcher's constexprs for qwen3-30b-a3b (E 128) and
 seed-512e (E 512), and report their footprint (registers, spills).
 
@@ -16,7 +16,7 @@ import triton  # noqa: E402
 from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v)
 from compile_moe import compile_one  # noqa: E402
 from compile_plane import _Text  # noqa: E402
-from strata.kernels import _group_kernel as g  # noqa: E402
+from strata.kernels.moe import _group_kernel as g  # noqa: E402
 
 
 def variants():

@@ -14,7 +14,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 
 from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v)
 from compile_moe import compile_one  # noqa: E402
-import strata.kernels._grouped_kernel as gk  # noqa: E402
+import strata.kernels.moe._grouped_kernel as gk  # noqa: E402
 
 KERNELS = {
     "silu_mul": (gk._silu_mul_kernel,

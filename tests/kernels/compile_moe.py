@@ -18,12 +18,12 @@ from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton._C.libtriton import ir  # noqa: E402
 
-import strata.kernels._moe_kernel as k  # noqa: E402
-import strata.kernels._expert_dequant_kernel as dq  # noqa: E402
+import strata.kernels.moe._ffn_kernel as k  # noqa: E402
+import strata.kernels.moe._expert_dequant_kernel as dq  # noqa: E402
 from strata.formats import get_format  # noqa: E402
-from strata.kernels.decode import FAST_CODE_FORMATS  # noqa: E402
+from strata.kernels.decode import FAST_CODE_FORMATS, format_traits  # noqa: E402
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS  # noqa: E402
-from strata.kernels.tiles import DEFAULT_SUPERBLOCK_TILE  # noqa: E402
+from strata.kernels.moe.tiles import DEFAULT_SUPERBLOCK_TILE  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
@@ -75,15 +75,17 @@ def main(argv=None) -> int:
         print(f"no Triton decoder for {bad}; choose from {', '.join(k.TRITON_FORMATS)}",
               file=sys.stderr)
         return 2
-    fmts = [get_format(f).ggml_type for f in (only or k.TRITON_FORMATS)]
-    names = {get_format(f).ggml_type: get_format(f).name for f in k.TRITON_FORMATS}
+    fmts = list(only or k.TRITON_FORMATS)
+    names = {f: f for f in k.TRITON_FORMATS}
     runs = [(mode, sched, fmt, v) for mode, sched, fmt, v in
             itertools.product((0, 1), (0, 1), fmts, k.DOT_VARIANTS)
             if v == "decode" or names[fmt] in k.SCALED_CODE_FORMATS
             and (not v.startswith("swap_fast") or names[fmt] in k.FAST_CODE_FORMATS)]
     for mode, sched, fmt, v in runs:
-        const = dict(MODE=mode, SCHED=sched, TOPK=8, FMT1=fmt, FMT2=fmt, BM=128, BN=64, BK=64,
-                     INTERP=False, **k.dot_plan(names[fmt], names[fmt], 64, v))
+        tr = format_traits(fmt)
+        const = dict(SCHED=sched, S=k.GemmSpec(MODE=mode, TOPK=8, FMT1=tr, FMT2=tr, BM=128,
+                                                BN=64, BK=64, INTERP=False,
+                                                **k.dot_plan(names[fmt], names[fmt], 64, v)))
         try:
             md = compile_one(k._moe_gemm_kernel, gemm_sig(mode), const, 4, 3)
             print(f"ok   gemm mode={mode} sched={sched} fmt={fmt} dot={v} shared={md['shared']}")
@@ -92,9 +94,11 @@ def main(argv=None) -> int:
             print(f"FAIL gemm mode={mode} sched={sched} fmt={fmt} dot={v}: {str(exc)[:200]}")
     # the biased, clamped-SwiGLU epilogue (GPT-OSS experts), on its decode path
     for mode, sched, fmt in itertools.product((0, 1), (0, 1), fmts):
-        const = dict(MODE=mode, SCHED=sched, TOPK=4, FMT1=fmt, FMT2=fmt, BM=128, BN=64, BK=64,
-                     INTERP=False, BIAS=True, ACT=1,
-                     **k.dot_plan(names[fmt], names[fmt], 64, "decode"))
+        tr = format_traits(fmt)
+        const = dict(SCHED=sched, S=k.GemmSpec(MODE=mode, TOPK=4, FMT1=tr, FMT2=tr, BM=128,
+                                                BN=64, BK=64, INTERP=False, BIAS=True, ACT=1,
+                                                **k.dot_plan(names[fmt], names[fmt], 64,
+                                                             "decode")))
         try:
             compile_one(k._moe_gemm_kernel, gemm_sig(mode), const, 4, 3)
             print(f"ok   gemm+bias+swiglu_oai mode={mode} sched={sched} fmt={fmt}")
@@ -140,8 +144,9 @@ def main(argv=None) -> int:
         for what, const in variants:
             try:
                 md = compile_one(dq._dequant_fwd_kernel, dict(sig),
-                                 {"FMT": fmt, "INTERP": False, "WORDS": False, "SUPER": False,
-                                  "ALIGNED": False, **const}, 4, 3, aligned=hints)
+                                 {"FMT": format_traits(fmt), "INTERP": False, "WORDS": False,
+                                  "SUPER": False, "ALIGNED": False, **const}, 4, 3,
+                                 aligned=hints)
                 print(f"ok   expert_dequant fmt={fmt} {what} shared={md['shared']}")
             except Exception as exc:
                 fails += 1

@@ -22,10 +22,10 @@ os.environ["TRITON_INTERPRET"] = "0"
 
 from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v, mma kind)
 from compile_moe import compile_one  # noqa: E402
-import strata.kernels._plane_kernel as pk  # noqa: E402
+import strata.kernels.moe._plane_kernel as pk  # noqa: E402
 from strata.errors import StrataError  # noqa: E402
-from strata.formats import get_format  # noqa: E402
-from strata.kernels.plane import KERNEL_FORMATS, PLANE_TILES, PlaneTile  # noqa: E402
+from strata.kernels.decode import format_traits  # noqa: E402
+from strata.kernels.moe.plane import KERNEL_FORMATS, PLANE_TILES, PlaneTile  # noqa: E402
 
 ALIGNED = {"a_ptr", "stride_a", "sorted_ids_ptr", "block_expert_ptr", "arena_ptr", "slot_ptr",
            "c1_off", "s1_off", "c2_off", "s2_off", "out_ptr", "stride_out", "tw_ptr", "n_out",
@@ -57,7 +57,7 @@ class _Text(dict):
 
 
 def compile_tile(tile: PlaneTile, mode: int, fmt: str) -> str:
-    g = get_format(fmt).ggml_type
+    g = format_traits(fmt)
     const = dict(MODE=mode, TOPK=8, BM=tile.BLOCK_M, RB=tile.row_blocks, BN=tile.BLOCK_N,
                  BK=tile.BLOCK_K,
                  FMT1=g, FMT2=g, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic, INTERP=False,

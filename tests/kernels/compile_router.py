@@ -20,8 +20,8 @@ import triton  # noqa: E402
 from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v)
 from compile_moe import compile_one  # noqa: E402
 from compile_plane import _Text  # noqa: E402  (compile_one's stages kept as text)
-from strata.kernels import _router_kernel as k  # noqa: E402
-from strata.kernels.router import router_tile  # noqa: E402
+from strata.kernels.moe import _router_kernel as k  # noqa: E402
+from strata.kernels.moe.router import router_tile  # noqa: E402
 
 ALIGNED = {"x_ptr", "w_ptr", "ids_ptr", "wt_ptr", "stride_xt", "stride_wp", "stride_we"}
 

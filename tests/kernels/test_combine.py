@@ -1,4 +1,4 @@
-"""The expert FFN's combine (strata.kernels.combine): y[t] = the sum over k of yk[t*K + k].
+"""The expert FFN's combine (strata.kernels.moe.combine): y[t] = the sum over k of yk[t*K + k].
 
 The kernel against its torch reference bit for bit on fresh random data (rows mode x out given or
 not), with the rows of id -1 filled with NaN (in "mask" mode they must never be read) and y
@@ -20,7 +20,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from strata.errors import StrataError
-from strata.kernels.combine import CombineTile, combine_rows, combine_rows_torch
+from strata.kernels.moe.combine import CombineTile, combine_rows, combine_rows_torch
 
 MODES = ("all", "mask", "layer")
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from strata.kernels.expert_dequant import dequant_experts, dequant_experts_torch
-from strata.kernels.random_experts import random_expert_set
-from strata.kernels.tiles import pin_tile
+from strata.kernels.moe.expert_dequant import dequant_experts, dequant_experts_torch
+from strata.kernels.moe.random_experts import random_expert_set
+from strata.kernels.moe.tiles import pin_tile
 
 CASES = [(("BF16",), 64, 32), (("Q8_0", "Q4_0", "F16"), 64, 32),
          # rows of whole block pairs and 4-byte words: Q8_0/Q4_0 take the word path

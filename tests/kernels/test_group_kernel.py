@@ -1,13 +1,13 @@
-"""The grouping kernels (strata.kernels._group_kernel, behind group_blocked_bounded) against their
-torch twin: every field equal, on fresh random routings with skipped (-1) and out-of-range ids,
-chunk counts past one program, expert counts that are not powers of two, and room to spare."""
+"""The grouping kernels (strata.kernels.moe._group_kernel, behind group_blocked_bounded) against
+their torch twin: every field equal, on fresh random routings with skipped (-1) and out-of-range
+ids, chunk counts past one program, expert counts that are not powers of two, and room to spare."""
 import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from strata.kernels.grouping import (group_blocked, group_blocked_bounded,
-                                    group_blocked_bounded_torch)
-from strata.kernels.tiles import padded_rows
+from strata.kernels.moe.grouping import (group_blocked, group_blocked_bounded,
+                                         group_blocked_bounded_torch)
+from strata.kernels.moe.tiles import padded_rows
 
 
 def _routing(T, K, E, seed, skip, wild):

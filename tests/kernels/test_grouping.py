@@ -4,7 +4,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from strata.errors import StrataError
-from strata.kernels.grouping import group_blocked, group_ragged, topk_route
+from strata.kernels.moe.grouping import group_blocked, group_ragged, topk_route
 
 
 def _ids(T, E, K, seed, mode="random"):
@@ -109,6 +109,6 @@ def test_absent_expert_named():
 
 def test_routed_mask_ignores_skipped_ids():
     """The engine's passes mark other passes' assignments -1; they route to nobody."""
-    from strata.kernels.grouping import routed_mask
+    from strata.kernels.moe.grouping import routed_mask
     ids = torch.tensor([[0, -1], [3, 3], [-1, -1]])
     assert routed_mask(ids, 5).tolist() == [True, False, False, True, False]

@@ -1,5 +1,5 @@
-"""The expert GEMM's launch plan (strata.kernels.tiles.plan_launch) is what the launcher does and
-what the engine reserves: one count.
+"""The expert GEMM's launch plan (strata.kernels.moe.tiles.plan_launch) is what the launcher does
+and what the engine reserves: one count.
 
 - moe_ffn launches exactly the plan's tile and asks for exactly its scratch bytes;
 - the engine's slab reserve (strata.engine.scratch) equals the size classes of what the launches
@@ -13,10 +13,10 @@ from hypothesis import example, given, settings, strategies as st
 
 from strata.planning import scratch_bytes_for, slab_reserve
 from strata.kernels import moe_ffn, topk_route
-from strata.kernels.moe import decoded_weights, last_launch
-from strata.kernels.grouping import group_blocked
-from strata.kernels.random_experts import random_expert_set
-from strata.kernels.tiles import block_m_for, padded_rows, pin_tile, plan_launch
+from strata.kernels.moe.ffn import decoded_weights, last_launch
+from strata.kernels.moe.grouping import group_blocked
+from strata.kernels.moe.random_experts import random_expert_set
+from strata.kernels.moe.tiles import block_m_for, padded_rows, pin_tile, plan_launch
 from strata.memory.pool import size_class
 from strata.shapes import ModelShape
 

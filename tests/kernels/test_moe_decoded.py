@@ -8,9 +8,9 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels import moe_ffn, moe_ffn_torch
-from strata.kernels.decoded import bf16_layout, decode_experts, moe_ffn_decoded
-from strata.kernels.random_experts import random_expert_set
-from strata.kernels.moe import dequantize_matrix
+from strata.kernels.moe.decoded import bf16_layout, decode_experts, moe_ffn_decoded
+from strata.kernels.moe.random_experts import random_expert_set
+from strata.kernels.moe.ffn import dequantize_matrix
 
 DECODED_REL = 1.5e-2   # the GEMM's bound for decoded formats (tests/kernels/test_moe_ffn.py)
 
@@ -71,8 +71,8 @@ def test_decoded_absent_and_small_buffer_are_clear():
 def test_auto_picks_decode_first_by_rows_and_format(monkeypatch):
     """strata.models.moe's "auto": decoded from DECODED_MIN_ROWS_FAST rows an expert for Q8_0/Q4_0
     (their fused kernel is fast), from DECODED_MIN_ROWS for the other formats."""
-    from strata.kernels import decoded as dec_mod
-    from strata.kernels import moe as moe_mod
+    from strata.kernels.moe import decoded as dec_mod
+    from strata.kernels.moe import ffn as moe_mod
     from strata.models import moe as model_moe
     fast = random_expert_set(4, 64, 32, "Q8_0", "Q4_0", "Q8_0", seed=1)
     slow = random_expert_set(4, 64, 32, "Q8_0", "Q2_0", "Q8_0", seed=1)

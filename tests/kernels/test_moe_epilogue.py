@@ -20,8 +20,8 @@ import torch
 from strata.blob import ExpertAct
 from strata.errors import StrataError
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
-from strata.kernels.moe import expert_biases, glu
-from strata.kernels.random_experts import random_expert_set
+from strata.kernels.moe.ffn import expert_biases, glu
+from strata.kernels.moe.random_experts import random_expert_set
 
 BF16_REL = 1e-2
 DECODED_REL = 1.5e-2
@@ -84,7 +84,7 @@ def test_bias_slot_is_read_per_expert():
 
 
 def test_decoded_ffn_refuses_biased_experts():
-    from strata.kernels.decoded import moe_ffn_decoded
+    from strata.kernels.moe.decoded import moe_ffn_decoded
     ex = random_expert_set(3, 64, 32, "Q8_0", seed=1, bias=True, act=OAI)
     x = torch.randn(2, 64).bfloat16()
     ids, w = topk_route(torch.randn(2, 3), 2)

@@ -6,9 +6,9 @@ Bounds, per compute dtype (never loosened to pass; a miss is a bug to find):
   tensor-core input) and y to bf16; each rounding is <= 2^-9 relative (rms ~1.1e-3), and the
   reference keeps h in fp32. Observed ~2.3e-3 on the tiny shapes.
 - DECODED_REL: any decoded block format (decode-only formats such as Q4_K / IQ3_S get random
-  valid blocks from strata.kernels.random_experts.random_blocks). Decoded weights (an fp16 scale times a small integer,
-  up to 18 significant bits) are rounded to bf16 for the tensor cores: one more 2^-9 rounding per
-  weight on top of the BF16 case. Observed ~4e-3.
+  valid blocks from strata.kernels.moe.random_experts.random_blocks). Decoded weights (an fp16 scale
+  times a small integer, up to 18 significant bits) are rounded to bf16 for the tensor cores: one
+  more 2^-9 rounding per weight on top of the BF16 case. Observed ~4e-3.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels import last_launch, moe_ffn, moe_ffn_torch, pin_tile, topk_route
-from strata.kernels._moe_kernel import dot_plan
-from strata.kernels.tiles import DOT_VARIANTS
-from strata.kernels.random_experts import random_expert_set
+from strata.kernels.moe._ffn_kernel import dot_plan
+from strata.kernels.moe.tiles import DOT_VARIANTS
+from strata.kernels.moe.random_experts import random_expert_set
 
 BF16_REL = 1e-2
 DECODED_REL = 1.5e-2

@@ -18,11 +18,11 @@ from strata.bench.expert_gemm import DECODED_REL, rel_err
 from strata.engine.syncs import SyncGuard
 from strata.errors import StrataError
 from strata.kernels import moe_ffn_torch
-from strata.kernels import grouped as gm
-from strata.kernels.decoded import (bf16_layout, decode_experts, last_decoded_gemm,
-                                    moe_ffn_decoded, pin_decoded_gemm)
-from strata.kernels.random_experts import random_expert_set
-from strata.kernels.tiles import plan_launch
+from strata.kernels.moe import grouped as gm
+from strata.kernels.moe.decoded import (bf16_layout, decode_experts, last_decoded_gemm,
+                                        moe_ffn_decoded, pin_decoded_gemm)
+from strata.kernels.moe.random_experts import random_expert_set
+from strata.kernels.moe.tiles import plan_launch
 
 E, D, F, K = 6, 64, 32, 2
 
@@ -230,7 +230,7 @@ def test_silu_mul_and_scatter_rows_match_their_twins(M, n_valid):
 def test_combine_sorted_is_the_scatter_then_combine(rows, add):
     """The sum straight from the sorted rows == scatter_rows then combine_rows, bit for bit (and
     its twin too); a masked k's row (NaN here) is never read."""
-    from strata.kernels.combine import combine_rows
+    from strata.kernels.moe.combine import combine_rows
     g = torch.Generator().manual_seed(7)
     T, Kc, Dc = 11, 3, 40
     ids = torch.randint(0, 4, (T, Kc), generator=g)

@@ -10,8 +10,8 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels import moe_ffn, moe_ffn_torch
-from strata.kernels.grouping import group_blocked
-from strata.kernels.random_experts import random_expert_set
+from strata.kernels.moe.grouping import group_blocked
+from strata.kernels.moe.random_experts import random_expert_set
 
 FP32_PASSES_REL = 1e-5   # fp32 sums of the same products in another order
 BF16_REL = 1e-2          # the Triton GEMM against the fp32 torch reference (its test file's bound)

@@ -18,11 +18,12 @@ from strata.bench.expert_gemm import DECODED_REL, rel_err   # the GEMM tests' bo
 from strata.errors import StrataError
 from strata.formats import dequantize, get_format
 from strata.kernels import topk_route
-from strata.kernels.moe import moe_ffn_torch
-from strata.kernels.plane import (KERNEL_FORMATS, PLANE_TILES, PlaneTile, plane_dequantize,
-                                  plane_dequantize_torch, plane_ffn, plane_ffn_torch, plane_tile)
-from strata.kernels.random_experts import random_blocks, random_expert_set
-from strata.kernels.tiles import padded_rows
+from strata.kernels.moe.ffn import moe_ffn_torch
+from strata.kernels.moe.plane import (KERNEL_FORMATS, PLANE_TILES, PlaneTile, plane_dequantize,
+                                      plane_dequantize_torch, plane_ffn, plane_ffn_torch,
+                                      plane_tile)
+from strata.kernels.moe.random_experts import random_blocks, random_expert_set
+from strata.kernels.moe.tiles import padded_rows
 from strata.planes import to_plane_set, to_planes
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ def test_tile_table_and_parse():
         plane_tile(512, 8, 128, "Q6_K")
     # a table for each format the GEMM reads, a tile for each BLOCK_M the planner picks, each no
     # taller than its key (the planner's workspace, padded_rows at the key, holds its rows)
-    from strata.kernels.tiles import BLOCK_M_MAX, BLOCK_M_MIN, block_m_for
+    from strata.kernels.moe.tiles import BLOCK_M_MAX, BLOCK_M_MIN, block_m_for
     assert set(PLANE_TILES) == set(KERNEL_FORMATS)
     for table in PLANE_TILES.values():
         assert {block_m_for(T, 8, 128) for T in range(0, 4096, 7)} == set(table)
@@ -274,7 +275,7 @@ def test_tile_table_and_parse():
 
 
 def test_pin_plane_tile_wins_over_the_table_and_is_restored(monkeypatch):
-    from strata.kernels import plane as plane_mod
+    from strata.kernels.moe import plane as plane_mod
     seen = []
     real = plane_mod._pk._plane_gemm_kernel
 

@@ -1,4 +1,4 @@
-"""The fused softmax -> top-k router (strata.kernels.router) against an fp64 truth and its twin.
+"""The fused softmax -> top-k router (strata.kernels.moe.router) against an fp64 truth and its twin.
 
 The truth: logits in fp64 from the same bf16 x and the exact weight, softmax in fp64, top-k.
 A row whose K-th and (K+1)-th logits lie closer than the fp32 sum's rounding could go either way
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.router import (MAX_EXPERTS, RouterTile, bf16_parts, pin_router, route_logits,
-                                   router_impl, router_logits, router_logits_torch, router_tile,
-                                   softmax_topk_route, softmax_topk_route_torch)
+from strata.kernels.moe.router import (MAX_EXPERTS, RouterTile, bf16_parts, pin_router,
+                                       route_logits, router_impl, router_logits,
+                                       router_logits_torch, router_tile, softmax_topk_route,
+                                       softmax_topk_route_torch)
 from strata.models.moe_block import route
 
 # fp32 sums of D bf16 products of unit scale: |error| stays far below this; gaps under it are ties

@@ -2,7 +2,7 @@
 import pytest
 
 from strata.errors import StrataError
-from strata.kernels.tiles import GemmProblem, TileConfig, choose_tile, pin_tile, resolve_tile
+from strata.kernels.moe.tiles import GemmProblem, TileConfig, choose_tile, pin_tile, resolve_tile
 
 QWEN = dict(top_k=8, n_expert=128, d_model=2048, d_expert=768, n_sms=132)
 
@@ -74,8 +74,8 @@ def test_bad_tiles_are_clear():
 def test_launch_choices_are_pinnable_data():
     """The dot variant and the decode-once word path are fields of the pinned config, restored
     on exit (no module global to assign)."""
-    from strata.kernels.expert_dequant import word_decode
-    from strata.kernels.tiles import DEFAULT_DOT, DEFAULT_WORDS, pinned_choice
+    from strata.kernels.moe.expert_dequant import word_decode
+    from strata.kernels.moe.tiles import DEFAULT_DOT, DEFAULT_WORDS, pinned_choice
     p = GemmProblem(512, **QWEN)
     assert resolve_tile(p).dot == DEFAULT_DOT and word_decode() is DEFAULT_WORDS
     assert pinned_choice("words") is None

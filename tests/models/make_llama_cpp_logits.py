@@ -7,7 +7,11 @@ by llama.cpp's own converter, quantized by llama.cpp's quantizer and read by lla
         -DLLAMA_BUILD_EXAMPLES=OFF" MAKEFLAGS=-j2 CMAKE_BUILD_PARALLEL_LEVEL=2 \
         /work/lcp-venv/bin/pip install /tmp/lcp/llama_cpp_python-0.3.36.tar.gz
     PYTHONPATH=. .venv/bin/python tests/models/make_llama_cpp_logits.py \
-        /tmp/lcp/llama_cpp_python-0.3.36.tar.gz /work/lcp-venv/bin/python
+        /tmp/lcp/llama_cpp_python-0.3.36.tar.gz /work/lcp-venv/bin/python [--only ARCH,...]
+
+(`--only`: re-make only the models of those architectures (strata names, e.g. minimax-m2):
+their files are replaced, every other file and llama_cpp.json's other entries are kept, the
+sha256 list is redone over the folder; the model's entry records the command that made it.)
 
 (strata's .venv runs this script: transformers 5, torch, gguf-py; the second interpreter is the
 separate venv with the llama_cpp package built from the same sdist: llama-cpp-python 0.3.36,
@@ -54,6 +58,9 @@ What is patched, and why:
   hf_archs' GPT_OSS_TINY uses 2; gate/up are scaled so some pre-activations still pass 7.
 - DeepSeek: the release's scoring_func / topk_method keys (DS_RELEASE_KEYS) written back into
   config.json (transformers does not save them; the converter reads them).
+- MiniMax-M2: the release's scoring_func (MINIMAX_RELEASE_KEYS) written back into config.json:
+  without it the converter writes no expert_gating_func, and llama.cpp's minimax-m2 graph has
+  no gating function (it stops).
 
 deepseek2-yarn-f32.gguf: DS_TINY with YaRN in the HF config (rope_scaling `YARN` below: factor 40
 over an original context of 32, so TOKENS' positions stay inside it and `long_tokens()`' cross
@@ -84,7 +91,7 @@ SEED = 0
 # routers (not the YaRN model's) this many times the other tests' scale: more of the prompts
 # route alike under llama.cpp's rounding (a sigmoid router's saturated scores leave the choice
 # to the correction bias, which no rounding moves)
-ROUTER_GAIN = {"deepseek2": 4.0, "glm4moe": 4.0}
+ROUTER_GAIN = {"deepseek2": 4.0, "glm4moe": 4.0, "minimax-m2": 4.0}
 ROUTER_GAIN_DEFAULT = 2.0
 # candidate prompts tried for one whose every routing decision the rounding leaves alone
 TRIES = 40
@@ -93,6 +100,9 @@ MERGES = 8
 # save back: without scoring_func the converter writes no expert_gating_func, which llama.cpp
 # reads as softmax (DeepSeek-V2's router)
 DS_RELEASE_KEYS = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+# MiniMaxAI/MiniMax-M2's config.json key that MiniMaxM2Config does not save back (see above)
+MINIMAX_RELEASE_KEYS = {"scoring_func": "sigmoid"}
+RELEASE_KEYS = {"deepseek2": DS_RELEASE_KEYS, "minimax-m2": MINIMAX_RELEASE_KEYS}
 # the added tokens the converter's GLM vocabulary looks up (_set_vocab_glm)
 GLM_SPECIALS = ("[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>")
 LLAMA_CTX = dict(logits_all=True, n_ctx=64, n_batch=64, n_ubatch=64, n_threads=2,
@@ -114,6 +124,7 @@ def long_tokens(n: int = 48) -> list[int]:
 def _small():
     from tests.models.hf_archs import GPT_OSS_TINY, MIXTRAL_TINY
     from tests.models.hf_family import DS_TINY, GLM_TINY
+    from tests.models.hf_minimax_m2 import MINIMAX_TINY
     from tests.models.hf_tiny import TINY
     # the other tests' shapes with fewer experts (and GPT-OSS one sliding and one full layer):
     # the files' size, and fewer near-ties the rounding can tip; DeepSeek / GLM keep 2 of 4
@@ -121,7 +132,8 @@ def _small():
     return {"qwen3moe": TINY.with_(n_expert=4), "mixtral": MIXTRAL_TINY.with_(n_expert=4),
             "gpt-oss": GPT_OSS_TINY.with_(**{"opts.swiglu_limit": 7.0}, n_expert=4, n_layer=2),
             "deepseek2": DS_TINY.with_(n_expert=8, top_k=2),
-            "glm4moe": GLM_TINY.with_(n_expert=8, top_k=2)}
+            "glm4moe": GLM_TINY.with_(n_expert=8, top_k=2),
+            "minimax-m2": MINIMAX_TINY}   # 8 experts, top-2; RoPE on 8 of 16 dims
 
 
 # D = expert width = 256 (whole K-quant rows), top-2 of 3 experts, attention of 4 x 32
@@ -143,7 +155,8 @@ def _wide():
                                               d_ff=256, n_group=1, topk_group=1, q_lora=64,
                                               kv_lora=64, qk_rope=16, v_head_dim=32),
             "glm4moe": s["glm4moe"].with_(**{**_WIDE, "n_layer": 2}, d_ff=256, n_group=1,
-                                          topk_group=1, rope_dim=16)}
+                                          topk_group=1, rope_dim=16),
+            "minimax-m2": s["minimax-m2"].with_(**_WIDE, rope_dim=16)}
 
 
 @dataclass(frozen=True)
@@ -186,11 +199,13 @@ def make_ds_yarn(shape: ModelShape, seed: int = SEED):
 def make_hf(m: Model):
     from tests.models.hf_archs import make_gpt_oss, make_mixtral
     from tests.models.hf_family import make_hf_family
+    from tests.models.hf_minimax_m2 import make_minimax_m2
     from tests.models.hf_tiny import make_hf_model
     if m.yarn:
         return exact_in_f16(make_ds_yarn(m.shape))
     model = {"qwen3moe": make_hf_model, "mixtral": make_mixtral, "gpt-oss": make_gpt_oss,
-             "deepseek2": make_hf_family, "glm4moe": make_hf_family}[m.shape.arch](m.shape, SEED)
+             "deepseek2": make_hf_family, "glm4moe": make_hf_family,
+             "minimax-m2": make_minimax_m2}[m.shape.arch](m.shape, SEED)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("mlp.gate.weight", "mlp.router.weight")):   # a power of two
@@ -294,16 +309,37 @@ def pick_prompt(files: list[Path], n: int, work: Path) -> tuple[list[int], int]:
     return best, best_rows
 
 
-def main(sdist: str, llama_python: str) -> None:
+COMMAND = ("PYTHONPATH=. .venv/bin/python tests/models/make_llama_cpp_logits.py "
+           "/tmp/lcp/llama_cpp_python-0.3.36.tar.gz /work/lcp-venv/bin/python")
+
+
+def _files_of(name: str, entry: dict) -> list[Path]:
+    """The files of model `name` in the folder, as its llama_cpp.json entry names them."""
+    out = [OUT / f"{name}{sfx}.hf_logits.npy" for sfx in ("", "-long")]
+    out.append(OUT / f"{name}.config.json")
+    for f in entry.get("files", {}):
+        stem = f[:-len(".gguf")]
+        out += [OUT / f] + [OUT / f"{stem}{sfx}.logits.npy" for sfx in ("", "-long")]
+    return [f for f in out if f.exists()]
+
+
+def main(sdist: str, llama_python: str, only: set[str] | None = None) -> None:
     import transformers
-    from tests.models.make_llama_cpp_fixtures import convert, extract_converter, \
-        save_byte_tokenizer
     torch.set_num_threads(1)   # strata's tiny reads (the prompt pick): no second thread to wait on
     OUT.mkdir(parents=True, exist_ok=True)
+    if only is not None:   # keep the other models' files and entries
+        todo = [m for m in models() if m.shape.arch in only]
+        info = json.loads((OUT / "llama_cpp.json").read_text())
+        for m in todo:
+            for old in _files_of(m.name, info["models"].pop(m.name, {})):
+                old.unlink()
+            info["router_gain"][m.shape.arch] = ROUTER_GAIN.get(m.shape.arch,
+                                                                ROUTER_GAIN_DEFAULT)
+        _make(sdist, llama_python, todo, info, f"{COMMAND} --only {','.join(sorted(only))}")
+        return
     for old in OUT.iterdir():
         old.unlink()
-    info = {"command": "PYTHONPATH=. .venv/bin/python tests/models/make_llama_cpp_logits.py "
-                       "/tmp/lcp/llama_cpp_python-0.3.36.tar.gz /work/lcp-venv/bin/python",
+    info = {"command": COMMAND,
             "sdist": Path(sdist).name,
             "sdist_sha256": hashlib.sha256(Path(sdist).read_bytes()).hexdigest(),
             "llama.cpp": "ggml-org/llama.cpp@0c1e57098",
@@ -312,22 +348,34 @@ def main(sdist: str, llama_python: str) -> None:
             "seed": SEED,
             "router_gain": {**{a: ROUTER_GAIN_DEFAULT for a in _small()}, **ROUTER_GAIN},
             "llama_ctx": LLAMA_CTX, "models": {}}
+    _make(sdist, llama_python, models(), info, None)
+
+
+def _make(sdist: str, llama_python: str, todo: list[Model], info: dict,
+          command: str | None) -> None:
+    """Convert, quantize and read each model of `todo` into OUT, its entry into `info`
+    (`command`: the one recorded in the entry, when not the whole folder's), then the folder's
+    sha256 list and llama_cpp.json."""
+    from tests.models.make_llama_cpp_fixtures import convert, extract_converter, \
+        save_byte_tokenizer
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         lc = extract_converter(sdist, tmp)
-        for m in models():
+        for m in todo:
             hf = tmp / m.name
             model = make_hf(m)
             model.save_pretrained(hf)
-            if m.shape.arch == "deepseek2":
+            if m.shape.arch in RELEASE_KEYS:
                 cfg = json.loads((hf / "config.json").read_text())
-                cfg.update(DS_RELEASE_KEYS)
+                cfg.update(RELEASE_KEYS[m.shape.arch])
                 (hf / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
             save_byte_tokenizer(hf, m.shape.vocab, MERGES, GLM_SPECIALS if
                                 m.shape.arch == "glm4moe" else ())
             f32 = tmp / f"{m.name}-f32.gguf"
             convert(lc, hf, "f32", f32)
             entry = {"shape": m.shape.to_dict(), "arch": m.arch, "files": {}}
+            if command is not None:
+                entry["command"] = command
             files = [OUT / f"{m.name}-{fmt.lower()}.gguf" for fmt in m.fmts]
             for fmt, dst in zip(m.fmts, files):
                 if fmt == "F32":
@@ -358,9 +406,10 @@ def main(sdist: str, llama_python: str) -> None:
             info["models"][m.name] = entry
             print(m.name, "done", flush=True)
     info["sha256"] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-                      for f in sorted(OUT.iterdir())}
+                      for f in sorted(OUT.iterdir()) if f.name != "llama_cpp.json"}
     (OUT / "llama_cpp.json").write_text(json.dumps(info, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    _only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    main(*sys.argv[1:3], set(_only.split(",")) if _only else None)

@@ -272,7 +272,7 @@ class Rounding(torch.Tensor):
 def _expert_ffn(arith: Arith):
     """strata.models.moe.moe_ffn_ref with each expert matrix's input given as `arith` says for
     its format (llama.cpp's mul_mat_id of ffn_{gate,up,down}_exps reads them so)."""
-    from strata.kernels.moe import dequantize_matrix, expert_biases, glu
+    from strata.kernels.moe.ffn import dequantize_matrix, expert_biases, glu
 
     def expert(xe, experts, e):
         lay = experts.layout
@@ -691,7 +691,7 @@ def test_emulated_bound_catches_another_format_s_rounding(packs, reads, fname):
 
 def _scale_as_bf16(fmt_name: str):
     """strata's decoder with one slip: each Q8_0 block's f16 scale read through bf16."""
-    from strata.kernels import moe as kmoe
+    from strata.kernels.moe import ffn as kmoe
     real = kmoe.dequantize_matrix
 
     def dq(experts, e, name):
@@ -707,7 +707,7 @@ def _scale_as_bf16(fmt_name: str):
 def test_emulated_bound_catches_a_decoder_slip(packs, reads):
     """Q8_0 experts decoded with each block's scale rounded to bf16 (2^-8 relative, a whole
     block at a time): under EMULATED's microscope, far off; PLAIN alone would not see it."""
-    from strata.kernels import moe as kmoe
+    from strata.kernels.moe import ffn as kmoe
     from strata.packs import Pack
     fname = "qwen3moe-q8_0.gguf"
     r = reads("qwen3moe", fname)
@@ -723,7 +723,9 @@ WRONG_SHAPE = {   # a file, a hyperparameter read otherwise
     "qwen3moe-f16.gguf": dict(rope_theta=1e6),               # another RoPE base
     "mixtral-q8_0.gguf": dict(rope_theta=1e4),               # the default base for 1e6
     "glm4moe-wide-q4_k_m.gguf": dict(routed_scale=1.0),      # the routed experts' scale dropped
-}
+    "minimax-m2-f16.gguf": dict(rope_dim=16),                # RoPE over all of the head, not 8
+    "minimax-m2-wide-q4_k_m.gguf": dict(norm_topk_prob=False),   # the k sigmoid weights as
+}                                                            # they are, not renormalised
 
 
 def _wrong(packs, reads, fname, emulate: bool):
@@ -745,7 +747,8 @@ def test_emulated_bound_catches_a_hyperparameter_read_otherwise(packs, reads, fn
     assert rel(got.logits, r.want) > r.emulated_bound
 
 
-@pytest.mark.parametrize("fname", ["gpt-oss-f16.gguf", "qwen3moe-f16.gguf"],
+@pytest.mark.parametrize("fname", ["gpt-oss-f16.gguf", "qwen3moe-f16.gguf",
+                                   "minimax-m2-f16.gguf"],
                          ids=lambda f: f[:-5])
 def test_plain_bound_catches_a_rope_read_otherwise(packs, reads, fname):
     r, got = _wrong(packs, reads, fname, emulate=False)

@@ -24,6 +24,7 @@ from strata.packs import hparams as hp
 from strata.shapes import ModelShape
 from tests.models.hf_archs import GPT_OSS_TINY, MIXTRAL_TINY
 from tests.models.hf_family import DS_TINY, DS_YARN, GLM_TINY
+from tests.models.hf_minimax_m2 import MINIMAX_TINY
 from tests.models.hf_tiny import TINY
 
 # ---- (a) the sources ------------------------------------------------------------------------
@@ -66,6 +67,8 @@ LOADER_ARCH = {
                 "%s.expert_gating_func", "%s.expert_shared_count", "%s.expert_weights_norm",
                 "%s.expert_weights_scale", "%s.leading_dense_block_count",
                 "%s.rope.dimension_sections"],
+    "minimax-m2": ["%s.attention.layer_norm_rms_epsilon", "%s.expert_feed_forward_length",
+                   "%s.expert_gating_func"],
 }
 # what the same llama.cpp's conversion/base.py (TextModel.set_gguf_parameters) and its
 # qwen.py / llama.py / gpt_oss.py / deepseek.py / glm.py classes write for these architectures
@@ -95,6 +98,7 @@ CONVERTER_ARCH = {
     "glm4moe": ["%s.rope.dimension_count", "%s.expert_feed_forward_length",
                 "%s.expert_shared_count", "%s.leading_dense_block_count",
                 "%s.expert_weights_scale", "%s.expert_weights_norm", "%s.nextn_predict_layers"],
+    "minimax-m2": ["%s.expert_feed_forward_length", "%s.rope.dimension_count"],
 }
 # fields of the released config.json files (Qwen3-30B-A3B, Mixtral-8x7B, gpt-oss-20b,
 # DeepSeek-V3 / Kimi-K2 with their remote code, GLM-4.5) that transformers 5 no longer writes
@@ -109,10 +113,19 @@ RELEASED = {
                     "quantization_config", "auto_map"],
     "glm4_moe": ["rope_theta", "rope_scaling", "torch_dtype", "partial_rotary_factor",
                  "head_dim"],
+    # MiniMaxAI/MiniMax-M2's config.json: the fields of its remote-code config class
+    "minimax_m2": ["rope_theta", "rope_scaling", "torch_dtype", "rotary_dim", "attn_type_list", "use_qk_norm", "qk_norm_type",
+                   "use_routing_bias", "scoring_func", "use_grouped_topk", "num_expert_group",
+                   "topk_group", "routed_scaling_factor", "layernorm_full_attention_beta",
+                   "layernorm_linear_attention_beta", "layernorm_mlp_beta",
+                   "shared_intermediate_size", "shared_moe_mode", "mlp_intermediate_size",
+                   "use_mtp", "num_mtp_modules", "mtp_transformer_layers", "attn_window_size",
+                   "swa_rope_theta", "sliding_window", "max_model_len", "quantization_config",
+                   "auto_map"],
 }
 HF_CLASSES = {"qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
               "gpt_oss": "GptOssConfig", "deepseek_v3": "DeepseekV3Config",
-              "glm4_moe": "Glm4MoeConfig"}
+              "glm4_moe": "Glm4MoeConfig", "minimax_m2": "MiniMaxM2Config"}
 
 def _ids(v):
     return str(v)
@@ -175,7 +188,7 @@ def test_table_entries_are_well_formed():
 
 # ---- GGUF and config.json writers -------------------------------------------------------------
 GGUF_SHAPES = {"qwen3moe": TINY, "llama": MIXTRAL_TINY, "gpt-oss": GPT_OSS_TINY,
-               "glm4moe": GLM_TINY, "deepseek2": DS_TINY}
+               "glm4moe": GLM_TINY, "deepseek2": DS_TINY, "minimax-m2": MINIMAX_TINY}
 
 
 def base_gguf(arch: str) -> dict:
@@ -198,6 +211,9 @@ def base_gguf(arch: str) -> dict:
               "rope.scaling.factor": s.rope_factor,
               "rope.scaling.original_context_length": s.rope_orig_ctx,
               "swiglu_clamp_exp": [s.opts.swiglu_limit] * s.n_layer}
+    elif arch == "minimax-m2":   # conversion/minimax.py's MiniMaxM2Model (scoring_func sigmoid)
+        m |= {"feed_forward_length": s.d_expert, "expert_feed_forward_length": s.d_expert,
+              "rope.dimension_count": s.rot_dim, "expert_gating_func": 2}
     else:   # the family
         m |= {"feed_forward_length": s.d_ff, "expert_feed_forward_length": s.d_expert,
               "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead,
@@ -255,7 +271,7 @@ def gguf_read(d, arch: str, meta: dict) -> ModelShape:
 
 
 HF_SHAPES = {"qwen3_moe": TINY, "mixtral": MIXTRAL_TINY, "gpt_oss": GPT_OSS_TINY,
-             "glm4_moe": GLM_TINY, "deepseek_v3": DS_TINY}
+             "glm4_moe": GLM_TINY, "deepseek_v3": DS_TINY, "minimax_m2": MINIMAX_TINY}
 
 
 def base_hf(model_type: str) -> dict:
@@ -279,6 +295,10 @@ def base_hf(model_type: str) -> dict:
         rope = {"rope_type": "yarn", "rope_theta": s.rope_theta, "factor": s.rope_factor,
                 "beta_fast": s.yarn_beta_fast, "beta_slow": s.yarn_beta_slow,
                 "truncate": s.yarn_truncate, "original_max_position_embeddings": s.rope_orig_ctx}
+    elif model_type == "minimax_m2":
+        kw |= dict(intermediate_size=s.d_expert, head_dim=s.head_dim,
+                   num_local_experts=s.n_expert, rotary_dim=s.rot_dim)
+        rope["partial_rotary_factor"] = s.rot_dim / s.head_dim
     else:
         from tests.models.hf_family import _config
         return _config(s).to_dict()
@@ -372,6 +392,8 @@ GGUF_ARCH_CASES = {
                       ("rope.scaling.yarn_beta_fast", 16.0), ("rope.scaling.yarn_beta_slow", 2.0),
                       ("rope.scaling.yarn_log_multiplier", 0.0707),
                       ("rope.scaling.attn_factor", 1.5))}},
+    "minimax-m2": {"expert_feed_forward_length": (64, {"feed_forward_length": 64}),
+                   "rope.dimension_count": (4, {})},
 }
 
 
@@ -424,6 +446,11 @@ HF_ARCH_CASES = {
                  "partial_rotary_factor": (0.25, {}, {hp.ROPE + "partial_rotary_factor": DROP,
                                                       "partial_rotary_factor": 0.5}),
                  hp.ROPE + "partial_rotary_factor": (0.25, {})},
+    # rotary_dim counts only without a partial_rotary_factor (transformers' order)
+    "minimax_m2": {"rotary_dim": (4, {}, {hp.ROPE + "partial_rotary_factor": DROP}),
+                   "partial_rotary_factor": (0.25, {}, {hp.ROPE + "partial_rotary_factor": DROP,
+                                                        "partial_rotary_factor": 0.5}),
+                   hp.ROPE + "partial_rotary_factor": (0.25, {})},
     "deepseek_v3": {"num_attention_heads": (8, {"num_key_value_heads": 8}),
                     "qk_nope_head_dim": (24, {}), "qk_rope_head_dim": (4, {}),
                     "v_head_dim": (24, {}), "q_lora_rank": (16, {}), "kv_lora_rank": (16, {}),
@@ -524,10 +551,12 @@ LOGIT_SHAPES = {"qwen3moe": TINY, "mixtral": MIXTRAL_TINY, "gpt-oss": GPT_OSS_TI
                 # correction range untruncated (over 4 rotary pairs whole dims hide the betas)
                 "deepseek2": DS_TINY.with_(rope_scaling="yarn", rope_factor=40.0,
                                            rope_orig_ctx=4096, yarn_truncate=False,
-                                           yarn_attn=1.0, yarn_kq=1.3689 ** 2)}
+                                           yarn_attn=1.0, yarn_kq=1.3689 ** 2),
+                "minimax-m2": MINIMAX_TINY}
 _TABLES_OF = {"qwen3moe": ("qwen3moe", "qwen3_moe"), "mixtral": ("llama", "mixtral"),
               "gpt-oss": ("gpt-oss", "gpt_oss"), "glm4moe": ("glm4moe", "glm4_moe"),
-              "deepseek2": ("deepseek2", "deepseek_v3")}
+              "deepseek2": ("deepseek2", "deepseek_v3"),
+              "minimax-m2": ("minimax-m2", "minimax_m2")}
 
 
 def _fields_used(arch: str) -> set[str]:
@@ -575,7 +604,8 @@ def test_field_changes_the_logits(arch, field):
 SAMPLES = {"quantization_config": {"quant_method": "fp8"}, "general.type": "adapter",
            "hidden_act": "gelu", "scoring_func": "softmax", "topk_method": "greedy",
            "classifier.output_labels": ["yes", "no"],
-           "rope.dimension_sections": [8, 8, 0, 0], "expert_weights_scale": 0.0}
+           "rope.dimension_sections": [8, 8, 0, 0], "expert_weights_scale": 0.0,
+           "attn_type_list": [0, 1]}
 
 
 def _bad(key: str, e: hp.Hp, get):

@@ -5,7 +5,7 @@ Legend: R rows (token, kv head) = S·Hkv, hd head width, BR rows per program.
 import triton
 import triton.language as tl
 
-from strata.kernels._moe_kernel import _bf16
+from strata.kernels.moe._ffn_kernel import _bf16
 
 
 @triton.jit

@@ -18,6 +18,11 @@ WIN   a sliding window: row at absolute position p sees key at absolute position
       running max stays -inf until its first visible key, so exp2 is taken against 0 then);
 SINKS a learned logit per query head joins each row's softmax denominator (not the output),
       once, in the FINISH launch.
+SEQ   packed sequences (many independent ones back to back in the chunk, no prefix): starts[t]
+      is the chunk index of token t's sequence's first token, and row t sees chunk key n only
+      when n >= starts[t] (block-diagonal causal); key tiles wholly before the block's first
+      row's sequence are never visited, and a row's running max stays -inf until its first
+      visible key, as under WIN.
 Absolute positions come from the launcher, so they hold in every launch of a split chunk:
 segment a's keys start at pos_a, b's at pos_b, and the chunk's token t sits at n_prefix + t
 (n_prefix: the whole prefix, all launches' segments together). One launch over (a, b):
@@ -26,7 +31,7 @@ pos_a = 0, pos_b = Pa, n_prefix = Pa + Pb.
 import triton
 import triton.language as tl
 
-from strata.kernels._moe_kernel import _bf16
+from strata.kernels.moe._ffn_kernel import _bf16
 
 
 @triton.jit
@@ -45,11 +50,13 @@ def _mma(a, b, acc, INTERP: tl.constexpr):
 def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys, stride_t,
                  stride_st, row_tok, qk_scale, HD: tl.constexpr, BN: tl.constexpr,
                  SCALED: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                 INTERP: tl.constexpr, kpos0=0, row_abs=0, window=0, WIN: tl.constexpr = False):
+                 INTERP: tl.constexpr, kpos0=0, row_abs=0, window=0, WIN: tl.constexpr = False,
+                 row_start=0, SEQ: tl.constexpr = False):
     """One [BM, BN] step of the online softmax over keys n0..n0+BN of one segment.
     MASK: keys past n_keys are cut (a segment's last tile); CAUSAL: key n is seen by rows whose
     token >= n (the chunk's diagonal tiles); WIN: key n (absolute kpos0 + n) is seen by rows
-    at absolute row_abs only within the window."""
+    at absolute row_abs only within the window; SEQ: key n is seen by rows whose sequence
+    starts at or before it (row_start)."""
     offs_n = n0 + tl.arange(0, BN)                                   # [BN]
     offs_d = tl.arange(0, HD)                                        # [HD]
     kv_off = offs_n.to(tl.int64)[:, None] * stride_t + offs_d[None, :]   # [BN, HD]
@@ -74,9 +81,15 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys,
         s = tl.where(offs_n[None, :] <= row_tok[:, None], s, float("-inf"))
     if WIN:
         s = tl.where(row_abs[:, None] - (kpos0 + offs_n)[None, :] < window, s, float("-inf"))
+    if SEQ:
+        s = tl.where(offs_n[None, :] >= row_start[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))                            # [BM]
     if WIN:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key seen yet
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+    elif SEQ:   # (the same: a constexpr left at its default may be None, so no WIN | SEQ)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
     else:
@@ -132,7 +145,8 @@ def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, 
                            BN: tl.constexpr, A_SCALED: tl.constexpr, B_SCALED: tl.constexpr,
                            RESUME: tl.constexpr, FINISH: tl.constexpr, INTERP: tl.constexpr,
                            sinks_ptr=None, window=0, pos_a=0, pos_b=0, n_prefix=0,
-                           WIN: tl.constexpr = False, SINKS: tl.constexpr = False):
+                           WIN: tl.constexpr = False, SINKS: tl.constexpr = False,
+                           starts_ptr=None, SEQ: tl.constexpr = False):
     # the last row blocks see the most chunk keys: start them first (shorter tail)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     hkv = tl.program_id(1)
@@ -185,14 +199,20 @@ def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, 
         if WIN:
             c0 = (tl.maximum(t_min - window + 1, 0) // BN) * BN
             c1 = tl.maximum(full, c0)
+        row_start = row_tok
+        if SEQ:
+            # starts rise with t: no row of the block sees a key before its first row's start
+            row_start = tl.load(starts_ptr + row_tok, mask=live, other=0)
+            c0 = tl.maximum(c0, (tl.load(starts_ptr + t_min) // BN) * BN)
+            c1 = tl.maximum(c1, c0)
         for n0 in range(c0, full, BN):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
                                          row_tok, qk_scale, HD, BN, False, False, False, INTERP,
-                                         n_prefix, row_abs, window, WIN)
+                                         n_prefix, row_abs, window, WIN, row_start, SEQ)
         for n0 in range(c1, t_end, BN):
             acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
                                          row_tok, qk_scale, HD, BN, False, True, True, INTERP,
-                                         n_prefix, row_abs, window, WIN)
+                                         n_prefix, row_abs, window, WIN, row_start, SEQ)
         if SINKS:
             # the sink's exp joins the denominator: rescale to the max of (row max, sink)
             sk = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634   # log2 domain

@@ -15,6 +15,10 @@ them in memory. Query t sits at absolute position P + t and sees every prefix ke
 `window` W > 0 (a sliding layer): query t sees only keys at absolute positions j with
 P + t - j < W. `sinks` [H] fp32 (learned sink logits, GPT-OSS): each head's sink joins its rows'
 softmax denominator, o = sum_j e^{s_j} v_j / (e^{sink} + sum_j e^{s_j}).
+`starts` [T] int32 (packed sequences: several independent ones back to back in the chunk, no
+prefix): starts[t] is the chunk index of the first token of t's sequence, so query t sees chunk
+keys starts[t]..t only (block-diagonal causal); a window and sinks hold within each sequence.
+Positions are the caller's (RoPE restarts per sequence before q, k get here).
 When the prefix is split over several launches (int8 pieces, below) the window goes by absolute
 key position in each launch and the sinks join once, in the last (FINISH) launch.
 
@@ -83,13 +87,23 @@ class KVSegment:
         return self.k.float(), self.v.float()
 
 
-def _check_extras(q, window: int, sinks) -> None:
+def _check_extras(q, window: int, sinks, starts=None, segs=()) -> None:
     if not isinstance(window, int) or isinstance(window, bool) or window < 0:
         raise StrataError(f"window must be a whole number >= 0 (0: no window), got {window!r}")
     if sinks is not None and (sinks.shape != (q.shape[1],) or sinks.device != q.device
                               or not sinks.dtype.is_floating_point):
         raise StrataError(f"sinks must be a float [H={q.shape[1]}] tensor on {q.device}; got "
                           f"{sinks.dtype} {list(sinks.shape)} on {sinks.device}")
+    if starts is None:
+        return
+    if starts.shape != (q.shape[0],) or starts.device != q.device or starts.dtype not in (
+            torch.int32, torch.int64):
+        raise StrataError(f"starts must be an int32/int64 [T={q.shape[0]}] tensor on "
+                          f"{q.device}; got {starts.dtype} {list(starts.shape)} on "
+                          f"{starts.device}")
+    if any(s.length for s in segs):
+        raise StrataError("packed sequences (starts) read a chunk with no keys before it; got "
+                          "a prefix")
 
 
 def _check(q, k, v, prefix, out, floats=(torch.bfloat16,)
@@ -153,13 +167,15 @@ def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           sm_scale: float | None = None, out: torch.Tensor | None = None,
                           tile: AttnTile | None = None,
                           scratch: AttnScratch | None = None, window: int = 0,
-                          sinks: torch.Tensor | None = None) -> torch.Tensor:
+                          sinks: torch.Tensor | None = None,
+                          starts: torch.Tensor | None = None) -> torch.Tensor:
     """The reference: dequantize, concatenate, repeat kv heads for GQA, explicit causal (and
-    window) mask over [T, P + T], the sink column, softmax in fp32; o in q's dtype. `tile` and
+    window, and packed sequences') mask over [T, P + T], the sink column, softmax in fp32; o in
+    q's dtype. `tile` and
     `scratch` are accepted (and ignored) to keep the signature. Besides the kernel's bf16 it
     takes fp32 q, k, v and segments (the CPU's fp32 KV, `--kv fp32`)."""
     T, H, Hkv, hd, segs = _check(q, k, v, prefix, out, floats=(torch.bfloat16, torch.float32))
-    _check_extras(q, window, sinks)
+    _check_extras(q, window, sinks, starts, segs)
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
     parts = [s.dequantized() for s in segs] + [(k.float(), v.float())]
     K = torch.cat([p[0] for p in parts]).repeat_interleave(H // Hkv, dim=1)   # [S, H, hd]
@@ -172,6 +188,8 @@ def chunk_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     seen = pos[None, :] <= qpos                                              # [T, S]
     if window:
         seen &= qpos - pos[None, :] < window
+    if starts is not None:     # no prefix: chunk index = position
+        seen &= pos[None, :] >= starts.to(pos.dtype)[:, None]
     scores = scores.masked_fill(~seen, float("-inf"))
     if sinks is not None:
         col = sinks.float()[:, None, None].expand(H, T, 1)
@@ -196,12 +214,13 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     sm_scale: float | None = None, out: torch.Tensor | None = None,
                     tile: AttnTile | None = None,
                     scratch: AttnScratch | None = None, window: int = 0,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None,
+                    starts: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton kernel (see the module docstring). `tile` overrides the heuristic's tile (a pin,
     `pin_attn_tile`, does so for a whole block of code). `scratch`: where int8 segments are
     expanded (tile.int8 = "dequant" or "expand"); without one, a fresh one holds the whole int8 prefix."""
     T, H, Hkv, hd, segs = _check(q, k, v, prefix, out)
-    _check_extras(q, window, sinks)
+    _check_extras(q, window, sinks, starts, segs)
     G = H // Hkv
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
     cfg = resolve_attn_tile(AttnProblem(T * G, hd), tile)
@@ -225,6 +244,8 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         extra.update(window=window, WIN=True, n_prefix=sum(x.length for x in segs))
     if sinks is not None:
         extra.update(sinks_ptr=sinks.float().contiguous(), SINKS=True)
+    if starts is not None:
+        extra.update(starts_ptr=starts.to(torch.int32).contiguous(), SEQ=True)
     launch = _Launch(q, k, v, out, T, st_q, st_o, st_c, scale * LOG2E, G, hd, cfg, Hkv, extra)
     # absolute position of each segment's first key: the window holds in every launch
     seg_pos = [sum(x.length for x in segs[:i]) for i in range(len(segs))]

@@ -1,5 +1,5 @@
 """The attention kernel's tile choice: a deterministic heuristic returning a frozen dataclass,
-pinnable like the expert GEMM's (`strata.kernels.tiles.pin_tile`).
+pinnable like the expert GEMM's (`strata.kernels.moe.tiles.pin_tile`).
 
 Legend: T chunk tokens, G = H / Hkv query heads per kv head, hd head width.
 

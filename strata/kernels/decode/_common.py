@@ -23,12 +23,11 @@ def pack_bytes(values) -> list[int]:
 
 
 def fmt_consts(name: str):
-    """(ggml type id, log2 weights per block, bytes per block) of `name` as constexprs, from the
-    format table: the decoders' only source of block geometry."""
+    """(log2 weights per block, bytes per block) of `name` as constexprs, from the format table:
+    the decoders' only source of block geometry."""
     f = FORMATS[name]
     assert f.block & (f.block - 1) == 0, f"{name}: block size must be a power of two"
-    return (tl.constexpr(f.ggml_type), tl.constexpr(f.block.bit_length() - 1),
-            tl.constexpr(f.block_bytes))
+    return tl.constexpr(f.block.bit_length() - 1), tl.constexpr(f.block_bytes)
 
 
 @triton.jit
@@ -61,7 +60,28 @@ def _nibble32(w_ptr, blk, j, mask, QS: tl.constexpr):
 
 @triton.jit
 def _scale_first(d, q):
+    """w = d * q (a format's `apply` where the reference multiplies scale by code)."""
     return d * q
+
+
+@triton.jit
+def _code_first(d, q):
+    """w = q * d (Q8_0's and Q2_0's order in the reference)."""
+    return q * d
+
+
+@triton.jit
+def _plus_min(s, q):
+    """w = d * q + m from s = (d, m) (Q4_1, Q5_1)."""
+    d, m = s
+    return d * q + m
+
+
+@triton.jit
+def _minus_min(s, q):
+    """w = (d * sc) * q - (dmin * m) from s = (d * sc, dmin * m) (Q4_K, Q5_K, Q2_K)."""
+    dsc, dm = s
+    return dsc * q - dm
 
 
 @triton.jit

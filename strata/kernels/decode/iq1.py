@@ -5,8 +5,9 @@ The grid (8 values from {-1, 0, 1} per point) is read from the one i-quant table
 it). The scale part is dl = d * (2 * scale + 1), the code part grid + delta (delta = +-0.125, exact),
 and w = dl * code, as gguf-py and ggml.
 
-    _<fmt>_scale / _<fmt>_code / decode_<fmt>(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr)
-        -> fp32 [BN, BK]   (arguments: see the package doc)
+    _<fmt>_scale(w_ptr, row_bytes, offs_n, offs_k, mask) / _<fmt>_code(..., mask, tab_ptr)
+        -> fp32 [BN, BK] (the grid formats' codes: (magnitude, sign bit)); one traits bundle a
+        format at the end (arguments: see the package doc and strata.kernels.decode.bundle)
 """
 import triton
 import triton.language as tl
@@ -14,9 +15,10 @@ import triton.language as tl
 from strata.formats.iq1 import DELTA
 from strata.formats.tables import iq_table_offset
 from strata.kernels.decode._common import _block_off, _ld_f16, _ld_u8, _scale_first, fmt_consts
+from strata.kernels.decode.bundle import traits
 
-GGML_IQ1_S, IQ1_S_LOG2, IQ1_S_BYTES = fmt_consts("IQ1_S")
-GGML_IQ1_M, IQ1_M_LOG2, IQ1_M_BYTES = fmt_consts("IQ1_M")
+IQ1_S_LOG2, IQ1_S_BYTES = fmt_consts("IQ1_S")
+IQ1_M_LOG2, IQ1_M_BYTES = fmt_consts("IQ1_M")
 IQ1_TAB = tl.constexpr(iq_table_offset("IQ1_S"))
 IQ1_DELTA = tl.constexpr(DELTA)
 
@@ -37,7 +39,8 @@ def _iq1_grid(tab_ptr, idx, w, mask):
 
 @triton.jit
 def _iq1_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
-    """grid + delta: point g = w/8 has index qs[g] | (bits 3(g%4) of qh[g/4]) << 8; delta's sign
+    """IQ1_S (50 B): fp16 d; qs[32]; u16 qh[8] (4 x 3 index bits | 3-bit scale | delta sign).
+    grid + delta: point g = w/8 has index qs[g] | (bits 3(g%4) of qh[g/4]) << 8; delta's sign
     is bit 15 of qh[g/4]."""
     w = offs_k & 255
     g = (w >> 3)[None, :]
@@ -47,13 +50,6 @@ def _iq1_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
     idx = _ld_u8(w_ptr, blk + 2 + g, mask) | (((qh >> ((g & 3) * 3)) & 7) << 8)
     delta = tl.where((qh & 0x8000) == 0, IQ1_DELTA, -IQ1_DELTA)
     return _iq1_grid(tab_ptr, idx, w, mask).to(tl.float32) + delta
-
-
-@triton.jit
-def decode_iq1_s(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
-    """IQ1_S (50 B): fp16 d; qs[32]; u16 qh[8] (4 x 3 index bits | 3-bit scale | delta sign)."""
-    return _scale_first(_iq1_s_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
-                        _iq1_s_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr))
 
 
 @triton.jit
@@ -73,7 +69,8 @@ def _iq1_m_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
 
 @triton.jit
 def _iq1_m_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
-    """grid + delta: point g = w/8, nibble g%2 of qh[g/2]: bits 0..2 index bits 8..10, bit 3 the
+    """IQ1_M (56 B): qs[32]; qh[16]; 4 u16 scale words (4 x 3-bit scales | fp16 d nibble).
+    grid + delta: point g = w/8, nibble g%2 of qh[g/2]: bits 0..2 index bits 8..10, bit 3 the
     delta's sign; index low byte qs[g]."""
     w = offs_k & 255
     g = (w >> 3)[None, :]
@@ -84,8 +81,5 @@ def _iq1_m_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
     return _iq1_grid(tab_ptr, idx, w, mask).to(tl.float32) + delta
 
 
-@triton.jit
-def decode_iq1_m(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr):
-    """IQ1_M (56 B): qs[32]; qh[16]; 4 u16 scale words (4 x 3-bit scales | fp16 d nibble)."""
-    return _scale_first(_iq1_m_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
-                        _iq1_m_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr))
+IQ1_S = traits("IQ1_S", _iq1_s_code, _iq1_s_scale, _scale_first, GRID=True)
+IQ1_M = traits("IQ1_M", _iq1_m_code, _iq1_m_scale, _scale_first, GRID=True)

@@ -1,8 +1,8 @@
 """Triton decoder of MXFP4 (OCP microscaling; mirrors strata.formats.mxfp4): e8m0 scale, 32 e2m1
 nibbles whose 8 magnitudes sit in one packed register constant.
 
-    _mxfp4_scale / _mxfp4_code / decode_mxfp4(w_ptr, row_bytes, offs_n, offs_k, mask)
-        -> fp32 [BN, BK]   (arguments: see the package doc)
+    _mxfp4_scale(w_ptr, row_bytes, offs_n, offs_k, mask) / _mxfp4_code(..., mask, tab_ptr=None)
+        -> fp32 [BN, BK]; the MXFP4 bundle at the end (see strata.kernels.decode.bundle)
 """
 import triton
 import triton.language as tl
@@ -10,8 +10,9 @@ import triton.language as tl
 from strata.formats.tables import KVALUES_MXFP4
 from strata.kernels.decode._common import (_block_off, _ld_u8, _nibble32, _scale_first, fmt_consts,
                                            signed32)
+from strata.kernels.decode.bundle import traits
 
-GGML_MXFP4, MXFP4_LOG2, MXFP4_BYTES = fmt_consts("MXFP4")
+MXFP4_LOG2, MXFP4_BYTES = fmt_consts("MXFP4")
 
 # MXFP4 codes: bit 3 is the sign, bits 0-2 index 8 magnitudes (packed 4 bits each, < 16).
 assert all(KVALUES_MXFP4[8 + i] == -KVALUES_MXFP4[i] for i in range(8))
@@ -27,17 +28,13 @@ def _mxfp4_scale(w_ptr, row_bytes, offs_n, offs_k, mask):
 
 
 @triton.jit
-def _mxfp4_code(w_ptr, row_bytes, offs_n, offs_k, mask):
+def _mxfp4_code(w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr=None):
+    """MXFP4 (17 B): e8m0 e; qs[16] nibbles as Q4_0 index the doubled e2m1 values.
+    w = d * kv[q], d = 2**(e - 128) (half the e8m0 scale, since kv is doubled)."""
     blk = _block_off(row_bytes, offs_n, offs_k, MXFP4_LOG2, MXFP4_BYTES)
     q = _nibble32(w_ptr, blk, offs_k & 31, mask, 1)
     mag = (MXFP4_MAGS >> ((q & 7) * 4)) & 15
     return tl.where(q >= 8, -mag, mag).to(tl.float32)                  # int: code 8 is +0
 
 
-@triton.jit
-def decode_mxfp4(w_ptr, row_bytes, offs_n, offs_k, mask):
-    """MXFP4 (17 B): e8m0 e; qs[16] nibbles as Q4_0 index the doubled e2m1 values.
-    w = d * kv[q], d = 2**(e - 128) (half the e8m0 scale, since kv is doubled)."""
-    return _scale_first(_mxfp4_scale(w_ptr, row_bytes, offs_n, offs_k, mask),
-                        _mxfp4_code(w_ptr, row_bytes, offs_n, offs_k, mask))
-
+MXFP4 = traits("MXFP4", _mxfp4_code, _mxfp4_scale, _scale_first)

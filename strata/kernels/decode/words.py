@@ -12,8 +12,7 @@ import triton
 import triton.language as tl
 
 from strata.formats.table import FORMATS
-from strata.kernels.decode._common import _f32_of, _pairs
-from strata.kernels.decode.legacy import GGML_Q4_0, GGML_Q8_0, Q4_0_BYTES, Q8_0_BYTES
+from strata.kernels.decode._common import _pairs
 
 # ---------------------------------------------------------------- raw code bytes, split from decode
 #
@@ -31,27 +30,9 @@ def load_code_bytes(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, k_run, mask_n,
     each row offs_n; mask_n [BN] bool (0 where False). Q8_0: int8 [BN, 16] each (codes 0-15,
     16-31), WIDE int16 [BN, 8]. Q4_0: lo = the 16 qs bytes (uint8 [BN, 16]; WIDE int16 [BN, 8]),
     hi = lo (both halves are in the same bytes)."""
-    QB: tl.constexpr = Q8_0_BYTES if FMT == GGML_Q8_0 else Q4_0_BYTES
-    tl.static_assert((FMT == GGML_Q8_0) | (FMT == GGML_Q4_0), "load_code_bytes: Q8_0 / Q4_0")
-    base = offs_n.to(tl.int64) * row_bytes + (k_run >> 5).to(tl.int64) * QB + 2   # [BN] even
-    m = mask_n[:, None]
-    if WIDE:
-        p16 = w_ptr.to(tl.pointer_type(tl.int16))
-        b16 = (base >> 1)[:, None]
-        lo = tl.load(p16 + b16 + tl.arange(0, 8)[None, :], mask=m, other=0)
-        if FMT == GGML_Q8_0:
-            hi = tl.load(p16 + b16 + 8 + tl.arange(0, 8)[None, :], mask=m, other=0)
-        else:
-            hi = lo
-    else:
-        if FMT == GGML_Q8_0:
-            p8 = w_ptr.to(tl.pointer_type(tl.int8))
-            lo = tl.load(p8 + base[:, None] + tl.arange(0, 16)[None, :], mask=m, other=0)
-            hi = tl.load(p8 + base[:, None] + 16 + tl.arange(0, 16)[None, :], mask=m, other=0)
-        else:
-            lo = tl.load(w_ptr + base[:, None] + tl.arange(0, 16)[None, :], mask=m, other=0)
-            hi = lo
-    return lo, hi
+    tl.static_assert(FMT.WORDS, "load_code_bytes: a code_words format (Q8_0 / Q4_0)")
+    base = offs_n.to(tl.int64) * row_bytes + (k_run >> 5).to(tl.int64) * FMT.BYTES + 2  # even
+    return FMT.word_bytes(w_ptr, base, mask_n, WIDE)
 
 
 @triton.jit
@@ -59,40 +40,8 @@ def codes_from_bytes(FMT: tl.constexpr, lo, hi, WIDE: tl.constexpr, MAGIC: tl.co
     """(c_lo, c_hi) fp32 [BN, 16]: codes of weights [0, 16) and [16, 32) of the block whose
     load_code_bytes are (lo, hi); decode_tile's value is decode_run_scale * code. MAGIC: the
     same values through _f32_of (float add) instead of int->float conversions."""
-    if FMT == GGML_Q8_0:
-        if WIDE:   # little-endian: code 2i in the low byte of word i, 2i + 1 in the high byte
-            wl = lo.to(tl.int32)
-            wh = hi.to(tl.int32)
-            if MAGIC:   # q + 128 = the byte with its top bit flipped
-                c_lo = _f32_of(_pairs((wl & 255) ^ 128, ((wl >> 8) & 255) ^ 128), 128.0)
-                c_hi = _f32_of(_pairs((wh & 255) ^ 128, ((wh >> 8) & 255) ^ 128), 128.0)
-            else:
-                c_lo = _pairs((wl << 24) >> 24, wl >> 8).to(tl.float32)
-                c_hi = _pairs((wh << 24) >> 24, wh >> 8).to(tl.float32)
-        else:
-            if MAGIC:
-                c_lo = _f32_of((lo.to(tl.int32) & 255) ^ 128, 128.0)
-                c_hi = _f32_of((hi.to(tl.int32) & 255) ^ 128, 128.0)
-            else:
-                c_lo = lo.to(tl.float32)
-                c_hi = hi.to(tl.float32)
-    else:
-        tl.static_assert(FMT == GGML_Q4_0, "codes_from_bytes: Q8_0 / Q4_0")
-        if WIDE:
-            u = lo.to(tl.int32) & 0xFFFF
-            n_lo = _pairs(u & 15, (u >> 8) & 15)
-            n_hi = _pairs((u >> 4) & 15, u >> 12)
-        else:
-            u = lo.to(tl.int32)
-            n_lo = u & 15
-            n_hi = u >> 4
-        if MAGIC:
-            c_lo = _f32_of(n_lo, 8.0)
-            c_hi = _f32_of(n_hi, 8.0)
-        else:
-            c_lo = (n_lo - 8).to(tl.float32)
-            c_hi = (n_hi - 8).to(tl.float32)
-    return c_lo, c_hi
+    tl.static_assert(FMT.WORDS, "codes_from_bytes: a code_words format (Q8_0 / Q4_0)")
+    return FMT.word_codes(lo, hi, WIDE, MAGIC)
 
 
 # ---------------------------------------------------------------- aligned word loads of block pairs
@@ -132,9 +81,9 @@ def pair_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, pair, mask_n, MAGIC: 
     """fp32 [BN, 64]: weights [64 pair, 64 pair + 64) of rows offs_n, decoded with their scales
     (0 where mask_n is False). Needs row_bytes % 4 == 0 and w_ptr 4-aligned; every load is of
     whole int32 words (see above). MAGIC: codes to float by a float add (_f32_of)."""
-    QB: tl.constexpr = Q8_0_BYTES if FMT == GGML_Q8_0 else Q4_0_BYTES
+    tl.static_assert(FMT.WORDS, "pair_tile: a code_words format (Q8_0 / Q4_0)")
+    QB: tl.constexpr = FMT.BYTES
     NW: tl.constexpr = (QB - 2) // 4                    # code words a block: 8 (Q8_0), 4 (Q4_0)
-    tl.static_assert((FMT == GGML_Q8_0) | (FMT == GGML_Q4_0), "pair_tile: Q8_0 / Q4_0")
     p32 = w_ptr.to(tl.pointer_type(tl.int32))
     P = offs_n.to(tl.int64) * (row_bytes // 4) + pair * (QB // 2)      # [BN] first word
     m = mask_n[:, None]
@@ -148,37 +97,4 @@ def pair_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, pair, mask_n, MAGIC: 
     s0 = _half_f32(tl.load(p32 + P, mask=mask_n, other=0))
     s1 = _half_f32(tl.load(p32 + P + NW, mask=mask_n, other=0) >> 16)
     s = tl.where(blk1, s1[:, None], s0[:, None])                       # [BN, 2 NW]
-    if FMT == GGML_Q8_0:
-        # byte j of code word i is weight 4 i + j
-        if MAGIC:
-            c = _interleave4(_f32_of((words & 255) ^ 128, 128.0) * s,
-                             _f32_of(((words >> 8) & 255) ^ 128, 128.0) * s,
-                             _f32_of(((words >> 16) & 255) ^ 128, 128.0) * s,
-                             _f32_of(((words >> 24) & 255) ^ 128, 128.0) * s)
-        else:
-            c = _interleave4(((words << 24) >> 24).to(tl.float32) * s,
-                             ((words << 16) >> 24).to(tl.float32) * s,
-                             ((words << 8) >> 24).to(tl.float32) * s,
-                             (words >> 24).to(tl.float32) * s)
-    else:
-        # byte j of a block's code word i' holds weight 4 i' + j (low nibble) and 16 + 4 i' + j
-        # (high): [BN, 2, 16] per nibble half, joined and ordered (block, half, 16)
-        lo = _interleave4(_nib(words, 0, MAGIC) * s, _nib(words, 8, MAGIC) * s,
-                          _nib(words, 16, MAGIC) * s, _nib(words, 24, MAGIC) * s)
-        hi = _interleave4(_nib(words, 4, MAGIC) * s, _nib(words, 12, MAGIC) * s,
-                          _nib(words, 20, MAGIC) * s, _nib(words, 28, MAGIC) * s)
-        BN: tl.constexpr = lo.shape[0]
-        c = tl.join(tl.reshape(lo, (BN, 2, 16)), tl.reshape(hi, (BN, 2, 16)))   # [BN, 2, 16, 2]
-        c = tl.reshape(tl.permute(c, (0, 1, 3, 2)), (BN, 64))
-    return tl.where(m, c, 0.0)
-
-
-@triton.jit
-def _nib(words, SH: tl.constexpr, MAGIC: tl.constexpr):
-    """fp32 Q4_0 code (nibble at bit SH, minus 8) of every word."""
-    n = (words >> SH) & 15
-    if MAGIC:
-        v = _f32_of(n, 8.0)
-    else:
-        v = (n - 8).to(tl.float32)
-    return v
+    return tl.where(m, FMT.pair_codes(words, s, MAGIC), 0.0)

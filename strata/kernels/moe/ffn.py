@@ -15,7 +15,7 @@ tensor-core input); y comes back as bf16 [T, D] like x (the K partial rows are s
 
 `moe_ffn` (Triton) and `moe_ffn_torch` (plain torch) share one signature.
 
-Launch (`moe_ffn`): plan (strata.kernels.tiles.plan_launch: tile, grid bound, workspace rows,
+Launch (`moe_ffn`): plan (strata.kernels.moe.tiles.plan_launch: tile, grid bound, workspace rows,
 fixup scratch; the engine sizes its buffers from the same plan) -> route -> group by expert padded
 to BLOCK_M (check=True: one device sync, which also checks that every routed expert is resident;
 check=False, the engine's path: no sync, room for the plan's bound of blocks and the count read
@@ -34,15 +34,13 @@ from strata._backend import INTERPRET
 from strata.blob import ALIGN
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.formats.table import FORMATS
 from strata.formats.tables import device_table
-from strata.kernels import _moe_kernel as _k
-from strata.kernels.combine import combine_rows, combine_rows_torch
-from strata.kernels.grouping import check_topk_ids, group_blocked, group_blocked_bounded
-from strata.kernels.tiles import (GemmProblem, LaunchPlan, TileConfig, device_sms,  # noqa: F401
-                                  plan_launch, resolve_tile, scratch_nbytes)
-
-GGML_BF16 = FORMATS["BF16"].ggml_type
+from strata.kernels.decode import format_traits
+from strata.kernels.moe import _ffn_kernel as _k
+from strata.kernels.moe.combine import combine_rows, combine_rows_torch
+from strata.kernels.moe.grouping import check_topk_ids, group_blocked, group_blocked_bounded
+from strata.kernels.moe.tiles import (GemmProblem, LaunchPlan, TileConfig, device_sms,  # noqa: F401
+                                      plan_launch, resolve_tile, scratch_nbytes)
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ def last_launch() -> LaunchRecord | None:
 def decoded_weights(layout) -> bool:
     """Whether a layout's GEMM decodes blocks in its inner loop (any of gate/up/down not BF16):
     the `decoded` of its launch plan."""
-    return any(m.fmt.ggml_type != GGML_BF16 for m in layout.matrices)
+    return any(m.fmt.name != "BF16" for m in layout.matrices)
 
 
 def _default_alloc(device):
@@ -109,7 +107,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             workspace=None, check: bool = True, combine: str = "pass") -> torch.Tensor:
     """The layer's MoE feed-forward over T tokens -> y bf16 [T, D] (see module docstring).
 
-    schedule: None (the heuristic in strata.kernels.tiles, or the active `pin_tile`), "dp",
+    schedule: None (the heuristic in strata.kernels.moe.tiles, or the active `pin_tile`), "dp",
     "stream_k", or a whole TileConfig. scratch_alloc(nbytes) -> uint8 tensor supplies the stream-k
     fixup scratch (default: torch.empty on x's device); `last_launch()` reports its size.
 
@@ -200,9 +198,10 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
             dst, dst.stride(0), tw, scratch, tab, n_out, n_in, grp.n_blocks_dev, tile.programs,
-            *boff, *act,
-            MODE=mode, SCHED=int(sk), FMT1=m1.fmt.ggml_type, FMT2=m2.fmt.ggml_type,
-            **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, tile.dot), **meta, **launch)
+            *boff, *act, SCHED=int(sk),
+            S=_k.GemmSpec(MODE=mode, FMT1=format_traits(m1.fmt), FMT2=format_traits(m2.fmt),
+                          **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, tile.dot), **meta),
+            **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
                 grp.sorted_ids, grp.block_expert, grp.n_assign, dst, dst.stride(0), tw, scratch,
@@ -220,7 +219,7 @@ def _combine(yk, T: int, K: int, D: int, topk_ids, out, rows) -> torch.Tensor:
     """y = sum over K of yk's rows: rows "all" (every row written), "mask" (rows of id -1 skip,
     never read), "layer" (all, or nothing when yk was never written: T·K = 0) or None (no rows:
     y = 0). Added into `out` (fp32) when given, else bf16 [T, D]. One read of yk, one write of y
-    (strata.kernels.combine); where Triton cannot run (CPU tensors without the interpreter) its
+    (strata.kernels.moe.combine); where Triton cannot run (CPU tensors without the interpreter) its
     torch reference, which gives the same bits."""
     fn = combine_rows if yk.is_cuda or INTERPRET else combine_rows_torch
     return fn(yk, T, K, D, topk_ids, out, rows)
@@ -288,7 +287,7 @@ def expert_forward(xe: torch.Tensor, experts: ExpertSet, e: int, *,
     """fp32 [n, D] of expert e over rows xe [n, D] (fp32): down(act(gate xe + bg, up xe + bu))
     + bd, weights decoded in torch. The one torch expert every reference runs; `matrix`
     (experts, e, name) -> fp32 [out, in] decodes a matrix (default dequantize_matrix: ggml
-    blobs; strata.kernels.plane passes its plane decoder)."""
+    blobs; strata.kernels.moe.plane passes its plane decoder)."""
     matrix = matrix or dequantize_matrix
     b = expert_biases(experts, e)
     g = xe @ matrix(experts, e, "gate").T                                 # [n, F]
@@ -326,4 +325,3 @@ def moe_ffn_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     so a layer's calls sum to the same y whatever `combine` says."""
     _check_inputs(x, topk_ids, topk_weights, experts)
     return routed_sum(x, topk_ids, topk_weights, experts, out)
-

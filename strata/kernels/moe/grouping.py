@@ -20,7 +20,7 @@ import triton
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
-from strata.kernels import _group_kernel as _g
+from strata.kernels.moe import _group_kernel as _g
 
 
 def topk_route(logits: torch.Tensor, k: int, *, renormalize: bool = True):
@@ -193,12 +193,13 @@ def group_blocked(topk_ids: torch.Tensor, n_expert: int, block_m: int, *,
 def group_blocked_bounded(topk_ids: torch.Tensor, n_expert: int, block_m: int,
                           max_blocks: int, *, skip_negative: bool = True) -> Blocked:
     """`group_blocked` without the host: the layout has room for `max_blocks` blocks (an upper
-    bound for any routing: strata.kernels.tiles.LaunchPlan.max_blocks), the block count stays on
+    bound for any routing: strata.kernels.moe.tiles.LaunchPlan.max_blocks), the block count stays on
     the device (`n_blocks_dev`), and nothing is checked — the caller vouches that the ids lie in
     [-1, E) and that every routed expert is resident and aligned (the streaming engine builds its
     slot tables on the host, where it checks them). No device sync.
 
-    Where Triton runs (CUDA, the interpreter) three launches do it (strata.kernels._group_kernel):
+    Where Triton runs (CUDA, the interpreter) three launches do it
+    (strata.kernels.moe._group_kernel):
     the ~30 torch ops of `group_blocked_bounded_torch` took 0.6 ms of the host's time a call, more
     than the device's whole FFN at T = 512 (benchmarks/host_profile.py, 1e97cc7). Same fields,
     same values (sorted_ids holds exactly max_blocks·BM rows)."""

@@ -1,5 +1,6 @@
-"""The @triton.jit kernels behind strata.kernels.grouping.group_blocked_bounded: the expert grouping
-in three launches instead of some thirty torch ops (the launcher and its torch twin live there).
+"""The @triton.jit kernels behind strata.kernels.moe.grouping.group_blocked_bounded: the expert
+grouping in three launches instead of some thirty torch ops (the launcher and its torch twin live
+there).
 
 Legend: n = T·K assignments (flat index a = t·K + k), E experts, BM the GEMM's row block, C
 assignments a chunk (one program), NB buckets (a power of two >= E + 2: experts 0..E-1, E for

@@ -1,5 +1,5 @@
 """Triton kernels around the grouped decoded FFN's two torch._grouped_mm calls (see
-strata.kernels.grouped for the ops and their references).
+strata.kernels.moe.grouped for the ops and their references).
 
 Legend: M rows sorted by expert (n_valid of them live, read from the device), F expert width,
 D hidden, TK = T·K assignments; a program owns BR rows x BC columns.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from strata.kernels._moe_kernel import _act, _bf16
+from strata.kernels.moe._ffn_kernel import _act, _bf16
 
 
 @triton.jit
@@ -51,7 +51,7 @@ def _combine_sorted_kernel(yd_ptr, stride_yd, inv_ptr, tw_ptr, ids_ptr, stride_i
                            out_ptr, stride_ot, T, D, TOPK: tl.constexpr, MASK: tl.constexpr,
                            ADD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                            INTERP: tl.constexpr):
-    """combine_rows over rows yd[inv[a]] * tw[a] instead of yk[a] (strata.kernels.combine's
+    """combine_rows over rows yd[inv[a]] * tw[a] instead of yk[a] (strata.kernels.moe.combine's
     order: k = 0..K-1 from +0.0; MASK: a k whose id is < 0 adds +0.0, its row never loaded)."""
     t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)       # [BT]
     d = tl.program_id(1) * BD + tl.arange(0, BD)                      # [BD]

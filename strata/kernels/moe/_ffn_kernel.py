@@ -1,4 +1,4 @@
-"""Triton kernels of the expert GEMM (see strata.kernels.moe for the op and its reference).
+"""Triton kernels of the expert GEMM (see strata.kernels.moe.ffn for the op and its reference).
 
 Legend: BM/BN/BK tile sizes; a *tile* is BM sorted rows (one expert) x BN output features; an
 *iteration* is one BK step of a tile's reduction, KI = cdiv(n_in, BK) per tile.
@@ -23,6 +23,8 @@ is the plan's bound (LaunchPlan.max_blocks) and programs past n_tiles do nothing
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -30,13 +32,12 @@ from strata.kernels.decode import (FAST_CODE_FORMATS, SCALED_CODE_FORMATS,  # no
                                    TRITON_FORMATS, code_run, codes_from_bytes,
                                    decode_codes, decode_run_scale, decode_tile,
                                    decode_tile_runs, load_code_bytes)
-from strata.kernels.decode.plain import GGML_BF16
-from strata.kernels.tiles import DOT_VARIANTS
+from strata.kernels.moe.tiles import DOT_VARIANTS
 
 
 def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str) -> dict:
     """The kernel's constexprs (SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC) for matrices of formats
-    fmt1/fmt2 (names) under dot variant `variant` (strata.kernels.tiles.DOT_VARIANTS; a
+    fmt1/fmt2 (names) under dot variant `variant` (strata.kernels.moe.tiles.DOT_VARIANTS; a
     TileConfig's `dot`). A swap_fast* variant applies to Q8_0/Q4_0 pairs; other pairs decode.
 
     A matrix takes the scaled-code path when its format is in SCALED_CODE_FORMATS and BLOCK_K
@@ -61,6 +62,35 @@ def dot_plan(fmt1: str, fmt2: str, block_k: int, variant: str) -> dict:
                 W16=fast and "_w16" in variant, MAGIC=fast and variant.endswith("_magic"))
 
 
+class GemmSpec(NamedTuple):
+    """The GEMM's compile-time choices, one constexpr argument `S` (the launcher builds it once a
+    mode): MODE, TOPK, the two matrices' format bundles (strata.kernels.decode.format_traits),
+    the tile, the interpreter flag, dot_plan's path constexprs, and the epilogue's BIAS / ACT."""
+    MODE: int
+    TOPK: int
+    FMT1: object
+    FMT2: object
+    BM: int
+    BN: int
+    BK: int
+    INTERP: bool
+    SC1: bool = False
+    SC2: bool = False
+    RUN: int = 32
+    SW: bool = False
+    FAST: bool = False
+    PF: bool = False
+    W16: bool = False
+    MAGIC: bool = False
+    BIAS: bool = False
+    ACT: int = 0
+
+    @property
+    def cache_key(self) -> str:
+        """Triton's on-disk cache key of a kernel specialised on it (the bundles' own keys)."""
+        return "|".join(str(getattr(v, "cache_key", v)) for v in self)
+
+
 GATE_UP: tl.constexpr = tl.constexpr(0)
 DOWN: tl.constexpr = tl.constexpr(1)
 
@@ -83,7 +113,7 @@ def _bf16(x, INTERP: tl.constexpr):
 def _w_tile(FMT: tl.constexpr, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr,
             INTERP: tl.constexpr):
     """Weights [BN, BK] as bf16 for tl.dot: BF16 read as is, every other format decoded."""
-    if FMT == GGML_BF16:
+    if FMT.NATIVE:
         # cast the scalar base, not a pointer tensor (triton 3.6's coalesce pass asserts on a
         # tensor-of-pointers bitcast between element sizes); rows are 2-byte aligned
         p16 = w_ptr.to(tl.pointer_type(tl.bfloat16), bitcast=True)
@@ -206,14 +236,22 @@ def _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_
 
 @triton.jit
 def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi,
-         n_in, tab_ptr, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
-         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
-         SC1: tl.constexpr, SC2: tl.constexpr, RUN: tl.constexpr, SW: tl.constexpr,
-         FAST: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr, MAGIC: tl.constexpr):
-    """acc1 (and acc2 when TWO) [BM, BN] fp32 over reduction steps [k_lo, k_hi).
+         n_in, tab_ptr, S: tl.constexpr):
+    """acc1 (and acc2 when S.MODE is GATE_UP) [BM, BN] fp32 over reduction steps [k_lo, k_hi).
 
-    SC1/SC2: matrix 1/2 takes the scaled-code path (_scaled_run, RUN weights a run, BK % RUN == 0;
-    both scaled ones share RUN, see dot_plan), else the weights are decoded to bf16 (_w_tile)."""
+    S.SC1/SC2: matrix 1/2 takes the scaled-code path (_scaled_run, RUN weights a run, BK % RUN ==
+    0; both scaled ones share RUN, see dot_plan), else the weights are decoded to bf16 (_w_tile)."""
+    FMT1: tl.constexpr = S.FMT1
+    FMT2: tl.constexpr = S.FMT2
+    SC1: tl.constexpr = S.SC1
+    SC2: tl.constexpr = S.SC2
+    SW: tl.constexpr = S.SW
+    TWO: tl.constexpr = S.MODE == GATE_UP
+    BM: tl.constexpr = S.BM
+    BN: tl.constexpr = S.BN
+    BK: tl.constexpr = S.BK
+    RUN: tl.constexpr = S.RUN
+    INTERP: tl.constexpr = S.INTERP
     S1: tl.constexpr = SC1 and SW
     S2: tl.constexpr = SC2 and SW and TWO
     if S1:
@@ -227,7 +265,10 @@ def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mas
     PLAIN: tl.constexpr = (not SC1) or (TWO and not SC2)
     SCALED: tl.constexpr = SC1 or (TWO and SC2)
     a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a          # [BM, 1]
-    if FAST:
+    if S.FAST:
+        PF: tl.constexpr = S.PF
+        W16: tl.constexpr = S.W16
+        MAGIC: tl.constexpr = S.MAGIC
         acc1, acc2 = _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo,
                                 k_hi, n_in, acc1, acc2, FMT1, FMT2, TWO, BK, INTERP, PF, W16,
                                 MAGIC)
@@ -309,16 +350,24 @@ def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, 
 
 
 @triton.jit
-def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
-          arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr,
-          tab_ptr, n_out, n_in, MODE: tl.constexpr, TOPK: tl.constexpr, FMT1: tl.constexpr,
-          FMT2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-          INTERP: tl.constexpr, SPLIT: tl.constexpr, SC1: tl.constexpr, SC2: tl.constexpr,
-          RUN: tl.constexpr, SW: tl.constexpr, FAST: tl.constexpr, PF: tl.constexpr,
-          W16: tl.constexpr, MAGIC: tl.constexpr, boff1, boff2, alpha, limit,
-          BIAS: tl.constexpr, ACT: tl.constexpr):
+def _tile(t, k_lo, k_hi, pid, last, ROWS, WTS, OUT, EPI, n_out, n_in, S: tl.constexpr,
+          SPLIT: tl.constexpr):
     """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
-    fp32 piece into scratch slot 2*pid + last."""
+    fp32 piece into scratch slot 2*pid + last. The launch data come as the kernel's descriptors:
+    ROWS (a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign), WTS (arena_ptr,
+    slot_ptr, off1, rb1, off2, rb2, tab_ptr), OUT (out_ptr, stride_out, tw_ptr, scratch_ptr),
+    EPI (boff1, boff2, alpha, limit)."""
+    a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign = ROWS
+    arena_ptr, slot_ptr, off1, rb1, off2, rb2, tab_ptr = WTS
+    out_ptr, stride_out, tw_ptr, scratch_ptr = OUT
+    boff1, boff2, alpha, limit = EPI
+    MODE: tl.constexpr = S.MODE
+    BM: tl.constexpr = S.BM
+    BN: tl.constexpr = S.BN
+    BK: tl.constexpr = S.BK
+    INTERP: tl.constexpr = S.INTERP
+    BIAS: tl.constexpr = S.BIAS
+    ACT: tl.constexpr = S.ACT
     NB = tl.cdiv(n_out, BN)
     KI = tl.cdiv(n_in, BK)
     TWO: tl.constexpr = MODE == GATE_UP
@@ -328,13 +377,12 @@ def _tile(t, k_lo, k_hi, pid, last, a_ptr, stride_a, sorted_ids_ptr, block_exper
     e = tl.load(block_expert_ptr + mb)
     # blobs and their matrices start 256-byte aligned (strata.blob): say so, so loads vectorize
     blob = arena_ptr + tl.multiple_of(tl.load(slot_ptr + e), 256)      # uint8* of expert e's blob
+    TOPK: tl.constexpr = S.TOPK
     offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
     offs_n = nb * BN + tl.arange(0, BN)
     n_mask = offs_n < n_out
     acc1, acc2 = _mma(a_ptr, a_rows, valid, stride_a, blob + off1, rb1, blob + off2, rb2,
-                      offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, FMT1, FMT2, TWO, BM, BN, BK,
-                      INTERP,
-                      SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC)
+                      offs_n, n_mask, k_lo, k_hi, n_in, tab_ptr, S)
     f32 = tl.pointer_type(tl.float32)
     b1 = (blob + boff1).to(f32, bitcast=True)   # the biases (read only with BIAS)
     b2 = (blob + boff2).to(f32, bitcast=True)
@@ -359,26 +407,21 @@ def _moe_gemm_kernel(
         arena_ptr, slot_ptr, off1, rb1, off2, rb2,
         out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr,
         n_out, n_in, n_blocks_ptr, n_programs, boff1, boff2, alpha, limit,
-        MODE: tl.constexpr, SCHED: tl.constexpr, TOPK: tl.constexpr,
-        FMT1: tl.constexpr, FMT2: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
-        SC1: tl.constexpr = False, SC2: tl.constexpr = False, RUN: tl.constexpr = 32,
-        SW: tl.constexpr = False, FAST: tl.constexpr = False, PF: tl.constexpr = False,
-        W16: tl.constexpr = False, MAGIC: tl.constexpr = False, BIAS: tl.constexpr = False,
-        ACT: tl.constexpr = 0):
+        SCHED: tl.constexpr, S: tl.constexpr):
+    """S: the GemmSpec. The arguments travel on as four descriptors (see _tile)."""
+    ROWS = (a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign)
+    WTS = (arena_ptr, slot_ptr, off1, rb1, off2, rb2, tab_ptr)
+    OUT = (out_ptr, stride_out, tw_ptr, scratch_ptr)
+    EPI = (boff1, boff2, alpha, limit)
     pid = tl.program_id(0)
-    KI = tl.cdiv(n_in, BK)
+    KI = tl.cdiv(n_in, S.BK)
     # the row blocks are counted on the device (no host sync sizes the launch): the grid is an
     # upper bound and the tiles past the count exit at once
-    n_tiles = tl.load(n_blocks_ptr) * tl.cdiv(n_out, BN)
+    n_tiles = tl.load(n_blocks_ptr) * tl.cdiv(n_out, S.BN)
     if SCHED == 0:
         # data-parallel: one tile, the whole reduction (no loop around it, so the K loop pipelines)
         if pid < n_tiles:
-            _tile(pid, 0, KI, pid, 0, a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
-                  arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr,
-                  scratch_ptr, tab_ptr, n_out, n_in, MODE, TOPK, FMT1, FMT2, BM, BN, BK, INTERP,
-                  0, SC1, SC2, RUN, SW, FAST, PF, W16, MAGIC, boff1, boff2, alpha, limit, BIAS,
-                  ACT)
+            _tile(pid, 0, KI, pid, 0, ROWS, WTS, OUT, EPI, n_out, n_in, S, 0)
     else:
         total = n_tiles * KI
         base = total // n_programs
@@ -390,12 +433,8 @@ def _moe_gemm_kernel(
             k_lo = it % KI
             k_hi = tl.minimum(KI, k_lo + end - it)
             # slot 2p: this program's first piece; 2p+1: its last
-            _tile(it // KI, k_lo, k_hi, pid, (it != start).to(tl.int32), a_ptr, stride_a,
-                  sorted_ids_ptr, block_expert_ptr, n_assign, arena_ptr, slot_ptr, off1, rb1,
-                  off2, rb2, out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr, n_out, n_in, MODE,
-                  TOPK,
-                  FMT1, FMT2, BM, BN, BK, INTERP, 1, SC1, SC2, RUN, SW,
-                  FAST, PF, W16, MAGIC, boff1, boff2, alpha, limit, BIAS, ACT)
+            _tile(it // KI, k_lo, k_hi, pid, (it != start).to(tl.int32), ROWS, WTS, OUT, EPI,
+                  n_out, n_in, S, 1)
             it += k_hi - k_lo
 
 

@@ -5,10 +5,10 @@ Legend: T tokens, D hidden, F expert width, E experts, K top-k.
 
     y[t] = sum_k w[t,k] * down_e(act(gate_e x[t] (+ bg_e), up_e x[t] (+ bu_e)) (+ bd_e))
 
-the op of strata.kernels.moe.moe_ffn, on a PlaneSet instead of an ExpertSet (the same blob layout,
-its Q8_0 / Q4_0 / Q4_K matrices re-laid as code and scale planes, any mix over gate, up and down).
-x [T, D] bf16, topk_ids [T, K] int (-1 skips an assignment), topk_weights [T, K] fp32 -> y bf16
-[T, D]. Accumulation is fp32; each weight (q·d; Q4_K's (d·sc)·q - dmin·m) is formed in fp32 as
+the op of strata.kernels.moe.ffn.moe_ffn, on a PlaneSet instead of an ExpertSet (the same blob
+layout, its Q8_0 / Q4_0 / Q4_K matrices re-laid as code and scale planes, any mix over gate, up and
+down). x [T, D] bf16, topk_ids [T, K] int (-1 skips an assignment), topk_weights [T, K] fp32 -> y
+bf16 [T, D]. Accumulation is fp32; each weight (q·d; Q4_K's (d·sc)·q - dmin·m) is formed in fp32 as
 ggml's decoder forms it and rounded to bf16 once (the tensor cores' input), h = act(...) to bf16
 (the down GEMM's input), and the K rows of a token are summed in fp32.
 
@@ -36,16 +36,17 @@ import torch
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
-from strata.formats.table import FORMATS
-from strata.kernels import _plane_kernel as _pk
-from strata.kernels.moe import (COMBINES, _check_inputs, _combine, _work, dequantize_matrix,
-                                routed_sum)
+from strata.kernels.decode import TRAITS
+from strata.kernels.moe import _plane_kernel as _pk
+from strata.kernels.moe.ffn import (COMBINES, _check_inputs, _combine, _work, dequantize_matrix,
+                                    routed_sum)
 from strata.kernels.pins import pinned
-from strata.kernels.grouping import group_blocked, group_blocked_bounded
-from strata.kernels.tiles import block_m_for, padded_rows
+from strata.kernels.moe.grouping import group_blocked, group_blocked_bounded
+from strata.kernels.moe.tiles import block_m_for, padded_rows
 from strata.planes import PlaneSet, dequantize_planes, split_planes
 
-KERNEL_FORMATS = ("Q8_0", "Q4_0", "Q4_K")   # what the plane GEMM decodes, any mix over the matrices
+# what the plane GEMM decodes (bundles with a plane layout), any mix over the matrices
+KERNEL_FORMATS = tuple(n for n, t in TRAITS.items() if t.PLANE_PACK)
 REGISTERS_PER_SM = 65536   # 32-bit registers of an SM's file (sm_80 / sm_90): PlaneTile.occupancy
 
 
@@ -144,19 +145,15 @@ class PlaneTile:
 # two accumulators), and so does 32x64x64/w4s4/r2's gate/up at 4 programs an SM (128 registers):
 # BLOCK_K stays 64, gate/up at 3 programs, down (one matrix, 128 registers unspilled) at 4.
 # Chosen on the H200 (kernel_bench, qwen3-30b-a3b, settled, check=False; TFLOP/s of the whole
-# feed-forward; experiments/results/kernel_bench_plane_tiles-*): at 7bc0530, T 512, the one-block
-# 32x64x64/w4s4 ran Q8_0 / Q4_0 / Q4_K at 51.8 / 70.2 / 57.9, the two-block 32x64x64/w4s4/r2
-# 63.3 / 74.2 / 64.3; 64x64x64/w4s4/r2 ran Q4_0 / Q4_K at 176.7 / 130.6 (T 2048) and 262.3 /
-# 214.2 (T 8192) against 135.8 / 110.3 and 214.6 / 199.4 on 64x128x64/w8s4 and the TMA tile
-# 128x128x64/w8s4. At 2c5088e (Q8_0 in Q8_ORDER, fused multiply-adds) Q8_0 ran 71.1 at T 512
-# on 32x64x64/w4s4/r2 (63.9 on 32x64x64/w4s4), 178.1 / 255.9 on 64x64x64/w4s4/r2 against
-# 172.3 / 243.3 on 64x128x64/w8s4 and the TMA tile. Today the three formats share one table.
-# The occupancy of the BLOCK_M 32 tile (ncu, T 512 GEMMs, gate/up + down, 6f4a11a,
-# ncu_plane-T512-*-6f4a11a): unpinned Q4_0 / Q4_K 346 / 392 µs, /o3 329 / 376, /o4 378 / 417
-# (gate/up spills), 32x64x64/w8s4/r2/o2 459 / 505; strata's BF16 kernel 349. Since 5ab1d03 (4-bit
-# codes by ldmatrix) ptxas keeps the 4-bit formats under the pin unasked (ncu_plane-T512-*-5ab1d03:
-# pinned / unpinned Q8_0 329 / 335, Q4_0 281 / 282, Q4_K 331 / 330; BF16 346); the pin stays: it
-# holds gate/up at three programs an SM whatever a kernel change makes of ptxas's choice.
+# feed-forward; experiments/results/kernel_bench_plane_tiles-*): at T 512 the two-block
+# 32x64x64/w4s4/r2 beats the one-block 32x64x64/w4s4 for every format (Q8_0 / Q4_0 / Q4_K 63.3 /
+# 74.2 / 64.3 against 51.8 / 70.2 / 57.9, 7bc0530); at T 2048 / 8192 64x64x64/w4s4/r2 beats
+# 64x128x64/w8s4 and the TMA tile 128x128x64/w8s4 (Q4_0 / Q4_K 176.7 / 130.6 and 262.3 / 214.2
+# against 135.8 / 110.3 and 214.6 / 199.4, 7bc0530; Q8_0 178.1 / 255.9 against 172.3 / 243.3,
+# 2c5088e). The BLOCK_M 32 tile's occupancy pin /o3.4 (ncu, T 512 GEMMs, gate/up + down,
+# ncu_plane-T512-*-6f4a11a: Q4_0 / Q4_K 329 / 376 µs against 346 / 392 unpinned, 378 / 417 at
+# /o4, where gate/up spills) holds gate/up at three programs an SM whatever a kernel change makes
+# of ptxas's own choice. docs/kernel_notes.md keeps how the table got here.
 _TILES = {
     16: PlaneTile(16, 128, 64, 4, 4),
     32: PlaneTile(32, 64, 64, 4, 4, row_blocks=2, occupancy=(3, 4)),
@@ -181,7 +178,7 @@ def pin_plane_tile(tile: PlaneTile):
 
 def plane_matrix(planes: PlaneSet, e: int, name: str) -> torch.Tensor:
     """Expert e's matrix `name` ("gate" | "up" | "down") as fp32 [rows, cols], decoded from its
-    planes in torch (a matrix of another format decoded as strata.kernels.moe does)."""
+    planes in torch (a matrix of another format decoded as strata.kernels.moe.ffn does)."""
     off = int(planes.slot_offset[e])
     if off < 0:
         raise StrataError(f"expert {e} is not resident (slot_offset = -1); load it first")
@@ -195,7 +192,7 @@ def plane_matrix(planes: PlaneSet, e: int, name: str) -> torch.Tensor:
 
 def plane_tile(n_tokens: int, top_k: int, n_expert: int, fmt: str = "Q8_0") -> PlaneTile:
     """The default table's tile for T tokens, K top-k, E experts and gate/up planes of `fmt`
-    (autotune-free, no device). Its key is the fused GEMM's BLOCK_M (strata.kernels.tiles.
+    (autotune-free, no device). Its key is the fused GEMM's BLOCK_M (strata.kernels.moe.tiles.
     block_m_for: the mean rows per routed expert as a power of two in [16, 128]), the one the
     planner sizes the engine's workspaces by; the tile's own BLOCK_M is at most that, so h of
     padded_rows(T, K, E, key) rows fits."""
@@ -217,7 +214,6 @@ def _check_planes(experts) -> None:
                           f"layout has {', '.join(bad)}: run it through strata.kernels.moe_ffn")
 
 
-_GGML = {f: FORMATS[f].ggml_type for f in KERNEL_FORMATS}
 _ALLOCATOR_SET: list[bool] = []
 
 
@@ -285,8 +281,8 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
             a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
             experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset,
             p2.codes_offset, p2.scales_offset, dst, dst.stride(0), tw, n_out, n_in,
-            grp.n_blocks_dev, grp.padded_offsets, *boff, *act, MODE=mode, FMT1=_GGML[p1.fmt],
-            FMT2=_GGML[p2.fmt], EVEN=n_out % BN == 0 and n_in % BK == 0, **meta,
+            grp.n_blocks_dev, grp.padded_offsets, *boff, *act, MODE=mode, FMT1=TRAITS[p1.fmt],
+            FMT2=TRAITS[p2.fmt], EVEN=n_out % BN == 0 and n_in % BK == 0, **meta,
             num_warps=tile.num_warps, num_stages=tile.num_stages,
             **({"maxnreg": tile.max_registers(mode)} if tile.occupancy[mode] else {}))
     if combine == "defer":
@@ -319,7 +315,7 @@ def plane_dequantize(planes: torch.Tensor, fmt: str, rows: int, cols: int, *,
     out = torch.full((rows, cols), float("nan"), dtype=torch.float32, device=planes.device)
     bn, bk = block
     _pk._plane_dequant_kernel[(-(-rows // bn), -(-cols // bk))](
-        codes, scales, out, rows, cols, BN=bn, BK=bk, FMT=_GGML[fmt], MAGIC=magic, FMA=fma,
+        codes, scales, out, rows, cols, BN=bn, BK=bk, FMT=TRAITS[fmt], MAGIC=magic, FMA=fma,
         INTERP=INTERPRET)
     return out
 

@@ -1,5 +1,5 @@
-"""The @triton.jit kernel behind strata.kernels.expert_dequant (decode the routed experts' matrices
-to bf16; the launcher and reference live there).
+"""The @triton.jit kernel behind strata.kernels.moe.expert_dequant (decode the routed experts'
+matrices to bf16; the launcher and reference live there).
 
 Legend: E experts, R rows (output features), C columns (inputs) of one matrix; BN x BK a
 program's tile; grid (E, cdiv(R, BN), cdiv(C, BK)).
@@ -7,7 +7,7 @@ program's tile; grid (E, cdiv(R, BN), cdiv(C, BK)).
 import triton
 import triton.language as tl
 
-from strata.kernels._moe_kernel import _bf16, _w_tile
+from strata.kernels.moe._ffn_kernel import _bf16, _w_tile
 from strata.kernels.decode import pair_tile
 from strata.kernels.decode.superblocks import (SUPERBLOCK_K, superblock_base, superblock_head,
                                               superblock_run, superblock_words)

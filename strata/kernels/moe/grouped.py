@@ -3,7 +3,7 @@ between them and strata's Triton BF16 GEMM.
 
 Legend: T tokens, D hidden, F expert width, E experts, K top-k, TK = T·K assignments, G groups
 (the decode buffer's slots, <= E), M rows sorted by group (n_valid of them live),
-BB = the BF16 blob's size (strata.kernels.decoded.bf16_layout).
+BB = the BF16 blob's size (strata.kernels.moe.decoded.bf16_layout).
 
     bucket[a]  = slot of a's expert in the decode buffer (G: id -1 or expert not decoded)
     order      = assignments sorted by bucket (live ones first)    offs[g] = end row of group g
@@ -13,7 +13,7 @@ BB = the BF16 blob's size (strata.kernels.decoded.bf16_layout).
     h          = bf16(silu(g) * u)                         (silu_mul)                  [M, F]
     yd         = grouped_mm(h, W_down[g]^T, offs)                                      [M, D]
     yk[order[i]] = yd[i] * w[order[i]]   for i < n_valid   (scatter_rows, fp32)        [TK, D]
-    y          = sum over K of yk's rows                   (strata.kernels.combine)    [T, D]
+    y          = sum over K of yk's rows                   (strata.kernels.moe.combine)    [T, D]
                  (no yk in the workspace: y = sum over K of yd[inv[a]] * w[a], combine_sorted,
                  the same sum without the fp32 rows' write and read)
 
@@ -41,11 +41,11 @@ import triton
 from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.kernels import _grouped_kernel as _k
-from strata.kernels.combine import combine_tile
-from strata.kernels.moe import COMBINES, _check_inputs, _combine, _work
+from strata.kernels.moe import _grouped_kernel as _k
+from strata.kernels.moe.combine import combine_tile
+from strata.kernels.moe.ffn import COMBINES, _check_inputs, _combine, _work
 from strata.kernels.pins import pinned_one_of
-from strata.kernels.grouping import group_blocked, group_ragged
+from strata.kernels.moe.grouping import group_blocked, group_ragged
 
 DECODED_GEMMS = ("triton", "grouped", "auto")
 # "auto" takes the grouped GEMM from this many rows an expert (T·K / E). Profiled on the H200
@@ -255,7 +255,7 @@ def _check_sorted(yd, inv, tw, T, K, D, topk_ids, out, rows):
 def combine_sorted(yd: torch.Tensor, inv: torch.Tensor, tw: torch.Tensor, T: int, K: int,
                    D: int, topk_ids: torch.Tensor, out: torch.Tensor | None,
                    rows: str) -> torch.Tensor:
-    """y = strata.kernels.combine's sum over K, of the rows yd[inv[a]] * tw[a] (a = t*K + k)
+    """y = strata.kernels.moe.combine's sum over K, of the rows yd[inv[a]] * tw[a] (a = t*K + k)
     instead of yk[a]: the scatter into yk and its read skipped where no later call needs yk.
     rows "mask": a k with topk_ids[t, k] < 0 adds +0.0 (its row never read); "all": every
     row. Added into `out` (fp32 [T, D]) and returned, else bf16 [T, D]. yd bf16 [M, D], inv
@@ -300,7 +300,7 @@ def grouped_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
                 combine: str = "pass") -> torch.Tensor:
     """`moe_ffn`'s meaning and contract (ids of -1 skipped, `out` fp32 to add into, workspace
     "h" / "yk", check, combine) over BF16 experts decoded into one buffer, through
-    torch._grouped_mm (module docstring). `dec`: strata.kernels.decoded.decode_experts' output —
+    torch._grouped_mm (module docstring). `dec`: strata.kernels.moe.decoded.decode_experts' output —
     dec.arena the decode buffer, expert e's blob at slot_offset[e] = c(e)·BB with c increasing
     in e (the compact order), -1 where not decoded; `grouped_unfit(dec)` must be None."""
     if combine not in COMBINES:

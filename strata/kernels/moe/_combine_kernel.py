@@ -1,4 +1,4 @@
-"""Triton kernel of the expert FFN's combine (see strata.kernels.combine for the op and its
+"""Triton kernel of the expert FFN's combine (see strata.kernels.moe.combine for the op and its
 reference).
 
 Legend: T tokens, D hidden, K top-k; a program owns BT tokens x BD features.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from strata.kernels._moe_kernel import _bf16
+from strata.kernels.moe._ffn_kernel import _bf16
 
 
 @triton.jit

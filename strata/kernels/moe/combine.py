@@ -6,7 +6,7 @@ Legend: T tokens, D hidden, K top-k; an assignment a = t*K + k owns row a of yk.
            rows "mask": a k with topk_ids[t, k] < 0 adds nothing (its row is never read)
     out given (fp32 [T, D]):  out += y  and return out;  else return bf16(y) (round to nearest even)
 
-yk fp32 [T*K, D] is what every expert FFN launcher's DOWN GEMM writes (strata.kernels.moe,
+yk fp32 [T*K, D] is what every expert FFN launcher's DOWN GEMM writes (strata.kernels.moe.ffn,
 .plane, .decoded); `rows` is moe._combine's: "all" / "layer" (every row written: read them all),
 "mask" (rows of id -1 were never written: skip them), None (no rows: y = 0). T*K = 0 also gives
 y = 0 (out comes back untouched). The kernel reads each live row once and writes y once: the
@@ -28,7 +28,7 @@ import triton
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
-from strata.kernels._combine_kernel import _combine_fwd_kernel
+from strata.kernels.moe._combine_kernel import _combine_fwd_kernel
 
 ROWS = ("all", "mask", "layer", None)
 

@@ -14,8 +14,8 @@ before the dot. Same signature as `moe_ffn`; `workspace["wdec"]` (uint8, >= n*BB
 the decode buffer's allocation — the carve's, in the streaming engine.
 
 The BF16 GEMM is strata's Triton kernel ("triton") or torch._grouped_mm straight over the decode
-buffer ("grouped", strata.kernels.grouped: cutlass on sm90+, faster at long chunks); "auto" picks
-by device and rows an expert; `pin_decoded_gemm` pins the choice for a block.
+buffer ("grouped", strata.kernels.moe.grouped: cutlass on sm90+, faster at long chunks); "auto"
+picks by device and rows an expert; `pin_decoded_gemm` pins the choice for a block.
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ import torch
 from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.experts import ExpertSet
-from strata.kernels.expert_dequant import decode_matrix_into
-from strata.kernels.grouped import (GROUPED_MIN_ROWS, grouped_ffn,  # noqa: F401
-                                    last_decoded_gemm, pin_decoded_gemm, record,
-                                    resolve)
-from strata.kernels.moe import moe_ffn
-from strata.kernels.grouping import routed_mask
+from strata.kernels.moe.expert_dequant import decode_matrix_into
+from strata.kernels.moe.grouped import (GROUPED_MIN_ROWS, grouped_ffn,  # noqa: F401
+                                        last_decoded_gemm, pin_decoded_gemm, record,
+                                        resolve)
+from strata.kernels.moe.ffn import moe_ffn
+from strata.kernels.moe.grouping import routed_mask
 
 
 def bf16_layout(layout: BlobLayout) -> BlobLayout:

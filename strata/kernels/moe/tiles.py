@@ -30,8 +30,8 @@ experiments A/B them with `pin_tile(dot=...)` / `pin_tile(words=False)` /
 `plan_launch(...) -> LaunchPlan` is the one plan of an expert-GEMM launch, made before anything is
 allocated (in the manner of triton_kernels' matmul_ogs): the tile, the grid bound, the workspace
 rows (h padded to BLOCK_M per routed expert) and the stream-k fixup scratch. The launcher
-(strata.kernels.moe.moe_ffn) and the engine's scratch reserve (strata.engine.scratch) read it, and
-its workspace rows are `padded_rows`, the TKP the prompt layout pads h to; nothing recounts.
+(strata.kernels.moe.ffn.moe_ffn) and the engine's scratch reserve (strata.engine.scratch) read it,
+and its workspace rows are `padded_rows`, the TKP the prompt layout pads h to; nothing recounts.
 """
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ from strata.kernels.pins import pinned
 
 SCHEDULES = ("dp", "stream_k")
 
-# How decoded weights reach the tensor cores (strata.kernels._moe_kernel.dot_plan turns a name into
-# the kernel's constexprs):
+# How decoded weights reach the tensor cores (strata.kernels.moe._ffn_kernel.dot_plan turns a
+# name into the kernel's constexprs):
 #   "decode":      decode every weight to bf16 (scale * code, rounded), one dot per BK step.
 #   "scaled":      scaled-code formats: codes (exact in bf16) into one dot per run, the run's
 #                  scale applied to that partial sum (no per-weight multiply or rounding).
@@ -60,10 +60,9 @@ SCHEDULES = ("dp", "stream_k")
 #                  (register double buffering: byte loads cannot take the cp.async pipeline);
 #                  "_w16": 16-bit loads of the code bytes; "_magic": codes to float by a
 #                  float add on their bits instead of int->float conversions.
-# (An aligned-word dot, "pair"/"pair_swap", measured slower than swap_fast_pf_w16_magic on every
-# recorded shape, e.g. qwen3-30b-a3b Q8_0 T=2048 31.0 vs 49.4 TFLOP/s (H200, commit 057a927,
-# experiments/results/decoded_dot_pair_ab.csv), and was retired from the GEMM; the aligned-word
-# decode itself lives on in the decode-once path, TileConfig.words.)
+# No aligned-word dot: it measured slower than swap_fast_pf_w16_magic on every recorded shape
+# (experiments/results/decoded_dot_pair_ab.csv; docs/kernel_notes.md); aligned words serve the
+# decode-once path (TileConfig.words).
 DOT_VARIANTS = ("decode", "scaled", "scaled_swap", "swap_fast", "swap_fast_pf",
                 "swap_fast_pf_w16", "swap_fast_pf_w16_magic")
 # The default is the fastest measured on the H200: experiments/results/decoded_dot_ab.csv (every
@@ -87,8 +86,8 @@ DEFAULT_SUPERBLOCK_TILE = (32, 2)
 # The word path's program (`word_tile` = (rows, columns), columns a multiple of 64, one pair of
 # Q8_0/Q4_0 blocks): 64 x 128. benchmarks/dequant_bench.py --mode experts --word-tiles on the H200
 # (473227a, qwen3's gate, 128 experts): Q8_0 / Q4_0 at 55.7% / 57.2% of the device copy against
-# 49.4% / 49.2% at the old 64 x 64; no tile of ten passed 56% / 61% (the word decode itself, not
-# the program's size, is the limit there).
+# 49.4% / 49.2% at 64 x 64; no tile of ten passed 56% / 61% (the word decode itself, not the
+# program's size, is the limit there).
 DEFAULT_WORD_TILE = (64, 128)
 
 # Schedule constants of the heuristic (see the module docstring for each one's reason).

@@ -18,11 +18,11 @@ import triton
 from strata._backend import INTERPRET
 from strata.experts import ExpertSet
 from strata.formats.tables import device_table
-from strata.kernels._expert_dequant_kernel import _dequant_fwd_kernel
-from strata.kernels.decode import pair_words_fit
+from strata.kernels.moe._expert_dequant_kernel import _dequant_fwd_kernel
+from strata.kernels.decode import format_traits, pair_words_fit
 from strata.kernels.decode.superblocks import SUPERBLOCK, superblock_words_fit
-from strata.kernels.tiles import (DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOCKS,
-                                  DEFAULT_WORD_TILE, DEFAULT_WORDS, pinned_choice)
+from strata.kernels.moe.tiles import (DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOCKS,
+                                      DEFAULT_WORD_TILE, DEFAULT_WORDS, pinned_choice)
 
 # The byte path's program: DECODE_BN rows x DECODE_BK weights (64 x 64 bf16 out, 8 KiB).
 DECODE_BN = 64
@@ -39,7 +39,8 @@ def word_decode() -> bool:
 def superblock_decode() -> tuple[bool, tuple[int, int]]:
     """(on, (rows, super-blocks) a program) of the super-block word path for Q4_K, Q5_K, Q6_K,
     Q2_K, Q3_K and IQ4_XS: the active pin_tile's `superblocks` / `superblock_tile` (an A/B turns
-    the path off with `pin_tile(superblocks=False)`), else the defaults in strata.kernels.tiles."""
+    the path off with `pin_tile(superblocks=False)`), else the defaults in
+    strata.kernels.moe.tiles."""
     on = pinned_choice("superblocks")
     tile = pinned_choice("superblock_tile")
     return (DEFAULT_SUPERBLOCKS if on is None else bool(on),
@@ -76,7 +77,8 @@ def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: tor
     grid = (experts.n_expert, triton.cdiv(mat.rows, lc["BN"]), triton.cdiv(mat.cols, lc["BK"]))
     _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, dst_slot, mat.offset,
                               mat.row_bytes, dst, dst_off, device_table("iq", experts.device),
-                              mat.rows, mat.cols, FMT=mat.fmt.ggml_type, INTERP=INTERPRET, **lc)
+                              mat.rows, mat.cols, FMT=format_traits(mat.fmt), INTERP=INTERPRET,
+                              **lc)
 
 
 def dequant_experts(experts: ExpertSet, name: str, counts: torch.Tensor, *,
@@ -95,7 +97,7 @@ def dequant_experts(experts: ExpertSet, name: str, counts: torch.Tensor, *,
 
 def dequant_experts_torch(experts: ExpertSet, name: str, counts: torch.Tensor, *,
                           out: torch.Tensor | None = None) -> torch.Tensor:
-    from strata.kernels.moe import dequantize_matrix
+    from strata.kernels.moe.ffn import dequantize_matrix
     mat = getattr(experts.layout, name)
     if out is None:
         out = torch.empty(experts.n_expert, mat.rows, mat.cols, dtype=torch.bfloat16,

@@ -1,4 +1,4 @@
-"""The @triton.jit kernel behind strata.kernels.router (the launcher, tile and twin live there).
+"""The @triton.jit kernel behind strata.kernels.moe.router (the launcher, tile and twin live there).
 
 Legend: T tokens, D hidden, E experts (BE = next_pow2, masked), K top-k (KP = next_pow2),
 P bf16 parts of the router weight; BM x BD a program's step.
@@ -6,7 +6,7 @@ P bf16 parts of the router weight; BM x BD a program's step.
 import triton
 import triton.language as tl
 
-from strata.kernels._moe_kernel import _dot
+from strata.kernels.moe._ffn_kernel import _dot
 
 
 @triton.jit

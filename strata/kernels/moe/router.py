@@ -32,9 +32,9 @@ import triton
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
-from strata.kernels._router_kernel import _softmax_topk_fwd_kernel
+from strata.kernels.moe._router_kernel import _softmax_topk_fwd_kernel
 from strata.kernels.pins import pinned_one_of
-from strata.kernels.grouping import topk_route
+from strata.kernels.moe.grouping import topk_route
 
 ROUTER_IMPLS = ("triton", "torch")
 # A program holds a [BM, next_pow2(E)] fp32 block of logits in registers: wider goes to the twin.

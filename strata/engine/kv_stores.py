@@ -1,0 +1,138 @@
+"""A prompt's KV read out of, and written back into, the stores the engine keeps it in: the
+model's KVCache (GQA), its MLACache (the latent and rope key) and the engine's PromptKV (either,
+a resident window in VRAM and the older tokens in host memory, sliding layers as rings).
+
+Every store is seen in one form, PromptKV's token-major one: per layer the parts of
+kv_token_parts (k [n, Hkv, hd], v [n, Hkv, Hv], and under int8 k_scale, v_scale [n, Hkv]; MLA is
+one "head": c [n, 1, Lkv], k_pe [n, 1, R], c_scale, k_pe_scale [n, 1]) of the positions the
+layer holds, start..P-1 (start 0 for a full layer, P - min(P, W - 1) for a sliding one).
+
+    layout = store_layout(cache)                  # kind, heads, dims, dtype, windows
+    for l in range(n_layer):
+        start, pieces = layer_pieces(cache, l)    # per part: its tensors in position order
+    restore(cache, n, get)                        # get(l, part, a, b) -> rows a..b (positions)
+
+`layer_pieces` hands out the host-held part of a PromptKV as the pinned host tensor itself (a
+file writer copies it from there, never through VRAM) and the resident part as its device view.
+"""
+from __future__ import annotations
+
+import torch
+
+from strata.errors import StrataError
+from strata.models.kv import KVCache, PromptKV
+from strata.models.mla import MLACache
+
+GQA_PARTS = ("k", "v", "k_scale", "v_scale")
+MLA_PARTS = ("c", "k_pe", "c_scale", "k_pe_scale")
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def store_layout(cache, shape) -> dict:
+    """What a state file's KV is: {kind gqa | mla, heads, key_dim, value_dim, dtype, parts,
+    windows} (the manifest's `kv`)."""
+    mla = bool(shape.mla)
+    heads, key_dim, value_dim = shape.kv_heads if mla else (shape.n_kv_head, shape.head_dim,
+                                                            shape.head_dim)
+    if isinstance(cache, PromptKV):
+        dtype = cache.kv
+    elif isinstance(cache, MLACache):
+        dtype = cache.kv or DTYPE_NAMES[cache.c[0].dtype]
+    elif isinstance(cache, KVCache):
+        dtype = DTYPE_NAMES[cache.k[0].dtype]
+    else:
+        raise StrataError(f"cannot save the KV of a {type(cache).__name__}")
+    names = MLA_PARTS if mla else GQA_PARTS
+    return {"kind": "mla" if mla else "gqa", "heads": heads, "key_dim": key_dim,
+            "value_dim": value_dim, "dtype": dtype,
+            "parts": list(names[:4 if dtype == "int8" else 2]),
+            "windows": list(getattr(cache, "windows", (0,) * shape.n_layer))}
+
+
+def _held(P: int, window: int) -> int:
+    """Tokens a layer holds after P positions (a sliding one its last W - 1)."""
+    return min(P, window - 1) if window else P
+
+
+def layer_pieces(cache, layer: int) -> tuple[int, list[list[torch.Tensor]]]:
+    """(start, per part the tensors whose rows, joined, are positions start..P-1 token-major)."""
+    P = cache.length
+    if isinstance(cache, PromptKV):
+        return _prompt_kv_pieces(cache, layer, P)
+    if isinstance(cache, MLACache):
+        stores = cache._stores()
+        return 0, [[s[layer][:P][:, None] if i < 2 else s[layer][:P]]
+                   for i, s in enumerate(stores)]
+    W = cache.windows[layer]
+    n = _held(P, W)
+    return P - n, [[cache.k[layer][:, :n].transpose(0, 1)], [cache.v[layer][:, :n].transpose(0, 1)]]
+
+
+def _prompt_kv_pieces(kv: PromptKV, layer: int, P: int):
+    W = kv.windows[layer]
+    if W:
+        R, n = kv.kept[layer], _held(P, W)
+        slots = [p % R for p in range(P - n, P)]
+        idx = torch.tensor(slots, dtype=torch.int64)
+        return P - n, [[t[idx.to(t.device)]] for t in kv.resident[layer]]
+    h = min(P, kv.held[layer])
+    out = []
+    for host, res in zip(kv.hosted[layer], kv.resident[layer]):
+        pieces = [host[:h]] if h else []
+        if P > h:
+            pieces.append(res[:P - h])
+        out.append(pieces)
+    return 0, out
+
+
+def restore(cache, n: int, get) -> None:
+    """Positions 0..n-1 of every layer back into an empty `cache` (its capacity counts them
+    and what follows), then its length set to n: `get(layer, part_index, a, b)` gives rows of
+    positions a..b token-major (host tensors; a host-held PromptKV part is copied host to host)."""
+    if cache.length:
+        raise StrataError("the KV is restored into an empty cache only")
+    n_layer = len(cache.windows) if hasattr(cache, "windows") else len(cache.c)
+    for l in range(n_layer):
+        if isinstance(cache, PromptKV):
+            if l in cache.mine:
+                _restore_prompt_kv(cache, l, n, get)
+        elif isinstance(cache, MLACache):
+            for i, s in enumerate(cache._stores()):
+                x = get(l, i, 0, n)
+                s[l][:n] = (x[:, 0] if i < 2 else x).to(s[l].device)
+        else:
+            W = cache.windows[l]
+            m = _held(n, W)
+            for i, store in enumerate((cache.k, cache.v)):
+                x = get(l, i, n - m, n).transpose(0, 1).to(store[l].device)
+                if cache.capacity is None:
+                    store[l] = x.clone()
+                else:
+                    store[l][:, :m] = x
+    cache.length = n
+
+
+def _restore_prompt_kv(kv: PromptKV, layer: int, n: int, get) -> None:
+    W = kv.windows[layer]
+    if W:
+        R, m = kv.kept[layer], _held(n, W)
+        slots = torch.tensor([p % R for p in range(n - m, n)], dtype=torch.int64)
+        for i, dst in enumerate(kv.resident[layer]):
+            if m:
+                dst[slots.to(dst.device)] = get(layer, i, n - m, n).to(dst.device)
+        return
+    h = min(n, kv.held[layer])
+    for i, (host, res) in enumerate(zip(kv.hosted[layer], kv.resident[layer])):
+        if h:
+            host[:h].copy_(get(layer, i, 0, h))
+        if n > h:
+            res[:n - h].copy_(get(layer, i, h, n))
+
+
+def reusable(n: int, saved: int, starts: list[int], windows: list[int]) -> bool:
+    """Whether positions 0..n-1 can be rebuilt from a state of `saved` positions whose layers
+    start at `starts`: a sliding layer needs its last W - 1 positions before n, which the state
+    holds only when its start is at or before n - (W - 1) (or it kept every position)."""
+    if n > saved:
+        return False
+    return all(not w or s == 0 or n - _held(n, w) >= s for s, w in zip(starts, windows))

@@ -1,0 +1,199 @@
+"""A prompt's KV saved and resumed (strata.engine.kv_state, kv_stores), on the CPU, tiny shapes.
+
+Exactness: a resumed read restores the same bits into the same store and reads the new tokens
+in the same chunks a full read of the concatenated prompt does (the saved prefix is a whole
+number of chunks), so every operation sees the same operands: the logits of the new tokens are
+equal bit for bit. Checked for the model's own KVCache (GQA, sliding) and MLACache, and the
+engine's PromptKV with a host-held part (fp32, int8; GQA, MLA latent, sliding rings).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from strata.cli import main
+from strata.engine.kv_state import KVState, save_state
+from strata.engine.kv_stores import layer_pieces
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.errors import StrataError
+from strata.packs import Pack
+from strata.packs.synth import ExpertFormats, synth_pack
+from strata.shapes import GptOssOptions, ModelShape, get_preset
+from tests.models.hf_family import DS_TINY
+
+OSS = ModelShape("gpt-oss", n_layer=4, d_model=64, n_expert=4, top_k=2, d_expert=32,
+                 n_head=4, n_kv_head=2, head_dim=16, vocab=128, opts=GptOssOptions(),
+                 sliding_window=5, max_pos=4096)
+SHAPES = {"qwen3moe": get_preset("tiny"), "deepseek2": DS_TINY, "gpt-oss": OSS}
+N, CUT = 30, 16          # prompt tokens; the saved prefix (two chunks of 8)
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("packs")
+    return {a: Pack.open(synth_pack(d / f"{a}.pack", s, ExpertFormats.of("Q8_0"),
+                                    progress=False))
+            for a, s in SHAPES.items()}
+
+
+def tokens(arch):
+    return torch.randint(0, SHAPES[arch].vocab, (N,), generator=torch.Generator().manual_seed(7))
+
+
+def engine(pack, **kw):
+    cfg = EngineConfig(vram=1 << 30, cache=24 * pack.max_blob, max_prompt=64, device="cpu",
+                       chunk=8, ring=2, ffn="ref", **kw)
+    return PrefillEngine(pack, cfg)
+
+
+def save_after(path, pack, toks):
+    return lambda s, out: save_state(path, s.kv, pack=pack, tokens=toks, logits=out[-1])
+
+
+KINDS = {"model-cache": {}, "prompt-kv-host": {"kv_resident": 5},
+         "int8-host": {"kv": "int8", "kv_resident": 5}}
+
+
+@pytest.mark.parametrize("arch", list(SHAPES))
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_resume_equals_a_full_read(packs, arch, kind, tmp_path):
+    pack, t = packs[arch], tokens(arch)
+    eng = engine(pack, **KINDS[kind])
+    full = eng.run(t, logits="all")
+    path = tmp_path / "s.kv"
+    first = eng.run(t[:CUT], logits="last", then=save_after(path, pack, t[:CUT].tolist()))
+    info = first.then
+    assert path.exists() and info.n_tokens == CUT and info.nbytes == path.stat().st_size
+    state = KVState.open(path, pack=pack, kv=eng.kv.dtype)
+    assert state.tokens == t[:CUT].tolist() and state.kv == eng.kv.dtype
+    res = eng.run(t[CUT:], logits="all", resume=(state, CUT))
+    assert res.restored == CUT and res.stats.tokens == N - CUT
+    assert torch.equal(res.logits, full.logits[CUT:])
+    # the plan counted the whole length: the KV the read allocated is the full read's
+    assert res.kv_bytes == full.kv_bytes
+
+
+def test_host_held_kv_is_written_from_its_host_tensor(packs, tmp_path):
+    """The host-held part of a PromptKV goes to the file as the host tensor itself (no copy
+    through the device); the resident part is its device view."""
+    pack, t = packs["qwen3moe"], tokens("qwen3moe")
+    eng = engine(pack, kv_resident=5)
+
+    def look(session, out):
+        kv = session.kv
+        start, pieces = layer_pieces(kv, 0)
+        assert start == 0 and len(pieces[0]) == 2
+        assert pieces[0][0].data_ptr() == kv.hosted[0][0].data_ptr()
+        assert pieces[0][1].data_ptr() == kv.resident[0][0].data_ptr()
+        return save_state(tmp_path / "h.kv", kv, pack=pack, tokens=t.tolist(), logits=out[-1])
+    info = eng.run(t, logits="last", then=look).then
+    held = (N - 5) * SHAPES["qwen3moe"].kv_bytes(1, "fp32") * SHAPES["qwen3moe"].n_layer
+    assert info.host_bytes >= held
+
+
+def test_shared_prefix(packs, tmp_path):
+    """--reuse: the longest common prefix is restored and the rest read; the saved prompt
+    itself reads nothing (its logits travel in the state); a shorter one reads its last token
+    again."""
+    pack, t = packs["qwen3moe"], tokens("qwen3moe")
+    eng = engine(pack)
+    path = tmp_path / "s.kv"
+    eng.run(t[:CUT], logits="last", then=save_after(path, pack, t[:CUT].tolist()))
+    state = KVState.open(path, pack=pack)
+    other = t.clone()
+    other[CUT - 3] = (other[CUT - 3] + 1) % SHAPES["qwen3moe"].vocab
+    assert state.prefix(t.tolist()) == CUT
+    assert state.prefix(other.tolist()) == CUT - 3
+    assert state.prefix(t[:CUT].tolist()) == CUT
+    assert state.prefix(t[:10].tolist()) == 9
+    n = state.prefix(other.tolist())
+    full = eng.run(other, logits="all")
+    res = eng.run(other[n:], logits="all", resume=(state, n))
+    assert torch.allclose(res.logits, full.logits[n:], rtol=0, atol=1e-5)
+    same = eng.run(torch.zeros(0, dtype=torch.int64), logits="last", resume=(state, CUT))
+    assert torch.equal(same.logits, state.logits()) and same.stats.tokens == 0
+
+
+def test_a_sliding_layer_limits_the_prefix(packs, tmp_path):
+    """GPT-OSS's sliding layers keep their last W - 1 = 4 positions: a prefix that ends more
+    than that before the saved end cannot be rebuilt, so nothing is reused."""
+    pack, t = packs["gpt-oss"], tokens("gpt-oss")
+    eng = engine(pack)
+    path = tmp_path / "s.kv"
+    eng.run(t[:CUT], logits="last", then=save_after(path, pack, t[:CUT].tolist()))
+    state = KVState.open(path, pack=pack)
+    assert state.manifest["starts"] == [CUT - 4, 0, CUT - 4, 0]
+    assert state.prefix(t.tolist()) == CUT
+    assert state.prefix(t[:10].tolist()) == 0
+    with pytest.raises(StrataError, match="sliding"):
+        state.rows(0, 0, 0, 3)
+
+
+def _cli(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    return rc, capsys.readouterr()
+
+
+@pytest.mark.parametrize("arch", list(SHAPES))
+def test_cli_resident_resume(packs, tmp_path, capsys, arch):
+    """`strata prefill --save-kv` then `--resume` on the all-resident path (the model's own
+    KVCache / MLACache, the resident provider): the logits equal a full read's bit for bit."""
+    pack, t = packs[arch], tokens(arch).tolist()
+    _resident_resume(pack, t, tmp_path, capsys)
+
+
+def _resident_resume(pack, t, tmp_path, capsys):
+    ids = lambda xs: ",".join(map(str, xs))   # noqa: E731
+    st, a, b = tmp_path / "s.kv", tmp_path / "a.npy", tmp_path / "b.npy"
+    common = ["--device", "cpu", "--experts", "ref", "--chunk", "8"]
+    rc, _ = _cli(capsys, "prefill", pack.path, "--tokens", ids(t[:CUT]), "--save-kv", st, *common)
+    assert rc == 0 and st.exists()
+    rc, out = _cli(capsys, "prefill", pack.path, "--tokens", ids(t[CUT:]), "--resume", st,
+                   "--dump-logits", a, "--json", *common)
+    assert rc == 0
+    r = json.loads(out.out)["kv_state"]
+    assert (r["restored"], r["read"]) == (CUT, N - CUT)
+    rc, _ = _cli(capsys, "prefill", pack.path, "--tokens", ids(t), "--dump-logits", b, *common)
+    assert np.array_equal(np.load(a), np.load(b)[CUT:])
+    return st, ids, common
+
+
+def test_cli_refusals(packs, tmp_path, capsys):
+    """A state of another pack, dtype or tokenizer, and a file that is no state, are refused
+    in one line (exit 2)."""
+    pack = packs["qwen3moe"]
+    st, ids, common = _resident_resume(pack, tokens("qwen3moe").tolist(), tmp_path, capsys)
+    for argv, what in [((packs["deepseek2"].path, "--resume", st), "another pack"),
+                       ((pack.path, "--resume", st, "--kv", "bf16"), "keeps fp32 KV"),
+                       ((pack.path, "--resume", pack.path), "not a saved KV state"),
+                       ((pack.path, "--reuse", tmp_path / "none.kv"), "no such file")]:
+        rc = main(["prefill", str(argv[0]), "--tokens", "1,2", *map(str, argv[1:]), *common])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and what in err and "\n" not in err, err
+    state = KVState.open(st, pack=pack)
+    state.manifest["tokenizer"] = {"source": "hf:other", "crc": "00000000"}
+    with pytest.raises(StrataError, match="another tokenizer"):
+        state.check(pack, "fp32")
+
+
+def test_the_write_is_atomic(packs, tmp_path, monkeypatch):
+    """A save that fails part way through the file (a full disk) leaves nothing at the path:
+    the temp file is removed."""
+    from strata.engine import kv_state
+    pack, t = packs["qwen3moe"], tokens("qwen3moe")
+    eng = engine(pack)
+    real, calls = kv_state._host_bytes, []
+
+    def full_disk(p):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(p)
+    monkeypatch.setattr(kv_state, "_host_bytes", full_disk)
+    path = tmp_path / "s.kv"
+    with pytest.raises(StrataError, match="no space left"):
+        eng.run(t[:8], logits="last", then=save_after(path, pack, t[:8].tolist()))
+    assert len(calls) == 3 and not path.exists() and list(tmp_path.iterdir()) == []

@@ -1,0 +1,28 @@
+"""experiments/kv_resume.py --smoke: the resume, decode and questions cells run on the CPU, the
+resumed logits equal the full read's, every question reuses the whole document, and the CSV and
+PNG are written."""
+from __future__ import annotations
+
+import csv
+import json
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_kv_resume_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("kv_resume", ROOT / "experiments" / "kv_resume.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--smoke", "--out", str(tmp_path), "--state-dir", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "kv_resume-smoke.csv")))
+    val = {r["figure"]: float(r["value"]) for r in rows}
+    for fig in ("state_bytes", "full_read_s", "save_s", "load_s", "resume_s", "resume_speedup",
+                "decode_tokens_per_s", "doc_read_s"):
+        assert val[fig] > 0, fig
+    assert val["resume_max_rel"] == 0.0 and val["resume_argmax_agree"] == 1.0
+    ttft = [r for r in rows if r["figure"] == "ttft_s"]
+    assert len(ttft) == 3 and all(json.loads(r["config"])["reused"] == 24 for r in ttft)
+    assert (tmp_path / "kv_resume-smoke.png").exists()
+    assert not list(tmp_path.glob("*.kv"))      # the states are removed after their cells
