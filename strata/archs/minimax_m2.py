@@ -141,8 +141,14 @@ def gguf_experts(tensors: dict, i: int, s: ModelShape, src):
     return (*layer_experts(tensors, i, s, src), None)
 
 
+def gguf_values(shape: ModelShape) -> dict:
+    """llama.cpp's minimax-m2 loader sizes the expert tensors by feed_forward_length, so a GGUF
+    strata writes carries the expert width there too (the converter writes both)."""
+    return {"feed_forward_length": shape.d_expert}
+
+
 MINIMAX_M2 = Arch(
     name=ARCH, hf_types=("minimax_m2",), gguf_archs=("minimax-m2",), wiring=MiniMaxM2,
     layer_specs=layer_specs, hf_shape=hf_shape, hf_dense=hf_dense, hf_experts=hf_experts,
     gguf_shape=gguf_shape, gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.MINIMAX_M2,
-    hf_hparams=hparams_hf.MINIMAX_M2)
+    hf_hparams=hparams_hf.MINIMAX_M2, gguf_values=gguf_values)

@@ -43,6 +43,7 @@ FILES = {
     "gpt-oss-q8_0": ("tiny-gpt-oss", _Q8),
     "deepseek2-q8_0": ("tiny-deepseek2", _Q8),
     "glm4moe-q8_0": ("tiny-glm4moe", _Q8),
+    "minimax-m2-q8_0": ("tiny-minimax-m2", _Q8),
     "qwen3moe-q4_k_m": ("tiny-qwen3moe", ["--mix", "Q4_K_M"]),
     "mixtral-q4_k_m": ("tiny-mixtral", ["--mix", "Q4_K_M"]),
     "gpt-oss-q4_k_m": ("tiny-gpt-oss", ["--mix", "Q4_K_M"]),
