@@ -10,9 +10,9 @@ tests its name: the layout buffers it adds (`buffers`), whether its launches ask
 slab for fixup scratch (`fixup_scratch`), its landing (`landing(layouts)`: the re-layout each blob
 gets as it lands, or None) and the callable that runs it (`forward()`).
 
-The callables are `(x, topk_ids, topk_w, experts, *, out=None, scratch_alloc=None, workspace=None) -> y`
-with y in x's dtype, or added into `out` (fp32) when given (scratch_alloc and workspace: what the
-provider lends, strata.models.provider.LayerWorkspace):
+The callables: `(x, topk_ids, topk_w, experts, *, out=None, scratch_alloc=None, workspace=None)
+-> y` with y in x's dtype, or added into `out` (fp32) when given (scratch_alloc and workspace:
+what the provider lends, strata.models.provider.LayerWorkspace):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
 - "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.moe.decoded)
 - "auto":   "decoded" when an expert averages >= decoded_min_rows(experts) rows, else "kernel"
