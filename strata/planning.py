@@ -8,7 +8,8 @@ needs, so `strata plan`, the prefill engine and the tests build their plans the 
                               count in the KV dtype, of the tokens strata.models.kv.
                               layer_kv_tokens keeps: a full layer split at the resident window,
                               a sliding one its window's last W - 1, all resident), dense bytes
-    layout_spec(ffn, kv, shape)   the prompt path's buffers for the expert FFN `ffn` (and the KV
+    layout_spec(ffn, kv, shape)   the prompt path's buffers for the expert FFN `ffn` (the
+                              buffers its object declares: strata.models.moe.ExpertFFNs; the KV
                               staging buffer when part of the KV lives in host memory, the
                               attention's int8 expansion scratch when the KV is int8, MLA's
                               key-block scratch when the shape is MLA)
@@ -53,6 +54,7 @@ from strata.memory.pool import SlabPool
 from strata.memory.sizes import Sizes
 from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats
+from strata.models.moe import DECODE_BUF, EXPERT_FFNS, ExpertFFNs
 from strata.archs.names import global_specs, layer_specs
 from strata.shapes import ModelShape
 
@@ -85,12 +87,6 @@ ACTIVATIONS = LayoutSpec(
         )),
     ),
 )
-
-# The "decoded" expert FFN's buffer: one pass's experts decoded to bf16 (G x BB bytes). Engines
-# whose FFN may decode add it to their layout (layout_spec does).
-DECODE_BUF = Buf("wdec", torch.uint8, ("G", "BB"), "a pass's experts decoded to bf16 blobs")
-
-DECODING_FFNS = ("auto", "decoded")   # expert FFNs that may decode a pass to bf16 first
 
 # Host-held KV streams back into this buffer, one layer at a time, for the attention of each
 # later chunk (its keys/values and, int8, their scales: KVB bytes a token). Persistent, not in
@@ -156,12 +152,14 @@ class KVPolicy:
         return self.dtype == "int8" and self.max_prompt > 0
 
 
-def layout_spec(ffn: str = "kernel", kv: KVPolicy | None = None,
+def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = None,
                 shape: ModelShape | None = None) -> LayoutSpec:
-    """The prompt path's buffers when the experts run through `ffn` and the KV is kept as `kv`
-    says (a staging buffer when some of it lives in host memory), with MLA's attention scratch
-    when `shape` is MLA."""
-    spec = ACTIVATIONS.with_buffer(DECODE_BUF, "moe") if ffn in DECODING_FFNS else ACTIVATIONS
+    """The prompt path's buffers when the experts run through `ffn` (the buffers it declares, in
+    the "moe" phase) and the KV is kept as `kv` says (a staging buffer when some of it lives in
+    host memory), with MLA's attention scratch when `shape` is MLA."""
+    spec = ACTIVATIONS
+    for b in ffn.buffers:
+        spec = spec.with_buffer(b, "moe")
     mla = shape is not None and shape.mla
     if mla:   # MLA's own int8 path dequantizes a key block into mla_c (no per-head expansion);
         # a host-held window gathers a block spanning the staged and resident keys there
@@ -240,14 +238,14 @@ def prompt_layout(shape: ModelShape, max_blob: int, *, spec: LayoutSpec | None =
                         spec if spec is not None else ACTIVATIONS, batch)
 
 
-def scratch_reserve(shape: ModelShape, devices: dict[str, torch.device], ffn: str,
+def scratch_reserve(shape: ModelShape, devices: dict[str, torch.device], ffn: ExpertFFNs,
                     slab: bool, layouts: Sequence) -> Callable[[str, int, int], int] | None:
     """The slab's reserve for plan_prefill: (participant, n_tokens, chunk) -> bytes its stream-k
     launches ask for beyond the layout (slab_reserve below, by the kernel's own
     launch plan on that participant's device, for each kind of layer among `layouts`: the tile
-    depends on whether the layer's weights are decoded). None unless the slab is on and the
-    fused expert GEMM (the one that runs stream-k) reads the experts."""
-    if not slab or ffn != "kernel":
+    depends on whether the layer's weights are decoded). None unless the slab is on and `ffn`
+    declares fixup scratch (the fused expert GEMM: it runs stream-k)."""
+    if not slab or not ffn.fixup_scratch:
         return None
     from strata.kernels.moe.ffn import decoded_weights
     decoded = {decoded_weights(lay) for lay in layouts if lay is not None}   # None: dense layer

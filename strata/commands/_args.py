@@ -20,7 +20,7 @@ from strata.errors import StrataError
 from strata.memory.loan import LEND_CAP
 from strata.memory.rig import RESERVE
 from strata.memory.scan import SCAN_MAX
-from strata.models.moe import FFN_CHOICES
+from strata.models.moe import FFN_CHOICES, ExpertFFNs, ffn_named
 from strata.units import fmt_bytes, parse_size
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -134,12 +134,11 @@ def device_type(args) -> str:
     return "cuda" if str(dev).startswith("cuda") else "cpu"
 
 
-def resolve_experts(name: str, dev_type: str) -> str:
-    """The expert FFN `--experts` names on this device: auto is "auto" on cuda and "ref" on the
-    CPU, one path for resident and streamed reads (the Triton interpreter would take minutes)."""
-    if name != "auto":
-        return name
-    return "auto" if dev_type == "cuda" else "ref"
+def resolve_experts(name: str, dev_type: str) -> ExpertFFNs:
+    """The expert FFN `--experts` names on this device, as its object (read once, here): auto is
+    "auto" on cuda and "ref" on the CPU, one path for resident and streamed reads (the Triton
+    interpreter would take minutes)."""
+    return ffn_named(name).on(dev_type)
 
 
 def layer_split(args) -> list[int] | None:

@@ -108,14 +108,13 @@ def _run_resident(args, pack, io, pick) -> dict:
     from strata.engine.generate import decode, decode_bound
     from strata.kernels.attention.kv_int8 import resolve_kv
     from strata.engine.load import load_model, resident_provider, resolve_device
-    from strata.models.moe import expert_ffn
     device = resolve_device(args.device)
     dtype = ((torch.bfloat16 if device.type == "cuda" else torch.float32)
              if args.dtype == "auto" else DTYPES[args.dtype])
     kv = resolve_kv(args.kv, dtype)
     io.check_kv(kv)
     ffn = resolve_experts(args.experts, device.type)
-    model = load_model(pack, device=device, dtype=dtype, ffn=expert_ffn(ffn))
+    model = load_model(pack, device=device, dtype=dtype, ffn=ffn.forward())
     provider = resident_provider(pack, device)
     cache = model.new_cache(capacity=io.total, kv=kv)
     io.restore(cache)
@@ -131,7 +130,7 @@ def _run_resident(args, pack, io, pick) -> dict:
         out = decode(model, provider, cache, logits, args.n, pick, sync=sync)
     blobs = [pl.blob_size for pl in pack.layers]
     return {"pack": str(args.pack), "arch": pack.shape.arch, "device": str(device),
-            "experts": ffn, "kv": kv, "prompt_tokens_read": len(io.new), "prompt_s": prompt_s,
+            "experts": ffn.name, "kv": kv, "prompt_tokens_read": len(io.new), "prompt_s": prompt_s,
             "decode": {"tokens": out.tokens, **decode_bound(out, pack.shape, blobs, None, True)}}
 
 
@@ -159,7 +158,7 @@ def _run_streamed(args, pack, io, pick) -> dict:
     cuda = engine.device.type == "cuda"
     gbps = st.h2d_gbps if st.bytes_streamed and cuda else None
     return {"pack": str(args.pack), "arch": pack.shape.arch,
-            "device": ", ".join(str(p.device) for p in engine.parts), "experts": engine.cfg.ffn,
+            "device": ", ".join(str(p.device) for p in engine.parts), "experts": engine.cfg.ffn.name,
             "kv": res.kv, "prompt_tokens_read": st.tokens, "prompt_s": st.seconds,
             "restore_s": res.restore_s, "prefill_chunk": res.chunk, "prefill_ring": res.ring,
             "decode": {"tokens": out.tokens, "bytes_streamed": out.bytes_streamed,

@@ -253,9 +253,9 @@ def resident_reader(args, pack, windows) -> Reader:
     from strata.engine.finite import FiniteGuard
     from strata.kernels.attention.kv_int8 import resolve_kv
     from strata.engine.load import load_model, resolve_device
-    from strata.models.moe import expert_ffn
+    from strata.models.moe import ffn_named
 
-    if args.experts == "plane":
+    if ffn_named(args.experts).lands:
         raise StrataError("--experts plane needs the streaming engine: give --vram SIZE (or "
                           "--cache)")
     args.device = resident_device(args)
@@ -264,7 +264,7 @@ def resident_reader(args, pack, windows) -> Reader:
         if args.dtype == "auto" else DTYPES[args.dtype]
     guard = FiniteGuard()
     model = load_model(pack, device=device, dtype=dtype,
-                       ffn=guard.wrap(expert_ffn(resolve_experts(args.experts, device.type))))
+                       ffn=guard.wrap(resolve_experts(args.experts, device.type).forward()))
     _, provider = make_provider(args, pack, device)
     kv = resolve_kv(args.kv, dtype)
 

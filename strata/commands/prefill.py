@@ -207,7 +207,7 @@ def resident_device(args) -> str | None:
 def run(args) -> int:
     from strata.engine.finite import FiniteGuard
     from strata.engine.load import load_model, resolve_device
-    from strata.models.moe import expert_ffn
+    from strata.models.moe import ffn_named
 
     if args.pack_prompts and (not args.prompts_file or args.distributed):
         raise StrataError("--pack-prompts packs the prompts of --prompts-file in one engine; "
@@ -224,7 +224,7 @@ def run(args) -> int:
     if args.prompts_file or args.trace:
         flag = "--prompts-file" if args.prompts_file else "--trace"
         raise StrataError(f"{flag} needs the streaming engine: give --vram SIZE (or --cache)")
-    if args.experts == "plane":   # the blobs are re-laid as they land in the engine's cache
+    if ffn_named(args.experts).lands:   # the blobs are re-laid as they land in the engine's cache
         raise StrataError("--experts plane needs the streaming engine: give --vram SIZE (or "
                           "--cache)")
     check_budget_flags(args)
@@ -252,9 +252,9 @@ def run(args) -> int:
     kv = resolve_kv(args.kv, dtype)      # the one KV dtype the streamed read would keep too
     io.check_kv(kv)
     tokens = io.new
-    ffn_name = resolve_experts(args.experts, device.type)
+    ffn = resolve_experts(args.experts, device.type)
     guard = FiniteGuard()
-    model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(expert_ffn(ffn_name)))
+    model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(ffn.forward()))
     provider_name, provider = make_provider(args, pack, device)
 
     T = len(tokens)
@@ -292,7 +292,7 @@ def run(args) -> int:
                          kv_bytes=cache.vram_bytes,
                          kv_plan_bytes=sum(pack.shape.kv_bytes(
                              layer_kv_tokens(T, w)[0], kv) for w in kv_windows(pack.shape)),
-                         experts=ffn_name, provider=provider_name,
+                         experts=ffn.name, provider=provider_name,
                          n_tokens=T, chunk=chunk, n_chunks=n_chunks, seconds=seconds,
                          tokens_per_s=T / seconds if seconds > 0 else float("inf"),
                          stats=provider.stats(),
@@ -421,7 +421,7 @@ def streaming_report(engine, res, pack_name: str) -> dict:
         "pack": pack_name, "arch": engine.shape.arch, "devices": [str(p.device) for p in engine.parts],
         "layers": [len(p.layers) for p in engine.parts],
         "dtype": str(engine.dtype).replace("torch.", ""),
-        "experts": engine.cfg.ffn, "pinned": engine.host.pinned,
+        "experts": engine.cfg.ffn.name, "pinned": engine.host.pinned,
         "n_tokens": st.tokens, "seconds": st.seconds, "tokens_per_s": st.tokens_per_s,
         "prefill_chunk": res.chunk, "prefill_ring": res.ring,
         "plan": res.plan.to_dict(),

@@ -76,7 +76,6 @@ from strata.errors import StrataError
 from strata.memory import ExpertCache
 from strata.models.kv import PromptKV
 from strata.engine.load import load_model, open_pack, resolve_device
-from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import scratch_reserve
 from strata.units import fmt_bytes
 
@@ -184,9 +183,9 @@ class StageEngine:
         self.dtype = dense_dtype(cfg, device.type)
         self.cfg = cfg = resolved(cfg, device.type)    # one KV dtype, as one process keeps
         self.layouts = [pl.layout for pl in pack.layers]
-        # ffn "plane": every blob is re-laid into planes as it lands (in the cache's slots and
-        # the ring's), as in one process; a layer the plane GEMM cannot read is refused here
-        self.land = plane_landing(cfg.ffn, self.layouts)
+        # the FFN's landing (the plane GEMM's: each blob re-laid into planes as it lands, in the
+        # cache's slots and the ring's), as in one process; a layer it cannot read is refused here
+        self.land = cfg.ffn.landing(self.layouts)
         blob_sizes = [pl.blob_size for pl in pack.layers]
         # the whole rig's participants (the same call as the single-process split), then ours
         parts, budgets, self.layout, self.fused = plan_inputs(s, blob_sizes, pack.native, cfg,
@@ -209,7 +208,7 @@ class StageEngine:
                          ParticipantScratch(p.name, device, cache.buffer))
         self.finite = FiniteGuard()
         self.model = load_stage(pack, b.layers, device=device, dtype=self.dtype,
-                                ffn=self.finite.wrap(expert_ffn(cfg.ffn)))
+                                ffn=self.finite.wrap(cfg.ffn.forward()))
         self.wire = Handoff(rank, world, device, dcfg.timeout_s, width=s.d_model,
                             dtype=self.dtype)
         self._warm: set = set()     # the warm-ups already read (warmup's keys)

@@ -16,6 +16,7 @@ from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import resolve_kv
 from strata.memory import RingPolicy
 from strata.memory.rig import RESERVE
+from strata.models.moe import ExpertFFNs, ffn_named
 from strata.planning import KVPolicy
 
 
@@ -42,7 +43,8 @@ class EngineConfig:
     devices: list[str] | None = None   # one per participant (default: cuda:0.. or cpu)
     layer_split: list[int] | None = None  # layers per participant (default: by VRAM)
     dtype: torch.dtype | None = None   # dense math: bf16 on CUDA, fp32 on the CPU
-    ffn: str = "auto"                  # expert FFN: auto | kernel | decoded | plane | torch | ref
+    ffn: str | ExpertFFNs = "auto"     # expert FFN: auto | kernel | decoded | plane | torch | ref,
+                                       # held as its object (strata.models.moe.EXPERT_FFNS)
     batch: int | None = None           # experts per streamed batch (default ring // 2)
     slab: bool | None = None           # scratch slab from the loan's tail; None: STRATA_MMQ_SLAB
     progress: bool = False
@@ -50,6 +52,8 @@ class EngineConfig:
     def __post_init__(self):
         # one VRAM budget or one per participant, held as a list once, read as one everywhere
         self.vram = list(self.vram) if isinstance(self.vram, (list, tuple)) else [self.vram]
+        # the FFN's name read once, here: the planner and the engine read its declaration
+        self.ffn = ffn_named(self.ffn)
 
 
 def dense_dtype(cfg: EngineConfig, device_type: str) -> torch.dtype:

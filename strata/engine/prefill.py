@@ -53,7 +53,6 @@ from strata.errors import AllocationError, StrataError, allocation_failed
 from strata.memory import ExpertCache, RingPolicy
 from strata.models.kv import PromptKV
 from strata.engine.load import load_model, open_pack, resolve_device
-from strata.models.moe import expert_ffn, plane_landing
 from strata.planning import scratch_reserve
 
 log = logging.getLogger("strata")
@@ -105,8 +104,8 @@ class PrefillEngine:
         self.layouts = [pl.layout for pl in pack.layers]
         self.blob_sizes = [pl.blob_size for pl in pack.layers]
         self.max_blob = pack.max_blob
-        # ffn "plane": every blob is re-laid into planes as it lands (strata.planes.Landing)
-        self.land = plane_landing(cfg.ffn, self.layouts)
+        # the FFN's landing (the plane GEMM's: each blob re-laid into planes as it lands), or None
+        self.land = cfg.ffn.landing(self.layouts)
         parts, budgets, self.layout, self.fused = plan_inputs(
             self.shape, self.blob_sizes, pack.native, cfg, self.device.type)
         self.sizes = self.layout.sizes
@@ -136,7 +135,7 @@ class PrefillEngine:
             # NaN/Inf in a chunk fails the prompt, the layer named; read once after the prompt
             self.finite = FiniteGuard(defer=True)
             device_map = [dev for b, dev in zip(budgets, devices) for _ in b.layers]
-            ffn = self.finite.wrap(expert_ffn(cfg.ffn))   # imports the kernels' modules
+            ffn = self.finite.wrap(cfg.ffn.forward())   # imports the kernels' modules
             clock.lap("ffn_s")
             self.model = load_model(pack, device=self.device, dtype=self.dtype, ffn=ffn,
                                     device_map=device_map, timings=self.timings)

@@ -4,9 +4,15 @@ Legend: T tokens of the chunk, D hidden, F expert width, E experts, K top-k.
 
     y[t] = sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t),   e = ids[t, k]
 
-All are `(x, topk_ids, topk_w, experts, *, out=None, scratch_alloc=None, workspace=None) -> y`
-with y in x's dtype, or added into `out` (fp32) when given (scratch_alloc and workspace: what the
-provider lends, strata.models.provider.LayerWorkspace):
+Each is an object of the registry below (EXPERT_FFNS; `ffn_named` reads a CLI or EngineConfig
+name once, at the edge), which declares what the planner and the engine give it, so no one else
+tests its name: the layout buffers it adds (`buffers`), whether its launches ask the stream-k
+slab for fixup scratch (`fixup_scratch`), its landing (`landing(layouts)`: the re-layout each blob
+gets as it lands, or None) and the callable that runs it (`forward()`).
+
+The callables: `(x, topk_ids, topk_w, experts, *, out=None, scratch_alloc=None, workspace=None)
+-> y` with y in x's dtype, or added into `out` (fp32) when given (scratch_alloc and workspace:
+what the provider lends, strata.models.provider.LayerWorkspace):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
 - "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.moe.decoded)
 - "auto":   "decoded" when an expert averages >= decoded_min_rows(experts) rows, else "kernel"
@@ -26,9 +32,13 @@ import torch
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.kernels.moe.ffn import expert_forward
+from strata.memory.layout import Buf
 
 ExpertFFN = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertSet], torch.Tensor]
-FFN_CHOICES = ("auto", "kernel", "decoded", "plane", "torch", "ref")
+
+# The "decoded" expert FFN's buffer: one pass's experts decoded to bf16 (G x BB bytes, the
+# layout's symbols: strata.planning). The FFNs that may decode a pass declare it.
+DECODE_BUF = Buf("wdec", torch.uint8, ("G", "BB"), "a pass's experts decoded to bf16 blobs")
 
 
 def moe_ffn_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
@@ -87,33 +97,109 @@ def _auto(x, topk_ids, topk_w, experts, **kw):
     return fn(x, topk_ids, topk_w, experts, **kw)
 
 
-def plane_landing(name: str, layouts):
-    """The strata.planes.Landing an engine runs on each blob as it lands when its experts run
-    through FFN `name` ("plane"), else None. A StrataError names a layer the plane GEMM cannot
-    read."""
-    if name != "plane":
+class ExpertFFNs:
+    """One expert FFN's declaration (the base: no buffers, no slab scratch, no landing)."""
+    name = ""
+    buffers: tuple[Buf, ...] = ()   # added to the layout's "moe" phase
+    fixup_scratch = False           # stream-k launches take fixup scratch from the slab
+    lands = False                   # blobs are re-laid as they land: the streaming engine only
+
+    def landing(self, layouts):
+        """The strata.planes.Landing each blob gets as it lands in a cache slot, or None."""
         return None
-    from strata.kernels.moe.plane import KERNEL_FORMATS
-    from strata.planes import Landing
-    return Landing(layouts, KERNEL_FORMATS)
+
+    def forward(self) -> ExpertFFN:
+        """The callable that runs it (imports the kernels' modules)."""
+        raise NotImplementedError
+
+    def on(self, device_type: str) -> "ExpertFFNs":
+        """The FFN this one runs as on `device_type` (itself but for "auto")."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"<expert FFN {self.name}>"
 
 
-def expert_ffn(name: str = "kernel") -> ExpertFFN:
-    """The expert FFN called `name` (one of FFN_CHOICES)."""
-    if name == "kernel":
+class KernelFFN(ExpertFFNs):
+    """The fused Triton expert GEMM on the blocks; its stream-k launches take fixup scratch."""
+    name = "kernel"
+    fixup_scratch = True
+
+    def forward(self):
         from strata.kernels.moe.ffn import moe_ffn
         return _bf16(moe_ffn)
-    if name == "decoded":
+
+
+class DecodedFFN(ExpertFFNs):
+    """Decode a pass's experts once into wdec, then the BF16 GEMM."""
+    name = "decoded"
+    buffers = (DECODE_BUF,)
+
+    def forward(self):
         from strata.kernels.moe.decoded import moe_ffn_decoded
         return _bf16(moe_ffn_decoded)
-    if name == "auto":
+
+
+class AutoFFN(ExpertFFNs):
+    """"decoded" for long chunks, "kernel" for short ones (it may decode: wdec); the CLI runs the
+    reference on the CPU (the Triton interpreter would take minutes)."""
+    name = "auto"
+    buffers = (DECODE_BUF,)
+
+    def forward(self):
         return _bf16(_auto)
-    if name == "plane":
+
+    def on(self, device_type):
+        return self if device_type == "cuda" else EXPERT_FFNS["ref"]
+
+
+class PlaneFFN(ExpertFFNs):
+    """The plane-layout GEMM on experts re-laid into code and scale planes as they land."""
+    name = "plane"
+    lands = True
+
+    def landing(self, layouts):
+        """A StrataError names a layer the plane GEMM cannot read."""
+        from strata.kernels.moe.plane import KERNEL_FORMATS
+        from strata.planes import Landing
+        return Landing(layouts, KERNEL_FORMATS)
+
+    def forward(self):
         from strata.kernels.moe.plane import plane_ffn
         return _bf16(plane_ffn)
-    if name == "torch":
+
+
+class TorchFFN(ExpertFFNs):
+    """The fused GEMM's plain-torch twin (same bf16 contract)."""
+    name = "torch"
+
+    def forward(self):
         from strata.kernels.moe.ffn import moe_ffn_torch
         return _bf16(moe_ffn_torch)
-    if name == "ref":
+
+
+class RefFFN(ExpertFFNs):
+    """The fp32 reference (moe_ffn_ref)."""
+    name = "ref"
+
+    def forward(self):
         return moe_ffn_ref
-    raise StrataError(f"unknown expert FFN {name!r}; choose one of {', '.join(FFN_CHOICES)}")
+
+
+EXPERT_FFNS: dict[str, ExpertFFNs] = {c.name: c() for c in (AutoFFN, KernelFFN, DecodedFFN,
+                                                             PlaneFFN, TorchFFN, RefFFN)}
+FFN_CHOICES = tuple(EXPERT_FFNS)
+
+
+def ffn_named(ffn: "str | ExpertFFNs") -> ExpertFFNs:
+    """The expert FFN called `ffn` (one of FFN_CHOICES; an ExpertFFNs is itself)."""
+    if isinstance(ffn, ExpertFFNs):
+        return ffn
+    if ffn not in EXPERT_FFNS:
+        raise StrataError(f"unknown expert FFN {ffn!r}; choose one of {', '.join(FFN_CHOICES)}")
+    return EXPERT_FFNS[ffn]
+
+
+def expert_ffn(ffn: "str | ExpertFFNs" = "kernel") -> ExpertFFN:
+    """The callable of the expert FFN `ffn` (a name of FFN_CHOICES or its object)."""
+    return ffn_named(ffn).forward()

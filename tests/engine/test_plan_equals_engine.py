@@ -188,7 +188,7 @@ def engine_side(shape, layer_blob, native, rig, layouts):
     devices = default_devices([p.name for p in parts])    # as strata plan picks them
     plan = plan_prompt(layout, parts, cfg, pinned=rig["pinned"], fused=fused, native=native,
                        n_tokens=rig["n_tokens"],
-                       scratch_reserve=scratch_reserve(shape, devices, rig["ffn"], rig["slab"],
+                       scratch_reserve=scratch_reserve(shape, devices, cfg.ffn, rig["slab"],
                                                        layouts))
     if not plan.fits:
         event("does not fit")

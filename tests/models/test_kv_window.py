@@ -33,6 +33,7 @@ from strata.memory.rig import budgets
 from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.models.kv import KVCache, PromptKV, kv_windows, layer_kv_tokens
+from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes, prompt_layout
 from strata.shapes import GptOssOptions, ModelShape
 
@@ -72,7 +73,7 @@ def test_plan_equals_allocation(L, window, pattern, kv, resident, n):
     s = shape_of(L, window, pattern)
     pol = KVPolicy(kv, resident, n)
     sizes = model_sizes(s, kv=pol)
-    layout = prompt_layout(s, 1 << 16, spec=layout_spec("kernel", pol), sizes=sizes)
+    layout = prompt_layout(s, 1 << 16, spec=layout_spec(ffn_named("kernel"), pol), sizes=sizes)
     stage = {p.name: p.nbytes for p in layout.placements(1, 0)}.get("kv_stage", 0)
     buf = torch.empty(stage, dtype=torch.uint8)
     got = PromptKV(L, HKV, HD, n, kv=kv, resident=resident, devices=["cpu"] * L,

@@ -29,6 +29,7 @@ from strata.memory.layout import PromptLayout
 from strata.models.mla import (attend_block, attend_block_ref, key_blocks, merge_block,
                                mla_chunk_attention, mla_chunk_attention_absorbed)
 from strata.models.mla_scratch import MLA_BLOCK, MLAScratch, mla_scratch_rows, mla_state_floats
+from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes
 from strata.shapes import ModelShape
 
@@ -156,7 +157,7 @@ def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd):
     C = max(min(C, S), -(-S // 12))     # at most 12 chunks: the CPU reads every one
     shape = tiny_mla(H, N, R, Hv, L)
     kv = KVPolicy(kvd, max_prompt=S)
-    lay = PromptLayout(model_sizes(shape, kv=kv), 64, layout_spec("kernel", kv, shape))
+    lay = PromptLayout(model_sizes(shape, kv=kv), 64, layout_spec(ffn_named("kernel"), kv, shape))
     planned = {p.name: p.nbytes for p in lay.placements(C, 0) if p.name.startswith("mla_")}
     int8 = kvd == "int8"
     sc = Tracked(*vars(MLAScratch.of(H, N + R, Hv, C, S, "cpu",
@@ -184,7 +185,8 @@ def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd):
 def test_a_gqa_shape_plans_no_mla_scratch():
     shape = tiny_mla(2, 2, 2, 2, 2).with_(arch="qwen3moe", kv_lora=0, qk_rope=0, v_head_dim=0,
                                           n_dense_lead=0)
-    assert not any(n.startswith("mla_") for n in layout_spec("kernel", KVPolicy(), shape).names())
+    spec = layout_spec(ffn_named("kernel"), KVPolicy(), shape)
+    assert not any(n.startswith("mla_") for n in spec.names())
 
 
 # -- CUDA ------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.models.mla import (LatentSegment, MLACache, mla_chunk_attention,
                               mla_chunk_attention_absorbed)
 from strata.models.mla_scratch import MLAScratch
+from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes
 from strata.shapes import ModelShape
 from tests.engine.test_kv import refused_before_pinning
@@ -320,7 +321,7 @@ def test_plan_counts_what_prompt_kv_allocates(L, R, n_layer, kv, n, resident):
                        q_lora=0, kv_lora=L, qk_rope=R, v_head_dim=4)
     pol = KVPolicy(kv, resident, n)
     sizes = model_sizes(shape, kv=pol)
-    layout = PromptLayout(sizes, 1024, layout_spec("kernel", pol, shape))
+    layout = PromptLayout(sizes, 1024, layout_spec(ffn_named("kernel"), pol, shape))
     bufs = {p.name: p.nbytes for p in layout.placements(1, 0)}
     held = sizes.kv_host(n, 0)
     assert ("kv_stage" in bufs) == (held > 0) and ("mla_c" in bufs) == (kv == "int8" or held > 0)

@@ -1,0 +1,83 @@
+"""Each expert FFN is an object that declares its layout buffers, its slab scratch and its
+landing (strata.models.moe.EXPERT_FFNS); the planner reads the declaration and the engine takes
+exactly those bytes (the one-source rule), for every FFN of the registry:
+
+- the planner's placements hold the buffers the FFN declares (wdec: G x BB bytes) and no other
+  FFN's, the slab reserve is borrowed exactly when the FFN declares fixup scratch, and the
+  engine's borrow and carve take what the plan names, byte for byte;
+- a real PrefillEngine run records (PrefillResult.memory) the plan it reports for that FFN.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+from strata.blob import BlobLayout
+from strata.engine.engine_config import engine_policy
+from strata.engine.prefill import EngineConfig, PrefillEngine
+from strata.errors import PlanError, StrataError
+from strata.models.moe import DECODE_BUF, EXPERT_FFNS, FFN_CHOICES, ffn_named
+from strata.planning import dims_for
+from tests.engine.test_plan_equals_engine import (SHAPE, as_plan, check, engine_side, launches,
+                                                  pack, planned)  # noqa: F401 (fixture)
+
+
+@pytest.mark.parametrize("name", FFN_CHOICES)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(slab=st.booleans(), n_tokens=st.integers(1, 200), chunk=st.sampled_from([None, 7, 16]),
+       fmt=st.sampled_from(["Q8_0", "Q4_0"]), ring=st.sampled_from([3, 16]))
+def test_the_engine_takes_what_the_ffn_declares(name, slab, n_tokens, chunk, fmt, ring):
+    ffn = EXPERT_FFNS[name]
+    layouts = [BlobLayout.make(SHAPE.d_model, SHAPE.d_expert, fmt)] * SHAPE.n_layer
+    layer_blob = {l: lay.size for l, lay in enumerate(layouts)}
+    rig = dict(vram=[1 << 30], cache=1000 * layouts[0].size, lend_cap=0.9, pinned=True,
+               ring=ring, fused=False, ffn=name, slab=slab, chunk=chunk, scan_max=256,
+               n_tokens=n_tokens, max_prompt=256)
+    try:
+        with launches(rig):   # the slab on: every launch pinned to stream-k, so it asks scratch
+            plan, got = engine_side(SHAPE, layer_blob, True, rig, layouts)
+    except PlanError:
+        assume(False)
+    assert got is not None and plan.fits
+    check(plan, got)
+    names = {n for b in got for n, _, _ in b.placements}
+    declared = {b.name for b in ffn.buffers}
+    assert declared <= names
+    assert ("wdec" in names) == (DECODE_BUF in ffn.buffers)
+    for b in got:
+        dims = dims_for(SHAPE, plan.chunk, ring=b.ring_slots, batch=None)
+        for n, _, nbytes in b.placements:
+            if n == "wdec":
+                assert nbytes == dims["G"] * dims["BB"]
+    reserve = [pp.scratch_reserve for pp in plan.participants]
+    assert any(reserve) == (slab and ffn.fixup_scratch)
+
+
+def test_the_registry_reads_each_name_once():
+    assert tuple(EXPERT_FFNS) == FFN_CHOICES
+    for name, ffn in EXPERT_FFNS.items():
+        assert ffn.name == name and ffn_named(name) is ffn and ffn_named(ffn) is ffn
+        assert EngineConfig(vram=1 << 30, ffn=name).ffn is ffn
+    assert [n for n, f in EXPERT_FFNS.items() if f.lands] == ["plane"]
+    assert ffn_named("auto").on("cpu") is EXPERT_FFNS["ref"]
+    assert ffn_named("auto").on("cuda") is EXPERT_FFNS["auto"]
+    with pytest.raises(StrataError, match="unknown expert FFN 'fast'"):
+        ffn_named("fast")
+
+
+@pytest.mark.parametrize("name", ["ref", "torch", "plane"])
+def test_a_run_records_the_plan_of_its_ffn(pack, name):   # noqa: F811 (the fixture)
+    from strata.packs import Pack
+    cache = 100 * Pack.open(pack).max_blob
+    eng = PrefillEngine(pack, EngineConfig(vram=[1 << 30], cache=cache, max_prompt=64,
+                                           device="cpu", ffn=name, chunk=16, ring=16))
+    try:
+        res = eng.run(torch.arange(20) % SHAPE.vocab)
+        policy = engine_policy(eng.cfg)
+        plan = eng.plan(20, slab=policy.slab, policy=policy)
+    finally:
+        eng.host.close()
+    assert [planned(p) for p in plan.to_dict()["participants"]] == \
+        [as_plan(b) for b in res.memory]
+    assert (eng.cache.land is not None) == EXPERT_FFNS[name].lands
