@@ -61,12 +61,14 @@ def _vocab(V: int) -> tuple[list[str], list[int], list[str], int]:
     the 256 byte tokens in byte order, merges learned by `tokenizers` from _CORPUS (each merge's
     token after them, in merge order), unused placeholders, then Qwen's three control tokens.
     Below 256 + 3 + SMALL_MERGES tokens: the first V - SMALL_MERGES byte tokens and
-    SMALL_MERGES merges, no specials (text with the left-out bytes cannot be encoded)."""
+    SMALL_MERGES merges, no specials (text with the left-out bytes cannot be encoded). Below 256
+    tokens the merges' own bytes would be left out (BPE refuses a merge of a token it lacks), so
+    such a vocabulary is its first V byte tokens only, without merges (llama.cpp does not load it;
+    strata reads it)."""
     byte_tok = _byte_tokens()
+    if V < 256:
+        return byte_tok[:V], [1] * V, [], V - 1
     if V < 256 + len(SPECIALS) + SMALL_MERGES:
-        if V <= 2 * SMALL_MERGES:
-            raise ValueError(f"a synth vocabulary of {V} tokens; it needs more than "
-                             f"{2 * SMALL_MERGES}")
         pairs = _learned_merges(SMALL_MERGES)
         tokens = byte_tok[:V - SMALL_MERGES] + [a + b for a, b in pairs]
         return tokens, [1] * V, [f"{a} {b}" for a, b in pairs], V - 1

@@ -3,7 +3,7 @@ against its own base (KLD 0 within the base's 16-bit step, every top token the s
 quant against it, the streamed read, and bad inputs (one line, exit 2, nothing written).
 
 The texts are the standard library's own documentation (argparse's and json's docstrings);
-the synthetic tokenizer is byte-level, about one token a byte."""
+the synthetic tokenizer is byte-level with a few merges, about one token a byte."""
 from __future__ import annotations
 
 import argparse
@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from strata.cli import main
+from strata.packs import Pack
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import get_preset
+from strata.tokenize import pack_tokenizer
 
 STEP = 16 / 65535          # a base row's log-prob resolution: rounding moves a log-prob <= STEP/2
 CTX = ["--ctx", "32"]
@@ -94,7 +96,10 @@ def test_llama_cpp_s_lines_and_the_json(packs, texts, capsys):
     progress = re.findall(r"\[(\d+)\](\d+\.\d{4}),", err)
     rep = run_json(capsys, packs[0], "--file", texts[0], *READ)
     assert rep["windows"] == N and rep["scored_tokens"] == 15 * N
-    assert rep["n_tokens"] == len(argparse.__doc__.encode())     # a byte-level vocabulary
+    # the text read through the pack's own tokenizer (tiny's V = 256: 248 bytes and 8 merges)
+    tok = pack_tokenizer(Pack.open(packs[0]))
+    assert rep["n_tokens"] == len(tok.encode(argparse.__doc__, specials=False))
+    assert rep["n_tokens"] < len(argparse.__doc__.encode())      # its merges were used
     assert [int(i) for i, _ in progress] == list(range(1, N + 1))
     assert float(m.group(1)) == pytest.approx(rep["ppl"], abs=5e-5)
     assert float(m.group(2)) == pytest.approx(rep["ppl_err"], abs=5e-6)

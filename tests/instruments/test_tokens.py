@@ -2,7 +2,7 @@
 are plain text (llama.cpp's parse_special off), while `strata prefill` keeps them whole."""
 from __future__ import annotations
 
-from strata.packs.synth import SPECIALS, synth_tokenizer
+from strata.packs.synth_vocab import SPECIALS, synth_tokenizer
 from strata.tokenize import TextTokenizer
 
 

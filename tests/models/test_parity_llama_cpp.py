@@ -81,7 +81,7 @@ def test_converter_tokenizer_is_carried(name, tmp_path, capsys):
     text = "The quick brown fox, 42 experts."
     ids = tok.encode(text)
     # the file's byte-level vocabulary spells the UTF-8 bytes back (TINY's 256 ids are bytes)
-    from strata.packs.synth import _byte_tokens
+    from strata.packs.synth_vocab import _byte_tokens
     assert "".join(vocab[i] for i in ids) == "".join(_byte_tokens()[b] for b in text.encode())
     assert main(["prefill", str(pack), "--prompt", text, "--device", "cpu",
                  "--experts", "ref"]) == 0
