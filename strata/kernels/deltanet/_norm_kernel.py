@@ -15,19 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _rnd(v, DT: tl.constexpr, INTERP: tl.constexpr):
-    """fp32 v rounded to DT, to nearest even, as fp32. The GPU's cvt rounds so; the
-    interpreter's bf16 cast truncates, so there bf16 is rounded on the bits (a NaN kept one)."""
-    if DT == tl.float32:
-        return v
-    elif INTERP and DT == tl.bfloat16:
-        u = v.to(tl.uint32, bitcast=True)
-        u = tl.where(v != v, u | 0x00400000, u + 0x7FFF + ((u >> 16) & 1))
-        return (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True).to(tl.float32)
-    else:
-        return v.to(DT).to(tl.float32)
+from strata.kernels._norm_kernel import _rnd   # fp32 rounded to the output dtype, as RMSNorm's
 
 
 @triton.jit(do_not_specialize=["n_rows"])
