@@ -82,6 +82,9 @@ for step in "$@"; do
     # the start-up pieces on the GPU: bulk dense upload through pinned staging, background pinning, warm layers
     readytests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_pinning.py tests/engine/test_host.py tests/engine/test_warm_trace.py tests/engine/test_start_imports.py tests/models/test_attention.py 2>&1 | tail -8 > "$OUT/gpu_ready.log"; tail -3 "$OUT/gpu_ready.log" ;;
     benchfull) timeout 200 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192,32768 -r 3 --vram 12GiB --trace "$OUT/bench_trace.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_full.csv" | tail -12 ;;
+    # issue 41 item 4: qwen3-30b-a3b Q8_0 under 12 GiB: a 131K prompt saved and resumed beside a full
+    # re-read, ten questions on a 64K document (time to first token each), decode tokens/s
+    kvresume) mkdir -p /dev/shm/kvr; ( time timeout 420 python3 experiments/kv_resume.py --state-dir /dev/shm/kvr --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -30 | tee "$OUT/kv_resume.log"; rm -rf /dev/shm/kvr ;;
     packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
     # issue 18: the fused combine (sum over K in one pass) at qwen3's K 8 / D 2048 against its reference bit for bit, then through its callers: no sync inside a chunk and streamed == resident (test_syncs), check on/off bit for bit (plane relayout)
     combinetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_combine.py tests/engine/test_syncs.py tests/kernels/test_plane_ffn.py -k "combine or syncs or relayout" 2>&1 | tail -20 > "$OUT/gpu_combine_tests.log"; tail -5 "$OUT/gpu_combine_tests.log" ;;
