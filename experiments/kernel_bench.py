@@ -51,8 +51,8 @@ import torch
 
 import strata  # noqa: F401  (selects the interpreter without CUDA)
 from strata import bench
-from strata.bench.expert_gemm import (BF16_REL, DECODED_REL, SHAPES, dense_weights,
-                                      grouped_mm_ffn, make_experts, rel_err)
+from strata.bench.expert_gemm import (BF16_REL, DECODED_REL, SHAPES, SMOKE_SHAPES,
+                                      dense_weights, grouped_mm_ffn, make_experts, rel_err)
 from strata.bench.roofline import expert_flops
 from strata.errors import StrataError
 from strata.formats import get_format
@@ -64,7 +64,6 @@ from strata.kernels.moe.plane import KERNEL_FORMATS as PLANE_FORMATS
 from strata.kernels.moe.plane import PlaneTile, plane_ffn, plane_tile
 from strata.kernels.moe.tiles import TileConfig
 from strata.planes import to_plane_set
-from strata.shapes import get_preset
 
 FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
@@ -251,7 +250,7 @@ def main(argv=None) -> int:
         return 2
     shapes = dict(SHAPES)
     if args.smoke:
-        shapes = {"tiny": get_preset("tiny").with_(n_expert=5, top_k=2)}
+        shapes = dict(SMOKE_SHAPES)
     names = args.shapes or list(shapes)
     Ts = args.T or ([5, 16] if args.smoke else [512, 2048] if args.quick or args.sweep else TS)
     fmts = args.formats or (["BF16", "Q8_0", "Q4_0"] if args.quick or args.smoke or args.sweep

@@ -23,6 +23,7 @@ BF16_REL = 1e-2
 DECODED_REL = 1.5e-2
 
 SHAPES = {"qwen3-30b-a3b": get_preset("qwen3-30b-a3b"), "seed-512e": get_preset("seed-512e")}
+SMOKE_SHAPES = {"tiny": get_preset("tiny").with_(n_expert=5, top_k=2)}   # the CPU interpreter's
 
 
 def make_experts(shape, fmt: str, device, distinct: int):

@@ -15,7 +15,8 @@ The callables: `(x, topk_ids, topk_w, experts, *, out=None, scratch_alloc=None, 
 what the provider lends, strata.models.provider.LayerWorkspace):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
 - "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.moe.decoded)
-- "auto":   "decoded" when an expert averages >= decoded_min_rows(experts) rows, else "kernel"
+- "auto":   "kernel" or "decoded", whichever the measured table (strata.kernels.moe.choices,
+            ffn_table.json) says is faster for the pass's formats and rows per expert
 - "plane":  the plane-layout GEMM `strata.kernels.moe.plane.plane_ffn` (Q8_0/Q4_0/Q4_K experts whose
             blobs were re-laid into code and scale planes as they landed: the engine's
             strata.planes.Landing; it takes PlaneSets, an ExpertSet is a StrataError)
@@ -70,31 +71,28 @@ def _bf16(fn) -> ExpertFFN:
     return ffn
 
 
-# "auto" decodes a pass's experts once (then the BF16 GEMM) when an expert averages at least this
-# many rows: below it, decoding whole experts for a handful of tokens costs more than the fused
-# kernel's in-loop decode. Measured on the H200 (experiments/results/kernel_bench_full.csv,
-# d167d62): formats without a fast fused path (Q4_K, Q2_0, IQ3_S, ...) gain from 32 rows on
-# (qwen3-30b-a3b T=512: IQ3_S 7.4 vs 2.4 TFLOP/s); Q8_0/Q4_0's fused kernel wins at 32-40 rows
-# (seed-512e T=2048: 52.3 vs 34.8) and ties at 128 (qwen3 T=2048: 54.5 vs 56.7).
-DECODED_MIN_ROWS = 32
-DECODED_MIN_ROWS_FAST = 128
+# FLOP shares of an expert's matrices: gate and up (D -> F each) and down (F -> D)
+_SHARES = {"gate": 1 / 3, "up": 1 / 3, "down": 1 / 3}
 
 
-def decoded_min_rows(experts: ExpertSet) -> int:
-    """Rows per expert from which "auto" decodes first, for this expert set's formats."""
-    from strata.kernels.decode import FAST_CODE_FORMATS
-    fast = all(m.fmt.name in FAST_CODE_FORMATS + ("BF16",) for m in experts.layout.matrices)
-    return DECODED_MIN_ROWS_FAST if fast else DECODED_MIN_ROWS
+def auto_path(experts: ExpertSet, rows: float, device: torch.device) -> str:
+    """"kernel" or "decoded": the faster for a pass of `rows` rows per expert by the measured
+    table (strata.kernels.moe.choices); biased experts (no bias slot in the decoded BF16 blobs)
+    take the fused kernel."""
+    from strata.kernels.moe.choices import device_name, table
+    if not experts.layout.plain:
+        return "kernel"
+    mats = [(m.fmt.name, _SHARES[n]) for n, m in zip(("gate", "up", "down"),
+                                                    experts.layout.matrices)]
+    return table().choose(device_name(device.index or 0), mats, rows)
 
 
 def _auto(x, topk_ids, topk_w, experts, **kw):
     from strata.kernels.moe.decoded import moe_ffn_decoded
     from strata.kernels.moe.ffn import moe_ffn
     rows = topk_ids.numel() / max(1, experts.n_expert)
-    # the decoded path's BF16 experts have no bias slot: biased experts take the fused kernel
-    fn = (moe_ffn_decoded if experts.layout.plain and rows >= decoded_min_rows(experts)
-          else moe_ffn)  # moe_ffn ignores wdec
-    return fn(x, topk_ids, topk_w, experts, **kw)
+    fn = moe_ffn_decoded if auto_path(experts, rows, x.device) == "decoded" else moe_ffn
+    return fn(x, topk_ids, topk_w, experts, **kw)   # moe_ffn ignores wdec
 
 
 class ExpertFFNs:
@@ -141,8 +139,8 @@ class DecodedFFN(ExpertFFNs):
 
 
 class AutoFFN(ExpertFFNs):
-    """"decoded" for long chunks, "kernel" for short ones (it may decode: wdec); the CLI runs the
-    reference on the CPU (the Triton interpreter would take minutes)."""
+    """"kernel" or "decoded" by the measured table, pass by pass (it may decode: wdec); the CLI
+    runs the reference on the CPU (the Triton interpreter would take minutes)."""
     name = "auto"
     buffers = (DECODE_BUF,)
 

@@ -68,22 +68,24 @@ def test_decoded_absent_and_small_buffer_are_clear():
     assert torch.all(one[-100:] == 7)
 
 
-def test_auto_picks_decode_first_by_rows_and_format(monkeypatch):
-    """strata.models.moe's "auto": decoded from DECODED_MIN_ROWS_FAST rows an expert for Q8_0/Q4_0
-    (their fused kernel is fast), from DECODED_MIN_ROWS for the other formats."""
+def test_auto_runs_the_path_the_table_chooses(monkeypatch):
+    """strata.models.moe's "auto" runs, pass by pass, the path the measured table chooses for
+    its formats and rows per expert (a table made here: Q8_0's kernel wins below 64 rows)."""
+    from strata.kernels.moe import choices
     from strata.kernels.moe import decoded as dec_mod
     from strata.kernels.moe import ffn as moe_mod
     from strata.models import moe as model_moe
-    fast = random_expert_set(4, 64, 32, "Q8_0", "Q4_0", "Q8_0", seed=1)
-    slow = random_expert_set(4, 64, 32, "Q8_0", "Q2_0", "Q8_0", seed=1)
-    assert model_moe.decoded_min_rows(fast) == model_moe.DECODED_MIN_ROWS_FAST
-    assert model_moe.decoded_min_rows(slow) == model_moe.DECODED_MIN_ROWS
+    pts = [{"rows": r, "tflops": {"kernel": k, "decoded": d}}
+           for r, k, d in ((16, 20.0, 5.0), (64, 40.0, 40.0), (256, 60.0, 200.0))]
+    monkeypatch.setattr(choices, "table", lambda: choices.FfnTable({"GPU": {"Q8_0": pts}}, ()))
+    monkeypatch.setattr(choices, "device_name", lambda i: "GPU")
+    experts = random_expert_set(4, 64, 32, "Q8_0", "Q8_0", "Q8_0", seed=1)
     called = []
     monkeypatch.setattr(dec_mod, "moe_ffn_decoded", lambda *a, **k: called.append("decoded"))
     monkeypatch.setattr(moe_mod, "moe_ffn", lambda *a, **k: called.append("kernel"))
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
-    for experts, rows in ((fast, model_moe.DECODED_MIN_ROWS), (slow, model_moe.DECODED_MIN_ROWS),
-                          (fast, model_moe.DECODED_MIN_ROWS_FAST)):
+    for rows in (8, 32, 128, 512):
         ids = torch.zeros(rows * experts.n_expert, 1, dtype=torch.int64)   # rows an expert
         model_moe._auto(x, ids, ids.float(), experts)
-    assert called == ["kernel", "decoded", "decoded"]
+    assert called == ["kernel", "kernel", "decoded", "decoded"]
+
