@@ -54,6 +54,11 @@ def test_rates_interpolate_in_log_rows_and_hold_at_the_ends():
     cross = 16 * 2 ** (4 * 8 / 58)
     assert t.choose("G", [("Q8_0", 1.0)], cross * 0.95) == "kernel"
     assert t.choose("G", [("Q8_0", 1.0)], cross * 1.05) == "decoded"
+    # below the fewest rows measured, the table says nothing: the fused kernel, even where the
+    # first point's decoded figure is higher
+    low = _table(Q4_K=[(32, (8.0, 24.0)), (128, (30.0, 110.0))])
+    assert low.choose("G", [("Q4_K", 1.0)], 32) == "decoded"
+    assert low.choose("G", [("Q4_K", 1.0)], 31) == "kernel"
 
 
 def test_a_pass_of_two_formats_weighs_each_by_its_flop_share():

@@ -10,7 +10,7 @@ Legend: r rows per expert of the pass (its routed (token, expert) pairs / E), pa
 
 A pass's time is the sum of its matrices' (gate and up: 2/3 of the FLOPs, down 1/3), each at its
 format's rate for the path; the rate at r is interpolated linearly in log2(r) between the two
-measured points around it (held flat beyond the ends). A format the table lacks for the GPU takes
+measured points around it (held flat above the last; below the first the fused kernel runs). A format the table lacks for the GPU takes
 the curve of its decode class's measured format (`proxy`: the word-decoded formats, else the
 format family: K-quants, i-quants, legacy, mx, plain), and a GPU the table lacks takes the table's first GPU; `describe` says which was used.
 """
@@ -84,7 +84,15 @@ class FfnTable:
 
     def choose(self, gpu: str, mats: list[tuple[str, float]], rows: float,
                paths: tuple[str, ...] = PATHS) -> str:
-        """The path of least time for a pass whose matrices are `mats` [(format, FLOP share)]."""
+        """The path of least time for a pass whose matrices are `mats` [(format, FLOP share)].
+        Below the fewest rows measured for them the table says nothing: the fused kernel, which
+        reads each weight once and needs no decode buffer (decode-once pays a whole expert's
+        decode for those few rows)."""
+        used = self.gpu(gpu)
+        least = max(self.gpus[used][self.proxy(used, f)][0]["rows"] for f, _ in mats)
+        if rows < least and "kernel" in paths:
+            return "kernel"
+
         def seconds(path):
             return sum(share / self.rate(gpu, fmt, path, rows) for fmt, share in mats)
         return min(paths, key=seconds)
