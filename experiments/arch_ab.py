@@ -48,7 +48,7 @@ FMT = ExpertFormats.of("MXFP4")
 def tiny(name: str):
     """A GPT-OSS shape small enough for the interpreter, with the preset's options."""
     return get_preset(name).with_(n_layer=2, d_model=64, n_expert=8, d_expert=32, n_head=4,
-                                  n_kv_head=2, head_dim=16, vocab=256, sliding_window=16)
+                                  n_kv_head=2, head_dim=16, vocab=256, **{"window.size": 16})
 
 
 def measure(args, rec: bench.Recorder) -> None:

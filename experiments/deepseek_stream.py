@@ -41,25 +41,24 @@ from strata.errors import StrataError
 from strata.packs.memory import MemoryPack
 from strata.packs.synth import ExpertFormats
 from strata.planning import DENSE_BYTES, layer_dense_bytes
-from strata.shapes import ModelShape, get_preset
+from strata.shapes import DenseFfn, Mla, ModelShape, Router, get_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 HEADROOM = 12 * GIB          # Python, torch, the CUDA context's host side, the KV of one prompt
 SMOKE = ModelShape("deepseek2", 4, 64, 16, 4, 32, 4, 4, 24, 256, rope_theta=10000.0,
-                   n_dense_lead=1, d_ff=96, n_shared=1, router="sigmoid", n_group=4,
-                   topk_group=2, routed_scale=2.5, q_lora=32, kv_lora=32, qk_rope=8,
-                   v_head_dim=16)
+                   dense=DenseFfn(1, 96, 1), router=Router("sigmoid", 4, 2, 2.5),
+                   mla=Mla(32, 32, 8, 16))
 
 
 def layers_that_fit(full: ModelShape, fmts: ExpertFormats, avail: int) -> int:
     """MoE layers whose pinned experts fit beside the dense weights' host copy and HEADROOM."""
     blob = fmts.layout(full).size
     per_moe = blob * full.n_expert
-    dense = sum(layer_dense_bytes(full, l) for l in range(full.n_dense_lead + 1)) + \
+    dense = sum(layer_dense_bytes(full, l) for l in range(full.dense.lead + 1)) + \
         2 * full.vocab * full.d_model * DENSE_BYTES
     n = (avail - dense - HEADROOM) // (per_moe + layer_dense_bytes(full, full.n_layer - 1))
-    return int(max(0, min(full.n_layer - full.n_dense_lead, n)))
+    return int(max(0, min(full.n_layer - full.dense.lead, n)))
 
 
 def measure(args, rec: bench.Recorder) -> None:
@@ -75,7 +74,7 @@ def measure(args, rec: bench.Recorder) -> None:
             rec.add("tokens_per_s", 0.0, "tok/s", bound=f"does not fit: {avail / GIB:.0f} GiB of "
                     f"host memory holds no MoE layer of {fmts.layout(full).size * full.n_expert / 1e9:.1f} GB")
             return
-        shape = full.with_(n_layer=full.n_dense_lead + n_moe)
+        shape = full.with_(n_layer=full.dense.lead + n_moe)
         prompts = [int(p) for p in args.prompts.split(",")]
         print(f"deepseek-v3 x {shape.n_layer} layers ({n_moe} MoE) of host "
               f"{avail / GIB:.0f} GiB available", flush=True)

@@ -56,7 +56,7 @@ from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats
 from strata.models.moe import DECODE_BUF, EXPERT_FFNS, ExpertFFNs
 from strata.archs.names import global_specs, layer_specs
-from strata.shapes import ModelShape
+from strata.shapes import Mla, ModelShape
 
 DENSE_BYTES = 2  # dense weights on the GPU: bf16, norms included
 
@@ -183,7 +183,8 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
     bm = block_m if block_m is not None else block_m_for(T, K, E)
     qd, kvd = shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
     if shape.mla:   # the chunk's expanded per-head keys and values (strata.models.mla)
-        qd = kvd = shape.n_head * max(shape.head_dim, shape.v_head_dim)
+        qd = kvd = shape.n_head * max(shape.head_dim, shape.mla.v_head_dim)
+    m = shape.mla or Mla()   # no MLA: its scratch symbols are 0
     mr, mq = mla_scratch_rows(T, max(T, kv.max_prompt if kv is not None else 0))
     return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": qd, "KVD": kvd,
@@ -195,8 +196,8 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             "KX": expand_rows(kv.max_prompt) if kv is not None else 0,
             "QS": state_floats(shape.n_head, shape.head_dim),
             "MR": mr, "MQ": mq, "MKD": shape.n_head * shape.head_dim,
-            "MVD": shape.n_head * shape.v_head_dim, "MLC": shape.kv_lora + shape.qk_rope,
-            "MS": mla_state_floats(shape.n_head, shape.v_head_dim)}
+            "MVD": shape.n_head * m.v_head_dim, "MLC": m.kv_lora + m.qk_rope,
+            "MS": mla_state_floats(shape.n_head, m.v_head_dim)}
 
 
 def _weights(specs: dict) -> int:

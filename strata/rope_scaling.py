@@ -1,5 +1,5 @@
 """YaRN's attention factors as the checkpoints state them (pure arithmetic, no tensors): what the
-readers turn a GGUF's or a config.json's rope scaling into (ModelShape's yarn_attn / yarn_kq) and
+readers turn a GGUF's or a config.json's rope scaling into (ModelShape.yarn's attn / kq) and
 what strata.models.layers' RoPE tables multiply by."""
 from __future__ import annotations
 

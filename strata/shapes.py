@@ -19,9 +19,113 @@ class GptOssOptions:
     swiglu_limit: float = 7.0
 
 
-# The flat keys a shape's dict (a pack's header) has always carried for GPT-OSS's options:
-# to_dict writes them and from_dict reads them, so packs written before and after read alike.
-_GPT_OSS_KEYS = ("expert_bias", "expert_act", "swiglu_alpha", "swiglu_limit")
+@dataclass(frozen=True)
+class Window:
+    """Sliding-window attention (GPT-OSS): layer l sees only the last `size` keys when
+    l % pattern < pattern - 1 (llama.cpp's set_swa_pattern; 2: the even layers), else all."""
+    size: int = 0
+    pattern: int = 2
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN's RoPE (GPT-OSS, DeepSeek-V3, Kimi-K2; strata.models.layers.yarn_cos_sin): the
+    context scale `factor` over the pretraining context `orig_ctx`, the correction range's
+    betas (rounded to whole dims when `truncate`, HF's default), the cos/sin multiplier `attn`
+    (0: YaRN's own 0.1 ln(factor) + 1; DeepSeek: mscale / mscale_all_dim,
+    strata.rope_scaling.deepseek_yarn) and `kq`, the multiplier of the softmax scale 1/sqrt(hd)
+    (DeepSeek: mscale_all_dim's temperature squared)."""
+    factor: float = 1.0
+    orig_ctx: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attn: float = 0.0
+    kq: float = 1.0
+
+
+@dataclass(frozen=True)
+class Mla:
+    """Multi-head latent attention (DeepSeek-V3, Kimi-K2; strata.models.mla): head_dim =
+    qk_nope + qk_rope, n_kv_head = n_head."""
+    q_lora: int = 0             # q's low-rank width (0: a full Wq)
+    kv_lora: int = 0            # the cached latent's width
+    qk_rope: int = 0            # rope dims of q/k per head (the key's shared rope part)
+    v_head_dim: int = 0         # value head dim
+
+
+@dataclass(frozen=True)
+class DenseFfn:
+    """The dense FFNs beside the routed experts (the DeepSeek / GLM-4.5 family; the defaults:
+    none, every layer routed): the first `lead` layers have one dense FFN of width `d_ff` and
+    no routed experts; each MoE layer adds `shared` shared experts (one dense FFN of shared * F)."""
+    lead: int = 0
+    d_ff: int = 0
+    shared: int = 0
+
+
+@dataclass(frozen=True)
+class Router:
+    """How a MoE layer picks its experts (strata.models.routers): `kind` softmax (the default)
+    or sigmoid (grouped, steered by e_score_correction_bias: DeepSeek, GLM-4.5, MiniMax-M2),
+    which keeps the best `topk_group` of `n_group` expert groups; the routed weights are
+    scaled by `scale` (routed_scaling_factor, once)."""
+    kind: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Attn:
+    """Details of the attention block (the defaults: Qwen3's)."""
+    qk_norm: bool = True        # per-head q/k RMSNorm (Qwen3); GLM-4.5 has none
+    bias: bool = False          # q/k/v projection biases (GLM-4.5)
+    rope_dim: int = 0           # rotary dims of a head (0: all of head_dim; GLM-4.5: half)
+
+
+# The option groups inside ModelShape, by field name (an architecture's record names the types
+# its shapes set: strata.archs.record.Arch.options). Window, Yarn, Mla and GptOssOptions are
+# None where the model has none; the others hold their defaults.
+OPTION_GROUPS: dict[str, type] = {"opts": GptOssOptions, "window": Window, "yarn": Yarn,
+                                  "dense": DenseFfn, "router": Router, "attn": Attn, "mla": Mla}
+
+# The flat keys a shape's dict (a pack's header) has always carried, in their order: to_dict
+# writes them and from_dict reads them, so packs written before and after read alike. Each
+# group's keys (header key -> field; a group the shape lacks writes its defaults), and the keys
+# that say whether a None-able group is there (key -> its value when there, when not).
+_HEADER_KEYS: dict[str, dict[str, str]] = {
+    "opts": {"swiglu_alpha": "swiglu_alpha", "swiglu_limit": "swiglu_limit"},
+    "window": {"sliding_window": "size", "sliding_pattern": "pattern"},
+    "yarn": {"rope_factor": "factor", "rope_orig_ctx": "orig_ctx",
+             "yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow",
+             "yarn_truncate": "truncate", "yarn_attn": "attn", "yarn_kq": "kq"},
+    "dense": {"n_dense_lead": "lead", "d_ff": "d_ff", "n_shared": "shared"},
+    "router": {"router": "kind", "n_group": "n_group", "topk_group": "topk_group",
+               "routed_scale": "scale"},
+    "attn": {"qk_norm": "qk_norm", "attn_bias": "bias", "rope_dim": "rope_dim"},
+    "mla": {"q_lora": "q_lora", "kv_lora": "kv_lora", "qk_rope": "qk_rope",
+            "v_head_dim": "v_head_dim"},
+}
+_THERE_KEYS: dict[str, dict[str, tuple]] = {
+    "opts": {"expert_bias": (True, False), "expert_act": ("swiglu_oai", "silu")},
+    "yarn": {"rope_scaling": ("yarn", "")},
+}
+
+
+def _there(name: str, g, d: dict) -> bool:
+    """Whether header `d` holds option group `name` (its keys read as `g`): GPT-OSS's options
+    when its experts are biased or not silu (as packs have always been read), YaRN when
+    rope_scaling says "yarn", a window of positive size, MLA with a latent; the others always."""
+    if name == "opts":      # any activation but silu, or biased experts
+        return d.get("expert_act", "silu") != "silu" or bool(d.get("expert_bias"))
+    if name == "yarn":
+        return d.get("rope_scaling") == "yarn"
+    if name == "window":
+        return g.size > 0
+    if name == "mla":
+        return g.kv_lora > 0
+    return True
 
 
 @dataclass(frozen=True)
@@ -40,47 +144,26 @@ class ModelShape:
     rms_eps: float = 1e-6
     norm_topk_prob: bool = True
     max_pos: int = 40960        # the longest prompt strata accepts (the model's context)
-    # Architecture options, each off by default (Qwen3-MoE needs none of them); what an
+    # The architecture options (OPTION_GROUPS), each a small dataclass, off or at its default
+    # unless the architecture's record declares it (Qwen3-MoE needs none of them); what an
     # architecture's wiring and tensor-name map read (docs/architectures.md).
-    sliding_window: int = 0     # > 0: sliding layers see only the last `sliding_window` keys
-    sliding_pattern: int = 2    # layer l slides when l % sliding_pattern < sliding_pattern - 1
-    rope_scaling: str = ""      # "" (plain RoPE) or "yarn"
-    rope_factor: float = 1.0    # yarn: context scale factor
-    rope_orig_ctx: int = 0      # yarn: the pretraining context
-    yarn_beta_fast: float = 32.0
-    yarn_beta_slow: float = 1.0
-    yarn_truncate: bool = True  # yarn: round the correction range to whole dims (HF's default)
-    yarn_attn: float = 0.0      # yarn: cos/sin multiplier (0: YaRN's 0.1 ln(factor) + 1; DeepSeek:
-                                # mscale / mscale_all_dim, strata.rope_scaling.deepseek_yarn)
-    yarn_kq: float = 1.0        # yarn: multiplier of the softmax scale 1/sqrt(hd) (DeepSeek:
-                                # mscale_all_dim's temperature squared)
-    # The DeepSeek / GLM-4.5 family (the defaults are Qwen3-MoE's: every layer routed, softmax).
-    n_dense_lead: int = 0       # the first layers have a dense FFN and no routed experts
-    d_ff: int = 0               # width of those dense FFNs
-    n_shared: int = 0           # shared experts per MoE layer: one dense FFN of n_shared * F
-    router: str = "softmax"     # softmax | sigmoid (grouped, e_score_correction_bias; models/routers.py)
-    n_group: int = 1            # expert groups (sigmoid router): the best topk_group are kept
-    topk_group: int = 1
-    routed_scale: float = 1.0   # routed_scaling_factor: the routed weights' scale (once)
-    qk_norm: bool = True        # per-head q/k RMSNorm (Qwen3); GLM-4.5 has none
-    attn_bias: bool = False     # q/k/v projection biases (GLM-4.5)
-    rope_dim: int = 0           # rotary dims of a head (0: all of head_dim; GLM-4.5: half)
-    # MLA (DeepSeek-V3, Kimi-K2): head_dim = qk_nope + qk_rope, n_kv_head = n_head
-    q_lora: int = 0             # q's low-rank width (0: a full Wq)
-    kv_lora: int = 0            # the cached latent's width (0: not MLA)
-    qk_rope: int = 0            # rope dims of q/k per head (the key's shared rope part)
-    v_head_dim: int = 0         # value head dim
-    # The architecture's own options (its record's `options` type, strata.archs): GPT-OSS's
-    # biased experts and clamped SwiGLU; None: plain silu experts without biases.
-    opts: GptOssOptions | None = None
+    opts: GptOssOptions | None = None   # GPT-OSS's biased experts and clamped SwiGLU
+    window: Window | None = None
+    yarn: Yarn | None = None            # None: plain RoPE
+    dense: DenseFfn = DenseFfn()
+    router: Router = Router()
+    attn: Attn = Attn()
+    mla: Mla | None = None
 
-    @property
-    def mla(self) -> bool:
-        return self.kv_lora > 0
+    def option_groups(self) -> list:
+        """The option groups the shape sets (those other than the field's default: not None, or
+        not the default instance)."""
+        return [g for f in fields(self)
+                if f.name in OPTION_GROUPS and (g := getattr(self, f.name)) != f.default]
 
     def is_moe_layer(self, layer: int) -> bool:
         """True when `layer` routes to experts (False: a leading dense layer, no blobs)."""
-        return layer >= self.n_dense_lead
+        return layer >= self.dense.lead
 
     @property
     def moe_layers(self) -> list[int]:
@@ -89,42 +172,53 @@ class ModelShape:
     @property
     def rot_dim(self) -> int:
         """Rotary dims per head: qk_rope (MLA), rope_dim (partial RoPE) or all of head_dim."""
-        return self.qk_rope if self.mla else (self.rope_dim or self.head_dim)
+        return self.mla.qk_rope if self.mla else (self.attn.rope_dim or self.head_dim)
 
     def with_(self, **kw) -> "ModelShape":
-        """A copy with fields changed; "opts.<name>" changes a field of the shape's options."""
-        opt = {k[5:]: kw.pop(k) for k in list(kw) if k.startswith("opts.")}
-        if opt:
-            base = kw.get("opts", self.opts)
+        """A copy with fields changed; "<group>.<name>" (e.g. "window.size") changes a field of
+        an option group the shape has."""
+        nested: dict[str, dict] = {}
+        for k in [k for k in kw if "." in k]:
+            group, name = k.split(".", 1)
+            nested.setdefault(group, {})[name] = kw.pop(k)
+        for group, changes in nested.items():
+            base = kw.get(group, getattr(self, group))
             if base is None:
-                raise StrataError(f"{self.arch} has no options to change ({', '.join(opt)})")
-            kw["opts"] = replace(base, **opt)
+                raise StrataError(f"{self.arch} has no {group} options to change "
+                                  f"({', '.join(changes)})")
+            kw[group] = replace(base, **changes)
         return replace(self, **kw)
 
     def field(self, name: str):
-        """A field's value by name; "opts.<name>" reads the options' field."""
-        return getattr(self.opts, name[5:]) if name.startswith("opts.") else getattr(self, name)
+        """A field's value by name; "<group>.<name>" reads an option group's field (a group the
+        shape lacks reads as its defaults, the values its header keys carry)."""
+        group, _, name_in = name.partition(".")
+        if not name_in:
+            return getattr(self, name)
+        return getattr(getattr(self, group) or OPTION_GROUPS[group](), name_in)
 
     def to_dict(self) -> dict:
-        """The fields as a flat dict in field order (a pack's header); the options as the flat
-        keys packs have always carried (_GPT_OSS_KEYS)."""
-        out = {}
-        for f in fields(self):
-            if f.name != "opts":
-                out[f.name] = getattr(self, f.name)
-            if f.name == "max_pos":
-                o = self.opts or GptOssOptions()
-                out |= dict(expert_bias=self.opts is not None,
-                            expert_act="swiglu_oai" if self.opts is not None else "silu",
-                            swiglu_alpha=o.swiglu_alpha, swiglu_limit=o.swiglu_limit)
+        """The fields as a flat dict (a pack's header): the plain fields in field order, then
+        each option group as the flat keys packs have always carried (_HEADER_KEYS)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in OPTION_GROUPS}
+        for name, keys in _HEADER_KEYS.items():
+            g = getattr(self, name)
+            out |= {k: on if g is not None else off
+                    for k, (on, off) in _THERE_KEYS.get(name, {}).items()}
+            g = g or OPTION_GROUPS[name]()
+            out |= {k: getattr(g, f) for k, f in keys.items()}
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelShape":
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "opts"}
-        if d.get("expert_act", "silu") != "silu" or d.get("expert_bias"):
-            known["opts"] = GptOssOptions(float(d.get("swiglu_alpha", 1.702)),
-                                          float(d.get("swiglu_limit", 7.0)))
+        """The shape of a dict to_dict wrote, or of a header written before (its absent keys
+        read as the defaults)."""
+        known = {k: v for k, v in d.items()
+                 if k in cls.__dataclass_fields__ and k not in OPTION_GROUPS}
+        for name, keys in _HEADER_KEYS.items():
+            g = OPTION_GROUPS[name](**{f: d[k] for k, f in keys.items() if k in d})
+            known[name] = g if _there(name, g, d) else None
         return cls(**known)
 
     @property
@@ -139,9 +233,9 @@ class ModelShape:
 
     def layer_window(self, layer: int) -> int:
         """Keys a query of `layer` sees at most (its window), 0 for full attention."""
-        p = self.sliding_pattern
-        if self.sliding_window > 0 and p > 0 and layer % p < p - 1:
-            return self.sliding_window
+        w = self.window
+        if w is not None and w.size > 0 and w.pattern > 0 and layer % w.pattern < w.pattern - 1:
+            return w.size
         return 0
 
     @property
@@ -160,7 +254,7 @@ class ModelShape:
         rotated rope key (qk_rope: strata.models.mla). The plan counts these bytes and the
         caches (strata.models.kv.PromptKV, strata.models.mla.MLACache) allocate them."""
         if self.mla:
-            return 1, self.kv_lora, self.qk_rope
+            return 1, self.mla.kv_lora, self.mla.qk_rope
         return self.n_kv_head, self.head_dim, self.head_dim
 
     def kv_bytes(self, n_tokens: int, kv: str = "bf16") -> int:
@@ -180,16 +274,19 @@ def mla_token_bytes(shape: "ModelShape", kv: str = "bf16") -> int:
     return shape.kv_bytes(1, kv)
 
 
-def _ds_yarn(factor: float, orig: int, beta_fast: float, beta_slow: float) -> dict:
-    """DeepSeek's YaRN fields for mscale = mscale_all_dim = 1 (strata.rope_scaling.deepseek_yarn:
+def _ds_yarn(factor: float, orig: int, beta_fast: float, beta_slow: float) -> Yarn:
+    """DeepSeek's YaRN for mscale = mscale_all_dim = 1 (strata.rope_scaling.deepseek_yarn:
     cos/sin x 1, the softmax scale x mscale(factor)^2)."""
     from strata.rope_scaling import deepseek_yarn
     attn, kq = deepseek_yarn(factor, 1.0, 1.0)
-    return dict(rope_scaling="yarn", rope_factor=factor, rope_orig_ctx=orig,
-                yarn_beta_fast=beta_fast, yarn_beta_slow=beta_slow, yarn_attn=attn, yarn_kq=kq)
+    return Yarn(factor, orig, beta_fast, beta_slow, attn=attn, kq=kq)
 
 
 _TINY_QWEN3MOE = ModelShape("qwen3moe", 2, 64, 8, 2, 32, 4, 2, 16, 256)
+# GPT-OSS's YaRN: x32 over 4096, the correction range not truncated (the release's config)
+_GPT_OSS_YARN = Yarn(32.0, 4096, truncate=False)
+# GLM-4.5's attention: q/k/v biases, no q/k norms, RoPE on half of each head's 128 dims
+_GLM_ATTN = Attn(qk_norm=False, bias=True, rope_dim=64)
 
 PRESETS: dict[str, ModelShape] = {
     # Qwen3-30B-A3B: 48 layers, 128 experts of width 768, top-8.
@@ -211,21 +308,16 @@ PRESETS: dict[str, ModelShape] = {
     # (truncate false), theta 150000; 131072 context.
     "gpt-oss-120b": ModelShape("gpt-oss", 36, 2880, 128, 4, 2880, 64, 8, 64, 201088,
                                rope_theta=150_000.0, rms_eps=1e-5, max_pos=131072,
-                               opts=GptOssOptions(), sliding_window=128,
-                               rope_scaling="yarn", rope_factor=32.0, rope_orig_ctx=4096,
-                               yarn_truncate=False),
+                               opts=GptOssOptions(), window=Window(128), yarn=_GPT_OSS_YARN),
     "gpt-oss-20b": ModelShape("gpt-oss", 24, 2880, 32, 4, 2880, 64, 8, 64, 201088,
                               rope_theta=150_000.0, rms_eps=1e-5, max_pos=131072,
-                              opts=GptOssOptions(), sliding_window=128,
-                              rope_scaling="yarn", rope_factor=32.0, rope_orig_ctx=4096,
-                              yarn_truncate=False),
+                              opts=GptOssOptions(), window=Window(128), yarn=_GPT_OSS_YARN),
     # GLM-4.5 (355B-A32B): 92 layers (the NextN layer not read), the first 3 dense (FFN 12288),
     # 160 experts of width 1536, top-8, one shared expert, sigmoid routing in one group, scale
     # 2.5; GQA 96 / 8 heads of 128 with qkv bias, RoPE on half of each head, no q/k norm.
     "glm-4.5": ModelShape("glm4moe", 92, 5120, 160, 8, 1536, 96, 8, 128, 151552,
-                          rms_eps=1e-5, max_pos=131072, n_dense_lead=3, d_ff=12288, n_shared=1,
-                          router="sigmoid", routed_scale=2.5, qk_norm=False, attn_bias=True,
-                          rope_dim=64),
+                          rms_eps=1e-5, max_pos=131072, dense=DenseFfn(3, 12288, 1),
+                          router=Router("sigmoid", scale=2.5), attn=_GLM_ATTN),
     # DeepSeek-V3 / R1 (671B-A37B): 61 layers, the first 3 dense (FFN 18432), 256 experts of
     # width 2048, top-8 from the best 4 of 8 groups, one shared expert, scale 2.5; MLA with
     # 128 heads, q_lora 1536, kv_lora 512 + a 64-wide rope key (1,152 B of KV a token a layer).
@@ -236,27 +328,24 @@ PRESETS: dict[str, ModelShape] = {
     # YaRN factor 40 over 4096 (mscale = mscale_all_dim = 1: softmax scale x 1.369^2).
     # 671B weights (the MTP layer's 14B not run).
     "deepseek-v3": ModelShape("deepseek2", 61, 7168, 256, 8, 2048, 128, 128, 192, 129280,
-                              rope_theta=10000.0, max_pos=163840, n_dense_lead=3, d_ff=18432,
-                              n_shared=1, router="sigmoid", n_group=8, topk_group=4,
-                              routed_scale=2.5, q_lora=1536, kv_lora=512, qk_rope=64,
-                              v_head_dim=128, **_ds_yarn(40.0, 4096, 32.0, 1.0)),
+                              rope_theta=10000.0, max_pos=163840, dense=DenseFfn(3, 18432, 1),
+                              router=Router("sigmoid", 8, 4, 2.5), mla=Mla(1536, 512, 64, 128),
+                              yarn=_ds_yarn(40.0, 4096, 32.0, 1.0)),
     # Kimi-K2 (moonshotai/Kimi-K2-Instruct config.json): DeepSeek-V3's layout with 384 experts,
     # 64 heads, first 1 layer dense, one group, routed scale 2.827, vocab 163840, rope 50000
     # with YaRN factor 32 over 4096 (betas 1 / 1, mscale = mscale_all_dim = 1). ~1.03T weights.
     "kimi-k2": ModelShape("deepseek2", 61, 7168, 384, 8, 2048, 64, 64, 192, 163840,
-                          rope_theta=50000.0, max_pos=131072, n_dense_lead=1, d_ff=18432,
-                          n_shared=1, router="sigmoid", routed_scale=2.827, q_lora=1536,
-                          kv_lora=512, qk_rope=64, v_head_dim=128,
-                          **_ds_yarn(32.0, 4096, 1.0, 1.0)),
+                          rope_theta=50000.0, max_pos=131072, dense=DenseFfn(1, 18432, 1),
+                          router=Router("sigmoid", scale=2.827), mla=Mla(1536, 512, 64, 128),
+                          yarn=_ds_yarn(32.0, 4096, 1.0, 1.0)),
     # GLM-4.5-Air (zai-org/GLM-4.5-Air config.json, transformers' Glm4MoeConfig): 46 layers, the
     # first dense (intermediate_size 10944), D 4096, 96 heads / 8 kv of 128, partial rotary 0.5
     # (64 dims), attention biases, no q/k norm, 128 experts of 1408 top-8 + 1 shared, sigmoid
     # router (n_group 1), routed scale 1.0, vocab 151552, rope 1e6, eps 1e-5, 131072 context.
     # 106B weights, 12B active (the MTP layer not run).
     "glm-4.5-air": ModelShape("glm4moe", 46, 4096, 128, 8, 1408, 96, 8, 128, 151552,
-                              rms_eps=1e-5, max_pos=131072, n_dense_lead=1, d_ff=10944,
-                              n_shared=1, router="sigmoid", routed_scale=1.0, qk_norm=False,
-                              attn_bias=True, rope_dim=64),
+                              rms_eps=1e-5, max_pos=131072, dense=DenseFfn(1, 10944, 1),
+                              router=Router("sigmoid"), attn=_GLM_ATTN),
     "tiny": _TINY_QWEN3MOE,
     # one tiny model per architecture (tests; llama.cpp reads their synth GGUFs: every matrix row
     # a whole number of 32-weight blocks, V = 256: 248 bytes and 8 merges)
@@ -265,26 +354,24 @@ PRESETS: dict[str, ModelShape] = {
                                rms_eps=1e-5, max_pos=512),
     "tiny-gpt-oss": ModelShape("gpt-oss", 2, 64, 4, 2, 32, 4, 2, 16, 256, rope_theta=150_000.0,
                                rms_eps=1e-5, max_pos=131072, opts=GptOssOptions(),
-                               sliding_window=4, rope_scaling="yarn", rope_factor=32.0,
-                               rope_orig_ctx=4096, yarn_truncate=False),
+                               window=Window(4), yarn=_GPT_OSS_YARN),
     "tiny-deepseek2": ModelShape("deepseek2", 3, 64, 8, 2, 32, 4, 4, 40, 256, rope_theta=10000.0,
-                                 max_pos=512, n_dense_lead=1, d_ff=96, n_shared=1,
-                                 router="sigmoid", n_group=4, topk_group=2, routed_scale=2.5,
-                                 q_lora=32, kv_lora=32, qk_rope=8, v_head_dim=16),
+                                 max_pos=512, dense=DenseFfn(1, 96, 1),
+                                 router=Router("sigmoid", 4, 2, 2.5), mla=Mla(32, 32, 8, 16)),
     "tiny-glm4moe": ModelShape("glm4moe", 3, 64, 8, 2, 32, 4, 2, 16, 256, rms_eps=1e-5,
-                               max_pos=512, n_dense_lead=1, d_ff=96, n_shared=1,
-                               router="sigmoid", routed_scale=2.5, qk_norm=False,
-                               attn_bias=True, rope_dim=8),
+                               max_pos=512, dense=DenseFfn(1, 96, 1),
+                               router=Router("sigmoid", scale=2.5),
+                               attn=Attn(qk_norm=False, bias=True, rope_dim=8)),
     # MiniMax-M2 (230B-A10B; MiniMaxAI/MiniMax-M2 config.json, transformers' MiniMaxM2Config
     # defaults): 62 layers, 256 experts of width 1536, top-8 by sigmoid scores steered by a
     # correction bias, no shared expert; GQA 48 / 8 heads of 128 with q/k norms over the whole
     # projection, RoPE on 64 of each head's 128 dims, theta 5e6; 196608 context.
     "minimax-m2": ModelShape("minimax-m2", 62, 3072, 256, 8, 1536, 48, 8, 128, 200064,
                              rope_theta=5_000_000.0, rms_eps=1e-6, max_pos=196608,
-                             router="sigmoid", rope_dim=64),
+                             router=Router("sigmoid"), attn=Attn(rope_dim=64)),
     "tiny-minimax-m2": ModelShape("minimax-m2", 2, 64, 8, 2, 32, 4, 2, 16, 256,
-                                  rope_theta=5_000_000.0, max_pos=4096, router="sigmoid",
-                                  rope_dim=8),
+                                  rope_theta=5_000_000.0, max_pos=4096, router=Router("sigmoid"),
+                                  attn=Attn(rope_dim=8)),
     "small": ModelShape("qwen3moe", 4, 256, 16, 4, 128, 4, 2, 64, 1024),
     # `strata demo`: enough experts (64 per layer) that a 16-slot ring is a small part of a layer.
     "demo": ModelShape("qwen3moe", 4, 256, 64, 4, 128, 4, 2, 64, 1024),

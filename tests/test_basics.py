@@ -33,10 +33,26 @@ def test_format_errors_are_clear():
         get_format("Q4_K").row_bytes(100)
 
 
+# DeepSeek-V3's header as packs have always written it (flat keys, in their order)
+OLD_DEEPSEEK_V3_HEADER = {
+    "arch": "deepseek2", "n_layer": 61, "d_model": 7168, "n_expert": 256, "top_k": 8,
+    "d_expert": 2048, "n_head": 128, "n_kv_head": 128, "head_dim": 192, "vocab": 129280,
+    "rope_theta": 10000.0, "rms_eps": 1e-06, "norm_topk_prob": True, "max_pos": 163840,
+    "expert_bias": False, "expert_act": "silu", "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+    "sliding_window": 0, "sliding_pattern": 2, "rope_scaling": "yarn", "rope_factor": 40.0,
+    "rope_orig_ctx": 4096, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_truncate": True,
+    "yarn_attn": 1.0, "yarn_kq": 1.8738542070926265, "n_dense_lead": 3, "d_ff": 18432,
+    "n_shared": 1, "router": "sigmoid", "n_group": 8, "topk_group": 4, "routed_scale": 2.5,
+    "qk_norm": True, "attn_bias": False, "rope_dim": 0, "q_lora": 1536, "kv_lora": 512,
+    "qk_rope": 64, "v_head_dim": 128}
+
+
 def test_gpt_oss_options_live_in_the_shape_and_keep_the_header_keys():
-    """GPT-OSS's options are one dataclass inside the shape; the dict (a pack's header) keeps
-    the flat keys packs have always carried, so packs written before read alike."""
-    from strata.shapes import PRESETS, GptOssOptions, ModelShape
+    """The architectures' options are small dataclasses inside the shape (GPT-OSS's own, the
+    window, YaRN, MLA, the dense FFNs, the router, the attention's details); the dict (a pack's
+    header) keeps the flat keys packs have always carried, so packs written before read alike,
+    and nested names ("opts.x", "window.size") change and read a group's field."""
+    from strata.shapes import PRESETS, GptOssOptions, Mla, ModelShape, Window, Yarn
     s = PRESETS["gpt-oss-20b"]
     assert s.opts == GptOssOptions() and s.expert_bias
     d = s.to_dict()
@@ -52,3 +68,19 @@ def test_gpt_oss_options_live_in_the_shape_and_keep_the_header_keys():
     limited = s.with_(**{"opts.swiglu_limit": 2.0})
     assert limited.opts.swiglu_limit == 2.0 and limited.field("opts.swiglu_limit") == 2.0
     assert ModelShape.from_dict(limited.to_dict()) == limited
+    assert (s.window, s.yarn) == (Window(128, 2), Yarn(32.0, 4096, truncate=False))
+    assert (d["sliding_window"], d["rope_scaling"], d["rope_factor"]) == (128, "yarn", 32.0)
+    ds = PRESETS["deepseek-v3"]
+    assert ds.to_dict() == OLD_DEEPSEEK_V3_HEADER
+    assert list(ds.to_dict()) == list(OLD_DEEPSEEK_V3_HEADER)
+    assert ModelShape.from_dict(OLD_DEEPSEEK_V3_HEADER) == ds
+    assert ds.mla == Mla(1536, 512, 64, 128) and ds.window is None and q.mla is None
+    # a header from before the YaRN and GPT-OSS keys: those read as plain RoPE and silu experts
+    older = {k: v for k, v in OLD_DEEPSEEK_V3_HEADER.items() if not k.startswith(
+        ("rope_scaling", "rope_factor", "rope_orig", "yarn_", "expert_", "swiglu_"))}
+    assert ModelShape.from_dict(older) == ds.with_(yarn=None)
+    wider = ds.with_(**{"mla.kv_lora": 256, "router.scale": 1.0})
+    assert (wider.field("mla.kv_lora"), wider.router.scale, wider.mla.q_lora) == (256, 1.0, 1536)
+    assert q.field("window.size") == 0 and q.field("yarn.factor") == 1.0   # as its header
+    with pytest.raises(StrataError, match="no window options to change"):
+        q.with_(**{"window.size": 4})

@@ -8,7 +8,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from strata.bench import roofline as rl
-from strata.shapes import get_preset
+from strata.shapes import DenseFfn, get_preset
 
 QWEN = get_preset("qwen3-30b-a3b")
 
@@ -79,7 +79,7 @@ def test_dense_flops_count_shared_experts_and_dense_lead_layers():
     """A leading dense layer has its FFN (3·D·d_ff) and no router or routed experts; a MoE
     layer's S shared experts are one FFN of width S·F beside the router."""
     tiny = get_preset("tiny")
-    fam = tiny.with_(n_layer=3, n_dense_lead=1, d_ff=48, n_shared=2)
+    fam = tiny.with_(n_layer=3, dense=DenseFfn(1, 48, 2))
     attn = 64 * 64 + 2 * 64 * 32 + 64 * 64
     lead = attn + 3 * 64 * 48
     moe = attn + 64 * 8 + 3 * 64 * (2 * 32)

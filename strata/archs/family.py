@@ -9,6 +9,7 @@ from strata.archs.qwen3moe import gguf_experts
 from strata.archs.record import Arch
 from strata.models.deepseek import DeepSeek2
 from strata.models.glm4moe import Glm4Moe
+from strata.shapes import Attn, DenseFfn, Mla, Router, Yarn
 
 GLM4MOE = Arch(
     name="glm4moe", hf_types=("glm4_moe",), gguf_archs=("glm4moe",), wiring=Glm4Moe,
@@ -16,7 +17,7 @@ GLM4MOE = Arch(
     hf_dense=family_hf.hf_dense, hf_experts=family_hf.hf_experts,
     gguf_shape=family_gguf.gguf_shape, gguf_experts=gguf_experts,
     gguf_hparams=hparams_gguf.GLM4MOE, hf_hparams=hparams_hf.GLM4_MOE,
-    gguf_values=family_gguf.gguf_values)
+    gguf_values=family_gguf.gguf_values, options=(DenseFfn, Router, Attn))
 
 DEEPSEEK2 = Arch(
     name="deepseek2", hf_types=("deepseek_v3", "kimi_k2"), gguf_archs=("deepseek2",),
@@ -25,4 +26,4 @@ DEEPSEEK2 = Arch(
     gguf_shape=family_gguf.gguf_shape, gguf_experts=gguf_experts,
     gguf_join=family_gguf.join_kv_b, gguf_hparams=hparams_gguf.DEEPSEEK2,
     hf_hparams=hparams_hf.DEEPSEEK_V3, gguf_split=family_gguf.split_kv_b,
-    gguf_values=family_gguf.gguf_values)
+    gguf_values=family_gguf.gguf_values, options=(DenseFfn, Router, Mla, Yarn))

@@ -14,7 +14,7 @@ import torch
 
 from strata.archs.gguf_tensors import field, rope_base
 from strata.errors import StrataError
-from strata.shapes import ModelShape
+from strata.shapes import Attn, DenseFfn, Mla, ModelShape, Router, Yarn
 
 SIGMOID = 2   # gguf.ExpertGatingFuncType.SIGMOID
 
@@ -40,33 +40,35 @@ def gguf_shape(r, path) -> ModelShape:
         rope_theta=float(f"{float(rope_base(r, a, path)):.7g}"),
         rms_eps=float(f"{float(field(r, f'{a}.attention.layer_norm_rms_epsilon')):.7g}"),
         max_pos=int(field(r, f"{a}.context_length", 40960)),
-        n_dense_lead=int(field(r, f"{a}.leading_dense_block_count", 0)),
-        d_ff=int(field(r, f"{a}.feed_forward_length")),
-        n_shared=int(field(r, f"{a}.expert_shared_count", 0)), router="sigmoid",
-        n_group=int(field(r, f"{a}.expert_group_count", 1)) or 1,
-        topk_group=int(field(r, f"{a}.expert_group_used_count", 1)) or 1,
-        routed_scale=float(f"{float(field(r, f'{a}.expert_weights_scale', 1.0)):.7g}"),
+        dense=DenseFfn(int(field(r, f"{a}.leading_dense_block_count", 0)),
+                       int(field(r, f"{a}.feed_forward_length")),
+                       int(field(r, f"{a}.expert_shared_count", 0))),
+        router=Router("sigmoid", int(field(r, f"{a}.expert_group_count", 1)) or 1,
+                      int(field(r, f"{a}.expert_group_used_count", 1)) or 1,
+                      float(f"{float(field(r, f'{a}.expert_weights_scale', 1.0)):.7g}")),
         norm_topk_prob=bool(field(r, f"{a}.expert_weights_norm", True)))
     if a == "glm4moe":
         hd = int(field(r, f"{a}.attention.key_length", D // H))
         p = "blk.0."
         return ModelShape(arch=a, n_kv_head=int(field(r, f"{a}.attention.head_count_kv", H)),
-                          head_dim=hd, rope_dim=int(field(r, f"{a}.rope.dimension_count", hd)),
-                          qk_norm=p + "attn_q_norm.weight" in tensors,
-                          attn_bias=p + "attn_q.bias" in tensors, **common)
+                          head_dim=hd,
+                          attn=Attn(qk_norm=p + "attn_q_norm.weight" in tensors,
+                                    bias=p + "attn_q.bias" in tensors,
+                                    rope_dim=int(field(r, f"{a}.rope.dimension_count", hd))),
+                          **common)
     R = int(field(r, f"{a}.rope.dimension_count"))
     mla_k = field(r, f"{a}.attention.key_length_mla", 0, required=False)
     hd = int(mla_k) if mla_k else int(field(r, f"{a}.attention.key_length"))
     mla_v = field(r, f"{a}.attention.value_length_mla", 0, required=False)
     hv = int(mla_v) if mla_v else int(field(r, f"{a}.attention.value_length"))
     return ModelShape(arch=a, n_kv_head=H, head_dim=hd,
-                      q_lora=int(field(r, f"{a}.attention.q_lora_rank", 0)),
-                      kv_lora=int(field(r, f"{a}.attention.kv_lora_rank")), qk_rope=R,
-                      v_head_dim=hv, **common, **gguf_yarn_ds(r, a, path))
+                      mla=Mla(int(field(r, f"{a}.attention.q_lora_rank", 0)),
+                              int(field(r, f"{a}.attention.kv_lora_rank")), R, hv),
+                      yarn=gguf_yarn_ds(r, a, path), **common)
 
 
-def gguf_yarn_ds(r, a: str, path) -> dict:
-    """deepseek2's rope scaling as llama.cpp reads it (ModelShape fields; {} for plain RoPE).
+def gguf_yarn_ds(r, a: str, path) -> Yarn | None:
+    """deepseek2's rope scaling as llama.cpp reads it (None: plain RoPE).
 
     llama.cpp (src/models/deepseek2.cpp, llama-context.cpp): rope.scaling.yarn_log_multiplier L
     is 0.1 mscale_all_dim (the converter's legacy form, divided back by 0.1) and mscale is taken
@@ -81,7 +83,7 @@ def gguf_yarn_ds(r, a: str, path) -> dict:
     kind = str(field(r, f"{a}.rope.scaling.type", "none"))
     factor = float(field(r, f"{a}.rope.scaling.factor", 0.0, required=False) or 0.0)
     if kind in ("none", "linear") and factor in (0.0, 1.0):
-        return {}
+        return None
     if kind != "yarn":
         raise StrataError(f"{path}: {a}.rope.scaling.type {kind!r} with factor {factor:g}; "
                           f"strata reads deepseek2 with plain RoPE or yarn")
@@ -100,14 +102,13 @@ def gguf_yarn_ds(r, a: str, path) -> dict:
         raise StrataError(f"{path}: yarn with {a}.rope.scaling.factor {factor:g}; it must be > 1")
     mscale_all = float(log_mul) / 0.1
     raf = float(field(r, f"{a}.rope.scaling.attn_factor", 1.0, required=False) or 1.0)
-    return dict(rope_scaling="yarn", rope_factor=float(f"{factor:.7g}"),
-                rope_orig_ctx=int(field(r, f"{a}.rope.scaling.original_context_length")),
-                yarn_beta_fast=float(field(r, f"{a}.rope.scaling.yarn_beta_fast", 32.0,
-                                           required=False)),
-                yarn_beta_slow=float(field(r, f"{a}.rope.scaling.yarn_beta_slow", 1.0,
-                                           required=False)),
-                yarn_truncate=True, yarn_attn=raf,
-                yarn_kq=(raf * yarn_mscale(factor, mscale_all)) ** 2)
+    return Yarn(float(f"{factor:.7g}"),
+                int(field(r, f"{a}.rope.scaling.original_context_length")),
+                beta_fast=float(field(r, f"{a}.rope.scaling.yarn_beta_fast", 32.0,
+                                      required=False)),
+                beta_slow=float(field(r, f"{a}.rope.scaling.yarn_beta_slow", 1.0,
+                                      required=False)),
+                truncate=True, attn=raf, kq=(raf * yarn_mscale(factor, mscale_all)) ** 2)
 
 
 def join_kv_b(name: str, tensors: dict, shape: ModelShape, read) -> torch.Tensor | None:
@@ -120,8 +121,9 @@ def join_kv_b(name: str, tensors: dict, shape: ModelShape, read) -> torch.Tensor
     kb, vb = tensors.get(p + "attn_k_b.weight"), tensors.get(p + "attn_v_b.weight")
     if kb is None or vb is None:
         return None
-    H, R, L = shape.n_head, shape.qk_rope, shape.kv_lora
-    N, Hv = shape.head_dim - R, shape.v_head_dim
+    m = shape.mla
+    H, R, L = shape.n_head, m.qk_rope, m.kv_lora
+    N, Hv = shape.head_dim - R, m.v_head_dim
     k = read(kb, (H, L, N)).float().transpose(1, 2)                # [H, N, Lkv]
     v = read(vb, (H, Hv, L)).float()                               # [H, Hv, Lkv]
     return torch.cat([k, v], dim=1).reshape(H * (N + Hv), L)
@@ -136,8 +138,9 @@ def split_kv_b(name: str, shp, shape: ModelShape) -> dict | None:
     if not name.endswith("attn_kv_b.weight"):
         return None
     p = name[:-len("attn_kv_b.weight")]
-    H, L, N = shape.n_head, shape.kv_lora, shape.head_dim - shape.qk_rope
-    return {p + "attn_k_b.weight": (H, L, N), p + "attn_v_b.weight": (H, shape.v_head_dim, L)}
+    m = shape.mla
+    H, L, N = shape.n_head, m.kv_lora, shape.head_dim - m.qk_rope
+    return {p + "attn_k_b.weight": (H, L, N), p + "attn_v_b.weight": (H, m.v_head_dim, L)}
 
 
 def gguf_values(shape: ModelShape) -> dict:
@@ -147,15 +150,16 @@ def gguf_values(shape: ModelShape) -> dict:
     out = {"expert_gating_func": SIGMOID}
     if shape.arch == "glm4moe":
         out["rope.dimension_count"] = shape.rot_dim
-    if shape.mla:
+    m, y = shape.mla, shape.yarn
+    if m:
         out |= {"attention.head_count_kv": 1,
-                "attention.key_length": shape.kv_lora + shape.qk_rope,
-                "attention.value_length": shape.kv_lora,
+                "attention.key_length": m.kv_lora + m.qk_rope,
+                "attention.value_length": m.kv_lora,
                 "attention.key_length_mla": shape.head_dim,
-                "attention.value_length_mla": shape.v_head_dim}
-    if shape.mla and shape.rope_scaling == "yarn":   # gguf_yarn_ds's reading, inverted
+                "attention.value_length_mla": m.v_head_dim}
+    if m and y is not None:   # gguf_yarn_ds's reading, inverted
         import math
-        raf = shape.yarn_attn or 1.0
+        raf = y.attn or 1.0
         out |= {"rope.scaling.attn_factor": raf, "rope.scaling.yarn_log_multiplier":
-                (math.sqrt(shape.yarn_kq) / raf - 1.0) / math.log(shape.rope_factor)}
+                (math.sqrt(y.kq) / raf - 1.0) / math.log(y.factor)}
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from strata.archs.hf_tensors import HF_GLOBAL, layer_experts
 from strata.errors import StrataError
-from strata.shapes import ModelShape
+from strata.shapes import Attn, DenseFfn, Mla, ModelShape, Router, Yarn
 
 _DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
     "attn_norm.weight": "input_layernorm.weight",
@@ -29,8 +29,8 @@ _DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
                for w in ("gate", "up", "down")}
 
 
-def hf_yarn_ds(cfg: dict, rope: dict, where) -> dict:
-    """DeepseekV3's rope scaling as transformers reads it (ModelShape fields; {} for plain RoPE):
+def hf_yarn_ds(cfg: dict, rope: dict, where) -> Yarn | None:
+    """DeepseekV3's rope scaling as transformers reads it (None: plain RoPE):
     YaRN's frequencies over qk_rope_head_dim from factor (default max_position_embeddings /
     original_max_position_embeddings), original_max_position_embeddings, beta_fast / beta_slow
     and truncate; cos/sin and the softmax scale from mscale / mscale_all_dim / attention_factor
@@ -38,7 +38,7 @@ def hf_yarn_ds(cfg: dict, rope: dict, where) -> dict:
     from strata.rope_scaling import deepseek_yarn
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind in ("default", None):
-        return {}
+        return None
     if kind != "yarn":
         raise StrataError(f"{where}: rope scaling {kind!r} is not implemented (strata reads "
                           f"DeepSeek with plain RoPE or yarn)")
@@ -46,10 +46,9 @@ def hf_yarn_ds(cfg: dict, rope: dict, where) -> dict:
     factor = float(rope.get("factor") or cfg["max_position_embeddings"] / orig)
     attn, kq = deepseek_yarn(factor, rope.get("mscale"), rope.get("mscale_all_dim"),
                              rope.get("attention_factor"))
-    return dict(rope_scaling="yarn", rope_factor=factor, rope_orig_ctx=orig,
-                yarn_beta_fast=float(rope.get("beta_fast") or 32.0),
-                yarn_beta_slow=float(rope.get("beta_slow") or 1.0),
-                yarn_truncate=bool(rope.get("truncate", True)), yarn_attn=attn, yarn_kq=kq)
+    return Yarn(factor, orig, beta_fast=float(rope.get("beta_fast") or 32.0),
+                beta_slow=float(rope.get("beta_slow") or 1.0),
+                truncate=bool(rope.get("truncate", True)), attn=attn, kq=kq)
 
 
 def hf_shape_glm(cfg: dict, where) -> ModelShape:
@@ -77,26 +76,27 @@ def _hf_shape(cfg: dict, where, arch: str) -> ModelShape:
             vocab=cfg["vocab_size"], rope_theta=float(theta), rms_eps=float(cfg["rms_norm_eps"]),
             norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
             max_pos=cfg.get("max_position_embeddings", 40960),
-            n_dense_lead=int(cfg.get("first_k_dense_replace", 0)),
-            d_ff=int(cfg["intermediate_size"]), n_shared=int(cfg.get("n_shared_experts") or 0),
-            router="sigmoid", n_group=int(cfg.get("n_group") or 1),
-            topk_group=int(cfg.get("topk_group") or 1),
-            routed_scale=float(cfg.get("routed_scaling_factor", 1.0)))
+            dense=DenseFfn(int(cfg.get("first_k_dense_replace", 0)),
+                           int(cfg["intermediate_size"]), int(cfg.get("n_shared_experts") or 0)),
+            router=Router("sigmoid", int(cfg.get("n_group") or 1),
+                          int(cfg.get("topk_group") or 1),
+                          float(cfg.get("routed_scaling_factor", 1.0))))
         if arch == "glm4moe":
             hd = cfg.get("head_dim") or cfg["hidden_size"] // H
             prf = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
             return ModelShape(arch="glm4moe", n_kv_head=cfg.get("num_key_value_heads", H),
-                              head_dim=hd, rope_dim=int(hd * prf),
-                              qk_norm=bool(cfg.get("use_qk_norm", False)),
-                              attn_bias=bool(cfg.get("attention_bias", False)), **common)
+                              head_dim=hd,
+                              attn=Attn(qk_norm=bool(cfg.get("use_qk_norm", False)),
+                                        bias=bool(cfg.get("attention_bias", False)),
+                                        rope_dim=int(hd * prf)), **common)
         if not cfg.get("rope_interleave", True):
             raise StrataError(f"{where}: rope_interleave false is not implemented; strata's "
                               f"deepseek2 rotates interleaved pairs (as llama.cpp)")
         return ModelShape(arch="deepseek2", n_kv_head=H,
                           head_dim=cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"],
-                          q_lora=int(cfg.get("q_lora_rank") or 0), kv_lora=cfg["kv_lora_rank"],
-                          qk_rope=cfg["qk_rope_head_dim"], v_head_dim=cfg["v_head_dim"],
-                          **common, **hf_yarn_ds(cfg, rope, where))
+                          mla=Mla(int(cfg.get("q_lora_rank") or 0), cfg["kv_lora_rank"],
+                                  cfg["qk_rope_head_dim"], cfg["v_head_dim"]),
+                          yarn=hf_yarn_ds(cfg, rope, where), **common)
     except KeyError as e:
         raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
     except (TypeError, ValueError) as e:

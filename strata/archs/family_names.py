@@ -1,9 +1,10 @@
 """The dense tensors of a `glm4moe` (GLM-4.5) or `deepseek2` (DeepSeek-V3, Kimi-K2) pack, per
 layer: llama.cpp's GGUF names, torch shapes ([out, in] for matrices).
 
-Legend: D hidden, E experts, F expert width, Fd dense-layer FFN width, Fs = n_shared * F the
-shared experts' width, H query heads, Hkv kv heads, hd head dim, R rope dims, Lq q_lora,
-Lkv kv_lora, N = hd - R the no-rope dims of an MLA head, Hv the value head dim.
+Legend: D hidden, E experts, F expert width, Fd dense-layer FFN width (dense.d_ff), Fs =
+dense.shared * F the shared experts' width, H query heads, Hkv kv heads, hd head dim, R rope
+dims, Lq q_lora, Lkv kv_lora, N = hd - R the no-rope dims of an MLA head, Hv the value head dim
+(the MLA ones: strata.shapes.Mla).
 
 Attention (glm4moe): attn_q/k/v (+ .bias), attn_output, optional attn_q_norm/attn_k_norm.
 Attention (deepseek2, MLA): attn_q_a [Lq, D], attn_q_a_norm [Lq], attn_q_b [H*hd, Lq] (or a full
@@ -25,26 +26,27 @@ def ffn_norm_name(s: ModelShape) -> str:
 
 def _attention(s: ModelShape, p: str) -> dict[str, tuple[int, ...]]:
     D, H = s.d_model, s.n_head
-    if s.mla:
+    m = s.mla
+    if m:
         out = {}
-        if s.q_lora:
-            out |= {p + "attn_q_a.weight": (s.q_lora, D), p + "attn_q_a_norm.weight": (s.q_lora,),
-                    p + "attn_q_b.weight": (H * s.head_dim, s.q_lora)}
+        if m.q_lora:
+            out |= {p + "attn_q_a.weight": (m.q_lora, D), p + "attn_q_a_norm.weight": (m.q_lora,),
+                    p + "attn_q_b.weight": (H * s.head_dim, m.q_lora)}
         else:
             out[p + "attn_q.weight"] = (H * s.head_dim, D)
-        nope = s.head_dim - s.qk_rope
+        nope = s.head_dim - m.qk_rope
         return out | {
-            p + "attn_kv_a_mqa.weight": (s.kv_lora + s.qk_rope, D),
-            p + "attn_kv_a_norm.weight": (s.kv_lora,),
-            p + "attn_kv_b.weight": (H * (nope + s.v_head_dim), s.kv_lora),
-            p + "attn_output.weight": (D, H * s.v_head_dim)}
+            p + "attn_kv_a_mqa.weight": (m.kv_lora + m.qk_rope, D),
+            p + "attn_kv_a_norm.weight": (m.kv_lora,),
+            p + "attn_kv_b.weight": (H * (nope + m.v_head_dim), m.kv_lora),
+            p + "attn_output.weight": (D, H * m.v_head_dim)}
     q, kv = H * s.head_dim, s.n_kv_head * s.head_dim
     out = {p + "attn_q.weight": (q, D), p + "attn_k.weight": (kv, D),
            p + "attn_v.weight": (kv, D)}
-    if s.attn_bias:
+    if s.attn.bias:
         out |= {p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)}
     out[p + "attn_output.weight"] = (D, q)
-    if s.qk_norm:
+    if s.attn.qk_norm:
         out |= {p + "attn_q_norm.weight": (s.head_dim,), p + "attn_k_norm.weight": (s.head_dim,)}
     return out
 
@@ -52,13 +54,14 @@ def _attention(s: ModelShape, p: str) -> dict[str, tuple[int, ...]]:
 def _ffn(s: ModelShape, i: int, p: str) -> dict[str, tuple[int, ...]]:
     D = s.d_model
     if not s.is_moe_layer(i):
-        return {p + "ffn_gate.weight": (s.d_ff, D), p + "ffn_up.weight": (s.d_ff, D),
-                p + "ffn_down.weight": (D, s.d_ff)}
+        fd = s.dense.d_ff
+        return {p + "ffn_gate.weight": (fd, D), p + "ffn_up.weight": (fd, D),
+                p + "ffn_down.weight": (D, fd)}
     out = {p + "ffn_gate_inp.weight": (s.n_expert, D)}
-    if s.router == "sigmoid":
+    if s.router.kind == "sigmoid":
         out[p + "exp_probs_b.bias"] = (s.n_expert,)
-    if s.n_shared:
-        fs = s.n_shared * s.d_expert
+    if s.dense.shared:
+        fs = s.dense.shared * s.d_expert
         out |= {p + "ffn_gate_shexp.weight": (fs, D), p + "ffn_up_shexp.weight": (fs, D),
                 p + "ffn_down_shexp.weight": (D, fs)}
     return out

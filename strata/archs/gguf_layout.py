@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from strata.archs.hparam_kinds import INERT, REFUSED, USED, OneOf, SameAs
 from strata.archs.registry import get_arch
-from strata.shapes import ModelShape
+from strata.shapes import ModelShape, Yarn
 
 
 def gguf_arch(shape: ModelShape) -> str:
@@ -63,7 +63,7 @@ _DEFAULTS_TO_ITS_BASE = ("_swa", "_out")
 
 
 def _value(v):
-    return "none" if v == "" else v
+    return "yarn" if isinstance(v, Yarn) else v   # rope.scaling.type names the group
 
 
 def metadata(shape: ModelShape) -> dict[str, object]:
@@ -81,7 +81,7 @@ def metadata(shape: ModelShape) -> dict[str, object]:
         if key in fixed:
             out[key] = fixed[key]
             continue
-        if key.startswith("rope.scaling.") and not shape.rope_scaling or hp.array:
+        if key.startswith("rope.scaling.") and shape.yarn is None or hp.array:
             continue
         if hp.kind in (USED, INERT) and len(hp.fields) == 1:
             f = hp.fields[0]

@@ -32,7 +32,7 @@ from strata.archs import hparams_gguf, hparams_hf
 from strata.archs.record import Arch
 from strata.errors import StrataError
 from strata.models.gpt_oss import GptOss
-from strata.shapes import GptOssOptions, ModelShape
+from strata.shapes import GptOssOptions, ModelShape, Window, Yarn
 
 ARCH = "gpt-oss"
 
@@ -57,9 +57,12 @@ def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _shape(swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0, **kw) -> ModelShape:
-    """A GPT-OSS shape: its options (biased experts, the clamped SwiGLU) and `kw`'s fields."""
-    return ModelShape(arch=ARCH, opts=GptOssOptions(swiglu_alpha, swiglu_limit), **kw)
+def _shape(window: int, pattern: int, swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
+           **kw) -> ModelShape:
+    """A GPT-OSS shape: its options (biased experts, the clamped SwiGLU), its sliding window
+    (none when `window` is 0) and `kw`'s fields."""
+    return ModelShape(arch=ARCH, opts=GptOssOptions(swiglu_alpha, swiglu_limit),
+                      window=Window(window, pattern) if window > 0 else None, **kw)
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
@@ -76,7 +79,7 @@ _HF_LAYER = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
 
 
 def pattern_of(slides: list[bool]) -> int | None:
-    """The ModelShape.sliding_pattern p whose layers slide exactly where `slides` says (layer l
+    """The Window.pattern p whose layers slide exactly where `slides` says (layer l
     slides when l % p < p - 1, llama.cpp's set_swa_pattern), None when no p spells it."""
     n = len(slides)
     for p in range(1, n + 2):
@@ -116,24 +119,23 @@ def hf_shape(cfg: dict, where) -> ModelShape:
         if kind not in ("yarn", "default"):
             raise StrataError(f"{where}: rope type {kind!r}; strata reads GPT-OSS with yarn "
                               f"(or plain) RoPE")
-        yarn = {}
+        yarn = None
         if kind == "yarn":
-            yarn = dict(rope_scaling="yarn", rope_factor=float(rp["factor"]),
-                        rope_orig_ctx=int(rp["original_max_position_embeddings"]),
-                        yarn_beta_fast=float(rp.get("beta_fast") or 32.0),
-                        yarn_beta_slow=float(rp.get("beta_slow") or 1.0),
-                        yarn_truncate=bool(rp.get("truncate", True)))
+            yarn = Yarn(float(rp["factor"]), int(rp["original_max_position_embeddings"]),
+                        beta_fast=float(rp.get("beta_fast") or 32.0),
+                        beta_slow=float(rp.get("beta_slow") or 1.0),
+                        truncate=bool(rp.get("truncate", True)))
         window = int(cfg.get("sliding_window", 128) or 0)   # GptOssConfig's default
         return _shape(
-            n_layer=L, d_model=cfg["hidden_size"], n_expert=cfg["num_local_experts"],
-            top_k=cfg["num_experts_per_tok"], d_expert=cfg["intermediate_size"], n_head=H,
+            window, _sliding(cfg, L, window, where), n_layer=L, d_model=cfg["hidden_size"],
+            n_expert=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
+            d_expert=cfg["intermediate_size"], n_head=H,
             n_kv_head=cfg.get("num_key_value_heads") or H,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // H, vocab=cfg["vocab_size"],
             rope_theta=theta, rms_eps=float(cfg["rms_norm_eps"]),
             max_pos=cfg.get("max_position_embeddings", 131072),
             swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
-            swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), sliding_window=window,
-            sliding_pattern=_sliding(cfg, L, window, where), **yarn)
+            swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), yarn=yarn)
     except KeyError as e:
         raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
     except (TypeError, ValueError) as e:
@@ -178,14 +180,14 @@ def gguf_shape(r, path) -> ModelShape:
     H = int(field(f"{a}.attention.head_count"))
     if "token_embd.weight" not in tensors:
         raise StrataError(f"{path} has no token_embd.weight")
-    yarn = {}
+    opts = {}
     kind = field(f"{a}.rope.scaling.type", "none")
     if kind == "yarn":
-        yarn = dict(rope_scaling="yarn", rope_factor=float(field(f"{a}.rope.scaling.factor")),
-                    rope_orig_ctx=int(field(f"{a}.rope.scaling.original_context_length")),
-                    yarn_beta_fast=float(field(f"{a}.rope.scaling.yarn_beta_fast", 32.0)),
-                    yarn_beta_slow=float(field(f"{a}.rope.scaling.yarn_beta_slow", 1.0)),
-                    yarn_truncate=False)
+        opts["yarn"] = Yarn(float(field(f"{a}.rope.scaling.factor")),
+                            int(field(f"{a}.rope.scaling.original_context_length")),
+                            beta_fast=float(field(f"{a}.rope.scaling.yarn_beta_fast", 32.0)),
+                            beta_slow=float(field(f"{a}.rope.scaling.yarn_beta_slow", 1.0)),
+                            truncate=False)
     elif kind not in ("none", ""):
         raise StrataError(f"{path}: {a}.rope.scaling.type is {kind!r}; strata reads yarn")
     clamp = field(f"{a}.swiglu_clamp_exp", [])
@@ -194,9 +196,11 @@ def gguf_shape(r, path) -> ModelShape:
         raise StrataError(f"{path}: {a}.swiglu_clamp_exp varies by layer ({clamp}); strata "
                           f"reads one SwiGLU limit per model")
     if clamp:
-        yarn["swiglu_limit"] = clamp[0]
+        opts["swiglu_limit"] = clamp[0]
     n_layer = int(field(f"{a}.block_count"))
     return _shape(
+        int(field(f"{a}.attention.sliding_window", 0)),
+        _gguf_pattern(field(f"{a}.attention.sliding_window_pattern", 2), n_layer, path),
         n_layer=n_layer, d_model=D,
         n_expert=int(field(f"{a}.expert_count")), top_k=int(field(f"{a}.expert_used_count")),
         d_expert=int(field(f"{a}.expert_feed_forward_length")), n_head=H,
@@ -205,15 +209,12 @@ def gguf_shape(r, path) -> ModelShape:
         vocab=int(tensors["token_embd.weight"].shape[1]),
         rope_theta=float(f"{float(field(f'{a}.rope.freq_base')):.7g}"),
         rms_eps=float(f"{float(field(f'{a}.attention.layer_norm_rms_epsilon')):.7g}"),
-        max_pos=int(field(f"{a}.context_length", 131072)),
-        sliding_window=int(field(f"{a}.attention.sliding_window", 0)),
-        sliding_pattern=_gguf_pattern(field(f"{a}.attention.sliding_window_pattern", 2),
-                                      n_layer, path), **yarn)
+        max_pos=int(field(f"{a}.context_length", 131072)), **opts)
 
 
 def _gguf_pattern(v, n_layer: int, path) -> int:
     """llama.cpp's sliding_window_pattern (load_swa_pattern): a number p (layer l slides when
-    l % p < p - 1; 0: every layer) or one bool per layer, as ModelShape.sliding_pattern."""
+    l % p < p - 1; 0: every layer) or one bool per layer, as Window.pattern."""
     a = f"{ARCH}.attention.sliding_window_pattern"
     if isinstance(v, (list, tuple)):
         p = pattern_of([bool(x) for x in v]) if len(v) == n_layer else None
@@ -258,4 +259,4 @@ GPT_OSS = Arch(
     name=ARCH, hf_types=("gpt_oss",), gguf_archs=("gpt-oss",), wiring=GptOss,
     layer_specs=layer_specs, hf_shape=hf_shape, hf_dense=hf_dense, hf_experts=hf_experts,
     gguf_shape=gguf_shape, gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.GPT_OSS,
-    hf_hparams=hparams_hf.GPT_OSS, options=GptOssOptions)
+    hf_hparams=hparams_hf.GPT_OSS, options=(GptOssOptions, Window, Yarn))

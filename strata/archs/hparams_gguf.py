@@ -77,22 +77,22 @@ _GGUF_COMMON: dict[str, Hp] = {
 }
 
 _YARN_GGUF = {  # a model family whose YaRN strata reads: the rope.scaling.* keys it uses
-    "rope.scaling.type": used("rope_scaling", ok=("none", "yarn"), default="none"),
-    "rope.scaling.factor": used("rope_factor"),
-    "rope.scaling.original_context_length": used("rope_orig_ctx"),
-    "rope.scaling.yarn_beta_fast": used("yarn_beta_fast", default=32.0),
-    "rope.scaling.yarn_beta_slow": used("yarn_beta_slow", default=1.0),
+    "rope.scaling.type": used("yarn", ok=("none", "yarn"), default="none"),
+    "rope.scaling.factor": used("yarn.factor"),
+    "rope.scaling.original_context_length": used("yarn.orig_ctx"),
+    "rope.scaling.yarn_beta_fast": used("yarn.beta_fast", default=32.0),
+    "rope.scaling.yarn_beta_slow": used("yarn.beta_slow", default=1.0),
 }
 
 _FAMILY = {  # DeepSeek / GLM-4.5 (strata.archs.family_gguf)
     "nextn_predict_layers": used("n_layer", default=0),
-    "expert_group_count": used("n_group", default=0),
-    "expert_group_used_count": used("topk_group", default=0),
-    "feed_forward_length": used("d_ff"),
-    "leading_dense_block_count": used("n_dense_lead", default=0),
+    "expert_group_count": used("router.n_group", default=0),
+    "expert_group_used_count": used("router.topk_group", default=0),
+    "feed_forward_length": used("dense.d_ff"),
+    "leading_dense_block_count": used("dense.lead", default=0),
     "expert_feed_forward_length": used("d_expert"),
-    "expert_shared_count": used("n_shared"),
-    "expert_weights_scale": used("routed_scale", ok=NONZERO, default=1.0,
+    "expert_shared_count": used("dense.shared"),
+    "expert_weights_scale": used("router.scale", ok=NONZERO, default=1.0,
                                  why="llama.cpp reads 0 as no scale, strata's reader would "
                                      "scale the routed experts by 0"),
     "expert_weights_norm": used("norm_topk_prob", missing=(
@@ -118,10 +118,10 @@ LLAMA: dict[str, Hp] = _GGUF_COMMON | {
 
 GPT_OSS: dict[str, Hp] = _GGUF_COMMON | _YARN_GGUF | {
     "expert_feed_forward_length": used("d_expert"),
-    "attention.sliding_window": used("sliding_window", missing=(
+    "attention.sliding_window": used("window.size", missing=(
         "llama.cpp requires it for gpt-oss (the sliding layers' window); re-convert the "
         "model")),
-    "attention.sliding_window_pattern": used("sliding_pattern", default=2, array=True),
+    "attention.sliding_window_pattern": used("window.pattern", default=2, array=True),
     "rope.freq_base_swa": refused(SameAs("rope.freq_base"),
                                   "strata's sliding layers rotate with rope.freq_base"),
     "swiglu_clamp_exp": used("opts.swiglu_limit", array=True),
@@ -137,16 +137,16 @@ DEEPSEEK2: dict[str, Hp] = _GGUF_COMMON | _FAMILY | _YARN_GGUF | {
     "attention.head_count_kv": inert("MLA's layout marker (1: attn_k_b / attn_v_b, H: "
                                      "attn_kv_b); strata's n_kv_head is head_count"),
     "attention.key_length": used("head_dim"),   # the older MLA layout (no key_length_mla)
-    "attention.value_length": used("v_head_dim"),
+    "attention.value_length": used("mla.v_head_dim"),
     "attention.key_length_mla": used("head_dim"),
-    "attention.value_length_mla": used("v_head_dim"),
-    "attention.q_lora_rank": used("q_lora", default=0),
-    "attention.kv_lora_rank": used("kv_lora"),
-    "rope.dimension_count": used("qk_rope"),
+    "attention.value_length_mla": used("mla.v_head_dim"),
+    "attention.q_lora_rank": used("mla.q_lora", default=0),
+    "attention.kv_lora_rank": used("mla.kv_lora"),
+    "rope.dimension_count": used("mla.qk_rope"),
     # DeepSeek's YaRN (strata.archs.family_gguf.gguf_yarn_ds): the softmax scale's mscale
-    "rope.scaling.type": used("rope_scaling", ok=("none", "linear", "yarn"), default="none"),
-    "rope.scaling.yarn_log_multiplier": used("yarn_kq"),
-    "rope.scaling.attn_factor": used("yarn_attn", "yarn_kq", default=1.0),
+    "rope.scaling.type": used("yarn", ok=("none", "linear", "yarn"), default="none"),
+    "rope.scaling.yarn_log_multiplier": used("yarn.kq"),
+    "rope.scaling.attn_factor": used("yarn.attn", "yarn.kq", default=1.0),
     "attention.temperature_scale": refused((0.0,), "Llama-4 style attention temperature "
                                                    "(Mistral-Large 3)"),
     "attention.temperature_length": inert("read only with attention.temperature_scale "
@@ -155,7 +155,7 @@ DEEPSEEK2: dict[str, Hp] = _GGUF_COMMON | _FAMILY | _YARN_GGUF | {
 
 GLM4MOE: dict[str, Hp] = _GGUF_COMMON | _FAMILY | {
     "nextn_predict_layers": used("n_layer", default=0),
-    "rope.dimension_count": used("rope_dim"),
+    "rope.dimension_count": used("attn.rope_dim"),
     "rope.dimension_sections": refused(Where(lambda v: not any(v), "absent or all 0"),
                                        "multi-axis RoPE sections (a vision model's)",
                                        array=True),
@@ -174,7 +174,7 @@ MINIMAX_M2: dict[str, Hp] = _GGUF_COMMON | {
         "llama.cpp's minimax-m2 graph has no gating function without it and stops, strata "
         "routes with the sigmoid gate (2); re-convert the model from a config.json with "
         "scoring_func sigmoid")),
-    "rope.dimension_count": used("rope_dim"),
+    "rope.dimension_count": used("attn.rope_dim"),
 }
 
 GGUF_GLOBAL: dict[str, Hp] = {

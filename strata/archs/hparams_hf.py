@@ -60,26 +60,26 @@ _HF_COMMON: dict[str, Hp] = {
 }
 
 _HF_YARN = {  # the RoPE dict of a family whose YaRN strata reads
-    ROPE + "rope_type": used("rope_scaling", ok=("default", "yarn"), default="default"),
-    ROPE + "type": used("rope_scaling", ok=("default", "yarn"), default="default"),
-    ROPE + "factor": used("rope_factor"),
-    ROPE + "original_max_position_embeddings": used("rope_orig_ctx"),
-    ROPE + "beta_fast": used("yarn_beta_fast", default=32.0),
-    ROPE + "beta_slow": used("yarn_beta_slow", default=1.0),
+    ROPE + "rope_type": used("yarn", ok=("default", "yarn"), default="default"),
+    ROPE + "type": used("yarn", ok=("default", "yarn"), default="default"),
+    ROPE + "factor": used("yarn.factor"),
+    ROPE + "original_max_position_embeddings": used("yarn.orig_ctx"),
+    ROPE + "beta_fast": used("yarn.beta_fast", default=32.0),
+    ROPE + "beta_slow": used("yarn.beta_slow", default=1.0),
     ROPE + "attention_factor": refused((), "an explicit YaRN attention factor; strata derives "
                                            "it from the factor"),
 }
 
 _HF_FAMILY = {  # GLM-4.5, DeepSeek-V3 (strata.archs.family_hf)
-    "intermediate_size": used("d_ff"),
+    "intermediate_size": used("dense.d_ff"),
     "moe_intermediate_size": used("d_expert"),
     "n_routed_experts": used("n_expert"),
     "num_local_experts": used("n_expert"),
-    "n_shared_experts": used("n_shared"),
-    "routed_scaling_factor": used("routed_scale", default=1.0),
-    "n_group": used("n_group", default=1),
-    "topk_group": used("topk_group", default=1),
-    "first_k_dense_replace": used("n_dense_lead"),
+    "n_shared_experts": used("dense.shared"),
+    "routed_scaling_factor": used("router.scale", default=1.0),
+    "n_group": used("router.n_group", default=1),
+    "topk_group": used("router.topk_group", default=1),
+    "first_k_dense_replace": used("dense.lead"),
     "norm_topk_prob": used("norm_topk_prob", default=True),
     "num_nextn_predict_layers": inert("MTP layers: HF's model does not run them, strata does "
                                       "not read them"),
@@ -125,8 +125,8 @@ GPT_OSS: dict[str, Hp] = _HF_COMMON | _HF_YARN | {
     "intermediate_size": used("d_expert"),
     "num_local_experts": used("n_expert"),
     "num_experts": _ALIAS_EXPERTS,
-    "sliding_window": used("sliding_window", default=128),
-    "layer_types": used("sliding_pattern", default=None),
+    "sliding_window": used("window.size", default=128),
+    "layer_types": used("window.pattern", default=None),
     "swiglu_alpha": used("opts.swiglu_alpha", default=1.702),
     "swiglu_limit": used("opts.swiglu_limit", default=7.0),
     "attention_bias": refused((True,), "strata's gpt-oss has q/k/v/o biases"),
@@ -140,7 +140,7 @@ GPT_OSS: dict[str, Hp] = _HF_COMMON | _HF_YARN | {
                                "does not read it"),
     "initial_context_length": inert("OpenAI's note of the pretraining context; "
                                     "transformers does not read it"),
-    ROPE + "truncate": used("yarn_truncate", default=True),
+    ROPE + "truncate": used("yarn.truncate", default=True),
     ROPE + "mscale": refused((), "YaRN's mscale changes the attention factor; strata's "
                                  "gpt-oss derives it from the factor alone"),
     ROPE + "mscale_all_dim": refused((), "see mscale"),
@@ -152,10 +152,10 @@ DEEPSEEK_V3: dict[str, Hp] = _HF_COMMON | _HF_FAMILY | _HF_YARN | {
     "head_dim": inert("transformers sets it to qk_rope_head_dim (the rotary width)"),
     "qk_head_dim": inert("derived: qk_nope_head_dim + qk_rope_head_dim"),
     "qk_nope_head_dim": used("head_dim"),
-    "qk_rope_head_dim": used("head_dim", "qk_rope"),
-    "v_head_dim": used("v_head_dim"),
-    "q_lora_rank": used("q_lora"),
-    "kv_lora_rank": used("kv_lora"),
+    "qk_rope_head_dim": used("head_dim", "mla.qk_rope"),
+    "v_head_dim": used("mla.v_head_dim"),
+    "q_lora_rank": used("mla.q_lora"),
+    "kv_lora_rank": used("mla.kv_lora"),
     "rope_interleave": refused((True,), "strata's deepseek2 rotates interleaved pairs (as "
                                         "llama.cpp)"),
     "attention_bias": refused((False,), "projection biases; strata's MLA has none"),
@@ -169,18 +169,18 @@ DEEPSEEK_V3: dict[str, Hp] = _HF_COMMON | _HF_FAMILY | _HF_YARN | {
     "seq_aux": inert("the training loss's balance term"),
     "ep_size": inert("the training run's expert-parallel degree"),
     # DeepSeek's YaRN (strata.archs.family_hf.hf_yarn_ds): cos/sin and the softmax scale
-    ROPE + "truncate": used("yarn_truncate", default=True),
-    ROPE + "mscale": used("yarn_attn"),
-    ROPE + "mscale_all_dim": used("yarn_attn", "yarn_kq"),
-    ROPE + "attention_factor": used("yarn_attn"),
+    ROPE + "truncate": used("yarn.truncate", default=True),
+    ROPE + "mscale": used("yarn.attn"),
+    ROPE + "mscale_all_dim": used("yarn.attn", "yarn.kq"),
+    ROPE + "attention_factor": used("yarn.attn"),
 }
 
 GLM4_MOE: dict[str, Hp] = _HF_COMMON | _HF_FAMILY | {
-    "attention_bias": used("attn_bias", default=False),
-    "use_qk_norm": used("qk_norm", default=False),
-    "partial_rotary_factor": used("rope_dim", missing=_hf_missing(
+    "attention_bias": used("attn.bias", default=False),
+    "use_qk_norm": used("attn.qk_norm", default=False),
+    "partial_rotary_factor": used("attn.rope_dim", missing=_hf_missing(
         "partial_rotary_factor", "0.5", "1.0"), also=(ROPE + "partial_rotary_factor",)),
-    ROPE + "partial_rotary_factor": used("rope_dim"),
+    ROPE + "partial_rotary_factor": used("attn.rope_dim"),
 }
 _MTP = "MTP modules: transformers' model does not run them, strata does not read them"
 _RELEASE = "the release's remote-code config; transformers' minimax_m2 does not read it"
@@ -190,11 +190,11 @@ MINIMAX_M2: dict[str, Hp] = _HF_COMMON | {
     "num_local_experts": used("n_expert"),
     "num_experts": _ALIAS_EXPERTS,
     "router_jitter_noise": inert("noise on the router in training only"),
-    "rotary_dim": used("rope_dim", why="the release's rotary width; transformers reads it as "
+    "rotary_dim": used("attn.rope_dim", why="the release's rotary width; transformers reads it as "
                                        "partial_rotary_factor = rotary_dim / head_dim when "
                                        "neither factor is given"),
-    "partial_rotary_factor": used("rope_dim"),
-    ROPE + "partial_rotary_factor": used("rope_dim"),
+    "partial_rotary_factor": used("attn.rope_dim"),
+    ROPE + "partial_rotary_factor": used("attn.rope_dim"),
     # fields of the release's config.json (its remote code) that transformers' class lacks
     "attn_type_list": refused(Where(lambda v: all(int(t) == 1 for t in v),
                                     "every layer 1 (softmax attention)"),

@@ -29,7 +29,7 @@ from strata.archs.mixtral import hf_experts as mixtral_hf_experts
 from strata.archs.record import Arch
 from strata.errors import StrataError
 from strata.models.minimax_m2 import MiniMaxM2
-from strata.shapes import ModelShape
+from strata.shapes import Attn, ModelShape, Router
 
 ARCH = "minimax-m2"
 
@@ -89,8 +89,8 @@ def hf_shape(cfg: dict, where) -> ModelShape:
             n_kv_head=cfg.get("num_key_value_heads") or H, head_dim=hd,
             vocab=cfg["vocab_size"], rope_theta=float(theta),
             rms_eps=float(cfg["rms_norm_eps"]), norm_topk_prob=True,
-            max_pos=cfg.get("max_position_embeddings", 196608), router="sigmoid",
-            rope_dim=int(hd * rotary_fraction(cfg, rope, hd)))
+            max_pos=cfg.get("max_position_embeddings", 196608), router=Router("sigmoid"),
+            attn=Attn(rope_dim=int(hd * rotary_fraction(cfg, rope, hd))))
     except KeyError as e:
         raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
     except (TypeError, ValueError) as e:
@@ -133,7 +133,8 @@ def gguf_shape(r, path) -> ModelShape:
         rope_theta=float(f"{float(rope_base(r, a, path)):.7g}"),
         rms_eps=float(f"{float(field(r, f'{a}.attention.layer_norm_rms_epsilon')):.7g}"),
         norm_topk_prob=True, max_pos=int(field(r, f"{a}.context_length", 196608)),
-        router="sigmoid", rope_dim=int(field(r, f"{a}.rope.dimension_count", hd)))
+        router=Router("sigmoid"),
+        attn=Attn(rope_dim=int(field(r, f"{a}.rope.dimension_count", hd))))
 
 
 def gguf_experts(tensors: dict, i: int, s: ModelShape, src):
@@ -151,4 +152,4 @@ MINIMAX_M2 = Arch(
     name=ARCH, hf_types=("minimax_m2",), gguf_archs=("minimax-m2",), wiring=MiniMaxM2,
     layer_specs=layer_specs, hf_shape=hf_shape, hf_dense=hf_dense, hf_experts=hf_experts,
     gguf_shape=gguf_shape, gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.MINIMAX_M2,
-    hf_hparams=hparams_hf.MINIMAX_M2, gguf_values=gguf_values)
+    hf_hparams=hparams_hf.MINIMAX_M2, gguf_values=gguf_values, options=(Router, Attn))

@@ -22,7 +22,9 @@ the record by strata name, HF model_type or GGUF general.architecture):
   shp, shape)` -> {stored name: torch shape} of a dense tensor llama.cpp stores split (None: as
   it is); `gguf_values(shape)` -> {key: value} for the metadata keys whose value is not one
   ModelShape field (the table names the field of the others).
-- `options`: the type of its options inside ModelShape (ModelShape.opts), None for none.
+- `options`: the option groups its shapes set (types of strata.shapes.OPTION_GROUPS: its own
+  GptOssOptions, a sliding Window, Yarn, Mla, DenseFfn, a sigmoid Router, Attn details); every
+  other group of its shapes stays None or at its default (`own_options`).
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ class Arch:
     hf_hparams: Mapping
     gguf_dense: Callable = _same
     gguf_join: Callable = _nothing
-    options: type | None = None
+    options: tuple[type, ...] = ()
     gguf_split: Callable = _no_split
     gguf_values: Callable = _no_values
 
@@ -75,6 +77,10 @@ class Arch:
         for i in range(shape.n_layer):
             out.update(self.layer_specs(shape, i))
         return out
+
+    def own_options(self, shape: ModelShape) -> bool:
+        """Whether `shape` sets only option groups this record declares (`options`)."""
+        return all(type(g) in self.options for g in shape.option_groups())
 
     @property
     def presets(self) -> dict[str, ModelShape]:

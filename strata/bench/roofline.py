@@ -65,23 +65,24 @@ def dense_gemms(shape, layer: int) -> list[tuple[int, int]]:
       o [H·Hv -> D];
     - a MoE layer: the router [D -> E] and, with S shared experts, one SwiGLU FFN of width
       S·F (gate and up [D -> S·F], down [S·F -> D]);
-    - a leading dense layer: its SwiGLU FFN of width d_ff (no router, no experts).
+    - a leading dense layer: its SwiGLU FFN of width dense.d_ff (no router, no experts).
     Not here: the routed experts (expert_flops), attention's QKᵀ and PV (attention_flops), and
     MLA's re-decompression of earlier keys per query block (an engine choice, not the model's
     floor)."""
     D, H, hd = shape.d_model, shape.n_head, shape.head_dim
-    if shape.mla:
-        R, Lkv, Hv = shape.qk_rope, shape.kv_lora, shape.v_head_dim
-        q = [(D, shape.q_lora), (shape.q_lora, H * hd)] if shape.q_lora else [(D, H * hd)]
+    m, dense = shape.mla, shape.dense
+    if m:
+        R, Lkv, Hv = m.qk_rope, m.kv_lora, m.v_head_dim
+        q = [(D, m.q_lora), (m.q_lora, H * hd)] if m.q_lora else [(D, H * hd)]
         g = q + [(D, Lkv + R), (Lkv, H * (hd - R + Hv)), (H * Hv, D)]
     else:
         kv = shape.n_kv_head * hd
         g = [(D, H * hd), (D, kv), (D, kv), (H * hd, D)]
     if not shape.is_moe_layer(layer):
-        return g + [(D, shape.d_ff), (D, shape.d_ff), (shape.d_ff, D)]
+        return g + [(D, dense.d_ff), (D, dense.d_ff), (dense.d_ff, D)]
     g.append((D, shape.n_expert))
-    if shape.n_shared:
-        Fs = shape.n_shared * shape.d_expert
+    if dense.shared:
+        Fs = dense.shared * shape.d_expert
         g += [(D, Fs), (D, Fs), (Fs, D)]
     return g
 
@@ -306,8 +307,8 @@ def dense_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> flo
     if not torch.cuda.is_available():
         return float("nan")
     kinds = [(shape.moe_layers[0], len(shape.moe_layers))] if shape.moe_layers else []
-    if shape.n_dense_lead:
-        kinds.append((0, shape.n_dense_lead))
+    if shape.dense.lead:
+        kinds.append((0, shape.dense.lead))
     dev, seconds = "cuda", 0.0
     for layer, count in kinds:
         gemms = dense_gemms(shape, layer)

@@ -3,7 +3,7 @@
 (strata.models.family). RoPE is the interleaved-pairs form on the rope dims (HF's
 rope_interleave, llama.cpp's NORM rope for deepseek2), with YaRN when the checkpoint has it (the
 frequencies and the cos/sin factor in strata.models.layers.shape_cos_sin, the softmax scale's
-mscale² as ModelShape.yarn_kq in strata.models.mla). Dense weights use llama.cpp's names
+mscale² as ModelShape.yarn.kq in strata.models.mla). Dense weights use llama.cpp's names
 (strata.archs.family_names).
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ class DeepSeek2(FamilyMoe):
         """The MLA cache (kv: None the model's dtype, bf16 / fp32, or int8 codes + per-token
         scales)."""
         s = self.shape
-        return MLACache(s.n_layer, s.kv_lora, s.qk_rope, capacity=capacity, dtype=self.dtype,
-                        device=self.layer_devices, kv=kv)
+        return MLACache(s.n_layer, s.mla.kv_lora, s.mla.qk_rope, capacity=capacity,
+                        dtype=self.dtype, device=self.layer_devices, kv=kv)
 
     def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
         return mla_attention(xn, lw.attn, self.shape, cos, sin, cache, l, eps=self.shape.rms_eps)

@@ -5,8 +5,8 @@ Legend: T tokens of the chunk, D hidden, E experts, K top-k, L layers.
 
 Per layer l:
     h = x + attn(rms(x))                                  # glm4moe.py (GQA) / deepseek.py (MLA)
-    l <  n_dense_lead:  x = h + ffn(rms(h))               # a dense SwiGLU, no experts (ffn.py)
-    l >= n_dense_lead:  x = h + moe(rms(h)) + shared(rms(h))
+    l <  dense.lead:    x = h + ffn(rms(h))               # a dense SwiGLU, no experts (ffn.py)
+    l >= dense.lead:    x = h + moe(rms(h)) + shared(rms(h))
                         moe: grouped sigmoid top-k (routers.py), experts through the provider's
                         passes (moe_block.py); shared: resident dense SwiGLU (ffn.py)
 then logits = W_out rms(x) (the MoE decoder's, strata.models.moe_decoder).
@@ -37,7 +37,7 @@ class FamilyLayer:
     dense: DenseFFN | None = None      # a leading dense layer's FFN
     router: torch.Tensor | None = None  # [E, D]
     bias: torch.Tensor | None = None   # [E] e_score_correction_bias (sigmoid router)
-    shared: DenseFFN | None = None     # the shared experts (n_shared * F wide)
+    shared: DenseFFN | None = None     # the shared experts (dense.shared * F wide)
 
     def map(self, fn) -> "FamilyLayer":
         opt = (lambda t: None if t is None else t.map(fn) if hasattr(t, "map") else fn(t))
@@ -73,9 +73,9 @@ class FamilyMoe(MoeDecoder):
             lw.dense = DenseFFN(*(get(f"{p}ffn_{w}.weight") for w in ("gate", "up", "down")))
             return lw
         lw.router = get(p + "ffn_gate_inp.weight")
-        if shape.router == "sigmoid":
+        if shape.router.kind == "sigmoid":
             lw.bias = get(p + "exp_probs_b.bias").float()   # routing is fp32 (as HF keeps it)
-        if shape.n_shared:
+        if shape.dense.shared:
             lw.shared = DenseFFN(*(get(f"{p}ffn_{w}_shexp.weight") for w in ("gate", "up", "down")))
         return lw
 
@@ -84,12 +84,13 @@ class FamilyMoe(MoeDecoder):
 
     def router(self, lw: FamilyLayer):
         s = self.shape
-        if s.router == "sigmoid":
+        if s.router.kind == "sigmoid":
             return sigmoid_router(lw.router, lw.bias, s)
         route = softmax_topk(lw.router, s.top_k, s.norm_topk_prob)
-        if s.routed_scale == 1.0:
+        scale = s.router.scale
+        if scale == 1.0:
             return route
-        return lambda h: (lambda ids, w: (ids, w * s.routed_scale))(*route(h))
+        return lambda h: (lambda ids, w: (ids, w * scale))(*route(h))
 
     def mlp(self, h, lw: FamilyLayer, l: int, provider: ExpertProvider, observer) -> torch.Tensor:
         """A leading dense layer's FFN, or the routed experts plus the shared ones."""

@@ -1,5 +1,5 @@
 """GLM-4.5 / 4.6 (`glm4moe`, Glm4MoeForCausalLM): GQA with q/k/v biases, partial RoPE (NEOX on
-the first rope_dim dims of each head), optional q/k norms, then the family's dense-lead /
+the first attn.rope_dim dims of each head), optional q/k norms, then the family's dense-lead /
 shared-expert / grouped sigmoid MoE (strata.models.family).
 
 Legend: T tokens, D hidden, H query heads, Hkv kv heads, hd head dim, R rope dims.

@@ -107,13 +107,13 @@ def yarn_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, factor: f
 def shape_cos_sin(positions: torch.Tensor, shape, dim: int | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, dim] of a model shape's RoPE over `dim` rotary dims (default its rot_dim):
-    YaRN's (shape.rope_scaling == "yarn": factor, original context, betas, truncation and the
-    cos/sin multiplier yarn_attn, 0 for YaRN's own) or plain. The one table every wiring reads."""
+    YaRN's (shape.yarn, strata.shapes.Yarn: factor, original context, betas, truncation and
+    the cos/sin multiplier attn, 0 for YaRN's own) or plain. The one table every wiring reads."""
     dim = shape.rot_dim if dim is None else dim
-    if shape.rope_scaling == "yarn":
-        return yarn_cos_sin(positions, dim, shape.rope_theta, shape.rope_factor,
-                            shape.rope_orig_ctx, shape.yarn_beta_fast, shape.yarn_beta_slow,
-                            shape.yarn_truncate, attn=shape.yarn_attn or None)
+    y = shape.yarn
+    if y is not None:
+        return yarn_cos_sin(positions, dim, shape.rope_theta, y.factor, y.orig_ctx,
+                            y.beta_fast, y.beta_slow, y.truncate, attn=y.attn or None)
     return rope_cos_sin(positions, dim, shape.rope_theta)
 
 

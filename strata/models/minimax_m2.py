@@ -9,12 +9,12 @@ Per layer:
     q = rms(Wq xn) [T, H*hd] -> [T, H, hd]     # one norm weight over all heads (H*hd), before
     k = rms(Wk xn) [T, Hkv*hd] -> [T, Hkv, hd] # the heads are split (not Qwen3's per head)
     v = Wv xn                                  # no projection biases
-    q, k = NEOX RoPE on dims [0, R), dims [R, hd) as they are (R = rope_dim)
+    q, k = NEOX RoPE on dims [0, R), dims [R, hd) as they are (R = attn.rope_dim)
     h = x + Wo attn(q, k, v)
     s = sigmoid(Wr rms(h)) [T, E] fp32; ids = top-K of s + bias; w = s[ids] / sum(s[ids])
     x = h + sum_k w_k expert_ids_k(rms(h))     # no shared expert, no routed scaling
 The router is strata.models.routers' grouped one with a single group (the shape says
-router="sigmoid", n_group = topk_group = 1, routed_scale 1).
+Router("sigmoid"): n_group = topk_group = 1, scale 1).
 """
 from __future__ import annotations
 

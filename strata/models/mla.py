@@ -415,13 +415,19 @@ def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: to
     return o if out is None else out.copy_(o)
 
 
+def softmax_scale(s) -> float:
+    """The attention's softmax scale: 1/sqrt(hd), times YaRN's mscale² (Yarn.kq) when scaled."""
+    return s.head_dim ** -0.5 * (s.yarn.kq if s.yarn is not None else 1.0)
+
+
 def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin: torch.Tensor,
                   cache, layer: int, *, eps: float) -> torch.Tensor:
     """x [T, D] (normed) at positions P..P+T-1 -> [T, D]; appends (c, k_pe) to `cache`: the
     model's MLACache, or the engine's PromptKV over the latent (a host-held window streamed
     back as the attention's prefix); both keep `attend_latent`'s protocol."""
     s = shape
-    T, H, R = x.shape[0], s.n_head, s.qk_rope
+    m = s.mla
+    T, H, R = x.shape[0], s.n_head, m.qk_rope
     N = s.head_dim - R
     if w.wqa is not None:
         q = rms_norm(x @ w.wqa.t(), w.q_norm, eps) @ w.wqb.t()
@@ -430,20 +436,19 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     q = q.view(T, H, s.head_dim).transpose(0, 1)                             # [H, T, hd]
     q_nope, q_pe = q[..., :N], apply_rope_pairs(q[..., N:], cos, sin)
     kv = x @ w.wkva.t()                                                      # [T, Lkv + R]
-    c = rms_norm(kv[:, :s.kv_lora], w.kv_norm, eps)
-    k_pe = apply_rope_pairs(kv[:, s.kv_lora:], cos, sin)                     # [T, R]
+    c = rms_norm(kv[:, :m.kv_lora], w.kv_norm, eps)
+    k_pe = apply_rope_pairs(kv[:, m.kv_lora:], cos, sin)                     # [T, R]
 
     def attend(prefix, c_run, kpe_run, c_scale, kpe_scale):
         return mla_chunk_attention(q_nope, q_pe, c_run, kpe_run, w.wkvb,
-                                   v_head_dim=s.v_head_dim,
-                                   scale=s.head_dim ** -0.5 * s.yarn_kq,   # YaRN's mscale²
+                                   v_head_dim=m.v_head_dim, scale=softmax_scale(s),
                                    scratch=cache.scratch.get(layer), c_scale=c_scale,
                                    k_pe_scale=kpe_scale, prefix=prefix)
     packed = getattr(cache, "packed", None)
     if packed is not None:
         attend = _per_sequence(packed, q_nope, q_pe, w, s, cache.scratch.get(layer))
     o = cache.attend_latent(layer, c, k_pe, attend)
-    return o.reshape(T, H * s.v_head_dim) @ w.wo.t()
+    return o.reshape(T, H * m.v_head_dim) @ w.wo.t()
 
 
 def _per_sequence(packed, q_nope, q_pe, w: MLAWeights, s, scratch):
@@ -455,11 +460,11 @@ def _per_sequence(packed, q_nope, q_pe, w: MLAWeights, s, scratch):
         if prefix or c_run.shape[0] != q_nope.shape[1]:
             raise StrataError("packed sequences read a chunk with no keys before it")
         T, H = q_nope.shape[1], q_nope.shape[0]
-        o = torch.empty(T, H, s.v_head_dim, dtype=q_nope.dtype, device=q_nope.device)
+        o = torch.empty(T, H, s.mla.v_head_dim, dtype=q_nope.dtype, device=q_nope.device)
         for a, b in packed.bounds:
             cut = slice(a, b)
             mla_chunk_attention(q_nope[:, cut], q_pe[:, cut], c_run[cut], kpe_run[cut], w.wkvb,
-                                v_head_dim=s.v_head_dim, scale=s.head_dim ** -0.5 * s.yarn_kq,
+                                v_head_dim=s.mla.v_head_dim, scale=softmax_scale(s),
                                 scratch=scratch, out=o[cut],
                                 c_scale=None if c_scale is None else c_scale[cut],
                                 k_pe_scale=None if kpe_scale is None else kpe_scale[cut])

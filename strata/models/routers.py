@@ -87,7 +87,8 @@ def grouped_topk_ref(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int
 def sigmoid_router(w_router: torch.Tensor, bias: torch.Tensor | None, shape):
     """The layer's router h [T, D] -> (ids, w) for a sigmoid-routed shape (strata.shapes)."""
     def route(h: torch.Tensor):
+        r = shape.router
         return grouped_topk(route_logits(h, w_router), bias, shape.top_k,
-                            n_group=shape.n_group, topk_group=shape.topk_group,
-                            norm_topk_prob=shape.norm_topk_prob, routed_scale=shape.routed_scale)
+                            n_group=r.n_group, topk_group=r.topk_group,
+                            norm_topk_prob=shape.norm_topk_prob, routed_scale=r.scale)
     return route

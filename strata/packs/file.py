@@ -90,27 +90,30 @@ def check_shape(s: ModelShape, where) -> None:
 
 
 def check_family(s: ModelShape, where) -> None:
-    """The DeepSeek / GLM-4.5 fields (strata.shapes): at least one MoE layer, a dense width for
-    the dense ones, whole expert groups, an MLA head wider than its rope part."""
-    if not 0 <= s.n_dense_lead < s.n_layer:
-        raise StrataError(f"{where}: n_dense_lead {s.n_dense_lead} must leave at least one of "
+    """The option groups (strata.shapes): at least one MoE layer, a dense width for the dense
+    ones, whole expert groups, an MLA head wider than its rope part, a partial RoPE inside the
+    head. The header's names (ModelShape.to_dict) name the field."""
+    d, r, m = s.dense, s.router, s.mla
+    if not 0 <= d.lead < s.n_layer:
+        raise StrataError(f"{where}: n_dense_lead {d.lead} must leave at least one of "
                           f"the {s.n_layer} layers routed")
-    if s.n_dense_lead and s.d_ff < 1:
-        raise StrataError(f"{where}: {s.n_dense_lead} dense layers need d_ff >= 1")
-    if s.router not in ("softmax", "sigmoid"):
-        raise StrataError(f"{where}: router {s.router!r}; strata routes softmax or sigmoid")
-    if s.n_group < 1 or s.n_expert % s.n_group or not 1 <= s.topk_group <= s.n_group:
-        raise StrataError(f"{where}: {s.n_expert} experts in {s.n_group} groups, "
-                          f"{s.topk_group} kept: groups must be whole and 1 <= kept <= groups")
-    if s.n_group > 1 and s.top_k > s.topk_group * (s.n_expert // s.n_group):
-        raise StrataError(f"{where}: top_k {s.top_k} is more than the {s.topk_group} kept "
+    if d.lead and d.d_ff < 1:
+        raise StrataError(f"{where}: {d.lead} dense layers need d_ff >= 1")
+    if r.kind not in ("softmax", "sigmoid"):
+        raise StrataError(f"{where}: router {r.kind!r}; strata routes softmax or sigmoid")
+    if r.n_group < 1 or s.n_expert % r.n_group or not 1 <= r.topk_group <= r.n_group:
+        raise StrataError(f"{where}: {s.n_expert} experts in {r.n_group} groups, "
+                          f"{r.topk_group} kept: groups must be whole and 1 <= kept <= groups")
+    if r.n_group > 1 and s.top_k > r.topk_group * (s.n_expert // r.n_group):
+        raise StrataError(f"{where}: top_k {s.top_k} is more than the {r.topk_group} kept "
                           f"groups hold")
-    if s.mla and not (0 < s.qk_rope < s.head_dim and s.v_head_dim > 0
-                      and s.n_kv_head == s.n_head and s.qk_rope % 2 == 0):
-        raise StrataError(f"{where}: MLA needs 0 < qk_rope (even) < head_dim, v_head_dim > 0 "
-                          f"and n_kv_head == n_head")
-    if s.rope_dim and (s.rope_dim > s.head_dim or s.rope_dim % 2):
-        raise StrataError(f"{where}: rope_dim {s.rope_dim} must be even and at most head_dim")
+    if m and not (m.kv_lora > 0 and 0 < m.qk_rope < s.head_dim and m.v_head_dim > 0
+                  and s.n_kv_head == s.n_head and m.qk_rope % 2 == 0):
+        raise StrataError(f"{where}: MLA needs kv_lora > 0, 0 < qk_rope (even) < head_dim, "
+                          f"v_head_dim > 0 and n_kv_head == n_head")
+    rd = s.attn.rope_dim
+    if rd and (rd > s.head_dim or rd % 2):
+        raise StrataError(f"{where}: rope_dim {rd} must be even and at most head_dim")
 
 
 def header_crc(header: dict) -> str:

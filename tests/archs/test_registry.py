@@ -26,6 +26,10 @@ def test_the_records_hold_the_hparam_tables_and_presets():
     for t, a in BY_HF.items():
         assert a.hf_hparams is HF[t]
     assert sorted(n for a in ARCHS for n in a.presets) == sorted(PRESETS)
+    for a in ARCHS:   # its presets set only the option groups it declares
+        assert all(a.own_options(s) for s in a.presets.values()), a.name
+        assert all(any(type(g) is t for s in a.presets.values() for g in s.option_groups())
+                   for t in a.options), a.name
 
 
 def test_unknown_names_are_one_line_listing_the_supported():

@@ -21,12 +21,12 @@ from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
 from strata.packs import Pack
 from strata.packs.synth import ExpertFormats, synth_pack
-from strata.shapes import GptOssOptions, ModelShape, get_preset
+from strata.shapes import GptOssOptions, ModelShape, Window, get_preset
 from tests.models.hf_family import DS_TINY
 
 OSS = ModelShape("gpt-oss", n_layer=4, d_model=64, n_expert=4, top_k=2, d_expert=32,
                  n_head=4, n_kv_head=2, head_dim=16, vocab=128, opts=GptOssOptions(),
-                 sliding_window=5, max_pos=4096)
+                 window=Window(5), max_pos=4096)
 SHAPES = {"qwen3moe": get_preset("tiny"), "deepseek2": DS_TINY, "gpt-oss": OSS}
 N, CUT = 30, 16          # prompt tokens; the saved prefix (two chunks of 8)
 

@@ -34,11 +34,11 @@ from strata.kernels.attention import kv_token_bytes
 from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
-from strata.shapes import GptOssOptions, ModelShape
+from strata.shapes import GptOssOptions, ModelShape, Window
 
 SHAPE = ModelShape("gpt-oss", n_layer=4, d_model=64, n_expert=4, top_k=2, d_expert=32,
                    n_head=4, n_kv_head=2, head_dim=16, vocab=128, opts=GptOssOptions(),
-                   sliding_window=5, max_pos=4096)
+                   window=Window(5), max_pos=4096)
 N = 23
 FP32_REL = 1e-5
 FLIPS_OF_BF16 = 0.1    # the windowed read's distance from the old one, in bf16 attention errors
@@ -103,7 +103,7 @@ def test_windowed_equals_full_kv_read(pack, tokens, reference, monkeypatch, chun
     assert new_kv == (s.kv_vram(N), s.kv_host_all(N))
     res = N if resident is None else min(N, resident)
     # (a sliding layer keeps W - 1 = 4 whatever --kv-resident says: more than 2 here)
-    assert new_kv == ((2 * res + 2 * (SHAPE.sliding_window - 1)) * tok, 2 * (N - res) * tok)
+    assert new_kv == ((2 * res + 2 * (SHAPE.window.size - 1)) * tok, 2 * (N - res) * tok)
     assert old_kv == (4 * res * tok, 4 * (N - res) * tok)
     staged = sum(min(P, N - res) for P in range(0, N, chunk)) * tok
     assert new.kv_streamed == 2 * staged and old.kv_streamed == 4 * staged

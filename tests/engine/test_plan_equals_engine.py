@@ -34,7 +34,7 @@ from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.planning import default_devices, layout_spec, model_sizes, scratch_reserve
-from strata.shapes import PRESETS, ModelShape
+from strata.shapes import PRESETS, DenseFfn, Mla, ModelShape, Router
 
 # 64 experts, top-4: stream_all_min = 16, so a 15-token prompt stages up to 60 routed experts.
 SHAPE = ModelShape(n_layer=4, d_model=64, n_expert=64, top_k=4, d_expert=32, n_head=4,
@@ -218,8 +218,9 @@ def check_kv(shape, cfg, bud, layout):
     res = n if cfg.kv_resident is None else min(n, cfg.kv_resident)
     # MLA (deepseek2) caches the latent and the rope key: (kv_lora + qk_rope) * 2 a token in
     # bf16, kv_lora + qk_rope + 8 in int8 (one fp32 scale each)
-    tok = (((shape.kv_lora + shape.qk_rope) * 2 if cfg.kv == "bf16" else
-            shape.kv_lora + shape.qk_rope + 8) if shape.mla
+    m = shape.mla
+    tok = (((m.kv_lora + m.qk_rope) * 2 if cfg.kv == "bf16" else
+            m.kv_lora + m.qk_rope + 8) if m
            else kv_token_bytes(cfg.kv, shape.n_kv_head, shape.head_dim))
     win = [shape.layer_window(l) for l in range(shape.n_layer)]
     kept = [min(n, w - 1) if w else res for w in win]
@@ -278,10 +279,8 @@ family_shapes = st.builds(
     lambda L, lead, D, E, G, K, F, shared, arch: ModelShape(
         arch=arch, n_layer=L, d_model=32 * D, n_expert=E * G, top_k=min(K, E * G), d_expert=32 * F,
         n_head=4, n_kv_head=4 if arch == "deepseek2" else 2, head_dim=24 if arch == "deepseek2"
-        else 16, vocab=64, n_dense_lead=min(lead, L - 1), d_ff=96, n_shared=shared,
-        router="sigmoid", n_group=G, topk_group=G, **(dict(q_lora=32, kv_lora=32, qk_rope=8,
-                                                          v_head_dim=16)
-                                                     if arch == "deepseek2" else {})),
+        else 16, vocab=64, dense=DenseFfn(min(lead, L - 1), 96, shared),
+        router=Router("sigmoid", G, G), mla=Mla(32, 32, 8, 16) if arch == "deepseek2" else None),
     L=st.integers(2, 5), lead=st.integers(1, 3), D=st.integers(1, 3), E=st.integers(1, 12),
     G=st.sampled_from([1, 2, 4]), K=st.integers(1, 8), F=st.integers(1, 3),
     shared=st.integers(0, 2), arch=st.sampled_from(["glm4moe", "deepseek2"]))
@@ -312,9 +311,9 @@ def test_engine_takes_what_the_plan_names_dense_leading_shapes(data, shape, fmts
     assert all(shape.is_moe_layer(l) for p in parts for l, _ in p.cache.slot_owner)
     # the dense FFN in the dense layer's bytes, the router, bias and shared experts in a MoE
     # layer's (the attention and the two norms the same in both)
-    D, E, Fs = shape.d_model, shape.n_expert, shape.n_shared * shape.d_expert
+    D, E, Fs = shape.d_model, shape.n_expert, shape.dense.shared * shape.d_expert
     sizes = model_sizes(shape)
-    assert sizes.dense_layers[0] - sizes.dense_layers[-1] == (3 * D * shape.d_ff - E * D - E
+    assert sizes.dense_layers[0] - sizes.dense_layers[-1] == (3 * D * shape.dense.d_ff - E * D - E
                                                               - 3 * D * Fs) * 2
     if got is not None:
         check(plan, got)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from strata.engine.warm import ProbePlan, WarmKV, dry_tokens
 from strata.models.kv import kv_windows
 from strata.planning import KVPolicy, model_sizes
-from strata.shapes import get_preset
+from strata.shapes import Window, get_preset
 
 
 @settings(max_examples=80, deadline=None)
@@ -23,8 +23,7 @@ from strata.shapes import get_preset
     "the dry prompt (32 + 3) keeps fewer resident tokens than the real prompt's 100")
 def test_the_warmup_kv_fits_the_real_prompts_count(n_real, chunk, resident, kv, n_layer,
                                                    window):
-    shape = get_preset("tiny").with_(n_layer=n_layer, sliding_window=window,
-                                     sliding_pattern=2 if window else 0)
+    shape = get_preset("tiny").with_(n_layer=n_layer, window=Window(window) if window else None)
     sizes = model_sizes(shape, kv=KVPolicy(kv, resident, n_real))
     n_dry = dry_tokens(n_real, chunk)
     probe = ProbePlan(n_real, chunk, resident)

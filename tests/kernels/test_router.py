@@ -207,10 +207,11 @@ def test_sigmoid_and_gpt_oss_routers_through_the_kernel(renormalize):
 
     from strata.models.gpt_oss import topk_softmax
     from strata.models.routers import sigmoid_router
+    from strata.shapes import Router
     x, w = inputs(Case(64, 128, 32, 4, torch.bfloat16, ""), seed=5)
     bias = torch.randn(32) * 0.1
-    shape = SimpleNamespace(top_k=4, n_group=4, topk_group=2, norm_topk_prob=renormalize,
-                            routed_scale=2.5)
+    shape = SimpleNamespace(top_k=4, norm_topk_prob=renormalize,
+                            router=Router("sigmoid", n_group=4, topk_group=2, scale=2.5))
     for make in (lambda: sigmoid_router(w, bias, shape), lambda: topk_softmax(w, bias, 4)):
         with pin_router("triton"):
             ids_k, wt_k = make()(x)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from strata.archs.mixtral import permute_rope
-from strata.shapes import GptOssOptions, ModelShape
+from strata.shapes import GptOssOptions, ModelShape, Window, Yarn
 from tests.models.hf_tiny import quantize_roundtrip
 
 # 2 layers, GQA 4/2, top-2 of 8, D 64, F 32, theta 1e6 (Mixtral's)
@@ -26,8 +26,7 @@ MIXTRAL_TINY = ModelShape("mixtral", n_layer=2, d_model=64, n_expert=8, top_k=2,
 GPT_OSS_TINY = ModelShape("gpt-oss", n_layer=3, d_model=96, n_expert=8, top_k=2, d_expert=64,
                           n_head=4, n_kv_head=2, head_dim=16, vocab=256, rope_theta=150000.0,
                           rms_eps=1e-5, max_pos=131072, opts=GptOssOptions(swiglu_limit=2.0),
-                          sliding_window=5, rope_scaling="yarn", rope_factor=32.0,
-                          rope_orig_ctx=4096, yarn_truncate=False)
+                          window=Window(5), yarn=Yarn(32.0, 4096, truncate=False))
 
 
 def _fill(model, seed: int, special) -> None:
@@ -71,18 +70,19 @@ def make_mixtral(shape: ModelShape = MIXTRAL_TINY, seed: int = 0):
 
 def make_gpt_oss(shape: ModelShape = GPT_OSS_TINY, seed: int = 0):
     from transformers import GptOssConfig, GptOssForCausalLM
+    y = shape.yarn
     cfg = GptOssConfig(
         vocab_size=shape.vocab, hidden_size=shape.d_model, intermediate_size=shape.d_expert,
         num_hidden_layers=shape.n_layer, num_attention_heads=shape.n_head,
         num_key_value_heads=shape.n_kv_head, head_dim=shape.head_dim,
         num_local_experts=shape.n_expert, num_experts_per_tok=shape.top_k,
         rms_norm_eps=shape.rms_eps, max_position_embeddings=shape.max_pos,
-        sliding_window=shape.sliding_window, swiglu_alpha=shape.opts.swiglu_alpha,
+        sliding_window=shape.window.size, swiglu_alpha=shape.opts.swiglu_alpha,
         swiglu_limit=shape.opts.swiglu_limit, tie_word_embeddings=False,
         rope_parameters={"rope_type": "yarn", "rope_theta": shape.rope_theta,
-                         "factor": shape.rope_factor, "beta_fast": shape.yarn_beta_fast,
-                         "beta_slow": shape.yarn_beta_slow, "truncate": shape.yarn_truncate,
-                         "original_max_position_embeddings": shape.rope_orig_ctx})
+                         "factor": y.factor, "beta_fast": y.beta_fast,
+                         "beta_slow": y.beta_slow, "truncate": y.truncate,
+                         "original_max_position_embeddings": y.orig_ctx})
     cfg._attn_implementation = "eager"   # the sinks' path
     model = GptOssForCausalLM(cfg).eval()
 
@@ -192,10 +192,10 @@ def write_gpt_oss_gguf(sd, shape: ModelShape, path, expert_fmt: str = "BF16"):
     import gguf
     w = _writer(path, "gpt-oss", shape, shape.d_expert)
     w.add_expert_feed_forward_length(shape.d_expert)
-    w.add_sliding_window(shape.sliding_window)
+    w.add_sliding_window(shape.window.size)
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-    w.add_rope_scaling_factor(shape.rope_factor)
-    w.add_rope_scaling_orig_ctx_len(shape.rope_orig_ctx)
+    w.add_rope_scaling_factor(shape.yarn.factor)
+    w.add_rope_scaling_orig_ctx_len(shape.yarn.orig_ctx)
     if shape.opts.swiglu_limit != 7.0:   # llama.cpp's fixed limit otherwise (strata.archs.gpt_oss)
         w.add_swiglu_clamp_exp([shape.opts.swiglu_limit] * shape.n_layer)
 

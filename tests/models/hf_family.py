@@ -5,22 +5,21 @@ from __future__ import annotations
 
 import torch
 
-from strata.shapes import ModelShape
+from strata.shapes import Attn, DenseFfn, Mla, ModelShape, Router
 
 # 3 layers (the first dense), 16 experts in 4 groups (2 kept), top-4, one shared expert,
 # GQA 4/2 with qkv bias, partial RoPE (half of hd 16), no q/k norm (GLM-4.5's use_qk_norm off).
 GLM_TINY = ModelShape("glm4moe", n_layer=3, d_model=64, n_expert=16, top_k=4, d_expert=32,
                       n_head=4, n_kv_head=2, head_dim=16, vocab=256, rope_theta=10000.0,
-                      n_dense_lead=1, d_ff=96, n_shared=1, router="sigmoid", n_group=4,
-                      topk_group=2, routed_scale=2.5, qk_norm=False, attn_bias=True, rope_dim=8)
+                      dense=DenseFfn(1, 96, 1), router=Router("sigmoid", 4, 2, 2.5),
+                      attn=Attn(qk_norm=False, bias=True, rope_dim=8))
 
 # 3 layers (the first dense), 16 experts in 4 groups (2 kept), top-4, shared expert; MLA with
 # q_lora 32, kv_lora 32, heads of 16 no-rope + 8 rope dims, values of 16.
 DS_TINY = ModelShape("deepseek2", n_layer=3, d_model=64, n_expert=16, top_k=4, d_expert=32,
                      n_head=4, n_kv_head=4, head_dim=24, vocab=256, rope_theta=10000.0,
-                     n_dense_lead=1, d_ff=96, n_shared=1, router="sigmoid", n_group=4,
-                     topk_group=2, routed_scale=2.5, q_lora=32, kv_lora=32, qk_rope=8,
-                     v_head_dim=16)
+                     dense=DenseFfn(1, 96, 1), router=Router("sigmoid", 4, 2, 2.5),
+                     mla=Mla(32, 32, 8, 16))
 
 
 # DeepSeek-V3's own YaRN (config.json of the release: factor 40 over a 4096-token pretraining
@@ -33,26 +32,28 @@ DS_YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embedding
 
 
 def _config(shape: ModelShape, rope: dict | None = None):
+    d, r = shape.dense, shape.router
     common = dict(
-        vocab_size=shape.vocab, hidden_size=shape.d_model, intermediate_size=shape.d_ff,
+        vocab_size=shape.vocab, hidden_size=shape.d_model, intermediate_size=d.d_ff,
         moe_intermediate_size=shape.d_expert, num_hidden_layers=shape.n_layer,
         num_attention_heads=shape.n_head, num_key_value_heads=shape.n_kv_head,
         n_routed_experts=shape.n_expert, num_experts_per_tok=shape.top_k,
-        n_shared_experts=shape.n_shared, first_k_dense_replace=shape.n_dense_lead,
-        n_group=shape.n_group, topk_group=shape.topk_group,
-        routed_scaling_factor=shape.routed_scale, norm_topk_prob=shape.norm_topk_prob,
+        n_shared_experts=d.shared, first_k_dense_replace=d.lead,
+        n_group=r.n_group, topk_group=r.topk_group,
+        routed_scaling_factor=r.scale, norm_topk_prob=shape.norm_topk_prob,
         rms_norm_eps=shape.rms_eps, max_position_embeddings=512, tie_word_embeddings=False)
     if shape.arch == "glm4moe":
         from transformers import Glm4MoeConfig
-        return Glm4MoeConfig(head_dim=shape.head_dim, attention_bias=shape.attn_bias,
-                             use_qk_norm=shape.qk_norm,
+        return Glm4MoeConfig(head_dim=shape.head_dim, attention_bias=shape.attn.bias,
+                             use_qk_norm=shape.attn.qk_norm,
                              rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta,
                                               "partial_rotary_factor":
-                                                  shape.rope_dim / shape.head_dim}, **common)
+                                                  shape.attn.rope_dim / shape.head_dim}, **common)
     from transformers import DeepseekV3Config
-    return DeepseekV3Config(q_lora_rank=shape.q_lora or None, kv_lora_rank=shape.kv_lora,
-                            qk_nope_head_dim=shape.head_dim - shape.qk_rope,
-                            qk_rope_head_dim=shape.qk_rope, v_head_dim=shape.v_head_dim,
+    m = shape.mla
+    return DeepseekV3Config(q_lora_rank=m.q_lora or None, kv_lora_rank=m.kv_lora,
+                            qk_nope_head_dim=shape.head_dim - m.qk_rope,
+                            qk_rope_head_dim=m.qk_rope, v_head_dim=m.v_head_dim,
                             rope_interleave=True,
                             rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta,
                                              **(rope or {})},

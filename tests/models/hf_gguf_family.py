@@ -10,7 +10,7 @@ import torch
 
 from strata.archs.family_hf import _DENSE
 from strata.archs.names import dense_specs
-from strata.shapes import ModelShape
+from strata.shapes import Mla, ModelShape
 
 
 def write_family_gguf(sd: dict[str, torch.Tensor], shape: ModelShape, path,
@@ -32,20 +32,20 @@ def write_family_gguf(sd: dict[str, torch.Tensor], shape: ModelShape, path,
     w.add_block_count(shape.n_layer)
     w.add_context_length(shape.max_pos)
     w.add_embedding_length(shape.d_model)
-    w.add_feed_forward_length(shape.d_ff)
+    w.add_feed_forward_length(shape.dense.d_ff)
     w.add_head_count(shape.n_head)
     w.add_rope_freq_base(shape.rope_theta)
     w.add_layer_norm_rms_eps(shape.rms_eps)
     w.add_expert_count(shape.n_expert)
     w.add_expert_used_count(shape.top_k)
     w.add_expert_feed_forward_length(shape.d_expert)
-    w.add_expert_shared_count(shape.n_shared)
-    w.add_leading_dense_block_count(shape.n_dense_lead)
-    w.add_expert_weights_scale(shape.routed_scale)
+    w.add_expert_shared_count(shape.dense.shared)
+    w.add_leading_dense_block_count(shape.dense.lead)
+    w.add_expert_weights_scale(shape.router.scale)
     w.add_expert_weights_norm(shape.norm_topk_prob)
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    w.add_expert_group_count(shape.n_group)
-    w.add_expert_group_used_count(shape.topk_group)
+    w.add_expert_group_count(shape.router.n_group)
+    w.add_expert_group_used_count(shape.router.topk_group)
     w.add_vocab_size(shape.vocab)
     w.add_rope_dimension_count(shape.rot_dim)
     if a == "glm4moe":
@@ -54,18 +54,19 @@ def write_family_gguf(sd: dict[str, torch.Tensor], shape: ModelShape, path,
         w.add_value_length(shape.head_dim)
         w.add_nextn_predict_layers(0)
     else:
-        w.add_q_lora_rank(shape.q_lora)
-        w.add_kv_lora_rank(shape.kv_lora)
+        m = shape.mla
+        w.add_q_lora_rank(m.q_lora)
+        w.add_kv_lora_rank(m.kv_lora)
         if split_kv_b:
             w.add_head_count_kv(1)
-            w.add_key_length(shape.kv_lora + shape.qk_rope)
-            w.add_value_length(shape.kv_lora)
+            w.add_key_length(m.kv_lora + m.qk_rope)
+            w.add_value_length(m.kv_lora)
             w.add_key_length_mla(shape.head_dim)
-            w.add_value_length_mla(shape.v_head_dim)
+            w.add_value_length_mla(m.v_head_dim)
         else:
             w.add_head_count_kv(shape.n_head)
             w.add_key_length(shape.head_dim)
-            w.add_value_length(shape.v_head_dim)
+            w.add_value_length(m.v_head_dim)
 
     def f32(name, t):
         w.add_tensor(name, t.float().contiguous().numpy())
@@ -74,8 +75,9 @@ def write_family_gguf(sd: dict[str, torch.Tensor], shape: ModelShape, path,
     f32("output_norm.weight", sd["model.norm.weight"])
     f32("output.weight", sd["lm_head.weight"])
     qtype = gguf.GGMLQuantizationType[expert_fmt]
-    H, R, L = shape.n_head, shape.qk_rope, shape.kv_lora
-    N, Hv = shape.head_dim - R, shape.v_head_dim
+    m = shape.mla or Mla()   # GLM: no MLA (its sizes unused)
+    H, R, L = shape.n_head, m.qk_rope, m.kv_lora
+    N, Hv = shape.head_dim - R, m.v_head_dim
     for l in range(shape.n_layer):
         pre = f"model.layers.{l}."
         for name in dense_specs(shape):

@@ -83,7 +83,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from strata.shapes import ModelShape
+from strata.shapes import Mla, ModelShape
 
 OUT = Path(__file__).parent / "data" / "llama_cpp"
 TOKENS = [3, 250, 17, 17, 0, 128, 64, 9, 200, 31, 5, 77, 1]
@@ -152,11 +152,13 @@ def _wide():
             # MLA q_lora 64 / kv_lora 64 (Q5_0 rows), heads of 32 + 16 rope dims, values 32
             "deepseek2": s["deepseek2"].with_(**{**_WIDE, "n_kv_head": 4, "head_dim": 48,
                                                  "n_layer": 2},
-                                              d_ff=256, n_group=1, topk_group=1, q_lora=64,
-                                              kv_lora=64, qk_rope=16, v_head_dim=32),
-            "glm4moe": s["glm4moe"].with_(**{**_WIDE, "n_layer": 2}, d_ff=256, n_group=1,
-                                          topk_group=1, rope_dim=16),
-            "minimax-m2": s["minimax-m2"].with_(**_WIDE, rope_dim=16)}
+                                              **{"dense.d_ff": 256, "router.n_group": 1,
+                                                 "router.topk_group": 1},
+                                              mla=Mla(64, 64, 16, 32)),
+            "glm4moe": s["glm4moe"].with_(**{**_WIDE, "n_layer": 2, "dense.d_ff": 256,
+                                             "router.n_group": 1, "router.topk_group": 1,
+                                             "attn.rope_dim": 16}),
+            "minimax-m2": s["minimax-m2"].with_(**_WIDE, **{"attn.rope_dim": 16})}
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ def models() -> list[Model]:
         out.append(Model(f"{a}-wide", gguf_arch.get(a, a), wide[a], ("Q4_K_M",)))
     # YaRN's model: 4 experts in 2 groups of 2 (one kept), top-2 (an F32 file: kept small)
     out.append(Model("deepseek2-yarn", "deepseek2", small["deepseek2"].with_(
-        n_expert=4, n_group=2, topk_group=1), ("F32",), yarn=True))
+        n_expert=4, **{"router.n_group": 2, "router.topk_group": 1}), ("F32",), yarn=True))
     return out
 
 

@@ -7,7 +7,7 @@ What YaRN changes, and where strata does it (strata.models.layers, shared with G
   above it, a linear ramp between (beta_fast / beta_slow rotations of the original context);
 - cos and sin times mscale's temperature over mscale_all_dim's (1 for the releases);
 - the softmax scale 1/sqrt(hd) times mscale_all_dim's temperature squared, (0.1 ln 40 + 1)² =
-  1.87 (ModelShape.yarn_kq, strata.models.mla). A GGUF carries it as llama.cpp's converter
+  1.87 (ModelShape.yarn.kq, strata.models.mla). A GGUF carries it as llama.cpp's converter
   writes it: rope.scaling.yarn_log_multiplier = 0.1 mscale_all_dim.
 
 Bounds: the fp32 reference expert FFN on both sides with identical (BF16-exact) weights, so only
@@ -73,10 +73,11 @@ def _prefill(pack, tmp_path, *extra):
 @pytest.mark.parametrize("src", ["hf", "gguf"])
 def test_the_pack_keeps_deepseek_s_yarn(yarn, src):
     s = Pack.open(yarn[2][src]).shape
-    assert (s.rope_scaling, s.rope_factor, s.rope_orig_ctx) == ("yarn", 40.0, 32)
-    assert (s.yarn_beta_fast, s.yarn_beta_slow, s.yarn_truncate) == (32.0, 1.0, True)
-    assert s.yarn_attn == pytest.approx(1.0)
-    assert s.yarn_kq == pytest.approx((0.1 * math.log(40.0) + 1.0) ** 2, rel=1e-6)
+    y = s.yarn
+    assert (y.factor, y.orig_ctx) == (40.0, 32)
+    assert (y.beta_fast, y.beta_slow, y.truncate) == (32.0, 1.0, True)
+    assert y.attn == pytest.approx(1.0)
+    assert y.kq == pytest.approx((0.1 * math.log(40.0) + 1.0) ** 2, rel=1e-6)
 
 
 def test_the_bound_is_derived_and_tight(yarn):

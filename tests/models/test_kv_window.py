@@ -35,7 +35,7 @@ from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.models.kv import KVCache, PromptKV, kv_windows, layer_kv_tokens
 from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes, prompt_layout
-from strata.shapes import GptOssOptions, ModelShape
+from strata.shapes import GptOssOptions, ModelShape, Window
 
 FP32_NOISE = 1e-6     # fp32 reduction noise of one attention output, relative to max|o|
 H, HKV, HD = 4, 2, 16
@@ -44,7 +44,7 @@ H, HKV, HD = 4, 2, 16
 def shape_of(n_layer: int, window: int, pattern: int) -> ModelShape:
     return ModelShape("gpt-oss", n_layer=n_layer, d_model=64, n_expert=4, top_k=2, d_expert=32,
                       n_head=H, n_kv_head=HKV, head_dim=HD, vocab=64, opts=GptOssOptions(),
-                      sliding_window=window, sliding_pattern=pattern)
+                      window=Window(window, pattern) if window else None)
 
 
 def nbytes(parts) -> int:

@@ -326,7 +326,7 @@ def llama_cpp_shape(shape):
     """The shape with llama.cpp's conventions where strata reads a GGUF otherwise: YaRN's
     correction range rounded to whole dims (ggml_rope_yarn_corr_dims floors / ceils it; strata
     reads gpt-oss as transformers and the release do, truncate false)."""
-    return shape.with_(yarn_truncate=True) if shape.rope_scaling == "yarn" else shape
+    return shape.with_(**{"yarn.truncate": True}) if shape.yarn is not None else shape
 
 
 def gguf_types(src) -> dict[str, str]:
@@ -642,7 +642,7 @@ def test_gpt_oss_yarn_truncation_is_the_one_convention_apart(packs, reads):
     fname = "gpt-oss-q8_0.gguf"
     r = reads("gpt-oss", fname)
     shape = Pack.open(packs(fname)).shape
-    assert shape.yarn_truncate is False
+    assert shape.yarn.truncate is False
     own = read_pack(packs(fname), DATA / fname, tokens=INFO["models"]["gpt-oss"]["tokens"],
                     shape=shape, arith=Arith(mode="emulate", tips=_tips(r)))
     assert rel(own.logits, r.want) > 100 * r.emulated_bound
@@ -719,11 +719,11 @@ def test_emulated_bound_catches_a_decoder_slip(packs, reads):
 
 
 WRONG_SHAPE = {   # a file, a hyperparameter read otherwise
-    "gpt-oss-f16.gguf": dict(rope_scaling="none"),           # plain RoPE for YaRN
+    "gpt-oss-f16.gguf": dict(yarn=None),                     # plain RoPE for YaRN
     "qwen3moe-f16.gguf": dict(rope_theta=1e6),               # another RoPE base
     "mixtral-q8_0.gguf": dict(rope_theta=1e4),               # the default base for 1e6
-    "glm4moe-wide-q4_k_m.gguf": dict(routed_scale=1.0),      # the routed experts' scale dropped
-    "minimax-m2-f16.gguf": dict(rope_dim=16),                # RoPE over all of the head, not 8
+    "glm4moe-wide-q4_k_m.gguf": {"router.scale": 1.0},       # the routed experts' scale dropped
+    "minimax-m2-f16.gguf": {"attn.rope_dim": 16},            # RoPE over all of the head, not 8
     "minimax-m2-wide-q4_k_m.gguf": dict(norm_topk_prob=False),   # the k sigmoid weights as
 }                                                            # they are, not renormalised
 
@@ -786,11 +786,10 @@ def test_yarn_keys_as_the_converter_wrote_them(yarn):
     s = Pack.open(yarn[0]).shape
     cfg = json.loads((DATA / f"{YARN}.config.json").read_text())
     cfg = cfg.get("rope_parameters") or cfg["rope_scaling"]
-    assert (s.rope_scaling, s.rope_factor, s.rope_orig_ctx) == \
-        ("yarn", cfg["factor"], cfg["original_max_position_embeddings"])
-    assert (s.yarn_beta_fast, s.yarn_beta_slow, s.yarn_truncate) == \
-        (cfg["beta_fast"], cfg["beta_slow"], True)
-    assert s.yarn_kq == pytest.approx((0.1 * math.log(cfg["factor"]) + 1) ** 2, rel=1e-6)
+    y = s.yarn
+    assert (y.factor, y.orig_ctx) == (cfg["factor"], cfg["original_max_position_embeddings"])
+    assert (y.beta_fast, y.beta_slow, y.truncate) == (cfg["beta_fast"], cfg["beta_slow"], True)
+    assert y.kq == pytest.approx((0.1 * math.log(cfg["factor"]) + 1) ** 2, rel=1e-6)
     assert len(yarn[1]["-long"]["tokens"]) > cfg["original_max_position_embeddings"]
 
 
@@ -820,6 +819,6 @@ def test_yarn_cli_equals_transformers(yarn, tmp_path, how):
 def test_yarn_read_as_plain_rope_is_far_off(yarn, sfx):
     from strata.packs import Pack
     r = yarn[1][sfx]
-    shape = Pack.open(yarn[0]).shape.with_(rope_scaling="none", yarn_kq=1.0, yarn_attn=0.0)
+    shape = Pack.open(yarn[0]).shape.with_(yarn=None)
     got = read_pack(yarn[0], tokens=r["tokens"], shape=shape).logits
     assert min(rel(got, r["hf"]), rel(got, r["lc"])) > 100 * r["order"]

@@ -31,7 +31,7 @@ from strata.models.mla import (attend_block, attend_block_ref, key_blocks, merge
 from strata.models.mla_scratch import MLA_BLOCK, MLAScratch, mla_scratch_rows, mla_state_floats
 from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes
-from strata.shapes import ModelShape
+from strata.shapes import DenseFfn, Mla, ModelShape
 
 REL = 1e-5
 
@@ -138,8 +138,8 @@ class Tracked(MLAScratch):
 
 def tiny_mla(H, N, R, Hv, L) -> ModelShape:
     return ModelShape("deepseek2", n_layer=2, d_model=16, n_expert=4, top_k=2, d_expert=8,
-                      n_head=H, n_kv_head=H, head_dim=N + R, vocab=32, n_dense_lead=1, d_ff=16,
-                      q_lora=0, kv_lora=L, qk_rope=R, v_head_dim=Hv)
+                      n_head=H, n_kv_head=H, head_dim=N + R, vocab=32, dense=DenseFfn(1, 16),
+                      mla=Mla(0, L, R, Hv))
 
 
 @settings(max_examples=12, deadline=None)
@@ -183,8 +183,7 @@ def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd):
 
 
 def test_a_gqa_shape_plans_no_mla_scratch():
-    shape = tiny_mla(2, 2, 2, 2, 2).with_(arch="qwen3moe", kv_lora=0, qk_rope=0, v_head_dim=0,
-                                          n_dense_lead=0)
+    shape = tiny_mla(2, 2, 2, 2, 2).with_(arch="qwen3moe", mla=None, dense=DenseFfn())
     spec = layout_spec(ffn_named("kernel"), KVPolicy(), shape)
     assert not any(n.startswith("mla_") for n in spec.names())
 

@@ -58,7 +58,8 @@ def test_the_cache_round_trip_and_its_bytes():
     assert float(cs[4]) == 0.0 and not cq[4].any()
     assert float(ks.max()) < float(cs[cs > 0].min())       # the rope key has its own scales
     per_token = sum(t.element_size() * t[0].numel() for t in (cq, kq, cs, ks))
-    assert per_token == mla_token_bytes(DS_TINY.with_(kv_lora=32, qk_rope=8), "int8") == 48
+    assert per_token == mla_token_bytes(DS_TINY.with_(**{"mla.kv_lora": 32, "mla.qk_rope": 8}),
+                                        "int8") == 48
     assert mla_token_bytes(get_preset("deepseek-v3"), "int8") == 512 + 64 + 8 == 584
 
 
@@ -91,7 +92,7 @@ def every_expert_model():
     from strata.models.moe import expert_ffn
     from strata.packs.memory import MemoryPack
     from strata.packs.synth import ExpertFormats
-    shape = DS_TINY.with_(n_expert=4, top_k=4, n_group=1, topk_group=1)
+    shape = DS_TINY.with_(n_expert=4, top_k=4, **{"router.n_group": 1, "router.topk_group": 1})
     mem = MemoryPack(shape, ExpertFormats.of("BF16"), distinct=2, variants=1, device="cpu")
     return load_model(mem, ffn=expert_ffn("ref")), resident_provider(mem), shape
 
@@ -126,7 +127,8 @@ def test_the_engine_reads_int8_mla_kv(tmp_path):
     want = model.prefill(tok, resident_provider(pack), chunk=5,
                          cache=model.new_cache(capacity=11, kv="int8"))
     assert torch.equal(res.logits, want)
-    assert eng.sizes.kv_bytes(64, 1) == 64 * (DS_TINY.kv_lora + DS_TINY.qk_rope + 8)   # layer 1
+    m = DS_TINY.mla
+    assert eng.sizes.kv_bytes(64, 1) == 64 * (m.kv_lora + m.qk_rope + 8)   # layer 1
     names = [p["name"] for p in res.plan.participants[0].placements]
     assert "mla_c" in names and not any(n.startswith("kv_expand") for n in names)
 

@@ -45,7 +45,7 @@ from strata.models.mla import (LatentSegment, MLACache, mla_chunk_attention,
 from strata.models.mla_scratch import MLAScratch
 from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes
-from strata.shapes import ModelShape
+from strata.shapes import Mla, ModelShape
 from tests.engine.test_kv import refused_before_pinning
 from tests.models.hf_family import DS_TINY
 from tests.models.test_mla_blocks import REL, draw, poisoned
@@ -318,7 +318,7 @@ def test_a_host_held_window_buys_a_long_document_its_chunk(capsys, preset, vram,
 def test_plan_counts_what_prompt_kv_allocates(L, R, n_layer, kv, n, resident):
     shape = ModelShape("deepseek2", n_layer=n_layer, d_model=32, n_expert=4, top_k=2,
                        d_expert=16, n_head=2, n_kv_head=2, head_dim=4 + R, vocab=64,
-                       q_lora=0, kv_lora=L, qk_rope=R, v_head_dim=4)
+                       mla=Mla(0, L, R, 4))
     pol = KVPolicy(kv, resident, n)
     sizes = model_sizes(shape, kv=pol)
     layout = PromptLayout(sizes, 1024, layout_spec(ffn_named("kernel"), pol, shape))

@@ -21,7 +21,7 @@ import torch
 
 from strata.cli import main
 from strata.packs import hparams as hp
-from strata.shapes import ModelShape
+from strata.shapes import ModelShape, Yarn
 from tests.models.hf_archs import GPT_OSS_TINY, MIXTRAL_TINY
 from tests.models.hf_family import DS_TINY, DS_YARN, GLM_TINY
 from tests.models.hf_minimax_m2 import MINIMAX_TINY
@@ -163,13 +163,14 @@ def test_every_transformers_field_is_in_the_table(model_type):
 
 
 def test_table_entries_are_well_formed():
-    """Used fields are ModelShape's (or, as "opts.<name>", its options'); a SameAs names a key
-    of its own table; refusals and inert entries say why; defaults of the HF tables are
-    transformers' own."""
+    """Used fields are ModelShape's (or, as "<group>.<name>", an option group's); a SameAs
+    names a key of its own table; refusals and inert entries say why; defaults of the HF tables
+    are transformers' own."""
     import transformers
-    from strata.shapes import GptOssOptions
+    from strata.shapes import OPTION_GROUPS
     shape_fields = (set(ModelShape.__dataclass_fields__)
-                    | {f"opts.{f}" for f in GptOssOptions.__dataclass_fields__})
+                    | {f"{g}.{f}" for g, t in OPTION_GROUPS.items()
+                       for f in t.__dataclass_fields__})
     tables = {**{a: t | hp.GGUF_GLOBAL for a, t in hp.GGUF.items()}, **hp.HF}
     for name, t in tables.items():
         for key, e in t.items():
@@ -207,26 +208,27 @@ def base_gguf(arch: str) -> dict:
         m |= {"feed_forward_length": s.d_expert, "rope.dimension_count": s.head_dim}
     elif arch == "gpt-oss":
         m |= {"expert_feed_forward_length": s.d_expert, "feed_forward_length": s.d_expert,
-              "attention.sliding_window": s.sliding_window, "rope.scaling.type": "yarn",
-              "rope.scaling.factor": s.rope_factor,
-              "rope.scaling.original_context_length": s.rope_orig_ctx,
+              "attention.sliding_window": s.window.size, "rope.scaling.type": "yarn",
+              "rope.scaling.factor": s.yarn.factor,
+              "rope.scaling.original_context_length": s.yarn.orig_ctx,
               "swiglu_clamp_exp": [s.opts.swiglu_limit] * s.n_layer}
     elif arch == "minimax-m2":   # conversion/minimax.py's MiniMaxM2Model (scoring_func sigmoid)
         m |= {"feed_forward_length": s.d_expert, "expert_feed_forward_length": s.d_expert,
               "rope.dimension_count": s.rot_dim, "expert_gating_func": 2}
     else:   # the family
-        m |= {"feed_forward_length": s.d_ff, "expert_feed_forward_length": s.d_expert,
-              "expert_shared_count": s.n_shared, "leading_dense_block_count": s.n_dense_lead,
-              "expert_weights_scale": s.routed_scale, "expert_weights_norm": s.norm_topk_prob,
-              "expert_gating_func": 2, "expert_group_count": s.n_group,
-              "expert_group_used_count": s.topk_group, "rope.dimension_count": s.rot_dim}
+        m |= {"feed_forward_length": s.dense.d_ff, "expert_feed_forward_length": s.d_expert,
+              "expert_shared_count": s.dense.shared, "leading_dense_block_count": s.dense.lead,
+              "expert_weights_scale": s.router.scale, "expert_weights_norm": s.norm_topk_prob,
+              "expert_gating_func": 2, "expert_group_count": s.router.n_group,
+              "expert_group_used_count": s.router.topk_group, "rope.dimension_count": s.rot_dim}
         if arch == "glm4moe":
             m["nextn_predict_layers"] = 0
         else:   # deepseek2, the newer MLA layout
-            m |= {"attention.q_lora_rank": s.q_lora, "attention.kv_lora_rank": s.kv_lora,
-                  "attention.head_count_kv": 1, "attention.key_length": s.kv_lora + s.qk_rope,
-                  "attention.value_length": s.kv_lora, "attention.key_length_mla": s.head_dim,
-                  "attention.value_length_mla": s.v_head_dim}
+            a = s.mla
+            m |= {"attention.q_lora_rank": a.q_lora, "attention.kv_lora_rank": a.kv_lora,
+                  "attention.head_count_kv": 1, "attention.key_length": a.kv_lora + a.qk_rope,
+                  "attention.value_length": a.kv_lora, "attention.key_length_mla": s.head_dim,
+                  "attention.value_length_mla": a.v_head_dim}
     return m
 
 
@@ -290,11 +292,12 @@ def base_hf(model_type: str) -> dict:
                    num_local_experts=s.n_expert, sliding_window=None)
     elif model_type == "gpt_oss":
         kw |= dict(intermediate_size=s.d_expert, head_dim=s.head_dim,
-                   num_local_experts=s.n_expert, sliding_window=s.sliding_window,
+                   num_local_experts=s.n_expert, sliding_window=s.window.size,
                    swiglu_limit=s.opts.swiglu_limit, max_position_embeddings=s.max_pos)
-        rope = {"rope_type": "yarn", "rope_theta": s.rope_theta, "factor": s.rope_factor,
-                "beta_fast": s.yarn_beta_fast, "beta_slow": s.yarn_beta_slow,
-                "truncate": s.yarn_truncate, "original_max_position_embeddings": s.rope_orig_ctx}
+        y = s.yarn
+        rope = {"rope_type": "yarn", "rope_theta": s.rope_theta, "factor": y.factor,
+                "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
+                "truncate": y.truncate, "original_max_position_embeddings": y.orig_ctx}
     elif model_type == "minimax_m2":
         kw |= dict(intermediate_size=s.d_expert, head_dim=s.head_dim,
                    num_local_experts=s.n_expert, rotary_dim=s.rot_dim)
@@ -532,26 +535,26 @@ def test_hf_absent_field_reads_as_transformers_default(mt, key):
 # fields the tensors pin (a wrong value reads tensors of the wrong shape: refused by the readers'
 # shape checks, tests/test_fuzz_headers.py) and max_pos (a bound, never a computation)
 PINNED = {"arch", "n_layer", "d_model", "n_expert", "d_expert", "n_head", "n_kv_head",
-          "head_dim", "vocab", "d_ff", "n_dense_lead", "n_shared", "q_lora", "kv_lora",
-          "qk_rope", "v_head_dim", "qk_norm", "attn_bias", "max_pos"}
+          "head_dim", "vocab", "dense.d_ff", "dense.lead", "dense.shared", "mla.q_lora",
+          "mla.kv_lora", "mla.qk_rope", "mla.v_head_dim", "attn.qk_norm", "attn.bias",
+          "max_pos"}
 LOGIT_CHANGES = {   # field -> its new value, from the tiny shape's
     "rope_theta": lambda s: s.rope_theta * 7, "rms_eps": lambda s: 0.3,
     "top_k": lambda s: s.top_k + 1, "norm_topk_prob": lambda s: not s.norm_topk_prob,
-    "routed_scale": lambda s: 1.0, "n_group": lambda s: 2, "topk_group": lambda s: 3,
-    "sliding_window": lambda s: 3, "sliding_pattern": lambda s: 3,
+    "router.scale": lambda s: 1.0, "router.n_group": lambda s: 2,
+    "router.topk_group": lambda s: 3, "window.size": lambda s: 3, "window.pattern": lambda s: 3,
     "opts.swiglu_alpha": lambda s: 1.0, "opts.swiglu_limit": lambda s: 1.0,
-    "rope_scaling": lambda s: "", "rope_factor": lambda s: 8.0, "rope_orig_ctx": lambda s: 64,
-    "yarn_beta_fast": lambda s: 8.0, "yarn_beta_slow": lambda s: 4.0,
-    "yarn_truncate": lambda s: not s.yarn_truncate, "rope_dim": lambda s: 4,
-    "yarn_attn": lambda s: 1.5, "yarn_kq": lambda s: 2.0,
+    "yarn": lambda s: None, "yarn.factor": lambda s: 8.0, "yarn.orig_ctx": lambda s: 64,
+    "yarn.beta_fast": lambda s: 8.0, "yarn.beta_slow": lambda s: 4.0,
+    "yarn.truncate": lambda s: not s.yarn.truncate, "attn.rope_dim": lambda s: 4,
+    "yarn.attn": lambda s: 1.5, "yarn.kq": lambda s: 2.0,
 }
 LOGIT_SHAPES = {"qwen3moe": TINY, "mixtral": MIXTRAL_TINY, "gpt-oss": GPT_OSS_TINY,
                 "glm4moe": GLM_TINY,
                 # with DeepSeek-V3's YaRN, so that its fields have something to change; the
                 # correction range untruncated (over 4 rotary pairs whole dims hide the betas)
-                "deepseek2": DS_TINY.with_(rope_scaling="yarn", rope_factor=40.0,
-                                           rope_orig_ctx=4096, yarn_truncate=False,
-                                           yarn_attn=1.0, yarn_kq=1.3689 ** 2),
+                "deepseek2": DS_TINY.with_(yarn=Yarn(40.0, 4096, truncate=False, attn=1.0,
+                                                     kq=1.3689 ** 2)),
                 "minimax-m2": MINIMAX_TINY}
 _TABLES_OF = {"qwen3moe": ("qwen3moe", "qwen3_moe"), "mixtral": ("llama", "mixtral"),
               "gpt-oss": ("gpt-oss", "gpt_oss"), "glm4moe": ("glm4moe", "glm4_moe"),
