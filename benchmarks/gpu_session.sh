@@ -88,7 +88,7 @@ for step in "$@"; do
     # issue 40 item 3: the expert-FFN table `--experts auto` reads, remade on this GPU (kernel_bench
     # over the stock mixes' formats and T 64..32768, then derived): copy $OUT/ffn_table.json over
     # strata/kernels/moe/ffn_table.json with the CSV it names
-    ffntable) timeout 290 python3 experiments/ffn_table.py --out "$OUT" --table "$OUT/ffn_table.json" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/ffn_table.log" ;;
+    ffntable) timeout 280 python3 experiments/ffn_table.py --budget 240 --out "$OUT" --table "$OUT/ffn_table.json" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/ffn_table.log" ;;
     packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
     # issue 18: the fused combine (sum over K in one pass) at qwen3's K 8 / D 2048 against its reference bit for bit, then through its callers: no sync inside a chunk and streamed == resident (test_syncs), check on/off bit for bit (plane relayout)
     combinetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_combine.py tests/engine/test_syncs.py tests/kernels/test_plane_ffn.py -k "combine or syncs or relayout" 2>&1 | tail -20 > "$OUT/gpu_combine_tests.log"; tail -5 "$OUT/gpu_combine_tests.log" ;;

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from strata.bench.ffn_table import derive, write  # noqa: E402
 from strata.kernels.moe.choices import PATHS, TABLE, FfnTable  # noqa: E402
 
-FORMATS = ["BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4"]
+FORMATS = ["Q8_0", "Q4_K", "Q6_K", "MXFP4", "IQ4_XS", "Q5_K", "Q4_0", "BF16"]   # most used first
 TS = [64, 512, 2048, 8192, 32768]
 ARMS = ["strata-dp", "strata-sk", "strata-decoded", "strata-plane"]
 
@@ -41,9 +41,15 @@ def run_bench(args) -> Path:
     cmd += ["--smoke"] if args.smoke else ["--shapes", "qwen3-30b-a3b", "--T", *map(str, args.T)]
     print("ffn_table: " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     t0 = time.time()
-    subprocess.run(cmd, check=True)
+    try:
+        subprocess.run(cmd, check=True, timeout=args.budget)
+        whole = True
+    except subprocess.TimeoutExpired:    # what it measured so far: its partial CSV
+        print(f"ffn_table: kernel_bench stopped at --budget {args.budget:g} s; the table takes "
+              f"the configurations it finished", file=sys.stderr)
+        whole = False
     csvs = sorted((p for p in Path(args.out).glob("kernel_bench_*.csv")
-                   if not p.name.endswith(".partial.csv") and p.stat().st_mtime >= t0),
+                   if p.name.endswith(".partial.csv") != whole and p.stat().st_mtime >= t0),
                   key=lambda p: p.stat().st_mtime)
     if not csvs:
         raise SystemExit(f"ffn_table: kernel_bench wrote no CSV under {args.out}")
@@ -86,6 +92,8 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", nargs="+", default=FORMATS)
     ap.add_argument("--T", nargs="+", type=int, default=TS)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (a check)")
+    ap.add_argument("--budget", type=float, default=None, metavar="S",
+                    help="stop kernel_bench after S seconds and take what it finished")
     args = ap.parse_args(argv)
     missing = [c for c in args.csvs or () if not Path(c).is_file()]
     if missing:
