@@ -16,7 +16,7 @@ from strata.models.kv import PromptKV, kv_windows
 
 def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
     """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever
-    --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the model's
+    --kv int8 or a resident window is kept (--kv-resident N, or the window auto chose); the default bf16, all-resident run keeps the model's
     KVCache and its attention (the path every engine test and device run so far measured),
     until PromptKV's own device run says it may be the default. MLA keeps its own cache (bf16
     or int8: strata.models.mla) unless --kv-resident asks for a host-held window: PromptKV over
