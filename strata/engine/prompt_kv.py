@@ -21,9 +21,11 @@ def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
     until PromptKV's own device run says it may be the default. MLA keeps its own cache (bf16
     or int8: strata.models.mla) unless --kv-resident asks for a host-held window: PromptKV over
     the latent (PromptKV.attend_latent)."""
+    # an unresolved auto keeps no window yet (the engines resolve it first: resolve_kv)
+    window = cfg.kv_resident is not None and cfg.kv_resident != "auto"
     if shape.mla:
-        return cfg.kv_resident is not None
-    return cfg.kv == "int8" or cfg.kv_resident is not None
+        return window
+    return cfg.kv == "int8" or window
 
 
 def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vram: int, devices,
