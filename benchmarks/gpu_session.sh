@@ -37,6 +37,13 @@ for step in "$@"; do
     # issue 18 item 4: the all-resident read against its full compute floor (attention + experts + dense)
     floor32k) timeout 230 python3 experiments/prefill_ab.py --no-gate --models qwen3-30b-a3b-Q8_0 --prompts 8192,32768 --arms resident --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/floor32k.log"; timeout 60 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_roofline.py 2>&1 | tail -3 ;;
     prefill) timeout 420 python3 experiments/prefill_ab.py --no-gate --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -30 ;;
+    # issue 39 item 5: every stock mix (and Q8_0/Q5_0/Q4_0) of one synthesized model re-encoded from its
+    # BF16 base, read with strata's perplexity instruments against the base's saved log-probs: PPL, mean/p99
+    # KLD, top-1 agreement, bytes per weight, streamed tokens/s. 8 layers and 8192 tokens (16 windows of 512)
+    # so the ten reads of each model fit ~250 s; --vram leaves a cache smaller than the smallest mix, so
+    # every arm streams (qwen3: dense ~1.9 GiB of 4; gpt-oss: ~2.8 GiB of 5)
+    quantq) timeout 140 python3 experiments/quant_quality.py --preset qwen3-30b-a3b --layers 8 --vram 4GiB --tokens 8192 --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[quantq\]\|wrote\|Error" | tail -14 | tee "$OUT/quantq_qwen3.log"
+            timeout 110 python3 experiments/quant_quality.py --preset gpt-oss-20b --layers 8 --vram 5GiB --tokens 8192 --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[quantq\]\|wrote\|Error" | tail -14 | tee "$OUT/quantq_gptoss.log" ;;
     formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
     # issue 15's target where PCIe bounds Q8_0: short prompts, the streamed reads only
     formatspcie) timeout 400 python3 experiments/formats_ab.py --prompts 2048,4096,8192 --no-gemm --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[" | tail -20 | tee "$OUT/formats_pcie.log" ;;

@@ -113,10 +113,13 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
                         "window): bf16, fp32, or int8 with one fp32 scale per token per kv head "
                         "(2·Hkv·(hd+4) bytes a token per layer); default auto: the dense dtype's "
                         "(bf16 on CUDA, fp32 with the CPU's fp32 math)")
-    g.add_argument("--kv-resident", type=positive("--kv-resident"), default=None, metavar="N",
+    g.add_argument("--kv-resident", type=kv_resident, default=None, metavar="auto|all|N",
                    help="at most N tokens of KV per layer in VRAM (the newest); the older KV "
                         "lives in pinned host memory and streams back on the copy lane for "
-                        "each later chunk's attention (default: all resident)")
+                        "each later chunk's attention. all: every token resident. Default "
+                        "auto: all resident when that plan fits, else the largest window that "
+                        "keeps the chunk and ring of the plan with the KV spilled (the plan "
+                        "says which and why)")
     g.add_argument("--layer-split", default=None, metavar="auto|N,N,...",
                    help="layers per GPU (default auto: in proportion to --vram)")
     g.add_argument("--batch", type=positive("--batch"), default=None,
@@ -127,6 +130,17 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
                         "bf16), ref (fp32 reference); auto: on cuda decoded for long chunks and "
                         "kernel for short ones, on the CPU ref (resident and streamed alike)")
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+
+
+def kv_resident(text: str) -> int | str | None:
+    """--kv-resident: auto, all or N >= 1 (strata.memory.kv_window.parse); "all" stays a word
+    here, as None is the flag not given (auto)."""
+    from strata.memory.kv_window import parse
+    try:
+        n = parse(text)
+    except StrataError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return "all" if n is None else n
 
 
 def device_type(args) -> str:
@@ -174,7 +188,8 @@ def engine_config(args, n_tokens: int | None, *, progress: bool = False,
         vram=list(args.vram or [DEFAULT_VRAM]), cache=args.cache, lend_cap=args.lend_cap,
         scan=args.scan, scan_max=args.prefill or SCAN_MAX, chunk=args.chunk, ring=args.ring,
         pin=not args.unpinned, fused=args.fused, max_prompt=max_prompt, kv=args.kv,
-        kv_resident=args.kv_resident, device=args.device,
+        kv_resident="auto" if args.kv_resident is None else args.kv_resident,
+        device=args.device,
         devices=devices, layer_split=layer_split(args),
         dtype=None if dtypes in (None, "auto") else DTYPES[dtypes],
         ffn=resolve_experts(args.experts, dev_type or device_type(args)), batch=args.batch,

@@ -5,6 +5,7 @@
     strata plan --preset qwen3-30b-a3b --vram 6GiB --chunk 16384     # forced: does it fit?
 
     strata plan --preset qwen3-30b-a3b --vram 12GiB --prompt-tokens 15 --json   # one prompt
+    strata plan --preset qwen3-30b-a3b --vram 12GiB --prompt-tokens 131072   # KV spilled (auto)
 
 A plan that cannot fit prints one line naming the bytes needed and the room, and exits 2.
 
@@ -85,7 +86,7 @@ def _source(args):
 def make_plan(args):
     """The plan `strata prefill` would make with the same flags: the same EngineConfig
     (strata.commands._args) through the engine's own plan inputs (plan_inputs)."""
-    from strata.engine.prompt_plan import plan_inputs, plan_prompt
+    from strata.engine.prompt_plan import plan_inputs, plan_prompt, resolve_kv
     name, shape, layer_blob, native, layouts = _source(args)
     blobs = [layer_blob[l] for l in range(shape.n_layer)]
     dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default
@@ -94,6 +95,7 @@ def make_plan(args):
         raise StrataError(f"--prompt-tokens {args.prompt_tokens} is longer than the model's "
                           f"context of {shape.max_pos} tokens")
     policy = config.ring_policy()     # the STRATA_* ring and slab knobs, read once
+    cfg = resolve_kv(shape, blobs, native, cfg, dev, policy)   # --kv-resident auto: a window
     parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, dev, policy)
     pinned = not args.unpinned or dev != "cuda"
     reserve = scratch_reserve(shape, default_devices([p.name for p in parts]), cfg.ffn,
@@ -112,7 +114,9 @@ def kv_summary(sizes, cfg, bud, shape) -> dict:
     from strata.models.kv import kv_windows
     out = {"dtype": cfg.kv, "resident_tokens": cfg.kv_resident, "tokens": cfg.max_prompt,
            "vram_bytes": sum(b.kv for b in bud),
-           "host_bytes": sizes.kv_host_all(cfg.max_prompt)}
+           "host_bytes": sizes.kv_host_all(cfg.max_prompt),
+           "auto": cfg.kv_choice.to_dict() if cfg.kv_choice is not None else None,
+           "auto_line": cfg.kv_choice.line() if cfg.kv_choice is not None else None}
     sliding = [(l, w) for l, w in enumerate(kv_windows(shape)) if w]
     if sliding:
         out.update(sliding_layers=len(sliding),
@@ -166,7 +170,7 @@ def kv_line(kv: dict) -> str:
                    f"{kv['sliding_tokens']:,}, {fmt_bytes(kv['sliding_vram_bytes'])})")
     return (f"  kv        {kv['dtype']}, {kv['tokens']:,} tokens, {window}: "
             f"{fmt_bytes(kv['vram_bytes'])} in VRAM, {fmt_bytes(kv['host_bytes'])} in pinned "
-            f"host memory")
+            f"host memory") + (f"\n            {kv['auto_line']}" if kv.get("auto_line") else "")
 
 
 def run(args) -> int:

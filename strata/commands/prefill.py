@@ -435,7 +435,11 @@ def streaming_report(engine, res, pack_name: str) -> dict:
                "vram_bytes": res.kv_bytes[0], "host_bytes": res.kv_bytes[1],
                "plan_vram_bytes": engine.sizes.kv_vram(st.tokens + res.restored),
                "plan_host_bytes": engine.sizes.kv_host_all(st.tokens + res.restored),
-               "streamed_bytes": res.kv_streamed},
+               "streamed_bytes": res.kv_streamed,
+               "auto": (engine.cfg.kv_choice.to_dict() if engine.cfg.kv_choice is not None
+                        else None),
+               "auto_line": (engine.cfg.kv_choice.line() if engine.cfg.kv_choice is not None
+                             else None)},
         "chunks": st.to_dict()["chunks"],
     }
 
@@ -468,7 +472,8 @@ def streaming_summary(r: dict) -> str:
         f"  kv        {kv['dtype']}, {fmt_bytes(kv['vram_bytes'])} on the device"
         + (f" + {fmt_bytes(kv['host_bytes'])} in host memory (the newest "
            f"{kv['resident_tokens']:,} tokens of a layer resident; "
-           f"{fmt_bytes(kv['streamed_bytes'])} streamed back)" if kv["host_bytes"] else ""),
+           f"{fmt_bytes(kv['streamed_bytes'])} streamed back)" if kv["host_bytes"] else "")
+        + (f"\n            {kv['auto_line']}" if kv.get("auto_line") else ""),
     ]
     if r["hit_fraction_mean"] is not None:
         lines.append(f"  routing   a chunk hit {100 * r['hit_fraction_mean']:.1f}% of a layer's "

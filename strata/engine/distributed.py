@@ -67,7 +67,7 @@ from strata.engine.finite import FiniteGuard
 from strata.engine.handoff import Handoff, raise_first, rank_message
 from strata.engine.host import HostExperts
 from strata.engine.prompt_kv import new_prompt_kv, uses_prompt_kv
-from strata.engine.prompt_plan import plan_inputs, plan_prompt
+from strata.engine.prompt_plan import plan_inputs, plan_prompt, resolve_kv
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.session import Borrowed, Part, PromptSession
 from strata.engine.stats import PrefillStats
@@ -188,6 +188,8 @@ class StageEngine:
         self.land = cfg.ffn.landing(self.layouts)
         blob_sizes = [pl.blob_size for pl in pack.layers]
         # the whole rig's participants (the same call as the single-process split), then ours
+        # --kv-resident auto: every rank resolves the whole rig's window alike
+        self.cfg = cfg = resolve_kv(s, blob_sizes, pack.native, cfg, device.type)
         parts, budgets, self.layout, self.fused = plan_inputs(s, blob_sizes, pack.native, cfg,
                                                               device.type)
         p, b = parts[rank], budgets[rank]

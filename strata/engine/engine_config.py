@@ -15,6 +15,7 @@ from strata import config
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import resolve_kv
 from strata.memory import RingPolicy
+from strata.memory.kv_window import KVChoice, parse as parse_window
 from strata.memory.rig import RESERVE
 from strata.models.moe import ExpertFFNs, ffn_named
 from strata.planning import KVPolicy
@@ -37,7 +38,11 @@ class EngineConfig:
     kv: str = "auto"                   # KV dtype: auto (the dense dtype's: fp32 on the CPU, bf16
                                        # on CUDA) | bf16 | fp32 | int8 (codes + fp32 scale per
                                        # token-head); every path of a run stores this one
-    kv_resident: int | None = None     # tokens of KV per layer in VRAM (None: all); the rest host
+    kv_resident: int | str | None = "auto"   # tokens of KV per full layer in VRAM (None or
+                                       # "all": all; "auto": the largest window the plan leaves,
+                                       # strata.memory.kv_window; prompt_plan.resolve_kv sets
+                                       # it); the rest in pinned host memory
+    kv_choice: KVChoice | None = None  # what auto chose and why (set with the window it chose)
     reserve: int = RESERVE             # CUDA context, allocator slack, attention workspace
     device: str | None = None          # cuda when available
     devices: list[str] | None = None   # one per participant (default: cuda:0.. or cpu)
@@ -54,6 +59,9 @@ class EngineConfig:
         self.vram = list(self.vram) if isinstance(self.vram, (list, tuple)) else [self.vram]
         # the FFN's name read once, here: the planner and the engine read its declaration
         self.ffn = ffn_named(self.ffn)
+        # "all", "auto" or N, as the flag is written; a bad one is one line here
+        self.kv_resident = parse_window(self.kv_resident) if isinstance(self.kv_resident, str) \
+            else self.kv_resident
 
 
 def dense_dtype(cfg: EngineConfig, device_type: str) -> torch.dtype:
@@ -69,7 +77,10 @@ def resolved(cfg: EngineConfig, device_type: str) -> EngineConfig:
 
 def kv_policy(cfg: EngineConfig, device_type: str = "cpu") -> KVPolicy:
     """The KV dtype (resolved for `device_type`) and resident window the config names, for
-    prompts up to cfg.max_prompt."""
+    prompts up to cfg.max_prompt (auto resolved first: strata.engine.prompt_plan.resolve_kv)."""
+    if cfg.kv_resident == "auto":
+        raise StrataError("--kv-resident auto is chosen from the plan: resolve it first "
+                          "(strata.engine.prompt_plan.resolve_kv)")
     return KVPolicy(resolved(cfg, device_type).kv, cfg.kv_resident, cfg.max_prompt)
 
 

@@ -43,7 +43,7 @@ from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.observe import EngineObserver
 from strata.engine.prompt_kv import new_prompt_kv, uses_prompt_kv
-from strata.engine.prompt_plan import plan_inputs, plan_prompt
+from strata.engine.prompt_plan import plan_inputs, plan_prompt, resolve_kv
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.session import Borrowed, Part, PromptSession
 from strata.engine.stats import PrefillStats
@@ -106,6 +106,9 @@ class PrefillEngine:
         self.max_blob = pack.max_blob
         # the FFN's landing (the plane GEMM's: each blob re-laid into planes as it lands), or None
         self.land = cfg.ffn.landing(self.layouts)
+        # --kv-resident auto: the window the plan leaves (prompt_plan.resolve_kv), kept in cfg
+        cfg = self.cfg = resolve_kv(self.shape, self.blob_sizes, pack.native, cfg,
+                                    self.device.type)
         parts, budgets, self.layout, self.fused = plan_inputs(
             self.shape, self.blob_sizes, pack.native, cfg, self.device.type)
         self.sizes = self.layout.sizes

@@ -16,14 +16,16 @@ from strata.models.kv import PromptKV, kv_windows
 
 def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
     """The engine's own KV (PromptKV: chunk_attention over bf16/int8 segments) whenever
-    --kv int8 or --kv-resident is given; the default bf16, all-resident run keeps the model's
+    --kv int8 or a resident window is kept (--kv-resident N, or the window auto chose); the default bf16, all-resident run keeps the model's
     KVCache and its attention (the path every engine test and device run so far measured),
     until PromptKV's own device run says it may be the default. MLA keeps its own cache (bf16
     or int8: strata.models.mla) unless --kv-resident asks for a host-held window: PromptKV over
     the latent (PromptKV.attend_latent)."""
+    # an unresolved auto keeps no window yet (the engines resolve it first: resolve_kv)
+    window = cfg.kv_resident is not None and cfg.kv_resident != "auto"
     if shape.mla:
-        return cfg.kv_resident is not None
-    return cfg.kv == "int8" or cfg.kv_resident is not None
+        return window
+    return cfg.kv == "int8" or window
 
 
 def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vram: int, devices,

@@ -1,15 +1,20 @@
 """A prompt's plan from the engine's config: the participants, budgets and prompt layout the
 config gives (plan_inputs), and the plan of one prompt over them (plan_prompt). The engine,
 a pipeline stage, `strata plan` and `strata prefill`'s early refusal all call these, so the same
-config gives the same plan.
+config gives the same plan. `--kv-resident auto` becomes a window here (resolve_kv), from these
+same two calls (strata.memory.kv_window has the rule).
 """
 from __future__ import annotations
 
 from strata.budget import check_room, cpu_cache_cap
+from dataclasses import replace
+
 from strata.engine.engine_config import EngineConfig, engine_policy, kv_policy
 from strata.errors import StrataError
 from strata.memory import PromptLayout, RingPolicy, plan_prefill, use_fused
+from strata.memory.kv_window import AUTO, choose
 from strata.memory.rig import participants
+from strata.models.kv import kv_windows
 from strata.planning import layout_spec, model_sizes
 from strata.units import fmt_bytes
 
@@ -21,6 +26,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
     is capped at what it can hold (strata.budget.cpu_cache_cap): --vram there is a budget, not
     an allocation. `policy`: the launch choices (None: the environment's, read now)."""
     policy = engine_policy(cfg) if policy is None else policy
+    cfg = resolve_kv(shape, blob_sizes, native, cfg, device_type, policy)
     vram = cfg.vram
     for v in vram:
         if cfg.cache is not None and cfg.cache > v:
@@ -49,6 +55,30 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
         if cap < min(b.cache for b in budgets):
             parts, budgets = participants(sizes, blob_sizes, vram, cache=cap, **kw)
     return parts, budgets, layout, fused
+
+
+def resolve_kv(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str,
+               policy: RingPolicy | None = None) -> EngineConfig:
+    """The config with `--kv-resident auto` resolved to a window (None: all resident) and
+    `kv_choice` saying why (strata.memory.kv_window.choose, over the plans plan_inputs and
+    plan_prompt make for a prompt of cfg.max_prompt tokens, the ring not grown); any other
+    value is returned as it is. No KV reserve (max_prompt 0): all resident."""
+    if cfg.kv_resident != AUTO:
+        return cfg
+    policy = engine_policy(cfg) if policy is None else policy
+    plain = replace(policy, grow=False)
+    pinned = cfg.pin or device_type != "cuda"
+
+    def plan_at(window):
+        c = replace(cfg, kv_resident=window)
+        parts, _, layout, fused = plan_inputs(shape, blob_sizes, native, c, device_type, plain)
+        return plan_prompt(layout, parts, c, pinned=pinned, fused=fused, native=native,
+                           n_tokens=cfg.max_prompt, policy=plain)
+
+    if not cfg.max_prompt:
+        return replace(cfg, kv_resident=None)
+    choice = choose(cfg.max_prompt, plan_at, spills=any(w == 0 for w in kv_windows(shape)))
+    return replace(cfg, kv_resident=choice.window, kv_choice=choice)
 
 
 def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, native: bool,

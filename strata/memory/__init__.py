@@ -9,6 +9,7 @@
     scan.py    plan_prefill: auto (bisection) / fallback / legacy / forced chunk + ring
     pool.py    SlabPool / size_class: stream-k scratch from the loan's tail (SlabPool.dry counts)
     rig.py     participants of a rig: layer split, dense weights, cache size from VRAM
+    kv_window.py  --kv-resident auto: the resident KV window chosen from plans (KVChoice)
 
 Memory knows no model and no kernel: the buffers (a LayoutSpec) and every size taken from a
 model or a kernel arrive from outside (strata.planning assembles them). It reads no environment:

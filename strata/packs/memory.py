@@ -85,6 +85,14 @@ class MemoryPack:
         base = self._base[self._fmts[i]]
         return base[i % len(base)][self._idx]
 
+    def distinct_experts(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's distinct experts uint8 [distinct, blob] and the index [E] that repeats them
+        into experts(i): a re-encoding (strata.packs.requant) encodes each distinct one once."""
+        if self.layers[i].layout is None:
+            return self.experts(i), torch.arange(self.shape.n_expert)
+        base = self._base[self._fmts[i]]
+        return base[i % len(base)], self._idx
+
     def save(self, path, progress: bool = True, tokenizer: bool = True):
         """Write this model as a pack file (the same bytes a reader of this MemoryPack sees):
         seconds for a full-size shape, where `strata synth --pack` draws every expert afresh

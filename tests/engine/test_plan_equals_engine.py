@@ -24,7 +24,7 @@ from strata.blob import BlobLayout
 from strata.cli import main
 from strata.engine import session as engine_session
 from strata.engine.prefill import EngineConfig, PrefillEngine
-from strata.engine.prompt_plan import plan_inputs, plan_prompt
+from strata.engine.prompt_plan import plan_inputs, plan_prompt, resolve_kv
 from strata.engine.session import borrow_and_carve
 from strata.errors import PlanError, StrataError
 from strata.kernels.moe.tiles import pin_tile
@@ -148,7 +148,7 @@ def rigs(draw, shape, blob_scale, base=0):
         n_tokens=draw(st.one_of(st.none(), st.integers(1, 64), st.integers(1, 5000))),
         max_prompt=draw(st.sampled_from([0, 64, 4096])),
         kv=draw(st.sampled_from(["bf16", "int8"])),
-        kv_resident=draw(st.one_of(st.none(), st.integers(1, 5000))),
+        kv_resident=draw(st.one_of(st.none(), st.just("auto"), st.integers(1, 5000))),
     )
 
 
@@ -182,7 +182,8 @@ def engine_side(shape, layer_blob, native, rig, layouts):
                        scan_max=rig["scan_max"], chunk=rig["chunk"], ring=rig["ring"],
                        pin=rig["pinned"], fused=rig["fused"] or None, ffn=rig["ffn"],
                        max_prompt=rig["max_prompt"] or rig["n_tokens"] or 0,
-                       kv=rig.get("kv", "bf16"), kv_resident=rig.get("kv_resident"))
+                       kv=rig.get("kv", "bf16"), kv_resident=rig.get("kv_resident", "auto"))
+    cfg = resolve_kv(shape, blobs, native, cfg, "cuda")     # auto: the window, as the engine
     parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, "cuda")
     check_kv(shape, cfg, bud, layout)
     devices = default_devices([p.name for p in parts])    # as strata plan picks them
@@ -342,10 +343,14 @@ def test_engine_takes_what_strata_plan_reports_presets(capsys, data, name, fmt):
                       ("--kv", "kv"), ("--kv-resident", "kv_resident")):
         if rig.get(key):
             argv += [flag, str(rig[key])]
+    argv += ["--kv-resident", "all"] * ("kv_resident" in rig and rig["kv_resident"] is None)
     argv += ["--unpinned"] * (not rig["pinned"]) + ["--fused"] * rig["fused"]
     with slab_env(rig["slab"]), launches(rig):
         rc = main(["plan", *argv, "--json"])
         out = capsys.readouterr()
+        if (rig["n_tokens"] or 0) > shape.max_pos:    # a tiny preset's context: refused first
+            assert rc == 2 and "longer than the model's context" in out.err
+            assume(False)
         try:
             # a leading dense layer (deepseek-v3, kimi-k2, glm-4.5) has no blobs
             plan, got = engine_side(shape, {l: blob if shape.is_moe_layer(l) else 0

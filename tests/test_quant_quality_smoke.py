@@ -1,0 +1,37 @@
+"""experiments/quant_quality.py --smoke end to end on the CPU: the BF16 base read with its
+log-probs saved, every arm (plain quants and stock mixes) read against it with strata's own
+instruments, one CSV and one PNG."""
+import importlib.util
+from pathlib import Path
+
+from strata import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quant_quality_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("quant_quality",
+                                                  ROOT / "experiments" / "quant_quality.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = bench.read_csv(tmp_path / "quant_quality-small-smoke.csv")
+    by = {}
+    for r in rows:
+        by.setdefault(r["config"]["arm"], {})[r["figure"]] = r
+    assert set(by) == {"BF16", *mod.ARMS}
+    assert "kld_mean" not in by["BF16"] and by["BF16"]["ppl"]["value"] > 1
+    for arm in mod.ARMS:
+        f = by[arm]
+        assert f["kld_mean"]["value"] > 0 and f["kld_p99"]["value"] >= f["kld_mean"]["value"]
+        assert 0 < f["top1_agreement"]["value"] <= 1
+        assert f["tokens_per_s"]["value"] > 0 and "CPU" in f["tokens_per_s"]["bound"]
+        assert f["ppl"]["config"]["weights"] == "synthesized" and f["ppl"]["commit"]
+        assert "quant_quality" in f["ppl"]["config"]["command"] or f["ppl"]["config"]["command"]
+    bpw = {a: by[a]["bytes_per_weight"]["value"] for a in by}
+    assert bpw["Q2_K"] < bpw["Q4_K_M"] < bpw["Q8_0"] < bpw["BF16"] < 2.01
+    # more bits, closer to the base: the plain ggml quants in order
+    kld = {a: by[a]["kld_mean"]["value"] for a in mod.ARMS}
+    assert kld["Q8_0"] < kld["Q5_0"] < kld["Q4_0"]
+    assert by["Q4_K_M"]["ppl"]["config"]["quantizer"] == "ggml-reference+strata-rtn"
+    assert (tmp_path / "quant_quality-small-smoke.png").stat().st_size > 5_000
