@@ -42,7 +42,7 @@ from strata.memory.ring import RING_MIN
 from strata.models.kv import kv_windows
 from strata.models.moe import ffn_named
 from strata.packs.synth import ExpertFormats, synth_pack
-from strata.shapes import ModelShape, get_preset
+from strata.shapes import ModelShape, Window, get_preset
 
 PLAIN = RingPolicy(grow=False)    # the scan's own ring, as auto compares it
 
@@ -50,7 +50,7 @@ shapes = st.builds(
     lambda L, E, K, Hkv, hd, slide: ModelShape(
         n_layer=L, d_model=64, n_expert=E, top_k=min(K, E), d_expert=32, n_head=4,
         n_kv_head=Hkv, head_dim=hd, vocab=64,
-        **(dict(sliding_window=64, sliding_pattern=2) if slide else {})),
+        window=Window(64, 2) if slide else None),
     L=st.integers(2, 6), E=st.sampled_from([4, 16, 64]), K=st.integers(1, 4),
     Hkv=st.integers(1, 2), hd=st.sampled_from([8, 16]), slide=st.booleans())
 
