@@ -1,0 +1,253 @@
+"""The MoE feed-forward on integer tensor cores: activations quantized to q8_1, weights as their
+int8 codes, as llama.cpp's MMQ kernels compute a prefill.
+
+Legend: T tokens, D hidden, F expert width, E experts, K top-k, B = n_in / 32 blocks a row.
+
+    xq = q8_1(x)                                       (strata.kernels.moe.q8; per token)
+    h[r] = act(gate_e . xq[tok(r)], up_e . xq[tok(r)])  fp32, rows r in expert order
+    hq = q8_1(h)
+    yk[t*K + k] = w[t, k] * down_e . hq[r(t, k)]        fp32
+    y[t] = sum_k yk[t*K + k]                            (strata.kernels.moe.combine)
+
+where a dot of a q8_1 row (qa int8, da, sa per block) and a weight row (int8 codes c, run scales
+d and minimums m, strata.formats.split) is taken block by block in increasing k:
+
+    acc += P_b * (da_b * d_b)  [+ sa_b * m_b]           P_b = sum_{k in b} qa[k] c[k]  (int32)
+
+(runs of 16 weights: two such terms a block, the minimum's sum da_b * sum of the half's codes).
+Every step is fp32 and unfused, so the Triton kernel and the torch twins give the same bits; the
+one exception is act's exp (the GPU's ex2 and numpy's or torch's exp differ in the last place),
+so `int8_gate_up` matches its twin to a few ulps of h and `int8_down` bit for bit.
+
+Formats: INT8_FORMATS (the integer splits: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+Q6_K, IQ4_NL, IQ4_XS, MXFP4). D and F must be multiples of 32 (q8_1's block).
+
+`moe_ffn_int8` / `moe_ffn_int8_torch`, `int8_gate_up` / `int8_gate_up_torch` and `int8_down` /
+`int8_down_torch` are Triton launchers and their plain-torch twins, pairwise of one signature.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strata._backend import INTERPRET
+from strata.errors import StrataError
+from strata.experts import ExpertSet
+from strata.formats.split import SPLITTERS, split_codes
+from strata.kernels.decode import format_traits
+from strata.kernels.decode._common import _minus_min
+from strata.kernels.moe import _int8_kernel as _k
+from strata.kernels.moe.combine import combine_rows_torch
+from strata.kernels.moe.ffn import _check_inputs, _combine, expert_biases
+from strata.kernels.moe.grouping import group_blocked
+from strata.kernels.moe.q8 import QK, Q8Rows, quantize_q8_1, quantize_q8_1_torch
+
+INT8_FORMATS = tuple(SPLITTERS)
+
+
+@dataclass(frozen=True)
+class Int8Tile:
+    """BLOCK_M rows (one expert) x BLOCK_N outputs a program; the reduction steps one q8_1 block.
+    The default is a first guess for Hopper (wgmma wants BLOCK_M >= 64), not yet measured."""
+    BLOCK_M: int = 64
+    BLOCK_N: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def _min_sign(fmt) -> int:
+    """0: no minimum; 1: w = d*c + m (Q4_1, Q5_1); -1: w = d*c - m (the k-quants)."""
+    tr = format_traits(fmt)
+    return 0 if not tr.PAIR else -1 if tr.apply is _minus_min else 1
+
+
+def _check_int8(experts: ExpertSet) -> None:
+    lay = experts.layout
+    bad = sorted({m.fmt.name for m in lay.matrices if m.fmt.name not in INT8_FORMATS})
+    if bad:
+        raise StrataError(f"no int8 split for {bad}; the int8 GEMM reads "
+                          f"{', '.join(INT8_FORMATS)}")
+    if lay.d_model % QK or lay.d_expert % QK:
+        raise StrataError(f"the int8 GEMM needs D and F multiples of {QK}, got D={lay.d_model} "
+                          f"F={lay.d_expert}")
+
+
+def _launch(mode: int, a: Q8Rows, grp, experts: ExpertSet, m1, m2, dst, tw, tile: Int8Tile,
+            n_out: int, n_in: int, b1: str, b2: str, topk: int):
+    lay = experts.layout
+    boff = ((lay.bias.part(b1)[0], lay.bias.part(b2)[0]) if lay.bias is not None else (0, 0))
+    S = _k.Int8Spec(MODE=mode, TOPK=topk, FMT1=format_traits(m1.fmt), FMT2=format_traits(m2.fmt),
+                    MIN1=_min_sign(m1.fmt), MIN2=_min_sign(m2.fmt), BM=tile.BLOCK_M,
+                    BN=tile.BLOCK_N, INTERP=INTERPRET, BIAS=lay.bias is not None,
+                    ACT=lay.act.code)
+    n_tiles = grp.n_blocks * -(-n_out // tile.BLOCK_N)
+    _k._int8_gemm_kernel[(n_tiles,)](
+        a.q, a.d, a.s, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert,
+        grp.n_assign, experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset,
+        m2.row_bytes, dst, dst.stride(0), tw, n_out, n_in, grp.n_blocks_dev, *boff,
+        float(lay.act.alpha), float(lay.act.limit), S=S, num_warps=tile.num_warps,
+        num_stages=tile.num_stages, enable_fp_fusion=False)
+    return dst
+
+
+def int8_gate_up(xq: Q8Rows, grp, experts: ExpertSet, topk: int,
+                 tile: Int8Tile = Int8Tile()) -> torch.Tensor:
+    """h fp32 [n_blocks * BM, F]: row r = act(gate_e . xq[tok(r)], up_e . xq[tok(r)]) for the
+    block-padded grouping `grp` (strata.kernels.moe.grouping.group_blocked with tile.BLOCK_M);
+    padding rows hold act(bias) (act(0, 0) = 0 without biases)."""
+    lay = experts.layout
+    h = torch.empty(grp.n_blocks * tile.BLOCK_M, lay.d_expert, dtype=torch.float32,
+                    device=xq.q.device)
+    if grp.n_blocks:
+        _launch(0, xq, grp, experts, lay.gate, lay.up, h, h, tile, lay.d_expert, lay.d_model,
+                "gate", "up", topk)
+    return h
+
+
+def int8_down(hq: Q8Rows, grp, experts: ExpertSet, topk_weights: torch.Tensor,
+              tile: Int8Tile = Int8Tile()) -> torch.Tensor:
+    """yk fp32 [T*K, D]: row a = w[a] * (down_e . hq[r(a)] + bd_e) for every assignment a in the
+    grouping (rows of skipped assignments are left unwritten)."""
+    lay = experts.layout
+    T, K = topk_weights.shape
+    yk = torch.empty(T * K, lay.d_model, dtype=torch.float32, device=hq.q.device)
+    tw = topk_weights.reshape(-1).float().contiguous()
+    if grp.n_blocks:
+        _launch(1, hq, grp, experts, lay.down, lay.down, yk, tw, tile, lay.d_model,
+                lay.d_expert, "down", "down", K)
+    return yk
+
+
+# ---------------------------------------------------------------- torch twins
+
+def _split(experts: ExpertSet, e: int, name: str):
+    """(codes int8 [rows, cols], d, m fp32 [rows, cols/run] (m None: no minimum), run) of expert
+    e's matrix `name`."""
+    mat = getattr(experts.layout, name)
+    off = int(experts.slot_offset[e])
+    raw = experts.arena[off + mat.offset: off + mat.offset + mat.nbytes]
+    c, d, m = split_codes(raw, mat.fmt, mat.rows, mat.cols)
+    return c, d, m, mat.cols // d.shape[1]
+
+
+def int8_matmul_torch(qa: torch.Tensor, da: torch.Tensor, sa: torch.Tensor, c, d, m,
+                      run: int) -> torch.Tensor:
+    """fp32 [M, N]: q8_1 rows (qa int8 [M, n], da / sa fp32 [M, n/32]) against a split matrix
+    (c int8 [N, n], d / m fp32 [N, n/run]) as the kernel's _int8_mma adds them up."""
+    M, N = qa.shape[0], c.shape[0]
+    acc = torch.zeros(M, N, dtype=torch.float32, device=qa.device)
+    per = QK // run                                     # runs a block
+    for kb in range(qa.shape[1] // QK):
+        for h in range(per):
+            k = slice(kb * QK + h * run, kb * QK + (h + 1) * run)
+            # integer dot (exact in fp64: |sum| < 2**53), as the int32 MMA
+            P = (qa[:, k].double() @ c[:, k].double().T).float()
+            r = kb * per + h
+            acc = acc + P * (da[:, kb, None] * d[None, :, r])
+            if m is not None:
+                s = sa[:, kb] if per == 1 else qa[:, k].int().sum(1).float() * da[:, kb]
+                acc = acc + s[:, None] * m[None, :, r]
+    return acc
+
+
+def _block_rows(a: Q8Rows, rows: torch.Tensor, valid: torch.Tensor):
+    """(qa, da, sa) of a block's rows, zero where not valid (as the kernel's masked loads)."""
+    r = torch.where(valid, rows, 0).long()
+    v = valid[:, None]
+    return (torch.where(v, a.q[r], 0), torch.where(v, a.d[r].float(), 0.0),
+            torch.where(v, a.s[r].float(), 0.0))
+
+
+def _blocks(grp, BM: int):
+    """(block index, expert, its BM sorted rows' assignment ids, valid) of each row block."""
+    ids = grp.sorted_ids.long()
+    for mb, e in enumerate(grp.block_expert[:grp.n_blocks].tolist()):
+        blk = ids[mb * BM:(mb + 1) * BM]
+        yield mb, e, blk, blk < grp.n_assign
+
+
+def int8_gate_up_torch(xq: Q8Rows, grp, experts: ExpertSet, topk: int,
+                       tile: Int8Tile = Int8Tile()) -> torch.Tensor:
+    """Plain-torch twin of `int8_gate_up` (same signature)."""
+    lay = experts.layout
+    BM = tile.BLOCK_M
+    h = torch.empty(grp.n_blocks * BM, lay.d_expert, dtype=torch.float32, device=xq.q.device)
+    for mb, e, ids, valid in _blocks(grp, BM):
+        a = _block_rows(xq, ids // topk, valid)
+        g = int8_matmul_torch(*a, *_split(experts, e, "gate"))
+        u = int8_matmul_torch(*a, *_split(experts, e, "up"))
+        b = expert_biases(experts, e)
+        if b is not None:
+            g, u = g + b[0], u + b[1]
+        h[mb * BM:(mb + 1) * BM] = _act_torch(g, u, lay.act)
+    return h
+
+
+def _act_torch(g: torch.Tensor, u: torch.Tensor, act) -> torch.Tensor:
+    """The kernel's act (strata.kernels.moe._ffn_kernel._act) in its own expressions."""
+    if act.name == "silu":
+        return g / (1.0 + torch.exp(-g)) * u
+    g = torch.minimum(g, torch.tensor(act.limit, dtype=torch.float32))
+    u = torch.clamp(u, -act.limit, act.limit)
+    return g / (1.0 + torch.exp(-act.alpha * g)) * (u + 1.0)
+
+
+def int8_down_torch(hq: Q8Rows, grp, experts: ExpertSet, topk_weights: torch.Tensor,
+                    tile: Int8Tile = Int8Tile()) -> torch.Tensor:
+    """Plain-torch twin of `int8_down` (same signature; unwritten rows come back as NaN)."""
+    lay = experts.layout
+    T, K = topk_weights.shape
+    yk = torch.full((T * K, lay.d_model), float("nan"), dtype=torch.float32, device=hq.q.device)
+    tw = topk_weights.reshape(-1).float()
+    BM = tile.BLOCK_M
+    for mb, e, ids, valid in _blocks(grp, BM):
+        rows = torch.arange(mb * BM, (mb + 1) * BM, device=ids.device)
+        y = int8_matmul_torch(*_block_rows(hq, rows, valid), *_split(experts, e, "down"))
+        b = expert_biases(experts, e)
+        if b is not None:
+            y = y + b[2]
+        yk[ids[valid]] = (y * tw[torch.where(valid, ids, 0)][:, None])[valid]
+    return yk
+
+
+# ---------------------------------------------------------------- the whole feed-forward
+
+def _plan(x, topk_ids, topk_weights, experts, out, tile, combine):
+    _check_inputs(x, topk_ids, topk_weights, experts)
+    _check_int8(experts)
+    if combine != "pass":
+        raise StrataError(f"moe_ffn_int8 sums each call's rows itself (combine='pass'), got "
+                          f"{combine!r}")
+    if out is not None and (out.dtype != torch.float32 or out.shape != x.shape):
+        raise StrataError(f"out must be fp32 {list(x.shape)}, got {out.dtype} {list(out.shape)}")
+    return group_blocked(topk_ids, experts.n_expert, tile.BLOCK_M,
+                         slot_offset=experts.slot_offset, skip_negative=True)
+
+
+def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 experts: ExpertSet, *, tile: Int8Tile = Int8Tile(), out=None,
+                 combine: str = "pass") -> torch.Tensor:
+    """The layer's MoE feed-forward on int8 (module docstring): x bf16 [T, D] -> y bf16 [T, D],
+    or added into `out` (fp32 [T, D]). Ids of -1 are skipped. One device sync (the grouping's
+    check, as moe_ffn's check=True)."""
+    grp = _plan(x, topk_ids, topk_weights, experts, out, tile, combine)
+    T, K = topk_ids.shape
+    D = x.shape[1]
+    h = int8_gate_up(quantize_q8_1(x), grp, experts, K, tile)
+    yk = int8_down(quantize_q8_1(h), grp, experts, topk_weights, tile)
+    rows = None if grp.n_blocks == 0 else "mask" if grp.n_skipped else "all"
+    return _combine(yk, T, K, D, topk_ids, out, rows)
+
+
+def moe_ffn_int8_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       experts: ExpertSet, *, tile: Int8Tile = Int8Tile(), out=None,
+                       combine: str = "pass") -> torch.Tensor:
+    """Plain-torch twin of `moe_ffn_int8` (same signature)."""
+    grp = _plan(x, topk_ids, topk_weights, experts, out, tile, combine)
+    T, K = topk_ids.shape
+    D = x.shape[1]
+    h = int8_gate_up_torch(quantize_q8_1_torch(x), grp, experts, K, tile)
+    yk = int8_down_torch(quantize_q8_1_torch(h), grp, experts, topk_weights, tile)
+    rows = None if grp.n_blocks == 0 else "mask" if grp.n_skipped else "all"
+    return combine_rows_torch(yk, T, K, D, topk_ids, out, rows)
