@@ -115,6 +115,11 @@ def _int8_mma(qa_ptr, da_ptr, sa_ptr, stride_qa, stride_da, a_rows, valid, w1_pt
     BM: tl.constexpr = S.BM
     BN: tl.constexpr = S.BN
     TWO: tl.constexpr = S.MODE == GATE_UP
+    # bound as constexprs: a bundle passed on as S.FMT1 would travel as a tuple of values
+    FMT1: tl.constexpr = S.FMT1
+    FMT2: tl.constexpr = S.FMT2
+    MIN1: tl.constexpr = S.MIN1
+    MIN2: tl.constexpr = S.MIN2
     acc1 = tl.zeros((BM, BN), tl.float32)
     acc2 = tl.zeros((BM, BN), tl.float32)
     r64 = a_rows.to(tl.int64)
@@ -125,9 +130,9 @@ def _int8_mma(qa_ptr, da_ptr, sa_ptr, stride_qa, stride_da, a_rows, valid, w1_pt
         a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
         da = tl.load(da_ptr + ds_at + kb, mask=valid, other=0.0).to(tl.float32)   # [BM]
         sa = tl.load(sa_ptr + ds_at + kb, mask=valid, other=0.0).to(tl.float32)
-        acc1 = _block(S.FMT1, S.MIN1, a, da, sa, w1_ptr, rb1, offs_n, n_mask, k0, acc1)
+        acc1 = _block(FMT1, MIN1, a, da, sa, w1_ptr, rb1, offs_n, n_mask, k0, acc1)
         if TWO:
-            acc2 = _block(S.FMT2, S.MIN2, a, da, sa, w2_ptr, rb2, offs_n, n_mask, k0, acc2)
+            acc2 = _block(FMT2, MIN2, a, da, sa, w2_ptr, rb2, offs_n, n_mask, k0, acc2)
     return acc1, acc2
 
 

@@ -25,7 +25,8 @@ def q8_1_block(x):
     s = sum(q) * d. IEEE divisions (div_rn), so the GPU's approximate '/' never enters."""
     amax = tl.max(tl.abs(x), axis=1)                                   # [BR]
     d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
-    inv = tl.where(d == 0.0, 0.0, tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), d))
+    one = tl.full(d.shape, 1.0, tl.float32)
+    inv = tl.where(d == 0.0, 0.0, tl.math.div_rn(one, tl.where(d == 0.0, one, d)))
     q = roundf(x * inv[:, None])                                       # [BR, 32]
     s = tl.sum(q, axis=1).to(tl.float32) * d
     return q, d, s
