@@ -292,6 +292,24 @@ def test_moe_ffn_int8_out_adds_in_fp32():
     assert ((got - base - y).abs() <= 2 ** -8 * y.abs() + 2 ** -22 * base.abs()).all()
 
 
+def test_moe_ffn_int8_passes_without_sync_sum_as_one_call():
+    """The engine's convention: two passes over halves of the experts, no host sync
+    (check=False), the first deferring its rows to workspace["yk"], the second summing the
+    layer's rows once: the same bits as one checked call over all experts (each row is computed
+    from its token and expert alone; the sum over K runs once, in k order, either way)."""
+    c = Case("passes", T=9, E=4, K=2)
+    experts, x, ids, w, _ = _inputs(c)
+    y_one = moe_ffn_int8(x, ids, w, experts, tile=TILE, out=torch.zeros(c.T, c.D))
+    ws = {"yk": torch.empty(c.T * c.K + 3, c.D)}       # more rows than needed: a carve's view
+    y = torch.zeros(c.T, c.D)
+    for half, combine in ((0, "defer"), (1, "layer")):
+        mine = (ids % 2 == half)
+        p_ids = torch.where(mine, ids, -1)
+        moe_ffn_int8(x, p_ids, w, experts, tile=TILE, out=y, workspace=ws, check=False,
+                     combine=combine)
+    assert torch.equal(_bits(y), _bits(y_one))
+
+
 def test_moe_ffn_int8_refuses_formats_without_a_split():
     experts = random_expert_set(2, 256, 32, "IQ3_S", "Q8_0", "Q8_0")
     x = torch.zeros(2, 256).bfloat16()

@@ -39,9 +39,10 @@ from strata.kernels.decode import format_traits
 from strata.kernels.decode._common import _minus_min
 from strata.kernels.moe import _int8_kernel as _k
 from strata.kernels.moe.combine import combine_rows_torch
-from strata.kernels.moe.ffn import _check_inputs, _combine, expert_biases
-from strata.kernels.moe.grouping import group_blocked
+from strata.kernels.moe.ffn import COMBINES, _check_inputs, _combine, _work, expert_biases
+from strata.kernels.moe.grouping import group_blocked, group_blocked_bounded
 from strata.kernels.moe.q8 import QK, Q8Rows, quantize_q8_1, quantize_q8_1_torch
+from strata.kernels.moe.tiles import padded_rows
 
 INT8_FORMATS = tuple(SPLITTERS)
 
@@ -73,6 +74,12 @@ def _check_int8(experts: ExpertSet) -> None:
                           f"F={lay.d_expert}")
 
 
+def _room(grp) -> int:
+    """Row blocks the grouping has room for: the exact count (group_blocked), or the bound
+    (group_blocked_bounded: the kernel reads the count on the device and idles past it)."""
+    return grp.n_blocks if grp.n_blocks is not None else grp.block_expert.numel()
+
+
 def _launch(mode: int, a: Q8Rows, grp, experts: ExpertSet, m1, m2, dst, tw, tile: Int8Tile,
             n_out: int, n_in: int, b1: str, b2: str, topk: int):
     lay = experts.layout
@@ -81,7 +88,7 @@ def _launch(mode: int, a: Q8Rows, grp, experts: ExpertSet, m1, m2, dst, tw, tile
                     MIN1=_min_sign(m1.fmt), MIN2=_min_sign(m2.fmt), BM=tile.BLOCK_M,
                     BN=tile.BLOCK_N, INTERP=INTERPRET, BIAS=lay.bias is not None,
                     ACT=lay.act.code)
-    n_tiles = grp.n_blocks * -(-n_out // tile.BLOCK_N)
+    n_tiles = _room(grp) * -(-n_out // tile.BLOCK_N)
     _k._int8_gemm_kernel[(n_tiles,)](
         a.q, a.d, a.s, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert,
         grp.n_assign, experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset,
@@ -97,23 +104,24 @@ def int8_gate_up(xq: Q8Rows, grp, experts: ExpertSet, topk: int,
     block-padded grouping `grp` (strata.kernels.moe.grouping.group_blocked with tile.BLOCK_M);
     padding rows hold act(bias) (act(0, 0) = 0 without biases)."""
     lay = experts.layout
-    h = torch.empty(grp.n_blocks * tile.BLOCK_M, lay.d_expert, dtype=torch.float32,
+    h = torch.empty(_room(grp) * tile.BLOCK_M, lay.d_expert, dtype=torch.float32,
                     device=xq.q.device)
-    if grp.n_blocks:
+    if _room(grp):
         _launch(0, xq, grp, experts, lay.gate, lay.up, h, h, tile, lay.d_expert, lay.d_model,
                 "gate", "up", topk)
     return h
 
 
 def int8_down(hq: Q8Rows, grp, experts: ExpertSet, topk_weights: torch.Tensor,
-              tile: Int8Tile = Int8Tile()) -> torch.Tensor:
+              tile: Int8Tile = Int8Tile(), yk: torch.Tensor | None = None) -> torch.Tensor:
     """yk fp32 [T*K, D]: row a = w[a] * (down_e . hq[r(a)] + bd_e) for every assignment a in the
-    grouping (rows of skipped assignments are left unwritten)."""
+    grouping (rows of skipped assignments are left unwritten); `yk`: the rows to write into."""
     lay = experts.layout
     T, K = topk_weights.shape
-    yk = torch.empty(T * K, lay.d_model, dtype=torch.float32, device=hq.q.device)
+    if yk is None:
+        yk = torch.empty(T * K, lay.d_model, dtype=torch.float32, device=hq.q.device)
     tw = topk_weights.reshape(-1).float().contiguous()
-    if grp.n_blocks:
+    if _room(grp):
         _launch(1, hq, grp, experts, lay.down, lay.down, yk, tw, tile, lay.d_model,
                 lay.d_expert, "down", "down", K)
     return yk
@@ -162,7 +170,8 @@ def _block_rows(a: Q8Rows, rows: torch.Tensor, valid: torch.Tensor):
 def _blocks(grp, BM: int):
     """(block index, expert, its BM sorted rows' assignment ids, valid) of each row block."""
     ids = grp.sorted_ids.long()
-    for mb, e in enumerate(grp.block_expert[:grp.n_blocks].tolist()):
+    n = grp.n_blocks if grp.n_blocks is not None else int(grp.n_blocks_dev)
+    for mb, e in enumerate(grp.block_expert[:n].tolist()):
         blk = ids[mb * BM:(mb + 1) * BM]
         yield mb, e, blk, blk < grp.n_assign
 
@@ -172,7 +181,8 @@ def int8_gate_up_torch(xq: Q8Rows, grp, experts: ExpertSet, topk: int,
     """Plain-torch twin of `int8_gate_up` (same signature)."""
     lay = experts.layout
     BM = tile.BLOCK_M
-    h = torch.empty(grp.n_blocks * BM, lay.d_expert, dtype=torch.float32, device=xq.q.device)
+    h = torch.full((_room(grp) * BM, lay.d_expert), float("nan"), dtype=torch.float32,
+                   device=xq.q.device)
     for mb, e, ids, valid in _blocks(grp, BM):
         a = _block_rows(xq, ids // topk, valid)
         g = int8_matmul_torch(*a, *_split(experts, e, "gate"))
@@ -194,11 +204,13 @@ def _act_torch(g: torch.Tensor, u: torch.Tensor, act) -> torch.Tensor:
 
 
 def int8_down_torch(hq: Q8Rows, grp, experts: ExpertSet, topk_weights: torch.Tensor,
-                    tile: Int8Tile = Int8Tile()) -> torch.Tensor:
-    """Plain-torch twin of `int8_down` (same signature; unwritten rows come back as NaN)."""
+                    tile: Int8Tile = Int8Tile(), yk: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch twin of `int8_down` (same signature; unwritten rows of a fresh yk are NaN)."""
     lay = experts.layout
     T, K = topk_weights.shape
-    yk = torch.full((T * K, lay.d_model), float("nan"), dtype=torch.float32, device=hq.q.device)
+    if yk is None:
+        yk = torch.full((T * K, lay.d_model), float("nan"), dtype=torch.float32,
+                        device=hq.q.device)
     tw = topk_weights.reshape(-1).float()
     BM = tile.BLOCK_M
     for mb, e, ids, valid in _blocks(grp, BM):
@@ -213,40 +225,64 @@ def int8_down_torch(hq: Q8Rows, grp, experts: ExpertSet, topk_weights: torch.Ten
 
 # ---------------------------------------------------------------- the whole feed-forward
 
-def _plan(x, topk_ids, topk_weights, experts, out, tile, combine):
+def _plan(x, topk_ids, topk_weights, experts, out, combine, workspace):
     _check_inputs(x, topk_ids, topk_weights, experts)
     _check_int8(experts)
-    if combine != "pass":
-        raise StrataError(f"moe_ffn_int8 sums each call's rows itself (combine='pass'), got "
-                          f"{combine!r}")
+    if combine not in COMBINES:
+        raise StrataError(f"combine must be one of {COMBINES}, got {combine!r}")
+    if combine == "defer" and (not workspace or workspace.get("yk") is None):
+        raise StrataError("combine='defer' keeps the rows between calls in workspace['yk']; "
+                          "pass one (fp32, at least [T*K, D])")
     if out is not None and (out.dtype != torch.float32 or out.shape != x.shape):
         raise StrataError(f"out must be fp32 {list(x.shape)}, got {out.dtype} {list(out.shape)}")
-    return group_blocked(topk_ids, experts.n_expert, tile.BLOCK_M,
-                         slot_offset=experts.slot_offset, skip_negative=True)
 
 
 def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 experts: ExpertSet, *, tile: Int8Tile = Int8Tile(), out=None,
-                 combine: str = "pass") -> torch.Tensor:
+                 experts: ExpertSet, *, tile: Int8Tile = Int8Tile(), out=None, workspace=None,
+                 check: bool = True, combine: str = "pass", scratch_alloc=None) -> torch.Tensor:
     """The layer's MoE feed-forward on int8 (module docstring): x bf16 [T, D] -> y bf16 [T, D],
-    or added into `out` (fp32 [T, D]). Ids of -1 are skipped. One device sync (the grouping's
-    check, as moe_ffn's check=True)."""
-    grp = _plan(x, topk_ids, topk_weights, experts, out, tile, combine)
+    or added into `out` (fp32 [T, D]). moe_ffn's calling convention (strata.kernels.moe.ffn):
+    ids of -1 are skipped; check=False: no host sync (the grid is the bound of padded_rows, the
+    kernel reads the block count on the device); combine "pass" | "defer" | "layer" with the
+    per-assignment rows in workspace["yk"]. Data-parallel only: scratch_alloc is never called.
+    h (fp32) and the q8_1 rows are allocated here, not taken from the workspace (whose "h" is
+    the bf16 GEMM's)."""
+    _plan(x, topk_ids, topk_weights, experts, out, combine, workspace)
     T, K = topk_ids.shape
     D = x.shape[1]
-    h = int8_gate_up(quantize_q8_1(x), grp, experts, K, tile)
-    yk = int8_down(quantize_q8_1(h), grp, experts, topk_weights, tile)
-    rows = None if grp.n_blocks == 0 else "mask" if grp.n_skipped else "all"
-    return _combine(yk, T, K, D, topk_ids, out, rows)
+    E, BM = experts.n_expert, tile.BLOCK_M
+    yk = _work(workspace, "yk", (T * K, D), torch.float32, x.device)             # [T·K, D]
+    if T * K == 0:
+        return _combine(yk, T, K, D, topk_ids, out, "layer" if combine == "layer" else None)
+    if check:   # one sync: validates the ids and the slot table, sizes the grid exactly
+        grp = group_blocked(topk_ids, E, BM, slot_offset=experts.slot_offset,
+                            skip_negative=True)
+    else:
+        grp = group_blocked_bounded(topk_ids, E, BM, padded_rows(T, K, E, BM) // BM)
+    if grp.n_blocks is None or grp.n_blocks:
+        h = int8_gate_up(quantize_q8_1(x), grp, experts, K, tile)
+        int8_down(quantize_q8_1(h), grp, experts, topk_weights, tile, yk=yk)
+    elif combine != "layer":    # nothing routed to this call's experts
+        return _combine(yk, T, K, D, topk_ids, out, None)
+    if combine == "defer":
+        return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16,
+                                                       device=x.device)
+    mask = combine == "pass" and (grp.n_skipped is None or grp.n_skipped > 0)
+    return _combine(yk, T, K, D, topk_ids, out, "mask" if mask else "all")
 
 
 def moe_ffn_int8_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                        experts: ExpertSet, *, tile: Int8Tile = Int8Tile(), out=None,
-                       combine: str = "pass") -> torch.Tensor:
-    """Plain-torch twin of `moe_ffn_int8` (same signature)."""
-    grp = _plan(x, topk_ids, topk_weights, experts, out, tile, combine)
+                       workspace=None, check: bool = True, combine: str = "pass",
+                       scratch_alloc=None) -> torch.Tensor:
+    """Plain-torch twin of `moe_ffn_int8` (same signature; workspace, check and scratch_alloc
+    ignored): every call sums its own rows (into `out` when given), as moe_ffn_torch, so a
+    layer's calls add up to the same y whatever `combine` says."""
+    _plan(x, topk_ids, topk_weights, experts, out, "pass", None)
     T, K = topk_ids.shape
     D = x.shape[1]
+    grp = group_blocked(topk_ids, experts.n_expert, tile.BLOCK_M,
+                        slot_offset=experts.slot_offset, skip_negative=True)
     h = int8_gate_up_torch(quantize_q8_1_torch(x), grp, experts, K, tile)
     yk = int8_down_torch(quantize_q8_1_torch(h), grp, experts, topk_weights, tile)
     rows = None if grp.n_blocks == 0 else "mask" if grp.n_skipped else "all"
