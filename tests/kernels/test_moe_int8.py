@@ -47,7 +47,7 @@ ACT_ABS = 2.0 ** -30
 # then h's own quantization adds one more EPS, and the down map carries it: 3.1 EPS in all.
 EPS = math.sqrt(32) / 254 * (1 + 2.0 ** -3)
 FFN_REL = 3.1 * EPS
-DECODED_REL = 1.5e-2   # moe_ffn (bf16 tensor cores) against moe_ffn_torch: tests/kernels/test_moe_ffn
+DECODED_REL = 1.5e-2   # moe_ffn (bf16 tensor cores) against moe_ffn_torch: test_moe_ffn.py
 
 
 def _bits(t):

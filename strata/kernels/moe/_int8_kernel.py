@@ -76,7 +76,8 @@ def _idot(a, c):
 def _i2f(P):
     """int32 -> fp32 for |P| < 2**22 without the int-to-float conversion (1/8 of the FMA rate on
     Hopper): the bits 0x4B400000 + P are the float 1.5 * 2**23 + P (one unit a step in
-    [2**23, 2**24)) and subtracting 1.5 * 2**23 is exact. A block's |P| <= 32 * 128 * 128 = 2**19."""
+    [2**23, 2**24)) and subtracting 1.5 * 2**23 is exact. A block's |P| <= 32 * 128 * 128
+    = 2**19."""
     return (P + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
 
 
