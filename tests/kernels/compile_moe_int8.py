@@ -24,7 +24,8 @@ SIG = {"qa_ptr": "*i8", "da_ptr": "*fp16", "sa_ptr": "*fp16", "stride_qa": "i32"
        "n_assign": "i32", "arena_ptr": "*u8", "slot_ptr": "*i64", "off1": "i32", "rb1": "i32",
        "off2": "i32", "rb2": "i32", "out_ptr": "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
        "n_out": "i32", "n_in": "i32", "n_blocks_ptr": "*i32", "boff1": "i32", "boff2": "i32",
-       "alpha": "fp32", "limit": "fp32"}
+       "alpha": "fp32", "limit": "fp32", "hd_ptr": "*fp16", "hs_ptr": "*fp16",
+       "stride_hd": "i32"}
 ALIGNED = {"qa_ptr", "da_ptr", "sa_ptr", "stride_qa", "sorted_ids_ptr", "block_expert_ptr",
            "arena_ptr", "slot_ptr", "off1", "rb1", "off2", "rb2", "out_ptr", "stride_out",
            "tw_ptr", "n_out", "n_in"}
@@ -50,14 +51,16 @@ def main(argv=None) -> int:
     tile = Int8Tile()
     for fmt in only or INT8_FORMATS:
         tr = format_traits(fmt)
-        for mode, extra in ((0, {}), (1, {}), (0, dict(BIAS=True, ACT=1))):
+        for mode, extra in ((0, {}), (0, dict(QH=True)), (1, {}),
+                            (0, dict(BIAS=True, ACT=1, QH=True))):
             S = k.Int8Spec(MODE=mode, TOPK=8, FMT1=tr, FMT2=tr, MIN1=_min_sign(fmt),
                            MIN2=_min_sign(fmt), BM=tile.BLOCK_M, BN=tile.BLOCK_N, INTERP=False,
                            **extra)
             what = f"int8 gemm fmt={fmt} mode={mode} {extra}"
             asm = {}
+            sig = dict(SIG, out_ptr="*i8") if extra.get("QH") else dict(SIG)
             try:
-                md = compile_one(k._int8_gemm_kernel, dict(SIG), dict(S=S), tile.num_warps,
+                md = compile_one(k._int8_gemm_kernel, sig, dict(S=S), tile.num_warps,
                                  tile.num_stages, aligned=ALIGNED, asm=asm, options=NO_FMA)
                 errs = _check_ptx(asm["ptx"], what)
                 fails += errs

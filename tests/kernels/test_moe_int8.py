@@ -31,12 +31,12 @@ from strata.formats.split import RUNS, split_codes
 from strata.kernels.moe.ffn import moe_ffn, moe_ffn_torch
 from strata.kernels.moe.grouping import group_blocked, topk_route
 from strata.kernels.moe.int8 import (INT8_FORMATS, Int8Tile, int8_down, int8_down_torch,
-                                     int8_gate_up, int8_gate_up_torch, int8_matmul_torch,
-                                     moe_ffn_int8, moe_ffn_int8_torch)
+                                     int8_gate_up, int8_gate_up_q8, int8_gate_up_torch,
+                                     int8_matmul_torch, moe_ffn_int8, moe_ffn_int8_torch)
 from strata.kernels.moe.q8 import Q8Rows, quantize_q8_1, quantize_q8_1_torch
 from strata.kernels.moe.random_experts import encode_matrix, random_expert_set
 
-TILE = Int8Tile(BLOCK_M=16, BLOCK_N=16)   # the smallest tile tl.dot takes: fast interpreter runs
+TILE = Int8Tile(BLOCK_M=16, BLOCK_N=32)   # small (fast interpreter runs); BN holds a q8_1 block
 ACT_REL = 2.0 ** -20
 ACT_ABS = 2.0 ** -30
 # A q8_1 block x of 32 values is rounded to d*q with |x - d*q| <= d/2, d = amax/127, so
@@ -51,7 +51,14 @@ DECODED_REL = 1.5e-2   # moe_ffn (bf16 tensor cores) against moe_ffn_torch: test
 
 
 def _bits(t):
-    return t.contiguous().view(torch.int32) if t.dtype == torch.float32 else t
+    if t.dtype in (torch.float32, torch.float16):
+        return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+    return t
+
+
+def _same_q8(a: Q8Rows, b: Q8Rows) -> bool:
+    """Codes, d and s bit for bit."""
+    return all(torch.equal(_bits(u), _bits(v)) for u, v in zip(a, b))
 
 
 def _gen(name: str):
@@ -99,16 +106,12 @@ def test_q8_1_matches_twin_and_ggml(dtype):
                  torch.empty(21, 3).half())      # poisoned: -128 is no code, NaN no scale
     got = quantize_q8_1(x, out=out)
     ref = quantize_q8_1_torch(x)
-    for g, r in zip(got, ref):
-        assert torch.equal(g.view(torch.int16) if g.dtype == torch.float16 else g,
-                           r.view(torch.int16) if r.dtype == torch.float16 else r)
+    assert _same_q8(got, ref)
     if dtype == torch.float32:   # (bf16 holds 0.49999997 as 0.5)
         assert ref.q[1, :8].tolist() == [127, 3, -3, 1, -1, 2, 0, 0]
     ggml = _ggml_q8_1(x)
     if ggml is not None:
-        assert torch.equal(ggml.q, ref.q)
-        assert torch.equal(ggml.d.view(torch.int16), ref.d.view(torch.int16))
-        assert torch.equal(ggml.s.view(torch.int16), ref.s.view(torch.int16))
+        assert _same_q8(ggml, ref)
 
 
 def test_q8_1_refuses_ragged_rows():
@@ -241,6 +244,9 @@ def test_int8_gemm_stages_match_twins(c: Case):
     assert not torch.isnan(h).any(), "h not fully written (NaN poison survived)"
     assert ((h - h_ref).abs() <= ACT_REL * h_ref.abs() + ACT_ABS).all(), \
         ((h - h_ref).abs() / h_ref.abs()).max()
+    # h quantized in the GEMM's epilogue: the separate quantizer's bits on the same h
+    hq_fused = int8_gate_up_q8(xq, grp, experts, c.K, TILE)
+    assert _same_q8(hq_fused, quantize_q8_1(h))
     hq = quantize_q8_1(h_ref)
     yk = int8_down(hq, grp, experts, w, TILE)
     yk_ref = int8_down_torch(hq, grp, experts, w, TILE)
@@ -258,8 +264,8 @@ def test_moe_ffn_int8_matches_twin_and_fp32_path(c: Case):
     assert y.shape == (c.T, c.D) and y.dtype == torch.bfloat16 and not y.isnan().any()
     # the launcher's wiring, bit for bit: the twins' stages fed the kernel's own h
     from strata.kernels.moe.combine import combine_rows_torch
-    h = int8_gate_up(quantize_q8_1(x), grp, experts, c.K, TILE)
-    yk = int8_down_torch(quantize_q8_1_torch(h), grp, experts, w, TILE)
+    hq = int8_gate_up_q8(quantize_q8_1(x), grp, experts, c.K, TILE)
+    yk = int8_down_torch(hq, grp, experts, w, TILE)
     rows = "mask" if grp.n_skipped else "all"
     assert torch.equal(y, combine_rows_torch(yk, c.T, c.K, c.D, ids, None, rows))
     ref = moe_ffn_torch(x, ids, w, experts)
@@ -344,12 +350,11 @@ def test_int8_gemm_on_the_gpu_matches_twins(c: Case):
     grp = group_blocked(ids, c.E, tile.BLOCK_M, slot_offset=experts.slot_offset,
                         skip_negative=True)
     xq = quantize_q8_1(x)
-    for g, r in zip(xq, quantize_q8_1_torch(x)):
-        assert torch.equal(g.view(torch.int16) if g.dtype == torch.float16 else g,
-                           r.view(torch.int16) if r.dtype == torch.float16 else r)
+    assert _same_q8(xq, quantize_q8_1_torch(x))
     h = int8_gate_up(xq, grp, experts, c.K, tile)
     h_ref = int8_gate_up_torch(xq, grp, experts, c.K, tile)
     assert ((h - h_ref).abs() <= ACT_REL_GPU * h_ref.abs() + ACT_ABS).all()
+    assert _same_q8(int8_gate_up_q8(xq, grp, experts, c.K, tile), quantize_q8_1(h))
     hq = quantize_q8_1(h_ref)
     yk = int8_down(hq, grp, experts, w, tile)
     assert torch.equal(_bits(yk), _bits(int8_down_torch(hq, grp, experts, w, tile)))

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe._ffn_kernel import DOWN, GATE_UP, _act, _epilogue, _tile_rows
+from strata.kernels.moe._q8_kernel import q8_1_block
 
 
 class Int8Spec(NamedTuple):
@@ -44,6 +45,7 @@ class Int8Spec(NamedTuple):
     INTERP: bool
     BIAS: bool = False
     ACT: int = 0
+    QH: bool = False   # GATE_UP stores h as q8_1 rows (codes, d, s), not fp32
 
     @property
     def cache_key(self) -> str:
@@ -146,13 +148,32 @@ def _int8_mma(qa_ptr, da_ptr, sa_ptr, stride_qa, stride_da, a_rows, valid, w1_pt
 
 
 @triton.jit
+def _store_q8_1(h, ptr, hd_ptr, hs_ptr, stride_hd, offs_m, nb, n_mask, BM: tl.constexpr,
+                BN: tl.constexpr):
+    """h fp32 [BM, BN] as q8_1 rows: codes int8 at ptr [BM, BN], d and s (fp16) of its BN/32
+    blocks at row offs_m, block nb*BN/32 + j; blocks past the matrix's width are not stored."""
+    tl.static_assert(BN % 32 == 0, "a fused q8_1 epilogue needs whole 32-blocks a tile")
+    NJ: tl.constexpr = BN // 32
+    q, d, s = q8_1_block(tl.reshape(h, (BM * NJ, 32)))
+    tl.store(ptr, tl.reshape(q, (BM, BN)).to(tl.int8), mask=n_mask[None, :])
+    j = nb * NJ + tl.arange(0, NJ)                                     # [NJ] block index
+    jm = tl.reshape(n_mask, (NJ, 32)).to(tl.int32)
+    j_ok = (tl.max(jm, axis=1) > 0)[None, :]                           # [1, NJ]
+    at = offs_m[:, None].to(tl.int64) * stride_hd + j[None, :]
+    tl.store(hd_ptr + at, tl.reshape(d, (BM, NJ)).to(tl.float16), mask=j_ok)
+    tl.store(hs_ptr + at, tl.reshape(s, (BM, NJ)).to(tl.float16), mask=j_ok)
+
+
+@triton.jit
 def _int8_gemm_kernel(
         qa_ptr, da_ptr, sa_ptr, stride_qa, stride_da, sorted_ids_ptr, block_expert_ptr, n_assign,
         arena_ptr, slot_ptr, off1, rb1, off2, rb2, out_ptr, stride_out, tw_ptr, n_out, n_in,
-        n_blocks_ptr, boff1, boff2, alpha, limit, S: tl.constexpr):
+        n_blocks_ptr, boff1, boff2, alpha, limit, hd_ptr, hs_ptr, stride_hd, S: tl.constexpr):
     """One program a tile, the whole reduction (data-parallel); programs past the device's block
-    count exit. GATE_UP stores fp32 h for every row of the tile (padding rows as act(0, 0)),
-    DOWN the valid rows times their routing weight (the fused GEMM's epilogue)."""
+    count exit. GATE_UP stores h for every row of the tile (padding rows as act(bias)): fp32 at
+    out_ptr, or with S.QH its q8_1 rows (codes at out_ptr, d and s at hd_ptr / hs_ptr; BN a
+    multiple of 32, so a tile holds whole blocks). DOWN stores the valid rows times their
+    routing weight (the fused GEMM's epilogue)."""
     pid = tl.program_id(0)
     NB = tl.cdiv(n_out, S.BN)
     if pid < tl.load(n_blocks_ptr) * NB:
@@ -174,7 +195,10 @@ def _int8_gemm_kernel(
                 acc2 += tl.load(b2 + offs_n, mask=n_mask, other=0.0)[None, :]
             h = _act(acc1, acc2, alpha, limit, S.ACT)
             ptr = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
-            tl.store(ptr, h, mask=n_mask[None, :])
+            if S.QH:
+                _store_q8_1(h, ptr, hd_ptr, hs_ptr, stride_hd, offs_m, nb, n_mask, S.BM, S.BN)
+            else:
+                tl.store(ptr, h, mask=n_mask[None, :])
         else:
             _epilogue(DOWN, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
                       tw_ptr, S.INTERP, b1, b2, alpha, limit, S.BIAS, S.ACT)

@@ -5,7 +5,7 @@ Legend: T tokens, D hidden, F expert width, E experts, K top-k, B = n_in / 32 bl
 
     xq = q8_1(x)                                       (strata.kernels.moe.q8; per token)
     h[r] = act(gate_e . xq[tok(r)], up_e . xq[tok(r)])  fp32, rows r in expert order
-    hq = q8_1(h)
+    hq = q8_1(h)                                       (in the gate/up GEMM's epilogue)
     yk[t*K + k] = w[t, k] * down_e . hq[r(t, k)]        fp32
     y[t] = sum_k yk[t*K + k]                            (strata.kernels.moe.combine)
 
@@ -17,13 +17,15 @@ d and minimums m, strata.formats.split) is taken block by block in increasing k:
 (runs of 16 weights: two such terms a block, the minimum's sum da_b * sum of the half's codes).
 Every step is fp32 and unfused, so the Triton kernel and the torch twins give the same bits; the
 one exception is act's exp (the GPU's ex2 and numpy's or torch's exp differ in the last place),
-so `int8_gate_up` matches its twin to a few ulps of h and `int8_down` bit for bit.
+so `int8_gate_up` matches its twin to a few ulps of h and `int8_down` bit for bit;
+`int8_gate_up_q8` (h quantized in the epilogue, never stored in fp32) gives the bits of
+quantize_q8_1 on int8_gate_up's h.
 
 Formats: INT8_FORMATS (the integer splits: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
 Q6_K, IQ4_NL, IQ4_XS, MXFP4). D and F must be multiples of 32 (q8_1's block).
 
-`moe_ffn_int8` / `moe_ffn_int8_torch`, `int8_gate_up` / `int8_gate_up_torch` and `int8_down` /
-`int8_down_torch` are Triton launchers and their plain-torch twins, pairwise of one signature.
+`moe_ffn_int8`, `int8_gate_up`, `int8_gate_up_q8` and `int8_down` are Triton launchers, each
+with a plain-torch twin of one signature (`..._torch`).
 """
 from __future__ import annotations
 
@@ -81,19 +83,28 @@ def _room(grp) -> int:
 
 
 def _launch(mode: int, a: Q8Rows, grp, experts: ExpertSet, m1, m2, dst, tw, tile: Int8Tile,
-            n_out: int, n_in: int, b1: str, b2: str, topk: int):
+            n_out: int, n_in: int, b1: str, b2: str, topk: int, hq: Q8Rows | None = None):
+    """One GEMM launch; `hq`: GATE_UP writes these q8_1 rows instead of fp32 h (dst)."""
     lay = experts.layout
+    if hq is not None:
+        if tile.BLOCK_N % QK:
+            raise StrataError(f"q8_1 rows out of the GEMM need BLOCK_N a multiple of {QK}, "
+                              f"got {tile.BLOCK_N}")
+        dst, hd, hs, stride_hd = hq.q, hq.d, hq.s, hq.d.stride(0)
+    else:
+        hd, hs, stride_hd = dst, dst, 0     # never touched
     boff = ((lay.bias.part(b1)[0], lay.bias.part(b2)[0]) if lay.bias is not None else (0, 0))
     S = _k.Int8Spec(MODE=mode, TOPK=topk, FMT1=format_traits(m1.fmt), FMT2=format_traits(m2.fmt),
                     MIN1=_min_sign(m1.fmt), MIN2=_min_sign(m2.fmt), BM=tile.BLOCK_M,
                     BN=tile.BLOCK_N, INTERP=INTERPRET, BIAS=lay.bias is not None,
-                    ACT=lay.act.code)
+                    ACT=lay.act.code, QH=hq is not None)
     n_tiles = _room(grp) * -(-n_out // tile.BLOCK_N)
     _k._int8_gemm_kernel[(n_tiles,)](
         a.q, a.d, a.s, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert,
         grp.n_assign, experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset,
         m2.row_bytes, dst, dst.stride(0), tw, n_out, n_in, grp.n_blocks_dev, *boff,
-        float(lay.act.alpha), float(lay.act.limit), S=S, num_warps=tile.num_warps,
+        float(lay.act.alpha), float(lay.act.limit), hd, hs, stride_hd, S=S,
+        num_warps=tile.num_warps,
         num_stages=tile.num_stages, enable_fp_fusion=False)
     return dst
 
@@ -110,6 +121,25 @@ def int8_gate_up(xq: Q8Rows, grp, experts: ExpertSet, topk: int,
         _launch(0, xq, grp, experts, lay.gate, lay.up, h, h, tile, lay.d_expert, lay.d_model,
                 "gate", "up", topk)
     return h
+
+
+def int8_gate_up_q8(xq: Q8Rows, grp, experts: ExpertSet, topk: int,
+                    tile: Int8Tile = Int8Tile(), out: Q8Rows | None = None) -> Q8Rows:
+    """int8_gate_up's h, quantized to q8_1 in the GEMM's epilogue (no fp32 h in memory): the
+    bits of quantize_q8_1(int8_gate_up(...)). `out`: rows to write into (at least n_blocks * BM)."""
+    lay = experts.layout
+    rows = _room(grp) * tile.BLOCK_M
+    hq = out or _q8_rows(rows, lay.d_expert, xq.q.device)
+    if rows:
+        _launch(0, xq, grp, experts, lay.gate, lay.up, None, hq.d, tile, lay.d_expert,
+                lay.d_model, "gate", "up", topk, hq=hq)
+    return hq
+
+
+def _q8_rows(R: int, n: int, device) -> Q8Rows:
+    return Q8Rows(torch.empty(R, n, dtype=torch.int8, device=device),
+                  torch.empty(R, n // QK, dtype=torch.float16, device=device),
+                  torch.empty(R, n // QK, dtype=torch.float16, device=device))
 
 
 def int8_down(hq: Q8Rows, grp, experts: ExpertSet, topk_weights: torch.Tensor,
@@ -194,6 +224,12 @@ def int8_gate_up_torch(xq: Q8Rows, grp, experts: ExpertSet, topk: int,
     return h
 
 
+def int8_gate_up_q8_torch(xq: Q8Rows, grp, experts: ExpertSet, topk: int,
+                          tile: Int8Tile = Int8Tile(), out: Q8Rows | None = None) -> Q8Rows:
+    """Plain-torch twin of `int8_gate_up_q8` (same signature)."""
+    return quantize_q8_1_torch(int8_gate_up_torch(xq, grp, experts, topk, tile), out=out)
+
+
 def _act_torch(g: torch.Tensor, u: torch.Tensor, act) -> torch.Tensor:
     """The kernel's act (strata.kernels.moe._ffn_kernel._act) in its own expressions."""
     if act.name == "silu":
@@ -260,8 +296,8 @@ def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     else:
         grp = group_blocked_bounded(topk_ids, E, BM, padded_rows(T, K, E, BM) // BM)
     if grp.n_blocks is None or grp.n_blocks:
-        h = int8_gate_up(quantize_q8_1(x), grp, experts, K, tile)
-        int8_down(quantize_q8_1(h), grp, experts, topk_weights, tile, yk=yk)
+        hq = int8_gate_up_q8(quantize_q8_1(x), grp, experts, K, tile)
+        int8_down(hq, grp, experts, topk_weights, tile, yk=yk)
     elif combine != "layer":    # nothing routed to this call's experts
         return _combine(yk, T, K, D, topk_ids, out, None)
     if combine == "defer":
@@ -283,7 +319,7 @@ def moe_ffn_int8_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
     D = x.shape[1]
     grp = group_blocked(topk_ids, experts.n_expert, tile.BLOCK_M,
                         slot_offset=experts.slot_offset, skip_negative=True)
-    h = int8_gate_up_torch(quantize_q8_1_torch(x), grp, experts, K, tile)
-    yk = int8_down_torch(quantize_q8_1_torch(h), grp, experts, topk_weights, tile)
+    hq = int8_gate_up_q8_torch(quantize_q8_1_torch(x), grp, experts, K, tile)
+    yk = int8_down_torch(hq, grp, experts, topk_weights, tile)
     rows = None if grp.n_blocks == 0 else "mask" if grp.n_skipped else "all"
     return combine_rows_torch(yk, T, K, D, topk_ids, out, rows)
