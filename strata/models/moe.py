@@ -20,8 +20,8 @@ what the provider lends, strata.models.provider.LayerWorkspace):
             blobs were re-laid into code and scale planes as they landed: the engine's
             strata.planes.Landing; it takes PlaneSets, an ExpertSet is a StrataError)
 - "int8":   the int8 GEMM `strata.kernels.moe.int8.moe_ffn_int8` (activations quantized to q8_1
-            per token, the weights' int8 codes, as llama.cpp's MMQ; opt-in: its fp32 h and q8_1
-            rows come from torch's allocator, not yet from the layout)
+            per token, the weights' int8 codes, as llama.cpp's MMQ; opt-in): its q8_1 rows of x
+            and h borrow the bytes of the layout's bf16 h (fresh tensors where they do not fit)
 - "torch":  the fused GEMM's plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
 - "ref":    `moe_ffn_ref` below: every product in fp32, x not rounded (the reference forward)
 Block decoding is the kernels' own (`dequantize_matrix`).
@@ -173,8 +173,9 @@ class PlaneFFN(ExpertFFNs):
 
 
 class Int8FFN(ExpertFFNs):
-    """The int8 GEMM on q8_1 activations (data-parallel: no slab scratch). Its h and q8_1 rows
-    are allocated per call, outside the planned layout (to be declared as buffers)."""
+    """The int8 GEMM on q8_1 activations (data-parallel: no slab scratch); its q8_1 rows live in
+    the layout's h buffer where they fit (x's and h's together: 1.125 (T D + Mpad F) bytes
+    against h's 2 Mpad F), else in fresh tensors outside the plan."""
     name = "int8"
 
     def forward(self):

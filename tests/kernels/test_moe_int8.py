@@ -316,6 +316,19 @@ def test_moe_ffn_int8_passes_without_sync_sum_as_one_call():
     assert torch.equal(_bits(y), _bits(y_one))
 
 
+def test_moe_ffn_int8_takes_its_q8_rows_from_the_workspace_h():
+    """workspace["h"] (the bf16 GEMM's h, padded rows x F) lends its bytes to the q8_1 rows of x
+    and h: the same y, and the rows live in the buffer (its bytes change)."""
+    from strata.kernels.moe.tiles import padded_rows
+    c = CASES[0]
+    experts, x, ids, w, _ = _inputs(c)
+    rows = padded_rows(c.T, c.K, c.E, 64)                 # the bf16 kernel's BLOCK_M of 64
+    h = torch.zeros(rows, c.F, dtype=torch.bfloat16)
+    y = moe_ffn_int8(x, ids, w, experts, tile=TILE, workspace={"h": h})
+    assert torch.equal(y, moe_ffn_int8(x, ids, w, experts, tile=TILE))
+    assert h.view(torch.int16).ne(0).any()
+
+
 def test_moe_ffn_int8_refuses_formats_without_a_split():
     experts = random_expert_set(2, 256, 32, "IQ3_S", "Q8_0", "Q8_0")
     x = torch.zeros(2, 256).bfloat16()

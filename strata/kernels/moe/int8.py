@@ -136,10 +136,33 @@ def int8_gate_up_q8(xq: Q8Rows, grp, experts: ExpertSet, topk: int,
     return hq
 
 
-def _q8_rows(R: int, n: int, device) -> Q8Rows:
-    return Q8Rows(torch.empty(R, n, dtype=torch.int8, device=device),
-                  torch.empty(R, n // QK, dtype=torch.float16, device=device),
-                  torch.empty(R, n // QK, dtype=torch.float16, device=device))
+def _q8_rows(R: int, n: int, device, raw: torch.Tensor | None = None) -> Q8Rows:
+    """q8_1 rows [R, n]: fresh, or views of the uint8 `raw` (codes, then d, then s; R*n is
+    even, so the fp16 parts start 2-byte aligned)."""
+    if raw is None:
+        return Q8Rows(torch.empty(R, n, dtype=torch.int8, device=device),
+                      torch.empty(R, n // QK, dtype=torch.float16, device=device),
+                      torch.empty(R, n // QK, dtype=torch.float16, device=device))
+    nq, nd = R * n, R * (n // QK) * 2
+    return Q8Rows(raw[:nq].view(torch.int8).view(R, n),
+                  raw[nq:nq + nd].view(torch.float16).view(R, n // QK),
+                  raw[nq + nd:nq + 2 * nd].view(torch.float16).view(R, n // QK))
+
+
+def q8_nbytes(R: int, n: int) -> int:
+    """Bytes of q8_1 rows [R, n]: n codes and two fp16 a block of 32, rounded up to 256."""
+    return -(-(R * n + 4 * R * (n // QK)) // 256) * 256
+
+
+def _q8_buffers(workspace, T: int, D: int, R: int, F: int, device) -> tuple[Q8Rows, Q8Rows]:
+    """(x's q8_1 rows [T, D], h's [R, F]): views of workspace["h"]'s bytes where it holds both
+    (an engine's carve), else fresh tensors."""
+    buf = workspace.get("h") if workspace else None
+    nx, nh = q8_nbytes(T, D), q8_nbytes(R, F)
+    if buf is not None and buf.is_contiguous() and buf.numel() * buf.element_size() >= nx + nh:
+        raw = buf.view(-1).view(torch.uint8)
+        return _q8_rows(T, D, device, raw[:nx]), _q8_rows(R, F, device, raw[nx:nx + nh])
+    return _q8_rows(T, D, device), _q8_rows(R, F, device)
 
 
 def int8_down(hq: Q8Rows, grp, experts: ExpertSet, topk_weights: torch.Tensor,
@@ -281,8 +304,8 @@ def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     ids of -1 are skipped; check=False: no host sync (the grid is the bound of padded_rows, the
     kernel reads the block count on the device); combine "pass" | "defer" | "layer" with the
     per-assignment rows in workspace["yk"]. Data-parallel only: scratch_alloc is never called.
-    h (fp32) and the q8_1 rows are allocated here, not taken from the workspace (whose "h" is
-    the bf16 GEMM's)."""
+    The q8_1 rows of x and h take their bytes from workspace["h"] (the bf16 GEMM's h, 2F bytes
+    a row: q8_1 rows need 1.125 a feature) where it holds them both, else fresh tensors."""
     _plan(x, topk_ids, topk_weights, experts, out, combine, workspace)
     T, K = topk_ids.shape
     D = x.shape[1]
@@ -296,7 +319,8 @@ def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     else:
         grp = group_blocked_bounded(topk_ids, E, BM, padded_rows(T, K, E, BM) // BM)
     if grp.n_blocks is None or grp.n_blocks:
-        hq = int8_gate_up_q8(quantize_q8_1(x), grp, experts, K, tile)
+        xq, hq = _q8_buffers(workspace, T, D, _room(grp) * BM, experts.layout.d_expert, x.device)
+        hq = int8_gate_up_q8(quantize_q8_1(x, out=xq), grp, experts, K, tile, out=hq)
         int8_down(hq, grp, experts, topk_weights, tile, yk=yk)
     elif combine != "layer":    # nothing routed to this call's experts
         return _combine(yk, T, K, D, topk_ids, out, None)
