@@ -59,6 +59,16 @@ class Int8Tile:
     num_stages: int = 2
 
 
+# the interpreter's: the smallest tile tl.dot takes with a whole q8_1 block across (a program
+# costs the same whatever its size there, and tiny experts pad less)
+INTERP_TILE = Int8Tile(BLOCK_M=16, BLOCK_N=32)
+
+
+def default_tile() -> Int8Tile:
+    """The tile moe_ffn_int8 takes when none is given."""
+    return INTERP_TILE if INTERPRET else Int8Tile()
+
+
 def _min_sign(fmt) -> int:
     """0: no minimum; 1: w = d*c + m (Q4_1, Q5_1); -1: w = d*c - m (the k-quants)."""
     tr = format_traits(fmt)
@@ -297,7 +307,7 @@ def _plan(x, topk_ids, topk_weights, experts, out, combine, workspace):
 
 
 def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 experts: ExpertSet, *, tile: Int8Tile = Int8Tile(), out=None, workspace=None,
+                 experts: ExpertSet, *, tile: Int8Tile | None = None, out=None, workspace=None,
                  check: bool = True, combine: str = "pass", scratch_alloc=None) -> torch.Tensor:
     """The layer's MoE feed-forward on int8 (module docstring): x bf16 [T, D] -> y bf16 [T, D],
     or added into `out` (fp32 [T, D]). moe_ffn's calling convention (strata.kernels.moe.ffn):
@@ -307,6 +317,7 @@ def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     The q8_1 rows of x and h take their bytes from workspace["h"] (the bf16 GEMM's h, 2F bytes
     a row: q8_1 rows need 1.125 a feature) where it holds them both, else fresh tensors."""
     _plan(x, topk_ids, topk_weights, experts, out, combine, workspace)
+    tile = tile or default_tile()
     T, K = topk_ids.shape
     D = x.shape[1]
     E, BM = experts.n_expert, tile.BLOCK_M
@@ -332,13 +343,14 @@ def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
 
 
 def moe_ffn_int8_torch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                       experts: ExpertSet, *, tile: Int8Tile = Int8Tile(), out=None,
+                       experts: ExpertSet, *, tile: Int8Tile | None = None, out=None,
                        workspace=None, check: bool = True, combine: str = "pass",
                        scratch_alloc=None) -> torch.Tensor:
     """Plain-torch twin of `moe_ffn_int8` (same signature; workspace, check and scratch_alloc
     ignored): every call sums its own rows (into `out` when given), as moe_ffn_torch, so a
     layer's calls add up to the same y whatever `combine` says."""
     _plan(x, topk_ids, topk_weights, experts, out, "pass", None)
+    tile = tile or default_tile()
     T, K = topk_ids.shape
     D = x.shape[1]
     grp = group_blocked(topk_ids, experts.n_expert, tile.BLOCK_M,
