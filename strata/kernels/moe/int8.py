@@ -114,8 +114,7 @@ def _launch(mode: int, a: Q8Rows, grp, experts: ExpertSet, m1, m2, dst, tw, tile
         grp.n_assign, experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset,
         m2.row_bytes, dst, dst.stride(0), tw, n_out, n_in, grp.n_blocks_dev, *boff,
         float(lay.act.alpha), float(lay.act.limit), hd, hs, stride_hd, S=S,
-        num_warps=tile.num_warps,
-        num_stages=tile.num_stages, enable_fp_fusion=False)
+        num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False)
     return dst
 
 
