@@ -11,7 +11,8 @@ K 8, so T 64 .. 32768 is r 4 .. 2048).
 
 The grid: qwen3-30b-a3b's expert shape, T in TS, the stock mixes' expert formats (FORMATS), arms
 strata-dp / strata-sk (the kernel; the table takes the schedule its launcher picks),
-strata-decoded, strata-plane (where plane reads the format). The kernel_bench CSV and its PNG go
+strata-decoded, strata-plane (where plane reads the format), strata-int8 (listed, not chosen by
+auto). The kernel_bench CSV and its PNG go
 to --out as kernel_bench writes them; the table is written to --table (default: the packaged
 one) with the CSVs it came from; a PNG of the chosen path per format and rows beside it.
 """
@@ -31,7 +32,7 @@ from strata.kernels.moe.choices import PATHS, TABLE, FfnTable  # noqa: E402
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K", "MXFP4", "IQ4_XS", "Q5_K", "Q4_0", "BF16"]   # most used first
 TS = [64, 512, 2048, 8192, 32768]
-ARMS = ["strata-dp", "strata-sk", "strata-decoded", "strata-plane"]
+ARMS = ["strata-dp", "strata-sk", "strata-decoded", "strata-plane", "strata-int8"]
 
 
 def run_bench(args) -> Path:

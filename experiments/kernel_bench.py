@@ -12,6 +12,9 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
   ceiling: it reads 2 bytes a weight).
 - decode+grouped_mm: decode the routed experts' blobs to bf16 (strata.kernels.moe.expert_dequant), then
   torch._grouped_mm: what a framework without fused decode does each time.
+- strata-int8 (strata.kernels.moe.int8.INT8_FORMATS): moe_ffn_int8, x and h quantized to q8_1,
+  the weights' int8 codes on the int8 tensor cores (its check bound is INT8_REL: two more
+  quantizations than the bf16 path's).
 - strata-plane (Q8_0, Q4_0, Q4_K: plane.KERNEL_FORMATS): strata.kernels.moe.plane.plane_ffn on the
   same experts re-laid once into the plane layout (strata.planes: aligned code tiles, scales
   apart), the tile from its default table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]`
@@ -51,7 +54,7 @@ import torch
 
 import strata  # noqa: F401  (selects the interpreter without CUDA)
 from strata import bench
-from strata.bench.expert_gemm import (BF16_REL, DECODED_REL, SHAPES, SMOKE_SHAPES,
+from strata.bench.expert_gemm import (BF16_REL, DECODED_REL, INT8_REL, SHAPES, SMOKE_SHAPES,
                                       dense_weights, grouped_mm_ffn, make_experts, rel_err)
 from strata.bench.roofline import expert_flops
 from strata.errors import StrataError
@@ -60,6 +63,7 @@ from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
 from strata.kernels.moe.decoded import last_decoded_gemm, moe_ffn_decoded, pin_decoded_gemm
 from strata.kernels.moe.expert_dequant import dequant_experts
 from strata.kernels.moe.ffn import last_launch
+from strata.kernels.moe.int8 import INT8_FORMATS, moe_ffn_int8
 from strata.kernels.moe.plane import KERNEL_FORMATS as PLANE_FORMATS
 from strata.kernels.moe.plane import PlaneTile, plane_ffn, plane_tile
 from strata.kernels.moe.tiles import TileConfig
@@ -69,7 +73,7 @@ FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
 SETTLE_S = 0.3
 ARMS = ["strata-dp", "strata-sk", "strata-decoded", "strata-decoded-grouped", "grouped_mm-bf16",
-        "decode+grouped_mm", "strata-plane"]
+        "decode+grouped_mm", "strata-plane", "strata-int8"]
 
 
 def supported(fmt: str, shape=None) -> str | None:
@@ -145,6 +149,8 @@ def measure(args, rec: bench.Recorder) -> None:
                 "grouped_mm-bf16": lambda: grouped_mm_ffn(x, ids, w, wg, wu, wd),
                 "decode+grouped_mm": decode_then_mm}
         arms = {a: fn for a, fn in arms.items() if a in args.arms or a == "grouped_mm-bf16"}
+        if fmt in INT8_FORMATS and "strata-int8" in args.arms:
+            arms["strata-int8"] = lambda: moe_ffn_int8(x, ids, w, experts, check=chk)
         if fmt == "BF16":   # nothing to decode: moe_ffn_decoded is moe_ffn on the blobs
             arms.pop("strata-decoded-grouped", None)
         if plane:
@@ -156,8 +162,10 @@ def measure(args, rec: bench.Recorder) -> None:
                                                                             check=chk)
         ref = moe_ffn_torch(x, ids, w, experts)
         bound_rel = BF16_REL if fmt == "BF16" else DECODED_REL
-        gate = f"normalized error vs moe_ffn_torch < {bound_rel:g}"
+        gate = (f"normalized error vs moe_ffn_torch < {bound_rel:g} "
+                f"(strata-int8 {INT8_REL:.3g})")
         errs = {}
+        rel_of = {a: INT8_REL if a == "strata-int8" else bound_rel for a in arms}
         for arm, fn in list(arms.items()):
             try:
                 errs[arm] = rel_err(fn(), ref)
@@ -169,12 +177,12 @@ def measure(args, rec: bench.Recorder) -> None:
                 rec.add("skipped", "", "", bound=type(exc).__name__, arm=arm, **cfg)
                 del arms[arm]
                 continue
-            rec.add("rel_err", errs[arm], "ratio", bound=f"< {bound_rel:g}",
-                    bound_value=bound_rel, arm=arm, **cfg)
+            rec.add("rel_err", errs[arm], "ratio", bound=f"< {rel_of[arm]:g}",
+                    bound_value=rel_of[arm], arm=arm, **cfg)
 
         def check(arm):   # the gate, on exactly the inputs timed below
             e = errs[arm]
-            return None if e < bound_rel else f"normalized error {e:.3e} >= {bound_rel:g}"
+            return None if e < rel_of[arm] else f"normalized error {e:.3e} >= {rel_of[arm]:g}"
 
         flops = expert_flops(shape, T, layers=1)
         timed = {arm: rec.timed(fn, check=lambda arm=arm: check(arm),

@@ -9,7 +9,9 @@ expert GEMM sees), path one of PATHS.
 Per (GPU, format) the table holds points (r, {path: TFLOP/s}). "kernel" is the fused GEMM as
 its launcher runs it by default (the schedule the CSV's strata-auto tile row names: strata-dp or
 strata-sk), "decoded" decode-once + the BF16 GEMM, "plane" the plane-layout GEMM (a landing
-choice of the engine, listed for `--experts plane`; auto does not switch to it per call). Rows of
+choice of the engine, listed for `--experts plane`; auto does not switch to it per call), "int8"
+the int8 GEMM on q8_1 activations (other numerics: listed for `--experts int8` until its KLD
+is measured; auto does not pick it). Rows of
 later CSVs replace those of earlier ones at the same (GPU, format, shape, T).
 """
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 
 from strata.errors import StrataError
 
-ARM_PATH = {"strata-decoded": "decoded", "strata-plane": "plane"}   # + the kernel's schedule arm
+ARM_PATH = {"strata-decoded": "decoded", "strata-plane": "plane", "strata-int8": "int8"}
+# + "kernel": the fused GEMM's arm of the schedule its launcher picks
 SCHEDULE_ARM = {"dp": "strata-dp", "stream_k": "strata-sk"}
 VERSION = 1
 

@@ -126,7 +126,9 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
                    help="experts per streamed batch (default ring/2)")
     g.add_argument("--experts", choices=list(FFN_CHOICES), default="auto",
                    help="expert FFN: kernel (fused Triton GEMM on the blocks), decoded (decode a "
-                        "pass's experts once, then the BF16 GEMM), torch (plain-torch twin, "
+                        "pass's experts once, then the BF16 GEMM), int8 (activations "
+                        "quantized to q8_1, int8 tensor cores, as llama.cpp's MMQ; opt-in), "
+                        "torch (plain-torch twin, "
                         "bf16), ref (fp32 reference); auto: on cuda decoded for long chunks and "
                         "kernel for short ones, on the CPU ref (resident and streamed alike)")
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")

@@ -20,7 +20,10 @@ what the provider lends, strata.models.provider.LayerWorkspace):
 - "plane":  the plane-layout GEMM `strata.kernels.moe.plane.plane_ffn` (Q8_0/Q4_0/Q4_K experts whose
             blobs were re-laid into code and scale planes as they landed: the engine's
             strata.planes.Landing; it takes PlaneSets, an ExpertSet is a StrataError)
-- "torch":  its plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
+- "int8":   the int8 GEMM `strata.kernels.moe.int8.moe_ffn_int8` (activations quantized to q8_1
+            per token, the weights' int8 codes, as llama.cpp's MMQ; opt-in): its q8_1 rows of x
+            and h borrow the bytes of the layout's bf16 h (fresh tensors where they do not fit)
+- "torch":  the fused GEMM's plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
 - "ref":    `moe_ffn_ref` below: every product in fp32, x not rounded (the reference forward)
 Block decoding is the kernels' own (`dequantize_matrix`).
 """
@@ -167,6 +170,17 @@ class PlaneFFN(ExpertFFNs):
         return _bf16(plane_ffn)
 
 
+class Int8FFN(ExpertFFNs):
+    """The int8 GEMM on q8_1 activations (data-parallel: no slab scratch); its q8_1 rows live in
+    the layout's h buffer where they fit (x's and h's together: 1.125 (T D + Mpad F) bytes
+    against h's 2 Mpad F), else in fresh tensors outside the plan."""
+    name = "int8"
+
+    def forward(self):
+        from strata.kernels.moe.int8 import moe_ffn_int8
+        return _bf16(moe_ffn_int8)
+
+
 class TorchFFN(ExpertFFNs):
     """The fused GEMM's plain-torch twin (same bf16 contract)."""
     name = "torch"
@@ -185,7 +199,7 @@ class RefFFN(ExpertFFNs):
 
 
 EXPERT_FFNS: dict[str, ExpertFFNs] = {c.name: c() for c in (AutoFFN, KernelFFN, DecodedFFN,
-                                                             PlaneFFN, TorchFFN, RefFFN)}
+                                                             PlaneFFN, Int8FFN, TorchFFN, RefFFN)}
 FFN_CHOICES = tuple(EXPERT_FFNS)
 
 

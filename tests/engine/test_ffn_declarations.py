@@ -66,7 +66,7 @@ def test_the_registry_reads_each_name_once():
         ffn_named("fast")
 
 
-@pytest.mark.parametrize("name", ["ref", "torch", "plane"])
+@pytest.mark.parametrize("name", ["ref", "torch", "plane", "int8"])
 def test_a_run_records_the_plan_of_its_ffn(pack, name):   # noqa: F811 (the fixture)
     from strata.packs import Pack
     cache = 100 * Pack.open(pack).max_blob

@@ -32,16 +32,19 @@ ALIGNED = {"a_ptr", "sorted_ids_ptr", "block_expert_ptr", "arena_ptr", "slot_ptr
            "n_in"}
 
 
-def compile_one(fn, sig, const, warps, stages, aligned=ALIGNED, asm=None, maxnreg=None):
+def compile_one(fn, sig, const, warps, stages, aligned=ALIGNED, asm=None, maxnreg=None,
+                options=None):
     """Compile `fn` to a cubin; returns the metadata. `aligned`: the args hinted divisible by 16;
     `asm`, a dict, receives each stage's output by name (ttir ... ptx, cubin); `maxnreg` the
-    launch option of that name (registers a thread, None: ptxas's choice)."""
+    launch option of that name (registers a thread, None: ptxas's choice); `options`: more
+    launch options (e.g. enable_fp_fusion=False)."""
     sig = dict(sig, **{c: "constexpr" for c in const})
     names = list(sig)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
     src = ASTSource(fn, sig, const, attrs=attrs)
     opts = BACKEND.parse_options({"num_warps": warps, "num_stages": stages,
-                                  **({"maxnreg": maxnreg} if maxnreg else {})})
+                                  **({"maxnreg": maxnreg} if maxnreg else {}),
+                                  **(options or {})})
     ctx = ir.context()
     ir.load_dialects(ctx)
     BACKEND.load_dialects(ctx)

@@ -24,7 +24,7 @@ def test_kernel_bench_smoke(tmp_path):
     checks = [r for r in rows if r["figure"] == "rel_err"]
     assert {r["config"]["arm"] for r in checks} == {"strata-dp", "strata-sk", "strata-decoded",
                                                     "strata-decoded-grouped", "grouped_mm-bf16", "decode+grouped_mm",
-                                                    "strata-plane"}
+                                                    "strata-plane", "strata-int8"}
     assert all(r["value"] < r["bound_value"] for r in checks)
     tf = [r for r in rows if r["figure"] == "tflops"]
     assert tf and all(r["gate"].startswith("normalized error") and r["timer"] for r in tf)

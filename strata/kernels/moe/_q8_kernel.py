@@ -1,0 +1,50 @@
+"""Triton kernel of the q8_1 activation quantizer (see strata.kernels.moe.q8 for the op).
+
+Legend: R rows, D features, one program a BR x 32 tile (BR rows of one 32-feature block).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def roundf(v):
+    """C roundf (halves away from zero) of fp32 v, as int32: trunc, then one step away from zero
+    where the dropped fraction is at least a half. (floor(v + 0.5) is wrong for 0.49999997,
+    whose sum rounds up to 1.0 in fp32.) The conversion truncates and v - trunc(v) is exact."""
+    t = v.to(tl.int32)
+    f = v - t.to(tl.float32)
+    return t + (f >= 0.5).to(tl.int32) - (f <= -0.5).to(tl.int32)
+
+
+@triton.jit
+def q8_1_block(x):
+    """fp32 [BR, 32] -> (codes int32 [BR, 32], d fp32 [BR], s fp32 [BR]) as ggml's
+    quantize_row_q8_1_ref: d = amax / 127, id = 1/d (0 when d == 0), q = roundf(x * id),
+    s = sum(q) * d. IEEE divisions (div_rn), so the GPU's approximate '/' never enters."""
+    amax = tl.max(tl.abs(x), axis=1)                                   # [BR]
+    d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    one = tl.full(d.shape, 1.0, tl.float32)
+    inv = tl.where(d == 0.0, 0.0, tl.math.div_rn(one, tl.where(d == 0.0, one, d)))
+    q = roundf(x * inv[:, None])                                       # [BR, 32]
+    s = tl.sum(q, axis=1).to(tl.float32) * d
+    return q, d, s
+
+
+@triton.jit
+def _q8_1_kernel(x_ptr, stride_x, q_ptr, stride_q, d_ptr, s_ptr, stride_d, n_rows,
+                 BR: tl.constexpr):
+    """x [R, D] (fp32 or bf16) -> q int8 [R, D], d fp16 [R, D/32], s fp16 [R, D/32]."""
+    pid_r = tl.program_id(0)
+    kb = tl.program_id(1)                                              # 32-feature block
+    rows = pid_r * BR + tl.arange(0, BR)                               # [BR]
+    rmask = rows < n_rows
+    cols = kb * 32 + tl.arange(0, 32)                                  # [32]
+    r64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + r64 * stride_x + cols[None, :], mask=rmask[:, None], other=0.0)
+    q, d, s = q8_1_block(x.to(tl.float32))
+    tl.store(q_ptr + r64 * stride_q + cols[None, :], q.to(tl.int8), mask=rmask[:, None])
+    at = rows.to(tl.int64) * stride_d + kb
+    tl.store(d_ptr + at, d.to(tl.float16), mask=rmask)
+    tl.store(s_ptr + at, s.to(tl.float16), mask=rmask)

@@ -1,0 +1,86 @@
+"""Activations quantized per row in blocks of 32, as llama.cpp's q8_1 holds them (the int8
+expert GEMM's input, strata.kernels.moe.int8).
+
+Legend: R rows, D features (D % 32 == 0), B = D / 32 blocks a row.
+
+    for each row and block b of 32 features x[0:32]:
+        d = amax|x| / 127            (fp32)
+        q = roundf(x * (1/d))        (int8; 0 when d == 0; roundf: halves away from zero)
+        s = sum(q) * d               (fp32)
+    stored as q int8 [R, D], d fp16 [R, B], s fp16 [R, B]: block_q8_1's fields (ggml's d and s
+    are fp16 too), each rounded to nearest even.
+
+This is ggml's CPU reference quantize_row_q8_1_ref bit for bit (tests compare against the C
+function). llama.cpp's CUDA MMQ quantizer (quantize_mmq_q8_1) differs in the last place: it
+computes 127/amax and d = 1/(127/amax) and, built with -use_fast_math, divides approximately,
+so no plain reference reproduces its bits; the reference one does on every device here.
+
+`quantize_q8_1` (Triton) and `quantize_q8_1_torch` (plain torch) share one signature and give the
+same bits.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+
+from strata.errors import StrataError
+from strata.formats._util import round_away
+from strata.kernels.moe import _q8_kernel as _k
+
+QK = 32          # features a block (ggml's QK8_1)
+BLOCK_ROWS = 16  # rows a program
+
+
+class Q8Rows(NamedTuple):
+    """Rows quantized to q8_1: q int8 [R, D], d fp16 [R, D/32], s fp16 [R, D/32]."""
+    q: torch.Tensor
+    d: torch.Tensor
+    s: torch.Tensor
+
+
+def _check(x: torch.Tensor) -> None:
+    if x.dim() != 2 or x.shape[1] % QK:
+        raise StrataError(f"q8_1 quantizes [R, D] rows with D a multiple of {QK}, got "
+                          f"{tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise StrataError(f"q8_1 quantizes fp32 or bf16 rows, got {x.dtype}")
+
+
+def _empty(x: torch.Tensor) -> Q8Rows:
+    R, D = x.shape
+    return Q8Rows(torch.empty(R, D, dtype=torch.int8, device=x.device),
+                  torch.empty(R, D // QK, dtype=torch.float16, device=x.device),
+                  torch.empty(R, D // QK, dtype=torch.float16, device=x.device))
+
+
+def quantize_q8_1(x: torch.Tensor, out: Q8Rows | None = None) -> Q8Rows:
+    """x [R, D] fp32/bf16 -> Q8Rows (see module docstring); `out`: buffers to write instead."""
+    _check(x)
+    out = out or _empty(x)
+    R, D = x.shape
+    if R:
+        x = x if x.stride(1) == 1 else x.contiguous()
+        grid = (triton.cdiv(R, BLOCK_ROWS), D // QK)
+        _k._q8_1_kernel[grid](x, x.stride(0), out.q, out.q.stride(0), out.d, out.s,
+                              out.d.stride(0), R, BR=BLOCK_ROWS)
+    return out
+
+
+def quantize_q8_1_torch(x: torch.Tensor, out: Q8Rows | None = None) -> Q8Rows:
+    """Plain-torch reference of `quantize_q8_1` (same signature, same bits)."""
+    _check(x)
+    R, D = x.shape
+    xb = x.float().reshape(R, D // QK, QK)
+    d = xb.abs().amax(dim=2) / 127                                       # [R, B]
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = round_away(xb * inv[..., None]).to(torch.int32)                  # [R, B, 32]
+    s = q.sum(dim=2).to(torch.float32) * d
+    res = Q8Rows(q.to(torch.int8).reshape(R, D), d.to(torch.float16), s.to(torch.float16))
+    if out is None:
+        return res
+    for o, r in zip(out, res):
+        o.copy_(r)
+    return out
+
