@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import hashlib
 import math
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,9 +71,16 @@ def _gen(name: str):
 
 # ---------------------------------------------------------------- q8_1
 
+# ggml's quantize_row_q8_1_ref on test_q8_1_matches_twin_and_ggml's two inputs (their sha256
+# beside): codes, and d / s as fp16 bits; remade by _ggml_q8_1 with llama-cpp-python 0.3.36's
+# libggml-base.so (tests/models/make_llama_cpp_logits.py builds it)
+GGML_Q8_1 = Path(__file__).parent / "data" / "ggml_q8_1.npz"
+
+
 def _ggml_q8_1(x: torch.Tensor) -> Q8Rows | None:
     """ggml's quantize_row_q8_1_ref through ctypes (block_q8_1: fp16 d, fp16 s, int8 qs[32]),
-    None where the llama.cpp build is not installed (the GPU image)."""
+    None where the llama.cpp build is not installed (CI, the GPU image: the record holds its
+    bits)."""
     libs = glob.glob("/work/lcp-venv/lib/python3*/site-packages/llama_cpp/lib/libggml-base.so")
     if not libs:
         return None
@@ -109,6 +119,14 @@ def test_q8_1_matches_twin_and_ggml(dtype):
     assert _same_q8(got, ref)
     if dtype == torch.float32:   # (bf16 holds 0.49999997 as 0.5)
         assert ref.q[1, :8].tolist() == [127, 3, -3, 1, -1, 2, 0, 0]
+    # ggml's own bits: the committed record (GGML_Q8_1, made by _ggml_q8_1 on these inputs), and
+    # the library itself where the llama.cpp build is installed
+    rec = np.load(GGML_Q8_1)
+    tag = "fp32" if dtype == torch.float32 else "bf16"
+    assert hashlib.sha256(x.float().numpy().tobytes()).digest() == rec[f"{tag}_x_sha"].tobytes()
+    assert _same_q8(Q8Rows(torch.from_numpy(rec[f"{tag}_q"]),
+                           torch.from_numpy(rec[f"{tag}_d"]).view(torch.float16),
+                           torch.from_numpy(rec[f"{tag}_s"]).view(torch.float16)), ref)
     ggml = _ggml_q8_1(x)
     if ggml is not None:
         assert _same_q8(ggml, ref)
