@@ -19,9 +19,37 @@ class GptOssOptions:
     swiglu_limit: float = 7.0
 
 
+@dataclass(frozen=True)
+class LinearAttention:
+    """Linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5-MoE) beside full ones.
+
+    A linear layer keeps no KV: a short causal conv over q, k, v (kernel `conv_kernel`, its last
+    K-1 inputs carried) and the recurrent state S [Hv, dk, dv] (strata.kernels.deltanet). Which
+    layers are linear: `layer_types` when given (one "linear" | "full" a layer), else every
+    layer but each `full_interval`-th ((l + 1) % full_interval == 0 is full attention)."""
+    conv_kernel: int = 4        # K
+    n_k_head: int = 16          # Hk key heads (q and k)
+    n_v_head: int = 32          # Hv value heads (a multiple of Hk)
+    k_head_dim: int = 128       # dk
+    v_head_dim: int = 128       # dv
+    full_interval: int = 4
+    layer_types: tuple[str, ...] = ()
+
+    def kind(self, layer: int) -> str:
+        """"linear" or "full" (see the class doc)."""
+        if self.layer_types:
+            return self.layer_types[layer]
+        return "full" if (layer + 1) % self.full_interval == 0 else "linear"
+
+
+LAYER_KINDS = ("full", "linear")
+
+
 # The flat keys a shape's dict (a pack's header) has always carried for GPT-OSS's options:
 # to_dict writes them and from_dict reads them, so packs written before and after read alike.
 _GPT_OSS_KEYS = ("expert_bias", "expert_act", "swiglu_alpha", "swiglu_limit")
+# fields holding a dataclass of options, whose own fields `with_` / `field` reach as "group.name"
+_GROUPS = ("opts", "linear")
 
 
 @dataclass(frozen=True)
@@ -73,6 +101,26 @@ class ModelShape:
     # The architecture's own options (its record's `options` type, strata.archs): GPT-OSS's
     # biased experts and clamped SwiGLU; None: plain silu experts without biases.
     opts: GptOssOptions | None = None
+    # Linear-attention layers beside the full ones (Qwen3-Next, Qwen3.5-MoE); None: none.
+    linear: LinearAttention | None = None
+
+    def __post_init__(self):
+        lin = self.linear
+        if lin is None:
+            return
+        if lin.layer_types and (len(lin.layer_types) != self.n_layer
+                                or set(lin.layer_types) - set(LAYER_KINDS)):
+            raise StrataError(f"linear.layer_types must name {self.n_layer} layers, each one of "
+                              f"{LAYER_KINDS}; got {list(lin.layer_types)}")
+        if not lin.layer_types and lin.full_interval < 1:
+            raise StrataError(f"linear.full_interval must be >= 1, got {lin.full_interval}")
+        if lin.n_k_head < 1 or lin.n_v_head % lin.n_k_head:
+            raise StrataError(f"linear.n_v_head ({lin.n_v_head}) must be a multiple of "
+                              f"linear.n_k_head ({lin.n_k_head})")
+
+    def layer_kind(self, layer: int) -> str:
+        """"full" (softmax attention over KV) or "linear" (a recurrent state, no KV)."""
+        return "full" if self.linear is None else self.linear.kind(layer)
 
     @property
     def mla(self) -> bool:
@@ -92,25 +140,34 @@ class ModelShape:
         return self.qk_rope if self.mla else (self.rope_dim or self.head_dim)
 
     def with_(self, **kw) -> "ModelShape":
-        """A copy with fields changed; "opts.<name>" changes a field of the shape's options."""
-        opt = {k[5:]: kw.pop(k) for k in list(kw) if k.startswith("opts.")}
-        if opt:
-            base = kw.get("opts", self.opts)
-            if base is None:
-                raise StrataError(f"{self.arch} has no options to change ({', '.join(opt)})")
-            kw["opts"] = replace(base, **opt)
+        """A copy with fields changed; "<group>.<name>" (opts., linear.) changes a field of
+        that group."""
+        for group in _GROUPS:
+            opt = {k[len(group) + 1:]: kw.pop(k) for k in list(kw)
+                   if k.startswith(group + ".")}
+            if opt:
+                base = kw.get(group, getattr(self, group))
+                if base is None:
+                    raise StrataError(f"{self.arch} has no {group} to change ({', '.join(opt)})")
+                kw[group] = replace(base, **opt)
         return replace(self, **kw)
 
     def field(self, name: str):
-        """A field's value by name; "opts.<name>" reads the options' field."""
-        return getattr(self.opts, name[5:]) if name.startswith("opts.") else getattr(self, name)
+        """A field's value by name; "<group>.<name>" reads a field of that group."""
+        group, _, rest = name.partition(".")
+        return getattr(getattr(self, group), rest) if rest else getattr(self, name)
 
     def to_dict(self) -> dict:
         """The fields as a flat dict in field order (a pack's header); the options as the flat
         keys packs have always carried (_GPT_OSS_KEYS)."""
         out = {}
         for f in fields(self):
-            if f.name != "opts":
+            if f.name == "linear":
+                if self.linear is not None:   # only when set: other shapes' dicts are unchanged
+                    out["linear"] = {g.name: (list(v) if isinstance(v, tuple) else v)
+                                     for g in fields(self.linear)
+                                     for v in (getattr(self.linear, g.name),)}
+            elif f.name != "opts":
                 out[f.name] = getattr(self, f.name)
             if f.name == "max_pos":
                 o = self.opts or GptOssOptions()
@@ -121,7 +178,12 @@ class ModelShape:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelShape":
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "opts"}
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__
+                 and k not in ("opts", "linear")}
+        if d.get("linear") is not None:
+            lin = dict(d["linear"])
+            lin["layer_types"] = tuple(lin.get("layer_types", ()))
+            known["linear"] = LinearAttention(**lin)
         if d.get("expert_act", "silu") != "silu" or d.get("expert_bias"):
             known["opts"] = GptOssOptions(float(d.get("swiglu_alpha", 1.702)),
                                           float(d.get("swiglu_limit", 7.0)))
