@@ -347,6 +347,26 @@ PRESETS: dict[str, ModelShape] = {
     "tiny-minimax-m2": ModelShape("minimax-m2", 2, 64, 8, 2, 32, 4, 2, 16, 256,
                                   rope_theta=5_000_000.0, max_pos=4096, router="sigmoid",
                                   rope_dim=8),
+    # Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct config.json; transformers'
+    # Qwen3NextConfig defaults): 48 layers, 3 of every 4 Gated DeltaNet (16 key / 32 value heads
+    # of 128, conv 4), the 4th gated attention 16 / 2 heads of 256 with RoPE on 64 dims (theta
+    # 1e7); 512 experts of width 512, top-10, plus a shared expert of 512 behind a sigmoid gate.
+    "qwen3-next-80b-a3b": ModelShape("qwen3next", 48, 2048, 512, 10, 512, 16, 2, 256, 151936,
+                                     rope_theta=10_000_000.0, max_pos=262144, n_shared=1,
+                                     rope_dim=64, linear=LinearAttention(4, 16, 32, 128, 128)),
+    # Qwen3.5-35B-A3B (Qwen/Qwen3.5-35B-A3B's text_config, transformers' Qwen3_5MoeTextConfig
+    # defaults): 40 layers, the same 3-in-4 DeltaNet layout and attention, 256 experts of 512,
+    # top-8, a shared expert of 512; vocab 248320.
+    "qwen3.5-35b-a3b": ModelShape("qwen35moe", 40, 2048, 256, 8, 512, 16, 2, 256, 248320,
+                                  rope_theta=10_000_000.0, max_pos=262144, n_shared=1,
+                                  rope_dim=64, linear=LinearAttention(4, 16, 32, 128, 128)),
+    # the hybrids' tiny models: layers 0-2 linear, 3 full; 2 key / 4 value heads of 16
+    "tiny-qwen3next": ModelShape("qwen3next", 4, 64, 8, 2, 32, 4, 2, 16, 256,
+                                 rope_theta=10_000_000.0, max_pos=4096, n_shared=1, rope_dim=4,
+                                 linear=LinearAttention(4, 2, 4, 16, 16)),
+    "tiny-qwen35moe": ModelShape("qwen35moe", 4, 64, 8, 2, 32, 4, 2, 16, 256,
+                                 rope_theta=10_000_000.0, max_pos=4096, n_shared=1, rope_dim=4,
+                                 linear=LinearAttention(4, 2, 4, 16, 16)),
     "small": ModelShape("qwen3moe", 4, 256, 16, 4, 128, 4, 2, 64, 1024),
     # `strata demo`: enough experts (64 per layer) that a 16-slot ring is a small part of a layer.
     "demo": ModelShape("qwen3moe", 4, 256, 64, 4, 128, 4, 2, 64, 1024),

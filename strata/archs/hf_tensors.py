@@ -19,7 +19,11 @@ HF_GLOBAL = {  # pack name -> HF name of the tensors outside the layers
 
 
 class SafeTensors:
-    """Name -> tensor over every *.safetensors file of a folder (memory-mapped, no pickle)."""
+    """Name -> tensor over every *.safetensors file of a folder (memory-mapped, no pickle).
+    `shape`: the ModelShape read from the folder's config.json (strata.packs.from_hf sets it),
+    for a reader that splits a fused tensor by the config's dims (Qwen3-Next's in_proj_qkvz)."""
+
+    shape = None
 
     def __init__(self, folder: Path):
         from safetensors import safe_open
