@@ -12,6 +12,8 @@ transformers does without a cache) and are updated in place by each chunk. `nbyt
 strata.kernels.deltanet.sizes.recurrent_state_bytes summed over the linear layers: the count
 the plan charges (strata.planning.model_sizes) and the caches report (KVCache.vram_bytes,
 PromptKV.vram_bytes). A cache holds one as `states` (None: a model without linear layers).
+`scratch` (layer -> {name: view}) hands the delta rule the prompt layout's dn_* buffers
+(strata.planning.deltanet_bufs) where the engine carved them; absent, the launcher allocates.
 """
 from __future__ import annotations
 
@@ -20,6 +22,16 @@ from collections.abc import Sequence
 import torch
 
 from strata.kernels.deltanet.sizes import conv_channels, recurrent_state_bytes
+
+
+def state_dtype(kv: str | None, dense: torch.dtype) -> torch.dtype:
+    """The conv state's dtype (the activations'): the dense dtype when no KV dtype is given (a
+    model's own reference forward), fp32 beside fp32 KV (the CPU's dense math), else bf16 (the
+    GPU's, beside bf16 or int8 KV). The plan charges its bytes (strata.planning.model_sizes),
+    the caches allocate it."""
+    if kv is None:
+        return dense
+    return torch.float32 if kv == "fp32" else torch.bfloat16
 
 
 def linear_layers(shape) -> list[int]:
@@ -48,10 +60,16 @@ class RecurrentStates:
                      for l in keep}
         self.S = {l: torch.zeros(lin.n_v_head, lin.k_head_dim, lin.v_head_dim,
                                  dtype=torch.float32, device=devs[l]) for l in keep}
+        self.scratch: dict[int, dict[str, torch.Tensor]] = {}
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.conv.values(), *self.S.values()))
+
+
+def carved_scratch(bufs) -> dict[str, torch.Tensor]:
+    """The delta rule's scratch from a carve of the prompt layout: dn_<name> -> name."""
+    return {n[3:]: t for n, t in bufs.bufs.items() if n.startswith("dn_") and t is not None}
 
 
 def new_states(shape, *, dtype: torch.dtype, devices, layers=None) -> RecurrentStates | None:

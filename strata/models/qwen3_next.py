@@ -41,7 +41,7 @@ from strata.kernels.deltanet import (causal_conv1d, chunk_gated_delta_rule,
 from strata.models.attention import AttentionWeights, attend as attend_cached
 from strata.models.ffn import DenseFFN
 from strata.models.kv import KVCache, kv_windows
-from strata.models.layer_state import new_states
+from strata.models.layer_state import new_states, state_dtype
 from strata.models.layers import apply_rope_partial, rms_norm
 from strata.models.moe_block import moe_block
 from strata.models.moe_decoder import MoeDecoder
@@ -119,7 +119,8 @@ class Qwen3Next(MoeDecoder):
         cache = KVCache(s.n_layer, s.n_kv_head, s.head_dim, capacity=capacity,
                         dtype=cache_dtype(kv, self.dtype), device=self.layer_devices,
                         windows=kv_windows(s))
-        cache.states = new_states(s, dtype=self.dtype, devices=self.layer_devices)
+        cache.states = new_states(s, dtype=state_dtype(kv, self.dtype),
+                                  devices=self.layer_devices)
         return cache
 
     def attend(self, xn, lw: HybridLayer, cos, sin, cache, l: int) -> torch.Tensor:
@@ -159,7 +160,8 @@ class Qwen3Next(MoeDecoder):
         g = w.a * F.softplus(a.float() + w.dt_bias)                  # [T, Hv] fp32, <= 0
         rule = chunk_gated_delta_rule if xn.is_cuda else chunk_gated_delta_rule_torch
         S = states.S[l]
-        o, _ = rule(q, k, v, g, b.sigmoid(), S, use_qk_l2norm=True, out_state=S)
+        o, _ = rule(q, k, v, g, b.sigmoid(), S, use_qk_l2norm=True, out_state=S,
+                    scratch=states.scratch.get(l))
         z = (xn @ w.gate.t()).view(T, Hv, dv)
         norm = gated_rms_norm if xn.is_cuda else gated_rms_norm_torch
         return norm(o, z, w.norm, self.shape.rms_eps).reshape(T, Hv * dv) @ w.out.t()
