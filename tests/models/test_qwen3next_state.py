@@ -116,6 +116,17 @@ def test_layout_scratch_is_what_the_launcher_takes(T):
     assert all(not t.isnan().any() for t in scratch.values())
 
 
+def test_the_plan_shows_each_kind(capsys):
+    from strata.cli import main
+    assert main(["plan", "--preset", "qwen3-next-80b-a3b", "--vram", "12GiB",
+                 "--prompt-tokens", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert "in the 12 full-attention layers; the 36 linear-attention layers keep a recurrent " \
+           "state instead (73.69 MiB" in out
+    assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--vram", "12GiB"]) == 0
+    assert "the 30 linear-attention layers keep a recurrent state" in capsys.readouterr().out
+
+
 def test_engine_prompt_kv_keeps_only_the_full_layers(pack):
     """Under --kv-resident the engine's own PromptKV holds the full layers' KV (the older tokens
     host-held) and the linear layers' states, and reads what the model's cache reads."""
