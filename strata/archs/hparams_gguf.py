@@ -197,8 +197,9 @@ QWEN3NEXT: dict[str, Hp] = _GGUF_COMMON | {
 }
 QWEN35MOE: dict[str, Hp] = QWEN3NEXT | {
     "rope.dimension_sections": inert("interleaved MRoPE's sections: over text every axis holds "
-                                     "the token's position, so the rotation is plain partial "
-                                     "RoPE whatever the sections", array=True),
+                                     "the token's position, so transformers turns plain partial "
+                                     "RoPE whatever the sections (llama.cpp turns a pair its "
+                                     "sections leave out by position 0)", array=True),
 }
 
 GGUF_GLOBAL: dict[str, Hp] = {

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from strata.archs import hparams_gguf, hparams_hf
-from strata.archs.qwen3next import (gguf_experts, gguf_linear, hf_dense_of, hf_experts,
-                                    hf_linear, layer_specs_of)
+from strata.archs.qwen3next import (gguf_experts, gguf_linear, gguf_values_of, hf_dense_of,
+                                    hf_experts, hf_linear, layer_specs_of)
 from strata.archs.record import Arch
 from strata.models.qwen3_next import Qwen3Next
 from strata.shapes import ModelShape
@@ -67,4 +67,4 @@ QWEN35MOE = Arch(
     hf_dense=hf_dense_of(("model.layers", "model.language_model.layers")),
     hf_experts=hf_experts, gguf_shape=gguf_shape, gguf_dense=gguf_dense,
     gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.QWEN35MOE,
-    hf_hparams=hparams_hf.QWEN3_5_MOE)
+    hf_hparams=hparams_hf.QWEN3_5_MOE, gguf_values=gguf_values_of(True))

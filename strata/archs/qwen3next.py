@@ -10,7 +10,7 @@ RMSNorm weight but the DeltaNet output norm as (1 + w) (HF's zero-centred norm),
 -exp(A_log) (fp32), `ssm_dt.bias` = dt_bias, the conv weight [C, K], Qwen3-Next's in_proj_qkvz
 split into `attn_qkv` (all q heads, then k, then v) and `attn_gate` (z), `ssm_ba` = in_proj_ba
 as it is (per key head r b's, then r a's), the gated attention's `attn_q` [2 H hd, D] as HF
-holds it (per head hd query rows, then hd gate rows), the post-attention norm `attn_post_norm`.
+holds it (per head hd query rows, then hd gate rows), the post-attention norm `post_attention_norm`.
 V heads stay in HF's grouped order (value head h reads key head h // r); llama.cpp's Qwen3.5
 converter tiles them, which the GGUF reader undoes (strata.archs.qwen35moe).
 
@@ -64,9 +64,9 @@ def layer_specs_of(split_ba: bool):
                     p + "attn_output.weight": (D, q),
                     p + "attn_q_norm.weight": (s.head_dim,), p + "attn_k_norm.weight": (s.head_dim,)}
         return out | {
-            p + "attn_post_norm.weight": (D,),
+            p + "post_attention_norm.weight": (D,),
             p + "ffn_gate_inp.weight": (s.n_expert, D),              # router [E, D]
-            p + "ffn_gate_inp_shexp.weight": (D,),                   # the shared expert's gate
+            p + "ffn_gate_inp_shexp.weight": (1, D),                 # the shared expert's gate
             p + "ffn_gate_shexp.weight": (fs, D), p + "ffn_up_shexp.weight": (fs, D),
             p + "ffn_down_shexp.weight": (D, fs)}
     return layer_specs
@@ -74,7 +74,7 @@ def layer_specs_of(split_ba: bool):
 
 # ---- Hugging Face ------------------------------------------------------------------------------
 _PLUS_ONE = {"attn_norm.weight": "input_layernorm.weight",
-             "attn_post_norm.weight": "post_attention_layernorm.weight",
+             "post_attention_norm.weight": "post_attention_layernorm.weight",
              "attn_q_norm.weight": "self_attn.q_norm.weight",
              "attn_k_norm.weight": "self_attn.k_norm.weight"}
 _DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
@@ -87,6 +87,7 @@ _DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
     "attn_gate.weight": "linear_attn.in_proj_z.weight",
     "attn_qkv.weight": "linear_attn.in_proj_qkv.weight",
     "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
     "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
     "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
@@ -166,8 +167,6 @@ def hf_dense_of(prefixes: tuple[str, ...]):
             return -ts.get(p + "linear_attn.A_log").float().exp()
         if rest == "ssm_conv1d.weight":
             return ts.get(p + "linear_attn.conv1d.weight").squeeze(1)
-        if rest == "ffn_gate_inp_shexp.weight":
-            return ts.get(p + "mlp.shared_expert_gate.weight").reshape(-1)
         if rest in ("attn_qkv.weight", "attn_gate.weight") and \
                 p + "linear_attn.in_proj_qkvz.weight" in ts:
             return _qkvz(ts, p, ts.shape)[rest == "attn_gate.weight"]
@@ -221,9 +220,30 @@ def gguf_experts(tensors: dict, i: int, s: ModelShape, src):
     return (*layer_experts(tensors, i, s, src), None)
 
 
+def gguf_values_of(sections: bool):
+    """gguf_values: the keys whose value is not one ModelShape field (strata.archs.gguf_layout):
+    the shared expert's and the DeltaNet's value widths, which layers are recurrent (as the
+    converter writes it from layer_types), and Qwen3.5's MRoPE sections (llama.cpp requires
+    them): llama.cpp's interleaved MRoPE turns pair i by axis i mod 3 while i < 3 x that
+    axis's section, else by a fourth position that is 0 for text, so the sections must cover
+    every rotary pair for text to turn as plain RoPE (as transformers turns it): the pairs of
+    each residue, [11, 11, 10] for 32 pairs, the converter's default)."""
+    def gguf_values(s: ModelShape) -> dict:
+        lin = s.linear
+        out = {"expert_shared_feed_forward_length": s.n_shared * s.d_expert,
+               "ssm.inner_size": lin.n_v_head * lin.v_head_dim,
+               "attention.recurrent_layers": [s.layer_kind(l) == "linear"
+                                              for l in range(s.n_layer)]}
+        if sections:
+            t = s.rot_dim // 2    # rotary pairs; pair i turns by position axis i mod 3
+            out["rope.dimension_sections"] = [(t + 2) // 3, (t + 1) // 3, t // 3, 0]
+        return out
+    return gguf_values
+
+
 QWEN3NEXT = Arch(
     name=ARCH, hf_types=("qwen3_next",), gguf_archs=("qwen3next",), wiring=Qwen3Next,
     layer_specs=layer_specs_of(False), hf_shape=hf_shape,
     hf_dense=hf_dense_of(("model.layers",)), hf_experts=hf_experts, gguf_shape=gguf_shape,
     gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.QWEN3NEXT,
-    hf_hparams=hparams_hf.QWEN3_NEXT)
+    hf_hparams=hparams_hf.QWEN3_NEXT, gguf_values=gguf_values_of(False))

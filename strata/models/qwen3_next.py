@@ -70,10 +70,10 @@ class DeltaNetWeights:
 class HybridLayer:
     attn_norm: torch.Tensor                   # [D] (1 + w)
     attn: AttentionWeights | DeltaNetWeights  # gated attention (wq [2 H hd, D]) or DeltaNet
-    ffn_norm: torch.Tensor                    # [D] attn_post_norm (1 + w)
+    ffn_norm: torch.Tensor                    # [D] post_attention_norm (1 + w)
     router: torch.Tensor                      # [E, D]
     shared: DenseFFN                          # the shared expert
-    shared_gate: torch.Tensor                 # [D] ffn_gate_inp_shexp
+    shared_gate: torch.Tensor                 # [1, D] ffn_gate_inp_shexp
 
     def map(self, fn) -> "HybridLayer":
         return HybridLayer(fn(self.attn_norm), self.attn.map(fn), fn(self.ffn_norm),
@@ -106,7 +106,7 @@ class Qwen3Next(MoeDecoder):
                                       for n in ("q", "k", "v", "output")),
                                     q_norm=get(p + "attn_q_norm.weight"),
                                     k_norm=get(p + "attn_k_norm.weight"))
-        return HybridLayer(get(p + "attn_norm.weight"), attn, get(p + "attn_post_norm.weight"),
+        return HybridLayer(get(p + "attn_norm.weight"), attn, get(p + "post_attention_norm.weight"),
                            get(p + "ffn_gate_inp.weight"),
                            DenseFFN(*(get(f"{p}ffn_{w}_shexp.weight")
                                       for w in ("gate", "up", "down"))),
@@ -169,4 +169,4 @@ class Qwen3Next(MoeDecoder):
     def mlp(self, h, lw: HybridLayer, l: int, provider, observer) -> torch.Tensor:
         """The routed experts plus the shared expert behind its sigmoid gate."""
         y = moe_block(h, l, self.router(lw), self.ffn, provider, observer).to(h.dtype)
-        return y + torch.sigmoid(h @ lw.shared_gate[:, None]) * lw.shared(h)
+        return y + torch.sigmoid(h @ lw.shared_gate.t()) * lw.shared(h)
