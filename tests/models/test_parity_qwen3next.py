@@ -1,7 +1,9 @@
 """Qwen3-Next and Qwen3.5-MoE (text) through the model seam: a tiny seeded random transformers
 model of each (tests/models/hf_qwen3next.py: three Gated DeltaNet layers, then a gated
 full-attention one), packed from its HF folder with F32 (and BF16, lossless for these BF16-exact
-weights) experts, gives transformers' fp32 logits at every position, read resident and streamed.
+weights) experts and from a GGUF in llama.cpp's converter's layout (hf_qwen3next.write_hybrid_gguf:
+norms + 1, ssm_a = -exp(A_log), in_proj_qkvz split, Qwen3.5's value heads tiled), gives
+transformers' fp32 logits at every position, read resident and streamed.
 
 The bound is derived, not guessed (tests/models/fp32_bound.order_bound): the logit change the
 HF forward itself shows when every weight is perturbed by fp32's probabilistic backward error of
@@ -30,7 +32,9 @@ from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.shapes import get_preset
 from tests.models.fp32_bound import order_bound, rel
-from tests.models.hf_qwen3next import QWEN35MOE_TINY, QWEN3NEXT_TINY, make_hybrid
+from tests.models.hf_archs import state
+from tests.models.hf_qwen3next import (QWEN35MOE_TINY, QWEN3NEXT_TINY, make_hybrid,
+                                       write_hybrid_gguf)
 from tests.models.test_parity_archs import TOKENS, _engine, _pack, _prefill, hf_logits
 
 SHAPES = {"qwen3next": QWEN3NEXT_TINY, "qwen35moe": QWEN35MOE_TINY}
@@ -50,6 +54,8 @@ def hybrid(request, tmp_path_factory):
         return hf_logits(probe)
     bound = order_bound(forward, weights, tokens=len(TOKENS))
     packs = {q: _pack([d / "hf", "--quant", q], d / f"{q}.pack") for q in ("F32", "BF16")}
+    g = write_hybrid_gguf(state(hf), SHAPES[request.param], d / "m.gguf")
+    packs["gguf"] = _pack([g], d / "gguf.pack")
     return hf_logits(hf), bound, packs
 
 
@@ -57,7 +63,7 @@ def test_the_bound_is_derived_and_tight(hybrid):
     assert 0 < hybrid[1] < 1e-4
 
 
-@pytest.mark.parametrize("fmt", ["F32", "BF16"])
+@pytest.mark.parametrize("fmt", ["F32", "BF16", "gguf"])
 @pytest.mark.parametrize("chunk", ["5", "13"])
 def test_resident_logits_equal_transformers(hybrid, tmp_path, fmt, chunk):
     want, bound, packs = hybrid
