@@ -271,6 +271,22 @@ QWEN3_5_MOE: dict[str, Hp] = _HF_HYBRID | {
     "mtp_use_dedicated_embeddings": inert(_MTP_35),
 }
 
+_VISION = "the vision tower's; strata reads the text model (image and video tokens never reach it)"
+# Qwen3.5-MoE's release folder (Qwen3_5MoeForConditionalGeneration): the text model's config under
+# text_config, audited against QWEN3_5_MOE (strata.packs.hparams.audit_hf)
+QWEN3_5_MOE_VL: dict[str, Hp] = {
+    k: _HF_COMMON[k] for k in (
+        "model_type", "architectures", "transformers_version", "_name_or_path", "dtype",
+        "torch_dtype", "output_hidden_states", "output_attentions", "return_dict",
+        "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type",
+        "tie_word_embeddings")} | {
+    "text_config": used("n_layer", "d_model", "n_expert", "d_expert", "vocab", "linear.n_v_head",
+                        why="the text model's config, read (and audited) as qwen3_5_moe_text's"),
+    "vision_config": inert(_VISION),
+    "image_token_id": inert(_VISION), "video_token_id": inert(_VISION),
+    "vision_start_token_id": inert(_VISION), "vision_end_token_id": inert(_VISION),
+}
+
 for _f, _hf, _st in (("routed_scaling_factor", "2.5", "1.0"), ("n_shared_experts", "1", "0"),
                      ("first_k_dense_replace", "3", "0"), ("n_group", "8", "1"),
                      ("topk_group", "4", "1"), ("q_lora_rank", "1536", "0 (a full Wq)")):

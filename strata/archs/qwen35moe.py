@@ -6,8 +6,10 @@ is plain partial NEOX RoPE.
 
 Legend: Hk / Hv linear key / value heads, r = Hv / Hk, dv the value head dim.
 
-HF: Qwen3_5MoeForCausalLM's folder (model_type qwen3_5_moe_text, layers under `model.layers`;
-`model.language_model.layers` read too). GGUF (arch `qwen35moe`): llama.cpp's converter
+HF: Qwen3_5MoeForCausalLM's folder (model_type qwen3_5_moe_text, layers under `model.layers`)
+or the release's Qwen3_5MoeForConditionalGeneration folder (model_type qwen3_5_moe: the text
+model's config under text_config, its tensors under `model.language_model.`; the vision tower
+and the MTP layers are not read). GGUF (arch `qwen35moe`): llama.cpp's converter
 (conversion/qwen.py, _LinearAttentionVReorderBase) reorders the value heads from HF's grouped
 order (value head h reads key head h // r) to a tiled one (h reads h mod Hk) in attn_qkv's v
 rows, attn_gate, ssm_beta / ssm_alpha, ssm_a, ssm_dt, the conv's v channels and ssm_out's
@@ -19,7 +21,7 @@ import torch
 
 from strata.archs import hparams_gguf, hparams_hf
 from strata.archs.qwen3next import (gguf_experts, gguf_linear, gguf_values_of, hf_dense_of,
-                                    hf_experts, hf_linear, layer_specs_of)
+                                    hf_experts_of, hf_linear, layer_specs_of)
 from strata.archs.record import Arch
 from strata.models.qwen3_next import Qwen3Next
 from strata.shapes import ModelShape
@@ -28,7 +30,9 @@ ARCH = "qwen35moe"
 
 
 def hf_shape(cfg: dict, where) -> ModelShape:
-    return hf_linear(cfg, where, ARCH, norm_topk_prob=True)
+    """The text model's shape (the release's config.json holds it under text_config)."""
+    text = cfg.get("text_config")
+    return hf_linear(text if isinstance(text, dict) else cfg, where, ARCH, norm_topk_prob=True)
 
 
 def gguf_shape(r, path) -> ModelShape:
@@ -62,9 +66,11 @@ def gguf_dense(name: str, x: torch.Tensor, s: ModelShape) -> torch.Tensor:
 
 
 QWEN35MOE = Arch(
-    name=ARCH, hf_types=("qwen3_5_moe_text",), gguf_archs=("qwen35moe",), wiring=Qwen3Next,
+    name=ARCH, hf_types=("qwen3_5_moe_text", "qwen3_5_moe"), gguf_archs=("qwen35moe",),
+    wiring=Qwen3Next,
     layer_specs=layer_specs_of(True), hf_shape=hf_shape,
-    hf_dense=hf_dense_of(("model.layers", "model.language_model.layers")),
-    hf_experts=hf_experts, gguf_shape=gguf_shape, gguf_dense=gguf_dense,
+    hf_dense=hf_dense_of(("model.", "model.language_model.")),
+    hf_experts=hf_experts_of(("model.", "model.language_model.")), gguf_shape=gguf_shape, gguf_dense=gguf_dense,
     gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.QWEN35MOE,
-    hf_hparams=hparams_hf.QWEN3_5_MOE, gguf_values=gguf_values_of(True))
+    hf_hparams=hparams_hf.QWEN3_5_MOE, gguf_values=gguf_values_of(True),
+    hf_hparams_of={"qwen3_5_moe": hparams_hf.QWEN3_5_MOE_VL})

@@ -151,16 +151,23 @@ def _qkvz(ts, p: str, s: ModelShape) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D)]), z.reshape(-1, D)
 
 
+def _base(ts, prefixes: tuple[str, ...]) -> str:
+    """The prefix of the text model's tensors: the first of `prefixes` ("model." for a causal
+    LM's folder, "model.language_model." for a multimodal release's) the checkpoint has."""
+    return next((p for p in prefixes if p + "embed_tokens.weight" in ts), prefixes[0])
+
+
 def hf_dense_of(prefixes: tuple[str, ...]):
-    """hf_dense reading layers under the first of `prefixes` the checkpoint has."""
+    """hf_dense reading the text model under the first of `prefixes` the checkpoint has."""
     def hf_dense(ts, name: str) -> torch.Tensor:
-        if name == "output_norm.weight":
-            return ts.get(HF_GLOBAL[name]).float() + 1
-        if not name.startswith("blk."):
+        base = _base(ts, prefixes)
+        if name == "output.weight":
             return ts.get(HF_GLOBAL[name])
+        if not name.startswith("blk."):   # token_embd, output_norm (+ 1)
+            x = ts.get(base + HF_GLOBAL[name][len("model."):])
+            return x.float() + 1 if name == "output_norm.weight" else x
         _, i, rest = name.split(".", 2)
-        p = next((f"{pre}.{i}." for pre in prefixes
-                  if f"{pre}.{i}.input_layernorm.weight" in ts), f"{prefixes[0]}.{i}.")
+        p = f"{base}layers.{i}."
         if rest in _PLUS_ONE:
             return ts.get(p + _PLUS_ONE[rest]).float() + 1
         if rest == "ssm_a":
@@ -174,9 +181,15 @@ def hf_dense_of(prefixes: tuple[str, ...]):
     return hf_dense
 
 
-def hf_experts(ts, i: int, s: ModelShape):
-    """(gate [E, F, D], up [E, F, D], down [E, D, F], None: no biases) of layer i."""
-    return (*hf_layer_experts(ts, i, s), None)
+def hf_experts_of(prefixes: tuple[str, ...]):
+    """hf_experts of the text model under the first of `prefixes` the checkpoint has."""
+    def hf_experts(ts, i: int, s: ModelShape):
+        """(gate [E, F, D], up [E, F, D], down [E, D, F], None: no biases) of layer i."""
+        return (*hf_layer_experts(ts, i, s, _base(ts, prefixes)), None)
+    return hf_experts
+
+
+hf_experts = hf_experts_of(("model.",))
 
 
 # ---- GGUF --------------------------------------------------------------------------------------
@@ -244,6 +257,6 @@ def gguf_values_of(sections: bool):
 QWEN3NEXT = Arch(
     name=ARCH, hf_types=("qwen3_next",), gguf_archs=("qwen3next",), wiring=Qwen3Next,
     layer_specs=layer_specs_of(False), hf_shape=hf_shape,
-    hf_dense=hf_dense_of(("model.layers",)), hf_experts=hf_experts, gguf_shape=gguf_shape,
+    hf_dense=hf_dense_of(("model.",)), hf_experts=hf_experts, gguf_shape=gguf_shape,
     gguf_experts=gguf_experts, gguf_hparams=hparams_gguf.QWEN3NEXT,
     hf_hparams=hparams_hf.QWEN3_NEXT, gguf_values=gguf_values_of(False))

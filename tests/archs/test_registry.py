@@ -24,7 +24,7 @@ def test_the_records_hold_the_hparam_tables_and_presets():
     for g, a in BY_GGUF.items():
         assert a.gguf_hparams is GGUF[g]
     for t, a in BY_HF.items():
-        assert a.hf_hparams is HF[t]
+        assert a.hf_table(t) is HF[t]
     assert sorted(n for a in ARCHS for n in a.presets) == sorted(PRESETS)
 
 
@@ -34,7 +34,7 @@ def test_unknown_names_are_one_line_listing_the_supported():
         get_arch("llama")
     with pytest.raises(StrataError, match=r"cfg: model_type 'bert'; strata packs deepseek_v3, "
                                           r"glm4_moe, gpt_oss, kimi_k2, minimax_m2, mixtral, "
-                                          r"qwen3_5_moe_text, qwen3_moe, qwen3_next"):
+                                          r"qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"):
         by_hf("bert", "cfg")
     with pytest.raises(StrataError, match=r"f.gguf is a 'phi3' model; strata packs GGUF files "
                                           r"of deepseek2, glm4moe, gpt-oss, llama, minimax-m2, "

@@ -132,3 +132,30 @@ def test_gpu_bf16_read_agrees(hybrid):
     per_pos = np.abs(got - ref).max(-1) / np.abs(ref).max()
     assert np.median(per_pos) < 2e-2
     assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+
+def test_the_release_folder_reads_as_the_text_model(tmp_path):
+    """Qwen3.5-MoE's release folder (Qwen3_5MoeForConditionalGeneration: model_type qwen3_5_moe,
+    the text model's config under text_config, its tensors under model.language_model., a
+    vision tower strata does not read) packs to the text model's pack: the same shape and, read
+    alike, the same logits bit for bit."""
+    from safetensors.torch import save_file
+    from transformers import Qwen3_5MoeConfig
+    from strata.packs import Pack
+    hf = make_hybrid(QWEN35MOE_TINY, seed=1)
+    hf.save_pretrained(tmp_path / "text")
+    rel_dir = tmp_path / "release"
+    rel_dir.mkdir()
+    cfg = Qwen3_5MoeConfig(text_config=hf.config.to_dict(),
+                           architectures=["Qwen3_5MoeForConditionalGeneration"])
+    cfg.save_pretrained(rel_dir)
+    sd = {(k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k):
+          v.contiguous() for k, v in state(hf).items()}
+    sd["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3)   # not read
+    save_file(sd, str(rel_dir / "model.safetensors"))
+    a = _pack([tmp_path / "text", "--quant", "F32"], tmp_path / "text.pack")
+    b = _pack([rel_dir, "--quant", "F32"], tmp_path / "release.pack")
+    assert Pack.open(a).shape == Pack.open(b).shape == QWEN35MOE_TINY
+    got = [_prefill(p, tmp_path, "--device", "cpu", "--experts", "ref", "--chunk", "5")
+           for p in (a, b)]
+    assert np.array_equal(got[0], got[1])

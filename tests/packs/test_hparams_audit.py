@@ -144,11 +144,13 @@ RELEASED = {
                    "full_attention_interval"],
     "qwen3_5_moe_text": ["full_attention_interval", "attn_output_gate", "mamba_ssm_dtype",
                          "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"],
+    "qwen3_5_moe": ["tie_word_embeddings"],
 }
 HF_CLASSES = {"qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
               "gpt_oss": "GptOssConfig", "deepseek_v3": "DeepseekV3Config",
               "glm4_moe": "Glm4MoeConfig", "minimax_m2": "MiniMaxM2Config",
-              "qwen3_next": "Qwen3NextConfig", "qwen3_5_moe_text": "Qwen3_5MoeTextConfig"}
+              "qwen3_next": "Qwen3NextConfig", "qwen3_5_moe_text": "Qwen3_5MoeTextConfig",
+              "qwen3_5_moe": "Qwen3_5MoeConfig"}
 
 def _ids(v):
     return str(v)
@@ -309,7 +311,8 @@ def gguf_read(d, arch: str, meta: dict) -> ModelShape:
 
 HF_SHAPES = {"qwen3_moe": TINY, "mixtral": MIXTRAL_TINY, "gpt_oss": GPT_OSS_TINY,
              "glm4_moe": GLM_TINY, "deepseek_v3": DS_TINY, "minimax_m2": MINIMAX_TINY,
-             "qwen3_next": QWEN3NEXT_TINY, "qwen3_5_moe_text": QWEN35MOE_TINY}
+             "qwen3_next": QWEN3NEXT_TINY, "qwen3_5_moe_text": QWEN35MOE_TINY,
+             "qwen3_5_moe": QWEN35MOE_TINY}
 
 
 def base_hf(model_type: str) -> dict:
@@ -333,6 +336,8 @@ def base_hf(model_type: str) -> dict:
         rope = {"rope_type": "yarn", "rope_theta": s.rope_theta, "factor": s.rope_factor,
                 "beta_fast": s.yarn_beta_fast, "beta_slow": s.yarn_beta_slow,
                 "truncate": s.yarn_truncate, "original_max_position_embeddings": s.rope_orig_ctx}
+    elif model_type == "qwen3_5_moe":   # the release's folder: the text model in text_config
+        return _hf_config(model_type, text_config=base_hf("qwen3_5_moe_text")).to_dict()
     elif model_type in ("qwen3_next", "qwen3_5_moe_text"):
         from tests.models.hf_qwen3next import config_kwargs
         kw = config_kwargs(s) | dict(max_position_embeddings=512)
@@ -345,6 +350,11 @@ def base_hf(model_type: str) -> dict:
         from tests.models.hf_family import _config
         return _config(s).to_dict()
     return _hf_config(model_type, rope_parameters=rope, **kw).to_dict()
+
+
+def _text_kwargs(s: ModelShape) -> dict:
+    from tests.models.hf_qwen3next import config_kwargs
+    return config_kwargs(s) | dict(max_position_embeddings=512)
 
 
 def hf_read(cfg: dict) -> ModelShape:
@@ -529,6 +539,10 @@ _HYBRID_HF_CASES = {
     "layer_types": (["full_attention", "linear_attention"] * 2, {}),
     "full_attention_interval": (2, {})}
 HF_ARCH_CASES["qwen3_next"] = _HYBRID_HF_CASES
+# every field text_config's entry names moves: another text model
+_OTHER_TEXT = QWEN35MOE_TINY.with_(n_layer=8, d_model=128, n_expert=16, d_expert=16, vocab=512,
+                                   **{"linear.n_v_head": 8})
+HF_ARCH_CASES["qwen3_5_moe"] = {"text_config": (None, {})}
 HF_ARCH_CASES["qwen3_5_moe_text"] = _HYBRID_HF_CASES
 _FAMILY_CASES = {"n_shared_experts": (2, {}), "routed_scaling_factor": (1.5, {}),
                  "n_group": (2, {}), "topk_group": (1, {}), "first_k_dense_replace": (2, {}),
@@ -541,6 +555,8 @@ for _mt in ("glm4_moe", "deepseek_v3"):
 
 
 def _hf_case(mt, key):
+    if (mt, key) == ("qwen3_5_moe", "text_config"):   # built here: it needs the writer
+        return _hf_config("qwen3_5_moe_text", **_text_kwargs(_OTHER_TEXT)).to_dict(), {}
     c = HF_ARCH_CASES.get(mt, {}).get(key)
     return c if c is not None or key not in HF_CASES else (HF_CASES[key], {})
 
