@@ -360,6 +360,14 @@ PRESETS: dict[str, ModelShape] = {
     "qwen3.5-35b-a3b": ModelShape("qwen35moe", 40, 2048, 256, 8, 512, 16, 2, 256, 248320,
                                   rope_theta=10_000_000.0, max_pos=262144, n_shared=1,
                                   rope_dim=64, linear=LinearAttention(4, 16, 32, 128, 128)),
+    # Qwen3.5-397B-A17B from its model card's architecture table (its config.json was not at
+    # hand): 60 layers, 15 x (3 DeltaNet + 1 gated attention), 512 experts of 1024, top-10 + a
+    # shared expert (its width taken as the routed experts'), attention 32 / 2 heads of 256,
+    # DeltaNet 16 key / 64 value heads of 128; theta and partial rotary as the 35B's. 396.3B
+    # weights (the MTP layer not read), a token reads 16.3B beside its embedding row.
+    "qwen3.5-397b-a17b": ModelShape("qwen35moe", 60, 4096, 512, 10, 1024, 32, 2, 256, 248320,
+                                    rope_theta=10_000_000.0, max_pos=262144, n_shared=1,
+                                    rope_dim=64, linear=LinearAttention(4, 16, 64, 128, 128)),
     # the hybrids' tiny models: layers 0-2 linear, 3 full; 2 key / 4 value heads of 16
     "tiny-qwen3next": ModelShape("qwen3next", 4, 64, 8, 2, 32, 4, 2, 16, 256,
                                  rope_theta=10_000_000.0, max_pos=4096, n_shared=1, rope_dim=4,

@@ -98,23 +98,25 @@ def test_linear_layers_are_read_as_such(hybrid):
         assert s == SHAPES[s.arch]
 
 
-@pytest.mark.parametrize("name,layers,experts,total,active", [
-    ("qwen3-next-80b-a3b", 48, 512, (79e9, 81e9), (2.8e9, 3.7e9)),
-    ("qwen3.5-35b-a3b", 40, 256, (34e9, 36e9), (2.8e9, 3.7e9))])
-def test_presets_are_the_published_models(name, layers, experts, total, active):
+@pytest.mark.parametrize("name,layers,experts,width,total,active", [
+    ("qwen3-next-80b-a3b", 48, 512, (2048, 512), (79e9, 81e9), (2.8e9, 3.7e9)),
+    ("qwen3.5-35b-a3b", 40, 256, (2048, 512), (34e9, 36e9), (2.8e9, 3.7e9)),
+    ("qwen3.5-397b-a17b", 60, 512, (4096, 1024), (395e9, 398e9), (16e9, 18e9))])
+def test_presets_are_the_published_models(name, layers, experts, width, total, active):
     """The published sizes ("80B-A3B", "35B-A3B": total parameters, and those a token reads,
     the LM head counted and the embedding lookup not; the MTP layers not), and `strata plan`
     prices them."""
     s = get_preset(name)
-    assert (s.n_layer, s.n_expert, s.d_model, s.d_expert, s.head_dim) == (
-        layers, experts, 2048, 512, 256)
+    assert (s.n_layer, s.n_expert, (s.d_model, s.d_expert), s.head_dim) == (
+        layers, experts, width, 256)
     assert [s.layer_kind(l) for l in range(4)] == ["linear"] * 3 + ["full"]
     dense = sum(int(np.prod(v)) for v in get_arch(s.arch).dense_specs(s).values())
     experts_all = s.n_layer * s.n_expert * s.expert_params
     assert total[0] < dense + experts_all < total[1]
     emb = s.vocab * s.d_model
     assert active[0] < dense - emb + s.n_layer * s.top_k * s.expert_params < active[1]
-    assert main(["plan", "--preset", name, "--quant", "Q4_K", "--vram", "12GiB",
+    vram = "40GiB" if s.d_model > 2048 else "12GiB"   # the 397B's dense weights: 19.6 GB bf16
+    assert main(["plan", "--preset", name, "--quant", "Q4_K", "--vram", vram,
                  "--prompt-tokens", "131072"]) == 0
 
 
