@@ -7,12 +7,15 @@ needs, so `strata plan`, the prefill engine and the tests build their plans the 
                               each layer's KV bytes resident and in host memory (the shape's own
                               count in the KV dtype, of the tokens strata.models.kv.
                               layer_kv_tokens keeps: a full layer split at the resident window,
-                              a sliding one its window's last W - 1, all resident), dense bytes
+                              a sliding one its window's last W - 1, all resident; a
+                              linear-attention layer its recurrent state instead,
+                              strata.models.layer_state), dense bytes
     layout_spec(ffn, kv, shape)   the prompt path's buffers for the expert FFN `ffn` (the
                               buffers its object declares: strata.models.moe.ExpertFFNs; the KV
                               staging buffer when part of the KV lives in host memory, the
                               attention's int8 expansion scratch when the KV is int8, MLA's
-                              key-block scratch when the shape is MLA)
+                              key-block scratch when the shape is MLA, the delta rule's
+                              chunk scratch when it has linear-attention layers)
     prompt_layout(shape, max_blob, ...)   a PromptLayout of those
     scratch_reserve(shape, devices, ffn, slab, decoded)   the slab's bytes beyond the layout (or None)
 
@@ -48,11 +51,13 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.kernels.attention.scratch import expand_rows, needs_state, state_floats
+from strata.kernels.deltanet.sizes import Buffer, chunk_buffers
 from strata.kernels.moe.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.pool import SlabPool
 from strata.memory.sizes import Sizes
 from strata.models.kv import kv_windows, layer_kv_tokens
+from strata.models.layer_state import state_bytes, state_dtype
 from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats
 from strata.models.moe import DECODE_BUF, EXPERT_FFNS, ExpertFFNs
 from strata.archs.names import global_specs, layer_specs
@@ -118,6 +123,29 @@ MLA_LATENT_BUF = Buf("mla_c", bf16, ("MR", "MLC"),
                      "a block of MLA latents: int8 dequantized, or gathered from two segments")
 
 
+def deltanet_buffers(shape: ModelShape, T: int) -> tuple[Buffer, ...]:
+    """The scratch one linear-attention layer's delta rule takes for a chunk of T tokens
+    (strata.kernels.deltanet.sizes.chunk_buffers with the q/k L2 norm: the one count)."""
+    lin = shape.linear
+    return chunk_buffers(T, lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim,
+                         qk_l2norm=True)
+
+
+def deltanet_bufs(shape: ModelShape) -> tuple[Buf, ...]:
+    """Those buffers in the layout: dn_<name> fp32 [T, DN_<name>] (each is T rows of a fixed
+    width), live only inside one layer's attention: the attention phase. The launcher takes
+    them from the carve (strata.models.layer_state.RecurrentStates.scratch)."""
+    return tuple(Buf(f"dn_{b.name}", f32, ("T", f"DN_{b.name}"),
+                     "a linear-attention layer's delta-rule scratch (kernels/deltanet/sizes)")
+                 for b in deltanet_buffers(shape, 1))
+
+
+def state_itemsize(kv: str) -> int:
+    """Bytes of one conv-state value beside KV dtype `kv` (strata.models.layer_state.state_dtype:
+    fp32 beside fp32 KV, else bf16)."""
+    return state_dtype(kv, torch.bfloat16).itemsize
+
+
 @dataclass(frozen=True)
 class KVPolicy:
     """How a prompt's KV is kept: dtype (bf16 | int8) and the resident window (tokens per layer
@@ -171,6 +199,9 @@ def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = N
             spec = spec.with_buffer(b, "attention")
         if needs_state(kv.max_prompt):
             spec = spec.with_buffer(ATTN_STATE_BUF, "attention")
+    if shape is not None and shape.linear is not None:
+        for b in deltanet_bufs(shape):
+            spec = spec.with_buffer(b, "attention")
     return spec.with_buffer(KV_STAGE_BUF) if kv is not None and kv.streams else spec
 
 
@@ -186,7 +217,9 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
         qd = kvd = shape.n_head * max(shape.head_dim, shape.mla.v_head_dim)
     m = shape.mla or Mla()   # no MLA: its scratch symbols are 0
     mr, mq = mla_scratch_rows(T, max(T, kv.max_prompt if kv is not None else 0))
-    return {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
+    dn = ({f"DN_{b.name}": math.prod(b.shape[1:]) for b in deltanet_buffers(shape, 1)}
+          if shape.linear is not None else {})
+    return dn | {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": qd, "KVD": kvd,
             "TK": T * K, "TKP": padded_rows(T, K, E, bm),
             "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2,
@@ -219,10 +252,16 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
     g = global_specs(shape)
     kv = kv or KVPolicy()
     win = kv_windows(shape)
+    state = (state_bytes(shape, state_itemsize(kv.dtype)) if shape.linear is not None else 0)
+
+    def kept(n, l):   # a linear layer keeps its recurrent state, whatever the prompt's length
+        if shape.layer_kind(l) == "linear":
+            return state
+        return shape.kv_bytes(kv.resident_tokens(n, win[l]), kv.dtype)
     return Sizes(
         n_layer=shape.n_layer, n_expert=shape.n_expert, top_k=shape.top_k,
         dims=lambda T, ring, batch: dims_for(shape, T, block_m, ring, batch, kv),
-        kv_bytes=lambda n, l: shape.kv_bytes(kv.resident_tokens(n, win[l]), kv.dtype),
+        kv_bytes=kept,
         kv_host=lambda n, l: shape.kv_bytes(kv.host_tokens(n, win[l]), kv.dtype),
         dense_layer=layer_dense_bytes(shape),
         dense_layers=tuple(layer_dense_bytes(shape, l) for l in range(shape.n_layer)),
@@ -263,6 +302,7 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
 
 
 __all__ = ["ACTIVATIONS", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXPAND_BUFS",
+           "deltanet_buffers", "deltanet_bufs", "state_itemsize",
            "KV_STAGE_BUF", "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for",
            "layer_dense_bytes", "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]
 

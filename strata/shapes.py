@@ -84,11 +84,38 @@ class Attn:
     rope_dim: int = 0           # rotary dims of a head (0: all of head_dim; GLM-4.5: half)
 
 
+@dataclass(frozen=True)
+class LinearAttention:
+    """Linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5-MoE) beside full ones.
+
+    A linear layer keeps no KV: a short causal conv over q, k, v (kernel `conv_kernel`, its last
+    K-1 inputs carried) and the recurrent state S [Hv, dk, dv] (strata.kernels.deltanet). Which
+    layers are linear: `layer_types` when given (one "linear" | "full" a layer), else every
+    layer but each `full_interval`-th ((l + 1) % full_interval == 0 is full attention)."""
+    conv_kernel: int = 4        # K
+    n_k_head: int = 16          # Hk key heads (q and k)
+    n_v_head: int = 32          # Hv value heads (a multiple of Hk)
+    k_head_dim: int = 128       # dk
+    v_head_dim: int = 128       # dv
+    full_interval: int = 4
+    layer_types: tuple[str, ...] = ()
+
+    def kind(self, layer: int) -> str:
+        """"linear" or "full" (see the class doc)."""
+        if self.layer_types:
+            return self.layer_types[layer]
+        return "full" if (layer + 1) % self.full_interval == 0 else "linear"
+
+
+LAYER_KINDS = ("full", "linear")
+
+
 # The option groups inside ModelShape, by field name (an architecture's record names the types
 # its shapes set: strata.archs.record.Arch.options). Window, Yarn, Mla and GptOssOptions are
 # None where the model has none; the others hold their defaults.
 OPTION_GROUPS: dict[str, type] = {"opts": GptOssOptions, "window": Window, "yarn": Yarn,
-                                  "dense": DenseFfn, "router": Router, "attn": Attn, "mla": Mla}
+                                  "dense": DenseFfn, "router": Router, "attn": Attn, "mla": Mla,
+                                  "linear": LinearAttention}
 
 # The flat keys a shape's dict (a pack's header) has always carried, in their order: to_dict
 # writes them and from_dict reads them, so packs written before and after read alike. Each
@@ -154,6 +181,26 @@ class ModelShape:
     router: Router = Router()
     attn: Attn = Attn()
     mla: Mla | None = None
+    # Linear-attention layers beside the full ones (Qwen3-Next, Qwen3.5-MoE); None: none.
+    linear: LinearAttention | None = None
+
+    def __post_init__(self):
+        lin = self.linear
+        if lin is None:
+            return
+        if lin.layer_types and (len(lin.layer_types) != self.n_layer
+                                or set(lin.layer_types) - set(LAYER_KINDS)):
+            raise StrataError(f"linear.layer_types must name {self.n_layer} layers, each one of "
+                              f"{LAYER_KINDS}; got {list(lin.layer_types)}")
+        if not lin.layer_types and lin.full_interval < 1:
+            raise StrataError(f"linear.full_interval must be >= 1, got {lin.full_interval}")
+        if lin.n_k_head < 1 or lin.n_v_head % lin.n_k_head:
+            raise StrataError(f"linear.n_v_head ({lin.n_v_head}) must be a multiple of "
+                              f"linear.n_k_head ({lin.n_k_head})")
+
+    def layer_kind(self, layer: int) -> str:
+        """"full" (softmax attention over KV) or "linear" (a recurrent state, no KV)."""
+        return "full" if self.linear is None else self.linear.kind(layer)
 
     def option_groups(self) -> list:
         """The option groups the shape sets (those other than the field's default: not None, or
@@ -208,6 +255,9 @@ class ModelShape:
                     for k, (on, off) in _THERE_KEYS.get(name, {}).items()}
             g = g or OPTION_GROUPS[name]()
             out |= {k: getattr(g, f) for k, f in keys.items()}
+        if self.linear is not None:   # a nested dict, only when set: other headers unchanged
+            out["linear"] = {f.name: (list(v) if isinstance(v, tuple) else v)
+                             for f in fields(self.linear) for v in (getattr(self.linear, f.name),)}
         return out
 
     @classmethod
@@ -219,6 +269,10 @@ class ModelShape:
         for name, keys in _HEADER_KEYS.items():
             g = OPTION_GROUPS[name](**{f: d[k] for k, f in keys.items() if k in d})
             known[name] = g if _there(name, g, d) else None
+        if d.get("linear") is not None:
+            lin = dict(d["linear"])
+            lin["layer_types"] = tuple(lin.get("layer_types", ()))
+            known["linear"] = LinearAttention(**lin)
         return cls(**known)
 
     @property
@@ -372,6 +426,39 @@ PRESETS: dict[str, ModelShape] = {
     "tiny-minimax-m2": ModelShape("minimax-m2", 2, 64, 8, 2, 32, 4, 2, 16, 256,
                                   rope_theta=5_000_000.0, max_pos=4096, router=Router("sigmoid"),
                                   attn=Attn(rope_dim=8)),
+    # Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct config.json; transformers'
+    # Qwen3NextConfig defaults): 48 layers, 3 of every 4 Gated DeltaNet (16 key / 32 value heads
+    # of 128, conv 4), the 4th gated attention 16 / 2 heads of 256 with RoPE on 64 dims (theta
+    # 1e7); 512 experts of width 512, top-10, plus a shared expert of 512 behind a sigmoid gate.
+    "qwen3-next-80b-a3b": ModelShape("qwen3next", 48, 2048, 512, 10, 512, 16, 2, 256, 151936,
+                                     rope_theta=10_000_000.0, max_pos=262144,
+                                     dense=DenseFfn(shared=1), attn=Attn(rope_dim=64),
+                                     linear=LinearAttention(4, 16, 32, 128, 128)),
+    # Qwen3.5-35B-A3B (Qwen/Qwen3.5-35B-A3B's text_config, transformers' Qwen3_5MoeTextConfig
+    # defaults): 40 layers, the same 3-in-4 DeltaNet layout and attention, 256 experts of 512,
+    # top-8, a shared expert of 512; vocab 248320.
+    "qwen3.5-35b-a3b": ModelShape("qwen35moe", 40, 2048, 256, 8, 512, 16, 2, 256, 248320,
+                                  rope_theta=10_000_000.0, max_pos=262144,
+                                  dense=DenseFfn(shared=1), attn=Attn(rope_dim=64),
+                                  linear=LinearAttention(4, 16, 32, 128, 128)),
+    # Qwen3.5-397B-A17B from its model card's architecture table (its config.json was not at
+    # hand): 60 layers, 15 x (3 DeltaNet + 1 gated attention), 512 experts of 1024, top-10 + a
+    # shared expert (its width taken as the routed experts'), attention 32 / 2 heads of 256,
+    # DeltaNet 16 key / 64 value heads of 128; theta and partial rotary as the 35B's. 396.3B
+    # weights (the MTP layer not read), a token reads 16.3B beside its embedding row.
+    "qwen3.5-397b-a17b": ModelShape("qwen35moe", 60, 4096, 512, 10, 1024, 32, 2, 256, 248320,
+                                    rope_theta=10_000_000.0, max_pos=262144,
+                                    dense=DenseFfn(shared=1), attn=Attn(rope_dim=64),
+                                    linear=LinearAttention(4, 16, 64, 128, 128)),
+    # the hybrids' tiny models: layers 0-2 linear, 3 full; 2 key / 4 value heads of 16
+    "tiny-qwen3next": ModelShape("qwen3next", 4, 64, 8, 2, 32, 4, 2, 16, 256,
+                                 rope_theta=10_000_000.0, max_pos=4096,
+                                 dense=DenseFfn(shared=1), attn=Attn(rope_dim=4),
+                                 linear=LinearAttention(4, 2, 4, 16, 16)),
+    "tiny-qwen35moe": ModelShape("qwen35moe", 4, 64, 8, 2, 32, 4, 2, 16, 256,
+                                 rope_theta=10_000_000.0, max_pos=4096,
+                                 dense=DenseFfn(shared=1), attn=Attn(rope_dim=4),
+                                 linear=LinearAttention(4, 2, 4, 16, 16)),
     "small": ModelShape("qwen3moe", 4, 256, 16, 4, 128, 4, 2, 64, 1024),
     # `strata demo`: enough experts (64 per layer) that a 16-slot ring is a small part of a layer.
     "demo": ModelShape("qwen3moe", 4, 256, 64, 4, 128, 4, 2, 64, 1024),

@@ -137,9 +137,19 @@ def check_dense_expert(ts: list, cols: int, rows: int):
     return fmt
 
 
+def _ne(shape: list[int]) -> list[int]:
+    """A ggml shape without its trailing 1s: ggml's ne pads every tensor to 4 dims with 1s, so
+    [64] and [64, 1] are one tensor (llama.cpp's converter writes the shared expert's gate as
+    [64, 1], its quantizer as [64])."""
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
+
+
 def check_dense_tensor(t, shp) -> None:
-    """A dense tensor's ggml shape is its torch shape reversed; one line naming it otherwise."""
+    """A dense tensor's ggml shape is its torch shape reversed (up to trailing 1s); one line
+    naming it otherwise."""
     want = list(shp)[::-1]
-    if ggml_shape(t) != want:
+    if _ne(ggml_shape(t)) != _ne(want):
         raise StrataError(f"{t.name} has ggml shape {ggml_shape(t)}, expected {want} from the "
                           f"metadata")

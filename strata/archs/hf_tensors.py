@@ -19,7 +19,11 @@ HF_GLOBAL = {  # pack name -> HF name of the tensors outside the layers
 
 
 class SafeTensors:
-    """Name -> tensor over every *.safetensors file of a folder (memory-mapped, no pickle)."""
+    """Name -> tensor over every *.safetensors file of a folder (memory-mapped, no pickle).
+    `shape`: the ModelShape read from the folder's config.json (strata.packs.from_hf sets it),
+    for a reader that splits a fused tensor by the config's dims (Qwen3-Next's in_proj_qkvz)."""
+
+    shape = None
 
     def __init__(self, folder: Path):
         from safetensors import safe_open
@@ -40,9 +44,10 @@ class SafeTensors:
         return h.get_tensor(k)
 
 
-def layer_experts(ts: SafeTensors, i: int, s: ModelShape):
-    """(gate [E, F, D], up [E, F, D], down [E, D, F]) of layer i, per-expert or fused storage."""
-    p = f"model.layers.{i}.mlp.experts."
+def layer_experts(ts: SafeTensors, i: int, s: ModelShape, base: str = "model."):
+    """(gate [E, F, D], up [E, F, D], down [E, D, F]) of layer i, per-expert or fused storage;
+    `base`: the text model's prefix (a multimodal release's "model.language_model.")."""
+    p = f"{base}layers.{i}.mlp.experts."
     E, D, F = s.n_expert, s.d_model, s.d_expert
     if p + "gate_up_proj" in ts:
         gu, dn = ts.get(p + "gate_up_proj"), ts.get(p + "down_proj")

@@ -177,6 +177,31 @@ MINIMAX_M2: dict[str, Hp] = _GGUF_COMMON | {
     "rope.dimension_count": used("attn.rope_dim"),
 }
 
+# Qwen3-Next / Qwen3.5-MoE (strata.archs.qwen3next, qwen35moe): llama.cpp's hybrid loaders read
+# the shared expert's width, the Gated DeltaNet's ssm.* sizes and which layers are recurrent
+# (attention.recurrent_layers, else every layer but each full_attention_interval-th)
+QWEN3NEXT: dict[str, Hp] = _GGUF_COMMON | {
+    "expert_feed_forward_length": used("d_expert"),
+    "expert_shared_feed_forward_length": used("dense.shared", why="dense.shared = its width / "
+                                                                   "expert_feed_forward_length"),
+    "feed_forward_length": inert("the dense MLP's width; every layer routes to experts"),
+    "rope.dimension_count": used("attn.rope_dim"),
+    "ssm.conv_kernel": used("linear.conv_kernel"),
+    "ssm.state_size": used("linear.k_head_dim"),
+    "ssm.group_count": used("linear.n_k_head"),
+    "ssm.time_step_rank": used("linear.n_v_head"),
+    "ssm.inner_size": used("linear.v_head_dim", why="v_head_dim = inner_size / "
+                                                     "time_step_rank"),
+    "attention.recurrent_layers": used("linear.layer_types", array=True),
+    "full_attention_interval": used("linear.full_interval", default=4),
+}
+QWEN35MOE: dict[str, Hp] = QWEN3NEXT | {
+    "rope.dimension_sections": inert("interleaved MRoPE's sections: over text every axis holds "
+                                     "the token's position, so transformers turns plain partial "
+                                     "RoPE whatever the sections (llama.cpp turns a pair its "
+                                     "sections leave out by position 0)", array=True),
+}
+
 GGUF_GLOBAL: dict[str, Hp] = {
     "general.architecture": used("arch"),
     "general.type": refused(("model",), "an adapter (LoRA) or other file kind, not a model"),

@@ -232,6 +232,61 @@ MINIMAX_M2: dict[str, Hp] = _HF_COMMON | {
     "max_model_len": inert(_RELEASE + " (a serving limit)"),
 }
 
+# Qwen3-Next / Qwen3.5-MoE's text model (strata.archs.qwen3next, qwen35moe)
+_HF_HYBRID: dict[str, Hp] = _HF_COMMON | {
+    "intermediate_size": inert("the dense MLP's width; every layer routes to experts "
+                               "(mlp_only_layers / decoder_sparse_step are refused)"),
+    "moe_intermediate_size": used("d_expert"),
+    "shared_expert_intermediate_size": used("dense.shared", why="dense.shared = its width / "
+                                                                 "moe_intermediate_size"),
+    "num_experts": used("n_expert"),
+    "attention_bias": refused((False,), "q/k/v/o biases; these models have none"),
+    "partial_rotary_factor": used("attn.rope_dim"),
+    ROPE + "partial_rotary_factor": used("attn.rope_dim"),
+    "linear_conv_kernel_dim": used("linear.conv_kernel"),
+    "linear_key_head_dim": used("linear.k_head_dim"),
+    "linear_value_head_dim": used("linear.v_head_dim"),
+    "linear_num_key_heads": used("linear.n_k_head"),
+    "linear_num_value_heads": used("linear.n_v_head"),
+    "layer_types": used("linear.layer_types"),
+    "full_attention_interval": used("linear.full_interval", why="read only without "
+                                                                "layer_types"),
+}
+QWEN3_NEXT: dict[str, Hp] = _HF_HYBRID | {
+    "norm_topk_prob": used("norm_topk_prob", default=True),
+    "decoder_sparse_step": refused((1,), "dense MLP layers between the MoE ones"),
+    "mlp_only_layers": refused(([], None), "dense MLP layers between the MoE ones"),
+}
+_MTP_35 = "MTP layers: transformers' model does not run them, strata does not read them"
+QWEN3_5_MOE: dict[str, Hp] = _HF_HYBRID | {
+    ROPE + "mrope_section": inert("interleaved MRoPE's sections: over text every axis holds the "
+                                  "token's position, so the rotation is plain partial RoPE"),
+    ROPE + "mrope_interleaved": inert("see mrope_section"),
+    # fields of the release's text_config that transformers' class does not read
+    "attn_output_gate": refused((True,), "the full attention's sigmoid output gate, which "
+                                         "strata's qwen35moe always applies"),
+    "mamba_ssm_dtype": inert("the dtype other runtimes keep the recurrent state in; strata "
+                             "keeps S in fp32 (as transformers' fp32 forward)"),
+    "mtp_num_hidden_layers": inert(_MTP_35),
+    "mtp_use_dedicated_embeddings": inert(_MTP_35),
+}
+
+_VISION = "the vision tower's; strata reads the text model (image and video tokens never reach it)"
+# Qwen3.5-MoE's release folder (Qwen3_5MoeForConditionalGeneration): the text model's config under
+# text_config, audited against QWEN3_5_MOE (strata.packs.hparams.audit_hf)
+QWEN3_5_MOE_VL: dict[str, Hp] = {
+    k: _HF_COMMON[k] for k in (
+        "model_type", "architectures", "transformers_version", "_name_or_path", "dtype",
+        "torch_dtype", "output_hidden_states", "output_attentions", "return_dict",
+        "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type",
+        "tie_word_embeddings")} | {
+    "text_config": used("n_layer", "d_model", "n_expert", "d_expert", "vocab", "linear.n_v_head",
+                        why="the text model's config, read (and audited) as qwen3_5_moe_text's"),
+    "vision_config": inert(_VISION),
+    "image_token_id": inert(_VISION), "video_token_id": inert(_VISION),
+    "vision_start_token_id": inert(_VISION), "vision_end_token_id": inert(_VISION),
+}
+
 for _f, _hf, _st in (("routed_scaling_factor", "2.5", "1.0"), ("n_shared_experts", "1", "0"),
                      ("first_k_dense_replace", "3", "0"), ("n_group", "8", "1"),
                      ("topk_group", "4", "1"), ("q_lora_rank", "1536", "0 (a full Wq)")):

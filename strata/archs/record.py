@@ -17,7 +17,8 @@ the record by strata name, HF model_type or GGUF general.architecture):
   shape, read)` -> a dense tensor the file stores split (None: absent); `gguf_experts(tensors,
   i, shape, src)` -> ([gate, up, down] bytes, format names, biases or None).
 - `gguf_hparams` / `hf_hparams`: every metadata key / config field and what strata does with it
-  (strata.archs.hparam_kinds), the audit's tables (strata.packs.hparams).
+  (strata.archs.hparam_kinds), the audit's tables (strata.packs.hparams); `hf_hparams_of`: the
+  table of an HF model_type whose config differs (a multimodal release's top level), by name.
 - GGUF writer hooks (strata.archs.gguf_layout, the inverse of the GGUF hooks): `gguf_split(name,
   shp, shape)` -> {stored name: torch shape} of a dense tensor llama.cpp stores split (None: as
   it is); `gguf_values(shape)` -> {key: value} for the metadata keys whose value is not one
@@ -70,6 +71,11 @@ class Arch:
     options: tuple[type, ...] = ()
     gguf_split: Callable = _no_split
     gguf_values: Callable = _no_values
+    hf_hparams_of: Mapping = None     # model_type -> its table where not hf_hparams
+
+    def hf_table(self, model_type: str) -> Mapping:
+        """The HF hparam table of `model_type` (one of hf_types)."""
+        return (self.hf_hparams_of or {}).get(model_type, self.hf_hparams)
 
     def dense_specs(self, shape: ModelShape) -> dict[str, tuple[int, ...]]:
         """Every dense tensor of the model, name -> torch shape, in file order."""

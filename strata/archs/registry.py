@@ -12,11 +12,14 @@ from strata.archs.family import DEEPSEEK2, GLM4MOE
 from strata.archs.gpt_oss import GPT_OSS
 from strata.archs.minimax_m2 import MINIMAX_M2
 from strata.archs.mixtral import MIXTRAL
+from strata.archs.qwen35moe import QWEN35MOE
 from strata.archs.qwen3moe import QWEN3MOE
+from strata.archs.qwen3next import QWEN3NEXT
 from strata.archs.record import Arch
 from strata.errors import StrataError
 
-ARCHS: tuple[Arch, ...] = (QWEN3MOE, MIXTRAL, GPT_OSS, GLM4MOE, DEEPSEEK2, MINIMAX_M2)
+ARCHS: tuple[Arch, ...] = (QWEN3MOE, MIXTRAL, GPT_OSS, GLM4MOE, DEEPSEEK2, MINIMAX_M2, QWEN3NEXT,
+                           QWEN35MOE)
 
 BY_NAME = {a.name: a for a in ARCHS}
 BY_HF = {t: a for a in ARCHS for t in a.hf_types}

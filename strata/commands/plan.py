@@ -110,14 +110,20 @@ def make_plan(args):
 def kv_summary(sizes, cfg, bud, shape) -> dict:
     """The KV of the longest prompt as the budgets charge it: dtype, window, bytes (all layers)
     resident in VRAM and held in pinned host memory; with sliding layers (GPT-OSS), how many,
-    the tokens each keeps (W - 1) and their share of the VRAM bytes."""
+    the tokens each keeps (W - 1) and their share of the VRAM bytes; with linear-attention
+    layers (Qwen3-Next, Qwen3.5-MoE), how many, the full layers beside them, and the recurrent
+    states' share (which the VRAM bytes include: a linear layer keeps no KV)."""
     from strata.models.kv import kv_windows
     out = {"dtype": cfg.kv, "resident_tokens": cfg.kv_resident, "tokens": cfg.max_prompt,
            "vram_bytes": sum(b.kv for b in bud),
            "host_bytes": sizes.kv_host_all(cfg.max_prompt),
            "auto": cfg.kv_choice.to_dict() if cfg.kv_choice is not None else None,
            "auto_line": cfg.kv_choice.line() if cfg.kv_choice is not None else None}
-    sliding = [(l, w) for l, w in enumerate(kv_windows(shape)) if w]
+    linear = [l for l in range(shape.n_layer) if shape.layer_kind(l) == "linear"]
+    if linear:
+        out.update(linear_layers=len(linear), full_layers=shape.n_layer - len(linear),
+                   state_bytes=sum(sizes.kv_bytes(cfg.max_prompt, l) for l in linear))
+    sliding = [(l, w) for l, w in enumerate(kv_windows(shape)) if w > 0]
     if sliding:
         out.update(sliding_layers=len(sliding),
                    sliding_tokens=max(min(cfg.max_prompt, w - 1) for _, w in sliding),
@@ -168,6 +174,10 @@ def kv_line(kv: dict) -> str:
     if kv.get("sliding_layers"):   # they keep their window's last W - 1 tokens, in VRAM
         window += (f" ({kv['sliding_layers']} sliding layers keep their last "
                    f"{kv['sliding_tokens']:,}, {fmt_bytes(kv['sliding_vram_bytes'])})")
+    if kv.get("linear_layers"):    # KV in the full layers only; a fixed state in the others
+        window += (f" in the {kv['full_layers']} full-attention layers; the "
+                   f"{kv['linear_layers']} linear-attention layers keep a recurrent state "
+                   f"instead ({fmt_bytes(kv['state_bytes'])}, whatever the prompt's length)")
     return (f"  kv        {kv['dtype']}, {kv['tokens']:,} tokens, {window}: "
             f"{fmt_bytes(kv['vram_bytes'])} in VRAM, {fmt_bytes(kv['host_bytes'])} in pinned "
             f"host memory") + (f"\n            {kv['auto_line']}" if kv.get("auto_line") else "")

@@ -31,6 +31,10 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 def store_layout(cache, shape) -> dict:
     """What a state file's KV is: {kind gqa | mla, heads, key_dim, value_dim, dtype, parts,
     windows} (the manifest's `kv`)."""
+    if getattr(cache, "states", None) is not None:
+        raise StrataError("a state file holds KV only: the recurrent state of linear-attention "
+                          "layers is not saved yet, so a prompt of this model cannot be saved "
+                          "or resumed")
     mla = bool(shape.mla)
     heads, key_dim, value_dim = shape.kv_heads if mla else (shape.n_kv_head, shape.head_dim,
                                                             shape.head_dim)

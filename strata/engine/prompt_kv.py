@@ -9,9 +9,12 @@ pipeline stage its own layers' (the others keep nothing).
 """
 from __future__ import annotations
 
+import torch
+
 from strata.budget import check_kv_host, host_available
 from strata.engine.engine_config import EngineConfig
 from strata.models.kv import PromptKV, kv_windows
+from strata.models.layer_state import new_states, state_dtype
 
 
 def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
@@ -36,6 +39,11 @@ def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vra
     check_kv_host(sizes.kv_host_all(n_tokens, layers), sizes.kv_vram(n_tokens, layers), vram, 0,
                   host_available(), n_tokens)
     heads, key_dim, value_dim = shape.kv_heads    # MLA: one "head", the latent and rope key
-    return make(shape.n_layer, heads, key_dim, n_tokens, kv=cfg.kv, resident=cfg.kv_resident,
-                devices=devices, stages=stages, lanes=lanes, pin=pin, windows=kv_windows(shape),
-                value_dim=value_dim, layers=layers)
+    kv = make(shape.n_layer, heads, key_dim, n_tokens, kv=cfg.kv, resident=cfg.kv_resident,
+              devices=devices, stages=stages, lanes=lanes, pin=pin, windows=kv_windows(shape),
+              value_dim=value_dim, layers=layers)
+    # linear-attention layers' recurrent state, its conv part in the activations' dtype
+    # (state_dtype: fp32 beside fp32 KV, else bf16; the count the plan charges)
+    kv.states = new_states(shape, dtype=state_dtype(cfg.kv, torch.bfloat16), devices=devices,
+                           layers=layers)
+    return kv

@@ -34,6 +34,7 @@ from strata.memory import STAGE, ExpertCache, Loan, PromptLayout
 from strata.memory.carve import Carve
 from strata.memory.layout import PromptBuffers
 from strata.memory.scan import ParticipantPlan
+from strata.models.layer_state import carved_scratch
 from strata.models.mla_scratch import MLAScratch
 from strata.units import fmt_bytes
 
@@ -104,6 +105,7 @@ class Share:
     stages: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> KV stage
     kv_scratch: dict[int, object] = field(default_factory=dict)     # layer -> AttnScratch
     mla_scratch: dict[int, object] = field(default_factory=dict)    # layer -> MLAScratch
+    state_scratch: dict[int, dict] = field(default_factory=dict)    # layer -> delta-rule bufs
 
 
 def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend_cap: float,
@@ -126,6 +128,8 @@ def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend
         share.kv_scratch = {l: attn_scratch(bufs, shape) for l in layers}
     if "mla_k" in bufs.bufs:
         share.mla_scratch = {l: MLAScratch.of_carve(bufs) for l in layers}
+    if any(n.startswith("dn_") for n in bufs.bufs):   # linear-attention layers' scratch
+        share.state_scratch = {l: carved_scratch(bufs) for l in layers}
     if slab:   # the slab: scratch from this layout's tail (empty: ordinary memory)
         part.scratch.publish(carve.tail())
     share.provider = StreamingProvider(
@@ -167,6 +171,7 @@ class PromptSession:
         self.stages: dict[int, torch.Tensor] = {}     # layer -> its participant's KV stage
         self.kv_scratch: dict[int, object] = {}       # layer -> AttnScratch of its carve
         self.mla_scratch: dict[int, object] = {}      # layer -> MLAScratch of its carve
+        self.state_scratch: dict[int, dict] = {}      # layer -> delta-rule scratch of its carve
         self.kv = None                            # the prompt's KV (new_kv)
         self._engine_kv = False                   # kv is a PromptKV (released on exit)
         self.kv_streamed = 0                      # bytes of host-held KV copied back (on exit)
@@ -191,6 +196,7 @@ class PromptSession:
             self.stages.update(share.stages)
             self.kv_scratch.update(share.kv_scratch)
             self.mla_scratch.update(share.mla_scratch)
+            self.state_scratch.update(share.state_scratch)
             self.providers.append(share.provider)
         ps = self.providers
         self.provider = ps[0] if len(ps) == 1 else SplitProvider(ps)
@@ -209,6 +215,9 @@ class PromptSession:
             cache = model.new_cache(capacity=n_tokens, kv=kv)
             if self.shape.mla:
                 cache.scratch = self.mla_scratch
+        states = getattr(cache, "states", None)   # linear-attention layers' recurrent state
+        if states is not None:                      # computes in the carve's delta-rule scratch
+            states.scratch = self.state_scratch
         self.kv = cache
         return cache
 
@@ -231,6 +240,7 @@ class PromptSession:
                     kv.release()      # the resident and the pinned host KV go with the prompt
             self.kv = self.provider = None
             self.stages, self.kv_scratch, self.mla_scratch = {}, {}, {}
+            self.state_scratch = {}
             self.providers, self.loans = [], []
 
 

@@ -16,6 +16,8 @@
     gpt_oss.py    GPT-OSS: biased router, attention biases + sinks + sliding layers, YaRN
     minimax_m2.py MiniMax-M2: whole-projection q/k norms, partial RoPE, the sigmoid router
                   with a correction bias over Mixtral-style experts
+    qwen3_next.py Qwen3-Next and Qwen3.5-MoE: Gated DeltaNet linear layers (their recurrent
+                  state: layer_state.py) beside gated attention, a sigmoid-gated shared expert
     family.py     the DeepSeek / GLM-4.5 layer body: leading dense layers, shared experts
                   (ffn.py), grouped sigmoid routing (routers.py); glm4moe.py (GQA with bias,
                   partial RoPE) and deepseek.py (MLA attention, mla.py) wire it

@@ -14,6 +14,10 @@ chunk starting at P needs the prefix tokens P-W+1..P-1 (its own keys come with t
 most W - 1 whatever the chunk's length. Such a layer never holds host KV and is never staged;
 only full layers split at the resident window.
 
+A layer that keeps no KV at all (NO_KV: a linear-attention layer, ModelShape.layer_kind, whose
+recurrent state a cache holds beside the KV as `states`, strata.models.layer_state) keeps 0
+tokens anywhere; the caches' vram_bytes count the states with the KV.
+
 Legend: P tokens already cached, T tokens of the chunk, Hkv kv heads, hd head dim, L layers,
 W a sliding layer's window, R the tokens a layer keeps in VRAM.
 """
@@ -27,12 +31,17 @@ import torch
 from strata.errors import StrataError
 
 
+NO_KV = -1     # the "window" of a layer that keeps no KV (a linear-attention layer)
+
+
 def layer_kv_tokens(n_tokens: int, window: int = 0,
                     resident: int | None = None) -> tuple[int, int]:
-    """(VRAM, host) tokens of KV one layer keeps for a prompt of n_tokens. A sliding layer
+    """(VRAM, host) tokens of KV one layer keeps for a prompt of n_tokens. NO_KV: none. A sliding layer
     (window W > 0): its last min(n_tokens, W - 1), all in VRAM (`resident` does not apply: it
     is never staged). A full layer: the newest min(n_tokens, resident) in VRAM (all when
     resident is None), the older rest in host memory."""
+    if window == NO_KV:
+        return 0, 0
     if window > 0:
         return min(n_tokens, window - 1), 0
     res = n_tokens if resident is None else min(n_tokens, resident)
@@ -40,16 +49,18 @@ def layer_kv_tokens(n_tokens: int, window: int = 0,
 
 
 def kv_windows(shape) -> tuple[int, ...]:
-    """Each layer's sliding window, 0 for full attention (ModelShape.layer_window): the model's
-    KV description the plan, the engine's PromptKV and the model's KVCache read."""
-    return tuple(shape.layer_window(l) for l in range(shape.n_layer))
+    """Each layer's sliding window, 0 for full attention (ModelShape.layer_window), NO_KV for a
+    linear-attention layer (ModelShape.layer_kind): the model's KV description the plan, the
+    engine's PromptKV and the model's KVCache read."""
+    return tuple(NO_KV if shape.layer_kind(l) == "linear" else shape.layer_window(l)
+                 for l in range(shape.n_layer))
 
 
 def _windows(windows: Sequence[int] | None, n_layer: int) -> tuple[int, ...]:
     out = tuple(windows) if windows is not None else (0,) * n_layer
-    if len(out) != n_layer or any(not isinstance(w, int) or w < 0 for w in out):
-        raise StrataError(f"windows must give {n_layer} whole numbers >= 0 (0: a full layer), "
-                          f"got {windows!r}")
+    if len(out) != n_layer or any(not isinstance(w, int) or w < NO_KV for w in out):
+        raise StrataError(f"windows must give {n_layer} whole numbers >= 0 (0: a full layer; "
+                          f"{NO_KV}: no KV), got {windows!r}")
     return out
 
 
@@ -65,6 +76,8 @@ class KVCache:
     # the chunk's packed sequences (strata.models.packed.Packed), set by Decoder.prefill for
     # the chunk it reads; None: one sequence
     packed = None
+    # linear-attention layers' recurrent state (strata.models.layer_state); None: none
+    states = None
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, *,
                  capacity: int | None = None, dtype: torch.dtype = torch.float32,
@@ -119,8 +132,10 @@ class KVCache:
 
     @property
     def vram_bytes(self) -> int:
-        """Bytes the cache holds on the layers' devices (what the plan's kv_vram counts)."""
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        """Bytes the cache holds on the layers' devices, recurrent states included (what the
+        plan's kv_vram counts)."""
+        return (sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+                + (self.states.nbytes if self.states is not None else 0))
 
     host_bytes = 0      # the model's cache keeps nothing in host memory
 
@@ -163,6 +178,8 @@ class PromptKV:
     # the chunk's packed sequences (strata.models.packed.Packed), set by Decoder.prefill for
     # the chunk it reads; None: one sequence
     packed = None
+    # linear-attention layers' recurrent state (strata.models.layer_state); None: none
+    states = None
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, n_tokens: int, *,
                  kv: str = "bf16", resident: int | None = None, devices, stages=None,
@@ -395,7 +412,7 @@ class PromptKV:
     def release(self) -> None:
         """Drop every tensor (the resident KV, the pinned host KV, the stage and scratch views)."""
         self.resident, self.hosted, self.stages, self._ready = [], [], {}, {}
-        self.scratch = {}
+        self.scratch, self.states = {}, None
 
     @property
     def host_bytes(self) -> int:
@@ -404,8 +421,10 @@ class PromptKV:
 
     @property
     def vram_bytes(self) -> int:
-        """Bytes of the KV kept on the layers' devices (resident windows and rings)."""
-        return self._bytes(self.resident)
+        """Bytes of the KV kept on the layers' devices (resident windows and rings), recurrent
+        states included."""
+        return (self._bytes(self.resident)
+                + (self.states.nbytes if self.states is not None else 0))
 
     def _bytes(self, stores) -> int:
         return sum(t.numel() * t.element_size() for l, parts in enumerate(stores)

@@ -61,6 +61,7 @@ def hf_to_pack(src, out, quant="BF16", quant_gate=None, quant_up=None, quant_dow
     fmts = ExpertFormats.of(quant, quant_gate, quant_up, quant_down)
     lay = fmts.layout(s)
     ts = SafeTensors(src)
+    ts.shape = s
     dense = {}
     tied = "lm_head.weight" not in ts
     for name in dense_specs(s):

@@ -45,7 +45,7 @@ from strata.errors import StrataError
 
 # Every table by the source's name for it (the records hold them: strata.archs.registry)
 GGUF = {g: a.gguf_hparams for a in ARCHS for g in a.gguf_archs}
-HF = {t: a.hf_hparams for a in ARCHS for t in a.hf_types}
+HF = {t: a.hf_table(t) for a in ARCHS for t in a.hf_types}
 
 __all__ = ["GGUF", "GGUF_GLOBAL", "GLOBAL_PREFIXES", "HF", "Hp", "INERT",
            "NO_DEFAULT", "OneOf", "REFUSED", "ROPE", "ROPE_DICTS", "SameAs", "USED", "Where",
@@ -115,11 +115,17 @@ def hf_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def audit_hf(cfg: Mapping[str, Any], where) -> None:
     """Refuse a config.json with a field strata would drop or a value it does not implement
-    (one line naming the field); a model_type without a table is left to the reader."""
+    (one line naming the field); a model_type without a table is left to the reader. A
+    multimodal release's text model (`text_config`, e.g. Qwen3.5-MoE's) is audited against its
+    own model_type's table as well."""
     mt = cfg.get("model_type")
     table = HF.get(mt) if isinstance(mt, str) else None
     if table is None:
         return
+    sub = cfg.get("text_config")
+    if isinstance(sub, Mapping) and isinstance(sub.get("model_type"), str) \
+            and sub["model_type"] in HF and sub["model_type"] != mt:
+        audit_hf(sub, f"{where} (text_config)")
     flat = hf_fields(cfg)
     at = f"{where}: config.json's"
     fix = "strata cannot read this checkpoint"

@@ -72,9 +72,12 @@ def dense_sigma(name: str, shape: ModelShape, shp=None) -> float | None:
 
 
 def dense_dtype(name: str, dense_type: str) -> str:
-    """llama.cpp keeps norms, biases, attention sinks and the router in F32 (its CPU adds a bias
-    only in F32); the other matrices take `dense_type`."""
-    if name.endswith(("norm.weight", "ffn_gate_inp.weight", ".bias", "attn_sinks.weight")):
+    """llama.cpp keeps norms, biases, attention sinks, the routers (the shared expert's gate
+    too), the DeltaNet conv and every tensor not named .weight (ssm_a) in F32 (its converter's
+    rule; its CPU adds a bias only in F32); the other matrices take `dense_type`."""
+    if name.endswith(("norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight",
+                      "ssm_conv1d.weight", ".bias", "attn_sinks.weight")) \
+            or not name.endswith(".weight"):
         return "F32"
     return dense_type
 
@@ -86,6 +89,9 @@ def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str,
     norm weights are drawn around `qk_norm_scale`."""
     n = int(np.prod(shp))
     sigma = dense_sigma(name, shape, shp)
+    if name.endswith("ssm_a"):   # -exp(A_log), A as transformers draws it: U(1, 16), so g < 0
+        g = np.random.default_rng(np.random.SeedSequence(seed))
+        return (-g.uniform(1.0, 16.0, n)).astype(np.float32).view(np.uint8)
     if dtype not in ("F32", "F16", "BF16"):
         return random_matrix(dtype, n // shp[-1], shp[-1], sigma, seed)
     if sigma is None:

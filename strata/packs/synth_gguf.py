@@ -77,6 +77,8 @@ def _add_metadata(w, shape: ModelShape) -> None:
             w.add_float32(k, v)
         elif isinstance(v, str):
             w.add_string(k, v)
+        elif isinstance(v, list):   # a per-layer array (which layers are recurrent)
+            w.add_array(k, v)
         else:
             raise TypeError(f"{k}: {v!r}")
 

@@ -24,7 +24,7 @@ def test_the_records_hold_the_hparam_tables_and_presets():
     for g, a in BY_GGUF.items():
         assert a.gguf_hparams is GGUF[g]
     for t, a in BY_HF.items():
-        assert a.hf_hparams is HF[t]
+        assert a.hf_table(t) is HF[t]
     assert sorted(n for a in ARCHS for n in a.presets) == sorted(PRESETS)
     for a in ARCHS:   # its presets set only the option groups it declares
         assert all(a.own_options(s) for s in a.presets.values()), a.name
@@ -34,15 +34,15 @@ def test_the_records_hold_the_hparam_tables_and_presets():
 
 def test_unknown_names_are_one_line_listing_the_supported():
     with pytest.raises(StrataError, match="strata runs deepseek2, glm4moe, gpt-oss, minimax-m2, "
-                                          "mixtral, qwen3moe$"):
+                                          "mixtral, qwen35moe, qwen3moe, qwen3next$"):
         get_arch("llama")
     with pytest.raises(StrataError, match=r"cfg: model_type 'bert'; strata packs deepseek_v3, "
                                           r"glm4_moe, gpt_oss, kimi_k2, minimax_m2, mixtral, "
-                                          r"qwen3_moe"):
+                                          r"qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"):
         by_hf("bert", "cfg")
     with pytest.raises(StrataError, match=r"f.gguf is a 'phi3' model; strata packs GGUF files "
                                           r"of deepseek2, glm4moe, gpt-oss, llama, minimax-m2, "
-                                          r"qwen3moe"):
+                                          r"qwen35moe, qwen3moe, qwen3next"):
         by_gguf("phi3", "f.gguf")
     with pytest.raises(StrataError, match="model_type None"):
         by_hf(None, "cfg")

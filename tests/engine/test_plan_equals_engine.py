@@ -225,10 +225,19 @@ def check_kv(shape, cfg, bud, layout):
            else kv_token_bytes(cfg.kv, shape.n_kv_head, shape.head_dim))
     win = [shape.layer_window(l) for l in range(shape.n_layer)]
     kept = [min(n, w - 1) if w else res for w in win]
+    # a linear-attention layer (Qwen3-Next, Qwen3.5) keeps no KV but its recurrent state: the
+    # conv's last K-1 inputs of 2 Hk dk + Hv dv channels (bf16, fp32 beside fp32 KV) and S
+    # [Hv, dk, dv] fp32, whatever the prompt's length
+    lin = shape.linear
+    state = 0 if lin is None else (
+        (lin.conv_kernel - 1) * (2 * lin.n_k_head * lin.k_head_dim + lin.n_v_head * lin.v_head_dim)
+        * (4 if cfg.kv == "fp32" else 2) + lin.n_v_head * lin.k_head_dim * lin.v_head_dim * 4)
+    linear = [shape.layer_kind(l) == "linear" for l in range(shape.n_layer)]
+    per = [state if linear[l] else kept[l] * tok for l in range(shape.n_layer)]
     for b in bud:
-        assert b.kv == sum(kept[l] for l in b.layers) * tok
+        assert b.kv == sum(per[l] for l in b.layers)
     for l, w in enumerate(win):
-        assert layout.sizes.kv_host(n, l) == (0 if w else (n - res) * tok)
+        assert layout.sizes.kv_host(n, l) == (0 if w or linear[l] else (n - res) * tok)
     stage = [p for p in layout.placements(1, 0) if p.name == "kv_stage"]
     assert [p.nbytes for p in stage] == ([(n - res) * tok] if n > res else [])
     from strata.kernels.attention import expand_rows     # the int8 attention's scratch

@@ -79,11 +79,11 @@ def extract_converter(sdist: str, tmp: Path) -> Path:
     return next(tmp.glob("*/vendor/llama.cpp"))
 
 
-def convert(lc: Path, hf: Path, outtype: str, outfile: Path) -> None:
+def convert(lc: Path, hf: Path, outtype: str, outfile: Path, extra: tuple = ()) -> None:
     """The vendored converter on the HF folder (in a subprocess, its gguf-py first, the
-    pre-tokenizer patch above)."""
+    pre-tokenizer patch above); `extra`: more of its flags."""
     subprocess.run([sys.executable, "-c", _RUN, str(lc), str(hf), "--outtype", outtype,
-                    "--outfile", str(outfile)], check=True)
+                    "--outfile", str(outfile), *extra], check=True)
 
 
 def main(sdist: str) -> None:

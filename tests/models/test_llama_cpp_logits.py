@@ -322,6 +322,21 @@ def _mla(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale, prefix=(), c_scale=N
     return o.transpose(0, 1).to(q_nope.dtype)                             # [T, H, Hv]
 
 
+def _delta_rule(arith: Arith):
+    """The torch delta rule (strata.models.qwen3_next's CPU path) with its inputs moved by fp32's
+    backward error, as `order` moves a product's: llama.cpp's gated delta net sums the same
+    dot products (over dk, and the decays over the tokens) in its own order, which no weight
+    product of the read covers."""
+    from strata.kernels.deltanet import chunk_gated_delta_rule_torch as rule
+
+    def run(q, k, v, g, beta, *args, **kw):
+        def p(x, n):
+            return x * (1 + theta(max(n, arith.tokens)) * _signs(x.shape, arith.gen))
+        d = q.shape[-1]
+        return rule(p(q, d), p(k, d), p(v, d), p(g, arith.tokens), beta, *args, **kw)
+    return run
+
+
 def llama_cpp_shape(shape):
     """The shape with llama.cpp's conventions where strata reads a GGUF otherwise: YaRN's
     correction range rounded to whole dims (ggml_rope_yarn_corr_dims floors / ceils it; strata
@@ -363,6 +378,8 @@ def read_pack(pack, src=None, *, tokens, arith: Arith | None = None, shape=None,
         if not arith.active or t.dim() != 2 or n == "token_embd.weight" and \
                 "output.weight" in tensors:
             continue
+        if n.endswith("ssm_conv1d.weight"):   # a DeltaNet conv's taps, not a product's weight:
+            continue                          # llama.cpp's ssm_conv reads its F32 input as is
         if n.endswith("attn_kv_b.weight") and n not in types:   # joined from k_b / v_b
             pre = n[:-len("attn_kv_b.weight")]
             fns = tuple(arith.input_fn(types[f"{pre}attn_{k}_b.weight"], f"{pre}attn_{k}_b")
@@ -377,6 +394,10 @@ def read_pack(pack, src=None, *, tokens, arith: Arith | None = None, shape=None,
     patches = contextlib.ExitStack()
     if arith.active:
         patches.enter_context(mock.patch.object(mla, "mla_chunk_attention", _mla))
+    if arith.order is not None:   # a hybrid's linear-attention layers (Qwen3-Next, Qwen3.5)
+        from strata.models import qwen3_next
+        patches.enter_context(mock.patch.object(qwen3_next, "chunk_gated_delta_rule_torch",
+                                                _delta_rule(arith)))
 
     class Rec(RouteRecorder):
         def layer_done(self, layer, x):

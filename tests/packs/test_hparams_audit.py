@@ -25,6 +25,7 @@ from strata.shapes import ModelShape, Yarn
 from tests.models.hf_archs import GPT_OSS_TINY, MIXTRAL_TINY
 from tests.models.hf_family import DS_TINY, DS_YARN, GLM_TINY
 from tests.models.hf_minimax_m2 import MINIMAX_TINY
+from tests.models.hf_qwen3next import QWEN35MOE_TINY, QWEN3NEXT_TINY
 from tests.models.hf_tiny import TINY
 
 # ---- (a) the sources ------------------------------------------------------------------------
@@ -49,6 +50,11 @@ LOADER_ALL = [
     "%s.rope.scaling.finetuned", "%s.rope.scaling.original_context_length",
     "%s.rope.scaling.type",
 ]
+_HYBRID_LOADER = ["%s.expert_feed_forward_length", "%s.expert_shared_feed_forward_length",
+                  "%s.attention.layer_norm_rms_epsilon", "%s.ssm.conv_kernel",
+                  "%s.ssm.inner_size", "%s.ssm.state_size", "%s.ssm.time_step_rank",
+                  "%s.ssm.group_count", "%s.attention.recurrent_layers",
+                  "%s.full_attention_interval"]
 LOADER_ARCH = {
     "qwen3moe": ["%s.attention.layer_norm_rms_epsilon", "%s.expert_feed_forward_length"],
     "llama": ["%s.attention.layer_norm_rms_epsilon", "%s.vocab_size", "tokenizer.ggml.tokens"],
@@ -69,6 +75,9 @@ LOADER_ARCH = {
                 "%s.rope.dimension_sections"],
     "minimax-m2": ["%s.attention.layer_norm_rms_epsilon", "%s.expert_feed_forward_length",
                    "%s.expert_gating_func"],
+    # src/models/qwen3next.cpp / qwen35moe.cpp (load_arch_hparams)
+    "qwen3next": _HYBRID_LOADER,
+    "qwen35moe": _HYBRID_LOADER + ["%s.rope.dimension_sections"],
 }
 # what the same llama.cpp's conversion/base.py (TextModel.set_gguf_parameters) and its
 # qwen.py / llama.py / gpt_oss.py / deepseek.py / glm.py classes write for these architectures
@@ -84,6 +93,11 @@ CONVERTER_ALL = [
     "%s.attention.value_length", "%s.pooling_type", "general.file_type",
     "general.quantization_version", "general.type", "general.name",
 ]
+_HYBRID_CONVERTER = ["%s.expert_feed_forward_length", "%s.expert_shared_feed_forward_length",
+                     "%s.ssm.conv_kernel", "%s.ssm.state_size", "%s.ssm.group_count",
+                     "%s.ssm.time_step_rank", "%s.ssm.inner_size",
+                     "%s.attention.recurrent_layers", "%s.full_attention_interval",
+                     "%s.rope.dimension_count", "%s.nextn_predict_layers"]
 CONVERTER_ARCH = {
     "qwen3moe": ["%s.expert_feed_forward_length", "%s.expert_shared_feed_forward_length"],
     "llama": ["%s.vocab_size", "%s.rope.dimension_count"],
@@ -99,6 +113,9 @@ CONVERTER_ARCH = {
                 "%s.expert_shared_count", "%s.leading_dense_block_count",
                 "%s.expert_weights_scale", "%s.expert_weights_norm", "%s.nextn_predict_layers"],
     "minimax-m2": ["%s.expert_feed_forward_length", "%s.rope.dimension_count"],
+    # conversion/qwen.py: Qwen2MoeModel, Qwen3NextModel, _QwenMtpMixin, _Qwen35MRopeMixin
+    "qwen3next": _HYBRID_CONVERTER,
+    "qwen35moe": _HYBRID_CONVERTER + ["%s.rope.dimension_sections"],
 }
 # fields of the released config.json files (Qwen3-30B-A3B, Mixtral-8x7B, gpt-oss-20b,
 # DeepSeek-V3 / Kimi-K2 with their remote code, GLM-4.5) that transformers 5 no longer writes
@@ -122,10 +139,18 @@ RELEASED = {
                    "use_mtp", "num_mtp_modules", "mtp_transformer_layers", "attn_window_size",
                    "swa_rope_theta", "sliding_window", "max_model_len", "quantization_config",
                    "auto_map"],
+    # Qwen/Qwen3-Next-80B-A3B-Instruct's config.json; Qwen/Qwen3.5-35B-A3B's text_config
+    "qwen3_next": ["rope_theta", "rope_scaling", "torch_dtype", "partial_rotary_factor",
+                   "full_attention_interval"],
+    "qwen3_5_moe_text": ["full_attention_interval", "attn_output_gate", "mamba_ssm_dtype",
+                         "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"],
+    "qwen3_5_moe": ["tie_word_embeddings"],
 }
 HF_CLASSES = {"qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
               "gpt_oss": "GptOssConfig", "deepseek_v3": "DeepseekV3Config",
-              "glm4_moe": "Glm4MoeConfig", "minimax_m2": "MiniMaxM2Config"}
+              "glm4_moe": "Glm4MoeConfig", "minimax_m2": "MiniMaxM2Config",
+              "qwen3_next": "Qwen3NextConfig", "qwen3_5_moe_text": "Qwen3_5MoeTextConfig",
+              "qwen3_5_moe": "Qwen3_5MoeConfig"}
 
 def _ids(v):
     return str(v)
@@ -189,7 +214,8 @@ def test_table_entries_are_well_formed():
 
 # ---- GGUF and config.json writers -------------------------------------------------------------
 GGUF_SHAPES = {"qwen3moe": TINY, "llama": MIXTRAL_TINY, "gpt-oss": GPT_OSS_TINY,
-               "glm4moe": GLM_TINY, "deepseek2": DS_TINY, "minimax-m2": MINIMAX_TINY}
+               "glm4moe": GLM_TINY, "deepseek2": DS_TINY, "minimax-m2": MINIMAX_TINY,
+               "qwen3next": QWEN3NEXT_TINY, "qwen35moe": QWEN35MOE_TINY}
 
 
 def base_gguf(arch: str) -> dict:
@@ -212,6 +238,18 @@ def base_gguf(arch: str) -> dict:
               "rope.scaling.factor": s.yarn.factor,
               "rope.scaling.original_context_length": s.yarn.orig_ctx,
               "swiglu_clamp_exp": [s.opts.swiglu_limit] * s.n_layer}
+    elif arch in ("qwen3next", "qwen35moe"):   # conversion/qwen.py's Qwen3NextModel
+        lin = s.linear
+        m |= {"expert_feed_forward_length": s.d_expert,
+              "expert_shared_feed_forward_length": s.dense.shared * s.d_expert,
+              "rope.dimension_count": s.rot_dim, "ssm.conv_kernel": lin.conv_kernel,
+              "ssm.state_size": lin.k_head_dim, "ssm.group_count": lin.n_k_head,
+              "ssm.time_step_rank": lin.n_v_head, "ssm.inner_size": lin.n_v_head * lin.v_head_dim,
+              "attention.recurrent_layers": [s.layer_kind(l) == "linear"
+                                             for l in range(s.n_layer)],
+              "full_attention_interval": lin.full_interval}
+        if arch == "qwen35moe":
+            m["rope.dimension_sections"] = [11, 11, 10, 0]
     elif arch == "minimax-m2":   # conversion/minimax.py's MiniMaxM2Model (scoring_func sigmoid)
         m |= {"feed_forward_length": s.d_expert, "expert_feed_forward_length": s.d_expert,
               "rope.dimension_count": s.rot_dim, "expert_gating_func": 2}
@@ -273,7 +311,9 @@ def gguf_read(d, arch: str, meta: dict) -> ModelShape:
 
 
 HF_SHAPES = {"qwen3_moe": TINY, "mixtral": MIXTRAL_TINY, "gpt_oss": GPT_OSS_TINY,
-             "glm4_moe": GLM_TINY, "deepseek_v3": DS_TINY, "minimax_m2": MINIMAX_TINY}
+             "glm4_moe": GLM_TINY, "deepseek_v3": DS_TINY, "minimax_m2": MINIMAX_TINY,
+             "qwen3_next": QWEN3NEXT_TINY, "qwen3_5_moe_text": QWEN35MOE_TINY,
+             "qwen3_5_moe": QWEN35MOE_TINY}
 
 
 def base_hf(model_type: str) -> dict:
@@ -298,6 +338,12 @@ def base_hf(model_type: str) -> dict:
         rope = {"rope_type": "yarn", "rope_theta": s.rope_theta, "factor": y.factor,
                 "beta_fast": y.beta_fast, "beta_slow": y.beta_slow,
                 "truncate": y.truncate, "original_max_position_embeddings": y.orig_ctx}
+    elif model_type == "qwen3_5_moe":   # the release's folder: the text model in text_config
+        return _hf_config(model_type, text_config=base_hf("qwen3_5_moe_text")).to_dict()
+    elif model_type in ("qwen3_next", "qwen3_5_moe_text"):
+        from tests.models.hf_qwen3next import config_kwargs
+        kw = config_kwargs(s) | dict(max_position_embeddings=512)
+        rope = kw.pop("rope_parameters")
     elif model_type == "minimax_m2":
         kw |= dict(intermediate_size=s.d_expert, head_dim=s.head_dim,
                    num_local_experts=s.n_expert, rotary_dim=s.rot_dim)
@@ -306,6 +352,11 @@ def base_hf(model_type: str) -> dict:
         from tests.models.hf_family import _config
         return _config(s).to_dict()
     return _hf_config(model_type, rope_parameters=rope, **kw).to_dict()
+
+
+def _text_kwargs(s: ModelShape) -> dict:
+    from tests.models.hf_qwen3next import config_kwargs
+    return config_kwargs(s) | dict(max_position_embeddings=512)
 
 
 def hf_read(cfg: dict) -> ModelShape:
@@ -358,6 +409,12 @@ GGUF_CASES = {
     "attention.key_length": (32, {"attention.value_length": 32}),
     "attention.layer_norm_rms_epsilon": (1e-3, {}), "expert_feed_forward_length": (64, {}),
 }
+_HYBRID_GGUF_CASES = {
+    "rope.dimension_count": (8, {}), "expert_shared_feed_forward_length": (64, {}),
+    "ssm.conv_kernel": (3, {}), "ssm.state_size": (32, {}), "ssm.group_count": (4, {}),
+    "ssm.time_step_rank": (8, {"ssm.inner_size": 128}), "ssm.inner_size": (128, {}),
+    "attention.recurrent_layers": ([True, False, True, False], {}),
+    "full_attention_interval": (2, {}, {"attention.recurrent_layers": DROP})}
 GGUF_ARCH_CASES = {
     "llama": {"feed_forward_length": (64, {}),
               "attention.key_length": (32, {"attention.value_length": 32,
@@ -397,6 +454,8 @@ GGUF_ARCH_CASES = {
                       ("rope.scaling.attn_factor", 1.5))}},
     "minimax-m2": {"expert_feed_forward_length": (64, {"feed_forward_length": 64}),
                    "rope.dimension_count": (4, {})},
+    "qwen3next": _HYBRID_GGUF_CASES,
+    "qwen35moe": _HYBRID_GGUF_CASES,
 }
 
 
@@ -470,6 +529,23 @@ HF_ARCH_CASES = {
                                     ("mscale", 0.707), ("mscale_all_dim", 0.707),
                                     ("attention_factor", 0.9))}},
 }
+_HYBRID_HF_CASES = {
+    "num_hidden_layers": (8, {"layer_types": DROP}), "moe_intermediate_size": (16, {}),
+    "shared_expert_intermediate_size": (64, {}),
+    "partial_rotary_factor": (0.25, {}, {hp.ROPE + "partial_rotary_factor": DROP,
+                                         "partial_rotary_factor": 0.5}),
+    hp.ROPE + "partial_rotary_factor": (0.5, {}),
+    "linear_conv_kernel_dim": (3, {}), "linear_key_head_dim": (32, {}),
+    "linear_value_head_dim": (32, {}), "linear_num_key_heads": (4, {}),
+    "linear_num_value_heads": (8, {}),
+    "layer_types": (["full_attention", "linear_attention"] * 2, {}),
+    "full_attention_interval": (2, {})}
+HF_ARCH_CASES["qwen3_next"] = _HYBRID_HF_CASES
+# every field text_config's entry names moves: another text model
+_OTHER_TEXT = QWEN35MOE_TINY.with_(n_layer=8, d_model=128, n_expert=16, d_expert=16, vocab=512,
+                                   **{"linear.n_v_head": 8})
+HF_ARCH_CASES["qwen3_5_moe"] = {"text_config": (None, {})}
+HF_ARCH_CASES["qwen3_5_moe_text"] = _HYBRID_HF_CASES
 _FAMILY_CASES = {"n_shared_experts": (2, {}), "routed_scaling_factor": (1.5, {}),
                  "n_group": (2, {}), "topk_group": (1, {}), "first_k_dense_replace": (2, {}),
                  "num_hidden_layers": (4, {}), "n_routed_experts": (8, {}),
@@ -481,6 +557,8 @@ for _mt in ("glm4_moe", "deepseek_v3"):
 
 
 def _hf_case(mt, key):
+    if (mt, key) == ("qwen3_5_moe", "text_config"):   # built here: it needs the writer
+        return _hf_config("qwen3_5_moe_text", **_text_kwargs(_OTHER_TEXT)).to_dict(), {}
     c = HF_ARCH_CASES.get(mt, {}).get(key)
     return c if c is not None or key not in HF_CASES else (HF_CASES[key], {})
 
@@ -537,7 +615,8 @@ def test_hf_absent_field_reads_as_transformers_default(mt, key):
 PINNED = {"arch", "n_layer", "d_model", "n_expert", "d_expert", "n_head", "n_kv_head",
           "head_dim", "vocab", "dense.d_ff", "dense.lead", "dense.shared", "mla.q_lora",
           "mla.kv_lora", "mla.qk_rope", "mla.v_head_dim", "attn.qk_norm", "attn.bias",
-          "max_pos"}
+          "max_pos", "linear.conv_kernel", "linear.n_k_head", "linear.n_v_head",
+          "linear.k_head_dim", "linear.v_head_dim"}
 LOGIT_CHANGES = {   # field -> its new value, from the tiny shape's
     "rope_theta": lambda s: s.rope_theta * 7, "rms_eps": lambda s: 0.3,
     "top_k": lambda s: s.top_k + 1, "norm_topk_prob": lambda s: not s.norm_topk_prob,
@@ -548,6 +627,8 @@ LOGIT_CHANGES = {   # field -> its new value, from the tiny shape's
     "yarn.beta_fast": lambda s: 8.0, "yarn.beta_slow": lambda s: 4.0,
     "yarn.truncate": lambda s: not s.yarn.truncate, "attn.rope_dim": lambda s: 4,
     "yarn.attn": lambda s: 1.5, "yarn.kq": lambda s: 2.0,
+    "linear.full_interval": lambda s: 2,
+    "linear.layer_types": lambda s: ("full", "linear", "full", "linear"),
 }
 LOGIT_SHAPES = {"qwen3moe": TINY, "mixtral": MIXTRAL_TINY, "gpt-oss": GPT_OSS_TINY,
                 "glm4moe": GLM_TINY,
@@ -555,11 +636,16 @@ LOGIT_SHAPES = {"qwen3moe": TINY, "mixtral": MIXTRAL_TINY, "gpt-oss": GPT_OSS_TI
                 # correction range untruncated (over 4 rotary pairs whole dims hide the betas)
                 "deepseek2": DS_TINY.with_(yarn=Yarn(40.0, 4096, truncate=False, attn=1.0,
                                                      kq=1.3689 ** 2)),
-                "minimax-m2": MINIMAX_TINY}
+                "minimax-m2": MINIMAX_TINY,
+                # RoPE on 8 of 16 dims, so that LOGIT_CHANGES' attn.rope_dim 4 is a change
+                "qwen3next": QWEN3NEXT_TINY.with_(**{"attn.rope_dim": 8}),
+                "qwen35moe": QWEN35MOE_TINY.with_(**{"attn.rope_dim": 8})}
 _TABLES_OF = {"qwen3moe": ("qwen3moe", "qwen3_moe"), "mixtral": ("llama", "mixtral"),
               "gpt-oss": ("gpt-oss", "gpt_oss"), "glm4moe": ("glm4moe", "glm4_moe"),
               "deepseek2": ("deepseek2", "deepseek_v3"),
-              "minimax-m2": ("minimax-m2", "minimax_m2")}
+              "minimax-m2": ("minimax-m2", "minimax_m2"),
+              "qwen3next": ("qwen3next", "qwen3_next"),
+              "qwen35moe": ("qwen35moe", "qwen3_5_moe_text")}
 
 
 def _fields_used(arch: str) -> set[str]:

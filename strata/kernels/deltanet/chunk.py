@@ -5,14 +5,17 @@ Legend: T tokens, Hk key heads, Hv value heads, dk / dv head dims, BT = 64 the c
 
     chunk_gated_delta_rule(q, k [T, Hk, dk], v [T, Hv, dv], g, beta [T, Hv],
                            initial_state [Hv, dk, dv] fp32 | None, *, scale, use_qk_l2norm,
-                           chunk_size, out_state) -> (o [T, Hv, dv] in q's dtype,
-                                                      final state [Hv, dk, dv] fp32)
+                           chunk_size, out_state, scratch) -> (o [T, Hv, dv] in q's dtype,
+                                                               final state [Hv, dk, dv] fp32)
 
 The math and its twin with the same signature: strata.kernels.deltanet.naive (the recurrent
 form is the reference). Two launches (strata.kernels.deltanet._chunk_kernel): the WY pair per
 chunk, all chunks in parallel; then the scan over chunks per (value head, dv block) with the
 state in registers, writing o as it goes. The scratch the call allocates is exactly
-sizes.chunk_buffers (g_cum, w, u; qn, kn with use_qk_l2norm), all fp32 and freed on return.
+sizes.chunk_buffers (g_cum, w, u; qn, kn with use_qk_l2norm), all fp32 and freed on return;
+`scratch` (name -> an fp32 contiguous tensor of at least that buffer's elements on q's device:
+the prompt layout's dn_* views, strata.planning.deltanet_bufs) hands some or all of them in,
+and the call then allocates only what is missing.
 `out_state` receives the final state and may be `initial_state` itself (each program reads its
 block of the state before the scan and writes the same block after it). The kernels read rows
 of q, k, v, g, beta contiguous; other strides are copied first (outside the counted scratch).
@@ -56,9 +59,24 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
+def _take(scratch, b, device):
+    """Buffer `b` from `scratch` (a view of its first elements), else a fresh one."""
+    t = None if scratch is None else scratch.get(b.name)
+    if t is None:
+        return torch.empty(b.shape, dtype=torch.float32, device=device)
+    n = b.nbytes // 4
+    if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device != device
+            or not t.is_contiguous() or t.numel() < n):
+        raise StrataError(f"chunk_gated_delta_rule: scratch {b.name!r} must be a contiguous fp32 "
+                          f"tensor of at least {n} elements on {device}, got "
+                          f"{getattr(t, 'dtype', type(t).__name__)} "
+                          f"{list(getattr(t, 'shape', []))}")
+    return t.reshape(-1)[:n].view(b.shape)
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
                            use_qk_l2norm: bool = False, chunk_size: int = CHUNK,
-                           out_state=None):
+                           out_state=None, scratch=None):
     """The chunked gated delta rule (see the module docstring) -> (o, final state)."""
     check_inputs(q, k, v, g, beta, initial_state, out_state, chunk_size,
                  "chunk_gated_delta_rule")
@@ -67,7 +85,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
     if max(dk, dv) > MAX_HEAD_DIM:
         raise StrataError(f"chunk_gated_delta_rule holds head dims up to {MAX_HEAD_DIM}, got "
                           f"dk {dk} dv {dv}; use chunk_gated_delta_rule_torch")
-    scratch = {b.name: torch.empty(b.shape, dtype=torch.float32, device=q.device)
+    scratch = {b.name: _take(scratch, b, q.device)
                for b in chunk_buffers(T, Hk, Hv, dk, dv, qk_l2norm=use_qk_l2norm)}
     o = torch.empty((T, Hv, dv), dtype=q.dtype, device=q.device)
     ht = out_state if out_state is not None else torch.empty(

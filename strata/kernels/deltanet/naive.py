@@ -77,10 +77,10 @@ def _finish(o, S, out_state, dtype):
 
 def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
                                use_qk_l2norm: bool = False, chunk_size: int = CHUNK,
-                               out_state=None):
+                               out_state=None, scratch=None):
     """The reference: one token at a time (see the module docstring) -> (o, final state).
-    `chunk_size` is accepted (and ignored) to keep the chunked form's signature; `out_state`,
-    when given, receives the final state (it may be initial_state)."""
+    `chunk_size` and `scratch` are accepted (and ignored) to keep the chunked form's signature;
+    `out_state`, when given, receives the final state (it may be initial_state)."""
     check_inputs(q, k, v, g, beta, initial_state, out_state, chunk_size,
                  "recurrent_gated_delta_rule")
     T = q.shape[0]
@@ -101,8 +101,9 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=No
 
 def chunk_gated_delta_rule_torch(q, k, v, g, beta, initial_state=None, *, scale=None,
                                  use_qk_l2norm: bool = False, chunk_size: int = CHUNK,
-                                 out_state=None):
-    """The chunked WY form in torch, chunk by chunk (the Triton launcher's twin)."""
+                                 out_state=None, scratch=None):
+    """The chunked WY form in torch, chunk by chunk (the Triton launcher's twin; `scratch` is
+    accepted and ignored: torch allocates its own temporaries)."""
     check_inputs(q, k, v, g, beta, initial_state, out_state, chunk_size,
                  "chunk_gated_delta_rule_torch")
     T = q.shape[0]
