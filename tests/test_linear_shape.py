@@ -36,7 +36,7 @@ def test_group_fields_read_and_change():
     assert s.field("linear.n_v_head") == 4
     t = s.with_(**{"linear.full_interval": 2})
     assert t.linear.full_interval == 2 and t.layer_kind(1) == "full"
-    with pytest.raises(StrataError, match="no linear to change"):
+    with pytest.raises(StrataError, match="no linear options to change"):
         ModelShape().with_(**{"linear.conv_kernel": 3})
 
 
