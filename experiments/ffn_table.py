@@ -24,11 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from strata.bench.ffn_table import derive, write
+from strata.kernels.moe.choices import PATHS, TABLE, FfnTable
 
-from strata.bench.ffn_table import derive, write  # noqa: E402
-from strata.kernels.moe.choices import PATHS, TABLE, FfnTable  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FORMATS = ["Q8_0", "Q4_K", "Q6_K", "MXFP4", "IQ4_XS", "Q5_K", "Q4_0", "BF16"]   # most used first
 TS = [64, 512, 2048, 8192, 32768]

@@ -36,11 +36,32 @@ one PNG, named quant_quality-<preset>-<device>.
 from __future__ import annotations
 
 import argparse
+import bisect
+import collections
+import csv
+import dataclasses
+import enum
+import functools
 import gc
-import importlib
+import heapq
+import inspect
+import itertools
+import json
+import logging
+import pathlib
+import pickle
+import re
+import shutil
+import socket
+import string
+import subprocess
 import sys
 import tempfile
+import textwrap
+import threading
 import time
+import typing
+import unittest
 from pathlib import Path
 
 import torch
@@ -56,9 +77,9 @@ from strata.units import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ROOT / "tests" / "data" / "llama_perplexity" / "text.txt"
-MORE_TEXT = ("json", "collections", "functools", "itertools", "pathlib", "subprocess", "logging",
-             "unittest", "dataclasses", "typing", "textwrap", "string", "re", "csv", "shutil",
-             "tempfile", "threading", "socket", "inspect", "pickle", "heapq", "bisect", "enum")
+MORE_TEXT = (json, collections, functools, itertools, pathlib, subprocess, logging, unittest,
+             dataclasses, typing, textwrap, string, re, csv, shutil, tempfile, threading, socket,
+             inspect, pickle, heapq, bisect, enum)     # their docstrings
 PLAIN_QUANTS = ("Q8_0", "Q5_0", "Q4_0")
 ARMS = PLAIN_QUANTS + MIXES
 BASE = "BF16"
@@ -68,8 +89,8 @@ def text(n_chars: int) -> tuple[str, int]:
     """The repository's perplexity text, then standard-library docstrings, repeated whole if
     still short: (text of at least n_chars characters, how many times the sources repeat)."""
     parts = [TEXT.read_text(encoding="utf-8")]
-    for name in MORE_TEXT:
-        doc = importlib.import_module(name).__doc__
+    for module in MORE_TEXT:
+        doc = module.__doc__
         if doc:
             parts.append(doc)
     one = "\n\n".join(parts)
