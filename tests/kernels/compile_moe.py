@@ -33,13 +33,29 @@ ALIGNED = {"a_ptr", "sorted_ids_ptr", "block_expert_ptr", "arena_ptr", "slot_ptr
 
 
 def compile_one(fn, sig, const, warps, stages, aligned=ALIGNED, asm=None, maxnreg=None):
-    """Compile `fn` to a cubin; returns the metadata. `aligned`: the args hinted divisible by 16;
-    `asm`, a dict, receives each stage's output by name (ttir ... ptx, cubin); `maxnreg` the
-    launch option of that name (registers a thread, None: ptxas's choice)."""
-    sig = dict(sig, **{c: "constexpr" for c in const})
-    names = list(sig)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
-    src = ASTSource(fn, sig, const, attrs=attrs)
+    """Compile `fn` to a cubin; returns the metadata. `sig`: each argument's type, a dict of
+    {name: type} for a tuple argument (a descriptor; "constexpr" elements take their value from
+    `const` under the element's name); `aligned`: the args (or descriptor elements) hinted
+    divisible by 16; `asm`, a dict, receives each stage's output by name (ttir ... ptx, cubin);
+    `maxnreg` the launch option of that name (registers a thread, None: ptxas's choice)."""
+    leaves = {n for ty in sig.values() if isinstance(ty, dict) for n in ty}
+    sig = dict(sig, **{c: "constexpr" for c in const if c not in leaves})
+    attrs, types = {}, {}
+    consts = {c: v for c, v in const.items() if c not in leaves}
+    for name, ty in sig.items():
+        i = fn.arg_names.index(name)
+        if not isinstance(ty, dict):
+            types[name] = ty
+            if name in aligned:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+            continue
+        types[name] = tuple(ty.values())
+        for j, (leaf, t) in enumerate(ty.items()):
+            if leaf in aligned:
+                attrs[(i, j)] = [["tt.divisibility", 16]]
+            if t == "constexpr":
+                consts[(i, j)] = const[leaf]
+    src = ASTSource(fn, types, consts, attrs=attrs)
     opts = BACKEND.parse_options({"num_warps": warps, "num_stages": stages,
                                   **({"maxnreg": maxnreg} if maxnreg else {})})
     ctx = ir.context()
