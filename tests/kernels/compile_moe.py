@@ -74,13 +74,21 @@ def compile_one(fn, sig, const, warps, stages, aligned=ALIGNED, asm=None, maxnre
 
 
 def gemm_sig(mode):
-    return {"a_ptr": "*bf16", "stride_a": "i32", "sorted_ids_ptr": "*i32",
-            "block_expert_ptr": "*i32", "n_assign": "i32", "arena_ptr": "*u8", "slot_ptr": "*i64",
-            "off1": "i32", "rb1": "i32", "off2": "i32", "rb2": "i32",
-            "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
-            "scratch_ptr": "*fp32", "tab_ptr": "*i32", "n_out": "i32", "n_in": "i32",
-            "n_blocks_ptr": "*i32", "n_programs": "i32", "boff1": "i32", "boff2": "i32",
-            "alpha": "fp32", "limit": "fp32"}
+    """_moe_gemm_kernel's arguments by descriptor (ROWS, WTS, OUT, EPI)."""
+    return {"ROWS": {"a_ptr": "*bf16", "stride_a": "i32", "sorted_ids_ptr": "*i32",
+                     "block_expert_ptr": "*i32", "n_assign": "i32"},
+            "WTS": {"arena_ptr": "*u8", "slot_ptr": "*i64", "off1": "i32", "rb1": "i32",
+                    "off2": "i32", "rb2": "i32"},
+            "OUT": out_sig(mode), "tab_ptr": "*i32", "n_out": "i32", "n_in": "i32",
+            "n_blocks_ptr": "*i32", "n_programs": "i32", "EPI": EPI_SIG}
+
+
+def out_sig(mode):
+    return {"out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
+            "scratch_ptr": "*fp32"}
+
+
+EPI_SIG = {"boff1": "i32", "boff2": "i32", "alpha": "fp32", "limit": "fp32"}
 
 
 def main(argv=None) -> int:
@@ -123,17 +131,15 @@ def main(argv=None) -> int:
             print(f"FAIL gemm+bias+swiglu_oai mode={mode} sched={sched} fmt={fmt}: "
                   f"{str(exc)[:200]}")
     for mode in (0, 1):
-        sig = {"sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32",
-               "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32",
-               "tw_ptr": "*fp32", "scratch_ptr": "*fp32", "n_out": "i32", "n_in": "i32",
-               "n_blocks_ptr": "*i32", "n_programs": "i32", "arena_ptr": "*u8",
-               "slot_ptr": "*i64", "boff1": "i32", "boff2": "i32", "alpha": "fp32",
-               "limit": "fp32"}
+        sig = {"GRP": {"sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32"},
+               "OUT": out_sig(mode), "n_out": "i32", "n_in": "i32", "n_blocks_ptr": "*i32",
+               "n_programs": "i32", "BLOBS": {"arena_ptr": "*u8", "slot_ptr": "*i64"},
+               "EPI": EPI_SIG}
         for extra in ({}, dict(BIAS=True, ACT=1)):
             try:
-                compile_one(k._moe_fixup_kernel, dict(sig),
-                            dict(MODE=mode, TOPK=8, BM=128, BN=64, BK=64, INTERP=False,
-                                 **extra), 4, 3)
+                compile_one(k._moe_fixup_kernel, sig,
+                            dict(S=k.FixupSpec(MODE=mode, TOPK=8, BM=128, BN=64, BK=64,
+                                               INTERP=False, **extra)), 4, 3)
                 print(f"ok   fixup mode={mode} {extra}")
             except Exception as exc:
                 fails += 1
