@@ -187,11 +187,17 @@ def _fast_part(FMT: tl.constexpr, lo, hi, a_lo, a_hi, W16: tl.constexpr, MAGIC: 
 
 @triton.jit
 def _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi, n_in, acc1,
-               acc2, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
-               BK: tl.constexpr, INTERP: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr,
-               MAGIC: tl.constexpr):
+               acc2, S: tl.constexpr):
     """The FAST path of _mma (accumulators [BN, BM]): one iteration per 32-weight run of steps
-    [k_lo, k_hi); PF loads run r+1's code bytes and scales during run r."""
+    [k_lo, k_hi); S.PF loads run r+1's code bytes and scales during run r."""
+    FMT1: tl.constexpr = S.FMT1
+    FMT2: tl.constexpr = S.FMT2
+    TWO: tl.constexpr = S.MODE == GATE_UP
+    BK: tl.constexpr = S.BK
+    INTERP: tl.constexpr = S.INTERP
+    PF: tl.constexpr = S.PF
+    W16: tl.constexpr = S.W16
+    MAGIC: tl.constexpr = S.MAGIC
     R: tl.constexpr = BK // 32
     r_lo = k_lo * R
     r_hi = k_hi * R
@@ -266,12 +272,8 @@ def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mas
     SCALED: tl.constexpr = SC1 or (TWO and SC2)
     a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a          # [BM, 1]
     if S.FAST:
-        PF: tl.constexpr = S.PF
-        W16: tl.constexpr = S.W16
-        MAGIC: tl.constexpr = S.MAGIC
         acc1, acc2 = _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo,
-                                k_hi, n_in, acc1, acc2, FMT1, FMT2, TWO, BK, INTERP, PF, W16,
-                                MAGIC)
+                                k_hi, n_in, acc1, acc2, S)
     else:
         for kk in range(k_lo, k_hi):
             if PLAIN:
