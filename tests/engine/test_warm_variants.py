@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 
 import pytest
 import torch
@@ -68,12 +69,18 @@ def engine(pack, ffn: str = "ref", **kw) -> PrefillEngine:
                                             device="cpu", chunk=CHUNK, ring=4, ffn=ffn, **kw))
 
 
+def attention_specs(variants) -> list[dict[str, str]]:
+    """The AttnSpec fields (name -> value as text) of the attention kernel's recorded variants:
+    its constexpr `S`, recorded as its repr."""
+    names = list(inspect.signature(attn_kernel._chunk_attn_fwd_kernel.fn).parameters)
+    s = names.index("S")
+    return [dict(re.findall(r"(\w+)=(\w+)", v[1][s][1])) for v in variants
+            if v[0] == "_chunk_attn_fwd_kernel"]
+
+
 def attention_launches(variants) -> set[tuple[bool, bool]]:
     """(RESUME, FINISH) of the attention kernel's recorded variants."""
-    names = list(inspect.signature(attn_kernel._chunk_attn_fwd_kernel.fn).parameters)
-    r, f = names.index("RESUME"), names.index("FINISH")
-    return {(v[1][r][1] == "True", v[1][f][1] == "True") for v in variants
-            if v[0] == "_chunk_attn_fwd_kernel"}
+    return {(f["RESUME"] == "True", f["FINISH"] == "True") for f in attention_specs(variants)}
 
 
 def sets(pack, n: int, attention: str = "triton", **kw):
@@ -132,10 +139,7 @@ def test_the_warmup_launches_what_sliding_layers_with_sinks_do(tmp_path_factory)
                     logits="last")
     assert run.variants <= warm.variants, run.variants - warm.variants
     assert run.variants - warm.plain
-    names = list(inspect.signature(attn_kernel._chunk_attn_fwd_kernel.fn).parameters)
-    win, sinks = names.index("WIN"), names.index("SINKS")
-    flags = {(v[1][win][1], v[1][sinks][1]) for v in run.variants
-             if v[0] == "_chunk_attn_fwd_kernel"}
+    flags = {(f["WIN"], f["SINKS"]) for f in attention_specs(run.variants)}
     assert ("True", "True") in flags and ("False", "True") in flags, flags
 
 

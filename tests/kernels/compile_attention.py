@@ -49,32 +49,30 @@ VARIANTS = [("bf16", "*bf16", "*bf16", False, False, False, True),
 QUICK_SKIP = ("int8 kernel a only", "int8 expanded")
 
 
-def signature(a_codes: str, b_codes: str) -> dict:
+def signature(a_codes: str, b_codes: str, sinks: bool = False, seq: bool = False) -> dict:
+    """The kernel's arguments by descriptor (_chunk_attn_fwd_kernel's CHUNK, A, B, STATE,
+    EXTRA); the optional pieces' data as the launcher passes them (None where off)."""
     def seg(p, kv):
         return {f"{p}k_ptr": kv, f"{p}v_ptr": kv, f"{p}ks_ptr": "*fp32", f"{p}vs_ptr": "*fp32",
                 f"P{p}": "i32", f"stride_{p}t": "i32", f"stride_{p}h": "i32",
                 f"stride_{p}st": "i32", f"stride_{p}sh": "i32"}
-    sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "T": "i32",
-           "stride_qt": "i32", "stride_qh": "i32", "stride_ot": "i32", "stride_oh": "i32",
-           "stride_ct": "i32", "stride_ch": "i32"}
-    sig.update(seg("a", a_codes))
-    sig.update(seg("b", b_codes))
-    sig.update({"qk_scale": "fp32", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "stride_ml": "i32"})
-    return sig
-
-
-def ordered(sig: dict) -> dict:
-    """`sig` in the kernel's argument order (the divisibility hints are positional)."""
-    names = list(k._chunk_attn_fwd_kernel.arg_names)
-    return {n: sig[n] for n in names if n in sig}
+    return {"CHUNK": {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16",
+                      "T": "i32", "stride_qt": "i32", "stride_qh": "i32", "stride_ot": "i32",
+                      "stride_oh": "i32", "stride_ct": "i32", "stride_ch": "i32"},
+            "A": seg("a", a_codes), "B": seg("b", b_codes), "qk_scale": "fp32",
+            "STATE": {"acc_ptr": "*fp32", "ml_ptr": "*fp32", "stride_ml": "i32"},
+            "EXTRA": {"sinks_ptr": "*fp32" if sinks else "constexpr", "window": "i32",
+                      "pos_a": "i32", "pos_b": "i32", "n_prefix": "i32",
+                      "starts_ptr": "*i32" if seq else "constexpr"}}
 
 
 def compile_attention(sig, const, warps, stages):
-    """(metadata, footprint line) of one variant, through compile_moe's sm_90 pipeline."""
-    sig = ordered(dict(sig, **{c: "constexpr" for c in const}))
+    """(metadata, footprint line) of one variant (`const`: the AttnSpec's fields), through
+    compile_moe's sm_90 pipeline."""
     asm = {}
-    md = compile_one(k._chunk_attn_fwd_kernel, sig, const, warps, stages, aligned=ALIGNED,
-                     asm=asm)
+    md = compile_one(k._chunk_attn_fwd_kernel, sig,
+                     dict(S=k.AttnSpec(**const), sinks_ptr=None, starts_ptr=None), warps, stages,
+                     aligned=ALIGNED, asm=asm)
     return md, ptx_usage(asm["ptx"])
 
 
@@ -160,8 +158,7 @@ def main(head_dims, quick=False) -> int:
                 const = dict(G=8, HD=64, BM=tile.BLOCK_M, BN=tile.BLOCK_N, A_SCALED=a_sc,
                              B_SCALED=b_sc, RESUME=resume, FINISH=finish, INTERP=False,
                              WIN=win, SINKS=sinks)
-                sig = dict(signature(a, b), sinks_ptr="*fp32", window="i32", pos_a="i32",
-                           pos_b="i32", n_prefix="i32")
+                sig = signature(a, b, sinks=sinks)
                 what = f"hd=64 G=8 window={win} sinks={sinks} {name}"
                 try:
                     md, usage = compile_attention(sig, const, tile.num_warps, tile.num_stages)
@@ -183,9 +180,7 @@ def packed_variant(hd: int, G: int, win: bool) -> int:
     tile = choose_attn_tile(AttnProblem(2048 * G, hd))
     const = dict(G=G, HD=hd, BM=tile.BLOCK_M, BN=tile.BLOCK_N, A_SCALED=False, B_SCALED=False,
                  RESUME=False, FINISH=True, INTERP=False, SEQ=True, WIN=win, SINKS=win)
-    sig = dict(signature("*bf16", "*bf16"), starts_ptr="*i32")
-    if win:
-        sig.update(sinks_ptr="*fp32", window="i32", pos_a="i32", pos_b="i32", n_prefix="i32")
+    sig = signature("*bf16", "*bf16", sinks=win, seq=True)
     what = f"hd={hd} G={G} packed sequences window={win} sinks={win}"
     try:
         md, usage = compile_attention(sig, const, tile.num_warps, tile.num_stages)

@@ -34,14 +34,30 @@ ALIGNED = {"a_ptr", "sorted_ids_ptr", "block_expert_ptr", "arena_ptr", "slot_ptr
 
 def compile_one(fn, sig, const, warps, stages, aligned=ALIGNED, asm=None, maxnreg=None,
                 options=None):
-    """Compile `fn` to a cubin; returns the metadata. `aligned`: the args hinted divisible by 16;
-    `asm`, a dict, receives each stage's output by name (ttir ... ptx, cubin); `maxnreg` the
-    launch option of that name (registers a thread, None: ptxas's choice); `options`: more
-    launch options (e.g. enable_fp_fusion=False)."""
-    sig = dict(sig, **{c: "constexpr" for c in const})
-    names = list(sig)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
-    src = ASTSource(fn, sig, const, attrs=attrs)
+    """Compile `fn` to a cubin; returns the metadata. `sig`: each argument's type, a dict of
+    {name: type} for a tuple argument (a descriptor; "constexpr" elements take their value from
+    `const` under the element's name); `aligned`: the args (or descriptor elements) hinted
+    divisible by 16; `asm`, a dict, receives each stage's output by name (ttir ... ptx, cubin);
+    `maxnreg` the launch option of that name (registers a thread, None: ptxas's choice);
+    `options`: more launch options (e.g. enable_fp_fusion=False)."""
+    leaves = {n for ty in sig.values() if isinstance(ty, dict) for n in ty}
+    sig = dict(sig, **{c: "constexpr" for c in const if c not in leaves})
+    attrs, types = {}, {}
+    consts = {c: v for c, v in const.items() if c not in leaves}
+    for name, ty in sig.items():
+        i = fn.arg_names.index(name)
+        if not isinstance(ty, dict):
+            types[name] = ty
+            if name in aligned:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+            continue
+        types[name] = tuple(ty.values())
+        for j, (leaf, t) in enumerate(ty.items()):
+            if leaf in aligned:
+                attrs[(i, j)] = [["tt.divisibility", 16]]
+            if t == "constexpr":
+                consts[(i, j)] = const[leaf]
+    src = ASTSource(fn, types, consts, attrs=attrs)
     opts = BACKEND.parse_options({"num_warps": warps, "num_stages": stages,
                                   **({"maxnreg": maxnreg} if maxnreg else {}),
                                   **(options or {})})
@@ -61,13 +77,21 @@ def compile_one(fn, sig, const, warps, stages, aligned=ALIGNED, asm=None, maxnre
 
 
 def gemm_sig(mode):
-    return {"a_ptr": "*bf16", "stride_a": "i32", "sorted_ids_ptr": "*i32",
-            "block_expert_ptr": "*i32", "n_assign": "i32", "arena_ptr": "*u8", "slot_ptr": "*i64",
-            "off1": "i32", "rb1": "i32", "off2": "i32", "rb2": "i32",
-            "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
-            "scratch_ptr": "*fp32", "tab_ptr": "*i32", "n_out": "i32", "n_in": "i32",
-            "n_blocks_ptr": "*i32", "n_programs": "i32", "boff1": "i32", "boff2": "i32",
-            "alpha": "fp32", "limit": "fp32"}
+    """_moe_gemm_kernel's arguments by descriptor (ROWS, WTS, OUT, EPI)."""
+    return {"ROWS": {"a_ptr": "*bf16", "stride_a": "i32", "sorted_ids_ptr": "*i32",
+                     "block_expert_ptr": "*i32", "n_assign": "i32"},
+            "WTS": {"arena_ptr": "*u8", "slot_ptr": "*i64", "off1": "i32", "rb1": "i32",
+                    "off2": "i32", "rb2": "i32"},
+            "OUT": out_sig(mode), "tab_ptr": "*i32", "n_out": "i32", "n_in": "i32",
+            "n_blocks_ptr": "*i32", "n_programs": "i32", "EPI": EPI_SIG}
+
+
+def out_sig(mode):
+    return {"out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
+            "scratch_ptr": "*fp32"}
+
+
+EPI_SIG = {"boff1": "i32", "boff2": "i32", "alpha": "fp32", "limit": "fp32"}
 
 
 def main(argv=None) -> int:
@@ -110,17 +134,15 @@ def main(argv=None) -> int:
             print(f"FAIL gemm+bias+swiglu_oai mode={mode} sched={sched} fmt={fmt}: "
                   f"{str(exc)[:200]}")
     for mode in (0, 1):
-        sig = {"sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32",
-               "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32",
-               "tw_ptr": "*fp32", "scratch_ptr": "*fp32", "n_out": "i32", "n_in": "i32",
-               "n_blocks_ptr": "*i32", "n_programs": "i32", "arena_ptr": "*u8",
-               "slot_ptr": "*i64", "boff1": "i32", "boff2": "i32", "alpha": "fp32",
-               "limit": "fp32"}
+        sig = {"GRP": {"sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32"},
+               "OUT": out_sig(mode), "n_out": "i32", "n_in": "i32", "n_blocks_ptr": "*i32",
+               "n_programs": "i32", "BLOBS": {"arena_ptr": "*u8", "slot_ptr": "*i64"},
+               "EPI": EPI_SIG}
         for extra in ({}, dict(BIAS=True, ACT=1)):
             try:
-                compile_one(k._moe_fixup_kernel, dict(sig),
-                            dict(MODE=mode, TOPK=8, BM=128, BN=64, BK=64, INTERP=False,
-                                 **extra), 4, 3)
+                compile_one(k._moe_fixup_kernel, sig,
+                            dict(S=k.FixupSpec(MODE=mode, TOPK=8, BM=128, BN=64, BK=64,
+                                               INTERP=False, **extra)), 4, 3)
                 print(f"ok   fixup mode={mode} {extra}")
             except Exception as exc:
                 fails += 1

@@ -8,7 +8,8 @@ launches (planes and rows 16-byte aligned, D and F multiples of 16).
 
     python tests/kernels/compile_plane.py            # the default table's tiles, both modes,
                                                      # Q8_0, Q4_0 and Q4_K, swap / no swap,
-                                                     # TMA / vector loads, magic / int->float
+                                                     # TMA / vector loads, magic / int->float,
+                                                     # the biased clamped-SwiGLU epilogue
     python tests/kernels/compile_plane.py --quick    # each format at its table's tiles (the
                                                      # suite's check)
     python tests/kernels/compile_plane.py --formats Q4_K   # the default table's tiles, Q4_K only
@@ -33,13 +34,15 @@ ALIGNED = {"a_ptr", "stride_a", "sorted_ids_ptr", "block_expert_ptr", "arena_ptr
 
 
 def gemm_sig(mode: int) -> dict:
-    return {"a_ptr": "*bf16", "stride_a": "i32", "sorted_ids_ptr": "*i32",
-            "block_expert_ptr": "*i32", "n_assign": "i32", "arena_ptr": "*u8", "slot_ptr": "*i64",
-            "c1_off": "i32", "s1_off": "i32", "c2_off": "i32", "s2_off": "i32",
-            "out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32", "tw_ptr": "*fp32",
+    """The kernel's arguments by descriptor (_plane_gemm_kernel's ROWS, WTS, OUT, EPI)."""
+    return {"ROWS": {"a_ptr": "*bf16", "stride_a": "i32", "sorted_ids_ptr": "*i32",
+                     "block_expert_ptr": "*i32", "n_assign": "i32"},
+            "WTS": {"arena_ptr": "*u8", "slot_ptr": "*i64", "c1_off": "i32", "s1_off": "i32",
+                    "c2_off": "i32", "s2_off": "i32"},
+            "OUT": {"out_ptr": "*bf16" if mode == 0 else "*fp32", "stride_out": "i32",
+                    "tw_ptr": "*fp32"},
             "n_out": "i32", "n_in": "i32", "n_blocks_ptr": "*i32", "padded_ptr": "*i64",
-            "boff1": "i32",
-            "boff2": "i32", "alpha": "fp32", "limit": "fp32"}
+            "EPI": {"boff1": "i32", "boff2": "i32", "alpha": "fp32", "limit": "fp32"}}
 
 
 def staging(ttgir: str) -> str:
@@ -56,14 +59,16 @@ class _Text(dict):
         super().__setitem__(key, value if isinstance(value, (str, bytes)) else str(value))
 
 
-def compile_tile(tile: PlaneTile, mode: int, fmt: str) -> str:
+def compile_tile(tile: PlaneTile, mode: int, fmt: str, **epilogue) -> str:
+    """One variant's footprint line; `epilogue`: the spec's BIAS / ACT (default: the plain FFN's)."""
     g = format_traits(fmt)
-    const = dict(MODE=mode, TOPK=8, BM=tile.BLOCK_M, RB=tile.row_blocks, BN=tile.BLOCK_N,
-                 BK=tile.BLOCK_K,
-                 FMT1=g, FMT2=g, SWAP=tile.swap, TMA=tile.tma, MAGIC=tile.magic, INTERP=False,
-                 EVEN=True)   # whole tiles, as the real shapes (D, F multiples of 64 and 128)
+    spec = pk.PlaneSpec(MODE=mode, TOPK=8, BM=tile.BLOCK_M, RB=tile.row_blocks, BN=tile.BLOCK_N,
+                        BK=tile.BLOCK_K, FMT1=g, FMT2=g, SWAP=tile.swap, TMA=tile.tma,
+                        MAGIC=tile.magic, INTERP=False,
+                        EVEN=True,   # whole tiles, as the real shapes (D, F multiples of 64, 128)
+                        **epilogue)
     asm = _Text()
-    md = compile_one(pk._plane_gemm_kernel, gemm_sig(mode), const, tile.num_warps,
+    md = compile_one(pk._plane_gemm_kernel, gemm_sig(mode), dict(S=spec), tile.num_warps,
                      tile.num_stages, aligned=ALIGNED, asm=asm, maxnreg=tile.max_registers(mode))
     return f"shared {md['shared']} B, {ptx_usage(asm['ptx'])}, {staging(asm['ttgir'])}"
 
@@ -97,12 +102,16 @@ def main(argv) -> int:
             if not quick:
                 runs += [(t, "Q8_0") for t in more] + [(t, f) for f in ("Q4_0", "Q4_K")
                                                       for t in base[:-1] + more]
+    # the biased, clamped-SwiGLU epilogue (GPT-OSS-style experts) at the table's tiles
+    oai = [] if quick or tiles else [(t, (fmts or ["Q8_0"])[0]) for t in base]
     fails = 0
-    for tile, fmt in dict.fromkeys(runs):
+    for (tile, fmt), epi in [(r, {}) for r in dict.fromkeys(runs)] + [(r, dict(BIAS=True, ACT=1))
+                                                                      for r in oai]:
         for mode in (0, 1):
-            what = f"plane {fmt} mode={'gate_up' if mode == 0 else 'down'} {tile.name}"
+            what = (f"plane{'+bias+swiglu_oai' if epi else ''} {fmt} "
+                    f"mode={'gate_up' if mode == 0 else 'down'} {tile.name}")
             try:
-                print(f"ok   {what}: {compile_tile(tile, mode, fmt)}", flush=True)
+                print(f"ok   {what}: {compile_tile(tile, mode, fmt, **epi)}", flush=True)
             except Exception as exc:  # report every variant, then fail
                 fails += 1
                 print(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)

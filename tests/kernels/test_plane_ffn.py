@@ -282,7 +282,8 @@ def test_pin_plane_tile_wins_over_the_table_and_is_restored(monkeypatch):
     class Spy:
         def __getitem__(self, grid):
             def launch(*a, **kw):
-                seen.append((kw["BM"], kw["BN"], kw["BK"], kw["num_warps"], kw.get("maxnreg")))
+                seen.append((kw["S"].BM, kw["S"].BN, kw["S"].BK, kw["num_warps"],
+                             kw.get("maxnreg")))
                 return real[grid](*a, **kw)
             return launch
     monkeypatch.setattr(plane_mod._pk, "_plane_gemm_kernel", Spy())

@@ -28,10 +28,30 @@ segment a's keys start at pos_a, b's at pos_b, and the chunk's token t sits at n
 (n_prefix: the whole prefix, all launches' segments together). One launch over (a, b):
 pos_a = 0, pos_b = Pa, n_prefix = Pa + Pb.
 """
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
 from strata.kernels.moe._ffn_kernel import _bf16
+
+
+class AttnSpec(NamedTuple):
+    """The kernel's compile-time choices, one constexpr argument `S` (the launcher builds it once
+    a launch): G, the head width HD, the tile (BM, BN), whether each prefix segment is SCALED,
+    RESUME / FINISH, the interpreter flag, and the optional pieces WIN / SINKS / SEQ."""
+    G: int
+    HD: int
+    BM: int
+    BN: int
+    A_SCALED: bool
+    B_SCALED: bool
+    RESUME: bool
+    FINISH: bool
+    INTERP: bool
+    WIN: bool = False
+    SINKS: bool = False
+    SEQ: bool = False
 
 
 @triton.jit
@@ -47,16 +67,22 @@ def _mma(a, b, acc, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys, stride_t,
-                 stride_st, row_tok, qk_scale, HD: tl.constexpr, BN: tl.constexpr,
+def _attend_tile(acc, m_i, l_i, q, SEG, n0, ROWS, qk_scale, window, S: tl.constexpr,
                  SCALED: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                 INTERP: tl.constexpr, kpos0=0, row_abs=0, window=0, WIN: tl.constexpr = False,
-                 row_start=0, SEQ: tl.constexpr = False):
-    """One [BM, BN] step of the online softmax over keys n0..n0+BN of one segment.
+                 SEQ: tl.constexpr):
+    """One [BM, BN] step of the online softmax over keys n0..n0+BN of one segment. SEG: the
+    segment as one kv head sees it (_head_segment); ROWS (row_tok, row_abs, row_start): the
+    block's rows' chunk tokens, absolute positions and sequences' starts.
     MASK: keys past n_keys are cut (a segment's last tile); CAUSAL: key n is seen by rows whose
-    token >= n (the chunk's diagonal tiles); WIN: key n (absolute kpos0 + n) is seen by rows
+    token >= n (the chunk's diagonal tiles); S.WIN: key n (absolute kpos0 + n) is seen by rows
     at absolute row_abs only within the window; SEQ: key n is seen by rows whose sequence
     starts at or before it (row_start)."""
+    k_base, v_base, ks_base, vs_base, n_keys, stride_t, stride_st, kpos0 = SEG
+    row_tok, row_abs, row_start = ROWS
+    HD: tl.constexpr = S.HD
+    BN: tl.constexpr = S.BN
+    INTERP: tl.constexpr = S.INTERP
+    WIN: tl.constexpr = S.WIN
     offs_n = n0 + tl.arange(0, BN)                                   # [BN]
     offs_d = tl.arange(0, HD)                                        # [HD]
     kv_off = offs_n.to(tl.int64)[:, None] * stride_t + offs_d[None, :]   # [BN, HD]
@@ -84,12 +110,8 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys,
     if SEQ:
         s = tl.where(offs_n[None, :] >= row_start[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))                            # [BM]
-    if WIN:
+    if WIN or SEQ:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)         # no key seen yet
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-    elif SEQ:   # (the same: a constexpr left at its default may be None, so no WIN | SEQ)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
     else:
@@ -113,40 +135,58 @@ def _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0, n_keys,
 
 
 @triton.jit
-def _attend_segment(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n_keys, stride_t,
-                    stride_st, row_tok, qk_scale, HD: tl.constexpr, BN: tl.constexpr,
-                    SCALED: tl.constexpr, INTERP: tl.constexpr, kpos0=0, row_abs=0, lo_abs=0,
-                    window=0, WIN: tl.constexpr = False):
-    """A prefix segment: every key is seen by every row; only its last tile is masked. WIN:
+def _attend_segment(acc, m_i, l_i, q, SEG, ROWS, lo_abs, qk_scale, window, S: tl.constexpr,
+                    SCALED: tl.constexpr):
+    """A prefix segment: every key is seen by every row; only its last tile is masked. S.WIN:
     tiles wholly before lo_abs - window + 1 (lo_abs: the block's first row) are skipped."""
+    n_keys = SEG[4]
+    kpos0 = SEG[7]
+    BN: tl.constexpr = S.BN
     full = (n_keys // BN) * BN
     start = 0
-    if WIN:
+    if S.WIN:
         start = (tl.maximum(lo_abs - window + 1 - kpos0, 0) // BN) * BN
     for n0 in range(start, full, BN):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, n0,
-                                     n_keys, stride_t, stride_st, row_tok, qk_scale, HD, BN,
-                                     SCALED, False, False, INTERP, kpos0, row_abs, window, WIN)
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, SEG, n0, ROWS, qk_scale, window, S,
+                                     SCALED, False, False, False)
     if full < n_keys:
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, k_base, v_base, ks_base, vs_base, full,
-                                     n_keys, stride_t, stride_st, row_tok, qk_scale, HD, BN,
-                                     SCALED, True, False, INTERP, kpos0, row_abs, window, WIN)
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, SEG, full, ROWS, qk_scale, window, S,
+                                     SCALED, True, False, False)
     return acc, m_i, l_i
 
 
 @triton.jit
-def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, stride_ot,
-                           stride_oh, stride_ct, stride_ch,
-                           ak_ptr, av_ptr, aks_ptr, avs_ptr, Pa, stride_at, stride_ah,
-                           stride_ast, stride_ash,
-                           bk_ptr, bv_ptr, bks_ptr, bvs_ptr, Pb, stride_bt, stride_bh,
-                           stride_bst, stride_bsh, qk_scale, acc_ptr, ml_ptr, stride_ml,
-                           G: tl.constexpr, HD: tl.constexpr, BM: tl.constexpr,
-                           BN: tl.constexpr, A_SCALED: tl.constexpr, B_SCALED: tl.constexpr,
-                           RESUME: tl.constexpr, FINISH: tl.constexpr, INTERP: tl.constexpr,
-                           sinks_ptr=None, window=0, pos_a=0, pos_b=0, n_prefix=0,
-                           WIN: tl.constexpr = False, SINKS: tl.constexpr = False,
-                           starts_ptr=None, SEQ: tl.constexpr = False):
+def _head_segment(SEG, hkv, kpos0):
+    """A prefix segment's descriptor (k_ptr, v_ptr, ks_ptr, vs_ptr, n_keys, stride_t, stride_h,
+    stride_st, stride_sh) as kv head hkv (int64) sees it: (k, v, ks, vs bases, n_keys, stride_t,
+    stride_st, kpos0), kpos0 the absolute position of its first key."""
+    k_ptr, v_ptr, ks_ptr, vs_ptr, n_keys, stride_t, stride_h, stride_st, stride_sh = SEG
+    return (k_ptr + hkv * stride_h, v_ptr + hkv * stride_h, ks_ptr + hkv * stride_sh,
+            vs_ptr + hkv * stride_sh, n_keys, stride_t, stride_st, kpos0)
+
+
+@triton.jit
+def _chunk_attn_fwd_kernel(CHUNK, A, B, qk_scale, STATE, EXTRA, S: tl.constexpr):
+    """S: the AttnSpec. The launch data come as descriptors: CHUNK (q_ptr, k_ptr, v_ptr, o_ptr, T,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_ct, stride_ch): the chunk's queries, its
+    own keys and values, the output, its tokens, and the (token, head) strides of q, o and k / v;
+    A and B the prefix segments (k_ptr, v_ptr, ks_ptr, vs_ptr, n_keys, stride_t, stride_h,
+    stride_st, stride_sh: codes or bf16 [P, Hkv, hd] and their scales [P, Hkv], a bf16 one's
+    scale pointers never read); STATE (acc_ptr, ml_ptr, stride_ml): the carried softmax state;
+    EXTRA (sinks_ptr, window, pos_a, pos_b, n_prefix, starts_ptr): the optional pieces' data,
+    None / 0 where their constexpr is off. (The leaves stay in this order: LLVM orders commutative
+    operands by argument position, so another order compiles to other code.)"""
+    (q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, stride_ot, stride_oh, stride_ct,
+     stride_ch) = CHUNK
+    acc_ptr, ml_ptr, stride_ml = STATE
+    sinks_ptr, window, pos_a, pos_b, n_prefix, starts_ptr = EXTRA
+    G: tl.constexpr = S.G
+    HD: tl.constexpr = S.HD
+    BM: tl.constexpr = S.BM
+    BN: tl.constexpr = S.BN
+    INTERP: tl.constexpr = S.INTERP
+    WIN: tl.constexpr = S.WIN
+    SEQ: tl.constexpr = S.SEQ
     # the last row blocks see the most chunk keys: start them first (shorter tail)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     hkv = tl.program_id(1)
@@ -162,7 +202,7 @@ def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, 
     n_head = tl.num_programs(1) * G
     ml_off = row_tok.to(tl.int64) * n_head + head                    # [BM]
     acc_off = ml_off[:, None] * HD + offs_d[None, :]                 # [BM, HD]
-    if RESUME:
+    if S.RESUME:
         acc = tl.load(acc_ptr + acc_off, mask=live[:, None], other=0)
         m_i = tl.load(ml_ptr + ml_off, mask=live, other=float("-inf"))
         l_i = tl.load(ml_ptr + stride_ml + ml_off, mask=live, other=0)
@@ -178,17 +218,12 @@ def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, 
         row_abs = n_prefix + row_tok
         lo_abs = n_prefix + t_min
     # prefix segment a (older, e.g. streamed from the host), then b (the resident window)
-    acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, ak_ptr + hkv64 * stride_ah,
-                                    av_ptr + hkv64 * stride_ah, aks_ptr + hkv64 * stride_ash,
-                                    avs_ptr + hkv64 * stride_ash, Pa, stride_at, stride_ast,
-                                    row_tok, qk_scale, HD, BN, A_SCALED, INTERP, pos_a,
-                                    row_abs, lo_abs, window, WIN)
-    acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, bk_ptr + hkv64 * stride_bh,
-                                    bv_ptr + hkv64 * stride_bh, bks_ptr + hkv64 * stride_bsh,
-                                    bvs_ptr + hkv64 * stride_bsh, Pb, stride_bt, stride_bst,
-                                    row_tok, qk_scale, HD, BN, B_SCALED, INTERP, pos_b,
-                                    row_abs, lo_abs, window, WIN)
-    if FINISH:
+    rows_at = (row_tok, row_abs, row_tok)   # (a prefix segment's rows: no sequences' starts)
+    acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, _head_segment(A, hkv64, pos_a), rows_at,
+                                    lo_abs, qk_scale, window, S, S.A_SCALED)
+    acc, m_i, l_i = _attend_segment(acc, m_i, l_i, q, _head_segment(B, hkv64, pos_b), rows_at,
+                                    lo_abs, qk_scale, window, S, S.B_SCALED)
+    if S.FINISH:
         # the chunk itself: tiles every row sees whole, then the diagonal ones (causal mask)
         t_end = tl.minimum((pid_m * BM + BM - 1) // G + 1, T)
         full = ((t_min + 1) // BN) * BN
@@ -205,15 +240,15 @@ def _chunk_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, stride_qt, stride_qh, 
             row_start = tl.load(starts_ptr + row_tok, mask=live, other=0)
             c0 = tl.maximum(c0, (tl.load(starts_ptr + t_min) // BN) * BN)
             c1 = tl.maximum(c1, c0)
+        chunk = (kc, vc, kc, vc, T, stride_ct, 0, n_prefix)
+        rows_at = (row_tok, row_abs, row_start)
         for n0 in range(c0, full, BN):
-            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
-                                         row_tok, qk_scale, HD, BN, False, False, False, INTERP,
-                                         n_prefix, row_abs, window, WIN, row_start, SEQ)
+            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, chunk, n0, rows_at, qk_scale, window,
+                                         S, False, False, False, SEQ)
         for n0 in range(c1, t_end, BN):
-            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, kc, vc, kc, vc, n0, T, stride_ct, 0,
-                                         row_tok, qk_scale, HD, BN, False, True, True, INTERP,
-                                         n_prefix, row_abs, window, WIN, row_start, SEQ)
-        if SINKS:
+            acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, chunk, n0, rows_at, qk_scale, window,
+                                         S, False, True, True, SEQ)
+        if S.SINKS:
             # the sink's exp joins the denominator: rescale to the max of (row max, sink)
             sk = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634   # log2 domain
             m_f = tl.maximum(m_i, sk)

@@ -239,13 +239,15 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if s.int8 and s.v_scale.stride() != s.k_scale.stride():
             raise StrataError(f"prefix[{i}]: k_scale and v_scale must share strides; got "
                               f"{s.k_scale.stride()}, {s.v_scale.stride()}")
-    extra = {}   # the window and the sinks only when asked for: the plain launch is unchanged
+    # the window, the sinks and packed sequences only when asked for: the plain launch passes
+    # their off values (None, 0) and is unchanged
+    extra = {}
     if window:
-        extra.update(window=window, WIN=True, n_prefix=sum(x.length for x in segs))
+        extra.update(window=window, n_prefix=sum(x.length for x in segs))
     if sinks is not None:
-        extra.update(sinks_ptr=sinks.float().contiguous(), SINKS=True)
+        extra.update(sinks_ptr=sinks.float().contiguous())
     if starts is not None:
-        extra.update(starts_ptr=starts.to(torch.int32).contiguous(), SEQ=True)
+        extra.update(starts_ptr=starts.to(torch.int32).contiguous())
     launch = _Launch(q, k, v, out, T, st_q, st_o, st_c, scale * LOG2E, G, hd, cfg, Hkv, extra)
     # absolute position of each segment's first key: the window holds in every launch
     seg_pos = [sum(x.length for x in segs[:i]) for i in range(len(segs))]
@@ -309,7 +311,7 @@ class _Launch:
     hd: int
     cfg: AttnTile
     Hkv: int
-    extra: dict   # window / sinks kwargs (empty: the plain launch)
+    extra: dict   # window / n_prefix, sinks_ptr, starts_ptr (empty: the plain launch)
 
     def __call__(self, segs: list[tuple[tuple, bool]], pos: list[int], *, resume: bool,
                  finish: bool, state: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
@@ -317,19 +319,20 @@ class _Launch:
         # an absent segment: length 0, never read; a bf16 one's scale pointers: never read
         empty = ((self.k, self.v, self.k, self.k, 0, 0, 0, 0, 0), False)
         (a, a_sc), (b, b_sc) = (list(segs) + [empty] * MAX_SEGMENTS)[:MAX_SEGMENTS]
-        extra = dict(self.extra)
-        if "window" in extra:
-            pa, pb = (list(pos) + [0] * MAX_SEGMENTS)[:MAX_SEGMENTS]
-            extra.update(pos_a=pa, pos_b=pb)
+        x = self.extra
+        pa, pb = (list(pos) + [0] * MAX_SEGMENTS)[:MAX_SEGMENTS] if "window" in x else (0, 0)
         acc, ml = state if state is not None else (self.q, self.q)
         cfg = self.cfg
         grid = probe_grid((triton_cdiv(self.T * self.G, cfg.BLOCK_M), self.Hkv))
         _k._chunk_attn_fwd_kernel[grid](
-            self.q, self.k, self.v, self.out, self.T, *self.st_q, *self.st_o, *self.st_c, *a, *b,
-            self.qk_scale, acc, ml, ml.stride(0),
-            G=self.G, HD=self.hd, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, A_SCALED=a_sc, B_SCALED=b_sc,
-            RESUME=resume, FINISH=finish, INTERP=INTERPRET,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+            (self.q, self.k, self.v, self.out, self.T, *self.st_q, *self.st_o, *self.st_c), a, b,
+            self.qk_scale, (acc, ml, ml.stride(0)),
+            (x.get("sinks_ptr"), x.get("window", 0), pa, pb, x.get("n_prefix", 0),
+             x.get("starts_ptr")),
+            S=_k.AttnSpec(G=self.G, HD=self.hd, BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, A_SCALED=a_sc,
+                          B_SCALED=b_sc, RESUME=resume, FINISH=finish, INTERP=INTERPRET,
+                          WIN="window" in x, SINKS="sinks_ptr" in x, SEQ="starts_ptr" in x),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def chunk_attention_for(device):

@@ -187,11 +187,17 @@ def _fast_part(FMT: tl.constexpr, lo, hi, a_lo, a_hi, W16: tl.constexpr, MAGIC: 
 
 @triton.jit
 def _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo, k_hi, n_in, acc1,
-               acc2, FMT1: tl.constexpr, FMT2: tl.constexpr, TWO: tl.constexpr,
-               BK: tl.constexpr, INTERP: tl.constexpr, PF: tl.constexpr, W16: tl.constexpr,
-               MAGIC: tl.constexpr):
+               acc2, S: tl.constexpr):
     """The FAST path of _mma (accumulators [BN, BM]): one iteration per 32-weight run of steps
-    [k_lo, k_hi); PF loads run r+1's code bytes and scales during run r."""
+    [k_lo, k_hi); S.PF loads run r+1's code bytes and scales during run r."""
+    FMT1: tl.constexpr = S.FMT1
+    FMT2: tl.constexpr = S.FMT2
+    TWO: tl.constexpr = S.MODE == GATE_UP
+    BK: tl.constexpr = S.BK
+    INTERP: tl.constexpr = S.INTERP
+    PF: tl.constexpr = S.PF
+    W16: tl.constexpr = S.W16
+    MAGIC: tl.constexpr = S.MAGIC
     R: tl.constexpr = BK // 32
     r_lo = k_lo * R
     r_hi = k_hi * R
@@ -266,12 +272,8 @@ def _mma(a_ptr, a_rows, valid, stride_a, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mas
     SCALED: tl.constexpr = SC1 or (TWO and SC2)
     a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a          # [BM, 1]
     if S.FAST:
-        PF: tl.constexpr = S.PF
-        W16: tl.constexpr = S.W16
-        MAGIC: tl.constexpr = S.MAGIC
         acc1, acc2 = _fast_runs(a_base, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, k_lo,
-                                k_hi, n_in, acc1, acc2, FMT1, FMT2, TWO, BK, INTERP, PF, W16,
-                                MAGIC)
+                                k_hi, n_in, acc1, acc2, S)
     else:
         for kk in range(k_lo, k_hi):
             if PLAIN:
@@ -350,15 +352,15 @@ def _epilogue(MODE: tl.constexpr, acc1, acc2, out_ptr, stride_out, offs_m, ids, 
 
 
 @triton.jit
-def _tile(t, k_lo, k_hi, pid, last, ROWS, WTS, OUT, EPI, n_out, n_in, S: tl.constexpr,
+def _tile(t, k_lo, k_hi, pid, last, ROWS, WTS, OUT, tab_ptr, EPI, n_out, n_in, S: tl.constexpr,
           SPLIT: tl.constexpr):
     """Reduction steps [k_lo, k_hi) of tile t: the epilogue if that is the whole tile, else an
-    fp32 piece into scratch slot 2*pid + last. The launch data come as the kernel's descriptors:
+    fp32 piece into scratch slot 2*pid + last. The launch data are the kernel's descriptors:
     ROWS (a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign), WTS (arena_ptr,
-    slot_ptr, off1, rb1, off2, rb2, tab_ptr), OUT (out_ptr, stride_out, tw_ptr, scratch_ptr),
-    EPI (boff1, boff2, alpha, limit)."""
+    slot_ptr, off1, rb1, off2, rb2), OUT (out_ptr, stride_out, tw_ptr, scratch_ptr), EPI (boff1,
+    boff2, alpha, limit); tab_ptr the i-quant grids."""
     a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign = ROWS
-    arena_ptr, slot_ptr, off1, rb1, off2, rb2, tab_ptr = WTS
+    arena_ptr, slot_ptr, off1, rb1, off2, rb2 = WTS
     out_ptr, stride_out, tw_ptr, scratch_ptr = OUT
     boff1, boff2, alpha, limit = EPI
     MODE: tl.constexpr = S.MODE
@@ -402,17 +404,9 @@ def _tile(t, k_lo, k_hi, pid, last, ROWS, WTS, OUT, EPI, n_out, n_in, S: tl.cons
 
 
 @triton.jit
-def _moe_gemm_kernel(
-        a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
-        arena_ptr, slot_ptr, off1, rb1, off2, rb2,
-        out_ptr, stride_out, tw_ptr, scratch_ptr, tab_ptr,
-        n_out, n_in, n_blocks_ptr, n_programs, boff1, boff2, alpha, limit,
-        SCHED: tl.constexpr, S: tl.constexpr):
-    """S: the GemmSpec. The arguments travel on as four descriptors (see _tile)."""
-    ROWS = (a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign)
-    WTS = (arena_ptr, slot_ptr, off1, rb1, off2, rb2, tab_ptr)
-    OUT = (out_ptr, stride_out, tw_ptr, scratch_ptr)
-    EPI = (boff1, boff2, alpha, limit)
+def _moe_gemm_kernel(ROWS, WTS, OUT, tab_ptr, n_out, n_in, n_blocks_ptr, n_programs, EPI,
+                     SCHED: tl.constexpr, S: tl.constexpr):
+    """S: the GemmSpec. ROWS, WTS, OUT, EPI: the launch data as descriptors (see _tile)."""
     pid = tl.program_id(0)
     KI = tl.cdiv(n_in, S.BK)
     # the row blocks are counted on the device (no host sync sizes the launch): the grid is an
@@ -421,7 +415,7 @@ def _moe_gemm_kernel(
     if SCHED == 0:
         # data-parallel: one tile, the whole reduction (no loop around it, so the K loop pipelines)
         if pid < n_tiles:
-            _tile(pid, 0, KI, pid, 0, ROWS, WTS, OUT, EPI, n_out, n_in, S, 0)
+            _tile(pid, 0, KI, pid, 0, ROWS, WTS, OUT, tab_ptr, EPI, n_out, n_in, S, 0)
     else:
         total = n_tiles * KI
         base = total // n_programs
@@ -433,20 +427,39 @@ def _moe_gemm_kernel(
             k_lo = it % KI
             k_hi = tl.minimum(KI, k_lo + end - it)
             # slot 2p: this program's first piece; 2p+1: its last
-            _tile(it // KI, k_lo, k_hi, pid, (it != start).to(tl.int32), ROWS, WTS, OUT, EPI,
-                  n_out, n_in, S, 1)
+            _tile(it // KI, k_lo, k_hi, pid, (it != start).to(tl.int32), ROWS, WTS, OUT,
+                  tab_ptr, EPI, n_out, n_in, S, 1)
             it += k_hi - k_lo
 
 
+class FixupSpec(NamedTuple):
+    """The fixup's compile-time choices, one constexpr argument `S`: GemmSpec's fields it reads
+    (none of the matrices', so one compiled fixup serves every format)."""
+    MODE: int
+    TOPK: int
+    BM: int
+    BN: int
+    BK: int
+    INTERP: bool
+    BIAS: bool = False
+    ACT: int = 0
+
+
 @triton.jit
-def _moe_fixup_kernel(
-        sorted_ids_ptr, block_expert_ptr, n_assign, out_ptr, stride_out, tw_ptr, scratch_ptr,
-        n_out, n_in, n_blocks_ptr, n_programs, arena_ptr, slot_ptr, boff1, boff2, alpha, limit,
-        MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-        BK: tl.constexpr, INTERP: tl.constexpr, BIAS: tl.constexpr = False,
-        ACT: tl.constexpr = 0):
+def _moe_fixup_kernel(GRP, OUT, n_out, n_in, n_blocks_ptr, n_programs, BLOBS, EPI,
+                      S: tl.constexpr):
     """Program b looks at the boundary s_b between programs b-1 and b; the first boundary inside a
-    tile sums that tile's pieces, program by program in increasing order, and stores the result."""
+    tile sums that tile's pieces, program by program in increasing order, and stores the result.
+    S: the FixupSpec; GRP (sorted_ids_ptr, block_expert_ptr, n_assign): the routing's groups;
+    OUT and EPI the GEMM's (_tile); BLOBS (arena_ptr, slot_ptr): where the biases are."""
+    sorted_ids_ptr, block_expert_ptr, n_assign = GRP
+    out_ptr, stride_out, tw_ptr, scratch_ptr = OUT
+    arena_ptr, slot_ptr = BLOBS
+    boff1, boff2, alpha, limit = EPI
+    MODE: tl.constexpr = S.MODE
+    BM: tl.constexpr = S.BM
+    BN: tl.constexpr = S.BN
+    BK: tl.constexpr = S.BK
     b = tl.program_id(0)
     NB = tl.cdiv(n_out, BN)
     KI = tl.cdiv(n_in, BK)
@@ -474,9 +487,9 @@ def _moe_fixup_kernel(
             s_p = p * base + tl.minimum(p, extra)
         mb = t // NB
         nb = t % NB
-        offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, TOPK, BM)
+        offs_m, ids, valid, a_rows = _tile_rows(MODE, sorted_ids_ptr, mb, n_assign, S.TOPK, BM)
         offs_n = nb * BN + tl.arange(0, BN)
         e = tl.load(block_expert_ptr + mb)
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n,
-                  offs_n < n_out, tw_ptr, INTERP, _bias_ptr(arena_ptr, slot_ptr, e, boff1),
-                  _bias_ptr(arena_ptr, slot_ptr, e, boff2), alpha, limit, BIAS, ACT)
+                  offs_n < n_out, tw_ptr, S.INTERP, _bias_ptr(arena_ptr, slot_ptr, e, boff1),
+                  _bias_ptr(arena_ptr, slot_ptr, e, boff2), alpha, limit, S.BIAS, S.ACT)

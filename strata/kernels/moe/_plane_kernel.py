@@ -24,32 +24,61 @@ function.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
 from strata.kernels.decode.plane_codes import load_codes, plane_scales, plane_weights
-from strata.kernels.moe._ffn_kernel import GATE_UP, _bf16, _dot, _epilogue, _tile_rows
+from strata.kernels.moe._ffn_kernel import GATE_UP, GemmSpec, _bf16, _dot, _epilogue, _tile_rows
+
+
+class PlaneSpec(NamedTuple):
+    """The plane GEMM's compile-time choices, one constexpr argument `S` (plane_ffn builds it
+    once a mode): MODE, TOPK, the tile (BM, RB row blocks, BN, BK), the two matrices' format
+    bundles, PlaneTile's swap / tma / magic, the interpreter flag, EVEN (whole tiles), and the
+    epilogue's BIAS / ACT."""
+    MODE: int
+    TOPK: int
+    BM: int
+    RB: int
+    BN: int
+    BK: int
+    FMT1: object
+    FMT2: object
+    SWAP: bool
+    TMA: bool
+    MAGIC: bool
+    INTERP: bool
+    EVEN: bool = False
+    BIAS: bool = False
+    ACT: int = 0
+
+    cache_key = GemmSpec.cache_key   # the bundles' own keys: an edited decoder recompiles
 
 
 @triton.jit
-def _weights(c_ptr, desc, s, m, n_in, offs_n, n_mask, nb, k0, BN: tl.constexpr,
-             BK: tl.constexpr, FMT: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr,
-             INTERP: tl.constexpr, EVEN: tl.constexpr):
-    """bf16 [BN, BK]: one step's decoded weights (code bytes by TMA when TMA, else vector loads;
-    the step's factors s, m loaded a step ahead), each rounded to bf16 once."""
-    if TMA:
+def _weights(c_ptr, desc, s, m, n_in, offs_n, n_mask, nb, k0, FMT: tl.constexpr,
+             S: tl.constexpr):
+    """bf16 [BN, BK]: one step's decoded weights of a matrix of format FMT (code bytes by TMA when
+    S.TMA, else vector loads; the step's factors s, m loaded a step ahead), each rounded to bf16
+    once."""
+    BN: tl.constexpr = S.BN
+    BK: tl.constexpr = S.BK
+    INTERP: tl.constexpr = S.INTERP
+    if S.TMA:
         b = desc.load([nb * BN, k0 // FMT.PLANE_PACK])                 # out of bounds: 0
     else:
-        b = load_codes(c_ptr, n_in // FMT.PLANE_PACK, offs_n, n_mask, k0, BK, FMT, EVEN)
-    return _bf16(plane_weights(b, s, m, FMT, MAGIC, True, INTERP), INTERP)
+        b = load_codes(c_ptr, n_in // FMT.PLANE_PACK, offs_n, n_mask, k0, BK, FMT, S.EVEN)
+    return _bf16(plane_weights(b, s, m, FMT, S.MAGIC, True, INTERP), INTERP)
 
 
 @triton.jit
 def _span_rows(MODE: tl.constexpr, sorted_ids_ptr, mb, row_end, n_assign, TOPK: tl.constexpr,
-               BM: tl.constexpr, ROWS: tl.constexpr):
-    """_tile_rows over ROWS padded rows from block mb's first, those at or past row_end (the
+               BM: tl.constexpr, RBM: tl.constexpr):
+    """_tile_rows over RBM padded rows from block mb's first, those at or past row_end (the
     next expert's) invalid like padding."""
-    offs_m = mb * BM + tl.arange(0, ROWS)
+    offs_m = mb * BM + tl.arange(0, RBM)
     ids = tl.load(sorted_ids_ptr + offs_m, mask=offs_m < row_end, other=n_assign)
     valid = ids < n_assign
     if MODE == GATE_UP:
@@ -69,23 +98,36 @@ def _acc_dot(w, a, acc, SWAP: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _plane_gemm_kernel(
-        a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign,
-        arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off,
-        out_ptr, stride_out, tw_ptr, n_out, n_in, n_blocks_ptr, padded_ptr, boff1, boff2, alpha,
-        limit, MODE: tl.constexpr, TOPK: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr,
-        BN: tl.constexpr, BK: tl.constexpr, FMT1: tl.constexpr, FMT2: tl.constexpr,
-        SWAP: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr, INTERP: tl.constexpr,
-        EVEN: tl.constexpr = False, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
-    """One tile of GATE_UP (MODE 0: gate c1/s1 and up c2/s2) or DOWN (MODE 1: c1/s1). c*_off /
-    s*_off: byte offsets of the code and scale planes from the blob's start; FMT1 / FMT2 their
-    formats' traits bundles (Q8_0, Q4_0, Q4_K: strata.kernels.decode.plane_codes). The grid is an
-    upper bound; the row-block count is read on the device (n_blocks_ptr). RB > 1: a program takes
-    RB consecutive BM-row blocks of one expert (the first, RB-th, ... of its blocks; the others'
-    programs return at once), so the weights are decoded once for RB·BM rows while the routing, and
-    the workspace the planner sized for it, keep BLOCK_M = BM; padded_ptr (the routing's padded
-    offsets, int64 [E+1]) says where the expert's blocks end. EVEN: n_out a multiple of BN and n_in
-    of BK (the real shapes), so the loads keep only their row masks."""
+def _plane_gemm_kernel(ROWS, WTS, OUT, n_out, n_in, n_blocks_ptr, padded_ptr, EPI,
+                       S: tl.constexpr):
+    """One tile of GATE_UP (S.MODE 0: gate c1/s1 and up c2/s2) or DOWN (MODE 1: c1/s1). S: the
+    PlaneSpec. The launch data come as descriptors: ROWS (a_ptr, stride_a, sorted_ids_ptr,
+    block_expert_ptr, n_assign) and OUT (out_ptr, stride_out, tw_ptr), the fused GEMM's (_tile);
+    WTS (arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off): c*_off / s*_off the byte offsets of
+    the code and scale planes from the blob's start, S.FMT1 / S.FMT2 their formats' traits
+    bundles (Q8_0, Q4_0, Q4_K: strata.kernels.decode.plane_codes); EPI (boff1, boff2, alpha,
+    limit), the epilogue's. The grid is an upper bound; the row-block count is read on the device
+    (n_blocks_ptr). RB > 1: a program takes RB consecutive BM-row blocks of one expert (the first,
+    RB-th, ... of its blocks; the others' programs return at once), so the weights are decoded
+    once for RB·BM rows while the routing, and the workspace the planner sized for it, keep
+    BLOCK_M = BM; padded_ptr (the routing's padded offsets, int64 [E+1]) says where the expert's
+    blocks end. EVEN: n_out a multiple of BN and n_in of BK (the real shapes), so the loads keep
+    only their row masks."""
+    a_ptr, stride_a, sorted_ids_ptr, block_expert_ptr, n_assign = ROWS
+    arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off = WTS
+    out_ptr, stride_out, tw_ptr = OUT
+    boff1, boff2, alpha, limit = EPI
+    MODE: tl.constexpr = S.MODE
+    TOPK: tl.constexpr = S.TOPK
+    BM: tl.constexpr = S.BM
+    RB: tl.constexpr = S.RB
+    BN: tl.constexpr = S.BN
+    BK: tl.constexpr = S.BK
+    FMT1: tl.constexpr = S.FMT1
+    FMT2: tl.constexpr = S.FMT2
+    SWAP: tl.constexpr = S.SWAP
+    INTERP: tl.constexpr = S.INTERP
+    EVEN: tl.constexpr = S.EVEN
     pid = tl.program_id(0)
     NB = tl.cdiv(n_out, BN)
     mb = pid // NB
@@ -104,7 +146,7 @@ def _plane_gemm_kernel(
         s1 = (blob + s1_off).to(f16, bitcast=True)
         c2 = blob + c2_off
         s2 = (blob + s2_off).to(f16, bitcast=True)
-        if TMA:
+        if S.TMA:
             B1: tl.constexpr = BK // FMT1.PLANE_PACK                  # code bytes a step
             B2: tl.constexpr = BK // FMT2.PLANE_PACK
             rb1 = n_in // FMT1.PLANE_PACK
@@ -128,14 +170,14 @@ def _plane_gemm_kernel(
             n_mask = tl.full((BN,), True, tl.int1)
         else:
             n_mask = offs_n < n_out
-        ROWS: tl.constexpr = RB * BM
+        RBM: tl.constexpr = RB * BM                                   # the program's rows
         if SWAP:
-            acc1 = tl.zeros((BN, ROWS), tl.float32)
-            acc2 = tl.zeros((BN, ROWS), tl.float32)
+            acc1 = tl.zeros((BN, RBM), tl.float32)
+            acc2 = tl.zeros((BN, RBM), tl.float32)
         else:
-            acc1 = tl.zeros((ROWS, BN), tl.float32)
-            acc2 = tl.zeros((ROWS, BN), tl.float32)
-        a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a           # [ROWS, 1]
+            acc1 = tl.zeros((RBM, BN), tl.float32)
+            acc2 = tl.zeros((RBM, BN), tl.float32)
+        a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a           # [RBM, 1]
         # Q8_0 / Q4_0's scales are 2-byte gathers the cp.async pipeline does not take: each
         # step's are loaded one step ahead, so their latency hides behind a step of decode and
         # MMA (Q4_K's 16-byte entries it would stage if loaded in their step: the same SASS
@@ -151,16 +193,14 @@ def _plane_gemm_kernel(
                 a_mask = valid[:, None]
             else:
                 a_mask = valid[:, None] & (offs_k < n_in)[None, :]
-            a = tl.load(a_base + offs_k[None, :], mask=a_mask, other=0.0)   # [ROWS, BK] bf16
+            a = tl.load(a_base + offs_k[None, :], mask=a_mask, other=0.0)   # [RBM, BK] bf16
             nf1, ng1 = plane_scales(s1, n_in, offs_n, n_mask, k0 + BK, BK, FMT1)
-            w1 = _weights(c1, d1, f1, g1, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT1, TMA,
-                          MAGIC, INTERP, EVEN)
+            w1 = _weights(c1, d1, f1, g1, n_in, offs_n, n_mask, nb, k0, FMT1, S)
             f1 = nf1
             g1 = ng1
             if TWO:
                 nf2, ng2 = plane_scales(s2, n_in, offs_n, n_mask, k0 + BK, BK, FMT2)
-                w2 = _weights(c2, d2, f2, g2, n_in, offs_n, n_mask, nb, k0, BN, BK, FMT2, TMA,
-                              MAGIC, INTERP, EVEN)
+                w2 = _weights(c2, d2, f2, g2, n_in, offs_n, n_mask, nb, k0, FMT2, S)
                 f2 = nf2
                 g2 = ng2
             acc1 = _acc_dot(w1, a, acc1, SWAP, INTERP)
@@ -172,7 +212,7 @@ def _plane_gemm_kernel(
         f32 = tl.pointer_type(tl.float32)
         _epilogue(MODE, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
                   tw_ptr, INTERP, (blob + boff1).to(f32, bitcast=True),
-                  (blob + boff2).to(f32, bitcast=True), alpha, limit, BIAS, ACT, row_end)
+                  (blob + boff2).to(f32, bitcast=True), alpha, limit, S.BIAS, S.ACT, row_end)
 
 
 @triton.jit

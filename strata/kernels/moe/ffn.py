@@ -194,19 +194,21 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             (1, h, D, F, lay.down, lay.down, yk, n_dn, "down", "down")):
         boff = ((lay.bias.part(b1)[0], lay.bias.part(b2)[0]) if lay.bias is not None
                 else (0, 0))
+        out_desc = (dst, dst.stride(0), tw, scratch)
+        epi = (*boff, *act)
         _k._moe_gemm_kernel[plan.grid(n_tiles)](
-            a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
-            experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset, m2.row_bytes,
-            dst, dst.stride(0), tw, scratch, tab, n_out, n_in, grp.n_blocks_dev, tile.programs,
-            *boff, *act, SCHED=int(sk),
+            (a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign),
+            (experts.arena, experts.slot_offset, m1.offset, m1.row_bytes, m2.offset,
+             m2.row_bytes), out_desc, tab, n_out, n_in, grp.n_blocks_dev, tile.programs, epi,
+            SCHED=int(sk),
             S=_k.GemmSpec(MODE=mode, FMT1=format_traits(m1.fmt), FMT2=format_traits(m2.fmt),
                           **_k.dot_plan(m1.fmt.name, m2.fmt.name, BK, tile.dot), **meta),
             **launch)
         if sk:
             _k._moe_fixup_kernel[(tile.programs,)](
-                grp.sorted_ids, grp.block_expert, grp.n_assign, dst, dst.stride(0), tw, scratch,
-                n_out, n_in, grp.n_blocks_dev, tile.programs, experts.arena,
-                experts.slot_offset, *boff, *act, MODE=mode, **meta, **launch)
+                (grp.sorted_ids, grp.block_expert, grp.n_assign), out_desc, n_out, n_in,
+                grp.n_blocks_dev, tile.programs, (experts.arena, experts.slot_offset), epi,
+                S=_k.FixupSpec(MODE=mode, **meta), **launch)
     if combine == "defer":
         return out if out is not None else torch.zeros(T, D, dtype=torch.bfloat16, device=dev)
     # "pass": rows of skipped assignments were never written (check=False cannot tell whether

@@ -278,11 +278,12 @@ def plane_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
                 else (0, 0))
         grid = (room * -(-n_out // BN),)
         _pk._plane_gemm_kernel[grid](
-            a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
-            experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset,
-            p2.codes_offset, p2.scales_offset, dst, dst.stride(0), tw, n_out, n_in,
-            grp.n_blocks_dev, grp.padded_offsets, *boff, *act, MODE=mode, FMT1=TRAITS[p1.fmt],
-            FMT2=TRAITS[p2.fmt], EVEN=n_out % BN == 0 and n_in % BK == 0, **meta,
+            (a, a.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign),
+            (experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset,
+             p2.codes_offset, p2.scales_offset), (dst, dst.stride(0), tw), n_out, n_in,
+            grp.n_blocks_dev, grp.padded_offsets, (*boff, *act),
+            S=_pk.PlaneSpec(MODE=mode, FMT1=TRAITS[p1.fmt], FMT2=TRAITS[p2.fmt],
+                            EVEN=n_out % BN == 0 and n_in % BK == 0, **meta),
             num_warps=tile.num_warps, num_stages=tile.num_stages,
             **({"maxnreg": tile.max_registers(mode)} if tile.occupancy[mode] else {}))
     if combine == "defer":
