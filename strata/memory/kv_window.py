@@ -4,11 +4,13 @@ The KV of a long prompt is charged to the VRAM budget before the expert cache (s
 cache = VRAM - dense - KV - reserve), and the scan then borrows its chunk and ring from that
 cache. So the resident window W trades against the chunk and the ring. The rule:
 
-1. All resident when that plan fits (a prompt of the longest length the run reserves KV for):
-   today's plan, unchanged, number for number.
-2. Else the target is the plan with the KV spilled as far as the grid allows (W = the grid's
-   first step): the most room the cache can give, so the scan's own objective (the largest chunk
-   that leaves the full ring; else its fallback ring) picks the best chunk and ring there is.
+1. The target is the plan with the KV spilled as far as the grid allows (W = the grid's first
+   step): the most room the cache can give, so the scan's own objective (the largest chunk that
+   leaves the full ring; else its fallback ring) picks the best chunk and ring there is.
+2. All resident when that plan (a prompt of the longest length the run reserves KV for) fits
+   and reads chunks as long as the target's: today's plan, unchanged, number for number. An
+   all-resident plan that fits only by reading shorter chunks (a long prompt's KV squeezing the
+   chunk: qwen3.5-35b-a3b at 262K under 12 GiB would read 2,816 tokens a chunk) spills instead.
 3. W is the largest window on the grid (multiples of 256 tokens below the prompt; every token
    for a prompt of at most 256) whose plan still fits with the target's chunk, rule and ring on
    every participant; the tokens outside it live in pinned host memory.
@@ -42,7 +44,7 @@ class KVChoice:
     """What `--kv-resident auto` chose for prompts up to `tokens`, and why."""
     window: int | None      # tokens of each full layer's KV in VRAM (None: all resident)
     tokens: int             # the longest prompt it was chosen for (the KV reserve)
-    why: str                # fits | spilled | no-help
+    why: str                # fits | spilled | squeezed (all resident fits, shorter chunks) | no-help
     chunk: int = 0          # the plan's chunk and ring it keeps (the target's when spilled)
     ring: int | str = 0
     rule: str = ""
@@ -62,7 +64,7 @@ class KVChoice:
             return "auto: all resident (keeping less KV in VRAM would not make the plan fit)"
         grid = f"{GRID}-token grid" if self.tokens > GRID else "any token count"
         return (f"auto: the newest {self.window:,} tokens of each full layer in VRAM, the rest "
-                f"in pinned host memory: all resident, {self.reason}; {self.window:,} is the "
+                f"in pinned host memory: all resident {self.reason}; {self.window:,} is the "
                 f"largest window ({grid}) that keeps chunk {self.chunk} and {ring} "
                 f"({self.rule}), as with the KV spilled ({self.plans} plans)")
 
@@ -98,17 +100,20 @@ def choose(max_prompt: int, plan_at: Callable[[int | None], Plan], *, spills: bo
         return isinstance(p, Plan) and p.fits
 
     whole = plan(None)
-    if fits(whole):
-        return KVChoice(None, max_prompt, "fits", whole.chunk, whole.ring, whole.rule, len(made))
     grid = windows(max_prompt)
     target = plan(grid[0]) if spills and grid else None
+    if fits(whole) and not (fits(target) and target.chunk > whole.chunk):
+        return KVChoice(None, max_prompt, "fits", whole.chunk, whole.ring, whole.rule, len(made))
     if not fits(target):
         return KVChoice(None, max_prompt, "no-help", plans=len(made))
     key = plan_key(target)
     best = last_fitting(grid, lambda w: fits(plan(w)) and plan_key(plan(w)) == key)
+    if fits(whole):
+        return KVChoice(best, max_prompt, "squeezed", target.chunk, target.ring, target.rule,
+                        len(made), f"would read chunks of {whole.chunk} tokens")
     reason = whole.short_of() if isinstance(whole, Plan) else str(whole).split(";")[0]
     return KVChoice(best, max_prompt, "spilled", target.chunk, target.ring, target.rule,
-                    len(made), reason)
+                    len(made), ", " + reason)
 
 
 def parse(text: str) -> int | str | None:
