@@ -8,9 +8,12 @@ cache. So the resident window W trades against the chunk and the ring. The rule:
    step): the most room the cache can give, so the scan's own objective (the largest chunk that
    leaves the full ring; else its fallback ring) picks the best chunk and ring there is.
 2. All resident when that plan (a prompt of the longest length the run reserves KV for) fits
-   and reads chunks as long as the target's: today's plan, unchanged, number for number. An
-   all-resident plan that fits only by reading shorter chunks (a long prompt's KV squeezing the
-   chunk: qwen3.5-35b-a3b at 262K under 12 GiB would read 2,816 tokens a chunk) spills instead.
+   and reads that prompt in as few chunks as the target: today's plan, unchanged, number for
+   number. Each chunk streams every expert once, so an all-resident plan that fits only by
+   reading more chunks (a long prompt's KV squeezing the chunk: qwen3.5-35b-a3b at 262K under
+   12 GiB would read 94 chunks of 2,816 tokens, the target 8 of 32,768) spills instead; one
+   whose shorter chunk still reads the prompt in as many chunks keeps its KV (spilling would
+   only add the host KV's traffic).
 3. W is the largest window on the grid (multiples of 256 tokens below the prompt; every token
    for a prompt of at most 256) whose plan still fits with the target's chunk, rule and ring on
    every participant; the tokens outside it live in pinned host memory.
@@ -44,7 +47,7 @@ class KVChoice:
     """What `--kv-resident auto` chose for prompts up to `tokens`, and why."""
     window: int | None      # tokens of each full layer's KV in VRAM (None: all resident)
     tokens: int             # the longest prompt it was chosen for (the KV reserve)
-    why: str                # fits | spilled | squeezed (all resident fits, shorter chunks) | no-help
+    why: str                # fits | spilled | squeezed (all resident fits, more chunks) | no-help
     chunk: int = 0          # the plan's chunk and ring it keeps (the target's when spilled)
     ring: int | str = 0
     rule: str = ""
@@ -76,6 +79,11 @@ def windows(max_prompt: int) -> list[int]:
     return list(range(step, max_prompt, step))
 
 
+def chunks(tokens: int, plan: Plan) -> int:
+    """How many chunks `plan` reads a prompt of `tokens` in."""
+    return -(-tokens // plan.chunk)
+
+
 def plan_key(plan: Plan) -> tuple:
     """What a window must keep of the target: chunk, rule and every participant's ring."""
     return plan.chunk, plan.rule, tuple((p.ring, p.ring_slots) for p in plan.participants)
@@ -102,7 +110,8 @@ def choose(max_prompt: int, plan_at: Callable[[int | None], Plan], *, spills: bo
     whole = plan(None)
     grid = windows(max_prompt)
     target = plan(grid[0]) if spills and grid else None
-    if fits(whole) and not (fits(target) and target.chunk > whole.chunk):
+    if fits(whole) and not (fits(target) and chunks(max_prompt, target) < chunks(max_prompt,
+                                                                                 whole)):
         return KVChoice(None, max_prompt, "fits", whole.chunk, whole.ring, whole.rule, len(made))
     if not fits(target):
         return KVChoice(None, max_prompt, "no-help", plans=len(made))
@@ -110,7 +119,8 @@ def choose(max_prompt: int, plan_at: Callable[[int | None], Plan], *, spills: bo
     best = last_fitting(grid, lambda w: fits(plan(w)) and plan_key(plan(w)) == key)
     if fits(whole):
         return KVChoice(best, max_prompt, "squeezed", target.chunk, target.ring, target.rule,
-                        len(made), f"would read chunks of {whole.chunk} tokens")
+                        len(made), f"would read {chunks(max_prompt, whole)} chunks of "
+                                   f"{whole.chunk} tokens, not {chunks(max_prompt, target)}")
     reason = whole.short_of() if isinstance(whole, Plan) else str(whole).split(";")[0]
     return KVChoice(best, max_prompt, "spilled", target.chunk, target.ring, target.rule,
                     len(made), ", " + reason)

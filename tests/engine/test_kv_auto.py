@@ -3,11 +3,11 @@
 What holds, by the planner's own count (plan_inputs + plan_prompt, the calls the engine and
 `strata plan` make; no ring growth, as auto compares the scan's own ring):
 
-- When the all-resident plan fits and reads chunks as long as the target's (the plan with the KV
-  spilled to the grid's first window), auto is all resident and the plan is that plan, number
-  for number (the same dict).
-- When it does not fit, or fits only with shorter chunks ("squeezed"), and the target fits, the
-  chosen window W:
+- When the all-resident plan fits and reads the prompt in as few chunks as the target (the plan
+  with the KV spilled to the grid's first window), auto is all resident and the plan is that
+  plan, number for number (the same dict).
+- When it does not fit, or fits only by reading more chunks ("squeezed"), and the target fits,
+  the chosen window W:
   - fits, with the chunk, rule and every participant's ring of the target (the plan with the
     KV spilled to the grid's first window), and the budget adds up exactly: dense + KV of W +
     reserve + cache = VRAM, bytes_needed of that chunk and ring <= the cache's room, the host
@@ -99,7 +99,8 @@ def test_auto_window_fits_and_is_the_largest(data, shape, max_prompt, share, wor
     grid = windows(max_prompt)
     target, _, _ = plan_at(shape, blobs, cfg, grid[0])
     full = [l for l, w in enumerate(kv_windows(shape)) if not w]
-    if fits(whole) and not (full and fits(target) and target.chunk > whole.chunk):
+    n_chunks = lambda p: -(-max_prompt // p.chunk)   # noqa: E731
+    if fits(whole) and not (full and fits(target) and n_chunks(target) < n_chunks(whole)):
         assert choice.why == "fits" and got.kv_resident is None
         same, _, _ = plan_at(shape, blobs, got, got.kv_resident)
         assert same.to_dict() == whole.to_dict()

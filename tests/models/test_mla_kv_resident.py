@@ -287,13 +287,15 @@ def test_plan_shows_mla_host_kv(capsys):
 
 
 @pytest.mark.parametrize("preset,vram,rows", [
-    ("deepseek-v3", ["24GiB"] * 2, {(): 1536, ("--kv-resident", "32768"): 10496,
-                                    ("--kv", "int8", "--kv-resident", "32768"): 12288}),
-    ("kimi-k2", ["12GiB"] * 4, {(): 1024, ("--kv-resident", "32768"): 4864,
-                                ("--kv", "int8", "--kv-resident", "32768"): 5888})])
+    ("deepseek-v3", ["24GiB"] * 2, {("--kv-resident", "all"): 1536,
+                                    ("--kv-resident", "32768"): 10496,
+                                    ("--kv", "int8", "--kv-resident", "32768"): 12288, (): 13568}),
+    ("kimi-k2", ["12GiB"] * 4, {("--kv-resident", "all"): 1024, ("--kv-resident", "32768"): 4864,
+                                ("--kv", "int8", "--kv-resident", "32768"): 5888, (): 6400})])
 def test_a_host_held_window_buys_a_long_document_its_chunk(capsys, preset, vram, rows):
     """docs/families.md's table: 131,072 tokens at Q4_K, the chunk with every latent token
-    resident and with 32K a layer resident."""
+    resident, with 32K a layer resident, and the default (auto: all resident would read 86 / 128
+    chunks, so it spills to the window that keeps the spilled plan's chunk)."""
     import json
     from strata.cli import main
     for extra, chunk in rows.items():
