@@ -191,6 +191,9 @@ def test_a_hybrid_reuses_only_the_whole_saved_prompt(packs, arch, tmp_path):
     assert torch.equal(res.logits, full.logits[CUT:]) and res.kv_bytes == full.kv_bytes
     same = eng.run(torch.zeros(0, dtype=torch.int64), logits="last", resume=(state, CUT))
     assert torch.equal(same.logits, state.logits()) and same.stats.tokens == 0
+    # a prompt that leaves the saved one is read whole, from the zero state
+    whole = eng.run(other, logits="all", resume=(state, state.prefix(other.tolist())))
+    assert whole.restored == 0 and torch.equal(whole.logits, eng.run(other, logits="all").logits)
 
 
 def _cli(capsys, *argv):
