@@ -2,16 +2,25 @@
 are read (`strata prefill --save-kv`, `--resume`, `--reuse`; `strata generate`).
 
 The file is safetensors: per layer l and part (strata.engine.kv_stores: k, v / c, k_pe, and the
-int8 scales) a tensor `kv.<l>.<part>` token-major over the positions the layer holds, `logits`
-(fp32 [V], the last position's, so an identical prompt needs no read at all), and a manifest in
-its metadata (`strata.kv`, JSON):
+int8 scales) a tensor `kv.<l>.<part>` token-major over the positions the layer holds; per
+linear-attention layer (a hybrid's: ModelShape.layer_kind "linear", which keeps a recurrent
+state instead of KV) `state.<l>.conv` [K-1, C] and `state.<l>.S` [Hv, dk, dv] as they stand
+after the prompt's last token; `logits` (fp32 [V], the last position's, so an identical prompt
+needs no read at all); and a manifest in its metadata (`strata.kv`, JSON):
 
     format, strata     the file format (FORMAT) and the strata version that wrote it
     pack               crc (the pack header's checksum), arch, source: the identity checked
     tokenizer          source and crc32 of the pack's tokenizer (None without one)
     kv                 kind gqa | mla, heads, key_dim, value_dim, dtype, parts, windows
     tokens, n_tokens   the prompt's token ids
-    starts             per layer the first position held (0; a sliding layer P - (W - 1))
+    starts             per layer the first position held (0; a sliding layer P - (W - 1); a
+                       linear layer P: it holds none)
+    linear             None, or {layers, conv: {dtype, shape}, S: {dtype, shape}}: the linear
+                       layers and their state's dtypes (conv the activations', S fp32)
+
+Shared prefix (--reuse) on a hybrid: a recurrent state cannot be cut back to an earlier
+position, so it is reused only when the saved prompt is a whole prefix of the new one (or the
+new one itself, whose logits the state holds); any other prompt is read whole (prefix: 0).
 
     info = save_state(path, cache, pack=, tokens=, logits=)     # atomic, host tensors as they are
     state = KVState.open(path, pack=pack, kv=dtype)    # refuses another pack/tokenizer/dtype
@@ -33,7 +42,8 @@ import torch
 
 from strata import __version__, filekind
 from strata.atomic import atomic_write
-from strata.engine.kv_stores import layer_pieces, restore, reusable, store_layout
+from strata.engine.kv_stores import (layer_pieces, restore, restore_states, reusable,
+                                     state_layout, state_pieces, store_layout)
 from strata.errors import StrataError
 
 FORMAT = "strata-kv/1"
@@ -90,11 +100,13 @@ def save_state(path, cache, *, pack, tokens, logits: torch.Tensor | None) -> Sav
         starts.append(start)
         for name, parts in zip(lay["parts"], pieces):
             entries.append((f"kv.{l}.{name}", parts))
+    entries += [(name, [t]) for name, t in state_pieces(cache)]
     if logits is not None:
         entries.append(("logits", [logits.reshape(-1).float()]))
     manifest = {"format": FORMAT, "strata": __version__, "pack": pack_identity(pack),
                 "tokenizer": tokenizer_identity(pack), "kv": lay,
-                "tokens": [int(t) for t in tokens], "n_tokens": P, "starts": starts}
+                "tokens": [int(t) for t in tokens], "n_tokens": P, "starts": starts,
+                "linear": state_layout(cache)}
     header, at = {}, 0
     for name, parts in entries:
         rows = sum(p.shape[0] for p in parts)
@@ -204,7 +216,8 @@ class KVState:
         """Positions of this state a prompt given whole may reuse: the longest common prefix,
         shortened to leave at least one token to read unless the prompt is the saved one
         (whose logits the state holds), and to 0 where a sliding layer no longer holds what
-        that prefix needs (strata.engine.kv_stores.reusable)."""
+        that prefix needs or a linear layer's state stands elsewhere than at its end
+        (strata.engine.kv_stores.reusable)."""
         saved = self.tokens
         n = 0
         for a, b in zip(saved, tokens):
@@ -236,11 +249,26 @@ class KVState:
         name = f"kv.{layer}.{m['kv']['parts'][part]}"
         return self._file.get_slice(name)[a - start:b - start]
 
+    def state(self, layer: int, name: str) -> torch.Tensor:
+        """`layer`'s saved recurrent state `name` (conv | S), whole (read from the file)."""
+        return self._file.get_tensor(f"state.{layer}.{name}")
+
     def restore(self, cache, n: int) -> float:
-        """Positions 0..n-1 into the empty `cache`; returns the seconds it took."""
+        """Positions 0..n-1 into the empty `cache` (and, where the model has linear layers,
+        their recurrent state, which stands at n = the saved length only); returns the seconds
+        it took."""
         if n > self.n_tokens:
             raise StrataError(f"{self.path} holds {self.n_tokens} positions, not {n}")
+        linear = self.manifest.get("linear")
+        if n and linear and n != self.n_tokens:
+            raise StrataError(f"{self.path} holds the recurrent state of layers "
+                              f"{linear['layers']} after its {self.n_tokens} positions only, "
+                              f"not after {n}")
+        if n and bool(linear) != (getattr(cache, "states", None) is not None):
+            raise StrataError(f"{self.path} {'holds' if linear else 'lacks'} a recurrent state "
+                              f"that this run's cache {'lacks' if linear else 'keeps'}")
         t0 = time.perf_counter()
         if n:
             restore(cache, n, self.rows)
+            restore_states(cache, self.state)
         return time.perf_counter() - t0

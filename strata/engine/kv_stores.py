@@ -1,16 +1,26 @@
 """A prompt's KV read out of, and written back into, the stores the engine keeps it in: the
 model's KVCache (GQA), its MLACache (the latent and rope key) and the engine's PromptKV (either,
-a resident window in VRAM and the older tokens in host memory, sliding layers as rings).
+a resident window in VRAM and the older tokens in host memory, sliding layers as rings), and
+the recurrent state a hybrid's linear-attention layers keep instead of KV (the cache's
+`states`, strata.models.layer_state).
 
 Every store is seen in one form, PromptKV's token-major one: per layer the parts of
 kv_token_parts (k [n, Hkv, hd], v [n, Hkv, Hv], and under int8 k_scale, v_scale [n, Hkv]; MLA is
 one "head": c [n, 1, Lkv], k_pe [n, 1, R], c_scale, k_pe_scale [n, 1]) of the positions the
-layer holds, start..P-1 (start 0 for a full layer, P - min(P, W - 1) for a sliding one).
+layer holds, start..P-1 (start 0 for a full layer, P - min(P, W - 1) for a sliding one, P for
+a linear-attention layer: it holds no position, its state stands after position P - 1).
+
+A linear layer's state is two whole tensors, conv [K-1, C] (the activations' dtype) and S
+[Hv, dk, dv] fp32, as they stand after the last position read: it cannot be cut back to an
+earlier position, so a state restores only whole (reusable: n == saved).
 
     layout = store_layout(cache)                  # kind, heads, dims, dtype, windows
     for l in range(n_layer):
         start, pieces = layer_pieces(cache, l)    # per part: its tensors in position order
     restore(cache, n, get)                        # get(l, part, a, b) -> rows a..b (positions)
+    lin = state_layout(cache)                     # None, or the linear layers and their dtypes
+    for name, t in state_pieces(cache): ...       # state.<l>.conv, state.<l>.S
+    restore_states(cache, got)                    # got(l, "conv" | "S") -> the saved tensor
 
 `layer_pieces` hands out the host-held part of a PromptKV as the pinned host tensor itself (a
 file writer copies it from there, never through VRAM) and the resident part as its device view.
@@ -20,21 +30,18 @@ from __future__ import annotations
 import torch
 
 from strata.errors import StrataError
-from strata.models.kv import KVCache, PromptKV
+from strata.models.kv import NO_KV, KVCache, PromptKV
 from strata.models.mla import MLACache
 
 GQA_PARTS = ("k", "v", "k_scale", "v_scale")
 MLA_PARTS = ("c", "k_pe", "c_scale", "k_pe_scale")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+STATE_PARTS = ("conv", "S")
 
 
 def store_layout(cache, shape) -> dict:
     """What a state file's KV is: {kind gqa | mla, heads, key_dim, value_dim, dtype, parts,
     windows} (the manifest's `kv`)."""
-    if getattr(cache, "states", None) is not None:
-        raise StrataError("a state file holds KV only: the recurrent state of linear-attention "
-                          "layers is not saved yet, so a prompt of this model cannot be saved "
-                          "or resumed")
     mla = bool(shape.mla)
     heads, key_dim, value_dim = shape.kv_heads if mla else (shape.n_kv_head, shape.head_dim,
                                                             shape.head_dim)
@@ -61,6 +68,8 @@ def _held(P: int, window: int) -> int:
 def layer_pieces(cache, layer: int) -> tuple[int, list[list[torch.Tensor]]]:
     """(start, per part the tensors whose rows, joined, are positions start..P-1 token-major)."""
     P = cache.length
+    if getattr(cache, "windows", None) and cache.windows[layer] == NO_KV:
+        return P, []
     if isinstance(cache, PromptKV):
         return _prompt_kv_pieces(cache, layer, P)
     if isinstance(cache, MLACache):
@@ -97,6 +106,8 @@ def restore(cache, n: int, get) -> None:
         raise StrataError("the KV is restored into an empty cache only")
     n_layer = len(cache.windows) if hasattr(cache, "windows") else len(cache.c)
     for l in range(n_layer):
+        if getattr(cache, "windows", None) and cache.windows[l] == NO_KV:
+            continue            # a linear layer: its state is restore_states'
         if isinstance(cache, PromptKV):
             if l in cache.mine:
                 _restore_prompt_kv(cache, l, n, get)
@@ -136,7 +147,52 @@ def _restore_prompt_kv(kv: PromptKV, layer: int, n: int, get) -> None:
 def reusable(n: int, saved: int, starts: list[int], windows: list[int]) -> bool:
     """Whether positions 0..n-1 can be rebuilt from a state of `saved` positions whose layers
     start at `starts`: a sliding layer needs its last W - 1 positions before n, which the state
-    holds only when its start is at or before n - (W - 1) (or it kept every position)."""
+    holds only when its start is at or before n - (W - 1) (or it kept every position); a
+    linear layer's recurrent state stands after the saved prompt's last position only, so a
+    model with one reuses the whole saved prompt or nothing."""
     if n > saved:
         return False
-    return all(not w or s == 0 or n - _held(n, w) >= s for s, w in zip(starts, windows))
+    return all(n == saved if w == NO_KV else (not w or s == 0 or n - _held(n, w) >= s)
+               for s, w in zip(starts, windows))
+
+
+def state_layout(cache) -> dict | None:
+    """What a state file's recurrent state is (the manifest's `linear`): {layers, conv: {dtype,
+    shape}, S: {dtype, shape}}; None for a cache without linear layers."""
+    states = getattr(cache, "states", None)
+    if states is None or not states.S:
+        return None
+    layers = sorted(states.S)
+    first = {"conv": states.conv[layers[0]], "S": states.S[layers[0]]}
+    return {"layers": layers, **{name: {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape)}
+                                 for name, t in first.items()}}
+
+
+def state_pieces(cache) -> list[tuple[str, torch.Tensor]]:
+    """(state.<l>.conv | S, the tensor on its layer's device) for every linear layer kept."""
+    states = getattr(cache, "states", None)
+    if states is None:
+        return []
+    return [(f"state.{l}.{name}", getattr(states, name)[l])
+            for l in sorted(states.S) for name in STATE_PARTS]
+
+
+def restore_states(cache, got) -> None:
+    """Every linear layer's conv state and S back into `cache.states` (the ones the engine
+    allocated and the plan counted), from `got(layer, "conv" | "S")`; a saved tensor of another
+    shape or dtype is refused in one line."""
+    states = getattr(cache, "states", None)
+    if states is None:
+        return
+    for l in sorted(states.S):
+        for name in STATE_PARTS:
+            dst, src = getattr(states, name)[l], got(l, name)
+            if src.shape != dst.shape or src.dtype != dst.dtype:
+                raise StrataError(f"layer {l}'s saved {name} state is {_name(src.dtype)} "
+                                  f"{list(src.shape)} but this run keeps {_name(dst.dtype)} "
+                                  f"{list(dst.shape)}; read the prompt again")
+            dst.copy_(src.to(dst.device))
+
+
+def _name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))

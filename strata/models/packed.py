@@ -14,7 +14,8 @@ Legend: T = sum(lengths) tokens of the chunk, n sequences.
 
 A packed chunk is read alone: the KV holds nothing before it (no sequence continues one in the
 cache, none spans two chunks), so the experts stream once for all n sequences and the KV of
-one batch never meets the next's (each batch is a prompt of its own).
+one batch never meets the next's (each batch is a prompt of its own). A linear-attention
+layer's recurrent state restarts at zero for each sequence (strata.models.qwen3_next).
 """
 from __future__ import annotations
 

@@ -22,9 +22,10 @@ Per layer:
     x = h + sum_k w_k expert_k(rms(h)) + sigmoid(rms(h) . wsg) shared(rms(h))
             (softmax top-K renormalised; shared: a resident SwiGLU, strata.models.ffn)
 The linear layers' conv state and S live in the cache's `states` (strata.models.layer_state)
-and carry from chunk to chunk. On CUDA the delta rule and the gated norm are strata's Triton
-kernels (strata.kernels.deltanet); elsewhere their plain-torch twins (the attention's and the
-norms' convention: Triton on CUDA, the twin on the CPU).
+and carry from chunk to chunk; packed sequences (strata.models.packed) each run from a zero
+state, one after the other, so nothing crosses a boundary. On CUDA the delta rule and the
+gated norm are strata's Triton kernels (strata.kernels.deltanet); elsewhere their plain-torch
+twins (the attention's and the norms' convention: Triton on CUDA, the twin on the CPU).
 """
 from __future__ import annotations
 
@@ -138,16 +139,31 @@ class Qwen3Next(MoeDecoder):
         return (o * torch.sigmoid(qg[..., hd:].reshape(T, s.n_head * hd))) @ w.wo.t()
 
     def delta_attend(self, xn, w: DeltaNetWeights, cache, l: int) -> torch.Tensor:
-        """A Gated DeltaNet layer's output [T, D]; its conv state and S carry in cache.states."""
-        lin, T = self.shape.linear, xn.shape[0]
-        Hk, Hv, dk, dv = lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim
+        """A Gated DeltaNet layer's output [T, D]; its conv state and S carry in cache.states.
+        Packed sequences (cache.packed) each run from a zero conv state and S, as read alone."""
         states = getattr(cache, "states", None)
         if states is None or l not in states.S:
             raise StrataError(f"layer {l} is linear attention but the cache holds no recurrent "
                               f"state for it (a cache of {type(self).__name__}.new_cache)")
-        if getattr(cache, "packed", None) is not None:
-            raise StrataError("packed sequences through linear-attention layers are not "
-                              "supported: read each sequence as its own prompt")
+        packed = getattr(cache, "packed", None)
+        if packed is None:
+            return self.delta_rows(xn, w, states, l)
+        # one sequence at a time, each from the zero state a fresh cache holds, so that nothing
+        # crosses a boundary (a packed batch is one chunk: no sequence carries into another
+        # chunk). Its rows of xn are read by its own call only, so its output lands there: the
+        # calls allocate only what one call over the whole chunk would, and the delta rule takes
+        # its first rows of the chunk's dn_* scratch.
+        for a, b in packed.bounds:
+            states.conv[l].zero_()
+            states.S[l].zero_()
+            xn[a:b] = self.delta_rows(xn[a:b], w, states, l)
+        return xn
+
+    def delta_rows(self, xn, w: DeltaNetWeights, states, l: int) -> torch.Tensor:
+        """The layer over consecutive rows xn [T, D] of one sequence, from and into
+        states.conv[l] and states.S[l] -> [T, D]."""
+        lin, T = self.shape.linear, xn.shape[0]
+        Hk, Hv, dk, dv = lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim
         if w.ba is not None:      # per key head: r b's, then r a's
             ba = (xn @ w.ba.t()).view(T, Hk, 2, Hv // Hk)
             b, a = ba[:, :, 0].reshape(T, Hv), ba[:, :, 1].reshape(T, Hv)

@@ -4,7 +4,10 @@ Exactness: a resumed read restores the same bits into the same store and reads t
 in the same chunks a full read of the concatenated prompt does (the saved prefix is a whole
 number of chunks), so every operation sees the same operands: the logits of the new tokens are
 equal bit for bit. Checked for the model's own KVCache (GQA, sliding) and MLACache, and the
-engine's PromptKV with a host-held part (fp32, int8; GQA, MLA latent, sliding rings).
+engine's PromptKV with a host-held part (fp32, int8; GQA, MLA latent, sliding rings), and for
+the hybrids (Qwen3-Next, Qwen3.5-MoE), whose linear layers' recurrent state (conv state and S)
+is saved whole beside the full layers' KV and restored into the states the engine allocated:
+the new tokens' chunks then start from the same state bits a full read's do.
 """
 from __future__ import annotations
 
@@ -16,9 +19,10 @@ import torch
 
 from strata.cli import main
 from strata.engine.kv_state import KVState, save_state
-from strata.engine.kv_stores import layer_pieces
+from strata.engine.kv_stores import layer_pieces, restore_states
 from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
+from strata.models.layer_state import RecurrentStates, linear_layers
 from strata.packs import Pack
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import GptOssOptions, ModelShape, Window, get_preset
@@ -27,7 +31,9 @@ from tests.models.hf_family import DS_TINY
 OSS = ModelShape("gpt-oss", n_layer=4, d_model=64, n_expert=4, top_k=2, d_expert=32,
                  n_head=4, n_kv_head=2, head_dim=16, vocab=128, opts=GptOssOptions(),
                  window=Window(5), max_pos=4096)
-SHAPES = {"qwen3moe": get_preset("tiny"), "deepseek2": DS_TINY, "gpt-oss": OSS}
+SHAPES = {"qwen3moe": get_preset("tiny"), "deepseek2": DS_TINY, "gpt-oss": OSS,
+          "qwen3next": get_preset("tiny-qwen3next"), "qwen35moe": get_preset("tiny-qwen35moe")}
+HYBRIDS = [a for a, s in SHAPES.items() if s.linear is not None]
 N, CUT = 30, 16          # prompt tokens; the saved prefix (two chunks of 8)
 
 
@@ -130,6 +136,64 @@ def test_a_sliding_layer_limits_the_prefix(packs, tmp_path):
     assert state.prefix(t[:10].tolist()) == 0
     with pytest.raises(StrataError, match="sliding"):
         state.rows(0, 0, 0, 3)
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_a_hybrid_saves_its_recurrent_state(packs, arch, tmp_path):
+    """Each linear layer's conv state and S go to the file as they stand after the prompt's
+    last token, named in the manifest with their dtypes; the full layers keep their KV."""
+    pack, t, shape = packs[arch], tokens(arch), SHAPES[arch]
+    eng = engine(pack, kv="int8", kv_resident=5)
+    path = tmp_path / "s.kv"
+
+    def save(session, out):
+        states = session.kv.states
+        return (save_state(path, session.kv, pack=pack, tokens=t[:CUT].tolist(),
+                           logits=out[-1]),
+                {l: (states.conv[l].clone(), states.S[l].clone()) for l in states.S})
+    _, live = eng.run(t[:CUT], logits="last", then=save).then
+    state = KVState.open(path, pack=pack, kv="int8")
+    lin = state.manifest["linear"]
+    assert lin["layers"] == linear_layers(shape) == sorted(live)
+    assert (lin["conv"]["dtype"], lin["S"]["dtype"]) == ("bf16", "fp32")
+    for l, (conv, S) in live.items():
+        assert torch.equal(state.state(l, "conv"), conv) and torch.equal(state.state(l, "S"), S)
+        assert state.manifest["starts"][l] == CUT and f"kv.{l}.k" not in state._file.keys()
+    full = [l for l in range(shape.n_layer) if l not in live]
+    assert all(state.manifest["starts"][l] == 0 and f"kv.{l}.k_scale" in state._file.keys()
+               for l in full)
+    # a cache keeping another dtype is refused in one line
+    other = type("Cache", (), {"states": RecurrentStates(shape, dtype=torch.float32,
+                                                         devices="cpu")})()
+    with pytest.raises(StrataError, match="saved conv state is bf16") as e:
+        restore_states(other, state.state)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_a_hybrid_reuses_only_the_whole_saved_prompt(packs, arch, tmp_path):
+    """A recurrent state stands after the saved prompt's last token only: --reuse restores it
+    when the saved prompt is a whole prefix of the new one (bit for bit a full read's logits),
+    the saved prompt itself reads nothing, and any other prompt is read whole."""
+    pack, t = packs[arch], tokens(arch)
+    eng = engine(pack)
+    path = tmp_path / "s.kv"
+    eng.run(t[:CUT], logits="last", then=save_after(path, pack, t[:CUT].tolist()))
+    state = KVState.open(path, pack=pack)
+    other = t.clone()
+    other[CUT - 3] = (other[CUT - 3] + 1) % SHAPES[arch].vocab
+    assert state.prefix(t.tolist()) == CUT and state.prefix(t[:CUT].tolist()) == CUT
+    assert state.prefix(other.tolist()) == 0 and state.prefix(t[:10].tolist()) == 0
+    with pytest.raises(StrataError, match="after its 16 positions only"):
+        state.restore(None, CUT - 3)
+    full = eng.run(t, logits="all")
+    res = eng.run(t[state.prefix(t.tolist()):], logits="all", resume=(state, CUT))
+    assert torch.equal(res.logits, full.logits[CUT:]) and res.kv_bytes == full.kv_bytes
+    same = eng.run(torch.zeros(0, dtype=torch.int64), logits="last", resume=(state, CUT))
+    assert torch.equal(same.logits, state.logits()) and same.stats.tokens == 0
+    # a prompt that leaves the saved one is read whole, from the zero state
+    whole = eng.run(other, logits="all", resume=(state, state.prefix(other.tolist())))
+    assert whole.restored == 0 and torch.equal(whole.logits, eng.run(other, logits="all").logits)
 
 
 def _cli(capsys, *argv):

@@ -48,9 +48,10 @@ def gguf_weights(path, shape) -> dict[str, torch.Tensor]:
     return w
 
 
-def reference(weights, shape=SHAPE, tokens=TOKENS, chunk=None) -> torch.Tensor:
-    """Logits [T, V] of the fp32 reference forward on `weights` (experts as F32 blobs), reading
-    the prompt whole (chunk None, forward_torch) or in chunks of `chunk` tokens."""
+def reference(weights, shape=SHAPE, tokens=TOKENS, chunk=None, cls=Qwen3Moe) -> torch.Tensor:
+    """Logits [T, V] of the fp32 reference forward of model class `cls` on `weights` (experts
+    as F32 blobs), reading the prompt whole (chunk None, forward_torch: Qwen3Moe) or in chunks
+    of `chunk` tokens."""
     dense = {n: weights[n] for n in dense_specs(shape)}
     lay = BlobLayout.make(shape.d_model, shape.d_expert, "F32")
     blobs = []
@@ -60,7 +61,7 @@ def reference(weights, shape=SHAPE, tokens=TOKENS, chunk=None) -> torch.Tensor:
             w = weights[f"blk.{i}.ffn_{m.name}_exps.weight"].contiguous()
             arena[:, m.offset:m.offset + m.nbytes] = w.reshape(shape.n_expert, -1).view(torch.uint8)
         blobs.append(arena)
-    model = Qwen3Moe.from_tensors(shape, dense, ffn=moe_ffn_ref)
+    model = cls.from_tensors(shape, dense, ffn=moe_ffn_ref)
     prov = ResidentProvider(blobs, [lay] * shape.n_layer)
     if chunk is None:
         return forward_torch(model, prov, torch.tensor(tokens))

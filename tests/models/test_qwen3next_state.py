@@ -5,6 +5,9 @@ what the plan counts for it.
   the conv state and S exactly: each linear layer gives the one-call output and final state bit
   for bit on the CPU (strata.kernels.deltanet's chunk and conv docstrings say why a cut at a
   multiple of 64 runs the same operations on the same rows).
+- A packed chunk (several independent sequences, strata.models.packed) runs each sequence's rows
+  from a zero conv state and S: bit for bit each sequence alone; the delta rule per sequence
+  fits the chunk's dn_* scratch.
 - The whole model read in chunks of 64 through the streaming engine (experts streamed through a
   ring smaller than a layer) equals the resident read with the same chunks; both stay within
   FP32_REL of the one-call read (the full layers' attention over a cache is another summation
@@ -20,7 +23,8 @@ import torch
 
 from strata.engine.load import load_model, resident_provider
 from strata.kernels.deltanet import chunk_gated_delta_rule
-from strata.kernels.deltanet.sizes import chunk_scratch_bytes, recurrent_state_bytes
+from strata.kernels.deltanet.sizes import (chunk_buffers, chunk_scratch_bytes,
+                                          recurrent_state_bytes)
 from strata.memory.layout import PromptLayout
 from strata.models.moe import EXPERT_FFNS, expert_ffn
 from strata.planning import KVPolicy, layout_spec, model_sizes
@@ -52,6 +56,56 @@ def test_chunks_of_64_carry_the_state_bit_for_bit(pack):
         assert torch.equal(parts.states.S[l], one.states.S[l]), l
         assert torch.equal(parts.states.conv[l], one.states.conv[l]), l
         assert torch.equal(one.states.conv[l], x[-3:] @ model.layers[l].attn.qkv.t()), l
+
+
+def test_packed_sequences_each_start_from_zero_state(pack):
+    """A packed chunk (cache.packed): each sequence's rows of every linear layer are bit for bit
+    the layer over that sequence alone from a fresh cache, whatever state the cache held."""
+    from strata.models.packed import Packed
+    model = load_model(pack, dtype=torch.float32, ffn=expert_ffn("ref"))
+    s, lengths = model.shape, (5, 1, 70, 3)
+    x = torch.randn(sum(lengths), s.d_model, generator=torch.Generator().manual_seed(8))
+    for l in range(s.n_layer):
+        if s.layer_kind(l) != "linear":
+            continue
+        w, cache = model.layers[l].attn, model.new_cache()
+        cache.states.S[l].fill_(float("nan"))         # nothing of it may reach the sequences
+        cache.states.conv[l].fill_(float("nan"))
+        cache.packed = Packed.of(lengths)
+        got = model.delta_attend(x.clone(), w, cache, l)
+        for a, b in cache.packed.bounds:
+            assert torch.equal(got[a:b], model.delta_attend(x[a:b], w, model.new_cache(), l)), l
+
+
+@pytest.mark.parametrize("lengths", [(5, 1, 9), (64, 13)])
+def test_per_sequence_rules_fit_the_chunks_scratch(lengths):
+    """The delta rule run per sequence of a packed chunk takes its first rows of the chunk's
+    dn_* views (placed for T = the whole chunk: poisoned, then computed in) and gives what each
+    sequence's call with its own buffers gives."""
+    s = QWEN3NEXT_TINY
+    lin, T = s.linear, sum(lengths)
+    Hk, Hv, dk, dv = lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim
+    lay = PromptLayout(model_sizes(s), 64, layout_spec(EXPERT_FFNS["kernel"], KVPolicy(), s))
+    scratch = {p.name[3:]: torch.full((p.nbytes // 4,), float("nan"))
+               for p in lay.placements(T, 0) if p.name.startswith("dn_")}
+    g = torch.Generator().manual_seed(T)
+    q, k = (torch.randn(T, Hk, dk, generator=g) for _ in range(2))
+    v = torch.randn(T, Hv, dv, generator=g)
+    gate, beta = -torch.rand(T, Hv, generator=g), torch.rand(T, Hv, generator=g)
+    a = 0
+    for n in lengths:
+        r = slice(a, a + n)
+        for t in scratch.values():
+            t.fill_(float("nan"))
+        S = torch.zeros(Hv, dk, dv)
+        o, S = chunk_gated_delta_rule(q[r], k[r], v[r], gate[r], beta[r], S, use_qk_l2norm=True,
+                                      out_state=S, scratch=scratch)
+        o2, S2 = chunk_gated_delta_rule(q[r], k[r], v[r], gate[r], beta[r], torch.zeros_like(S),
+                                        use_qk_l2norm=True)
+        assert torch.equal(o, o2) and torch.equal(S, S2)
+        for b in chunk_buffers(n, Hk, Hv, dk, dv, qk_l2norm=True):   # computed in the views
+            assert not scratch[b.name][:b.nbytes // 4].isnan().any(), b.name
+        a += n
 
 
 def test_long_prompt_streamed_equals_resident(pack):
