@@ -8,9 +8,14 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 # the device copy has no .git: the caller passes the commit (STRATA_COMMIT=$(git rev-parse --short HEAD))
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# fla-core (and einops) go apart, on the path of the fla step only: where fla is importable,
+# transformers' Qwen3-Next runs fla's Triton kernels, which the parity tests' CPU reference
+# forward cannot (the tests want transformers' torch path)
 if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=$PWD:/tmp/site
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        $(ls .whl/*.whl | grep -v -e fla_core -e einops) && export PYTHONPATH=$PWD:/tmp/site
+    ls .whl/fla_core*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
+        --no-compile --no-cache-dir --target /tmp/site-fla .whl/fla_core*.whl .whl/einops*.whl
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
@@ -96,6 +101,8 @@ for step in "$@"; do
     # over the stock mixes' formats and T 64..32768, then derived): copy $OUT/ffn_table.json over
     # strata/kernels/moe/ffn_table.json with the CSV it names
     ffntable) timeout 280 python3 experiments/ffn_table.py --budget 240 --out "$OUT" --table "$OUT/ffn_table.json" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/ffn_table.log" ;;
+    # issue 38 item 2: strata's chunked gated delta rule timed beside fla-core's on the same inputs
+    fla)     PYTHONPATH=$PYTHONPATH:/tmp/site-fla timeout 200 python3 -m pytest -s -rfE -m gpu -p no:cacheprovider tests/kernels/test_deltanet_chunk.py -k fla 2>&1 | grep -E "fla|passed|failed" | tail -12 | tee "$OUT/fla_beside.log" ;;
     packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
     # issue 18: the fused combine (sum over K in one pass) at qwen3's K 8 / D 2048 against its reference bit for bit, then through its callers: no sync inside a chunk and streamed == resident (test_syncs), check on/off bit for bit (plane relayout)
     combinetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_combine.py tests/engine/test_syncs.py tests/kernels/test_plane_ffn.py -k "combine or syncs or relayout" 2>&1 | tail -20 > "$OUT/gpu_combine_tests.log"; tail -5 "$OUT/gpu_combine_tests.log" ;;

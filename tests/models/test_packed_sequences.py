@@ -168,8 +168,9 @@ def test_streamed_packed_on_the_gpu(arch, kv):
                                            **extra))
     alone = torch.cat([eng.run(s).logits.cpu() for s in seqs])
     packed = eng.run(torch.cat(seqs), packed=Packed.of(LENGTHS)).logits.cpu()
-    model = load_model(pack, dtype=torch.float32, ffn=expert_ffn("ref"))
-    want = torch.cat([model.prefill(s, resident_provider(pack)) for s in seqs])
+    # the fp32 reference on the CPU (load_model's default device is the GPU when there is one)
+    model = load_model(pack, device="cpu", dtype=torch.float32, ffn=expert_ffn("ref"))
+    want = torch.cat([model.prefill(s, resident_provider(pack, "cpu")) for s in seqs])
     for got in (alone, packed):
         assert float((got - want).norm() / want.norm()) < 2e-2, name
     print(f"{name} GPU ({kv} KV): packed vs alone "
