@@ -1,7 +1,8 @@
 """Compile the int8 expert GEMM and the q8_1 quantizer for sm_90 on a machine without a GPU
 (compile_moe.py's pipeline, this folder), and read the PTX for what the design relies on: the
 int8 MMA (wgmma ... .s8 on Hopper, else mma ... .s8), IEEE divisions in the quantizer
-(div.rn.f32), and no fused multiply-add in the GEMM's rescale (the launch's enable_fp_fusion=False).
+(div.rn.f32), and no fused multiply-add in the GEMM's rescale or the quantizer's roundf (both
+launches pass enable_fp_fusion=False).
 
     python tests/kernels/compile_moe_int8.py            # every int8 format, both modes
     python tests/kernels/compile_moe_int8.py Q8_0 Q4_K  # only these formats
@@ -75,11 +76,15 @@ def main(argv=None) -> int:
         asm = {}
         try:
             compile_one(q8._q8_1_kernel, dict(sig, x_ptr=xt), dict(BR=16), 4, 1,
-                        aligned={"x_ptr", "stride_x", "q_ptr", "stride_q"}, asm=asm)
-            ok = "div.rn.f32" in asm["ptx"] and "div.full.f32" not in asm["ptx"]
+                        aligned={"x_ptr", "stride_x", "q_ptr", "stride_q"}, asm=asm,
+                        options=NO_FMA)      # as strata.kernels.moe.q8 launches it
+            ptx = asm["ptx"]
+            ok = ("div.rn.f32" in ptx and "div.full.f32" not in ptx
+                  and not re.search(r"\bfma\.rn\.f32", ptx))
             print(f"{'ok  ' if ok else 'FAIL'} q8_1 x={xt}")
             if not ok:
-                fails.append(f"q8_1 x={xt}: divisions not IEEE (div.rn.f32)")
+                fails.append(f"q8_1 x={xt}: divisions not IEEE (div.rn.f32) or a fused "
+                             f"multiply-add (roundf must read the rounded product)")
         except Exception as exc:
             fails.append(f"q8_1 x={xt}")
             print(f"FAIL q8_1 x={xt}: {str(exc)[:300]}")

@@ -63,8 +63,11 @@ def quantize_q8_1(x: torch.Tensor, out: Q8Rows | None = None) -> Q8Rows:
     if R:
         x = x if x.stride(1) == 1 else x.contiguous()
         grid = (triton.cdiv(R, BLOCK_ROWS), D // QK)
+        # no fused multiply-add: roundf's fraction v - trunc(v) must read the rounded product
+        # v = x * id (contracted into fma(x, id, -t) it rounds codes at a half otherwise than
+        # ggml and the twin: the GPU's default, which the interpreter never does)
         _k._q8_1_kernel[grid](x, x.stride(0), out.q, out.q.stride(0), out.d, out.s,
-                              out.d.stride(0), R, BR=BLOCK_ROWS)
+                              out.d.stride(0), R, BR=BLOCK_ROWS, enable_fp_fusion=False)
     return out
 
 
