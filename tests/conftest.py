@@ -59,10 +59,13 @@ def device():
 
 
 def pytest_runtest_logreport(report):
-    """With STRATA_TEST_TIMES=FILE each test's call time is appended to FILE as it finishes (in
+    """With STRATA_TEST_TIMES=FILE each test's call time (and setup time over 0.5 s) is appended to FILE as it finishes (in
     the xdist controller too), so a device run stopped at its time limit still says which tests
     took the time (`--durations` and junit files are written only at the end)."""
     path = os.environ.get("STRATA_TEST_TIMES")
-    if path and report.when == "call" and "PYTEST_XDIST_WORKER" not in os.environ:
+    if path and report.when in ("setup", "call") and "PYTEST_XDIST_WORKER" not in os.environ:
+        # setup too: a module fixture that builds weights costs its first test's setup
+        if report.when == "setup" and report.duration < 0.5:
+            return
         with open(path, "a") as f:
-            f.write(f"{report.duration:.2f} {report.outcome} {report.nodeid}\n")
+            f.write(f"{report.duration:.2f} {report.outcome} {report.when} {report.nodeid}\n")
