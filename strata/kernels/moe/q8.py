@@ -76,8 +76,12 @@ def quantize_q8_1_torch(x: torch.Tensor, out: Q8Rows | None = None) -> Q8Rows:
     _check(x)
     R, D = x.shape
     xb = x.float().reshape(R, D // QK, QK)
-    d = xb.abs().amax(dim=2) / 127                                       # [R, B]
-    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    # both divisions in fp64, rounded once to fp32: the correctly rounded fp32 quotient (53 bits >
+    # 2 * 24 + 2) on every device; CUDA torch divides by a Python scalar as a multiply by its
+    # reciprocal, one ulp off ggml's amax / 127 (the H100 run's first int8 assert)
+    amax = xb.abs().amax(dim=2)                                          # [R, B]
+    d = (amax.double() / 127).float()
+    inv = torch.where(d == 0, torch.zeros_like(d), (1 / d.double()).float())
     q = round_away(xb * inv[..., None]).to(torch.int32)                  # [R, B, 32]
     s = q.sum(dim=2).to(torch.float32) * d
     res = Q8Rows(q.to(torch.int8).reshape(R, D), d.to(torch.float16), s.to(torch.float16))
