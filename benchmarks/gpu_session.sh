@@ -103,8 +103,9 @@ for step in "$@"; do
     # strata/kernels/moe/ffn_table.json with the CSV it names
     ffntable) timeout 280 python3 experiments/ffn_table.py --budget 240 --out "$OUT" --table "$OUT/ffn_table.json" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/ffn_table.log" ;;
     # issue 38 item 2: strata's chunked gated delta rule beside fla-core's on the same inputs
-    # (time, peak memory, distance to fp64) at Qwen3.5's heads, T 512..32768: CSV + PNG
-    fla)     PYTHONPATH=$PYTHONPATH:/tmp/site-fla timeout 200 python3 experiments/deltanet_fla.py --out "$OUT" 2>&1 | grep -E "^\[deltanet\]|wrote|Error" | tail -14 | tee "$OUT/fla_beside.log" ;;
+    # (time, peak memory, distance to fp64) at Qwen3.5's heads, T 512..32768, strata's fused and
+    # split launches (strata.kernels.deltanet.launch) and a tf32 one beside fla-core: CSV + PNG
+    fla)     PYTHONPATH=$PYTHONPATH:/tmp/site-fla timeout 240 python3 experiments/deltanet_fla.py --arms strata "strata[split]" "strata[split,prec=tf32]" fla-core --out "$OUT" 2>&1 | grep -E "^\[deltanet\]|wrote|Error" | tail -14 | tee "$OUT/fla_beside.log" ;;
     packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
     # issue 18: the fused combine (sum over K in one pass) at qwen3's K 8 / D 2048 against its reference bit for bit, then through its callers: no sync inside a chunk and streamed == resident (test_syncs), check on/off bit for bit (plane relayout)
     combinetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_combine.py tests/engine/test_syncs.py tests/kernels/test_plane_ffn.py -k "combine or syncs or relayout" 2>&1 | tail -20 > "$OUT/gpu_combine_tests.log"; tail -5 "$OUT/gpu_combine_tests.log" ;;

@@ -6,6 +6,10 @@ layer: 16 / 32 heads of 128, bf16 q/k/v, fp32 state).
 
     PYTHONPATH=. python experiments/deltanet_fla.py --out DIR             # GPU
     PYTHONPATH=. python experiments/deltanet_fla.py --smoke --out DIR     # CPU interpreter, tiny
+    ... --arms strata "strata[split]" "strata[split,prec=tf32]" fla-core  # launches side by side
+
+An arm "strata[SPEC]" runs strata's rule under pin_delta_launch(DeltaLaunch.parse(SPEC))
+(strata.kernels.deltanet.launch: split, prec, bv, warps, stages); "strata" the default launch.
 
 fla-core is not a dependency of strata: put it on the path for this run only
 (pip install --no-deps fla-core==0.6.0 einops; benchmarks/gpu_session.sh's `fla` step does).
@@ -32,6 +36,8 @@ from strata.bench.plot import bars                                        # noqa
 from strata.bench.record import commit_of, gpu_name, utc_now, write_csv   # noqa: E402
 from strata.bench.timing import time_fn                                   # noqa: E402
 from strata.kernels.deltanet import chunk_gated_delta_rule               # noqa: E402
+from strata.kernels.deltanet.launch import (DEFAULT, DeltaLaunch,         # noqa: E402
+                                            pin_delta_launch)
 
 
 def inputs(T, Hk, Hv, dk, dv, dtype, device, seed=0):
@@ -60,6 +66,14 @@ def fla_rule():
         o, S = fla_chunk(q[None], k[None], v[None], g[None], beta[None], initial_state=h0[None],
                          output_final_state=True, use_qk_l2norm_in_kernel=True)
         return o[0], S[0]
+    return run
+
+
+def strata_rule(launch):
+    """strata's chunk rule under `launch` (pinned around each call)."""
+    def run(q, k, v, g, beta, h0):
+        with pin_delta_launch(launch):
+            return chunk_gated_delta_rule(q, k, v, g, beta, h0, use_qk_l2norm=True)
     return run
 
 
@@ -110,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", default="16,32,128,128", help="Hk,Hv,dk,dv")
     ap.add_argument("--truth-max", type=int, default=2048,
                     help="compare with the fp64 recurrence up to this T (it runs on the CPU)")
+    ap.add_argument("--arms", nargs="+", default=["strata", "fla-core"],
+                    help='"strata", "strata[SPEC]" (a DeltaLaunch spec), "fla-core"')
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     a = ap.parse_args(argv)
@@ -118,11 +134,18 @@ def main(argv=None) -> int:
     Ts = a.T
     if a.smoke:
         Hk, Hv, dk, dv, Ts = 1, 2, 16, 16, [70, 130]
-    impls = {"strata": lambda q, k, v, g, b, h: chunk_gated_delta_rule(q, k, v, g, b, h,
-                                                                       use_qk_l2norm=True)}
-    theirs = fla_rule() if device.type == "cuda" else None
-    if theirs is not None:
-        impls["fla-core"] = theirs
+    impls = {}
+    for arm in a.arms:
+        if arm == "fla-core":
+            theirs = fla_rule() if device.type == "cuda" else None
+            if theirs is not None:
+                impls[arm] = theirs
+        elif arm == "strata" or (arm.startswith("strata[") and arm.endswith("]")):
+            impls[arm] = strata_rule(DeltaLaunch.parse(arm[7:-1]) if arm != "strata"
+                                     else DEFAULT)
+        else:
+            raise SystemExit(f"deltanet_fla: unknown arm {arm!r} (strata, strata[SPEC], "
+                             f"fla-core)")
     gpu, commit = gpu_name(), commit_of(ROOT)
     rows = []
     for T in Ts:

@@ -51,6 +51,7 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.kernels.attention.scratch import expand_rows, needs_state, state_floats
+from strata.kernels.deltanet.launch import delta_launch
 from strata.kernels.deltanet.sizes import Buffer, chunk_buffers
 from strata.kernels.moe.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
@@ -125,10 +126,11 @@ MLA_LATENT_BUF = Buf("mla_c", bf16, ("MR", "MLC"),
 
 def deltanet_buffers(shape: ModelShape, T: int) -> tuple[Buffer, ...]:
     """The scratch one linear-attention layer's delta rule takes for a chunk of T tokens
-    (strata.kernels.deltanet.sizes.chunk_buffers with the q/k L2 norm: the one count)."""
+    (strata.kernels.deltanet.sizes.chunk_buffers with the q/k L2 norm and the launch in force:
+    the one count)."""
     lin = shape.linear
     return chunk_buffers(T, lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim,
-                         qk_l2norm=True)
+                         qk_l2norm=True, split=delta_launch().split)
 
 
 def deltanet_bufs(shape: ModelShape) -> tuple[Buf, ...]:

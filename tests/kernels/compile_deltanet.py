@@ -19,11 +19,12 @@ import triton.language as tl  # noqa: E402
 from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v)
 from compile_moe import compile_one  # noqa: E402
 from strata.kernels.deltanet import _chunk_kernel as ck, _norm_kernel as nk  # noqa: E402
-from strata.kernels.deltanet.chunk import BV, PREC, STAGES, WARPS  # noqa: E402
+from strata.kernels.deltanet.launch import DEFAULT  # noqa: E402
 from strata.kernels.deltanet.norms import ROW_ELEMS  # noqa: E402
 
 ALIGNED = {"k_ptr", "v_ptr", "q_ptr", "w_ptr", "u_ptr", "h0_ptr", "o_ptr", "ht_ptr", "x_ptr",
-           "z_ptr", "out_ptr", "stride_x", "stride_z"}
+           "z_ptr", "out_ptr", "stride_x", "stride_z", "oi_ptr", "vn_ptr"}
+BV, PREC, STAGES, WARPS = DEFAULT.bv, DEFAULT.prec, DEFAULT.stages, DEFAULT.warps
 
 
 def ordered(fn, sig: dict) -> dict:
@@ -38,9 +39,18 @@ def chunk_variants(Hk, Hv, dk, dv, qk="*fp32", v="*bf16", o="*bf16"):
            "w_ptr": "*fp32", "u_ptr": "*fp32", "T": "i32"}
     yield "wy", ck._gdn_wy_fwd_kernel, ordered(ck._gdn_wy_fwd_kernel, sig), dims
     sig = {"q_ptr": qk, "k_ptr": qk, "w_ptr": "*fp32", "u_ptr": "*fp32", "gc_ptr": "*fp32",
-           "h0_ptr": "*fp32", "o_ptr": o, "ht_ptr": "*fp32", "T": "i32", "scale": "fp32"}
-    const = dict(dims, HAS_H0=True)
+           "h0_ptr": "*fp32", "o_ptr": o, "ht_ptr": "*fp32", "oi_ptr": o, "T": "i32",
+           "scale": "fp32"}
+    const = dict(dims, HAS_H0=True, SPLIT=False)
     yield "state", ck._gdn_state_fwd_kernel, ordered(ck._gdn_state_fwd_kernel, sig), const
+    # the split launch (strata.kernels.deltanet.launch): the scan without the intra-chunk part,
+    # then the output kernel parallel over chunks
+    sig = dict(sig, oi_ptr="*fp32")
+    yield ("state-split", ck._gdn_state_fwd_kernel, ordered(ck._gdn_state_fwd_kernel, sig),
+           dict(const, SPLIT=True))
+    sig = {"q_ptr": qk, "k_ptr": qk, "vn_ptr": "*fp32", "gc_ptr": "*fp32", "oi_ptr": "*fp32",
+           "o_ptr": o, "T": "i32", "scale": "fp32"}
+    yield "out", ck._gdn_out_fwd_kernel, ordered(ck._gdn_out_fwd_kernel, sig), dims
 
 
 def norm_variants(N):

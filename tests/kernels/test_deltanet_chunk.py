@@ -35,6 +35,7 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.deltanet import (chunk_gated_delta_rule, chunk_gated_delta_rule_torch,
                                      delta_gates, recurrent_gated_delta_rule)
+from strata.kernels.deltanet.launch import DEFAULT, DeltaLaunch, delta_launch, pin_delta_launch
 
 U32 = 2.0 ** -24
 C_STAGES = 4
@@ -238,6 +239,44 @@ def test_bad_inputs_one_line(impl, bad):
     assert "\n" not in str(e.value)
 
 
+# -- the launch in force (strata.kernels.deltanet.launch) --------------------------------------
+@pytest.mark.parametrize("c,dtype", [(Case(1), torch.float32), (Case(65), torch.float32),
+                                     (Case(130, Hk=1, Hv=3, dk=48, dv=24), torch.float32),
+                                     (Case(70), torch.bfloat16)],
+                         ids=["T1", "T65", "T130-Hv3-dk48-dv24", "T70-bf16"])
+def test_split_launch_equals_the_fused_one(c, dtype):
+    """The split launch (the scan writes v_new and the inter-chunk part, a third kernel adds
+    the intra-chunk part) forms the same products in the same order: o and S equal to the bit,
+    also carried over a cut at a chunk multiple."""
+    x = inputs(c, 11, dtype)
+    o, S = chunk_gated_delta_rule(*x, use_qk_l2norm=True)
+    with pin_delta_launch(split=True):
+        o2, S2 = chunk_gated_delta_rule(*x, use_qk_l2norm=True)
+        if c.T > BT:
+            o3, S3 = two_calls(chunk_gated_delta_rule, x, BT)
+            assert torch.equal(o3, o) and torch.equal(S3, S)
+    assert torch.equal(o2, o) and torch.equal(S2, S)
+
+
+def test_launch_spec_is_checked_and_parsed():
+    assert DeltaLaunch.parse("split,prec=tf32,bv=64") == DeltaLaunch(split=True, prec="tf32",
+                                                                     bv=64)
+    assert delta_launch() == DEFAULT
+    with pin_delta_launch(split=True):
+        assert delta_launch().split and delta_launch().prec == DEFAULT.prec
+    assert delta_launch() == DEFAULT
+    for bad in (dict(bv=48), dict(prec="fp16"), dict(warps=3), dict(stages=0),
+                dict(split="yes")):
+        with pytest.raises(StrataError) as e:
+            DeltaLaunch(**bad)
+        assert "\n" not in str(e.value)
+    for text in ("splat", "bv=wide"):
+        with pytest.raises(StrataError):
+            DeltaLaunch.parse(text)
+    with pytest.raises(StrataError):
+        pin_delta_launch(spilt=True)
+
+
 # Qwen3.5's heads in bf16 only (the engine's dtype): fp32 at 128 x 128 took 254 s of compile
 # on the H100 (fp32 dots that wide spill), and fp32 keeps its small cases
 GPU_DELTA_CASES = [pytest.param(c, dt, id=f"{c.id}-{name}")
@@ -245,6 +284,17 @@ GPU_DELTA_CASES = [pytest.param(c, dt, id=f"{c.id}-{name}")
                    for dt, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))] + [
     pytest.param(Case(400, Hk=16, Hv=32, dk=128, dv=128), torch.bfloat16,
                  id="T400-Hk16-Hv32-dk128-dv128-bf16")]
+
+
+@pytest.mark.gpu
+def test_gpu_split_launch_within_bound():
+    """The split launch on CUDA at Qwen3.5's heads: within the same bound of the fp64 truth as
+    the fused one (compiled, the two programs need not round alike)."""
+    c = Case(400, Hk=16, Hv=32, dk=128, dv=128)
+    x = inputs(c, 9, torch.bfloat16, device="cuda")
+    with pin_delta_launch(split=True):
+        o, S = chunk_gated_delta_rule(*x, use_qk_l2norm=True)
+    check(o, S, truth(*x), "cuda split")
 
 
 @pytest.mark.gpu

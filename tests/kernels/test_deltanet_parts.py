@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from strata.errors import StrataError
+from strata.kernels.deltanet.launch import pin_delta_launch
+from strata.planning import deltanet_buffers
 from strata.kernels.deltanet import (causal_conv1d, chunk_buffers, chunk_gated_delta_rule,
                                      chunk_scratch_bytes, conv_state_bytes, delta_gates,
                                      gated_rms_norm, gated_rms_norm_torch, l2norm, l2norm_torch,
@@ -169,11 +171,15 @@ def test_sizes_of_qwen35():
         chunk_scratch_bytes(T, 3, 32, 128, 128)
 
 
-@pytest.mark.parametrize("qk_l2norm", [False, True], ids=["prenormed", "l2norm"])
-@pytest.mark.parametrize("T", [1, 65], ids=lambda t: f"T{t}")
-def test_launcher_allocates_what_the_sizes_count(monkeypatch, T, qk_l2norm):
+@pytest.mark.parametrize("T,qk_l2norm,split", [(1, False, False), (1, True, False),
+                                               (65, False, False), (65, True, False),
+                                               (65, True, True)],
+                         ids=["T1-prenormed", "T1-l2norm", "T65-prenormed", "T65-l2norm",
+                              "T65-l2norm-split"])
+def test_launcher_allocates_what_the_sizes_count(monkeypatch, T, qk_l2norm, split):
     """Every tensor the launcher creates goes through torch.empty: recorded, they are the
-    output, the final state and exactly chunk_buffers (names' shapes, fp32)."""
+    output, the final state and exactly chunk_buffers (names' shapes, fp32), for the launch in
+    force (split: the oi buffer too)."""
     Hk, Hv, dk, dv = 1, 2, 32, 16
     gen = torch.Generator().manual_seed(6)
     q, k = torch.randn(T, Hk, dk, generator=gen), torch.randn(T, Hk, dk, generator=gen)
@@ -189,15 +195,28 @@ def test_launcher_allocates_what_the_sizes_count(monkeypatch, T, qk_l2norm):
         made.append((tuple(t.shape), t.dtype))
         return t
     monkeypatch.setattr(torch, "empty", record)
-    chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=qk_l2norm)
+    with pin_delta_launch(split=split):
+        chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=qk_l2norm)
+        planned = deltanet_buffers(_lin_shape(Hk, Hv, dk, dv), T) if qk_l2norm else None
     monkeypatch.setattr(torch, "empty", empty)
     outputs = [((T, Hv, dv), q.dtype), ((Hv, dk, dv), torch.float32)]
-    scratch = [(b.shape, torch.float32) for b in chunk_buffers(T, Hk, Hv, dk, dv,
-                                                                qk_l2norm=qk_l2norm)]
+    bufs = chunk_buffers(T, Hk, Hv, dk, dv, qk_l2norm=qk_l2norm, split=split)
+    assert ("oi" in {b.name for b in bufs}) == split
+    if planned is not None:         # the planner's count under the same launch is this one
+        assert planned == bufs
+    scratch = [(b.shape, torch.float32) for b in bufs]
     assert sorted(made, key=str) == sorted(outputs + scratch, key=str)
     nbytes = sum(torch.Size(s).numel() * torch.finfo(d).bits // 8 for s, d in made)
     assert nbytes - T * Hv * dv * 4 - Hv * dk * dv * 4 == chunk_scratch_bytes(
-        T, Hk, Hv, dk, dv, qk_l2norm=qk_l2norm)
+        T, Hk, Hv, dk, dv, qk_l2norm=qk_l2norm, split=split)
+
+
+def _lin_shape(Hk, Hv, dk, dv):
+    """A ModelShape whose linear-attention option group has these heads (the planner's input)."""
+    from strata.shapes import get_preset
+    base = get_preset("tiny-qwen35moe")
+    return base.with_(**{"linear.n_k_head": Hk, "linear.n_v_head": Hv,
+                         "linear.k_head_dim": dk, "linear.v_head_dim": dv})
 
 
 @pytest.mark.gpu

@@ -17,7 +17,10 @@ inside a chunk; all arithmetic fp32, tl.dot at PREC (the launcher's "tf32x3": pr
       S = S exp(G_last) + (k exp(G_last - G))^T v_new                          [BK, BV]
 The second kernel keeps S in registers and writes o as it goes, so neither the per-chunk states
 nor v_new reach memory (flash-linear-attention stores both and reads them back in a third
-kernel). Rows past T load as zeros and are never stored; the decay exponents outside the
+kernel). With SPLIT it writes v_new over u and oi = (q exp(G)) S instead of o, and
+  _gdn_out_fwd_kernel, grid (chunks, HV, DV / BV): o = oi + tril(q k^T exp(G_i - G_j)) v_new
+adds the intra-chunk part parallel over chunks: the scan's sequential work drops the q k^T and
+the [BT, BT] x [BT, BV] products; the same products, summed in the same order. Rows past T load as zeros and are never stored; the decay exponents outside the
 causal triangle are set to -inf before exp (exp(G_i - G_j), i < j, overflows), so no inf or
 NaN is formed.
 """
@@ -69,11 +72,21 @@ def _gdn_wy_fwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, gc_ptr, w_ptr, u_ptr, T,
         tl.store(u_ptr + (o_t[:, None] * HV + i_h) * DV + o_v[None, :], b_u, mask=m_tv)
 
 
+@triton.jit
+def _intra(b_q, b_k, b_gc, b_vn, o_i, m_t, PREC: tl.constexpr):
+    """tril(q k^T exp(G_i - G_j)) v_new [BT, BV] of one chunk (q already scaled)."""
+    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)                    # [BT, BT]
+    m_causal = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
+    b_qk = b_qk * tl.exp(tl.where(m_causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
+    return tl.dot(b_qk, b_vn, input_precision=PREC)
+
+
 @triton.jit(do_not_specialize=["T"])
-def _gdn_state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h0_ptr, o_ptr, ht_ptr, T, scale,
-                          HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+def _gdn_state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h0_ptr, o_ptr, ht_ptr, oi_ptr, T,
+                          scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                           DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                          BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr):
+                          BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
+                          SPLIT: tl.constexpr):
     OT: tl.constexpr = o_ptr.dtype.element_ty
     i_v = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -105,13 +118,42 @@ def _gdn_state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h0_ptr, o_ptr, ht_
         p_qk = (o_t[:, None] * HK + i_hk) * DK + o_k[None, :]
         b_q = tl.load(q_ptr + p_qk, mask=m_tk, other=0.0).to(tl.float32) * scale
         b_k = tl.load(k_ptr + p_qk, mask=m_tk, other=0.0).to(tl.float32)       # [BT, BK]
-        b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)                # [BT, BT]
-        m_causal = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
-        b_qk = b_qk * tl.exp(tl.where(m_causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
-        b_o = tl.dot(b_q * tl.exp(b_gc)[:, None], b_h, input_precision=PREC)
-        b_o = b_o + tl.dot(b_qk, b_vn, input_precision=PREC)                   # [BT, BV]
-        tl.store(o_ptr + (o_t[:, None] * HV + i_h) * DV + o_v[None, :], b_o.to(OT),
-                 mask=m_tv)
+        b_o = tl.dot(b_q * tl.exp(b_gc)[:, None], b_h, input_precision=PREC)  # [BT, BV]
+        p_tv = (o_t[:, None] * HV + i_h) * DV + o_v[None, :]
+        if SPLIT:   # v_new over u (this program's dv block only), the inter-chunk part to oi
+            tl.store(u_ptr + p_tv, b_vn, mask=m_tv)
+            tl.store(oi_ptr + p_tv, b_o, mask=m_tv)
+        else:
+            b_o = b_o + _intra(b_q, b_k, b_gc, b_vn, o_i, m_t, PREC)
+            tl.store(o_ptr + p_tv, b_o.to(OT), mask=m_tv)
         b_kd = b_k * tl.where(m_t, tl.exp(b_gl - b_gc), 0.0)[:, None]
         b_h = b_h * tl.exp(b_gl) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
     tl.store(ht_ptr + p_h, b_h, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _gdn_out_fwd_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, oi_ptr, o_ptr, T, scale,
+                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                        PREC: tl.constexpr):
+    OT: tl.constexpr = o_ptr.dtype.element_ty
+    i_t = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_v = tl.program_id(2).to(tl.int64)
+    i_hk = i_h // (HV // HK)
+    o_i = tl.arange(0, BT).to(tl.int64)
+    o_t = i_t * BT + o_i
+    m_t = o_t < T
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_tk = m_t[:, None] & (o_k < DK)[None, :]
+    m_tv = m_t[:, None] & (o_v < DV)[None, :]
+    b_gc = tl.load(gc_ptr + o_t * HV + i_h, mask=m_t, other=0.0)                # [BT]
+    p_qk = (o_t[:, None] * HK + i_hk) * DK + o_k[None, :]
+    b_q = tl.load(q_ptr + p_qk, mask=m_tk, other=0.0).to(tl.float32) * scale
+    b_k = tl.load(k_ptr + p_qk, mask=m_tk, other=0.0).to(tl.float32)           # [BT, BK]
+    p_tv = (o_t[:, None] * HV + i_h) * DV + o_v[None, :]
+    b_vn = tl.load(vn_ptr + p_tv, mask=m_tv, other=0.0)                        # [BT, BV]
+    b_o = tl.load(oi_ptr + p_tv, mask=m_tv, other=0.0)
+    b_o = b_o + _intra(b_q, b_k, b_gc, b_vn, o_i, m_t, PREC)
+    tl.store(o_ptr + p_tv, b_o.to(OT), mask=m_tv)

@@ -11,8 +11,11 @@ Legend: T tokens, Hk key heads, Hv value heads, dk / dv head dims, BT = 64 the c
 The math and its twin with the same signature: strata.kernels.deltanet.naive (the recurrent
 form is the reference). Two launches (strata.kernels.deltanet._chunk_kernel): the WY pair per
 chunk, all chunks in parallel; then the scan over chunks per (value head, dv block) with the
-state in registers, writing o as it goes. The scratch the call allocates is exactly
-sizes.chunk_buffers (g_cum, w, u; qn, kn with use_qk_l2norm), all fp32 and freed on return;
+state in registers, writing o as it goes; or, with the launch in force split
+(strata.kernels.deltanet.launch), the scan writes v_new and the inter-chunk part and a third
+launch adds the intra-chunk part parallel over chunks (the same o). The scratch the call
+allocates is exactly sizes.chunk_buffers (g_cum, w, u; qn, kn with use_qk_l2norm; oi when
+split), all fp32 and freed on return;
 `scratch` (name -> an fp32 contiguous tensor of at least that buffer's elements on q's device:
 the prompt layout's dn_* views, strata.planning.deltanet_bufs) hands some or all of them in,
 and the call then allocates only what is missing.
@@ -32,23 +35,14 @@ import torch
 import triton
 
 from strata.errors import StrataError
-from strata.kernels.deltanet._chunk_kernel import _gdn_state_fwd_kernel, _gdn_wy_fwd_kernel
+from strata.kernels.deltanet._chunk_kernel import (_gdn_out_fwd_kernel, _gdn_state_fwd_kernel,
+                                                   _gdn_wy_fwd_kernel)
+from strata.kernels.deltanet.launch import delta_launch
 from strata.kernels.deltanet.naive import check_inputs
 from strata.kernels.deltanet.norms import l2norm
 from strata.kernels.deltanet.sizes import CHUNK, chunk_buffers
 
 MAX_HEAD_DIM = 256      # one program holds a chunk's full dk row and the [dk, BV] state block
-BV = 32                 # dv block of the scan: Hv * dv / 32 programs (128 for Qwen3.5's 32 x 128)
-# 8 warps: the WY kernel then holds its [64, 128] tiles without a spill under tf32x3; the scan
-# spills ~1.8 KB a thread at BV 16 or 32, 4 or 8 warps alike (tests/kernels/compile_deltanet.py,
-# not yet timed on the GPU)
-WARPS = 8
-STAGES = 1              # the default 3 pipelines the scan's loads into ~100 more spilled bytes
-# tl.dot's input precision: three tf32 tensor-core products per fp32 one (the hi*hi, hi*lo and
-# lo*hi parts), each within 12 u = 12 * 2^-24 of the fp32 product, where "ieee" gives up the
-# tensor cores (FMA dots: 1.4 to 3.7 KB of spills at dk = 128) and plain "tf32" costs ~1e-3
-# relative; the interpreter computes every precision as fp32.
-PREC = "tf32x3"
 
 
 def _on_device(x: torch.Tensor):
@@ -85,8 +79,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
     if max(dk, dv) > MAX_HEAD_DIM:
         raise StrataError(f"chunk_gated_delta_rule holds head dims up to {MAX_HEAD_DIM}, got "
                           f"dk {dk} dv {dv}; use chunk_gated_delta_rule_torch")
+    L = delta_launch()
     scratch = {b.name: _take(scratch, b, q.device)
-               for b in chunk_buffers(T, Hk, Hv, dk, dv, qk_l2norm=use_qk_l2norm)}
+               for b in chunk_buffers(T, Hk, Hv, dk, dv, qk_l2norm=use_qk_l2norm,
+                                      split=L.split)}
     o = torch.empty((T, Hv, dv), dtype=q.dtype, device=q.device)
     ht = out_state if out_state is not None else torch.empty(
         (Hv, dk, dv), dtype=torch.float32, device=q.device)
@@ -94,17 +90,20 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
         q, k = l2norm(q, out=scratch["qn"]), l2norm(k, out=scratch["kn"])
     q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
     BK = max(16, triton.next_power_of_2(dk))
-    bv = min(BV, max(16, triton.next_power_of_2(dv)))
-    dims = dict(HK=Hk, HV=Hv, DK=dk, DV=dv, BT=chunk_size, BK=BK, PREC=PREC)
+    bv = min(L.bv, max(16, triton.next_power_of_2(dv)))
+    dims = dict(HK=Hk, HV=Hv, DK=dk, DV=dv, BT=chunk_size, BK=BK, BV=bv, PREC=L.prec)
+    run = dict(num_warps=L.warps, num_stages=L.stages)
+    scale = float(dk ** -0.5 if scale is None else scale)
+    oi = scratch.get("oi", o)          # unused by the fused scan (SPLIT False)
     with _on_device(q):
         if T:
             _gdn_wy_fwd_kernel[(triton.cdiv(T, chunk_size), Hv)](
-                k, v, g, beta, scratch["g_cum"], scratch["w"], scratch["u"], T,
-                BV=bv, num_warps=WARPS, num_stages=STAGES, **dims)
+                k, v, g, beta, scratch["g_cum"], scratch["w"], scratch["u"], T, **run, **dims)
         h0 = initial_state if initial_state is not None else ht
         _gdn_state_fwd_kernel[(triton.cdiv(dv, bv), Hv)](
-            q, k, scratch["w"], scratch["u"], scratch["g_cum"], h0, o, ht, T,
-            float(dk ** -0.5 if scale is None else scale), BV=bv,
-            HAS_H0=initial_state is not None, num_warps=WARPS,
-            num_stages=STAGES, **dims)
+            q, k, scratch["w"], scratch["u"], scratch["g_cum"], h0, o, ht, oi, T, scale,
+            HAS_H0=initial_state is not None, SPLIT=L.split, **run, **dims)
+        if L.split and T:
+            _gdn_out_fwd_kernel[(triton.cdiv(T, chunk_size), Hv, triton.cdiv(dv, bv))](
+                q, k, scratch["u"], scratch["g_cum"], oi, o, T, scale, **run, **dims)
     return o, ht

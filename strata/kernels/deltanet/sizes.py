@@ -9,6 +9,7 @@ K the conv kernel width (4), BT the chunk (64), C = 2 Hk dk + Hv dv the conv cha
     chunk scratch (one call of chunk_gated_delta_rule over T tokens, freed on return):
         g_cum [T, Hv] fp32, w [T, Hv, dk] fp32, u [T, Hv, dv] fp32
         (+ qn, kn [T, Hk, dk] fp32 when the launcher L2-normalises q and k itself)
+        (+ oi [T, Hv, dv] fp32 when the launch is split: strata.kernels.deltanet.launch)
 
 `chunk_buffers` is the list the launcher allocates from (strata.kernels.deltanet.chunk), so the
 count here and the tensors the kernel creates are one source (tests/kernels/test_deltanet_parts.py
@@ -66,19 +67,23 @@ def recurrent_state_bytes(h_k: int, h_v: int, d_k: int, d_v: int, *, conv_kernel
 
 
 def chunk_buffers(T: int, h_k: int, h_v: int, d_k: int, d_v: int, *,
-                  qk_l2norm: bool = False) -> tuple[Buffer, ...]:
-    """The scratch one chunk_gated_delta_rule call over T tokens allocates (outputs aside)."""
+                  qk_l2norm: bool = False, split: bool = False) -> tuple[Buffer, ...]:
+    """The scratch one chunk_gated_delta_rule call over T tokens allocates (outputs aside);
+    `split`: the launch's (strata.kernels.deltanet.launch.delta_launch().split)."""
     _check(h_k, h_v, d_k, d_v)
     if not isinstance(T, int) or T < 0:
         raise StrataError(f"deltanet sizes: T must be an int >= 0, got {T!r}")
     bufs = [Buffer("g_cum", (T, h_v)), Buffer("w", (T, h_v, d_k)), Buffer("u", (T, h_v, d_v))]
     if qk_l2norm:
         bufs += [Buffer("qn", (T, h_k, d_k)), Buffer("kn", (T, h_k, d_k))]
+    if split:
+        bufs.append(Buffer("oi", (T, h_v, d_v)))
     return tuple(bufs)
 
 
 def chunk_scratch_bytes(T: int, h_k: int, h_v: int, d_k: int, d_v: int, *,
-                        qk_l2norm: bool = False) -> int:
+                        qk_l2norm: bool = False, split: bool = False) -> int:
     """Bytes of chunk_buffers: what a prompt chunk of T tokens needs beside the layer's input,
     output and state while its DeltaNet layer runs."""
-    return sum(b.nbytes for b in chunk_buffers(T, h_k, h_v, d_k, d_v, qk_l2norm=qk_l2norm))
+    return sum(b.nbytes for b in chunk_buffers(T, h_k, h_v, d_k, d_v, qk_l2norm=qk_l2norm,
+                                               split=split))
