@@ -1,0 +1,143 @@
+"""llama.cpp's llama-bench beside `strata bench` on the same GGUF under the same VRAM budget
+(issues 37 item 4, 38 item 5): prompt tokens/s at each length, both in one CSV and PNG.
+
+    PYTHONPATH=. python experiments/llama_side.py --gguf M.gguf --bin BUILD/bin --budget 12GiB \\
+        --prompts 8192,32768 [--pack M.pack] [--ub 2048,8192] [--ncmoe N] --out DIR
+
+llama.cpp: `llama-bench -m M.gguf -ngl 99 -fa 1 -n 0 -p P -ub UB -b UB -ncmoe N -r R -o csv
+-v`. N starts at the smallest that fits the budget by the file's sizes (weights on the GPU + f16
+KV at P tokens + --compute-margin, strata.bench.llama_cpp) and grows while llama.cpp's own log
+says its GPU buffers (model + KV + compute) pass the budget; each -ub in --ub is tried and the
+fastest that fits is kept; every flag and the GPU MiB llama.cpp reported go in the row. strata:
+`strata bench PACK -p P -r R --vram BUDGET -o csv` on a pack made from the same GGUF (`strata
+pack M.gguf -o M.pack`), when --pack is given. Build llama.cpp for the GPU with
+benchmarks/llama_cpp.sh build.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from strata.bench.llama_cpp import (bench_rows, buffers_from_log, gguf_sizes,   # noqa: E402
+                                    gpu_mib, ncmoe_for_budget)
+from strata.bench.plot import bars                                               # noqa: E402
+from strata.bench.record import commit_of, gpu_name, utc_now, write_csv          # noqa: E402
+from strata.units import parse_size                                              # noqa: E402
+
+
+def llama_bench(bin_dir: Path, gguf: Path, P: int, ub: int, ncmoe: int, reps: int,
+                timeout: float) -> tuple[dict, dict, list[str]]:
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(gguf), "-ngl", "99", "-fa", "1", "-n", "0",
+           "-p", str(P), "-ub", str(ub), "-b", str(ub), "-ncmoe", str(ncmoe), "-r", str(reps),
+           "-o", "csv", "-v"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({r.returncode}): {r.stderr[-600:]}")
+    return bench_rows(r.stdout)[-1], buffers_from_log(r.stderr), cmd
+
+
+def run_llama(a, sizes, P: int) -> dict | None:
+    """The fastest -ub that fits, its N grown until llama.cpp's GPU buffers fit the budget."""
+    best = None
+    for ub in a.ub:
+        n = a.ncmoe if a.ncmoe is not None else ncmoe_for_budget(
+            sizes, a.budget, P, int(a.compute_margin))
+        while n <= sizes.n_layer:
+            try:
+                row, bufs, cmd = llama_bench(a.bin, a.gguf, P, ub, n, a.reps, a.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                print(f"[llama] P={P} ub={ub} ncmoe={n}: {str(e)[:200]}", flush=True)
+                break
+            mib = gpu_mib(bufs)
+            fits = mib * 2**20 <= a.budget
+            print(f"[llama] P={P} ub={ub} ncmoe={n}: {float(row['avg_ts']):.0f} tok/s, GPU "
+                  f"{mib:.0f} MiB ({'fits' if fits else 'over'} the budget)", flush=True)
+            if fits or a.ncmoe is not None:
+                cand = dict(ts=float(row["avg_ts"]), sd=float(row["stddev_ts"]), ub=ub, ncmoe=n,
+                            gpu_mib=mib, cmd=" ".join(cmd[1:]), fits=fits)
+                if best is None or cand["ts"] > best["ts"]:
+                    best = cand
+                break
+            n += 1
+    return best
+
+
+def run_strata(a, P: int) -> dict | None:
+    cmd = [sys.executable, "-m", "strata.cli", "bench", str(a.pack), "-p", str(P), "-r",
+           str(a.reps), "--vram", a.budget_text, "-o", "csv"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
+    if r.returncode != 0:
+        print(f"[strata] P={P}: failed: {r.stderr.strip().splitlines()[-1:]}", flush=True)
+        return None
+    rows = [x for x in csv.DictReader(io.StringIO(r.stdout)) if x.get("n_tokens") == str(P)]
+    if not rows:
+        return None
+    x = rows[-1]
+    print(f"[strata] P={P}: {float(x['tokens_per_s']):.0f} tok/s (of bound {x['of_bound']})",
+          flush=True)
+    return dict(ts=float(x["tokens_per_s"]), sd=float(x["tokens_per_s_sd"] or 0),
+                bound=x.get("of_bound"), cmd=" ".join(cmd[2:]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", type=Path, required=True)
+    ap.add_argument("--bin", type=Path, required=True, help="the folder holding llama-bench")
+    ap.add_argument("--pack", type=Path, help="strata's pack of the same GGUF (strata bench)")
+    ap.add_argument("--budget", default="12GiB")
+    ap.add_argument("--prompts", default="8192,32768")
+    ap.add_argument("--ub", default="2048,8192", help="llama.cpp -ub (= -b) values to try")
+    ap.add_argument("--ncmoe", type=int, help="pin -ncmoe (else fitted to the budget)")
+    ap.add_argument("--compute-margin", default="1.5GiB",
+                    help="the first fit's allowance for llama.cpp's compute buffer")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    a = ap.parse_args(argv)
+    a.budget_text, a.budget = a.budget, parse_size(a.budget)
+    a.compute_margin = parse_size(a.compute_margin)
+    a.ub = [int(u) for u in a.ub.split(",")]
+    sizes = gguf_sizes(a.gguf)
+    gpu, commit = gpu_name(), commit_of(ROOT)
+    rows = []
+
+    def add(label, P, fig, val, unit, cfg):
+        rows.append(dict(experiment="llama_side", label=label, gpu=gpu, commit=commit,
+                         timestamp=utc_now(), torch="", triton="", config=dict(cfg, P=P),
+                         figure=fig, value=val, unit=unit, bound="", bound_value=None,
+                         gate="", timer="llama-bench" if label == "llama.cpp" else
+                         "strata bench"))
+    for P in (int(p) for p in a.prompts.split(",")):
+        got = run_llama(a, sizes, P)
+        if got:
+            cfg = dict(gguf=a.gguf.name, budget=a.budget_text, ub=got["ub"],
+                       ncmoe=got["ncmoe"], fits=got["fits"], cmd=got["cmd"])
+            add("llama.cpp", P, "tokens/s", got["ts"], "tok/s", cfg)
+            add("llama.cpp", P, "GPU MiB", got["gpu_mib"], "MiB", cfg)
+        if a.pack:
+            s = run_strata(a, P)
+            if s:
+                add("strata", P, "tokens/s", s["ts"], "tok/s",
+                    dict(gguf=a.gguf.name, budget=a.budget_text, cmd=s["cmd"],
+                         of_bound=s["bound"]))
+    if not rows:
+        print("llama_side: nothing measured", file=sys.stderr)
+        return 1
+    tag = f"{a.gguf.stem}-{a.budget_text}-{gpu.replace(' ', '_')}-{commit}"
+    path = write_csv(rows, a.out / f"llama_side-{tag}.csv")
+    bars([r for r in rows if r["figure"] == "tokens/s"], a.out / f"llama_side-{tag}.png",
+         x_keys=["P"], title=f"{a.gguf.name} under {a.budget_text}: llama.cpp vs strata "
+                            f"({gpu}, {commit})")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""strata.bench.llama_cpp: what llama.cpp's GPU part holds under -ncmoe, read from GGUF files
+llama.cpp's own converter wrote (tests/models/data/llama_cpp), the fit to a budget, and its
+logs and llama-bench CSV read back (samples in llama.cpp's formats)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from strata.bench.llama_cpp import (GgufSizes, bench_rows, buffers_from_log, gguf_sizes,
+                                    gpu_mib, ncmoe_for_budget)
+from strata.errors import StrataError
+
+GGUF = Path(__file__).resolve().parent / "models" / "data" / "llama_cpp"
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-q8_0", "gpt-oss-q8_0", "deepseek2-q8_0",
+                                  "glm4moe-q8_0"])
+def test_sizes_add_up_to_the_files_tensors(name):
+    """Experts plus the rest are every tensor's bytes; the experts are the layers' *_exps
+    tensors (dense-first layers hold none); the file is at least its tensors."""
+    import gguf
+    path = GGUF / f"{name}.gguf"
+    s = gguf_sizes(path)
+    tensors = gguf.GGUFReader(str(path)).tensors
+    assert s.rest + sum(s.experts) == sum(int(t.n_bytes) for t in tensors)
+    for layer, nbytes in enumerate(s.experts):
+        assert nbytes == sum(int(t.n_bytes) for t in tensors
+                             if t.name.startswith(f"blk.{layer}.ffn_") and "_exps" in t.name)
+    assert any(s.experts) and s.kv_row > 0 and path.stat().st_size > s.rest + sum(s.experts)
+
+
+@given(experts=st.lists(st.integers(0, 1000), min_size=1, max_size=12),
+       rest=st.integers(0, 5000), kv=st.integers(0, 50), ctx=st.integers(0, 64),
+       compute=st.integers(0, 2000), budget=st.integers(0, 20000))
+def test_the_fit_is_the_smallest_n_that_fits(experts, rest, kv, ctx, compute, budget):
+    s = GgufSizes(len(experts), tuple(experts), rest, kv)
+    fits = [n for n in range(len(experts) + 1) if s.gpu_part(n, ctx) + compute <= budget]
+    if not fits:
+        with pytest.raises(StrataError) as e:
+            ncmoe_for_budget(s, budget, ctx, compute)
+        assert "\n" not in str(e.value)
+        return
+    n = ncmoe_for_budget(s, budget, ctx, compute)
+    assert n == fits[0]
+    # every N past it fits too: keeping more experts in host memory never adds to the GPU part
+    assert fits == list(range(n, len(experts) + 1))
+
+
+def test_buffers_and_bench_csv_read_back():
+    log = """llama_model_load: ...
+load_tensors:        CUDA0 model buffer size =  9812.34 MiB
+load_tensors:   CPU_Mapped model buffer size = 21000.00 MiB
+llama_kv_cache:      CUDA0 KV buffer size =   768.00 MiB
+llama_context:      CUDA0 compute buffer size =  1540.50 MiB
+llama_context:  CUDA_Host compute buffer size =    80.06 MiB
+llama_context:      CUDA0 compute buffer size =  1600.00 MiB
+"""
+    b = buffers_from_log(log)
+    assert b["CUDA0 model"] == 9812.34 and b["CUDA0 compute"] == 1600.0
+    assert gpu_mib(b) == pytest.approx(9812.34 + 768.0 + 1600.0)
+    text = ("build_commit,model_type,n_batch,n_ubatch,n_prompt,n_gen,avg_ts,stddev_ts\n"
+            '"0c1e570","qwen3moe 30B.A3B Q8_0",8192,8192,8192,0,6559.1,12.3\n')
+    rows = bench_rows(text)
+    assert rows[0]["avg_ts"] == "6559.1" and rows[0]["n_prompt"] == "8192"
+    with pytest.raises(StrataError):
+        bench_rows("| model | size |\n")
+
+
+def test_not_a_gguf_is_one_line(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    with pytest.raises(StrataError) as e:
+        gguf_sizes(bad)
+    assert "\n" not in str(e.value)
