@@ -140,4 +140,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from strata.errors import StrataError
+    try:
+        raise SystemExit(main())
+    except StrataError as e:
+        print(f"llama_side: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
