@@ -163,6 +163,7 @@ def run(args) -> int:
             print(note, file=sys.stderr)
         print(f"perplexity: {windows.n} windows of {ctx} tokens ({windows.n_scored} scored "
               f"each) from {len(tokens):,} tokens (tokenizer {tok.source}), {source.name}, "
+              f"experts {source.experts.name} ({source.experts.acts} activations), "
               f"{source.per_call} window{'s' if source.per_call > 1 else ''} a batch",
               file=sys.stderr, flush=True)
         if base is not None:
@@ -186,7 +187,8 @@ def run(args) -> int:
     if not args.json and base is None:
         print(file=sys.stderr, flush=True)
     out = {"pack": str(args.pack), "file": args.file, "tokenizer": tok.source,
-           "n_tokens": len(tokens), "reader": source.name, **res.to_dict(), **source.stats(),
+           "n_tokens": len(tokens), "reader": source.name, "experts": source.experts.name,
+           "expert_acts": source.experts.acts, **res.to_dict(), **source.stats(),
            "kld_saved": str(save_path) if save_path else None, "kld_base": args.kld}
     if args.json:
         print(json.dumps(_finite(out)))
@@ -213,10 +215,12 @@ class Reader:
     """A logits source for the instrument: `read(ids [n, ctx]) -> [n, n_scored, V]` float32 on
     the model's device (the instrument's per-token work runs there too); `per_call` windows a
     call. One window is read by `one(ids [ctx])`; several by `batch(ids [n·ctx], Packed)` as
-    packed sequences. `stats()` what the reads cost."""
+    packed sequences. `experts`: the expert FFN that runs (strata.models.moe; the report names
+    it and its activations). `stats()` what the reads cost."""
 
-    def __init__(self, name: str, one, windows, *, batch=None, per_call: int = 1):
+    def __init__(self, name: str, one, windows, experts, *, batch=None, per_call: int = 1):
         self.name, self._one, self.first, self.ctx = name, one, windows.first, windows.ctx
+        self.experts = experts
         self._batch, self.per_call = batch, per_call if batch is not None else 1
         self.extra: dict = {}
 
@@ -263,8 +267,8 @@ def resident_reader(args, pack, windows) -> Reader:
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) \
         if args.dtype == "auto" else DTYPES[args.dtype]
     guard = FiniteGuard()
-    model = load_model(pack, device=device, dtype=dtype,
-                       ffn=guard.wrap(resolve_experts(args.experts, device.type).forward()))
+    ffn = resolve_experts(args.experts, device.type)
+    model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(ffn.forward()))
     _, provider = make_provider(args, pack, device)
     kv = resolve_kv(args.kv, dtype)
 
@@ -274,7 +278,7 @@ def resident_reader(args, pack, windows) -> Reader:
         return model.prefill(ids, provider, chunk=chunk, cache=cache, logits="all",
                              observer=guard.begin(pack.shape.n_layer), packed=packed)
     per_call = windows_per_batch(args, args.chunk or RESIDENT_BATCH, windows)
-    return Reader(f"resident on {device}", one, windows, batch=one, per_call=per_call)
+    return Reader(f"resident on {device}", one, windows, ffn, batch=one, per_call=per_call)
 
 
 def streamed_reader(args, pack, windows) -> Reader:
@@ -323,6 +327,6 @@ def streamed_reader(args, pack, windows) -> Reader:
         extra["prefill_chunk"], extra["prefill_ring"] = res.chunk, res.ring
         return res.logits
     r = Reader(f"streamed on {', '.join(str(p.device) for p in engine.parts)}", one, windows,
-               batch=one, per_call=per_call)
+               cfg.ffn, batch=one, per_call=per_call)
     r.extra = extra
     return r

@@ -101,6 +101,7 @@ def _auto(x, topk_ids, topk_w, experts, **kw):
 class ExpertFFNs:
     """One expert FFN's declaration (the base: no buffers, no slab scratch, no landing)."""
     name = ""
+    acts = "bf16"                   # what the expert GEMMs multiply the weights with
     buffers: tuple[Buf, ...] = ()   # added to the layout's "moe" phase
     fixup_scratch = False           # stream-k launches take fixup scratch from the slab
     lands = False                   # blobs are re-laid as they land: the streaming engine only
@@ -175,6 +176,7 @@ class Int8FFN(ExpertFFNs):
     the layout's h buffer where they fit (x's and h's together: 1.125 (T D + Mpad F) bytes
     against h's 2 Mpad F), else in fresh tensors outside the plan."""
     name = "int8"
+    acts = "q8_1"
 
     def forward(self):
         from strata.kernels.moe.int8 import moe_ffn_int8
@@ -193,6 +195,7 @@ class TorchFFN(ExpertFFNs):
 class RefFFN(ExpertFFNs):
     """The fp32 reference (moe_ffn_ref)."""
     name = "ref"
+    acts = "fp32"
 
     def forward(self):
         return moe_ffn_ref

@@ -1,7 +1,8 @@
 """Re-make tests/data/llama_perplexity/: llama-perplexity's own figures on tiny GGUF files, the
 reference `strata perplexity` is held to (tests/instruments/test_llama_perplexity.py).
 
-    PYTHONPATH=. .venv/bin/python tests/instruments/make_llama_perplexity.py BIN [LIBDIR]
+    PYTHONPATH=. .venv/bin/python tests/instruments/make_llama_perplexity.py BIN [LIBDIR] \
+        --sdist /tmp/lcp/llama_cpp_python-0.3.36.tar.gz --llama-python /work/lcp-venv/bin/python
 
 BIN is llama-perplexity built from the llama-cpp-python 0.3.36 sdist's vendored llama.cpp
 (ggml-org/llama.cpp@0c1e57098), CPU only; LIBDIR, when the tool links llama.cpp's shared
@@ -18,9 +19,10 @@ libraries, the folder that holds them (LD_LIBRARY_PATH). The figures here came f
     # llama_cpp fixtures (make_llama_cpp_logits.py: GGML_NATIVE=OFF), so the library is the one
     # that gave those logits and only the tool and llama.cpp's common/ were compiled here
 
-1. `strata synth --preset tiny --quant Q8_0` writes a GGUF whose byte-level vocabulary has no
-   merges (256 tokens leave no room for one); llama.cpp refuses to load a BPE vocabulary without
-   merges, and the JSON records its refusal.
+1. `strata synth --preset tiny --quant Q8_0`'s GGUF read by the tool: its PPL when it loads
+   (strata.packs.synth_vocab: 248 bytes and 8 merges), else the refusal (a byte-level
+   vocabulary of 256 tokens has no room for a merge, and llama.cpp refuses a BPE vocabulary
+   without merges: what an earlier synth wrote).
 2. The llama.cpp-converted Qwen3-MoE files of tests/models/data/llama_cpp (F16, Q8_0 of one
    model; the `wide` Q4_K_M is another model): perplexity over text.txt (argparse's module
    docstring, CPython 3.11.7) at -c 32 -b 32 (one window a batch) --chunks 8, an F32 KV cache
@@ -30,6 +32,13 @@ libraries, the folder that holds them (LD_LIBRARY_PATH). The figures here came f
 4. The other way: `strata perplexity --kld-save` of the F16 file's pack (strata's base, with its
    identity trailer) read by llama-perplexity --kl-divergence with the Q8_0 file (a record: the
    tool reads strata's base; strata's read is fp32 on this machine's CPU).
+5. The Q4_K_M file's own base: its model (`qwen3moe-wide`, D = F = 256) is made again as
+   tests/models/make_llama_cpp_logits.py makes it (same HF weights, tokenizer, converter to
+   F32), then llama.cpp's quantizer writes its F16 and Q4_K_M files into a temp folder (SDIST:
+   the converter; LLAMA_PYTHON: the llama_cpp venv). The Q4_K_M file must come out byte for byte
+   the fixture (else the maker stops): the F16 is then that file's model. Its read writes
+   qwen3moe-wide-f16.kld (`wide_f16`: its PPL and sha256; the GGUF itself is not kept), and the
+   fixture's Q4_K_M file read against it gives `kld_wide_q4_k_m_vs_f16`.
 """
 from __future__ import annotations
 
@@ -86,7 +95,7 @@ def kld_of(text: str) -> dict:
     return out
 
 
-def main(bin_: str, libdir: str | None = None) -> None:
+def main(bin_: str, libdir: str | None, sdist: str, llama_python: str) -> None:
     env = dict(os.environ)
     if libdir:
         env["LD_LIBRARY_PATH"] = libdir + os.pathsep + env.get("LD_LIBRARY_PATH", "")
@@ -100,10 +109,14 @@ def main(bin_: str, libdir: str | None = None) -> None:
                         "Q8_0", "-o", str(synth)], check=True, capture_output=True,
                        env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
         rc, text = run(bin_, ["-m", str(synth), "-f", str(TEXT), *COMMON], env,
-                       until="failed to load model")
-        errors = [ln for ln in text.splitlines() if "error" in ln.lower() or "failed" in ln]
+                       until="Final estimate")
         rec["synth_tiny_q8_0"] = {"command": "strata synth --preset tiny --quant Q8_0",
-                                  "rc": rc, "errors": errors[:6]}
+                                  "rc": rc}
+        if rc:
+            rec["synth_tiny_q8_0"]["errors"] = [ln for ln in text.splitlines()
+                                                if "error" in ln.lower() or "failed" in ln][:6]
+        else:
+            rec["synth_tiny_q8_0"].update(ppl_of(text))
     for f in FILES:
         extra = ["--kl-divergence-base", str(OUT / "qwen3moe-f16.kld")] if "f16" in f else []
         args = ["-m", str(GGUF / f), "-f", str(TEXT), *COMMON, *extra]
@@ -135,11 +148,57 @@ def main(bin_: str, libdir: str | None = None) -> None:
         if rc:
             raise SystemExit(f"--kl-divergence of strata's base exited {rc}:\n{text[-3000:]}")
         rec["kld_q8_0_vs_strata_f16"] = kld_of(text)
+    rec.update(wide_base(bin_, env, sdist, llama_python))
     rec["sha256"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
                      for p in sorted(OUT.glob("*.kld"))}
     (OUT / "llama_perplexity.json").write_text(json.dumps(rec, indent=1, ensure_ascii=False)
                                                + "\n")
 
 
+def wide_base(bin_: str, env: dict, sdist: str, llama_python: str) -> dict:
+    """Step 5 of the module doc: the wide model's F16 base and the Q4_K_M file read against it."""
+    import tests.models.make_llama_cpp_logits as lcl
+    from tests.models.make_llama_cpp_fixtures import convert, extract_converter, \
+        save_byte_tokenizer
+    fixture = GGUF / "qwen3moe-wide-q4_k_m.gguf"
+    m = next(m for m in lcl.models() if m.name == "qwen3moe-wide")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        hf = tmp / m.name
+        lcl.make_hf(m).save_pretrained(hf)
+        save_byte_tokenizer(hf, m.shape.vocab, lcl.MERGES)
+        f32 = tmp / "f32.gguf"
+        convert(extract_converter(sdist, tmp), hf, "f32", f32)
+        made = {fmt: tmp / f"{m.name}-{fmt.lower()}.gguf" for fmt in ("F16", "Q4_K_M")}
+        for fmt, dst in made.items():
+            lcl.run_llama(llama_python, dst, src=f32, fmt=fmt)
+        if made["Q4_K_M"].read_bytes() != fixture.read_bytes():
+            raise SystemExit(f"the re-made {m.name} Q4_K_M differs from {fixture}: its F16 "
+                             f"would be another model's")
+        args = ["-m", str(made["F16"]), "-f", str(TEXT), *COMMON, "--kl-divergence-base",
+                str(OUT / "qwen3moe-wide-f16.kld")]
+        rc, text = run(bin_, args, env, until="Final estimate")
+        if rc:
+            raise SystemExit(f"{m.name} F16: llama-perplexity exited {rc}:\n{text[-3000:]}")
+        rec = {"wide_f16": {"file": made["F16"].name, **ppl_of(text),
+                            "sha256": hashlib.sha256(made["F16"].read_bytes()).hexdigest(),
+                            "made_by": "make_llama_cpp_logits.make_hf + the converter (F32) + "
+                                       "llama_model_quantize MOSTLY_F16"}}
+    args = ["-m", str(fixture), "--kl-divergence-base", str(OUT / "qwen3moe-wide-f16.kld"),
+            "--kl-divergence", *COMMON]
+    rc, text = run(bin_, args, env, until="Same top p:")
+    if rc:
+        raise SystemExit(f"--kl-divergence of the Q4_K_M file exited {rc}:\n{text[-3000:]}")
+    rec["kld_wide_q4_k_m_vs_f16"] = kld_of(text)
+    return rec
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin")
+    ap.add_argument("libdir", nargs="?")
+    ap.add_argument("--sdist", required=True)
+    ap.add_argument("--llama-python", required=True)
+    a = ap.parse_args()
+    main(a.bin, a.libdir, a.sdist, a.llama_python)
