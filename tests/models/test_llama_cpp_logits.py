@@ -35,10 +35,15 @@ itself, the largest of DRAWS sign draws, doubled):
   ulp of one element: EMULATED is then about the rounding's own size (1-2.5e-3), and the F16
   files' sharp test is against transformers (below).
   Q8_0, Q4_K_M: the draws keep the read's q8 codes and scales and perturb what lies between
-  two roundings (4e-6 - 1e-5). A q8 rounding that fp32 order tips moves a whole step (up to
-  amax/127) and is rare (none to three a prompt here): those llama.cpp tipped are found among
-  the few within fp32 error of a midpoint (`tipped`: row by row, the combination that brings
-  the row within EMULATED), and each is taken the other way in the emulated read.
+  two roundings (4e-6 - 1e-5). A q8 rounding that fp32 order tips moves a whole step (a code:
+  up to amax/127; q8_0 / q8_1's f16 scale, when amax/127 lies that near an f16 midpoint: one
+  f16 ulp on every value of the block) and is rare (none to three a prompt here): those
+  llama.cpp tipped are found among the few near a midpoint, within fp32 error of it or, when
+  the read misses, within what the draws moved the rounding's input by (`window`: fp32 order
+  upstream, which a chain of DeltaNet layers carries further than one product's error)
+  (`tipped`: row by row, the combination that brings the row within EMULATED), and each is
+  taken the other way in the emulated read. Equal inputs are one rounding (ggml rounds each
+  product's input, to the same codes), so a tip tips every product of that input.
 - plain, bound PLAIN: strata as `strata prefill --experts ref` reads the file, no rounding.
   PLAIN is the rounding's own size: each product's input moved by the format's largest rounding
   error (f16: 2^-11 x; q8_0: amax/254 and the f16 scale's 2^-11; q8_1: q8_0's and the block
@@ -93,15 +98,17 @@ U16, UBF16 = 2.0 ** -11, 2.0 ** -8
 
 
 # ---- llama.cpp's activation rounding (ggml-cpu), in torch -------------------------------------
-def _q8(b: torch.Tensor, t: torch.Tensor, tips, eps: float, seen: list | None):
+def _q8(b: torch.Tensor, t: torch.Tensor, tips, eps: float, seen: list | None, slack=None):
     """The codes round(t) of a block-quantized activation, t = b x its block's 127/amax; the
     codes in `tips` (flat indices) taken to the other neighbour of t. `seen` (a list) gets the
     flat indices whose t lies within 2 eps |t| of a midpoint between two codes: fp32 order
-    (eps relative on x and on amax) may round them either way. (Indices past t's are
-    _scale_f16's.)"""
+    (eps relative on x and on amax) may round them either way, or within `slack` (code units,
+    t's shape: what the order draws moved t by, doubled). (Indices past t's are _scale_f16's.)"""
     q = torch.round(t)
     if seen is not None:
         near = (0.5 - (t - q).abs()) < 2 * eps * t.abs()
+        if slack is not None:
+            near |= (0.5 - (t - q).abs()) < slack
         seen.extend(near.reshape(-1).nonzero().reshape(-1).tolist())
     tips = sorted(i for i in tips if i < t.numel())
     if tips:
@@ -129,27 +136,29 @@ def _scale_f16(d: torch.Tensor, base: int, tips, eps: float, seen: list | None):
     return d16
 
 
-def _q8_32(x: torch.Tensor, tips, eps: float, seen):
+def _q8_32(x: torch.Tensor, tips, eps: float, seen, moved=None):
     """q8_0's blocks of x [..., K] (ggml-cpu's quantize_row_q8_0 / _q8_1, x86): per 32,
     d = amax/127 (fp32), q = round-half-even(x * 127/amax) -> (q [B, 32], d [B, 1], fp16(d)).
-    `tips` / `seen`: flat indices of the codes (_q8), then of the scales (numel + block)."""
+    `tips` / `seen`: flat indices of the codes (_q8), then of the scales (numel + block);
+    `moved` (x's shape): how far the order draws moved x (_q8's slack)."""
     assert x.shape[-1] % 32 == 0, f"q8_0 rows of {x.shape[-1]}"
     b = x.reshape(-1, 32)
     amax = b.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    q = _q8(b, b * inv, tips, eps, seen)
+    slack = None if moved is None else 2 * moved.reshape(b.shape) * inv
+    q = _q8(b, b * inv, tips, eps, seen, slack)
     d = amax / 127.0
     return q, d, _scale_f16(d, b.numel(), tips, eps, seen)
 
 
-def _q8_0(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None) -> torch.Tensor:
+def _q8_0(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None, moved=None) -> torch.Tensor:
     """x [..., K] as ggml-cpu's quantize_row_q8_0 (x86) leaves it: _q8_32's codes and scale;
     the dot product reads fp16(d) * q."""
-    q, _, d16 = _q8_32(x, tips, eps, seen)
+    q, _, d16 = _q8_32(x, tips, eps, seen, moved)
     return (q * d16).reshape(x.shape)
 
 
-def _q8_k(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None) -> torch.Tensor:
+def _q8_k(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None, moved=None) -> torch.Tensor:
     """x [..., K] as quantize_row_q8_K_ref: per 256, max = the value of largest |x| (signed),
     iscale = -127/max, q = min(127, nearest(iscale x)), value (1/iscale) q in fp32."""
     assert x.shape[-1] % 256 == 0, f"q8_K rows of {x.shape[-1]}"
@@ -157,16 +166,17 @@ def _q8_k(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None) -> torch.Tensor
     mx = b.gather(-1, b.abs().argmax(-1, keepdim=True))
     iscale = torch.where(mx != 0, -127.0 / mx, torch.zeros_like(mx))
     d = torch.where(mx != 0, 1.0 / iscale, torch.zeros_like(mx))
-    return (_q8(b, iscale * b, tips, eps, seen).clamp(max=127) * d).reshape(x.shape)
+    slack = None if moved is None else 2 * moved.reshape(b.shape) * iscale.abs()
+    return (_q8(b, iscale * b, tips, eps, seen, slack).clamp(max=127) * d).reshape(x.shape)
 
 
-def _q8_1(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None):
+def _q8_1(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None, moved=None):
     """x [..., K] as ggml-cpu's quantize_row_q8_1 (x86) leaves it: q8_0's codes q and fp16
     scale, and per block s = fp16(d * sum(q)) with d = amax/127 in fp32, which a Q4_1 / Q5_1 dot
     product reads for the weight's minimum term (m * s, ggml_vec_dot_q{4,5}_1_q8_1) where a
     product with the dequantized weight reads fp16(d) * sum(q).
     -> (values [..., K], ds [..., K/32] = s - fp16(d) sum(q): what the minimum term adds)."""
-    q, d, d16 = _q8_32(x, tips, eps, seen)
+    q, d, d16 = _q8_32(x, tips, eps, seen, moved)
     n = q.sum(-1, keepdim=True)
     ds = (d * n).half().float() - d16 * n
     return (q * d16).reshape(x.shape), ds.reshape(*x.shape[:-1], -1)
@@ -233,6 +243,8 @@ class Arith:
     tips: dict = field(default_factory=dict)
     formats: dict = field(default_factory=dict)
     frozen: dict | None = None
+    frozen_in: dict | None = None
+    window: dict = field(default_factory=dict)
     tokens: int = 1
 
     def __post_init__(self):
@@ -245,6 +257,8 @@ class Arith:
         self.offset = 0                          # the chunk's first position
         self.row_tok: torch.Tensor | None = None  # the chunk rows an expert's input holds
         self.near_tok: dict[int, list[int]] = {}  # the prompt position of each near index
+        self.inp: dict[int, torch.Tensor] = {}    # each q8 rounding's input (`frozen_in`)
+        self.moved: dict[int, torch.Tensor] = {}  # |input - frozen_in's| (`window`)
 
     @property
     def active(self) -> bool:
@@ -282,12 +296,16 @@ class Arith:
                 y = self.frozen[c]
                 assert (y[0] if isinstance(y, tuple) else y).shape == x.shape, \
                     "the frozen read took another path"
+                if self.frozen_in is not None:
+                    self.moved[c] = (x - self.frozen_in[c]).abs()
             elif c in self.out:
                 y = self.out[c]
             else:
                 seen = self.near.setdefault(c, [])
+                self.inp[c] = x
                 y = self.out[c] = BLOCK_ROUND[fmt](x, self.tips.get(c, ()),
-                                                   theta(max(x.shape[-1], self.tokens)), seen)
+                                                   theta(max(x.shape[-1], self.tokens)), seen,
+                                                   self.window.get(c))
                 i = torch.tensor(seen, dtype=torch.long)   # a scale's (past x): its block's
                 i = torch.where(i >= x.numel(), (i - x.numel()) * 32, i)
                 rows = i // x.shape[-1] % x.shape[-2]
@@ -679,11 +697,19 @@ def file_reads(pack: Path, src: Path, tokens: list[int], want: np.ndarray | None
         return read_pack(pack, src, tokens=tokens, shape=shape, arith=Arith(**{**arith, **kw}))
     a = Arith(mode="emulate", **arith)
     emu = read_pack(pack, src, tokens=tokens, shape=shape, arith=a)
-    emu_d = [rd(mode="emulate", order=i + 1, frozen=a.out) for i in range(DRAWS)]
+    draws = [Arith(mode="emulate", order=i + 1, frozen=a.out, frozen_in=a.inp, **arith)
+             for i in range(DRAWS)]
+    emu_d = [read_pack(pack, src, tokens=tokens, shape=shape, arith=d) for d in draws]
     eb = spread(emu, emu_d)
     tips, near = [], len(emu.near)
     if want is not None and rel(emu.logits, want) >= eb:
-        emu, tips = tipped(lambda t: rd(mode="emulate", tips=t), emu, want, eb)
+        # the roundings near a midpoint: within fp32 error of it, or within what the draws
+        # moved the rounding's input by (upstream fp32 order, which a chain of DeltaNet
+        # layers carries further than one product's error)
+        window = {c: torch.stack([d.moved[c] for d in draws]).amax(0) for c in draws[0].moved}
+        emu = rd(mode="emulate", window=window)
+        near = len(emu.near)
+        emu, tips = tipped(lambda t: rd(mode="emulate", tips=t, window=window), emu, want, eb)
     plain = rd()
     noise_d = [rd(mode="noise", noise=i + 1) for i in range(DRAWS)]
     rows = decided(plain, [emu, *noise_d])
