@@ -48,6 +48,8 @@ regenerated at test time): the `small` one of the other tests (D 64/96, experts 
 F16 and Q8_0, which need rows of a multiple of 32 (or nothing); a `wide` one for Q4_K_M with
 D = expert width = 256, because a K-quant needs rows of a multiple of 256 (llama.cpp's quantizer
 falls back to Q5_0 / Q8_0 / F16 for a row that is not: those tensors are listed in the JSON).
+The hybrids have the small shape only, Q4_K_M included, some files as models of their own
+(`HYBRID_QUANT`: e.g. `qwen35moe-mix-q4_k_m.gguf`).
 
 What is patched, and why:
 - the pre-tokenizer name (make_llama_cpp_fixtures._RUN: "qwen2"; a fresh tokenizer hashes to no
@@ -146,12 +148,20 @@ def _small():
             "qwen3next": QWEN3NEXT_TINY, "qwen35moe": QWEN35MOE_TINY}
 
 
-# the hybrids: small files only (their DeltaNet rows of 64 have no K-quant to fall back from)
+# the hybrids: small files only (four layers of 8 experts: a wide file would weigh megabytes).
+# A rounding of the size of llama.cpp's q8 one moves these tiny models' logits by up to their
+# own size (it reaches a DeltaNet layer's ssm_out, its gate z and attn_qkv: the noise reads of
+# test_llama_cpp_logits.py spread 0.2 - 1.1) and changes a routing decision within a few tokens
+# of most prompts, so each quantized file takes the prompt that routes alike longest on its own:
+# Qwen3-Next's F16 and Q8_0 files share one (every row routes alike), its Q4_K_M file and
+# Qwen3.5's Q8_0 and Q4_K_M files are models of their own (`<name>-<tag>`, the same HF model).
+# At D 64 Q4_K_M's every K-quant row falls back (Q5_0 / Q5_1 / Q8_0, the JSON lists them), which
+# still holds the ftype's mix: the Q5_1 attn_output (q8_1 activations, whose minimum term no
+# other converted fixture has) and Q5_0 beside Q8_0 in one layer's experts.
 HYBRID = ("qwen3next", "qwen35moe")
-# Qwen3.5-MoE's Q8_0 file is left out: llama.cpp's logits of it differ from the emulated read
-# by 1e-3 - 5e-3 at some rows (each row alone, not carried on), far past EMULATED, where its F16
-# file and Qwen3-Next's Q8_0 one meet it (strata synth's files show the same); not understood
 SMALL_FMTS = {"qwen35moe": ("F16",)}
+HYBRID_QUANT = {"qwen3next": {"mix": ("Q4_K_M",)},
+                "qwen35moe": {"q8": ("Q8_0",), "mix": ("Q4_K_M",)}}
 
 
 # D = expert width = 256 (whole K-quant rows), top-2 of 3 experts, attention of 4 x 32
@@ -194,6 +204,8 @@ def models() -> list[Model]:
     out = []
     for a in small:
         out.append(Model(a, gguf_arch.get(a, a), small[a], SMALL_FMTS.get(a, ("F16", "Q8_0"))))
+        for tag, fmts in HYBRID_QUANT.get(a, {}).items():
+            out.append(Model(f"{a}-{tag}", a, small[a], fmts))
         if a in wide:
             out.append(Model(f"{a}-wide", gguf_arch.get(a, a), wide[a], ("Q4_K_M",)))
     # YaRN's model: 4 experts in 2 groups of 2 (one kept), top-2 (an F32 file: kept small)

@@ -23,12 +23,9 @@ from tests.models.test_llama_cpp_logits import _pack, file_reads, one_thread  # 
 DATA = Path(__file__).parent / "data" / "llama_cpp_synth"
 INFO = json.loads((DATA / "synth.json").read_text())   # a missing fixture fails, never skips
 NAMES = sorted(INFO["files"])
-# llama.cpp multiplies Q4_1 / Q5_1 weights with q8_1 activations, whose block sum s (the min
-# term's factor) it stores rounded to f16; test_llama_cpp_logits' emulation rounds the
-# activations to q8_0's values and so leaves that rounding out. Files holding such weights
-# (a Q4_K_M file of 8 experts at D 64: attn_output's Q5_K falls back to Q5_1) are held to PLAIN.
-MIN_TERM = ("Q4_1", "Q5_1")
-EMULATED_NAMES = [n for n in NAMES if not set(INFO["files"][n]["types"]) & set(MIN_TERM)]
+# every file is held to EMULATED, the Q4_K_M files' Q5_1 attn_output (at D 64 its Q5_K falls back
+# to Q5_1) with q8_1's minimum term (test_llama_cpp_logits._q8_1)
+EMULATED_NAMES = NAMES
 
 
 @pytest.fixture(scope="module")
