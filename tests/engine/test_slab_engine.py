@@ -15,7 +15,8 @@ from strata.errors import AllocationError, StrataError
 from strata.kernels.moe.tiles import pin_tile
 from strata.memory import Loan
 from strata.memory import pool as mpool
-from tests.engine.slab_helpers import (STREAM_K, TOKENS, BudgetAlloc, make_pack, tiny_engine)
+from tests.engine.slab_helpers import (CHUNK, STREAM_K, TOKENS, BudgetAlloc, make_pack,
+                                       tiny_engine)
 
 CHECK = "the scratch pool takes a new"
 # The tiny shapes' scratch is a few KiB; the check line's 4 MiB threshold is lowered to 1 byte
@@ -72,9 +73,14 @@ def unconstrained(pack):
     return reads
 
 
-def _run(eng, **kw):
+def _run(eng, tokens=TOKENS, **kw):
     with pin_tile(**STREAM_K):
-        return eng.run(TOKENS, **kw)
+        return eng.run(tokens, **kw)
+
+
+# the guards' reads are one chunk: what they check (the slab when the loan refills, once after
+# the prompt; each participant's own tail, published once a prompt) is the same after two
+ONE_CHUNK = TOKENS[:CHUNK]
 
 
 def _inside(t_ptr, buf):
@@ -98,7 +104,7 @@ def test_guard_dropped_before_refill(pack, monkeypatch):
         refill(loan)
     monkeypatch.setattr(Loan, "refill", spy)
     before = part.cache.buffer.clone()
-    _run(eng)
+    _run(eng, ONE_CHUNK)
     assert part.scratch.slab.high_water > 0            # the slab did serve this prompt
     assert seen == [(False, {}, {}, None)]
     buf = part.scratch(1000)                           # a request after the prompt ...
@@ -131,7 +137,7 @@ def test_guard_each_participant_its_own_loan(pack, monkeypatch):
         pub = part.scratch.publish
         monkeypatch.setattr(part.scratch, "publish",
                             lambda t, part=part, pub=pub: (tails.setdefault(part.name, t), pub(t)))
-    _run(eng)
+    _run(eng, ONE_CHUNK)
     for part in (a, b):
         t = tails[part.name]
         assert not t.empty and _inside(t.address, part.cache.buffer)
