@@ -14,8 +14,10 @@ import os
 
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))   # set before conftest loads
 if WORKERS:
+    _cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(_var, str(max(1, len(os.sched_getaffinity(0)) // WORKERS)))
+        os.environ.setdefault(_var, str(max(1, _cores // WORKERS)))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
