@@ -49,10 +49,18 @@ class _Lines(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def unconstrained(pack):
+def _reads():
+    return {}
+
+
+@pytest.fixture
+def unconstrained(pack, _reads):
     """{"0": slab off, "1": slab on}: the unconstrained read on a fresh engine (each ~10 s of
     interpreter launches), read once for the module: the check-line test reads its lines and
-    pools, the full-card tests compare their logits with it."""
+    pools, the full-card tests compare their logits with it. Read in the first test that asks
+    (function scope: under that test's NaN-poisoned torch.empty, as every read here)."""
+    if _reads:
+        return _reads
     log = logging.getLogger("strata")
     reads = {}
     with pytest.MonkeyPatch.context() as mp:
@@ -70,7 +78,8 @@ def unconstrained(pack):
                 log.setLevel(level)
             sc = eng.parts[0].scratch
             reads[slab] = Read(res, h.lines, sc.ordinary.new_buffers, sc.slab.high_water)
-    return reads
+    _reads.update(reads)
+    return _reads
 
 
 def _run(eng, tokens=TOKENS, **kw):
