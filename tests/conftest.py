@@ -4,6 +4,12 @@
   wrote shows up as NaN in the comparison instead of passing by luck.
 - `@pytest.mark.gpu` tests skip cleanly without CUDA; they run on the device machine.
 - Hypothesis: no deadline (the interpreter is slow), a fixed CI profile.
+- Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads.
+  torch's default, every core in every worker, oversubscribes them, and OpenMP's waiting threads
+  stall the tiny CPU reads: a hybrid model's 150-token read took 0.1 s alone and 15 s beside two
+  busy cores. Only the worker's own count: the processes a test starts keep their environment
+  (test_distributed's spawned ranks abort under OMP_NUM_THREADS=1; they take the parent's count
+  as an argument). Modules that want one thread at -n 0 as well keep their `one_thread` fixtures.
 """
 import os
 
@@ -19,6 +25,11 @@ settings.register_profile("dev", deadline=None, max_examples=200)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 HAS_CUDA = torch.cuda.is_available()
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))   # xdist sets it in each worker
+if WORKERS:
+    _cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)
+    torch.set_num_threads(max(1, _cores // WORKERS))
 
 _empty, _empty_like = torch.empty, torch.empty_like
 

@@ -6,7 +6,7 @@ import torch
 from strata.engine.observe import EngineObserver
 from strata.errors import AllocationError
 from strata.kernels.moe.tiles import pin_tile
-from tests.engine.slab_helpers import STREAM_K, TOKENS, make_pack, tiny_engine
+from tests.engine.slab_helpers import CHUNK, STREAM_K, TOKENS, make_pack, tiny_engine
 
 
 class Log(EngineObserver):
@@ -65,12 +65,13 @@ def test_a_failed_prompt_reports_its_loans_but_no_result(pack):
 
 @pytest.mark.parametrize("env,slab", [("0", True), ("1", False)])
 def test_config_slab_wins_over_the_knob(pack, monkeypatch, env, slab):
-    """EngineConfig.slab, when set, decides; STRATA_MMQ_SLAB only fills in when it is None."""
+    """EngineConfig.slab, when set, decides; STRATA_MMQ_SLAB only fills in when it is None.
+    One chunk: its first stream-k launch already asks the slab or the ordinary pool."""
     monkeypatch.setenv("STRATA_MMQ_SLAB", env)
     eng = tiny_engine(pack)
     eng.cfg.slab = slab
     with pin_tile(**STREAM_K):
-        eng.run(TOKENS, logits="none")
+        eng.run(TOKENS[:CHUNK], logits="none")
     st = eng.parts[0].scratch.stats()
     assert (st["slab_high_water"] > 0) is slab
     assert (st["ordinary_new_buffers"] > 0) is not slab

@@ -5,6 +5,7 @@ start check line, and the failure the slab exists for (a card too full for ordin
 Every engine here runs the real Triton moe_ffn pinned to stream-k (so every launch asks for
 fixup scratch) over the engine's expert batches."""
 import logging
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from strata.errors import AllocationError, StrataError
 from strata.kernels.moe.tiles import pin_tile
 from strata.memory import Loan
 from strata.memory import pool as mpool
-from tests.engine.slab_helpers import (STREAM_K, TOKENS, BudgetAlloc, make_pack, tiny_engine)
+from tests.engine.slab_helpers import (CHUNK, STREAM_K, TOKENS, BudgetAlloc, make_pack,
+                                       tiny_engine)
 
 CHECK = "the scratch pool takes a new"
 # The tiny shapes' scratch is a few KiB; the check line's 4 MiB threshold is lowered to 1 byte
@@ -28,17 +30,70 @@ def pack(tmp_path_factory):
     return make_pack(tmp_path_factory.mktemp("slab") / "t.pack")
 
 
-def _run(eng, **kw):
+class Read(NamedTuple):
+    """An unconstrained read on a fresh engine and what it left behind."""
+    result: object          # PrefillResult
+    lines: list             # its check lines
+    new_buffers: int        # the ordinary pool's new buffers
+    high_water: int         # the slab's high water
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        if CHECK in record.getMessage():
+            self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def _reads():
+    return {}
+
+
+@pytest.fixture
+def unconstrained(pack, _reads):
+    """{"0": slab off, "1": slab on}: the unconstrained read on a fresh engine (each ~10 s of
+    interpreter launches), read once for the module: the check-line test reads its lines and
+    pools, the full-card tests compare their logits with it. Read in the first test that asks
+    (function scope: under that test's NaN-poisoned torch.empty, as every read here)."""
+    if _reads:
+        return _reads
+    log = logging.getLogger("strata")
+    reads = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mpool, "LOG_MIN", CHECK_LINE_MIN_FOR_TINY_SHAPES)
+        for slab in ("0", "1"):
+            eng = tiny_engine(pack)
+            mp.setenv("STRATA_MMQ_SLAB", slab)
+            h, level = _Lines(), log.level
+            log.addHandler(h)
+            log.setLevel(logging.INFO)
+            try:
+                res = _run(eng)
+            finally:
+                log.removeHandler(h)
+                log.setLevel(level)
+            sc = eng.parts[0].scratch
+            reads[slab] = Read(res, h.lines, sc.ordinary.new_buffers, sc.slab.high_water)
+    _reads.update(reads)
+    return _reads
+
+
+def _run(eng, tokens=TOKENS, **kw):
     with pin_tile(**STREAM_K):
-        return eng.run(TOKENS, **kw)
+        return eng.run(tokens, **kw)
+
+
+# the guards' reads are one chunk: what they check (the slab when the loan refills, once after
+# the prompt; each participant's own tail, published once a prompt) is the same after two
+ONE_CHUNK = TOKENS[:CHUNK]
 
 
 def _inside(t_ptr, buf):
     return buf.data_ptr() <= t_ptr < buf.data_ptr() + buf.numel()
-
-
-def _check_lines(caplog):
-    return [r.getMessage() for r in caplog.records if CHECK in r.getMessage()]
 
 
 def test_guard_dropped_before_refill(pack, monkeypatch):
@@ -58,7 +113,7 @@ def test_guard_dropped_before_refill(pack, monkeypatch):
         refill(loan)
     monkeypatch.setattr(Loan, "refill", spy)
     before = part.cache.buffer.clone()
-    _run(eng)
+    _run(eng, ONE_CHUNK)
     assert part.scratch.slab.high_water > 0            # the slab did serve this prompt
     assert seen == [(False, {}, {}, None)]
     buf = part.scratch(1000)                           # a request after the prompt ...
@@ -91,7 +146,7 @@ def test_guard_each_participant_its_own_loan(pack, monkeypatch):
         pub = part.scratch.publish
         monkeypatch.setattr(part.scratch, "publish",
                             lambda t, part=part, pub=pub: (tails.setdefault(part.name, t), pub(t)))
-    _run(eng)
+    _run(eng, ONE_CHUNK)
     for part in (a, b):
         t = tails[part.name]
         assert not t.empty and _inside(t.address, part.cache.buffer)
@@ -103,31 +158,23 @@ def test_guard_each_participant_its_own_loan(pack, monkeypatch):
         b.scratch.publish(tails[a.name])
 
 
-def test_check_line_off_and_on(pack, monkeypatch, caplog):
-    """Slab off: the line for every new ordinary scratch buffer; slab on with a tail: none. The
-    plan's chunk and ring are the same both ways."""
-    monkeypatch.setattr(mpool, "LOG_MIN", CHECK_LINE_MIN_FOR_TINY_SHAPES)
-    caplog.set_level(logging.INFO, logger="strata")
-    eng = tiny_engine(pack)
-    part = eng.parts[0]
-    monkeypatch.setenv("STRATA_MMQ_SLAB", "0")
-    off = _run(eng)
-    lines = _check_lines(caplog)
-    assert part.scratch.ordinary.new_buffers >= 1
-    assert len(lines) == part.scratch.ordinary.new_buffers
+def test_check_line_off_and_on(unconstrained):
+    """Slab off: the line for every new ordinary scratch buffer; slab on with a tail (a fresh
+    engine: a fresh ordinary pool, nothing cached): none. The plan's chunk and ring are the
+    same both ways."""
+    off, on = unconstrained["0"], unconstrained["1"]
+    assert off.new_buffers >= 1
+    assert len(off.lines) == off.new_buffers
     assert all(l.startswith("strata prefill mmq: CUDA0 the scratch pool takes a new ") and
-               l.endswith(" MiB buffer") for l in lines)
-    caplog.clear()
-    eng2 = tiny_engine(pack)                       # a fresh ordinary pool: nothing cached
-    monkeypatch.setenv("STRATA_MMQ_SLAB", "1")
-    on = _run(eng2)
-    assert eng2.parts[0].scratch.slab.high_water > 0
-    assert _check_lines(caplog) == []
+               l.endswith(" MiB buffer") for l in off.lines)
+    assert on.high_water > 0
+    assert on.lines == []
+    off, on = off.result, on.result
     assert (on.chunk, on.ring, on.plan.chunk, on.plan.ring) == \
         (off.chunk, off.ring, off.plan.chunk, off.plan.ring)
 
 
-def test_full_card_slab_off_fails_the_request_cache_intact(pack, monkeypatch):
+def test_full_card_slab_off_fails_the_request_cache_intact(pack, monkeypatch, unconstrained):
     """No ordinary memory left for scratch: slab off, the request fails with an AllocationError
     mid-prompt, the cache is byte for byte as before, and the next prompt (memory freed) reads."""
     monkeypatch.setenv("STRATA_MMQ_SLAB", "0")
@@ -142,11 +189,11 @@ def test_full_card_slab_off_fails_the_request_cache_intact(pack, monkeypatch):
     assert torch.equal(part.cache.buffer, before) and part.cache.index == index
     part.scratch.use_ordinary(OrdinaryScratch(part.device, alloc=BudgetAlloc(free=1 << 30)))
     again = _run(eng)
-    ref = _run(tiny_engine(pack))                     # unconstrained, slab off
+    ref = unconstrained["0"].result                   # unconstrained, slab off
     assert torch.equal(again.logits, ref.logits)
 
 
-def test_full_card_slab_on_completes_with_identical_logits(pack, monkeypatch):
+def test_full_card_slab_on_completes_with_identical_logits(pack, monkeypatch, unconstrained):
     """The same full card with STRATA_MMQ_SLAB=1: the scratch comes from the tail, the prompt
     reads to completion, logits equal to an unconstrained run bit for bit (and to slab off
     within bf16 rounding: the slab lends more slots, so experts batch differently)."""
@@ -159,10 +206,9 @@ def test_full_card_slab_on_completes_with_identical_logits(pack, monkeypatch):
     got = _run(eng)
     assert full.refused == 0 and part.scratch.slab.high_water > 0
     assert torch.equal(part.cache.buffer, before)
-    free = _run(tiny_engine(pack))                    # unconstrained, slab on
+    free = unconstrained["1"].result                  # unconstrained, slab on
     assert torch.equal(got.logits, free.logits)
-    monkeypatch.setenv("STRATA_MMQ_SLAB", "0")
-    off = _run(tiny_engine(pack))
+    off = unconstrained["0"].result
     err = (got.logits - off.logits).abs().max() / off.logits.abs().max()
     assert err < BF16_REL
 

@@ -36,7 +36,9 @@ def test_decode_experts_is_exact():
                          ids=["legacy-mix", "kquant-mix"])
 def test_decoded_matches_reference(fmt):
     g = torch.Generator().manual_seed(2)
-    E, D, F, T, K = 6, 256, 256, 11, 2
+    # D = F = 256: whole K-quant super-blocks. Three experts are enough for a pass over some of
+    # them (one, then the other two); each expert costs the interpreter three decodes
+    E, D, F, T, K = 3, 256, 256, 11, 2
     experts = random_expert_set(E, D, F, *fmt, seed=4)
     x = torch.randn(T, D, generator=g).bfloat16()
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
@@ -45,7 +47,7 @@ def test_decoded_matches_reference(fmt):
     assert rel(moe_ffn_decoded(x, ids, w, experts), ref) < DECODED_REL
     # a pass over some experts (ids of the others -1) adds into an fp32 accumulator
     acc = torch.zeros(T, D)
-    for group in ([0, 1, 2], [3, 4, 5]):
+    for group in ([0], [1, 2]):
         part = torch.where(torch.isin(ids, torch.tensor(group)), ids, -1)
         moe_ffn_decoded(x, part, w, experts, out=acc)
     assert rel(acc, ref) < DECODED_REL

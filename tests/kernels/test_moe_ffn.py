@@ -277,11 +277,15 @@ VARIANT_CASES = [
          BN=32, BK=64),
     Case("runs-differ-q2-beside-q8", T=5, E=2, K=1, D=128, F=64, fmts=("Q8_0", "Q2_0", "Q8_0"),
          BN=32, BK=64),       # gate scaled (run 32), up falls back to decoding (run 64)
-    # rows of whole block pairs (D, F multiples of 64), as the decode-once word path reads them
-    Case("pairs-q8-q4-dp", T=9, E=3, K=2, D=128, F=192, fmts=("Q8_0", "Q4_0", "Q8_0"),
-         BN=16, BK=64),
+    # rows of whole block pairs (D, F multiples of 64), as the decode-once word path reads them;
+    # every GEMM of both still takes two or more reduction steps (so the PF variants prefetch
+    # across a step) and several column tiles, and stream-k's 5 programs split the gate/up
+    # launch's (tiles x 2 steps) iterations mid-tile. BN=16 stays covered by fast-q8-q4-sk; a
+    # wider BN halves the interpreter's programs.
+    Case("pairs-q8-q4-dp", T=9, E=3, K=2, D=128, F=128, fmts=("Q8_0", "Q4_0", "Q8_0"),
+         BN=32, BK=64),
     Case("pairs-q4-q8-sk-bk128", T=6, E=3, K=2, D=256, F=128, fmts=("Q4_0", "Q8_0", "Q4_0"),
-         schedule="stream_k", programs=5, BN=32, BK=128),
+         schedule="stream_k", programs=5, BN=64, BK=128),
 ]
 
 
