@@ -12,6 +12,12 @@
 # and carry .lcp (run's carry). The build goes to /dev/shm/lcp (the device's fresh machine keeps it for
 # the rest of the call only): build and measure in one call.
 set -u
+# strata from the source tree, gguf from the carried wheels (as gpu_session.sh)
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if ls .whl/gguf*.whl >/dev/null 2>&1 && ! python3 -c "import gguf" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf*.whl \
+        && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 LCP=${LCP:-/dev/shm/lcp}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 case ${1:-} in

@@ -29,15 +29,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from strata.bench.plot import bars                                        # noqa: E402
-from strata.bench.record import commit_of, gpu_name, utc_now, write_csv   # noqa: E402
-from strata.bench.timing import time_fn                                   # noqa: E402
-from strata.kernels.deltanet import chunk_gated_delta_rule               # noqa: E402
-from strata.kernels.deltanet.launch import (DEFAULT, DeltaLaunch,         # noqa: E402
+from strata.bench.plot import bars
+from strata.bench.record import commit_of, gpu_name, utc_now, write_csv
+from strata.bench.timing import time_fn
+from strata.kernels.deltanet import chunk_gated_delta_rule
+from strata.kernels.deltanet.launch import (DEFAULT, DeltaLaunch,
                                             pin_delta_launch)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def inputs(T, Hk, Hv, dk, dv, dtype, device, seed=0):

@@ -22,14 +22,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from strata.bench.llama_cpp import (bench_rows, buffers_from_log, gguf_sizes,   # noqa: E402
+from strata.bench.llama_cpp import (bench_rows, buffers_from_log, gguf_sizes,
                                     gpu_mib, ncmoe_for_budget)
-from strata.bench.plot import bars                                               # noqa: E402
-from strata.bench.record import commit_of, gpu_name, utc_now, write_csv          # noqa: E402
-from strata.units import parse_size                                              # noqa: E402
+from strata.bench.plot import bars
+from strata.bench.record import commit_of, gpu_name, utc_now, write_csv
+from strata.units import parse_size
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def llama_bench(bin_dir: Path, gguf: Path, P: int, ub: int, ncmoe: int, reps: int,
