@@ -140,12 +140,15 @@ def _q8_32(x: torch.Tensor, tips, eps: float, seen, moved=None):
     """q8_0's blocks of x [..., K] (ggml-cpu's quantize_row_q8_0 / _q8_1, x86): per 32,
     d = amax/127 (fp32), q = round-half-even(x * 127/amax) -> (q [B, 32], d [B, 1], fp16(d)).
     `tips` / `seen`: flat indices of the codes (_q8), then of the scales (numel + block);
-    `moved` (x's shape): how far the order draws moved x (_q8's slack)."""
+    `moved` (x's shape): how far the order draws moved x (_q8's slack; ignored when another
+    shape: the read routed otherwise than the draws)."""
     assert x.shape[-1] % 32 == 0, f"q8_0 rows of {x.shape[-1]}"
     b = x.reshape(-1, 32)
     amax = b.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    slack = None if moved is None else 2 * moved.reshape(b.shape) * inv
+    # a tip that routes a token otherwise changes an expert's rows: no draw moved those
+    slack = None if moved is None or moved.numel() != b.numel() else \
+        2 * moved.reshape(b.shape) * inv
     q = _q8(b, b * inv, tips, eps, seen, slack)
     d = amax / 127.0
     return q, d, _scale_f16(d, b.numel(), tips, eps, seen)
@@ -166,7 +169,8 @@ def _q8_k(x: torch.Tensor, tips=(), eps: float = 0.0, seen=None, moved=None) -> 
     mx = b.gather(-1, b.abs().argmax(-1, keepdim=True))
     iscale = torch.where(mx != 0, -127.0 / mx, torch.zeros_like(mx))
     d = torch.where(mx != 0, 1.0 / iscale, torch.zeros_like(mx))
-    slack = None if moved is None else 2 * moved.reshape(b.shape) * iscale.abs()
+    slack = None if moved is None or moved.numel() != b.numel() else \
+        2 * moved.reshape(b.shape) * iscale.abs()
     return (_q8(b, iscale * b, tips, eps, seen, slack).clamp(max=127) * d).reshape(x.shape)
 
 
@@ -686,12 +690,22 @@ class FileReads:
     near: int                  # how many lay within fp32 of a midpoint
 
 
-def file_reads(pack: Path, src: Path, tokens: list[int], want: np.ndarray | None,
-               **arith) -> FileReads:
-    """Every read and bound of one file (`arith`: Arith fields every read takes: a deliberate
-    error; `want` None: no llama.cpp logits yet, no tips looked for: the maker's prompt pick)."""
+@dataclass
+class Emulated:
+    """A file's emulated read (with the tips found, if any) and its bound."""
+    read: Read
+    bound: float               # EMULATED
+    draws: list                # the order draws' reads (frozen codes)
+    tips: list                 # the q8 roundings taken the other way (call, index)
+    near: int                  # how many lay within fp32 of a midpoint
+
+
+def emulated_read(pack: Path, src: Path, tokens: list[int], want: np.ndarray | None,
+                  shape=None, **arith) -> Emulated:
+    """llama.cpp's rounding emulated on one prompt, EMULATED from the order draws, and (when
+    `want` and the read is off it by EMULATED) the q8 roundings llama.cpp's order tipped."""
     from strata.packs import Pack
-    shape = llama_cpp_shape(Pack.open(pack).shape)
+    shape = shape or llama_cpp_shape(Pack.open(pack).shape)
 
     def rd(**kw):
         return read_pack(pack, src, tokens=tokens, shape=shape, arith=Arith(**{**arith, **kw}))
@@ -710,11 +724,24 @@ def file_reads(pack: Path, src: Path, tokens: list[int], want: np.ndarray | None
         emu = rd(mode="emulate", window=window)
         near = len(emu.near)
         emu, tips = tipped(lambda t: rd(mode="emulate", tips=t, window=window), emu, want, eb)
+    return Emulated(emu, eb, emu_d, tips, near)
+
+
+def file_reads(pack: Path, src: Path, tokens: list[int], want: np.ndarray | None,
+               **arith) -> FileReads:
+    """Every read and bound of one file (`arith`: Arith fields every read takes: a deliberate
+    error; `want` None: no llama.cpp logits yet, no tips looked for: the maker's prompt pick)."""
+    from strata.packs import Pack
+    shape = llama_cpp_shape(Pack.open(pack).shape)
+
+    def rd(**kw):
+        return read_pack(pack, src, tokens=tokens, shape=shape, arith=Arith(**{**arith, **kw}))
+    e = emulated_read(pack, src, tokens, want, shape, **arith)
     plain = rd()
     noise_d = [rd(mode="noise", noise=i + 1) for i in range(DRAWS)]
-    rows = decided(plain, [emu, *noise_d])
-    return FileReads(want, emu, plain, eb, spread(plain, noise_d, rows) + eb, rows,
-                     decided(emu, emu_d), tips, near)
+    rows = decided(plain, [e.read, *noise_d])
+    return FileReads(want, e.read, plain, e.bound, spread(plain, noise_d, rows) + e.bound, rows,
+                     decided(e.read, e.draws), e.tips, e.near)
 
 
 def want_of(fname: str, sfx: str = "") -> np.ndarray:
