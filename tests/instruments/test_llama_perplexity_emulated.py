@@ -39,7 +39,7 @@ from strata.instruments.kldfile import Base
 from strata.instruments.perplexity import measure
 from strata.instruments.windows import Windows
 from tests.models.fp32_bound import rel
-from tests.models.test_llama_cpp_logits import _pack, emulated_read
+from tests.models.llama_emulation import _pack, emulated_read
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "llama_perplexity"

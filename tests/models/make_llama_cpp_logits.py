@@ -315,7 +315,7 @@ def candidates(n: int, tries: int = TRIES):
 
 
 def _pack(f: Path, work: Path) -> Path:
-    from tests.models.test_llama_cpp_logits import _pack as pack
+    from tests.models.llama_emulation import _pack as pack
     done = work / (f.stem + ".pack")
     return done if done.exists() else pack(f, work)
 
@@ -323,7 +323,7 @@ def _pack(f: Path, work: Path) -> Path:
 def routed_rows(files: list[Path], tokens: list[int], work: Path) -> int:
     """The rows every file's reads route alike (test_llama_cpp_logits.file_reads: plain,
     emulated, the rounding's largest error, fp32 order), the least over the files."""
-    from tests.models.test_llama_cpp_logits import file_reads
+    from tests.models.llama_emulation import file_reads
     rows = len(tokens)
     for f in files:
         try:
