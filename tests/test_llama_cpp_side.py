@@ -74,3 +74,18 @@ def test_not_a_gguf_is_one_line(tmp_path):
     with pytest.raises(StrataError) as e:
         gguf_sizes(bad)
     assert "\n" not in str(e.value)
+
+
+def test_a_gguf_without_the_model_keys_is_one_line(tmp_path):
+    import gguf
+    import numpy as np
+    path = tmp_path / "bare.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("x", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(StrataError, match="block_count") as e:
+        gguf_sizes(path)
+    assert "\n" not in str(e.value)

@@ -56,6 +56,11 @@ def gguf_sizes(path: str | Path) -> GgufSizes:
     except (OSError, ValueError) as e:
         raise StrataError(f"{path}: not a readable GGUF ({e}); give a GGUF file") from None
     arch = _field(r, "general.architecture")
+    need = [f"{arch}.block_count", f"{arch}.embedding_length", f"{arch}.attention.head_count"]
+    missing = [k for k in need if _field(r, k) is None] if arch else ["general.architecture"]
+    if missing:
+        raise StrataError(f"{path}: the GGUF lacks {', '.join(missing)}; give a model GGUF as "
+                          f"llama.cpp's converter writes it")
     L = int(_field(r, f"{arch}.block_count"))
     experts = [0] * L
     rest = 0

@@ -68,6 +68,15 @@ def _proj(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Te
     return y if b is None else y + b
 
 
+def one_layout(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k, v [S, Hkv, hd] with one set of strides, as chunk_attention reads them: a k that is not
+    the [T, Hkv, hd] rows norm_rope leaves (a wiring's own rotation, a transposed view beside a
+    contiguous v) is copied with v, else both pass as they are."""
+    if k.stride() != v.stride():
+        return k.contiguous(), v.contiguous()
+    return k, v
+
+
 def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, P: int,
                      window: int = 0, sinks: torch.Tensor | None = None,
                      starts: torch.Tensor | None = None) -> torch.Tensor:
@@ -81,11 +90,7 @@ def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, 
     H, T, hd = q.shape
     if q.is_cuda and q.dtype == torch.bfloat16:
         from strata.kernels.attention import KVSegment, chunk_attention
-        kt, vt = k_all.transpose(0, 1), v_all.transpose(0, 1)       # [P+T, Hkv, hd] views
-        if kt.stride() != vt.stride():
-            # the kernel reads k and v with one set of strides; callers whose k and v come
-            # from different layouts (a contiguous k beside a transposed v view) pay one copy
-            kt, vt = kt.contiguous(), vt.contiguous()
+        kt, vt = one_layout(k_all.transpose(0, 1), v_all.transpose(0, 1))  # [P+T, Hkv, hd]
         prefix = [KVSegment(kt[:P], vt[:P])] if P else []
         o = chunk_attention(q.transpose(0, 1), kt[P:], vt[P:], prefix, window=window,
                             sinks=None if sinks is None else sinks.float(), starts=starts)
@@ -165,11 +170,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
             extra = dict(window=window, sinks=sinks)
         if starts is not None:
             extra["starts"] = starts
-        kc, vc = k.transpose(0, 1).to(kd).to(at), v.to(kd).to(at)    # [T, Hkv, hd]
-        if kc.stride() != vc.stride():
-            # the kernel reads the chunk's k and v with one set of strides: a k that is not the
-            # [T, Hkv, hd] rows norm_rope leaves (a wiring's own rotation) is copied, chunk-sized
-            kc, vc = kc.contiguous(), vc.contiguous()
+        kc, vc = one_layout(k.transpose(0, 1).to(kd).to(at), v.to(kd).to(at))   # [T, Hkv, hd]
         o = cache.attend(layer, q.transpose(0, 1).to(at), kc, vc, **extra)   # [T, H, hd]
         return o.to(q.dtype)
     k_all, v_all = cache.extend(layer, k, v.transpose(0, 1))         # [Hkv, n+T, hd]
