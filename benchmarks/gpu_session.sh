@@ -151,6 +151,11 @@ for step in "$@"; do
     # overhead vs kernel time), then a whole all-resident qwen3-30b-a3b Q8_0 read at 8K and 32K
     profileffn) timeout 200 python3 benchmarks/profile_read.py --what ffn --T ${PF_T:-512 2048 8192} --out "$OUT" 2>&1 | tail -300 > "$OUT/profile_ffn.log"; grep "^T=" "$OUT/profile_ffn.log" ;;
     profileres) timeout 280 python3 benchmarks/profile_read.py --what resident --T 8192 32768 --top 40 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -120 > "$OUT/profile_resident.log"; grep -A3 "^T=" "$OUT/profile_resident.log" ;;
+    # issue 37 item 3: where the time goes in the models people offload, before changing kernels: a
+    # one-chunk all-resident read of gpt-oss-120b MXFP4 (4 layers: 2 sliding, 2 full) and DeepSeek-V3
+    # Q4_K_M (5 layers: 3 dense, 2 MoE) at 8K and 32K, by kernel category beside the floor's parts
+    profilebig) for spec in "gpt-oss-120b MXFP4 4" "deepseek-v3 Q4_K_M 5"; do read -r pm pq pl <<< "$spec"
+                timeout ${PB_T:-200} python3 benchmarks/profile_read.py --what resident --preset $pm --quant $pq --layers $pl --T 8192 32768 --top 30 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -90 > "$OUT/profile_$pm.log"; grep -A2 "^T=\|resident in" "$OUT/profile_$pm.log"; done ;;
     # issue 18 item 4: the fused RMSNorm / q-k norm + NEOX RoPE kernels against their torch twins at the
     # real shapes, and bf16 reads (model + engine) fused vs torch; normab: profileres's 32K read with the
     # norms pinned to torch (the fused arm is profileres itself): profile_resident_norm_torch.{csv,log}

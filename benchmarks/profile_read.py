@@ -10,11 +10,16 @@ rows an expert) with strata's BF16 GEMM and with torch._grouped_mm over the deco
 (strata.kernels.moe.grouped: "auto"'s choice on sm90+ from 256 rows an expert), and
 grouped_mm-bf16 at the qwen3-30b-a3b
 expert shape, Q8_0; per arm the wall time of back-to-back calls (host running ahead) beside a
-single synchronized call, then the device time of each kernel. `resident`: the full-size
-qwen3-30b-a3b Q8_0 model with every expert in VRAM reading one prompt (one chunk), its kernels
-summed into attention / expert GEMM / dense GEMM / the rest (`--decoded-gemm triton|grouped`
-pins the decoded FFN's GEMM for the A/B). Prints a table and writes
-`profile_<what>.csv` (kernel, calls, device ms per read) under --out.
+single synchronized call, then the device time of each kernel. `resident`: a full-width model
+(`--preset`, default qwen3-30b-a3b; `--quant` a format or a stock mix, default Q8_0; `--layers`
+its first N layers, for the models whose experts pass the GPU) with every expert in VRAM reading
+one prompt (one chunk), its kernels summed into attention / expert GEMM / dense GEMM / the rest
+(`--decoded-gemm triton|grouped` pins the decoded FFN's GEMM for the A/B), beside the compute
+floor's parts (strata.bench.roofline.floor_parts where present) at this GPU's settled rates.
+Prints a table and writes `profile_<what>.csv` (kernel, calls, device ms per read) under --out.
+
+    python3 benchmarks/profile_read.py --what resident --preset gpt-oss-120b --quant MXFP4 \
+        --layers 4 --T 8192 32768
 """
 from __future__ import annotations
 
@@ -45,7 +50,11 @@ CATEGORIES = (  # first match wins: a kernel's name -> what it computes
     ("expert GEMM (grouped)", ("groupproblemshape", "grouped")),   # cutlass's, via _grouped_mm
     ("grouped FFN glue", ("_silu_mul", "_scatter_kernel")),
     ("expert GEMM (fused)", ("_moe", "moe_")),
-    ("attention", ("flash", "fmha", "attn", "attention")),
+    ("expert GEMM (int8)", ("_int8_gemm", "_q8_1")),
+    ("expert decode", ("_dequant", "_expand_codes")),
+    ("linear attention (delta rule)", ("_gdn_", "_l2norm", "_gated_rms_norm", "conv1d")),
+    ("router", ("_softmax_topk",)),
+    ("attention", ("flash", "fmha", "attn", "attention", "_attend")),
     ("dense GEMM", ("gemm", "nvjet", "cutlass", "xmma", "sm90")),
     ("routing / sort", ("sort", "scan", "topk", "bincount", "histogram", "cumsum", "radix")),
     ("copy", ("memcpy", "copy")),
@@ -137,12 +146,19 @@ def resident(args, rows: list) -> None:
     from strata.models.moe import expert_ffn
     from strata.packs.memory import MemoryPack
     from strata.packs.synth import ExpertFormats
-    shape = get_preset("qwen3-30b-a3b")
+    from strata.packs.synth import Mix
+    from strata.packs.mixes import MIXES
+    shape = get_preset(args.preset)
+    if args.layers:
+        shape = shape.with_(n_layer=args.layers)
     t = time.perf_counter()
-    pack = MemoryPack(shape, ExpertFormats.of("Q8_0"))
+    fmts = Mix.stock(args.quant, shape) if args.quant.upper() in MIXES else \
+        ExpertFormats.of(args.quant)
+    pack = MemoryPack(shape, fmts)
     model = load_model(pack, dtype=torch.bfloat16, ffn=expert_ffn(args.ffn))
     prov = resident_provider(pack)
-    print(f"model resident in {time.perf_counter() - t:.1f} s", flush=True)
+    print(f"{args.preset} {args.quant} ({shape.n_layer} layers) resident in "
+          f"{time.perf_counter() - t:.1f} s", flush=True)
     for T in args.T:
         tok = torch.randint(0, shape.vocab, (T,), generator=torch.Generator().manual_seed(T))
 
@@ -151,7 +167,26 @@ def resident(args, rows: list) -> None:
                 model.prefill(tok, prov, logits="none")
         back, one = wall(read, 2)
         print(f"T={T} resident read ({args.ffn}): {one:.3f} ms = {T / one * 1e3:,.0f} tok/s")
+        floor(shape, T)
         report(f"T={T} resident read", kernels(read, 1), rows, top=args.top)
+
+
+def floor(shape, T: int) -> None:
+    """One line: the compute floor's parts for a one-chunk read of T tokens at this GPU's
+    settled rates (what the kernels above are read against)."""
+    from strata.bench import roofline as rl
+    rates = rl.Rates(shape)
+    parts = getattr(rl, "floor_parts", None)
+    if parts is None:
+        got = {"experts": rl.seconds_at(rl.expert_flops(shape, T), rates.gemm(T)),
+               "attention": rl.seconds_at(rl.attention_flops(shape, 0, T), rates.attn(T)),
+               "dense": rl.seconds_at(rl.dense_flops(shape, T), rates.dense(T))}
+    else:
+        got = parts(shape, 0, T, rates)
+    total = sum(got.values())
+    print(f"T={T} compute floor {total * 1e3:.3f} ms = {T / total:,.0f} tok/s: " +
+          "; ".join(f"{k} {v * 1e3:.3f} ms" for k, v in got.items()) +
+          f" (rates TFLOP/s {rates.tflops()})", flush=True)
 
 
 def main(argv=None) -> int:
@@ -162,6 +197,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--ffn", default="auto", help="the resident model's expert FFN (expert_ffn)")
+    ap.add_argument("--preset", default="qwen3-30b-a3b", help="the resident read's model")
+    ap.add_argument("--quant", default="Q8_0", help="its experts: a format or a stock mix")
+    ap.add_argument("--layers", type=int, default=0, help="its first N layers (0: all)")
     ap.add_argument("--norm", choices=("auto", "torch", "triton"), default="auto",
                     help="the models' norms and q/k RoPE: auto (fused kernels on CUDA) or pinned "
                          "(strata.kernels.norm.pin_norm), for the A/B")
@@ -180,7 +218,9 @@ def main(argv=None) -> int:
         if args.decoded_gemm != "auto":
             pins.enter_context(pin_decoded_gemm(args.decoded_gemm))
         (ffn if args.what == "ffn" else resident)(args, rows)
-    tag = "" if args.norm == "auto" else f"_norm_{args.norm}"
+    tag = "" if args.what == "ffn" or args.preset == "qwen3-30b-a3b" else \
+        f"_{args.preset}-{args.quant}" + (f"-L{args.layers}" if args.layers else "")
+    tag += "" if args.norm == "auto" else f"_norm_{args.norm}"
     tag += "" if args.decoded_gemm == "auto" else f"_gemm_{args.decoded_gemm}"
     path = args.out / f"profile_{args.what}{tag}.csv"
     try:
