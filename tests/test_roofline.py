@@ -322,6 +322,11 @@ def test_compute_floor_is_the_sum_of_its_parts(name):
             assert tuple(parts) == rl.FLOOR_PARTS
             assert rl.compute_floor(s, P, T, 400e12, attn, dense=dense) == sum(parts.values())
     parts = rl.floor_parts(s, 0, 64, 1.0, 2.0, dense=3.0)
+    # a Rates brings its three rates at T: the full floor
+    assert rl.floor_parts(s, 0, 64, rl.Rates(s, gemm={64: 1.0}, attn={64: 2.0},
+                                              dense={64: 3.0})) == parts
+    with pytest.raises(TypeError, match="pass no attn or dense"):
+        rl.floor_parts(s, 0, 64, rl.Rates(s), 2.0)
     assert parts == {"experts": rl.expert_flops(s, 64),
                      "attention": rl.attention_flops(s, 0, 64) / 2,
                      "linear": rl.linear_flops(s, 64) / 3, "dense": rl.dense_flops(s, 64) / 3}

@@ -65,18 +65,23 @@ def pcie_bound(nbytes: float, h2d: float) -> float:
 FLOOR_PARTS = ("experts", "attention", "linear", "dense")
 
 
-def floor_parts(shape, P: int, T: int, gemm: float, attn: float | None = None, *,
+def floor_parts(shape, P: int, T: int, gemm: float | Rates, attn: float | None = None, *,
                 dense: float | None = None) -> dict[str, float]:
     """Seconds of each part of a chunk's compute floor (FLOOR_PARTS, the module docstring):
     its routed experts at `gemm` FLOP/s; with `attn`, its softmax attention at that rate; with
     `dense`, its dense GEMMs and its linear-attention layers' delta rule, both at that rate. A
-    part whose rate is not given, or not measured (NaN), is 0.
+    part whose rate is not given, or not measured (NaN), is 0. `gemm` may be a Rates instead
+    (and no other rate given): its three rates at T, the full floor.
 
     Why the delta rule at the dense rate: its products are small GEMM tiles ([64, 128] by
     [128, 128] and under) that the kernel runs in fp32 (tf32x3), no faster than a bf16
     projection GEMM of T rows does its work; the bf16 GEMM rate is one no kernel of the layer
     beats, so the part stays a floor (a measured rate of the kernel itself would be the
     kernel's time, not a bound on it)."""
+    if isinstance(gemm, Rates):
+        if attn is not None or dense is not None:
+            raise TypeError("floor_parts: a Rates brings every rate; pass no attn or dense")
+        gemm, attn, dense = gemm.gemm(T), gemm.attn(T), gemm.dense(T)
     return {"experts": seconds_at(expert_flops(shape, T), gemm),
             "attention": 0.0 if attn is None else seconds_at(attention_flops(shape, P, T), attn),
             "linear": 0.0 if dense is None else seconds_at(linear_flops(shape, T), dense),
