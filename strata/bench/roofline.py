@@ -78,7 +78,7 @@ def floor_parts(shape, P: int, T: int, gemm: float | Rates, attn: float | None =
     projection GEMM of T rows does its work; the bf16 GEMM rate is one no kernel of the layer
     beats, so the part stays a floor (a measured rate of the kernel itself would be the
     kernel's time, not a bound on it)."""
-    if isinstance(gemm, Rates):
+    if hasattr(gemm, "gemm"):     # a Rates (or a stand-in with its three methods)
         if attn is not None or dense is not None:
             raise TypeError("floor_parts: a Rates brings every rate; pass no attn or dense")
         gemm, attn, dense = gemm.gemm(T), gemm.attn(T), gemm.dense(T)
