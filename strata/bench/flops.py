@@ -196,7 +196,8 @@ def linear_flops(shape, T: int, layers: int | Sequence[int] | None = None) -> fl
         S <- S e^(G_last) + (k e^(G_last - G))ᵀ v_new [dk, BT]·[BT, dv]   2·BT·dk·dv
     per chunk:  6·BT·dk·dv + 2·BT²·(3·dk + 2·dv + BT - 2)
     per token:  6·dk·dv + 2·BT·(3·dk + 2·dv + BT - 2), times Hv heads
-                (delta_rule_flops_per_token; Qwen3-Next, Hv 32, dk = dv = 128: 6.02M a token)
+                (delta_rule_flops_per_token; Qwen3-Next, Hv 32, dk = dv = 128: 6.02M FLOPs
+                a token a layer)
     T tokens count T times the per-token figure: a last chunk shorter than BT is counted by
     its tokens, not by the padded tile the kernel runs."""
     lin = shape.linear
