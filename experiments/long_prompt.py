@@ -8,8 +8,9 @@ and of KV streamed, and two bounds from the same run:
 
     PCIe bound     (expert bytes + KV bytes streamed) / pinned H2D rate measured in this run
     compute floor  sum over chunks: expert FLOPs at torch._grouped_mm's measured rate for the
-                   chunk size + causal attention FLOPs (4·H·hd per visible pair) at
-                   chunk_attention's measured rate (a chunk against a 4-chunk prefix)
+                   chunk size + causal attention FLOPs (4·H·hd per visible pair at the
+                   qwen3 widths: strata.bench.flops) at chunk_attention's measured rate (a
+                   chunk against a 4-chunk prefix, counted as one full-attention layer)
 
 Cells (`--cells`, PROMPT:KV:RESIDENT, RESIDENT `all` or tokens). The default is the issue's grid:
 prompts 32K, 64K, 131,072 and 262,144, KV bf16 and int8, resident windows 32K and all, ordered so

@@ -1,11 +1,14 @@
 """`strata bench` and `strata prefill`'s --prompts-file / --trace / --no-warmup on a tiny pack (CPU)."""
 import csv
+import functools
 import io
 import json
 
 import pytest
 
 from strata.cli import main
+from strata.commands import bench as bench_cmd
+from strata.commands.bench import PART_COLUMNS
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import get_preset
 
@@ -34,7 +37,34 @@ def test_bench_rows_csv_and_json(pack, capsys, tmp_path):
     got = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(got) == 1 and got[0]["test"] == "pp40" and float(got[0]["warmup_s"]) == 0.0
     assert main(["bench", pack, "-p", "40", "-r", "1", *STREAM]) == 0
-    assert "| pp40 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| pp40 |" in out and "compute floor by part" not in out   # no rates on the CPU
+    for r in rows:
+        assert all(r[c] is None for c in PART_COLUMNS)
+    assert set(PART_COLUMNS) <= set(got[0])
+
+
+def test_bench_rows_list_the_floor_by_part(pack, capsys, monkeypatch):
+    """With rates (stand-ins here; measured on CUDA) each row carries the compute floor's parts
+    in seconds over the prompt, summing to the floor, and the table a line of them."""
+    from strata.bench import roofline as rl
+    monkeypatch.setattr(rl, "Rates", functools.partial(
+        rl.Rates, measure_gemm=lambda s, T: 3e9, measure_attn=lambda s, T: 5e9,
+        measure_dense=lambda s, T: 7e9))
+    assert main(["bench", pack, "-p", "40,70", "-r", "1", "-o", "json", *STREAM]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    shape = get_preset("tiny")
+    for r in rows:
+        n = r["n_tokens"]
+        floor = sum(r[c] for c in PART_COLUMNS)
+        assert n / floor == pytest.approx(r["compute_floor_tokens_per_s"])
+        assert r["floor_linear_s"] == 0 and r["floor_experts_s"] > 0
+        # chunks of 32: the experts' part is every chunk's expert FLOPs at the GEMM rate
+        assert r["floor_experts_s"] == pytest.approx(rl.expert_flops(shape, n) / 3e9)
+    assert main(["bench", pack, "-p", "40", "-r", "1", *STREAM]) == 0
+    out = capsys.readouterr().out
+    assert "compute floor by part, seconds a prompt: pp40 experts " in out
+    assert bench_cmd.FLOOR_PARTS == rl.FLOOR_PARTS      # the columns name the floor's parts
 
 
 @pytest.mark.parametrize("argv, msg", [

@@ -7,8 +7,9 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from strata.bench import flops as fl
 from strata.bench import roofline as rl
-from strata.shapes import DenseFfn, get_preset
+from strata.shapes import PRESETS, DenseFfn, get_preset
 
 QWEN = get_preset("qwen3-30b-a3b")
 
@@ -195,3 +196,155 @@ def test_measured_rates_on_the_gpu():
     """On an H200 the grouped GEMM and flash attention run at tens to hundreds of TFLOP/s."""
     g, a, d = rl.gemm_rate(QWEN, 2048), rl.sdpa_rate(QWEN, 2048), rl.dense_rate(QWEN, 2048)
     assert 1e12 < g < 2e15 and 1e12 < a < 2e15 and 1e12 < d < 2e15
+
+
+# -- each architecture's own work (strata.bench.flops) -------------------------------------------
+def _pairs_by_loop(P, T, W):
+    return sum(min(P + i + 1, W) if W > 0 else P + i + 1 for i in range(T))
+
+
+@given(st.integers(0, 400), st.integers(0, 300), st.integers(0, 200))
+@example(0, 0, 0)
+@example(3, 5, 4)            # the chunk straddles the window: queries see 4, 4, 4, 4, 4... capped
+@example(0, 10, 4)           # the first W queries see fewer than W keys
+def test_window_pairs_closed_form_is_the_loop_over_queries(P, T, W):
+    """attention_pairs' closed form, exact, against a plain loop over the chunk's queries."""
+    assert fl.attention_pairs(P, T, W) == _pairs_by_loop(P, T, W)
+
+
+def test_gpt_oss_sliding_and_full_layers_by_hand():
+    """tiny-gpt-oss: 2 layers, layer 0 sliding (window 4), layer 1 full; 4·H·hd = 256 FLOPs a
+    pair (H 4, hd 16)."""
+    s = get_preset("tiny-gpt-oss")
+    assert (s.layer_window(0), s.layer_window(1)) == (4, 0)
+    # P = 0, T = 3 < W: both layers see 1 + 2 + 3 keys
+    assert rl.attention_flops(s, 0, 3) == 256 * (6 + 6)
+    # P = 10 > W: the sliding layer 4 keys a query, the full one 11 + 12 + 13
+    assert rl.attention_flops(s, 10, 3) == 256 * (3 * 4 + 36)
+    # P = 2, T = 4 straddles the window: keys 3, 4, 5, 6 capped at 4 -> 3 + 4 + 4 + 4
+    assert rl.attention_flops(s, 2, 4) == 256 * (15 + 18)
+    assert rl.attention_flops(s, 2, 4, layers=[0]) == 256 * 15
+    # an int counts layers like the first full-attention one (a timed full call's rate)
+    assert rl.attention_flops(s, 2, 4, layers=1) == 256 * 18
+    assert rl.attention_flops(s, 2, 4, layers=3) == 3 * 256 * 18
+
+
+def test_mla_pairs_by_hand():
+    """tiny-deepseek2 (H 4, hd 40 = 32 + 8 rope, v_head_dim 16): 2·4·40 for QKᵀ + 2·4·16 for
+    PV = 448 FLOPs a pair, every one of its 3 layers."""
+    s = get_preset("tiny-deepseek2")
+    assert fl.pair_flops(s, 0) == 2 * 4 * 40 + 2 * 4 * 16 == 448
+    assert rl.attention_flops(s, 5, 2) == 3 * 448 * (6 + 7)
+    assert rl.attention_flops(s, 5, 2, layers=1) == 448 * 13
+
+
+TINY_DELTA_PER_TOKEN = 4 * (6 * 16 * 16 + 2 * 64 * (3 * 16 + 2 * 16 + 62))   # 78,848
+
+
+def test_hybrid_by_hand():
+    """tiny-qwen3next: layers 0-2 Gated DeltaNet (Hk 2, Hv 4, dk = dv = 16), layer 3 gated full
+    attention (H 4, Hkv 2, hd 16), a shared expert behind its gate in every layer."""
+    s = get_preset("tiny-qwen3next")
+    # softmax attention only in layer 3: 4·4·16 a pair, 1 + .. + 8 pairs
+    assert rl.attention_flops(s, 0, 8) == 256 * 36
+    assert rl.attention_flops(s, 0, 8, layers=[0, 1, 2]) == 0
+    assert rl.attention_flops(s, 0, 8, layers=1) == 256 * 36
+    # the delta rule per value head per chunk of 64: A, w, q kᵀ 3·2·64²·16, u and ·v_new
+    # 2·2·64²·16, the inverse 2·64²·62, v_new, q S and the state update 3·2·64·16·16
+    per_chunk = 3 * 2 * 64 * 64 * 16 + 2 * 2 * 64 * 64 * 16 + 2 * 64 * 64 * 62 + 3 * 2 * 64 * 256
+    assert per_chunk == 1_261_568 and 4 * per_chunk // 64 == TINY_DELTA_PER_TOKEN == 78_848
+    assert rl.linear_flops(s, 10) == 3 * 10 * 78_848
+    assert rl.linear_flops(s, 10, layers=[2, 3]) == 10 * 78_848
+    assert rl.linear_flops(s, 10, layers=2) == 2 * 10 * 78_848
+    assert rl.linear_flops(QWEN, 10) == 0
+    # a linear layer: qkv 64 -> 2·2·16 + 4·16, z 64 -> 64, b and a 64 -> 4, out 64 -> 64;
+    # the gated full layer: q 64 -> 2·64, k and v 64 -> 32, o 64 -> 64; then the router
+    # 64 -> 8, the shared expert 3·64·32 and its gate 64 -> 1
+    moe = 64 * 8 + 3 * 64 * 32 + 64
+    linear = 64 * 128 + 64 * 64 + 2 * 64 * 4 + 64 * 64 + moe
+    full = 64 * 128 + 2 * 64 * 32 + 64 * 64 + moe
+    assert rl.dense_flops(s, 5, layers=[0]) == 2 * 5 * linear
+    assert rl.dense_flops(s, 5, layers=[3]) == 2 * 5 * full
+    assert rl.dense_flops(s, 5) == 2 * 5 * (3 * linear + full)
+    assert rl.dense_kinds(s) == [(0, 3), (3, 1)]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_dense_gemms_are_the_tensors_the_wiring_multiplies(name):
+    """Every layer's dense_gemms are its 2-D weights as the architecture lists them
+    (layer_specs: [out, in]), the DeltaNet conv aside (a short conv, not a GEMM) and
+    Qwen3-Next's fused ssm_ba [2 Hv, D] read as b and a [Hv, D] each."""
+    from strata.archs.registry import get_arch
+    s = get_preset(name)
+    arch = get_arch(s.arch)
+    for l in range(s.n_layer):
+        want = []
+        for key, shp in arch.layer_specs(s, l).items():
+            if len(shp) != 2 or key.endswith("ssm_conv1d.weight"):
+                continue
+            n = 2 if key.endswith("ssm_ba.weight") else 1
+            want += [(shp[1], shp[0] // n)] * n
+        assert sorted(rl.dense_gemms(s, l)) == sorted(want), (name, l)
+
+
+def test_presets_per_layer_sums_by_hand():
+    T, P = 8192, 0
+    gpt = get_preset("gpt-oss-120b")        # 36 layers, 18 sliding (128), H 64, hd 64
+    full = T * (T + 1) // 2                 # 33,558,528 pairs
+    window = 128 * 129 // 2 + (T - 128) * 128
+    assert rl.attention_flops(gpt, P, T) == 18 * 4 * 64 * 64 * (full + window)
+    # P past the window: a sliding layer's every query sees 128 keys
+    assert rl.attention_flops(gpt, 4 * T, T, layers=[0]) == 4 * 64 * 64 * T * 128
+    ds = get_preset("deepseek-v3")          # 61 MLA layers, H 128, hd 192, v 128
+    assert rl.attention_flops(ds, P, T) == 61 * 2 * 128 * (192 + 128) * full
+    nxt = get_preset("qwen3-next-80b-a3b")  # 12 full (H 16, hd 256), 36 DeltaNet (Hv 32, 128)
+    assert rl.attention_flops(nxt, P, T) == 12 * 4 * 16 * 256 * full
+    per_token = 32 * (6 * 128 * 128 + 2 * 64 * (3 * 128 + 2 * 128 + 62))
+    assert per_token == 6_021_120
+    assert rl.linear_flops(nxt, T) == 36 * T * per_token
+    assert rl.dense_kinds(ds) == [(0, 3), (3, 58)]
+
+
+def test_gqa_counts_are_full_causal_attention():
+    """Qwen3 (no window, no MLA, no linear layers): 4·H·hd per pair over every layer."""
+    for P, T in ((0, 1), (0, 4096), (12345, 777)):
+        assert rl.attention_flops(QWEN, P, T) == (4 * QWEN.n_head * QWEN.head_dim
+                                                  * (T * P + T * (T + 1) // 2) * QWEN.n_layer)
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-120b", "deepseek-v3",
+                                  "qwen3-next-80b-a3b", "glm-4.5-air", "minimax-m2"])
+def test_compute_floor_is_the_sum_of_its_parts(name):
+    s, nan = get_preset(name), float("nan")
+    for P, T in ((0, 8192), (32768, 4096)):
+        for attn, dense in ((300e12, 500e12), (None, 500e12), (300e12, None), (nan, nan)):
+            parts = rl.floor_parts(s, P, T, 400e12, attn, dense=dense)
+            assert tuple(parts) == rl.FLOOR_PARTS
+            assert rl.compute_floor(s, P, T, 400e12, attn, dense=dense) == sum(parts.values())
+    parts = rl.floor_parts(s, 0, 64, 1.0, 2.0, dense=3.0)
+    # a Rates brings its three rates at T: the full floor
+    assert rl.floor_parts(s, 0, 64, rl.Rates(s, gemm={64: 1.0}, attn={64: 2.0},
+                                              dense={64: 3.0})) == parts
+    with pytest.raises(TypeError, match="pass no attn or dense"):
+        rl.floor_parts(s, 0, 64, rl.Rates(s), 2.0)
+    assert parts == {"experts": rl.expert_flops(s, 64),
+                     "attention": rl.attention_flops(s, 0, 64) / 2,
+                     "linear": rl.linear_flops(s, 64) / 3, "dense": rl.dense_flops(s, 64) / 3}
+
+
+def test_prompt_floor_parts_sum_to_the_roofline_floor():
+    """floor_parts_of sums each chunk's parts once (two GPUs' records of a chunk: once); with
+    nothing streamed their sum is the roofline."""
+    s = get_preset("qwen3-next-80b-a3b")
+    T = 2048
+    rates = rl.Rates(s, gemm={T: 400e12}, attn={T: 300e12}, dense={T: 500e12})
+    cs = chunks((0, T, 0, (0, 1)), (0, T, 0, (2, 3)), (T, T, 0, (0, 1)), (T, T, 0, (2, 3)))
+    parts = rl.floor_parts_of(cs, s, rates)
+    want = {k: rl.floor_parts(s, 0, T, 400e12, 300e12, dense=500e12)[k]
+            + rl.floor_parts(s, T, T, 400e12, 300e12, dense=500e12)[k] for k in rl.FLOOR_PARTS}
+    assert parts == pytest.approx(want)
+    assert sum(parts.values()) == pytest.approx(
+        rl.roofline(cs, s, {(0, 1): math.inf, (2, 3): math.inf}, rates, attention=True,
+                    dense=True))
+    assert rl.floor_parts_of(cs, s, rates, attention=False, dense=False) == pytest.approx(
+        dict(want, attention=0.0, linear=0.0, dense=0.0))

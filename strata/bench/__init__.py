@@ -21,7 +21,8 @@ a PNG (the script's own plot, or `plot.bars`), prints the figures, and returns t
 1 with nothing written when a gate refused.
 
 What several scripts share lives here too, so no script imports another: `strata.bench.roofline`
-(the measured H2D, grouped-GEMM and attention rates and the bounds built from them) and
+(the measured H2D, grouped-GEMM and attention rates and the bounds built from them),
+`strata.bench.flops` (the FLOPs of each part of the compute floor, per architecture) and
 `strata.bench.expert_gemm` (the expert-GEMM shapes, inputs, dense baseline and check bounds).
 """
 from __future__ import annotations

@@ -19,22 +19,24 @@ the clocks a read holds, not the first calls' boost (settled_seconds).
 The bounds of one chunk, and of a prompt (the sum over its chunks):
 
     PCIe bound    = bytes streamed / H2D rate          (several GPUs: the slowest link)
-    compute floor = expert FLOPs / GEMM rate  [+ attention FLOPs / attention rate]
-                                              [+ dense FLOPs / dense rate]
+    compute floor = experts + attention + linear + dense   (floor_parts, in seconds)
     roofline      = max(PCIe bound, compute floor)
 
-expert FLOPs = 2·T·K·3·D·F per MoE layer (gate, up and down; a shape's leading dense layers
-route none); attention FLOPs = 4·H·hd per query-key pair (QKᵀ and PV) over every layer, query i
-of the chunk seeing P + i + 1 keys; dense FLOPs = 2·T·(D·(H·hd + 2·Hkv·hd) + H·hd·D + D·E) per
-MoE layer (the q, k, v and o projections and the router), plus a shared expert's 2·T·3·D·(S·F)
-(S shared experts as one FFN) and a leading dense layer's FFN 2·T·3·D·F_dense in place of the
-router and experts; MLA layers count their own projections (`dense_gemms`). The attention and
-dense terms are optional: the plain roofline leaves them out, so it is the bound of the expert
-streaming alone; with attention it is tighter, and with attention and dense it is the full
-compute floor of the read (every GEMM and the attention at its measured rate). Not counted:
-norms, RoPE, activations, routing's top-k, biases and the LM head (the experiments read with
-logits="none"). The attention count is full causal attention at hd for both QKᵀ and PV: for
-sliding-window layers (GPT-OSS) and MLA's narrower value heads it counts more than they do.
+The floor's parts, each the FLOPs strata.bench.flops counts for the architecture's own layers
+at a measured rate:
+    experts    expert FLOPs / GEMM rate (the routed experts of the MoE layers)
+    attention  softmax attention FLOPs / attention rate: per query-key pair GQA 4·H·hd, MLA
+               2·H·(hd + Hv); query i seeing P + i + 1 keys, at most the window on a
+               sliding layer (GPT-OSS's even layers); none on a linear-attention layer
+    linear     the chunked gated delta rule of the linear-attention layers (Qwen3-Next,
+               Qwen3.5) / dense rate (why that rate: floor_parts)
+    dense      every layer's projections (GQA, gated GQA, MLA's, DeltaNet's), routers, shared
+               experts and their gates, leading dense FFNs / dense rate
+The attention, linear and dense parts are optional: the plain roofline leaves them out, so it
+is the bound of the expert streaming alone; with attention it is tighter, and with attention
+and dense (which brings linear) it is the full compute floor of the read (every GEMM and the
+attention at its measured rate). Not counted: norms, RoPE, activations, routing's top-k,
+biases, GPT-OSS's sink logits and the LM head (the experiments read with logits="none").
 """
 from __future__ import annotations
 
@@ -44,74 +46,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from strata.bench.flops import (attention_flops, dense_flops, dense_gemms, dense_kinds,
+                                expert_flops, linear_flops)
 from strata.bench.timing import time_fn
 
 
-# -- FLOP counts and bounds (pure arithmetic) --------------------------------------------------
-def expert_flops(shape, T: int, layers: int | None = None) -> float:
-    """FLOPs of the routed experts' three GEMMs for T tokens: 2·T·K·3·D·F per layer, over
-    `layers` MoE layers (default: every MoE layer of the shape; leading dense layers route
-    none)."""
-    L = len(shape.moe_layers) if layers is None else layers
-    return 2.0 * T * shape.top_k * 3 * shape.d_model * shape.d_expert * L
-
-
-def dense_gemms(shape, layer: int) -> list[tuple[int, int]]:
-    """The dense GEMMs of `layer` as (in, out) widths, each run over the chunk's T rows (what
-    the model's wiring multiplies; strata.models.attention, mla, ffn, the routers):
-    - attention: q [D -> H·hd], k and v [D -> Hkv·hd], o [H·hd -> D]; MLA instead q
-      [D -> H·hd] (or through q_lora: [D -> Lq], [Lq -> H·hd]), the latent and rope key
-      [D -> Lkv + R], the decompression [Lkv -> H·(N + Hv)] of the chunk's own tokens once,
-      o [H·Hv -> D];
-    - a MoE layer: the router [D -> E] and, with S shared experts, one SwiGLU FFN of width
-      S·F (gate and up [D -> S·F], down [S·F -> D]);
-    - a leading dense layer: its SwiGLU FFN of width dense.d_ff (no router, no experts).
-    Not here: the routed experts (expert_flops), attention's QKᵀ and PV (attention_flops), and
-    MLA's re-decompression of earlier keys per query block (an engine choice, not the model's
-    floor)."""
-    D, H, hd = shape.d_model, shape.n_head, shape.head_dim
-    m, dense = shape.mla, shape.dense
-    if m:
-        R, Lkv, Hv = m.qk_rope, m.kv_lora, m.v_head_dim
-        q = [(D, m.q_lora), (m.q_lora, H * hd)] if m.q_lora else [(D, H * hd)]
-        g = q + [(D, Lkv + R), (Lkv, H * (hd - R + Hv)), (H * Hv, D)]
-    else:
-        kv = shape.n_kv_head * hd
-        g = [(D, H * hd), (D, kv), (D, kv), (H * hd, D)]
-    if not shape.is_moe_layer(layer):
-        return g + [(D, dense.d_ff), (D, dense.d_ff), (dense.d_ff, D)]
-    g.append((D, shape.n_expert))
-    if dense.shared:
-        Fs = dense.shared * shape.d_expert
-        g += [(D, Fs), (D, Fs), (Fs, D)]
-    return g
-
-
-def _layer_ids(shape, layers) -> list[int]:
-    """None: every layer; an int n: n MoE layers (as expert_flops counts them); else the ids."""
-    if layers is None:
-        return list(range(shape.n_layer))
-    if isinstance(layers, int):
-        return [shape.moe_layers[0]] * layers if layers else []
-    return list(layers)
-
-
-def dense_flops(shape, T: int, layers: int | Sequence[int] | None = None) -> float:
-    """FLOPs of the dense layers for T tokens: 2·T·in·out over each of `dense_gemms`, over
-    `layers` (default: every layer of the shape; an int n: n MoE layers, as expert_flops counts
-    them; a sequence: those layer ids). A plain GQA MoE layer (Qwen3, Mixtral, GPT-OSS):
-    2·T·(D·(H·hd + 2·Hkv·hd) + H·hd·D + D·E)."""
-    return 2.0 * T * sum(i * o for l in _layer_ids(shape, layers)
-                         for i, o in dense_gemms(shape, l))
-
-
-def attention_flops(shape, P: int, T: int, layers: int | None = None) -> float:
-    """Causal attention FLOPs of a T-token chunk after P cached positions: query i sees
-    P + i + 1 keys, 4·H·hd FLOPs per query-key pair, over `layers` layers (default: all)."""
-    L = shape.n_layer if layers is None else layers
-    return 4.0 * shape.n_head * shape.head_dim * (T * P + T * (T + 1) / 2) * L
-
-
+# -- bounds (pure arithmetic) ----------------------------------------------------------------
 def seconds_at(flops: float, rate: float) -> float:
     """flops / rate; 0 for an unmeasured (NaN) rate, so it does not bound anything."""
     return 0.0 if math.isnan(rate) else flops / rate
@@ -122,17 +62,38 @@ def pcie_bound(nbytes: float, h2d: float) -> float:
     return nbytes / h2d
 
 
+FLOOR_PARTS = ("experts", "attention", "linear", "dense")
+
+
+def floor_parts(shape, P: int, T: int, gemm: float | Rates, attn: float | None = None, *,
+                dense: float | None = None) -> dict[str, float]:
+    """Seconds of each part of a chunk's compute floor (FLOOR_PARTS, the module docstring):
+    its routed experts at `gemm` FLOP/s; with `attn`, its softmax attention at that rate; with
+    `dense`, its dense GEMMs and its linear-attention layers' delta rule, both at that rate. A
+    part whose rate is not given, or not measured (NaN), is 0. `gemm` may be a Rates instead
+    (and no other rate given): its three rates at T, the full floor.
+
+    Why the delta rule at the dense rate: its products are small GEMM tiles ([64, 128] by
+    [128, 128] and under) that the kernel runs in fp32 (tf32x3), no faster than a bf16
+    projection GEMM of T rows does its work; the bf16 GEMM rate is one no kernel of the layer
+    beats, so the part stays a floor (a measured rate of the kernel itself would be the
+    kernel's time, not a bound on it)."""
+    if hasattr(gemm, "gemm"):     # a Rates (or a stand-in with its three methods)
+        if attn is not None or dense is not None:
+            raise TypeError("floor_parts: a Rates brings every rate; pass no attn or dense")
+        gemm, attn, dense = gemm.gemm(T), gemm.attn(T), gemm.dense(T)
+    return {"experts": seconds_at(expert_flops(shape, T), gemm),
+            "attention": 0.0 if attn is None else seconds_at(attention_flops(shape, P, T), attn),
+            "linear": 0.0 if dense is None else seconds_at(linear_flops(shape, T), dense),
+            "dense": 0.0 if dense is None else seconds_at(dense_flops(shape, T), dense)}
+
+
 def compute_floor(shape, P: int, T: int, gemm: float, attn: float | None = None, *,
                   dense: float | None = None) -> float:
-    """Seconds of a chunk's compute at the measured rates: its experts at `gemm` FLOP/s, plus
-    with `attn` its causal attention at that rate, plus with `dense` its dense layers
-    (dense_flops) at that rate. All three: the full compute floor."""
-    t = seconds_at(expert_flops(shape, T), gemm)
-    if attn is not None:
-        t += seconds_at(attention_flops(shape, P, T), attn)
-    if dense is not None:
-        t += seconds_at(dense_flops(shape, T), dense)
-    return t
+    """Seconds of a chunk's compute at the measured rates: the sum of its floor_parts (experts;
+    with `attn` attention; with `dense` the dense GEMMs and the linear layers). All three
+    rates: the full compute floor."""
+    return sum(floor_parts(shape, P, T, gemm, attn, dense=dense).values())
 
 
 class Rates:
@@ -177,6 +138,19 @@ class Rates:
                                     ("dense", self._dense))}
 
 
+def _by_start(chunks: Sequence) -> dict[int, list]:
+    """The chunk records by start position: several GPUs' records of one chunk share it."""
+    by_start: dict[int, list] = {}
+    for c in chunks:
+        by_start.setdefault(c.start, []).append(c)
+    return by_start
+
+
+def _chunk_floor(shape, P: int, T: int, rates: Rates, attention: bool, dense: bool):
+    return floor_parts(shape, P, T, rates.gemm(T), rates.attn(T) if attention else None,
+                       dense=rates.dense(T) if dense else None)
+
+
 def roofline(chunks: Sequence, shape, h2d: float | Mapping[tuple, float], rates: Rates, *,
              attention: bool = False, dense: bool = False) -> float:
     """Seconds a prompt needs at the roofline (module docstring); `attention` / `dense` add
@@ -186,19 +160,28 @@ def roofline(chunks: Sequence, shape, h2d: float | Mapping[tuple, float], rates:
     is its rate; with the layers split over GPUs, a mapping from a participant's layers (as a
     tuple) to its link's rate: the GPUs' records of one chunk (same start) copy in parallel, so
     the slowest bounds it, while every layer's compute runs one GPU after the other."""
-    by_start: dict[int, list] = {}
-    for c in chunks:
-        by_start.setdefault(c.start, []).append(c)
     t = 0.0
-    for P, parts in by_start.items():
+    for P, parts in _by_start(chunks).items():
         T = parts[0].tokens
         t_copy = max(pcie_bound(c.bytes_streamed,
                                 h2d[tuple(c.layers)] if isinstance(h2d, Mapping) else h2d)
                      for c in parts)
-        t_comp = compute_floor(shape, P, T, rates.gemm(T), rates.attn(T) if attention else None,
-                               dense=rates.dense(T) if dense else None)
+        t_comp = sum(_chunk_floor(shape, P, T, rates, attention, dense).values())
         t += max(t_copy, t_comp)
     return t
+
+
+def floor_parts_of(chunks: Sequence, shape, rates: Rates, *, attention: bool = True,
+                   dense: bool = True) -> dict[str, float]:
+    """A prompt's compute floor by part (FLOOR_PARTS), in seconds: each chunk's floor_parts
+    summed over the chunks (several GPUs' records of one chunk counted once, as roofline
+    does); by default the full floor. Their sum is roofline(chunks, shape, math.inf, rates,
+    attention=, dense=) with nothing streamed."""
+    out = dict.fromkeys(FLOOR_PARTS, 0.0)
+    for P, parts in _by_start(chunks).items():
+        for k, v in _chunk_floor(shape, P, parts[0].tokens, rates, attention, dense).items():
+            out[k] += v
+    return out
 
 
 # -- the measured rates ------------------------------------------------------------------------
@@ -301,14 +284,12 @@ def sdpa_call(shape, T: int):
 
 def dense_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
     """FLOP/s of the dense layers' GEMMs (`dense_gemms`: torch.mm bf16 of T rows by each
-    layer's weights) over every layer of the shape: one MoE layer and, where the shape has
-    them, one leading dense layer are timed, each counted as often as the shape has such
-    layers; NaN without CUDA."""
+    layer's weights) over every layer of the shape: one layer of each kind (dense_kinds: a MoE
+    layer, a leading dense layer, a hybrid's linear and full layers) is timed, counted as often
+    as the shape has such layers; NaN without CUDA."""
     if not torch.cuda.is_available():
         return float("nan")
-    kinds = [(shape.moe_layers[0], len(shape.moe_layers))] if shape.moe_layers else []
-    if shape.dense.lead:
-        kinds.append((0, shape.dense.lead))
+    kinds = dense_kinds(shape)
     dev, seconds = "cuda", 0.0
     for layer, count in kinds:
         gemms = dense_gemms(shape, layer)

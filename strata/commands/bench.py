@@ -8,10 +8,14 @@ bytes streamed per read, and beside it the bounds measured in the same run:
 
     PCIe bound    = bytes streamed / pinned H2D rate (blob-sized copies, measured here)
     compute floor = expert GEMMs at torch._grouped_mm bf16's measured rate + causal attention
-                    at torch SDPA's measured rate, chunk by chunk (strata.bench.roofline)
+                    (sliding windows, MLA as counted per architecture) at torch SDPA's measured
+                    rate + linear-attention layers and dense GEMMs at torch.mm bf16's measured
+                    rate, chunk by chunk (strata.bench.roofline)
 
 (both as tokens/s: prompt tokens / bound seconds; the compute floor needs CUDA and reads n/a on
-the CPU). The budget flags are strata plan's and strata prefill's (strata.commands._args).
+the CPU). The floor's parts, in seconds over the whole prompt, are columns of their own
+(floor_experts_s, floor_attention_s, floor_linear_s, floor_dense_s) and a line under the
+markdown table. The budget flags are strata plan's and strata prefill's (strata.commands._args).
 """
 from __future__ import annotations
 
@@ -31,10 +35,12 @@ from strata.errors import StrataError
 from strata.units import fmt_bytes
 
 FORMATS = ("md", "csv", "json")
+FLOOR_PARTS = ("experts", "attention", "linear", "dense")     # strata.bench.roofline's
+PART_COLUMNS = [f"floor_{k}_s" for k in FLOOR_PARTS]
 COLUMNS = ["model", "pack_bytes", "vram", "kv", "test", "n_tokens", "chunk", "ring", "reps",
            "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "h2d_gbps",
            "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "of_bound", "warmup_s",
-           "wait_s"]
+           "wait_s", *PART_COLUMNS]
 
 
 def lengths(text: str) -> list[int]:
@@ -72,7 +78,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from strata.bench.roofline import Rates, h2d_rate, roofline
+    from strata.bench.roofline import Rates, floor_parts_of, h2d_rate, roofline
     from strata.commands._args import engine_config
     from strata.commands._prompt import check_context, open_checked
     from strata.commands.prefill import check_trace, refuse_unfit_plan, write_trace
@@ -111,7 +117,8 @@ def run(args) -> int:
             tps.append(res.stats.tokens_per_s)
         st = res.stats
         pcie_s = roofline(st.chunks, engine.shape, h2d, no_gemm)
-        floor_s = roofline(st.chunks, engine.shape, math.inf, rates, attention=True, dense=True)
+        parts = floor_parts_of(st.chunks, engine.shape, rates)
+        floor_s = sum(parts.values())
         best = max(pcie_s, floor_s)
         rows.append({
             "model": f"{engine.shape.arch} L{engine.shape.n_layer} E{engine.shape.n_expert}",
@@ -128,6 +135,7 @@ def run(args) -> int:
             "compute_floor_tokens_per_s": n / floor_s if floor_s > 0 else None,
             "of_bound": (n / statistics.fmean(secs)) / (n / best) if best > 0 else None,
             "warmup_s": warm, "wait_s": st.wait_s,
+            **{f"floor_{k}_s": v if floor_s > 0 else None for k, v in parts.items()},
         })
     written = write_trace(trace, trace_path)
     out = {"md": markdown, "csv": to_csv, "json": to_json}[args.output](rows)
@@ -156,6 +164,11 @@ def markdown(rows: list[dict]) -> str:
                  fmt_bytes(r["bytes_streamed"]), _num(r["pcie_bound_tokens_per_s"]),
                  _num(r["compute_floor_tokens_per_s"]), _num(r["of_bound"], "{:.2f}")]
         lines.append("| " + " | ".join(cells) + " |")
+    parts = [f"{r['test']} " + ", ".join(f"{k} {_num(r[f'floor_{k}_s'], '{:.3f}')}"
+                                         for k in FLOOR_PARTS)
+             for r in rows if r.get("floor_experts_s") is not None]
+    if parts:
+        lines += ["", "compute floor by part, seconds a prompt: " + "; ".join(parts)]
     return "\n".join(lines) + "\n"
 
 
