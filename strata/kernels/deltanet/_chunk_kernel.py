@@ -73,12 +73,11 @@ def _gdn_wy_fwd_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, gc_ptr, w_ptr, u_ptr, T,
 
 
 @triton.jit
-def _intra(b_q, b_k, b_gc, b_vn, o_i, m_t, PREC: tl.constexpr):
-    """tril(q k^T exp(G_i - G_j)) v_new [BT, BV] of one chunk (q already scaled)."""
+def _qk_decay(b_q, b_k, b_gc, o_i, m_t, PREC: tl.constexpr):
+    """tril(q k^T exp(G_i - G_j)) [BT, BT] of one chunk (q already scaled)."""
     b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)                    # [BT, BT]
     m_causal = (o_i[:, None] >= o_i[None, :]) & m_t[:, None]
-    b_qk = b_qk * tl.exp(tl.where(m_causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
-    return tl.dot(b_qk, b_vn, input_precision=PREC)
+    return b_qk * tl.exp(tl.where(m_causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -118,13 +117,18 @@ def _gdn_state_fwd_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, h0_ptr, o_ptr, ht_
         p_qk = (o_t[:, None] * HK + i_hk) * DK + o_k[None, :]
         b_q = tl.load(q_ptr + p_qk, mask=m_tk, other=0.0).to(tl.float32) * scale
         b_k = tl.load(k_ptr + p_qk, mask=m_tk, other=0.0).to(tl.float32)       # [BT, BK]
-        b_o = tl.dot(b_q * tl.exp(b_gc)[:, None], b_h, input_precision=PREC)  # [BT, BV]
         p_tv = (o_t[:, None] * HV + i_h) * DV + o_v[None, :]
         if SPLIT:   # v_new over u (this program's dv block only), the inter-chunk part to oi
+            b_o = tl.dot(b_q * tl.exp(b_gc)[:, None], b_h, input_precision=PREC)  # [BT, BV]
             tl.store(u_ptr + p_tv, b_vn, mask=m_tv)
             tl.store(oi_ptr + p_tv, b_o, mask=m_tv)
         else:
-            b_o = b_o + _intra(b_q, b_k, b_gc, b_vn, o_i, m_t, PREC)
+            # q k^T before the inter-chunk dot: with that dot first, Triton 3.6 at 8 warps,
+            # tf32x3 and BK = BV = 16 (the tiny hybrids' heads) emits a scan that faults on
+            # the GPU (an illegal address, H100 and H200); this order runs there
+            b_qk = _qk_decay(b_q, b_k, b_gc, o_i, m_t, PREC)                   # [BT, BT]
+            b_o = tl.dot(b_q * tl.exp(b_gc)[:, None], b_h, input_precision=PREC)
+            b_o = b_o + tl.dot(b_qk, b_vn, input_precision=PREC)               # [BT, BV]
             tl.store(o_ptr + p_tv, b_o.to(OT), mask=m_tv)
         b_kd = b_k * tl.where(m_t, tl.exp(b_gl - b_gc), 0.0)[:, None]
         b_h = b_h * tl.exp(b_gl) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
@@ -155,5 +159,6 @@ def _gdn_out_fwd_kernel(q_ptr, k_ptr, vn_ptr, gc_ptr, oi_ptr, o_ptr, T, scale,
     p_tv = (o_t[:, None] * HV + i_h) * DV + o_v[None, :]
     b_vn = tl.load(vn_ptr + p_tv, mask=m_tv, other=0.0)                        # [BT, BV]
     b_o = tl.load(oi_ptr + p_tv, mask=m_tv, other=0.0)
-    b_o = b_o + _intra(b_q, b_k, b_gc, b_vn, o_i, m_t, PREC)
+    b_qk = _qk_decay(b_q, b_k, b_gc, o_i, m_t, PREC)                           # [BT, BT]
+    b_o = b_o + tl.dot(b_qk, b_vn, input_precision=PREC)
     tl.store(o_ptr + p_tv, b_o.to(OT), mask=m_tv)
