@@ -313,7 +313,8 @@ class StageEngine:
         error = None
         with PromptSession([self.part], [pp], self.layout, chunk, self.cfg.lend_cap,
                            shape=self.shape, host=self.host, layouts=self.layouts,
-                           land=self.land, slab=slab) as session:
+                           land=self.land, slab=slab,
+                           stage_below=plan.stream_all_min) as session:
             try:
                 session.open(fail_after_layers)
                 res.memory.extend(session.memory)

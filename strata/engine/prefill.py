@@ -341,7 +341,8 @@ class PrefillEngine:
         out = None
         with PromptSession(rd.parts, plan.participants, self.layout, chunk, self.cfg.lend_cap,
                            shape=self.shape, host=self.host, layouts=self.layouts,
-                           land=self.land, slab=slab, observers=rd.observers) as session:
+                           land=self.land, slab=slab, observers=rd.observers,
+                           stage_below=plan.stream_all_min) as session:
             session.open(fail_after_layers)
             session.new_kv(total, rd.prompt_kv, rd.model, self.cfg.kv)
             restore_s = state.restore(session.kv, n0) if state is not None else 0.0

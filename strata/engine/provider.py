@@ -18,6 +18,10 @@ Modes:
   the router.
 - "stage" (small chunks, the resolved ring reads STAGE): after a layer's router, only its routed
   experts that the cache lacks are queued (one device sync per layer to learn which).
+The mode is the plan's for the prompt's chunks, and "stage" for any chunk of fewer than
+`stage_below` tokens (the plan's stream_all_min): a decode step after a long prompt (one token
+routes K experts a layer; streaming whole layers moved every expert a token, 30 GB a token for
+qwen3-30b-a3b Q8_0) or a short last chunk.
 
 Host syncs (strata.engine.syncs): in stream mode a chunk's layers and passes are enqueued
 without the host ever waiting on the device — the slot tables are built and checked on the host
@@ -78,7 +82,7 @@ class StreamingProvider:
                  ring: torch.Tensor, *, n_expert: int, mode: str = STREAM,
                  layers: Sequence[int] | None = None, batch: int | None = None,
                  lane: Lane | None = None, scratch_alloc=None, buffers=None,
-                 observers: Sequence = (), name: str = "", land=None):
+                 observers: Sequence = (), name: str = "", land=None, stage_below: int = 0):
         if ring.dim() != 2 or ring.shape[0] < 1:
             raise StrataError(f"the ring needs at least one slot, got {tuple(ring.shape)}")
         if mode not in (STREAM, STAGE):
@@ -102,7 +106,9 @@ class StreamingProvider:
             raise StrataError(f"ring and cache slots must start {ALIGN}-byte aligned in the "
                               f"arena (ring at {base}, stride {self.stride}); a layout bug")
         self.E = n_expert
-        self.mode = mode
+        self.mode = mode                # the prompt's chunks' mode (the plan's ring)
+        self.stage_below = stage_below  # chunks of fewer tokens stage (module docstring)
+        self.chunk_mode = mode          # this chunk's
         self.layers = list(layers) if layers is not None else list(range(len(self.layouts)))
         # the layers that route to experts (a leading dense layer streams nothing)
         self.moe_layers = [l for l in self.layers if self.layouts[l] is not None]
@@ -216,7 +222,8 @@ class StreamingProvider:
                 "routed": sum(c.routed for c in self.chunks)}
 
     def begin_chunk(self, start: int, n_tokens: int) -> None:
-        self.chunk_stats = ChunkStats(start=start, tokens=n_tokens, mode=self.mode,
+        self.chunk_mode = STAGE if n_tokens < self.stage_below else self.mode
+        self.chunk_stats = ChunkStats(start=start, tokens=n_tokens, mode=self.chunk_mode,
                                       layers=self.moe_layers)
         self.queue: list[tuple[int, int]] = []
         self.cuts: set[int] = set()   # queue indices where a pass's copies end
@@ -239,7 +246,7 @@ class StreamingProvider:
             mark = self._mark()
             for o in self.observers:
                 o.on_chunk(self.name, start, n_tokens, mark)
-        if self.mode == STREAM:   # the first copies go out before the later layers are queued
+        if self.chunk_mode == STREAM:   # the first copies go out before later layers queue
             for layer in self.moe_layers:
                 self._queue_layer(layer, range(self.E))
                 self._pump()
@@ -269,7 +276,7 @@ class StreamingProvider:
         E = self.E
         used = routed_mask(topk_ids, E)                                         # [E] bool
         self.routed[layer] |= used
-        if self.mode == STAGE:
+        if self.chunk_mode == STAGE:
             with host_read("stage: the layer's routed experts"):               # one per layer
                 routed = torch.nonzero(used).flatten().tolist()
             self._queue_layer(layer, routed)

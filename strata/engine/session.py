@@ -10,7 +10,8 @@ model's own cache) over those stages and scratch. After the prompt, whatever hap
 expert cache ends byte for byte as it began and a failed prompt fails alone.
 
     with PromptSession(parts, plan.participants, layout, chunk, lend_cap, shape=, host=,
-                       layouts=, land=, slab=, observers=) as session:
+                       layouts=, land=, slab=, observers=,
+                       stage_below=plan.stream_all_min) as session:
         session.open()                                  # borrow and carve every share
         cache = session.new_kv(T, make_kv, model, kv)   # make_kv(T, stages) -> PromptKV | None
         ... the prompt reads through session.provider and cache ...
@@ -109,11 +110,13 @@ class Share:
 
 
 def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend_cap: float,
-               loans: list[Loan], *, shape, host, layouts, land, slab: bool, observers=()
-               ) -> Share:
+               loans: list[Loan], *, shape, host, layouts, land, slab: bool, observers=(),
+               stage_below: int = 0) -> Share:
     """Borrow and carve participant `part`'s share of a prompt read in chunks of `chunk` (its
     loan joins `loans` at once: close_shares refills it even when this fails), and the
-    streaming provider over it. `slab`: the stream-k scratch comes from the carve's tail."""
+    streaming provider over it. `slab`: the stream-k scratch comes from the carve's tail;
+    `stage_below`: chunks of fewer tokens stage their routed experts (the plan's
+    stream_all_min; strata.engine.provider)."""
     if pp.scratch_reserve and pp.borrow == pp.bytes_needed:
         log.info("strata prefill mmq: %s has no room to lend %s more for the scratch slab; it "
                  "serves what the tail holds", part.name, fmt_bytes(pp.scratch_reserve))
@@ -136,7 +139,7 @@ def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend
         part.cache, host, layouts, bufs.ring, n_expert=shape.n_expert,
         mode=MODE_STAGE if pp.ring == STAGE else MODE_STREAM, layers=layers, batch=pp.batch,
         lane=part.lane, scratch_alloc=part.scratch, buffers=bufs, observers=observers,
-        name=part.name, land=land)
+        name=part.name, land=land, stage_below=stage_below)
     return share
 
 
@@ -160,8 +163,9 @@ class PromptSession:
     drains, drops the slabs, refills every loan and releases the KV (module docstring)."""
 
     def __init__(self, parts, pps, layout: PromptLayout, chunk: int, lend_cap: float, *,
-                 shape, host, layouts, land, slab: bool, observers=()):
+                 shape, host, layouts, land, slab: bool, observers=(), stage_below: int = 0):
         self.parts, self.pps, self.layout, self.chunk = list(parts), list(pps), layout, chunk
+        self.stage_below = stage_below            # the plan's stream_all_min (open_share)
         self.lend_cap, self.shape, self.host, self.layouts = lend_cap, shape, host, layouts
         self.land, self.slab, self.observers = land, slab, list(observers)
         self.loans: list[Loan] = []
@@ -191,7 +195,8 @@ class PromptSession:
         for part, pp in zip(self.parts, self.pps):
             share = open_share(part, pp, self.layout, self.chunk, self.lend_cap, self.loans,
                                shape=self.shape, host=self.host, layouts=self.layouts,
-                               land=self.land, slab=self.slab, observers=self.observers)
+                               land=self.land, slab=self.slab, observers=self.observers,
+                               stage_below=self.stage_below)
             self.memory.append(share.got)
             self.stages.update(share.stages)
             self.kv_scratch.update(share.kv_scratch)

@@ -123,6 +123,22 @@ def test_two_participants(pack, tokens, reference):
     assert_restored(eng, snap)
 
 
+def test_a_chunk_under_stream_all_min_stages_its_routed_experts(pack, tokens):
+    """33 tokens in chunks of 16: the last chunk's one token routes K experts a layer, fewer
+    than stream_all_min (E / K = 4) tokens, so it stages them where the plan's stream mode
+    would copy every expert the cache lacks (a decode step after a long prompt is such a
+    chunk); the logits are still the resident read's."""
+    eng = engine(pack, ring=3)
+    snap = snapshot(eng)
+    res = eng.run(tokens[:33])
+    st = res.stats
+    assert [c.mode for c in st.chunks] == ["stream", "stream", "stage"]
+    assert st.chunks[2].copies <= SHAPE.top_k * SHAPE.n_layer < st.chunks[0].copies
+    model = load_model(pack, dtype=torch.float32, ffn=expert_ffn("ref"))
+    assert rel(res.logits, model.prefill(tokens[:33], resident_provider(pack))) < FP32_REL
+    assert_restored(eng, snap)
+
+
 def test_explicit_layer_split_is_checked(pack):
     with pytest.raises(StrataError, match="add up to the model's 2 layers"):
         engine(pack, vram=[1 << 30, 1 << 30], layer_split=[2, 1])

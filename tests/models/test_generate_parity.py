@@ -81,6 +81,9 @@ def test_streamed_greedy_equals_transformers(model, capsys):
     d = r["decode"]
     assert d["bound"] == "pcie" and d["routed"] > 0
     assert d["bytes_streamed"] > 0 and d["bound_tokens_per_s"] > 0
+    # a decode step stages its routed experts: at most K blobs a MoE layer cross, not the
+    # layer's every missing expert (the prompt's stream mode)
+    assert d["bytes_streamed"] <= d["forwards"] * d["routed_bytes_per_token"]
 
 
 def test_resume_then_generate_equals_transformers(model, capsys, tmp_path):
