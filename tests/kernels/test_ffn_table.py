@@ -82,6 +82,18 @@ def test_unmeasured_formats_and_gpus_take_their_class_and_the_first_gpu():
     assert "no table for Other GPU" in line and "Q6_K as Q4_K" in line and "abc1234" in line
 
 
+def test_a_format_another_gpu_measured_takes_that_curve():
+    """MXFP4 measured on H only: G reads H's MXFP4 points (not G's proxy of the mx class), says
+    so, and chooses by them; a format no GPU measured still takes G's proxy."""
+    t = _table(Q8_0=[(64, (20.0, 10.0))], IQ3_S=[(64, (1.0, 4.0)), (128, (1.0, 4.0))])
+    t.gpus["H"] = {"MXFP4": [{"rows": 64.0, "tflops": {"kernel": 30.0, "decoded": 5.0}}]}
+    assert t.curve("G", "MXFP4") == ("H", "MXFP4") and t.curve("G", "Q8_0") == ("G", "Q8_0")
+    assert t.curve("G", "IQ4_XS") == ("G", "IQ3_S")
+    assert t.rate("G", "MXFP4", "kernel", 64) == 30.0
+    assert t.choose("G", [("MXFP4", 1.0)], 64) == "kernel"      # IQ3_S's curve says decoded
+    assert "MXFP4 (measured on H)" in t.describe("G", ["MXFP4"])
+
+
 def test_a_missing_or_empty_table_is_one_line(tmp_path):
     with pytest.raises(StrataError, match="experiments/ffn_table.py"):
         FfnTable.load(tmp_path / "none.json")

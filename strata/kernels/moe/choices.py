@@ -10,9 +10,12 @@ Legend: r rows per expert of the pass (its routed (token, expert) pairs / E), pa
 
 A pass's time is the sum of its matrices' (gate and up: 2/3 of the FLOPs, down 1/3), each at its
 format's rate for the path; the rate at r is interpolated linearly in log2(r) between the two
-measured points around it (held flat above the last; below the first the fused kernel runs). A format the table lacks for the GPU takes
-the curve of its decode class's measured format (`proxy`: the word-decoded formats, else the
-format family: K-quants, i-quants, legacy, mx, plain), and a GPU the table lacks takes the table's first GPU; `describe` says which was used.
+measured points around it (held flat above the last; below the first the fused kernel runs).
+A format the table lacks for the GPU takes its own curve measured on another GPU where there is
+one (`curve`: the paths' order is the format's decode against its GEMM, which GPUs share more
+than two formats do), else the curve of its decode class's measured format (`proxy`: the
+word-decoded formats, else the format family: K-quants, i-quants, legacy, mx, plain); a GPU the
+table lacks takes the table's first GPU; `describe` says which was used.
 """
 from __future__ import annotations
 
@@ -68,10 +71,25 @@ class FfnTable:
             [f for f in fmts if decode_class(f) != "plain"] or list(fmts)
         return max(sorted(same), key=lambda f: len(fmts[f]))
 
+    def curve(self, gpu: str, fmt: str) -> tuple[str, str]:
+        """(table GPU, table format) whose points `fmt` on `gpu` reads: its own GPU's entry
+        when it measured `fmt`, else another GPU's that did (the most points), else its own
+        GPU's `proxy`."""
+        used = self.gpu(gpu)
+        if fmt not in self.gpus[used]:
+            other = [g for g in self.gpus if fmt in self.gpus[g]]
+            if other:
+                return max(other, key=lambda g: len(self.gpus[g][fmt])), fmt
+        return used, self.proxy(used, fmt)
+
+    def points(self, gpu: str, fmt: str) -> list:
+        g, f = self.curve(gpu, fmt)
+        return self.gpus[g][f]
+
     def rate(self, gpu: str, fmt: str, path: str, rows: float) -> float:
         """TFLOP/s of `path` for `fmt` at `rows` rows per expert (interpolated in log2 rows)."""
         pts = [(math.log2(p["rows"]), p["tflops"][path])
-               for p in self.gpus[self.gpu(gpu)][self.proxy(gpu, fmt)] if path in p["tflops"]]
+               for p in self.points(gpu, fmt) if path in p["tflops"]]
         if not pts:
             raise StrataError(f"the expert-FFN table has no {path!r} figure for {fmt} on {gpu}")
         x = math.log2(max(rows, 1e-9))
@@ -88,8 +106,7 @@ class FfnTable:
         Below the fewest rows measured for them the table says nothing: the fused kernel, which
         reads each weight once and needs no decode buffer (decode-once pays a whole expert's
         decode for those few rows)."""
-        used = self.gpu(gpu)
-        least = max(self.gpus[used][self.proxy(used, f)][0]["rows"] for f, _ in mats)
+        least = max(self.points(gpu, f)[0]["rows"] for f, _ in mats)
         if rows < least and "kernel" in paths:
             return "kernel"
 
@@ -100,8 +117,9 @@ class FfnTable:
     def describe(self, gpu: str, fmts: list[str]) -> str:
         """One line: the table entry and curves `--experts auto` reads for these formats."""
         used = self.gpu(gpu)
-        curves = ", ".join(f"{f}" + (f" as {p}" if p != f else "")
-                           for f in dict.fromkeys(fmts) for p in [self.proxy(used, f)])
+        curves = ", ".join(f"{f}" + (f" as {p}" if p != f else "") +
+                           (f" (measured on {g})" if g != used else "")
+                           for f in dict.fromkeys(fmts) for g, p in [self.curve(gpu, f)])
         note = "" if used == gpu else f" (no table for {gpu})"
         commits = ", ".join(dict.fromkeys(s["commit"] for s in self.sources))
         return f"experts auto: {used} table{note}, measured at {commits}: {curves}"
