@@ -96,8 +96,10 @@ def grouped_unfit(dec: ExpertSet) -> str | None:
     aligned and its row stride a multiple of 16 bytes."""
     lay = dec.layout
     if not lay.plain:
-        return (f"the experts carry biases or the {lay.act.name} activation, which only the "
-                f"Triton GEMM's epilogue applies")
+        what = (["biases"] if lay.bias is not None else []) + \
+            ([f"the {lay.act.name} activation"] if lay.act.name != "silu" else [])
+        return (f"the experts carry {' and '.join(what)}, which only the Triton GEMM's "
+                f"epilogue applies")
     if not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no _grouped_mm"
     for m in lay.matrices:
