@@ -75,21 +75,52 @@ def test_decoded_and_auto_read_gpt_oss_as_the_kernel(oss, decoded_wins):
     assert rel(decoded.numpy(), resident(pack, "torch").numpy()) < BF16_FFN_REL
 
 
-def test_streamed_decoded_reads_gpt_oss_as_the_kernel(oss):
+def test_streamed_decoded_reads_gpt_oss_as_the_kernel(oss, monkeypatch):
     """The streaming engine (a 2-slot ring < E = 8: several passes a layer, 8 tokens in chunks
-    of 5, the last one short) with the decoded FFN: its wdec, sized by the planner, holds each pass's biased BF16
-    blobs (a short one would leave experts undecoded: a StrataError naming them), and the
-    logits are the fused kernel's streamed ones, bit for bit."""
+    of 5, the last one short) with the decoded FFN: its wdec, sized by the planner, holds each
+    pass's biased BF16 blobs (a short one would leave experts undecoded: a StrataError naming
+    them); no chunk reads the device from the host outside a declared read (the bias copy
+    included: tests/engine/test_syncs.py's guard); the logits are the fused kernel's streamed
+    ones, bit for bit."""
     from strata.engine.prefill import EngineConfig, PrefillEngine
+    from strata.engine.syncs import SyncGuard
     from strata.packs import Pack
+    from tests.engine.test_syncs import watched_chunks
     pack = oss
-    out = {}
-    with pin_tile(**SAME_TILE):
+    out, guards = {}, []
+
+    def leave():
+        guards[-1].__exit__(None, None, None)
+    with pin_tile(**SAME_TILE), \
+            watched_chunks(monkeypatch, lambda: guards.append(SyncGuard().__enter__()), leave):
         for name in ("kernel", "decoded"):
             cfg = EngineConfig(vram=1 << 30, cache=16 * Pack.open(pack).max_blob,
                                max_prompt=32, device="cpu", ffn=name, chunk=5, ring=2)
             res = PrefillEngine(pack, cfg).run(torch.tensor(TOKENS[:8]))
             assert res.ring == 2 and res.stats.bytes_streamed > 0
             out[name] = res.logits
+    assert len(guards) == 4
+    for g in guards:
+        assert not g.caught, g.report()
     assert not torch.isnan(out["decoded"]).any()
     assert torch.equal(out["decoded"], out["kernel"])
+
+
+@pytest.mark.gpu
+def test_gpu_decoded_and_auto_read_gpt_oss_as_the_kernel(oss):
+    """On the GPU, all-resident, fp32 dense: "decoded" and "auto" (the packaged table's choice)
+    within BF16_FFN_REL of "kernel" (each is within it of the fused GEMM's torch twin; the two
+    GEMMs may sum a tile's products in another MMA order there, so bit-exactness is printed, not
+    required)."""
+    pack = oss
+    tok = torch.tensor(TOKENS)
+    prov = resident_provider(pack, "cuda")
+    got = {}
+    with pin_tile(**SAME_TILE):
+        for name in ("kernel", "decoded", "auto"):
+            model = load_model(pack, device="cuda", dtype=torch.float32, ffn=expert_ffn(name))
+            got[name] = model.prefill(tok, prov, chunk=5).cpu()
+    print(f"decoded == kernel bit for bit: {torch.equal(got['decoded'], got['kernel'])}")
+    for name in ("decoded", "auto"):
+        assert not torch.isnan(got[name]).any()
+        assert rel(got[name].numpy(), got["kernel"].numpy()) < BF16_FFN_REL, name
