@@ -6,6 +6,8 @@ An architecture whose experts carry biases (GPT-OSS) adds one more region after 
 gate bias [F], up bias [F], down bias [D] (`BiasSlot`), so the biases stream with the expert
 and every size counted from the layout (cache slots, ring, plan) includes them. The layout also
 records the experts' activation (`ExpertAct`): what the expert GEMM's epilogue applies.
+`bf16_layout` is the same expert decoded to BF16 (the decode-once path's blob; the planner sizes
+its buffer from it too).
 """
 from __future__ import annotations
 
@@ -147,3 +149,12 @@ class BlobLayout:
             raise StrataError(f"blob layout in metadata disagrees with the formats it names: "
                               f"{d} vs {lay.to_dict()}")
         return lay
+
+
+def bf16_layout(layout: BlobLayout) -> BlobLayout:
+    """The same expert with all three matrices in BF16: what decode-once writes. The source's
+    bias slot (its fp32 biases copied as they are) and activation stay, so the BF16 GEMM's
+    epilogue reads them as the fused kernel reads the source's. The decode buffer's slots are
+    this layout's `size`, in the engine and in the planner alike."""
+    return BlobLayout.make(layout.d_model, layout.d_expert, "BF16", "BF16", "BF16",
+                           bias=layout.bias is not None, act=layout.act)

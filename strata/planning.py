@@ -25,9 +25,10 @@ TKP = T*K + min(E, T*K)*(BM-1) routed pairs after padding each routed expert's g
 multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk (strata.kernels.moe.tiles.
 block_m_for; a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the
 GEMM's workspace check), E1 = E + 1 (group offsets with an end marker), G experts per streamed pass
-(strata.memory.layout.pass_experts), BB bytes of one expert decoded to bf16, KS tokens of one
-full layer's host-held KV (the longest prompt's tokens outside the resident window:
-KVPolicy.host_tokens; 0 when no layer holds host KV, as when every layer slides),
+(strata.memory.layout.pass_experts), BB bytes of one expert decoded to bf16 (decoded_blob_bytes:
+strata.blob.bf16_layout's size, biases included), KS tokens of one full layer's host-held KV
+(the longest prompt's tokens outside the resident window: KVPolicy.host_tokens; 0 when no
+layer holds host KV, as when every layer slides),
 KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV dtype),
 KX rows of int8 KV expanded to bf16 per attention launch and QS fp32 values of carried softmax
 state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats); MR keys and
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.blob import BlobLayout, bf16_layout
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.kernels.attention.scratch import expand_rows, needs_state, state_floats
@@ -207,6 +209,13 @@ def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = N
     return spec.with_buffer(KV_STAGE_BUF) if kv is not None and kv.streams else spec
 
 
+def decoded_blob_bytes(shape: ModelShape) -> int:
+    """BB: one of `shape`'s experts decoded to BF16 (the decode buffer's slot), from the same
+    bf16_layout the decoded FFN carves its buffer by (bias slot included for biased experts);
+    the source formats do not change it."""
+    return bf16_layout(BlobLayout.for_shape(shape, "BF16")).size
+
+
 def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 0,
              batch: int | None = None, kv: KVPolicy | None = None) -> dict[str, int]:
     """Values of the layout's symbols for a chunk of T tokens. TKP pads each of the (at most
@@ -224,7 +233,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
     return dn | {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": qd, "KVD": kvd,
             "TK": T * K, "TKP": padded_rows(T, K, E, bm),
-            "G": pass_experts(ring, batch), "BB": 3 * shape.d_model * shape.d_expert * 2,
+            "G": pass_experts(ring, batch), "BB": decoded_blob_bytes(shape),
             "KS": max((kv.host_tokens(kv.max_prompt, w) for w in kv_windows(shape)), default=0)
             if kv is not None else 0,
             "KVB": shape.kv_bytes(1, kv.dtype if kv is not None else "bf16"),

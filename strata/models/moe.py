@@ -14,9 +14,11 @@ The callables: `(x, topk_ids, topk_w, experts, *, out=None, scratch_alloc=None, 
 -> y` with y in x's dtype, or added into `out` (fp32) when given (scratch_alloc and workspace:
 what the provider lends, strata.models.provider.LayerWorkspace):
 - "kernel": the Triton expert GEMM `strata.kernels.moe_ffn` (bf16 in, fp32 accumulate, bf16 h and y)
-- "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.moe.decoded)
+- "decoded": decode the pass's experts once, then the same GEMM on BF16 (strata.kernels.moe.decoded;
+            biased experts' fp32 biases are copied into the BF16 blobs, so the epilogue is the same)
 - "auto":   "kernel" or "decoded", whichever the measured table (strata.kernels.moe.choices,
-            ffn_table.json) says is faster for the pass's formats and rows per expert
+            ffn_table.json) says is faster for the pass's formats and rows per expert, for plain
+            and biased (GPT-OSS) experts alike
 - "plane":  the plane-layout GEMM `strata.kernels.moe.plane.plane_ffn` (Q8_0/Q4_0/Q4_K experts whose
             blobs were re-laid into code and scale planes as they landed: the engine's
             strata.planes.Landing; it takes PlaneSets, an ExpertSet is a StrataError)
@@ -41,7 +43,8 @@ from strata.memory.layout import Buf
 ExpertFFN = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertSet], torch.Tensor]
 
 # The "decoded" expert FFN's buffer: one pass's experts decoded to bf16 (G x BB bytes, the
-# layout's symbols: strata.planning). The FFNs that may decode a pass declare it.
+# layout's symbols: strata.planning; BB = strata.blob.bf16_layout's size, the bias slot
+# included). The FFNs that may decode a pass declare it.
 DECODE_BUF = Buf("wdec", torch.uint8, ("G", "BB"), "a pass's experts decoded to bf16 blobs")
 
 
@@ -80,11 +83,11 @@ _SHARES = {"gate": 1 / 3, "up": 1 / 3, "down": 1 / 3}
 
 def auto_path(experts: ExpertSet, rows: float, device: torch.device) -> str:
     """"kernel" or "decoded": the faster for a pass of `rows` rows per expert by the measured
-    table (strata.kernels.moe.choices); biased experts (no bias slot in the decoded BF16 blobs)
-    take the fused kernel."""
+    table (strata.kernels.moe.choices), by the matrices' formats. Experts with biases or another
+    activation (GPT-OSS's) are chosen the same way: both paths run the same Triton GEMM with the
+    same bias and activation epilogue (the decoded BF16 blobs carry the biases), so the table's
+    kernel-against-decoded rate for the formats holds for them too."""
     from strata.kernels.moe.choices import device_name, table
-    if not experts.layout.plain:
-        return "kernel"
     mats = [(m.fmt.name, _SHARES[n]) for n, m in zip(("gate", "up", "down"),
                                                     experts.layout.matrices)]
     return table().choose(device_name(device.index or 0), mats, rows)

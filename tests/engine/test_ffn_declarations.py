@@ -85,3 +85,51 @@ def test_a_run_records_the_plan_of_its_ffn(pack, name):   # noqa: F811 (the fixt
     assert [planned(p) for p in plan.to_dict()["participants"]] == \
         [as_plan(b) for b in res.memory]
     assert (eng.cache.land is not None) == EXPERT_FFNS[name].lands
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(1, 96), f=st.integers(1, 96), bias=st.booleans(),
+       fmt=st.sampled_from(["Q8_0", "Q4_0", "MXFP4", "BF16"]))
+def test_the_planner_sizes_a_decoded_expert_as_the_decoded_ffn_does(d, f, bias, fmt):
+    """BB (the planner's decode-buffer slot) is the size of the blob moe_ffn_decoded writes,
+    bf16_layout of the layer's own layout: the bias slot counted for GPT-OSS's biased experts,
+    every region 256-aligned, whatever the source format."""
+    from dataclasses import replace
+    from strata.blob import bf16_layout
+    from strata.shapes import GptOssOptions
+    shape = replace(SHAPE, d_model=32 * d, d_expert=32 * f, opts=GptOssOptions() if bias else None)
+    lay = BlobLayout.for_shape(shape, fmt)
+    bb = dims_for(shape, 8)["BB"]
+    assert bb == bf16_layout(lay).size
+    D, F = shape.d_model, shape.d_expert
+    assert bb >= 3 * D * F * 2 + (4 * (2 * F + D) if bias else 0)
+    assert (bf16_layout(lay).bias is not None) == bias == (lay.bias is not None)
+
+
+@pytest.mark.parametrize("name", ["decoded", "auto"])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n_tokens=st.integers(1, 200), chunk=st.sampled_from([None, 8]),
+       ring=st.sampled_from([2, 5]))
+def test_the_engine_carves_decode_room_for_biased_experts(name, n_tokens, chunk, ring):
+    """GPT-OSS's experts (biases, swiglu_oai): the carve's wdec holds G whole BF16 blobs of the
+    layer's bf16_layout, bias slots included, as the decoded FFN divides it (cap = bytes // BB)."""
+    from strata.blob import bf16_layout
+    from tests.models.hf_archs import GPT_OSS_TINY as shape
+    layouts = [BlobLayout.for_shape(shape, "MXFP4")] * shape.n_layer
+    layer_blob = {l: lay.size for l, lay in enumerate(layouts)}
+    rig = dict(vram=[1 << 30], cache=100 * layouts[0].size, lend_cap=0.9, pinned=True,
+               ring=ring, fused=False, ffn=name, slab=False, chunk=chunk, scan_max=256,
+               n_tokens=n_tokens, max_prompt=256)
+    try:
+        plan, got = engine_side(shape, layer_blob, True, rig, layouts)
+    except PlanError:
+        assume(False)
+    assert got is not None and plan.fits
+    check(plan, got)
+    bb = bf16_layout(layouts[0]).size
+    assert layouts[0].bias is not None and bb > 3 * shape.d_model * shape.d_expert * 2
+    for b in got:
+        dims = dims_for(shape, plan.chunk, ring=b.ring_slots, batch=None)
+        assert dims["BB"] == bb
+        wdec = [s for n, _, s in b.placements if n == "wdec"]
+        assert wdec == [dims["G"] * bb] and dims["G"] >= 1

@@ -20,6 +20,7 @@ from triton._C.libtriton import ir  # noqa: E402
 
 import strata.kernels.moe._ffn_kernel as k  # noqa: E402
 import strata.kernels.moe._expert_dequant_kernel as dq  # noqa: E402
+import strata.kernels.moe.expert_dequant as dq_launch  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 from strata.kernels.decode import FAST_CODE_FORMATS, format_traits  # noqa: E402
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS  # noqa: E402
@@ -176,6 +177,16 @@ def main(argv=None) -> int:
             except Exception as exc:
                 fails += 1
                 print(f"FAIL expert_dequant fmt={fmt} {what}: {str(exc)[:200]}")
+    # the biased experts' fp32 biases copied beside the decoded matrices (format-free)
+    sig = {"arena_ptr": "*u8", "slot_ptr": "*i64", "src_off": "i32", "dst_slot_ptr": "*i64",
+           "dst_ptr": "*u8", "dst_off": "i32", "N": "i32"}
+    try:
+        md = compile_one(dq._copy_words_kernel, sig, {"BW": dq_launch.BIAS_WORDS}, 4, 3,
+                         aligned=set(sig) - {"dst_slot_ptr", "N"})
+        print(f"ok   copy_biases BW={dq_launch.BIAS_WORDS} shared={md['shared']}")
+    except Exception as exc:
+        fails += 1
+        print(f"FAIL copy_biases: {str(exc)[:200]}")
     return 1 if fails else 0
 
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from strata.blob import ExpertAct
-from strata.errors import StrataError
 from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
 from strata.kernels.moe.ffn import expert_biases, glu
 from strata.kernels.moe.random_experts import random_expert_set
@@ -83,13 +82,17 @@ def test_bias_slot_is_read_per_expert():
     assert ex.layout.size >= ex.layout.bias.offset + 4 * (2 * 32 + 64)
 
 
-def test_decoded_ffn_refuses_biased_experts():
+def test_decoded_ffn_runs_biased_experts():
+    """Decode-once carries the biases into its BF16 blobs and runs this same epilogue: the fused
+    kernel's result at one tile and the decode dot (tests/kernels/test_moe_decoded_biased.py)."""
     from strata.kernels.moe.decoded import moe_ffn_decoded
     ex = random_expert_set(3, 64, 32, "Q8_0", seed=1, bias=True, act=OAI)
     x = torch.randn(2, 64).bfloat16()
     ids, w = topk_route(torch.randn(2, 3), 2)
-    with pytest.raises(StrataError, match="use the fused kernel"):
-        moe_ffn_decoded(x, ids, w, ex)
+    with pin_tile(schedule="dp", BLOCK_N=16, BLOCK_K=32, dot="decode"):
+        y = moe_ffn_decoded(x, ids, w, ex)
+        assert torch.equal(y, moe_ffn(x, ids, w, ex))
+    assert rel_err(y, moe_ffn_torch(x, ids, w, ex)) < DECODED_REL
 
 
 @pytest.mark.gpu

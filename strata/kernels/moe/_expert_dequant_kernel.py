@@ -1,8 +1,9 @@
-"""The @triton.jit kernel behind strata.kernels.moe.expert_dequant (decode the routed experts'
-matrices to bf16; the launcher and reference live there).
+"""The @triton.jit kernels behind strata.kernels.moe.expert_dequant (decode the routed experts'
+matrices to bf16; copy their fp32 biases beside them; the launchers and references live there).
 
 Legend: E experts, R rows (output features), C columns (inputs) of one matrix; BN x BK a
-program's tile; grid (E, cdiv(R, BN), cdiv(C, BK)).
+program's tile; grid (E, cdiv(R, BN), cdiv(C, BK)). The bias copy: N 4-byte words an expert,
+BW a program's words; grid (E, cdiv(N, BW)).
 """
 import triton
 import triton.language as tl
@@ -72,3 +73,19 @@ def _dequant_fwd_kernel(arena_ptr, slot_ptr, dst_slot_ptr, mat_off, row_bytes, d
             mask = (offs_n < R)[:, None] & (offs_k < C)[None, :]
             w = _w_tile(FMT, w_ptr, row_bytes, offs_n, offs_k, mask, tab_ptr, INTERP)  # bf16
             tl.store(rows + offs_k[None, :], w, mask=mask)
+
+
+@triton.jit
+def _copy_words_kernel(arena_ptr, slot_ptr, src_off, dst_slot_ptr, dst_ptr, dst_off, N,
+                       BW: tl.constexpr):
+    """N 4-byte words from arena_ptr + slot[e] + src_off to dst_ptr + dst_slot[e] + dst_off
+    (bytes), as int32 bits (an fp32 bias arrives bit for bit); experts with dst_slot[e] = -1 do
+    nothing. Both regions start 4-byte aligned (256-aligned blobs and bias slots)."""
+    e = tl.program_id(0)
+    dst_base = tl.load(dst_slot_ptr + e)
+    if dst_base >= 0:
+        offs = tl.program_id(1) * BW + tl.arange(0, BW)                   # [BW]
+        mask = offs < N
+        src = (arena_ptr + tl.load(slot_ptr + e) + src_off).to(tl.pointer_type(tl.int32))
+        dst = (dst_ptr + dst_base + dst_off).to(tl.pointer_type(tl.int32))
+        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)

@@ -9,6 +9,10 @@ Legend: E experts, R rows (output features), C columns (inputs) of one matrix.
 
 `dequant_experts` (Triton, no device sync: idle experts exit early on the device) and
 `dequant_experts_torch` share one signature.
+
+A biased layout's fp32 biases (strata.blob.BiasSlot) travel beside the decoded matrices as raw
+bytes, not decoded: `copy_biases_into` (Triton, no sync) and `copy_biases_into_torch` share one
+signature.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import triton
 from strata._backend import INTERPRET
 from strata.experts import ExpertSet
 from strata.formats.tables import device_table
-from strata.kernels.moe._expert_dequant_kernel import _dequant_fwd_kernel
+from strata.kernels.moe._expert_dequant_kernel import _copy_words_kernel, _dequant_fwd_kernel
 from strata.kernels.decode import format_traits, pair_words_fit
 from strata.kernels.decode.superblocks import SUPERBLOCK, superblock_words_fit
 from strata.kernels.moe.tiles import (DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOCKS,
@@ -27,6 +31,8 @@ from strata.kernels.moe.tiles import (DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOC
 # The byte path's program: DECODE_BN rows x DECODE_BK weights (64 x 64 bf16 out, 8 KiB).
 DECODE_BN = 64
 DECODE_BK = 64
+# The bias copy's program: 1024 words (4 KiB); GPT-OSS's 2F + D = 8640 biases take 9 programs.
+BIAS_WORDS = 1024
 
 
 def word_decode() -> bool:
@@ -79,6 +85,30 @@ def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: tor
                               mat.row_bytes, dst, dst_off, device_table("iq", experts.device),
                               mat.rows, mat.cols, FMT=format_traits(mat.fmt), INTERP=INTERPRET,
                               **lc)
+
+
+def copy_biases_into(experts: ExpertSet, dst_slot: torch.Tensor, dst: torch.Tensor,
+                     dst_off: int) -> None:
+    """The bias slot (strata.blob.BiasSlot: gate, up, down fp32) of every expert e with
+    dst_slot[e] >= 0, copied bit for bit to byte dst_slot[e] + dst_off of the uint8 buffer `dst`.
+    One launch, no host sync: experts with dst_slot -1 exit on the device. The layout must carry
+    biases; dst_slot[e] and dst_off are multiples of 4 (bf16 blobs and bias slots are 256-aligned,
+    unchecked: a check would need a sync)."""
+    bias = experts.layout.bias
+    n = bias.nbytes // 4
+    grid = (experts.n_expert, triton.cdiv(n, BIAS_WORDS))
+    _copy_words_kernel[grid](experts.arena, experts.slot_offset, bias.offset, dst_slot, dst,
+                             dst_off, n, BW=BIAS_WORDS)
+
+
+def copy_biases_into_torch(experts: ExpertSet, dst_slot: torch.Tensor, dst: torch.Tensor,
+                           dst_off: int) -> None:
+    """Plain-torch reference of `copy_biases_into` (same signature; reads dst_slot on the host)."""
+    bias = experts.layout.bias
+    for e, at in enumerate(dst_slot.tolist()):
+        if at >= 0:
+            src = int(experts.slot_offset[e]) + bias.offset
+            dst[at + dst_off:at + dst_off + bias.nbytes] = experts.arena[src:src + bias.nbytes]
 
 
 def dequant_experts(experts: ExpertSet, name: str, counts: torch.Tensor, *,

@@ -91,9 +91,15 @@ def decoded_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n_expert: int, *,
 
 
 def grouped_unfit(dec: ExpertSet) -> str | None:
-    """Why torch._grouped_mm cannot read these BF16 experts in place (None: it can). cutlass
-    wants every matrix's base 16-byte aligned and its row stride a multiple of 16 bytes."""
+    """Why torch._grouped_mm cannot read these BF16 experts in place (None: it can). Its path
+    runs the plain silu FFN only (silu_mul, no bias); cutlass wants every matrix's base 16-byte
+    aligned and its row stride a multiple of 16 bytes."""
     lay = dec.layout
+    if not lay.plain:
+        what = (["biases"] if lay.bias is not None else []) + \
+            ([f"the {lay.act.name} activation"] if lay.act.name != "silu" else [])
+        return (f"the experts carry {' and '.join(what)}, which only the Triton GEMM's "
+                f"epilogue applies")
     if not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no _grouped_mm"
     for m in lay.matrices:
@@ -112,7 +118,8 @@ def grouped_unfit(dec: ExpertSet) -> str | None:
 class GemmChoice:
     """What the last moe_ffn_decoded call ran its GEMMs on, and why not grouped when it asked."""
     backend: str               # "triton" | "grouped"
-    reason: str | None = None  # set when "grouped" was asked for but could not run
+    reason: str | None = None  # set when "grouped" was asked for but could not run, and always
+    #                            for experts with biases or another activation (Triton's alone)
 
 
 _last: list[GemmChoice] = []
@@ -130,10 +137,11 @@ def record(backend: str, reason: str | None = None) -> str:
 
 def resolve(x, topk_ids, dec: ExpertSet, workspace=None) -> str:
     """The backend this call runs (records it): "grouped" falls back to "triton" when the
-    experts do not fit it (a warning when the grouped GEMM was pinned)."""
+    experts do not fit it (a warning when the grouped GEMM was pinned); experts with biases or
+    another activation than silu always run "triton", and the record says why."""
     carved = bool(workspace) and workspace.get("yk") is not None
     want = decoded_gemm(x, topk_ids, dec.n_expert, carved=carved)
-    why = grouped_unfit(dec) if want == "grouped" else None
+    why = grouped_unfit(dec) if want == "grouped" or not dec.layout.plain else None
     if why and _GEMM.get() == "grouped":
         warnings.warn(f"pin_decoded_gemm('grouped'): {why}; running the Triton GEMM", stacklevel=3)
     return record("triton" if why else want, why)
