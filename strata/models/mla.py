@@ -27,16 +27,19 @@ Two forms of the same attention, one signature (`mla_chunk_attention`):
   (strata.models.mla_attend): torch's memory-efficient attention kernel (`attend_block`, the
   default), or its flash forward with V zero-padded to the q/k width (`attend_block_flash`:
   flash takes one width, 192 for q/k and 128 for v here); off CUDA, the reference, the same
-  blocks in fp32 plain torch. The transient beyond the scratch is one block's kernel output (+ its fp32 accumulator)
-  and the chunk's concatenated q, not the S keys' K/V (2.7 GB at S = 32K before).
+  blocks in fp32 plain torch. The transient beyond the scratch is one block's kernel output
+  (+ its fp32 accumulator; flash's output hd wide) and the chunk's concatenated q, not the S
+  keys' K/V (2.7 GB at S = 32K before).
 - absorbed (`mla_chunk_attention_absorbed`, the reference, in fp64): fold Wuk into the query
   (q_lat = q_nope Wuk, [T, H, Lkv]) and attend in the latent space, then Wuv on the output.
 
 The blocks' cost on CUDA: each query block re-decompresses the keys before it, ceil(T / B)
 passes of 2·S·Lkv·H·(N+Hv) (33.5M·S: 1.1 TFLOP at S = 32K, a cuBLAS GEMM) against the
 attention's 81,920·T·S (11 TFLOP at T = 4096), and each key block's merge reads and writes the
-fp32 state (2·B·H·Hv·4 B); the kernel and its tiles are those the all-at-once SDPA ran.
-benchmarks/mla_bench.py measures blocked against all-at-once.
+fp32 state (2·B·H·Hv·4 B); the efficient kernel and its tiles are those the all-at-once SDPA
+ran. The flash backend's PV product runs hd wide on the padded V: 2·T·S·H·(N+R+hd) =
+98,304·T·S, +20% of the attention's multiply-adds, at flash's rate. benchmarks/mla_bench.py
+measures blocked against all-at-once, and the backends (--arms blocked:flash).
 
 Why expanded for prefill, per layer per chunk at DeepSeek-V3's widths (H 128, N 128, R 64,
 Hv 128, Lkv 512), counting multiply-adds x2:
