@@ -8,10 +8,11 @@ tokens after P cached ones, bf16 on the GPU:
                decompressed a block at a time into a preallocated MLAScratch (the plan's
                carve), one memory-efficient-attention launch a block, blocks merged by
                log-sum-exp in fp32);
-- blocked:BACKEND[:BLOCK]   the same under pin_mla_launch(backend=BACKEND, block=BLOCK):
+- blocked:BACKEND[:BLOCK[:MERGE]]   the same under pin_mla_launch(backend=, block=, merge=):
                blocked:flash is torch's flash forward on V zero-padded to the q/k width (its
                scratch's values hd wide, counted in transient_mb's bound), blocked:flash:4096
-               the same at 4096-token blocks (a quarter of the launches at T 32768);
+               the same at 4096-token blocks (a quarter of the launches at T 32768),
+               blocked:flash:2048:fused with the merge in one Triton launch a block;
 - all_at_once  decompress K/V of all S = P + T keys, then torch's fused SDPA over heads of
                192 / 128 with a bottom-right causal mask (the path before: a transient of
                S·H·(hd + Hv) bf16, outside the plan);
@@ -28,7 +29,7 @@ absorbed 278,528·T·S + 33.5M·T).
 
     python benchmarks/mla_bench.py             # GPU: T 4096 at P 0, 12288, 28672
     python benchmarks/mla_bench.py --tokens 8192,32768 --prefix 0 \
-        --arms blocked,blocked:flash,blocked:flash:4096     # the flash A/B (gpu_session mlaflash)
+        --arms blocked,blocked:flash,blocked:flash:2048:fused  # the A/B (gpu_session mlaflash)
     python benchmarks/mla_bench.py --smoke     # CPU: tiny widths, checks the script
 """
 from __future__ import annotations
@@ -85,15 +86,16 @@ def all_at_once(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale):
 
 
 def launch_of(arm: str) -> MLALaunch | None:
-    """blocked:BACKEND[:BLOCK] -> its MLALaunch (the one in force for the rest); other arms
-    None."""
+    """blocked:BACKEND[:BLOCK[:MERGE]] -> its MLALaunch (the one in force for the rest); other
+    arms None."""
     if not arm.startswith("blocked:"):
         return None
-    backend, _, block = arm[len("blocked:"):].partition(":")
+    backend, block, merge = (arm[len("blocked:"):].split(":") + ["", ""])[:3]
     try:
-        return MLALaunch(backend, int(block) if block else mla_launch().block)
+        block = int(block) if block else mla_launch().block
     except ValueError:
         raise StrataError(f"mla_bench: arm {arm!r}: the block must be an int") from None
+    return MLALaunch(backend, block, merge or mla_launch().merge)
 
 
 def blocked_arm(ins, kw, launch: MLALaunch | None, T: int, S: int, dev, dt):
@@ -200,7 +202,7 @@ def main(argv=None) -> int:
                     help="cached tokens P before the chunk, comma-separated")
     ap.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS),
                     help="comma-separated: blocked, all_at_once, absorbed, "
-                         "blocked:BACKEND[:BLOCK] (default: the first three)")
+                         "blocked:BACKEND[:BLOCK[:MERGE]] (default: the first three)")
     args = ap.parse_args(argv)
     try:
         for arm in args.arms:

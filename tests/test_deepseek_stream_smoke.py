@@ -59,12 +59,12 @@ def test_mla_bench_flash_arms_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("mla_bench", ROOT / "benchmarks" / "mla_bench.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    arms = ("blocked", "blocked:flash", "blocked:flash:8")
+    arms = ("blocked", "blocked:flash", "blocked:flash:8", "blocked:efficient:8:fused")
     assert mod.main(["--smoke", "--out", str(tmp_path), "--arms", ",".join(arms)]) == 0
     rows = bench.read_csv(tmp_path / "mla_bench-smoke.csv")
     assert {r["config"]["arm"] for r in rows if r["figure"] == "ms"} == set(arms)
     assert {r["config"]["arm"] for r in rows if r["figure"] == "over_blocked"} == set(arms[1:])
-    for bad in ("blocked:fast", "blocked:flash:x", "nope"):
+    for bad in ("blocked:fast", "blocked:flash:x", "blocked:flash:8:triton", "nope"):
         with pytest.raises(SystemExit) as e:
             mod.main(["--smoke", "--out", str(tmp_path), "--arms", bad])
         assert e.value.code == 2

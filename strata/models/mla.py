@@ -64,7 +64,7 @@ from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
 from strata.models.layers import apply_rope_pairs, rms_norm
 # the block kernels live in mla_attend; the tests and benchmarks import them from here too
 from strata.models.mla_attend import (attend_block, attend_block_flash, attend_block_ref,
-                                      attend_for, key_blocks, merge_block)
+                                      attend_for, key_blocks, merge_block, merge_for)
 from strata.models.mla_launch import MLA_BLOCK, mla_launch
 from strata.models.mla_scratch import MLAScratch, mla_value_width
 
@@ -231,8 +231,8 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
     launch of the launch's backend (`attend_block`: torch's memory-efficient kernel, the one
     SDPA picks for these head widths; `attend_block_flash`: flash on V zero-padded to hd;
     `attend_block_ref` off CUDA, on the padded V for flash) and merges the blocks by their
-    log-sum-exp in fp32 (`merge_block`; a query block with one key block is written as it
-    comes).
+    log-sum-exp in fp32 (the launch's merge: `merge_block`, or its one-launch kernel; a query
+    block with one key block is written as it comes).
     sdpa=False (the default off CUDA, the reference): the same blocking in fp32 plain torch,
     a transient of one block's expanded keys and scores."""
     H, T, N = q_nope.shape
@@ -273,7 +273,8 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
     # int8 dequantizes every block into the c rows; bf16 uses them to gather a block that
     # spans two segments (a host-held prefix beside the resident run)
     latent = L + R if int8 or len(segs) > 1 else 0
-    backend = mla_launch().backend
+    launch = mla_launch()
+    backend, merge = launch.backend, merge_for(launch.merge)
     if scratch is None:
         scratch = MLAScratch.of(H, hd, Hv, T, S, q_nope.device, dtype=dt, block=block,
                                 latent=latent, backend=backend)
@@ -319,7 +320,7 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
             torch.bmm(cb, w_uv, out=v[..., :Hv])                             # c Wuv^T
             ob, lb = attend(q[:, t0:t0 + n], k, v, masked, scale)
             if len(blocks) > 1:
-                merge_block(acc, lse, ob, lb, i == 0)
+                merge(acc, lse, ob, lb, i == 0)
         # one key block: its output as it comes (through the fp32 acc it would read the same)
         o[t0:t0 + n].copy_((acc if len(blocks) > 1 else ob).transpose(0, 1))
     return o

@@ -8,18 +8,24 @@ Hv the value head width, W = max(hd, Hv) the flash backend's padded value width.
     attend_block_ref             plain torch, fp32 scores: the twin of the two below
     attend_block                 CUDA "efficient": torch's memory-efficient kernel, v [H, m, Hv]
     attend_block_flash           CUDA "flash": torch's flash forward, v [H, m, W] zero-padded
-    merge_block                  fold one block's (o, lse) into the fp32 state (acc, lse)
+    merge_block                  fold one block's (o, lse) into the fp32 state (acc, lse):
+                                 strata.kernels.attention.merge's twin; lse_merge its kernel
 
 Every backend takes q [H, n, hd], k [H, m, hd] and returns (o [H, n, Hv] in q's dtype,
 lse fp32 [H, n]): the natural log of the sum of exp(scale · q.k) over the keys a query sees;
 masked: query i sees keys 0..i + m - n (bottom-right, the block that ends at the queries' own
-keys). strata.models.mla_launch picks the backend (`attend_for`).
+keys). strata.models.mla_launch picks the backend (`attend_for`) and the merge (`merge_for`).
 """
 from __future__ import annotations
 
 import functools
 
 import torch
+
+from strata.kernels.attention.merge import lse_merge, lse_merge_torch
+
+# the plain-torch merge, by the name the blocked attention and its tests know
+merge_block = lse_merge_torch
 
 
 def key_blocks(kv_end: int, n: int, block: int) -> list[tuple[int, int, bool]]:
@@ -129,19 +135,10 @@ def attend_for(backend: str, v_dim: int):
     return attend_block
 
 
-def merge_block(acc: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_b: torch.Tensor,
-                first: bool) -> None:
-    """Fold one key block's (o [H, n, Hv], lse_b [H, n]) into the fp32 state in place:
-    acc <- (acc e^lse + o e^lse_b) / e^new, lse <- new = log(e^lse + e^lse_b)."""
-    if first:
-        acc.copy_(o)
-        lse.copy_(lse_b)
-        return
-    new = torch.logaddexp(lse, lse_b)
-    acc.mul_((lse - new).exp_().unsqueeze(-1))
-    acc.addcmul_(o, (lse_b - new).exp_().unsqueeze(-1))
-    lse.copy_(new)
+def merge_for(merge: str):
+    """The merge of strata.models.mla_launch.MERGES as merge_block's signature."""
+    return lse_merge if merge == "fused" else merge_block
 
 
 __all__ = ["attend_block", "attend_block_flash", "attend_block_ref", "attend_for", "flash_fits",
-           "flash_forward", "key_blocks", "merge_block"]
+           "flash_forward", "key_blocks", "merge_block", "merge_for"]

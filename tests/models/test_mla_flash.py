@@ -7,16 +7,17 @@ the stand-in kernel, attend_block_ref on the same padded operand):
   columns within two fp32 sums of m products (BLAS picks another kernel for another width:
   measured 3.6e-7 apart, not always equal), for n < m and n == m, masked or not, the padded V
   in the scratch's layout (a head stride of `rows` keys, NaN beyond the block's m rows);
-- the blocked path under the flash launch, in a NaN-poisoned scratch (the padding columns
-  included: the launcher zeroes them once a call) into a NaN-poisoned output, equals the fp64
-  absorbed form and the efficient launch's result (REL of tests/models/test_mla_blocks.py);
+- the blocked path under the flash launch and/or the merge kernel (strata.kernels.attention.
+  merge, Triton's interpreter), in a NaN-poisoned scratch (the padding columns included: the
+  launcher zeroes them once a call) into a NaN-poisoned output, equals the fp64 absorbed form
+  and the default launch's result (REL of tests/models/test_mla_blocks.py);
 - the scratch each backend takes (flash: max(hd, Hv) values a head) and a scratch of the other
   backend's size refused in one line; the launch record's checks and pins.
 (The plan == the launcher and the engine's carve under both backends: test_mla_blocks.py.)
 
 On CUDA (gpu mark): flash against the efficient kernel and the fp32 reference at DeepSeek-V3's
 widths (q/k 192, v 128), n < m and n == m, masked and not; the blocked path under the flash
-launch against the fp64 absorbed form, its transient bounded by one block; a DeepSeek-shaped
+launch and/or the merge kernel against the fp64 absorbed form, its transient bounded by one block; a DeepSeek-shaped
 tiny model read by the engine under both backends (and a block of 8 tokens) to the same logits.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ def padded_v(v: torch.Tensor, hd: int, rows: int) -> torch.Tensor:
 
 # -- the launch record -------------------------------------------------------------------------
 def test_the_default_launch_is_todays_path():
-    assert DEFAULT == MLALaunch("efficient", MLA_BLOCK) == mla_launch()
+    assert DEFAULT == MLALaunch("efficient", MLA_BLOCK, "torch") == mla_launch()
     assert MLA_BLOCK == 2048
 
 
@@ -68,7 +69,8 @@ def test_a_pin_holds_inside_its_block_only():
 @pytest.mark.parametrize("bad,match", [(dict(backend="fast"), "backend must be one of"),
                                        (dict(block=0), "block must be a positive int"),
                                        (dict(block=2.0), "block must be a positive int"),
-                                       (dict(block=True), "block must be a positive int")])
+                                       (dict(block=True), "block must be a positive int"),
+                                       (dict(merge="triton"), "merge must be one of")])
 def test_a_bad_launch_is_refused_in_one_line(bad, match):
     with pytest.raises(StrataError, match=match):
         MLALaunch(**bad)
@@ -128,23 +130,32 @@ def test_padded_values_give_the_unpadded_result(n, m, masked, hd, Hv):
 @settings(max_examples=30, deadline=None)
 @given(H=st.integers(1, 3), T=st.integers(1, 11), P=st.integers(0, 30), N=st.integers(1, 6),
        R=st.sampled_from([2, 4]), Hv=st.integers(1, 9), L=st.integers(1, 9),
-       block=st.integers(1, 40), seed=st.integers(0, 999))
-@example(H=2, T=7, P=0, N=3, R=2, Hv=3, L=4, block=1, seed=1).via("blocks of one key")
-@example(H=1, T=5, P=13, N=5, R=4, Hv=2, L=7, block=3, seed=2).via(
-    "odd lengths: key blocks of several sizes over one padded layout")
-@example(H=2, T=11, P=2, N=4, R=2, Hv=4, L=5, block=40, seed=4).via(
+       block=st.integers(1, 40), seed=st.integers(0, 999),
+       launch=st.sampled_from([("flash", "torch"), ("flash", "fused"), ("efficient", "fused")]))
+@example(H=2, T=7, P=0, N=3, R=2, Hv=3, L=4, block=1, seed=1, launch=("flash", "torch")).via(
+    "blocks of one key")
+@example(H=1, T=5, P=13, N=5, R=4, Hv=2, L=7, block=3, seed=2, launch=("flash", "fused")).via(
+    "odd lengths: key blocks of several sizes over one padded layout, the merge kernel")
+@example(H=2, T=11, P=2, N=4, R=2, Hv=4, L=5, block=40, seed=4, launch=("flash", "torch")).via(
     "one block holds every key: written without a merge")
-@example(H=2, T=4, P=9, N=2, R=2, Hv=8, L=5, block=5, seed=5).via("values wider than q/k")
-def test_blocked_under_flash_equals_the_references(H, T, P, N, R, Hv, L, block, seed):
-    """The blocked path under the flash launch (V in [H, rows, W], the stand-in kernel) in a
-    NaN-poisoned scratch of its size, into a NaN-poisoned output, against the fp64 absorbed form
-    and the efficient launch (REL: fp32 against fp64, as test_mla_blocks)."""
+@example(H=2, T=4, P=9, N=2, R=2, Hv=8, L=5, block=5, seed=5, launch=("flash", "torch")).via(
+    "values wider than q/k")
+@example(H=3, T=9, P=20, N=3, R=2, Hv=5, L=6, block=4, seed=6,
+         launch=("efficient", "fused")).via("the efficient layout through the merge kernel")
+def test_blocked_under_a_launch_equals_the_references(H, T, P, N, R, Hv, L, block, seed,
+                                                      launch):
+    """The blocked path under the flash launch (V in [H, rows, W], the stand-in kernel) and/or
+    the merge kernel (Triton's interpreter) in a NaN-poisoned scratch of its size, into a
+    NaN-poisoned output, against the fp64 absorbed form and the default launch (REL: fp32
+    against fp64, as test_mla_blocks)."""
+    backend, merge = launch
     q_nope, q_pe, c, k_pe, wkvb = draw(H, T, P, N, R, Hv, L, seed)
     S = P + T
     kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block)
-    with pin_mla_launch(backend="flash"):
+    with pin_mla_launch(backend=backend, merge=merge):
         sc = poisoned(H, N + R, Hv, T, S, block)
-        assert sc.v.numel() == min(block, S) * H * max(N + R, Hv)
+        vw = max(N + R, Hv) if backend == "flash" else Hv
+        assert sc.v.numel() == min(block, S) * H * vw
         out = torch.full((T, H, Hv), float("nan"))
         got = mla_chunk_attention(q_nope, q_pe, c, k_pe, wkvb, sdpa=True, out=out, scratch=sc,
                                   **kw)
@@ -152,7 +163,7 @@ def test_blocked_under_flash_equals_the_references(H, T, P, N, R, Hv, L, block, 
                                     scratch=poisoned(H, N + R, Hv, T, S, block), **kw)
     absorbed = mla_chunk_attention_absorbed(q_nope, q_pe, c, k_pe, wkvb, **kw)
     assert got.data_ptr() == out.data_ptr() and torch.isfinite(got).all()
-    if N + R > Hv:     # the padding columns were NaN: zeroed by the call
+    if vw > Hv:        # the padding columns were NaN: zeroed by the call
         assert not sc.padded(min(block, S), H, N + R)[..., Hv:].any()
     for want in (absorbed, efficient):
         assert float((got - want).abs().max() / want.abs().max()) < REL
@@ -196,15 +207,19 @@ def test_flash_equals_efficient_and_reference_on_the_gpu(n, m, masked):
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,P,block", [(600, 1500, 256), (1, 0, 256), (333, 0, 128),
                                        (5, 700, 2048)])
-def test_blocked_under_flash_on_the_gpu_at_deepseek_widths(T, P, block):
-    """CUDA, bf16, 8 heads of 128 + 64 / 128, Lkv 512, the flash launch: the blocked path in a
-    NaN-poisoned scratch of its size (padding columns included), into a NaN-poisoned output,
-    against the fp64 absorbed form (BF16_REL, as the efficient launch's test)."""
+@pytest.mark.parametrize("launch", [("flash", "torch"), ("flash", "fused"),
+                                    ("efficient", "fused")])
+def test_blocked_under_a_launch_on_the_gpu_at_deepseek_widths(T, P, block, launch):
+    """CUDA, bf16, 8 heads of 128 + 64 / 128, Lkv 512, the flash launch and/or the merge
+    kernel: the blocked path in a NaN-poisoned scratch of its size (padding columns included),
+    into a NaN-poisoned output, against the fp64 absorbed form (BF16_REL, as the default
+    launch's test)."""
+    backend, merge = launch
     H, N, R, Hv, L = 8, 128, 64, 128, 512
     ins = draw(H, T, P, N, R, Hv, L, T + P, dtype=torch.bfloat16, device="cuda")
     kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block)
     out = torch.full((T, H, Hv), float("nan"), dtype=torch.bfloat16, device="cuda")
-    with pin_mla_launch(backend="flash"):
+    with pin_mla_launch(backend=backend, merge=merge):
         sc = poisoned(H, N + R, Hv, T, P + T, block, torch.bfloat16, "cuda")
         got = mla_chunk_attention(*ins, out=out, scratch=sc, **kw)
     want = mla_chunk_attention_absorbed(*ins, **kw)
@@ -243,7 +258,7 @@ def test_the_engine_reads_the_same_logits_under_both_backends(tmp_path):
     """A DeepSeek-shaped tiny model (tests/models/hf_family.DS_TINY: q/k 24, v 16, 4 heads) read
     by the engine on CUDA (the Triton expert GEMM, as the other engine GPU tests) in chunks of
     16 under the efficient launch, the flash launch, and both at blocks of 8 tokens (several key
-    blocks a chunk, merged): the same logits within the MLA GPU tests' bound (test_family's
+    blocks a chunk, merged in torch or by the merge kernel): the same logits within the MLA GPU tests' bound (test_family's
     2e-2, norm-relative: bf16 dense math); flash ran."""
     from strata.engine.prefill import EngineConfig, PrefillEngine
     from strata.packs import Pack
@@ -267,7 +282,8 @@ def test_the_engine_reads_the_same_logits_under_both_backends(tmp_path):
     want = read(DEFAULT)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mla_attend, "flash_forward", counted)
-        for launch in (MLALaunch("flash"), MLALaunch("flash", 8), MLALaunch("efficient", 8)):
+        for launch in (MLALaunch("flash"), MLALaunch("flash", 8), MLALaunch("efficient", 8),
+                       MLALaunch("flash", 8, "fused"), MLALaunch("efficient", 8, "fused")):
             got = read(launch)
             assert float((got - want).norm() / want.norm()) < 2e-2, launch
     assert calls
