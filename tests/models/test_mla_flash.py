@@ -10,7 +10,8 @@ the stand-in kernel, attend_block_ref on the same padded operand):
 - the blocked path under the flash launch and/or the merge kernel (strata.kernels.attention.
   merge, Triton's interpreter), in a NaN-poisoned scratch (the padding columns included: the
   launcher zeroes them once a call) into a NaN-poisoned output, equals the fp64 absorbed form
-  and the default launch's result (REL of tests/models/test_mla_blocks.py);
+  and the default launch's result (REL of tests/models/test_mla_blocks.py); a host-held
+  prefix reads as one run, bit for bit, under each launch;
 - the scratch each backend takes (flash: max(hd, Hv) values a head) and a scratch of the other
   backend's size refused in one line; the launch record's checks and pins.
 (The plan == the launcher and the engine's carve under both backends: test_mla_blocks.py.)
@@ -167,6 +168,21 @@ def test_blocked_under_a_launch_equals_the_references(H, T, P, N, R, Hv, L, bloc
         assert not sc.padded(min(block, S), H, N + R)[..., Hv:].any()
     for want in (absorbed, efficient):
         assert float((got - want).abs().max() / want.abs().max()) < REL
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+@pytest.mark.parametrize("launch", [MLALaunch("flash", 4), MLALaunch("flash", 4, "fused"),
+                                    MLALaunch("efficient", 4, "fused")])
+def test_a_host_held_prefix_reads_as_one_run_under_a_launch(kv, launch):
+    """tests/models/test_mla_kv_resident's check under the other launches: the keys as [a staged
+    prefix, the rest] (blocks spanning both gathered or dequantized into the c rows) equal the
+    same keys in one run, bit for bit, bf16 and int8."""
+    from tests.models.test_mla_kv_resident import segmented_against_one_run
+    with pin_mla_launch(launch):
+        got, whole, out, _ = segmented_against_one_run(2, 3, 9, 3, 2, 3, 4, launch.block, 0, 5,
+                                                       kv, torch.bfloat16)
+    assert got.data_ptr() == out.data_ptr() and torch.isfinite(got).all()
+    assert torch.equal(got, whole)
 
 
 # -- CUDA ---------------------------------------------------------------------------------------
