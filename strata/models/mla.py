@@ -318,11 +318,14 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
             torch.bmm(cb, w_uk, out=k[..., :N])                              # c Wuk^T
             k[..., N:].copy_(kblk.expand(H, b - a, R))                       # the shared k_pe
             torch.bmm(cb, w_uv, out=v[..., :Hv])                             # c Wuv^T
-            ob, lb = attend(q[:, t0:t0 + n], k, v, masked, scale)
+            # the kernel's output lives only through its merge (one block's at a time)
             if len(blocks) > 1:
-                merge(acc, lse, ob, lb, i == 0)
-        # one key block: its output as it comes (through the fp32 acc it would read the same)
-        o[t0:t0 + n].copy_((acc if len(blocks) > 1 else ob).transpose(0, 1))
+                merge(acc, lse, *attend(q[:, t0:t0 + n], k, v, masked, scale), i == 0)
+            else:    # written as it comes (through the fp32 acc it would read the same)
+                o[t0:t0 + n].copy_(attend(q[:, t0:t0 + n], k, v, masked, scale)[0]
+                                   .transpose(0, 1))
+        if len(blocks) > 1:
+            o[t0:t0 + n].copy_(acc.transpose(0, 1))
     return o
 
 
