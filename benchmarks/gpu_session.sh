@@ -128,6 +128,12 @@ for step in "$@"; do
     # a DeepSeek-V3-width pack (2 MoE layers) read at 64K, every latent token resident vs 16K a layer resident
     mlakv)   timeout 300 python3 experiments/deepseek_stream.py --moe-layers 2 --prompts 65536 --kv-resident all,16384 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/deepseek_kv_resident.log" ;;
     mla)     timeout 200 python3 benchmarks/mla_bench.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/mla_bench.log" ;;
+    # MLA's flash backend (V zero-padded to the q/k width) against the memory-efficient kernel, and the merge in
+    # one Triton launch: their GPU tests (kernels, blocked path, transient, the engine's logits under each), then
+    # one DeepSeek-V3 layer's blocked attention at T 8192 / 32768 in one chunk: efficient, flash, flash at
+    # 4096-token blocks, each merge
+    mlaflash) timeout 110 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla_flash.py tests/kernels/test_merge.py 2>&1 | tail -12 > "$OUT/gpu_mla_flash_tests.log"; tail -5 "$OUT/gpu_mla_flash_tests.log"
+             timeout 90 python3 benchmarks/mla_bench.py --tokens 8192,32768 --prefix 0 --arms blocked,blocked:flash,blocked:flash:4096,blocked:efficient:2048:fused,blocked:flash:2048:fused,blocked:flash:4096:fused --out "$OUT" 2>&1 | tail -60 | tee "$OUT/mla_flash_bench.log" ;;
     deepseek) timeout 560 python3 experiments/deepseek_stream.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/deepseek_stream.log" ;;
     # issue 17: the pinning thread's rate beside a busy interpreter (GIL hand-offs), pread vs map copy
     pinbg)   timeout 200 python3 benchmarks/pin_bench.py --gib 8 --options thp-8 pread-8 pread-16 bg-thp-8 bg-pread-8 bgsi-thp-8 bgsi-pread-8 bgsi-pread-16 --out-dir "$OUT" 2>&1 | grep "^pin_bench" | tee "$OUT/pin_bg.log" ;;

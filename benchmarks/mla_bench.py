@@ -3,10 +3,16 @@ it replaced, and the absorbed form, measured.
 
 One layer of DeepSeek-V3's attention (H 128, N 128, R 64, Hv 128, Lkv 512) for a chunk of T
 tokens after P cached ones, bf16 on the GPU:
-- blocked      strata.models.mla.mla_chunk_attention, the model's path: query blocks of
-               MLA_BLOCK tokens, keys decompressed a block at a time into a preallocated
-               MLAScratch (the plan's carve), one memory-efficient-attention launch a block,
-               blocks merged by log-sum-exp in fp32;
+- blocked      strata.models.mla.mla_chunk_attention, the model's path at the launch in force
+               (strata.models.mla_launch; default: query blocks of MLA_BLOCK tokens, keys
+               decompressed a block at a time into a preallocated MLAScratch (the plan's
+               carve), one memory-efficient-attention launch a block, blocks merged by
+               log-sum-exp in fp32);
+- blocked:BACKEND[:BLOCK[:MERGE]]   the same under pin_mla_launch(backend=, block=, merge=):
+               blocked:flash is torch's flash forward on V zero-padded to the q/k width (its
+               scratch's values hd wide, counted in transient_mb's bound), blocked:flash:4096
+               the same at 4096-token blocks (a quarter of the launches at T 32768),
+               blocked:flash:2048:fused with the merge in one Triton launch a block;
 - all_at_once  decompress K/V of all S = P + T keys, then torch's fused SDPA over heads of
                192 / 128 with a bottom-right causal mask (the path before: a transient of
                S·H·(hd + Hv) bf16, outside the plan);
@@ -22,10 +28,13 @@ Bounds: the FLOP counts in strata/models/mla.py's docstring (expanded 81,920·T�
 absorbed 278,528·T·S + 33.5M·T).
 
     python benchmarks/mla_bench.py             # GPU: T 4096 at P 0, 12288, 28672
+    python benchmarks/mla_bench.py --tokens 8192,32768 --prefix 0 \
+        --arms blocked,blocked:flash,blocked:flash:2048:fused  # the A/B (gpu_session mlaflash)
     python benchmarks/mla_bench.py --smoke     # CPU: tiny widths, checks the script
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -33,11 +42,18 @@ import torch
 import torch.nn.functional as F
 
 from strata import bench
+from strata.errors import StrataError
 from strata.models.mla import _split_kvb, mla_chunk_attention, mla_chunk_attention_absorbed
+from strata.models.mla_launch import MLALaunch, mla_launch, pin_mla_launch
 from strata.models.mla_scratch import MLAScratch
 
 ROOT = Path(__file__).resolve().parents[1]
 REL = 2e-2
+ARMS = ("blocked", "all_at_once", "absorbed")
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
 
 
 def absorbed(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale):
@@ -69,6 +85,33 @@ def all_at_once(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale):
     return o.transpose(0, 1)
 
 
+def launch_of(arm: str) -> MLALaunch | None:
+    """blocked:BACKEND[:BLOCK[:MERGE]] -> its MLALaunch (the one in force for the rest); other
+    arms None."""
+    if not arm.startswith("blocked:"):
+        return None
+    backend, block, merge = (arm[len("blocked:"):].split(":") + ["", ""])[:3]
+    try:
+        block = int(block) if block else mla_launch().block
+    except ValueError:
+        raise StrataError(f"mla_bench: arm {arm!r}: the block must be an int") from None
+    return MLALaunch(backend, block, merge or mla_launch().merge)
+
+
+def blocked_arm(ins, kw, launch: MLALaunch | None, T: int, S: int, dev, dt):
+    """(call, its scratch) of the blocked path under `launch` (None: the launch in force)."""
+    pin = pin_mla_launch(launch) if launch else contextlib.nullcontext()
+    with pin:
+        H, N, Hv = ins[0].shape[0], ins[0].shape[-1], kw["v_head_dim"]
+        scratch = MLAScratch.of(H, N + ins[1].shape[-1], Hv, T, S, dev, dtype=dt)
+    out = torch.empty(T, H, Hv, dtype=dt, device=dev)
+
+    def call():
+        with (pin_mla_launch(launch) if launch else contextlib.nullcontext()):
+            return mla_chunk_attention(*ins, sdpa=True, scratch=scratch, out=out, **kw)
+    return call, scratch
+
+
 def transient_bytes(fn, dev) -> int:
     """Peak device memory one call of fn allocates beyond what was allocated before it."""
     if dev.type != "cuda":
@@ -84,12 +127,12 @@ def transient_bytes(fn, dev) -> int:
 def measure(args, rec: bench.Recorder) -> None:
     dev = rec.device
     if args.smoke:
-        H, N, R, Hv, L, T, Ps = 4, 8, 4, 8, 16, 16, [0, 32]
+        H, N, R, Hv, L, Ts, Ps = 4, 8, 4, 8, 16, [16], [0, 32]
     else:
-        H, N, R, Hv, L, T, Ps = 128, 128, 64, 128, 512, args.tokens, [0, 12288, 28672]
+        H, N, R, Hv, L, Ts, Ps = 128, 128, 64, 128, 512, args.tokens, args.prefix
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     scale = (N + R) ** -0.5
-    for P in Ps:
+    for T, P in ((T, P) for T in Ts for P in Ps):
         S = P + T
         g = torch.Generator().manual_seed(P)
         q_nope, q_pe = torch.randn(H, T, N, generator=g), torch.randn(H, T, R, generator=g)
@@ -103,15 +146,14 @@ def measure(args, rec: bench.Recorder) -> None:
         wsub = ins[4].view(H, N + Hv, L)[:h].reshape(h * (N + Hv), L)
         ref = mla_chunk_attention_absorbed(ins[0][:h, -tq:], ins[1][:h, -tq:], ins[2], ins[3],
                                            wsub, **kw).float()
-        scratch = MLAScratch.of(H, N + R, Hv, T, S, dev, dtype=dt)
-        out = torch.empty(T, H, Hv, dtype=dt, device=dev)
-        arms = {"blocked": lambda: mla_chunk_attention(*ins, sdpa=True, scratch=scratch,
-                                                       out=out, **kw),
-                "all_at_once": lambda: all_at_once(*ins, **kw),
-                "absorbed": lambda: absorbed(*ins, **kw)}
+        scratches, fns = {}, {"all_at_once": lambda: all_at_once(*ins, **kw),
+                              "absorbed": lambda: absorbed(*ins, **kw)}
+        for arm in (a for a in args.arms if a.startswith("blocked")):
+            fns[arm], scratches[arm] = blocked_arm(ins, kw, launch_of(arm), T, S, dev, dt)
+        arms = {a: fns[a] for a in args.arms}
         expanded = 2.0 * T * S * H * (N + R + Hv) + 2.0 * S * L * H * (N + Hv)
-        flops = {"blocked": expanded, "all_at_once": expanded,
-                 "absorbed": 2.0 * T * S * H * (2 * L + R) + 4.0 * T * H * N * L}
+        absorbed_flops = 2.0 * T * S * H * (2 * L + R) + 4.0 * T * H * N * L
+        flops = {a: absorbed_flops if a == "absorbed" else expanded for a in arms}
         ms = {}
         for arm, fn in arms.items():
             def check(fn=fn):
@@ -124,24 +166,50 @@ def measure(args, rec: bench.Recorder) -> None:
                     arm=arm, T=T, P=P, H=H)
             rec.add("tflops", flops[arm] / t.median_s / 1e12, "TFLOP/s", timer=t.timer,
                     bound=f"{flops[arm] / 1e12:.3f} TFLOP a call", arm=arm, T=T, P=P, H=H)
+            sc = scratches.get(arm)
             rec.add("transient_mb", transient_bytes(fn, dev) / 1e6, "MB", arm=arm, T=T, P=P, H=H,
-                    bound="blocked: beyond its scratch "
-                          f"({scratch.nbytes / 1e6:.0f} MB) and output")
-        rec.add("absorbed_over_expanded", ms["absorbed"] / ms["blocked"], "ratio",
-                bound="FLOP ratio", bound_value=flops["absorbed"] / flops["blocked"], T=T, P=P,
-                H=H)
-        rec.add("blocked_over_all_at_once", ms["blocked"] / ms["all_at_once"], "ratio",
-                bound="same kernel, same FLOPs: 1 + the blocks' overhead", T=T, P=P, H=H)
-        print(f"P={P} T={T}: blocked {ms['blocked']:.2f} ms, all-at-once "
-              f"{ms['all_at_once']:.2f} ms, absorbed {ms['absorbed']:.2f} ms", flush=True)
+                    bound="beyond the inputs" + ("" if sc is None else
+                                                 f", its scratch ({sc.nbytes / 1e6:.0f} MB) "
+                                                 "and output"))
+        ratios(rec, ms, flops, T=T, P=P, H=H)
+        print(f"P={P} T={T}: " + ", ".join(f"{a} {v:.2f} ms" for a, v in ms.items()), flush=True)
         rec.flush()
+
+
+def ratios(rec: bench.Recorder, ms: dict, flops: dict, **tags) -> None:
+    """The comparisons among the arms measured: absorbed and all-at-once against blocked, and
+    each pinned blocked arm against blocked."""
+    if "blocked" not in ms:
+        return
+    if "absorbed" in ms:
+        rec.add("absorbed_over_expanded", ms["absorbed"] / ms["blocked"], "ratio",
+                bound="FLOP ratio", bound_value=flops["absorbed"] / flops["blocked"], **tags)
+    if "all_at_once" in ms:
+        rec.add("blocked_over_all_at_once", ms["blocked"] / ms["all_at_once"], "ratio",
+                bound="same kernel, same FLOPs: 1 + the blocks' overhead", **tags)
+    for arm in (a for a in ms if a.startswith("blocked:")):
+        rec.add("over_blocked", ms[arm] / ms["blocked"], "ratio", arm=arm,
+                bound="same FLOPs counted (flash's PV runs hd wide: +20% of the attention's)",
+                **tags)
 
 
 def main(argv=None) -> int:
     ap = bench.parser(__doc__, out=ROOT / "benchmarks" / "results", warmup=3, repeats=10)
     ap.add_argument("--smoke", action="store_true", help="tiny widths on the CPU")
-    ap.add_argument("--tokens", type=int, default=4096, help="chunk tokens T (default 4096)")
+    ap.add_argument("--tokens", type=ints, default=[4096],
+                    help="chunk tokens T, comma-separated (default 4096)")
+    ap.add_argument("--prefix", type=ints, default=[0, 12288, 28672],
+                    help="cached tokens P before the chunk, comma-separated")
+    ap.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS),
+                    help="comma-separated: blocked, all_at_once, absorbed, "
+                         "blocked:BACKEND[:BLOCK[:MERGE]] (default: the first three)")
     args = ap.parse_args(argv)
+    try:
+        for arm in args.arms:
+            if arm not in ARMS:
+                launch_of(arm) or ap.error(f"unknown arm {arm!r}")
+    except StrataError as e:
+        ap.error(str(e))
     if args.smoke:
         args.warmup, args.repeats = 0, 1
     tag = "smoke" if args.smoke else bench.gpu_name().replace(" ", "_")

@@ -14,7 +14,8 @@ single synchronized call, then the device time of each kernel. `resident`: a ful
 (`--preset`, default qwen3-30b-a3b; `--quant` a format or a stock mix, default Q8_0; `--layers`
 its first N layers, for the models whose experts pass the GPU) with every expert in VRAM reading
 one prompt (one chunk), its kernels summed into attention / expert GEMM / dense GEMM / the rest
-(`--decoded-gemm triton|grouped` pins the decoded FFN's GEMM for the A/B), beside the compute
+(`--decoded-gemm triton|grouped` pins the decoded FFN's GEMM for the A/B; `--mla-backend`,
+`--mla-block`, `--mla-merge` MLA's block launch, strata.models.mla_launch), beside the compute
 floor's parts (strata.bench.roofline.floor_parts where present) at this GPU's settled rates.
 Prints a table and writes `profile_<what>.csv` (kernel, calls, device ms per read) under --out.
 
@@ -39,6 +40,7 @@ from strata.bench.expert_gemm import dense_weights, grouped_mm_ffn, make_experts
 from strata.kernels import moe_ffn, topk_route
 from strata.kernels.moe.decoded import moe_ffn_decoded, pin_decoded_gemm
 from strata.kernels.norm import pin_norm
+from strata.models.mla_launch import BACKENDS, MERGES, pin_mla_launch
 from strata.kernels.moe.plane import plane_ffn
 from strata.planes import to_plane_set
 from strata.shapes import get_preset
@@ -206,6 +208,13 @@ def main(argv=None) -> int:
     ap.add_argument("--decoded-gemm", choices=("auto", "triton", "grouped"), default="auto",
                     help="the decoded FFN's GEMM (strata.kernels.moe.grouped.pin_decoded_gemm), for "
                          "the resident read's A/B")
+    ap.add_argument("--mla-backend", choices=BACKENDS, default=None,
+                    help="MLA's block launch (strata.models.mla_launch.pin_mla_launch), for the "
+                         "A/B; default: the launch in force")
+    ap.add_argument("--mla-block", type=int, default=None,
+                    help="MLA's queries and keys a launch (default: the launch in force)")
+    ap.add_argument("--mla-merge", choices=MERGES, default=None,
+                    help="MLA's merge of the key blocks (default: the launch in force)")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -217,11 +226,17 @@ def main(argv=None) -> int:
             pins.enter_context(pin_norm(args.norm))
         if args.decoded_gemm != "auto":
             pins.enter_context(pin_decoded_gemm(args.decoded_gemm))
+        mla = {k: v for k, v in (("backend", args.mla_backend), ("block", args.mla_block),
+                                 ("merge", args.mla_merge)) if v is not None}
+        if mla:
+            pins.enter_context(pin_mla_launch(**mla))
         (ffn if args.what == "ffn" else resident)(args, rows)
     tag = "" if args.what == "ffn" or args.preset == "qwen3-30b-a3b" else \
         f"_{args.preset}-{args.quant}" + (f"-L{args.layers}" if args.layers else "")
     tag += "" if args.norm == "auto" else f"_norm_{args.norm}"
     tag += "" if args.decoded_gemm == "auto" else f"_gemm_{args.decoded_gemm}"
+    tag += "".join(f"_mla_{v}" for v in (args.mla_backend, args.mla_block, args.mla_merge)
+                   if v is not None)
     path = args.out / f"profile_{args.what}{tag}.csv"
     try:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -32,11 +32,12 @@ layer holds host KV, as when every layer slides),
 KVB bytes of one token's keys and values in one layer (kv_token_bytes of the KV dtype),
 KX rows of int8 KV expanded to bf16 per attention launch and QS fp32 values of carried softmax
 state per chunk token (strata.kernels.attention.scratch: expand_rows, state_floats); MR keys and
-MQ queries of MLA's blocked attention, MKD = H*hd and MVD = H*Hv values a key, MS fp32 values of
+MQ queries of MLA's blocked attention, MKD = H*hd and MVD = H*W values a key (W = Hv, or
+max(hd, Hv) with the flash backend's padded values), MS fp32 values of
 state a query, MLC = Lkv + R values of an int8 latent block dequantized (or, with host-held KV,
 a block gathered from the staged and resident segments)
-(strata.models.mla_scratch: mla_scratch_rows, mla_state_floats; S is the longest prompt, or T
-without a KV policy).
+(strata.models.mla_scratch: mla_scratch_rows, mla_state_floats, mla_value_width, at the
+launch in force, strata.models.mla_launch; S is the longest prompt, or T without a KV policy).
 
 To add a buffer, add a `Buf` to ACTIVATIONS (or pass a LayoutSpec of your own, with any new
 symbol in `dims_for`): the carve, the scan, `strata plan` and the tests all follow.
@@ -61,7 +62,7 @@ from strata.memory.pool import SlabPool
 from strata.memory.sizes import Sizes
 from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.models.layer_state import state_bytes, state_dtype
-from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats
+from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats, mla_value_width
 from strata.models.moe import DECODE_BUF, EXPERT_FFNS, ExpertFFNs
 from strata.archs.names import global_specs, layer_specs
 from strata.shapes import Mla, ModelShape
@@ -240,7 +241,9 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             "KX": expand_rows(kv.max_prompt) if kv is not None else 0,
             "QS": state_floats(shape.n_head, shape.head_dim),
             "MR": mr, "MQ": mq, "MKD": shape.n_head * shape.head_dim,
-            "MVD": shape.n_head * m.v_head_dim, "MLC": m.kv_lora + m.qk_rope,
+            "MVD": shape.n_head * mla_value_width(shape.head_dim, m.v_head_dim)
+            if shape.mla else 0,
+            "MLC": m.kv_lora + m.qk_rope,
             "MS": mla_state_floats(shape.n_head, m.v_head_dim)}
 
 

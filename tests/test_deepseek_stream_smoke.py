@@ -3,6 +3,8 @@ first layer, shared expert, grouped routing, MLA), and the layer count it picks 
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from strata import bench
 from strata.packs.synth import ExpertFormats
 from strata.shapes import get_preset
@@ -49,3 +51,20 @@ def test_mla_bench_smoke(tmp_path):
     rows = bench.read_csv(tmp_path / "mla_bench-smoke.csv")
     assert {(r["config"]["arm"], r["config"]["P"]) for r in rows if r["figure"] == "ms"} == \
         {(a, p) for a in ("blocked", "all_at_once", "absorbed") for p in (0, 32)}
+
+
+def test_mla_bench_flash_arms_smoke(tmp_path):
+    """The flash A/B's arms (gpu_session.sh mlaflash) run on the CPU (the stand-in kernel) and
+    pass the gate; a bad arm is refused in one line (exit 2)."""
+    spec = importlib.util.spec_from_file_location("mla_bench", ROOT / "benchmarks" / "mla_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    arms = ("blocked", "blocked:flash", "blocked:flash:8", "blocked:efficient:8:fused")
+    assert mod.main(["--smoke", "--out", str(tmp_path), "--arms", ",".join(arms)]) == 0
+    rows = bench.read_csv(tmp_path / "mla_bench-smoke.csv")
+    assert {r["config"]["arm"] for r in rows if r["figure"] == "ms"} == set(arms)
+    assert {r["config"]["arm"] for r in rows if r["figure"] == "over_blocked"} == set(arms[1:])
+    for bad in ("blocked:fast", "blocked:flash:x", "blocked:flash:8:triton", "nope"):
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--smoke", "--out", str(tmp_path), "--arms", bad])
+        assert e.value.code == 2

@@ -19,22 +19,27 @@ Lkv kv_lora (the latent).
 
 Two forms of the same attention, one signature (`mla_chunk_attention`):
 - expanded (what the model runs): decompress K_nope = c Wuk^T and V = c Wuv^T and attend with
-  the heads' full q, a query block of B = MLA_BLOCK tokens at a time; each decompresses the keys
-  it sees B at a time and merges the key blocks by their log-sum-exp in fp32. On CUDA the keys
-  land in the plan's scratch (strata.models.mla_scratch: mla_k / mla_v one block of K/V,
-  mla_state the query block's acc and lse; the engine carves it) and each block is one launch
-  of torch's memory-efficient attention kernel with its lse (`attend_block`; flash needs equal
-  q/k and v widths, 192 and 128 here); off CUDA, the reference, the same blocks in fp32 plain
-  torch. The transient beyond the scratch is one block's kernel output (+ its fp32 accumulator)
-  and the chunk's concatenated q, not the S keys' K/V (2.7 GB at S = 32K before).
+  the heads' full q, a query block of B tokens at a time (the launch's block, MLA_BLOCK by
+  default: strata.models.mla_launch); each decompresses the keys it sees B at a time and merges
+  the key blocks by their log-sum-exp in fp32. On CUDA the keys land in the plan's scratch
+  (strata.models.mla_scratch: mla_k / mla_v one block of K/V, mla_state the query block's acc
+  and lse; the engine carves it) and each block is one launch with its lse
+  (strata.models.mla_attend): torch's memory-efficient attention kernel (`attend_block`, the
+  default), or its flash forward with V zero-padded to the q/k width (`attend_block_flash`:
+  flash takes one width, 192 for q/k and 128 for v here); off CUDA, the reference, the same
+  blocks in fp32 plain torch. The transient beyond the scratch is one block's kernel output
+  (+ its fp32 accumulator; flash's output hd wide) and the chunk's concatenated q, not the S
+  keys' K/V (2.7 GB at S = 32K before).
 - absorbed (`mla_chunk_attention_absorbed`, the reference, in fp64): fold Wuk into the query
   (q_lat = q_nope Wuk, [T, H, Lkv]) and attend in the latent space, then Wuv on the output.
 
 The blocks' cost on CUDA: each query block re-decompresses the keys before it, ceil(T / B)
 passes of 2·S·Lkv·H·(N+Hv) (33.5M·S: 1.1 TFLOP at S = 32K, a cuBLAS GEMM) against the
 attention's 81,920·T·S (11 TFLOP at T = 4096), and each key block's merge reads and writes the
-fp32 state (2·B·H·Hv·4 B); the kernel and its tiles are those the all-at-once SDPA ran.
-benchmarks/mla_bench.py measures blocked against all-at-once.
+fp32 state (2·B·H·Hv·4 B); the efficient kernel and its tiles are those the all-at-once SDPA
+ran. The flash backend's PV product runs hd wide on the padded V: 2·T·S·H·(N+R+hd) =
+98,304·T·S, +20% of the attention's multiply-adds, at flash's rate. benchmarks/mla_bench.py
+measures blocked against all-at-once, and the backends (--arms blocked:flash).
 
 Why expanded for prefill, per layer per chunk at DeepSeek-V3's widths (H 128, N 128, R 64,
 Hv 128, Lkv 512), counting multiply-adds x2:
@@ -57,7 +62,11 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
 from strata.models.layers import apply_rope_pairs, rms_norm
-from strata.models.mla_scratch import MLA_BLOCK, MLAScratch
+# the block kernels live in mla_attend; the tests and benchmarks import them from here too
+from strata.models.mla_attend import (attend_block, attend_block_flash, attend_block_ref,
+                                      attend_for, key_blocks, merge_block, merge_for)
+from strata.models.mla_launch import MLA_BLOCK, mla_launch
+from strata.models.mla_scratch import MLAScratch, mla_value_width
 
 
 
@@ -199,7 +208,7 @@ def _split_kvb(wkvb: torch.Tensor, n_head: int, nope: int, v_dim: int):
 
 def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tensor,
                         k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
-                        scale: float, block: int = MLA_BLOCK, sdpa: bool | None = None,
+                        scale: float, block: int | None = None, sdpa: bool | None = None,
                         scratch: MLAScratch | None = None, out: torch.Tensor | None = None,
                         c_scale: torch.Tensor | None = None,
                         k_pe_scale: torch.Tensor | None = None,
@@ -215,17 +224,21 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
     spans two of them is gathered into the scratch's c rows (bf16 too), so every block is the
     one the keys in one run give, and the result is the same.
 
-    sdpa=True (the default on CUDA): query blocks of `block` tokens; each decompresses the keys
-    it sees `block` at a time into `scratch` (strata.models.mla_scratch: the plan's mla_k /
-    mla_v / mla_state carve; a launch given none makes one of that size) in q's dtype, attends
-    each key block with one fused launch (`attend_block`: torch's memory-efficient kernel, the
-    one SDPA picks for these head widths; `attend_block_ref` off CUDA) and merges the blocks by
-    their log-sum-exp in fp32 (`merge_block`).
+    sdpa=True (the default on CUDA): query blocks of `block` tokens (None: the launch's in
+    force, strata.models.mla_launch); each decompresses the keys it sees `block` at a time into
+    `scratch` (strata.models.mla_scratch: the plan's mla_k / mla_v / mla_state carve; a launch
+    given none makes one of that size) in q's dtype, attends each key block with one fused
+    launch of the launch's backend (`attend_block`: torch's memory-efficient kernel, the one
+    SDPA picks for these head widths; `attend_block_flash`: flash on V zero-padded to hd;
+    `attend_block_ref` off CUDA, on the padded V for flash) and merges the blocks by their
+    log-sum-exp in fp32 (the launch's merge: `merge_block`, or its one-launch kernel; a query
+    block with one key block is written as it comes).
     sdpa=False (the default off CUDA, the reference): the same blocking in fp32 plain torch,
     a transient of one block's expanded keys and scores."""
     H, T, N = q_nope.shape
     _check_prefix(prefix, c, k_pe, c_scale)
     sdpa = q_nope.is_cuda if sdpa is None else sdpa
+    block = mla_launch().block if block is None else block
     if sdpa:
         segs = [*prefix, LatentSegment(c, k_pe, c_scale, k_pe_scale)]
         return _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block,
@@ -238,64 +251,6 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
                                     k_pe, wkvb, v_head_dim, scale, block)
                    for a in range(0, T, block)])
     return o if out is None else out.copy_(o)
-
-
-def key_blocks(kv_end: int, n: int, block: int) -> list[tuple[int, int, bool]]:
-    """The key blocks a query block of n tokens whose last query sees keys 0..kv_end-1 attends:
-    (start, end, masked), ending with the one of min(block, kv_end) keys that ends at kv_end,
-    masked bottom-right (its query i sees its first i + size - n + 1 keys); the ones before it
-    are seen whole. Needs n <= min(block, kv_end)."""
-    lo = max(0, kv_end - block)
-    return [(a, min(a + block, lo), False) for a in range(0, lo, block)] + [(lo, kv_end, True)]
-
-
-def attend_block_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
-                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [H, n, hd], k [H, m, hd], v [H, m, Hv] -> (o [H, n, Hv] in q's dtype, lse fp32
-    [H, n]), scores and sums in fp32; masked: query i sees keys 0..i + m - n (bottom-right)."""
-    n, m = q.shape[1], k.shape[1]
-    s = (q.float() @ k.float().transpose(1, 2)) * scale                      # [H, n, m]
-    if masked:
-        hide = torch.arange(m, device=q.device)[None, :] > \
-            torch.arange(n, device=q.device)[:, None] + (m - n)
-        s = s.masked_fill(hide, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    return (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype), lse
-
-
-_NO_MASK, _BOTTOM_RIGHT = 0, 2   # the memory-efficient kernel's custom_mask_type values
-
-
-def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """attend_block_ref's signature on CUDA: torch's memory-efficient attention kernel (what
-    scaled_dot_product_attention runs for q/k heads of 192 and values of 128, flash needing
-    equal widths), asked for its log-sum-exp (natural log of the scaled scores, rows padded).
-    Head widths not multiples of 8 or other dtypes go to attend_block_ref."""
-    n, hd, Hv = q.shape[1], q.shape[-1], v.shape[-1]
-    if not q.is_cuda or hd % 8 or Hv % 8 or q.dtype not in (torch.bfloat16, torch.float16):
-        return attend_block_ref(q, k, v, masked, scale)
-    # the call torch.nn.attention.bias.CausalBias makes for a bottom-right mask, asking for lse
-    o, lse = torch.ops.aten._efficient_attention_forward(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], bias=None,
-        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-        dropout_p=0.0, custom_mask_type=_BOTTOM_RIGHT if masked else _NO_MASK,
-        compute_log_sumexp=True, scale=scale)[:2]
-    return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, Hv], [H, n]
-
-
-def merge_block(acc: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_b: torch.Tensor,
-                first: bool) -> None:
-    """Fold one key block's (o [H, n, Hv], lse_b [H, n]) into the fp32 state in place:
-    acc <- (acc e^lse + o e^lse_b) / e^new, lse <- new = log(e^lse + e^lse_b)."""
-    if first:
-        acc.copy_(o)
-        lse.copy_(lse_b)
-        return
-    new = torch.logaddexp(lse, lse_b)
-    acc.mul_((lse - new).exp_().unsqueeze(-1))
-    acc.addcmul_(o, (lse_b - new).exp_().unsqueeze(-1))
-    lse.copy_(new)
 
 
 def _pieces(segs, starts, a: int, b: int):
@@ -318,10 +273,17 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
     # int8 dequantizes every block into the c rows; bf16 uses them to gather a block that
     # spans two segments (a host-held prefix beside the resident run)
     latent = L + R if int8 or len(segs) > 1 else 0
+    launch = mla_launch()
+    backend, merge = launch.backend, merge_for(launch.merge)
     if scratch is None:
         scratch = MLAScratch.of(H, hd, Hv, T, S, q_nope.device, dtype=dt, block=block,
-                                latent=latent)
-    scratch.check(H, hd, Hv, T, S, dt, block, latent)
+                                latent=latent, backend=backend)
+    scratch.check(H, hd, Hv, T, S, dt, block, latent, backend)
+    attend, vw = attend_for(backend, Hv), mla_value_width(hd, Hv, backend)
+    rows = min(block, S) if backend == "flash" else None   # flash: v [H, rows, W] a call
+    if rows is not None:   # the padding, once a call: the same columns of every block (o's
+        # columns < Hv never read them, each its own dot product; zero keeps the rest finite)
+        scratch.padded(rows, H, vw)[..., Hv:].zero_()
     w_uk, w_uv = _split_kvb(wkvb.to(dt), H, N, Hv)
     w_uk, w_uv = w_uk.transpose(1, 2), w_uv.transpose(1, 2)                  # [H, Lkv, N|Hv]
     if not int8:
@@ -331,8 +293,9 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
     for t0 in range(0, T, block):
         n = min(block, T - t0)
         acc, lse = scratch.carried(n, H, Hv)
-        for i, (a, b, masked) in enumerate(key_blocks(P + t0 + n, n, block)):
-            k, v = scratch.kv(b - a, H, hd, Hv)
+        blocks = key_blocks(P + t0 + n, n, block)
+        for i, (a, b, masked) in enumerate(blocks):
+            k, v = scratch.kv(b - a, H, hd, vw, rows)
             pieces = list(_pieces(segs, starts, a, b))
             if int8:     # codes x their token's scale, into the scratch's c rows
                 lat = scratch.latent(b - a, latent)
@@ -354,9 +317,15 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
             cb = cblk.expand(H, b - a, L)                                    # no copy
             torch.bmm(cb, w_uk, out=k[..., :N])                              # c Wuk^T
             k[..., N:].copy_(kblk.expand(H, b - a, R))                       # the shared k_pe
-            torch.bmm(cb, w_uv, out=v)                                       # c Wuv^T
-            merge_block(acc, lse, *attend_block(q[:, t0:t0 + n], k, v, masked, scale), i == 0)
-        o[t0:t0 + n].copy_(acc.transpose(0, 1))
+            torch.bmm(cb, w_uv, out=v[..., :Hv])                             # c Wuv^T
+            # the kernel's output lives only through its merge (one block's at a time)
+            if len(blocks) > 1:
+                merge(acc, lse, *attend(q[:, t0:t0 + n], k, v, masked, scale), i == 0)
+            else:    # written as it comes (through the fp32 acc it would read the same)
+                o[t0:t0 + n].copy_(attend(q[:, t0:t0 + n], k, v, masked, scale)[0]
+                                   .transpose(0, 1))
+        if len(blocks) > 1:
+            o[t0:t0 + n].copy_(acc.transpose(0, 1))
     return o
 
 
@@ -390,8 +359,8 @@ def _expanded_blocks(q_nope, q_pe, c, k_pe, wkvb, v_head_dim, scale, block):
 
 def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tensor,
                                  k_pe: torch.Tensor, wkvb: torch.Tensor, *, v_head_dim: int,
-                                 scale: float, block: int = MLA_BLOCK, sdpa: bool | None = None,
-                                 scratch: MLAScratch | None = None,
+                                 scale: float, block: int | None = None,
+                                 sdpa: bool | None = None, scratch: MLAScratch | None = None,
                                  out: torch.Tensor | None = None,
                                  c_scale: torch.Tensor | None = None,
                                  k_pe_scale: torch.Tensor | None = None,

@@ -4,7 +4,8 @@ Legend: T chunk tokens, P cached tokens, S = P + T keys, H heads, hd = N + R q/k
 Hv value head width, B the block (MLA_BLOCK).
 
     k      [rows, H, hd]    one key block decompressed (c Wuk^T | k_pe), head-major per block
-    v      [rows, H, Hv]    its values c Wuv^T
+    v      [rows, H, Hv]    its values c Wuv^T (flash: [H, rows, W], W = max(hd, Hv), the
+                            columns Hv.. zero: values padded to the q/k width)
     state  fp32 [qrows, H·(Hv + 1)]   a query block's merged output (acc [H, n, Hv], kept
                                       normalized) and its log-sum-exp (lse [H, n])
     c      [rows, Lkv + R]  int8 KV: the block's latent and rope key dequantized; a host-held
@@ -24,6 +25,13 @@ at S = 32K. Why 2048: a smaller block launches more and re-decompresses the pref
 query block (ceil(T / B) times: +1.1 TFLOP a pass at S = 32K against 11 TFLOP of attention at
 T = 4096, at the GEMM's rate); a larger one doubles the carve. strata.planning counts these
 buffers (mla_k, mla_v, mla_state) in the layout's attention phase from this module.
+
+B and the kernel are the launch in force (strata.models.mla_launch: MLALaunch(backend, block),
+pinnable). The flash backend keeps v at W = max(hd, Hv) columns a head, laid out [H, rows, W]
+whatever the block's m (a block is the first m rows of each head), so the zero columns Hv..W-1
+stay where they are from block to block: zeroed once a call (the attention phase's bytes are
+the experts' between layers), never per block. `mla_value_width` is that width, for the plan
+and the launcher alike.
 """
 from __future__ import annotations
 
@@ -32,13 +40,21 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
+from strata.models.mla_launch import MLA_BLOCK, mla_launch
 
-MLA_BLOCK = 2048   # queries and keys per fused launch (see the module docstring)
 
-
-def mla_scratch_rows(T: int, S: int, block: int = MLA_BLOCK) -> tuple[int, int]:
-    """(key rows, query rows) of scratch a chunk of T tokens over S keys works in."""
+def mla_scratch_rows(T: int, S: int, block: int | None = None) -> tuple[int, int]:
+    """(key rows, query rows) of scratch a chunk of T tokens over S keys works in (block:
+    the launch's in force when None)."""
+    block = mla_launch().block if block is None else block
     return min(block, S), min(block, T)
+
+
+def mla_value_width(hd: int, Hv: int, backend: str | None = None) -> int:
+    """Values a head a key's v takes in the scratch: Hv, or for the flash backend max(hd, Hv)
+    (the values zero-padded to the q/k width); backend: the launch's in force when None."""
+    backend = mla_launch().backend if backend is None else backend
+    return max(hd, Hv) if backend == "flash" else Hv
 
 
 def mla_state_floats(n_head: int, v_head_dim: int) -> int:
@@ -48,9 +64,9 @@ def mla_state_floats(n_head: int, v_head_dim: int) -> int:
 
 @dataclass(frozen=True)
 class MLAScratch:
-    """Flat buffers: k (>= rows·H·hd values), v (>= rows·H·Hv), state fp32
-    (>= qrows·mla_state_floats(H, Hv)), c (int8 KV or a prefix of segments: >= rows·(Lkv + R));
-    k, v and c in the attention's dtype."""
+    """Flat buffers: k (>= rows·H·hd values), v (>= rows·H·W, W = mla_value_width(hd, Hv)),
+    state fp32 (>= qrows·mla_state_floats(H, Hv)), c (int8 KV or a prefix of segments:
+    >= rows·(Lkv + R)); k, v and c in the attention's dtype."""
     k: torch.Tensor
     v: torch.Tensor
     state: torch.Tensor
@@ -58,13 +74,15 @@ class MLAScratch:
 
     @classmethod
     def of(cls, H: int, hd: int, Hv: int, T: int, S: int, device, *,
-           dtype: torch.dtype = torch.bfloat16, block: int = MLA_BLOCK,
-           latent: int = 0) -> "MLAScratch":
+           dtype: torch.dtype = torch.bfloat16, block: int | None = None,
+           latent: int = 0, backend: str | None = None) -> "MLAScratch":
         """Fresh scratch of exactly what (T, S) needs (tests, benchmarks, a launch given none);
-        latent = Lkv + R adds the int8 KV's dequantization rows."""
+        latent = Lkv + R adds the int8 KV's dequantization rows; block and backend: the
+        launch's in force when None."""
         rows, qrows = mla_scratch_rows(T, S, block)
         mk = dict(dtype=dtype, device=device)
-        return cls(torch.empty(rows * H * hd, **mk), torch.empty(rows * H * Hv, **mk),
+        vw = mla_value_width(hd, Hv, backend)
+        return cls(torch.empty(rows * H * hd, **mk), torch.empty(rows * H * vw, **mk),
                    torch.empty(qrows * mla_state_floats(H, Hv), dtype=torch.float32,
                                device=device),
                    torch.empty(rows * latent, **mk) if latent else None)
@@ -83,16 +101,19 @@ class MLAScratch:
                    if t is not None)
 
     def check(self, H: int, hd: int, Hv: int, T: int, S: int, dtype: torch.dtype,
-              block: int = MLA_BLOCK, latent: int = 0) -> None:
+              block: int | None = None, latent: int = 0, backend: str | None = None) -> None:
+        block = mla_launch().block if block is None else block
         rows, qrows = mla_scratch_rows(T, S, block)
-        need = (rows * H * hd, rows * H * Hv, qrows * mla_state_floats(H, Hv), rows * latent)
+        vw = mla_value_width(hd, Hv, backend)
+        need = (rows * H * hd, rows * H * vw, qrows * mla_state_floats(H, Hv), rows * latent)
         have = (self.k.numel(), self.v.numel(), self.state.numel(),
                 0 if self.c is None else self.c.numel())
         if any(h < n for h, n in zip(have, need)) or self.k.dtype != dtype or \
                 self.v.dtype != dtype or self.state.dtype != torch.float32 or \
                 (latent and self.c.dtype != dtype):
             raise StrataError(f"MLA scratch too small or of the wrong dtype for T={T}, S={S}, "
-                              f"H={H}, hd={hd}, Hv={Hv}, block={block}, latent={latent}: needs "
+                              f"H={H}, hd={hd}, Hv={Hv} (v {vw} wide), block={block}, "
+                              f"latent={latent}: needs "
                               f"k, v, state, c of {need} values ({dtype}, {dtype}, float32, "
                               f"{dtype}), has {have} ({self.k.dtype}, {self.v.dtype}, "
                               f"{self.state.dtype}, {None if self.c is None else self.c.dtype})")
@@ -107,9 +128,19 @@ class MLAScratch:
         return (self.c[:m * kv_lora].view(m, kv_lora),
                 self.c[m * kv_lora:m * (kv_lora + rope)].view(m, rope))
 
-    def kv(self, m: int, H: int, hd: int, Hv: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k [H, m, hd], v [H, m, Hv]) contiguous views of a block of m keys."""
-        return (self.k[:H * m * hd].view(H, m, hd), self.v[:H * m * Hv].view(H, m, Hv))
+    def kv(self, m: int, H: int, hd: int, Hv: int,
+           rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k [H, m, hd], v [H, m, Hv]) views of a block of m keys: contiguous; with `rows`
+        (the flash layout, Hv there the padded width W) v is the first m rows of each head of
+        [H, rows, W], the same columns for every block."""
+        k = self.k[:H * m * hd].view(H, m, hd)
+        if rows is None:
+            return k, self.v[:H * m * Hv].view(H, m, Hv)
+        return k, self.padded(rows, H, Hv)[:, :m]
+
+    def padded(self, rows: int, H: int, width: int) -> torch.Tensor:
+        """v [H, rows, width]: the flash layout's values of every block of a call."""
+        return self.v[:H * rows * width].view(H, rows, width)
 
     def carried(self, n: int, H: int, Hv: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(acc fp32 [H, n, Hv], lse fp32 [H, n]) views for a query block of n tokens."""
@@ -117,4 +148,5 @@ class MLAScratch:
                 self.state[H * n * Hv:n * mla_state_floats(H, Hv)].view(H, n))
 
 
-__all__ = ["MLA_BLOCK", "MLAScratch", "mla_scratch_rows", "mla_state_floats"]
+__all__ = ["MLA_BLOCK", "MLAScratch", "mla_scratch_rows", "mla_state_floats",
+           "mla_value_width"]

@@ -6,9 +6,10 @@
   NaN-poisoned output: odd lengths, T = 1, prefix 0, blocks of one key.
 - key_blocks tiles a query block's keys exactly once, the last block masked bottom-right.
 - The plan's mla_k / mla_v / mla_state bytes equal the most the launcher takes from the scratch
-  over a whole prompt read in chunks, for any (T, S, dims).
+  over a whole prompt read in chunks, for any (T, S, dims), under either backend of the launch
+  (strata.models.mla_launch: flash's values padded to the q/k width).
 - The engine hands each layer's attention views of its carve (inside the loan, of the
-  planned sizes).
+  planned sizes), under either backend.
 - On CUDA (gpu mark): attend_block (torch's memory-efficient kernel with its log-sum-exp)
   against attend_block_ref, the whole path at DeepSeek-V3's head widths against the absorbed
   form, and its transient memory beyond the scratch bounded by one block.
@@ -28,6 +29,7 @@ from strata.kernels.attention.kv_int8 import quantize_kv
 from strata.memory.layout import PromptLayout
 from strata.models.mla import (attend_block, attend_block_ref, key_blocks, merge_block,
                                mla_chunk_attention, mla_chunk_attention_absorbed)
+from strata.models.mla_launch import pin_mla_launch
 from strata.models.mla_scratch import MLA_BLOCK, MLAScratch, mla_scratch_rows, mla_state_floats
 from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes
@@ -123,9 +125,9 @@ class Tracked(MLAScratch):
     """An MLAScratch that records the rows each view the launcher takes asks for."""
     seen: dict = field(default_factory=lambda: {"kv": 0, "state": 0, "latent": 0})
 
-    def kv(self, m, H, hd, Hv):
+    def kv(self, m, H, hd, Hv, rows=None):
         self.seen["kv"] = max(self.seen["kv"], m)
-        return super().kv(m, H, hd, Hv)
+        return super().kv(m, H, hd, Hv, rows)
 
     def latent(self, m, width):
         self.seen["latent"] = max(self.seen["latent"], m)
@@ -144,17 +146,29 @@ def tiny_mla(H, N, R, Hv, L) -> ModelShape:
 
 @settings(max_examples=12, deadline=None)
 @given(C=st.integers(1, 2600), S=st.integers(1, 4400), H=st.integers(1, 2),
-       N=st.integers(1, 3), R=st.sampled_from([2]), Hv=st.integers(1, 3), L=st.integers(1, 3),
-       kvd=st.sampled_from(["bf16", "int8"]))
-@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="bf16").via(
+       N=st.integers(1, 3), R=st.sampled_from([2]), Hv=st.integers(1, 6), L=st.integers(1, 3),
+       kvd=st.sampled_from(["bf16", "int8"]), backend=st.sampled_from(["efficient", "flash"]))
+@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="bf16", backend="efficient").via(
     "a full block of queries, then a last chunk of one token over more than a block of keys")
-@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="int8").via("the same, int8 KV")
-@example(C=3, S=5, H=2, N=2, R=2, Hv=3, L=2, kvd="bf16").via("a prompt shorter than one block")
-def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd):
+@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="int8", backend="efficient").via(
+    "the same, int8 KV")
+@example(C=3, S=5, H=2, N=2, R=2, Hv=3, L=2, kvd="bf16", backend="efficient").via(
+    "a prompt shorter than one block")
+@example(C=2048, S=4097, H=2, N=1, R=2, Hv=2, L=1, kvd="bf16", backend="flash").via(
+    "flash: values padded from 2 to the q/k width 3")
+@example(C=5, S=9, H=2, N=1, R=2, Hv=5, L=2, kvd="int8", backend="flash").via(
+    "flash with values wider than q/k: nothing padded")
+def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd, backend):
     """strata plan's mla_* placements for (chunk C, prompt S, KV dtype) are the bytes the
     launcher takes at most while it reads a prompt of S tokens in chunks of C (the real block,
-    MLA_BLOCK); int8 adds the dequantized latent block mla_c."""
+    MLA_BLOCK); int8 adds the dequantized latent block mla_c; the flash backend's mla_v holds
+    max(hd, Hv) values a head."""
     C = max(min(C, S), -(-S // 12))     # at most 12 chunks: the CPU reads every one
+    with pin_mla_launch(backend=backend):
+        plan_and_launch(C, S, H, N, R, Hv, L, kvd, max(N + R, Hv) if backend == "flash" else Hv)
+
+
+def plan_and_launch(C, S, H, N, R, Hv, L, kvd, vw):
     shape = tiny_mla(H, N, R, Hv, L)
     kv = KVPolicy(kvd, max_prompt=S)
     lay = PromptLayout(model_sizes(shape, kv=kv), 64, layout_spec(ffn_named("kernel"), kv, shape))
@@ -162,6 +176,7 @@ def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd):
     int8 = kvd == "int8"
     sc = Tracked(*vars(MLAScratch.of(H, N + R, Hv, C, S, "cpu",
                                      latent=(L + R) * int8)).values())
+    assert sc.v.numel() == min(MLA_BLOCK, S) * H * vw
     q_nope, q_pe, c, k_pe, wkvb = draw(H, S, 0, N, R, Hv, L, 5, dtype=torch.bfloat16)
     kw = {}
     if int8:
@@ -176,7 +191,7 @@ def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd):
     rows, qrows = sc.seen["kv"], sc.seen["state"]
     assert (rows, qrows) == mla_scratch_rows(C, S) == (min(MLA_BLOCK, S), min(MLA_BLOCK, C))
     assert sc.seen["latent"] == rows * int8
-    want = {"mla_k": rows * H * (N + R) * 2, "mla_v": rows * H * Hv * 2,
+    want = {"mla_k": rows * H * (N + R) * 2, "mla_v": rows * H * vw * 2,
             "mla_state": qrows * mla_state_floats(H, Hv) * 4}
     assert planned == want | ({"mla_c": rows * (L + R) * 2} if int8 else {})
     assert not any(n.startswith("kv_expand") or n == "attn_state" for n in lay.spec.names())
@@ -252,10 +267,20 @@ def test_blocked_transient_is_one_block_on_the_gpu():
     assert S * H * (N + R + Hv) * 2 > 7 * bound
 
 
-@pytest.mark.parametrize("kvd", ["bf16", "int8"])
-def test_the_engine_hands_its_carve_to_the_attention(kvd, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kvd,backend", [("bf16", "efficient"), ("int8", "efficient"),
+                                         ("bf16", "flash"), ("int8", "flash")])
+def test_the_engine_hands_its_carve_to_the_attention(kvd, backend, tmp_path, monkeypatch):
     """Every layer's attention gets an MLAScratch whose buffers lie in the prompt's loan (the
-    expert cache's bytes), of the plan's sizes (mla_c only with int8 KV)."""
+    expert cache's bytes), of the plan's sizes (mla_c only with int8 KV; flash's mla_v
+    max(hd, Hv) values a head), the engine built and run under the launch."""
+    from tests.models.hf_family import DS_TINY
+    with pin_mla_launch(backend=backend):
+        sizes = engine_carve(kvd, tmp_path, monkeypatch)
+    hd, Hv = DS_TINY.head_dim, DS_TINY.mla.v_head_dim                  # 24 and 16
+    assert sizes["mla_v"] * hd == sizes["mla_k"] * (hd if backend == "flash" else Hv)
+
+
+def engine_carve(kvd, tmp_path, monkeypatch):
     import strata.models.mla as mla
     from strata.engine.prefill import EngineConfig, PrefillEngine
     from strata.packs import Pack
@@ -282,3 +307,4 @@ def test_the_engine_hands_its_carve_to_the_attention(kvd, tmp_path, monkeypatch)
             if t is not None:
                 assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi
                 assert t.numel() * t.element_size() == sizes[name]
+    return sizes

@@ -1,0 +1,144 @@
+"""One key block of MLA's blocked attention (strata.models.mla): which blocks a query block
+attends, one launch per block with its log-sum-exp, and the fp32 merge of the blocks.
+
+Legend: H heads, n queries of the block, m keys of the block, hd = N + R the q/k head width,
+Hv the value head width, W = max(hd, Hv) the flash backend's padded value width.
+
+    key_blocks(kv_end, n, B)     the (start, end, masked) key blocks of a query block
+    attend_block_ref             plain torch, fp32 scores: the twin of the two below
+    attend_block                 CUDA "efficient": torch's memory-efficient kernel, v [H, m, Hv]
+    attend_block_flash           CUDA "flash": torch's flash forward, v [H, m, W] zero-padded
+    merge_block                  fold one block's (o, lse) into the fp32 state (acc, lse):
+                                 strata.kernels.attention.merge's twin; lse_merge its kernel
+
+Every backend takes q [H, n, hd], k [H, m, hd] and returns (o [H, n, Hv] in q's dtype,
+lse fp32 [H, n]): the natural log of the sum of exp(scale · q.k) over the keys a query sees;
+masked: query i sees keys 0..i + m - n (bottom-right, the block that ends at the queries' own
+keys). strata.models.mla_launch picks the backend (`attend_for`) and the merge (`merge_for`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from strata.kernels.attention.merge import lse_merge, lse_merge_torch
+
+# the plain-torch merge, by the name the blocked attention and its tests know
+merge_block = lse_merge_torch
+
+
+def key_blocks(kv_end: int, n: int, block: int) -> list[tuple[int, int, bool]]:
+    """The key blocks a query block of n tokens whose last query sees keys 0..kv_end-1 attends:
+    (start, end, masked), ending with the one of min(block, kv_end) keys that ends at kv_end,
+    masked bottom-right (its query i sees its first i + size - n + 1 keys); the ones before it
+    are seen whole. Needs n <= min(block, kv_end)."""
+    lo = max(0, kv_end - block)
+    return [(a, min(a + block, lo), False) for a in range(0, lo, block)] + [(lo, kv_end, True)]
+
+
+def attend_block_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [H, n, hd], k [H, m, hd], v [H, m, Hv] -> (o [H, n, Hv] in q's dtype, lse fp32
+    [H, n]), scores and sums in fp32; masked: query i sees keys 0..i + m - n (bottom-right)."""
+    n, m = q.shape[1], k.shape[1]
+    s = (q.float() @ k.float().transpose(1, 2)) * scale                      # [H, n, m]
+    if masked:
+        hide = torch.arange(m, device=q.device)[None, :] > \
+            torch.arange(n, device=q.device)[:, None] + (m - n)
+        s = s.masked_fill(hide, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype), lse
+
+
+_NO_MASK, _BOTTOM_RIGHT = 0, 2   # the memory-efficient kernel's custom_mask_type values
+
+
+def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """attend_block_ref's signature on CUDA: torch's memory-efficient attention kernel (what
+    scaled_dot_product_attention runs for q/k heads of 192 and values of 128, flash needing
+    equal widths), asked for its log-sum-exp (natural log of the scaled scores, rows padded).
+    Head widths not multiples of 8 or other dtypes go to attend_block_ref."""
+    n, hd, Hv = q.shape[1], q.shape[-1], v.shape[-1]
+    if not q.is_cuda or hd % 8 or Hv % 8 or q.dtype not in (torch.bfloat16, torch.float16):
+        return attend_block_ref(q, k, v, masked, scale)
+    # the call torch.nn.attention.bias.CausalBias makes for a bottom-right mask, asking for lse
+    o, lse = torch.ops.aten._efficient_attention_forward(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], bias=None,
+        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+        dropout_p=0.0, custom_mask_type=_BOTTOM_RIGHT if masked else _NO_MASK,
+        compute_log_sumexp=True, scale=scale)[:2]
+    return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, Hv], [H, n]
+
+
+def flash_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether torch's flash forward takes these operands: CUDA, bf16 or fp16 alike, one head
+    width hd for q, k and (padded) v, a multiple of 8 and at most 256 (FlashAttention-2's
+    checks in mha_fwd)."""
+    hd = q.shape[-1]
+    return (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and
+            k.dtype == v.dtype == q.dtype and k.shape[-1] == v.shape[-1] == hd and
+            hd % 8 == 0 and hd <= 256)
+
+
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [H, n, hd], k and v [H, m, hd] (last dim contiguous, any head stride) -> (o [H, n, hd],
+    lse fp32 [H, n]) through torch.ops.aten._flash_attention_forward (FlashAttention-2, vendored
+    in aten/src/ATen/native/transformers/cuda/flash_attn), called positionally with the fields
+    every torch since 2.1 shares: (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+    dropout_p, is_causal, return_debug_mask, *, scale) -> (output, softmax_logsumexp, rng_state,
+    unused, debug_attn_mask); the later keywords (window sizes, seqused_k, alibi_slopes,
+    block_table, num_splits) keep their defaults. Operands are [batch, seq, heads, hd] with
+    only the last dim contiguous (mha_fwd's checks), so the head-major blocks go as transposed
+    views, no copy. What the source says (torch's flash_api.cpp and mask.h, read for this
+    call): is_causal sets window_size_right = 0, and the mask keeps key j for query i when
+    j < i + 1 + seqlen_k - seqlen_q: aligned bottom-right, query i sees keys 0..i + m - n, as
+    attend_block_ref's mask; at seqlen_q == 1 is_causal is dropped ("the same as causal=false":
+    true only bottom-right). The lse is [batch, heads, seqlen_q] fp32, row_max·scale +
+    log(row_sum): the natural log of the scaled scores' sum, the efficient kernel's meaning
+    (a row with no key visible would read +inf; key_blocks never makes one)."""
+    n, m = q.shape[1], k.shape[1]
+    o, lse = torch.ops.aten._flash_attention_forward(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        None, None, n, m, 0.0, masked, False, scale=scale)[:2]
+    return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, hd], [H, n]
+
+
+def attend_block_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                       scale: float, *, v_dim: int, kernel=None) -> tuple[torch.Tensor,
+                                                                          torch.Tensor]:
+    """attend_block_ref's meaning with the values zero-padded: v [H, m, W] (W = max(hd, v_dim),
+    its columns v_dim.. zero; any head stride: the scratch's flash layout) -> (o [H, n, v_dim],
+    lse fp32 [H, n]). The padded columns leave the softmax alone and give o's columns v_dim..
+    as zeros, which are cut off. `kernel` (q, k, v, masked, scale) -> (o [H, n, W], lse):
+    flash_forward where flash_fits, else attend_block_ref on the same padded v off CUDA (the
+    stand-in the CPU tests hold to the unpadded result); on CUDA with operands flash does not
+    take, the efficient backend on the unpadded view."""
+    if kernel is None:
+        if flash_fits(q, k, v):
+            kernel = flash_forward
+        elif q.is_cuda:
+            return attend_block(q, k, v[..., :v_dim], masked, scale)
+        else:
+            kernel = attend_block_ref
+    o, lse = kernel(q, k, v, masked, scale)
+    return o[..., :v_dim], lse
+
+
+def attend_for(backend: str, v_dim: int):
+    """The block launch of `backend` (strata.models.mla_launch.BACKENDS) as attend_block's
+    signature; "flash" takes its v padded to W columns (MLAScratch.kv with rows)."""
+    if backend == "flash":
+        return functools.partial(attend_block_flash, v_dim=v_dim)
+    return attend_block
+
+
+def merge_for(merge: str):
+    """The merge of strata.models.mla_launch.MERGES as merge_block's signature."""
+    return lse_merge if merge == "fused" else merge_block
+
+
+__all__ = ["attend_block", "attend_block_flash", "attend_block_ref", "attend_for", "flash_fits",
+           "flash_forward", "key_blocks", "merge_block", "merge_for"]
