@@ -162,6 +162,12 @@ for step in "$@"; do
     # Q4_K_M (5 layers: 3 dense, 2 MoE) at 8K and 32K, by kernel category beside the floor's parts
     profilebig) for spec in "gpt-oss-120b MXFP4 4" "deepseek-v3 Q4_K_M 5"; do read -r pm pq pl <<< "$spec"
                 timeout ${PB_T:-200} python3 benchmarks/profile_read.py --what resident --preset $pm --quant $pq --layers $pl --T 8192 32768 --top 30 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -90 > "$OUT/profile_$pm.log"; grep -A2 "^T=\|resident in" "$OUT/profile_$pm.log"; done ;;
+    # issue 37 item 3, the A/B after the profile: gpt-oss-120b's experts by the fused kernel against auto
+    # (decode-once now takes biased experts), DeepSeek-V3's MLA blocks by the efficient kernel against
+    # flash on padded V, the one-pass merge and a 4096 block (strata.models.mla_launch)
+    profileab) for f in kernel auto; do timeout 150 python3 benchmarks/profile_read.py --what resident --preset gpt-oss-120b --quant MXFP4 --layers 4 --T 8192 32768 --ffn $f --top 12 --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_gpt-oss_$f.log"; grep "^T=\|^-- " "$OUT/profile_gpt-oss_$f.log"; done
+               for m in "" "--mla-backend flash" "--mla-backend flash --mla-merge fused" "--mla-backend flash --mla-block 4096 --mla-merge fused"; do t=$(echo "x $m" | tr -cd 'a-z0-9'); timeout 150 python3 benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5 --T 32768 --top 12 $m --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_ds_$t.log"; echo "[$m]"; grep "^T=\|^-- " "$OUT/profile_ds_$t.log"; done
+               ( cd "$OUT" && tar czf profileab.tgz profile_gpt-oss_*.log profile_ds_*.log profile_resident_*.csv && rm -f profile_gpt-oss_*.log profile_ds_*.log profile_resident_*.csv ) ;;   # a call brings back 8 files
     # issue 18 item 4: the fused RMSNorm / q-k norm + NEOX RoPE kernels against their torch twins at the
     # real shapes, and bf16 reads (model + engine) fused vs torch; normab: profileres's 32K read with the
     # norms pinned to torch (the fused arm is profileres itself): profile_resident_norm_torch.{csv,log}

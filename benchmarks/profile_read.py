@@ -233,6 +233,7 @@ def main(argv=None) -> int:
         (ffn if args.what == "ffn" else resident)(args, rows)
     tag = "" if args.what == "ffn" or args.preset == "qwen3-30b-a3b" else \
         f"_{args.preset}-{args.quant}" + (f"-L{args.layers}" if args.layers else "")
+    tag += "" if args.ffn == "auto" else f"_ffn_{args.ffn}"
     tag += "" if args.norm == "auto" else f"_norm_{args.norm}"
     tag += "" if args.decoded_gemm == "auto" else f"_gemm_{args.decoded_gemm}"
     tag += "".join(f"_mla_{v}" for v in (args.mla_backend, args.mla_block, args.mla_merge)
