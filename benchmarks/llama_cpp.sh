@@ -4,13 +4,29 @@
 #   bash benchmarks/llama_cpp.sh side PRESET "SYNTH FLAGS" BUDGET PROMPTS
 #       e.g. side qwen3-30b-a3b "--mix Q4_K_M" 12GiB 8192,32768: synth a GGUF, its pack, then both
 #       benches on them (experiments/llama_side.py), CSV + PNG under $OUT
-# The source: .lcp/llama.cpp-src.tar.xz, the llama-cpp-python 0.3.36 sdist's vendored llama.cpp
-# (ggml-org/llama.cpp@0c1e57098) less the other backends, docs and models (6 MB; the whole sdist is
-# 76 MB, past what a call carries). Make it on the CPU machine:
+#   bash benchmarks/llama_cpp.sh prebuild SRC                # on the CPU machine: makes the prebuilt tarball
+# build unpacks the prebuilt tools, .lcp/llama.cpp-cuda-sm90.tar.xz (bin/llama-{bench,perplexity,server},
+# sm_90 machine code, made on the CPU machine so a call skips the ~5 min compile), into $LCP/build and
+# prints the GPU they see; without the tarball, or when its tools do not load or see no GPU, it compiles
+# .lcp/llama.cpp-src.tar.xz there instead. The tools load the CUDA 13 runtime and cuBLAS
+# (libcudart.so.13, libcublas.so.13, libcublasLt.so.13) from torch's pip-installed nvidia wheels, found
+# at run time (cuda_lib_dirs) for every step, the driver's libcuda.so.1, and glibc >= 2.34,
+# libstdc++ >= GLIBCXX_3.4.30 (gcc 12), libgomp.
+# The prebuilt tarball, on the CPU machine (2 cores shared: 30-45 min under nice -n 19, -j2):
+#   bash benchmarks/llama_cpp.sh prebuild SDIST/vendor/llama.cpp
+# SDIST the llama-cpp-python 0.3.36 sdist (its vendored ggml-org/llama.cpp@0c1e57098). It fetches a CUDA
+# 13.0 toolkit as pip wheels into $CUDA13 (/tmp/cuda13: nvcc, nvvm, crt 13.0.88, cudart 13.0.96, cuBLAS
+# 13.1.0.3, CCCL 13.0.85), makes a link stub for libcuda, configures as `compile` does plus
+# GGML_NATIVE=OFF (AVX2 CPU kernels: any x86_64 host) and BUILD_SHARED_LIBS=OFF (one binary per tool),
+# builds in $LCP_BUILD (/tmp/lcpcuda/build), strips the tools and writes $PREBUILT. Carry .lcp (run's
+# carry).
+# The source tarball: the same vendored llama.cpp less the other backends, docs and models (6 MB; the
+# whole sdist is 76 MB, past what a call carries). Make it on the CPU machine:
 #   tar -C SDIST/vendor/llama.cpp --exclude=ggml/src/ggml-{sycl,vulkan,opencl,hexagon,metal,et,cann,musa} \
-#       -cJf .lcp/llama.cpp-src.tar.xz CMakeLists.txt LICENSE licenses app cmake include src common ggml tools vendor
-# and carry .lcp (run's carry). The build goes to /dev/shm/lcp (the device's fresh machine keeps it for
-# the rest of the call only): build and measure in one call.
+#       -cJf .lcp/llama.cpp-src.tar.xz CMakeLists.txt LICENSE licenses app cmake include src common ggml \
+#       tools vendor scripts/ui-assets.cmake
+# (llama-server's build runs scripts/ui-assets.cmake). The build goes to /dev/shm/lcp (the device's
+# fresh machine keeps it for the rest of the call only): build and measure in one call.
 set -u
 # strata from the source tree, gguf from the carried wheels (as gpu_session.sh)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -19,16 +35,65 @@ if ls .whl/gguf*.whl >/dev/null 2>&1 && ! python3 -c "import gguf" 2>/dev/null; 
         && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 LCP=${LCP:-/dev/shm/lcp}
+PREBUILT=${PREBUILT:-.lcp/llama.cpp-cuda-sm90.tar.xz}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+TOOLS="llama-bench llama-perplexity llama-server"
+
+# the folders of the CUDA 13 runtime and cuBLAS the prebuilt tools link, among the nvidia wheels
+# torch installed (their place differs between images, so it is looked up, not written down)
+cuda_lib_dirs() {
+    python3 - <<'EOF' 2>/dev/null
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+dirs = []
+for root in roots:
+    for name in ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13"):
+        for f in sorted(glob.glob(os.path.join(root, "nvidia", "**", name), recursive=True)):
+            d = os.path.dirname(os.path.realpath(f))
+            if d not in dirs:
+                dirs.append(d)
+print(":".join(dirs))
+EOF
+}
+dirs=$(cuda_lib_dirs)
+[ -n "$dirs" ] && export LD_LIBRARY_PATH=$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# one line: the first CUDA device llama.cpp sees (fails when the tools do not load or see none)
+gpu_seen() {
+    "$LCP/build/bin/llama-bench" --list-devices 2>&1 | grep -m1 "CUDA0:"
+}
+
+# configure and build the three tools; $1 the source, $2 the build folder, then extra cmake flags.
+# One architecture, sm_90's machine code only (its PTX, for other GPUs to JIT, would double the
+# kernels' bytes), every layer's kernels; no curl, no tests or examples.
+configure_build() {
+    local src=$1 build=$2; shift 2
+    cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90-real -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF "$@" > "$OUT/llama_cpp_configure.log" 2>&1 && \
+    cmake --build "$build" -j "$(nproc)" --target $TOOLS > "$OUT/llama_cpp_build.log" 2>&1
+}
+
+compile() {
+    rm -rf "$LCP/build"
+    mkdir -p "$LCP/src" && tar -C "$LCP/src" -xJf .lcp/llama.cpp-src.tar.xz || exit 2
+    ( time configure_build "$LCP/src" "$LCP/build" ) 2>&1 | tail -3 | tee "$OUT/llama_cpp_build_time.log"
+}
+
+# the prebuilt tools into $LCP/build; fails (saying why) when absent, or when they do not load or see no GPU
+unpack_prebuilt() {
+    [ -f "$PREBUILT" ] || { echo "no $PREBUILT: compiling"; return 1; }
+    rm -rf "$LCP/build" && mkdir -p "$LCP/build" && tar -C "$LCP/build" -xJf "$PREBUILT" || return 1
+    gpu_seen > /dev/null && return 0
+    echo "prebuilt llama.cpp does not run here or sees no GPU, compiling:"
+    "$LCP/build/bin/llama-bench" --list-devices 2>&1 | head -3
+    return 1
+}
+
 case ${1:-} in
   build)
-    mkdir -p "$LCP/src" && tar -C "$LCP/src" -xJf .lcp/llama.cpp-src.tar.xz || exit 2
-    # one architecture (sm_90), every layer's kernels; no curl, no tests or examples
-    ( time ( cmake -S "$LCP/src" -B "$LCP/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF > "$OUT/llama_cpp_configure.log" 2>&1 && \
-      cmake --build "$LCP/build" -j "$(nproc)" --target llama-bench llama-perplexity llama-server \
-        > "$OUT/llama_cpp_build.log" 2>&1 ) ) 2>&1 | tail -3 | tee "$OUT/llama_cpp_build_time.log"
+    unpack_prebuilt || compile
+    echo "llama.cpp sees: $(gpu_seen || echo 'no CUDA device')" | tee -a "$OUT/llama_cpp_build_time.log"
     ls -la "$LCP/build/bin" | tee -a "$OUT/llama_cpp_build_time.log" ;;
   side)
     preset=$2 synth=$3 budget=$4 prompts=$5
@@ -39,5 +104,34 @@ case ${1:-} in
     python3 experiments/llama_side.py --gguf "$g" --pack "$p" --bin "$LCP/build/bin" \
         --budget "$budget" --prompts "$prompts" --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12
     rm -f "$g" "$p" ;;
-  *) echo "usage: bash benchmarks/llama_cpp.sh build | side PRESET 'SYNTH FLAGS' BUDGET PROMPTS" >&2; exit 2 ;;
+  prebuild)
+    src=${2:?usage: prebuild SRC, the llama.cpp source of the sdist}
+    T=${CUDA13:-/tmp/cuda13} B=${LCP_BUILD:-/tmp/lcpcuda/build}
+    renice -n 19 -p $$ > /dev/null      # the CPU machine's cores are shared
+    python3 -m pip download -q --no-deps -d "$T/whl" nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 \
+        nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cublas==13.1.0.3 \
+        nvidia-cuda-cccl==13.0.85 || exit 2
+    for w in "$T"/whl/*.whl; do unzip -qo "$w" -d "$T/pkg"; done
+    ln -sfn pkg/nvidia/cu13 "$T/root" && R=$T/root   # the wheels fill one tree: bin nvvm include lib
+    mkdir -p "$R/lib/stubs" "$R/targets/x86_64-linux"
+    ln -sfn lib "$R/lib64"
+    ln -sfn ../../include "$R/targets/x86_64-linux/include"   # where nvcc.profile looks
+    ln -sfn ../../lib "$R/targets/x86_64-linux/lib"
+    for l in cudart cublas cublasLt; do ln -sfn "lib$l.so.13" "$R/lib/lib$l.so"; done
+    # no wheel holds libcuda's link stub: an empty function per driver entry point cuda.h declares
+    # (the driver's own libcuda.so.1 answers at run time)
+    echo '#include <cuda.h>' | gcc -E -P -x c -I "$R/include" - | grep -oE '\bcu[A-Z][A-Za-z0-9_]*\s*\(' \
+        | sed 's/\s*($//' | sort -u | awk '{print "void " $1 "(void){}"}' > "$T/libcuda-stub.c"
+    gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$R/lib/stubs/libcuda.so" "$T/libcuda-stub.c" || exit 2
+    export PATH=$R/bin:$PATH
+    ( time configure_build "$src" "$B" -DGGML_NATIVE=OFF -DGGML_CUDA_FA_ALL_QUANTS=OFF \
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DCUDAToolkit_ROOT="$R" \
+        -DCMAKE_CUDA_COMPILER="$R/bin/nvcc" -DCMAKE_CUDA_HOST_COMPILER="$(command -v g++)" \
+        -DCMAKE_SKIP_BUILD_RPATH=ON ) 2>&1 | tail -3
+    rm -rf "$B/../pkg" && mkdir -p "$B/../pkg/bin" || exit 2
+    for t in $TOOLS; do strip -o "$B/../pkg/bin/$t" "$B/bin/$t" || exit 2; done
+    # a window wider than one tool (~50 MB), so the kernels the three share are packed once
+    XZ_OPT="--lzma2=preset=9,dict=192MiB -T1" tar -C "$B/../pkg" -cJf "$PREBUILT" bin && ls -la "$PREBUILT" ;;
+  *) echo "usage: bash benchmarks/llama_cpp.sh build | side PRESET 'SYNTH FLAGS' BUDGET PROMPTS | prebuild SRC" >&2
+     exit 2 ;;
 esac
