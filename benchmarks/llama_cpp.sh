@@ -18,8 +18,9 @@
 # 13.0 toolkit as pip wheels into $CUDA13 (/tmp/cuda13: nvcc, nvvm, crt 13.0.88, cudart 13.0.96, cuBLAS
 # 13.1.0.3, CCCL 13.0.85), makes a link stub for libcuda, configures as `compile` does plus
 # GGML_NATIVE=OFF (AVX2 CPU kernels: any x86_64 host) and BUILD_SHARED_LIBS=OFF (one binary per tool),
-# builds in $LCP_BUILD (/tmp/lcpcuda/build), strips the tools and writes $PREBUILT. Carry .lcp (run's
-# carry).
+# builds in $LCP_BUILD (/tmp/lcpcuda/build), strips the tools and writes $PREBUILT. Carry the one file
+# (run's carry: [".lcp/llama.cpp-cuda-sm90.tar.xz", ".whl"]): the tree (32 MiB) with both tarballs is
+# past the 64 MiB a call takes; carry the source tarball instead only where the prebuilt tools fail.
 # The source tarball: the same vendored llama.cpp less the other backends, docs and models (6 MB; the
 # whole sdist is 76 MB, past what a call carries). Make it on the CPU machine:
 #   tar -C SDIST/vendor/llama.cpp --exclude=ggml/src/ggml-{sycl,vulkan,opencl,hexagon,metal,et,cann,musa} \
