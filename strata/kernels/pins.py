@@ -25,3 +25,20 @@ def pinned_one_of(var: ContextVar, value, choices: tuple, what: str):
     if value not in choices:
         raise StrataError(f"{what} takes one of {choices}, got {value!r}")
     return pinned(var, value)
+
+
+def pinned_record(var: ContextVar, in_force, launch, changes: dict, what: str):
+    """`pinned(var, ...)` of a launch record (a frozen dataclass): `launch` (or `in_force`, the
+    record in force) with the fields `changes` names replaced; a record of another type or an
+    unknown field is a StrataError naming `what` and the fields (the record's own __post_init__
+    checks the values)."""
+    from dataclasses import fields, replace
+    kind = type(in_force)
+    if launch is not None and not isinstance(launch, kind):
+        raise StrataError(f"{what} takes a launch record of type {kind.__name__}, got "
+                          f"{type(launch).__name__}")
+    names = [f.name for f in fields(kind)]
+    bad = set(changes) - set(names)
+    if bad:
+        raise StrataError(f"{what}: unknown field(s) {sorted(bad)}; fields: {', '.join(names)}")
+    return pinned(var, replace(launch or in_force, **changes))

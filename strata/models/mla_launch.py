@@ -27,10 +27,10 @@ benchmarks/gpu_session.sh step mlaflash); the default moves only on a GPU timing
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 from strata.errors import StrataError
-from strata.kernels.pins import pinned
+from strata.kernels.pins import pinned_record
 
 MLA_BLOCK = 2048   # the default B (strata.models.mla_scratch's docstring says why)
 BACKENDS = ("efficient", "flash")
@@ -66,14 +66,7 @@ def mla_launch() -> MLALaunch:
 def pin_mla_launch(launch: MLALaunch | None = None, **changes):
     """Inside the block MLA's attention launches `launch` (or the one in force with `changes`),
     and the planner counts its scratch."""
-    if launch is not None and not isinstance(launch, MLALaunch):
-        raise StrataError(f"pin_mla_launch takes an MLALaunch, got {type(launch).__name__}")
-    names = [f.name for f in fields(MLALaunch)]
-    bad = set(changes) - set(names)
-    if bad:
-        raise StrataError(f"pin_mla_launch: unknown field(s) {sorted(bad)}; fields: "
-                          f"{', '.join(names)}")
-    return pinned(_PIN, replace(launch or mla_launch(), **changes))
+    return pinned_record(_PIN, mla_launch(), launch, changes, "pin_mla_launch")
 
 
 __all__ = ["BACKENDS", "DEFAULT", "MERGES", "MLALaunch", "MLA_BLOCK", "mla_launch",

@@ -77,7 +77,7 @@ def test_a_bad_launch_is_refused_in_one_line(bad, match):
         MLALaunch(**bad)
     with pytest.raises(StrataError, match="unknown field"):
         pin_mla_launch(backend="flash", blok=8)
-    with pytest.raises(StrataError, match="takes an MLALaunch"):
+    with pytest.raises(StrataError, match="takes a launch record of type MLALaunch"):
         pin_mla_launch("flash")
 
 

@@ -22,10 +22,10 @@ sequential part); `pin_delta_launch(split=True)` and the precisions are there to
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from strata.errors import StrataError
-from strata.kernels.pins import pinned
+from strata.kernels.pins import pinned_record
 
 PRECISIONS = ("tf32x3", "tf32", "ieee")
 
@@ -92,10 +92,4 @@ def delta_launch() -> DeltaLaunch:
 def pin_delta_launch(launch: DeltaLaunch | None = None, **changes):
     """Inside the block the delta rule launches `launch` (or the one in force with `changes`),
     and the planner counts its buffers."""
-    if launch is not None and not isinstance(launch, DeltaLaunch):
-        raise StrataError(f"pin_delta_launch takes a DeltaLaunch, got {type(launch).__name__}")
-    bad = set(changes) - {f.name for f in fields(DeltaLaunch)}
-    if bad:
-        raise StrataError(f"pin_delta_launch: unknown field(s) {sorted(bad)}; fields: "
-                          f"{', '.join(f.name for f in fields(DeltaLaunch))}")
-    return pinned(_PIN, replace(launch or delta_launch(), **changes))
+    return pinned_record(_PIN, delta_launch(), launch, changes, "pin_delta_launch")
