@@ -23,11 +23,7 @@ compiled dots may accumulate in another order, and the tests hold each to the bo
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -40,6 +36,7 @@ from strata.kernels.attention import (AttnProblem, AttnScratch, AttnTile, KVSegm
                                       pin_attn_tile, quantize_kv, resolve_attn_tile)
 from strata.kernels.attention.scratch import (EXPAND_ROWS, expand_rows, needs_state,
                                               plan_pieces, state_floats)
+from tests.kernels.compiled import compile_lines
 
 U = 2.0 ** -8
 U32 = 2.0 ** -24
@@ -464,13 +461,9 @@ def test_attention_compiles_for_h200():
     H200 tiles for hd = 128, bf16 and int8 segments (both int8 paths, the pieces' store and
     resume branches) and the expansion kernel, in a process without the interpreter: a
     type or layout error the interpreter forgives shows up here. Prints the footprint."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_attention.py"),
-                        "--quick", "128"], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("ok ") == N_COMPILED and "FAIL" not in r.stdout, r.stdout
-    for line in r.stdout.splitlines():   # bf16 segments: no spills (int8 ones: see tiles.py)
+    lines, out = compile_lines("compile_attention.py", "--quick", "128", timeout=900)
+    assert len(lines) == N_COMPILED, out
+    for line in lines:   # bf16 segments: no spills (int8 ones: see tiles.py)
         if line.startswith("ok") and "int8" not in line:
             assert "spill 0/0" in line, line
 

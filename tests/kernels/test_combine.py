@@ -8,11 +8,7 @@ launch at all), every id -1 (y is +0.0 and nothing is read). The Hypothesis prop
 the combine means: skipping a row is adding +0.0, `out` gets exactly the fp32 sum added, the
 bf16 y is that sum rounded to nearest even.
 """
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +17,7 @@ from hypothesis import strategies as st
 
 from strata.errors import StrataError
 from strata.kernels.moe.combine import CombineTile, combine_rows, combine_rows_torch
+from tests.kernels.compiled import compile_lines
 
 MODES = ("all", "mask", "layer")
 
@@ -178,14 +175,8 @@ def test_combine_property(p):
 def test_combine_compiles_for_h200():
     """Both sides of MASK and of ADD compile for sm_90 at the default GPU tile (triton's passes and
     ptxas, no GPU) in a process without the interpreter, without register spills."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_combine.py"),
-                        "--quick"],
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
+    lines, out = compile_lines("compile_combine.py", "--quick", timeout=600)
+    assert len(lines) == 2, out
     for line in lines:
         assert "spill 0/0" in line, line
 

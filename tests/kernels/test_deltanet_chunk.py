@@ -37,6 +37,7 @@ from strata.errors import StrataError
 from strata.kernels.deltanet import (chunk_gated_delta_rule, chunk_gated_delta_rule_torch,
                                      delta_gates, recurrent_gated_delta_rule)
 from strata.kernels.deltanet.launch import DEFAULT, DeltaLaunch, delta_launch, pin_delta_launch
+from tests.kernels.compiled import compile_lines
 
 U32 = 2.0 ** -24
 C_STAGES = 4
@@ -321,16 +322,7 @@ def test_chunk_kernels_compile_for_h200():
     """Both chunk kernels compile for sm_90 with triton's passes and ptxas (no GPU) at Qwen3.5's
     heads, in a process without the interpreter, their dots on the tensor cores (wgmma)
     (compile_deltanet.py without --quick: the norms, other shapes, bf16 q/k, the footprints)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_deltanet.py"),
-                        "--quick"], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
+    lines, out = compile_lines("compile_deltanet.py", "--quick", timeout=900)
+    assert len(lines) == 2, out
     for line in lines:
         assert "wgmma" in line, line

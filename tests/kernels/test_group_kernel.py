@@ -8,6 +8,7 @@ from hypothesis import example, given, settings, strategies as st
 from strata.kernels.moe.grouping import (group_blocked, group_blocked_bounded,
                                          group_blocked_bounded_torch)
 from strata.kernels.moe.tiles import padded_rows
+from tests.kernels.compiled import ROOT, compile_lines
 
 
 def _routing(T, K, E, seed, skip, wild):
@@ -84,15 +85,6 @@ def test_gpu_real_shapes(T, E, bm):
 def test_group_kernels_compile_for_h200():
     """The three kernels compile for sm_90 (triton's passes and ptxas, no GPU) at qwen3-30b-a3b's
     and seed-512e's expert counts, without register spills (compile_group.py)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_group.py")],
-                       env=env, capture_output=True, text=True, timeout=600,
-                       cwd=root / "tests" / "kernels")
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 6 and all("spill 0/0" in ln for ln in lines), r.stdout
+    lines, out = compile_lines("compile_group.py", timeout=600,
+                               cwd=ROOT / "tests" / "kernels")
+    assert len(lines) == 6 and all("spill 0/0" in ln for ln in lines), out

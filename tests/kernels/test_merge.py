@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from strata.kernels.attention.merge import lse_merge, lse_merge_supported, lse_merge_torch
+from tests.kernels.compiled import compile_lines
 
 U32 = 2.0 ** -24
 
@@ -77,17 +78,8 @@ def test_a_layout_the_kernel_does_not_take_goes_to_the_twin():
 def test_the_merge_kernel_compiles_for_h100():
     """The kernel compiles for sm_90 with triton's passes and ptxas (no GPU), at DeepSeek-V3's
     value width and merge_tile's tile, both FIRSTs, without register spills."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_merge.py"),
-                        "--quick"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
+    lines, out = compile_lines("compile_merge.py", "--quick", timeout=600)
+    assert len(lines) == 2, out
     for line in lines:
         assert "spill 0/0" in line, line
 

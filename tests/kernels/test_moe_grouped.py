@@ -23,6 +23,7 @@ from strata.kernels.moe.decoded import (bf16_layout, decode_experts, last_decode
                                         moe_ffn_decoded, pin_decoded_gemm)
 from strata.kernels.moe.random_experts import random_expert_set
 from strata.kernels.moe.tiles import plan_launch
+from tests.kernels.compiled import compile_lines
 
 E, D, F, K = 6, 64, 32, 2
 
@@ -255,17 +256,8 @@ def test_combine_sorted_is_the_scatter_then_combine(rows, add):
 def test_grouped_kernels_compile_for_h200():
     """silu_mul, scatter_rows and combine_sorted compile for sm_90 at their GPU tiles (triton's
     passes and ptxas, no GPU) in a process without the interpreter, without register spills."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_grouped.py")],
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 4 and "FAIL" not in r.stdout, r.stdout
+    lines, out = compile_lines("compile_grouped.py", timeout=600)
+    assert len(lines) == 4, out
     for line in lines:
         assert "spill 0/0" in line, line
 

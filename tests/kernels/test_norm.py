@@ -30,6 +30,7 @@ from strata.kernels.norm import (NormTile, norm_impl, norm_tile, pin_norm, qk_no
                                  qk_norm_rope_supported, qk_norm_rope_torch, rms_norm,
                                  rms_norm_torch)
 from strata.models.layers import apply_rope, rope_cos_sin, yarn_cos_sin
+from tests.kernels.compiled import compile_lines
 
 EPS = 1e-6
 U32 = 2.0 ** -24
@@ -324,17 +325,8 @@ def test_norm_kernels_compile_for_h200():
     """Both kernels compile for sm_90 with triton's passes and ptxas (no GPU), at qwen3-30b-a3b's
     shapes and norm_tile's tiles, in a process without the interpreter, with no register spills
     (compile_norm.py without --quick: every width and head shape, their footprints)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_norm.py"),
-                        "--quick"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
+    lines, out = compile_lines("compile_norm.py", "--quick", timeout=600)
+    assert len(lines) == 2, out
     for line in lines:
         assert "spill 0/0" in line, line
 

@@ -25,6 +25,7 @@ from strata.kernels.moe.plane import (KERNEL_FORMATS, PLANE_TILES, PlaneTile, pl
 from strata.kernels.moe.random_experts import random_blocks, random_expert_set
 from strata.kernels.moe.tiles import padded_rows
 from strata.planes import to_plane_set, to_planes
+from tests.kernels.compiled import compile_lines
 
 @dataclass(frozen=True)
 class Case:
@@ -408,18 +409,9 @@ def test_plane_gemm_compiles_for_h200():
     a wgmma, none serialized (ptxas C7515: the accumulators' zeros on the loop's zero-trip path made
     ptxas wait on each wgmma before the next, until the kernel told it n_in > 0), the code tiles
     staged by cp.async, no register spills."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_plane.py"),
-                        "--quick"], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
+    lines, out = compile_lines("compile_plane.py", "--quick", timeout=900)
     runs = {(t, f) for f in KERNEL_FORMATS for t in PLANE_TILES[f].values()}
-    assert len(lines) == 2 * len(runs) and "FAIL" not in r.stdout, r.stdout
+    assert len(lines) == 2 * len(runs), out
     for line in lines:
         assert "spill 0/0" in line and "wgmma" in line and "cp.async" in line, line
         assert "serialized" not in line, line

@@ -16,6 +16,7 @@ from strata.kernels.moe.router import (MAX_EXPERTS, RouterTile, bf16_parts, pin_
                                        router_logits_torch, router_tile, softmax_topk_route,
                                        softmax_topk_route_torch)
 from strata.models.moe_block import route
+from tests.kernels.compiled import ROOT, compile_lines
 
 # fp32 sums of D bf16 products of unit scale: |error| stays far below this; gaps under it are ties
 TIE_GAP = 1e-4
@@ -251,17 +252,8 @@ def test_router_kernel_compiles_for_h200():
     """The kernel compiles for sm_90 (triton's passes and ptxas, no GPU) at qwen3-30b-a3b's and
     seed-512e's widths and router_tile's tiles, without register spills and with the sum over D
     promoted out of the tensor cores (compile_router.py without --quick: every variant)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "tests" / "kernels" / "compile_router.py"),
-                        "--quick"], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=root / "tests" / "kernels")
-    assert r.returncode == 0, r.stdout + r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ok")]
-    assert len(lines) == 2 and "FAIL" not in r.stdout, r.stdout
+    lines, out = compile_lines("compile_router.py", "--quick", timeout=600,
+                               cwd=ROOT / "tests" / "kernels")
+    assert len(lines) == 2, out
     for line in lines:
         assert "spill 0/0" in line and "promoted" in line, line
