@@ -8,7 +8,8 @@
 #       e.g. cache qwen3-30b-a3b "--quant Q8_0" 12GiB: synth a GGUF and its pack, strata's ten
 #       questions on one document (experiments/kv_resume.py --pack, its resume cell on a KVP-token
 #       prompt) and llama-server's prompt cache on the same tokens (experiments/llama_server_cache.py),
-#       one PNG of both; DOC (65536) NQ (10) QT (64) KVP (4096) change the sizes
+#       one PNG of both; DOC (65536) NQ (10) QT (64) KVP (4096) change the sizes, KVR_TIMEOUT
+#       (360 s) bounds strata's part; llama.cpp's runs when strata's fails, drawn alone
 #   bash benchmarks/llama_cpp.sh prebuild SRC                # on the CPU machine: makes the prebuilt tarball
 # build unpacks the prebuilt tools, .lcp/llama.cpp-cuda-sm90.tar.xz (bin/llama-{bench,perplexity,server},
 # sm_90 machine code, made on the CPU machine so a call skips the ~5 min compile), into $LCP/build and
@@ -120,7 +121,7 @@ case ${1:-} in
     vram=$(python3 -c "from strata.units import parse_size; print(parse_size('$budget'))")
     mkdir -p "$st" "$OUT/kv_resume"
     # strata first: its CSV is drawn beside llama.cpp's; --skip draws past its KVP + QT prompt
-    python3 experiments/kv_resume.py --pack "$p" --vram "$vram" --prompt "$KVP" --question "$QT" \
+    timeout "${KVR_TIMEOUT:-360}" python3 experiments/kv_resume.py --pack "$p" --vram "$vram" --prompt "$KVP" --question "$QT" \
         --doc "$DOC" --questions "$NQ" --state-dir "$st" --out "$OUT/kv_resume" 2>&1 \
         | grep -v "it/s\]" | tail -16
     scsv=$(ls -t "$OUT"/kv_resume/kv_resume-*.csv 2>/dev/null | grep -v partial | head -1)

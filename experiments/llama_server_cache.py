@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compute-margin", default="1.5GiB",
                     help="the first fit's allowance for llama.cpp's compute buffer")
     ap.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for /health")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds one request may take")
     ap.add_argument("--strata-csv", type=Path, help="kv_resume's CSV: its ttft rows go beside")
     args = ap.parse_args(argv)
     try:
@@ -119,7 +120,7 @@ def started(args, folder: Path) -> tuple[LlamaServer, int, float]:
     n = args.ncmoe_fit
     while True:
         srv = LlamaServer(server_cmd(args, n, folder), folder / "server.log",
-                          start_timeout=args.start_timeout).start()
+                          start_timeout=args.start_timeout, timeout=args.timeout).start()
         mib = gpu_mib(buffers_from_log(srv.log()))
         if mib * 2**20 <= args.budget or args.ncmoe is not None or n >= args.sizes.n_layer:
             return srv, n, mib
