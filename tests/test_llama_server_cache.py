@@ -2,7 +2,9 @@
 the document and questions are the ids kv_resume draws; and, where a llama-server binary is
 found (STRATA_LLAMA_BIN, its bin folder, or a CPU build in /tmp/lcp-srv/build/bin), a smoke run
 on a converter-made tiny GGUF writes every row and reads each question after the first through
-the prompt cache."""
+the prompt cache. The CPU build: cmake -DGGML_CUDA=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF, target
+llama-server (a native build's AMX Q8_0 kernels crash at load on a machine that advertises AMX
+but does not grant its tile state)."""
 from __future__ import annotations
 
 import argparse
