@@ -4,6 +4,12 @@
 #   bash benchmarks/llama_cpp.sh side PRESET "SYNTH FLAGS" BUDGET PROMPTS
 #       e.g. side qwen3-30b-a3b "--mix Q4_K_M" 12GiB 8192,32768: synth a GGUF, its pack, then both
 #       benches on them (experiments/llama_side.py), CSV + PNG under $OUT
+#   bash benchmarks/llama_cpp.sh cache PRESET "SYNTH FLAGS" BUDGET
+#       e.g. cache qwen3-30b-a3b "--quant Q8_0" 12GiB: synth a GGUF and its pack, strata's ten
+#       questions on one document (experiments/kv_resume.py --pack, its resume cell on a KVP-token
+#       prompt) and llama-server's prompt cache on the same tokens (experiments/llama_server_cache.py),
+#       one PNG of both; DOC (65536) NQ (10) QT (64) KVP (4096) change the sizes, KVR_TIMEOUT
+#       (360 s) bounds strata's part; llama.cpp's runs when strata's fails, drawn alone
 #   bash benchmarks/llama_cpp.sh prebuild SRC                # on the CPU machine: makes the prebuilt tarball
 # build unpacks the prebuilt tools, .lcp/llama.cpp-cuda-sm90.tar.xz (bin/llama-{bench,perplexity,server},
 # sm_90 machine code, made on the CPU machine so a call skips the ~5 min compile), into $LCP/build and
@@ -105,6 +111,24 @@ case ${1:-} in
     python3 experiments/llama_side.py --gguf "$g" --pack "$p" --bin "$LCP/build/bin" \
         --budget "$budget" --prompts "$prompts" --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12
     rm -f "$g" "$p" ;;
+  cache)
+    preset=$2 synth=$3 budget=$4
+    DOC=${DOC:-65536} NQ=${NQ:-10} QT=${QT:-64} KVP=${KVP:-4096}
+    tag=$(echo "$synth" | tr -cd 'A-Za-z0-9_')
+    g=/dev/shm/cache-$preset-$tag.gguf p=/dev/shm/cache-$preset-$tag.pack st=/tmp/kvr-cache
+    python3 -m strata.cli synth --preset "$preset" $synth -o "$g" 2>&1 | grep -v "it/s\]" | tail -1
+    python3 -m strata.cli pack "$g" -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
+    vram=$(python3 -c "from strata.units import parse_size; print(parse_size('$budget'))")
+    mkdir -p "$st" "$OUT/kv_resume"
+    # strata first: its CSV is drawn beside llama.cpp's; --skip draws past its KVP + QT prompt
+    timeout "${KVR_TIMEOUT:-360}" python3 experiments/kv_resume.py --pack "$p" --vram "$vram" --prompt "$KVP" --question "$QT" \
+        --doc "$DOC" --questions "$NQ" --state-dir "$st" --out "$OUT/kv_resume" 2>&1 \
+        | grep -v "it/s\]" | tail -16
+    scsv=$(ls -t "$OUT"/kv_resume/kv_resume-*.csv 2>/dev/null | grep -v partial | head -1)
+    python3 experiments/llama_server_cache.py --gguf "$g" --bin "$LCP/build/bin" --budget "$budget" \
+        --doc-tokens "$DOC" --questions "$NQ" --question-tokens "$QT" --skip $((KVP + QT)) \
+        ${scsv:+--strata-csv "$scsv"} --out "$OUT" 2>&1 | grep -v "it/s\]" | grep -v "^\[llama.cpp\]" | tail -16
+    rm -rf "$g" "$p" "$st" ;;
   prebuild)
     src=${2:?usage: prebuild SRC, the llama.cpp source of the sdist}
     T=${CUDA13:-/tmp/cuda13} B=${LCP_BUILD:-/tmp/lcpcuda/build}
@@ -133,6 +157,6 @@ case ${1:-} in
     for t in $TOOLS; do strip -o "$B/../pkg/bin/$t" "$B/bin/$t" || exit 2; done
     # a window wider than one tool (~50 MB), so the kernels the three share are packed once
     XZ_OPT="--lzma2=preset=9,dict=192MiB -T1" tar -C "$B/../pkg" -cJf "$PREBUILT" bin && ls -la "$PREBUILT" ;;
-  *) echo "usage: bash benchmarks/llama_cpp.sh build | side PRESET 'SYNTH FLAGS' BUDGET PROMPTS | prebuild SRC" >&2
+  *) echo "usage: bash benchmarks/llama_cpp.sh build | side PRESET 'SYNTH FLAGS' BUDGET PROMPTS | cache PRESET 'SYNTH FLAGS' BUDGET | prebuild SRC" >&2
      exit 2 ;;
 esac
