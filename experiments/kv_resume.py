@@ -13,7 +13,9 @@ and the rest in pinned host memory (long_prompt's 131K cell that fits 12 GiB; `-
                 from the file, against a full re-read of the P + Q tokens: state_bytes,
                 full_read_s, save_s, load_s (the restore into the engine's stores), resume_s
                 (opening the state, restoring it and reading the Q tokens, to the first new
-                token's logits), resume_speedup = full_read_s / resume_s (the issue's target:
+                token's logits; the second resume, warm as the full read is: resume_first_s
+                is the first, which compiles its shape's launches), resume_speedup =
+                full_read_s / resume_s (the issue's target:
                 >= 20 at 131K), and the new tokens' logits against the full read's
                 (the last position's: resume_max_rel, 0 on the CPU)
     questions   a D-token document (default 65,536) saved once, then ten questions of Q
@@ -127,13 +129,17 @@ def measure(args, rec: bench.Recorder) -> None:
         def resume():
             st = KVState.open(state_path, pack=pack, kv=kv_name)
             return eng.run(prompt[P:], logits="last", resume=(st, P))
+        # the first resume compiles the launches of its shape (a short chunk after P cached
+        # positions, the host-held prefix in pieces) that the warm-up of the P + Q read did not
+        # reach; the second is the warm figure, beside the warm full read
+        res, resume_first_s = _timed(eng, resume)
         res, resume_s = _timed(eng, resume)
     want = full.logits.float()        # the last position's: [P + Q, V] would not fit
     rel = float((res.logits.float() - want).abs().max() / want.abs().max())
     same = float((res.logits.argmax(-1) == want.argmax(-1)).float().mean())
     for fig, v, unit in (("state_bytes", saved.nbytes, "B"), ("full_read_s", full_s, "s"),
                          ("save_s", saved.seconds, "s"), ("load_s", res.restore_s, "s"),
-                         ("resume_s", resume_s, "s"),
+                         ("resume_first_s", resume_first_s, "s"), ("resume_s", resume_s, "s"),
                          ("resume_speedup", full_s / resume_s, "x"),
                          ("resume_max_rel", rel, "rel"), ("resume_argmax_agree", same, "frac")):
         rec.add(fig, v, unit, bound=">= 20x (issue 41)" if fig == "resume_speedup" else "",
@@ -141,7 +147,8 @@ def measure(args, rec: bench.Recorder) -> None:
                 timer=bench.WALL_TIMER if unit == "s" else "", prompt=P, question=Q, **cfg)
     rec.flush()
     print(f"[kv] P={P}: state {saved.nbytes / 1e9:.2f} GB, full re-read {full_s:.2f} s, save "
-          f"{saved.seconds:.2f} s, load {res.restore_s:.2f} s, resume {resume_s:.3f} s "
+          f"{saved.seconds:.2f} s, load {res.restore_s:.2f} s, resume {resume_s:.3f} s (first "
+          f"{resume_first_s:.3f} s) "
           f"({full_s / resume_s:.1f}x); logits max rel {rel:.2e}", flush=True)
 
     # -- decode after the resumed prompt ----------------------------------------------------

@@ -18,8 +18,8 @@ def test_kv_resume_smoke(tmp_path):
     assert mod.main(["--smoke", "--out", str(tmp_path), "--state-dir", str(tmp_path)]) == 0
     rows = list(csv.DictReader(open(tmp_path / "kv_resume-smoke.csv")))
     val = {r["figure"]: float(r["value"]) for r in rows}
-    for fig in ("state_bytes", "full_read_s", "save_s", "load_s", "resume_s", "resume_speedup",
-                "decode_tokens_per_s", "doc_read_s"):
+    for fig in ("state_bytes", "full_read_s", "save_s", "load_s", "resume_first_s", "resume_s",
+                "resume_speedup", "decode_tokens_per_s", "doc_read_s"):
         assert val[fig] > 0, fig
     assert val["resume_max_rel"] == 0.0 and val["resume_argmax_agree"] == 1.0
     ttft = [r for r in rows if r["figure"] == "ttft_s"]
