@@ -33,6 +33,7 @@ resident part copied to the host one layer part at a time (never the whole KV at
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
 import zlib
@@ -154,6 +155,7 @@ class KVState:
     manifest: dict
     _file: object = field(repr=False, default=None)
     flag: str = "--resume"      # the flag that named it, for messages
+    _map: tuple | None = field(repr=False, default=None)   # (file bytes, data start, header)
 
     @classmethod
     def open(cls, path, *, pack=None, kv: str | None = None, flag: str = "--resume"
@@ -247,7 +249,30 @@ class KVState:
             raise StrataError(f"{self.path}: layer {layer} holds positions from {start}; "
                               f"position {a} is gone (a sliding layer)")
         name = f"kv.{layer}.{m['kv']['parts'][part]}"
-        return self._file.get_slice(name)[a - start:b - start]
+        whole = self._mapped(name)
+        if whole is None:           # not aligned for a view: safetensors reads a copy
+            return self._file.get_slice(name)[a - start:b - start]
+        return whole[a - start:b - start]
+
+    def _mapped(self, name: str) -> torch.Tensor | None:
+        """Tensor `name` as a view of the file mapped once (torch.from_file, private: pages are
+        read as they are touched), so a restore copies each position once, file to store, where
+        a safetensors slice is a copy first; None where its offset does not align to its dtype
+        (safetensors does not pad between tensors)."""
+        if self._map is None:
+            with open(self.path, "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                header = json.loads(f.read(n))
+            buf = torch.from_file(self.path, shared=False, size=os.path.getsize(self.path),
+                                  dtype=torch.uint8)
+            self._map = (buf, 8 + n, header)
+        buf, data, header = self._map
+        e = header[name]
+        dtype = _DTYPES.get(e["dtype"])
+        a, b = e["data_offsets"]
+        if dtype is None or (data + a) % dtype.itemsize:
+            return None
+        return buf[data + a:data + b].view(dtype).view(e["shape"])
 
     def state(self, layer: int, name: str) -> torch.Tensor:
         """`layer`'s saved recurrent state `name` (conv | S), whole (read from the file)."""
@@ -272,3 +297,8 @@ class KVState:
             restore(cache, n, self.rows)
             restore_states(cache, self.state)
         return time.perf_counter() - t0
+
+
+# safetensors' dtype names -> torch's (the ones a state's KV parts are saved in)
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+           "I8": torch.int8, "U8": torch.uint8}

@@ -261,3 +261,30 @@ def test_the_write_is_atomic(packs, tmp_path, monkeypatch):
     with pytest.raises(StrataError, match="no space left"):
         eng.run(t[:8], logits="last", then=save_after(path, pack, t[:8].tolist()))
     assert len(calls) == 3 and not path.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["prompt-kv-host", "int8-host"])
+def test_restore_reads_the_file_once(packs, tmp_path, kind):
+    """A restore's rows are views of the file mapped once (no copy before the one into the
+    stores), equal to safetensors' own reads; a part whose offset does not align to its dtype
+    falls back to safetensors' copy (that path is the state's own reader on the others)."""
+    from safetensors import safe_open
+    pack, toks = packs["qwen3moe"], tokens("qwen3moe")
+    p = tmp_path / "s.kv"
+    engine(pack, **KINDS[kind]).run(toks[:CUT], logits="last", then=save_after(p, pack,
+                                                                            toks[:CUT].tolist()))
+    st = KVState.open(p, pack=pack)
+    f = safe_open(str(p), framework="pt")
+    buf = None
+    views = 0
+    for name in f.keys():
+        if not name.startswith("kv."):
+            continue
+        _, layer, part = name.split(".")
+        i = st.manifest["kv"]["parts"].index(part)
+        got = st.rows(int(layer), i, 2, CUT)
+        assert torch.equal(got, f.get_slice(name)[2:CUT]), name
+        buf = st._map[0]
+        lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel()
+        views += lo <= got.data_ptr() < hi
+    assert views > 0           # the aligned parts (all of them here, but for odd-sized ones)
