@@ -101,7 +101,8 @@ for step in "$@"; do
     # issue 40 item 3: the expert-FFN table `--experts auto` reads, remade on this GPU (kernel_bench
     # over the stock mixes' formats and T 64..32768, then derived): copy $OUT/ffn_table.json over
     # strata/kernels/moe/ffn_table.json with the CSV it names
-    ffntable) timeout 280 python3 experiments/ffn_table.py --budget 240 --out "$OUT" --table "$OUT/ffn_table.json" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/ffn_table.log" ;;
+    # FT_FORMATS="Q5_K Q4_0 BF16" measures only those (the rest of a run its budget cut short)
+    ffntable) timeout 280 python3 experiments/ffn_table.py --budget 240 ${FT_FORMATS:+--formats $FT_FORMATS} --out "$OUT" --table "$OUT/ffn_table.json" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/ffn_table.log" ;;
     # issue 38 item 2: strata's chunked gated delta rule beside fla-core's on the same inputs
     # (time, peak memory, distance to fp64) at Qwen3.5's heads, T 512..32768, strata's fused and
     # split launches (strata.kernels.deltanet.launch) and a tf32 one beside fla-core: CSV + PNG
