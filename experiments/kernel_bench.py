@@ -14,7 +14,8 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
   torch._grouped_mm: what a framework without fused decode does each time.
 - strata-int8 (strata.kernels.moe.int8.INT8_FORMATS): moe_ffn_int8, x and h quantized to q8_1,
   the weights' int8 codes on the int8 tensor cores (its check bound is INT8_REL: two more
-  quantizations than the bf16 path's).
+  quantizations than the bf16 path's); `--int8-tiles T1 T2 ...` adds one arm `strata-int8[T]`
+  per Int8Tile, e.g. --int8-tiles 128x128/w8s3 128x64/w4s3.
 - strata-plane (Q8_0, Q4_0, Q4_K: plane.KERNEL_FORMATS): strata.kernels.moe.plane.plane_ffn on the
   same experts re-laid once into the plane layout (strata.planes: aligned code tiles, scales
   apart), the tile from its default table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]`
@@ -63,7 +64,7 @@ from strata.kernels import moe_ffn, moe_ffn_torch, pin_tile, topk_route
 from strata.kernels.moe.decoded import last_decoded_gemm, moe_ffn_decoded, pin_decoded_gemm
 from strata.kernels.moe.expert_dequant import dequant_experts
 from strata.kernels.moe.ffn import last_launch
-from strata.kernels.moe.int8 import INT8_FORMATS, moe_ffn_int8
+from strata.kernels.moe.int8 import INT8_FORMATS, Int8Tile, moe_ffn_int8
 from strata.kernels.moe.plane import KERNEL_FORMATS as PLANE_FORMATS
 from strata.kernels.moe.plane import PlaneTile, plane_ffn, plane_tile
 from strata.kernels.moe.tiles import TileConfig
@@ -151,6 +152,9 @@ def measure(args, rec: bench.Recorder) -> None:
         arms = {a: fn for a, fn in arms.items() if a in args.arms or a == "grouped_mm-bf16"}
         if fmt in INT8_FORMATS and "strata-int8" in args.arms:
             arms["strata-int8"] = lambda: moe_ffn_int8(x, ids, w, experts, check=chk)
+        for it in (args.int8_tiles if fmt in INT8_FORMATS else []):
+            arms[f"strata-int8[{it.name}]"] = lambda it=it: moe_ffn_int8(x, ids, w, experts,
+                                                                         tile=it, check=chk)
         if fmt == "BF16":   # nothing to decode: moe_ffn_decoded is moe_ffn on the blobs
             arms.pop("strata-decoded-grouped", None)
         if plane:
@@ -165,7 +169,7 @@ def measure(args, rec: bench.Recorder) -> None:
         gate = (f"normalized error vs moe_ffn_torch < {bound_rel:g} "
                 f"(strata-int8 {INT8_REL:.3g})")
         errs = {}
-        rel_of = {a: INT8_REL if a == "strata-int8" else bound_rel for a in arms}
+        rel_of = {a: INT8_REL if a.startswith("strata-int8") else bound_rel for a in arms}
         for arm, fn in list(arms.items()):
             try:
                 errs[arm] = rel_err(fn(), ref)
@@ -233,6 +237,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", nargs="*", default=[], metavar="TILE",
                     help="extra strata-plane arms at these PlaneTiles, BMxBNxBK/wWsS[/noswap][/tma]"
                          " (e.g. 128x128x64/w8s4/tma)")
+    ap.add_argument("--int8-tiles", nargs="*", default=[], metavar="TILE",
+                    help="extra strata-int8 arms at these Int8Tiles, BMxBN/wWsS (e.g. 128x128/w8s3)")
     ap.add_argument("--checked", action="store_true",
                     help="strata arms validate the routing on the host first (check=True: a "
                          "sync a call); default off, as the engine runs them")
@@ -246,8 +252,9 @@ def main(argv=None) -> int:
         return 2
     try:
         args.tiles = [PlaneTile.parse(t) for t in args.tiles]
+        args.int8_tiles = [Int8Tile.parse(t) for t in args.int8_tiles]
     except StrataError as exc:
-        print(f"kernel_bench: --tiles: {exc}", file=sys.stderr)
+        print(f"kernel_bench: {exc}", file=sys.stderr)
         return 2
     if args.plot_only:
         plot(bench.read_csv(args.plot_only), Path(args.plot_only).with_suffix(".png"))
@@ -268,7 +275,7 @@ def main(argv=None) -> int:
         return sweep(shapes, names, Ts, fmts, dev, args.repeats)
     args.grid = (shapes, names, Ts, fmts)
     tag = ("smoke" if args.smoke else "quick" if args.quick else
-           "full" if args.arms == ARMS and not args.tiles else "arms")
+           "full" if args.arms == ARMS and not (args.tiles or args.int8_tiles) else "arms")
     if args.formats and tag == "arms":   # one call's runs by format must not overwrite each other
         tag += "_" + "-".join(args.formats)
     return bench.main(args, "kernel_bench", measure, script=__file__, argv=argv,

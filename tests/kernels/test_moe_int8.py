@@ -392,3 +392,14 @@ def test_int8_gemm_on_the_gpu_matches_twins(c: Case):
     y = moe_ffn_int8(x, ids, w, experts, tile=tile)
     ref = moe_ffn_torch(x, ids, w, experts)
     assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < FFN_REL
+
+
+def test_int8_tiles_parse_and_refuse_in_one_line():
+    """Int8Tile.parse reads its own name back; a tile the kernel cannot run is one line."""
+    from strata.kernels.moe.int8 import Int8Tile
+    for t in (Int8Tile(), Int8Tile(128, 256, 8, 3), Int8Tile(16, 32, 1, 1)):
+        assert Int8Tile.parse(t.name) == t
+    for bad in ("128x48/w4s2", "100x64/w4s2", "64x16/w4s2", "64x64/w3s2", "64x64/w4s0",
+                "64x64", "64x64/4s2", "axb/w4s2"):
+        with pytest.raises(StrataError, match="an int8 tile is BMxBN/wWsS"):
+            Int8Tile.parse(bad)

@@ -58,6 +58,30 @@ class Int8Tile:
     num_warps: int = 4
     num_stages: int = 2
 
+    @property
+    def name(self) -> str:
+        return f"{self.BLOCK_M}x{self.BLOCK_N}/w{self.num_warps}s{self.num_stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Int8Tile":
+        """'BMxBN/wWsS' (the `name` form), e.g. '128x128/w8s3': BM and BN powers of two from 16,
+        BN a multiple of the q8_1 block (the gate/up pass writes q8_1 rows by whole blocks)."""
+        try:
+            dims, ws = text.split("/")
+            bm, bn = (int(v) for v in dims.split("x"))
+            if not ws.startswith("w"):
+                raise ValueError
+            w, st = (int(v) for v in ws[1:].split("s"))
+            ok = all(v >= 16 and v & (v - 1) == 0 for v in (bm, bn)) and bn % QK == 0 and \
+                w in (1, 2, 4, 8, 16) and 1 <= st <= 6
+            if not ok:
+                raise ValueError
+            return cls(bm, bn, w, st)
+        except ValueError:
+            raise StrataError(f"an int8 tile is BMxBN/wWsS, BM and BN powers of two >= 16, BN a "
+                              f"multiple of {QK}, 1-16 warps, 1-6 stages (e.g. 128x128/w8s3); "
+                              f"got {text!r}") from None
+
 
 # the interpreter's: its time goes by programs x reduction steps (each step's Python overhead),
 # hardly by a tile's elements, so a large tile; the bits are the same for every tile. Measured
