@@ -9,7 +9,8 @@
   stall the tiny CPU reads: a hybrid model's 150-token read took 0.1 s alone and 15 s beside two
   busy cores. Only the worker's own count: the processes a test starts keep their environment
   (test_distributed's spawned ranks abort under OMP_NUM_THREADS=1; they take the parent's count
-  as an argument). Modules that want one thread at -n 0 as well keep their `one_thread` fixtures.
+  as an argument). Modules that want one thread at -n 0 as well name the `one_thread` fixture
+  (`pytestmark = pytest.mark.usefixtures("one_thread")`).
 """
 import os
 
@@ -30,6 +31,16 @@ if WORKERS:
     _cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
               else os.cpu_count() or 1)
     torch.set_num_threads(max(1, _cores // WORKERS))
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests: their reads are tiny, and intra-op threads on a
+    busy 2-core machine stall each product (3x and worse); the count comes back after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 
 _empty, _empty_like = torch.empty, torch.empty_like
 

@@ -29,6 +29,8 @@ from strata.kernels.attention import pin_attention, pin_attn_tile, pin_expand_ro
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import get_preset
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
 # one layer, two kv heads of one query head each: the interpreter runs few programs (one kv
 # head would trip the launcher: k from a transposed [1, T, hd] has strides v does not)
 SHAPE = get_preset("tiny").with_(n_layer=1, n_head=2, n_kv_head=2)
@@ -43,15 +45,6 @@ BLOCK_N = 16
 def long_prefix(attention: str = "triton"):
     with pin_attention(attention), pin_expand_rows(ROWS), pin_attn_tile(BLOCK_N=BLOCK_N):
         yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny shapes gain nothing from intra-op threads; on a loaded 2-core machine they cost 3x."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

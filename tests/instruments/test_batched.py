@@ -21,7 +21,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from strata.cli import main
 from strata.instruments.windows import Windows
@@ -33,19 +32,13 @@ from strata.tokenize import pack_tokenizer
 from tests.models.fp32_bound import order_bound
 from tests.models.test_mix_prefill import gguf_weights, reference
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
 # tiny's layers with 32 experts of 64: 0.8 MB of Q8_0 experts, more than the streamed cache holds
 SHAPE = get_preset("tiny").with_(n_expert=32, d_expert=64)
 CTX, N = 32, 6
 READ = ["--ctx", str(CTX), "--chunks", str(N), "--json"]
 STREAM = ["--vram", "2GiB", "--cache", "500KiB", "--ring", "2", "--no-warmup"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import re
 import struct
 
 import pytest
-import torch
 
 from strata.cli import main
 from strata.packs import Pack
@@ -23,20 +22,12 @@ from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import get_preset
 from strata.tokenize import pack_tokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
 STEP = 16 / 65535          # a base row's log-prob resolution: rounding moves a log-prob <= STEP/2
 CTX = ["--ctx", "32"]
 N = 8                      # windows read: 8·15 = 120 scored tokens, past llama.cpp's 100 for
 READ = [*CTX, "--chunks", str(N)]      # its closing statistics; the CPU's expert FFN is slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny reads: one torch thread, or a busy 2-core machine stalls each product on the
-    second thread's share (tests/models/test_llama_cpp_logits.py's one_thread)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from strata._backend import INTERPRET
 from strata.commands import perplexity as cmd
@@ -44,16 +43,9 @@ BASE_ROUND = STEP / (2 * math.sqrt(2))
 ACTS = {"ref": "fp32", "torch": "bf16", "int8": "q8_1"}
 # the reads are the CPU's (llama.cpp's figures are its CPU build's): the int8 GEMM reaches CPU
 # tensors only through the interpreter, which a CUDA machine runs with TRITON_INTERPRET=1
-pytestmark = pytest.mark.skipif(not INTERPRET, reason="CPU reads: set TRITON_INTERPRET=1 where "
-                                                      "CUDA is present")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = [pytest.mark.skipif(not INTERPRET, reason="CPU reads: set TRITON_INTERPRET=1 "
+                                                       "where CUDA is present"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,10 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from strata.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "llama_perplexity"
@@ -34,14 +35,6 @@ FIX = json.loads((DATA / "llama_perplexity.json").read_text())
 READ = ["--file", str(DATA / "text.txt"), "--ctx", "32", "--chunks", "8", "--device", "cpu",
         "--json"]
 STEP = 16 / 65535          # a base row's log-prob resolution
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def strata(*argv) -> dict:

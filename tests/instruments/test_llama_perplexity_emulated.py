@@ -41,6 +41,8 @@ from strata.instruments.windows import Windows
 from tests.models.fp32_bound import rel
 from tests.models.llama_emulation import _pack, emulated_read
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "llama_perplexity"
 GGUF = ROOT / "tests" / "models" / "data" / "llama_cpp"
@@ -49,14 +51,6 @@ LOGITS = json.loads((DATA / "llama_perplexity_logits.json").read_text())
 CASES = {"qwen3moe-q8_0.gguf": ("qwen3moe-f16.kld", "kld_q8_0_vs_f16"),
          "qwen3moe-wide-q4_k_m.gguf": ("qwen3moe-wide-f16.kld", "kld_wide_q4_k_m_vs_f16")}
 REL = 1e-3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_the_window_logits_are_the_maker_s():

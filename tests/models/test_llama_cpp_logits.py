@@ -86,13 +86,14 @@ from unittest import mock
 
 import numpy as np
 import pytest
-import torch
 
 from tests.models import llama_emulation
 from tests.models.fp32_bound import rel
 from tests.models.llama_emulation import (DRAWS, Arith, FileReads, _pack, file_order,
                                           file_reads, llama_cpp_shape, read_pack, spread)
 from tests.models.make_llama_cpp_logits import HYBRID_QUANT
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 DATA = Path(__file__).parent / "data" / "llama_cpp"
 
@@ -104,16 +105,6 @@ FILES = [(m, f) for m, e in INFO["models"].items() for f in e["files"]]
 QUANT_FILES = [(m, f) for m, f in FILES if not m.endswith("-yarn")]
 # the models whose PLAIN holds the rows their prompt routes alike, not all (the docstring)
 PARTIAL_ROWS = {f"{a}-{tag}" for a, tags in HYBRID_QUANT.items() for tag in tags}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The reads are tiny: one torch thread, or a busy 2-core machine stalls them (the second
-    thread's share of each product waits for a core), 0.1 s a file becoming 10."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ import pytest
 from tests.models.fp32_bound import rel
 from tests.models.make_llama_cpp_synth import FILES, synth
 from tests.models.llama_emulation import _pack, file_reads
-from tests.models.test_llama_cpp_logits import one_thread  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 DATA = Path(__file__).parent / "data" / "llama_cpp_synth"
 INFO = json.loads((DATA / "synth.json").read_text())   # a missing fixture fails, never skips

@@ -30,6 +30,8 @@ from strata.models.moe import expert_ffn
 from strata.models.packed import Packed
 from tests.models.fp32_bound import order_bound, rel
 
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+
 LENGTHS = (5, 1, 9, 3, 7)        # 25 tokens: odd lengths, a one-token sequence, several > window
 T = sum(LENGTHS)
 
@@ -44,14 +46,6 @@ def _hf(arch: str):
             "deepseek2": lambda: make_hf_family(DS_TINY, seed=2),
             "qwen3next": lambda: make_hybrid(QWEN3NEXT_TINY, seed=2),
             "qwen35moe": lambda: make_hybrid(QWEN35MOE_TINY, seed=2)}[arch]()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module", params=["qwen3moe", "gpt-oss", "deepseek2", "qwen3next",
