@@ -191,6 +191,43 @@ def floor(shape, T: int) -> None:
           f" (rates TFLOP/s {rates.tflops()})", flush=True)
 
 
+def check_flags(args) -> None:
+    """The resident read's flags are refused with --what ffn (its shape is qwen3-30b-a3b Q8_0),
+    MLA's launch with a model that has no MLA, and a preset, mix or format strata lacks: one
+    line each, before any GPU work."""
+    from strata.packs.mixes import MIXES
+    from strata.formats.table import get_format
+    mla = (args.mla_backend, args.mla_block, args.mla_merge)
+    if args.what == "ffn":
+        given = [f for f, v, d in (("--preset", args.preset, "qwen3-30b-a3b"),
+                                   ("--quant", args.quant, "Q8_0"), ("--layers", args.layers, 0),
+                                   ("--ffn", args.ffn, "auto"),
+                                   *(("--mla-*", v, None) for v in mla)) if v != d]
+        if given:
+            raise StrataError(f"{', '.join(dict.fromkeys(given))} set the resident read's "
+                              f"model; give --what resident")
+        return
+    shape = get_preset(args.preset)
+    if any(v is not None for v in mla) and not shape.mla:
+        raise StrataError(f"--mla-* pins MLA's launch; {args.preset} has no MLA")
+    if args.quant.upper() not in MIXES:
+        get_format(args.quant)
+
+
+def run(args, rows: list) -> None:
+    """The profile under the pins the flags ask for."""
+    with contextlib.ExitStack() as pins:
+        if args.norm != "auto":
+            pins.enter_context(pin_norm(args.norm))
+        if args.decoded_gemm != "auto":
+            pins.enter_context(pin_decoded_gemm(args.decoded_gemm))
+        mla = {k: v for k, v in (("backend", args.mla_backend), ("block", args.mla_block),
+                                 ("merge", args.mla_merge)) if v is not None}
+        if mla:
+            pins.enter_context(pin_mla_launch(**mla))
+        (ffn if args.what == "ffn" else resident)(args, rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -217,20 +254,20 @@ def main(argv=None) -> int:
                     help="MLA's merge of the key blocks (default: the launch in force)")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
+    try:
+        check_flags(args)
+    except StrataError as e:
+        print(f"profile_read: {e}")
+        return 2
     if not torch.cuda.is_available():
         print("profile_read needs CUDA: run it on the GPU (benchmarks/gpu_session.sh profile*)")
         return 2
     rows: list = []
-    with contextlib.ExitStack() as pins:
-        if args.norm != "auto":
-            pins.enter_context(pin_norm(args.norm))
-        if args.decoded_gemm != "auto":
-            pins.enter_context(pin_decoded_gemm(args.decoded_gemm))
-        mla = {k: v for k, v in (("backend", args.mla_backend), ("block", args.mla_block),
-                                 ("merge", args.mla_merge)) if v is not None}
-        if mla:
-            pins.enter_context(pin_mla_launch(**mla))
-        (ffn if args.what == "ffn" else resident)(args, rows)
+    try:
+        run(args, rows)
+    except StrataError as e:
+        print(f"profile_read: {e}")
+        return 2
     tag = "" if args.what == "ffn" or args.preset == "qwen3-30b-a3b" else \
         f"_{args.preset}-{args.quant}" + (f"-L{args.layers}" if args.layers else "")
     tag += "" if args.ffn == "auto" else f"_ffn_{args.ffn}"

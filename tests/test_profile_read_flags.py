@@ -1,0 +1,33 @@
+"""benchmarks/profile_read.py's flags: the resident read's are refused with --what ffn, MLA's
+launch with a model without MLA, an unknown preset or format: one line, exit 2, before the GPU
+check (on this CPU machine a valid line reaches that check, also exit 2, naming CUDA)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _main():
+    spec = importlib.util.spec_from_file_location("profile_read",
+                                                  ROOT / "benchmarks" / "profile_read.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--preset", "deepseek-v3"], "--preset set the resident read's model"),
+    (["--mla-block", "4096"], "--mla-* set the resident read's model"),
+    (["--what", "resident", "--preset", "nope"], "unknown preset 'nope'"),
+    (["--what", "resident", "--mla-backend", "flash"], "qwen3-30b-a3b has no MLA"),
+    (["--what", "resident", "--quant", "Q9_9"], "unknown block format 'Q9_9'"),
+    (["--what", "resident", "--preset", "deepseek-v3", "--quant", "Q4_K_M"], "needs CUDA")])
+def test_bad_flags_are_one_line(argv, says, capsys):
+    import torch
+    if torch.cuda.is_available() and says == "needs CUDA":
+        pytest.skip("a CUDA machine runs the profile")
+    assert _main()(argv) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and says in out[0], out
