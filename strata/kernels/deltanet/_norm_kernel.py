@@ -3,7 +3,7 @@ strata.kernels.deltanet.norms).
 
 Legend: R rows, N row width, BM rows per program, BN = next_pow2(N).
 
-  _l2norm_fwd_kernel:      y[r] = x[r] * rsqrt(sum(x[r]^2) + eps)                   (fp32 out)
+  _l2norm_fwd_kernel:      y[r] = rnd_o(x[r] * rsqrt(sum(x[r]^2) + eps))  (rnd_o: to out's dtype)
   _gated_rms_norm_fwd_kernel:
       n = rnd_x(x[r] * rsqrt(mean(x[r]^2) + eps));  p = rnd_p(w * n)
       y[r] = rnd_x(p * silu(z[r]))                     silu(z) = z / (1 + exp(-z)), fp32
@@ -20,14 +20,17 @@ from strata.kernels._norm_kernel import _rnd   # fp32 rounded to the output dtyp
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _l2norm_fwd_kernel(x_ptr, out_ptr, n_rows, stride_x, eps,
-                       N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                       N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       INTERP: tl.constexpr):
+    OT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)               # [BM]
     cols = tl.arange(0, BN)                                                    # [BN]
     m = (rows < n_rows)[:, None] & (cols < N)[None, :]                         # [BM, BN]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=m,
                 other=0.0).to(tl.float32)
     r = tl.math.rsqrt(tl.sum(x * x, axis=1) + eps)                             # [BM]
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], x * r[:, None], mask=m)
+    y = _rnd(x * r[:, None], OT, INTERP).to(OT)
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], y, mask=m)
 
 
 @triton.jit(do_not_specialize=["n_rows"])

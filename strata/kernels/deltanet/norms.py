@@ -4,12 +4,14 @@ Qwen3NextRMSNormGated).
 
 Legend: N row width (dk for the L2 norm, dv for the output gate), leading dims any.
 
-    l2norm(x [..., N], eps=1e-6) -> fp32 [..., N]        x * rsqrt(sum(x^2) + eps)
+    l2norm(x [..., N], eps=1e-6, out=None) -> fp32 [..., N]   x * rsqrt(sum(x^2) + eps)
+                                  (into out, fp32 or rounded once to out's bf16 / fp16)
     gated_rms_norm(x [..., N], z [..., N], w [N], eps) -> [..., N] in x's dtype
         = rnd_x(w * rnd_x(x * rsqrt(mean(x^2) + eps)) * silu(z))
 
 The L2 norm is taken in fp32 whatever x's dtype (transformers normalises the fp32 copy), so
-its output is fp32. The kernels take rows with a unit last stride (copied otherwise).
+its output is fp32 (or that fp32 rounded to nearest even into a narrower `out`, as
+fla-core's bf16 operands want it). The kernels take rows with a unit last stride (copied otherwise).
 """
 from __future__ import annotations
 
@@ -46,9 +48,9 @@ def _grid(R, N):
 def _l2_out(x, out, what):
     if out is None:
         return torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    if (not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != torch.float32
+    if (not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype not in FLOATS
             or not out.is_contiguous() or out.device != x.device):
-        raise StrataError(f"{what}: out must be a contiguous fp32 {list(x.shape)} tensor on "
+        raise StrataError(f"{what}: out must be a contiguous float {list(x.shape)} tensor on "
                           f"{x.device}, got {getattr(out, 'dtype', type(out).__name__)} "
                           f"{list(getattr(out, 'shape', []))}")
     return out
@@ -56,14 +58,14 @@ def _l2_out(x, out, what):
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., N] -> x / sqrt(sum(x^2) + eps) over the last dim, fp32 [..., N] (into `out`, a
-    contiguous fp32 tensor of x's shape, when given)."""
+    contiguous float tensor of x's shape, when given: the fp32 result rounded to its dtype)."""
     N = x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() else 0
     rows = _rows(x, N, "l2norm")                                               # [R, N]
     out = _l2_out(x, out, "l2norm").view(rows.shape)
     if rows.shape[0]:
         grid, bm, bn = _grid(rows.shape[0], N)
         _l2norm_fwd_kernel[grid](rows, out, rows.shape[0], rows.stride(0), float(eps), N=N,
-                                 BM=bm, BN=bn, num_warps=4)
+                                 BM=bm, BN=bn, INTERP=INTERPRET, num_warps=4)
     return out.view(x.shape)
 
 
