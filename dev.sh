@@ -11,7 +11,7 @@ VENV=.venv
 # as on the GPU image, whose interpreter needs numpy < 2.4.
 PINS=(torch==2.13.0 triton==3.6.0 "numpy>=1.26,<2.4" gguf==0.19.0 safetensors==0.8.0
       tqdm==4.70.1 hypothesis==6.170.17 pytest==9.0.3 pytest-xdist==3.8.0 execnet==2.1.2 matplotlib==3.11.2 transformers==5.24.0
-      nbformat==5.11.1 nbclient==0.11.0 ipykernel==7.4.0)
+      nbformat==5.11.1 nbclient==0.11.0 ipykernel==7.4.0 fla-core==0.6.0 einops==0.8.2)
 stamp="$VENV/.strata-pins"
 want="$(printf '%s\n' "${PINS[@]}")"
 if [ ! -x "$VENV/bin/python" ]; then "$PY" -m venv "$VENV"; fi

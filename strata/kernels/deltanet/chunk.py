@@ -16,7 +16,7 @@ state in registers, writing o as it goes; or, with the launch in force split
 launch adds the intra-chunk part parallel over chunks (the same o). The scratch the call
 allocates is exactly sizes.chunk_buffers (g_cum, w, u; qn, kn with use_qk_l2norm; oi when
 split), all fp32 and freed on return;
-`scratch` (name -> an fp32 contiguous tensor of at least that buffer's elements on q's device:
+`scratch` (name -> a contiguous tensor holding at least that buffer's bytes on q's device:
 the prompt layout's dn_* views, strata.planning.deltanet_bufs) hands some or all of them in,
 and the call then allocates only what is missing.
 `out_state` receives the final state and may be `initial_state` itself (each program reads its
@@ -26,6 +26,9 @@ of q, k, v, g, beta contiguous; other strides are copied first (outside the coun
 A prompt cut at a multiple of BT runs the same programs on the same rows as one call does, so
 two calls carrying the state give the one-call result; a cut inside a chunk moves only
 rounding (tests/kernels/test_deltanet_chunk.py holds both).
+
+With the launch's backend "fla" the call is fla-core's kernels on the same arguments
+(strata.kernels.deltanet.fla_rule; its buffers are sizes.fla_buffers).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from strata.kernels.deltanet._chunk_kernel import (_gdn_out_fwd_kernel, _gdn_sta
 from strata.kernels.deltanet.launch import delta_launch
 from strata.kernels.deltanet.naive import check_inputs
 from strata.kernels.deltanet.norms import l2norm
+from strata.kernels.deltanet.buffers import take_buffer
 from strata.kernels.deltanet.sizes import CHUNK, chunk_buffers
 
 MAX_HEAD_DIM = 256      # one program holds a chunk's full dk row and the [dk, BV] state block
@@ -53,19 +57,15 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
-def _take(scratch, b, device):
-    """Buffer `b` from `scratch` (a view of its first elements), else a fresh one."""
-    t = None if scratch is None else scratch.get(b.name)
-    if t is None:
-        return torch.empty(b.shape, dtype=torch.float32, device=device)
-    n = b.nbytes // 4
-    if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device != device
-            or not t.is_contiguous() or t.numel() < n):
-        raise StrataError(f"chunk_gated_delta_rule: scratch {b.name!r} must be a contiguous fp32 "
-                          f"tensor of at least {n} elements on {device}, got "
-                          f"{getattr(t, 'dtype', type(t).__name__)} "
-                          f"{list(getattr(t, 'shape', []))}")
-    return t.reshape(-1)[:n].view(b.shape)
+def delta_rule_on(x: torch.Tensor):
+    """The delta rule for x's device: on CUDA the Triton launch in force (strata's kernels or
+    fla-core's); on the CPU the torch twin (the interpreter would take minutes), unless the
+    launch in force is fla's, whose kernels then run in the interpreter (what pinning it asks)."""
+    from strata._backend import INTERPRET
+    from strata.kernels.deltanet.naive import chunk_gated_delta_rule_torch
+    if x.is_cuda or (INTERPRET and delta_launch().backend == "fla"):
+        return chunk_gated_delta_rule
+    return chunk_gated_delta_rule_torch
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
@@ -80,7 +80,12 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
         raise StrataError(f"chunk_gated_delta_rule holds head dims up to {MAX_HEAD_DIM}, got "
                           f"dk {dk} dv {dv}; use chunk_gated_delta_rule_torch")
     L = delta_launch()
-    scratch = {b.name: _take(scratch, b, q.device)
+    if L.backend == "fla":
+        from strata.kernels.deltanet.fla_rule import chunk_gated_delta_rule_fla
+        return chunk_gated_delta_rule_fla(q, k, v, g, beta, initial_state, scale=scale,
+                                          use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                                          out_state=out_state, scratch=scratch)
+    scratch = {b.name: take_buffer(scratch, b, q.device)
                for b in chunk_buffers(T, Hk, Hv, dk, dv, qk_l2norm=use_qk_l2norm,
                                       split=L.split)}
     o = torch.empty((T, Hv, dv), dtype=q.dtype, device=q.device)

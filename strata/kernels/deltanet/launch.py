@@ -1,7 +1,7 @@
 """The launch choices of the chunked gated delta rule as pinnable data (strata.kernels.deltanet
 .chunk reads them; the planner reads `split` through sizes.chunk_buffers).
 
-    DeltaLaunch(warps, stages, bv, prec, split)
+    DeltaLaunch(warps, stages, bv, prec, split, backend)
       warps, stages  the two kernels' num_warps / num_stages
       bv             the dv block of the scan (a power of two, 16..128)
       prec           tl.dot's input precision: "tf32x3" (three tf32 products per fp32 one, within
@@ -13,11 +13,17 @@
                      inter-chunk part (q exp(G)) S into an fp32 buffer `oi` [T, Hv, dv]); a third
                      kernel, parallel over chunks, adds the intra-chunk part tril(q k^T decay)
                      v_new. The same products in the same order: o equal to the fused form's.
+      backend        "strata": the kernels above. "fla": fla-core's five forward kernels on
+                     buffers strata hands in (strata.kernels.deltanet.fla_rule; an optional
+                     dependency; the other fields do not apply to it), its intermediates in the
+                     activations' dtype: 8x faster at T 32768 on the H100, its state ~4e-3 from
+                     the fp64 recurrence where strata's keeps 1e-6.
 
 The default is the fused form at tf32x3: the only one measured so far (experiments/results/
 deltanet_fla-NVIDIA_H100_80GB_HBM3-da71bcb: 31.7 ms at T 32768 for Qwen3.5's heads, the scan the
-sequential part); `pin_delta_launch(split=True)` and the precisions are there to be measured
-(experiments/deltanet_fla.py --arms).
+sequential part); `pin_delta_launch(split=True)`, the precisions and backend=fla are there to
+be measured (experiments/deltanet_fla.py --arms; in a whole read, benchmarks/profile_read.py
+--delta). The planner counts the buffers of the launch in force (sizes.chunk_buffers).
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from strata.errors import StrataError
 from strata.kernels.pins import pinned_record
 
 PRECISIONS = ("tf32x3", "tf32", "ieee")
+BACKENDS = ("strata", "fla")
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class DeltaLaunch:
     bv: int = 32            # Hv * dv / 32 scan programs (128 for Qwen3.5's 32 x 128)
     prec: str = "tf32x3"
     split: bool = False
+    backend: str = "strata"
 
     def __post_init__(self):
         if self.warps not in (1, 2, 4, 8, 16):
@@ -54,6 +62,9 @@ class DeltaLaunch:
                               f"{self.prec!r}")
         if not isinstance(self.split, bool):
             raise StrataError(f"DeltaLaunch: split must be a bool, got {self.split!r}")
+        if self.backend not in BACKENDS:
+            raise StrataError(f"DeltaLaunch: backend must be one of {BACKENDS}, got "
+                              f"{self.backend!r}")
 
     @classmethod
     def parse(cls, text: str) -> "DeltaLaunch":
@@ -87,6 +98,20 @@ def delta_launch() -> DeltaLaunch:
     """The launch in force: the pinned one, else DEFAULT."""
     pin = _PIN.get()
     return DEFAULT if pin is None else pin
+
+
+def launch_from_flag(text: str, flag: str = "--delta") -> DeltaLaunch:
+    """A `--delta SPEC` flag ("backend=fla", "split,prec=tf32": DeltaLaunch.parse) as the launch
+    to pin, checked before any heavy work: fla's backend needs fla-core importable (one line
+    when it is not)."""
+    try:
+        launch = DeltaLaunch.parse(text)
+    except StrataError as e:
+        raise StrataError(f"{flag} {text!r}: {e}") from None
+    if launch.backend == "fla":
+        from strata.kernels.deltanet.fla_rule import fla_kernels
+        fla_kernels()
+    return launch
 
 
 def pin_delta_launch(launch: DeltaLaunch | None = None, **changes):
