@@ -21,6 +21,7 @@ needs, so `strata plan`, the prefill engine and the tests build their plans the 
 
 Legend of the layout's symbols: T tokens, D hidden, E experts, K top-k, F expert width,
 QD = H*hd (query width), KVD = Hkv*hd (key/value width), TK = T*K routed (token, expert) pairs,
+TC = ceil(T / 64) the delta rule's chunks,
 TKP = T*K + min(E, T*K)*(BM-1) routed pairs after padding each routed expert's group to a
 multiple of BM rows, BM the expert GEMM's BLOCK_M for the chunk (strata.kernels.moe.tiles.
 block_m_for; a launch over fewer tokens picks no larger one; a pinned taller tile is refused by the
@@ -37,7 +38,9 @@ max(hd, Hv) with the flash backend's padded values), MS fp32 values of
 state a query, MLC = Lkv + R values of an int8 latent block dequantized (or, with host-held KV,
 a block gathered from the staged and resident segments)
 (strata.models.mla_scratch: mla_scratch_rows, mla_state_floats, mla_value_width, at the
-launch in force, strata.models.mla_launch; S is the longest prompt, or T without a KV policy).
+launch in force, strata.models.mla_launch; S is the longest prompt, or T without a KV policy),
+DN_<name> bytes of one row of the delta rule's buffer <name> (strata.kernels.deltanet.sizes
+.chunk_buffers of the launch in force, in the activations' dtype beside the KV's).
 
 To add a buffer, add a `Buf` to ACTIVATIONS (or pass a LayoutSpec of your own, with any new
 symbol in `dims_for`): the carve, the scan, `strata plan` and the tests all follow.
@@ -55,7 +58,7 @@ from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.kernels.attention.scratch import expand_rows, needs_state, state_floats
 from strata.kernels.deltanet.launch import delta_launch
-from strata.kernels.deltanet.sizes import Buffer, chunk_buffers
+from strata.kernels.deltanet.sizes import CHUNK as DELTA_CHUNK, Buffer, chunk_buffers
 from strata.kernels.moe.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.pool import SlabPool
@@ -69,7 +72,7 @@ from strata.shapes import Mla, ModelShape
 
 DENSE_BYTES = 2  # dense weights on the GPU: bf16, norms included
 
-bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+bf16, f32, i32, u8 = torch.bfloat16, torch.float32, torch.int32, torch.uint8
 
 ACTIVATIONS = LayoutSpec(
     persistent=(
@@ -127,20 +130,25 @@ MLA_LATENT_BUF = Buf("mla_c", bf16, ("MR", "MLC"),
                      "a block of MLA latents: int8 dequantized, or gathered from two segments")
 
 
-def deltanet_buffers(shape: ModelShape, T: int) -> tuple[Buffer, ...]:
+def deltanet_buffers(shape: ModelShape, T: int, kv: "KVPolicy | None" = None
+                     ) -> tuple[Buffer, ...]:
     """The scratch one linear-attention layer's delta rule takes for a chunk of T tokens
-    (strata.kernels.deltanet.sizes.chunk_buffers with the q/k L2 norm and the launch in force:
-    the one count)."""
-    lin = shape.linear
+    (strata.kernels.deltanet.sizes.chunk_buffers with the q/k L2 norm, the launch in force and
+    the activations' itemsize beside `kv`'s dtype: the one count)."""
+    lin, L = shape.linear, delta_launch()
     return chunk_buffers(T, lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim,
-                         qk_l2norm=True, split=delta_launch().split)
+                         qk_l2norm=True, split=L.split, backend=L.backend,
+                         itemsize=state_itemsize(kv.dtype if kv is not None else "bf16"))
 
 
 def deltanet_bufs(shape: ModelShape) -> tuple[Buf, ...]:
-    """Those buffers in the layout: dn_<name> fp32 [T, DN_<name>] (each is T rows of a fixed
-    width), live only inside one layer's attention: the attention phase. The launcher takes
-    them from the carve (strata.models.layer_state.RecurrentStates.scratch)."""
-    return tuple(Buf(f"dn_{b.name}", f32, ("T", f"DN_{b.name}"),
+    """Those buffers in the layout as bytes: dn_<name> uint8 [rows, DN_<name>] with rows T
+    (tokens), TC (chunks of 64) or none (a fixed size) as the buffer counts them, live only
+    inside one layer's attention: the attention phase. The launcher views them in its own
+    dtypes (strata.kernels.deltanet.chunk.take_buffer), taken from the carve
+    (strata.models.layer_state.RecurrentStates.scratch)."""
+    return tuple(Buf(f"dn_{b.name}", u8,
+                     (f"DN_{b.name}",) if b.rows == "1" else (b.rows, f"DN_{b.name}"),
                      "a linear-attention layer's delta-rule scratch (kernels/deltanet/sizes)")
                  for b in deltanet_buffers(shape, 1))
 
@@ -229,11 +237,11 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
         qd = kvd = shape.n_head * max(shape.head_dim, shape.mla.v_head_dim)
     m = shape.mla or Mla()   # no MLA: its scratch symbols are 0
     mr, mq = mla_scratch_rows(T, max(T, kv.max_prompt if kv is not None else 0))
-    dn = ({f"DN_{b.name}": math.prod(b.shape[1:]) for b in deltanet_buffers(shape, 1)}
+    dn = ({f"DN_{b.name}": b.row_bytes for b in deltanet_buffers(shape, 1, kv)}
           if shape.linear is not None else {})
     return dn | {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": qd, "KVD": kvd,
-            "TK": T * K, "TKP": padded_rows(T, K, E, bm),
+            "TK": T * K, "TKP": padded_rows(T, K, E, bm), "TC": -(-T // DELTA_CHUNK),
             "G": pass_experts(ring, batch), "BB": decoded_blob_bytes(shape),
             "KS": max((kv.host_tokens(kv.max_prompt, w) for w in kv_windows(shape)), default=0)
             if kv is not None else 0,

@@ -36,8 +36,7 @@ import torch.nn.functional as F
 
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import cache_dtype
-from strata.kernels.deltanet import (causal_conv1d, chunk_gated_delta_rule,
-                                     chunk_gated_delta_rule_torch, gated_rms_norm,
+from strata.kernels.deltanet import (causal_conv1d, delta_rule_on, gated_rms_norm,
                                      gated_rms_norm_torch, split_qkv)
 from strata.models.attention import AttentionWeights, attend as attend_cached
 from strata.models.ffn import DenseFFN
@@ -174,7 +173,7 @@ class Qwen3Next(MoeDecoder):
         conv.copy_(new_conv)
         q, k, v = split_qkv(mixed, Hk, Hv, dk, dv)
         g = w.a * F.softplus(a.float() + w.dt_bias)                  # [T, Hv] fp32, <= 0
-        rule = chunk_gated_delta_rule if xn.is_cuda else chunk_gated_delta_rule_torch
+        rule = delta_rule_on(xn)
         S = states.S[l]
         o, _ = rule(q, k, v, g, b.sigmoid(), S, use_qk_l2norm=True, out_state=S,
                     scratch=states.scratch.get(l))
