@@ -11,8 +11,14 @@
   (test_distributed's spawned ranks abort under OMP_NUM_THREADS=1; they take the parent's count
   as an argument). Modules that want one thread at -n 0 as well name the `one_thread` fixture
   (`pytestmark = pytest.mark.usefixtures("one_thread")`).
+- transformers' hybrids (Qwen3-Next, Qwen3.5) are imported here with fla-core hidden: at import,
+  transformers swaps its torch delta rule for fla-core's whenever `fla` imports (so, with strata's
+  fla backend installed, the references would be fla's bf16 kernels, or fail on the CPU). The
+  references stay transformers' own torch forward (tests/models/test_hf_reference.py checks).
 """
+import importlib
 import os
+import sys
 
 import pytest
 import torch
@@ -24,6 +30,32 @@ settings.register_profile("ci", deadline=None, max_examples=60, derandomize=True
                           print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=200)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# the transformers modules whose delta rule would resolve to fla-core's at their import
+HF_DELTA_MODULES = ("transformers.models.qwen3_next.modeling_qwen3_next",
+                    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+                    "transformers.models.qwen3_5.modeling_qwen3_5")
+
+
+def _import_hf_hybrids_without_fla() -> None:
+    if any(m in sys.modules for m in HF_DELTA_MODULES):
+        return
+    saved = sys.modules.get("fla")
+    sys.modules["fla"] = None            # `import fla` raises ImportError while this holds
+    try:
+        for m in HF_DELTA_MODULES:
+            try:
+                importlib.import_module(m)
+            except ImportError:          # no transformers (or no such model): nothing to pin
+                pass
+    finally:
+        if saved is None:
+            del sys.modules["fla"]
+        else:
+            sys.modules["fla"] = saved
+
+
+_import_hf_hybrids_without_fla()
 
 HAS_CUDA = torch.cuda.is_available()
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))   # xdist sets it in each worker

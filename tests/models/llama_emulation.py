@@ -352,7 +352,7 @@ def _mla(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale, prefix=(), c_scale=N
 
 
 def _delta_rule(arith: Arith):
-    """The torch delta rule (strata.models.qwen3_next's CPU path) with its inputs moved by fp32's
+    """The torch delta rule (the CPU path of strata.models.qwen3_next) with its inputs moved by fp32's
     backward error, as `order` moves a product's: llama.cpp's gated delta net sums the same
     dot products (over dk, and the decays over the tokens) in its own order, which no weight
     product of the read covers."""
@@ -479,12 +479,17 @@ def read_pack(pack, src=None, *, tokens, arith: Arith | None = None, shape=None,
             tensors[n] = Rounding(t, fn)
             wrapped.add(n)
     patches = contextlib.ExitStack()
-    if arith.active:
-        patches.enter_context(mock.patch.object(mla, "mla_chunk_attention", _mla))
-    if arith.order is not None:   # a hybrid's linear-attention layers (Qwen3-Next, Qwen3.5)
-        from strata.models import qwen3_next
-        patches.enter_context(mock.patch.object(qwen3_next, "chunk_gated_delta_rule_torch",
-                                                _delta_rule(arith)))
+    try:
+        if arith.active:
+            patches.enter_context(mock.patch.object(mla, "mla_chunk_attention", _mla))
+        if arith.order is not None:   # a hybrid's linear-attention layers (Qwen3-Next, Qwen3.5)
+            # the CPU's delta rule, as strata.kernels.deltanet.chunk.delta_rule_on looks it up
+            from strata.kernels.deltanet import naive
+            patches.enter_context(mock.patch.object(naive, "chunk_gated_delta_rule_torch",
+                                                    _delta_rule(arith)))
+    except BaseException:             # a patch that cannot be made leaves none behind
+        patches.close()
+        raise
 
     class Rec(RouteRecorder):
         def layer_done(self, layer, x):
