@@ -128,6 +128,11 @@ def test_l2norm(shape, dtype):
     assert ((got - ref).abs() <= (shape[-1] + 4) * U32 * ref.abs()).all()
     out = torch.empty(shape, dtype=torch.float32)
     assert l2norm(x, out=out).data_ptr() == out.data_ptr() and torch.equal(out, got)
+    # into a bf16 `out` (fla's operands): the kernel's fp32 result rounded once to nearest even,
+    # as torch rounds it (the interpreter's own cast truncates: strata's _rnd rounds on the bits)
+    ob = torch.empty(shape, dtype=torch.bfloat16)
+    assert l2norm(x, out=ob).data_ptr() == ob.data_ptr() and torch.equal(ob, got.bfloat16())
+    assert torch.equal(l2norm_torch(x, out=torch.empty_like(ob)), ref.bfloat16())
 
 
 @pytest.mark.parametrize("rows,N,dt,wdt", [(65, 128, "fp32", "fp32"), (130, 128, "bf16", "fp32"),
@@ -217,6 +222,55 @@ def _lin_shape(Hk, Hv, dk, dv):
     base = get_preset("tiny-qwen35moe")
     return base.with_(**{"linear.n_k_head": Hk, "linear.n_v_head": Hv,
                          "linear.k_head_dim": dk, "linear.v_head_dim": dv})
+
+
+@pytest.mark.parametrize("T,kv", [(1, "fp32"), (77, "fp32"), (130, "bf16")])
+def test_fla_launcher_allocates_what_the_sizes_count(monkeypatch, T, kv):
+    """The fla backend's launcher: every tensor it creates is the output, the final state and
+    exactly sizes.fla_buffers in the activations' dtype (h one [Hv, dk, dv] per chunk of 64),
+    and the planner's count under the pinned backend is that list at the KV's itemsize."""
+    pytest.importorskip("fla", reason="fla-core is not installed")
+    from strata.kernels.deltanet.fla_rule import chunk_gated_delta_rule_fla
+    from strata.planning import KVPolicy
+    Hk, Hv, dk, dv = 1, 2, 32, 16
+    dt = torch.float32 if kv == "fp32" else torch.bfloat16
+    gen = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(T, Hk, dk, generator=gen).to(dt) for _ in range(2))
+    v = torch.randn(T, Hv, dv, generator=gen).to(dt)
+    g, beta = -torch.rand(T, Hv, generator=gen), torch.rand(T, Hv, generator=gen).to(dt)
+    made = []
+    empty = torch.empty
+
+    def record(*args, **kw):
+        t = empty(*args, **kw)
+        made.append((tuple(t.shape), t.dtype))
+        return t
+    monkeypatch.setattr(torch, "empty", record)
+    chunk_gated_delta_rule_fla(q, k, v, g, beta, None, use_qk_l2norm=True)
+    monkeypatch.setattr(torch, "empty", empty)
+    bufs = chunk_buffers(T, Hk, Hv, dk, dv, qk_l2norm=True, backend="fla", itemsize=dt.itemsize)
+    with pin_delta_launch(backend="fla"):
+        assert deltanet_buffers(_lin_shape(Hk, Hv, dk, dv), T, KVPolicy(kv)) == bufs
+    assert {b.name: b.shape[0] for b in bufs}["h"] == -(-T // 64)
+    outputs = [((T, Hv, dv), dt), ((Hv, dk, dv), torch.float32)]
+    assert sorted(made, key=str) == sorted(outputs + [(b.shape, b.torch_dtype) for b in bufs],
+                                           key=str)
+    assert sum(b.nbytes for b in bufs) == chunk_scratch_bytes(
+        T, Hk, Hv, dk, dv, qk_l2norm=True, backend="fla", itemsize=dt.itemsize)
+
+
+def test_fla_sizes_of_qwen35():
+    """Qwen3.5's layer at T 32768 in bf16, buffer by buffer: g_cum fp32, A, w, u, v_new, h (512
+    chunks of a [32, 128, 128] state), the fp32 final state, qn and kn: 1,670 MiB (fla-core's own
+    wrapper peaked 1,930 MiB above its inputs on the H100 with its o, its gate and norm copies;
+    the launcher's own peak is held to this count by the GPU test in test_deltanet_chunk)."""
+    T, Hk, Hv, d = 32768, 16, 32, 128
+    got = chunk_scratch_bytes(T, Hk, Hv, d, d, qk_l2norm=True, backend="fla", itemsize=2)
+    want = (T * Hv * 4 + T * Hv * 64 * 2 + 3 * T * Hv * d * 2 + 512 * Hv * d * d * 2
+            + Hv * d * d * 4 + 2 * T * Hk * d * 2)
+    assert got == want and round(got / 2**20) == 1670
+    with pytest.raises(StrataError):
+        chunk_buffers(T, Hk, Hv, d, d, backend="cutlass")
 
 
 @pytest.mark.gpu

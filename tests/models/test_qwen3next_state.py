@@ -18,11 +18,14 @@ what the plan counts for it.
 """
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
 from strata.engine.load import load_model, resident_provider
 from strata.kernels.deltanet import chunk_gated_delta_rule
+from strata.kernels.deltanet.launch import pin_delta_launch
 from strata.kernels.deltanet.sizes import (chunk_buffers, chunk_scratch_bytes,
                                           recurrent_state_bytes)
 from strata.memory.layout import PromptLayout
@@ -143,31 +146,68 @@ def test_plan_counts_what_the_cache_allocates(pack, kv, dtype, n):
             assert sizes.kv_bytes(n, l) == s.kv_bytes(n, kv)
 
 
+BACKENDS = [pytest.param("strata", id="strata"),
+            pytest.param("fla", id="fla", marks=pytest.mark.skipif(
+                importlib.util.find_spec("fla") is None, reason="fla-core is not installed"))]
+DN_NAMES = {"strata": {"g_cum", "w", "u", "qn", "kn"},
+            "fla": {"g_cum", "A", "w", "u", "v_new", "h", "ht", "qn", "kn"}}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("T", [1, 64, 77])
-def test_layout_scratch_is_what_the_launcher_takes(T):
-    """The dn_* placements of the layout are chunk_scratch_bytes; the launcher given those views
-    computes in them (poisoned before, overwritten after) and gives the result it gives with
-    its own buffers."""
+def test_layout_scratch_is_what_the_launcher_takes(T, backend):
+    """The dn_* placements of the layout are chunk_scratch_bytes of the launch in force (fla's
+    at the fp32 KV's itemsize: the CPU's activations); the launcher given those views computes
+    in them (poisoned before, overwritten after) and gives the result it gives with its own
+    buffers."""
     s = QWEN3NEXT_TINY
     lin = s.linear
-    lay = PromptLayout(model_sizes(s), 64, layout_spec(EXPERT_FFNS["kernel"], KVPolicy(), s))
-    placed = {p.name: p.nbytes for p in lay.placements(T, 0) if p.name.startswith("dn_")}
-    want = chunk_scratch_bytes(T, lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim,
-                               qk_l2norm=True)
-    assert sum(placed.values()) == want and set(placed) == {
-        "dn_g_cum", "dn_w", "dn_u", "dn_qn", "dn_kn"}
-    g = torch.Generator().manual_seed(T)
-    Hk, Hv, dk, dv = lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim
-    q, k = (torch.randn(T, Hk, dk, generator=g) for _ in range(2))
-    v = torch.randn(T, Hv, dv, generator=g)
-    gate = -torch.rand(T, Hv, generator=g)
-    beta = torch.rand(T, Hv, generator=g)
-    scratch = {n[3:]: torch.full((b // 4,), float("nan")) for n, b in placed.items()}
-    o, S = chunk_gated_delta_rule(q, k, v, gate, beta, None, use_qk_l2norm=True,
-                                  scratch=scratch)
-    o2, S2 = chunk_gated_delta_rule(q, k, v, gate, beta, None, use_qk_l2norm=True)
+    with pin_delta_launch(backend=backend):
+        kv = KVPolicy("fp32")
+        lay = PromptLayout(model_sizes(s, kv=kv), 64,
+                           layout_spec(EXPERT_FFNS["kernel"], kv, s))
+        placed = {p.name: p.nbytes for p in lay.placements(T, 0) if p.name.startswith("dn_")}
+        want = chunk_scratch_bytes(T, lin.n_k_head, lin.n_v_head, lin.k_head_dim,
+                                   lin.v_head_dim, qk_l2norm=True, backend=backend, itemsize=4)
+        assert sum(placed.values()) == want
+        assert set(placed) == {f"dn_{n}" for n in DN_NAMES[backend]}
+        g = torch.Generator().manual_seed(T)
+        Hk, Hv, dk, dv = lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim
+        q, k = (torch.randn(T, Hk, dk, generator=g) for _ in range(2))
+        v = torch.randn(T, Hv, dv, generator=g)
+        gate = -torch.rand(T, Hv, generator=g)
+        beta = torch.rand(T, Hv, generator=g)
+        scratch = {n[3:]: torch.full((b // 4,), float("nan")) for n, b in placed.items()}
+        o, S = chunk_gated_delta_rule(q, k, v, gate, beta, None, use_qk_l2norm=True,
+                                      scratch=scratch)
+        o2, S2 = chunk_gated_delta_rule(q, k, v, gate, beta, None, use_qk_l2norm=True)
     assert torch.equal(o, o2) and torch.equal(S, S2)
+    # every byte computed in (fla's A is zeroed first: its solve writes the lower triangle)
     assert all(not t.isnan().any() for t in scratch.values())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla-core is not installed")
+def test_fla_backend_streamed_equals_resident(tmp_path):
+    """The whole hybrid read with the fla backend pinned (its kernels in the interpreter, the
+    delta rule's buffers carved from the plan's layout): the streamed read equals the resident
+    one bit for bit, and both stay within FP32_REL of the torch twin's read."""
+    from strata.engine.prefill import EngineConfig, PrefillEngine
+    from strata.packs import Pack
+    d = tmp_path
+    make_hybrid(QWEN35MOE_TINY, seed=5).save_pretrained(d / "hf")
+    pack = _pack([d / "hf", "--quant", "BF16"], d / "hf.pack")
+    tokens = torch.randint(0, 256, (100,), generator=torch.Generator().manual_seed(8))
+    model = load_model(pack, dtype=torch.float32, ffn=expert_ffn("ref"))
+    twin = model.prefill(tokens, resident_provider(pack), chunk=64)
+    cfg = EngineConfig(vram=1 << 30, cache=32 * Pack.open(pack).max_blob, max_prompt=128,
+                       device="cpu", ffn="ref", chunk=64, ring=2)
+    with pin_delta_launch(backend="fla"):
+        resident = model.prefill(tokens, resident_provider(pack), chunk=64)
+        res = PrefillEngine(pack, cfg).run(tokens)
+    assert res.ring == 2 and res.stats.bytes_streamed > 0
+    assert torch.equal(res.logits, resident)
+    assert not torch.equal(resident, twin)           # fla's kernels ran, not the twin
+    assert rel(resident.numpy(), twin.numpy()) < FP32_REL
 
 
 def test_the_plan_shows_each_kind(capsys):
@@ -179,6 +219,18 @@ def test_the_plan_shows_each_kind(capsys):
            "state instead (73.69 MiB" in out
     assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--vram", "12GiB"]) == 0
     assert "the 30 linear-attention layers keep a recurrent state" in capsys.readouterr().out
+    # the delta rule's launch and its scratch for the chunk, as the layout counts it
+    # (Qwen3.5 at 32768, bf16: strata's fp32 g_cum, w, u, qn, kn 1,540 MiB; fla-core's 1,670)
+    for flag, says in (([], "strata's kernels, 1.50 GiB"),
+                       (["--delta", "backend=fla"], "fla-core's kernels, 1.63 GiB")):
+        if flag and importlib.util.find_spec("fla") is None:
+            continue
+        assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--vram", "12GiB", "--prompt-tokens",
+                     "32768", "--chunk", "32768", *flag]) == 0
+        assert f"their delta rule: {says} of scratch a chunk" in capsys.readouterr().out
+    assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--vram", "12GiB",
+                 "--delta", "backend=triton"]) == 2
+    assert "backend must be one of" in capsys.readouterr().err
 
 
 def test_engine_prompt_kv_keeps_only_the_full_layers(pack):
