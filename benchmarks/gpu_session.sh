@@ -8,14 +8,12 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 # the device copy has no .git: the caller passes the commit (STRATA_COMMIT=$(git rev-parse --short HEAD))
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# fla-core (and einops) go apart, on the path of the fla step only: where fla is importable,
-# transformers' Qwen3-Next runs fla's Triton kernels, which the parity tests' CPU reference
-# forward cannot (the tests want transformers' torch path)
+# fla-core (and einops): strata's optional fla backend of the delta rule. Where fla imports,
+# transformers swaps its torch delta rule for fla's at import: tests/conftest.py imports those
+# modules with fla hidden first, so the references stay transformers' torch path
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-        $(ls .whl/*.whl | grep -v -e fla_core -e einops) && export PYTHONPATH=$PWD:/tmp/site
-    ls .whl/fla_core*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps \
-        --no-compile --no-cache-dir --target /tmp/site-fla .whl/fla_core*.whl .whl/einops*.whl
+        .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
@@ -109,7 +107,7 @@ for step in "$@"; do
     # issue 38 item 2: strata's chunked gated delta rule beside fla-core's on the same inputs
     # (time, peak memory, distance to fp64) at Qwen3.5's heads, T 512..32768, strata's fused and
     # split launches (strata.kernels.deltanet.launch) and a tf32 one beside fla-core: CSV + PNG
-    fla)     PYTHONPATH=$PYTHONPATH:/tmp/site-fla timeout 240 python3 experiments/deltanet_fla.py --arms strata "strata[split]" "strata[split,prec=tf32]" fla-core --out "$OUT" 2>&1 | grep -E "^\[deltanet\]|wrote|Error" | tail -14 | tee "$OUT/fla_beside.log" ;;
+    fla)     timeout 240 python3 experiments/deltanet_fla.py --arms strata "strata[split,prec=tf32]" "strata[backend=fla]" fla-core --out "$OUT" 2>&1 | grep -E "^\[deltanet\]|wrote|Error" | tail -14 | tee "$OUT/fla_beside.log" ;;
     packrm)  rm -f /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack ;;
     # issue 18: the fused combine (sum over K in one pass) at qwen3's K 8 / D 2048 against its reference bit for bit, then through its callers: no sync inside a chunk and streamed == resident (test_syncs), check on/off bit for bit (plane relayout)
     combinetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_combine.py tests/engine/test_syncs.py tests/kernels/test_plane_ffn.py -k "combine or syncs or relayout" 2>&1 | tail -20 > "$OUT/gpu_combine_tests.log"; tail -5 "$OUT/gpu_combine_tests.log" ;;
@@ -132,6 +130,9 @@ for step in "$@"; do
     # a DeepSeek-V3-width pack (2 MoE layers) read at 64K, every latent token resident vs 16K a layer resident
     mlakv)   timeout 300 python3 experiments/deepseek_stream.py --moe-layers 2 --prompts 65536 --kv-resident all,16384 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/deepseek_kv_resident.log" ;;
     mla)     timeout 200 python3 benchmarks/mla_bench.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/mla_bench.log" ;;
+    # issue 38 items 2 and 5: a Qwen3.5-35B-A3B read (its first 8 layers: 6 linear, 2 full) all
+    # resident at 8K and 32K with the delta rule on strata's kernels against fla-core's (--delta)
+    flaab)   for d in "" "--delta backend=fla"; do t=$(echo "x $d" | tr -cd 'a-z0-9'); timeout 200 python3 benchmarks/profile_read.py --what resident --preset qwen3.5-35b-a3b --quant Q4_K_M --layers 8 --T 8192 32768 --top 12 $d --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_q35_$t.log"; echo "[$d]"; grep "^T=\|^-- " "$OUT/profile_q35_$t.log"; done ;;
     # MLA's flash backend (V zero-padded to the q/k width) against the memory-efficient kernel, and the merge in
     # one Triton launch: their GPU tests (kernels, blocked path, transient, the engine's logits under each), then
     # one DeepSeek-V3 layer's blocked attention at T 8192 / 32768 in one chunk: efficient, flash, flash at

@@ -15,7 +15,8 @@ single synchronized call, then the device time of each kernel. `resident`: a ful
 its first N layers, for the models whose experts pass the GPU) with every expert in VRAM reading
 one prompt (one chunk), its kernels summed into attention / expert GEMM / dense GEMM / the rest
 (`--decoded-gemm triton|grouped` pins the decoded FFN's GEMM for the A/B; `--mla-backend`,
-`--mla-block`, `--mla-merge` MLA's block launch, strata.models.mla_launch), beside the compute
+`--mla-block`, `--mla-merge` MLA's block launch, strata.models.mla_launch; `--delta SPEC` a
+hybrid's delta-rule launch, strata.kernels.deltanet.launch, e.g. backend=fla), beside the compute
 floor's parts (strata.bench.roofline.floor_parts where present) at this GPU's settled rates.
 Prints a table and writes `profile_<what>.csv` (kernel, calls, device ms per read) under --out.
 
@@ -40,6 +41,7 @@ from strata.bench.expert_gemm import dense_weights, grouped_mm_ffn, make_experts
 from strata.kernels import moe_ffn, topk_route
 from strata.kernels.moe.decoded import moe_ffn_decoded, pin_decoded_gemm
 from strata.kernels.norm import pin_norm
+from strata.kernels.deltanet.launch import launch_from_flag, pin_delta_launch
 from strata.models.mla_launch import BACKENDS, MERGES, pin_mla_launch
 from strata.kernels.moe.plane import plane_ffn
 from strata.planes import to_plane_set
@@ -201,7 +203,7 @@ def check_flags(args) -> None:
     if args.what == "ffn":
         given = [f for f, v, d in (("--preset", args.preset, "qwen3-30b-a3b"),
                                    ("--quant", args.quant, "Q8_0"), ("--layers", args.layers, 0),
-                                   ("--ffn", args.ffn, "auto"),
+                                   ("--ffn", args.ffn, "auto"), ("--delta", args.delta, None),
                                    *(("--mla-*", v, None) for v in mla)) if v != d]
         if given:
             raise StrataError(f"{', '.join(dict.fromkeys(given))} set the resident read's "
@@ -210,6 +212,11 @@ def check_flags(args) -> None:
     shape = get_preset(args.preset)
     if any(v is not None for v in mla) and not shape.mla:
         raise StrataError(f"--mla-* pins MLA's launch; {args.preset} has no MLA")
+    if args.delta is not None:
+        if shape.linear is None:
+            raise StrataError(f"--delta pins the delta rule's launch; {args.preset} has no "
+                              f"linear-attention layers")
+        launch_from_flag(args.delta)
     if args.quant.upper() not in MIXES:
         get_format(args.quant)
 
@@ -225,6 +232,8 @@ def run(args, rows: list) -> None:
                                  ("merge", args.mla_merge)) if v is not None}
         if mla:
             pins.enter_context(pin_mla_launch(**mla))
+        if args.delta is not None:
+            pins.enter_context(pin_delta_launch(launch_from_flag(args.delta)))
         (ffn if args.what == "ffn" else resident)(args, rows)
 
 
@@ -252,6 +261,10 @@ def main(argv=None) -> int:
                     help="MLA's queries and keys a launch (default: the launch in force)")
     ap.add_argument("--mla-merge", choices=MERGES, default=None,
                     help="MLA's merge of the key blocks (default: the launch in force)")
+    ap.add_argument("--delta", default=None, metavar="SPEC",
+                    help="the delta rule's launch for a hybrid (strata.kernels.deltanet.launch: "
+                         "backend=fla, split,prec=tf32, ...), for the A/B; default: the launch "
+                         "in force")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     try:
@@ -275,6 +288,8 @@ def main(argv=None) -> int:
     tag += "" if args.decoded_gemm == "auto" else f"_gemm_{args.decoded_gemm}"
     tag += "".join(f"_mla_{v}" for v in (args.mla_backend, args.mla_block, args.mla_merge)
                    if v is not None)
+    tag += "" if args.delta is None else "_delta_" + "".join(
+        c if c.isalnum() else "-" for c in args.delta)
     path = args.out / f"profile_{args.what}{tag}.csv"
     try:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -9,11 +9,13 @@ layer: 16 / 32 heads of 128, bf16 q/k/v, fp32 state).
     ... --arms strata "strata[split]" "strata[split,prec=tf32]" fla-core  # launches side by side
 
 An arm "strata[SPEC]" runs strata's rule under pin_delta_launch(DeltaLaunch.parse(SPEC))
-(strata.kernels.deltanet.launch: split, prec, bv, warps, stages); "strata" the default launch.
+(strata.kernels.deltanet.launch: split, prec, bv, warps, stages, backend); "strata" the default
+launch; "strata[backend=fla]" fla-core's kernels as strata's engine launches them (on buffers of
+the plan's count, strata.kernels.deltanet.fla_rule; it runs in the interpreter too).
 
-fla-core is not a dependency of strata: put it on the path for this run only
-(pip install --no-deps fla-core==0.6.0 einops; benchmarks/gpu_session.sh's `fla` step does).
-Without it, or on the CPU (fla's import asks Triton for a GPU driver), only strata's rows are
+"fla-core" is fla-core's own chunk_gated_delta_rule (its wrapper allocates for itself and
+autotunes through a GPU driver: CUDA only). fla-core is strata's optional extra
+(pip install 'strata[fla]': fla-core 0.6.0, einops); without it only the other rows are
 written. Figures per T and implementation: ms (cuda events, median of 20 after 5 warm-ups),
 tokens/s, peak MiB above the inputs (torch.cuda.max_memory_allocated), and at T <= 2048 the
 largest |o - fp64| and |S - fp64| (strata's own bound is held by tests/kernels/

@@ -115,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
             early.close()
 
 
+def _pins(args):
+    """The launch choices the flags pin for the whole command (plan and read alike): --delta."""
+    import contextlib
+    if getattr(args, "delta", None) is None:
+        return contextlib.nullcontext()
+    from strata.kernels.deltanet.launch import launch_from_flag, pin_delta_launch
+    return pin_delta_launch(launch_from_flag(args.delta))
+
+
 def _main(argv: list[str], early) -> int:
     _log_to_stderr()
     parser = build_parser()
@@ -125,7 +134,8 @@ def _main(argv: list[str], early) -> int:
         return EXIT_BAD_INPUT
     cmd = args.command
     try:
-        rc = int(args._run(args) or 0)
+        with _pins(args):
+            rc = int(args._run(args) or 0)
         sys.stdout.flush()
         return rc
     except StrataError as e:

@@ -1,5 +1,6 @@
 """benchmarks/profile_read.py's flags: the resident read's are refused with --what ffn, MLA's
-launch with a model without MLA, an unknown preset or format: one line, exit 2, before the GPU
+launch with a model without MLA, the delta rule's with a model without linear attention, an
+unknown preset, format or launch: one line, exit 2, before the GPU
 check (on this CPU machine a valid line reaches that check, also exit 2, naming CUDA)."""
 import importlib.util
 from pathlib import Path
@@ -23,6 +24,10 @@ def _main():
     (["--what", "resident", "--preset", "nope"], "unknown preset 'nope'"),
     (["--what", "resident", "--mla-backend", "flash"], "qwen3-30b-a3b has no MLA"),
     (["--what", "resident", "--quant", "Q9_9"], "unknown block format 'Q9_9'"),
+    (["--delta", "backend=fla"], "--delta set the resident read's model"),
+    (["--what", "resident", "--delta", "split"], "qwen3-30b-a3b has no linear-attention"),
+    (["--what", "resident", "--preset", "qwen3.5-35b-a3b", "--delta", "backend=cuda"],
+     "backend must be one of"),
     (["--what", "resident", "--preset", "deepseek-v3", "--quant", "Q4_K_M"], "needs CUDA")])
 def test_bad_flags_are_one_line(argv, says, capsys):
     import torch

@@ -132,6 +132,12 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
                         "bf16), ref (fp32 reference); auto: on cuda decoded for long chunks and "
                         "kernel for short ones, on the CPU ref (resident and streamed alike)")
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    g.add_argument("--delta", default=None, metavar="SPEC",
+                   help="the linear-attention layers' delta-rule launch, as DeltaLaunch fields "
+                        "(strata.kernels.deltanet.launch): backend=fla runs fla-core's kernels "
+                        "(pip install 'strata[fla]'; bf16 intermediates, 8x faster at 32K on "
+                        "the H100), e.g. split,prec=tf32 strata's own; the plan counts its "
+                        "buffers. Default: strata's fused kernel, fp32 state")
 
 
 def kv_resident(text: str) -> int | str | None:

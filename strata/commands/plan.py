@@ -104,15 +104,18 @@ def make_plan(args):
                        n_tokens=args.prompt_tokens, scratch_reserve=reserve, policy=policy)
     why = None if plan.fits else unfit_line(plan, layout, parts)
     return (name, plan, bud, dict(pinned=pinned, fused=fused, native=native,
-                                  kv=kv_summary(layout.sizes, cfg, bud, shape)), shape, why)
+                                  kv=kv_summary(layout.sizes, cfg, bud, shape,
+                                                chunk=plan.chunk)), shape, why)
 
 
-def kv_summary(sizes, cfg, bud, shape) -> dict:
+def kv_summary(sizes, cfg, bud, shape, *, chunk: int = 0) -> dict:
     """The KV of the longest prompt as the budgets charge it: dtype, window, bytes (all layers)
     resident in VRAM and held in pinned host memory; with sliding layers (GPT-OSS), how many,
     the tokens each keeps (W - 1) and their share of the VRAM bytes; with linear-attention
-    layers (Qwen3-Next, Qwen3.5-MoE), how many, the full layers beside them, and the recurrent
-    states' share (which the VRAM bytes include: a linear layer keeps no KV)."""
+    layers (Qwen3-Next, Qwen3.5-MoE), how many, the full layers beside them, the recurrent
+    states' share (which the VRAM bytes include: a linear layer keeps no KV), and the delta
+    rule's launch backend with the scratch it takes for a `chunk` (the layout's dn_* buffers,
+    counted in the attention phase: strata.planning.deltanet_buffers)."""
     from strata.models.kv import kv_windows
     out = {"dtype": cfg.kv, "resident_tokens": cfg.kv_resident, "tokens": cfg.max_prompt,
            "vram_bytes": sum(b.kv for b in bud),
@@ -121,8 +124,13 @@ def kv_summary(sizes, cfg, bud, shape) -> dict:
            "auto_line": cfg.kv_choice.line() if cfg.kv_choice is not None else None}
     linear = [l for l in range(shape.n_layer) if shape.layer_kind(l) == "linear"]
     if linear:
+        from strata.kernels.deltanet.launch import delta_launch
+        from strata.planning import KVPolicy, deltanet_buffers
+        kv = KVPolicy(cfg.kv) if cfg.kv in ("bf16", "fp32", "int8") else None
         out.update(linear_layers=len(linear), full_layers=shape.n_layer - len(linear),
-                   state_bytes=sum(sizes.kv_bytes(cfg.max_prompt, l) for l in linear))
+                   state_bytes=sum(sizes.kv_bytes(cfg.max_prompt, l) for l in linear),
+                   delta_backend=delta_launch().backend,
+                   delta_scratch_bytes=sum(b.nbytes for b in deltanet_buffers(shape, chunk, kv)))
     sliding = [(l, w) for l, w in enumerate(kv_windows(shape)) if w > 0]
     if sliding:
         out.update(sliding_layers=len(sliding),
@@ -177,7 +185,11 @@ def kv_line(kv: dict) -> str:
     if kv.get("linear_layers"):    # KV in the full layers only; a fixed state in the others
         window += (f" in the {kv['full_layers']} full-attention layers; the "
                    f"{kv['linear_layers']} linear-attention layers keep a recurrent state "
-                   f"instead ({fmt_bytes(kv['state_bytes'])}, whatever the prompt's length)")
+                   f"instead ({fmt_bytes(kv['state_bytes'])}, whatever the prompt's length; "
+                   f"their delta rule: "
+                   f"{ {'fla': 'fla-core'}.get(kv['delta_backend'], kv['delta_backend'])}'s "
+                   f"kernels, "
+                   f"{fmt_bytes(kv['delta_scratch_bytes'])} of scratch a chunk)")
     return (f"  kv        {kv['dtype']}, {kv['tokens']:,} tokens, {window}: "
             f"{fmt_bytes(kv['vram_bytes'])} in VRAM, {fmt_bytes(kv['host_bytes'])} in pinned "
             f"host memory") + (f"\n            {kv['auto_line']}" if kv.get("auto_line") else "")
