@@ -461,3 +461,31 @@ def test_int8_tile_kb_names_and_refusals():
     experts, x, ids, w, grp = _inputs(c)
     with pytest.raises(StrataError, match="covers \\(1, 2, 4, 8\\) q8_1 blocks, got kb=3"):
         int8_down(quantize_q8_1(x), grp, experts, w, Int8Tile(16, 32, 4, 2, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kb", [2, 4, 8])
+@pytest.mark.parametrize("c", [GPU_CASES[1], Case("gpu-q8-q4_1-ragged", T=300, E=8, K=2, D=2880,
+                                                  F=480, fmts=("Q8_0", "Q4_1", "Q4_1"))],
+                         ids=lambda c: c.id)
+def test_int8_gemm_steps_of_kb_blocks_on_the_gpu(c: Case, kb: int):
+    """The device's kb steps give kb 1's bits (gate/up h and y) and the twin's (down); D 2880 is
+    gpt-oss's 90 blocks, F 480 15: remainders for every kb."""
+    gen, seed = _gen(c.id)
+    dev = torch.device("cuda")
+    experts = random_expert_set(c.E, c.D, c.F, *c.fmts, seed=seed, device=dev)
+    x = torch.randn(c.T, c.D, generator=gen).bfloat16().to(dev)
+    ids, w = topk_route(torch.randn(c.T, c.E, generator=gen).to(dev), c.K)
+    one = Int8Tile()
+    tile = Int8Tile(one.BLOCK_M, one.BLOCK_N, one.num_warps, one.num_stages, kb)
+    grp = group_blocked(ids, c.E, one.BLOCK_M, slot_offset=experts.slot_offset,
+                        skip_negative=True)
+    xq = quantize_q8_1(x)
+    h = int8_gate_up(xq, grp, experts, c.K, tile)
+    assert torch.equal(_bits(h), _bits(int8_gate_up(xq, grp, experts, c.K, one)))
+    hq = quantize_q8_1(h)
+    yk = int8_down(hq, grp, experts, w, tile,
+                   yk=torch.full((c.T * c.K, c.D), float("nan"), device=dev))
+    assert torch.equal(_bits(yk), _bits(int8_down_torch(hq, grp, experts, w, tile)))
+    assert torch.equal(moe_ffn_int8(x, ids, w, experts, tile=tile),
+                       moe_ffn_int8(x, ids, w, experts, tile=one))
