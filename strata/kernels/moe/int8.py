@@ -132,8 +132,8 @@ def _launch(mode: int, a: Q8Rows, grp, experts: ExpertSet, m1, m2, dst, tw, tile
     """One GEMM launch; `hq`: GATE_UP writes these q8_1 rows instead of fp32 h (dst)."""
     lay = experts.layout
     if tile.kb not in KBS:
-        raise StrataError(f"an int8 tile's reduction step covers {KBS} q8_1 blocks, got "
-                          f"kb={tile.kb}")
+        raise StrataError(f"an int8 tile's reduction step covers "
+                          f"{', '.join(map(str, KBS))} q8_1 blocks, got kb={tile.kb}")
     if hq is not None:
         if tile.BLOCK_N % QK:
             raise StrataError(f"q8_1 rows out of the GEMM need BLOCK_N a multiple of {QK}, "
