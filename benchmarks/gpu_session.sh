@@ -102,8 +102,10 @@ for step in "$@"; do
     # FT_FORMATS="Q5_K Q4_0 BF16" measures only those (the rest of a run its budget cut short)
     ffntable) timeout 280 python3 experiments/ffn_table.py --budget 240 ${FT_FORMATS:+--formats $FT_FORMATS} --out "$OUT" --table "$OUT/ffn_table.json" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/ffn_table.log" ;;
     # issue 40 item 4: the int8 GEMM's tile (strata.kernels.moe.int8.Int8Tile; the default 64x64/w4s2 ran
-    # 15-29 TFLOP/s on the H100 at 47eafc3) swept beside decode-once and grouped_mm-bf16: INT8_TILES
-    int8tiles) timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 2048 8192 32768 --formats ${KB_FMT:-Q8_0 Q4_K} --arms strata-decoded strata-int8 --int8-tiles ${INT8_TILES:-64x128/w4s3 128x64/w4s3 128x128/w8s3 128x256/w8s3 64x256/w8s3} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/int8_tiles.log" ;;
+    # 15-29 TFLOP/s on the H100 at 47eafc3) swept beside decode-once and grouped_mm-bf16: INT8_TILES;
+    # kK arms step K q8_1 blocks a reduction step: 64x64/w8s2 at k1, k2, k4, the tile whose gate/up
+    # ptxas (sm_90, Q8_0) fits in registers at k1 and k2 (20 B spilled at k4); 4 warps spill at every k
+    int8tiles) timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 2048 8192 32768 --formats ${KB_FMT:-Q8_0 Q4_K} --arms strata-decoded strata-int8 --int8-tiles ${INT8_TILES:-64x128/w4s3 128x64/w4s3 128x128/w8s3 128x256/w8s3 64x256/w8s3 64x64/w8s2 64x64/w8s2k2 64x64/w8s2k4} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/int8_tiles.log" ;;
     # issue 38 item 2: strata's chunked gated delta rule beside fla-core's on the same inputs
     # (time, peak memory, distance to fp64) at Qwen3.5's heads, T 512..32768, strata's fused and
     # split launches (strata.kernels.deltanet.launch) and a tf32 one beside fla-core: CSV + PNG

@@ -15,7 +15,8 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
 - strata-int8 (strata.kernels.moe.int8.INT8_FORMATS): moe_ffn_int8, x and h quantized to q8_1,
   the weights' int8 codes on the int8 tensor cores (its check bound is INT8_REL: two more
   quantizations than the bf16 path's); `--int8-tiles T1 T2 ...` adds one arm `strata-int8[T]`
-  per Int8Tile, e.g. --int8-tiles 128x128/w8s3 128x64/w4s3.
+  per Int8Tile, e.g. --int8-tiles 128x128/w8s3 128x64/w4s3 128x128/w8s3k4 (kK: K q8_1 blocks a
+  reduction step).
 - strata-plane (Q8_0, Q4_0, Q4_K: plane.KERNEL_FORMATS): strata.kernels.moe.plane.plane_ffn on the
   same experts re-laid once into the plane layout (strata.planes: aligned code tiles, scales
   apart), the tile from its default table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]`
@@ -238,7 +239,8 @@ def main(argv=None) -> int:
                     help="extra strata-plane arms at these PlaneTiles, BMxBNxBK/wWsS[/noswap][/tma]"
                          " (e.g. 128x128x64/w8s4/tma)")
     ap.add_argument("--int8-tiles", nargs="*", default=[], metavar="TILE",
-                    help="extra strata-int8 arms at these Int8Tiles, BMxBN/wWsS (e.g. 128x128/w8s3)")
+                    help="extra strata-int8 arms at these Int8Tiles, BMxBN/wWsS[kK] (e.g. "
+                         "128x128/w8s3, 128x128/w8s3k4: 4 q8_1 blocks a reduction step)")
     ap.add_argument("--checked", action="store_true",
                     help="strata arms validate the routing on the host first (check=True: a "
                          "sync a call); default off, as the engine runs them")

@@ -2,23 +2,31 @@
 (compile_moe.py's pipeline, this folder), and read the PTX for what the design relies on: the
 int8 MMA (wgmma ... .s8 on Hopper, else mma ... .s8), IEEE divisions in the quantizer
 (div.rn.f32), and no fused multiply-add in the GEMM's rescale or the quantizer's roundf (both
-launches pass enable_fp_fusion=False).
+launches pass enable_fp_fusion=False). Each GEMM line says what ptxas reports of its registers
+(regs, and the bytes of spill stores / loads).
 
-    python tests/kernels/compile_moe_int8.py            # every int8 format, both modes
+    python tests/kernels/compile_moe_int8.py            # every int8 format, both modes, TILES
     python tests/kernels/compile_moe_int8.py Q8_0 Q4_K  # only these formats
+    python tests/kernels/compile_moe_int8.py Q8_0 128x128/w8s3k4   # at this Int8Tile
 """
+import contextlib
+import io
 import os
 import re
 import sys
 
 os.environ["TRITON_INTERPRET"] = "0"
+os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"   # ptxas -v's lines, printed: read for regs and spills
 
 from compile_moe import compile_one  # noqa: E402
 
 import strata.kernels.moe._int8_kernel as k  # noqa: E402
 import strata.kernels.moe._q8_kernel as q8  # noqa: E402
 from strata.kernels.decode import format_traits  # noqa: E402
+from strata.errors import StrataError  # noqa: E402
 from strata.kernels.moe.int8 import INT8_FORMATS, Int8Tile, _min_sign  # noqa: E402
+
+TILES = (Int8Tile(), Int8Tile(kb=4))   # the default, and its reduction step of four blocks
 
 SIG = {"qa_ptr": "*i8", "da_ptr": "*fp16", "sa_ptr": "*fp16", "stride_qa": "i32",
        "stride_da": "i32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
@@ -42,31 +50,45 @@ def _check_ptx(ptx: str, what: str) -> list[str]:
     return bad
 
 
+def _ptxas_use(log: str) -> str:
+    """'regs=R spill=S/L' (bytes of spill stores / loads) from ptxas -v's lines."""
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return (f"regs={regs.group(1) if regs else '?'} "
+            f"spill={'/'.join(spill.groups()) if spill else '?'}")
+
+
 def main(argv=None) -> int:
-    only = argv if argv is not None else sys.argv[1:]
+    args = argv if argv is not None else sys.argv[1:]
+    only = [a for a in args if "/" not in a]
     bad = [f for f in only if f not in INT8_FORMATS]
     if bad:
         print(f"no int8 split for {bad}; choose from {', '.join(INT8_FORMATS)}", file=sys.stderr)
         return 2
+    try:
+        tiles = [Int8Tile.parse(a) for a in args if "/" in a] or TILES
+    except StrataError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     fails = []
-    tile = Int8Tile()
-    for fmt in only or INT8_FORMATS:
+    for tile, fmt in ((t, f) for t in tiles for f in only or INT8_FORMATS):
         tr = format_traits(fmt)
         for mode, extra in ((0, {}), (0, dict(QH=True)), (1, {}),
                             (0, dict(BIAS=True, ACT=1, QH=True))):
             S = k.Int8Spec(MODE=mode, TOPK=8, FMT1=tr, FMT2=tr, MIN1=_min_sign(fmt),
                            MIN2=_min_sign(fmt), BM=tile.BLOCK_M, BN=tile.BLOCK_N, INTERP=False,
-                           **extra)
-            what = f"int8 gemm fmt={fmt} mode={mode} {extra}"
+                           KB=tile.kb, **extra)
+            what = f"int8 gemm {tile.name} fmt={fmt} mode={mode} {extra}"
             asm = {}
             sig = dict(SIG, out_ptr="*i8") if extra.get("QH") else dict(SIG)
             try:
-                md = compile_one(k._int8_gemm_kernel, sig, dict(S=S), tile.num_warps,
-                                 tile.num_stages, aligned=ALIGNED, asm=asm, options=NO_FMA)
+                with contextlib.redirect_stdout(io.StringIO()) as log:
+                    md = compile_one(k._int8_gemm_kernel, sig, dict(S=S), tile.num_warps,
+                                     tile.num_stages, aligned=ALIGNED, asm=asm, options=NO_FMA)
                 errs = _check_ptx(asm["ptx"], what)
                 fails += errs
-                print(f"{'FAIL' if errs else 'ok  '} {what} regs={md.get('num_regs', '?')} "
-                      f"shared={md['shared']}")
+                print(f"{'FAIL' if errs else 'ok  '} {what} {_ptxas_use(log.getvalue())} "
+                      f"shared={md['shared']}", flush=True)
             except Exception as exc:
                 fails.append(what)
                 print(f"FAIL {what}: {str(exc)[:300]}")
@@ -75,9 +97,10 @@ def main(argv=None) -> int:
     for xt in ("*fp32", "*bf16"):
         asm = {}
         try:
-            compile_one(q8._q8_1_kernel, dict(sig, x_ptr=xt), dict(BR=16), 4, 1,
-                        aligned={"x_ptr", "stride_x", "q_ptr", "stride_q"}, asm=asm,
-                        options=NO_FMA)      # as strata.kernels.moe.q8 launches it
+            with contextlib.redirect_stdout(io.StringIO()):
+                compile_one(q8._q8_1_kernel, dict(sig, x_ptr=xt), dict(BR=16), 4, 1,
+                            aligned={"x_ptr", "stride_x", "q_ptr", "stride_q"}, asm=asm,
+                            options=NO_FMA)      # as strata.kernels.moe.q8 launches it
             ptx = asm["ptx"]
             ok = ("div.rn.f32" in ptx and "div.full.f32" not in ptx
                   and not re.search(r"\bfma\.rn\.f32", ptx))

@@ -50,12 +50,13 @@ def test_kernel_bench_plane_arms_and_tiles(tmp_path):
 def test_kernel_bench_int8_tiles(tmp_path):
     """--int8-tiles adds one strata-int8 arm per Int8Tile, held to the int8 path's bound."""
     rc = _load().main(["--smoke", "--T", "5", "--formats", "Q8_0", "--reps", "1",
-                       "--arms", "strata-int8", "--int8-tiles", "32x32/w4s2",
+                       "--arms", "strata-int8", "--int8-tiles", "32x32/w4s2", "32x32/w4s2k2",
                        "--out", str(tmp_path)])
     assert rc == 0
     rows = bench.read_csv(tmp_path / "kernel_bench_smoke.csv")
     arms = {r["config"]["arm"] for r in rows if r["figure"] == "tflops"}
-    assert arms == {"grouped_mm-bf16", "strata-int8", "strata-int8[32x32/w4s2]"}
+    assert arms == {"grouped_mm-bf16", "strata-int8", "strata-int8[32x32/w4s2]",
+                    "strata-int8[32x32/w4s2k2]"}
     assert all(r["value"] < r["bound_value"] for r in rows if r["figure"] == "rel_err")
 
 
@@ -64,9 +65,10 @@ def test_kernel_bench_bad_arm_or_tile_is_one_line(tmp_path, capsys):
     assert kb.main(["--smoke", "--arms", "strata-fast", "--out", str(tmp_path)]) == 2
     assert kb.main(["--smoke", "--tiles", "128x128", "--out", str(tmp_path)]) == 2
     assert kb.main(["--smoke", "--int8-tiles", "128x48/w4s2", "--out", str(tmp_path)]) == 2
+    assert kb.main(["--smoke", "--int8-tiles", "64x64/w4s2k3", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and "no arm strata-fast" in err[0] and "BMxBNxBK" in err[1]
-    assert "an int8 tile is BMxBN/wWsS" in err[2]
+    assert len(err) == 4 and "no arm strata-fast" in err[0] and "BMxBNxBK" in err[1]
+    assert "an int8 tile is BMxBN/wWsS" in err[2] and "one of 1, 2, 4, 8" in err[3]
 
 
 def test_kernel_bench_refuses_a_wrong_kernel(tmp_path, monkeypatch):

@@ -403,3 +403,89 @@ def test_int8_tiles_parse_and_refuse_in_one_line():
                 "64x64", "64x64/4s2", "axb/w4s2"):
         with pytest.raises(StrataError, match="an int8 tile is BMxBN/wWsS"):
             Int8Tile.parse(bad)
+
+
+# ---------------------------------------------------------------- steps of several q8_1 blocks
+
+# Int8Tile.kb: a reduction step loads kb blocks at once, then adds each block's terms in
+# increasing order, and the blocks past the last whole step one a step: the same fp32 additions
+# in the same order, so every kb gives kb 1's bits. K-quant rows (256-weight super-blocks) are
+# whole steps for every kb; the 32-weight formats leave remainders: D 160 is 5 blocks (kb 2: two
+# steps and one left; kb 4: one and one), F 96 is 3 (kb 4: no whole step at all).
+KB_CASES = [Case("kb-q4k-q6k", T=5, E=3, K=2, D=256, F=256, fmts=("Q4_K", "Q4_K", "Q6_K")),
+            Case("kb-q8-q4_1-ragged", T=6, E=3, K=2, D=160, F=96, fmts=("Q8_0", "Q4_1", "Q4_1"))]
+KB_TILE = Int8Tile(BLOCK_M=16, BLOCK_N=128)   # wide: the interpreter's time goes by programs
+
+
+@pytest.mark.parametrize("kb", [2, 4])
+@pytest.mark.parametrize("c", KB_CASES, ids=lambda c: c.id)
+def test_int8_gemm_steps_of_kb_blocks_give_the_same_bits(c: Case, kb: int):
+    experts, x, ids, w, grp = _inputs(c)
+    one = KB_TILE
+    tile = Int8Tile(one.BLOCK_M, one.BLOCK_N, one.num_warps, one.num_stages, kb)
+    xq = quantize_q8_1(x)
+    # gate/up: the accumulators are kb 1's (act's exp keeps the twin a few ulps off: see above)
+    h = int8_gate_up(xq, grp, experts, c.K, tile)
+    assert not h.isnan().any()
+    assert torch.equal(_bits(h), _bits(int8_gate_up(xq, grp, experts, c.K, one)))
+    h_ref = int8_gate_up_torch(xq, grp, experts, c.K, tile)
+    assert ((h - h_ref).abs() <= ACT_REL * h_ref.abs() + ACT_ABS).all()
+    rows = h.shape[0]
+    poison = Q8Rows(torch.full((rows, c.F), -128, dtype=torch.int8),
+                    torch.full((rows, c.F // 32), float("nan")).half(),
+                    torch.full((rows, c.F // 32), float("nan")).half())
+    assert _same_q8(int8_gate_up_q8(xq, grp, experts, c.K, tile, out=poison), quantize_q8_1(h))
+    # down: the twin's bits, into rows poisoned NaN (every assignment is routed: all written)
+    hq = quantize_q8_1(h_ref)
+    yk = int8_down(hq, grp, experts, w, tile, yk=torch.full((c.T * c.K, c.D), float("nan")))
+    assert not yk.isnan().any()
+    assert torch.equal(_bits(yk), _bits(int8_down_torch(hq, grp, experts, w, tile)))
+    # the whole feed-forward: kb 1's y
+    assert torch.equal(moe_ffn_int8(x, ids, w, experts, tile=tile),
+                       moe_ffn_int8(x, ids, w, experts, tile=one))
+
+
+def test_int8_tile_kb_names_and_refusals():
+    """kb 1 keeps the name without a suffix; a step of other than 1, 2, 4 or 8 blocks is one
+    line, from parse and from the launch."""
+    assert Int8Tile(128, 128, 8, 3).name == "128x128/w8s3"
+    assert Int8Tile(128, 128, 8, 3, 4).name == "128x128/w8s3k4"
+    for t in (Int8Tile(64, 64, 4, 2, 2), Int8Tile(128, 256, 8, 3, 8), Int8Tile(16, 32, 1, 1, 4)):
+        assert Int8Tile.parse(t.name) == t
+    assert Int8Tile.parse("64x64/w4s2k1") == Int8Tile()
+    for bad in ("64x64/w4s2k3", "64x64/w4s2k0", "64x64/w4s2k16", "64x64/w4s2k", "64x64/w4s2kx",
+                "64x64/w4k2s2", "64x64/k2w4s2"):
+        with pytest.raises(StrataError, match=r"an int8 tile is BMxBN/wWsS\[kK\].*1, 2, 4, 8"):
+            Int8Tile.parse(bad)
+    c = CASES[0]
+    experts, x, ids, w, grp = _inputs(c)
+    with pytest.raises(StrataError, match="covers 1, 2, 4, 8 q8_1 blocks, got kb=3"):
+        int8_down(quantize_q8_1(x), grp, experts, w, Int8Tile(16, 32, 4, 2, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kb", [2, 4, 8])
+@pytest.mark.parametrize("c", [GPU_CASES[1], Case("gpu-q8-q4_1-ragged", T=300, E=8, K=2, D=2880,
+                                                  F=480, fmts=("Q8_0", "Q4_1", "Q4_1"))],
+                         ids=lambda c: c.id)
+def test_int8_gemm_steps_of_kb_blocks_on_the_gpu(c: Case, kb: int):
+    """The device's kb steps give kb 1's bits (gate/up h and y) and the twin's (down); D 2880 is
+    gpt-oss's 90 blocks, F 480 15: remainders for every kb."""
+    gen, seed = _gen(c.id)
+    dev = torch.device("cuda")
+    experts = random_expert_set(c.E, c.D, c.F, *c.fmts, seed=seed, device=dev)
+    x = torch.randn(c.T, c.D, generator=gen).bfloat16().to(dev)
+    ids, w = topk_route(torch.randn(c.T, c.E, generator=gen).to(dev), c.K)
+    one = Int8Tile()
+    tile = Int8Tile(one.BLOCK_M, one.BLOCK_N, one.num_warps, one.num_stages, kb)
+    grp = group_blocked(ids, c.E, one.BLOCK_M, slot_offset=experts.slot_offset,
+                        skip_negative=True)
+    xq = quantize_q8_1(x)
+    h = int8_gate_up(xq, grp, experts, c.K, tile)
+    assert torch.equal(_bits(h), _bits(int8_gate_up(xq, grp, experts, c.K, one)))
+    hq = quantize_q8_1(h)
+    yk = int8_down(hq, grp, experts, w, tile,
+                   yk=torch.full((c.T * c.K, c.D), float("nan"), device=dev))
+    assert torch.equal(_bits(yk), _bits(int8_down_torch(hq, grp, experts, w, tile)))
+    assert torch.equal(moe_ffn_int8(x, ids, w, experts, tile=tile),
+                       moe_ffn_int8(x, ids, w, experts, tile=one))

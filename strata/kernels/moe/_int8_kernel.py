@@ -1,7 +1,8 @@
 """Triton kernel of the int8 expert GEMM (see strata.kernels.moe.int8 for the op and its twin).
 
 Legend: BM/BN tile sizes; a *tile* is BM sorted rows (one expert) x BN output features; the
-reduction runs over the input in 32-wide blocks (the activations' q8_1 blocks).
+reduction runs over the input in 32-wide blocks (the activations' q8_1 blocks), KB of them a
+step (their activations and weight codes loaded at once, then a dot and rescale each).
 
 One kernel, two modes (MODE constexpr), as strata.kernels.moe._ffn_kernel:
   GATE_UP: h[r, f]  = act(x[tok(r)] . gate_e[f] + bg_e[f], x[tok(r)] . up_e[f] + bu_e[f])  fp32
@@ -33,7 +34,7 @@ from strata.kernels.moe._q8_kernel import q8_1_block
 class Int8Spec(NamedTuple):
     """The kernel's compile-time choices, one constexpr `S`: mode, top-k, the two matrices' format
     bundles and the sign of their minimum (MIN1/MIN2: 0 none, 1 w = d*c + m, -1 w = d*c - m),
-    the tile, and the epilogue's BIAS / ACT."""
+    the tile (BM, BN, KB), and the epilogue's BIAS / ACT."""
     MODE: int
     TOPK: int
     FMT1: object
@@ -46,6 +47,7 @@ class Int8Spec(NamedTuple):
     BIAS: bool = False
     ACT: int = 0
     QH: bool = False   # GATE_UP stores h as q8_1 rows (codes, d, s), not fp32
+    KB: int = 1        # q8_1 blocks a reduction step loads at once (1, 2, 4, 8)
 
     @property
     def cache_key(self) -> str:
@@ -95,13 +97,10 @@ def _add_run(acc, P, da, d, sa, mn, MIN: tl.constexpr):
 
 
 @triton.jit
-def _block(FMT: tl.constexpr, MIN: tl.constexpr, a, da, sa, w_ptr, rb, offs_n, n_mask, k0,
+def _block(FMT: tl.constexpr, MIN: tl.constexpr, a, da, sa, c, w_ptr, rb, offs_n, n_mask, k0,
            acc):
-    """acc [BM, BN] += one 32-weight block of a matrix against activations a [BM, 32] int8
-    (scale da [BM], sum sa [BM] as fp32)."""
-    offs_k = k0 + tl.arange(0, 32)
-    c = FMT.code(w_ptr, rb, offs_n, offs_k, n_mask[:, None], None)     # fp32 [BN, 32] integers
-    c = tl.where(n_mask[:, None], c, 0.0).to(tl.int8)
+    """acc [BM, BN] += one 32-weight block (first weight k0) of a matrix, its codes c [BN, 32]
+    int8, against activations a [BM, 32] int8 (scale da [BM], sum sa [BM] as fp32)."""
     if FMT.RUN == 32:
         d, mn = _run_scale(FMT, w_ptr, rb, offs_n, k0, n_mask)
         acc = _add_run(acc, _idot(a, c), da, d, sa, mn, MIN)
@@ -119,31 +118,113 @@ def _block(FMT: tl.constexpr, MIN: tl.constexpr, a, da, sa, w_ptr, rb, offs_n, n
 
 
 @triton.jit
-def _int8_mma(qa_ptr, da_ptr, sa_ptr, stride_qa, stride_da, a_rows, valid, w1_ptr, rb1, w2_ptr,
-              rb2, offs_n, n_mask, n_in, S: tl.constexpr):
-    """(acc1, acc2) fp32 [BM, BN]: rows a_rows of the q8_1 activations against matrix 1 (and 2
-    in GATE_UP) over the whole input, 32-weight blocks in increasing order."""
-    BM: tl.constexpr = S.BM
-    BN: tl.constexpr = S.BN
-    TWO: tl.constexpr = S.MODE == GATE_UP
+def _part(x, J: tl.constexpr, KB: tl.constexpr):
+    """Columns [J W, J W + W) of x [R, KB W] as [R, W]: the KB parts as a [R, W, KB] view,
+    halved log2 KB times (bit b of J picks the half at level b). Moves data only: exact."""
+    if KB == 1:
+        y = x
+    else:
+        tl.static_assert(KB == 2 or KB == 4 or KB == 8, "a step covers 1, 2, 4 or 8 blocks")
+        R: tl.constexpr = x.shape[0]
+        W: tl.constexpr = x.shape[1] // KB
+        y = tl.permute(tl.reshape(x, (R, KB, W)), (0, 2, 1))          # [R, W, KB]
+        if KB == 4:
+            y = tl.reshape(y, (R, W, 2, 2))                            # part 2 j1 + j0
+        elif KB == 8:
+            y = tl.reshape(y, (R, W, 2, 2, 2))
+        for b in tl.static_range(3):
+            if (KB >> b) > 1:   # level b of log2 KB
+                lo, hi = tl.split(y)
+                if (J >> b) & 1:
+                    y = hi
+                else:
+                    y = lo
+    return y
+
+
+@triton.jit
+def _ds(v, J: tl.constexpr, KB: tl.constexpr):
+    """[BM] fp32: block J's column of the step's q8_1 scales or sums v ([BM] when KB is 1, else
+    [BM, KB])."""
+    if KB == 1:
+        y = v
+    else:
+        y = tl.reshape(_part(v, J, KB), (v.shape[0],))
+    return y
+
+
+@triton.jit
+def _load_ds(p, ds_at, j0, valid, KB: tl.constexpr):
+    """fp32 q8_1 scales (or sums) at p of blocks j0 .. j0 + KB - 1 in rows ds_at: [BM] for one
+    block, else [BM, KB]; 0 where not valid."""
+    if KB == 1:
+        v = tl.load(p + ds_at + j0, mask=valid, other=0.0)
+    else:
+        at = ds_at[:, None] + j0 + tl.arange(0, KB)[None, :]
+        v = tl.load(p + at, mask=valid[:, None], other=0.0)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _blocks(FMT: tl.constexpr, MIN: tl.constexpr, KB: tl.constexpr, a, da, sa, w_ptr, rb, offs_n,
+            n_mask, k0, acc):
+    """acc [BM, BN] += KB consecutive 32-weight blocks from weight k0, in increasing order, of a
+    matrix against a [BM, 32 KB] int8 (da, sa as _load_ds gives them): the weights' codes of
+    the KB blocks decoded at once, then one block's dot and rescale after the other."""
+    offs_k = k0 + tl.arange(0, 32 * KB)
+    c = FMT.code(w_ptr, rb, offs_n, offs_k, n_mask[:, None], None)     # fp32 [BN, 32 KB] integers
+    c = tl.where(n_mask[:, None], c, 0.0).to(tl.int8)
+    for j in tl.static_range(KB):
+        acc = _block(FMT, MIN, _part(a, j, KB), _ds(da, j, KB), _ds(sa, j, KB),
+                     _part(c, j, KB), w_ptr, rb, offs_n, n_mask, k0 + 32 * j, acc)
+    return acc
+
+
+@triton.jit
+def _step(qa_base, da_ptr, sa_ptr, ds_at, valid, w1_ptr, rb1, w2_ptr, rb2, offs_n, n_mask, j0,
+          acc1, acc2, S: tl.constexpr, KB: tl.constexpr):
+    """One reduction step: q8_1 blocks j0 .. j0 + KB - 1 of the activations (loaded at once)
+    against matrix 1 (and 2 in GATE_UP)."""
     # bound as constexprs: a bundle passed on as S.FMT1 would travel as a tuple of values
+    TWO: tl.constexpr = S.MODE == GATE_UP
     FMT1: tl.constexpr = S.FMT1
     FMT2: tl.constexpr = S.FMT2
     MIN1: tl.constexpr = S.MIN1
     MIN2: tl.constexpr = S.MIN2
+    k0 = j0 * 32
+    a = tl.load(qa_base + k0 + tl.arange(0, 32 * KB)[None, :], mask=valid[:, None], other=0)
+    da = _load_ds(da_ptr, ds_at, j0, valid, KB)
+    sa = _load_ds(sa_ptr, ds_at, j0, valid, KB)
+    acc1 = _blocks(FMT1, MIN1, KB, a, da, sa, w1_ptr, rb1, offs_n, n_mask, k0, acc1)
+    if TWO:
+        acc2 = _blocks(FMT2, MIN2, KB, a, da, sa, w2_ptr, rb2, offs_n, n_mask, k0, acc2)
+    return acc1, acc2
+
+
+@triton.jit
+def _int8_mma(qa_ptr, da_ptr, sa_ptr, stride_qa, stride_da, a_rows, valid, w1_ptr, rb1, w2_ptr,
+              rb2, offs_n, n_mask, n_in, S: tl.constexpr):
+    """(acc1, acc2) fp32 [BM, BN]: rows a_rows of the q8_1 activations against matrix 1 (and 2
+    in GATE_UP) over the whole input, 32-weight blocks in increasing order: steps of S.KB blocks,
+    then the blocks left over (n_in / 32 not a multiple of S.KB) one a step, so every block's
+    terms are added in the same order whatever S.KB is."""
+    BM: tl.constexpr = S.BM
+    BN: tl.constexpr = S.BN
+    KB: tl.constexpr = S.KB
     acc1 = tl.zeros((BM, BN), tl.float32)
     acc2 = tl.zeros((BM, BN), tl.float32)
     r64 = a_rows.to(tl.int64)
     qa_base = qa_ptr + r64[:, None] * stride_qa                        # [BM, 1]
     ds_at = r64 * stride_da                                            # [BM]
-    for kb in range(0, n_in // 32):
-        k0 = kb * 32
-        a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
-        da = tl.load(da_ptr + ds_at + kb, mask=valid, other=0.0).to(tl.float32)   # [BM]
-        sa = tl.load(sa_ptr + ds_at + kb, mask=valid, other=0.0).to(tl.float32)
-        acc1 = _block(FMT1, MIN1, a, da, sa, w1_ptr, rb1, offs_n, n_mask, k0, acc1)
-        if TWO:
-            acc2 = _block(FMT2, MIN2, a, da, sa, w2_ptr, rb2, offs_n, n_mask, k0, acc2)
+    n_blk = n_in // 32
+    n_main = n_blk // KB
+    for i in range(0, n_main):
+        acc1, acc2 = _step(qa_base, da_ptr, sa_ptr, ds_at, valid, w1_ptr, rb1, w2_ptr, rb2,
+                           offs_n, n_mask, i * KB, acc1, acc2, S, KB)
+    if KB > 1:
+        for j in range(n_main * KB, n_blk):
+            acc1, acc2 = _step(qa_base, da_ptr, sa_ptr, ds_at, valid, w1_ptr, rb1, w2_ptr, rb2,
+                               offs_n, n_mask, j, acc1, acc2, S, 1)
     return acc1, acc2
 
 

@@ -47,40 +47,48 @@ from strata.kernels.moe.q8 import QK, Q8Rows, quantize_q8_1, quantize_q8_1_torch
 from strata.kernels.moe.tiles import padded_rows
 
 INT8_FORMATS = tuple(SPLITTERS)
+KBS = (1, 2, 4, 8)   # q8_1 blocks a reduction step can cover (Int8Tile.kb)
 
 
 @dataclass(frozen=True)
 class Int8Tile:
-    """BLOCK_M rows (one expert) x BLOCK_N outputs a program; the reduction steps one q8_1 block.
+    """BLOCK_M rows (one expert) x BLOCK_N outputs a program; the reduction steps `kb` q8_1
+    blocks at a time (their loads and code decoding at once; the bits are the same for every kb).
     The default is a first guess for Hopper (wgmma wants BLOCK_M >= 64), not yet measured."""
     BLOCK_M: int = 64
     BLOCK_N: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    kb: int = 1
 
     @property
     def name(self) -> str:
-        return f"{self.BLOCK_M}x{self.BLOCK_N}/w{self.num_warps}s{self.num_stages}"
+        k = f"k{self.kb}" if self.kb != 1 else ""
+        return f"{self.BLOCK_M}x{self.BLOCK_N}/w{self.num_warps}s{self.num_stages}{k}"
 
     @classmethod
     def parse(cls, text: str) -> "Int8Tile":
-        """'BMxBN/wWsS' (the `name` form), e.g. '128x128/w8s3': BM and BN powers of two from 16,
-        BN a multiple of the q8_1 block (the gate/up pass writes q8_1 rows by whole blocks)."""
+        """'BMxBN/wWsS[kK]' (the `name` form), e.g. '128x128/w8s3' or '128x128/w8s3k4': BM and
+        BN powers of two from 16, BN a multiple of the q8_1 block (the gate/up pass writes q8_1
+        rows by whole blocks), K the q8_1 blocks a reduction step covers (1 when left out)."""
         try:
             dims, ws = text.split("/")
             bm, bn = (int(v) for v in dims.split("x"))
             if not ws.startswith("w"):
                 raise ValueError
-            w, st = (int(v) for v in ws[1:].split("s"))
+            w, st = ws[1:].split("s")
+            st, kb = st.split("k") if "k" in st else (st, "1")
+            w, st, kb = int(w), int(st), int(kb)
             ok = all(v >= 16 and v & (v - 1) == 0 for v in (bm, bn)) and bn % QK == 0 and \
-                w in (1, 2, 4, 8, 16) and 1 <= st <= 6
+                w in (1, 2, 4, 8, 16) and 1 <= st <= 6 and kb in KBS
             if not ok:
                 raise ValueError
-            return cls(bm, bn, w, st)
+            return cls(bm, bn, w, st, kb)
         except ValueError:
-            raise StrataError(f"an int8 tile is BMxBN/wWsS, BM and BN powers of two >= 16, BN a "
-                              f"multiple of {QK}, 1-16 warps, 1-6 stages (e.g. 128x128/w8s3); "
-                              f"got {text!r}") from None
+            raise StrataError(f"an int8 tile is BMxBN/wWsS[kK], BM and BN powers of two >= 16, "
+                              f"BN a multiple of {QK}, 1-16 warps, 1-6 stages, K (q8_1 blocks a "
+                              f"reduction step) one of {', '.join(map(str, KBS))} (e.g. "
+                              f"128x128/w8s3k4); got {text!r}") from None
 
 
 # the interpreter's: its time goes by programs x reduction steps (each step's Python overhead),
@@ -123,6 +131,9 @@ def _launch(mode: int, a: Q8Rows, grp, experts: ExpertSet, m1, m2, dst, tw, tile
             n_out: int, n_in: int, b1: str, b2: str, topk: int, hq: Q8Rows | None = None):
     """One GEMM launch; `hq`: GATE_UP writes these q8_1 rows instead of fp32 h (dst)."""
     lay = experts.layout
+    if tile.kb not in KBS:
+        raise StrataError(f"an int8 tile's reduction step covers "
+                          f"{', '.join(map(str, KBS))} q8_1 blocks, got kb={tile.kb}")
     if hq is not None:
         if tile.BLOCK_N % QK:
             raise StrataError(f"q8_1 rows out of the GEMM need BLOCK_N a multiple of {QK}, "
@@ -134,7 +145,7 @@ def _launch(mode: int, a: Q8Rows, grp, experts: ExpertSet, m1, m2, dst, tw, tile
     S = _k.Int8Spec(MODE=mode, TOPK=topk, FMT1=format_traits(m1.fmt), FMT2=format_traits(m2.fmt),
                     MIN1=_min_sign(m1.fmt), MIN2=_min_sign(m2.fmt), BM=tile.BLOCK_M,
                     BN=tile.BLOCK_N, INTERP=INTERPRET, BIAS=lay.bias is not None,
-                    ACT=lay.act.code, QH=hq is not None)
+                    ACT=lay.act.code, QH=hq is not None, KB=tile.kb)
     n_tiles = _room(grp) * -(-n_out // tile.BLOCK_N)
     _k._int8_gemm_kernel[(n_tiles,)](
         a.q, a.d, a.s, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert,
