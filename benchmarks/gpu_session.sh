@@ -135,6 +135,9 @@ for step in "$@"; do
     # issue 38 items 2 and 5: a Qwen3.5-35B-A3B read (its first 8 layers: 6 linear, 2 full) all
     # resident at 8K and 32K with the delta rule on strata's kernels against fla-core's (--delta)
     flaab)   for d in "" "--delta backend=fla"; do t=$(echo "x $d" | tr -cd 'a-z0-9'); timeout 200 python3 benchmarks/profile_read.py --what resident --preset qwen3.5-35b-a3b --quant Q4_K_M --layers 8 --T 8192 32768 --top 12 $d --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_q35_$t.log"; echo "[$d]"; grep "^T=\|^-- " "$OUT/profile_q35_$t.log"; done ;;
+    # ... and what fla-core's bf16 intermediates cost in quality: the same BF16 weights read under
+    # each launch, KLD against strata's (and a Q4_K_M re-encoding beside it for scale), streamed
+    flakld)  timeout 280 python3 experiments/quant_quality.py --preset qwen3.5-35b-a3b --layers 8 --arms Q4_K_M --delta-arms backend=fla --vram 24GiB --tokens 16384 --out "$OUT" 2>&1 | grep "^\[quantq\]\|wrote\|Error" | tail -8 ;;
     # MLA's flash backend (V zero-padded to the q/k width) against the memory-efficient kernel, and the merge in
     # one Triton launch: their GPU tests (kernels, blocked path, transient, the engine's logits under each), then
     # one DeepSeek-V3 layer's blocked attention at T 8192 / 32768 in one chunk: efficient, flash, flash at

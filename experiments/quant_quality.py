@@ -28,6 +28,13 @@ the plot says CPU.
     python experiments/quant_quality.py --preset qwen3-30b-a3b --vram 12GiB      # GPU
     python experiments/quant_quality.py --preset gpt-oss-20b --vram 12GiB
     python experiments/quant_quality.py --smoke                                  # CPU, ~1 min
+    python experiments/quant_quality.py --preset qwen3.5-35b-a3b --layers 8 --arms Q4_K_M \
+        --delta-arms backend=fla         # a hybrid's delta-rule launch against the base's
+
+`--delta-arms SPEC,...` adds, for a model with linear-attention layers, one arm per delta-rule
+launch (strata.kernels.deltanet.launch, e.g. backend=fla): the BASE weights read under that
+launch against the base read under the default one, so its KLD is the launch's own error
+(fla-core's bf16 intermediates against strata's fp32 ones), beside its tokens/s.
 
 Follows strata.bench: one long-format CSV (figures ppl, kld_mean, kld_p99, top1_agreement,
 bytes_per_weight, tokens_per_s; the config names the arm, quantizer, command, layers, text) and
@@ -68,6 +75,7 @@ import torch
 
 from strata import bench
 from strata.errors import StrataError
+from strata.kernels.deltanet.launch import launch_from_flag, pin_delta_launch
 from strata.packs.memory import MemoryPack
 from strata.packs.mixes import MIXES
 from strata.packs.requant import Requant
@@ -166,6 +174,11 @@ def measure(args, rec: bench.Recorder) -> None:
     for a in arms:
         if a not in ARMS:
             raise StrataError(f"--arms: unknown arm {a!r}; choose from {', '.join(ARMS)}")
+    launches = [d.strip() for d in args.delta_arms.split(",")] if args.delta_arms else []
+    if launches and shape.linear is None:
+        raise StrataError(f"--delta-arms: {args.preset} has no linear-attention layers")
+    for spec in launches:                  # a bad spec or fla-core missing: one line, first
+        launch_from_flag(spec, "--delta-arms")
     tokens, tok_name, reps = tokenize(shape, args.tokens)
     windows = Windows.of(tokens, args.ctx, None, what="the text")
     rargs = reader_args(args)
@@ -202,6 +215,13 @@ def measure(args, rec: bench.Recorder) -> None:
             print(f"[quantq] {arm}: {time.perf_counter() - t0:.1f} s", flush=True)
             rec.flush()
             del pack
+        for spec in launches:
+            with pin_delta_launch(launch_from_flag(spec, "--delta-arms")):
+                res, secs, st = read_arm(Requant(base, ExpertFormats.of(BASE)), windows, rargs,
+                                         base=ref)
+            record(rec, f"{BASE} delta[{spec}]", res, secs, st,
+                   Requant(base, ExpertFormats.of(BASE)), windows, on_gpu, common)
+            rec.flush()
 
 
 def record(rec, arm, res, secs, st, pack, windows, on_gpu, common) -> None:
@@ -284,6 +304,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=512, help="tokens per window (default 512)")
     ap.add_argument("--arms", default=None,
                     help=f"comma-separated subset of {','.join(ARMS)} (default all)")
+    ap.add_argument("--delta-arms", default=None, metavar="SPEC,...",
+                    help="a hybrid's delta-rule launches read against the base's (e.g. "
+                         "backend=fla): the BASE weights under each")
     ap.add_argument("--experts", default=None, help="--experts of the reads (default auto)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default cuda if available)")
     ap.add_argument("--distinct", type=int, default=8,
@@ -291,7 +314,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.smoke:
-        args.preset, args.layers = "small", args.layers or 2
+        args.preset = "tiny-qwen35moe" if args.delta_arms else "small"
+        args.layers = args.layers or 2
         args.tokens, args.ctx, args.vram = min(args.tokens, 256), 32, "2GiB"
         args.distinct = min(args.distinct, 4)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

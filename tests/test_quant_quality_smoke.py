@@ -35,3 +35,28 @@ def test_quant_quality_smoke(tmp_path):
     assert kld["Q8_0"] < kld["Q5_0"] < kld["Q4_0"]
     assert by["Q4_K_M"]["ppl"]["config"]["quantizer"] == "ggml-reference+strata-rtn"
     assert (tmp_path / "quant_quality-small-smoke.png").stat().st_size > 5_000
+
+
+def test_quant_quality_delta_arm_smoke(tmp_path, capsys):
+    """--delta-arms on a hybrid: the base weights under fla-core's launch read against the base
+    under strata's (the interpreter runs fla's kernels; fp32 on the CPU, so only rounding moves:
+    a KLD far under one Q8_0 re-encoding's), and a model without linear attention refused."""
+    import pytest
+    pytest.importorskip("fla", reason="fla-core is not installed")
+    spec = importlib.util.spec_from_file_location("quant_quality",
+                                                  ROOT / "experiments" / "quant_quality.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--smoke", "--arms", "Q8_0", "--delta-arms", "backend=fla",
+                     "--out", str(tmp_path)]) == 0
+    rows = bench.read_csv(tmp_path / "quant_quality-tiny-qwen35moe-smoke.csv")
+    by = {}
+    for r in rows:
+        by.setdefault(r["config"]["arm"], {})[r["figure"]] = r["value"]
+    assert set(by) == {"BF16", "Q8_0", "BF16 delta[backend=fla]"}
+    fla = by["BF16 delta[backend=fla]"]
+    assert 0 <= fla["kld_mean"] < by["Q8_0"]["kld_mean"] / 100 and fla["top1_agreement"] > 0.99
+    assert mod.main(["--preset", "small", "--layers", "1", "--delta-arms", "backend=fla",
+                     "--device", "cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "quant_quality: --delta-arms: small has no linear-attention layers"

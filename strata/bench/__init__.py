@@ -101,6 +101,9 @@ def main(args: argparse.Namespace, experiment: str, measure, *, script: str | Pa
         rec.partial_path.unlink(missing_ok=True)   # a wrong kernel anywhere: report nothing
         print(f"{experiment}: REFUSED, no figures reported: {e}", file=sys.stderr)
         return 1
+    except StrataError as e:       # bad input: one line, exit 2 (a partial CSV stays, named so)
+        print(f"{experiment}: {e}", file=sys.stderr)
+        return 2
     csv_path = write_csv(rows, out / f"{stem}.csv")
     rec.partial_path.unlink(missing_ok=True)
     png = out / f"{stem}.png"
