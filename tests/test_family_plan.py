@@ -41,3 +41,22 @@ def test_three_24_gib_cards_split_deepseek_v3(capsys):
     rc, d = plan(capsys, "deepseek-v3", "24GiB", "24GiB", "24GiB")
     assert rc == 0 and d["fits"] and len(d["participants"]) == 3
     assert d["chunk"] == 25088 and d["ring"] == 21
+
+
+def test_a_stock_mix_plans_as_its_synthesized_pack(capsys, tmp_path):
+    """--quant takes a stock mix: each layer's expert formats as the mix lays them, so `strata
+    plan --preset P --quant Q4_K_M` is the plan of the pack `strata synth --mix Q4_K_M` writes
+    (its layers' blobs differ: Q5_0 and, in the bumped layer, a Q8_0 down), all but its name."""
+    pack = tmp_path / "t.pack"
+    assert main(["synth", "--preset", "tiny-qwen3moe", "--mix", "Q4_K_M", "--layers", "2",
+                 "--pack", "-o", str(pack)]) == 0
+    capsys.readouterr()
+    run = ["--vram", "2GiB", "--cache", "32MiB", "--prompt-tokens", "300", "--json"]
+    got = {}
+    for src in (["--pack", str(pack)],
+                ["--preset", "tiny-qwen3moe", "--quant", "Q4_K_M", "--layers", "2"]):
+        assert main(["plan", *src, *run]) == 0
+        got[src[0]] = json.loads(capsys.readouterr().out)
+    a, b = got["--pack"], got["--preset"]
+    assert b.pop("model") == "tiny-qwen3moe Q4_K_M (first 2 layers)" and a.pop("model")
+    assert a == b

@@ -43,7 +43,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     src.add_argument("--preset", choices=sorted(PRESETS), help="a preset model shape")
     src.add_argument("--pack", metavar="PATH", help="a strata pack (its shape and blob sizes)")
     p.add_argument("--quant", default=None, metavar="TYPE",
-                   help="expert block format with --preset, or GATE,UP,DOWN (default Q8_0)")
+                   help="with --preset: an expert block format, GATE,UP,DOWN, or a stock mix "
+                        "(Q4_K_M, Q5_K_M, ...: each layer's expert formats as llama.cpp's "
+                        "mix lays them, as strata synth --mix writes them) (default Q8_0)")
     p.add_argument("--layers", type=positive("--layers"), default=None,
                    help="with --preset: keep only the first N layers (a model whose dense "
                         "weights alone pass the VRAM, as DeepSeek-V3's under 24 GiB: as many "
@@ -72,12 +74,18 @@ def _source(args):
     if getattr(args, "layers", None) is not None:
         shape = shape.with_(n_layer=min(args.layers, shape.n_layer))
     quant = args.quant or "Q8_0"
+    name = f"{args.preset or 'qwen3-30b-a3b'} {quant.upper()}" + (
+        f" (first {shape.n_layer} layers)" if getattr(args, "layers", None) else "")
+    from strata.packs.mixes import MIXES
+    if quant.strip().upper() in MIXES:     # per-layer expert formats (a mix bumps some layers)
+        from strata.packs.synth_draws import Mix
+        lays = [e.layout(shape) for e in Mix.stock(quant, shape).experts]
+        return name, shape, {l: lays[l].size if shape.is_moe_layer(l) else 0
+                             for l in range(shape.n_layer)}, True, list(dict.fromkeys(lays))
     fmts = [q.strip() for q in quant.split(",")]
     if len(fmts) not in (1, 3):
         raise StrataError(f"--quant takes one TYPE or GATE,UP,DOWN, got {quant!r}")
     layout = BlobLayout.for_shape(shape, *fmts)
-    name = f"{args.preset or 'qwen3-30b-a3b'} {quant.upper()}" + (
-        f" (first {shape.n_layer} layers)" if getattr(args, "layers", None) else "")
     # a leading dense layer (DeepSeek-V3's first 3, GLM-4.5's first 3) has no blobs
     return name, shape, {l: layout.size if shape.is_moe_layer(l) else 0
                          for l in range(shape.n_layer)}, True, [layout]

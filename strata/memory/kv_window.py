@@ -123,7 +123,7 @@ def choose(max_prompt: int, plan_at: Callable[[int | None], Plan], *, spills: bo
                                    f"{whole.chunk} tokens, not {chunks(max_prompt, target)}")
     reason = whole.short_of() if isinstance(whole, Plan) else str(whole).split(";")[0]
     return KVChoice(best, max_prompt, "spilled", target.chunk, target.ring, target.rule,
-                    len(made), ", " + reason)
+                    len(made), "does not fit: " + reason)
 
 
 def parse(text: str) -> int | str | None:

@@ -240,3 +240,16 @@ def test_the_issues_long_prompt_plans_without_flags(capsys):
     at, above = (plan_at(shape, blobs, cfg, w)[0] for w in (W, W + 256))
     assert fits(at) and (at.chunk, at.ring) == (32768, 105)
     assert not (fits(above) and (above.chunk, above.ring) == (32768, 105))
+
+
+def test_a_spilled_choice_says_why_in_one_clean_line(capsys):
+    """`strata plan` of a 262K-token prompt through Qwen3.5 Q4_K_M on 12 GiB (issue 38 item 5's
+    rig): it plans, the KV spilled, and the auto line says the all-resident plan does not fit
+    and why, in words (not a dangling comma)."""
+    from strata.cli import main
+    assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--quant", "Q4_K_M", "--vram", "12GiB",
+                 "--prompt-tokens", "262144"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("auto:"))
+    assert "in pinned host memory: all resident does not fit: nothing fits" in line
+    assert " ," not in line
