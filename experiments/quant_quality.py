@@ -17,8 +17,9 @@ The instruments are strata's own (`strata perplexity`'s reader and strata.instru
 the base is read once with its log-probs saved (`--kld-save`'s base file, llama.cpp's layout),
 then every arm against it (`--kld`). Text: the repository's perplexity text
 (tests/data/llama_perplexity/text.txt, argparse's module docstring) followed by the docstrings
-of a fixed list of standard-library modules, until `--tokens` tokens (the pack's synth tokenizer;
-UTF-8 bytes as ids where transformers is missing), cut into windows of `--ctx`.
+of a fixed list of standard-library modules (strata.bench.text), until `--tokens` tokens
+(the pack's synth tokenizer; UTF-8 bytes as ids where transformers is missing), cut into
+windows of `--ctx`.
 
 Streamed tokens/s: the windows' tokens over the seconds of the engine's reads (synchronized,
 batches of windows as `strata perplexity` packs them; the scoring is not counted). It means
@@ -43,37 +44,16 @@ one PNG, named quant_quality-<preset>-<device>.
 from __future__ import annotations
 
 import argparse
-import bisect
-import collections
-import csv
-import dataclasses
-import enum
-import functools
 import gc
-import heapq
-import inspect
-import itertools
-import json
-import logging
-import pathlib
-import pickle
-import re
-import shutil
-import socket
-import string
-import subprocess
 import sys
 import tempfile
-import textwrap
-import threading
 import time
-import typing
-import unittest
 from pathlib import Path
 
 import torch
 
 from strata import bench
+from strata.bench.text import text_of_tokens
 from strata.errors import StrataError
 from strata.kernels.deltanet.launch import launch_from_flag, pin_delta_launch
 from strata.packs.memory import MemoryPack
@@ -84,26 +64,9 @@ from strata.shapes import get_preset
 from strata.units import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXT = ROOT / "tests" / "data" / "llama_perplexity" / "text.txt"
-MORE_TEXT = (json, collections, functools, itertools, pathlib, subprocess, logging, unittest,
-             dataclasses, typing, textwrap, string, re, csv, shutil, tempfile, threading, socket,
-             inspect, pickle, heapq, bisect, enum)     # their docstrings
 PLAIN_QUANTS = ("Q8_0", "Q5_0", "Q4_0")
 ARMS = PLAIN_QUANTS + MIXES
 BASE = "BF16"
-
-
-def text(n_chars: int) -> tuple[str, int]:
-    """The repository's perplexity text, then standard-library docstrings, repeated whole if
-    still short: (text of at least n_chars characters, how many times the sources repeat)."""
-    parts = [TEXT.read_text(encoding="utf-8")]
-    for module in MORE_TEXT:
-        doc = module.__doc__
-        if doc:
-            parts.append(doc)
-    one = "\n\n".join(parts)
-    reps = max(1, -(-n_chars // len(one)))
-    return "\n\n".join([one] * reps), reps
 
 
 def tokenize(shape, n_tokens: int):
@@ -111,17 +74,14 @@ def tokenize(shape, n_tokens: int):
     text's UTF-8 bytes where it cannot be built (no transformers on the machine)."""
     from strata.packs.synth_vocab import synth_tokenizer
     entry = synth_tokenizer(shape.vocab)
-    chars = n_tokens
-    while True:
-        t, reps = text(chars)
-        if entry is not None:
-            from strata.tokenize import TextTokenizer
-            ids, name = TextTokenizer(entry).encode(t, specials=False), "synth"
-        else:
-            ids, name = [b % shape.vocab for b in t.encode("utf-8")], "utf-8 bytes"
-        if len(ids) >= n_tokens:
-            return torch.tensor(ids[:n_tokens], dtype=torch.int64), name, reps
-        chars = 2 * chars
+    if entry is not None:
+        from strata.tokenize import TextTokenizer
+        tok = TextTokenizer(entry)
+        encode, name = (lambda t: tok.encode(t, specials=False)), "synth"
+    else:
+        encode, name = (lambda t: [b % shape.vocab for b in t.encode("utf-8")]), "utf-8 bytes"
+    _, ids, reps = text_of_tokens(encode, n_tokens)
+    return torch.tensor(ids[:n_tokens], dtype=torch.int64), name, reps
 
 
 def reader_args(args) -> argparse.Namespace:

@@ -22,8 +22,9 @@ a PNG (the script's own plot, or `plot.bars`), prints the figures, and returns t
 
 What several scripts share lives here too, so no script imports another: `strata.bench.roofline`
 (the measured H2D, grouped-GEMM and attention rates and the bounds built from them),
-`strata.bench.flops` (the FLOPs of each part of the compute floor, per architecture) and
-`strata.bench.expert_gemm` (the expert-GEMM shapes, inputs, dense baseline and check bounds).
+`strata.bench.flops` (the FLOPs of each part of the compute floor, per architecture),
+`strata.bench.expert_gemm` (the expert-GEMM shapes, inputs, dense baseline and check bounds) and
+`strata.bench.text` (the text the perplexity experiments read).
 """
 from __future__ import annotations
 
