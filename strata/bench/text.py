@@ -52,14 +52,31 @@ def text(n_chars: int) -> tuple[str, int]:
     return "\n\n".join([one] * reps), reps
 
 
-def text_of_tokens(encode: Callable[[str], list[int]], n_tokens: int) -> tuple[str, list[int], int]:
+def text_of_tokens(encode: Callable[[str], list[int]], n_tokens: int, *,
+                   cut: bool = False) -> tuple[str, list[int], int]:
     """(text, encode(text), repeats): whole repeats of `text` enough for `encode` to give at least
-    n_tokens ids (the characters a token takes measured on the way)."""
+    n_tokens ids (the characters a token takes measured on the way); cut=True trims it to a
+    prefix ending a line that still gives n_tokens (a file for a tool that reads it all)."""
     chars = n_tokens
     while True:
         t, reps = text(chars)
         ids = encode(t)
         if len(ids) >= n_tokens:
-            return t, ids, reps
+            return (*_cut(encode, t, ids, n_tokens), reps) if cut else (t, ids, reps)
         # grow by the measured characters per token, with a margin, at least doubling once short
         chars = max(2 * chars, int(len(t) * n_tokens / max(1, len(ids)) * 1.05) + 1)
+
+
+def _cut(encode, t: str, ids: list[int], n_tokens: int) -> tuple[str, list[int]]:
+    """A prefix of t ending a line, by the measured characters per token plus 1%, grown by 2%
+    until it gives n_tokens (the text repeats, so a token's characters hardly vary)."""
+    frac = n_tokens / len(ids) * 1.01
+    while frac < 1:
+        end = t.find("\n", int(len(t) * frac))
+        if end < 0:
+            break
+        got = encode(t[:end + 1])
+        if len(got) >= n_tokens:
+            return t[:end + 1], got
+        frac *= 1.02
+    return t, ids
