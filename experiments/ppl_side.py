@@ -103,6 +103,7 @@ def llama_once(a, text: Path, n: int) -> dict:
         rc = p.wait()
     finally:
         timer.cancel()
+        p.stdout.close()
     text_log = "".join(log)
     if mib is None:
         mib = gpu_mib(buffers_from_log(text_log))
