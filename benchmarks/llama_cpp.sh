@@ -10,6 +10,14 @@
 #       prompt) and llama-server's prompt cache on the same tokens (experiments/llama_server_cache.py),
 #       one PNG of both; DOC (65536) NQ (10) QT (64) KVP (4096) change the sizes, KVR_TIMEOUT
 #       (360 s) bounds strata's part; llama.cpp's runs when strata's fails, drawn alone
+#   bash benchmarks/llama_cpp.sh ppl PRESET "SYNTH FLAGS" BUDGET
+#       e.g. ppl qwen3-30b-a3b "--quant Q8_0" 12GiB: synth a GGUF and its pack, then one text of TOKENS
+#       (300000) tokens read by strata perplexity and llama-perplexity at --ctx CTX (512) under BUDGET,
+#       -ncmoe fitted to it (experiments/ppl_side.py): both PPLs, their distance, each tool's tokens/s,
+#       CSV + PNG under $OUT; UB (2048) is llama.cpp's -b/-ub, PPL_TIMEOUT (240 s) bounds each tool's
+#       run. Sized for one call with build: the GGUF and pack (~31 GiB each for 30B Q8_0) in
+#       /dev/shm, strata's read (~20 s at ~16K tok/s) and llama.cpp's (60-150 s at 2-6K tok/s);
+#       KEEP=1 leaves the two files in /dev/shm and a later call on the same machine reuses them
 #   bash benchmarks/llama_cpp.sh prebuild SRC                # on the CPU machine: makes the prebuilt tarball
 # build unpacks the prebuilt tools, .lcp/llama.cpp-cuda-sm90.tar.xz (bin/llama-{bench,perplexity,server},
 # sm_90 machine code, made on the CPU machine so a call skips the ~5 min compile), into $LCP/build and
@@ -129,6 +137,20 @@ case ${1:-} in
         --doc-tokens "$DOC" --questions "$NQ" --question-tokens "$QT" --skip $((KVP + QT)) \
         ${scsv:+--strata-csv "$scsv"} --out "$OUT" 2>&1 | grep -v "it/s\]" | grep -v "^\[llama.cpp\]" | tail -16
     rm -rf "$g" "$p" "$st" ;;
+  ppl)
+    preset=$2 synth=$3 budget=$4
+    tag=$(echo "$synth" | tr -cd 'A-Za-z0-9_')
+    g=/dev/shm/ppl-$preset-$tag.gguf p=/dev/shm/ppl-$preset-$tag.pack
+    t0=$SECONDS
+    # KEEP=1 leaves both files for the next call on the same machine, which then skips making them
+    [ -f "$g" ] || python3 -m strata.cli synth --preset "$preset" $synth -o "$g" 2>&1 | grep -v "it/s\]" | tail -1
+    [ -f "$p" ] || python3 -m strata.cli pack "$g" -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
+    echo "[ppl] GGUF and pack ready in $((SECONDS - t0)) s"
+    python3 experiments/ppl_side.py --gguf "$g" --pack "$p" --bin "$LCP/build/bin" --budget "$budget" \
+        --tokens "${TOKENS:-300000}" --ctx "${CTX:-512}" --ub "${UB:-2048}" --timeout "${PPL_TIMEOUT:-240}" \
+        --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12
+    echo "[ppl] step done in $((SECONDS - t0)) s"
+    [ "${KEEP:-0}" = 1 ] || rm -f "$g" "$p" ;;
   prebuild)
     src=${2:?usage: prebuild SRC, the llama.cpp source of the sdist}
     T=${CUDA13:-/tmp/cuda13} B=${LCP_BUILD:-/tmp/lcpcuda/build}
@@ -157,6 +179,6 @@ case ${1:-} in
     for t in $TOOLS; do strip -o "$B/../pkg/bin/$t" "$B/bin/$t" || exit 2; done
     # a window wider than one tool (~50 MB), so the kernels the three share are packed once
     XZ_OPT="--lzma2=preset=9,dict=192MiB -T1" tar -C "$B/../pkg" -cJf "$PREBUILT" bin && ls -la "$PREBUILT" ;;
-  *) echo "usage: bash benchmarks/llama_cpp.sh build | side PRESET 'SYNTH FLAGS' BUDGET PROMPTS | cache PRESET 'SYNTH FLAGS' BUDGET | prebuild SRC" >&2
+  *) echo "usage: bash benchmarks/llama_cpp.sh build | side PRESET 'SYNTH FLAGS' BUDGET PROMPTS | cache PRESET 'SYNTH FLAGS' BUDGET | ppl PRESET 'SYNTH FLAGS' BUDGET | prebuild SRC" >&2
      exit 2 ;;
 esac
