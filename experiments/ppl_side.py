@@ -14,17 +14,18 @@ tokens/s is its own figure: the windows' tokens over the seconds of its scoring 
 scoring; the pack's opening and the kernels' warm-up before it are not counted); the wall of
 the whole command is recorded beside it.
 
-llama.cpp: `llama-perplexity -m GGUF -f TEXT -c C -b UB -ub UB -ngl 99 -fa on -fit off -ncmoe
-N -lv 4` (+ --llama-args; -lv 4 has it log its buffers and timings). With -c C and -b B it
-reads B // C windows as parallel sequences, so its KV holds max(1, B // C) * C tokens. N starts at the smallest that fits the budget by the file's
-sizes (weights on the GPU + f16 KV + --compute-margin, strata.bench.llama_cpp) and grows while
-llama.cpp's own log says its GPU buffers (model + KV + compute) pass the budget: the run is
-judged as soon as its context is made (before any text is read) and killed there when over, so
-only the run that fits reads the text. -fit off keeps llama.cpp from moving the flags it was
-given. tokens/s is its own figure (llama_perf_context_print's prompt eval line: the tokens it
-evaluated over their milliseconds; loading and tokenizing not counted); the wall is recorded
-beside it. Without a GPU its buffers are all in host memory: N is the first fit (0 under a
-large budget) and the tokens/s mean nothing (the plot says CPU).
+llama.cpp: `llama-perplexity -m GGUF -f TEXT -c C -b UB -ub UB -ngl 99 -fa on -fit off -ncmoe N
+-lv 4` (+ --llama-args; -lv 4 has it log its buffers and timings). With -c C and -b B it reads
+B // C windows as parallel sequences, so its KV holds max(1, B // C) * C tokens. N starts at the
+smallest that fits the budget by the file's sizes (weights on the GPU + f16 KV + --compute-margin,
+strata.bench.llama_cpp) and grows while llama.cpp's own log says its GPU buffers (model + KV +
+compute) pass the budget: the run is judged as soon as its context is made (before any text is
+read) and killed there when over, so only the run that fits reads the text (a pinned --ncmoe runs
+whole; the row says whether it fit). -fit off keeps llama.cpp from moving the flags it was given.
+tokens/s is its own figure (llama_perf_context_print's prompt eval line: the tokens it evaluated
+over their milliseconds; loading and tokenizing not counted); the wall is recorded beside it.
+Without a GPU its buffers are all in host memory: N is the first fit (0 under a large budget) and
+the tokens/s mean nothing (the plot says CPU).
 
 Rows (long format, strata.bench.record): ppl, ppl_err, tokens_per_s, wall_s per tool;
 ppl_rel_diff = |PPL strata / PPL llama.cpp - 1|, judged against issue 39 item 4's 1e-3; speedup =
@@ -43,6 +44,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import torch
 
 from strata import bench
 from strata.bench.llama_cpp import buffers_from_log, gguf_sizes, gpu_mib, ncmoe_for_budget
@@ -88,16 +91,17 @@ def llama_once(a, text: Path, n: int) -> dict:
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          errors="replace")
-    timer = threading.Timer(a.timeout, p.kill)
+    late = threading.Event()
+    timer = threading.Timer(a.timeout, lambda: (late.set(), p.kill()))
     timer.start()
-    log, over, mib = [], False, None
+    log, killed, mib = [], False, None
     try:
         for line in p.stdout:
             log.append(line)
             if mib is None and _READY.search(line):
                 mib = gpu_mib(buffers_from_log("".join(log)))
-                if mib * 2**20 > a.budget and a.ncmoe is None:
-                    over = True
+                if mib * 2**20 > a.budget and a.ncmoe is None:   # a pinned N runs on
+                    killed = True
                     p.kill()
                     break
         rc = p.wait()
@@ -107,9 +111,11 @@ def llama_once(a, text: Path, n: int) -> dict:
     text_log = "".join(log)
     if mib is None:
         mib = gpu_mib(buffers_from_log(text_log))
-    got = dict(fits=not over, gpu_mib=mib, cmd=" ".join(cmd[1:]), log=text_log,
+    got = dict(fits=mib * 2**20 <= a.budget, gpu_mib=mib, cmd=" ".join(cmd[1:]), log=text_log,
                wall_s=time.perf_counter() - t0, **llama_parse(text_log))
-    if not over and (rc != 0 or "ppl" not in got):
+    if late.is_set():
+        raise RuntimeError(f"{TOOL} -ncmoe {n} killed after --timeout {a.timeout:g} s")
+    if not killed and (rc != 0 or "ppl" not in got):
         tail = " | ".join(text_log.strip().splitlines()[-3:])
         raise RuntimeError(f"{TOOL} -ncmoe {n} failed (exit {rc}): {tail[-400:]}")
     return got
@@ -124,7 +130,7 @@ def run_llama(a, sizes, text: Path) -> dict:
         got = llama_once(a, text, n)
         print(f"[llama.cpp] -ncmoe {n}: GPU {got['gpu_mib']:.0f} MiB "
               f"({'fits' if got['fits'] else 'over'} the budget)", flush=True)
-        if got["fits"]:
+        if got["fits"] or a.ncmoe is not None:
             return dict(got, ncmoe=n)
         n += 1
     raise StrataError(f"llama.cpp's GPU buffers pass {a.budget_text} even with every layer's "
@@ -219,7 +225,6 @@ def measure(a, sizes, text: Path, n_tokens: int, reps: int) -> int:
     rows, got, failed = [], {}, []
 
     def add(label, figure, value, unit, cfg, *, bound="", bound_value=None, timer=""):
-        import torch
         rows.append(dict(experiment="ppl_side", label=label, gpu=gpu, commit=commit,
                          timestamp=utc_now(), torch=torch.__version__, triton="",
                          config=dict(common, **cfg), figure=figure, value=float(value),
@@ -240,8 +245,8 @@ def measure(a, sizes, text: Path, n_tokens: int, reps: int) -> int:
             timer = "strata perplexity: its scoring loop"
         else:
             cfg = dict(cmd=r["cmd"], windows=r.get("windows"), n_seq=r.get("n_seq"),
-                       ncmoe=r["ncmoe"], gpu_mib=round(r["gpu_mib"], 1), ub=a.ub,
-                       eval_tokens=r.get("eval_tokens"))
+                       ncmoe=r["ncmoe"], gpu_mib=round(r["gpu_mib"], 1), fits=r["fits"],
+                       ub=a.ub, eval_tokens=r.get("eval_tokens"))
             timer = "llama_perf_context_print: prompt eval"
         add(label, "ppl", r["ppl"], "PPL", cfg)
         add(label, "ppl_err", r["ppl_err"] if r["ppl_err"] is not None else math.nan, "PPL", cfg)

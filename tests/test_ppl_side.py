@@ -177,3 +177,17 @@ def test_smoke_on_the_cpu(tmp_path, tiny, monkeypatch, llama_args):
     for label in ("strata", "llama.cpp"):
         assert rows[label, "tokens_per_s"]["value"] > 0
         assert rows[label, "wall_s"]["value"] > 0
+
+
+def test_the_text_is_cut_to_a_line_past_the_tokens():
+    from strata.bench.text import text, text_of_tokens
+
+    def encode(t):                   # one id a byte: the cut is exact to measure
+        return list(t.encode("utf-8"))
+    for n in (100, 5_000, 300_000):
+        t, ids, reps = text_of_tokens(encode, n, cut=True)
+        whole, _ = text(len(t))
+        assert ids == encode(t) and len(ids) >= n
+        assert t.endswith("\n") and whole.startswith(t)
+        # the cut lands in the line the 1% margin (and its 2% steps) reach, not at the end
+        assert len(ids) <= n * 1.01 * 1.02 + max(len(x) for x in whole.splitlines()) + 1
