@@ -15,9 +15,11 @@
 #       (300000) tokens read by strata perplexity and llama-perplexity at --ctx CTX (512) under BUDGET,
 #       -ncmoe fitted to it (experiments/ppl_side.py): both PPLs, their distance, each tool's tokens/s,
 #       CSV + PNG under $OUT; UB (2048) is llama.cpp's -b/-ub, PPL_TIMEOUT (240 s) bounds each tool's
-#       run. Sized for one call with build: the GGUF and pack (~31 GiB each for 30B Q8_0) in
-#       /dev/shm, strata's read (~20 s at ~16K tok/s) and llama.cpp's (60-150 s at 2-6K tok/s);
-#       KEEP=1 leaves the two files in /dev/shm and a later call on the same machine reuses them
+#       run. Sized for one call with build: the GGUF and pack (~32 GiB each for 30B Q8_0) in
+#       PPL_DIR (/dev/shm), made in ~3 s a layer each on the CPU machine (~5 min for 48 layers;
+#       the step prints its phases' seconds), strata's read (~20 s at ~16K tok/s) and llama.cpp's
+#       (60-150 s at 2-6K tok/s); the CSV is written after each tool, so a call cut short keeps
+#       strata's rows. KEEP=1 leaves the two files and a later call that still sees them reuses them
 #   bash benchmarks/llama_cpp.sh prebuild SRC                # on the CPU machine: makes the prebuilt tarball
 # build unpacks the prebuilt tools, .lcp/llama.cpp-cuda-sm90.tar.xz (bin/llama-{bench,perplexity,server},
 # sm_90 machine code, made on the CPU machine so a call skips the ~5 min compile), into $LCP/build and
@@ -140,7 +142,8 @@ case ${1:-} in
   ppl)
     preset=$2 synth=$3 budget=$4
     tag=$(echo "$synth" | tr -cd 'A-Za-z0-9_')
-    g=/dev/shm/ppl-$preset-$tag.gguf p=/dev/shm/ppl-$preset-$tag.pack
+    d=${PPL_DIR:-/dev/shm}
+    g=$d/ppl-$preset-$tag.gguf p=$d/ppl-$preset-$tag.pack
     t0=$SECONDS
     # KEEP=1 leaves both files for the next call on the same machine, which then skips making them
     [ -f "$g" ] || python3 -m strata.cli synth --preset "$preset" $synth -o "$g" 2>&1 | grep -v "it/s\]" | tail -1

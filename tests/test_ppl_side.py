@@ -95,7 +95,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, case):
 
 
 # a stand-in llama-perplexity: GPU buffers of (2 - N) * 1000 + 600 MiB under -ncmoe N, logged
-# as the tool logs them; a run that is not killed at its context reads for 30 s
+# as the tool logs them; a run that is not killed at its context reads for 30 s; with LOSE_ONCE
+# set, its first run that reads exits 0 without its last lines (llama.cpp's logger at exit)
 _STANDIN = r"""n=0; while [ $# -gt 0 ]; do [ "$1" = -ncmoe ] && n=$2; shift; done
 echo "load_tensors:        CUDA0 model buffer size = $(( (2 - n) * 1000 + 400 )).00 MiB"
 echo "llama_kv_cache:        CUDA0 KV buffer size = 100.00 MiB"
@@ -103,6 +104,7 @@ echo "sched_reserve:      CUDA0 compute buffer size = 100.00 MiB"
 echo "perplexity: tokenizing the input .."
 [ "$n" -lt "${FITS_AT:-2}" ] && exec sleep 30
 echo "perplexity: calculating perplexity over 7 chunks, n_ctx=64, batch_size=256, n_seq=4"
+if [ -n "${LOSE_ONCE:-}" ] && [ ! -f "$LOSE_ONCE" ]; then touch "$LOSE_ONCE"; exit 0; fi
 echo "Final estimate: PPL = 123.4567 +/- 1.23456"
 echo "llama_perf_context_print: prompt eval time =     100.00 ms /   448 tokens (    0.22 ms per token,  4480.00 tokens per second)"
 """
@@ -191,3 +193,19 @@ def test_the_text_is_cut_to_a_line_past_the_tokens():
         assert t.endswith("\n") and whole.startswith(t)
         # the cut lands in the line the 1% margin (and its 2% steps) reach, not at the end
         assert len(ids) <= n * 1.01 * 1.02 + max(len(x) for x in whole.splitlines()) + 1
+
+
+def test_a_run_that_lost_its_last_lines_runs_again(tmp_path, tiny, monkeypatch, capsys):
+    gguf, pack = tiny
+    mod = _script()
+    monkeypatch.setattr(mod, "run_strata", _strata_stub)
+    monkeypatch.setenv("FITS_AT", "0")
+    monkeypatch.setenv("LOSE_ONCE", str(tmp_path / "lost"))
+    rc = mod.main(["--gguf", str(gguf), "--pack", str(pack), "--bin",
+                   str(_fake_bin(tmp_path, _STANDIN)), "--budget", "1TiB", "--tokens", "500",
+                   "--ctx", "64", "--compute-margin", "0", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "-ncmoe 0: its log lost its last lines at exit" in out, out
+    (csv_path,) = (tmp_path / "out").glob("ppl_side-*.csv")
+    rows = {(r["label"], r["figure"]): r for r in read_csv(csv_path)}
+    assert rows["llama.cpp", "ppl"]["value"] == 123.4567
