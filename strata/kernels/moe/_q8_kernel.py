@@ -33,9 +33,18 @@ def q8_1_block(x):
 
 
 @triton.jit
+def q8_order_cols(c):
+    """Where column c's code goes in strata.planes' Q8_ORDER (weight 8h + 2i + p of a 16-weight
+    group at byte 4i + 2h + p): a permutation inside each 16-group, so a mask on c holds for it."""
+    w = c % 16
+    return c - w + 4 * ((w % 8) // 2) + 2 * (w // 8) + w % 2
+
+
+@triton.jit
 def _q8_1_kernel(x_ptr, stride_x, q_ptr, stride_q, d_ptr, s_ptr, stride_d, n_rows,
-                 BR: tl.constexpr):
-    """x [R, D] (fp32 or bf16) -> q int8 [R, D], d fp16 [R, D/32], s fp16 [R, D/32]."""
+                 BR: tl.constexpr, ORDER: tl.constexpr = False):
+    """x [R, D] (fp32 or bf16) -> q int8 [R, D], d fp16 [R, D/32], s fp16 [R, D/32]; ORDER: the
+    codes of each 16-group stored in Q8_ORDER (the plane layout's, strata.planes)."""
     pid_r = tl.program_id(0)
     kb = tl.program_id(1)                                              # 32-feature block
     rows = pid_r * BR + tl.arange(0, BR)                               # [BR]
@@ -44,7 +53,11 @@ def _q8_1_kernel(x_ptr, stride_x, q_ptr, stride_q, d_ptr, s_ptr, stride_d, n_row
     r64 = rows.to(tl.int64)[:, None]
     x = tl.load(x_ptr + r64 * stride_x + cols[None, :], mask=rmask[:, None], other=0.0)
     q, d, s = q8_1_block(x.to(tl.float32))
-    tl.store(q_ptr + r64 * stride_q + cols[None, :], q.to(tl.int8), mask=rmask[:, None])
+    if ORDER:
+        q_cols = q8_order_cols(cols)
+    else:
+        q_cols = cols
+    tl.store(q_ptr + r64 * stride_q + q_cols[None, :], q.to(tl.int8), mask=rmask[:, None])
     at = rows.to(tl.int64) * stride_d + kb
     tl.store(d_ptr + at, d.to(tl.float16), mask=rmask)
     tl.store(s_ptr + at, s.to(tl.float16), mask=rmask)
