@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe._ffn_kernel import DOWN, GATE_UP, _act, _epilogue, _tile_rows
-from strata.kernels.moe._int8_kernel import _add_run, _idot, _store_q8_1
+from strata.kernels.moe._int8_kernel import _add_run, _ds, _idot, _load_ds, _store_q8_1
 from strata.kernels.moe._q8_kernel import q8_order_cols
 
 
@@ -54,25 +54,31 @@ class PlaneInt8Spec(NamedTuple):
 
 
 @triton.jit
-def _plane_block(acc, a, da, c_row, s_row, k0, j, n_mask):
-    """acc [BM, BN] += block j (weights k0 .. k0 + 31) of a Q8_0 plane matrix against a [BM, 32]
-    int8 (scales da [BM] fp32): c_row [BN, 1] its code rows' pointers, s_row [BN] its scale
-    rows'."""
+def _plane_block(acc, a, da, c_row, d, k0, n_mask):
+    """acc [BM, BN] += the 32-block of weights k0 .. k0 + 31 of a Q8_0 plane matrix (c_row
+    [BN, 1] its code rows' pointers, d [BN] fp32 its scales) against a [BM, 32] int8 (scales da
+    [BM] fp32)."""
     c = tl.load(c_row + k0 + tl.arange(0, 32)[None, :], mask=n_mask[:, None], other=0)
-    d = tl.load(s_row + j, mask=n_mask, other=0.0).to(tl.float32)
     return _add_run(acc, _idot(a, c), da, d, da, d, 0)
 
 
 @triton.jit
-def _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_row, c2_row, s2_row, n_mask, j,
-                acc1, acc2, TWO: tl.constexpr):
-    """Block j of the activations (rows qa_base, scales at ds_at) against matrix 1 (and 2)."""
-    k0 = j * 32
-    a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
-    da = tl.load(da_ptr + ds_at + j, mask=valid, other=0.0).to(tl.float32)
-    acc1 = _plane_block(acc1, a, da, c1_row, s1_row, k0, j, n_mask)
+def _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s2_ptr, s_at, n_mask,
+                j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr):
+    """Blocks j0 .. j0 + KB - 1 of the activations (rows qa_base, scales at ds_at) against
+    matrix 1 (and 2; scale rows at s*_ptr + s_at), in increasing order: the step's scales loaded at once (KB fp16 a row,
+    one vector), each block's codes and activations a tile of their own (cp.async)."""
+    da = _load_ds(da_ptr, ds_at, j0, valid, KB)                        # [BM] or [BM, KB]
+    d1 = _load_ds(s1_ptr, s_at, j0, n_mask, KB)                           # [BN] or [BN, KB]
     if TWO:
-        acc2 = _plane_block(acc2, a, da, c2_row, s2_row, k0, j, n_mask)
+        d2 = _load_ds(s2_ptr, s_at, j0, n_mask, KB)
+    for j in tl.static_range(KB):
+        k0 = (j0 + j) * 32
+        a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
+        daj = _ds(da, j, KB)
+        acc1 = _plane_block(acc1, a, daj, c1_row, _ds(d1, j, KB), k0, n_mask)
+        if TWO:
+            acc2 = _plane_block(acc2, a, daj, c2_row, _ds(d2, j, KB), k0, n_mask)
     return acc1, acc2
 
 
@@ -89,38 +95,40 @@ def _plane_int8_gemm_kernel(
     weight."""
     TWO: tl.constexpr = S.MODE == GATE_UP
     KB: tl.constexpr = S.KB
+    BM: tl.constexpr = S.BM
+    BN: tl.constexpr = S.BN
     pid = tl.program_id(0)
-    NB = tl.cdiv(n_out, S.BN)
+    NB = tl.cdiv(n_out, BN)
     if pid < tl.load(n_blocks_ptr) * NB:
         mb = pid // NB
         nb = pid % NB
         e = tl.load(block_expert_ptr + mb)
         blob = arena_ptr + tl.multiple_of(tl.load(slot_ptr + e), 256)  # uint8* of expert e's blob
-        offs_m, ids, valid, a_rows = _tile_rows(S.MODE, sorted_ids_ptr, mb, n_assign, S.TOPK, S.BM)
-        offs_n = nb * S.BN + tl.arange(0, S.BN)
+        offs_m, ids, valid, a_rows = _tile_rows(S.MODE, sorted_ids_ptr, mb, n_assign, S.TOPK, BM)
+        offs_n = nb * BN + tl.arange(0, BN)
         n_mask = offs_n < n_out
         n64 = offs_n.to(tl.int64)
         f16 = tl.pointer_type(tl.float16)
         i8 = tl.pointer_type(tl.int8)
         c1_row = (blob + c1_off).to(i8, bitcast=True) + n64[:, None] * n_in      # [BN, 1]
         c2_row = (blob + c2_off).to(i8, bitcast=True) + n64[:, None] * n_in
-        s1_row = (blob + s1_off).to(f16, bitcast=True) + n64 * (n_in // 32)     # [BN]
-        s2_row = (blob + s2_off).to(f16, bitcast=True) + n64 * (n_in // 32)
+        s1 = (blob + s1_off).to(f16, bitcast=True)
+        s2 = (blob + s2_off).to(f16, bitcast=True)
+        s_at = n64 * (n_in // 32)                                          # [BN] scale rows
         r64 = a_rows.to(tl.int64)
         qa_base = qa_ptr + r64[:, None] * stride_qa                         # [BM, 1]
         ds_at = r64 * stride_da                                            # [BM]
-        acc1 = tl.zeros((S.BM, S.BN), tl.float32)
-        acc2 = tl.zeros((S.BM, S.BN), tl.float32)
+        acc1 = tl.zeros((BM, BN), tl.float32)
+        acc2 = tl.zeros((BM, BN), tl.float32)
         n_blk = n_in // 32
         n_main = n_blk // KB
         for i in range(0, n_main):
-            for jj in tl.static_range(KB):
-                acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_row, c2_row,
-                                         s2_row, n_mask, i * KB + jj, acc1, acc2, TWO)
+            acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row, s2,
+                                     s_at, n_mask, i * KB, acc1, acc2, TWO, KB)
         if KB > 1:   # the blocks left over, in order
             for j in range(n_main * KB, n_blk):
-                acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_row, c2_row,
-                                         s2_row, n_mask, j, acc1, acc2, TWO)
+                acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row,
+                                         s2, s_at, n_mask, j, acc1, acc2, TWO, 1)
         f32 = tl.pointer_type(tl.float32)
         b1 = (blob + boff1).to(f32, bitcast=True)   # the biases (read only with BIAS)
         b2 = (blob + boff2).to(f32, bitcast=True)
@@ -132,7 +140,7 @@ def _plane_int8_gemm_kernel(
             row = out_ptr + offs_m[:, None].to(tl.int64) * stride_out
             if S.QH:   # codes at their Q8_ORDER columns: the down pass's activations
                 _store_q8_1(h, row + q8_order_cols(offs_n)[None, :], hd_ptr, hs_ptr, stride_hd,
-                            offs_m, nb, n_mask, S.BM, S.BN)
+                            offs_m, nb, n_mask, BM, BN)
             else:
                 tl.store(row + offs_n[None, :], h, mask=n_mask[None, :])
         else:

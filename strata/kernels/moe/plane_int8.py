@@ -23,7 +23,8 @@ multiples of 32.
 Triton launchers (moe_ffn_int8's and its passes' signatures, on a PlaneSet), each with a
 plain-torch twin of one signature (`..._torch`): int8.py's twin on the same experts put back in
 ggml's layout (strata.planes.to_expert_set), the codes of xq and hq put back in weight order.
-Launch choices are an Int8Tile (kb: 32-blocks a reduction step, each loaded apart).
+Launch choices are an Int8Tile (kb: 32-blocks a reduction step, each block's codes and
+activations a tile of their own, the step's scales one load), PLANE_INT8_TILE unless given.
 """
 from __future__ import annotations
 
@@ -32,13 +33,27 @@ import torch
 from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.kernels.moe import _plane_int8_kernel as _k
-from strata.kernels.moe.int8 import (Int8Tile, _plan, _q8_rows, _room, default_tile,
+from strata.kernels.moe.int8 import (INTERP_TILE, Int8Tile, _plan, _q8_rows, _room,
                                      int8_down_torch, int8_gate_up_torch, launch_out,
                                      moe_ffn_int8_torch, run_ffn)
 from strata.kernels.moe.q8 import Q8Rows, quantize_q8_1_torch
 from strata.planes import PlaneSet, _q8_order, to_expert_set
 
 FORMATS = ("Q8_0",)   # what it reads, for gate, up and down (the engine's landing checks it)
+
+# Chosen by the sm_90 compile alone (tests/kernels/compile_moe_plane_int8.py, triton 3.6 + ptxas;
+# not yet timed): every code tile comes as 16-byte cp.async, no byte load. Without spills in
+# gate/up (q8_1 epilogue, with and without bias + swiglu_oai) and down: 64x64/w4 s2-s4 (254
+# registers, 2 programs an SM), 64x128/w8s3 (254, one program of 8 warps), 128x64/w8s3 (252);
+# 64x128/w4s3, 64x256/w8s3 and 128x128/w8 spill 0.3-1.5 KB in gate/up, kb 4 spills, kb 2 only
+# adds shared memory (its [BN, 2] scale loads stay 2-byte gathers). 64x128/w8s3: each activation
+# tile serves 128 outputs where 64x64 serves 64, at the same registers per accumulator.
+PLANE_INT8_TILE = Int8Tile(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3)
+
+
+def default_tile() -> Int8Tile:
+    """The tile moe_ffn_plane_int8 takes when none is given (the interpreter: int8.py's)."""
+    return INTERP_TILE if INTERPRET else PLANE_INT8_TILE
 
 
 def _check_planes(experts) -> None:
