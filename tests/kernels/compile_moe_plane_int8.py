@@ -31,9 +31,8 @@ from strata.kernels.moe.int8 import Int8Tile  # noqa: E402
 from strata.kernels.moe.plane_int8 import PLANE_INT8_TILE  # noqa: E402
 import strata.kernels.moe._q8_kernel as q8  # noqa: E402
 
-# the default, int8.py's default, and the spilling and the other spill-free neighbours
-TILES = (PLANE_INT8_TILE, Int8Tile(), Int8Tile(64, 128, 4, 3), Int8Tile(128, 64, 8, 3),
-         Int8Tile(128, 128, 8, 3))
+# the default (kb 4, scale words), int8.py's default, and spill-free kb-1 neighbours
+TILES = (PLANE_INT8_TILE, Int8Tile(), Int8Tile(64, 64, 8, 3), Int8Tile(64, 128, 8, 3))
 
 PLANE_SIG = {"qa_ptr": "*i8", "da_ptr": "*fp16", "stride_qa": "i32", "stride_da": "i32",
              "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32",
@@ -111,7 +110,7 @@ def main(argv=None) -> int:
     for tile in tiles:
         for mode, extra in MODES:
             S = kp.PlaneInt8Spec(MODE=mode, TOPK=8, BM=tile.BLOCK_M, BN=tile.BLOCK_N,
-                                 INTERP=False, KB=tile.kb, **extra)
+                                 INTERP=False, KB=tile.kb, WORDS=tile.kb in (2, 4), **extra)
             sig = dict(PLANE_SIG, out_ptr="*i8") if extra.get("QH") else PLANE_SIG
             fails += _one(kp._plane_int8_gemm_kernel, sig, S, tile, PLANE_ALIGNED,
                           f"plane int8 {tile.name} mode={mode} {extra}")

@@ -21,7 +21,8 @@ from strata.kernels.moe.int8 import (Int8Tile, int8_down_torch, int8_gate_up, in
 from strata.kernels.moe.plane_int8 import (moe_ffn_plane_int8, moe_ffn_plane_int8_torch,
                                            plane_int8_down, plane_int8_down_torch,
                                            plane_int8_gate_up, plane_int8_gate_up_q8,
-                                           plane_int8_gate_up_q8_torch, plane_int8_gate_up_torch)
+                                           plane_int8_gate_up_q8_torch, plane_int8_gate_up_torch,
+                                           scale_words)
 from strata.kernels.moe.q8 import Q8Rows, quantize_q8_1, quantize_q8_1_torch
 from strata.kernels.moe.random_experts import random_expert_set
 from strata.planes import _q8_order, to_plane_set
@@ -30,13 +31,15 @@ from tests.kernels.test_moe_int8 import ACT_ABS, ACT_REL, Case, _bits, _gen, _in
 TILE = Int8Tile(BLOCK_M=16, BLOCK_N=64)   # BLOCK_N past F 32 and not dividing D 160 or F 96
 # Q8_0 for gate, up and down: several experts, padded rows (T < BLOCK_M, one expert with two
 # blocks), skipped assignments, biases with swiglu_oai, and D 160 / F 96 (5 and 3 blocks: steps
-# of kb 2 and 4 leave blocks over, and the last column tile is part masked)
+# of kb 2 and 4 leave blocks over, and the last column tile is part masked), and D 256 / F 128
+# (whole steps of kb 2 and 4 in both passes: the scales loaded as words, scale_words)
 CASES = [
     Case("p8-T3-lt-tile", T=3, E=4, K=2),
     Case("p8-all-on-one", T=20, E=4, K=1, route="one"),
     Case("p8-skip-E7", T=11, E=7, K=2, route="skip"),
     Case("p8-bias-swiglu-oai", T=6, E=4, K=2, bias=True, act="swiglu_oai"),
     Case("p8-ragged-160-96", T=7, E=3, K=2, D=160, F=96),
+    Case("p8-words-256-128", T=9, E=3, K=2, D=256, F=128),   # kb 2 and 4 load scale words
 ]
 
 
@@ -80,6 +83,10 @@ def test_plane_int8_stages_are_the_ggml_layout_int8_bits(c: Case, kb: int):
     assert _same_q8(hq, _ordered(int8_gate_up_q8(xq, grp, experts, c.K, TILE)))
     assert _same_q8(plane_int8_gate_up_q8_torch(xo, grp, planes, c.K, tile),
                     quantize_q8_1_torch(h_ref, order=True))
+    if c.id == "p8-words-256-128" and kb > 1:
+        assert scale_words(kb, c.D, xo.d) and scale_words(kb, c.F, hq.d)
+    elif c.id == "p8-ragged-160-96" and kb == 4:
+        assert not scale_words(kb, c.D, xo.d) and not scale_words(kb, c.F, hq.d)
     # down, into rows poisoned NaN: int8.py's twin bit for bit; skipped rows stay NaN
     hq_ref = quantize_q8_1(h_ref)
     nan = lambda: torch.full((c.T * c.K, c.D), float("nan"))  # noqa: E731
@@ -139,9 +146,9 @@ def test_moe_ffn_plane_int8_refuses_what_it_cannot_read():
 
 # ---------------------------------------------------------------- on the GPU
 
-GPU_CASES = [Case("gpu-p8", T=300, E=8, K=2, D=512, F=256),
+GPU_CASES = [Case("gpu-p8", T=300, E=8, K=2, D=512, F=256),   # scale words (kb 4)
              Case("gpu-p8-ragged-bias", T=200, E=8, K=2, D=2880, F=480, bias=True,
-                  act="swiglu_oai")]
+                  act="swiglu_oai")]   # D 2880, F 480: kb 4 without words, remainders
 
 
 @pytest.mark.gpu

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe._ffn_kernel import DOWN, GATE_UP, _act, _epilogue, _tile_rows
-from strata.kernels.moe._int8_kernel import _add_run, _ds, _idot, _load_ds, _store_q8_1
+from strata.kernels.moe._int8_kernel import _add_run, _idot, _store_q8_1
 from strata.kernels.moe._q8_kernel import q8_order_cols
 
 
@@ -47,6 +47,7 @@ class PlaneInt8Spec(NamedTuple):
     ACT: int = 0
     QH: bool = False
     KB: int = 1
+    WORDS: bool = False   # a step's KB (2 or 4) scales a row loaded as one word (_scale_words)
 
     @property
     def cache_key(self) -> str:
@@ -63,22 +64,57 @@ def _plane_block(acc, a, da, c_row, d, k0, n_mask):
 
 
 @triton.jit
+def _scale_words(p, at, j0, mask, KB: tl.constexpr, WORDS: tl.constexpr):
+    """With WORDS, the fp16 scales of blocks j0 .. j0 + KB - 1 (KB 2 or 4) of rows at (element
+    offsets from p, multiples of KB) as one int32 / int64 word a row (0 where not mask): one
+    load a row a step where fp16 loads take KB (a thread holds 16 columns of a wgmma
+    accumulator, so these loads, not the codes, were most of a step's). Else None."""
+    if WORDS:
+        tl.static_assert(KB == 2 or KB == 4, "a scale word holds 2 or 4 fp16")
+        if KB == 4:
+            wp = p.to(tl.pointer_type(tl.int64), bitcast=True)
+        else:
+            wp = p.to(tl.pointer_type(tl.int32), bitcast=True)
+        w = tl.load(wp + at // KB + j0 // KB, mask=mask, other=0)
+    else:
+        w = None
+    return w
+
+
+@triton.jit
+def _scale(w, p, at, j, mask, jj: tl.constexpr, WORDS: tl.constexpr):
+    """fp32 [R] scales of block j = j0 + jj in rows at: the jj-th fp16 of the step's words w
+    (WORDS), else loaded (0 where not mask)."""
+    if WORDS:
+        d = ((w >> (16 * jj)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        d = tl.load(p + at + j, mask=mask, other=0.0)
+    return d.to(tl.float32)
+
+
+@triton.jit
 def _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s2_ptr, s_at, n_mask,
-                j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr):
-    """Blocks j0 .. j0 + KB - 1 of the activations (rows qa_base, scales at ds_at) against
-    matrix 1 (and 2; scale rows at s*_ptr + s_at), in increasing order: the step's scales loaded at once (KB fp16 a row,
-    one vector), each block's codes and activations a tile of their own (cp.async)."""
-    da = _load_ds(da_ptr, ds_at, j0, valid, KB)                        # [BM] or [BM, KB]
-    d1 = _load_ds(s1_ptr, s_at, j0, n_mask, KB)                           # [BN] or [BN, KB]
+                j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr, WORDS: tl.constexpr):
+    """Blocks j0 .. j0 + KB - 1 of the activations (rows qa_base, scales at da_ptr + ds_at)
+    against matrix 1 (and 2; scale rows at s*_ptr + s_at), in increasing order: each block's
+    codes and activations a tile of their own (cp.async), the step's scales one word a row
+    where WORDS."""
+    wa = _scale_words(da_ptr, ds_at, j0, valid, KB, WORDS)
+    w1 = _scale_words(s1_ptr, s_at, j0, n_mask, KB, WORDS)
     if TWO:
-        d2 = _load_ds(s2_ptr, s_at, j0, n_mask, KB)
-    for j in tl.static_range(KB):
-        k0 = (j0 + j) * 32
+        w2 = _scale_words(s2_ptr, s_at, j0, n_mask, KB, WORDS)
+    else:
+        w2 = w1
+    for jj in tl.static_range(KB):
+        j = j0 + jj
+        k0 = j * 32
         a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
-        daj = _ds(da, j, KB)
-        acc1 = _plane_block(acc1, a, daj, c1_row, _ds(d1, j, KB), k0, n_mask)
+        da = _scale(wa, da_ptr, ds_at, j, valid, jj, WORDS)
+        acc1 = _plane_block(acc1, a, da, c1_row, _scale(w1, s1_ptr, s_at, j, n_mask, jj, WORDS),
+                            k0, n_mask)
         if TWO:
-            acc2 = _plane_block(acc2, a, daj, c2_row, _ds(d2, j, KB), k0, n_mask)
+            acc2 = _plane_block(acc2, a, da, c2_row,
+                                _scale(w2, s2_ptr, s_at, j, n_mask, jj, WORDS), k0, n_mask)
     return acc1, acc2
 
 
@@ -124,11 +160,11 @@ def _plane_int8_gemm_kernel(
         n_main = n_blk // KB
         for i in range(0, n_main):
             acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row, s2,
-                                     s_at, n_mask, i * KB, acc1, acc2, TWO, KB)
+                                     s_at, n_mask, i * KB, acc1, acc2, TWO, KB, S.WORDS)
         if KB > 1:   # the blocks left over, in order
             for j in range(n_main * KB, n_blk):
                 acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row,
-                                         s2, s_at, n_mask, j, acc1, acc2, TWO, 1)
+                                         s2, s_at, n_mask, j, acc1, acc2, TWO, 1, False)
         f32 = tl.pointer_type(tl.float32)
         b1 = (blob + boff1).to(f32, bitcast=True)   # the biases (read only with BIAS)
         b2 = (blob + boff2).to(f32, bitcast=True)

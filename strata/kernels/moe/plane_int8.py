@@ -24,7 +24,8 @@ Triton launchers (moe_ffn_int8's and its passes' signatures, on a PlaneSet), eac
 plain-torch twin of one signature (`..._torch`): int8.py's twin on the same experts put back in
 ggml's layout (strata.planes.to_expert_set), the codes of xq and hq put back in weight order.
 Launch choices are an Int8Tile (kb: 32-blocks a reduction step, each block's codes and
-activations a tile of their own, the step's scales one load), PLANE_INT8_TILE unless given.
+activations a tile of their own, the step's scales one word a row where `scale_words`),
+PLANE_INT8_TILE unless given.
 """
 from __future__ import annotations
 
@@ -36,19 +37,22 @@ from strata.kernels.moe import _plane_int8_kernel as _k
 from strata.kernels.moe.int8 import (INTERP_TILE, Int8Tile, _plan, _q8_rows, _room,
                                      int8_down_torch, int8_gate_up_torch, launch_out,
                                      moe_ffn_int8_torch, run_ffn)
-from strata.kernels.moe.q8 import Q8Rows, quantize_q8_1_torch
+from strata.kernels.moe.q8 import QK, Q8Rows, quantize_q8_1_torch
 from strata.planes import PlaneSet, _q8_order, to_expert_set
 
 FORMATS = ("Q8_0",)   # what it reads, for gate, up and down (the engine's landing checks it)
 
 # Chosen by the sm_90 compile alone (tests/kernels/compile_moe_plane_int8.py, triton 3.6 + ptxas;
-# not yet timed): every code tile comes as 16-byte cp.async, no byte load. Without spills in
-# gate/up (q8_1 epilogue, with and without bias + swiglu_oai) and down: 64x64/w4 s2-s4 (254
-# registers, 2 programs an SM), 64x128/w8s3 (254, one program of 8 warps), 128x64/w8s3 (252);
-# 64x128/w4s3, 64x256/w8s3 and 128x128/w8 spill 0.3-1.5 KB in gate/up, kb 4 spills, kb 2 only
-# adds shared memory (its [BN, 2] scale loads stay 2-byte gathers). 64x128/w8s3: each activation
-# tile serves 128 outputs where 64x64 serves 64, at the same registers per accumulator.
-PLANE_INT8_TILE = Int8Tile(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3)
+# not yet timed): every code tile comes as cp.async (8 or 16 bytes), no byte load. A thread holds
+# 16 (4 warps a 64-column tile) or 8 (8 warps) columns of a wgmma accumulator, each column's
+# scale its own 2-byte load a block: at kb 1 those loads are most of a step's (64x128/w8s3: 34
+# ld.global.b16 a thread a block against 3 cp.async). kb 4 with scale words (scale_words) loads
+# 4 blocks' scales a row at once: 19 ld.global.b64 a thread per 4 blocks at 64x64/w8s3k4, which
+# fits without spills (gate/up 255 registers q8_1 epilogue, 251 with bias + swiglu_oai; down
+# 166; 72 KB shared). At k1 no spill: 64x64/w4 s2-s4, 64x64/w8s3 (127 registers), 64x128/w8s3,
+# 128x64/w8s3; gate/up spills at 64x128/w4s3, 64x256/w8s3 and 128x128/w8 (0.3-1.5 KB), and with
+# words at 4 warps or BLOCK_N 128 (k2 0.1-0.2 KB, k4 0.3 KB).
+PLANE_INT8_TILE = Int8Tile(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3, kb=4)
 
 
 def default_tile() -> Int8Tile:
@@ -70,6 +74,15 @@ def _check_planes(experts) -> None:
                           f"strata.kernels.moe.int8.moe_ffn_int8")
 
 
+def scale_words(kb: int, n_in: int, da: torch.Tensor) -> bool:
+    """Whether a step of kb blocks loads its scales as one word a row (kb 2 or 4 fp16: int32 /
+    int64): where every row's step starts word-aligned in the weights' scale plane (n_in a
+    multiple of 32 kb; the plane starts 16-byte aligned) and in the activations' (da fp16
+    [R, n_in / 32])."""
+    return (kb in (2, 4) and n_in % (QK * kb) == 0 and da.stride(0) % kb == 0
+            and da.data_ptr() % (2 * kb) == 0)
+
+
 def _launch(mode: int, a: Q8Rows, grp, experts: PlaneSet, p1, p2, dst, tw, tile: Int8Tile,
             n_out: int, n_in: int, b1: str, b2: str, topk: int, hq: Q8Rows | None = None):
     """One GEMM launch over planes p1 (and p2); `hq`: GATE_UP writes these q8_1 rows (codes in
@@ -79,7 +92,8 @@ def _launch(mode: int, a: Q8Rows, grp, experts: PlaneSet, p1, p2, dst, tw, tile:
     boff = ((lay.bias.part(b1)[0], lay.bias.part(b2)[0]) if lay.bias is not None else (0, 0))
     S = _k.PlaneInt8Spec(MODE=mode, TOPK=topk, BM=tile.BLOCK_M, BN=tile.BLOCK_N,
                          INTERP=INTERPRET, BIAS=lay.bias is not None, ACT=lay.act.code,
-                         QH=hq is not None, KB=tile.kb)
+                         QH=hq is not None, KB=tile.kb,
+                         WORDS=scale_words(tile.kb, n_in, a.d))
     n_tiles = _room(grp) * -(-n_out // tile.BLOCK_N)
     _k._plane_int8_gemm_kernel[(n_tiles,)](
         a.q, a.d, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
