@@ -12,13 +12,15 @@ epilogues), for Q8_0 weights (no minimum, one fp16 d a block):
 block by block in increasing k, with that kernel's own helpers (_idot, _add_run, _store_q8_1).
 What differs is where the weights come from: the plane layout (strata.planes) keeps a matrix's
 codes as int8 [N, n_in] row-major (rows 16-byte aligned) and its scales as fp16 [N, n_in / 32],
-so a block's codes are one plain [BN, 32] int8 tile (16-byte vector loads, cp.async-pipelined)
-and its scales a [BN] fp16 gather, where the ggml blocks (34 bytes) are read byte by byte.
+so a block's codes are one plain [BN, 32] int8 tile (8- or 16-byte cp.async, pipelined) and its
+scales a [BN] fp16 gather (or, with WORDS, one word a row for a step's KB blocks), where the
+ggml blocks (34 bytes) are read byte by byte.
 
 The plane's codes are in Q8_ORDER inside each 16-group (a permutation for the bf16 GEMM's
 register operand); an integer dot is the same whatever the order of its terms, so the
 activations' codes come in that order too (strata.kernels.moe.q8's order=True, and the gate/up
-epilogue's q8_1 store at the permuted columns) and P is the dot in weight order, bit for bit.
+epilogue's q8_1 store with ORDER: both permute in registers, _q8_kernel.q8_order, so their
+stores stay vectors) and P is the dot in weight order, bit for bit.
 
 The launch passes enable_fp_fusion=False (the twin rounds P * (da * dw) and + acc apart).
 """
@@ -31,7 +33,6 @@ import triton.language as tl
 
 from strata.kernels.moe._ffn_kernel import DOWN, GATE_UP, _act, _epilogue, _tile_rows
 from strata.kernels.moe._int8_kernel import _add_run, _idot, _store_q8_1
-from strata.kernels.moe._q8_kernel import q8_order_cols
 
 
 class PlaneInt8Spec(NamedTuple):
@@ -174,9 +175,9 @@ def _plane_int8_gemm_kernel(
                 acc2 += tl.load(b2 + offs_n, mask=n_mask, other=0.0)[None, :]
             h = _act(acc1, acc2, alpha, limit, S.ACT)
             row = out_ptr + offs_m[:, None].to(tl.int64) * stride_out
-            if S.QH:   # codes at their Q8_ORDER columns: the down pass's activations
-                _store_q8_1(h, row + q8_order_cols(offs_n)[None, :], hd_ptr, hs_ptr, stride_hd,
-                            offs_m, nb, n_mask, BM, BN)
+            if S.QH:   # codes in Q8_ORDER: the down pass's activations
+                _store_q8_1(h, row + offs_n[None, :], hd_ptr, hs_ptr, stride_hd, offs_m, nb,
+                            n_mask, BM, BN, True)
             else:
                 tl.store(row + offs_n[None, :], h, mask=n_mask[None, :])
         else:
