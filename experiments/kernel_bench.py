@@ -17,6 +17,10 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
   quantizations than the bf16 path's); `--int8-tiles T1 T2 ...` adds one arm `strata-int8[T]`
   per Int8Tile, e.g. --int8-tiles 128x128/w8s3 128x64/w4s3 128x128/w8s3k4 (kK: K q8_1 blocks a
   reduction step).
+- strata-plane-int8 (Q8_0: strata.kernels.moe.plane_int8.FORMATS): moe_ffn_plane_int8, strata-int8's
+  numbers (the same bound) on the experts re-laid once into the plane layout (the weights' codes
+  as plain int8 tiles), at PLANE_INT8_TILE; `--int8-tiles` adds `strata-plane-int8[T]` arms at
+  the same tiles as strata-int8's.
 - strata-plane (Q8_0, Q4_0, Q4_K: plane.KERNEL_FORMATS): strata.kernels.moe.plane.plane_ffn on the
   same experts re-laid once into the plane layout (strata.planes: aligned code tiles, scales
   apart), the tile from its default table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]`
@@ -68,6 +72,8 @@ from strata.kernels.moe.ffn import last_launch
 from strata.kernels.moe.int8 import INT8_FORMATS, Int8Tile, moe_ffn_int8
 from strata.kernels.moe.plane import KERNEL_FORMATS as PLANE_FORMATS
 from strata.kernels.moe.plane import PlaneTile, plane_ffn, plane_tile
+from strata.kernels.moe.plane_int8 import FORMATS as PLANE_INT8_FORMATS
+from strata.kernels.moe.plane_int8 import PLANE_INT8_TILE, moe_ffn_plane_int8
 from strata.kernels.moe.tiles import TileConfig
 from strata.planes import to_plane_set
 
@@ -75,7 +81,7 @@ FORMATS = ["BF16", "Q8_0", "Q4_K", "Q4_0", "Q2_0", "IQ3_S"]
 TS = [512, 2048, 8192, 32768]
 SETTLE_S = 0.3
 ARMS = ["strata-dp", "strata-sk", "strata-decoded", "strata-decoded-grouped", "grouped_mm-bf16",
-        "decode+grouped_mm", "strata-plane", "strata-int8"]
+        "decode+grouped_mm", "strata-plane", "strata-int8", "strata-plane-int8"]
 
 
 def supported(fmt: str, shape=None) -> str | None:
@@ -114,7 +120,8 @@ def measure(args, rec: bench.Recorder) -> None:
             print(f"skip {name}/T{T}/{fmt}: {why}", file=sys.stderr)
             rec.add("skipped", "", "", bound=why, arm="-", **cfg)
             continue
-        plane = fmt in PLANE_FORMATS and ("strata-plane" in args.arms or args.tiles)
+        pint8 = fmt in PLANE_INT8_FORMATS and "strata-plane-int8" in args.arms
+        plane = fmt in PLANE_FORMATS and ("strata-plane" in args.arms or args.tiles or pint8)
         if (name, fmt) not in cache:
             cache.clear()
             torch.cuda.empty_cache() if dev.type == "cuda" else None
@@ -156,6 +163,11 @@ def measure(args, rec: bench.Recorder) -> None:
         for it in (args.int8_tiles if fmt in INT8_FORMATS else []):
             arms[f"strata-int8[{it.name}]"] = lambda it=it: moe_ffn_int8(x, ids, w, experts,
                                                                          tile=it, check=chk)
+        if pint8:
+            arms["strata-plane-int8"] = lambda: moe_ffn_plane_int8(x, ids, w, planes, check=chk)
+            for it in args.int8_tiles:
+                arms[f"strata-plane-int8[{it.name}]"] = lambda it=it: moe_ffn_plane_int8(
+                    x, ids, w, planes, tile=it, check=chk)
         if fmt == "BF16":   # nothing to decode: moe_ffn_decoded is moe_ffn on the blobs
             arms.pop("strata-decoded-grouped", None)
         if plane:
@@ -170,7 +182,8 @@ def measure(args, rec: bench.Recorder) -> None:
         gate = (f"normalized error vs moe_ffn_torch < {bound_rel:g} "
                 f"(strata-int8 {INT8_REL:.3g})")
         errs = {}
-        rel_of = {a: INT8_REL if a.startswith("strata-int8") else bound_rel for a in arms}
+        rel_of = {a: INT8_REL if a.startswith(("strata-int8", "strata-plane-int8")) else bound_rel
+                  for a in arms}
         for arm, fn in list(arms.items()):
             try:
                 errs[arm] = rel_err(fn(), ref)
@@ -201,6 +214,9 @@ def measure(args, rec: bench.Recorder) -> None:
             moe_ffn(x, ids, w, experts)
             auto = last_launch().tile
             rec.add("tile", auto.schedule, "schedule", bound=str(auto), arm="strata-auto", **cfg)
+        if "strata-plane-int8" in arms:
+            rec.add("tile", PLANE_INT8_TILE.name, "int8 tile", bound=str(PLANE_INT8_TILE),
+                    arm="strata-plane-int8", **cfg)
         if "strata-plane" in arms:
             pt = plane_tile(T, shape.top_k, shape.n_expert, fmt)
             rec.add("tile", pt.name, "plane tile", bound=str(pt), arm="strata-plane", **cfg)
@@ -239,8 +255,9 @@ def main(argv=None) -> int:
                     help="extra strata-plane arms at these PlaneTiles, BMxBNxBK/wWsS[/noswap][/tma]"
                          " (e.g. 128x128x64/w8s4/tma)")
     ap.add_argument("--int8-tiles", nargs="*", default=[], metavar="TILE",
-                    help="extra strata-int8 arms at these Int8Tiles, BMxBN/wWsS[kK] (e.g. "
-                         "128x128/w8s3, 128x128/w8s3k4: 4 q8_1 blocks a reduction step)")
+                    help="extra strata-int8 (and strata-plane-int8, where that arm runs) arms at "
+                         "these Int8Tiles, BMxBN/wWsS[kK] (e.g. 128x128/w8s3, 128x128/w8s3k4: "
+                         "4 q8_1 blocks a reduction step)")
     ap.add_argument("--checked", action="store_true",
                     help="strata arms validate the routing on the host first (check=True: a "
                          "sync a call); default off, as the engine runs them")

@@ -89,6 +89,7 @@ ROWS = [
      2, ["no space left"], ("numpy.save", _enospc)),
     ("prefill-batch-negative", "prefill {pack} --tokens 1 --vram 2GiB --batch -1", 2, ["--batch", "at least 1"], None),
     ("prefill-plane-resident", "prefill {pack} --tokens 1 --experts plane", 2, ["--experts plane", "--vram"], None),
+    ("prefill-plane-int8-resident", "prefill {pack} --tokens 1 --experts plane-int8", 2, ["--experts plane-int8 needs", "--vram"], None),
     ("prefill-max-prompt-0", "prefill {pack} --tokens 1 --vram 2GiB --max-prompt 0", 2, ["--max-prompt"], None),
     ("prefill-max-prompt-short", "prefill {pack} --tokens 1,2,3 --vram 2GiB --max-prompt 2", 2,
      ["--max-prompt", "3 tokens"], None),

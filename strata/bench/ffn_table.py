@@ -11,7 +11,8 @@ its launcher runs it by default (the schedule the CSV's strata-auto tile row nam
 strata-sk), "decoded" decode-once + the BF16 GEMM, "plane" the plane-layout GEMM (a landing
 choice of the engine, listed for `--experts plane`; auto does not switch to it per call), "int8"
 the int8 GEMM on q8_1 activations (other numerics: listed for `--experts int8` until its KLD
-is measured; auto does not pick it). Rows of
+is measured; auto does not pick it), "plane-int8" the same numbers over Q8_0 planes (a landing
+choice too, listed for `--experts plane-int8`). Rows of
 later CSVs replace those of earlier ones at the same (GPU, format, shape, T).
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from strata.errors import StrataError
 
-ARM_PATH = {"strata-decoded": "decoded", "strata-plane": "plane", "strata-int8": "int8"}
+ARM_PATH = {"strata-decoded": "decoded", "strata-plane": "plane", "strata-int8": "int8",
+            "strata-plane-int8": "plane-int8"}
 # + "kernel": the fused GEMM's arm of the schedule its launcher picks
 SCHEDULE_ARM = {"dp": "strata-dp", "stream_k": "strata-sk"}
 VERSION = 1

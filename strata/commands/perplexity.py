@@ -260,8 +260,8 @@ def resident_reader(args, pack, windows) -> Reader:
     from strata.models.moe import ffn_named
 
     if ffn_named(args.experts).lands:
-        raise StrataError("--experts plane needs the streaming engine: give --vram SIZE (or "
-                          "--cache)")
+        raise StrataError(f"--experts {args.experts} needs the streaming engine: give --vram "
+                          f"SIZE (or --cache)")
     args.device = resident_device(args)
     device = resolve_device(args.device)
     dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) \

@@ -225,8 +225,8 @@ def run(args) -> int:
         flag = "--prompts-file" if args.prompts_file else "--trace"
         raise StrataError(f"{flag} needs the streaming engine: give --vram SIZE (or --cache)")
     if ffn_named(args.experts).lands:   # the blobs are re-laid as they land in the engine's cache
-        raise StrataError("--experts plane needs the streaming engine: give --vram SIZE (or "
-                          "--cache)")
+        raise StrataError(f"--experts {args.experts} needs the streaming engine: give --vram "
+                          f"SIZE (or --cache)")
     check_budget_flags(args)
     args.device = resident_device(args)
     resolve_device(args.device)     # a device this machine lacks: one line, before the pack

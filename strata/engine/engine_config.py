@@ -48,7 +48,8 @@ class EngineConfig:
     devices: list[str] | None = None   # one per participant (default: cuda:0.. or cpu)
     layer_split: list[int] | None = None  # layers per participant (default: by VRAM)
     dtype: torch.dtype | None = None   # dense math: bf16 on CUDA, fp32 on the CPU
-    ffn: str | ExpertFFNs = "auto"     # expert FFN: auto | kernel | decoded | plane | torch | ref,
+    ffn: str | ExpertFFNs = "auto"     # expert FFN: auto | kernel | decoded | plane | int8 |
+                                       # plane-int8 | torch | ref,
                                        # held as its object (strata.models.moe.EXPERT_FFNS)
     batch: int | None = None           # experts per streamed batch (default ring // 2)
     slab: bool | None = None           # scratch slab from the loan's tail; None: STRATA_MMQ_SLAB

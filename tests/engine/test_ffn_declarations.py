@@ -59,14 +59,14 @@ def test_the_registry_reads_each_name_once():
     for name, ffn in EXPERT_FFNS.items():
         assert ffn.name == name and ffn_named(name) is ffn and ffn_named(ffn) is ffn
         assert EngineConfig(vram=1 << 30, ffn=name).ffn is ffn
-    assert [n for n, f in EXPERT_FFNS.items() if f.lands] == ["plane"]
+    assert [n for n, f in EXPERT_FFNS.items() if f.lands] == ["plane", "plane-int8"]
     assert ffn_named("auto").on("cpu") is EXPERT_FFNS["ref"]
     assert ffn_named("auto").on("cuda") is EXPERT_FFNS["auto"]
     with pytest.raises(StrataError, match="unknown expert FFN 'fast'"):
         ffn_named("fast")
 
 
-@pytest.mark.parametrize("name", ["ref", "torch", "plane", "int8"])
+@pytest.mark.parametrize("name", ["ref", "torch", "plane", "int8", "plane-int8"])
 def test_a_run_records_the_plan_of_its_ffn(pack, name):   # noqa: F811 (the fixture)
     from strata.packs import Pack
     cache = 100 * Pack.open(pack).max_blob

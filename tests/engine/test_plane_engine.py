@@ -41,9 +41,10 @@ def want(pack, tokens):
 
 def engine(pack, **kw):
     kw.setdefault("chunk", 8)
+    kw.setdefault("ffn", "plane")
     blob = Pack.open(pack).max_blob
     return PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=16 * blob, max_prompt=64,
-                                            device="cpu", ffn="plane", **kw))
+                                            device="cpu", **kw))
 
 
 def rel(a, b):
@@ -152,3 +153,24 @@ def test_plane_engine_on_the_gpu(pack, tokens, monkeypatch):
     assert res.stats.bytes_streamed > 0
     assert rel(res.logits.float(), want.float()) < BF16_Y_REL
     assert torch.equal(eng.cache.buffer, snap)
+
+
+def test_plane_int8_engine_is_the_int8_engine(tmp_path, tokens):
+    """--experts plane-int8 on an all-Q8_0 pack, streamed in passes (ring 3 < E) with its blobs
+    re-laid as they land: the logits of --experts int8 on the ggml blobs, bit for bit (each row
+    is computed from its token and expert alone, the same integers and fp32 steps); a pack with
+    another format is refused naming the layer."""
+    p = synth_pack(tmp_path / "q8.pack", SHAPE, ExpertFormats.of("Q8_0"), progress=False)
+    blob = Pack.open(p).max_blob
+    res = {}
+    for ffn in ("int8", "plane-int8"):
+        eng = PrefillEngine(p, EngineConfig(vram=1 << 30, cache=8 * blob, max_prompt=64,
+                                            device="cpu", ffn=ffn, ring=3, chunk=8))
+        assert (eng.cache.land is not None) == (ffn == "plane-int8")
+        res[ffn] = eng.run(tokens)
+    assert res["plane-int8"].stats.bytes_streamed > 0
+    assert torch.equal(res["plane-int8"].logits, res["int8"].logits)
+    with pytest.raises(StrataError, match="reads Q8_0 experts; layer 1 has gate Q4_0, up Q4_0"):
+        engine(pack=synth_pack(tmp_path / "mix.pack", SHAPE,
+                               [ExpertFormats.of("Q8_0"), ExpertFormats.of("Q4_0", down="Q8_0")],
+                               progress=False), ffn="plane-int8")

@@ -24,7 +24,8 @@ def test_kernel_bench_smoke(tmp_path):
     checks = [r for r in rows if r["figure"] == "rel_err"]
     assert {r["config"]["arm"] for r in checks} == {"strata-dp", "strata-sk", "strata-decoded",
                                                     "strata-decoded-grouped", "grouped_mm-bf16", "decode+grouped_mm",
-                                                    "strata-plane", "strata-int8"}
+                                                    "strata-plane", "strata-int8",
+                                                    "strata-plane-int8"}
     assert all(r["value"] < r["bound_value"] for r in checks)
     tf = [r for r in rows if r["figure"] == "tflops"]
     assert tf and all(r["gate"].startswith("normalized error") and r["timer"] for r in tf)
@@ -58,6 +59,24 @@ def test_kernel_bench_int8_tiles(tmp_path):
     assert arms == {"grouped_mm-bf16", "strata-int8", "strata-int8[32x32/w4s2]",
                     "strata-int8[32x32/w4s2k2]"}
     assert all(r["value"] < r["bound_value"] for r in rows if r["figure"] == "rel_err")
+
+
+def test_kernel_bench_plane_int8_arms(tmp_path):
+    """strata-plane-int8 runs on Q8_0 only (BF16 has no int8 arm), held to the int8 path's bound;
+    --int8-tiles adds its arms at the same tiles as strata-int8's."""
+    rc = _load().main(["--smoke", "--T", "5", "--formats", "BF16", "Q8_0", "--reps", "1",
+                       "--arms", "strata-int8", "strata-plane-int8", "--int8-tiles", "32x32/w4s2",
+                       "--out", str(tmp_path)])
+    assert rc == 0
+    rows = bench.read_csv(tmp_path / "kernel_bench_smoke.csv")
+    arms = {(r["config"]["format"], r["config"]["arm"]) for r in rows if r["figure"] == "tflops"}
+    assert arms == {("BF16", "grouped_mm-bf16"), ("Q8_0", "grouped_mm-bf16"),
+                    ("Q8_0", "strata-int8"), ("Q8_0", "strata-int8[32x32/w4s2]"),
+                    ("Q8_0", "strata-plane-int8"), ("Q8_0", "strata-plane-int8[32x32/w4s2]")}
+    checks = [r for r in rows if r["figure"] == "rel_err"]
+    assert all(r["value"] < r["bound_value"] for r in checks)
+    assert {r["bound_value"] for r in checks if "int8" in r["config"]["arm"]} == \
+        {_load().INT8_REL}
 
 
 def test_kernel_bench_bad_arm_or_tile_is_one_line(tmp_path, capsys):

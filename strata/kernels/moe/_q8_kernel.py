@@ -33,9 +33,21 @@ def q8_1_block(x):
 
 
 @triton.jit
+def q8_order(q):
+    """Codes [R, 32 n] with each 16-group put in strata.planes' Q8_ORDER (weight 8h + 2i + p at
+    byte 4i + 2h + p): the swap of two axes of [2, 4, 2], moved in registers so a store of the
+    result stays contiguous."""
+    R: tl.constexpr = q.shape[0]
+    G: tl.constexpr = q.shape[1] // 16
+    return tl.reshape(tl.permute(tl.reshape(q, (R, G, 2, 4, 2)), (0, 1, 3, 2, 4)),
+                      (R, G * 16))
+
+
+@triton.jit
 def _q8_1_kernel(x_ptr, stride_x, q_ptr, stride_q, d_ptr, s_ptr, stride_d, n_rows,
-                 BR: tl.constexpr):
-    """x [R, D] (fp32 or bf16) -> q int8 [R, D], d fp16 [R, D/32], s fp16 [R, D/32]."""
+                 BR: tl.constexpr, ORDER: tl.constexpr = False):
+    """x [R, D] (fp32 or bf16) -> q int8 [R, D], d fp16 [R, D/32], s fp16 [R, D/32]; ORDER: the
+    codes of each 16-group stored in Q8_ORDER (the plane layout's, strata.planes)."""
     pid_r = tl.program_id(0)
     kb = tl.program_id(1)                                              # 32-feature block
     rows = pid_r * BR + tl.arange(0, BR)                               # [BR]
@@ -44,7 +56,10 @@ def _q8_1_kernel(x_ptr, stride_x, q_ptr, stride_q, d_ptr, s_ptr, stride_d, n_row
     r64 = rows.to(tl.int64)[:, None]
     x = tl.load(x_ptr + r64 * stride_x + cols[None, :], mask=rmask[:, None], other=0.0)
     q, d, s = q8_1_block(x.to(tl.float32))
-    tl.store(q_ptr + r64 * stride_q + cols[None, :], q.to(tl.int8), mask=rmask[:, None])
+    q = q.to(tl.int8)
+    if ORDER:
+        q = q8_order(q)
+    tl.store(q_ptr + r64 * stride_q + cols[None, :], q, mask=rmask[:, None])
     at = rows.to(tl.int64) * stride_d + kb
     tl.store(d_ptr + at, d.to(tl.float16), mask=rmask)
     tl.store(s_ptr + at, s.to(tl.float16), mask=rmask)

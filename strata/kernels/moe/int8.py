@@ -127,20 +127,25 @@ def _room(grp) -> int:
     return grp.n_blocks if grp.n_blocks is not None else grp.block_expert.numel()
 
 
+def launch_out(tile: Int8Tile, dst, hq: Q8Rows | None):
+    """(dst, hd, hs, stride_hd) a launch writes: fp32 h or yk at dst, or hq's q8_1 rows (codes,
+    d, s); a StrataError where the tile cannot run (kb, or BN not whole q8_1 blocks for hq)."""
+    if tile.kb not in KBS:
+        raise StrataError(f"an int8 tile's reduction step covers "
+                          f"{', '.join(map(str, KBS))} q8_1 blocks, got kb={tile.kb}")
+    if hq is None:
+        return dst, dst, dst, 0     # hd, hs never touched
+    if tile.BLOCK_N % QK:
+        raise StrataError(f"q8_1 rows out of the GEMM need BLOCK_N a multiple of {QK}, "
+                          f"got {tile.BLOCK_N}")
+    return hq.q, hq.d, hq.s, hq.d.stride(0)
+
+
 def _launch(mode: int, a: Q8Rows, grp, experts: ExpertSet, m1, m2, dst, tw, tile: Int8Tile,
             n_out: int, n_in: int, b1: str, b2: str, topk: int, hq: Q8Rows | None = None):
     """One GEMM launch; `hq`: GATE_UP writes these q8_1 rows instead of fp32 h (dst)."""
     lay = experts.layout
-    if tile.kb not in KBS:
-        raise StrataError(f"an int8 tile's reduction step covers "
-                          f"{', '.join(map(str, KBS))} q8_1 blocks, got kb={tile.kb}")
-    if hq is not None:
-        if tile.BLOCK_N % QK:
-            raise StrataError(f"q8_1 rows out of the GEMM need BLOCK_N a multiple of {QK}, "
-                              f"got {tile.BLOCK_N}")
-        dst, hd, hs, stride_hd = hq.q, hq.d, hq.s, hq.d.stride(0)
-    else:
-        hd, hs, stride_hd = dst, dst, 0     # never touched
+    dst, hd, hs, stride_hd = launch_out(tile, dst, hq)
     boff = ((lay.bias.part(b1)[0], lay.bias.part(b2)[0]) if lay.bias is not None else (0, 0))
     S = _k.Int8Spec(MODE=mode, TOPK=topk, FMT1=format_traits(m1.fmt), FMT2=format_traits(m2.fmt),
                     MIN1=_min_sign(m1.fmt), MIN2=_min_sign(m2.fmt), BM=tile.BLOCK_M,
@@ -354,7 +359,15 @@ def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     The q8_1 rows of x and h take their bytes from workspace["h"] (the bf16 GEMM's h, 2F bytes
     a row: q8_1 rows need 1.125 a feature) where it holds them both, else fresh tensors."""
     _plan(x, topk_ids, topk_weights, experts, out, combine, workspace)
-    tile = tile or default_tile()
+    return run_ffn(x, topk_ids, topk_weights, experts, tile or default_tile(), out, workspace,
+                   check, combine, int8_gate_up_q8, int8_down)
+
+
+def run_ffn(x, topk_ids, topk_weights, experts, tile: Int8Tile, out, workspace, check: bool,
+            combine: str, gate_up_q8, down, order: bool = False) -> torch.Tensor:
+    """moe_ffn_int8's body after its checks, with its two GEMM passes given (`gate_up_q8`,
+    `down`: int8_gate_up_q8's and int8_down's signatures) and x's q8_1 codes in Q8_ORDER where
+    `order` (strata.kernels.moe.plane_int8 runs the plane layout's passes through it)."""
     T, K = topk_ids.shape
     D = x.shape[1]
     E, BM = experts.n_expert, tile.BLOCK_M
@@ -368,8 +381,8 @@ def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
         grp = group_blocked_bounded(topk_ids, E, BM, padded_rows(T, K, E, BM) // BM)
     if grp.n_blocks is None or grp.n_blocks:
         xq, hq = _q8_buffers(workspace, T, D, _room(grp) * BM, experts.layout.d_expert, x.device)
-        hq = int8_gate_up_q8(quantize_q8_1(x, out=xq), grp, experts, K, tile, out=hq)
-        int8_down(hq, grp, experts, topk_weights, tile, yk=yk)
+        hq = gate_up_q8(quantize_q8_1(x, out=xq, order=order), grp, experts, K, tile, out=hq)
+        down(hq, grp, experts, topk_weights, tile, yk=yk)
     elif combine != "layer":    # nothing routed to this call's experts
         return _combine(yk, T, K, D, topk_ids, out, None)
     if combine == "defer":

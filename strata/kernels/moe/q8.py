@@ -15,6 +15,10 @@ function). llama.cpp's CUDA MMQ quantizer (quantize_mmq_q8_1) differs in the las
 computes 127/amax and d = 1/(127/amax) and, built with -use_fast_math, divides approximately,
 so no plain reference reproduces its bits; the reference one does on every device here.
 
+`order=True` stores each 16-group's codes in strata.planes' Q8_ORDER (d and s unchanged), the
+order of a plane-layout Q8_0 matrix's codes, so an integer dot of the two is the dot in weight
+order (strata.kernels.moe.plane_int8).
+
 `quantize_q8_1` (Triton) and `quantize_q8_1_torch` (plain torch) share one signature and give the
 same bits.
 """
@@ -28,6 +32,7 @@ import triton
 from strata.errors import StrataError
 from strata.formats._util import round_away
 from strata.kernels.moe import _q8_kernel as _k
+from strata.planes import _q8_order
 
 QK = 32          # features a block (ggml's QK8_1)
 BLOCK_ROWS = 16  # rows a program
@@ -55,8 +60,9 @@ def _empty(x: torch.Tensor) -> Q8Rows:
                   torch.empty(R, D // QK, dtype=torch.float16, device=x.device))
 
 
-def quantize_q8_1(x: torch.Tensor, out: Q8Rows | None = None) -> Q8Rows:
-    """x [R, D] fp32/bf16 -> Q8Rows (see module docstring); `out`: buffers to write instead."""
+def quantize_q8_1(x: torch.Tensor, out: Q8Rows | None = None, order: bool = False) -> Q8Rows:
+    """x [R, D] fp32/bf16 -> Q8Rows (see module docstring); `out`: buffers to write instead;
+    `order`: codes in Q8_ORDER."""
     _check(x)
     out = out or _empty(x)
     R, D = x.shape
@@ -67,11 +73,13 @@ def quantize_q8_1(x: torch.Tensor, out: Q8Rows | None = None) -> Q8Rows:
         # v = x * id (contracted into fma(x, id, -t) it rounds codes at a half otherwise than
         # ggml and the twin: the GPU's default, which the interpreter never does)
         _k._q8_1_kernel[grid](x, x.stride(0), out.q, out.q.stride(0), out.d, out.s,
-                              out.d.stride(0), R, BR=BLOCK_ROWS, enable_fp_fusion=False)
+                              out.d.stride(0), R, BR=BLOCK_ROWS, ORDER=order,
+                              enable_fp_fusion=False)
     return out
 
 
-def quantize_q8_1_torch(x: torch.Tensor, out: Q8Rows | None = None) -> Q8Rows:
+def quantize_q8_1_torch(x: torch.Tensor, out: Q8Rows | None = None,
+                        order: bool = False) -> Q8Rows:
     """Plain-torch reference of `quantize_q8_1` (same signature, same bits)."""
     _check(x)
     R, D = x.shape
@@ -84,7 +92,8 @@ def quantize_q8_1_torch(x: torch.Tensor, out: Q8Rows | None = None) -> Q8Rows:
     inv = torch.where(d == 0, torch.zeros_like(d), (1 / d.double()).float())
     q = round_away(xb * inv[..., None]).to(torch.int32)                  # [R, B, 32]
     s = q.sum(dim=2).to(torch.float32) * d
-    res = Q8Rows(q.to(torch.int8).reshape(R, D), d.to(torch.float16), s.to(torch.float16))
+    q = q.to(torch.int8).reshape(R, D)
+    res = Q8Rows(_q8_order(q) if order else q, d.to(torch.float16), s.to(torch.float16))
     if out is None:
         return res
     for o, r in zip(out, res):

@@ -1,0 +1,185 @@
+"""Triton kernel of the int8 expert GEMM over plane-layout Q8_0 experts (see
+strata.kernels.moe.plane_int8 for the op and its twin).
+
+Legend: BM/BN tile sizes; a *tile* is BM sorted rows (one expert) x BN output features; the
+reduction runs over the input in 32-wide blocks (the q8_1 blocks, and Q8_0's), KB of them a step.
+
+The op and the arithmetic are strata.kernels.moe._int8_kernel's (MODE GATE_UP / DOWN, the same
+epilogues), for Q8_0 weights (no minimum, one fp16 d a block):
+
+    acc += P * (da * dw)         P = sum_{k in block} qa[k] * c[k]    (int32, the int8 MMA)
+
+block by block in increasing k, with that kernel's own helpers (_idot, _add_run, _store_q8_1).
+What differs is where the weights come from: the plane layout (strata.planes) keeps a matrix's
+codes as int8 [N, n_in] row-major (rows 16-byte aligned) and its scales as fp16 [N, n_in / 32],
+so a block's codes are one plain [BN, 32] int8 tile (8- or 16-byte cp.async, pipelined) and its
+scales a [BN] fp16 gather (or, with WORDS, one word a row for a step's KB blocks), where the
+ggml blocks (34 bytes) are read byte by byte.
+
+The plane's codes are in Q8_ORDER inside each 16-group (a permutation for the bf16 GEMM's
+register operand); an integer dot is the same whatever the order of its terms, so the
+activations' codes come in that order too (strata.kernels.moe.q8's order=True, and the gate/up
+epilogue's q8_1 store with ORDER: both permute in registers, _q8_kernel.q8_order, so their
+stores stay vectors) and P is the dot in weight order, bit for bit.
+
+The launch passes enable_fp_fusion=False (the twin rounds P * (da * dw) and + acc apart).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import triton
+import triton.language as tl
+
+from strata.kernels.moe._ffn_kernel import DOWN, GATE_UP, _act, _epilogue, _tile_rows
+from strata.kernels.moe._int8_kernel import _add_run, _idot, _store_q8_1
+
+
+class PlaneInt8Spec(NamedTuple):
+    """The kernel's compile-time choices, one constexpr `S`: mode, top-k, the tile (BM, BN, KB:
+    32-blocks a reduction step, each its own loads and dot), the epilogue's BIAS / ACT, and QH
+    (GATE_UP stores h as q8_1 rows, codes in Q8_ORDER)."""
+    MODE: int
+    TOPK: int
+    BM: int
+    BN: int
+    INTERP: bool
+    BIAS: bool = False
+    ACT: int = 0
+    QH: bool = False
+    KB: int = 1
+    WORDS: bool = False   # a step's KB (2 or 4) scales a row loaded as one word (_scale_words)
+
+    @property
+    def cache_key(self) -> str:
+        return "|".join(map(str, self))
+
+
+@triton.jit
+def _plane_block(acc, a, da, c_row, d, k0, n_mask):
+    """acc [BM, BN] += the 32-block of weights k0 .. k0 + 31 of a Q8_0 plane matrix (c_row
+    [BN, 1] its code rows' pointers, d [BN] fp32 its scales) against a [BM, 32] int8 (scales da
+    [BM] fp32)."""
+    c = tl.load(c_row + k0 + tl.arange(0, 32)[None, :], mask=n_mask[:, None], other=0)
+    return _add_run(acc, _idot(a, c), da, d, da, d, 0)
+
+
+@triton.jit
+def _scale_words(p, at, j0, mask, KB: tl.constexpr, WORDS: tl.constexpr):
+    """With WORDS, the fp16 scales of blocks j0 .. j0 + KB - 1 (KB 2 or 4) of rows at (element
+    offsets from p, multiples of KB) as one int32 / int64 word a row (0 where not mask): one
+    load a row a step where fp16 loads take KB (a thread holds 16 columns of a wgmma
+    accumulator, so these loads, not the codes, were most of a step's). Else None."""
+    if WORDS:
+        tl.static_assert(KB == 2 or KB == 4, "a scale word holds 2 or 4 fp16")
+        if KB == 4:
+            wp = p.to(tl.pointer_type(tl.int64), bitcast=True)
+        else:
+            wp = p.to(tl.pointer_type(tl.int32), bitcast=True)
+        w = tl.load(wp + at // KB + j0 // KB, mask=mask, other=0)
+    else:
+        w = None
+    return w
+
+
+@triton.jit
+def _scale(w, p, at, j, mask, jj: tl.constexpr, WORDS: tl.constexpr):
+    """fp32 [R] scales of block j = j0 + jj in rows at: the jj-th fp16 of the step's words w
+    (WORDS), else loaded (0 where not mask)."""
+    if WORDS:
+        d = ((w >> (16 * jj)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        d = tl.load(p + at + j, mask=mask, other=0.0)
+    return d.to(tl.float32)
+
+
+@triton.jit
+def _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s2_ptr, s_at, n_mask,
+                j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr, WORDS: tl.constexpr):
+    """Blocks j0 .. j0 + KB - 1 of the activations (rows qa_base, scales at da_ptr + ds_at)
+    against matrix 1 (and 2; scale rows at s*_ptr + s_at), in increasing order: each block's
+    codes and activations a tile of their own (cp.async), the step's scales one word a row
+    where WORDS."""
+    wa = _scale_words(da_ptr, ds_at, j0, valid, KB, WORDS)
+    w1 = _scale_words(s1_ptr, s_at, j0, n_mask, KB, WORDS)
+    if TWO:
+        w2 = _scale_words(s2_ptr, s_at, j0, n_mask, KB, WORDS)
+    else:
+        w2 = w1
+    for jj in tl.static_range(KB):
+        j = j0 + jj
+        k0 = j * 32
+        a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
+        da = _scale(wa, da_ptr, ds_at, j, valid, jj, WORDS)
+        acc1 = _plane_block(acc1, a, da, c1_row, _scale(w1, s1_ptr, s_at, j, n_mask, jj, WORDS),
+                            k0, n_mask)
+        if TWO:
+            acc2 = _plane_block(acc2, a, da, c2_row,
+                                _scale(w2, s2_ptr, s_at, j, n_mask, jj, WORDS), k0, n_mask)
+    return acc1, acc2
+
+
+@triton.jit
+def _plane_int8_gemm_kernel(
+        qa_ptr, da_ptr, stride_qa, stride_da, sorted_ids_ptr, block_expert_ptr, n_assign,
+        arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off, out_ptr, stride_out, tw_ptr, n_out,
+        n_in, n_blocks_ptr, boff1, boff2, alpha, limit, hd_ptr, hs_ptr, stride_hd,
+        S: tl.constexpr):
+    """One program a tile, the whole reduction; programs past the device's block count exit.
+    c*_off / s*_off: byte offsets of the code and scale planes from the blob's start. GATE_UP
+    stores h for every row of the tile (fp32 at out_ptr, or with S.QH q8_1 rows: codes in
+    Q8_ORDER at out_ptr, d and s at hd_ptr / hs_ptr); DOWN the valid rows times their routing
+    weight."""
+    TWO: tl.constexpr = S.MODE == GATE_UP
+    KB: tl.constexpr = S.KB
+    BM: tl.constexpr = S.BM
+    BN: tl.constexpr = S.BN
+    pid = tl.program_id(0)
+    NB = tl.cdiv(n_out, BN)
+    if pid < tl.load(n_blocks_ptr) * NB:
+        mb = pid // NB
+        nb = pid % NB
+        e = tl.load(block_expert_ptr + mb)
+        blob = arena_ptr + tl.multiple_of(tl.load(slot_ptr + e), 256)  # uint8* of expert e's blob
+        offs_m, ids, valid, a_rows = _tile_rows(S.MODE, sorted_ids_ptr, mb, n_assign, S.TOPK, BM)
+        offs_n = nb * BN + tl.arange(0, BN)
+        n_mask = offs_n < n_out
+        n64 = offs_n.to(tl.int64)
+        f16 = tl.pointer_type(tl.float16)
+        i8 = tl.pointer_type(tl.int8)
+        c1_row = (blob + c1_off).to(i8, bitcast=True) + n64[:, None] * n_in      # [BN, 1]
+        c2_row = (blob + c2_off).to(i8, bitcast=True) + n64[:, None] * n_in
+        s1 = (blob + s1_off).to(f16, bitcast=True)
+        s2 = (blob + s2_off).to(f16, bitcast=True)
+        s_at = n64 * (n_in // 32)                                          # [BN] scale rows
+        r64 = a_rows.to(tl.int64)
+        qa_base = qa_ptr + r64[:, None] * stride_qa                         # [BM, 1]
+        ds_at = r64 * stride_da                                            # [BM]
+        acc1 = tl.zeros((BM, BN), tl.float32)
+        acc2 = tl.zeros((BM, BN), tl.float32)
+        n_blk = n_in // 32
+        n_main = n_blk // KB
+        for i in range(0, n_main):
+            acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row, s2,
+                                     s_at, n_mask, i * KB, acc1, acc2, TWO, KB, S.WORDS)
+        if KB > 1:   # the blocks left over, in order
+            for j in range(n_main * KB, n_blk):
+                acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row,
+                                         s2, s_at, n_mask, j, acc1, acc2, TWO, 1, False)
+        f32 = tl.pointer_type(tl.float32)
+        b1 = (blob + boff1).to(f32, bitcast=True)   # the biases (read only with BIAS)
+        b2 = (blob + boff2).to(f32, bitcast=True)
+        if TWO:
+            if S.BIAS:
+                acc1 += tl.load(b1 + offs_n, mask=n_mask, other=0.0)[None, :]
+                acc2 += tl.load(b2 + offs_n, mask=n_mask, other=0.0)[None, :]
+            h = _act(acc1, acc2, alpha, limit, S.ACT)
+            row = out_ptr + offs_m[:, None].to(tl.int64) * stride_out
+            if S.QH:   # codes in Q8_ORDER: the down pass's activations
+                _store_q8_1(h, row + offs_n[None, :], hd_ptr, hs_ptr, stride_hd, offs_m, nb,
+                            n_mask, BM, BN, True)
+            else:
+                tl.store(row + offs_n[None, :], h, mask=n_mask[None, :])
+        else:
+            _epilogue(DOWN, acc1, acc2, out_ptr, stride_out, offs_m, ids, valid, offs_n, n_mask,
+                      tw_ptr, S.INTERP, b1, b2, alpha, limit, S.BIAS, S.ACT)

@@ -1,0 +1,181 @@
+"""The int8 expert GEMM over plane-layout Q8_0 experts (strata.kernels.moe.plane_int8) against
+the ggml-layout int8 GEMM (strata.kernels.moe.int8) and its twins on the same experts and tokens,
+on fresh random data; outputs poisoned (NaN scales, -128 codes) first.
+
+Everything is exact (torch.equal): a plane matrix holds ggml's codes permuted inside each
+16-group and the activations' codes come in the same order, so each block's integer dot, and
+every fp32 step after it, is int8.py's. The one gap int8.py's tests allow (act's exp: numpy's in
+the interpreter, torch's in the twin, a few ulps of h: ACT_REL) holds here against the twin, and
+the plane kernel's h is the ggml-layout kernel's bit for bit (the same exp).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from strata.errors import StrataError
+from strata.kernels.moe.combine import combine_rows_torch
+from strata.kernels.moe.grouping import group_blocked, topk_route
+from strata.kernels.moe.int8 import (Int8Tile, int8_down_torch, int8_gate_up, int8_gate_up_q8,
+                                     moe_ffn_int8, moe_ffn_int8_torch)
+from strata.kernels.moe.plane_int8 import (moe_ffn_plane_int8, moe_ffn_plane_int8_torch,
+                                           plane_int8_down, plane_int8_down_torch,
+                                           plane_int8_gate_up, plane_int8_gate_up_q8,
+                                           plane_int8_gate_up_q8_torch, plane_int8_gate_up_torch,
+                                           scale_words)
+from strata.kernels.moe.q8 import Q8Rows, quantize_q8_1, quantize_q8_1_torch
+from strata.kernels.moe.random_experts import random_expert_set
+from strata.planes import _q8_order, to_plane_set
+from tests.kernels.test_moe_int8 import ACT_ABS, ACT_REL, Case, _bits, _gen, _inputs, _same_q8
+
+TILE = Int8Tile(BLOCK_M=16, BLOCK_N=64)   # BLOCK_N past F 32 and not dividing D 160 or F 96
+# Q8_0 for gate, up and down: several experts, padded rows (T < BLOCK_M, one expert with two
+# blocks), skipped assignments, biases with swiglu_oai, and D 160 / F 96 (5 and 3 blocks: steps
+# of kb 2 and 4 leave blocks over, and the last column tile is part masked), and D 256 / F 128
+# (whole steps of kb 2 and 4 in both passes: the scales loaded as words, scale_words)
+CASES = [
+    Case("p8-T3-lt-tile", T=3, E=4, K=2),
+    Case("p8-all-on-one", T=20, E=4, K=1, route="one"),
+    Case("p8-skip-E7", T=11, E=7, K=2, route="skip"),
+    Case("p8-bias-swiglu-oai", T=6, E=4, K=2, bias=True, act="swiglu_oai"),
+    Case("p8-ragged-160-96", T=7, E=3, K=2, D=160, F=96),
+    Case("p8-words-256-128", T=9, E=3, K=2, D=256, F=128),   # kb 2 and 4 load scale words
+]
+
+
+def _poisoned(rows: int, n: int) -> Q8Rows:
+    return Q8Rows(torch.full((rows, n), -128, dtype=torch.int8),
+                  torch.full((rows, n // 32), float("nan")).half(),
+                  torch.full((rows, n // 32), float("nan")).half())
+
+
+def _ordered(a: Q8Rows) -> Q8Rows:
+    return Q8Rows(_q8_order(a.q), a.d, a.s)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_q8_1_in_q8_order_is_the_plain_codes_permuted(dtype):
+    gen, _ = _gen(f"q8-order-{dtype}")
+    x = (torch.randn(21, 96, generator=gen) * 4).to(dtype)
+    plain = quantize_q8_1_torch(x)
+    got = quantize_q8_1(x, out=_poisoned(21, 96), order=True)
+    assert _same_q8(got, quantize_q8_1_torch(x, order=True))
+    assert _same_q8(got, _ordered(plain))
+    assert not torch.equal(got.q, plain.q)
+
+
+@pytest.mark.parametrize("kb", [1, 2, 4])
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_plane_int8_stages_are_the_ggml_layout_int8_bits(c: Case, kb: int):
+    experts, x, ids, w, grp = _inputs(c)
+    planes = to_plane_set(experts)
+    tile = Int8Tile(TILE.BLOCK_M, TILE.BLOCK_N, kb=kb)
+    xq, xo = quantize_q8_1(x), quantize_q8_1(x, order=True)
+    # gate/up, fp32 h: the ggml-layout kernel's bits; its twin's within act's exp
+    h = plane_int8_gate_up(xo, grp, planes, c.K, tile)
+    assert not h.isnan().any()
+    assert torch.equal(_bits(h), _bits(int8_gate_up(xq, grp, experts, c.K, TILE)))
+    h_ref = plane_int8_gate_up_torch(xo, grp, planes, c.K, tile)
+    assert ((h - h_ref).abs() <= ACT_REL * h_ref.abs() + ACT_ABS).all()
+    # h quantized in the epilogue, codes in Q8_ORDER, into poisoned rows
+    hq = plane_int8_gate_up_q8(xo, grp, planes, c.K, tile, out=_poisoned(h.shape[0], c.F))
+    assert _same_q8(hq, quantize_q8_1(h, order=True))
+    assert _same_q8(hq, _ordered(int8_gate_up_q8(xq, grp, experts, c.K, TILE)))
+    assert _same_q8(plane_int8_gate_up_q8_torch(xo, grp, planes, c.K, tile),
+                    quantize_q8_1_torch(h_ref, order=True))
+    if c.id == "p8-words-256-128" and kb > 1:
+        assert scale_words(kb, c.D, xo.d) and scale_words(kb, c.F, hq.d)
+    elif c.id == "p8-ragged-160-96" and kb == 4:
+        assert not scale_words(kb, c.D, xo.d) and not scale_words(kb, c.F, hq.d)
+    # down, into rows poisoned NaN: int8.py's twin bit for bit; skipped rows stay NaN
+    hq_ref = quantize_q8_1(h_ref)
+    nan = lambda: torch.full((c.T * c.K, c.D), float("nan"))  # noqa: E731
+    yk = plane_int8_down(_ordered(hq_ref), grp, planes, w, tile, yk=nan())
+    yk_ref = int8_down_torch(hq_ref, grp, experts, w, tile, yk=nan())
+    assert torch.equal(yk.isnan(), yk_ref.isnan())
+    assert torch.equal(_bits(torch.nan_to_num(yk)), _bits(torch.nan_to_num(yk_ref)))
+    assert not yk[ids.reshape(-1) >= 0].isnan().any()
+    assert torch.equal(_bits(torch.nan_to_num(yk)), _bits(torch.nan_to_num(
+        plane_int8_down_torch(_ordered(hq_ref), grp, planes, w, tile, yk=nan()))))
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_moe_ffn_plane_int8_is_moe_ffn_int8(c: Case):
+    experts, x, ids, w, grp = _inputs(c)
+    planes = to_plane_set(experts)
+    y = moe_ffn_plane_int8(x, ids, w, planes, tile=TILE)
+    assert y.shape == (c.T, c.D) and y.dtype == torch.bfloat16 and not y.isnan().any()
+    assert torch.equal(y, moe_ffn_int8(x, ids, w, experts, tile=TILE))
+    # the launcher's wiring: int8.py's twin stages fed the kernel's own h
+    hq = int8_gate_up_q8(quantize_q8_1(x), grp, experts, c.K, TILE)
+    yk = int8_down_torch(hq, grp, experts, w, TILE)
+    assert torch.equal(y, combine_rows_torch(yk, c.T, c.K, c.D, ids, None,
+                                             "mask" if grp.n_skipped else "all"))
+    assert torch.equal(moe_ffn_plane_int8_torch(x, ids, w, planes, tile=TILE),
+                       moe_ffn_int8_torch(x, ids, w, experts, tile=TILE))
+
+
+def test_moe_ffn_plane_int8_passes_without_sync_sum_as_one_call():
+    """Two passes over halves of the experts, no host sync, the first deferring its rows to
+    workspace["yk"], the q8_1 rows in workspace["h"]: the bits of one checked call."""
+    from strata.kernels.moe.tiles import padded_rows
+    c = Case("p8-passes", T=9, E=4, K=2)
+    experts, x, ids, w, _ = _inputs(c)
+    planes = to_plane_set(experts)
+    y_one = moe_ffn_plane_int8(x, ids, w, planes, tile=TILE, out=torch.zeros(c.T, c.D))
+    h = torch.zeros(padded_rows(c.T, c.K, c.E, 64), c.F, dtype=torch.bfloat16)
+    ws = {"yk": torch.empty(c.T * c.K + 3, c.D), "h": h}
+    y = torch.zeros(c.T, c.D)
+    for half, combine in ((0, "defer"), (1, "layer")):
+        p_ids = torch.where(ids % 2 == half, ids, -1)
+        moe_ffn_plane_int8(x, p_ids, w, planes, tile=TILE, out=y, workspace=ws, check=False,
+                           combine=combine)
+    assert torch.equal(_bits(y), _bits(y_one))
+    assert h.view(torch.int16).ne(0).any()
+
+
+def test_moe_ffn_plane_int8_refuses_what_it_cannot_read():
+    experts = random_expert_set(2, 64, 32, "Q8_0", "Q8_0", "Q4_0")
+    x = torch.zeros(2, 64).bfloat16()
+    ids, w = topk_route(torch.zeros(2, 2), 1)
+    with pytest.raises(StrataError, match="reads a PlaneSet .* got ExpertSet"):
+        moe_ffn_plane_int8(x, ids, w, experts, tile=TILE)
+    with pytest.raises(StrataError, match="reads Q8_0 matrices; this layout has down Q4_0"):
+        moe_ffn_plane_int8(x, ids, w, to_plane_set(experts), tile=TILE)
+
+
+# ---------------------------------------------------------------- on the GPU
+
+GPU_CASES = [Case("gpu-p8", T=300, E=8, K=2, D=512, F=256),   # scale words (kb 4)
+             Case("gpu-p8-ragged-bias", T=200, E=8, K=2, D=2880, F=480, bias=True,
+                  act="swiglu_oai")]   # D 2880, F 480: kb 4 without words, remainders
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", GPU_CASES, ids=lambda c: c.id)
+def test_plane_int8_on_the_gpu_is_the_ggml_layout_int8(c: Case):
+    """On the device, at the default tiles of both: h and hq the ggml-layout kernel's bits (the
+    same device exp), yk the twin's, y moe_ffn_int8's (rows do not depend on the tile)."""
+    from strata.blob import ExpertAct
+    from strata.kernels.moe.plane_int8 import PLANE_INT8_TILE as tile
+    gen, seed = _gen(c.id)
+    dev = torch.device("cuda")
+    experts = random_expert_set(c.E, c.D, c.F, "Q8_0", seed=seed, bias=c.bias,
+                                act=ExpertAct(c.act), device=dev)
+    planes = to_plane_set(experts)
+    x = torch.randn(c.T, c.D, generator=gen).bfloat16().to(dev)
+    ids, w = topk_route(torch.randn(c.T, c.E, generator=gen).to(dev), c.K)
+    grp = group_blocked(ids, c.E, tile.BLOCK_M, slot_offset=experts.slot_offset,
+                        skip_negative=True)
+    xq, xo = quantize_q8_1(x), quantize_q8_1(x, order=True)
+    assert _same_q8(xo, quantize_q8_1_torch(x, order=True))
+    h = plane_int8_gate_up(xo, grp, planes, c.K, tile)
+    assert torch.equal(_bits(h), _bits(int8_gate_up(xq, grp, experts, c.K, tile)))
+    hq = plane_int8_gate_up_q8(xo, grp, planes, c.K, tile)
+    assert _same_q8(hq, quantize_q8_1(h, order=True))
+    hq_ref = quantize_q8_1(h)
+    yk = plane_int8_down(_ordered(hq_ref), grp, planes, w, tile,
+                         yk=torch.full((c.T * c.K, c.D), float("nan"), device=dev))
+    assert torch.equal(_bits(yk), _bits(int8_down_torch(hq_ref, grp, experts, w, tile)))
+    assert torch.equal(moe_ffn_plane_int8(x, ids, w, planes),
+                       moe_ffn_int8(x, ids, w, experts))
