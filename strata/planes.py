@@ -384,3 +384,17 @@ class Landing:
 
     def __call__(self, blob: torch.Tensor, layer: int) -> None:
         relayout_blob_(blob, self.layouts[layer])
+
+
+def check_plane_set(experts, formats, what: str, otherwise: str) -> None:
+    """One line when `experts` is not a PlaneSet whose every matrix is in `formats` (its
+    plane layout): `what` names the reader, `otherwise` the path that reads the others."""
+    if not isinstance(experts, PlaneSet):
+        raise StrataError(f"{what} reads a PlaneSet (blobs in the plane layout), got "
+                          f"{type(experts).__name__}; re-lay it with strata.planes.to_plane_set")
+    bad = [f"{m.name} {m.fmt.name}" for m, p in zip(experts.layout.matrices,
+                                                    experts.planes.matrices)
+           if p is None or p.fmt not in formats]
+    if bad:
+        raise StrataError(f"{what} reads {', '.join(formats)} matrices; this layout has "
+                          f"{', '.join(bad)}: run it through {otherwise}")

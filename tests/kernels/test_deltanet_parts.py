@@ -176,6 +176,23 @@ def test_sizes_of_qwen35():
         chunk_scratch_bytes(T, 3, 32, 128, 128)
 
 
+def created(monkeypatch, call) -> list:
+    """(shape, dtype) of every tensor `call()` creates through torch.empty."""
+    made = []
+    empty = torch.empty
+
+    def record(*args, **kw):
+        t = empty(*args, **kw)
+        made.append((tuple(t.shape), t.dtype))
+        return t
+    monkeypatch.setattr(torch, "empty", record)
+    try:
+        call()
+    finally:
+        monkeypatch.setattr(torch, "empty", empty)
+    return made
+
+
 @pytest.mark.parametrize("T,qk_l2norm,split", [(1, False, False), (1, True, False),
                                                (65, False, False), (65, True, False),
                                                (65, True, True)],
@@ -192,18 +209,10 @@ def test_launcher_allocates_what_the_sizes_count(monkeypatch, T, qk_l2norm, spli
         q, k = l2norm_torch(q), l2norm_torch(k)
     v = torch.randn(T, Hv, dv, generator=gen)
     g, beta = -torch.rand(T, Hv, generator=gen), torch.rand(T, Hv, generator=gen)
-    made = []
-    empty = torch.empty
-
-    def record(*args, **kw):
-        t = empty(*args, **kw)
-        made.append((tuple(t.shape), t.dtype))
-        return t
-    monkeypatch.setattr(torch, "empty", record)
     with pin_delta_launch(split=split):
-        chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=qk_l2norm)
+        made = created(monkeypatch, lambda: chunk_gated_delta_rule(q, k, v, g, beta, None,
+                                                                   use_qk_l2norm=qk_l2norm))
         planned = deltanet_buffers(_lin_shape(Hk, Hv, dk, dv), T) if qk_l2norm else None
-    monkeypatch.setattr(torch, "empty", empty)
     outputs = [((T, Hv, dv), q.dtype), ((Hv, dk, dv), torch.float32)]
     bufs = chunk_buffers(T, Hk, Hv, dk, dv, qk_l2norm=qk_l2norm, split=split)
     assert ("oi" in {b.name for b in bufs}) == split
@@ -238,16 +247,8 @@ def test_fla_launcher_allocates_what_the_sizes_count(monkeypatch, T, kv):
     q, k = (torch.randn(T, Hk, dk, generator=gen).to(dt) for _ in range(2))
     v = torch.randn(T, Hv, dv, generator=gen).to(dt)
     g, beta = -torch.rand(T, Hv, generator=gen), torch.rand(T, Hv, generator=gen).to(dt)
-    made = []
-    empty = torch.empty
-
-    def record(*args, **kw):
-        t = empty(*args, **kw)
-        made.append((tuple(t.shape), t.dtype))
-        return t
-    monkeypatch.setattr(torch, "empty", record)
-    chunk_gated_delta_rule_fla(q, k, v, g, beta, None, use_qk_l2norm=True)
-    monkeypatch.setattr(torch, "empty", empty)
+    made = created(monkeypatch, lambda: chunk_gated_delta_rule_fla(q, k, v, g, beta, None,
+                                                                   use_qk_l2norm=True))
     bufs = chunk_buffers(T, Hk, Hv, dk, dv, qk_l2norm=True, backend="fla", itemsize=dt.itemsize)
     with pin_delta_launch(backend="fla"):
         assert deltanet_buffers(_lin_shape(Hk, Hv, dk, dv), T, KVPolicy(kv)) == bufs

@@ -1,13 +1,28 @@
-"""The delta rule's scratch buffers as tensors: a sizes.Buffer viewed in the bytes a caller
-hands in (the prompt layout's dn_* carve views), or allocated when none is given. Both
-launchers (strata.kernels.deltanet.chunk and .fla_rule) take their buffers here, so what they
-compute in is what sizes.chunk_buffers counts.
+"""What the delta rule's two Triton launchers (strata.kernels.deltanet.chunk and .fla_rule)
+share: their inputs' checks and dims, and their scratch buffers as tensors (a sizes.Buffer viewed
+in the bytes a caller hands in, the prompt layout's dn_* carve views, or allocated when none is
+given), so what they compute in is what sizes.chunk_buffers counts.
 """
 from __future__ import annotations
 
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.deltanet.naive import check_inputs
+
+MAX_HEAD_DIM = 256   # one program holds a chunk's dk row and a [dk, BV] block of the state
+
+
+def launch_dims(q, k, v, g, beta, initial_state, out_state, chunk_size: int, what: str):
+    """(T, Hk, dk, Hv, dv) of a launcher's inputs, checked (naive.check_inputs, and head dims
+    up to MAX_HEAD_DIM), one line naming `what` when they are wrong."""
+    check_inputs(q, k, v, g, beta, initial_state, out_state, chunk_size, what)
+    T, Hk, dk = q.shape
+    Hv, dv = v.shape[1:]
+    if max(dk, dv) > MAX_HEAD_DIM:
+        raise StrataError(f"{what} holds head dims up to {MAX_HEAD_DIM}, got dk {dk} dv {dv}; "
+                          f"use chunk_gated_delta_rule_torch")
+    return T, Hk, dk, Hv, dv
 
 
 def take_buffer(scratch, b, device, what: str = "chunk_gated_delta_rule"):

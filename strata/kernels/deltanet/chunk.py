@@ -37,16 +37,13 @@ import contextlib
 import torch
 import triton
 
-from strata.errors import StrataError
 from strata.kernels.deltanet._chunk_kernel import (_gdn_out_fwd_kernel, _gdn_state_fwd_kernel,
                                                    _gdn_wy_fwd_kernel)
 from strata.kernels.deltanet.launch import delta_launch
-from strata.kernels.deltanet.naive import check_inputs
 from strata.kernels.deltanet.norms import l2norm
-from strata.kernels.deltanet.buffers import take_buffer
+from strata.kernels.deltanet.buffers import launch_dims, take_buffer
 from strata.kernels.deltanet.sizes import CHUNK, chunk_buffers
 
-MAX_HEAD_DIM = 256      # one program holds a chunk's full dk row and the [dk, BV] state block
 
 
 def _on_device(x: torch.Tensor):
@@ -72,13 +69,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
                            use_qk_l2norm: bool = False, chunk_size: int = CHUNK,
                            out_state=None, scratch=None):
     """The chunked gated delta rule (see the module docstring) -> (o, final state)."""
-    check_inputs(q, k, v, g, beta, initial_state, out_state, chunk_size,
-                 "chunk_gated_delta_rule")
-    T, Hk, dk = q.shape
-    Hv, dv = v.shape[1:]
-    if max(dk, dv) > MAX_HEAD_DIM:
-        raise StrataError(f"chunk_gated_delta_rule holds head dims up to {MAX_HEAD_DIM}, got "
-                          f"dk {dk} dv {dv}; use chunk_gated_delta_rule_torch")
+    T, Hk, dk, Hv, dv = launch_dims(q, k, v, g, beta, initial_state, out_state, chunk_size,
+                                    "chunk_gated_delta_rule")
     L = delta_launch()
     if L.backend == "fla":
         from strata.kernels.deltanet.fla_rule import chunk_gated_delta_rule_fla

@@ -39,13 +39,11 @@ import torch
 import triton
 
 from strata.errors import StrataError
-from strata.kernels.deltanet.buffers import take_buffer
-from strata.kernels.deltanet.naive import check_inputs
+from strata.kernels.deltanet.buffers import launch_dims, take_buffer
 from strata.kernels.deltanet.norms import l2norm
 from strata.kernels.deltanet.sizes import CHUNK, fla_buffers
 
 FLA_VERSION = "0.6"          # the minor strata launches (its kernels' arguments are internal)
-MAX_HEAD_DIM = 256           # fla's scan holds up to four 64-wide blocks of dk
 RCP_LN2 = 1.4426950216       # fla's kernels decay with exp2: g_cum is in log2 units
 
 
@@ -103,13 +101,8 @@ def chunk_gated_delta_rule_fla(q, k, v, g, beta, initial_state=None, *, scale=No
                                use_qk_l2norm: bool = False, chunk_size: int = CHUNK,
                                out_state=None, scratch=None):
     """The chunked gated delta rule on fla-core's kernels (the module docstring)."""
-    check_inputs(q, k, v, g, beta, initial_state, out_state, chunk_size,
-                 "chunk_gated_delta_rule_fla")
-    T, Hk, dk = q.shape
-    Hv, dv = v.shape[1:]
-    if max(dk, dv) > MAX_HEAD_DIM:
-        raise StrataError(f"chunk_gated_delta_rule_fla holds head dims up to {MAX_HEAD_DIM}, "
-                          f"got dk {dk} dv {dv}; pin backend=strata or use the torch twin")
+    T, Hk, dk, Hv, dv = launch_dims(q, k, v, g, beta, initial_state, out_state, chunk_size,
+                                    "chunk_gated_delta_rule_fla")
     K = fla_kernels()
     act = v.dtype
     bufs = {b.name: take_buffer(scratch, b, q.device, "chunk_gated_delta_rule_fla")

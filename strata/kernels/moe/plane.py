@@ -43,7 +43,7 @@ from strata.kernels.moe.ffn import (COMBINES, _check_inputs, _combine, _work, de
 from strata.kernels.pins import pinned
 from strata.kernels.moe.grouping import group_blocked, group_blocked_bounded
 from strata.kernels.moe.tiles import block_m_for, padded_rows
-from strata.planes import PlaneSet, dequantize_planes, split_planes
+from strata.planes import PlaneSet, check_plane_set, dequantize_planes, split_planes
 
 # what the plane GEMM decodes (bundles with a plane layout), any mix over the matrices
 KERNEL_FORMATS = tuple(n for n, t in TRAITS.items() if t.PLANE_PACK)
@@ -203,15 +203,7 @@ def plane_tile(n_tokens: int, top_k: int, n_expert: int, fmt: str = "Q8_0") -> P
 
 
 def _check_planes(experts) -> None:
-    if not isinstance(experts, PlaneSet):
-        raise StrataError(f"plane_ffn reads a PlaneSet (blobs in the plane layout), got "
-                          f"{type(experts).__name__}; re-lay it with strata.planes.to_plane_set")
-    bad = [f"{m.name} {m.fmt.name}" for m, p in zip(experts.layout.matrices,
-                                                    experts.planes.matrices)
-           if p is None or p.fmt not in KERNEL_FORMATS]
-    if bad:
-        raise StrataError(f"the plane GEMM reads {', '.join(KERNEL_FORMATS)} matrices; this "
-                          f"layout has {', '.join(bad)}: run it through strata.kernels.moe_ffn")
+    check_plane_set(experts, KERNEL_FORMATS, "the plane GEMM", "strata.kernels.moe_ffn")
 
 
 _ALLOCATOR_SET: list[bool] = []

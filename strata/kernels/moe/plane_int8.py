@@ -32,13 +32,12 @@ from __future__ import annotations
 import torch
 
 from strata._backend import INTERPRET
-from strata.errors import StrataError
 from strata.kernels.moe import _plane_int8_kernel as _k
 from strata.kernels.moe.int8 import (INTERP_TILE, Int8Tile, _plan, _q8_rows, _room,
                                      int8_down_torch, int8_gate_up_torch, launch_out,
                                      moe_ffn_int8_torch, run_ffn)
 from strata.kernels.moe.q8 import QK, Q8Rows, quantize_q8_1_torch
-from strata.planes import PlaneSet, _q8_order, to_expert_set
+from strata.planes import PlaneSet, _q8_order, check_plane_set, to_expert_set
 
 FORMATS = ("Q8_0",)   # what it reads, for gate, up and down (the engine's landing checks it)
 
@@ -61,17 +60,8 @@ def default_tile() -> Int8Tile:
 
 
 def _check_planes(experts) -> None:
-    if not isinstance(experts, PlaneSet):
-        raise StrataError(f"the plane int8 GEMM reads a PlaneSet (blobs in the plane layout), "
-                          f"got {type(experts).__name__}; re-lay it with "
-                          f"strata.planes.to_plane_set")
-    bad = [f"{m.name} {m.fmt.name}" for m, p in zip(experts.layout.matrices,
-                                                    experts.planes.matrices)
-           if p is None or p.fmt not in FORMATS]
-    if bad:
-        raise StrataError(f"the plane int8 GEMM reads {', '.join(FORMATS)} matrices; this "
-                          f"layout has {', '.join(bad)}: run it through "
-                          f"strata.kernels.moe.int8.moe_ffn_int8")
+    check_plane_set(experts, FORMATS, "the plane int8 GEMM",
+                    "strata.kernels.moe.int8.moe_ffn_int8")
 
 
 def scale_words(kb: int, n_in: int, da: torch.Tensor) -> bool:
