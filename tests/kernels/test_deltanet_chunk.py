@@ -420,16 +420,22 @@ def test_gpu_fla_backend_carry_and_memory(c):
     output, the final state and exactly sizes.fla_buffers (512-byte blocks of the allocator)."""
     from strata.kernels.deltanet.sizes import chunk_scratch_bytes
     x = inputs(c, 14, torch.bfloat16, device="cuda")
-    o, S = chunk_gated_delta_rule_fla(*x, use_qk_l2norm=True)       # autotunes first
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    o, S = chunk_gated_delta_rule_fla(*x, use_qk_l2norm=True)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
     want = (chunk_scratch_bytes(c.T, c.Hk, c.Hv, c.dk, c.dv, qk_l2norm=True, backend="fla",
-                                itemsize=2) + o.numel() * 2 + S.numel() * 4)
-    assert want <= peak <= want + 512 * 12
+                                itemsize=2) + c.T * c.Hv * c.dv * 2 + c.Hv * c.dk * c.dv * 4)
+    peaks = []
+    for _ in range(2):      # the first call of a shape autotunes (fla's configs, timed)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        o, S = chunk_gated_delta_rule_fla(*x, use_qk_l2norm=True)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        del o, S
+    # the first call may add Triton's do_bench L2-flush buffer (256 MiB, its nvidia driver's
+    # get_empty_cache_for_benchmark), outside the plan, inside the budget's 1 GiB reserve
+    assert want <= peaks[0] <= want + 256 * 2**20 + 512 * 12, peaks
+    assert want <= peaks[1] <= want + 512 * 12, peaks
+    o, S = chunk_gated_delta_rule_fla(*x, use_qk_l2norm=True)
     assert torch.isfinite(o).all() and torch.isfinite(S).all()
     o2, S2 = two_calls(chunk_gated_delta_rule_fla, x, (c.T // 2) // BT * BT)
     assert torch.equal(o2, o) and torch.equal(S2, S)
