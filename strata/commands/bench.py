@@ -32,12 +32,13 @@ import torch
 
 from strata.commands._args import add_budget_flags
 from strata.errors import StrataError
+from strata.kernels.deltanet.launch import delta_spec
 from strata.units import fmt_bytes
 
 FORMATS = ("md", "csv", "json")
 FLOOR_PARTS = ("experts", "attention", "linear", "dense")     # strata.bench.roofline's
 PART_COLUMNS = [f"floor_{k}_s" for k in FLOOR_PARTS]
-COLUMNS = ["model", "pack_bytes", "vram", "kv", "test", "n_tokens", "chunk", "ring", "reps",
+COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "test", "n_tokens", "chunk", "ring", "reps",
            "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "h2d_gbps",
            "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "of_bound", "warmup_s",
            "wait_s", *PART_COLUMNS]
@@ -125,6 +126,8 @@ def run(args) -> int:
             "pack_bytes": sum(engine.blob_sizes) * engine.shape.n_expert,
             "vram": "+".join(fmt_bytes(v) for v in cfg.vram),
             "kv": str(getattr(args, "kv", "") or "bf16"),
+            # a hybrid's delta-rule launch (strata.kernels.deltanet.launch): which path ran
+            "delta": delta_spec(engine.shape),
             "test": f"pp{n}", "n_tokens": n, "chunk": res.chunk, "ring": res.ring,
             "reps": args.repeats,
             "tokens_per_s": statistics.fmean(tps),
@@ -169,6 +172,9 @@ def markdown(rows: list[dict]) -> str:
              for r in rows if r.get("floor_experts_s") is not None]
     if parts:
         lines += ["", "compute floor by part, seconds a prompt: " + "; ".join(parts)]
+    deltas = sorted({r["delta"] for r in rows if r.get("delta")})
+    if deltas:
+        lines += ["", f"delta rule launch (linear-attention layers): {', '.join(deltas)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,7 @@ from strata.commands._prompt import (check_context, dump_path, open_checked, par
 from strata.commands._packing import batch_room, read_batches
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import resolve_kv
+from strata.kernels.deltanet.launch import delta_spec
 from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.units import fmt_bytes
 
@@ -138,12 +139,14 @@ class ResidentReport:
     kv_plan_bytes: int = 0       # bytes the shape counts for it (ModelShape.kv_bytes, per layer)
     logits_path: str | None = None
     stats: dict = field(default_factory=dict)   # the provider's stats()
+    delta: str | None = None     # a hybrid's delta-rule launch (DeltaLaunch.spec), else None
 
     def summary(self) -> str:
         lines = [f"strata prefill: {self.n_tokens} tokens in {self.n_chunks} chunk(s) of "
                  f"{self.chunk} through {self.pack} ({self.arch})",
                  f"  device {self.device}, dtype {self.dtype}, KV {self.kv}, experts via "
-                 f"{self.experts}, provider {self.provider}",
+                 f"{self.experts}, provider {self.provider}"
+                 + (f", delta rule {self.delta}" if self.delta else ""),
                  f"  {self.seconds * 1e3:.1f} ms, {self.tokens_per_s:.1f} tokens/s, "
                  f"next token {self.next_token}"]
         lines += [f"  {k}: {fmt_bytes(v) if k.endswith('_bytes') else v}"
@@ -293,6 +296,7 @@ def run(args) -> int:
                          kv_plan_bytes=sum(pack.shape.kv_bytes(
                              layer_kv_tokens(T, w)[0], kv) for w in kv_windows(pack.shape)),
                          experts=ffn.name, provider=provider_name,
+                         delta=delta_spec(pack.shape),
                          n_tokens=T, chunk=chunk, n_chunks=n_chunks, seconds=seconds,
                          tokens_per_s=T / seconds if seconds > 0 else float("inf"),
                          stats=provider.stats(),
@@ -421,7 +425,8 @@ def streaming_report(engine, res, pack_name: str) -> dict:
         "pack": pack_name, "arch": engine.shape.arch, "devices": [str(p.device) for p in engine.parts],
         "layers": [len(p.layers) for p in engine.parts],
         "dtype": str(engine.dtype).replace("torch.", ""),
-        "experts": engine.cfg.ffn.name, "pinned": engine.host.pinned,
+        "experts": engine.cfg.ffn.name, "delta": delta_spec(engine.shape),
+        "pinned": engine.host.pinned,
         "n_tokens": st.tokens, "seconds": st.seconds, "tokens_per_s": st.tokens_per_s,
         "prefill_chunk": res.chunk, "prefill_ring": res.ring,
         "plan": res.plan.to_dict(),

@@ -66,6 +66,15 @@ class DeltaLaunch:
             raise StrataError(f"DeltaLaunch: backend must be one of {BACKENDS}, got "
                               f"{self.backend!r}")
 
+    @property
+    def spec(self) -> str:
+        """The fields that differ from the default as `parse` reads them ("backend=fla",
+        "split,prec=tf32"), or "default": what a report says ran."""
+        d = DeltaLaunch()
+        parts = [f.name if v is True else f"{f.name}={v}"
+                 for f in fields(self) if (v := getattr(self, f.name)) != getattr(d, f.name)]
+        return ",".join(parts) or "default"
+
     @classmethod
     def parse(cls, text: str) -> "DeltaLaunch":
         """"split,prec=tf32,bv=64" -> DeltaLaunch (names of fields; a bare name sets a bool)."""
@@ -98,6 +107,12 @@ def delta_launch() -> DeltaLaunch:
     """The launch in force: the pinned one, else DEFAULT."""
     pin = _PIN.get()
     return DEFAULT if pin is None else pin
+
+
+def delta_spec(shape) -> str | None:
+    """What a report says of `shape`'s delta rule: the launch in force (DeltaLaunch.spec) where
+    it has linear-attention layers, else None."""
+    return delta_launch().spec if getattr(shape, "linear", None) is not None else None
 
 
 def launch_from_flag(text: str, flag: str = "--delta") -> DeltaLaunch:
