@@ -101,16 +101,19 @@ def _prompt_kv_pieces(kv: PromptKV, layer: int, P: int):
 def restore(cache, n: int, get) -> None:
     """Positions 0..n-1 of every layer back into an empty `cache` (its capacity counts them
     and what follows), then its length set to n: `get(layer, part_index, a, b)` gives rows of
-    positions a..b token-major (host tensors; a host-held PromptKV part is copied host to host)."""
+    positions a..b token-major (host tensors; a host-held PromptKV part is copied host to host,
+    the device-resident rows of every layer go up in one staged bulk copy a device,
+    strata.engine.pinning.stage_to_device, not one pageable copy a layer)."""
     if cache.length:
         raise StrataError("the KV is restored into an empty cache only")
     n_layer = len(cache.windows) if hasattr(cache, "windows") else len(cache.c)
+    ups: list = []              # (device destination, host rows) of a PromptKV's resident rows
     for l in range(n_layer):
         if getattr(cache, "windows", None) and cache.windows[l] == NO_KV:
             continue            # a linear layer: its state is restore_states'
         if isinstance(cache, PromptKV):
             if l in cache.mine:
-                _restore_prompt_kv(cache, l, n, get)
+                ups += _restore_prompt_kv(cache, l, n, get)
         elif isinstance(cache, MLACache):
             for i, s in enumerate(cache._stores()):
                 x = get(l, i, 0, n)
@@ -124,24 +127,51 @@ def restore(cache, n: int, get) -> None:
                     store[l] = x.clone()
                 else:
                     store[l][:, :m] = x
+    _upload(ups)
     cache.length = n
 
 
-def _restore_prompt_kv(kv: PromptKV, layer: int, n: int, get) -> None:
+def _upload(pairs: list) -> None:
+    """Each (dst, src): dst.copy_(src); the contiguous destinations of one device in one staged
+    bulk copy (strata.engine.pinning.stage_to_device), any other one by one."""
+    from strata.engine.pinning import stage_to_device
+    by_device: dict = {}
+    for dst, src in pairs:
+        if dst.is_contiguous():
+            by_device.setdefault(dst.device, []).append((dst, src))
+        else:
+            dst.copy_(src)
+    for device, group in by_device.items():
+        stage_to_device(group, device)
+
+
+def _restore_prompt_kv(kv: PromptKV, layer: int, n: int, get) -> list:
+    """Host-held rows of `layer` copied in place; its resident rows returned as (device
+    destination, host rows) pairs for restore's bulk upload. A sliding layer's ring holds
+    position p at slot p % R: the held rows land in at most two runs of slots."""
     W = kv.windows[layer]
+    ups = []
     if W:
         R, m = kv.kept[layer], _held(n, W)
-        slots = torch.tensor([p % R for p in range(n - m, n)], dtype=torch.int64)
+        if not m:
+            return ups
+        if m > R:
+            raise StrataError(f"layer {layer} keeps {R} positions of its window, not {m}")
+        first = (n - m) % R
+        a = min(m, R - first)                  # the run up to the ring's end, then its start
         for i, dst in enumerate(kv.resident[layer]):
-            if m:
-                dst[slots.to(dst.device)] = get(layer, i, n - m, n).to(dst.device)
-        return
+            rows = get(layer, i, n - m, n)
+            ups.append((dst[first:first + a], rows[:a]))
+            if m > a:
+                ups.append((dst[:m - a], rows[a:]))
+        return ups
     h = min(n, kv.held[layer])
     for i, (host, res) in enumerate(zip(kv.hosted[layer], kv.resident[layer])):
         if h:
             host[:h].copy_(get(layer, i, 0, h))
         if n > h:
-            res[:n - h].copy_(get(layer, i, h, n))
+            ups.append((res[:n - h], get(layer, i, h, n)))
+    return ups
 
 
 def reusable(n: int, saved: int, starts: list[int], windows: list[int]) -> bool:

@@ -31,6 +31,7 @@ HOST_REGISTER_READ_ONLY = 0x08
 
 # PinMethod and the copy piece live beside the read-ahead, which must not import torch
 from strata.engine.early import COPY_PIECE, PinMethod, huge_page_map  # noqa: F401
+from strata.errors import StrataError
 
 
 def parallel_copy(dst: torch.Tensor, src: torch.Tensor, threads: int = 8,
@@ -164,16 +165,10 @@ def _staging(nbytes: int, cuda: bool) -> tuple[torch.Tensor, object]:
 def upload(tensors: dict[str, torch.Tensor], device, dtype: torch.dtype, *, threads: int = 8,
            piece: int = STAGE_PIECE) -> dict[str, torch.Tensor]:
     """Host tensors onto one device as `dtype`, in bulk: name -> a view of one device buffer that
-    holds them all (offsets 256-aligned).
-
-    One pageable `.to(device)` per tensor reads a memory-mapped pack on one core (a page fault
-    per 4 KiB, then the driver's own staging copy) and waits for each copy. Here the bytes stream
-    through two pinned staging pieces: `threads` threads copy piece k+1 out of the map while the
-    DMA of piece k runs, and the host waits once at the end. A tensor of another dtype is
+    holds them all (offsets 256-aligned), filled by stage_to_device. A tensor of another dtype is
     converted on the host first (as `.to` does for a host-to-device copy), so the device holds
-    only `dtype` bytes. On the CPU the same pieces run as plain copies (what the tests check)."""
+    only `dtype` bytes."""
     device = torch.device(device)
-    cuda = device.type == "cuda"
     raw, offs, total = {}, {}, 0
     for name, t in tensors.items():
         src = t if t.dtype == dtype else t.to(dtype)
@@ -181,41 +176,70 @@ def upload(tensors: dict[str, torch.Tensor], device, dtype: torch.dtype, *, thre
         offs[name] = total
         total += -(-raw[name].numel() // ALIGN) * ALIGN
     buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
+    stage_to_device([(buf[offs[n]:offs[n] + r.numel()], r) for n, r in raw.items()], device,
+                    threads=threads, piece=piece)
+    return {name: buf[offs[name]:offs[name] + raw[name].numel()].view(dtype).view(t.shape)
+            for name, t in tensors.items()}
+
+
+def stage_to_device(pairs: list[tuple[torch.Tensor, torch.Tensor]], device, *, threads: int = 8,
+                    piece: int = STAGE_PIECE) -> None:
+    """dst.copy_(src) for each (dst, src) pair: dst a contiguous tensor on `device`, src a host
+    tensor of the same number of bytes (any dtype, contiguous or not: read as its bytes).
+
+    One pageable copy per tensor reads a memory-mapped file on one core (a page fault per 4 KiB,
+    then the driver's own staging copy) and waits for each copy. Here the bytes stream through
+    two pinned staging pieces: `threads` threads copy piece k+1 out of the sources while the
+    DMAs of piece k run (one a destination segment), and the host waits once at the end. On the
+    CPU the same pieces run as plain copies (what the tests check)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    flat = []
+    for d, s in pairs:
+        dst, src = d.view(-1).view(torch.uint8), s.contiguous().reshape(-1).view(torch.uint8)
+        if not d.is_contiguous() or dst.numel() != src.numel():
+            raise StrataError(f"stage_to_device: a contiguous destination of the source's "
+                              f"{src.numel()} bytes, got {list(d.shape)} {d.dtype}")
+        if src.numel():
+            flat.append((dst, src))
+    total = sum(s.numel() for _, s in flat)
+    if not total:
+        return
     piece = max(ALIGN, min(piece, total))
     stages = [_staging(piece, cuda) for _ in range(2 if total > piece else 1)]
     stream = torch.cuda.Stream(device) if cuda else None
     if cuda:
-        stream.wait_stream(torch.cuda.current_stream(device))   # buf's allocation, in order
+        stream.wait_stream(torch.cuda.current_stream(device))   # the destinations, in order
     done: list = [None] * len(stages)
-    stage, pairs = None, []
-    order = sorted(raw, key=offs.__getitem__)
+    stage, fills, lands = None, [], []
     pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
     try:
-        i = 0
+        j, at = 0, 0              # the pair being staged and how far into it
         for k, p in enumerate(range(0, total, piece)):
             n = min(piece, total - p)
             s = k % len(stages)
             stage = stages[s][0]
             if done[s] is not None:
-                done[s].synchronize()          # the DMA out of this staging piece has run
-            pairs = []
-            while i < len(order) and offs[order[i]] < p + n:
-                name = order[i]
-                a, r = offs[name], raw[name]
-                lo, hi = max(a, p), min(a + r.numel(), p + n)
-                if hi > lo:
-                    pairs.append((stage[lo - p:hi - p], r[lo - a:hi - a]))
-                if a + r.numel() > p + n:      # continues into the next piece
-                    break
-                i += 1
-            parallel_copies(pairs, pool)
+                done[s].synchronize()          # the DMAs out of this staging piece have run
+            fills, lands, o = [], [], 0
+            while o < n:
+                dst, src = flat[j]
+                m = min(n - o, src.numel() - at)
+                fills.append((stage[o:o + m], src[at:at + m]))
+                lands.append((dst[at:at + m], stage[o:o + m]))
+                o, at = o + m, at + m
+                if at == src.numel():
+                    j, at = j + 1, 0
+            parallel_copies(fills, pool)
             if cuda:
                 with torch.cuda.stream(stream):
-                    buf[p:p + n].copy_(stage[:n], non_blocking=True)
+                    for dst, st in lands:
+                        dst.copy_(st, non_blocking=True)
                     done[s] = torch.cuda.Event()
                     done[s].record(stream)
             else:
-                buf[p:p + n].copy_(stage[:n])
+                for dst, st in lands:
+                    dst.copy_(st)
         if cuda:
             stream.synchronize()
             torch.cuda.current_stream(device).wait_stream(stream)
@@ -225,11 +249,9 @@ def upload(tensors: dict[str, torch.Tensor], device, dtype: torch.dtype, *, thre
         keeps = [keep for _, keep in stages if keep is not None]
         for reg, _ in keeps:
             reg.close()                        # unlock before the pages go
-        del stage, stages, pairs
+        del stage, stages, fills, lands
         for _, m in keeps:
             try:
                 m.close()
             except BufferError:                # a view still holds the map: freed at exit
                 pass
-    return {name: buf[offs[name]:offs[name] + raw[name].numel()].view(dtype).view(t.shape)
-            for name, t in tensors.items()}

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from strata.engine.pinning import COPY_PIECE, Registration, parallel_copy, pinned_copy, upload
 from strata.engine.load import dense_on_devices
+from strata.engine.pinning import (COPY_PIECE, Registration, parallel_copy, pinned_copy,
+                                   stage_to_device, upload)
+from strata.errors import StrataError
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "pin_bench.py"
 
@@ -78,6 +80,44 @@ def test_upload_lands_every_tensor_in_one_buffer(piece, threads):
         assert g.untyped_storage().data_ptr() == base, "one buffer"
         if g.numel():   # an empty tensor's data_ptr is 0
             assert (g.data_ptr() - base) % 256 == 0
+
+
+def _pairs(device):
+    """(dst, src) pairs: ragged sizes, a transposed (non-contiguous) source, an empty one, two
+    dtypes, and destinations that are slices of one tensor (as a store's rows are)."""
+    g = torch.Generator().manual_seed(3)
+    store = torch.full((3000,), -1, dtype=torch.int8, device=device)
+    srcs = [torch.randint(-128, 127, (700,), generator=g, dtype=torch.int8),
+            torch.randn(33, 20, generator=g).to(torch.bfloat16).t(),
+            torch.empty(0, dtype=torch.int8),
+            torch.randint(-128, 127, (1000,), generator=g, dtype=torch.int8)]
+    dsts = [store[:700], torch.full((20, 33), float("nan"), dtype=torch.bfloat16,
+                                    device=device), store[700:700], store[2000:3000]]
+    return dsts, srcs, store
+
+
+@pytest.mark.parametrize("piece", [256, 512, 1 << 20])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_stage_to_device_copies_every_pair(piece, threads):
+    """Pieces smaller than a pair, a pair spanning pieces and sources of any layout: every
+    destination holds its source's values, bytes outside them untouched."""
+    dsts, srcs, store = _pairs("cpu")
+    stage_to_device(list(zip(dsts, srcs)), "cpu", threads=threads, piece=piece)
+    for d, s in zip(dsts, srcs):
+        assert torch.equal(d, s.contiguous().view(d.shape)) if d.numel() else True
+    assert (store[700:2000] == -1).all()
+    with pytest.raises(StrataError) as e:
+        stage_to_device([(store[:10], srcs[0])], "cpu")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.gpu
+def test_stage_to_device_on_the_gpu():
+    dsts, srcs, store = _pairs("cuda")
+    stage_to_device(list(zip(dsts, srcs)), "cuda", threads=4, piece=512)
+    for d, s in zip(dsts, srcs):
+        assert torch.equal(d.cpu(), s.contiguous().view(d.shape))
+    assert (store[700:2000] == -1).all()
 
 
 def test_dense_on_devices_leaves_a_cpu_model_alone():
