@@ -1,11 +1,11 @@
-"""Triton kernel of the int8 expert GEMM over plane-layout Q8_0 experts (see
+"""Triton kernel of the int8 expert GEMM over plane-layout Q8_0 / Q4_0 experts (see
 strata.kernels.moe.plane_int8 for the op and its twin).
 
 Legend: BM/BN tile sizes; a *tile* is BM sorted rows (one expert) x BN output features; the
 reduction runs over the input in 32-wide blocks (the q8_1 blocks, and Q8_0's), KB of them a step.
 
 The op and the arithmetic are strata.kernels.moe._int8_kernel's (MODE GATE_UP / DOWN, the same
-epilogues), for Q8_0 weights (no minimum, one fp16 d a block):
+epilogues), for Q8_0 and Q4_0 weights (no minimum, one fp16 d a block; Q4_0's codes c = q - 8):
 
     acc += P * (da * dw)         P = sum_{k in block} qa[k] * c[k]    (int32, the int8 MMA)
 
@@ -21,6 +21,12 @@ register operand); an integer dot is the same whatever the order of its terms, s
 activations' codes come in that order too (strata.kernels.moe.q8's order=True, and the gate/up
 epilogue's q8_1 store with ORDER: both permute in registers, _q8_kernel.q8_order, so their
 stores stay vectors) and P is the dot in weight order, bit for bit.
+
+A Q4_0 block's codes are 16 bytes (strata.planes: weight pairs in Q4_ORDER, low nibble the even
+weight), loaded as one [BN, 16] tile and unpacked in registers: x = byte ^ 0x88 turns each nibble
+q into the 4-bit two's complement of q - 8, so (x << 4) >> 4 and x >> 4 (int8, arithmetic) are
+the two weights' int8 codes, joined as places 2j and 2j + 1 (tl.join: the pair stays in its
+thread). The activations come in that order (strata.planes._q4_act_order; q8_1's ORDER 2).
 
 The launch passes enable_fp_fusion=False (the twin rounds P * (da * dw) and + acc apart).
 """
@@ -38,7 +44,8 @@ from strata.kernels.moe._int8_kernel import _add_run, _idot, _store_q8_1
 class PlaneInt8Spec(NamedTuple):
     """The kernel's compile-time choices, one constexpr `S`: mode, top-k, the tile (BM, BN, KB:
     32-blocks a reduction step, each its own loads and dot), the epilogue's BIAS / ACT, and QH
-    (GATE_UP stores h as q8_1 rows, codes in Q8_ORDER)."""
+    (GATE_UP stores h as q8_1 rows, codes in HORD's order: _q8_kernel.code_order), Q4 (the
+    matrices read are Q4_0, else Q8_0)."""
     MODE: int
     TOPK: int
     BM: int
@@ -49,6 +56,8 @@ class PlaneInt8Spec(NamedTuple):
     QH: bool = False
     KB: int = 1
     WORDS: bool = False   # a step's KB (2 or 4) scales a row loaded as one word (_scale_words)
+    Q4: bool = False
+    HORD: int = 1
 
     @property
     def cache_key(self) -> str:
@@ -56,11 +65,24 @@ class PlaneInt8Spec(NamedTuple):
 
 
 @triton.jit
-def _plane_block(acc, a, da, c_row, d, k0, n_mask):
-    """acc [BM, BN] += the 32-block of weights k0 .. k0 + 31 of a Q8_0 plane matrix (c_row
-    [BN, 1] its code rows' pointers, d [BN] fp32 its scales) against a [BM, 32] int8 (scales da
-    [BM] fp32)."""
-    c = tl.load(c_row + k0 + tl.arange(0, 32)[None, :], mask=n_mask[:, None], other=0)
+def _q4_codes(c_row, k0, n_mask):
+    """int8 [BN, 32]: the codes q - 8 of the Q4_0 32-block of weights k0 .. k0 + 31 (c_row
+    [BN, 1] uint8 code rows), byte j's nibbles at places 2j, 2j + 1 (module docstring)."""
+    b = tl.load(c_row + k0 // 2 + tl.arange(0, 16)[None, :], mask=n_mask[:, None], other=0)
+    x = (b ^ 0x88).to(tl.int8, bitcast=True)                           # [BN, 16]
+    c = tl.join((x << 4) >> 4, x >> 4)                                 # [BN, 16, 2]
+    return tl.reshape(c, (c.shape[0], 32))
+
+
+@triton.jit
+def _plane_block(acc, a, da, c_row, d, k0, n_mask, Q4: tl.constexpr):
+    """acc [BM, BN] += the 32-block of weights k0 .. k0 + 31 of a Q8_0 (Q4: Q4_0) plane matrix
+    (c_row [BN, 1] its code rows' pointers, int8 or with Q4 uint8; d [BN] fp32 its scales)
+    against a [BM, 32] int8 (scales da [BM] fp32) in the matrix's code order."""
+    if Q4:
+        c = _q4_codes(c_row, k0, n_mask)
+    else:
+        c = tl.load(c_row + k0 + tl.arange(0, 32)[None, :], mask=n_mask[:, None], other=0)
     return _add_run(acc, _idot(a, c), da, d, da, d, 0)
 
 
@@ -95,7 +117,8 @@ def _scale(w, p, at, j, mask, jj: tl.constexpr, WORDS: tl.constexpr):
 
 @triton.jit
 def _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s2_ptr, s_at, n_mask,
-                j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr, WORDS: tl.constexpr):
+                j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr, WORDS: tl.constexpr,
+                Q4: tl.constexpr):
     """Blocks j0 .. j0 + KB - 1 of the activations (rows qa_base, scales at da_ptr + ds_at)
     against matrix 1 (and 2; scale rows at s*_ptr + s_at), in increasing order: each block's
     codes and activations a tile of their own (cp.async), the step's scales one word a row
@@ -112,10 +135,11 @@ def _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s2_ptr, s
         a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
         da = _scale(wa, da_ptr, ds_at, j, valid, jj, WORDS)
         acc1 = _plane_block(acc1, a, da, c1_row, _scale(w1, s1_ptr, s_at, j, n_mask, jj, WORDS),
-                            k0, n_mask)
+                            k0, n_mask, Q4)
         if TWO:
             acc2 = _plane_block(acc2, a, da, c2_row,
-                                _scale(w2, s2_ptr, s_at, j, n_mask, jj, WORDS), k0, n_mask)
+                                _scale(w2, s2_ptr, s_at, j, n_mask, jj, WORDS), k0, n_mask,
+                                Q4)
     return acc1, acc2
 
 
@@ -128,7 +152,7 @@ def _plane_int8_gemm_kernel(
     """One program a tile, the whole reduction; programs past the device's block count exit.
     c*_off / s*_off: byte offsets of the code and scale planes from the blob's start. GATE_UP
     stores h for every row of the tile (fp32 at out_ptr, or with S.QH q8_1 rows: codes in
-    Q8_ORDER at out_ptr, d and s at hd_ptr / hs_ptr); DOWN the valid rows times their routing
+    S.HORD's order at out_ptr, d and s at hd_ptr / hs_ptr); DOWN the valid rows times their routing
     weight."""
     TWO: tl.constexpr = S.MODE == GATE_UP
     KB: tl.constexpr = S.KB
@@ -146,9 +170,13 @@ def _plane_int8_gemm_kernel(
         n_mask = offs_n < n_out
         n64 = offs_n.to(tl.int64)
         f16 = tl.pointer_type(tl.float16)
-        i8 = tl.pointer_type(tl.int8)
-        c1_row = (blob + c1_off).to(i8, bitcast=True) + n64[:, None] * n_in      # [BN, 1]
-        c2_row = (blob + c2_off).to(i8, bitcast=True) + n64[:, None] * n_in
+        if S.Q4:   # 16 uint8 a block
+            c1_row = blob + c1_off + n64[:, None] * (n_in // 2)                    # [BN, 1]
+            c2_row = blob + c2_off + n64[:, None] * (n_in // 2)
+        else:      # 32 int8 a block
+            i8 = tl.pointer_type(tl.int8)
+            c1_row = (blob + c1_off).to(i8, bitcast=True) + n64[:, None] * n_in
+            c2_row = (blob + c2_off).to(i8, bitcast=True) + n64[:, None] * n_in
         s1 = (blob + s1_off).to(f16, bitcast=True)
         s2 = (blob + s2_off).to(f16, bitcast=True)
         s_at = n64 * (n_in // 32)                                          # [BN] scale rows
@@ -161,11 +189,11 @@ def _plane_int8_gemm_kernel(
         n_main = n_blk // KB
         for i in range(0, n_main):
             acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row, s2,
-                                     s_at, n_mask, i * KB, acc1, acc2, TWO, KB, S.WORDS)
+                                     s_at, n_mask, i * KB, acc1, acc2, TWO, KB, S.WORDS, S.Q4)
         if KB > 1:   # the blocks left over, in order
             for j in range(n_main * KB, n_blk):
                 acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row,
-                                         s2, s_at, n_mask, j, acc1, acc2, TWO, 1, False)
+                                         s2, s_at, n_mask, j, acc1, acc2, TWO, 1, False, S.Q4)
         f32 = tl.pointer_type(tl.float32)
         b1 = (blob + boff1).to(f32, bitcast=True)   # the biases (read only with BIAS)
         b2 = (blob + boff2).to(f32, bitcast=True)
@@ -175,9 +203,9 @@ def _plane_int8_gemm_kernel(
                 acc2 += tl.load(b2 + offs_n, mask=n_mask, other=0.0)[None, :]
             h = _act(acc1, acc2, alpha, limit, S.ACT)
             row = out_ptr + offs_m[:, None].to(tl.int64) * stride_out
-            if S.QH:   # codes in Q8_ORDER: the down pass's activations
+            if S.QH:   # codes in the down matrix's order: the down pass's activations
                 _store_q8_1(h, row + offs_n[None, :], hd_ptr, hs_ptr, stride_hd, offs_m, nb,
-                            n_mask, BM, BN, True)
+                            n_mask, BM, BN, S.HORD)
             else:
                 tl.store(row + offs_n[None, :], h, mask=n_mask[None, :])
         else:
