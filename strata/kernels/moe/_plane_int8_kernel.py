@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe._ffn_kernel import DOWN, GATE_UP, _act, _epilogue, _tile_rows
-from strata.kernels.moe._int8_kernel import _add_run, _idot, _store_q8_1
+from strata.kernels.moe._int8_kernel import _add_run, _idot, _part, _store_q8_1
 
 
 class PlaneInt8Spec(NamedTuple):
@@ -65,22 +65,30 @@ class PlaneInt8Spec(NamedTuple):
 
 
 @triton.jit
-def _q4_codes(c_row, k0, n_mask):
-    """int8 [BN, 32]: the codes q - 8 of the Q4_0 32-block of weights k0 .. k0 + 31 (c_row
-    [BN, 1] uint8 code rows), byte j's nibbles at places 2j, 2j + 1 (module docstring)."""
-    b = tl.load(c_row + k0 // 2 + tl.arange(0, 16)[None, :], mask=n_mask[:, None], other=0)
-    x = (b ^ 0x88).to(tl.int8, bitcast=True)                           # [BN, 16]
-    c = tl.join((x << 4) >> 4, x >> 4)                                 # [BN, 16, 2]
-    return tl.reshape(c, (c.shape[0], 32))
+def _q4_codes(c_row, j0, n_mask, Q4: tl.constexpr, KB: tl.constexpr):
+    """With Q4, int8 [BN, 32 KB]: the codes q - 8 of the Q4_0 32-blocks j0 .. j0 + KB - 1 (c_row
+    [BN, 1] uint8 code rows), one load a row (16 KB bytes), byte j's nibbles at places 2j,
+    2j + 1 (module docstring). Else None."""
+    if Q4:
+        b = tl.load(c_row + j0 * 16 + tl.arange(0, 16 * KB)[None, :], mask=n_mask[:, None],
+                    other=0)
+        x = (b ^ 0x88).to(tl.int8, bitcast=True)                       # [BN, 16 KB]
+        c = tl.join((x << 4) >> 4, x >> 4)                             # [BN, 16 KB, 2]
+        c = tl.reshape(c, (c.shape[0], 32 * KB))
+    else:
+        c = None
+    return c
 
 
 @triton.jit
-def _plane_block(acc, a, da, c_row, d, k0, n_mask, Q4: tl.constexpr):
+def _plane_block(acc, a, da, c_row, d, k0, n_mask, cs, jj: tl.constexpr, KB: tl.constexpr,
+                 Q4: tl.constexpr):
     """acc [BM, BN] += the 32-block of weights k0 .. k0 + 31 of a Q8_0 (Q4: Q4_0) plane matrix
-    (c_row [BN, 1] its code rows' pointers, int8 or with Q4 uint8; d [BN] fp32 its scales)
-    against a [BM, 32] int8 (scales da [BM] fp32) in the matrix's code order."""
+    (c_row [BN, 1] its code rows' pointers, int8; d [BN] fp32 its scales; with Q4 its codes the
+    jj-th 32 columns of the step's cs) against a [BM, 32] int8 (scales da [BM] fp32) in the
+    matrix's code order."""
     if Q4:
-        c = _q4_codes(c_row, k0, n_mask)
+        c = _part(cs, jj, KB)
     else:
         c = tl.load(c_row + k0 + tl.arange(0, 32)[None, :], mask=n_mask[:, None], other=0)
     return _add_run(acc, _idot(a, c), da, d, da, d, 0)
@@ -125,32 +133,38 @@ def _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s2_ptr, s
     where WORDS."""
     wa = _scale_words(da_ptr, ds_at, j0, valid, KB, WORDS)
     w1 = _scale_words(s1_ptr, s_at, j0, n_mask, KB, WORDS)
+    cs1 = _q4_codes(c1_row, j0, n_mask, Q4, KB)
     if TWO:
         w2 = _scale_words(s2_ptr, s_at, j0, n_mask, KB, WORDS)
+        cs2 = _q4_codes(c2_row, j0, n_mask, Q4, KB)
     else:
         w2 = w1
+        cs2 = cs1
     for jj in tl.static_range(KB):
         j = j0 + jj
         k0 = j * 32
         a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
         da = _scale(wa, da_ptr, ds_at, j, valid, jj, WORDS)
         acc1 = _plane_block(acc1, a, da, c1_row, _scale(w1, s1_ptr, s_at, j, n_mask, jj, WORDS),
-                            k0, n_mask, Q4)
+                            k0, n_mask, cs1, jj, KB, Q4)
         if TWO:
             acc2 = _plane_block(acc2, a, da, c2_row,
                                 _scale(w2, s2_ptr, s_at, j, n_mask, jj, WORDS), k0, n_mask,
-                                Q4)
+                                cs2, jj, KB, Q4)
     return acc1, acc2
 
 
 @triton.jit
 def _plane_int8_gemm_kernel(
         qa_ptr, da_ptr, stride_qa, stride_da, sorted_ids_ptr, block_expert_ptr, n_assign,
-        arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off, out_ptr, stride_out, tw_ptr, n_out,
+        arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off, c_rb, out_ptr, stride_out, tw_ptr,
+        n_out,
         n_in, n_blocks_ptr, boff1, boff2, alpha, limit, hd_ptr, hs_ptr, stride_hd,
         S: tl.constexpr):
     """One program a tile, the whole reduction; programs past the device's block count exit.
-    c*_off / s*_off: byte offsets of the code and scale planes from the blob's start. GATE_UP
+    c*_off / s*_off: byte offsets of the code and scale planes from the blob's start, c_rb the
+    bytes of a Q4_0 code row (n_in / 2: passed, a multiple of 16, so a launch knows its rows
+    16-byte aligned, where n_in // 2 would be known 8-aligned). GATE_UP
     stores h for every row of the tile (fp32 at out_ptr, or with S.QH q8_1 rows: codes in
     S.HORD's order at out_ptr, d and s at hd_ptr / hs_ptr); DOWN the valid rows times their routing
     weight."""
@@ -171,8 +185,8 @@ def _plane_int8_gemm_kernel(
         n64 = offs_n.to(tl.int64)
         f16 = tl.pointer_type(tl.float16)
         if S.Q4:   # 16 uint8 a block
-            c1_row = blob + c1_off + n64[:, None] * (n_in // 2)                    # [BN, 1]
-            c2_row = blob + c2_off + n64[:, None] * (n_in // 2)
+            c1_row = blob + c1_off + n64[:, None] * c_rb                           # [BN, 1]
+            c2_row = blob + c2_off + n64[:, None] * c_rb
         else:      # 32 int8 a block
             i8 = tl.pointer_type(tl.int8)
             c1_row = (blob + c1_off).to(i8, bitcast=True) + n64[:, None] * n_in

@@ -102,8 +102,8 @@ def _launch(mode: int, a: Q8Rows, grp, experts: PlaneSet, p1, p2, dst, tw, tile:
     _k._plane_int8_gemm_kernel[(n_tiles,)](
         a.q, a.d, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
         experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset, p2.codes_offset,
-        p2.scales_offset, dst, dst.stride(0), tw, n_out, n_in, grp.n_blocks_dev, *boff,
-        float(lay.act.alpha), float(lay.act.limit), hd, hs, stride_hd, S=S,
+        p2.scales_offset, p1.codes_row_bytes, dst, dst.stride(0), tw, n_out, n_in,
+        grp.n_blocks_dev, *boff, float(lay.act.alpha), float(lay.act.limit), hd, hs, stride_hd, S=S,
         num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=False)
     return dst
 
