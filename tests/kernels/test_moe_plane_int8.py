@@ -1,6 +1,6 @@
 """The int8 expert GEMM over plane-layout Q8_0 / Q4_0 experts (strata.kernels.moe.plane_int8)
-against the ggml-layout int8 GEMM (strata.kernels.moe.int8) and its twins on the same experts and tokens,
-on fresh random data; outputs poisoned (NaN scales, -128 codes) first.
+against the ggml-layout int8 GEMM (strata.kernels.moe.int8) and its twins on the same experts and
+tokens, on fresh random data; outputs poisoned (NaN scales, -128 codes) first.
 
 Everything is exact (torch.equal): a plane matrix holds ggml's codes permuted inside each
 block (Q4_0's unpacked in registers as q - 8) and the activations' codes come in the same order,
@@ -80,11 +80,11 @@ def test_q8_1_in_plane_order_is_the_plain_codes_permuted(dtype, order):
 
 
 def test_q4_activation_order_is_the_order_a_q4_0_block_unpacks_in():
-    """Place 2j + t of a 32-block holds weight 2 Q4_ORDER[j] + t: the nibble t of the plane's
+    """Place 16t + j of a 32-block holds weight 2 Q4_ORDER[j] + t: the nibble t of the plane's
     code byte j (the weight pair Q4_ORDER[j], low nibble the even weight)."""
     w = torch.arange(64)
     got = act_order(w, "Q4_0")
-    want = [32 * g + 2 * Q4_ORDER[j] + t for g in range(2) for j in range(16) for t in range(2)]
+    want = [32 * g + 2 * Q4_ORDER[j] + t for g in range(2) for t in range(2) for j in range(16)]
     assert got.tolist() == want
     assert torch.equal(act_order(got, "Q4_0", back=True), w)
 

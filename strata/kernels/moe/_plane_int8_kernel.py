@@ -23,10 +23,15 @@ epilogue's q8_1 store with ORDER: both permute in registers, _q8_kernel.q8_order
 stores stay vectors) and P is the dot in weight order, bit for bit.
 
 A Q4_0 block's codes are 16 bytes (strata.planes: weight pairs in Q4_ORDER, low nibble the even
-weight), loaded as one [BN, 16] tile and unpacked in registers: x = byte ^ 0x88 turns each nibble
-q into the 4-bit two's complement of q - 8, so (x << 4) >> 4 and x >> 4 (int8, arithmetic) are
-the two weights' int8 codes, joined as places 2j and 2j + 1 (tl.join: the pair stays in its
-thread). The activations come in that order (strata.planes._q4_act_order; q8_1's ORDER 2).
+weight), a step's KB blocks loaded as one [BN, 16 KB] tile and unpacked in registers:
+x = byte ^ 0x88 turns each nibble q into the 4-bit two's complement of q - 8, so (x << 4) >> 4
+and x >> 4 (int8, arithmetic) are the two weights' int8 codes, byte j's at places j (low) and
+16 + j (high) of its block: the k an int8 wgmma's register operand gives lane i of a quad
+(4i .. 4i + 3, 16 + 4i .. 16 + 4i + 3) are then four whole code bytes. So the codes are that
+operand: the product is taken transposed (acc [BN, BM] += c @ a^T, the same integers and fp32
+products, d * da = da * d) and acc transposed once before the epilogue, where codes as the
+shared operand were stored to shared memory a byte at a time. The activations come in that
+order (strata.planes._q4_act_order; q8_1's ORDER 2).
 
 The launch passes enable_fp_fusion=False (the twin rounds P * (da * dw) and + acc apart).
 """
@@ -38,7 +43,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe._ffn_kernel import DOWN, GATE_UP, _act, _epilogue, _tile_rows
-from strata.kernels.moe._int8_kernel import _add_run, _idot, _part, _store_q8_1
+from strata.kernels.moe._int8_kernel import _add_run, _i2f, _idot, _part, _store_q8_1
 
 
 class PlaneInt8Spec(NamedTuple):
@@ -67,13 +72,14 @@ class PlaneInt8Spec(NamedTuple):
 @triton.jit
 def _q4_codes(c_row, j0, n_mask, Q4: tl.constexpr, KB: tl.constexpr):
     """With Q4, int8 [BN, 32 KB]: the codes q - 8 of the Q4_0 32-blocks j0 .. j0 + KB - 1 (c_row
-    [BN, 1] uint8 code rows), one load a row (16 KB bytes), byte j's nibbles at places 2j,
-    2j + 1 (module docstring). Else None."""
+    [BN, 1] uint8 code rows), one load a row (16 KB bytes), byte j's nibbles at places j and
+    16 + j of its block (module docstring). Else None."""
     if Q4:
         b = tl.load(c_row + j0 * 16 + tl.arange(0, 16 * KB)[None, :], mask=n_mask[:, None],
                     other=0)
         x = (b ^ 0x88).to(tl.int8, bitcast=True)                       # [BN, 16 KB]
         c = tl.join((x << 4) >> 4, x >> 4)                             # [BN, 16 KB, 2]
+        c = tl.permute(tl.reshape(c, (c.shape[0], KB, 16, 2)), (0, 1, 3, 2))
         c = tl.reshape(c, (c.shape[0], 32 * KB))
     else:
         c = None
@@ -83,15 +89,18 @@ def _q4_codes(c_row, j0, n_mask, Q4: tl.constexpr, KB: tl.constexpr):
 @triton.jit
 def _plane_block(acc, a, da, c_row, d, k0, n_mask, cs, jj: tl.constexpr, KB: tl.constexpr,
                  Q4: tl.constexpr):
-    """acc [BM, BN] += the 32-block of weights k0 .. k0 + 31 of a Q8_0 (Q4: Q4_0) plane matrix
-    (c_row [BN, 1] its code rows' pointers, int8; d [BN] fp32 its scales; with Q4 its codes the
-    jj-th 32 columns of the step's cs) against a [BM, 32] int8 (scales da [BM] fp32) in the
-    matrix's code order."""
-    if Q4:
+    """acc [BM, BN] (Q4: [BN, BM]) += the 32-block of weights k0 .. k0 + 31 of a Q8_0 (Q4: Q4_0)
+    plane matrix (c_row [BN, 1] its code rows' pointers, int8; d [BN] fp32 its scales; with Q4
+    its codes the jj-th 32 columns of the step's cs) against a [BM, 32] int8 (scales da [BM]
+    fp32) in the matrix's code order."""
+    if Q4:   # transposed: the unpacked codes the MMA's register operand
         c = _part(cs, jj, KB)
+        P = tl.dot(c, tl.trans(a), out_dtype=tl.int32)
+        acc = acc + _i2f(P) * (d[:, None] * da[None, :])
     else:
         c = tl.load(c_row + k0 + tl.arange(0, 32)[None, :], mask=n_mask[:, None], other=0)
-    return _add_run(acc, _idot(a, c), da, d, da, d, 0)
+        acc = _add_run(acc, _idot(a, c), da, d, da, d, 0)
+    return acc
 
 
 @triton.jit
@@ -197,8 +206,12 @@ def _plane_int8_gemm_kernel(
         r64 = a_rows.to(tl.int64)
         qa_base = qa_ptr + r64[:, None] * stride_qa                         # [BM, 1]
         ds_at = r64 * stride_da                                            # [BM]
-        acc1 = tl.zeros((BM, BN), tl.float32)
-        acc2 = tl.zeros((BM, BN), tl.float32)
+        if S.Q4:
+            acc1 = tl.zeros((BN, BM), tl.float32)
+            acc2 = tl.zeros((BN, BM), tl.float32)
+        else:
+            acc1 = tl.zeros((BM, BN), tl.float32)
+            acc2 = tl.zeros((BM, BN), tl.float32)
         n_blk = n_in // 32
         n_main = n_blk // KB
         for i in range(0, n_main):
@@ -208,6 +221,9 @@ def _plane_int8_gemm_kernel(
             for j in range(n_main * KB, n_blk):
                 acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row,
                                          s2, s_at, n_mask, j, acc1, acc2, TWO, 1, False, S.Q4)
+        if S.Q4:
+            acc1 = tl.trans(acc1)
+            acc2 = tl.trans(acc2)
         f32 = tl.pointer_type(tl.float32)
         b1 = (blob + boff1).to(f32, bitcast=True)   # the biases (read only with BIAS)
         b2 = (blob + boff2).to(f32, bitcast=True)

@@ -46,11 +46,11 @@ def q8_order(q):
 @triton.jit
 def q4_order(q):
     """Codes [R, 32 n] with each 32-block put in the order a plane-layout 4-bit block unpacks
-    in (strata.planes._q4_act_order: weight 16s + 8h + 2i + t at place 8i + 4s + 2h + t), moved
+    in (strata.planes._q4_act_order: weight 16s + 8h + 2i + t at place 16t + 4i + 2s + h), moved
     in registers as q8_order."""
     R: tl.constexpr = q.shape[0]
     G: tl.constexpr = q.shape[1] // 32
-    return tl.reshape(tl.permute(tl.reshape(q, (R, G, 2, 2, 4, 2)), (0, 1, 4, 2, 3, 5)),
+    return tl.reshape(tl.permute(tl.reshape(q, (R, G, 2, 2, 4, 2)), (0, 1, 5, 4, 2, 3)),
                       (R, G * 32))
 
 

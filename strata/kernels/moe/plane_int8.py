@@ -54,7 +54,8 @@ FORMATS = ("Q8_0", "Q4_0")   # what it reads, for each matrix (the engine's land
 # fits without spills (gate/up 255 registers q8_1 epilogue, 251 with bias + swiglu_oai; down
 # 166; 72 KB shared). At k1 no spill: 64x64/w4 s2-s4, 64x64/w8s3 (127 registers), 64x128/w8s3,
 # 128x64/w8s3; gate/up spills at 64x128/w4s3, 64x256/w8s3 and 128x128/w8 (0.3-1.5 KB), and with
-# words at 4 warps or BLOCK_N 128 (k2 0.1-0.2 KB, k4 0.3 KB).
+# words at 4 warps or BLOCK_N 128 (k2 0.1-0.2 KB, k4 0.3 KB). Q4_0 at this tile: 255 / 180
+# registers, no spill, its codes 16-byte cp.async (docs/kernel_notes.md).
 PLANE_INT8_TILE = Int8Tile(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3, kb=4)
 
 
