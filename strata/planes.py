@@ -176,6 +176,27 @@ def _q4_order(pairs: torch.Tensor, back: bool = False) -> torch.Tensor:
     return (g.movedim(-3, -1) if back else g.movedim(-1, -3)).reshape(pairs.shape)
 
 
+def _q4_act_order(q: torch.Tensor, back: bool = False) -> torch.Tensor:
+    """q8_1 codes [..., 32n] to the order a plane-layout 4-bit block's codes unpack in (back: to
+    weight order), 32-block by 32-block. A kernel puts nibble t (0 low, 1 high) of code byte j
+    of a block (Q4_ORDER) at place 16t + j, so the four bytes 4i .. 4i + 3 give places 4i ..
+    4i + 3 and 16 + 4i .. 16 + 4i + 3 (the k of lane i of a quad in an int8 wgmma's register
+    operand): place 16t + 4i + 2s + h holds weight 16s + 8h + 2i + t (pair Q4_ORDER[j] =
+    8s + 4h + i): an axis permutation of [2, 2, 4, 2] (s, h, i, t <-> t, i, s, h), no index
+    tensor."""
+    lead = q.dim()
+    g = q.reshape(*q.shape[:-1], -1, *((2, 4, 2, 2) if back else (2, 2, 4, 2)))
+    axes = (2, 3, 1, 0) if back else (3, 2, 0, 1)
+    return g.permute(*range(lead), *(lead + a for a in axes)).reshape(q.shape)
+
+
+def act_order(q: torch.Tensor, fmt: str, back: bool = False) -> torch.Tensor:
+    """Activation codes [..., 32n] from weight order to the order of `fmt`'s plane codes (Q8_0:
+    Q8_ORDER, Q4_0: _q4_act_order), so an integer dot of the two is the dot in weight order
+    (back: the inverse)."""
+    return _q8_order(q, back) if fmt == "Q8_0" else _q4_act_order(q, back)
+
+
 def _pairs_of_weights(q: torch.Tensor) -> torch.Tensor:
     """4-bit codes [..., 2n] in weight order -> [..., n] bytes (low nibble the even weight)."""
     return q[..., 0::2] | (q[..., 1::2] << 4)

@@ -155,13 +155,17 @@ def test_plane_engine_on_the_gpu(pack, tokens, monkeypatch):
     assert torch.equal(eng.cache.buffer, snap)
 
 
-def test_plane_int8_engine_is_the_int8_engine(tmp_path, tokens):
-    """--experts plane-int8 on an all-Q8_0 pack, streamed in passes (ring 3 < E) with its blobs
-    re-laid as they land: the logits of --experts int8 on the ggml blobs, bit for bit (each row
-    is computed from its token and expert alone, the same integers and fp32 steps); a pack with
-    another format is refused naming the layer."""
-    p = synth_pack(tmp_path / "q8.pack", SHAPE, ExpertFormats.of("Q8_0"), progress=False)
-    blob = Pack.open(p).max_blob
+@pytest.mark.parametrize("fmts", [ExpertFormats.of("Q8_0"), ExpertFormats.of("Q4_0"),
+                                  ExpertFormats.of("Q4_0", down="Q8_0")],
+                         ids=["q8_0", "q4_0", "q4_0-q8_0-down"])
+def test_plane_int8_engine_is_the_int8_engine(tmp_path, tokens, fmts):
+    """--experts plane-int8 on a Q8_0 / Q4_0 pack, streamed in passes (ring 3 < E) with its
+    blobs re-laid as they land: the logits of --experts int8 on the ggml blobs, bit for bit
+    (each row is computed from its token and expert alone, the same integers and fp32 steps); a
+    pack with another format, or gate and up in two, is refused naming the layer."""
+    p = synth_pack(tmp_path / "q.pack", SHAPE, fmts, progress=False)
+    blob = ExpertFormats.of("Q8_0").layout(SHAPE).size   # the Q8_0 pack's cache: 4-bit blobs
+    assert Pack.open(p).max_blob <= blob                  # still stream (fewer than 2 E fit)
     res = {}
     for ffn in ("int8", "plane-int8"):
         eng = PrefillEngine(p, EngineConfig(vram=1 << 30, cache=8 * blob, max_prompt=64,
@@ -170,7 +174,14 @@ def test_plane_int8_engine_is_the_int8_engine(tmp_path, tokens):
         res[ffn] = eng.run(tokens)
     assert res["plane-int8"].stats.bytes_streamed > 0
     assert torch.equal(res["plane-int8"].logits, res["int8"].logits)
-    with pytest.raises(StrataError, match="reads Q8_0 experts; layer 1 has gate Q4_0, up Q4_0"):
+    if fmts != ExpertFormats.of("Q8_0"):
+        return
+    with pytest.raises(StrataError, match="reads Q8_0, Q4_0 experts; layer 1 has down Q5_0"):
         engine(pack=synth_pack(tmp_path / "mix.pack", SHAPE,
-                               [ExpertFormats.of("Q8_0"), ExpertFormats.of("Q4_0", down="Q8_0")],
+                               [ExpertFormats.of("Q8_0"), ExpertFormats.of("Q4_0", down="Q5_0")],
+                               progress=False), ffn="plane-int8")
+    with pytest.raises(StrataError, match="gate and up of one format; layer 0 has gate Q4_0, up "
+                                          "Q8_0"):
+        engine(pack=synth_pack(tmp_path / "gu.pack", SHAPE,
+                               [ExpertFormats.of("Q8_0", gate="Q4_0"), ExpertFormats.of("Q8_0")],
                                progress=False), ffn="plane-int8")

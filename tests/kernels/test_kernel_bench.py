@@ -62,9 +62,9 @@ def test_kernel_bench_int8_tiles(tmp_path):
 
 
 def test_kernel_bench_plane_int8_arms(tmp_path):
-    """strata-plane-int8 runs on Q8_0 only (BF16 has no int8 arm), held to the int8 path's bound;
-    --int8-tiles adds its arms at the same tiles as strata-int8's."""
-    rc = _load().main(["--smoke", "--T", "5", "--formats", "BF16", "Q8_0", "--reps", "1",
+    """strata-plane-int8 runs on Q8_0 and Q4_0 (BF16 has no int8 arm), held to the int8 path's
+    bound; --int8-tiles adds its arms at the same tiles as strata-int8's."""
+    rc = _load().main(["--smoke", "--T", "5", "--formats", "BF16", "Q8_0", "Q4_0", "--reps", "1",
                        "--arms", "strata-int8", "strata-plane-int8", "--int8-tiles", "32x32/w4s2",
                        "--out", str(tmp_path)])
     assert rc == 0
@@ -72,7 +72,10 @@ def test_kernel_bench_plane_int8_arms(tmp_path):
     arms = {(r["config"]["format"], r["config"]["arm"]) for r in rows if r["figure"] == "tflops"}
     assert arms == {("BF16", "grouped_mm-bf16"), ("Q8_0", "grouped_mm-bf16"),
                     ("Q8_0", "strata-int8"), ("Q8_0", "strata-int8[32x32/w4s2]"),
-                    ("Q8_0", "strata-plane-int8"), ("Q8_0", "strata-plane-int8[32x32/w4s2]")}
+                    ("Q8_0", "strata-plane-int8"), ("Q8_0", "strata-plane-int8[32x32/w4s2]"),
+                    ("Q4_0", "grouped_mm-bf16"), ("Q4_0", "strata-int8"),
+                    ("Q4_0", "strata-int8[32x32/w4s2]"), ("Q4_0", "strata-plane-int8"),
+                    ("Q4_0", "strata-plane-int8[32x32/w4s2]")}
     checks = [r for r in rows if r["figure"] == "rel_err"]
     assert all(r["value"] < r["bound_value"] for r in checks)
     assert {r["bound_value"] for r in checks if "int8" in r["config"]["arm"]} == \

@@ -1,9 +1,10 @@
-"""The int8 expert GEMM over plane-layout Q8_0 experts (strata.kernels.moe.plane_int8) against
-the ggml-layout int8 GEMM (strata.kernels.moe.int8) and its twins on the same experts and tokens,
-on fresh random data; outputs poisoned (NaN scales, -128 codes) first.
+"""The int8 expert GEMM over plane-layout Q8_0 / Q4_0 experts (strata.kernels.moe.plane_int8)
+against the ggml-layout int8 GEMM (strata.kernels.moe.int8) and its twins on the same experts and
+tokens, on fresh random data; outputs poisoned (NaN scales, -128 codes) first.
 
 Everything is exact (torch.equal): a plane matrix holds ggml's codes permuted inside each
-16-group and the activations' codes come in the same order, so each block's integer dot, and
+block (Q4_0's unpacked in registers as q - 8) and the activations' codes come in the same order,
+so each block's integer dot, and
 every fp32 step after it, is int8.py's. The one gap int8.py's tests allow (act's exp: numpy's in
 the interpreter, torch's in the twin, a few ulps of h: ACT_REL) holds here against the twin, and
 the plane kernel's h is the ggml-layout kernel's bit for bit (the same exp).
@@ -25,7 +26,7 @@ from strata.kernels.moe.plane_int8 import (moe_ffn_plane_int8, moe_ffn_plane_int
                                            scale_words)
 from strata.kernels.moe.q8 import Q8Rows, quantize_q8_1, quantize_q8_1_torch
 from strata.kernels.moe.random_experts import random_expert_set
-from strata.planes import _q8_order, to_plane_set
+from strata.planes import Q4_ORDER, act_order, to_plane_set
 from tests.kernels.test_moe_int8 import ACT_ABS, ACT_REL, Case, _bits, _gen, _inputs, _same_q8
 
 TILE = Int8Tile(BLOCK_M=16, BLOCK_N=64)   # BLOCK_N past F 32 and not dividing D 160 or F 96
@@ -40,6 +41,12 @@ CASES = [
     Case("p8-bias-swiglu-oai", T=6, E=4, K=2, bias=True, act="swiglu_oai"),
     Case("p8-ragged-160-96", T=7, E=3, K=2, D=160, F=96),
     Case("p8-words-256-128", T=9, E=3, K=2, D=256, F=128),   # kb 2 and 4 load scale words
+    # Q4_0 on all three, and mixed with Q8_0 by pass (xq in gate/up's order, hq in down's)
+    Case("p4-ragged-160-96", T=7, E=3, K=2, D=160, F=96, fmts=("Q4_0",)),
+    Case("p4-words-skip-256-128", T=9, E=3, K=2, D=256, F=128, fmts=("Q4_0",), route="skip"),
+    Case("p4-q8-down-bias-swiglu-oai", T=6, E=4, K=2, fmts=("Q4_0", "Q4_0", "Q8_0"), bias=True,
+         act="swiglu_oai"),
+    Case("p8-q4-down-T3", T=3, E=4, K=2, D=96, F=160, fmts=("Q8_0", "Q8_0", "Q4_0")),
 ]
 
 
@@ -49,19 +56,37 @@ def _poisoned(rows: int, n: int) -> Q8Rows:
                   torch.full((rows, n // 32), float("nan")).half())
 
 
-def _ordered(a: Q8Rows) -> Q8Rows:
-    return Q8Rows(_q8_order(a.q), a.d, a.s)
+def _ordered(a: Q8Rows, fmt: str = "Q8_0") -> Q8Rows:
+    return Q8Rows(act_order(a.q, fmt), a.d, a.s)
 
 
+def _orders(c: Case) -> tuple[str, str]:
+    """The plane orders of xq (gate/up's format) and hq (down's)."""
+    return c.fmts[0], c.fmts[-1]
+
+
+@pytest.mark.parametrize("order", [True, "Q8_0", "Q4_0"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_q8_1_in_q8_order_is_the_plain_codes_permuted(dtype):
-    gen, _ = _gen(f"q8-order-{dtype}")
+def test_q8_1_in_plane_order_is_the_plain_codes_permuted(dtype, order):
+    gen, _ = _gen(f"q8-order-{dtype}-{order}")
     x = (torch.randn(21, 96, generator=gen) * 4).to(dtype)
     plain = quantize_q8_1_torch(x)
-    got = quantize_q8_1(x, out=_poisoned(21, 96), order=True)
-    assert _same_q8(got, quantize_q8_1_torch(x, order=True))
-    assert _same_q8(got, _ordered(plain))
+    got = quantize_q8_1(x, out=_poisoned(21, 96), order=order)
+    assert _same_q8(got, quantize_q8_1_torch(x, order=order))
+    assert _same_q8(got, _ordered(plain, "Q8_0" if order is True else order))
     assert not torch.equal(got.q, plain.q)
+    with pytest.raises(StrataError, match="plane order of Q8_0 or Q4_0 .* got 'Q4_K'"):
+        quantize_q8_1(x, order="Q4_K")
+
+
+def test_q4_activation_order_is_the_order_a_q4_0_block_unpacks_in():
+    """Place 16t + j of a 32-block holds weight 2 Q4_ORDER[j] + t: the nibble t of the plane's
+    code byte j (the weight pair Q4_ORDER[j], low nibble the even weight)."""
+    w = torch.arange(64)
+    got = act_order(w, "Q4_0")
+    want = [32 * g + 2 * Q4_ORDER[j] + t for g in range(2) for t in range(2) for j in range(16)]
+    assert got.tolist() == want
+    assert torch.equal(act_order(got, "Q4_0", back=True), w)
 
 
 @pytest.mark.parametrize("kb", [1, 2, 4])
@@ -70,33 +95,34 @@ def test_plane_int8_stages_are_the_ggml_layout_int8_bits(c: Case, kb: int):
     experts, x, ids, w, grp = _inputs(c)
     planes = to_plane_set(experts)
     tile = Int8Tile(TILE.BLOCK_M, TILE.BLOCK_N, kb=kb)
-    xq, xo = quantize_q8_1(x), quantize_q8_1(x, order=True)
+    xo_fmt, ho_fmt = _orders(c)
+    xq, xo = quantize_q8_1(x), quantize_q8_1(x, order=xo_fmt)
     # gate/up, fp32 h: the ggml-layout kernel's bits; its twin's within act's exp
     h = plane_int8_gate_up(xo, grp, planes, c.K, tile)
     assert not h.isnan().any()
     assert torch.equal(_bits(h), _bits(int8_gate_up(xq, grp, experts, c.K, TILE)))
     h_ref = plane_int8_gate_up_torch(xo, grp, planes, c.K, tile)
     assert ((h - h_ref).abs() <= ACT_REL * h_ref.abs() + ACT_ABS).all()
-    # h quantized in the epilogue, codes in Q8_ORDER, into poisoned rows
+    # h quantized in the epilogue, codes in down's order, into poisoned rows
     hq = plane_int8_gate_up_q8(xo, grp, planes, c.K, tile, out=_poisoned(h.shape[0], c.F))
-    assert _same_q8(hq, quantize_q8_1(h, order=True))
-    assert _same_q8(hq, _ordered(int8_gate_up_q8(xq, grp, experts, c.K, TILE)))
+    assert _same_q8(hq, quantize_q8_1(h, order=ho_fmt))
+    assert _same_q8(hq, _ordered(int8_gate_up_q8(xq, grp, experts, c.K, TILE), ho_fmt))
     assert _same_q8(plane_int8_gate_up_q8_torch(xo, grp, planes, c.K, tile),
-                    quantize_q8_1_torch(h_ref, order=True))
-    if c.id == "p8-words-256-128" and kb > 1:
+                    quantize_q8_1_torch(h_ref, order=ho_fmt))
+    if c.id in ("p8-words-256-128", "p4-words-skip-256-128") and kb > 1:
         assert scale_words(kb, c.D, xo.d) and scale_words(kb, c.F, hq.d)
-    elif c.id == "p8-ragged-160-96" and kb == 4:
+    elif c.id in ("p8-ragged-160-96", "p4-ragged-160-96") and kb == 4:
         assert not scale_words(kb, c.D, xo.d) and not scale_words(kb, c.F, hq.d)
     # down, into rows poisoned NaN: int8.py's twin bit for bit; skipped rows stay NaN
     hq_ref = quantize_q8_1(h_ref)
     nan = lambda: torch.full((c.T * c.K, c.D), float("nan"))  # noqa: E731
-    yk = plane_int8_down(_ordered(hq_ref), grp, planes, w, tile, yk=nan())
+    yk = plane_int8_down(_ordered(hq_ref, ho_fmt), grp, planes, w, tile, yk=nan())
     yk_ref = int8_down_torch(hq_ref, grp, experts, w, tile, yk=nan())
     assert torch.equal(yk.isnan(), yk_ref.isnan())
     assert torch.equal(_bits(torch.nan_to_num(yk)), _bits(torch.nan_to_num(yk_ref)))
     assert not yk[ids.reshape(-1) >= 0].isnan().any()
     assert torch.equal(_bits(torch.nan_to_num(yk)), _bits(torch.nan_to_num(
-        plane_int8_down_torch(_ordered(hq_ref), grp, planes, w, tile, yk=nan()))))
+        plane_int8_down_torch(_ordered(hq_ref, ho_fmt), grp, planes, w, tile, yk=nan()))))
 
 
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
@@ -135,20 +161,27 @@ def test_moe_ffn_plane_int8_passes_without_sync_sum_as_one_call():
 
 
 def test_moe_ffn_plane_int8_refuses_what_it_cannot_read():
-    experts = random_expert_set(2, 64, 32, "Q8_0", "Q8_0", "Q4_0")
+    experts = random_expert_set(2, 64, 256, "Q8_0", "Q8_0", "Q4_K")
     x = torch.zeros(2, 64).bfloat16()
     ids, w = topk_route(torch.zeros(2, 2), 1)
     with pytest.raises(StrataError, match="reads a PlaneSet .* got ExpertSet"):
         moe_ffn_plane_int8(x, ids, w, experts, tile=TILE)
-    with pytest.raises(StrataError, match="reads Q8_0 matrices; this layout has down Q4_0"):
+    with pytest.raises(StrataError, match="reads Q8_0, Q4_0 matrices; this layout has down Q4_K"):
         moe_ffn_plane_int8(x, ids, w, to_plane_set(experts), tile=TILE)
+    mixed = to_plane_set(random_expert_set(2, 64, 32, "Q8_0", "Q4_0", "Q8_0"))
+    with pytest.raises(StrataError, match="gate and up of one format; this layout has gate "
+                                          "Q8_0, up Q4_0"):
+        moe_ffn_plane_int8(x, ids, w, mixed, tile=TILE)
 
 
 # ---------------------------------------------------------------- on the GPU
 
 GPU_CASES = [Case("gpu-p8", T=300, E=8, K=2, D=512, F=256),   # scale words (kb 4)
              Case("gpu-p8-ragged-bias", T=200, E=8, K=2, D=2880, F=480, bias=True,
-                  act="swiglu_oai")]   # D 2880, F 480: kb 4 without words, remainders
+                  act="swiglu_oai"),   # D 2880, F 480: kb 4 without words, remainders
+             Case("gpu-p4", T=300, E=8, K=2, D=512, F=256, fmts=("Q4_0",)),
+             Case("gpu-p4-q8-down-ragged", T=200, E=8, K=2, D=2880, F=480,
+                  fmts=("Q4_0", "Q4_0", "Q8_0"))]
 
 
 @pytest.mark.gpu
@@ -160,21 +193,22 @@ def test_plane_int8_on_the_gpu_is_the_ggml_layout_int8(c: Case):
     from strata.kernels.moe.plane_int8 import PLANE_INT8_TILE as tile
     gen, seed = _gen(c.id)
     dev = torch.device("cuda")
-    experts = random_expert_set(c.E, c.D, c.F, "Q8_0", seed=seed, bias=c.bias,
+    experts = random_expert_set(c.E, c.D, c.F, *c.fmts, seed=seed, bias=c.bias,
                                 act=ExpertAct(c.act), device=dev)
     planes = to_plane_set(experts)
     x = torch.randn(c.T, c.D, generator=gen).bfloat16().to(dev)
     ids, w = topk_route(torch.randn(c.T, c.E, generator=gen).to(dev), c.K)
     grp = group_blocked(ids, c.E, tile.BLOCK_M, slot_offset=experts.slot_offset,
                         skip_negative=True)
-    xq, xo = quantize_q8_1(x), quantize_q8_1(x, order=True)
-    assert _same_q8(xo, quantize_q8_1_torch(x, order=True))
+    xo_fmt, ho_fmt = _orders(c)
+    xq, xo = quantize_q8_1(x), quantize_q8_1(x, order=xo_fmt)
+    assert _same_q8(xo, quantize_q8_1_torch(x, order=xo_fmt))
     h = plane_int8_gate_up(xo, grp, planes, c.K, tile)
     assert torch.equal(_bits(h), _bits(int8_gate_up(xq, grp, experts, c.K, tile)))
     hq = plane_int8_gate_up_q8(xo, grp, planes, c.K, tile)
-    assert _same_q8(hq, quantize_q8_1(h, order=True))
+    assert _same_q8(hq, quantize_q8_1(h, order=ho_fmt))
     hq_ref = quantize_q8_1(h)
-    yk = plane_int8_down(_ordered(hq_ref), grp, planes, w, tile,
+    yk = plane_int8_down(_ordered(hq_ref, ho_fmt), grp, planes, w, tile,
                          yk=torch.full((c.T * c.K, c.D), float("nan"), device=dev))
     assert torch.equal(_bits(yk), _bits(int8_down_torch(hq_ref, grp, experts, w, tile)))
     assert torch.equal(moe_ffn_plane_int8(x, ids, w, planes),

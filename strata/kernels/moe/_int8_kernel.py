@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe._ffn_kernel import DOWN, GATE_UP, _act, _epilogue, _tile_rows
-from strata.kernels.moe._q8_kernel import q8_1_block, q8_order
+from strata.kernels.moe._q8_kernel import code_order, q8_1_block
 
 
 class Int8Spec(NamedTuple):
@@ -230,16 +230,15 @@ def _int8_mma(qa_ptr, da_ptr, sa_ptr, stride_qa, stride_da, a_rows, valid, w1_pt
 
 @triton.jit
 def _store_q8_1(h, ptr, hd_ptr, hs_ptr, stride_hd, offs_m, nb, n_mask, BM: tl.constexpr,
-                BN: tl.constexpr, ORDER: tl.constexpr = False):
+                BN: tl.constexpr, ORDER: tl.constexpr = 0):
     """h fp32 [BM, BN] as q8_1 rows: codes int8 at ptr [BM, BN], d and s (fp16) of its BN/32
     blocks at row offs_m, block nb*BN/32 + j; blocks past the matrix's width are not stored.
-    ORDER: each 16-group's codes in strata.planes' Q8_ORDER (q8_order)."""
+    ORDER: the codes in a plane format's order (_q8_kernel.code_order)."""
     tl.static_assert(BN % 32 == 0, "a fused q8_1 epilogue needs whole 32-blocks a tile")
     NJ: tl.constexpr = BN // 32
     q, d, s = q8_1_block(tl.reshape(h, (BM * NJ, 32)))
     q = q.to(tl.int8)
-    if ORDER:
-        q = q8_order(q)
+    q = code_order(q, ORDER)
     tl.store(ptr, tl.reshape(q, (BM, BN)), mask=n_mask[None, :])
     j = nb * NJ + tl.arange(0, NJ)                                     # [NJ] block index
     jm = tl.reshape(n_mask, (NJ, 32)).to(tl.int32)

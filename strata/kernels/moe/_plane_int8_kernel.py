@@ -1,11 +1,11 @@
-"""Triton kernel of the int8 expert GEMM over plane-layout Q8_0 experts (see
+"""Triton kernel of the int8 expert GEMM over plane-layout Q8_0 / Q4_0 experts (see
 strata.kernels.moe.plane_int8 for the op and its twin).
 
 Legend: BM/BN tile sizes; a *tile* is BM sorted rows (one expert) x BN output features; the
 reduction runs over the input in 32-wide blocks (the q8_1 blocks, and Q8_0's), KB of them a step.
 
 The op and the arithmetic are strata.kernels.moe._int8_kernel's (MODE GATE_UP / DOWN, the same
-epilogues), for Q8_0 weights (no minimum, one fp16 d a block):
+epilogues), for Q8_0 and Q4_0 weights (no minimum, one fp16 d a block; Q4_0's codes c = q - 8):
 
     acc += P * (da * dw)         P = sum_{k in block} qa[k] * c[k]    (int32, the int8 MMA)
 
@@ -22,6 +22,17 @@ activations' codes come in that order too (strata.kernels.moe.q8's order=True, a
 epilogue's q8_1 store with ORDER: both permute in registers, _q8_kernel.q8_order, so their
 stores stay vectors) and P is the dot in weight order, bit for bit.
 
+A Q4_0 block's codes are 16 bytes (strata.planes: weight pairs in Q4_ORDER, low nibble the even
+weight), a step's KB blocks loaded as one [BN, 16 KB] tile and unpacked in registers:
+x = byte ^ 0x88 turns each nibble q into the 4-bit two's complement of q - 8, so (x << 4) >> 4
+and x >> 4 (int8, arithmetic) are the two weights' int8 codes, byte j's at places j (low) and
+16 + j (high) of its block: the k an int8 wgmma's register operand gives lane i of a quad
+(4i .. 4i + 3, 16 + 4i .. 16 + 4i + 3) are then four whole code bytes. So the codes are that
+operand: the product is taken transposed (acc [BN, BM] += c @ a^T, the same integers and fp32
+products, d * da = da * d) and acc transposed once before the epilogue, where codes as the
+shared operand were stored to shared memory a byte at a time. The activations come in that
+order (strata.planes._q4_act_order; q8_1's ORDER 2).
+
 The launch passes enable_fp_fusion=False (the twin rounds P * (da * dw) and + acc apart).
 """
 from __future__ import annotations
@@ -32,13 +43,14 @@ import triton
 import triton.language as tl
 
 from strata.kernels.moe._ffn_kernel import DOWN, GATE_UP, _act, _epilogue, _tile_rows
-from strata.kernels.moe._int8_kernel import _add_run, _idot, _store_q8_1
+from strata.kernels.moe._int8_kernel import _add_run, _i2f, _idot, _part, _store_q8_1
 
 
 class PlaneInt8Spec(NamedTuple):
     """The kernel's compile-time choices, one constexpr `S`: mode, top-k, the tile (BM, BN, KB:
     32-blocks a reduction step, each its own loads and dot), the epilogue's BIAS / ACT, and QH
-    (GATE_UP stores h as q8_1 rows, codes in Q8_ORDER)."""
+    (GATE_UP stores h as q8_1 rows, codes in HORD's order: _q8_kernel.code_order), Q4 (the
+    matrices read are Q4_0, else Q8_0)."""
     MODE: int
     TOPK: int
     BM: int
@@ -49,6 +61,8 @@ class PlaneInt8Spec(NamedTuple):
     QH: bool = False
     KB: int = 1
     WORDS: bool = False   # a step's KB (2 or 4) scales a row loaded as one word (_scale_words)
+    Q4: bool = False
+    HORD: int = 1
 
     @property
     def cache_key(self) -> str:
@@ -56,12 +70,37 @@ class PlaneInt8Spec(NamedTuple):
 
 
 @triton.jit
-def _plane_block(acc, a, da, c_row, d, k0, n_mask):
-    """acc [BM, BN] += the 32-block of weights k0 .. k0 + 31 of a Q8_0 plane matrix (c_row
-    [BN, 1] its code rows' pointers, d [BN] fp32 its scales) against a [BM, 32] int8 (scales da
-    [BM] fp32)."""
-    c = tl.load(c_row + k0 + tl.arange(0, 32)[None, :], mask=n_mask[:, None], other=0)
-    return _add_run(acc, _idot(a, c), da, d, da, d, 0)
+def _q4_codes(c_row, j0, n_mask, Q4: tl.constexpr, KB: tl.constexpr):
+    """With Q4, int8 [BN, 32 KB]: the codes q - 8 of the Q4_0 32-blocks j0 .. j0 + KB - 1 (c_row
+    [BN, 1] uint8 code rows), one load a row (16 KB bytes), byte j's nibbles at places j and
+    16 + j of its block (module docstring). Else None."""
+    if Q4:
+        b = tl.load(c_row + j0 * 16 + tl.arange(0, 16 * KB)[None, :], mask=n_mask[:, None],
+                    other=0)
+        x = (b ^ 0x88).to(tl.int8, bitcast=True)                       # [BN, 16 KB]
+        c = tl.join((x << 4) >> 4, x >> 4)                             # [BN, 16 KB, 2]
+        c = tl.permute(tl.reshape(c, (c.shape[0], KB, 16, 2)), (0, 1, 3, 2))
+        c = tl.reshape(c, (c.shape[0], 32 * KB))
+    else:
+        c = None
+    return c
+
+
+@triton.jit
+def _plane_block(acc, a, da, c_row, d, k0, n_mask, cs, jj: tl.constexpr, KB: tl.constexpr,
+                 Q4: tl.constexpr):
+    """acc [BM, BN] (Q4: [BN, BM]) += the 32-block of weights k0 .. k0 + 31 of a Q8_0 (Q4: Q4_0)
+    plane matrix (c_row [BN, 1] its code rows' pointers, int8; d [BN] fp32 its scales; with Q4
+    its codes the jj-th 32 columns of the step's cs) against a [BM, 32] int8 (scales da [BM]
+    fp32) in the matrix's code order."""
+    if Q4:   # transposed: the unpacked codes the MMA's register operand
+        c = _part(cs, jj, KB)
+        P = tl.dot(c, tl.trans(a), out_dtype=tl.int32)
+        acc = acc + _i2f(P) * (d[:, None] * da[None, :])
+    else:
+        c = tl.load(c_row + k0 + tl.arange(0, 32)[None, :], mask=n_mask[:, None], other=0)
+        acc = _add_run(acc, _idot(a, c), da, d, da, d, 0)
+    return acc
 
 
 @triton.jit
@@ -95,40 +134,48 @@ def _scale(w, p, at, j, mask, jj: tl.constexpr, WORDS: tl.constexpr):
 
 @triton.jit
 def _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s2_ptr, s_at, n_mask,
-                j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr, WORDS: tl.constexpr):
+                j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr, WORDS: tl.constexpr,
+                Q4: tl.constexpr):
     """Blocks j0 .. j0 + KB - 1 of the activations (rows qa_base, scales at da_ptr + ds_at)
     against matrix 1 (and 2; scale rows at s*_ptr + s_at), in increasing order: each block's
     codes and activations a tile of their own (cp.async), the step's scales one word a row
     where WORDS."""
     wa = _scale_words(da_ptr, ds_at, j0, valid, KB, WORDS)
     w1 = _scale_words(s1_ptr, s_at, j0, n_mask, KB, WORDS)
+    cs1 = _q4_codes(c1_row, j0, n_mask, Q4, KB)
     if TWO:
         w2 = _scale_words(s2_ptr, s_at, j0, n_mask, KB, WORDS)
+        cs2 = _q4_codes(c2_row, j0, n_mask, Q4, KB)
     else:
         w2 = w1
+        cs2 = cs1
     for jj in tl.static_range(KB):
         j = j0 + jj
         k0 = j * 32
         a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
         da = _scale(wa, da_ptr, ds_at, j, valid, jj, WORDS)
         acc1 = _plane_block(acc1, a, da, c1_row, _scale(w1, s1_ptr, s_at, j, n_mask, jj, WORDS),
-                            k0, n_mask)
+                            k0, n_mask, cs1, jj, KB, Q4)
         if TWO:
             acc2 = _plane_block(acc2, a, da, c2_row,
-                                _scale(w2, s2_ptr, s_at, j, n_mask, jj, WORDS), k0, n_mask)
+                                _scale(w2, s2_ptr, s_at, j, n_mask, jj, WORDS), k0, n_mask,
+                                cs2, jj, KB, Q4)
     return acc1, acc2
 
 
 @triton.jit
 def _plane_int8_gemm_kernel(
         qa_ptr, da_ptr, stride_qa, stride_da, sorted_ids_ptr, block_expert_ptr, n_assign,
-        arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off, out_ptr, stride_out, tw_ptr, n_out,
+        arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off, c_rb, out_ptr, stride_out, tw_ptr,
+        n_out,
         n_in, n_blocks_ptr, boff1, boff2, alpha, limit, hd_ptr, hs_ptr, stride_hd,
         S: tl.constexpr):
     """One program a tile, the whole reduction; programs past the device's block count exit.
-    c*_off / s*_off: byte offsets of the code and scale planes from the blob's start. GATE_UP
+    c*_off / s*_off: byte offsets of the code and scale planes from the blob's start, c_rb the
+    bytes of a Q4_0 code row (n_in / 2: passed, a multiple of 16, so a launch knows its rows
+    16-byte aligned, where n_in // 2 would be known 8-aligned). GATE_UP
     stores h for every row of the tile (fp32 at out_ptr, or with S.QH q8_1 rows: codes in
-    Q8_ORDER at out_ptr, d and s at hd_ptr / hs_ptr); DOWN the valid rows times their routing
+    S.HORD's order at out_ptr, d and s at hd_ptr / hs_ptr); DOWN the valid rows times their routing
     weight."""
     TWO: tl.constexpr = S.MODE == GATE_UP
     KB: tl.constexpr = S.KB
@@ -146,26 +193,37 @@ def _plane_int8_gemm_kernel(
         n_mask = offs_n < n_out
         n64 = offs_n.to(tl.int64)
         f16 = tl.pointer_type(tl.float16)
-        i8 = tl.pointer_type(tl.int8)
-        c1_row = (blob + c1_off).to(i8, bitcast=True) + n64[:, None] * n_in      # [BN, 1]
-        c2_row = (blob + c2_off).to(i8, bitcast=True) + n64[:, None] * n_in
+        if S.Q4:   # 16 uint8 a block
+            c1_row = blob + c1_off + n64[:, None] * c_rb                           # [BN, 1]
+            c2_row = blob + c2_off + n64[:, None] * c_rb
+        else:      # 32 int8 a block
+            i8 = tl.pointer_type(tl.int8)
+            c1_row = (blob + c1_off).to(i8, bitcast=True) + n64[:, None] * n_in
+            c2_row = (blob + c2_off).to(i8, bitcast=True) + n64[:, None] * n_in
         s1 = (blob + s1_off).to(f16, bitcast=True)
         s2 = (blob + s2_off).to(f16, bitcast=True)
         s_at = n64 * (n_in // 32)                                          # [BN] scale rows
         r64 = a_rows.to(tl.int64)
         qa_base = qa_ptr + r64[:, None] * stride_qa                         # [BM, 1]
         ds_at = r64 * stride_da                                            # [BM]
-        acc1 = tl.zeros((BM, BN), tl.float32)
-        acc2 = tl.zeros((BM, BN), tl.float32)
+        if S.Q4:
+            acc1 = tl.zeros((BN, BM), tl.float32)
+            acc2 = tl.zeros((BN, BM), tl.float32)
+        else:
+            acc1 = tl.zeros((BM, BN), tl.float32)
+            acc2 = tl.zeros((BM, BN), tl.float32)
         n_blk = n_in // 32
         n_main = n_blk // KB
         for i in range(0, n_main):
             acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row, s2,
-                                     s_at, n_mask, i * KB, acc1, acc2, TWO, KB, S.WORDS)
+                                     s_at, n_mask, i * KB, acc1, acc2, TWO, KB, S.WORDS, S.Q4)
         if KB > 1:   # the blocks left over, in order
             for j in range(n_main * KB, n_blk):
                 acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row,
-                                         s2, s_at, n_mask, j, acc1, acc2, TWO, 1, False)
+                                         s2, s_at, n_mask, j, acc1, acc2, TWO, 1, False, S.Q4)
+        if S.Q4:
+            acc1 = tl.trans(acc1)
+            acc2 = tl.trans(acc2)
         f32 = tl.pointer_type(tl.float32)
         b1 = (blob + boff1).to(f32, bitcast=True)   # the biases (read only with BIAS)
         b2 = (blob + boff2).to(f32, bitcast=True)
@@ -175,9 +233,9 @@ def _plane_int8_gemm_kernel(
                 acc2 += tl.load(b2 + offs_n, mask=n_mask, other=0.0)[None, :]
             h = _act(acc1, acc2, alpha, limit, S.ACT)
             row = out_ptr + offs_m[:, None].to(tl.int64) * stride_out
-            if S.QH:   # codes in Q8_ORDER: the down pass's activations
+            if S.QH:   # codes in the down matrix's order: the down pass's activations
                 _store_q8_1(h, row + offs_n[None, :], hd_ptr, hs_ptr, stride_hd, offs_m, nb,
-                            n_mask, BM, BN, True)
+                            n_mask, BM, BN, S.HORD)
             else:
                 tl.store(row + offs_n[None, :], h, mask=n_mask[None, :])
         else:

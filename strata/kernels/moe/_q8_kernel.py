@@ -44,10 +44,32 @@ def q8_order(q):
 
 
 @triton.jit
+def q4_order(q):
+    """Codes [R, 32 n] with each 32-block put in the order a plane-layout 4-bit block unpacks
+    in (strata.planes._q4_act_order: weight 16s + 8h + 2i + t at place 16t + 4i + 2s + h), moved
+    in registers as q8_order."""
+    R: tl.constexpr = q.shape[0]
+    G: tl.constexpr = q.shape[1] // 32
+    return tl.reshape(tl.permute(tl.reshape(q, (R, G, 2, 2, 4, 2)), (0, 1, 5, 4, 2, 3)),
+                      (R, G * 32))
+
+
+@triton.jit
+def code_order(q, ORDER: tl.constexpr):
+    """q's codes in weight order (ORDER 0), Q8_ORDER (1: plane Q8_0's) or q4_order (2: plane
+    Q4_0's)."""
+    if ORDER == 1:
+        q = q8_order(q)
+    elif ORDER == 2:
+        q = q4_order(q)
+    return q
+
+
+@triton.jit
 def _q8_1_kernel(x_ptr, stride_x, q_ptr, stride_q, d_ptr, s_ptr, stride_d, n_rows,
-                 BR: tl.constexpr, ORDER: tl.constexpr = False):
+                 BR: tl.constexpr, ORDER: tl.constexpr = 0):
     """x [R, D] (fp32 or bf16) -> q int8 [R, D], d fp16 [R, D/32], s fp16 [R, D/32]; ORDER: the
-    codes of each 16-group stored in Q8_ORDER (the plane layout's, strata.planes)."""
+    codes stored in a plane format's order (code_order)."""
     pid_r = tl.program_id(0)
     kb = tl.program_id(1)                                              # 32-feature block
     rows = pid_r * BR + tl.arange(0, BR)                               # [BR]
@@ -57,8 +79,7 @@ def _q8_1_kernel(x_ptr, stride_x, q_ptr, stride_q, d_ptr, s_ptr, stride_d, n_row
     x = tl.load(x_ptr + r64 * stride_x + cols[None, :], mask=rmask[:, None], other=0.0)
     q, d, s = q8_1_block(x.to(tl.float32))
     q = q.to(tl.int8)
-    if ORDER:
-        q = q8_order(q)
+    q = code_order(q, ORDER)
     tl.store(q_ptr + r64 * stride_q + cols[None, :], q, mask=rmask[:, None])
     at = rows.to(tl.int64) * stride_d + kb
     tl.store(d_ptr + at, d.to(tl.float16), mask=rmask)

@@ -364,10 +364,11 @@ def moe_ffn_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
 
 
 def run_ffn(x, topk_ids, topk_weights, experts, tile: Int8Tile, out, workspace, check: bool,
-            combine: str, gate_up_q8, down, order: bool = False) -> torch.Tensor:
+            combine: str, gate_up_q8, down, order=False) -> torch.Tensor:
     """moe_ffn_int8's body after its checks, with its two GEMM passes given (`gate_up_q8`,
-    `down`: int8_gate_up_q8's and int8_down's signatures) and x's q8_1 codes in Q8_ORDER where
-    `order` (strata.kernels.moe.plane_int8 runs the plane layout's passes through it)."""
+    `down`: int8_gate_up_q8's and int8_down's signatures) and x's q8_1 codes in the plane order
+    `order` names (quantize_q8_1's; strata.kernels.moe.plane_int8 runs the plane layout's passes
+    through it)."""
     T, K = topk_ids.shape
     D = x.shape[1]
     E, BM = experts.n_expert, tile.BLOCK_M

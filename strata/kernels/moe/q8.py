@@ -15,9 +15,10 @@ function). llama.cpp's CUDA MMQ quantizer (quantize_mmq_q8_1) differs in the las
 computes 127/amax and d = 1/(127/amax) and, built with -use_fast_math, divides approximately,
 so no plain reference reproduces its bits; the reference one does on every device here.
 
-`order=True` stores each 16-group's codes in strata.planes' Q8_ORDER (d and s unchanged), the
-order of a plane-layout Q8_0 matrix's codes, so an integer dot of the two is the dot in weight
-order (strata.kernels.moe.plane_int8).
+`order` stores the codes in the order of a plane-layout matrix's codes (d and s unchanged), so an
+integer dot of the two is the dot in weight order (strata.kernels.moe.plane_int8): "Q8_0" (or
+True) each 16-group in strata.planes' Q8_ORDER, "Q4_0" each 32-block in the order its 4-bit codes
+unpack in (strata.planes.act_order).
 
 `quantize_q8_1` (Triton) and `quantize_q8_1_torch` (plain torch) share one signature and give the
 same bits.
@@ -32,10 +33,13 @@ import triton
 from strata.errors import StrataError
 from strata.formats._util import round_away
 from strata.kernels.moe import _q8_kernel as _k
-from strata.planes import _q8_order
+from strata.planes import act_order
 
 QK = 32          # features a block (ggml's QK8_1)
 BLOCK_ROWS = 16  # rows a program
+# an `order` -> the kernel's ORDER (code_order) and the format whose plane order it is
+ORDERS = {False: (0, None), None: (0, None), True: (1, "Q8_0"), "Q8_0": (1, "Q8_0"),
+          "Q4_0": (2, "Q4_0")}
 
 
 class Q8Rows(NamedTuple):
@@ -45,7 +49,10 @@ class Q8Rows(NamedTuple):
     s: torch.Tensor
 
 
-def _check(x: torch.Tensor) -> None:
+def _check(x: torch.Tensor, order=False) -> None:
+    if order not in ORDERS:
+        raise StrataError(f"q8_1 stores codes in a plane order of Q8_0 or Q4_0 (or none), got "
+                          f"{order!r}")
     if x.dim() != 2 or x.shape[1] % QK:
         raise StrataError(f"q8_1 quantizes [R, D] rows with D a multiple of {QK}, got "
                           f"{tuple(x.shape)}")
@@ -60,10 +67,10 @@ def _empty(x: torch.Tensor) -> Q8Rows:
                   torch.empty(R, D // QK, dtype=torch.float16, device=x.device))
 
 
-def quantize_q8_1(x: torch.Tensor, out: Q8Rows | None = None, order: bool = False) -> Q8Rows:
+def quantize_q8_1(x: torch.Tensor, out: Q8Rows | None = None, order=False) -> Q8Rows:
     """x [R, D] fp32/bf16 -> Q8Rows (see module docstring); `out`: buffers to write instead;
-    `order`: codes in Q8_ORDER."""
-    _check(x)
+    `order`: the codes' plane order (False, True / "Q8_0", "Q4_0")."""
+    _check(x, order)
     out = out or _empty(x)
     R, D = x.shape
     if R:
@@ -73,15 +80,15 @@ def quantize_q8_1(x: torch.Tensor, out: Q8Rows | None = None, order: bool = Fals
         # v = x * id (contracted into fma(x, id, -t) it rounds codes at a half otherwise than
         # ggml and the twin: the GPU's default, which the interpreter never does)
         _k._q8_1_kernel[grid](x, x.stride(0), out.q, out.q.stride(0), out.d, out.s,
-                              out.d.stride(0), R, BR=BLOCK_ROWS, ORDER=order,
+                              out.d.stride(0), R, BR=BLOCK_ROWS, ORDER=ORDERS[order][0],
                               enable_fp_fusion=False)
     return out
 
 
 def quantize_q8_1_torch(x: torch.Tensor, out: Q8Rows | None = None,
-                        order: bool = False) -> Q8Rows:
+                        order=False) -> Q8Rows:
     """Plain-torch reference of `quantize_q8_1` (same signature, same bits)."""
-    _check(x)
+    _check(x, order)
     R, D = x.shape
     xb = x.float().reshape(R, D // QK, QK)
     # both divisions in fp64, rounded once to fp32: the correctly rounded fp32 quotient (53 bits >
@@ -93,7 +100,8 @@ def quantize_q8_1_torch(x: torch.Tensor, out: Q8Rows | None = None,
     q = round_away(xb * inv[..., None]).to(torch.int32)                  # [R, B, 32]
     s = q.sum(dim=2).to(torch.float32) * d
     q = q.to(torch.int8).reshape(R, D)
-    res = Q8Rows(_q8_order(q) if order else q, d.to(torch.float16), s.to(torch.float16))
+    fmt = ORDERS[order][1]
+    res = Q8Rows(act_order(q, fmt) if fmt else q, d.to(torch.float16), s.to(torch.float16))
     if out is None:
         return res
     for o, r in zip(out, res):
