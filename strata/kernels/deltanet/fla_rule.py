@@ -1,4 +1,4 @@
-"""The gated delta rule through fla-core's Triton kernels (flash-linear-attention, pinned 0.6.x),
+"""The gated delta rule through fla-core's Triton kernels (flash-linear-attention, pinned 0.6.0),
 launched by strata on buffers strata hands in, so the planner's count is the only count.
 
 Legend: T tokens, Hk key heads, Hv value heads (Hk divides Hv: fla reads grouped value heads
@@ -43,7 +43,9 @@ from strata.kernels.deltanet.buffers import launch_dims, take_buffer
 from strata.kernels.deltanet.norms import l2norm
 from strata.kernels.deltanet.sizes import CHUNK, fla_buffers
 
-FLA_VERSION = "0.6"          # the minor strata launches (its kernels' arguments are internal)
+# the release strata launches and tests: its kernels' arguments are fla-core internals, so
+# another release may name them otherwise (pyproject's strata[fla] pins the same one)
+FLA_VERSION = "0.6.0"
 RCP_LN2 = 1.4426950216       # fla's kernels decay with exp2: g_cum is in log2 units
 
 
@@ -55,9 +57,9 @@ def fla_kernels():
         version = md.version("fla-core")
     except Exception:                                           # noqa: BLE001
         version = None
-    if version is None or not version.startswith(FLA_VERSION + "."):
+    if version != FLA_VERSION:
         have = f"fla-core {version} is installed" if version else "fla-core is not installed"
-        raise StrataError(f"the delta rule's fla backend launches fla-core {FLA_VERSION}.x and "
+        raise StrataError(f"the delta rule's fla backend launches fla-core {FLA_VERSION} and "
                           f"{have}: pip install 'strata[fla]', or pin backend=strata")
     with warnings.catch_warnings():         # its import warns where Triton has no GPU driver
         warnings.simplefilter("ignore")
