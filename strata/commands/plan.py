@@ -111,19 +111,21 @@ def make_plan(args):
     plan = plan_prompt(layout, parts, cfg, pinned=pinned, fused=fused, native=native,
                        n_tokens=args.prompt_tokens, scratch_reserve=reserve, policy=policy)
     why = None if plan.fits else unfit_line(plan, layout, parts)
+    # the delta rule's scratch as the carve places it at the plan's chunk (its dn_* buffers)
+    dn = sum(p.nbytes for p in layout.placements(plan.chunk, 0) if p.name.startswith("dn_"))
     return (name, plan, bud, dict(pinned=pinned, fused=fused, native=native,
                                   kv=kv_summary(layout.sizes, cfg, bud, shape,
-                                                chunk=plan.chunk)), shape, why)
+                                                delta_scratch=dn)), shape, why)
 
 
-def kv_summary(sizes, cfg, bud, shape, *, chunk: int = 0) -> dict:
+def kv_summary(sizes, cfg, bud, shape, *, delta_scratch: int = 0) -> dict:
     """The KV of the longest prompt as the budgets charge it: dtype, window, bytes (all layers)
     resident in VRAM and held in pinned host memory; with sliding layers (GPT-OSS), how many,
     the tokens each keeps (W - 1) and their share of the VRAM bytes; with linear-attention
     layers (Qwen3-Next, Qwen3.5-MoE), how many, the full layers beside them, the recurrent
     states' share (which the VRAM bytes include: a linear layer keeps no KV), and the delta
-    rule's launch backend with the scratch it takes for a `chunk` (the layout's dn_* buffers,
-    counted in the attention phase: strata.planning.deltanet_buffers)."""
+    rule's launch backend with `delta_scratch`, the bytes of the planned layout's dn_* buffers
+    at the plan's chunk (what the carve places in the attention phase)."""
     from strata.models.kv import kv_windows
     out = {"dtype": cfg.kv, "resident_tokens": cfg.kv_resident, "tokens": cfg.max_prompt,
            "vram_bytes": sum(b.kv for b in bud),
@@ -133,12 +135,9 @@ def kv_summary(sizes, cfg, bud, shape, *, chunk: int = 0) -> dict:
     linear = [l for l in range(shape.n_layer) if shape.layer_kind(l) == "linear"]
     if linear:
         from strata.kernels.deltanet.launch import delta_launch
-        from strata.planning import KVPolicy, deltanet_buffers
-        kv = KVPolicy(cfg.kv) if cfg.kv in ("bf16", "fp32", "int8") else None
         out.update(linear_layers=len(linear), full_layers=shape.n_layer - len(linear),
                    state_bytes=sum(sizes.kv_bytes(cfg.max_prompt, l) for l in linear),
-                   delta_backend=delta_launch().backend,
-                   delta_scratch_bytes=sum(b.nbytes for b in deltanet_buffers(shape, chunk, kv)))
+                   delta_backend=delta_launch().backend, delta_scratch_bytes=delta_scratch)
     sliding = [(l, w) for l, w in enumerate(kv_windows(shape)) if w > 0]
     if sliding:
         out.update(sliding_layers=len(sliding),
