@@ -54,9 +54,13 @@ def config_json(config: dict) -> str:
 
 
 def write_csv(rows: list[dict], path: str | Path) -> Path:
+    """The rows as the long-format CSV at `path`, whole or not at all (written beside it, then
+    renamed: a run stopped mid-write, or one rewriting its CSV as it goes, keeps the last whole
+    file)."""
+    from strata.atomic import atomic_write
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+    with atomic_write(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
         w.writeheader()
         for r in rows:
