@@ -130,15 +130,18 @@ MLA_LATENT_BUF = Buf("mla_c", bf16, ("MR", "MLC"),
                      "a block of MLA latents: int8 dequantized, or gathered from two segments")
 
 
-def deltanet_buffers(shape: ModelShape, T: int, kv: "KVPolicy | None" = None
-                     ) -> tuple[Buffer, ...]:
+def deltanet_buffers(shape: ModelShape, T: int, kv: "KVPolicy | None" = None,
+                     act_itemsize: int | None = None) -> tuple[Buffer, ...]:
     """The scratch one linear-attention layer's delta rule takes for a chunk of T tokens
-    (strata.kernels.deltanet.sizes.chunk_buffers with the q/k L2 norm, the launch in force and
-    the activations' itemsize beside `kv`'s dtype: the one count)."""
+    (strata.kernels.deltanet.sizes.chunk_buffers with the q/k L2 norm and the launch in force:
+    the one count), at the activations' itemsize: `act_itemsize` (the engine's dense dtype,
+    strata.engine.engine_config.dense_dtype), else the one beside `kv`'s dtype."""
     lin, L = shape.linear, delta_launch()
+    if act_itemsize is None:
+        act_itemsize = state_itemsize(kv.dtype if kv is not None else "bf16")
     return chunk_buffers(T, lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim,
                          qk_l2norm=True, split=L.split, backend=L.backend,
-                         itemsize=state_itemsize(kv.dtype if kv is not None else "bf16"))
+                         itemsize=act_itemsize)
 
 
 def deltanet_bufs(shape: ModelShape) -> tuple[Buf, ...]:
@@ -226,7 +229,8 @@ def decoded_blob_bytes(shape: ModelShape) -> int:
 
 
 def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 0,
-             batch: int | None = None, kv: KVPolicy | None = None) -> dict[str, int]:
+             batch: int | None = None, kv: KVPolicy | None = None,
+             act_itemsize: int | None = None) -> dict[str, int]:
     """Values of the layout's symbols for a chunk of T tokens. TKP pads each of the (at most
     min(E, T*K)) routed experts' groups to `block_m` rows (default: the expert GEMM's BLOCK_M
     for this chunk); monotone in T, as BLOCK_M only grows with T."""
@@ -237,7 +241,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
         qd = kvd = shape.n_head * max(shape.head_dim, shape.mla.v_head_dim)
     m = shape.mla or Mla()   # no MLA: its scratch symbols are 0
     mr, mq = mla_scratch_rows(T, max(T, kv.max_prompt if kv is not None else 0))
-    dn = ({f"DN_{b.name}": b.row_bytes for b in deltanet_buffers(shape, 1, kv)}
+    dn = ({f"DN_{b.name}": b.row_bytes for b in deltanet_buffers(shape, 1, kv, act_itemsize)}
           if shape.linear is not None else {})
     return dn | {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
             "QD": qd, "KVD": kvd,
@@ -267,10 +271,12 @@ def layer_dense_bytes(shape: ModelShape, layer: int = 0) -> int:
 
 
 def model_sizes(shape: ModelShape, *, block_m: int | None = None,
-                kv: KVPolicy | None = None) -> Sizes:
+                kv: KVPolicy | None = None, act: torch.dtype | None = None) -> Sizes:
     """What memory sizes from this model: layout dims, KV and dense bytes (see the module doc).
-    The output norm and LM head are counted untied (the worst case). `kv`: the KV dtype and
-    resident window (default bf16, all resident); each layer's KV by its window (kv_windows)."""
+    The output norm and LM head are counted untied (the worst case). `act`: the dtype the engine
+    computes in (the delta rule's buffers take it; None: the one beside the KV). `kv`: the KV
+    dtype and resident window (default bf16, all resident); each layer's KV by its window
+    (kv_windows)."""
     g = global_specs(shape)
     kv = kv or KVPolicy()
     win = kv_windows(shape)
@@ -282,7 +288,8 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
         return shape.kv_bytes(kv.resident_tokens(n, win[l]), kv.dtype)
     return Sizes(
         n_layer=shape.n_layer, n_expert=shape.n_expert, top_k=shape.top_k,
-        dims=lambda T, ring, batch: dims_for(shape, T, block_m, ring, batch, kv),
+        dims=lambda T, ring, batch: dims_for(shape, T, block_m, ring, batch, kv,
+                                             act.itemsize if act is not None else None),
         kv_bytes=kept,
         kv_host=lambda n, l: shape.kv_bytes(kv.host_tokens(n, win[l]), kv.dtype),
         dense_layer=layer_dense_bytes(shape),

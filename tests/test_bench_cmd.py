@@ -130,6 +130,11 @@ def test_a_hybrid_s_rows_say_which_delta_rule_ran(capsys, tmp_path):
         assert main(["bench", hybrid, *run, "-o", "csv", "--delta", "backend=fla"]) == 0
         got = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
         assert got[0]["delta"] == "backend=fla"
+        # the CPU computes in fp32 beside a bf16 KV: fla's buffers are planned in the engine's
+        # dtype, not the KV's (the carve's views were too small for them)
+        assert main(["prefill", hybrid, "--tokens", "1,2,3,4,5,6,7,8", "--json", "--vram",
+                     "2GiB", "--kv", "bf16", "--delta", "backend=fla"]) == 0
+        assert json.loads(capsys.readouterr().out)["delta"] == "backend=fla"
     tiny = str(synth_pack(tmp_path / "t.pack", get_preset("tiny"), ExpertFormats.of("Q8_0"),
                           progress=False))
     assert main(["bench", tiny, *run, "-o", "json"]) == 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from strata.budget import check_room, cpu_cache_cap
 from dataclasses import replace
 
-from strata.engine.engine_config import EngineConfig, engine_policy, kv_policy
+from strata.engine.engine_config import EngineConfig, dense_dtype, engine_policy, kv_policy
 from strata.errors import StrataError
 from strata.memory import PromptLayout, RingPolicy, plan_prefill, use_fused
 from strata.memory.kv_window import AUTO, choose
@@ -35,7 +35,8 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
                               f"memory; give a smaller --cache or more --vram")
     kv = kv_policy(cfg, device_type)
     shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
-    sizes = model_sizes(shape, kv=kv)
+    # the activations the engine computes in (its delta rule's buffers take their dtype)
+    sizes = model_sizes(shape, kv=kv, act=dense_dtype(cfg, device_type))
     layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape), cfg.batch)
     fused = use_fused(native, cfg.fused, policy)
     kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
