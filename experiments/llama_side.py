@@ -105,6 +105,7 @@ def main(argv=None) -> int:
     a.ub = [int(u) for u in a.ub.split(",")]
     sizes = gguf_sizes(a.gguf)
     gpu, commit = gpu_name(), commit_of(ROOT)
+    tag = f"{a.gguf.stem}-{a.budget_text}-{gpu.replace(' ', '_')}-{commit}"
     rows = []
 
     def add(label, P, fig, val, unit, cfg):
@@ -126,10 +127,11 @@ def main(argv=None) -> int:
                 add("strata", P, "tokens/s", s["ts"], "tok/s",
                     dict(gguf=a.gguf.name, budget=a.budget_text, cmd=s["cmd"],
                          of_bound=s["bound"]))
+        if rows:   # each prompt's rows on disk as soon as measured: a call cut short keeps them
+            write_csv(rows, a.out / f"llama_side-{tag}.csv")
     if not rows:
         print("llama_side: nothing measured", file=sys.stderr)
         return 1
-    tag = f"{a.gguf.stem}-{a.budget_text}-{gpu.replace(' ', '_')}-{commit}"
     path = write_csv(rows, a.out / f"llama_side-{tag}.csv")
     bars([r for r in rows if r["figure"] == "tokens/s"], a.out / f"llama_side-{tag}.png",
          x_keys=["P"], title=f"{a.gguf.name} under {a.budget_text}: llama.cpp vs strata "
