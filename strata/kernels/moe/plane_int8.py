@@ -1,4 +1,4 @@
-"""The int8 expert GEMM over plane-layout Q8_0 / Q4_0 experts (strata.planes):
+"""The int8 expert GEMM over plane-layout Q8_0 / Q4_0 / Q4_K experts (strata.planes):
 strata.kernels.moe.int8's op and numbers, its weights read as plain code tiles.
 
 Legend: T tokens, D hidden, F expert width, E experts, K top-k.
@@ -16,11 +16,15 @@ it every bit of h, hq (once its codes are put back in weight order) and y, is in
 same experts in ggml's layout (the tests hold the two to torch.equal). A plane Q4_0 matrix's
 codes are unpacked to int8 q - 8 in registers (int8.py reads Q4_0 so, with its d), each 32-block
 in the order the unpack yields (strata.planes._q4_act_order), the activations' codes in that
-order.
+order. A plane Q4_K matrix's codes unpack the same way to q (0..15, int8.py's Q4_K codes) in the
+same places, so its activation order is Q4_0's, and each 32-block adds int8.py's two terms with
+its sub-block scale d * sc and minimum dmin * m (both exact in fp32):
 
-Formats: Q8_0 or Q4_0 for each pass: gate and up one format (they share xq, so its code order),
-down either (hq takes down's order). Q4_K would need its sub-block scales and minimums: not
-here. D and F multiples of 32.
+    acc += P_b * (da_b * (d sc)_b);  acc -= sa_b * (dmin m)_b      (sa_b the q8_1 block sum)
+
+Formats: Q8_0, Q4_0 or Q4_K for each pass: gate and up one format (they share xq, so its code
+order), down any of them (hq takes down's order). D and F multiples of 32, and of 256 where a
+Q4_K matrix reads them.
 
 `moe_ffn_plane_int8`, `plane_int8_gate_up`, `plane_int8_gate_up_q8` and `plane_int8_down` are
 Triton launchers (moe_ffn_int8's and its passes' signatures, on a PlaneSet), each with a
@@ -43,7 +47,7 @@ from strata.errors import StrataError
 from strata.kernels.moe.q8 import ORDERS, QK, Q8Rows, quantize_q8_1_torch
 from strata.planes import PlaneSet, act_order, check_plane_set, to_expert_set
 
-FORMATS = ("Q8_0", "Q4_0")   # what it reads, for each matrix (the engine's landing checks it)
+FORMATS = ("Q8_0", "Q4_0", "Q4_K")   # what it reads, for each matrix (the engine's landing checks)
 
 # Chosen by the sm_90 compile alone (tests/kernels/compile_moe_plane_int8.py, triton 3.6 + ptxas;
 # not yet timed): every code tile comes as cp.async (8 or 16 bytes), no byte load. A thread holds
@@ -55,7 +59,8 @@ FORMATS = ("Q8_0", "Q4_0")   # what it reads, for each matrix (the engine's land
 # 166; 72 KB shared). At k1 no spill: 64x64/w4 s2-s4, 64x64/w8s3 (127 registers), 64x128/w8s3,
 # 128x64/w8s3; gate/up spills at 64x128/w4s3, 64x256/w8s3 and 128x128/w8 (0.3-1.5 KB), and with
 # words at 4 warps or BLOCK_N 128 (k2 0.1-0.2 KB, k4 0.3 KB). Q4_0 at this tile: 255 / 180
-# registers, no spill, its codes 16-byte cp.async (docs/kernel_notes.md).
+# registers, no spill, its codes 16-byte cp.async; Q4_K 255 / 176, gate/up spilling 16 B (k2:
+# 201 / 172, no spill; docs/kernel_notes.md).
 PLANE_INT8_TILE = Int8Tile(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3, kb=4)
 
 
@@ -78,13 +83,14 @@ def _check_planes(experts) -> None:
     check_gate_up(experts.layout)
 
 
-def scale_words(kb: int, n_in: int, da: torch.Tensor) -> bool:
+def scale_words(kb: int, n_in: int, da: torch.Tensor, sa: torch.Tensor | None = None) -> bool:
     """Whether a step of kb blocks loads its scales as one word a row (kb 2 or 4 fp16: int32 /
     int64): where every row's step starts word-aligned in the weights' scale plane (n_in a
     multiple of 32 kb; the plane starts 16-byte aligned) and in the activations' (da fp16
-    [R, n_in / 32])."""
-    return (kb in (2, 4) and n_in % (QK * kb) == 0 and da.stride(0) % kb == 0
-            and da.data_ptr() % (2 * kb) == 0)
+    [R, n_in / 32], and sa, their block sums, where the weights have a minimum: Q4_K)."""
+    return (kb in (2, 4) and n_in % (QK * kb) == 0
+            and all(v.stride(0) % kb == 0 and v.data_ptr() % (2 * kb) == 0
+                    for v in ((da,) if sa is None else (da, sa))))
 
 
 def _launch(mode: int, a: Q8Rows, grp, experts: PlaneSet, p1, p2, dst, tw, tile: Int8Tile,
@@ -94,14 +100,16 @@ def _launch(mode: int, a: Q8Rows, grp, experts: PlaneSet, p1, p2, dst, tw, tile:
     lay = experts.layout
     dst, hd, hs, stride_hd = launch_out(tile, dst, hq)
     boff = ((lay.bias.part(b1)[0], lay.bias.part(b2)[0]) if lay.bias is not None else (0, 0))
+    kq = p1.fmt == "Q4_K"
     S = _k.PlaneInt8Spec(MODE=mode, TOPK=topk, BM=tile.BLOCK_M, BN=tile.BLOCK_N,
                          INTERP=INTERPRET, BIAS=lay.bias is not None, ACT=lay.act.code,
                          QH=hq is not None, KB=tile.kb,
-                         WORDS=scale_words(tile.kb, n_in, a.d), Q4=p1.fmt == "Q4_0",
-                         HORD=ORDERS[experts.planes.down.fmt][0])
+                         WORDS=scale_words(tile.kb, n_in, a.d, a.s if kq else None),
+                         Q4=p1.fmt in ("Q4_0", "Q4_K"), HORD=ORDERS[experts.planes.down.fmt][0],
+                         KQ=kq)
     n_tiles = _room(grp) * -(-n_out // tile.BLOCK_N)
     _k._plane_int8_gemm_kernel[(n_tiles,)](
-        a.q, a.d, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
+        a.q, a.d, a.s, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
         experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset, p2.codes_offset,
         p2.scales_offset, p1.codes_row_bytes, dst, dst.stride(0), tw, n_out, n_in,
         grp.n_blocks_dev, *boff, float(lay.act.alpha), float(lay.act.limit), hd, hs, stride_hd, S=S,
@@ -156,7 +164,7 @@ def moe_ffn_plane_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
                        workspace=None, check: bool = True, combine: str = "pass",
                        scratch_alloc=None) -> torch.Tensor:
     """moe_ffn_int8 (its arguments, its q8_1 rows in workspace["h"], its bits) on plane-layout
-    Q8_0 / Q4_0 experts."""
+    Q8_0 / Q4_0 / Q4_K experts."""
     _check_planes(experts)
     _plan(x, topk_ids, topk_weights, experts, out, combine, workspace)
     return run_ffn(x, topk_ids, topk_weights, experts, tile or default_tile(), out, workspace,
