@@ -27,7 +27,7 @@ from strata.kernels.moe.plane_int8 import (moe_ffn_plane_int8, moe_ffn_plane_int
                                            scale_words)
 from strata.kernels.moe.q8 import Q8Rows, quantize_q8_1, quantize_q8_1_torch
 from strata.kernels.moe.random_experts import random_expert_set
-from strata.planes import Q4_ORDER, act_order, to_plane_set
+from strata.planes import PLANE_FORMATS, Q4_ORDER, act_order, to_plane_set
 from tests.kernels.test_moe_int8 import ACT_ABS, ACT_REL, Case, _bits, _gen, _inputs, _same_q8
 
 TILE = Int8Tile(BLOCK_M=16, BLOCK_N=64)   # BLOCK_N past F 32 and not dividing D 160 or F 96
@@ -56,6 +56,8 @@ CASES = [
     Case("pk-q8-down-T3-256-96", T=3, E=4, K=2, D=256, F=96, fmts=("Q4_K", "Q4_K", "Q8_0")),
     Case("p4-qk-down-bias-swiglu-oai-160-256", T=6, E=3, K=2, D=160, F=256,
          fmts=("Q4_0", "Q4_0", "Q4_K"), bias=True, act="swiglu_oai"),
+    # Q4_K_M's mix: a Q6_K down stays in ggml's layout (int8.py's kernel, hq in weight order)
+    Case("pk-q6k-down-T3-256-256", T=3, E=4, K=2, D=256, F=256, fmts=("Q4_K", "Q4_K", "Q6_K")),
 ]
 K_CASES = {"pk-words-skip-256-256"}   # their Q4_K scale bytes drawn at random
 
@@ -88,13 +90,14 @@ def _poisoned(rows: int, n: int) -> Q8Rows:
                   torch.full((rows, n // 32), float("nan")).half())
 
 
-def _ordered(a: Q8Rows, fmt: str = "Q8_0") -> Q8Rows:
-    return Q8Rows(act_order(a.q, fmt), a.d, a.s)
+def _ordered(a: Q8Rows, fmt="Q8_0") -> Q8Rows:
+    return Q8Rows(act_order(a.q, fmt), a.d, a.s) if fmt else a
 
 
-def _orders(c: Case) -> tuple[str, str]:
-    """The plane orders of xq (gate/up's format) and hq (down's)."""
-    return c.fmts[0], c.fmts[-1]
+def _orders(c: Case):
+    """The plane orders of xq (gate/up's format) and hq (down's; False, weight order, for a
+    down kept in ggml's layout)."""
+    return c.fmts[0], c.fmts[-1] if c.fmts[-1] in PLANE_FORMATS else False
 
 
 @pytest.mark.parametrize("order", [True, "Q8_0", "Q4_0", "Q4_K"])
@@ -196,14 +199,17 @@ def test_moe_ffn_plane_int8_passes_without_sync_sum_as_one_call():
 
 
 def test_moe_ffn_plane_int8_refuses_what_it_cannot_read():
-    experts = random_expert_set(2, 256, 256, "Q4_K", "Q4_K", "Q6_K")   # a Q4_K_M mix
+    experts = random_expert_set(2, 256, 256, "Q4_K", "Q4_K", "Q5_K")
     x = torch.zeros(2, 256).bfloat16()
     ids, w = topk_route(torch.zeros(2, 2), 1)
     with pytest.raises(StrataError, match="reads a PlaneSet .* got ExpertSet"):
         moe_ffn_plane_int8(x, ids, w, experts, tile=TILE)
-    with pytest.raises(StrataError, match="reads Q8_0, Q4_0, Q4_K matrices; this layout has "
-                                          "down Q6_K"):
+    with pytest.raises(StrataError, match=r"reads Q8_0, Q4_0, Q4_K matrices \(down also Q6_K in "
+                                          r"ggml's layout\); this layout has down Q5_K"):
         moe_ffn_plane_int8(x, ids, w, to_plane_set(experts), tile=TILE)
+    q6 = to_plane_set(random_expert_set(2, 256, 256, "Q6_K", "Q6_K", "Q6_K"))
+    with pytest.raises(StrataError, match="this layout has gate Q6_K, up Q6_K"):
+        moe_ffn_plane_int8(x, ids, w, q6, tile=TILE)
     mixed = to_plane_set(random_expert_set(2, 64, 32, "Q8_0", "Q4_0", "Q8_0"))
     with pytest.raises(StrataError, match="gate and up of one format; this layout has gate "
                                           "Q8_0, up Q4_0"):
@@ -221,7 +227,9 @@ GPU_CASES = [Case("gpu-p8", T=300, E=8, K=2, D=512, F=256),   # scale words (kb 
              Case("gpu-pk", T=300, E=8, K=2, D=512, F=256, fmts=("Q4_K",)),   # scale words
              # D 2816 (11 super-blocks), F 480: a Q8_0 down's kb 4 without words, remainders
              Case("gpu-pk-q8-down-ragged-bias", T=200, E=8, K=2, D=2816, F=480, bias=True,
-                  act="swiglu_oai", fmts=("Q4_K", "Q4_K", "Q8_0"))]
+                  act="swiglu_oai", fmts=("Q4_K", "Q4_K", "Q8_0")),
+             Case("gpu-pk-q6k-down", T=300, E=8, K=2, D=512, F=256,
+                  fmts=("Q4_K", "Q4_K", "Q6_K"))]   # Q4_K_M's mix
 
 
 @pytest.mark.gpu

@@ -40,14 +40,18 @@ import torch
 
 from strata._backend import INTERPRET
 from strata.kernels.moe import _plane_int8_kernel as _k
-from strata.kernels.moe.int8 import (INTERP_TILE, Int8Tile, _plan, _q8_rows, _room,
+from strata.kernels.moe.int8 import (INTERP_TILE, Int8Tile, _plan, _q8_rows, _room, int8_down,
                                      int8_down_torch, int8_gate_up_torch, launch_out,
                                      moe_ffn_int8_torch, run_ffn)
 from strata.errors import StrataError
+from strata.experts import ExpertSet
 from strata.kernels.moe.q8 import ORDERS, QK, Q8Rows, quantize_q8_1_torch
 from strata.planes import PlaneSet, act_order, check_plane_set, to_expert_set
 
 FORMATS = ("Q8_0", "Q4_0", "Q4_K")   # what it reads, for each matrix (the engine's landing checks)
+# what it reads in ggml's layout (a plane re-layout leaves a format without planes as it is),
+# through int8.py's kernel: Q4_K_M's Q6_K downs (llama.cpp gives some layers' ffn_down more bits)
+KEPT = {"down": ("Q6_K",)}
 
 # Chosen by the sm_90 compile alone (tests/kernels/compile_moe_plane_int8.py, triton 3.6 + ptxas;
 # not yet timed): every code tile comes as cp.async (8 or 16 bytes), no byte load. A thread holds
@@ -79,8 +83,21 @@ def check_gate_up(layout, where: str = "this layout") -> None:
 
 def _check_planes(experts) -> None:
     check_plane_set(experts, FORMATS, "the plane int8 GEMM",
-                    "strata.kernels.moe.int8.moe_ffn_int8")
+                    "strata.kernels.moe.int8.moe_ffn_int8", keep=KEPT)
     check_gate_up(experts.layout)
+
+
+def _down_order(experts: PlaneSet):
+    """The order hq's codes take: down's plane format, False (weight order) where down is in
+    ggml's layout (KEPT)."""
+    down = experts.planes.down
+    return down.fmt if down is not None else False
+
+
+def _ggml(experts: PlaneSet) -> ExpertSet:
+    """The same arena as an ExpertSet, for int8.py's kernel on a KEPT matrix (in ggml's layout:
+    only its bytes are read)."""
+    return ExpertSet(experts.arena, experts.slot_offset, experts.layout)
 
 
 def scale_words(kb: int, n_in: int, da: torch.Tensor, sa: torch.Tensor | None = None) -> bool:
@@ -105,7 +122,7 @@ def _launch(mode: int, a: Q8Rows, grp, experts: PlaneSet, p1, p2, dst, tw, tile:
                          INTERP=INTERPRET, BIAS=lay.bias is not None, ACT=lay.act.code,
                          QH=hq is not None, KB=tile.kb,
                          WORDS=scale_words(tile.kb, n_in, a.d, a.s if kq else None),
-                         Q4=p1.fmt in ("Q4_0", "Q4_K"), HORD=ORDERS[experts.planes.down.fmt][0],
+                         Q4=p1.fmt in ("Q4_0", "Q4_K"), HORD=ORDERS[_down_order(experts)][0],
                          KQ=kq)
     n_tiles = _room(grp) * -(-n_out // tile.BLOCK_N)
     _k._plane_int8_gemm_kernel[(n_tiles,)](
@@ -132,9 +149,9 @@ def plane_int8_gate_up(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
 
 def plane_int8_gate_up_q8(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
                           tile: Int8Tile = Int8Tile(), out: Q8Rows | None = None) -> Q8Rows:
-    """plane_int8_gate_up's h as q8_1 rows, codes in down's plane order, quantized in the
-    epilogue: the bits of quantize_q8_1(h, order=down's format). `out`: rows to write into (at
-    least n_blocks * BM)."""
+    """plane_int8_gate_up's h as q8_1 rows, codes in down's plane order (weight order for a
+    KEPT down), quantized in the epilogue: the bits of quantize_q8_1(h, order=that). `out`: rows
+    to write into (at least n_blocks * BM)."""
     pl = experts.planes
     rows = _room(grp) * tile.BLOCK_M
     hq = out or _q8_rows(rows, experts.layout.d_expert, xq.q.device)
@@ -147,8 +164,10 @@ def plane_int8_gate_up_q8(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
 def plane_int8_down(hq: Q8Rows, grp, experts: PlaneSet, topk_weights: torch.Tensor,
                     tile: Int8Tile = Int8Tile(), yk: torch.Tensor | None = None) -> torch.Tensor:
     """yk fp32 [T*K, D] (int8_down's) from hq's codes in down's plane order; `yk`: the rows to
-    write into."""
+    write into. A KEPT down (ggml's layout, hq in weight order) runs int8_down itself."""
     pl = experts.planes
+    if pl.down is None:
+        return int8_down(hq, grp, _ggml(experts), topk_weights, tile, yk)
     T, K = topk_weights.shape
     if yk is None:
         yk = torch.empty(T * K, pl.down.rows, dtype=torch.float32, device=hq.q.device)
@@ -174,9 +193,10 @@ def moe_ffn_plane_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
 
 # ---------------------------------------------------------------- torch twins
 
-def _weight_order(a: Q8Rows, fmt: str) -> Q8Rows:
-    """q8_1 rows with their codes put back from `fmt`'s plane order to weight order."""
-    return Q8Rows(act_order(a.q, fmt, back=True), a.d, a.s)
+def _weight_order(a: Q8Rows, fmt) -> Q8Rows:
+    """q8_1 rows with their codes put back from `fmt`'s plane order to weight order (False:
+    already in it)."""
+    return Q8Rows(act_order(a.q, fmt, back=True), a.d, a.s) if fmt else a
 
 
 def plane_int8_gate_up_torch(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
@@ -192,7 +212,7 @@ def plane_int8_gate_up_q8_torch(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
                                 out: Q8Rows | None = None) -> Q8Rows:
     """Plain-torch twin of `plane_int8_gate_up_q8` (same signature)."""
     h = plane_int8_gate_up_torch(xq, grp, experts, topk, tile)
-    return quantize_q8_1_torch(h, out=out, order=experts.planes.down.fmt)
+    return quantize_q8_1_torch(h, out=out, order=_down_order(experts))
 
 
 def plane_int8_down_torch(hq: Q8Rows, grp, experts: PlaneSet, topk_weights: torch.Tensor,
@@ -201,7 +221,7 @@ def plane_int8_down_torch(hq: Q8Rows, grp, experts: PlaneSet, topk_weights: torc
     """Plain-torch twin of `plane_int8_down` (same signature; unwritten rows of a fresh yk are
     NaN)."""
     _check_planes(experts)
-    return int8_down_torch(_weight_order(hq, experts.planes.down.fmt), grp,
+    return int8_down_torch(_weight_order(hq, _down_order(experts)), grp,
                            to_expert_set(experts), topk_weights, tile, yk)
 
 
