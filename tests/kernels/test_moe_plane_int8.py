@@ -125,8 +125,12 @@ def test_q4_activation_order_is_the_order_a_q4_0_block_unpacks_in():
     assert torch.equal(act_order(w, "Q4_K"), got)   # Q4_K's codes unpack in the same places
 
 
-@pytest.mark.parametrize("kb", [1, 2, 4])
-@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+# kb 1, 2 and 4 for every case; 8 (a step the whole Q4_K super-block) where a matrix is Q4_K
+STAGES = [(c, kb) for c in CASES for kb in (1, 2, 4)] + \
+    [(c, 8) for c in CASES if "Q4_K" in c.fmts]
+
+
+@pytest.mark.parametrize("c,kb", STAGES, ids=[f"{c.id}-kb{kb}" for c, kb in STAGES])
 def test_plane_int8_stages_are_the_ggml_layout_int8_bits(c: Case, kb: int):
     experts, x, ids, w, grp = _case_inputs(c)
     planes = to_plane_set(experts)
@@ -147,7 +151,7 @@ def test_plane_int8_stages_are_the_ggml_layout_int8_bits(c: Case, kb: int):
                     quantize_q8_1_torch(h_ref, order=ho_fmt))
     if c.id in ("p8-words-256-128", "p4-words-skip-256-128") and kb > 1:
         assert scale_words(kb, c.D, xo.d) and scale_words(kb, c.F, hq.d)
-    elif c.id == "pk-words-skip-256-256" and kb > 1:
+    elif c.id == "pk-words-skip-256-256" and kb in (2, 4):
         assert scale_words(kb, c.D, xo.d, xo.s) and scale_words(kb, c.F, hq.d, hq.s)
     elif c.id in ("p8-ragged-160-96", "p4-ragged-160-96") and kb == 4:
         assert not scale_words(kb, c.D, xo.d) and not scale_words(kb, c.F, hq.d)

@@ -109,11 +109,11 @@ def _q4_codes(c_row, j0, n_mask, Q4: tl.constexpr, KB: tl.constexpr, KQ: tl.cons
 def _k_words(k_row, j0, n_mask, KQ: tl.constexpr):
     """With KQ, what the blocks j0 .. j0 + KB - 1 (KB | 8, j0 a multiple of KB) read of their
     Q4_K super-block's 16 plane scale bytes in rows k_row ([BN] int64 pointers to the scale
-    rows): (d, dmin fp32 [BN], and int32 [BN] words whose byte jj < 4 (lo) / jj - 4 (hi) is block
-    j0 + jj's sc | m bits 4-5 and whose nibble jj is its m's low 4 bits), two 8-byte loads a row
-    (0 where not n_mask) in the layout the scales are used in (one [BN, 4] load took a layout of
-    its own and a conversion); the words shifted once a step, so each block's fields are
-    constant shifts. Else None."""
+    rows), as int32 [BN] words: (d | dmin << 16 (fp16 bits), sc_lo, sc_hi, m_lo) where byte jj
+    of sc_lo (jj < 4) or jj - 4 of sc_hi is block j0 + jj's sc | m bits 4-5 and nibble jj of m_lo
+    its m's low 4 bits. Two 8-byte loads a row (0 where not n_mask) in the layout the scales are
+    used in (one [BN, 4] load took a layout of its own and a conversion); the words shifted once
+    a step, so each block's fields are constant shifts. Else None."""
     if KQ:
         at = k_row + (j0 // 8) * 2
         lo = tl.load(at, mask=n_mask, other=0)                         # bytes 0-7
@@ -212,7 +212,7 @@ def _plane_step(qa_base, da_ptr, sa_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s
     KQ their sums at sa_ptr + ds_at) against matrix 1 (and 2; scale rows at s*_ptr + s_at, with
     KQ those of int64 words), in increasing order: each block's codes and activations a
     tile of their own (cp.async), the step's scales one word a row where WORDS (Q4_K's weight
-    scales: one 16-byte load a row)."""
+    scales: two 8-byte loads a row, _k_words)."""
     wa = _scale_words(da_ptr, ds_at, j0, valid, KB, WORDS)
     if KQ:
         ws = _scale_words(sa_ptr, ds_at, j0, valid, KB, WORDS)
