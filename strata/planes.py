@@ -192,8 +192,8 @@ def _q4_act_order(q: torch.Tensor, back: bool = False) -> torch.Tensor:
 
 def act_order(q: torch.Tensor, fmt: str, back: bool = False) -> torch.Tensor:
     """Activation codes [..., 32n] from weight order to the order of `fmt`'s plane codes (Q8_0:
-    Q8_ORDER, Q4_0: _q4_act_order), so an integer dot of the two is the dot in weight order
-    (back: the inverse)."""
+    Q8_ORDER, Q4_0 and Q4_K: _q4_act_order), so an integer dot of the two is the dot in weight
+    order (back: the inverse)."""
     return _q8_order(q, back) if fmt == "Q8_0" else _q4_act_order(q, back)
 
 
