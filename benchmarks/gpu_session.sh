@@ -105,11 +105,12 @@ for step in "$@"; do
     # 15-29 TFLOP/s on the H100 at 47eafc3) swept beside decode-once and grouped_mm-bf16: INT8_TILES;
     # kK arms step K q8_1 blocks a reduction step: 64x64/w8s2 at k1, k2, k4, the tile whose gate/up
     # ptxas (sm_90, Q8_0) fits in registers at k1 and k2 (20 B spilled at k4); 4 warps spill at every k.
-    # strata-plane-int8 (Q8_0, Q4_0): the same numbers over plane-layout codes (8/16-byte cp.async code
-    # tiles where the ggml blocks load bytes; Q4_0's nibbles unpacked in registers), at its default
-    # and at each INT8_TILES tile, after its GPU tests (bit for bit against the ggml-layout int8 GEMM);
-    # KB_FMT="Q8_0 Q4_0" for the Q4_0 arms (not in the default: the step's 280 s)
-    int8tiles) timeout 60 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_plane_int8.py 2>&1 | tail -5 | tee "$OUT/gpu_plane_int8_tests.log"
+    # strata-plane-int8 (Q8_0, Q4_0, Q4_K): the same numbers over plane-layout codes (8/16-byte
+    # cp.async code tiles where the ggml blocks load bytes; 4-bit nibbles unpacked in registers, Q4_K's
+    # scales two 8-byte loads a row a step), at its default and at each INT8_TILES tile, after its GPU
+    # tests (bit for bit against the ggml-layout int8 GEMM; 120 s: the Q4_K and Q4_K_M-mix cases
+    # compile their own builds); KB_FMT="Q8_0 Q4_0" for the Q4_0 arms (not in the default: the step's 280 s)
+    int8tiles) timeout 120 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_moe_plane_int8.py 2>&1 | tail -5 | tee "$OUT/gpu_plane_int8_tests.log"
              timeout 280 python3 experiments/kernel_bench.py --shapes qwen3-30b-a3b --T 2048 8192 32768 --formats ${KB_FMT:-Q8_0 Q4_K} --arms strata-decoded strata-int8 strata-plane-int8 --int8-tiles ${INT8_TILES:-64x128/w4s3 128x64/w4s3 128x128/w8s3 128x256/w8s3 64x256/w8s3 64x64/w8s2 64x64/w8s2k2 64x64/w8s2k4} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/int8_tiles.log" ;;
     # issue 38 item 2: strata's chunked gated delta rule beside fla-core's on the same inputs
     # (time, peak memory, distance to fp64) at Qwen3.5's heads, T 512..32768, strata's fused and

@@ -17,10 +17,10 @@ Arms, all computing one layer's MoE feed-forward y [T, D] from x [T, D] and a ro
   quantizations than the bf16 path's); `--int8-tiles T1 T2 ...` adds one arm `strata-int8[T]`
   per Int8Tile, e.g. --int8-tiles 128x128/w8s3 128x64/w4s3 128x128/w8s3k4 (kK: K q8_1 blocks a
   reduction step).
-- strata-plane-int8 (Q8_0, Q4_0: strata.kernels.moe.plane_int8.FORMATS): moe_ffn_plane_int8,
+- strata-plane-int8 (Q8_0, Q4_0, Q4_K: strata.kernels.moe.plane_int8.FORMATS): moe_ffn_plane_int8,
   strata-int8's numbers (the same bound) on the experts re-laid once into the plane layout (the
-  weights' codes as plain code tiles, Q4_0's unpacked in registers), at PLANE_INT8_TILE; `--int8-tiles` adds `strata-plane-int8[T]` arms at
-  the same tiles as strata-int8's.
+  weights' codes as plain code tiles, the 4-bit ones unpacked in registers), at PLANE_INT8_TILE;
+  `--int8-tiles` adds `strata-plane-int8[T]` arms at the same tiles as strata-int8's.
 - strata-plane (Q8_0, Q4_0, Q4_K: plane.KERNEL_FORMATS): strata.kernels.moe.plane.plane_ffn on the
   same experts re-laid once into the plane layout (strata.planes: aligned code tiles, scales
   apart), the tile from its default table; `--tiles T1 T2 ...` adds one arm `strata-plane[T]`

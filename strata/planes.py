@@ -192,8 +192,8 @@ def _q4_act_order(q: torch.Tensor, back: bool = False) -> torch.Tensor:
 
 def act_order(q: torch.Tensor, fmt: str, back: bool = False) -> torch.Tensor:
     """Activation codes [..., 32n] from weight order to the order of `fmt`'s plane codes (Q8_0:
-    Q8_ORDER, Q4_0: _q4_act_order), so an integer dot of the two is the dot in weight order
-    (back: the inverse)."""
+    Q8_ORDER, Q4_0 and Q4_K: _q4_act_order), so an integer dot of the two is the dot in weight
+    order (back: the inverse)."""
     return _q8_order(q, back) if fmt == "Q8_0" else _q4_act_order(q, back)
 
 
@@ -388,34 +388,48 @@ class Landing:
     is the type a provider hands the expert FFN for such an arena (PlaneSet)."""
     sets = PlaneSet
 
-    def __init__(self, layouts, formats):
+    def __init__(self, layouts, formats, keep=None):
         """layouts: the model's BlobLayout per layer (None: a layer without routed experts);
-        formats: the formats the plane GEMM reads. A StrataError names a layer it cannot run."""
+        formats: the formats the plane GEMM reads; keep: {matrix name: formats} it reads in
+        ggml's layout (left as they are). A StrataError names a layer it cannot run."""
         for layer, lay in enumerate(layouts):
             if lay is None:
                 continue
-            bad = [f"{m.name} {m.fmt.name}" for m, p in zip(lay.matrices,
-                                                             plane_layout(lay).matrices)
-                   if p is None or p.fmt not in formats]
+            bad = _unread(lay, formats, keep)
             if bad:
-                raise StrataError(f"the plane expert FFN reads {', '.join(formats)} experts; "
-                                  f"layer {layer} has {', '.join(bad)}: choose another expert "
-                                  f"FFN (kernel, auto) for this pack")
+                raise StrataError(f"the plane expert FFN reads {', '.join(formats)} experts"
+                                  f"{_kept(keep)}; layer {layer} has {', '.join(bad)}: choose "
+                                  f"another expert FFN (kernel, auto) for this pack")
         self.layouts = list(layouts)
 
     def __call__(self, blob: torch.Tensor, layer: int) -> None:
         relayout_blob_(blob, self.layouts[layer])
 
 
-def check_plane_set(experts, formats, what: str, otherwise: str) -> None:
+def _unread(layout: BlobLayout, formats, keep=None) -> list[str]:
+    """'name FMT' of each matrix of `layout` a reader of `formats` planes (and of `keep`'s
+    {name: formats} in ggml's layout) cannot read."""
+    keep = keep or {}
+    return [f"{m.name} {m.fmt.name}" for m, p in zip(layout.matrices,
+                                                     plane_layout(layout).matrices)
+            if not (p is not None and p.fmt in formats
+                    or p is None and m.fmt.name in keep.get(m.name, ()))]
+
+
+def _kept(keep) -> str:
+    """' (down also Q6_K in ggml's layout)' for keep = {"down": ("Q6_K",)}; '' for none."""
+    said = [f"{name} also {', '.join(f)}" for name, f in (keep or {}).items()]
+    return f" ({'; '.join(said)} in ggml's layout)" if said else ""
+
+
+def check_plane_set(experts, formats, what: str, otherwise: str, keep=None) -> None:
     """One line when `experts` is not a PlaneSet whose every matrix is in `formats` (its
-    plane layout): `what` names the reader, `otherwise` the path that reads the others."""
+    plane layout) or, by `keep` ({matrix name: formats}), in one the reader takes in ggml's
+    layout: `what` names the reader, `otherwise` the path that reads the others."""
     if not isinstance(experts, PlaneSet):
         raise StrataError(f"{what} reads a PlaneSet (blobs in the plane layout), got "
                           f"{type(experts).__name__}; re-lay it with strata.planes.to_plane_set")
-    bad = [f"{m.name} {m.fmt.name}" for m, p in zip(experts.layout.matrices,
-                                                    experts.planes.matrices)
-           if p is None or p.fmt not in formats]
+    bad = _unread(experts.layout, formats, keep)
     if bad:
-        raise StrataError(f"{what} reads {', '.join(formats)} matrices; this layout has "
-                          f"{', '.join(bad)}: run it through {otherwise}")
+        raise StrataError(f"{what} reads {', '.join(formats)} matrices{_kept(keep)}; this "
+                          f"layout has {', '.join(bad)}: run it through {otherwise}")

@@ -11,8 +11,8 @@ its launcher runs it by default (the schedule the CSV's strata-auto tile row nam
 strata-sk), "decoded" decode-once + the BF16 GEMM, "plane" the plane-layout GEMM (a landing
 choice of the engine, listed for `--experts plane`; auto does not switch to it per call), "int8"
 the int8 GEMM on q8_1 activations (other numerics: listed for `--experts int8` until its KLD
-is measured; auto does not pick it), "plane-int8" the same numbers over Q8_0 / Q4_0 planes (a
-landing choice too, listed for `--experts plane-int8`). Rows of
+is measured; auto does not pick it), "plane-int8" the same numbers over Q8_0 / Q4_0 / Q4_K planes
+(a landing choice too, listed for `--experts plane-int8`). Rows of
 later CSVs replace those of earlier ones at the same (GPU, format, shape, T).
 """
 from __future__ import annotations

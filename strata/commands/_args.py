@@ -129,7 +129,8 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
                         "pass's experts once, then the BF16 GEMM), int8 (activations "
                         "quantized to q8_1, int8 tensor cores, as llama.cpp's MMQ; opt-in), "
                         "plane (Q8_0/Q4_0/Q4_K re-laid as code and scale planes as they land), "
-                        "plane-int8 (int8's numbers on Q8_0/Q4_0 planes), torch (plain-torch twin, "
+                        "plane-int8 (int8's numbers on Q8_0/Q4_0/Q4_K planes, a Q6_K down as it is), "
+                        "torch (plain-torch twin, "
                         "bf16), ref (fp32 reference); auto: on cuda decoded for long chunks and "
                         "kernel for short ones, on the CPU ref (resident and streamed alike)")
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")

@@ -25,9 +25,10 @@ what the provider lends, strata.models.provider.LayerWorkspace):
 - "int8":   the int8 GEMM `strata.kernels.moe.int8.moe_ffn_int8` (activations quantized to q8_1
             per token, the weights' int8 codes, as llama.cpp's MMQ; opt-in): its q8_1 rows of x
             and h borrow the bytes of the layout's bf16 h (fresh tensors where they do not fit)
-- "plane-int8": the int8 GEMM over plane-layout Q8_0 / Q4_0 experts `strata.kernels.moe.plane_int8.
-            moe_ffn_plane_int8` ("int8"'s numbers bit for bit, the weights' codes read as plain
-            int8 tiles; blobs re-laid as they land, as "plane"'s; opt-in)
+- "plane-int8": the int8 GEMM over plane-layout Q8_0 / Q4_0 / Q4_K experts (a Q6_K down left in
+            ggml's layout, Q4_K_M's) `strata.kernels.moe.plane_int8.moe_ffn_plane_int8` ("int8"'s
+            numbers bit for bit, the weights' codes read as plain int8 tiles; blobs re-laid as
+            they land, as "plane"'s; opt-in)
 - "torch":  the fused GEMM's plain-torch twin `strata.kernels.moe_ffn_torch` (same bf16 contract)
 - "ref":    `moe_ffn_ref` below: every product in fp32, x not rounded (the reference forward)
 Block decoding is the kernels' own (`dequantize_matrix`).
@@ -190,17 +191,18 @@ class Int8FFN(ExpertFFNs):
 
 
 class PlaneInt8FFN(Int8FFN):
-    """The int8 GEMM over Q8_0 / Q4_0 experts re-laid into code and scale planes as they land:
-    int8's q8_1 rows in the layout's h buffer, plane's landing."""
+    """The int8 GEMM over Q8_0 / Q4_0 / Q4_K experts re-laid into code and scale planes as they
+    land (a Q6_K down left as it is): int8's q8_1 rows in the layout's h buffer, plane's
+    landing."""
     name = "plane-int8"
     lands = True
 
     def landing(self, layouts):
-        """A StrataError names a layer with other than Q8_0 / Q4_0 matrices, or with gate and up
-        in two formats."""
-        from strata.kernels.moe.plane_int8 import FORMATS, check_gate_up
+        """A StrataError names a layer with other than Q8_0 / Q4_0 / Q4_K matrices (or a Q6_K
+        down), or with gate and up in two formats."""
+        from strata.kernels.moe.plane_int8 import FORMATS, KEPT, check_gate_up
         from strata.planes import Landing
-        land = Landing(layouts, FORMATS)
+        land = Landing(layouts, FORMATS, keep=KEPT)
         for layer, lay in enumerate(layouts):
             if lay is not None:
                 check_gate_up(lay, f"layer {layer}")

@@ -108,6 +108,34 @@ def test_q4_k_layers_land_as_planes_and_match_the_reference(tmp_path, tokens):
     assert rel(res.logits, ref) < BF16_Y_REL
 
 
+def test_plane_int8_engine_reads_a_q4_k_m_pack(tmp_path, tokens):
+    """--experts plane-int8 on Q4_K (the tiny model at D = F = 256: whole super-blocks): layer 0
+    all Q4_K, layer 1 Q4_K_M's mix, its down Q6_K (left in ggml's layout as the blob lands, run
+    by the ggml-layout int8 kernel); streamed in passes (ring 3 < E), the Q4_K matrices re-laid
+    in the cache: the logits of --experts int8 on the ggml blobs, bit for bit."""
+    shape = SHAPE.with_(d_model=256, d_expert=256)
+    p = synth_pack(tmp_path / "q4km.pack", shape,
+                   [ExpertFormats.of("Q4_K"), ExpertFormats.of("Q4_K", down="Q6_K")],
+                   progress=False)
+    toks = tokens[:8]                  # one chunk: the interpreter is the cost here
+    blob = Pack.open(p).max_blob
+    res = {}
+    for ffn in ("int8", "plane-int8"):
+        eng = PrefillEngine(p, EngineConfig(vram=1 << 30, cache=8 * blob, max_prompt=64,
+                                            device="cpu", ffn=ffn, ring=3, chunk=8))
+        assert (eng.cache.land is not None) == (ffn == "plane-int8")
+        if ffn == "plane-int8":
+            assert [lay.down.fmt.name for lay in eng.layouts] == ["Q4_K", "Q6_K"]
+            assert eng.cache.index, "nothing cached"
+            for (layer, e), i in eng.cache.index.items():
+                src = eng.host.source(layer, e).clone()
+                relayout_blob_(src, eng.layouts[layer])
+                assert torch.equal(eng.cache.slot_view(i), src), (layer, e)
+        res[ffn] = eng.run(toks)
+    assert res["plane-int8"].stats.bytes_streamed > 0
+    assert torch.equal(res["plane-int8"].logits, res["int8"].logits)
+
+
 def test_plane_ffn_refuses_ggml_blobs(pack, tokens):
     """The resident provider hands ExpertSets (ggml blobs): the plane FFN says so instead of
     reading them as planes."""
@@ -176,7 +204,8 @@ def test_plane_int8_engine_is_the_int8_engine(tmp_path, tokens, fmts):
     assert torch.equal(res["plane-int8"].logits, res["int8"].logits)
     if fmts != ExpertFormats.of("Q8_0"):
         return
-    with pytest.raises(StrataError, match="reads Q8_0, Q4_0 experts; layer 1 has down Q5_0"):
+    with pytest.raises(StrataError, match=r"reads Q8_0, Q4_0, Q4_K experts \(down also Q6_K in "
+                                          r"ggml's layout\); layer 1 has down Q5_0"):
         engine(pack=synth_pack(tmp_path / "mix.pack", SHAPE,
                                [ExpertFormats.of("Q8_0"), ExpertFormats.of("Q4_0", down="Q5_0")],
                                progress=False), ffn="plane-int8")

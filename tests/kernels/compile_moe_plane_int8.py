@@ -6,10 +6,11 @@ registers and spill bytes, the shared memory, whether the dots are wgmma on s8, 
 loads in the PTX by width (ld.global of u8 / b16 / b32 / v2 / v4 ..., cp.async of 4 / 8 / 16
 bytes: the plane's codes should come as 8- or 16-byte cp.async, the ggml blocks' as bytes; the
 q8_1 codes the gate/up epilogue writes in Q8_ORDER as vector stores, like the plain ones).
-A format argument (Q8_0, Q4_0) picks the experts' format, all three matrices (both unless
-given): Q4_0's 16-byte code blocks should come as 16-byte cp.async too, unpacked in registers.
+A format argument (Q8_0, Q4_0, Q4_K) picks the experts' format, all three matrices (each
+unless given): Q4_0's and Q4_K's 16-byte code blocks should come as 16-byte cp.async too,
+unpacked in registers, and Q4_K's super-block scales as one 16-byte load a row (ld.v4.b32).
 
-    python tests/kernels/compile_moe_plane_int8.py                     # TILES, Q8_0 and Q4_0
+    python tests/kernels/compile_moe_plane_int8.py                     # TILES, every format
     python tests/kernels/compile_moe_plane_int8.py Q4_0 128x128/w8s3 64x128/w4s4k2
 """
 import collections
@@ -37,7 +38,7 @@ import strata.kernels.moe._q8_kernel as q8  # noqa: E402
 # the default (kb 4, scale words), int8.py's default, and spill-free kb-1 neighbours
 TILES = (PLANE_INT8_TILE, Int8Tile(), Int8Tile(64, 64, 8, 3), Int8Tile(64, 128, 8, 3))
 
-PLANE_SIG = {"qa_ptr": "*i8", "da_ptr": "*fp16", "stride_qa": "i32", "stride_da": "i32",
+PLANE_SIG = {"qa_ptr": "*i8", "da_ptr": "*fp16", "sa_ptr": "*fp16", "stride_qa": "i32", "stride_da": "i32",
              "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32", "n_assign": "i32",
              "arena_ptr": "*u8", "slot_ptr": "*i64", "c1_off": "i32", "s1_off": "i32",
              "c2_off": "i32", "s2_off": "i32", "c_rb": "i32", "out_ptr": "*fp32",
@@ -46,7 +47,7 @@ PLANE_SIG = {"qa_ptr": "*i8", "da_ptr": "*fp16", "stride_qa": "i32", "stride_da"
              "boff1": "i32", "boff2": "i32", "alpha": "fp32", "limit": "fp32",
              "hd_ptr": "*fp16", "hs_ptr": "*fp16", "stride_hd": "i32"}
 # the plane offsets are 16-byte aligned (strata.planes), D and F multiples of 32
-PLANE_ALIGNED = {"qa_ptr", "da_ptr", "stride_qa", "sorted_ids_ptr", "block_expert_ptr",
+PLANE_ALIGNED = {"qa_ptr", "da_ptr", "sa_ptr", "stride_qa", "sorted_ids_ptr", "block_expert_ptr",
                  "arena_ptr", "slot_ptr", "c1_off", "s1_off", "c2_off", "s2_off", "c_rb", "out_ptr",
                  "stride_out", "tw_ptr", "n_out", "n_in"}
 MODES = ((0, dict(QH=True)), (1, {}), (0, dict(BIAS=True, ACT=1, QH=True)))
@@ -129,7 +130,8 @@ def _tile(fmt: str, tile: Int8Tile) -> list[str]:
     for mode, extra in MODES:
         S = kp.PlaneInt8Spec(MODE=mode, TOPK=8, BM=tile.BLOCK_M, BN=tile.BLOCK_N,
                              INTERP=False, KB=tile.kb, WORDS=tile.kb in (2, 4),
-                             Q4=fmt == "Q4_0", HORD=ORDERS[fmt][0], **extra)
+                             Q4=fmt in ("Q4_0", "Q4_K"), KQ=fmt == "Q4_K",
+                             HORD=ORDERS[fmt][0], **extra)
         sig = dict(PLANE_SIG, out_ptr="*i8") if extra.get("QH") else PLANE_SIG
         fails += _one(kp._plane_int8_gemm_kernel, sig, S, tile, PLANE_ALIGNED,
                       f"plane int8 {fmt} {tile.name} mode={mode} {extra}")

@@ -1,10 +1,11 @@
-"""The int8 expert GEMM over plane-layout Q8_0 / Q4_0 experts (strata.kernels.moe.plane_int8)
+"""The int8 expert GEMM over plane-layout Q8_0 / Q4_0 / Q4_K experts
+(strata.kernels.moe.plane_int8)
 against the ggml-layout int8 GEMM (strata.kernels.moe.int8) and its twins on the same experts and
 tokens, on fresh random data; outputs poisoned (NaN scales, -128 codes) first.
 
 Everything is exact (torch.equal): a plane matrix holds ggml's codes permuted inside each
-block (Q4_0's unpacked in registers as q - 8) and the activations' codes come in the same order,
-so each block's integer dot, and
+block (Q4_0's unpacked in registers as q - 8, Q4_K's as q with its sub-block scale and minimum)
+and the activations' codes come in the same order, so each block's integer dot, and
 every fp32 step after it, is int8.py's. The one gap int8.py's tests allow (act's exp: numpy's in
 the interpreter, torch's in the twin, a few ulps of h: ACT_REL) holds here against the twin, and
 the plane kernel's h is the ggml-layout kernel's bit for bit (the same exp).
@@ -26,7 +27,7 @@ from strata.kernels.moe.plane_int8 import (moe_ffn_plane_int8, moe_ffn_plane_int
                                            scale_words)
 from strata.kernels.moe.q8 import Q8Rows, quantize_q8_1, quantize_q8_1_torch
 from strata.kernels.moe.random_experts import random_expert_set
-from strata.planes import Q4_ORDER, act_order, to_plane_set
+from strata.planes import PLANE_FORMATS, Q4_ORDER, act_order, to_plane_set
 from tests.kernels.test_moe_int8 import ACT_ABS, ACT_REL, Case, _bits, _gen, _inputs, _same_q8
 
 TILE = Int8Tile(BLOCK_M=16, BLOCK_N=64)   # BLOCK_N past F 32 and not dividing D 160 or F 96
@@ -47,7 +48,40 @@ CASES = [
     Case("p4-q8-down-bias-swiglu-oai", T=6, E=4, K=2, fmts=("Q4_0", "Q4_0", "Q8_0"), bias=True,
          act="swiglu_oai"),
     Case("p8-q4-down-T3", T=3, E=4, K=2, D=96, F=160, fmts=("Q8_0", "Q8_0", "Q4_0")),
+    # Q4_K (256-weight super-blocks: its inputs multiples of 256) on all three, its 12 scale
+    # bytes random (every sc and m, _random_k_scales); and mixed by pass: Q4_K gate/up with a
+    # Q8_0 down over F 96 (gate/up's last column tile part masked, down's kb 2 and 4 leave
+    # blocks over), a Q4_0 gate/up over D 160 with a Q4_K down (its last column tile masked)
+    Case("pk-words-skip-256-256", T=9, E=3, K=2, D=256, F=256, fmts=("Q4_K",), route="skip"),
+    Case("pk-q8-down-T3-256-96", T=3, E=4, K=2, D=256, F=96, fmts=("Q4_K", "Q4_K", "Q8_0")),
+    Case("p4-qk-down-bias-swiglu-oai-160-256", T=6, E=3, K=2, D=160, F=256,
+         fmts=("Q4_0", "Q4_0", "Q4_K"), bias=True, act="swiglu_oai"),
+    # Q4_K_M's mix: a Q6_K down stays in ggml's layout (int8.py's kernel, hq in weight order)
+    Case("pk-q6k-down-T3-256-256", T=3, E=4, K=2, D=256, F=256, fmts=("Q4_K", "Q4_K", "Q6_K")),
 ]
+K_CASES = {"pk-words-skip-256-256"}   # their Q4_K scale bytes drawn at random
+
+
+def _random_k_scales(experts, seed: int):
+    """Every Q4_K block's 12 packed sc / m bytes (bytes 4-15, between the fp16 d and dmin and
+    the codes) drawn at random, in place: each 6-bit sc and m, and so every bit of the plane's
+    re-pack, is taken, where a quantizer's scales cluster."""
+    gen = torch.Generator().manual_seed(seed)
+    lay = experts.layout
+    for off in experts.slot_offset.tolist():
+        for m in lay.matrices:
+            if off >= 0 and m.fmt.name == "Q4_K":
+                blk = experts.arena[off + m.offset: off + m.offset + m.nbytes].view(-1, 144)
+                blk[:, 4:16] = torch.randint(0, 256, (blk.shape[0], 12), generator=gen,
+                                             dtype=torch.uint8)
+
+
+def _case_inputs(c: Case):
+    """_inputs(c), with _random_k_scales for the K_CASES."""
+    experts, x, ids, w, grp = _inputs(c)
+    if c.id in K_CASES:
+        _random_k_scales(experts, len(c.id))
+    return experts, x, ids, w, grp
 
 
 def _poisoned(rows: int, n: int) -> Q8Rows:
@@ -56,16 +90,17 @@ def _poisoned(rows: int, n: int) -> Q8Rows:
                   torch.full((rows, n // 32), float("nan")).half())
 
 
-def _ordered(a: Q8Rows, fmt: str = "Q8_0") -> Q8Rows:
-    return Q8Rows(act_order(a.q, fmt), a.d, a.s)
+def _ordered(a: Q8Rows, fmt="Q8_0") -> Q8Rows:
+    return Q8Rows(act_order(a.q, fmt), a.d, a.s) if fmt else a
 
 
-def _orders(c: Case) -> tuple[str, str]:
-    """The plane orders of xq (gate/up's format) and hq (down's)."""
-    return c.fmts[0], c.fmts[-1]
+def _orders(c: Case):
+    """The plane orders of xq (gate/up's format) and hq (down's; False, weight order, for a
+    down kept in ggml's layout)."""
+    return c.fmts[0], c.fmts[-1] if c.fmts[-1] in PLANE_FORMATS else False
 
 
-@pytest.mark.parametrize("order", [True, "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("order", [True, "Q8_0", "Q4_0", "Q4_K"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_q8_1_in_plane_order_is_the_plain_codes_permuted(dtype, order):
     gen, _ = _gen(f"q8-order-{dtype}-{order}")
@@ -75,8 +110,8 @@ def test_q8_1_in_plane_order_is_the_plain_codes_permuted(dtype, order):
     assert _same_q8(got, quantize_q8_1_torch(x, order=order))
     assert _same_q8(got, _ordered(plain, "Q8_0" if order is True else order))
     assert not torch.equal(got.q, plain.q)
-    with pytest.raises(StrataError, match="plane order of Q8_0 or Q4_0 .* got 'Q4_K'"):
-        quantize_q8_1(x, order="Q4_K")
+    with pytest.raises(StrataError, match="plane order of Q8_0, Q4_0 or Q4_K .* got 'Q6_K'"):
+        quantize_q8_1(x, order="Q6_K")
 
 
 def test_q4_activation_order_is_the_order_a_q4_0_block_unpacks_in():
@@ -87,12 +122,17 @@ def test_q4_activation_order_is_the_order_a_q4_0_block_unpacks_in():
     want = [32 * g + 2 * Q4_ORDER[j] + t for g in range(2) for t in range(2) for j in range(16)]
     assert got.tolist() == want
     assert torch.equal(act_order(got, "Q4_0", back=True), w)
+    assert torch.equal(act_order(w, "Q4_K"), got)   # Q4_K's codes unpack in the same places
 
 
-@pytest.mark.parametrize("kb", [1, 2, 4])
-@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+# kb 1, 2 and 4 for every case; 8 (a step the whole Q4_K super-block) where a matrix is Q4_K
+STAGES = [(c, kb) for c in CASES for kb in (1, 2, 4)] + \
+    [(c, 8) for c in CASES if "Q4_K" in c.fmts]
+
+
+@pytest.mark.parametrize("c,kb", STAGES, ids=[f"{c.id}-kb{kb}" for c, kb in STAGES])
 def test_plane_int8_stages_are_the_ggml_layout_int8_bits(c: Case, kb: int):
-    experts, x, ids, w, grp = _inputs(c)
+    experts, x, ids, w, grp = _case_inputs(c)
     planes = to_plane_set(experts)
     tile = Int8Tile(TILE.BLOCK_M, TILE.BLOCK_N, kb=kb)
     xo_fmt, ho_fmt = _orders(c)
@@ -111,6 +151,8 @@ def test_plane_int8_stages_are_the_ggml_layout_int8_bits(c: Case, kb: int):
                     quantize_q8_1_torch(h_ref, order=ho_fmt))
     if c.id in ("p8-words-256-128", "p4-words-skip-256-128") and kb > 1:
         assert scale_words(kb, c.D, xo.d) and scale_words(kb, c.F, hq.d)
+    elif c.id == "pk-words-skip-256-256" and kb in (2, 4):
+        assert scale_words(kb, c.D, xo.d, xo.s) and scale_words(kb, c.F, hq.d, hq.s)
     elif c.id in ("p8-ragged-160-96", "p4-ragged-160-96") and kb == 4:
         assert not scale_words(kb, c.D, xo.d) and not scale_words(kb, c.F, hq.d)
     # down, into rows poisoned NaN: int8.py's twin bit for bit; skipped rows stay NaN
@@ -127,7 +169,7 @@ def test_plane_int8_stages_are_the_ggml_layout_int8_bits(c: Case, kb: int):
 
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
 def test_moe_ffn_plane_int8_is_moe_ffn_int8(c: Case):
-    experts, x, ids, w, grp = _inputs(c)
+    experts, x, ids, w, grp = _case_inputs(c)
     planes = to_plane_set(experts)
     y = moe_ffn_plane_int8(x, ids, w, planes, tile=TILE)
     assert y.shape == (c.T, c.D) and y.dtype == torch.bfloat16 and not y.isnan().any()
@@ -161,13 +203,17 @@ def test_moe_ffn_plane_int8_passes_without_sync_sum_as_one_call():
 
 
 def test_moe_ffn_plane_int8_refuses_what_it_cannot_read():
-    experts = random_expert_set(2, 64, 256, "Q8_0", "Q8_0", "Q4_K")
-    x = torch.zeros(2, 64).bfloat16()
+    experts = random_expert_set(2, 256, 256, "Q4_K", "Q4_K", "Q5_K")
+    x = torch.zeros(2, 256).bfloat16()
     ids, w = topk_route(torch.zeros(2, 2), 1)
     with pytest.raises(StrataError, match="reads a PlaneSet .* got ExpertSet"):
         moe_ffn_plane_int8(x, ids, w, experts, tile=TILE)
-    with pytest.raises(StrataError, match="reads Q8_0, Q4_0 matrices; this layout has down Q4_K"):
+    with pytest.raises(StrataError, match=r"reads Q8_0, Q4_0, Q4_K matrices \(down also Q6_K in "
+                                          r"ggml's layout\); this layout has down Q5_K"):
         moe_ffn_plane_int8(x, ids, w, to_plane_set(experts), tile=TILE)
+    q6 = to_plane_set(random_expert_set(2, 256, 256, "Q6_K", "Q6_K", "Q6_K"))
+    with pytest.raises(StrataError, match="this layout has gate Q6_K, up Q6_K"):
+        moe_ffn_plane_int8(x, ids, w, q6, tile=TILE)
     mixed = to_plane_set(random_expert_set(2, 64, 32, "Q8_0", "Q4_0", "Q8_0"))
     with pytest.raises(StrataError, match="gate and up of one format; this layout has gate "
                                           "Q8_0, up Q4_0"):
@@ -181,7 +227,13 @@ GPU_CASES = [Case("gpu-p8", T=300, E=8, K=2, D=512, F=256),   # scale words (kb 
                   act="swiglu_oai"),   # D 2880, F 480: kb 4 without words, remainders
              Case("gpu-p4", T=300, E=8, K=2, D=512, F=256, fmts=("Q4_0",)),
              Case("gpu-p4-q8-down-ragged", T=200, E=8, K=2, D=2880, F=480,
-                  fmts=("Q4_0", "Q4_0", "Q8_0"))]
+                  fmts=("Q4_0", "Q4_0", "Q8_0")),
+             Case("gpu-pk", T=300, E=8, K=2, D=512, F=256, fmts=("Q4_K",)),   # scale words
+             # D 2816 (11 super-blocks), F 480: a Q8_0 down's kb 4 without words, remainders
+             Case("gpu-pk-q8-down-ragged-bias", T=200, E=8, K=2, D=2816, F=480, bias=True,
+                  act="swiglu_oai", fmts=("Q4_K", "Q4_K", "Q8_0")),
+             Case("gpu-pk-q6k-down", T=300, E=8, K=2, D=512, F=256,
+                  fmts=("Q4_K", "Q4_K", "Q6_K"))]   # Q4_K_M's mix
 
 
 @pytest.mark.gpu

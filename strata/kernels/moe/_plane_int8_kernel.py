@@ -1,11 +1,12 @@
-"""Triton kernel of the int8 expert GEMM over plane-layout Q8_0 / Q4_0 experts (see
+"""Triton kernel of the int8 expert GEMM over plane-layout Q8_0 / Q4_0 / Q4_K experts (see
 strata.kernels.moe.plane_int8 for the op and its twin).
 
 Legend: BM/BN tile sizes; a *tile* is BM sorted rows (one expert) x BN output features; the
 reduction runs over the input in 32-wide blocks (the q8_1 blocks, and Q8_0's), KB of them a step.
 
 The op and the arithmetic are strata.kernels.moe._int8_kernel's (MODE GATE_UP / DOWN, the same
-epilogues), for Q8_0 and Q4_0 weights (no minimum, one fp16 d a block; Q4_0's codes c = q - 8):
+epilogues), for Q8_0 and Q4_0 weights (no minimum, one fp16 d a block; Q4_0's codes c = q - 8),
+and Q4_K's (below: a scale and a minimum a block):
 
     acc += P * (da * dw)         P = sum_{k in block} qa[k] * c[k]    (int32, the int8 MMA)
 
@@ -33,6 +34,19 @@ products, d * da = da * d) and acc transposed once before the epilogue, where co
 shared operand were stored to shared memory a byte at a time. The activations come in that
 order (strata.planes._q4_act_order; q8_1's ORDER 2).
 
+A Q4_K 32-block (sub-block s of a 256-weight super-block) has the same 16 code bytes (codes q,
+0..15: the nibbles unpacked as they are, no - 8, in the same places, so the activation order is
+Q4_0's), its scale d * sc[s] and minimum dmin * m[s] (each product exact in fp32: an fp16 times a
+6-bit integer), and adds int8.py's minimum term from the activation block's sum sa:
+
+    acc += P * (da * (d sc));   acc -= sa * (dmin m)
+
+The super-block's 16 scale bytes (strata.planes: d, dmin, then sc[s] | m[s] bits 4-5 at byte
+4 + s, m's low nibbles at 12 + s / 2) are two 8-byte loads a row a step (_k_words; a step's KB
+blocks, KB | 8, lie in one super-block, and there are no blocks left over); a block's sc and m
+are constant shifts and masks of words shifted once a step. The activation block sums sa come as
+the scales da do (one word a row a step with WORDS).
+
 The launch passes enable_fp_fusion=False (the twin rounds P * (da * dw) and + acc apart).
 """
 from __future__ import annotations
@@ -50,7 +64,8 @@ class PlaneInt8Spec(NamedTuple):
     """The kernel's compile-time choices, one constexpr `S`: mode, top-k, the tile (BM, BN, KB:
     32-blocks a reduction step, each its own loads and dot), the epilogue's BIAS / ACT, and QH
     (GATE_UP stores h as q8_1 rows, codes in HORD's order: _q8_kernel.code_order), Q4 (the
-    matrices read are Q4_0, else Q8_0)."""
+    matrices read have 4-bit codes: Q4_0, or Q4_K with KQ; else Q8_0), KQ (they are Q4_K: its
+    sub-block scales and minimums)."""
     MODE: int
     TOPK: int
     BM: int
@@ -63,6 +78,7 @@ class PlaneInt8Spec(NamedTuple):
     WORDS: bool = False   # a step's KB (2 or 4) scales a row loaded as one word (_scale_words)
     Q4: bool = False
     HORD: int = 1
+    KQ: bool = False
 
     @property
     def cache_key(self) -> str:
@@ -70,15 +86,18 @@ class PlaneInt8Spec(NamedTuple):
 
 
 @triton.jit
-def _q4_codes(c_row, j0, n_mask, Q4: tl.constexpr, KB: tl.constexpr):
-    """With Q4, int8 [BN, 32 KB]: the codes q - 8 of the Q4_0 32-blocks j0 .. j0 + KB - 1 (c_row
-    [BN, 1] uint8 code rows), one load a row (16 KB bytes), byte j's nibbles at places j and
-    16 + j of its block (module docstring). Else None."""
+def _q4_codes(c_row, j0, n_mask, Q4: tl.constexpr, KB: tl.constexpr, KQ: tl.constexpr = False):
+    """With Q4, int8 [BN, 32 KB]: the codes of the 4-bit 32-blocks j0 .. j0 + KB - 1 (c_row
+    [BN, 1] uint8 code rows; Q4_0's q - 8, with KQ Q4_K's q), one load a row (16 KB bytes), byte
+    j's nibbles at places j and 16 + j of its block (module docstring). Else None."""
     if Q4:
         b = tl.load(c_row + j0 * 16 + tl.arange(0, 16 * KB)[None, :], mask=n_mask[:, None],
                     other=0)
-        x = (b ^ 0x88).to(tl.int8, bitcast=True)                       # [BN, 16 KB]
-        c = tl.join((x << 4) >> 4, x >> 4)                             # [BN, 16 KB, 2]
+        if KQ:   # 0..15 as they are
+            c = tl.join((b & 0xF).to(tl.int8, bitcast=True), (b >> 4).to(tl.int8, bitcast=True))
+        else:
+            x = (b ^ 0x88).to(tl.int8, bitcast=True)                   # [BN, 16 KB]
+            c = tl.join((x << 4) >> 4, x >> 4)                         # [BN, 16 KB, 2]
         c = tl.permute(tl.reshape(c, (c.shape[0], KB, 16, 2)), (0, 1, 3, 2))
         c = tl.reshape(c, (c.shape[0], 32 * KB))
     else:
@@ -87,16 +106,57 @@ def _q4_codes(c_row, j0, n_mask, Q4: tl.constexpr, KB: tl.constexpr):
 
 
 @triton.jit
+def _k_words(k_row, j0, n_mask, KQ: tl.constexpr):
+    """With KQ, what the blocks j0 .. j0 + KB - 1 (KB | 8, j0 a multiple of KB) read of their
+    Q4_K super-block's 16 plane scale bytes in rows k_row ([BN] int64 pointers to the scale
+    rows), as int32 [BN] words: (d | dmin << 16 (fp16 bits), sc_lo, sc_hi, m_lo) where byte jj
+    of sc_lo (jj < 4) or jj - 4 of sc_hi is block j0 + jj's sc | m bits 4-5 and nibble jj of m_lo
+    its m's low 4 bits. Two 8-byte loads a row (0 where not n_mask) in the layout the scales are
+    used in (one [BN, 4] load took a layout of its own and a conversion); the words shifted once
+    a step, so each block's fields are constant shifts. Else None."""
+    if KQ:
+        at = k_row + (j0 // 8) * 2
+        lo = tl.load(at, mask=n_mask, other=0)                         # bytes 0-7
+        hi = tl.load(at + 1, mask=n_mask, other=0)                     # bytes 8-15
+        s0 = j0 % 8                                                    # sub-block of block j0
+        w2 = hi.to(tl.int32)
+        sc_lo = tl.where(s0 >= 4, w2, (lo >> 32).to(tl.int32)) >> (8 * (s0 % 4))
+        k = (lo.to(tl.int32), sc_lo, w2, (hi >> 32).to(tl.int32) >> (4 * s0))
+    else:
+        k = None
+    return k
+
+
+@triton.jit
+def _k_scale(k, jj: tl.constexpr):
+    """fp32 (d * sc, dmin * m) [BN] of Q4_K block j0 + jj from _k_words' k: sc the low 6 bits of
+    its byte, m its top 2 bits above its nibble. Both products exact (fp16 times 6 bits)."""
+    dd, sc_lo, sc_hi, m_lo = k
+    d = (dd & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (dd >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if jj < 4:
+        b = sc_lo >> (8 * jj)
+    else:
+        b = sc_hi >> (8 * (jj - 4))
+    sc = b & 63
+    m = ((b >> 2) & 0x30) | ((m_lo >> (4 * jj)) & 0xF)
+    return d * sc.to(tl.float32), dmin * m.to(tl.float32)
+
+
+@triton.jit
 def _plane_block(acc, a, da, c_row, d, k0, n_mask, cs, jj: tl.constexpr, KB: tl.constexpr,
-                 Q4: tl.constexpr):
-    """acc [BM, BN] (Q4: [BN, BM]) += the 32-block of weights k0 .. k0 + 31 of a Q8_0 (Q4: Q4_0)
-    plane matrix (c_row [BN, 1] its code rows' pointers, int8; d [BN] fp32 its scales; with Q4
-    its codes the jj-th 32 columns of the step's cs) against a [BM, 32] int8 (scales da [BM]
-    fp32) in the matrix's code order."""
+                 Q4: tl.constexpr, KQ: tl.constexpr = False, dm=None, sa=None):
+    """acc [BM, BN] (Q4: [BN, BM]) += the 32-block of weights k0 .. k0 + 31 of a Q8_0 (Q4:
+    Q4_0, with KQ Q4_K) plane matrix (c_row [BN, 1] its code rows' pointers, int8; d [BN] fp32
+    its scales; with Q4 its codes the jj-th 32 columns of the step's cs) against a [BM, 32] int8
+    (scales da [BM] fp32) in the matrix's code order; with KQ less the minimum term dm [BN]
+    times the activation block sums sa [BM] (fp32)."""
     if Q4:   # transposed: the unpacked codes the MMA's register operand
         c = _part(cs, jj, KB)
         P = tl.dot(c, tl.trans(a), out_dtype=tl.int32)
         acc = acc + _i2f(P) * (d[:, None] * da[None, :])
+        if KQ:
+            acc = acc - dm[:, None] * sa[None, :]
     else:
         c = tl.load(c_row + k0 + tl.arange(0, 32)[None, :], mask=n_mask[:, None], other=0)
         acc = _add_run(acc, _idot(a, c), da, d, da, d, 0)
@@ -133,47 +193,76 @@ def _scale(w, p, at, j, mask, jj: tl.constexpr, WORDS: tl.constexpr):
 
 
 @triton.jit
-def _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s2_ptr, s_at, n_mask,
-                j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr, WORDS: tl.constexpr,
-                Q4: tl.constexpr):
-    """Blocks j0 .. j0 + KB - 1 of the activations (rows qa_base, scales at da_ptr + ds_at)
-    against matrix 1 (and 2; scale rows at s*_ptr + s_at), in increasing order: each block's
-    codes and activations a tile of their own (cp.async), the step's scales one word a row
-    where WORDS."""
+def _w_scale(w, k, p, at, j, mask, jj: tl.constexpr, WORDS: tl.constexpr, KQ: tl.constexpr):
+    """(d, dm) fp32 [BN] of a matrix's block j = j0 + jj: with KQ Q4_K's from _k_words' k
+    (_k_scale), else (_scale's d, d: no minimum)."""
+    if KQ:
+        d, dm = _k_scale(k, jj)
+    else:
+        d = _scale(w, p, at, j, mask, jj, WORDS)
+        dm = d
+    return d, dm
+
+
+@triton.jit
+def _plane_step(qa_base, da_ptr, sa_ptr, ds_at, valid, c1_row, s1_ptr, c2_row, s2_ptr, s_at,
+                n_mask, j0, acc1, acc2, TWO: tl.constexpr, KB: tl.constexpr,
+                WORDS: tl.constexpr, Q4: tl.constexpr, KQ: tl.constexpr):
+    """Blocks j0 .. j0 + KB - 1 of the activations (rows qa_base, scales at da_ptr + ds_at, with
+    KQ their sums at sa_ptr + ds_at) against matrix 1 (and 2; scale rows at s*_ptr + s_at, with
+    KQ those of int64 words), in increasing order: each block's codes and activations a
+    tile of their own (cp.async), the step's scales one word a row where WORDS (Q4_K's weight
+    scales: two 8-byte loads a row, _k_words)."""
     wa = _scale_words(da_ptr, ds_at, j0, valid, KB, WORDS)
-    w1 = _scale_words(s1_ptr, s_at, j0, n_mask, KB, WORDS)
-    cs1 = _q4_codes(c1_row, j0, n_mask, Q4, KB)
+    if KQ:
+        ws = _scale_words(sa_ptr, ds_at, j0, valid, KB, WORDS)
+        w1 = None
+        k1 = _k_words(s1_ptr + s_at, j0, n_mask, KQ)
+    else:
+        w1 = _scale_words(s1_ptr, s_at, j0, n_mask, KB, WORDS)
+        k1 = None
+    cs1 = _q4_codes(c1_row, j0, n_mask, Q4, KB, KQ)
     if TWO:
-        w2 = _scale_words(s2_ptr, s_at, j0, n_mask, KB, WORDS)
-        cs2 = _q4_codes(c2_row, j0, n_mask, Q4, KB)
+        if KQ:
+            w2 = None
+            k2 = _k_words(s2_ptr + s_at, j0, n_mask, KQ)
+        else:
+            w2 = _scale_words(s2_ptr, s_at, j0, n_mask, KB, WORDS)
+            k2 = None
+        cs2 = _q4_codes(c2_row, j0, n_mask, Q4, KB, KQ)
     else:
         w2 = w1
+        k2 = k1
         cs2 = cs1
     for jj in tl.static_range(KB):
         j = j0 + jj
         k0 = j * 32
         a = tl.load(qa_base + k0 + tl.arange(0, 32)[None, :], mask=valid[:, None], other=0)
         da = _scale(wa, da_ptr, ds_at, j, valid, jj, WORDS)
-        acc1 = _plane_block(acc1, a, da, c1_row, _scale(w1, s1_ptr, s_at, j, n_mask, jj, WORDS),
-                            k0, n_mask, cs1, jj, KB, Q4)
+        if KQ:
+            sa = _scale(ws, sa_ptr, ds_at, j, valid, jj, WORDS)
+        else:
+            sa = da
+        d1, dm1 = _w_scale(w1, k1, s1_ptr, s_at, j, n_mask, jj, WORDS, KQ)
+        acc1 = _plane_block(acc1, a, da, c1_row, d1, k0, n_mask, cs1, jj, KB, Q4, KQ, dm1, sa)
         if TWO:
-            acc2 = _plane_block(acc2, a, da, c2_row,
-                                _scale(w2, s2_ptr, s_at, j, n_mask, jj, WORDS), k0, n_mask,
-                                cs2, jj, KB, Q4)
+            d2, dm2 = _w_scale(w2, k2, s2_ptr, s_at, j, n_mask, jj, WORDS, KQ)
+            acc2 = _plane_block(acc2, a, da, c2_row, d2, k0, n_mask, cs2, jj, KB, Q4, KQ, dm2,
+                                sa)
     return acc1, acc2
 
 
 @triton.jit
 def _plane_int8_gemm_kernel(
-        qa_ptr, da_ptr, stride_qa, stride_da, sorted_ids_ptr, block_expert_ptr, n_assign,
-        arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off, c_rb, out_ptr, stride_out, tw_ptr,
-        n_out,
-        n_in, n_blocks_ptr, boff1, boff2, alpha, limit, hd_ptr, hs_ptr, stride_hd,
+        qa_ptr, da_ptr, sa_ptr, stride_qa, stride_da, sorted_ids_ptr, block_expert_ptr,
+        n_assign, arena_ptr, slot_ptr, c1_off, s1_off, c2_off, s2_off, c_rb, out_ptr, stride_out,
+        tw_ptr, n_out, n_in, n_blocks_ptr, boff1, boff2, alpha, limit, hd_ptr, hs_ptr, stride_hd,
         S: tl.constexpr):
     """One program a tile, the whole reduction; programs past the device's block count exit.
-    c*_off / s*_off: byte offsets of the code and scale planes from the blob's start, c_rb the
-    bytes of a Q4_0 code row (n_in / 2: passed, a multiple of 16, so a launch knows its rows
-    16-byte aligned, where n_in // 2 would be known 8-aligned). GATE_UP
+    sa_ptr: the activations' q8_1 block sums (read only with S.KQ). c*_off / s*_off: byte
+    offsets of the code and scale planes from the blob's start, c_rb the bytes of a 4-bit code
+    row (n_in / 2: passed, a multiple of 16, so a launch knows its rows 16-byte aligned, where
+    n_in // 2 would be known 8-aligned). GATE_UP
     stores h for every row of the tile (fp32 at out_ptr, or with S.QH q8_1 rows: codes in
     S.HORD's order at out_ptr, d and s at hd_ptr / hs_ptr); DOWN the valid rows times their routing
     weight."""
@@ -192,7 +281,6 @@ def _plane_int8_gemm_kernel(
         offs_n = nb * BN + tl.arange(0, BN)
         n_mask = offs_n < n_out
         n64 = offs_n.to(tl.int64)
-        f16 = tl.pointer_type(tl.float16)
         if S.Q4:   # 16 uint8 a block
             c1_row = blob + c1_off + n64[:, None] * c_rb                           # [BN, 1]
             c2_row = blob + c2_off + n64[:, None] * c_rb
@@ -200,9 +288,16 @@ def _plane_int8_gemm_kernel(
             i8 = tl.pointer_type(tl.int8)
             c1_row = (blob + c1_off).to(i8, bitcast=True) + n64[:, None] * n_in
             c2_row = (blob + c2_off).to(i8, bitcast=True) + n64[:, None] * n_in
-        s1 = (blob + s1_off).to(f16, bitcast=True)
-        s2 = (blob + s2_off).to(f16, bitcast=True)
-        s_at = n64 * (n_in // 32)                                          # [BN] scale rows
+        if S.KQ:   # 16 bytes a super-block, as 2 int64 words
+            i64 = tl.pointer_type(tl.int64)
+            s1 = (blob + s1_off).to(i64, bitcast=True)
+            s2 = (blob + s2_off).to(i64, bitcast=True)
+            s_at = n64 * (n_in // 128)                                     # [BN] scale rows
+        else:
+            f16 = tl.pointer_type(tl.float16)
+            s1 = (blob + s1_off).to(f16, bitcast=True)
+            s2 = (blob + s2_off).to(f16, bitcast=True)
+            s_at = n64 * (n_in // 32)                                      # [BN] scale rows
         r64 = a_rows.to(tl.int64)
         qa_base = qa_ptr + r64[:, None] * stride_qa                         # [BM, 1]
         ds_at = r64 * stride_da                                            # [BM]
@@ -215,12 +310,14 @@ def _plane_int8_gemm_kernel(
         n_blk = n_in // 32
         n_main = n_blk // KB
         for i in range(0, n_main):
-            acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row, s2,
-                                     s_at, n_mask, i * KB, acc1, acc2, TWO, KB, S.WORDS, S.Q4)
-        if KB > 1:   # the blocks left over, in order
+            acc1, acc2 = _plane_step(qa_base, da_ptr, sa_ptr, ds_at, valid, c1_row, s1, c2_row,
+                                     s2, s_at, n_mask, i * KB, acc1, acc2, TWO, KB, S.WORDS,
+                                     S.Q4, S.KQ)
+        if KB > 1 and not S.KQ:   # the blocks left over, in order (Q4_K: none, KB | 8)
             for j in range(n_main * KB, n_blk):
-                acc1, acc2 = _plane_step(qa_base, da_ptr, ds_at, valid, c1_row, s1, c2_row,
-                                         s2, s_at, n_mask, j, acc1, acc2, TWO, 1, False, S.Q4)
+                acc1, acc2 = _plane_step(qa_base, da_ptr, sa_ptr, ds_at, valid, c1_row, s1,
+                                         c2_row, s2, s_at, n_mask, j, acc1, acc2, TWO, 1, False,
+                                         S.Q4, S.KQ)
         if S.Q4:
             acc1 = tl.trans(acc1)
             acc2 = tl.trans(acc2)

@@ -1,4 +1,4 @@
-"""The int8 expert GEMM over plane-layout Q8_0 / Q4_0 experts (strata.planes):
+"""The int8 expert GEMM over plane-layout Q8_0 / Q4_0 / Q4_K experts (strata.planes):
 strata.kernels.moe.int8's op and numbers, its weights read as plain code tiles.
 
 Legend: T tokens, D hidden, F expert width, E experts, K top-k.
@@ -16,11 +16,15 @@ it every bit of h, hq (once its codes are put back in weight order) and y, is in
 same experts in ggml's layout (the tests hold the two to torch.equal). A plane Q4_0 matrix's
 codes are unpacked to int8 q - 8 in registers (int8.py reads Q4_0 so, with its d), each 32-block
 in the order the unpack yields (strata.planes._q4_act_order), the activations' codes in that
-order.
+order. A plane Q4_K matrix's codes unpack the same way to q (0..15, int8.py's Q4_K codes) in the
+same places, so its activation order is Q4_0's, and each 32-block adds int8.py's two terms with
+its sub-block scale d * sc and minimum dmin * m (both exact in fp32):
 
-Formats: Q8_0 or Q4_0 for each pass: gate and up one format (they share xq, so its code order),
-down either (hq takes down's order). Q4_K would need its sub-block scales and minimums: not
-here. D and F multiples of 32.
+    acc += P_b * (da_b * (d sc)_b);  acc -= sa_b * (dmin m)_b      (sa_b the q8_1 block sum)
+
+Formats: Q8_0, Q4_0 or Q4_K for each pass: gate and up one format (they share xq, so its code
+order), down any of them (hq takes down's order). D and F multiples of 32, and of 256 where a
+Q4_K matrix reads them.
 
 `moe_ffn_plane_int8`, `plane_int8_gate_up`, `plane_int8_gate_up_q8` and `plane_int8_down` are
 Triton launchers (moe_ffn_int8's and its passes' signatures, on a PlaneSet), each with a
@@ -36,14 +40,18 @@ import torch
 
 from strata._backend import INTERPRET
 from strata.kernels.moe import _plane_int8_kernel as _k
-from strata.kernels.moe.int8 import (INTERP_TILE, Int8Tile, _plan, _q8_rows, _room,
+from strata.kernels.moe.int8 import (INTERP_TILE, Int8Tile, _plan, _q8_rows, _room, int8_down,
                                      int8_down_torch, int8_gate_up_torch, launch_out,
                                      moe_ffn_int8_torch, run_ffn)
 from strata.errors import StrataError
+from strata.experts import ExpertSet
 from strata.kernels.moe.q8 import ORDERS, QK, Q8Rows, quantize_q8_1_torch
 from strata.planes import PlaneSet, act_order, check_plane_set, to_expert_set
 
-FORMATS = ("Q8_0", "Q4_0")   # what it reads, for each matrix (the engine's landing checks it)
+FORMATS = ("Q8_0", "Q4_0", "Q4_K")   # what it reads, for each matrix (the engine's landing checks)
+# what it reads in ggml's layout (a plane re-layout leaves a format without planes as it is),
+# through int8.py's kernel: Q4_K_M's Q6_K downs (llama.cpp gives some layers' ffn_down more bits)
+KEPT = {"down": ("Q6_K",)}
 
 # Chosen by the sm_90 compile alone (tests/kernels/compile_moe_plane_int8.py, triton 3.6 + ptxas;
 # not yet timed): every code tile comes as cp.async (8 or 16 bytes), no byte load. A thread holds
@@ -55,7 +63,8 @@ FORMATS = ("Q8_0", "Q4_0")   # what it reads, for each matrix (the engine's land
 # 166; 72 KB shared). At k1 no spill: 64x64/w4 s2-s4, 64x64/w8s3 (127 registers), 64x128/w8s3,
 # 128x64/w8s3; gate/up spills at 64x128/w4s3, 64x256/w8s3 and 128x128/w8 (0.3-1.5 KB), and with
 # words at 4 warps or BLOCK_N 128 (k2 0.1-0.2 KB, k4 0.3 KB). Q4_0 at this tile: 255 / 180
-# registers, no spill, its codes 16-byte cp.async (docs/kernel_notes.md).
+# registers, no spill, its codes 16-byte cp.async; Q4_K 255 / 176, gate/up spilling 16 B (k2:
+# 201 / 172, no spill; docs/kernel_notes.md).
 PLANE_INT8_TILE = Int8Tile(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3, kb=4)
 
 
@@ -74,17 +83,31 @@ def check_gate_up(layout, where: str = "this layout") -> None:
 
 def _check_planes(experts) -> None:
     check_plane_set(experts, FORMATS, "the plane int8 GEMM",
-                    "strata.kernels.moe.int8.moe_ffn_int8")
+                    "strata.kernels.moe.int8.moe_ffn_int8", keep=KEPT)
     check_gate_up(experts.layout)
 
 
-def scale_words(kb: int, n_in: int, da: torch.Tensor) -> bool:
+def _down_order(experts: PlaneSet):
+    """The order hq's codes take: down's plane format, False (weight order) where down is in
+    ggml's layout (KEPT)."""
+    down = experts.planes.down
+    return down.fmt if down is not None else False
+
+
+def _ggml(experts: PlaneSet) -> ExpertSet:
+    """The same arena as an ExpertSet, for int8.py's kernel on a KEPT matrix (in ggml's layout:
+    only its bytes are read)."""
+    return ExpertSet(experts.arena, experts.slot_offset, experts.layout)
+
+
+def scale_words(kb: int, n_in: int, da: torch.Tensor, sa: torch.Tensor | None = None) -> bool:
     """Whether a step of kb blocks loads its scales as one word a row (kb 2 or 4 fp16: int32 /
     int64): where every row's step starts word-aligned in the weights' scale plane (n_in a
     multiple of 32 kb; the plane starts 16-byte aligned) and in the activations' (da fp16
-    [R, n_in / 32])."""
-    return (kb in (2, 4) and n_in % (QK * kb) == 0 and da.stride(0) % kb == 0
-            and da.data_ptr() % (2 * kb) == 0)
+    [R, n_in / 32], and sa, their block sums, where the weights have a minimum: Q4_K)."""
+    return (kb in (2, 4) and n_in % (QK * kb) == 0
+            and all(v.stride(0) % kb == 0 and v.data_ptr() % (2 * kb) == 0
+                    for v in ((da,) if sa is None else (da, sa))))
 
 
 def _launch(mode: int, a: Q8Rows, grp, experts: PlaneSet, p1, p2, dst, tw, tile: Int8Tile,
@@ -94,14 +117,16 @@ def _launch(mode: int, a: Q8Rows, grp, experts: PlaneSet, p1, p2, dst, tw, tile:
     lay = experts.layout
     dst, hd, hs, stride_hd = launch_out(tile, dst, hq)
     boff = ((lay.bias.part(b1)[0], lay.bias.part(b2)[0]) if lay.bias is not None else (0, 0))
+    kq = p1.fmt == "Q4_K"
     S = _k.PlaneInt8Spec(MODE=mode, TOPK=topk, BM=tile.BLOCK_M, BN=tile.BLOCK_N,
                          INTERP=INTERPRET, BIAS=lay.bias is not None, ACT=lay.act.code,
                          QH=hq is not None, KB=tile.kb,
-                         WORDS=scale_words(tile.kb, n_in, a.d), Q4=p1.fmt == "Q4_0",
-                         HORD=ORDERS[experts.planes.down.fmt][0])
+                         WORDS=scale_words(tile.kb, n_in, a.d, a.s if kq else None),
+                         Q4=p1.fmt in ("Q4_0", "Q4_K"), HORD=ORDERS[_down_order(experts)][0],
+                         KQ=kq)
     n_tiles = _room(grp) * -(-n_out // tile.BLOCK_N)
     _k._plane_int8_gemm_kernel[(n_tiles,)](
-        a.q, a.d, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
+        a.q, a.d, a.s, a.q.stride(0), a.d.stride(0), grp.sorted_ids, grp.block_expert, grp.n_assign,
         experts.arena, experts.slot_offset, p1.codes_offset, p1.scales_offset, p2.codes_offset,
         p2.scales_offset, p1.codes_row_bytes, dst, dst.stride(0), tw, n_out, n_in,
         grp.n_blocks_dev, *boff, float(lay.act.alpha), float(lay.act.limit), hd, hs, stride_hd, S=S,
@@ -124,9 +149,9 @@ def plane_int8_gate_up(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
 
 def plane_int8_gate_up_q8(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
                           tile: Int8Tile = Int8Tile(), out: Q8Rows | None = None) -> Q8Rows:
-    """plane_int8_gate_up's h as q8_1 rows, codes in down's plane order, quantized in the
-    epilogue: the bits of quantize_q8_1(h, order=down's format). `out`: rows to write into (at
-    least n_blocks * BM)."""
+    """plane_int8_gate_up's h as q8_1 rows, codes in down's plane order (weight order for a
+    KEPT down), quantized in the epilogue: the bits of quantize_q8_1(h, order=that). `out`: rows
+    to write into (at least n_blocks * BM)."""
     pl = experts.planes
     rows = _room(grp) * tile.BLOCK_M
     hq = out or _q8_rows(rows, experts.layout.d_expert, xq.q.device)
@@ -139,8 +164,10 @@ def plane_int8_gate_up_q8(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
 def plane_int8_down(hq: Q8Rows, grp, experts: PlaneSet, topk_weights: torch.Tensor,
                     tile: Int8Tile = Int8Tile(), yk: torch.Tensor | None = None) -> torch.Tensor:
     """yk fp32 [T*K, D] (int8_down's) from hq's codes in down's plane order; `yk`: the rows to
-    write into."""
+    write into. A KEPT down (ggml's layout, hq in weight order) runs int8_down itself."""
     pl = experts.planes
+    if pl.down is None:
+        return int8_down(hq, grp, _ggml(experts), topk_weights, tile, yk)
     T, K = topk_weights.shape
     if yk is None:
         yk = torch.empty(T * K, pl.down.rows, dtype=torch.float32, device=hq.q.device)
@@ -156,7 +183,7 @@ def moe_ffn_plane_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
                        workspace=None, check: bool = True, combine: str = "pass",
                        scratch_alloc=None) -> torch.Tensor:
     """moe_ffn_int8 (its arguments, its q8_1 rows in workspace["h"], its bits) on plane-layout
-    Q8_0 / Q4_0 experts."""
+    Q8_0 / Q4_0 / Q4_K experts."""
     _check_planes(experts)
     _plan(x, topk_ids, topk_weights, experts, out, combine, workspace)
     return run_ffn(x, topk_ids, topk_weights, experts, tile or default_tile(), out, workspace,
@@ -166,9 +193,10 @@ def moe_ffn_plane_int8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: to
 
 # ---------------------------------------------------------------- torch twins
 
-def _weight_order(a: Q8Rows, fmt: str) -> Q8Rows:
-    """q8_1 rows with their codes put back from `fmt`'s plane order to weight order."""
-    return Q8Rows(act_order(a.q, fmt, back=True), a.d, a.s)
+def _weight_order(a: Q8Rows, fmt) -> Q8Rows:
+    """q8_1 rows with their codes put back from `fmt`'s plane order to weight order (False:
+    already in it)."""
+    return Q8Rows(act_order(a.q, fmt, back=True), a.d, a.s) if fmt else a
 
 
 def plane_int8_gate_up_torch(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
@@ -184,7 +212,7 @@ def plane_int8_gate_up_q8_torch(xq: Q8Rows, grp, experts: PlaneSet, topk: int,
                                 out: Q8Rows | None = None) -> Q8Rows:
     """Plain-torch twin of `plane_int8_gate_up_q8` (same signature)."""
     h = plane_int8_gate_up_torch(xq, grp, experts, topk, tile)
-    return quantize_q8_1_torch(h, out=out, order=experts.planes.down.fmt)
+    return quantize_q8_1_torch(h, out=out, order=_down_order(experts))
 
 
 def plane_int8_down_torch(hq: Q8Rows, grp, experts: PlaneSet, topk_weights: torch.Tensor,
@@ -193,7 +221,7 @@ def plane_int8_down_torch(hq: Q8Rows, grp, experts: PlaneSet, topk_weights: torc
     """Plain-torch twin of `plane_int8_down` (same signature; unwritten rows of a fresh yk are
     NaN)."""
     _check_planes(experts)
-    return int8_down_torch(_weight_order(hq, experts.planes.down.fmt), grp,
+    return int8_down_torch(_weight_order(hq, _down_order(experts)), grp,
                            to_expert_set(experts), topk_weights, tile, yk)
 
 

@@ -17,8 +17,8 @@ so no plain reference reproduces its bits; the reference one does on every devic
 
 `order` stores the codes in the order of a plane-layout matrix's codes (d and s unchanged), so an
 integer dot of the two is the dot in weight order (strata.kernels.moe.plane_int8): "Q8_0" (or
-True) each 16-group in strata.planes' Q8_ORDER, "Q4_0" each 32-block in the order its 4-bit codes
-unpack in (strata.planes.act_order).
+True) each 16-group in strata.planes' Q8_ORDER, "Q4_0" (or "Q4_K", whose codes unpack in the same
+places) each 32-block in the order its 4-bit codes unpack in (strata.planes.act_order).
 
 `quantize_q8_1` (Triton) and `quantize_q8_1_torch` (plain torch) share one signature and give the
 same bits.
@@ -39,7 +39,7 @@ QK = 32          # features a block (ggml's QK8_1)
 BLOCK_ROWS = 16  # rows a program
 # an `order` -> the kernel's ORDER (code_order) and the format whose plane order it is
 ORDERS = {False: (0, None), None: (0, None), True: (1, "Q8_0"), "Q8_0": (1, "Q8_0"),
-          "Q4_0": (2, "Q4_0")}
+          "Q4_0": (2, "Q4_0"), "Q4_K": (2, "Q4_K")}
 
 
 class Q8Rows(NamedTuple):
@@ -51,8 +51,8 @@ class Q8Rows(NamedTuple):
 
 def _check(x: torch.Tensor, order=False) -> None:
     if order not in ORDERS:
-        raise StrataError(f"q8_1 stores codes in a plane order of Q8_0 or Q4_0 (or none), got "
-                          f"{order!r}")
+        raise StrataError(f"q8_1 stores codes in a plane order of Q8_0, Q4_0 or Q4_K (or none), "
+                          f"got {order!r}")
     if x.dim() != 2 or x.shape[1] % QK:
         raise StrataError(f"q8_1 quantizes [R, D] rows with D a multiple of {QK}, got "
                           f"{tuple(x.shape)}")
@@ -69,7 +69,7 @@ def _empty(x: torch.Tensor) -> Q8Rows:
 
 def quantize_q8_1(x: torch.Tensor, out: Q8Rows | None = None, order=False) -> Q8Rows:
     """x [R, D] fp32/bf16 -> Q8Rows (see module docstring); `out`: buffers to write instead;
-    `order`: the codes' plane order (False, True / "Q8_0", "Q4_0")."""
+    `order`: the codes' plane order (False, True / "Q8_0", "Q4_0", "Q4_K")."""
     _check(x, order)
     out = out or _empty(x)
     R, D = x.shape
