@@ -30,6 +30,7 @@ within the bound. Outputs start as NaN (tests/conftest.py), so an element never 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -410,32 +411,56 @@ def test_backend_is_a_launch_field():
     assert "\n" not in str(e.value)
 
 
+@contextlib.contextmanager
+def fla_first_configs():
+    """fla's autotuners hold their first config only (no timing on a shape's first call), and
+    are given their lists back after: each autotuned shape costs the GPU suite ~35 s."""
+    from triton.runtime.autotuner import Autotuner
+    held = []
+    for node in fla_kernels().values():
+        while node is not None:
+            if isinstance(node, Autotuner):
+                held.append((node, node.configs))
+                node.configs = node.configs[:1]
+            node = getattr(node, "fn", None)
+    try:
+        yield
+    finally:
+        for node, configs in held:
+            node.configs = configs
+
+
 @pytest.mark.gpu
 @needs_fla
-@pytest.mark.parametrize("c", [Case(200), Case(400, Hk=16, Hv=32, dk=128, dv=128),
-                               Case(100, dk=16, dv=16)], ids=lambda c: c.id)
-def test_gpu_fla_backend_carry_and_memory(c):
+@pytest.mark.parametrize("c,tuned", [(Case(200), False),
+                                     (Case(400, Hk=16, Hv=32, dk=128, dv=128), True),
+                                     (Case(100, dk=16, dv=16), False)],
+                         ids=lambda p: p.id if isinstance(p, Case) else ("tuned" if p else "first"))
+def test_gpu_fla_backend_carry_and_memory(c, tuned):
     """On CUDA, bf16: the carry at a chunk multiple equal to the bit (fla's autotune keys hold
     no T, so both calls run one config), and the call's peak allocation above its inputs is the
     output, the final state and exactly sizes.fla_buffers. Counted in bytes requested: the caching
     allocator hands a reused block whole when less than 1 MiB of it would be left over, so its
-    allocated bytes overstate a call's own (832 KiB at T 400 on the H100)."""
+    allocated bytes overstate a call's own (832 KiB at T 400 on the H100). Qwen3.5's heads
+    autotune as a read does (`tuned`); the others keep fla's first configs."""
     from strata.kernels.deltanet.sizes import chunk_scratch_bytes
     x = inputs(c, 14, torch.bfloat16, device="cuda")
     want = (chunk_scratch_bytes(c.T, c.Hk, c.Hv, c.dk, c.dv, qk_l2norm=True, backend="fla",
                                 itemsize=2) + c.T * c.Hv * c.dv * 2 + c.Hv * c.dk * c.dv * 4)
     peaks = []
-    for _ in range(2):      # the first call of a shape autotunes (fla's configs, timed)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_stats()["requested_bytes.all.current"]
-        o, S = chunk_gated_delta_rule_fla(*x, use_qk_l2norm=True)
-        torch.cuda.synchronize()
-        peaks.append(torch.cuda.memory_stats()["requested_bytes.all.peak"] - base)
-        del o, S
-    # the first call may add Triton's do_bench L2-flush buffer (256 MiB, its nvidia driver's
+    with contextlib.nullcontext() if tuned else fla_first_configs():
+        for _ in range(2):      # the first call of a tuned shape autotunes (fla's configs, timed)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_stats()["requested_bytes.all.current"]
+            o, S = chunk_gated_delta_rule_fla(*x, use_qk_l2norm=True)
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.memory_stats()["requested_bytes.all.peak"] - base)
+            del o, S
+    # a timed first call may add Triton's do_bench L2-flush buffer (256 MiB, its nvidia driver's
     # get_empty_cache_for_benchmark), outside the plan, inside the budget's 1 GiB reserve
-    assert want <= peaks[0] <= want + 256 * 2**20 + 512 * 12, peaks
+    flush = 256 * 2**20 if tuned else 0
+    assert want <= peaks[0] <= want + flush + 512 * 12, peaks
     assert want <= peaks[1] <= want + 512 * 12, peaks
     o, S = chunk_gated_delta_rule_fla(*x, use_qk_l2norm=True)
     assert torch.isfinite(o).all() and torch.isfinite(S).all()
