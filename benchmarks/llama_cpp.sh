@@ -15,11 +15,18 @@
 #       (300000) tokens read by strata perplexity and llama-perplexity at --ctx CTX (512) under BUDGET,
 #       -ncmoe fitted to it (experiments/ppl_side.py): both PPLs, their distance, each tool's tokens/s,
 #       CSV + PNG under $OUT; UB (2048) is llama.cpp's -b/-ub, PPL_TIMEOUT (240 s) bounds each tool's
-#       run. Sized for one call with build: the GGUF and pack (~32 GiB each for 30B Q8_0) in
-#       PPL_DIR (/dev/shm), made in ~3 s a layer each on the CPU machine (~5 min for 48 layers;
-#       the step prints its phases' seconds), strata's read (~20 s at ~16K tok/s) and llama.cpp's
-#       (60-150 s at 2-6K tok/s); the CSV is written after each tool, so a call cut short keeps
-#       strata's rows. KEEP=1 leaves the two files and a later call that still sees them reuses them
+#       run. Sized for one call with build: the GGUF and pack (~32 GiB each for 30B Q8_0), made
+#       in ~3 s a layer each on the CPU machine (~5 min for 48 layers; the step prints its phases'
+#       seconds), strata's read (~20 s at ~16K tok/s) and llama.cpp's (60-150 s at 2-6K tok/s);
+#       the CSV is written after each tool, so a call cut short keeps strata's rows
+#   bash benchmarks/llama_cpp.sh make PRESET "SYNTH FLAGS"
+#       the GGUF and pack that side/cache/ppl with the same two arguments read, made in the
+#       background (setsid) so the rest of the call, and the next on the same warm machine, use
+#       the GPU meanwhile: e.g. `make gpt-oss-120b "--quant MXFP4 --layers 16"` (30 GB each: synth
+#       ~2 min, pack ~40 s on the H100 machine), then the suite, then `side ...` waits for them
+# The models live in MODELS (/dev/shm; the disk holds 64 GiB) as PRESET-FLAGS.{gguf,pack}; side,
+# cache and ppl make them when absent and remove them after, unless KEEP=1 (a later call on the same
+# machine then reuses them). SIDE_ARGS go to experiments/llama_side.py (e.g. "--ub 8192 --reps 2").
 #   bash benchmarks/llama_cpp.sh prebuild SRC                # on the CPU machine: makes the prebuilt tarball
 # build unpacks the prebuilt tools, .lcp/llama.cpp-cuda-sm90.tar.xz (bin/llama-{bench,perplexity,server},
 # sm_90 machine code, made on the CPU machine so a call skips the ~5 min compile), into $LCP/build and
@@ -107,27 +114,49 @@ unpack_prebuilt() {
     return 1
 }
 
+# the GGUF and pack of PRESET "SYNTH FLAGS" in $MODELS (/dev/shm): their paths in g and p. Each is
+# made only when absent (synth and pack write a temp file and rename it whole, so one that exists is
+# complete); a `make` of the same files still running in the background is waited for first.
+model_paths() {
+    local tag; tag=$(echo "$2" | tr -cd 'A-Za-z0-9_')
+    g=${MODELS:-/dev/shm}/$1-$tag.gguf p=${MODELS:-/dev/shm}/$1-$tag.pack
+}
+model_files() {
+    model_paths "$1" "$2"
+    local t0=$SECONDS
+    [ -n "${MAKING:-}" ] || while [ -f "$g.making" ]; do sleep 2; done   # MAKING: it is the maker
+    [ -f "$g" ] || python3 -m strata.cli synth --preset "$1" $2 -o "$g" 2>&1 | grep -v "it/s\]" | tail -1
+    [ -f "$p" ] || python3 -m strata.cli pack "$g" -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
+    echo "[models] $g and its pack ready in $((SECONDS - t0)) s"
+}
+
 case ${1:-} in
+  # make PRESET "SYNTH FLAGS": the GGUF and pack made in the background (a new process session, so
+  # they go on after the call that started them, on a machine held warm), while the call's
+  # foreground runs GPU work, e.g. the suite; `side`/`cache`/`ppl` with the same two arguments on
+  # that machine wait for them and use them. Its log: $g.log
+  make)
+    model_paths "$2" "$3"
+    touch "$g.making"
+    setsid nohup bash -c "MAKING=1 bash '$0' files '$2' '$3'; rm -f '$g.making'" > "$g.log" 2>&1 < /dev/null &
+    echo "[models] making $g and its pack in the background (log $g.log)" ;;
+  files)
+    model_files "$2" "$3" ;;
   build)
     unpack_prebuilt || compile
     echo "llama.cpp sees: $(gpu_seen || echo 'no CUDA device')" | tee -a "$OUT/llama_cpp_build_time.log"
     ls -la "$LCP/build/bin" | tee -a "$OUT/llama_cpp_build_time.log" ;;
   side)
     preset=$2 synth=$3 budget=$4 prompts=$5
-    tag=$(echo "$synth" | tr -cd 'A-Za-z0-9_')
-    g=/dev/shm/side-$preset-$tag.gguf p=/dev/shm/side-$preset-$tag.pack
-    python3 -m strata.cli synth --preset "$preset" $synth -o "$g" 2>&1 | grep -v "it/s\]" | tail -1
-    python3 -m strata.cli pack "$g" -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
+    model_files "$preset" "$synth"
     python3 experiments/llama_side.py --gguf "$g" --pack "$p" --bin "$LCP/build/bin" \
-        --budget "$budget" --prompts "$prompts" --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12
-    rm -f "$g" "$p" ;;
+        --budget "$budget" --prompts "$prompts" ${SIDE_ARGS:-} --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12
+    [ "${KEEP:-0}" = 1 ] || rm -f "$g" "$p" ;;
   cache)
     preset=$2 synth=$3 budget=$4
     DOC=${DOC:-65536} NQ=${NQ:-10} QT=${QT:-64} KVP=${KVP:-4096}
-    tag=$(echo "$synth" | tr -cd 'A-Za-z0-9_')
-    g=/dev/shm/cache-$preset-$tag.gguf p=/dev/shm/cache-$preset-$tag.pack st=/tmp/kvr-cache
-    python3 -m strata.cli synth --preset "$preset" $synth -o "$g" 2>&1 | grep -v "it/s\]" | tail -1
-    python3 -m strata.cli pack "$g" -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
+    st=/tmp/kvr-cache
+    model_files "$preset" "$synth"
     vram=$(python3 -c "from strata.units import parse_size; print(parse_size('$budget'))")
     mkdir -p "$st" "$OUT/kv_resume"
     # strata first: its CSV is drawn beside llama.cpp's; --skip draws past its KVP + QT prompt
@@ -138,17 +167,11 @@ case ${1:-} in
     python3 experiments/llama_server_cache.py --gguf "$g" --bin "$LCP/build/bin" --budget "$budget" \
         --doc-tokens "$DOC" --questions "$NQ" --question-tokens "$QT" --skip $((KVP + QT)) \
         ${scsv:+--strata-csv "$scsv"} --out "$OUT" 2>&1 | grep -v "it/s\]" | grep -v "^\[llama.cpp\]" | tail -16
-    rm -rf "$g" "$p" "$st" ;;
+    rm -rf "$st"; [ "${KEEP:-0}" = 1 ] || rm -f "$g" "$p" ;;
   ppl)
     preset=$2 synth=$3 budget=$4
-    tag=$(echo "$synth" | tr -cd 'A-Za-z0-9_')
-    d=${PPL_DIR:-/dev/shm}
-    g=$d/ppl-$preset-$tag.gguf p=$d/ppl-$preset-$tag.pack
     t0=$SECONDS
-    # KEEP=1 leaves both files for the next call on the same machine, which then skips making them
-    [ -f "$g" ] || python3 -m strata.cli synth --preset "$preset" $synth -o "$g" 2>&1 | grep -v "it/s\]" | tail -1
-    [ -f "$p" ] || python3 -m strata.cli pack "$g" -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
-    echo "[ppl] GGUF and pack ready in $((SECONDS - t0)) s"
+    model_files "$preset" "$synth"
     python3 experiments/ppl_side.py --gguf "$g" --pack "$p" --bin "$LCP/build/bin" --budget "$budget" \
         --tokens "${TOKENS:-300000}" --ctx "${CTX:-512}" --ub "${UB:-2048}" --timeout "${PPL_TIMEOUT:-240}" \
         --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12
