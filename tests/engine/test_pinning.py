@@ -25,6 +25,22 @@ def test_parallel_copy_moves_every_byte(n, threads):
     assert torch.equal(dst, src)
 
 
+def test_threaded_copies_write_destinations_made_under_inference_mode():
+    """The pool's threads copy under the caller's inference mode: a KV store made under
+    torch.inference_mode and restored by a caller holding it is written in place (each thread
+    has its own mode; outside it torch refuses to update an inference tensor)."""
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(0, 256, (5000,), dtype=torch.uint8, generator=g)
+    with torch.inference_mode():
+        dst = torch.zeros(5000, dtype=torch.uint8)
+        parallel_copy(dst, src, threads=3, piece=1000)
+        dsts, srcs, store = _pairs("cpu")
+        stage_to_device(list(zip(dsts, srcs)), "cpu", threads=3, piece=1 << 20)
+    assert torch.equal(dst, src)
+    for d, s in zip(dsts, srcs):
+        assert torch.equal(d, s.contiguous().view(d.shape)) if d.numel() else True
+
+
 def test_parallel_copy_refuses_size_mismatch():
     with pytest.raises(ValueError, match="destination bytes"):
         parallel_copy(torch.empty(10, dtype=torch.uint8), torch.empty(11, dtype=torch.uint8))
@@ -112,9 +128,11 @@ def test_stage_to_device_copies_every_pair(piece, threads):
 
 
 @pytest.mark.gpu
-def test_stage_to_device_on_the_gpu():
-    dsts, srcs, store = _pairs("cuda")
-    stage_to_device(list(zip(dsts, srcs)), "cuda", threads=4, piece=512)
+@pytest.mark.parametrize("inference", [False, True])
+def test_stage_to_device_on_the_gpu(inference):
+    with torch.inference_mode(inference):   # True: as kv_stores.restore runs under a caller's mode
+        dsts, srcs, store = _pairs("cuda")
+        stage_to_device(list(zip(dsts, srcs)), "cuda", threads=4, piece=512)
     for d, s in zip(dsts, srcs):
         assert torch.equal(d.cpu(), s.contiguous().view(d.shape))
     assert (store[700:2000] == -1).all()
