@@ -18,11 +18,13 @@ carves).
                (strata.kernels.attention.merge.lse_merge: acc and o read once, acc written
                once).
 
-The default is the efficient kernel at B = 2048 with the torch merge, the path measured so far
-(an H100 profile of DeepSeek-V3 at T = 32768: 1,582 ms of 2,280 in that kernel against a
-~415 ms floor at flash's rate, ~220 ms in the merge). `pin_mla_launch(backend="flash")` /
-`block=` / `merge="fused"` are there for the A/B (benchmarks/mla_bench.py --arms,
-benchmarks/gpu_session.sh step mlaflash); the default moves only on a GPU timing.
+The default is flash at B = 4096 with the fused merge, by an A/B on the H100 at 974a332
+(benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5,
+one-chunk reads; experiments/results/profile_resident-deepseek-v3-Q4_K_M-L5-mla_*): tokens/s at
+T 8192 / 32768, efficient B 2048 torch merge 34,465 / 14,477, flash 2048 fused 43,706 / 22,746,
+flash 4096 fused 45,906 / 24,671 (attention 871 ms of 1,329 at 32K, against its 350 ms floor).
+Its scratch at DeepSeek-V3's heads is ~0.67 GB against ~0.30 GB for efficient at 2048, counted by
+the planner from this record as every other launch's.
 """
 from __future__ import annotations
 
@@ -32,16 +34,16 @@ from dataclasses import dataclass
 from strata.errors import StrataError
 from strata.kernels.pins import pinned_record
 
-MLA_BLOCK = 2048   # the default B (strata.models.mla_scratch's docstring says why)
+MLA_BLOCK = 4096   # the default B (strata.models.mla_scratch's docstring says why)
 BACKENDS = ("efficient", "flash")
 MERGES = ("torch", "fused")
 
 
 @dataclass(frozen=True)
 class MLALaunch:
-    backend: str = "efficient"
+    backend: str = "flash"
     block: int = MLA_BLOCK
-    merge: str = "torch"
+    merge: str = "fused"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
