@@ -42,7 +42,7 @@
 # 13.1.0.3, CCCL 13.0.85), makes a link stub for libcuda, configures as `compile` does plus
 # GGML_NATIVE=OFF (AVX2 CPU kernels: any x86_64 host) and BUILD_SHARED_LIBS=OFF (one binary per tool),
 # builds in $LCP_BUILD (/tmp/lcpcuda/build), strips the tools and writes $PREBUILT. Carry the one file
-# (run's carry: [".lcp/llama.cpp-cuda-sm90.tar.xz", ".whl"]): the tree (32 MiB) with both tarballs is
+# (run's carry: [".lcp/llama.cpp-cuda-sm90.tar.xz", ".whl", ".whl-text"]): the tree (32 MiB) with both tarballs is
 # past the 64 MiB a call takes; carry the source tarball instead only where the prebuilt tools fail.
 # The source tarball: the same vendored llama.cpp less the other backends, docs and models (6 MB; the
 # whole sdist is 76 MB, past what a call carries). Make it on the CPU machine:
@@ -57,6 +57,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if ls .whl/gguf*.whl >/dev/null 2>&1 && ! python3 -c "import gguf" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf*.whl \
         && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+# transformers >= 5.24 reads a GGUF's tokenizer (strata.tokenize): synth and pack write one into the
+# pack only with it, and ppl_side and kv_resume tokenize text through it. The image has an older one
+# (5.17): carry .whl-text/ (the transformers 5.24.0 wheel, its other needs on the image; made on the
+# CPU machine by `pip download --no-deps -d .whl-text transformers==5.24.0`) and it goes first on
+# the path of these steps only (the GPU suite keeps the image's)
+if ls .whl-text/*.whl >/dev/null 2>&1 && ! python3 -c "import transformers.integrations.gguf as g; g.convert_gguf_tokenizer" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-text .whl-text/*.whl \
+        && export PYTHONPATH=/tmp/site-text:$PYTHONPATH
 fi
 LCP=${LCP:-/dev/shm/lcp}
 PREBUILT=${PREBUILT:-.lcp/llama.cpp-cuda-sm90.tar.xz}
