@@ -4,11 +4,15 @@
     PYTHONPATH=. python experiments/llama_side.py --gguf M.gguf --bin BUILD/bin --budget 12GiB \\
         --prompts 8192,32768 [--pack M.pack] [--ub 2048,8192] [--ncmoe N] --out DIR
 
-llama.cpp: `llama-bench -m M.gguf -ngl 99 -fa 1 -n 0 -p P -ub UB -b UB -ncmoe N -r R -o csv
--v`. N starts at the smallest that fits the budget by the file's sizes (weights on the GPU + f16
-KV at P tokens + --compute-margin, strata.bench.llama_cpp) and grows while llama.cpp's own log
-says its GPU buffers (model + KV + compute) pass the budget; each -ub in --ub is tried and the
-fastest that fits is kept; every flag and the GPU MiB llama.cpp reported go in the row. strata:
+llama.cpp: `llama-bench -m M.gguf -ngl 99 -fa 1 -n 0 -p P -ub UB -b UB -ncmoe N -lm LM -r R -o
+csv -v`. N starts at the smallest that fits the budget by the file's sizes (weights on the GPU +
+f16 KV at P tokens + --compute-margin, strata.bench.llama_cpp) and grows while llama.cpp's own log
+says its GPU buffers (model + KV + compute) pass the budget; each -ub in --ub and each load mode in
+--load-mode is tried and the fastest that fits is kept; every flag and the GPU MiB llama.cpp
+reported go in the row. The load mode matters: with the file mapped (`mmap`, llama.cpp's default)
+the experts -ncmoe keeps in host memory stay in the pageable mapping, and a prompt's batches copy
+them to the GPU at pageable rates; `none` reads them into pinned host memory (llama.cpp warns
+"tensor overrides to CPU are used with mmap enabled - consider using --load-mode none"). strata:
 `strata bench PACK -p P -r R --vram BUDGET -o csv` on a pack made from the same GGUF (`strata
 pack M.gguf -o M.pack`), when --pack is given. Build llama.cpp for the GPU with
 benchmarks/llama_cpp.sh build.
@@ -31,11 +35,11 @@ from strata.units import parse_size
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def llama_bench(bin_dir: Path, gguf: Path, P: int, ub: int, ncmoe: int, reps: int,
+def llama_bench(bin_dir: Path, gguf: Path, P: int, ub: int, ncmoe: int, lm: str, reps: int,
                 timeout: float) -> tuple[dict, dict, list[str]]:
     cmd = [str(bin_dir / "llama-bench"), "-m", str(gguf), "-ngl", "99", "-fa", "1", "-n", "0",
-           "-p", str(P), "-ub", str(ub), "-b", str(ub), "-ncmoe", str(ncmoe), "-r", str(reps),
-           "-o", "csv", "-v"]
+           "-p", str(P), "-ub", str(ub), "-b", str(ub), "-ncmoe", str(ncmoe), "-lm", lm,
+           "-r", str(reps), "-o", "csv", "-v"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({r.returncode}): {r.stderr[-600:]}")
@@ -43,28 +47,40 @@ def llama_bench(bin_dir: Path, gguf: Path, P: int, ub: int, ncmoe: int, reps: in
 
 
 def run_llama(a, sizes, P: int) -> dict | None:
-    """The fastest -ub that fits, its N grown until llama.cpp's GPU buffers fit the budget."""
+    """The fastest (-ub, load mode) that fits: for each -ub, N grown under the first load mode
+    until llama.cpp's GPU buffers fit the budget, the other modes run at that N (the mode moves
+    host memory only)."""
     best = None
+
+    def run(ub, n, lm):
+        nonlocal best
+        try:
+            row, bufs, cmd = llama_bench(a.bin, a.gguf, P, ub, n, lm, a.reps, a.timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(f"[llama] P={P} ub={ub} ncmoe={n} lm={lm}: {str(e)[:200]}", flush=True)
+            return None
+        mib = gpu_mib(bufs)
+        fits = mib * 2**20 <= a.budget
+        print(f"[llama] P={P} ub={ub} ncmoe={n} lm={lm}: {float(row['avg_ts']):.0f} tok/s, GPU "
+              f"{mib:.0f} MiB ({'fits' if fits else 'over'} the budget)", flush=True)
+        if fits or a.ncmoe is not None:
+            cand = dict(ts=float(row["avg_ts"]), sd=float(row["stddev_ts"]), ub=ub, ncmoe=n,
+                        load_mode=lm, gpu_mib=mib, cmd=" ".join(cmd[1:]), fits=fits)
+            if best is None or cand["ts"] > best["ts"]:
+                best = cand
+        return fits
+
     for ub in a.ub:
         n = a.ncmoe if a.ncmoe is not None else ncmoe_for_budget(
             sizes, a.budget, P, int(a.compute_margin))
         while n <= sizes.n_layer:
-            try:
-                row, bufs, cmd = llama_bench(a.bin, a.gguf, P, ub, n, a.reps, a.timeout)
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                print(f"[llama] P={P} ub={ub} ncmoe={n}: {str(e)[:200]}", flush=True)
-                break
-            mib = gpu_mib(bufs)
-            fits = mib * 2**20 <= a.budget
-            print(f"[llama] P={P} ub={ub} ncmoe={n}: {float(row['avg_ts']):.0f} tok/s, GPU "
-                  f"{mib:.0f} MiB ({'fits' if fits else 'over'} the budget)", flush=True)
-            if fits or a.ncmoe is not None:
-                cand = dict(ts=float(row["avg_ts"]), sd=float(row["stddev_ts"]), ub=ub, ncmoe=n,
-                            gpu_mib=mib, cmd=" ".join(cmd[1:]), fits=fits)
-                if best is None or cand["ts"] > best["ts"]:
-                    best = cand
+            fits = run(ub, n, a.load_mode[0])
+            if fits is None or fits or a.ncmoe is not None:
                 break
             n += 1
+        if fits is not None and n <= sizes.n_layer:
+            for lm in a.load_mode[1:]:
+                run(ub, n, lm)
     return best
 
 
@@ -94,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default="8192,32768")
     ap.add_argument("--ub", default="2048,8192", help="llama.cpp -ub (= -b) values to try")
     ap.add_argument("--ncmoe", type=int, help="pin -ncmoe (else fitted to the budget)")
+    ap.add_argument("--load-mode", default="none,mmap",
+                    help="llama.cpp -lm values to try (none: its host-held experts pinned)")
     ap.add_argument("--compute-margin", default="1.5GiB",
                     help="the first fit's allowance for llama.cpp's compute buffer")
     ap.add_argument("--reps", type=int, default=3)
@@ -103,6 +121,7 @@ def main(argv=None) -> int:
     a.budget_text, a.budget = a.budget, parse_size(a.budget)
     a.compute_margin = parse_size(a.compute_margin)
     a.ub = [int(u) for u in a.ub.split(",")]
+    a.load_mode = [m for m in a.load_mode.split(",") if m]
     sizes = gguf_sizes(a.gguf)
     gpu, commit = gpu_name(), commit_of(ROOT)
     tag = f"{a.gguf.stem}-{a.budget_text}-{gpu.replace(' ', '_')}-{commit}"
@@ -118,7 +137,8 @@ def main(argv=None) -> int:
         got = run_llama(a, sizes, P)
         if got:
             cfg = dict(gguf=a.gguf.name, budget=a.budget_text, ub=got["ub"],
-                       ncmoe=got["ncmoe"], fits=got["fits"], cmd=got["cmd"])
+                       ncmoe=got["ncmoe"], load_mode=got["load_mode"], fits=got["fits"],
+                       cmd=got["cmd"])
             add("llama.cpp", P, "tokens/s", got["ts"], "tok/s", cfg)
             add("llama.cpp", P, "GPU MiB", got["gpu_mib"], "MiB", cfg)
         if a.pack:

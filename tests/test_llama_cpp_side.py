@@ -89,3 +89,50 @@ def test_a_gguf_without_the_model_keys_is_one_line(tmp_path):
     with pytest.raises(StrataError, match="block_count") as e:
         gguf_sizes(path)
     assert "\n" not in str(e.value)
+
+
+FAKE_BENCH = r'''#!/usr/bin/env python3
+"""llama-bench's interface: GPU model buffer 1500 - 400 N MiB under -ncmoe N; -lm none twice
+as fast as mmap (its host-held experts pinned); each call's flags appended to CALLS."""
+import os, sys
+a = sys.argv[1:]
+arg = lambda f: a[a.index(f) + 1]
+n, lm, P = int(arg("-ncmoe")), arg("-lm"), int(arg("-p"))
+with open(os.environ["CALLS"], "a") as f:
+    f.write(f"{arg('-ub')} {n} {lm}\n")
+print(f"load_tensors:        CUDA0 model buffer size = {1500 - 400 * n:.2f} MiB", file=sys.stderr)
+print("build_commit,n_ubatch,n_prompt,n_gen,avg_ts,stddev_ts")
+print(f"x,{arg('-ub')},{P},0,{(2000 if lm == 'none' else 1000) + int(arg('-ub'))},1.0")
+'''
+
+
+def test_the_side_fits_ncmoe_then_tries_each_load_mode(tmp_path, monkeypatch):
+    """experiments/llama_side.py against a stand-in llama-bench: for each -ub, -ncmoe grows from
+    the size-based fit until llama.cpp's reported GPU buffers fit the budget (under the first
+    load mode), the other load mode runs at that N only, and the row kept is the fastest that
+    fits, with its -ub, N and load mode in the row's config and command."""
+    import csv
+    import importlib.util
+    import json
+    bench = tmp_path / "llama-bench"
+    bench.write_text(FAKE_BENCH)
+    bench.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS", str(calls))
+    spec = importlib.util.spec_from_file_location(
+        "llama_side", Path(__file__).resolve().parents[1] / "experiments" / "llama_side.py")
+    side = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(side)
+    out = tmp_path / "out"
+    assert side.main(["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--bin", str(tmp_path),
+                      "--budget", "1GiB", "--prompts", "64", "--ub", "32,64", "--reps", "1",
+                      "--compute-margin", "0", "--out", str(out)]) == 0
+    # 1500, 1100 MiB are over 1 GiB; 700 at N = 2 fits: then mmap at N = 2
+    assert calls.read_text().split("\n")[:-1] == [
+        "32 0 none", "32 1 none", "32 2 none", "32 2 mmap",
+        "64 0 none", "64 1 none", "64 2 none", "64 2 mmap"]
+    rows = list(csv.DictReader(open(next(out.glob("llama_side-*.csv")))))
+    speed = next(r for r in rows if r["figure"] == "tokens/s")
+    cfg = json.loads(speed["config"])
+    assert float(speed["value"]) == 2064 and (cfg["ub"], cfg["ncmoe"], cfg["load_mode"]) == \
+        (64, 2, "none") and "-ncmoe 2 -lm none" in cfg["cmd"] and cfg["fits"]
