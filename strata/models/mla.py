@@ -64,7 +64,8 @@ from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
 from strata.models.layers import apply_rope_pairs, rms_norm
 # the block kernels live in mla_attend; the tests and benchmarks import them from here too
 from strata.models.mla_attend import (attend_block, attend_block_flash, attend_block_ref,
-                                      attend_for, key_blocks, merge_block, merge_for)
+                                      attend_carried, attend_for, key_blocks, merge_block,
+                                      merge_for)
 from strata.models.mla_launch import MLA_BLOCK, mla_launch
 from strata.models.mla_scratch import MLAScratch, mla_value_width
 
@@ -280,6 +281,7 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
                                 latent=latent, backend=backend)
     scratch.check(H, hd, Hv, T, S, dt, block, latent, backend)
     attend, vw = attend_for(backend, Hv), mla_value_width(hd, Hv, backend)
+    carried = backend == "triton"
     rows = min(block, S) if backend == "flash" else None   # flash: v [H, rows, W] a call
     if rows is not None:   # the padding, once a call: the same columns of every block (o's
         # columns < Hv never read them, each its own dot product; zero keeps the rest finite)
@@ -318,13 +320,17 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
             torch.bmm(cb, w_uk, out=k[..., :N])                              # c Wuk^T
             k[..., N:].copy_(kblk.expand(H, b - a, R))                       # the shared k_pe
             torch.bmm(cb, w_uv, out=v[..., :Hv])                             # c Wuv^T
+            last = i == len(blocks) - 1
+            if carried:  # the launch folds the block into the state; the last one writes o
+                attend_carried(q[:, t0:t0 + n], k, v, masked, scale, acc=acc, lse=lse,
+                               first=i == 0, out=o[t0:t0 + n].transpose(0, 1) if last else None)
             # the kernel's output lives only through its merge (one block's at a time)
-            if len(blocks) > 1:
+            elif len(blocks) > 1:
                 merge(acc, lse, *attend(q[:, t0:t0 + n], k, v, masked, scale), i == 0)
             else:    # written as it comes (through the fp32 acc it would read the same)
                 o[t0:t0 + n].copy_(attend(q[:, t0:t0 + n], k, v, masked, scale)[0]
                                    .transpose(0, 1))
-        if len(blocks) > 1:
+        if len(blocks) > 1 and not carried:
             o[t0:t0 + n].copy_(acc.transpose(0, 1))
     return o
 

@@ -108,11 +108,41 @@ def pin_attn_tile(tile: AttnTile | None = None, **overrides):
 
 def resolve_attn_tile(p: AttnProblem, tile: AttnTile | None = None) -> AttnTile:
     """The tile of one launch: an explicit `tile` wins, then a pin, then the heuristic."""
-    if tile is not None:
-        return tile
-    cfg = choose_attn_tile(p)
-    pin = _PINNED.get()
-    if pin is not None:
-        ptile, over = pin
-        cfg = (ptile or cfg).with_(**over) if over else (ptile or cfg)
-    return cfg
+    return tile if tile is not None else _pinned_over(_PINNED, choose_attn_tile(p))
+
+
+def _pinned_over(var: ContextVar, cfg: AttnTile) -> AttnTile:
+    """cfg under the pin `var` holds: its whole tile, or its fields over cfg."""
+    pin = var.get()
+    if pin is None:
+        return cfg
+    ptile, over = pin
+    return (ptile or cfg).with_(**over) if over else (ptile or cfg)
+
+
+# -- MLA's block kernel (strata.kernels.attention.mla_block) ------------------------------------
+def choose_mla_tile(n: int, hd: int, dv: int) -> AttnTile:
+    """A program's BM queries of one head against BN keys a step (int8 unused: bf16 only).
+    BM 128 (fewer queries: the next power of two >= 16), BN 64, 8 warps at BM 128 (the fp32
+    accumulator [128, 128] is 64 registers a thread, the score tile 32), 2 stages: q [128, 192]
+    bf16 48 KiB plus a K [64, 192] and a V [64, 128] tile, 40 KiB a stage, at DeepSeek-V3's
+    widths (tests/kernels/compile_mla.py reports the footprint)."""
+    bm = _pow2_at_least(n, 16, 128)
+    return AttnTile(bm, 64, 8 if bm * max(hd, dv) >= 128 * 128 else 4, 2)
+
+
+_MLA_PINNED: ContextVar[tuple | None] = ContextVar("strata_mla_tile_pin", default=None)
+
+
+@contextlib.contextmanager
+def pin_mla_tile(tile: AttnTile | None = None, **overrides):
+    """pin_attn_tile's meaning for MLA's block kernel."""
+    if tile is not None and not isinstance(tile, AttnTile):
+        raise StrataError(f"pin_mla_tile takes an AttnTile, got {type(tile).__name__}")
+    with pinned(_MLA_PINNED, (tile, overrides)):
+        yield
+
+
+def resolve_mla_tile(n: int, hd: int, dv: int, tile: AttnTile | None = None) -> AttnTile:
+    """The tile of one MLA block launch: an explicit `tile`, then a pin, then the heuristic."""
+    return tile if tile is not None else _pinned_over(_MLA_PINNED, choose_mla_tile(n, hd, dv))
