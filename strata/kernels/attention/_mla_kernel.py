@@ -65,10 +65,12 @@ def _mla_tile(acc, m_i, l_i, qa, qb, K, V, n0, m, row_last, qk_scale, S: tl.cons
     last visible key row_last >= j."""
     k_base, stride_kt = K
     v_base, stride_vt = V
-    offs_n = n0 + tl.arange(0, S.BN)                                     # [BN]
+    BM: tl.constexpr = S.BM
+    BN: tl.constexpr = S.BN
+    offs_n = n0 + tl.arange(0, BN)                                       # [BN]
     live = offs_n < m
     ka = _cols(k_base, offs_n, stride_kt, S.DA, S.BDA, live, EDGE)       # [BN, BDA]
-    s = _mma(qa, tl.trans(ka), tl.zeros([S.BM, S.BN], tl.float32), S.INTERP)
+    s = _mma(qa, tl.trans(ka), tl.zeros([BM, BN], tl.float32), S.INTERP)
     if S.DB > 0:
         kb = _cols(k_base + S.DA, offs_n, stride_kt, S.DB, S.BDB, live, EDGE)   # [BN, BDB]
         s = _mma(qb, tl.trans(kb), s, S.INTERP)                          # [BM, BN] fp32
@@ -105,6 +107,7 @@ def _mla_block_kernel(Q, K, V, O, ACC, LSE, n, m, qk_scale, S: tl.constexpr):
     lse_ptr, stride_lh = LSE
     BM: tl.constexpr = S.BM
     BN: tl.constexpr = S.BN
+    BDV: tl.constexpr = S.BDV
     # under the mask the last row blocks see the most keys: start them first (shorter tail)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -114,7 +117,7 @@ def _mla_block_kernel(Q, K, V, O, ACC, LSE, n, m, qk_scale, S: tl.constexpr):
     qb = qa
     if S.DB > 0:
         qb = _cols(q_ptr + h * stride_qh + S.DA, rows, stride_qt, S.DB, S.BDB, live, True)
-    offs_v = tl.arange(0, S.BDV)
+    offs_v = tl.arange(0, BDV)
     v_ok = live[:, None] & (offs_v < S.DV)[None, :]
     lse_off = h * stride_lh + rows
     if S.RESUME:
@@ -123,7 +126,7 @@ def _mla_block_kernel(Q, K, V, O, ACC, LSE, n, m, qk_scale, S: tl.constexpr):
         m_i = tl.load(lse_ptr + lse_off, mask=live, other=0) * 1.4426950408889634
         l_i = tl.full([BM], 1.0, dtype=tl.float32)
     else:
-        acc = tl.zeros([BM, S.BDV], dtype=tl.float32)
+        acc = tl.zeros([BM, BDV], dtype=tl.float32)
         m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
     KH = (k_ptr + h * stride_kh, stride_kt)

@@ -102,7 +102,7 @@ def split_width(hd: int) -> tuple[int, int]:
     return da, hd - da
 
 
-def _tile_width(d: int) -> int:
+def tile_width(d: int) -> int:
     """A width's tile: the next power of two, at least 16 (tl.dot's smallest)."""
     return max(16, 1 << (d - 1).bit_length())
 
@@ -120,8 +120,8 @@ def mla_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, maske
     from strata.kernels.attention.probe import probe_grid
     da, db = split_width(hd)
     cfg = resolve_mla_tile(n, hd, Hv, tile)
-    spec = _k.MLASpec(DA=da, DB=db, DV=Hv, BDA=_tile_width(da), BDB=_tile_width(db),
-                      BDV=_tile_width(Hv), BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, MASKED=bool(masked),
+    spec = _k.MLASpec(DA=da, DB=db, DV=Hv, BDA=tile_width(da), BDB=tile_width(db),
+                      BDV=tile_width(Hv), BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, MASKED=bool(masked),
                       RESUME=acc is not None, INTERP=INTERPRET)
     state = o if acc is None else acc      # never read without RESUME
     _k._mla_block_kernel[probe_grid(_k.grid(n, H, cfg.BLOCK_M))](

@@ -124,11 +124,15 @@ def _pinned_over(var: ContextVar, cfg: AttnTile) -> AttnTile:
 def choose_mla_tile(n: int, hd: int, dv: int) -> AttnTile:
     """A program's BM queries of one head against BN keys a step (int8 unused: bf16 only).
     BM 128 (fewer queries: the next power of two >= 16), BN 64, 8 warps at BM 128 (the fp32
-    accumulator [128, 128] is 64 registers a thread, the score tile 32), 2 stages: q [128, 192]
+    accumulator [128, 128] is 64 registers a thread, the score tile 32), 3 stages: q [128, 192]
     bf16 48 KiB plus a K [64, 192] and a V [64, 128] tile, 40 KiB a stage, at DeepSeek-V3's
-    widths (tests/kernels/compile_mla.py reports the footprint)."""
+    widths. On sm_90 (tests/kernels/compile_mla.py: triton 3.6 + ptxas -v, no GPU) 128x64/w8s3
+    declares 168 KiB and uses 162-189 registers, no spills, wgmma; s2 128 KiB, 178-202: either
+    holds one program an SM, so the third stage costs no occupancy. 128x32/w8s2 146-156
+    registers; 128x128/w8s2 spills 48-72 B in the masked launches. Unmeasured on the GPU:
+    pin_mla_tile is the A/B's handle."""
     bm = _pow2_at_least(n, 16, 128)
-    return AttnTile(bm, 64, 8 if bm * max(hd, dv) >= 128 * 128 else 4, 2)
+    return AttnTile(bm, 64, 8 if bm * max(hd, dv) >= 128 * 128 else 4, 3)
 
 
 _MLA_PINNED: ContextVar[tuple | None] = ContextVar("strata_mla_tile_pin", default=None)
