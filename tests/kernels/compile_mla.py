@@ -51,7 +51,7 @@ def compile_variant(tile: AttnTile, masked: bool, resume: bool, o_type: str) -> 
                      BDV=tile_width(HV), BM=tile.BLOCK_M, BN=tile.BLOCK_N, MASKED=masked,
                      RESUME=resume, INTERP=False)
     asm = {}
-    md = compile_one(k._mla_block_kernel, signature(o_type), dict(S=spec), tile.num_warps,
+    md = compile_one(k._mla_attention_kernel, signature(o_type), dict(S=spec), tile.num_warps,
                      tile.num_stages, aligned=ALIGNED, asm=asm)
     return md, ptx_usage(asm["ptx"])
 

@@ -93,7 +93,7 @@ def _mla_tile(acc, m_i, l_i, qa, qb, K, V, n0, m, row_last, qk_scale, S: tl.cons
 
 
 @triton.jit
-def _mla_block_kernel(Q, K, V, O, ACC, LSE, n, m, qk_scale, S: tl.constexpr):
+def _mla_attention_kernel(Q, K, V, O, ACC, LSE, n, m, qk_scale, S: tl.constexpr):
     """S: the MLASpec. Descriptors, (head, row) strides each, unit last strides: Q (q_ptr,
     stride_qh, stride_qt) [H, n, hd]; K (k_ptr, stride_kh, stride_kt) [H, m, hd]; V (v_ptr,
     stride_vh, stride_vt) [H, m, DV]; O (o_ptr, stride_oh, stride_ot) [H, n, DV] written;

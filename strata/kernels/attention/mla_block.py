@@ -124,7 +124,7 @@ def mla_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, maske
                       BDV=tile_width(Hv), BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, MASKED=bool(masked),
                       RESUME=acc is not None, INTERP=INTERPRET)
     state = o if acc is None else acc      # never read without RESUME
-    _k._mla_block_kernel[probe_grid(_k.grid(n, H, cfg.BLOCK_M))](
+    _k._mla_attention_kernel[probe_grid(_k.grid(n, H, cfg.BLOCK_M))](
         (q, q.stride(0), q.stride(1)), (k, k.stride(0), k.stride(1)),
         (v, v.stride(0), v.stride(1)), (o, o.stride(0), o.stride(1)),
         (state, state.stride(0), state.stride(1)), (lse, lse.stride(0)), n, m,
