@@ -24,12 +24,14 @@ Two forms of the same attention, one signature (`mla_chunk_attention`):
   the key blocks by their log-sum-exp in fp32. On CUDA the keys land in the plan's scratch
   (strata.models.mla_scratch: mla_k / mla_v one block of K/V, mla_state the query block's acc
   and lse; the engine carves it) and each block is one launch with its lse
-  (strata.models.mla_attend): torch's memory-efficient attention kernel (`attend_block`, the
-  default), or its flash forward with V zero-padded to the q/k width (`attend_block_flash`:
-  flash takes one width, 192 for q/k and 128 for v here); off CUDA, the reference, the same
-  blocks in fp32 plain torch. The transient beyond the scratch is one block's kernel output
-  (+ its fp32 accumulator; flash's output hd wide) and the chunk's concatenated q, not the S
-  keys' K/V (2.7 GB at S = 32K before).
+  (strata.models.mla_attend): torch's memory-efficient attention kernel (`attend_block`), its
+  flash forward with V zero-padded to the q/k width (`attend_block_flash`, the default: flash
+  takes one width, 192 for q/k and 128 for v here), or strata's block kernel (`attend_carried`,
+  strata.kernels.attention.mla_block: q/k 192 as two dots, v 128, the softmax state carried
+  through the launches instead of merged); off CUDA, the reference, the same blocks in fp32
+  plain torch. The transient beyond the scratch is one block's kernel output
+  (+ its fp32 accumulator; flash's output hd wide; the block kernel's none) and the chunk's
+  concatenated q, not the S keys' K/V (2.7 GB at S = 32K before).
 - absorbed (`mla_chunk_attention_absorbed`, the reference, in fp64): fold Wuk into the query
   (q_lat = q_nope Wuk, [T, H, Lkv]) and attend in the latent space, then Wuv on the output.
 
@@ -233,7 +235,8 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
     SDPA picks for these head widths; `attend_block_flash`: flash on V zero-padded to hd;
     `attend_block_ref` off CUDA, on the padded V for flash) and merges the blocks by their
     log-sum-exp in fp32 (the launch's merge: `merge_block`, or its one-launch kernel; a query
-    block with one key block is written as it comes).
+    block with one key block is written as it comes); the "triton" backend's launches
+    (`attend_carried`) fold each block into the fp32 state themselves, the last into `out`.
     sdpa=False (the default off CUDA, the reference): the same blocking in fp32 plain torch,
     a transient of one block's expanded keys and scores."""
     H, T, N = q_nope.shape

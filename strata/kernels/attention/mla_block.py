@@ -117,14 +117,13 @@ def mla_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, maske
     if not kernel_takes(q, o):
         return mla_block_attention_torch(q, k, v, masked, scale, o=o, lse=lse, acc=acc)
     from strata.kernels.attention import _mla_kernel as _k
-    from strata.kernels.attention.probe import probe_grid
     da, db = split_width(hd)
     cfg = resolve_mla_tile(n, hd, Hv, tile)
     spec = _k.MLASpec(DA=da, DB=db, DV=Hv, BDA=tile_width(da), BDB=tile_width(db),
                       BDV=tile_width(Hv), BM=cfg.BLOCK_M, BN=cfg.BLOCK_N, MASKED=bool(masked),
                       RESUME=acc is not None, INTERP=INTERPRET)
     state = o if acc is None else acc      # never read without RESUME
-    _k._mla_attention_kernel[probe_grid(_k.grid(n, H, cfg.BLOCK_M))](
+    _k._mla_attention_kernel[_k.grid(n, H, cfg.BLOCK_M)](
         (q, q.stride(0), q.stride(1)), (k, k.stride(0), k.stride(1)),
         (v, v.stride(0), v.stride(1)), (o, o.stride(0), o.stride(1)),
         (state, state.stride(0), state.stride(1)), (lse, lse.stride(0)), n, m,
