@@ -9,11 +9,11 @@ divisibility-16 hint the JIT gives real launches (every stride is a multiple of 
 and 128, every block starts on a row), n and m none (a block's sizes are the prompt's).
 
 Variants: the four launches the blocked attention makes (first or resumed, masked or not) at
-the heuristic's tile, o bf16 (the last block, into the output) or fp32 (the carried state);
+the heuristic's tiles (a full block's, BM 128, and a short chunk's, BM 64, 32, 16), o bf16 (the last block, into the output) or fp32 (the carried state);
 without --quick also other tiles (experiments for the GPU's A/B, pinned by pin_mla_tile).
 
     python tests/kernels/compile_mla.py           # the launches and the other tiles
-    python tests/kernels/compile_mla.py --quick   # the launches at the heuristic's tile (the
+    python tests/kernels/compile_mla.py --quick   # the launches at the heuristic's tiles (the
                                                   # suite's check)
 """
 import itertools
@@ -32,6 +32,7 @@ ALIGNED = {"q_ptr", "stride_qh", "stride_qt", "k_ptr", "stride_kh", "stride_kt",
            "stride_vh", "stride_vt", "o_ptr", "stride_oh", "stride_ot", "acc_ptr", "stride_ah",
            "stride_at", "lse_ptr"}
 HD, HV = 192, 128
+BLOCK_QUERIES = (4096, 40, 20, 1)    # a full block's tile and a short last chunk's (BM 64, 32, 16)
 OTHER_TILES = [AttnTile(128, 32, 8, 2), AttnTile(128, 64, 8, 2), AttnTile(128, 128, 8, 2),
                AttnTile(64, 64, 4, 2), AttnTile(64, 64, 4, 3)]
 
@@ -58,7 +59,7 @@ def compile_variant(tile: AttnTile, masked: bool, resume: bool, o_type: str) -> 
 
 def main(argv) -> int:
     quick = "--quick" in argv
-    tiles = [choose_mla_tile(4096, HD, HV)] + ([] if quick else OTHER_TILES)
+    tiles = [choose_mla_tile(n, HD, HV) for n in BLOCK_QUERIES] + ([] if quick else OTHER_TILES)
     fails = 0
     for tile, (masked, resume, o_type) in itertools.product(
             tiles, ((False, False, "*fp32"), (False, True, "*fp32"), (True, True, "*bf16"),

@@ -130,9 +130,10 @@ def choose_mla_tile(n: int, hd: int, dv: int) -> AttnTile:
     declares 168 KiB and uses 162-189 registers, no spills, wgmma; s2 128 KiB, 178-202: either
     holds one program an SM, so the third stage costs no occupancy. 128x32/w8s2 146-156
     registers; 128x128/w8s2 spills 48-72 B in the masked launches. Unmeasured on the GPU:
-    pin_mla_tile is the A/B's handle."""
+    pin_mla_tile is the A/B's handle. A short block (BM < 128) at 192 / 128: 64x64/w8s3 128-150
+    registers (4 warps spill 20 B), 32x32/w4s3 128, 16x32/w4s3 80 (16x64/w4 251-255)."""
     bm = _pow2_at_least(n, 16, 128)
-    return AttnTile(bm, 64, 8 if bm * max(hd, dv) >= 128 * 128 else 4, 3)
+    return AttnTile(bm, 64 if bm >= 64 else 32, 8 if bm * max(hd, dv) >= 64 * 128 else 4, 3)
 
 
 _MLA_PINNED: ContextVar[tuple | None] = ContextVar("strata_mla_tile_pin", default=None)
