@@ -22,6 +22,14 @@ first power-of-two DA columns of q and k and the rest (192 = 128 + 64: no padded
 the value product Hv wide: against torch's flash forward on V zero-padded to 192, 5/6 of the
 multiply-adds (81,920 against 98,304 a query-key pair at H = 128) and no padding columns to
 keep. Off CUDA it runs in Triton's interpreter (the tests); on CUDA with other dtypes the twin.
+
+Why its own kernel and not the chunk attention's (strata.kernels.attention._kernel) with a
+value width: that kernel's segment descriptors share one width and one stride between k and v
+(GQA's caches), its carried state is (acc, m, l) stored bit for bit between pieces where MLA's
+scratch holds (o, lse), and its launches fold G heads into rows over up to two prefix segments
+and the chunk; MLA's block is one head a program over one run of keys with a bottom-right mask.
+Threading two widths, a second stride and another state format through it would change the
+code every GQA layer compiles to (its tiles are measured) for none of its features.
 """
 from __future__ import annotations
 
