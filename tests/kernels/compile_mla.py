@@ -9,8 +9,9 @@ divisibility-16 hint the JIT gives real launches (every stride is a multiple of 
 and 128, every block starts on a row), n and m none (a block's sizes are the prompt's).
 
 Variants: the four launches the blocked attention makes (first or resumed, masked or not) at
-the heuristic's tiles (a full block's, BM 128, and a short chunk's, BM 64, 32, 16), o bf16 (the last block, into the output) or fp32 (the carried state);
-without --quick also other tiles (experiments for the GPU's A/B, pinned by pin_mla_tile).
+the heuristic's tiles (a full block's, BM 128, and a short chunk's, BM 64, 32, 16), o bf16
+(the last block, into the output) or fp32 (the carried state); without --quick also other
+tiles (experiments for the GPU's A/B, pinned by pin_mla_tile).
 
     python tests/kernels/compile_mla.py           # the launches and the other tiles
     python tests/kernels/compile_mla.py --quick   # the launches at the heuristic's tiles (the

@@ -13,8 +13,8 @@ the stand-in kernel, attend_block_ref on the same padded operand):
   launcher zeroes them once a call) into a NaN-poisoned output, equals the fp64 absorbed form
   and the efficient backend's result (REL of tests/models/test_mla_blocks.py); a host-held
   prefix reads as one run, bit for bit, under each launch;
-- the scratch each backend takes (flash: max(hd, Hv) values a head, the others Hv) and a scratch of the other
-  backend's size refused in one line; the launch record's checks and pins.
+- the scratch each backend takes (flash: max(hd, Hv) values a head, the others Hv) and a
+  scratch of the other backend's size refused in one line; the launch record's checks and pins.
 (The plan == the launcher and the engine's carve under each backend: test_mla_blocks.py; the
 block kernel itself: tests/kernels/test_mla_block.py.)
 
@@ -89,8 +89,8 @@ def test_a_bad_launch_is_refused_in_one_line(bad, match):
 @pytest.mark.parametrize("hd,Hv", [(192, 128), (24, 16), (8, 8), (5, 9)])
 def test_each_backend_takes_its_scratch(hd, Hv):
     """flash keeps max(hd, Hv) values a head (DeepSeek-V3: 192 for 128, 1.5x the values), the
-    efficient kernel and the triton block kernel Hv; k and the state are the same; the launch in force decides when no
-    backend is named."""
+    efficient kernel and the triton block kernel Hv; k and the state are the same; the launch
+    in force decides when no backend is named."""
     H, T, S, block = 3, 40, 100, 32
     rows = min(block, S)
     for backend, vw in (("efficient", Hv), ("flash", max(hd, Hv)), ("triton", Hv)):

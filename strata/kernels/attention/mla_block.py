@@ -8,14 +8,15 @@ nope 128 + rope 64), Hv the value width (128).
     mla_block_attention_torch(...)                                 plain torch, the same signature
 
 q [H, n, hd], k [H, m, hd], v [H, m, Hv] (last dims contiguous, any head and row strides),
-bf16 (fp32 too under the interpreter; fp16 and fp32 in the twin). masked: query i sees keys 0..i + m - n
-(bottom-right: the block that ends at the queries' own keys; needs n <= m). Writes o [H, n, Hv]
-(any float dtype, any strides with a unit last one) and lse fp32 [H, n] (the natural log of the
-sum of exp(scale · q.k) over the keys the query saw: attend_block_ref's meaning). acc: the state
-to resume from, fp32 [H, n, Hv] normalized (an earlier launch's o) with `lse` holding its
-log-sum-exp: the call then folds this block into it, o = (acc e^lse + o_b e^lse_b) / e^lse' —
-what strata.kernels.attention.merge does after a separate launch, inside the one launch. acc may
-be o itself (each program reads its rows' state before it writes them).
+bf16 (fp32 too under the interpreter; fp16 and fp32 in the twin). masked: query i sees keys
+0..i + m - n (bottom-right: the block that ends at the queries' own keys; needs n <= m).
+Writes o [H, n, Hv] (any float dtype, any strides with a unit last one) and lse fp32 [H, n]
+(the natural log of the sum of exp(scale · q.k) over the keys the query saw: attend_block_ref's
+meaning). acc: the state to resume from, fp32 [H, n, Hv] normalized (an earlier launch's o)
+with `lse` holding its log-sum-exp: the call then folds this block into it, o = (acc e^lse +
+o_b e^lse_b) / e^lse' — what strata.kernels.attention.merge does after a separate launch,
+inside the one launch. acc may be o itself (each program reads its rows' state before it
+writes them).
 
 The kernel (strata.kernels.attention._mla_kernel) accumulates the scores from two dots, the
 first power-of-two DA columns of q and k and the rest (192 = 128 + 64: no padded work), and
