@@ -4,8 +4,8 @@ strata.models.mla_launch) and its plain-torch twin.
 In Triton's interpreter at tiny shapes (fp32 and bf16 operands):
 - kernel and twin against attend_block_ref (fp32 scores, the bottom-right mask): n < m and
   n == m, masked and not, ragged sizes off the tile grid, q/k widths split into a power of two
-  and a rest (12 = 8 + 4, 6 = 4 + 2, 24 = 16 + 8, 16 = 16 + 0, 5 = 4 + 1) and values narrower or
-  wider than q/k, into NaN-poisoned o and lse;
+  and a rest (12 = 8 + 4, 6 = 4 + 2, 24 = 16 + 8, 16 = 16 + 0, 5 = 4 + 1, DeepSeek-V3's 192 =
+  128 + 64) and values narrower or wider than q/k, into NaN-poisoned o and lse;
 - a chain of launches over key blocks (the blocked attention's: the first fresh, the rest
   resumed from the carried fp32 state, acc and o the same tensor, the last into a separate
   output) against one launch over all keys;
@@ -61,7 +61,7 @@ def lse_bound(q, k) -> float:
 @pytest.mark.parametrize("n,m,masked", [(5, 5, True), (5, 5, False), (3, 40, True),
                                         (3, 40, False), (1, 7, True), (17, 33, True),
                                         (1, 1, True), (33, 130, False), (20, 83, True)])
-@pytest.mark.parametrize("hd,Hv", [(12, 8), (6, 3), (24, 16), (16, 16), (5, 20)])
+@pytest.mark.parametrize("hd,Hv", [(12, 8), (6, 3), (24, 16), (16, 16), (5, 20), (192, 128)])
 def test_one_launch_equals_the_reference(impl, n, m, masked, hd, Hv):
     q, k, v = operands(2, n, m, hd, Hv, n * 1000 + m + hd)
     o, lse = nan_like(2, n, Hv)
