@@ -323,8 +323,8 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
             torch.bmm(cb, w_uk, out=k[..., :N])                              # c Wuk^T
             k[..., N:].copy_(kblk.expand(H, b - a, R))                       # the shared k_pe
             torch.bmm(cb, w_uv, out=v[..., :Hv])                             # c Wuv^T
-            last = i == len(blocks) - 1
             if carried:  # the launch folds the block into the state; the last one writes o
+                last = i == len(blocks) - 1
                 attend_carried(q[:, t0:t0 + n], k, v, masked, scale, acc=acc, lse=lse,
                                first=i == 0, out=o[t0:t0 + n].transpose(0, 1) if last else None)
             # the kernel's output lives only through its merge (one block's at a time)
