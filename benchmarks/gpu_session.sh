@@ -150,6 +150,13 @@ for step in "$@"; do
     # 4096-token blocks, each merge
     mlaflash) timeout 110 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/models/test_mla_flash.py tests/kernels/test_merge.py 2>&1 | tail -12 > "$OUT/gpu_mla_flash_tests.log"; tail -5 "$OUT/gpu_mla_flash_tests.log"
              timeout 90 python3 benchmarks/mla_bench.py --tokens 8192,32768 --prefix 0 --arms blocked,blocked:flash,blocked:flash:4096,blocked:efficient:2048:fused,blocked:flash:2048:fused,blocked:flash:4096:fused --out "$OUT" 2>&1 | tail -60 | tee "$OUT/mla_flash_bench.log" ;;
+    # MLA's triton backend (strata's block kernel: q/k 192 as 128 + 64, V at 128, the softmax state carried
+    # through the launches, no merge): its GPU tests (against efficient, flash and the reference; the blocked
+    # path; the engine's logits), one DeepSeek-V3 layer's blocked attention at 8K / 32K in one chunk against
+    # flash (the default) at the heuristic's tile and others, then the 5-layer resident profile A/B
+    mlatriton) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels/test_mla_block.py tests/models/test_mla_flash.py 2>&1 | tail -12 > "$OUT/gpu_mla_triton_tests.log"; tail -5 "$OUT/gpu_mla_triton_tests.log"
+               timeout 150 python3 benchmarks/mla_bench.py --tokens 8192,32768 --prefix 0 --arms blocked,blocked:triton,blocked:triton:4096:fused:128x64/w8s2,blocked:triton:4096:fused:128x32/w8s2,blocked:triton:4096:fused:64x64/w4s3,blocked:triton:2048 --out "$OUT" 2>&1 | tail -60 | tee "$OUT/mla_triton_bench.log"
+               for m in "" "--mla-backend triton"; do t=$(echo "x $m" | tr -cd 'a-z0-9'); timeout 150 python3 benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5 --T 8192 32768 --top 12 $m --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_ds_$t.log"; echo "[$m]"; grep "^T=\|^-- " "$OUT/profile_ds_$t.log"; done ;;
     deepseek) timeout 560 python3 experiments/deepseek_stream.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/deepseek_stream.log" ;;
     # issue 17: the pinning thread's rate beside a busy interpreter (GIL hand-offs), pread vs map copy
     pinbg)   timeout 200 python3 benchmarks/pin_bench.py --gib 8 --options thp-8 pread-8 pread-16 bg-thp-8 bg-pread-8 bgsi-thp-8 bgsi-pread-8 bgsi-pread-16 --out-dir "$OUT" 2>&1 | grep "^pin_bench" | tee "$OUT/pin_bg.log" ;;

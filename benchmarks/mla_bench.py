@@ -13,6 +13,9 @@ tokens after P cached ones, bf16 on the GPU:
                scratch's values hd wide, counted in transient_mb's bound), blocked:flash:4096
                the same at 4096-token blocks (a quarter of the launches at T 32768),
                blocked:flash:2048:fused with the merge in one Triton launch a block;
+               blocked:triton strata's block kernel (q/k 192 as 128 + 64, V at 128, the
+               state carried through the launches), blocked:triton:4096:fused:64x64/w4s3
+               the same at a pinned tile (pin_mla_tile);
 - all_at_once  decompress K/V of all S = P + T keys, then torch's fused SDPA over heads of
                192 / 128 with a bottom-right causal mask (the path before: a transient of
                S·H·(hd + Hv) bf16, outside the plan);
@@ -30,11 +33,14 @@ absorbed 278,528·T·S + 33.5M·T).
     python benchmarks/mla_bench.py             # GPU: T 4096 at P 0, 12288, 28672
     python benchmarks/mla_bench.py --tokens 8192,32768 --prefix 0 \
         --arms blocked,blocked:flash,blocked:flash:2048:fused  # the A/B (gpu_session mlaflash)
+    python benchmarks/mla_bench.py --tokens 8192,32768 --prefix 0 --arms blocked,\
+        blocked:triton,blocked:triton:4096:fused:128x64/w8s2,blocked:triton:2048  # triton's
     python benchmarks/mla_bench.py --smoke     # CPU: tiny widths, checks the script
 """
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from pathlib import Path
 
@@ -43,6 +49,7 @@ import torch.nn.functional as F
 
 from strata import bench
 from strata.errors import StrataError
+from strata.kernels.attention.tiles import AttnTile, pin_mla_tile
 from strata.models.mla import _split_kvb, mla_chunk_attention, mla_chunk_attention_absorbed
 from strata.models.mla_launch import MLALaunch, mla_launch, pin_mla_launch
 from strata.models.mla_scratch import MLAScratch
@@ -86,8 +93,8 @@ def all_at_once(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale):
 
 
 def launch_of(arm: str) -> MLALaunch | None:
-    """blocked:BACKEND[:BLOCK[:MERGE]] -> its MLALaunch (the one in force for the rest); other
-    arms None."""
+    """blocked:BACKEND[:BLOCK[:MERGE[:TILE]]] -> its MLALaunch (the one in force for the rest);
+    other arms None."""
     if not arm.startswith("blocked:"):
         return None
     backend, block, merge = (arm[len("blocked:"):].split(":") + ["", ""])[:3]
@@ -98,16 +105,38 @@ def launch_of(arm: str) -> MLALaunch | None:
     return MLALaunch(backend, block, merge or mla_launch().merge)
 
 
-def blocked_arm(ins, kw, launch: MLALaunch | None, T: int, S: int, dev, dt):
-    """(call, its scratch) of the blocked path under `launch` (None: the launch in force)."""
-    pin = pin_mla_launch(launch) if launch else contextlib.nullcontext()
-    with pin:
+def tile_of(arm: str) -> AttnTile | None:
+    """The TILE field of blocked:triton:BLOCK:MERGE:TILE (BMxBN/wWsS, e.g. 128x64/w8s3): the
+    block kernel's tile pinned for the arm (strata.kernels.attention.tiles.pin_mla_tile)."""
+    fields = arm.split(":")
+    if len(fields) < 5:
+        return None
+    m = re.fullmatch(r"(\d+)x(\d+)/w(\d+)s(\d+)", fields[4])
+    if not m or fields[1] != "triton":
+        raise StrataError(f"mla_bench: arm {arm!r}: a tile is blocked:triton:BLOCK:MERGE:"
+                          f"BMxBN/wWsS (e.g. 128x64/w8s3)")
+    return AttnTile(*map(int, m.groups()))
+
+
+def blocked_arm(ins, kw, arm: str, T: int, S: int, dev, dt):
+    """(call, its scratch) of the blocked path under the arm's launch and tile (none: those in
+    force)."""
+    launch, tile = launch_of(arm), tile_of(arm)
+
+    def pins():
+        stack = contextlib.ExitStack()
+        if launch:
+            stack.enter_context(pin_mla_launch(launch))
+        if tile:
+            stack.enter_context(pin_mla_tile(tile))
+        return stack
+    with pins():
         H, N, Hv = ins[0].shape[0], ins[0].shape[-1], kw["v_head_dim"]
         scratch = MLAScratch.of(H, N + ins[1].shape[-1], Hv, T, S, dev, dtype=dt)
     out = torch.empty(T, H, Hv, dtype=dt, device=dev)
 
     def call():
-        with (pin_mla_launch(launch) if launch else contextlib.nullcontext()):
+        with pins():
             return mla_chunk_attention(*ins, sdpa=True, scratch=scratch, out=out, **kw)
     return call, scratch
 
@@ -149,7 +178,7 @@ def measure(args, rec: bench.Recorder) -> None:
         scratches, fns = {}, {"all_at_once": lambda: all_at_once(*ins, **kw),
                               "absorbed": lambda: absorbed(*ins, **kw)}
         for arm in (a for a in args.arms if a.startswith("blocked")):
-            fns[arm], scratches[arm] = blocked_arm(ins, kw, launch_of(arm), T, S, dev, dt)
+            fns[arm], scratches[arm] = blocked_arm(ins, kw, arm, T, S, dev, dt)
         arms = {a: fns[a] for a in args.arms}
         expanded = 2.0 * T * S * H * (N + R + Hv) + 2.0 * S * L * H * (N + Hv)
         absorbed_flops = 2.0 * T * S * H * (2 * L + R) + 4.0 * T * H * N * L
@@ -202,12 +231,14 @@ def main(argv=None) -> int:
                     help="cached tokens P before the chunk, comma-separated")
     ap.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS),
                     help="comma-separated: blocked, all_at_once, absorbed, "
-                         "blocked:BACKEND[:BLOCK[:MERGE]] (default: the first three)")
+                         "blocked:BACKEND[:BLOCK[:MERGE]], blocked:triton:BLOCK:MERGE:BMxBN/wWsS "
+                         "(default: the first three)")
     args = ap.parse_args(argv)
     try:
         for arm in args.arms:
             if arm not in ARMS:
                 launch_of(arm) or ap.error(f"unknown arm {arm!r}")
+                tile_of(arm)
     except StrataError as e:
         ap.error(str(e))
     if args.smoke:

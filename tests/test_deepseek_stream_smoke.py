@@ -68,3 +68,20 @@ def test_mla_bench_flash_arms_smoke(tmp_path):
         with pytest.raises(SystemExit) as e:
             mod.main(["--smoke", "--out", str(tmp_path), "--arms", bad])
         assert e.value.code == 2
+
+
+def test_mla_bench_triton_arms_smoke(tmp_path):
+    """The block kernel's arms (strata.kernels.attention.mla_block, Triton's interpreter on the
+    CPU), at the tile in force and at a pinned one, pass the gate; a tile on another backend or
+    a malformed tile is refused in one line (exit 2)."""
+    spec = importlib.util.spec_from_file_location("mla_bench", ROOT / "benchmarks" / "mla_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    arms = ("blocked", "blocked:triton", "blocked:triton:8:fused:16x16/w4s1")
+    assert mod.main(["--smoke", "--out", str(tmp_path), "--arms", ",".join(arms)]) == 0
+    rows = bench.read_csv(tmp_path / "mla_bench-smoke.csv")
+    assert {r["config"]["arm"] for r in rows if r["figure"] == "ms"} == set(arms)
+    for bad in ("blocked:flash:8:fused:16x16/w4s1", "blocked:triton:8:fused:128x64"):
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--smoke", "--out", str(tmp_path), "--arms", bad])
+        assert e.value.code == 2

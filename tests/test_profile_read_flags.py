@@ -28,7 +28,9 @@ def _main():
     (["--what", "resident", "--delta", "split"], "qwen3-30b-a3b has no linear-attention"),
     (["--what", "resident", "--preset", "qwen3.5-35b-a3b", "--delta", "backend=cuda"],
      "backend must be one of"),
-    (["--what", "resident", "--preset", "deepseek-v3", "--quant", "Q4_K_M"], "needs CUDA")])
+    (["--what", "resident", "--preset", "deepseek-v3", "--quant", "Q4_K_M"], "needs CUDA"),
+    (["--what", "resident", "--preset", "deepseek-v3", "--quant", "Q4_K_M", "--mla-backend",
+      "triton"], "needs CUDA")])
 def test_bad_flags_are_one_line(argv, says, capsys):
     import torch
     if torch.cuda.is_available() and says == "needs CUDA":

@@ -24,12 +24,14 @@ Two forms of the same attention, one signature (`mla_chunk_attention`):
   the key blocks by their log-sum-exp in fp32. On CUDA the keys land in the plan's scratch
   (strata.models.mla_scratch: mla_k / mla_v one block of K/V, mla_state the query block's acc
   and lse; the engine carves it) and each block is one launch with its lse
-  (strata.models.mla_attend): torch's memory-efficient attention kernel (`attend_block`, the
-  default), or its flash forward with V zero-padded to the q/k width (`attend_block_flash`:
-  flash takes one width, 192 for q/k and 128 for v here); off CUDA, the reference, the same
-  blocks in fp32 plain torch. The transient beyond the scratch is one block's kernel output
-  (+ its fp32 accumulator; flash's output hd wide) and the chunk's concatenated q, not the S
-  keys' K/V (2.7 GB at S = 32K before).
+  (strata.models.mla_attend): torch's memory-efficient attention kernel (`attend_block`), its
+  flash forward with V zero-padded to the q/k width (`attend_block_flash`, the default: flash
+  takes one width, 192 for q/k and 128 for v here), or strata's block kernel (`attend_carried`,
+  strata.kernels.attention.mla_block: q/k 192 as two dots, v 128, the softmax state carried
+  through the launches instead of merged); off CUDA, the reference, the same blocks in fp32
+  plain torch. The transient beyond the scratch is one block's kernel output
+  (+ its fp32 accumulator; flash's output hd wide; the block kernel's none) and the chunk's
+  concatenated q, not the S keys' K/V (2.7 GB at S = 32K before).
 - absorbed (`mla_chunk_attention_absorbed`, the reference, in fp64): fold Wuk into the query
   (q_lat = q_nope Wuk, [T, H, Lkv]) and attend in the latent space, then Wuv on the output.
 
@@ -64,7 +66,8 @@ from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
 from strata.models.layers import apply_rope_pairs, rms_norm
 # the block kernels live in mla_attend; the tests and benchmarks import them from here too
 from strata.models.mla_attend import (attend_block, attend_block_flash, attend_block_ref,
-                                      attend_for, key_blocks, merge_block, merge_for)
+                                      attend_carried, attend_for, key_blocks, merge_block,
+                                      merge_for)
 from strata.models.mla_launch import MLA_BLOCK, mla_launch
 from strata.models.mla_scratch import MLAScratch, mla_value_width
 
@@ -232,7 +235,8 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
     SDPA picks for these head widths; `attend_block_flash`: flash on V zero-padded to hd;
     `attend_block_ref` off CUDA, on the padded V for flash) and merges the blocks by their
     log-sum-exp in fp32 (the launch's merge: `merge_block`, or its one-launch kernel; a query
-    block with one key block is written as it comes).
+    block with one key block is written as it comes); the "triton" backend's launches
+    (`attend_carried`) fold each block into the fp32 state themselves, the last into `out`.
     sdpa=False (the default off CUDA, the reference): the same blocking in fp32 plain torch,
     a transient of one block's expanded keys and scores."""
     H, T, N = q_nope.shape
@@ -280,6 +284,7 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
                                 latent=latent, backend=backend)
     scratch.check(H, hd, Hv, T, S, dt, block, latent, backend)
     attend, vw = attend_for(backend, Hv), mla_value_width(hd, Hv, backend)
+    carried = backend == "triton"
     rows = min(block, S) if backend == "flash" else None   # flash: v [H, rows, W] a call
     if rows is not None:   # the padding, once a call: the same columns of every block (o's
         # columns < Hv never read them, each its own dot product; zero keeps the rest finite)
@@ -318,13 +323,17 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
             torch.bmm(cb, w_uk, out=k[..., :N])                              # c Wuk^T
             k[..., N:].copy_(kblk.expand(H, b - a, R))                       # the shared k_pe
             torch.bmm(cb, w_uv, out=v[..., :Hv])                             # c Wuv^T
+            if carried:  # the launch folds the block into the state; the last one writes o
+                last = i == len(blocks) - 1
+                attend_carried(q[:, t0:t0 + n], k, v, masked, scale, acc=acc, lse=lse,
+                               first=i == 0, out=o[t0:t0 + n].transpose(0, 1) if last else None)
             # the kernel's output lives only through its merge (one block's at a time)
-            if len(blocks) > 1:
+            elif len(blocks) > 1:
                 merge(acc, lse, *attend(q[:, t0:t0 + n], k, v, masked, scale), i == 0)
             else:    # written as it comes (through the fp32 acc it would read the same)
                 o[t0:t0 + n].copy_(attend(q[:, t0:t0 + n], k, v, masked, scale)[0]
                                    .transpose(0, 1))
-        if len(blocks) > 1:
+        if len(blocks) > 1 and not carried:
             o[t0:t0 + n].copy_(acc.transpose(0, 1))
     return o
 

@@ -8,6 +8,10 @@ Hv the value head width, W = max(hd, Hv) the flash backend's padded value width.
     attend_block_ref             plain torch, fp32 scores: the twin of the two below
     attend_block                 CUDA "efficient": torch's memory-efficient kernel, v [H, m, Hv]
     attend_block_flash           CUDA "flash": torch's flash forward, v [H, m, W] zero-padded
+    attend_block_triton          "triton": strata's block kernel (strata.kernels.attention.
+                                 mla_block), q/k and v at their own widths
+    attend_carried               "triton" as the blocked attention runs it: the softmax state
+                                 carried from block to block by the launches, no merge
     merge_block                  fold one block's (o, lse) into the fp32 state (acc, lse):
                                  strata.kernels.attention.merge's twin; lse_merge its kernel
 
@@ -23,6 +27,7 @@ import functools
 import torch
 
 from strata.kernels.attention.merge import lse_merge, lse_merge_torch
+from strata.kernels.attention.mla_block import attend_block_triton, mla_block_attention
 
 # the plain-torch merge, by the name the blocked attention and its tests know
 merge_block = lse_merge_torch
@@ -129,10 +134,22 @@ def attend_block_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked
 
 def attend_for(backend: str, v_dim: int):
     """The block launch of `backend` (strata.models.mla_launch.BACKENDS) as attend_block's
-    signature; "flash" takes its v padded to W columns (MLAScratch.kv with rows)."""
+    signature; "flash" takes its v padded to W columns (MLAScratch.kv with rows); "triton"
+    (attend_block_triton: the block kernel with no state) is the signature's form of the launch
+    the blocked attention runs as `attend_carried`."""
     if backend == "flash":
         return functools.partial(attend_block_flash, v_dim=v_dim)
-    return attend_block
+    return attend_block_triton if backend == "triton" else attend_block
+
+
+def attend_carried(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                   scale: float, *, acc: torch.Tensor, lse: torch.Tensor, first: bool,
+                   out: torch.Tensor | None) -> None:
+    """The "triton" backend's key block: folded into the fp32 state (acc [H, n, Hv], lse
+    [H, n]) by the launch itself (none to resume from when `first`); with `out` (o [H, n, Hv],
+    the last block) the result goes there instead of acc: no merge, no copy out of acc."""
+    mla_block_attention(q, k, v, masked, scale, o=acc if out is None else out, lse=lse,
+                        acc=None if first else acc)
 
 
 def merge_for(merge: str):
@@ -140,5 +157,6 @@ def merge_for(merge: str):
     return lse_merge if merge == "fused" else merge_block
 
 
-__all__ = ["attend_block", "attend_block_flash", "attend_block_ref", "attend_for", "flash_fits",
-           "flash_forward", "key_blocks", "merge_block", "merge_for"]
+__all__ = ["attend_block", "attend_block_flash", "attend_block_ref", "attend_block_triton",
+           "attend_carried", "attend_for", "flash_fits", "flash_forward", "key_blocks",
+           "merge_block", "merge_for"]

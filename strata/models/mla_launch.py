@@ -9,6 +9,11 @@ carves).
                values zero-padded to the q/k width hd (flash takes one head width for q, k and
                v): the scratch's values hold max(hd, Hv) columns a head instead of Hv (1.5x
                at DeepSeek-V3's 192 / 128), and the kernel's PV product runs at hd wide.
+               "triton": strata's own block kernel (strata.kernels.attention.mla_block): the
+               scores from two dots over the q/k width's parts (192 = 128 + 64), the values
+               at Hv, and the softmax state carried from key block to key block inside the
+               launches (each folds its block into the fp32 state, the last writes o), so
+               no merge runs: `merge` is not read.
       block    B, queries and keys per launch. A chunk of T tokens over itself launches
                ceil(T/B)·(ceil(T/B) + 1)/2 times and merges all but ceil(T/B) of them; a larger
                B launches and merges fewer times for more scratch (k and v rows min(B, S), the
@@ -35,7 +40,7 @@ from strata.errors import StrataError
 from strata.kernels.pins import pinned_record
 
 MLA_BLOCK = 4096   # the default B (strata.models.mla_scratch's docstring says why)
-BACKENDS = ("efficient", "flash")
+BACKENDS = ("efficient", "flash", "triton")
 MERGES = ("torch", "fused")
 
 

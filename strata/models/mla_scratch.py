@@ -53,8 +53,9 @@ def mla_scratch_rows(T: int, S: int, block: int | None = None) -> tuple[int, int
 
 
 def mla_value_width(hd: int, Hv: int, backend: str | None = None) -> int:
-    """Values a head a key's v takes in the scratch: Hv, or for the flash backend max(hd, Hv)
-    (the values zero-padded to the q/k width); backend: the launch's in force when None."""
+    """Values a head a key's v takes in the scratch: Hv (efficient, triton), or for the flash
+    backend max(hd, Hv) (the values zero-padded to the q/k width); backend: the launch's in force
+    when None."""
     backend = mla_launch().backend if backend is None else backend
     return max(hd, Hv) if backend == "flash" else Hv
 

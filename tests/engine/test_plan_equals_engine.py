@@ -5,7 +5,7 @@
   the plan's JSON (bug (a): a short STAGE prompt on a fallback ring once carved every routed
   expert's slot, past the plan's ring; tests/engine/test_streaming.py watches the carve itself).
 - A property: for any model shape (small random ones and the presets), rig (VRAM per GPU,
-  cache, lend cap, pinned, ring override, fused, expert FFN, slab) and prompt length,
+  cache, lend cap, pinned, ring override, fused, expert FFN, slab, MLA backend) and prompt length,
   `borrow_and_carve` over a real cache (or a meta-device one where the cache is large) takes
   exactly the loan slots, loan bytes, ring slots, placements, stop and tail the plan names; for
   the presets the plan is `strata plan --json`'s own output.
@@ -31,6 +31,7 @@ from strata.kernels.moe.tiles import pin_tile
 from strata.memory import ExpertCache, Loan, PromptLayout, plan_prefill, use_fused
 from strata.memory.rig import RESERVE, participants
 from strata.engine.load import load_model, resident_provider
+from strata.models.mla_launch import BACKENDS, mla_launch, pin_mla_launch
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.planning import default_devices, layout_spec, model_sizes, scratch_reserve
@@ -149,15 +150,22 @@ def rigs(draw, shape, blob_scale, base=0):
         max_prompt=draw(st.sampled_from([0, 64, 4096])),
         kv=draw(st.sampled_from(["bf16", "int8"])),
         kv_resident=draw(st.one_of(st.none(), st.just("auto"), st.integers(1, 5000))),
+        mla=draw(st.sampled_from(BACKENDS)),
     )
 
 
 STREAM_K = dict(schedule="stream_k", programs=3)   # pin_tile(**STREAM_K): launches ask scratch
 
 
+@contextlib.contextmanager
 def launches(rig):
-    """The kernel's tile pin for this rig: stream-k with the slab (so the reserve is not 0)."""
-    return pin_tile(**STREAM_K) if rig["slab"] else contextlib.nullcontext()
+    """The rig's pins: the kernel's tile (stream-k with the slab, so the reserve is not 0) and
+    MLA's block launch (its backend sizes mla_v: strata.models.mla_launch)."""
+    with contextlib.ExitStack() as pins:
+        if rig["slab"]:
+            pins.enter_context(pin_tile(**STREAM_K))
+        pins.enter_context(pin_mla_launch(backend=rig.get("mla", mla_launch().backend)))
+        yield
 
 
 @contextlib.contextmanager

@@ -6,10 +6,10 @@
   NaN-poisoned output: odd lengths, T = 1, prefix 0, blocks of one key.
 - key_blocks tiles a query block's keys exactly once, the last block masked bottom-right.
 - The plan's mla_k / mla_v / mla_state bytes equal the most the launcher takes from the scratch
-  over a whole prompt read in chunks, for any (T, S, dims), under either backend of the launch
+  over a whole prompt read in chunks, for any (T, S, dims), under each backend of the launch
   (strata.models.mla_launch: flash's values padded to the q/k width).
 - The engine hands each layer's attention views of its carve (inside the loan, of the
-  planned sizes), under either backend.
+  planned sizes), under each backend.
 - On CUDA (gpu mark): attend_block (torch's memory-efficient kernel with its log-sum-exp)
   against attend_block_ref, the whole path at DeepSeek-V3's head widths against the absorbed
   form, and its transient memory beyond the scratch bounded by one block.
@@ -158,7 +158,7 @@ def tiny_mla(H, N, R, Hv, L) -> ModelShape:
 @settings(max_examples=12, deadline=None)
 @given(C=st.integers(1, 2600), S=st.integers(1, 4400), H=st.integers(1, 2),
        N=st.integers(1, 3), R=st.sampled_from([2]), Hv=st.integers(1, 6), L=st.integers(1, 3),
-       kvd=st.sampled_from(["bf16", "int8"]), backend=st.sampled_from(["efficient", "flash"]))
+       kvd=st.sampled_from(["bf16", "int8"]), backend=st.sampled_from(BACKENDS))
 @example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="bf16", backend="efficient").via(
     "a full block of queries, then a last chunk of one token over more than a block of keys")
 @example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="int8", backend="efficient").via(
@@ -169,6 +169,8 @@ def tiny_mla(H, N, R, Hv, L) -> ModelShape:
     "flash: values padded from 2 to the q/k width 3")
 @example(C=5, S=9, H=2, N=1, R=2, Hv=5, L=2, kvd="int8", backend="flash").via(
     "flash with values wider than q/k: nothing padded")
+@example(C=7, S=40, H=2, N=2, R=2, Hv=3, L=2, kvd="int8", backend="triton").via(
+    "triton: values at their own width, the state carried by the launches")
 def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd, backend):
     """strata plan's mla_* placements for (chunk C, prompt S, KV dtype) are the bytes the
     launcher takes at most while it reads a prompt of S tokens in chunks of C (the real block,
@@ -279,7 +281,8 @@ def test_blocked_transient_is_one_block_on_the_gpu():
 
 
 @pytest.mark.parametrize("kvd,backend", [("bf16", "efficient"), ("int8", "efficient"),
-                                         ("bf16", "flash"), ("int8", "flash")])
+                                         ("bf16", "flash"), ("int8", "flash"),
+                                         ("bf16", "triton"), ("int8", "triton")])
 def test_the_engine_hands_its_carve_to_the_attention(kvd, backend, tmp_path, monkeypatch):
     """Every layer's attention gets an MLAScratch whose buffers lie in the prompt's loan (the
     expert cache's bytes), of the plan's sizes (mla_c only with int8 KV; flash's mla_v

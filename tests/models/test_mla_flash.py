@@ -8,18 +8,21 @@ the stand-in kernel, attend_block_ref on the same padded operand):
   measured 3.6e-7 apart, not always equal), for n < m and n == m, masked or not, the padded V
   in the scratch's layout (a head stride of `rows` keys, NaN beyond the block's m rows);
 - the blocked path under the flash launch and/or the merge kernel (strata.kernels.attention.
-  merge, Triton's interpreter), in a NaN-poisoned scratch (the padding columns included: the
+  merge, Triton's interpreter), or the triton launch (strata's block kernel carrying the state,
+  in the interpreter), in a NaN-poisoned scratch (the padding columns included: the
   launcher zeroes them once a call) into a NaN-poisoned output, equals the fp64 absorbed form
   and the efficient backend's result (REL of tests/models/test_mla_blocks.py); a host-held
   prefix reads as one run, bit for bit, under each launch;
-- the scratch each backend takes (flash: max(hd, Hv) values a head) and a scratch of the other
-  backend's size refused in one line; the launch record's checks and pins.
-(The plan == the launcher and the engine's carve under both backends: test_mla_blocks.py.)
+- the scratch each backend takes (flash: max(hd, Hv) values a head, the others Hv) and a
+  scratch of the other backend's size refused in one line; the launch record's checks and pins.
+(The plan == the launcher and the engine's carve under each backend: test_mla_blocks.py; the
+block kernel itself: tests/kernels/test_mla_block.py.)
 
 On CUDA (gpu mark): flash against the efficient kernel and the fp32 reference at DeepSeek-V3's
 widths (q/k 192, v 128), n < m and n == m, masked and not; the blocked path under the flash
-launch and/or the merge kernel against the fp64 absorbed form, its transient bounded by one block; a DeepSeek-shaped
-tiny model read by the engine under both backends (and a block of 8 tokens) to the same logits.
+launch and/or the merge kernel, or the triton launch, against the fp64 absorbed form, its
+transient bounded by one block; a DeepSeek-shaped tiny model read by the engine under each
+backend (and a block of 8 tokens) to the same logits.
 """
 from __future__ import annotations
 
@@ -86,11 +89,11 @@ def test_a_bad_launch_is_refused_in_one_line(bad, match):
 @pytest.mark.parametrize("hd,Hv", [(192, 128), (24, 16), (8, 8), (5, 9)])
 def test_each_backend_takes_its_scratch(hd, Hv):
     """flash keeps max(hd, Hv) values a head (DeepSeek-V3: 192 for 128, 1.5x the values), the
-    efficient kernel Hv; k and the state are the same; the launch in force decides when no
-    backend is named."""
+    efficient kernel and the triton block kernel Hv; k and the state are the same; the launch
+    in force decides when no backend is named."""
     H, T, S, block = 3, 40, 100, 32
     rows = min(block, S)
-    for backend, vw in (("efficient", Hv), ("flash", max(hd, Hv))):
+    for backend, vw in (("efficient", Hv), ("flash", max(hd, Hv)), ("triton", Hv)):
         assert mla_value_width(hd, Hv, backend) == vw
         with pin_mla_launch(backend=backend, block=block):
             assert mla_value_width(hd, Hv) == vw
@@ -133,7 +136,8 @@ def test_padded_values_give_the_unpadded_result(n, m, masked, hd, Hv):
 @given(H=st.integers(1, 3), T=st.integers(1, 11), P=st.integers(0, 30), N=st.integers(1, 6),
        R=st.sampled_from([2, 4]), Hv=st.integers(1, 9), L=st.integers(1, 9),
        block=st.integers(1, 40), seed=st.integers(0, 999),
-       launch=st.sampled_from([("flash", "torch"), ("flash", "fused"), ("efficient", "fused")]))
+       launch=st.sampled_from([("flash", "torch"), ("flash", "fused"), ("efficient", "fused"),
+                               ("triton", "fused")]))
 @example(H=2, T=7, P=0, N=3, R=2, Hv=3, L=4, block=1, seed=1, launch=("flash", "torch")).via(
     "blocks of one key")
 @example(H=1, T=5, P=13, N=5, R=4, Hv=2, L=7, block=3, seed=2, launch=("flash", "fused")).via(
@@ -144,6 +148,10 @@ def test_padded_values_give_the_unpadded_result(n, m, masked, hd, Hv):
     "values wider than q/k")
 @example(H=3, T=9, P=20, N=3, R=2, Hv=5, L=6, block=4, seed=6,
          launch=("efficient", "fused")).via("the efficient layout through the merge kernel")
+@example(H=3, T=9, P=20, N=3, R=2, Hv=5, L=6, block=4, seed=6, launch=("triton", "fused")).via(
+    "strata's block kernel: the state carried through the launches, no merge")
+@example(H=2, T=11, P=2, N=4, R=2, Hv=4, L=5, block=40, seed=4, launch=("triton", "fused")).via(
+    "the block kernel, one block: written straight into the output")
 def test_blocked_under_a_launch_equals_the_references(H, T, P, N, R, Hv, L, block, seed,
                                                       launch):
     """The blocked path under the flash launch (V in [H, rows, W], the stand-in kernel) and/or
@@ -175,7 +183,7 @@ def test_blocked_under_a_launch_equals_the_references(H, T, P, N, R, Hv, L, bloc
 
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("launch", [MLALaunch("flash", 4), MLALaunch("flash", 4, "fused"),
-                                    MLALaunch("efficient", 4, "fused")])
+                                    MLALaunch("efficient", 4, "fused"), MLALaunch("triton", 4)])
 def test_a_host_held_prefix_reads_as_one_run_under_a_launch(kv, launch):
     """tests/models/test_mla_kv_resident's check under the other launches: the keys as [a staged
     prefix, the rest] (blocks spanning both gathered or dequantized into the c rows) equal the
@@ -227,7 +235,7 @@ def test_flash_equals_efficient_and_reference_on_the_gpu(n, m, masked):
 @pytest.mark.parametrize("T,P,block", [(600, 1500, 256), (1, 0, 256), (333, 0, 128),
                                        (5, 700, 2048)])
 @pytest.mark.parametrize("launch", [("flash", "torch"), ("flash", "fused"),
-                                    ("efficient", "fused")])
+                                    ("efficient", "fused"), ("triton", "fused")])
 def test_blocked_under_a_launch_on_the_gpu_at_deepseek_widths(T, P, block, launch):
     """CUDA, bf16, 8 heads of 128 + 64 / 128, Lkv 512, the flash launch and/or the merge
     kernel: the blocked path in a NaN-poisoned scratch of its size (padding columns included),
@@ -276,9 +284,10 @@ def test_blocked_under_flash_transient_is_one_block_on_the_gpu():
 def test_the_engine_reads_the_same_logits_under_both_backends(tmp_path):
     """A DeepSeek-shaped tiny model (tests/models/hf_family.DS_TINY: q/k 24, v 16, 4 heads) read
     by the engine on CUDA (the Triton expert GEMM, as the other engine GPU tests) in chunks of
-    16 under the efficient launch, the flash launch, and both at blocks of 8 tokens (several key
-    blocks a chunk, merged in torch or by the merge kernel): the same logits within the MLA GPU tests' bound (test_family's
-    2e-2, norm-relative: bf16 dense math); flash ran."""
+    16 under the efficient launch, the flash launch, the triton launch, and each at blocks of 8
+    tokens (several key blocks a chunk, merged in torch or by the merge kernel, or carried):
+    the same logits within the MLA GPU tests' bound (test_family's 2e-2, norm-relative: bf16
+    dense math); flash ran."""
     from strata.engine.prefill import EngineConfig, PrefillEngine
     from strata.packs import Pack
     from strata.packs.memory import MemoryPack
@@ -302,7 +311,8 @@ def test_the_engine_reads_the_same_logits_under_both_backends(tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mla_attend, "flash_forward", counted)
         for launch in (MLALaunch("flash"), MLALaunch("flash", 8), MLALaunch("efficient", 8),
-                       MLALaunch("flash", 8, "fused"), MLALaunch("efficient", 8, "fused")):
+                       MLALaunch("flash", 8, "fused"), MLALaunch("efficient", 8, "fused"),
+                       MLALaunch("triton"), MLALaunch("triton", 8)):
             got = read(launch)
             assert float((got - want).norm() / want.norm()) < 2e-2, launch
     assert calls

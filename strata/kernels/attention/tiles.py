@@ -108,11 +108,46 @@ def pin_attn_tile(tile: AttnTile | None = None, **overrides):
 
 def resolve_attn_tile(p: AttnProblem, tile: AttnTile | None = None) -> AttnTile:
     """The tile of one launch: an explicit `tile` wins, then a pin, then the heuristic."""
-    if tile is not None:
-        return tile
-    cfg = choose_attn_tile(p)
-    pin = _PINNED.get()
-    if pin is not None:
-        ptile, over = pin
-        cfg = (ptile or cfg).with_(**over) if over else (ptile or cfg)
-    return cfg
+    return tile if tile is not None else _pinned_over(_PINNED, choose_attn_tile(p))
+
+
+def _pinned_over(var: ContextVar, cfg: AttnTile) -> AttnTile:
+    """cfg under the pin `var` holds: its whole tile, or its fields over cfg."""
+    pin = var.get()
+    if pin is None:
+        return cfg
+    ptile, over = pin
+    return (ptile or cfg).with_(**over) if over else (ptile or cfg)
+
+
+# -- MLA's block kernel (strata.kernels.attention.mla_block) ------------------------------------
+def choose_mla_tile(n: int, hd: int, dv: int) -> AttnTile:
+    """A program's BM queries of one head against BN keys a step (int8 unused: bf16 only).
+    BM 128 (fewer queries: the next power of two >= 16), BN 64, 8 warps at BM 128 (the fp32
+    accumulator [128, 128] is 64 registers a thread, the score tile 32), 3 stages: q [128, 192]
+    bf16 48 KiB plus a K [64, 192] and a V [64, 128] tile, 40 KiB a stage, at DeepSeek-V3's
+    widths. On sm_90 (tests/kernels/compile_mla.py: triton 3.6 + ptxas -v, no GPU) 128x64/w8s3
+    declares 168 KiB and uses 162-189 registers, no spills, wgmma; s2 128 KiB, 178-202: either
+    holds one program an SM, so the third stage costs no occupancy. 128x32/w8s2 146-156
+    registers; 128x128/w8s2 spills 48-72 B in the masked launches. Unmeasured on the GPU:
+    pin_mla_tile is the A/B's handle. A short block (BM < 128) at 192 / 128: 64x64/w8s3 128-150
+    registers (4 warps spill 20 B), 32x32/w4s3 128, 16x32/w4s3 80 (16x64/w4 251-255)."""
+    bm = _pow2_at_least(n, 16, 128)
+    return AttnTile(bm, 64 if bm >= 64 else 32, 8 if bm * max(hd, dv) >= 64 * 128 else 4, 3)
+
+
+_MLA_PINNED: ContextVar[tuple | None] = ContextVar("strata_mla_tile_pin", default=None)
+
+
+@contextlib.contextmanager
+def pin_mla_tile(tile: AttnTile | None = None, **overrides):
+    """pin_attn_tile's meaning for MLA's block kernel."""
+    if tile is not None and not isinstance(tile, AttnTile):
+        raise StrataError(f"pin_mla_tile takes an AttnTile, got {type(tile).__name__}")
+    with pinned(_MLA_PINNED, (tile, overrides)):
+        yield
+
+
+def resolve_mla_tile(n: int, hd: int, dv: int, tile: AttnTile | None = None) -> AttnTile:
+    """The tile of one MLA block launch: an explicit `tile`, then a pin, then the heuristic."""
+    return tile if tile is not None else _pinned_over(_MLA_PINNED, choose_mla_tile(n, hd, dv))
