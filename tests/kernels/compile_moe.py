@@ -23,8 +23,9 @@ import strata.kernels.moe._expert_dequant_kernel as dq  # noqa: E402
 import strata.kernels.moe.expert_dequant as dq_launch  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 from strata.kernels.decode import FAST_CODE_FORMATS, format_traits  # noqa: E402
+from strata.kernels.decode.streams import STREAM_BLOCK, STREAM_FORMATS  # noqa: E402
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS  # noqa: E402
-from strata.kernels.moe.tiles import DEFAULT_SUPERBLOCK_TILE  # noqa: E402
+from strata.kernels.moe.tiles import DEFAULT_STREAM_BLOCKS, DEFAULT_SUPERBLOCK_TILE  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
@@ -167,11 +168,15 @@ def main(argv=None) -> int:
                 variants += [(f"superblocks aligned={aligned} tile={t}",
                               dict(BN=t[0], BK=256 * t[1], SUPER=True, ALIGNED=aligned))
                              for t in dict.fromkeys(((rows, nsb), (64, 1)))]
+        if name in STREAM_FORMATS:   # launched one block a row (expert_dequant.decode_view)
+            variants += [(f"stream blocks={b}", dict(BN=b, BK=STREAM_BLOCK, STREAM=True))
+                         for b in dict.fromkeys((DEFAULT_STREAM_BLOCKS, 64))]
         for what, const in variants:
             try:
                 md = compile_one(dq._dequant_fwd_kernel, dict(sig),
                                  {"FMT": format_traits(fmt), "INTERP": False, "WORDS": False,
-                                  "SUPER": False, "ALIGNED": False, **const}, 4, 3,
+                                  "SUPER": False, "ALIGNED": False, "STREAM": False, **const},
+                                 4, 3,
                                  aligned=hints)
                 print(f"ok   expert_dequant fmt={fmt} {what} shared={md['shared']}")
             except Exception as exc:
