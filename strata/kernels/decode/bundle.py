@@ -24,7 +24,7 @@ Raw code words (strata.kernels.decode.words; WORDS formats, else None):
     word_codes(lo, hi, WIDE, MAGIC) -> (c_lo, c_hi) fp32 [BN, 16] codes
     pair_codes(words, s, MAGIC) -> fp32 [BN, 64] weights of a block pair's int32 code words
 Block stream (strata.kernels.decode.streams; None elsewhere):
-    stream_block(p32, base, mask_b, MAGIC) -> (lo, hi) fp32 [BN, 16] weights of whole blocks at
+    stream_block(p32, base, mask_b) -> (lo, hi) fp32 [BN, 16] weights of whole blocks at
         any byte offset, from aligned int32 words
 Plane layout (strata.planes, strata.kernels.decode.plane_codes; PLANE_PACK > 0, else None):
     plane_codes(b, MAGIC, BIASED, INTERP) -> fp32 [BN, BK] codes from code bytes b [BN, BK / PACK]

@@ -19,13 +19,14 @@ past a 256-aligned blob slot), and a block's fields come in a constant number of
 the byte path loads its scale byte and a code byte once per weight.
 
     stream_words_fit(fmt_name, byte_offset) -> bool: whether a matrix takes the path
-    stream_block(FMT, p32, base, mask_b, MAGIC) -> (lo, hi) fp32 [BN, 16] each: weights 0..15
+    stream_block(FMT, p32, base, mask_b) -> (lo, hi) fp32 [BN, 16] each: weights 0..15
         and 16..31 of the blocks at byte `base` [BN] (int64, from the int32 pointer p32),
         decoded with their scales; 0 where mask_b [BN] is False. The format's bundle says how
         (its stream_block; mxfp4.py), from the word loads below.
     stream_words(p32, a, idx, mask_b) -> int32 [BN, W]: the little-endian words at bytes
         a + 4 idx (a [BN] int64 any byte offset, idx [W] int32)
-    stream_byte(p32, a, mask_b) -> int32 [BN]: the byte at a (0..255)
+    stream_byte(p32, a, mask_b) -> int32 [BN, 1]: the byte at a (0..255), 2-D as the tile it
+        scales
 
 Values equal decode_tile bit for bit (the same fp32 products as the byte path and the torch
 reference; tests/test_streams.py).
@@ -49,12 +50,12 @@ def stream_words_fit(fmt_name: str, byte_offset: int) -> bool:
 
 
 @triton.jit
-def stream_block(FMT: tl.constexpr, p32, base, mask_b, MAGIC: tl.constexpr):
+def stream_block(FMT: tl.constexpr, p32, base, mask_b):
     """(lo, hi) fp32 [BN, 16]: weights [0, 16) and [16, 32) of the block at byte base [BN] of
     p32, 0 where mask_b is False (see module doc): masked loads read 0, which the format's
     stream_block decodes to +0 (MXFP4: code 0 under any scale), so no select is spent on it."""
     tl.static_assert(FMT.stream_block is not None, "stream_block: not a STREAM_FORMATS format")
-    return FMT.stream_block(p32, base, mask_b, MAGIC)
+    return FMT.stream_block(p32, base, mask_b)
 
 
 @triton.jit
@@ -74,7 +75,7 @@ def stream_words(p32, a, idx, mask_b):
 
 @triton.jit
 def stream_byte(p32, a, mask_b):
-    """int32 [BN]: the byte at a of each block (0..255), from the aligned word holding it; 0
+    """int32 [BN, 1]: the byte at a of each block (0..255), from the aligned word holding it; 0
     where mask_b is False."""
-    x = tl.load(p32 + (a >> 2), mask=mask_b, other=0)
-    return (x >> ((a & 3) * 8).to(tl.int32)) & 255
+    x = tl.load(p32 + (a >> 2)[:, None], mask=mask_b[:, None], other=0)
+    return (x >> ((a & 3) * 8).to(tl.int32)[:, None]) & 255

@@ -70,7 +70,7 @@ def _dequant_fwd_kernel(arena_ptr, slot_ptr, dst_slot_ptr, mat_off, row_bytes, d
             p32 = arena_ptr.to(tl.pointer_type(tl.int32))
             n_mask = offs_n < R
             base = (tl.load(slot_ptr + e) >> 4) * 16 + mat_off + offs_n.to(tl.int64) * FMT.BYTES
-            lo, hi = stream_block(FMT, p32, base, n_mask, True)                # [BN, 16] x 2
+            lo, hi = stream_block(FMT, p32, base, n_mask)                      # [BN, 16] x 2
             offs_k = tl.arange(0, FMT.BLOCK // 2)
             tl.store(rows + offs_k[None, :], _bf16(lo, INTERP), mask=n_mask[:, None])
             tl.store(rows + FMT.BLOCK // 2 + offs_k[None, :], _bf16(hi, INTERP),
