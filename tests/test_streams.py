@@ -21,6 +21,7 @@ from strata.kernels.decode.streams import STREAM_FORMATS, stream_words_fit
 from strata.kernels.moe.expert_dequant import decode_launch, decode_matrix_into
 from strata.kernels.moe.tiles import DEFAULT_STREAM_BLOCKS, TileConfig, pin_tile
 from blocks import code_sweep_blocks
+from tests.kernels.compiled import compile_lines
 
 # random e8m0 = 255 (and 254) scales overflow to inf in gguf-py as in ggml and here
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -151,6 +152,16 @@ def test_stream_rule():
     for bad in (8, 48, 64.0, True, "256"):
         with pytest.raises(StrataError, match="stream_blocks"):
             TileConfig(16, 64, 64, 4, 2, "dp", 1, stream_blocks=bad)
+
+
+def test_stream_path_compiles_for_h100():
+    """The decode-once kernel's MXFP4 variants (bytes; the stream at the default program and
+    at 64 blocks) compile for sm_90 with triton's passes and its ptxas (no GPU), no spills."""
+    lines, out = compile_lines("compile_moe.py", "--decode-once", *STREAM_FORMATS, timeout=600)
+    streams = [ln for ln in lines if "stream blocks=" in ln]
+    assert len(streams) == 2 * len(STREAM_FORMATS), out
+    for line in streams:
+        assert "spill 0/0" in line, line
 
 
 @pytest.mark.gpu
