@@ -3,8 +3,8 @@ matrices to bf16; copy their fp32 biases beside them; the launchers and referenc
 
 Legend: E experts, R rows (output features), C columns (inputs) of one matrix; BN x BK a
 program's tile; grid (E, cdiv(R, BN), cdiv(C, BK)). The STREAM path is launched on the matrix
-viewed as [R C / 32, 32] (decode_view): BN blocks a program, BK = C = 32. The bias copy: N 4-byte words an expert,
-BW a program's words; grid (E, cdiv(N, BW)).
+viewed as [R C / 32, 32] (decode_view): BN blocks a program, BK = C = 32. The bias copy: N
+4-byte words an expert, BW a program's words; grid (E, cdiv(N, BW)).
 """
 import triton
 import triton.language as tl

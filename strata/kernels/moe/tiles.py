@@ -22,8 +22,9 @@ Reasoning behind the constants (to be revisited with the GPU sweep in experiment
 
 Launch choices are data: a TileConfig also says how decoded weights meet the tensor cores (`dot`,
 one of DOT_VARIANTS) and whether Q8_0/Q4_0 rows of whole words and MXFP4 matrices decode through
-aligned word loads in the decode-once path (`words`; MXFP4's program: `stream_blocks`), whether the super-block formats decode there a super-block
-at a time as int32 words (`superblocks`) and that program's tile (`superblock_tile`);
+aligned word loads in the decode-once path (`words`; MXFP4's program: `stream_blocks`), whether
+the super-block formats decode there a super-block at a time as int32 words (`superblocks`) and
+that program's tile (`superblock_tile`);
 experiments A/B them with `pin_tile(dot=...)` / `pin_tile(words=False)` /
 `pin_tile(superblocks=False)`, never by assigning module globals.
 
