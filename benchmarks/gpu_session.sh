@@ -54,8 +54,9 @@ for step in "$@"; do
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
     # issues 15/18: the decode-once path of the K-quants/IQ4_XS, byte path vs super-block words at
-    # several tiles (Q8_0 bytes/words beside), input and output GB/s against the copy; then its GPU tests
-    kdecode) timeout 230 python3 benchmarks/dequant_bench.py --mode experts --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -45 | tee "$OUT/dequant_experts.log" ;;
+    # several tiles (Q8_0 bytes/words, MXFP4 bytes/stream beside), input and output GB/s against the
+    # copy; then its GPU tests
+    kdecode) timeout 230 python3 benchmarks/dequant_bench.py --mode experts --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -55 | tee "$OUT/dequant_experts.log" ;;
     # the decode-once path of MXFP4 (gpt-oss's experts, 128 x 2880 x 2880): the byte path vs the
     # stream of aligned words at each program size; then its GPU tests
     mxdecode) timeout 200 python3 benchmarks/dequant_bench.py --mode experts --formats MXFP4 --expert-shape 128,2880,2880 --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/dequant_experts_mxfp4.log" ;;
