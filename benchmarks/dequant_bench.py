@@ -6,7 +6,10 @@ decode step) per path and tile.
     python benchmarks/dequant_bench.py --smoke         # CPU interpreter, tiny: checks the script
     python benchmarks/dequant_bench.py --mode experts  # GPU: decode-once, 128 experts x 768 x 2048
         (qwen3-30b-a3b's gate), the K-quants/IQ4_XS through the byte path and the super-block
-        word path at several tiles, Q8_0 through bytes and words, in one run
+        word path at several tiles, Q8_0 through bytes and words, MXFP4 through bytes and its
+        stream of words at several program sizes (--stream-blocks), in one run
+    python benchmarks/dequant_bench.py --mode experts --formats MXFP4 --expert-shape 128,2880,2880
+        # gpt-oss's experts (1530-byte rows, not whole words)
 
 --mode experts reports each figure three ways: GB/s of input bytes (the blocks), of output bytes
 (bf16), and of both against the device copy measured in the same run (read + write, like the
@@ -38,6 +41,7 @@ from strata.blob import MatrixSlot, align_up
 from strata.experts import ExpertSet
 from strata.kernels import dequantize, dequantize_torch
 from strata.kernels.decode import FAST_CODE_FORMATS, TRITON_FORMATS
+from strata.kernels.decode.streams import STREAM_FORMATS
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS
 from strata.kernels.dequant import dequant_tiles
 from strata.kernels.moe.expert_dequant import decode_launch, decode_matrix_into
@@ -48,9 +52,10 @@ ROOT = Path(__file__).resolve().parents[1]
 H200_COPY_RATE = 4.19e12  # bytes/s, read + write, measured device copy (SPEC)
 H200_BOUND = "4.19 TB/s D2D (H200 copy, SPEC)"
 FORMATS = list(TRITON_FORMATS)
-EXPERT_FORMATS = [*SUPERBLOCK_FORMATS, "Q8_0"]
-# decode-once paths: bytes (decode_tile_runs per 64 x 64 tile), words (Q8_0/Q4_0 pair_tile),
-# superblocks (decode.superblocks at each --sb-tiles tile)
+EXPERT_FORMATS = [*SUPERBLOCK_FORMATS, "Q8_0", "MXFP4"]
+# decode-once paths: bytes (decode_tile_runs per 64 x 64 tile), words (Q8_0/Q4_0 pair_tile at
+# each --word-tiles tile; MXFP4 decode.streams at each --stream-blocks size), superblocks
+# (decode.superblocks at each --sb-tiles tile)
 EXPERT_PATHS = ("bytes", "words", "superblocks")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 GATE = "bit-exact vs dequantize_torch (first 64 rows of the timed data)"
@@ -157,6 +162,8 @@ def measure(args, rec: bench.Recorder) -> None:
 def _tile_name(c: dict) -> str:
     if c["path"] == "superblocks":
         return f"{c['path']} {c['tile_rows']}x{c['tile_superblocks']}sb"
+    if c["path"] == "words" and c.get("tile_blocks"):
+        return f"words stream {c['tile_blocks']} blocks"
     if c["path"] == "words":
         return f"words {c['tile_rows']}x{c['tile_cols']}"
     return c["path"]
@@ -208,7 +215,8 @@ def raw_experts(fmt, n_expert: int, rows: int, cols: int, dev) -> tuple[ExpertSe
 
 
 def expert_pins(fmt, tiles: list[tuple[int, int]], paths: list[str],
-                word_tiles: list[tuple[int, int]] = ((64, 64),)):
+                word_tiles: list[tuple[int, int]] = ((64, 64),),
+                stream_blocks: list[int] = (256,)):
     """(path, tile, pin_tile overrides) of every path `fmt` takes among `paths`."""
     for p in paths:
         if p == "bytes":
@@ -216,6 +224,9 @@ def expert_pins(fmt, tiles: list[tuple[int, int]], paths: list[str],
         elif p == "words" and fmt.name in FAST_CODE_FORMATS:
             for t in word_tiles:
                 yield p, t, dict(words=True, superblocks=False, word_tile=t)
+        elif p == "words" and fmt.name in STREAM_FORMATS:
+            for b in stream_blocks:
+                yield p, b, dict(words=True, stream_blocks=b)
         elif p == "superblocks" and fmt.name in SUPERBLOCK_FORMATS:
             for t in tiles:
                 yield p, t, dict(superblocks=True, superblock_tile=t)
@@ -232,6 +243,7 @@ def measure_experts(args, rec: bench.Recorder) -> None:
         raise SystemExit(f"unknown path {bad[0]!r}; use {', '.join(EXPERT_PATHS)}")
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.sb_tiles.split(",")]
     word_tiles = [tuple(int(v) for v in t.split("x")) for t in args.word_tiles.split(",")]
+    stream_blocks = [int(b) for b in args.stream_blocks.split(",")]
     out = torch.empty(E, R, C, dtype=torch.bfloat16, device=dev)
     out_bytes = out.numel() * 2
     src = torch.empty(out_bytes, dtype=torch.uint8, device=dev)
@@ -259,14 +271,15 @@ def measure_experts(args, rec: bench.Recorder) -> None:
                     return f"decode-once {fmt.name} expert {e} differs from dequantize_torch"
             return None
 
-        for path, tile, pin in expert_pins(fmt, tiles, paths, word_tiles):
+        for path, tile, pin in expert_pins(fmt, tiles, paths, word_tiles, stream_blocks):
             with pin_tile(**pin):
                 lc = decode_launch(mat)
                 t = rec.timed(lambda: decode_matrix_into(experts, mat, every, flat, 0),
                               check=check, what=f"{fmt.name} decode-once ({path} {tile})")
             cfg = dict(format=fmt.name, path=path, tile_rows=lc["BN"],
                        tile_superblocks=lc["BK"] // 256 if lc["SUPER"] else 0,
-                       tile_cols=lc["BK"], aligned=lc["ALIGNED"], experts=E, rows=R, cols=C,
+                       tile_cols=lc["BK"], tile_blocks=lc["BN"] if lc["STREAM"] else 0,
+                       aligned=lc["ALIGNED"], experts=E, rows=R, cols=C,
                        bytes_read=in_bytes, bytes_written=out_bytes, command=args.command)
             gate = "bit-exact vs dequantize_torch (first and last expert of the timed data)"
             rec.add("decode-once input rate", in_bytes / t.median_s / 1e9, "GB/s",
@@ -291,7 +304,7 @@ def summary(rows: list[dict]) -> None:
                         and x["config"] == c and x["label"] == r["label"])
             out = next(x["value"] for x in rows if x["figure"] == "decode-once output rate"
                        and x["config"] == c and x["label"] == r["label"])
-            print(f"[{r['label']}] {c['format']:>7} {_tile_name(c):<22} in {r['value']:8.1f} "
+            print(f"[{r['label']}] {c['format']:>7} {_tile_name(c):<28} in {r['value']:8.1f} "
                   f"GB/s  out {out:8.1f} GB/s  {100 * frac:5.1f}% of the copy")
         elif r["figure"] == "dequantize rate":
             print(f"[{r['label']}] {c['format']:>7} -> {c['out_dtype']:<8} {c['decoder']:<4} "
@@ -317,7 +330,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=32768, help="N rows (output features)")
     ap.add_argument("--cols", type=int, default=4096, help="K weights per row (multiple of 256)")
     ap.add_argument("--expert-shape", default="128,768,2048",
-                    help="--mode experts: E,R,C experts x rows x cols (C a multiple of 256)")
+                    help="--mode experts: E,R,C experts x rows x cols (C a multiple of each "
+                         "format's block: 256 for the super-block formats, 32 for Q8_0 and "
+                         "MXFP4; gpt-oss: 128,2880,2880)")
     ap.add_argument("--paths", default=",".join(EXPERT_PATHS),
                     help="--mode experts: comma-separated decode-once paths (bytes, words, "
                          "superblocks); each format takes those it has")
@@ -326,23 +341,33 @@ def main(argv=None) -> int:
     ap.add_argument("--word-tiles", default="64x64",
                     help="--mode experts: Q8_0/Q4_0 word path tiles, ROWSxCOLS (COLS a multiple "
                          "of 64), e.g. 64x64,32x256,64x256,16x512")
+    ap.add_argument("--stream-blocks", default="64,128,256,512",
+                    help="--mode experts: MXFP4 stream path programs, blocks a program (powers "
+                         "of two >= 16; 1024 spills registers at 4 warps on sm_90)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes and 2 repeats, any device (the interpreter on a CPU)")
     args = ap.parse_args(argv)
     try:
         args.expert_shape = tuple(int(v) for v in args.expert_shape.split(","))
-        if len(args.expert_shape) != 3 or min(args.expert_shape) < 1 or args.expert_shape[2] % 256:
+        if len(args.expert_shape) != 3 or min(args.expert_shape) < 1:
             raise ValueError
     except ValueError:
-        print(f"dequant_bench: --expert-shape must be E,R,C (positive, C a multiple of 256), "
-              f"got {args.expert_shape!r}", file=sys.stderr)
+        print(f"dequant_bench: --expert-shape must be E,R,C (positive), got "
+              f"{args.expert_shape!r}", file=sys.stderr)
         return 2
     if args.formats is None:
         args.formats = ",".join(EXPERT_FORMATS if args.mode == "experts" else FORMATS)
     if args.smoke:
         args.rows, args.cols, args.repeats, args.warmup = 8, 256, 2, 1
         args.expert_shape = (2, 8, 256)
-    elif not torch.cuda.is_available():
+    cols = args.expert_shape[2]
+    odd = [f for f in args.formats.split(",") if args.mode == "experts"
+           and cols % get_format(f).block]
+    if odd:
+        print(f"dequant_bench: --expert-shape C = {cols} is not whole {odd[0]} blocks "
+              f"({get_format(odd[0]).block} weights); pick C or --formats", file=sys.stderr)
+        return 2
+    if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("dequant_bench needs a CUDA device; use --smoke to check it on a CPU")
     args.command = bench.command_line(argv)
     mode = "-experts" if args.mode == "experts" else ""

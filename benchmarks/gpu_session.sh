@@ -54,8 +54,13 @@ for step in "$@"; do
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
     # issues 15/18: the decode-once path of the K-quants/IQ4_XS, byte path vs super-block words at
-    # several tiles (Q8_0 bytes/words beside), input and output GB/s against the copy; then its GPU tests
-    kdecode) timeout 230 python3 benchmarks/dequant_bench.py --mode experts --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -45 | tee "$OUT/dequant_experts.log" ;;
+    # several tiles (Q8_0 bytes/words, MXFP4 bytes/stream beside), input and output GB/s against the
+    # copy; then its GPU tests
+    kdecode) timeout 230 python3 benchmarks/dequant_bench.py --mode experts --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -55 | tee "$OUT/dequant_experts.log" ;;
+    # the decode-once path of MXFP4 (gpt-oss's experts, 128 x 2880 x 2880): the byte path vs the
+    # stream of aligned words at each program size; then its GPU tests
+    mxdecode) timeout 200 python3 benchmarks/dequant_bench.py --mode experts --formats MXFP4 --expert-shape 128,2880,2880 --out-dir "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/dequant_experts_mxfp4.log" ;;
+    mxdecodetests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_streams.py tests/kernels/test_expert_dequant.py 2>&1 | tail -20 > "$OUT/gpu_mxdecode_tests.log"; tail -5 "$OUT/gpu_mxdecode_tests.log" ;;
     kdecodetests) timeout 230 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_superblocks.py tests/kernels/test_expert_dequant.py tests/kernels/test_moe_decoded.py 2>&1 | tail -20 > "$OUT/gpu_kdecode_tests.log"; tail -5 "$OUT/gpu_kdecode_tests.log" ;;
     slab)    timeout 180 python3 experiments/slab_ab.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/slab.log" ;;
     reltests) timeout 220 python3 -m pytest -rfE -p no:cacheprovider tests/packs/test_cli.py tests/test_bad_inputs.py tests/test_fuzz_headers.py 2>&1 | tail -20 > "$OUT/gpu_rel_tests.log"; tail -5 "$OUT/gpu_rel_tests.log"

@@ -80,3 +80,24 @@ def test_dequant_bench_experts_refuses_a_wrong_kernel(tmp_path, monkeypatch):
 def dequant_torch_plus_one(mod, raw, fmt, dtype):
     from strata.kernels import dequantize_torch
     return dequantize_torch(raw, fmt, dtype) + 1
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_dequant_bench_mxfp4_stream(tmp_path):
+    """MXFP4 in --mode experts: the byte path, then its stream of words at each --stream-blocks
+    size, each gated bit for bit before it is timed."""
+    argv = ["--smoke", "--mode", "experts", "--formats", "MXFP4", "--paths", "bytes,words",
+            "--stream-blocks", "16,64", "--out-dir", str(tmp_path)]
+    assert _load().main(argv) == 0
+    (csv_path,) = tmp_path.glob("dequant-experts-*-smoke.csv")
+    rates = [r for r in bench.read_csv(csv_path) if r["figure"] == "decode-once input rate"]
+    assert [(r["config"]["path"], r["config"]["tile_blocks"]) for r in rates] == [
+        ("bytes", 0), ("words", 16), ("words", 64)]
+    assert rates[0]["config"]["bytes_read"] == 2 * 8 * 8 * 17
+
+
+def test_dequant_bench_expert_shape_must_be_whole_blocks(capsys):
+    """gpt-oss's width (2880) is whole MXFP4 blocks, not whole Q4_K super-blocks: one line."""
+    argv = ["--mode", "experts", "--formats", "MXFP4,Q4_K", "--expert-shape", "4,2880,2880"]
+    assert _load().main(argv) == 2
+    assert "not whole Q4_K blocks" in capsys.readouterr().err

@@ -6,6 +6,7 @@ pipeliner sees what it sees on the H200.
 
     python tests/kernels/compile_moe.py            # every mode x schedule x format, one tile
     python tests/kernels/compile_moe.py Q8_0 Q4_K  # only these formats (each variant it takes)
+    python tests/kernels/compile_moe.py --decode-once MXFP4   # only the decode-once kernel's
 """
 import itertools
 import os
@@ -23,8 +24,9 @@ import strata.kernels.moe._expert_dequant_kernel as dq  # noqa: E402
 import strata.kernels.moe.expert_dequant as dq_launch  # noqa: E402
 from strata.formats import get_format  # noqa: E402
 from strata.kernels.decode import FAST_CODE_FORMATS, format_traits  # noqa: E402
+from strata.kernels.decode.streams import STREAM_BLOCK, STREAM_FORMATS  # noqa: E402
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS  # noqa: E402
-from strata.kernels.moe.tiles import DEFAULT_SUPERBLOCK_TILE  # noqa: E402
+from strata.kernels.moe.tiles import DEFAULT_STREAM_BLOCKS, DEFAULT_SUPERBLOCK_TILE  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
@@ -97,13 +99,17 @@ EPI_SIG = {"boff1": "i32", "boff2": "i32", "alpha": "fp32", "limit": "fp32"}
 
 def main(argv=None) -> int:
     fails = 0
-    only = argv if argv is not None else sys.argv[1:]
+    only = list(argv if argv is not None else sys.argv[1:])
+    decode_only = "--decode-once" in only
+    only = [f for f in only if f != "--decode-once"]
     bad = [f for f in only if f not in k.TRITON_FORMATS]
     if bad:
         print(f"no Triton decoder for {bad}; choose from {', '.join(k.TRITON_FORMATS)}",
               file=sys.stderr)
         return 2
     fmts = list(only or k.TRITON_FORMATS)
+    if decode_only:
+        return 1 if decode_once(fmts) else 0
     names = {f: f for f in k.TRITON_FORMATS}
     runs = [(mode, sched, fmt, v) for mode, sched, fmt, v in
             itertools.product((0, 1), (0, 1), fmts, k.DOT_VARIANTS)
@@ -148,14 +154,22 @@ def main(argv=None) -> int:
             except Exception as exc:
                 fails += 1
                 print(f"FAIL fixup mode={mode} {extra}: {str(exc)[:200]}")
-    # the expert decode (decode-then-grouped_mm baseline, and the decoded FFN's passes)
+    fails += decode_once(fmts)
+    return 1 if fails else 0
+
+
+def decode_once(fmts) -> int:
+    """Compile the decode-once kernel's variants of each format in `fmts` (every path it takes)
+    and the bias copy, printing each one's footprint (shared memory; registers and spills from
+    ptxas -v); returns the failures."""
+    from compile_attention import ptx_usage   # (it imports this module's compile_one)
+    fails = 0
     sig = {"arena_ptr": "*u8", "slot_ptr": "*i64", "dst_slot_ptr": "*i64", "mat_off": "i32",
            "row_bytes": "i32", "dst_ptr": "*u8", "dst_off": "i32", "tab_ptr": "*i32", "R": "i32",
            "C": "i32"}
     # (hinted as the JIT specializes real launches: sizes and offsets divisible by 16)
     hints = set(sig) - {"dst_slot_ptr"}
-    for fmt in fmts:
-        name = names[fmt]
+    for name in fmts:
         variants = [("bytes", dict(BN=64, BK=64))]
         if name in FAST_CODE_FORMATS:
             variants.append(("words", dict(BN=64, BK=64, WORDS=True)))
@@ -167,16 +181,21 @@ def main(argv=None) -> int:
                 variants += [(f"superblocks aligned={aligned} tile={t}",
                               dict(BN=t[0], BK=256 * t[1], SUPER=True, ALIGNED=aligned))
                              for t in dict.fromkeys(((rows, nsb), (64, 1)))]
+        if name in STREAM_FORMATS:   # launched one block a row (expert_dequant.decode_view)
+            variants += [(f"stream blocks={b}", dict(BN=b, BK=STREAM_BLOCK, STREAM=True))
+                         for b in dict.fromkeys((DEFAULT_STREAM_BLOCKS, 64))]
         for what, const in variants:
             try:
+                asm = {}
                 md = compile_one(dq._dequant_fwd_kernel, dict(sig),
-                                 {"FMT": format_traits(fmt), "INTERP": False, "WORDS": False,
-                                  "SUPER": False, "ALIGNED": False, **const}, 4, 3,
-                                 aligned=hints)
-                print(f"ok   expert_dequant fmt={fmt} {what} shared={md['shared']}")
+                                 {"FMT": format_traits(name), "INTERP": False, "WORDS": False,
+                                  "SUPER": False, "ALIGNED": False, "STREAM": False, **const},
+                                 4, 3, aligned=hints, asm=asm)
+                print(f"ok   expert_dequant fmt={name} {what} shared={md['shared']}, "
+                      f"{ptx_usage(asm['ptx'])}")
             except Exception as exc:
                 fails += 1
-                print(f"FAIL expert_dequant fmt={fmt} {what}: {str(exc)[:200]}")
+                print(f"FAIL expert_dequant fmt={name} {what}: {str(exc)[:200]}")
     # the biased experts' fp32 biases copied beside the decoded matrices (format-free)
     sig = {"arena_ptr": "*u8", "slot_ptr": "*i64", "src_off": "i32", "dst_slot_ptr": "*i64",
            "dst_ptr": "*u8", "dst_off": "i32", "N": "i32"}
@@ -187,7 +206,7 @@ def main(argv=None) -> int:
     except Exception as exc:
         fails += 1
         print(f"FAIL copy_biases: {str(exc)[:200]}")
-    return 1 if fails else 0
+    return fails
 
 
 if __name__ == "__main__":

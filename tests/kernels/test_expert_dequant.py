@@ -11,11 +11,13 @@ CASES = [(("BF16",), 64, 32), (("Q8_0", "Q4_0", "F16"), 64, 32),
          (("Q8_0", "Q4_0", "Q4_0"), 128, 192), (("Q4_0", "Q8_0", "Q8_0"), 192, 64),
          # the stock mixes' types (decode-once path for each new decoder)
          (("Q4_1", "Q5_1", "Q5_K"), 256, 256), (("Q2_K", "Q3_K", "IQ4_XS"), 256, 256),
-         (("IQ2_XXS", "IQ2_XS", "IQ2_S"), 256, 256), (("IQ3_XXS", "IQ1_S", "IQ1_M"), 256, 256)]
+         (("IQ2_XXS", "IQ2_XS", "IQ2_S"), 256, 256), (("IQ3_XXS", "IQ1_S", "IQ1_M"), 256, 256),
+         # MXFP4 (gpt-oss's experts): the stream path, rows of 3 blocks (51 bytes) and of 2
+         (("MXFP4", "MXFP4", "MXFP4"), 96, 64)]
 
 
-# "words": the word paths (Q8_0/Q4_0 pairs, the super-block formats' super-blocks); "bytes":
-# every format through the byte path
+# "words": the word paths (Q8_0/Q4_0 pairs, MXFP4 streams, the super-block formats'
+# super-blocks); "bytes": every format through the byte path
 PATHS = [dict(words=True, superblocks=True), dict(words=False, superblocks=False)]
 
 

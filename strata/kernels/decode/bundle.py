@@ -23,6 +23,9 @@ Raw code words (strata.kernels.decode.words; WORDS formats, else None):
     word_bytes(w_ptr, row_bytes, offs_n, k_run, mask_n, WIDE) -> (lo, hi) raw code words
     word_codes(lo, hi, WIDE, MAGIC) -> (c_lo, c_hi) fp32 [BN, 16] codes
     pair_codes(words, s, MAGIC) -> fp32 [BN, 64] weights of a block pair's int32 code words
+Block stream (strata.kernels.decode.streams; None elsewhere):
+    stream_block(p32, base, mask_b) -> (lo, hi) fp32 [BN, 16] weights of whole blocks at
+        any byte offset, from aligned int32 words
 Plane layout (strata.planes, strata.kernels.decode.plane_codes; PLANE_PACK > 0, else None):
     plane_codes(b, MAGIC, BIASED, INTERP) -> fp32 [BN, BK] codes from code bytes b [BN, BK / PACK]
     plane_scales(s_ptr, n_in, offs_n, n_mask, k0, BK) -> (s, m) fp32 [BN, BK / 32] a step's factors
@@ -53,6 +56,7 @@ class FormatTraits(NamedTuple):
     word_bytes: object = None
     word_codes: object = None
     pair_codes: object = None
+    stream_block: object = None
     PLANE_PACK: int = 0       # plane layout: weights a code byte (0: no plane layout)
     PLANE_FMA: bool = False   # plane codes come biased: a weight is one fused multiply-add
     plane_codes: object = None

@@ -24,9 +24,11 @@ from strata.experts import ExpertSet
 from strata.formats.tables import device_table
 from strata.kernels.moe._expert_dequant_kernel import _copy_words_kernel, _dequant_fwd_kernel
 from strata.kernels.decode import format_traits, pair_words_fit
+from strata.kernels.decode.streams import STREAM_BLOCK, stream_words_fit
 from strata.kernels.decode.superblocks import SUPERBLOCK, superblock_words_fit
-from strata.kernels.moe.tiles import (DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOCKS,
-                                      DEFAULT_WORD_TILE, DEFAULT_WORDS, pinned_choice)
+from strata.kernels.moe.tiles import (DEFAULT_STREAM_BLOCKS, DEFAULT_SUPERBLOCK_TILE,
+                                      DEFAULT_SUPERBLOCKS, DEFAULT_WORD_TILE, DEFAULT_WORDS,
+                                      pinned_choice)
 
 # The byte path's program: DECODE_BN rows x DECODE_BK weights (64 x 64 bf16 out, 8 KiB).
 DECODE_BN = 64
@@ -36,8 +38,9 @@ BIAS_WORDS = 1024
 
 
 def word_decode() -> bool:
-    """Whether Q8_0/Q4_0 rows of whole 4-byte words decode through aligned word loads: the active
-    pin_tile's `words` (an A/B turns it off with `pin_tile(words=False)`), else DEFAULT_WORDS."""
+    """Whether Q8_0/Q4_0 rows of whole 4-byte words and word-aligned MXFP4 matrices decode
+    through aligned word loads: the active pin_tile's `words` (an A/B turns it off with
+    `pin_tile(words=False)`), else DEFAULT_WORDS."""
     words = pinned_choice("words")
     return DEFAULT_WORDS if words is None else bool(words)
 
@@ -55,19 +58,35 @@ def superblock_decode() -> tuple[bool, tuple[int, int]]:
 
 def decode_launch(mat) -> dict:
     """The decode-once launch of matrix `mat` (a MatrixSlot) under the active pin: the kernel's
-    tile and path constexprs (BN, BK, WORDS, SUPER, ALIGNED). Blob slots are 256-aligned, so
-    the matrix's own offset decides word alignment."""
+    tile and path constexprs (BN, BK, WORDS, SUPER, ALIGNED, STREAM). Blob slots are
+    256-aligned, so the matrix's own offset decides word alignment. STREAM launches view the
+    matrix as one block a row (decode_view)."""
     name = mat.fmt.name
+    if word_decode() and stream_words_fit(name, mat.offset):
+        blocks = pinned_choice("stream_blocks")
+        return dict(BN=DEFAULT_STREAM_BLOCKS if blocks is None else blocks, BK=STREAM_BLOCK,
+                    WORDS=False, SUPER=False, ALIGNED=False, STREAM=True)
     aligned = superblock_words_fit(name, mat.row_bytes, mat.offset)
     on, (rows, nsb) = superblock_decode()
     if on and aligned is not None:
-        return dict(BN=rows, BK=nsb * SUPERBLOCK, WORDS=False, SUPER=True, ALIGNED=aligned)
+        return dict(BN=rows, BK=nsb * SUPERBLOCK, WORDS=False, SUPER=True, ALIGNED=aligned,
+                    STREAM=False)
     words = word_decode() and pair_words_fit(name, mat.cols, mat.row_bytes, mat.offset)
     if words:   # BK a multiple of 64: whole pairs of 32-weight blocks (pair_tile)
         tile = pinned_choice("word_tile")
         rows, cols = DEFAULT_WORD_TILE if tile is None else tuple(tile)
-        return dict(BN=rows, BK=cols, WORDS=True, SUPER=False, ALIGNED=False)
-    return dict(BN=DECODE_BN, BK=DECODE_BK, WORDS=False, SUPER=False, ALIGNED=False)
+        return dict(BN=rows, BK=cols, WORDS=True, SUPER=False, ALIGNED=False, STREAM=False)
+    return dict(BN=DECODE_BN, BK=DECODE_BK, WORDS=False, SUPER=False, ALIGNED=False,
+                STREAM=False)
+
+
+def decode_view(mat, lc: dict) -> tuple[int, int, int]:
+    """(rows, columns, row bytes) the launch `lc` (decode_launch) reads matrix `mat` as: its own
+    [R, C], or for STREAM [R C / 32, 32], one block a row (rows are contiguous in the blob and
+    in the bf16 output, so the stream is the same bytes)."""
+    if lc["STREAM"]:
+        return mat.rows * mat.cols // STREAM_BLOCK, STREAM_BLOCK, mat.fmt.block_bytes
+    return mat.rows, mat.cols, mat.row_bytes
 
 
 def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: torch.Tensor,
@@ -80,11 +99,11 @@ def decode_matrix_into(experts: ExpertSet, mat, dst_slot: torch.Tensor, dst: tor
     dst_off multiples of 16 (bf16 blobs are 256-aligned; dequant_experts' [R, C] steps are
     too, C being a multiple of 64 there)."""
     lc = decode_launch(mat)
-    grid = (experts.n_expert, triton.cdiv(mat.rows, lc["BN"]), triton.cdiv(mat.cols, lc["BK"]))
+    rows, cols, row_bytes = decode_view(mat, lc)
+    grid = (experts.n_expert, triton.cdiv(rows, lc["BN"]), triton.cdiv(cols, lc["BK"]))
     _dequant_fwd_kernel[grid](experts.arena, experts.slot_offset, dst_slot, mat.offset,
-                              mat.row_bytes, dst, dst_off, device_table("iq", experts.device),
-                              mat.rows, mat.cols, FMT=format_traits(mat.fmt), INTERP=INTERPRET,
-                              **lc)
+                              row_bytes, dst, dst_off, device_table("iq", experts.device),
+                              rows, cols, FMT=format_traits(mat.fmt), INTERP=INTERPRET, **lc)
 
 
 def copy_biases_into(experts: ExpertSet, dst_slot: torch.Tensor, dst: torch.Tensor,
