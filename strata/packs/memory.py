@@ -7,7 +7,8 @@ with
 
 - dense weights drawn on `device` (a GPU when there is one) with the same scales as synth_pack
   (strata.packs.synth.dense_sigma, norms 1 + jitter, q/k norms x QK_NORM_SCALE: the choices that
-  keep synthetic routing spread over the experts), and
+  keep synthetic routing spread over the experts; a DeltaNet layer's ssm_a in -SSM_A_RANGE, so
+  its heads decay), and
 - expert blobs that are random VALID blocks (strata.packs.randblocks, the synth_pack generator)
   for `distinct` experts per layer variant, repeated over the E experts of a layer and cycled over
   `variants` layer variants. Streaming and the expert GEMM see real blocks of the real size; only
@@ -18,6 +19,7 @@ full-size copy in memory.
 """
 from __future__ import annotations
 
+import math
 
 import torch
 
@@ -25,7 +27,17 @@ from strata.packs.file import PackLayer
 from strata.archs.names import dense_specs
 from strata.packs.synth import (NORM_JITTER, QK_NORM_SCALE, ExpertFormats, dense_sigma,
                                 expert_biases, expert_matrix)
+from strata.packs.synth_draws import SSM_A_RANGE
 from strata.shapes import ModelShape
+
+
+def ssm_a(z: torch.Tensor) -> torch.Tensor:
+    """A DeltaNet layer's ssm_a [Hv] fp32 = -A, A ~ U(SSM_A_RANGE) as synth_pack draws it, from
+    standard normal draws z through their CDF: the draw takes the generator's normals as every
+    other tensor does, so the tensors after it keep their values."""
+    lo, hi = SSM_A_RANGE
+    u = 0.5 * (1 + torch.erf(z.float() / math.sqrt(2)))                          # U(0, 1)
+    return -(lo + (hi - lo) * u)
 
 
 class MemoryPack:
@@ -55,6 +67,9 @@ class MemoryPack:
                                                        "attn_k_norm.weight")) else 1.0
                 w = base * (1 + NORM_JITTER * torch.randn(shp, generator=g, device=dev))
                 self._dense[name] = w.float().cpu()
+            elif name.endswith("ssm_a"):   # fp32, every head decaying (SSM_A_RANGE)
+                self._dense[name] = ssm_a(torch.randn(shp, generator=g, device=dev,
+                                                        dtype=torch.float32)).cpu()
             else:
                 w = torch.randn(shp, generator=g, device=dev, dtype=torch.float32) * sigma
                 self._dense[name] = w.to(dense_dtype).cpu()

@@ -23,6 +23,10 @@ NORM_JITTER = 0.05
 # mean, the shared part of the residual compounds layer by layer, and by layer ~20 routing collapses
 # onto half the experts (measured: hit fraction 0.43 at T=512, E=128, K=8).
 QK_NORM_SCALE = 3.0
+# A of a DeltaNet layer's ssm_a = -A (-exp(A_log)), drawn U(1, 16) as transformers initializes it:
+# every head's log decay g = ssm_a * softplus(.) is then < 0. A head with ssm_a > 0 grows the
+# delta rule's state by e^g a token, past fp32 within a few thousand tokens (NaN rows after).
+SSM_A_RANGE = (1.0, 16.0)
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,9 @@ def dense_tensor(name: str, shp, shape: ModelShape, seed, dtype: str,
     norm weights are drawn around `qk_norm_scale`."""
     n = int(np.prod(shp))
     sigma = dense_sigma(name, shape, shp)
-    if name.endswith("ssm_a"):   # -exp(A_log), A as transformers draws it: U(1, 16), so g < 0
+    if name.endswith("ssm_a"):   # -exp(A_log), A ~ U(SSM_A_RANGE), so g < 0
         g = np.random.default_rng(np.random.SeedSequence(seed))
-        return (-g.uniform(1.0, 16.0, n)).astype(np.float32).view(np.uint8)
+        return (-g.uniform(*SSM_A_RANGE, n)).astype(np.float32).view(np.uint8)
     if dtype not in ("F32", "F16", "BF16"):
         return random_matrix(dtype, n // shp[-1], shp[-1], sigma, seed)
     if sigma is None:

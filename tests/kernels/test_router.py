@@ -104,6 +104,28 @@ def test_ties_pick_the_lower_expert():
     assert (pos[2] < pos[5]).all()
 
 
+@pytest.mark.parametrize("E", [256, 60], ids=["E-pow2", "E-masked-lanes"])
+def test_nan_and_inf_rows_still_pick_real_experts(E):
+    """A NaN or inf in a token's x (a NaN logit row) must still route to K distinct experts in
+    [0, E): the resident and streamed reads run the expert FFN unchecked, which indexes its
+    tables with these ids (qwen3.5-35b-a3b's E = 256, a device assert on the H100). Its weights
+    are NaN, as the twin's; the finite rows keep the twin's ids and weights."""
+    K = 8
+    x, w = inputs(Case(12, 64, E, K, torch.bfloat16, ""), seed=3)
+    x[1] = float("nan")                  # every logit NaN
+    x[4, 7] = float("inf")               # +-inf and NaN logits
+    x[6, 2] = float("nan")               # one NaN entry: every logit NaN
+    bad = torch.zeros(12, dtype=torch.bool)
+    bad[[1, 4, 6]] = True
+    ids, wt = softmax_topk_route(x, w, K, True)
+    tids, twt = softmax_topk_route_torch(x, w, K, True)
+    assert ((ids >= 0) & (ids < E)).all(), ids[bad]
+    assert all(len(set(r)) == K for r in ids.tolist()), ids[bad]
+    assert wt[bad].isnan().all() and twt[bad].isnan().all()
+    assert torch.equal(ids[~bad], tids[~bad])
+    assert torch.allclose(wt[~bad], twt[~bad], rtol=WEIGHT_REL, atol=0)
+
+
 def test_empty_chunk():
     x = torch.zeros(0, 64, dtype=torch.bfloat16)
     ids, wt = softmax_topk_route(x, torch.randn(8, 64).to(torch.bfloat16), 2)

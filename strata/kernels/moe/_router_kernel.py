@@ -27,8 +27,9 @@ def _softmax_topk_fwd_kernel(x_ptr, w_ptr, ids_ptr, wt_ptr, T, D, E, stride_xt, 
                              LOGITS: tl.constexpr = False):
     """Rows pid*BM.. of ids [T, K] int64 and wt [T, K] fp32: logits = sum_p x @ w[p]^T (bf16
     products, exact in fp32, summed in fp32), softmax over E, the K largest (ties: the lower
-    expert), renormalized to sum 1 when RENORM. The probabilities are computed only at the K
-    picks (exp(l - max) / sum, the softmax's own formula): one [BM, BE] block stays live.
+    expert; NaN above every number, so ids stay in [0, E) whatever x holds), renormalized to
+    sum 1 when RENORM. The probabilities are computed only at the K picks (exp(l - max) / sum,
+    the softmax's own formula): one [BM, BE] block stays live.
     LOGITS: the logits themselves to wt_ptr as [T, E] fp32 instead (ids_ptr, K, RENORM unused):
     the GEMM of the routers that score otherwise (sigmoid, top-k then softmax)."""
     offs_m = tl.program_id(0) * BM + tl.arange(0, BM)                         # [BM]
@@ -70,7 +71,13 @@ def _topk_epilogue(acc, ids_ptr, wt_ptr, offs_m, offs_e, m_mask, e_mask, K: tl.c
     kk = tl.arange(0, KP)                                                     # [KP]
     sel_w = tl.zeros((BM, KP), dtype=tl.float32)
     sel_i = tl.zeros((BM, KP), dtype=tl.int64)
-    cur = logits
+    # the pick's key: a NaN logit (a NaN or inf in x) ranks above every number, as in
+    # torch.topk, and a real one never as low as the -inf of the masked lanes and the picks, so
+    # every pick is a real, unpicked expert: with NaN keys a row of NaN logits matches no lane
+    # (NaN != NaN) and stores the sentinel BE, an id past the experts that the unchecked expert
+    # FFN indexes with (a device assert on CUDA); its weights stay NaN, as the twin's
+    cur = tl.where(acc != acc, float("inf"), tl.maximum(acc, -3.4028234663852886e38))
+    cur = tl.where(e_mask[None, :], cur, float("-inf"))
     for k in tl.static_range(K):
         best = tl.max(cur, axis=1)                                            # [BM]
         idx = tl.min(tl.where(cur == best[:, None], offs_e[None, :], BE), axis=1)
