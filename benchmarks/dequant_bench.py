@@ -220,13 +220,13 @@ def expert_pins(fmt, tiles: list[tuple[int, int]], paths: list[str],
     """(path, tile, pin_tile overrides) of every path `fmt` takes among `paths`."""
     for p in paths:
         if p == "bytes":
-            yield p, None, dict(words=False, superblocks=False)
+            yield p, None, dict(words=False, streams=False, superblocks=False)
         elif p == "words" and fmt.name in FAST_CODE_FORMATS:
             for t in word_tiles:
                 yield p, t, dict(words=True, superblocks=False, word_tile=t)
         elif p == "words" and fmt.name in STREAM_FORMATS:
             for b in stream_blocks:
-                yield p, b, dict(words=True, stream_blocks=b)
+                yield p, b, dict(streams=True, stream_blocks=b)
         elif p == "superblocks" and fmt.name in SUPERBLOCK_FORMATS:
             for t in tiles:
                 yield p, t, dict(superblocks=True, superblock_tile=t)

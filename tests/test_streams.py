@@ -26,7 +26,8 @@ from tests.kernels.compiled import compile_lines
 # random e8m0 = 255 (and 254) scales overflow to inf in gguf-py as in ggml and here
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
-BYTES = dict(words=False)   # the byte path, for the A/B
+BYTES = dict(streams=False)   # the byte path, for the A/B
+STREAMS = dict(streams=True)  # the stream path (off by default until a GPU has timed it)
 
 
 def _raws(fmt, rows, cols, seed, n=3):
@@ -58,7 +59,7 @@ def _decode(fmt, raws, rows, cols, device="cpu", mat_off=0, dst_off=0, **pin):
                       device=device)
     step = rows * cols * 2
     dst_slot = torch.tensor([-1 if e == 1 else e * step for e in range(E)], device=device)
-    with pin_tile(**pin):
+    with pin_tile(**{**STREAMS, **pin}):
         lc = decode_launch(mat)
         decode_matrix_into(experts, mat, dst_slot, flat.view(torch.uint8), dst_off)
     assert torch.isnan(flat[:dst_off // 2].float()).all(), "wrote before dst_off"
@@ -137,17 +138,17 @@ def test_stream_path_every_code_under_every_scale(name):
 
 
 def test_stream_rule():
-    """One statement of the precondition (stream_words_fit); words=False turns the path off;
+    """One statement of the precondition (stream_words_fit); streams=True turns the path on;
     stream_blocks is the program's size."""
     assert stream_words_fit("MXFP4", 0) and stream_words_fit("MXFP4", 4)
     assert not stream_words_fit("MXFP4", 2) and not stream_words_fit("MXFP4", 1)
     assert not stream_words_fit("Q4_0", 0) and not stream_words_fit("Q4_K", 0)
     mat = MatrixSlot("gate", get_format("MXFP4"), 2880, 2880, 0, 2880 * 1530)
-    lc = decode_launch(mat)
+    assert not decode_launch(mat)["STREAM"]          # off until a GPU has timed it
+    with pin_tile(**STREAMS):
+        lc = decode_launch(mat)
     assert lc["STREAM"] and (lc["BN"], lc["BK"]) == (DEFAULT_STREAM_BLOCKS, 32)
-    with pin_tile(words=False):
-        assert not decode_launch(mat)["STREAM"]
-    with pin_tile(stream_blocks=64):
+    with pin_tile(**STREAMS, stream_blocks=64):
         assert decode_launch(mat)["BN"] == 64
     for bad in (8, 48, 64.0, True, "256"):
         with pytest.raises(StrataError, match="stream_blocks"):

@@ -18,7 +18,8 @@ CASES = [(("BF16",), 64, 32), (("Q8_0", "Q4_0", "F16"), 64, 32),
 
 # "words": the word paths (Q8_0/Q4_0 pairs, MXFP4 streams, the super-block formats'
 # super-blocks); "bytes": every format through the byte path
-PATHS = [dict(words=True, superblocks=True), dict(words=False, superblocks=False)]
+PATHS = [dict(words=True, streams=True, superblocks=True),
+         dict(words=False, streams=False, superblocks=False)]
 
 
 @pytest.mark.parametrize("pin", PATHS, ids=["words", "bytes"])

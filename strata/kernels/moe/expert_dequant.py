@@ -26,9 +26,9 @@ from strata.kernels.moe._expert_dequant_kernel import _copy_words_kernel, _dequa
 from strata.kernels.decode import format_traits, pair_words_fit
 from strata.kernels.decode.streams import STREAM_BLOCK, stream_words_fit
 from strata.kernels.decode.superblocks import SUPERBLOCK, superblock_words_fit
-from strata.kernels.moe.tiles import (DEFAULT_STREAM_BLOCKS, DEFAULT_SUPERBLOCK_TILE,
-                                      DEFAULT_SUPERBLOCKS, DEFAULT_WORD_TILE, DEFAULT_WORDS,
-                                      pinned_choice)
+from strata.kernels.moe.tiles import (DEFAULT_STREAM_BLOCKS, DEFAULT_STREAMS,
+                                      DEFAULT_SUPERBLOCK_TILE, DEFAULT_SUPERBLOCKS,
+                                      DEFAULT_WORD_TILE, DEFAULT_WORDS, pinned_choice)
 
 # The byte path's program: DECODE_BN rows x DECODE_BK weights (64 x 64 bf16 out, 8 KiB).
 DECODE_BN = 64
@@ -38,11 +38,18 @@ BIAS_WORDS = 1024
 
 
 def word_decode() -> bool:
-    """Whether Q8_0/Q4_0 rows of whole 4-byte words and word-aligned MXFP4 matrices decode
-    through aligned word loads: the active pin_tile's `words` (an A/B turns it off with
-    `pin_tile(words=False)`), else DEFAULT_WORDS."""
+    """Whether Q8_0/Q4_0 rows of whole 4-byte words decode through aligned word loads: the
+    active pin_tile's `words` (an A/B turns it off with `pin_tile(words=False)`), else
+    DEFAULT_WORDS."""
     words = pinned_choice("words")
     return DEFAULT_WORDS if words is None else bool(words)
+
+
+def stream_decode() -> bool:
+    """Whether word-aligned MXFP4 matrices decode as one stream of aligned words: the active
+    pin_tile's `streams` (`pin_tile(streams=True)`), else DEFAULT_STREAMS."""
+    on = pinned_choice("streams")
+    return DEFAULT_STREAMS if on is None else bool(on)
 
 
 def superblock_decode() -> tuple[bool, tuple[int, int]]:
@@ -62,7 +69,7 @@ def decode_launch(mat) -> dict:
     256-aligned, so the matrix's own offset decides word alignment. STREAM launches view the
     matrix as one block a row (decode_view)."""
     name = mat.fmt.name
-    if word_decode() and stream_words_fit(name, mat.offset):
+    if stream_decode() and stream_words_fit(name, mat.offset):
         blocks = pinned_choice("stream_blocks")
         return dict(BN=DEFAULT_STREAM_BLOCKS if blocks is None else blocks, BK=STREAM_BLOCK,
                     WORDS=False, SUPER=False, ALIGNED=False, STREAM=True)

@@ -21,12 +21,13 @@ Reasoning behind the constants (to be revisited with the GPU sweep in experiment
   there are fewer than 4 waves (past that the tail is a small share of the run); P = SM count.
 
 Launch choices are data: a TileConfig also says how decoded weights meet the tensor cores (`dot`,
-one of DOT_VARIANTS) and whether Q8_0/Q4_0 rows of whole words and MXFP4 matrices decode through
-aligned word loads in the decode-once path (`words`; MXFP4's program: `stream_blocks`), whether
+one of DOT_VARIANTS) and whether Q8_0/Q4_0 rows of whole words (`words`) and word-aligned MXFP4
+matrices (`streams`, its program `stream_blocks`) decode through aligned word loads in the
+decode-once path, whether
 the super-block formats decode there a super-block at a time as int32 words (`superblocks`) and
 that program's tile (`superblock_tile`);
 experiments A/B them with `pin_tile(dot=...)` / `pin_tile(words=False)` /
-`pin_tile(superblocks=False)`, never by assigning module globals.
+`pin_tile(streams=True)` / `pin_tile(superblocks=False)`, never by assigning module globals.
 
 `plan_launch(...) -> LaunchPlan` is the one plan of an expert-GEMM launch, made before anything is
 allocated (in the manner of triton_kernels' matmul_ogs): the tile, the grid bound, the workspace
@@ -73,7 +74,6 @@ DOT_VARIANTS = ("decode", "scaled", "scaled_swap", "swap_fast", "swap_fast_pf",
 DEFAULT_DOT = "swap_fast_pf_w16_magic"
 # The decode-once path reads Q8_0/Q4_0 rows of whole 4-byte words as aligned int32 words: its
 # decode step measured 3x faster so (decode+grouped_mm at T=2048, 40.8 -> 70.7 TFLOP/s; README).
-# The same switch sends word-aligned MXFP4 matrices through the stream path (stream_blocks).
 DEFAULT_WORDS = True
 # The decode-once path reads the super-block formats (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS) a
 # super-block at a time as int32 words (strata.kernels.decode.superblocks), a program's tile
@@ -93,9 +93,11 @@ DEFAULT_SUPERBLOCK_TILE = (32, 2)
 DEFAULT_WORD_TILE = (64, 128)
 # The stream path's program (`stream_blocks`: consecutive blocks of the matrix, a power of two):
 # MXFP4 (strata.kernels.decode.streams) reads the matrix as one stream of 17-byte blocks as
-# aligned words, under the same `words` switch as the Q8_0/Q4_0 pairs. 256 blocks (8192
-# weights) write the 16 KiB of the word path's 64 x 128 program. Not yet timed on a GPU:
-# benchmarks/dequant_bench.py --mode experts times it at several sizes beside the byte path.
+# aligned words (`streams`). 256 blocks (8192 weights) write the 16 KiB of the word path's
+# 64 x 128 program. Off by default until a GPU has run it: bit for bit in the interpreter and
+# compiled for sm_90 without spills, but neither its GPU test nor its timing
+# (benchmarks/gpu_session.sh mxdecodetests, mxdecode: the byte path beside it) has run yet.
+DEFAULT_STREAMS = False
 DEFAULT_STREAM_BLOCKS = 256
 
 # Schedule constants of the heuristic (see the module docstring for each one's reason).
@@ -124,7 +126,8 @@ class TileConfig:
     schedule: str      # "dp" | "stream_k"
     programs: int      # stream-k grid size P (ignored by "dp")
     dot: str = DEFAULT_DOT  # how decoded weights meet the tensor cores (DOT_VARIANTS)
-    words: bool = DEFAULT_WORDS  # decode-once path: Q8_0/Q4_0 pairs, MXFP4 streams as words
+    words: bool = DEFAULT_WORDS  # decode-once path: Q8_0/Q4_0 pairs as words
+    streams: bool = DEFAULT_STREAMS  # decode-once path: MXFP4 as one stream of words
     superblocks: bool = DEFAULT_SUPERBLOCKS  # decode-once path: K-quants/IQ4_XS as words
     superblock_tile: tuple = DEFAULT_SUPERBLOCK_TILE  # its program: (rows, super-blocks)
     word_tile: tuple = DEFAULT_WORD_TILE  # the words path's program: (rows, columns)
