@@ -152,7 +152,7 @@ def _rank(rank, world, port, smoke, prompts_arg, backend, work, threads):
     """One rank: its half of the pack, its participant; every prompt under both schedules."""
     from dataclasses import replace
 
-    from strata.engine.distributed import DistConfig, StageEngine, init
+    from strata.engine.distributed import DistConfig, StageEngine, init, leave
     torch.set_num_threads(threads)   # the parent's: CPU sums split by thread count
     shape, quant, vram, cache, prompts, ffn, scan_max = setup(smoke, prompts_arg)
     r, w, dev = init(backend, 600, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world=world)
@@ -176,7 +176,7 @@ def _rank(rank, world, port, smoke, prompts_arg, backend, work, threads):
                 if res.logits is not None:
                     torch.save(res.logits.cpu(), Path(work) / f"logits-{sched}-{T}.pt")
     (Path(work) / f"rank{r}.json").write_text(json.dumps(report))
-    torch.distributed.destroy_process_group()
+    leave()   # no interpreter teardown: gloo aborted a rank there after its report was written
 
 
 def free_port() -> int:

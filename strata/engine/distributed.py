@@ -144,6 +144,22 @@ def init(backend: str | None = None, timeout_s: float = TIMEOUT_S, *,
     return r, w, dev
 
 
+def leave(code: int = 0) -> None:
+    """End a spawned rank whose work is done and written: meet the other ranks, tear the group
+    down, flush, and exit without the interpreter's teardown, where gloo's worker threads can
+    abort the process (SIGABRT after every result was written) — as `strata prefill
+    --distributed` leaves (strata.commands._dist). Never returns."""
+    import sys
+    dist.barrier()
+    dist.destroy_process_group()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def agree_chunk(every: list) -> int | None:
     """The chunk every rank reads from every rank's (scan chunk, rule, error or None, ...), in
     rank order: the smallest scan chunk when every rank's own scan found a full ring (or the

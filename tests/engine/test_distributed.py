@@ -67,7 +67,7 @@ def config(pack, vram=1 << 30, **kw):
 def _worker(rank, world, port, pack, out, schedule, fail_ranks, threads):
     """One rank: a read per entry of `fail_ranks` (the rank that fails it, -1: none), each on a
     fresh StageEngine in one process group; rank{r}-{i}.json per read."""
-    from strata.engine.distributed import DistConfig, StageEngine, init
+    from strata.engine.distributed import DistConfig, StageEngine, init, leave
     done = 0
     try:
         torch.set_num_threads(threads)   # the parent's: a CPU GEMM's sums split by thread
@@ -90,19 +90,14 @@ def _worker(rank, world, port, pack, out, schedule, fail_ranks, threads):
             (Path(out) / f"rank{r}-{i}.json").write_text(json.dumps(res))
             done += 1
             del eng
-        # as `strata prefill --distributed` leaves (strata.commands._dist): meet before the
-        # teardown, then skip the interpreter's, where gloo's worker threads can abort the
-        # process (SIGABRT after every file here was written: two spawns of one full run, 6db66ea)
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
     except Exception:   # noqa: BLE001
         for i in range(done, len(fail_ranks)):
             (Path(out) / f"rank{rank}-{i}.json").write_text(
                 json.dumps({"crash": traceback.format_exc()}))
         raise
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # as `strata prefill --distributed` leaves: no interpreter teardown (gloo's worker threads
+    # aborted a rank there after every file here was written: two spawns of one full run)
+    leave()
 
 
 def spawn(pack, out, schedule="sequential", fail_ranks=(-1,), world=2):
