@@ -5,6 +5,7 @@ import importlib.util
 from pathlib import Path
 
 from strata import bench
+from strata.instruments.logprobs import LOG_RANGE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +56,12 @@ def test_quant_quality_delta_arm_smoke(tmp_path, capsys):
         by.setdefault(r["config"]["arm"], {})[r["figure"]] = r["value"]
     assert set(by) == {"BF16", "Q8_0", "BF16 delta[backend=fla]"}
     fla = by["BF16 delta[backend=fla]"]
-    assert 0 <= fla["kld_mean"] < by["Q8_0"]["kld_mean"] / 100 and fla["top1_agreement"] > 0.99
+    # the base's log-probs are stored in steps of LOG_RANGE / 65535 (llama.cpp's rows), so its
+    # distribution is normalized only to half a step: a KLD of near-equal reads may sit up to
+    # that far below zero
+    half_step = LOG_RANGE / 65535 / 2
+    assert -half_step <= fla["kld_mean"] < by["Q8_0"]["kld_mean"] / 100
+    assert fla["top1_agreement"] > 0.99
     assert mod.main(["--preset", "small", "--layers", "1", "--delta-arms", "backend=fla",
                      "--device", "cpu", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
