@@ -220,22 +220,15 @@ def test_the_triton_launch_allocates_only_the_query_on_the_gpu():
     """The blocked attention under the triton launch (all 128 heads, 512 queries over 8192
     keys, B = 512): beyond its scratch and output it allocates the chunk's query [H, T, hd] and
     nothing a block (no kernel output, no merge temporaries: the launches carry the state)."""
-    from strata.models.mla import mla_chunk_attention
     from strata.models.mla_launch import pin_mla_launch
     from strata.models.mla_scratch import MLAScratch
-    from tests.models.test_mla_blocks import draw
+    from tests.models.test_mla_blocks import draw, transient_beyond
     H, N, R, Hv, L, T, P, block = 128, 128, 64, 128, 512, 512, 7680, 512
     ins = draw(H, T, P, N, R, Hv, L, 1, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(T, H, Hv, dtype=torch.bfloat16, device="cuda")
     with pin_mla_launch(backend="triton"):
         sc = MLAScratch.of(H, N + R, Hv, T, P + T, "cuda", block=block)
         kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block, scratch=sc, out=out)
-        mla_chunk_attention(*ins, **kw)           # warm: the compiles, cuBLAS's workspaces
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        mla_chunk_attention(*ins, **kw)
-        torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - base
+        extra = transient_beyond(ins, kw)
     bound = H * T * (N + R) * 2 + (1 << 20)
     assert extra <= bound, f"{extra} B beyond the scratch, bound {bound} B"

@@ -36,7 +36,8 @@ from strata.models.mla import (attend_block, attend_block_flash, attend_block_re
                                mla_chunk_attention, mla_chunk_attention_absorbed)
 from strata.models.mla_launch import DEFAULT, MLA_BLOCK, MLALaunch, mla_launch, pin_mla_launch
 from strata.models.mla_scratch import MLAScratch, mla_value_width
-from tests.models.test_mla_blocks import BF16_REL, REL, draw, poisoned, value_scale
+from tests.models.test_mla_blocks import (BF16_REL, REL, draw, poisoned, transient_beyond,
+                                          value_scale)
 
 U32 = 2.0 ** -24     # fp32 unit roundoff
 
@@ -267,13 +268,7 @@ def test_blocked_under_flash_transient_is_one_block_on_the_gpu():
     with pin_mla_launch(backend="flash"):
         sc = MLAScratch.of(H, N + R, Hv, T, S, "cuda", block=block)
         kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block, scratch=sc, out=out)
-        mla_chunk_attention(*ins, **kw)           # warm
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        mla_chunk_attention(*ins, **kw)
-        torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - base
+        extra = transient_beyond(ins, kw)
     n, hd = min(block, T), N + R
     bound = H * T * hd * 2 + n * H * hd * 2 + 4 * H * (n + 32) * 4 + (1 << 20)
     assert extra <= bound, f"{extra} B beyond the scratch, bound {bound} B"
