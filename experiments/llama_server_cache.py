@@ -6,8 +6,9 @@ restore, on the same GGUF strata reads.
         --budget 12GiB [--doc-tokens 65536 --questions 10 --question-tokens 64] \\
         [--strata-csv kv_resume-GPU.csv] --out DIR
 
-llama-server runs as `llama-server -m M.gguf -ngl 99 -ncmoe N -fa on -c CTX --parallel 1 -ub UB
--b UB --slot-save-path TMP` on its own port of 127.0.0.1 (the command, less the port, in every
+llama-server runs as `llama-server -m M.gguf -ngl 99 -ncmoe N -lm LM -fa on -c CTX --parallel 1
+-ub UB -b UB --slot-save-path TMP` (LM --load-mode, `none` by default: the -ncmoe experts pinned
+in host memory, where a mapped file leaves them pageable) on its own port of 127.0.0.1 (the command, less the port, in every
 row); N is the smallest that fits --budget by the file's sizes (strata.bench.llama_cpp, as
 llama_side fits llama-bench) and grows while the server's own log says its GPU buffers pass the
 budget. CTX defaults to document + question + 1 token. The prompts are token ids (a list as
@@ -59,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, help="-c (default: document + question + 1)")
     ap.add_argument("--ub", type=int, default=2048, help="-ub = -b (llama_side's pick)")
     ap.add_argument("--ncmoe", type=int, help="pin -ncmoe (else fitted to the budget)")
+    ap.add_argument("--load-mode", default="none",
+                    help="llama-server -lm (none: its host-held experts pinned; mmap: mapped)")
     ap.add_argument("--compute-margin", default="1.5GiB",
                     help="the first fit's allowance for llama.cpp's compute buffer")
     ap.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for /health")
@@ -101,7 +104,7 @@ def check(args) -> None:
 
 def server_cmd(args, ncmoe: int, slots: Path) -> list[str]:
     return [str(args.server), "-m", str(args.gguf), "-ngl", "99", "-ncmoe", str(ncmoe),
-            "-fa", "on", "-c", str(args.ctx), "--parallel", "1", "-ub", str(args.ub), "-b",
+            "-lm", args.load_mode, "-fa", "on", "-c", str(args.ctx), "--parallel", "1", "-ub", str(args.ub), "-b",
             str(args.ub), "--slot-save-path", str(slots), "--no-webui"]
 
 

@@ -15,7 +15,9 @@ scoring; the pack's opening and the kernels' warm-up before it are not counted);
 the whole command is recorded beside it.
 
 llama.cpp: `llama-perplexity -m GGUF -f TEXT -c C -b UB -ub UB -ngl 99 -fa on -fit off -ncmoe N
--lv 4` (+ --llama-args; -lv 4 has it log its buffers and timings). With -c C and -b B it reads
+-lm LM -lv 4` (+ --llama-args; -lv 4 has it log its buffers and timings; LM --load-mode, `none` by
+default: the experts -ncmoe keeps in host memory read into pinned memory, where a mapped file
+leaves them pageable and each batch's copies slow, as llama.cpp's own warning says). With -c C and -b B it reads
 B // C windows as parallel sequences, so its KV holds max(1, B // C) * C tokens. N starts at the
 smallest that fits the budget by the file's sizes (weights on the GPU + f16 KV + --compute-margin,
 strata.bench.llama_cpp) and grows while llama.cpp's own log says its GPU buffers (model + KV +
@@ -95,7 +97,7 @@ def llama_once(a, text: Path, n: int) -> dict:
     Killed as soon as its buffers are known when they pass the budget (fits False)."""
     cmd = [str(a.bin / TOOL), "-m", str(a.gguf), "-f", str(text), "-c", str(a.ctx),
            "-b", str(a.ub), "-ub", str(a.ub), "-ngl", "99", "-fa", "on", "-fit", "off",
-           "-ncmoe", str(n), "-lv", "4", *a.llama_args.split()]
+           "-ncmoe", str(n), "-lm", a.load_mode, "-lv", "4", *a.llama_args.split()]
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          errors="replace")
@@ -213,6 +215,8 @@ def main(argv=None) -> int:
                     help="the first fit's allowance for llama.cpp's compute buffer")
     ap.add_argument("--strata-args", default="", help="more flags for strata perplexity")
     ap.add_argument("--llama-args", default="", help=f"more flags for {TOOL}")
+    ap.add_argument("--load-mode", default="none",
+                    help=f"{TOOL} -lm (none: its host-held experts pinned; mmap: mapped)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds each run may take")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     a = ap.parse_args(argv)

@@ -91,8 +91,8 @@ def test_server_smoke(tmp_path):
     assert figs == ["doc_read_s", "ttft_s", "ttft_s", "slot_save_s", "slot_bytes",
                     "slot_restore_s"]
     assert all(r["value"] > 0 and r["label"] == "llama.cpp" for r in rows)
-    assert all("llama-server -m " in r["config"]["cmd"] and "-ncmoe" in r["config"]["cmd"]
-               for r in rows)
+    assert all("llama-server -m " in r["config"]["cmd"] and "-lm none" in r["config"]["cmd"]
+               and "-ncmoe" in r["config"]["cmd"] for r in rows)
     doc = rows[0]["config"]
     assert doc["prompt_n"] == 64            # the document read whole into an empty cache
     for r in rows[1:3]:                     # each question: the document from the cache

@@ -134,7 +134,7 @@ def test_ncmoe_grows_until_the_logged_buffers_fit(tmp_path, tiny, monkeypatch, c
     llama = rows["llama.cpp", "tokens_per_s"]
     assert llama["value"] == pytest.approx(4480.0)
     assert llama["config"]["ncmoe"] == 2 and llama["config"]["gpu_mib"] == 600
-    assert "-ncmoe 2" in llama["config"]["cmd"] and "-fa on" in llama["config"]["cmd"]
+    assert "-ncmoe 2 -lm none" in llama["config"]["cmd"] and "-fa on" in llama["config"]["cmd"]
     assert rows["llama.cpp", "ppl"]["value"] == 123.4567
     assert rows["strata", "ppl_rel_diff"]["value"] == pytest.approx(abs(123.45 / 123.4567 - 1))
     assert rows["strata", "speedup"]["value"] == pytest.approx(9000 / 4480)
