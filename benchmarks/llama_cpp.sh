@@ -60,9 +60,11 @@ if ls .whl/gguf*.whl >/dev/null 2>&1 && ! python3 -c "import gguf" 2>/dev/null; 
 fi
 # transformers >= 5.24 reads a GGUF's tokenizer (strata.tokenize): synth and pack write one into the
 # pack only with it, and ppl_side and kv_resume tokenize text through it. The image has an older one
-# (5.17): carry .whl-text/ (the transformers 5.24.0 wheel, its other needs on the image; made on the
-# CPU machine by `pip download --no-deps -d .whl-text transformers==5.24.0`) and it goes first on
-# the path of these steps only (the GPU suite keeps the image's)
+# (5.17): carry .whl-text/ (the transformers 5.24.0 wheel cut to the tokenizers its GGUF
+# integration imports, 2.3 MB, so it fits a call's carry beside the prebuilt tools; its other needs
+# are on the image; made on the CPU machine by `pip download --no-deps -d /tmp/tw transformers==5.24.0`
+# then `python benchmarks/text_wheel.py /tmp/tw/transformers-5.24.0-py3-none-any.whl .whl-text/`)
+# and it goes first on the path of these steps only (the GPU suite keeps the image's)
 if ls .whl-text/*.whl >/dev/null 2>&1 && ! python3 -c "import transformers.integrations.gguf as g; g.convert_gguf_tokenizer" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-text .whl-text/*.whl \
         && export PYTHONPATH=/tmp/site-text:$PYTHONPATH
