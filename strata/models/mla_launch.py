@@ -23,30 +23,39 @@ carves).
                (strata.kernels.attention.merge.lse_merge: acc and o read once, acc written
                once).
 
-The default is flash at B = 4096 with the fused merge, by an A/B on the H100 at 974a332
-(benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5,
-one-chunk reads; experiments/results/profile_resident-deepseek-v3-Q4_K_M-L5-mla_*): tokens/s at
-T 8192 / 32768, efficient B 2048 torch merge 34,465 / 14,477, flash 2048 fused 43,706 / 22,746,
-flash 4096 fused 45,906 / 24,671 (attention 871 ms of 1,329 at 32K, against its 350 ms floor).
-Its scratch at DeepSeek-V3's heads is ~0.67 GB against ~0.30 GB for efficient at 2048, counted by
-the planner from this record as every other launch's.
+The default on a GPU is triton at B = 4096, by an A/B on the H100 at b6aff0d (benchmarks/gpu_session.sh
+mlatriton: benchmarks/mla_bench.py, one DeepSeek-V3 layer's blocked attention in one chunk, and
+benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5;
+experiments/results/*mla*-NVIDIA_H100-b6aff0d*): the attention 12.45 -> 7.52 ms at T 8192 and
+185.3 -> 115.0 ms at 32768 against flash 4096 fused; the 5-layer read 44,977 -> 49,959 tok/s at
+8K and 24,574 -> 34,122 at 32K (attention 874 -> 544 ms of it, against its 350 ms floor). Smaller
+blocks and the other tiles were slower (2048: 8.96 / 136.6 ms). Its scratch holds V at Hv
+(~0.61 GB at DeepSeek-V3's heads, flash's ~0.67), counted by the planner from this record as
+every other launch's. Before it, flash at 4096 with the fused merge had replaced efficient at
+2048 with the torch merge (974a332: 34,465 / 14,477 -> 45,906 / 24,671 tok/s).
+
+Without CUDA (Triton in its interpreter) the default backend is flash, which falls back to torch
+there: the triton kernel would run as interpreted numpy, program by program. Tests pin each
+backend to run them all on the CPU.
 """
 from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.kernels.pins import pinned_record
 
 MLA_BLOCK = 4096   # the default B (strata.models.mla_scratch's docstring says why)
+DEFAULT_BACKEND = "flash" if INTERPRET else "triton"   # see the module docstring
 BACKENDS = ("efficient", "flash", "triton")
 MERGES = ("torch", "fused")
 
 
 @dataclass(frozen=True)
 class MLALaunch:
-    backend: str = "flash"
+    backend: str = DEFAULT_BACKEND
     block: int = MLA_BLOCK
     merge: str = "fused"
 
@@ -76,5 +85,5 @@ def pin_mla_launch(launch: MLALaunch | None = None, **changes):
     return pinned_record(_PIN, mla_launch(), launch, changes, "pin_mla_launch")
 
 
-__all__ = ["BACKENDS", "DEFAULT", "MERGES", "MLALaunch", "MLA_BLOCK", "mla_launch",
-           "pin_mla_launch"]
+__all__ = ["BACKENDS", "DEFAULT", "DEFAULT_BACKEND", "MERGES", "MLALaunch", "MLA_BLOCK",
+           "mla_launch", "pin_mla_launch"]

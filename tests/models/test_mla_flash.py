@@ -30,11 +30,13 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
+from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.models import mla_attend
 from strata.models.mla import (attend_block, attend_block_flash, attend_block_ref,
                                mla_chunk_attention, mla_chunk_attention_absorbed)
-from strata.models.mla_launch import DEFAULT, MLA_BLOCK, MLALaunch, mla_launch, pin_mla_launch
+from strata.models.mla_launch import (DEFAULT, DEFAULT_BACKEND, MLA_BLOCK, MLALaunch, mla_launch,
+                                      pin_mla_launch)
 from strata.models.mla_scratch import MLAScratch, mla_value_width
 from tests.models.test_mla_blocks import (BF16_REL, REL, draw, poisoned, transient_beyond,
                                           value_scale)
@@ -54,8 +56,10 @@ def padded_v(v: torch.Tensor, hd: int, rows: int) -> torch.Tensor:
 
 # -- the launch record -------------------------------------------------------------------------
 def test_the_default_launch_is_the_measured_fastest():
-    """flash at B = 4096 with the fused merge: the H100 A/B in strata.models.mla_launch."""
-    assert DEFAULT == MLALaunch("flash", MLA_BLOCK, "fused") == mla_launch()
+    """triton at B = 4096 on a GPU, by the H100 A/B in strata.models.mla_launch; flash (torch's
+    path) where Triton would run in its interpreter."""
+    assert DEFAULT == MLALaunch(DEFAULT_BACKEND, MLA_BLOCK, "fused") == mla_launch()
+    assert DEFAULT_BACKEND == ("flash" if INTERPRET else "triton")
     assert MLA_BLOCK == 4096
 
 
