@@ -17,7 +17,9 @@ and the rest in pinned host memory (long_prompt's 131K cell that fits 12 GiB; `-
                 is the first, which compiles its shape's launches), resume_speedup =
                 full_read_s / resume_s (the issue's target:
                 >= 20 at 131K), and the new tokens' logits against the full read's
-                (the last position's: resume_max_rel, 0 on the CPU)
+                (the last position's: resume_max_rel, 0 on the CPU where P is a whole
+                number of the full read's chunks, as at 131,072; a P inside a chunk, e.g.
+                4,096 under a 32K chunk, differs by the KV dtype's rounding: docs/cli.md)
     questions   a D-token document (default 65,536) saved once, then ten questions of Q
                 tokens, each given whole (document + question, --reuse's longest common prefix):
                 ttft_s per question beside the document's own read (doc_read_s)
