@@ -12,7 +12,8 @@
   planned sizes), under each backend.
 - On CUDA (gpu mark): attend_block (torch's memory-efficient kernel with its log-sum-exp)
   against attend_block_ref, the whole path at DeepSeek-V3's head widths against the absorbed
-  form, and its transient memory beyond the scratch bounded by one block.
+  form, and under every launch (backend and merge) its transient memory beyond the scratch
+  bounded by one block's launch (transient_bound, each backend's from what its kernels allocate).
 
 CPU bound REL = 1e-5 relative to max |v| over the keys (fp32 against fp64): o is a softmax average
 of the values and fp32 rounds relative to them, so an o that cancels to far below them (one head,
@@ -20,6 +21,7 @@ one value column: 0.0034 from values near 1) holds its error to |v|, not to |o|.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pytest
@@ -31,7 +33,7 @@ from strata.kernels.attention.kv_int8 import quantize_kv
 from strata.memory.layout import PromptLayout
 from strata.models.mla import (attend_block, attend_block_ref, key_blocks, merge_block,
                                mla_chunk_attention, mla_chunk_attention_absorbed)
-from strata.models.mla_launch import BACKENDS, pin_mla_launch
+from strata.models.mla_launch import BACKENDS, DEFAULT, MERGES, pin_mla_launch
 from strata.models.mla_scratch import MLA_BLOCK, MLAScratch, mla_scratch_rows, mla_state_floats
 from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes
@@ -65,6 +67,69 @@ def transient_beyond(ins, kw) -> int:
     mla_chunk_attention(*ins, **kw)
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() - base
+
+
+def flash_splits(H: int, n: int, m: int, hd: int, sms: int) -> int:
+    """The key splits torch's flash forward takes for one launch of H heads, n queries, m keys at
+    q/k/v width hd on a GPU of `sms` SMs: FlashAttention-2's mha_fwd (vendored in torch's
+    aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp) calls set_params_splitkv with
+    num_splits 0, so num_splits_heuristic picks; above 1 the launch allocates fp32 out_accum
+    [splits, 1, H, n, hd rounded] and softmax_lse_accum [splits, 1, H, n]. The heuristic, as
+    written there (in doubles where it has floats): one split once the programs
+    H·ceil(n / 64) reach 0.8 of twice the SMs; else the fewest eligible splits (up to min(128,
+    2·sms, ceil(m / block_n))) whose wave efficiency is within 0.85 of the best."""
+    block_n = 256 if hd <= 64 else 128 if hd <= 128 else 64   # the split kernel's key tile
+    n_blocks, work, slots = -(-m // block_n), H * -(-n // 64), 2 * sms
+    if work >= 0.8 * slots:
+        return 1
+
+    def eligible(s):   # a count giving each split as many key tiles as one fewer does is skipped
+        return s == 1 or -(-n_blocks // s) != -(-n_blocks // (s - 1))
+
+    def efficiency(s):
+        waves = work * s / slots
+        return waves / math.ceil(waves)
+    eff = {s: efficiency(s) for s in range(1, min(128, slots, n_blocks) + 1) if eligible(s)}
+    return next(s for s, e in eff.items() if e >= 0.85 * max(eff.values()))
+
+
+# the allocator's rounding (512 B a block) and the kernels' small tensors (flash's rng state and
+# its unused scalar, the efficient kernel's seed and offset)
+SLACK = 1 << 20
+
+
+def transient_bound(backend: str, merge: str, H: int, T: int, n: int, m: int, hd: int, Hv: int,
+                    sms: int) -> int:
+    """CUDA bytes the blocked path allocates at most beyond its scratch and output
+    (transient_beyond) for a chunk of T queries in query blocks of at most n over key blocks of
+    at most m, under the launch (backend, merge), counted from what each allocates; one key
+    block's temporaries live at a time (a kernel's output lives only through its merge):
+      every launch  q = cat(q_nope, q_pe) [H, T, hd] bf16, the whole call
+      efficient     torch.ops.aten._efficient_attention_forward: o [1, n, H, Hv] bf16, its fp32
+                    accumulator of that shape (kNeedsOutputAccumulatorBuffer: heads over 128
+                    take the kernel of kMaxK 65536, which goes over the value columns in pieces,
+                    its output not its fp32 accumulator's type), lse fp32 [1, H, n] rounded up
+                    to 32 queries (kAlignLSE)
+      flash         mha_fwd: o [1, n, H, hd] bf16 (the values padded to hd), lse fp32 [1, H, n],
+                    and with s = flash_splits(...) > 1 the split accumulators fp32
+                    [s, 1, H, n, hd_r] and [s, 1, H, n], hd_r = hd rounded up to 32 (64 above 128)
+      triton        nothing: the launches fold each block into the scratch's state and the last
+                    writes the output
+      merge         "torch" (a backend's that merges): logaddexp's new, lse - new and lse_b - new,
+                    three fp32 [H, n]; "fused": one Triton launch, nothing
+    plus SLACK."""
+    q = H * T * hd * 2
+    merged = 3 * H * n * 4 if merge == "torch" else 0
+    if backend == "triton":
+        return q + SLACK
+    if backend == "efficient":
+        return q + n * H * Hv * (2 + 4) + H * -(-n // 32) * 32 * 4 + merged + SLACK
+    if backend == "flash":
+        s = flash_splits(H, n, m, hd, sms)
+        hd_r = -(-hd // 32) * 32 if hd <= 128 else -(-hd // 64) * 64
+        split = s * H * n * (hd_r + 1) * 4 if s > 1 else 0
+        return q + n * H * hd * 2 + H * n * 4 + split + merged + SLACK
+    raise AssertionError(f"no transient bound derived for the {backend!r} backend")
 
 
 def poisoned(H, hd, Hv, T, S, block, dtype=torch.float32, device="cpu") -> MLAScratch:
@@ -266,24 +331,37 @@ def test_blocked_on_the_gpu_at_deepseek_widths(T, P, block):
     assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < BF16_REL
 
 
+# every backend, under each merge where it merges (triton's launches carry the state: the merge
+# in force is not read)
+LAUNCHES = [(b, m) for b in BACKENDS for m in (MERGES if b != "triton" else (DEFAULT.merge,))]
+
+
 @pytest.mark.gpu
-def test_blocked_transient_is_one_block_on_the_gpu():
-    """Beyond its scratch and output the blocked path allocates only the chunk's query [H, T, hd]
-    and, per launch, the kernel's output (bf16) with its fp32 accumulator, the lse and the
-    merge's [H, n] temporaries: the decompressed K/V of the S keys (84 MB here, what the
-    all-at-once SDPA took) never appears."""
-    H, N, R, Hv, L, T, P, block = 16, 128, 64, 128, 512, 512, 7680, 512
+@pytest.mark.parametrize("backend,merge", LAUNCHES)
+def test_blocked_transient_is_one_block_on_the_gpu(backend, merge):
+    """Under each launch, beyond its scratch (of that launch's size) and its output the blocked
+    path allocates the chunk's query and one key block's launch temporaries (transient_bound):
+    the decompressed K/V of the S keys (168 MB here, what the all-at-once SDPA took) never
+    appears. 16 heads: flash's 16·ceil(512 / 64) = 128 programs fill less than 0.8 of twice an
+    H100's 132 SMs, so it splits the keys of each block (2 ways there, 3 on a 114-SM card) into
+    fp32 accumulators that dwarf its output (12.6 MB against 3.1 MB); the tests at DeepSeek-V3's
+    128 heads (tests/models/test_mla_flash.py, tests/kernels/test_mla_block.py) take the
+    unsplit path."""
+    # P 15872: the bound does not grow with the keys, the all-at-once transient does
+    H, N, R, Hv, L, T, P, block = 16, 128, 64, 128, 512, 512, 15872, 512
     S = P + T
     ins = draw(H, T, P, N, R, Hv, L, 1, dtype=torch.bfloat16, device="cuda")
-    sc = MLAScratch.of(H, N + R, Hv, T, S, "cuda", block=block)
     out = torch.empty(T, H, Hv, dtype=torch.bfloat16, device="cuda")
-    kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block, scratch=sc, out=out)
-    extra = transient_beyond(ins, kw)
-    n = min(block, T)
-    bound = H * T * (N + R) * 2 + n * H * Hv * (2 + 4) + 4 * H * (n + 32) * 4 + (1 << 20)
-    assert extra <= bound, f"{extra} B beyond the scratch, bound {bound} B"
-    # the case separates the two: the all-at-once transient (84 MB) is ~7.9x this bound
-    assert S * H * (N + R + Hv) * 2 > 7 * bound
+    with pin_mla_launch(backend=backend, merge=merge):
+        sc = MLAScratch.of(H, N + R, Hv, T, S, "cuda", block=block)
+        kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block, scratch=sc, out=out)
+        extra = transient_beyond(ins, kw)
+    sms = torch.cuda.get_device_properties(out.device).multi_processor_count
+    bound = transient_bound(backend, merge, H, T, min(block, T), min(block, S), N + R, Hv, sms)
+    assert extra <= bound, f"{backend}/{merge}: {extra} B beyond the scratch, bound {bound} B"
+    # the case separates the two under every launch: all at once 168 MB against at most 26.4 MB
+    # (flash, 3 splits on 114 SMs; 20.1 MB with 2 on 132; efficient 10.6 MB, triton 4.2 MB)
+    assert S * H * (N + R + Hv) * 2 > 6 * bound
 
 
 @pytest.mark.parametrize("kvd,backend", [("bf16", "efficient"), ("int8", "efficient"),
