@@ -101,6 +101,17 @@ for step in "$@"; do
     # issue 41 item 4: qwen3-30b-a3b Q8_0 under 12 GiB: a 131K prompt saved and resumed beside a full
     # re-read, ten questions on a 64K document (time to first token each), decode tokens/s
     kvresume) mkdir -p /dev/shm/kvr; ( time timeout 420 python3 experiments/kv_resume.py --state-dir /dev/shm/kvr --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -30 | tee "$OUT/kv_resume.log"; rm -rf /dev/shm/kvr ;;
+    # issue 41: where a question's 64 tokens after a saved 64K document go (strata's 1.0 s against
+    # llama-server's 0.63 s at b6aff0d): the document read and saved once, then the same 64 tokens
+    # resumed and read cold (no state), each with its lane trace (copy and compute lanes, JSON + PNG)
+    # and the plan; MemoryPack's qwen3-30b-a3b Q8_0 (mempack) under 12 GiB, KV int8, 32K resident
+    qtrace)  pk=/dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack; kw="--vram 12GiB --kv int8 --kv-resident 32768 --max-prompt 65600"
+             [ -f $pk ] || bash "$0" mempack
+             timeout 120 python3 -m strata.cli prefill $pk --prompt-tokens 65536 $kw --save-kv /dev/shm/q64doc.kv --json 2>&1 | grep -v "it/s\]" | tail -3 > "$OUT/qtrace_doc.log"
+             for r in 1 2; do timeout 90 python3 -m strata.cli prefill $pk --resume /dev/shm/q64doc.kv --prompt-tokens 64 --seed $r $kw --trace "$OUT/qtrace_resume$r.json" --json 2>&1 | grep -v "it/s\]" | tail -40 > "$OUT/qtrace_resume$r.log"; done
+             timeout 90 python3 -m strata.cli prefill $pk --prompt-tokens 64 --seed 1 $kw --trace "$OUT/qtrace_cold.json" --json 2>&1 | grep -v "it/s\]" | tail -40 > "$OUT/qtrace_cold.log"
+             timeout 60 python3 -m strata.cli plan --pack $pk --prompt-tokens 64 $kw --device cuda 2>&1 | tail -12 | tee "$OUT/qtrace_plan.log"
+             grep -h "tokens/s\|restore\|seconds" "$OUT"/qtrace_*.log | head -20; rm -f /dev/shm/q64doc.kv ;;
     # issue 40 item 3: the expert-FFN table `--experts auto` reads, remade on this GPU (kernel_bench
     # over the stock mixes' formats and T 64..32768, then derived): copy $OUT/ffn_table.json over
     # strata/kernels/moe/ffn_table.json with the CSV it names

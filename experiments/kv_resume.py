@@ -11,7 +11,8 @@ and the rest in pinned host memory (long_prompt's 131K cell that fits 12 GiB; `-
     resume      a P-token prompt (default 131,072) read and saved (--save-kv's writer,
                 strata.engine.kv_state), then Q new tokens (default 64) read after a resume
                 from the file, against a full re-read of the P + Q tokens: state_bytes,
-                full_read_s, save_s, load_s (the restore into the engine's stores), resume_s
+                full_read_s, save_s, load_s (the restore into the engine's stores that the read waits for: the
+                resident rows; the host-held ones are written beside the read), resume_s
                 (opening the state, restoring it and reading the Q tokens, to the first new
                 token's logits; the second resume, warm as the full read is: resume_first_s
                 is the first, which compiles its shape's launches), resume_speedup =

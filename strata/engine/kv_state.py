@@ -281,7 +281,9 @@ class KVState:
     def restore(self, cache, n: int) -> float:
         """Positions 0..n-1 into the empty `cache` (and, where the model has linear layers,
         their recurrent state, which stands at n = the saved length only); returns the seconds
-        it took."""
+        the read waited for it. A PromptKV's host-held rows are still being written when it
+        returns: one thread copies them beside the read, each layer's first stage waiting for
+        its rows (strata.engine.kv_stores.restore)."""
         if n > self.n_tokens:
             raise StrataError(f"{self.path} holds {self.n_tokens} positions, not {n}")
         linear = self.manifest.get("linear")

@@ -82,6 +82,7 @@ def layer_pieces(cache, layer: int) -> tuple[int, list[list[torch.Tensor]]]:
 
 
 def _prompt_kv_pieces(kv: PromptKV, layer: int, P: int):
+    kv.settle()                 # a restore's host-held rows are written before they are read
     W = kv.windows[layer]
     if W:
         R, n = kv.kept[layer], _held(P, W)
@@ -101,19 +102,26 @@ def _prompt_kv_pieces(kv: PromptKV, layer: int, P: int):
 def restore(cache, n: int, get) -> None:
     """Positions 0..n-1 of every layer back into an empty `cache` (its capacity counts them
     and what follows), then its length set to n: `get(layer, part_index, a, b)` gives rows of
-    positions a..b token-major (host tensors; a host-held PromptKV part is copied host to host,
-    the device-resident rows of every layer go up in one staged bulk copy a device,
-    strata.engine.pinning.stage_to_device, not one pageable copy a layer)."""
+    positions a..b token-major (host tensors). The device-resident rows of every layer go up in
+    one staged bulk copy a device (strata.engine.pinning.stage_to_device, not one pageable copy
+    a layer) before it returns. A PromptKV's host-held rows are copied host to host by one
+    thread beside the read that follows, layer by layer in the order the read needs them: the
+    layer's first stage waits for its rows (PromptKV.stage), so the copy of the older tokens (5
+    GB at 131K under a 32K window) hides under the read instead of preceding it."""
     if cache.length:
         raise StrataError("the KV is restored into an empty cache only")
     n_layer = len(cache.windows) if hasattr(cache, "windows") else len(cache.c)
     ups: list = []              # (device destination, host rows) of a PromptKV's resident rows
+    beside: list = []           # (layer, [(host destination, its rows' get args)]) of PromptKV
     for l in range(n_layer):
         if getattr(cache, "windows", None) and cache.windows[l] == NO_KV:
             continue            # a linear layer: its state is restore_states'
         if isinstance(cache, PromptKV):
             if l in cache.mine:
-                ups += _restore_prompt_kv(cache, l, n, get)
+                up, host = _restore_prompt_kv(cache, l, n, get)
+                ups += up
+                if host:
+                    beside.append((l, host))
         elif isinstance(cache, MLACache):
             for i, s in enumerate(cache._stores()):
                 x = get(l, i, 0, n)
@@ -129,6 +137,27 @@ def restore(cache, n: int, get) -> None:
                     store[l][:, :m] = x
     _upload(ups)
     cache.length = n
+    if beside:
+        _restore_beside(cache, beside, get)
+
+
+def _restore_beside(kv: PromptKV, jobs: list, get) -> None:
+    """Each layer's host-held rows written by one thread, in layer order, under the caller's
+    inference mode (a restore under torch.inference_mode writes inference tensors); each
+    layer's Future goes to kv.restoring."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from strata.engine.pinning import in_callers_mode
+
+    def copy(pairs) -> None:
+        for dst, args in pairs:
+            dst.copy_(get(*args))
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-restore")
+    run = in_callers_mode(copy)
+    for layer, pairs in jobs:
+        kv.restoring(layer, pool.submit(run, pairs))
+    pool.shutdown(wait=False)   # the thread ends with its last layer
 
 
 def _upload(pairs: list) -> None:
@@ -145,16 +174,17 @@ def _upload(pairs: list) -> None:
         stage_to_device(group, device)
 
 
-def _restore_prompt_kv(kv: PromptKV, layer: int, n: int, get) -> list:
-    """Host-held rows of `layer` copied in place; its resident rows returned as (device
-    destination, host rows) pairs for restore's bulk upload. A sliding layer's ring holds
-    position p at slot p % R: the held rows land in at most two runs of slots."""
+def _restore_prompt_kv(kv: PromptKV, layer: int, n: int, get) -> tuple[list, list]:
+    """`layer`'s resident rows as (device destination, host rows) pairs for restore's bulk
+    upload, and its host-held rows as (host destination, get's arguments) pairs for the copy
+    beside the read. A sliding layer's ring holds position p at slot p % R: the held rows land
+    in at most two runs of slots."""
     W = kv.windows[layer]
-    ups = []
+    ups, host_rows = [], []
     if W:
         R, m = kv.kept[layer], _held(n, W)
         if not m:
-            return ups
+            return ups, host_rows
         if m > R:
             raise StrataError(f"layer {layer} keeps {R} positions of its window, not {m}")
         first = (n - m) % R
@@ -164,14 +194,14 @@ def _restore_prompt_kv(kv: PromptKV, layer: int, n: int, get) -> list:
             ups.append((dst[first:first + a], rows[:a]))
             if m > a:
                 ups.append((dst[:m - a], rows[a:]))
-        return ups
+        return ups, host_rows
     h = min(n, kv.held[layer])
     for i, (host, res) in enumerate(zip(kv.hosted[layer], kv.resident[layer])):
         if h:
-            host[:h].copy_(get(layer, i, 0, h))
+            host_rows.append((host[:h], (layer, i, 0, h)))
         if n > h:
             ups.append((res[:n - h], get(layer, i, h, n)))
-    return ups
+    return ups, host_rows
 
 
 def reusable(n: int, saved: int, starts: list[int], windows: list[int]) -> bool:

@@ -34,7 +34,7 @@ from strata.engine.early import COPY_PIECE, PinMethod, huge_page_map  # noqa: F4
 from strata.errors import StrataError
 
 
-def _in_callers_mode(fn):
+def in_callers_mode(fn):
     """fn wrapped to run, on a pool's thread, under the calling thread's inference mode. The mode
     is per thread, and a destination made under torch.inference_mode (a KV store restored by a
     caller holding it) may be written in place only under that mode."""
@@ -59,7 +59,7 @@ def parallel_copy(dst: torch.Tensor, src: torch.Tensor, threads: int = 8,
     if (threads <= 1 and pool is None) or len(spans) <= 1:
         d.copy_(s)
         return
-    copy = _in_callers_mode(lambda ab: d[ab[0]:ab[1]].copy_(s[ab[0]:ab[1]]))
+    copy = in_callers_mode(lambda ab: d[ab[0]:ab[1]].copy_(s[ab[0]:ab[1]]))
     if pool is not None:
         list(pool.map(copy, spans))
         return
@@ -154,7 +154,7 @@ def parallel_copies(pairs: list[tuple[torch.Tensor, torch.Tensor]], pool: Thread
         for d, s in jobs:
             d.copy_(s)
         return
-    list(pool.map(_in_callers_mode(lambda ds: ds[0].copy_(ds[1])), jobs))
+    list(pool.map(in_callers_mode(lambda ds: ds[0].copy_(ds[1])), jobs))
 
 
 def _staging(nbytes: int, cuda: bool) -> tuple[torch.Tensor, object]:

@@ -70,7 +70,7 @@ class PrefillResult:
     kv: str = ""                       # the KV dtype every layer kept (--kv, resolved)
     kv_bytes: tuple[int, int] = (0, 0)  # (VRAM, host) bytes the prompt's KV allocated
     restored: int = 0                  # positions restored from a saved state before the read
-    restore_s: float = 0.0             # seconds the restore took
+    restore_s: float = 0.0             # seconds the read waited for the restore (host rows: beside)
     then: object = None                # what run's `then` returned
 
     def info(self) -> dict:

@@ -227,6 +227,9 @@ class PromptKV:
         # the copy a staged layer's attention issues next: the next staged layer's
         self._next = dict(zip(staged, staged[1:]))
         self._ready: dict[int, object] = {}    # layer -> event of its staged copy
+        # layer -> the Future writing its host-held rows while the read runs (a restore:
+        # strata.engine.kv_stores.restore); the layer's first stage waits for it
+        self._restoring: dict[int, object] = {}
 
     # -- storage ---------------------------------------------------------------------------
     def _store(self, n: int, device, pin: bool = False) -> list[torch.Tensor]:
@@ -272,6 +275,9 @@ class PromptKV:
     def stage(self, layer: int) -> None:
         """Issue the copy of `layer`'s host-held tokens seen by the current chunk into its stage
         (after everything the compute lane has queued: the stage's last reader, the host writes)."""
+        pending = self._restoring.pop(layer, None)
+        if pending is not None:
+            pending.result()          # its restored rows are written (or its error raised)
         n = min(self.length, self.held[layer])
         if n == 0 or layer in self._ready:
             return
@@ -409,8 +415,23 @@ class PromptKV:
         self.length += n_tokens
         self._ready.clear()
 
+    def restoring(self, layer: int, done) -> None:
+        """`done` (a Future) is writing `layer`'s host-held rows beside the read: the layer's
+        first stage, and settle, wait for it."""
+        self._restoring[layer] = done
+
+    def settle(self) -> None:
+        """Wait for every restore still writing host-held rows; the first one's error raises."""
+        pending, self._restoring = self._restoring, {}
+        for done in pending.values():
+            done.result()
+
     def release(self) -> None:
-        """Drop every tensor (the resident KV, the pinned host KV, the stage and scratch views)."""
+        """Drop every tensor (the resident KV, the pinned host KV, the stage and scratch views),
+        after any restore still writing into them has stopped (its error was the prompt's)."""
+        for done in self._restoring.values():
+            done.exception()
+        self._restoring = {}
         self.resident, self.hosted, self.stages, self._ready = [], [], {}, {}
         self.scratch, self.states = {}, None
 

@@ -288,3 +288,66 @@ def test_restore_reads_the_file_once(packs, tmp_path, kind):
         lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel()
         views += lo <= got.data_ptr() < hi
     assert views > 0           # the aligned parts (all of them here, but for odd-sized ones)
+
+
+class _SlowRows:
+    """A state's `rows`, each host-held read (positions from 0) held back until `go` is set,
+    or raising `fail` for layer `fail_layer`: what a restore beside the read sees of a file."""
+
+    def __init__(self, rows, *, fail_layer=None):
+        import threading
+        self.rows, self.go, self.fail_layer = rows, threading.Event(), fail_layer
+        self.served = []
+
+    def __call__(self, layer, part, a, b):
+        if a == 0 and part == 0:
+            if layer == self.fail_layer:
+                raise StrataError(f"layer {layer}: unreadable rows")
+            self.go.wait(30)
+            self.served.append(layer)
+        return self.rows(layer, part, a, b)
+
+
+def _saved(pack, tmp_path, kw):
+    toks = tokens("qwen3moe")
+    eng = engine(pack, **kw)
+    full = eng.run(toks, logits="all")
+    p = tmp_path / "s.kv"
+    eng.run(toks[:CUT], logits="last", then=save_after(p, pack, toks[:CUT].tolist()))
+    return eng, toks, full, p
+
+
+@pytest.mark.parametrize("kind", ["prompt-kv-host", "int8-host"])
+def test_host_rows_are_restored_beside_the_read(packs, tmp_path, kind):
+    """restore returns with the resident rows up and the host-held ones still being written
+    (the read's first stage of each layer waits for its rows); the new tokens' logits are the
+    full read's bit for bit, and every layer's rows were served in layer order."""
+    import threading
+    pack = packs["qwen3moe"]
+    eng, toks, full, p = _saved(pack, tmp_path, KINDS[kind])
+    st = KVState.open(p, pack=pack, kv=eng.kv.dtype)
+    slow = _SlowRows(st.rows)
+    st.rows = slow
+    threading.Timer(0.3, slow.go.set).start()
+    res = eng.run(toks[CUT:], logits="all", resume=(st, CUT))
+    assert res.restore_s < 0.3            # it did not wait for the held-back host rows
+    assert slow.served == list(range(SHAPES["qwen3moe"].n_layer))
+    assert torch.equal(res.logits, full.logits[CUT:])
+
+
+def test_a_failed_host_restore_fails_the_read_and_leaves_the_cache(packs, tmp_path):
+    """A layer whose host-held rows cannot be read fails the read with its one line; the
+    engine's expert cache ends as it began and the next read runs."""
+    pack = packs["qwen3moe"]
+    eng, toks, full, p = _saved(pack, tmp_path, KINDS["prompt-kv-host"])
+    part = eng.parts[0]
+    before, index = part.cache.buffer.clone(), dict(part.cache.index)
+    st = KVState.open(p, pack=pack, kv=eng.kv.dtype)
+    slow = _SlowRows(st.rows, fail_layer=1)
+    slow.go.set()
+    st.rows = slow
+    with pytest.raises(StrataError, match="layer 1: unreadable rows"):
+        eng.run(toks[CUT:], logits="all", resume=(st, CUT))
+    assert torch.equal(part.cache.buffer, before) and part.cache.index == index
+    again = eng.run(toks, logits="all")
+    assert torch.equal(again.logits, full.logits)
