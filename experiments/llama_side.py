@@ -108,6 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pack", type=Path, help="strata's pack of the same GGUF (strata bench)")
     ap.add_argument("--budget", default="12GiB")
     ap.add_argument("--prompts", default="8192,32768")
+    ap.add_argument("--llama-max", type=int, default=None,
+                    help="the longest prompt llama.cpp reads (longer ones: strata alone, e.g. "
+                         "131K / 262K where llama-bench's reps would pass a call's time)")
     ap.add_argument("--ub", default="2048,8192", help="llama.cpp -ub (= -b) values to try")
     ap.add_argument("--ncmoe", type=int, help="pin -ncmoe (else fitted to the budget)")
     ap.add_argument("--load-mode", default="none,mmap",
@@ -134,7 +137,7 @@ def main(argv=None) -> int:
                          gate="", timer="llama-bench" if label == "llama.cpp" else
                          "strata bench"))
     for P in (int(p) for p in a.prompts.split(",")):
-        got = run_llama(a, sizes, P)
+        got = run_llama(a, sizes, P) if a.llama_max is None or P <= a.llama_max else None
         if got:
             cfg = dict(gguf=a.gguf.name, budget=a.budget_text, ub=got["ub"],
                        ncmoe=got["ncmoe"], load_mode=got["load_mode"], fits=got["fits"],

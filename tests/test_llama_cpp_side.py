@@ -136,3 +136,28 @@ def test_the_side_fits_ncmoe_then_tries_each_load_mode(tmp_path, monkeypatch):
     cfg = json.loads(speed["config"])
     assert float(speed["value"]) == 2064 and (cfg["ub"], cfg["ncmoe"], cfg["load_mode"]) == \
         (64, 2, "none") and "-ncmoe 2 -lm none" in cfg["cmd"] and cfg["fits"]
+
+
+def test_prompts_past_llama_max_are_strata_alone(tmp_path, monkeypatch):
+    """--llama-max: llama-bench reads the prompts up to it only (a longer one is strata's
+    alone); with no --pack and every prompt past it, nothing is measured: exit 1, no CSV."""
+    import importlib.util
+    bench = tmp_path / "llama-bench"
+    bench.write_text(FAKE_BENCH)
+    bench.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS", str(calls))
+    spec = importlib.util.spec_from_file_location(
+        "llama_side", Path(__file__).resolve().parents[1] / "experiments" / "llama_side.py")
+    side = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(side)
+    base = ["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--bin", str(tmp_path), "--budget",
+            "1GiB", "--ub", "32", "--reps", "1", "--compute-margin", "0", "--ncmoe", "2"]
+    out = tmp_path / "out"
+    assert side.main(base + ["--prompts", "64,128", "--llama-max", "64", "--out", str(out)]) == 0
+    assert {line.split()[0] for line in calls.read_text().split("\n")[:-1]} == {"32"}
+    assert len(calls.read_text().split("\n")[:-1]) == 2       # P 64 only: none, then mmap
+    calls.unlink()
+    assert side.main(base + ["--prompts", "128", "--llama-max", "64", "--out",
+                             str(tmp_path / "none")]) == 1
+    assert not calls.exists() and not (tmp_path / "none").exists()
