@@ -27,7 +27,9 @@ whole; the row says whether it fit). -fit off keeps llama.cpp from moving the fl
 tokens/s is its own figure (llama_perf_context_print's prompt eval line: the tokens it evaluated
 over their milliseconds; loading and tokenizing not counted); the wall is recorded beside it.
 Its logger can lose its last lines at exit (a thread it never joins, ggml-org/llama.cpp#22142;
-seen on a loaded CPU): a run that exits 0 without them is run again, up to LOST_RUNS times.
+seen on a loaded CPU): a run that exits 0 without them is run again, up to LOST_RUNS times; when
+the last one still lost only its perf line (its final PPL line came), the PPL is kept and its
+tokens/s row and the speedup are left out, not made up.
 Without a GPU its buffers are all in host memory: N is the first fit (0 under a large budget) and
 the tokens/s mean nothing (the plot says CPU).
 
@@ -74,7 +76,12 @@ _READY = re.compile(r"perplexity: tokenizing the input")   # after the context i
 
 class LostTail(RuntimeError):
     """llama-perplexity exited 0 without its last lines: its logger (a thread it never joins,
-    ggml-org/llama.cpp#22142) can lose what is queued when main returns."""
+    ggml-org/llama.cpp#22142) can lose what is queued when main returns. `got`: what the run's
+    log did hold."""
+
+    def __init__(self, message: str, got: dict):
+        super().__init__(message)
+        self.got = got
 
 
 def llama_parse(log: str) -> dict:
@@ -127,8 +134,10 @@ def llama_once(a, text: Path, n: int) -> dict:
         raise RuntimeError(f"{TOOL} -ncmoe {n} killed after --timeout {a.timeout:g} s")
     if not killed and (rc != 0 or "ppl" not in got or "tokens_per_s" not in got):
         tail = " | ".join(text_log.strip().splitlines()[-3:])
-        lost = LostTail if rc == 0 else RuntimeError
-        raise lost(f"{TOOL} -ncmoe {n} failed (exit {rc}): {tail[-400:]}")
+        message = f"{TOOL} -ncmoe {n} failed (exit {rc}): {tail[-400:]}"
+        if rc == 0:
+            raise LostTail(message, got)
+        raise RuntimeError(message)
     return got
 
 
@@ -142,9 +151,17 @@ def run_llama(a, sizes, text: Path) -> dict:
             try:
                 got = llama_once(a, text, n)
                 break
-            except LostTail:
+            except LostTail as e:
                 if again == LOST_RUNS - 1:
-                    raise
+                    if "ppl" not in e.got:
+                        raise
+                    # its PPL is whole (the final line came); only the perf line after it is
+                    # lost: the row keeps the PPL and has no tokens/s (none is made up)
+                    print(f"[llama.cpp] -ncmoe {n}: its log lost its perf line {LOST_RUNS} times "
+                          f"(ggml-org/llama.cpp#22142): its PPL kept, its tokens/s missing",
+                          flush=True)
+                    got = dict(e.got, lost_tail=True)
+                    break
                 print(f"[llama.cpp] -ncmoe {n}: its log lost its last lines at exit "
                       f"(ggml-org/llama.cpp#22142); running it again", flush=True)
         print(f"[llama.cpp] -ncmoe {n}: GPU {got['gpu_mib']:.0f} MiB "
@@ -273,11 +290,13 @@ def measure(a, sizes, text: Path, n_tokens: int, reps: int) -> int:
             timer = "llama_perf_context_print: prompt eval"
         add(label, "ppl", r["ppl"], "PPL", cfg)
         add(label, "ppl_err", r["ppl_err"] if r["ppl_err"] is not None else math.nan, "PPL", cfg)
-        add(label, "tokens_per_s", r["tokens_per_s"] or 0.0, "tok/s", cfg, timer=timer)
+        if r.get("tokens_per_s"):
+            add(label, "tokens_per_s", r["tokens_per_s"], "tok/s", cfg, timer=timer)
         add(label, "wall_s", r["wall_s"], "s", cfg, timer="perf_counter around the command")
+        speed_text = f"{r['tokens_per_s']:,.0f} tok/s" if r.get("tokens_per_s") else \
+            "tokens/s missing (its log's perf line lost)"
         print(f"[{label}] PPL {r['ppl']:.4f} +/- {r['ppl_err'] or 0:.5f} over "
-              f"{cfg['windows']} windows, {r['tokens_per_s'] or 0:,.0f} tok/s, wall "
-              f"{r['wall_s']:.1f} s", flush=True)
+              f"{cfg['windows']} windows, {speed_text}, wall {r['wall_s']:.1f} s", flush=True)
         write_csv(rows, path)     # a call cut short keeps the first tool's rows
     if not rows:
         print("ppl_side: nothing measured", file=sys.stderr)
@@ -287,11 +306,14 @@ def measure(a, sizes, text: Path, n_tokens: int, reps: int) -> int:
         rel = abs(s["ppl"] / l["ppl"] - 1)
         add("strata", "ppl_rel_diff", rel, "rel", dict(ppl_llama=l["ppl"], ppl_strata=s["ppl"]),
             bound=f"{REL_BAR:g} (issue 39 item 4)", bound_value=REL_BAR)
-        speed = (s["tokens_per_s"] or 0.0) / l["tokens_per_s"] if l.get("tokens_per_s") else 0.0
-        add("strata", "speedup", speed, "x", dict(ncmoe=l["ncmoe"]),
-            bound=f">= {TARGET:g}x (issue 39 item 6)", bound_value=TARGET)
+        speed = None
+        if s.get("tokens_per_s") and l.get("tokens_per_s"):
+            speed = s["tokens_per_s"] / l["tokens_per_s"]
+            add("strata", "speedup", speed, "x", dict(ncmoe=l["ncmoe"]),
+                bound=f">= {TARGET:g}x (issue 39 item 6)", bound_value=TARGET)
         print(f"[side] PPL strata / llama.cpp - 1 = {rel:.2e} (bar {REL_BAR:g}); strata "
-              f"{speed:.2f}x llama.cpp's tokens/s", flush=True)
+              + (f"{speed:.2f}x llama.cpp's tokens/s" if speed is not None else
+                 "against llama.cpp's tokens/s: missing"), flush=True)
     write_csv(rows, path)
     plot(rows, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
@@ -310,7 +332,9 @@ def plot(rows: list[dict], png: Path) -> None:
         words.append(f"llama-perplexity -ncmoe {lcfg['ncmoe']} (GPU {lcfg['gpu_mib']:.0f} MiB), "
                      f"-b/-ub {lcfg['ub']}")
     if rel is not None:
-        words.append(f"PPL strata / llama.cpp - 1 = {rel:.1e}; strata {speed:.2f}x llama.cpp"
+        words.append(f"PPL strata / llama.cpp - 1 = {rel:.1e}; strata "
+                     + (f"{speed:.2f}x llama.cpp" if speed is not None else
+                        "beside llama.cpp's tokens/s: missing (its log lost its perf line)")
                      + ("  [CPU: tokens/s not meaningful]" if cpu else ""))
     bars(rows, png, x_keys=["ctx"], figures=["tokens_per_s", "ppl", "wall_s"],
          title="\n".join(words))

@@ -96,7 +96,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, case):
 
 # a stand-in llama-perplexity: GPU buffers of (2 - N) * 1000 + 600 MiB under -ncmoe N, logged
 # as the tool logs them; a run that is not killed at its context reads for 30 s; with LOSE_ONCE
-# set, its first run that reads exits 0 without its last lines (llama.cpp's logger at exit)
+# set, its first run that reads exits 0 without its last lines (llama.cpp's logger at exit); with
+# LOSE_PERF set, every run loses only its perf line (after its final PPL)
 _STANDIN = r"""n=0; while [ $# -gt 0 ]; do [ "$1" = -ncmoe ] && n=$2; shift; done
 echo "load_tensors:        CUDA0 model buffer size = $(( (2 - n) * 1000 + 400 )).00 MiB"
 echo "llama_kv_cache:        CUDA0 KV buffer size = 100.00 MiB"
@@ -106,6 +107,7 @@ echo "perplexity: tokenizing the input .."
 echo "perplexity: calculating perplexity over 7 chunks, n_ctx=64, batch_size=256, n_seq=4"
 if [ -n "${LOSE_ONCE:-}" ] && [ ! -f "$LOSE_ONCE" ]; then touch "$LOSE_ONCE"; exit 0; fi
 echo "Final estimate: PPL = 123.4567 +/- 1.23456"
+[ -n "${LOSE_PERF:-}" ] && exit 0
 echo "llama_perf_context_print: prompt eval time =     100.00 ms /   448 tokens (    0.22 ms per token,  4480.00 tokens per second)"
 """
 
@@ -154,7 +156,7 @@ def test_a_budget_no_ncmoe_fits_is_one_line_exit_2(tmp_path, tiny, monkeypatch, 
 
 
 @pytest.mark.parametrize("llama_args", ["", "-ctk f32 -ctv f32 -fa off"])
-def test_smoke_on_the_cpu(tmp_path, tiny, monkeypatch, llama_args):
+def test_smoke_on_the_cpu(tmp_path, tiny, monkeypatch, capsys, llama_args):
     bin_dir = _bin()
     if bin_dir is None:
         pytest.skip("no llama-perplexity binary (set STRATA_LLAMA_BIN to its bin folder)")
@@ -176,8 +178,12 @@ def test_smoke_on_the_cpu(tmp_path, tiny, monkeypatch, llama_args):
     assert ll["config"]["ncmoe"] == 0                 # no GPU: every buffer in host memory
     rel = rows["strata", "ppl_rel_diff"]["value"]
     assert rel == pytest.approx(abs(s["value"] / ll["value"] - 1)) and rel <= REL, rel
+    lost = "its PPL kept, its tokens/s missing" in capsys.readouterr().out
     for label in ("strata", "llama.cpp"):
-        assert rows[label, "tokens_per_s"]["value"] > 0
+        if label == "llama.cpp" and lost:      # its perf line lost every time: no row made up
+            assert (label, "tokens_per_s") not in rows
+        else:
+            assert rows[label, "tokens_per_s"]["value"] > 0
         assert rows[label, "wall_s"]["value"] > 0
 
 
@@ -209,3 +215,27 @@ def test_a_run_that_lost_its_last_lines_runs_again(tmp_path, tiny, monkeypatch, 
     (csv_path,) = (tmp_path / "out").glob("ppl_side-*.csv")
     rows = {(r["label"], r["figure"]): r for r in read_csv(csv_path)}
     assert rows["llama.cpp", "ppl"]["value"] == 123.4567
+
+
+def test_a_perf_line_lost_every_time_keeps_the_ppl_and_makes_no_speed(tmp_path, tiny,
+                                                                     monkeypatch, capsys):
+    """Every run prints its final PPL and loses the perf line after it: after LOST_RUNS runs the
+    PPL is kept, with no llama.cpp tokens/s row and no speedup (none is made up), exit 0."""
+    gguf, pack = tiny
+    mod = _script()
+    monkeypatch.setattr(mod, "run_strata", _strata_stub)
+    monkeypatch.setenv("FITS_AT", "0")
+    monkeypatch.setenv("LOSE_PERF", "1")
+    rc = mod.main(["--gguf", str(gguf), "--pack", str(pack), "--bin",
+                   str(_fake_bin(tmp_path, _STANDIN)), "--budget", "1TiB", "--tokens", "500",
+                   "--ctx", "64", "--compute-margin", "0", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.count("its log lost its last lines at exit") == mod.LOST_RUNS - 1
+    assert "its PPL kept, its tokens/s missing" in out
+    (csv_path,) = (tmp_path / "out").glob("ppl_side-*.csv")
+    rows = {(r["label"], r["figure"]): r for r in read_csv(csv_path)}
+    assert rows["llama.cpp", "ppl"]["value"] == 123.4567
+    assert ("llama.cpp", "tokens_per_s") not in rows and ("strata", "speedup") not in rows
+    assert rows["strata", "tokens_per_s"]["value"] == 9000.0
+    assert csv_path.with_suffix(".png").stat().st_size > 0
