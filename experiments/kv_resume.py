@@ -25,8 +25,8 @@ and the rest in pinned host memory (long_prompt's 131K cell that fits 12 GiB; `-
                 tokens, each given whole (document + question, --reuse's longest common prefix):
                 ttft_s per question beside the document's own read (doc_read_s)
     decode      N tokens (default 128) after the resumed prompt (strata.engine.generate):
-                decode_tokens_per_s beside its bound (expert bytes a token streamed over the
-                H2D rate measured in this run)
+                decode_tokens_per_s beside its bound (the expert bytes and the host-held KV
+                bytes a token streamed, over the H2D rate measured in this run)
 
 llama.cpp's anchor (the same GGUF, `llama-server` with its prompt cache, or `llama-cli
 --prompt-cache` / slot save and restore) is run apart; its times go beside these rows.
@@ -164,10 +164,12 @@ def measure(args, rec: bench.Recorder) -> None:
     gbps = r.stats.h2d_gbps if torch.cuda.is_available() and r.stats.bytes_streamed else None
     d = decode_bound(r.then, shape, [pl.blob_size for pl in pack.layers], gbps, False)
     rec.add("decode_tokens_per_s", d["tokens_per_s"], "tok/s",
-            bound="expert bytes streamed a token / H2D rate",
+            bound="(expert + host-held KV) bytes streamed a token / H2D rate",
             bound_value=d["bound_tokens_per_s"], timer=bench.WALL_TIMER, prompt=P + Q,
             n=args.decode, **cfg)
     rec.add("decode_bytes_per_token", d["bytes_streamed_per_token"], "B", prompt=P + Q,
+            n=args.decode, **cfg)
+    rec.add("decode_kv_bytes_per_token", d.get("kv_bytes_per_token", 0.0), "B", prompt=P + Q,
             n=args.decode, **cfg)
     print(f"[kv] decode {args.decode} tokens: {d['tokens_per_s']:.2f} tok/s, bound "
           f"{d['bound_tokens_per_s'] or float('inf'):.2f}", flush=True)

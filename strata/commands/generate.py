@@ -162,6 +162,7 @@ def _run_streamed(args, pack, io, pick) -> dict:
             "kv": res.kv, "prompt_tokens_read": st.tokens, "prompt_s": st.seconds,
             "restore_s": res.restore_s, "prefill_chunk": res.chunk, "prefill_ring": res.ring,
             "decode": {"tokens": out.tokens, "bytes_streamed": out.bytes_streamed,
+                       "kv_bytes_streamed": out.kv_bytes_streamed,
                        "routed": out.routed, "cache_hits": out.cache_hits,
                        **decode_bound(out, pack.shape, blobs, gbps, False)}}
 
@@ -179,15 +180,18 @@ def summary(r: dict, text, io) -> str:
            f"{d['seconds']:.3f} s)"
     if d["bound"] == "resident":
         rate += "; experts resident: no PCIe traffic, bound by the device's compute/memory"
-    elif not d["bytes_streamed_per_token"]:
+    elif not d["bytes_streamed_per_token"] and not d["kv_bytes_per_token"]:
         rate += (f"; every routed expert came from the cache: no PCIe traffic (empty cache: "
                  f"bound {d['empty_cache_bound_tokens_per_s']:,.1f} tokens/s at "
                  f"{d['pcie_gbps']:.1f} GB/s)")
     else:
-        per = d["bytes_streamed_per_token"]
-        rate += (f"; {per / 1e6:,.2f} MB of experts streamed a token at {d['pcie_gbps']:.1f} "
-                 f"GB/s -> bound {d['bound_tokens_per_s'] or float('inf'):,.1f} tokens/s "
-                 f"(empty cache: {d['empty_cache_bound_tokens_per_s'] or float('inf'):,.1f})")
+        per, kv = d["bytes_streamed_per_token"], d["kv_bytes_per_token"]
+        kv_text = f" and {kv / 1e6:,.2f} MB of host-held KV" if kv else ""
+        bound = d["bound_tokens_per_s"] or float("inf")
+        empty = d["empty_cache_bound_tokens_per_s"] or float("inf")
+        rate += (f"; {per / 1e6:,.2f} MB of experts{kv_text} streamed a token at "
+                 f"{d['pcie_gbps']:.1f} GB/s -> bound {bound:,.1f} tokens/s (empty cache: "
+                 f"{empty:,.1f})")
     lines.append(rate)
     if io.state is not None or io.save is not None:
         lines.append(kv_line(r["kv_state"]))

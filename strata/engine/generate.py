@@ -13,8 +13,10 @@ them, and each later one from the forward of the one before, so n tokens take n 
 and the KV must hold the prompt + n - 1 tokens.
 
 The bound beside the measured rate (`decode_bound`): a streamed token's routed experts that
-missed the cache cross PCIe, so tokens/s <= rate / (expert bytes streamed per token); with every
-expert resident (or every routed one cached) nothing crosses and the bound is the device's.
+missed the cache cross PCIe, and so does the prompt's host-held KV (a long prompt's older tokens,
+staged back at every step's attention), so tokens/s <= rate / (expert + KV bytes streamed per
+token); with every expert resident (or every routed one cached) and the KV in VRAM nothing
+crosses and the bound is the device's.
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ class Decoded:
     forwards: int = 0             # tokens forwarded (n - 1)
     seconds: float = 0.0          # the forwards, synchronized
     bytes_streamed: int = 0       # expert bytes streamed host -> device during them
+    kv_bytes_streamed: int = 0    # host-held KV staged back to the device during them
     routed: int = 0               # (layer, expert) pairs routed
     cache_hits: int = 0           # of those, served from the cache
 
@@ -76,6 +79,7 @@ def decode(model, provider, cache, logits: torch.Tensor, n: int, pick: Sampler, 
     if n < 1:
         raise StrataError(f"-n must be at least 1, got {n}")
     marks = [len(p.chunks) for p in providers]
+    kv0 = getattr(cache, "streamed", None)    # PromptKV: each step stages its host-held part
     out = Decoded([pick(_finite(logits, 0))])
     if sync is not None:
         sync()
@@ -88,6 +92,8 @@ def decode(model, provider, cache, logits: torch.Tensor, n: int, pick: Sampler, 
     if sync is not None:
         sync()
     out.seconds = time.perf_counter() - t0
+    if kv0 is not None:
+        out.kv_bytes_streamed = cache.streamed - kv0
     for p, m in zip(providers, marks):
         for c in p.chunks[m:]:
             c.settle()
@@ -121,8 +127,10 @@ def decode_bound(out: Decoded, shape, blob_sizes, gbps: float | None, resident: 
         return r
     rate = (gbps or PINNED_PCIE_GBPS) * 1e9
     per = out.bytes_streamed / out.forwards if out.forwards else 0.0
+    kv = out.kv_bytes_streamed / out.forwards if out.forwards else 0.0
     r.update(bound="pcie", pcie_gbps=rate / 1e9, bytes_streamed_per_token=per,
+             kv_bytes_per_token=kv,
              cache_hit_fraction=out.cache_hits / out.routed if out.routed else None,
-             bound_tokens_per_s=rate / per if per else None,
-             empty_cache_bound_tokens_per_s=rate / routed if routed else None)
+             bound_tokens_per_s=rate / (per + kv) if per + kv else None,
+             empty_cache_bound_tokens_per_s=rate / (routed + kv) if routed + kv else None)
     return r

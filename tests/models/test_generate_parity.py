@@ -97,3 +97,20 @@ def test_resume_then_generate_equals_transformers(model, capsys, tmp_path):
     r = generate(capsys, pack, "--tokens", ids(prompt[8:]), "--resume", st)
     assert r["generated"] == want, arch
     assert (r["kv_state"]["restored"], r["kv_state"]["read"]) == (8, len(prompt) - 8)
+
+
+def test_a_streamed_decode_over_host_held_kv_counts_it_in_its_bound(model, capsys):
+    """With the prompt's older tokens held in host memory (--kv-resident 4), each decode step
+    stages them back: the decode counts those bytes, and its bound is the H2D rate over the
+    expert and KV bytes a token together (the tokens still transformers')."""
+    arch, pack, prompt, want = model
+    from strata.packs import Pack
+    blob = Pack.open(pack).max_blob
+    r = generate(capsys, pack, "--tokens", ids(prompt), "--cache", 12 * blob, "--chunk", "5",
+                 "--ring", "2", "--no-warmup", "--kv-resident", "4")
+    assert r["generated"] == want, arch
+    d = r["decode"]
+    assert d["kv_bytes_streamed"] > 0 and d["kv_bytes_per_token"] > 0
+    assert d["kv_bytes_per_token"] == d["kv_bytes_streamed"] / d["forwards"]
+    per = d["bytes_streamed_per_token"] + d["kv_bytes_per_token"]
+    assert d["bound_tokens_per_s"] == pytest.approx(d["pcie_gbps"] * 1e9 / per)
