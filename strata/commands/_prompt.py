@@ -136,3 +136,18 @@ def check_context(n_tokens: int, shape, flag: str = "the prompt") -> None:
     if n_tokens > shape.max_pos:
         raise StrataError(f"{flag} has {n_tokens} tokens, longer than the model's context of "
                           f"{shape.max_pos} tokens; shorten it")
+
+
+def prompts_summary(first: str, reports: list[dict]) -> str:
+    """--prompts-file: one line per prompt, after the first prompt's full summary `first` (a
+    prompt read after a saved one says how many positions it restored)."""
+    lines = [first, "  prompts   (one engine, loaded once)"]
+    for i, r in enumerate(reports):
+        seqs = f" ({r['sequences']} prompts)" if "sequences" in r else ""
+        kv = r.get("kv_state") or {}
+        after = f" after {kv['restored']:,} restored" if kv.get("restored") else ""
+        lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens{seqs}{after}  "
+                     f"{r['tokens_per_s']:>10,.1f} tokens/s  {r['seconds']:.3f} s  chunk "
+                     f"{r['prefill_chunk']} ring {r['prefill_ring']}  warm-up "
+                     f"{r['warmup_s']:.3f} s")
+    return "\n".join(lines)

@@ -11,7 +11,9 @@ with the tokenizer the pack carries from its GGUF or Hugging Face source (strata
   compute waited on copies. Before the prompt is timed the engine warms up (PrefillEngine.warmup:
   one dry prompt through the prompt's plan compiles and loads every kernel variant it launches;
   `--no-warmup` skips it), and startup, warm-up and prompt time are reported apart.
-- `--prompts-file F` reads many prompts in one session (one engine, loaded once); `--trace
+- `--prompts-file F` reads many prompts in one session (one engine, loaded once); with
+  `--resume STATE` (or `--reuse`) each is read after the saved prompt, restored for each: many
+  questions on one saved document in one process; `--trace
   out.json` writes the copy and compute lanes of every pass as a Chrome/Perfetto trace, and
   out.png one chunk's lanes (strata.engine.trace).
 """
@@ -30,7 +32,8 @@ from strata.atomic import check_output
 from strata.commands._args import (DTYPES, add_budget_flags, check_budget_flags, engine_config,
                                    resolve_experts)
 from strata.commands._prompt import (check_context, dump_path, open_checked, parse_tokens,
-                                     prompt_ids, prompt_line, read_prompts_file, save_logits)
+                                     prompt_ids, prompt_line, prompts_summary, read_prompts_file,
+                                     save_logits)
 from strata.commands._packing import batch_room, read_batches
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import resolve_kv
@@ -63,7 +66,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="many prompts in one session (needs --vram/--cache): one per line, "
                           "either comma-separated token ids (`1,2,3`; one token: `5,`) or a "
                           "length `N` alone (N random ids, seeded by --seed + the line number); "
-                          "blank lines and lines starting with # are skipped")
+                          "blank lines and lines starting with # are skipped; with --resume "
+                          "/ --reuse each is read after the saved prompt")
     src.add_argument("--pack-prompts", action="store_true",
                      help="--prompts-file: read consecutive prompts together as one batch of "
                           "packed sequences, up to the planned chunk (the experts stream once "
@@ -330,17 +334,23 @@ def run_streaming(args) -> int:
         if dump:
             raise StrataError("--dump-logits writes one prompt's logits; drop it with "
                               "--prompts-file")
-        if uses_kv_state(args):
-            raise StrataError("--save-kv, --resume and --reuse take one prompt; drop "
-                              "--prompts-file")
+        if args.save_kv or (uses_kv_state(args) and args.pack_prompts):
+            raise StrataError("--save-kv and --pack-prompts take one prompt's KV; with "
+                              "--prompts-file give --resume or --reuse alone (each prompt is "
+                              "read after the saved one)")
         prompts = read_prompts_file(args.prompts_file, pack.shape.vocab, args.seed)
+        # many questions on one saved document: each prompt restores it and reads its own tokens
+        ios = [io] * len(prompts)
+        if uses_kv_state(args):
+            ios = [kv_io(args, pack, t, from_text=False) for t in prompts]
+            prompts = [i.new for i in ios]
     else:
         tokens, text = prompt_ids(args, pack)
         io = kv_io(args, pack, tokens, from_text=text is not None)
-        prompts = [io.new]
-    longest = max(max(len(t) for t in prompts), io.total)
-    check_context(longest, pack.shape)
-    room = max(batch_room(args, prompts), io.total)
+        prompts, ios = [io.new], [io]
+    total = max(i.total for i in ios)
+    check_context(max(max(len(t) for t in prompts), total), pack.shape)
+    room = max(batch_room(args, prompts), total)
     cfg = engine_config(args, room, progress=not args.json)
     check_context(cfg.max_prompt, pack.shape, "--max-prompt")
     for t in {len(t) for t in prompts if t} | {room}:   # before the engine pins or allocates
@@ -349,9 +359,12 @@ def run_streaming(args) -> int:
     engine = PrefillEngine(pack, cfg, early=getattr(args, "_early", None))  # pinned, cache filled
     startup = time.perf_counter() - t0
     trace = LaneTrace(str(args.pack)) if trace_path else None
-    io.check_kv(engine.kv.dtype)
+    for i in ios:
+        i.check_kv(engine.kv.dtype)
     reports = []
-    for tokens, packed, plan in read_batches(engine, prompts, room if args.pack_prompts else 0):
+    batches = read_batches(engine, prompts, room if args.pack_prompts else 0)
+    for k, (tokens, packed, plan) in enumerate(batches):
+        io = ios[k] if packed is None else ios[0]   # packed: no saved state (refused above)
         n = max(len(tokens), io.total)
         warm = 0.0 if args.no_warmup else engine.warmup(n, packed=packed)
         if trace is not None and trace not in engine.observers:
@@ -384,19 +397,8 @@ def run_streaming(args) -> int:
         print((prompt_line(text) + "\n" if text else "") + streaming_summary(reports[0])
               + ("\n" + kv_line(reports[0]["kv_state"]) if io.state or io.save else ""))
     else:
-        print(prompts_summary(reports))
+        print(prompts_summary(streaming_summary(reports[0]), reports))
     return 0
-
-
-def prompts_summary(reports: list[dict]) -> str:
-    """--prompts-file: one line per prompt, after the first prompt's full summary."""
-    lines = [streaming_summary(reports[0]), "  prompts   (one engine, loaded once)"]
-    for i, r in enumerate(reports):
-        seqs = f" ({r['sequences']} prompts)" if "sequences" in r else ""
-        lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens{seqs}  {r['tokens_per_s']:>10,.1f} "
-                     f"tokens/s  {r['seconds']:.3f} s  chunk {r['prefill_chunk']} ring "
-                     f"{r['prefill_ring']}  warm-up {r['warmup_s']:.3f} s")
-    return "\n".join(lines)
 
 
 def refuse_unfit_plan(pack, cfg, n_tokens: int) -> None:

@@ -351,3 +351,39 @@ def test_a_failed_host_restore_fails_the_read_and_leaves_the_cache(packs, tmp_pa
     assert torch.equal(part.cache.buffer, before) and part.cache.index == index
     again = eng.run(toks, logits="all")
     assert torch.equal(again.logits, full.logits)
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--reuse"])
+def test_cli_questions_after_one_saved_document(packs, tmp_path, capsys, flag):
+    """`strata prefill --prompts-file Q --resume DOC` (or --reuse with the whole prompts): each
+    question is read after the saved document, restored for each, in one engine; each one's
+    last logits equal a full read of document + question (the streaming engine, KV partly in
+    host memory). --save-kv and --pack-prompts with it are refused in one line."""
+    pack, t = packs["qwen3moe"], tokens("qwen3moe").tolist()
+    ids = lambda xs: ",".join(map(str, xs))   # noqa: E731
+    common = ["--device", "cpu", "--experts", "ref", "--chunk", "8", "--ring", "2", "--vram",
+              "1GiB", "--cache", 24 * pack.max_blob, "--kv-resident", "5", "--max-prompt", "64",
+              "--no-warmup"]
+    doc, qs = t[:CUT], [t[CUT:CUT + 3], t[CUT + 3:], t[CUT + 5:CUT + 13]]
+    st = tmp_path / "doc.kv"
+    rc, _ = _cli(capsys, "prefill", pack.path, "--tokens", ids(doc), "--save-kv", st, *common)
+    assert rc == 0
+    f = tmp_path / "q.txt"
+    f.write_text("\n".join(ids(doc + q if flag == "--reuse" else q) for q in qs) + "\n")
+    rc, out = _cli(capsys, "prefill", pack.path, "--prompts-file", f, flag, st, "--json",
+                   *common)
+    assert rc == 0, out.err
+    reports = json.loads(out.out)
+    assert [(r["kv_state"]["restored"], r["kv_state"]["read"]) for r in reports] == \
+        [(CUT, len(q)) for q in qs]
+    eng = PrefillEngine(Pack.open(pack.path), EngineConfig(
+        vram=1 << 30, cache=24 * pack.max_blob, max_prompt=64, device="cpu", chunk=8, ring=2,
+        ffn="ref", kv_resident=5))
+    for r, q in zip(reports, qs):
+        full = eng.run(torch.tensor(doc + q), logits="last").logits
+        assert r["next_token"] == int(full[-1].argmax()), r
+    for extra in (["--save-kv", tmp_path / "x.kv"], ["--pack-prompts"]):
+        rc, out = _cli(capsys, "prefill", pack.path, "--prompts-file", f, flag, st, *extra,
+                       *common)
+        assert rc == 2 and "--prompts-file give --resume or --reuse alone" in out.err
+        assert "\n" not in out.err.strip()
