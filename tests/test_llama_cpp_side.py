@@ -106,23 +106,26 @@ print(f"x,{arg('-ub')},{P},0,{(2000 if lm == 'none' else 1000) + int(arg('-ub'))
 '''
 
 
+def _side_with_fake_bench(tmp_path, monkeypatch):
+    """experiments/llama_side.py loaded, FAKE_BENCH as llama-bench in tmp_path, and the file
+    its calls are appended to."""
+    from tests.scripts import load_script
+    bench = tmp_path / "llama-bench"
+    bench.write_text(FAKE_BENCH)
+    bench.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS", str(calls))
+    return load_script("experiments/llama_side.py"), calls
+
+
 def test_the_side_fits_ncmoe_then_tries_each_load_mode(tmp_path, monkeypatch):
     """experiments/llama_side.py against a stand-in llama-bench: for each -ub, -ncmoe grows from
     the size-based fit until llama.cpp's reported GPU buffers fit the budget (under the first
     load mode), the other load mode runs at that N only, and the row kept is the fastest that
     fits, with its -ub, N and load mode in the row's config and command."""
     import csv
-    import importlib.util
     import json
-    bench = tmp_path / "llama-bench"
-    bench.write_text(FAKE_BENCH)
-    bench.chmod(0o755)
-    calls = tmp_path / "calls.txt"
-    monkeypatch.setenv("CALLS", str(calls))
-    spec = importlib.util.spec_from_file_location(
-        "llama_side", Path(__file__).resolve().parents[1] / "experiments" / "llama_side.py")
-    side = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(side)
+    side, calls = _side_with_fake_bench(tmp_path, monkeypatch)
     out = tmp_path / "out"
     assert side.main(["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--bin", str(tmp_path),
                       "--budget", "1GiB", "--prompts", "64", "--ub", "32,64", "--reps", "1",
@@ -141,16 +144,7 @@ def test_the_side_fits_ncmoe_then_tries_each_load_mode(tmp_path, monkeypatch):
 def test_prompts_past_llama_max_are_strata_alone(tmp_path, monkeypatch):
     """--llama-max: llama-bench reads the prompts up to it only (a longer one is strata's
     alone); with no --pack and every prompt past it, nothing is measured: exit 1, no CSV."""
-    import importlib.util
-    bench = tmp_path / "llama-bench"
-    bench.write_text(FAKE_BENCH)
-    bench.chmod(0o755)
-    calls = tmp_path / "calls.txt"
-    monkeypatch.setenv("CALLS", str(calls))
-    spec = importlib.util.spec_from_file_location(
-        "llama_side", Path(__file__).resolve().parents[1] / "experiments" / "llama_side.py")
-    side = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(side)
+    side, calls = _side_with_fake_bench(tmp_path, monkeypatch)
     base = ["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--bin", str(tmp_path), "--budget",
             "1GiB", "--ub", "32", "--reps", "1", "--compute-margin", "0", "--ncmoe", "2"]
     out = tmp_path / "out"
