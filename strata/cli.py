@@ -93,12 +93,8 @@ def entry() -> int:
     without the interpreter's teardown where a command asked for that."""
     rc = main()
     if _skip_teardown:
-        for f in (sys.stdout, sys.stderr):
-            try:
-                f.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(rc)
+        from strata.engine.distributed import exit_flushed
+        exit_flushed(rc)
     return rc
 
 

@@ -149,9 +149,15 @@ def leave(code: int = 0) -> None:
     down, flush, and exit without the interpreter's teardown, where gloo's worker threads can
     abort the process (SIGABRT after every result was written) — as `strata prefill
     --distributed` leaves (strata.commands._dist). Never returns."""
-    import sys
     dist.barrier()
     dist.destroy_process_group()
+    exit_flushed(code)
+
+
+def exit_flushed(code: int) -> None:
+    """Flush stdout and stderr, then leave by os._exit: no interpreter teardown (where gloo's
+    worker threads can abort a finished process). Never returns."""
+    import sys
     for f in (sys.stdout, sys.stderr):
         try:
             f.flush()
