@@ -11,8 +11,8 @@ and the rest in pinned host memory (long_prompt's 131K cell that fits 12 GiB; `-
     resume      a P-token prompt (default 131,072) read and saved (--save-kv's writer,
                 strata.engine.kv_state), then Q new tokens (default 64) read after a resume
                 from the file, against a full re-read of the P + Q tokens: state_bytes,
-                full_read_s, save_s, load_s (the restore into the engine's stores that the read waits for: the
-                resident rows; the host-held ones are written beside the read), resume_s
+                full_read_s, save_s, load_s (the restore the read waits for: the resident
+                rows; the host-held ones are written beside the read), resume_s
                 (opening the state, restoring it and reading the Q tokens, to the first new
                 token's logits; the second resume, warm as the full read is: resume_first_s
                 is the first, which compiles its shape's launches), resume_speedup =
@@ -169,7 +169,7 @@ def measure(args, rec: bench.Recorder) -> None:
             n=args.decode, **cfg)
     rec.add("decode_bytes_per_token", d["bytes_streamed_per_token"], "B", prompt=P + Q,
             n=args.decode, **cfg)
-    rec.add("decode_kv_bytes_per_token", d.get("kv_bytes_per_token", 0.0), "B", prompt=P + Q,
+    rec.add("decode_kv_bytes_per_token", d["kv_bytes_per_token"], "B", prompt=P + Q,
             n=args.decode, **cfg)
     print(f"[kv] decode {args.decode} tokens: {d['tokens_per_s']:.2f} tok/s, bound "
           f"{d['bound_tokens_per_s'] or float('inf'):.2f}", flush=True)
