@@ -23,7 +23,9 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"plot_bench_csv: cannot read {src}: {e.strerror}", file=sys.stderr)
         return 2
-    if not rows or "pcie_bound_tokens_per_s" not in rows[0]:
+    need = {"test", "model", "vram", "tokens_per_s", "of_bound", "pcie_bound_tokens_per_s",
+            "compute_floor_tokens_per_s"}
+    if not rows or not need <= rows[0].keys():
         print(f"plot_bench_csv: {src} is not a `strata bench -o csv` file", file=sys.stderr)
         return 2
     import matplotlib
@@ -48,7 +50,9 @@ def main(argv=None) -> int:
     ax.legend(fontsize=8)
     fig.tight_layout()
     out = Path(a.png) if a.png else src.with_suffix(".png")
-    fig.savefig(out, dpi=120)
+    part = out.with_name(out.name + ".part")
+    fig.savefig(part, dpi=120, format="png")
+    part.replace(out)          # whole or not at all
     print(f"wrote {out}")
     return 0
 

@@ -56,7 +56,13 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     dst = out_dir / src.name
     tmp = dst.with_suffix(".whl.part")
-    with zipfile.ZipFile(src) as z:
+    try:
+        z = zipfile.ZipFile(src)
+    except (OSError, zipfile.BadZipFile) as e:
+        print(f"text_wheel: cannot read {src} as a wheel ({e}); give transformers' .whl",
+              file=sys.stderr)
+        return 2
+    with z:
         models = kept_models(z)
         record = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
         names = [n for n in z.namelist() if n != record and not n.endswith("/") and keep(n, models)]

@@ -51,5 +51,12 @@ def test_cut_keeps_the_imported_tokenizers_and_a_true_record(tmp_path):
 
 
 def test_bad_arguments_are_one_line(tmp_path, capsys):
-    assert load_script("benchmarks/text_wheel.py").main(["nope.txt"]) == 2
+    mod = load_script("benchmarks/text_wheel.py")
+    assert mod.main(["nope.txt"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    assert mod.main([str(tmp_path / "missing.whl"), str(tmp_path / "out")]) == 2
+    (tmp_path / "bad.whl").write_text("not a zip")
+    assert mod.main([str(tmp_path / "bad.whl"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(e.startswith("text_wheel: cannot read") for e in err)
+    assert not list((tmp_path / "out").glob("*"))
