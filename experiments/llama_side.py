@@ -14,7 +14,8 @@ the experts -ncmoe keeps in host memory stay in the pageable mapping, and a prom
 them to the GPU at pageable rates; `none` reads them into pinned host memory (llama.cpp warns
 "tensor overrides to CPU are used with mmap enabled - consider using --load-mode none"). strata:
 `strata bench PACK -p P -r R --vram BUDGET -o csv` on a pack made from the same GGUF (`strata
-pack M.gguf -o M.pack`), when --pack is given. Build llama.cpp for the GPU with
+pack M.gguf -o M.pack`), when --pack is given, once per --strata-arms entry (e.g. the defaults and
+`--delta backend=fla`, each its own row). Build llama.cpp for the GPU with
 benchmarks/llama_cpp.sh build.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -84,18 +86,23 @@ def run_llama(a, sizes, P: int) -> dict | None:
     return best
 
 
-def run_strata(a, P: int) -> dict | None:
+def arm_label(extra: str) -> str:
+    """A strata arm's row label: `strata`, or its extra flags in brackets."""
+    return f"strata[{extra.strip()}]" if extra.strip() else "strata"
+
+
+def run_strata(a, P: int, extra: str = "") -> dict | None:
     cmd = [sys.executable, "-m", "strata.cli", "bench", str(a.pack), "-p", str(P), "-r",
-           str(a.reps), "--vram", a.budget_text, "-o", "csv"]
+           str(a.reps), "--vram", a.budget_text, "-o", "csv", *shlex.split(extra)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     if r.returncode != 0:
-        print(f"[strata] P={P}: failed: {r.stderr.strip().splitlines()[-1:]}", flush=True)
+        print(f"[{arm_label(extra)}] P={P}: failed: {r.stderr.strip().splitlines()[-1:]}", flush=True)
         return None
     rows = [x for x in csv.DictReader(io.StringIO(r.stdout)) if x.get("n_tokens") == str(P)]
     if not rows:
         return None
     x = rows[-1]
-    print(f"[strata] P={P}: {float(x['tokens_per_s']):.0f} tok/s (of bound {x['of_bound']})",
+    print(f"[{arm_label(extra)}] P={P}: {float(x['tokens_per_s']):.0f} tok/s (of bound {x['of_bound']})",
           flush=True)
     return dict(ts=float(x["tokens_per_s"]), sd=float(x["tokens_per_s_sd"] or 0),
                 bound=x.get("of_bound"), cmd=" ".join(cmd[2:]))
@@ -117,6 +124,9 @@ def main(argv=None) -> int:
                     help="llama.cpp -lm values to try (none: its host-held experts pinned)")
     ap.add_argument("--compute-margin", default="1.5GiB",
                     help="the first fit's allowance for llama.cpp's compute buffer")
+    ap.add_argument("--strata-arms", default="",
+                    help="strata's arms, ';'-separated extra `strata bench` flags (an empty one "
+                         "is the defaults), e.g. ';--delta backend=fla': each its own row")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
@@ -144,10 +154,10 @@ def main(argv=None) -> int:
                        cmd=got["cmd"])
             add("llama.cpp", P, "tokens/s", got["ts"], "tok/s", cfg)
             add("llama.cpp", P, "GPU MiB", got["gpu_mib"], "MiB", cfg)
-        if a.pack:
-            s = run_strata(a, P)
+        for extra in (a.strata_arms.split(";") if a.pack else []):
+            s = run_strata(a, P, extra)
             if s:
-                add("strata", P, "tokens/s", s["ts"], "tok/s",
+                add(arm_label(extra), P, "tokens/s", s["ts"], "tok/s",
                     dict(gguf=a.gguf.name, budget=a.budget_text, cmd=s["cmd"],
                          of_bound=s["bound"]))
         if rows:   # each prompt's rows on disk as soon as measured: a call cut short keeps them

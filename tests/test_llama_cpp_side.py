@@ -155,3 +155,31 @@ def test_prompts_past_llama_max_are_strata_alone(tmp_path, monkeypatch):
     assert side.main(base + ["--prompts", "128", "--llama-max", "64", "--out",
                              str(tmp_path / "none")]) == 1
     assert not calls.exists() and not (tmp_path / "none").exists()
+
+
+def test_each_strata_arm_is_its_own_row(tmp_path, monkeypatch):
+    """--strata-arms: `strata bench` once per ';'-separated arm, its extra flags appended to the
+    command, each arm's tokens/s a row labelled by them (the empty arm is plain `strata`)."""
+    import csv
+    import subprocess
+    import types
+    side, calls = _side_with_fake_bench(tmp_path, monkeypatch)
+    seen, real_run = [], subprocess.run
+
+    def fake_run(cmd, **kw):
+        if "strata.cli" not in cmd:
+            return real_run(cmd, **kw)
+        seen.append(cmd)
+        ts = 100 if "--delta" in cmd else 50
+        return types.SimpleNamespace(returncode=0, stderr="", stdout=(
+            "n_tokens,tokens_per_s,tokens_per_s_sd,of_bound\n" f"64,{ts},1,0.9\n"))
+    monkeypatch.setattr(side.subprocess, "run", fake_run)
+    out = tmp_path / "out"
+    assert side.main(["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--bin", str(tmp_path),
+                      "--pack", str(tmp_path / "x.pack"), "--budget", "1GiB", "--prompts", "64",
+                      "--llama-max", "0", "--strata-arms", ";--delta backend=fla",
+                      "--reps", "1", "--out", str(out)]) == 0
+    assert [c[-2:] for c in seen] == [["-o", "csv"], ["--delta", "backend=fla"]]
+    rows = {r["label"]: float(r["value"]) for r in
+            csv.DictReader(open(next(out.glob("llama_side-*.csv"))))}
+    assert rows == {"strata": 50.0, "strata[--delta backend=fla]": 100.0}
