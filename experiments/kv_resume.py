@@ -15,7 +15,7 @@ and the rest in pinned host memory (long_prompt's 131K cell that fits 12 GiB; `-
                 rows; the host-held ones are written beside the read), resume_s
                 (opening the state, restoring it and reading the Q tokens, to the first new
                 token's logits; the second resume, warm as the full read is: resume_first_s
-                is the first, which compiles its shape's launches), resume_speedup =
+                is the first, after the resumed read's own warm-up), resume_speedup =
                 full_read_s / resume_s (the issue's target:
                 >= 20 at 131K), and the new tokens' logits against the full read's
                 (the last position's: resume_max_rel, 0 on the CPU where P is a whole
@@ -132,9 +132,10 @@ def measure(args, rec: bench.Recorder) -> None:
         def resume():
             st = KVState.open(state_path, pack=pack, kv=kv_name)
             return eng.run(prompt[P:], logits="last", resume=(st, P))
-        # the first resume compiles the launches of its shape (a short chunk after P cached
-        # positions, the host-held prefix in pieces) that the warm-up of the P + Q read did not
-        # reach; the second is the warm figure, beside the warm full read
+        # the resumed read's own warm-up (its plan: Q tokens after P cached positions, the
+        # host-held prefix in pieces), as `strata prefill --resume` warms; the first resume
+        # after it is resume_first_s, the second the warm figure beside the warm full read
+        eng.warmup(P + Q, start=P)
         res, resume_first_s = _timed(eng, resume)
         res, resume_s = _timed(eng, resume)
     want = full.logits.float()        # the last position's: [P + Q, V] would not fit
@@ -183,7 +184,7 @@ def measure(args, rec: bench.Recorder) -> None:
         _, doc_s = _timed(eng, lambda: eng.run(doc, logits="last", then=lambda s, out: save_state(
             doc_path, s.kv, pack=pack, tokens=doc.tolist(), logits=out[-1])))
         rec.add("doc_read_s", doc_s, "s", timer=bench.WALL_TIMER, doc=D, **cfg)
-        eng.warmup(D + Q)
+        eng.warmup(D + Q, start=D)       # a question's read: Q tokens after the document
         for i in range(args.questions):
             whole = torch.cat([doc, torch.randint(0, shape.vocab, (Q,), generator=g)])
 

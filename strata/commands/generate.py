@@ -140,8 +140,8 @@ def _run_streamed(args, pack, io, pick) -> dict:
     cfg = engine_config(args, io.total, progress=False)
     engine = PrefillEngine(pack, cfg)
     io.check_kv(engine.kv.dtype)
-    if not args.no_warmup:
-        engine.warmup(io.total)
+    if not args.no_warmup and io.new:    # the read's own plan: the new tokens after the restored
+        engine.warmup(io.n + len(io.new), start=io.n)
 
     def then(session, logits):
         provs = session.providers

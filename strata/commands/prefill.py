@@ -365,8 +365,9 @@ def run_streaming(args) -> int:
     batches = read_batches(engine, prompts, room if args.pack_prompts else 0)
     for k, (tokens, packed, plan) in enumerate(batches):
         io = ios[k] if packed is None else ios[0]   # packed: no saved state (refused above)
-        n = max(len(tokens), io.total)
-        warm = 0.0 if args.no_warmup else engine.warmup(n, packed=packed)
+        start = io.n if packed is None else 0     # a resumed read: after the restored positions
+        warm = (0.0 if args.no_warmup or not len(tokens) else
+                engine.warmup(start + len(tokens), start=start, packed=packed))
         if trace is not None and trace not in engine.observers:
             engine.observers.append(trace)
         with torch.inference_mode():

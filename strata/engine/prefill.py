@@ -189,7 +189,7 @@ class PrefillEngine:
         sizes = [C] * (n_tokens // C) + ([n_tokens % C] if n_tokens % C else [])
         return C, sizes
 
-    def warmup(self, n_tokens: int, *, seed: int = 0, full: bool = False,
+    def warmup(self, n_tokens: int, *, start: int = 0, seed: int = 0, full: bool = False,
                packed=None) -> float:
         """Compile and load every kernel variant a prompt of n_tokens will launch, before it is
         timed; returns the seconds it took (0 when this engine is already warm for it).
@@ -204,7 +204,10 @@ class PrefillEngine:
         depend on the layer; `full`: every layer). With the engine's own KV (PromptKV) the
         attention's launches also follow the prompt's length (a long prefix cut into pieces):
         the dry prompt's KV probes the real prompt's prefixes at each attention it reads
-        (strata.engine.warm.WarmKV: one program a launch). It is an ordinary prompt through the
+        (strata.engine.warm.WarmKV: one program a launch). `start`: a resumed read, positions
+        0..start-1 restored and the n_tokens - start after them read through their own plan
+        (as run() plans them): its chunk then follows cached positions, so the dry prompt
+        reads it twice when it is one chunk. It is an ordinary prompt through the
         same loan, carve and ring, so the cache ends byte for byte as it started; observers do
         not see it. `self.timings` gets what it cost and launched: warmup_s, warmup_layers,
         warmup_probes (attention calls probed), warmup_launches / warmup_variants (Triton
@@ -212,21 +215,27 @@ class PrefillEngine:
         (variants Triton compiled or loaded). `packed` (strata.models.packed.Packed, n_tokens
         long): the prompts are batches of packed sequences, whose attention launches differ
         (the block-diagonal mask): the dry prompt is read packed the same way."""
+        if not 0 <= start < n_tokens:
+            raise StrataError(f"a warm-up reads at least one token after the restored ones: "
+                              f"start {start}, n_tokens {n_tokens}")
         policy = engine_policy(self.cfg)
-        plan = self.plan(n_tokens, slab=policy.slab, policy=policy)
+        T = n_tokens - start
+        plan = self.plan(T, slab=policy.slab, policy=policy)
         C = plan.chunk
         # the probes follow the prompt's length: a PromptKV warm-up is for that length only
-        key = (C, plan.ring, n_tokens % C if n_tokens > C else n_tokens,
-               n_tokens if self.uses_prompt_kv() else None,
+        key = (C, plan.ring, T % C if T > C else T,
+               (n_tokens, start) if self.uses_prompt_kv() else None, start > 0,
                None if packed is None else packed.lengths)
         if key in self._warm:
             return 0.0
-        n = dry_tokens(n_tokens, C)
+        n = dry_tokens(T, C)
+        if start and n == T and 2 * T <= self.cfg.max_prompt:
+            n = 2 * T        # the read's one chunk, then again after cached positions
         g = torch.Generator().manual_seed(seed)
         dry = torch.randint(0, self.shape.vocab, (n,), generator=g, dtype=torch.int64)
         layers = (list(range(self.shape.n_layer)) if full else
                   warm_layers([p.layers for p in self.parts], self.layouts))
-        probe = ProbePlan(n_tokens, C, self.cfg.kv_resident)
+        probe = ProbePlan(n_tokens, C, self.cfg.kv_resident, start)
         made: list[WarmKV] = []
         model, parts = self.model, self.parts
         if len(layers) < self.shape.n_layer:   # the read runs these parts' layers, this model's
@@ -272,8 +281,9 @@ class PrefillEngine:
         `resume` (state, n): positions 0..n-1 restored from a saved state
         (strata.engine.kv_state.KVState) into the prompt's KV before `tokens` are read at
         positions n.. (no tokens: the state's own last logits are the result); `extra`: tokens
-        of KV kept past the prompt (a decode's). The plan and the KV are for n + T + extra
-        tokens. `then(session, logits)`: called once the read is timed and settled, the
+        of KV kept past the prompt (a decode's). The KV is for n + T + extra tokens; the plan
+        (chunk, ring, the chunk's buffers) is the read's own, of T tokens: a short question
+        after a long restored document lends the cache a short chunk's bytes, not a long one's. `then(session, logits)`: called once the read is timed and settled, the
         session's KV and provider still held (a save, a decode); it returns `result.then`.
 
         `packed` (strata.models.packed.Packed): the tokens are several independent sequences
@@ -326,7 +336,9 @@ class PrefillEngine:
         # read per prompt: cfg.slab, else STRATA_MMQ_SLAB; the ring knobs (a bad value: StrataError)
         policy = engine_policy(self.cfg)
         slab = policy.slab
-        plan = plan if plan is not None else self.plan(total, slab=slab, policy=policy)
+        # the plan is the read's: its chunk and ring follow the T tokens read (a question after a
+        # restored document is a short prompt), the KV of all `total` is the engine's reserve
+        plan = plan if plan is not None else self.plan(max(T, 1), slab=slab, policy=policy)
         if not plan.fits:
             raise StrataError(f"the plan does not fit: {plan.short_of()}")
         chunk, ring = plan.chunk, plan.ring

@@ -91,15 +91,17 @@ class LayerSubset:
 
 @dataclass(frozen=True)
 class ProbePlan:
-    """The real prompt a warm-up stands for: n_tokens read in chunks of `chunk`, its KV kept as
-    `resident` says (the engine's --kv-resident; None: all), per layer by layer_kv_tokens."""
+    """The real prompt a warm-up stands for: n_tokens in all, read from `start` (the positions
+    before it restored from a saved state) in chunks of `chunk`, its KV kept as `resident` says
+    (the engine's --kv-resident; None: all), per layer by layer_kv_tokens."""
     n_tokens: int
     chunk: int
     resident: int | None
+    start: int = 0
 
     def starts(self, T: int) -> list[int]:
         """Positions of the real prompt's chunks of T tokens."""
-        return [P for P in range(0, self.n_tokens, self.chunk)
+        return [P for P in range(self.start, self.n_tokens, self.chunk)
                 if min(self.chunk, self.n_tokens - P) == T]
 
     def kept(self, window: int = 0) -> tuple[int, int]:

@@ -100,6 +100,33 @@ def test_host_held_kv_is_written_from_its_host_tensor(packs, tmp_path):
     assert info.host_bytes >= held
 
 
+@pytest.mark.parametrize("kind", ["prompt-kv-host", "int8-host"])
+def test_a_resumed_read_is_planned_for_its_own_tokens(packs, tmp_path, kind):
+    """A short read after a long restored prefix (a question after a document) is planned as a
+    prompt of its own length: its chunk, ring and the bytes it borrows from the cache are a
+    fresh prompt's of that length, not those of the whole length (a long chunk's buffers lent
+    out of the cache for a few tokens); the KV holds every position, and the logits equal the
+    full read's bit for bit (its last chunk is the same Q tokens after the same saved ones)."""
+    pack, t = packs["qwen3moe"], tokens("qwen3moe")
+    Q = 6
+    eng = engine(pack, **KINDS[kind])
+    whole = t[:CUT + Q]
+    full = eng.run(whole, logits="all")
+    path = tmp_path / "s.kv"
+    eng.run(t[:CUT], logits="last", then=save_after(path, pack, t[:CUT].tolist()))
+    res = eng.run(whole[CUT:], logits="all",
+                  resume=(KVState.open(path, pack=pack, kv=eng.kv.dtype), CUT))
+    own, long = eng.plan(Q), eng.plan(CUT + Q)
+    assert res.chunk == own.chunk == Q and long.chunk == 8
+    got = [(p.ring_slots, p.borrow, p.loan_slots) for p in res.plan.participants]
+    assert got == [(p.ring_slots, p.borrow, p.loan_slots) for p in own.participants]
+    assert got != [(p.ring_slots, p.borrow, p.loan_slots) for p in long.participants]
+    assert torch.equal(res.logits, full.logits[CUT:])
+    assert eng.warmup(CUT + Q, start=CUT) >= 0 and eng.warmup(CUT + Q, start=CUT) == 0.0
+    with pytest.raises(StrataError, match="at least one token after"):
+        eng.warmup(CUT, start=CUT)
+
+
 def test_shared_prefix(packs, tmp_path):
     """--reuse: the longest common prefix is restored and the rest read; the saved prompt
     itself reads nothing (its logits travel in the state); a shorter one reads its last token

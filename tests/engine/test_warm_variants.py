@@ -154,6 +154,10 @@ def test_probe_plan_gives_each_chunk_its_prefix():
     assert p.kept() == (8, 52) and p.kept(window=5) == (4, 0) and p.starts(4) == [56]
     assert list(ProbePlan(16, 8, None).prefixes(8)) == [(0, 0), (0, 8)]
     assert list(ProbePlan(16, 8, None).prefixes(3)) == []
+    # a resumed read: 50 positions restored, the 10 after them in chunks of 8 (then 2)
+    r = ProbePlan(n_tokens=60, chunk=8, resident=8, start=50)
+    assert r.starts(8) == [50] and r.starts(2) == [58] and r.starts(4) == []
+    assert list(r.prefixes(8)) == [(50, 0)] and list(r.prefixes(2)) == [(52, 6)]
 
 
 @pytest.mark.gpu
