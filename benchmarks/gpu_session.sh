@@ -100,6 +100,16 @@ for step in "$@"; do
     benchfull) timeout 200 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192,32768 -r 3 --vram 12GiB --trace "$OUT/bench_trace.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_full.csv" | tail -12 ;;
     # issue 41 item 4: qwen3-30b-a3b Q8_0 under 12 GiB: a 131K prompt saved and resumed beside a full
     # re-read, ten questions on a 64K document (time to first token each), decode tokens/s
+    # kvq: the ten questions alone (kv_resume --parts questions), each question's time taken apart
+    # (open, restore, read, the rest), then the same through the CLI, one process for the ten
+    # (`strata prefill --prompts-file Q --resume DOC` on mempack's pack file)
+    kvq)     mkdir -p /dev/shm/kvr; ( time timeout 200 python3 experiments/kv_resume.py --parts questions --state-dir /dev/shm/kvr --out "$OUT" ) 2>&1 | grep -v "it/s\]" | grep "^\[kv\]\|wrote\|real\|Error" | tee "$OUT/kv_questions.log"; rm -rf /dev/shm/kvr
+             pk=/dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack; kw="--vram 12GiB --kv int8 --kv-resident 32768 --max-prompt 65600"
+             [ -f $pk ] || bash "$0" mempack
+             python3 -c "import random; r=random.Random(1); print('\n'.join(','.join(str(r.randrange(151936)) for _ in range(64)) for _ in range(10)))" > /dev/shm/q10.txt
+             timeout 120 python3 -m strata.cli prefill $pk --prompt-tokens 65536 $kw --save-kv /dev/shm/q64doc.kv --json 2>&1 | grep -v "it/s\]" | tail -1 > /dev/null
+             timeout 150 python3 -m strata.cli prefill $pk --prompts-file /dev/shm/q10.txt --resume /dev/shm/q64doc.kv $kw --json 2>&1 | grep -v "it/s\]" > "$OUT/kv_questions_cli.jsonl"
+             python3 -c "import json,sys; js=[json.loads(l) for l in open(sys.argv[1]) if l[:1] in '[{']; js=[x for j in js for x in (j if isinstance(j, list) else [j])]; [print('[cli] question', i, 'read', round(j['seconds'],3), 'restore', round(j['kv_state']['restore_s'],3), 'GB/s', round(j['h2d_gbps'],1)) for i, j in enumerate(js)]" "$OUT/kv_questions_cli.jsonl" | tee -a "$OUT/kv_questions.log"; rm -f /dev/shm/q64doc.kv /dev/shm/q10.txt ;;
     kvresume) mkdir -p /dev/shm/kvr; ( time timeout 420 python3 experiments/kv_resume.py --state-dir /dev/shm/kvr --out "$OUT" ) 2>&1 | grep -v "it/s\]" | tail -30 | tee "$OUT/kv_resume.log"; rm -rf /dev/shm/kvr ;;
     # issue 41: where a question's 64 tokens after a saved 64K document go (strata's 1.0 s against
     # llama-server's 0.63 s at b6aff0d): the document read and saved once, then the same 64 tokens

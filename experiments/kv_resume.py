@@ -74,7 +74,14 @@ def main(argv=None) -> int:
     ap.add_argument("--questions", default=10, type=int, help="questions on the document")
     ap.add_argument("--decode", default=128, type=int, help="tokens decoded after the prompt")
     ap.add_argument("--state-dir", default=None, help="where the states go (default: a temp dir)")
+    ap.add_argument("--parts", default="resume,decode,questions",
+                    help="which parts run, comma-separated (decode follows a resume: it needs it)")
     args = ap.parse_args(argv)
+    args.parts = {x for x in args.parts.split(",") if x}
+    if not args.parts or args.parts - {"resume", "decode", "questions"} or (
+            "decode" in args.parts and "resume" not in args.parts):
+        ap.error(f"--parts takes resume, decode, questions (decode with resume), got "
+                 f"{sorted(args.parts)}")
     if args.smoke:
         for k, v in SMOKE.items():
             setattr(args, k, v)
@@ -116,7 +123,16 @@ def measure(args, rec: bench.Recorder) -> None:
     cfg = dict(model=str(args.pack or f"{shape.arch}-synth-Q8_0"), kv=args.kv,
                resident=args.kv_resident or "all", vram=args.vram)
     g = torch.Generator().manual_seed(0)
-    eng = _engine(args, pack, host, max(P + Q + args.decode, D + Q))
+    eng = _engine(args, pack, host, max(P + Q + args.decode if "resume" in args.parts else 0,
+                                        D + Q if "questions" in args.parts else 0))
+    if "resume" in args.parts:
+        _resume(args, rec, eng, pack, shape, folder, cfg, g)
+    if "questions" in args.parts:
+        _questions(args, rec, eng, pack, shape, folder, cfg, g)
+
+
+def _resume(args, rec, eng, pack, shape, folder, cfg, g) -> None:
+    P, Q = args.prompt, args.question
     kv_name = eng.kv.dtype
 
     # -- resume a P-token prompt against re-reading it ------------------------------------
@@ -155,7 +171,15 @@ def measure(args, rec: bench.Recorder) -> None:
           f"{resume_first_s:.3f} s) "
           f"({full_s / resume_s:.1f}x); logits max rel {rel:.2e}", flush=True)
 
-    # -- decode after the resumed prompt ----------------------------------------------------
+    if "decode" in args.parts:
+        _decode(args, rec, eng, pack, shape, state_path, cfg, prompt)
+    state_path.unlink()
+
+
+def _decode(args, rec, eng, pack, shape, state_path, cfg, prompt) -> None:
+    """N tokens decoded after the resumed prompt, beside the decode's bound."""
+    P, Q = args.prompt, args.question
+    kv_name = eng.kv.dtype
     pick = Sampler()
     with torch.inference_mode():
         st = KVState.open(state_path, pack=pack, kv=kv_name)
@@ -174,9 +198,14 @@ def measure(args, rec: bench.Recorder) -> None:
             n=args.decode, **cfg)
     print(f"[kv] decode {args.decode} tokens: {d['tokens_per_s']:.2f} tok/s, bound "
           f"{d['bound_tokens_per_s'] or float('inf'):.2f}", flush=True)
-    state_path.unlink()
 
-    # -- ten questions on one document ------------------------------------------------------
+
+def _questions(args, rec, eng, pack, shape, folder, cfg, g) -> None:
+    """Ten questions on one saved document: each question's time to first token, and its parts
+    (opening the state and finding the shared prefix, the restore the read waited for, the read
+    of the question's tokens; the rest is the session's set-up and tear-down)."""
+    D, Q = args.doc, args.question
+    kv_name = eng.kv.dtype
     doc = torch.randint(0, shape.vocab, (D,), generator=g)
     doc_path = folder / "doc.kv"
     with torch.inference_mode():
@@ -188,14 +217,23 @@ def measure(args, rec: bench.Recorder) -> None:
         for i in range(args.questions):
             whole = torch.cat([doc, torch.randint(0, shape.vocab, (Q,), generator=g)])
 
+            opened = []
+
             def ask():
+                t0 = time.perf_counter()
                 st = KVState.open(doc_path, pack=pack, kv=kv_name)
                 n = st.prefix(whole.tolist())
+                opened.append(time.perf_counter() - t0)
                 return eng.run(whole[n:], logits="last", resume=(st, n))
             r, ttft = _timed(eng, ask)
+            parts = dict(open=opened[0], restore=r.restore_s, read=r.stats.seconds)
             rec.add("ttft_s", ttft, "s", timer=bench.WALL_TIMER, doc=D, question=i,
                     reused=r.restored, **cfg)
-            print(f"[kv] question {i}: reused {r.restored} of {D}, ttft {ttft:.3f} s", flush=True)
+            for k, v in parts.items():
+                rec.add(f"ttft_{k}_s", v, "s", timer=bench.WALL_TIMER, doc=D, question=i, **cfg)
+            print(f"[kv] question {i}: reused {r.restored} of {D}, ttft {ttft:.3f} s (open "
+                  f"{parts['open']:.3f}, restore {parts['restore']:.3f}, read {parts['read']:.3f}, "
+                  f"other {ttft - sum(parts.values()):.3f})", flush=True)
     rec.flush()
     doc_path.unlink()
 
@@ -212,7 +250,10 @@ def plot(long_rows: list[dict], png: Path) -> None:
     a.bar(range(len(names)), [val.get(n, 0) for n in names], color=["C0", "C2", "C2", "C1"])
     a.set_xticks(range(len(names)), ["full re-read", "save", "load", "resume\n(to 1st token)"])
     a.set_ylabel("seconds")
-    a.set_yscale("log")
+    if any(val.get(n, 0) > 0 for n in names):
+        a.set_yscale("log")
+    else:
+        a.text(0.5, 0.5, "resume not run (--parts)", ha="center", transform=a.transAxes)
     a.set_title(f"resume {val.get('resume_speedup', 0):.1f}x faster than a re-read "
                 f"(state {val.get('state_bytes', 0) / 1e9:.2f} GB)", fontsize=9)
     b.bar(range(len(ttft)), ttft, color="C1", label="question (document reused)")
