@@ -19,7 +19,7 @@ ffn_down tensors get Q6_K):
 
 ffn_gate_exps / ffn_up_exps / attn_q / token_embd take the default; output.weight takes Q6_K;
 attn_output takes Q3_K (Q2_K) / Q4_K (Q3_K_M); with exactly 8 experts (Mixtral's case) attn_v
-and attn_k take Q8_0 and attn_output Q5_K. Norms and the router stay F32 (never quantized). A
+and attn_k take Q8_0 and attn_output Q5_K. Norms, the router and the DeltaNet's short conv (ssm_conv1d) stay F32 (never quantized). A
 tensor whose rows (ggml ne[0], the input width) are not whole blocks of its type falls back as
 llama.cpp's `tensor_type_fallback` does: IQ* -> IQ4_NL, Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0,
 Q5_K -> Q5_1, Q6_K -> Q8_0, and F16 when even 32 does not divide the row.
@@ -110,12 +110,20 @@ def expert_types(mix: str, shape: ModelShape, imatrix: bool = False) -> list[tup
              fallback(_asked(mix, "ffn_down", i, shape, imatrix), F)) for i in range(shape.n_layer)]
 
 
+# names llama-quantize never quantizes (llama-quant.cpp's tensor_allows_quantization, the ones
+# strata's architectures have): the routers and the DeltaNet's short conv (its CUDA ssm_conv
+# asserts an F32 weight), which llama.cpp's converter writes in F32
+KEPT_F32 = ("ffn_gate_inp.weight", "ssm_conv1d")
+
+
 def dense_types(mix: str, shape: ModelShape, imatrix: bool = False) -> dict[str, str]:
-    """Stored type of every dense tensor under `mix` (norms and the router F32)."""
+    """Stored type of every dense tensor under `mix`: what llama-quantize leaves as its
+    converter wrote it (F32: the 1-D tensors, the router, the DeltaNet conv; KEPT_F32) and the
+    rule's type for the rest."""
     mix = _check(mix)
     out = {}
     for name, shp in stored_dense(shape).items():
-        if len(shp) == 1 or name.endswith("ffn_gate_inp.weight"):
+        if len(shp) == 1 or any(k in name for k in KEPT_F32):
             out[name] = "F32"
             continue
         i = int(name.split(".")[1]) if name.startswith("blk.") else 0

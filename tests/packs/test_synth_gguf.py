@@ -180,6 +180,13 @@ def test_mix_rules_follow_llama_cpp():
     m8 = Mix.stock("Q4_K_M", s.with_(n_expert=8))
     assert m8.dense["blk.3.attn_v.weight"] == "Q8_0" and m8.dense["blk.3.attn_k.weight"] == "Q8_0"
     assert m8.dense["blk.3.attn_output.weight"] == "Q5_K"
+    # the hybrids' DeltaNet conv is never quantized (llama.cpp's CUDA ssm_conv asserts an F32
+    # weight: a quantized or F16 one aborts llama-bench), every mix alike
+    for preset in ("qwen3.5-35b-a3b", "qwen3-next-80b-a3b"):
+        for mix in ("Q4_K_M", "Q2_K", "IQ4_XS", "MXFP4_MOE"):
+            d = Mix.stock(mix, PRESETS[preset]).dense
+            convs = {v for k, v in d.items() if k.endswith("ssm_conv1d.weight")}
+            assert convs == {"F32"}, (preset, mix, convs)
 
 
 def test_mix_row_fallbacks():
