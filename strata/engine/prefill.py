@@ -42,7 +42,7 @@ from strata.engine.engine_config import (EngineConfig, default_devices, dense_dt
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.observe import EngineObserver
-from strata.engine.prompt_kv import new_prompt_kv, uses_prompt_kv
+from strata.engine.prompt_kv import host_kv_arena, new_prompt_kv, uses_prompt_kv
 from strata.engine.prompt_plan import plan_inputs, plan_prompt, resolve_kv
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.session import Borrowed, Part, PromptSession
@@ -135,6 +135,8 @@ class PrefillEngine:
                 caches[-1].land = self.land
             clock.lap("cache_alloc_s")
             self._warm: set = set()       # the warm-ups already read (warmup's keys)
+            # the host-held KV's pinned arena (prompt_kv makes it once; False: none needed)
+            self._host_kv = None
             # NaN/Inf in a chunk fails the prompt, the layer named; read once after the prompt
             self.finite = FiniteGuard(defer=True)
             device_map = [dev for b, dev in zip(budgets, devices) for _ in b.layers]
@@ -407,12 +409,20 @@ class PrefillEngine:
         if not self.uses_prompt_kv():
             return None
         parts = self.parts if parts is None else parts
-        return new_prompt_kv(self.shape, self.cfg, self.sizes, n_tokens,
-                             layers=[l for p in parts for l in p.layers],
+        layers = [l for p in parts for l in p.layers]
+        pin = self.pinned and self.device.type == "cuda"
+        if self._host_kv is None:     # pinned once, for the longest prompt: strata.engine.host_kv
+            self._host_kv = host_kv_arena(self.shape, self.cfg, self.sizes,
+                                          layers=[l for p in self.parts for l in p.layers],
+                                          vram=sum(b.budget.vram for b in self.parts),
+                                          pin=pin) or False
+            if self._host_kv:
+                self._host_kv.allocate()
+        return new_prompt_kv(self.shape, self.cfg, self.sizes, n_tokens, layers=layers,
                              vram=sum(b.budget.vram for b in parts),
                              devices=self.model.layer_devices, stages=stages,
                              lanes={l: part.lane for part in parts for l in part.layers},
-                             pin=self.pinned and self.device.type == "cuda", make=make)
+                             pin=pin, make=make, host_arena=self._host_kv or None)
 
     def _sync(self) -> None:
         _sync(self.parts)

@@ -13,7 +13,9 @@ import torch
 
 from strata.budget import check_kv_host, host_available
 from strata.engine.engine_config import EngineConfig
-from strata.models.kv import PromptKV, kv_windows
+from strata.engine.host_kv import HostKVArena
+from strata.kernels.attention.kv_int8 import kv_token_parts
+from strata.models.kv import PromptKV, kv_windows, layer_kv_tokens
 from strata.models.layer_state import new_states, state_dtype
 
 
@@ -31,17 +33,37 @@ def uses_prompt_kv(shape, cfg: EngineConfig) -> bool:
     return cfg.kv == "int8" or window
 
 
+def host_kv_arena(shape, cfg: EngineConfig, sizes, *, layers, vram: int, pin: bool
+                  ) -> HostKVArena | None:
+    """The engine's pinned host KV (strata.engine.host_kv): per full layer of `layers`, the
+    host share of a cfg.max_prompt-token prompt, its bytes sizes.kv_host's; checked against the
+    host's memory (strata.budget.check_kv_host) before anything is pinned. None: no layer keeps
+    tokens in host memory."""
+    n = cfg.max_prompt
+    caps = {l: layer_kv_tokens(n, w, cfg.kv_resident)[1]
+            for l, w in enumerate(kv_windows(shape)) if l in set(layers)}
+    if not n or not any(caps.values()):
+        return None
+    check_kv_host(sizes.kv_host_all(n, layers), sizes.kv_vram(n, layers), vram, 0,
+                  host_available(), n)
+    heads, key_dim, value_dim = shape.kv_heads
+    return HostKVArena(caps, kv_token_parts(cfg.kv, heads, key_dim, value_dim), pin=pin)
+
+
 def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vram: int, devices,
-                  stages: dict, lanes: dict, pin: bool, make=PromptKV) -> PromptKV:
+                  stages: dict, lanes: dict, pin: bool, make=PromptKV, host_arena=None
+                  ) -> PromptKV:
     """A prompt's engine-owned KV (made by `make`, PromptKV's signature) keeping `layers` (the
-    others are another process's: they keep nothing). Its host-held part is checked against the
+    others are another process's: they keep nothing). Its host-held part views `host_arena`
+    (host_kv_arena: pinned once, checked then) where given; else it is checked against the
     host's memory before anything is pinned (strata.budget.check_kv_host)."""
-    check_kv_host(sizes.kv_host_all(n_tokens, layers), sizes.kv_vram(n_tokens, layers), vram, 0,
-                  host_available(), n_tokens)
+    if host_arena is None:
+        check_kv_host(sizes.kv_host_all(n_tokens, layers), sizes.kv_vram(n_tokens, layers), vram,
+                      0, host_available(), n_tokens)
     heads, key_dim, value_dim = shape.kv_heads    # MLA: one "head", the latent and rope key
     kv = make(shape.n_layer, heads, key_dim, n_tokens, kv=cfg.kv, resident=cfg.kv_resident,
               devices=devices, stages=stages, lanes=lanes, pin=pin, windows=kv_windows(shape),
-              value_dim=value_dim, layers=layers)
+              value_dim=value_dim, layers=layers, host_arena=host_arena)
     # linear-attention layers' recurrent state, its conv part in the activations' dtype
     # (state_dtype: fp32 beside fp32 KV, else bf16; the count the plan charges)
     kv.states = new_states(shape, dtype=state_dtype(cfg.kv, torch.bfloat16), devices=devices,

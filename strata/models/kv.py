@@ -171,6 +171,9 @@ class PromptKV:
     staged tokens as a prefix and the rest as one run (strata.models.mla.mla_chunk_attention).
     `scratch[layer]` is then the layer's MLAScratch (the layout's mla_* buffers).
 
+    `host_arena` (strata.engine.host_kv.HostKVArena): the host-held part as views of the
+    engine's pinned arena, held by this KV until `release`; None: tensors of its own.
+
     Legend: S tokens, Hkv kv heads, hd head dim, Hv value dim (hd unless value_dim); storage
     per layer is [S, Hkv, hd] and [S, Hkv, Hv] (+ [S, Hkv] scales each), the layout KVSegment
     reads: kv_token_parts, the tensors kv_token_bytes counts for the plan."""
@@ -185,7 +188,7 @@ class PromptKV:
                  kv: str = "bf16", resident: int | None = None, devices, stages=None,
                  lanes=None, pin: bool = False, scratch=None,
                  windows: Sequence[int] | None = None, value_dim: int | None = None,
-                 layers: Sequence[int] | None = None):
+                 layers: Sequence[int] | None = None, host_arena=None):
         from strata.kernels.attention.kv_int8 import KV_DTYPES, kv_token_parts
         if kv not in KV_DTYPES:
             raise StrataError(f"kv dtype must be one of {KV_DTYPES}, got {kv!r}")
@@ -221,7 +224,13 @@ class PromptKV:
         self.resident = [self._store(r, d if l in self.mine else meta)
                          for l, (r, d) in enumerate(zip(self.kept, self.devices))]
         hostdev = torch.device("cpu")
-        self.hosted = [self._store(h, hostdev, pin=pin) if l in self.mine else
+        # the host-held part: views of the engine's arena (pinned once, strata.engine.host_kv)
+        # where it gives one, else this prompt's own tensors
+        self.host_arena = host_arena
+        if host_arena is not None:
+            host_arena.hold(self)
+        self.hosted = [(host_arena.take(l, h) if host_arena is not None else
+                        self._store(h, hostdev, pin=pin)) if l in self.mine else
                        self._store(h, meta) for l, h in enumerate(self.held)]
         self.stages = {l: self._view(stages[l], self.held[l]) for l in staged}
         # the copy a staged layer's attention issues next: the next staged layer's
@@ -434,6 +443,8 @@ class PromptKV:
         self._restoring = {}
         self.resident, self.hosted, self.stages, self._ready = [], [], {}, {}
         self.scratch, self.states = {}, None
+        if self.host_arena is not None:
+            self.host_arena.let_go(self)
 
     @property
     def host_bytes(self) -> int:
