@@ -57,6 +57,10 @@ FILES = {
     "deepseek2-q4_k_m": ("tiny-deepseek2", ["--mix", "Q4_K_M"]),
     "glm4moe-q4_k_m": ("tiny-glm4moe", ["--mix", "Q4_K_M"]),
     "gpt-oss-mxfp4_moe": ("tiny-gpt-oss", ["--mix", "MXFP4_MOE"]),
+    # the hybrids in a stock mix: the DeltaNet conv stays F32 as llama-quantize leaves it (an
+    # F16 one aborts llama.cpp's ssm_conv, CPU and CUDA alike)
+    "qwen35moe-q4_k_m": ("tiny-qwen35moe", ["--mix", "Q4_K_M"]),
+    "qwen3next-q4_k_m": ("tiny-qwen3next", ["--mix", "Q4_K_M"]),
 }
 
 
