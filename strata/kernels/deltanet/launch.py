@@ -19,11 +19,17 @@
                      activations' dtype: 8x faster at T 32768 on the H100, its state ~4e-3 from
                      the fp64 recurrence where strata's keeps 1e-6.
 
-The default is the fused form at tf32x3: the only one measured so far (experiments/results/
-deltanet_fla-NVIDIA_H100_80GB_HBM3-da71bcb: 31.7 ms at T 32768 for Qwen3.5's heads, the scan the
-sequential part); `pin_delta_launch(split=True)`, the precisions and backend=fla are there to
-be measured (experiments/deltanet_fla.py --arms; in a whole read, benchmarks/profile_read.py
---delta). The planner counts the buffers of the launch in force (sizes.chunk_buffers).
+The default is the fused form at tf32x3 (experiments/results/deltanet_fla-NVIDIA_H100_80GB_HBM3-
+da71bcb: 31.7 ms at T 32768 for Qwen3.5's heads, the scan the sequential part). In a whole read
+backend=fla is faster: the full-size Qwen3.5-35B-A3B Q4_K_M streamed under 12 GiB (H100, 3f27780,
+llama_side-qwen3.5-… and bench-qwen3.5-…-long{,-fla}) reads 8K / 32K / 131K / 262K at 12,965 /
+29,584 / 10,215 / 5,797 tok/s with it against 8,541 / 16,297 / 7,117 / 5,023. It stays opt-in
+(`--delta backend=fla`) until the GPU suite and the instruments' KLD have run with it as the
+default: its state is 4e-3 from the fp64 recurrence where strata's keeps 1e-6, and the hybrids'
+GPU tests derive their bounds for strata's. `pin_delta_launch(split=True)` and the precisions
+are there to be measured too (experiments/deltanet_fla.py --arms; in a whole read,
+benchmarks/profile_read.py --delta). The planner counts the buffers of the launch in force
+(sizes.chunk_buffers).
 """
 from __future__ import annotations
 
