@@ -22,7 +22,9 @@ for step in "$@"; do
     # the whole GPU suite in one call (issue 36 item 7): the decode files first, each test's time in
     # test_times.txt as it finishes (a run stopped at its limit still names the slow ones);
     # SUITE_N workers (4, as the issue times it), SUITE_T seconds, SUITE_PATHS in that order
-    suite)   STRATA_TEST_TIMES="$OUT/test_times.txt" timeout -s INT ${SUITE_T:-300} python3 -m pytest -rfE -m gpu -n ${SUITE_N:-4} -p no:cacheprovider ${SUITE_PATHS:-tests/test_*.py tests/kernels tests/models tests/engine tests/archs tests/instruments tests/memory tests/packs} 2>&1 | tail -60 > "$OUT/gpu_suite.log"; tail -25 "$OUT/gpu_suite.log"; sort -rn "$OUT/test_times.txt" | head -30 ;;
+    suite)   STRATA_TEST_TIMES="$OUT/test_times.txt" timeout -s INT ${SUITE_T:-300} python3 -m pytest -rfE -m gpu -n ${SUITE_N:-4} -p no:cacheprovider ${SUITE_PATHS:-tests/test_*.py tests/kernels tests/models tests/engine tests/archs tests/instruments tests/memory tests/packs} 2>&1 | tail -60 > "$OUT/gpu_suite.log"; tail -25 "$OUT/gpu_suite.log"; sort -rn "$OUT/test_times.txt" | head -30
+             # every test's outcome and time in the log too (a call brings back 8 files: this one may be cut), and their count
+             { echo "== outcomes (test_times.txt)"; awk '$3 == "call" {print $2}' "$OUT/test_times.txt" | sort | uniq -c; sort -rn "$OUT/test_times.txt"; } >> "$OUT/gpu_suite.log" ;;
     tests)   timeout 300 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests 2>&1 | tail -40 > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log" ;;
     decodetests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/test_decode.py tests/test_dequant.py tests/test_decode_codes.py tests/test_bench.py tests/test_roofline.py tests/memory 2>&1 | tail -30 > "$OUT/gpu_decode_tests.log"; tail -8 "$OUT/gpu_decode_tests.log" ;;
     kerneltests) timeout 280 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/kernels tests/test_kernel_lab.py tests/models 2>&1 | tail -30 > "$OUT/gpu_kernel_tests.log"; tail -8 "$OUT/gpu_kernel_tests.log" ;;
