@@ -66,6 +66,10 @@ def new_prompt_kv(shape, cfg: EngineConfig, sizes, n_tokens: int, *, layers, vra
               value_dim=value_dim, layers=layers, host_arena=host_arena)
     # linear-attention layers' recurrent state, its conv part in the activations' dtype
     # (state_dtype: fp32 beside fp32 KV, else bf16; the count the plan charges)
-    kv.states = new_states(shape, dtype=state_dtype(cfg.kv, torch.bfloat16), devices=devices,
-                           layers=layers)
+    try:
+        kv.states = new_states(shape, dtype=state_dtype(cfg.kv, torch.bfloat16),
+                               devices=devices, layers=layers)
+    except BaseException:
+        kv.release()        # lets the engine's host KV arena go
+        raise
     return kv

@@ -214,6 +214,7 @@ class PromptSession:
         `kv`, its MLA attention working in the carve)."""
         cache = make(n_tokens, self.stages)
         self._engine_kv = cache is not None
+        self.kv = cache         # released at exit whatever fails after this
         if cache is not None:
             cache.scratch = self.mla_scratch if self.shape.mla else self.kv_scratch
         else:

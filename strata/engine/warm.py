@@ -134,9 +134,13 @@ class WarmKV(PromptKV):
         self.probes = 0
         self._seen: set = set()
         real = probe.kept(0)[0]
-        for l, (w, r) in enumerate(zip(self.windows, self.kept)):
-            if not w and r < real and l in self.mine:
-                self.resident[l] = self._store(real, self.devices[l])
+        try:
+            for l, (w, r) in enumerate(zip(self.windows, self.kept)):
+                if not w and r < real and l in self.mine:
+                    self.resident[l] = self._store(real, self.devices[l])
+        except BaseException:
+            self.release()          # the engine's host KV arena is let go
+            raise
 
     def attend(self, layer, q, k, v, **extra):
         from strata.kernels.attention import chunk_attention, chunk_attention_for

@@ -226,9 +226,7 @@ class PromptKV:
         hostdev = torch.device("cpu")
         # the host-held part: views of the engine's arena (pinned once, strata.engine.host_kv)
         # where it gives one, else this prompt's own tensors
-        self.host_arena = host_arena
-        if host_arena is not None:
-            host_arena.hold(self)
+        self.host_arena = None
         self.hosted = [(host_arena.take(l, h) if host_arena is not None else
                         self._store(h, hostdev, pin=pin)) if l in self.mine else
                        self._store(h, meta) for l, h in enumerate(self.held)]
@@ -239,6 +237,11 @@ class PromptKV:
         # layer -> the Future writing its host-held rows while the read runs (a restore:
         # strata.engine.kv_stores.restore); the layer's first stage waits for it
         self._restoring: dict[int, object] = {}
+        # held last, after every allocation: a KV that failed to build holds nothing (one a
+        # subclass or its maker drops after this calls release, which lets go)
+        if host_arena is not None:
+            host_arena.hold(self)
+            self.host_arena = host_arena
 
     # -- storage ---------------------------------------------------------------------------
     def _store(self, n: int, device, pin: bool = False) -> list[torch.Tensor]:

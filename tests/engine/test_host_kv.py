@@ -131,3 +131,28 @@ def test_no_arena_without_host_kv(packs):
     assert eng._host_kv is False
     caps = [layer_kv_tokens(MAX, w, MAX)[1] for w in kv_windows(SHAPES["qwen3moe"])]
     assert not any(caps)
+
+
+def test_a_kv_that_failed_to_build_lets_the_arena_go(packs, monkeypatch):
+    """A prompt whose KV fails after its host views were taken (here the recurrent states'
+    allocation) fails in one line and leaves the arena free: the next prompt reads, equal to a
+    fresh engine's read."""
+    import strata.engine.prompt_kv as pkv
+    pack = packs["qwen35moe"]
+    t = torch.randint(0, SHAPES["qwen35moe"].vocab, (30,), generator=torch.Generator().manual_seed(9))
+    eng = engine(pack)
+    real = pkv.new_states
+    calls = []
+
+    def failing(*a, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise StrataError("no room for the recurrent state (test)")
+        return real(*a, **kw)
+    monkeypatch.setattr(pkv, "new_states", failing)
+    with pytest.raises(StrataError, match="recurrent state"):
+        eng.run(t, logits="last")
+    assert eng._host_kv and eng._host_kv._holder is None
+    got = eng.run(t, logits="last").logits
+    monkeypatch.setattr(pkv, "new_states", real)
+    assert torch.equal(got, engine(pack).run(t, logits="last").logits)
