@@ -147,7 +147,8 @@ def prompts_summary(first: str, reports: list[dict]) -> str:
         kv = r.get("kv_state") or {}
         after = f" after {kv['restored']:,} restored" if kv.get("restored") else ""
         lines.append(f"    {i + 1:>3}: {r['n_tokens']:>7,} tokens{seqs}{after}  "
-                     f"{r['tokens_per_s']:>10,.1f} tokens/s  {r['seconds']:.3f} s  chunk "
+                     f"{r['tokens_per_s']:>10,.1f} tokens/s  {r['seconds']:.3f} s (run "
+                     f"{r.get('run_s', r['seconds']):.3f} s)  chunk "
                      f"{r['prefill_chunk']} ring {r['prefill_ring']}  warm-up "
                      f"{r['warmup_s']:.3f} s")
     return "\n".join(lines)
