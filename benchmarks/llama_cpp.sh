@@ -26,7 +26,8 @@
 #       ~2 min, pack ~40 s on the H100 machine), then the suite, then `side ...` waits for them
 # The models live in MODELS (/dev/shm; the disk holds 64 GiB) as PRESET-FLAGS.{gguf,pack}; side,
 # cache and ppl make them when absent and remove them after, unless KEEP=1 (a later call on the same
-# machine then reuses them). SIDE_ARGS go to experiments/llama_side.py (e.g. "--ub 8192 --reps 2").
+# machine then reuses them). SIDE_ARGS go to experiments/llama_side.py (e.g. "--ub 8192 --reps 2";
+# they are split on spaces, so a strata arm's flags join with '=': "--strata-arms=;--delta=backend=fla").
 #   bash benchmarks/llama_cpp.sh prebuild SRC                # on the CPU machine: makes the prebuilt tarball
 # build unpacks the prebuilt tools, .lcp/llama.cpp-cuda-sm90.tar.xz (bin/llama-{bench,perplexity,server},
 # sm_90 machine code, made on the CPU machine so a call skips the ~5 min compile), into $LCP/build and
