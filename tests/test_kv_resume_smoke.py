@@ -24,7 +24,7 @@ def test_kv_resume_smoke(tmp_path):
     assert val["resume_max_rel"] == 0.0 and val["resume_argmax_agree"] == 1.0
     ttft = [r for r in rows if r["figure"] == "ttft_s"]
     assert len(ttft) == 3 and all(json.loads(r["config"])["reused"] == 24 for r in ttft)
-    for part in ("open", "restore", "read"):     # each question's time, taken apart
+    for part in ("open", "setup", "restore", "read", "teardown"):   # each question's time, apart
         got = [float(r["value"]) for r in rows if r["figure"] == f"ttft_{part}_s"]
         assert len(got) == 3 and all(0 <= v <= t for v, t in
                                      zip(got, (float(r["value"]) for r in ttft)))

@@ -72,6 +72,8 @@ class PrefillResult:
     restored: int = 0                  # positions restored from a saved state before the read
     restore_s: float = 0.0             # seconds the read waited for the restore (host rows: beside)
     then: object = None                # what run's `then` returned
+    setup_s: float = 0.0               # the session's set-up before it: loan, carve, ring, KV
+    teardown_s: float = 0.0            # its end after the read and `then`: the loan's refill
 
     def info(self) -> dict:
         return {"prefill_chunk": self.chunk, "prefill_ring": self.ring}
@@ -353,12 +355,14 @@ class PrefillEngine:
             o.on_plan(plan, chunk, ring)
         stats = PrefillStats(tokens=T)
         out = None
+        t_setup = time.perf_counter()
         with PromptSession(rd.parts, plan.participants, self.layout, chunk, self.cfg.lend_cap,
                            shape=self.shape, host=self.host, layouts=self.layouts,
                            land=self.land, slab=slab, observers=rd.observers,
                            stage_below=plan.stream_all_min) as session:
             session.open(fail_after_layers)
             session.new_kv(total, rd.prompt_kv, rd.model, self.cfg.kv)
+            setup_s = time.perf_counter() - t_setup
             restore_s = state.restore(session.kv, n0) if state is not None else 0.0
             bar = (tqdm(total=T, desc="prefill", unit="tok", leave=False)
                    if self.cfg.progress else None)
@@ -385,9 +389,10 @@ class PrefillEngine:
             stats.seconds = time.perf_counter() - t0
             session.settle(stats)
             after = then(session, out) if then is not None else None
+            t_end = time.perf_counter()
         result = PrefillResult(out, plan, chunk, ring, stats, session.memory,
                                session.kv_streamed, self.kv.dtype, session.kv_bytes, n0,
-                               restore_s, after)
+                               restore_s, after, setup_s, time.perf_counter() - t_end)
         for o in rd.observers:
             o.on_result(result)
         return result
