@@ -13,37 +13,59 @@ from strata.atomic import atomic_write, check_output
 from strata.errors import StrataError
 
 
-def read_prompts_file(path: str, vocab: int, seed: int) -> list[list[int]]:
-    """--prompts-file: one prompt per line (token ids with commas, or a length alone)."""
+TEXT_LINE = "text:"
+
+
+def read_prompts_file(path: str, pack, seed: int) -> tuple[list[list[int]], list[bool]]:
+    """--prompts-file: one prompt per line (token ids with commas, a length alone, or `text:`
+    and the text, tokenized by the pack's tokenizer); the prompts and which of them were text."""
     try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise StrataError(f"--prompts-file {path}: cannot read it ({e.strerror or e}); give a "
-                          f"text file with one prompt per line") from None
-    prompts = []
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise StrataError(f"--prompts-file {path}: cannot read it ({why}); give a UTF-8 text "
+                          f"file with one prompt per line") from None
+    vocab = pack.shape.vocab
+    prompts, texts, tok = [], [], None
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        where = f"--prompts-file {path} line {n}"
+        if line.startswith(TEXT_LINE):
+            from strata.tokenize import pack_tokenizer
+            said = line[len(TEXT_LINE):].strip()
+            if not said:
+                raise StrataError(f"{where}: `text:` holds no text; give the prompt after it")
+            tok = tok or pack_tokenizer(pack)
+            ids = tok.encode(said)
+            check_context(len(ids), pack.shape, where)
+            if any(i >= vocab for i in ids):
+                raise StrataError(f"{where}: the tokenizer gave an id outside the model's "
+                                  f"vocabulary of {vocab}; the pack's tokenizer does not match "
+                                  f"its model")
+            prompts.append(ids)
+            texts.append(True)
+            continue
+        texts.append(False)
         if "," in line:
             try:
                 ids = parse_tokens(line)
             except StrataError as e:
-                raise StrataError(f"--prompts-file {path} line {n}: {e}") from None
+                raise StrataError(f"{where}: {e}") from None
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
-                raise StrataError(f"--prompts-file {path} line {n}: id {bad[0]} is outside the "
-                                  f"vocabulary [0, {vocab})")
+                raise StrataError(f"{where}: id {bad[0]} is outside the vocabulary [0, {vocab})")
             prompts.append(ids)
             continue
         if not line.isdigit() or int(line) < 1:
-            raise StrataError(f"--prompts-file {path} line {n}: {line[:40]!r} is neither token "
-                              f"ids (`1,2,3`) nor a length N >= 1")
+            raise StrataError(f"{where}: {line[:40]!r} is neither token ids (`1,2,3`), a length "
+                              f"N >= 1 nor `text: ...`")
         g = torch.Generator().manual_seed(seed + n)
         prompts.append(torch.randint(0, vocab, (int(line),), generator=g).tolist())
     if not prompts:
         raise StrataError(f"--prompts-file {path} holds no prompt; give one per line")
-    return prompts
+    return prompts, texts
 
 
 def parse_tokens(text: str) -> list[int]:

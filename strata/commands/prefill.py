@@ -65,9 +65,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     one.add_argument("--prompts-file", metavar="F",
                      help="many prompts in one session (needs --vram/--cache): one per line, "
                           "either comma-separated token ids (`1,2,3`; one token: `5,`) or a "
-                          "length `N` alone (N random ids, seeded by --seed + the line number); "
-                          "blank lines and lines starting with # are skipped; with --resume "
-                          "/ --reuse each is read after the saved prompt")
+                          "length `N` alone (N random ids, seeded by --seed + the line number) "
+                          "or `text: ...` (text, by the pack's tokenizer); blank lines and # "
+                          "lines are skipped; with --resume / --reuse each follows the saved one")
     src.add_argument("--pack-prompts", action="store_true",
                      help="--prompts-file: read consecutive prompts together as one batch of "
                           "packed sequences, up to the planned chunk (the experts stream once "
@@ -338,11 +338,11 @@ def run_streaming(args) -> int:
             raise StrataError("--save-kv and --pack-prompts take one prompt's KV; with "
                               "--prompts-file give --resume or --reuse alone (each prompt is "
                               "read after the saved one)")
-        prompts = read_prompts_file(args.prompts_file, pack.shape.vocab, args.seed)
+        prompts, texts = read_prompts_file(args.prompts_file, pack, args.seed)
         # many questions on one saved document: each prompt restores it and reads its own tokens
         ios = [io] * len(prompts)
         if uses_kv_state(args):
-            ios = [kv_io(args, pack, t, from_text=False) for t in prompts]
+            ios = [kv_io(args, pack, t, from_text=x) for t, x in zip(prompts, texts)]
             prompts = [i.new for i in ios]
     else:
         tokens, text = prompt_ids(args, pack)

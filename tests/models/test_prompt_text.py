@@ -142,3 +142,43 @@ def test_refusals(small_pack, tmp_path, capsys):
         assert main(["prefill", *args, "--experts", "ref"]) == 2, args
         err = capsys.readouterr().err.strip()
         assert re.search(msg, err) and len(err.splitlines()) == 1, err
+
+
+def test_prompts_file_text_lines(small_pack, tmp_path, capsys):
+    """--prompts-file `text: ...` lines: each read exactly as --prompt reads it (beside id and
+    length lines in one file); after --resume a text question drops the tokenizer's BOS (a
+    continuation, as --prompt does) and its next token equals a full read of document +
+    question; an empty `text:`, a bare pack or undecodable bytes are one line, exit 2."""
+    tok = TextTokenizer(Pack.open(small_pack).tokenizer)
+    q1, q2 = "What reads the prompt?", "And how fast?"
+    f = tmp_path / "q.txt"
+    f.write_text(f"# questions\ntext: {q1}\n5\ntext:   {q2}  \n", encoding="utf-8")
+    base = ["prefill", str(small_pack), "--experts", "ref", "--device", "cpu", "--vram", "2GiB",
+            "--json", "--no-warmup"]
+    assert main(base + ["--prompts-file", str(f)]) == 0
+    reps = json.loads(capsys.readouterr().out)
+    assert [r["n_tokens"] for r in reps] == [len(tok.encode(q1)), 5, len(tok.encode(q2))]
+    for r, q in ((reps[0], q1), (reps[2], q2)):
+        assert main(base + ["--prompt", q]) == 0
+        assert json.loads(capsys.readouterr().out)["next_token"] == r["next_token"]
+    # after a saved document: each question continues it
+    doc = tmp_path / "doc.kv"
+    assert main(base + ["--prompt", TEXT, "--save-kv", str(doc)]) == 0
+    capsys.readouterr()
+    f.write_text(f"text: {q1}\ntext: {q2}\n", encoding="utf-8")
+    assert main(base + ["--prompts-file", str(f), "--resume", str(doc)]) == 0
+    reps = json.loads(capsys.readouterr().out)
+    for r, q in zip(reps, (q1, q2)):
+        new = tok.encode(q)
+        assert r["kv_state"]["read"] == len(new) and r["kv_state"]["restored"] == len(tok.encode(TEXT))
+        whole = ",".join(map(str, tok.encode(TEXT) + new))
+        assert main(base + ["--tokens", whole]) == 0
+        assert json.loads(capsys.readouterr().out)["next_token"] == r["next_token"]
+    bad = tmp_path / "bad.txt"
+    for content, msg in ((b"text:   \n", r"line 1: `text:` holds no text"),
+                         (b"text: ok \xff\n", r"cannot read it .* UTF-8"),
+                         (b"hello\n", r"line 1: 'hello' is neither token ids")):
+        bad.write_bytes(content)
+        assert main(base + ["--prompts-file", str(bad)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert re.search(msg, err) and len(err.splitlines()) == 1, err
