@@ -86,6 +86,11 @@ def run_llama(a, sizes, P: int) -> dict | None:
     return best
 
 
+BOUND_TERMS = ("pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "bytes_streamed",
+               "h2d_gbps", "floor_experts_s", "floor_attention_s", "floor_linear_s",
+               "floor_dense_s")
+
+
 def arm_label(extra: str) -> str:
     """A strata arm's row label: `strata`, or its extra flags in brackets."""
     return f"strata[{extra.strip()}]" if extra.strip() else "strata"
@@ -105,7 +110,9 @@ def run_strata(a, P: int, extra: str = "") -> dict | None:
     print(f"[{arm_label(extra)}] P={P}: {float(x['tokens_per_s']):.0f} tok/s (of bound {x['of_bound']})",
           flush=True)
     return dict(ts=float(x["tokens_per_s"]), sd=float(x["tokens_per_s_sd"] or 0),
-                bound=x.get("of_bound"), cmd=" ".join(cmd[2:]))
+                bound=x.get("of_bound"), cmd=" ".join(cmd[2:]),
+                # the bound's own terms, so a row says which one it is measured against
+                parts={k: x.get(k) for k in BOUND_TERMS if x.get(k) not in (None, "")})
 
 
 def main(argv=None) -> int:
@@ -159,7 +166,7 @@ def main(argv=None) -> int:
             if s:
                 add(arm_label(extra), P, "tokens/s", s["ts"], "tok/s",
                     dict(gguf=a.gguf.name, budget=a.budget_text, cmd=s["cmd"],
-                         of_bound=s["bound"]))
+                         of_bound=s["bound"], **s["parts"]))
         if rows:   # each prompt's rows on disk as soon as measured: a call cut short keeps them
             write_csv(rows, a.out / f"llama_side-{tag}.csv")
     if not rows:

@@ -172,7 +172,8 @@ def test_each_strata_arm_is_its_own_row(tmp_path, monkeypatch):
         seen.append(cmd)
         ts = 100 if "--delta" in cmd else 50
         return types.SimpleNamespace(returncode=0, stderr="", stdout=(
-            "n_tokens,tokens_per_s,tokens_per_s_sd,of_bound\n" f"64,{ts},1,0.9\n"))
+            "n_tokens,tokens_per_s,tokens_per_s_sd,of_bound,pcie_bound_tokens_per_s,h2d_gbps\n"
+            f"64,{ts},1,0.9,{ts * 2},50.5\n"))
     monkeypatch.setattr(side.subprocess, "run", fake_run)
     out = tmp_path / "out"
     assert side.main(["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--bin", str(tmp_path),
@@ -180,6 +181,9 @@ def test_each_strata_arm_is_its_own_row(tmp_path, monkeypatch):
                       "--llama-max", "0", "--strata-arms", ";--delta backend=fla",
                       "--reps", "1", "--out", str(out)]) == 0
     assert [c[-2:] for c in seen] == [["-o", "csv"], ["--delta", "backend=fla"]]
-    rows = {r["label"]: float(r["value"]) for r in
-            csv.DictReader(open(next(out.glob("llama_side-*.csv"))))}
+    got = list(csv.DictReader(open(next(out.glob("llama_side-*.csv")))))
+    rows = {r["label"]: float(r["value"]) for r in got}
     assert rows == {"strata": 50.0, "strata[--delta backend=fla]": 100.0}
+    import json
+    cfgs = {r["label"]: json.loads(r["config"]) for r in got}   # the bound's own terms kept
+    assert cfgs["strata"]["pcie_bound_tokens_per_s"] == "100" and cfgs["strata"]["h2d_gbps"] == "50.5"
