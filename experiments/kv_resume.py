@@ -14,8 +14,9 @@ and the rest in pinned host memory (long_prompt's 131K cell that fits 12 GiB; `-
                 full_read_s, save_s, load_s (the restore the read waits for: the resident
                 rows; the host-held ones are written beside the read), resume_s
                 (opening the state, restoring it and reading the Q tokens, to the first new
-                token's logits; resume_read_s its read alone; the second resume, warm as the full read is: resume_first_s
-                is the first, after the resumed read's own warm-up), resume_speedup =
+                token's logits; resume_read_s its read alone; the second resume, warm as
+                the full read is: resume_first_s is the first, after the resumed read's own
+                warm-up), resume_speedup =
                 full_read_s / resume_s (the issue's target:
                 >= 20 at 131K), and the new tokens' logits against the full read's
                 (the last position's: resume_max_rel, 0 on the CPU where P is a whole

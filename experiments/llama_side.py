@@ -101,14 +101,15 @@ def run_strata(a, P: int, extra: str = "") -> dict | None:
            str(a.reps), "--vram", a.budget_text, "-o", "csv", *shlex.split(extra)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
     if r.returncode != 0:
-        print(f"[{arm_label(extra)}] P={P}: failed: {r.stderr.strip().splitlines()[-1:]}", flush=True)
+        print(f"[{arm_label(extra)}] P={P}: failed: {r.stderr.strip().splitlines()[-1:]}",
+              flush=True)
         return None
     rows = [x for x in csv.DictReader(io.StringIO(r.stdout)) if x.get("n_tokens") == str(P)]
     if not rows:
         return None
     x = rows[-1]
-    print(f"[{arm_label(extra)}] P={P}: {float(x['tokens_per_s']):.0f} tok/s (of bound {x['of_bound']})",
-          flush=True)
+    print(f"[{arm_label(extra)}] P={P}: {float(x['tokens_per_s']):.0f} tok/s (of bound "
+          f"{x['of_bound']})", flush=True)
     return dict(ts=float(x["tokens_per_s"]), sd=float(x["tokens_per_s_sd"] or 0),
                 bound=x.get("of_bound"), cmd=" ".join(cmd[2:]),
                 # the bound's own terms, so a row says which one it is measured against

@@ -2,14 +2,16 @@
 engine's longest prompt (its --max-prompt), that every prompt's PromptKV views.
 
 A long prompt keeps a full layer's older tokens in pinned host memory (strata.models.kv.PromptKV).
-Pinning is slow (cudaHostAlloc: ~1 GB/s; 2.06 s of a question's 2.74 s after a 64K document on
-the H100, kv_resume-questions-…-3f27780), and torch's pinned cache reuses a block only for a
-request no larger than it, so each prompt whose host part outgrew the last one pinned anew. Here
-each layer's buffer holds `cap` tokens, cap = the host share of a max_prompt-token prompt
+Each prompt pinned its own: pinning is slow, and torch's pinned cache serves a request only from
+a block at least as large, so a prompt whose host part outgrew every earlier one pinned anew (the
+likely cause of the 2.06 s set-up of the first question after a 64K document on the H100,
+kv_resume-questions-…-3f27780, against 0.1 s for the next ones; unmeasured since). Here each
+layer's buffer holds `cap` tokens, cap = the host share of a max_prompt-token prompt
 (layer_kv_tokens), laid out part by part ([cap, *part] for each of kv_token_parts: k, v, and
-int8's scales; the widest elements first); a prompt of n tokens takes views of the first held(n) <= cap rows of each part.
-Its bytes are the plan's own count, sizes.kv_host(max_prompt, layer) (a test holds them equal),
-and the memory is checked against the host's once, before the first pin.
+int8's scales; the widest elements first); a prompt of n tokens takes views of the first
+held(n) <= cap rows of each part. Its bytes are the plan's own count, sizes.kv_host(max_prompt,
+layer) (a test holds them equal), and the memory is checked against the host's once, before the
+first pin.
 
 One prompt at a time holds the views (`hold` / `let_go`): a second PromptKV over the same arena
 while the first still holds it would share its rows, so it is refused in one line.

@@ -287,8 +287,9 @@ class PrefillEngine:
         positions n.. (no tokens: the state's own last logits are the result); `extra`: tokens
         of KV kept past the prompt (a decode's). The KV is for n + T + extra tokens; the plan
         (chunk, ring, the chunk's buffers) is the read's own, of T tokens: a short question
-        after a long restored document lends the cache a short chunk's bytes, not a long one's. `then(session, logits)`: called once the read is timed and settled, the
-        session's KV and provider still held (a save, a decode); it returns `result.then`.
+        after a long restored document lends the cache a short chunk's bytes, not a long one's.
+        `then(session, logits)`: called once the read is timed and settled, the session's KV
+        and provider still held (a save, a decode); it returns `result.then`.
 
         `packed` (strata.models.packed.Packed): the tokens are several independent sequences
         back to back (windows of a text, prompts of a file), read as one chunk: block-diagonal
