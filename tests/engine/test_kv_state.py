@@ -417,3 +417,34 @@ def test_cli_questions_after_one_saved_document(packs, tmp_path, capsys, flag):
                        *common)
         assert rc == 2 and "--prompts-file give --resume or --reuse alone" in out.err
         assert "\n" not in out.err.strip()
+
+
+GPU_KINDS = {"model-cache-bf16": {}, "prompt-kv-host-bf16": {"kv_resident": 40},
+             "int8-host": {"kv": "int8", "kv_resident": 40}}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
+@pytest.mark.parametrize("kind", list(GPU_KINDS))
+def test_resume_equals_a_full_read_on_the_gpu(tmp_path, kind):
+    """Issue 41 item 2 on the GPU: a saved prompt whose length is a whole number of the full
+    read's chunks, resumed on the streaming engine (Triton FFNs and attention, CUDA copy lanes,
+    the host part staged back), reads the new tokens from the same operands in the same order as
+    the full read: the bound is 0, logits equal bit for bit (bf16 model cache; PromptKV bf16 and
+    int8 with a host-held part). The KV's save and restore go through the GPU (the resident part)
+    and pinned host memory (the rest)."""
+    shape = get_preset("small")
+    pack = Pack.open(synth_pack(tmp_path / "s.pack", shape, ExpertFormats.of("Q8_0"),
+                                progress=False))
+    n, cut, chunk = 160, 128, 64
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=40 * pack.max_blob,
+                                           max_prompt=n, chunk=chunk, ring=5, ffn="auto",
+                                           **GPU_KINDS[kind]))
+    t = torch.randint(0, shape.vocab, (n,), generator=torch.Generator().manual_seed(11))
+    full = eng.run(t, logits="all")
+    path = tmp_path / "s.kv"
+    eng.run(t[:cut], logits="last", then=save_after(path, pack, t[:cut].tolist()))
+    res = eng.run(t[cut:], logits="all", resume=(KVState.open(path, pack=pack, kv=eng.kv.dtype),
+                                                 cut))
+    assert res.restored == cut and torch.isfinite(res.logits).all()
+    assert torch.equal(res.logits, full.logits[cut:])
