@@ -61,6 +61,9 @@ FILES = {
     # F16 one aborts llama.cpp's ssm_conv, CPU and CUDA alike)
     "qwen35moe-q4_k_m": ("tiny-qwen35moe", ["--mix", "Q4_K_M"]),
     "qwen3next-q4_k_m": ("tiny-qwen3next", ["--mix", "Q4_K_M"]),
+    "minimax-m2-q4_k_m": ("tiny-minimax-m2", ["--mix", "Q4_K_M"]),
+    "qwen35moe-iq4_xs": ("tiny-qwen35moe", ["--mix", "IQ4_XS"]),
+    "deepseek2-q2_k": ("tiny-deepseek2", ["--mix", "Q2_K"]),
 }
 
 
