@@ -156,3 +156,34 @@ def test_a_kv_that_failed_to_build_lets_the_arena_go(packs, monkeypatch):
     got = eng.run(t, logits="last").logits
     monkeypatch.setattr(pkv, "new_states", real)
     assert torch.equal(got, engine(pack).run(t, logits="last").logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
+def test_the_arena_is_pinned_and_reused_on_the_gpu(tmp_path):
+    """On CUDA the arena is pinned host memory; two prompts of different lengths read their
+    host-held KV from the same pinned bytes, and their logits equal an engine's whose prompts
+    pin their own (the arena off), bit for bit (int8 KV, a host part staged back)."""
+    shape = get_preset("small")
+    pack = Pack.open(synth_pack(tmp_path / "s.pack", shape, ExpertFormats.of("Q8_0"),
+                                progress=False))
+
+    def gpu_engine():
+        return PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=40 * pack.max_blob,
+                                                max_prompt=200, chunk=64, ring=5, ffn="auto",
+                                                kv="int8", kv_resident=40))
+    a, b = gpu_engine(), gpu_engine()
+    b._host_kv = False
+    t = torch.randint(0, shape.vocab, (200,), generator=torch.Generator().manual_seed(2))
+    ptrs = []
+
+    def seen(session, _):
+        kv = session.kv
+        ptrs.append({l: (kv.hosted[l][0].data_ptr(), kv.hosted[l][0].is_pinned())
+                     for l in kv.mine if kv.held[l]})
+    for n in (120, 200):
+        got = a.run(t[:n], logits="all", then=seen).logits
+        assert torch.equal(got, b.run(t[:n], logits="all").logits)
+    assert ptrs[0] and all(p for _, p in ptrs[0].values())
+    assert {l: v for l, v in ptrs[1].items() if l in ptrs[0]} == ptrs[0]
+    assert a._host_kv.pin and a._host_kv.allocated == a.sizes.kv_host_all(200)
