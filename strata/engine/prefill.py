@@ -418,7 +418,7 @@ class PrefillEngine:
         layers = [l for p in parts for l in p.layers]
         pin = self.pinned and self.device.type == "cuda"
         if self._host_kv is None:     # pinned once, for the longest prompt: strata.engine.host_kv
-            self._host_kv = host_kv_arena(self.shape, self.cfg, self.sizes,
+            self._host_kv = host_kv_arena(self.shape, self.kv, self.sizes,
                                           layers=[l for p in self.parts for l in p.layers],
                                           vram=sum(b.budget.vram for b in self.parts),
                                           pin=pin) or False

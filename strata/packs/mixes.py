@@ -19,10 +19,11 @@ ffn_down tensors get Q6_K):
 
 ffn_gate_exps / ffn_up_exps / attn_q / token_embd take the default; output.weight takes Q6_K;
 attn_output takes Q3_K (Q2_K) / Q4_K (Q3_K_M); with exactly 8 experts (Mixtral's case) attn_v
-and attn_k take Q8_0 and attn_output Q5_K. Norms, the router and the DeltaNet's short conv (ssm_conv1d) stay F32 (never quantized). A
-tensor whose rows (ggml ne[0], the input width) are not whole blocks of its type falls back as
-llama.cpp's `tensor_type_fallback` does: IQ* -> IQ4_NL, Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0,
-Q5_K -> Q5_1, Q6_K -> Q8_0, and F16 when even 32 does not divide the row.
+and attn_k take Q8_0 and attn_output Q5_K. Norms, the router and the DeltaNet's short conv
+(ssm_conv1d) stay F32 (never quantized). A tensor whose rows (ggml ne[0], the input width) are
+not whole blocks of its type falls back as llama.cpp's `tensor_type_fallback` does: IQ* ->
+IQ4_NL, Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and F16 when even 32 does
+not divide the row.
 """
 from __future__ import annotations
 
