@@ -143,6 +143,11 @@ def main(argv=None) -> int:
     a.compute_margin = parse_size(a.compute_margin)
     a.ub = [int(u) for u in a.ub.split(",")]
     a.load_mode = [m for m in a.load_mode.split(",") if m]
+    for arm in a.strata_arms.split(";"):
+        try:
+            shlex.split(arm)
+        except ValueError as e:     # an unclosed quote: one line, not a traceback mid-run
+            ap.error(f"--strata-arms: {arm!r}: {e}")
     sizes = gguf_sizes(a.gguf)
     gpu, commit = gpu_name(), commit_of(ROOT)
     tag = f"{a.gguf.stem}-{a.budget_text}-{gpu.replace(' ', '_')}-{commit}"

@@ -186,4 +186,16 @@ def test_each_strata_arm_is_its_own_row(tmp_path, monkeypatch):
     assert rows == {"strata": 50.0, "strata[--delta backend=fla]": 100.0}
     import json
     cfgs = {r["label"]: json.loads(r["config"]) for r in got}   # the bound's own terms kept
-    assert cfgs["strata"]["pcie_bound_tokens_per_s"] == "100" and cfgs["strata"]["h2d_gbps"] == "50.5"
+    assert cfgs["strata"]["pcie_bound_tokens_per_s"] == "100"
+    assert cfgs["strata"]["h2d_gbps"] == "50.5"
+
+
+def test_a_strata_arm_that_does_not_split_is_refused(tmp_path, capsys):
+    """--strata-arms with an unclosed quote: exit 2 before anything runs, not a traceback."""
+    import pytest
+    side, calls = _side_with_fake_bench(tmp_path, pytest.MonkeyPatch())
+    with pytest.raises(SystemExit) as e:
+        side.main(["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--bin", str(tmp_path),
+                   "--strata-arms", ';--delta "backend=fla', "--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and "--strata-arms" in capsys.readouterr().err
+    assert not calls.exists()

@@ -23,11 +23,11 @@ carves).
                (strata.kernels.attention.merge.lse_merge: acc and o read once, acc written
                once).
 
-The default on a GPU is triton at B = 4096, by an A/B on the H100 at b6aff0d (benchmarks/gpu_session.sh
-mlatriton: benchmarks/mla_bench.py, one DeepSeek-V3 layer's blocked attention in one chunk, and
-benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5;
-experiments/results/*mla*-NVIDIA_H100-b6aff0d*): the attention 12.45 -> 7.52 ms at T 8192 and
-185.3 -> 115.0 ms at 32768 against flash 4096 fused; the 5-layer read 44,977 -> 49,959 tok/s at
+The default on a GPU is triton at B = 4096, by an A/B on the H100 at b6aff0d
+(benchmarks/gpu_session.sh mlatriton: benchmarks/mla_bench.py, one DeepSeek-V3 layer's blocked
+attention in one chunk, and benchmarks/profile_read.py --what resident --preset deepseek-v3
+--quant Q4_K_M --layers 5; experiments/results/*mla*-NVIDIA_H100-b6aff0d*): the attention
+12.45 -> 7.52 ms at T 8192 and 185.3 -> 115.0 ms at 32768 against flash 4096 fused; the 5-layer read 44,977 -> 49,959 tok/s at
 8K and 24,574 -> 34,122 at 32K (attention 874 -> 544 ms of it, against its 350 ms floor). Smaller
 blocks and the other tiles were slower (2048: 8.96 / 136.6 ms). Its scratch holds V at Hv
 (~0.61 GB at DeepSeek-V3's heads, flash's ~0.67), counted by the planner from this record as

@@ -139,7 +139,8 @@ def test_a_kv_that_failed_to_build_lets_the_arena_go(packs, monkeypatch):
     fresh engine's read."""
     import strata.engine.prompt_kv as pkv
     pack = packs["qwen35moe"]
-    t = torch.randint(0, SHAPES["qwen35moe"].vocab, (30,), generator=torch.Generator().manual_seed(9))
+    t = torch.randint(0, SHAPES["qwen35moe"].vocab, (30,),
+                      generator=torch.Generator().manual_seed(9))
     eng = engine(pack)
     real = pkv.new_states
     calls = []

@@ -170,7 +170,8 @@ def test_prompts_file_text_lines(small_pack, tmp_path, capsys):
     reps = json.loads(capsys.readouterr().out)
     for r, q in zip(reps, (q1, q2)):
         new = tok.encode(q)
-        assert r["kv_state"]["read"] == len(new) and r["kv_state"]["restored"] == len(tok.encode(TEXT))
+        assert r["kv_state"]["read"] == len(new)
+        assert r["kv_state"]["restored"] == len(tok.encode(TEXT))
         whole = ",".join(map(str, tok.encode(TEXT) + new))
         assert main(base + ["--tokens", whole]) == 0
         assert json.loads(capsys.readouterr().out)["next_token"] == r["next_token"]
