@@ -23,8 +23,8 @@ Per layer:
             (softmax top-K renormalised; shared: a resident SwiGLU, strata.models.ffn)
 The linear layers' conv state and S live in the cache's `states` (strata.models.layer_state)
 and carry from chunk to chunk; packed sequences (strata.models.packed) each run from a zero
-state, one after the other, so nothing crosses a boundary. On CUDA the delta rule and the
-gated norm are strata's Triton kernels (strata.kernels.deltanet); elsewhere their plain-torch
+state, one after the other, so nothing crosses a boundary. On CUDA the conv, the delta rule and
+the gated norm are strata's Triton kernels (strata.kernels.deltanet); elsewhere their plain-torch
 twins (the attention's and the norms' convention: Triton on CUDA, the twin on the CPU).
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import cache_dtype
-from strata.kernels.deltanet import (causal_conv1d, delta_rule_on, gated_rms_norm,
-                                     gated_rms_norm_torch, split_qkv)
+from strata.kernels.deltanet import (causal_conv1d, causal_conv1d_torch, delta_rule_on,
+                                     gated_rms_norm, gated_rms_norm_torch, split_qkv)
 from strata.models.attention import AttentionWeights, attend as attend_cached
 from strata.models.ffn import DenseFFN
 from strata.models.kv import KVCache, kv_windows
@@ -169,7 +169,8 @@ class Qwen3Next(MoeDecoder):
         else:
             b, a = xn @ w.beta.t(), xn @ w.alpha.t()
         conv = states.conv[l]
-        mixed, new_conv = causal_conv1d(xn @ w.qkv.t(), w.conv, None, conv.to(xn.dtype))
+        conv1d = causal_conv1d if xn.is_cuda else causal_conv1d_torch
+        mixed, new_conv = conv1d(xn @ w.qkv.t(), w.conv, None, conv.to(xn.dtype))
         conv.copy_(new_conv)
         q, k, v = split_qkv(mixed, Hk, Hv, dk, dv)
         g = w.a * F.softplus(a.float() + w.dt_bias)                  # [T, Hv] fp32, <= 0

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from strata.kernels.deltanet import (causal_conv1d, chunk_gated_delta_rule, delta_gates,
+from strata.kernels.deltanet import (causal_conv1d_torch, chunk_gated_delta_rule, delta_gates,
                                      gated_rms_norm_torch)
 from strata.kernels.deltanet.projections import qwen3_next_inputs, split_qkv
 from test_deltanet_chunk import check, truth  # this folder: the fp64 recurrence and its bound
@@ -78,7 +78,7 @@ def test_layer_conventions_match_transformers(monkeypatch, kind, T):
     hf_conv = mod.causal_conv1d_fn(mixed.t()[None], w, None, activation="silu")[0].t()
     q, k, v = split_qkv(hf_conv, HK, HV, DK, DV)
     assert torch.equal(q, hq[0]) and torch.equal(k, hk[0]) and torch.equal(v, hv[0])
-    ours, state = causal_conv1d(mixed, w)
+    ours, state = causal_conv1d_torch(mixed, w)
     xp = torch.cat([torch.zeros(3, mixed.shape[1]), mixed])
     mag = sum((xp[j:j + T] * w[:, j]).abs() for j in range(4))
     assert ((ours - hf_conv).abs() <= (1.1 * 6 + 2) * U32 * mag).all()

@@ -5,7 +5,9 @@ and transformers 5.24, and the sizes the planner reads against what the chunk la
 Bounds (u = 2^-24, fp32 unless said):
 - conv: K products and K + 1 sums in fp32 against F.conv1d's own order: (K + 2) u sum |w x|
   before SiLU, which moves an error by at most 1.1x (|silu'| <= 1.1), plus one rounding of
-  silu: (1.1 (K + 2) + 2) u (sum |w x| + |bias|).
+  silu: (1.1 (K + 2) + 2) u (sum |w x| + |bias|). The kernel against its twin: the same sums
+  in the same order, each multiply-add maybe one FMA (an fp32 rounding fewer), and another exp:
+  the same bound; in bf16 plus one bf16 step of the output (two roundings of close fp32s).
 - l2norm: sum of N squares in another order, rsqrt and a product: (N + 4) u |y|.
 - gated_rms_norm, fp32: the mean square in another order, rsqrt, the weight, silu (its exp
   within 2 u on the GPU) and the product: (N + 10) u |ref|. bf16: the normed value x r may land
@@ -21,8 +23,8 @@ import torch.nn.functional as F
 from strata.errors import StrataError
 from strata.kernels.deltanet.launch import pin_delta_launch
 from strata.planning import deltanet_buffers
-from strata.kernels.deltanet import (causal_conv1d, chunk_buffers, chunk_gated_delta_rule,
-                                     chunk_scratch_bytes, conv_state_bytes, delta_gates,
+from strata.kernels.deltanet import (causal_conv1d, causal_conv1d_torch, chunk_buffers,
+                                     chunk_gated_delta_rule, chunk_scratch_bytes, conv_state_bytes, delta_gates,
                                      gated_rms_norm, gated_rms_norm_torch, l2norm, l2norm_torch,
                                      recurrent_state_bytes)
 
@@ -51,7 +53,7 @@ def test_conv_matches_transformers(T, bias):
     from transformers.models.qwen3_next.modeling_qwen3_next import causal_conv1d_fn
     x, w, b = conv_inputs(T, seed=1)
     b = b if bias else None
-    y, state = causal_conv1d(x, w, b)
+    y, state = causal_conv1d_torch(x, w, b)
     ref = causal_conv1d_fn(x.t()[None], w, b, activation="silu")[0].t()
     xp = torch.cat([torch.zeros(3, x.shape[1]), x])
     mag = sum((xp[j:j + T] * w[:, j]).abs() for j in range(4)) + (0 if b is None else b.abs())
@@ -62,7 +64,7 @@ def test_conv_matches_transformers(T, bias):
 def conv_in_pieces(x, w, b, cuts):
     ys, state, last = [], None, 0
     for c in (*cuts, x.shape[0]):
-        y, state = causal_conv1d(x[last:c], w, b, state)
+        y, state = causal_conv1d_torch(x[last:c], w, b, state)
         ys.append(y)
         last = c
     return torch.cat(ys), state
@@ -76,7 +78,7 @@ def test_conv_carry_at_chunk_multiples_is_bit_exact(cuts, C, dtype):
     """200 rows cut at multiples of 64, the state handed over, equal one call bit for bit
     (C 8192: Qwen3.5's channels, where torch splits SiLU over threads)."""
     x, w, b = conv_inputs(200, C=C, seed=2, dtype=dtype)
-    one, s_one = causal_conv1d(x, w, b)
+    one, s_one = causal_conv1d_torch(x, w, b)
     y, state = conv_in_pieces(x, w, b, cuts)
     assert torch.equal(y, one) and torch.equal(state, s_one)
 
@@ -87,7 +89,7 @@ def test_conv_carry_elsewhere_within_an_ulp(cuts):
     """Cut off the 64-row grid (the decode step's one row included), the sums are the same
     and SiLU may move by one fp32 ulp (its exp's vector or scalar path); the state is exact."""
     x, w, b = conv_inputs(200, seed=2)
-    one, s_one = causal_conv1d(x, w, b)
+    one, s_one = causal_conv1d_torch(x, w, b)
     y, state = conv_in_pieces(x, w, b, cuts)
     assert torch.equal(state, s_one)
     assert ((y - one).abs() <= 2 * U32 * one.abs()).all()
@@ -96,8 +98,74 @@ def test_conv_carry_elsewhere_within_an_ulp(cuts):
 def test_conv_bad_state_one_line():
     x, w, b = conv_inputs(5)
     with pytest.raises(StrataError) as e:
-        causal_conv1d(x, w, b, torch.zeros(4, x.shape[1]))
+        causal_conv1d_torch(x, w, b, torch.zeros(4, x.shape[1]))
     assert "\n" not in str(e.value)
+
+
+def conv_kernel_case(T, C, dtype, bias, carried, seed, device="cpu"):
+    x, w, b = conv_inputs(T, C=C, seed=seed, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed + 100)
+    state = torch.randn(3, C, generator=gen).to(dtype) if carried else None
+    args = [t.to(device) if t is not None else None
+            for t in (x, w, b if bias else None, state)]
+    y, s = causal_conv1d(*args)
+    ref, s_ref = causal_conv1d_torch(*args)
+    xp = torch.cat([state if carried else torch.zeros(3, C, dtype=dtype), x]).float()
+    mag = sum((xp[j:j + T] * w.float()[:, j]).abs() for j in range(4)) + \
+        (b.float().abs() if bias else 0)
+    bound = (1.1 * 6 + 2) * U32 * mag.to(device)
+    if dtype != torch.float32:
+        bound = bound + bf16_step(ref)
+    assert not y.isnan().any()
+    assert ((y.float() - ref.float()).abs() <= bound).all()
+    assert torch.equal(s, s_ref)               # the carried inputs are copied, not computed
+    return y, s
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["fresh", "carried"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("T", [1, 2, 3, 64, 65, 150], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("C", [24, 200], ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_conv_kernel_matches_its_twin(T, C, dtype, bias, carried):
+    """The Triton conv (interpreted here) against the torch twin on fresh random data: rows
+    fewer than the carry, a partial row tile (65, 150 of 64), a partial channel tile (200 of
+    128), a carried state or none; the output poisoned before the launch."""
+    conv_kernel_case(T, C, dtype, bias, carried, seed=T * 7 + C)
+
+
+@pytest.mark.parametrize("cuts", [(1,), (3,), (64,), (1, 2, 3, 50, 51, 130)],
+                         ids=lambda c: "cut" + "-".join(map(str, c)))
+def test_conv_kernel_carry_is_bit_exact_anywhere(cuts):
+    """The kernel's row does not depend on the call it falls in: 200 rows cut anywhere (the
+    decode step's one row included), the state handed over, equal one call bit for bit."""
+    x, w, b = conv_inputs(200, C=200, seed=5, dtype=torch.bfloat16)
+    one, s_one = causal_conv1d(x, w, b)
+    ys, state, last = [], None, 0
+    for c in (*cuts, 200):
+        y, state = causal_conv1d(x[last:c], w, b, state)
+        ys.append(y)
+        last = c
+    assert torch.equal(torch.cat(ys), one) and torch.equal(state, s_one)
+
+
+def test_conv_kernel_refusals_are_the_twins():
+    x, w, b = conv_inputs(5)
+    for conv in (causal_conv1d, causal_conv1d_torch):
+        with pytest.raises(StrataError) as e:
+            conv(x, w, b, torch.zeros(4, x.shape[1]))
+        assert "\n" not in str(e.value) and "state" in str(e.value)
+        with pytest.raises(StrataError) as e:
+            conv(x, w, b, activation="gelu")
+        assert "\n" not in str(e.value) and "activation" in str(e.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 3, 4096], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_conv_kernel_matches_its_twin_on_the_gpu(T, dtype):
+    """Compiled, at Qwen3.5's 8192 channels, a carried state, against the twin on the GPU."""
+    conv_kernel_case(T, 8192, dtype, False, True, seed=T, device="cuda")
 
 
 # -- the gates -------------------------------------------------------------------------------

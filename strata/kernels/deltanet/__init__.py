@@ -5,7 +5,7 @@ input projections' layouts, and the bytes of a layer's state and of a chunk's sc
 launcher beside its plain-torch twin of the same signature.
 """
 from strata.kernels.deltanet.chunk import chunk_gated_delta_rule, delta_rule_on
-from strata.kernels.deltanet.conv import causal_conv1d
+from strata.kernels.deltanet.conv import causal_conv1d, causal_conv1d_torch
 from strata.kernels.deltanet.gates import delta_gates
 from strata.kernels.deltanet.naive import (chunk_gated_delta_rule_torch,
                                            recurrent_gated_delta_rule)
@@ -15,7 +15,8 @@ from strata.kernels.deltanet.projections import qwen3_next_inputs, split_qkv
 from strata.kernels.deltanet.sizes import (chunk_buffers, chunk_scratch_bytes,
                                            conv_state_bytes, recurrent_state_bytes)
 
-__all__ = ["chunk_gated_delta_rule", "delta_rule_on", "chunk_gated_delta_rule_torch", "recurrent_gated_delta_rule",
-           "causal_conv1d", "delta_gates", "l2norm", "l2norm_torch", "gated_rms_norm",
-           "gated_rms_norm_torch", "chunk_buffers", "chunk_scratch_bytes", "conv_state_bytes",
-           "recurrent_state_bytes", "qwen3_next_inputs", "split_qkv"]
+__all__ = ["chunk_gated_delta_rule", "delta_rule_on", "chunk_gated_delta_rule_torch",
+           "recurrent_gated_delta_rule", "causal_conv1d", "causal_conv1d_torch", "delta_gates",
+           "l2norm", "l2norm_torch", "gated_rms_norm", "gated_rms_norm_torch", "chunk_buffers",
+           "chunk_scratch_bytes", "conv_state_bytes", "recurrent_state_bytes",
+           "qwen3_next_inputs", "split_qkv"]

@@ -1,11 +1,13 @@
 """The short causal depthwise conv of a DeltaNet layer (q, k and v side by side), with the last
-K-1 inputs carried from call to call, in plain torch: K (4) elementwise multiply-adds over the
-rows, fused into nothing (a kernel would spare K passes over [T, C] on the GPU, nothing on the
-CPU).
+K-1 inputs carried from call to call: a Triton launcher (one pass over [T, C], the GPU's) and
+its plain-torch twin of the same signature (K elementwise multiply-adds over the rows, the
+CPU's: on the GPU its 2K + 3 fp32 passes over [T, C] cost Qwen3.5-35B-A3B ~8 ms a layer at T
+32768, experiments/results/profile_resident-qwen3.5-…-NVIDIA_H100-184a66a).
 
 Legend: T tokens of this call, C channels (2 Hk dk + Hv dv), K the kernel width.
 
     causal_conv1d(x [T, C], weight [C, K], bias [C] | None, state [K-1, C] | None)
+    causal_conv1d_torch(the same)
         -> (y [T, C] in x's dtype, new state [K-1, C] in x's dtype)
     xp = cat(state or zeros, x)                    [K-1+T, C]
     y[t] = silu(bias + sum_j weight[:, j] * xp[t + j])    (fp32, j = 0 .. K-1 in order)
@@ -13,20 +15,25 @@ Legend: T tokens of this call, C channels (2 Hk dk + Hv dv), K the kernel width.
 
 transformers' causal_conv1d_fn (F.conv1d with padding K-1, then SiLU) is the same sum; its
 conv state keeps K inputs, of which the conv reads the last K-1. The sums are the same K
-correctly rounded fp32 operations for every element whatever T is; SiLU is not (torch's CPU
+correctly rounded fp32 operations for every element whatever T is (the kernel's may contract
+a multiply-add into one FMA: within an fp32 ulp of the sum per tap); SiLU is not (torch's CPU
 exp takes a vector path or a scalar tail by an element's place in the tensor), so it runs on
 blocks of ROWS rows, each the same shape whatever call it falls in. A prompt cut at a multiple
 of ROWS (the chunk rule's 64) thus gives the one-call result bit for bit; a cut elsewhere moves
-SiLU by an ulp at most.
+SiLU by an ulp at most. The kernel's rows do not depend on the call's cut: any carry is exact.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton
 
+from strata._backend import INTERPRET
 from strata.errors import StrataError
+from strata.kernels.deltanet._conv_kernel import _causal_conv1d_fwd_kernel
 
 ROWS = 64               # the chunk of strata.kernels.deltanet.sizes.CHUNK
+TILE = (64, 128)        # the kernel's [rows, channels] per program (x's K-row halo from L2)
 
 
 def _check(x, weight, bias, state):
@@ -46,10 +53,50 @@ def _check(x, weight, bias, state):
     return K
 
 
+def _activation(activation) -> bool:
+    if activation not in ("silu", None):
+        raise StrataError(f"causal_conv1d: activation must be 'silu' or None, got {activation!r}")
+    return activation == "silu"
+
+
+def _carry(x, state, K):
+    """The last K-1 inputs of [state, x] in x's dtype (zeros before the prompt)."""
+    T, C = x.shape
+    if K == 1:
+        return x[:0].clone()
+    if T >= K - 1:
+        return x[T - (K - 1):].contiguous()
+    head = state[T:] if state is not None else x.new_zeros((K - 1 - T, C))
+    return torch.cat([head, x]).contiguous()
+
+
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   state: torch.Tensor | None = None, *, activation: str | None = "silu"):
-    """The conv over this call's rows after the carried ones (see the module docstring)."""
+    """The conv over this call's rows after the carried ones, one Triton launch (see the module
+    docstring); x's rows need a unit last stride (copied otherwise)."""
     K = _check(x, weight, bias, state)
+    silu = _activation(activation)
+    T, C = x.shape
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    s = (state if state is not None else x.new_zeros((K - 1, C))).contiguous()
+    y = torch.empty((T, C), dtype=x.dtype, device=x.device)
+    if T:
+        bt, bc = TILE
+        b = bias if bias is not None else s            # never read without HAS_B
+        grid = (triton.cdiv(T, bt), triton.cdiv(C, bc))
+        _causal_conv1d_fwd_kernel[grid](x, weight.contiguous(), b, s, y, T, x.stride(0),
+                                        y.stride(0), C=C, K=K, HAS_B=bias is not None,
+                                        SILU=silu, BT=bt, BC=bc, INTERP=INTERPRET,
+                                        num_warps=4)
+    return y, _carry(x, state, K)
+
+
+def causal_conv1d_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        state: torch.Tensor | None = None, *, activation: str | None = "silu"):
+    """The twin: the conv over this call's rows after the carried ones in plain torch (see
+    the module docstring)."""
+    K = _check(x, weight, bias, state)
+    _activation(activation)
     T, C = x.shape
     if state is None:
         state = torch.zeros((K - 1, C), dtype=x.dtype, device=x.device)
@@ -62,7 +109,5 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         acc = acc + xp[j:j + T] * wf[:, j]
     if activation == "silu":
         acc = torch.cat([F.silu(acc[s:s + ROWS]) for s in range(0, T, ROWS)]) if T else acc
-    elif activation is not None:
-        raise StrataError(f"causal_conv1d: activation must be 'silu' or None, got {activation!r}")
     new_state = xp[T:].to(x.dtype) if K > 1 else xp[:0].to(x.dtype)
     return acc.to(x.dtype), new_state.contiguous()
