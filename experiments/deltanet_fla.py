@@ -9,8 +9,8 @@ layer: 16 / 32 heads of 128, bf16 q/k/v, fp32 state).
     ... --arms strata "strata[split]" "strata[split,prec=tf32]" fla-core  # launches side by side
 
 An arm "strata[SPEC]" runs strata's rule under pin_delta_launch(DeltaLaunch.parse(SPEC))
-(strata.kernels.deltanet.launch: split, prec, bv, warps, stages, backend); "strata" the default
-launch; "strata[backend=fla]" fla-core's kernels as strata's engine launches them (on buffers of
+(strata.kernels.deltanet.launch: split, prec, bv, warps, stages, backend; backend=strata unless
+the spec names one: auto would hand a bf16 read to fla-core); "strata" the default kernels; "strata[backend=fla]" fla-core's kernels as strata's engine launches them (on buffers of
 the plan's count, strata.kernels.deltanet.fla_rule; it runs in the interpreter too).
 
 "fla-core" is fla-core's own chunk_gated_delta_rule (its wrapper allocates for itself and
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,8 +36,7 @@ from strata.bench.plot import bars
 from strata.bench.record import commit_of, gpu_name, utc_now, write_csv
 from strata.bench.timing import time_fn
 from strata.kernels.deltanet import chunk_gated_delta_rule
-from strata.kernels.deltanet.launch import (DEFAULT, DeltaLaunch,
-                                            pin_delta_launch)
+from strata.kernels.deltanet.launch import DeltaLaunch, pin_delta_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,8 +142,10 @@ def main(argv=None) -> int:
             if theirs is not None:
                 impls[arm] = theirs
         elif arm == "strata" or (arm.startswith("strata[") and arm.endswith("]")):
-            impls[arm] = strata_rule(DeltaLaunch.parse(arm[7:-1]) if arm != "strata"
-                                     else DEFAULT)
+            spec = arm[7:-1] if arm != "strata" else ""
+            launch = DeltaLaunch.parse(spec)
+            impls[arm] = strata_rule(launch if "backend" in spec
+                                     else replace(launch, backend="strata"))
         else:
             raise SystemExit(f"deltanet_fla: unknown arm {arm!r} (strata, strata[SPEC], "
                              f"fla-core)")

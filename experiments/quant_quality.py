@@ -34,8 +34,10 @@ the plot says CPU.
 
 `--delta-arms SPEC,...` adds, for a model with linear-attention layers, one arm per delta-rule
 launch (strata.kernels.deltanet.launch, e.g. backend=fla): the BASE weights read under that
-launch against the base read under the default one, so its KLD is the launch's own error
-(fla-core's bf16 intermediates against strata's fp32 ones), beside its tokens/s.
+launch against the base read under strata's fp32-exact scan (backend=strata, the reference of
+every arm), so its KLD is the launch's own error (fla-core's bf16 intermediates against
+strata's fp32 ones), beside its tokens/s. The stock-mix arms read under the default launch
+(auto: fla-core's on a GPU where it is installed), as a user's read would.
 
 Follows strata.bench: one long-format CSV (figures ppl, kld_mean, kld_p99, top1_agreement,
 bytes_per_weight, tokens_per_s; the config names the arm, quantizer, command, layers, text) and
@@ -155,7 +157,10 @@ def measure(args, rec: bench.Recorder) -> None:
         path = Path(d) / "base.kld"
         ident = {"vocab_sha256": "synth", "tokenizer": tok_name, "add_bos": None,
                  "pack": f"{args.preset} {BASE}"}
-        with BaseWriter(path, windows, shape.vocab, ident) as writer:
+        # the reference keeps strata's fp32-exact delta rule (auto would take fla-core's for
+        # a bf16 read on CUDA): the arms are measured from the most exact read of the base
+        with BaseWriter(path, windows, shape.vocab, ident) as writer, \
+                pin_delta_launch(backend="strata"):
             res, secs, st = read_arm(Requant(base, ExpertFormats.of(BASE)), windows, rargs,
                                      save=writer)
         record(rec, BASE, res, secs, st, Requant(base, ExpertFormats.of(BASE)), windows,

@@ -140,7 +140,7 @@ def deltanet_buffers(shape: ModelShape, T: int, kv: "KVPolicy | None" = None,
     if act_itemsize is None:
         act_itemsize = state_itemsize(kv.dtype if kv is not None else "bf16")
     return chunk_buffers(T, lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim,
-                         qk_l2norm=True, split=L.split, backend=L.backend,
+                         qk_l2norm=True, split=L.split, backend=L.resolved(act_itemsize),
                          itemsize=act_itemsize)
 
 

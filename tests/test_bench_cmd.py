@@ -114,18 +114,18 @@ def test_prompts_file_needs_the_streaming_engine(pack, capsys, tmp_path):
 
 def test_a_hybrid_s_rows_say_which_delta_rule_ran(capsys, tmp_path):
     """A hybrid (tiny Qwen3.5) benched and prefilled: each row and report names the delta-rule
-    launch in force (strata's default, or what --delta pinned); a model without linear layers
-    has none."""
+    launch in force and what auto resolved to (strata's kernels on the CPU), or what --delta
+    pinned; a model without linear layers has none."""
     import importlib.util
     hybrid = str(synth_pack(tmp_path / "q35.pack", get_preset("tiny-qwen35moe"),
                             ExpertFormats.of("Q8_0"), progress=False))
     run = ["-p", "40", "-r", "1", "--no-warmup", "--vram", "2GiB", "--chunk", "32"]
     assert main(["bench", hybrid, *run, "-o", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["delta"] == "default"
+    assert json.loads(capsys.readouterr().out)[0]["delta"] == "default: strata"
     assert main(["bench", hybrid, *run]) == 0
-    assert "delta rule launch (linear-attention layers): default" in capsys.readouterr().out
+    assert "delta rule launch (linear-attention layers): default: strata" in capsys.readouterr().out
     assert main(["prefill", hybrid, "--tokens", "1,2,3", "--json", "--vram", "2GiB"]) == 0
-    assert json.loads(capsys.readouterr().out)["delta"] == "default"
+    assert json.loads(capsys.readouterr().out)["delta"] == "default: strata"
     if importlib.util.find_spec("fla") is not None:
         assert main(["bench", hybrid, *run, "-o", "csv", "--delta", "backend=fla"]) == 0
         got = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))

@@ -127,7 +127,7 @@ def run(args) -> int:
             "vram": "+".join(fmt_bytes(v) for v in cfg.vram),
             "kv": str(getattr(args, "kv", "") or "bf16"),
             # a hybrid's delta-rule launch (strata.kernels.deltanet.launch): which path ran
-            "delta": delta_spec(engine.shape),
+            "delta": delta_spec(engine.shape, engine.dtype.itemsize),
             "test": f"pp{n}", "n_tokens": n, "chunk": res.chunk, "ring": res.ring,
             "reps": args.repeats,
             "tokens_per_s": statistics.fmean(tps),

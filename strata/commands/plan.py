@@ -115,10 +115,10 @@ def make_plan(args):
     dn = sum(p.nbytes for p in layout.placements(plan.chunk, 0) if p.name.startswith("dn_"))
     return (name, plan, bud, dict(pinned=pinned, fused=fused, native=native,
                                   kv=kv_summary(layout.sizes, cfg, bud, shape,
-                                                delta_scratch=dn)), shape, why)
+                                                delta_scratch=dn, dev=dev)), shape, why)
 
 
-def kv_summary(sizes, cfg, bud, shape, *, delta_scratch: int = 0) -> dict:
+def kv_summary(sizes, cfg, bud, shape, *, delta_scratch: int = 0, dev: str = "cuda") -> dict:
     """The KV of the longest prompt as the budgets charge it: dtype, window, bytes (all layers)
     resident in VRAM and held in pinned host memory; with sliding layers (GPT-OSS), how many,
     the tokens each keeps (W - 1) and their share of the VRAM bytes; with linear-attention
@@ -134,10 +134,13 @@ def kv_summary(sizes, cfg, bud, shape, *, delta_scratch: int = 0) -> dict:
            "auto_line": cfg.kv_choice.line() if cfg.kv_choice is not None else None}
     linear = [l for l in range(shape.n_layer) if shape.layer_kind(l) == "linear"]
     if linear:
+        from strata.engine.engine_config import resolved
         from strata.kernels.deltanet.launch import delta_launch
+        from strata.planning import state_itemsize
+        act = state_itemsize(resolved(cfg, dev).kv)     # deltanet_buffers' act_itemsize
         out.update(linear_layers=len(linear), full_layers=shape.n_layer - len(linear),
                    state_bytes=sum(sizes.kv_bytes(cfg.max_prompt, l) for l in linear),
-                   delta_backend=delta_launch().backend, delta_scratch_bytes=delta_scratch)
+                   delta_backend=delta_launch().resolved(act), delta_scratch_bytes=delta_scratch)
     sliding = [(l, w) for l, w in enumerate(kv_windows(shape)) if w > 0]
     if sliding:
         out.update(sliding_layers=len(sliding),

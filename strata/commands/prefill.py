@@ -300,7 +300,7 @@ def run(args) -> int:
                          kv_plan_bytes=sum(pack.shape.kv_bytes(
                              layer_kv_tokens(T, w)[0], kv) for w in kv_windows(pack.shape)),
                          experts=ffn.name, provider=provider_name,
-                         delta=delta_spec(pack.shape),
+                         delta=delta_spec(pack.shape, dtype.itemsize),
                          n_tokens=T, chunk=chunk, n_chunks=n_chunks, seconds=seconds,
                          tokens_per_s=T / seconds if seconds > 0 else float("inf"),
                          stats=provider.stats(),
@@ -431,7 +431,8 @@ def streaming_report(engine, res, pack_name: str) -> dict:
         "pack": pack_name, "arch": engine.shape.arch, "devices": [str(p.device) for p in engine.parts],
         "layers": [len(p.layers) for p in engine.parts],
         "dtype": str(engine.dtype).replace("torch.", ""),
-        "experts": engine.cfg.ffn.name, "delta": delta_spec(engine.shape),
+        "experts": engine.cfg.ffn.name,
+        "delta": delta_spec(engine.shape, engine.dtype.itemsize),
         "pinned": engine.host.pinned,
         "n_tokens": st.tokens, "seconds": st.seconds, "tokens_per_s": st.tokens_per_s,
         "setup_s": res.setup_s, "teardown_s": res.teardown_s,

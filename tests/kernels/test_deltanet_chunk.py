@@ -326,14 +326,14 @@ def test_gpu_within_bound_and_carry(c, dtype):
     At Qwen3.5's heads the split launch too, within the same bound (compiled, its programs need
     not round as the fused ones do; one case: each launch is a compile at that width)."""
     x = inputs(c, 9, dtype, device="cuda")
-    o, S = chunk_gated_delta_rule(*x, use_qk_l2norm=True)
+    with pin_delta_launch(backend="strata"):      # auto hands bf16 to fla-core on CUDA
+        o, S = chunk_gated_delta_rule(*x, use_qk_l2norm=True)
+        o2, S2 = two_calls(chunk_gated_delta_rule, x, (c.T // 2) // BT * BT)
     ref = truth(*x)
     check(o, S, ref, f"cuda {c.id}")
-    cut = (c.T // 2) // BT * BT
-    o2, S2 = two_calls(chunk_gated_delta_rule, x, cut)
     assert torch.equal(o2, o) and torch.equal(S2, S)
     if c.dk == 128:
-        with pin_delta_launch(split=True):
+        with pin_delta_launch(backend="strata", split=True):
             check(*chunk_gated_delta_rule(*x, use_qk_l2norm=True), ref, f"cuda split {c.id}")
 
 
@@ -405,10 +405,33 @@ def test_fla_missing_is_one_line(monkeypatch):
 
 def test_backend_is_a_launch_field():
     assert DeltaLaunch.parse("backend=fla") == DeltaLaunch(backend="fla")
-    assert DEFAULT.backend == "strata"
+    assert DEFAULT.backend == "auto"
     with pytest.raises(StrataError) as e:
         DeltaLaunch(backend="cuda")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("fla,cuda", [(True, True), (True, False), (False, True)],
+                         ids=["fla-cuda", "fla-cpu", "nofla-cuda"])
+def test_auto_resolves_to_fla_for_a_bf16_read_on_cuda_only(monkeypatch, fla, cuda):
+    """auto: fla-core for 2-byte activations where it is installed and the process has CUDA;
+    strata's fp32-exact scan for fp32 ones, on the CPU, or without fla-core. A pinned backend
+    is itself whatever the dtype. The planner's count follows the same answer."""
+    from strata.kernels.deltanet import launch as L
+    from strata.planning import deltanet_buffers
+    from strata.shapes import get_preset
+    monkeypatch.setattr(L, "_fla_installed", lambda: fla)
+    monkeypatch.setattr(L, "_has_cuda", lambda: cuda)
+    want = "fla" if fla and cuda else "strata"
+    assert DEFAULT.resolved(2) == want and DEFAULT.resolved(4) == "strata"
+    assert DeltaLaunch(backend="strata").resolved(2) == "strata"
+    assert DeltaLaunch(backend="fla").resolved(4) == "fla"
+    shape = get_preset("tiny-qwen35moe")
+    names = {b.name for b in deltanet_buffers(shape, 64, act_itemsize=2)}
+    assert ("v_new" in names) == (want == "fla"), names
+    assert L.delta_spec(shape) == f"default: {want}"
+    with pin_delta_launch(backend="strata"):
+        assert L.delta_spec(shape) == "backend=strata"
 
 
 @contextlib.contextmanager

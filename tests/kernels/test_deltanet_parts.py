@@ -352,12 +352,13 @@ def test_gpu_peak_memory_is_the_sizes():
     q, k = (torch.randn(T, Hk, dk, device=dev, dtype=torch.bfloat16) for _ in range(2))
     v = torch.randn(T, Hv, dv, device=dev, dtype=torch.bfloat16)
     g, beta = -torch.rand(T, Hv, device=dev), torch.rand(T, Hv, device=dev)
-    chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=True)     # compile first
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_stats()["requested_bytes.all.current"]
-    o, S = chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=True)
-    torch.cuda.synchronize()
+    with pin_delta_launch(backend="strata"):    # strata's sizes (fla's: test_deltanet_chunk)
+        chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=True)     # compile first
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_stats()["requested_bytes.all.current"]
+        o, S = chunk_gated_delta_rule(q, k, v, g, beta, None, use_qk_l2norm=True)
+        torch.cuda.synchronize()
     peak = torch.cuda.memory_stats()["requested_bytes.all.peak"] - base   # a reused block counts whole
     want = (chunk_scratch_bytes(T, Hk, Hv, dk, dv, qk_l2norm=True)
             + o.numel() * o.element_size() + S.numel() * 4)

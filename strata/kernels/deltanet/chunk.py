@@ -72,7 +72,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
     T, Hk, dk, Hv, dv = launch_dims(q, k, v, g, beta, initial_state, out_state, chunk_size,
                                     "chunk_gated_delta_rule")
     L = delta_launch()
-    if L.backend == "fla":
+    if L.resolved(q.element_size()) == "fla":
         from strata.kernels.deltanet.fla_rule import chunk_gated_delta_rule_fla
         return chunk_gated_delta_rule_fla(q, k, v, g, beta, initial_state, scale=scale,
                                           use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,

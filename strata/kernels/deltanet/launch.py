@@ -15,32 +15,35 @@
                      v_new. The same products in the same order: o equal to the fused form's.
       backend        "strata": the kernels above. "fla": fla-core's five forward kernels on
                      buffers strata hands in (strata.kernels.deltanet.fla_rule; an optional
-                     dependency; the other fields do not apply to it), its intermediates in the
-                     activations' dtype: 8x faster at T 32768 on the H100, its state ~4e-3 from
-                     the fp64 recurrence where strata's keeps 1e-6.
+                     dependency, `strata[fla]`; the other fields do not apply to it), its
+                     intermediates in the activations' dtype. "auto" (the default): fla where
+                     the activations are bf16 / fp16, fla-core 0.6.0 is installed and the
+                     process has CUDA, else strata (`resolved`, which the planner and the
+                     launcher both read: one answer for the buffers counted and those taken).
 
-The default is the fused form at tf32x3 (experiments/results/deltanet_fla-NVIDIA_H100_80GB_HBM3-
-da71bcb: 31.7 ms at T 32768 for Qwen3.5's heads, the scan the sequential part). In a whole read
-backend=fla is faster: the full-size Qwen3.5-35B-A3B Q4_K_M streamed under 12 GiB (H100, 3f27780,
-llama_side-qwen3.5-… and bench-qwen3.5-…-long{,-fla}) reads 8K / 32K / 131K / 262K at 12,965 /
-29,584 / 10,215 / 5,797 tok/s with it against 8,541 / 16,297 / 7,117 / 5,023. It stays opt-in
-(`--delta backend=fla`) until the GPU suite and the instruments' KLD have run with it as the
-default: its state is 4e-3 from the fp64 recurrence where strata's keeps 1e-6, and the hybrids'
-GPU tests derive their bounds for strata's. `pin_delta_launch(split=True)` and the precisions
-are there to be measured too (experiments/deltanet_fla.py --arms; in a whole read,
-benchmarks/profile_read.py --delta). The planner counts the buffers of the launch in force
-(sizes.chunk_buffers).
+Why auto picks fla for a bf16 read: it is 5-10x faster from T 2048 (experiments/results/
+deltanet_fla-NVIDIA_H100_80GB_HBM3-47eafc3: 3.29 ms against the tf32x3 scan's 26.29 at T 32768),
+and in a whole read of the full-size Qwen3.5-35B-A3B Q4_K_M streamed under 12 GiB (H100,
+3f27780) 12,965 / 29,584 / 10,215 / 5,797 tok/s at 8K / 32K / 131K / 262K against 8,541 /
+16,297 / 7,117 / 5,023. Its state is ~4e-3 from the fp64 recurrence (bf16's own step: w, u and
+v_new are kept in the activations' dtype) where strata's keeps 1e-6; a bf16 read rounds every
+projection around it to that step already. An fp32 read keeps strata's fp32-exact scan, as does
+every read on the CPU (the torch twin). `--delta backend=strata` pins strata's kernels for a
+bf16 read; `pin_delta_launch(split=True)` and the precisions are there to be measured
+(experiments/deltanet_fla.py --arms; in a whole read, benchmarks/profile_read.py --delta). The
+planner counts the buffers of the launch in force (sizes.chunk_buffers).
 """
 from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from strata.errors import StrataError
 from strata.kernels.pins import pinned_record
 
 PRECISIONS = ("tf32x3", "tf32", "ieee")
-BACKENDS = ("strata", "fla")
+BACKENDS = ("auto", "strata", "fla")
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class DeltaLaunch:
     bv: int = 32            # Hv * dv / 32 scan programs (128 for Qwen3.5's 32 x 128)
     prec: str = "tf32x3"
     split: bool = False
-    backend: str = "strata"
+    backend: str = "auto"
 
     def __post_init__(self):
         if self.warps not in (1, 2, 4, 8, 16):
@@ -71,6 +74,13 @@ class DeltaLaunch:
         if self.backend not in BACKENDS:
             raise StrataError(f"DeltaLaunch: backend must be one of {BACKENDS}, got "
                               f"{self.backend!r}")
+
+    def resolved(self, itemsize: int) -> str:
+        """The backend that runs for activations of `itemsize` bytes in this process: the
+        pinned one, or auto's choice (see the module docstring)."""
+        if self.backend != "auto":
+            return self.backend
+        return "fla" if itemsize <= 2 and _fla_installed() and _has_cuda() else "strata"
 
     @property
     def spec(self) -> str:
@@ -105,6 +115,22 @@ class DeltaLaunch:
         return cls(**kw)
 
 
+@lru_cache(maxsize=1)
+def _fla_installed() -> bool:
+    """fla-core at the version fla_rule launches is installed (its metadata; no import)."""
+    from strata.kernels.deltanet.fla_rule import FLA_VERSION
+    try:
+        import importlib.metadata as md
+        return md.version("fla-core") == FLA_VERSION
+    except Exception:                                           # noqa: BLE001
+        return False
+
+
+def _has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 DEFAULT = DeltaLaunch()
 _PIN: ContextVar[DeltaLaunch | None] = ContextVar("strata_delta_launch", default=None)
 
@@ -115,10 +141,14 @@ def delta_launch() -> DeltaLaunch:
     return DEFAULT if pin is None else pin
 
 
-def delta_spec(shape) -> str | None:
-    """What a report says of `shape`'s delta rule: the launch in force (DeltaLaunch.spec) where
-    it has linear-attention layers, else None."""
-    return delta_launch().spec if getattr(shape, "linear", None) is not None else None
+def delta_spec(shape, itemsize: int = 2) -> str | None:
+    """What a report says of `shape`'s delta rule where it has linear-attention layers (else
+    None): the launch in force (DeltaLaunch.spec) and, for auto, the backend it resolved to for
+    activations of `itemsize` bytes ("default: fla")."""
+    if getattr(shape, "linear", None) is None:
+        return None
+    L = delta_launch()
+    return f"{L.spec}: {L.resolved(itemsize)}" if L.backend == "auto" else L.spec
 
 
 def launch_from_flag(text: str, flag: str = "--delta") -> DeltaLaunch:
