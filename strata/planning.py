@@ -56,6 +56,7 @@ import torch
 from strata.blob import BlobLayout, bf16_layout
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES
+from strata.kernels.attention.flash_prefix import flash_rows, flash_state_floats, prefix_route
 from strata.kernels.attention.scratch import expand_rows, needs_state, state_floats
 from strata.kernels.deltanet.launch import delta_launch
 from strata.kernels.deltanet.sizes import CHUNK as DELTA_CHUNK, Buffer, chunk_buffers
@@ -115,6 +116,12 @@ KV_EXPAND_BUFS = (
 )
 ATTN_STATE_BUF = Buf("attn_state", f32, ("T", "QS"),
                      "online-softmax state between the launches of a long int8 prefix")
+
+# bf16 KV at a head width whose prefix goes to FlashAttention-2 blocks (strata.kernels.attention.
+# flash_prefix.prefix_route): a query block's merged output and log-sum-exp between the blocks.
+# Live only inside one layer's attention: the attention phase.
+ATTN_FLASH_BUF = Buf("attn_flash", f32, ("FQ", "FS"),
+                     "a query block's merged output and log-sum-exp over flash's key blocks")
 
 # MLA: the expanded attention decompresses a block of keys at a time into mla_k / mla_v and
 # merges the blocks of a query block in mla_state (strata.models.mla_scratch). Live only inside
@@ -215,6 +222,9 @@ def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = N
             spec = spec.with_buffer(b, "attention")
         if needs_state(kv.max_prompt):
             spec = spec.with_buffer(ATTN_STATE_BUF, "attention")
+    if (kv is not None and not mla and shape is not None and kv.max_prompt > 0
+            and prefix_route(shape.head_dim, kv.dtype) == "flash"):
+        spec = spec.with_buffer(ATTN_FLASH_BUF, "attention")
     if shape is not None and shape.linear is not None:
         for b in deltanet_bufs(shape):
             spec = spec.with_buffer(b, "attention")
@@ -252,6 +262,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             "KVB": shape.kv_bytes(1, kv.dtype if kv is not None else "bf16"),
             "KX": expand_rows(kv.max_prompt) if kv is not None else 0,
             "QS": state_floats(shape.n_head, shape.head_dim),
+            "FQ": flash_rows(T), "FS": flash_state_floats(shape.n_head, shape.head_dim),
             "MR": mr, "MQ": mq, "MKD": shape.n_head * shape.head_dim,
             "MVD": shape.n_head * mla_value_width(shape.head_dim, m.v_head_dim)
             if shape.mla else 0,
@@ -330,7 +341,7 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
             for i, name in enumerate(names)}
 
 
-__all__ = ["ACTIVATIONS", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXPAND_BUFS",
+__all__ = ["ACTIVATIONS", "ATTN_FLASH_BUF", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXPAND_BUFS",
            "deltanet_buffers", "deltanet_bufs", "state_itemsize",
            "KV_STAGE_BUF", "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for",
            "layer_dense_bytes", "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]

@@ -104,7 +104,7 @@ class Share:
     got: Borrowed                                             # what it borrowed and carved
     provider: StreamingProvider
     stages: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> KV stage
-    kv_scratch: dict[int, object] = field(default_factory=dict)     # layer -> AttnScratch
+    kv_scratch: dict[int, object] = field(default_factory=dict)     # layer -> its attn scratch
     mla_scratch: dict[int, object] = field(default_factory=dict)    # layer -> MLAScratch
     state_scratch: dict[int, dict] = field(default_factory=dict)    # layer -> delta-rule bufs
 
@@ -129,6 +129,8 @@ def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend
         share.stages = {l: bufs["kv_stage"] for l in layers}
     if "kv_expand_k" in bufs.bufs:
         share.kv_scratch = {l: attn_scratch(bufs, shape) for l in layers}
+    elif "attn_flash" in bufs.bufs:     # a bf16 prefix by flash blocks (attention/flash_prefix)
+        share.kv_scratch = {l: bufs["attn_flash"] for l in layers}
     if "mla_k" in bufs.bufs:
         share.mla_scratch = {l: MLAScratch.of_carve(bufs) for l in layers}
     if any(n.startswith("dn_") for n in bufs.bufs):   # linear-attention layers' scratch

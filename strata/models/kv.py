@@ -162,7 +162,9 @@ class PromptKV:
     which shifts every position alike. int8 segments are expanded to bf16 codes for the
     kernel's bf16 tile path in `scratch[layer]` (an AttnScratch over the layout's kv_expand_k /
     kv_expand_v / attn_state buffers, strata.planning.KV_EXPAND_BUFS; absent: the launcher
-    allocates its own).
+    allocates its own). A bf16 prefix at a head width chunk_attention tiles poorly (hd > 128,
+    strata.kernels.attention.flash_prefix.prefix_route) goes to FlashAttention-2 blocks merged
+    by their log-sum-exp, `scratch[layer]` then the layout's attn_flash buffer.
 
     MLA (DeepSeek-V3, Kimi-K2: `attend_latent`): one "head" whose key is the normed latent c
     (head_dim = Lkv) and whose value is the rotated rope key (value_dim = R), the format of the
@@ -320,6 +322,7 @@ class PromptKV:
         attention's window / sinks (chunk_attention's keywords), for the layers that have them;
         a layer kept as a sliding one must mask with its window (its ring holds no more)."""
         from strata.kernels.attention import chunk_attention_for
+        from strata.kernels.attention.flash_prefix import prefix_flash_attention, prefix_route
         from strata.kernels.attention.probe import attention_impl
         P, W = self.length, self.windows[layer]
         if W and extra.get("window") != W:
@@ -332,8 +335,12 @@ class PromptKV:
             prefix = [self._segment(self._staged(layer), n_host)] if n_host else []
             if P - n_host:
                 prefix.append(self._segment(self.resident[layer], P - n_host))
-        if not prefix and not extra and q.is_cuda and attention_impl(q.device) == "triton":
+        triton = q.is_cuda and attention_impl(q.device) == "triton"
+        if not prefix and not extra and triton:
             o = first_chunk_attention(q, k, v)
+        elif (prefix and not extra and triton
+              and prefix_route(q.shape[-1], self.kv) == "flash"):
+            o = prefix_flash_attention(q, k, v, prefix, state=self.scratch.get(layer))
         else:
             fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
             o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)

@@ -1,0 +1,142 @@
+"""A later chunk's attention over bf16 prefix segments by FlashAttention-2 blocks merged by their
+log-sum-exp, for the head widths where strata's Triton chunk attention is slow (hd > 128).
+
+Legend: T chunk tokens, H query heads, Hkv kv heads, hd head width, Q = min(T, FLASH_ROWS) the
+query block, S the prefix segments (staged host tokens, resident tokens).
+
+    prefix_flash_attention(q [T, H, hd], k, v [T, Hkv, hd], prefix [KVSegment...], *,
+                           sm_scale=None, state=None, block=None) -> o [T, H, hd] in q's dtype
+    for each query block [a, b):  acc, lse = 0
+        for each segment s:  (o_s, lse_s) = flash(q[a:b], s.k, s.v, no mask);  merge
+        (o_c, lse_c) = flash(q[a:b], k[:b], v[:b], bottom-right causal);        merge
+        o[a:b] = acc
+The meaning is chunk_attention's (and its twin chunk_attention_torch's, the reference): query i
+of the chunk sees every prefix key and the chunk's keys 0..i. FlashAttention-2 takes GQA as is
+(Hkv key heads), the prefix segments as strided views (no gather), and the bottom-right mask
+of `k[:b]` is exactly "query a + i sees chunk keys 0..a + i".
+
+Why: Qwen3.5's gated attention is hd 256, where chunk_attention's tile is 64 x 32 (tiles.py):
+a 131,072-token prompt in chunks of 32,768 spent 0.19-0.43 s a full layer on chunks 1-3 (H100,
+35b7826, trace_q35_131k) against flash's ~0.1 s, 9 of the read's 12.8 s.
+
+Memory: the merged state, fp32 [Q, H (hd + 1)] (acc kept normalized, and lse), is the layout's
+`attn_flash` buffer (strata.planning; `state`; without one a fresh tensor); flash's own output
+and lse for a block ([Q, H, hd] bf16 and [H, Q] fp32) are allocated by torch's op, transient
+inside the budget's reserve as MLA's are (67 + 0.3 MB at Qwen3.5's H 16, hd 256, Q 4096).
+
+`prefix_route(hd, kv)` is the one choice the plan (whether it carves attn_flash) and the KV
+(whether it calls this) read; `pin_prefix_route("triton" | "flash")` overrides it for A/B.
+Off CUDA the block kernel is a plain-torch stand-in of flash's meaning (attend_block_gqa), so
+the blocking and merging are tested on the CPU against chunk_attention_torch.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from contextvars import ContextVar
+
+import torch
+
+from strata.errors import StrataError
+from strata.kernels.attention.merge import lse_merge, lse_merge_torch
+from strata.kernels.pins import pinned
+
+FLASH_ROWS = 4096        # query rows a block: the state is [Q, H (hd + 1)] fp32
+FLASH_MIN_HD = 129       # hd from which auto routes a bf16 prefix to flash (chunk_attention's
+#                          tile is 64 x 32 there; at 128 and below it keeps 0.78+ of the floor)
+ROUTES = ("triton", "flash")
+_ROUTE: ContextVar[str | None] = ContextVar("strata_prefix_route", default=None)
+
+
+@contextlib.contextmanager
+def pin_prefix_route(route: str):
+    """Inside the block a later chunk's bf16 prefix goes by `route` (plan and KV alike)."""
+    if route not in ROUTES:
+        raise StrataError(f"pin_prefix_route: route must be one of {ROUTES}, got {route!r}")
+    with pinned(_ROUTE, route):
+        yield
+
+
+def prefix_route(head_dim: int, kv: str) -> str:
+    """"flash" or "triton": how a later chunk attends a prefix of KV dtype `kv` (bf16 only goes
+    to flash; int8 has its own expansion path) at head width `head_dim`."""
+    pin = _ROUTE.get()
+    if kv != "bf16":
+        return "triton"
+    if pin is not None:
+        return pin
+    return "flash" if FLASH_MIN_HD <= head_dim <= 256 else "triton"
+
+
+def flash_rows(T: int) -> int:
+    """Q: the query block (and the state's rows) for a chunk of T tokens."""
+    return min(T, FLASH_ROWS)
+
+
+def flash_state_floats(n_head: int, head_dim: int) -> int:
+    """fp32 values of merged state a query row: acc (H hd) and lse (H)."""
+    return n_head * (head_dim + 1)
+
+
+def attend_block_gqa(q, k, v, masked: bool, scale: float):
+    """flash's meaning in plain torch: q [H, n, hd], k, v [Hkv, m, hd] -> (o [H, n, hd] in q's
+    dtype, lse fp32 [H, n]); masked: query i sees keys 0..i + m - n (bottom-right)."""
+    G = q.shape[0] // k.shape[0]
+    kf, vf = (t.float().repeat_interleave(G, dim=0) for t in (k, v))
+    n, m = q.shape[1], k.shape[1]
+    s = (q.float() @ kf.transpose(1, 2)) * scale                               # [H, n, m]
+    if masked:
+        hide = torch.arange(m, device=q.device)[None, :] > \
+            torch.arange(n, device=q.device)[:, None] + (m - n)
+        s = s.masked_fill(hide, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return (torch.exp(s - lse[..., None]) @ vf).to(q.dtype), lse
+
+
+def _flash(q, k, v, masked: bool, scale: float):
+    from strata.models.mla_attend import flash_forward     # torch's FlashAttention-2 forward
+    return flash_forward(q, k, v, masked, scale)
+
+
+def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix=(), *,
+                           sm_scale: float | None = None, state: torch.Tensor | None = None,
+                           block: int | None = None) -> torch.Tensor:
+    """The chunk's attention over `prefix` (bf16 KVSegments) and its own keys (see the module
+    docstring) -> o [T, H, hd]."""
+    T, H, hd = q.shape
+    Hkv = k.shape[1]
+    if any(s.int8 for s in prefix):
+        raise StrataError("prefix_flash_attention reads bf16 segments; int8 ones go through "
+                          "chunk_attention's expansion")
+    if H % Hkv or k.shape != v.shape or k.shape[0] != T or k.shape[2] != hd:
+        raise StrataError(f"prefix_flash_attention: q [T, H, hd], k and v [T, Hkv, hd] with H a "
+                          f"multiple of Hkv, got {list(q.shape)}, {list(k.shape)}, "
+                          f"{list(v.shape)}")
+    scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
+    kernel = _flash if q.is_cuda else attend_block_gqa
+    merge = lse_merge if q.is_cuda else lse_merge_torch
+    Q = min(T, block or FLASH_ROWS)
+    need = Q * flash_state_floats(H, hd)
+    if state is None:
+        state = torch.empty(need, dtype=torch.float32, device=q.device)
+    flat = state.reshape(-1).view(torch.float32) if state.dtype != torch.float32 else \
+        state.reshape(-1)
+    if flat.numel() < need:
+        raise StrataError(f"prefix_flash_attention: the state holds {flat.numel()} fp32 values, "
+                          f"a query block of {Q} rows needs {need}")
+    o = torch.empty_like(q)
+    segs = [(s.k.transpose(0, 1), s.v.transpose(0, 1)) for s in prefix]      # [Hkv, S, hd]
+    kc, vc = k.transpose(0, 1), v.transpose(0, 1)                              # [Hkv, T, hd]
+    for a in range(0, T, Q):
+        b = min(T, a + Q)
+        n = b - a
+        acc = flat[:H * n * hd].view(H, n, hd)
+        lse = flat[H * n * hd:H * n * (hd + 1)].view(H, n)
+        qb = q[a:b].transpose(0, 1)                                            # [H, n, hd]
+        first = True
+        for ks, vs in segs:
+            merge(acc, lse, *kernel(qb, ks, vs, False, scale), first)
+            first = False
+        merge(acc, lse, *kernel(qb, kc[:, :b], vc[:, :b], True, scale), first)
+        o[a:b].copy_(acc.transpose(0, 1))
+    return o

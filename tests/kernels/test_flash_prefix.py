@@ -1,0 +1,119 @@
+"""A later chunk's attention over bf16 prefix segments by flash blocks merged by their log-sum-exp
+(strata.kernels.attention.flash_prefix) against chunk_attention_torch, the reference of
+chunk_attention's meaning, on fresh random data: on the CPU through the plain-torch stand-in of
+flash's block (the blocking, the masks and the merge), on the GPU through FlashAttention-2 and
+the Triton merge; and the route the plan and the KV share.
+
+Bounds: the stand-in computes each block's softmax in fp32 as the reference does over all keys at
+once; the merge rescales by exp(lse_b - lse) in fp32: a few fp32 ulps of |o|, then one rounding
+of the output to q's dtype (fp32 here: 1e-5 of max |v| covers both). On the GPU flash's bf16
+P.V products and its bf16 block outputs: each block's o rounded once to bf16 before the merge
+(2^-8 relative), the reference in fp32 throughout: 1e-2 of max |v| (tests/kernels/
+test_chunk_attention.py holds chunk_attention itself to its own bound).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from strata.errors import StrataError
+from strata.kernels.attention import KVSegment, chunk_attention_torch
+from strata.kernels.attention.flash_prefix import (FLASH_MIN_HD, flash_rows,
+                                                   flash_state_floats, pin_prefix_route,
+                                                   prefix_flash_attention, prefix_route)
+
+
+def case(T, lens, H=4, Hkv=2, hd=16, dtype=torch.float32, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen).to(dtype).to(device)     # noqa: E731
+    q, k, v = r(T, H, hd), r(T, Hkv, hd), r(T, Hkv, hd)
+    # segments as the KV keeps them: head-major [Hkv, S, hd] caches passed transposed
+    prefix = [KVSegment(r(Hkv, n, hd).transpose(0, 1), r(Hkv, n, hd).transpose(0, 1))
+              for n in lens]
+    return q, k, v, prefix
+
+
+@pytest.mark.parametrize("T,lens,block", [(37, [20, 13], 8), (37, [5], 37), (1, [9, 1], 4),
+                                          (64, [64], 16), (30, [], 7)],
+                         ids=["two-segs-blocks", "one-block", "one-query", "even", "no-prefix"])
+def test_blocks_and_merge_equal_the_reference(T, lens, block):
+    """Query blocks (a partial last one), one to two prefix segments of any length, GQA, the
+    chunk's own keys bottom-right masked per block; the output poisoned before the call."""
+    q, k, v, prefix = case(T, lens, seed=T + len(lens))
+    got = prefix_flash_attention(q, k, v, prefix, block=block)
+    want = chunk_attention_torch(q, k, v, prefix)
+    assert not got.isnan().any()
+    assert (got - want).abs().max() <= 1e-5 * v.abs().max()
+
+
+def test_the_state_is_the_given_buffer():
+    """The merged state lives in the buffer handed in (the layout's attn_flash: uint8 bytes or
+    fp32), and one too small for a query block is refused in one line."""
+    q, k, v, prefix = case(20, [11], seed=3)
+    need = flash_rows(20) * flash_state_floats(4, 16)
+    raw = torch.zeros(need * 4, dtype=torch.uint8)
+    got = prefix_flash_attention(q, k, v, prefix, state=raw)
+    assert raw.any()
+    assert torch.equal(got, prefix_flash_attention(q, k, v, prefix,
+                                                   state=torch.empty(need)))
+    with pytest.raises(StrataError) as e:
+        prefix_flash_attention(q, k, v, prefix, state=torch.empty(need - 1))
+    assert "\n" not in str(e.value)
+
+
+def test_int8_segments_are_refused():
+    q, k, v, _ = case(4, [])
+    seg = KVSegment(torch.zeros(3, 2, 16, dtype=torch.int8), torch.zeros(3, 2, 16,
+                    dtype=torch.int8), torch.ones(3, 2), torch.ones(3, 2))
+    with pytest.raises(StrataError) as e:
+        prefix_flash_attention(q, k, v, [seg])
+    assert "\n" not in str(e.value)
+
+
+def test_the_route():
+    """bf16 KV past hd 128 goes to flash (up to flash's 256); int8 and narrower heads stay on
+    chunk_attention; a pin overrides bf16's choice, never int8's."""
+    assert prefix_route(256, "bf16") == "flash" and prefix_route(FLASH_MIN_HD, "bf16") == "flash"
+    assert prefix_route(128, "bf16") == "triton" and prefix_route(512, "bf16") == "triton"
+    assert prefix_route(256, "int8") == "triton" and prefix_route(256, "fp32") == "triton"
+    with pin_prefix_route("flash"):
+        assert prefix_route(128, "bf16") == "flash" and prefix_route(128, "int8") == "triton"
+    with pin_prefix_route("triton"):
+        assert prefix_route(256, "bf16") == "triton"
+    with pytest.raises(StrataError):
+        with pin_prefix_route("cudnn"):
+            pass
+
+
+def test_the_plan_carves_the_state_where_the_route_is_flash():
+    """The layout holds attn_flash [min(T, FLASH_ROWS), H (hd + 1)] fp32 in its attention phase
+    for a bf16-KV hd-256 model (Qwen3.5), none under int8 or at hd 128 (one count: the planner
+    asks prefix_route as the KV does)."""
+    from strata.planning import KVPolicy, dims_for, layout_spec
+    from strata.shapes import get_preset
+    q35, q3 = get_preset("qwen3.5-35b-a3b"), get_preset("qwen3-30b-a3b")
+    bf16 = KVPolicy("bf16", None, 131072)
+    names = lambda shape, kv: set(layout_spec(kv=kv, shape=shape).names())  # noqa: E731
+    assert "attn_flash" in names(q35, bf16)
+    assert "attn_flash" not in names(q35, KVPolicy("int8", None, 131072))
+    assert "attn_flash" not in names(q3, bf16)
+    d = dims_for(q35, 32768, kv=bf16)
+    assert (d["FQ"], d["FS"]) == (4096, q35.n_head * (q35.head_dim + 1))
+    with pin_prefix_route("triton"):
+        assert "attn_flash" not in names(q35, bf16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hd,T,lens", [(256, 5000, [3000, 4100]), (256, 64, [100]),
+                                       (128, 300, [700])], ids=["hd256-blocks", "hd256-short",
+                                                                "hd128"])
+def test_flash_blocks_on_the_gpu(hd, T, lens):
+    """FlashAttention-2 (GQA 16 / 2 heads as Qwen3.5) and the Triton merge against the fp32
+    reference on the same bf16 data, two query blocks at T 5000."""
+    q, k, v, prefix = case(T, lens, H=16, Hkv=2, hd=hd, dtype=torch.bfloat16, device="cuda",
+                           seed=hd + T)
+    got = prefix_flash_attention(q, k, v, prefix).float()
+    f = lambda t: t.float()                                                   # noqa: E731
+    want = chunk_attention_torch(f(q), f(k), f(v), [KVSegment(f(s.k), f(s.v)) for s in prefix])
+    assert not got.isnan().any()
+    assert (got - want).abs().max() <= 1e-2 * v.float().abs().max()
