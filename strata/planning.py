@@ -341,10 +341,10 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
             for i, name in enumerate(names)}
 
 
-__all__ = ["ACTIVATIONS", "ATTN_FLASH_BUF", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES", "KV_EXPAND_BUFS",
-           "deltanet_buffers", "deltanet_bufs", "state_itemsize",
-           "KV_STAGE_BUF", "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for",
-           "layer_dense_bytes", "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]
+__all__ = ["ACTIVATIONS", "ATTN_FLASH_BUF", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES",
+           "KV_EXPAND_BUFS", "deltanet_buffers", "deltanet_bufs", "state_itemsize", "KV_STAGE_BUF",
+           "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for", "layer_dense_bytes",
+           "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]
 
 
 def scratch_bytes_for(shape, n_tokens: int, device, *, decoded: bool) -> int:

@@ -26,6 +26,7 @@ import functools
 
 import torch
 
+from strata.kernels.attention.flash import flash_fits, flash_forward
 from strata.kernels.attention.merge import lse_merge, lse_merge_torch
 from strata.kernels.attention.mla_block import attend_block_triton, mla_block_attention
 
@@ -75,40 +76,6 @@ def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool
         dropout_p=0.0, custom_mask_type=_BOTTOM_RIGHT if masked else _NO_MASK,
         compute_log_sumexp=True, scale=scale)[:2]
     return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, Hv], [H, n]
-
-
-def flash_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether torch's flash forward takes these operands: CUDA, bf16 or fp16 alike, one head
-    width hd for q, k and (padded) v, a multiple of 8 and at most 256 (FlashAttention-2's
-    checks in mha_fwd)."""
-    hd = q.shape[-1]
-    return (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and
-            k.dtype == v.dtype == q.dtype and k.shape[-1] == v.shape[-1] == hd and
-            hd % 8 == 0 and hd <= 256)
-
-
-def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [H, n, hd], k and v [H, m, hd] (last dim contiguous, any head stride) -> (o [H, n, hd],
-    lse fp32 [H, n]) through torch.ops.aten._flash_attention_forward (FlashAttention-2, vendored
-    in aten/src/ATen/native/transformers/cuda/flash_attn), called positionally with the fields
-    every torch since 2.1 shares: (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
-    dropout_p, is_causal, return_debug_mask, *, scale) -> (output, softmax_logsumexp, rng_state,
-    unused, debug_attn_mask); the later keywords (window sizes, seqused_k, alibi_slopes,
-    block_table, num_splits) keep their defaults. Operands are [batch, seq, heads, hd] with
-    only the last dim contiguous (mha_fwd's checks), so the head-major blocks go as transposed
-    views, no copy. What the source says (torch's flash_api.cpp and mask.h, read for this
-    call): is_causal sets window_size_right = 0, and the mask keeps key j for query i when
-    j < i + 1 + seqlen_k - seqlen_q: aligned bottom-right, query i sees keys 0..i + m - n, as
-    attend_block_ref's mask; at seqlen_q == 1 is_causal is dropped ("the same as causal=false":
-    true only bottom-right). The lse is [batch, heads, seqlen_q] fp32, row_max·scale +
-    log(row_sum): the natural log of the scaled scores' sum, the efficient kernel's meaning
-    (a row with no key visible would read +inf; key_blocks never makes one)."""
-    n, m = q.shape[1], k.shape[1]
-    o, lse = torch.ops.aten._flash_attention_forward(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        None, None, n, m, 0.0, masked, False, scale=scale)[:2]
-    return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, hd], [H, n]
 
 
 def attend_block_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,

@@ -24,7 +24,8 @@ from strata.errors import StrataError
 from strata.kernels.deltanet.launch import pin_delta_launch
 from strata.planning import deltanet_buffers
 from strata.kernels.deltanet import (causal_conv1d, causal_conv1d_torch, chunk_buffers,
-                                     chunk_gated_delta_rule, chunk_scratch_bytes, conv_state_bytes, delta_gates,
+                                     chunk_gated_delta_rule, chunk_scratch_bytes,
+                                     conv_state_bytes, delta_gates,
                                      gated_rms_norm, gated_rms_norm_torch, l2norm, l2norm_torch,
                                      recurrent_state_bytes)
 

@@ -38,6 +38,7 @@ from contextvars import ContextVar
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.attention.flash import flash_forward
 from strata.kernels.attention.merge import lse_merge, lse_merge_torch
 from strata.kernels.pins import pinned
 
@@ -93,11 +94,6 @@ def attend_block_gqa(q, k, v, masked: bool, scale: float):
     return (torch.exp(s - lse[..., None]) @ vf).to(q.dtype), lse
 
 
-def _flash(q, k, v, masked: bool, scale: float):
-    from strata.models.mla_attend import flash_forward     # torch's FlashAttention-2 forward
-    return flash_forward(q, k, v, masked, scale)
-
-
 def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix=(), *,
                            sm_scale: float | None = None, state: torch.Tensor | None = None,
                            block: int | None = None) -> torch.Tensor:
@@ -113,7 +109,7 @@ def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
                           f"multiple of Hkv, got {list(q.shape)}, {list(k.shape)}, "
                           f"{list(v.shape)}")
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
-    kernel = _flash if q.is_cuda else attend_block_gqa
+    kernel = flash_forward if q.is_cuda else attend_block_gqa
     merge = lse_merge if q.is_cuda else lse_merge_torch
     Q = min(T, block or FLASH_ROWS)
     need = Q * flash_state_floats(H, hd)

@@ -23,17 +23,17 @@
 
 Why auto picks fla for a bf16 read: it is 5-10x faster from T 2048 (experiments/results/
 deltanet_fla-NVIDIA_H100_80GB_HBM3-47eafc3: 3.29 ms against the tf32x3 scan's 26.29 at T 32768),
-and in a whole read of the full-size Qwen3.5-35B-A3B Q4_K_M streamed under 12 GiB (H100,
-3f27780) 12,965 / 29,584 / 10,215 / 5,797 tok/s at 8K / 32K / 131K / 262K against 8,541 /
-16,297 / 7,117 / 5,023. Its state is ~4e-3 from the fp64 recurrence (bf16's own step: w, u and
-v_new are kept in the activations' dtype) where strata's keeps 1e-6; a bf16 read rounds every
-projection around it to that step already, and over a text its distributions move by a KLD of
-0.0058 from strata's, 1/18 of what the Q4_K_M mix moves them (0.1031; Qwen3.5-35B-A3B's first 8
-layers, experiments/results/quant_quality-qwen3.5-35b-a3b-L8-fla-NVIDIA_H100-35b7826). An fp32 read keeps strata's fp32-exact scan, as does
-every read on the CPU (the torch twin). `--delta backend=strata` pins strata's kernels for a
-bf16 read; `pin_delta_launch(split=True)` and the precisions are there to be measured
-(experiments/deltanet_fla.py --arms; in a whole read, benchmarks/profile_read.py --delta). The
-planner counts the buffers of the launch in force (sizes.chunk_buffers).
+and in a whole read of the full-size Qwen3.5-35B-A3B Q4_K_M streamed under 12 GiB (H100, 3f27780)
+12,965 / 29,584 / 10,215 / 5,797 tok/s at 8K / 32K / 131K / 262K against 8,541 / 16,297 / 7,117 /
+5,023. Its state is ~4e-3 from the fp64 recurrence (bf16's own step: w, u and v_new are kept in the
+activations' dtype) where strata's keeps 1e-6; a bf16 read rounds every projection around it to
+that step already, and over a text its distributions move by a KLD of 0.0058 from strata's, 1/18 of
+what the Q4_K_M mix moves them (0.1031; Qwen3.5-35B-A3B's first 8 layers,
+experiments/results/quant_quality-qwen3.5-35b-a3b-L8-fla-NVIDIA_H100-35b7826). An fp32 read keeps
+strata's fp32-exact scan, as does every read on the CPU (the torch twin). `--delta backend=strata`
+pins strata's kernels for a bf16 read; `pin_delta_launch(split=True)` and the precisions are there
+to be measured (experiments/deltanet_fla.py --arms; in a whole read, benchmarks/profile_read.py
+--delta). The planner counts the buffers of the launch in force (sizes.chunk_buffers).
 """
 from __future__ import annotations
 
