@@ -51,7 +51,7 @@ from strata.engine.variants import KernelLaunches
 from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, dry_tokens, warm_layers
 from strata.errors import AllocationError, StrataError, allocation_failed
 from strata.memory import ExpertCache, RingPolicy
-from strata.models.kv import PromptKV
+from strata.models.kv import PromptKV, kv_windows
 from strata.engine.load import load_model, open_pack, resolve_device
 from strata.planning import scratch_reserve
 
@@ -238,7 +238,7 @@ class PrefillEngine:
         g = torch.Generator().manual_seed(seed)
         dry = torch.randint(0, self.shape.vocab, (n,), generator=g, dtype=torch.int64)
         layers = (list(range(self.shape.n_layer)) if full else
-                  warm_layers([p.layers for p in self.parts], self.layouts))
+                  warm_layers([p.layers for p in self.parts], self.warm_kinds()))
         probe = ProbePlan(n_tokens, C, self.cfg.kv_resident, start)
         made: list[WarmKV] = []
         model, parts = self.model, self.parts
@@ -276,6 +276,14 @@ class PrefillEngine:
         if seen.compiled is not None:
             t["warmup_compiled"] = seen.compiled
         return took
+
+    def warm_kinds(self) -> list:
+        """Per layer, what its launches follow besides the chunk: its blob layout, its
+        attention's kind (a hybrid's linear and full layers launch different kernels) and its
+        window (a sliding layer's masks): a warm-up reads the first layers of each."""
+        windows = kv_windows(self.shape)
+        return [(self.layouts[l], self.shape.layer_kind(l), windows[l])
+                for l in range(self.shape.n_layer)]
 
     # -- a prompt ----------------------------------------------------------------------------
     def run(self, tokens, *, logits: str = "all", fail_after_layers: int | None = None,

@@ -3,7 +3,8 @@
 Which kernel variants a prompt launches follows the chunk's token count and each layer's blob
 layout (its formats: the expert GEMM's FMT constexprs, tiles from T), and Triton specializes the
 integer arguments that vary with routing (a pass's tile count divisible by 16 or not), not the
-layer's index: every layer of one layout on one participant launches the same variants. So the
+layer's index: every layer of one layout (and one attention kind and window: a hybrid's linear
+and full layers launch different kernels) on one participant launches the same variants. So the
 dry prompt needs to go through only the first `WARM_PER_LAYOUT` layers of each distinct layout on
 each participant — two, so the routing-dependent specializations show in both of their forms
 with high probability (each layer runs several passes) — at the prompt's own chunk sizes, through
@@ -52,7 +53,8 @@ def dry_tokens(n_tokens: int, chunk: int) -> int:
 def warm_layers(part_layers: Sequence[Sequence[int]], layouts: Sequence, per: int = WARM_PER_LAYOUT
                 ) -> list[int]:
     """The layers a warm-up reads: per participant (its layers), the first `per` of each
-    distinct blob layout, in layer order."""
+    distinct entry of `layouts` (per layer: what its launches follow, PrefillEngine.warm_kinds:
+    the blob layout, the attention's kind and window), in layer order."""
     out = []
     for layers in part_layers:
         seen: dict = {}
@@ -144,7 +146,10 @@ class WarmKV(PromptKV):
 
     def attend(self, layer, q, k, v, **extra):
         from strata.kernels.attention import chunk_attention, chunk_attention_for
-        if chunk_attention_for(q.device) is chunk_attention:   # the torch twin compiles nothing
+        # the torch twin compiles nothing; a prefix by flash blocks launches no chunk_attention
+        # (its merge kernel's variants follow the block's shape, which the dry chunk has)
+        if (chunk_attention_for(q.device) is chunk_attention
+                and not self.flash_prefix(q, extra)):
             self._probe(layer, q, k, v, extra)
         return super().attend(layer, q, k, v, **extra)
 

@@ -322,7 +322,7 @@ class PromptKV:
         attention's window / sinks (chunk_attention's keywords), for the layers that have them;
         a layer kept as a sliding one must mask with its window (its ring holds no more)."""
         from strata.kernels.attention import chunk_attention_for
-        from strata.kernels.attention.flash_prefix import prefix_flash_attention, prefix_route
+        from strata.kernels.attention.flash_prefix import prefix_flash_attention
         from strata.kernels.attention.probe import attention_impl
         P, W = self.length, self.windows[layer]
         if W and extra.get("window") != W:
@@ -335,11 +335,9 @@ class PromptKV:
             prefix = [self._segment(self._staged(layer), n_host)] if n_host else []
             if P - n_host:
                 prefix.append(self._segment(self.resident[layer], P - n_host))
-        triton = q.is_cuda and attention_impl(q.device) == "triton"
-        if not prefix and not extra and triton:
+        if not prefix and not extra and q.is_cuda and attention_impl(q.device) == "triton":
             o = first_chunk_attention(q, k, v)
-        elif (prefix and not extra and triton
-              and prefix_route(q.shape[-1], self.kv) == "flash"):
+        elif prefix and self.flash_prefix(q, extra):
             o = prefix_flash_attention(q, k, v, prefix, state=self.scratch.get(layer))
         else:
             fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
@@ -349,6 +347,15 @@ class PromptKV:
         if n_host and nxt is not None:
             self.stage(nxt)     # the next staged layer's copy overlaps this layer's experts
         return o
+
+    def flash_prefix(self, q: torch.Tensor, extra: dict) -> bool:
+        """Whether a later chunk of q's width attends its prefix by flash blocks
+        (strata.kernels.attention.flash_prefix.prefix_route: bf16 KV, hd > 128; CUDA, the
+        Triton attention in force, no window, sinks or packed sequences)."""
+        from strata.kernels.attention.flash_prefix import prefix_route
+        from strata.kernels.attention.probe import attention_impl
+        return (not extra and q.is_cuda and attention_impl(q.device) == "triton"
+                and prefix_route(q.shape[-1], self.kv) == "flash")
 
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
         """k, v [T, Hkv, hd|Hv] of the chunk at positions length.. into the cache (a full

@@ -138,6 +138,24 @@ def pack4(tmp_path_factory):
                       ExpertFormats("BF16", "BF16", "BF16"), progress=False)
 
 
+def test_a_hybrid_warms_its_full_attention_layers_too(tmp_path):
+    """Qwen3.5's layers share one blob layout, but its linear and full layers launch different
+    kernels: the warm-up reads the first two of each kind (a layout alone chose two linear
+    layers, and the first full layer compiled inside the timed read: 1.2-1.6 s on the H100)."""
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.shapes import get_preset
+    shape = get_preset("tiny-qwen35moe")
+    pack = synth_pack(tmp_path / "h.pack", shape, ExpertFormats.of("Q8_0"), progress=False)
+    eng = streaming_engine(pack)
+    kinds = eng.warm_kinds()
+    full = [l for l in range(shape.n_layer) if shape.layer_kind(l) == "full"]
+    linear = [l for l in range(shape.n_layer) if shape.layer_kind(l) == "linear"]
+    assert full and linear and len({k[0] for k in kinds}) == 1
+    assert warm_layers([range(shape.n_layer)], kinds) == sorted(full[:2] + linear[:2])
+    eng.warmup(ONE.numel())
+    assert eng.timings["warmup_layers"] == len(full[:2] + linear[:2])
+
+
 def test_warmup_reads_only_the_warm_layers_through_the_same_run(pack4):
     eng = streaming_engine(pack4)   # most experts stream: the warm layers' copies are visible
     n_layer = eng.shape.n_layer
