@@ -112,12 +112,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _pins(args):
-    """The launch choices the flags pin for the whole command (plan and read alike): --delta."""
+    """The launch choices the flags pin for the whole command (plan and read alike): --delta,
+    --prefix-attention."""
     import contextlib
-    if getattr(args, "delta", None) is None:
-        return contextlib.nullcontext()
-    from strata.kernels.deltanet.launch import launch_from_flag, pin_delta_launch
-    return pin_delta_launch(launch_from_flag(args.delta))
+    stack = contextlib.ExitStack()
+    if getattr(args, "delta", None) is not None:
+        from strata.kernels.deltanet.launch import launch_from_flag, pin_delta_launch
+        stack.enter_context(pin_delta_launch(launch_from_flag(args.delta)))
+    if getattr(args, "prefix_attention", None) is not None:
+        from strata.kernels.attention.flash_prefix import pin_prefix_route
+        stack.enter_context(pin_prefix_route(args.prefix_attention))
+    return stack
 
 
 def _main(argv: list[str], early) -> int:

@@ -138,8 +138,16 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
                    help="the linear-attention layers' delta-rule launch, as DeltaLaunch fields "
                         "(strata.kernels.deltanet.launch): backend=fla runs fla-core's kernels "
                         "(pip install 'strata[fla]'; bf16 intermediates, 8x faster at 32K on "
-                        "the H100), e.g. split,prec=tf32 strata's own; the plan counts its "
-                        "buffers. Default: strata's fused kernel, fp32 state")
+                        "the H100), backend=strata strata's own (fp32 state), e.g. "
+                        "split,prec=tf32 its launch; the plan counts its buffers. Default: "
+                        "backend=auto, fla-core's for a bf16 read on CUDA where it is installed, "
+                        "else strata's")
+    g.add_argument("--prefix-attention", default=None, choices=["triton", "flash"],
+                   help="how a later chunk attends its bf16 prefix: triton (strata's "
+                        "chunk_attention) or flash (FlashAttention-2 blocks merged by their "
+                        "log-sum-exp, strata.kernels.attention.flash_prefix); the plan carves "
+                        "the state flash needs. Default: flash from head width 129 (Qwen3.5, "
+                        "Qwen3-Next), triton below")
 
 
 def kv_resident(text: str) -> int | str | None:

@@ -32,6 +32,8 @@ import torch
 
 from strata.commands._args import add_budget_flags
 from strata.errors import StrataError
+from strata.engine.engine_config import resolved
+from strata.kernels.attention.flash_prefix import prefix_route
 from strata.kernels.deltanet.launch import delta_spec
 from strata.units import fmt_bytes
 
@@ -128,6 +130,9 @@ def run(args) -> int:
             "kv": str(getattr(args, "kv", "") or "bf16"),
             # a hybrid's delta-rule launch (strata.kernels.deltanet.launch): which path ran
             "delta": delta_spec(engine.shape, engine.dtype.itemsize),
+            # a later chunk's bf16 prefix: chunk_attention or flash blocks (attention/flash_prefix)
+            "prefix_attention": prefix_route(engine.shape.head_dim,
+                                             resolved(engine.cfg, engine.device.type).kv),
             "test": f"pp{n}", "n_tokens": n, "chunk": res.chunk, "ring": res.ring,
             "reps": args.repeats,
             "tokens_per_s": statistics.fmean(tps),
