@@ -166,6 +166,17 @@ for step in "$@"; do
     # a DeepSeek-V3-width pack (2 MoE layers) read at 64K, every latent token resident vs 16K a layer resident
     mlakv)   timeout 300 python3 experiments/deepseek_stream.py --moe-layers 2 --prompts 65536 --kv-resident all,16384 --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/deepseek_kv_resident.log" ;;
     mla)     timeout 200 python3 benchmarks/mla_bench.py --out "$OUT" 2>&1 | tail -20 | tee "$OUT/mla_bench.log" ;;
+    # issue 38 item 5: the full-size Qwen3.5-35B-A3B Q4_K_M (synth's GGUF and its pack, made by
+    # `llama_cpp.sh make` in the background, waited for) under --vram 12GiB: 8K and 32K (2 reps),
+    # 131K and 262K (1 rep, lane trace), then 131K with the prefix through chunk_attention
+    # (--prefix-attention triton) beside the default's flash blocks; CSVs + trace under $OUT
+    q35)     m=/dev/shm/qwen3.5-35b-a3b-mixQ4_K_M; p=$m.pack
+             [ -f $p ] || bash benchmarks/llama_cpp.sh make qwen3.5-35b-a3b "--mix Q4_K_M"
+             while [ -f $m.gguf.making ]; do sleep 3; done
+             timeout 120 python3 -m strata.cli bench $p -p 8192,32768 -r 2 --vram 12GiB -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_short.csv"
+             timeout 200 python3 -m strata.cli bench $p -p 131072,262144 -r 1 --vram 12GiB --trace "$OUT/trace_q35_long.json" -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_long.csv"
+             timeout 120 python3 -m strata.cli bench $p -p 131072 -r 1 --vram 12GiB --prefix-attention triton -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_131k_triton.csv"
+             cut -d, -f5-9,12,17-20 "$OUT"/bench_q35_*.csv ;;
     # issue 38 items 2 and 5: a Qwen3.5-35B-A3B read (its first 8 layers: 6 linear, 2 full) all
     # resident at 8K and 32K with the delta rule on strata's kernels against fla-core's (--delta)
     flaab)   for d in "" "--delta backend=fla"; do t=$(echo "x $d" | tr -cd 'a-z0-9'); timeout 200 python3 benchmarks/profile_read.py --what resident --preset qwen3.5-35b-a3b --quant Q4_K_M --layers 8 --T 8192 32768 --top 12 $d --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_q35_$t.log"; echo "[$d]"; grep "^T=\|^-- " "$OUT/profile_q35_$t.log"; done ;;
