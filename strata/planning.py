@@ -151,16 +151,19 @@ def deltanet_buffers(shape: ModelShape, T: int, kv: "KVPolicy | None" = None,
                          itemsize=act_itemsize)
 
 
-def deltanet_bufs(shape: ModelShape) -> tuple[Buf, ...]:
+def deltanet_bufs(shape: ModelShape, kv: "KVPolicy | None" = None,
+                  act_itemsize: int | None = None) -> tuple[Buf, ...]:
     """Those buffers in the layout as bytes: dn_<name> uint8 [rows, DN_<name>] with rows T
     (tokens), TC (chunks of 64) or none (a fixed size) as the buffer counts them, live only
     inside one layer's attention: the attention phase. The launcher views them in its own
     dtypes (strata.kernels.deltanet.chunk.take_buffer), taken from the carve
-    (strata.models.layer_state.RecurrentStates.scratch)."""
+    (strata.models.layer_state.RecurrentStates.scratch). `kv` and `act_itemsize` as
+    deltanet_buffers takes them: the backend they resolve to names the buffers, and dims_for
+    sizes them from the same two (fla's and strata's names differ)."""
     return tuple(Buf(f"dn_{b.name}", u8,
                      (f"DN_{b.name}",) if b.rows == "1" else (b.rows, f"DN_{b.name}"),
                      "a linear-attention layer's delta-rule scratch (kernels/deltanet/sizes)")
-                 for b in deltanet_buffers(shape, 1))
+                 for b in deltanet_buffers(shape, 1, kv, act_itemsize))
 
 
 def state_itemsize(kv: str) -> int:
@@ -204,10 +207,11 @@ class KVPolicy:
 
 
 def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = None,
-                shape: ModelShape | None = None) -> LayoutSpec:
+                shape: ModelShape | None = None, act: torch.dtype | None = None) -> LayoutSpec:
     """The prompt path's buffers when the experts run through `ffn` (the buffers it declares, in
     the "moe" phase) and the KV is kept as `kv` says (a staging buffer when some of it lives in
-    host memory), with MLA's attention scratch when `shape` is MLA."""
+    host memory), with MLA's attention scratch when `shape` is MLA; `act` the dtype the engine
+    computes in (model_sizes' own: the delta rule's buffers follow it)."""
     spec = ACTIVATIONS
     for b in ffn.buffers:
         spec = spec.with_buffer(b, "moe")
@@ -226,7 +230,7 @@ def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = N
             and prefix_route(shape.head_dim, kv.dtype) == "flash"):
         spec = spec.with_buffer(ATTN_FLASH_BUF, "attention")
     if shape is not None and shape.linear is not None:
-        for b in deltanet_bufs(shape):
+        for b in deltanet_bufs(shape, kv, act.itemsize if act is not None else None):
             spec = spec.with_buffer(b, "attention")
     return spec.with_buffer(KV_STAGE_BUF) if kv is not None and kv.streams else spec
 

@@ -134,10 +134,9 @@ def kv_summary(sizes, cfg, bud, shape, *, delta_scratch: int = 0, dev: str = "cu
            "auto_line": cfg.kv_choice.line() if cfg.kv_choice is not None else None}
     linear = [l for l in range(shape.n_layer) if shape.layer_kind(l) == "linear"]
     if linear:
-        from strata.engine.engine_config import resolved
+        from strata.engine.engine_config import dense_dtype
         from strata.kernels.deltanet.launch import delta_launch
-        from strata.planning import state_itemsize
-        act = state_itemsize(resolved(cfg, dev).kv)     # deltanet_buffers' act_itemsize
+        act = dense_dtype(cfg, dev).itemsize     # the layout's and model_sizes' act
         out.update(linear_layers=len(linear), full_layers=shape.n_layer - len(linear),
                    state_bytes=sum(sizes.kv_bytes(cfg.max_prompt, l) for l in linear),
                    delta_backend=delta_launch().resolved(act), delta_scratch_bytes=delta_scratch)

@@ -36,8 +36,9 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
     kv = kv_policy(cfg, device_type)
     shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
     # the activations the engine computes in (its delta rule's buffers take their dtype)
-    sizes = model_sizes(shape, kv=kv, act=dense_dtype(cfg, device_type))
-    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape), cfg.batch)
+    act = dense_dtype(cfg, device_type)
+    sizes = model_sizes(shape, kv=kv, act=act)
+    layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape, act), cfg.batch)
     fused = use_fused(native, cfg.fused, policy)
     kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
               split=cfg.layer_split)

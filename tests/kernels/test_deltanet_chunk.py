@@ -489,3 +489,23 @@ def test_gpu_fla_backend_carry_and_memory(c, tuned):
     assert torch.isfinite(o).all() and torch.isfinite(S).all()
     o2, S2 = two_calls(chunk_gated_delta_rule_fla, x, (c.T // 2) // BT * BT)
     assert torch.equal(o2, o) and torch.equal(S2, S)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_layout_names_and_sizes_one_backend_whatever_the_dense_dtype(monkeypatch, dtype):
+    """With fla-core installed on CUDA, auto hands a bf16 read to fla and an fp32 read to
+    strata: the layout's dn_* buffers (their names) and dims_for's DN_* symbols (their sizes)
+    both follow the engine's dense dtype, so an fp32 read under int8 KV carves strata's
+    buffers (the KV's dtype alone would have named fla's)."""
+    from strata.kernels.deltanet import launch as L
+    from strata.planning import KVPolicy, dims_for, layout_spec, model_sizes
+    from strata.shapes import get_preset
+    monkeypatch.setattr(L, "_fla_installed", lambda: True)
+    monkeypatch.setattr(L, "_has_cuda", lambda: True)
+    shape = get_preset("tiny-qwen35moe")
+    kv = KVPolicy("int8", None, 256)
+    names = {n[3:] for n in layout_spec(kv=kv, shape=shape, act=dtype).names()
+             if n.startswith("dn_")}
+    dims = model_sizes(shape, kv=kv, act=dtype).dims(64, 2, 1)
+    assert names == {k[3:] for k in dims if k.startswith("DN_")}
+    assert ("v_new" in names) == (dtype == torch.bfloat16)
