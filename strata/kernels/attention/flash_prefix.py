@@ -16,13 +16,15 @@ of the chunk sees every prefix key and the chunk's keys 0..i. FlashAttention-2 t
 of `k[:b]` is exactly "query a + i sees chunk keys 0..a + i".
 
 Why: Qwen3.5's gated attention is hd 256, where chunk_attention's tile is 64 x 32 (tiles.py):
-a 131,072-token prompt in chunks of 32,768 spent 0.19-0.43 s a full layer on chunks 1-3 (H100,
-35b7826, trace_q35_131k) against flash's ~0.1 s, 9 of the read's 12.8 s.
+a 131,072-token prompt in chunks of 32,768 spent 0.19 / 0.31 / 0.43 s a full layer on chunks
+1-3, ~9 of the read's 12.8 s (H100, 35b7826); through these blocks 0.10 / 0.15 / 0.21 s, the read
+7.9 s (0bc0058; FlashAttention-2 at ~300 TFLOP/s where cuDNN's first chunk reaches ~570).
 
 Memory: the merged state, fp32 [Q, H (hd + 1)] (acc kept normalized, and lse), is the layout's
 `attn_flash` buffer (strata.planning; `state`; without one a fresh tensor); flash's own output
 and lse for a block ([Q, H, hd] bf16 and [H, Q] fp32) are allocated by torch's op, transient
-inside the budget's reserve as MLA's are (67 + 0.3 MB at Qwen3.5's H 16, hd 256, Q 4096).
+inside the budget's reserve as MLA's are (33.5 + 0.3 MB at Qwen3.5's H 16, hd 256, Q 4096,
+beside the planned state's 67 MB).
 
 `prefix_route(hd, kv)` is the one choice the plan (whether it carves attn_flash) and the KV
 (whether it calls this) read; `pin_prefix_route("triton" | "flash")` overrides it for A/B.
@@ -60,13 +62,14 @@ def pin_prefix_route(route: str):
 
 def prefix_route(head_dim: int, kv: str) -> str:
     """"flash" or "triton": how a later chunk attends a prefix of KV dtype `kv` (bf16 only goes
-    to flash; int8 has its own expansion path) at head width `head_dim`."""
+    to flash; int8 has its own expansion path) at head width `head_dim` (flash only where
+    FlashAttention-2 takes it: a multiple of 8 up to 256, pinned or not)."""
     pin = _ROUTE.get()
-    if kv != "bf16":
+    if kv != "bf16" or head_dim % 8 or head_dim > 256:   # what FlashAttention-2 takes
         return "triton"
     if pin is not None:
         return pin
-    return "flash" if FLASH_MIN_HD <= head_dim <= 256 else "triton"
+    return "flash" if head_dim >= FLASH_MIN_HD else "triton"
 
 
 def flash_rows(T: int) -> int:
