@@ -73,7 +73,8 @@ def test_int8_segments_are_refused():
 def test_the_route():
     """bf16 KV past hd 128 goes to flash (up to flash's 256); int8 and narrower heads stay on
     chunk_attention; a pin overrides bf16's choice, never int8's nor a width flash refuses."""
-    assert prefix_route(256, "bf16") == "flash" and prefix_route(FLASH_MIN_HD, "bf16") == "flash"
+    assert prefix_route(256, "bf16") == "flash" and prefix_route(136, "bf16") == "flash"
+    assert FLASH_MIN_HD == 129 and prefix_route(132, "bf16") == "triton"   # not a multiple of 8
     assert prefix_route(128, "bf16") == "triton" and prefix_route(512, "bf16") == "triton"
     assert prefix_route(256, "int8") == "triton" and prefix_route(256, "fp32") == "triton"
     with pin_prefix_route("flash"):
