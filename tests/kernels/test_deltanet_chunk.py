@@ -426,6 +426,7 @@ def test_auto_resolves_to_fla_for_a_bf16_read_on_cuda_only(monkeypatch, fla, cud
     assert DEFAULT.resolved(2) == want and DEFAULT.resolved(4) == "strata"
     assert DeltaLaunch(backend="strata").resolved(2) == "strata"
     assert DeltaLaunch(backend="fla").resolved(4) == "fla"
+    assert DeltaLaunch(split=True).resolved(2) == DeltaLaunch(prec="tf32").resolved(2) == "strata"
     shape = get_preset("tiny-qwen35moe")
     names = {b.name for b in deltanet_buffers(shape, 64, act_itemsize=2)}
     assert ("v_new" in names) == (want == "fla"), names

@@ -18,8 +18,10 @@
                      dependency, `strata[fla]`; the other fields do not apply to it), its
                      intermediates in the activations' dtype. "auto" (the default): fla where
                      the activations are bf16 / fp16, fla-core 0.6.0 is installed and the
-                     process has CUDA, else strata (`resolved`, which the planner and the
-                     launcher both read: one answer for the buffers counted and those taken).
+                     process has CUDA, else strata, and strata wherever another field is set
+                     (`--delta split` asks for strata's split scan) (`resolved`, which the
+                     planner and the launcher both read: one answer for the buffers counted
+                     and those taken).
 
 Why auto picks fla for a bf16 read: it is 5-10x faster from T 2048 (experiments/results/
 deltanet_fla-NVIDIA_H100_80GB_HBM3-47eafc3: 3.29 ms against the tf32x3 scan's 26.29 at T 32768),
@@ -82,7 +84,10 @@ class DeltaLaunch:
         pinned one, or auto's choice (see the module docstring)."""
         if self.backend != "auto":
             return self.backend
-        return "fla" if itemsize <= 2 and _fla_installed() and _has_cuda() else "strata"
+        tuned = any(getattr(self, f.name) != f.default for f in fields(self)
+                    if f.name != "backend")        # fields of strata's own kernels: it runs them
+        return ("fla" if not tuned and itemsize <= 2 and _fla_installed() and _has_cuda()
+                else "strata")
 
     @property
     def spec(self) -> str:
