@@ -266,7 +266,9 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             "KVB": shape.kv_bytes(1, kv.dtype if kv is not None else "bf16"),
             "KX": expand_rows(kv.max_prompt) if kv is not None else 0,
             "QS": state_floats(shape.n_head, shape.head_dim),
-            "FQ": flash_rows(T), "FS": flash_state_floats(shape.n_head, shape.head_dim),
+            # a prompt of one chunk has no prefix: no flash state
+            "FQ": flash_rows(T) if kv is not None and kv.max_prompt > T else 0,
+            "FS": flash_state_floats(shape.n_head, shape.head_dim),
             "MR": mr, "MQ": mq, "MKD": shape.n_head * shape.head_dim,
             "MVD": shape.n_head * mla_value_width(shape.head_dim, m.v_head_dim)
             if shape.mla else 0,

@@ -89,8 +89,9 @@ def test_the_route():
 
 def test_the_plan_carves_the_state_where_the_route_is_flash():
     """The layout holds attn_flash [min(T, FLASH_ROWS), H (hd + 1)] fp32 in its attention phase
-    for a bf16-KV hd-256 model (Qwen3.5), none under int8 or at hd 128 (one count: the planner
-    asks prefix_route as the KV does)."""
+    for a bf16-KV hd-256 model (Qwen3.5) whose prompt takes more than one chunk (no rows for one
+    chunk: nothing before it), none under int8 or at hd 128 (one count: the planner asks
+    prefix_route as the KV does)."""
     from strata.planning import KVPolicy, dims_for, layout_spec
     from strata.shapes import get_preset
     q35, q3 = get_preset("qwen3.5-35b-a3b"), get_preset("qwen3-30b-a3b")
@@ -101,6 +102,7 @@ def test_the_plan_carves_the_state_where_the_route_is_flash():
     assert "attn_flash" not in names(q3, bf16)
     d = dims_for(q35, 32768, kv=bf16)
     assert (d["FQ"], d["FS"]) == (4096, q35.n_head * (q35.head_dim + 1))
+    assert dims_for(q35, 131072, kv=bf16)["FQ"] == 0       # one chunk: no prefix, no state
     with pin_prefix_route("triton"):
         assert "attn_flash" not in names(q35, bf16)
 
