@@ -169,13 +169,13 @@ for step in "$@"; do
     # issue 38 item 5: the full-size Qwen3.5-35B-A3B Q4_K_M (synth's GGUF and its pack, made by
     # `llama_cpp.sh make` in the background, waited for) under --vram 12GiB: 8K and 32K (2 reps),
     # 131K and 262K (1 rep, lane trace), then 131K with the prefix through chunk_attention
-    # (--prefix-attention triton) beside the default's flash blocks; CSVs + trace under $OUT
+    # (--prefix-attention triton) and cuDNN's blocks (cudnn) beside the default's flash blocks
     q35)     m=/dev/shm/qwen3.5-35b-a3b-mixQ4_K_M; p=$m.pack
              [ -f $p ] || bash benchmarks/llama_cpp.sh make qwen3.5-35b-a3b "--mix Q4_K_M"
              while [ -f $m.gguf.making ]; do sleep 3; done
              timeout 120 python3 -m strata.cli bench $p -p 8192,32768 -r 2 --vram 12GiB -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_short.csv"
              timeout 200 python3 -m strata.cli bench $p -p 131072,262144 -r 1 --vram 12GiB --trace "$OUT/trace_q35_long.json" -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_long.csv"
-             timeout 120 python3 -m strata.cli bench $p -p 131072 -r 1 --vram 12GiB --prefix-attention triton -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_131k_triton.csv"
+             for r in triton cudnn; do timeout 120 python3 -m strata.cli bench $p -p 131072 -r 1 --vram 12GiB --prefix-attention $r -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_131k_$r.csv"; done
              cut -d, -f5-9,12,17-20 "$OUT"/bench_q35_*.csv ;;
     # issue 38 items 2 and 5: a Qwen3.5-35B-A3B read (its first 8 layers: 6 linear, 2 full) all
     # resident at 8K and 32K with the delta rule on strata's kernels against fla-core's (--delta)

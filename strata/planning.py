@@ -227,7 +227,7 @@ def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = N
         if needs_state(kv.max_prompt):
             spec = spec.with_buffer(ATTN_STATE_BUF, "attention")
     if (kv is not None and not mla and shape is not None and kv.max_prompt > 0
-            and prefix_route(shape.head_dim, kv.dtype) == "flash"):
+            and prefix_route(shape.head_dim, kv.dtype) != "triton"):
         spec = spec.with_buffer(ATTN_FLASH_BUF, "attention")
     if shape is not None and shape.linear is not None:
         for b in deltanet_bufs(shape, kv, act.itemsize if act is not None else None):

@@ -142,12 +142,13 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
                         "split,prec=tf32 its launch; the plan counts its buffers. Default: "
                         "backend=auto, fla-core's for a bf16 read on CUDA where it is installed, "
                         "else strata's")
-    g.add_argument("--prefix-attention", default=None, choices=["triton", "flash"],
+    g.add_argument("--prefix-attention", default=None, choices=["triton", "flash", "cudnn"],
                    help="how a later chunk attends its bf16 prefix: triton (strata's "
                         "chunk_attention) or flash (FlashAttention-2 blocks merged by their "
                         "log-sum-exp, strata.kernels.attention.flash_prefix); the plan carves "
-                        "the state flash needs. Default: flash from head width 129 (Qwen3.5, "
-                        "Qwen3-Next), triton below")
+                        "the state flash needs; cudnn the same blocks through cuDNN's "
+                        "attention (opt-in, unmeasured). Default: flash from head width 129 "
+                        "(Qwen3.5, Qwen3-Next), triton below")
 
 
 def kv_resident(text: str) -> int | str | None:

@@ -322,7 +322,7 @@ class PromptKV:
         attention's window / sinks (chunk_attention's keywords), for the layers that have them;
         a layer kept as a sliding one must mask with its window (its ring holds no more)."""
         from strata.kernels.attention import chunk_attention_for
-        from strata.kernels.attention.flash_prefix import prefix_flash_attention
+        from strata.kernels.attention.flash_prefix import prefix_flash_attention, prefix_route
         from strata.kernels.attention.probe import attention_impl
         P, W = self.length, self.windows[layer]
         if W and extra.get("window") != W:
@@ -338,7 +338,8 @@ class PromptKV:
         if not prefix and not extra and q.is_cuda and attention_impl(q.device) == "triton":
             o = first_chunk_attention(q, k, v)
         elif prefix and self.flash_prefix(q, extra):
-            o = prefix_flash_attention(q, k, v, prefix, state=self.scratch.get(layer))
+            o = prefix_flash_attention(q, k, v, prefix, state=self.scratch.get(layer),
+                                       route=prefix_route(q.shape[-1], self.kv))
         else:
             fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
             o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
@@ -355,7 +356,7 @@ class PromptKV:
         from strata.kernels.attention.flash_prefix import prefix_route
         from strata.kernels.attention.probe import attention_impl
         return (not extra and q.is_cuda and attention_impl(q.device) == "triton"
-                and prefix_route(q.shape[-1], self.kv) == "flash")
+                and prefix_route(q.shape[-1], self.kv) != "triton")
 
     def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
         """k, v [T, Hkv, hd|Hv] of the chunk at positions length.. into the cache (a full

@@ -46,6 +46,19 @@ def test_blocks_and_merge_equal_the_reference(T, lens, block):
     assert (got - want).abs().max() <= 1e-5 * v.abs().max()
 
 
+@pytest.mark.parametrize("T,lens,block", [(37, [20, 13], 8), (30, [], 7), (16, [5], 16)],
+                         ids=["two-segs-blocks", "no-prefix", "one-block"])
+def test_the_cudnn_route_s_blocks_equal_the_reference(T, lens, block):
+    """The cudnn route's decomposition (the chunk's keys before a query block unmasked, its own
+    square block causal: no non-square mask asked of cuDNN), through the CPU stand-in."""
+    q, k, v, prefix = case(T, lens, seed=2 * T + len(lens))
+    got = prefix_flash_attention(q, k, v, prefix, block=block, route="cudnn")
+    want = chunk_attention_torch(q, k, v, prefix)
+    assert (got - want).abs().max() <= 1e-5 * v.abs().max()
+    with pytest.raises(StrataError):
+        prefix_flash_attention(q, k, v, prefix, route="cutlass")
+
+
 def test_the_state_is_the_given_buffer():
     """The merged state lives in the buffer handed in (the layout's attn_flash: uint8 bytes or
     fp32), and one too small for a query block is refused in one line."""
@@ -82,8 +95,11 @@ def test_the_route():
         assert prefix_route(512, "bf16") == "triton" and prefix_route(100, "bf16") == "triton"
     with pin_prefix_route("triton"):
         assert prefix_route(256, "bf16") == "triton"
+    with pin_prefix_route("cudnn"):                  # opt-in only
+        assert prefix_route(256, "bf16") == "cudnn" and prefix_route(256, "int8") == "triton"
+    assert prefix_route(256, "bf16") != "cudnn"
     with pytest.raises(StrataError):
-        with pin_prefix_route("cudnn"):
+        with pin_prefix_route("cutlass"):
             pass
 
 
@@ -108,15 +124,16 @@ def test_the_plan_carves_the_state_where_the_route_is_flash():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("route", ["flash", "cudnn"])
 @pytest.mark.parametrize("hd,T,lens", [(256, 5000, [3000, 4100]), (256, 64, [100]),
                                        (128, 300, [700])], ids=["hd256-blocks", "hd256-short",
                                                                 "hd128"])
-def test_flash_blocks_on_the_gpu(hd, T, lens):
-    """FlashAttention-2 (GQA 16 / 2 heads as Qwen3.5) and the Triton merge against the fp32
-    reference on the same bf16 data, two query blocks at T 5000."""
+def test_flash_blocks_on_the_gpu(hd, T, lens, route):
+    """FlashAttention-2 or cuDNN (GQA 16 / 2 heads as Qwen3.5) and the Triton merge against the
+    fp32 reference on the same bf16 data, two query blocks at T 5000."""
     q, k, v, prefix = case(T, lens, H=16, Hkv=2, hd=hd, dtype=torch.bfloat16, device="cuda",
                            seed=hd + T)
-    got = prefix_flash_attention(q, k, v, prefix).float()
+    got = prefix_flash_attention(q, k, v, prefix, route=route).float()
     f = lambda t: t.float()                                                   # noqa: E731
     want = chunk_attention_torch(f(q), f(k), f(v), [KVSegment(f(s.k), f(s.v)) for s in prefix])
     assert not got.isnan().any()
@@ -126,7 +143,7 @@ def test_flash_blocks_on_the_gpu(hd, T, lens):
 @pytest.mark.gpu
 def test_the_engine_reads_through_flash_blocks_on_the_gpu(tmp_path):
     """A tiny Qwen3.5 (hd 16) streamed in chunks of 16 with its bf16 prefix pinned to flash
-    blocks: the warm-up (whose probes skip the flash layers) and the read run, and the logits
+    (and to cuDNN's) blocks: the warm-up (whose probes skip the flash layers) and the read run, and the logits
     agree with the chunk_attention route's within two bf16 reads' bound (2e-2, norm-relative,
     as test_packed_sequences)."""
     from strata.engine.prefill import EngineConfig, PrefillEngine
@@ -136,12 +153,13 @@ def test_the_engine_reads_through_flash_blocks_on_the_gpu(tmp_path):
                       progress=False)
     tok = torch.arange(48) % 97 + 3
     got = {}
-    for route in ("flash", "triton"):
+    for route in ("flash", "cudnn", "triton"):
         with pin_prefix_route(route):
             eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, chunk=16, ring=2, max_prompt=48,
                                                    device="cuda", kv="bf16"))
             eng.warmup(tok.numel())
             got[route] = eng.run(tok).logits.float().cpu()
-    f, t = got["flash"], got["triton"]
-    assert not f.isnan().any()
-    assert float((f - t).norm() / t.norm()) < 2e-2
+    t = got["triton"]
+    for route in ("flash", "cudnn"):
+        assert not got[route].isnan().any(), route
+        assert float((got[route] - t).norm() / t.norm()) < 2e-2, route

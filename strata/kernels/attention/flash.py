@@ -1,6 +1,7 @@
 """torch's FlashAttention-2 forward as one key block's attention with its log-sum-exp: what MLA's
 blocked attention (strata.models.mla_attend) and a later chunk's bf16 prefix at a wide head
-(strata.kernels.attention.flash_prefix) both merge by their log-sum-exp.
+(strata.kernels.attention.flash_prefix) both merge by their log-sum-exp; and cuDNN's attention
+the same way (cudnn_forward), for that prefix, opt-in until measured.
 
 Legend: H query heads, Hkv key heads (H a multiple: GQA as FlashAttention-2 takes it), n queries,
 m keys, hd head width.
@@ -42,3 +43,21 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: boo
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         None, None, n, m, 0.0, masked, False, scale=scale)[:2]
     return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, hd], [H, n]
+
+
+def cudnn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash_forward's meaning through cuDNN's attention (torch.ops.aten.
+    _scaled_dot_product_cudnn_attention: (query, key, value, attn_bias, compute_log_sumexp,
+    dropout_p, is_causal, return_debug_mask, *, scale) -> (output, logsumexp, ...), operands
+    [batch, heads, seq, hd]), the kernel torch's SDPA picks for a first chunk on the H100 (~570
+    TFLOP/s at hd 256 against FlashAttention-2's ~300). `masked` only for a square block (n ==
+    m): where the two alignments of a causal mask agree, so what cuDNN aligns to does not
+    matter. The lse is read as [heads, n] whatever trailing unit dims it carries. Not measured
+    yet (tests/kernels/test_flash_prefix.py's GPU test holds it to the reference first)."""
+    n, m = q.shape[1], k.shape[1]
+    if masked and n != m:
+        raise ValueError(f"cudnn_forward masks square blocks only, got {n} queries, {m} keys")
+    o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q[None], k[None], v[None], None, True, 0.0, masked, False, scale=scale)[:2]
+    return o[0], lse.reshape(lse.shape[0], lse.shape[1], -1)[0, :, :n]     # [H, n, hd], [H, n]

@@ -27,7 +27,9 @@ inside the budget's reserve as MLA's are (33.5 + 0.3 MB at Qwen3.5's H 16, hd 25
 beside the planned state's 67 MB).
 
 `prefix_route(hd, kv)` is the one choice the plan (whether it carves attn_flash) and the KV
-(whether it calls this) read; `pin_prefix_route("triton" | "flash")` overrides it for A/B.
+(whether it calls this) read; `pin_prefix_route("triton" | "flash" | "cudnn")` overrides it for
+A/B. "cudnn" runs the same blocks through cuDNN's attention (the kernel of the first chunk),
+opt-in: written without a GPU at hand, its GPU test not yet run.
 Off CUDA the block kernel is a plain-torch stand-in of flash's meaning (attend_block_gqa), so
 the blocking and merging are tested on the CPU against chunk_attention_torch.
 """
@@ -40,14 +42,14 @@ from contextvars import ContextVar
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.attention.flash import flash_forward
+from strata.kernels.attention.flash import cudnn_forward, flash_forward
 from strata.kernels.attention.merge import lse_merge, lse_merge_torch
 from strata.kernels.pins import pinned
 
 FLASH_ROWS = 4096        # query rows a block: the state is [Q, H (hd + 1)] fp32
 FLASH_MIN_HD = 129       # hd from which auto routes a bf16 prefix to flash (chunk_attention's
 #                          tile is 64 x 32 there; at 128 and below it keeps 0.78+ of the floor)
-ROUTES = ("triton", "flash")
+ROUTES = ("triton", "flash", "cudnn")
 _ROUTE: ContextVar[str | None] = ContextVar("strata_prefix_route", default=None)
 
 
@@ -61,9 +63,10 @@ def pin_prefix_route(route: str):
 
 
 def prefix_route(head_dim: int, kv: str) -> str:
-    """"flash" or "triton": how a later chunk attends a prefix of KV dtype `kv` (bf16 only goes
-    to flash; int8 has its own expansion path) at head width `head_dim` (flash only where
-    FlashAttention-2 takes it: a multiple of 8 up to 256, pinned or not)."""
+    """"flash", "cudnn" (pinned only) or "triton": how a later chunk attends a prefix of KV
+    dtype `kv` (bf16 only goes to blocks; int8 has its own expansion path) at head width
+    `head_dim` (blocks only where FlashAttention-2 takes it: a multiple of 8 up to 256, pinned
+    or not)."""
     pin = _ROUTE.get()
     if kv != "bf16" or head_dim % 8 or head_dim > 256:   # what FlashAttention-2 takes
         return "triton"
@@ -99,9 +102,12 @@ def attend_block_gqa(q, k, v, masked: bool, scale: float):
 
 def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix=(), *,
                            sm_scale: float | None = None, state: torch.Tensor | None = None,
-                           block: int | None = None) -> torch.Tensor:
+                           block: int | None = None, route: str = "flash") -> torch.Tensor:
     """The chunk's attention over `prefix` (bf16 KVSegments) and its own keys (see the module
-    docstring) -> o [T, H, hd]."""
+    docstring) -> o [T, H, hd]. route "cudnn": cuDNN's blocks (cudnn_forward), the chunk's
+    keys before the query block unmasked and its own square block causal (cuDNN's alignment of
+    a non-square mask is not relied on); opt-in (pin_prefix_route, --prefix-attention) until
+    measured."""
     T, H, hd = q.shape
     Hkv = k.shape[1]
     if any(s.int8 for s in prefix):
@@ -112,7 +118,10 @@ def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
                           f"multiple of Hkv, got {list(q.shape)}, {list(k.shape)}, "
                           f"{list(v.shape)}")
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
-    kernel = flash_forward if q.is_cuda else attend_block_gqa
+    if route not in ("flash", "cudnn"):
+        raise StrataError(f"prefix_flash_attention: route must be flash or cudnn, got {route!r}")
+    kernel = (cudnn_forward if route == "cudnn" else flash_forward) if q.is_cuda else \
+        attend_block_gqa
     merge = lse_merge if q.is_cuda else lse_merge_torch
     Q = min(T, block or FLASH_ROWS)
     need = Q * flash_state_floats(H, hd)
@@ -136,6 +145,12 @@ def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
         for ks, vs in segs:
             merge(acc, lse, *kernel(qb, ks, vs, False, scale), first)
             first = False
-        merge(acc, lse, *kernel(qb, kc[:, :b], vc[:, :b], True, scale), first)
+        if route == "cudnn":        # the chunk's keys before the block, then its square
+            if a:
+                merge(acc, lse, *kernel(qb, kc[:, :a], vc[:, :a], False, scale), first)
+                first = False
+            merge(acc, lse, *kernel(qb, kc[:, a:b], vc[:, a:b], True, scale), first)
+        else:
+            merge(acc, lse, *kernel(qb, kc[:, :b], vc[:, :b], True, scale), first)
         o[a:b].copy_(acc.transpose(0, 1))
     return o
