@@ -143,9 +143,9 @@ def test_flash_blocks_on_the_gpu(hd, T, lens, route):
 @pytest.mark.gpu
 def test_the_engine_reads_through_flash_blocks_on_the_gpu(tmp_path):
     """A tiny Qwen3.5 (hd 16) streamed in chunks of 16 with its bf16 prefix pinned to flash
-    (and to cuDNN's) blocks: the warm-up (whose probes skip the flash layers) and the read run, and the logits
-    agree with the chunk_attention route's within two bf16 reads' bound (2e-2, norm-relative,
-    as test_packed_sequences)."""
+    (and to cuDNN's) blocks: the warm-up (whose probes skip those layers) and the read run,
+    and the logits agree with the chunk_attention route's within two bf16 reads' bound (2e-2,
+    norm-relative, as test_packed_sequences)."""
     from strata.engine.prefill import EngineConfig, PrefillEngine
     from strata.packs.synth import ExpertFormats, synth_pack
     from strata.shapes import get_preset
