@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from strata.kernels.attention.flash import flash_fits, flash_forward
+from strata.kernels.attention.flash import attend_block_ref, flash_fits, flash_forward
 from strata.kernels.attention.merge import lse_merge, lse_merge_torch
 from strata.kernels.attention.mla_block import attend_block_triton, mla_block_attention
 
@@ -41,20 +41,6 @@ def key_blocks(kv_end: int, n: int, block: int) -> list[tuple[int, int, bool]]:
     are seen whole. Needs n <= min(block, kv_end)."""
     lo = max(0, kv_end - block)
     return [(a, min(a + block, lo), False) for a in range(0, lo, block)] + [(lo, kv_end, True)]
-
-
-def attend_block_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
-                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [H, n, hd], k [H, m, hd], v [H, m, Hv] -> (o [H, n, Hv] in q's dtype, lse fp32
-    [H, n]), scores and sums in fp32; masked: query i sees keys 0..i + m - n (bottom-right)."""
-    n, m = q.shape[1], k.shape[1]
-    s = (q.float() @ k.float().transpose(1, 2)) * scale                      # [H, n, m]
-    if masked:
-        hide = torch.arange(m, device=q.device)[None, :] > \
-            torch.arange(n, device=q.device)[:, None] + (m - n)
-        s = s.masked_fill(hide, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    return (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype), lse
 
 
 _NO_MASK, _BOTTOM_RIGHT = 0, 2   # the memory-efficient kernel's custom_mask_type values

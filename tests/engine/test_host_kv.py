@@ -160,7 +160,6 @@ def test_a_kv_that_failed_to_build_lets_the_arena_go(packs, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
 def test_the_arena_is_pinned_and_reused_on_the_gpu(tmp_path):
     """On CUDA the arena is pinned host memory; two prompts of different lengths read their
     host-held KV from the same pinned bytes, and their logits equal an engine's whose prompts

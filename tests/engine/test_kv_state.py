@@ -424,7 +424,6 @@ GPU_KINDS = {"model-cache-bf16": {}, "prompt-kv-host-bf16": {"kv_resident": 40},
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU machine)")
 @pytest.mark.parametrize("kind", list(GPU_KINDS))
 def test_resume_equals_a_full_read_on_the_gpu(tmp_path, kind):
     """Issue 41 item 2 on the GPU: a saved prompt whose length is a whole number of the full

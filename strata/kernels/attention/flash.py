@@ -11,6 +11,26 @@ from __future__ import annotations
 import torch
 
 
+def attend_block_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [H, n, hd], k [Hkv, m, hd], v [Hkv, m, Hv] (H a multiple of Hkv: GQA, query head h
+    reading kv head h // (H / Hkv)) -> (o [H, n, Hv] in q's dtype, lse fp32 [H, n]), scores and
+    sums in fp32; masked: query i sees keys 0..i + m - n (bottom-right). The plain-torch twin
+    of flash_forward (and cudnn_forward) off CUDA."""
+    n, m = q.shape[1], k.shape[1]
+    G = q.shape[0] // k.shape[0]
+    kf, vf = k.float(), v.float()
+    if G > 1:
+        kf, vf = kf.repeat_interleave(G, dim=0), vf.repeat_interleave(G, dim=0)
+    s = (q.float() @ kf.transpose(1, 2)) * scale                              # [H, n, m]
+    if masked:
+        hide = torch.arange(m, device=q.device)[None, :] > \
+            torch.arange(n, device=q.device)[:, None] + (m - n)
+        s = s.masked_fill(hide, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return (torch.exp(s - lse[..., None]) @ vf).to(q.dtype), lse
+
+
 def flash_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether torch's flash forward takes these operands: CUDA, bf16 or fp16 alike, one head
     width hd for q, k and (padded) v, a multiple of 8 and at most 256 (FlashAttention-2's
@@ -24,8 +44,8 @@ def flash_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """q [H, n, hd], k and v [Hkv, m, hd] (GQA; last dim contiguous, any head stride) ->
-    (o [H, n, hd], lse fp32 [H, n]) through torch.ops.aten._flash_attention_forward (FlashAttention-2, vendored
-    in aten/src/ATen/native/transformers/cuda/flash_attn), called positionally with the fields
+    (o [H, n, hd], lse fp32 [H, n]) through torch.ops.aten._flash_attention_forward
+    (FlashAttention-2, vendored in aten/src/ATen/native/transformers/cuda/flash_attn), called positionally with the fields
     every torch since 2.1 shares: (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
     dropout_p, is_causal, return_debug_mask, *, scale) -> (output, softmax_logsumexp, rng_state,
     unused, debug_attn_mask); the later keywords (window sizes, seqused_k, alibi_slopes,

@@ -30,8 +30,9 @@ beside the planned state's 67 MB).
 (whether it calls this) read; `pin_prefix_route("triton" | "flash" | "cudnn")` overrides it for
 A/B. "cudnn" runs the same blocks through cuDNN's attention (the kernel of the first chunk),
 opt-in: written without a GPU at hand, its GPU test not yet run.
-Off CUDA the block kernel is a plain-torch stand-in of flash's meaning (attend_block_gqa), so
-the blocking and merging are tested on the CPU against chunk_attention_torch.
+Off CUDA the block kernel is flash's plain-torch twin (strata.kernels.attention.flash.
+attend_block_ref), so the blocking and merging are tested on the CPU against
+chunk_attention_torch.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from contextvars import ContextVar
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.attention.flash import cudnn_forward, flash_forward
+from strata.kernels.attention.flash import attend_block_ref, cudnn_forward, flash_forward
 from strata.kernels.attention.merge import lse_merge, lse_merge_torch
 from strata.kernels.pins import pinned
 
@@ -85,21 +86,6 @@ def flash_state_floats(n_head: int, head_dim: int) -> int:
     return n_head * (head_dim + 1)
 
 
-def attend_block_gqa(q, k, v, masked: bool, scale: float):
-    """flash's meaning in plain torch: q [H, n, hd], k, v [Hkv, m, hd] -> (o [H, n, hd] in q's
-    dtype, lse fp32 [H, n]); masked: query i sees keys 0..i + m - n (bottom-right)."""
-    G = q.shape[0] // k.shape[0]
-    kf, vf = (t.float().repeat_interleave(G, dim=0) for t in (k, v))
-    n, m = q.shape[1], k.shape[1]
-    s = (q.float() @ kf.transpose(1, 2)) * scale                               # [H, n, m]
-    if masked:
-        hide = torch.arange(m, device=q.device)[None, :] > \
-            torch.arange(n, device=q.device)[:, None] + (m - n)
-        s = s.masked_fill(hide, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    return (torch.exp(s - lse[..., None]) @ vf).to(q.dtype), lse
-
-
 def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix=(), *,
                            sm_scale: float | None = None, state: torch.Tensor | None = None,
                            block: int | None = None, route: str = "flash") -> torch.Tensor:
@@ -121,7 +107,7 @@ def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
     if route not in ("flash", "cudnn"):
         raise StrataError(f"prefix_flash_attention: route must be flash or cudnn, got {route!r}")
     kernel = (cudnn_forward if route == "cudnn" else flash_forward) if q.is_cuda else \
-        attend_block_gqa
+        attend_block_ref
     merge = lse_merge if q.is_cuda else lse_merge_torch
     Q = min(T, block or FLASH_ROWS)
     need = Q * flash_state_floats(H, hd)
