@@ -49,14 +49,19 @@ FLA_VERSION = "0.6.0"
 RCP_LN2 = 1.4426950216       # fla's kernels decay with exp2: g_cum is in log2 units
 
 
+def fla_version() -> str | None:
+    """The installed fla-core's version (its metadata; no import), None where it is absent."""
+    try:
+        import importlib.metadata as md
+        return md.version("fla-core")
+    except Exception:                                           # noqa: BLE001
+        return None
+
+
 @functools.cache
 def fla_kernels():
     """fla-core's five forward kernels, or a one-line StrataError where it is not installed."""
-    try:
-        import importlib.metadata as md
-        version = md.version("fla-core")
-    except Exception:                                           # noqa: BLE001
-        version = None
+    version = fla_version()
     if version != FLA_VERSION:
         have = f"fla-core {version} is installed" if version else "fla-core is not installed"
         raise StrataError(f"the delta rule's fla backend launches fla-core {FLA_VERSION} and "

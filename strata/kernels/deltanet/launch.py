@@ -43,6 +43,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
+from strata._backend import _has_cuda
 from strata.errors import StrataError
 from strata.kernels.pins import pinned_record
 
@@ -124,18 +125,9 @@ class DeltaLaunch:
 
 @lru_cache(maxsize=1)
 def _fla_installed() -> bool:
-    """fla-core at the version fla_rule launches is installed (its metadata; no import)."""
-    from strata.kernels.deltanet.fla_rule import FLA_VERSION
-    try:
-        import importlib.metadata as md
-        return md.version("fla-core") == FLA_VERSION
-    except Exception:                                           # noqa: BLE001
-        return False
-
-
-def _has_cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
+    """fla-core at the version fla_rule launches is installed (fla_rule.fla_version)."""
+    from strata.kernels.deltanet.fla_rule import FLA_VERSION, fla_version
+    return fla_version() == FLA_VERSION
 
 
 DEFAULT = DeltaLaunch()
