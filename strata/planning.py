@@ -226,8 +226,10 @@ def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = N
             spec = spec.with_buffer(b, "attention")
         if needs_state(kv.max_prompt):
             spec = spec.with_buffer(ATTN_STATE_BUF, "attention")
+    # only where the engine's own KV attends (a resident window: PromptKV); the model's own
+    # cache attends all its keys through torch's flash op (prompt_plan.prefix_path)
     if (kv is not None and not mla and shape is not None and kv.max_prompt > 0
-            and prefix_route(shape.head_dim, kv.dtype) != "triton"):
+            and kv.resident is not None and prefix_route(shape.head_dim, kv.dtype) != "triton"):
         spec = spec.with_buffer(ATTN_FLASH_BUF, "attention")
     if shape is not None and shape.linear is not None:
         for b in deltanet_bufs(shape, kv, act.itemsize if act is not None else None):

@@ -32,8 +32,7 @@ import torch
 
 from strata.commands._args import add_budget_flags
 from strata.errors import StrataError
-from strata.engine.engine_config import resolved
-from strata.kernels.attention.flash_prefix import prefix_route
+from strata.engine.prompt_plan import prefix_path
 from strata.kernels.deltanet.launch import delta_spec
 from strata.units import fmt_bytes
 
@@ -130,9 +129,9 @@ def run(args) -> int:
             "kv": str(getattr(args, "kv", "") or "bf16"),
             # a hybrid's delta-rule launch (strata.kernels.deltanet.launch): which path ran
             "delta": delta_spec(engine.shape, engine.dtype.itemsize),
-            # a later chunk's bf16 prefix: chunk_attention or flash blocks (attention/flash_prefix)
-            "prefix_attention": prefix_route(engine.shape.head_dim,
-                                             resolved(engine.cfg, engine.device.type).kv),
+            # a later chunk's prefix through the engine's KV: chunk_attention or blocks
+            # (attention/flash_prefix); empty where no route applies (prompt_plan.prefix_path)
+            "prefix_attention": prefix_path(engine.shape, engine.cfg, engine.device.type) or "",
             "test": f"pp{n}", "n_tokens": n, "chunk": res.chunk, "ring": res.ring,
             "reps": args.repeats,
             "tokens_per_s": statistics.fmean(tps),

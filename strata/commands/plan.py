@@ -94,7 +94,8 @@ def _source(args):
 def make_plan(args):
     """The plan `strata prefill` would make with the same flags: the same EngineConfig
     (strata.commands._args) through the engine's own plan inputs (plan_inputs)."""
-    from strata.engine.prompt_plan import plan_inputs, plan_prompt, resolve_kv
+    from strata.engine.prompt_plan import (check_prefix_pin, plan_inputs, plan_prompt,
+                                           resolve_kv)
     name, shape, layer_blob, native, layouts = _source(args)
     blobs = [layer_blob[l] for l in range(shape.n_layer)]
     dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default
@@ -104,6 +105,7 @@ def make_plan(args):
                           f"context of {shape.max_pos} tokens")
     policy = config.ring_policy()     # the STRATA_* ring and slab knobs, read once
     cfg = resolve_kv(shape, blobs, native, cfg, dev, policy)   # --kv-resident auto: a window
+    check_prefix_pin(shape, cfg, dev)
     parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, dev, policy)
     pinned = not args.unpinned or dev != "cuda"
     reserve = scratch_reserve(shape, default_devices([p.name for p in parts]), cfg.ffn,

@@ -183,7 +183,7 @@ def _streaming(args) -> bool:
 STREAMING_ONLY = (("--lend-cap", "lend_cap"), ("--prefill", "prefill"), ("--scan", "scan"),
                   ("--ring", "ring"), ("--unpinned", "unpinned"), ("--fused", "fused"),
                   ("--max-prompt", "max_prompt"), ("--layer-split", "layer_split"),
-                  ("--batch", "batch"))
+                  ("--batch", "batch"), ("--prefix-attention", "prefix_attention"))
 
 
 def resident_device(args) -> str | None:

@@ -67,7 +67,7 @@ from strata.engine.finite import FiniteGuard
 from strata.engine.handoff import Handoff, raise_first, rank_message
 from strata.engine.host import HostExperts
 from strata.engine.prompt_kv import new_prompt_kv, uses_prompt_kv
-from strata.engine.prompt_plan import plan_inputs, plan_prompt, resolve_kv
+from strata.engine.prompt_plan import check_prefix_pin, plan_inputs, plan_prompt, resolve_kv
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.session import Borrowed, Part, PromptSession
 from strata.engine.stats import PrefillStats
@@ -212,6 +212,7 @@ class StageEngine:
         # the whole rig's participants (the same call as the single-process split), then ours
         # --kv-resident auto: every rank resolves the whole rig's window alike
         self.cfg = cfg = resolve_kv(s, blob_sizes, pack.native, cfg, device.type)
+        check_prefix_pin(s, cfg, device.type)
         parts, budgets, self.layout, self.fused = plan_inputs(s, blob_sizes, pack.native, cfg,
                                                               device.type)
         p, b = parts[rank], budgets[rank]

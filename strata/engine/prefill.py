@@ -43,7 +43,7 @@ from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.observe import EngineObserver
 from strata.engine.prompt_kv import host_kv_arena, new_prompt_kv, uses_prompt_kv
-from strata.engine.prompt_plan import plan_inputs, plan_prompt, resolve_kv
+from strata.engine.prompt_plan import check_prefix_pin, plan_inputs, plan_prompt, resolve_kv
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.session import Borrowed, Part, PromptSession
 from strata.engine.stats import PrefillStats
@@ -111,6 +111,7 @@ class PrefillEngine:
         # --kv-resident auto: the window the plan leaves (prompt_plan.resolve_kv), kept in cfg
         cfg = self.cfg = resolve_kv(self.shape, self.blob_sizes, pack.native, cfg,
                                     self.device.type)
+        check_prefix_pin(self.shape, cfg, self.device.type)
         parts, budgets, self.layout, self.fused = plan_inputs(
             self.shape, self.blob_sizes, pack.native, cfg, self.device.type)
         self.sizes = self.layout.sizes

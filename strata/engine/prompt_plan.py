@@ -9,8 +9,11 @@ from __future__ import annotations
 from strata.budget import check_room, cpu_cache_cap
 from dataclasses import replace
 
-from strata.engine.engine_config import EngineConfig, dense_dtype, engine_policy, kv_policy
+from strata.engine.engine_config import (EngineConfig, dense_dtype, engine_policy, kv_policy,
+                                         resolved)
+from strata.engine.prompt_kv import uses_prompt_kv
 from strata.errors import StrataError
+from strata.kernels.attention.flash_prefix import pinned_prefix_route, prefix_route
 from strata.memory import PromptLayout, RingPolicy, plan_prefill, use_fused
 from strata.memory.kv_window import AUTO, choose
 from strata.memory.rig import participants
@@ -96,3 +99,36 @@ def plan_prompt(layout, parts, cfg: EngineConfig, *, pinned: bool, fused: bool, 
                         pinned=pinned, fused=fused, native=native, ring=cfg.ring,
                         n_tokens=n_tokens, scratch_reserve=scratch_reserve,
                         policy=engine_policy(cfg) if policy is None else policy)
+
+
+def prefix_path(shape, cfg: EngineConfig, device_type: str) -> str | None:
+    """How a later chunk of this engine read attends its prefix: the route of the engine's KV
+    (PromptKV, strata.kernels.attention.flash_prefix.prefix_route) on CUDA; None where no route
+    applies: the model's own KV cache (torch's flash op over all its keys), MLA's latent
+    attention, the CPU (chunk_attention's torch twin). `cfg` resolved (resolve_kv)."""
+    if shape.mla or device_type != "cuda" or not uses_prompt_kv(shape, cfg):
+        return None
+    return prefix_route(shape.head_dim, resolved(cfg, device_type).kv)
+
+
+def check_prefix_pin(shape, cfg: EngineConfig, device_type: str) -> None:
+    """--prefix-attention where it cannot take effect: one line, before any heavy work (the
+    engines and `strata plan`, once the KV window is resolved)."""
+    pin = pinned_prefix_route()
+    if pin is None:
+        return
+    got = prefix_path(shape, cfg, device_type)
+    if got == pin:
+        return
+    if got is None:
+        why = ("MLA attends its latent, not bf16 segments" if shape.mla else
+               "on the CPU the prefix goes through chunk_attention's torch twin"
+               if device_type != "cuda" else
+               "the read keeps the model's own KV cache (bf16, all resident), whose later "
+               "chunks attend through torch's flash op; give --kv-resident N to read through "
+               "the engine's KV")
+    else:
+        why = (f"the KV is {resolved(cfg, device_type).kv} at head width {shape.head_dim}, "
+               f"which goes by {got}")
+    raise StrataError(f"--prefix-attention {pin} does not apply to this read: {why}; or drop "
+                      f"the flag")

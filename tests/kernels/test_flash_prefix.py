@@ -105,15 +105,17 @@ def test_the_route():
 
 def test_the_plan_carves_the_state_where_the_route_is_flash():
     """The layout holds attn_flash [min(T, FLASH_ROWS), H (hd + 1)] fp32 in its attention phase
-    for a bf16-KV hd-256 model (Qwen3.5) whose prompt takes more than one chunk (no rows for one
-    chunk: nothing before it), none under int8 or at hd 128 (one count: the planner asks
-    prefix_route as the KV does)."""
+    for a bf16-KV hd-256 model (Qwen3.5) read through the engine's KV (a resident window) whose
+    prompt takes more than one chunk (no rows for one chunk: nothing before it); none with the
+    model's own cache, under int8 or at hd 128 (one count: the planner asks prefix_route as the
+    KV does)."""
     from strata.planning import KVPolicy, dims_for, layout_spec
     from strata.shapes import get_preset
     q35, q3 = get_preset("qwen3.5-35b-a3b"), get_preset("qwen3-30b-a3b")
-    bf16 = KVPolicy("bf16", None, 131072)
+    bf16 = KVPolicy("bf16", 32768, 131072)       # a resident window: the engine's own KV
     names = lambda shape, kv: set(layout_spec(kv=kv, shape=shape).names())  # noqa: E731
     assert "attn_flash" in names(q35, bf16)
+    assert "attn_flash" not in names(q35, KVPolicy("bf16", None, 131072))   # the model's cache
     assert "attn_flash" not in names(q35, KVPolicy("int8", None, 131072))
     assert "attn_flash" not in names(q3, bf16)
     d = dims_for(q35, 32768, kv=bf16)
@@ -142,8 +144,9 @@ def test_flash_blocks_on_the_gpu(hd, T, lens, route):
 
 @pytest.mark.gpu
 def test_the_engine_reads_through_flash_blocks_on_the_gpu(tmp_path):
-    """A tiny Qwen3.5 (hd 16) streamed in chunks of 16 with its bf16 prefix pinned to flash
-    (and to cuDNN's) blocks: the warm-up (whose probes skip those layers) and the read run,
+    """A tiny Qwen3.5 (hd 16) streamed in chunks of 16 through the engine's KV (32 tokens a
+    layer resident, the rest host-held) with its bf16 prefix pinned to flash (and to cuDNN's)
+    blocks: the warm-up (whose probes skip those layers) and the read run,
     and the logits agree with the chunk_attention route's within two bf16 reads' bound (2e-2,
     norm-relative, as test_packed_sequences)."""
     from strata.engine.prefill import EngineConfig, PrefillEngine
@@ -156,10 +159,44 @@ def test_the_engine_reads_through_flash_blocks_on_the_gpu(tmp_path):
     for route in ("flash", "cudnn", "triton"):
         with pin_prefix_route(route):
             eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, chunk=16, ring=2, max_prompt=48,
-                                                   device="cuda", kv="bf16"))
+                                                   device="cuda", kv="bf16", kv_resident=32))
             eng.warmup(tok.numel())
             got[route] = eng.run(tok).logits.float().cpu()
     t = got["triton"]
     for route in ("flash", "cudnn"):
         assert not got[route].isnan().any(), route
         assert float((got[route] - t).norm() / t.norm()) < 2e-2, route
+
+
+def test_a_pin_that_cannot_take_effect_is_refused(tmp_path, capsys):
+    """--prefix-attention is used or refused, never dropped: refused in one line (exit 2) for
+    an all-resident read, a read keeping the model's own KV cache, a route the KV cannot take
+    (flash for int8), or the CPU."""
+    from strata.cli import main
+    from strata.engine.prompt_plan import check_prefix_pin
+    from strata.engine.engine_config import EngineConfig
+    from strata.shapes import get_preset
+    q35 = get_preset("qwen3.5-35b-a3b")
+    window = EngineConfig(vram=12 << 30, kv="bf16", kv_resident=32768, max_prompt=131072)
+    with pin_prefix_route("triton"):
+        check_prefix_pin(q35, window, "cuda")                    # it applies: no refusal
+        check_prefix_pin(q35, EngineConfig(vram=12 << 30, kv="int8", max_prompt=131072),
+                         "cuda")                 # int8's prefix goes by chunk_attention: it applies
+        for cfg, dev, said in ((EngineConfig(vram=12 << 30, max_prompt=131072), "cuda",
+                                "model's own KV cache"),
+                               (window, "cpu", "on the CPU")):
+            with pytest.raises(StrataError, match=said) as e:
+                check_prefix_pin(q35, cfg, dev)
+            assert "\n" not in str(e.value)
+    with pin_prefix_route("flash"), pytest.raises(StrataError, match="int8"):
+        check_prefix_pin(q35, EngineConfig(vram=12 << 30, kv="int8", kv_resident=32768,
+                                           max_prompt=131072), "cuda")
+    assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--quant", "Q4_K", "--vram", "12GiB",
+                 "--prompt-tokens", "8192", "--prefix-attention", "flash"]) == 2
+    assert "--prefix-attention flash does not apply" in capsys.readouterr().err
+    from strata.packs.synth import ExpertFormats, synth_pack
+    pack = synth_pack(tmp_path / "t.pack", get_preset("tiny-qwen35moe"), ExpertFormats.of("Q8_0"),
+                      progress=False)
+    assert main(["prefill", str(pack), "--tokens", "1,2,3", "--prefix-attention", "flash"]) == 2
+    err = capsys.readouterr().err
+    assert "--prefix-attention shapes the streaming engine" in err and "Traceback" not in err

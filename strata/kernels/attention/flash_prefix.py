@@ -63,6 +63,11 @@ def pin_prefix_route(route: str):
         yield
 
 
+def pinned_prefix_route() -> str | None:
+    """The route pin_prefix_route (--prefix-attention) holds in force, None when none is."""
+    return _ROUTE.get()
+
+
 def prefix_route(head_dim: int, kv: str) -> str:
     """"flash", "cudnn" (pinned only) or "triton": how a later chunk attends a prefix of KV
     dtype `kv` (bf16 only goes to blocks; int8 has its own expansion path) at head width
