@@ -72,8 +72,10 @@ def dense_dtype(cfg: EngineConfig, device_type: str) -> torch.dtype:
 
 def resolved(cfg: EngineConfig, device_type: str) -> EngineConfig:
     """The config with its KV dtype resolved (auto -> the dense dtype's: kv_int8.resolve_kv), the
-    one dtype the plan counts and every cache of the run allocates."""
-    return replace(cfg, kv=resolve_kv(cfg.kv, dense_dtype(cfg, device_type)))
+    one dtype the plan counts and every cache of the run allocates, and its expert FFN as it runs
+    on `device_type` (auto: the reference on the CPU, as the CLI's --experts)."""
+    return replace(cfg, kv=resolve_kv(cfg.kv, dense_dtype(cfg, device_type)),
+                   ffn=cfg.ffn.on(device_type))
 
 
 def kv_policy(cfg: EngineConfig, device_type: str = "cpu") -> KVPolicy:

@@ -133,3 +133,21 @@ def test_the_engine_carves_decode_room_for_biased_experts(name, n_tokens, chunk,
         assert dims["BB"] == bb
         wdec = [s for n, _, s in b.placements if n == "wdec"]
         assert wdec == [dims["G"] * bb] and dims["G"] >= 1
+
+
+def test_auto_runs_the_reference_on_the_cpu(tmp_path):
+    """EngineConfig's default FFN (auto) resolves per device as --experts does: the reference on
+    the CPU (no CUDA query: the engine API read a CPU prompt into torch.cuda before), auto on
+    CUDA; an explicit choice stays as named."""
+    from strata.engine.engine_config import resolved
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.shapes import get_preset
+    assert resolved(EngineConfig(vram=1 << 30), "cpu").ffn is EXPERT_FFNS["ref"]
+    assert resolved(EngineConfig(vram=1 << 30), "cuda").ffn is EXPERT_FFNS["auto"]
+    assert resolved(EngineConfig(vram=1 << 30, ffn="kernel"), "cpu").ffn is EXPERT_FFNS["kernel"]
+    path = synth_pack(tmp_path / "t.pack", get_preset("tiny"), ExpertFormats.of("Q8_0"),
+                      progress=False)
+    eng = PrefillEngine(path, EngineConfig(vram=1 << 30, cache=200 << 10, chunk=16, ring=2,
+                                           max_prompt=40, device="cpu"))
+    got = eng.run(torch.arange(40) % 50 + 1).logits
+    assert eng.cfg.ffn.name == "ref" and torch.isfinite(got).all()

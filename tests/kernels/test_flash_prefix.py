@@ -158,8 +158,9 @@ def test_the_engine_reads_through_flash_blocks_on_the_gpu(tmp_path):
     got = {}
     for route in ("flash", "cudnn", "triton"):
         with pin_prefix_route(route):
-            eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, chunk=16, ring=2, max_prompt=48,
-                                                   device="cuda", kv="bf16", kv_resident=32))
+            eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=200 << 10,
+                                                   chunk=16, ring=2, max_prompt=48, device="cuda",
+                                                   kv="bf16", kv_resident=32))
             eng.warmup(tok.numel())
             got[route] = eng.run(tok).logits.float().cpu()
     t = got["triton"]
