@@ -18,9 +18,10 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels.attention import KVSegment, chunk_attention_torch
-from strata.kernels.attention.flash_prefix import (FLASH_MIN_HD, flash_rows,
-                                                   flash_state_floats, pin_prefix_route,
-                                                   prefix_flash_attention, prefix_route)
+from strata.kernels.attention.flash_prefix import (FLASH_MIN_HD, blocks_kernel,
+                                                   flash_rows, flash_state_floats,
+                                                   pin_prefix_route, prefix_flash_attention,
+                                                   prefix_route)
 
 
 def case(T, lens, H=4, Hkv=2, hd=16, dtype=torch.float32, device="cpu", seed=0):
@@ -84,20 +85,22 @@ def test_int8_segments_are_refused():
 
 
 def test_the_route():
-    """bf16 KV past hd 128 goes to flash (up to flash's 256); int8 and narrower heads stay on
-    chunk_attention; a pin overrides bf16's choice, never int8's nor a width flash refuses."""
-    assert prefix_route(256, "bf16") == "flash" and prefix_route(136, "bf16") == "flash"
+    """bf16 KV past hd 128 goes to blocks (up to flash's 256), cuDNN's where blocks_kernel says
+    so, else FlashAttention-2's; int8 and narrower heads stay on chunk_attention; a pin
+    overrides bf16's choice, never int8's nor a width flash refuses."""
+    blocks = blocks_kernel()
+    assert prefix_route(256, "bf16") == blocks and prefix_route(136, "bf16") == blocks
     assert FLASH_MIN_HD == 129 and prefix_route(132, "bf16") == "triton"   # not a multiple of 8
     assert prefix_route(128, "bf16") == "triton" and prefix_route(512, "bf16") == "triton"
     assert prefix_route(256, "int8") == "triton" and prefix_route(256, "fp32") == "triton"
     with pin_prefix_route("flash"):
         assert prefix_route(128, "bf16") == "flash" and prefix_route(128, "int8") == "triton"
         assert prefix_route(512, "bf16") == "triton" and prefix_route(100, "bf16") == "triton"
+        assert prefix_route(256, "bf16") == "flash"
     with pin_prefix_route("triton"):
         assert prefix_route(256, "bf16") == "triton"
-    with pin_prefix_route("cudnn"):                  # opt-in only
+    with pin_prefix_route("cudnn"):
         assert prefix_route(256, "bf16") == "cudnn" and prefix_route(256, "int8") == "triton"
-    assert prefix_route(256, "bf16") != "cudnn"
     with pytest.raises(StrataError):
         with pin_prefix_route("cutlass"):
             pass
@@ -140,6 +143,16 @@ def test_flash_blocks_on_the_gpu(hd, T, lens, route):
     want = chunk_attention_torch(f(q), f(k), f(v), [KVSegment(f(s.k), f(s.v)) for s in prefix])
     assert not got.isnan().any()
     assert (got - want).abs().max() <= 1e-2 * v.float().abs().max()
+
+
+def test_blocks_kernel_is_cudnn_on_hopper_with_cudnn_9():
+    """cuDNN's blocks where they measured faster (Hopper, cuDNN 9+); FlashAttention-2's on an
+    older GPU, an older cuDNN or none (the CPU: capability (0, 0))."""
+    assert blocks_kernel((9, 0), 90100) == "cudnn" and blocks_kernel((10, 0), 91000) == "cudnn"
+    assert blocks_kernel((8, 0), 91000) == "flash" and blocks_kernel((8, 9), 91000) == "flash"
+    assert blocks_kernel((9, 0), 8907) == "flash" and blocks_kernel((9, 0), 0) == "flash"
+    if not torch.cuda.is_available():
+        assert blocks_kernel() == "flash"
 
 
 @pytest.mark.gpu

@@ -73,8 +73,8 @@ def cudnn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: boo
     [batch, heads, seq, hd]), the kernel torch's SDPA picks for a first chunk on the H100 (~570
     TFLOP/s at hd 256 against FlashAttention-2's ~300). `masked` only for a square block (n ==
     m): where the two alignments of a causal mask agree, so what cuDNN aligns to does not
-    matter. The lse is read as [heads, n] whatever trailing unit dims it carries. Not measured
-    yet (tests/kernels/test_flash_prefix.py's GPU test holds it to the reference first)."""
+    matter. The lse is read as [heads, n] whatever trailing unit dims it carries
+    (tests/kernels/test_flash_prefix.py's GPU test holds it to the reference)."""
     n, m = q.shape[1], k.shape[1]
     if masked and n != m:
         raise ValueError(f"cudnn_forward masks square blocks only, got {n} queries, {m} keys")
