@@ -147,8 +147,8 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
                         "chunk_attention) or flash (FlashAttention-2 blocks merged by their "
                         "log-sum-exp, strata.kernels.attention.flash_prefix); the plan carves "
                         "the state flash needs; cudnn the same blocks through cuDNN's "
-                        "attention. Default from head width 129 (Qwen3.5, Qwen3-Next): cudnn "
-                        "on Hopper with cuDNN 9+, else flash; triton below")
+                        "attention. Default: cudnn from head width 128 on Hopper with cuDNN "
+                        "9+, else flash from 129 (Qwen3.5, Qwen3-Next); triton below")
 
 
 def kv_resident(text: str) -> int | str | None:

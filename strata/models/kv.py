@@ -162,9 +162,10 @@ class PromptKV:
     which shifts every position alike. int8 segments are expanded to bf16 codes for the
     kernel's bf16 tile path in `scratch[layer]` (an AttnScratch over the layout's kv_expand_k /
     kv_expand_v / attn_state buffers, strata.planning.KV_EXPAND_BUFS; absent: the launcher
-    allocates its own). A bf16 prefix at a head width chunk_attention tiles poorly (hd > 128,
-    strata.kernels.attention.flash_prefix.prefix_route) goes to FlashAttention-2 blocks merged
-    by their log-sum-exp, `scratch[layer]` then the layout's attn_flash buffer.
+    allocates its own). A bf16 prefix where attention blocks beat chunk_attention (cuDNN's from
+    hd 128 on Hopper, FlashAttention-2's past hd 128 elsewhere: strata.kernels.attention.
+    flash_prefix.prefix_route) goes to those blocks merged by their log-sum-exp,
+    `scratch[layer]` then the layout's attn_flash buffer.
 
     MLA (DeepSeek-V3, Kimi-K2: `attend_latent`): one "head" whose key is the normed latent c
     (head_dim = Lkv) and whose value is the rotated rope key (value_dim = R), the format of the
@@ -351,7 +352,7 @@ class PromptKV:
 
     def flash_prefix(self, q: torch.Tensor, extra: dict) -> bool:
         """Whether a later chunk of q's width attends its prefix by flash blocks
-        (strata.kernels.attention.flash_prefix.prefix_route: bf16 KV, hd > 128; CUDA, the
+        (strata.kernels.attention.flash_prefix.prefix_route: bf16 KV at its widths; CUDA, the
         Triton attention in force, no window, sinks or packed sequences)."""
         from strata.kernels.attention.flash_prefix import prefix_route
         from strata.kernels.attention.probe import attention_impl

@@ -18,7 +18,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels.attention import KVSegment, chunk_attention_torch
-from strata.kernels.attention.flash_prefix import (FLASH_MIN_HD, blocks_kernel,
+from strata.kernels.attention.flash_prefix import (CUDNN_MIN_HD, FLASH_MIN_HD, blocks_kernel,
                                                    flash_rows, flash_state_floats,
                                                    pin_prefix_route, prefix_flash_attention,
                                                    prefix_route)
@@ -91,7 +91,9 @@ def test_the_route():
     blocks = blocks_kernel()
     assert prefix_route(256, "bf16") == blocks and prefix_route(136, "bf16") == blocks
     assert FLASH_MIN_HD == 129 and prefix_route(132, "bf16") == "triton"   # not a multiple of 8
-    assert prefix_route(128, "bf16") == "triton" and prefix_route(512, "bf16") == "triton"
+    assert CUDNN_MIN_HD == 128 and prefix_route(512, "bf16") == "triton"
+    assert prefix_route(128, "bf16") == ("cudnn" if blocks == "cudnn" else "triton")
+    assert prefix_route(120, "bf16") == "triton"
     assert prefix_route(256, "int8") == "triton" and prefix_route(256, "fp32") == "triton"
     with pin_prefix_route("flash"):
         assert prefix_route(128, "bf16") == "flash" and prefix_route(128, "int8") == "triton"
@@ -110,8 +112,8 @@ def test_the_plan_carves_the_state_where_the_route_is_flash():
     """The layout holds attn_flash [min(T, FLASH_ROWS), H (hd + 1)] fp32 in its attention phase
     for a bf16-KV hd-256 model (Qwen3.5) read through the engine's KV (a resident window) whose
     prompt takes more than one chunk (no rows for one chunk: nothing before it); none with the
-    model's own cache, under int8 or at hd 128 (one count: the planner asks prefix_route as the
-    KV does)."""
+    model's own cache, under int8, or at hd 128 unless cuDNN's blocks take it (one count: the
+    planner asks prefix_route as the KV does)."""
     from strata.planning import KVPolicy, dims_for, layout_spec
     from strata.shapes import get_preset
     q35, q3 = get_preset("qwen3.5-35b-a3b"), get_preset("qwen3-30b-a3b")
@@ -120,7 +122,9 @@ def test_the_plan_carves_the_state_where_the_route_is_flash():
     assert "attn_flash" in names(q35, bf16)
     assert "attn_flash" not in names(q35, KVPolicy("bf16", None, 131072))   # the model's cache
     assert "attn_flash" not in names(q35, KVPolicy("int8", None, 131072))
-    assert "attn_flash" not in names(q3, bf16)
+    assert ("attn_flash" in names(q3, bf16)) == (prefix_route(128, "bf16") == "cudnn")
+    with pin_prefix_route("cudnn"):
+        assert "attn_flash" in names(q3, bf16)
     d = dims_for(q35, 32768, kv=bf16)
     assert (d["FQ"], d["FS"]) == (4096, q35.n_head * (q35.head_dim + 1))
     assert dims_for(q35, 131072, kv=bf16)["FQ"] == 0       # one chunk: no prefix, no state

@@ -1,5 +1,5 @@
-"""A later chunk's attention over bf16 prefix segments by FlashAttention-2 blocks merged by their
-log-sum-exp, for the head widths where strata's Triton chunk attention is slow (hd > 128).
+"""A later chunk's attention over bf16 prefix segments by FlashAttention-2 (or cuDNN) blocks merged
+by their log-sum-exp, for the head widths where they beat strata's Triton chunk attention.
 
 Legend: T chunk tokens, H query heads, Hkv kv heads, hd head width, Q = min(T, FLASH_ROWS) the
 query block, S the prefix segments (staged host tokens, resident tokens).
@@ -29,9 +29,11 @@ beside the planned state's 67 MB).
 `prefix_route(hd, kv)` is the one choice the plan (whether it carves attn_flash) and the KV
 (whether it calls this) read; `pin_prefix_route("triton" | "flash" | "cudnn")` overrides it for
 A/B. "cudnn" runs the same blocks through cuDNN's attention (the kernel of the first chunk); it
-is the default where cuDNN's attention runs on Hopper (blocks_kernel): a 131,072-token Qwen3.5
-read in chunks of 32,768 ran 28,086 tok/s through cuDNN's blocks against 19,187 through
-FlashAttention-2's and 11,574 through chunk_attention (H100, b1ead7e, the same warm machine).
+is the default where cuDNN's attention runs on Hopper (blocks_kernel), from hd 128: a
+131,072-token Qwen3.5 read (hd 256) in chunks of 32,768 ran 28,086 tok/s through cuDNN's blocks
+against 19,187 through FlashAttention-2's and 11,574 through chunk_attention, and qwen3-30b-a3b
+(hd 128, bf16 KV, a 32,768-token window) 9,684 against chunk_attention's 8,166 (H100, b1ead7e
+and 9774281).
 Off CUDA the block kernel is flash's plain-torch twin (strata.kernels.attention.flash.
 attend_block_ref), so the blocking and merging are tested on the CPU against
 chunk_attention_torch.
@@ -50,8 +52,11 @@ from strata.kernels.attention.merge import lse_merge, lse_merge_torch
 from strata.kernels.pins import pinned
 
 FLASH_ROWS = 4096        # query rows a block: the state is [Q, H (hd + 1)] fp32
-FLASH_MIN_HD = 129       # hd from which auto routes a bf16 prefix to blocks (chunk_attention's
-#                          tile is 64 x 32 there; at 128 and below it keeps 0.78+ of the floor)
+FLASH_MIN_HD = 129       # hd from which auto routes a bf16 prefix to FlashAttention-2's blocks
+#                          (chunk_attention's tile is 64 x 32 there; at 128 it keeps 0.75+)
+CUDNN_MIN_HD = 128       # ... and to cuDNN's where blocks_kernel is cudnn: at hd 128 they ran
+#                          1.19x chunk_attention (qwen3-30b-a3b, 131K, bf16 window; H100);
+#                          narrower heads are not measured
 ROUTES = ("triton", "flash", "cudnn")
 _ROUTE: ContextVar[str | None] = ContextVar("strata_prefix_route", default=None)
 
@@ -88,14 +93,16 @@ def blocks_kernel(capability: tuple[int, int] | None = None,
 def prefix_route(head_dim: int, kv: str) -> str:
     """"cudnn", "flash" or "triton": how a later chunk attends a prefix of KV dtype `kv` (bf16
     only goes to blocks; int8 has its own expansion path) at head width `head_dim` (blocks only
-    where FlashAttention-2 takes it: a multiple of 8 up to 256, pinned or not); the blocks'
-    kernel by default is blocks_kernel()'s."""
+    where FlashAttention-2 takes it: a multiple of 8 up to 256, pinned or not); by default
+    blocks_kernel()'s from hd CUDNN_MIN_HD (cudnn) or FLASH_MIN_HD (flash)."""
     pin = _ROUTE.get()
     if kv != "bf16" or head_dim % 8 or head_dim > 256:   # what FlashAttention-2 takes
         return "triton"
     if pin is not None:
         return pin
-    return blocks_kernel() if head_dim >= FLASH_MIN_HD else "triton"
+    blocks = blocks_kernel()
+    return blocks if head_dim >= (CUDNN_MIN_HD if blocks == "cudnn" else FLASH_MIN_HD) \
+        else "triton"
 
 
 def flash_rows(T: int) -> int:
