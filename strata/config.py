@@ -9,6 +9,7 @@
 | STRATA_RING_GROW      | 0: a long prompt's ring keeps the full ring (no growth into leftover room) | unset = 1 = grows |
 | STRATA_GC_PAUSE       | 0: leave Python's cyclic GC running during a prompt (the engine pauses it)  | unset = 1 = paused |
 | STRATA_COPY_RUNS      | 0: one copy per streamed blob (runs of adjacent blobs go as one copy)       | unset = 1 = runs |
+| STRATA_TUNE_CACHE     | 0: fla-core's autotuners time their configs anew in every process            | unset = 1 = kept on disk |
 | STRATA_COMMIT         | the commit an experiment records (wins over git: device copies of the tree) | unset |
 | TRITON_INTERPRET      | 1: run Triton kernels in the interpreter (set automatically without CUDA)  | auto |
 
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     from strata.memory.ring import RingPolicy
 
 KNOBS = ("STRATA_PREFILL_RING", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB", "STRATA_STREAM_ALL_MIN",
-         "STRATA_RING_GROW", "STRATA_GC_PAUSE", "STRATA_COPY_RUNS", "STRATA_COMMIT",
+         "STRATA_RING_GROW", "STRATA_GC_PAUSE", "STRATA_COPY_RUNS", "STRATA_TUNE_CACHE",
+         "STRATA_COMMIT",
          "TRITON_INTERPRET")
 
 
@@ -86,6 +88,13 @@ def gc_pause() -> bool:
 def copy_runs() -> bool:
     """Whether the streaming provider copies runs of adjacent blobs as one copy (default yes)."""
     return env_flag("STRATA_COPY_RUNS") is not False
+
+
+def tune_cache() -> bool:
+    """Whether fla-core's autotuners keep their choice on disk (Triton's cache, keyed by the
+    kernel, the GPU and the tuning key), so a fresh process reuses it instead of timing every
+    config again before its first prompt (default yes)."""
+    return env_flag("STRATA_TUNE_CACHE") is not False
 
 
 def ring_policy(*, slab: bool | None = None) -> "RingPolicy":

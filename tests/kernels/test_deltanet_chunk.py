@@ -403,6 +403,32 @@ def test_fla_missing_is_one_line(monkeypatch):
         fla_kernels.cache_clear()
 
 
+@needs_fla
+def test_fla_autotuners_keep_their_choice_on_disk(monkeypatch):
+    """On a GPU fla_kernels() has every autotuner of the five kernels keep its timings in
+    Triton's cache (a fresh process's first prompt reads the choice rather than timing every
+    config: the warm-up's one-time load); STRATA_TUNE_CACHE=0 leaves them timing anew."""
+    from strata.config import tune_cache
+    from strata.kernels.deltanet.fla_rule import _autotuners, _tuned_on_disk
+    ks = fla_kernels()
+    tuners = [n for k in ks.values() for n in _autotuners(k)]
+    assert all(list(_autotuners(k)) for k in ks.values()), "each of the five is autotuned"
+    held = [n.cache_results for n in tuners]
+    try:
+        for n in tuners:
+            n.cache_results = False
+        for k in ks.values():
+            _tuned_on_disk(k)
+        assert all(n.cache_results for n in tuners)
+    finally:
+        for n, c in zip(tuners, held):
+            n.cache_results = c
+    monkeypatch.delenv("STRATA_TUNE_CACHE", raising=False)
+    assert tune_cache()
+    monkeypatch.setenv("STRATA_TUNE_CACHE", "0")
+    assert not tune_cache()
+
+
 def test_backend_is_a_launch_field():
     assert DeltaLaunch.parse("backend=fla") == DeltaLaunch(backend="fla")
     assert DEFAULT.backend == "auto"

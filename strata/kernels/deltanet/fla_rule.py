@@ -77,10 +77,31 @@ def fla_kernels():
     ks = dict(cumsum=chunk_local_cumsum_scalar_kernel,
               solve=chunk_gated_delta_rule_fwd_kkt_solve_kernel, wy=recompute_w_u_fwd_kernel,
               scan=chunk_gated_delta_rule_fwd_kernel_h_blockdim64, out=chunk_fwd_kernel_o)
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        for k in ks.values():
+    from strata.config import tune_cache
+    for k in ks.values():
+        if os.environ.get("TRITON_INTERPRET") == "1":
             _interpretable(k)
+        elif tune_cache():
+            _tuned_on_disk(k)
     return ks
+
+
+def _autotuners(kernel):
+    """The Autotuners in `kernel`'s chain of wrappers (heuristics, autotune, jit)."""
+    from triton.runtime.autotuner import Autotuner
+    node = kernel
+    while node is not None:
+        if isinstance(node, Autotuner):
+            yield node
+        node = getattr(node, "fn", None)
+
+
+def _tuned_on_disk(kernel) -> None:
+    """Each autotuner of `kernel` keeps its timings in Triton's cache (as Triton's own
+    TRITON_CACHE_AUTOTUNING does, for these kernels only): a fresh process's first prompt reads
+    the choice instead of timing every config again (STRATA_TUNE_CACHE=0: time anew)."""
+    for node in _autotuners(kernel):
+        node.cache_results = True
 
 
 def _interpreter_range(*args):
@@ -94,11 +115,10 @@ def _interpreter_range(*args):
 def _interpretable(kernel) -> None:
     """Under the interpreter: each autotuner of `kernel` keeps its first config, and the module
     its Triton function lives in sees _interpreter_range as `range`."""
-    from triton.runtime.autotuner import Autotuner
+    for node in _autotuners(kernel):
+        node.configs = node.configs[:1]
     node = kernel
     while node is not None:
-        if isinstance(node, Autotuner):
-            node.configs = node.configs[:1]
         if isinstance(getattr(node, "fn", None), type(lambda: 0)):
             node.fn.__globals__["range"] = _interpreter_range
         node = getattr(node, "fn", None)
