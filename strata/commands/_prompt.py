@@ -149,9 +149,13 @@ def save_logits(path: Path, logits: torch.Tensor) -> str:
 
 
 def open_checked(args):
-    """The pack (--verify: every tensor's checksum first)."""
+    """The pack (--verify: every tensor's checksum first), after refusing a --delta pin its
+    model cannot act on (before any plan or load)."""
+    from strata.engine.prompt_plan import check_delta_pin
     from strata.packs import Pack
-    return Pack.open(args.pack, verify=True if getattr(args, "verify", False) else None)
+    pack = Pack.open(args.pack, verify=True if getattr(args, "verify", False) else None)
+    check_delta_pin(pack.shape)
+    return pack
 
 
 def check_context(n_tokens: int, shape, flag: str = "the prompt") -> None:

@@ -94,9 +94,10 @@ def _source(args):
 def make_plan(args):
     """The plan `strata prefill` would make with the same flags: the same EngineConfig
     (strata.commands._args) through the engine's own plan inputs (plan_inputs)."""
-    from strata.engine.prompt_plan import (check_prefix_pin, plan_inputs, plan_prompt,
-                                           resolve_kv)
+    from strata.engine.prompt_plan import (check_delta_pin, check_prefix_pin, plan_inputs,
+                                           plan_prompt, resolve_kv)
     name, shape, layer_blob, native, layouts = _source(args)
+    check_delta_pin(shape)
     blobs = [layer_blob[l] for l in range(shape.n_layer)]
     dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default
     cfg = engine_config(args, args.prompt_tokens, dev_type=dev)

@@ -111,6 +111,16 @@ def prefix_path(shape, cfg: EngineConfig, device_type: str) -> str | None:
     return prefix_route(shape.head_dim, resolved(cfg, device_type).kv)
 
 
+def check_delta_pin(shape) -> None:
+    """--delta on a model without linear-attention layers: one line (it would change nothing),
+    before any plan; every read checks it (the engines and `strata plan` first thing, the
+    resident reads in load_model)."""
+    from strata.kernels.deltanet.launch import pinned_delta_launch
+    if pinned_delta_launch() is not None and getattr(shape, "linear", None) is None:
+        raise StrataError(f"--delta does not apply to this read: {shape.arch} has no "
+                          f"linear-attention (Gated DeltaNet) layers; drop the flag")
+
+
 def check_prefix_pin(shape, cfg: EngineConfig, device_type: str) -> None:
     """--prefix-attention where it cannot take effect: one line, before any heavy work (the
     engines and `strata plan`, once the KV window is resolved)."""

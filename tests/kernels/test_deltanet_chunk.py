@@ -429,6 +429,28 @@ def test_fla_autotuners_keep_their_choice_on_disk(monkeypatch):
     assert not tune_cache()
 
 
+def test_delta_on_a_model_without_linear_layers_is_refused(tmp_path, capsys):
+    """--delta is used or refused, never dropped: on a model with no Gated DeltaNet layers it
+    is one line, exit 2, for the plan, a streamed read and a resident read alike; on a hybrid
+    it passes."""
+    from strata.cli import main
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.shapes import get_preset
+    pack = synth_pack(tmp_path / "t.pack", get_preset("tiny"), ExpertFormats.of("Q8_0"),
+                      progress=False)
+    for argv in (["plan", "--preset", "qwen3-30b-a3b", "--quant", "Q8_0", "--vram", "12GiB",
+                  "--prompt-tokens", "8192"],
+                 ["prefill", str(pack), "--tokens", "1,2,3", "--vram", "1GiB",
+                  "--cache", "200KiB"],
+                 ["prefill", str(pack), "--tokens", "1,2,3"]):
+        assert main(argv + ["--delta", "backend=strata"]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert "--delta does not apply" in err and "\n" not in err, err
+    assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--quant", "Q4_K", "--vram", "12GiB",
+                 "--prompt-tokens", "8192", "--delta", "backend=strata"]) == 0
+    capsys.readouterr()
+
+
 def test_backend_is_a_launch_field():
     assert DeltaLaunch.parse("backend=fla") == DeltaLaunch(backend="fla")
     assert DEFAULT.backend == "auto"

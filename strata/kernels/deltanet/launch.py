@@ -140,6 +140,11 @@ def delta_launch() -> DeltaLaunch:
     return DEFAULT if pin is None else pin
 
 
+def pinned_delta_launch() -> DeltaLaunch | None:
+    """The launch pin_delta_launch (--delta) holds in force, None when none is."""
+    return _PIN.get()
+
+
 def delta_spec(shape, itemsize: int = 2) -> str | None:
     """What a report says of `shape`'s delta rule where it has linear-attention layers (else
     None): the launch in force (DeltaLaunch.spec) and, for auto, the backend it resolved to for
