@@ -93,13 +93,20 @@ def _source(args):
 
 def make_plan(args):
     """The plan `strata prefill` would make with the same flags: the same EngineConfig
-    (strata.commands._args) through the engine's own plan inputs (plan_inputs)."""
+    (strata.commands._args) through the engine's own plan inputs (plan_inputs), for the read's
+    device whatever this host has (the delta rule's auto backend resolved for it)."""
+    from strata.kernels.deltanet.launch import planning_for
+    dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default
+    with planning_for(dev):
+        return _make_plan(args, dev)
+
+
+def _make_plan(args, dev: str):
     from strata.engine.prompt_plan import (check_delta_pin, check_prefix_pin, plan_inputs,
                                            plan_prompt, resolve_kv)
     name, shape, layer_blob, native, layouts = _source(args)
     check_delta_pin(shape)
     blobs = [layer_blob[l] for l in range(shape.n_layer)]
-    dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default
     cfg = engine_config(args, args.prompt_tokens, dev_type=dev)
     if args.prompt_tokens and args.prompt_tokens > shape.max_pos:
         raise StrataError(f"--prompt-tokens {args.prompt_tokens} is longer than the model's "

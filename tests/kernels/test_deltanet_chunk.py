@@ -483,6 +483,30 @@ def test_auto_resolves_to_fla_for_a_bf16_read_on_cuda_only(monkeypatch, fla, cud
         assert L.delta_spec(shape) == "backend=strata"
 
 
+def test_a_plan_resolves_auto_for_its_device_not_this_host(monkeypatch, capsys):
+    """strata plan plans a GPU read from any host: auto resolves for the plan's device (fla-core
+    for cuda where it is installed, even on a host without CUDA; strata's for --device cpu), and
+    the process's own reads keep resolving for the process's devices."""
+    import json
+    from strata.cli import main
+    from strata.kernels.deltanet import launch as L
+    monkeypatch.setattr(L, "_fla_installed", lambda: True)
+    monkeypatch.setattr(L, "_has_cuda", lambda: False)
+    assert DEFAULT.resolved(2) == "strata"                       # this host: no CUDA
+    with L.planning_for("cuda"):
+        assert DEFAULT.resolved(2) == "fla"
+    with L.planning_for("cpu"):
+        monkeypatch.setattr(L, "_has_cuda", lambda: True)
+        assert DEFAULT.resolved(2) == "strata"
+    monkeypatch.setattr(L, "_has_cuda", lambda: False)
+    argv = ["plan", "--preset", "qwen3.5-35b-a3b", "--quant", "Q4_K", "--vram", "12GiB",
+            "--prompt-tokens", "32768", "--json"]
+    for extra, want in (([], "fla"), (["--device", "cpu"], "strata")):
+        assert main(argv + extra) == 0
+        assert json.loads(capsys.readouterr().out)["kv"]["delta_backend"] == want, extra
+    assert DEFAULT.resolved(2) == "strata"                       # the pin is the plan's only
+
+
 @contextlib.contextmanager
 def fla_first_configs():
     """fla's autotuners hold their first config only (no timing on a shape's first call), and
