@@ -144,12 +144,13 @@ ALIGN = 256
 
 def parallel_copies(pairs: list[tuple[torch.Tensor, torch.Tensor]], pool: ThreadPoolExecutor | None,
                     piece: int = 16 << 20) -> None:
-    """dst[:] = src for each (dst, src) pair of contiguous 1-D uint8 CPU tensors, the bytes split
-    into pieces of at most `piece` shared by the pool's threads (None: this thread)."""
+    """dst[:] = src for each (dst, src) pair of contiguous 1-D CPU tensors of one length (uint8
+    bytes, or a cast: dst's dtype from src's), split into pieces of at most `piece` destination
+    bytes shared by the pool's threads (None: this thread): a cast runs on every thread."""
     jobs = []
     for d, s in pairs:
-        n = d.numel()
-        jobs += [(d[a:min(a + piece, n)], s[a:min(a + piece, n)]) for a in range(0, n, piece)]
+        n, step = d.numel(), max(1, piece // d.element_size())
+        jobs += [(d[a:min(a + step, n)], s[a:min(a + step, n)]) for a in range(0, n, step)]
     if pool is None or len(jobs) <= 1:
         for d, s in jobs:
             d.copy_(s)
@@ -178,27 +179,33 @@ def _staging(nbytes: int, cuda: bool) -> tuple[torch.Tensor, object]:
 def upload(tensors: dict[str, torch.Tensor], device, dtype: torch.dtype, *, threads: int = 8,
            piece: int = STAGE_PIECE) -> dict[str, torch.Tensor]:
     """Host tensors onto one device as `dtype`, in bulk: name -> a view of one device buffer that
-    holds them all (offsets 256-aligned), filled by stage_to_device. A tensor of another dtype is
-    converted on the host first (as `.to` does for a host-to-device copy), so the device holds
-    only `dtype` bytes."""
+    holds them all (offsets 256-aligned), filled by stage_to_device. A float tensor of another
+    dtype (a GGUF's quantized dense weights, dequantized to fp32 in the pack) is cast as its
+    pieces are staged, on every staging thread: the device holds only `dtype` bytes, and the
+    host makes no whole converted copy first (one thread's `.to` of several GB was most of a
+    start-up's dense upload)."""
     device = torch.device(device)
-    raw, offs, total = {}, {}, 0
+    srcs, offs, total = {}, {}, 0
     for name, t in tensors.items():
-        src = t if t.dtype == dtype else t.to(dtype)
-        raw[name] = src.contiguous().reshape(-1).view(torch.uint8)
+        castable = t.is_floating_point() and dtype.is_floating_point
+        srcs[name] = (t if t.dtype == dtype or castable else t.to(dtype)).contiguous().reshape(-1)
         offs[name] = total
-        total += -(-raw[name].numel() // ALIGN) * ALIGN
+        total += -(-t.numel() * dtype.itemsize // ALIGN) * ALIGN
     buf = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
-    stage_to_device([(buf[offs[n]:offs[n] + r.numel()], r) for n, r in raw.items()], device,
-                    threads=threads, piece=piece)
-    return {name: buf[offs[name]:offs[name] + raw[name].numel()].view(dtype).view(t.shape)
-            for name, t in tensors.items()}
+    views = {n: buf[offs[n]:offs[n] + s.numel() * dtype.itemsize].view(dtype)
+             for n, s in srcs.items()}
+    stage_to_device([(views[n], s if s.dtype != dtype else s.view(torch.uint8))
+                     for n, s in srcs.items()], device, threads=threads, piece=piece)
+    return {name: views[name].view(t.shape) for name, t in tensors.items()}
 
 
 def stage_to_device(pairs: list[tuple[torch.Tensor, torch.Tensor]], device, *, threads: int = 8,
                     piece: int = STAGE_PIECE) -> None:
     """dst.copy_(src) for each (dst, src) pair: dst a contiguous tensor on `device`, src a host
-    tensor of the same number of bytes (any dtype, contiguous or not: read as its bytes).
+    tensor of the same number of bytes (any dtype, contiguous or not: read as its bytes), or a
+    cast: float dst and src of another float dtype with as many elements (cast into the staging
+    piece by the filling threads; its segments must start at a multiple of dst's itemsize in
+    the stream of pairs, as upload's do).
 
     One pageable copy per tensor reads a memory-mapped file on one core (a page fault per 4 KiB,
     then the driver's own staging copy) and waits for each copy. Here the bytes stream through
@@ -207,15 +214,22 @@ def stage_to_device(pairs: list[tuple[torch.Tensor, torch.Tensor]], device, *, t
     CPU the same pieces run as plain copies (what the tests check)."""
     device = torch.device(device)
     cuda = device.type == "cuda"
-    flat = []
+    flat = []        # (dst bytes, src: bytes, or elements to cast, None or the cast's dtype)
     for d, s in pairs:
-        dst, src = d.view(-1).view(torch.uint8), s.contiguous().reshape(-1).view(torch.uint8)
-        if not d.is_contiguous() or dst.numel() != src.numel():
+        cast = (d.dtype if d.dtype != s.dtype and d.is_floating_point()
+                and s.is_floating_point() else None)
+        dst = d.view(-1).view(torch.uint8)
+        src = s.contiguous().reshape(-1)
+        if cast is None:
+            src = src.view(torch.uint8)
+        if not d.is_contiguous() or (src.numel() * d.element_size() if cast else src.numel()) \
+                != dst.numel():
             raise StrataError(f"stage_to_device: a contiguous destination of the source's "
-                              f"{src.numel()} bytes, got {list(d.shape)} {d.dtype}")
-        if src.numel():
-            flat.append((dst, src))
-    total = sum(s.numel() for _, s in flat)
+                              f"{src.numel()} {'elements' if cast else 'bytes'}, got "
+                              f"{list(d.shape)} {d.dtype}")
+        if dst.numel():
+            flat.append((dst, src, cast))
+    total = sum(d.numel() for d, _, _ in flat)
     if not total:
         return
     piece = max(ALIGN, min(piece, total))
@@ -236,12 +250,19 @@ def stage_to_device(pairs: list[tuple[torch.Tensor, torch.Tensor]], device, *, t
                 done[s].synchronize()          # the DMAs out of this staging piece have run
             fills, lands, o = [], [], 0
             while o < n:
-                dst, src = flat[j]
-                m = min(n - o, src.numel() - at)
-                fills.append((stage[o:o + m], src[at:at + m]))
+                dst, src, cast = flat[j]
+                m = min(n - o, dst.numel() - at)
+                if cast is None:
+                    fills.append((stage[o:o + m], src[at:at + m]))
+                else:       # whole elements: the pieces and pairs before are multiples
+                    isz = cast.itemsize
+                    if o % isz or at % isz or m % isz:
+                        raise StrataError(f"stage_to_device: a cast to {cast} must start at a "
+                                          f"multiple of {isz} bytes in the staged stream")
+                    fills.append((stage[o:o + m].view(cast), src[at // isz:(at + m) // isz]))
                 lands.append((dst[at:at + m], stage[o:o + m]))
                 o, at = o + m, at + m
-                if at == src.numel():
+                if at == dst.numel():
                     j, at = j + 1, 0
             parallel_copies(fills, pool)
             if cuda:

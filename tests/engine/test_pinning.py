@@ -77,7 +77,10 @@ def _dense(seed):
             "norm": torch.randn(7, generator=g),                          # fp32: converted
             "empty": torch.empty(0, 4, dtype=torch.bfloat16),
             "big": torch.randn(40, 33, generator=g).to(torch.bfloat16),   # spans pieces
-            "tail": torch.randn(1, generator=g).to(torch.bfloat16)}
+            "tail": torch.randn(1, generator=g).to(torch.bfloat16),
+            # cast as staged (a GGUF's dequantized dense weights are fp32), across pieces
+            "wide": torch.randn(50, 31, generator=g) * 3,
+            "half": torch.randn(9, 17, generator=g).to(torch.float16)}
 
 
 @pytest.mark.parametrize("piece", [256, 512, 1 << 20])
@@ -125,6 +128,25 @@ def test_stage_to_device_copies_every_pair(piece, threads):
     with pytest.raises(StrataError) as e:
         stage_to_device([(store[:10], srcs[0])], "cpu")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_cast_is_staged_whole_elements_or_refused(threads):
+    """A cast pair (fp32 source, bf16 destination) lands equal to `.to`, split across pieces
+    by its elements; one whose bytes would start mid-element in the staged stream (after a
+    3-byte pair) is refused in one line, not cast from shifted bytes."""
+    g = torch.Generator().manual_seed(5)
+    src = torch.randn(1000, generator=g) * 7
+    dst = torch.full((1000,), float("nan"), dtype=torch.bfloat16)
+    stage_to_device([(dst, src)], "cpu", threads=threads, piece=256)
+    assert torch.equal(dst, src.to(torch.bfloat16))
+    odd = torch.zeros(3, dtype=torch.uint8)
+    with pytest.raises(StrataError) as e:
+        stage_to_device([(odd, torch.ones(3, dtype=torch.uint8)), (dst, src)], "cpu",
+                        threads=threads, piece=256)
+    assert "\n" not in str(e.value) and "multiple of 2" in str(e.value)
+    with pytest.raises(StrataError):          # a cast of another length
+        stage_to_device([(dst, src[:999])], "cpu")
 
 
 @pytest.mark.gpu
