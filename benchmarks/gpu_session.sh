@@ -169,22 +169,24 @@ for step in "$@"; do
     # issue 38 item 5: the full-size Qwen3.5-35B-A3B Q4_K_M (synth's GGUF and its pack, made by
     # `llama_cpp.sh make` in the background, waited for) under --vram 12GiB: 8K and 32K (2 reps),
     # 131K and 262K (1 rep, lane trace), then 131K with the prefix through chunk_attention
-    # (--prefix-attention triton) and cuDNN's blocks (cudnn) beside the default's flash blocks
+    # (--prefix-attention triton) and FlashAttention-2's blocks (flash) beside the default's
+    # (cuDNN's blocks on Hopper)
     # issue 38 item 5: Qwen3.5-35B-A3B Q4_K_M at --vram 12GiB, split so a call takes what fits:
-    # q35make starts the GGUF + pack in the background (~2 min), the others wait for it
-    q35make) bash benchmarks/llama_cpp.sh make qwen3.5-35b-a3b "--mix Q4_K_M" ;;
+    # q35make starts the GGUF + pack in the background (~2 min), the others wait for it.
+    # HYB_PRESET=qwen3-next-80b-a3b HYB_TAG=qnext runs the same steps for another hybrid
+    q35make) bash benchmarks/llama_cpp.sh make ${HYB_PRESET:-qwen3.5-35b-a3b} "--mix Q4_K_M" ;;
     q35short|q35long|q35prefix|q35first)
-             m=/dev/shm/qwen3.5-35b-a3b-mixQ4_K_M; p=$m.pack
-             [ -f $p ] || [ -f $m.gguf.making ] || bash benchmarks/llama_cpp.sh make qwen3.5-35b-a3b "--mix Q4_K_M"
+             m=/dev/shm/${HYB_PRESET:-qwen3.5-35b-a3b}-mixQ4_K_M; p=$m.pack; t=${HYB_TAG:-q35}
+             [ -f $p ] || [ -f $m.gguf.making ] || bash benchmarks/llama_cpp.sh make ${HYB_PRESET:-qwen3.5-35b-a3b} "--mix Q4_K_M"
              while [ -f $m.gguf.making ]; do sleep 3; done
              case $step in
-               q35short) timeout 150 python3 -m strata.cli bench $p -p 8192,32768 -r 2 --vram 12GiB -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_short.csv" ;;
-               q35long) timeout 230 python3 -m strata.cli bench $p -p 131072,262144 -r 1 --vram 12GiB --trace "$OUT/trace_q35_long.json" -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_long.csv" ;;
-               q35prefix) for r in ${Q35_ROUTES:-triton cudnn}; do timeout 120 python3 -m strata.cli bench $p -p 131072 -r 1 --vram 12GiB --prefix-attention $r -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_q35_131k_$r.csv"; done ;;
+               q35short) timeout 150 python3 -m strata.cli bench $p -p 8192,32768 -r 2 --vram 12GiB -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_${t}_short.csv" ;;
+               q35long) timeout 230 python3 -m strata.cli bench $p -p 131072,262144 -r 1 --vram 12GiB --trace "$OUT/trace_${t}_long.json" -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_${t}_long.csv" ;;
+               q35prefix) for r in ${Q35_ROUTES:-triton flash}; do timeout 120 python3 -m strata.cli bench $p -p 131072 -r 1 --vram 12GiB --prefix-attention $r -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_${t}_131k_$r.csv"; done ;;
                # the first prompt of a fresh process beside its warm ones (and the time to ready)
-               q35first) timeout 200 python3 experiments/cold_warm.py --preset qwen3.5-35b-a3b --quant Q4_K_M --pack $p --keep --prompts ${Q35_FIRST:-8192,32768} --arms warm --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/cold_warm_q35.log" ;;
+               q35first) timeout 200 python3 experiments/cold_warm.py --preset ${HYB_PRESET:-qwen3.5-35b-a3b} --quant Q4_K_M --pack $p --keep --prompts ${Q35_FIRST:-8192,32768} --arms warm --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/cold_warm_$t.log" ;;
              esac
-             cut -d, -f5-9,12,17-20 "$OUT"/bench_q35_*.csv 2>/dev/null | tail -6 ;;
+             cut -d, -f5-9,12,17-20 "$OUT"/bench_${t}_*.csv 2>/dev/null | tail -6 ;;
     q35)     bash "$0" q35short q35long q35prefix ;;
     # issue 38 items 2 and 5: a Qwen3.5-35B-A3B read (its first 8 layers: 6 linear, 2 full) all
     # resident at 8K and 32K with the delta rule on strata's kernels against fla-core's (--delta)
