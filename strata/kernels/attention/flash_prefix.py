@@ -41,6 +41,7 @@ chunk_attention_torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from contextvars import ContextVar
 
@@ -80,14 +81,21 @@ def blocks_kernel(capability: tuple[int, int] | None = None,
     """"cudnn" or "flash": whose kernel runs the blocks by default. cuDNN's attention where it
     runs on Hopper or later (compute capability 9.0+, cuDNN 9+: torch's SDPA picks it there,
     and it measured 1.46x FlashAttention-2's blocks at 131K on the H100); FlashAttention-2
-    elsewhere (older GPUs, no cuDNN; and the CPU, where both are the torch twin). The
-    arguments default to this machine's first CUDA device and cuDNN."""
-    if capability is None:
-        capability = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else (0, 0)
-    if cudnn_version is None:
-        cudnn_version = (torch.backends.cudnn.version() or 0) \
-            if torch.backends.cudnn.is_available() else 0
+    elsewhere (older GPUs, no cuDNN; and the CPU, where both are the torch twin). Without
+    arguments: this machine's first CUDA device and cuDNN."""
+    machine = _machine()
+    capability = machine[0] if capability is None else capability
+    cudnn_version = machine[1] if cudnn_version is None else cudnn_version
     return "cudnn" if capability >= (9, 0) and cudnn_version >= 90000 else "flash"
+
+
+@functools.cache
+def _machine() -> tuple[tuple[int, int], int]:
+    """This machine's first CUDA device's compute capability ((0, 0) without one) and cuDNN's
+    version (0 without it), asked once: every later chunk's layer asks prefix_route."""
+    capability = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else (0, 0)
+    cudnn = (torch.backends.cudnn.version() or 0) if torch.backends.cudnn.is_available() else 0
+    return capability, cudnn
 
 
 def prefix_route(head_dim: int, kv: str) -> str:
