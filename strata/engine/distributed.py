@@ -67,8 +67,7 @@ from strata.engine.finite import FiniteGuard
 from strata.engine.handoff import Handoff, raise_first, rank_message
 from strata.engine.host import HostExperts
 from strata.engine.prompt_kv import new_prompt_kv, uses_prompt_kv
-from strata.engine.prompt_plan import (check_delta_pin, check_prefix_pin, plan_inputs,
-                                       plan_prompt, resolve_kv)
+from strata.engine.prompt_plan import check_prefix_pin, plan_inputs, plan_prompt, resolve_kv
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.session import Borrowed, Part, PromptSession
 from strata.engine.stats import PrefillStats
@@ -195,7 +194,6 @@ class StageEngine:
         self.dcfg, self.rank, self.world = dcfg, rank, world
         self.pack = pack = open_pack(pack)
         self.shape = s = pack.shape
-        check_delta_pin(s)
         vram = cfg.vram
         if len(vram) == 1:
             vram = vram * world

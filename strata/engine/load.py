@@ -47,9 +47,7 @@ def load_model(pack, *, device=None, dtype: torch.dtype = torch.float32,
     """The pack's model (its architecture's record by `shape.arch`: strata.archs) with dense weights on `device`
     (or, with `device_map`, each layer's on its own device: a layer split over GPUs).
     `timings`: gets `dense_upload_s` (the weights onto the devices) and `model_build_s`."""
-    from strata.engine.prompt_plan import check_delta_pin
     pack = open_pack(pack)
-    check_delta_pin(pack.shape)     # a --delta pin on a model it cannot act on: one line
     arch = get_arch(pack.shape.arch)
     dev = resolve_device(device)
     t0 = time.perf_counter()

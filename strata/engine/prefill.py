@@ -43,8 +43,7 @@ from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts
 from strata.engine.observe import EngineObserver
 from strata.engine.prompt_kv import host_kv_arena, new_prompt_kv, uses_prompt_kv
-from strata.engine.prompt_plan import (check_delta_pin, check_prefix_pin, plan_inputs,
-                                       plan_prompt, resolve_kv)
+from strata.engine.prompt_plan import check_prefix_pin, plan_inputs, plan_prompt, resolve_kv
 from strata.engine.scratch import ParticipantScratch
 from strata.engine.session import Borrowed, Part, PromptSession
 from strata.engine.stats import PrefillStats
@@ -95,7 +94,6 @@ class PrefillEngine:
         self.observers: list[EngineObserver] = list(observers or [])
         self.pack = pack = open_pack(pack)
         self.shape = pack.shape
-        check_delta_pin(self.shape)
         vram = cfg.vram
         devices = [resolve_device(d) for d in (cfg.devices or default_devices(cfg.device,
                                                                                len(vram)))]

@@ -113,8 +113,9 @@ def prefix_path(shape, cfg: EngineConfig, device_type: str) -> str | None:
 
 def check_delta_pin(shape) -> None:
     """--delta on a model without linear-attention layers: one line (it would change nothing),
-    before any plan; every read checks it (the engines and `strata plan` first thing, the
-    resident reads in load_model)."""
+    before any plan or load: `strata plan` and every command's pack opening (open_checked) ask
+    it. The engines do not: an experiment's pin_delta_launch around a read of any model (a
+    reference arm) is its own business."""
     from strata.kernels.deltanet.launch import pinned_delta_launch
     if pinned_delta_launch() is not None and getattr(shape, "linear", None) is None:
         raise StrataError(f"--delta does not apply to this read: {shape.arch} has no "

@@ -182,9 +182,16 @@ def slab_env(on: bool):
 
 
 def engine_side(shape, layer_blob, native, rig, layouts):
-    """The engine's own path, minus the pack: the plan_inputs and plan_prompt calls
-    PrefillEngine makes, then the borrow and carve it runs (over real CPU caches where small,
-    meta-device ones where large)."""
+    """The engine's own path on a GPU, minus the pack: the plan_inputs and plan_prompt calls
+    PrefillEngine makes (the delta rule's auto backend resolved for CUDA, as strata plan
+    resolves it: planning_for), then the borrow and carve it runs (over real CPU caches where
+    small, meta-device ones where large)."""
+    from strata.kernels.deltanet.launch import planning_for
+    with planning_for("cuda"):
+        return _engine_side(shape, layer_blob, native, rig, layouts)
+
+
+def _engine_side(shape, layer_blob, native, rig, layouts):
     blobs = [layer_blob[l] for l in range(shape.n_layer)]
     cfg = EngineConfig(vram=rig["vram"], cache=rig["cache"], lend_cap=rig["lend_cap"],
                        scan_max=rig["scan_max"], chunk=rig["chunk"], ring=rig["ring"],

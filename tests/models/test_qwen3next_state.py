@@ -221,9 +221,13 @@ def test_the_plan_shows_each_kind(capsys):
     assert "the 30 linear-attention layers keep a recurrent state" in capsys.readouterr().out
     # the delta rule's launch and its scratch for the chunk, as the layout counts it
     # (Qwen3.5 at 32768, bf16: strata's fp32 g_cum, w, u, qn, kn 1,540 MiB; fla-core's 1,670)
-    for flag, says in (([], "strata's kernels, 1.50 GiB"),
-                       (["--delta", "backend=fla"], "fla-core's kernels, 1.63 GiB")):
-        if flag and importlib.util.find_spec("fla") is None:
+    # (the default, auto, resolves for the plan's device, a GPU: fla-core's where installed)
+    from strata.kernels.deltanet.launch import _fla_installed
+    fla, strata = "fla-core's kernels, 1.63 GiB", "strata's kernels, 1.50 GiB"
+    for flag, says in (([], fla if _fla_installed() else strata),
+                       (["--delta", "backend=strata"], strata),
+                       (["--delta", "backend=fla"], fla)):
+        if "backend=fla" in flag and importlib.util.find_spec("fla") is None:
             continue
         assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--vram", "12GiB", "--prompt-tokens",
                      "32768", "--chunk", "32768", *flag]) == 0
