@@ -94,8 +94,9 @@ def _source(args):
 def make_plan(args):
     """The plan `strata prefill` would make with the same flags: the same EngineConfig
     (strata.commands._args) through the engine's own plan inputs (plan_inputs), for the read's
-    device whatever this host has (the delta rule's auto backend resolved for it)."""
-    from strata.kernels.deltanet.launch import planning_for
+    device whatever this host has (the delta rule's auto backend and the prefix blocks' kernel
+    resolved for it: strata.kernels.pins.planning_for)."""
+    from strata.kernels.pins import planning_for
     dev = device_type(args) if args.device else "cuda"   # strata plan plans GPUs by default
     with planning_for(dev):
         return _make_plan(args, dev)

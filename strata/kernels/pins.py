@@ -42,3 +42,22 @@ def pinned_record(var: ContextVar, in_force, launch, changes: dict, what: str):
     if bad:
         raise StrataError(f"{what}: unknown field(s) {sorted(bad)}; fields: {', '.join(names)}")
     return pinned(var, replace(launch or in_force, **changes))
+
+
+# the device a plan is made for (strata plan plans a GPU from any host): launch choices that
+# depend on the machine (the delta rule's backend, the prefix blocks' kernel) read it while a
+# plan is made, so the plan counts what that device's read takes
+_PLAN_TARGET: ContextVar[str | None] = ContextVar("strata_plan_target", default=None)
+
+
+def planning_for(device_type: str):
+    """Inside the block the machine-dependent launch choices resolve for a read on
+    `device_type` ("cuda" or "cpu"), not for this process's devices."""
+    if device_type not in ("cuda", "cpu"):
+        raise StrataError(f"planning_for takes cuda or cpu, got {device_type!r}")
+    return pinned(_PLAN_TARGET, device_type)
+
+
+def plan_target() -> str | None:
+    """The device type planning_for names, None outside a plan."""
+    return _PLAN_TARGET.get()

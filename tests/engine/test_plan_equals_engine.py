@@ -186,7 +186,7 @@ def engine_side(shape, layer_blob, native, rig, layouts):
     PrefillEngine makes (the delta rule's auto backend resolved for CUDA, as strata plan
     resolves it: planning_for), then the borrow and carve it runs (over real CPU caches where
     small, meta-device ones where large)."""
-    from strata.kernels.deltanet.launch import planning_for
+    from strata.kernels.pins import planning_for
     with planning_for("cuda"):
         return _engine_side(shape, layer_blob, native, rig, layouts)
 

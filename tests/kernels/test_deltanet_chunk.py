@@ -490,12 +490,13 @@ def test_a_plan_resolves_auto_for_its_device_not_this_host(monkeypatch, capsys):
     import json
     from strata.cli import main
     from strata.kernels.deltanet import launch as L
+    from strata.kernels.pins import planning_for
     monkeypatch.setattr(L, "_fla_installed", lambda: True)
     monkeypatch.setattr(L, "_has_cuda", lambda: False)
     assert DEFAULT.resolved(2) == "strata"                       # this host: no CUDA
-    with L.planning_for("cuda"):
+    with planning_for("cuda"):
         assert DEFAULT.resolved(2) == "fla"
-    with L.planning_for("cpu"):
+    with planning_for("cpu"):
         monkeypatch.setattr(L, "_has_cuda", lambda: True)
         assert DEFAULT.resolved(2) == "strata"
     monkeypatch.setattr(L, "_has_cuda", lambda: False)

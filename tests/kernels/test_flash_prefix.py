@@ -159,6 +159,23 @@ def test_blocks_kernel_is_cudnn_on_hopper_with_cudnn_9():
         assert blocks_kernel() == "flash"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a host without CUDA plans a GPU")
+def test_a_gpu_plan_on_a_host_without_one_counts_cudnn_s_blocks():
+    """strata plan on a host without CUDA plans strata's target GPU (Hopper, cuDNN 9): the
+    prefix goes by cuDNN's blocks from hd 128 there, so the plan carves their state (more than
+    an older GPU's plan, never less); outside a plan this host's own choice stands."""
+    from strata.kernels.pins import planning_for
+    from strata.planning import KVPolicy, layout_spec
+    from strata.shapes import get_preset
+    q3, bf16 = get_preset("qwen3-30b-a3b"), KVPolicy("bf16", 32768, 131072)
+    with planning_for("cuda"):
+        assert blocks_kernel() == "cudnn" and prefix_route(128, "bf16") == "cudnn"
+        assert "attn_flash" in layout_spec(kv=bf16, shape=q3).names()
+        assert blocks_kernel((8, 0), 90100) == "flash"          # a named machine is itself
+    assert blocks_kernel() == "flash" and prefix_route(128, "bf16") == "triton"
+    assert "attn_flash" not in layout_spec(kv=bf16, shape=q3).names()
+
+
 @pytest.mark.gpu
 def test_the_engine_reads_through_flash_blocks_on_the_gpu(tmp_path):
     """A tiny Qwen3.5 (hd 16) streamed in chunks of 16 through the engine's KV (32 tokens a

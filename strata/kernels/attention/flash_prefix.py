@@ -50,7 +50,7 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.flash import attend_block_ref, cudnn_forward, flash_forward
 from strata.kernels.attention.merge import lse_merge, lse_merge_torch
-from strata.kernels.pins import pinned
+from strata.kernels.pins import pinned, plan_target
 
 FLASH_ROWS = 4096        # query rows a block: the state is [Q, H (hd + 1)] fp32
 FLASH_MIN_HD = 129       # hd from which auto routes a bf16 prefix to FlashAttention-2's blocks
@@ -82,8 +82,13 @@ def blocks_kernel(capability: tuple[int, int] | None = None,
     runs on Hopper or later (compute capability 9.0+, cuDNN 9+: torch's SDPA picks it there,
     and it measured 1.46x FlashAttention-2's blocks at 131K on the H100); FlashAttention-2
     elsewhere (older GPUs, no cuDNN; and the CPU, where both are the torch twin). Without
-    arguments: this machine's first CUDA device and cuDNN."""
+    arguments: this machine's first CUDA device and cuDNN, or, for a GPU plan made on a host
+    without one (strata.kernels.pins.planning_for), a Hopper GPU with cuDNN 9."""
     machine = _machine()
+    if plan_target() == "cuda" and machine[0] == (0, 0):
+        # a GPU plan made on a host without one: strata's target, Hopper with cuDNN 9 (its
+        # blocks carve the state an older GPU's would not: the plan counts more, never less)
+        machine = ((9, 0), 90000)
     capability = machine[0] if capability is None else capability
     cudnn_version = machine[1] if cudnn_version is None else cudnn_version
     return "cudnn" if capability >= (9, 0) and cudnn_version >= 90000 else "flash"

@@ -39,14 +39,13 @@ to be measured (experiments/deltanet_fla.py --arms; in a whole read, benchmarks/
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from strata._backend import _has_cuda
 from strata.errors import StrataError
-from strata.kernels.pins import pinned_record
+from strata.kernels.pins import pinned_record, plan_target
 
 PRECISIONS = ("tf32x3", "tf32", "ieee")
 BACKENDS = ("auto", "strata", "fla")
@@ -83,7 +82,8 @@ class DeltaLaunch:
 
     def resolved(self, itemsize: int) -> str:
         """The backend that runs for activations of `itemsize` bytes in this process (or on the
-        device planning_for names): the pinned one, or auto's choice (the module docstring)."""
+        device strata.kernels.pins.planning_for names): the pinned one, or auto's choice (the
+        module docstring)."""
         if self.backend != "auto":
             return self.backend
         tuned = any(getattr(self, f.name) != f.default for f in fields(self)
@@ -124,26 +124,12 @@ class DeltaLaunch:
         return cls(**kw)
 
 
-_TARGET: ContextVar[str | None] = ContextVar("strata_delta_target", default=None)
-
-
 def _target_cuda() -> bool:
     """Whether the read being planned or run is on CUDA: the device type planning_for names
-    (strata plan, which plans a GPU from any host), else whether this process has CUDA."""
-    target = _TARGET.get()
+    (strata plan, which plans a GPU from any host: strata.kernels.pins), else whether this
+    process has CUDA."""
+    target = plan_target()
     return _has_cuda() if target is None else target == "cuda"
-
-
-@contextmanager
-def planning_for(device_type: str):
-    """Inside the block auto resolves for a read on `device_type` ("cuda" or "cpu"), not for
-    this process's devices: a plan made on a CPU-only host for a GPU counts the buffers the GPU
-    read takes (fla-core's, where it is installed here)."""
-    token = _TARGET.set(device_type)
-    try:
-        yield
-    finally:
-        _TARGET.reset(token)
 
 
 @lru_cache(maxsize=1)
