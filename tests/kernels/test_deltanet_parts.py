@@ -204,6 +204,31 @@ def test_l2norm(shape, dtype):
     assert torch.equal(l2norm_torch(x, out=torch.empty_like(ob)), ref.bfloat16())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_l2norm_reads_split_heads_in_place(dtype):
+    """q and k as split views of the conv's [T, C] output ([T, H, N], rows a stride apart that
+    no one stride covers) are read where they are: the same values as of a contiguous copy,
+    bit for bit, into fp32 and into a bf16 `out`; the source is left as it was."""
+    from strata.kernels.deltanet.projections import split_qkv
+    gen = torch.Generator().manual_seed(6)
+    Hk, Hv, dk, dv = 3, 5, 16, 8
+    mixed = (3 * torch.randn(37, 2 * Hk * dk + Hv * dv, generator=gen)).to(dtype)
+    keep = mixed.clone()
+    q, k, _ = split_qkv(mixed, Hk, Hv, dk, dv)
+    with pytest.raises(RuntimeError):
+        q.view(-1, dk)                                   # the case: rows do not merge
+    from strata.kernels.deltanet.norms import _head_rows
+    src, R, s_row, s_head, H = _head_rows(q, dk, "l2norm")
+    assert src is q and (R, s_row, s_head, H) == (37 * Hk, mixed.shape[1], dk, Hk)   # no copy
+    for x in (q, k):
+        got = l2norm(x)
+        assert torch.equal(got, l2norm(x.contiguous()))
+        assert torch.equal(l2norm(x, out=torch.empty(x.shape, dtype=torch.bfloat16)),
+                           got.bfloat16())
+        assert ((got - l2norm_torch(x)).abs() <= (dk + 4) * U32 * got.abs()).all()
+    assert torch.equal(mixed, keep)
+
+
 @pytest.mark.parametrize("rows,N,dt,wdt", [(65, 128, "fp32", "fp32"), (130, 128, "bf16", "fp32"),
                                           (33, 128, "bf16", "bf16"), (9, 48, "fp32", "fp32"),
                                           (1, 128, "bf16", "bf16")],

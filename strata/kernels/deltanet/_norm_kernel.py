@@ -18,16 +18,19 @@ import triton.language as tl
 from strata.kernels._norm_kernel import _rnd   # fp32 rounded to the output dtype, as RMSNorm's
 
 
-@triton.jit(do_not_specialize=["n_rows"])
-def _l2norm_fwd_kernel(x_ptr, out_ptr, n_rows, stride_x, eps,
+@triton.jit(do_not_specialize=["n_rows", "n_head"])
+def _l2norm_fwd_kernel(x_ptr, out_ptr, n_rows, stride_x, stride_h, n_head, eps,
                        N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                        INTERP: tl.constexpr):
+    # row r of x is at (r // n_head) * stride_x + (r % n_head) * stride_h: rows of a [T, H, N]
+    # view with any row strides (q and k as split views of the conv's output: no copy first);
+    # n_head 1 for plain [R, N] rows
     OT: tl.constexpr = out_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)               # [BM]
     cols = tl.arange(0, BN)                                                    # [BN]
     m = (rows < n_rows)[:, None] & (cols < N)[None, :]                         # [BM, BN]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=m,
-                other=0.0).to(tl.float32)
+    at = (rows // n_head) * stride_x + (rows % n_head) * stride_h              # [BM]
+    x = tl.load(x_ptr + at[:, None] + cols[None, :], mask=m, other=0.0).to(tl.float32)
     r = tl.math.rsqrt(tl.sum(x * x, axis=1) + eps)                             # [BM]
     y = _rnd(x * r[:, None], OT, INTERP).to(OT)
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], y, mask=m)

@@ -60,13 +60,29 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = Non
     """x [..., N] -> x / sqrt(sum(x^2) + eps) over the last dim, fp32 [..., N] (into `out`, a
     contiguous float tensor of x's shape, when given: the fp32 result rounded to its dtype)."""
     N = x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() else 0
-    rows = _rows(x, N, "l2norm")                                               # [R, N]
-    out = _l2_out(x, out, "l2norm").view(rows.shape)
-    if rows.shape[0]:
-        grid, bm, bn = _grid(rows.shape[0], N)
-        _l2norm_fwd_kernel[grid](rows, out, rows.shape[0], rows.stride(0), float(eps), N=N,
-                                 BM=bm, BN=bn, INTERP=INTERPRET, num_warps=4)
+    src, R, s_row, s_head, H = _head_rows(x, N, "l2norm")
+    out = _l2_out(x, out, "l2norm")
+    if R:
+        grid, bm, bn = _grid(R, N)
+        _l2norm_fwd_kernel[grid](src, out, R, s_row, s_head, H, float(eps), N=N, BM=bm, BN=bn,
+                                 INTERP=INTERPRET, num_warps=4)
     return out.view(x.shape)
+
+
+def _head_rows(x, N, what):
+    """x's rows as the l2norm kernel reads them: (tensor, R rows, row stride, head stride, H).
+    A [T, H, N] view whose rows do not merge into one stride (q and k split out of the conv's
+    [T, C] output) is read in place, row r at (r // H, r % H); anything else as _rows' [R, N]
+    (a copy only where the last dim is strided)."""
+    if isinstance(x, torch.Tensor) and x.dtype in FLOATS and x.dim() == 3 \
+            and x.stride(-1) == 1 and 0 < N <= MAX_N:
+        try:
+            rows = x.view(-1, N)
+        except RuntimeError:        # not one row stride: strided rows, read where they are
+            return x, x.shape[0] * x.shape[1], x.stride(0), x.stride(1), x.shape[1]
+        return rows, rows.shape[0], rows.stride(0), 0, 1
+    rows = _rows(x, N, what)
+    return rows, rows.shape[0], rows.stride(0), 0, 1
 
 
 def l2norm_torch(x: torch.Tensor, eps: float = 1e-6, *,
