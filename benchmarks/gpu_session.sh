@@ -173,12 +173,14 @@ for step in "$@"; do
     # (cuDNN's blocks on Hopper)
     # issue 38 item 5: Qwen3.5-35B-A3B Q4_K_M at --vram 12GiB, split so a call takes what fits:
     # q35make starts the GGUF + pack in the background (~2 min), the others wait for it.
-    # HYB_PRESET=qwen3-next-80b-a3b HYB_TAG=qnext runs the same steps for another hybrid
+    # HYB_PRESET=qwen3-next-80b-a3b HYB_TAG=qnext runs the same steps for another hybrid (its
+    # GGUF on the disk: GGUF_DIR=$PWD/.models, as llama_cpp.sh's model_paths says)
     q35make) bash benchmarks/llama_cpp.sh make ${HYB_PRESET:-qwen3.5-35b-a3b} "--mix Q4_K_M" ;;
     q35short|q35long|q35prefix|q35first)
-             m=/dev/shm/${HYB_PRESET:-qwen3.5-35b-a3b}-mixQ4_K_M; p=$m.pack; t=${HYB_TAG:-q35}
-             [ -f $p ] || [ -f $m.gguf.making ] || bash benchmarks/llama_cpp.sh make ${HYB_PRESET:-qwen3.5-35b-a3b} "--mix Q4_K_M"
-             while [ -f $m.gguf.making ]; do sleep 3; done
+             n=${HYB_PRESET:-qwen3.5-35b-a3b}-mixQ4_K_M; t=${HYB_TAG:-q35}
+             p=${PACK_DIR:-${MODELS:-/dev/shm}}/$n.pack; mk=${GGUF_DIR:-${MODELS:-/dev/shm}}/$n.gguf.making
+             [ -f $p ] || [ -f $mk ] || bash benchmarks/llama_cpp.sh make ${HYB_PRESET:-qwen3.5-35b-a3b} "--mix Q4_K_M"
+             while [ -f $mk ]; do sleep 3; done
              case $step in
                q35short) timeout 150 python3 -m strata.cli bench $p -p 8192,32768 -r 2 --vram 12GiB -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_${t}_short.csv" ;;
                q35long) timeout 230 python3 -m strata.cli bench $p -p 131072,262144 -r 1 --vram 12GiB --trace "$OUT/trace_${t}_long.json" -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_${t}_long.csv" ;;

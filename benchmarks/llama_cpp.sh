@@ -129,9 +129,13 @@ unpack_prebuilt() {
 # the GGUF and pack of PRESET "SYNTH FLAGS" in $MODELS (/dev/shm): their paths in g and p. Each is
 # made only when absent (synth and pack write a temp file and rename it whole, so one that exists is
 # complete); a `make` of the same files still running in the background is waited for first.
+# MODELS: where the GGUF and the pack go (default /dev/shm); GGUF_DIR / PACK_DIR split them, e.g.
+# Qwen3-Next-80B Q4_K_M: its GGUF (~51 GB) on the disk, its pack (~56 GB) in /dev/shm, beside
+# the ~46 GB of pinned experts strata holds: all three in /dev/shm would pass the 128 GiB host
 model_paths() {
     local tag; tag=$(echo "$2" | tr -cd 'A-Za-z0-9_')
-    g=${MODELS:-/dev/shm}/$1-$tag.gguf p=${MODELS:-/dev/shm}/$1-$tag.pack
+    g=${GGUF_DIR:-${MODELS:-/dev/shm}}/$1-$tag.gguf p=${PACK_DIR:-${MODELS:-/dev/shm}}/$1-$tag.pack
+    mkdir -p "$(dirname "$g")" "$(dirname "$p")"
 }
 model_files() {
     model_paths "$1" "$2"
