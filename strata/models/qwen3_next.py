@@ -170,7 +170,9 @@ class Qwen3Next(MoeDecoder):
             b, a = xn @ w.beta.t(), xn @ w.alpha.t()
         conv = states.conv[l]
         conv1d = causal_conv1d if xn.is_cuda else causal_conv1d_torch
-        mixed, new_conv = conv1d(xn @ w.qkv.t(), w.conv, None, conv.to(xn.dtype))
+        # q and k in one output, v in its own: the delta rule reads v without copying it
+        mixed, new_conv = conv1d(xn @ w.qkv.t(), w.conv, None, conv.to(xn.dtype),
+                                 split=2 * Hk * dk)
         conv.copy_(new_conv)
         q, k, v = split_qkv(mixed, Hk, Hv, dk, dv)
         g = w.a * F.softplus(a.float() + w.dt_bias)                  # [T, Hv] fp32, <= 0

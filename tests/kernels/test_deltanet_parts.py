@@ -150,6 +150,28 @@ def test_conv_kernel_carry_is_bit_exact_anywhere(cuts):
     assert torch.equal(torch.cat(ys), one) and torch.equal(state, s_one)
 
 
+@pytest.mark.parametrize("split", [64, 100, 199], ids=lambda s: f"split{s}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_split_conv_is_the_one_output_s_columns(split, dtype):
+    """split: the columns before it and from it land in two contiguous outputs (q and k, then
+    v), bit for bit the one-output call's columns, for the kernel (a split inside a channel
+    tile: 100, 199; on a tile edge: 64) and its twin alike; the state is the same; a split
+    outside [0, C) is refused in one line."""
+    x, w, b = conv_inputs(70, C=200, seed=9, dtype=dtype)
+    state = torch.randn(3, 200, generator=torch.Generator().manual_seed(3)).to(dtype)
+    for conv in (causal_conv1d, causal_conv1d_torch):
+        one, s_one = conv(x, w, b, state)
+        (left, right), s = conv(x, w, b, state, split=split)
+        assert left.is_contiguous() and right.is_contiguous()
+        assert left.shape == (70, split) and right.shape == (70, 200 - split)
+        assert torch.equal(left, one[:, :split]) and torch.equal(right, one[:, split:])
+        assert torch.equal(s, s_one)
+        for bad in (200, -1, True):
+            with pytest.raises(StrataError) as e:
+                conv(x, w, b, split=bad)
+            assert "\n" not in str(e.value) and "split" in str(e.value)
+
+
 def test_conv_kernel_refusals_are_the_twins():
     x, w, b = conv_inputs(5)
     for conv in (causal_conv1d, causal_conv1d_torch):

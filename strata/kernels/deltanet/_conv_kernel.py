@@ -9,6 +9,7 @@ program's tile of [T, C].
 
 All arithmetic is fp32; x is read K times from the tile's neighbourhood (L2 holds it), y written
 once in its dtype: one pass over [T, C] where the twin's K multiply-adds make 2K + 3 fp32 ones.
+With SPLIT the columns land in two contiguous outputs, [T, SPLIT] and [T, C - SPLIT].
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from strata.kernels._norm_kernel import _rnd
 
 
 @triton.jit(do_not_specialize=["T"])
-def _causal_conv1d_fwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, T, stride_x, stride_y,
+def _causal_conv1d_fwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, y2_ptr, T, stride_x, stride_y,
                               C: tl.constexpr, K: tl.constexpr, HAS_B: tl.constexpr,
-                              SILU: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                              INTERP: tl.constexpr):
+                              SILU: tl.constexpr, SPLIT: tl.constexpr, BT: tl.constexpr,
+                              BC: tl.constexpr, INTERP: tl.constexpr):
+    # SPLIT > 0: columns c < SPLIT go to y [T, SPLIT], the rest to y2 [T, C - SPLIT], each
+    # contiguous (q and k, then v: the delta rule reads v without a copy)
     YT: tl.constexpr = y_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)               # [BT]
     cols = tl.program_id(1) * BC + tl.arange(0, BC)                            # [BC]
@@ -44,5 +47,11 @@ def _causal_conv1d_fwd_kernel(x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, T, stride_x, st
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
     m = (rows < T)[:, None] & cm[None, :]
-    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], _rnd(acc, YT, INTERP).to(YT),
-             mask=m)
+    val = _rnd(acc, YT, INTERP).to(YT)
+    if SPLIT > 0:
+        left = (cols < SPLIT)[None, :]
+        tl.store(y_ptr + rows[:, None] * SPLIT + cols[None, :], val, mask=m & left)
+        tl.store(y2_ptr + rows[:, None] * (C - SPLIT) + (cols - SPLIT)[None, :], val,
+                 mask=m & ~left)
+    else:
+        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], val, mask=m)

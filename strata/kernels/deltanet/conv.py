@@ -6,9 +6,10 @@ CPU's: on the GPU its 2K + 3 fp32 passes over [T, C] cost Qwen3.5-35B-A3B ~8 ms 
 
 Legend: T tokens of this call, C channels (2 Hk dk + Hv dv), K the kernel width.
 
-    causal_conv1d(x [T, C], weight [C, K], bias [C] | None, state [K-1, C] | None)
+    causal_conv1d(x [T, C], weight [C, K], bias [C] | None, state [K-1, C] | None, *, split=0)
     causal_conv1d_torch(the same)
         -> (y [T, C] in x's dtype, new state [K-1, C] in x's dtype)
+           (split > 0: y as two contiguous tensors, [T, split] and [T, C - split])
     xp = cat(state or zeros, x)                    [K-1+T, C]
     y[t] = silu(bias + sum_j weight[:, j] * xp[t + j])    (fp32, j = 0 .. K-1 in order)
     new state = xp[-(K-1):]
@@ -70,34 +71,48 @@ def _carry(x, state, K):
     return torch.cat([head, x]).contiguous()
 
 
+def _split(split, C):
+    if not isinstance(split, int) or isinstance(split, bool) or not 0 <= split < C:
+        raise StrataError(f"causal_conv1d: split must be a column 0 <= split < C={C} (0: one "
+                          f"output), got {split!r}")
+    return split
+
+
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  state: torch.Tensor | None = None, *, activation: str | None = "silu"):
+                  state: torch.Tensor | None = None, *, activation: str | None = "silu",
+                  split: int = 0):
     """The conv over this call's rows after the carried ones, one Triton launch (see the module
-    docstring); x's rows need a unit last stride (copied otherwise)."""
+    docstring); x's rows need a unit last stride (copied otherwise). `split` > 0: y is two
+    contiguous tensors, its columns before `split` and from it ([T, split], [T, C - split]:
+    q and k, then v, so the delta rule reads v without copying it)."""
     K = _check(x, weight, bias, state)
     silu = _activation(activation)
     T, C = x.shape
+    split = _split(split, C)
     x = x if x.stride(-1) == 1 else x.contiguous()
     s = (state if state is not None else x.new_zeros((K - 1, C))).contiguous()
-    y = torch.empty((T, C), dtype=x.dtype, device=x.device)
+    y = torch.empty((T, split or C), dtype=x.dtype, device=x.device)
+    y2 = torch.empty((T, C - split), dtype=x.dtype, device=x.device) if split else y
     if T:
         bt, bc = TILE
         b = bias if bias is not None else s            # never read without HAS_B
         grid = (triton.cdiv(T, bt), triton.cdiv(C, bc))
-        _causal_conv1d_fwd_kernel[grid](x, weight.contiguous(), b, s, y, T, x.stride(0),
+        _causal_conv1d_fwd_kernel[grid](x, weight.contiguous(), b, s, y, y2, T, x.stride(0),
                                         y.stride(0), C=C, K=K, HAS_B=bias is not None,
-                                        SILU=silu, BT=bt, BC=bc, INTERP=INTERPRET,
-                                        num_warps=4)
-    return y, _carry(x, state, K)
+                                        SILU=silu, SPLIT=split, BT=bt, BC=bc,
+                                        INTERP=INTERPRET, num_warps=4)
+    return ((y, y2) if split else y), _carry(x, state, K)
 
 
 def causal_conv1d_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                        state: torch.Tensor | None = None, *, activation: str | None = "silu"):
+                        state: torch.Tensor | None = None, *, activation: str | None = "silu",
+                        split: int = 0):
     """The twin: the conv over this call's rows after the carried ones in plain torch (see
-    the module docstring)."""
+    the module docstring); `split` as causal_conv1d's."""
     K = _check(x, weight, bias, state)
     _activation(activation)
     T, C = x.shape
+    split = _split(split, C)
     if state is None:
         state = torch.zeros((K - 1, C), dtype=x.dtype, device=x.device)
     xp = torch.cat([state, x], dim=0).float()                                  # [K-1+T, C]
@@ -110,4 +125,7 @@ def causal_conv1d_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     if activation == "silu":
         acc = torch.cat([F.silu(acc[s:s + ROWS]) for s in range(0, T, ROWS)]) if T else acc
     new_state = xp[T:].to(x.dtype) if K > 1 else xp[:0].to(x.dtype)
-    return acc.to(x.dtype), new_state.contiguous()
+    y = acc.to(x.dtype)
+    if split:
+        y = (y[:, :split].contiguous(), y[:, split:].contiguous())
+    return y, new_state.contiguous()

@@ -8,7 +8,8 @@ C = 2 Hk dk + Hv dv the conv channels, in the order [q of all heads | k | v].
 
     qwen3_next_inputs(qkvz [T, Hk (2 dk + 2 r dv)], ba [T, Hk (2 r)], Hk, Hv, dk, dv)
         -> mixed_qkv [T, C], z [T, Hv, dv], b [T, Hv], a [T, Hv]
-    split_qkv(mixed [T, C], Hk, Hv, dk, dv) -> q [T, Hk, dk], k [T, Hk, dk], v [T, Hv, dv]
+    split_qkv(mixed [T, C] | ([T, 2 Hk dk], [T, Hv dv]), Hk, Hv, dk, dv)
+        -> q [T, Hk, dk], k [T, Hk, dk], v [T, Hv, dv]
 Qwen3.5's in_proj_qkv output is already mixed_qkv; its z, b, a are plain reshapes.
 """
 from __future__ import annotations
@@ -34,11 +35,22 @@ def qwen3_next_inputs(qkvz: torch.Tensor, ba: torch.Tensor, h_k: int, h_v: int, 
     return mixed, z.reshape(T, h_v, d_v), b.reshape(T, h_v), a.reshape(T, h_v)
 
 
-def split_qkv(mixed: torch.Tensor, h_k: int, h_v: int, d_k: int, d_v: int):
-    """The conv's output [T, C] -> q, k [T, Hk, dk] and v [T, Hv, dv] (views)."""
-    T = mixed.shape[0]
-    if mixed.dim() != 2 or mixed.shape[1] != 2 * h_k * d_k + h_v * d_v:
-        raise StrataError(f"split_qkv: mixed must be [T, {2 * h_k * d_k + h_v * d_v}], got "
-                          f"{list(mixed.shape)}")
-    q, k, v = torch.split(mixed, [h_k * d_k, h_k * d_k, h_v * d_v], dim=1)
+def split_qkv(mixed, h_k: int, h_v: int, d_k: int, d_v: int):
+    """The conv's output [T, C], or its split pair ([T, 2 Hk dk], [T, Hv dv]: causal_conv1d's
+    `split`, v contiguous) -> q, k [T, Hk, dk] and v [T, Hv, dv] (views)."""
+    qk_w, v_w = 2 * h_k * d_k, h_v * d_v
+    if isinstance(mixed, tuple) and len(mixed) == 2:
+        qk, v = mixed
+        if (qk.dim() != 2 or v.dim() != 2 or qk.shape != (qk.shape[0], qk_w)
+                or v.shape != (qk.shape[0], v_w)):
+            raise StrataError(f"split_qkv: the pair must be [T, {qk_w}] and [T, {v_w}], got "
+                              f"{list(qk.shape)} and {list(v.shape)}")
+        q, k = torch.split(qk, [h_k * d_k, h_k * d_k], dim=1)
+    else:
+        if not isinstance(mixed, torch.Tensor) or mixed.dim() != 2 \
+                or mixed.shape[1] != qk_w + v_w:
+            raise StrataError(f"split_qkv: mixed must be [T, {qk_w + v_w}], got "
+                              f"{list(getattr(mixed, 'shape', []))}")
+        q, k, v = torch.split(mixed, [h_k * d_k, h_k * d_k, v_w], dim=1)
+    T = q.shape[0]
     return q.view(T, h_k, d_k), k.view(T, h_k, d_k), v.view(T, h_v, d_v)
