@@ -159,12 +159,14 @@ def test_blocks_kernel_is_cudnn_on_hopper_with_cudnn_9():
         assert blocks_kernel() == "flash"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a host without CUDA plans a GPU")
-def test_a_gpu_plan_on_a_host_without_one_counts_cudnn_s_blocks():
+def test_a_gpu_plan_on_a_host_without_one_counts_cudnn_s_blocks(monkeypatch):
     """strata plan on a host without CUDA plans strata's target GPU (Hopper, cuDNN 9): the
     prefix goes by cuDNN's blocks from hd 128 there, so the plan carves their state (more than
-    an older GPU's plan, never less); outside a plan this host's own choice stands."""
+    an older GPU's plan, never less); outside a plan this host's own choice stands. (The host
+    is one without CUDA or cuDNN whatever runs the test.)"""
+    from strata.kernels.attention import flash_prefix
     from strata.kernels.pins import planning_for
+    monkeypatch.setattr(flash_prefix, "_machine", lambda: ((0, 0), 0))
     from strata.planning import KVPolicy, layout_spec
     from strata.shapes import get_preset
     q3, bf16 = get_preset("qwen3-30b-a3b"), KVPolicy("bf16", 32768, 131072)

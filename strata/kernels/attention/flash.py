@@ -1,7 +1,7 @@
 """torch's FlashAttention-2 forward as one key block's attention with its log-sum-exp: what MLA's
 blocked attention (strata.models.mla_attend) and a later chunk's bf16 prefix at a wide head
 (strata.kernels.attention.flash_prefix) both merge by their log-sum-exp; and cuDNN's attention
-the same way (cudnn_forward), for that prefix, opt-in until measured.
+the same way (cudnn_forward), for that prefix (its default on Hopper: flash_prefix.blocks_kernel).
 
 Legend: H query heads, Hkv key heads (H a multiple: GQA as FlashAttention-2 takes it), n queries,
 m keys, hd head width.
@@ -45,8 +45,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: boo
                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """q [H, n, hd], k and v [Hkv, m, hd] (GQA; last dim contiguous, any head stride) ->
     (o [H, n, hd], lse fp32 [H, n]) through torch.ops.aten._flash_attention_forward
-    (FlashAttention-2, vendored in aten/src/ATen/native/transformers/cuda/flash_attn), called positionally with the fields
-    every torch since 2.1 shares: (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+    (FlashAttention-2, vendored in aten/src/ATen/native/transformers/cuda/flash_attn), called
+    positionally with the fields every torch since 2.1 shares: (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
     dropout_p, is_causal, return_debug_mask, *, scale) -> (output, softmax_logsumexp, rng_state,
     unused, debug_attn_mask); the later keywords (window sizes, seqused_k, alibi_slopes,
     block_table, num_splits) keep their defaults. Operands are [batch, seq, heads, hd] with

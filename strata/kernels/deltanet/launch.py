@@ -18,7 +18,8 @@
                      dependency, `strata[fla]`; the other fields do not apply to it), its
                      intermediates in the activations' dtype. "auto" (the default): fla where
                      the activations are bf16 / fp16, fla-core 0.6.0 is installed and the
-                     process has CUDA, else strata, and strata wherever another field is set
+                     process has CUDA (or the plan is for CUDA: strata.kernels.pins.
+                     planning_for), else strata, and strata wherever another field is set
                      (`--delta split` asks for strata's split scan) (`resolved`, which the
                      planner and the launcher both read: one answer for the buffers counted
                      and those taken).
