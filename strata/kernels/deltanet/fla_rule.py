@@ -40,12 +40,18 @@ import triton
 
 from strata.errors import StrataError
 from strata.kernels.deltanet.buffers import launch_dims, take_buffer
+from strata.kernels.deltanet.fla_import import lean_kernel_modules
 from strata.kernels.deltanet.norms import l2norm
 from strata.kernels.deltanet.sizes import CHUNK, fla_buffers
 
 # the release strata launches and tests: its kernels' arguments are fla-core internals, so
 # another release may name them otherwise (pyproject's strata[fla] pins the same one)
 FLA_VERSION = "0.6.0"
+# the modules of the five kernels, imported without the rest of fla (strata.kernels.deltanet
+# .fla_import): the scan, the output, the fused kkt solve, the WY pair, the chunk cumsum
+KERNEL_MODULES = ("fla.ops.common.chunk_delta_h", "fla.ops.common.chunk_o",
+                  "fla.ops.gated_delta_rule.chunk_fwd", "fla.ops.gated_delta_rule.wy_fast",
+                  "fla.ops.utils.cumsum")
 RCP_LN2 = 1.4426950216       # fla's kernels decay with exp2: g_cum is in log2 units
 
 
@@ -68,15 +74,11 @@ def fla_kernels():
                           f"{have}: pip install 'strata[fla]', or pin backend=strata")
     with warnings.catch_warnings():         # its import warns where Triton has no GPU driver
         warnings.simplefilter("ignore")
-        from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_kernel_h_blockdim64
-        from fla.ops.common.chunk_o import chunk_fwd_kernel_o
-        from fla.ops.gated_delta_rule.chunk_fwd import (
-            chunk_gated_delta_rule_fwd_kkt_solve_kernel)
-        from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd_kernel
-        from fla.ops.utils.cumsum import chunk_local_cumsum_scalar_kernel
-    ks = dict(cumsum=chunk_local_cumsum_scalar_kernel,
-              solve=chunk_gated_delta_rule_fwd_kkt_solve_kernel, wy=recompute_w_u_fwd_kernel,
-              scan=chunk_gated_delta_rule_fwd_kernel_h_blockdim64, out=chunk_fwd_kernel_o)
+        h, o, fwd, wy, cumsum = lean_kernel_modules(KERNEL_MODULES, FLA_VERSION)
+    ks = dict(cumsum=cumsum.chunk_local_cumsum_scalar_kernel,
+              solve=fwd.chunk_gated_delta_rule_fwd_kkt_solve_kernel,
+              wy=wy.recompute_w_u_fwd_kernel,
+              scan=h.chunk_gated_delta_rule_fwd_kernel_h_blockdim64, out=o.chunk_fwd_kernel_o)
     from strata.config import tune_cache
     for k in ks.values():
         if os.environ.get("TRITON_INTERPRET") == "1":
