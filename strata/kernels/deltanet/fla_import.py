@@ -4,9 +4,10 @@ fla's package `__init__`s import every op, layer and model it has (`import fla.o
 chunk_delta_h` loads ~270 fla modules), and its `dispatch` decorator wraps each op's Python
 function in `torch.compiler.disable`, whose first call imports torch._dynamo and torch._inductor.
 strata launches five Triton kernels and none of those functions, yet paid for all of it in a
-fresh process's first prompt: 2.2 s on this CPU machine with Python's bytecode cache warm, and
-on the H100 machine, where the image ships no bytecode and every module compiles from source,
-most of the warm-up's 7.3 s one-time load (the profile: experiments/results/README.md, stop 56).
+fresh process's first prompt: 2.2 s on the CPU machine with Python's bytecode cache warm, and
+7.1-7.7 s on the H100 machine, whose image ships no bytecode (every module compiles from
+source), as long as a Qwen3.5 warm-up's whole 7.3 s one-time load. Imported as below: 0.22 s
+there (experiments/results/fla_import-NVIDIA_H100-35cf527.txt).
 
 `lean_kernel_modules(names)` imports the named fla modules with two things held for the import
 only: the packages of LEAN_PACKAGES that are not imported yet stand in sys.modules as empty
@@ -29,7 +30,8 @@ LEAN_PACKAGES = ("fla", "fla.ops", "fla.ops.common", "fla.ops.gated_delta_rule")
 
 
 def _identity(fn=None, *args, **kwargs):
-    """torch.compiler.disable's two forms (`disable(fn, ...)`, `disable(...)(fn)`), doing nothing."""
+    """torch.compiler.disable's two forms (`disable(fn, ...)`, `disable(...)(fn)`), doing
+    nothing."""
     return fn if fn is not None else (lambda f: f)
 
 
