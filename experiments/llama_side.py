@@ -6,8 +6,9 @@
 
 llama.cpp: `llama-bench -m M.gguf -ngl 99 -fa 1 -n 0 -p P -ub UB -b UB -ncmoe N -lm LM -r R -o
 csv -v`. N starts at the smallest that fits the budget by the file's sizes (weights on the GPU +
-f16 KV at P tokens + --compute-margin, strata.bench.llama_cpp) and grows while llama.cpp's own log
-says its GPU buffers (model + KV + compute) pass the budget; each -ub in --ub and each load mode in
+f16 KV at P tokens + --compute-margin, strata.bench.llama_cpp) and, while llama.cpp's own log
+says its GPU buffers (model + KV + compute) pass the budget, moves to the smallest N whose weights
+drop by the excess (ncmoe_after); each -ub in --ub and each load mode in
 --load-mode is tried and the fastest that fits is kept; every flag and the GPU MiB llama.cpp
 reported go in the row. The load mode matters: with the file mapped (`mmap`, llama.cpp's default)
 the experts -ncmoe keeps in host memory stay in the pageable mapping, and a prompt's batches copy
@@ -29,7 +30,7 @@ import sys
 from pathlib import Path
 
 from strata.bench.llama_cpp import (bench_rows, buffers_from_log, gguf_sizes,
-                                    gpu_mib, ncmoe_for_budget)
+                                    gpu_mib, fit_ncmoe, ncmoe_for_budget)
 from strata.bench.plot import bars
 from strata.bench.record import commit_of, gpu_name, utc_now, write_csv
 from strata.units import parse_size
@@ -55,6 +56,7 @@ def run_llama(a, sizes, P: int) -> dict | None:
     best = None
 
     def run(ub, n, lm):
+        """The bytes llama.cpp logged on the GPU (None: the run failed); a fit is a candidate."""
         nonlocal best
         try:
             row, bufs, cmd = llama_bench(a.bin, a.gguf, P, ub, n, lm, a.reps, a.timeout)
@@ -70,17 +72,15 @@ def run_llama(a, sizes, P: int) -> dict | None:
                         load_mode=lm, gpu_mib=mib, cmd=" ".join(cmd[1:]), fits=fits)
             if best is None or cand["ts"] > best["ts"]:
                 best = cand
-        return fits
+        return int(mib * 2**20)
 
     for ub in a.ub:
-        n = a.ncmoe if a.ncmoe is not None else ncmoe_for_budget(
-            sizes, a.budget, P, int(a.compute_margin))
-        while n <= sizes.n_layer:
-            fits = run(ub, n, a.load_mode[0])
-            if fits is None or fits or a.ncmoe is not None:
-                break
-            n += 1
-        if fits is not None and n <= sizes.n_layer:
+        if a.ncmoe is not None:
+            n = a.ncmoe if run(ub, a.ncmoe, a.load_mode[0]) is not None else None
+        else:
+            start = ncmoe_for_budget(sizes, a.budget, P, int(a.compute_margin))
+            n = fit_ncmoe(sizes, start, lambda k: run(ub, k, a.load_mode[0]), a.budget, P)
+        if n is not None:
             for lm in a.load_mode[1:]:
                 run(ub, n, lm)
     return best

@@ -17,11 +17,12 @@ the whole command is recorded beside it.
 llama.cpp: `llama-perplexity -m GGUF -f TEXT -c C -b UB -ub UB -ngl 99 -fa on -fit off -ncmoe N
 -lm LM -lv 4` (+ --llama-args; -lv 4 has it log its buffers and timings; LM --load-mode, `none` by
 default: the experts -ncmoe keeps in host memory read into pinned memory, where a mapped file
-leaves them pageable and each batch's copies slow, as llama.cpp's own warning says). With -c C and -b B it reads
-B // C windows as parallel sequences, so its KV holds max(1, B // C) * C tokens. N starts at the
-smallest that fits the budget by the file's sizes (weights on the GPU + f16 KV + --compute-margin,
-strata.bench.llama_cpp) and grows while llama.cpp's own log says its GPU buffers (model + KV +
-compute) pass the budget: the run is judged as soon as its context is made (before any text is
+leaves them pageable and each batch's copies slow, as llama.cpp's own warning says). With -c C
+and -b B it reads B // C windows as parallel sequences, so its KV holds max(1, B // C) * C
+tokens. N starts at the smallest that fits the budget by the file's sizes (weights on the GPU +
+f16 KV + --compute-margin, strata.bench.llama_cpp) and, while llama.cpp's own log says its GPU
+buffers (model + KV + compute) pass the budget, moves to the smallest N whose weights drop by
+the excess (ncmoe_after): the run is judged as soon as its context is made (before any text is
 read) and killed there when over, so only the run that fits reads the text (a pinned --ncmoe runs
 whole; the row says whether it fit). -fit off keeps llama.cpp from moving the flags it was given.
 tokens/s is its own figure (llama_perf_context_print's prompt eval line: the tokens it evaluated
@@ -54,7 +55,8 @@ from pathlib import Path
 import torch
 
 from strata import bench
-from strata.bench.llama_cpp import buffers_from_log, gguf_sizes, gpu_mib, ncmoe_for_budget
+from strata.bench.llama_cpp import (buffers_from_log, gguf_sizes, gpu_mib, fit_ncmoe,
+                                    ncmoe_for_budget)
 from strata.bench.plot import bars
 from strata.bench.record import commit_of, gpu_name, utc_now, write_csv
 from strata.bench.text import text_of_tokens
@@ -142,11 +144,12 @@ def llama_once(a, text: Path, n: int) -> dict:
 
 
 def run_llama(a, sizes, text: Path) -> dict:
-    """The run whose GPU buffers fit the budget, -ncmoe grown from the estimate by the sizes."""
+    """The run whose GPU buffers fit the budget: -ncmoe from the estimate by the sizes, then as
+    strata.bench.llama_cpp.fit_ncmoe moves it by what llama.cpp logged (a pinned --ncmoe: once)."""
     n_seq = max(1, a.ub // a.ctx)
-    n = a.ncmoe if a.ncmoe is not None else ncmoe_for_budget(
-        sizes, a.budget, n_seq * a.ctx, a.compute_margin)
-    while n <= sizes.n_layer:
+    runs = {}
+
+    def run_at(n):
         for again in range(LOST_RUNS):
             try:
                 got = llama_once(a, text, n)
@@ -166,11 +169,19 @@ def run_llama(a, sizes, text: Path) -> dict:
                       f"(ggml-org/llama.cpp#22142); running it again", flush=True)
         print(f"[llama.cpp] -ncmoe {n}: GPU {got['gpu_mib']:.0f} MiB "
               f"({'fits' if got['fits'] else 'over'} the budget)", flush=True)
-        if got["fits"] or a.ncmoe is not None:
-            return dict(got, ncmoe=n)
-        n += 1
-    raise StrataError(f"llama.cpp's GPU buffers pass {a.budget_text} even with every layer's "
-                      f"experts in host memory (-ncmoe {sizes.n_layer}); give a larger budget")
+        runs[n] = got
+        return int(got["gpu_mib"] * 2**20)
+
+    if a.ncmoe is not None:
+        run_at(a.ncmoe)
+        return dict(runs[a.ncmoe], ncmoe=a.ncmoe)
+    start = ncmoe_for_budget(sizes, a.budget, n_seq * a.ctx, a.compute_margin)
+    n = fit_ncmoe(sizes, start, run_at, a.budget, n_seq * a.ctx)
+    if n is None:
+        raise StrataError(f"llama.cpp's GPU buffers pass {a.budget_text} even with every "
+                          f"layer's experts in host memory (-ncmoe {sizes.n_layer}); give a "
+                          f"larger budget")
+    return dict(runs[n], ncmoe=n)
 
 
 def run_strata(a, text: Path) -> dict:

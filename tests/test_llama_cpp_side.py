@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from strata.bench.llama_cpp import (GgufSizes, bench_rows, buffers_from_log, gguf_sizes,
-                                    gpu_mib, ncmoe_for_budget)
+                                    fit_ncmoe, gpu_mib, ncmoe_after,
+                                    ncmoe_for_budget)
 from strata.errors import StrataError
 
 GGUF = Path(__file__).resolve().parent / "models" / "data" / "llama_cpp"
@@ -46,6 +47,64 @@ def test_the_fit_is_the_smallest_n_that_fits(experts, rest, kv, ctx, compute, bu
     assert n == fits[0]
     # every N past it fits too: keeping more experts in host memory never adds to the GPU part
     assert fits == list(range(n, len(experts) + 1))
+
+
+@given(experts=st.lists(st.integers(0, 1000), min_size=1, max_size=12),
+       rest=st.integers(0, 5000), kv=st.integers(0, 50), ctx=st.integers(0, 64),
+       compute=st.integers(0, 3000), budget=st.integers(0, 20000), data=st.data())
+def test_after_an_over_budget_run_the_next_n_is_the_smallest_that_fits(
+        experts, rest, kv, ctx, compute, budget, data):
+    """A run at n that llama.cpp reports over the budget (its buffers: the file's GPU part plus
+    a compute buffer the estimate did not know) moves to the smallest N that fits with that
+    same compute buffer, never past it; where none does, one step (as before the jump)."""
+    s = GgufSizes(len(experts), tuple(experts), rest, kv)
+    seen_at = lambda n: s.gpu_part(n, ctx) + compute         # noqa: E731  what llama.cpp logs
+    over = [n for n in range(len(experts)) if seen_at(n) > budget]
+    if not over:
+        return
+    n = data.draw(st.sampled_from(over))
+    m = ncmoe_after(s, n, seen_at(n), budget, ctx)
+    fits = [k for k in range(n + 1, len(experts) + 1) if seen_at(k) <= budget]
+    assert m == (fits[0] if fits else n + 1)
+
+
+@given(experts=st.lists(st.integers(1, 1000), min_size=1, max_size=12),
+       rest=st.integers(0, 5000), compute=st.integers(0, 3000), shrink=st.integers(0, 300),
+       budget=st.integers(0, 20000), data=st.data())
+def test_fit_ncmoe_finds_the_smallest_fit_from_the_start(experts, rest, compute, shrink, budget,
+                                                         data):
+    """fit_ncmoe against a stand-in llama.cpp whose compute buffer shrinks by `shrink` bytes a
+    layer of experts in host memory (0: the file's sizes tell the whole drop): it returns the
+    smallest N >= start that fits (None where none does), never runs an N twice, and with the
+    sizes exact runs at most two Ns."""
+    s = GgufSizes(len(experts), tuple(experts), rest, 0)
+    seen_at = lambda n: s.gpu_part(n, 0) + max(0, compute - shrink * n)    # noqa: E731
+    start = data.draw(st.integers(0, len(experts)))
+    ran = []
+
+    def run_at(n):
+        ran.append(n)
+        return seen_at(n)
+    got = fit_ncmoe(s, start, run_at, budget, 0)
+    fits = [k for k in range(start, len(experts) + 1) if seen_at(k) <= budget]
+    assert got == (fits[0] if fits else None)
+    assert len(ran) == len(set(ran))
+    if shrink == 0 and fits:
+        assert len(ran) <= 2
+
+
+def test_fit_ncmoe_stops_at_a_failed_run():
+    s = GgufSizes(4, (100,) * 4, 0, 0)
+    assert fit_ncmoe(s, 0, lambda n: None, 50, 0) is None
+    assert fit_ncmoe(s, 0, lambda n: 500 - 100 * n if n < 3 else None, 250, 0) is None
+
+
+def test_the_recorded_fit_is_one_jump():
+    """qwen3-30b-a3b Q8_0 at -ub 8192 (stop 56, ppl_side): -ncmoe 37 logged 15,342 MiB against
+    a 12 GiB budget, each layer's experts 612 MiB; 42 was the first to fit (12,282 MiB)."""
+    layer = 612 * 2**20
+    s = GgufSizes(48, (layer,) * 48, 0, 0)
+    assert ncmoe_after(s, 37, 15342 * 2**20, 12 * 2**30, 0) == 42
 
 
 def test_buffers_and_bench_csv_read_back():

@@ -99,6 +99,46 @@ def ncmoe_for_budget(sizes: GgufSizes, budget: int, ctx: int, compute: int) -> i
                       f"a larger budget or a shorter prompt")
 
 
+def ncmoe_after(sizes: GgufSizes, ncmoe: int, seen: int, budget: int, ctx: int) -> int:
+    """The next -ncmoe to try after a run at `ncmoe` allocated `seen` bytes on the GPU, over
+    `budget`: the smallest M > ncmoe whose GPU weights are lighter than ncmoe's by at least the
+    excess, by the file's sizes (the KV and compute buffers llama.cpp logged do not depend on
+    M). Where no M covers it by the sizes (the log and the file disagree), ncmoe + 1. Each run
+    over the budget loads the model once, so the jump saves a load per layer (qwen3-30b-a3b
+    Q8_0 at -ub 8192: 37 to 42 in one step, not five)."""
+    excess = seen - budget
+    have = sizes.gpu_part(ncmoe, ctx)
+    for m in range(ncmoe + 1, sizes.n_layer + 1):
+        if have - sizes.gpu_part(m, ctx) >= excess:
+            return m
+    return ncmoe + 1
+
+
+def fit_ncmoe(sizes: GgufSizes, start: int, run_at, budget: int, ctx: int) -> int | None:
+    """-ncmoe from `start` until llama.cpp's logged GPU bytes fit `budget`. `run_at(n)` runs it
+    and gives those bytes (None: the run failed, and the search stops). After a run over the
+    budget the next N is ncmoe_after's; a fit reached by a jump is tried one lower while its
+    logged bytes say that one would fit too (where the log and the file's sizes disagree), so
+    llama.cpp keeps every expert layer the budget holds. The smallest fitting N run, or None."""
+    n, over, fit = start, start - 1, None
+    while over < n <= sizes.n_layer:
+        seen = run_at(n)
+        if seen is None:
+            return fit
+        if seen > budget:
+            if fit is not None:         # the lower try did not fit: the jump's landing stands
+                return fit
+            over, n = n, ncmoe_after(sizes, n, seen, budget, ctx)
+            continue
+        fit = n
+        lower = sizes.gpu_part(n - 1, ctx) - sizes.gpu_part(n, ctx) if n > 0 else 0
+        if n - 1 > over and seen + lower <= budget:
+            n -= 1
+            continue
+        return fit
+    return fit
+
+
 def buffers_from_log(log: str) -> dict[str, float]:
     """{"CUDA0 model": MiB, "CUDA0 KV": MiB, ...} from llama.cpp's log lines (-v); a buffer
     named twice (llama-bench builds a context per test) keeps its largest size."""
