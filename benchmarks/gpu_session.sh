@@ -185,8 +185,11 @@ for step in "$@"; do
                q35short) timeout 150 python3 -m strata.cli bench $p -p 8192,32768 -r 2 --vram 12GiB -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_${t}_short.csv" ;;
                q35long) timeout 230 python3 -m strata.cli bench $p -p 131072,262144 -r 1 --vram 12GiB --trace "$OUT/trace_${t}_long.json" -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_${t}_long.csv" ;;
                q35prefix) for r in ${Q35_ROUTES:-triton flash}; do timeout 120 python3 -m strata.cli bench $p -p 131072 -r 1 --vram 12GiB --prefix-attention $r -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_${t}_131k_$r.csv"; done ;;
-               # the first prompt of a fresh process beside its warm ones (and the time to ready)
-               q35first) timeout 200 python3 experiments/cold_warm.py --preset ${HYB_PRESET:-qwen3.5-35b-a3b} --quant Q4_K_M --pack $p --keep --prompts ${Q35_FIRST:-8192,32768} --arms warm --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$OUT/cold_warm_$t.log" ;;
+               # the first prompt of a fresh process beside its warm ones (and the time to ready),
+               # each run's files in a folder named for its prompts (a second run in one call
+               # would write over the first's cold_warm-<GPU>.csv)
+               q35first) fp=${Q35_FIRST:-8192,32768}; fo="$OUT/first_${t}_${fp//,/_}"; mkdir -p "$fo"
+                         timeout 200 python3 experiments/cold_warm.py --preset ${HYB_PRESET:-qwen3.5-35b-a3b} --quant Q4_K_M --pack $p --keep --prompts $fp --arms warm --out "$fo" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$fo/cold_warm_$t.log" ;;
              esac
              cut -d, -f5-9,12,17-20 "$OUT"/bench_${t}_*.csv 2>/dev/null | tail -6 ;;
     q35)     bash "$0" q35short q35long q35prefix ;;
