@@ -55,6 +55,9 @@
 set -u
 # strata from the source tree, gguf from the carried wheels (as gpu_session.sh)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# bytecode where it can be written, as gpu_session.sh says why
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 if ls .whl/gguf*.whl >/dev/null 2>&1 && ! python3 -c "import gguf" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/gguf*.whl \
         && export PYTHONPATH=$PYTHONPATH:/tmp/site
