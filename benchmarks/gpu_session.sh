@@ -6,11 +6,12 @@
 # Runs strata from the source tree on the image's torch/triton; gguf comes as a carried wheel.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-# Python's bytecode where it can be written: a stop-56 profile of a fresh process found 6.7 of its
-# 20 s compiling modules from source (3,281 compiles: the image kept no bytecode for what it
-# imported), where a pip-installed strata, torch and fla-core come with theirs. With the cache
-# under /tmp the first process of a call compiles and the later ones read, as on a user's
-# machine; gpu.txt records what the image set
+# Python's bytecode where it can be written: a stop-56 profile of a fresh process late in a call
+# found 6.7 of its 20 s compiling modules from source (3,281 compiles: the wheels installed below
+# with --no-compile, fla-core's ~270 modules among them, the tree's strata, and whatever of the
+# image's had no bytecode it could keep), where a pip-installed strata, torch and fla-core come
+# with theirs. With the cache under /tmp the first process of a call compiles and the later ones
+# read, as on a user's machine; gpu.txt records what the image set
 pyc_env="image: PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset} PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-unset}"
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
