@@ -161,8 +161,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
     starts = None if packed is None else packed.starts(q.device)
     if isinstance(cache, PromptKV):   # the engine's KV: bf16/fp32 or int8, resident + host-held
         # the Triton kernel reads bf16 (CUDA, or pinned); its torch twin computes in the dense
-        # dtype. The chunk's keys are attended as the cache keeps them (a float KV dtype), as
-        # KVCache does below.
+        # dtype. The chunk's keys are attended as the cache keeps them, as KVCache does below:
+        # a float KV dtype's rounding here, int8's inside cache.attend (it quantizes once and
+        # attends the codes' values).
         at = torch.bfloat16 if attention_impl(q.device) == "triton" else q.dtype
         kd = at if cache.kv == "int8" else cache.code
         extra = {}

@@ -146,8 +146,11 @@ class PromptKV:
     R = min(n_tokens, resident) in VRAM; a sliding layer (`windows`, one per layer, 0: full;
     default all full) keeps its last R = min(n_tokens, W - 1) tokens in VRAM as a ring (the
     token at position j in slot j mod R), never in host memory. bf16 (fp32 on the CPU, where
-    the dense math is fp32: `--kv fp32`), or int8 codes with one fp32 scale per token per kv head (strata.kernels.attention.kv_int8). Keys join the cache
-    normed and rotated.
+    the dense math is fp32: `--kv fp32`), or int8 codes with one fp32 scale per token per kv
+    head (strata.kernels.attention.kv_int8). Keys join the cache normed and rotated. A chunk
+    attends its own keys and values as they are kept (int8: the values of their codes), as
+    every later chunk and a resumed read do, so where a prompt is cut into chunks moves only
+    the order of the softmax's sums.
 
     Per full layer per chunk at position P: the host-held tokens 0..min(P, host) stream back
     into that layer's staging buffer (`stages[layer]`: a uint8 view of KS·KVB bytes carved from
@@ -330,6 +333,11 @@ class PromptKV:
             raise StrataError(f"layer {layer} keeps the KV of a {W}-token window; its attention "
                               f"must mask with window={W}, got {extra.get('window', 0)}")
         n_host = min(P, self.held[layer])
+        vals = self._stored(k, v)
+        if self.kv == "int8":   # the chunk attends its keys and values as a later chunk will
+            from strata.kernels.attention.kv_int8 import dequantize_kv
+            k, v = (dequantize_kv(c, sc).to(x.dtype) for c, sc, x in
+                    ((vals[0], vals[2], k), (vals[1], vals[3], v)))
         if W:
             prefix = self._ring(layer, P)
         else:
@@ -344,7 +352,7 @@ class PromptKV:
         else:
             fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
             o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
-        self._append(layer, k, v)
+        self._append(layer, vals, k.shape[0])
         nxt = self._next.get(layer)
         if n_host and nxt is not None:
             self.stage(nxt)     # the next staged layer's copy overlaps this layer's experts
@@ -359,21 +367,22 @@ class PromptKV:
         return (not extra and q.is_cuda and attention_impl(q.device) == "triton"
                 and prefix_route(q.shape[-1], self.kv) != "triton")
 
-    def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
-        """k, v [T, Hkv, hd|Hv] of the chunk at positions length.. into the cache (a full
-        layer's host-held part with a copy queued on the compute lane); returns the stored
-        values (int8: codes, then scales)."""
-        P, T = self.length, k.shape[0]
+    def _stored(self, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:
+        """k, v [T, Hkv, hd|Hv] as the cache keeps them: [k, v] (int8: codes, then scales)."""
+        if self.kv != "int8":
+            return [k, v]
+        from strata.kernels.attention.kv_int8 import quantize_kv
+        (kq, ks), (vq, vs) = quantize_kv(k, validate=False), quantize_kv(v, validate=False)
+        return [kq, vq, ks, vs]
+
+    def _append(self, layer: int, vals: list[torch.Tensor], T: int) -> list[torch.Tensor]:
+        """The stored values `vals` (`_stored`) of the chunk's T tokens at positions length..
+        into the cache (a full layer's host-held part with a copy queued on the compute lane);
+        returns them."""
+        P = self.length
         if P + T > self.n_tokens:
             raise StrataError(f"the KV holds {self.n_tokens} tokens; a chunk of {T} at position "
                               f"{P} does not fit")
-        if self.kv == "int8":
-            from strata.kernels.attention.kv_int8 import quantize_kv
-            (kq, ks), (vq, vs) = (quantize_kv(k, validate=False),
-                                  quantize_kv(v, validate=False))
-            vals = [kq, vq, ks, vs]
-        else:
-            vals = [k, v]
         if self.windows[layer]:
             self._ring_write(layer, vals, P, T)
             return vals
@@ -406,7 +415,7 @@ class PromptKV:
                   if n_host else [])
         if self.kv != "int8":    # stored in the cache's dtype: the chunk attends what is kept
             c, k_pe = c.to(self.code), k_pe.to(self.code)
-        vals = self._append(layer, c[:, None], k_pe[:, None])
+        vals = self._append(layer, self._stored(c[:, None], k_pe[:, None]), T)
         run = (self._latent(self.resident[layer], 0, P + T - host) if P >= host else
                self._latent(vals, 0, T))
         o = attend(prefix, *run)

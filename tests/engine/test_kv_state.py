@@ -127,6 +127,25 @@ def test_a_resumed_read_is_planned_for_its_own_tokens(packs, tmp_path, kind):
         eng.warmup(CUT, start=CUT)
 
 
+@pytest.mark.parametrize("kind", ["prompt-kv-host", "int8-host"])
+def test_a_state_saved_inside_a_chunk_resumes_to_the_full_read(packs, tmp_path, kind):
+    """A state saved at a length inside one of the full read's chunks (13: chunk 8..15), then
+    resumed: the new tokens' logits equal the full read's up to the order of the softmax's sums.
+    The full read's chunk attends the keys and values it computes as the cache keeps them, int8
+    codes too, so the resumed read, which attends them as stored, sees the same values (before,
+    an int8 chunk attended its own keys unrounded: the gap was int8's, max rel ~1e-2 here)."""
+    pack, t = packs["qwen3moe"], tokens("qwen3moe")
+    eng = engine(pack, **KINDS[kind])
+    cut = 13
+    full = eng.run(t, logits="all")
+    path = tmp_path / "s.kv"
+    eng.run(t[:cut], logits="last", then=save_after(path, pack, t[:cut].tolist()))
+    res = eng.run(t[cut:], logits="all", resume=(KVState.open(path, pack=pack,
+                                                              kv=eng.kv.dtype), cut))
+    gap = float((res.logits - full.logits[cut:]).abs().max() / full.logits.abs().max())
+    assert gap <= 1e-6, gap
+
+
 def test_shared_prefix(packs, tmp_path):
     """--reuse: the longest common prefix is restored and the rest read; the saved prompt
     itself reads nothing (its logits travel in the state); a shorter one reads its last token

@@ -28,7 +28,7 @@ from hypothesis import example, given, settings, strategies as st
 
 import strata.kernels.attention as attention
 from strata.kernels.attention import (KVSegment, chunk_attention, chunk_attention_torch,
-                                      kv_token_bytes, quantize_kv)
+                                      dequantize_kv, kv_token_bytes, quantize_kv)
 from strata.memory.rig import budgets
 from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.kernels.attention.kv_int8 import cache_dtype
@@ -131,10 +131,19 @@ def reads(W, chunks, kv, resident, fp32, seed, device="cpu"):
         keys.append(k)
         vals.append(v)
         ring = [x.k.clone() for x in new._ring(0, P + T)]    # views: the next chunk writes
-        out.append(Chunk(P, o[0], o[1], ring, torch.cat(keys), (q, k, v, pre, extra)))
+        out.append(Chunk(P, o[0], o[1], ring, torch.cat(keys),
+                         (q, *as_kept(k, v, kv), pre, extra)))
         P += T
     assert new.streamed == 0 and new.host_bytes == 0      # never in host memory, never staged
     return out
+
+
+def as_kept(k, v, kv):
+    """The chunk's own k, v as its attention sees them: as the cache keeps them (int8: the
+    values of their codes, in k's dtype)."""
+    if kv != "int8":
+        return k, v
+    return tuple(dequantize_kv(*quantize_kv(x)).to(x.dtype) for x in (k, v))
 
 
 def whole_prefix(keys, vals, kv) -> list[KVSegment]:
