@@ -4,10 +4,11 @@ Legend: T chunk tokens, H query heads, Hkv kv heads, hd head width.
 
 The all-resident read's compute floor (strata.bench.roofline.sdpa_rate) times
 scaled_dot_product_attention on q [1, H, T, hd], k, v [1, Hkv, T, hd], all contiguous. The
-engine's first chunk (strata.models.kv.first_chunk_attention) passes the same q and k (norm_rope
-writes [H, T, hd]) but v as the projection wrote it, [T, Hkv, hd], seen through a transpose, and
-reads o back as [T, H·hd]. At 32K the read's attention ran at 586 TFLOP/s against the floor's
-670 (profile_resident 6e7b876): this bench says which of the differences costs it.
+engine's first chunk (strata.kernels.attention.flash.first_chunk_attention) passes the same q
+and k (norm_rope writes [H, T, hd]) but v as the projection wrote it, [T, Hkv, hd], seen through
+a transpose, and reads o back as [T, H·hd]. At 32K the read's attention ran at 586 TFLOP/s
+against the floor's 670 (profile_resident 6e7b876): this bench says which of the differences
+costs it.
 
 Arms, each at P = 0, causal, GQA:
 - floor: the floor's call (contiguous q, k, v).
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from strata import bench
-from strata.models.kv import first_chunk_attention
+from strata.kernels.attention.flash import first_chunk_attention
 from strata.shapes import get_preset
 
 ROOT = Path(__file__).resolve().parents[1]

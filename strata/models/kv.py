@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.attention.flash import first_chunk_attention
 
 
 NO_KV = -1     # the "window" of a layer that keeps no KV (a linear-attention layer)
@@ -490,14 +491,3 @@ class PromptKV:
         return sum(t.numel() * t.element_size() for l, parts in enumerate(stores)
                    if l in self.mine for t in parts)
 
-
-def first_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [T, H, hd], k, v [T, Hkv, hd] bf16 of a chunk with no keys before it -> o [T, H, hd]:
-    causal GQA over its own keys by torch's flash kernel, which runs this 1.2-1.25x faster than
-    chunk_attention (attention_bench-NVIDIA_H200-5b184e5.csv, P = 0: 559 vs 455 TFLOP/s at
-    T 8,192, 636 vs 512 at 16,384). The chunk's own keys are bf16 under --kv int8 too (int8 is
-    what the KV stores), so both dtypes read the first chunk alike."""
-    o = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        is_causal=True, enable_gqa=True)                               # [1, H, T, hd]
-    return o[0].transpose(0, 1)

@@ -124,7 +124,8 @@ def test_the_first_chunk_takes_flash_and_later_chunks_the_kernel(kv):
     chunk's own bf16 keys, bit for bit, under either stored dtype; the next chunk reads the
     stored prefix through chunk_attention, within the kernel's own bound of the explicit math."""
     from strata.kernels.attention import chunk_attention_torch
-    from strata.models.kv import PromptKV, first_chunk_attention
+    from strata.kernels.attention.flash import first_chunk_attention
+    from strata.models.kv import PromptKV
     g = torch.Generator(device="cuda").manual_seed(3)
     H, Hkv, hd, T1, T2 = 32, 4, 128, 96, 40
     r = lambda *s: torch.randn(*s, device="cuda", generator=g, dtype=torch.bfloat16)  # noqa: E731
