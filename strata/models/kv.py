@@ -336,9 +336,7 @@ class PromptKV:
         n_host = min(P, self.held[layer])
         vals = self._stored(k, v)
         if self.kv == "int8":   # the chunk attends its keys and values as a later chunk will
-            from strata.kernels.attention.kv_int8 import dequantize_kv
-            k, v = (dequantize_kv(c, sc).to(x.dtype) for c, sc, x in
-                    ((vals[0], vals[2], k), (vals[1], vals[3], v)))
+            k, v = (x.to(k.dtype) for x in self._segment(vals, k.shape[0]).dequantized())
         if W:
             prefix = self._ring(layer, P)
         else:

@@ -4,12 +4,8 @@ no torch._dynamo, no fla layers or models, torch.compiler.disable as it was, and
 import subprocess
 import sys
 
-import pytest
-
-from strata.kernels.deltanet.fla_rule import FLA_VERSION, fla_version
-
-needs_fla = pytest.mark.skipif(fla_version() != FLA_VERSION,
-                               reason=f"fla-core {FLA_VERSION} is not installed")
+from strata.kernels.deltanet.fla_rule import FLA_VERSION
+from tests.kernels.test_deltanet_chunk import needs_fla
 
 LEAN = """
 import sys, warnings
