@@ -45,21 +45,21 @@ def flash_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [H, n, hd], k and v [Hkv, m, hd] (GQA; last dim contiguous, any head stride) ->
-    (o [H, n, hd], lse fp32 [H, n]) through torch.ops.aten._flash_attention_forward
-    (FlashAttention-2, vendored in aten/src/ATen/native/transformers/cuda/flash_attn), called
-    positionally with the fields every torch since 2.1 shares: (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+    """q [H, n, hd], k and v [Hkv, m, hd] (GQA; last dim contiguous, any head stride) -> (o [H, n,
+    hd], lse fp32 [H, n]) through torch.ops.aten._flash_attention_forward (FlashAttention-2,
+    vendored in aten/src/ATen/native/transformers/cuda/flash_attn), called positionally with the
+    fields every torch since 2.1 shares: (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
     dropout_p, is_causal, return_debug_mask, *, scale) -> (output, softmax_logsumexp, rng_state,
     unused, debug_attn_mask); the later keywords (window sizes, seqused_k, alibi_slopes,
-    block_table, num_splits) keep their defaults. Operands are [batch, seq, heads, hd] with
-    only the last dim contiguous (mha_fwd's checks), so the head-major blocks go as transposed
-    views, no copy. What the source says (torch's flash_api.cpp and mask.h, read for this
-    call): is_causal sets window_size_right = 0, and the mask keeps key j for query i when
-    j < i + 1 + seqlen_k - seqlen_q: aligned bottom-right, query i sees keys 0..i + m - n, as
-    attend_block_ref's mask; at seqlen_q == 1 is_causal is dropped ("the same as causal=false":
-    true only bottom-right). The lse is [batch, heads, seqlen_q] fp32, row_max·scale +
-    log(row_sum): the natural log of the scaled scores' sum, the efficient kernel's meaning
-    (a row with no key visible would read +inf; key_blocks never makes one)."""
+    block_table, num_splits) keep their defaults. Operands are [batch, seq, heads, hd] with only the
+    last dim contiguous (mha_fwd's checks), so the head-major blocks go as transposed views, no
+    copy. What the source says (torch's flash_api.cpp and mask.h, read for this call): is_causal
+    sets window_size_right = 0, and the mask keeps key j for query i when j < i + 1 + seqlen_k -
+    seqlen_q: aligned bottom-right, query i sees keys 0..i + m - n, as attend_block_ref's mask; at
+    seqlen_q == 1 is_causal is dropped ("the same as causal=false": true only bottom-right). The lse
+    is [batch, heads, seqlen_q] fp32, row_max·scale + log(row_sum): the natural log of the scaled
+    scores' sum, the efficient kernel's meaning (a row with no key visible would read +inf;
+    key_blocks never makes one)."""
     n, m = q.shape[1], k.shape[1]
     o, lse = torch.ops.aten._flash_attention_forward(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
