@@ -88,6 +88,33 @@ def kernels(fn, reps: int):
     return out
 
 
+def ops(fn, n: int) -> None:
+    """The n torch ops (aten::copy_, aten::index_select, aten::add, ...) with the most device
+    time in one call of fn, each with the strata frames that called it: which line of the model
+    a copy or a gather comes from, before a kernel is changed to remove it."""
+    fn()
+    torch.cuda.synchronize()
+    # verbose: without it torch 2.x profiles record no Python stack for the ops
+    cfg = torch._C._profiler._ExperimentalConfig(verbose=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True,
+                 experimental_config=cfg) as p:
+        fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in p.key_averages(group_by_stack_n=16):
+        dev = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
+        if dev > 0 and ev.key.startswith("aten::"):
+            where = [f.rsplit("strata/", 1)[-1] for f in ev.stack if "strata/" in f
+                     and "profile_read" not in f][:3]
+            call = [f.split(" of ")[0].replace("<built-in method ", "") for f in ev.stack[:1]
+                    if f.startswith("<built-in")]
+            rows.append((dev / 1e3, ev.count, ev.key, " < ".join(call + where) or "?"))
+    print(f"-- the {n} torch ops with the most device time (self), with the strata frames that "
+          f"called them:")
+    for ms, count, key, where in sorted(rows, reverse=True)[:n]:
+        print(f"   {ms:8.3f} ms {count:4d}x  {key:28s} {where}")
+
+
 def wall(fn, reps: int) -> tuple[float, float]:
     """(ms a call back to back, ms of one synchronized call), medians."""
     for _ in range(3):
@@ -175,6 +202,8 @@ def resident(args, rows: list) -> None:
         print(f"T={T} resident read ({args.ffn}): {one:.3f} ms = {T / one * 1e3:,.0f} tok/s")
         floor(shape, T)
         report(f"T={T} resident read", kernels(read, 1), rows, top=args.top)
+        if args.ops:
+            ops(read, args.ops)
 
 
 def floor(shape, T: int) -> None:
@@ -206,6 +235,7 @@ def check_flags(args) -> None:
         given = [f for f, v, d in (("--preset", args.preset, "qwen3-30b-a3b"),
                                    ("--quant", args.quant, "Q8_0"), ("--layers", args.layers, 0),
                                    ("--ffn", args.ffn, "auto"), ("--delta", args.delta, None),
+                                   ("--ops", args.ops, 0),
                                    *(("--mla-*", v, None) for v in mla)) if v != d]
         if given:
             raise StrataError(f"{', '.join(dict.fromkeys(given))} set the resident read's "
@@ -267,6 +297,9 @@ def main(argv=None) -> int:
                     help="the delta rule's launch for a hybrid (strata.kernels.deltanet.launch: "
                          "backend=fla, split,prec=tf32, ...), for the A/B; default: the launch "
                          "in force")
+    ap.add_argument("--ops", type=int, default=0, metavar="N",
+                    help="the resident read's N torch ops with the most device time, each with "
+                         "the strata lines that called it (a second, stack-recording profile)")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     try:
