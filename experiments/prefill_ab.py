@@ -103,7 +103,8 @@ def resident_floor(shape, T: int, seconds: float, rates: Rates) -> dict:
     experts + dense at the rates measured for T) as row figures: floor_s, floor_tokens_per_s,
     floor_fraction (floor seconds / the read's `seconds`); empty where no rate was measured
     (the CPU) and the floor is 0."""
-    floor = compute_floor(shape, 0, T, rates.gemm(T), rates.attn(T), dense=rates.dense(T))
+    floor = compute_floor(shape, 0, T, rates.gemm(T), rates.attn(T), dense=rates.dense(T),
+                          linear=rates.linear(T))
     if not floor:
         return dict(floor_s="", floor_tokens_per_s="", floor_fraction="")
     return dict(floor_s=floor, floor_tokens_per_s=T / floor,

@@ -9,7 +9,7 @@ def _row(P, tps):
                 seconds=P / tps, bytes_streamed=1, h2d_gbps=50.0, pcie_bound_tokens_per_s=2 * tps,
                 compute_floor_tokens_per_s=3 * tps, of_bound=0.5, warmup_s=0.1, wait_s=0.0,
                 floor_experts_s=0.1, floor_attention_s=0.1, floor_linear_s=0.0,
-                floor_dense_s=0.1)
+                floor_dense_s=0.1, linear_at_dense_s=None)
 
 
 def test_draws_a_bench_csv(tmp_path):

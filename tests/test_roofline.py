@@ -196,6 +196,8 @@ def test_measured_rates_on_the_gpu():
     """On an H200 the grouped GEMM and flash attention run at tens to hundreds of TFLOP/s."""
     g, a, d = rl.gemm_rate(QWEN, 2048), rl.sdpa_rate(QWEN, 2048), rl.dense_rate(QWEN, 2048)
     assert 1e12 < g < 2e15 and 1e12 < a < 2e15 and 1e12 < d < 2e15
+    lin = rl.delta_rate(get_preset("qwen3.5-35b-a3b"), 2048)     # the launch in force
+    assert 1e11 < lin < 2e15
 
 
 # -- each architecture's own work (strata.bench.flops) -------------------------------------------
@@ -318,18 +320,46 @@ def test_compute_floor_is_the_sum_of_its_parts(name):
     s, nan = get_preset(name), float("nan")
     for P, T in ((0, 8192), (32768, 4096)):
         for attn, dense in ((300e12, 500e12), (None, 500e12), (300e12, None), (nan, nan)):
-            parts = rl.floor_parts(s, P, T, 400e12, attn, dense=dense)
-            assert tuple(parts) == rl.FLOOR_PARTS
-            assert rl.compute_floor(s, P, T, 400e12, attn, dense=dense) == sum(parts.values())
-    parts = rl.floor_parts(s, 0, 64, 1.0, 2.0, dense=3.0)
-    # a Rates brings its three rates at T: the full floor
+            for linear in (None, 200e12, nan):
+                parts = rl.floor_parts(s, P, T, 400e12, attn, dense=dense, linear=linear)
+                assert tuple(parts) == rl.FLOOR_PARTS
+                assert rl.compute_floor(s, P, T, 400e12, attn, dense=dense,
+                                        linear=linear) == sum(parts.values())
+    parts = rl.floor_parts(s, 0, 64, 1.0, 2.0, dense=3.0, linear=4.0)
+    # a Rates brings its four rates at T: the full floor
     assert rl.floor_parts(s, 0, 64, rl.Rates(s, gemm={64: 1.0}, attn={64: 2.0},
-                                              dense={64: 3.0})) == parts
-    with pytest.raises(TypeError, match="pass no attn or dense"):
+                                              dense={64: 3.0}, linear={64: 4.0})) == parts
+    with pytest.raises(TypeError, match="pass no attn, dense or linear"):
         rl.floor_parts(s, 0, 64, rl.Rates(s), 2.0)
     assert parts == {"experts": rl.expert_flops(s, 64),
                      "attention": rl.attention_flops(s, 0, 64) / 2,
-                     "linear": rl.linear_flops(s, 64) / 3, "dense": rl.dense_flops(s, 64) / 3}
+                     "linear": rl.linear_flops(s, 64) / 4, "dense": rl.dense_flops(s, 64) / 3}
+    # no linear rate given: the delta rule at the dense rate (the stricter price)
+    assert rl.floor_parts(s, 0, 64, 1.0, 2.0, dense=3.0)["linear"] == rl.linear_flops(s, 64) / 3
+
+
+def test_the_delta_rule_is_priced_at_its_own_rate():
+    """A hybrid's linear part is its delta-rule FLOPs at the rate measured for the rule (once
+    per T, by the measure given), not the dense rate; a shape without linear layers measures
+    nothing; linear_at_dense prices the same FLOPs at the dense rate, beside the floor."""
+    nxt, calls = get_preset("qwen3-next-80b-a3b"), []
+
+    def measure(shape, T):
+        calls.append(T)
+        return 50e12
+    rates = rl.Rates(nxt, gemm={4096: 400e12}, attn={4096: 300e12}, dense={4096: 600e12},
+                     measure_linear=measure)
+    parts = rl.floor_parts(nxt, 0, 4096, rates)
+    assert parts["linear"] == rl.linear_flops(nxt, 4096) / 50e12 > 0
+    rl.floor_parts(nxt, 0, 4096, rates)
+    assert calls == [4096]                                   # measured once, then kept
+    assert rates.tflops()["linear"] == {4096: 50.0}
+    chunks = [SimpleNamespace(start=0, tokens=4096, bytes_streamed=0, layers=[0])]
+    assert rl.linear_at_dense(chunks, nxt, rates) == rl.linear_flops(nxt, 4096) / 600e12
+    q = rl.Rates(QWEN, measure_linear=lambda *a: pytest.fail("QWEN has no linear layer"))
+    assert math.isnan(q.linear(4096)) and "linear" not in q.tflops()
+    assert rl.linear_at_dense(chunks, QWEN, q) is None
+    assert math.isnan(rl.delta_rate(QWEN, 64))
 
 
 def test_prompt_floor_parts_sum_to_the_roofline_floor():
@@ -337,11 +367,13 @@ def test_prompt_floor_parts_sum_to_the_roofline_floor():
     nothing streamed their sum is the roofline."""
     s = get_preset("qwen3-next-80b-a3b")
     T = 2048
-    rates = rl.Rates(s, gemm={T: 400e12}, attn={T: 300e12}, dense={T: 500e12})
+    rates = rl.Rates(s, gemm={T: 400e12}, attn={T: 300e12}, dense={T: 500e12},
+                     linear={T: 90e12})
     cs = chunks((0, T, 0, (0, 1)), (0, T, 0, (2, 3)), (T, T, 0, (0, 1)), (T, T, 0, (2, 3)))
     parts = rl.floor_parts_of(cs, s, rates)
-    want = {k: rl.floor_parts(s, 0, T, 400e12, 300e12, dense=500e12)[k]
-            + rl.floor_parts(s, T, T, 400e12, 300e12, dense=500e12)[k] for k in rl.FLOOR_PARTS}
+    want = {k: rl.floor_parts(s, 0, T, 400e12, 300e12, dense=500e12, linear=90e12)[k]
+            + rl.floor_parts(s, T, T, 400e12, 300e12, dense=500e12, linear=90e12)[k]
+            for k in rl.FLOOR_PARTS}
     assert parts == pytest.approx(want)
     assert sum(parts.values()) == pytest.approx(
         rl.roofline(cs, s, {(0, 1): math.inf, (2, 3): math.inf}, rates, attention=True,

@@ -13,7 +13,10 @@ i.e. without CUDA; an unmeasured rate makes its part of the bound free):
   T-token chunk at the model's head shape.
 - `dense_rate(shape, T)`: FLOP/s of the dense layers' GEMMs (torch.mm bf16, T rows, each
   layer's `dense_gemms`), over every layer of the shape.
-The three compute rates are timed settled: after SETTLE_S seconds of their op back to back, at
+- `delta_rate(shape, T)`: FLOP/s of the chunked gated delta rule (the launch in force, bf16
+  activations: fla-core's kernels where it is installed) over one linear-attention layer's T
+  tokens at the model's head shape; a model without linear layers measures none.
+The four compute rates are timed settled: after SETTLE_S seconds of their op back to back, at
 the clocks a read holds, not the first calls' boost (settled_seconds).
 
 The bounds of one chunk, and of a prompt (the sum over its chunks):
@@ -29,7 +32,7 @@ at a measured rate:
                2·H·(hd + Hv); query i seeing P + i + 1 keys, at most the window on a
                sliding layer (GPT-OSS's even layers); none on a linear-attention layer
     linear     the chunked gated delta rule of the linear-attention layers (Qwen3-Next,
-               Qwen3.5) / dense rate (why that rate: floor_parts)
+               Qwen3.5) / delta-rule rate (why that rate: floor_parts)
     dense      every layer's projections (GQA, gated GQA, MLA's, DeltaNet's), routers, shared
                experts and their gates, leading dense FFNs / dense rate
 The attention, linear and dense parts are optional: the plain roofline leaves them out, so it
@@ -66,51 +69,65 @@ FLOOR_PARTS = ("experts", "attention", "linear", "dense")
 
 
 def floor_parts(shape, P: int, T: int, gemm: float | Rates, attn: float | None = None, *,
-                dense: float | None = None) -> dict[str, float]:
+                dense: float | None = None, linear: float | None = None) -> dict[str, float]:
     """Seconds of each part of a chunk's compute floor (FLOOR_PARTS, the module docstring):
     its routed experts at `gemm` FLOP/s; with `attn`, its softmax attention at that rate; with
-    `dense`, its dense GEMMs and its linear-attention layers' delta rule, both at that rate. A
-    part whose rate is not given, or not measured (NaN), is 0. `gemm` may be a Rates instead
-    (and no other rate given): its three rates at T, the full floor.
+    `dense`, its dense GEMMs at that rate and its linear-attention layers' delta rule at
+    `linear` (at `dense` where `linear` is not given). A part whose rate is not given, or not
+    measured (NaN), is 0. `gemm` may be a Rates instead (and no other rate given): its rates
+    at T, the full floor.
 
-    Why the delta rule at the dense rate: its products are small GEMM tiles ([64, 128] by
-    [128, 128] and under) that the kernel runs in fp32 (tf32x3), no faster than a bf16
-    projection GEMM of T rows does its work; the bf16 GEMM rate is one no kernel of the layer
-    beats, so the part stays a floor (a measured rate of the kernel itself would be the
-    kernel's time, not a bound on it)."""
-    if hasattr(gemm, "gemm"):     # a Rates (or a stand-in with its three methods)
-        if attn is not None or dense is not None:
-            raise TypeError("floor_parts: a Rates brings every rate; pass no attn or dense")
-        gemm, attn, dense = gemm.gemm(T), gemm.attn(T), gemm.dense(T)
+    Why the delta rule at its own measured rate (issue 38: "the DeltaNet layers priced at their
+    own rate"), as attention is priced at SDPA's: the rule is a scan over T/64 chunks, each
+    step's state depending on the last, parallel only over heads and value blocks (Qwen3.5:
+    32 heads x 2 blocks of 64 on 132 SMs), so no kernel of the layer runs its products at a
+    bf16 GEMM's rate. Priced at the dense rate instead (what the stricter `linear=dense`
+    gives), Qwen3.5-35B-A3B's 6 linear layers of 8 at T 32768 cost 1.9 ms where the fastest
+    kernels measured (fla-core's four) take 15.1 (profile_resident-qwen3.5-35b-a3b-Q4_K_M-L8-
+    auto-NVIDIA_H100-35b7826): a floor no implementation of the scan is known to reach. The
+    short conv and the layer's norms stay outside the floor, as norms do everywhere."""
+    if hasattr(gemm, "gemm"):     # a Rates (or a stand-in with its methods)
+        if attn is not None or dense is not None or linear is not None:
+            raise TypeError("floor_parts: a Rates brings every rate; pass no attn, dense or "
+                            "linear")
+        r = gemm
+        gemm, attn, dense = r.gemm(T), r.attn(T), r.dense(T)
+        linear = r.linear(T) if hasattr(r, "linear") else None
+    lin = dense if linear is None else linear
     return {"experts": seconds_at(expert_flops(shape, T), gemm),
             "attention": 0.0 if attn is None else seconds_at(attention_flops(shape, P, T), attn),
-            "linear": 0.0 if dense is None else seconds_at(linear_flops(shape, T), dense),
+            "linear": 0.0 if dense is None or lin is None else
+            seconds_at(linear_flops(shape, T), lin),
             "dense": 0.0 if dense is None else seconds_at(dense_flops(shape, T), dense)}
 
 
 def compute_floor(shape, P: int, T: int, gemm: float, attn: float | None = None, *,
-                  dense: float | None = None) -> float:
+                  dense: float | None = None, linear: float | None = None) -> float:
     """Seconds of a chunk's compute at the measured rates: the sum of its floor_parts (experts;
-    with `attn` attention; with `dense` the dense GEMMs and the linear layers). All three
-    rates: the full compute floor."""
-    return sum(floor_parts(shape, P, T, gemm, attn, dense=dense).values())
+    with `attn` attention; with `dense` the dense GEMMs and the linear layers, those at
+    `linear` where given). Every rate: the full compute floor."""
+    return sum(floor_parts(shape, P, T, gemm, attn, dense=dense, linear=linear).values())
 
 
 class Rates:
-    """The GEMM, attention and dense rates of one model shape, measured once per chunk size and
-    kept (a prompt's chunks share a few sizes). `gemm` / `attn` / `dense` seed known rates by T
-    (tests, or a run that already measured them); the others are measured on first use."""
+    """The GEMM, attention, dense and delta-rule rates of one model shape, measured once per
+    chunk size and kept (a prompt's chunks share a few sizes). `gemm` / `attn` / `dense` /
+    `linear` seed known rates by T (tests, or a run that already measured them); the others are
+    measured on first use (the delta rule's only for a shape with linear-attention layers)."""
 
     def __init__(self, shape, *, gemm: Mapping[int, float] | None = None,
                  attn: Mapping[int, float] | None = None,
                  dense: Mapping[int, float] | None = None,
+                 linear: Mapping[int, float] | None = None,
                  measure_gemm: Callable | None = None, measure_attn: Callable | None = None,
-                 measure_dense: Callable | None = None):
+                 measure_dense: Callable | None = None, measure_linear: Callable | None = None):
         self.shape = shape
         self._gemm, self._attn, self._dense = dict(gemm or {}), dict(attn or {}), dict(dense or {})
+        self._linear = dict(linear or {})
         self._measure_gemm = measure_gemm or gemm_rate
         self._measure_attn = measure_attn or sdpa_rate
         self._measure_dense = measure_dense or dense_rate
+        self._measure_linear = measure_linear or delta_rate
 
     def gemm(self, T: int) -> float:
         if T not in self._gemm:
@@ -127,15 +144,24 @@ class Rates:
             self._dense[T] = self._measure_dense(self.shape, T)
         return self._dense[T]
 
+    def linear(self, T: int) -> float:
+        if getattr(self.shape, "linear", None) is None:
+            return float("nan")          # no linear-attention layer: nothing to price
+        if T not in self._linear:
+            self._linear[T] = self._measure_linear(self.shape, T)
+        return self._linear[T]
+
     def gemm_tflops(self) -> dict[int, float]:
         """The GEMM rates measured so far, TFLOP/s by T (recorded beside the figures)."""
         return self.tflops()["gemm"]
 
     def tflops(self) -> dict[str, dict[int, float]]:
-        """Every rate measured so far, TFLOP/s by T, by kind (gemm, attn, dense)."""
-        return {kind: {T: round(r / 1e12, 1) for T, r in rates.items()}
-                for kind, rates in (("gemm", self._gemm), ("attn", self._attn),
-                                    ("dense", self._dense))}
+        """Every rate measured so far, TFLOP/s by T, by kind (gemm, attn, dense; linear where
+        the shape has linear-attention layers)."""
+        kinds = [("gemm", self._gemm), ("attn", self._attn), ("dense", self._dense)]
+        if self._linear:
+            kinds.append(("linear", self._linear))
+        return {kind: {T: round(r / 1e12, 1) for T, r in rates.items()} for kind, rates in kinds}
 
 
 def _by_start(chunks: Sequence) -> dict[int, list]:
@@ -147,8 +173,9 @@ def _by_start(chunks: Sequence) -> dict[int, list]:
 
 
 def _chunk_floor(shape, P: int, T: int, rates: Rates, attention: bool, dense: bool):
+    linear = rates.linear(T) if dense and hasattr(rates, "linear") else None
     return floor_parts(shape, P, T, rates.gemm(T), rates.attn(T) if attention else None,
-                       dense=rates.dense(T) if dense else None)
+                       dense=rates.dense(T) if dense else None, linear=linear)
 
 
 def roofline(chunks: Sequence, shape, h2d: float | Mapping[tuple, float], rates: Rates, *,
@@ -182,6 +209,16 @@ def floor_parts_of(chunks: Sequence, shape, rates: Rates, *, attention: bool = T
         for k, v in _chunk_floor(shape, P, parts[0].tokens, rates, attention, dense).items():
             out[k] += v
     return out
+
+
+def linear_at_dense(chunks: Sequence, shape, rates: Rates) -> float | None:
+    """Seconds the linear layers' delta rule would cost at the dense GEMM rate over a prompt's
+    chunks (the stricter price floor_parts' docstring weighs), beside the floor; None for a
+    shape without linear-attention layers."""
+    if getattr(shape, "linear", None) is None:
+        return None
+    return sum(seconds_at(linear_flops(shape, parts[0].tokens), rates.dense(parts[0].tokens))
+               for parts in _by_start(chunks).values())
 
 
 # -- the measured rates ------------------------------------------------------------------------
@@ -301,6 +338,30 @@ def dense_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> flo
                 torch.mm(xs[i], w)
         seconds += count * settled_seconds(run, device=dev, reps=reps, settle_s=settle_s)
     return dense_flops(shape, T) / seconds
+
+
+def delta_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
+    """FLOP/s of the chunked gated delta rule (strata.kernels.deltanet.chunk, the launch in
+    force: fla-core's kernels for bf16 where installed) over one linear-attention layer's T
+    tokens, counting linear_flops of one layer: bf16 q, k [T, Hk, dk] and v [T, Hv, dv], fp32
+    gates g <= 0 and beta in (0, 1), an fp32 state carried in and out, q/k L2-normed in the
+    kernel, as the model calls it; NaN without CUDA or linear layers."""
+    lin = getattr(shape, "linear", None)
+    if lin is None or not torch.cuda.is_available():
+        return float("nan")
+    from strata.kernels.deltanet.chunk import chunk_gated_delta_rule
+    Hk, Hv, dk, dv = lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim
+    dev, bf = "cuda", torch.bfloat16
+    q, k = (torch.randn(T, Hk, dk, device=dev, dtype=bf) for _ in range(2))
+    v = torch.randn(T, Hv, dv, device=dev, dtype=bf)
+    g = -torch.rand(T, Hv, device=dev) * 0.5
+    beta = torch.rand(T, Hv, device=dev)
+    S = torch.zeros(Hv, dk, dv, device=dev)
+
+    def run():
+        chunk_gated_delta_rule(q, k, v, g, beta, S, use_qk_l2norm=True, out_state=S)
+    return linear_flops(shape, T, layers=1) / settled_seconds(run, device=dev, reps=reps,
+                                                                settle_s=settle_s)
 
 
 def record_streamed(rec, res, T: int, shape, h2d: float, rates: Rates, **config) -> float | None:

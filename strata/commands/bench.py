@@ -9,13 +9,15 @@ bytes streamed per read, and beside it the bounds measured in the same run:
     PCIe bound    = bytes streamed / pinned H2D rate (blob-sized copies, measured here)
     compute floor = expert GEMMs at torch._grouped_mm bf16's measured rate + causal attention
                     (sliding windows, MLA as counted per architecture) at torch SDPA's measured
-                    rate + linear-attention layers and dense GEMMs at torch.mm bf16's measured
-                    rate, chunk by chunk (strata.bench.roofline)
+                    rate + dense GEMMs at torch.mm bf16's measured rate + linear-attention
+                    layers at the delta rule's measured rate, chunk by chunk
+                    (strata.bench.roofline)
 
 (both as tokens/s: prompt tokens / bound seconds; the compute floor needs CUDA and reads n/a on
 the CPU). The floor's parts, in seconds over the whole prompt, are columns of their own
 (floor_experts_s, floor_attention_s, floor_linear_s, floor_dense_s) and a line under the
-markdown table. The budget flags are strata plan's and strata prefill's (strata.commands._args).
+markdown table; linear_at_dense_s prices a hybrid's delta rule at the dense rate instead (the
+stricter figure, not in the bound). The budget flags are strata plan's and strata prefill's (strata.commands._args).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ PART_COLUMNS = [f"floor_{k}_s" for k in FLOOR_PARTS]
 COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "test", "n_tokens", "chunk", "ring", "reps",
            "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "h2d_gbps",
            "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "of_bound", "warmup_s",
-           "wait_s", *PART_COLUMNS]
+           "wait_s", *PART_COLUMNS, "linear_at_dense_s"]
 
 
 def lengths(text: str) -> list[int]:
@@ -80,7 +82,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from strata.bench.roofline import Rates, floor_parts_of, h2d_rate, roofline
+    from strata.bench.roofline import Rates, floor_parts_of, h2d_rate, linear_at_dense, roofline
     from strata.commands._args import engine_config
     from strata.commands._prompt import check_context, open_checked
     from strata.commands.prefill import check_trace, refuse_unfit_plan, write_trace
@@ -143,6 +145,9 @@ def run(args) -> int:
             "of_bound": (n / statistics.fmean(secs)) / (n / best) if best > 0 else None,
             "warmup_s": warm, "wait_s": st.wait_s,
             **{f"floor_{k}_s": v if floor_s > 0 else None for k, v in parts.items()},
+            # the stricter price of the delta rule (the dense GEMM rate; roofline.floor_parts
+            # says why the floor takes the rule's own): beside it, not in the bound
+            "linear_at_dense_s": linear_at_dense(st.chunks, engine.shape, rates),
         })
     written = write_trace(trace, trace_path)
     out = {"md": markdown, "csv": to_csv, "json": to_json}[args.output](rows)
