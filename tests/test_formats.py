@@ -322,3 +322,35 @@ def test_family_names_the_reference_module():
     for f in FORMATS.values():
         assert DEQUANTIZERS[f.name].__module__.rsplit(".", 1)[1] in modules[f.family], f.name
 
+
+
+def test_every_codec_keeps_its_input_device():
+    """Every quantizer and dequantizer builds its constants on its input's device: on "meta"
+    (a device with no data, which any tensor made on the CPU beside it trips) each returns a
+    meta tensor. A CPU constant among CUDA weights broke `experiments/quant_quality.py`'s Q5_0
+    arm on the GPU. MXFP4's encoder takes its exponents through numpy (gguf-py's float32 log2)
+    and moves them back, so it needs data: it is held to the device by the CUDA test instead."""
+    from strata.formats import codec
+    from strata.formats.rtn import RTN_QUANTIZERS
+    for name, fn in [*codec.QUANTIZERS.items(), *RTN_QUANTIZERS.items()]:
+        if name == "MXFP4":
+            continue
+        f = get_format(name)
+        assert fn(torch.empty(4, f.block, device="meta")).device.type == "meta", name
+    for name, fn in codec.DEQUANTIZERS.items():
+        f = get_format(name)
+        raw = torch.empty(4, f.block_bytes, dtype=torch.uint8, device="meta")
+        assert fn(raw).device.type == "meta", name
+
+
+@pytest.mark.gpu
+def test_every_codec_runs_on_cuda():
+    """The same on CUDA with data, MXFP4 included: bit for bit the CPU's bytes and values."""
+    from strata.formats import codec
+    from strata.formats.rtn import RTN_QUANTIZERS
+    gen = torch.Generator().manual_seed(0)
+    for name, fn in [*codec.QUANTIZERS.items(), *RTN_QUANTIZERS.items()]:
+        f = get_format(name)
+        x = torch.randn(64, f.block, generator=gen)
+        got = fn(x.cuda())
+        assert got.is_cuda and torch.equal(got.cpu(), fn(x)), name

@@ -4,10 +4,20 @@ instruments, one CSV and one PNG."""
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from strata import bench
 from strata.instruments.logprobs import LOG_RANGE
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("quant_quality",
+                                                  ROOT / "experiments" / "quant_quality.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_quant_quality_smoke(tmp_path):
@@ -66,3 +76,19 @@ def test_quant_quality_delta_arm_smoke(tmp_path, capsys):
                      "--device", "cpu", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "quant_quality: --delta-arms: small has no linear-attention layers"
+
+
+@pytest.mark.gpu
+def test_quant_quality_on_the_gpu(tmp_path):
+    """The experiment as the GPU runs it: full-width qwen3-30b-a3b layers (head_dim 128, so a
+    later chunk's bf16 prefix goes to flash blocks and the plan carves their buffer), the
+    experts streamed under a budget, windows packed into chunks, arms re-encoded on CUDA (a
+    Q5_0 encoder built a CPU constant there; a packed chunk handed the flash buffer to
+    chunk_attention as its tile scratch). Each arm's KLD is positive and Q5_0's under Q4_0's."""
+    mod = _load()
+    assert mod.main(["--preset", "qwen3-30b-a3b", "--layers", "2", "--tokens", "3072",
+                     "--vram", "3GiB", "--arms", "Q5_0,Q4_0,Q4_K_M", "--out", str(tmp_path)]) == 0
+    rows = bench.read_csv(next(tmp_path.glob("quant_quality-qwen3-30b-a3b-*.csv")))
+    kld = {r["config"]["arm"]: r["value"] for r in rows if r["figure"] == "kld_mean"}
+    assert set(kld) == {"Q5_0", "Q4_0", "Q4_K_M"} and min(kld.values()) > 0
+    assert kld["Q5_0"] < kld["Q4_0"]

@@ -60,7 +60,8 @@ def quantize_q5_0(x: torch.Tensor) -> torch.Tensor:
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
     q = torch.trunc(x * inv + 16.5).to(torch.int32).clamp(0, 31)
     qs = (q[:, :16] & 0xF) | ((q[:, 16:] & 0xF) << 4)
-    hi = (q >> 4) << torch.arange(8, dtype=torch.int32).repeat(4)       # bit j%8 of byte j/8
+    bit = torch.arange(8, dtype=torch.int32, device=q.device).repeat(4)   # bit j%8 of byte j/8
+    hi = (q >> 4) << bit
     qh = hi.reshape(-1, 4, 8).sum(dim=2)
     return torch.cat([f16_bytes(d), qh.to(torch.uint8), qs.to(torch.uint8)], dim=1)
 
@@ -104,7 +105,8 @@ def dequantize_q5_1(blocks: torch.Tensor) -> torch.Tensor:
 def quantize_q5_1(x: torch.Tensor) -> torch.Tensor:
     d, mn, q = _affine_codes(x, 31)
     qs = (q[:, :16] & 0xF) | ((q[:, 16:] & 0xF) << 4)
-    hi = (q >> 4) << torch.arange(8, dtype=torch.int32).repeat(4)       # bit j%8 of byte j/8
+    bit = torch.arange(8, dtype=torch.int32, device=q.device).repeat(4)   # bit j%8 of byte j/8
+    hi = (q >> 4) << bit
     qh = hi.reshape(-1, 4, 8).sum(dim=2)
     return torch.cat([f16_bytes(d), f16_bytes(mn), qh.to(torch.uint8), qs.to(torch.uint8)], dim=1)
 

@@ -350,12 +350,20 @@ class PromptKV:
                                        route=prefix_route(q.shape[-1], self.kv))
         else:
             fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
-            o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
+            o = fn(q, k, v, prefix, scratch=self.tile_scratch(layer), **extra)
         self._append(layer, vals, k.shape[0])
         nxt = self._next.get(layer)
         if n_host and nxt is not None:
             self.stage(nxt)     # the next staged layer's copy overlaps this layer's experts
         return o
+
+    def tile_scratch(self, layer: int):
+        """`layer`'s AttnScratch for chunk_attention, or None. A layer whose plan sends a bf16
+        prefix to flash blocks holds their attn_flash buffer instead, a tensor; a chunk of it
+        that goes to chunk_attention after all (packed sequences, a window, sinks) runs with the
+        launcher's own buffers, which a bf16 prefix does not need."""
+        s = self.scratch.get(layer)
+        return None if isinstance(s, torch.Tensor) else s
 
     def flash_prefix(self, q: torch.Tensor, extra: dict) -> bool:
         """Whether a later chunk of q's width attends its prefix by flash blocks

@@ -58,3 +58,30 @@ def test_pieces_through_prompt_kv_gpu():
     sc = AttnScratch.of(HKV, HD, 64, dev, T=T, H=H)
     for a, b in zip(read(None, dev), read(sc, dev)):
         assert torch.isfinite(b).all() and torch.equal(a, b)
+
+
+def test_a_flash_buffer_is_not_a_tile_scratch(kernel_on_cpu):
+    """A layer whose plan carved the flash blocks' buffer (a tensor) in `scratch[layer]` hands
+    chunk_attention no tile scratch (its own buffers serve a bf16 prefix), an AttnScratch as
+    it is: the chunk of packed sequences a perplexity read sends to chunk_attention read the
+    flash buffer as an AttnScratch on the GPU (`.k` of a tensor)."""
+    buf = torch.empty(64, dtype=torch.uint8)
+    sc = AttnScratch(torch.empty(8, HKV, HD, dtype=torch.bfloat16),
+                     torch.empty(8, HKV, HD, dtype=torch.bfloat16))
+    kv = PromptKV(2, HKV, HD, N, kv="bf16", devices=["cpu"] * 2, scratch={0: buf, 1: sc})
+    assert kv.tile_scratch(0) is None and kv.tile_scratch(1) is sc
+    gen = torch.Generator().manual_seed(1)
+    for l in (0, 1):     # a bf16 prefix through the kernel with the flash buffer in place
+        q, k, v = (torch.randn(T, h, HD, generator=gen).to(torch.bfloat16) for h in (H, HKV, HKV))
+        kv.attend(l, q, k, v)
+    kv.commit(T)
+    q, k, v = (torch.randn(T, h, HD, generator=gen).to(torch.bfloat16) for h in (H, HKV, HKV))
+    assert torch.isfinite(kv.attend(0, q, k, v).float()).all()
+    # the warm-up probes the real prompt's launches through chunk_attention with the same
+    # scratch (where the GPU read `.k` of the flash buffer)
+    from strata.engine.warm import ProbePlan, WarmKV
+    warm = WarmKV(1, HKV, HD, 2 * T, kv="bf16", devices=["cpu"], stages={}, scratch={0: buf},
+                  probe=ProbePlan(N, T, None), stage_bufs={})
+    q, k, v = (torch.randn(T, h, HD, generator=gen).to(torch.bfloat16) for h in (H, HKV, HKV))
+    warm.attend(0, q, k, v)
+    assert warm.probes > 0
