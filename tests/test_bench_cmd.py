@@ -139,3 +139,18 @@ def test_a_hybrid_s_rows_say_which_delta_rule_ran(capsys, tmp_path):
                           progress=False))
     assert main(["bench", tiny, *run, "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["delta"] is None
+
+
+def test_the_pcie_bound_counts_the_kv_staged_back(pack, capsys):
+    """With part of a prompt's KV held on the host, the later chunks copy it back over the same
+    link as the experts: the row's kv_streamed is those bytes and its PCIe bound their sum's
+    time at the H2D rate of the run (bytes_streamed alone would be a bound no read can reach)."""
+    host_kv = ["--vram", "1GiB", "--cache", "200KiB", "--chunk", "32", "--ring", "2"]
+    assert main(["bench", pack, "-p", "96", "-r", "1", "-o", "json", *host_kv,
+                 "--kv-resident", "16"]) == 0
+    r = json.loads(capsys.readouterr().out)[0]
+    assert r["kv_streamed"] > 0
+    link_s = (r["bytes_streamed"] + r["kv_streamed"]) / (r["h2d_gbps"] * 1e9)
+    assert r["pcie_bound_tokens_per_s"] == pytest.approx(96 / link_s, rel=1e-9)
+    assert main(["bench", pack, "-p", "96", "-r", "1", "-o", "json", *host_kv]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["kv_streamed"] == 0    # all resident

@@ -6,7 +6,8 @@ variant its plan launches is compiled and loaded first; `--no-warmup` measures c
 timed repeats of each length. A row per length: mean ± sd tokens/s, the plan (chunk, ring),
 bytes streamed per read, and beside it the bounds measured in the same run:
 
-    PCIe bound    = bytes streamed / pinned H2D rate (blob-sized copies, measured here)
+    PCIe bound    = (expert bytes streamed + host-held KV bytes staged back) / pinned H2D
+                    rate (blob-sized copies, measured here)
     compute floor = expert GEMMs at torch._grouped_mm bf16's measured rate + causal attention
                     (sliding windows, MLA as counted per architecture) at torch SDPA's measured
                     rate + dense GEMMs at torch.mm bf16's measured rate + linear-attention
@@ -42,7 +43,7 @@ FORMATS = ("md", "csv", "json")
 FLOOR_PARTS = ("experts", "attention", "linear", "dense")     # strata.bench.roofline's
 PART_COLUMNS = [f"floor_{k}_s" for k in FLOOR_PARTS]
 COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "test", "n_tokens", "chunk", "ring", "reps",
-           "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "h2d_gbps",
+           "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "kv_streamed", "h2d_gbps",
            "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "of_bound", "warmup_s",
            "wait_s", *PART_COLUMNS, "linear_at_dense_s"]
 
@@ -120,7 +121,9 @@ def run(args) -> int:
             secs.append(res.stats.seconds)
             tps.append(res.stats.tokens_per_s)
         st = res.stats
-        pcie_s = roofline(st.chunks, engine.shape, h2d, no_gemm)
+        # every byte the link carries in: the experts, and a long prompt's host-held KV staged
+        # back for the later chunks' attention (at 131K on 12 GiB, a third more than experts)
+        pcie_s = roofline(st.chunks, engine.shape, h2d, no_gemm) + res.kv_streamed / h2d
         parts = floor_parts_of(st.chunks, engine.shape, rates)
         floor_s = sum(parts.values())
         best = max(pcie_s, floor_s)
@@ -139,7 +142,8 @@ def run(args) -> int:
             "tokens_per_s": statistics.fmean(tps),
             "tokens_per_s_sd": statistics.stdev(tps) if len(tps) > 1 else 0.0,
             "seconds": statistics.fmean(secs),
-            "bytes_streamed": st.bytes_streamed, "h2d_gbps": h2d / 1e9,
+            "bytes_streamed": st.bytes_streamed, "kv_streamed": res.kv_streamed,
+            "h2d_gbps": h2d / 1e9,
             "pcie_bound_tokens_per_s": n / pcie_s if pcie_s > 0 else None,
             "compute_floor_tokens_per_s": n / floor_s if floor_s > 0 else None,
             "of_bound": (n / statistics.fmean(secs)) / (n / best) if best > 0 else None,
