@@ -4,8 +4,10 @@ NEOX RoPE in the same pass.
 Legend: N row width, T tokens, h heads, hd head dim.
 
     rms_norm(x [..., N], w [N] | None, eps)  y = w * rnd_x(x * rsqrt(mean(x^2) + eps))
-    qk_norm_rope(x [T, h, hd], w [hd] | None, cos, sin [T, hd], eps) -> [h, T, hd]
-        = apply_rope(rms_norm(x, w, eps).transpose(0, 1), cos, sin)    (w None: rope only)
+    qk_norm_rope(x [T, h, hd], w [hd] | None, cos, sin [T, R], eps) -> [h, T, hd]
+        = apply_rope_partial(rms_norm(x, w, eps).transpose(0, 1), cos, sin)
+          (w None: rope only; R < hd: partial rotary, the first R dims rotated, GLM-4.5,
+          MiniMax-M2 and Qwen3.5 / Qwen3-Next's full layers)
 
 rnd_x rounds to x's dtype (what `x.float() ... .to(x.dtype)` does in strata.models.layers);
 w * that is computed in fp32 and rounded once to the promoted dtype of (w, x), as torch's
@@ -153,7 +155,11 @@ def rms_norm_torch(x: torch.Tensor, w: torch.Tensor | None, eps: float, *,
 
 def neox_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [h, T, hd]: x*cos + rotate_half(x)*sin, rotate_half(a, b) = (-b, a), in fp32, rounded to
-    x's dtype (strata.models.layers.apply_rope)."""
+    x's dtype (strata.models.layers.apply_rope). Partial rotary (cos/sin [T, R], R < hd): the
+    first R dims so, the rest as they are."""
+    R = cos.shape[-1]
+    if R < x.shape[-1]:
+        return torch.cat([neox_rope_torch(x[..., :R], cos, sin), x[..., R:]], dim=-1)
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x.float() * cos + rot.float() * sin).to(x.dtype)
@@ -162,12 +168,14 @@ def neox_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
 def qk_norm_rope_supported(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor,
                            sin: torch.Tensor) -> bool:
     """Whether `qk_norm_rope` (the kernel) takes these inputs: x [T, h, hd] with a unit last
-    stride, hd even, full-width NEOX cos/sin [T, hd] fp32 on x's device (else: the twin)."""
-    if x.dim() != 3 or x.dtype not in FLOATS or x.stride(-1) != 1:
+    stride, hd even, NEOX cos/sin [T, R] fp32 on x's device over R even rotary dims, 2 <= R <=
+    hd (partial rotary: the first R) (else: the twin)."""
+    if x.dim() != 3 or x.dtype not in FLOATS or x.stride(-1) != 1 or cos.dim() != 2:
         return False
     T, _, hd = x.shape
-    return (0 < hd <= MAX_HEAD_DIM and hd % 2 == 0
-            and all(t.shape == (T, hd) and t.dtype == torch.float32 and t.stride(-1) == 1
+    R = cos.shape[-1]
+    return (0 < hd <= MAX_HEAD_DIM and hd % 2 == 0 and 2 <= R <= hd and R % 2 == 0
+            and all(t.shape == (T, R) and t.dtype == torch.float32 and t.stride(-1) == 1
                     and t.device == x.device for t in (cos, sin))
             and (w is None or (w.shape == (hd,) and w.device == x.device
                                and w.dtype in FLOATS)))
@@ -176,13 +184,15 @@ def qk_norm_rope_supported(x: torch.Tensor, w: torch.Tensor | None, cos: torch.T
 def qk_norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                  eps: float, *, tile: NormTile | None = None) -> torch.Tensor:
     """x [T, h, hd] (the projection's view) -> the per-head RMSNorm (w [hd]; None: no norm) then
-    NEOX RoPE by cos/sin [T, hd] fp32: [h, T, hd], the transposed view of a [T, h, hd] buffer (see
+    NEOX RoPE by cos/sin [T, R] fp32 (R < hd: the first R dims rotated, the rest normed only):
+    [h, T, hd], the transposed view of a [T, h, hd] buffer (see
     the module docstring), in promote(w, x)'s dtype. `tile` pins the launch (default:
     norm_tile(hd))."""
     if not qk_norm_rope_supported(x, w, cos, sin):
         raise StrataError(
             f"qk_norm_rope takes x [T, h, hd] float with a unit last stride and hd even <= "
-            f"{MAX_HEAD_DIM}, w [hd] or None, cos/sin [T, hd] fp32 on x's device; got x "
+            f"{MAX_HEAD_DIM}, w [hd] or None, cos/sin [T, R] fp32 on x's device, R even <= hd; "
+            f"got x "
             f"{getattr(x, 'dtype', None)} {list(getattr(x, 'shape', []))}, w "
             f"{None if w is None else (w.dtype, list(w.shape))}, cos {cos.dtype} "
             f"{list(cos.shape)}, sin {sin.dtype} {list(sin.shape)}")
@@ -196,7 +206,8 @@ def qk_norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin
                 x, x if w is None else w, cos, sin, out, R, x.stride(0), x.stride(1),
                 cos.stride(0), sin.stride(0), float(eps), NH=h, HD=hd,
                 HB=triton.next_power_of_2(hd // 2), BM=cfg.block_m, NORM=w is not None,
-                INTERP=INTERPRET, num_warps=cfg.num_warps)
+                INTERP=INTERPRET, ROT=0 if cos.shape[-1] == hd else cos.shape[-1],
+                HF=triton.next_power_of_2(hd), num_warps=cfg.num_warps)
     return out.transpose(0, 1)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from strata.models.attention import attend as attend_cached
 from strata.models.family import FamilyLayer, FamilyMoe, optional
-from strata.models.layers import apply_rope_partial, rms_norm
+from strata.models.layers import norm_rope
 
 
 @dataclass
@@ -63,10 +63,7 @@ class Glm4Moe(FamilyMoe):
         q = _proj(xn, w.wq, w.bq).view(T, s.n_head, s.head_dim)
         k = _proj(xn, w.wk, w.bk).view(T, s.n_kv_head, s.head_dim)
         v = _proj(xn, w.wv, w.bv).view(T, s.n_kv_head, s.head_dim)
-        if w.q_norm is not None:
-            q = rms_norm(q, w.q_norm, s.rms_eps)
-        if w.k_norm is not None:
-            k = rms_norm(k, w.k_norm, s.rms_eps)
-        q = apply_rope_partial(q.transpose(0, 1), cos, sin)          # [H, T, hd]
-        k = apply_rope_partial(k.transpose(0, 1), cos, sin)          # [Hkv, T, hd]
+        # the optional per-head norm (None: none) and the partial RoPE in one pass
+        q = norm_rope(q, w.q_norm, cos, sin, s.rms_eps)             # [H, T, hd]
+        k = norm_rope(k, w.k_norm, cos, sin, s.rms_eps)             # [Hkv, T, hd]
         return attend_cached(q, k, v, cache, l).reshape(T, s.n_head * s.head_dim) @ w.wo.t()

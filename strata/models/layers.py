@@ -44,9 +44,10 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
               eps: float) -> torch.Tensor:
-    """x [T, h, hd] -> apply_rope(rms_norm(x, w, eps).transpose(0, 1), cos, sin) [h, T, hd] (w
-    None: no norm), as one fused kernel pass where `norm_impl` says so and it takes the inputs
-    (full-width NEOX cos/sin [T, hd] fp32), else the torch twin. For the projection's
+    """x [T, h, hd] -> apply_rope_partial(rms_norm(x, w, eps).transpose(0, 1), cos, sin)
+    [h, T, hd] (w None: no norm; cos/sin [T, R]: RoPE on the first R dims), as one fused kernel
+    pass where `norm_impl` says so and it takes the inputs (NEOX cos/sin fp32, R even), else the
+    torch twin. For the projection's
     contiguous x either way the result is the [h, T, hd] transposed view of a [T, h, hd] buffer
     (the twin's elementwise ops keep their input's strides)."""
     if _norm.norm_impl(x) == "triton" and _norm.qk_norm_rope_supported(x, w, cos, sin):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.models.attention import AttentionWeights, attend as attend_cached
-from strata.models.layers import apply_rope_partial, rms_norm
+from strata.models.layers import norm_rope, rms_norm
 from strata.models.moe_decoder import MoeDecoder
 from strata.models.routers import sigmoid_router
 
@@ -59,8 +59,8 @@ class MiniMaxM2(MoeDecoder):
         q = rms_norm(xn @ w.wq.t(), w.q_norm, s.rms_eps).view(T, s.n_head, s.head_dim)
         k = rms_norm(xn @ w.wk.t(), w.k_norm, s.rms_eps).view(T, s.n_kv_head, s.head_dim)
         v = (xn @ w.wv.t()).view(T, s.n_kv_head, s.head_dim)
-        q = apply_rope_partial(q.transpose(0, 1), cos, sin)          # [H, T, hd]
-        k = apply_rope_partial(k.transpose(0, 1), cos, sin)          # [Hkv, T, hd]
+        q = norm_rope(q, None, cos, sin, s.rms_eps)                  # [H, T, hd] (RoPE only)
+        k = norm_rope(k, None, cos, sin, s.rms_eps)                  # [Hkv, T, hd]
         return attend_cached(q, k, v, cache, l).reshape(T, s.n_head * s.head_dim) @ w.wo.t()
 
     def router(self, lw: MiniMaxM2Layer):

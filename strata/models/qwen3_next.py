@@ -42,7 +42,7 @@ from strata.models.attention import AttentionWeights, attend as attend_cached
 from strata.models.ffn import DenseFFN
 from strata.models.kv import KVCache, kv_windows
 from strata.models.layer_state import new_states, state_dtype
-from strata.models.layers import apply_rope_partial, rms_norm
+from strata.models.layers import norm_rope
 from strata.models.moe_block import moe_block
 from strata.models.moe_decoder import MoeDecoder
 
@@ -129,11 +129,11 @@ class Qwen3Next(MoeDecoder):
         s, w = self.shape, lw.attn
         T, hd = xn.shape[0], s.head_dim
         qg = (xn @ w.wq.t()).view(T, s.n_head, 2 * hd)
-        q = rms_norm(qg[..., :hd], w.q_norm, s.rms_eps)
-        k = rms_norm((xn @ w.wk.t()).view(T, s.n_kv_head, hd), w.k_norm, s.rms_eps)
+        # per-head norm and the partial RoPE in one pass (strata.kernels.norm on CUDA)
+        q = norm_rope(qg[..., :hd], w.q_norm, cos, sin, s.rms_eps)            # [H, T, hd]
+        k = norm_rope((xn @ w.wk.t()).view(T, s.n_kv_head, hd), w.k_norm, cos, sin,
+                      s.rms_eps)                                               # [Hkv, T, hd]
         v = (xn @ w.wv.t()).view(T, s.n_kv_head, hd)
-        q = apply_rope_partial(q.transpose(0, 1), cos, sin)          # [H, T, hd]
-        k = apply_rope_partial(k.transpose(0, 1), cos, sin)          # [Hkv, T, hd]
         o = attend_cached(q, k, v, cache, l).reshape(T, s.n_head * hd)
         return (o * torch.sigmoid(qg[..., hd:].reshape(T, s.n_head * hd))) @ w.wo.t()
 

@@ -40,11 +40,11 @@ def rows_variant(N: int, types, has_w: bool):
     return k._rms_norm_fwd_kernel, ordered(k._rms_norm_fwd_kernel, sig), const, t, ROWS_ALIGNED
 
 
-def heads_variant(NH: int, HD: int, types, norm: bool):
+def heads_variant(NH: int, HD: int, types, norm: bool, rot: int = 0):
     x, w, o = types
     t = norm_tile(HD)
     const = dict(NH=NH, HD=HD, HB=triton.next_power_of_2(HD // 2), BM=t.block_m, NORM=norm,
-                 INTERP=False)
+                 INTERP=False, ROT=0 if rot in (0, HD) else rot, HF=triton.next_power_of_2(HD))
     sig = {"x_ptr": x, "w_ptr": w, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": o,
            "n_rows": "i32", "stride_xt": "i32", "stride_xh": "i32", "stride_ct": "i32",
            "stride_st": "i32", "eps": "fp32", **{c: "constexpr" for c in const}}
@@ -62,9 +62,16 @@ def variants():
             yield (f"qk_norm_rope NH={NH} HD={HD} norm={norm}",
                    heads_variant(NH, HD, TYPES[0], norm))
     yield "qk_norm_rope NH=32 HD=128 fp16/fp32", heads_variant(32, 128, TYPES[1], True)
+    # partial rotary: Qwen3.5 / Qwen3-Next (64 of 256, q 16 / 32 heads, k 2), MiniMax-M2 (64 of
+    # 128, no per-head norm), GLM-4.5-Air (64 of 128, 96 heads)
+    for NH, HD, R, norm in ((16, 256, 64, True), (2, 256, 64, True), (48, 128, 64, False),
+                            (96, 128, 64, True)):
+        yield (f"qk_norm_rope NH={NH} HD={HD} rot={R} norm={norm}",
+               heads_variant(NH, HD, TYPES[0], norm, R))
 
 
-QUICK = ("rms_norm N=2048 bf16/bf16", "qk_norm_rope NH=32 HD=128 norm=True")
+QUICK = ("rms_norm N=2048 bf16/bf16", "qk_norm_rope NH=32 HD=128 norm=True",
+         "qk_norm_rope NH=16 HD=256 rot=64 norm=True")
 
 
 def main(quick: bool = False) -> int:

@@ -29,7 +29,7 @@ from strata.kernels import norm
 from strata.kernels.norm import (NormTile, norm_impl, norm_tile, pin_norm, qk_norm_rope,
                                  qk_norm_rope_supported, qk_norm_rope_torch, rms_norm,
                                  rms_norm_torch)
-from strata.models.layers import apply_rope, rope_cos_sin, yarn_cos_sin
+from strata.models.layers import apply_rope, apply_rope_partial, rope_cos_sin, yarn_cos_sin
 from tests.kernels.compiled import compile_lines
 
 EPS = 1e-6
@@ -75,9 +75,11 @@ def rope_bound(x, w, cos, sin, eps=EPS):
     rounding of the output. [h, T, hd]."""
     n = (x if w is None else rms_norm_torch(x, w, eps)).float()            # [T, h, hd]
     e = torch.zeros_like(n) if w is None else norm_bound(x, w, eps)
-    half = n.shape[-1] // 2
-    rot = lambda t: torch.cat([t[..., half:], t[..., :half]], dim=-1)     # noqa: E731
-    c, s = cos[:, None, :].abs(), sin[:, None, :].abs()                   # [T, 1, hd]
+    hd, R = n.shape[-1], cos.shape[-1]
+    half = R // 2       # partial rotary: dims R.. pass through (cos 1, sin 0 there)
+    rot = lambda t: torch.cat([t[..., half:R], t[..., :half], t[..., R:]], dim=-1)  # noqa: E731
+    pad = lambda t, v: torch.cat([t, torch.full((t.shape[0], hd - R), v)], dim=1)  # noqa: E731
+    c, s = pad(cos, 1.0)[:, None, :].abs(), pad(sin, 0.0)[:, None, :].abs()  # [T, 1, hd]
     moved = e * c + rot(e) * s
     prods = 2 * U32 * (n.abs() * c + rot(n).abs() * s)
     ref = qk_norm_rope_torch(x, w, cos, sin, eps).float().transpose(0, 1)  # [T, h, hd]
@@ -207,10 +209,12 @@ class HeadCase:
     weight: str | None = "same"
     rope: str = "neox"        # "neox": rope_cos_sin; "yarn": yarn_cos_sin (scaled cos/sin)
     P: int = 0                # the chunk's first position
+    rot: int = 0              # rotary dims (0: all hd; fewer: partial rotary, the rest passed)
 
     @property
     def id(self) -> str:
-        return f"T{self.T}-h{self.h}-hd{self.hd}-{self.dtype}-w{self.weight}-{self.rope}-P{self.P}"
+        return (f"T{self.T}-h{self.h}-hd{self.hd}-{self.dtype}-w{self.weight}-{self.rope}-P{self.P}"
+                + (f"-rot{self.rot}" if self.rot else ""))
 
 
 HEAD_CASES = [
@@ -221,6 +225,10 @@ HEAD_CASES = [
     HeadCase(1, 1, 16, "fp16"),
     HeadCase(13, 8, 64, "bf16", None, "yarn", P=40),   # GPT-OSS: YaRN cos/sin, no norm
     HeadCase(7, 2, 32, "bf16", "fp32"),          # an fp32 norm weight: fp32 output
+    HeadCase(11, 4, 256, P=77, rot=64),          # Qwen3.5 / Qwen3-Next: 64 of 256 rotated
+    HeadCase(9, 3, 128, weight=None, rot=64),    # MiniMax-M2 (norm over the projection)
+    HeadCase(6, 2, 96, "fp32", rot=48, P=5),     # GLM-4.5: half rotary, hd 96 (masked cols)
+    HeadCase(3, 2, 16, "bf16", "fp32", rot=2),   # one rotated pair
 ]
 
 
@@ -236,10 +244,11 @@ def head_inputs(c: HeadCase, seed: int, exact: bool, device="cpu"):
                                                               else torch.float32)
         w = w.to(device)
     pos = torch.arange(c.P, c.P + c.T)
+    R = c.rot or c.hd
     if c.rope == "yarn":
-        cos, sin = yarn_cos_sin(pos, c.hd, 150000.0, 32.0, 4096)
+        cos, sin = yarn_cos_sin(pos, R, 150000.0, 32.0, 4096)
     else:
-        cos, sin = rope_cos_sin(pos, c.hd, 1e6)
+        cos, sin = rope_cos_sin(pos, R, 1e6)
     return x.to(device), w, cos.to(device), sin.to(device)
 
 
@@ -250,7 +259,7 @@ def test_qk_norm_rope_exact_sums_are_bit_exact(c):
     x, w, cos, sin = head_inputs(c, 4, exact=True)
     got = qk_norm_rope(x, w, cos, sin, EPS)
     n = x if w is None else rms_norm_torch(x, w, EPS)
-    want = apply_rope(n.transpose(0, 1), cos, sin)
+    want = apply_rope_partial(n.transpose(0, 1), cos, sin)
     assert got.shape == (c.h, c.T, c.hd) and got.dtype == want.dtype
     assert torch.equal(got, want)
 
@@ -268,15 +277,18 @@ def test_qk_norm_rope_random_within_bound(c):
 @settings(max_examples=15)
 @given(T=st.integers(1, 12), h=st.integers(1, 5), half=st.integers(1, 40),
        dtype=st.sampled_from(sorted(DTYPES)), weight=st.sampled_from([None, "same", "fp32"]),
-       P=st.integers(0, 5000), bm=st.sampled_from([None, 1, 8]), seed=st.integers(0, 2 ** 16))
-@example(T=1, h=1, half=1, dtype="bf16", weight="same", P=0, bm=None, seed=0).via(
+       P=st.integers(0, 5000), bm=st.sampled_from([None, 1, 8]), seed=st.integers(0, 2 ** 16),
+       rot=st.integers(0, 40))
+@example(T=1, h=1, half=1, dtype="bf16", weight="same", P=0, bm=None, seed=0, rot=0).via(
     "hd = 2: one rotated pair")
-@example(T=3, h=5, half=64, dtype="bf16", weight="same", P=7, bm=8, seed=1).via(
+@example(T=3, h=5, half=64, dtype="bf16", weight="same", P=7, bm=8, seed=1, rot=0).via(
     "rows = 15: a last block of 7 rows")
-def test_qk_norm_rope_property_exact_sums(T, h, half, dtype, weight, P, bm, seed):
-    """On inputs whose sums are exact, any (T, h, even hd), start position and row block give
-    the twin's bits."""
-    c = HeadCase(T, h, 2 * half, dtype, weight, P=P)
+@example(T=3, h=5, half=64, dtype="bf16", weight="same", P=7, bm=8, seed=1, rot=16).via(
+    "partial rotary: 32 of 128 dims, a last block of 7 rows")
+def test_qk_norm_rope_property_exact_sums(T, h, half, dtype, weight, P, bm, seed, rot):
+    """On inputs whose sums are exact, any (T, h, even hd), rotary width (full, or 2·rot < hd
+    dims), start position and row block give the twin's bits."""
+    c = HeadCase(T, h, 2 * half, dtype, weight, P=P, rot=2 * rot if 0 < rot < half else 0)
     x, w, cos, sin = head_inputs(c, seed, exact=True)
     tile = None if bm is None else NormTile(bm, 4)
     assert torch.equal(qk_norm_rope(x, w, cos, sin, EPS, tile=tile),
@@ -292,18 +304,22 @@ def test_qk_norm_rope_layout_is_the_twins():
     assert got.transpose(0, 1).is_contiguous()
 
 
-def test_qk_norm_rope_takes_only_full_neox():
-    """Partial rotary cos/sin (GLM-4.5: [T, hd/2]), non-fp32 cos/sin, an odd head width or a
-    wrong weight are not the kernel's: the wiring keeps the torch code for them."""
+def test_qk_norm_rope_takes_neox_over_even_rotary_dims():
+    """Full or partial rotary cos/sin [T, R] (GLM-4.5: R = hd/2, Qwen3.5: hd/4) with R even are
+    the kernel's; an odd R, R > hd, non-fp32 cos/sin, an odd head width or a wrong weight are
+    not: the wiring keeps the torch code for them."""
     x, w, cos, sin = head_inputs(HeadCase(4, 2, 32), 7, exact=True)
     assert qk_norm_rope_supported(x, w, cos, sin)
     assert qk_norm_rope_supported(x, None, cos, sin)
-    assert not qk_norm_rope_supported(x, w, cos[:, :16], sin[:, :16])
+    assert qk_norm_rope_supported(x, w, cos[:, :16].contiguous(), sin[:, :16].contiguous())
+    assert not qk_norm_rope_supported(x, w, cos[:, :15].contiguous(), sin[:, :15].contiguous())
+    big = torch.ones(4, 34)
+    assert not qk_norm_rope_supported(x, w, big, big)
     assert not qk_norm_rope_supported(x, w, cos.bfloat16(), sin.bfloat16())
     assert not qk_norm_rope_supported(x, w[:16], cos, sin)
     assert not qk_norm_rope_supported(x[..., :31], None, cos[:, :31], sin[:, :31])
     with pytest.raises(StrataError, match="qk_norm_rope takes"):
-        qk_norm_rope(x, w, cos[:, :16], sin[:, :16], EPS)
+        qk_norm_rope(x, w, cos[:, :15], sin[:, :15], EPS)
 
 
 # -- the switch ---------------------------------------------------------------------------
@@ -323,10 +339,10 @@ def test_norm_impl_defaults_and_pins():
 
 def test_norm_kernels_compile_for_h200():
     """Both kernels compile for sm_90 with triton's passes and ptxas (no GPU), at qwen3-30b-a3b's
-    shapes and norm_tile's tiles, in a process without the interpreter, with no register spills
+    shapes and Qwen3.5's partial rotary (64 of 256) and norm_tile's tiles, in a process without the interpreter, with no register spills
     (compile_norm.py without --quick: every width and head shape, their footprints)."""
     lines, out = compile_lines("compile_norm.py", "--quick", timeout=600)
-    assert len(lines) == 2, out
+    assert len(lines) == 3, out
     for line in lines:
         assert "spill 0/0" in line, line
 
@@ -352,7 +368,10 @@ def test_rms_norm_gpu(c):
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", [HeadCase(2049, 32, 128, P=8192), HeadCase(2049, 4, 128),
                                HeadCase(515, 64, 64, weight=None, rope="yarn"),
-                               HeadCase(77, 16, 256, "fp16")], ids=lambda c: c.id)
+                               HeadCase(77, 16, 256, "fp16"),
+                               HeadCase(2049, 16, 256, P=8192, rot=64),
+                               HeadCase(1025, 48, 128, weight=None, rot=64),
+                               HeadCase(513, 96, 128, rot=64)], ids=lambda c: c.id)
 def test_qk_norm_rope_gpu(c):
     x, w, cos, sin = head_inputs(c, 10, exact=False, device="cuda")
     got, ref = qk_norm_rope(x, w, cos, sin, EPS), qk_norm_rope_torch(x, w, cos, sin, EPS)

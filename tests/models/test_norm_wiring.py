@@ -150,3 +150,26 @@ def test_gpu_engine_read_fused_vs_torch(small_pack, launches):
         plain = eng.run(tok).logits
     assert launches == seen
     assert torch.isfinite(fused).all() and rel(fused, plain) < BF16_Y_REL
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3next", "tiny-glm4moe", "tiny-minimax-m2"])
+def test_partial_rotary_models_pinned_to_the_kernel(name, launches, tmp_path):
+    """The partial-rotary models (Qwen3.5 / Qwen3-Next's gated attention with its per-head norm,
+    GLM-4.5's optional one, MiniMax-M2's RoPE alone) send q and k of every full-attention layer
+    through qk_norm_rope's partial path when pinned to the kernels, and read as the twins do
+    within FP32_REL (only the mean square's sum order differs; RoPE-only layers not even that)."""
+    shape = get_preset(name)
+    assert shape.rot_dim < shape.head_dim
+    pack = synth_pack(tmp_path / "p.pack", shape, ExpertFormats.of("Q8_0"), progress=False)
+    model = load_model(pack, dtype=torch.float32, ffn=expert_ffn("ref"))
+    prov = resident_provider(pack)
+    tok = torch.randint(0, shape.vocab, (9,), generator=torch.Generator().manual_seed(3))
+    with pin_norm("torch"):
+        plain = model.prefill(tok, prov, chunk=CHUNK)
+    assert launches["qk_norm_rope"] == 0
+    with pin_norm("triton"):
+        got = model.prefill(tok, prov, chunk=CHUNK)
+    full = sum(shape.layer_kind(l) == "full" for l in range(shape.n_layer)) if shape.linear \
+        else shape.n_layer
+    assert launches["qk_norm_rope"] == 2 * full * CHUNKS
+    assert rel(got, plain) < FP32_REL
