@@ -1,30 +1,19 @@
 """experiments/quant_quality.py --smoke end to end on the CPU: the BF16 base read with its
 log-probs saved, every arm (plain quants and stock mixes) read against it with strata's own
 instruments, one CSV and one PNG."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from strata import bench
 from strata.instruments.logprobs import LOG_RANGE
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.scripts import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("quant_quality",
-                                                  ROOT / "experiments" / "quant_quality.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/quant_quality.py")
 
 
 def test_quant_quality_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("quant_quality",
-                                                  ROOT / "experiments" / "quant_quality.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load()
     assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
     rows = bench.read_csv(tmp_path / "quant_quality-small-smoke.csv")
     by = {}
@@ -52,12 +41,8 @@ def test_quant_quality_delta_arm_smoke(tmp_path, capsys):
     """--delta-arms on a hybrid: the base weights under fla-core's launch read against the base
     under strata's (the interpreter runs fla's kernels; fp32 on the CPU, so only rounding moves:
     a KLD far under one Q8_0 re-encoding's), and a model without linear attention refused."""
-    import pytest
     pytest.importorskip("fla", reason="fla-core is not installed")
-    spec = importlib.util.spec_from_file_location("quant_quality",
-                                                  ROOT / "experiments" / "quant_quality.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load()
     assert mod.main(["--smoke", "--arms", "Q8_0", "--delta-arms", "backend=fla",
                      "--out", str(tmp_path)]) == 0
     rows = bench.read_csv(tmp_path / "quant_quality-tiny-qwen35moe-smoke.csv")
