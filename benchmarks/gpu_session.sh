@@ -56,10 +56,13 @@ for step in "$@"; do
     # issue 39 item 5: every stock mix (and Q8_0/Q5_0/Q4_0) of one synthesized model re-encoded from its
     # BF16 base, read with strata's perplexity instruments against the base's saved log-probs: PPL, mean/p99
     # KLD, top-1 agreement, bytes per weight, streamed tokens/s. 8 layers and 8192 tokens (16 windows of 512)
-    # so the ten reads of each model fit ~250 s; --vram leaves a cache smaller than the smallest mix, so
-    # every arm streams (qwen3: dense ~1.9 GiB of 4; gpt-oss: ~2.8 GiB of 5)
-    quantq) timeout 140 python3 experiments/quant_quality.py --preset qwen3-30b-a3b --layers 8 --vram 4GiB --tokens 8192 --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[quantq\]\|wrote\|Error" | tail -14 | tee "$OUT/quantq_qwen3.log"
-            timeout 110 python3 experiments/quant_quality.py --preset gpt-oss-20b --layers 8 --vram 5GiB --tokens 8192 --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[quantq\]\|wrote\|Error" | tail -14 | tee "$OUT/quantq_gptoss.log" ;;
+    # so the ten reads of each model fit ~300 s (the first GPU run, 7dfb85b: set-up and the BF16 read
+    # ~31 / 42 s, an arm ~9 s); --vram leaves a cache smaller than the smallest mix, so every arm
+    # streams (qwen3: dense ~1.9 GiB of 4; gpt-oss: ~2.8 GiB of 5). Each run's whole output (its
+    # traceback, if any) in quantq_<preset>.full.log, the summary printed
+    quantq) for a in "qwen3-30b-a3b 4GiB 160" "gpt-oss-20b 5GiB 180"; do set -- $a
+              timeout $3 python3 experiments/quant_quality.py --preset $1 --layers 8 --vram $2 --tokens 8192 --out "$OUT" > "$OUT/quantq_$1.full.log" 2>&1
+              grep -v "it/s\]" "$OUT/quantq_$1.full.log" | grep "^\[quantq\]\|wrote\|Error" | tail -14 | tee "$OUT/quantq_$1.log"; done ;;
     formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
     # issue 15's target where PCIe bounds Q8_0: short prompts, the streamed reads only
     formatspcie) timeout 400 python3 experiments/formats_ab.py --prompts 2048,4096,8192 --no-gemm --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[" | tail -20 | tee "$OUT/formats_pcie.log" ;;
