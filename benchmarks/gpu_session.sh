@@ -60,9 +60,9 @@ for step in "$@"; do
     # ~31 / 42 s, an arm ~9 s); --vram leaves a cache smaller than the smallest mix, so every arm
     # streams (qwen3: dense ~1.9 GiB of 4; gpt-oss: ~2.8 GiB of 5). Each run's whole output (its
     # traceback, if any) in quantq_<preset>.full.log, the summary printed
-    quantq) for a in "qwen3-30b-a3b 4GiB 160" "gpt-oss-20b 5GiB 180"; do set -- $a
-              timeout $3 python3 experiments/quant_quality.py --preset $1 --layers 8 --vram $2 --tokens 8192 --out "$OUT" > "$OUT/quantq_$1.full.log" 2>&1
-              grep -v "it/s\]" "$OUT/quantq_$1.full.log" | grep "^\[quantq\]\|wrote\|Error" | tail -14 | tee "$OUT/quantq_$1.log"; done ;;
+    quantq) for a in "qwen3-30b-a3b 4GiB 160" "gpt-oss-20b 5GiB 180"; do read -r qp qv qt <<< "$a"
+              timeout $qt python3 experiments/quant_quality.py --preset $qp --layers 8 --vram $qv --tokens 8192 --out "$OUT" > "$OUT/quantq_$qp.full.log" 2>&1
+              grep -v "it/s\]" "$OUT/quantq_$qp.full.log" | grep "^\[quantq\]\|wrote\|Error" | tail -14 | tee "$OUT/quantq_$qp.log"; done ;;
     formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
     # issue 15's target where PCIe bounds Q8_0: short prompts, the streamed reads only
     formatspcie) timeout 400 python3 experiments/formats_ab.py --prompts 2048,4096,8192 --no-gemm --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[" | tail -20 | tee "$OUT/formats_pcie.log" ;;
