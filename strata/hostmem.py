@@ -18,3 +18,24 @@ def host_available() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def on_tmpfs(path) -> bool:
+    """Whether `path` lies on a tmpfs (/dev/shm and the like: its pages are host memory already,
+    not a disk's cache the kernel may drop), from the longest mount point above it in
+    /proc/self/mounts; False where the OS does not say."""
+    try:
+        real = os.path.realpath(path)
+        best, kind = "", ""
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best):
+                    best, kind = mnt, parts[2]
+        return kind == "tmpfs"
+    except OSError:
+        return False

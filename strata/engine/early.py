@@ -38,6 +38,11 @@ class PinMethod:
              per 4 KiB of the pack's map, which every other faulting thread of the process
              queues behind); "map": copy from the mapped tensor (any source: in-memory packs,
              GGUF re-layouts). "pread" falls back to "map" where a layer has no file span.
+             "register": copy nothing; page-lock the source's own pages in place
+             (cudaHostRegister, read-only), so the host holds the blobs once: what a pack in
+             /dev/shm needs when a second, pinned copy would not fit beside it (the engine picks
+             it then: strata.engine.host.pin_method). Slower to lock: 2.0 GB/s against the
+             huge-page copy's 12.2 on the H200 machine (pin-nvidia-h200-d9c8ef3.csv).
     threads  copy threads (one pool for the whole load; at most the machine's cores): 16 read
              10.3 GB/s beside a busy caller, 8 read 8.5 (cold_warm-NVIDIA_H200-3234f3a.csv)
     overlap  page-lock layer i-1 on its own thread while the copy threads fill layer i
@@ -57,8 +62,9 @@ class PinMethod:
     early: bool = False
 
     def __post_init__(self):
-        if self.source not in ("pread", "map"):
-            raise ValueError(f"PinMethod.source must be 'pread' or 'map', got {self.source!r}")
+        if self.source not in ("pread", "map", "register"):
+            raise ValueError(f"PinMethod.source must be 'pread', 'map' or 'register', got "
+                             f"{self.source!r}")
         if self.threads < 1:
             raise ValueError(f"PinMethod.threads must be at least 1, got {self.threads}")
 

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from strata.engine.pinning import (PinMethod, Registration, huge_page_buffer, parallel_copy,
                                    pread_copy)
 from strata.errors import StrataError
+from strata.hostmem import on_tmpfs
 
 log = logging.getLogger("strata")
 
@@ -67,6 +68,7 @@ class HostExperts:
         self.pin_error: str | None = None
         self._maps: list = []               # huge-page maps under the registered layers
         self._regs: list[Registration] = []
+        self._in_place: set[int] = set()    # of those, the source's own pages (no copy)
         self._finalizer = weakref.finalize(self, _release, self._regs, self._maps)
         self._done = threading.Event()
         self._error: BaseException | None = None
@@ -132,6 +134,17 @@ class HostExperts:
                 if not (want_pin and self.pin_error is None):
                     self._layers.append(t)
                     continue
+                if meth.source == "register":        # the source's own pages, locked in place
+                    self._layers.append(t)
+                    pending = self._resolve(pending)
+                    if self.pin_error is not None:
+                        continue
+                    job = (self._register_in_place, t)
+                    if locker is None:
+                        self._resolve((len(self._layers) - 1, _done_future(*job)))
+                    else:
+                        pending = (len(self._layers) - 1, locker.submit(*job))
+                    continue
                 span = self._spans(i) if self._spans is not None and meth.source == "pread" \
                     else None
                 if span is not None and span[2] != t.numel():
@@ -182,12 +195,24 @@ class HostExperts:
         except RuntimeError as e:  # out of page-lockable memory: pageable from here on
             self.pin_error = str(e).splitlines()[0]
             # copy out what lies in locked memory (registered huge pages, torch's pinned
-            # blocks) before the maps under it go
-            locked = {r.ptr for r in self._regs}
+            # blocks) before the maps under it go; pages locked in place stay the source's
+            locked = {r.ptr for r in self._regs} - self._in_place
             self._layers = [x.clone() if x.data_ptr() in locked or x.is_pinned() else x
                             for x in self._layers]
             _release(self._regs, self._maps)
         return None
+
+    def _register_in_place(self, t: torch.Tensor) -> torch.Tensor:
+        """Page-lock layer blobs `t` where they lie (PinMethod "register": the pack's map, or an
+        in-memory source), read-only: nothing copied (RuntimeError when the driver refuses)."""
+        t0 = time.perf_counter()
+        t = t.contiguous()               # a pack's layer is one run of its map: no copy
+        try:
+            self._regs.append(Registration(t, read_only=True))
+            self._in_place.add(self._regs[-1].ptr)
+            return t
+        finally:
+            self.lock_s += time.perf_counter() - t0
 
     def _lock_pages(self, buf: torch.Tensor, m, t: torch.Tensor, pool) -> torch.Tensor:
         """Page-lock the filled huge-page copy `buf` of layer blobs `t` (cudaHostRegister),
@@ -251,6 +276,20 @@ class HostExperts:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() for t in self.layers)
+
+
+def pin_method(pack, host_blobs: int, available: int | None) -> PinMethod:
+    """How an engine pins `pack`'s `host_blobs` bytes of experts: the default copy into huge
+    pages (PinMethod(): the fastest to lock, 12.2 GB/s against 2.0 in place on the H200
+    machine), or "register", locked where they lie, when they lie in host memory already (a
+    pack file on a tmpfs such as /dev/shm, an in-memory pack) and a pinned copy would not fit
+    the `available` host memory beside them: the host then holds the blobs once, not twice."""
+    if available is None or host_blobs <= available:
+        return PinMethod()
+    path = getattr(pack, "path", None)
+    resident = on_tmpfs(path) if path is not None and os.path.exists(str(path)) else \
+        getattr(pack, "expert_span", None) is None          # no file: the pack is memory
+    return PinMethod("register") if resident else PinMethod()
 
 
 def _done_future(fn, *args):

@@ -157,3 +157,95 @@ def test_a_later_layers_locking_failure_leaves_nothing_locked(monkeypatch):
     assert fake.locked == {}, "a layer stayed registered after the fallback"
     for i, b in enumerate(blobs):
         assert torch.equal(host.layers[i], b)
+
+
+def test_register_locks_the_pack_pages_in_place(monkeypatch, tmp_path):
+    """PinMethod "register": every layer is the pack's own mapped bytes, locked read-only where
+    they lie (no copy: the host holds the blobs once), overlapped or not, in the background or
+    not; close() unlocks them all and the pack still reads."""
+    import itertools
+
+    from strata.engine.pinning import HOST_REGISTER_READ_ONLY, PinMethod
+    from strata.packs import Pack
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.shapes import get_preset
+    pack = Pack.open(synth_pack(tmp_path / "t.pack", get_preset("tiny"),
+                                ExpertFormats.of("Q8_0"), progress=False))
+    sizes = [pl.blob_size for pl in pack.layers]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    class Flags(_FakeCudart):
+        flags: list = []
+
+        def cudaHostRegister(self, ptr, nbytes, flags):
+            self.flags.append(flags)
+            return super().cudaHostRegister(ptr, nbytes, flags)
+    for overlap, bg in itertools.product((True, False), (True, False)):
+        fake = Flags()
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+        host = HostExperts(pack.experts, sizes, pin=True, background=bg, spans=pack.expert_span,
+                           method=PinMethod("register", overlap=overlap))
+        assert host.pinned and len(fake.locked) == len(sizes)
+        for i in range(len(sizes)):
+            assert host.layers[i].data_ptr() == pack.experts(i).data_ptr()    # no copy
+            assert fake.locked[host.layers[i].data_ptr()] == pack.experts(i).numel()
+        assert all(f & HOST_REGISTER_READ_ONLY for f in fake.flags)
+        host.close()
+        assert not fake.locked
+    assert torch.equal(pack.experts(0)[:1], pack.experts(0)[:1].clone())
+
+
+def test_register_refused_leaves_the_pack_pageable_and_uncopied(monkeypatch):
+    """A driver that will not lock a layer in place (no read-only registration): that layer and
+    the rest stay the source's pageable bytes, nothing stays locked, nothing was copied."""
+    from strata.engine.pinning import PinMethod
+    blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(4)]
+
+    class FailsSecond(_FakeCudart):
+        def cudaHostRegister(self, ptr, nbytes, flags):
+            if len(self.locked) == 1:
+                return 801        # cudaErrorNotSupported
+            return super().cudaHostRegister(ptr, nbytes, flags)
+    fake = FailsSecond()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    host = HostExperts(lambda i: blobs[i], [1000] * 4, pin=True,
+                       method=PinMethod("register"))
+    assert not host.pinned and "801" in host.pin_error and fake.locked == {}
+    for i, b in enumerate(blobs):
+        assert host.layers[i].data_ptr() == b.data_ptr()
+
+
+def test_pin_method_locks_a_resident_pack_in_place_only_when_a_copy_would_not_fit(tmp_path):
+    """The default copy wherever it fits; a pack already in host memory (a file on a tmpfs, an
+    in-memory pack) whose pinned copy would not fit beside it: "register"; a pack on a disk
+    stays the copy (the host-memory check then says what does not fit)."""
+    import os
+    import shutil
+
+    import pytest
+
+    from strata.engine.host import pin_method
+    from strata.hostmem import on_tmpfs
+    from strata.packs import Pack
+    from strata.packs.memory import MemoryPack
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.shapes import get_preset
+    tiny = get_preset("tiny")
+    disk = Pack.open(synth_pack(tmp_path / "t.pack", tiny, ExpertFormats.of("Q8_0"),
+                                progress=False))
+    mem = MemoryPack(tiny, ExpertFormats.of("Q8_0"))
+    for pack in (disk, mem):
+        assert pin_method(pack, 10, 100).source == "pread"       # fits: the copy
+        assert pin_method(pack, 10, None).source == "pread"      # the OS does not say
+    assert pin_method(mem, 100, 10).source == "register"
+    assert not on_tmpfs(tmp_path) or pytest.skip("tmp_path is a tmpfs here")
+    assert pin_method(disk, 100, 10).source == "pread"
+    if not os.path.isdir("/dev/shm") or not on_tmpfs("/dev/shm"):
+        pytest.skip("no tmpfs at /dev/shm")
+    shm = f"/dev/shm/strata-test-{os.getpid()}.pack"
+    try:
+        shutil.copy(disk.path, shm)
+        assert pin_method(Pack.open(shm), 100, 10).source == "register"
+    finally:
+        os.unlink(shm)
