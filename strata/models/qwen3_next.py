@@ -134,8 +134,10 @@ class Qwen3Next(MoeDecoder):
         k = norm_rope((xn @ w.wk.t()).view(T, s.n_kv_head, hd), w.k_norm, cos, sin,
                       s.rms_eps)                                               # [Hkv, T, hd]
         v = (xn @ w.wv.t()).view(T, s.n_kv_head, hd)
-        o = attend_cached(q, k, v, cache, l).reshape(T, s.n_head * hd)
-        return (o * torch.sigmoid(qg[..., hd:].reshape(T, s.n_head * hd))) @ w.wo.t()
+        o = attend_cached(q, k, v, cache, l)                                   # [T, H, hd]
+        # the output gate into the sigmoid's own [T, H, hd] buffer, reading o and the gate
+        # where they lie (o is often a transposed view): neither is copied to be reshaped
+        return torch.sigmoid(qg[..., hd:]).mul_(o).reshape(T, s.n_head * hd) @ w.wo.t()
 
     def delta_attend(self, xn, w: DeltaNetWeights, cache, l: int) -> torch.Tensor:
         """A Gated DeltaNet layer's output [T, D]; its conv state and S carry in cache.states.
