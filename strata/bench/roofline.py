@@ -13,7 +13,7 @@ i.e. without CUDA; an unmeasured rate makes its part of the bound free):
   T-token chunk at the model's head shape.
 - `dense_rate(shape, T)`: FLOP/s of the dense layers' GEMMs (torch.mm bf16, T rows, each
   layer's `dense_gemms`), over every layer of the shape.
-- `delta_rate(shape, T)`: FLOP/s of the chunked gated delta rule (the launch in force, bf16
+- `delta_rate(shape, T)`: FLOP/s of the chunked gated delta rule (the default launch, bf16
   activations: fla-core's kernels where it is installed) over one linear-attention layer's T
   tokens at the model's head shape; a model without linear layers measures none.
 The four compute rates are timed settled: after SETTLE_S seconds of their op back to back, at
@@ -341,15 +341,17 @@ def dense_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> flo
 
 
 def delta_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
-    """FLOP/s of the chunked gated delta rule (strata.kernels.deltanet.chunk, the launch in
-    force: fla-core's kernels for bf16 where installed) over one linear-attention layer's T
-    tokens, counting linear_flops of one layer: bf16 q, k [T, Hk, dk] and v [T, Hv, dv], fp32
-    gates g <= 0 and beta in (0, 1), an fp32 state carried in and out, q/k L2-normed in the
-    kernel, as the model calls it; NaN without CUDA or linear layers."""
+    """FLOP/s of the chunked gated delta rule (strata.kernels.deltanet.chunk under the default
+    launch, whatever a caller pinned: fla-core's kernels for bf16 where installed, else
+    strata's, so a read pinned to a slower launch is measured against the faster one) over one
+    linear-attention layer's T tokens, counting linear_flops of one layer: bf16 q, k [T, Hk, dk]
+    and v [T, Hv, dv], fp32 gates g <= 0 and beta in (0, 1), an fp32 state carried in and out,
+    q/k L2-normed in the kernel, as the model calls it; NaN without CUDA or linear layers."""
     lin = getattr(shape, "linear", None)
     if lin is None or not torch.cuda.is_available():
         return float("nan")
     from strata.kernels.deltanet.chunk import chunk_gated_delta_rule
+    from strata.kernels.deltanet.launch import DEFAULT, pin_delta_launch
     Hk, Hv, dk, dv = lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim
     dev, bf = "cuda", torch.bfloat16
     q, k = (torch.randn(T, Hk, dk, device=dev, dtype=bf) for _ in range(2))
@@ -360,8 +362,9 @@ def delta_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> flo
 
     def run():
         chunk_gated_delta_rule(q, k, v, g, beta, S, use_qk_l2norm=True, out_state=S)
-    return linear_flops(shape, T, layers=1) / settled_seconds(run, device=dev, reps=reps,
-                                                                settle_s=settle_s)
+    with pin_delta_launch(DEFAULT):
+        secs = settled_seconds(run, device=dev, reps=reps, settle_s=settle_s)
+    return linear_flops(shape, T, layers=1) / secs
 
 
 def record_streamed(rec, res, T: int, shape, h2d: float, rates: Rates, **config) -> float | None:
