@@ -5,7 +5,7 @@ Legend: N row width, T tokens, h heads, hd head dim.
 
     rms_norm(x [..., N], w [N] | None, eps)  y = w * rnd_x(x * rsqrt(mean(x^2) + eps))
     qk_norm_rope(x [T, h, hd], w [hd] | None, cos, sin [T, R], eps) -> [h, T, hd]
-        = apply_rope_partial(rms_norm(x, w, eps).transpose(0, 1), cos, sin)
+        = apply_rope(rms_norm(x, w, eps).transpose(0, 1), cos, sin)
           (w None: rope only; R < hd: partial rotary, the first R dims rotated, GLM-4.5,
           MiniMax-M2 and Qwen3.5 / Qwen3-Next's full layers)
 

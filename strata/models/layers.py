@@ -9,9 +9,8 @@ Legend: T tokens, h heads, hd head dim.
     rope_cos_sin(positions, hd, θ)   cos, sin [T, hd], NEOX RoPE (frequency i on dims i, i + hd/2)
     yarn_cos_sin(positions, hd, θ, factor, orig_ctx, ...)   the same with YaRN's frequencies and
                                      attention factor (GPT-OSS)
-    apply_rope(x [h, T, hd], cos, sin)
-    apply_rope_partial(x [h, T, hd], cos, sin)      NEOX on the first R dims (cos/sin [T, R]), the
-                                                    rest passed through (GLM-4.5: R = hd/2)
+    apply_rope(x [h, T, hd], cos, sin)              NEOX; cos/sin [T, R], R < hd: on the first R
+                                                    dims, the rest passed through (GLM-4.5: R = hd/2)
     apply_rope_pairs(x [h, T, R], cos, sin)         interleaved pairs (2i, 2i+1) rotated by
                                                     frequency i (DeepSeek's MLA rope key; GGUF
                                                     rope type NORM)
@@ -44,7 +43,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
               eps: float) -> torch.Tensor:
-    """x [T, h, hd] -> apply_rope_partial(rms_norm(x, w, eps).transpose(0, 1), cos, sin)
+    """x [T, h, hd] -> apply_rope(rms_norm(x, w, eps).transpose(0, 1), cos, sin)
     [h, T, hd] (w None: no norm; cos/sin [T, R]: RoPE on the first R dims), as one fused kernel
     pass where `norm_impl` says so and it takes the inputs (NEOX cos/sin fp32, R even), else the
     torch twin. For the projection's
@@ -120,16 +119,9 @@ def shape_cos_sin(positions: torch.Tensor, shape, dim: int | None = None
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [h, T, hd]: x*cos + rotate_half(x)*sin, rotate_half(a, b) = (-b, a) (in fp32, rounded to
-    x's dtype: strata.kernels.norm.neox_rope_torch, the fused kernel's twin)."""
+    x's dtype: strata.kernels.norm.neox_rope_torch, the fused kernel's twin); cos/sin [T, R]
+    with R < hd rotate x[..., :R] only (partial rotary), x[..., R:] passed through."""
     return _norm.neox_rope_torch(x, cos, sin)
-
-
-def apply_rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [h, T, hd]: NEOX RoPE on x[..., :R] (R = cos.shape[-1]), x[..., R:] unrotated."""
-    R = cos.shape[-1]
-    if R == x.shape[-1]:
-        return apply_rope(x, cos, sin)
-    return torch.cat([apply_rope(x[..., :R], cos, sin), x[..., R:]], dim=-1)
 
 
 def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

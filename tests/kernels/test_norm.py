@@ -29,7 +29,7 @@ from strata.kernels import norm
 from strata.kernels.norm import (NormTile, norm_impl, norm_tile, pin_norm, qk_norm_rope,
                                  qk_norm_rope_supported, qk_norm_rope_torch, rms_norm,
                                  rms_norm_torch)
-from strata.models.layers import apply_rope, apply_rope_partial, rope_cos_sin, yarn_cos_sin
+from strata.models.layers import apply_rope, rope_cos_sin, yarn_cos_sin
 from tests.kernels.compiled import compile_lines
 
 EPS = 1e-6
@@ -259,7 +259,7 @@ def test_qk_norm_rope_exact_sums_are_bit_exact(c):
     x, w, cos, sin = head_inputs(c, 4, exact=True)
     got = qk_norm_rope(x, w, cos, sin, EPS)
     n = x if w is None else rms_norm_torch(x, w, EPS)
-    want = apply_rope_partial(n.transpose(0, 1), cos, sin)
+    want = apply_rope(n.transpose(0, 1), cos, sin)
     assert got.shape == (c.h, c.T, c.hd) and got.dtype == want.dtype
     assert torch.equal(got, want)
 
