@@ -104,7 +104,8 @@ class Share:
     got: Borrowed                                             # what it borrowed and carved
     provider: StreamingProvider
     stages: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> KV stage
-    kv_scratch: dict[int, object] = field(default_factory=dict)     # layer -> its attn scratch
+    kv_scratch: dict[int, object] = field(default_factory=dict)     # layer -> AttnScratch
+    flash_state: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> attn_flash
     mla_scratch: dict[int, object] = field(default_factory=dict)    # layer -> MLAScratch
     state_scratch: dict[int, dict] = field(default_factory=dict)    # layer -> delta-rule bufs
 
@@ -130,7 +131,7 @@ def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend
     if "kv_expand_k" in bufs.bufs:
         share.kv_scratch = {l: attn_scratch(bufs, shape) for l in layers}
     elif "attn_flash" in bufs.bufs:     # a bf16 prefix by flash blocks (attention/flash_prefix)
-        share.kv_scratch = {l: bufs["attn_flash"] for l in layers}
+        share.flash_state = {l: bufs["attn_flash"] for l in layers}
     if "mla_k" in bufs.bufs:
         share.mla_scratch = {l: MLAScratch.of_carve(bufs) for l in layers}
     if any(n.startswith("dn_") for n in bufs.bufs):   # linear-attention layers' scratch
@@ -176,6 +177,7 @@ class PromptSession:
         self.provider = None                      # what the prompt reads through (open)
         self.stages: dict[int, torch.Tensor] = {}     # layer -> its participant's KV stage
         self.kv_scratch: dict[int, object] = {}       # layer -> AttnScratch of its carve
+        self.flash_state: dict[int, torch.Tensor] = {}    # layer -> flash blocks' buffer
         self.mla_scratch: dict[int, object] = {}      # layer -> MLAScratch of its carve
         self.state_scratch: dict[int, dict] = {}      # layer -> delta-rule scratch of its carve
         self.kv = None                            # the prompt's KV (new_kv)
@@ -202,6 +204,7 @@ class PromptSession:
             self.memory.append(share.got)
             self.stages.update(share.stages)
             self.kv_scratch.update(share.kv_scratch)
+            self.flash_state.update(share.flash_state)
             self.mla_scratch.update(share.mla_scratch)
             self.state_scratch.update(share.state_scratch)
             self.providers.append(share.provider)
@@ -219,6 +222,7 @@ class PromptSession:
         self.kv = cache         # released at exit whatever fails after this
         if cache is not None:
             cache.scratch = self.mla_scratch if self.shape.mla else self.kv_scratch
+            cache.flash_state = self.flash_state
         else:
             cache = model.new_cache(capacity=n_tokens, kv=kv)
             if self.shape.mla:
@@ -248,6 +252,7 @@ class PromptSession:
                     kv.release()      # the resident and the pinned host KV go with the prompt
             self.kv = self.provider = None
             self.stages, self.kv_scratch, self.mla_scratch = {}, {}, {}
+            self.flash_state = {}
             self.state_scratch = {}
             self.providers, self.loans = [], []
 

@@ -171,7 +171,7 @@ class WarmKV(PromptKV):
 
     def _probe(self, layer, q, k, v, extra) -> None:
         from strata.kernels.attention import chunk_attention, probe_launches
-        scratch = self.tile_scratch(layer)
+        scratch = self.scratch.get(layer)
         stage = self.stage_bufs.get(layer)
         sinks = extra.get("sinks")
         # what a launch depends on besides the prefix: layers alike in all of it probe once

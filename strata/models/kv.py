@@ -169,7 +169,9 @@ class PromptKV:
     allocates its own). A bf16 prefix where attention blocks beat chunk_attention (cuDNN's from
     hd 128 on Hopper, FlashAttention-2's past hd 128 elsewhere: strata.kernels.attention.
     flash_prefix.prefix_route) goes to those blocks merged by their log-sum-exp,
-    `scratch[layer]` then the layout's attn_flash buffer.
+    `flash_state[layer]` then the layout's attn_flash buffer (apart from `scratch`: a chunk of
+    such a layer that goes to chunk_attention after all, packed sequences or a window, runs
+    with the launcher's own buffers, which a bf16 prefix does not need).
 
     MLA (DeepSeek-V3, Kimi-K2: `attend_latent`): one "head" whose key is the normed latent c
     (head_dim = Lkv) and whose value is the rotated rope key (value_dim = R), the format of the
@@ -210,6 +212,7 @@ class PromptKV:
         self.devices = list(devices)
         self.lanes = lanes or {}
         self.scratch = scratch or {}   # layer -> AttnScratch (int8 on CUDA)
+        self.flash_state: dict = {}    # layer -> the flash blocks' attn_flash buffer (bf16)
         from strata.kernels.attention.kv_int8 import KV_FLOATS
         self.code = KV_FLOATS.get(kv, torch.int8)
         if kv == "fp32":
@@ -346,24 +349,16 @@ class PromptKV:
         if not prefix and not extra and q.is_cuda and attention_impl(q.device) == "triton":
             o = first_chunk_attention(q, k, v)
         elif prefix and self.flash_prefix(q, extra):
-            o = prefix_flash_attention(q, k, v, prefix, state=self.scratch.get(layer),
+            o = prefix_flash_attention(q, k, v, prefix, state=self.flash_state.get(layer),
                                        route=prefix_route(q.shape[-1], self.kv))
         else:
             fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
-            o = fn(q, k, v, prefix, scratch=self.tile_scratch(layer), **extra)
+            o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
         self._append(layer, vals, k.shape[0])
         nxt = self._next.get(layer)
         if n_host and nxt is not None:
             self.stage(nxt)     # the next staged layer's copy overlaps this layer's experts
         return o
-
-    def tile_scratch(self, layer: int):
-        """`layer`'s AttnScratch for chunk_attention, or None. A layer whose plan sends a bf16
-        prefix to flash blocks holds their attn_flash buffer instead, a tensor; a chunk of it
-        that goes to chunk_attention after all (packed sequences, a window, sinks) runs with the
-        launcher's own buffers, which a bf16 prefix does not need."""
-        s = self.scratch.get(layer)
-        return None if isinstance(s, torch.Tensor) else s
 
     def flash_prefix(self, q: torch.Tensor, extra: dict) -> bool:
         """Whether a later chunk of q's width attends its prefix by flash blocks
@@ -477,7 +472,7 @@ class PromptKV:
             done.exception()
         self._restoring = {}
         self.resident, self.hosted, self.stages, self._ready = [], [], {}, {}
-        self.scratch, self.states = {}, None
+        self.scratch, self.flash_state, self.states = {}, {}, None
         if self.host_arena is not None:
             self.host_arena.let_go(self)
 

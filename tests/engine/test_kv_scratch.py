@@ -61,15 +61,16 @@ def test_pieces_through_prompt_kv_gpu():
 
 
 def test_a_flash_buffer_is_not_a_tile_scratch(kernel_on_cpu):
-    """A layer whose plan carved the flash blocks' buffer (a tensor) in `scratch[layer]` hands
-    chunk_attention no tile scratch (its own buffers serve a bf16 prefix), an AttnScratch as
-    it is: the chunk of packed sequences a perplexity read sends to chunk_attention read the
-    flash buffer as an AttnScratch on the GPU (`.k` of a tensor)."""
+    """A layer whose plan carved the flash blocks' buffer keeps it in `flash_state`, apart from
+    the AttnScratch chunk_attention takes in `scratch`: a chunk of such a layer that goes to
+    chunk_attention after all (the packed sequences of a perplexity read), and the warm-up's
+    probe of those launches, never take the flash buffer for an AttnScratch (the GPU read `.k`
+    of that tensor when both shared `scratch`)."""
     buf = torch.empty(64, dtype=torch.uint8)
     sc = AttnScratch(torch.empty(8, HKV, HD, dtype=torch.bfloat16),
                      torch.empty(8, HKV, HD, dtype=torch.bfloat16))
-    kv = PromptKV(2, HKV, HD, N, kv="bf16", devices=["cpu"] * 2, scratch={0: buf, 1: sc})
-    assert kv.tile_scratch(0) is None and kv.tile_scratch(1) is sc
+    kv = PromptKV(2, HKV, HD, N, kv="bf16", devices=["cpu"] * 2, scratch={1: sc})
+    kv.flash_state = {0: buf}
     gen = torch.Generator().manual_seed(1)
     for l in (0, 1):     # a bf16 prefix through the kernel with the flash buffer in place
         q, k, v = (torch.randn(T, h, HD, generator=gen).to(torch.bfloat16) for h in (H, HKV, HKV))
@@ -77,11 +78,15 @@ def test_a_flash_buffer_is_not_a_tile_scratch(kernel_on_cpu):
     kv.commit(T)
     q, k, v = (torch.randn(T, h, HD, generator=gen).to(torch.bfloat16) for h in (H, HKV, HKV))
     assert torch.isfinite(kv.attend(0, q, k, v).float()).all()
-    # the warm-up probes the real prompt's launches through chunk_attention with the same
-    # scratch (where the GPU read `.k` of the flash buffer)
+    kv.release()
+    assert kv.flash_state == {} and kv.scratch == {}
+    # the warm-up probes the real prompt's launches through chunk_attention beside the flash
+    # buffer (where the GPU read `.k` of it)
     from strata.engine.warm import ProbePlan, WarmKV
-    warm = WarmKV(1, HKV, HD, 2 * T, kv="bf16", devices=["cpu"], stages={}, scratch={0: buf},
+    warm = WarmKV(1, HKV, HD, 2 * T, kv="bf16", devices=["cpu"], stages={},
                   probe=ProbePlan(N, T, None), stage_bufs={})
+    warm.flash_state = {0: buf}
     q, k, v = (torch.randn(T, h, HD, generator=gen).to(torch.bfloat16) for h in (H, HKV, HKV))
     warm.attend(0, q, k, v)
     assert warm.probes > 0
+
