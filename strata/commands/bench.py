@@ -18,7 +18,8 @@ bytes streamed per read, and beside it the bounds measured in the same run:
 the CPU). The floor's parts, in seconds over the whole prompt, are columns of their own
 (floor_experts_s, floor_attention_s, floor_linear_s, floor_dense_s) and a line under the
 markdown table; linear_at_dense_s prices a hybrid's delta rule at the dense rate instead (the
-stricter figure, not in the bound). The budget flags are strata plan's and strata prefill's (strata.commands._args).
+stricter figure, not in the bound); kv_streamed is the host-held KV staged back. The budget flags
+are strata plan's and strata prefill's (strata.commands._args).
 """
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ FORMATS = ("md", "csv", "json")
 FLOOR_PARTS = ("experts", "attention", "linear", "dense")     # strata.bench.roofline's
 PART_COLUMNS = [f"floor_{k}_s" for k in FLOOR_PARTS]
 COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "test", "n_tokens", "chunk", "ring", "reps",
-           "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "kv_streamed", "h2d_gbps",
-           "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "of_bound", "warmup_s",
-           "wait_s", *PART_COLUMNS, "linear_at_dense_s"]
+           "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "kv_streamed",
+           "h2d_gbps", "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "of_bound",
+           "warmup_s", "wait_s", *PART_COLUMNS, "linear_at_dense_s"]
 
 
 def lengths(text: str) -> list[int]:

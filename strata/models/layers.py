@@ -9,8 +9,8 @@ Legend: T tokens, h heads, hd head dim.
     rope_cos_sin(positions, hd, θ)   cos, sin [T, hd], NEOX RoPE (frequency i on dims i, i + hd/2)
     yarn_cos_sin(positions, hd, θ, factor, orig_ctx, ...)   the same with YaRN's frequencies and
                                      attention factor (GPT-OSS)
-    apply_rope(x [h, T, hd], cos, sin)              NEOX; cos/sin [T, R], R < hd: on the first R
-                                                    dims, the rest passed through (GLM-4.5: R = hd/2)
+    apply_rope(x [h, T, hd], cos, sin)              NEOX; cos/sin [T, R], R < hd: on the first
+                                                    R dims, the rest passed (GLM-4.5: R = hd/2)
     apply_rope_pairs(x [h, T, R], cos, sin)         interleaved pairs (2i, 2i+1) rotated by
                                                     frequency i (DeepSeek's MLA rope key; GGUF
                                                     rope type NORM)

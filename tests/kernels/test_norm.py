@@ -339,8 +339,9 @@ def test_norm_impl_defaults_and_pins():
 
 def test_norm_kernels_compile_for_h200():
     """Both kernels compile for sm_90 with triton's passes and ptxas (no GPU), at qwen3-30b-a3b's
-    shapes and Qwen3.5's partial rotary (64 of 256) and norm_tile's tiles, in a process without the interpreter, with no register spills
-    (compile_norm.py without --quick: every width and head shape, their footprints)."""
+    shapes and Qwen3.5's partial rotary (64 of 256) and norm_tile's tiles, in a process without
+    the interpreter, with no register spills (compile_norm.py without --quick: every width and
+    head shape, their footprints)."""
     lines, out = compile_lines("compile_norm.py", "--quick", timeout=600)
     assert len(lines) == 3, out
     for line in lines:
