@@ -20,14 +20,14 @@ def host_available() -> int | None:
         return None
 
 
-def on_tmpfs(path) -> bool:
+def on_tmpfs(path, mounts="/proc/self/mounts") -> bool:
     """Whether `path` lies on a tmpfs (/dev/shm and the like: its pages are host memory already,
-    not a disk's cache the kernel may drop), from the longest mount point above it in
-    /proc/self/mounts; False where the OS does not say."""
+    not a disk's cache the kernel may drop), from the longest mount point above it in the mount
+    table `mounts`; False where the OS does not say."""
     try:
         real = os.path.realpath(path)
         best, kind = "", ""
-        with open("/proc/self/mounts") as f:
+        with open(mounts) as f:
             for line in f:
                 parts = line.split()
                 if len(parts) < 3:

@@ -216,36 +216,42 @@ def test_register_refused_leaves_the_pack_pageable_and_uncopied(monkeypatch):
         assert host.layers[i].data_ptr() == b.data_ptr()
 
 
-def test_pin_method_locks_a_resident_pack_in_place_only_when_a_copy_would_not_fit(tmp_path):
+def test_pin_method_locks_a_resident_pack_in_place_only_when_a_copy_would_not_fit(
+        tmp_path, monkeypatch):
     """The default copy wherever it fits; a pack already in host memory (a file on a tmpfs, an
     in-memory pack) whose pinned copy would not fit beside it: "register"; a pack on a disk
-    stays the copy (the host-memory check then says what does not fit)."""
-    import os
-    import shutil
-
-    import pytest
-
+    stays the copy (the host-memory check then says what does not fit). Where the file lies
+    is the mount table's to say (on_tmpfs, held to a table of its own below)."""
+    import strata.engine.host as host_mod
     from strata.engine.host import pin_method
-    from strata.hostmem import on_tmpfs
     from strata.packs import Pack
     from strata.packs.memory import MemoryPack
     from strata.packs.synth import ExpertFormats, synth_pack
     from strata.shapes import get_preset
     tiny = get_preset("tiny")
-    disk = Pack.open(synth_pack(tmp_path / "t.pack", tiny, ExpertFormats.of("Q8_0"),
+    pack = Pack.open(synth_pack(tmp_path / "t.pack", tiny, ExpertFormats.of("Q8_0"),
                                 progress=False))
     mem = MemoryPack(tiny, ExpertFormats.of("Q8_0"))
-    for pack in (disk, mem):
-        assert pin_method(pack, 10, 100).source == "pread"       # fits: the copy
-        assert pin_method(pack, 10, None).source == "pread"      # the OS does not say
-    assert pin_method(mem, 100, 10).source == "register"
-    assert not on_tmpfs(tmp_path) or pytest.skip("tmp_path is a tmpfs here")
-    assert pin_method(disk, 100, 10).source == "pread"
-    if not os.path.isdir("/dev/shm") or not on_tmpfs("/dev/shm"):
-        pytest.skip("no tmpfs at /dev/shm")
-    shm = f"/dev/shm/strata-test-{os.getpid()}.pack"
-    try:
-        shutil.copy(disk.path, shm)
-        assert pin_method(Pack.open(shm), 100, 10).source == "register"
-    finally:
-        os.unlink(shm)
+    for tmpfs in (False, True):
+        monkeypatch.setattr(host_mod, "on_tmpfs", lambda path, t=tmpfs: t)
+        for p in (pack, mem):
+            assert pin_method(p, 10, 100).source == "pread"       # fits: the copy
+            assert pin_method(p, 10, None).source == "pread"      # the OS does not say
+        assert pin_method(mem, 100, 10).source == "register"
+        assert pin_method(pack, 100, 10).source == ("register" if tmpfs else "pread")
+
+
+def test_on_tmpfs_reads_the_deepest_mount_above_a_path(tmp_path):
+    """The longest mount point above the path decides (a disk mounted inside a tmpfs is a
+    disk); mount points with spaces (\\040 in the table); a table that cannot be read: False."""
+    from strata.hostmem import on_tmpfs
+    root = tmp_path / "m"
+    (root / "shm dir" / "disk").mkdir(parents=True)
+    esc = str(root / "shm dir").replace(" ", "\\040")
+    table = tmp_path / "mounts"
+    table.write_text(f"/dev/sda1 / ext4 rw 0 0\ntmpfs {esc} tmpfs rw 0 0\n"
+                     f"/dev/sdb1 {esc}/disk xfs rw 0 0\n")
+    assert on_tmpfs(root / "shm dir" / "a.pack", table)
+    assert not on_tmpfs(root / "shm dir" / "disk" / "a.pack", table)
+    assert not on_tmpfs(root / "a.pack", table)
+    assert not on_tmpfs(root / "a.pack", tmp_path / "no-such-table")
