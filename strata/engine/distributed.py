@@ -65,7 +65,7 @@ from strata.engine.device import Lane
 from strata.engine.engine_config import EngineConfig, dense_dtype, engine_policy, resolved
 from strata.engine.finite import FiniteGuard
 from strata.engine.handoff import Handoff, raise_first, rank_message
-from strata.engine.host import HostExperts
+from strata.engine.host import HostExperts, host_pinning
 from strata.engine.prompt_kv import new_prompt_kv, uses_prompt_kv
 from strata.engine.prompt_plan import check_prefix_pin, plan_inputs, plan_prompt, resolve_kv
 from strata.engine.scratch import ParticipantScratch
@@ -218,13 +218,16 @@ class StageEngine:
         p, b = parts[rank], budgets[rank]
         self.layers = b.layers
         self.first, self.last = rank == 0, rank == world - 1
-        check_machine([b], [device], host_blobs=sum(blob_sizes[l] for l in b.layers) * s.n_expert,
+        method, pinned_bytes = host_pinning(
+            pack, sum(blob_sizes[l] for l in b.layers) * s.n_expert, cfg.pin,
+            device.type == "cuda")
+        check_machine([b], [device], host_blobs=pinned_bytes,
                       pin=cfg.pin, dense_host=b.dense * self.dtype.itemsize // 2,
                       host_kv=self.layout.sizes.kv_host_all(cfg.max_prompt, b.layers),
                       kv_tokens=cfg.max_prompt)
         self.host = HostExperts(pack.experts, blob_sizes, pin=cfg.pin, progress=cfg.progress,
                                 spans=getattr(pack, "expert_span", None),
-                                layers=b.layers)
+                                layers=b.layers, method=method)
         self.pinned = self.host.pinned or device.type != "cuda"
         cache = ExpertCache(p.cache, self.host.source, device, fill=False)
         cache.land = self.land

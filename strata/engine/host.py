@@ -27,7 +27,8 @@ from tqdm import tqdm
 from strata.engine.pinning import (PinMethod, Registration, huge_page_buffer, parallel_copy,
                                    pread_copy)
 from strata.errors import StrataError
-from strata.hostmem import on_tmpfs
+from strata.hostmem import host_available, on_tmpfs
+from strata.units import fmt_bytes
 
 log = logging.getLogger("strata")
 
@@ -290,6 +291,19 @@ def pin_method(pack, host_blobs: int, available: int | None) -> PinMethod:
     resident = on_tmpfs(path) if path is not None and os.path.exists(str(path)) else \
         getattr(pack, "expert_span", None) is None          # no file: the pack is memory
     return PinMethod("register") if resident else PinMethod()
+
+
+def host_pinning(pack, host_blobs: int, pin: bool, cuda: bool) -> tuple[PinMethod, int]:
+    """(the PinMethod an engine loads `pack`'s experts with, the host bytes its pinned blobs
+    take beyond the pack itself: `host_blobs` for a copy, 0 locked in place), pin_method's
+    choice at the host memory available now; the one call both engines (strata.engine.prefill,
+    strata.engine.distributed's ranks) make before their host-memory check."""
+    method = pin_method(pack, host_blobs, host_available()) if pin and cuda else PinMethod()
+    if method.source != "register":
+        return method, host_blobs
+    log.info("strata prefill: the pack's experts lie in host memory and a pinned copy (%s) "
+             "would not fit beside them: locking them in place", fmt_bytes(host_blobs))
+    return method, 0
 
 
 def _done_future(fn, *args):

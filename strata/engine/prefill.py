@@ -40,9 +40,7 @@ from strata.engine.device import Lane
 from strata.engine.engine_config import (EngineConfig, default_devices, dense_dtype,
                                          engine_policy, kv_policy, resolved)
 from strata.engine.finite import FiniteGuard
-from strata.engine.host import HostExperts, pin_method
-from strata.engine.pinning import PinMethod
-from strata.hostmem import host_available
+from strata.engine.host import HostExperts, host_pinning
 from strata.engine.observe import EngineObserver
 from strata.engine.prompt_kv import host_kv_arena, new_prompt_kv, uses_prompt_kv
 from strata.engine.prompt_plan import check_prefix_pin, plan_inputs, plan_prompt, resolve_kv
@@ -56,7 +54,6 @@ from strata.memory import ExpertCache, RingPolicy
 from strata.models.kv import PromptKV, kv_windows
 from strata.engine.load import load_model, open_pack, resolve_device
 from strata.planning import scratch_reserve
-from strata.units import fmt_bytes
 
 log = logging.getLogger("strata")
 
@@ -121,17 +118,12 @@ class PrefillEngine:
         self.kv = kv_policy(cfg, self.device.type)
         # every budget against the machine before the host blobs are pinned or the cache is
         # allocated (strata.budget): one line naming what does not fit
-        host_blobs = sum(self.blob_sizes) * self.shape.n_expert
         # a pack already in host memory whose pinned copy would not fit beside it is locked
-        # in place instead (pin_method): then pinning takes no host memory of its own
-        method = pin_method(pack, host_blobs, host_available()) if cfg.pin and host is None \
-            and any(d.type == "cuda" for d in devices) else PinMethod()
-        if method.source == "register":
-            log.info("strata prefill: the pack's experts lie in host memory and a pinned copy "
-                     "(%s) would not fit beside them: locking them in place",
-                     fmt_bytes(host_blobs))
-        check_machine(budgets, devices, host_blobs=0 if method.source == "register" else
-                      host_blobs, pin=cfg.pin and host is None,
+        # in place instead (host_pinning): then pinning takes no host memory of its own
+        method, pinned_bytes = host_pinning(pack, sum(self.blob_sizes) * self.shape.n_expert,
+                                            cfg.pin and host is None,
+                                            any(d.type == "cuda" for d in devices))
+        check_machine(budgets, devices, host_blobs=pinned_bytes, pin=cfg.pin and host is None,
                       dense_host=sum(b.dense for b in budgets) * self.dtype.itemsize // 2,
                       host_kv=self.sizes.kv_host_all(cfg.max_prompt),
                       kv_tokens=cfg.max_prompt)

@@ -239,6 +239,16 @@ def test_pin_method_locks_a_resident_pack_in_place_only_when_a_copy_would_not_fi
             assert pin_method(p, 10, None).source == "pread"      # the OS does not say
         assert pin_method(mem, 100, 10).source == "register"
         assert pin_method(pack, 100, 10).source == ("register" if tmpfs else "pread")
+    # what both engines ask before their host check: the method, and the host bytes its pinned
+    # blobs take beyond the pack (0 in place); nothing pinned without CUDA or --unpinned
+    monkeypatch.setattr(host_mod, "host_available", lambda: 10)
+    assert host_mod.host_pinning(mem, 100, True, True)[1] == 0
+    assert host_mod.host_pinning(mem, 100, True, True)[0].source == "register"
+    for pin, cuda in ((False, True), (True, False)):
+        method, extra = host_mod.host_pinning(mem, 100, pin, cuda)
+        assert method.source == "pread" and extra == 100
+    monkeypatch.setattr(host_mod, "host_available", lambda: 1000)
+    assert host_mod.host_pinning(mem, 100, True, True) == (host_mod.PinMethod(), 100)
 
 
 def test_on_tmpfs_reads_the_deepest_mount_above_a_path(tmp_path):
