@@ -231,6 +231,8 @@ def check_flags(args) -> None:
     from strata.packs.mixes import MIXES
     from strata.formats.table import get_format
     mla = (args.mla_backend, args.mla_block, args.mla_merge)
+    if args.ops < 0:
+        raise StrataError(f"--ops takes a count of ops to list (0: none), got {args.ops}")
     if args.what == "ffn":
         given = [f for f, v, d in (("--preset", args.preset, "qwen3-30b-a3b"),
                                    ("--quant", args.quant, "Q8_0"), ("--layers", args.layers, 0),

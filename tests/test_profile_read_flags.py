@@ -26,6 +26,7 @@ def _main():
     (["--what", "resident", "--quant", "Q9_9"], "unknown block format 'Q9_9'"),
     (["--delta", "backend=fla"], "--delta set the resident read's model"),
     (["--ops", "20"], "--ops set the resident read's model"),
+    (["--what", "resident", "--ops", "-3"], "--ops takes a count"),
     (["--what", "resident", "--delta", "split"], "qwen3-30b-a3b has no linear-attention"),
     (["--what", "resident", "--preset", "qwen3.5-35b-a3b", "--delta", "backend=cuda"],
      "backend must be one of"),
