@@ -42,7 +42,9 @@ class PinMethod:
              (cudaHostRegister, read-only), so the host holds the blobs once: what a pack in
              /dev/shm needs when a second, pinned copy would not fit beside it (the engine picks
              it then: strata.engine.host.pin_method). Slower to lock: 2.0 GB/s against the
-             huge-page copy's 12.2 on the H200 machine (pin-nvidia-h200-d9c8ef3.csv).
+             huge-page copy's 12.2 on the H200 machine (pin-nvidia-h200-d9c8ef3.csv). It
+             has no copy threads: `threads` does not apply, `overlap` locks on a thread of
+             its own beside the caller.
     threads  copy threads (one pool for the whole load; at most the machine's cores): 16 read
              10.3 GB/s beside a busy caller, 8 read 8.5 (cold_warm-NVIDIA_H200-3234f3a.csv)
     overlap  page-lock layer i-1 on its own thread while the copy threads fill layer i
