@@ -113,8 +113,9 @@ for step in "$@"; do
     # issue 37 item 6: start-up of a 60+ GB pack (gpt-oss-120b MXFP4, 61 GB, MemoryPack's few
     # distinct blobs: no pinning or copy cost depends on their bits) under --vram 24GiB, a fresh
     # process's ready time and first prompt at 8K after an untimed one (--prime: Triton's cache warm);
-    # the pack stays for a later run
-    bigfirst) ( time timeout 540 python3 experiments/cold_warm.py --preset gpt-oss-120b --quant MXFP4 --pack /dev/shm/strata-coldwarm-gpt-oss-120b-MXFP4.pack --keep --vram $((24 << 30)) --prompts ${BIG_FIRST:-8192} --arms warm --prime --out "$OUT/bigfirst_${BIG_FIRST:-8192}" ) 2>&1 | grep -v "it/s\]" | tail -8 | tee "$OUT/cold_warm_big.log" ;;
+    # the pack stays for a later run. BIG_PIN: the pin methods, each a timed child (auto: the
+    # engine's choice; register in place with one locking thread and with eight)
+    bigfirst) ( time timeout 540 python3 experiments/cold_warm.py --preset gpt-oss-120b --quant MXFP4 --pack /dev/shm/strata-coldwarm-gpt-oss-120b-MXFP4.pack --keep --vram $((24 << 30)) --prompts ${BIG_FIRST:-8192} --arms warm --prime --pin-methods "${BIG_PIN:-auto;register;register,lockers=8}" --out "$OUT/bigfirst_${BIG_FIRST:-8192}" ) 2>&1 | grep -v "it/s\]" | tail -8 | tee "$OUT/cold_warm_big.log" ;;
     # the start-up pieces on the GPU: bulk dense upload through pinned staging, background pinning, warm layers
     readytests) timeout 200 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests/engine/test_pinning.py tests/engine/test_host.py tests/engine/test_warm_trace.py tests/engine/test_start_imports.py tests/models/test_attention.py 2>&1 | tail -8 > "$OUT/gpu_ready.log"; tail -3 "$OUT/gpu_ready.log" ;;
     benchfull) timeout 200 python3 -m strata.cli bench /dev/shm/strata-coldwarm-qwen3-30b-a3b-Q8_0.pack -p 8192,32768 -r 3 --vram 12GiB --trace "$OUT/bench_trace.json" -o csv 2>&1 | grep -v "it/s\]" | tee "$OUT/bench_full.csv" | tail -12 ;;

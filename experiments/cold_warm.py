@@ -57,7 +57,8 @@ def child(a) -> int:
     # as the CLI does (strata.cli.main): the pack's experts start coming off the page cache
     # before torch is imported; HostExperts adopts them (a pin method's early=1; the default reads nothing ahead)
     from strata.engine.early import EarlyRead, PinMethod
-    method = PinMethod.parse(a.pin_method)
+    auto = a.pin_method == "auto"      # the engine's own choice (host_pinning), made below
+    method = PinMethod() if auto else PinMethod.parse(a.pin_method)
     early = None if not method.early or method.source != "pread" else \
         EarlyRead.start(a.child, threads=method.threads)
     t_torch = time.time()
@@ -76,6 +77,9 @@ def child(a) -> int:
     # imports and the engine allocates its cache and uploads the dense weights
     pack = Pack.open(a.child)
     sizes = [pl.blob_size for pl in pack.layers]
+    if auto:   # as strata prefill picks: a copy where it fits, else the pages locked in place
+        from strata.engine.host import host_pinning
+        method = host_pinning(pack, sum(sizes) * pack.shape.n_expert, True, cuda)[0]
     host = HostExperts(pack.experts, sizes, pin=True, background=True, spans=pack.expert_span,
                        method=method, early=early)
     from strata.commands._args import resolve_experts
@@ -106,7 +110,7 @@ def child(a) -> int:
            "warm_tokens_per_s": sum(tps[1:]) / max(len(tps) - 1, 1),
            "pinned": host.pinned, "pack_bytes": sum(sizes) * pack.shape.n_expert,
            "pin_end_s": host.loaded_at - a.spawn, "pin_lock_s": host.lock_s,
-           "early_layers": host.early_layers,
+           "early_layers": host.early_layers, "pin_source": method.source,
            "chunk": res.chunk, "ring": res.ring, "bytes_streamed": res.stats.bytes_streamed}
     out["first_over_warm"] = out["first_tokens_per_s"] / out["warm_tokens_per_s"]
     # fill_s split (PrefillEngine.timings), and the warm-up's read vs its one-time load: the
@@ -217,7 +221,8 @@ def measure(args, rec) -> None:
             r = spawn(pack, T, "warm" if arm == "prime" else arm, args,
                       [*extra, "--pin-method", pm])
             cfg = dict(arm=arm, prompt=T, chunk=r["chunk"], ring=r["ring"],
-                       pinned=r["pinned"], pack_bytes=r["pack_bytes"], pin_method=pm)
+                       pinned=r["pinned"], pack_bytes=r["pack_bytes"], pin_method=pm,
+                       pin_source=r["pin_source"])
             for fig, unit in FIGURES.items():
                 bound, bv = "", None
                 if fig == "first_over_warm":
@@ -227,7 +232,7 @@ def measure(args, rec) -> None:
                 rec.add(fig, r[fig], unit, bound=bound, bound_value=bv,
                         timer=bench.WALL_TIMER, **cfg)
             rec.flush()
-            print(f"{arm:6s} [{pm}] T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f} "
+            print(f"{arm:6s} [{pm}: {r['pin_source']}] T={T}: ready {r['ready_s']:.2f} s (import {r['import_s']:.2f} "
                   f"[torch {r['torch_import_s']:.2f}], "
                   f"cuda {r['cuda_s']:.2f}, start {r['start_s']:.2f} [pinning beside it: "
                   f"{r['pin_s']:.2f} s at {r['pin_gbps']:.1f} GB/s (locking {r['pin_lock_s']:.2f}), "
@@ -255,7 +260,7 @@ def plot(rows: list[dict], png: Path) -> None:
     for r in rows:
         c = r["config"]
         if "arm" in c:
-            arm = c["arm"] if c.get("pin_method", "pread") == "pread" else \
+            arm = c["arm"] if c.get("pin_method", "pread") in ("pread", "auto") else \
                 f"{c['arm']} [{c['pin_method']}]"
             runs.setdefault((arm, c["prompt"]), {})[r["figure"]] = r["value"]
     keys = sorted(runs, key=lambda k: (k[1], k[0]))
@@ -327,15 +332,19 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default="warm,nowarm",
                     help="warm: the engine's warm-up before the first prompt (its warm layers); "
                          "fullwarm: the warm-up through every layer; nowarm: without")
-    ap.add_argument("--pin-methods", default="pread",
+    ap.add_argument("--pin-methods", default="auto",
                     help="';'-separated PinMethod texts (strata.engine.pinning), each a run of "
-                         "every arm, e.g. 'pread;map,overlap=0,switch=none'")
+                         "every arm, e.g. 'pread;map,overlap=0,switch=none'; auto (default): "
+                         "the engine's own choice, a copy where it fits beside the pack, else "
+                         "its pages locked in place (strata.engine.host.host_pinning)")
     ap.add_argument("--prime", action="store_true",
                     help="first one untimed child (its figures recorded as arm 'prime'), so the "
                          "arms start from a Triton cache that holds this plan's kernels")
     args = ap.parse_args(argv)
     from strata.engine.pinning import PinMethod
     for pm in args.pin_methods.split(";"):   # a bad one is one line now, not a child's traceback
+        if pm == "auto":
+            continue
         try:
             PinMethod.parse(pm)
         except (TypeError, ValueError) as e:

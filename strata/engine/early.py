@@ -43,8 +43,8 @@ class PinMethod:
              /dev/shm needs when a second, pinned copy would not fit beside it (the engine picks
              it then: strata.engine.host.pin_method). Slower to lock: 2.0 GB/s against the
              huge-page copy's 12.2 on the H200 machine (pin-nvidia-h200-d9c8ef3.csv). It
-             has no copy threads: `threads` does not apply, `overlap` locks on a thread of
-             its own beside the caller.
+             has no copy threads: `threads` does not apply, `overlap` locks on threads of its
+             own beside the caller, `lockers` layers at once.
     threads  copy threads (one pool for the whole load; at most the machine's cores): 16 read
              10.3 GB/s beside a busy caller, 8 read 8.5 (cold_warm-NVIDIA_H200-3234f3a.csv)
     overlap  page-lock layer i-1 on its own thread while the copy threads fill layer i
@@ -52,6 +52,10 @@ class PinMethod:
              hand-off to a copy thread otherwise waits up to the 5 ms default beside a busy
              caller (2.5 vs 9.7 GB/s in benchmarks/results/pin-nvidia-h200-c0a135f.csv);
              None leaves it alone
+    lockers  "register" with `overlap`: how many layers are page-locked at once, each on a
+             thread of its own (the driver pins a tmpfs pack 4 KiB page by page; whether
+             concurrent registrations scale is the machine's to say: experiments/cold_warm.py
+             --pin-methods "register;register,lockers=8")
     early    a process that knows its pack at start reads it ahead of torch's import
              (EarlyRead: strata.cli, experiments/cold_warm.py's child), "pread" only. Off:
              on the H200 machine the reads slow torch's import by about what they save
@@ -62,6 +66,7 @@ class PinMethod:
     overlap: bool = True
     switch: float | None = 1e-4
     early: bool = False
+    lockers: int = 1
 
     def __post_init__(self):
         if self.source not in ("pread", "map", "register"):
@@ -69,17 +74,19 @@ class PinMethod:
                              f"{self.source!r}")
         if self.threads < 1:
             raise ValueError(f"PinMethod.threads must be at least 1, got {self.threads}")
+        if self.lockers < 1:
+            raise ValueError(f"PinMethod.lockers must be at least 1, got {self.lockers}")
 
     @classmethod
     def parse(cls, text: str) -> "PinMethod":
-        """"pread,threads=16,overlap=0,switch=none,early=0" (any subset, in any order)."""
+        """"pread,threads=16,overlap=0,switch=none,early=0,lockers=1" (any subset, any order)."""
         kw: dict = {}
         for item in filter(None, (t.strip() for t in text.split(","))):
             key, eq, val = item.partition("=")
             if not eq:
                 kw["source"] = key
-            elif key == "threads":
-                kw["threads"] = int(val)
+            elif key in ("threads", "lockers"):
+                kw[key] = int(val)
             elif key == "overlap":
                 kw["overlap"] = val not in ("0", "false", "no")
             elif key == "early":

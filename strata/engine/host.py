@@ -75,7 +75,7 @@ class HostExperts:
         self._error: BaseException | None = None
         self.load_s = 0.0
         self.loaded_at: float | None = None       # epoch seconds the loading ended
-        self.lock_s = 0.0                          # of load_s: seconds in cudaHostRegister
+        self._lock_times: list[float] = []         # each cudaHostRegister's seconds (lock_s)
         self.early_layers = 0                      # layers adopted from the read-ahead
         self.method = method or PinMethod()
         self._spans = spans
@@ -118,9 +118,12 @@ class HostExperts:
                       unit="layer", leave=False)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="strata-copy") if threads > 1 \
             else None
-        locker = ThreadPoolExecutor(1, thread_name_prefix="strata-lock") \
+        in_place = meth.source == "register"
+        locker = ThreadPoolExecutor(meth.lockers if in_place else 1,
+                                    thread_name_prefix="strata-lock") \
             if want_pin and meth.overlap else None
         pending = None   # (index, future): the one layer being registered
+        inflight: list = []    # in place: the layers being registered, oldest first
         try:
             for i, (t, size) in enumerate(it):
                 if (layers is not None and i not in layers) or size == 0:  # not ours, or dense
@@ -135,16 +138,17 @@ class HostExperts:
                 if not (want_pin and self.pin_error is None):
                     self._layers.append(t)
                     continue
-                if meth.source == "register":        # the source's own pages, locked in place
+                if in_place:                         # the source's own pages, locked in place
                     self._layers.append(t)
-                    pending = self._resolve(pending)
+                    if locker is not None:           # at most `lockers` layers at once
+                        self._settle(inflight, meth.lockers - 1)
                     if self.pin_error is not None:
                         continue
                     job = (self._register_in_place, t)
                     if locker is None:
                         self._resolve((len(self._layers) - 1, _done_future(*job)))
                     else:
-                        pending = (len(self._layers) - 1, locker.submit(*job))
+                        inflight.append((len(self._layers) - 1, locker.submit(*job)))
                     continue
                 span = self._spans(i) if self._spans is not None and meth.source == "pread" \
                     else None
@@ -175,6 +179,7 @@ class HostExperts:
                     pending = (len(self._layers) - 1,
                                locker.submit(self._lock_pages, buf, m, t, pool))
             self._resolve(pending)
+            self._settle(inflight, 0)
         finally:
             for ex in (locker, pool):
                 if ex is not None:
@@ -186,6 +191,17 @@ class HostExperts:
             log.warning("strata prefill: pinning the expert blobs failed (%s); streaming from "
                         "pageable memory with the unpinned ring budget", self.pin_error)
 
+    def _settle(self, inflight: list, keep: int) -> None:
+        """Resolve the oldest of the layers being registered in place until `keep` are left;
+        after a failure, every one (none may still be locking when the fallback unlocks)."""
+        while len(inflight) > keep:
+            if inflight[0][1].exception() is not None:   # waits for it: it failed, so the
+                for _, fut in inflight[1:]:                # fallback waits for the others
+                    fut.exception()
+            self._resolve(inflight.pop(0))
+            if self.pin_error is not None:
+                keep = 0
+
     def _resolve(self, pending) -> None:
         """Wait for the layer being registered; on failure fall back to pageable, once."""
         if pending is None:
@@ -194,6 +210,8 @@ class HostExperts:
         try:
             self._layers[idx] = fut.result()
         except RuntimeError as e:  # out of page-lockable memory: pageable from here on
+            if self.pin_error is not None:   # a layer locking beside the one that failed
+                return None
             self.pin_error = str(e).splitlines()[0]
             # copy out what lies in locked memory (registered huge pages, torch's pinned
             # blocks) before the maps under it go; pages locked in place stay the source's
@@ -213,7 +231,7 @@ class HostExperts:
             self._in_place.add(self._regs[-1].ptr)
             return t
         finally:
-            self.lock_s += time.perf_counter() - t0
+            self._lock_times.append(time.perf_counter() - t0)   # atomic beside other lockers
 
     def _lock_pages(self, buf: torch.Tensor, m, t: torch.Tensor, pool) -> torch.Tensor:
         """Page-lock the filled huge-page copy `buf` of layer blobs `t` (cudaHostRegister),
@@ -227,7 +245,7 @@ class HostExperts:
             del buf
             m.close()
         finally:
-            self.lock_s += time.perf_counter() - t0
+            self._lock_times.append(time.perf_counter() - t0)   # atomic beside other lockers
         p = torch.empty(t.shape, dtype=torch.uint8, pin_memory=True)
         parallel_copy(p, t.contiguous(), pool=pool)
         return p
@@ -240,6 +258,12 @@ class HostExperts:
         if self._error is not None:
             raise self._error
         return self
+
+    @property
+    def lock_s(self) -> float:
+        """Seconds in cudaHostRegister, summed over the locking threads (lockers > 1: more
+        than the wall time they took)."""
+        return sum(self._lock_times)
 
     @property
     def layers(self) -> list[torch.Tensor]:

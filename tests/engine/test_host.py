@@ -216,6 +216,61 @@ def test_register_refused_leaves_the_pack_pageable_and_uncopied(monkeypatch):
         assert host.layers[i].data_ptr() == b.data_ptr()
 
 
+class _SlowCudart(_FakeCudart):
+    """Registrations that take `delay` s each, the most at once counted; the `fail_at`-th one
+    (0-based) refused."""
+    def __init__(self, delay: float, fail_at: int | None = None):
+        super().__init__()
+        import threading
+        self.delay, self.fail_at, self.calls, self.now, self.peak = delay, fail_at, 0, 0, 0
+        self.mutex = threading.Lock()
+
+    def cudaHostRegister(self, ptr, nbytes, flags):
+        import time
+        with self.mutex:
+            n, self.calls = self.calls, self.calls + 1
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        time.sleep(self.delay)
+        with self.mutex:
+            self.now -= 1
+            if n == self.fail_at:
+                return 2          # cudaErrorMemoryAllocation
+            self.locked[ptr] = nbytes
+        return 0
+
+
+def test_register_locks_up_to_lockers_layers_at_once(monkeypatch):
+    """PinMethod "register", lockers=3: at most three layers lock at once (and more than one
+    does), every layer ends locked in place; a refusal while others are locking waits for them,
+    so nothing stays locked and every layer is the source's own bytes."""
+    import pytest
+
+    from strata.engine.pinning import PinMethod
+    blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(7)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fake = _SlowCudart(0.05)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    host = HostExperts(lambda i: blobs[i], [1000] * 7, pin=True, background=True,
+                       method=PinMethod("register", lockers=3))
+    assert host.pinned and 2 <= fake.peak <= 3
+    assert sorted(fake.locked) == sorted(b.data_ptr() for b in blobs)
+    assert host.lock_s >= 7 * 0.05       # summed over the threads
+    host.close()
+    assert not fake.locked
+    for fail_at in (0, 3, 6):
+        fake = _SlowCudart(0.05, fail_at=fail_at)
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+        host = HostExperts(lambda i: blobs[i], [1000] * 7, pin=True,
+                           method=PinMethod("register", lockers=3))
+        assert not host.pinned and "failed" in host.pin_error, fail_at
+        assert fake.locked == {} and fake.now == 0, fail_at
+        assert [t.data_ptr() for t in host.layers] == [b.data_ptr() for b in blobs]
+    with pytest.raises(ValueError, match="lockers"):
+        PinMethod("register", lockers=0)
+    assert PinMethod.parse("register,lockers=8") == PinMethod("register", lockers=8)
+
+
 def test_pin_method_locks_a_resident_pack_in_place_only_when_a_copy_would_not_fit(
         tmp_path, monkeypatch):
     """The default copy wherever it fits; a pack already in host memory (a file on a tmpfs, an
