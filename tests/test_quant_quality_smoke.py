@@ -69,7 +69,9 @@ def test_quant_quality_on_the_gpu(tmp_path):
     later chunk's bf16 prefix goes to flash blocks and the plan carves their buffer), the
     experts streamed under a budget, windows packed into chunks, arms re-encoded on CUDA (a
     Q5_0 encoder built a CPU constant there; a packed chunk handed the flash buffer to
-    chunk_attention as its tile scratch). Each arm's KLD is positive and Q5_0's under Q4_0's."""
+    chunk_attention as its tile scratch; at 3 GiB every arm plans the scan's fallback ring,
+    which once counted a slot at its stride alone and found nothing fit). Each arm's KLD is
+    positive and Q5_0's under Q4_0's."""
     mod = _load()
     assert mod.main(["--preset", "qwen3-30b-a3b", "--layers", "2", "--tokens", "3072",
                      "--vram", "3GiB", "--arms", "Q5_0,Q4_0,Q4_K_M", "--out", str(tmp_path)]) == 0

@@ -7,10 +7,11 @@ Rules (SPEC "Auto scan"):
   monotone in T, so "fits" is a prefix of the grid. 7 probes for 256..32768 (8 when nothing fits),
   one `bytes_needed` call each.
 - fallback: when not even the smallest chunk leaves a full ring, each participant takes as many
-  ring slots as fit beside the smallest chunk (never below RING_MIN = 16), then the scan takes the
-  largest chunk that fits beside that ring. If even that does not fit: PlanError naming the bytes
-  needed and the room. (Probes: the failed full-ring bisection, one for the bare chunk, then a
-  second bisection, one call per participant per step.)
+  ring slots as fit beside the smallest chunk (never below RING_MIN = 16; by bisection, since
+  bytes_needed is monotone in the ring), then the scan takes the largest chunk that fits beside
+  that ring. If even that does not fit: PlanError naming the bytes needed and the room. (Probes:
+  the failed full-ring bisection, a bisection over the ring per participant, then a second
+  bisection over the chunk, one call per participant per step.)
 - legacy (A/B only): the old rule. Ring fixed at 384 slots (96 unpinned; the fused rule's 1024,
   bounded by ring_cap) taken first, then the first chunk of LEGACY_CHUNKS that fits.
 - forced (`--chunk N`): that chunk with the resolved ring; the plan says whether it fits.
@@ -324,13 +325,14 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
                                       "STRATA_PREFILL_RING"))
 
     # Fallback: per participant, the most slots beside the smallest chunk (>= RING_MIN), then
-    # the largest chunk that fits beside each participant's own ring.
+    # the largest chunk that fits beside each participant's own ring. The slots by bisection:
+    # a slot costs more than its stride where the passes' buffers grow with the ring (a
+    # decoded expert is 2 B a weight beside a 0.56 B Q4_0 blob), so no division counts them.
     smallest = chunks[0]
-    act = probe(smallest, 0)                 # the chunk's bytes without a ring
-    stride = layout.slot_stride              # ring bytes grow by one stride per slot
+    slots = list(range(RING_MIN, max(full, RING_MIN) + 1))
     rings = []
     for p in participants:
-        r = max(RING_MIN, min(full, (p.room - act) // stride if p.room > act else 0))
+        r = last_fitting(slots, lambda r, p=p: probe(smallest, r) <= p.room) or RING_MIN
         rings.append((r, r))
     best = last_fitting(chunks, lambda T: all(probe(T, r) <= p.room
                                               for p, (r, _) in zip(participants, rings)))

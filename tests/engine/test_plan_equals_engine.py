@@ -408,3 +408,24 @@ def test_on_the_gpu_the_slab_reserve_is_borrowed_as_planned(pack, capsys, monkey
     (pp,) = d["participants"]
     assert pp["scratch_reserve"] > 0 and pp["borrow"] == pp["bytes_needed"] + pp["scratch_reserve"]
     assert [planned(p) for p in d["participants"]] == [as_plan(b) for b in res.memory]
+
+
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q2_K", "MXFP4"])
+def test_the_fallback_ring_counts_what_a_slot_costs_beside_its_stride(fmt):
+    """quant_quality's first GPU run (qwen3-30b-a3b, 8 layers, --vram 4GiB, the expert FFN the
+    GPU picks): where even the smallest chunk leaves no full ring, the fallback once took
+    room / slot stride slots, but a slot also grows the passes' buffers (a decoded expert is
+    2 B a weight beside a 0.56 B Q4_0 blob), so "nothing fits" where a smaller ring did. The
+    fallback's ring is the most slots that fit beside the smallest chunk: one more does not."""
+    from strata.commands._args import resolve_experts
+    from strata.memory.ring import RING_MIN
+    shape = PRESETS["qwen3-30b-a3b"].with_(n_layer=8)
+    size = ExpertFormats.of(fmt).layout(shape).size
+    cfg = EngineConfig(vram=[4 << 30], max_prompt=8192, ffn=resolve_experts("auto", "cuda"))
+    parts, _, layout, fused = plan_inputs(shape, [size] * shape.n_layer, True, cfg, "cuda")
+    plan = plan_prompt(layout, parts, cfg, pinned=True, fused=fused, native=True, n_tokens=8192)
+    room = parts[0].room
+    assert plan.rule == "fallback" and plan.fits and plan.bytes_needed <= room
+    assert plan.ring >= RING_MIN and layout.bytes_needed(256, plan.ring + 1) > room
+    by_stride = (room - layout.bytes_needed(256, 0)) // layout.slot_stride
+    assert by_stride > plan.ring and layout.bytes_needed(256, by_stride) > room   # the old count

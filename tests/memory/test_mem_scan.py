@@ -73,7 +73,8 @@ def test_auto_scan_equals_brute_force(room_mib, max_blob, scan_max, unpinned):
             assert plan.probes == (7 if want > 256 else 8)
     else:
         # fallback: as many slots as fit beside the smallest chunk, never below RING_MIN
-        r = max(RING_MIN, (p.room - lay.bytes_needed(256, 0)) // lay.slot_stride)
+        r = max([RING_MIN] + [r for r in range(RING_MIN, full + 1)
+                              if lay.bytes_needed(256, r) <= p.room])
         assert plan.rule == "fallback" and plan.ring == r < full
         fit = [T for T in grid(scan_max) if lay.bytes_needed(T, r) <= p.room]
         assert plan.chunk == max(fit)
@@ -119,7 +120,7 @@ def test_several_participants_fallback_each_own_ring():
     plan = plan_prefill(lay, parts)
     assert plan.rule == "fallback"
     # each its own ring: as many slots as fit beside the smallest chunk on that GPU
-    r0_fit = (rooms[0] - lay.bytes_needed(256, 0)) // lay.slot_stride
+    r0_fit = max(r for r in range(RING_MIN, 4096) if lay.bytes_needed(256, r) <= rooms[0])
     assert r0_fit > r0 and [q.ring for q in plan.participants] == [r0_fit, r1]
     assert plan.chunk == 256 and plan.ring == r1
 
