@@ -158,8 +158,11 @@ def neox_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     x's dtype (strata.models.layers.apply_rope). Partial rotary (cos/sin [T, R], R < hd): the
     first R dims so, the rest as they are."""
     R = cos.shape[-1]
-    if R < x.shape[-1]:
-        return torch.cat([neox_rope_torch(x[..., :R], cos, sin), x[..., R:]], dim=-1)
+    if R < x.shape[-1]:   # into x's own layout, as the kernel's [T, h, hd] buffer transposed
+        out = torch.empty_like(x)
+        out[..., :R] = neox_rope_torch(x[..., :R], cos, sin)
+        out[..., R:] = x[..., R:]
+        return out
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return (x.float() * cos + rot.float() * sin).to(x.dtype)

@@ -120,9 +120,10 @@ def test_lower_right_causal_is_torchs_route_on_the_gpu(T, P):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash route runs on CUDA")
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 def test_the_first_chunk_takes_flash_and_later_chunks_the_kernel(kv):
-    """PromptKV's first chunk (no keys before it) is torch's flash causal attention on the
-    chunk's own bf16 keys, bit for bit, under either stored dtype; the next chunk reads the
-    stored prefix through chunk_attention, within the kernel's own bound of the explicit math."""
+    """PromptKV's first chunk (no keys before it) is torch's flash causal attention, bit for
+    bit, on the keys and values as stored (bf16: the chunk's own; int8: their codes dequantized,
+    as a later chunk reads them); the next chunk reads the stored prefix through
+    chunk_attention, within the kernel's own bound of the explicit math."""
     from strata.kernels.attention import chunk_attention_torch
     from strata.kernels.attention.flash import first_chunk_attention
     from strata.models.kv import PromptKV
@@ -134,6 +135,9 @@ def test_the_first_chunk_takes_flash_and_later_chunks_the_kernel(kv):
     cache = PromptKV(1, Hkv, hd, T1 + T2, kv=kv, devices=["cuda"])
     o1 = cache.attend(0, q1, k1, v1)
     cache.commit(T1)
+    if kv == "int8":
+        k1, v1 = (x.to(torch.bfloat16) for x in
+                  cache._segment(cache.resident[0], T1).dequantized())
     want1 = torch.nn.functional.scaled_dot_product_attention(
         q1.transpose(0, 1)[None], k1.transpose(0, 1)[None], v1.transpose(0, 1)[None],
         is_causal=True, enable_gqa=True)[0].transpose(0, 1)
