@@ -53,9 +53,10 @@ class PinMethod:
              caller (2.5 vs 9.7 GB/s in benchmarks/results/pin-nvidia-h200-c0a135f.csv);
              None leaves it alone
     lockers  "register" with `overlap`: how many layers are page-locked at once, each on a
-             thread of its own (the driver pins a tmpfs pack 4 KiB page by page; whether
-             concurrent registrations scale is the machine's to say: experiments/cold_warm.py
-             --pin-methods "register;register,lockers=8")
+             thread of its own. They do not scale on the H100 machine: a 65 GB pack in
+             /dev/shm locked at 1.7 GB/s with one, 1.4 with eight, and the process's other CUDA
+             calls waited meanwhile (its dense upload took 32 s against 1.2 beside the copy;
+             cold_warm-gpt-oss-120b-MXFP4-24GiB-8k-pin-NVIDIA_H100-755962c.csv). Hence 1
     early    a process that knows its pack at start reads it ahead of torch's import
              (EarlyRead: strata.cli, experiments/cold_warm.py's child), "pread" only. Off:
              on the H200 machine the reads slow torch's import by about what they save
