@@ -57,10 +57,11 @@ for step in "$@"; do
     # BF16 base, read with strata's perplexity instruments against the base's saved log-probs: PPL, mean/p99
     # KLD, top-1 agreement, bytes per weight, streamed tokens/s. 8 layers and 8192 tokens (16 windows of 512)
     # so the ten reads of each model fit ~300 s (the first GPU run, 7dfb85b: set-up and the BF16 read
-    # ~31 / 42 s, an arm ~9 s); --vram leaves a cache smaller than the smallest mix, so every arm
+    # ~31 / 42 s, an arm ~9 s; at 755962c both took 183 s with 4-5 arms each refused by the fallback
+    # ring's count, fixed since: ~10 s more an arm); --vram leaves a cache smaller than the smallest mix, so every arm
     # streams (qwen3: dense ~1.9 GiB of 4; gpt-oss: ~2.8 GiB of 5). Each run's whole output (its
     # traceback, if any) in quantq_<preset>.full.log, the summary printed
-    quantq) for a in "qwen3-30b-a3b 4GiB 160" "gpt-oss-20b 5GiB 180"; do read -r qp qv qt <<< "$a"
+    quantq) for a in "qwen3-30b-a3b 4GiB 180" "gpt-oss-20b 5GiB 220"; do read -r qp qv qt <<< "$a"
               timeout $qt python3 experiments/quant_quality.py --preset $qp --layers 8 --vram $qv --tokens 8192 --out "$OUT" > "$OUT/quantq_$qp.full.log" 2>&1
               grep -v "it/s\]" "$OUT/quantq_$qp.full.log" | grep "^\[quantq\]\|wrote\|Error" | tail -14 | tee "$OUT/quantq_$qp.log"; done ;;
     formats) timeout 480 python3 experiments/formats_ab.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -40 ;;
