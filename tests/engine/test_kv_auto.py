@@ -244,12 +244,14 @@ def test_the_issues_long_prompt_plans_without_flags(capsys):
 
 def test_a_spilled_choice_says_why_in_one_clean_line(capsys):
     """`strata plan` of a 262K-token prompt through Qwen3.5 Q4_K_M on 12 GiB (issue 38 item 5's
-    rig): it plans, the KV spilled, and the auto line says the all-resident plan does not fit
-    and why, in words (not a dangling comma)."""
+    rig): it plans, the KV spilled, and the auto line says why not all resident, in words (not
+    a dangling comma): it fits only beside the fallback ring's smallest chunk (the fallback
+    counts a slot's whole cost since 6fcd32b; before, it found nothing fit)."""
     from strata.cli import main
     assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--quant", "Q4_K_M", "--vram", "12GiB",
                  "--prompt-tokens", "262144"]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.strip().startswith("auto:"))
-    assert "in pinned host memory: all resident does not fit: nothing fits" in line
+    assert "in pinned host memory: all resident would read 1024 chunks of 256 tokens, not 8" \
+        in line
     assert " ," not in line
