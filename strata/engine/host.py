@@ -307,13 +307,16 @@ def pin_method(pack, host_blobs: int, available: int | None) -> PinMethod:
     """How an engine pins `pack`'s `host_blobs` bytes of experts: the default copy into huge
     pages (PinMethod(): the fastest to lock, 12.2 GB/s against 2.0 in place on the H200
     machine), or "register", locked where they lie, when they lie in host memory already (a
-    pack file on a tmpfs such as /dev/shm, an in-memory pack) and a pinned copy would not fit
-    the `available` host memory beside them: the host then holds the blobs once, not twice."""
+    pack file on a tmpfs such as /dev/shm: its experts are views of the file's map) and a
+    pinned copy would not fit the `available` host memory beside them: the host then holds the
+    blobs once, not twice. An in-memory pack (MemoryPack, Requant, a GGUF read as a pack)
+    builds each layer's blobs when asked, so they lie nowhere yet: locking them in place would
+    take the same host memory as the copy, and the host check must count it (the copy)."""
     if available is None or host_blobs <= available:
         return PinMethod()
     path = getattr(pack, "path", None)
-    resident = on_tmpfs(path) if path is not None and os.path.exists(str(path)) else \
-        getattr(pack, "expert_span", None) is None          # no file: the pack is memory
+    mapped = getattr(pack, "expert_span", None) is not None    # experts are the file's bytes
+    resident = mapped and path is not None and os.path.exists(str(path)) and on_tmpfs(path)
     return PinMethod("register") if resident else PinMethod()
 
 

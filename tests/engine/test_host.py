@@ -273,37 +273,46 @@ def test_register_locks_up_to_lockers_layers_at_once(monkeypatch):
 
 def test_pin_method_locks_a_resident_pack_in_place_only_when_a_copy_would_not_fit(
         tmp_path, monkeypatch):
-    """The default copy wherever it fits; a pack already in host memory (a file on a tmpfs, an
-    in-memory pack) whose pinned copy would not fit beside it: "register"; a pack on a disk
-    stays the copy (the host-memory check then says what does not fit). Where the file lies
-    is the mount table's to say (on_tmpfs, held to a table of its own below)."""
+    """The default copy wherever it fits; a pack file already in host memory (on a tmpfs: its
+    experts are views of the map) whose pinned copy would not fit beside it: "register"; a
+    pack on a disk stays the copy (the host-memory check then says what does not fit). An
+    in-memory pack (MemoryPack, Requant, a GGUF read as a pack: each layer built when asked)
+    always takes the copy, so the host check counts its bytes instead of finding room that the
+    built layers then take. Where the file lies is the mount table's to say (on_tmpfs, held to a
+    table of its own below)."""
     import strata.engine.host as host_mod
     from strata.engine.host import pin_method
     from strata.packs import Pack
+    from strata.packs.from_gguf import GGUFModel
     from strata.packs.memory import MemoryPack
+    from strata.packs.requant import Requant
     from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.packs.synth_gguf import synth_gguf
     from strata.shapes import get_preset
     tiny = get_preset("tiny")
     pack = Pack.open(synth_pack(tmp_path / "t.pack", tiny, ExpertFormats.of("Q8_0"),
                                 progress=False))
     mem = MemoryPack(tiny, ExpertFormats.of("Q8_0"))
+    gguf = GGUFModel(synth_gguf(tmp_path / "t.gguf", tiny, progress=False))
+    built = (mem, Requant(mem, ExpertFormats.of("Q4_0")), gguf)
     for tmpfs in (False, True):
         monkeypatch.setattr(host_mod, "on_tmpfs", lambda path, t=tmpfs: t)
-        for p in (pack, mem):
+        for p in (pack, *built):
             assert pin_method(p, 10, 100).source == "pread"       # fits: the copy
             assert pin_method(p, 10, None).source == "pread"      # the OS does not say
-        assert pin_method(mem, 100, 10).source == "register"
+        for p in built:
+            assert pin_method(p, 100, 10).source == "pread", p
         assert pin_method(pack, 100, 10).source == ("register" if tmpfs else "pread")
     # what both engines ask before their host check: the method, and the host bytes its pinned
     # blobs take beyond the pack (0 in place); nothing pinned without CUDA or --unpinned
     monkeypatch.setattr(host_mod, "host_available", lambda: 10)
-    assert host_mod.host_pinning(mem, 100, True, True)[1] == 0
-    assert host_mod.host_pinning(mem, 100, True, True)[0].source == "register"
+    assert host_mod.host_pinning(pack, 100, True, True) == (host_mod.PinMethod("register"), 0)
+    assert host_mod.host_pinning(mem, 100, True, True) == (host_mod.PinMethod(), 100)
     for pin, cuda in ((False, True), (True, False)):
-        method, extra = host_mod.host_pinning(mem, 100, pin, cuda)
+        method, extra = host_mod.host_pinning(pack, 100, pin, cuda)
         assert method.source == "pread" and extra == 100
     monkeypatch.setattr(host_mod, "host_available", lambda: 1000)
-    assert host_mod.host_pinning(mem, 100, True, True) == (host_mod.PinMethod(), 100)
+    assert host_mod.host_pinning(pack, 100, True, True) == (host_mod.PinMethod(), 100)
 
 
 def test_on_tmpfs_reads_the_deepest_mount_above_a_path(tmp_path):
