@@ -17,6 +17,7 @@ unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 # the device copy has no .git: the caller passes the commit (STRATA_COMMIT=$(git rev-parse --short HEAD))
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T0=$(date +%s)   # the call's start: SUITE_T=left gives the suite what CALL_S (575 s) leaves
 # fla-core (and einops): strata's optional fla backend of the delta rule. Where fla imports,
 # transformers swaps its torch delta rule for fla's at import: tests/conftest.py imports those
 # modules with fla hidden first, so the references stay transformers' torch path
@@ -31,8 +32,11 @@ for step in "$@"; do
   case $step in
     # the whole GPU suite in one call (issue 36 item 7): the decode files first, each test's time in
     # test_times.txt as it finishes (a run stopped at its limit still names the slow ones);
-    # SUITE_N workers (4, as the issue times it), SUITE_T seconds, SUITE_PATHS in that order
-    suite)   STRATA_TEST_TIMES="$OUT/test_times.txt" timeout -s INT ${SUITE_T:-300} python3 -m pytest -rfE -m gpu -n ${SUITE_N:-4} -p no:cacheprovider ${SUITE_PATHS:-tests/test_*.py tests/kernels tests/models tests/engine tests/archs tests/instruments tests/memory tests/packs} 2>&1 | tail -60 > "$OUT/gpu_suite.log"; tail -25 "$OUT/gpu_suite.log"; sort -rn "$OUT/test_times.txt" | head -30
+    # SUITE_N workers (4, as the issue times it), SUITE_T seconds (left: what the call has left
+    # of CALL_S after the steps before it), SUITE_PATHS in that order
+    suite)   st=${SUITE_T:-300}; [ "$st" = left ] && st=$(( ${CALL_S:-575} - ($(date +%s) - T0) ))
+             echo "suite: ${st} s"
+             STRATA_TEST_TIMES="$OUT/test_times.txt" timeout -s INT $st python3 -m pytest -rfE -m gpu -n ${SUITE_N:-4} -p no:cacheprovider ${SUITE_PATHS:-tests/test_*.py tests/kernels tests/models tests/engine tests/archs tests/instruments tests/memory tests/packs} 2>&1 | tail -60 > "$OUT/gpu_suite.log"; tail -25 "$OUT/gpu_suite.log"; sort -rn "$OUT/test_times.txt" | head -30
              # every test's outcome and time in the log too (a call brings back 8 files: this one may be cut), and their count
              { echo "== outcomes (test_times.txt)"; awk '$3 == "call" {print $2}' "$OUT/test_times.txt" | sort | uniq -c; sort -rn "$OUT/test_times.txt"; } >> "$OUT/gpu_suite.log" ;;
     tests)   timeout 300 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests 2>&1 | tail -40 > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log" ;;
