@@ -205,7 +205,8 @@ def record(rec, arm, res, secs, st, pack, windows, on_gpu, common) -> None:
     rec.add("tokens_per_s", tps, "tok/s", timer=bench.WALL_TIMER,
             bound="" if on_gpu else "CPU: not a streamed-speed figure",
             bytes_streamed=st.get("bytes_streamed"), batches=st.get("batches"),
-            windows_per_batch=st.get("windows_per_batch"), **cfg)
+            windows_per_batch=st.get("windows_per_batch"), chunk=st.get("chunk"),
+            ring=st.get("ring"), **cfg)
     kld = f", KLD {res.kld['kld']['mean']:.4g}" if res.kld is not None else ""
     print(f"[quantq] {arm}: PPL {res.ppl:.4g}{kld}, {pack.bytes_per_weight():.3f} B/weight, "
           f"{tps:,.0f} tok/s", flush=True)
@@ -213,15 +214,20 @@ def record(rec, arm, res, secs, st, pack, windows, on_gpu, common) -> None:
 
 def plot(rows: list[dict], path) -> None:
     """KLD (mean, p99) and top-1 agreement against bytes per weight, one point per arm; tokens/s
-    per arm beside them. The title names the model, its layers, that the weights are synthetic,
+    per arm beside them, each bar labelled with its plan's chunk (under a small budget the arms'
+    plans differ) or "does not fit". The title names the model, its layers, that the weights are synthetic,
     and the device (CPU: tokens/s not meaningful)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = {}
+    by, plans = {}, {}
     for r in rows:
         by.setdefault(r["config"]["arm"], {})[r["figure"]] = r["value"]
+        if r["figure"] == "tokens_per_s":   # each arm's own plan under the budget, or why none
+            cf = r["config"]
+            plans[cf["arm"]] = f"chunk {cf['chunk']}" if cf.get("chunk") else \
+                ("does not fit" if str(r.get("bound", "")).startswith("does not fit") else "")
     arms = list(by)
     c = rows[0]["config"]
     gpu = rows[0]["gpu"]
@@ -245,6 +251,9 @@ def plot(rows: list[dict], path) -> None:
     ax[1].set_ylabel("same top-1 token as the base")
     tps = [by[a].get("tokens_per_s", 0.0) for a in arms]
     ax[2].bar(range(len(arms)), tps)
+    for i, a in enumerate(arms):
+        ax[2].annotate(plans.get(a, ""), (i, tps[i]), fontsize=6, ha="center", rotation=90,
+                       xytext=(0, 3), textcoords="offset points")
     ax[2].set_xticks(range(len(arms)), arms, rotation=30, fontsize=7)
     ax[2].set_ylabel("tokens/s" + (" (CPU: not a streamed speed)" if cpu else " streamed"))
     for a in ax:

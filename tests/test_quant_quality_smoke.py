@@ -79,3 +79,6 @@ def test_quant_quality_on_the_gpu(tmp_path):
     kld = {r["config"]["arm"]: r["value"] for r in rows if r["figure"] == "kld_mean"}
     assert set(kld) == {"Q5_0", "Q4_0", "Q4_K_M"} and min(kld.values()) > 0
     assert kld["Q5_0"] < kld["Q4_0"]
+    # each arm streamed through a plan of its own, named in its row (the plot labels its bar)
+    plans = [r["config"] for r in rows if r["figure"] == "tokens_per_s"]
+    assert len(plans) == 4 and all(c["chunk"] >= 256 and c["bytes_streamed"] > 0 for c in plans)

@@ -314,7 +314,8 @@ def streamed_reader(args, pack, windows) -> Reader:
         per_call = max(1, min(per_call, plan.chunk // ctx))
     packed = Packed.of([ctx] * per_call) if per_call > 1 else None
     warm = 0.0 if args.no_warmup else engine.warmup(per_call * ctx, packed=packed)
-    extra = {"warmup_s": warm, "bytes_streamed": 0, "copy_s": 0.0, "wait_s": 0.0, "batches": 0}
+    extra = {"warmup_s": warm, "bytes_streamed": 0, "copy_s": 0.0, "wait_s": 0.0, "batches": 0,
+             "chunk": plan.chunk, "ring": plan.ring}
 
     def one(ids, packed=None):
         # every batch through the plan made for the fullest one (a last, shorter batch too)
