@@ -59,7 +59,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _source(args):
-    """(name, shape, per-layer blob bytes, native) from --preset/--quant or --pack."""
+    """(name, shape, per-layer blob bytes, native, layouts, the pack or None) from
+    --preset/--quant or --pack."""
     if args.pack:
         if args.quant is not None or getattr(args, "layers", None) is not None:
             raise StrataError("--quant and --layers apply to --preset; a pack keeps its own "
@@ -69,7 +70,8 @@ def _source(args):
         shape = pack.shape
         layer_blob = {i: pl.blob_size for i, pl in enumerate(pack.layers)}
         native = pack.native
-        return args.pack, shape, dict(layer_blob), bool(native), [pl.layout for pl in pack.layers]
+        return (args.pack, shape, dict(layer_blob), bool(native),
+                [pl.layout for pl in pack.layers], pack)
     shape = get_preset(args.preset or "qwen3-30b-a3b")
     if getattr(args, "layers", None) is not None:
         shape = shape.with_(n_layer=min(args.layers, shape.n_layer))
@@ -81,14 +83,14 @@ def _source(args):
         from strata.packs.synth_draws import Mix
         lays = [e.layout(shape) for e in Mix.stock(quant, shape).experts]
         return name, shape, {l: lays[l].size if shape.is_moe_layer(l) else 0
-                             for l in range(shape.n_layer)}, True, list(dict.fromkeys(lays))
+                             for l in range(shape.n_layer)}, True, list(dict.fromkeys(lays)), None
     fmts = [q.strip() for q in quant.split(",")]
     if len(fmts) not in (1, 3):
         raise StrataError(f"--quant takes one TYPE or GATE,UP,DOWN, got {quant!r}")
     layout = BlobLayout.for_shape(shape, *fmts)
     # a leading dense layer (DeepSeek-V3's first 3, GLM-4.5's first 3) has no blobs
     return name, shape, {l: layout.size if shape.is_moe_layer(l) else 0
-                         for l in range(shape.n_layer)}, True, [layout]
+                         for l in range(shape.n_layer)}, True, [layout], None
 
 
 def make_plan(args):
@@ -105,7 +107,7 @@ def make_plan(args):
 def _make_plan(args, dev: str):
     from strata.engine.prompt_plan import (check_delta_pin, check_prefix_pin, plan_inputs,
                                            plan_prompt, resolve_kv)
-    name, shape, layer_blob, native, layouts = _source(args)
+    name, shape, layer_blob, native, layouts, pack = _source(args)
     check_delta_pin(shape)
     blobs = [layer_blob[l] for l in range(shape.n_layer)]
     cfg = engine_config(args, args.prompt_tokens, dev_type=dev)
@@ -124,9 +126,24 @@ def _make_plan(args, dev: str):
     why = None if plan.fits else unfit_line(plan, layout, parts)
     # the delta rule's scratch as the carve places it at the plan's chunk (its dn_* buffers)
     dn = sum(p.nbytes for p in layout.placements(plan.chunk, 0) if p.name.startswith("dn_"))
-    return (name, plan, bud, dict(pinned=pinned, fused=fused, native=native,
-                                  kv=kv_summary(layout.sizes, cfg, bud, shape,
-                                                delta_scratch=dn, dev=dev)), shape, why)
+    flags = dict(pinned=pinned, fused=fused, native=native,
+                 kv=kv_summary(layout.sizes, cfg, bud, shape, delta_scratch=dn, dev=dev))
+    if pack is not None and pinned and dev == "cuda":
+        flags["host"] = host_summary(pack, sum(blobs) * shape.n_expert)
+    return name, plan, bud, flags, shape, why
+
+
+def host_summary(pack, host_blobs: int) -> dict:
+    """How the engine would pin `pack`'s experts on this host, decided as it decides
+    (strata.engine.host.pin_method at the host memory available now): the method, the bytes a
+    copy takes beyond the pack (0 locked in place), the memory available."""
+    from strata.engine.host import pin_method
+    from strata.hostmem import host_available
+    avail = host_available()
+    method = pin_method(pack, host_blobs, avail)
+    return {"experts_bytes": host_blobs, "method": method.source,
+            "extra_bytes": 0 if method.source == "register" else host_blobs,
+            "available_bytes": avail}
 
 
 def kv_summary(sizes, cfg, bud, shape, *, delta_scratch: int = 0, dev: str = "cuda") -> dict:
@@ -178,6 +195,7 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
         f"  needed    {plan.bytes_needed:,} B ({fmt_bytes(plan.bytes_needed)}) of room "
         f"{plan.room:,} B ({fmt_bytes(plan.room)})",
         kv_line(flags["kv"]),
+        *([host_line(flags["host"])] if flags.get("host") else []),
         "",
         f"  {'gpu':<6}{'vram':>11}{'layers':>9}{'dense':>11}{'cache':>11}{'slots':>7}"
         f"{'room':>11}{'ring':>6}{'needed':>11}{'loan':>11}{'lent':>6}{'tail':>11}",
@@ -193,6 +211,15 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
             lines.append(f"  note: {p.name}'s cache holds every expert of its layers: nothing "
                          f"streams there, the ring only matters on GPUs that stream")
     return "\n".join(lines)
+
+
+def host_line(h: dict) -> str:
+    avail = "the OS does not say" if h["available_bytes"] is None else \
+        f"{fmt_bytes(h['available_bytes'])} available"
+    how = ("locked in place where the pack lies (a tmpfs file; a copy would not fit): no second "
+           "copy, but slower to lock" if h["method"] == "register" else
+           f"a pinned copy in huge pages, {fmt_bytes(h['extra_bytes'])} beside the pack")
+    return f"  host      experts {fmt_bytes(h['experts_bytes'])}: {how} (this host: {avail})"
 
 
 def kv_line(kv: dict) -> str:

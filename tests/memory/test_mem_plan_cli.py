@@ -104,6 +104,38 @@ def test_plan_a_pack(capsys, tmp_path, monkeypatch):
     assert d["max_blob"] == Pack.open(path).max_blob
 
 
+def test_plan_a_pack_says_how_its_experts_would_be_pinned(capsys, tmp_path, monkeypatch):
+    """--pack: a host line and a JSON "host" entry, decided as the engine decides at this host's
+    memory (strata.engine.host.pin_method): a pinned copy beside the pack where it fits; locked
+    in place where the pack lies on a tmpfs and a copy would not fit; nothing for --preset (no
+    file) or --unpinned."""
+    import strata.engine.host as host_mod
+    import strata.hostmem as hostmem
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.shapes import get_preset
+    monkeypatch.setenv("STRATA_PREFILL_RING", "2")
+    shape = get_preset("tiny")
+    path = synth_pack(tmp_path / "t.pack", shape, ExpertFormats.of("Q8_0"), progress=False)
+    from strata.packs import Pack
+    blobs = sum(pl.blob_size for pl in Pack.open(path).layers) * shape.n_expert
+    argv = ["--pack", str(path), "--vram", "2GiB", "--cache", "1MiB", "--chunk", "16"]
+    monkeypatch.setattr(hostmem, "host_available", lambda: 10 * blobs)
+    rc, d, _ = plan_json(capsys, *argv)
+    assert rc == 0 and d["host"] == {"experts_bytes": blobs, "method": "pread",
+                                     "extra_bytes": blobs, "available_bytes": 10 * blobs}
+    monkeypatch.setattr(hostmem, "host_available", lambda: blobs // 2)
+    monkeypatch.setattr(host_mod, "on_tmpfs", lambda path: True)
+    rc, d, _ = plan_json(capsys, *argv)
+    assert d["host"]["method"] == "register" and d["host"]["extra_bytes"] == 0
+    assert main(["plan", *argv]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  host "))
+    assert "locked in place" in line and "a copy would not fit" in line
+    rc, d, _ = plan_json(capsys, *argv, "--unpinned")
+    assert "host" not in d
+    rc, d, _ = plan_json(capsys, "--preset", "tiny", "--vram", "2GiB")
+    assert "host" not in d
+
+
 def test_missing_pack_is_clear(capsys, tmp_path):
     assert main(["plan", "--pack", str(tmp_path / "x.pack")]) == 2
     assert "x.pack" in capsys.readouterr().err
