@@ -59,4 +59,6 @@ def test_a_stock_mix_plans_as_its_synthesized_pack(capsys, tmp_path):
         got[src[0]] = json.loads(capsys.readouterr().out)
     a, b = got["--pack"], got["--preset"]
     assert b.pop("model") == "tiny-qwen3moe Q4_K_M (first 2 layers)" and a.pop("model")
+    # how this host would pin the experts: a pack file's question only
+    assert a.pop("host")["experts_bytes"] > 0 and "host" not in b
     assert a == b
