@@ -38,6 +38,18 @@ class _FakeCudart:
         return 0
 
 
+class _FailsAt(_FakeCudart):
+    """Refuses the registration made while `n` ranges are locked, with cudaError `code`."""
+    def __init__(self, n: int, code: int):
+        super().__init__()
+        self.n, self.code = n, code
+
+    def cudaHostRegister(self, ptr, nbytes, flags):
+        if len(self.locked) == self.n:
+            return self.code
+        return super().cudaHostRegister(ptr, nbytes, flags)
+
+
 def test_layers_go_to_registered_huge_page_memory_and_close_unlocks(monkeypatch):
     blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(3)]
     fake = _FakeCudart()
@@ -137,12 +149,7 @@ def test_a_later_layers_locking_failure_leaves_nothing_locked(monkeypatch):
     there every layer is pageable, nothing stays registered, and the bytes are the blobs."""
     blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(5)]
 
-    class FailsThird(_FakeCudart):
-        def cudaHostRegister(self, ptr, nbytes, flags):
-            if len(self.locked) == 2:
-                return 2          # cudaErrorMemoryAllocation
-            return super().cudaHostRegister(ptr, nbytes, flags)
-    fake = FailsThird()
+    fake = _FailsAt(2, 2)         # the third: cudaErrorMemoryAllocation
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
     real_empty = torch.empty
@@ -201,12 +208,7 @@ def test_register_refused_leaves_the_pack_pageable_and_uncopied(monkeypatch):
     from strata.engine.pinning import PinMethod
     blobs = [torch.randint(0, 256, (5, 1000), dtype=torch.uint8) for _ in range(4)]
 
-    class FailsSecond(_FakeCudart):
-        def cudaHostRegister(self, ptr, nbytes, flags):
-            if len(self.locked) == 1:
-                return 801        # cudaErrorNotSupported
-            return super().cudaHostRegister(ptr, nbytes, flags)
-    fake = FailsSecond()
+    fake = _FailsAt(1, 801)       # the second: cudaErrorNotSupported
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
     host = HostExperts(lambda i: blobs[i], [1000] * 4, pin=True,
