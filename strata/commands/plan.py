@@ -134,16 +134,14 @@ def _make_plan(args, dev: str):
 
 
 def host_summary(pack, host_blobs: int) -> dict:
-    """How the engine would pin `pack`'s experts on this host, decided as it decides
-    (strata.engine.host.pin_method at the host memory available now): the method, the bytes a
-    copy takes beyond the pack (0 locked in place), the memory available."""
-    from strata.engine.host import pin_method
+    """How the engine would pin `pack`'s experts on this host, decided by the engines' own call
+    (strata.engine.host.host_pinning at the host memory available now): the method, the bytes
+    its pinned blobs take beyond the pack (0 locked in place), the memory available."""
+    from strata.engine.host import host_pinning
     from strata.hostmem import host_available
-    avail = host_available()
-    method = pin_method(pack, host_blobs, avail)
-    return {"experts_bytes": host_blobs, "method": method.source,
-            "extra_bytes": 0 if method.source == "register" else host_blobs,
-            "available_bytes": avail}
+    method, extra = host_pinning(pack, host_blobs, True, True, say=False)
+    return {"experts_bytes": host_blobs, "method": method.source, "extra_bytes": extra,
+            "available_bytes": host_available()}
 
 
 def kv_summary(sizes, cfg, bud, shape, *, delta_scratch: int = 0, dev: str = "cuda") -> dict:

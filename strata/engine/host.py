@@ -320,14 +320,18 @@ def pin_method(pack, host_blobs: int, available: int | None) -> PinMethod:
     return PinMethod("register") if resident else PinMethod()
 
 
-def host_pinning(pack, host_blobs: int, pin: bool, cuda: bool) -> tuple[PinMethod, int]:
+def host_pinning(pack, host_blobs: int, pin: bool, cuda: bool, *,
+                 say: bool = True) -> tuple[PinMethod, int]:
     """(the PinMethod an engine loads `pack`'s experts with, the host bytes its pinned blobs
     take beyond the pack itself: `host_blobs` for a copy, 0 locked in place), pin_method's
     choice at the host memory available now; the one call both engines (strata.engine.prefill,
-    strata.engine.distributed's ranks) make before their host-memory check."""
+    strata.engine.distributed's ranks) make before their host-memory check, and `strata plan`
+    to report it (`say=False`: no log line of an engine's choice)."""
     method = pin_method(pack, host_blobs, host_available()) if pin and cuda else PinMethod()
     if method.source != "register":
         return method, host_blobs
+    if not say:
+        return method, 0
     log.info("strata prefill: the pack's experts lie in host memory and a pinned copy (%s) "
              "would not fit beside them: locking them in place", fmt_bytes(host_blobs))
     return method, 0

@@ -119,11 +119,13 @@ def test_plan_a_pack_says_how_its_experts_would_be_pinned(capsys, tmp_path, monk
     from strata.packs import Pack
     blobs = sum(pl.blob_size for pl in Pack.open(path).layers) * shape.n_expert
     argv = ["--pack", str(path), "--vram", "2GiB", "--cache", "1MiB", "--chunk", "16"]
-    monkeypatch.setattr(hostmem, "host_available", lambda: 10 * blobs)
+    for mod in (hostmem, host_mod):     # what plan shows, and what the engines' call reads
+        monkeypatch.setattr(mod, "host_available", lambda: 10 * blobs)
     rc, d, _ = plan_json(capsys, *argv)
     assert rc == 0 and d["host"] == {"experts_bytes": blobs, "method": "pread",
                                      "extra_bytes": blobs, "available_bytes": 10 * blobs}
-    monkeypatch.setattr(hostmem, "host_available", lambda: blobs // 2)
+    for mod in (hostmem, host_mod):
+        monkeypatch.setattr(mod, "host_available", lambda: blobs // 2)
     monkeypatch.setattr(host_mod, "on_tmpfs", lambda path: True)
     rc, d, _ = plan_json(capsys, *argv)
     assert d["host"]["method"] == "register" and d["host"]["extra_bytes"] == 0
