@@ -77,6 +77,10 @@ class PinMethod:
             raise ValueError(f"PinMethod.threads must be at least 1, got {self.threads}")
         if self.lockers < 1:
             raise ValueError(f"PinMethod.lockers must be at least 1, got {self.lockers}")
+        if self.lockers > 1 and not (self.source == "register" and self.overlap):
+            raise ValueError(f"PinMethod.lockers applies to 'register' with overlap (layers "
+                             f"locked in place on threads of their own), not {self.source!r}"
+                             f"{'' if self.overlap else ' without overlap'}; drop it")
 
     @classmethod
     def parse(cls, text: str) -> "PinMethod":

@@ -270,6 +270,9 @@ def test_register_locks_up_to_lockers_layers_at_once(monkeypatch):
         assert [t.data_ptr() for t in host.layers] == [b.data_ptr() for b in blobs]
     with pytest.raises(ValueError, match="lockers"):
         PinMethod("register", lockers=0)
+    for text in ("pread,lockers=4", "map,lockers=2", "register,overlap=0,lockers=2"):
+        with pytest.raises(ValueError, match="applies to 'register' with overlap"):
+            PinMethod.parse(text)       # used where it applies, refused elsewhere
     assert PinMethod.parse("register,lockers=8") == PinMethod("register", lockers=8)
 
 
