@@ -86,7 +86,8 @@ class MemoryPack:
                     blob[:, m.offset:m.offset + m.nbytes] = t.reshape(distinct, -1)
                 if lay.bias is not None:   # GPT-OSS: the biases stream inside the blob
                     for name, b in zip(("gate", "up", "down"),
-                                       expert_biases(small, [seed, 8_000_000 + v])):
+                                       expert_biases(small, [[seed, 8_000_000 + 3 * v + j]
+                                                            for j in range(3)])):
                         off, n = lay.bias.part(name)
                         blob[:, off:off + 4 * n] = torch.from_numpy(b).view(torch.uint8)
                 self._base[f].append(blob)

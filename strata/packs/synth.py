@@ -37,22 +37,37 @@ def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16",
                 dense_types: dict | None = None, qk_norm_scale: float = QK_NORM_SCALE
                 ) -> dict[str, torch.Tensor]:
     """The random dense weights as torch tensors (same draws as synth_gguf's for the same seed);
-    block-format tensors of a mix decoded to F32, as a GGUF -> pack import keeps them."""
-    from strata.formats.codec import dequantize
-    out = {}
+    block-format tensors of a mix decoded to F32, as a GGUF -> pack import keeps them; a tensor
+    the file stores split (MLA's attn_kv_b as attn_k_b / attn_v_b) drawn as its parts and joined,
+    and every tensor read as the import reads the file's bytes (Mixtral's q/k un-permuted)."""
     from strata.archs.gguf_layout import file_order
+    from strata.archs.registry import get_arch
+    arch = get_arch(shape.arch)
     k = {name: i for i, (name, *_) in enumerate(file_order(shape))}
-    tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-    for j, (name, shp) in enumerate(dense_specs(shape).items()):
+
+    def draw(name, shp):
         dt = _dense_type(name, dense_type, dense_types)
-        # a tensor the file stores split (MLA's attn_kv_b) is drawn here whole, past the file's
-        kn = k.get(name, len(k) + j)
-        raw = dense_tensor(name, shp, shape, _seed(seed, kn), dt, qk_norm_scale)
-        if dt in tdt:
-            out[name] = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1)).view(tdt[dt]).view(shp)
-        else:
-            out[name] = dequantize(raw, dt).reshape(shp)
+        return _decoded(dense_tensor(name, shp, shape, _seed(seed, k[name]), dt, qk_norm_scale),
+                        dt, shp)
+    out = {}
+    for name, shp in dense_specs(shape).items():
+        parts = arch.gguf_split(name, shp, shape)
+        if parts:
+            out[name] = arch.gguf_join(name, {n: draw(n, s) for n, s in parts.items()}, shape,
+                                       lambda t, _shp: t)
+        else:   # as the import holds it (Mixtral's q/k un-permuted)
+            out[name] = arch.gguf_dense(name, draw(name, shp), shape)
     return out
+
+
+def _decoded(raw: np.ndarray, dt: str, shp) -> torch.Tensor:
+    """A dense tensor's raw bytes as the import reads them: F32/F16/BF16 kept, a block format
+    decoded to F32."""
+    from strata.formats.codec import dequantize
+    tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    if dt in tdt:
+        return torch.from_numpy(np.ascontiguousarray(raw).reshape(-1)).view(tdt[dt]).view(shp)
+    return dequantize(raw, dt).reshape(shp)
 
 
 def synth_pack(path, shape: ModelShape,
@@ -64,18 +79,26 @@ def synth_pack(path, shape: ModelShape,
     Any format of the table, Q2_0 included; `qk_norm_scale`: see QK_NORM_SCALE. Blobs of one
     layer are in RAM at a time (qwen3-30b-a3b Q8_0: 128 x 5,222,400 B = 0.67 GB); the ~32 GB
     pack takes minutes (see module doc).
-    Native: the blobs keep GGUF block layouts."""
+    Native: the blobs keep GGUF block layouts. Every tensor is drawn from the seed synth_gguf
+    draws it from (its index in llama.cpp's file order), so this is the pack `strata pack` makes
+    of synth_gguf's file with the same arguments: a full-size side-by-side needs only one of
+    the two files at a time."""
     from strata.packs.writer import write_pack
     mix = fmts if isinstance(fmts, Mix) else None
     per_layer = _per_layer(shape, mix.experts if mix else fmts)
     layouts = [f.layout(shape) for f in per_layer]
 
+    from strata.archs.gguf_layout import file_order
+    k = {name: n for n, (name, *_) in enumerate(file_order(shape))}   # synth_gguf's seeds
+
     def layer(i):
         def make():
             f = per_layer[i]
-            mats = [expert_matrix(w, getattr(f, w), shape, _seed(seed, 1_000_000 + 3 * i + j))
-                    for j, w in enumerate(("gate", "up", "down"))]
-            bias = (expert_biases(shape, _seed(seed, 2_000_000 + i))
+            p = f"blk.{i}.ffn_"
+            mats = [expert_matrix(w, getattr(f, w), shape, _seed(seed, k[f"{p}{w}_exps.weight"]))
+                    for w in ("gate", "up", "down")]
+            bias = (expert_biases(shape, [_seed(seed, k[f"{p}{w}_exps.bias"])
+                                          for w in ("gate", "up", "down")])
                     if layouts[i].bias is not None else None)
             return assemble_blobs(layouts[i], *mats, shape.n_expert, bias=bias)
         return make

@@ -117,11 +117,18 @@ def expert_sigmas(shape: ModelShape) -> dict[str, float]:
 BIAS_SIGMA = 0.1   # expert biases: small beside the O(1) pre-activations they shift
 
 
-def expert_biases(shape: ModelShape, seed) -> tuple[np.ndarray, ...]:
-    """Random fp32 (gate [E, F], up [E, F], down [E, D]) biases of one layer's experts."""
+def expert_bias(shp, seed) -> np.ndarray:
+    """One random fp32 expert bias tensor of torch shape `shp` ([E, F] gate/up, [E, D] down):
+    N(0, BIAS_SIGMA^2) from `seed` (a GGUF's ffn_*_exps.bias as synth writes it)."""
     g = np.random.default_rng(np.random.SeedSequence(seed))
+    return (BIAS_SIGMA * g.standard_normal(shp)).astype(np.float32)
+
+
+def expert_biases(shape: ModelShape, seeds) -> tuple[np.ndarray, ...]:
+    """Random fp32 (gate [E, F], up [E, F], down [E, D]) biases of one layer's experts, each from
+    its own seed of `seeds` (three)."""
     E, D, F = shape.n_expert, shape.d_model, shape.d_expert
-    return tuple((BIAS_SIGMA * g.standard_normal((E, n))).astype(np.float32) for n in (F, F, D))
+    return tuple(expert_bias((E, n), s) for n, s in zip((F, F, D), seeds))
 
 
 def expert_matrix(which: str, fmt: str, shape: ModelShape, seed) -> np.ndarray:

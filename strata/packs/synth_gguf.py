@@ -6,6 +6,8 @@ loads and runs the file and `strata pack` reads it back as the same shape.
 Draws: tensor k of the file (llama.cpp's order) is drawn from the seed [seed, k] (the same draw
 strata.packs.synth.synth_dense makes for a dense tensor the file holds whole); experts as raw
 block bytes (strata.packs.randblocks), GPT-OSS's expert biases fp32 N(0, BIAS_SIGMA^2).
+strata.packs.synth.synth_pack makes the same draws from the same seeds, so `synth --pack`
+writes the pack that `strata pack` makes of this file.
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ import numpy as np
 from strata.archs.gguf_layout import file_order, gguf_arch, metadata
 from strata.errors import StrataError
 from strata.formats.table import get_format
-from strata.packs.synth_draws import (BIAS_SIGMA, ExpertFormats, Mix, _dense_type, _per_layer, _seed,
-                                dense_tensor, expert_matrix)
+from strata.packs.synth_draws import (ExpertFormats, Mix, _dense_type, _per_layer, _seed,
+                                      dense_tensor, expert_bias, expert_matrix)
 from strata.packs.synth_vocab import _vocab
 from strata.shapes import ModelShape
 
@@ -46,9 +48,8 @@ def _plan(shape: ModelShape, per_layer, dense_type: str, dense_types):
             continue
         i, which = int(name.split(".")[1]), name.split(".")[2][len("ffn_"):-len("_exps")]
         if name.endswith(".bias"):
-            plan.append((name, "F32", _bytes_shape(shp, "F32"), lambda s, shp=shp: (
-                BIAS_SIGMA * np.random.default_rng(np.random.SeedSequence(s))
-                .standard_normal(shp)).astype(np.float32).view(np.uint8).reshape(-1)))
+            plan.append((name, "F32", _bytes_shape(shp, "F32"),
+                         lambda s, shp=shp: expert_bias(shp, s).view(np.uint8).reshape(-1)))
             continue
         fmt = get_format(getattr(per_layer[i], which)).name
         plan.append((name, fmt, _bytes_shape(shp, fmt),

@@ -338,3 +338,31 @@ def test_import_refuses_disagreeing_tensors(tmp_path):
             out.append(("blk.0.ffn_gate_up_exps.weight", q, np.concatenate([d, d], axis=1)))
         return out
     case(both, r"both blk\.0\.ffn_gate_up_exps\.weight and separate")
+
+
+TINY_ARCHS = sorted(k for k in PRESETS if k.startswith("tiny-"))
+
+
+@pytest.mark.parametrize("preset,mix", [(p, None) for p in TINY_ARCHS]
+                         + [("tiny-glm4moe", "Q4_K_M"), ("tiny-gpt-oss", "MXFP4_MOE")])
+def test_synth_pack_is_the_pack_of_synth_gguf(tmp_path, preset, mix):
+    """`synth --pack` draws every tensor from the seed synth's GGUF draws it from, so it writes the
+    pack that `strata pack` makes of that GGUF: a full-size side-by-side (llama.cpp on the GGUF,
+    strata on the pack) needs only one of the two files on the machine at a time."""
+    s = PRESETS[preset]
+    fmts = Mix.stock(mix, s) if mix else ExpertFormats.of("Q8_0")
+    a = Pack.open(gguf_to_pack(synth_gguf(tmp_path / "m.gguf", s, fmts, seed=5, progress=False),
+                               tmp_path / "a.pack", progress=False), verify=True)
+    b = Pack.open(synth_pack(tmp_path / "b.pack", s, fmts, seed=5, progress=False), verify=True)
+    assert a.shape == b.shape and a.native and b.native
+    assert [pl.layout for pl in a.layers] == [pl.layout for pl in b.layers]
+    for i in range(s.n_layer):
+        assert np.array_equal(np.asarray(a.experts(i)), np.asarray(b.experts(i))), i
+    assert sorted(a.dense_names()) == sorted(b.dense_names())
+    for n in a.dense_names():
+        x, y = a.dense(n), b.dense(n)
+        assert x.dtype == y.dtype and torch.equal(x, y), n
+    # and a different seed draws other experts (the comparison above can fail)
+    c = Pack.open(synth_pack(tmp_path / "c.pack", s, fmts, seed=6, progress=False), verify=True)
+    last = s.moe_layers[-1]
+    assert not np.array_equal(np.asarray(a.experts(last)), np.asarray(c.experts(last)))
