@@ -144,9 +144,15 @@ model_files() {
     model_paths "$1" "$2"
     local t0=$SECONDS
     [ -n "${MAKING:-}" ] || while [ -f "$g.making" ]; do sleep 2; done   # MAKING: it is the maker
-    [ -f "$g" ] || python3 -m strata.cli synth --preset "$1" $2 -o "$g" 2>&1 | grep -v "it/s\]" | tail -1
-    [ -f "$p" ] || python3 -m strata.cli pack "$g" -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
-    echo "[models] $g and its pack ready in $((SECONDS - t0)) s"
+    case ${ONLY:-both} in   # ONLY=gguf: the GGUF alone; ONLY=synthpack: synth's pack, no GGUF
+      synthpack)
+        [ -f "$p" ] || python3 -m strata.cli synth --preset "$1" $2 --pack -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
+        echo "[models] $p (synth --pack) ready in $((SECONDS - t0)) s" ;;
+      *)
+        [ -f "$g" ] || python3 -m strata.cli synth --preset "$1" $2 -o "$g" 2>&1 | grep -v "it/s\]" | tail -1
+        [ "${ONLY:-both}" = gguf ] || [ -f "$p" ] || python3 -m strata.cli pack "$g" -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
+        echo "[models] $g${ONLY:+ ($ONLY only)} ready in $((SECONDS - t0)) s" ;;
+    esac
 }
 
 case ${1:-} in
@@ -157,10 +163,31 @@ case ${1:-} in
   make)
     model_paths "$2" "$3"
     touch "$g.making"
-    setsid nohup bash -c "MAKING=1 bash '$0' files '$2' '$3'; rm -f '$g.making'" > "$g.log" 2>&1 < /dev/null &
+    setsid nohup bash -c "MAKING=1 ONLY=${ONLY:-} bash '$0' files '$2' '$3'; rm -f '$g.making'" > "$g.log" 2>&1 < /dev/null &
     echo "[models] making $g and its pack in the background (log $g.log)" ;;
   files)
     model_files "$2" "$3" ;;
+  # bigllama / bigstrata PRESET "SYNTH FLAGS" BUDGET PROMPTS: a model whose GGUF and pack do not
+  # both fit the machine (GLM-4.5-Air Q4_K_M, 70 GB each), read in two steps (llama_side.py's
+  # doc): llama.cpp on the GGUF (made when absent; `ONLY=gguf bash $0 make ...` makes it in the
+  # background), its CSV kept in $MODELS, the GGUF removed; then `synth --pack` with the same flags
+  # (the pack `strata pack` would make of that GGUF), strata on it, one CSV + PNG of both in $OUT.
+  # SIDE_ARGS go to both runs (e.g. "--ub 8192 --reps 1 --load-mode none --llama-max 32768")
+  bigllama)
+    preset=$2 synth=$3 budget=$4 prompts=$5
+    ONLY=gguf model_files "$preset" "$synth"
+    rm -rf "$g.side" && mkdir -p "$g.side"
+    python3 experiments/llama_side.py --gguf "$g" --bin "$LCP/build/bin" --budget "$budget" \
+        --prompts "$prompts" ${SIDE_ARGS:-} --out "$g.side" 2>&1 | grep -v "it/s\]" | tail -14
+    cp "$g.side"/* "$OUT"/ 2>/dev/null
+    [ "${KEEP:-0}" = 1 ] || rm -f "$g" ;;
+  bigstrata)
+    preset=$2 synth=$3 budget=$4 prompts=$5
+    ONLY=synthpack model_files "$preset" "$synth"
+    python3 experiments/llama_side.py --llama-rows "$(ls "$g.side"/llama_side-*.csv | head -1)" \
+        --pack "$p" --budget "$budget" --prompts "$prompts" ${SIDE_ARGS:-} --out "$OUT" 2>&1 \
+        | grep -v "it/s\]" | tail -12
+    [ "${KEEP:-0}" = 1 ] || rm -f "$p" ;;
   build)
     unpack_prebuilt || compile
     echo "llama.cpp sees: $(gpu_seen || echo 'no CUDA device')" | tee -a "$OUT/llama_cpp_build_time.log"

@@ -18,6 +18,13 @@ them to the GPU at pageable rates; `none` reads them into pinned host memory (ll
 pack M.gguf -o M.pack`), when --pack is given, once per --strata-arms entry (e.g. the defaults and
 `--delta backend=fla`, each its own row). Build llama.cpp for the GPU with
 benchmarks/llama_cpp.sh build.
+
+A full-size model whose GGUF and pack do not both fit the machine (GLM-4.5-Air Q4_K_M: 70 GB
+each, 128 GiB of host memory that also holds llama.cpp's or strata's pinned experts) is read in
+two runs: llama.cpp on the GGUF (`--gguf`, no `--pack`), the GGUF removed, then strata on `strata
+synth --pack` with the same arguments (the pack `strata pack` makes of that GGUF: synth draws
+every tensor from the same seed, tests/packs/test_synth_gguf.py) with `--llama-rows` the first
+run's CSV: one CSV and PNG of both.
 """
 from __future__ import annotations
 
@@ -116,10 +123,32 @@ def run_strata(a, P: int, extra: str = "") -> dict | None:
                 parts={k: x.get(k) for k in BOUND_TERMS if x.get(k) not in (None, "")})
 
 
+def read_llama_rows(path: Path, gpu: str, budget: str) -> list[dict]:
+    """llama.cpp's rows of an earlier llama_side CSV, refused (one line) when that run measured
+    another GPU or budget, or measured no llama.cpp row."""
+    from strata.bench.record import read_csv
+    from strata.errors import StrataError
+    try:
+        rows = [r for r in read_csv(path) if r["label"] == "llama.cpp"]
+    except (OSError, KeyError, ValueError) as e:
+        raise StrataError(f"--llama-rows {path}: not a llama_side CSV ({e})") from None
+    if not rows:
+        raise StrataError(f"--llama-rows {path}: no llama.cpp row in it; run llama_side.py "
+                          f"--gguf first")
+    for r in rows:
+        if r["gpu"] != gpu or r["config"].get("budget") != budget:
+            raise StrataError(f"--llama-rows {path}: measured on {r['gpu']} under "
+                              f"{r['config'].get('budget')}, this run is {gpu} under {budget}")
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", type=Path, required=True)
-    ap.add_argument("--bin", type=Path, required=True, help="the folder holding llama-bench")
+    ap.add_argument("--gguf", type=Path, help="the GGUF llama.cpp reads")
+    ap.add_argument("--llama-rows", type=Path,
+                    help="instead of --gguf: llama.cpp's rows from an earlier run's CSV on the "
+                         "GGUF this --pack was synthesized beside (see the module doc)")
+    ap.add_argument("--bin", type=Path, help="the folder holding llama-bench (with --gguf)")
     ap.add_argument("--pack", type=Path, help="strata's pack of the same GGUF (strata bench)")
     ap.add_argument("--budget", default="12GiB")
     ap.add_argument("--prompts", default="8192,32768")
@@ -148,9 +177,18 @@ def main(argv=None) -> int:
             shlex.split(arm)
         except ValueError as e:     # an unclosed quote: one line, not a traceback mid-run
             ap.error(f"--strata-arms: {arm!r}: {e}")
-    sizes = gguf_sizes(a.gguf)
+    if (a.gguf is None) == (a.llama_rows is None):
+        ap.error("give --gguf (llama.cpp runs on it) or --llama-rows (its rows from an earlier "
+                 "run), not both")
+    if a.gguf is not None and a.bin is None:
+        ap.error("--gguf runs llama-bench: give --bin, the folder holding it")
+    if a.llama_rows is not None and a.pack is None:
+        ap.error("--llama-rows adds strata's rows to llama.cpp's: give --pack")
     gpu, commit = gpu_name(), commit_of(ROOT)
-    tag = f"{a.gguf.stem}-{a.budget_text}-{gpu.replace(' ', '_')}-{commit}"
+    earlier = read_llama_rows(a.llama_rows, gpu, a.budget_text) if a.llama_rows else []
+    gguf_name = earlier[0]["config"]["gguf"] if earlier else a.gguf.name
+    sizes = gguf_sizes(a.gguf) if a.gguf else None
+    tag = f"{Path(gguf_name).stem}-{a.budget_text}-{gpu.replace(' ', '_')}-{commit}"
     rows = []
 
     def add(label, P, fig, val, unit, cfg):
@@ -160,7 +198,9 @@ def main(argv=None) -> int:
                          gate="", timer="llama-bench" if label == "llama.cpp" else
                          "strata bench"))
     for P in (int(p) for p in a.prompts.split(",")):
-        got = run_llama(a, sizes, P) if a.llama_max is None or P <= a.llama_max else None
+        rows += [r for r in earlier if int(r["config"]["P"]) == P]
+        got = (run_llama(a, sizes, P) if sizes and (a.llama_max is None or P <= a.llama_max)
+               else None)
         if got:
             cfg = dict(gguf=a.gguf.name, budget=a.budget_text, ub=got["ub"],
                        ncmoe=got["ncmoe"], load_mode=got["load_mode"], fits=got["fits"],
@@ -171,7 +211,7 @@ def main(argv=None) -> int:
             s = run_strata(a, P, extra)
             if s:
                 add(arm_label(extra), P, "tokens/s", s["ts"], "tok/s",
-                    dict(gguf=a.gguf.name, budget=a.budget_text, cmd=s["cmd"],
+                    dict(gguf=gguf_name, budget=a.budget_text, cmd=s["cmd"],
                          of_bound=s["bound"], **s["parts"]))
         if rows:   # each prompt's rows on disk as soon as measured: a call cut short keeps them
             write_csv(rows, a.out / f"llama_side-{tag}.csv")
@@ -180,7 +220,7 @@ def main(argv=None) -> int:
         return 1
     path = write_csv(rows, a.out / f"llama_side-{tag}.csv")
     bars([r for r in rows if r["figure"] == "tokens/s"], a.out / f"llama_side-{tag}.png",
-         x_keys=["P"], title=f"{a.gguf.name} under {a.budget_text}: llama.cpp vs strata "
+         x_keys=["P"], title=f"{gguf_name} under {a.budget_text}: llama.cpp vs strata "
                             f"({gpu}, {commit})")
     print(f"wrote {path}")
     return 0

@@ -258,3 +258,59 @@ def test_a_strata_arm_that_does_not_split_is_refused(tmp_path, capsys):
                    "--strata-arms", ';--delta "backend=fla', "--out", str(tmp_path / "o")])
     assert e.value.code == 2 and "--strata-arms" in capsys.readouterr().err
     assert not calls.exists()
+
+
+def test_llama_rows_from_an_earlier_run_join_strata_rows(tmp_path, monkeypatch):
+    """A GGUF and pack too big to share the machine: llama.cpp's run on the GGUF alone, then
+    --llama-rows that CSV with --pack (no GGUF): one CSV holding the first run's llama.cpp rows
+    and strata's; rows from another GPU or budget, or a CSV without llama.cpp rows, are refused
+    in one line; --gguf and --llama-rows together are a usage error."""
+    import subprocess
+    import types
+
+    import pytest
+
+    from strata.bench.record import read_csv
+    from strata.errors import StrataError
+    side, calls = _side_with_fake_bench(tmp_path, monkeypatch)
+    first = tmp_path / "first"
+    common = ["--budget", "1GiB", "--prompts", "64", "--ub", "32",
+              "--reps", "1", "--compute-margin", "0", "--ncmoe", "2"]
+    assert side.main(["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--bin", str(tmp_path),
+                      *common, "--out", str(first)]) == 0
+    llama_csv = next(first.glob("llama_side-*.csv"))
+    real_run = subprocess.run
+
+    def fake_run(cmd, **kw):
+        if "strata.cli" not in cmd:
+            return real_run(cmd, **kw)
+        return types.SimpleNamespace(returncode=0, stderr="", stdout=(
+            "n_tokens,tokens_per_s,tokens_per_s_sd,of_bound\n64,5000,1,0.9\n"))
+    monkeypatch.setattr(side.subprocess, "run", fake_run)
+    n_calls = len(calls.read_text().splitlines())
+    out = tmp_path / "out"
+    assert side.main(["--llama-rows", str(llama_csv), "--pack", str(tmp_path / "x.pack"),
+                      *common, "--out", str(out)]) == 0
+    assert len(calls.read_text().splitlines()) == n_calls     # llama-bench did not run again
+    got = read_csv(next(out.glob("llama_side-*.csv")))
+    speed = {r["label"]: r["value"] for r in got if r["figure"] == "tokens/s"}
+    assert speed == {"llama.cpp": 2032.0, "strata": 5000.0}
+    assert {r["config"]["gguf"] for r in got} == {"gpt-oss-q8_0.gguf"}
+    assert (out / next(out.glob("llama_side-*.csv")).name.replace(".csv", ".png")).exists()
+    with pytest.raises(StrataError, match="under 1GiB, this run is .* under 2GiB"):
+        side.main(["--llama-rows", str(llama_csv), "--pack", str(tmp_path / "x.pack"),
+                   *[c if c != "1GiB" else "2GiB" for c in common], "--out", str(out)])
+    with pytest.raises(StrataError, match="no llama.cpp row"):
+        side.main(["--llama-rows", str(_strata_only(out, tmp_path)), "--pack",
+                   str(tmp_path / "x.pack"), *common, "--out", str(out)])
+    with pytest.raises(SystemExit) as e:
+        side.main(["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--llama-rows", str(llama_csv),
+                   *common, "--out", str(out)])
+    assert e.value.code == 2
+
+
+def _strata_only(out, tmp_path):
+    """A copy of out's CSV without its llama.cpp rows."""
+    from strata.bench.record import read_csv, write_csv
+    rows = [r for r in read_csv(next(out.glob("llama_side-*.csv"))) if r["label"] != "llama.cpp"]
+    return write_csv(rows, tmp_path / "strata_only.csv")
