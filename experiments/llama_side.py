@@ -37,7 +37,8 @@ import sys
 from pathlib import Path
 
 from strata.bench.llama_cpp import (bench_rows, buffers_from_log, gguf_sizes,
-                                    gpu_mib, fit_ncmoe, ncmoe_for_budget)
+                                    gpu_mib, fit_ncmoe, ncmoe_for_budget, pinned_host)
+from strata.hostmem import host_available
 from strata.bench.plot import bars
 from strata.bench.record import commit_of, gpu_name, utc_now, write_csv
 from strata.units import parse_size
@@ -60,11 +61,23 @@ def run_llama(a, sizes, P: int) -> dict | None:
     """The fastest (-ub, load mode) that fits: for each -ub, N grown under the first load mode
     until llama.cpp's GPU buffers fit the budget, the other modes run at that N (the mode moves
     host memory only)."""
-    best = None
+    best, done = None, {}
 
     def run(ub, n, lm):
-        """The bytes llama.cpp logged on the GPU (None: the run failed); a fit is a candidate."""
+        """The bytes llama.cpp logged on the GPU (None: the run failed); a fit is a candidate.
+        `-lm none` whose pinned copy would not fit the host's available memory (less
+        --host-margin) runs as `-lm mmap` instead, said in a line: a GGUF in /dev/shm and its
+        pinned experts both count (GLM-4.5-Air Q4_K_M: 70 GB and ~57 GB of 128 GiB)."""
         nonlocal best
+        avail = host_available()
+        if lm == "none" and avail is not None and pinned_host(sizes, n) + a.host_margin > avail:
+            print(f"[llama] P={P} ub={ub} ncmoe={n}: -lm none would pin "
+                  f"{pinned_host(sizes, n) / 1e9:.1f} GB of host memory, "
+                  f"{avail / 1e9:.1f} GB available: -lm mmap instead", flush=True)
+            lm = "mmap"
+        if (ub, n, lm) in done:
+            return done[(ub, n, lm)]
+        done[(ub, n, lm)] = None
         try:
             row, bufs, cmd = llama_bench(a.bin, a.gguf, P, ub, n, lm, a.reps, a.timeout)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -79,7 +92,8 @@ def run_llama(a, sizes, P: int) -> dict | None:
                         load_mode=lm, gpu_mib=mib, cmd=" ".join(cmd[1:]), fits=fits)
             if best is None or cand["ts"] > best["ts"]:
                 best = cand
-        return int(mib * 2**20)
+        done[(ub, n, lm)] = int(mib * 2**20)
+        return done[(ub, n, lm)]
 
     for ub in a.ub:
         if a.ncmoe is not None:
@@ -159,6 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ncmoe", type=int, help="pin -ncmoe (else fitted to the budget)")
     ap.add_argument("--load-mode", default="none,mmap",
                     help="llama.cpp -lm values to try (none: its host-held experts pinned)")
+    ap.add_argument("--host-margin", default="4GiB",
+                    help="host memory left free beside llama.cpp's pinned experts (-lm none)")
     ap.add_argument("--compute-margin", default="1.5GiB",
                     help="the first fit's allowance for llama.cpp's compute buffer")
     ap.add_argument("--strata-arms", default="",
@@ -170,6 +186,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.budget_text, a.budget = a.budget, parse_size(a.budget)
     a.compute_margin = parse_size(a.compute_margin)
+    a.host_margin = parse_size(a.host_margin)
     a.ub = [int(u) for u in a.ub.split(",")]
     a.load_mode = [m for m in a.load_mode.split(",") if m]
     for arm in a.strata_arms.split(";"):

@@ -314,3 +314,23 @@ def _strata_only(out, tmp_path):
     from strata.bench.record import read_csv, write_csv
     rows = [r for r in read_csv(next(out.glob("llama_side-*.csv"))) if r["label"] != "llama.cpp"]
     return write_csv(rows, tmp_path / "strata_only.csv")
+
+
+def test_lm_none_past_the_host_runs_mapped(tmp_path, monkeypatch):
+    """-lm none whose pinned experts (the first N layers', by the file's sizes) would pass the
+    host's available memory runs as -lm mmap, once (no second mmap run at the same N); with room
+    it runs as asked."""
+    from strata.bench.llama_cpp import gguf_sizes, pinned_host
+    side, calls = _side_with_fake_bench(tmp_path, monkeypatch)
+    g = GGUF / "gpt-oss-q8_0.gguf"
+    need = pinned_host(gguf_sizes(g), 2)
+    assert need > 0
+    args = ["--gguf", str(g), "--bin", str(tmp_path), "--budget", "1GiB", "--prompts", "64",
+            "--ub", "32", "--reps", "1", "--ncmoe", "2", "--host-margin", "0"]
+    monkeypatch.setattr(side, "host_available", lambda: need - 1)
+    assert side.main(args + ["--out", str(tmp_path / "a")]) == 0
+    assert calls.read_text().split("\n")[:-1] == ["32 2 mmap"]
+    calls.unlink()
+    monkeypatch.setattr(side, "host_available", lambda: need)
+    assert side.main(args + ["--out", str(tmp_path / "b")]) == 0
+    assert calls.read_text().split("\n")[:-1] == ["32 2 none", "32 2 mmap"]

@@ -87,6 +87,12 @@ def gguf_sizes(path: str | Path) -> GgufSizes:
     return GgufSizes(L, tuple(experts), rest, row)
 
 
+def pinned_host(sizes: GgufSizes, ncmoe: int) -> int:
+    """Bytes llama.cpp copies into pinned host memory under `-lm none` at -ncmoe `ncmoe`: the
+    experts of the first `ncmoe` layers (with the file mapped they stay in the mapping)."""
+    return sum(sizes.experts[:ncmoe])
+
+
 def ncmoe_for_budget(sizes: GgufSizes, budget: int, ctx: int, compute: int) -> int:
     """The smallest N whose weights + KV at `ctx` + `compute` bytes fit `budget` (L when even
     no expert fits: then the dense part alone must, else one line says so)."""
