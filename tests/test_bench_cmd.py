@@ -31,6 +31,7 @@ def test_bench_rows_csv_and_json(pack, capsys, tmp_path):
         assert r["reps"] == 2 and r["tokens_per_s"] > 0 and r["tokens_per_s_sd"] >= 0
         assert (r["chunk"], r["ring"]) == (32, 2) and r["bytes_streamed"] > 0
         assert r["pcie_bound_tokens_per_s"] > 0 and r["warmup_s"] > 0
+        assert r["planned_for"] == 70 and r["cache_bytes"] > 0   # one engine, planned for 70
     trace = json.loads((tmp_path / "b.json").read_text())
     assert {e.get("cat") for e in trace["traceEvents"]} >= {"copy", "compute", "passes"}
     assert main(["bench", pack, "-p", "40", "-r", "1", "-o", "csv", "--no-warmup", *STREAM]) == 0
@@ -154,3 +155,14 @@ def test_the_pcie_bound_counts_the_kv_staged_back(pack, capsys):
     assert r["pcie_bound_tokens_per_s"] == pytest.approx(96 / link_s, rel=1e-9)
     assert main(["bench", pack, "-p", "96", "-r", "1", "-o", "json", *host_kv]) == 0
     assert json.loads(capsys.readouterr().out)[0]["kv_streamed"] == 0    # all resident
+
+
+def test_the_documented_columns_are_the_csv_columns():
+    """docs/cli.md lists bench's CSV/JSON columns in COLUMNS' order, every one."""
+    import re
+    from pathlib import Path
+
+    from strata.commands.bench import COLUMNS
+    doc = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    listed = re.search(r"CSV/JSON columns: `([^`]*)`", doc).group(1)
+    assert [c.strip() for c in listed.split(",")] == COLUMNS

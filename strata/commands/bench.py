@@ -43,7 +43,8 @@ from strata.units import fmt_bytes
 FORMATS = ("md", "csv", "json")
 FLOOR_PARTS = ("experts", "attention", "linear", "dense")     # strata.bench.roofline's
 PART_COLUMNS = [f"floor_{k}_s" for k in FLOOR_PARTS]
-COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "test", "n_tokens", "chunk", "ring", "reps",
+COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "prefix_attention", "planned_for",
+           "cache_bytes", "test", "n_tokens", "chunk", "ring", "reps",
            "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "kv_streamed",
            "h2d_gbps", "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "of_bound",
            "warmup_s", "wait_s", *PART_COLUMNS, "linear_at_dense_s"]
@@ -107,6 +108,7 @@ def run(args) -> int:
     no_gemm = Rates(engine.shape, measure_gemm=lambda s, T: math.nan,
                     measure_attn=lambda s, T: math.nan)
     rates = Rates(engine.shape)
+    cache_bytes = sum(p.cache.buffer.numel() for p in engine.parts)
     trace = LaneTrace(str(args.pack)) if trace_path else None
     rows = []
     for n in args.prompts:
@@ -138,6 +140,9 @@ def run(args) -> int:
             # a later chunk's prefix through the engine's KV: chunk_attention or blocks
             # (attention/flash_prefix); empty where no route applies (prompt_plan.prefix_path)
             "prefix_attention": prefix_path(engine.shape, engine.cfg, engine.device.type) or "",
+            # one engine reads every -p length, planned for the longest (--max-prompt): a
+            # shorter prompt runs under that plan's smaller expert cache, so its row says which
+            "planned_for": cfg.max_prompt, "cache_bytes": cache_bytes,
             "test": f"pp{n}", "n_tokens": n, "chunk": res.chunk, "ring": res.ring,
             "reps": args.repeats,
             "tokens_per_s": statistics.fmean(tps),
@@ -159,7 +164,7 @@ def run(args) -> int:
     sys.stdout.write(out)
     if args.output == "md":
         print(f"\nstartup {startup:.2f} s (host blobs {'pinned' if engine.host.pinned else 'pageable'}"
-              f", cache {fmt_bytes(sum(p.cache.buffer.numel() for p in engine.parts))} filled); "
+              f", cache {fmt_bytes(cache_bytes)} filled, planned for {cfg.max_prompt:,} tokens); "
               f"pinned H2D {h2d / 1e9:.1f} GB/s measured in this run"
               + (f"; trace {', '.join(written)}" if written else ""))
     return 0
