@@ -28,6 +28,12 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "$pyc_env; torch's folder writable: $(python3 -c 'import os, torch; print(os.access(os.path.dirname(torch.__file__), os.W_OK))')" | tee -a "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+# the named columns of a `strata bench -o csv` file (by name: the columns grow)
+bench_cols() {
+    python3 -c 'import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    print(",".join(r.get(c, "") for c in sys.argv[2].split(",")))' "$1" "$2" 2>/dev/null
+}
 for step in "$@"; do
   case $step in
     # the whole GPU suite in one call (issue 36 item 7): the decode files first, each test's time in
@@ -215,7 +221,7 @@ for step in "$@"; do
                q35first) fp=${Q35_FIRST:-8192,32768}; fo="$OUT/first_${t}_${fp//,/_}"; mkdir -p "$fo"
                          timeout 200 python3 experiments/cold_warm.py --preset ${HYB_PRESET:-qwen3.5-35b-a3b} --quant Q4_K_M --pack $p --keep --prompts $fp --arms warm --out "$fo" 2>&1 | grep -v "it/s\]" | tail -12 | tee "$fo/cold_warm_$t.log" ;;
              esac
-             cut -d, -f5-9,12,17-20 "$OUT"/bench_${t}_*.csv 2>/dev/null | tail -6 ;;
+             for f in "$OUT"/bench_${t}_*.csv; do bench_cols "$f" test,chunk,ring,planned_for,tokens_per_s,pcie_bound_tokens_per_s,compute_floor_tokens_per_s,of_bound,warmup_s; done | tail -6 ;;
     q35)     bash "$0" q35short q35long q35prefix ;;
     # one call for a hybrid too big for two: its GGUF and pack made in the foreground, then the
     # four lengths in one process, one rep each (Qwen3-Next: GGUF_DIR=$PWD/.models puts the 48 GB
@@ -223,7 +229,7 @@ for step in "$@"; do
     hybbench) n=${HYB_PRESET:-qwen3.5-35b-a3b}; t=${HYB_TAG:-q35}
              bash benchmarks/llama_cpp.sh files $n "--mix Q4_K_M" 2>&1 | tail -1
              timeout ${HYB_T:-330} python3 -m strata.cli bench ${PACK_DIR:-${MODELS:-/dev/shm}}/$n-mixQ4_K_M.pack -p ${HYB_P:-8192,32768,131072,262144} -r 1 --vram 12GiB -o csv 2>&1 | grep -v "it/s\]" > "$OUT/bench_${t}_all.csv"
-             cut -d, -f1,6,7,8,9,11,16,17,18 "$OUT/bench_${t}_all.csv" | tail -5 ;;
+             bench_cols "$OUT/bench_${t}_all.csv" model,test,chunk,ring,planned_for,tokens_per_s,pcie_bound_tokens_per_s,compute_floor_tokens_per_s,of_bound,warmup_s | tail -5 ;;
     # issue 38 items 2 and 5: a Qwen3.5-35B-A3B read (its first 8 layers: 6 linear, 2 full) all
     # resident at 8K and 32K with the delta rule on strata's kernels against fla-core's (--delta)
     flaab)   for d in "" "--delta backend=fla"; do t=$(echo "x $d" | tr -cd 'a-z0-9'); timeout 200 python3 benchmarks/profile_read.py --what resident --preset qwen3.5-35b-a3b --quant Q4_K_M --layers 8 --T 8192 32768 --top 12 $d --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_q35_$t.log"; echo "[$d]"; grep "^T=\|^-- " "$OUT/profile_q35_$t.log"; done ;;
