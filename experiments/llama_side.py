@@ -38,9 +38,9 @@ from pathlib import Path
 
 from strata.bench.llama_cpp import (bench_rows, buffers_from_log, gguf_sizes,
                                     gpu_mib, fit_ncmoe, ncmoe_for_budget, pinned_host)
-from strata.hostmem import host_available
 from strata.bench.plot import bars
 from strata.bench.record import commit_of, gpu_name, utc_now, write_csv
+from strata.hostmem import host_available
 from strata.units import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
