@@ -348,8 +348,12 @@ PRESETS: dict[str, ModelShape] = {
     # with rope_theta 1e7, native, no YaRN): the checkpoint people read 200K-token documents with.
     "qwen3-30b-a3b": ModelShape("qwen3moe", 48, 2048, 128, 8, 768, 32, 4, 128, 151936,
                                 rope_theta=10_000_000.0, max_pos=262144),
-    # Qwen3-235B-A22B: 94 layers, 128 experts of width 1536, top-8.
-    "qwen3-235b-a22b": ModelShape("qwen3moe", 94, 4096, 128, 8, 1536, 64, 4, 128, 151936),
+    # Qwen3-235B-A22B: 94 layers, 128 experts of width 1536, top-8. Context as the 2507 releases
+    # ship it (Instruct-2507 / Thinking-2507 config.json: max_position_embeddings 262144 with
+    # rope_theta 5e6, native, no YaRN), as for qwen3-30b-a3b: the first release's 40,960
+    # (theta 1e6) would refuse the 131K prompts people read through it.
+    "qwen3-235b-a22b": ModelShape("qwen3moe", 94, 4096, 128, 8, 1536, 64, 4, 128, 151936,
+                                  rope_theta=5_000_000.0, max_pos=262144),
     # The seeds' rig shape: 512 experts, hidden 2560, expert width 640 (Q2_0 blob = 1,382,400 B).
     "seed-512e": ModelShape("qwen3moe", 30, 2560, 512, 10, 640, 16, 4, 256, 262144),
     # Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1 config.json): 32 layers, 8 experts of width

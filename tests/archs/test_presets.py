@@ -68,3 +68,15 @@ def test_every_architecture_has_its_tiny_preset():
         s = PRESETS[f"tiny-{a.name}"]
         assert s.arch == a.name and f"tiny-{a.name}" in a.presets
     assert PRESETS["tiny-qwen3moe"] is PRESETS["tiny"]
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_a_131k_prompt_plans_under_24gib(name, capsys):
+    """Issue 37 reads every one of these models at 131,072 tokens under 24 GiB: each preset's
+    context admits it (the Qwen3 presets are the 2507 releases' 262,144; DeepSeek's and Kimi's
+    first layers) and the plan fits, the KV spilled where it must."""
+    from strata.cli import main
+    layers = ["--layers", str(FIRST_LAYERS[name])] if name in FIRST_LAYERS else []
+    assert main(["plan", "--preset", name, "--vram", "24GiB", "--prompt-tokens", "131072",
+                 *layers]) == 0
+    assert "131,072 tokens" in capsys.readouterr().out
