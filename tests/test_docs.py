@@ -1,4 +1,5 @@
-"""docs/ stay in step with the code: every CLI flag is on docs/cli.md, every link resolves."""
+"""docs/ stay in step with the code: every CLI flag and preset is on docs/cli.md, every link
+resolves."""
 import re
 from pathlib import Path
 
@@ -35,3 +36,13 @@ def test_relative_links_resolve():
     for page in DOCS.glob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_every_preset_is_listed():
+    """docs/cli.md's `--preset` row names every preset but the tiny-<arch> ones (which it names
+    as a group): a preset added to strata.shapes lands there too."""
+    from strata.shapes import PRESETS
+    doc = (ROOT / "docs" / "cli.md").read_text()
+    row = re.search(r"`strata\.shapes\.PRESETS`: ([^;]*);", doc).group(1)
+    listed = {n.strip() for n in row.replace(" and a tiny-<arch> per architecture", "").split(",")}
+    assert listed == {n for n in PRESETS if not n.startswith("tiny-")}
