@@ -78,8 +78,8 @@ def child(a) -> int:
     pack = Pack.open(a.child)
     sizes = [pl.blob_size for pl in pack.layers]
     if auto:   # as strata prefill picks: a copy where it fits, else the pages locked in place
-        from strata.engine.host import host_pinning
-        method = host_pinning(pack, sum(sizes) * pack.shape.n_expert, True, cuda)[0]
+        from strata.engine.host import expert_bytes, host_pinning
+        method = host_pinning(pack, expert_bytes(pack), True, cuda)[0]
     host = HostExperts(pack.experts, sizes, pin=True, background=True, spans=pack.expert_span,
                        method=method, early=early)
     from strata.commands._args import resolve_experts

@@ -129,16 +129,17 @@ def _make_plan(args, dev: str):
     flags = dict(pinned=pinned, fused=fused, native=native,
                  kv=kv_summary(layout.sizes, cfg, bud, shape, delta_scratch=dn, dev=dev))
     if pack is not None and pinned and dev == "cuda":
-        flags["host"] = host_summary(pack, sum(blobs) * shape.n_expert)
+        flags["host"] = host_summary(pack)
     return name, plan, bud, flags, shape, why
 
 
-def host_summary(pack, host_blobs: int) -> dict:
+def host_summary(pack) -> dict:
     """How the engine would pin `pack`'s experts on this host, decided by the engines' own call
     (strata.engine.host.host_pinning at the host memory available now): the method, the bytes
     its pinned blobs take beyond the pack (0 locked in place), the memory available."""
-    from strata.engine.host import host_pinning
+    from strata.engine.host import expert_bytes, host_pinning
     from strata.hostmem import host_available
+    host_blobs = expert_bytes(pack)
     method, extra = host_pinning(pack, host_blobs, True, True, say=False)
     return {"experts_bytes": host_blobs, "method": method.source, "extra_bytes": extra,
             "available_bytes": host_available()}

@@ -65,7 +65,7 @@ from strata.engine.device import Lane
 from strata.engine.engine_config import EngineConfig, dense_dtype, engine_policy, resolved
 from strata.engine.finite import FiniteGuard
 from strata.engine.handoff import Handoff, raise_first, rank_message
-from strata.engine.host import HostExperts, host_pinning
+from strata.engine.host import HostExperts, expert_bytes, host_pinning
 from strata.engine.prompt_kv import new_prompt_kv, uses_prompt_kv
 from strata.engine.prompt_plan import check_prefix_pin, plan_inputs, plan_prompt, resolve_kv
 from strata.engine.scratch import ParticipantScratch
@@ -219,7 +219,7 @@ class StageEngine:
         self.layers = b.layers
         self.first, self.last = rank == 0, rank == world - 1
         method, pinned_bytes = host_pinning(
-            pack, sum(blob_sizes[l] for l in b.layers) * s.n_expert, cfg.pin,
+            pack, expert_bytes(pack, b.layers), cfg.pin,
             device.type == "cuda")
         check_machine([b], [device], host_blobs=pinned_bytes,
                       pin=cfg.pin, dense_host=b.dense * self.dtype.itemsize // 2,

@@ -303,6 +303,14 @@ class HostExperts:
         return sum(t.numel() for t in self.layers)
 
 
+def expert_bytes(pack, layers=None) -> int:
+    """Host bytes of `pack`'s routed experts over `layers` (default every layer): each layer's
+    blob size times E. What an engine pins and hands host_pinning, and `strata plan` reports:
+    one count for all of them."""
+    ls = range(len(pack.layers)) if layers is None else layers
+    return sum(pack.layers[l].blob_size for l in ls) * pack.shape.n_expert
+
+
 def pin_method(pack, host_blobs: int, available: int | None) -> PinMethod:
     """How an engine pins `pack`'s `host_blobs` bytes of experts: the default copy into huge
     pages (PinMethod(): the fastest to lock, 12.2 GB/s against 2.0 in place on the H200

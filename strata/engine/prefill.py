@@ -40,7 +40,7 @@ from strata.engine.device import Lane
 from strata.engine.engine_config import (EngineConfig, default_devices, dense_dtype,
                                          engine_policy, kv_policy, resolved)
 from strata.engine.finite import FiniteGuard
-from strata.engine.host import HostExperts, host_pinning
+from strata.engine.host import HostExperts, expert_bytes, host_pinning
 from strata.engine.observe import EngineObserver
 from strata.engine.prompt_kv import host_kv_arena, new_prompt_kv, uses_prompt_kv
 from strata.engine.prompt_plan import check_prefix_pin, plan_inputs, plan_prompt, resolve_kv
@@ -120,7 +120,7 @@ class PrefillEngine:
         # allocated (strata.budget): one line naming what does not fit
         # a pack already in host memory whose pinned copy would not fit beside it is locked
         # in place instead (host_pinning): then pinning takes no host memory of its own
-        method, pinned_bytes = host_pinning(pack, sum(self.blob_sizes) * self.shape.n_expert,
+        method, pinned_bytes = host_pinning(pack, expert_bytes(pack),
                                             cfg.pin and host is None,
                                             any(d.type == "cuda" for d in devices))
         check_machine(budgets, devices, host_blobs=pinned_bytes, pin=cfg.pin and host is None,
