@@ -144,12 +144,15 @@ def read_llama_rows(path: Path, gpu: str, budget: str) -> list[dict]:
     from strata.errors import StrataError
     try:
         rows = [r for r in read_csv(path) if r["label"] == "llama.cpp"]
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, csv.Error) as e:
         raise StrataError(f"--llama-rows {path}: not a llama_side CSV ({e})") from None
     if not rows:
         raise StrataError(f"--llama-rows {path}: no llama.cpp row in it; run llama_side.py "
                           f"--gguf first")
     for r in rows:
+        if not {"P", "gguf", "budget"} <= set(r["config"]):
+            raise StrataError(f"--llama-rows {path}: a llama.cpp row without its prompt, GGUF "
+                              f"or budget; give a CSV llama_side.py --gguf wrote")
         if r["gpu"] != gpu or r["config"].get("budget") != budget:
             raise StrataError(f"--llama-rows {path}: measured on {r['gpu']} under "
                               f"{r['config'].get('budget')}, this run is {gpu} under {budget}")
