@@ -181,10 +181,20 @@ case ${1:-} in
         --prompts "$prompts" ${SIDE_ARGS:-} --out "$g.side" 2>&1 | grep -v "it/s\]" | tail -14
     cp "$g.side"/* "$OUT"/ 2>/dev/null
     [ "${KEEP:-0}" = 1 ] || rm -f "$g" ;;
+  # big PRESET "SYNTH FLAGS" BUDGET PROMPTS: both steps in one call (GLM-4.5-Air Q4_K_M: synth
+  # ~2 min a file on the device, llama.cpp at 8K+32K ~2 min, strata's 8K+32K ~3 min with the pack
+  # locked in place; 131K, when reached, last). LLAMA_ARGS go to the llama.cpp step (default
+  # SIDE_ARGS), LLAMA_PROMPTS (default PROMPTS) are the prompts it reads
+  big)
+    SIDE_ARGS=${LLAMA_ARGS:-${SIDE_ARGS:-}} KEEP=0 bash "$0" bigllama "$2" "$3" "$4" "${LLAMA_PROMPTS:-$5}"
+    echo "[big] llama.cpp's step done at $SECONDS s"
+    bash "$0" bigstrata "$2" "$3" "$4" "$5" ;;
   bigstrata)
     preset=$2 synth=$3 budget=$4 prompts=$5
     ONLY=synthpack model_files "$preset" "$synth"
-    python3 experiments/llama_side.py --llama-rows "$(ls "$g.side"/llama_side-*.csv | head -1)" \
+    rows=$(ls "$g.side"/llama_side-*.csv 2>/dev/null | head -1)
+    [ -n "$rows" ] || echo "[bigstrata] no llama.cpp rows in $g.side: strata's rows alone"
+    python3 experiments/llama_side.py ${rows:+--llama-rows "$rows"} \
         --pack "$p" --budget "$budget" --prompts "$prompts" ${SIDE_ARGS:-} --out "$OUT" 2>&1 \
         | grep -v "it/s\]" | tail -12
     [ "${KEEP:-0}" = 1 ] || rm -f "$p" ;;
@@ -251,6 +261,6 @@ case ${1:-} in
     for t in $TOOLS; do strip -o "$B/../pkg/bin/$t" "$B/bin/$t" || exit 2; done
     # a window wider than one tool (~50 MB), so the kernels the three share are packed once
     XZ_OPT="--lzma2=preset=9,dict=192MiB -T1" tar -C "$B/../pkg" -cJf "$PREBUILT" bin && ls -la "$PREBUILT" ;;
-  *) echo "usage: bash benchmarks/llama_cpp.sh build | side PRESET 'SYNTH FLAGS' BUDGET PROMPTS | cache PRESET 'SYNTH FLAGS' BUDGET | ppl PRESET 'SYNTH FLAGS' BUDGET | prebuild SRC" >&2
+  *) echo "usage: bash benchmarks/llama_cpp.sh build | side|bigllama|bigstrata|big PRESET 'SYNTH FLAGS' BUDGET PROMPTS | cache PRESET 'SYNTH FLAGS' BUDGET | ppl PRESET 'SYNTH FLAGS' BUDGET | prebuild SRC" >&2
      exit 2 ;;
 esac

@@ -250,6 +250,9 @@ def measure(args, rec) -> None:
     finally:
         if made and not args.keep:
             pack.unlink(missing_ok=True)
+        if args.smoke and not args.keep:    # the smoke's own folder, not only its pack
+            import shutil
+            shutil.rmtree(pack.parent, ignore_errors=True)
 
 
 def plot(rows: list[dict], png: Path) -> None:

@@ -197,16 +197,20 @@ def main(argv=None) -> int:
             shlex.split(arm)
         except ValueError as e:     # an unclosed quote: one line, not a traceback mid-run
             ap.error(f"--strata-arms: {arm!r}: {e}")
-    if (a.gguf is None) == (a.llama_rows is None):
+    if a.gguf is not None and a.llama_rows is not None:
         ap.error("give --gguf (llama.cpp runs on it) or --llama-rows (its rows from an earlier "
                  "run), not both")
+    if a.gguf is None and a.llama_rows is None and a.pack is None:
+        ap.error("nothing to run: give --gguf (llama.cpp), --pack (strata) or both")
     if a.gguf is not None and a.bin is None:
         ap.error("--gguf runs llama-bench: give --bin, the folder holding it")
     if a.llama_rows is not None and a.pack is None:
         ap.error("--llama-rows adds strata's rows to llama.cpp's: give --pack")
     gpu, commit = gpu_name(), commit_of(ROOT)
     earlier = read_llama_rows(a.llama_rows, gpu, a.budget_text) if a.llama_rows else []
-    gguf_name = earlier[0]["config"]["gguf"] if earlier else a.gguf.name
+    # strata alone (llama.cpp's step of a two-step read measured nothing): named by its pack
+    gguf_name = (earlier[0]["config"]["gguf"] if earlier else a.gguf.name if a.gguf
+                 else a.pack.name)
     sizes = gguf_sizes(a.gguf) if a.gguf else None
     tag = f"{Path(gguf_name).stem}-{a.budget_text}-{gpu.replace(' ', '_')}-{commit}"
     rows = []

@@ -264,7 +264,8 @@ def test_llama_rows_from_an_earlier_run_join_strata_rows(tmp_path, monkeypatch):
     """A GGUF and pack too big to share the machine: llama.cpp's run on the GGUF alone, then
     --llama-rows that CSV with --pack (no GGUF): one CSV holding the first run's llama.cpp rows
     and strata's; rows from another GPU or budget, or a CSV without llama.cpp rows, are refused
-    in one line; --gguf and --llama-rows together are a usage error."""
+    in one line; --gguf and --llama-rows together are a usage error, and so is neither of them
+    without --pack (--pack alone: strata's rows, as when llama.cpp's step measured nothing)."""
     import subprocess
     import types
 
@@ -306,6 +307,15 @@ def test_llama_rows_from_an_earlier_run_join_strata_rows(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         side.main(["--gguf", str(GGUF / "gpt-oss-q8_0.gguf"), "--llama-rows", str(llama_csv),
                    *common, "--out", str(out)])
+    assert e.value.code == 2
+    # llama.cpp's step measured nothing: --pack alone gives strata's rows, named by the pack
+    alone = tmp_path / "alone"
+    assert side.main(["--pack", str(tmp_path / "x.pack"), *common, "--out", str(alone)]) == 0
+    got = read_csv(next(alone.glob("llama_side-x-1GiB-*.csv")))
+    assert {r["label"] for r in got} == {"strata"}
+    assert {r["config"]["gguf"] for r in got} == {"x.pack"}
+    with pytest.raises(SystemExit) as e:
+        side.main([*common, "--out", str(out)])
     assert e.value.code == 2
 
 
