@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from strata.engine.pinning import (PinMethod, Registration, huge_page_buffer, parallel_copy,
-                                   pread_copy)
+                                   pread_copy, shared_read_map)
 from strata.errors import StrataError
 from strata.hostmem import host_available, on_tmpfs
 from strata.units import fmt_bytes
@@ -67,7 +67,8 @@ class HostExperts:
         self._pinned = False
         self._layers: list[torch.Tensor] = []
         self.pin_error: str | None = None
-        self._maps: list = []               # huge-page maps under the registered layers
+        self._maps: list = []               # maps under the registered layers (huge pages,
+                                            # or the pack file's shared spans in place)
         self._regs: list[Registration] = []
         self._in_place: set[int] = set()    # of those, the source's own pages (no copy)
         self._finalizer = weakref.finalize(self, _release, self._regs, self._maps)
@@ -139,6 +140,11 @@ class HostExperts:
                     self._layers.append(t)
                     continue
                 if in_place:                         # the source's own pages, locked in place
+                    span = self._spans(i) if self._spans is not None else None
+                    if span is not None and span[2] == t.numel():   # the file's pages, shared
+                        m, shared = shared_read_map(*span)
+                        self._maps.append(m)
+                        t = shared.view(t.shape)
                     self._layers.append(t)
                     if locker is not None:           # at most `lockers` layers at once
                         self._settle(inflight, meth.lockers - 1)
@@ -222,8 +228,9 @@ class HostExperts:
         return None
 
     def _register_in_place(self, t: torch.Tensor) -> torch.Tensor:
-        """Page-lock layer blobs `t` where they lie (PinMethod "register": the pack's map, or an
-        in-memory source), read-only: nothing copied (RuntimeError when the driver refuses)."""
+        """Page-lock layer blobs `t` where they lie (PinMethod "register": a shared read-only map
+        of the pack file's span, or an in-memory source), read-only: nothing copied
+        (RuntimeError when the driver refuses)."""
         t0 = time.perf_counter()
         t = t.contiguous()               # a pack's layer is one run of its map: no copy
         try:

@@ -105,6 +105,26 @@ def huge_page_buffer(nbytes: int) -> tuple[mmap.mmap, torch.Tensor]:
     return m, torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
 
 
+def shared_read_map(path: str, offset: int, nbytes: int) -> tuple[mmap.mmap, torch.Tensor]:
+    """`nbytes` of file `path` from `offset` as a uint8 tensor over a shared, read-only map
+    (keep the map alive as long as the tensor). What PinMethod "register" locks: Linux (6.x)
+    makes a read-only long-term lock of a private (copy-on-write) file map unshare every page
+    into anonymous memory, a silent copy that takes the host memory the lock was meant to
+    save; a shared map's pages are the file's own (on a tmpfs: its memory), locked as they are.
+    Writing through the tensor faults: nothing may write a pack's experts."""
+    import warnings
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        m = mmap.mmap(fd, offset - start + nbytes, access=mmap.ACCESS_READ, offset=start)
+    finally:
+        os.close(fd)
+    with warnings.catch_warnings():      # read-only by design, said above
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        t = torch.frombuffer(m, dtype=torch.uint8, count=nbytes, offset=offset - start)
+    return m, t
+
+
 class Registration:
     """cudaHostRegister of one CPU tensor's bytes; `close()` (or the with-block) unregisters."""
 

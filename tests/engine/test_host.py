@@ -194,12 +194,43 @@ def test_register_locks_the_pack_pages_in_place(monkeypatch, tmp_path):
                            method=PinMethod("register", overlap=overlap))
         assert host.pinned and len(fake.locked) == len(sizes)
         for i in range(len(sizes)):
-            assert host.layers[i].data_ptr() == pack.experts(i).data_ptr()    # no copy
+            # the file's own pages through a shared read-only map: a lock on the pack's
+            # private map would make Linux copy every page into anonymous memory
+            assert _map_perms(host.layers[i].data_ptr()) == "r--s"
+            assert torch.equal(host.layers[i].reshape(-1), pack.experts(i).reshape(-1))
             assert fake.locked[host.layers[i].data_ptr()] == pack.experts(i).numel()
         assert all(f & HOST_REGISTER_READ_ONLY for f in fake.flags)
         host.close()
         assert not fake.locked
     assert torch.equal(pack.experts(0)[:1], pack.experts(0)[:1].clone())
+
+
+def _map_perms(addr: int) -> str:
+    """The permissions /proc/self/maps gives the mapping holding address `addr`."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, perms = line.split()[:2]
+            a, b = (int(x, 16) for x in span.split("-"))
+            if a <= addr < b:
+                return perms
+    raise AssertionError(f"{addr:#x} is in no mapping")
+
+
+def test_shared_read_map_is_the_file_span_shared_and_read_only(tmp_path):
+    """shared_read_map: exactly the span's bytes, from an offset off the map's granularity, in
+    a shared read-only mapping (so a read-only lock takes the file's pages, not copies)."""
+    import mmap
+
+    from strata.engine.pinning import shared_read_map
+    data = torch.randint(0, 256, (3 * mmap.ALLOCATIONGRANULARITY + 123,), dtype=torch.uint8)
+    f = tmp_path / "blob.bin"
+    f.write_bytes(data.numpy().tobytes())
+    for off, n in ((0, 10), (1, 5000), (mmap.ALLOCATIONGRANULARITY + 7, 2 * 4096 + 1),
+                   (mmap.ALLOCATIONGRANULARITY, 100)):
+        m, t = shared_read_map(str(f), off, n)
+        assert t.numel() == n and torch.equal(t, data[off:off + n])
+        assert _map_perms(t.data_ptr()) == "r--s"
+        del t
 
 
 def test_register_refused_leaves_the_pack_pageable_and_uncopied(monkeypatch):
