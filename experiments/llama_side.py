@@ -121,9 +121,12 @@ def run_strata(a, P: int, extra: str = "") -> dict | None:
     cmd = [sys.executable, "-m", "strata.cli", "bench", str(a.pack), "-p", str(P), "-r",
            str(a.reps), "--vram", a.budget_text, "-o", "csv", *shlex.split(extra)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
-    if r.returncode != 0:
-        print(f"[{arm_label(extra)}] P={P}: failed: {r.stderr.strip().splitlines()[-1:]}",
-              flush=True)
+    if r.returncode != 0:     # a signal leaves no line of its own: say which, and the last
+        how = (f"killed by signal {-r.returncode}"
+               + (" (SIGKILL: the OOM killer?)" if r.returncode == -9 else "")
+               if r.returncode < 0 else f"exit {r.returncode}")
+        print(f"[{arm_label(extra)}] P={P}: failed, {how}: "
+              f"{r.stderr.strip().splitlines()[-1:]}", flush=True)
         return None
     rows = [x for x in csv.DictReader(io.StringIO(r.stdout)) if x.get("n_tokens") == str(P)]
     if not rows:
