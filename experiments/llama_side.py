@@ -189,7 +189,18 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
+    ap.add_argument("--replot", type=Path, metavar="CSV",
+                    help="redraw a llama_side CSV's PNG beside it (nothing runs)")
     a = ap.parse_args(argv)
+    if a.replot is not None:
+        from strata.bench.record import read_csv
+        try:
+            rows = read_csv(a.replot)
+            name, budget = rows[0]["config"]["gguf"], rows[0]["config"]["budget"]
+        except (OSError, KeyError, IndexError, TypeError, ValueError, csv.Error) as e:
+            ap.error(f"--replot {a.replot}: not a llama_side CSV ({e!r})")
+        print(f"wrote {plot(rows, a.replot.with_suffix('.png'), name, budget)}")
+        return 0
     a.budget_text, a.budget = a.budget, parse_size(a.budget)
     a.compute_margin = parse_size(a.compute_margin)
     a.host_margin = parse_size(a.host_margin)
@@ -246,11 +257,34 @@ def main(argv=None) -> int:
         print("llama_side: nothing measured", file=sys.stderr)
         return 1
     path = write_csv(rows, a.out / f"llama_side-{tag}.csv")
-    bars([r for r in rows if r["figure"] == "tokens/s"], a.out / f"llama_side-{tag}.png",
-         x_keys=["P"], title=f"{gguf_name} under {a.budget_text}: llama.cpp vs strata "
-                            f"({gpu}, {commit})")
+    plot(rows, a.out / f"llama_side-{tag}.png", gguf_name, a.budget_text)
     print(f"wrote {path}")
     return 0
+
+
+def bound_rows(rows: list[dict]) -> list[dict]:
+    """Each strata row's bound, min(PCIe bound, compute floor) measured in its own run, as a
+    row of its own ("<label>'s bound"), so the plot shows every figure beside its bound."""
+    out = []
+    for r in rows:
+        c = r["config"]
+        terms = [float(c[k]) for k in ("pcie_bound_tokens_per_s", "compute_floor_tokens_per_s")
+                 if c.get(k) not in (None, "")]
+        if r["label"].startswith("strata") and r["figure"] == "tokens/s" and terms:
+            out.append(dict(r, label=f"{r['label']}'s bound", value=min(terms)))
+    return out
+
+
+def plot(rows: list[dict], png: Path, gguf_name: str, budget: str) -> Path:
+    """tokens/s per prompt length: llama.cpp's, strata's and strata's bound beside it."""
+    speed = [r for r in rows if r["figure"] == "tokens/s"]
+    # a two-step read's rows carry two commits: each tool's
+    tools = dict.fromkeys((r["label"].split("[")[0], r["commit"]) for r in rows)
+    one = len({c for _, c in tools}) == 1
+    commits = rows[0]["commit"] if one else ", ".join(f"{t} {c}" for t, c in tools)
+    return bars(speed + bound_rows(speed), png, x_keys=["P"],
+                title=f"{gguf_name} under {budget}: llama.cpp vs strata ({rows[0]['gpu']}, "
+                      f"{commits})")
 
 
 if __name__ == "__main__":

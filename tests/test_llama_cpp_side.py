@@ -344,3 +344,35 @@ def test_lm_none_past_the_host_runs_mapped(tmp_path, monkeypatch):
     monkeypatch.setattr(side, "host_available", lambda: need)
     assert side.main(args + ["--out", str(tmp_path / "b")]) == 0
     assert calls.read_text().split("\n")[:-1] == ["32 2 none", "32 2 mmap"]
+
+
+def test_plot_draws_strata_beside_its_bound_and_replot_redraws(tmp_path, capsys):
+    """Each strata row's bound (min of its PCIe bound and compute floor, from its own run) is a
+    bar beside it; --replot redraws a CSV's PNG from the CSV alone; a file that is not a
+    llama_side CSV is one line and exit 2."""
+    import pytest
+
+    from strata.bench.record import write_csv
+    from tests.scripts import load_script
+    side = load_script("experiments/llama_side.py")
+    base = dict(experiment="llama_side", gpu="G", commit="c", timestamp="t", torch="",
+                triton="", figure="tokens/s", unit="tok/s", bound="", bound_value=None, gate="",
+                timer="")
+    cfg = dict(gguf="m.gguf", budget="24GiB")
+    rows = [dict(base, label="llama.cpp", value=900.0, config=dict(cfg, P=8192)),
+            dict(base, label="strata", value=6000.0, config=dict(
+                cfg, P=8192, pcie_bound_tokens_per_s="6800", compute_floor_tokens_per_s="18000")),
+            dict(base, label="strata", value=8000.0, config=dict(
+                cfg, P=32768, pcie_bound_tokens_per_s="25000",
+                compute_floor_tokens_per_s="10300"))]
+    got = side.bound_rows(rows)
+    assert [(r["label"], r["value"], r["config"]["P"]) for r in got] == [
+        ("strata's bound", 6800.0, 8192), ("strata's bound", 10300.0, 32768)]
+    csv_path = write_csv(rows, tmp_path / "llama_side-m-24GiB-G-c.csv")
+    assert side.main(["--replot", str(csv_path)]) == 0
+    assert csv_path.with_suffix(".png").stat().st_size > 0
+    bad = tmp_path / "bad.csv"
+    bad.write_text("not,a\nllama_side,csv\n")
+    with pytest.raises(SystemExit) as e:
+        side.main(["--replot", str(bad)])
+    assert e.value.code == 2 and "not a llama_side CSV" in capsys.readouterr().err
