@@ -12,7 +12,11 @@ layer at a time (--layer-mb, default one qwen3-30b-a3b Q8_0 layer: 128 x 5,222,4
 - copy-N:      pinned alloc + N threads copying 64 MiB pieces
 - hostreg-N:   torch's host allocator set to malloc + cudaHostRegister with N register threads
 - thp-N:       anonymous memory on transparent huge pages, N threads copy, then cudaHostRegister
-- register:    cudaHostRegister of the whole mapping, read-only, nothing copied
+- register:    cudaHostRegister, read-only, of a shared read-only map of the file (what
+               HostExperts locks in place), nothing copied. Runs before 56e7006 registered the
+               private map instead, which Linux 6.x unshares page by page into anonymous
+               memory: their "register" rates (2.0 GB/s in pin-nvidia-h200-d9c8ef3.csv) are
+               that copy's
 - pread-N:     huge pages as thp-N, but N threads read the file into them with os.preadv
                (64 MiB pieces, the GIL released in the syscall, no faults on the file's map)
 - bg-thp-N / bg-pread-N: thp-N / pread-N on a background thread while the main thread runs
@@ -42,7 +46,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 from strata import bench  # noqa: E402
-from strata.engine.pinning import Registration, huge_page_buffer, parallel_copy  # noqa: E402
+from strata.engine.pinning import (Registration, huge_page_buffer, parallel_copy,  # noqa: E402
+                                   shared_read_map)
 
 QWEN3_LAYER = 128 * 5_222_400
 
@@ -187,8 +192,10 @@ def run_option(opt: str, path: Path, nbytes: int, layer: int, gpu: bool) -> dict
             work()
         os.close(fd)
     elif name == "register":
-        reg.append(Registration(src, read_only=True))
-        held = views
+        m, shared = shared_read_map(str(path), 0, nbytes)
+        keep.append(m)
+        reg.append(Registration(shared, read_only=True))
+        held = [shared[a:a + layer] for a in range(0, nbytes, layer)]
     else:
         raise SystemExit(f"pin_bench: unknown option {opt}")
     dt = time.perf_counter() - t0

@@ -39,12 +39,16 @@ class PinMethod:
              queues behind); "map": copy from the mapped tensor (any source: in-memory packs,
              GGUF re-layouts). "pread" falls back to "map" where a layer has no file span.
              "register": copy nothing; page-lock the source's own pages in place
-             (cudaHostRegister, read-only), so the host holds the blobs once: what a pack in
-             /dev/shm needs when a second, pinned copy would not fit beside it (the engine picks
-             it then: strata.engine.host.pin_method). Slower to lock: 2.0 GB/s against the
-             huge-page copy's 12.2 on the H200 machine (pin-nvidia-h200-d9c8ef3.csv). It
-             has no copy threads: `threads` does not apply, `overlap` locks on threads of its
-             own beside the caller, `lockers` layers at once.
+             (cudaHostRegister, read-only, of a shared read-only map of the pack file's
+             span), so the host holds the blobs once: what a pack in /dev/shm needs when a
+             second, pinned copy would not fit beside it (the engine picks it then:
+             strata.engine.host.pin_method). The rates measured before 56e7006 (2.0 GB/s on
+             the H200 machine, pin-nvidia-h200-d9c8ef3.csv; 1.7 on the H100) were of the
+             private map, whose read-only lock Linux 6.x turns into a page-by-page copy; in
+             place on the shared map, a 94.8 GB GLM-4.5-Air pack's process ran start to exit
+             in 33 s (H100, 608d05e), its lock rate not yet measured alone. It has no copy
+             threads: `threads` does not apply, `overlap` locks on threads of its own beside
+             the caller, `lockers` layers at once.
     threads  copy threads (one pool for the whole load; at most the machine's cores): 16 read
              10.3 GB/s beside a busy caller, 8 read 8.5 (cold_warm-NVIDIA_H200-3234f3a.csv)
     overlap  page-lock layer i-1 on its own thread while the copy threads fill layer i
@@ -53,10 +57,11 @@ class PinMethod:
              caller (2.5 vs 9.7 GB/s in benchmarks/results/pin-nvidia-h200-c0a135f.csv);
              None leaves it alone
     lockers  "register" with `overlap`: how many layers are page-locked at once, each on a
-             thread of its own. They do not scale on the H100 machine: a 65 GB pack in
-             /dev/shm locked at 1.7 GB/s with one, 1.4 with eight, and the process's other CUDA
-             calls waited meanwhile (its dense upload took 32 s against 1.2 beside the copy;
-             cold_warm-gpt-oss-120b-MXFP4-24GiB-8k-pin-NVIDIA_H100-755962c.csv). Hence 1
+             thread of its own. They did not scale on the H100 machine when the lock was the
+             private map's copy (above): a 65 GB pack locked at 1.7 GB/s with one, 1.4 with
+             eight, and the process's other CUDA calls waited meanwhile (its dense upload
+             took 32 s against 1.2 beside the copy; cold_warm-gpt-oss-120b-MXFP4-24GiB-8k-
+             pin-NVIDIA_H100-755962c.csv). Hence 1, until the shared map is measured
     early    a process that knows its pack at start reads it ahead of torch's import
              (EarlyRead: strata.cli, experiments/cold_warm.py's child), "pread" only. Off:
              on the H200 machine the reads slow torch's import by about what they save
