@@ -122,10 +122,12 @@ class GGUFModel:
         return self._dense[name]
 
 
-def gguf_to_pack(src, out, progress: bool = True):
+def gguf_to_pack(src, out, progress: bool = True, dense_dtype: str | None = None):
     """Write a native pack from a GGUF file; returns the output path. Each layer keeps
     its own expert types (llama.cpp's mixes change them by layer), so its own blob size. The
-    file's tokenizer (tokenizer.ggml.*) is carried into the pack (strata.tokenize)."""
+    file's tokenizer (tokenizer.ggml.*) is carried into the pack (strata.tokenize).
+    `dense_dtype` "BF16": the dense tensors (quantized ones dequantized to fp32) stored rounded
+    to bf16 (strata.packs.writer.write_pack)."""
     from strata.packs.writer import write_pack
     from strata.packs.provenance import gguf_record
     from strata.tokenize import gguf_tokenizer
@@ -133,4 +135,4 @@ def gguf_to_pack(src, out, progress: bool = True):
     makers = [lambda i=i: g.blobs(i) for i in range(g.shape.n_layer)]
     return write_pack(out, g.shape, g._dense, makers, [pl.layout for pl in g.layers], native=True,
                       source=g.source, progress=progress, tokenizer=gguf_tokenizer(src),
-                      provenance=gguf_record(g.reader))
+                      provenance=gguf_record(g.reader), dense_dtype=dense_dtype)

@@ -73,7 +73,7 @@ def _decoded(raw: np.ndarray, dt: str, shp) -> torch.Tensor:
 def synth_pack(path, shape: ModelShape,
                fmts: ExpertFormats | list[ExpertFormats] | Mix = ExpertFormats(),
                seed: int = 0, dense_type: str = "BF16", progress: bool = True,
-               qk_norm_scale: float = QK_NORM_SCALE) -> Path:
+               qk_norm_scale: float = QK_NORM_SCALE, dense_dtype: str | None = None) -> Path:
     """Write a pack with random weights directly (no GGUF); `fmts` one for all layers, one per
     layer, or a Mix (whose dense tensors are drawn in its types and stored decoded, F32).
     Any format of the table, Q2_0 included; `qk_norm_scale`: see QK_NORM_SCALE. Blobs of one
@@ -82,7 +82,8 @@ def synth_pack(path, shape: ModelShape,
     Native: the blobs keep GGUF block layouts. Every tensor is drawn from the seed synth_gguf
     draws it from (its index in llama.cpp's file order), so this is the pack `strata pack` makes
     of synth_gguf's file with the same arguments: a full-size side-by-side needs only one of
-    the two files at a time."""
+    the two files at a time (`dense_dtype` "BF16": that pack made with `strata pack
+    --dense-bf16`, strata.packs.writer.write_pack)."""
     from strata.packs.writer import write_pack
     mix = fmts if isinstance(fmts, Mix) else None
     per_layer = _per_layer(shape, mix.experts if mix else fmts)
@@ -106,5 +107,5 @@ def synth_pack(path, shape: ModelShape,
                                                qk_norm_scale=qk_norm_scale),
                       [layer(i) for i in range(shape.n_layer)], layouts, native=True,
                       source=f"synth seed={seed}", progress=progress,
-                      tokenizer=synth_tokenizer(shape.vocab))
+                      tokenizer=synth_tokenizer(shape.vocab), dense_dtype=dense_dtype)
 

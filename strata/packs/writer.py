@@ -15,8 +15,8 @@ import torch
 from strata.atomic import atomic_write
 from strata.blob import BlobLayout
 from strata.errors import StrataError
-from strata.packs.file import (_NP_TO_ST, _TORCH_TO_ST, FILE_ALIGN, META_KEY, PACK_VERSION,
-                               TOKENIZER_KEY, sign_header)
+from strata.packs.file import (_DTYPES, _NP_TO_ST, _TORCH_TO_ST, FILE_ALIGN, META_KEY,
+                               PACK_VERSION, TOKENIZER_KEY, sign_header)
 from strata.archs.names import check_dense, dense_specs, experts_name
 from strata.shapes import ModelShape
 
@@ -51,16 +51,36 @@ def _blob_bytes(i: int, blobs, layout: BlobLayout, n_expert: int) -> np.ndarray:
     return a.reshape(-1)
 
 
+DENSE_DTYPES = ("BF16",)   # what --dense-bf16 rounds a pack's dense tensors to
+
+
+def _rounded(name: str, t, dtype: str) -> torch.Tensor:
+    """A float dense tensor as `dtype` (round to nearest even, as a CUDA engine's upload casts)."""
+    x = t if isinstance(t, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(t))
+    if not x.is_floating_point():
+        raise StrataError(f"dense tensor {name} is {x.dtype}; packs hold bf16, f16 or f32")
+    return x.to(_DTYPES[dtype][0])
+
+
 def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layouts,
                native: bool, source: str = "", progress: bool = True,
-               tokenizer: dict | None = None, provenance: dict | None = None) -> Path:
+               tokenizer: dict | None = None, provenance: dict | None = None,
+               dense_dtype: str | None = None) -> Path:
     """Write a pack. `dense`: name -> torch tensor / numpy array (names and shapes of
     strata.archs.names; "output.weight" may be left out when tied to the embeddings).
     `layer_blobs`: L items, each uint8 [E, blob_size] (numpy/torch) or a callable returning one,
     consumed in layer order so a big pack streams one layer at a time (a leading dense layer's
     item is skipped: it has no experts). `layouts`: one BlobLayout for every layer or a list of
-    L. `provenance`: the source's metadata record (strata.packs.provenance). Writes to
-    `<path>.partial` then renames."""
+    L. `provenance`: the source's metadata record (strata.packs.provenance). `dense_dtype`
+    "BF16": every dense tensor stored rounded to bf16 (the metadata says so, `dense_rounded`):
+    the values a CUDA engine computes with, since it casts each dense tensor to bf16 as it
+    uploads it, in half an fp32 tensor's bytes; a CPU read then computes with the rounded
+    weights. Writes to `<path>.partial` then renames."""
+    if dense_dtype is not None:
+        if dense_dtype not in DENSE_DTYPES:
+            raise StrataError(f"dense dtype {dense_dtype!r}: a pack's dense tensors may be "
+                              f"rounded to {', '.join(DENSE_DTYPES)} only")
+        dense = {n: _rounded(n, t, dense_dtype) for n, t in dense.items()}
     import strata
     path = Path(path)
     L, E = shape.n_layer, shape.n_expert
@@ -115,6 +135,8 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
     }
     if provenance is not None:
         meta["source_meta"] = provenance
+    if dense_dtype is not None:
+        meta["dense_rounded"] = dense_dtype
 
     def header_bytes(meta: dict) -> bytes:
         h = dict(header)
