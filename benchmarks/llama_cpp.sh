@@ -138,8 +138,10 @@ unpack_prebuilt() {
 # PACK_FLAGS: flags of the pack alone (`strata pack` / `synth --pack`), e.g. --dense-bf16; the
 # pack's name carries them
 model_paths() {
-    local tag ptag; tag=$(echo "$2" | tr -cd 'A-Za-z0-9_'); ptag=$(echo "${PACK_FLAGS:-}" | tr -cd 'A-Za-z0-9_')
-    g=${GGUF_DIR:-${MODELS:-/dev/shm}}/$1-$tag.gguf p=${PACK_DIR:-${MODELS:-/dev/shm}}/$1-$tag$ptag.pack
+    local tag ptag
+    tag=$(echo "$2" | tr -cd 'A-Za-z0-9_') ptag=$(echo "${PACK_FLAGS:-}" | tr -cd 'A-Za-z0-9_')
+    g=${GGUF_DIR:-${MODELS:-/dev/shm}}/$1-$tag.gguf
+    p=${PACK_DIR:-${MODELS:-/dev/shm}}/$1-$tag$ptag.pack
     mkdir -p "$(dirname "$g")" "$(dirname "$p")"
 }
 model_files() {

@@ -321,12 +321,13 @@ def expert_bytes(pack, layers=None) -> int:
 def pin_method(pack, host_blobs: int, available: int | None) -> PinMethod:
     """How an engine pins `pack`'s `host_blobs` bytes of experts: the default copy into huge
     pages (PinMethod(): 12.2 GB/s on the H200 machine; the in-place lock it was measured
-    against, 2.0, was a private map's copy, see PinMethod), or "register", locked where they lie, when they lie in host memory already (a
-    pack file on a tmpfs such as /dev/shm: its experts are views of the file's map) and a
-    pinned copy would not fit the `available` host memory beside them: the host then holds the
-    blobs once, not twice. An in-memory pack (MemoryPack, Requant, a GGUF read as a pack)
-    builds each layer's blobs when asked, so they lie nowhere yet: locking them in place would
-    take the same host memory as the copy, and the host check must count it (the copy)."""
+    against, 2.0, was a private map's copy, see PinMethod), or "register", locked where they
+    lie, when they lie in host memory already (a pack file on a tmpfs such as /dev/shm: its
+    experts are views of the file's map) and a pinned copy would not fit the `available` host
+    memory beside them: the host then holds the blobs once, not twice. An in-memory pack
+    (MemoryPack, Requant, a GGUF read as a pack) builds each layer's blobs when asked, so they
+    lie nowhere yet: locking them in place would take the same host memory as the copy, and
+    the host check must count it (the copy)."""
     if available is None or host_blobs <= available:
         return PinMethod()
     path = getattr(pack, "path", None)
