@@ -1,6 +1,7 @@
 """Host blobs: pinned when CUDA is there; when pinning fails, pageable with one log line."""
 import logging
 
+import pytest
 import torch
 
 from strata.engine.host import HostExperts
@@ -365,3 +366,43 @@ def test_on_tmpfs_reads_the_deepest_mount_above_a_path(tmp_path):
     assert not on_tmpfs(root / "shm dir" / "disk" / "a.pack", table)
     assert not on_tmpfs(root / "a.pack", table)
     assert not on_tmpfs(root / "a.pack", tmp_path / "no-such-table")
+
+
+def _rss_anon() -> int:
+    """This process's anonymous resident bytes (/proc/self/status RssAnon)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) << 10
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@pytest.mark.gpu
+def test_register_in_place_copies_nothing_on_the_gpu(tmp_path):
+    """PinMethod "register" with the real driver: every layer locked (pinned), the bytes the
+    pack's, and the process's anonymous memory grows by far less than the experts' bytes. A lock
+    of the pack's private map made Linux copy each page into anonymous memory (GLM-4.5-Air's
+    61.5 GiB of experts, until the OOM killer came); the shared read-only map copies nothing."""
+    from strata.engine.pinning import PinMethod
+    from strata.packs import Pack
+    from strata.packs.synth import ExpertFormats, synth_pack
+    from strata.shapes import get_preset
+    shape = get_preset("tiny").with_(d_model=512, d_expert=512, n_expert=64)   # ~110 MB
+    pack = Pack.open(synth_pack(tmp_path / "t.pack", shape, ExpertFormats.of("Q8_0"),
+                                progress=False))
+    sizes = [pl.blob_size for pl in pack.layers]
+    total = sum(s * shape.n_expert for s in sizes)
+    for i in range(len(sizes)):              # the file's pages resident before the count
+        pack.experts(i).sum()
+    before = _rss_anon()
+    host = HostExperts(pack.experts, sizes, pin=True, spans=pack.expert_span,
+                       method=PinMethod("register", overlap=False))
+    grown = _rss_anon() - before
+    try:
+        assert host.pinned, host.pin_error
+        assert all(host.layers[i].is_pinned() for i in range(len(sizes)))
+        for i in range(len(sizes)):
+            assert torch.equal(host.layers[i].reshape(-1), pack.experts(i).reshape(-1))
+        assert grown < total / 4, f"locking in place grew anonymous memory by {grown:,} B"
+    finally:
+        host.close()
