@@ -135,13 +135,9 @@ unpack_prebuilt() {
 # MODELS: where the GGUF and the pack go (default /dev/shm); GGUF_DIR / PACK_DIR split them, e.g.
 # Qwen3-Next-80B Q4_K_M: its GGUF (~51 GB) on the disk, its pack (~56 GB) in /dev/shm, beside
 # the ~46 GB of pinned experts strata holds: all three in /dev/shm would pass the 128 GiB host
-# PACK_FLAGS: flags of the pack alone (`strata pack` / `synth --pack`), e.g. --dense-bf16; the
-# pack's name carries them
 model_paths() {
-    local tag ptag
-    tag=$(echo "$2" | tr -cd 'A-Za-z0-9_') ptag=$(echo "${PACK_FLAGS:-}" | tr -cd 'A-Za-z0-9_')
-    g=${GGUF_DIR:-${MODELS:-/dev/shm}}/$1-$tag.gguf
-    p=${PACK_DIR:-${MODELS:-/dev/shm}}/$1-$tag$ptag.pack
+    local tag; tag=$(echo "$2" | tr -cd 'A-Za-z0-9_')
+    g=${GGUF_DIR:-${MODELS:-/dev/shm}}/$1-$tag.gguf p=${PACK_DIR:-${MODELS:-/dev/shm}}/$1-$tag.pack
     mkdir -p "$(dirname "$g")" "$(dirname "$p")"
 }
 model_files() {
@@ -150,11 +146,11 @@ model_files() {
     [ -n "${MAKING:-}" ] || while [ -f "$g.making" ]; do sleep 2; done   # MAKING: it is the maker
     case ${ONLY:-both} in   # ONLY=gguf: the GGUF alone; ONLY=synthpack: synth's pack, no GGUF
       synthpack)
-        [ -f "$p" ] || python3 -m strata.cli synth --preset "$1" $2 --pack ${PACK_FLAGS:-} -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
+        [ -f "$p" ] || python3 -m strata.cli synth --preset "$1" $2 --pack -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
         echo "[models] $p (synth --pack) ready in $((SECONDS - t0)) s" ;;
       *)
         [ -f "$g" ] || python3 -m strata.cli synth --preset "$1" $2 -o "$g" 2>&1 | grep -v "it/s\]" | tail -1
-        [ "${ONLY:-both}" = gguf ] || [ -f "$p" ] || python3 -m strata.cli pack "$g" ${PACK_FLAGS:-} -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
+        [ "${ONLY:-both}" = gguf ] || [ -f "$p" ] || python3 -m strata.cli pack "$g" -o "$p" 2>&1 | grep -v "it/s\]" | tail -1
         echo "[models] $g${ONLY:+ ($ONLY only)} ready in $((SECONDS - t0)) s" ;;
     esac
 }

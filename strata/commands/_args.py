@@ -23,12 +23,6 @@ from strata.memory.scan import SCAN_MAX
 from strata.models.moe import FFN_CHOICES, ExpertFFNs, ffn_named
 from strata.units import fmt_bytes, parse_size
 
-# `strata pack --dense-bf16` and `strata synth --pack --dense-bf16` (strata.packs.writer)
-DENSE_BF16_HELP = ("store the pack's dense tensors rounded to bf16: the values a CUDA read "
-                   "computes with (it casts every dense tensor to bf16 as it uploads it), in half "
-                   "the bytes of the fp32 a GGUF's quantized dense tensors are decoded to; a CPU "
-                   "read then computes with the rounded weights")
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_VRAM = 12 << 30   # one GPU of 12 GiB when no --vram is given (plan and prefill alike)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from strata import filekind
 from strata.atomic import check_output
-from strata.commands._args import DENSE_BF16_HELP
 from strata.errors import StrataError
 
 
@@ -21,7 +20,6 @@ def add_parser(sub):
                    help="expert format for Hugging Face weights (default BF16; GGUF keeps its own)")
     for m in ("gate", "up", "down"):
         p.add_argument(f"--quant-{m}", default=None, help=f"format of the {m} matrices (default --quant)")
-    p.add_argument("--dense-bf16", action="store_true", help="a GGUF's pack: " + DENSE_BF16_HELP)
     p.add_argument("--verify", action="store_true", help="re-open the pack and check every checksum")
     p.add_argument("--force", action="store_true",
                    help="replace OUT even when it is the source or a file of another kind")
@@ -40,9 +38,6 @@ def run(args) -> int:
             if q is not None:
                 get_format(q)    # an unknown format: one line, before any work
         from strata.packs.from_hf import hf_to_pack
-        if args.dense_bf16:
-            raise StrataError("--dense-bf16 applies to a GGUF's pack (a Hugging Face folder's "
-                              "dense tensors keep their own dtype); drop it")
         out = hf_to_pack(src, out, args.quant or "BF16", args.quant_gate, args.quant_up,
                          args.quant_down)
     else:
@@ -54,7 +49,7 @@ def run(args) -> int:
             raise StrataError(f"{src} is already a strata pack; to check it run `strata verify "
                               f"{src}`")
         from strata.packs.from_gguf import gguf_to_pack
-        out = gguf_to_pack(src, out, dense_dtype="BF16" if args.dense_bf16 else None)
+        out = gguf_to_pack(src, out)
     pk = Pack.open(out, verify=True if args.verify else None)
     print(f"{out}: {pk!r}" + ("; every checksum verified" if args.verify else ""))
     return 0

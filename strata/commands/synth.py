@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from strata.commands._args import DENSE_BF16_HELP, positive
+from strata.commands._args import positive
 
 
 def add_parser(sub):
@@ -36,7 +36,6 @@ def add_parser(sub):
                    help="type of the attention/embedding/LM-head matrices (norms, router: F32)")
     p.add_argument("--pack", action="store_true",
                    help="write a pack directly instead of a GGUF (any format, Q2_0 included)")
-    p.add_argument("--dense-bf16", action="store_true", help="with --pack: " + DENSE_BF16_HELP)
     p.add_argument("--force", action="store_true",
                    help="replace an existing OUT (or --hits-csv) of another kind")
     p.add_argument("--report-hits", action="store_true",
@@ -69,9 +68,6 @@ def run(args) -> int:
         fmts = ExpertFormats.of(args.quant or "Q8_0", args.quant_gate, args.quant_up,
                                 args.quant_down)
         desc = f"{fmts.gate}/{fmts.up}/{fmts.down}"
-    if args.dense_bf16 and not args.pack:
-        raise StrataError("--dense-bf16 rounds a pack's dense tensors; a GGUF keeps llama.cpp's "
-                          "types: add --pack, or drop --dense-bf16")
     out = check_output(args.out, "-o", kind=filekind.PACK if args.pack else filekind.GGUF,
                        force=args.force)
     csv = None
@@ -82,8 +78,7 @@ def run(args) -> int:
                            force=args.force)
     try:
         if args.pack:
-            out = synth_pack(out, shape, fmts, args.seed, args.dense_type,
-                             dense_dtype="BF16" if args.dense_bf16 else None)
+            out = synth_pack(out, shape, fmts, args.seed, args.dense_type)
         else:
             out = synth_gguf(out, shape, fmts, args.seed, args.dense_type)
     except OSError as e:   # a full disk: the writer removed its partial file

@@ -14,6 +14,7 @@ from strata.models.moe import ExpertFFN
 from strata.models.provider import ResidentProvider
 from strata.archs.registry import get_arch
 from strata.packs import Pack
+from strata.packs.qdense import QuantDense, as_float
 
 
 def open_pack(pack) -> Pack:
@@ -51,7 +52,8 @@ def load_model(pack, *, device=None, dtype: torch.dtype = torch.float32,
     arch = get_arch(pack.shape.arch)
     dev = resolve_device(device)
     t0 = time.perf_counter()
-    tensors = dense_on_devices({n: pack.dense(n) for n in pack.dense_names()}, dtype,
+    stored = getattr(pack, "dense_stored", pack.dense)   # blocks stay blocks until placed
+    tensors = dense_on_devices({n: stored(n) for n in pack.dense_names()}, dtype,
                                dev if device_map is None else list(device_map))
     t1 = time.perf_counter()
     model = arch.build(pack.shape, tensors, device=dev, dtype=dtype, ffn=ffn,
@@ -73,22 +75,29 @@ def tensor_device(name: str, devices: list[torch.device]) -> torch.device:
 def dense_on_devices(tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                      device) -> dict[str, torch.Tensor]:
     """The dense tensors as `dtype` on their CUDA devices, each device's in one bulk upload
-    through pinned staging (strata.engine.pinning.upload); host tensors for a CPU model pass
-    through (from_tensors converts them). `device`: one device, or one per layer. A tensor the
-    placement puts elsewhere than the wiring wants is still right: from_tensors moves it."""
+    through pinned staging (strata.engine.pinning.upload), a matrix kept as blocks (QuantDense)
+    copied as its blocks and decoded there; host tensors for a CPU model pass through
+    (from_tensors converts them; blocks decoded, fp32). `device`: one device, or one per layer.
+    A tensor the placement puts elsewhere than the wiring wants is still right: from_tensors
+    moves it."""
     devices = [torch.device(d) for d in (device if isinstance(device, list) else [device])]
+    blocks = {n: t for n, t in tensors.items() if isinstance(t, QuantDense)}
+    plain = {n: t for n, t in tensors.items() if n not in blocks}
     if not any(d.type == "cuda" for d in devices) or any(t.device.type != "cpu"
-                                                        for t in tensors.values()):
-        return tensors
+                                                        for t in plain.values()):
+        return {n: as_float(t) for n, t in tensors.items()} if blocks else tensors
     from strata.engine.pinning import upload
+    where = (lambda n: tensor_device(n, devices)) if len(devices) > 1 else (lambda n: devices[0])
     per: dict[torch.device, dict[str, torch.Tensor]] = {}
-    for name, t in tensors.items():
-        d = tensor_device(name, devices) if len(devices) > 1 else devices[0]
-        per.setdefault(d, {})[name] = t
+    for name, t in plain.items():
+        per.setdefault(where(name), {})[name] = t
     out = {}
     for d, group in per.items():
         out.update(upload(group, d, dtype) if d.type == "cuda" else group)
-    return out
+    for name, q in blocks.items():
+        d = where(name)
+        out[name] = q.to_device(d, dtype) if d.type == "cuda" else q.decode()
+    return {n: out[n] for n in tensors}
 
 
 def resident_provider(pack, device=None) -> ResidentProvider:

@@ -200,7 +200,7 @@ def upload(tensors: dict[str, torch.Tensor], device, dtype: torch.dtype, *, thre
            piece: int = STAGE_PIECE) -> dict[str, torch.Tensor]:
     """Host tensors onto one device as `dtype`, in bulk: name -> a view of one device buffer that
     holds them all (offsets 256-aligned), filled by stage_to_device. A float tensor of another
-    dtype (a GGUF's quantized dense weights, dequantized to fp32 in the pack) is cast as its
+    dtype (an fp32 tensor of a GGUF or an old pack) is cast as its
     pieces are staged, on every staging thread: the device holds only `dtype` bytes, and the
     host makes no whole converted copy first (one thread's `.to` of several GB was most of a
     start-up's dense upload)."""

@@ -8,10 +8,13 @@ so a layer's experts can be copied/pinned page-aligned and bf16/fp32 views need 
 
 Tensors:
     blk.<i>.experts   uint8 [E, blob_size]  blob e at byte e*blob_size: gate, up, down (BlobLayout)
-    <dense names>     bf16/f16/f32, names and shapes from strata.archs.names (llama.cpp's names)
+    <dense names>     bf16/f16/f32, names and shapes from strata.archs.names (llama.cpp's names);
+                      or uint8 [R, row_bytes]: a matrix kept as its GGUF blocks (dense_blocks)
 Metadata (`__metadata__["strata.pack"]`, JSON): pack_version, strata_version, shape
 (ModelShape.to_dict()), layers [{layout: BlobLayout.to_dict(), blob_size}], max_blob, native,
-tied (LM head = token_embd), source, crc32 {tensor: hex} (checked by Pack.verify()).
+tied (LM head = token_embd), source, crc32 {tensor: hex} (checked by Pack.verify()); version 3:
+dense_blocks {name: {fmt, shape [R, C]}} for the matrices kept as blocks (strata.packs.qdense:
+read decoded, fp32, by `dense`; as blocks by `dense_stored`).
 `__metadata__["strata.tokenizer"]` (optional, JSON): the source's tokenizer as strata.tokenize
 stores it ({json: tokenizer.json text, add_bos, source}); covered by the header checksum.
 `__metadata__["strata.header_crc32"]`: CRC32 of the whole header (every tensor entry and the
@@ -42,10 +45,13 @@ from strata.blob import BlobLayout
 from strata.errors import StrataError
 from strata.experts import ExpertSet
 from strata.archs.names import check_dense, experts_name
+from strata.packs.qdense import QuantDense, as_float
 from strata.shapes import ModelShape
 
-PACK_VERSION = 2       # 2: the header checksum; 1 (without it) is refused with re-pack advice
+PACK_VERSION = 3       # 3: dense matrices may be GGUF blocks; 2: the header checksum; 1 (without
+PACK_READS = (2, 3)    # it) is refused with re-pack advice
 META_KEY = "strata.pack"
+DENSE_BLOCKS_KEY = "dense_blocks"
 TOKENIZER_KEY = "strata.tokenizer"
 HEADER_CRC_KEY = "strata.header_crc32"
 VERIFY_ON_OPEN = 64 << 20    # packs with at most this many data bytes are fully checked on open
@@ -202,9 +208,10 @@ class Pack:
         header = dict(header)
         header["__metadata__"] = {k: v for k, v in header["__metadata__"].items()
                                   if k != HEADER_CRC_KEY}
-        if meta.get("pack_version") != PACK_VERSION:
+        if meta.get("pack_version") not in PACK_READS:
             raise StrataError(f"{bad}: pack version {meta.get('pack_version')!r}, this strata reads "
-                              f"version {PACK_VERSION}; re-create it with this strata's `strata pack`")
+                              f"versions {', '.join(map(str, PACK_READS))}; re-create it with this "
+                              f"strata's `strata pack`")
         data_start = 8 + n
         cls._check_tensors(path, header, size - data_start)
         buf = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
@@ -279,6 +286,7 @@ class Pack:
                               f"blob {mb}")
         shapes = {n: tuple(e["shape"]) for n, e in self._header.items()
                   if n != "__metadata__" and not n.startswith("__pad.") and not n.endswith(".experts")}
+        shapes.update(self._block_shapes(shapes))
         extra_exp = [n for n in self._header if n.endswith(".experts")
                      and n not in {experts_name(i) for i in s.moe_layers}]
         if extra_exp:
@@ -287,6 +295,29 @@ class Pack:
         if self.tied != ("output.weight" not in shapes):
             raise StrataError(f"{where}: metadata says tied={self.tied} but output.weight is "
                               f"{'present' if 'output.weight' in shapes else 'absent'}")
+
+    def _block_shapes(self, stored: dict) -> dict:
+        """name -> [R, C] of each matrix kept as blocks (dense_blocks), each checked against its
+        stored uint8 [R, row_bytes]: one line naming the tensor otherwise."""
+        from strata.formats import get_format
+        blocks, out = self.meta.get(DENSE_BLOCKS_KEY, {}), {}
+        if not isinstance(blocks, dict):
+            raise StrataError(f"{self.path}: its dense_blocks table is malformed; re-create it "
+                              f"with strata pack")
+        for name, b in blocks.items():
+            try:
+                f, (R, C) = get_format(b["fmt"]), (int(v) for v in b["shape"])
+            except (StrataError, KeyError, TypeError, ValueError):
+                raise StrataError(f"{self.path}: dense_blocks entry {name} is malformed ({b!r}); "
+                                  f"re-create the pack with strata pack") from None
+            e = self._header.get(name, {})
+            if e.get("dtype") != "U8" or C % f.block or \
+                    tuple(stored.get(name, ())) != (R, C // f.block * f.block_bytes):
+                raise StrataError(f"{self.path}: {name} is {e.get('dtype')} {e.get('shape')}, "
+                                  f"not the {f.name} blocks of a [{R}, {C}] matrix its metadata "
+                                  f"names; the pack is corrupted")
+            out[name] = (R, C)
+        return out
 
     def verify(self, progress=None) -> int:
         """Check every tensor against the CRC32 written with it (reads the whole file); the
@@ -359,14 +390,21 @@ class Pack:
         return [n for n in self._names() if not n.endswith(".experts")]
 
     def dense(self, name: str) -> torch.Tensor:
-        """A dense tensor (view of the map; its stored dtype). "output.weight" of a tied pack is
-        the embeddings."""
+        """A dense tensor (view of the map; its stored dtype; a matrix kept as blocks decoded,
+        fp32). "output.weight" of a tied pack is the embeddings."""
+        return as_float(self.dense_stored(name))
+
+    def dense_stored(self, name: str):
+        """A dense tensor as the pack holds it: a view of the map in its stored dtype, or a
+        QuantDense over the map's blocks (strata.packs.qdense) for a matrix kept as blocks."""
         if name == "output.weight" and self.tied:
             name = "token_embd.weight"
         e = self._header.get(name)
         if e is None or name.endswith(".experts") or name.startswith("__"):
             raise StrataError(f"{self.path} has no dense tensor {name!r}")
-        return self._raw(name).view(_DTYPES[e["dtype"]][0]).view(tuple(e["shape"]))
+        raw = self._raw(name).view(_DTYPES[e["dtype"]][0]).view(tuple(e["shape"]))
+        b = self.meta.get(DENSE_BLOCKS_KEY, {}).get(name)
+        return raw if b is None else QuantDense(b["fmt"], tuple(b["shape"]), raw)
 
     def __repr__(self) -> str:
         fmts = sorted({f"{m.fmt.name}" for pl in self.layers if pl.layout is not None

@@ -5,9 +5,11 @@ read row-major that is [E, F, row_bytes(D)] and [E, D, row_bytes(F)], i.e. E con
 in exactly the blob's row format. Newer conversions fuse gate and up into `ffn_gate_up_exps`
 {D, 2F, E} (per expert the gate rows, then the up rows). The three matrices and the layers may
 each have their own type (llama.cpp's Q4_K_M etc. mix them); every type and shape is checked
-against the metadata, naming the tensor that disagrees. Dense tensors keep F32/F16/BF16; quantized dense tensors are
-dequantized to F32 (lossless). llama.cpp's converter permutes nothing for qwen3moe (its RoPE is
-NEOX, the same rotate-half as Hugging Face), so q/k weights are used as stored.
+against the metadata, naming the tensor that disagrees. Dense tensors keep F32/F16/BF16; a
+block-format dense matrix stays its blocks (strata.packs.qdense: rows reordered where the
+architecture's transform only reorders rows, else decoded to F32). llama.cpp's converter
+permutes nothing for qwen3moe (its RoPE is NEOX, the same rotate-half as Hugging Face), so q/k
+weights are used as stored.
 
 The architecture's record (strata.archs.registry, found by general.architecture: `llama` with
 experts is Mixtral) brings the metadata reader (`gguf_shape`), the dense transform
@@ -28,6 +30,7 @@ from strata.errors import StrataError
 from strata.gguf_file import READ_ERRORS, open_gguf, short_error
 from strata.packs.blobs import assemble_blobs
 from strata.packs.file import PackLayer
+from strata.packs.qdense import as_float, keep_blocks, raw_rows
 from strata.shapes import ModelShape
 
 
@@ -82,8 +85,14 @@ class GGUFModel:
         self._dense = {}
         for name, shp in dense_specs(shape).items():
             if name in tensors:
-                check_dense_tensor(tensors[name], shp)
-                self._dense[name] = arch.gguf_dense(name, dense(tensors[name], shp), shape)
+                t = tensors[name]
+                check_dense_tensor(t, shp)
+                # a block-format matrix stays its blocks (strata.packs.qdense), rows reordered
+                # where the architecture reorders them; anything else is decoded
+                q = keep_blocks(t.tensor_type.name, raw_rows(t.data), shp,
+                                lambda x, n=name: arch.gguf_dense(n, x, shape))
+                self._dense[name] = q if q is not None else \
+                    arch.gguf_dense(name, dense(t, shp), shape)
             else:   # a tensor the file stores split (deepseek2's attn_k_b / attn_v_b), joined
                 x = arch.gguf_join(name, tensors, shape, dense)
                 if x is not None:
@@ -117,17 +126,21 @@ class GGUFModel:
         return list(self._dense)
 
     def dense(self, name: str) -> torch.Tensor:
+        """A dense tensor's values (a matrix kept as blocks decoded: fp32)."""
+        return as_float(self.dense_stored(name))
+
+    def dense_stored(self, name: str):
+        """A dense tensor as the reader holds it: a QuantDense (its blocks) or a tensor."""
         if name == "output.weight" and self.tied:
             name = "token_embd.weight"
         return self._dense[name]
 
 
-def gguf_to_pack(src, out, progress: bool = True, dense_dtype: str | None = None):
+def gguf_to_pack(src, out, progress: bool = True):
     """Write a native pack from a GGUF file; returns the output path. Each layer keeps
     its own expert types (llama.cpp's mixes change them by layer), so its own blob size. The
-    file's tokenizer (tokenizer.ggml.*) is carried into the pack (strata.tokenize).
-    `dense_dtype` "BF16": the dense tensors (quantized ones dequantized to fp32) stored rounded
-    to bf16 (strata.packs.writer.write_pack)."""
+    file's tokenizer (tokenizer.ggml.*) is carried into the pack (strata.tokenize); its
+    block-format dense matrices as their blocks (strata.packs.qdense)."""
     from strata.packs.writer import write_pack
     from strata.packs.provenance import gguf_record
     from strata.tokenize import gguf_tokenizer
@@ -135,4 +148,4 @@ def gguf_to_pack(src, out, progress: bool = True, dense_dtype: str | None = None
     makers = [lambda i=i: g.blobs(i) for i in range(g.shape.n_layer)]
     return write_pack(out, g.shape, g._dense, makers, [pl.layout for pl in g.layers], native=True,
                       source=g.source, progress=progress, tokenizer=gguf_tokenizer(src),
-                      provenance=gguf_record(g.reader), dense_dtype=dense_dtype)
+                      provenance=gguf_record(g.reader))

@@ -23,6 +23,7 @@ import torch
 
 from strata.archs.names import dense_specs
 from strata.packs.blobs import assemble_blobs
+from strata.packs.qdense import keep_blocks, raw_rows
 from strata.packs.synth_draws import (BIAS_SIGMA, NORM_JITTER, QK_NORM_SCALE,  # noqa: F401
                                       ExpertFormats, Mix, _dense_type, _per_layer, _seed,
                                       dense_dtype, dense_sigma, dense_tensor, expert_biases,
@@ -36,10 +37,11 @@ from strata.shapes import ModelShape
 def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16",
                 dense_types: dict | None = None, qk_norm_scale: float = QK_NORM_SCALE
                 ) -> dict[str, torch.Tensor]:
-    """The random dense weights as torch tensors (same draws as synth_gguf's for the same seed);
-    block-format tensors of a mix decoded to F32, as a GGUF -> pack import keeps them; a tensor
-    the file stores split (MLA's attn_kv_b as attn_k_b / attn_v_b) drawn as its parts and joined,
-    and every tensor read as the import reads the file's bytes (Mixtral's q/k un-permuted)."""
+    """The random dense weights (same draws as synth_gguf's for the same seed), each as a GGUF ->
+    pack import holds it (strata.packs.from_gguf): a block-format matrix of a mix as its blocks
+    (a QuantDense; strata.packs.qdense.as_float decodes it), rows reordered where the import
+    reorders them (Mixtral's q/k un-permuted); a tensor the file stores split (MLA's attn_kv_b
+    as attn_k_b / attn_v_b) drawn as its parts, decoded and joined; anything else a tensor."""
     from strata.archs.gguf_layout import file_order
     from strata.archs.registry import get_arch
     arch = get_arch(shape.arch)
@@ -47,22 +49,23 @@ def synth_dense(shape: ModelShape, seed: int = 0, dense_type: str = "BF16",
 
     def draw(name, shp):
         dt = _dense_type(name, dense_type, dense_types)
-        return _decoded(dense_tensor(name, shp, shape, _seed(seed, k[name]), dt, qk_norm_scale),
-                        dt, shp)
+        return dense_tensor(name, shp, shape, _seed(seed, k[name]), dt, qk_norm_scale), dt
     out = {}
     for name, shp in dense_specs(shape).items():
         parts = arch.gguf_split(name, shp, shape)
         if parts:
-            out[name] = arch.gguf_join(name, {n: draw(n, s) for n, s in parts.items()}, shape,
-                                       lambda t, _shp: t)
-        else:   # as the import holds it (Mixtral's q/k un-permuted)
-            out[name] = arch.gguf_dense(name, draw(name, shp), shape)
+            out[name] = arch.gguf_join(name, {n: _decoded(*draw(n, s), s)
+                                              for n, s in parts.items()}, shape, lambda t, _s: t)
+            continue
+        raw, dt = draw(name, shp)
+        q = keep_blocks(dt, raw_rows(raw), shp, lambda x, n=name: arch.gguf_dense(n, x, shape))
+        out[name] = q if q is not None else arch.gguf_dense(name, _decoded(raw, dt, shp), shape)
     return out
 
 
 def _decoded(raw: np.ndarray, dt: str, shp) -> torch.Tensor:
-    """A dense tensor's raw bytes as the import reads them: F32/F16/BF16 kept, a block format
-    decoded to F32."""
+    """A dense tensor's raw bytes as values: F32/F16/BF16 kept, a block format decoded to F32
+    (where the import cannot keep the blocks: a tensor it joins or transforms)."""
     from strata.formats.codec import dequantize
     tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
     if dt in tdt:
@@ -73,17 +76,17 @@ def _decoded(raw: np.ndarray, dt: str, shp) -> torch.Tensor:
 def synth_pack(path, shape: ModelShape,
                fmts: ExpertFormats | list[ExpertFormats] | Mix = ExpertFormats(),
                seed: int = 0, dense_type: str = "BF16", progress: bool = True,
-               qk_norm_scale: float = QK_NORM_SCALE, dense_dtype: str | None = None) -> Path:
+               qk_norm_scale: float = QK_NORM_SCALE) -> Path:
     """Write a pack with random weights directly (no GGUF); `fmts` one for all layers, one per
-    layer, or a Mix (whose dense tensors are drawn in its types and stored decoded, F32).
+    layer, or a Mix (whose dense tensors are drawn in its types and stored as the import stores
+    them: a block-format matrix as its blocks).
     Any format of the table, Q2_0 included; `qk_norm_scale`: see QK_NORM_SCALE. Blobs of one
     layer are in RAM at a time (qwen3-30b-a3b Q8_0: 128 x 5,222,400 B = 0.67 GB); the ~32 GB
     pack takes minutes (see module doc).
     Native: the blobs keep GGUF block layouts. Every tensor is drawn from the seed synth_gguf
     draws it from (its index in llama.cpp's file order), so this is the pack `strata pack` makes
     of synth_gguf's file with the same arguments: a full-size side-by-side needs only one of
-    the two files at a time (`dense_dtype` "BF16": that pack made with `strata pack
-    --dense-bf16`, strata.packs.writer.write_pack)."""
+    the two files at a time."""
     from strata.packs.writer import write_pack
     mix = fmts if isinstance(fmts, Mix) else None
     per_layer = _per_layer(shape, mix.experts if mix else fmts)
@@ -107,5 +110,5 @@ def synth_pack(path, shape: ModelShape,
                                                qk_norm_scale=qk_norm_scale),
                       [layer(i) for i in range(shape.n_layer)], layouts, native=True,
                       source=f"synth seed={seed}", progress=progress,
-                      tokenizer=synth_tokenizer(shape.vocab), dense_dtype=dense_dtype)
+                      tokenizer=synth_tokenizer(shape.vocab))
 

@@ -15,13 +15,20 @@ import torch
 from strata.atomic import atomic_write
 from strata.blob import BlobLayout
 from strata.errors import StrataError
-from strata.packs.file import (_DTYPES, _NP_TO_ST, _TORCH_TO_ST, FILE_ALIGN, META_KEY,
-                               PACK_VERSION, TOKENIZER_KEY, sign_header)
+from strata.packs.file import (_NP_TO_ST, _TORCH_TO_ST, DENSE_BLOCKS_KEY, FILE_ALIGN,
+                               META_KEY, PACK_VERSION, TOKENIZER_KEY, sign_header)
+from strata.packs.qdense import QuantDense
 from strata.archs.names import check_dense, dense_specs, experts_name
 from strata.shapes import ModelShape
 
 
 def _dense_bytes(name: str, t) -> tuple[str, tuple[int, ...], np.ndarray]:
+    if isinstance(t, QuantDense):     # its blocks, as the GGUF holds them
+        return "U8", tuple(t.raw.shape), t.raw.contiguous().reshape(-1).numpy()
+    return _float_bytes(name, t)
+
+
+def _float_bytes(name: str, t) -> tuple[str, tuple[int, ...], np.ndarray]:
     """(safetensors dtype, shape, uint8 view) of a torch tensor or numpy array, no copy if possible."""
     if isinstance(t, torch.Tensor):
         st = _TORCH_TO_ST.get(t.dtype)
@@ -51,36 +58,18 @@ def _blob_bytes(i: int, blobs, layout: BlobLayout, n_expert: int) -> np.ndarray:
     return a.reshape(-1)
 
 
-DENSE_DTYPES = ("BF16",)   # what --dense-bf16 rounds a pack's dense tensors to
-
-
-def _rounded(name: str, t, dtype: str) -> torch.Tensor:
-    """A float dense tensor as `dtype` (round to nearest even, as a CUDA engine's upload casts)."""
-    x = t if isinstance(t, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(t))
-    if not x.is_floating_point():
-        raise StrataError(f"dense tensor {name} is {x.dtype}; packs hold bf16, f16 or f32")
-    return x.to(_DTYPES[dtype][0])
-
-
 def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layouts,
                native: bool, source: str = "", progress: bool = True,
-               tokenizer: dict | None = None, provenance: dict | None = None,
-               dense_dtype: str | None = None) -> Path:
-    """Write a pack. `dense`: name -> torch tensor / numpy array (names and shapes of
-    strata.archs.names; "output.weight" may be left out when tied to the embeddings).
+               tokenizer: dict | None = None, provenance: dict | None = None) -> Path:
+    """Write a pack. `dense`: name -> torch tensor / numpy array, or a QuantDense (a matrix
+    kept as its GGUF blocks, strata.packs.qdense; the metadata's `dense_blocks` names its format
+    and shape) (names and shapes of strata.archs.names; "output.weight" may be left out when
+    tied to the embeddings).
     `layer_blobs`: L items, each uint8 [E, blob_size] (numpy/torch) or a callable returning one,
     consumed in layer order so a big pack streams one layer at a time (a leading dense layer's
     item is skipped: it has no experts). `layouts`: one BlobLayout for every layer or a list of
-    L. `provenance`: the source's metadata record (strata.packs.provenance). `dense_dtype`
-    "BF16": every dense tensor stored rounded to bf16 (the metadata says so, `dense_rounded`):
-    the values a CUDA engine computes with, since it casts each dense tensor to bf16 as it
-    uploads it, in half an fp32 tensor's bytes; a CPU read then computes with the rounded
-    weights. Writes to `<path>.partial` then renames."""
-    if dense_dtype is not None:
-        if dense_dtype not in DENSE_DTYPES:
-            raise StrataError(f"dense dtype {dense_dtype!r}: a pack's dense tensors may be "
-                              f"rounded to {', '.join(DENSE_DTYPES)} only")
-        dense = {n: _rounded(n, t, dense_dtype) for n, t in dense.items()}
+    L. `provenance`: the source's metadata record (strata.packs.provenance).
+    Writes to `<path>.partial` then renames."""
     import strata
     path = Path(path)
     L, E = shape.n_layer, shape.n_expert
@@ -98,7 +87,10 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
             raise StrataError(f"layer {i} blob layout is D={lay.d_model}, F={lay.d_expert}; the shape "
                               f"says D={shape.d_model}, F={shape.d_expert}")
     dense_info = {n: _dense_bytes(n, t) for n, t in dense.items()}
-    check_dense(shape, {n: v[1] for n, v in dense_info.items()}, f"writing {path}")
+    blocks = {n: {"fmt": t.fmt, "shape": list(t.shape)} for n, t in dense.items()
+              if isinstance(t, QuantDense)}
+    check_dense(shape, {n: tuple(blocks[n]["shape"]) if n in blocks else v[1]
+                        for n, v in dense_info.items()}, f"writing {path}")
     tied = "output.weight" not in dense_info
 
     # Tensor plan in file order: globals, then per layer its dense tensors and its experts.
@@ -135,8 +127,8 @@ def write_pack(path, shape: ModelShape, dense: dict, layer_blobs: Iterable, layo
     }
     if provenance is not None:
         meta["source_meta"] = provenance
-    if dense_dtype is not None:
-        meta["dense_rounded"] = dense_dtype
+    if blocks:
+        meta[DENSE_BLOCKS_KEY] = blocks
 
     def header_bytes(meta: dict) -> bytes:
         h = dict(header)

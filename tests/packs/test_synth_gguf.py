@@ -8,6 +8,7 @@ from strata.errors import StrataError
 from strata.formats.table import get_format
 from strata.packs import Pack, split_blobs
 from strata.packs.from_gguf import gguf_to_pack
+from strata.packs.qdense import as_float
 from strata.packs.randblocks import random_matrix
 from strata.packs.synth import ExpertFormats, synth_dense, synth_gguf, synth_pack
 from strata.shapes import PRESETS
@@ -230,10 +231,10 @@ def test_synth_mix_gguf_to_pack(tmp_path, mix):
         parts = split_blobs(pk.layers[i].layout, pk.experts(i))
         for w in ("gate", "up", "down"):
             assert np.array_equal(parts[w], t[f"blk.{i}.ffn_{w}_exps.weight"].data), (i, w)
-    # dense: the mix's random blocks, decoded (F32), as synth_dense gives them
+    # dense: the mix's random blocks, as synth_dense gives them (kept as blocks, decoded F32)
     ref = synth_dense(s, seed=4, dense_types=want.dense)
     for n, x in ref.items():
-        assert torch.equal(pk.dense(n).float(), x.float()), n
+        assert torch.equal(pk.dense(n).float(), as_float(x).float()), n
 
 
 def test_synth_cli_mix(tmp_path, capsys):
