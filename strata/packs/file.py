@@ -48,8 +48,8 @@ from strata.archs.names import check_dense, experts_name
 from strata.packs.qdense import QuantDense, as_float
 from strata.shapes import ModelShape
 
-PACK_VERSION = 3       # 3: dense matrices may be GGUF blocks; 2: the header checksum; 1 (without
-PACK_READS = (2, 3)    # it) is refused with re-pack advice
+PACK_VERSION = 3       # 3: dense matrices may be kept as GGUF blocks (dense_blocks)
+PACK_READS = (2, 3)    # 2: the header checksum, every dense tensor a float; 1 is refused (re-pack)
 META_KEY = "strata.pack"
 DENSE_BLOCKS_KEY = "dense_blocks"
 TOKENIZER_KEY = "strata.tokenizer"
