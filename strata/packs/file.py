@@ -409,5 +409,8 @@ class Pack:
     def __repr__(self) -> str:
         fmts = sorted({f"{m.fmt.name}" for pl in self.layers if pl.layout is not None
                        for m in pl.layout.matrices})
+        blocks = self.meta.get(DENSE_BLOCKS_KEY, {})
+        kept = (f", {len(blocks)} dense matrices as blocks "
+                f"({'/'.join(sorted({b['fmt'] for b in blocks.values()}))})" if blocks else "")
         return (f"Pack({self.path.name}: {self.shape.n_layer} layers, E={self.shape.n_expert}, "
-                f"formats {'/'.join(fmts)}, max_blob {self.max_blob}, native={self.native})")
+                f"formats {'/'.join(fmts)}, max_blob {self.max_blob}, native={self.native}{kept})")

@@ -60,6 +60,7 @@ def test_blocks_read_back_as_the_fp32_import_decoded_them(tmp_path, preset):
             assert t.tensor_type.name in ("F32", "F16", "BF16") or name not in \
                 pk.meta.get("dense_blocks", {}), name
     assert kept > 0, f"{preset}: the mix kept no dense matrix as blocks"
+    assert f"{kept} dense matrices as blocks" in repr(pk)     # what `strata pack` prints
 
 
 def test_mixtral_rows_are_reordered_as_blocks():
