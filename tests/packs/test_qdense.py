@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strata.archs.gguf_tensors import dense
 from strata.archs.names import dense_specs
@@ -154,3 +156,22 @@ def test_a_version_2_pack_still_reads(tmp_path, monkeypatch):
     assert pk.meta["pack_version"] == 2 and "dense_blocks" not in pk.meta
     assert all(not isinstance(pk.dense_stored(n), QuantDense) for n in pk.dense_names())
     assert np.isfinite(pk.dense("token_embd.weight").float().numpy()).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(fmt=st.sampled_from(["Q4_K", "Q6_K", "Q8_0", "Q5_0", "IQ4_XS", "Q2_K"]),
+       rows=st.integers(1, 24), blocks=st.integers(1, 2), seed=st.integers(0, 2**31 - 1))
+def test_blocks_reordered_decode_as_the_values_reordered(fmt, rows, blocks, seed):
+    """For any row permutation a transform makes, keep_blocks' reordered blocks decode to the
+    transform of the decoded values, bit for bit; a transform that also scales is refused."""
+    from strata.formats import get_format
+    from strata.packs.randblocks import random_matrix
+    f = get_format(fmt)
+    cols = blocks * f.block
+    raw = torch.from_numpy(random_matrix(fmt, rows, cols, 0.02, seed)).reshape(-1)
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed))
+    q = keep_blocks(fmt, raw, (rows, cols), lambda x: x[order])
+    values = QuantDense(f.name, (rows, cols), raw.reshape(rows, -1)).decode()
+    assert q is not None and torch.equal(q.decode(), values[order])
+    if rows > 1:                     # (one row: -0 is 0, a transform no probe can tell)
+        assert keep_blocks(fmt, raw, (rows, cols), lambda x: -x[order]) is None
