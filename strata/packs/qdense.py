@@ -69,11 +69,12 @@ def as_float(x) -> torch.Tensor:
 def row_permutation(transform, rows: int) -> torch.Tensor | None:
     """The row order `transform` (an architecture's gguf_dense for one tensor, x -> x') gives an
     [R, C] matrix when it only reorders rows: the index of the source row of each output row,
-    found by transforming a column of row numbers; None when it does anything else (then the
-    blocks are decoded and the transform runs on the values)."""
+    found by transforming a column of row numbers (from 1: a sign change of row 0 shows); None
+    when it does anything else (then the blocks are decoded and the transform runs on the
+    values)."""
     if rows >= 1 << 24:          # row numbers past fp32's exact integers
         return None
-    probe = torch.arange(rows, dtype=torch.float32).view(rows, 1)
+    probe = torch.arange(1, rows + 1, dtype=torch.float32).view(rows, 1)
     try:
         out = transform(probe.clone())
     except (RuntimeError, ValueError, IndexError):
@@ -82,9 +83,9 @@ def row_permutation(transform, rows: int) -> torch.Tensor | None:
         return None
     perm = out.view(-1).to(torch.int64)
     if not torch.equal(perm.to(torch.float32), out.view(-1)) or \
-            not torch.equal(torch.sort(perm).values, torch.arange(rows)):
+            not torch.equal(torch.sort(perm).values, torch.arange(1, rows + 1)):
         return None
-    return perm
+    return perm - 1
 
 
 def keep_blocks(fmt: str, raw: torch.Tensor, shape, transform) -> QuantDense | None:
