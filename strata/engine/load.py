@@ -96,8 +96,16 @@ def dense_on_devices(tensors: dict[str, torch.Tensor], dtype: torch.dtype,
         out.update(upload(group, d, dtype) if d.type == "cuda" else group)
     for name, q in blocks.items():
         d = where(name)
-        out[name] = q.to_device(d, dtype) if d.type == "cuda" else q.decode()
+        out[name] = blocks_on_device(q, d, dtype) if d.type == "cuda" else q.decode()
     return {n: out[n] for n in tensors}
+
+
+def blocks_on_device(q: QuantDense, device, dtype: torch.dtype) -> torch.Tensor:
+    """A matrix kept as blocks as `dtype` [R, C] on `device`: the blocks copied there and decoded
+    there by strata.kernels.dequant (every block format has its Triton decoder; fp32 exact,
+    bf16/fp16 the fp32 values rounded as torch's cast rounds them)."""
+    from strata.kernels.dequant import dequantize
+    return dequantize(q.raw.to(device), q.fmt, dtype).reshape(q.shape)
 
 
 def resident_provider(pack, device=None) -> ResidentProvider:

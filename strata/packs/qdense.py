@@ -1,12 +1,11 @@
 """A dense matrix kept as its GGUF blocks: what `strata pack` keeps of a GGUF's quantized
 attention, embedding and head tensors, and `synth --pack` of a mix's. The pack holds the blocks
 (the GGUF's bytes, not 4x as many of fp32), a reader decodes them when asked (fp32, bit-exact:
-strata.formats), a CUDA load decodes them on the GPU (strata.kernels.dequant) into the dtype it
-computes in.
+strata.formats), a CUDA load decodes them on the GPU into the dtype it computes in
+(strata.engine.load.blocks_on_device).
 
     q = QuantDense("Q4_K", (R, C), raw)    # raw uint8 [R, C / block * block_bytes]
     w = q.decode()                          # fp32 [R, C]
-    w = q.to_device("cuda:0", torch.bfloat16)
 
 Legend: R rows (output features), C columns (input features; whole blocks).
 """
@@ -44,21 +43,6 @@ class QuantDense:
         """fp32 [R, C] (strata.formats' decoder: bit-exact against gguf-py)."""
         from strata.formats.codec import dequantize
         return dequantize(self.raw, self.fmt).reshape(self.shape)
-
-    def to_device(self, device, dtype: torch.dtype) -> torch.Tensor:
-        """`dtype` [R, C] on `device`: the blocks copied there and decoded there (Triton's decoder
-        on CUDA for the formats it reads: fp32 exact, bf16/fp16 the fp32 values rounded as
-        torch's cast rounds them), else the fp32 decode cast."""
-        device = torch.device(device)
-        if device.type != "cuda":
-            return self.decode().to(device=device, dtype=dtype)
-        from strata.kernels.dequant import dequantize
-        from strata.kernels.decode import TRITON_FORMATS
-        raw = self.raw.to(device)
-        if self.fmt in TRITON_FORMATS:
-            return dequantize(raw, self.fmt, dtype).reshape(self.shape)
-        from strata.formats.codec import dequantize as decode
-        return decode(raw, self.fmt).to(dtype).reshape(self.shape)
 
 
 def as_float(x) -> torch.Tensor:

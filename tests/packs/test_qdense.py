@@ -102,15 +102,16 @@ def test_loader_decodes_blocks_where_it_places_them(tmp_path):
 
 @pytest.mark.gpu
 def test_blocks_decode_on_the_gpu_as_on_the_cpu(tmp_path):
-    """QuantDense.to_device on CUDA: fp32 bit for bit the CPU decode, bf16 that rounded."""
+    """blocks_on_device on CUDA: fp32 bit for bit the CPU decode, bf16 that rounded."""
+    from strata.engine.load import blocks_on_device
     s, mix = _mix("tiny-glm4moe")
     pk = Pack.open(synth_pack(tmp_path / "s.pack", s, mix, seed=1, progress=False))
     qs = [x for x in (pk.dense_stored(n) for n in pk.dense_names()) if isinstance(x, QuantDense)]
     assert qs
     for q in qs:
         cpu = q.decode()
-        assert torch.equal(q.to_device("cuda", torch.float32).cpu(), cpu)
-        assert torch.equal(q.to_device("cuda", torch.bfloat16).cpu().view(torch.int16),
+        assert torch.equal(blocks_on_device(q, "cuda", torch.float32).cpu(), cpu)
+        assert torch.equal(blocks_on_device(q, "cuda", torch.bfloat16).cpu().view(torch.int16),
                            cpu.to(torch.bfloat16).view(torch.int16))
 
 
@@ -174,3 +175,18 @@ def test_blocks_reordered_decode_as_the_values_reordered(fmt, rows, blocks, seed
     values = QuantDense(f.name, (rows, cols), raw.reshape(rows, -1)).decode()
     assert q is not None and torch.equal(q.decode(), values[order])
     assert keep_blocks(fmt, raw, (rows, cols), lambda x: -x[order]) is None
+
+
+def test_blocks_on_device_decodes_as_the_reader(tmp_path):
+    """blocks_on_device's Triton decode (the interpreter here, the GPU there): fp32 bit for bit
+    the reader's decode, bf16 that rounded."""
+    from strata.engine.load import blocks_on_device
+    s, mix = _mix("tiny-glm4moe")
+    pk = Pack.open(synth_pack(tmp_path / "s.pack", s, mix, seed=1, progress=False))
+    qs = {x.fmt: x for x in (pk.dense_stored(n) for n in pk.dense_names())
+          if isinstance(x, QuantDense)}
+    assert qs
+    for q in qs.values():                   # one matrix a format
+        assert torch.equal(blocks_on_device(q, "cpu", torch.float32), q.decode())
+        assert torch.equal(blocks_on_device(q, "cpu", torch.bfloat16).view(torch.int16),
+                           q.decode().to(torch.bfloat16).view(torch.int16))
