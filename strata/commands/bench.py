@@ -36,6 +36,7 @@ import torch
 
 from strata.commands._args import add_budget_flags
 from strata.errors import StrataError
+from strata.engine.host import expert_bytes
 from strata.engine.prompt_plan import prefix_path
 from strata.kernels.deltanet.launch import delta_spec
 from strata.units import fmt_bytes
@@ -132,7 +133,7 @@ def run(args) -> int:
         best = max(pcie_s, floor_s)
         rows.append({
             "model": f"{engine.shape.arch} L{engine.shape.n_layer} E{engine.shape.n_expert}",
-            "pack_bytes": sum(engine.blob_sizes) * engine.shape.n_expert,
+            "pack_bytes": expert_bytes(engine.pack),
             "vram": "+".join(fmt_bytes(v) for v in cfg.vram),
             "kv": str(getattr(args, "kv", "") or "bf16"),
             # a hybrid's delta-rule launch (strata.kernels.deltanet.launch): which path ran

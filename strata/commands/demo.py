@@ -39,8 +39,9 @@ def run(args) -> int:
         where.mkdir(parents=True, exist_ok=True)
         pack = synth_pack(where / f"demo-{DEMO_PRESET}-{DEMO_QUANT}.pack", shape,
                           ExpertFormats.of(DEMO_QUANT), progress=not args.json)
+        from strata.engine.host import expert_bytes
         from strata.packs import Pack
-        blobs = sum(pl.blob_size for pl in Pack.open(pack).layers) * shape.n_expert
+        blobs = expert_bytes(Pack.open(pack))
         cache = int(blobs * CACHE_SHARE)
         argv = [str(pack), "--prompt-tokens", str(args.tokens), "--cache", str(cache),
                 "--prefill", "auto:1024"] + (["--json"] if args.json else [])
