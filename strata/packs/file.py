@@ -145,6 +145,7 @@ class Pack:
 
     .shape ModelShape · .layers[i].layout / .blob_size · .max_blob · .native · .tied · .source
     .experts(i) -> uint8 [E, blob_size] · .expert_set(i) -> ExpertSet · .dense(name) · .dense_names()
+    .dense_stored(name): as stored (a matrix kept as GGUF blocks: a QuantDense)
     .tokenizer: the source's tokenizer entry (strata.tokenize) or None
     """
 
