@@ -39,6 +39,7 @@ from pathlib import Path
 from strata.bench.llama_cpp import (bench_rows, buffers_from_log, gguf_sizes,
                                     gpu_mib, fit_ncmoe, ncmoe_for_budget, pinned_host)
 from strata.bench.plot import bars
+from strata.bench.roofline import bound_rate
 from strata.bench.record import commit_of, gpu_name, utc_now, write_csv
 from strata.hostmem import host_available
 from strata.units import parse_size
@@ -107,7 +108,8 @@ def run_llama(a, sizes, P: int) -> dict | None:
     return best
 
 
-BOUND_TERMS = ("pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "bytes_streamed",
+BOUND_TERMS = ("bound_tokens_per_s", "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s",
+               "bytes_streamed",
                "h2d_gbps", "floor_experts_s", "floor_attention_s", "floor_linear_s",
                "floor_dense_s")
 
@@ -263,15 +265,19 @@ def main(argv=None) -> int:
 
 
 def bound_rows(rows: list[dict]) -> list[dict]:
-    """Each strata row's bound, min(PCIe bound, compute floor) measured in its own run, as a
-    row of its own ("<label>'s bound"), so the plot shows every figure beside its bound."""
+    """Each strata row's bound, measured in its own run (bench's `bound_tokens_per_s`), as a
+    row of its own ("<label>'s bound"), so the plot shows every figure beside its bound. A CSV
+    from before bench wrote that column has its two terms: roofline.bound_rate takes them."""
     out = []
     for r in rows:
         c = r["config"]
-        terms = [float(c[k]) for k in ("pcie_bound_tokens_per_s", "compute_floor_tokens_per_s")
-                 if c.get(k) not in (None, "")]
-        if r["label"].startswith("strata") and r["figure"] == "tokens/s" and terms:
-            out.append(dict(r, label=f"{r['label']}'s bound", value=min(terms)))
+        terms = [float(c[k]) for k in ("bound_tokens_per_s",)
+                 if c.get(k) not in (None, "")] or [
+            float(c[k]) for k in ("pcie_bound_tokens_per_s", "compute_floor_tokens_per_s")
+            if c.get(k) not in (None, "")]
+        bound = bound_rate(*terms)
+        if r["label"].startswith("strata") and r["figure"] == "tokens/s" and bound:
+            out.append(dict(r, label=f"{r['label']}'s bound", value=bound))
     return out
 
 

@@ -59,6 +59,11 @@ def test_bench_rows_list_the_floor_by_part(pack, capsys, monkeypatch):
         n = r["n_tokens"]
         floor = sum(r[c] for c in PART_COLUMNS)
         assert n / floor == pytest.approx(r["compute_floor_tokens_per_s"])
+        # the bound is the slower limit, and of_bound the rate over it
+        limits = [r[c] for c in ("pcie_bound_tokens_per_s", "compute_floor_tokens_per_s")
+                  if r[c] is not None]
+        assert r["bound_tokens_per_s"] == min(limits)
+        assert r["of_bound"] == pytest.approx(r["tokens_per_s"] / min(limits))
         assert r["floor_linear_s"] == 0 and r["floor_experts_s"] > 0
         # chunks of 32: the experts' part is every chunk's expert FLOPs at the GEMM rate
         assert r["floor_experts_s"] == pytest.approx(rl.expert_flops(shape, n) / 3e9)

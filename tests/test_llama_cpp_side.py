@@ -364,10 +364,15 @@ def test_plot_draws_strata_beside_its_bound_and_replot_redraws(tmp_path, capsys)
                 cfg, P=8192, pcie_bound_tokens_per_s="6800", compute_floor_tokens_per_s="18000")),
             dict(base, label="strata", value=8000.0, config=dict(
                 cfg, P=32768, pcie_bound_tokens_per_s="25000",
-                compute_floor_tokens_per_s="10300"))]
+                compute_floor_tokens_per_s="10300")),
+            # bench's own bound column wins over its terms where the row has it
+            dict(base, label="strata", value=3000.0, config=dict(
+                cfg, P=131072, bound_tokens_per_s="3600", pcie_bound_tokens_per_s="9000",
+                compute_floor_tokens_per_s="4000"))]
     got = side.bound_rows(rows)
     assert [(r["label"], r["value"], r["config"]["P"]) for r in got] == [
-        ("strata's bound", 6800.0, 8192), ("strata's bound", 10300.0, 32768)]
+        ("strata's bound", 6800.0, 8192), ("strata's bound", 10300.0, 32768),
+        ("strata's bound", 3600.0, 131072)]
     csv_path = write_csv(rows, tmp_path / "llama_side-m-24GiB-G-c.csv")
     assert side.main(["--replot", str(csv_path)]) == 0
     assert csv_path.with_suffix(".png").stat().st_size > 0

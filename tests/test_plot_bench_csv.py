@@ -8,7 +8,7 @@ def _row(P, tps):
                 planned_for=32768, cache_bytes=1, test=f"pp{P}",
                 n_tokens=P, chunk=P, ring=4, reps=1, tokens_per_s=tps, tokens_per_s_sd=0.0,
                 seconds=P / tps, bytes_streamed=1, kv_streamed=0, h2d_gbps=50.0, pcie_bound_tokens_per_s=2 * tps,
-                compute_floor_tokens_per_s=3 * tps, of_bound=0.5, warmup_s=0.1, wait_s=0.0,
+                compute_floor_tokens_per_s=3 * tps, bound_tokens_per_s=2 * tps, of_bound=0.5, warmup_s=0.1, wait_s=0.0,
                 floor_experts_s=0.1, floor_attention_s=0.1, floor_linear_s=0.0,
                 floor_dense_s=0.1, linear_at_dense_s=None)
 

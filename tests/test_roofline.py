@@ -134,6 +134,15 @@ def test_unmeasured_rates_bound_nothing():
     assert rl.roofline(chunks((0, 256, 5e9)), QWEN, 10e9, rates, attention=True) == 0.5
 
 
+def test_bound_rate_is_the_slowest_known_limit():
+    """The bound is the slowest limit; an unmeasured one (None, 0, NaN) bounds nothing."""
+    assert rl.bound_rate(6800.0, 18000.0) == 6800.0
+    assert rl.bound_rate(25000.0, 10300.0) == 10300.0
+    assert rl.bound_rate(None, 4000.0) == rl.bound_rate(0.0, 4000.0) == 4000.0
+    assert rl.bound_rate(float("nan"), 5.0) == 5.0
+    assert rl.bound_rate(None, 0.0) is None and rl.bound_rate() is None
+
+
 def test_rates_measure_each_chunk_size_once():
     calls = []
     rates = rl.Rates(QWEN, measure_gemm=lambda s, T: calls.append(T) or 1e12 * T,

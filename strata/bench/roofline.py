@@ -65,6 +65,14 @@ def pcie_bound(nbytes: float, h2d: float) -> float:
     return nbytes / h2d
 
 
+def bound_rate(*rates: float | None) -> float | None:
+    """A read's bound in tokens/s: the slowest of its limits (the PCIe bound, the compute
+    floor), each in tokens/s; None and 0 (unmeasured) bound nothing; None when none is known.
+    bench's `bound_tokens_per_s` and `of_bound`, and the plots beside them, all take it here."""
+    known = [r for r in rates if r is not None and r > 0 and not math.isnan(r)]
+    return min(known) if known else None
+
+
 FLOOR_PARTS = ("experts", "attention", "linear", "dense")
 
 

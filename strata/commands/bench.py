@@ -47,7 +47,8 @@ PART_COLUMNS = [f"floor_{k}_s" for k in FLOOR_PARTS]
 COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "prefix_attention", "planned_for",
            "cache_bytes", "test", "n_tokens", "chunk", "ring", "reps",
            "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "kv_streamed",
-           "h2d_gbps", "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s", "of_bound",
+           "h2d_gbps", "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s",
+           "bound_tokens_per_s", "of_bound",
            "warmup_s", "wait_s", *PART_COLUMNS, "linear_at_dense_s"]
 
 
@@ -86,7 +87,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from strata.bench.roofline import Rates, floor_parts_of, h2d_rate, linear_at_dense, roofline
+    from strata.bench.roofline import (Rates, bound_rate, floor_parts_of, h2d_rate,
+                                        linear_at_dense, roofline)
     from strata.commands._args import engine_config
     from strata.commands._prompt import check_context, open_checked
     from strata.commands.prefill import check_trace, refuse_unfit_plan, write_trace
@@ -130,7 +132,9 @@ def run(args) -> int:
         pcie_s = roofline(st.chunks, engine.shape, h2d, no_gemm) + res.kv_streamed / h2d
         parts = floor_parts_of(st.chunks, engine.shape, rates)
         floor_s = sum(parts.values())
-        best = max(pcie_s, floor_s)
+        pcie_tps = n / pcie_s if pcie_s > 0 else None
+        floor_tps = n / floor_s if floor_s > 0 else None
+        bound = bound_rate(pcie_tps, floor_tps)
         rows.append({
             "model": f"{engine.shape.arch} L{engine.shape.n_layer} E{engine.shape.n_expert}",
             "pack_bytes": expert_bytes(engine.pack),
@@ -151,9 +155,9 @@ def run(args) -> int:
             "seconds": statistics.fmean(secs),
             "bytes_streamed": st.bytes_streamed, "kv_streamed": res.kv_streamed,
             "h2d_gbps": h2d / 1e9,
-            "pcie_bound_tokens_per_s": n / pcie_s if pcie_s > 0 else None,
-            "compute_floor_tokens_per_s": n / floor_s if floor_s > 0 else None,
-            "of_bound": (n / statistics.fmean(secs)) / (n / best) if best > 0 else None,
+            "pcie_bound_tokens_per_s": pcie_tps, "compute_floor_tokens_per_s": floor_tps,
+            "bound_tokens_per_s": bound,
+            "of_bound": (n / statistics.fmean(secs)) / bound if bound else None,
             "warmup_s": warm, "wait_s": st.wait_s,
             **{f"floor_{k}_s": v if floor_s > 0 else None for k, v in parts.items()},
             # the stricter price of the delta rule (the dense GEMM rate; roofline.floor_parts
