@@ -48,7 +48,7 @@ symbol in `dims_for`): the carve, the scan, `strata plan` and the tests all foll
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -290,13 +290,21 @@ def layer_dense_bytes(shape: ModelShape, layer: int = 0) -> int:
 
 
 def model_sizes(shape: ModelShape, *, block_m: int | None = None,
-                kv: KVPolicy | None = None, act: torch.dtype | None = None) -> Sizes:
+                kv: KVPolicy | None = None, act: torch.dtype | None = None,
+                kept: Mapping[str, int] | None = None) -> Sizes:
     """What memory sizes from this model: layout dims, KV and dense bytes (see the module doc).
     The output norm and LM head are counted untied (the worst case). `act`: the dtype the engine
     computes in (the delta rule's buffers take it; None: the one beside the KV). `kv`: the KV
     dtype and resident window (default bf16, all resident); each layer's KV by its window
-    (kv_windows)."""
+    (kv_windows). `kept`: the bytes of the embeddings and head an engine keeps as blocks
+    (strata.engine.load.kept_bytes), by name; the head, when the pack has none, is the
+    embeddings' matrix, counted again (untied)."""
     g = global_specs(shape)
+    kept = kept or {}
+    embd = kept.get("token_embd.weight",
+                    _weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES)
+    head = kept.get("output.weight", kept.get("token_embd.weight",
+                    _weights({"output.weight": g["output.weight"]}) * DENSE_BYTES))
     kv = kv or KVPolicy()
     win = kv_windows(shape)
     state = (state_bytes(shape, state_itemsize(kv.dtype)) if shape.linear is not None else 0)
@@ -313,9 +321,9 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
         kv_host=lambda n, l: shape.kv_bytes(kv.host_tokens(n, win[l]), kv.dtype),
         dense_layer=layer_dense_bytes(shape),
         dense_layers=tuple(layer_dense_bytes(shape, l) for l in range(shape.n_layer)),
-        dense_first=_weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES,
-        dense_last=_weights({k: g[k] for k in ("output_norm.weight", "output.weight")})
-        * DENSE_BYTES)
+        dense_first=embd,
+        dense_last=_weights({"output_norm.weight": g["output_norm.weight"]}) * DENSE_BYTES
+        + head)
 
 
 def prompt_layout(shape: ModelShape, max_blob: int, *, spec: LayoutSpec | None = None,

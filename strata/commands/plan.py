@@ -93,6 +93,32 @@ def _source(args):
                          for l in range(shape.n_layer)}, True, [layout], None
 
 
+def _kept(args, shape, pack, dev: str, cfg) -> dict[str, int]:
+    """The bytes of the embeddings and head the engine keeps as blocks on its GPU: the pack's
+    (strata.engine.load.kept_bytes), or, for a preset in a stock mix, those synth lays out as
+    blocks (the mix's types for them; strata.packs.mixes)."""
+    from strata.engine.engine_config import dense_dtype
+    from strata.engine.load import kept_bytes
+    dtype = dense_dtype(cfg, dev)
+    if pack is not None:
+        return kept_bytes(pack, dev, dtype)
+    from strata.packs.mixes import MIXES
+    quant = (args.quant or "").strip().upper()
+    if dev != "cuda" or quant not in MIXES:
+        return {}
+    from strata.archs.names import global_specs
+    from strata.formats import get_format
+    from strata.models.block_weight import KEPT_AS_BLOCKS, block_matrix_bytes
+    from strata.packs.mixes import dense_types
+    types, specs, out = dense_types(quant, shape), global_specs(shape), {}
+    for n in KEPT_AS_BLOCKS:
+        f = get_format(types[n]) if n in types else None
+        if f is not None and f.block > 1:
+            R, C = specs[n]
+            out[n] = block_matrix_bytes(R * (C // f.block) * f.block_bytes, R, C, dtype.itemsize)
+    return out
+
+
 def make_plan(args):
     """The plan `strata prefill` would make with the same flags: the same EngineConfig
     (strata.commands._args) through the engine's own plan inputs (plan_inputs), for the read's
@@ -115,9 +141,10 @@ def _make_plan(args, dev: str):
         raise StrataError(f"--prompt-tokens {args.prompt_tokens} is longer than the model's "
                           f"context of {shape.max_pos} tokens")
     policy = config.ring_policy()     # the STRATA_* ring and slab knobs, read once
-    cfg = resolve_kv(shape, blobs, native, cfg, dev, policy)   # --kv-resident auto: a window
+    kept = _kept(args, shape, pack, dev, cfg)
+    cfg = resolve_kv(shape, blobs, native, cfg, dev, policy, kept=kept)   # kv-resident auto
     check_prefix_pin(shape, cfg, dev)
-    parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, dev, policy)
+    parts, bud, layout, fused = plan_inputs(shape, blobs, native, cfg, dev, policy, kept=kept)
     pinned = not args.unpinned or dev != "cuda"
     reserve = scratch_reserve(shape, default_devices([p.name for p in parts]), cfg.ffn,
                               policy.slab, layouts)

@@ -75,7 +75,7 @@ from strata.engine.warm import dry_tokens
 from strata.errors import StrataError
 from strata.memory import ExpertCache
 from strata.models.kv import PromptKV
-from strata.engine.load import load_model, open_pack, resolve_device
+from strata.engine.load import kept_bytes, load_model, open_pack, resolve_device
 from strata.planning import scratch_reserve
 from strata.units import fmt_bytes
 
@@ -211,10 +211,11 @@ class StageEngine:
         blob_sizes = [pl.blob_size for pl in pack.layers]
         # the whole rig's participants (the same call as the single-process split), then ours
         # --kv-resident auto: every rank resolves the whole rig's window alike
-        self.cfg = cfg = resolve_kv(s, blob_sizes, pack.native, cfg, device.type)
+        kept = kept_bytes(pack, device.type, self.dtype)
+        self.cfg = cfg = resolve_kv(s, blob_sizes, pack.native, cfg, device.type, kept=kept)
         check_prefix_pin(s, cfg, device.type)
         parts, budgets, self.layout, self.fused = plan_inputs(s, blob_sizes, pack.native, cfg,
-                                                              device.type)
+                                                              device.type, kept=kept)
         p, b = parts[rank], budgets[rank]
         self.layers = b.layers
         self.first, self.last = rank == 0, rank == world - 1

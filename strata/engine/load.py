@@ -10,6 +10,7 @@ import time
 import torch
 
 from strata.errors import StrataError
+from strata.models.block_weight import KEPT_AS_BLOCKS, BlockWeight, block_matrix_bytes
 from strata.models.moe import ExpertFFN
 from strata.models.provider import ResidentProvider
 from strata.archs.registry import get_arch
@@ -76,7 +77,8 @@ def dense_on_devices(tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                      device) -> dict[str, torch.Tensor]:
     """The dense tensors as `dtype` on their CUDA devices, each device's in one bulk upload
     through pinned staging (strata.engine.pinning.upload), a matrix kept as blocks (QuantDense)
-    copied as its blocks and decoded there; host tensors for a CPU model pass through
+    copied as its blocks and decoded there, or, for the embeddings and head (KEPT_AS_BLOCKS),
+    kept so (a BlockWeight: decoded where used); host tensors for a CPU model pass through
     (from_tensors converts them; blocks decoded, fp32). `device`: one device, or one per layer.
     A tensor the placement puts elsewhere than the wiring wants is still right: from_tensors
     moves it."""
@@ -96,8 +98,26 @@ def dense_on_devices(tensors: dict[str, torch.Tensor], dtype: torch.dtype,
         out.update(upload(group, d, dtype) if d.type == "cuda" else group)
     for name, q in blocks.items():
         d = where(name)
-        out[name] = blocks_on_device(q, d, dtype) if d.type == "cuda" else q.decode()
+        out[name] = (q.decode() if d.type != "cuda" else
+                     BlockWeight(q.fmt, q.shape, q.raw.to(d), dtype) if name in KEPT_AS_BLOCKS
+                     else blocks_on_device(q, d, dtype))
     return {n: out[n] for n in tensors}
+
+
+def kept_bytes(pack, device_type: str, dtype: torch.dtype) -> dict[str, int]:
+    """The bytes each dense tensor a CUDA engine keeps as blocks (KEPT_AS_BLOCKS, where the
+    pack holds them as blocks) takes on its GPU, by name: what dense_on_devices places, counted
+    by the function the model's head slices by (block_matrix_bytes). The plan takes these
+    (strata.planning.model_sizes' `kept`); empty on the CPU, which decodes every matrix."""
+    if device_type != "cuda" or not hasattr(pack, "dense_stored"):
+        return {}
+    names = set(pack.dense_names())
+    out = {}
+    for n in KEPT_AS_BLOCKS:
+        q = pack.dense_stored(n) if n in names else None
+        if isinstance(q, QuantDense):
+            out[n] = block_matrix_bytes(q.nbytes, *q.shape, dtype.itemsize)
+    return out
 
 
 def blocks_on_device(q: QuantDense, device, dtype: torch.dtype) -> torch.Tensor:

@@ -52,7 +52,7 @@ from strata.engine.warm import LayerSubset, ProbePlan, WarmKV, dry_tokens, warm_
 from strata.errors import AllocationError, StrataError, allocation_failed
 from strata.memory import ExpertCache, RingPolicy
 from strata.models.kv import PromptKV, kv_windows
-from strata.engine.load import load_model, open_pack, resolve_device
+from strata.engine.load import kept_bytes, load_model, open_pack, resolve_device
 from strata.planning import scratch_reserve
 
 log = logging.getLogger("strata")
@@ -109,11 +109,13 @@ class PrefillEngine:
         # the FFN's landing (the plane GEMM's: each blob re-laid into planes as it lands), or None
         self.land = cfg.ffn.landing(self.layouts)
         # --kv-resident auto: the window the plan leaves (prompt_plan.resolve_kv), kept in cfg
+        # the embeddings and head kept as blocks on the GPU: the plan counts what the load places
+        kept = kept_bytes(pack, self.device.type, self.dtype)
         cfg = self.cfg = resolve_kv(self.shape, self.blob_sizes, pack.native, cfg,
-                                    self.device.type)
+                                    self.device.type, kept=kept)
         check_prefix_pin(self.shape, cfg, self.device.type)
         parts, budgets, self.layout, self.fused = plan_inputs(
-            self.shape, self.blob_sizes, pack.native, cfg, self.device.type)
+            self.shape, self.blob_sizes, pack.native, cfg, self.device.type, kept=kept)
         self.sizes = self.layout.sizes
         self.kv = kv_policy(cfg, self.device.type)
         # every budget against the machine before the host blobs are pinned or the cache is

@@ -23,13 +23,15 @@ from strata.units import fmt_bytes
 
 
 def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str,
-                policy: RingPolicy | None = None):
+                policy: RingPolicy | None = None, *, kept: dict[str, int] | None = None):
     """(participants, budgets, prompt layout, fused) a plan is computed from: the engine and
     `strata plan` both call this, so the same config gives the same plan. On the CPU the cache
     is capped at what it can hold (strata.budget.cpu_cache_cap): --vram there is a budget, not
-    an allocation. `policy`: the launch choices (None: the environment's, read now)."""
+    an allocation. `policy`: the launch choices (None: the environment's, read now). `kept`:
+    the bytes of the dense matrices the engine keeps as blocks (strata.engine.load.kept_bytes;
+    None: every one as DENSE_BYTES a weight)."""
     policy = engine_policy(cfg) if policy is None else policy
-    cfg = resolve_kv(shape, blob_sizes, native, cfg, device_type, policy)
+    cfg = resolve_kv(shape, blob_sizes, native, cfg, device_type, policy, kept=kept)
     vram = cfg.vram
     for v in vram:
         if cfg.cache is not None and cfg.cache > v:
@@ -40,7 +42,7 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
     shape.kv_bytes(1, kv.dtype)   # a KV dtype the architecture cannot hold: one line, now
     # the activations the engine computes in (its delta rule's buffers take their dtype)
     act = dense_dtype(cfg, device_type)
-    sizes = model_sizes(shape, kv=kv, act=act)
+    sizes = model_sizes(shape, kv=kv, act=act, kept=kept)
     layout = PromptLayout(sizes, max(blob_sizes), layout_spec(cfg.ffn, kv, shape, act), cfg.batch)
     fused = use_fused(native, cfg.fused, policy)
     kw = dict(lend_cap=cfg.lend_cap, reserve=cfg.reserve, kv_tokens=cfg.max_prompt,
@@ -63,7 +65,8 @@ def plan_inputs(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type:
 
 
 def resolve_kv(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: str,
-               policy: RingPolicy | None = None) -> EngineConfig:
+               policy: RingPolicy | None = None, *,
+               kept: dict[str, int] | None = None) -> EngineConfig:
     """The config with `--kv-resident auto` resolved to a window (None: all resident) and
     `kv_choice` saying why (strata.memory.kv_window.choose, over the plans plan_inputs and
     plan_prompt make for a prompt of cfg.max_prompt tokens, the ring not grown); any other
@@ -76,7 +79,8 @@ def resolve_kv(shape, blob_sizes, native: bool, cfg: EngineConfig, device_type: 
 
     def plan_at(window):
         c = replace(cfg, kv_resident=window)
-        parts, _, layout, fused = plan_inputs(shape, blob_sizes, native, c, device_type, plain)
+        parts, _, layout, fused = plan_inputs(shape, blob_sizes, native, c, device_type, plain,
+                                              kept=kept)
         return plan_prompt(layout, parts, c, pinned=pinned, fused=fused, native=native,
                            n_tokens=cfg.max_prompt, policy=plain)
 

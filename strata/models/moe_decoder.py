@@ -27,6 +27,7 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.models.attention import AttentionShape, AttentionWeights, attention
+from strata.models.block_weight import matmul_t
 from strata.models.decoder import Decoder
 from strata.models.kv import KVCache, kv_windows
 from strata.models.layers import on_device, rms_norm, shape_cos_sin
@@ -140,7 +141,8 @@ class MoeDecoder(Decoder):
         return self.head(*packed_head(x, logits, cache))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The hidden states [T, D] of `tokens` [T] (the first stage of a pipeline)."""
+        """The hidden states [T, D] of `tokens` [T] (the first stage of a pipeline); embeddings
+        kept as blocks (strata.models.block_weight) decode the rows of these tokens."""
         return self.tok_embd[tokens]
 
     def forward_layers(self, x: torch.Tensor, cache, provider: ExpertProvider, layers: range,
@@ -196,7 +198,7 @@ class MoeDecoder(Decoder):
         if logits == "last":
             x = x[-1:]
         x = x.to(self.lm_head.device)
-        return (rms_norm(x, self.out_norm, self.shape.rms_eps) @ self.lm_head.t()).float()
+        return matmul_t(rms_norm(x, self.out_norm, self.shape.rms_eps), self.lm_head).float()
 
     def with_ffn(self, ffn: ExpertFFN):
         return type(self)(self.shape, self.tok_embd, self.layers, self.out_norm, self.lm_head,

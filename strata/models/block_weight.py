@@ -1,0 +1,90 @@
+"""The token embeddings and LM head kept on the GPU as their GGUF blocks, decoded where used.
+
+A vocabulary-sized matrix is the largest dense tensor of most models (Qwen3.5: 248,320 x 2,048
+twice, 2.0 GB as bf16; DeepSeek-V3: 129,280 x 7,168 twice, 3.7 GB), yet a prompt reads a few
+of its rows (the embedding of each token) or multiplies it once per chunk (the head, for the
+logits asked for). Kept as the pack's blocks (Q4_K / Q6_K: about a third of bf16) the rest of
+the budget goes to the expert cache. A lookup decodes the rows of the tokens asked for; the head
+decodes SLICE_BYTES of rows at a time into a transient and multiplies each (the plan counts that
+slice beside the blocks: block_matrix_bytes).
+
+    w = BlockWeight("Q6_K", (V, D), raw_on_gpu, torch.bfloat16)
+    x = w[tokens]                  # [T, D] dtype: the rows of tokens
+    logits = w.matmul_t(h)         # [T, V]: h @ W.T, slice by slice
+
+Legend: V rows (vocabulary), D columns (hidden; whole blocks), T tokens.
+Decoded values are strata.kernels.dequant's (bit-exact fp32, then cast as torch casts), so a
+lookup equals the decoded matrix's rows exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+# the decoded slice the head multiplies at a time: bounds the transient a prompt's logits need
+SLICE_BYTES = 128 << 20
+
+# the dense tensors an engine on CUDA keeps as blocks when its pack holds them so
+KEPT_AS_BLOCKS = ("token_embd.weight", "output.weight")
+
+
+def slice_rows(rows: int, cols: int, itemsize: int, slice_bytes: int = SLICE_BYTES) -> int:
+    """Rows of the head decoded at a time: as many as fit `slice_bytes` (at least one)."""
+    return max(1, min(rows, slice_bytes // max(1, cols * itemsize)))
+
+
+def block_matrix_bytes(block_bytes: int, rows: int, cols: int, itemsize: int,
+                       slice_bytes: int = SLICE_BYTES) -> int:
+    """What a matrix kept as blocks holds on its GPU: its blocks, and the decoded slice the head
+    multiplies at a time (the plan's count; BlockWeight decodes exactly that slice)."""
+    return block_bytes + slice_rows(rows, cols, itemsize, slice_bytes) * cols * itemsize
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    fmt: str                  # a strata.formats name (Q4_K, Q6_K, Q8_0, ...)
+    shape: tuple[int, int]    # (V, D)
+    raw: torch.Tensor         # uint8 [V, row_bytes] on the model's device
+    dtype: torch.dtype        # what it decodes to (the model's compute dtype)
+    slice_bytes: int = SLICE_BYTES
+
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.numel()
+
+    def to(self, device=None, dtype=None) -> "BlockWeight":
+        """Moved to `device` (the blocks), decoding to `dtype` from then on."""
+        return replace(self, raw=self.raw.to(device) if device is not None else self.raw,
+                       dtype=dtype if dtype is not None else self.dtype)
+
+    def _decode(self, raw: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        from strata.kernels.dequant import dequantize
+        return dequantize(raw, self.fmt, dtype or self.dtype).reshape(raw.shape[0],
+                                                                      self.shape[1])
+
+    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
+        """The decoded rows [T, D] of row ids `rows` [T] (an embedding lookup)."""
+        return self._decode(self.raw[rows])
+
+    def matmul_t(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] @ W.T -> [T, V] in x's dtype, SLICE_BYTES of W decoded at a time."""
+        V, D = self.shape
+        step = slice_rows(V, D, self.dtype.itemsize, self.slice_bytes)
+        out = torch.empty(x.shape[0], V, dtype=x.dtype, device=x.device)
+        for a in range(0, V, step):
+            out[:, a:a + step] = x @ self._decode(self.raw[a:a + step]).t()
+        return out
+
+    def float(self) -> torch.Tensor:
+        """The whole matrix decoded, fp32 [V, D] (the reference twin's weights)."""
+        return self._decode(self.raw, torch.float32)
+
+
+def matmul_t(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ w.T for a plain weight or one kept as blocks."""
+    return w.matmul_t(x) if isinstance(w, BlockWeight) else x @ w.t()
