@@ -43,10 +43,22 @@ def main(argv=None) -> int:
     ap.add_argument("--guard", action="store_true", help="count host reads (SyncGuard)")
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)   # a shared CPU: one thread, no oversubscription in the timings
-    if args.stub_ffn:
+    real = moe.moe_ffn_ref
+    if args.stub_ffn:   # swapped for this run only: a caller in the same process (a test
+        # suite, a notebook) gets the real reference back however the run ends
         moe.moe_ffn_ref = lambda x, ids, w, experts, *, out=None, **_: (
             out if out is not None else torch.zeros_like(x))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # a shared CPU: one thread, no oversubscription in the timings
+    try:
+        return profile(args)
+    finally:
+        moe.moe_ffn_ref = real
+        torch.set_num_threads(threads)
+
+
+def profile(args) -> int:
+    """The decode profiled as `args` says (main's flags); prints its figures."""
     shape = ModelShape("qwen3moe", n_layer=48, d_model=64, n_expert=128, top_k=8, d_expert=32,
                        n_head=4, n_kv_head=2, head_dim=16, vocab=256, max_pos=4096)
     pack = MemoryPack(shape, ExpertFormats.of("Q8_0"))
