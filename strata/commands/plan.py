@@ -115,7 +115,8 @@ def _kept(args, shape, pack, dev: str, cfg) -> dict[str, int]:
         f = get_format(types[n]) if n in types else None
         if f is not None and f.block > 1:
             R, C = specs[n]
-            out[n] = block_matrix_bytes(R * (C // f.block) * f.block_bytes, R, C, dtype.itemsize)
+            out[n] = block_matrix_bytes(n, R * (C // f.block) * f.block_bytes, R, C,
+                                        dtype.itemsize)
     return out
 
 
@@ -157,6 +158,8 @@ def _make_plan(args, dev: str):
                  kv=kv_summary(layout.sizes, cfg, bud, shape, delta_scratch=dn, dev=dev))
     if pack is not None and pinned and dev == "cuda":
         flags["host"] = host_summary(pack)
+    if kept:     # bytes on the GPU of each matrix kept as blocks (its blocks + the head's slice)
+        flags["blocks"] = kept
     return name, plan, bud, flags, shape, why
 
 
@@ -222,6 +225,7 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
         f"{plan.room:,} B ({fmt_bytes(plan.room)})",
         kv_line(flags["kv"]),
         *([host_line(flags["host"])] if flags.get("host") else []),
+        *([blocks_line(flags["blocks"])] if flags.get("blocks") else []),
         "",
         f"  {'gpu':<6}{'vram':>11}{'layers':>9}{'dense':>11}{'cache':>11}{'slots':>7}"
         f"{'room':>11}{'ring':>6}{'needed':>11}{'loan':>11}{'lent':>6}{'tail':>11}",
@@ -237,6 +241,13 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
             lines.append(f"  note: {p.name}'s cache holds every expert of its layers: nothing "
                          f"streams there, the ring only matters on GPUs that stream")
     return "\n".join(lines)
+
+
+def blocks_line(kept: dict) -> str:
+    names = " and ".join({"token_embd.weight": "embeddings", "output.weight": "LM head"}.get(n, n)
+                         for n in kept)
+    return (f"  blocks    {names} kept as the pack's GGUF blocks on the GPU, decoded where read: "
+            f"{fmt_bytes(sum(kept.values()))} with the head's decode slice, in the dense column")
 
 
 def host_line(h: dict) -> str:

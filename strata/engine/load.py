@@ -107,16 +107,18 @@ def dense_on_devices(tensors: dict[str, torch.Tensor], dtype: torch.dtype,
 def kept_bytes(pack, device_type: str, dtype: torch.dtype) -> dict[str, int]:
     """The bytes each dense tensor a CUDA engine keeps as blocks (KEPT_AS_BLOCKS, where the
     pack holds them as blocks) takes on its GPU, by name: what dense_on_devices places, counted
-    by the function the model's head slices by (block_matrix_bytes). The plan takes these
+    by block_matrix_bytes (the head's decode slice included; a tied pack's head is its
+    embeddings, counted again, as the plan counts a head untied). The plan takes these
     (strata.planning.model_sizes' `kept`); empty on the CPU, which decodes every matrix."""
     if device_type != "cuda" or not hasattr(pack, "dense_stored"):
         return {}
-    names = set(pack.dense_names())
+    names = set(pack.dense_names()) | ({"output.weight"} if getattr(pack, "tied", False)
+                                       else set())
     out = {}
     for n in KEPT_AS_BLOCKS:
         q = pack.dense_stored(n) if n in names else None
         if isinstance(q, QuantDense):
-            out[n] = block_matrix_bytes(q.nbytes, *q.shape, dtype.itemsize)
+            out[n] = block_matrix_bytes(n, q.nbytes, *q.shape, dtype.itemsize)
     return out
 
 

@@ -34,10 +34,14 @@ def slice_rows(rows: int, cols: int, itemsize: int, slice_bytes: int = SLICE_BYT
     return max(1, min(rows, slice_bytes // max(1, cols * itemsize)))
 
 
-def block_matrix_bytes(block_bytes: int, rows: int, cols: int, itemsize: int,
+def block_matrix_bytes(name: str, block_bytes: int, rows: int, cols: int, itemsize: int,
                        slice_bytes: int = SLICE_BYTES) -> int:
-    """What a matrix kept as blocks holds on its GPU: its blocks, and the decoded slice the head
-    multiplies at a time (the plan's count; BlockWeight decodes exactly that slice)."""
+    """What the matrix `name` kept as blocks holds on its GPU (the plan's count): its blocks, and
+    for the head ("output.weight", which a tied model's embeddings serve as) the decoded slice
+    it multiplies at a time (BlockWeight.matmul_t decodes exactly that slice). A lookup decodes
+    only its tokens' rows: an activation's size, not the matrix's."""
+    if name != "output.weight":
+        return block_bytes
     return block_bytes + slice_rows(rows, cols, itemsize, slice_bytes) * cols * itemsize
 
 

@@ -244,14 +244,14 @@ def test_the_issues_long_prompt_plans_without_flags(capsys):
 
 def test_a_spilled_choice_says_why_in_one_clean_line(capsys):
     """`strata plan` of a 262K-token prompt through Qwen3.5 Q4_K_M on 12 GiB (issue 38 item 5's
-    rig, and 11 GiB): it plans, the KV spilled, and the auto line says why not all resident, in
-    words (not a dangling comma). On 11 GiB all resident fits only beside the fallback ring's
-    smallest chunk (the fallback counts a slot's whole cost since 6fcd32b; before, it found
-    nothing fit); on 12 GiB, with the embeddings and head kept as Q6_K/Q4_K blocks (1.3 GB less
-    than bf16), beside a 9,728-token chunk."""
+    rig, and 10.8 GiB): it plans, the KV spilled, and the auto line says why not all resident,
+    in words (not a dangling comma). On 10.8 GiB all resident fits only beside the fallback
+    ring's smallest chunk (the fallback counts a slot's whole cost since 6fcd32b; before, it
+    found nothing fit); on 12 GiB, with the embeddings and head kept as Q4_K / Q6_K blocks
+    (1.1 GiB less than bf16), beside an 11,008-token chunk."""
     from strata.cli import main
-    for vram, why in (("11GiB", "1024 chunks of 256 tokens, not 8"),
-                      ("12GiB", "27 chunks of 9728 tokens, not 8")):
+    for vram, why in (("10.8GiB", "1024 chunks of 256 tokens, not 8"),
+                      ("12GiB", "24 chunks of 11008 tokens, not 8")):
         assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--quant", "Q4_K_M", "--vram", vram,
                      "--prompt-tokens", "262144"]) == 0
         out = capsys.readouterr().out

@@ -77,18 +77,19 @@ def test_a_model_reading_through_blocks_gives_the_decoded_models_logits(tmp_path
 
 
 def test_the_plan_counts_what_the_load_places(tmp_path):
-    """kept_bytes (the plan's count) is each kept matrix's blocks plus the head's decoded slice,
-    as the BlockWeight the load places holds and decodes; model_sizes puts them in dense_first
-    and dense_last in place of bf16 matrices; the CPU keeps none."""
+    """kept_bytes (the plan's count) is each kept matrix's blocks, and for the head the decoded
+    slice it multiplies at a time, as the BlockWeight the load places holds and decodes;
+    model_sizes puts them in dense_first and dense_last in place of bf16 matrices; the CPU
+    keeps none."""
     pk = _pack(tmp_path)
     s = pk.shape
     kept = kept_bytes(pk, "cuda", torch.bfloat16)
-    assert set(kept) == set(_kept(pk))
+    assert set(kept) == set(_kept(pk)) == {"token_embd.weight", "output.weight"}
     for n, q in _kept(pk).items():
         w = BlockWeight(q.fmt, q.shape, q.raw, torch.bfloat16)
-        step = slice_rows(*q.shape, 2, w.slice_bytes)
+        step = slice_rows(*q.shape, 2, w.slice_bytes) if n == "output.weight" else 0
         assert kept[n] == w.nbytes + step * q.shape[1] * 2
-        assert kept[n] == block_matrix_bytes(q.nbytes, *q.shape, 2)
+        assert kept[n] == block_matrix_bytes(n, q.nbytes, *q.shape, 2)
     plain, blocks = model_sizes(s), model_sizes(s, kept=kept)
     assert plain.dense_first == s.vocab * s.d_model * DENSE_BYTES
     assert blocks.dense_first == kept["token_embd.weight"]
@@ -98,13 +99,20 @@ def test_the_plan_counts_what_the_load_places(tmp_path):
 
 
 def test_a_tied_head_is_the_embeddings_counted_again(tmp_path):
-    """Without output.weight the head is the embeddings' matrix: the plan counts its blocks on
-    the last GPU too (untied, the worst case, as for plain weights)."""
-    s = PRESETS["tiny-qwen3moe"]
-    kept = {"token_embd.weight": 1000}
-    z = model_sizes(s, kept=kept)
-    assert z.dense_first == 1000
-    assert z.dense_last == 1000 + s.d_model * DENSE_BYTES
+    """A tied pack (no output.weight: its reader serves the embeddings as the head) keeps one
+    matrix of blocks; the plan counts it as the head too, with the head's slice, on the last GPU
+    (untied, the worst case, as for plain weights)."""
+    from types import SimpleNamespace
+    pk = _pack(tmp_path)
+    q = _kept(pk)["token_embd.weight"]
+    tied = SimpleNamespace(tied=True, dense_names=lambda: ["token_embd.weight"],
+                           dense_stored=lambda n: q)
+    kept = kept_bytes(tied, "cuda", torch.bfloat16)
+    assert kept == {"token_embd.weight": q.nbytes,
+                    "output.weight": block_matrix_bytes("output.weight", q.nbytes, *q.shape, 2)}
+    z = model_sizes(pk.shape, kept=kept)
+    assert z.dense_first == q.nbytes
+    assert z.dense_last == kept["output.weight"] + pk.shape.d_model * DENSE_BYTES
 
 
 @pytest.mark.gpu
@@ -120,7 +128,7 @@ def test_the_gpu_load_keeps_blocks_and_reads_as_the_decoded_model(tmp_path):
     kept, qs = kept_bytes(pk, "cuda", torch.bfloat16), _kept(pk)
     for n, w in (("token_embd.weight", model.tok_embd), ("output.weight", model.lm_head)):
         assert torch.equal(w.raw.cpu(), qs[n].raw)
-        assert kept[n] == block_matrix_bytes(w.nbytes, *w.shape, 2)
+        assert kept[n] == block_matrix_bytes(n, w.nbytes, *w.shape, 2)
     whole = {n: blocks_on_device(q, "cuda", torch.bfloat16) for n, q in qs.items()}
     plain = type(model)(model.shape, whole["token_embd.weight"], model.layers, model.out_norm,
                         whole["output.weight"], ffn=model.ffn)
@@ -132,3 +140,22 @@ def test_the_gpu_load_keeps_blocks_and_reads_as_the_decoded_model(tmp_path):
     want = plain.prefill(tokens, provider, chunk=8)
     assert not got.isnan().any()
     torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -7 * want.abs().max().item())
+
+
+def test_plan_of_a_preset_in_a_mix_counts_what_its_pack_keeps(tmp_path, capsys):
+    """`strata plan --preset P --quant MIX` counts the embeddings and head as the blocks synth
+    writes for that mix: its JSON `blocks` equal kept_bytes of the pack `synth --pack` makes,
+    and `--pack` of that pack says the same; the table names them in a `blocks` line."""
+    import json
+    from strata.cli import main
+    pk = _pack(tmp_path, "tiny-glm4moe", "Q4_K_M")
+    want = kept_bytes(pk, "cuda", torch.bfloat16)
+    for src in (["--preset", "tiny-glm4moe", "--quant", "Q4_K_M"], ["--pack", str(pk.path)]):
+        assert main(["plan", *src, "--vram", "2GiB", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["blocks"] == want
+    assert main(["plan", "--preset", "tiny-glm4moe", "--quant", "Q4_K_M", "--vram", "2GiB"]) == 0
+    assert "  blocks    embeddings and LM head kept as the pack's GGUF blocks" in \
+        capsys.readouterr().out
+    assert main(["plan", "--preset", "tiny-glm4moe", "--quant", "Q8_0", "--vram", "2GiB",
+                 "--json"]) == 0
+    assert "blocks" not in json.loads(capsys.readouterr().out)      # plain quant: bf16 dense
