@@ -297,14 +297,12 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
     computes in (the delta rule's buffers take it; None: the one beside the KV). `kv`: the KV
     dtype and resident window (default bf16, all resident); each layer's KV by its window
     (kv_windows). `kept`: the bytes of the embeddings and head an engine keeps as blocks
-    (strata.engine.load.kept_bytes), by name; the head, when the pack has none, is the
-    embeddings' matrix, counted again (untied)."""
+    (strata.engine.load.kept_bytes, which counts a tied pack's head), by name; the others at
+    DENSE_BYTES a weight."""
     g = global_specs(shape)
     kept = kept or {}
-    embd = kept.get("token_embd.weight",
-                    _weights({"token_embd.weight": g["token_embd.weight"]}) * DENSE_BYTES)
-    head = kept.get("output.weight", kept.get("token_embd.weight",
-                    _weights({"output.weight": g["output.weight"]}) * DENSE_BYTES))
+    embd, head = (kept.get(n, _weights({n: g[n]}) * DENSE_BYTES)
+                  for n in ("token_embd.weight", "output.weight"))
     kv = kv or KVPolicy()
     win = kv_windows(shape)
     state = (state_bytes(shape, state_itemsize(kv.dtype)) if shape.linear is not None else 0)

@@ -159,3 +159,11 @@ def test_plan_of_a_preset_in_a_mix_counts_what_its_pack_keeps(tmp_path, capsys):
     assert main(["plan", "--preset", "tiny-glm4moe", "--quant", "Q8_0", "--vram", "2GiB",
                  "--json"]) == 0
     assert "blocks" not in json.loads(capsys.readouterr().out)      # plain quant: bf16 dense
+
+
+def test_a_plain_head_beside_block_embeddings_counts_as_bf16():
+    """Embeddings kept as blocks say nothing of the head: a head the pack stores plain is
+    counted at DENSE_BYTES a weight (not as the embeddings' blocks)."""
+    s = PRESETS["tiny-qwen3moe"]
+    z, plain = model_sizes(s, kept={"token_embd.weight": 1000}), model_sizes(s)
+    assert z.dense_first == 1000 and z.dense_last == plain.dense_last
