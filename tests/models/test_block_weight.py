@@ -167,3 +167,24 @@ def test_a_plain_head_beside_block_embeddings_counts_as_bf16():
     s = PRESETS["tiny-qwen3moe"]
     z, plain = model_sizes(s, kept={"token_embd.weight": 1000}), model_sizes(s)
     assert z.dense_first == 1000 and z.dense_last == plain.dense_last
+
+
+@pytest.mark.gpu
+def test_the_gpu_load_allocates_what_the_plan_counts(tmp_path):
+    """The dense bytes a CUDA load holds are the plan's dense bytes (model_sizes with
+    kept_bytes) less the head's decode slice, which is a transient of the head's run: equal up
+    to the caching allocator's 512-byte rounding and upload's 256-byte offsets, a tensor each."""
+    pk = _pack(tmp_path)
+    kept = kept_bytes(pk, "cuda", torch.bfloat16)
+    z = model_sizes(pk.shape, kept=kept)
+    q = _kept(pk)["output.weight"]
+    planned = (sum(z.dense_layers) + z.dense_first + z.dense_last
+               - (kept["output.weight"] - q.nbytes))                 # the slice: not at load
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    model = load_model(pk, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    slack = 512 * (len(pk.dense_names()) + 1)
+    assert planned <= held <= planned + slack, (held, planned)
+    del model
