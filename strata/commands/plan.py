@@ -107,16 +107,15 @@ def _kept(args, shape, pack, dev: str, cfg) -> dict[str, int]:
     if dev != "cuda" or quant not in MIXES:
         return {}
     from strata.archs.names import global_specs
-    from strata.formats import get_format
     from strata.models.block_weight import KEPT_AS_BLOCKS, block_matrix_bytes
     from strata.packs.mixes import dense_types
+    from strata.packs.qdense import block_format
     types, specs, out = dense_types(quant, shape), global_specs(shape), {}
     for n in KEPT_AS_BLOCKS:
-        f = get_format(types[n]) if n in types else None
-        if f is not None and f.block > 1:
+        f = block_format(types[n], specs[n]) if n in types else None
+        if f is not None:      # as the reader keeps it (keep_blocks asks the same)
             R, C = specs[n]
-            out[n] = block_matrix_bytes(n, R * (C // f.block) * f.block_bytes, R, C,
-                                        dtype.itemsize)
+            out[n] = block_matrix_bytes(n, f.nbytes(R, C), R, C, dtype.itemsize)
     return out
 
 

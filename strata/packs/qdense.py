@@ -72,21 +72,32 @@ def row_permutation(transform, rows: int) -> torch.Tensor | None:
     return perm - 1
 
 
-def keep_blocks(fmt: str, raw: torch.Tensor, shape, transform) -> QuantDense | None:
-    """The QuantDense a reader keeps of a block-format 2-D tensor (raw uint8 [R, row_bytes], its
-    torch `shape` [R, C]) whose `transform` only reorders rows (applied to the block rows); None
-    where it cannot (a format strata does not decode, another shape, a transform that mixes
-    values): the caller decodes."""
+def block_format(fmt: str, shape):
+    """The strata.formats Format a matrix of GGUF type `fmt` and torch `shape` [R, C] is kept
+    in as its blocks, or None where it is not (a plain type, a format strata does not decode,
+    not 2-D, rows that are not whole blocks). The reader (keep_blocks) and `strata plan`'s
+    count of a stock mix (strata.commands.plan) both ask it."""
     from strata.formats import get_format
     from strata.formats.codec import DEQUANTIZERS
     try:
         f = get_format(fmt)
     except StrataError:
         return None
-    if f.block == 1 or f.name not in DEQUANTIZERS or len(shape) != 2:
+    if f.block == 1 or f.name not in DEQUANTIZERS or len(shape) != 2 or int(shape[1]) % f.block:
+        return None
+    return f
+
+
+def keep_blocks(fmt: str, raw: torch.Tensor, shape, transform) -> QuantDense | None:
+    """The QuantDense a reader keeps of a block-format 2-D tensor (raw uint8 [R, row_bytes], its
+    torch `shape` [R, C]) whose `transform` only reorders rows (applied to the block rows); None
+    where it cannot (block_format says no, the bytes are not that matrix's, a transform that
+    mixes values): the caller decodes."""
+    f = block_format(fmt, shape)
+    if f is None:
         return None
     R, C = (int(v) for v in shape)
-    if C % f.block or raw.numel() != R * (C // f.block * f.block_bytes):
+    if raw.numel() != f.nbytes(R, C):
         return None
     perm = row_permutation(transform, R)
     if perm is None:
