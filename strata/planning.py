@@ -64,6 +64,7 @@ from strata.kernels.moe.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.pool import SlabPool
 from strata.memory.sizes import Sizes
+from strata.models.block_weight import decoded_bytes
 from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.models.layer_state import state_bytes, state_dtype
 from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats, mla_value_width
@@ -282,11 +283,23 @@ def _weights(specs: dict) -> int:
     return sum(math.prod(shp) for shp in specs.values())
 
 
-def layer_dense_bytes(shape: ModelShape, layer: int = 0) -> int:
+def layer_dense_bytes(shape: ModelShape, layer: int = 0,
+                      kept: Mapping[str, int] | None = None) -> int:
     """One layer's dense weights (attention q/k/v/o, q/k norms, two RMS norms, router; a leading
     dense layer's FFN; the shared experts, which stay resident: strata.models.ffn), read from the
-    one description of the dense tensors (strata.archs.names), at DENSE_BYTES each."""
-    return _weights(layer_specs(shape, layer)) * DENSE_BYTES
+    one description of the dense tensors (strata.archs.names): a matrix kept as blocks at its
+    `kept` bytes (strata.engine.load.kept_bytes), the rest at DENSE_BYTES a weight."""
+    kept = kept or {}
+    return sum(kept[n] if n in kept else math.prod(shp) * DENSE_BYTES
+               for n, shp in layer_specs(shape, layer).items())
+
+
+def layer_scratch_bytes(shape: ModelShape, layer: int, kept: Mapping[str, int],
+                        itemsize: int) -> int:
+    """The bytes layer `layer`'s matrices kept as blocks take decoded for its turn
+    (strata.models.block_weight.decode_layer: each whole, in the dtype of `itemsize`)."""
+    return sum(decoded_bytes(shp, itemsize) for n, shp in layer_specs(shape, layer).items()
+               if n in kept)
 
 
 def model_sizes(shape: ModelShape, *, block_m: int | None = None,
@@ -294,11 +307,11 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
                 kept: Mapping[str, int] | None = None) -> Sizes:
     """What memory sizes from this model: layout dims, KV and dense bytes (see the module doc).
     The output norm and LM head are counted untied (the worst case). `act`: the dtype the engine
-    computes in (the delta rule's buffers take it; None: the one beside the KV). `kv`: the KV
-    dtype and resident window (default bf16, all resident); each layer's KV by its window
-    (kv_windows). `kept`: the bytes of the embeddings and head an engine keeps as blocks
-    (strata.engine.load.kept_bytes, which counts a tied pack's head), by name; the others at
-    DENSE_BYTES a weight."""
+    computes in (the delta rule's buffers take it, and a layer's matrices kept as blocks decode
+    to it; None: the one beside the KV). `kv`: the KV dtype and resident window (default bf16,
+    all resident); each layer's KV by its window (kv_windows). `kept`: the bytes of the dense
+    matrices an engine keeps as blocks (strata.engine.load.kept_bytes, which counts a tied
+    pack's head), by name; the others at DENSE_BYTES a weight."""
     g = global_specs(shape)
     kept = kept or {}
     embd, head = (kept.get(n, _weights({n: g[n]}) * DENSE_BYTES)
@@ -306,8 +319,10 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
     kv = kv or KVPolicy()
     win = kv_windows(shape)
     state = (state_bytes(shape, state_itemsize(kv.dtype)) if shape.linear is not None else 0)
+    item = act.itemsize if act is not None else DENSE_BYTES
+    layers = range(shape.n_layer)
 
-    def kept(n, l):   # a linear layer keeps its recurrent state, whatever the prompt's length
+    def kv_kept(n, l):   # a linear layer keeps its recurrent state, whatever the prompt's length
         if shape.layer_kind(l) == "linear":
             return state
         return shape.kv_bytes(kv.resident_tokens(n, win[l]), kv.dtype)
@@ -315,10 +330,11 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
         n_layer=shape.n_layer, n_expert=shape.n_expert, top_k=shape.top_k,
         dims=lambda T, ring, batch: dims_for(shape, T, block_m, ring, batch, kv,
                                              act.itemsize if act is not None else None),
-        kv_bytes=kept,
+        kv_bytes=kv_kept,
         kv_host=lambda n, l: shape.kv_bytes(kv.host_tokens(n, win[l]), kv.dtype),
-        dense_layer=layer_dense_bytes(shape),
-        dense_layers=tuple(layer_dense_bytes(shape, l) for l in range(shape.n_layer)),
+        dense_layer=layer_dense_bytes(shape, 0, kept),
+        dense_layers=tuple(layer_dense_bytes(shape, l, kept) for l in layers),
+        dense_scratch=tuple(layer_scratch_bytes(shape, l, kept, item) for l in layers),
         dense_first=embd,
         dense_last=_weights({"output_norm.weight": g["output_norm.weight"]}) * DENSE_BYTES
         + head)
@@ -358,6 +374,7 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
 __all__ = ["ACTIVATIONS", "ATTN_FLASH_BUF", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES",
            "KV_EXPAND_BUFS", "deltanet_buffers", "deltanet_bufs", "state_itemsize", "KV_STAGE_BUF",
            "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for", "layer_dense_bytes",
+           "layer_scratch_bytes",
            "layout_spec", "model_sizes", "prompt_layout", "scratch_reserve"]
 
 

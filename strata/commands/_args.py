@@ -134,6 +134,12 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
                         "bf16), ref (fp32 reference); auto: on cuda decoded for long chunks and "
                         "kernel for short ones, on the CPU ref (resident and streamed alike)")
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    g.add_argument("--dense-layers", choices=("blocks", "decoded"), default="blocks",
+                   help="a layer's dense matrices the pack holds as GGUF blocks (attention, "
+                        "MLA, shared experts, a leading dense FFN), on CUDA: blocks (kept so, "
+                        "each layer's decoded for its turn; the plan counts the blocks and the "
+                        "largest layer decoded) or decoded (decoded once at load, bf16). "
+                        "Default blocks")
     g.add_argument("--delta", default=None, metavar="SPEC",
                    help="the linear-attention layers' delta-rule launch, as DeltaLaunch fields "
                         "(strata.kernels.deltanet.launch): backend=fla runs fla-core's kernels "
@@ -212,7 +218,7 @@ def engine_config(args, n_tokens: int | None, *, progress: bool = False,
         devices=devices, layer_split=layer_split(args),
         dtype=None if dtypes in (None, "auto") else DTYPES[dtypes],
         ffn=resolve_experts(args.experts, dev_type or device_type(args)), batch=args.batch,
-        progress=progress)
+        dense_layers=getattr(args, "dense_layers", "blocks"), progress=progress)
     return resolved(cfg, dev_type or device_type(args))   # --kv auto: the dense dtype's
 
 

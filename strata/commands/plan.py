@@ -94,28 +94,32 @@ def _source(args):
 
 
 def _kept(args, shape, pack, dev: str, cfg) -> dict[str, int]:
-    """The bytes of the embeddings and head the engine keeps as blocks on its GPU: the pack's
+    """The bytes of the dense matrices the engine keeps as blocks on its GPU: the pack's
     (strata.engine.load.kept_bytes), or, for a preset in a stock mix, those synth lays out as
-    blocks (the mix's types for them; strata.packs.mixes)."""
-    from strata.engine.engine_config import dense_dtype
-    from strata.engine.load import kept_bytes
-    dtype = dense_dtype(cfg, dev)
+    blocks (the mix's types for them, strata.packs.mixes; kept as the reader keeps them,
+    strata.packs.qdense.kept_rows)."""
+    from strata.engine.engine_config import dense_dtype, layer_blocks
+    from strata.engine.load import kept_as_blocks, kept_bytes
+    dtype, blocks = dense_dtype(cfg, dev), layer_blocks(cfg)
     if pack is not None:
-        return kept_bytes(pack, dev, dtype)
+        return kept_bytes(pack, dev, dtype, layer_blocks=blocks)
     from strata.packs.mixes import MIXES
     quant = (args.quant or "").strip().upper()
     if dev != "cuda" or quant not in MIXES:
         return {}
-    from strata.archs.names import global_specs
-    from strata.models.block_weight import KEPT_AS_BLOCKS, block_matrix_bytes
+    from strata.archs.names import dense_specs
+    from strata.archs.registry import get_arch
+    from strata.models.block_weight import block_matrix_bytes
     from strata.packs.mixes import dense_types
-    from strata.packs.qdense import block_format
-    types, specs, out = dense_types(quant, shape), global_specs(shape), {}
-    for n in KEPT_AS_BLOCKS:
-        f = block_format(types[n], specs[n]) if n in types else None
-        if f is not None:      # as the reader keeps it (keep_blocks asks the same)
-            R, C = specs[n]
-            out[n] = block_matrix_bytes(n, f.nbytes(R, C), R, C, dtype.itemsize)
+    from strata.packs.qdense import kept_rows
+    arch, types, out = get_arch(shape.arch), dense_types(quant, shape), {}
+    for n, shp in dense_specs(shape).items():
+        if not kept_as_blocks(n, blocks) or n not in types or arch.gguf_split(n, shp, shape):
+            continue       # not kept, or stored as parts the reader joins (decoded)
+        kept = kept_rows(types[n], shp, lambda x, n=n: arch.gguf_dense(n, x, shape))
+        if kept is not None:
+            R, C = shp
+            out[n] = block_matrix_bytes(n, kept[0].nbytes(R, C), R, C, dtype.itemsize)
     return out
 
 
@@ -158,7 +162,8 @@ def _make_plan(args, dev: str):
     if pack is not None and pinned and dev == "cuda":
         flags["host"] = host_summary(pack)
     if kept:     # bytes on the GPU of each matrix kept as blocks (its blocks + the head's slice)
-        flags["blocks"] = kept
+        flags["blocks"] = kept    # and the largest layer's matrices decoded for its turn
+        flags["decode_scratch"] = max(layout.sizes.dense_scratch, default=0)
     return name, plan, bud, flags, shape, why
 
 
@@ -224,7 +229,8 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
         f"{plan.room:,} B ({fmt_bytes(plan.room)})",
         kv_line(flags["kv"]),
         *([host_line(flags["host"])] if flags.get("host") else []),
-        *([blocks_line(flags["blocks"])] if flags.get("blocks") else []),
+        *([blocks_line(flags["blocks"], flags["decode_scratch"])] if flags.get("blocks")
+          else []),
         "",
         f"  {'gpu':<6}{'vram':>11}{'layers':>9}{'dense':>11}{'cache':>11}{'slots':>7}"
         f"{'room':>11}{'ring':>6}{'needed':>11}{'loan':>11}{'lent':>6}{'tail':>11}",
@@ -242,11 +248,16 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
     return "\n".join(lines)
 
 
-def blocks_line(kept: dict) -> str:
-    names = " and ".join({"token_embd.weight": "embeddings", "output.weight": "LM head"}.get(n, n)
-                         for n in kept)
+def blocks_line(kept: dict, scratch: int) -> str:
+    glob = [{"token_embd.weight": "embeddings", "output.weight": "LM head"}[n]
+            for n in ("token_embd.weight", "output.weight") if n in kept]
+    n_layer = sum(n.startswith("blk.") for n in kept)
+    names = ", ".join(glob + ([f"{n_layer} layer matrices"] if n_layer else []))
+    turn = (f"; a layer's decoded for its turn, {fmt_bytes(scratch)} at most" if scratch
+            else "")
     return (f"  blocks    {names} kept as the pack's GGUF blocks on the GPU, decoded where read: "
-            f"{fmt_bytes(sum(kept.values()))} with the head's decode slice, in the dense column")
+            f"{fmt_bytes(sum(kept.values()))} with the head's decode slice{turn}; all in the "
+            f"dense column")
 
 
 def host_line(h: dict) -> str:

@@ -62,7 +62,8 @@ import torch.distributed as dist
 
 from strata.budget import check_machine
 from strata.engine.device import Lane
-from strata.engine.engine_config import EngineConfig, dense_dtype, engine_policy, resolved
+from strata.engine.engine_config import (EngineConfig, dense_dtype, engine_policy, layer_blocks,
+                                         resolved)
 from strata.engine.finite import FiniteGuard
 from strata.engine.handoff import Handoff, raise_first, rank_message
 from strata.engine.host import HostExperts, expert_bytes, host_pinning
@@ -211,7 +212,7 @@ class StageEngine:
         blob_sizes = [pl.blob_size for pl in pack.layers]
         # the whole rig's participants (the same call as the single-process split), then ours
         # --kv-resident auto: every rank resolves the whole rig's window alike
-        kept = kept_bytes(pack, device.type, self.dtype)
+        kept = kept_bytes(pack, device.type, self.dtype, layer_blocks=layer_blocks(cfg))
         self.cfg = cfg = resolve_kv(s, blob_sizes, pack.native, cfg, device.type, kept=kept)
         check_prefix_pin(s, cfg, device.type)
         parts, budgets, self.layout, self.fused = plan_inputs(s, blob_sizes, pack.native, cfg,
@@ -237,7 +238,8 @@ class StageEngine:
                          ParticipantScratch(p.name, device, cache.buffer))
         self.finite = FiniteGuard()
         self.model = load_stage(pack, b.layers, device=device, dtype=self.dtype,
-                                ffn=self.finite.wrap(cfg.ffn.forward()))
+                                ffn=self.finite.wrap(cfg.ffn.forward()),
+                                layer_blocks=layer_blocks(cfg))
         self.wire = Handoff(rank, world, device, dcfg.timeout_s, width=s.d_model,
                             dtype=self.dtype)
         self._warm: set = set()     # the warm-ups already read (warmup's keys)
@@ -440,7 +442,7 @@ class StageEngine:
                              pin=self.pinned and self.device.type == "cuda")
 
 
-def load_stage(pack, layers: range, *, device, dtype, ffn):
+def load_stage(pack, layers: range, *, device, dtype, ffn, layer_blocks: bool = False):
     """The model of one pipeline stage, of the pack's architecture (the registry's class, loaded
     as the one-process engine loads it): the dense weights of `layers` on `device`, every other
     layer's on the meta device (shapes only: never read from the pack, no memory), the
@@ -449,7 +451,8 @@ def load_stage(pack, layers: range, *, device, dtype, ffn):
     pack = open_pack(pack)
     meta = torch.device("meta")
     device_map = [device if l in layers else meta for l in range(pack.shape.n_layer)]
-    return load_model(pack, device=device, dtype=dtype, ffn=ffn, device_map=device_map)
+    return load_model(pack, device=device, dtype=dtype, ffn=ffn, device_map=device_map,
+                      layer_blocks=layer_blocks)
 
 
 def _sync(device: torch.device) -> None:

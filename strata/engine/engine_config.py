@@ -20,6 +20,8 @@ from strata.memory.rig import RESERVE
 from strata.models.moe import ExpertFFNs, ffn_named
 from strata.planning import KVPolicy
 
+DENSE_LAYERS = ("blocks", "decoded")
+
 
 @dataclass
 class EngineConfig:
@@ -53,6 +55,9 @@ class EngineConfig:
                                        # held as its object (strata.models.moe.EXPERT_FFNS)
     batch: int | None = None           # experts per streamed batch (default ring // 2)
     slab: bool | None = None           # scratch slab from the loan's tail; None: STRATA_MMQ_SLAB
+    dense_layers: str = "blocks"       # a layer's matrices held as blocks, on CUDA: "blocks"
+                                       # (kept so, decoded for the layer's turn) | "decoded"
+                                       # (decoded once at load); strata.models.block_weight
     progress: bool = False
 
     def __post_init__(self):
@@ -63,11 +68,20 @@ class EngineConfig:
         # "all", "auto" or N, as the flag is written; a bad one is one line here
         self.kv_resident = parse_window(self.kv_resident) if isinstance(self.kv_resident, str) \
             else self.kv_resident
+        if self.dense_layers not in DENSE_LAYERS:
+            raise StrataError(f"--dense-layers {self.dense_layers!r}: use one of "
+                              f"{', '.join(DENSE_LAYERS)}")
 
 
 def dense_dtype(cfg: EngineConfig, device_type: str) -> torch.dtype:
     """The dense math's dtype: --dtype, else bf16 on CUDA and fp32 on the CPU."""
     return cfg.dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
+
+
+def layer_blocks(cfg: EngineConfig) -> bool:
+    """Whether the engine keeps a layer's block-format matrices as blocks (--dense-layers):
+    the load (strata.engine.load.load_model) and the plan's count (kept_bytes) both ask."""
+    return cfg.dense_layers == "blocks"
 
 
 def resolved(cfg: EngineConfig, device_type: str) -> EngineConfig:

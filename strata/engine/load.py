@@ -45,17 +45,21 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
 
 
 def load_model(pack, *, device=None, dtype: torch.dtype = torch.float32,
-               ffn: ExpertFFN | None = None, device_map=None, timings: dict | None = None):
-    """The pack's model (its architecture's record by `shape.arch`: strata.archs) with dense weights on `device`
-    (or, with `device_map`, each layer's on its own device: a layer split over GPUs).
-    `timings`: gets `dense_upload_s` (the weights onto the devices) and `model_build_s`."""
+               ffn: ExpertFFN | None = None, device_map=None, timings: dict | None = None,
+               layer_blocks: bool = False):
+    """The pack's model (its architecture's record by `shape.arch`: strata.archs) with dense
+    weights on `device` (or, with `device_map`, each layer's on its own device: a layer split
+    over GPUs). `layer_blocks`: a layer's matrices the pack holds as blocks stay blocks on a
+    CUDA device, decoded for the layer's turn (dense_on_devices). `timings`: gets
+    `dense_upload_s` (the weights onto the devices) and `model_build_s`."""
     pack = open_pack(pack)
     arch = get_arch(pack.shape.arch)
     dev = resolve_device(device)
     t0 = time.perf_counter()
     stored = getattr(pack, "dense_stored", pack.dense)   # blocks stay blocks until placed
     tensors = dense_on_devices({n: stored(n) for n in pack.dense_names()}, dtype,
-                               dev if device_map is None else list(device_map))
+                               dev if device_map is None else list(device_map),
+                               layer_blocks=layer_blocks)
     t1 = time.perf_counter()
     model = arch.build(pack.shape, tensors, device=dev, dtype=dtype, ffn=ffn,
                              device_map=device_map)
@@ -74,14 +78,14 @@ def tensor_device(name: str, devices: list[torch.device]) -> torch.device:
 
 
 def dense_on_devices(tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                     device) -> dict[str, torch.Tensor]:
+                     device, *, layer_blocks: bool = False) -> dict[str, torch.Tensor]:
     """The dense tensors as `dtype` on their CUDA devices, each device's in one bulk upload
-    through pinned staging (strata.engine.pinning.upload), a matrix kept as blocks (QuantDense)
-    copied as its blocks and decoded there, or, for the embeddings and head (KEPT_AS_BLOCKS),
-    kept so (a BlockWeight: decoded where used); host tensors for a CPU model pass through
-    (from_tensors converts them; blocks decoded, fp32). `device`: one device, or one per layer.
-    A tensor the placement puts elsewhere than the wiring wants is still right: from_tensors
-    moves it."""
+    through pinned staging (strata.engine.pinning.upload); a matrix held as blocks (QuantDense)
+    copied as its blocks and kept so (a BlockWeight, decoded where used) if it is the
+    embeddings or head (KEPT_AS_BLOCKS) or, with `layer_blocks`, a layer's, else decoded there
+    once; host tensors for a CPU model pass through (from_tensors converts them; blocks decoded,
+    fp32). `device`: one device, or one per layer. A tensor the placement puts elsewhere than
+    the wiring wants is still right: from_tensors moves it."""
     devices = [torch.device(d) for d in (device if isinstance(device, list) else [device])]
     blocks = {n: t for n, t in tensors.items() if isinstance(t, QuantDense)}
     plain = {n: t for n, t in tensors.items() if n not in blocks}
@@ -98,25 +102,37 @@ def dense_on_devices(tensors: dict[str, torch.Tensor], dtype: torch.dtype,
         out.update(upload(group, d, dtype) if d.type == "cuda" else group)
     for name, q in blocks.items():
         d = where(name)
-        out[name] = (q.decode() if d.type != "cuda" else
-                     BlockWeight(q.fmt, q.shape, q.raw.to(d), dtype) if name in KEPT_AS_BLOCKS
-                     else blocks_on_device(q, d, dtype))
+        out[name] = (torch.empty(q.shape, dtype=dtype, device=d) if d.type == "meta"  # unread
+                     else q.decode() if d.type != "cuda" else
+                     BlockWeight(q.fmt, q.shape, q.raw.to(d), dtype)
+                     if kept_as_blocks(name, layer_blocks) else blocks_on_device(q, d, dtype))
     return {n: out[n] for n in tensors}
 
 
-def kept_bytes(pack, device_type: str, dtype: torch.dtype) -> dict[str, int]:
-    """The bytes each dense tensor a CUDA engine keeps as blocks (KEPT_AS_BLOCKS, where the
-    pack holds them as blocks) takes on its GPU, by name: what dense_on_devices places, counted
-    by block_matrix_bytes (the head's decode slice included; a tied pack's head is its
+def kept_as_blocks(name: str, layer_blocks: bool) -> bool:
+    """Whether a CUDA load keeps dense matrix `name` as blocks when its pack holds it so: the
+    embeddings and head always, a layer's (blk.N.*) with `layer_blocks`."""
+    return name in KEPT_AS_BLOCKS or (layer_blocks and name.startswith("blk."))
+
+
+def kept_bytes(pack, device_type: str, dtype: torch.dtype, *,
+               layer_blocks: bool = False) -> dict[str, int]:
+    """The bytes each dense matrix a CUDA engine keeps as blocks (kept_as_blocks, where the pack
+    holds it as blocks) takes on its GPU, by name: what dense_on_devices places, counted by
+    block_matrix_bytes (the head's decode slice included; a tied pack's head is its
     embeddings, counted again, as the plan counts a head untied). The plan takes these
-    (strata.planning.model_sizes' `kept`); empty on the CPU, which decodes every matrix."""
+    (strata.planning.model_sizes' `kept`, which adds a layer's decoded matrices for its turn);
+    empty on the CPU, which decodes every matrix."""
     if device_type != "cuda" or not hasattr(pack, "dense_stored"):
         return {}
-    names = set(pack.dense_names()) | ({"output.weight"} if getattr(pack, "tied", False)
-                                       else set())
+    names = list(pack.dense_names())
+    if getattr(pack, "tied", False) and "output.weight" not in names:
+        names.append("output.weight")
     out = {}
-    for n in KEPT_AS_BLOCKS:
-        q = pack.dense_stored(n) if n in names else None
+    for n in names:
+        if not kept_as_blocks(n, layer_blocks):
+            continue
+        q = pack.dense_stored(n)      # a tied pack's head: its embeddings
         if isinstance(q, QuantDense):
             out[n] = block_matrix_bytes(n, q.nbytes, *q.shape, dtype.itemsize)
     return out

@@ -38,7 +38,7 @@ from strata.budget import check_machine
 from strata.config import gc_pause
 from strata.engine.device import Lane
 from strata.engine.engine_config import (EngineConfig, default_devices, dense_dtype,
-                                         engine_policy, kv_policy, resolved)
+                                         engine_policy, kv_policy, layer_blocks, resolved)
 from strata.engine.finite import FiniteGuard
 from strata.engine.host import HostExperts, expert_bytes, host_pinning
 from strata.engine.observe import EngineObserver
@@ -109,8 +109,8 @@ class PrefillEngine:
         # the FFN's landing (the plane GEMM's: each blob re-laid into planes as it lands), or None
         self.land = cfg.ffn.landing(self.layouts)
         # --kv-resident auto: the window the plan leaves (prompt_plan.resolve_kv), kept in cfg
-        # the embeddings and head kept as blocks on the GPU: the plan counts what the load places
-        kept = kept_bytes(pack, self.device.type, self.dtype)
+        # the matrices kept as blocks on the GPU: the plan counts what the load places
+        kept = kept_bytes(pack, self.device.type, self.dtype, layer_blocks=layer_blocks(cfg))
         cfg = self.cfg = resolve_kv(self.shape, self.blob_sizes, pack.native, cfg,
                                     self.device.type, kept=kept)
         check_prefix_pin(self.shape, cfg, self.device.type)
@@ -152,7 +152,8 @@ class PrefillEngine:
             ffn = self.finite.wrap(cfg.ffn.forward())   # imports the kernels' modules
             clock.lap("ffn_s")
             self.model = load_model(pack, device=self.device, dtype=self.dtype, ffn=ffn,
-                                    device_map=device_map, timings=self.timings)
+                                    device_map=device_map, timings=self.timings,
+                                    layer_blocks=layer_blocks(cfg))
             clock.lap("dense_s")
             self.pinned = self.host.pinned or self.device.type != "cuda"   # waits for the blobs
             clock.lap("pin_wait_s")

@@ -10,7 +10,8 @@ RESERVE (1 GiB) stands for the CUDA context (~0.5 GiB on recent drivers), alloca
 the attention workspace; the KV of earlier chunks is charged separately (`kv_tokens`, 0 in
 `strata plan`: the prefill engine knows its prompt length, the planner does not).
 The dense bytes and the KV bytes per layer are the model's to say (`Sizes.dense_layer`,
-`dense_first`, `dense_last`, `kv_bytes`; strata.planning.model_sizes builds them).
+`dense_first`, `dense_last`, `dense_scratch`, `kv_bytes`; strata.planning.model_sizes builds them;
+`Sizes.gpu_dense` adds them up for a GPU).
 """
 from __future__ import annotations
 
@@ -78,11 +79,7 @@ def budgets(sizes: Sizes, vram: Sequence[int], *, cache: int | None = None,
     splits = (explicit_split(sizes.n_layer, split, len(vram)) if split is not None
               else split_layers(sizes.n_layer, vram))
     for i, (v, layers) in enumerate(zip(vram, splits)):
-        dense = sum(sizes.layer_dense(l) for l in layers)
-        if i == 0:
-            dense += sizes.dense_first
-        if i == len(vram) - 1:
-            dense += sizes.dense_last
+        dense = sizes.gpu_dense(layers, first=i == 0, last=i == len(vram) - 1)
         kv = sizes.kv_vram(kv_tokens, layers)
         c = cache if cache is not None else v - dense - reserve - kv
         if c <= 0:

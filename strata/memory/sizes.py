@@ -15,6 +15,8 @@ the assembler that knows both (strata.planning.model_sizes):
                            it is resident, and always for a sliding layer)
     dense_layer            one layer's dense weight bytes (every layer's, unless dense_layers)
     dense_layers           per layer, when layers differ (a leading dense FFN, shared experts)
+    dense_scratch          per layer, the bytes its dense matrices kept as blocks take decoded
+                           for its turn (one layer's at a time: a GPU holds its layers' largest)
     dense_first            dense bytes only the first GPU holds (token embeddings)
     dense_last             dense bytes only the last GPU holds (output norm, LM head)
     n_layer, n_expert, top_k   the routing facts the ring and the cache need (L, E, K)
@@ -50,6 +52,15 @@ class Sizes:
         """Dense weight bytes of `layer` (dense_layers[layer] when given, else dense_layer)."""
         return self.dense_layers[layer] if self.dense_layers else self.dense_layer
 
+    def gpu_dense(self, layers: Iterable[int], first: bool, last: bool) -> int:
+        """Dense bytes a GPU holding `layers` needs: their weights, the largest of their decode
+        scratches (one layer decoded at a time), and the embeddings (`first`) and head
+        (`last`) where it holds them."""
+        layers = list(layers)
+        return (sum(self.layer_dense(l) for l in layers)
+                + max((self.dense_scratch[l] for l in layers if self.dense_scratch), default=0)
+                + (self.dense_first if first else 0) + (self.dense_last if last else 0))
+
     def kv_vram(self, n_tokens: int, layers: Iterable[int] | None = None) -> int:
         """KV bytes in VRAM of `layers` (default all) for a prompt of n_tokens."""
         layers = range(self.n_layer) if layers is None else layers
@@ -61,3 +72,4 @@ class Sizes:
         return sum(self.kv_host(n_tokens, l) for l in layers)
     dense_first: int = 0
     dense_last: int = 0
+    dense_scratch: tuple[int, ...] = ()

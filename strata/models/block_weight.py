@@ -1,4 +1,4 @@
-"""The token embeddings and LM head kept on the GPU as their GGUF blocks, decoded where used.
+"""Dense matrices kept on the GPU as their GGUF blocks, decoded where used.
 
 A vocabulary-sized matrix is the largest dense tensor of most models (Qwen3.5: 248,320 x 2,048
 twice, 2.0 GB as bf16; DeepSeek-V3: 129,280 x 7,168 twice, 3.7 GB), yet a prompt reads a few
@@ -8,11 +8,17 @@ the budget goes to the expert cache. A lookup decodes the rows of the tokens ask
 decodes SLICE_BYTES of rows at a time into a transient and multiplies each (the plan counts that
 slice beside the blocks: block_matrix_bytes).
 
+A layer's matrices (attention, MLA, shared experts, a leading dense FFN) are kept so too, and
+decoded whole for the layer's turn (decode_layer): a chunk multiplies each by all its T tokens, so
+one decode a chunk costs 1/T of the product's reads, and the plan counts one layer's decoded
+matrices (the largest layer's, decoded_bytes) once beside every layer's blocks.
+
     w = BlockWeight("Q6_K", (V, D), raw_on_gpu, torch.bfloat16)
     x = w[tokens]                  # [T, D] dtype: the rows of tokens
     logits = w.matmul_t(h)         # [T, V]: h @ W.T, slice by slice
+    lw = decode_layer(layer)       # a layer's weights, its BlockWeights decoded (dtype)
 
-Legend: V rows (vocabulary), D columns (hidden; whole blocks), T tokens.
+Legend: V rows (vocabulary; a layer's matrix: R), D columns (hidden; whole blocks), T tokens.
 Decoded values are strata.kernels.dequant's (bit-exact fp32, then cast as torch casts), so a
 lookup equals the decoded matrix's rows exactly.
 """
@@ -32,6 +38,15 @@ KEPT_AS_BLOCKS = ("token_embd.weight", "output.weight")
 def slice_rows(rows: int, cols: int, itemsize: int, slice_bytes: int = SLICE_BYTES) -> int:
     """Rows of the head decoded at a time: as many as fit `slice_bytes` (at least one)."""
     return max(1, min(rows, slice_bytes // max(1, cols * itemsize)))
+
+
+def decoded_bytes(shape, itemsize: int) -> int:
+    """Bytes of a matrix of torch `shape` decoded to a dtype of `itemsize` (what decode_layer
+    allocates for it, and the plan counts)."""
+    n = 1
+    for v in shape:
+        n *= int(v)
+    return n * itemsize
 
 
 def block_matrix_bytes(name: str, block_bytes: int, rows: int, cols: int, itemsize: int,
@@ -87,6 +102,25 @@ class BlockWeight:
     def float(self) -> torch.Tensor:
         """The whole matrix decoded, fp32 [V, D] (the reference twin's weights)."""
         return self._decode(self.raw, torch.float32)
+
+    def decoded(self) -> torch.Tensor:
+        """The whole matrix decoded, [V, D] in its dtype (decoded_bytes of it)."""
+        return self._decode(self.raw)
+
+
+def decode_layer(lw):
+    """A layer's weights (anything with `map(fn)`) with each BlockWeight decoded whole in its
+    dtype, the rest as they are; the layer itself where none is a BlockWeight. The caller drops
+    the result when the layer is done, so one layer's decoded matrices live at a time."""
+    found = []
+
+    def dec(t):
+        if isinstance(t, BlockWeight):
+            found.append(t)
+            return t.decoded()
+        return t
+    out = lw.map(dec)
+    return out if found else lw
 
 
 def matmul_t(x: torch.Tensor, w) -> torch.Tensor:

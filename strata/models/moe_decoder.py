@@ -27,7 +27,7 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.models.attention import AttentionShape, AttentionWeights, attention
-from strata.models.block_weight import matmul_t
+from strata.models.block_weight import decode_layer, matmul_t
 from strata.models.decoder import Decoder
 from strata.models.kv import KVCache, kv_windows
 from strata.models.layers import on_device, rms_norm, shape_cos_sin
@@ -150,29 +150,35 @@ class MoeDecoder(Decoder):
         """Hidden states [T, D] through `layers` (a contiguous range) at positions cache.length...;
         appends their KV but does not commit (the caller commits once per chunk). A pipeline
         stage (strata.engine.distributed) runs its own range; forward_chunk runs them all."""
-        s = self.shape
         T, P = x.shape[0], cache.length
         packed = getattr(cache, "packed", None)   # packed sequences: positions restart in each
         pos = (torch.arange(P, P + T, device=x.device) if packed is None
                else packed.positions(x.device))
         rope = {x.device: self.rope(pos)}
         for l in layers:
-            lw = self.layers[l]
             provider.begin_layer(l)
-            dev = lw.attn_norm.device
+            dev = self.layers[l].attn_norm.device
             if x.device != dev:  # a layer split: hand the hidden state to the next GPU
                 x = x.to(dev)
                 if x.device not in rope:
                     rope[x.device] = tuple(t.to(x.device) for t in rope[pos.device])
-            cos, sin = rope[x.device]
             with on_device(x.device):
-                x = x + self.attend(rms_norm(x, lw.attn_norm, s.rms_eps), lw, cos, sin, cache, l)
-                h = rms_norm(x, lw.ffn_norm, s.rms_eps)
-                x = x + self.mlp(h, lw, l, provider, observer).to(x.dtype)
+                x = self.layer(x, l, rope[x.device], cache, provider, observer)
             if observer is not None:
                 observer.layer_done(l, x)
             provider.end_layer(l)
         return x
+
+    def layer(self, x: torch.Tensor, l: int, cos_sin, cache, provider: ExpertProvider,
+              observer) -> torch.Tensor:
+        """Layer l on hidden states x [T, D]: attention, then the FFN block, each residual. Its
+        matrices kept as blocks are decoded for this call only (decode_layer), so one layer's
+        decoded weights are alive at a time."""
+        s, lw = self.shape, decode_layer(self.layers[l])
+        cos, sin = cos_sin
+        x = x + self.attend(rms_norm(x, lw.attn_norm, s.rms_eps), lw, cos, sin, cache, l)
+        h = rms_norm(x, lw.ffn_norm, s.rms_eps)
+        return x + self.mlp(h, lw, l, provider, observer).to(x.dtype)
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, rot_dim] of positions `pos` (plain or YaRN, as the shape says)."""
@@ -207,5 +213,5 @@ class MoeDecoder(Decoder):
     def reference(self):
         """The reference twin: dense weights in fp32, experts through `moe_ffn_ref`."""
         return type(self)(self.shape, self.tok_embd.float(),
-                          [lw.map(torch.Tensor.float) for lw in self.layers],
+                          [lw.map(lambda t: t.float()) for lw in self.layers],
                           self.out_norm.float(), self.lm_head.float(), ffn=moe_ffn_ref)

@@ -75,8 +75,7 @@ def row_permutation(transform, rows: int) -> torch.Tensor | None:
 def block_format(fmt: str, shape):
     """The strata.formats Format a matrix of GGUF type `fmt` and torch `shape` [R, C] is kept
     in as its blocks, or None where it is not (a plain type, a format strata does not decode,
-    not 2-D, rows that are not whole blocks). The reader (keep_blocks) and `strata plan`'s
-    count of a stock mix (strata.commands.plan) both ask it."""
+    not 2-D, rows that are not whole blocks); kept_rows adds the transform's condition."""
     from strata.formats import get_format
     from strata.formats.codec import DEQUANTIZERS
     try:
@@ -88,19 +87,28 @@ def block_format(fmt: str, shape):
     return f
 
 
-def keep_blocks(fmt: str, raw: torch.Tensor, shape, transform) -> QuantDense | None:
-    """The QuantDense a reader keeps of a block-format 2-D tensor (raw uint8 [R, row_bytes], its
-    torch `shape` [R, C]) whose `transform` only reorders rows (applied to the block rows); None
-    where it cannot (block_format says no, the bytes are not that matrix's, a transform that
-    mixes values): the caller decodes."""
+def kept_rows(fmt: str, shape, transform):
+    """(Format, row order) of a GGUF tensor of type `fmt` and torch `shape` [R, C] a reader
+    keeps as its blocks: block_format says yes and `transform` (the architecture's gguf_dense
+    for it) only reorders rows (row_permutation); None where it is decoded instead. The reader
+    (keep_blocks) and `strata plan`'s count of a stock mix both ask it."""
     f = block_format(fmt, shape)
     if f is None:
         return None
+    perm = row_permutation(transform, int(shape[0]))
+    return None if perm is None else (f, perm)
+
+
+def keep_blocks(fmt: str, raw: torch.Tensor, shape, transform) -> QuantDense | None:
+    """The QuantDense a reader keeps of a block-format 2-D tensor (raw uint8 [R, row_bytes], its
+    torch `shape` [R, C]) whose `transform` only reorders rows (applied to the block rows); None
+    where it cannot (kept_rows says no, the bytes are not that matrix's): the caller decodes."""
+    kept = kept_rows(fmt, shape, transform)
+    if kept is None:
+        return None
+    f, perm = kept
     R, C = (int(v) for v in shape)
     if raw.numel() != f.nbytes(R, C):
-        return None
-    perm = row_permutation(transform, R)
-    if perm is None:
         return None
     raw = raw.reshape(R, -1)
     if not torch.equal(perm, torch.arange(R)):

@@ -42,3 +42,27 @@ def test_participants_hold_only_their_own_layers():
 def test_dense_overflow_is_clear():
     with pytest.raises(StrataError, match="no room for an expert cache"):
         budgets(model_sizes(get_preset("qwen3-235b-a22b")), [8 << 30])
+
+
+@given(dense=st.lists(st.integers(0, 1 << 30), min_size=2, max_size=12),
+       scratch=st.lists(st.integers(0, 1 << 30), min_size=12, max_size=12),
+       first=st.integers(0, 1 << 30), last=st.integers(0, 1 << 30),
+       vram=st.lists(st.integers(1, 4), min_size=1, max_size=3))
+def test_a_gpu_counts_its_layers_blocks_and_one_layers_decode(dense, scratch, first, last,
+                                                              vram):
+    """Each GPU's dense bytes: its layers' weights, the largest decode scratch among its own
+    layers (a layer's blocks decoded for its turn, one layer at a time), the embeddings on the
+    first GPU and the head on the last; nothing counted twice or dropped."""
+    from strata.memory.sizes import Sizes
+    n = len(dense)
+    if len(vram) > n:
+        return
+    z = Sizes(n_layer=n, n_expert=8, top_k=2, dims=lambda *a: {}, kv_bytes=lambda t, l: 0,
+              dense_layers=tuple(dense), dense_scratch=tuple(scratch[:n]), dense_first=first,
+              dense_last=last)
+    bud = budgets(z, [v << 40 for v in vram])
+    for i, b in enumerate(bud):
+        own = list(b.layers)
+        assert b.dense == (sum(dense[l] for l in own) + max(scratch[l] for l in own)
+                           + (first if i == 0 else 0) + (last if i == len(bud) - 1 else 0))
+    assert sum(b.dense for b in bud) <= sum(dense) + len(bud) * max(scratch[:n]) + first + last

@@ -142,22 +142,31 @@ def test_the_gpu_load_keeps_blocks_and_reads_as_the_decoded_model(tmp_path):
     torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -7 * want.abs().max().item())
 
 
-def test_plan_of_a_preset_in_a_mix_counts_what_its_pack_keeps(tmp_path, capsys):
-    """`strata plan --preset P --quant MIX` counts the embeddings and head as the blocks synth
-    writes for that mix: its JSON `blocks` equal kept_bytes of the pack `synth --pack` makes,
-    and `--pack` of that pack says the same; the table names them in a `blocks` line."""
+@pytest.mark.parametrize("preset", ["tiny-glm4moe", "tiny-deepseek2", "tiny-mixtral"])
+def test_plan_of_a_preset_in_a_mix_counts_what_its_pack_keeps(tmp_path, capsys, preset):
+    """`strata plan --preset P --quant MIX` counts the dense matrices as the blocks synth writes
+    for that mix (MLA's attn_kv_b, stored split, decoded; Mixtral's permuted q/k kept): its
+    JSON `blocks` equal kept_bytes of the pack `synth --pack` makes, and `--pack` of that pack
+    says the same, with the layers' under the default --dense-layers blocks and without them
+    under decoded; the table names them in a `blocks` line."""
     import json
     from strata.cli import main
-    pk = _pack(tmp_path, "tiny-glm4moe", "Q4_K_M")
-    want = kept_bytes(pk, "cuda", torch.bfloat16)
-    for src in (["--preset", "tiny-glm4moe", "--quant", "Q4_K_M"], ["--pack", str(pk.path)]):
-        assert main(["plan", *src, "--vram", "2GiB", "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["blocks"] == want
-    assert main(["plan", "--preset", "tiny-glm4moe", "--quant", "Q4_K_M", "--vram", "2GiB"]) == 0
-    assert "  blocks    embeddings and LM head kept as the pack's GGUF blocks" in \
-        capsys.readouterr().out
-    assert main(["plan", "--preset", "tiny-glm4moe", "--quant", "Q8_0", "--vram", "2GiB",
-                 "--json"]) == 0
+    pk = _pack(tmp_path, preset, "Q4_K_M")
+    for dl, layers in (("blocks", True), ("decoded", False)):
+        want = kept_bytes(pk, "cuda", torch.bfloat16, layer_blocks=layers)
+        assert any(n.startswith("blk.") for n in want) == layers
+        for src in (["--preset", preset, "--quant", "Q4_K_M"], ["--pack", str(pk.path)]):
+            assert main(["plan", *src, "--vram", "2GiB", "--json", "--device", "cuda",
+                         "--dense-layers", dl]) == 0
+            assert json.loads(capsys.readouterr().out)["blocks"] == want
+    n = sum(k.startswith("blk.") for k in kept_bytes(pk, "cuda", torch.bfloat16,
+                                                     layer_blocks=True))
+    assert main(["plan", "--preset", preset, "--quant", "Q4_K_M", "--vram", "2GiB",
+                 "--device", "cuda"]) == 0
+    assert (f"  blocks    embeddings, LM head, {n} layer matrices kept as the pack's GGUF blocks"
+            in capsys.readouterr().out)
+    assert main(["plan", "--preset", preset, "--quant", "Q8_0", "--vram", "2GiB",
+                 "--json", "--device", "cuda"]) == 0
     assert "blocks" not in json.loads(capsys.readouterr().out)      # plain quant: bf16 dense
 
 
@@ -188,3 +197,138 @@ def test_the_gpu_load_allocates_what_the_plan_counts(tmp_path):
     slack = 512 * (len(pk.dense_names()) + 1)
     assert planned <= held <= planned + slack, (held, planned)
     del model
+
+
+LAYER_PRESETS = [("tiny-deepseek2", "Q4_K_M"), ("tiny-qwen35moe", "Q4_K_M"),
+                 ("tiny-gpt-oss", "MXFP4_MOE"), ("tiny-mixtral", "Q4_K_M")]
+
+
+def _layer_blocks(pk, dtype=torch.float32) -> dict:
+    """The pack's dense tensors with each layer matrix it holds as blocks a BlockWeight (as a
+    CUDA load with layer blocks places them), the rest decoded."""
+    out = {}
+    for n in pk.dense_names():
+        q = pk.dense_stored(n)
+        out[n] = (BlockWeight(q.fmt, q.shape, q.raw.clone(), dtype)
+                  if isinstance(q, QuantDense) and n.startswith("blk.") else pk.dense(n))
+    return out
+
+
+@pytest.mark.parametrize("preset,mix", LAYER_PRESETS)
+def test_a_model_with_its_layers_as_blocks_reads_bit_for_bit(tmp_path, preset, mix):
+    """A model whose layer matrices stay blocks, decoded for each layer's turn (MLA with a
+    dense lead layer and shared experts, DeltaNet, biased attention under MXFP4_MOE's Q8_0,
+    Mixtral's row-permuted q/k), reads the prompt exactly as the model decoded at load: the
+    same decoded values through the same ops."""
+    from strata.archs.registry import get_arch
+    pk = _pack(tmp_path, preset, mix)
+    s = pk.shape
+    model = load_model(pk, device="cpu")
+    tensors = _layer_blocks(pk)
+    assert any(isinstance(t, BlockWeight) for t in tensors.values())
+    blocks = get_arch(s.arch).build(s, tensors, device=torch.device("cpu"),
+                                    dtype=torch.float32, ffn=model.ffn)
+    tokens = torch.randint(0, s.vocab, (19,), generator=torch.Generator().manual_seed(1))
+    want = model.prefill(tokens, resident_provider(pk), chunk=8)
+    got = blocks.prefill(tokens, resident_provider(pk), chunk=8)
+    assert not got.isnan().any() and torch.equal(got, want)
+    ref = blocks.reference()                          # the twin decodes them whole
+    assert not any(isinstance(t, BlockWeight) for lw in ref.layers for t in _leaves(lw))
+
+
+def _leaves(lw) -> list:
+    seen = []
+    lw.map(lambda t: seen.append(t) or t)
+    return seen
+
+
+def test_one_layers_decoded_matrices_live_at_a_time(tmp_path, monkeypatch):
+    """decode_layer's matrices are dropped when their layer is done: when a layer decodes, no
+    earlier layer's decoded matrix is alive (the plan counts one layer's, the largest)."""
+    import gc
+    import weakref
+    from strata.archs.registry import get_arch
+    pk = _pack(tmp_path, "tiny-deepseek2", "Q4_K_M")
+    s = pk.shape
+    model = get_arch(s.arch).build(s, _layer_blocks(pk), device=torch.device("cpu"),
+                                   dtype=torch.float32, ffn=load_model(pk, device="cpu").ffn)
+    owner = {id(t): l for l, lw in enumerate(model.layers) for t in _leaves(lw)
+             if isinstance(t, BlockWeight)}
+    alive: list = []           # (layer, weakref of a decoded matrix)
+    decoded = BlockWeight.decoded
+    gc.disable()               # only reference counts free them, as on the GPU's stream
+    try:
+        def watch(self):
+            l = owner[id(self)]
+            assert not [m for m, r in alive if m != l and r() is not None], l
+            out = decoded(self)
+            alive.append((l, weakref.ref(out)))
+            return out
+        monkeypatch.setattr(BlockWeight, "decoded", watch)
+        tokens = torch.randint(0, s.vocab, (9,), generator=torch.Generator().manual_seed(2))
+        model.prefill(tokens, resident_provider(pk), chunk=8)
+    finally:
+        gc.enable()
+    assert {l for l, _ in alive} == set(owner.values())
+
+
+def test_decode_layer_passes_a_layer_without_blocks():
+    """A layer with no BlockWeight comes back as itself (nothing copied each turn)."""
+    from strata.models.block_weight import decode_layer
+    from strata.models.ffn import DenseFFN
+    f = DenseFFN(torch.ones(2, 32), torch.ones(2, 32), torch.ones(32, 2))
+    assert decode_layer(f) is f
+
+
+@pytest.mark.parametrize("preset", ["tiny-deepseek2", "tiny-qwen35moe"])
+def test_the_plan_counts_a_layers_blocks_and_its_decode(tmp_path, preset):
+    """With layer blocks, kept_bytes names every layer matrix the pack holds as blocks at its
+    blocks' bytes; model_sizes counts them in their layer's dense bytes in place of bf16 and
+    each layer's decoded matrices (decoded_bytes in the dense dtype) as its scratch."""
+    from strata.archs.names import layer_specs
+    from strata.models.block_weight import decoded_bytes
+    pk = _pack(tmp_path, preset)
+    s = pk.shape
+    kept = kept_bytes(pk, "cuda", torch.bfloat16, layer_blocks=True)
+    lay = {n for n in kept if n.startswith("blk.")}
+    assert lay and lay == {n for n in pk.dense_names() if n.startswith("blk.")
+                           and isinstance(pk.dense_stored(n), QuantDense)}
+    assert all(kept[n] == pk.dense_stored(n).nbytes for n in lay)
+    assert kept_bytes(pk, "cuda", torch.bfloat16).keys() == set(kept) - lay
+    z, plain = model_sizes(s, kept=kept, act=torch.bfloat16), model_sizes(s)
+    for l in range(s.n_layer):
+        specs = layer_specs(s, l)
+        mine = [n for n in specs if n in lay]
+        assert z.dense_layers[l] == plain.dense_layers[l] - sum(
+            decoded_bytes(specs[n], DENSE_BYTES) - kept[n] for n in mine)
+        assert z.dense_scratch[l] == sum(decoded_bytes(specs[n], 2) for n in mine)
+    assert plain.dense_scratch == (0,) * s.n_layer
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset,mix", LAYER_PRESETS[:2])
+def test_the_gpu_load_with_layer_blocks_reads_as_the_decoded_load(tmp_path, preset, mix):
+    """On CUDA, `layer_blocks` keeps every layer matrix the pack holds as blocks (kept_bytes'
+    names) and decodes each layer's for its turn, to the bf16 values the decoded load holds:
+    the same logits bit for bit, and the load holds the plan's dense bytes less the two
+    transients (the head's slice, one layer's decode) up to the allocator's rounding."""
+    pk = _pack(tmp_path, preset, mix)
+    kept = kept_bytes(pk, "cuda", torch.bfloat16, layer_blocks=True)
+    z = model_sizes(pk.shape, kept=kept, act=torch.bfloat16)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    model = load_model(pk, device="cuda", dtype=torch.bfloat16, layer_blocks=True)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    head = kept["output.weight"] - _kept(pk)["output.weight"].nbytes
+    planned = sum(z.dense_layers) + z.dense_first + z.dense_last - head
+    assert planned <= held <= planned + 512 * (len(pk.dense_names()) + 1), (held, planned)
+    blocks = [t for lw in model.layers for t in _leaves(lw) if isinstance(t, BlockWeight)]
+    assert len(blocks) == sum(n.startswith("blk.") for n in kept)
+    plain = load_model(pk, device="cuda", dtype=torch.bfloat16)
+    tokens = torch.randint(0, pk.shape.vocab, (17,),
+                           generator=torch.Generator().manual_seed(3)).cuda()
+    provider = resident_provider(pk, device="cuda")
+    got = model.prefill(tokens, provider, chunk=8)
+    want = plain.prefill(tokens, provider, chunk=8)
+    assert not got.isnan().any() and torch.equal(got, want)
