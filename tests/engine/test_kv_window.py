@@ -35,6 +35,7 @@ from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.shapes import GptOssOptions, ModelShape, Window
+from tests.routing import clear_routing
 
 SHAPE = ModelShape("gpt-oss", n_layer=4, d_model=64, n_expert=4, top_k=2, d_expert=32,
                    n_head=4, n_kv_head=2, head_dim=16, vocab=128, opts=GptOssOptions(),
@@ -46,8 +47,10 @@ FLIPS_OF_BF16 = 0.1    # the windowed read's distance from the old one, in bf16 
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
+    """Drawn from seed 26: the GPU test holds bf16 reads to the fp32 reference, so no routing
+    near-tie (tests/routing.py; seed 0's gap is 0.0006)."""
     return synth_pack(tmp_path_factory.mktemp("p") / "oss.pack", SHAPE, ExpertFormats.of("Q8_0"),
-                      progress=False)
+                      seed=26, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,10 @@ def reference(pack, tokens):
     """fp32 dense weights and experts, the whole prompt as one chunk."""
     return load_model(pack, dtype=torch.float32, ffn=expert_ffn("ref")).prefill(
         tokens, resident_provider(pack), chunk=None)
+
+
+def test_the_prompt_routes_clear_of_ties(pack, tokens):
+    assert clear_routing(pack, tokens)
 
 
 def rel(a, b):

@@ -16,6 +16,7 @@ from strata.packs import Pack
 from strata.packs.synth import ExpertFormats, synth_pack
 from strata.planes import relayout_blob_
 from strata.shapes import get_preset
+from tests.routing import clear_routing
 
 SHAPE = get_preset("tiny")     # L=2, D=64, E=8, K=2, F=32
 BF16_Y_REL = 1e-2              # test_streaming.py's: the passes sum in fp32, resident rounds y
@@ -23,8 +24,15 @@ BF16_Y_REL = 1e-2              # test_streaming.py's: the passes sum in fp32, re
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
+    """Drawn from seed 9: the GPU test compares bf16 reads, so no routing near-tie
+    (tests/routing.py; seed 0's gap is 0.0027)."""
     fmts = [ExpertFormats.of("Q8_0"), ExpertFormats.of("Q4_0", down="Q8_0")]
-    return synth_pack(tmp_path_factory.mktemp("p") / "tiny.pack", SHAPE, fmts, progress=False)
+    return synth_pack(tmp_path_factory.mktemp("p") / "tiny.pack", SHAPE, fmts, seed=9,
+                      progress=False)
+
+
+def test_the_prompt_routes_clear_of_ties(pack, tokens):
+    assert clear_routing(pack, tokens)
 
 
 @pytest.fixture(scope="module")

@@ -178,6 +178,14 @@ def test_a_plain_head_beside_block_embeddings_counts_as_bf16():
     assert z.dense_first == 1000 and z.dense_last == plain.dense_last
 
 
+def _decoder_tables() -> None:
+    """The block decoders' value tables (126 KiB of IQ grids, made once a process per device on
+    the first decode: strata.formats.tables.device_table), made before a test counts what a load
+    allocates: the process's, not the load's (the RESERVE's allocator share)."""
+    from strata.formats.tables import device_table
+    device_table("iq", "cuda")
+
+
 @pytest.mark.gpu
 def test_the_gpu_load_allocates_what_the_plan_counts(tmp_path):
     """The dense bytes a CUDA load holds are the plan's dense bytes (model_sizes with
@@ -189,6 +197,7 @@ def test_the_gpu_load_allocates_what_the_plan_counts(tmp_path):
     q = _kept(pk)["output.weight"]
     planned = (sum(z.dense_layers) + z.dense_first + z.dense_last
                - (kept["output.weight"] - q.nbytes))                 # the slice: not at load
+    _decoder_tables()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     model = load_model(pk, device="cuda", dtype=torch.bfloat16)
@@ -315,6 +324,7 @@ def test_the_gpu_load_with_layer_blocks_reads_as_the_decoded_load(tmp_path, pres
     pk = _pack(tmp_path, preset, mix)
     kept = kept_bytes(pk, "cuda", torch.bfloat16, layer_blocks=True)
     z = model_sizes(pk.shape, kept=kept, act=torch.bfloat16)
+    _decoder_tables()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     model = load_model(pk, device="cuda", dtype=torch.bfloat16, layer_blocks=True)
