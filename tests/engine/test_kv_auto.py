@@ -244,14 +244,14 @@ def test_the_issues_long_prompt_plans_without_flags(capsys):
 
 def test_a_spilled_choice_says_why_in_one_clean_line(capsys):
     """`strata plan` of a 262K-token prompt through Qwen3.5 Q4_K_M on 12 GiB (issue 38 item 5's
-    rig, and 10.8 GiB): it plans, the KV spilled, and the auto line says why not all resident,
-    in words (not a dangling comma). On 10.8 GiB all resident fits only beside the fallback
+    rig, and 9.3 GiB): it plans, the KV spilled, and the auto line says why not all resident,
+    in words (not a dangling comma). On 9.3 GiB all resident fits only beside the fallback
     ring's smallest chunk (the fallback counts a slot's whole cost since 6fcd32b; before, it
-    found nothing fit); on 12 GiB, with the embeddings and head kept as Q4_K / Q6_K blocks
-    (1.1 GiB less than bf16), beside an 11,008-token chunk."""
+    found nothing fit); on 12 GiB, with the dense matrices kept as their Q4_K / Q6_K / Q8_0
+    blocks (1.96 GiB of dense against 4.56 as bf16), beside a 26,880-token chunk."""
     from strata.cli import main
-    for vram, why in (("10.8GiB", "1024 chunks of 256 tokens, not 8"),
-                      ("12GiB", "24 chunks of 11008 tokens, not 8")):
+    for vram, why in (("9.3GiB", "1024 chunks of 256 tokens, not 8"),
+                      ("12GiB", "10 chunks of 26880 tokens, not 8")):
         assert main(["plan", "--preset", "qwen3.5-35b-a3b", "--quant", "Q4_K_M", "--vram", vram,
                      "--prompt-tokens", "262144"]) == 0
         out = capsys.readouterr().out

@@ -170,15 +170,25 @@ def test_plane_chunks_never_read_the_device(pack, monkeypatch):
 @pytest.mark.gpu
 def test_plane_engine_on_the_gpu(pack, tokens, monkeypatch):
     """On CUDA the ring's relayouts run on their own stream after each copy lands, the passes
-    wait for them; the logits equal the resident fused kernel's, and no chunk syncs (the
-    device's own check, as tests/engine/test_syncs.py runs it)."""
+    wait for them, and no chunk syncs (the device's own check, as tests/engine/test_syncs.py
+    runs it). The logits are the decoded path's (the same bf16-rounded weights, passes summed
+    alike; measured equal on the H200 at 71f0861), within one bf16 step of their scale; the
+    resident fused kernel multiplies the blocks' exact values, so it differs from both by the
+    weights' bf16 rounding (0.0137 of the logits' scale here), and the plane read is as close
+    to the fp32 reference as it (0.0340 against 0.0314)."""
     from tests.engine.test_syncs import watched_chunks
+    ref = load_model(pack, device="cpu", dtype=torch.float32, ffn=expert_ffn("ref")).prefill(
+        tokens, resident_provider(pack, device="cpu"), chunk=8)
     model = load_model(pack, device="cuda", dtype=torch.bfloat16, ffn=expert_ffn("kernel"))
-    want = model.prefill(tokens.cuda(), resident_provider(pack, device="cuda"), chunk=8)
+    fused = model.prefill(tokens.cuda(), resident_provider(pack, device="cuda"), chunk=8)
     blob = Pack.open(pack).max_blob
-    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=16 * blob, max_prompt=64,
-                                           device="cuda", ffn="plane", ring=3, chunk=8,
-                                           dtype=torch.bfloat16))
+
+    def engine(ffn):
+        return PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=16 * blob, max_prompt=64,
+                                                device="cuda", ffn=ffn, ring=3, chunk=8,
+                                                dtype=torch.bfloat16))
+    decoded = engine("decoded").run(tokens).logits.float().cpu()
+    eng = engine("plane")
     snap = eng.cache.buffer.clone()
     try:
         with watched_chunks(monkeypatch, lambda: torch.cuda.set_sync_debug_mode("error"),
@@ -186,8 +196,10 @@ def test_plane_engine_on_the_gpu(pack, tokens, monkeypatch):
             res = eng.run(tokens)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert res.stats.bytes_streamed > 0
-    assert rel(res.logits.float(), want.float()) < BF16_Y_REL
+    got = res.logits.float().cpu()
+    assert res.stats.bytes_streamed > 0 and not got.isnan().any()
+    assert rel(got, decoded) <= 2 ** -8
+    assert rel(got, ref) <= 1.5 * rel(fused.float().cpu(), ref)
     assert torch.equal(eng.cache.buffer, snap)
 
 
