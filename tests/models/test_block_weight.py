@@ -342,3 +342,30 @@ def test_the_gpu_load_with_layer_blocks_reads_as_the_decoded_load(tmp_path, pres
     got = model.prefill(tokens, provider, chunk=8)
     want = plain.prefill(tokens, provider, chunk=8)
     assert not got.isnan().any() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("preset", ["tiny-deepseek2", "tiny-qwen35moe"])
+def test_a_layers_decode_allocates_what_the_plan_counts(tmp_path, preset, monkeypatch):
+    """The bytes each layer's turn decodes (its BlockWeights' decoded tensors, bf16) are the
+    plan's dense_scratch for that layer: model_sizes from kept_bytes, one count."""
+    from strata.archs.registry import get_arch
+    pk = _pack(tmp_path, preset)
+    s = pk.shape
+    model = get_arch(s.arch).build(s, _layer_blocks(pk, torch.bfloat16),
+                                   device=torch.device("cpu"), dtype=torch.bfloat16,
+                                   ffn=load_model(pk, device="cpu").ffn)
+    owner = {id(t): l for l, lw in enumerate(model.layers) for t in _leaves(lw)
+             if isinstance(t, BlockWeight)}
+    made = [0] * s.n_layer
+    decoded = BlockWeight.decoded
+
+    def count(self):
+        out = decoded(self)
+        made[owner[id(self)]] += out.numel() * out.element_size()
+        return out
+    monkeypatch.setattr(BlockWeight, "decoded", count)
+    tokens = torch.randint(0, s.vocab, (5,), generator=torch.Generator().manual_seed(4))
+    model.prefill(tokens, resident_provider(pk), chunk=8)
+    z = model_sizes(s, kept=kept_bytes(pk, "cuda", torch.bfloat16, layer_blocks=True),
+                    act=torch.bfloat16)
+    assert any(made) and tuple(made) == z.dense_scratch
