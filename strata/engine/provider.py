@@ -4,7 +4,9 @@ Legend: L layers, E experts, K top-k, T tokens, R ring slots, G experts per stre
 
 Every expert a layer needs is either in the expert cache (a slot of its own layer) or streamed
 host->device into a ring slot. The copy lane walks one queue of (layer, expert) items; item i
-goes to ring slot i % R once the compute that read that slot's previous item (i - R) is done.
+goes to ring slot i % R once the compute that read that slot's previous item (i - R) is done (a
+blob smaller than a slot, a mixed pack's, packed behind the one before it within its pass so
+that a run of them goes as one copy: _ring_offsets).
 The compute lane runs each layer in passes of at most G experts: the experts the cache holds
 first (nothing to wait for), then the streamed ones in queue order, sharing passes, each pass
 waiting only for its own copies. With G = R/2 the copies of the next pass land while this one
@@ -142,15 +144,15 @@ class StreamingProvider:
         while self.issued < limit:
             i = self.issued
             layer, e = self.queue[i]
-            s = i % self.R
             src = self.host.blob(layer, e)
             n = src.numel()
             j = self._run_end(i, limit, n)
             run = self.host.run(layer, e, j - i) if j - i > 1 else None
-            if run is not None:   # whole slots back to back: one copy of (j - i) blobs
-                src, dst = run, self.ring[s:s + j - i].view(-1)
+            off = self.offsets[i]
+            if run is not None:   # blobs back to back in the ring: one copy of (j - i) blobs
+                src, dst = run, self.arena[off:off + (j - i) * n]
             else:
-                j, dst = i + 1, self.ring[s, :n]
+                j, dst = i + 1, self.arena[off:off + n]
             # the run's slots were last read in queue order, so the last slot's reader is the
             # latest of them (compute-lane events fire in order)
             start, done = self.lane.copy_into(dst, src, after=self.slot_free[(j - 1) % self.R])
@@ -168,19 +170,37 @@ class StreamingProvider:
 
     def _run_end(self, i: int, limit: int, nbytes: int) -> int:
         """The end of the run of queue entries from i that one copy can carry: the same layer's
-        next experts, adjacent rows of its host blobs that fill whole ring slots, in slots that
-        do not wrap, and no further than the pass that copy i belongs to (a pass waits for its
-        last copy: a run into the next pass would hold it back). i + 1 without runs (the
-        STRATA_COPY_RUNS knob, or a relayout landing each blob); the host may still refuse a
-        run whose blobs are not one block (HostExperts.run)."""
-        if not self.runs or nbytes != self.stride:
+        next experts, adjacent rows of its host blobs that lie back to back in the ring
+        (_ring_offsets: whole slots, or a smaller blob's packed group), and no further than the
+        pass that copy i belongs to (a pass waits for its last copy: a run into the next pass
+        would hold it back). i + 1 without runs (the STRATA_COPY_RUNS knob, or a relayout
+        landing each blob); the host may still refuse a run whose blobs are not one block
+        (HostExperts.run)."""
+        if not self.runs:
             return i + 1
         layer, e = self.queue[i]
         j = i + 1
-        while (j < limit and j % self.R and j not in self.cuts
-               and self.queue[j] == (layer, e + j - i)):
+        while (j < limit and j not in self.cuts and self.queue[j] == (layer, e + j - i)
+               and self.offsets[j] == self.offsets[j - 1] + nbytes):
             j += 1
         return j
+
+    def _ring_offsets(self, a: int, b: int, nbytes: int, pass_of) -> list[int]:
+        """The arena offsets of queue entries a..b-1 (one layer's streamed blobs of `nbytes`):
+        entry i's ring slot i % R, except that, where copies run, a blob smaller than a slot
+        is packed behind the one before it in its group: the entries of one pass, consecutive
+        experts, slots that do not wrap. A group's blobs then lie back to back from its first
+        slot (one copy carries them, as whole slots' blobs do), each inside the group's own
+        slots at or before its own slot, whose last readers were read by one pass: so the slot
+        events (a copy waits for its last slot's previous reader) still order every byte."""
+        pack = self.runs and nbytes < self.stride and nbytes % ALIGN == 0
+        out, g = [], a
+        for i in range(a, b):
+            if (not pack or i == a or i % self.R == 0 or pass_of(i) != pass_of(i - 1)
+                    or self.queue[i][1] != self.queue[i - 1][1] + 1):
+                g = i                                  # a new group starts at its own slot
+            out.append(self.ring_base + (g % self.R) * self.stride + (i - g) * nbytes)
+        return out
 
     def _queue_layer(self, layer: int, experts) -> None:
         """Queue the layer's experts the cache lacks and cut the layer into passes of at most G
@@ -191,8 +211,11 @@ class StreamingProvider:
         self.queue.extend((layer, e) for e in experts if (layer, e) not in self.cache.index)
         b = len(self.queue)
         members = [(e, off, None) for e, off in self.cached_list[layer]]
-        members += [(self.queue[i][1], self.ring_base + (i % self.R) * self.stride, i)
-                    for i in range(a, b)]
+        c = len(members)    # member m (cached first, then the queue's) runs in pass m // G
+        offs = self._ring_offsets(a, b, self.host.blob(layer, 0).numel(),   # what _pump copies
+                                  lambda i: (c + i - a) // self.G)
+        self.offsets.extend(offs)
+        members += [(self.queue[i][1], offs[i - a], i) for i in range(a, b)]
         n_pass = -(-len(members) // self.G)
         # the table is filled as Python lists and becomes a tensor once: an element assignment
         # into a tensor costs microseconds, E of them a layer before the first copy is issued
@@ -226,6 +249,7 @@ class StreamingProvider:
         self.chunk_stats = ChunkStats(start=start, tokens=n_tokens, mode=self.chunk_mode,
                                       layers=self.moe_layers)
         self.queue: list[tuple[int, int]] = []
+        self.offsets: list[int] = []  # each queue entry's arena offset (_ring_offsets)
         self.cuts: set[int] = set()   # queue indices where a pass's copies end
         self.ready: list = []
         self.pass_tables: dict[int, tuple[torch.Tensor, list]] = {}
