@@ -64,7 +64,7 @@ from strata.kernels.moe.tiles import block_m_for, padded_rows
 from strata.memory.layout import Buf, LayoutSpec, Phase, PromptLayout, pass_experts
 from strata.memory.pool import SlabPool
 from strata.memory.sizes import Sizes
-from strata.models.block_weight import decoded_bytes
+from strata.models.block_weight import decoded_bytes, phase_of
 from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.models.layer_state import state_bytes, state_dtype
 from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats, mla_value_width
@@ -296,10 +296,14 @@ def layer_dense_bytes(shape: ModelShape, layer: int = 0,
 
 def layer_scratch_bytes(shape: ModelShape, layer: int, kept: Mapping[str, int],
                         itemsize: int) -> int:
-    """The bytes layer `layer`'s matrices kept as blocks take decoded for its turn
-    (strata.models.block_weight.decode_layer: each whole, in the dtype of `itemsize`)."""
-    return sum(decoded_bytes(shp, itemsize) for n, shp in layer_specs(shape, layer).items()
-               if n in kept)
+    """The bytes layer `layer`'s matrices kept as blocks take decoded for its turn: the larger
+    of its two phases (strata.models.block_weight.decode_phase, phase_of: each matrix whole,
+    in the dtype of `itemsize`)."""
+    per = {"attn": 0, "ffn": 0}
+    for n, shp in layer_specs(shape, layer).items():
+        if n in kept:
+            per[phase_of(n)] += decoded_bytes(shp, itemsize)
+    return max(per.values())
 
 
 def model_sizes(shape: ModelShape, *, block_m: int | None = None,

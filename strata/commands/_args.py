@@ -137,8 +137,9 @@ def add_budget_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dense-layers", choices=("blocks", "decoded"), default="blocks",
                    help="a layer's dense matrices the pack holds as GGUF blocks (attention, "
                         "MLA, shared experts, a leading dense FFN), on CUDA: blocks (kept so, "
-                        "each layer's decoded for its turn; the plan counts the blocks and the "
-                        "largest layer decoded) or decoded (decoded once at load, bf16). "
+                        "each layer's decoded for its turn, a phase at a time; the plan counts the "
+                        "blocks and the largest phase decoded) or decoded (decoded once at load, "
+                        "bf16). "
                         "Default blocks")
     g.add_argument("--delta", default=None, metavar="SPEC",
                    help="the linear-attention layers' delta-rule launch, as DeltaLaunch fields "

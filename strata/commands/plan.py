@@ -162,7 +162,7 @@ def _make_plan(args, dev: str):
     if pack is not None and pinned and dev == "cuda":
         flags["host"] = host_summary(pack)
     if kept:     # bytes on the GPU of each matrix kept as blocks (its blocks + the head's slice)
-        flags["blocks"] = kept    # and the largest layer's matrices decoded for its turn
+        flags["blocks"] = kept    # and the most a layer's turn holds decoded at once
         flags["decode_scratch"] = max(layout.sizes.dense_scratch, default=0)
     return name, plan, bud, flags, shape, why
 

@@ -121,7 +121,7 @@ def kept_bytes(pack, device_type: str, dtype: torch.dtype, *,
     holds it as blocks) takes on its GPU, by name: what dense_on_devices places, counted by
     block_matrix_bytes (the head's decode slice included; a tied pack's head is its
     embeddings, counted again, as the plan counts a head untied). The plan takes these
-    (strata.planning.model_sizes' `kept`, which adds a layer's decoded matrices for its turn);
+    (strata.planning.model_sizes' `kept`, which adds the most a layer's turn decodes at once);
     empty on the CPU, which decodes every matrix."""
     if device_type != "cuda" or not hasattr(pack, "dense_stored"):
         return {}

@@ -9,14 +9,15 @@ decodes SLICE_BYTES of rows at a time into a transient and multiplies each (the 
 slice beside the blocks: block_matrix_bytes).
 
 A layer's matrices (attention, MLA, shared experts, a leading dense FFN) are kept so too, and
-decoded whole for the layer's turn (decode_layer): a chunk multiplies each by all its T tokens, so
-one decode a chunk costs 1/T of the product's reads, and the plan counts one layer's decoded
-matrices (the largest layer's, decoded_bytes) once beside every layer's blocks.
+decoded whole for the layer's turn, one phase at a time (decode_phase: the attention's, then
+the rest's): a chunk multiplies each by all its T tokens, so one decode a chunk costs 1/T of the
+product's reads, and the plan counts the largest phase's decoded matrices (decoded_bytes) once
+beside every layer's blocks.
 
     w = BlockWeight("Q6_K", (V, D), raw_on_gpu, torch.bfloat16)
     x = w[tokens]                  # [T, D] dtype: the rows of tokens
     logits = w.matmul_t(h)         # [T, V]: h @ W.T, slice by slice
-    lw = decode_layer(layer)       # a layer's weights, its BlockWeights decoded (dtype)
+    lw = decode_phase(layer, "attn")   # a layer's weights, its attention's BlockWeights decoded
 
 Legend: V rows (vocabulary; a layer's matrix: R), D columns (hidden; whole blocks), T tokens.
 Decoded values are strata.kernels.dequant's (bit-exact fp32, then cast as torch casts), so a
@@ -108,19 +109,48 @@ class BlockWeight:
         return self._decode(self.raw)
 
 
-def decode_layer(lw):
+def decode_layer(lw, only=None):
     """A layer's weights (anything with `map(fn)`) with each BlockWeight decoded whole in its
-    dtype, the rest as they are; the layer itself where none is a BlockWeight. The caller drops
-    the result when the layer is done, so one layer's decoded matrices live at a time."""
+    dtype, the rest as they are; the layer itself where none is decoded. `only`: decode just
+    the BlockWeights for which only(w) is true (decode_phase's split). The caller drops the
+    result when it is done with it, so no more than one phase's decoded matrices live at once."""
     found = []
 
     def dec(t):
-        if isinstance(t, BlockWeight):
+        if isinstance(t, BlockWeight) and (only is None or only(t)):
             found.append(t)
             return t.decoded()
         return t
     out = lw.map(dec)
     return out if found else lw
+
+
+def decode_phase(lw, phase: str):
+    """Layer `lw` with the BlockWeights of one phase of its turn decoded: "attn", those of its
+    attention weights (`lw.attn`: q/k/v/o, MLA's, DeltaNet's), or "ffn", every other one (the
+    router, shared experts, a leading dense FFN). A turn decodes one phase, runs it, drops it,
+    then the other, so the larger phase bounds what it holds (phase_of names each tensor's
+    phase for the plan)."""
+    mine = {id(t) for t in _leaves(lw.attn) if isinstance(t, BlockWeight)}
+    if phase == "attn":
+        return decode_layer(lw, lambda t: id(t) in mine)
+    return decode_layer(lw, lambda t: id(t) not in mine)
+
+
+def phase_of(name: str) -> str:
+    """The phase of a layer's dense tensor `name` (blk.N.<part>) whose turn decodes it:
+    attention weights (attn_*, the DeltaNet's ssm_*; not the layer's attn_norm) "attn", the
+    rest "ffn". The plan's count of a turn's decode (strata.planning.layer_scratch_bytes);
+    a test holds it to what decode_phase decodes."""
+    part = name.split(".", 2)[2] if name.startswith("blk.") else name
+    return "attn" if part.startswith(("attn_", "ssm_")) and \
+        not part.startswith("attn_norm") else "ffn"
+
+
+def _leaves(obj) -> list:
+    seen = []
+    obj.map(lambda t: seen.append(t) or t)
+    return seen
 
 
 def matmul_t(x: torch.Tensor, w) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.models.attention import AttentionShape, AttentionWeights, attention
-from strata.models.block_weight import decode_layer, matmul_t
+from strata.models.block_weight import decode_phase, matmul_t
 from strata.models.decoder import Decoder
 from strata.models.kv import KVCache, kv_windows
 from strata.models.layers import on_device, rms_norm, shape_cos_sin
@@ -172,13 +172,14 @@ class MoeDecoder(Decoder):
     def layer(self, x: torch.Tensor, l: int, cos_sin, cache, provider: ExpertProvider,
               observer) -> torch.Tensor:
         """Layer l on hidden states x [T, D]: attention, then the FFN block, each residual. Its
-        matrices kept as blocks are decoded for this call only (decode_layer), so one layer's
-        decoded weights are alive at a time."""
-        s, lw = self.shape, decode_layer(self.layers[l])
+        matrices kept as blocks are decoded for one phase at a time (decode_phase: the
+        attention's for attend, the rest for mlp) and dropped when that phase returns."""
+        s, lw = self.shape, self.layers[l]
         cos, sin = cos_sin
-        x = x + self.attend(rms_norm(x, lw.attn_norm, s.rms_eps), lw, cos, sin, cache, l)
+        x = x + self.attend(rms_norm(x, lw.attn_norm, s.rms_eps), decode_phase(lw, "attn"),
+                            cos, sin, cache, l)
         h = rms_norm(x, lw.ffn_norm, s.rms_eps)
-        return x + self.mlp(h, lw, l, provider, observer).to(x.dtype)
+        return x + self.mlp(h, decode_phase(lw, "ffn"), l, provider, observer).to(x.dtype)
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, rot_dim] of positions `pos` (plain or YaRN, as the shape says)."""

@@ -251,34 +251,64 @@ def _leaves(lw) -> list:
     return seen
 
 
-def test_one_layers_decoded_matrices_live_at_a_time(tmp_path, monkeypatch):
-    """decode_layer's matrices are dropped when their layer is done: when a layer decodes, no
-    earlier layer's decoded matrix is alive (the plan counts one layer's, the largest)."""
+def _blocky(pk, dtype=torch.float32):
+    """The pack's model on the CPU with its layer matrices as BlockWeights (_layer_blocks), and
+    each BlockWeight's (layer, phase, name): phase "attn" where it is in the layer's attention
+    weights (decode_phase's split), the name by its blocks' storage."""
+    from strata.archs.registry import get_arch
+    s = pk.shape
+    tensors = _layer_blocks(pk, dtype)
+    model = get_arch(s.arch).build(s, tensors, device=torch.device("cpu"), dtype=dtype,
+                                   ffn=load_model(pk, device="cpu").ffn)
+    name = {t.raw.data_ptr(): n for n, t in tensors.items() if isinstance(t, BlockWeight)}
+    owner = {}
+    for l, lw in enumerate(model.layers):
+        attn = {id(t) for t in _leaves(lw.attn)}
+        for t in _leaves(lw):
+            if isinstance(t, BlockWeight):
+                owner[id(t)] = (l, "attn" if id(t) in attn else "ffn", name[t.raw.data_ptr()])
+    return model, owner
+
+
+def _watched_read(pk, model, owner, monkeypatch) -> list[int]:
+    """Read a prompt counting each layer's peak of live decoded bytes; at every decode no
+    matrix of another layer or of the other phase may be alive (reference counts only: the
+    cyclic GC off, as a GPU stream's allocator frees on the last reference)."""
     import gc
     import weakref
-    from strata.archs.registry import get_arch
-    pk = _pack(tmp_path, "tiny-deepseek2", "Q4_K_M")
-    s = pk.shape
-    model = get_arch(s.arch).build(s, _layer_blocks(pk), device=torch.device("cpu"),
-                                   dtype=torch.float32, ffn=load_model(pk, device="cpu").ffn)
-    owner = {id(t): l for l, lw in enumerate(model.layers) for t in _leaves(lw)
-             if isinstance(t, BlockWeight)}
-    alive: list = []           # (layer, weakref of a decoded matrix)
+    alive: list = []           # ((layer, phase), weakref, bytes)
+    peak = [0] * pk.shape.n_layer
     decoded = BlockWeight.decoded
-    gc.disable()               # only reference counts free them, as on the GPU's stream
+
+    def watch(self):
+        l, phase, _ = owner[id(self)]
+        assert not [k for k, r, _ in alive if k != (l, phase) and r() is not None], (l, phase)
+        out = decoded(self)
+        alive.append(((l, phase), weakref.ref(out), out.numel() * out.element_size()))
+        live = sum(b for k, r, b in alive if k == (l, phase) and r() is not None)
+        peak[l] = max(peak[l], live)
+        return out
+    monkeypatch.setattr(BlockWeight, "decoded", watch)
+    gc.disable()
     try:
-        def watch(self):
-            l = owner[id(self)]
-            assert not [m for m, r in alive if m != l and r() is not None], l
-            out = decoded(self)
-            alive.append((l, weakref.ref(out)))
-            return out
-        monkeypatch.setattr(BlockWeight, "decoded", watch)
-        tokens = torch.randint(0, s.vocab, (9,), generator=torch.Generator().manual_seed(2))
+        tokens = torch.randint(0, pk.shape.vocab, (9,), generator=torch.Generator().manual_seed(2))
         model.prefill(tokens, resident_provider(pk), chunk=8)
     finally:
         gc.enable()
-    assert {l for l, _ in alive} == set(owner.values())
+    assert {k for k, _, _ in alive} == {(l, p) for l, p, _ in owner.values()}
+    return peak
+
+
+def test_one_phases_decoded_matrices_live_at_a_time(tmp_path, monkeypatch):
+    """decode_phase's matrices are dropped when their phase is done: when a matrix decodes, no
+    other layer's nor the other phase's decoded matrix is alive (the plan counts one phase's,
+    the largest), and phase_of names each matrix's phase as the model splits them."""
+    from strata.models.block_weight import phase_of
+    pk = _pack(tmp_path, "tiny-deepseek2", "Q4_K_M")
+    model, owner = _blocky(pk)
+    _watched_read(pk, model, owner, monkeypatch)
+    assert {p for _, p, _ in owner.values()} == {"attn", "ffn"}
+    assert all(phase_of(n) == p for _, p, n in owner.values())
 
 
 def test_decode_layer_passes_a_layer_without_blocks():
@@ -293,9 +323,10 @@ def test_decode_layer_passes_a_layer_without_blocks():
 def test_the_plan_counts_a_layers_blocks_and_its_decode(tmp_path, preset):
     """With layer blocks, kept_bytes names every layer matrix the pack holds as blocks at its
     blocks' bytes; model_sizes counts them in their layer's dense bytes in place of bf16 and
-    each layer's decoded matrices (decoded_bytes in the dense dtype) as its scratch."""
+    each layer's larger phase of decoded matrices (decoded_bytes in the dense dtype, phase_of)
+    as its scratch."""
     from strata.archs.names import layer_specs
-    from strata.models.block_weight import decoded_bytes
+    from strata.models.block_weight import decoded_bytes, phase_of
     pk = _pack(tmp_path, preset)
     s = pk.shape
     kept = kept_bytes(pk, "cuda", torch.bfloat16, layer_blocks=True)
@@ -310,7 +341,8 @@ def test_the_plan_counts_a_layers_blocks_and_its_decode(tmp_path, preset):
         mine = [n for n in specs if n in lay]
         assert z.dense_layers[l] == plain.dense_layers[l] - sum(
             decoded_bytes(specs[n], DENSE_BYTES) - kept[n] for n in mine)
-        assert z.dense_scratch[l] == sum(decoded_bytes(specs[n], 2) for n in mine)
+        assert z.dense_scratch[l] == max(sum(decoded_bytes(specs[n], 2) for n in mine
+                                             if phase_of(n) == p) for p in ("attn", "ffn"))
     assert plain.dense_scratch == (0,) * s.n_layer
 
 
@@ -344,28 +376,18 @@ def test_the_gpu_load_with_layer_blocks_reads_as_the_decoded_load(tmp_path, pres
     assert not got.isnan().any() and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("preset", ["tiny-deepseek2", "tiny-qwen35moe"])
+@pytest.mark.parametrize("preset", ["tiny-deepseek2", "tiny-qwen35moe", "tiny-gpt-oss",
+                                    "tiny-minimax-m2"])
 def test_a_layers_decode_allocates_what_the_plan_counts(tmp_path, preset, monkeypatch):
-    """The bytes each layer's turn decodes (its BlockWeights' decoded tensors, bf16) are the
-    plan's dense_scratch for that layer: model_sizes from kept_bytes, one count."""
-    from strata.archs.registry import get_arch
-    pk = _pack(tmp_path, preset)
-    s = pk.shape
-    model = get_arch(s.arch).build(s, _layer_blocks(pk, torch.bfloat16),
-                                   device=torch.device("cpu"), dtype=torch.bfloat16,
-                                   ffn=load_model(pk, device="cpu").ffn)
-    owner = {id(t): l for l, lw in enumerate(model.layers) for t in _leaves(lw)
-             if isinstance(t, BlockWeight)}
-    made = [0] * s.n_layer
-    decoded = BlockWeight.decoded
-
-    def count(self):
-        out = decoded(self)
-        made[owner[id(self)]] += out.numel() * out.element_size()
-        return out
-    monkeypatch.setattr(BlockWeight, "decoded", count)
-    tokens = torch.randint(0, s.vocab, (5,), generator=torch.Generator().manual_seed(4))
-    model.prefill(tokens, resident_provider(pk), chunk=8)
-    z = model_sizes(s, kept=kept_bytes(pk, "cuda", torch.bfloat16, layer_blocks=True),
+    """The most each layer's turn holds decoded at once (bf16) is the plan's dense_scratch for
+    that layer (model_sizes from kept_bytes, its phases by phase_of): one count; and phase_of
+    agrees with the model's split for every matrix of these wirings."""
+    from strata.models.block_weight import phase_of
+    mix = "MXFP4_MOE" if preset == "tiny-gpt-oss" else "Q4_K_M"
+    pk = _pack(tmp_path, preset, mix)
+    model, owner = _blocky(pk, torch.bfloat16)
+    peak = _watched_read(pk, model, owner, monkeypatch)
+    z = model_sizes(pk.shape, kept=kept_bytes(pk, "cuda", torch.bfloat16, layer_blocks=True),
                     act=torch.bfloat16)
-    assert any(made) and tuple(made) == z.dense_scratch
+    assert any(peak) and tuple(peak) == z.dense_scratch
+    assert all(phase_of(n) == p for _, p, n in owner.values())
