@@ -296,14 +296,20 @@ def layer_dense_bytes(shape: ModelShape, layer: int = 0,
 
 def layer_scratch_bytes(shape: ModelShape, layer: int, kept: Mapping[str, int],
                         itemsize: int) -> int:
-    """The bytes layer `layer`'s matrices kept as blocks take decoded for its turn: the larger
-    of its two phases (strata.models.block_weight.decode_phase, phase_of: each matrix whole,
-    in the dtype of `itemsize`)."""
+    """The most layer `layer`'s matrices kept as blocks hold decoded at once in its turn: the
+    larger of its two phases (strata.models.block_weight.decode_phase, phase_of: each matrix
+    whole, in the dtype of `itemsize`), the FFN phase's own matrices plus the largest of those
+    its dense FFNs decode one at a time."""
     per = {"attn": 0, "ffn": 0}
+    each = [0]
     for n, shp in layer_specs(shape, layer).items():
         if n in kept:
-            per[phase_of(n)] += decoded_bytes(shp, itemsize)
-    return max(per.values())
+            ph = phase_of(n)
+            if ph == "ffn_each":
+                each.append(decoded_bytes(shp, itemsize))
+            else:
+                per[ph] += decoded_bytes(shp, itemsize)
+    return max(per["attn"], per["ffn"] + max(each))
 
 
 def model_sizes(shape: ModelShape, *, block_m: int | None = None,

@@ -128,23 +128,34 @@ def decode_layer(lw, only=None):
 def decode_phase(lw, phase: str):
     """Layer `lw` with the BlockWeights of one phase of its turn decoded: "attn", those of its
     attention weights (`lw.attn`: q/k/v/o, MLA's, DeltaNet's), or "ffn", every other one (the
-    router, shared experts, a leading dense FFN). A turn decodes one phase, runs it, drops it,
-    then the other, so the larger phase bounds what it holds (phase_of names each tensor's
-    phase for the plan)."""
+    router...) but those of a part that `decodes_itself` (strata.models.ffn.DenseFFN: a
+    leading dense FFN, shared experts), which decodes each matrix just before its product. A
+    turn decodes one phase, runs it, drops it, then the other, so the larger phase bounds what
+    it holds (phase_of names each tensor's phase for the plan)."""
     mine = {id(t) for t in _leaves(lw.attn) if isinstance(t, BlockWeight)}
     if phase == "attn":
         return decode_layer(lw, lambda t: id(t) in mine)
-    return decode_layer(lw, lambda t: id(t) not in mine)
+    own = {id(t) for v in vars(lw).values() if getattr(v, "decodes_itself", False)
+           for t in _leaves(v)}
+    return decode_layer(lw, lambda t: id(t) not in mine and id(t) not in own)
+
+
+def dense(w) -> torch.Tensor:
+    """A weight as a tensor: a BlockWeight decoded whole (its dtype), a tensor as it is."""
+    return w.decoded() if isinstance(w, BlockWeight) else w
 
 
 def phase_of(name: str) -> str:
     """The phase of a layer's dense tensor `name` (blk.N.<part>) whose turn decodes it:
-    attention weights (attn_*, the DeltaNet's ssm_*; not the layer's attn_norm) "attn", the
-    rest "ffn". The plan's count of a turn's decode (strata.planning.layer_scratch_bytes);
-    a test holds it to what decode_phase decodes."""
+    attention weights (attn_*, the DeltaNet's ssm_*; not the layer's attn_norm) "attn"; a
+    dense FFN's or the shared experts' matrices (ffn_{gate,up,down}[_shexp]), decoded one at a
+    time inside the FFN phase, "ffn_each"; the rest "ffn". The plan's count of a turn's
+    decode (strata.planning.layer_scratch_bytes); a test holds it to what the turn decodes."""
     part = name.split(".", 2)[2] if name.startswith("blk.") else name
-    return "attn" if part.startswith(("attn_", "ssm_")) and \
-        not part.startswith("attn_norm") else "ffn"
+    if part.startswith(("attn_", "ssm_")) and not part.startswith("attn_norm"):
+        return "attn"
+    stem = part.removesuffix(".weight").removesuffix("_shexp")
+    return "ffn_each" if stem in ("ffn_gate", "ffn_up", "ffn_down") else "ffn"
 
 
 def _leaves(obj) -> list:

@@ -10,6 +10,10 @@ strata.planning.layer_dense_bytes), not blobs pinned in the expert cache: every 
 chunk reads them, so streaming them would cost their bytes per layer per chunk, and a pinned
 blob would still need a second GEMM launch over all T rows; resident bf16 they are one dense
 matmul on the activations' dtype, like the attention projections.
+
+Kept as GGUF blocks on the GPU (strata.models.block_weight), each matrix is decoded just before
+its product and dropped after it (`decodes_itself`: a layer's turn leaves them to the FFN), so a
+leading dense layer's turn holds one of its three matrices decoded, not all three.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from strata.models.block_weight import dense
+
 
 @dataclass
 class DenseFFN:
@@ -25,8 +31,12 @@ class DenseFFN:
     up: torch.Tensor     # [F, D]
     down: torch.Tensor   # [D, F]
 
+    decodes_itself = True    # a layer's turn leaves its BlockWeights to __call__ (decode_phase)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return (F.silu(x @ self.gate.t()) * (x @ self.up.t())) @ self.down.t()
+        a = F.silu(x @ dense(self.gate).t())           # one matrix decoded at a time
+        a = a * (x @ dense(self.up).t())
+        return a @ dense(self.down).t()
 
     def map(self, fn) -> "DenseFFN":
         return DenseFFN(fn(self.gate), fn(self.up), fn(self.down))
