@@ -15,8 +15,9 @@ the assembler that knows both (strata.planning.model_sizes):
                            it is resident, and always for a sliding layer)
     dense_layer            one layer's dense weight bytes (every layer's, unless dense_layers)
     dense_layers           per layer, when layers differ (a leading dense FFN, shared experts)
-    dense_scratch          per layer, the bytes its dense matrices kept as blocks take decoded
-                           for its turn (one layer's at a time: a GPU holds its layers' largest)
+    dense_scratch          per layer, the most its dense matrices kept as blocks hold decoded at
+                           once in its turn (one layer's turn at a time: a GPU holds the largest
+                           of its layers')
     dense_first            dense bytes only the first GPU holds (token embeddings)
     dense_last             dense bytes only the last GPU holds (output norm, LM head)
     n_layer, n_expert, top_k   the routing facts the ring and the cache need (L, E, K)
@@ -54,8 +55,8 @@ class Sizes:
 
     def gpu_dense(self, layers: Iterable[int], first: bool, last: bool) -> int:
         """Dense bytes a GPU holding `layers` needs: their weights, the largest of their decode
-        scratches (one layer decoded at a time), and the embeddings (`first`) and head
-        (`last`) where it holds them."""
+        scratches (one layer's turn at a time), and the embeddings (`first`) and head (`last`)
+        where it holds them."""
         layers = list(layers)
         return (sum(self.layer_dense(l) for l in layers)
                 + max((self.dense_scratch[l] for l in layers if self.dense_scratch), default=0)
