@@ -32,11 +32,14 @@ def test_bench_rows_csv_and_json(pack, capsys, tmp_path):
         assert (r["chunk"], r["ring"]) == (32, 2) and r["bytes_streamed"] > 0
         assert r["pcie_bound_tokens_per_s"] > 0 and r["warmup_s"] > 0
         assert r["planned_for"] == 70 and r["cache_bytes"] > 0   # one engine, planned for 70
+        assert r["dense_layers"] == ""        # the CPU decodes every matrix: none kept as blocks
     trace = json.loads((tmp_path / "b.json").read_text())
     assert {e.get("cat") for e in trace["traceEvents"]} >= {"copy", "compute", "passes"}
-    assert main(["bench", pack, "-p", "40", "-r", "1", "-o", "csv", "--no-warmup", *STREAM]) == 0
+    assert main(["bench", pack, "-p", "40", "-r", "1", "-o", "csv", "--no-warmup", *STREAM,
+                 "--dense-layers", "decoded"]) == 0
     got = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(got) == 1 and got[0]["test"] == "pp40" and float(got[0]["warmup_s"]) == 0.0
+    assert got[0]["dense_layers"] == "decoded"
     assert main(["bench", pack, "-p", "40", "-r", "1", *STREAM]) == 0
     out = capsys.readouterr().out
     assert "| pp40 |" in out and "compute floor by part" not in out   # no rates on the CPU

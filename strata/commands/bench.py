@@ -44,7 +44,8 @@ from strata.units import fmt_bytes
 FORMATS = ("md", "csv", "json")
 FLOOR_PARTS = ("experts", "attention", "linear", "dense")     # strata.bench.roofline's
 PART_COLUMNS = [f"floor_{k}_s" for k in FLOOR_PARTS]
-COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "prefix_attention", "planned_for",
+COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "prefix_attention", "dense_layers",
+           "planned_for",
            "cache_bytes", "test", "n_tokens", "chunk", "ring", "reps",
            "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "kv_streamed",
            "h2d_gbps", "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s",
@@ -145,6 +146,10 @@ def run(args) -> int:
             # a later chunk's prefix through the engine's KV: chunk_attention or blocks
             # (attention/flash_prefix); empty where no route applies (prompt_plan.prefix_path)
             "prefix_attention": prefix_path(engine.shape, engine.cfg, engine.device.type) or "",
+            # the layers' block-format matrices: kept as blocks (the plan counts a turn's
+            # decode: Sizes.dense_scratch), decoded at load, or none to keep ("")
+            "dense_layers": ("blocks" if any(engine.sizes.dense_scratch) else
+                             "decoded" if cfg.dense_layers == "decoded" else ""),
             # one engine reads every -p length, planned for the longest (--max-prompt): a
             # shorter prompt runs under that plan's smaller expert cache, so its row says which
             "planned_for": cfg.max_prompt, "cache_bytes": cache_bytes,
