@@ -13,6 +13,7 @@ fill whole: fewer host calls a read, the same bytes in the same slots. The invar
 Rings of 3 (one expert a pass), 5, 6 and 8 (a whole layer a pass) slots, stream and stage mode.
 """
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 
 from strata.engine.observe import EngineObserver
@@ -124,3 +125,41 @@ def test_a_layer_smaller_than_the_slot_runs_packed(mixed, ring, slots, stage, mo
     assert sum(c.copies for c in on.stats.chunks) == sum(r[2] for r in runs)
     if ring >= 5 and not stage:
         assert any(r[2] > 1 for r in small) and any(r[2] > 1 for r in runs if r[0] == 1)
+
+
+def _offsets(R, stride, nbytes, G, cached, experts, runs=True):
+    """StreamingProvider._ring_offsets on a bare state: one layer's streamed `experts` queued
+    after `cached` cached ones, passes of G members."""
+    from types import SimpleNamespace
+    me = SimpleNamespace(runs=runs, stride=stride, R=R, ring_base=0,
+                         queue=[(0, e) for e in experts])
+    offs = StreamingProvider._ring_offsets(me, 0, len(experts), nbytes,
+                                           lambda i: (cached + i) // G)
+    return offs, (lambda i: (cached + i) // G)
+
+
+@settings(max_examples=300, deadline=None)
+@given(R=st.integers(1, 12), slot_blocks=st.integers(1, 8), blob_blocks=st.integers(1, 8),
+       cached=st.integers(0, 5), data=st.data())
+def test_packed_offsets_stay_in_their_pass_and_the_ring(R, slot_blocks, blob_blocks, cached,
+                                                        data):
+    """For any ring, slot and blob size, pass size and routed experts: every blob's bytes start
+    256-aligned, lie inside the ring, only in slots of its own pass's entries at or before its
+    own, and overlap no other blob of the same ring cycle; blobs of whole slots sit in their
+    own slot."""
+    stride, nbytes = 256 * slot_blocks, 256 * min(blob_blocks, slot_blocks)
+    G = data.draw(st.integers(1, max(1, R)))
+    experts = sorted(data.draw(st.sets(st.integers(0, 40), min_size=1, max_size=3 * R)))
+    offs, pass_of = _offsets(R, stride, nbytes, G, cached, experts)
+    for i, off in enumerate(offs):
+        assert off % 256 == 0 and 0 <= off and off + nbytes <= R * stride
+        if nbytes == stride:
+            assert off == (i % R) * stride
+        for x in range(off // stride, (off + nbytes - 1) // stride + 1):
+            m = i - (i % R - x)                       # the entry whose slot x is, this cycle
+            assert m <= i and pass_of(m) == pass_of(i), (i, x)
+    for c in range(0, len(offs), R):                  # one ring cycle: no two blobs overlap
+        spans = sorted((o, o + nbytes) for o in offs[c:c + R])
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    no_runs, _ = _offsets(R, stride, nbytes, G, cached, experts, runs=False)
+    assert no_runs == [(i % R) * stride for i in range(len(experts))]
