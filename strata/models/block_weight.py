@@ -125,18 +125,32 @@ def decode_layer(lw, only=None):
     return out if found else lw
 
 
-def decode_phase(lw, phase: str):
+def phase_split(lw):
+    """decode_phase's split of layer `lw`, made once a layer: (ids of its attention weights'
+    BlockWeights, ids of those a part that `decodes_itself` holds), or None where the layer
+    holds no BlockWeight (its turn then decodes nothing and costs nothing)."""
+    if not any(isinstance(t, BlockWeight) for t in _leaves(lw)):
+        return None
+    mine = {id(t) for t in _leaves(lw.attn) if isinstance(t, BlockWeight)}
+    own = {id(t) for v in vars(lw).values() if getattr(v, "decodes_itself", False)
+           for t in _leaves(v)}
+    return mine, own
+
+
+def decode_phase(lw, phase: str, split=False):
     """Layer `lw` with the BlockWeights of one phase of its turn decoded: "attn", those of its
     attention weights (`lw.attn`: q/k/v/o, MLA's, DeltaNet's), or "ffn", every other one (the
     router...) but those of a part that `decodes_itself` (strata.models.ffn.DenseFFN: a
     leading dense FFN, shared experts), which decodes each matrix just before its product. A
     turn decodes one phase, runs it, drops it, then the other, so the larger phase bounds what
-    it holds (phase_of names each tensor's phase for the plan)."""
-    mine = {id(t) for t in _leaves(lw.attn) if isinstance(t, BlockWeight)}
+    it holds (phase_of names each tensor's phase for the plan). `split`: the layer's
+    phase_split (made here when not given); None: nothing to decode, `lw` itself."""
+    split = phase_split(lw) if split is False else split
+    if split is None:
+        return lw
+    mine, own = split
     if phase == "attn":
         return decode_layer(lw, lambda t: id(t) in mine)
-    own = {id(t) for v in vars(lw).values() if getattr(v, "decodes_itself", False)
-           for t in _leaves(v)}
     return decode_layer(lw, lambda t: id(t) not in mine and id(t) not in own)
 
 

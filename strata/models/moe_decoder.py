@@ -27,7 +27,7 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.models.attention import AttentionShape, AttentionWeights, attention
-from strata.models.block_weight import decode_phase, matmul_t
+from strata.models.block_weight import decode_phase, matmul_t, phase_split
 from strata.models.decoder import Decoder
 from strata.models.kv import KVCache, kv_windows
 from strata.models.layers import on_device, rms_norm, shape_cos_sin
@@ -75,6 +75,8 @@ class MoeDecoder(Decoder):
     def __init__(self, shape: ModelShape, tok_embd: torch.Tensor, layers: list,
                  out_norm: torch.Tensor, lm_head: torch.Tensor, *, ffn: ExpertFFN | None = None):
         self.shape, self.tok_embd, self.layers = shape, tok_embd, layers
+        # each layer's decode split, made once (None: no matrix kept as blocks, nothing to do)
+        self.splits = [phase_split(lw) for lw in layers]
         self.out_norm, self.lm_head = out_norm, lm_head
         self.ffn: ExpertFFN = ffn if ffn is not None else expert_ffn("kernel")
         self.attn_shape = AttentionShape(shape.n_head, shape.n_kv_head, shape.head_dim,
@@ -174,12 +176,13 @@ class MoeDecoder(Decoder):
         """Layer l on hidden states x [T, D]: attention, then the FFN block, each residual. Its
         matrices kept as blocks are decoded for one phase at a time (decode_phase: the
         attention's for attend, the rest for mlp) and dropped when that phase returns."""
-        s, lw = self.shape, self.layers[l]
+        s, lw, split = self.shape, self.layers[l], self.splits[l]
         cos, sin = cos_sin
-        x = x + self.attend(rms_norm(x, lw.attn_norm, s.rms_eps), decode_phase(lw, "attn"),
-                            cos, sin, cache, l)
+        x = x + self.attend(rms_norm(x, lw.attn_norm, s.rms_eps),
+                            decode_phase(lw, "attn", split), cos, sin, cache, l)
         h = rms_norm(x, lw.ffn_norm, s.rms_eps)
-        return x + self.mlp(h, decode_phase(lw, "ffn"), l, provider, observer).to(x.dtype)
+        return x + self.mlp(h, decode_phase(lw, "ffn", split), l, provider,
+                            observer).to(x.dtype)
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, rot_dim] of positions `pos` (plain or YaRN, as the shape says)."""
