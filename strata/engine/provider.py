@@ -193,10 +193,11 @@ class StreamingProvider:
         slot (one copy carries them, as whole slots' blobs do), each inside the group's own
         slots at or before its own slot, whose last readers were read by one pass: so the slot
         events (a copy waits for its last slot's previous reader) still order every byte."""
-        pack = self.runs and nbytes < self.stride and nbytes % ALIGN == 0
+        if not (self.runs and nbytes < self.stride and nbytes % ALIGN == 0):
+            return [self.ring_base + (i % self.R) * self.stride for i in range(a, b)]
         out, g = [], a
         for i in range(a, b):
-            if (not pack or i == a or i % self.R == 0 or pass_of(i) != pass_of(i - 1)
+            if (i == a or i % self.R == 0 or pass_of(i) != pass_of(i - 1)
                     or self.queue[i][1] != self.queue[i - 1][1] + 1):
                 g = i                                  # a new group starts at its own slot
             out.append(self.ring_base + (g % self.R) * self.stride + (i - g) * nbytes)
