@@ -107,6 +107,7 @@ def _detok(pack, ids: list[int]) -> str | None:
 def _run_resident(args, pack, io, pick) -> dict:
     from strata.engine.generate import decode, decode_bound
     from strata.kernels.attention.kv_int8 import resolve_kv
+    from strata.engine.engine_config import layer_blocks
     from strata.engine.load import load_model, resident_provider, resolve_device
     device = resolve_device(args.device)
     dtype = ((torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -114,7 +115,8 @@ def _run_resident(args, pack, io, pick) -> dict:
     kv = resolve_kv(args.kv, dtype)
     io.check_kv(kv)
     ffn = resolve_experts(args.experts, device.type)
-    model = load_model(pack, device=device, dtype=dtype, ffn=ffn.forward())
+    model = load_model(pack, device=device, dtype=dtype, ffn=ffn.forward(),
+                       layer_blocks=layer_blocks(args))
     provider = resident_provider(pack, device)
     cache = model.new_cache(capacity=io.total, kv=kv)
     io.restore(cache)

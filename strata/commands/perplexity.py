@@ -256,6 +256,7 @@ def resident_reader(args, pack, windows) -> Reader:
     from strata.commands.prefill import make_provider, resident_device
     from strata.engine.finite import FiniteGuard
     from strata.kernels.attention.kv_int8 import resolve_kv
+    from strata.engine.engine_config import layer_blocks
     from strata.engine.load import load_model, resolve_device
     from strata.models.moe import ffn_named
 
@@ -268,7 +269,8 @@ def resident_reader(args, pack, windows) -> Reader:
         if args.dtype == "auto" else DTYPES[args.dtype]
     guard = FiniteGuard()
     ffn = resolve_experts(args.experts, device.type)
-    model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(ffn.forward()))
+    model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(ffn.forward()),
+                       layer_blocks=layer_blocks(args))
     _, provider = make_provider(args, pack, device)
     kv = resolve_kv(args.kv, dtype)
 

@@ -212,6 +212,7 @@ def resident_device(args) -> str | None:
 
 
 def run(args) -> int:
+    from strata.engine.engine_config import layer_blocks
     from strata.engine.finite import FiniteGuard
     from strata.engine.load import load_model, resolve_device
     from strata.models.moe import ffn_named
@@ -261,7 +262,8 @@ def run(args) -> int:
     tokens = io.new
     ffn = resolve_experts(args.experts, device.type)
     guard = FiniteGuard()
-    model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(ffn.forward()))
+    model = load_model(pack, device=device, dtype=dtype, ffn=guard.wrap(ffn.forward()),
+                       layer_blocks=layer_blocks(args))
     provider_name, provider = make_provider(args, pack, device)
 
     T = len(tokens)
@@ -295,8 +297,7 @@ def run(args) -> int:
         bar.close()
 
     res = ResidentReport(pack=str(args.pack), arch=pack.shape.arch, device=str(device),
-                         dtype=str(dtype).replace("torch.", ""), kv=kv,
-                         kv_bytes=cache.vram_bytes,
+                         dtype=str(dtype).replace("torch.", ""), kv=kv, kv_bytes=cache.vram_bytes,
                          kv_plan_bytes=sum(pack.shape.kv_bytes(
                              layer_kv_tokens(T, w)[0], kv) for w in kv_windows(pack.shape)),
                          experts=ffn.name, provider=provider_name,
@@ -414,8 +415,7 @@ def refuse_unfit_plan(pack, cfg, n_tokens: int) -> None:
     dev = resolve_device((cfg.devices or default_devices(cfg.device, len(cfg.vram)))[0])
     blobs = [pl.blob_size for pl in pack.layers]
     kept = kept_bytes(pack, dev.type, dense_dtype(cfg, dev.type), layer_blocks=layer_blocks(cfg))
-    parts, _, layout, fused = plan_inputs(pack.shape, blobs, pack.native, cfg, dev.type,
-                                          kept=kept)
+    parts, _, layout, fused = plan_inputs(pack.shape, blobs, pack.native, cfg, dev.type, kept=kept)
     pinned = cfg.pin or dev.type != "cuda"
     plan = plan_prompt(layout, parts, cfg, pinned=pinned, fused=fused, native=pack.native,
                        n_tokens=n_tokens)

@@ -78,9 +78,10 @@ def dense_dtype(cfg: EngineConfig, device_type: str) -> torch.dtype:
     return cfg.dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
 
 
-def layer_blocks(cfg: EngineConfig) -> bool:
-    """Whether the engine keeps a layer's block-format matrices as blocks (--dense-layers):
-    the load (strata.engine.load.load_model) and the plan's count (kept_bytes) both ask."""
+def layer_blocks(cfg) -> bool:
+    """Whether a read keeps a layer's block-format matrices as blocks (--dense-layers): the
+    load (strata.engine.load.load_model) and the plan's count (kept_bytes) both ask. `cfg`: an
+    EngineConfig, or the parsed flags of an all-resident read (both carry dense_layers)."""
     return cfg.dense_layers == "blocks"
 
 
