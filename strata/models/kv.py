@@ -168,10 +168,11 @@ class PromptKV:
     kv_expand_v / attn_state buffers, strata.planning.KV_EXPAND_BUFS; absent: the launcher
     allocates its own). A bf16 prefix where attention blocks beat chunk_attention (cuDNN's from
     hd 128 on Hopper, FlashAttention-2's past hd 128 elsewhere: strata.kernels.attention.
-    flash_prefix.prefix_route) goes to those blocks merged by their log-sum-exp,
-    `flash_state[layer]` then the layout's attn_flash buffer (apart from `scratch`: a chunk of
-    such a layer that goes to chunk_attention after all, packed sequences or a window, runs
-    with the launcher's own buffers, which a bf16 prefix does not need).
+    flash_prefix.prefix_route) goes to those blocks merged by their log-sum-exp (a full
+    layer's sinks folded in after the merge, its first chunk too), `flash_state[layer]` then
+    the layout's attn_flash buffer (apart from `scratch`: a chunk of such a layer that goes to
+    chunk_attention after all, packed sequences or a window, runs with the launcher's own
+    buffers, which a bf16 prefix does not need).
 
     MLA (DeepSeek-V3, Kimi-K2: `attend_latent`): one "head" whose key is the normed latent c
     (head_dim = Lkv) and whose value is the rotated rope key (value_dim = R), the format of the
@@ -348,9 +349,10 @@ class PromptKV:
                 prefix.append(self._segment(self.resident[layer], P - n_host))
         if not prefix and not extra and q.is_cuda and attention_impl(q.device) == "triton":
             o = first_chunk_attention(q, k, v)
-        elif prefix and self.flash_prefix(q, extra):
+        elif (prefix or extra) and self.flash_prefix(q, extra):
             o = prefix_flash_attention(q, k, v, prefix, state=self.flash_state.get(layer),
-                                       route=prefix_route(q.shape[-1], self.kv))
+                                       route=prefix_route(q.shape[-1], self.kv),
+                                       sinks=extra.get("sinks"))
         else:
             fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
             o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
@@ -363,10 +365,12 @@ class PromptKV:
     def flash_prefix(self, q: torch.Tensor, extra: dict) -> bool:
         """Whether a later chunk of q's width attends its prefix by flash blocks
         (strata.kernels.attention.flash_prefix.prefix_route: bf16 KV at its widths; CUDA, the
-        Triton attention in force, no window, sinks or packed sequences)."""
+        Triton attention in force, no window or packed sequences). A layer with sinks and no
+        window takes them from its first chunk on (the blocks fold its sinks in)."""
         from strata.kernels.attention.flash_prefix import prefix_route
         from strata.kernels.attention.probe import attention_impl
-        return (not extra and q.is_cuda and attention_impl(q.device) == "triton"
+        return (not extra.get("window") and extra.get("starts") is None
+                and q.is_cuda and attention_impl(q.device) == "triton"
                 and prefix_route(q.shape[-1], self.kv) != "triton")
 
     def _stored(self, k: torch.Tensor, v: torch.Tensor) -> list[torch.Tensor]:

@@ -60,6 +60,27 @@ def test_the_cudnn_route_s_blocks_equal_the_reference(T, lens, block):
         prefix_flash_attention(q, k, v, prefix, route="cutlass")
 
 
+@pytest.mark.parametrize("route", ["flash", "cudnn"])
+@pytest.mark.parametrize("T,lens,block", [(37, [20, 13], 8), (30, [], 7), (9, [40], 9)],
+                         ids=["two-segs-blocks", "no-prefix", "one-block"])
+def test_sinks_fold_into_the_blocks(T, lens, block, route):
+    """GPT-OSS's sinks (a logit a head in every row's denominator, no value) after the blocks'
+    merge equal chunk_attention's sinks, both routes' decompositions, a first chunk (no
+    prefix) among them; sinks drawn around the rows' own lse (|lse| ~ 3 here) so they weigh,
+    and a sink far above them drives the rows towards 0 as the reference does."""
+    q, k, v, prefix = case(T, lens, seed=3 * T + len(lens))
+    gen = torch.Generator().manual_seed(T)
+    for sinks in (torch.randn(4, generator=gen) * 2 + 3, torch.tensor([40.0, -40.0, 0.0, 5.0])):
+        got = prefix_flash_attention(q, k, v, prefix, block=block, route=route, sinks=sinks)
+        want = chunk_attention_torch(q, k, v, prefix, sinks=sinks)
+        plain = chunk_attention_torch(q, k, v, prefix)
+        assert not got.isnan().any()
+        assert (got - want).abs().max() <= 1e-5 * v.abs().max()
+        assert (want - plain).abs().max() > 1e-2 * v.abs().max()    # the sinks weigh here
+    with pytest.raises(StrataError, match="sinks"):
+        prefix_flash_attention(q, k, v, prefix, sinks=torch.zeros(3))
+
+
 def test_the_state_is_the_given_buffer():
     """The merged state lives in the buffer handed in (the layout's attn_flash: uint8 bytes or
     fp32), and one too small for a query block is refused in one line."""
@@ -179,26 +200,54 @@ def test_a_gpu_plan_on_a_host_without_one_counts_cudnn_s_blocks(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_the_engine_reads_through_flash_blocks_on_the_gpu(tmp_path):
-    """A tiny Qwen3.5 (hd 16) streamed in chunks of 16 through the engine's KV (32 tokens a
-    layer resident, the rest host-held) with its bf16 prefix pinned to flash (and to cuDNN's)
-    blocks: the warm-up (whose probes skip those layers) and the read run,
-    and the logits agree with the chunk_attention route's within two bf16 reads' bound (2e-2,
-    norm-relative, as test_packed_sequences)."""
+@pytest.mark.parametrize("route", ["flash", "cudnn"])
+@pytest.mark.parametrize("T,lens", [(5000, [3000]), (300, [])], ids=["blocks", "first-chunk"])
+def test_sinks_on_the_gpu(T, lens, route):
+    """GPT-OSS's full layers (hd 64, GQA 64 / 8, sinks) through the blocks and the sink fold
+    against the fp32 reference with the same sinks, the bound of test_flash_blocks_on_the_gpu
+    (the fold is one fp32 product a row)."""
+    q, k, v, prefix = case(T, lens, H=64, Hkv=8, hd=64, dtype=torch.bfloat16, device="cuda",
+                           seed=T + 64)
+    sinks = torch.randn(64, generator=torch.Generator().manual_seed(5)).cuda() * 2 + 3
+    got = prefix_flash_attention(q, k, v, prefix, route=route, sinks=sinks).float()
+    f = lambda t: t.float()                                                   # noqa: E731
+    want = chunk_attention_torch(f(q), f(k), f(v), [KVSegment(f(s.k), f(s.v)) for s in prefix],
+                                 sinks=sinks)
+    assert not got.isnan().any()
+    assert (got - want).abs().max() <= 1e-2 * v.float().abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["tiny-qwen35moe", "tiny-gpt-oss"])
+def test_the_engine_reads_through_flash_blocks_on_the_gpu(tmp_path, monkeypatch, preset):
+    """A tiny Qwen3.5 and a tiny GPT-OSS (hd 16; GPT-OSS's full layers with sinks) streamed
+    in chunks of 16 through the engine's KV (32 tokens a layer resident, the rest host-held)
+    with its bf16 prefix pinned to flash (and to cuDNN's) blocks: the warm-up (whose probes
+    skip those layers) and the read run, and the logits agree with the chunk_attention route's
+    within two bf16 reads' bound (2e-2, norm-relative, as test_packed_sequences)."""
     from strata.engine.prefill import EngineConfig, PrefillEngine
     from strata.packs.synth import ExpertFormats, synth_pack
     from strata.shapes import get_preset
-    pack = synth_pack(tmp_path / "h.pack", get_preset("tiny-qwen35moe"), ExpertFormats.of("Q8_0"),
+    from strata.kernels.attention import flash_prefix
+    pack = synth_pack(tmp_path / "h.pack", get_preset(preset), ExpertFormats.of("Q8_0"),
                       progress=False)
     tok = torch.arange(48) % 97 + 3
-    got = {}
+    got, calls = {}, []
+    blocks = flash_prefix.prefix_flash_attention
+    monkeypatch.setattr(flash_prefix, "prefix_flash_attention",
+                        lambda *a, **kw: calls.append(kw.get("sinks") is not None) or
+                        blocks(*a, **kw))
     for route in ("flash", "cudnn", "triton"):
+        calls.clear()
         with pin_prefix_route(route):
             eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=200 << 10,
                                                    chunk=16, ring=2, max_prompt=48, device="cuda",
                                                    kv="bf16", kv_resident=32))
             eng.warmup(tok.numel())
             got[route] = eng.run(tok).logits.float().cpu()
+        # the blocks ran for the full layers (GPT-OSS's with their sinks), and only when asked
+        assert bool(calls) == (route != "triton"), route
+        assert set(calls) <= {preset == "tiny-gpt-oss"}, route      # sinks only GPT-OSS's
     t = got["triton"]
     for route in ("flash", "cudnn"):
         assert not got[route].isnan().any(), route

@@ -5,15 +5,19 @@ Legend: T chunk tokens, H query heads, Hkv kv heads, hd head width, Q = min(T, F
 query block, S the prefix segments (staged host tokens, resident tokens).
 
     prefix_flash_attention(q [T, H, hd], k, v [T, Hkv, hd], prefix [KVSegment...], *,
-                           sm_scale=None, state=None, block=None) -> o [T, H, hd] in q's dtype
+                           sm_scale=None, state=None, block=None, sinks=None) -> o [T, H, hd]
     for each query block [a, b):  acc, lse = 0
         for each segment s:  (o_s, lse_s) = flash(q[a:b], s.k, s.v, no mask);  merge
         (o_c, lse_c) = flash(q[a:b], k[:b], v[:b], bottom-right causal);        merge
+        sinks [H]:  acc *= sigmoid(lse - sink[h])
         o[a:b] = acc
 The meaning is chunk_attention's (and its twin chunk_attention_torch's, the reference): query i
-of the chunk sees every prefix key and the chunk's keys 0..i. FlashAttention-2 takes GQA as is
-(Hkv key heads), the prefix segments as strided views (no gather), and the bottom-right mask
-of `k[:b]` is exactly "query a + i sees chunk keys 0..a + i".
+of the chunk sees every prefix key and the chunk's keys 0..i. A sink (GPT-OSS's learned logit a
+head) joins each row's softmax denominator with no value: the normalized sum over the keys,
+times e^lse / (e^lse + e^sink), which is sigmoid(lse - sink) on the merged lse, so GPT-OSS's full
+layers (no window) take the blocks too, their first chunk among them (no prefix).
+FlashAttention-2 takes GQA as is (Hkv key heads), the prefix segments as strided views (no
+gather), and the bottom-right mask of `k[:b]` is exactly "query a + i sees chunk keys 0..a + i".
 
 Why: Qwen3.5's gated attention is hd 256, where chunk_attention's tile is 64 x 32 (tiles.py):
 a 131,072-token prompt in chunks of 32,768 spent 0.19 / 0.31 / 0.43 s a full layer on chunks
@@ -130,11 +134,13 @@ def flash_state_floats(n_head: int, head_dim: int) -> int:
 
 def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix=(), *,
                            sm_scale: float | None = None, state: torch.Tensor | None = None,
-                           block: int | None = None, route: str = "flash") -> torch.Tensor:
+                           block: int | None = None, route: str = "flash",
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The chunk's attention over `prefix` (bf16 KVSegments) and its own keys (see the module
     docstring) -> o [T, H, hd]. route "cudnn": cuDNN's blocks (cudnn_forward), the chunk's
     keys before the query block unmasked and its own square block causal (cuDNN's alignment of
-    a non-square mask is not relied on)."""
+    a non-square mask is not relied on). `sinks` [H] float: each head's sink logit joins its
+    rows' denominators (chunk_attention's `sinks`)."""
     T, H, hd = q.shape
     Hkv = k.shape[1]
     if any(s.int8 for s in prefix):
@@ -144,6 +150,10 @@ def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
         raise StrataError(f"prefix_flash_attention: q [T, H, hd], k and v [T, Hkv, hd] with H a "
                           f"multiple of Hkv, got {list(q.shape)}, {list(k.shape)}, "
                           f"{list(v.shape)}")
+    if sinks is not None and (sinks.shape != (H,) or sinks.device != q.device
+                              or not sinks.dtype.is_floating_point):
+        raise StrataError(f"prefix_flash_attention: sinks must be a float [H={H}] tensor on "
+                          f"{q.device}; got {sinks.dtype} {list(sinks.shape)} on {sinks.device}")
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
     if route not in ("flash", "cudnn"):
         raise StrataError(f"prefix_flash_attention: route must be flash or cudnn, got {route!r}")
@@ -162,6 +172,7 @@ def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
     o = torch.empty_like(q)
     segs = [(s.k.transpose(0, 1), s.v.transpose(0, 1)) for s in prefix]      # [Hkv, S, hd]
     kc, vc = k.transpose(0, 1), v.transpose(0, 1)                              # [Hkv, T, hd]
+    sink = None if sinks is None else sinks.float()[:, None]                   # [H, 1]
     for a in range(0, T, Q):
         b = min(T, a + Q)
         n = b - a
@@ -179,5 +190,7 @@ def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
             merge(acc, lse, *kernel(qb, kc[:, a:b], vc[:, a:b], True, scale), first)
         else:
             merge(acc, lse, *kernel(qb, kc[:, :b], vc[:, :b], True, scale), first)
+        if sink is not None:    # e^lse / (e^lse + e^sink): the sink's share leaves the rows
+            acc.mul_(torch.sigmoid(lse - sink).unsqueeze(-1))
         o[a:b].copy_(acc.transpose(0, 1))
     return o
