@@ -60,8 +60,9 @@ FLASH_ROWS = 4096        # query rows a block: the state is [Q, H (hd + 1)] fp32
 FLASH_MIN_HD = 129       # hd from which auto routes a bf16 prefix to FlashAttention-2's blocks
 #                          (chunk_attention's tile is 64 x 32 there; at 128 it keeps 0.75+)
 CUDNN_MIN_HD = 128       # ... and to cuDNN's where blocks_kernel is cudnn: at hd 128 they ran
-#                          1.19x chunk_attention (qwen3-30b-a3b, 131K, bf16 window; H100);
-#                          narrower heads are not measured
+#                          1.19x chunk_attention (qwen3-30b-a3b, 131K, bf16 window; H100); at
+#                          hd 64 (gpt-oss-120b, sinks) within 4% of it either way, P 0..96K
+#                          (benchmarks/prefix_route_bench.py, H100, 427bdf0): not worth a state
 ROUTES = ("triton", "flash", "cudnn")
 _ROUTE: ContextVar[str | None] = ContextVar("strata_prefix_route", default=None)
 
