@@ -329,17 +329,22 @@ def _watched_read(pk, model, owner, monkeypatch) -> list[int]:
     return peak
 
 
-def test_one_phases_decoded_matrices_live_at_a_time(tmp_path, monkeypatch):
+@pytest.mark.parametrize("preset", ["tiny-deepseek2", "tiny-gpt-oss", "tiny-qwen35moe",
+                                    "tiny-qwen3next", "tiny-minimax-m2"])
+def test_one_phases_decoded_matrices_live_at_a_time(tmp_path, monkeypatch, preset):
     """decode_phase's matrices are dropped when their phase is done: when a matrix decodes, no
     other layer's nor the other phase's decoded matrix is alive (the plan counts one phase's,
-    the largest), and phase_of names each matrix's phase as the model splits them."""
+    the largest), and phase_of names each matrix's phase as the model splits them, for every
+    wiring whose layers hold other blocks: MLA and a dense FFN, sinks, DeltaNet and shared
+    experts, QK norms."""
     from strata.models.block_weight import phase_of
-    pk = _pack(tmp_path, "tiny-deepseek2", "Q4_K_M")
+    pk = _pack(tmp_path, preset, "Q4_K_M")
     model, owner = _blocky(pk)
     _watched_read(pk, model, owner, monkeypatch)
-    assert {p for _, p, _ in owner.values()} == {"attn", "ffn"}
+    assert "attn" in {p for _, p, _ in owner.values()}
     assert all(phase_of(n).startswith(p) for _, p, n in owner.values())
-    assert any(phase_of(n) == "ffn_each" for _, _, n in owner.values())
+    if preset in ("tiny-deepseek2", "tiny-qwen35moe", "tiny-qwen3next"):   # a dense FFN / shared
+        assert any(phase_of(n) == "ffn_each" for _, _, n in owner.values())
 
 
 def test_decode_layer_passes_a_layer_without_blocks():
