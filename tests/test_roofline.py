@@ -200,6 +200,18 @@ def test_h2d_rate_on_this_machine():
     assert r > 0 and math.isfinite(r)
 
 
+def test_h2d_rate_is_the_best_round(monkeypatch):
+    """The bound's copy rate is the best of its rounds: a round slowed by something else on the
+    machine does not lower it (each round times all n copies once)."""
+    layers = [torch.randint(0, 255, (3, 1000), dtype=torch.uint8) for _ in range(2)]
+    host = SimpleNamespace(layers=layers, n_layer=2, blob=lambda l, e: layers[l][e])
+    ticks = iter([0.0, 2.0, 10.0, 11.0, 20.0, 24.0])       # rounds of 2 s, 1 s and 4 s
+    monkeypatch.setattr(rl, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert rl.h2d_rate(host, n=8, device="cpu", rounds=3) == 8 * 1000 / 1.0
+    with pytest.raises(StopIteration):
+        next(ticks)                                       # three rounds, two stamps each
+
+
 @pytest.mark.gpu
 def test_measured_rates_on_the_gpu():
     """On an H200 the grouped GEMM and flash attention run at tens to hundreds of TFLOP/s."""
