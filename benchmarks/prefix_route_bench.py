@@ -95,9 +95,7 @@ def measure(args, rec: bench.Recorder) -> None:
             cfg = dict(shape=args.shape, T=T, P=P, H=H, Hkv=Hkv, hd=hd, sinks=bool(args.sinks),
                        arm=arm, command=args.command)
             gate = f"o within {REL} of the fp32 reference on {len(rows)} rows (normalized max)"
-            rec.add("ms", t.median_ms, "ms", gate=gate, timer=t.timer, **cfg)
-            rec.add("tflops", flops / t.median_s / 1e12, "TFLOP/s", gate=gate, timer=t.timer,
-                    **cfg)
+            rec.add_timing(t, flops, gate=gate, **cfg)
         rec.flush()
 
 

@@ -49,6 +49,12 @@ class Recorder:
         self.rows.append(row)
         return row
 
+    def add_timing(self, t: Timing, flops: float, *, gate: str, **config) -> None:
+        """A timed kernel's two rows: its median `ms` and the TFLOP/s that makes of `flops`."""
+        self.add("ms", t.median_ms, "ms", gate=gate, timer=t.timer, **config)
+        self.add("tflops", flops / t.median_s / 1e12, "TFLOP/s", gate=gate, timer=t.timer,
+                 **config)
+
     def timed(self, fn, *, check, what: str) -> Timing:
         """Check, then time fn(). `check()` compares the kernel against its reference on exactly
         the inputs fn() uses (see strata.bench.gate); a failure raises GateRefused and nothing
