@@ -17,6 +17,7 @@ amplification (depth, routing softmax, norms), which a constant cannot know. λ 
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable, Mapping
 
 import numpy as np
@@ -54,3 +55,16 @@ def order_bound(forward: Callable[[Mapping[str, torch.Tensor]], torch.Tensor],
             pert[k] = w * (1 + amp * sign)
         worst = max(worst, rel(forward(pert), base))
     return 2 * worst
+
+
+def model_order_bound(model: torch.nn.Module, logits: Callable[[torch.nn.Module], object],
+                      tokens: int, **kw) -> float:
+    """order_bound of a transformers model's forward: `logits(m)` reads the logits of a copy of
+    `model` holding each draw's perturbed floating-point weights (`model` itself untouched)."""
+    probe = copy.deepcopy(model)
+    weights = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+
+    def forward(w):
+        probe.load_state_dict(w, strict=False)
+        return logits(probe)
+    return order_bound(forward, weights, tokens, **kw)

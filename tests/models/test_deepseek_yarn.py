@@ -19,7 +19,6 @@ mscale) misses by orders of magnitude more than the bound: the test can fail.
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
@@ -28,7 +27,7 @@ import torch
 
 from strata.cli import main
 from strata.packs import Pack
-from tests.models.fp32_bound import order_bound, rel
+from tests.models.fp32_bound import model_order_bound, rel
 from tests.models.hf_family import DS_TINY, DS_YARN, make_hf_family
 from tests.models.hf_gguf_family import write_family_gguf
 from tests.models.hf_tiny import hf_state
@@ -49,13 +48,7 @@ def yarn(tmp_path_factory):
     d = tmp_path_factory.mktemp("ds-yarn")
     hf.save_pretrained(d / "hf")
     want = hf_logits(hf)
-    probe = copy.deepcopy(hf)
-    weights = {k: v for k, v in hf.state_dict().items() if v.is_floating_point()}
-
-    def forward(w):
-        probe.load_state_dict(w, strict=False)
-        return hf_logits(probe)
-    bound = order_bound(forward, weights, tokens=len(TOKENS))
+    bound = model_order_bound(hf, hf_logits, tokens=len(TOKENS))
     packs = {"hf": d / "hf.pack", "gguf": d / "gguf.pack"}
     assert main(["pack", str(d / "hf"), "--quant", "BF16", "-o", str(packs["hf"])]) == 0
     g = write_family_gguf(hf_state(hf), DS_TINY, d / "m.gguf", expert_fmt="F32", rope=DS_YARN)

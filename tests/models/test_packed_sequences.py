@@ -17,7 +17,6 @@ far more (checked: the batch read as one sequence).
 """
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -28,7 +27,7 @@ from strata.engine.prefill import EngineConfig, PrefillEngine
 from strata.errors import StrataError
 from strata.models.moe import expert_ffn
 from strata.models.packed import Packed
-from tests.models.fp32_bound import order_bound, rel
+from tests.models.fp32_bound import model_order_bound, rel
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -59,14 +58,11 @@ def arch(request, tmp_path_factory):
     assert main(["pack", str(d / "hf"), "--quant", "BF16", "-o", str(out)]) == 0
     g = torch.Generator().manual_seed(7)
     seqs = [torch.randint(0, hf.config.vocab_size, (n,), generator=g) for n in LENGTHS]
-    probe = copy.deepcopy(hf)
-    weights = {k: v for k, v in hf.state_dict().items() if v.is_floating_point()}
 
-    def forward(w):
-        probe.load_state_dict(w, strict=False)
+    def logits(m):
         with torch.no_grad():
-            return torch.cat([probe(s[None]).logits[0].float() for s in seqs]).numpy()
-    return request.param, out, seqs, order_bound(forward, weights, tokens=T)
+            return torch.cat([m(s[None]).logits[0].float() for s in seqs]).numpy()
+    return request.param, out, seqs, model_order_bound(hf, logits, tokens=T)
 
 
 # the hybrids' derived bounds are larger (1.9e-4, 6.6e-4 as drawn): the gated delta rule carries

@@ -20,7 +20,6 @@ for 8 experts, and STAGE) equal the resident read within the same bound.
 """
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
@@ -31,7 +30,7 @@ from strata.cli import main
 from strata.engine.load import load_model, resident_provider
 from strata.models.moe import expert_ffn
 from strata.shapes import get_preset
-from tests.models.fp32_bound import order_bound, rel
+from tests.models.fp32_bound import model_order_bound, rel
 from tests.models.hf_archs import state
 from tests.models.hf_qwen3next import (QWEN35MOE_TINY, QWEN3NEXT_TINY, make_hybrid,
                                        write_hybrid_gguf)
@@ -46,13 +45,7 @@ def hybrid(request, tmp_path_factory):
     hf = make_hybrid(SHAPES[request.param], seed=1)
     d = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(d / "hf")
-    probe = copy.deepcopy(hf)
-    weights = {k: v for k, v in hf.state_dict().items() if v.is_floating_point()}
-
-    def forward(w):
-        probe.load_state_dict(w, strict=False)
-        return hf_logits(probe)
-    bound = order_bound(forward, weights, tokens=len(TOKENS))
+    bound = model_order_bound(hf, hf_logits, tokens=len(TOKENS))
     packs = {q: _pack([d / "hf", "--quant", q], d / f"{q}.pack") for q in ("F32", "BF16")}
     g = write_hybrid_gguf(state(hf), SHAPES[request.param], d / "m.gguf")
     packs["gguf"] = _pack([g], d / "gguf.pack")

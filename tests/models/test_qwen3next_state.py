@@ -221,16 +221,12 @@ def test_fla_backend_streamed_equals_resident(tmp_path):
 
 def _order_bound(hf, tokens: torch.Tensor) -> float:
     """fp32 order's normalized logit bound of `hf`'s forward on `tokens` (fp32_bound)."""
-    import copy
-    from tests.models.fp32_bound import order_bound
-    probe = copy.deepcopy(hf)
-    weights = {k: v for k, v in hf.state_dict().items() if v.is_floating_point()}
+    from tests.models.fp32_bound import model_order_bound
 
-    def forward(w):
-        probe.load_state_dict(w, strict=False)
+    def logits(m):
         with torch.no_grad():
-            return probe(tokens[None]).logits[0].float()
-    return order_bound(forward, weights, tokens=tokens.numel())
+            return m(tokens[None]).logits[0].float()
+    return model_order_bound(hf, logits, tokens=tokens.numel())
 
 
 def test_the_plan_shows_each_kind(capsys):
