@@ -33,6 +33,13 @@ def _weight(q: QuantDense, dtype=torch.float32, slices: int = 3) -> BlockWeight:
                        slice_bytes=-(-V // slices) * D * dtype.itemsize)
 
 
+def _dot_bound(n: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """D eps (|n| |w|) [T, V]: how far an fp32 D-term dot product n[t] . w[v], summed in any
+    order, lies from the exact one (the classic bound); two orders lie within twice it."""
+    D = n.shape[-1]
+    return D * torch.finfo(torch.float32).eps * (n.abs() @ w.float().abs().t())
+
+
 def test_rows_and_head_decode_as_the_reader(tmp_path):
     """A lookup is the decoded matrix's rows bit for bit (fp32; bf16 those rounded), the head's
     slices cover every row once, and each logit is the same D-term dot product as the decoded
@@ -51,8 +58,7 @@ def test_rows_and_head_decode_as_the_reader(tmp_path):
         x = torch.randn(5, D, generator=g)
         got, want = w.matmul_t(x), x @ full.t()
         assert got.shape == (5, V) and not got.isnan().any()
-        bound = D * torch.finfo(torch.float32).eps * (x.abs() @ full.abs().t())
-        assert ((got - want).abs() <= bound).all(), name
+        assert ((got - want).abs() <= _dot_bound(x, full)).all(), name
 
 
 def _head_inputs(model) -> list[torch.Tensor]:
@@ -65,13 +71,6 @@ def _head_inputs(model) -> list[torch.Tensor]:
         return head(x, logits)
     model.head = spy
     return seen
-
-
-def _dot_bound(n: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """|error| of each fp32 dot product n[t] . w[v] summed in another order: D eps (|n| |w|)
-    (the classic bound of a D-term sum, either order within it of the exact one)."""
-    D = n.shape[-1]
-    return 2 * D * torch.finfo(torch.float32).eps * (n.abs() @ w.float().abs().t())
 
 
 @pytest.mark.parametrize("preset", ["tiny-glm4moe", "tiny-qwen3moe"])
@@ -94,7 +93,7 @@ def test_a_model_reading_through_blocks_gives_the_decoded_models_logits(tmp_path
     assert not got.isnan().any()
     n = torch.cat(seen_got)
     assert torch.equal(n, torch.cat(seen_want))     # the layers read alike: the head's inputs
-    assert ((got - want).abs() <= _dot_bound(n, model.lm_head)).all()
+    assert ((got - want).abs() <= 2 * _dot_bound(n, model.lm_head)).all()
     ref = blocks.reference()                          # the twin decodes them whole
     assert isinstance(ref.tok_embd, torch.Tensor) and torch.equal(ref.lm_head, model.lm_head)
 
@@ -167,7 +166,7 @@ def test_the_gpu_load_keeps_blocks_and_reads_as_the_decoded_model(tmp_path):
     n = torch.cat(seen_got)
     assert torch.equal(n, torch.cat(seen_want))
     head = whole["output.weight"]
-    bound = 2 ** -8 * (got.abs() + want.abs()) + _dot_bound(n, head) * (1 + 2 ** -8)
+    bound = 2 ** -8 * (got.abs() + want.abs()) + 2 * _dot_bound(n, head) * (1 + 2 ** -8)
     assert ((got - want).abs() <= bound).all()
 
 
