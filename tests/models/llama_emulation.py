@@ -352,8 +352,8 @@ def _mla(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale, prefix=(), c_scale=N
 
 
 def _delta_rule(arith: Arith):
-    """The torch delta rule (the CPU path of strata.models.qwen3_next) with its inputs moved by fp32's
-    backward error, as `order` moves a product's: llama.cpp's gated delta net sums the same
+    """The torch delta rule (the CPU path of strata.models.qwen3_next) with its inputs moved by
+    fp32's backward error, as `order` moves a product's: llama.cpp's gated delta net sums the same
     dot products (over dk, and the decays over the tokens) in its own order, which no weight
     product of the read covers."""
     from strata.kernels.deltanet import chunk_gated_delta_rule_torch as rule
@@ -491,19 +491,22 @@ def read_pack(pack, src=None, *, tokens, arith: Arith | None = None, shape=None,
         patches.close()
         raise
 
-    class Rec(RouteRecorder):
-        def layer_done(self, layer, x):
-            super().layer_done(layer, x)
-            if layer == shape.n_layer - 1:
-                arith.offset += x.shape[0]
-    rec = Rec(shape.n_layer)
+    provider = resident_provider(p, "cpu")
+    begin_chunk = provider.begin_chunk
+
+    def chunk_at(start: int, n_tokens: int) -> None:
+        # the chunk's first position, set before its first product: the LM head's roundings
+        # come after the last layer and are the chunk's rows too
+        arith.offset = start
+        begin_chunk(start, n_tokens)
+    provider.begin_chunk = chunk_at
+    rec = RouteRecorder(shape.n_layer)
     with patches:
         ffn = _expert_ffn(arith) if arith.active else moe.moe_ffn_ref
         model = get_arch(p.shape.arch).build(shape, tensors, device="cpu",
                                                     dtype=torch.float32, ffn=ffn)
         with torch.no_grad():
-            out = model.prefill(tokens, resident_provider(p, "cpu"), chunk=chunk,
-                                observer=rec).numpy()
+            out = model.prefill(tokens, provider, chunk=chunk, observer=rec).numpy()
     missed = wrapped - arith.hits
     assert not missed, f"the read never multiplied {sorted(missed)}"
     return Read(out, [t.sort(-1).values for t in rec.topk if t.numel()],

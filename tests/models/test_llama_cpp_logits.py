@@ -217,6 +217,25 @@ def test_f16_file_reads_as_transformers(f16_reads, item):
     assert rel(own.logits, hf) < order
 
 
+def test_a_rounding_is_placed_at_its_chunk_s_positions(packs):
+    """`tipped` looks for a row's tips among the roundings placed at that row (Arith.near_tok:
+    the chunk's first position plus the row), so each product must see its own chunk's first
+    position, the LM head's too, which runs after the last layer is done."""
+    model, fname = QUANT_FILES[0]
+    toks = INFO["models"][model]["tokens"]
+    a, seen = Arith(mode="emulate"), []
+    input_fn = a.input_fn
+
+    def spied(ggml_type, name):
+        fn = input_fn(ggml_type, name)
+        if name != "output.weight":
+            return fn
+        return lambda x: (seen.append((a.offset, x.shape[0])), fn(x))[1]
+    a.input_fn = spied
+    read_pack(packs(fname), DATA / fname, tokens=toks, arith=a, chunk=4)
+    assert seen == [(s, min(4, len(toks) - s)) for s in range(0, len(toks), 4)]
+
+
 def test_cli_prefill_is_the_plain_read(packs, tmp_path):
     """The plain read here is the CLI's: `strata prefill --experts ref` on the pack gives it."""
     from strata.cli import main
