@@ -18,6 +18,10 @@ _dequant_kernel, moe/_expert_dequant_kernel, _norm_kernel, attention/_kernel) be
 launchers; the MoE layer's kernels are the package strata.kernels.moe.
 """
 from strata import _backend  # noqa: F401, I001  (before triton is imported: the CPU's interpreter)
+from strata.kernels.interpreter import lean  # noqa: I001
+
+if _backend.INTERPRET:
+    lean()      # one patch of triton.language per interpreted launch (its module docstring)
 from strata.kernels.attention import (AttnTile, KVSegment, chunk_attention, chunk_attention_torch,
                                       dequantize_kv, pin_attn_tile, quantize_kv)
 from strata.kernels.dequant import dequantize, dequantize_torch

@@ -337,7 +337,7 @@ def test_cli_plane_experts_equal_the_one_process_read(pack, tmp_path):
     tokens: two chunks of 16, the last short, as T's three are (T's third chunk of interpreted
     plane GEMMs cost ~7 s)."""
     common = [pack, "--prompt-tokens", 20, "--cache", "100KiB", "--chunk", 16, "--ring", 3,
-              "--experts", "plane", "--force", "--device", "cpu"]
+              "--experts", "plane", "--force", "--device", "cpu", "--no-warmup"]
     got = ranks(*common, "--vram", "1GiB", "--dump-logits", tmp_path / "d.npy")
     for r, (rc, out, err) in enumerate(got):
         assert rc == 0, f"rank {r}: {err[-2000:]}"

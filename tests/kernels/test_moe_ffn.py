@@ -75,15 +75,16 @@ CASES = [
     Case("q6k-sk", T=3, E=2, K=1, D=256, F=256, fmts=("Q6_K",), schedule="stream_k",
          programs=3, BN=32, BK=64),
     Case("D-not-multiple-of-BN", T=4, E=3, K=2, D=96, F=64, BN=64, BK=64),
-    # the stock mixes' types, three to a blob (the GEMM reads any mix of formats per matrix)
+    # the stock mixes' types, three to a blob (the GEMM reads any mix of formats per matrix);
+    # BN 64 (four column tiles of 256, half BN 32's interpreted programs: the format is the case)
     Case("mix-q4_1-q5_1-q5_k", T=4, E=3, K=2, D=256, F=256, fmts=("Q4_1", "Q5_1", "Q5_K"),
-         BN=32, BK=64),
+         BN=64, BK=64),
     Case("mix-q2k-q3k-iq4xs", T=4, E=3, K=2, D=256, F=256, fmts=("Q2_K", "Q3_K", "IQ4_XS"),
-         BN=32, BK=64),
+         BN=64, BK=64),
     Case("mix-iq2xxs-iq2xs-iq2s", T=4, E=3, K=2, D=256, F=256,
-         fmts=("IQ2_XXS", "IQ2_XS", "IQ2_S"), BN=32, BK=64),
+         fmts=("IQ2_XXS", "IQ2_XS", "IQ2_S"), BN=64, BK=64),
     Case("mix-iq3xxs-iq1s-iq1m-sk", T=4, E=3, K=2, D=256, F=256,
-         fmts=("IQ3_XXS", "IQ1_S", "IQ1_M"), schedule="stream_k", programs=3, BN=32, BK=64),
+         fmts=("IQ3_XXS", "IQ1_S", "IQ1_M"), schedule="stream_k", programs=3, BN=64, BK=64),
 ]
 
 
@@ -293,12 +294,13 @@ VARIANT_CASES = [
 @pytest.mark.parametrize("c", VARIANT_CASES, ids=lambda c: c.id)
 def test_every_decoded_dot_variant_matches_reference(c: Case, variant):
     """The tile's `dot` picks how decoded weights meet the MMA; every variant (not only the
-    default) stays within DECODED_REL, and stream-k stays deterministic under each."""
+    default) stays within DECODED_REL, and stream-k (its split tiles summed through the fixup
+    scratch) gives the same bits twice under each (data-parallel has no such step)."""
     experts, x, ids, w, ref = _inputs(c)
     with pin_tile(schedule=c.schedule, programs=c.programs, BLOCK_N=c.BN, BLOCK_K=c.BK,
                   dot=variant):
         y = moe_ffn(x, ids, w, experts)
-        y2 = moe_ffn(x, ids, w, experts)
+        y2 = moe_ffn(x, ids, w, experts) if c.schedule == "stream_k" else y
     assert not torch.isnan(y).any()
     assert rel_err(y, ref) < DECODED_REL, f"{variant}: normalized error {rel_err(y, ref):.2e}"
     assert torch.equal(y, y2)

@@ -12,6 +12,8 @@ the plane kernel's h is the ggml-layout kernel's bit for bit (the same exp).
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -125,6 +127,16 @@ def test_q4_activation_order_is_the_order_a_q4_0_block_unpacks_in():
     assert torch.equal(act_order(w, "Q4_K"), got)   # Q4_K's codes unpack in the same places
 
 
+@functools.cache
+def _ggml_layout(c: Case) -> tuple:
+    """int8.py's gate/up kernels at TILE on the case's inputs -> (h, hq): what every kb's plane
+    stages equal, the same for each kb (run once per case: the interpreter is the suite's
+    slowest part)."""
+    experts, x, ids, w, grp = _case_inputs(c)
+    xq = quantize_q8_1(x)
+    return int8_gate_up(xq, grp, experts, c.K, TILE), int8_gate_up_q8(xq, grp, experts, c.K, TILE)
+
+
 # kb 1, 2 and 4 for every case; 8 (a step the whole Q4_K super-block) where a matrix is Q4_K
 STAGES = [(c, kb) for c in CASES for kb in (1, 2, 4)] + \
     [(c, 8) for c in CASES if "Q4_K" in c.fmts]
@@ -136,17 +148,18 @@ def test_plane_int8_stages_are_the_ggml_layout_int8_bits(c: Case, kb: int):
     planes = to_plane_set(experts)
     tile = Int8Tile(TILE.BLOCK_M, TILE.BLOCK_N, kb=kb)
     xo_fmt, ho_fmt = _orders(c)
-    xq, xo = quantize_q8_1(x), quantize_q8_1(x, order=xo_fmt)
+    xo = quantize_q8_1(x, order=xo_fmt)
+    ggml_h, ggml_hq = _ggml_layout(c)
     # gate/up, fp32 h: the ggml-layout kernel's bits; its twin's within act's exp
     h = plane_int8_gate_up(xo, grp, planes, c.K, tile)
     assert not h.isnan().any()
-    assert torch.equal(_bits(h), _bits(int8_gate_up(xq, grp, experts, c.K, TILE)))
+    assert torch.equal(_bits(h), _bits(ggml_h))
     h_ref = plane_int8_gate_up_torch(xo, grp, planes, c.K, tile)
     assert ((h - h_ref).abs() <= ACT_REL * h_ref.abs() + ACT_ABS).all()
     # h quantized in the epilogue, codes in down's order, into poisoned rows
     hq = plane_int8_gate_up_q8(xo, grp, planes, c.K, tile, out=_poisoned(h.shape[0], c.F))
     assert _same_q8(hq, quantize_q8_1(h, order=ho_fmt))
-    assert _same_q8(hq, _ordered(int8_gate_up_q8(xq, grp, experts, c.K, TILE), ho_fmt))
+    assert _same_q8(hq, _ordered(ggml_hq, ho_fmt))
     assert _same_q8(plane_int8_gate_up_q8_torch(xo, grp, planes, c.K, tile),
                     quantize_q8_1_torch(h_ref, order=ho_fmt))
     if c.id in ("p8-words-256-128", "p4-words-skip-256-128") and kb > 1:
@@ -175,8 +188,7 @@ def test_moe_ffn_plane_int8_is_moe_ffn_int8(c: Case):
     assert y.shape == (c.T, c.D) and y.dtype == torch.bfloat16 and not y.isnan().any()
     assert torch.equal(y, moe_ffn_int8(x, ids, w, experts, tile=TILE))
     # the launcher's wiring: int8.py's twin stages fed the kernel's own h
-    hq = int8_gate_up_q8(quantize_q8_1(x), grp, experts, c.K, TILE)
-    yk = int8_down_torch(hq, grp, experts, w, TILE)
+    yk = int8_down_torch(_ggml_layout(c)[1], grp, experts, w, TILE)
     assert torch.equal(y, combine_rows_torch(yk, c.T, c.K, c.D, ids, None,
                                              "mask" if grp.n_skipped else "all"))
     assert torch.equal(moe_ffn_plane_int8_torch(x, ids, w, planes, tile=TILE),

@@ -1,0 +1,104 @@
+"""strata.kernels.interpreter.lean: one patch of triton.language per interpreted launch.
+
+- Installed wherever strata's kernels run interpreted under the pinned triton (3.6.x).
+- A kernel calling a @triton.jit helper n times scans triton.language (the interpreter's
+  `_patch_builtin`) as often for n = 1 as for n = 8: the launch's patch only, none per call.
+- The helper's result is the same as the stock interpreter's (a launch with lean's wrappers
+  taken out), and the language is restored after the launch, also after one that raised.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from strata._backend import INTERPRET
+import triton  # noqa: I001  (after strata._backend: the interpreter where there is no GPU)
+import triton.language as tl
+
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="the Triton interpreter (no GPU) only")
+
+
+@triton.jit
+def _twice_plus(x, c):
+    return x * 2 + c
+
+
+@triton.jit
+def _loop(X, Y, N_CALLS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + offs)
+    for i in tl.static_range(N_CALLS):
+        x = _twice_plus(x, i)
+    tl.store(Y + offs, x)
+
+
+def _count_scans(monkeypatch):
+    from triton.runtime import interpreter as it
+    calls = []
+    real = it._patch_builtin
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(it, "_patch_builtin", counted)
+    return calls
+
+
+def _run(kernel, n_calls: int) -> torch.Tensor:
+    x = torch.arange(16, dtype=torch.float32)
+    y = torch.full_like(x, float("nan"))
+    kernel[(1,)](x, y, N_CALLS=n_calls, BLOCK=16)
+    return y
+
+
+def _want(n_calls: int) -> torch.Tensor:
+    x = torch.arange(16, dtype=torch.float32)
+    for i in range(n_calls):
+        x = x * 2 + i
+    return x
+
+
+def test_lean_is_installed_under_the_pinned_triton():
+    import strata.kernels  # noqa: F401  (installs it)
+    from triton.runtime import interpreter as it
+    from strata.kernels.interpreter import lean
+    assert getattr(it, "_strata_lean", False) and lean()
+
+
+def test_a_launch_scans_the_language_once_however_many_helper_calls(monkeypatch):
+    import strata.kernels  # noqa: F401
+    kernel = _loop
+    scans = {}
+    for n in (1, 8):
+        calls = _count_scans(monkeypatch)
+        assert torch.equal(_run(kernel, n), _want(n))
+        scans[n] = len(calls)
+    assert scans[1] == scans[8] > 0, scans
+
+
+def test_the_stock_interpreter_gives_the_same_result_and_scans_per_call(monkeypatch):
+    """lean's wrappers taken out (the interpreter's own _patch_lang and GridExecutor.__call__):
+    the same values, and a scan per helper call, which is what lean saves."""
+    import strata.kernels  # noqa: F401
+    from triton.runtime import interpreter as it
+    from strata.kernels.interpreter import STOCK
+    monkeypatch.setattr(it, "_patch_lang", STOCK["patch_lang"])
+    monkeypatch.setattr(it.GridExecutor, "__call__", STOCK["call"])
+    kernel = _loop
+    scans = {}
+    for n in (1, 8):
+        calls = _count_scans(monkeypatch)
+        assert torch.equal(_run(kernel, n), _want(n))
+        scans[n] = len(calls)
+    assert scans[8] > scans[1], scans
+
+
+def test_the_language_is_restored_after_a_launch_that_raised():
+    import strata.kernels  # noqa: F401
+    from strata.kernels.interpreter import _Launch
+    before = tl.load
+    kernel = _loop
+    with pytest.raises(Exception):
+        kernel[(1,)](torch.arange(16.0), None, N_CALLS=2, BLOCK=16)
+    assert tl.load is before and _Launch.langs is None and not _Launch.pending
+    assert torch.equal(_run(kernel, 3), _want(3))
