@@ -44,6 +44,16 @@ def _count_scans(monkeypatch):
     return calls
 
 
+def _scans(monkeypatch) -> dict:
+    """{helper calls n: language scans of one launch calling it n times}, checking its values."""
+    scans = {}
+    for n in (1, 8):
+        calls = _count_scans(monkeypatch)
+        assert torch.equal(_run(_loop, n), _want(n))
+        scans[n] = len(calls)
+    return scans
+
+
 def _run(kernel, n_calls: int) -> torch.Tensor:
     x = torch.arange(16, dtype=torch.float32)
     y = torch.full_like(x, float("nan"))
@@ -67,12 +77,7 @@ def test_lean_is_installed_under_the_pinned_triton():
 
 def test_a_launch_scans_the_language_once_however_many_helper_calls(monkeypatch):
     import strata.kernels  # noqa: F401
-    kernel = _loop
-    scans = {}
-    for n in (1, 8):
-        calls = _count_scans(monkeypatch)
-        assert torch.equal(_run(kernel, n), _want(n))
-        scans[n] = len(calls)
+    scans = _scans(monkeypatch)
     assert scans[1] == scans[8] > 0, scans
 
 
@@ -84,12 +89,7 @@ def test_the_stock_interpreter_gives_the_same_result_and_scans_per_call(monkeypa
     from strata.kernels.interpreter import STOCK
     monkeypatch.setattr(it, "_patch_lang", STOCK["patch_lang"])
     monkeypatch.setattr(it.GridExecutor, "__call__", STOCK["call"])
-    kernel = _loop
-    scans = {}
-    for n in (1, 8):
-        calls = _count_scans(monkeypatch)
-        assert torch.equal(_run(kernel, n), _want(n))
-        scans[n] = len(calls)
+    scans = _scans(monkeypatch)
     assert scans[8] > scans[1], scans
 
 
