@@ -7,8 +7,8 @@ at every call of a @triton.jit helper inside the kernel, where the launch's patc
 and the scan finds nothing left to patch. The decoders and epilogues are such helpers, called at
 every reduction step, so that scan was about a fifth of an interpreted engine read (a Q4_K_M
 plane-int8 read: 54 s, 44 s without it). `lean()` lets a helper called inside a launch reuse the
-launch's patch when the launch patched every language module the helper's module sees; a helper
-called outside a launch, or seeing another module, is patched as before. The kernels run the
+launch's patch when the launch (or an earlier helper of it) patched every language module the
+helper's module sees; a helper called outside a launch is patched as before. The kernels run the
 same code with the same semantics (tests/kernels/test_interpreter.py).
 """
 from __future__ import annotations
@@ -48,9 +48,16 @@ def lean() -> bool:
             scope = real_patch(fn)
             _Launch.langs = seen(fn)
             return scope
-        if _Launch.langs is not None and seen(fn) <= _Launch.langs:
+        langs = seen(fn)
+        if _Launch.langs is None:
+            return real_patch(fn)
+        if langs <= _Launch.langs:
             return it._LangPatchScope()      # a helper inside the launch: already patched
-        return real_patch(fn)
+        # a helper seeing another module (triton's own, tl.core): the stock call patches it
+        # and never restores it, so it stays patched for the rest of the launch
+        scope = real_patch(fn)
+        _Launch.langs = _Launch.langs | langs
+        return scope
 
     def call(self, *args, **kwargs):
         _Launch.pending = True

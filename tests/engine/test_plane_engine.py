@@ -120,8 +120,10 @@ def test_plane_int8_engine_reads_a_q4_k_m_pack(tmp_path, tokens):
     """--experts plane-int8 on Q4_K (the tiny model at D = F = 256: whole super-blocks): layer 0
     all Q4_K, layer 1 Q4_K_M's mix, its down Q6_K (left in ggml's layout as the blob lands, run
     by the ggml-layout int8 kernel); streamed in passes (ring 3 < E), the Q4_K matrices re-laid
-    in the cache: the logits of --experts int8 on the ggml blobs, bit for bit."""
-    shape = SHAPE.with_(d_model=256, d_expert=256)
+    in the cache: the logits of --experts int8 on the ggml blobs, bit for bit. E 4 (a cache
+    of 4 blobs: half the layers' experts, so it streams): the interpreter's programs go by
+    experts at these widths."""
+    shape = SHAPE.with_(d_model=256, d_expert=256, n_expert=4)
     p = synth_pack(tmp_path / "q4km.pack", shape,
                    [ExpertFormats.of("Q4_K"), ExpertFormats.of("Q4_K", down="Q6_K")],
                    progress=False)
@@ -129,7 +131,7 @@ def test_plane_int8_engine_reads_a_q4_k_m_pack(tmp_path, tokens):
     blob = Pack.open(p).max_blob
     res = {}
     for ffn in ("int8", "plane-int8"):
-        eng = PrefillEngine(p, EngineConfig(vram=1 << 30, cache=8 * blob, max_prompt=64,
+        eng = PrefillEngine(p, EngineConfig(vram=1 << 30, cache=6 * blob, max_prompt=64,
                                             device="cpu", ffn=ffn, ring=3, chunk=8))
         assert (eng.cache.land is not None) == (ffn == "plane-int8")
         if ffn == "plane-int8":
