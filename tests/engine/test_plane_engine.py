@@ -121,8 +121,8 @@ def test_plane_int8_engine_reads_a_q4_k_m_pack(tmp_path, tokens):
     all Q4_K, layer 1 Q4_K_M's mix, its down Q6_K (left in ggml's layout as the blob lands, run
     by the ggml-layout int8 kernel); streamed in passes (ring 3 < E), the Q4_K matrices re-laid
     in the cache: the logits of --experts int8 on the ggml blobs, bit for bit. E 4 (a cache
-    of 4 blobs: half the layers' experts, so it streams): the interpreter's programs go by
-    experts at these widths."""
+    of 6 blobs, fewer than the layers' 8 experts, so it streams): the interpreter's programs go
+    by experts at these widths."""
     shape = SHAPE.with_(d_model=256, d_expert=256, n_expert=4)
     p = synth_pack(tmp_path / "q4km.pack", shape,
                    [ExpertFormats.of("Q4_K"), ExpertFormats.of("Q4_K", down="Q6_K")],
