@@ -101,8 +101,7 @@ def test_the_language_is_restored_after_a_launch_that_raised():
     import strata.kernels  # noqa: F401
     from strata.kernels.interpreter import _Launch
     before = tl.load
-    kernel = _loop
     with pytest.raises(Exception):
-        kernel[(1,)](torch.arange(16.0), None, N_CALLS=2, BLOCK=16)
+        _loop[(1,)](torch.arange(16.0), None, N_CALLS=2, BLOCK=16)
     assert tl.load is before and _Launch.langs is None and not _Launch.pending
-    assert torch.equal(_run(kernel, 3), _want(3))
+    assert torch.equal(_run(_loop, 3), _want(3))
