@@ -212,6 +212,59 @@ def test_h2d_rate_is_the_best_round(monkeypatch):
         next(ticks)                                       # three rounds, two stamps each
 
 
+class _Blocks(SimpleNamespace):
+    """A host holding each layer as one [E, size] block: HostExperts' blob and run."""
+    def blob(self, l, e):
+        return self.layers[l][e]
+
+    def run(self, l, e, k):
+        return self.layers[l][e:e + k].view(-1)
+
+
+def test_h2d_rate_takes_the_faster_pattern(monkeypatch):
+    """Blob by blob and as runs, each round: the best rate of either wins, each pattern's own
+    bytes over its own time (the runs' bytes are at least the blobs', never fewer)."""
+    layers = [torch.randint(0, 255, (8, 1000), dtype=torch.uint8) for _ in range(2)]
+    host = _Blocks(layers=layers, n_layer=2)
+    runs = rl._runs(host, [0, 1], 8, 8 * 1000)
+    nb = sum(r.numel() for r in runs)
+    # round 1: blobs 4 s, runs 2 s; round 2: blobs 2 s, runs 1 s (the best)
+    ticks = iter([0.0, 4.0, 10.0, 12.0, 20.0, 22.0, 30.0, 31.0])
+    monkeypatch.setattr(rl, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert rl.h2d_rate(host, n=8, device="cpu", rounds=2) == nb / 1.0
+
+
+@given(st.integers(1, 40), st.integers(1, 3000), st.integers(1, 12), st.integers(1, 50_000))
+@example(E=1, size=5, n_held=1, nbytes=1)            # one expert: runs of one blob
+@example(E=4, size=3000, n_held=2, nbytes=50_000)    # blobs past the run's bytes: one a copy
+def test_runs_are_consecutive_experts_of_one_layer(E, size, n_held, nbytes):
+    """Each run is one layer's consecutive experts inside [0, E), at most its run_bytes (or one
+    blob, when a blob is larger), the layers in turn; together at least `nbytes`, and not a
+    run more than it takes."""
+    layers = [torch.arange(E * size, dtype=torch.int64).view(E, size) + l * E * size
+              for l in range(n_held)]
+    host = _Blocks(layers=layers, n_layer=n_held)
+    got = rl._runs(host, list(range(n_held)), E, nbytes, run_bytes=4096)
+    total = sum(r.numel() for r in got)
+    assert total >= nbytes and total - got[-1].numel() < nbytes
+    for i, r in enumerate(got):
+        layer = i % n_held
+        first = int(r[0]) - layer * E * size
+        assert first % size == 0 and 0 <= first // size and first + r.numel() <= E * size
+        assert torch.equal(r, torch.arange(r.numel()) + int(r[0]))      # consecutive experts
+        assert r.numel() <= max(size, 4096) and r.numel() % size == 0
+
+
+def test_runs_need_a_host_that_hands_runs():
+    """No HostExperts.run, or a layer it cannot hand as one view: no run pattern (None)."""
+    layers = [torch.zeros(4, 8, dtype=torch.uint8)]
+    assert rl._runs(SimpleNamespace(layers=layers, blob=lambda l, e: layers[l][e]),
+                    [0], 4, 8) is None
+    broken = _Blocks(layers=layers, n_layer=1)
+    broken.run = lambda l, e, k: None
+    assert rl._runs(broken, [0], 4, 8) is None
+
+
 @pytest.mark.gpu
 def test_measured_rates_on_the_gpu():
     """On an H200 the grouped GEMM and flash attention run at tens to hundreds of TFLOP/s."""

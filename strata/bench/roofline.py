@@ -5,8 +5,9 @@ E experts, K top-k, S shared experts, H query heads, Hkv kv heads, hd head width
 
 The rates, measured on the machine the experiment runs on (NaN where it cannot measure them,
 i.e. without CUDA; an unmeasured rate makes its part of the bound free):
-- `h2d_rate`: bytes/s of blob-sized pinned host->device copies one after another (the ring's
-  pattern of copies), the best of three rounds.
+- `h2d_rate`: bytes/s of pinned host->device copies one after another, blob by blob and as
+  runs of a layer's consecutive blobs (the ring's two patterns of copies), the best pattern of
+  the best of three rounds.
 - `gemm_rate(shape, T)`: FLOP/s of the expert FFN's three GEMMs through torch._grouped_mm bf16,
   T·K rows routed uniformly over E experts (the ceiling the SPEC's table measures).
 - `sdpa_rate(shape, T)`: FLOP/s of causal flash attention (torch SDPA, bf16, GQA) over one
@@ -230,18 +231,35 @@ def linear_at_dense(chunks: Sequence, shape, rates: Rates) -> float | None:
 
 
 # -- the measured rates ------------------------------------------------------------------------
+# The longest copy h2d_rate's run pattern makes: a layer's consecutive experts up to this many
+# bytes as one copy. The engine's runs carry up to a pass of consecutive streamed experts (half
+# the ring, ~250 MiB); 64 MiB copies already run at the link's rate, and a buffer this size
+# stages beside a read's loan on any card.
+H2D_RUN_BYTES = 64 << 20
+
+
 def h2d_rate(host, n: int = 96, device=None, rounds: int = 3) -> float:
-    """Bytes/s of `n` blob-sized pinned host->device copies back to back (the ring's pattern),
-    from `host` (strata.engine.host.HostExperts) to `device` (default: cuda, else cpu): the
-    best of `rounds` rounds. The bound is what the link can carry, so the best round: one
-    slowed by something else on the machine would set the bound below it and flatter the read's
-    fraction of it (gpt-oss-120b's 32K row at 88803cc: 44.5 GB/s in its process, 53.7-54.1 in
-    the others on the same H100, the read's tokens/s the same)."""
+    """Bytes/s the link carries from `host` (strata.engine.host.HostExperts) to `device`
+    (default: cuda, else cpu): `n` pinned blobs copied back to back blob by blob, and about as
+    many bytes copied as runs (a layer's consecutive experts, up to H2D_RUN_BYTES, one copy each:
+    HostExperts.run, where the host holds a layer as one block), each pattern timed in each of
+    `rounds` rounds; the best. Why the runs: the engine copies runs of adjacent blobs
+    (STRATA_COPY_RUNS), and a small blob's copy pays a fixed cost (Qwen3.5-35B-A3B's 2 MB blobs:
+    49.8 GB/s blob by blob, where its 8K read with a 780-slot ring moved 14.8 GB in 0.276 s, 53.8
+    GB/s, 1.09 of a bound priced blob by blob; an H100 at ffed393). Why the best round: a round
+    slowed by something else on the machine would set the bound below what the link carries and
+    flatter the read's fraction of it (gpt-oss-120b's 32K row at 88803cc: 44.5 GB/s in its
+    process, 53.7-54.1 in the others on the same H100, the read's tokens/s the same)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     held = [l for l in range(host.n_layer) if host.layers[l].numel()]   # dense layers hold none
     E = host.layers[held[0]].shape[0]
     blobs = [host.blob(held[i % len(held)], (i * 7) % E) for i in range(n)]
-    dst = torch.empty(max(b.numel() for b in blobs), dtype=torch.uint8, device=dev)  # mixes: per-layer sizes
+    patterns = [blobs]
+    runs = _runs(host, held, E, sum(b.numel() for b in blobs))
+    if runs:
+        patterns.append(runs)
+    dst = torch.empty(max(b.numel() for p in patterns for b in p), dtype=torch.uint8,
+                      device=dev)                                     # mixes: per-layer sizes
 
     def sync():
         if dev.type == "cuda":
@@ -249,14 +267,37 @@ def h2d_rate(host, n: int = 96, device=None, rounds: int = 3) -> float:
     for b in blobs[:4]:          # warm: the first copies pay for mapping and the lazy context
         dst[:b.numel()].copy_(b, non_blocking=True)
     sync()
-    best = math.inf
+    best = 0.0
     for _ in range(max(1, rounds)):
-        t0 = time.perf_counter()
-        for b in blobs:
-            dst[:b.numel()].copy_(b, non_blocking=True)
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return sum(b.numel() for b in blobs) / best
+        for copies in patterns:
+            t0 = time.perf_counter()
+            for b in copies:
+                dst[:b.numel()].copy_(b, non_blocking=True)
+            sync()
+            best = max(best, sum(b.numel() for b in copies) / (time.perf_counter() - t0))
+    return best
+
+
+def _runs(host, held: list[int], E: int, nbytes: int,
+          run_bytes: int = H2D_RUN_BYTES) -> list[torch.Tensor] | None:
+    """Runs of consecutive experts (at most `run_bytes`, at least one blob, a copy), the held
+    layers in turn, until they add up to `nbytes`; None where the host cannot hand a run as one
+    view (no HostExperts.run, or a layer not held as one block)."""
+    run = getattr(host, "run", None)
+    if run is None:
+        return None
+    out, total, i = [], 0, 0
+    while total < nbytes:
+        layer = held[i % len(held)]
+        size = host.blob(layer, 0).numel()
+        k = max(1, min(E, run_bytes // max(size, 1)))
+        v = run(layer, (i * 7) % (E - k + 1), k)
+        if v is None:
+            return None
+        out.append(v)
+        total += v.numel()
+        i += 1
+    return out
 
 
 # Seconds each rate's op runs back to back before it is timed. Timed in a burst (one untimed
