@@ -1,0 +1,124 @@
+"""The ring A/B: one prompt read with the plan's own ring and with explicit rings (`--ring N`),
+tokens/s beside each read's PCIe bound, one line per model (CSV + PNG).
+
+    python3 benchmarks/ring_ab.py PACK --vram 24GiB -p 8192 --rings 32,48,64,96 --out DIR
+    python3 benchmarks/ring_ab.py --from DIR/*.csv --out DIR     # bench CSVs already made
+
+Each arm is a fresh `strata bench PACK --vram V -p P -r R -o csv` process (`--ring N` for the
+explicit arms), so every arm plans, borrows and warms up alone. An explicit ring changes two
+things at once: the ring's run-ahead and the passes (half the ring's experts a pass,
+strata.memory.layout.pass_experts), and its slots leave the expert cache, so more bytes stream
+(the bound falls as the ring grows); `--batch` pins the pass for the A/B of the two.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+KEEP = ("model", "vram", "test", "chunk", "ring", "reps", "tokens_per_s", "tokens_per_s_sd",
+        "bytes_streamed", "h2d_gbps", "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s",
+        "of_bound", "wait_s")
+
+
+def bench(pack: str, vram: str, P: int, reps: int, ring: int | None, batch: int | None,
+          out: Path) -> Path:
+    """One arm's `strata bench` CSV (its stderr beside it)."""
+    name = out / f"ring_ab-{Path(pack).stem}-{P}-{ring or 'plan'}.csv"
+    cmd = [sys.executable, "-m", "strata.cli", "bench", pack, "--vram", vram, "-p", str(P),
+           "-r", str(reps), "-o", "csv"] + (["--ring", str(ring)] if ring else []) + \
+        (["--batch", str(batch)] if batch else [])
+    print("[ring_ab]", " ".join(cmd[2:]), flush=True)
+    with name.open("w") as f, name.with_suffix(".err").open("w") as e:
+        subprocess.run(cmd, stdout=f, stderr=e, check=False)
+    return name
+
+
+def rows_of(paths) -> list[dict]:
+    rows = []
+    for p in paths:
+        for r in csv.DictReader(Path(p).open()):
+            if r.get("tokens_per_s"):
+                rows.append({k: r.get(k, "") for k in KEEP})
+    return rows
+
+
+def num(x: str) -> float | None:
+    """A CSV cell as a number; None where the run measured none (the CPU has no bound)."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def plot(rows: list[dict], png: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for (model, test), color in zip(sorted({(r["model"], r["test"]) for r in rows}),
+                                    plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        mine = sorted((r for r in rows if (r["model"], r["test"]) == (model, test)),
+                      key=lambda r: int(r["ring"]))
+        x = [int(r["ring"]) for r in mine]
+        ax.plot(x, [float(r["tokens_per_s"]) for r in mine], "o-", color=color,
+                label=f"{model.split(' ')[0]} {mine[0]['vram']} {test}")
+        bound = [num(r["pcie_bound_tokens_per_s"]) for r in mine]
+        if None not in bound:
+            ax.plot(x, bound, ":", color=color,
+                    label="  its PCIe bound (bytes streamed at that ring)")
+    ax.set_xscale("log")
+    ax.set_xlabel("ring slots (log)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pack", nargs="?")
+    ap.add_argument("--vram", default="24GiB")
+    ap.add_argument("-p", type=int, default=8192)
+    ap.add_argument("-r", type=int, default=2)
+    ap.add_argument("--rings", default="", help="explicit rings, comma-separated")
+    ap.add_argument("--batch", type=int, default=None, help="experts a pass, every arm")
+    ap.add_argument("--from", dest="sources", nargs="*", default=None,
+                    help="bench CSVs already made (no reads)")
+    ap.add_argument("--name", default="ring_ab")
+    ap.add_argument("--title", default="")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    a = ap.parse_args(argv)
+    if (a.pack is None) == (a.sources is None):
+        ap.error("give a PACK to read, or --from CSVs already made (one of the two)")
+    try:
+        rings = [int(x) for x in a.rings.split(",") if x]
+    except ValueError:
+        ap.error(f"--rings takes slot counts like 32,64, got {a.rings!r}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    paths = a.sources if a.sources is not None else \
+        [bench(a.pack, a.vram, a.p, a.r, ring, a.batch, a.out) for ring in [None] + rings]
+    rows = rows_of(paths)
+    if not rows:
+        print("ring_ab: no bench rows to report (see the arms' .err files)", file=sys.stderr)
+        return 2
+    dst = a.out / f"{a.name}.csv"
+    with dst.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=KEEP)
+        w.writeheader()
+        w.writerows(rows)
+    plot(rows, dst.with_suffix(".png"), a.title)
+    for r in rows:
+        of = num(r["of_bound"])
+        print(f"[ring_ab] {r['model'][:24]:24} {r['test']} ring {r['ring']:>5}: "
+              f"{float(r['tokens_per_s']):9,.0f} tok/s"
+              + ("" if of is None else f", {of:.2f} of its bound"))
+    print(f"wrote {dst} and {dst.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

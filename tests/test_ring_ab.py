@@ -1,0 +1,45 @@
+"""benchmarks/ring_ab.py end to end on a tiny pack (CPU): the plan's ring and explicit rings, each
+a `strata bench` process, gathered into one CSV and PNG; bad arguments and empty input refused."""
+import csv
+
+import pytest
+
+from strata.packs.synth import ExpertFormats, synth_pack
+from strata.shapes import get_preset
+from tests.scripts import load_script
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    return str(synth_pack(tmp_path_factory.mktemp("r") / "t.pack", get_preset("tiny"),
+                          ExpertFormats.of("Q8_0"), progress=False))
+
+
+def test_ring_ab_reads_each_ring_and_gathers_them(pack, tmp_path):
+    mod = load_script("benchmarks/ring_ab.py")
+    out = tmp_path / "o"
+    assert mod.main([pack, "--vram", "2GiB", "-p", "24", "-r", "1", "--rings", "3,5",
+                     "--name", "t", "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "t.csv").open()))
+    planned = int(rows[0]["ring"])
+    assert [int(r["ring"]) for r in rows] == [planned, 3, 5]
+    assert all(r["test"] == "pp24" and float(r["tokens_per_s"]) > 0 for r in rows)
+    assert (out / "t.png").stat().st_size > 0
+    # --from: the arms' own CSVs again, no reads
+    arms = sorted(out.glob("ring_ab-t-24-*.csv"))
+    assert len(arms) == 3
+    assert mod.main(["--from", *map(str, arms), "--name", "again", "--out", str(out)]) == 0
+    assert sorted(r["ring"] for r in csv.DictReader((out / "again.csv").open())) == \
+        sorted(r["ring"] for r in rows)
+
+
+def test_ring_ab_refuses_what_it_cannot_read(tmp_path, capsys):
+    mod = load_script("benchmarks/ring_ab.py")
+    empty = tmp_path / "e.csv"
+    empty.write_text("model,test\n")
+    assert mod.main(["--from", str(empty), "--out", str(tmp_path)]) == 2
+    assert "no bench rows" in capsys.readouterr().err
+    for bad in ([], ["x.pack", "--from", str(empty)], ["x.pack", "--rings", "a,b"]):
+        with pytest.raises(SystemExit) as e:
+            mod.main(bad)
+        assert e.value.code == 2
