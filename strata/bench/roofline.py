@@ -233,8 +233,9 @@ def linear_at_dense(chunks: Sequence, shape, rates: Rates) -> float | None:
 # -- the measured rates ------------------------------------------------------------------------
 # The longest copy h2d_rate's run pattern makes: a layer's consecutive experts up to this many
 # bytes as one copy. The engine's runs carry up to a pass of consecutive streamed experts (half
-# the ring, ~250 MiB); 64 MiB copies already run at the link's rate, and a buffer this size
-# stages beside a read's loan on any card.
+# the ring, ~250 MiB); copies of tens of MB already run at the link's rate (DeepSeek-V3's 28.6
+# MB blobs one by one: 55.0 GB/s on an H100), and a buffer this size stages beside a read's
+# loan on any card.
 H2D_RUN_BYTES = 64 << 20
 
 
