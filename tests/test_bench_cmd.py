@@ -174,3 +174,21 @@ def test_the_documented_columns_are_the_csv_columns():
     doc = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
     listed = re.search(r"CSV/JSON columns: `([^`]*)`", doc).group(1)
     assert [c.strip() for c in listed.split(",")] == COLUMNS
+
+
+def test_bench_s_copy_rate_times_runs_of_the_pack_s_blobs(pack, capsys, monkeypatch):
+    """The PCIe bound's rate (roofline.h2d_rate) is timed on runs of a layer's blobs as well as
+    blob by blob: a pack's HostExperts hands each layer as one block, so the runs exist, each
+    several whole blobs of one layer."""
+    from strata.bench import roofline
+    made, real = [], roofline._runs
+
+    def spy(host, held, E, nbytes, *a, **k):
+        made.append((host, held, real(host, held, E, nbytes, *a, **k)))
+        return made[-1][2]
+    monkeypatch.setattr(roofline, "_runs", spy)
+    assert main(["bench", pack, "-p", "24", "-r", "1", "-o", "csv", *STREAM]) == 0
+    capsys.readouterr()
+    ((host, held, runs),) = made
+    blob = host.blob(held[0], 0).numel()
+    assert runs and all(r.numel() % blob == 0 and r.numel() > blob for r in runs)
