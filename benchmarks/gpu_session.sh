@@ -78,6 +78,11 @@ for step in "$@"; do
     # issue 15's target where PCIe bounds Q8_0: short prompts, the streamed reads only
     formatspcie) timeout 400 python3 experiments/formats_ab.py --prompts 2048,4096,8192 --no-gemm --out "$OUT" 2>&1 | grep -v "it/s\]" | grep "^\[" | tail -20 | tee "$OUT/formats_pcie.log" ;;
     kernels) timeout 300 python3 experiments/kernel_bench.py --out "$OUT" 2>&1 | tail -40 | tee "$OUT/kernel_bench.log" ;;
+    # the 8K read's pass apart from its ring's run-ahead (docs/kernel_notes.md, "The 8K read's
+    # ring and passes"): RA_PACK a pack already made (e.g. `ONLY=synthpack bash
+    # benchmarks/llama_cpp.sh files qwen3.5-35b-a3b "--mix Q4_K_M"`), RA_ARMS the arms beside the
+    # plan's (ring/pass: Qwen3.5's by default)
+    ringpass) timeout 400 python3 benchmarks/ring_ab.py "$RA_PACK" --vram ${RA_VRAM:-12GiB} -p 8192 -r 2 --rings "${RA_ARMS:-plan/256,780/130,780}" --name "ring_pass-$(basename "$RA_PACK" .pack)" --out "$OUT" > "$OUT/ring_pass.log" 2>&1; grep "tok/s\|wrote\|error" "$OUT/ring_pass.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
     # issues 15/18: the decode-once path of the K-quants/IQ4_XS, byte path vs super-block words at
     # several tiles (Q8_0 bytes/words, MXFP4 bytes/stream beside), input and output GB/s against the

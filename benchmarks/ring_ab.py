@@ -2,31 +2,49 @@
 tokens/s beside each read's PCIe bound, one line per model (CSV + PNG).
 
     python3 benchmarks/ring_ab.py PACK --vram 24GiB -p 8192 --rings 32,48,64,96 --out DIR
+    python3 benchmarks/ring_ab.py PACK --vram 12GiB --rings plan/256,780/130 --out DIR
     python3 benchmarks/ring_ab.py --from DIR/*.csv --out DIR     # bench CSVs already made
 
 Each arm is a fresh `strata bench PACK --vram V -p P -r R -o csv` process (`--ring N` for the
 explicit arms), so every arm plans, borrows and warms up alone. An explicit ring changes two
 things at once: the ring's run-ahead and the passes (half the ring's experts a pass,
 strata.memory.layout.pass_experts), and its slots leave the expert cache, so more bytes stream
-(the bound falls as the ring grows); `--batch` pins the pass for the A/B of the two.
+(the bound falls as the ring grows). An arm `R/B` pins the pass to B experts (`--batch B`), `plan`
+for R keeps the plan's ring: `plan/256,780/130` sets the pass apart from the run-ahead.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-KEEP = ("model", "vram", "test", "chunk", "ring", "reps", "tokens_per_s", "tokens_per_s_sd",
-        "bytes_streamed", "h2d_gbps", "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s",
-        "of_bound", "wait_s")
+KEEP = ("model", "vram", "test", "chunk", "ring", "batch", "reps", "tokens_per_s",
+        "tokens_per_s_sd", "bytes_streamed", "h2d_gbps", "pcie_bound_tokens_per_s",
+        "compute_floor_tokens_per_s", "of_bound", "wait_s")
+
+
+def arms_of(text: str) -> list[tuple[int | None, int | None]]:
+    """`--rings`' arms as (ring, batch): "64" -> (64, None), "780/130" -> (780, 130),
+    "plan/256" -> (None, 256). ValueError on anything else."""
+    out = []
+    for item in filter(None, text.split(",")):
+        ring, _, batch = item.partition("/")
+        r = None if ring == "plan" else int(ring)
+        b = int(batch) if batch else None
+        if (r is not None and r < 1) or (b is not None and b < 1) or (r is None and b is None):
+            raise ValueError(item)
+        out.append((r, b))
+    return out
 
 
 def bench(pack: str, vram: str, P: int, reps: int, ring: int | None, batch: int | None,
           out: Path) -> Path:
     """One arm's `strata bench` CSV (its stderr beside it)."""
-    name = out / f"ring_ab-{Path(pack).stem}-{P}-{ring or 'plan'}.csv"
+    arm = f"{ring or 'plan'}" + (f"b{batch}" if batch else "")
+    name = out / f"ring_ab-{Path(pack).stem}-{P}-{arm}.csv"
     cmd = [sys.executable, "-m", "strata.cli", "bench", pack, "--vram", vram, "-p", str(P),
            "-r", str(reps), "-o", "csv"] + (["--ring", str(ring)] if ring else []) + \
         (["--batch", str(batch)] if batch else [])
@@ -36,12 +54,20 @@ def bench(pack: str, vram: str, P: int, reps: int, ring: int | None, batch: int 
     return name
 
 
+def pass_of(path) -> str:
+    """The pinned pass of an arm's CSV, from the name bench() gave it (`...-780b130.csv`: 130);
+    "" for the plan's own (half the ring) or a CSV named otherwise. bench's rows do not carry
+    it."""
+    m = re.search(r"-(?:\d+|plan)b(\d+)\.csv$", str(path))
+    return m.group(1) if m else ""
+
+
 def rows_of(paths) -> list[dict]:
     rows = []
     for p in paths:
         for r in csv.DictReader(Path(p).open()):
             if r.get("tokens_per_s"):
-                rows.append({k: r.get(k, "") for k in KEEP})
+                rows.append({k: r.get(k, "") for k in KEEP} | {"batch": pass_of(p)})
     return rows
 
 
@@ -58,13 +84,15 @@ def plot(rows: list[dict], png: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for (model, test), color in zip(sorted({(r["model"], r["test"]) for r in rows}),
-                                    plt.rcParams["axes.prop_cycle"].by_key()["color"]):
-        mine = sorted((r for r in rows if (r["model"], r["test"]) == (model, test)),
-                      key=lambda r: int(r["ring"]))
+    series = sorted({(r["model"], r["test"], r["batch"]) for r in rows})
+    for (model, test, batch), color in zip(series,
+                                           plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        mine = sorted((r for r in rows if (r["model"], r["test"], r["batch"]) ==
+                       (model, test, batch)), key=lambda r: int(r["ring"]))
         x = [int(r["ring"]) for r in mine]
         ax.plot(x, [float(r["tokens_per_s"]) for r in mine], "o-", color=color,
-                label=f"{model.split(' ')[0]} {mine[0]['vram']} {test}")
+                label=f"{model.split(' ')[0]} {mine[0]['vram']} {test}"
+                + (f", passes of {batch}" if batch else ", passes of half the ring"))
         bound = [num(r["pcie_bound_tokens_per_s"]) for r in mine]
         if None not in bound:
             ax.plot(x, bound, ":", color=color,
@@ -84,8 +112,10 @@ def main(argv=None) -> int:
     ap.add_argument("--vram", default="24GiB")
     ap.add_argument("-p", type=int, default=8192)
     ap.add_argument("-r", type=int, default=2)
-    ap.add_argument("--rings", default="", help="explicit rings, comma-separated")
-    ap.add_argument("--batch", type=int, default=None, help="experts a pass, every arm")
+    ap.add_argument("--rings", default="",
+                    help="arms beside the plan's: N, N/B (passes of B) or plan/B, comma-separated")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="experts a pass, every arm that names none")
     ap.add_argument("--from", dest="sources", nargs="*", default=None,
                     help="bench CSVs already made (no reads)")
     ap.add_argument("--name", default="ring_ab")
@@ -95,12 +125,12 @@ def main(argv=None) -> int:
     if (a.pack is None) == (a.sources is None):
         ap.error("give a PACK to read, or --from CSVs already made (one of the two)")
     try:
-        rings = [int(x) for x in a.rings.split(",") if x]
-    except ValueError:
-        ap.error(f"--rings takes slot counts like 32,64, got {a.rings!r}")
+        arms = [(None, a.batch)] + [(r, b or a.batch) for r, b in arms_of(a.rings)]
+    except ValueError as e:
+        ap.error(f"--rings takes arms like 32,64,780/130,plan/256; {e} is none")
     a.out.mkdir(parents=True, exist_ok=True)
     paths = a.sources if a.sources is not None else \
-        [bench(a.pack, a.vram, a.p, a.r, ring, a.batch, a.out) for ring in [None] + rings]
+        [bench(a.pack, a.vram, a.p, a.r, ring, batch, a.out) for ring, batch in arms]
     rows = rows_of(paths)
     if not rows:
         print("ring_ab: no bench rows to report (see the arms' .err files)", file=sys.stderr)
@@ -113,7 +143,8 @@ def main(argv=None) -> int:
     plot(rows, dst.with_suffix(".png"), a.title)
     for r in rows:
         of = num(r["of_bound"])
-        print(f"[ring_ab] {r['model'][:24]:24} {r['test']} ring {r['ring']:>5}: "
+        print(f"[ring_ab] {r['model'][:24]:24} {r['test']} ring {r['ring']:>5}"
+              + (f" pass {r['batch']}" if r["batch"] else "") + ": "
               f"{float(r['tokens_per_s']):9,.0f} tok/s"
               + ("" if of is None else f", {of:.2f} of its bound"))
     print(f"wrote {dst} and {dst.with_suffix('.png')}")

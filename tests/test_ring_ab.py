@@ -33,6 +33,26 @@ def test_ring_ab_reads_each_ring_and_gathers_them(pack, tmp_path):
         sorted(r["ring"] for r in rows)
 
 
+def test_ring_ab_pins_the_pass_apart_from_the_ring(pack, tmp_path, capsys):
+    """An arm R/B reads with --batch B (plan/B at the plan's ring): the rows say the pass the
+    arm pinned, the plan's own arm none."""
+    mod = load_script("benchmarks/ring_ab.py")
+    assert mod.arms_of("64,plan/256,780/130") == [(64, None), (None, 256), (780, 130)]
+    for bad in ("0", "plan", "x/2", "4/0"):
+        with pytest.raises(ValueError):
+            mod.arms_of(bad)
+    out = tmp_path / "o"
+    assert mod.main([pack, "--vram", "2GiB", "-p", "24", "-r", "1", "--rings", "plan/1,4/2",
+                     "--name", "t", "--out", str(out)]) == 0
+    said = [ln for ln in capsys.readouterr().out.splitlines()
+            if ln.startswith("[ring_ab] strata.cli bench")]
+    assert [("--ring 4" in ln, ln.split("--batch ")[1] if "--batch" in ln else "")
+            for ln in said] == [(False, ""), (False, "1"), (True, "2")]
+    rows = list(csv.DictReader((out / "t.csv").open()))
+    assert [r["batch"] for r in rows] == ["", "1", "2"] and rows[2]["ring"] == "4"
+    assert rows[0]["ring"] == rows[1]["ring"]      # plan/1: the plan's ring, passes of one
+
+
 def test_ring_ab_refuses_what_it_cannot_read(tmp_path, capsys):
     mod = load_script("benchmarks/ring_ab.py")
     empty = tmp_path / "e.csv"
