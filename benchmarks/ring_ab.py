@@ -6,11 +6,12 @@ tokens/s beside each read's PCIe bound, one line per model (CSV + PNG).
     python3 benchmarks/ring_ab.py --from DIR/*.csv --out DIR     # bench CSVs already made
 
 Each arm is a fresh `strata bench PACK --vram V -p P -r R -o csv` process (`--ring N` for the
-explicit arms), so every arm plans, borrows and warms up alone. An explicit ring changes two
-things at once: the ring's run-ahead and the passes (half the ring's experts a pass,
-strata.memory.layout.pass_experts), and its slots leave the expert cache, so more bytes stream
-(the bound falls as the ring grows). An arm `R/B` pins the pass to B experts (`--batch B`), `plan`
-for R keeps the plan's ring: `plan/256,780/130` sets the pass apart from the run-ahead.
+explicit arms), so every arm plans, borrows and warms up alone. An explicit ring changes three
+things at once: the ring's run-ahead, the passes (half the ring's experts a pass,
+strata.memory.layout.pass_experts), and the expert cache, which its slots leave, so more bytes
+stream (the bound falls as the ring grows). An arm `R/B` pins the pass to B experts (`--batch
+B`); `plan` for R keeps the plan's ring: `plan/256,780/130` sets the pass apart from the
+run-ahead.
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
     try:
         arms = [(None, a.batch)] + [(r, b or a.batch) for r, b in arms_of(a.rings)]
     except ValueError as e:
-        ap.error(f"--rings takes arms like 32,64,780/130,plan/256; {e} is none")
+        ap.error(f"--rings takes arms like 32,64,780/130,plan/256; {e} is not one")
     a.out.mkdir(parents=True, exist_ok=True)
     paths = a.sources if a.sources is not None else \
         [bench(a.pack, a.vram, a.p, a.r, ring, batch, a.out) for ring, batch in arms]
