@@ -22,6 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from strata.atomic import atomic_write
+from strata.errors import StrataError
+
 KEEP = ("model", "vram", "test", "chunk", "ring", "batch", "reps", "tokens_per_s",
         "tokens_per_s_sd", "bytes_streamed", "h2d_gbps", "pcie_bound_tokens_per_s",
         "compute_floor_tokens_per_s", "of_bound", "wait_s")
@@ -33,8 +36,11 @@ def arms_of(text: str) -> list[tuple[int | None, int | None]]:
     out = []
     for item in filter(None, text.split(",")):
         ring, _, batch = item.partition("/")
-        r = None if ring == "plan" else int(ring)
-        b = int(batch) if batch else None
+        try:
+            r = None if ring == "plan" else int(ring)
+            b = int(batch) if batch else None
+        except ValueError:
+            raise ValueError(item) from None
         if (r is not None and r < 1) or (b is not None and b < 1) or (r is None and b is None):
             raise ValueError(item)
         out.append((r, b))
@@ -43,14 +49,15 @@ def arms_of(text: str) -> list[tuple[int | None, int | None]]:
 
 def bench(pack: str, vram: str, P: int, reps: int, ring: int | None, batch: int | None,
           out: Path) -> Path:
-    """One arm's `strata bench` CSV (its stderr beside it)."""
+    """One arm's `strata bench` CSV, whole or absent (its stderr beside it)."""
     arm = f"{ring or 'plan'}" + (f"b{batch}" if batch else "")
     name = out / f"ring_ab-{Path(pack).stem}-{P}-{arm}.csv"
     cmd = [sys.executable, "-m", "strata.cli", "bench", pack, "--vram", vram, "-p", str(P),
            "-r", str(reps), "-o", "csv"] + (["--ring", str(ring)] if ring else []) + \
         (["--batch", str(batch)] if batch else [])
     print("[ring_ab]", " ".join(cmd[2:]), flush=True)
-    with name.open("w") as f, name.with_suffix(".err").open("w") as e:
+    with atomic_write(name) as tmp, open(tmp, "w") as f, \
+            name.with_suffix(".err").open("w") as e:
         subprocess.run(cmd, stdout=f, stderr=e, check=False)
     return name
 
@@ -66,7 +73,12 @@ def pass_of(path) -> str:
 def rows_of(paths) -> list[dict]:
     rows = []
     for p in paths:
-        for r in csv.DictReader(Path(p).open()):
+        try:
+            text = Path(p).read_text()
+        except OSError as e:
+            raise StrataError(f"ring_ab: cannot read {p}: {e.strerror}; give bench CSVs "
+                              f"that exist") from None
+        for r in csv.DictReader(text.splitlines()):
             if r.get("tokens_per_s"):
                 rows.append({k: r.get(k, "") for k in KEEP} | {"batch": pass_of(p)})
     return rows
@@ -88,8 +100,12 @@ def plot(rows: list[dict], png: Path, title: str) -> None:
     series = sorted({(r["model"], r["test"], r["batch"]) for r in rows})
     for (model, test, batch), color in zip(series,
                                            plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        # a STAGE ring (a prompt under stream_all_min) has no slot count to draw at
         mine = sorted((r for r in rows if (r["model"], r["test"], r["batch"]) ==
-                       (model, test, batch)), key=lambda r: int(r["ring"]))
+                       (model, test, batch) and r["ring"].isdigit()),
+                      key=lambda r: int(r["ring"]))
+        if not mine:
+            continue
         x = [int(r["ring"]) for r in mine]
         ax.plot(x, [float(r["tokens_per_s"]) for r in mine], "o-", color=color,
                 label=f"{model.split(' ')[0]} {mine[0]['vram']} {test}"
@@ -104,7 +120,8 @@ def plot(rows: list[dict], png: Path, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    with atomic_write(png) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
 
 
 def main(argv=None) -> int:
@@ -129,19 +146,26 @@ def main(argv=None) -> int:
         arms = [(None, a.batch)] + [(r, b or a.batch) for r, b in arms_of(a.rings)]
     except ValueError as e:
         ap.error(f"--rings takes arms like 32,64,780/130,plan/256; {e} is not one")
-    a.out.mkdir(parents=True, exist_ok=True)
-    paths = a.sources if a.sources is not None else \
-        [bench(a.pack, a.vram, a.p, a.r, ring, batch, a.out) for ring, batch in arms]
-    rows = rows_of(paths)
-    if not rows:
-        print("ring_ab: no bench rows to report (see the arms' .err files)", file=sys.stderr)
+    try:
+        a.out.mkdir(parents=True, exist_ok=True)
+        paths = a.sources if a.sources is not None else \
+            [bench(a.pack, a.vram, a.p, a.r, ring, batch, a.out) for ring, batch in arms]
+        rows = rows_of(paths)
+        if not rows:
+            raise StrataError("ring_ab: no bench rows to report (see the arms' .err files)")
+        dst = a.out / f"{a.name}.csv"
+        with atomic_write(dst) as tmp, open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=KEEP)
+            w.writeheader()
+            w.writerows(rows)
+        plot(rows, dst.with_suffix(".png"), a.title)
+    except StrataError as e:
+        print(e, file=sys.stderr)
         return 2
-    dst = a.out / f"{a.name}.csv"
-    with dst.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=KEEP)
-        w.writeheader()
-        w.writerows(rows)
-    plot(rows, dst.with_suffix(".png"), a.title)
+    except OSError as e:
+        print(f"ring_ab: {e.strerror}: {e.filename}; give an --out folder that can be written",
+              file=sys.stderr)
+        return 2
     for r in rows:
         of = num(r["of_bound"])
         print(f"[ring_ab] {r['model'][:24]:24} {r['test']} ring {r['ring']:>5}"

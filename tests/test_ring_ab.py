@@ -59,6 +59,9 @@ def test_ring_ab_refuses_what_it_cannot_read(tmp_path, capsys):
     empty.write_text("model,test\n")
     assert mod.main(["--from", str(empty), "--out", str(tmp_path)]) == 2
     assert "no bench rows" in capsys.readouterr().err
+    assert mod.main(["--from", str(tmp_path / "gone.csv"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot read" in err and "\n" not in err and not list(tmp_path.glob("*.png"))
     for bad in ([], ["x.pack", "--from", str(empty)], ["x.pack", "--rings", "a,b"]):
         with pytest.raises(SystemExit) as e:
             mod.main(bad)
