@@ -26,7 +26,9 @@ Two forms of the same attention, one signature (`mla_chunk_attention`):
   and lse; the engine carves it) and each block is one launch with its lse
   (strata.models.mla_attend): torch's memory-efficient attention kernel (`attend_block`), its
   flash forward with V zero-padded to the q/k width (`attend_block_flash`, the default: flash
-  takes one width, 192 for q/k and 128 for v here), or strata's block kernel (`attend_carried`,
+  takes one width, 192 for q/k and 128 for v here), cuDNN's attention at both widths
+  (`attend_block_cudnn`; strata's block kernel where a GPU has no cuDNN attention, the same
+  scratch), or strata's block kernel (`attend_carried`,
   strata.kernels.attention.mla_block: q/k 192 as two dots, v 128, the softmax state carried
   through the launches instead of merged); off CUDA, the reference, the same blocks in fp32
   plain torch. The transient beyond the scratch is one block's kernel output
@@ -64,9 +66,10 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
 from strata.models.layers import apply_rope_pairs, rms_norm
+from strata.kernels.attention.flash_prefix import blocks_kernel
 # the block kernels live in mla_attend; the tests and benchmarks import them from here too
-from strata.models.mla_attend import (attend_block, attend_block_flash, attend_block_ref,
-                                      attend_carried, attend_for, key_blocks, merge_block,
+from strata.models.mla_attend import (attend_block, attend_block_cudnn, attend_block_flash,
+                                      attend_block_ref, attend_carried, attend_for, key_blocks, merge_block,
                                       merge_for)
 from strata.models.mla_launch import MLA_BLOCK, mla_launch
 from strata.models.mla_scratch import MLAScratch, mla_value_width
@@ -279,6 +282,8 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
     latent = L + R if int8 or len(segs) > 1 else 0
     launch = mla_launch()
     backend, merge = launch.backend, merge_for(launch.merge)
+    if backend == "cudnn" and q_nope.is_cuda and blocks_kernel() != "cudnn":
+        backend = "triton"   # no cuDNN attention here: the kernel of the same scratch
     if scratch is None:
         scratch = MLAScratch.of(H, hd, Hv, T, S, q_nope.device, dtype=dt, block=block,
                                 latent=latent, backend=backend)

@@ -8,6 +8,8 @@ Hv the value head width, W = max(hd, Hv) the flash backend's padded value width.
     attend_block_ref             plain torch, fp32 scores: the twin of the two below
     attend_block                 CUDA "efficient": torch's memory-efficient kernel, v [H, m, Hv]
     attend_block_flash           CUDA "flash": torch's flash forward, v [H, m, W] zero-padded
+    attend_block_cudnn           CUDA "cudnn": cuDNN's attention, q/k and v at their own widths
+                                 (a masked block that is not square: attend_block)
     attend_block_triton          "triton": strata's block kernel (strata.kernels.attention.
                                  mla_block), q/k and v at their own widths
     attend_carried               "triton" as the blocked attention runs it: the softmax state
@@ -26,7 +28,8 @@ import functools
 
 import torch
 
-from strata.kernels.attention.flash import attend_block_ref, flash_fits, flash_forward
+from strata.kernels.attention.flash import (attend_block_ref, cudnn_forward, flash_fits,
+                                           flash_forward)
 from strata.kernels.attention.merge import lse_merge, lse_merge_torch
 from strata.kernels.attention.mla_block import attend_block_triton, mla_block_attention
 
@@ -64,6 +67,23 @@ def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool
     return o[0].transpose(0, 1), lse[0, :, :n]                               # [H, n, Hv], [H, n]
 
 
+def attend_block_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """attend_block's signature through cuDNN's attention (strata.kernels.attention.flash.
+    cudnn_forward), which takes q/k of 192 and values of 128 as they are: on the H100 a causal
+    8,192-token block of DeepSeek-V3's 128 heads ran in 4.35 ms (632 TFLOP/s), where strata's
+    block kernel read the same causal chunk in 7.46 (experiments/results/
+    mla_cudnn_probe-NVIDIA_H100-6e3010d.log). cuDNN's causal mask is aligned
+    top-left, which is the bottom-right mask only for a square block: a masked block with more
+    keys than queries (a chunk's last, short query block) and operands cuDNN does not take go to
+    attend_block."""
+    n, m, hd, Hv = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
+    if not q.is_cuda or (masked and n != m) or hd % 8 or Hv % 8 or \
+            q.dtype not in (torch.bfloat16, torch.float16):
+        return attend_block(q, k, v, masked, scale)
+    return cudnn_forward(q, k, v, masked, scale)
+
+
 def attend_block_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
                        scale: float, *, v_dim: int, kernel=None) -> tuple[torch.Tensor,
                                                                           torch.Tensor]:
@@ -92,7 +112,8 @@ def attend_for(backend: str, v_dim: int):
     the blocked attention runs as `attend_carried`."""
     if backend == "flash":
         return functools.partial(attend_block_flash, v_dim=v_dim)
-    return attend_block_triton if backend == "triton" else attend_block
+    return {"triton": attend_block_triton, "cudnn": attend_block_cudnn}.get(backend,
+                                                                            attend_block)
 
 
 def attend_carried(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
@@ -110,6 +131,6 @@ def merge_for(merge: str):
     return lse_merge if merge == "fused" else merge_block
 
 
-__all__ = ["attend_block", "attend_block_flash", "attend_block_ref", "attend_block_triton",
+__all__ = ["attend_block", "attend_block_cudnn", "attend_block_flash", "attend_block_ref", "attend_block_triton",
            "attend_carried", "attend_for", "flash_fits", "flash_forward", "key_blocks",
            "merge_block", "merge_for"]

@@ -14,6 +14,12 @@ carves).
                at Hv, and the softmax state carried from key block to key block inside the
                launches (each folds its block into the fp32 state, the last writes o), so
                no merge runs: `merge` is not read.
+               "cudnn": cuDNN's attention (strata.models.mla_attend.attend_block_cudnn), q/k
+               and v at their own widths, each block's (o, lse) merged as efficient's are; a
+               masked block that is not square goes to the efficient kernel (cuDNN aligns its
+               causal mask top-left), and on a GPU without cuDNN's attention (before Hopper,
+               strata.kernels.attention.flash_prefix.blocks_kernel) the triton backend runs
+               instead: its scratch is the same.
       block    B, queries and keys per launch. A chunk of T tokens over itself launches
                ceil(T/B)·(ceil(T/B) + 1)/2 times and merges all but ceil(T/B) of them; a larger
                B launches and merges fewer times for more scratch (k and v rows min(B, S), the
@@ -23,16 +29,21 @@ carves).
                (strata.kernels.attention.merge.lse_merge: acc and o read once, acc written
                once).
 
-The default on a GPU is triton at B = 4096, by an A/B on the H100 at b6aff0d
-(benchmarks/gpu_session.sh mlatriton: benchmarks/mla_bench.py, one DeepSeek-V3 layer's blocked
-attention in one chunk, and benchmarks/profile_read.py --what resident --preset deepseek-v3
---quant Q4_K_M --layers 5; experiments/results/*mla*-NVIDIA_H100-b6aff0d*): the attention
-12.45 -> 7.52 ms at T 8192 and 185.3 -> 115.0 ms at 32768 against flash 4096 fused; the 5-layer read 44,977 -> 49,959 tok/s at
-8K and 24,574 -> 34,122 at 32K (attention 874 -> 544 ms of it, against its 350 ms floor). Smaller
-blocks and the other tiles were slower (2048: 8.96 / 136.6 ms). Its scratch holds V at Hv
-(~0.61 GB at DeepSeek-V3's heads, flash's ~0.67), counted by the planner from this record as
-every other launch's. Before it, flash at 4096 with the fused merge had replaced efficient at
-2048 with the torch merge (974a332: 34,465 / 14,477 -> 45,906 / 24,671 tok/s).
+The default on a GPU is cudnn at B = 4096 (strata's triton kernel where the GPU has no cuDNN
+attention), by an A/B on the H100 at 6e3010d (benchmarks/mla_bench.py, one DeepSeek-V3 layer's
+blocked attention, and benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant
+Q4_K_M --layers 5 --T 8192 32768 --mla-backend triton|cudnn; experiments/results/
+*mla_cudnn*-NVIDIA_H100-6e3010d*): the attention 7.61 -> 6.58 ms at T 8192 and 113.7 -> 95.9
+ms at 32768, 307.6 -> 260.3 ms for 32,768 queries after 28,672 cached; the 5-layer read 51,630
+-> 50,884 tok/s at 8K (alike) and 34,197 -> 37,972 at 32K (attention 532 -> 389 ms of it,
+against its 346 ms floor). cudnn at B = 8192 ran 85.1 ms at 32768 but 32.2 (against 22.1) for
+4,096 queries after 28,672 keys, whose masked block is not square, and doubles the scratch.
+Before it triton at B = 4096 (b6aff0d: 12.45 -> 7.52 ms at T 8192 and 185.3 -> 115.0 ms at
+32768 against flash at 4096 with the fused merge), and before that flash at 4096 with the fused
+merge had replaced efficient at 2048 with the torch merge (974a332: the 5-layer read 34,465 /
+14,477 -> 45,906 / 24,671 tok/s). Smaller blocks were slower at every backend. The scratch of
+cudnn and triton holds V at Hv (~0.61 GB at DeepSeek-V3's heads, flash's ~0.67), counted by the
+planner from this record as every other launch's.
 
 Without CUDA (Triton in its interpreter) the default backend is flash, which falls back to torch
 there: the triton kernel would run as interpreted numpy, program by program. Tests pin each
@@ -48,8 +59,8 @@ from strata.errors import StrataError
 from strata.kernels.pins import pinned_record
 
 MLA_BLOCK = 4096   # the default B (strata.models.mla_scratch's docstring says why)
-DEFAULT_BACKEND = "flash" if INTERPRET else "triton"   # see the module docstring
-BACKENDS = ("efficient", "flash", "triton")
+DEFAULT_BACKEND = "flash" if INTERPRET else "cudnn"   # see the module docstring
+BACKENDS = ("efficient", "flash", "triton", "cudnn")
 MERGES = ("torch", "fused")
 
 

@@ -19,8 +19,8 @@ query's own key and holds min(B, P + t1) keys, so every launch's rows are at mos
 and the last chunk of a prompt uses exactly that many: `mla_scratch_rows(T, S)` is both what the
 plan carves and what the launcher needs, for any (T, S).
 
-At DeepSeek-V3's widths (H 128, hd 192, Hv 128) and the default launch (flash, B = 4096): k 201
-MB, v 201 MB (192 wide), state 271 MB at a chunk of 4096 tokens or more (the efficient backend at
+At DeepSeek-V3's widths (H 128, hd 192, Hv 128) and B = 4096, the flash backend's launch: k 201
+MB, v 201 MB (192 wide; 134 MB at Hv for the others), state 271 MB at a chunk of 4096 tokens or more (the efficient backend at
 B = 2048: k + v 168 MB, state 135 MB), where all keys at once (the old transient) took S·81,920 B,
 2.7 GB at S = 32K. A smaller block launches and merges more and re-decompresses the prefix once
 per query block (ceil(T / B) times); a larger one grows the carve. B = 4096 against 2048 read a

@@ -31,7 +31,7 @@ from hypothesis import example, given, settings, strategies as st
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import quantize_kv
 from strata.memory.layout import PromptLayout
-from strata.models.mla import (attend_block, attend_block_ref, key_blocks, merge_block,
+from strata.models.mla import (attend_block, attend_block_cudnn, attend_block_ref, key_blocks, merge_block,
                                mla_chunk_attention, mla_chunk_attention_absorbed)
 from strata.models.mla_launch import BACKENDS, DEFAULT, MERGES, pin_mla_launch
 from strata.models.mla_scratch import MLA_BLOCK, MLAScratch, mla_scratch_rows, mla_state_floats
@@ -115,6 +115,9 @@ def transient_bound(backend: str, merge: str, H: int, T: int, n: int, m: int, hd
                     [s, 1, H, n, hd_r] and [s, 1, H, n], hd_r = hd rounded up to 32 (64 above 128)
       triton        nothing: the launches fold each block into the scratch's state and the last
                     writes the output
+      cudnn         torch.ops.aten._scaled_dot_product_cudnn_attention: o [1, H, n, Hv] bf16 and
+                    lse fp32 [1, H, n, 1] (no dropout: no rng state; the blocks here are square,
+                    so none goes to the efficient kernel)
       merge         "torch" (a backend's that merges): logaddexp's new, lse - new and lse_b - new,
                     three fp32 [H, n]; "fused": one Triton launch, nothing
     plus SLACK."""
@@ -124,6 +127,8 @@ def transient_bound(backend: str, merge: str, H: int, T: int, n: int, m: int, hd
         return q + SLACK
     if backend == "efficient":
         return q + n * H * Hv * (2 + 4) + H * -(-n // 32) * 32 * 4 + merged + SLACK
+    if backend == "cudnn":
+        return q + n * H * Hv * 2 + H * n * 4 + merged + SLACK
     if backend == "flash":
         s = flash_splits(H, n, m, hd, sms)
         hd_r = -(-hd // 32) * 32 if hd <= 128 else -(-hd // 64) * 64
@@ -316,17 +321,39 @@ def test_attend_block_equals_its_reference_on_the_gpu(n, m, masked):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n,m,masked", [(64, 64, True), (37, 300, True), (50, 129, False),
+                                        (1, 1, True), (256, 256, True)])
+def test_attend_block_cudnn_equals_its_reference_on_the_gpu(n, m, masked):
+    """cuDNN's attention with its log-sum-exp (a masked block that is not square through the
+    efficient kernel) against attend_block_ref at DeepSeek-V3's head widths (q/k 192, v 128),
+    bf16 in, into the scratch's layout ([H, m, hd] views of a larger buffer). Bounds as the
+    efficient kernel's above."""
+    g = torch.Generator().manual_seed(7 * n + m)
+    q, k, v = (torch.randn(4, r, d, generator=g).cuda().bfloat16()
+               for r, d in ((n, 192), (m, 192), (m, 128)))
+    q = torch.cat([q, torch.full_like(q, float("nan"))], dim=1)[:, :n]   # a strided view
+    o, lse = attend_block_cudnn(q, k, v, masked, 192 ** -0.5)
+    ro, rl = attend_block_ref(q, k, v, masked, 192 ** -0.5)
+    assert o.shape == ro.shape and lse.shape == rl.shape == (4, n)
+    assert float((o.float() - ro.float()).abs().max() / ro.float().abs().max()) < BF16_REL
+    assert float((lse - rl).abs().max()) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T,P,block", [(600, 1500, 256), (1, 0, 256), (333, 0, 128),
                                        (5, 700, 2048)])
-def test_blocked_on_the_gpu_at_deepseek_widths(T, P, block):
-    """CUDA, bf16, H 8 heads of 128 + 64 / 128, Lkv 512: the blocked path in a NaN-poisoned
-    scratch of exactly its size, into a NaN-poisoned output, against the fp64 absorbed form."""
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_blocked_on_the_gpu_at_deepseek_widths(T, P, block, backend):
+    """CUDA, bf16, H 8 heads of 128 + 64 / 128, Lkv 512, under each backend: the blocked path in
+    a NaN-poisoned scratch of exactly its size, into a NaN-poisoned output, against the fp64
+    absorbed form (T 333 at blocks of 128 ends in a masked block that is not square)."""
     H, N, R, Hv, L = 8, 128, 64, 128, 512
     ins = draw(H, T, P, N, R, Hv, L, T + P, dtype=torch.bfloat16, device="cuda")
     kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block)
     out = torch.full((T, H, Hv), float("nan"), dtype=torch.bfloat16, device="cuda")
-    got = mla_chunk_attention(*ins, out=out, scratch=poisoned(H, N + R, Hv, T, P + T, block,
-                                                              torch.bfloat16, "cuda"), **kw)
+    with pin_mla_launch(backend=backend):
+        got = mla_chunk_attention(*ins, out=out, scratch=poisoned(
+            H, N + R, Hv, T, P + T, block, torch.bfloat16, "cuda"), **kw)
     want = mla_chunk_attention_absorbed(*ins, **kw)
     assert torch.isfinite(got).all()
     assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < BF16_REL
