@@ -1,10 +1,16 @@
 """Compile the decode kernels for sm_90 (H200) without a GPU: `python compile_decoders.py Q4_K ...`.
 
-Per format: the test-only window kernel (decode_tile and decode_tile_runs),
-strata.kernels.dequantize's kernel (strata.kernels._dequant_kernel) (fp32, bf16, fp16 out; both decode paths),
-and for the super-block formats the decode-once kernel's super-block word path at the default tile
-(aligned where the format's blocks can be, else through word pairs; tests/kernels/compile_moe.py
-compiles every variant of that kernel).
+Every format named: strata.kernels.dequantize's kernel (strata.kernels._dequant_kernel), bf16
+out, both decode paths (RUNS 0 and 1), and for the super-block formats the decode-once kernel's
+super-block word path at the default tile (aligned where the format's blocks can be, else
+through word pairs; tests/kernels/compile_moe.py compiles every variant of that kernel).
+The first format named of each decoder family (strata.kernels.decode.FAMILIES) also takes every
+other variant: the test-only window kernel (decode_tile and decode_tile_runs) and the dequant
+kernel's fp32 and fp16 outputs. A format's own code is its family's decode functions and its
+traits, which the bf16 dequant compile reaches on both paths; the output dtype and the window
+kernel are the same code for every format of a family, so compiling them once a family keeps
+what a type error could hide in while the test compiles ~90 kernels instead of ~210 (~100 s of
+a fresh CI run's Triton compiles before).
 
 Run by tests/test_decode.py in a process with TRITON_INTERPRET=0; exits 1 naming any format that
 fails to compile.
@@ -18,7 +24,7 @@ from triton.compiler import ASTSource
 from strata.formats import get_format
 from strata.kernels import _dequant_kernel
 from strata.kernels.moe import _expert_dequant_kernel
-from strata.kernels.decode import format_traits
+from strata.kernels.decode import FAMILIES, format_traits
 from strata.kernels.decode.superblocks import SUPERBLOCK_FORMATS
 from strata.kernels.moe.tiles import DEFAULT_SUPERBLOCK_TILE
 import test_decode
@@ -37,13 +43,23 @@ EXPERT_SIG = {"arena_ptr": "*u8", "slot_ptr": "*i64", "dst_slot_ptr": "*i64", "m
               "ALIGNED": "constexpr"}
 
 
-def sources(name):
+def family(name) -> str:
+    """The family module whose traits bundle decodes `name`."""
+    t = format_traits(name)
+    return next(m.__name__ for m in FAMILIES if any(v is t for v in vars(m).values()))
+
+
+def sources(name, every: bool):
+    """The kernels compiled for `name`: every variant when `every` (the first of its family),
+    else the bf16 dequant on both paths and the super-block path."""
     fmt = format_traits(name)
-    for runs in (False, True):
+    for runs in (False, True) if every else ():
         yield f"window-runs{int(runs)}", ASTSource(
             fn=test_decode._decode_window_kernel, signature=SIG,
             constexprs={"FMT": fmt, "BN": 64, "BK": 128, "RUNS": runs})
     for out, ptr in OUT_PTR.items():
+        if not every and ptr != "*bf16":
+            continue
         sig = dict(DEQUANT_SIG, out_ptr=ptr)
         for runs in (False, True):
             yield f"dequant-out{out}-runs{int(runs)}", ASTSource(
@@ -60,9 +76,11 @@ def sources(name):
 
 
 def main(names) -> int:
-    failed = []
+    failed, seen = [], set()
     for name in names:
-        for what, src in sources(name):
+        fam = family(name)
+        every, _ = fam not in seen, seen.add(fam)
+        for what, src in sources(name, every):
             try:
                 triton.compile(src, target=GPUTarget("cuda", 90, 32))
             except Exception as e:  # report every format, then fail
