@@ -69,8 +69,8 @@ from strata.models.layers import apply_rope_pairs, rms_norm
 from strata.kernels.attention.flash_prefix import blocks_kernel
 # the block kernels live in mla_attend; the tests and benchmarks import them from here too
 from strata.models.mla_attend import (attend_block, attend_block_cudnn, attend_block_flash,
-                                      attend_block_ref, attend_carried, attend_for, key_blocks, merge_block,
-                                      merge_for)
+                                      attend_block_ref, attend_carried, attend_for, key_blocks,
+                                      merge_block, merge_for)
 from strata.models.mla_launch import MLA_BLOCK, mla_launch
 from strata.models.mla_scratch import MLAScratch, mla_value_width
 
@@ -303,7 +303,7 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
     for t0 in range(0, T, block):
         n = min(block, T - t0)
         acc, lse = scratch.carried(n, H, Hv)
-        blocks = key_blocks(P + t0 + n, n, block)
+        blocks = key_blocks(P + t0 + n, n, block, square=backend == "cudnn")
         for i, (a, b, masked) in enumerate(blocks):
             k, v = scratch.kv(b - a, H, hd, vw, rows)
             pieces = list(_pieces(segs, starts, a, b))

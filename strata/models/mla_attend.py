@@ -4,7 +4,8 @@ attends, one launch per block with its log-sum-exp, and the fp32 merge of the bl
 Legend: H heads, n queries of the block, m keys of the block, hd = N + R the q/k head width,
 Hv the value head width, W = max(hd, Hv) the flash backend's padded value width.
 
-    key_blocks(kv_end, n, B)     the (start, end, masked) key blocks of a query block
+    key_blocks(kv_end, n, B)     the (start, end, masked) key blocks of a query block (square:
+                                 the masked one n x n, for cuDNN's mask)
     attend_block_ref             plain torch, fp32 scores: the twin of the two below
     attend_block                 CUDA "efficient": torch's memory-efficient kernel, v [H, m, Hv]
     attend_block_flash           CUDA "flash": torch's flash forward, v [H, m, W] zero-padded
@@ -37,11 +38,18 @@ from strata.kernels.attention.mla_block import attend_block_triton, mla_block_at
 merge_block = lse_merge_torch
 
 
-def key_blocks(kv_end: int, n: int, block: int) -> list[tuple[int, int, bool]]:
+def key_blocks(kv_end: int, n: int, block: int,
+               square: bool = False) -> list[tuple[int, int, bool]]:
     """The key blocks a query block of n tokens whose last query sees keys 0..kv_end-1 attends:
     (start, end, masked), ending with the one of min(block, kv_end) keys that ends at kv_end,
     masked bottom-right (its query i sees its first i + size - n + 1 keys); the ones before it
-    are seen whole. Needs n <= min(block, kv_end)."""
+    are seen whole. Needs n <= min(block, kv_end). `square`: the masked block is the n keys that
+    end at kv_end (a square one, where a top-left causal mask is the bottom-right one: cuDNN's),
+    the keys before it in blocks of `block` from the first; one block more at most."""
+    if square:
+        lo = kv_end - n
+        return [(a, min(a + block, lo), False) for a in range(0, lo, block)] + \
+            [(lo, kv_end, True)]
     lo = max(0, kv_end - block)
     return [(a, min(a + block, lo), False) for a in range(0, lo, block)] + [(lo, kv_end, True)]
 
@@ -74,8 +82,9 @@ def attend_block_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked
     8,192-token block of DeepSeek-V3's 128 heads ran in 4.35 ms (632 TFLOP/s), where strata's
     block kernel read the same causal chunk in 7.46 (experiments/results/
     mla_cudnn_probe-NVIDIA_H100-6e3010d.log). cuDNN's causal mask is aligned
-    top-left, which is the bottom-right mask only for a square block: a masked block with more
-    keys than queries (a chunk's last, short query block) and operands cuDNN does not take go to
+    top-left, which is the bottom-right mask only for a square block: the blocked attention tiles
+    the keys so that its masked block is square (key_blocks(square=True)); a masked block with
+    more keys than queries, given here all the same, and operands cuDNN does not take go to
     attend_block."""
     n, m, hd, Hv = q.shape[1], k.shape[1], q.shape[-1], v.shape[-1]
     if not q.is_cuda or (masked and n != m) or hd % 8 or Hv % 8 or \
@@ -131,6 +140,6 @@ def merge_for(merge: str):
     return lse_merge if merge == "fused" else merge_block
 
 
-__all__ = ["attend_block", "attend_block_cudnn", "attend_block_flash", "attend_block_ref", "attend_block_triton",
-           "attend_carried", "attend_for", "flash_fits", "flash_forward", "key_blocks",
+__all__ = ["attend_block", "attend_block_cudnn", "attend_block_flash", "attend_block_ref",
+           "attend_block_triton", "attend_carried", "attend_for", "flash_fits", "flash_forward", "key_blocks",
            "merge_block", "merge_for"]

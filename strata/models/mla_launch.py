@@ -15,9 +15,11 @@ carves).
                launches (each folds its block into the fp32 state, the last writes o), so
                no merge runs: `merge` is not read.
                "cudnn": cuDNN's attention (strata.models.mla_attend.attend_block_cudnn), q/k
-               and v at their own widths, each block's (o, lse) merged as efficient's are; a
-               masked block that is not square goes to the efficient kernel (cuDNN aligns its
-               causal mask top-left), and on a GPU without cuDNN's attention (before Hopper,
+               and v at their own widths, each block's (o, lse) merged as efficient's are; its
+               masked block is the query block's own n keys (key_blocks(square=True): cuDNN
+               aligns its causal mask top-left), the keys before it in blocks of B, so a
+               chunk's short last query block takes one block more; on a GPU without cuDNN's
+               attention (before Hopper,
                strata.kernels.attention.flash_prefix.blocks_kernel) the triton backend runs
                instead: its scratch is the same.
       block    B, queries and keys per launch. A chunk of T tokens over itself launches
@@ -37,7 +39,8 @@ Q4_K_M --layers 5 --T 8192 32768 --mla-backend triton|cudnn; experiments/results
 ms at 32768, 307.6 -> 260.3 ms for 32,768 queries after 28,672 cached; the 5-layer read 51,630
 -> 50,884 tok/s at 8K (alike) and 34,197 -> 37,972 at 32K (attention 532 -> 389 ms of it,
 against its 346 ms floor). cudnn at B = 8192 ran 85.1 ms at 32768 but 32.2 (against 22.1) for
-4,096 queries after 28,672 keys, whose masked block is not square, and doubles the scratch.
+4,096 queries after 28,672 keys (its masked block not square then: the efficient kernel; the
+square tiling since), and doubles the scratch.
 Before it triton at B = 4096 (b6aff0d: 12.45 -> 7.52 ms at T 8192 and 185.3 -> 115.0 ms at
 32768 against flash at 4096 with the fused merge), and before that flash at 4096 with the fused
 merge had replaced efficient at 2048 with the torch merge (974a332: the 5-layer read 34,465 /

@@ -20,13 +20,13 @@ and the last chunk of a prompt uses exactly that many: `mla_scratch_rows(T, S)` 
 plan carves and what the launcher needs, for any (T, S).
 
 At DeepSeek-V3's widths (H 128, hd 192, Hv 128) and B = 4096, the flash backend's launch: k 201
-MB, v 201 MB (192 wide; 134 MB at Hv for the others), state 271 MB at a chunk of 4096 tokens or more (the efficient backend at
-B = 2048: k + v 168 MB, state 135 MB), where all keys at once (the old transient) took S·81,920 B,
-2.7 GB at S = 32K. A smaller block launches and merges more and re-decompresses the prefix once
-per query block (ceil(T / B) times); a larger one grows the carve. B = 4096 against 2048 read a
-5-layer DeepSeek-V3 8% faster at T = 32768 on the H100 (strata.models.mla_launch).
-strata.planning counts these
-buffers (mla_k, mla_v, mla_state) in the layout's attention phase from this module.
+MB, v 201 MB (192 wide; 134 MB at Hv for the others), state 271 MB at a chunk of 4096 tokens or
+more (the efficient backend at B = 2048: k + v 168 MB, state 135 MB), where all keys at once
+(the old transient) took S·81,920 B, 2.7 GB at S = 32K. A smaller block launches and merges
+more and re-decompresses the prefix once per query block (ceil(T / B) times); a larger one grows
+the carve. B = 4096 against 2048 read a 5-layer DeepSeek-V3 8% faster at T = 32768 on the H100
+(strata.models.mla_launch). strata.planning counts these buffers (mla_k, mla_v, mla_state) in
+the layout's attention phase from this module.
 
 B and the kernel are the launch in force (strata.models.mla_launch: MLALaunch(backend, block),
 pinnable). The flash backend keeps v at W = max(hd, Hv) columns a head, laid out [H, rows, W]
@@ -47,7 +47,9 @@ from strata.models.mla_launch import MLA_BLOCK, mla_launch
 
 def mla_scratch_rows(T: int, S: int, block: int | None = None) -> tuple[int, int]:
     """(key rows, query rows) of scratch a chunk of T tokens over S keys works in (block:
-    the launch's in force when None)."""
+    the launch's in force when None). The key rows are the plain tiling's largest block
+    (strata.models.mla_attend.key_blocks); the cudnn backend's square tiling takes no more,
+    the same from S > block."""
     block = mla_launch().block if block is None else block
     return min(block, S), min(block, T)
 

@@ -31,7 +31,8 @@ from hypothesis import example, given, settings, strategies as st
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import quantize_kv
 from strata.memory.layout import PromptLayout
-from strata.models.mla import (attend_block, attend_block_cudnn, attend_block_ref, key_blocks, merge_block,
+from strata.models.mla import (attend_block, attend_block_cudnn, attend_block_ref, key_blocks,
+                               merge_block,
                                mla_chunk_attention, mla_chunk_attention_absorbed)
 from strata.models.mla_launch import BACKENDS, DEFAULT, MERGES, pin_mla_launch
 from strata.models.mla_scratch import MLA_BLOCK, MLAScratch, mla_scratch_rows, mla_state_floats
@@ -178,13 +179,20 @@ def test_blocked_equals_the_references(H, T, P, N, R, Hv, L, block, seed):
 @given(end=st.integers(1, 200), n=st.integers(1, 64), block=st.integers(1, 64))
 @example(end=64, n=64, block=64).via("a query block that is its own key block")
 @example(end=65, n=1, block=64).via("one key before the last block")
+@example(end=5000, n=904, block=4096).via("a chunk's short last query block")
 def test_key_blocks_tile_the_keys_once(end, n, block):
+    """Both tilings cover keys 0..end-1 once, in order, in blocks of at most `block`, masked
+    last; the plain one's masked block is min(block, end) keys, the square one's (cuDNN's) the
+    query block's own n, with at most one block more."""
     n = min(n, block, end)
-    bs = key_blocks(end, n, block)
-    assert [a for a, _, _ in bs] == [0] + [b for _, b, _ in bs[:-1]]    # contiguous, in order
-    assert bs[-1][1] == end and bs[-1][2] and not any(m for _, _, m in bs[:-1])
-    assert all(0 < b - a <= block for a, b, _ in bs)
-    assert bs[-1][1] - bs[-1][0] == min(block, end) >= n
+    plain, square = key_blocks(end, n, block), key_blocks(end, n, block, square=True)
+    for bs in (plain, square):
+        assert [a for a, _, _ in bs] == [0] + [b for _, b, _ in bs[:-1]]    # contiguous, in order
+        assert bs[-1][1] == end and bs[-1][2] and not any(m for _, _, m in bs[:-1])
+        assert all(0 < b - a <= block for a, b, _ in bs)
+    assert plain[-1][1] - plain[-1][0] == min(block, end) >= n
+    assert square[-1][1] - square[-1][0] == n
+    assert len(plain) <= len(square) <= len(plain) + 1
 
 
 def test_bottom_right_mask_and_merge():
@@ -254,17 +262,36 @@ def tiny_mla(H, N, R, Hv, L) -> ModelShape:
     "flash with values wider than q/k: nothing padded")
 @example(C=7, S=40, H=2, N=2, R=2, Hv=3, L=2, kvd="int8", backend="triton").via(
     "triton: values at their own width, the state carried by the launches")
+@example(C=2048, S=4097, H=1, N=1, R=2, Hv=1, L=1, kvd="int8", backend="cudnn").via(
+    "cudnn: the square tiling takes the plan's whole block past it")
+@example(C=3, S=5, H=2, N=2, R=2, Hv=3, L=2, kvd="bf16", backend="cudnn").via(
+    "cudnn under a block: fewer rows than the plan's")
 def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd, backend):
     """strata plan's mla_* placements for (chunk C, prompt S, KV dtype) are the bytes the
     launcher takes at most while it reads a prompt of S tokens in chunks of C (the real block,
     MLA_BLOCK); int8 adds the dequantized latent block mla_c; the flash backend's mla_v holds
-    max(hd, Hv) values a head."""
+    max(hd, Hv) values a head; the cudnn backend's square tiling takes square_rows of them."""
     C = max(min(C, S), -(-S // 12))     # at most 12 chunks: the CPU reads every one
     with pin_mla_launch(backend=backend):
-        plan_and_launch(C, S, H, N, R, Hv, L, kvd, max(N + R, Hv) if backend == "flash" else Hv)
+        plan_and_launch(C, S, H, N, R, Hv, L, kvd, max(N + R, Hv) if backend == "flash" else Hv,
+                        square=backend == "cudnn")
 
 
-def plan_and_launch(C, S, H, N, R, Hv, L, kvd, vw):
+def square_rows(C: int, S: int, block: int) -> int:
+    """The largest key block the square tiling (key_blocks(square=True), the cudnn backend's)
+    takes reading S tokens in chunks of C: a query block of n starting at key s attends its own
+    n keys masked and the s before it in blocks of at most `block`. The plan's min(block, S) (the
+    plain tiling's) bounds it, equal from S > block; below, a read in several chunks takes fewer
+    rows than planned (one fewer at most for a read resumed at any key)."""
+    most = 0
+    for a in range(0, S, C):
+        T = min(C, S - a)
+        for t0 in range(0, T, block):
+            most = max(most, min(block, T - t0), min(block, a + t0))
+    return most
+
+
+def plan_and_launch(C, S, H, N, R, Hv, L, kvd, vw, square=False):
     shape = tiny_mla(H, N, R, Hv, L)
     kv = KVPolicy(kvd, max_prompt=S)
     lay = PromptLayout(model_sizes(shape, kv=kv), 64, layout_spec(ffn_named("kernel"), kv, shape))
@@ -284,9 +311,10 @@ def plan_and_launch(C, S, H, N, R, Hv, L, kvd, vw):
                                 v_head_dim=Hv, scale=0.5, sdpa=True, scratch=sc,
                                 **{k: v[:b] for k, v in kw.items()})
         assert torch.isfinite(o).all()
-    rows, qrows = sc.seen["kv"], sc.seen["state"]
-    assert (rows, qrows) == mla_scratch_rows(C, S) == (min(MLA_BLOCK, S), min(MLA_BLOCK, C))
-    assert sc.seen["latent"] == rows * int8
+    rows, qrows = mla_scratch_rows(C, S)
+    assert (rows, qrows) == (min(MLA_BLOCK, S), min(MLA_BLOCK, C)) and sc.seen["state"] == qrows
+    took = square_rows(C, S, MLA_BLOCK) if square else rows
+    assert sc.seen["kv"] == took <= rows and sc.seen["latent"] == took * int8
     want = {"mla_k": rows * H * (N + R) * 2, "mla_v": rows * H * vw * 2,
             "mla_state": qrows * mla_state_floats(H, Hv) * 4}
     assert planned == want | ({"mla_c": rows * (L + R) * 2} if int8 else {})
@@ -356,6 +384,26 @@ def test_blocked_on_the_gpu_at_deepseek_widths(T, P, block, backend):
             H, N + R, Hv, T, P + T, block, torch.bfloat16, "cuda"), **kw)
     want = mla_chunk_attention_absorbed(*ins, **kw)
     assert torch.isfinite(got).all()
+    assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < BF16_REL
+
+
+@pytest.mark.gpu
+def test_the_cudnn_backend_reads_every_block_through_cudnn_on_the_gpu(monkeypatch):
+    """Under the cudnn backend no block goes to the efficient kernel: a chunk whose last query
+    block is short (333 tokens in blocks of 128 after 700 cached) is tiled so that its masked
+    block is square (key_blocks(square=True)); the result as the absorbed form's."""
+    import strata.models.mla_attend as ma
+
+    def refused(*a, **k):
+        raise AssertionError("a block went to the efficient kernel")
+    monkeypatch.setattr(ma, "attend_block", refused)
+    H, N, R, Hv, L, T, P, block = 8, 128, 64, 128, 512, 333, 700, 128
+    ins = draw(H, T, P, N, R, Hv, L, T + P, dtype=torch.bfloat16, device="cuda")
+    kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block)
+    with pin_mla_launch(backend="cudnn"):
+        got = mla_chunk_attention(*ins, scratch=poisoned(H, N + R, Hv, T, P + T, block,
+                                                         torch.bfloat16, "cuda"), **kw)
+    want = mla_chunk_attention_absorbed(*ins, **kw)
     assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < BF16_REL
 
 
