@@ -255,11 +255,12 @@ for step in "$@"; do
                timeout 150 python3 benchmarks/mla_bench.py --tokens 8192,32768 --prefix 0 --arms blocked,blocked:triton,blocked:triton:4096:fused:128x64/w8s2,blocked:triton:4096:fused:128x32/w8s2,blocked:triton:4096:fused:64x64/w4s3,blocked:triton:2048 --out "$OUT" 2>&1 | tail -60 | tee "$OUT/mla_triton_bench.log"
                for m in "" "--mla-backend triton"; do t=$(echo "x $m" | tr -cd 'a-z0-9'); timeout 150 python3 benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5 --T 8192 32768 --top 12 $m --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_ds_$t.log"; echo "[$m]"; grep "^T=\|^-- " "$OUT/profile_ds_$t.log"; done ;;
     # MLA on cuDNN (strata.models.mla_launch): its GPU tests, the blocked attention at B 4096 and
-    # 8192 beside triton (every block through cuDNN since the square tiling, ce32a82), and the
-    # 5-layer resident read at --mla-block 8192 against the default
+    # 8192 beside triton (every block through cuDNN since the square tiling, ce32a82; 4096/8192:
+    # query blocks of 4096, the keys before them in launches of 8192), and the 5-layer resident
+    # read at --mla-key-block 8192 and --mla-block 8192 against the default
     mlacudnn) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider -n 4 tests/kernels/test_mla_block.py tests/models/test_mla_flash.py tests/models/test_mla_blocks.py 2>&1 | tail -12 > "$OUT/gpu_mla_cudnn_tests.log"; tail -5 "$OUT/gpu_mla_cudnn_tests.log"
-               timeout 150 python3 benchmarks/mla_bench.py --tokens 4096,8192,32768 --prefix 0,28672 --arms blocked:triton,blocked:cudnn,blocked:cudnn:8192 --out "$OUT" > "$OUT/mla_cudnn_bench.log" 2>&1; grep "^P=" "$OUT/mla_cudnn_bench.log"
-               for m in "" "--mla-block 8192"; do t=$(echo "x $m" | tr -cd 'a-z0-9'); timeout 150 python3 benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5 --T 8192 32768 --top 8 $m --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_ds_$t.log"; echo "[$m]"; grep "^T=\|^-- " "$OUT/profile_ds_$t.log"; done ;;
+               timeout 150 python3 benchmarks/mla_bench.py --tokens 4096,8192,32768 --prefix 0,28672 --arms blocked:triton,blocked:cudnn,blocked:cudnn:4096/8192,blocked:cudnn:8192 --out "$OUT" > "$OUT/mla_cudnn_bench.log" 2>&1; grep "^P=" "$OUT/mla_cudnn_bench.log"
+               for m in "" "--mla-key-block 8192" "--mla-block 8192"; do t=$(echo "x $m" | tr -cd 'a-z0-9'); timeout 150 python3 benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5 --T 8192 32768 --top 8 $m --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_ds_$t.log"; echo "[$m]"; grep "^T=\|^-- " "$OUT/profile_ds_$t.log"; done ;;
     deepseek) timeout 560 python3 experiments/deepseek_stream.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/deepseek_stream.log" ;;
     # issue 17: the pinning thread's rate beside a busy interpreter (GIL hand-offs), pread vs map copy
     pinbg)   timeout 200 python3 benchmarks/pin_bench.py --gib 8 --options thp-8 pread-8 pread-16 bg-thp-8 bg-pread-8 bgsi-thp-8 bgsi-pread-8 bgsi-pread-16 --out-dir "$OUT" 2>&1 | grep "^pin_bench" | tee "$OUT/pin_bg.log" ;;

@@ -13,6 +13,8 @@ tokens after P cached ones, bf16 on the GPU:
                scratch's values hd wide, counted in transient_mb's bound), blocked:flash:4096
                the same at 4096-token blocks (a quarter of the launches at T 32768),
                blocked:flash:2048:fused with the merge in one Triton launch a block;
+               blocked:cudnn:4096/8192 cuDNN's attention at query blocks of 4096 with the
+               keys before each in launches of 8192 (MLALaunch.key_block);
                blocked:triton strata's block kernel (q/k 192 as 128 + 64, V at 128, the
                state carried through the launches), blocked:triton:4096:fused:64x64/w4s3
                the same at a pinned tile (pin_mla_tile);
@@ -93,16 +95,18 @@ def all_at_once(q_nope, q_pe, c, k_pe, wkvb, *, v_head_dim, scale):
 
 
 def launch_of(arm: str) -> MLALaunch | None:
-    """blocked:BACKEND[:BLOCK[:MERGE[:TILE]]] -> its MLALaunch (the one in force for the rest);
-    other arms None."""
+    """blocked:BACKEND[:BLOCK[/KEYS][:MERGE[:TILE]]] -> its MLALaunch (the one in force for the
+    rest; KEYS the cudnn backend's key_block); other arms None."""
     if not arm.startswith("blocked:"):
         return None
     backend, block, merge = (arm[len("blocked:"):].split(":") + ["", ""])[:3]
+    block, _, keys = block.partition("/")
     try:
         block = int(block) if block else mla_launch().block
+        keys = int(keys) if keys else None
     except ValueError:
-        raise StrataError(f"mla_bench: arm {arm!r}: the block must be an int") from None
-    return MLALaunch(backend, block, merge or mla_launch().merge)
+        raise StrataError(f"mla_bench: arm {arm!r}: the block and keys must be ints") from None
+    return MLALaunch(backend, block, merge or mla_launch().merge, keys)
 
 
 def tile_of(arm: str) -> AttnTile | None:

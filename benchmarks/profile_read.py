@@ -15,9 +15,10 @@ single synchronized call, then the device time of each kernel. `resident`: a ful
 its first N layers, for the models whose experts pass the GPU) with every expert in VRAM reading
 one prompt (one chunk), its kernels summed into attention / expert GEMM / dense GEMM / the rest
 (`--decoded-gemm triton|grouped` pins the decoded FFN's GEMM for the A/B; `--mla-backend`,
-`--mla-block`, `--mla-merge` MLA's block launch, strata.models.mla_launch; `--delta SPEC` a
-hybrid's delta-rule launch, strata.kernels.deltanet.launch, e.g. backend=fla), beside the compute
-floor's parts (strata.bench.roofline.floor_parts where present) at this GPU's settled rates.
+`--mla-block`, `--mla-key-block`, `--mla-merge` MLA's block launch, strata.models.mla_launch;
+`--delta SPEC` a hybrid's delta-rule launch, strata.kernels.deltanet.launch, e.g. backend=fla),
+beside the compute floor's parts (strata.bench.roofline.floor_parts where present) at this GPU's
+settled rates.
 Prints a table and writes `profile_<what>.csv` (kernel, calls, device ms per read) under --out.
 
     python3 benchmarks/profile_read.py --what resident --preset gpt-oss-120b --quant MXFP4 \
@@ -230,7 +231,7 @@ def check_flags(args) -> None:
     line each, before any GPU work."""
     from strata.packs.mixes import MIXES
     from strata.formats.table import get_format
-    mla = (args.mla_backend, args.mla_block, args.mla_merge)
+    mla = (args.mla_backend, args.mla_block, args.mla_merge, args.mla_key_block)
     if args.ops < 0:
         raise StrataError(f"--ops takes a count of ops to list (0: none), got {args.ops}")
     if args.what == "ffn":
@@ -246,6 +247,9 @@ def check_flags(args) -> None:
     shape = get_preset(args.preset)
     if any(v is not None for v in mla) and not shape.mla:
         raise StrataError(f"--mla-* pins MLA's launch; {args.preset} has no MLA")
+    with pin_mla_launch(**{k: v for k, v in zip(("backend", "block", "merge", "key_block"), mla)
+                           if v is not None}):
+        pass    # the launch these flags make is one MLALaunch takes (its one line if not)
     if args.delta is not None:
         if shape.linear is None:
             raise StrataError(f"--delta pins the delta rule's launch; {args.preset} has no "
@@ -263,7 +267,8 @@ def run(args, rows: list) -> None:
         if args.decoded_gemm != "auto":
             pins.enter_context(pin_decoded_gemm(args.decoded_gemm))
         mla = {k: v for k, v in (("backend", args.mla_backend), ("block", args.mla_block),
-                                 ("merge", args.mla_merge)) if v is not None}
+                                 ("merge", args.mla_merge), ("key_block", args.mla_key_block))
+               if v is not None}
         if mla:
             pins.enter_context(pin_mla_launch(**mla))
         if args.delta is not None:
@@ -293,6 +298,9 @@ def main(argv=None) -> int:
                          "A/B; default: the launch in force")
     ap.add_argument("--mla-block", type=int, default=None,
                     help="MLA's queries and keys a launch (default: the launch in force)")
+    ap.add_argument("--mla-key-block", type=int, default=None,
+                    help="the cudnn backend's keys a launch before the masked block (default: "
+                         "the launch in force)")
     ap.add_argument("--mla-merge", choices=MERGES, default=None,
                     help="MLA's merge of the key blocks (default: the launch in force)")
     ap.add_argument("--delta", default=None, metavar="SPEC",
@@ -325,6 +333,7 @@ def main(argv=None) -> int:
     tag += "" if args.decoded_gemm == "auto" else f"_gemm_{args.decoded_gemm}"
     tag += "".join(f"_mla_{v}" for v in (args.mla_backend, args.mla_block, args.mla_merge)
                    if v is not None)
+    tag += "" if args.mla_key_block is None else f"_mla_keys{args.mla_key_block}"
     tag += "" if args.delta is None else "_delta_" + "".join(
         c if c.isalnum() else "-" for c in args.delta)
     path = args.out / f"profile_{args.what}{tag}.csv"

@@ -71,8 +71,8 @@ from strata.kernels.attention.flash_prefix import blocks_kernel
 from strata.models.mla_attend import (attend_block, attend_block_cudnn, attend_block_flash,
                                       attend_block_ref, attend_carried, attend_for, key_blocks,
                                       merge_block, merge_for)
-from strata.models.mla_launch import MLA_BLOCK, mla_launch
-from strata.models.mla_scratch import MLAScratch, mla_value_width
+from strata.models.mla_launch import MLA_BLOCK, key_rows, mla_launch
+from strata.models.mla_scratch import MLAScratch, mla_scratch_rows, mla_value_width
 
 
 
@@ -289,8 +289,11 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
                                 latent=latent, backend=backend)
     scratch.check(H, hd, Hv, T, S, dt, block, latent, backend)
     attend, vw = attend_for(backend, Hv), mla_value_width(hd, Hv, backend)
+    square = backend == "cudnn"    # its masked block square, the keys before it key_rows a launch
+    kb = key_rows(block, launch) if square else block
     carried = backend == "triton"
-    rows = min(block, S) if backend == "flash" else None   # flash: v [H, rows, W] a call
+    # flash: v [H, rows, W] a call, its rows the scratch's key rows
+    rows = mla_scratch_rows(T, S, block)[0] if backend == "flash" else None
     if rows is not None:   # the padding, once a call: the same columns of every block (o's
         # columns < Hv never read them, each its own dot product; zero keeps the rest finite)
         scratch.padded(rows, H, vw)[..., Hv:].zero_()
@@ -303,7 +306,7 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
     for t0 in range(0, T, block):
         n = min(block, T - t0)
         acc, lse = scratch.carried(n, H, Hv)
-        blocks = key_blocks(P + t0 + n, n, block, square=backend == "cudnn")
+        blocks = key_blocks(P + t0 + n, n, kb, square=square)
         for i, (a, b, masked) in enumerate(blocks):
             k, v = scratch.kv(b - a, H, hd, vw, rows)
             pieces = list(_pieces(segs, starts, a, b))

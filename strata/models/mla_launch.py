@@ -26,6 +26,10 @@ carves).
                ceil(T/B)·(ceil(T/B) + 1)/2 times and merges all but ceil(T/B) of them; a larger
                B launches and merges fewer times for more scratch (k and v rows min(B, S), the
                state's min(B, T)).
+      key_block  the cudnn backend's keys a launch before the masked block (at least B; None:
+               B): a query block of B attends its own B keys masked and the keys before them in
+               blocks of key_block, so fewer merges a query block for a scratch of key_block
+               rows of k and v (the state stays B rows).
       merge    "torch": each key block folded into the fp32 state in plain torch (two passes
                over acc and a handful of [H, n] launches); "fused": one Triton launch a block
                (strata.kernels.attention.merge.lse_merge: acc and o read once, acc written
@@ -72,6 +76,7 @@ class MLALaunch:
     backend: str = DEFAULT_BACKEND
     block: int = MLA_BLOCK
     merge: str = "fused"
+    key_block: int | None = None    # cudnn: keys a launch before the masked block (None: block)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -79,12 +84,25 @@ class MLALaunch:
                               f"{self.backend!r}")
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
             raise StrataError(f"MLALaunch: block must be a positive int, got {self.block!r}")
+        kb = self.key_block
+        if kb is not None and (isinstance(kb, bool) or not isinstance(kb, int) or
+                               kb < self.block or self.backend != "cudnn"):
+            raise StrataError(f"MLALaunch: key_block is the cudnn backend's keys a launch, an int "
+                              f"of at least the block ({self.block}), or None; got {kb!r} with "
+                              f"the {self.backend} backend")
         if self.merge not in MERGES:
             raise StrataError(f"MLALaunch: merge must be one of {MERGES}, got {self.merge!r}")
 
 
 DEFAULT = MLALaunch()
 _PIN: ContextVar[MLALaunch | None] = ContextVar("strata_mla_launch", default=None)
+
+
+def key_rows(block: int, launch: MLALaunch | None = None) -> int:
+    """Keys a launch of `launch` (the one in force when None) takes at most at query blocks
+    of `block`: its key_block where set (the cudnn backend's unmasked blocks), else the block."""
+    launch = mla_launch() if launch is None else launch
+    return max(block, launch.key_block or 0)
 
 
 def mla_launch() -> MLALaunch:
@@ -100,4 +118,4 @@ def pin_mla_launch(launch: MLALaunch | None = None, **changes):
 
 
 __all__ = ["BACKENDS", "DEFAULT", "DEFAULT_BACKEND", "MERGES", "MLALaunch", "MLA_BLOCK",
-           "mla_launch", "pin_mla_launch"]
+           "key_rows", "mla_launch", "pin_mla_launch"]

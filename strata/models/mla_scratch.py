@@ -42,16 +42,16 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
-from strata.models.mla_launch import MLA_BLOCK, mla_launch
+from strata.models.mla_launch import MLA_BLOCK, key_rows, mla_launch
 
 
 def mla_scratch_rows(T: int, S: int, block: int | None = None) -> tuple[int, int]:
     """(key rows, query rows) of scratch a chunk of T tokens over S keys works in (block:
-    the launch's in force when None). The key rows are the plain tiling's largest block
-    (strata.models.mla_attend.key_blocks); the cudnn backend's square tiling takes no more,
-    the same from S > block."""
+    the launch's in force when None; its key_block, strata.models.mla_launch.key_rows). The
+    key rows are the plain tiling's largest block (strata.models.mla_attend.key_blocks), or the
+    cudnn backend's key_block; its square tiling takes no more, the same from S > key rows."""
     block = mla_launch().block if block is None else block
-    return min(block, S), min(block, T)
+    return min(key_rows(block), S), min(block, T)
 
 
 def mla_value_width(hd: int, Hv: int, backend: str | None = None) -> int:

@@ -34,7 +34,8 @@ from strata.memory.layout import PromptLayout
 from strata.models.mla import (attend_block, attend_block_cudnn, attend_block_ref, key_blocks,
                                merge_block,
                                mla_chunk_attention, mla_chunk_attention_absorbed)
-from strata.models.mla_launch import BACKENDS, DEFAULT, MERGES, pin_mla_launch
+from strata.models.mla_launch import (BACKENDS, DEFAULT, MERGES, MLALaunch,
+                                      pin_mla_launch)
 from strata.models.mla_scratch import MLA_BLOCK, MLAScratch, mla_scratch_rows, mla_state_floats
 from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes
@@ -165,14 +166,16 @@ def test_blocked_equals_the_references(H, T, P, N, R, Hv, L, block, seed):
     absorbed = mla_chunk_attention_absorbed(q_nope, q_pe, c, k_pe, wkvb, **kw)
     expanded = mla_chunk_attention(q_nope, q_pe, c, k_pe, wkvb, sdpa=False, **kw)
     vmax = value_scale(c, wkvb, H, N, Hv)
-    for backend in BACKENDS:
-        with pin_mla_launch(backend=backend):
+    # every backend, and cudnn with its keys before the masked block in launches of 2 blocks
+    launches = [MLALaunch(b, 1) for b in BACKENDS] + [MLALaunch("cudnn", 1, key_block=2 * block)]
+    for launch in launches:
+        with pin_mla_launch(launch):
             out = torch.full((T, H, Hv), float("nan"))
             got = mla_chunk_attention(q_nope, q_pe, c, k_pe, wkvb, sdpa=True, out=out,
                                       scratch=poisoned(H, N + R, Hv, T, S, block), **kw)
         assert got.data_ptr() == out.data_ptr() and torch.isfinite(got).all()
         for want in (absorbed, expanded):
-            assert float((got - want).abs().max()) / vmax < REL, backend
+            assert float((got - want).abs().max()) / vmax < REL, launch
 
 
 @settings(max_examples=60, deadline=None)
@@ -277,21 +280,22 @@ def test_plan_equals_what_the_launcher_takes(C, S, H, N, R, Hv, L, kvd, backend)
                         square=backend == "cudnn")
 
 
-def square_rows(C: int, S: int, block: int) -> int:
+def square_rows(C: int, S: int, block: int, keys: int | None = None) -> int:
     """The largest key block the square tiling (key_blocks(square=True), the cudnn backend's)
     takes reading S tokens in chunks of C: a query block of n starting at key s attends its own
     n keys masked and the s before it in blocks of at most `block`. The plan's min(block, S) (the
     plain tiling's) bounds it, equal from S > block; below, a read in several chunks takes fewer
-    rows than planned (one fewer at most for a read resumed at any key)."""
-    most = 0
+    rows than planned (one fewer at most for a read resumed at any key). `keys`: the launch's
+    key_block (the unmasked blocks' size; None: block)."""
+    most, keys = 0, keys or block
     for a in range(0, S, C):
         T = min(C, S - a)
         for t0 in range(0, T, block):
-            most = max(most, min(block, T - t0), min(block, a + t0))
+            most = max(most, min(block, T - t0), min(keys, a + t0))
     return most
 
 
-def plan_and_launch(C, S, H, N, R, Hv, L, kvd, vw, square=False):
+def plan_and_launch(C, S, H, N, R, Hv, L, kvd, vw, square=False, keys=None):
     shape = tiny_mla(H, N, R, Hv, L)
     kv = KVPolicy(kvd, max_prompt=S)
     lay = PromptLayout(model_sizes(shape, kv=kv), 64, layout_spec(ffn_named("kernel"), kv, shape))
@@ -299,7 +303,7 @@ def plan_and_launch(C, S, H, N, R, Hv, L, kvd, vw, square=False):
     int8 = kvd == "int8"
     sc = Tracked(*vars(MLAScratch.of(H, N + R, Hv, C, S, "cpu",
                                      latent=(L + R) * int8)).values())
-    assert sc.v.numel() == min(MLA_BLOCK, S) * H * vw
+    assert sc.v.numel() == min(keys or MLA_BLOCK, S) * H * vw
     q_nope, q_pe, c, k_pe, wkvb = draw(H, S, 0, N, R, Hv, L, 5, dtype=torch.bfloat16)
     kw = {}
     if int8:
@@ -312,13 +316,22 @@ def plan_and_launch(C, S, H, N, R, Hv, L, kvd, vw, square=False):
                                 **{k: v[:b] for k, v in kw.items()})
         assert torch.isfinite(o).all()
     rows, qrows = mla_scratch_rows(C, S)
-    assert (rows, qrows) == (min(MLA_BLOCK, S), min(MLA_BLOCK, C)) and sc.seen["state"] == qrows
-    took = square_rows(C, S, MLA_BLOCK) if square else rows
+    assert (rows, qrows) == (min(keys or MLA_BLOCK, S), min(MLA_BLOCK, C))
+    assert sc.seen["state"] == qrows
+    took = square_rows(C, S, MLA_BLOCK, keys) if square else rows
     assert sc.seen["kv"] == took <= rows and sc.seen["latent"] == took * int8
     want = {"mla_k": rows * H * (N + R) * 2, "mla_v": rows * H * vw * 2,
             "mla_state": qrows * mla_state_floats(H, Hv) * 4}
     assert planned == want | ({"mla_c": rows * (L + R) * 2} if int8 else {})
     assert not any(n.startswith("kv_expand") or n == "attn_state" for n in lay.spec.names())
+
+
+@pytest.mark.parametrize("C,S", [(4096, 8193), (3, 5), (2048, 12289)])
+def test_the_cudnn_key_block_is_planned_and_taken(C, S):
+    """The cudnn backend's key_block (twice the block here): the plan's key rows are
+    min(key_block, S), what its square tiling takes past one key block, fewer below it."""
+    with pin_mla_launch(MLALaunch("cudnn", key_block=2 * MLA_BLOCK)):
+        plan_and_launch(C, S, 1, 1, 2, 1, 1, "int8", 1, square=True, keys=2 * MLA_BLOCK)
 
 
 def test_a_gqa_shape_plans_no_mla_scratch():

@@ -80,7 +80,10 @@ def test_a_pin_holds_inside_its_block_only():
                                        (dict(block=0), "block must be a positive int"),
                                        (dict(block=2.0), "block must be a positive int"),
                                        (dict(block=True), "block must be a positive int"),
-                                       (dict(merge="triton"), "merge must be one of")])
+                                       (dict(merge="triton"), "merge must be one of"),
+                                       (dict(backend="cudnn", key_block=2), "key_block is the"),
+                                       (dict(backend="cudnn", key_block=True), "key_block is"),
+                                       (dict(backend="triton", key_block=8192), "key_block is")])
 def test_a_bad_launch_is_refused_in_one_line(bad, match):
     with pytest.raises(StrataError, match=match):
         MLALaunch(**bad)
@@ -188,7 +191,8 @@ def test_blocked_under_a_launch_equals_the_references(H, T, P, N, R, Hv, L, bloc
 
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 @pytest.mark.parametrize("launch", [MLALaunch("flash", 4), MLALaunch("flash", 4, "fused"),
-                                    MLALaunch("efficient", 4, "fused"), MLALaunch("triton", 4)])
+                                    MLALaunch("efficient", 4, "fused"), MLALaunch("triton", 4),
+                                    MLALaunch("cudnn", 4), MLALaunch("cudnn", 4, key_block=8)])
 def test_a_host_held_prefix_reads_as_one_run_under_a_launch(kv, launch):
     """tests/models/test_mla_kv_resident's check under the other launches: the keys as [a staged
     prefix, the rest] (blocks spanning both gathered or dequantized into the c rows) equal the

@@ -26,7 +26,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from strata.kernels.attention.kv_int8 import ROUNDTRIP_SLACK
 from strata.models.mla import MLACache, mla_chunk_attention, mla_chunk_attention_absorbed
-from strata.models.mla_scratch import MLAScratch
+from strata.models.mla_scratch import MLAScratch, mla_scratch_rows
 from strata.shapes import get_preset, mla_token_bytes
 from tests.models.hf_family import DS_TINY
 from tests.models.test_mla_blocks import draw, poisoned
@@ -75,7 +75,8 @@ def test_int8_attention_equals_the_references(H, T, P, N, R, Hv, L, block, seed)
     cq, kq, cs, ks = int8_cache_of(c, k_pe, [P, T] if P else [T])
     kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block, c_scale=cs, k_pe_scale=ks)
     sc = poisoned(H, N + R, Hv, T, S, block)
-    sc = MLAScratch(sc.k, sc.v, sc.state, torch.full(((L + R) * min(block, S),), float("nan")))
+    rows = mla_scratch_rows(T, S, block)[0]
+    sc = MLAScratch(sc.k, sc.v, sc.state, torch.full(((L + R) * rows,), float("nan")))
     out = torch.full((T, H, Hv), float("nan"))
     got = mla_chunk_attention(q_nope, q_pe, cq, kq, wkvb, sdpa=True, scratch=sc, out=out, **kw)
     absorbed = mla_chunk_attention_absorbed(q_nope, q_pe, cq, kq, wkvb, **kw)

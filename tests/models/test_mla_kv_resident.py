@@ -42,7 +42,7 @@ from strata.models.kv import PromptKV
 from strata.kernels.attention.kv_int8 import KV_DTYPES
 from strata.models.mla import (LatentSegment, MLACache, mla_chunk_attention,
                               mla_chunk_attention_absorbed)
-from strata.models.mla_scratch import MLAScratch
+from strata.models.mla_scratch import MLAScratch, mla_scratch_rows
 from strata.models.moe import ffn_named
 from strata.planning import KVPolicy, layout_spec, model_sizes
 from strata.shapes import Mla, ModelShape
@@ -57,7 +57,7 @@ N_TOK, CHUNK = 23, 5      # 5 chunks; DS_TINY: 3 layers (the first dense), laten
 def scratch_of(H, hd, Hv, T, S, block, L, R, dtype, device="cpu") -> MLAScratch:
     """A NaN-poisoned scratch with its c rows (what the plan carves with a host-held window)."""
     s = poisoned(H, hd, Hv, T, S, block, dtype=dtype, device=device)
-    rows = min(block, S)
+    rows = mla_scratch_rows(T, S, block)[0]    # the launch's key rows (a cudnn key_block's too)
     return MLAScratch(s.k, s.v, s.state, torch.full((rows * (L + R),), float("nan"),
                                                     dtype=dtype, device=device))
 
