@@ -82,6 +82,9 @@ for step in "$@"; do
     # ring and passes"): RA_PACK a pack already made (e.g. `ONLY=synthpack bash
     # benchmarks/llama_cpp.sh files qwen3.5-35b-a3b "--mix Q4_K_M"`), RA_ARMS the arms beside the
     # plan's (ring/pass: Qwen3.5's by default)
+    # the run-ahead rule's A/B (STRATA_RING_AHEAD, strata.memory.scan): an 8K read of RA_PACK
+    # under RA_VRAM with the plan's ring, then with the rule on at RA_AHEAD bytes per FLOP
+    ringahead) for a in 0 ${RA_AHEAD:-2.3e-4}; do STRATA_RING_AHEAD=$a timeout 200 python3 -m strata.cli bench "$RA_PACK" --vram ${RA_VRAM:-24GiB} -p 8192 -r 2 -o csv > "$OUT/ring_ahead-$(basename "$RA_PACK" .pack)-$a.csv" 2> "$OUT/ring_ahead-$a.err"; echo "[ahead $a] $(bench_cols "$OUT/ring_ahead-$(basename "$RA_PACK" .pack)-$a.csv" ring,tokens_per_s,of_bound,pcie_bound_tokens_per_s,bytes_streamed)"; done ;;
     ringpass) timeout 400 python3 benchmarks/ring_ab.py "$RA_PACK" --vram ${RA_VRAM:-12GiB} -p 8192 -r 2 --rings "${RA_ARMS:-plan/256,780/130,780}" --name "ring_pass-$(basename "$RA_PACK" .pack)" --out "$OUT" > "$OUT/ring_pass.log" 2>&1; grep "tok/s\|wrote\|error" "$OUT/ring_pass.log" ;;
     dequant) timeout 120 python3 benchmarks/dequant_bench.py --out-dir "$OUT" 2>&1 | tail -20 | tee "$OUT/dequant.log" ;;
     # issues 15/18: the decode-once path of the K-quants/IQ4_XS, byte path vs super-block words at

@@ -7,6 +7,7 @@
 | STRATA_MMQ_SLAB       | 1: stream-k fixup scratch comes from the loan's tail (SlabPool)            | unset = 0 = off |
 | STRATA_STREAM_ALL_MIN | chunks under N tokens STAGE their routed experts instead of streaming     | ceil(E / K) |
 | STRATA_RING_GROW      | 0: a long prompt's ring keeps the full ring (no growth into leftover room) | unset = 1 = grows |
+| STRATA_RING_AHEAD     | B > 0: a shorter prompt's ring holds B bytes of copies per FLOP of a layer's non-expert work beyond a pass (e.g. 2.3e-4) | unset = 0 = off |
 | STRATA_GC_PAUSE       | 0: leave Python's cyclic GC running during a prompt (the engine pauses it)  | unset = 1 = paused |
 | STRATA_COPY_RUNS      | 0: one copy per streamed blob (runs of adjacent blobs go as one copy)       | unset = 1 = runs |
 | STRATA_TUNE_CACHE     | 0: fla-core's autotuners time their configs anew in every process            | unset = 1 = kept on disk |
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from strata.memory.ring import RingPolicy
 
 KNOBS = ("STRATA_PREFILL_RING", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB", "STRATA_STREAM_ALL_MIN",
-         "STRATA_RING_GROW", "STRATA_GC_PAUSE", "STRATA_COPY_RUNS", "STRATA_TUNE_CACHE",
+         "STRATA_RING_GROW", "STRATA_RING_AHEAD", "STRATA_GC_PAUSE", "STRATA_COPY_RUNS", "STRATA_TUNE_CACHE",
          "STRATA_COMMIT",
          "TRITON_INTERPRET")
 
@@ -60,6 +61,22 @@ def env_flag(name: str) -> bool | None:
 
 def prefill_ring_override() -> int | None:
     return env_int("STRATA_PREFILL_RING", minimum=1)
+
+
+def ring_ahead() -> float:
+    """Bytes of copies per FLOP of a layer's non-expert work a prompt under the growth rule's
+    length holds in its ring beyond a pass (strata.memory.scan: the run-ahead rule); 0: off."""
+    raw = os.environ.get("STRATA_RING_AHEAD")
+    if raw is None or raw.strip() == "":
+        return 0.0
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise StrataError(f"STRATA_RING_AHEAD={raw!r} is not a byte count per FLOP; set it to a "
+                          f"number >= 0 (e.g. 2.3e-4) or unset it")
+    return value
 
 
 def ring_grow() -> bool:
@@ -99,9 +116,10 @@ def tune_cache() -> bool:
 
 def ring_policy(*, slab: bool | None = None) -> "RingPolicy":
     """The ring and slab knobs as the RingPolicy strata.memory reads, read now:
-    STRATA_PREFILL_RING, STRATA_PF_FUSED, STRATA_STREAM_ALL_MIN, STRATA_RING_GROW and, unless an
+    STRATA_PREFILL_RING, STRATA_PF_FUSED, STRATA_STREAM_ALL_MIN, STRATA_RING_GROW,
+    STRATA_RING_AHEAD and, unless an
     explicit `slab` (EngineConfig.slab) decides, STRATA_MMQ_SLAB."""
     from strata.memory.ring import RingPolicy   # here: importing config loads no torch
     return RingPolicy(ring=prefill_ring_override(), fused=pf_fused(),
                       stream_all_min=stream_all_min_override(), grow=ring_grow(),
-                      slab=mmq_slab() if slab is None else bool(slab))
+                      slab=mmq_slab() if slab is None else bool(slab), ahead=ring_ahead())

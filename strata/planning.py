@@ -347,7 +347,19 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
         dense_scratch=tuple(layer_scratch_bytes(shape, l, kept, item) for l in layers),
         dense_first=embd,
         dense_last=_weights({"output_norm.weight": g["output_norm.weight"]}) * DENSE_BYTES
-        + head)
+        + head,
+        layer_work=lambda T: layer_work(shape, T))
+
+
+def layer_work(shape: ModelShape, T: int) -> float:
+    """FLOPs of the heaviest streamed (MoE) layer's work outside its experts for a chunk of T
+    tokens with nothing cached: its attention (or delta rule) and dense GEMMs, as the compute
+    floor counts them (strata.bench.flops). The copies the ring can run ahead of the next
+    layer's passes are bounded by this work's time (strata.memory.scan's run-ahead rule)."""
+    from strata.bench.flops import attention_flops, dense_flops, linear_flops
+    return max((dense_flops(shape, T, [l]) + attention_flops(shape, 0, T, [l])
+                + (linear_flops(shape, T, [l]) if shape.linear is not None else 0.0)
+                for l in shape.moe_layers), default=0.0)
 
 
 def prompt_layout(shape: ModelShape, max_blob: int, *, spec: LayoutSpec | None = None,

@@ -36,6 +36,11 @@ from strata.shapes import PRESETS, get_preset
 from strata.units import fmt_bytes
 
 
+
+# why a plan's ring grew (strata.memory.scan.Plan.growth), as its line says it
+GROWN = {"room": "into the chunk's leftover room",
+         "ahead": "to run ahead of a layer's non-expert work (STRATA_RING_AHEAD)"}
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan the chunk and ring for a model on a rig",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -221,10 +226,8 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
            if plan.n_tokens is not None and plan.chunk != plan.scan_chunk else ""),
         f"  ring      {ring}, {fmt_bytes(plan.ring_bytes)} (full ring {plan.full_ring} slots of "
         f"max_blob {plan.max_blob:,} B; STAGE under {plan.stream_all_min} tokens)"
-        + (f"; grown into the chunk's leftover room ({plan.grow_probes} probes), passes of "
-           f"{plan.participants[0].batch} experts"
-           if plan.ring != "STAGE" and plan.ring > plan.full_ring and plan.rule == "full-ring"
-           else ""),
+        + (f"; grown {GROWN[plan.growth]} ({plan.grow_probes} probes), passes of "
+           f"{plan.participants[0].batch} experts" if plan.growth else ""),
         f"  needed    {plan.bytes_needed:,} B ({fmt_bytes(plan.bytes_needed)}) of room "
         f"{plan.room:,} B ({fmt_bytes(plan.room)})",
         kv_line(flags["kv"]),

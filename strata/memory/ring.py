@@ -51,6 +51,7 @@ class RingPolicy:
     stream_all_min: int | None = None  # STRATA_STREAM_ALL_MIN: STAGE under N tokens
     grow: bool = True                  # STRATA_RING_GROW: a long prompt's ring grows
     slab: bool = False                 # STRATA_MMQ_SLAB: stream-k scratch from the loan's tail
+    ahead: float = 0.0                 # STRATA_RING_AHEAD: run-ahead bytes per FLOP (scan.py)
 
     def override(self, ring: int | None = None) -> int | None:
         """The ring override: an explicit `ring` (--ring N) wins, else the policy's

@@ -21,6 +21,9 @@ the assembler that knows both (strata.planning.model_sizes):
     dense_first            dense bytes only the first GPU holds (token embeddings)
     dense_last             dense bytes only the last GPU holds (output norm, LM head)
     n_layer, n_expert, top_k   the routing facts the ring and the cache need (L, E, K)
+    layer_work(T)          FLOPs of the heaviest streamed layer's work outside its experts
+                           (attention, dense GEMMs, a linear layer's delta rule) for a chunk of
+                           T tokens: what the ring's run-ahead covers (scan.py's run-ahead rule)
 
 Legend: T tokens, L layers, E experts, K top-k.
 """
@@ -74,3 +77,4 @@ class Sizes:
     dense_first: int = 0
     dense_last: int = 0
     dense_scratch: tuple[int, ...] = ()
+    layer_work: Callable[[int], float] = field(default=lambda T: 0.0, compare=False, repr=False)

@@ -41,7 +41,8 @@ from strata.shapes import PRESETS, DenseFfn, Mla, ModelShape, Router
 SHAPE = ModelShape(n_layer=4, d_model=64, n_expert=64, top_k=4, d_expert=32, n_head=4,
                    n_kv_head=2, head_dim=16, vocab=256)
 TIGHT = 126     # cache blobs whose room holds the smallest chunk beside about 24 ring slots
-ENV = ("STRATA_PREFILL_RING", "STRATA_STREAM_ALL_MIN", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB")
+ENV = ("STRATA_PREFILL_RING", "STRATA_STREAM_ALL_MIN", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB",
+       "STRATA_RING_AHEAD")
 
 
 @pytest.fixture(autouse=True)
@@ -151,6 +152,9 @@ def rigs(draw, shape, blob_scale, base=0):
         kv=draw(st.sampled_from(["bf16", "int8"])),
         kv_resident=draw(st.one_of(st.none(), st.just("auto"), st.integers(1, 5000))),
         mla=draw(st.sampled_from(BACKENDS)),
+        # the run-ahead rule (STRATA_RING_AHEAD): off, or bytes per FLOP that grow these shapes'
+        # rings (their layers' work is a few MFLOP to GFLOP)
+        ahead=draw(st.sampled_from([0.0, 0.0, 1e-3, 1.0])),
     )
 
 
@@ -165,20 +169,26 @@ def launches(rig):
         if rig["slab"]:
             pins.enter_context(pin_tile(**STREAM_K))
         pins.enter_context(pin_mla_launch(backend=rig.get("mla", mla_launch().backend)))
+        pins.enter_context(env_set("STRATA_RING_AHEAD", str(rig.get("ahead", 0.0))))
         yield
 
 
 @contextlib.contextmanager
-def slab_env(on: bool):
-    old = os.environ.get("STRATA_MMQ_SLAB")
-    os.environ["STRATA_MMQ_SLAB"] = "1" if on else "0"
+def env_set(name: str, value: str):
+    """`name` set to `value` inside the block (both sides of a check read the same knobs)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ["STRATA_MMQ_SLAB"]
+            del os.environ[name]
         else:
-            os.environ["STRATA_MMQ_SLAB"] = old
+            os.environ[name] = old
+
+
+def slab_env(on: bool):
+    return env_set("STRATA_MMQ_SLAB", "1" if on else "0")
 
 
 def engine_side(shape, layer_blob, native, rig, layouts):
@@ -265,7 +275,8 @@ def check_kv(shape, cfg, bud, layout):
 def check(plan, got, plan_dict=None):
     event(f"rule {plan.rule}, ring {'STAGE' if plan.ring == 'STAGE' else 'slots'}, "
           f"{len(got)} GPU(s), reserve {any(p.scratch_reserve for p in plan.participants)}, "
-          f"borrowed it {any(p.borrow > p.bytes_needed for p in plan.participants)}")
+          f"borrowed it {any(p.borrow > p.bytes_needed for p in plan.participants)}, "
+          f"grown {plan.growth or 'no'}")
     want = [planned(p) for p in (plan_dict or plan.to_dict())["participants"]]
     assert [as_plan(b) for b in got] == want
     for b, pp in zip(got, plan.participants):
@@ -348,11 +359,16 @@ def test_engine_takes_what_the_plan_names_dense_leading_shapes(data, shape, fmts
                                                   HealthCheck.function_scoped_fixture])
 @given(data=st.data(), name=st.sampled_from(PRESET_NAMES), fmt=st.sampled_from(FORMATS))
 @example(data=None, name="qwen3-30b-a3b", fmt="Q8_0").via("the issue's case: 15 tokens, 105 slots")
+@example(data=None, name="deepseek-v3", fmt="Q4_K").via("the run-ahead rule's grown ring at 8K")
 def test_engine_takes_what_strata_plan_reports_presets(capsys, data, name, fmt):
     shape = PRESETS[name]
     layout = BlobLayout.for_shape(shape, fmt)   # biases too (GPT-OSS), as strata plan
     blob = layout.size
-    if data is None:
+    if data is None and name == "deepseek-v3":    # STRATA_RING_AHEAD=2.3e-4 at 8K, 24 GiB
+        rig = dict(vram=[24 << 30], cache=None, lend_cap=0.9, pinned=True, ring=None,
+                   fused=False, ffn="auto", slab=False, chunk=None, scan_max=32768,
+                   n_tokens=8192, max_prompt=0, ahead=2.3e-4)
+    elif data is None:
         rig = dict(vram=[12 << 30], cache=None, lend_cap=0.9, pinned=True, ring=None,
                    fused=False, ffn="kernel", slab=False, chunk=None, scan_max=32768,
                    n_tokens=15, max_prompt=0)
@@ -384,7 +400,10 @@ def test_engine_takes_what_strata_plan_reports_presets(capsys, data, name, fmt):
             assume(False)
     d = json.loads(out.out)
     assert rc == (0 if plan.fits else 2) and d["fits"] == plan.fits
-    if data is None:
+    if data is None and name == "deepseek-v3":    # a pass of 9 and 6.6 TFLOP of copies ahead
+        assert d["growth"] == "ahead" and d["full_ring"] == 18 < d["ring"] == d["ring_slots"]
+        assert d["participants"][0]["batch"] == 9
+    elif data is None:
         assert d["ring"] == "STAGE" and d["ring_slots"] == 105
         assert d["bytes_needed"] == 530_612_992                      # 530.6 MB
     if got is not None:
