@@ -7,7 +7,7 @@
 | STRATA_MMQ_SLAB       | 1: stream-k fixup scratch comes from the loan's tail (SlabPool)            | unset = 0 = off |
 | STRATA_STREAM_ALL_MIN | chunks under N tokens STAGE their routed experts instead of streaming     | ceil(E / K) |
 | STRATA_RING_GROW      | 0: a long prompt's ring keeps the full ring (no growth into leftover room) | unset = 1 = grows |
-| STRATA_RING_AHEAD     | B > 0: a shorter prompt's ring holds B bytes of copies per FLOP of a layer's non-expert work beyond a pass (e.g. 2.3e-4) | unset = 0 = off |
+| STRATA_RING_AHEAD     | B > 0: a prompt under 16K runs its ring ahead B bytes a FLOP of layer work | unset = 0 = off |
 | STRATA_GC_PAUSE       | 0: leave Python's cyclic GC running during a prompt (the engine pauses it)  | unset = 1 = paused |
 | STRATA_COPY_RUNS      | 0: one copy per streamed blob (runs of adjacent blobs go as one copy)       | unset = 1 = runs |
 | STRATA_TUNE_CACHE     | 0: fla-core's autotuners time their configs anew in every process            | unset = 1 = kept on disk |
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from strata.memory.ring import RingPolicy
 
 KNOBS = ("STRATA_PREFILL_RING", "STRATA_PF_FUSED", "STRATA_MMQ_SLAB", "STRATA_STREAM_ALL_MIN",
-         "STRATA_RING_GROW", "STRATA_RING_AHEAD", "STRATA_GC_PAUSE", "STRATA_COPY_RUNS", "STRATA_TUNE_CACHE",
+         "STRATA_RING_GROW", "STRATA_RING_AHEAD", "STRATA_GC_PAUSE", "STRATA_COPY_RUNS",
+         "STRATA_TUNE_CACHE",
          "STRATA_COMMIT",
          "TRITON_INTERPRET")
 

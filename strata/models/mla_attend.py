@@ -141,5 +141,5 @@ def merge_for(merge: str):
 
 
 __all__ = ["attend_block", "attend_block_cudnn", "attend_block_flash", "attend_block_ref",
-           "attend_block_triton", "attend_carried", "attend_for", "flash_fits", "flash_forward", "key_blocks",
-           "merge_block", "merge_for"]
+           "attend_block_triton", "attend_carried", "attend_for", "flash_fits", "flash_forward",
+           "key_blocks", "merge_block", "merge_for"]
