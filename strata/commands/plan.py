@@ -35,11 +35,10 @@ from strata.planning import default_devices, scratch_reserve
 from strata.shapes import PRESETS, get_preset
 from strata.units import fmt_bytes
 
-
-
 # why a plan's ring grew (strata.memory.scan.Plan.growth), as its line says it
 GROWN = {"room": "into the chunk's leftover room",
          "ahead": "to run ahead of a layer's non-expert work (STRATA_RING_AHEAD)"}
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan the chunk and ring for a model on a rig",

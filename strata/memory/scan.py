@@ -35,7 +35,7 @@ Rules (SPEC "Auto scan"):
   the copy lane runs ahead only as far as the ring's free slots, and where a layer's attention
   and dense GEMMs outlast them it waits. DeepSeek-V3 at 8K (a layer's non-expert work 6.6
   TFLOP) read 11,549 tok/s with 64 slots and passes of 9 against 10,213 at the plan's 18 (H100,
-  6e3010d; B = 2.3e-4 gives 64 there and leaves Qwen3.5's and qwen3-30b's rings, measured best,
+  6e3010d; B = 2.3e-4 gives 62 there and leaves Qwen3.5's and qwen3-30b's rings, measured best,
   as they are); GLM-4.5-Air and Qwen3-235B, which it would grow, are not measured, so it is off
   by default. The passes keep the full ring's size, as under growth.
 
