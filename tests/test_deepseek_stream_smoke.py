@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from strata import bench
 from strata.packs.synth import ExpertFormats
@@ -85,3 +86,17 @@ def test_mla_bench_triton_arms_smoke(tmp_path):
         with pytest.raises(SystemExit) as e:
             mod.main(["--smoke", "--out", str(tmp_path), "--arms", bad])
         assert e.value.code == 2
+
+
+def test_cudnn_mla_probe_refuses_a_cpu_in_one_line(tmp_path, capsys):
+    """benchmarks/cudnn_mla_probe.py times cuDNN on a GPU; without one it says so in one line and
+    exits 2, writing nothing (its figures: experiments/results/mla_cudnn_probe-*)."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the probe would run")
+    spec = importlib.util.spec_from_file_location("cudnn_mla_probe",
+                                                  ROOT / "benchmarks" / "cudnn_mla_probe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a CUDA GPU" in err[0] and not list(tmp_path.iterdir())
