@@ -262,6 +262,7 @@ for step in "$@"; do
     # query blocks of 4096, the keys before them in launches of 8192), and the 5-layer resident
     # read at --mla-key-block 8192 and --mla-block 8192 against the default
     mlacudnn) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider -n 4 tests/kernels/test_mla_block.py tests/models/test_mla_flash.py tests/models/test_mla_blocks.py 2>&1 | tail -12 > "$OUT/gpu_mla_cudnn_tests.log"; tail -5 "$OUT/gpu_mla_cudnn_tests.log"
+               timeout 90 python3 benchmarks/cudnn_mla_probe.py --out "$OUT" 2>&1 | tail -12
                timeout 150 python3 benchmarks/mla_bench.py --tokens 4096,8192,32768 --prefix 0,28672 --arms blocked:triton,blocked:cudnn,blocked:cudnn:4096/8192,blocked:cudnn:8192 --out "$OUT" > "$OUT/mla_cudnn_bench.log" 2>&1; grep "^P=" "$OUT/mla_cudnn_bench.log"
                for m in "" "--mla-key-block 8192" "--mla-block 8192"; do t=$(echo "x $m" | tr -cd 'a-z0-9'); timeout 150 python3 benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5 --T 8192 32768 --top 8 $m --out "$OUT" 2>&1 | grep -v "it/s\]" > "$OUT/profile_ds_$t.log"; echo "[$m]"; grep "^T=\|^-- " "$OUT/profile_ds_$t.log"; done ;;
     deepseek) timeout 560 python3 experiments/deepseek_stream.py --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -20 | tee "$OUT/deepseek_stream.log" ;;
