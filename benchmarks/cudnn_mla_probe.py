@@ -1,27 +1,25 @@
 """Whether cuDNN's attention takes MLA's head widths as they are, and how fast: one causal
 launch over T tokens of H heads, q/k of width dq and values of dv, bf16, through torch's
 `_scaled_dot_product_cudnn_attention` (what strata.models.mla_attend.attend_block_cudnn calls),
-beside FlashAttention-2 where its one width fits (dq == dv: MLA's V padded to 192). The check
-before the time: o against fp32 SDPA on two heads (T <= 8192), bf16 bound 2e-2 of max |o|.
+beside FlashAttention-2 where its one width fits (dq == dv: MLA's V padded to 192).
 
 Legend: T tokens, H heads, dq the q/k width (DeepSeek-V3: 128 + 64), dv the value width.
-Figures: ms per launch (CUDA events through strata.bench.time_fn) and TFLOP/s of the causal
-product, H·T²·(dq + dv) (half of 2·T²·H·(dq + dv): the mask's half). Prints one line per arm and
-writes cudnn_mla_probe-GPU.csv under --out.
+Figures (strata.bench.Recorder's long rows: commit, GPU, gate, timer): ms per launch and the
+TFLOP/s of the causal product, H·T²·(dq + dv) (half of 2·T²·H·(dq + dv): the mask's half), each
+timed only after o passes its check against fp32 SDPA on two heads (bf16 bound 2e-2 of max |o|);
+a width a kernel refuses is an `error` row. Writes cudnn_mla_probe-GPU.csv under --out.
 
     python3 benchmarks/cudnn_mla_probe.py --tokens 4096,8192,32768 --out DIR   # GPU only
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
 import torch
 
-from strata.atomic import atomic_write
-from strata.bench import gpu_name, time_fn
+from strata.bench import GateRefused, Recorder, record
 from strata.errors import StrataError
 
 WIDTHS = ((192, 128), (192, 192), (128, 128))   # MLA's own, V padded to q/k, plain hd 128
@@ -39,30 +37,27 @@ def arms(q, k, v, scale):
             True, False, scale=scale)[0].transpose(1, 2)
 
 
-def probe(H: int, T: int, dq: int, dv: int) -> list[dict]:
+def probe(rec: Recorder, H: int, T: int, dq: int, dv: int) -> None:
     g = torch.Generator(device="cuda").manual_seed(T + dq + dv)
     q, k = (torch.randn(1, H, T, dq, device="cuda", dtype=torch.bfloat16, generator=g)
             for _ in range(2))
     v = torch.randn(1, H, T, dv, device="cuda", dtype=torch.bfloat16, generator=g)
-    scale, rows = dq ** -0.5, []
-    ref = None if T > 8192 else torch.nn.functional.scaled_dot_product_attention(
+    scale, cfg = dq ** -0.5, dict(T=T, H=H, dq=dq, dv=dv)
+    ref = torch.nn.functional.scaled_dot_product_attention(
         q[:, :2].float(), k[:, :2].float(), v[:, :2].float(), is_causal=True, scale=scale)
+    what = f"o vs fp32 SDPA, 2 heads, < {REL} of max |o|"
     for name, run in arms(q, k, v, scale):
         try:
-            o = run()
+            run()
         except RuntimeError as e:    # a width the kernel does not take: said, not timed
-            rows.append(dict(arm=name, T=T, dq=dq, dv=dv, ms="", tflops="",
-                             error=str(e).splitlines()[0][:160]))
+            rec.add("error", str(e).splitlines()[0][:160], "", arm=name, **cfg)
             continue
-        err = "" if ref is None else float((o[:, :2].float() - ref).abs().max()
-                                           / ref.abs().max())
-        if err != "" and err >= REL:
-            raise StrataError(f"{name} at T {T}, {dq}/{dv}: error {err:.3g} of max |o|, "
-                              f"bound {REL}")
-        ms = time_fn(run, warmup=1, repeats=5).median_ms
-        rows.append(dict(arm=name, T=T, dq=dq, dv=dv, ms=round(ms, 3),
-                         tflops=round(H * T * T * (dq + dv) / ms / 1e9, 1), error=""))
-    return rows
+
+        def check(run=run):
+            err = float((run()[:, :2].float() - ref).abs().max() / ref.abs().max())
+            return True if err < REL else f"error {err:.3g} of max |o|"
+        t = rec.timed(run, check=check, what=what)
+        rec.add_timing(t, H * T * T * (dq + dv), gate=what, arm=name, **cfg)
 
 
 def main(argv=None) -> int:
@@ -78,18 +73,19 @@ def main(argv=None) -> int:
         if not tokens or min(tokens) < 1 or a.heads < 1:
             raise StrataError(f"--tokens and --heads take positive ints, got {a.tokens!r}, "
                               f"{a.heads}")
-        rows = [r for T in tokens for dq, dv in WIDTHS for r in probe(a.heads, T, dq, dv)]
-        for r in rows:
-            print(f"{r['arm']:6s} T={r['T']:6d} dq={r['dq']} dv={r['dv']}: "
-                  + (f"{r['ms']} ms, {r['tflops']} TFLOP/s" if r["ms"] != "" else r["error"]))
-        a.out.mkdir(parents=True, exist_ok=True)
-        path = a.out / f"cudnn_mla_probe-{gpu_name().replace(' ', '_')}.csv"
-        with atomic_write(path) as tmp, open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        rec = Recorder("cudnn_mla_probe", warmup=1, repeats=5)
+        for T in tokens:
+            for dq, dv in WIDTHS:
+                probe(rec, a.heads, T, dq, dv)
+        for r in rec.rows:
+            c = r["config"]
+            value = r["value"] if r["figure"] == "error" else f"{r['value']:.4g} {r['unit']}"
+            print(f"{c['arm']:6s} T={c['T']:6d} dq={c['dq']} dv={c['dv']}: {r['figure']} "
+                  f"{value}")
+        path = record.write_csv(rec.rows, a.out / f"cudnn_mla_probe-"
+                                f"{record.gpu_name().replace(' ', '_')}.csv")
         print(f"wrote {path}")
-    except (StrataError, ValueError, OSError) as e:
+    except (StrataError, GateRefused, ValueError, OSError) as e:
         print(f"cudnn_mla_probe: {e}", file=sys.stderr)
         return 2
     return 0
