@@ -29,7 +29,8 @@ Rules (SPEC "Auto scan"):
   of 50 at 204 slots, 45,255 with passes of half a 154-slot ring, 38,375 with passes of 32).
   STRATA_RING_GROW=0 (`RingPolicy.grow`) turns it off (the A/B); an explicit ring (--ring /
   STRATA_PREFILL_RING) never grows.
-- run-ahead (full-ring, a shorter prompt, opt-in: STRATA_RING_AHEAD=B, `RingPolicy.ahead`): the
+- run-ahead (full-ring or forced, a shorter prompt, opt-in: STRATA_RING_AHEAD=B,
+  `RingPolicy.ahead`; forced too, so the distributed ranks' agreed chunk keeps the knob): the
   ring grows, as far as the room allows, to a pass plus the slots B bytes per FLOP of a layer's
   non-expert work (`Sizes.layer_work(T)`, from the model) fill. Why: between two layers' passes
   the copy lane runs ahead only as far as the ring's free slots, and where a layer's attention
@@ -74,6 +75,7 @@ from strata.units import fmt_bytes
 GRID = 256
 SCAN_MAX = 32768
 GROW_MIN_TOKENS = 16384    # prompts from here grow the ring into the chunk's leftover room
+AHEAD_RULES = ("full-ring", "forced")   # the rules whose ring runs ahead (STRATA_RING_AHEAD)
 LEGACY_CHUNKS = (32768, 16384, 8192, 6144, 4096, 3072, 2048, 1024, 512, 256)
 LEGACY_RING_PINNED, LEGACY_RING_UNPINNED, LEGACY_RING_FUSED = 384, 96, 1024
 
@@ -254,10 +256,11 @@ def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=N
     for p, (ring, slots) in zip(participants, rings):
         extra = scratch_reserve(p.name, n_tokens or chunk, chunk) if scratch_reserve else 0
         batch = pass_experts(slots, layout.batch)
-        why = "" if cap is None else "room" if grows(rule, ring, override, n_tokens, policy) \
-            else "ahead" if rule == "full-ring" and ring != STAGE and override is None else ""
-        upto = cap if why == "room" else min(cap, ahead_ring(layout, chunk, batch, policy)) \
-            if why == "ahead" else None
+        upto, why = None, ""
+        if cap is not None and grows(rule, ring, override, n_tokens, policy):
+            upto, why = cap, "room"
+        elif cap is not None and rule in AHEAD_RULES and ring != STAGE and override is None:
+            upto, why = min(cap, ahead_ring(layout, chunk, batch, policy)), "ahead"
         if upto is not None and upto > slots:
             # the slab's reserve keeps its room when it had it beside the full ring
             room = p.room - extra if layout.bytes_needed(chunk, slots, batch) + extra <= p.room \
@@ -323,7 +326,7 @@ def plan_prefill(layout: PromptLayout, participants: list[Participant], *, scan:
         ring, slots = _slots(layout, chunk, full, override, policy)
         probe(chunk, slots)
         return _finish(layout, participants, probe, chunk, [(ring, slots)] * len(participants),
-                       "forced", full, **prompt)
+                       "forced", full, cap=ring_cap(native), **prompt)
 
     if scan == "legacy":
         ring = LEGACY_RING_FUSED if fused else (LEGACY_RING_PINNED if pinned else

@@ -86,6 +86,18 @@ def test_the_presets_rings_at_8k_under_the_measured_rate(name, blob, full, ring)
     assert (plan.full_ring, plan.ring) == (full, ring)
 
 
+def test_a_forced_chunk_runs_ahead_too():
+    """A forced chunk (--chunk, the distributed ranks' agreed chunk) keeps the knob: its ring is
+    the scan's at that chunk, not the full ring it would drop back to."""
+    lay = prompt_layout(get_preset("deepseek-v3"), 28_557_312)
+    p = part(40 << 30, 28_557_312)
+    ran = plan_prefill(lay, [p], n_tokens=8192, policy=RingPolicy(ahead=2.3e-4))
+    forced = plan_prefill(lay, [p], n_tokens=8192, chunk=8192, policy=RingPolicy(ahead=2.3e-4))
+    assert (forced.rule, forced.growth) == ("forced", "ahead")
+    assert forced.ring == ran.ring > forced.full_ring
+    assert plan_prefill(lay, [p], n_tokens=8192, chunk=8192).ring == forced.full_ring
+
+
 @pytest.mark.parametrize("raw,want", [(None, 0.0), ("", 0.0), ("0", 0.0), ("2.3e-4", 2.3e-4),
                                       (" 1 ", 1.0)])
 def test_the_knob_reads_bytes_per_flop(monkeypatch, raw, want):
