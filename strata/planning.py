@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.bench.flops import attention_flops, dense_flops, linear_flops
 from strata.blob import BlobLayout, bf16_layout
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES
@@ -356,7 +357,6 @@ def layer_work(shape: ModelShape, T: int) -> float:
     tokens with nothing cached: its attention (or delta rule) and dense GEMMs, as the compute
     floor counts them (strata.bench.flops). The copies the ring can run ahead of the next
     layer's passes are bounded by this work's time (strata.memory.scan's run-ahead rule)."""
-    from strata.bench.flops import attention_flops, dense_flops, linear_flops
     return max((dense_flops(shape, T, [l]) + attention_flops(shape, 0, T, [l])
                 + (linear_flops(shape, T, [l]) if shape.linear is not None else 0.0)
                 for l in shape.moe_layers), default=0.0)

@@ -66,12 +66,11 @@ import torch
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
 from strata.models.layers import apply_rope_pairs, rms_norm
-from strata.kernels.attention.flash_prefix import blocks_kernel
 # the block kernels live in mla_attend; the tests and benchmarks import them from here too
 from strata.models.mla_attend import (attend_block, attend_block_cudnn, attend_block_flash,
                                       attend_block_ref, attend_carried, attend_for, key_blocks,
                                       merge_block, merge_for)
-from strata.models.mla_launch import MLA_BLOCK, key_rows, mla_launch
+from strata.models.mla_launch import MLA_BLOCK, backend_on, key_rows, mla_launch
 from strata.models.mla_scratch import MLAScratch, mla_scratch_rows, mla_value_width
 
 
@@ -281,9 +280,7 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
     # spans two segments (a host-held prefix beside the resident run)
     latent = L + R if int8 or len(segs) > 1 else 0
     launch = mla_launch()
-    backend, merge = launch.backend, merge_for(launch.merge)
-    if backend == "cudnn" and q_nope.is_cuda and blocks_kernel() != "cudnn":
-        backend = "triton"   # no cuDNN attention here: the kernel of the same scratch
+    backend, merge = backend_on(launch.backend, q_nope.is_cuda), merge_for(launch.merge)
     if scratch is None:
         scratch = MLAScratch.of(H, hd, Hv, T, S, q_nope.device, dtype=dt, block=block,
                                 latent=latent, backend=backend)

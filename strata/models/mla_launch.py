@@ -63,6 +63,7 @@ from dataclasses import dataclass
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
+from strata.kernels.attention.flash_prefix import blocks_kernel
 from strata.kernels.pins import pinned_record
 
 MLA_BLOCK = 4096   # the default B (strata.models.mla_scratch's docstring says why)
@@ -98,6 +99,15 @@ DEFAULT = MLALaunch()
 _PIN: ContextVar[MLALaunch | None] = ContextVar("strata_mla_launch", default=None)
 
 
+def backend_on(backend: str, cuda: bool) -> str:
+    """The backend that runs `backend` on this machine: "cudnn" on a CUDA GPU without cuDNN's
+    attention (before Hopper: strata.kernels.attention.flash_prefix.blocks_kernel) runs triton,
+    whose scratch is the same; every other backend as it is."""
+    if backend == "cudnn" and cuda and blocks_kernel() != "cudnn":
+        return "triton"
+    return backend
+
+
 def key_rows(block: int, launch: MLALaunch | None = None) -> int:
     """Keys a launch of `launch` (the one in force when None) takes at most at query blocks
     of `block`: its key_block where set (the cudnn backend's unmasked blocks), else the block."""
@@ -118,4 +128,4 @@ def pin_mla_launch(launch: MLALaunch | None = None, **changes):
 
 
 __all__ = ["BACKENDS", "DEFAULT", "DEFAULT_BACKEND", "MERGES", "MLALaunch", "MLA_BLOCK",
-           "key_rows", "mla_launch", "pin_mla_launch"]
+           "backend_on", "key_rows", "mla_launch", "pin_mla_launch"]
