@@ -46,11 +46,7 @@ def key_blocks(kv_end: int, n: int, block: int,
     are seen whole. Needs n <= min(block, kv_end). `square`: the masked block is the n keys that
     end at kv_end (a square one, where a top-left causal mask is the bottom-right one: cuDNN's),
     the keys before it in blocks of `block` from the first; one block more at most."""
-    if square:
-        lo = kv_end - n
-        return [(a, min(a + block, lo), False) for a in range(0, lo, block)] + \
-            [(lo, kv_end, True)]
-    lo = max(0, kv_end - block)
+    lo = kv_end - n if square else max(0, kv_end - block)
     return [(a, min(a + block, lo), False) for a in range(0, lo, block)] + [(lo, kv_end, True)]
 
 
@@ -78,10 +74,11 @@ def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool
 def attend_block_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """attend_block's signature through cuDNN's attention (strata.kernels.attention.flash.
-    cudnn_forward), which takes q/k of 192 and values of 128 as they are: on the H100 a causal
-    8,192-token block of DeepSeek-V3's 128 heads ran in 4.35 ms (632 TFLOP/s), where strata's
-    block kernel read the same causal chunk in 7.46 (experiments/results/
-    mla_cudnn_probe-NVIDIA_H100-6e3010d.log). cuDNN's causal mask is aligned
+    cudnn_forward), which takes q/k of 192 and values of 128 as they are: on the H100 one causal
+    launch over 8,192 tokens of DeepSeek-V3's 128 heads ran in 4.35 ms, 632 TFLOP/s
+    (experiments/results/mla_cudnn_probe-NVIDIA_H100-6e3010d.log), and the blocked attention of
+    that chunk (its keys decompressed a block at a time) in 6.58 ms against the triton backend's
+    7.61 (mla_cudnn_bench-NVIDIA_H100-6e3010d.log). cuDNN's causal mask is aligned
     top-left, which is the bottom-right mask only for a square block: the blocked attention tiles
     the keys so that its masked block is square (key_blocks(square=True)); a masked block with
     more keys than queries, given here all the same, and operands cuDNN does not take go to
