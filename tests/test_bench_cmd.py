@@ -33,6 +33,7 @@ def test_bench_rows_csv_and_json(pack, capsys, tmp_path):
         assert r["pcie_bound_tokens_per_s"] > 0 and r["warmup_s"] > 0
         assert r["planned_for"] == 70 and r["cache_bytes"] > 0   # one engine, planned for 70
         assert r["dense_layers"] == ""        # the CPU decodes every matrix: none kept as blocks
+        assert r["peak_vram"] == ""           # no GPU: nothing held on one
     trace = json.loads((tmp_path / "b.json").read_text())
     assert {e.get("cat") for e in trace["traceEvents"]} >= {"copy", "compute", "passes"}
     assert main(["bench", pack, "-p", "40", "-r", "1", "-o", "csv", "--no-warmup", *STREAM,
@@ -192,3 +193,21 @@ def test_bench_s_copy_rate_times_runs_of_the_pack_s_blobs(pack, capsys, monkeypa
     ((host, held, runs),) = made
     blob = host.blob(held[0], 0).numel()
     assert runs and all(r.numel() % blob == 0 and r.numel() > blob for r in runs)
+
+
+@pytest.mark.gpu
+def test_the_gpu_row_says_what_the_reads_held(pack, capsys):
+    """On the GPU each row carries the timed reads' peak: at least the expert cache it holds,
+    within the --vram it was planned for (a tiny model's transients are small), and no line
+    on stderr saying otherwise."""
+    import torch
+    from strata.units import parse_size
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    assert main(["bench", pack, "-p", "40", "-r", "1", "-o", "json", *STREAM,
+                 "--devices", "cuda:0"]) == 0
+    out = capsys.readouterr()
+    (r,) = json.loads(out.out)
+    peak = parse_size(r["peak_vram"].replace(",", "").replace(" ", ""))
+    assert r["cache_bytes"] <= peak <= parse_size("1GiB")
+    assert "past its --vram" not in out.err

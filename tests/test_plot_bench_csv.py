@@ -6,7 +6,7 @@ from tests.scripts import load_script
 def _row(P, tps):
     return dict(model="m", pack_bytes=1, vram="1 GiB", kv="auto", delta="", prefix_attention="",
                 dense_layers="",
-                planned_for=32768, cache_bytes=1, test=f"pp{P}",
+                planned_for=32768, cache_bytes=1, peak_vram="", test=f"pp{P}",
                 n_tokens=P, chunk=P, ring=4, reps=1, tokens_per_s=tps, tokens_per_s_sd=0.0,
                 seconds=P / tps, bytes_streamed=1, kv_streamed=0, h2d_gbps=50.0, pcie_bound_tokens_per_s=2 * tps,
                 compute_floor_tokens_per_s=3 * tps, bound_tokens_per_s=2 * tps, of_bound=0.5, warmup_s=0.1, wait_s=0.0,

@@ -38,6 +38,7 @@ from strata.commands._args import add_budget_flags
 from strata.errors import StrataError
 from strata.engine.host import expert_bytes
 from strata.engine.prompt_plan import prefix_path
+from strata.bench.peaks import Peaks
 from strata.kernels.deltanet.launch import delta_spec
 from strata.units import fmt_bytes
 
@@ -46,7 +47,7 @@ FLOOR_PARTS = ("experts", "attention", "linear", "dense")     # strata.bench.roo
 PART_COLUMNS = [f"floor_{k}_s" for k in FLOOR_PARTS]
 COLUMNS = ["model", "pack_bytes", "vram", "kv", "delta", "prefix_attention", "dense_layers",
            "planned_for",
-           "cache_bytes", "test", "n_tokens", "chunk", "ring", "reps",
+           "cache_bytes", "peak_vram", "test", "n_tokens", "chunk", "ring", "reps",
            "tokens_per_s", "tokens_per_s_sd", "seconds", "bytes_streamed", "kv_streamed",
            "h2d_gbps", "pcie_bound_tokens_per_s", "compute_floor_tokens_per_s",
            "bound_tokens_per_s", "of_bound",
@@ -122,12 +123,19 @@ def run(args) -> int:
         if trace is not None and trace not in engine.observers:
             engine.observers.append(trace)
         tps, secs, res = [], [], None
+        held = Peaks([p.device for p in engine.parts])
         for _ in range(args.repeats):
             with torch.inference_mode():
                 res = engine.run(tokens, logits="none")
             secs.append(res.stats.seconds)
             tps.append(res.stats.tokens_per_s)
         st = res.stats
+        peaks = held.read()
+        for name, peak, vram in zip((p.name for p in engine.parts), peaks, cfg.vram):
+            if peak is not None and peak > vram:
+                print(f"strata bench: {name} held {fmt_bytes(peak)} at its peak in the {n}-token "
+                      f"reads, past its --vram {fmt_bytes(vram)}: allocations outside the plan "
+                      f"(torch's, beside the cache) passed the reserve", file=sys.stderr)
         # every byte the link carries in: the experts, and a long prompt's host-held KV staged
         # back for the later chunks' attention (at 131K on 12 GiB, a third more than experts)
         pcie_s = roofline(st.chunks, engine.shape, h2d, no_gemm) + res.kv_streamed / h2d
@@ -153,6 +161,10 @@ def run(args) -> int:
             # one engine reads every -p length, planned for the longest (--max-prompt): a
             # shorter prompt runs under that plan's smaller expert cache, so its row says which
             "planned_for": cfg.max_prompt, "cache_bytes": cache_bytes,
+            # what the process held on each GPU at the timed reads' peak (torch's allocator:
+            # the cache, dense weights, KV and every transient; not the CUDA context), beside
+            # the --vram it was planned for; empty off CUDA
+            "peak_vram": "+".join(fmt_bytes(v) for v in peaks if v is not None),
             "test": f"pp{n}", "n_tokens": n, "chunk": res.chunk, "ring": res.ring,
             "reps": args.repeats,
             "tokens_per_s": statistics.fmean(tps),
