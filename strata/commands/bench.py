@@ -161,9 +161,9 @@ def run(args) -> int:
             # one engine reads every -p length, planned for the longest (--max-prompt): a
             # shorter prompt runs under that plan's smaller expert cache, so its row says which
             "planned_for": cfg.max_prompt, "cache_bytes": cache_bytes,
-            # what the process held on each GPU at the timed reads' peak (torch's allocator:
-            # the cache, dense weights, KV and every transient; not the CUDA context), beside
-            # the --vram it was planned for; empty off CUDA
+            # what the process held live on each GPU at the timed reads' peak (torch's
+            # allocator: the cache, dense weights, KV and every transient; not the CUDA
+            # context), beside the --vram it was planned for; empty off CUDA
             "peak_vram": "+".join(fmt_bytes(v) for v in peaks if v is not None),
             "test": f"pp{n}", "n_tokens": n, "chunk": res.chunk, "ring": res.ring,
             "reps": args.repeats,
