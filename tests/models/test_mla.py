@@ -11,7 +11,8 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from strata.models.mla import mla_chunk_attention, mla_chunk_attention_absorbed
+from strata.models.mla import mla_chunk_attention, mla_chunk_attention_absorbed, whole_q
+from strata.models.mla_launch import BACKENDS, MLALaunch, pin_mla_launch
 from strata.shapes import get_preset, mla_token_bytes
 
 REL = 1e-5
@@ -56,6 +57,35 @@ def test_causal_within_the_chunk():
     k2[-1] -= 5
     b = mla_chunk_attention(q_nope, q_pe, c2, k2, wkvb, **kw)
     assert torch.equal(a[:3], b[:3]) and not torch.equal(a[3], b[3])
+
+
+def test_whole_q_is_the_one_tensor_when_the_parts_are_its_columns():
+    """mla_attention's q_nope and q_pe are the column ranges of one [H, T, hd] view (rotated in
+    place): whole_q hands that tensor back, no copy; parts that are not side by side in one
+    storage (apart, swapped, another dtype) are joined, the same values."""
+    H, T, N, R = 3, 5, 4, 2
+    q = torch.randn(T, H, N + R).transpose(0, 1)                              # [H, T, hd]
+    got = whole_q(q[..., :N], q[..., N:])
+    assert got.data_ptr() == q.data_ptr() and got.stride() == q.stride() and torch.equal(got, q)
+    assert whole_q(q[:, 1:4, :N], q[:, 1:4, N:]).data_ptr() == q[:, 1:4].data_ptr()
+    apart = [q[..., :N].clone(), q[..., N:].clone()]
+    for a, b in (apart, (q[..., N:N + 2], q[..., :N]), (q[..., :N], q[..., N:].double())):
+        j = whole_q(a, b)
+        assert j.data_ptr() not in (q.data_ptr(), a.data_ptr()) and j.is_contiguous()
+        assert torch.equal(j, torch.cat([a, b.to(j.dtype)], -1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_as_one_tensor_reads_as_q_in_two(backend):
+    """The blocked attention given q_nope and q_pe as views of one q (no join) gives the bits
+    it gives them as two tensors, under every backend."""
+    q_nope, q_pe, c, k_pe, wkvb = draw(2, 9, 6, 4, 2, 3, 8, 7)
+    one = torch.cat([q_nope, q_pe], -1).transpose(0, 1).contiguous().transpose(0, 1)
+    kw = dict(v_head_dim=3, scale=0.4, block=4, sdpa=True)
+    with pin_mla_launch(MLALaunch(backend, 4)):
+        two = mla_chunk_attention(q_nope, q_pe, c, k_pe, wkvb, **kw)
+        views = mla_chunk_attention(one[..., :4], one[..., 4:], c, k_pe, wkvb, **kw)
+    assert torch.equal(two, views)
 
 
 def test_the_kv_the_plan_counts_is_latent_plus_rope_key():
