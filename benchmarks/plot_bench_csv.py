@@ -1,5 +1,6 @@
 """A PNG of a `strata bench -o csv` file: tokens/s per prompt beside its PCIe bound and compute
-floor (the run's own columns), for the results that came back from a device call as a CSV only.
+floor (the run's own columns), for the results that came back from a device call as a CSV only;
+an `arm` column (several runs in one file) and `peak_vram` join each bar's label where present.
 
     python benchmarks/plot_bench_csv.py BENCH.csv [OUT.png] [--title T]
 """
@@ -44,7 +45,10 @@ def main(argv=None) -> int:
                 ax.annotate(f"{float(r['tokens_per_s']):,.0f}\n{float(r['of_bound']):.2f} of bound",
                             (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
                             va="bottom", fontsize=7)
-    ax.set_xticks(list(x), [r["test"] for r in rows])
+    # a file of several runs may name each in an `arm` column; a row's peak VRAM, where it has one
+    ax.set_xticks(list(x), [" ".join(v for v in (r.get("arm"), r["test"],
+                                                 r.get("peak_vram") and f"\npeak {r['peak_vram']}")
+                                     if v) for r in rows], fontsize=7)
     ax.set_ylabel("tokens/s")
     ax.set_title(a.title or f"{rows[0]['model']}, --vram {rows[0]['vram']}", fontsize=9)
     ax.legend(fontsize=8)
