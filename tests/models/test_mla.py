@@ -88,6 +88,28 @@ def test_q_as_one_tensor_reads_as_q_in_two(backend):
     assert torch.equal(two, views)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_as_one_tensor_on_the_gpu(backend):
+    """On the GPU, DeepSeek-V3's widths (H 16 of 128, N 128, R 64, Hv 128), a later chunk: q as
+    mla_attention hands it (the column ranges of one [T, H, hd] buffer, seen head-major) reads
+    as the joined q. The kernels take any head stride; a layout may pick another cuDNN engine, so
+    cuDNN's outputs are held to two bf16 steps of max |o| and the others to the bit."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    q_nope, q_pe, c, k_pe, wkvb = (t.cuda().bfloat16() for t in draw(16, 1024, 2048, 128, 64,
+                                                                       128, 512, 3))
+    one = torch.cat([q_nope, q_pe], -1).transpose(0, 1).contiguous().transpose(0, 1)
+    kw = dict(v_head_dim=128, scale=192 ** -0.5, block=512)
+    with pin_mla_launch(MLALaunch(backend, 512)):
+        two = mla_chunk_attention(q_nope, q_pe, c, k_pe, wkvb, **kw).float()
+        views = mla_chunk_attention(one[..., :128], one[..., 128:], c, k_pe, wkvb, **kw).float()
+    if backend == "cudnn":
+        assert float((views - two).abs().max()) <= 2 ** -7 * float(two.abs().max())
+    else:
+        assert torch.equal(views, two)
+
+
 def test_the_kv_the_plan_counts_is_latent_plus_rope_key():
     s = get_preset("deepseek-v3")
     assert mla_token_bytes(s) == (512 + 64) * 2 == 1152
