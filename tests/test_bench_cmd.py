@@ -211,3 +211,18 @@ def test_the_gpu_row_says_what_the_reads_held(pack, capsys):
     peak = parse_size(r["peak_vram"].replace(",", "").replace(" ", ""))
     assert r["cache_bytes"] <= peak <= parse_size("1GiB")
     assert "past its --vram" not in out.err
+
+
+@pytest.mark.gpu
+def test_prefill_reports_what_the_read_held_on_the_gpu(pack, capsys):
+    """strata prefill --json on the GPU: the read's live peak per GPU, at least the expert cache
+    and within the --vram it was planned for (a tiny model), and no line saying otherwise."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    assert main(["prefill", pack, "--prompt-tokens", "40", "--json", *STREAM,
+                 "--devices", "cuda:0"]) == 0
+    out = capsys.readouterr()
+    r = json.loads(out.out)
+    (peak,) = r["peak_vram_bytes"]
+    assert r["cache_bytes"] <= peak <= 1 << 30 and "past its --vram" not in out.err

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from strata.units import fmt_bytes
+
 
 class Peaks:
     """Starts counting at construction: `read()` -> each device's peak live bytes since (None
@@ -21,3 +23,12 @@ class Peaks:
     def read(self) -> list[int | None]:
         return [torch.cuda.max_memory_allocated(d) if d.type == "cuda" else None
                 for d in self.devices]
+
+
+def past_budget(names, peaks, vrams, what: str) -> list[str]:
+    """One line for each device whose live peak passed its budget (`what`: the reads it was
+    measured over, for the line)."""
+    return [f"{name} held {fmt_bytes(peak)} live at its peak in {what}, past its --vram "
+            f"{fmt_bytes(vram)}: allocations outside the plan (torch's, beside the cache) passed "
+            f"the reserve"
+            for name, peak, vram in zip(names, peaks, vrams) if peak is not None and peak > vram]

@@ -38,7 +38,7 @@ from strata.commands._args import add_budget_flags
 from strata.errors import StrataError
 from strata.engine.host import expert_bytes
 from strata.engine.prompt_plan import prefix_path
-from strata.bench.peaks import Peaks
+from strata.bench.peaks import Peaks, past_budget
 from strata.kernels.deltanet.launch import delta_spec
 from strata.units import fmt_bytes
 
@@ -131,11 +131,9 @@ def run(args) -> int:
             tps.append(res.stats.tokens_per_s)
         st = res.stats
         peaks = held.read()
-        for name, peak, vram in zip((p.name for p in engine.parts), peaks, cfg.vram):
-            if peak is not None and peak > vram:
-                print(f"strata bench: {name} held {fmt_bytes(peak)} at its peak in the {n}-token "
-                      f"reads, past its --vram {fmt_bytes(vram)}: allocations outside the plan "
-                      f"(torch's, beside the cache) passed the reserve", file=sys.stderr)
+        for line in past_budget([p.name for p in engine.parts], peaks, cfg.vram,
+                                f"the {n}-token reads"):
+            print(f"strata bench: {line}", file=sys.stderr)
         # every byte the link carries in: the experts, and a long prompt's host-held KV staged
         # back for the later chunks' attention (at 131K on 12 GiB, a third more than experts)
         pcie_s = roofline(st.chunks, engine.shape, h2d, no_gemm) + res.kv_streamed / h2d

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from strata.atomic import check_output
+from strata.bench.peaks import Peaks, past_budget
 from strata.commands._args import (DTYPES, add_budget_flags, check_budget_flags, engine_config,
                                    resolve_experts)
 from strata.commands._prompt import (check_context, dump_path, open_checked, parse_tokens,
@@ -372,12 +373,18 @@ def run_streaming(args) -> int:
         if trace is not None and trace not in engine.observers:
             engine.observers.append(trace)
         t_run = time.perf_counter()
+        held = Peaks([p.device for p in engine.parts])
         with torch.inference_mode():
             res = engine.run(torch.tensor(tokens, dtype=torch.int64),
                              logits="all" if dump else "last", packed=packed, plan=plan,
                              **io.engine_kw())
         run_s = time.perf_counter() - t_run
         report = streaming_report(engine, res, str(args.pack))
+        # what each GPU held live at the read's peak (None off CUDA), beside its --vram
+        report["peak_vram_bytes"] = held.read()
+        for line in past_budget([p.name for p in engine.parts], report["peak_vram_bytes"],
+                                cfg.vram, "this prompt's read"):
+            print(f"strata prefill: {line}", file=sys.stderr)
         report["run_s"] = run_s     # set-up, restore, read, tear-down: a question's ttft
         report["kv_state"] = io.report(res)
         if packed is not None:

@@ -115,7 +115,9 @@ def test_plan_equals_prefill(tiny_pack, capsys, flags):
                  "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert main(["prefill", str(tiny_pack), "--prompt-tokens", "40", *common, "--json"]) == 0
-    ran = json.loads(capsys.readouterr().out)["plan"]
+    report = json.loads(capsys.readouterr().out)
+    assert report["peak_vram_bytes"] == [None]     # the CPU: no GPU peak to report
+    ran = report["plan"]
     for k in ("chunk", "ring", "ring_slots", "ring_bytes", "bytes_needed", "room", "rule",
               "fits", "full_ring", "probes"):
         assert planned[k] == ran[k], k
