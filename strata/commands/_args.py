@@ -251,3 +251,19 @@ def unfit_line(plan, layout, parts) -> str:
             line += f"; --chunk {plan.chunk} does not fit even with a 1-slot ring: give a " \
                     f"smaller --chunk or more --vram"
     return line
+
+
+def refuse_unfit_plan(pack, cfg, n_tokens: int) -> None:
+    """The engine's plan (its plan_inputs) before any allocation: refused in one line if unfit."""
+    from strata.engine.engine_config import default_devices, dense_dtype, layer_blocks
+    from strata.engine.prompt_plan import plan_inputs, plan_prompt
+    from strata.engine.load import kept_bytes, resolve_device
+    dev = resolve_device((cfg.devices or default_devices(cfg.device, len(cfg.vram)))[0])
+    blobs = [pl.blob_size for pl in pack.layers]
+    kept = kept_bytes(pack, dev.type, dense_dtype(cfg, dev.type), layer_blocks=layer_blocks(cfg))
+    parts, _, layout, fused = plan_inputs(pack.shape, blobs, pack.native, cfg, dev.type, kept=kept)
+    pinned = cfg.pin or dev.type != "cuda"
+    plan = plan_prompt(layout, parts, cfg, pinned=pinned, fused=fused, native=pack.native,
+                       n_tokens=n_tokens)
+    if not plan.fits:
+        raise StrataError(unfit_line(plan, layout, parts))

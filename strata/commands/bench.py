@@ -93,7 +93,8 @@ def run(args) -> int:
                                         linear_at_dense, roofline)
     from strata.commands._args import engine_config
     from strata.commands._prompt import check_context, open_checked
-    from strata.commands.prefill import check_trace, refuse_unfit_plan, write_trace
+    from strata.commands._args import refuse_unfit_plan
+    from strata.commands.prefill import check_trace, write_trace
     from strata.engine.prefill import PrefillEngine
     from strata.engine.trace import LaneTrace
 

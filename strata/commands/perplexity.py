@@ -285,7 +285,7 @@ def resident_reader(args, pack, windows) -> Reader:
 
 def streamed_reader(args, pack, windows) -> Reader:
     from strata.commands._prompt import check_context
-    from strata.commands.prefill import refuse_unfit_plan
+    from strata.commands._args import refuse_unfit_plan
     from strata.engine.prefill import PrefillEngine
 
     from strata.memory.scan import SCAN_MAX

@@ -31,7 +31,7 @@ import torch
 from strata.atomic import check_output
 from strata.bench.peaks import Peaks, past_budget
 from strata.commands._args import (DTYPES, add_budget_flags, check_budget_flags, engine_config,
-                                   resolve_experts)
+                                   refuse_unfit_plan, resolve_experts)
 from strata.commands._prompt import (check_context, dump_path, open_checked, parse_tokens,
                                      prompt_ids, prompt_line, prompts_summary, read_prompts_file,
                                      save_logits)
@@ -411,23 +411,6 @@ def run_streaming(args) -> int:
     else:
         print(prompts_summary(streaming_summary(reports[0]), reports))
     return 0
-
-
-def refuse_unfit_plan(pack, cfg, n_tokens: int) -> None:
-    """The engine's plan (its plan_inputs) before any allocation: refused in one line if unfit."""
-    from strata.commands._args import unfit_line
-    from strata.engine.engine_config import default_devices, dense_dtype, layer_blocks
-    from strata.engine.prompt_plan import plan_inputs, plan_prompt
-    from strata.engine.load import kept_bytes, resolve_device
-    dev = resolve_device((cfg.devices or default_devices(cfg.device, len(cfg.vram)))[0])
-    blobs = [pl.blob_size for pl in pack.layers]
-    kept = kept_bytes(pack, dev.type, dense_dtype(cfg, dev.type), layer_blocks=layer_blocks(cfg))
-    parts, _, layout, fused = plan_inputs(pack.shape, blobs, pack.native, cfg, dev.type, kept=kept)
-    pinned = cfg.pin or dev.type != "cuda"
-    plan = plan_prompt(layout, parts, cfg, pinned=pinned, fused=fused, native=pack.native,
-                       n_tokens=n_tokens)
-    if not plan.fits:
-        raise StrataError(unfit_line(plan, layout, parts))
 
 
 def streaming_report(engine, res, pack_name: str) -> dict:
