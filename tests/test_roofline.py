@@ -267,10 +267,13 @@ def test_runs_need_a_host_that_hands_runs():
 
 @pytest.mark.gpu
 def test_measured_rates_on_the_gpu():
-    """On an H200 the grouped GEMM and flash attention run at tens to hundreds of TFLOP/s."""
-    g, a, d = rl.gemm_rate(QWEN, 2048), rl.sdpa_rate(QWEN, 2048), rl.dense_rate(QWEN, 2048)
+    """On an H200 the grouped GEMM and flash attention run at tens to hundreds of TFLOP/s.
+    Unsettled and 3 repeats: the ranges hold at burst clocks too (the settling, a second a rate,
+    is floor_rates_bench's subject, not this test's)."""
+    kw = dict(reps=3, settle_s=0.0)
+    g, a, d = (f(QWEN, 2048, **kw) for f in (rl.gemm_rate, rl.sdpa_rate, rl.dense_rate))
     assert 1e12 < g < 2e15 and 1e12 < a < 2e15 and 1e12 < d < 2e15
-    lin = rl.delta_rate(get_preset("qwen3.5-35b-a3b"), 2048)     # the launch in force
+    lin = rl.delta_rate(get_preset("qwen3.5-35b-a3b"), 2048, **kw)     # the launch in force
     assert 1e11 < lin < 2e15
 
 
