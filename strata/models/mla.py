@@ -426,10 +426,14 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     m = s.mla
     T, H, R = x.shape[0], s.n_head, m.qk_rope
     N = s.head_dim - R
+    # the engine's carve holds the chunk's query and output (MLAScratch.query / output): the
+    # layer computes into them rather than allocating them beside the plan
+    sc = cache.scratch.get(layer) if getattr(cache, "scratch", None) else None
+    qbuf = sc.query(T, H * s.head_dim, x.dtype) if sc is not None else None
     if w.wqa is not None:
-        q = rms_norm(x @ w.wqa.t(), w.q_norm, eps) @ w.wqb.t()
+        q = torch.matmul(rms_norm(x @ w.wqa.t(), w.q_norm, eps), w.wqb.t(), out=qbuf)
     else:
-        q = x @ w.wq.t()
+        q = torch.matmul(x, w.wq.t(), out=qbuf)
     q = q.view(T, H, s.head_dim).transpose(0, 1)                             # [H, T, hd]
     # rotated in place: q_nope and q_pe stay the two column ranges of one tensor, which the
     # blocked attention reads as q whole (whole_q), with no joined copy
@@ -442,11 +446,12 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     def attend(prefix, c_run, kpe_run, c_scale, kpe_scale):
         return mla_chunk_attention(q_nope, q_pe, c_run, kpe_run, w.wkvb,
                                    v_head_dim=m.v_head_dim, scale=softmax_scale(s),
-                                   scratch=cache.scratch.get(layer), c_scale=c_scale,
-                                   k_pe_scale=kpe_scale, prefix=prefix)
+                                   scratch=sc, c_scale=c_scale, k_pe_scale=kpe_scale,
+                                   prefix=prefix, out=None if sc is None else
+                                   sc.output(T, H, m.v_head_dim, q.dtype))
     packed = getattr(cache, "packed", None)
     if packed is not None:
-        attend = _per_sequence(packed, q_nope, q_pe, w, s, cache.scratch.get(layer))
+        attend = _per_sequence(packed, q_nope, q_pe, w, s, sc)
     o = cache.attend_latent(layer, c, k_pe, attend)
     return o.reshape(T, H * m.v_head_dim) @ w.wo.t()
 

@@ -71,11 +71,16 @@ def mla_state_floats(n_head: int, v_head_dim: int) -> int:
 class MLAScratch:
     """Flat buffers: k (>= rows·H·hd values), v (>= rows·H·W, W = mla_value_width(hd, Hv)),
     state fp32 (>= qrows·mla_state_floats(H, Hv)), c (int8 KV or a prefix of segments:
-    >= rows·(Lkv + R)); k, v and c in the attention's dtype."""
+    >= rows·(Lkv + R)); k, v and c in the attention's dtype. In the engine also the chunk's
+    query and output (`q`, `o`: the carve's q and attn, T·QD values each, QD = H·max(hd, Hv)),
+    which the layer computes into instead of allocating them beside the plan (`query`,
+    `output`); not part of `nbytes`, which is the mla_* buffers'."""
     k: torch.Tensor
     v: torch.Tensor
     state: torch.Tensor
     c: torch.Tensor | None = None
+    q: torch.Tensor | None = None
+    o: torch.Tensor | None = None
 
     @classmethod
     def of(cls, H: int, hd: int, Hv: int, T: int, S: int, device, *,
@@ -95,10 +100,11 @@ class MLAScratch:
     @classmethod
     def of_carve(cls, bufs) -> "MLAScratch":
         """Over a carve's mla_k / mla_v / mla_state (/ mla_c) buffers
-        (strata.planning.MLA_SCRATCH_BUFS, MLA_LATENT_BUF)."""
-        c = bufs.bufs.get("mla_c")
+        (strata.planning.MLA_SCRATCH_BUFS, MLA_LATENT_BUF), and its q and attn (the
+        attention phase's query and output, strata.planning.ACTIVATIONS)."""
+        c, q, o = (bufs.bufs.get(n) for n in ("mla_c", "q", "attn"))
         return cls(*(bufs[n].reshape(-1) for n in ("mla_k", "mla_v", "mla_state")),
-                   None if c is None else c.reshape(-1))
+                   *(None if t is None else t.reshape(-1) for t in (c, q, o)))
 
     @property
     def nbytes(self) -> int:
@@ -122,6 +128,16 @@ class MLAScratch:
                               f"k, v, state, c of {need} values ({dtype}, {dtype}, float32, "
                               f"{dtype}), has {have} ({self.k.dtype}, {self.v.dtype}, "
                               f"{self.state.dtype}, {None if self.c is None else self.c.dtype})")
+
+    def query(self, T: int, width: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """[T, width] over `q` for the chunk's query projection, or None (no such buffer, too
+        small, or another dtype: the carve holds bf16, a CPU read's fp32 allocates its own)."""
+        return _rows(self.q, T, width, dtype)
+
+    def output(self, T: int, H: int, Hv: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """[T, H, Hv] over `o` for the attention's output, or None (as `query`)."""
+        o = _rows(self.o, T, H * Hv, dtype)
+        return None if o is None else o.view(T, H, Hv)
 
     def latent(self, m: int, width: int) -> torch.Tensor:
         """c [m, Lkv + R] view: a block's dequantized latent and rope key."""
@@ -151,6 +167,12 @@ class MLAScratch:
         """(acc fp32 [H, n, Hv], lse fp32 [H, n]) views for a query block of n tokens."""
         return (self.state[:H * n * Hv].view(H, n, Hv),
                 self.state[H * n * Hv:n * mla_state_floats(H, Hv)].view(H, n))
+
+
+def _rows(buf: torch.Tensor | None, T: int, width: int, dtype: torch.dtype):
+    if buf is None or buf.dtype != dtype or buf.numel() < T * width:
+        return None
+    return buf[:T * width].view(T, width)
 
 
 __all__ = ["MLA_BLOCK", "MLAScratch", "mla_scratch_rows", "mla_state_floats",

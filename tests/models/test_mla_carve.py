@@ -1,0 +1,97 @@
+"""The engine hands MLA's attention its carve (strata.engine.session, strata.models.mla_scratch):
+the blocked attention's scratch (mla_k / mla_v / mla_state / mla_c) lies in the prompt's loan at
+the plan's sizes, and a bf16 read projects its query into the carve's q and writes the output
+into its attn instead of allocating them beside the plan."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from strata.models.mla_launch import pin_mla_launch
+
+
+@pytest.mark.parametrize("kvd,backend", [("bf16", "efficient"), ("int8", "efficient"),
+                                         ("bf16", "flash"), ("int8", "flash"),
+                                         ("bf16", "triton"), ("int8", "triton")])
+def test_the_engine_hands_its_carve_to_the_attention(kvd, backend, tmp_path, monkeypatch):
+    """Every layer's attention gets an MLAScratch whose buffers lie in the prompt's loan (the
+    expert cache's bytes), of the plan's sizes (mla_c only with int8 KV; flash's mla_v
+    max(hd, Hv) values a head), the engine built and run under the launch."""
+    from tests.models.hf_family import DS_TINY
+    with pin_mla_launch(backend=backend):
+        sizes = engine_carve(kvd, tmp_path, monkeypatch)
+    hd, Hv = DS_TINY.head_dim, DS_TINY.mla.v_head_dim                  # 24 and 16
+    assert sizes["mla_v"] * hd == sizes["mla_k"] * (hd if backend == "flash" else Hv)
+
+
+def engine_carve(kvd, tmp_path, monkeypatch):
+    import strata.models.mla as mla
+    from strata.engine.prefill import EngineConfig, PrefillEngine
+    from strata.packs import Pack
+    from strata.packs.memory import MemoryPack
+    from strata.packs.synth import ExpertFormats
+    from tests.models.hf_family import DS_TINY
+    mem = MemoryPack(DS_TINY, ExpertFormats.of("BF16"), distinct=2, variants=1, device="cpu")
+    pack = Pack.open(mem.save(tmp_path / "m.pack", progress=False, tokenizer=False))
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=24 * pack.max_blob, max_prompt=64,
+                                           device="cpu", ffn="ref", chunk=4, ring=2, kv=kvd))
+    seen = []
+    real = mla.mla_chunk_attention
+    monkeypatch.setattr(mla, "mla_chunk_attention",
+                        lambda *a, scratch=None, **kw: seen.append(scratch) or real(*a, **kw))
+    res = eng.run(torch.arange(9) % DS_TINY.vocab)
+    buf = eng.cache.buffer
+    lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+    sizes = {p["name"]: p["nbytes"] for p in res.plan.participants[0].placements}
+    assert len(seen) == DS_TINY.n_layer * 3                   # 3 chunks of 4, 4, 1
+    for sc in seen:
+        ts = {"mla_k": sc.k, "mla_v": sc.v, "mla_state": sc.state, "mla_c": sc.c}
+        assert (sc.c is not None) == (kvd == "int8")
+        for name, t in ts.items():
+            if t is not None:
+                assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi
+                assert t.numel() * t.element_size() == sizes[name]
+    return sizes
+
+
+def test_a_bf16_read_computes_mla_q_and_o_in_its_carve(tmp_path, monkeypatch):
+    """A bf16 read (the GPU's dense dtype) projects each layer's query into the carve's q and
+    writes the attention's output into its attn, inside the loan, and reads the bits it reads
+    with both allocated beside the plan (MLAScratch.query / output answering None)."""
+    import strata.models.mla as mla
+    from strata.models.mla_scratch import MLAScratch
+    from tests.models.hf_family import DS_TINY
+    seen = []
+    real = mla.mla_chunk_attention
+
+    def spy(qn, qp, *a, out=None, **kw):
+        seen.append((qn.data_ptr(), None if out is None else out.data_ptr()))
+        return real(qn, qp, *a, out=out, **kw)
+    monkeypatch.setattr(mla, "mla_chunk_attention", spy)
+    eng, tok = _bf16_engine(tmp_path)
+    res = eng.run(tok, logits="all")
+    buf = eng.cache.buffer
+    place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
+    assert len(seen) == DS_TINY.n_layer * 3 and len(set(seen)) == 1   # 3 chunks; one q, one o
+    (qp, op), = set(seen)
+    assert buf.data_ptr() <= qp < op < buf.data_ptr() + buf.numel()
+    assert op - qp == place["attn"] - place["q"]             # the carve's q and attn
+    monkeypatch.setattr(MLAScratch, "query", lambda self, *a: None)
+    monkeypatch.setattr(MLAScratch, "output", lambda self, *a: None)
+    eng2, _ = _bf16_engine(tmp_path / "b")
+    assert torch.equal(eng2.run(tok, logits="all").logits, res.logits)
+
+
+def _bf16_engine(tmp_path):
+    from strata.engine.prefill import EngineConfig, PrefillEngine
+    from strata.packs import Pack
+    from strata.packs.memory import MemoryPack
+    from strata.packs.synth import ExpertFormats
+    from tests.models.hf_family import DS_TINY
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    mem = MemoryPack(DS_TINY, ExpertFormats.of("BF16"), distinct=2, variants=1, device="cpu")
+    pack = Pack.open(mem.save(tmp_path / "m.pack", progress=False, tokenizer=False))
+    eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=24 * pack.max_blob, max_prompt=64,
+                                           device="cpu", ffn="ref", chunk=4, ring=2,
+                                           dtype=torch.bfloat16))
+    return eng, torch.arange(9) % DS_TINY.vocab
