@@ -39,6 +39,7 @@ state a query, MLC = Lkv + R values of an int8 latent block dequantized (or, wit
 a block gathered from the staged and resident segments)
 (strata.models.mla_scratch: mla_scratch_rows, mla_state_floats, mla_value_width, at the
 launch in force, strata.models.mla_launch; S is the longest prompt, or T without a KV policy),
+DFF2 twice a leading dense layer's FFN width (its gate and up products; 0 without such layers),
 DN_<name> bytes of one row of the delta rule's buffer <name> (strata.kernels.deltanet.sizes
 .chunk_buffers of the launch in force, in the activations' dtype beside the KV's).
 
@@ -102,6 +103,12 @@ ACTIVATIONS = LayoutSpec(
         )),
     ),
 )
+
+# A leading dense layer's FFN (DeepSeek-V3's first three, GLM-4.5's first) computes its gate
+# and up products here, silu(gate)·up in place of gate, on a read in the carve's dtype: its own
+# phase, after the attention and instead of the experts, so it shares their bytes.
+DENSE_FFN_BUF = Buf("dense_gu", bf16, ("T", "DFF2"),
+                    "a leading dense layer's gate and up products; silu(gate) * up in place")
 
 # Host-held KV streams back into this buffer, one layer at a time, for the attention of each
 # later chunk (its keys/values and, int8, their scales: KVB bytes a token). Persistent, not in
@@ -236,6 +243,8 @@ def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = N
     if shape is not None and shape.linear is not None:
         for b in deltanet_bufs(shape, kv, act.itemsize if act is not None else None):
             spec = spec.with_buffer(b, "attention")
+    if shape is not None and shape.dense.lead:
+        spec = spec.with_buffer(DENSE_FFN_BUF, "dense")
     return spec.with_buffer(KV_STAGE_BUF) if kv is not None and kv.streams else spec
 
 
@@ -277,6 +286,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             "MVD": shape.n_head * mla_value_width(shape.head_dim, m.v_head_dim)
             if shape.mla else 0,
             "MLC": m.kv_lora + m.qk_rope,
+            "DFF2": 2 * shape.dense.d_ff if shape.dense.lead else 0,
             "MS": mla_state_floats(shape.n_head, m.v_head_dim)}
 
 
@@ -394,6 +404,7 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
 
 
 __all__ = ["ACTIVATIONS", "ATTN_FLASH_BUF", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES",
+           "DENSE_FFN_BUF",
            "KV_EXPAND_BUFS", "deltanet_buffers", "deltanet_bufs", "state_itemsize", "KV_STAGE_BUF",
            "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for", "layer_dense_bytes",
            "layer_scratch_bytes",

@@ -94,7 +94,7 @@ class FamilyMoe(MoeDecoder):
 
     def mlp(self, h, lw: FamilyLayer, l: int, provider: ExpertProvider, observer) -> torch.Tensor:
         """A leading dense layer's FFN, or the routed experts plus the shared ones."""
-        if lw.dense is not None:
-            return lw.dense(h)
+        if lw.dense is not None:   # the carve's dense_gu where the engine planned one
+            return lw.dense(h, buf=provider.workspace(l).dense)
         y = moe_block(h, l, self.router(lw), self.ffn, provider, observer).to(h.dtype)
         return y if lw.shared is None else y + lw.shared(h)

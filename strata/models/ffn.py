@@ -33,10 +33,19 @@ class DenseFFN:
 
     decodes_itself = True    # a layer's turn leaves its BlockWeights to __call__ (decode_phase)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        a = F.silu(x @ dense(self.gate).t())           # one matrix decoded at a time
-        a = a * (x @ dense(self.up).t())
-        return a @ dense(self.down).t()
+    def __call__(self, x: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
+        """y [T, D] of x [T, D]. `buf` (flat, >= 2·T·F values in x's dtype: the engine's carve,
+        strata.planning.DENSE_FFN_BUF) holds the gate and up products, silu(gate)·up computed
+        in place, instead of allocating them: the same kernels, the same bits."""
+        T, Fw = x.shape[0], self.gate.shape[0]
+        if buf is None or buf.dtype != x.dtype or buf.numel() < 2 * T * Fw:
+            a = F.silu(x @ dense(self.gate).t())       # one matrix decoded at a time
+            a = a * (x @ dense(self.up).t())
+            return a @ dense(self.down).t()
+        g, u = buf[:T * Fw].view(T, Fw), buf[T * Fw:2 * T * Fw].view(T, Fw)
+        F.silu(torch.matmul(x, dense(self.gate).t(), out=g), inplace=True)
+        g.mul_(torch.matmul(x, dense(self.up).t(), out=u))
+        return g @ dense(self.down).t()
 
     def map(self, fn) -> "DenseFFN":
         return DenseFFN(fn(self.gate), fn(self.up), fn(self.down))

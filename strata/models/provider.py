@@ -62,6 +62,9 @@ class LayerWorkspace:
     buffers: Mapping[str, torch.Tensor] = field(default_factory=dict)  # the expert GEMM's
     #   workspace: "h" (bf16 [Mpad, F]), "yk" (fp32 [T*K, D]), "wdec" (the decoded FFN's experts)
     scratch_alloc: Callable[[int], torch.Tensor] | None = None   # stream-k fixup scratch
+    # a leading dense layer's FFN: its gate and up products (the carve's dense_gu, flat, bf16
+    # >= 2·T·d_ff values; strata.models.ffn.DenseFFN); None: it allocates them
+    dense: torch.Tensor | None = None
     # vouched: the provider built every slot table on the host and checked it there — routed
     # ids in [0, E), each routed expert resident, 256-byte aligned and in exactly one pass,
     # `Pass.last` set on the layer's last pass. The FFN then runs without a host sync (check=False)

@@ -1,12 +1,14 @@
-"""The engine hands MLA's attention its carve (strata.engine.session, strata.models.mla_scratch):
-the blocked attention's scratch (mla_k / mla_v / mla_state / mla_c) lies in the prompt's loan at
-the plan's sizes, and a bf16 read projects its query into the carve's q and writes the output
-into its attn instead of allocating them beside the plan."""
+"""The engine hands a DeepSeek-family layer its carve (strata.engine.session, strata.models.
+mla_scratch, strata.planning.DENSE_FFN_BUF): the blocked attention's scratch (mla_k / mla_v /
+mla_state / mla_c) lies in the prompt's loan at the plan's sizes; a bf16 read projects its query
+into the carve's q, writes the attention's output into its attn and a leading dense layer's gate
+and up products into dense_gu, instead of allocating them beside the plan, with the same bits."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from strata.models.ffn import DenseFFN
 from strata.models.mla_launch import pin_mla_launch
 
 
@@ -54,7 +56,7 @@ def engine_carve(kvd, tmp_path, monkeypatch):
     return sizes
 
 
-def test_a_bf16_read_computes_mla_q_and_o_in_its_carve(tmp_path, monkeypatch):
+def test_a_bf16_read_computes_q_o_and_the_dense_ffn_in_its_carve(tmp_path, monkeypatch):
     """A bf16 read (the GPU's dense dtype) projects each layer's query into the carve's q and
     writes the attention's output into its attn, inside the loan, and reads the bits it reads
     with both allocated beside the plan (MLAScratch.query / output answering None)."""
@@ -68,6 +70,13 @@ def test_a_bf16_read_computes_mla_q_and_o_in_its_carve(tmp_path, monkeypatch):
         seen.append((qn.data_ptr(), None if out is None else out.data_ptr()))
         return real(qn, qp, *a, out=out, **kw)
     monkeypatch.setattr(mla, "mla_chunk_attention", spy)
+    dense = []
+    real_ffn = DenseFFN.__call__
+
+    def dense_spy(self, x, buf=None):
+        dense.append(None if buf is None else buf.data_ptr())
+        return real_ffn(self, x, buf)
+    monkeypatch.setattr(DenseFFN, "__call__", dense_spy)
     eng, tok = _bf16_engine(tmp_path)
     res = eng.run(tok, logits="all")
     buf = eng.cache.buffer
@@ -76,8 +85,14 @@ def test_a_bf16_read_computes_mla_q_and_o_in_its_carve(tmp_path, monkeypatch):
     (qp, op), = set(seen)
     assert buf.data_ptr() <= qp < op < buf.data_ptr() + buf.numel()
     assert op - qp == place["attn"] - place["q"]             # the carve's q and attn
+    # the leading dense layer, one call a chunk, into the carve's dense_gu; the shared
+    # experts (the same DenseFFN beside the routed ones, in their phase) allocate theirs
+    into = [p for p in dense if p is not None]
+    assert len(into) == DS_TINY.dense.lead * 3 and dense.count(None) == (DS_TINY.n_layer - 1) * 3
+    assert set(into) == {qp - place["q"] + place["dense_gu"]}
     monkeypatch.setattr(MLAScratch, "query", lambda self, *a: None)
     monkeypatch.setattr(MLAScratch, "output", lambda self, *a: None)
+    monkeypatch.setattr(DenseFFN, "__call__", lambda self, x, buf=None: real_ffn(self, x))
     eng2, _ = _bf16_engine(tmp_path / "b")
     assert torch.equal(eng2.run(tok, logits="all").logits, res.logits)
 
@@ -95,3 +110,17 @@ def _bf16_engine(tmp_path):
                                            device="cpu", ffn="ref", chunk=4, ring=2,
                                            dtype=torch.bfloat16))
     return eng, torch.arange(9) % DS_TINY.vocab
+
+
+def test_the_dense_ffn_in_a_buffer_is_the_dense_ffn():
+    """DenseFFN given a buffer computes the same bits in it; one too small or of another dtype
+    is passed over (the products allocated, as without one)."""
+    g = torch.Generator().manual_seed(5)
+    T, D, Fw = 7, 16, 24
+    ffn = DenseFFN(*(torch.randn(*s, generator=g).bfloat16() for s in ((Fw, D), (Fw, D), (D, Fw))))
+    x = torch.randn(T, D, generator=g).bfloat16()
+    want = ffn(x)
+    buf = torch.full((2 * T * Fw + 3,), float("nan"), dtype=torch.bfloat16)
+    assert torch.equal(ffn(x, buf), want) and not buf[:2 * T * Fw].isnan().any()
+    for bad in (torch.empty(2 * T * Fw - 1, dtype=torch.bfloat16), torch.empty(2 * T * Fw)):
+        assert torch.equal(ffn(x, bad), want)
