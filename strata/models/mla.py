@@ -413,8 +413,9 @@ def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: to
 
 
 # Heads rotated together: apply_rope_pairs works in fp32 beside its input (the pairs, their
-# rotation and its bf16 rounding: about 10 bytes a bf16 value), so all of DeepSeek-V3's 128 heads at a
-# 32K chunk took ~2.5 GiB beside the plan; 16 heads take a third of a GiB (8 launches of each op).
+# rotation and its bf16 rounding: about 10 bytes a bf16 value), so all of DeepSeek-V3's 128
+# heads at a 32K chunk took ~2.5 GiB beside the plan; 16 heads take a third of a GiB (8
+# launches of each op).
 ROPE_HEADS = 16
 
 
