@@ -261,6 +261,13 @@ for step in "$@"; do
     # 8192 beside triton (every block through cuDNN since the square tiling, ce32a82; 4096/8192:
     # query blocks of 4096, the keys before them in launches of 8192), and the 5-layer resident
     # read at --mla-key-block 8192 and --mla-block 8192 against the default
+    # stop 67's GPU-unrun code: MLA's q as one tensor and in the carve, the dense-lead FFN in
+    # the carve, the bench / prefill peaks, the unsettled rate test
+    carvetests) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider -n 4 tests/models/test_mla.py tests/models/test_mla_blocks.py tests/models/test_mla_carve.py tests/models/test_mla_flash.py tests/models/test_mla_kv_resident.py tests/models/test_deepseek_yarn.py tests/kernels/test_mla_block.py tests/test_bench_cmd.py tests/test_roofline.py 2>&1 | tail -15 > "$OUT/gpu_carve_tests.log"; tail -12 "$OUT/gpu_carve_tests.log" ;;
+    # MLA's block: DeepSeek's 5 resident layers at T 32768 under B 4096 (the default) and 32768
+    mlablock) for m in "" "--mla-block 32768"; do t=$(echo "x $m" | tr -cd 'a-z0-9'); timeout 150 python3 benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5 --T 32768 --reps 2 --top 6 $m --out "$OUT/mlablock$t" > "$OUT/profile_ds_$t.log" 2>&1; echo "[$m]"; grep -v "it/s\]" "$OUT/profile_ds_$t.log" | grep "^T=\|^-- " ; done ;;
+    # what a read holds against its budget (bench's peak_vram): PEAK_PACK at PEAK_VRAM, 8K and 32K
+    peaks)   timeout 300 python3 -m strata.cli bench "$PEAK_PACK" --vram ${PEAK_VRAM:-24GiB} -p 8192,32768 -r 1 -o csv > "$OUT/peaks-$(basename "$PEAK_PACK" .pack).csv" 2> "$OUT/peaks.err"; bench_cols "$OUT/peaks-$(basename "$PEAK_PACK" .pack).csv" n_tokens,chunk,ring,tokens_per_s,of_bound,vram,peak_vram,cache_bytes; grep "past its" "$OUT/peaks.err" ;;
     mlacudnn) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider -n 4 tests/kernels/test_mla_block.py tests/models/test_mla_flash.py tests/models/test_mla_blocks.py 2>&1 | tail -12 > "$OUT/gpu_mla_cudnn_tests.log"; tail -5 "$OUT/gpu_mla_cudnn_tests.log"
                timeout 90 python3 benchmarks/cudnn_mla_probe.py --out "$OUT" 2>&1 | tail -12
                timeout 150 python3 benchmarks/mla_bench.py --tokens 4096,8192,32768 --prefix 0,28672 --arms blocked:triton,blocked:cudnn,blocked:cudnn:4096/8192,blocked:cudnn:8192 --out "$OUT" > "$OUT/mla_cudnn_bench.log" 2>&1; grep "^P=" "$OUT/mla_cudnn_bench.log"
