@@ -200,10 +200,7 @@ def test_the_gpu_row_says_what_the_reads_held(pack, capsys):
     """On the GPU each row carries the timed reads' peak: at least the expert cache it holds,
     within the --vram it was planned for (a tiny model's transients are small), and no line
     on stderr saying otherwise."""
-    import torch
     from strata.units import parse_size
-    if not torch.cuda.is_available():
-        pytest.skip("needs a GPU")
     assert main(["bench", pack, "-p", "40", "-r", "1", "-o", "json", *STREAM,
                  "--devices", "cuda:0"]) == 0
     out = capsys.readouterr()
@@ -217,9 +214,6 @@ def test_the_gpu_row_says_what_the_reads_held(pack, capsys):
 def test_prefill_reports_what_the_read_held_on_the_gpu(pack, capsys):
     """strata prefill --json on the GPU: the read's live peak per GPU, at least the expert cache
     and within the --vram it was planned for (a tiny model), and no line saying otherwise."""
-    import torch
-    if not torch.cuda.is_available():
-        pytest.skip("needs a GPU")
     assert main(["prefill", pack, "--prompt-tokens", "40", "--json", *STREAM,
                  "--devices", "cuda:0"]) == 0
     out = capsys.readouterr()

@@ -372,8 +372,8 @@ def run_streaming(args) -> int:
                 engine.warmup(start + len(tokens), start=start, packed=packed))
         if trace is not None and trace not in engine.observers:
             engine.observers.append(trace)
+        held = Peaks([p.device for p in engine.parts])   # its sync outside the question's time
         t_run = time.perf_counter()
-        held = Peaks([p.device for p in engine.parts])
         with torch.inference_mode():
             res = engine.run(torch.tensor(tokens, dtype=torch.int64),
                              logits="all" if dump else "last", packed=packed, plan=plan,

@@ -435,7 +435,7 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     N = s.head_dim - R
     # the engine's carve holds the chunk's query and output (MLAScratch.query / output): the
     # layer computes into them rather than allocating them beside the plan
-    sc = cache.scratch.get(layer) if getattr(cache, "scratch", None) else None
+    sc = cache.scratch.get(layer)
     qbuf = sc.query(T, H * s.head_dim, x.dtype) if sc is not None else None
     if w.wqa is not None:
         q = torch.matmul(rms_norm(x @ w.wqa.t(), w.q_norm, eps), w.wqb.t(), out=qbuf)

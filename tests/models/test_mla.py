@@ -95,8 +95,6 @@ def test_q_as_one_tensor_on_the_gpu(backend):
     mla_attention hands it (the column ranges of one [T, H, hd] buffer, seen head-major) reads
     as the joined q. The kernels take any head stride; a layout may pick another cuDNN engine, so
     cuDNN's outputs are held to two bf16 steps of max |o| and the others to the bit."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a GPU")
     q_nope, q_pe, c, k_pe, wkvb = (t.cuda().bfloat16() for t in draw(16, 1024, 2048, 128, 64,
                                                                        128, 512, 3))
     one = torch.cat([q_nope, q_pe], -1).transpose(0, 1).contiguous().transpose(0, 1)
