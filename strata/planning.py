@@ -70,6 +70,7 @@ from strata.models.block_weight import decoded_bytes, phase_of
 from strata.models.kv import kv_windows, layer_kv_tokens
 from strata.models.layer_state import state_bytes, state_dtype
 from strata.models.mla_scratch import mla_scratch_rows, mla_state_floats, mla_value_width
+from strata.models.mla_launch import block_grows, mla_launch
 from strata.models.moe import DECODE_BUF, EXPERT_FFNS, ExpertFFNs
 from strata.archs.names import global_specs, layer_specs
 from strata.shapes import Mla, ModelShape
@@ -255,19 +256,40 @@ def decoded_blob_bytes(shape: ModelShape) -> int:
     return bf16_layout(BlobLayout.for_shape(shape, "BF16")).size
 
 
+def mla_dims(T: int, kv: KVPolicy | None, block: int | None = None) -> dict[str, int]:
+    """MLA's scratch rows for a chunk of T tokens at attention block `block` (the launch's in
+    force when None): MR key rows, MQ query rows (strata.models.mla_scratch.mla_scratch_rows)
+    over the longest prompt's keys, and MB the block itself, which the engine's attention runs
+    at (strata.models.mla_scratch.MLAScratch.of_carve)."""
+    block = mla_launch().block if block is None else block
+    mr, mq = mla_scratch_rows(T, max(T, kv.max_prompt if kv is not None else 0), block)
+    return {"MR": mr, "MQ": mq, "MB": block}
+
+
+def mla_wider(shape: ModelShape, kv: KVPolicy | None, dims: Mapping[str, int]
+              ) -> dict[str, int] | None:
+    """Sizes.wider for MLA: dims at twice their attention block, while the block is short of the
+    chunk and no launch is pinned (strata.models.mla_launch.block_grows); else None. A block as
+    long as the chunk launches once a key block and merges nothing (on the H100 at ee7fbd7, five
+    DeepSeek-V3 layers read resident at T 32,768: 851.8 ms at B 4096, 767.7 at 32,768)."""
+    if not shape.mla or dims["MB"] >= dims["T"] or not block_grows():
+        return None
+    return {**dims, **mla_dims(dims["T"], kv, 2 * dims["MB"])}
+
+
 def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 0,
              batch: int | None = None, kv: KVPolicy | None = None,
-             act_itemsize: int | None = None) -> dict[str, int]:
+             act_itemsize: int | None = None, mla_block: int | None = None) -> dict[str, int]:
     """Values of the layout's symbols for a chunk of T tokens. TKP pads each of the (at most
     min(E, T*K)) routed experts' groups to `block_m` rows (default: the expert GEMM's BLOCK_M
-    for this chunk); monotone in T, as BLOCK_M only grows with T."""
+    for this chunk); monotone in T, as BLOCK_M only grows with T. MLA's rows at `mla_block`
+    (the launch's when None: mla_dims)."""
     E, K = shape.n_expert, shape.top_k
     bm = block_m if block_m is not None else block_m_for(T, K, E)
     qd, kvd = shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
     if shape.mla:   # the chunk's expanded per-head keys and values (strata.models.mla)
         qd = kvd = shape.n_head * max(shape.head_dim, shape.mla.v_head_dim)
     m = shape.mla or Mla()   # no MLA: its scratch symbols are 0
-    mr, mq = mla_scratch_rows(T, max(T, kv.max_prompt if kv is not None else 0))
     dn = ({f"DN_{b.name}": b.row_bytes for b in deltanet_buffers(shape, 1, kv, act_itemsize)}
           if shape.linear is not None else {})
     return dn | {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
@@ -282,7 +304,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             # a prompt of one chunk has no prefix: no flash state
             "FQ": flash_rows(T) if kv is not None and kv.max_prompt > T else 0,
             "FS": flash_state_floats(shape.n_head, shape.head_dim),
-            "MR": mr, "MQ": mq, "MKD": shape.n_head * shape.head_dim,
+            **mla_dims(T, kv, mla_block), "MKD": shape.n_head * shape.head_dim,
             "MVD": shape.n_head * mla_value_width(shape.head_dim, m.v_head_dim)
             if shape.mla else 0,
             "MLC": m.kv_lora + m.qk_rope,
@@ -359,7 +381,8 @@ def model_sizes(shape: ModelShape, *, block_m: int | None = None,
         dense_first=embd,
         dense_last=_weights({"output_norm.weight": g["output_norm.weight"]}) * DENSE_BYTES
         + head,
-        layer_work=lambda T: layer_work(shape, T))
+        layer_work=lambda T: layer_work(shape, T),
+        wider=lambda dims: mla_wider(shape, kv, dims))
 
 
 def layer_work(shape: ModelShape, T: int) -> float:

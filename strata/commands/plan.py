@@ -230,6 +230,8 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
         f"  needed    {plan.bytes_needed:,} B ({fmt_bytes(plan.bytes_needed)}) of room "
         f"{plan.room:,} B ({fmt_bytes(plan.room)})",
         kv_line(flags["kv"]),
+        *([mla_line(plan.participants[0].grown["MB"])] if "MB" in plan.participants[0].grown
+          else []),
         *([host_line(flags["host"])] if flags.get("host") else []),
         *([blocks_line(flags["blocks"], flags["decode_scratch"])] if flags.get("blocks")
           else []),
@@ -248,6 +250,13 @@ def render(name, plan, bud, flags, n_expert: int) -> str:
             lines.append(f"  note: {p.name}'s cache holds every expert of its layers: nothing "
                          f"streams there, the ring only matters on GPUs that stream")
     return "\n".join(lines)
+
+
+def mla_line(block: int) -> str:
+    from strata.models.mla_launch import mla_launch
+    return (f"  mla       attention in blocks of {block:,} tokens (the launch's "
+            f"{mla_launch().block:,}, grown where the carve holds the scratch at no cost: the "
+            f"feed-forward phase is the longer)")
 
 
 def blocks_line(kept: dict, scratch: int) -> str:

@@ -14,9 +14,15 @@ The buffers (a LayoutSpec) and the values of their symbolic dims (`Sizes.dims`) 
 outside: the model and its kernels describe them (strata.planning), this module only lays them
 out. bytes_needed is ring*stride + sum(T * c_i) + max over phases of sum(T * c_j) + constant
 padding (+ alignment rounding): monotone in T whenever every dim is non-decreasing in T.
+
+A launch choice that only sizes one phase's buffers (MLA's attention block) can grow for free
+where another phase is the larger: `Sizes.wider` offers the dims of the next larger choice, and
+the carve takes the widest whose bytes are no more than the first's, on the dry carve the plan
+reads too. The chosen dims travel with the buffers (`PromptBuffers.dims`) to the kernels.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -75,6 +81,8 @@ class PromptBuffers:
     bufs: dict[str, torch.Tensor | None]
     placements: list[Placement] = field(default_factory=list)
     stop: int = 0
+    dims: dict[str, int] = field(default_factory=dict)   # the symbols' values it was carved at
+    grown: dict[str, int] = field(default_factory=dict)  # those Sizes.wider grew (widest)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.bufs[name]
@@ -100,7 +108,13 @@ class PromptLayout:
         if T < 1 or ring < 0:
             raise StrataError(f"a chunk needs T >= 1 tokens and ring >= 0 slots, got T={T}, "
                               f"ring={ring}")
-        dims = self.sizes.dims(T, ring, self.batch if batch is None else batch)
+        first = self.sizes.dims(T, ring, self.batch if batch is None else batch)
+        dims = self.widest(first)
+        ring_view, bufs = self._lay(carve, dims, ring)
+        return PromptBuffers(ring_view, bufs, list(carve.placements), carve.stop, dict(dims),
+                             {k: v for k, v in dims.items() if first.get(k) != v})
+
+    def _lay(self, carve: Carve, dims: Mapping[str, int], ring: int):
         ring_view = carve.take("ring", torch.uint8, (ring, self.slot_stride))
         bufs: dict[str, torch.Tensor | None] = {}
 
@@ -114,7 +128,26 @@ class PromptLayout:
                 with u.phase():
                     for b in ph.bufs:
                         take(b)
-        return PromptBuffers(ring_view, bufs, list(carve.placements), carve.stop)
+        return ring_view, bufs
+
+    def _stop(self, dims: Mapping[str, int]) -> int:
+        """The buffers' bytes at these dims, ring aside (it comes first: it shifts, never
+        resizes, what follows)."""
+        c = Carve.dry()
+        self._lay(c, dims, 0)
+        return c.stop
+
+    def widest(self, dims: Mapping[str, int]) -> Mapping[str, int]:
+        """The widest of dims, sizes.wider(dims), its wider, ... whose buffers take no more
+        bytes than dims' own (a free launch choice: the phase it sizes stays under the
+        largest)."""
+        base, best = None, dims
+        while (w := self.sizes.wider(best)) is not None:
+            base = self._stop(dims) if base is None else base
+            if self._stop(w) > base:
+                break
+            best = w
+        return best
 
     def placements(self, T: int, ring: int) -> list[Placement]:
         c = Carve.dry()

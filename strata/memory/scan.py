@@ -110,6 +110,7 @@ class ParticipantPlan:
     scratch_reserve: int = 0   # slab bytes asked beyond bytes_needed (0: none)
     borrow: int = 0     # bytes the loan is asked for: bytes_needed (+ scratch_reserve if it fits)
     placements: list[dict] = field(default_factory=list)  # the carve: name, offset, nbytes
+    grown: dict[str, int] = field(default_factory=dict)   # dims the carve widened for free
 
 
 @dataclass
@@ -281,7 +282,7 @@ def _finish(layout, participants, probe, chunk, rings, rule, full, *, override=N
             p.name, ring, slots, ring_bytes, need, room, fits, p.cache.nbytes,
             p.cache.n_slots, loan, n, max(0, loan - align_up(need)) if fits else 0,
             batch, extra, borrow, [{"name": q.name, "offset": q.offset, "nbytes": q.nbytes}
-                            for q in placements]))
+                            for q in placements], dict(dry.grown)))
     binding = min(parts, key=lambda q: (q.room - q.bytes_needed))
     return Plan(chunk=chunk, ring=binding.ring, ring_slots=binding.ring_slots,
                 ring_bytes=binding.ring_bytes, bytes_needed=binding.bytes_needed,

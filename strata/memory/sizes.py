@@ -21,6 +21,10 @@ the assembler that knows both (strata.planning.model_sizes):
     dense_first            dense bytes only the first GPU holds (token embeddings)
     dense_last             dense bytes only the last GPU holds (output norm, LM head)
     n_layer, n_expert, top_k   the routing facts the ring and the cache need (L, E, K)
+    wider(dims)            the same chunk's dims with a larger launch choice (MLA's attention
+                           block doubled), or None when there is none: the carve takes the
+                           widest whose bytes are no more than the dims' own
+                           (strata.memory.layout.PromptLayout.carve)
     layer_work(T)          FLOPs of the heaviest streamed layer's work outside its experts
                            (attention, dense GEMMs, a linear layer's delta rule) for a chunk of
                            T tokens: what the ring's run-ahead covers (scan.py's run-ahead rule)
@@ -78,3 +82,5 @@ class Sizes:
     dense_last: int = 0
     dense_scratch: tuple[int, ...] = ()
     layer_work: Callable[[int], float] = field(default=lambda T: 0.0, compare=False, repr=False)
+    wider: Callable[[Mapping[str, int]], Mapping[str, int] | None] = field(
+        default=lambda dims: None, compare=False, repr=False)

@@ -229,8 +229,9 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
     spans two of them is gathered into the scratch's c rows (bf16 too), so every block is the
     one the keys in one run give, and the result is the same.
 
-    sdpa=True (the default on CUDA): query blocks of `block` tokens (None: the launch's in
-    force, strata.models.mla_launch); each decompresses the keys it sees `block` at a time into
+    sdpa=True (the default on CUDA): query blocks of `block` tokens (None: the scratch's, which
+    the engine's carve sized; else the launch's in force, strata.models.mla_launch); each
+    decompresses the keys it sees `block` at a time into
     `scratch` (strata.models.mla_scratch: the plan's mla_k / mla_v / mla_state carve; a launch
     given none makes one of that size) in q's dtype, attends each key block with one fused
     launch of the launch's backend (`attend_block`: torch's memory-efficient kernel, the one
@@ -244,7 +245,8 @@ def mla_chunk_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, c: torch.Tenso
     H, T, N = q_nope.shape
     _check_prefix(prefix, c, k_pe, c_scale)
     sdpa = q_nope.is_cuda if sdpa is None else sdpa
-    block = mla_launch().block if block is None else block
+    if block is None:   # the carve's block where the scratch is the carve's, else the launch's
+        block = scratch.block if scratch is not None and scratch.block else mla_launch().block
     if sdpa:
         segs = [*prefix, LatentSegment(c, k_pe, c_scale, k_pe_scale)]
         return _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block,

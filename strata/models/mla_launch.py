@@ -25,7 +25,10 @@ carves).
       block    B, queries and keys per launch. A chunk of T tokens over itself launches
                ceil(T/B)·(ceil(T/B) + 1)/2 times and merges all but ceil(T/B) of them; a larger
                B launches and merges fewer times for more scratch (k and v rows min(B, S), the
-               state's min(B, T)).
+               state's min(B, T)). Unpinned, the engine's carve grows B to 2B, 4B, ... up
+               to the chunk where the scratch costs no bytes (block_grows; the feed-forward
+               phase the longer: strata.planning.mla_wider), and the attention runs at the
+               block its scratch carries.
       key_block  the cudnn backend's keys a launch before the masked block (at least B; None:
                B): a query block of B attends its own B keys masked and the keys before them in
                blocks of key_block, so fewer merges a query block for a scratch of key_block
@@ -121,6 +124,14 @@ def mla_launch() -> MLALaunch:
     return DEFAULT if pin is None else pin
 
 
+def block_grows() -> bool:
+    """Whether the plan may run MLA's attention at a larger block than the launch's: only while
+    no launch is pinned (a pinned launch runs at its own block). The plan takes the largest of
+    B, 2B, 4B, ... up to the chunk whose scratch the carve holds at no cost (the feed-forward
+    phase is the larger: strata.planning.mla_dims, strata.memory.layout.PromptLayout.carve)."""
+    return _PIN.get() is None
+
+
 def pin_mla_launch(launch: MLALaunch | None = None, **changes):
     """Inside the block MLA's attention launches `launch` (or the one in force with `changes`),
     and the planner counts its scratch."""
@@ -128,4 +139,4 @@ def pin_mla_launch(launch: MLALaunch | None = None, **changes):
 
 
 __all__ = ["BACKENDS", "DEFAULT", "DEFAULT_BACKEND", "MERGES", "MLALaunch", "MLA_BLOCK",
-           "backend_on", "key_rows", "mla_launch", "pin_mla_launch"]
+           "backend_on", "block_grows", "key_rows", "mla_launch", "pin_mla_launch"]

@@ -74,13 +74,16 @@ class MLAScratch:
     >= rows·(Lkv + R)); k, v and c in the attention's dtype. In the engine also the chunk's
     query and output (`q`, `o`: the carve's q and attn, T·QD values each, QD = H·max(hd, Hv)),
     which the layer computes into instead of allocating them beside the plan (`query`,
-    `output`); not part of `nbytes`, which is the mla_* buffers'."""
+    `output`); not part of `nbytes`, which is the mla_* buffers'. `block`: the attention block
+    the carve sized them for (the plan's, strata.planning.mla_dims' MB), which the attention
+    runs at; None: the launch's."""
     k: torch.Tensor
     v: torch.Tensor
     state: torch.Tensor
     c: torch.Tensor | None = None
     q: torch.Tensor | None = None
     o: torch.Tensor | None = None
+    block: int | None = None
 
     @classmethod
     def of(cls, H: int, hd: int, Hv: int, T: int, S: int, device, *,
@@ -101,10 +104,12 @@ class MLAScratch:
     def of_carve(cls, bufs) -> "MLAScratch":
         """Over a carve's mla_k / mla_v / mla_state (/ mla_c) buffers
         (strata.planning.MLA_SCRATCH_BUFS, MLA_LATENT_BUF), and its q and attn (the
-        attention phase's query and output, strata.planning.ACTIVATIONS)."""
+        attention phase's query and output, strata.planning.ACTIVATIONS), at the block the
+        carve sized them for (its dims' MB)."""
         c, q, o = (bufs.bufs.get(n) for n in ("mla_c", "q", "attn"))
         return cls(*(bufs[n].reshape(-1) for n in ("mla_k", "mla_v", "mla_state")),
-                   *(None if t is None else t.reshape(-1) for t in (c, q, o)))
+                   *(None if t is None else t.reshape(-1) for t in (c, q, o)),
+                   block=bufs.dims.get("MB"))
 
     @property
     def nbytes(self) -> int:

@@ -124,3 +124,50 @@ def test_the_dense_ffn_in_a_buffer_is_the_dense_ffn():
     assert torch.equal(ffn(x, buf), want) and not buf[:2 * T * Fw].isnan().any()
     for bad in (torch.empty(2 * T * Fw - 1, dtype=torch.bfloat16), torch.empty(2 * T * Fw)):
         assert torch.equal(ffn(x, bad), want)
+
+
+def test_the_plan_grows_the_attention_block_where_it_is_free(capsys):
+    """DeepSeek-V3's first 10 layers under 24 GiB (`strata plan`): the feed-forward phase is the
+    longer at a chunk of 8K and 32K tokens, so the carve runs MLA's attention in blocks of the
+    whole 8K chunk and of 16K at 32K (a block of 32K would cost bytes: the ring shrinks), with
+    not one byte more than at the launch's block; a pinned launch runs at its own."""
+    import json
+    from strata.cli import main
+    from strata.models.mla_launch import MLA_BLOCK
+
+    def plan(T):
+        assert main(["plan", "--preset", "deepseek-v3", "--quant", "Q4_K_M", "--layers", "10",
+                     "--vram", "24GiB", "--prompt-tokens", str(T), "--json"]) == 0
+        (p,) = json.loads(capsys.readouterr().out)["participants"]
+        return p
+    for T, want in ((8192, 8192), (32768, 16384)):
+        grown = plan(T)
+        with pin_mla_launch(block=MLA_BLOCK):
+            pinned = plan(T)
+        assert grown["grown"]["MB"] == want and pinned["grown"] == {}
+        assert (grown["bytes_needed"], grown["ring"]) == (pinned["bytes_needed"], pinned["ring"])
+    with pin_mla_launch(block=32768):
+        assert plan(32768)["ring"] < grown["ring"]
+
+
+def test_the_engine_attends_at_the_block_its_carve_grew(tmp_path, monkeypatch):
+    """With a launch of blocks of 2 (unpinned) the engine's carve grows the block for free, each
+    layer's scratch carries it, the attention runs at it, and the read is the read pinned at that
+    block, bit for bit."""
+    import strata.models.mla as mla
+    import strata.models.mla_launch as ml
+    monkeypatch.setattr(ml, "DEFAULT", ml.MLALaunch(block=2))
+    seen, real = [], mla.mla_chunk_attention
+
+    def spy(*a, scratch=None, **kw):
+        seen.append(scratch.block)
+        return real(*a, scratch=scratch, **kw)
+    monkeypatch.setattr(mla, "mla_chunk_attention", spy)
+    eng, tok = _bf16_engine(tmp_path)
+    got = eng.run(tok, logits="all").logits
+    (block,) = set(seen)
+    assert block > 2 and block & (block - 1) == 0
+    monkeypatch.setattr(mla, "mla_chunk_attention", real)
+    with pin_mla_launch(block=block):
+        eng2, _ = _bf16_engine(tmp_path / "b")
+        assert torch.equal(eng2.run(tok, logits="all").logits, got)

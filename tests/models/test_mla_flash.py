@@ -287,10 +287,12 @@ def test_blocked_under_flash_transient_is_one_block_on_the_gpu():
 def test_the_engine_reads_the_same_logits_under_both_backends(tmp_path):
     """A DeepSeek-shaped tiny model (tests/models/hf_family.DS_TINY: q/k 24, v 16, 4 heads) read
     by the engine on CUDA (the Triton expert GEMM, as the other engine GPU tests) in chunks of
-    16 under the efficient launch, the flash launch, the triton launch, and each at blocks of 8
-    tokens (several key blocks a chunk, merged in torch or by the merge kernel, or carried):
-    the same logits within the MLA GPU tests' bound (test_family's 2e-2, norm-relative: bf16
-    dense math); flash ran."""
+    16 under the default launch, the flash launch, the efficient launch, the triton launch, and
+    each at blocks of 8 tokens (several key blocks a chunk, merged in torch or by the merge
+    kernel, or carried): each read within the MLA GPU tests' bound (test_family's 2e-2,
+    norm-relative: bf16 dense math) of the fp32 read of the same pack on the CPU; flash ran.
+    (Two bf16 reads sit up to twice that apart: flash against cudnn at one block measured
+    2.08e-2 on the H100 at ee7fbd7, so each is held to the fp32 read, not to another.)"""
     from strata.engine.prefill import EngineConfig, PrefillEngine
     from strata.packs import Pack
     from strata.packs.memory import MemoryPack
@@ -305,17 +307,21 @@ def test_the_engine_reads_the_same_logits_under_both_backends(tmp_path):
         calls.append(1)
         return real(*a)
 
-    def read(launch: MLALaunch) -> torch.Tensor:
+    def read(launch: MLALaunch, **cfg) -> torch.Tensor:
         with pin_mla_launch(launch):
             eng = PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=24 * pack.max_blob,
-                                                   max_prompt=64, chunk=16, ring=2, ffn="kernel"))
-            return eng.run(tok).logits.float()
-    want = read(DEFAULT)
+                                                   max_prompt=64, chunk=16, ring=2, **cfg))
+            return eng.run(tok).logits.float().cpu()
+    want = read(MLALaunch("efficient"), device="cpu", ffn="ref")
+    errs = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mla_attend, "flash_forward", counted)
-        for launch in (MLALaunch("flash"), MLALaunch("flash", 8), MLALaunch("efficient", 8),
-                       MLALaunch("flash", 8, "fused"), MLALaunch("efficient", 8, "fused"),
-                       MLALaunch("triton"), MLALaunch("triton", 8)):
-            got = read(launch)
-            assert float((got - want).norm() / want.norm()) < 2e-2, launch
+        for launch in (DEFAULT, MLALaunch("flash"), MLALaunch("flash", 8),
+                       MLALaunch("efficient", 8), MLALaunch("flash", 8, "fused"),
+                       MLALaunch("efficient", 8, "fused"), MLALaunch("triton"),
+                       MLALaunch("triton", 8)):
+            got = read(launch, ffn="kernel")
+            errs[launch] = float((got - want).norm() / want.norm())
+    print({f"{k.backend}/{k.block}/{k.merge}": f"{v:.2e}" for k, v in errs.items()})
+    assert all(e < 2e-2 for e in errs.values()), errs
     assert calls
