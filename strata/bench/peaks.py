@@ -32,3 +32,38 @@ def past_budget(names, peaks, vrams, what: str) -> list[str]:
             f"{fmt_bytes(vram)}: allocations outside the plan (torch's, beside the cache) passed "
             f"the reserve"
             for name, peak, vram in zip(names, peaks, vrams) if peak is not None and peak > vram]
+
+
+def live_at_peak(events, within: str = "/strata/") -> tuple[int, int, list[tuple[str, int, int]]]:
+    """Replay one device's allocator trace (torch.cuda.memory._snapshot()["device_traces"][i]:
+    events of `action` alloc / free_completed, with `addr`, `size` and the allocation's
+    `frames`) -> (peak live bytes, the event index it came at, the blocks live there grouped
+    by where they were allocated: (the innermost frame under `within`, count, bytes), the
+    largest first). A free of a block allocated before the trace began is skipped, so the peak
+    counts the trace's own allocations."""
+    live: dict[int, tuple[int, str]] = {}
+    now = peak = at = 0
+    snap: dict[int, tuple[int, str]] = {}
+    for i, e in enumerate(events):
+        act = e.get("action")
+        if act == "alloc":
+            live[e["addr"]] = (e["size"], _where(e.get("frames") or (), within))
+            now += e["size"]
+            if now > peak:
+                peak, at, snap = now, i, dict(live)
+        elif act == "free_completed" and e["addr"] in live:
+            now -= live.pop(e["addr"])[0]
+    groups: dict[str, list[int]] = {}
+    for size, where in snap.values():
+        g = groups.setdefault(where, [0, 0])
+        g[0] += 1
+        g[1] += size
+    return peak, at, sorted(((w, n, b) for w, (n, b) in groups.items()), key=lambda r: -r[2])
+
+
+def _where(frames, within: str) -> str:
+    for f in frames:   # innermost first
+        if within in f.get("filename", ""):
+            name = f["filename"].split(within, 1)[1]
+            return f"{name}:{f.get('line')} {f.get('name', '')}".strip()
+    return "(outside strata)"
