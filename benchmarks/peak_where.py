@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--entries", type=int, default=2_000_000,
                     help="allocator events kept (the oldest drop past it)")
+    ap.add_argument("--skip", nargs="*", default=["bench/roofline.py"],
+                    help="allocations made here are not counted (the GEMM-rate probe beside "
+                         "the reads)")
     ap.add_argument("bench", nargs=argparse.REMAINDER, help="-- then strata bench's arguments")
     args = ap.parse_args(argv)
     bench = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
@@ -40,7 +43,7 @@ def main(argv=None) -> int:
     rc = strata_main(["bench", *bench])
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    peak, at, groups = live_at_peak(snap["device_traces"][0])
+    peak, at, groups = live_at_peak(snap["device_traces"][0], skip=tuple(args.skip))
     n = len(snap["device_traces"][0])
     top = fmt_bytes(torch.cuda.max_memory_allocated())
     print(f"peak_where: {fmt_bytes(peak)} live at event {at:,} of {n:,} (torch's "

@@ -25,3 +25,13 @@ def test_the_peak_and_its_live_blocks():
 def test_an_allocation_outside_strata_is_named_so():
     peak, _, groups = live_at_peak([ev("alloc", 1, 7)])
     assert peak == 7 and groups == [("(outside strata)", 1, 7)]
+
+
+def test_a_skipped_line_is_not_counted():
+    probe = ("bench/roofline.py", 340, "gemm_rate")
+    trace = [ev("alloc", 1, 100, ("memory/cache.py", 1, "init")), ev("alloc", 2, 500, probe),
+             ev("free_completed", 2), ev("alloc", 3, 30, ("models/mla.py", 1, "m"))]
+    assert live_at_peak(trace)[0] == 600
+    peak, at, groups = live_at_peak(trace, skip=("bench/roofline.py",))
+    assert (peak, at) == (130, 3) and [g[0] for g in groups] == ["memory/cache.py:1 init",
+                                                                   "models/mla.py:1 m"]

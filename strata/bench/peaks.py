@@ -34,20 +34,25 @@ def past_budget(names, peaks, vrams, what: str) -> list[str]:
             for name, peak, vram in zip(names, peaks, vrams) if peak is not None and peak > vram]
 
 
-def live_at_peak(events, within: str = "/strata/") -> tuple[int, int, list[tuple[str, int, int]]]:
+def live_at_peak(events, within: str = "/strata/", skip: tuple[str, ...] = ()
+                 ) -> tuple[int, int, list[tuple[str, int, int]]]:
     """Replay one device's allocator trace (torch.cuda.memory._snapshot()["device_traces"][i]:
     events of `action` alloc / free_completed, with `addr`, `size` and the allocation's
     `frames`) -> (peak live bytes, the event index it came at, the blocks live there grouped
     by where they were allocated: (the innermost frame under `within`, count, bytes), the
     largest first). A free of a block allocated before the trace began is skipped, so the peak
-    counts the trace's own allocations."""
+    counts the trace's own allocations; so is every block allocated where a `skip` prefix names
+    (a measurement beside the reads: bench's GEMM-rate probe)."""
     live: dict[int, tuple[int, str]] = {}
     now = peak = at = 0
     snap: dict[int, tuple[int, str]] = {}
     for i, e in enumerate(events):
         act = e.get("action")
         if act == "alloc":
-            live[e["addr"]] = (e["size"], _where(e.get("frames") or (), within))
+            where = _where(e.get("frames") or (), within)
+            if where.startswith(skip):
+                continue
+            live[e["addr"]] = (e["size"], where)
             now += e["size"]
             if now > peak:
                 peak, at, snap = now, i, dict(live)
