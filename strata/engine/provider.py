@@ -293,10 +293,11 @@ class StreamingProvider:
         if b.bufs.get("wdec") is not None:   # the "decoded" FFN's per-pass bf16 experts
             bufs["wdec"] = b["wdec"].view(-1)
         # vouched: the tables are built and checked on the host (see the module docstring)
-        dense = b.bufs.get("dense_gu")
+        dense, xn = b.bufs.get("dense_gu"), b.bufs.get("xn")
         return LayerWorkspace(accumulator=b["moe_out"], buffers=bufs,
                               scratch_alloc=self.scratch_alloc, vouched=True,
-                              dense=None if dense is None else dense.view(-1))
+                              dense=None if dense is None else dense.view(-1),
+                              xn=None if xn is None else xn.view(-1))
 
     def passes(self, layer: int, topk_ids: torch.Tensor) -> Iterator[Pass]:
         lay = self.layouts[layer]

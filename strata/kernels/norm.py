@@ -121,17 +121,21 @@ def rms_norm_supported(x: torch.Tensor, w: torch.Tensor | None) -> bool:
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float, *,
-             tile: NormTile | None = None) -> torch.Tensor:
+             tile: NormTile | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of x [..., N] over its last dim (unit stride; the leading dims any that reshape
-    to rows without a copy, else copied) -> [..., N], contiguous, in promote(w, x)'s dtype.
-    `tile` pins the launch (default: norm_tile)."""
+    to rows without a copy, else copied) -> [..., N], contiguous, in promote(w, x)'s dtype
+    (written into `out` when given: contiguous, x's shape, that dtype, on x's device: a
+    carve's buffer, strata.models.layers.norm_out). `tile` pins the launch (default:
+    norm_tile)."""
     _check_rows(x, w, x.shape[-1] if x.dim() else 0, "rms_norm")
     N = x.shape[-1]
     if N > MAX_N:
         raise StrataError(f"rms_norm's kernel holds rows of at most {MAX_N}, got {N}; use "
                           f"rms_norm_torch")
     rows = x.reshape(-1, N)                                                    # [R, N]
-    out = torch.empty(rows.shape, dtype=_out_dtype(x, w), device=x.device)
+    _check_out(out, x, w)
+    out = torch.empty(rows.shape, dtype=_out_dtype(x, w), device=x.device) if out is None \
+        else out.view(rows.shape)
     R = rows.shape[0]
     if R:
         cfg = tile or norm_tile(N)
@@ -144,13 +148,26 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float, *,
 
 
 def rms_norm_torch(x: torch.Tensor, w: torch.Tensor | None, eps: float, *,
-                   tile: NormTile | None = None) -> torch.Tensor:
+                   tile: NormTile | None = None, out: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """The twin (and the models' CPU path): RMSNorm computed in fp32 (as HF does), rounded to
-    x's dtype, then times w. `tile` is accepted (and ignored) to keep the signature."""
+    x's dtype, then times w (into `out` when given, as rms_norm's). `tile` is accepted (and
+    ignored) to keep the signature."""
+    _check_out(out, x, w)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     y = xf.to(x.dtype)
-    return y if w is None else w * y
+    if out is None:
+        return y if w is None else w * y
+    return out.copy_(y) if w is None else torch.mul(w, y, out=out)
+
+
+def _check_out(out: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor | None) -> None:
+    if out is not None and (out.shape != x.shape or out.dtype != _out_dtype(x, w)
+                            or not out.is_contiguous() or out.device != x.device):
+        raise StrataError(f"rms_norm: out must be a contiguous {_out_dtype(x, w)} tensor of "
+                          f"x's shape {tuple(x.shape)} on {x.device}, got {out.dtype} "
+                          f"{tuple(out.shape)} on {out.device}")
 
 
 def neox_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

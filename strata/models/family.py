@@ -97,4 +97,5 @@ class FamilyMoe(MoeDecoder):
         if lw.dense is not None:   # the carve's dense_gu where the engine planned one
             return lw.dense(h, buf=provider.workspace(l).dense)
         y = moe_block(h, l, self.router(lw), self.ffn, provider, observer).to(h.dtype)
-        return y if lw.shared is None else y + lw.shared(h)
+        # in place (the same bits as y + shared): no third [T, D] beside y and the shared output
+        return y if lw.shared is None else y.add_(lw.shared(h))

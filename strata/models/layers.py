@@ -33,12 +33,25 @@ from strata.kernels import norm as _norm
 from strata.rope_scaling import yarn_mscale
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm over the last dim, computed in fp32 (as HF does), rounded to x's dtype, times w:
-    the fused kernel where `norm_impl` says so and it takes the shape, else the torch twin."""
+    the fused kernel where `norm_impl` says so and it takes the shape, else the torch twin
+    (into `out` when given: norm_out's view of a carve's buffer)."""
     if _norm.norm_impl(x) == "triton" and _norm.rms_norm_supported(x, w):
-        return _norm.rms_norm(x, w, eps)
-    return _norm.rms_norm_torch(x, w, eps)
+        return _norm.rms_norm(x, w, eps, out=out)
+    return _norm.rms_norm_torch(x, w, eps, out=out)
+
+
+def norm_out(buf: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor | None
+             ) -> torch.Tensor | None:
+    """rms_norm(x, w)'s output as a view of the flat `buf` (the carve's xn: strata.models.
+    provider.LayerWorkspace.xn), or None where there is none, or it is too small, of another
+    dtype or on another device (a CPU read in fp32 allocates its own)."""
+    dt = x.dtype if w is None else torch.promote_types(w.dtype, x.dtype)
+    if buf is None or buf.dtype != dt or buf.device != x.device or buf.numel() < x.numel():
+        return None
+    return buf[:x.numel()].view(x.shape)
 
 
 def norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,

@@ -30,7 +30,7 @@ from strata.models.attention import AttentionShape, AttentionWeights, attention
 from strata.models.block_weight import decode_phase, matmul_t, phase_split
 from strata.models.decoder import Decoder
 from strata.models.kv import KVCache, kv_windows
-from strata.models.layers import on_device, rms_norm, shape_cos_sin
+from strata.models.layers import norm_out, on_device, rms_norm, shape_cos_sin
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
 from strata.models.packed import packed_head
@@ -178,11 +178,18 @@ class MoeDecoder(Decoder):
         attention's for attend, the rest for mlp) and dropped when that phase returns."""
         s, lw, split = self.shape, self.layers[l], self.splits[l]
         cos, sin = cos_sin
-        x = x + self.attend(rms_norm(x, lw.attn_norm, s.rms_eps),
-                            decode_phase(lw, "attn", split), cos, sin, cache, l)
-        h = rms_norm(x, lw.ffn_norm, s.rms_eps)
-        return x + self.mlp(h, decode_phase(lw, "ffn", split), l, provider,
-                            observer).to(x.dtype)
+        # the residual adds in place (the same bits as x + a): a new [T, D] beside the old one at
+        # each add was 2 x 470 MB a layer at a 32K chunk of DeepSeek-V3, beside the plan. x is
+        # the chunk's own (embed's rows, a hand-off's buffer), never a caller's kept tensor
+        # both norms write the carve's xn where the engine planned one (each dead when its
+        # phase returns: attend keeps nothing of its input, the FFN's h ends with the layer)
+        xn = provider.workspace(l).xn
+        x.add_(self.attend(rms_norm(x, lw.attn_norm, s.rms_eps,
+                                    norm_out(xn, x, lw.attn_norm)),
+                           decode_phase(lw, "attn", split), cos, sin, cache, l))
+        h = rms_norm(x, lw.ffn_norm, s.rms_eps, norm_out(xn, x, lw.ffn_norm))
+        return x.add_(self.mlp(h, decode_phase(lw, "ffn", split), l, provider,
+                               observer).to(x.dtype))
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, rot_dim] of positions `pos` (plain or YaRN, as the shape says)."""

@@ -65,6 +65,9 @@ class LayerWorkspace:
     # a leading dense layer's FFN: its gate and up products (the carve's dense_gu, flat, bf16
     # >= 2·T·d_ff values; strata.models.ffn.DenseFFN); None: it allocates them
     dense: torch.Tensor | None = None
+    # the layer's normed input, attention's and then the FFN's (the carve's xn, flat, >= T·D
+    # values; strata.models.layers.norm_out); None: the norms allocate theirs
+    xn: torch.Tensor | None = None
     # vouched: the provider built every slot table on the host and checked it there — routed
     # ids in [0, E), each routed expert resident, 256-byte aligned and in exactly one pass,
     # `Pass.last` set on the layer's last pass. The FFN then runs without a host sync (check=False)

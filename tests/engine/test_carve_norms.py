@@ -1,0 +1,56 @@
+"""The layer's norms in the engine's carve and its residual in place (strata.models.moe_decoder.
+layer): a bf16 read writes both RMSNorms of every layer into the carve's xn (loan bytes the plan
+counted: strata.models.provider.LayerWorkspace.xn) and adds each residual into x itself, and
+reads the bits it reads with the norms allocated (norm_out answering None)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _engine(shape, tmp_path):
+    from strata.engine.prefill import EngineConfig, PrefillEngine
+    from strata.packs import Pack
+    from strata.packs.memory import MemoryPack
+    from strata.packs.synth import ExpertFormats
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    mem = MemoryPack(shape, ExpertFormats.of("BF16"), distinct=2, variants=1, device="cpu")
+    pack = Pack.open(mem.save(tmp_path / "m.pack", progress=False, tokenizer=False))
+    return PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=24 * pack.max_blob, max_prompt=64,
+                                            device="cpu", ffn="ref", chunk=4, ring=2,
+                                            dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "deepseek2"])
+def test_the_norms_write_the_carve_and_the_residual_adds_in_place(name, tmp_path, monkeypatch):
+    import strata.models.moe_decoder as md
+    from strata.shapes import get_preset
+    from tests.models.hf_family import DS_TINY
+    shape = DS_TINY if name == "deepseek2" else get_preset(name)
+    outs, real = [], md.rms_norm
+
+    def spy(x, w, eps, out=None):
+        outs.append((None if out is None else out.data_ptr(), x.data_ptr()))
+        return real(x, w, eps, out)
+    monkeypatch.setattr(md, "rms_norm", spy)
+    eng = _engine(shape, tmp_path / "a")
+    tok = torch.arange(9) % shape.vocab
+    res = eng.run(tok, logits="all")
+    buf = eng.cache.buffer
+    xn = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}["xn"]
+    n = 2 * shape.n_layer + 1                       # two norms a layer and the head's, a chunk
+    assert len(outs) == n * 3                                  # 3 chunks
+    chunks = [outs[i:i + n] for i in range(0, len(outs), n)]
+    # every layer's norm into one buffer of the loan, the carve's xn (the loan begins at its
+    # ring, offset 0; the head's output norm allocates its own)
+    (o,) = {o for c in chunks for o, _ in c[:-1]}
+    base, plan = o - xn, res.plan.participants[0]
+    lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+    assert lo <= base and base + plan.bytes_needed <= hi and (base - lo) % 256 == 0
+    assert all(c[-1][0] is None for c in chunks)
+    # one residual stream a chunk: every norm of a chunk reads the same x (added in place)
+    assert all(len({x for _, x in c}) == 1 for c in chunks)
+    monkeypatch.setattr(md, "norm_out", lambda *a: None)
+    monkeypatch.setattr(md, "rms_norm", real)
+    assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
+                       res.logits)

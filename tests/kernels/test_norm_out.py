@@ -1,0 +1,47 @@
+"""rms_norm into a given buffer (strata.kernels.norm.rms_norm / rms_norm_torch `out`, the
+carve's xn through strata.models.layers.norm_out): the bits it returns without one, written
+into a NaN-poisoned view of a larger flat buffer, by the kernel (Triton's interpreter here) and
+its twin; a buffer of the wrong shape, dtype or layout is refused in one line."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from strata.errors import StrataError
+from strata.kernels.norm import rms_norm, rms_norm_torch
+from strata.models.layers import norm_out
+
+
+@pytest.mark.parametrize("fn", [rms_norm, rms_norm_torch], ids=["kernel", "twin"])
+@pytest.mark.parametrize("dt,wdt", [(torch.bfloat16, torch.bfloat16),
+                                    (torch.float32, torch.float32),
+                                    (torch.bfloat16, torch.float32)])
+def test_into_a_buffer_is_the_same_bits(fn, dt, wdt):
+    g = torch.Generator().manual_seed(3)
+    T, D = 37, 96
+    x, w = torch.randn(T, D, generator=g).to(dt), torch.randn(D, generator=g).to(wdt)
+    want = fn(x, w, 1e-6)
+    flat = torch.full((T * D + 11,), float("nan"), dtype=want.dtype)
+    out = norm_out(flat, x, w)
+    assert out is not None and out.data_ptr() == flat.data_ptr()
+    got = fn(x, w, 1e-6, out=out)
+    assert got.data_ptr() == flat.data_ptr() and torch.equal(got, want)
+    assert flat[T * D:].isnan().all()                  # nothing written past its rows
+
+
+def test_norm_out_passes_over_a_buffer_it_cannot_use():
+    x, w = torch.zeros(4, 8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16)
+    assert norm_out(None, x, w) is None
+    assert norm_out(torch.empty(31, dtype=torch.bfloat16), x, w) is None       # too small
+    assert norm_out(torch.empty(32), x, w) is None                           # fp32: not x's
+    assert norm_out(torch.empty(32), x, w.float()) is not None               # promote(w, x)
+
+
+@pytest.mark.parametrize("fn", [rms_norm, rms_norm_torch], ids=["kernel", "twin"])
+def test_a_wrong_buffer_is_refused_in_one_line(fn):
+    x, w = torch.zeros(4, 8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16)
+    for bad in (torch.empty(4, 7, dtype=torch.bfloat16), torch.empty(4, 8),
+                torch.empty(8, 4, dtype=torch.bfloat16).t()):
+        with pytest.raises(StrataError, match="out must be a contiguous") as e:
+            fn(x, w, 1e-6, out=bad)
+        assert "\n" not in str(e.value)
