@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.models.ffn import DenseFFN
+from strata.models.layers import add_rounded_
 from strata.models.moe_block import moe_block, softmax_topk
 from strata.models.moe_decoder import MoeDecoder
 from strata.models.provider import ExpertProvider
@@ -96,6 +97,9 @@ class FamilyMoe(MoeDecoder):
         """A leading dense layer's FFN, or the routed experts plus the shared ones."""
         if lw.dense is not None:   # the carve's dense_gu where the engine planned one
             return lw.dense(h, buf=provider.workspace(l).dense)
-        y = moe_block(h, l, self.router(lw), self.ffn, provider, observer).to(h.dtype)
-        # in place (the same bits as y + shared): no third [T, D] beside y and the shared output
-        return y if lw.shared is None else y.add_(lw.shared(h))
+        y = moe_block(h, l, self.router(lw), self.ffn, provider, observer)
+        if lw.shared is None:
+            return y                                 # the layer adds it rounded (add_rounded_)
+        # the shared output plus y rounded to h's dtype (the same bits as y.to(h.dtype) +
+        # shared: one rounded block at a time, no [T, D] copy of y nor a third for the sum)
+        return add_rounded_(lw.shared(h), y)

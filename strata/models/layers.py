@@ -54,6 +54,18 @@ def norm_out(buf: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor | None
     return buf[:x.numel()].view(x.shape)
 
 
+def add_rounded_(x: torch.Tensor, y: torch.Tensor, rows: int = 2048) -> torch.Tensor:
+    """x [T, D] += y [T, D] rounded to x's dtype first: x + y.to(x.dtype), the same bits,
+    `rows` rows at a time, so the rounded copy of an fp32 y (the experts' accumulator, the
+    carve's moe_out) is one block's [rows, D] rather than a [T, D] beside the plan (470 MB at a
+    32K chunk of DeepSeek-V3). rows only sizes that copy: the sums are elementwise."""
+    if y.dtype == x.dtype:
+        return x.add_(y)
+    for a in range(0, x.shape[0], rows):
+        x[a:a + rows].add_(y[a:a + rows].to(x.dtype))
+    return x
+
+
 def norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
               eps: float) -> torch.Tensor:
     """x [T, h, hd] -> apply_rope(rms_norm(x, w, eps).transpose(0, 1), cos, sin)

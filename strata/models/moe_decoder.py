@@ -30,7 +30,8 @@ from strata.models.attention import AttentionShape, AttentionWeights, attention
 from strata.models.block_weight import decode_phase, matmul_t, phase_split
 from strata.models.decoder import Decoder
 from strata.models.kv import KVCache, kv_windows
-from strata.models.layers import norm_out, on_device, rms_norm, shape_cos_sin
+from strata.models.layers import (add_rounded_, norm_out, on_device, rms_norm,
+                                  shape_cos_sin)
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
 from strata.models.packed import packed_head
@@ -188,8 +189,8 @@ class MoeDecoder(Decoder):
                                     norm_out(xn, x, lw.attn_norm)),
                            decode_phase(lw, "attn", split), cos, sin, cache, l))
         h = rms_norm(x, lw.ffn_norm, s.rms_eps, norm_out(xn, x, lw.ffn_norm))
-        return x.add_(self.mlp(h, decode_phase(lw, "ffn", split), l, provider,
-                               observer).to(x.dtype))
+        return add_rounded_(x, self.mlp(h, decode_phase(lw, "ffn", split), l, provider,
+                                        observer))
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, rot_dim] of positions `pos` (plain or YaRN, as the shape says)."""
@@ -201,7 +202,8 @@ class MoeDecoder(Decoder):
                          window=self.shape.layer_window(l))
 
     def mlp(self, h, lw, l: int, provider: ExpertProvider, observer) -> torch.Tensor:
-        """Layer l's FFN block [T, D] of normed hidden states `h` [T, D]: the routed experts."""
+        """Layer l's FFN block [T, D] of normed hidden states `h` [T, D]: the routed experts (fp32
+        where the passes accumulate: the layer adds it rounded to x's dtype, add_rounded_)."""
         return moe_block(h, l, self.router(lw), self.ffn, provider, observer)
 
     def router(self, lw):

@@ -42,7 +42,7 @@ from strata.models.attention import AttentionWeights, attend as attend_cached
 from strata.models.ffn import DenseFFN
 from strata.models.kv import KVCache, kv_windows
 from strata.models.layer_state import new_states, state_dtype
-from strata.models.layers import norm_rope
+from strata.models.layers import add_rounded_, norm_rope
 from strata.models.moe_block import moe_block
 from strata.models.moe_decoder import MoeDecoder
 
@@ -188,5 +188,7 @@ class Qwen3Next(MoeDecoder):
 
     def mlp(self, h, lw: HybridLayer, l: int, provider, observer) -> torch.Tensor:
         """The routed experts plus the shared expert behind its sigmoid gate."""
-        y = moe_block(h, l, self.router(lw), self.ffn, provider, observer).to(h.dtype)
-        return y + torch.sigmoid(h @ lw.shared_gate.t()) * lw.shared(h)
+        y = moe_block(h, l, self.router(lw), self.ffn, provider, observer)
+        # y rounded to h's dtype plus the gated shared output (the same bits as y.to(h.dtype)
+        # + ...), a block of rows at a time (add_rounded_): no [T, D] copy of y
+        return add_rounded_(torch.sigmoid(h @ lw.shared_gate.t()) * lw.shared(h), y)

@@ -1,7 +1,9 @@
 """rms_norm into a given buffer (strata.kernels.norm.rms_norm / rms_norm_torch `out`, the
 carve's xn through strata.models.layers.norm_out): the bits it returns without one, written
 into a NaN-poisoned view of a larger flat buffer, by the kernel (Triton's interpreter here) and
-its twin; a buffer of the wrong shape, dtype or layout is refused in one line."""
+its twin; a buffer of the wrong shape, dtype or layout is refused in one line. And the layer's
+rounded residual add (strata.models.layers.add_rounded_), which keeps the experts' fp32 output
+from a [T, D] rounded copy."""
 from __future__ import annotations
 
 import pytest
@@ -45,3 +47,18 @@ def test_a_wrong_buffer_is_refused_in_one_line(fn):
         with pytest.raises(StrataError, match="out must be a contiguous") as e:
             fn(x, w, 1e-6, out=bad)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("T,rows", [(37, 8), (37, 37), (37, 64), (1, 2048), (0, 4)])
+def test_add_rounded_is_the_add_of_the_rounded(T, rows):
+    """strata.models.layers.add_rounded_: x + y.to(x.dtype), the same bits, into x itself, a
+    block of rows at a time (the last block short, one block, T below the block)."""
+    from strata.models.layers import add_rounded_
+    g = torch.Generator().manual_seed(T)
+    x, y = torch.randn(T, 24, generator=g).bfloat16(), torch.randn(T, 24, generator=g) * 3
+    want = x + y.to(x.dtype)
+    p = x.data_ptr()
+    got = add_rounded_(x, y, rows)
+    assert got.data_ptr() == p and torch.equal(got, want)
+    z = torch.randn(T, 24, generator=g).bfloat16()
+    assert torch.equal(add_rounded_(z.clone(), x), z + x)          # same dtype: one add
