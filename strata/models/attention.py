@@ -65,7 +65,10 @@ class AttentionShape:
 
 def _proj(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     y = x @ wt.t()
-    return y if b is None else y + b
+    if b is None:
+        return y
+    # the bias in place where it keeps y's dtype (the same bits): no second [T, n] beside y
+    return y.add_(b) if torch.promote_types(y.dtype, b.dtype) == y.dtype else y + b
 
 
 def one_layout(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

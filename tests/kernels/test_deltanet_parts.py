@@ -411,3 +411,15 @@ def test_gpu_peak_memory_is_the_sizes():
     want = (chunk_scratch_bytes(T, Hk, Hv, dk, dv, qk_l2norm=True)
             + o.numel() * o.element_size() + S.numel() * 4)
     assert want <= peak <= want + 512 * 8
+
+
+@pytest.mark.parametrize("fn", [causal_conv1d, causal_conv1d_torch], ids=["kernel", "twin"])
+def test_the_conv_carry_is_its_own_rows_not_a_view_of_the_input(fn):
+    """The carried K-1 rows are a compact copy: a view would hold the whole [T, C] input (Qwen3.5's
+    qkv projection, 537 MB at a 32K chunk) alive until the layer returns."""
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(40, 24, generator=g), torch.randn(24, 4, generator=g)
+    _, state = fn(x, w)
+    assert state.shape == (3, 24) and torch.equal(state, x[-3:])
+    assert state.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert state.untyped_storage().nbytes() == state.numel() * state.element_size()

@@ -65,8 +65,8 @@ def _carry(x, state, K):
     T, C = x.shape
     if K == 1:
         return x[:0].clone()
-    if T >= K - 1:
-        return x[T - (K - 1):].contiguous()
+    if T >= K - 1:   # a copy of K-1 rows: a view would keep the whole [T, C] input alive
+        return x[T - (K - 1):].clone(memory_format=torch.contiguous_format)
     head = state[T:] if state is not None else x.new_zeros((K - 1 - T, C))
     return torch.cat([head, x]).contiguous()
 
@@ -124,7 +124,7 @@ def causal_conv1d_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         acc = acc + xp[j:j + T] * wf[:, j]
     if activation == "silu":
         acc = torch.cat([F.silu(acc[s:s + ROWS]) for s in range(0, T, ROWS)]) if T else acc
-    new_state = xp[T:].to(x.dtype) if K > 1 else xp[:0].to(x.dtype)
+    new_state = (xp[T:] if K > 1 else xp[:0]).to(x.dtype, copy=True)   # its own rows, as _carry
     y = acc.to(x.dtype)
     if split:
         y = (y[:, :split].contiguous(), y[:, split:].contiguous())
