@@ -63,7 +63,8 @@ class AttentionShape:
     norm_eps: float      # eps of the q/k norms
 
 
-def _proj(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def project(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x [T, n] @ wt^T (+ b): a projection of the attention, the bias added in place."""
     y = x @ wt.t()
     if b is None:
         return y
@@ -124,14 +125,14 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     """x [T, D] (already normed) at positions P..P+T-1 -> [T, D]; appends k, v to `cache`.
     `window` > 0: this layer slides (each query sees its last `window` keys)."""
     T = x.shape[0]
-    q = _proj(x, w.wq, w.bq).view(T, s.n_head, s.head_dim)           # [T, H, hd]
-    k = _proj(x, w.wk, w.bk).view(T, s.n_kv_head, s.head_dim)        # [T, Hkv, hd]
-    v = _proj(x, w.wv, w.bv).view(T, s.n_kv_head, s.head_dim)
+    q = project(x, w.wq, w.bq).view(T, s.n_head, s.head_dim)         # [T, H, hd]
+    k = project(x, w.wk, w.bk).view(T, s.n_kv_head, s.head_dim)      # [T, Hkv, hd]
+    v = project(x, w.wv, w.bv).view(T, s.n_kv_head, s.head_dim)
     # the optional per-head norm, then NEOX RoPE: one fused pass each on CUDA (layers.norm_rope)
     q = norm_rope(q, w.q_norm, cos, sin, s.norm_eps)                 # [H, T, hd]
     k = norm_rope(k, w.k_norm, cos, sin, s.norm_eps)                 # [Hkv, T, hd]
     o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks)   # [T, H, hd]
-    return _proj(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo)    # [T, D]
+    return project(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo)  # [T, D]
 
 
 def lower_right_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.models.attention import attend as attend_cached
+from strata.models.attention import attend as attend_cached, project
 from strata.models.family import FamilyLayer, FamilyMoe, optional
 from strata.models.layers import norm_rope
 
@@ -38,11 +38,6 @@ class GQAWeights:
         return GQAWeights(**{k: None if t is None else fn(t) for k, t in vars(self).items()})
 
 
-def _proj(x, w, b):
-    y = x @ w.t()
-    return y if b is None else y + b
-
-
 class Glm4Moe(FamilyMoe):
     FFN_NORM = "post_attention_norm"   # llama.cpp's name of GLM-4.5's pre-FFN norm
 
@@ -60,9 +55,9 @@ class Glm4Moe(FamilyMoe):
     def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
         s, w = self.shape, lw.attn
         T = xn.shape[0]
-        q = _proj(xn, w.wq, w.bq).view(T, s.n_head, s.head_dim)
-        k = _proj(xn, w.wk, w.bk).view(T, s.n_kv_head, s.head_dim)
-        v = _proj(xn, w.wv, w.bv).view(T, s.n_kv_head, s.head_dim)
+        q = project(xn, w.wq, w.bq).view(T, s.n_head, s.head_dim)
+        k = project(xn, w.wk, w.bk).view(T, s.n_kv_head, s.head_dim)
+        v = project(xn, w.wv, w.bv).view(T, s.n_kv_head, s.head_dim)
         # the optional per-head norm (None: none) and the partial RoPE in one pass
         q = norm_rope(q, w.q_norm, cos, sin, s.rms_eps)             # [H, T, hd]
         k = norm_rope(k, w.k_norm, cos, sin, s.rms_eps)             # [Hkv, T, hd]
