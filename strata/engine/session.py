@@ -108,6 +108,7 @@ class Share:
     flash_state: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> attn_flash
     mla_scratch: dict[int, object] = field(default_factory=dict)    # layer -> MLAScratch
     state_scratch: dict[int, dict] = field(default_factory=dict)    # layer -> delta-rule bufs
+    proj: dict[int, dict] = field(default_factory=dict)   # layer -> the carve's q, k, v (GQA)
 
 
 def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend_cap: float,
@@ -134,6 +135,9 @@ def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend
         share.flash_state = {l: bufs["attn_flash"] for l in layers}
     if "mla_k" in bufs.bufs:
         share.mla_scratch = {l: MLAScratch.of_carve(bufs) for l in layers}
+    elif all(bufs.bufs.get(n) is not None for n in ("q", "k", "v")):
+        # a GQA layer projects into them (strata.models.attention.attention), flat views
+        share.proj = {l: {n: bufs[n].view(-1) for n in ("q", "k", "v")} for l in layers}
     if any(n.startswith("dn_") for n in bufs.bufs):   # linear-attention layers' scratch
         share.state_scratch = {l: carved_scratch(bufs) for l in layers}
     if slab:   # the slab: scratch from this layout's tail (empty: ordinary memory)
@@ -180,6 +184,7 @@ class PromptSession:
         self.flash_state: dict[int, torch.Tensor] = {}    # layer -> flash blocks' buffer
         self.mla_scratch: dict[int, object] = {}      # layer -> MLAScratch of its carve
         self.state_scratch: dict[int, dict] = {}      # layer -> delta-rule scratch of its carve
+        self.proj: dict[int, dict] = {}               # layer -> its carve's q, k, v (GQA)
         self.kv = None                            # the prompt's KV (new_kv)
         self._engine_kv = False                   # kv is a PromptKV (released on exit)
         self.kv_streamed = 0                      # bytes of host-held KV copied back (on exit)
@@ -207,6 +212,7 @@ class PromptSession:
             self.flash_state.update(share.flash_state)
             self.mla_scratch.update(share.mla_scratch)
             self.state_scratch.update(share.state_scratch)
+            self.proj.update(share.proj)
             self.providers.append(share.provider)
         ps = self.providers
         self.provider = ps[0] if len(ps) == 1 else SplitProvider(ps)
@@ -230,6 +236,7 @@ class PromptSession:
         states = getattr(cache, "states", None)   # linear-attention layers' recurrent state
         if states is not None:                      # computes in the carve's delta-rule scratch
             states.scratch = self.state_scratch
+        cache.proj = self.proj      # the GQA projections' carve (strata.models.attention)
         self.kv = cache
         return cache
 
@@ -251,9 +258,11 @@ class PromptSession:
                     self.kv_streamed = kv.streamed
                     kv.release()      # the resident and the pinned host KV go with the prompt
             self.kv = self.provider = None
-            self.stages, self.kv_scratch, self.mla_scratch = {}, {}, {}
-            self.flash_state = {}
-            self.state_scratch = {}
+            # emptied, not rebound: a cache that outlives the prompt (the model's own, kept for
+            # decoding) holds these maps, and their views lie in the loan just refilled
+            for m in (self.stages, self.kv_scratch, self.mla_scratch, self.flash_state,
+                      self.state_scratch, self.proj):
+                m.clear()
             self.providers, self.loans = [], []
 
 

@@ -165,7 +165,7 @@ def rms_norm_torch(x: torch.Tensor, w: torch.Tensor | None, eps: float, *,
 def _check_out(out: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor | None) -> None:
     if out is not None and (out.shape != x.shape or out.dtype != _out_dtype(x, w)
                             or not out.is_contiguous() or out.device != x.device):
-        raise StrataError(f"rms_norm: out must be a contiguous {_out_dtype(x, w)} tensor of "
+        raise StrataError(f"the norm's out must be a contiguous {_out_dtype(x, w)} tensor of "
                           f"x's shape {tuple(x.shape)} on {x.device}, got {out.dtype} "
                           f"{tuple(out.shape)} on {out.device}")
 
@@ -202,12 +202,13 @@ def qk_norm_rope_supported(x: torch.Tensor, w: torch.Tensor | None, cos: torch.T
 
 
 def qk_norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                 eps: float, *, tile: NormTile | None = None) -> torch.Tensor:
+                 eps: float, *, tile: NormTile | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, h, hd] (the projection's view) -> the per-head RMSNorm (w [hd]; None: no norm) then
     NEOX RoPE by cos/sin [T, R] fp32 (R < hd: the first R dims rotated, the rest normed only):
-    [h, T, hd], the transposed view of a [T, h, hd] buffer (see
-    the module docstring), in promote(w, x)'s dtype. `tile` pins the launch (default:
-    norm_tile(hd))."""
+    [h, T, hd], the transposed view of a [T, h, hd] buffer (see the module docstring; `out`
+    when given: contiguous, x's shape, on x's device), in promote(w, x)'s dtype. `tile` pins
+    the launch (default: norm_tile(hd))."""
     if not qk_norm_rope_supported(x, w, cos, sin):
         raise StrataError(
             f"qk_norm_rope takes x [T, h, hd] float with a unit last stride and hd even <= "
@@ -217,7 +218,9 @@ def qk_norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin
             f"{None if w is None else (w.dtype, list(w.shape))}, cos {cos.dtype} "
             f"{list(cos.shape)}, sin {sin.dtype} {list(sin.shape)}")
     T, h, hd = x.shape
-    out = torch.empty((T, h, hd), dtype=_out_dtype(x, w), device=x.device)
+    _check_out(out, x, w)
+    if out is None:
+        out = torch.empty((T, h, hd), dtype=_out_dtype(x, w), device=x.device)
     R = T * h
     if R:
         cfg = tile or norm_tile(hd)
@@ -233,9 +236,13 @@ def qk_norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin
 
 def qk_norm_rope_torch(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor,
                        sin: torch.Tensor, eps: float, *,
-                       tile: NormTile | None = None) -> torch.Tensor:
+                       tile: NormTile | None = None,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
     """The twin (and the models' CPU path): rms_norm_torch (when w is given), then NEOX RoPE of
-    the [h, T, hd] transpose. `tile` is accepted (and ignored) to keep the signature."""
+    the [h, T, hd] transpose (into `out`'s transpose when given, as qk_norm_rope's). `tile` is
+    accepted (and ignored) to keep the signature."""
+    _check_out(out, x, w)
     if w is not None:
         x = rms_norm_torch(x, w, eps)
-    return neox_rope_torch(x.transpose(0, 1), cos, sin)
+    y = neox_rope_torch(x.transpose(0, 1), cos, sin)
+    return y if out is None else out.transpose(0, 1).copy_(y)

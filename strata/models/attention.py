@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from strata.kernels.attention.probe import attention_impl
 from strata.models.kv import KVCache, PromptKV
-from strata.models.layers import norm_rope
+from strata.models.layers import buf_view, norm_out, norm_rope
 
 
 @dataclass
@@ -63,9 +63,11 @@ class AttentionShape:
     norm_eps: float      # eps of the q/k norms
 
 
-def project(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """x [T, n] @ wt^T (+ b): a projection of the attention, the bias added in place."""
-    y = x @ wt.t()
+def project(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, n] @ wt^T (+ b): a projection of the attention (into `out` when given: a carve's
+    view), the bias added in place."""
+    y = torch.matmul(x, wt.t(), out=out)
     if b is None:
         return y
     # the bias in place where it keeps y's dtype (the same bits): no second [T, n] beside y
@@ -124,13 +126,18 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
               window: int = 0) -> torch.Tensor:
     """x [T, D] (already normed) at positions P..P+T-1 -> [T, D]; appends k, v to `cache`.
     `window` > 0: this layer slides (each query sees its last `window` keys)."""
-    T = x.shape[0]
-    q = project(x, w.wq, w.bq).view(T, s.n_head, s.head_dim)         # [T, H, hd]
-    k = project(x, w.wk, w.bk).view(T, s.n_kv_head, s.head_dim)      # [T, Hkv, hd]
-    v = project(x, w.wv, w.bv).view(T, s.n_kv_head, s.head_dim)
+    T, H, Hkv, hd = x.shape[0], s.n_head, s.n_kv_head, s.head_dim
+    # the engine's carve holds the chunk's q, k, v (cache.proj: the plan counted them); each
+    # view is None where there is none (a CPU read in fp32, the model's own cache)
+    bufs = getattr(cache, "proj", {}).get(layer, {})
+    dt = torch.promote_types(x.dtype, w.wv.dtype)
+    q = project(x, w.wq, w.bq).view(T, H, hd)                        # [T, H, hd]
+    k = project(x, w.wk, w.bk).view(T, Hkv, hd)                      # [T, Hkv, hd]
+    v = project(x, w.wv, w.bv, buf_view(bufs.get("v"), (T, Hkv * hd), dt, x.device)
+                ).view(T, Hkv, hd)
     # the optional per-head norm, then NEOX RoPE: one fused pass each on CUDA (layers.norm_rope)
-    q = norm_rope(q, w.q_norm, cos, sin, s.norm_eps)                 # [H, T, hd]
-    k = norm_rope(k, w.k_norm, cos, sin, s.norm_eps)                 # [Hkv, T, hd]
+    q = norm_rope(q, w.q_norm, cos, sin, s.norm_eps, norm_out(bufs.get("q"), q, w.q_norm))
+    k = norm_rope(k, w.k_norm, cos, sin, s.norm_eps, norm_out(bufs.get("k"), k, w.k_norm))
     o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks)   # [T, H, hd]
     return project(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo)  # [T, D]
 

@@ -49,9 +49,17 @@ def norm_out(buf: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor | None
     provider.LayerWorkspace.xn), or None where there is none, or it is too small, of another
     dtype or on another device (a CPU read in fp32 allocates its own)."""
     dt = x.dtype if w is None else torch.promote_types(w.dtype, x.dtype)
-    if buf is None or buf.dtype != dt or buf.device != x.device or buf.numel() < x.numel():
+    return buf_view(buf, x.shape, dt, x.device)
+
+
+def buf_view(buf: torch.Tensor | None, shape, dtype: torch.dtype, device
+             ) -> torch.Tensor | None:
+    """A contiguous `shape` view of the flat `buf`'s first values (a carve's buffer), or None
+    where there is none, or it is too small, of another dtype or on another device."""
+    n = math.prod(shape)
+    if buf is None or buf.dtype != dtype or buf.device != device or buf.numel() < n:
         return None
-    return buf[:x.numel()].view(x.shape)
+    return buf[:n].view(shape)
 
 
 def add_rounded_(x: torch.Tensor, y: torch.Tensor, rows: int = 2048) -> torch.Tensor:
@@ -67,16 +75,17 @@ def add_rounded_(x: torch.Tensor, y: torch.Tensor, rows: int = 2048) -> torch.Te
 
 
 def norm_rope(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-              eps: float) -> torch.Tensor:
+              eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, h, hd] -> apply_rope(rms_norm(x, w, eps).transpose(0, 1), cos, sin)
     [h, T, hd] (w None: no norm; cos/sin [T, R]: RoPE on the first R dims), as one fused kernel
     pass where `norm_impl` says so and it takes the inputs (NEOX cos/sin fp32, R even), else the
     torch twin. For the projection's
     contiguous x either way the result is the [h, T, hd] transposed view of a [T, h, hd] buffer
-    (the twin's elementwise ops keep their input's strides)."""
+    (the twin's elementwise ops keep their input's strides). `out`: that [T, h, hd] buffer
+    given (norm_out's view of a carve's q or k)."""
     if _norm.norm_impl(x) == "triton" and _norm.qk_norm_rope_supported(x, w, cos, sin):
-        return _norm.qk_norm_rope(x, w, cos, sin, eps)
-    return _norm.qk_norm_rope_torch(x, w, cos, sin, eps)
+        return _norm.qk_norm_rope(x, w, cos, sin, eps, out=out)
+    return _norm.qk_norm_rope_torch(x, w, cos, sin, eps, out=out)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float

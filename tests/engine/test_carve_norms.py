@@ -1,7 +1,8 @@
 """The layer's norms in the engine's carve and its residual in place (strata.models.moe_decoder.
 layer): a bf16 read writes both RMSNorms of every layer into the carve's xn (loan bytes the plan
 counted: strata.models.provider.LayerWorkspace.xn) and adds each residual into x itself, and
-reads the bits it reads with the norms allocated (norm_out answering None)."""
+reads the bits it reads with the norms allocated (norm_out answering None); a GQA layer's q, k
+and v in the carve's q / k / v (strata.models.attention.attention, cache.proj)."""
 from __future__ import annotations
 
 import pytest
@@ -52,5 +53,35 @@ def test_the_norms_write_the_carve_and_the_residual_adds_in_place(name, tmp_path
     assert all(len({x for _, x in c}) == 1 for c in chunks)
     monkeypatch.setattr(md, "norm_out", lambda *a: None)
     monkeypatch.setattr(md, "rms_norm", real)
+    assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
+                       res.logits)
+
+
+def test_a_gqa_read_projects_q_k_v_into_its_carve(tmp_path, monkeypatch):
+    """tiny-qwen3moe (GQA), bf16: every layer's normed and rotated q and k and its v projection
+    lie in the carve's q / k / v (cache.proj, the plan's buffers), the read's bits are the read's
+    with them allocated, and the maps are emptied when the prompt ends (a cache that outlives
+    it must not write into the refilled loan)."""
+    import strata.models.attention as att
+    from strata.shapes import get_preset
+    shape = get_preset("tiny-qwen3moe")
+    seen, real = [], att.attend
+
+    def spy(q, k, v, cache, layer, **kw):
+        seen.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
+        spy.cache = cache
+        return real(q, k, v, cache, layer, **kw)
+    monkeypatch.setattr(att, "attend", spy)
+    eng = _engine(shape, tmp_path / "a")
+    tok = torch.arange(9) % shape.vocab
+    res = eng.run(tok, logits="all")
+    place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
+    assert len(seen) == shape.n_layer * 3 and len(set(seen)) == 1     # one q, k, v: the carve's
+    (q, k, v), = set(seen)
+    assert (k - q, v - q) == (place["k"] - place["q"], place["v"] - place["q"])
+    assert spy.cache.proj == {}
+    monkeypatch.setattr(att, "attend", real)
+    monkeypatch.setattr(att, "buf_view", lambda *a: None)
+    monkeypatch.setattr(att, "norm_out", lambda *a: None)
     assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
                        res.logits)

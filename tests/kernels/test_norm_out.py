@@ -1,17 +1,18 @@
-"""rms_norm into a given buffer (strata.kernels.norm.rms_norm / rms_norm_torch `out`, the
-carve's xn through strata.models.layers.norm_out): the bits it returns without one, written
-into a NaN-poisoned view of a larger flat buffer, by the kernel (Triton's interpreter here) and
-its twin; a buffer of the wrong shape, dtype or layout is refused in one line. And the layer's
-rounded residual add (strata.models.layers.add_rounded_), which keeps the experts' fp32 output
-from a [T, D] rounded copy."""
+"""The norms into a given buffer (strata.kernels.norm.rms_norm / rms_norm_torch `out`, the
+carve's xn through strata.models.layers.norm_out; qk_norm_rope / its twin into a carve's q or
+k): the bits each returns without one, written into a NaN-poisoned view of a larger flat
+buffer, by the kernel (Triton's interpreter here) and its twin; a buffer of the wrong shape,
+dtype or layout is refused in one line. And the layer's rounded residual add
+(strata.models.layers.add_rounded_), which keeps the experts' fp32 output from a [T, D]
+rounded copy."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from strata.errors import StrataError
-from strata.kernels.norm import rms_norm, rms_norm_torch
-from strata.models.layers import norm_out
+from strata.kernels.norm import qk_norm_rope, qk_norm_rope_torch, rms_norm, rms_norm_torch
+from strata.models.layers import norm_out, rope_cos_sin
 
 
 @pytest.mark.parametrize("fn", [rms_norm, rms_norm_torch], ids=["kernel", "twin"])
@@ -62,3 +63,21 @@ def test_add_rounded_is_the_add_of_the_rounded(T, rows):
     assert got.data_ptr() == p and torch.equal(got, want)
     z = torch.randn(T, 24, generator=g).bfloat16()
     assert torch.equal(add_rounded_(z.clone(), x), z + x)          # same dtype: one add
+
+
+@pytest.mark.parametrize("fn", [qk_norm_rope, qk_norm_rope_torch], ids=["kernel", "twin"])
+@pytest.mark.parametrize("rot,norm", [(16, True), (8, True), (16, False)])
+def test_qk_norm_rope_into_a_buffer_is_the_same_bits(fn, rot, norm):
+    """qk_norm_rope's out (a carve's q or k, [T, h, hd] contiguous): the [h, T, hd] view of it,
+    the bits returned without one, nothing written past its values."""
+    g = torch.Generator().manual_seed(rot)
+    T, h, hd = 13, 3, 16
+    x = torch.randn(T, h, hd, generator=g).bfloat16()
+    w = torch.randn(hd, generator=g).bfloat16() if norm else None
+    cos, sin = rope_cos_sin(torch.arange(5, 5 + T), rot, 10000.0)
+    want = fn(x, w, cos, sin, 1e-6)
+    flat = torch.full((T * h * hd + 7,), float("nan"), dtype=torch.bfloat16)
+    out = norm_out(flat, x, w)
+    got = fn(x, w, cos, sin, 1e-6, out=out)
+    assert got.shape == (h, T, hd) and got.data_ptr() == flat.data_ptr()
+    assert torch.equal(got, want) and flat[T * h * hd:].isnan().all()
