@@ -57,3 +57,4 @@ def test_a_layout_without_wider_carves_its_dims_as_given():
 def test_growth_stops_at_its_cap():
     out = layout(8, 4, 64, 4, cap=64).carve(Carve.dry(), 512, 0)
     assert out.dims["W"] == 64
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import example, given, settings, strategies as st
 
 from strata.models.ffn import DenseFFN
 from strata.models.mla_launch import pin_mla_launch
@@ -171,3 +172,43 @@ def test_the_engine_attends_at_the_block_its_carve_grew(tmp_path, monkeypatch):
     with pin_mla_launch(block=block):
         eng2, _ = _bf16_engine(tmp_path / "b")
         assert torch.equal(eng2.run(tok, logits="all").logits, got)
+
+
+@settings(max_examples=40, deadline=None)
+@given(H=st.integers(1, 64), N=st.integers(1, 64), R=st.sampled_from([2, 4, 8]),
+       Hv=st.integers(1, 64), D=st.integers(8, 256), F=st.integers(8, 256), E=st.integers(2, 64),
+       K=st.integers(1, 8), block=st.sampled_from([2, 4, 16]), T=st.integers(1, 300),
+       prompt=st.integers(0, 900), kv=st.sampled_from(["bf16", "int8"]))
+@example(H=4, N=16, R=8, Hv=16, D=64, F=32, E=16, K=4, block=4, T=64, prompt=0, kv="bf16")
+@example(H=64, N=64, R=8, Hv=64, D=16, F=8, E=4, K=1, block=2, T=64, prompt=512,
+         kv="bf16").via("the attention phase the longer: the block stays short of the chunk")
+def test_the_mla_plan_grows_its_block_for_free(H, N, R, Hv, D, F, E, K, block, T, prompt, kv):
+    """For MLA shapes, KV dtypes and prompt lengths (the key rows follow the longest prompt):
+    the plan's layout (strata.planning.model_sizes / layout_spec) under an unpinned launch of
+    `block` grows it by doublings, stopping once it reaches the chunk; its bytes are those of
+    the launch's block pinned; where it stopped short of the chunk the next doubling costs
+    bytes; the carve's mla_k holds the grown block's key rows (strata.planning.mla_dims)."""
+    import strata.models.mla_launch as ml
+    from strata.memory import Carve
+    from strata.planning import KVPolicy, layout_spec, mla_dims, model_sizes
+    from strata.memory.layout import PromptLayout
+    from strata.shapes import Mla, ModelShape
+    shape = ModelShape("deepseek2", n_layer=2, d_model=D, n_expert=E, top_k=min(K, E),
+                       d_expert=F, n_head=H, n_kv_head=H, head_dim=N + R,
+                       mla=Mla(0, 16, R, Hv))
+    pol = KVPolicy(kv, None, max(prompt, T))
+    lay = PromptLayout(model_sizes(shape, kv=pol), 512, layout_spec(kv=pol, shape=shape))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ml, "DEFAULT", ml.MLALaunch(block=block))
+        out = lay.carve(Carve.dry(), T, 0)
+        with ml.pin_mla_launch(block=block):
+            pinned = lay.bytes_needed(T, 0)
+    B = out.dims["MB"]
+    assert B % block == 0 and (B // block) & (B // block - 1) == 0       # block · 2^k
+    assert B == block or B < 2 * T
+    assert pinned == out.stop
+    if B < T:
+        with ml.pin_mla_launch(block=2 * B):
+            assert lay.bytes_needed(T, 0) > out.stop
+    mk = next(p.nbytes for p in out.placements if p.name == "mla_k")
+    assert mk == mla_dims(T, pol, B)["MR"] * H * (N + R) * 2
