@@ -279,11 +279,11 @@ def mla_wider(shape: ModelShape, kv: KVPolicy | None, dims: Mapping[str, int]
 
 def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 0,
              batch: int | None = None, kv: KVPolicy | None = None,
-             act_itemsize: int | None = None, mla_block: int | None = None) -> dict[str, int]:
+             act_itemsize: int | None = None) -> dict[str, int]:
     """Values of the layout's symbols for a chunk of T tokens. TKP pads each of the (at most
     min(E, T*K)) routed experts' groups to `block_m` rows (default: the expert GEMM's BLOCK_M
-    for this chunk); monotone in T, as BLOCK_M only grows with T. MLA's rows at `mla_block`
-    (the launch's when None: mla_dims)."""
+    for this chunk); monotone in T, as BLOCK_M only grows with T. MLA's rows at the launch's
+    block (mla_dims; the carve may widen it: mla_wider)."""
     E, K = shape.n_expert, shape.top_k
     bm = block_m if block_m is not None else block_m_for(T, K, E)
     qd, kvd = shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
@@ -304,7 +304,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
             # a prompt of one chunk has no prefix: no flash state
             "FQ": flash_rows(T) if kv is not None and kv.max_prompt > T else 0,
             "FS": flash_state_floats(shape.n_head, shape.head_dim),
-            **mla_dims(T, kv, mla_block), "MKD": shape.n_head * shape.head_dim,
+            **mla_dims(T, kv), "MKD": shape.n_head * shape.head_dim,
             "MVD": shape.n_head * mla_value_width(shape.head_dim, m.v_head_dim)
             if shape.mla else 0,
             "MLC": m.kv_lora + m.qk_rope,

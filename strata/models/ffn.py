@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.models.block_weight import dense
+from strata.models.layers import buf_view
 
 
 @dataclass
@@ -38,11 +39,12 @@ class DenseFFN:
         strata.planning.DENSE_FFN_BUF) holds the gate and up products, silu(gate)·up computed
         in place, instead of allocating them: the same kernels, the same bits."""
         T, Fw = x.shape[0], self.gate.shape[0]
-        if buf is None or buf.dtype != x.dtype or buf.numel() < 2 * T * Fw:
+        gu = buf_view(buf, (2, T, Fw), x.dtype, x.device)
+        if gu is None:
             a = F.silu(x @ dense(self.gate).t())       # one matrix decoded at a time
             a = a * (x @ dense(self.up).t())
             return a @ dense(self.down).t()
-        g, u = buf[:T * Fw].view(T, Fw), buf[T * Fw:2 * T * Fw].view(T, Fw)
+        g, u = gu
         F.silu(torch.matmul(x, dense(self.gate).t(), out=g), inplace=True)
         g.mul_(torch.matmul(x, dense(self.up).t(), out=u))
         return g @ dense(self.down).t()

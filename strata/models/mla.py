@@ -438,7 +438,7 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     # the engine's carve holds the chunk's query and output (MLAScratch.query / output): the
     # layer computes into them rather than allocating them beside the plan
     sc = cache.scratch.get(layer)
-    qbuf = sc.query(T, H * s.head_dim, x.dtype) if sc is not None else None
+    qbuf = sc.query(T, H * s.head_dim, x.dtype, x.device) if sc is not None else None
     if w.wqa is not None:
         q = torch.matmul(rms_norm(x @ w.wqa.t(), w.q_norm, eps), w.wqb.t(), out=qbuf)
     else:
@@ -458,7 +458,7 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
                                    v_head_dim=m.v_head_dim, scale=softmax_scale(s),
                                    scratch=sc, c_scale=c_scale, k_pe_scale=kpe_scale,
                                    prefix=prefix, out=None if sc is None else
-                                   sc.output(T, H, m.v_head_dim, q.dtype))
+                                   sc.output(T, H, m.v_head_dim, q.dtype, q.device))
     packed = getattr(cache, "packed", None)
     if packed is not None:
         attend = _per_sequence(packed, q_nope, q_pe, w, s, sc)

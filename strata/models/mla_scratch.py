@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import StrataError
+from strata.models.layers import buf_view
 from strata.models.mla_launch import MLA_BLOCK, key_rows, mla_launch
 
 
@@ -134,15 +135,16 @@ class MLAScratch:
                               f"{dtype}), has {have} ({self.k.dtype}, {self.v.dtype}, "
                               f"{self.state.dtype}, {None if self.c is None else self.c.dtype})")
 
-    def query(self, T: int, width: int, dtype: torch.dtype) -> torch.Tensor | None:
+    def query(self, T: int, width: int, dtype: torch.dtype, device) -> torch.Tensor | None:
         """[T, width] over `q` for the chunk's query projection, or None (no such buffer, too
-        small, or another dtype: the carve holds bf16, a CPU read's fp32 allocates its own)."""
-        return _rows(self.q, T, width, dtype)
+        small, another dtype or device: the carve holds bf16, a CPU read's fp32 allocates its
+        own; strata.models.layers.buf_view)."""
+        return buf_view(self.q, (T, width), dtype, device)
 
-    def output(self, T: int, H: int, Hv: int, dtype: torch.dtype) -> torch.Tensor | None:
+    def output(self, T: int, H: int, Hv: int, dtype: torch.dtype, device
+               ) -> torch.Tensor | None:
         """[T, H, Hv] over `o` for the attention's output, or None (as `query`)."""
-        o = _rows(self.o, T, H * Hv, dtype)
-        return None if o is None else o.view(T, H, Hv)
+        return buf_view(self.o, (T, H, Hv), dtype, device)
 
     def latent(self, m: int, width: int) -> torch.Tensor:
         """c [m, Lkv + R] view: a block's dequantized latent and rope key."""
@@ -172,12 +174,6 @@ class MLAScratch:
         """(acc fp32 [H, n, Hv], lse fp32 [H, n]) views for a query block of n tokens."""
         return (self.state[:H * n * Hv].view(H, n, Hv),
                 self.state[H * n * Hv:n * mla_state_floats(H, Hv)].view(H, n))
-
-
-def _rows(buf: torch.Tensor | None, T: int, width: int, dtype: torch.dtype):
-    if buf is None or buf.dtype != dtype or buf.numel() < T * width:
-        return None
-    return buf[:T * width].view(T, width)
 
 
 __all__ = ["MLA_BLOCK", "MLAScratch", "mla_scratch_rows", "mla_state_floats",
