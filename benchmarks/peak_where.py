@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +40,15 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("peak_where: needs a CUDA device (torch's allocator history)", file=sys.stderr)
         return 2
+    try:   # the output folder before the read, not after it
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"peak_where: cannot make --out {args.out}: {e.strerror}", file=sys.stderr)
+        return 2
+    if not os.access(args.out, os.W_OK):
+        print(f"peak_where: --out {args.out} is not writable; give another folder",
+              file=sys.stderr)
+        return 2
     torch.cuda.memory._record_memory_history(max_entries=args.entries, stacks="python")
     rc = strata_main(["bench", *bench])
     snap = torch.cuda.memory._snapshot()
@@ -50,7 +60,6 @@ def main(argv=None) -> int:
           f"max_memory_allocated since its last reset {top}; bench exit {rc})")
     for where, k, b in groups[:args.top]:
         print(f"{fmt_bytes(b):>12} {k:>6}  {where}")
-    args.out.mkdir(parents=True, exist_ok=True)
     with atomic_write(args.out / "peak_where.csv") as tmp, open(tmp, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["where", "blocks", "bytes"])
