@@ -265,6 +265,33 @@ def test_runs_need_a_host_that_hands_runs():
     assert rl._runs(broken, [0], 4, 8) is None
 
 
+def _probe_bytes(e, M, D, F):
+    """What gemm_rate's probe holds at e experts and M rows, counted here apart: bf16 weights
+    (gate/up [D, 2F], down [F, D]), x [M, D], h [M, F], and the two products [M, 2F], [M, D]."""
+    return 2 * (e * D * 2 * F + e * F * D + M * D + M * F + M * 2 * F + M * D)
+
+
+@given(st.integers(1, 300), st.integers(1, 8), st.sampled_from([64, 2048, 7168]),
+       st.sampled_from([32, 768, 2048]), st.integers(1, 140_000), st.floats(1e6, 8e10))
+@example(256, 8, 7168, 2048, 32768, 0.5 * 18e9)    # DeepSeek-V3 at 32K beside a 24 GiB cache
+def test_the_gemm_probe_fits_its_cap_at_the_rows_an_expert(E, K, D, F, T, cap):
+    """probe_experts keeps the rows an expert (T·K / E, rounded up) and takes the most experts
+    whose operands fit the cap, all E where they fit, one where none does."""
+    e, M = rl.probe_experts(E, K, D, F, T, cap)
+    assert 1 <= e <= E and M == -(-T * K * e // E)
+    assert e == 1 or _probe_bytes(e, M, D, F) <= cap
+    if e < E:
+        assert _probe_bytes(e + 1, -(-T * K * (e + 1) // E), D, F) > cap
+
+
+def test_deepseek_at_32k_is_timed_on_a_part_of_its_experts():
+    """DeepSeek-V3's 256 experts at 32K need ~31 GiB: under half of a 24 GiB card's spare ~5
+    GiB the probe times 20 at the same 1,024 rows each (124 MiB an expert with its rows)."""
+    e, M = rl.probe_experts(256, 8, 7168, 2048, 32768, 2.5 * 2 ** 30)
+    assert _probe_bytes(256, 32768 * 8, 7168, 2048) > 30 * 2 ** 30
+    assert e == 20 and M == 1024 * e
+
+
 @pytest.mark.gpu
 def test_measured_rates_on_the_gpu():
     """On an H200 the grouped GEMM and flash attention run at tens to hundreds of TFLOP/s.

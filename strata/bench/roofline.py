@@ -9,7 +9,8 @@ i.e. without CUDA; an unmeasured rate makes its part of the bound free):
   runs of a layer's consecutive blobs (the ring's two patterns of copies), the best pattern of
   the best of three rounds.
 - `gemm_rate(shape, T)`: FLOP/s of the expert FFN's three GEMMs through torch._grouped_mm bf16,
-  T·K rows routed uniformly over E experts (the ceiling the SPEC's table measures).
+  T·K rows routed uniformly over E experts (the ceiling the SPEC's table measures), timed on
+  as many experts at those rows each as fit beside what the process holds (probe_experts).
 - `sdpa_rate(shape, T)`: FLOP/s of causal flash attention (torch SDPA, bf16, GQA) over one
   T-token chunk at the model's head shape.
 - `dense_rate(shape, T)`: FLOP/s of the dense layers' GEMMs (torch.mm bf16, T rows, each
@@ -324,15 +325,45 @@ def settled_seconds(run, *, device, reps: int, settle_s: float = 0.0) -> float:
     return time_fn(run, device=device, warmup=1, repeats=reps).median_s
 
 
+PROBE_SHARE = 0.5   # of the memory the allocator can still give that gemm_rate's probe may take
+
+
+def probe_experts(E: int, K: int, D: int, F: int, T: int, cap: float) -> tuple[int, int]:
+    """(E', M'): the experts and rows gemm_rate times within `cap` bytes. The rate of a grouped
+    GEMM follows its rows an expert (T·K / E), not E, so the probe keeps those and takes as
+    many of the E experts as fit its bf16 operands and outputs (weights E'·3·D·F, x M'·D, h
+    M'·F, gate/up out M'·2F, down out M'·D) in the cap: every expert where they fit (DeepSeek-V3
+    at 32K needs ~31 GiB for all 256, more than a 24 GiB card holds beside its cache), at
+    least one."""
+    M = T * K
+
+    def need(e: int) -> float:
+        rows = -(-M * e // E)
+        return 2.0 * (e * 3 * D * F + rows * (2 * D + 3 * F))
+    e = E
+    while e > 1 and need(e) > cap:
+        e -= 1
+    return e, -(-M * e // E)
+
+
+def _probe_cap(dev: str) -> float:
+    """PROBE_SHARE of what the allocator can still give on `dev`: the device's free bytes and
+    what torch's cache holds unused."""
+    free, _ = torch.cuda.mem_get_info(dev)
+    unused = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    return PROBE_SHARE * (free + unused)
+
+
 def gemm_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
     """FLOP/s of the expert FFN's GEMMs (gate+up as one [D, 2F] GEMM, then down) through
-    torch._grouped_mm bf16 over T·K rows routed uniformly to E experts; NaN without CUDA.
-    `settle_s`: settled_seconds'."""
+    torch._grouped_mm bf16 over T·K rows routed uniformly to E experts, timed on as many of
+    the experts at the same rows each as fit beside what the process holds (probe_experts);
+    NaN without CUDA. `settle_s`: settled_seconds'."""
     if not (torch.cuda.is_available() and hasattr(torch, "_grouped_mm")):
         return float("nan")
     E, K, D, F = shape.n_expert, shape.top_k, shape.d_model, shape.d_expert
     dev = "cuda"
-    M = T * K
+    E, M = probe_experts(E, K, D, F, T, _probe_cap(dev))
     counts = torch.full((E,), M // E, dtype=torch.int32)
     counts[: M % E] += 1
     offs = torch.cumsum(counts, 0).to(torch.int32).to(dev)
@@ -344,8 +375,7 @@ def gemm_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> floa
     def run():
         torch._grouped_mm(x, wgu, offs=offs)
         torch._grouped_mm(h, wd, offs=offs)
-    return expert_flops(shape, T, layers=1) / settled_seconds(run, device=dev, reps=reps,
-                                                                settle_s=settle_s)
+    return 2.0 * M * 3 * D * F / settled_seconds(run, device=dev, reps=reps, settle_s=settle_s)
 
 
 def sdpa_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
