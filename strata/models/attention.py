@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from strata.kernels.attention.probe import attention_impl
 from strata.models.kv import KVCache, PromptKV
-from strata.models.layers import buf_view, norm_out, norm_rope
+from strata.models.layers import buf_view, into_view, norm_out, norm_rope
 
 
 @dataclass
@@ -123,9 +123,11 @@ def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, 
 
 def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torch.Tensor,
               sin: torch.Tensor, cache: KVCache | PromptKV, layer: int, *,
-              window: int = 0) -> torch.Tensor:
+              window: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, D] (already normed) at positions P..P+T-1 -> [T, D]; appends k, v to `cache`.
-    `window` > 0: this layer slides (each query sees its last `window` keys)."""
+    `window` > 0: this layer slides (each query sees its last `window` keys). `out`: where the
+    output goes when it takes it (layers.into_view; a decoder passes x itself, its normed
+    input, dead once q, k and v are projected)."""
     T, H, Hkv, hd = x.shape[0], s.n_head, s.n_kv_head, s.head_dim
     # the engine's carve holds the chunk's q, k, v (cache.proj: the plan counted them); each
     # view is None where there is none (a CPU read in fp32, the model's own cache)
@@ -139,7 +141,8 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     q = norm_rope(q, w.q_norm, cos, sin, s.norm_eps, norm_out(bufs.get("q"), q, w.q_norm))
     k = norm_rope(k, w.k_norm, cos, sin, s.norm_eps, norm_out(bufs.get("k"), k, w.k_norm))
     o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks)   # [T, H, hd]
-    return project(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo)  # [T, D]
+    return project(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo,
+                   into_view(out, (T, w.wo.shape[0]), dt, x.device))  # [T, D]
 
 
 def lower_right_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -33,5 +33,6 @@ class DeepSeek2(FamilyMoe):
         return MLACache(s.n_layer, s.mla.kv_lora, s.mla.qk_rope, capacity=capacity,
                         dtype=self.dtype, device=self.layer_devices, kv=kv)
 
-    def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
-        return mla_attention(xn, lw.attn, self.shape, cos, sin, cache, l, eps=self.shape.rms_eps)
+    def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int, into=None) -> torch.Tensor:
+        return mla_attention(xn, lw.attn, self.shape, cos, sin, cache, l, eps=self.shape.rms_eps,
+                             out=into)

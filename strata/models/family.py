@@ -80,7 +80,7 @@ class FamilyMoe(MoeDecoder):
             lw.shared = DenseFFN(*(get(f"{p}ffn_{w}_shexp.weight") for w in ("gate", "up", "down")))
         return lw
 
-    def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
+    def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int, into=None) -> torch.Tensor:
         raise NotImplementedError
 
     def router(self, lw: FamilyLayer):
@@ -96,10 +96,10 @@ class FamilyMoe(MoeDecoder):
     def mlp(self, h, lw: FamilyLayer, l: int, provider: ExpertProvider, observer) -> torch.Tensor:
         """A leading dense layer's FFN, or the routed experts plus the shared ones."""
         if lw.dense is not None:   # the carve's dense_gu where the engine planned one
-            return lw.dense(h, buf=provider.workspace(l).dense)
+            return lw.dense(h, buf=provider.workspace(l).dense, into=h)
         y = moe_block(h, l, self.router(lw), self.ffn, provider, observer)
         if lw.shared is None:
             return y                                 # the layer adds it rounded (add_rounded_)
         # the shared output plus y rounded to h's dtype (the same bits as y.to(h.dtype) +
         # shared: one rounded block at a time, no [T, D] copy of y nor a third for the sum)
-        return add_rounded_(lw.shared(h), y)
+        return add_rounded_(lw.shared(h, into=h), y)    # h is read before its output

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.models.block_weight import dense
-from strata.models.layers import buf_view
+from strata.models.layers import buf_view, matmul_into
 
 
 @dataclass
@@ -34,20 +34,22 @@ class DenseFFN:
 
     decodes_itself = True    # a layer's turn leaves its BlockWeights to __call__ (decode_phase)
 
-    def __call__(self, x: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, buf: torch.Tensor | None = None,
+                 into: torch.Tensor | None = None) -> torch.Tensor:
         """y [T, D] of x [T, D]. `buf` (flat, >= 2·T·F values in x's dtype: the engine's carve,
         strata.planning.DENSE_FFN_BUF) holds the gate and up products, silu(gate)·up computed
-        in place, instead of allocating them: the same kernels, the same bits."""
+        in place, instead of allocating them: the same kernels, the same bits. `into`: where y
+        goes when it takes it (layers.into_view; a layer passes x itself, read by then)."""
         T, Fw = x.shape[0], self.gate.shape[0]
         gu = buf_view(buf, (2, T, Fw), x.dtype, x.device)
         if gu is None:
             a = F.silu(x @ dense(self.gate).t())       # one matrix decoded at a time
             a = a * (x @ dense(self.up).t())
-            return a @ dense(self.down).t()
+            return matmul_into(a, dense(self.down), into)
         g, u = gu
         F.silu(torch.matmul(x, dense(self.gate).t(), out=g), inplace=True)
         g.mul_(torch.matmul(x, dense(self.up).t(), out=u))
-        return g @ dense(self.down).t()
+        return matmul_into(g, dense(self.down), into)
 
     def map(self, fn) -> "DenseFFN":
         return DenseFFN(fn(self.gate), fn(self.up), fn(self.down))

@@ -19,7 +19,7 @@ import torch
 
 from strata.models.attention import attend as attend_cached, project
 from strata.models.family import FamilyLayer, FamilyMoe, optional
-from strata.models.layers import norm_rope
+from strata.models.layers import matmul_into, norm_rope
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Glm4Moe(FamilyMoe):
                           opt("attn_q.bias"), opt("attn_k.bias"), opt("attn_v.bias"),
                           opt("attn_q_norm.weight"), opt("attn_k_norm.weight"))
 
-    def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int) -> torch.Tensor:
+    def attend(self, xn, lw: FamilyLayer, cos, sin, cache, l: int, into=None) -> torch.Tensor:
         s, w = self.shape, lw.attn
         T = xn.shape[0]
         q = project(xn, w.wq, w.bq).view(T, s.n_head, s.head_dim)
@@ -61,4 +61,5 @@ class Glm4Moe(FamilyMoe):
         # the optional per-head norm (None: none) and the partial RoPE in one pass
         q = norm_rope(q, w.q_norm, cos, sin, s.rms_eps)             # [H, T, hd]
         k = norm_rope(k, w.k_norm, cos, sin, s.rms_eps)             # [Hkv, T, hd]
-        return attend_cached(q, k, v, cache, l).reshape(T, s.n_head * s.head_dim) @ w.wo.t()
+        return matmul_into(attend_cached(q, k, v, cache, l).reshape(T, s.n_head * s.head_dim),
+                           w.wo, into)

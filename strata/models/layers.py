@@ -62,6 +62,25 @@ def buf_view(buf: torch.Tensor | None, shape, dtype: torch.dtype, device
     return buf[:n].view(shape)
 
 
+def into_view(into: torch.Tensor | None, shape, dtype: torch.dtype, device
+              ) -> torch.Tensor | None:
+    """`into` itself where it is a contiguous `shape` of `dtype` on `device`, else None: a
+    layer's normed input once everything that reads it has (an attention's projections, an
+    FFN's gate and up), whose bytes then take the layer's [T, D] output (the carve's xn), so
+    that output lies in the plan, not beside it."""
+    if into is None or not into.is_contiguous() or tuple(into.shape) != tuple(shape):
+        return None
+    return buf_view(into.view(-1), shape, dtype, device)
+
+
+def matmul_into(a: torch.Tensor, wt: torch.Tensor, into: torch.Tensor | None) -> torch.Tensor:
+    """a [T, n] @ wt^T [n, m] -> [T, m], written into `into` where into_view takes it, else a
+    new tensor; the same bits either way."""
+    shape = (a.shape[0], wt.shape[0])
+    return torch.matmul(a, wt.t(), out=into_view(into, shape, torch.promote_types(
+        a.dtype, wt.dtype), a.device))
+
+
 def add_rounded_(x: torch.Tensor, y: torch.Tensor, rows: int = 2048) -> torch.Tensor:
     """x [T, D] += y [T, D] rounded to x's dtype first: x + y.to(x.dtype), the same bits,
     `rows` rows at a time, so the rounded copy of an fp32 y (the experts' accumulator, the

@@ -65,7 +65,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
-from strata.models.layers import apply_rope_pairs, rms_norm
+from strata.models.layers import apply_rope_pairs, matmul_into, rms_norm
 # the block kernels live in mla_attend; the tests and benchmarks import them from here too
 from strata.models.mla_attend import (attend_block, attend_block_cudnn, attend_block_flash,
                                       attend_block_ref, attend_carried, attend_for, key_blocks,
@@ -427,10 +427,12 @@ def softmax_scale(s) -> float:
 
 
 def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin: torch.Tensor,
-                  cache, layer: int, *, eps: float) -> torch.Tensor:
+                  cache, layer: int, *, eps: float, out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
     """x [T, D] (normed) at positions P..P+T-1 -> [T, D]; appends (c, k_pe) to `cache`: the
     model's MLACache, or the engine's PromptKV over the latent (a host-held window streamed
-    back as the attention's prefix); both keep `attend_latent`'s protocol."""
+    back as the attention's prefix); both keep `attend_latent`'s protocol. `out`: where the
+    output goes when it takes it (layers.into_view; the decoder passes x, dead by then)."""
     s = shape
     m = s.mla
     T, H, R = x.shape[0], s.n_head, m.qk_rope
@@ -463,7 +465,7 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     if packed is not None:
         attend = _per_sequence(packed, q_nope, q_pe, w, s, sc)
     o = cache.attend_latent(layer, c, k_pe, attend)
-    return o.reshape(T, H * m.v_head_dim) @ w.wo.t()
+    return matmul_into(o.reshape(T, H * m.v_head_dim), w.wo, out)
 
 
 def _per_sequence(packed, q_nope, q_pe, w: MLAWeights, s, scratch):

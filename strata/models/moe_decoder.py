@@ -183,11 +183,11 @@ class MoeDecoder(Decoder):
         # each add was 2 x 470 MB a layer at a 32K chunk of DeepSeek-V3, beside the plan. x is
         # the chunk's own (embed's rows, a hand-off's buffer), never a caller's kept tensor
         # both norms write the carve's xn where the engine planned one (each dead when its
-        # phase returns: attend keeps nothing of its input, the FFN's h ends with the layer)
+        # phase returns: attend keeps nothing of its input, the FFN's h ends with the layer);
+        # the attention's output takes its normed input's bytes once that is projected (into)
         xn = provider.workspace(l).xn
-        x.add_(self.attend(rms_norm(x, lw.attn_norm, s.rms_eps,
-                                    norm_out(xn, x, lw.attn_norm)),
-                           decode_phase(lw, "attn", split), cos, sin, cache, l))
+        a = rms_norm(x, lw.attn_norm, s.rms_eps, norm_out(xn, x, lw.attn_norm))
+        x.add_(self.attend(a, decode_phase(lw, "attn", split), cos, sin, cache, l, into=a))
         h = rms_norm(x, lw.ffn_norm, s.rms_eps, norm_out(xn, x, lw.ffn_norm))
         return add_rounded_(x, self.mlp(h, decode_phase(lw, "ffn", split), l, provider,
                                         observer))
@@ -196,10 +196,12 @@ class MoeDecoder(Decoder):
         """cos, sin [T, rot_dim] of positions `pos` (plain or YaRN, as the shape says)."""
         return shape_cos_sin(pos, self.shape)
 
-    def attend(self, xn, lw, cos, sin, cache, l: int) -> torch.Tensor:
-        """Layer l's attention output [T, D] of normed hidden states `xn` [T, D]."""
+    def attend(self, xn, lw, cos, sin, cache, l: int, into=None) -> torch.Tensor:
+        """Layer l's attention output [T, D] of normed hidden states `xn` [T, D], written into
+        `into` where it takes it (layers.into_view: layer passes xn itself, dead once
+        projected)."""
         return attention(xn, lw.attn, self.attn_shape, cos, sin, cache, l,
-                         window=self.shape.layer_window(l))
+                         window=self.shape.layer_window(l), out=into)
 
     def mlp(self, h, lw, l: int, provider: ExpertProvider, observer) -> torch.Tensor:
         """Layer l's FFN block [T, D] of normed hidden states `h` [T, D]: the routed experts (fp32

@@ -42,7 +42,7 @@ from strata.models.attention import AttentionWeights, attend as attend_cached
 from strata.models.ffn import DenseFFN
 from strata.models.kv import KVCache, kv_windows
 from strata.models.layer_state import new_states, state_dtype
-from strata.models.layers import add_rounded_, norm_rope
+from strata.models.layers import add_rounded_, matmul_into, norm_rope
 from strata.models.moe_block import moe_block
 from strata.models.moe_decoder import MoeDecoder
 
@@ -123,9 +123,9 @@ class Qwen3Next(MoeDecoder):
                                   devices=self.layer_devices)
         return cache
 
-    def attend(self, xn, lw: HybridLayer, cos, sin, cache, l: int) -> torch.Tensor:
+    def attend(self, xn, lw: HybridLayer, cos, sin, cache, l: int, into=None) -> torch.Tensor:
         if isinstance(lw.attn, DeltaNetWeights):
-            return self.delta_attend(xn, lw.attn, cache, l)
+            return self.delta_attend(xn, lw.attn, cache, l, into)
         s, w = self.shape, lw.attn
         T, hd = xn.shape[0], s.head_dim
         qg = (xn @ w.wq.t()).view(T, s.n_head, 2 * hd)
@@ -137,18 +137,20 @@ class Qwen3Next(MoeDecoder):
         o = attend_cached(q, k, v, cache, l)                                   # [T, H, hd]
         # the output gate into the sigmoid's own [T, H, hd] buffer, reading o and the gate
         # where they lie (o is often a transposed view): neither is copied to be reshaped
-        return torch.sigmoid(qg[..., hd:]).mul_(o).reshape(T, s.n_head * hd) @ w.wo.t()
+        return matmul_into(torch.sigmoid(qg[..., hd:]).mul_(o).reshape(T, s.n_head * hd), w.wo,
+                           into)
 
-    def delta_attend(self, xn, w: DeltaNetWeights, cache, l: int) -> torch.Tensor:
+    def delta_attend(self, xn, w: DeltaNetWeights, cache, l: int, into=None) -> torch.Tensor:
         """A Gated DeltaNet layer's output [T, D]; its conv state and S carry in cache.states.
-        Packed sequences (cache.packed) each run from a zero conv state and S, as read alone."""
+        Packed sequences (cache.packed) each run from a zero conv state and S, as read alone
+        (each sequence's output into its own rows of xn). `into`: delta_rows'."""
         states = getattr(cache, "states", None)
         if states is None or l not in states.S:
             raise StrataError(f"layer {l} is linear attention but the cache holds no recurrent "
                               f"state for it (a cache of {type(self).__name__}.new_cache)")
         packed = getattr(cache, "packed", None)
         if packed is None:
-            return self.delta_rows(xn, w, states, l)
+            return self.delta_rows(xn, w, states, l, into)
         # one sequence at a time, each from the zero state a fresh cache holds, so that nothing
         # crosses a boundary (a packed batch is one chunk: no sequence carries into another
         # chunk). Its rows of xn are read by its own call only, so its output lands there: the
@@ -157,12 +159,13 @@ class Qwen3Next(MoeDecoder):
         for a, b in packed.bounds:
             states.conv[l].zero_()
             states.S[l].zero_()
-            xn[a:b] = self.delta_rows(xn[a:b], w, states, l)
+            xn[a:b] = self.delta_rows(xn[a:b], w, states, l, xn[a:b])
         return xn
 
-    def delta_rows(self, xn, w: DeltaNetWeights, states, l: int) -> torch.Tensor:
+    def delta_rows(self, xn, w: DeltaNetWeights, states, l: int, into=None) -> torch.Tensor:
         """The layer over consecutive rows xn [T, D] of one sequence, from and into
-        states.conv[l] and states.S[l] -> [T, D]."""
+        states.conv[l] and states.S[l] -> [T, D], into `into` where it takes it (layers.
+        into_view: xn itself, read by then)."""
         lin, T = self.shape.linear, xn.shape[0]
         Hk, Hv, dk, dv = lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim
         if w.ba is not None:      # per key head: r b's, then r a's
@@ -184,11 +187,14 @@ class Qwen3Next(MoeDecoder):
                     scratch=states.scratch.get(l))
         z = (xn @ w.gate.t()).view(T, Hv, dv)
         norm = gated_rms_norm if xn.is_cuda else gated_rms_norm_torch
-        return norm(o, z, w.norm, self.shape.rms_eps).reshape(T, Hv * dv) @ w.out.t()
+        return matmul_into(norm(o, z, w.norm, self.shape.rms_eps).reshape(T, Hv * dv), w.out,
+                           into)
 
     def mlp(self, h, lw: HybridLayer, l: int, provider, observer) -> torch.Tensor:
         """The routed experts plus the shared expert behind its sigmoid gate."""
         y = moe_block(h, l, self.router(lw), self.ffn, provider, observer)
         # y rounded to h's dtype plus the gated shared output (the same bits as y.to(h.dtype)
         # + ...), a block of rows at a time (add_rounded_): no [T, D] copy of y
-        return add_rounded_(torch.sigmoid(h @ lw.shared_gate.t()) * lw.shared(h), y)
+        # the gate first: the shared expert's output takes h's bytes (DenseFFN's `into`)
+        gate = torch.sigmoid(h @ lw.shared_gate.t())                           # [T, 1]
+        return add_rounded_(lw.shared(h, into=h).mul_(gate), y)

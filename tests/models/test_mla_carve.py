@@ -74,9 +74,9 @@ def test_a_bf16_read_computes_q_o_and_the_dense_ffn_in_its_carve(tmp_path, monke
     dense = []
     real_ffn = DenseFFN.__call__
 
-    def dense_spy(self, x, buf=None):
+    def dense_spy(self, x, buf=None, into=None):
         dense.append(None if buf is None else buf.data_ptr())
-        return real_ffn(self, x, buf)
+        return real_ffn(self, x, buf, into)
     monkeypatch.setattr(DenseFFN, "__call__", dense_spy)
     eng, tok = _bf16_engine(tmp_path)
     res = eng.run(tok, logits="all")
@@ -93,7 +93,8 @@ def test_a_bf16_read_computes_q_o_and_the_dense_ffn_in_its_carve(tmp_path, monke
     assert set(into) == {qp - place["q"] + place["dense_gu"]}
     monkeypatch.setattr(MLAScratch, "query", lambda self, *a: None)
     monkeypatch.setattr(MLAScratch, "output", lambda self, *a: None)
-    monkeypatch.setattr(DenseFFN, "__call__", lambda self, x, buf=None: real_ffn(self, x))
+    monkeypatch.setattr(DenseFFN, "__call__", lambda self, x, buf=None, into=None:
+                        real_ffn(self, x))
     eng2, _ = _bf16_engine(tmp_path / "b")
     assert torch.equal(eng2.run(tok, logits="all").logits, res.logits)
 
