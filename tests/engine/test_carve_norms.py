@@ -85,3 +85,47 @@ def test_a_gqa_read_projects_q_k_v_into_its_carve(tmp_path, monkeypatch):
     monkeypatch.setattr(att, "norm_out", lambda *a: None)
     assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
                        res.logits)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "deepseek2", "tiny-qwen35moe"])
+def test_the_attention_and_ffn_outputs_take_the_normed_inputs_bytes(name, tmp_path, monkeypatch):
+    """A bf16 read: every layer's attention output (GQA, MLA, Gated DeltaNet and gated
+    attention) is written into the carve's xn, its own normed input, and so are a leading dense
+    layer's and a shared expert's outputs (DenseFFN's into); the read's bits are those with
+    every output allocated (into_view answering None)."""
+    import strata.models.layers as layers
+    import strata.models.moe_decoder as md
+    from strata.models.ffn import DenseFFN
+    from strata.shapes import get_preset
+    from tests.models.hf_family import DS_TINY
+    shape = DS_TINY if name == "deepseek2" else get_preset(name)
+    eng = _engine(shape, tmp_path / "a")
+    attn, ffn = [], []
+    real_attend, real_ffn = type(eng.model).attend, DenseFFN.__call__
+
+    def attend_spy(self, xn, *a, into=None):
+        y = real_attend(self, xn, *a, into=into)
+        attn.append((xn.data_ptr(), into.data_ptr(), y.data_ptr()))
+        return y
+
+    def ffn_spy(self, x, buf=None, into=None):
+        y = real_ffn(self, x, buf, into)
+        ffn.append((x.data_ptr(), y.data_ptr()))
+        return y
+    monkeypatch.setattr(type(eng.model), "attend", attend_spy)
+    monkeypatch.setattr(DenseFFN, "__call__", ffn_spy)
+    tok = torch.arange(9) % shape.vocab
+    res = eng.run(tok, logits="all")
+    place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
+    buf = eng.cache.buffer
+    assert len(attn) == shape.n_layer * 3                                  # 3 chunks
+    (xn, into, y), = set(attn)                                             # one buffer: xn's
+    assert xn == into == y and buf.data_ptr() <= xn < buf.data_ptr() + buf.numel()
+    dense = sum((getattr(lw, "dense", None) is not None) + (getattr(lw, "shared", None)
+                                                           is not None) for lw in eng.model.layers)
+    assert (dense > 0) == (name != "tiny-qwen3moe")        # qwen3moe has no dense FFN
+    assert len(ffn) == 3 * dense and all(x == y == xn for x, y in ffn)
+    monkeypatch.setattr(layers, "into_view", lambda *a: None)
+    monkeypatch.setattr("strata.models.attention.into_view", lambda *a: None)
+    assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
+                       res.logits)
