@@ -30,6 +30,7 @@ import math
 import torch
 
 from strata.kernels import norm as _norm
+from strata.kernels import rope_pairs as _rope
 from strata.rope_scaling import yarn_mscale
 
 
@@ -179,12 +180,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [..., T, R]: pairs (x[2i], x[2i+1]) rotated by angle i (cos/sin [T, R] as rope_cos_sin
-    gives them: angle i on dims i and i + R/2), written back in place of the pair."""
-    R = x.shape[-1]
-    c, s = cos[..., :R // 2], sin[..., :R // 2]
-    a, b = x[..., 0::2].float(), x[..., 1::2].float()
-    out = torch.stack([a * c - b * s, b * c + a * s], dim=-1)     # [..., T, R/2, 2]
-    return out.flatten(-2).to(x.dtype)
+    gives them: angle i on dims i and i + R/2), a new tensor (strata.kernels.rope_pairs.
+    rotated_pairs; rope_pairs_in_place rotates a view where it lies)."""
+    return _rope.rotated_pairs(x, cos, sin)
+
+
+def rope_pairs_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [G, T, R] (any strides, a unit last one) rotated as apply_rope_pairs, written into x:
+    the fused kernel where `norm_impl` says so, else its twin a group of heads at a time; the
+    same bits either way, and no fp32 copy of x's columns beside it on the GPU."""
+    if _norm.norm_impl(x) == "triton":
+        return _rope.rope_pairs_(x, cos, sin)
+    return _rope.rope_pairs_torch_(x, cos, sin)
 
 
 def on_device(device: torch.device):

@@ -65,7 +65,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
-from strata.models.layers import apply_rope_pairs, matmul_into, rms_norm
+from strata.models.layers import apply_rope_pairs, matmul_into, rms_norm, rope_pairs_in_place
 # the block kernels live in mla_attend; the tests and benchmarks import them from here too
 from strata.models.mla_attend import (attend_block, attend_block_cudnn, attend_block_flash,
                                       attend_block_ref, attend_carried, attend_for, key_blocks,
@@ -414,13 +414,6 @@ def mla_chunk_attention_absorbed(q_nope: torch.Tensor, q_pe: torch.Tensor, c: to
     return o if out is None else out.copy_(o)
 
 
-# Heads rotated together: apply_rope_pairs works in fp32 beside its input (the pairs, their
-# rotation and its bf16 rounding: about 10 bytes a bf16 value), so all of DeepSeek-V3's 128
-# heads at a 32K chunk took ~2.5 GiB beside the plan; 16 heads take a third of a GiB (8
-# launches of each op).
-ROPE_HEADS = 16
-
-
 def softmax_scale(s) -> float:
     """The attention's softmax scale: 1/sqrt(hd), times YaRN's mscale² (Yarn.kq) when scaled."""
     return s.head_dim ** -0.5 * (s.yarn.kq if s.yarn is not None else 1.0)
@@ -449,8 +442,7 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     # rotated in place: q_nope and q_pe stay the two column ranges of one tensor, which the
     # blocked attention reads as q whole (whole_q), with no joined copy
     q_nope, q_pe = q[..., :N], q[..., N:]
-    for h in range(0, H, ROPE_HEADS):   # elementwise: the same bits a group at a time
-        q_pe[h:h + ROPE_HEADS].copy_(apply_rope_pairs(q_pe[h:h + ROPE_HEADS], cos, sin))
+    rope_pairs_in_place(q_pe, cos, sin)
     kv = x @ w.wkva.t()                                                      # [T, Lkv + R]
     c = rms_norm(kv[:, :m.kv_lora], w.kv_norm, eps)
     k_pe = apply_rope_pairs(kv[:, m.kv_lora:], cos, sin)                     # [T, R]

@@ -17,7 +17,9 @@ import triton  # noqa: E402
 from compile_attention import ptx_usage  # noqa: E402  (this folder: ptxas -v)
 from compile_moe import compile_one  # noqa: E402
 from strata.kernels import _norm_kernel as k  # noqa: E402
-from strata.kernels.norm import norm_tile  # noqa: E402
+from strata.kernels import _rope_pairs_kernel as rk  # noqa: E402
+from strata.kernels import rope_pairs as rp  # noqa: E402
+from strata.kernels.norm import NormTile, norm_tile  # noqa: E402
 
 ROWS_ALIGNED = {"x_ptr", "w_ptr", "out_ptr", "stride_x", "stride_o"}
 HEADS_ALIGNED = {"x_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "stride_xt", "stride_xh",
@@ -52,6 +54,17 @@ def heads_variant(NH: int, HD: int, types, norm: bool, rot: int = 0):
     return fn, ordered(fn, sig), const, t, HEADS_ALIGNED
 
 
+def pairs_variant(R: int, x: str):
+    """rope_pairs_'s kernel on MLA's q_pe (strided rows: no alignment hint on the strides)."""
+    PB = triton.next_power_of_2(R // 2)
+    const = dict(P=R // 2, PB=PB, BM=max(1, rp.ROWS_ELEMS // PB), INTERP=False)
+    sig = {"x_ptr": x, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "n_rows": "i32", "T": "i32",
+           "stride_g": "i32", "stride_t": "i32", "stride_c": "i32", "stride_s": "i32",
+           **{c: "constexpr" for c in const}}
+    fn = rk._rope_pairs_kernel
+    return fn, ordered(fn, sig), const, NormTile(const["BM"], 4), {"cos_ptr", "sin_ptr"}
+
+
 def variants():
     for N in (2048, 4096, 8192):     # qwen3-30b-a3b's D, larger models' D
         for types in TYPES:
@@ -70,8 +83,12 @@ def variants():
                heads_variant(NH, HD, TYPES[0], norm, R))
 
 
+    for R, x in ((64, "*bf16"), (64, "*fp32"), (8, "*bf16")):   # DeepSeek-V3's R, a tiny one
+        yield f"rope_pairs R={R} {x[1:]}", pairs_variant(R, x)
+
+
 QUICK = ("rms_norm N=2048 bf16/bf16", "qk_norm_rope NH=32 HD=128 norm=True",
-         "qk_norm_rope NH=16 HD=256 rot=64 norm=True")
+         "qk_norm_rope NH=16 HD=256 rot=64 norm=True", "rope_pairs R=64 bf16")
 
 
 def main(quick: bool = False) -> int:
@@ -81,7 +98,10 @@ def main(quick: bool = False) -> int:
             continue
         asm = {}
         try:
-            compile_one(fn, sig, const, tile.num_warps, 1, aligned=aligned, asm=asm)
+            # the pair kernel launches without fp fusion (rope_pairs: the twin's roundings)
+            opts = {"enable_fp_fusion": False} if fn is rk._rope_pairs_kernel else None
+            compile_one(fn, sig, const, tile.num_warps, 1, aligned=aligned, asm=asm,
+                        options=opts)
             print(f"ok   {what} BM={tile.block_m}/w{tile.num_warps}: {ptx_usage(asm['ptx'])}")
         except Exception as exc:  # report every variant, then fail
             fails += 1

@@ -347,12 +347,13 @@ def test_norm_impl_defaults_and_pins():
 
 
 def test_norm_kernels_compile_for_h200():
-    """Both kernels compile for sm_90 with triton's passes and ptxas (no GPU), at qwen3-30b-a3b's
+    """The norm kernels and the pair RoPE's (strata.kernels.rope_pairs, DeepSeek-V3's 64 rope
+    dims) compile for sm_90 with triton's passes and ptxas (no GPU), at qwen3-30b-a3b's
     shapes and Qwen3.5's partial rotary (64 of 256) and norm_tile's tiles, in a process without
     the interpreter, with no register spills (compile_norm.py without --quick: every width and
     head shape, their footprints)."""
     lines, out = compile_lines("compile_norm.py", "--quick", timeout=600)
-    assert len(lines) == 3, out
+    assert len(lines) == 4, out
     for line in lines:
         assert "spill 0/0" in line, line
 
