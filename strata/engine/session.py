@@ -109,6 +109,7 @@ class Share:
     mla_scratch: dict[int, object] = field(default_factory=dict)    # layer -> MLAScratch
     state_scratch: dict[int, dict] = field(default_factory=dict)    # layer -> delta-rule bufs
     proj: dict[int, dict] = field(default_factory=dict)   # layer -> the carve's q, k, v (GQA)
+    hidden: dict[str, torch.Tensor] = field(default_factory=dict)   # "x": the carve's x
 
 
 def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend_cap: float,
@@ -138,6 +139,9 @@ def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend
     elif all(bufs.bufs.get(n) is not None for n in ("q", "k", "v")):
         # a GQA layer projects into them (strata.models.attention.attention), flat views
         share.proj = {l: {n: bufs[n].view(-1) for n in ("q", "k", "v")} for l in layers}
+    if 0 in layers and bufs.bufs.get("x") is not None:
+        # the participant that embeds the chunk: its hidden states in the carve's x (flat)
+        share.hidden = {"x": bufs["x"].view(-1)}
     if any(n.startswith("dn_") for n in bufs.bufs):   # linear-attention layers' scratch
         share.state_scratch = {l: carved_scratch(bufs) for l in layers}
     if slab:   # the slab: scratch from this layout's tail (empty: ordinary memory)
@@ -185,6 +189,7 @@ class PromptSession:
         self.mla_scratch: dict[int, object] = {}      # layer -> MLAScratch of its carve
         self.state_scratch: dict[int, dict] = {}      # layer -> delta-rule scratch of its carve
         self.proj: dict[int, dict] = {}               # layer -> its carve's q, k, v (GQA)
+        self.hidden: dict[str, torch.Tensor] = {}     # "x": the embedding participant's carve x
         self.kv = None                            # the prompt's KV (new_kv)
         self._engine_kv = False                   # kv is a PromptKV (released on exit)
         self.kv_streamed = 0                      # bytes of host-held KV copied back (on exit)
@@ -213,6 +218,7 @@ class PromptSession:
             self.mla_scratch.update(share.mla_scratch)
             self.state_scratch.update(share.state_scratch)
             self.proj.update(share.proj)
+            self.hidden.update(share.hidden)
             self.providers.append(share.provider)
         ps = self.providers
         self.provider = ps[0] if len(ps) == 1 else SplitProvider(ps)
@@ -237,6 +243,7 @@ class PromptSession:
         if states is not None:                      # computes in the carve's delta-rule scratch
             states.scratch = self.state_scratch
         cache.proj = self.proj      # the GQA projections' carve (strata.models.attention)
+        cache.hidden = self.hidden  # the chunk's hidden states (MoeDecoder.forward_chunk)
         self.kv = cache
         return cache
 
@@ -261,7 +268,7 @@ class PromptSession:
             # emptied, not rebound: a cache that outlives the prompt (the model's own, kept for
             # decoding) holds these maps, and their views lie in the loan just refilled
             for m in (self.stages, self.kv_scratch, self.mla_scratch, self.flash_state,
-                      self.state_scratch, self.proj):
+                      self.state_scratch, self.proj, self.hidden):
                 m.clear()
             self.providers, self.loans = [], []
 

@@ -30,7 +30,7 @@ from strata.models.attention import AttentionShape, AttentionWeights, attention
 from strata.models.block_weight import decode_phase, matmul_t, phase_split
 from strata.models.decoder import Decoder
 from strata.models.kv import KVCache, kv_windows
-from strata.models.layers import (add_rounded_, norm_out, on_device, rms_norm,
+from strata.models.layers import (add_rounded_, buf_view, norm_out, on_device, rms_norm,
                                   shape_cos_sin)
 from strata.models.moe import ExpertFFN, expert_ffn, moe_ffn_ref
 from strata.models.moe_block import moe_block, softmax_topk
@@ -138,15 +138,24 @@ class MoeDecoder(Decoder):
         token), "none" -> None (skips the LM head).
         The caller brackets it with provider.begin_chunk / end_chunk (see `prefill`)."""
         T = tokens.shape[0]
-        x = self.forward_layers(self.embed(tokens), cache, provider, range(self.shape.n_layer),
-                                observer=observer)
+        # the hidden states in the engine's carve x where it planned one (cache.hidden): x is
+        # the chunk's own and dead once its head has read it (a pipeline's stages embed apart)
+        x = self.embed(tokens, into=getattr(cache, "hidden", {}).get("x"))
+        x = self.forward_layers(x, cache, provider, range(self.shape.n_layer), observer=observer)
         cache.commit(T)
         return self.head(*packed_head(x, logits, cache))
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
         """The hidden states [T, D] of `tokens` [T] (the first stage of a pipeline); embeddings
-        kept as blocks (strata.models.block_weight) decode the rows of these tokens."""
-        return self.tok_embd[tokens]
+        kept as blocks (strata.models.block_weight) decode the rows of these tokens. `into`
+        (flat: the engine's carve x) holds them where it fits (layers.buf_view), the same bits."""
+        e = self.tok_embd
+        out = buf_view(into, (tokens.shape[0], e.shape[1]), e.dtype, e.device)
+        if out is None:
+            return e[tokens]
+        if isinstance(e, torch.Tensor):
+            return torch.index_select(e, 0, tokens, out=out)
+        return out.copy_(e[tokens])
 
     def forward_layers(self, x: torch.Tensor, cache, provider: ExpertProvider, layers: range,
                        *, observer=None) -> torch.Tensor:

@@ -1,12 +1,18 @@
 """The layer's norms in the engine's carve and its residual in place (strata.models.moe_decoder.
-layer): a bf16 read writes both RMSNorms of every layer into the carve's xn (loan bytes the plan
-counted: strata.models.provider.LayerWorkspace.xn) and adds each residual into x itself, and
+layer): a bf16 read embeds each chunk into the carve's x (cache.hidden), writes both RMSNorms of
+every layer into the carve's xn (loan bytes the plan counted: strata.models.provider.
+LayerWorkspace.xn) and adds each residual into x itself, and
 reads the bits it reads with the norms allocated (norm_out answering None); a GQA layer's q, k
 and v in the carve's q / k / v (strata.models.attention.attention, cache.proj)."""
 from __future__ import annotations
 
 import pytest
 import torch
+
+
+def place_x(res) -> int:
+    """The offset of the carve's x in the first participant's loan."""
+    return {p["name"]: p["offset"] for p in res.plan.participants[0].placements}["x"]
 
 
 def _engine(shape, tmp_path):
@@ -49,9 +55,11 @@ def test_the_norms_write_the_carve_and_the_residual_adds_in_place(name, tmp_path
     lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
     assert lo <= base and base + plan.bytes_needed <= hi and (base - lo) % 256 == 0
     assert all(c[-1][0] is None for c in chunks)
-    # one residual stream a chunk: every norm of a chunk reads the same x (added in place)
-    assert all(len({x for _, x in c}) == 1 for c in chunks)
+    # one residual stream a chunk: every norm of a chunk reads the same x (added in place),
+    # the carve's x, into which each chunk is embedded (cache.hidden)
+    assert {x for c in chunks for _, x in c} == {base + place_x(res)}
     monkeypatch.setattr(md, "norm_out", lambda *a: None)
+    monkeypatch.setattr(md, "buf_view", lambda *a: None)        # embed allocates x again
     monkeypatch.setattr(md, "rms_norm", real)
     assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
                        res.logits)
