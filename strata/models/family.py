@@ -102,4 +102,6 @@ class FamilyMoe(MoeDecoder):
             return y                                 # the layer adds it rounded (add_rounded_)
         # the shared output plus y rounded to h's dtype (the same bits as y.to(h.dtype) +
         # shared: one rounded block at a time, no [T, D] copy of y nor a third for the sum)
-        return add_rounded_(lw.shared(h, into=h), y)    # h is read before its output
+        # its gate and up products in the experts' spare workspace (their passes have run),
+        # its output in h, read by then
+        return add_rounded_(lw.shared(h, buf=provider.workspace(l).spare(), into=h), y)

@@ -42,9 +42,9 @@ class DenseFFN:
         goes when it takes it (layers.into_view; a layer passes x itself, read by then)."""
         T, Fw = x.shape[0], self.gate.shape[0]
         gu = buf_view(buf, (2, T, Fw), x.dtype, x.device)
-        if gu is None:
-            a = F.silu(x @ dense(self.gate).t())       # one matrix decoded at a time
-            a = a * (x @ dense(self.up).t())
+        if gu is None:   # silu and the product in place: two [T, F] at once, not three
+            a = F.silu(x @ dense(self.gate).t(), inplace=True)   # one matrix decoded at a time
+            a.mul_(x @ dense(self.up).t())
             return matmul_into(a, dense(self.down), into)
         g, u = gu
         F.silu(torch.matmul(x, dense(self.gate).t(), out=g), inplace=True)

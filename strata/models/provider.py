@@ -85,6 +85,14 @@ class LayerWorkspace:
             kw["check"] = False
         return kw
 
+    def spare(self) -> torch.Tensor | None:
+        """Bytes of the expert FFN's workspace that are free once the layer's passes have run
+        (its "h", flat): what the layer computes after them (a shared expert's gate and up
+        products, strata.models.ffn.DenseFFN's buf) takes them rather than new tensors; None
+        where there is none. The passes' fp32 output (the accumulator) is not among them."""
+        h = self.buffers.get("h")
+        return None if h is None or not h.is_contiguous() else h.view(-1)
+
     def combine(self, p: "Pass") -> str:
         """How pass `p`'s rows become y (the expert FFN's `combine`): a vouched workspace with a
         "yk" buffer defers every pass but the last, which sums the layer's rows once; a vouched

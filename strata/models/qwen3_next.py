@@ -197,4 +197,5 @@ class Qwen3Next(MoeDecoder):
         # + ...), a block of rows at a time (add_rounded_): no [T, D] copy of y
         # the gate first: the shared expert's output takes h's bytes (DenseFFN's `into`)
         gate = torch.sigmoid(h @ lw.shared_gate.t())                           # [T, 1]
-        return add_rounded_(lw.shared(h, into=h).mul_(gate), y)
+        shared = lw.shared(h, buf=provider.workspace(l).spare(), into=h)   # as family.mlp's
+        return add_rounded_(shared.mul_(gate), y)

@@ -99,8 +99,9 @@ def test_a_gqa_read_projects_q_k_v_into_its_carve(tmp_path, monkeypatch):
 def test_the_attention_and_ffn_outputs_take_the_normed_inputs_bytes(name, tmp_path, monkeypatch):
     """A bf16 read: every layer's attention output (GQA, MLA, Gated DeltaNet and gated
     attention) is written into the carve's xn, its own normed input, and so are a leading dense
-    layer's and a shared expert's outputs (DenseFFN's into); the read's bits are those with
-    every output allocated (into_view answering None)."""
+    layer's and a shared expert's outputs (DenseFFN's into), their gate and up products in the
+    carve's dense_gu and h; the read's bits are those with every output allocated (into_view
+    answering None) and the shared experts' products too (spare answering None)."""
     import strata.models.layers as layers
     import strata.models.moe_decoder as md
     from strata.models.ffn import DenseFFN
@@ -118,7 +119,7 @@ def test_the_attention_and_ffn_outputs_take_the_normed_inputs_bytes(name, tmp_pa
 
     def ffn_spy(self, x, buf=None, into=None):
         y = real_ffn(self, x, buf, into)
-        ffn.append((x.data_ptr(), y.data_ptr()))
+        ffn.append((x.data_ptr(), y.data_ptr(), None if buf is None else buf.data_ptr()))
         return y
     monkeypatch.setattr(type(eng.model), "attend", attend_spy)
     monkeypatch.setattr(DenseFFN, "__call__", ffn_spy)
@@ -132,8 +133,15 @@ def test_the_attention_and_ffn_outputs_take_the_normed_inputs_bytes(name, tmp_pa
     dense = sum((getattr(lw, "dense", None) is not None) + (getattr(lw, "shared", None)
                                                            is not None) for lw in eng.model.layers)
     assert (dense > 0) == (name != "tiny-qwen3moe")        # qwen3moe has no dense FFN
-    assert len(ffn) == 3 * dense and all(x == y == xn for x, y in ffn)
+    assert len(ffn) == 3 * dense and all(x == y == xn for x, y, _ in ffn)
+    # the gate and up products: a leading dense layer's in the carve's dense_gu, a shared
+    # expert's in the experts' spare h (LayerWorkspace.spare: their passes have run)
+    base = xn - place["xn"]
+    lead = {l for l, lw in enumerate(eng.model.layers) if getattr(lw, "dense", None) is not None}
+    assert {b for _, _, b in ffn} == ({base + place["dense_gu"]} if lead else set()) | (
+        {base + place["h"]} if dense > len(lead) else set())
     monkeypatch.setattr(layers, "into_view", lambda *a: None)
     monkeypatch.setattr("strata.models.attention.into_view", lambda *a: None)
+    monkeypatch.setattr("strata.models.provider.LayerWorkspace.spare", lambda self: None)
     assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
                        res.logits)

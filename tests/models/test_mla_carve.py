@@ -87,10 +87,12 @@ def test_a_bf16_read_computes_q_o_and_the_dense_ffn_in_its_carve(tmp_path, monke
     assert buf.data_ptr() <= qp < op < buf.data_ptr() + buf.numel()
     assert op - qp == place["attn"] - place["q"]             # the carve's q and attn
     # the leading dense layer, one call a chunk, into the carve's dense_gu; the shared
-    # experts (the same DenseFFN beside the routed ones, in their phase) allocate theirs
-    into = [p for p in dense if p is not None]
-    assert len(into) == DS_TINY.dense.lead * 3 and dense.count(None) == (DS_TINY.n_layer - 1) * 3
-    assert set(into) == {qp - place["q"] + place["dense_gu"]}
+    # experts (the same DenseFFN beside the routed ones, in their phase) into the experts'
+    # spare h (LayerWorkspace.spare)
+    base = qp - place["q"]
+    assert dense.count(base + place["dense_gu"]) == DS_TINY.dense.lead * 3
+    assert dense.count(base + place["h"]) == (DS_TINY.n_layer - DS_TINY.dense.lead) * 3
+    assert len(dense) == DS_TINY.n_layer * 3
     monkeypatch.setattr(MLAScratch, "query", lambda self, *a: None)
     monkeypatch.setattr(MLAScratch, "output", lambda self, *a: None)
     monkeypatch.setattr(DenseFFN, "__call__", lambda self, x, buf=None, into=None:
