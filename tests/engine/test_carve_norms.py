@@ -65,14 +65,16 @@ def test_the_norms_write_the_carve_and_the_residual_adds_in_place(name, tmp_path
                        res.logits)
 
 
-def test_a_gqa_read_projects_q_k_v_into_its_carve(tmp_path, monkeypatch):
-    """tiny-qwen3moe (GQA), bf16: every layer's normed and rotated q and k and its v projection
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-glm4moe"])
+def test_a_gqa_read_projects_q_k_v_into_its_carve(name, tmp_path, monkeypatch):
+    """tiny-qwen3moe and tiny-glm4moe (GQA; GLM's biases and partial RoPE), bf16: every layer's
+    normed and rotated q and k and its v projection
     lie in the carve's q / k / v (cache.proj, the plan's buffers), the read's bits are the read's
     with them allocated, and the maps are emptied when the prompt ends (a cache that outlives
     it must not write into the refilled loan)."""
     import strata.models.attention as att
     from strata.shapes import get_preset
-    shape = get_preset("tiny-qwen3moe")
+    shape = get_preset(name)
     seen, real = [], att.attend
 
     def spy(q, k, v, cache, layer, **kw):
