@@ -108,7 +108,7 @@ class Share:
     flash_state: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> attn_flash
     mla_scratch: dict[int, object] = field(default_factory=dict)    # layer -> MLAScratch
     state_scratch: dict[int, dict] = field(default_factory=dict)    # layer -> delta-rule bufs
-    proj: dict[int, dict] = field(default_factory=dict)   # layer -> the carve's q, k, v (GQA)
+    proj: dict[int, dict] = field(default_factory=dict)   # layer -> the carve's q, k, v, attn
     hidden: dict[str, torch.Tensor] = field(default_factory=dict)   # "x": the carve's x
 
 
@@ -137,8 +137,10 @@ def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend
     if "mla_k" in bufs.bufs:
         share.mla_scratch = {l: MLAScratch.of_carve(bufs) for l in layers}
     elif all(bufs.bufs.get(n) is not None for n in ("q", "k", "v")):
-        # a GQA layer projects into them (strata.models.attention.attention), flat views
-        share.proj = {l: {n: bufs[n].view(-1) for n in ("q", "k", "v")} for l in layers}
+        # a GQA layer projects into them (strata.models.attention.attention), flat views; a
+        # gated one (strata.models.qwen3_next) its output gate into attn
+        share.proj = {l: {n: bufs[n].view(-1) for n in ("q", "k", "v", "attn")
+                          if bufs.bufs.get(n) is not None} for l in layers}
     if 0 in layers and bufs.bufs.get("x") is not None:
         # the participant that embeds the chunk: its hidden states in the carve's x (flat)
         share.hidden = {"x": bufs["x"].view(-1)}

@@ -42,7 +42,7 @@ from strata.models.attention import AttentionWeights, attend as attend_cached
 from strata.models.ffn import DenseFFN
 from strata.models.kv import KVCache, kv_windows
 from strata.models.layer_state import new_states, state_dtype
-from strata.models.layers import add_rounded_, matmul_into, norm_rope
+from strata.models.layers import add_rounded_, buf_view, matmul_into, norm_out, norm_rope
 from strata.models.moe_block import moe_block
 from strata.models.moe_decoder import MoeDecoder
 
@@ -127,18 +127,25 @@ class Qwen3Next(MoeDecoder):
         if isinstance(lw.attn, DeltaNetWeights):
             return self.delta_attend(xn, lw.attn, cache, l, into)
         s, w = self.shape, lw.attn
-        T, hd = xn.shape[0], s.head_dim
-        qg = (xn @ w.wq.t()).view(T, s.n_head, 2 * hd)
+        T, H, Hkv, hd = xn.shape[0], s.n_head, s.n_kv_head, s.head_dim
+        # the engine's carve holds the rotated q and k, v and the gate (cache.proj; each None
+        # where there is none: a CPU read in fp32, the model's own cache)
+        bufs = getattr(cache, "proj", {}).get(l, {})
+        dt = torch.promote_types(xn.dtype, w.wv.dtype)
+        qg = (xn @ w.wq.t()).view(T, H, 2 * hd)
         # per-head norm and the partial RoPE in one pass (strata.kernels.norm on CUDA)
-        q = norm_rope(qg[..., :hd], w.q_norm, cos, sin, s.rms_eps)            # [H, T, hd]
-        k = norm_rope((xn @ w.wk.t()).view(T, s.n_kv_head, hd), w.k_norm, cos, sin,
-                      s.rms_eps)                                               # [Hkv, T, hd]
-        v = (xn @ w.wv.t()).view(T, s.n_kv_head, hd)
+        q = norm_rope(qg[..., :hd], w.q_norm, cos, sin, s.rms_eps,
+                      norm_out(bufs.get("q"), qg[..., :hd], w.q_norm))         # [H, T, hd]
+        k = (xn @ w.wk.t()).view(T, Hkv, hd)
+        k = norm_rope(k, w.k_norm, cos, sin, s.rms_eps, norm_out(bufs.get("k"), k, w.k_norm))
+        v = torch.matmul(xn, w.wv.t(), out=buf_view(bufs.get("v"), (T, Hkv * hd), dt,
+                                                    xn.device)).view(T, Hkv, hd)
         o = attend_cached(q, k, v, cache, l)                                   # [T, H, hd]
-        # the output gate into the sigmoid's own [T, H, hd] buffer, reading o and the gate
-        # where they lie (o is often a transposed view): neither is copied to be reshaped
-        return matmul_into(torch.sigmoid(qg[..., hd:]).mul_(o).reshape(T, s.n_head * hd), w.wo,
-                           into)
+        # the output gate into the sigmoid's own [T, H, hd] buffer (the carve's attn), reading
+        # o and the gate where they lie (o is often a transposed view): neither is copied
+        gate = torch.sigmoid(qg[..., hd:], out=buf_view(bufs.get("attn"), (T, H, hd),
+                                                        qg.dtype, xn.device))
+        return matmul_into(gate.mul_(o).reshape(T, H * hd), w.wo, into)
 
     def delta_attend(self, xn, w: DeltaNetWeights, cache, l: int, into=None) -> torch.Tensor:
         """A Gated DeltaNet layer's output [T, D]; its conv state and S carry in cache.states.

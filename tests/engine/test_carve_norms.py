@@ -147,3 +147,39 @@ def test_the_attention_and_ffn_outputs_take_the_normed_inputs_bytes(name, tmp_pa
     monkeypatch.setattr("strata.models.provider.LayerWorkspace.spare", lambda self: None)
     assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
                        res.logits)
+
+
+def test_a_gated_attention_layer_projects_into_its_carve(tmp_path, monkeypatch):
+    """tiny-qwen35moe's full-attention layers (Qwen3.5 / Qwen3-Next gated attention), bf16: the
+    rotated q and k, v and the output gate lie in the carve's q / k / v / attn, and the read's
+    bits are those with each allocated."""
+    import strata.models.qwen3_next as qn
+    from strata.shapes import get_preset
+    shape = get_preset("tiny-qwen35moe")
+    seen, real, real_sig = [], qn.attend_cached, torch.sigmoid
+
+    def spy(q, k, v, cache, layer, **kw):
+        seen.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
+        return real(q, k, v, cache, layer, **kw)
+
+    def sig(x, out=None):
+        seen.append(("gate", None if out is None else out.data_ptr()))
+        return real_sig(x, out=out)
+    monkeypatch.setattr(qn, "attend_cached", spy)
+    eng = _engine(shape, tmp_path / "a")
+    monkeypatch.setattr(qn.torch, "sigmoid", sig)
+    tok = torch.arange(9) % shape.vocab
+    res = eng.run(tok, logits="all")
+    monkeypatch.setattr(qn.torch, "sigmoid", real_sig)
+    place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
+    full = sum(shape.layer_kind(l) != "linear" for l in range(shape.n_layer))
+    qkv = {s for s in seen if s[0] != "gate"}
+    gates = {s[1] for s in seen if s[0] == "gate" and s[1] is not None}
+    assert full and len(seen) >= 2 * full * 3 and len(qkv) == 1 and len(gates) == 1
+    ((q, k, v),), (g,) = qkv, gates
+    assert (k - q, v - q, g - q) == tuple(place[n] - place["q"] for n in ("k", "v", "attn"))
+    monkeypatch.setattr(qn, "attend_cached", real)
+    monkeypatch.setattr(qn, "buf_view", lambda *a: None)
+    monkeypatch.setattr(qn, "norm_out", lambda *a: None)
+    assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
+                       res.logits)
