@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from strata.kernels.attention.probe import attention_impl
 from strata.models.kv import KVCache, PromptKV
-from strata.models.layers import buf_view, into_view, norm_out, norm_rope
+from strata.models.layers import buf_view, into_view, norm_out, norm_rope, rms_norm
 
 
 @dataclass
@@ -42,8 +42,9 @@ class AttentionWeights:
     wk: torch.Tensor                     # [Hkv*hd, D]
     wv: torch.Tensor                     # [Hkv*hd, D]
     wo: torch.Tensor                     # [D, H*hd]
-    q_norm: torch.Tensor | None = None   # [hd] per-head RMSNorm of q before RoPE (None: none)
-    k_norm: torch.Tensor | None = None   # [hd] the same for k
+    q_norm: torch.Tensor | None = None   # [hd] per-head RMSNorm of q before RoPE (None: none),
+    #                                      or [H*hd]: one over all heads (MiniMax-M2)
+    k_norm: torch.Tensor | None = None   # [hd] the same for k ([Hkv*hd] with a [H*hd] q_norm)
     bq: torch.Tensor | None = None       # [H*hd] projection biases (None: none)
     bk: torch.Tensor | None = None       # [Hkv*hd]
     bv: torch.Tensor | None = None       # [Hkv*hd]
@@ -129,17 +130,24 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     output goes when it takes it (layers.into_view; a decoder passes x itself, its normed
     input, dead once q, k and v are projected)."""
     T, H, Hkv, hd = x.shape[0], s.n_head, s.n_kv_head, s.head_dim
-    # the engine's carve holds the chunk's q, k, v (cache.proj: the plan counted them); each
-    # view is None where there is none (a CPU read in fp32, the model's own cache)
+    # the engine's carve holds the chunk's q, k, v (cache.proj: the plan counted them), and the
+    # raw q in attn (free until the attention's output); each view is None where there is none
+    # (a CPU read in fp32, the model's own cache)
     bufs = getattr(cache, "proj", {}).get(layer, {})
     dt = torch.promote_types(x.dtype, w.wv.dtype)
-    q = project(x, w.wq, w.bq).view(T, H, hd)                        # [T, H, hd]
+    q = project(x, w.wq, w.bq, buf_view(bufs.get("attn"), (T, H * hd), dt, x.device)
+                ).view(T, H, hd)                                     # [T, H, hd]
     k = project(x, w.wk, w.bk).view(T, Hkv, hd)                      # [T, Hkv, hd]
     v = project(x, w.wv, w.bv, buf_view(bufs.get("v"), (T, Hkv * hd), dt, x.device)
                 ).view(T, Hkv, hd)
+    qw, kw = w.q_norm, w.k_norm
+    if qw is not None and qw.numel() != hd:   # one norm over all heads (MiniMax-M2), then rope
+        q = rms_norm(q.view(T, H * hd), qw, s.norm_eps).view(T, H, hd)
+        k = rms_norm(k.view(T, Hkv * hd), kw, s.norm_eps).view(T, Hkv, hd)
+        qw = kw = None
     # the optional per-head norm, then NEOX RoPE: one fused pass each on CUDA (layers.norm_rope)
-    q = norm_rope(q, w.q_norm, cos, sin, s.norm_eps, norm_out(bufs.get("q"), q, w.q_norm))
-    k = norm_rope(k, w.k_norm, cos, sin, s.norm_eps, norm_out(bufs.get("k"), k, w.k_norm))
+    q = norm_rope(q, qw, cos, sin, s.norm_eps, norm_out(bufs.get("q"), q, qw))
+    k = norm_rope(k, kw, cos, sin, s.norm_eps, norm_out(bufs.get("k"), k, kw))
     o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks)   # [T, H, hd]
     return project(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo,
                    into_view(out, (T, w.wo.shape[0]), dt, x.device))  # [T, D]

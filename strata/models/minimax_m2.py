@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.models.attention import AttentionWeights, attend as attend_cached
-from strata.models.layers import matmul_into, norm_rope, rms_norm
+from strata.models.attention import AttentionWeights, attention
 from strata.models.moe_decoder import MoeDecoder
 from strata.models.routers import sigmoid_router
 
@@ -54,15 +53,8 @@ class MiniMaxM2(MoeDecoder):
     Layer = MiniMaxM2Layer
 
     def attend(self, xn, lw: MiniMaxM2Layer, cos, sin, cache, l: int, into=None) -> torch.Tensor:
-        s, w = self.shape, lw.attn
-        T = xn.shape[0]
-        q = rms_norm(xn @ w.wq.t(), w.q_norm, s.rms_eps).view(T, s.n_head, s.head_dim)
-        k = rms_norm(xn @ w.wk.t(), w.k_norm, s.rms_eps).view(T, s.n_kv_head, s.head_dim)
-        v = (xn @ w.wv.t()).view(T, s.n_kv_head, s.head_dim)
-        q = norm_rope(q, None, cos, sin, s.rms_eps)                  # [H, T, hd] (RoPE only)
-        k = norm_rope(k, None, cos, sin, s.rms_eps)                  # [Hkv, T, hd]
-        return matmul_into(attend_cached(q, k, v, cache, l).reshape(T, s.n_head * s.head_dim),
-                           w.wo, into)
+        # GQA's own attention: its q / k norms over all heads are that function's case
+        return attention(xn, lw.attn, self.attn_shape, cos, sin, cache, l, out=into)
 
     def router(self, lw: MiniMaxM2Layer):
         return sigmoid_router(lw.router, lw.bias, self.shape)

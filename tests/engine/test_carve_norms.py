@@ -65,10 +65,11 @@ def test_the_norms_write_the_carve_and_the_residual_adds_in_place(name, tmp_path
                        res.logits)
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-glm4moe"])
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-glm4moe", "tiny-minimax-m2"])
 def test_a_gqa_read_projects_q_k_v_into_its_carve(name, tmp_path, monkeypatch):
-    """tiny-qwen3moe and tiny-glm4moe (GQA; GLM's biases and partial RoPE), bf16: every layer's
-    normed and rotated q and k and its v projection
+    """tiny-qwen3moe, tiny-glm4moe and tiny-minimax-m2 (GQA; GLM's biases and partial RoPE,
+    MiniMax's q / k norms over all heads), bf16: every layer's normed and rotated q and k and
+    its v projection
     lie in the carve's q / k / v (cache.proj, the plan's buffers), the read's bits are the read's
     with them allocated, and the maps are emptied when the prompt ends (a cache that outlives
     it must not write into the refilled loan)."""
