@@ -81,7 +81,8 @@ bf16, f32, i32, u8 = torch.bfloat16, torch.float32, torch.int32, torch.uint8
 
 ACTIVATIONS = LayoutSpec(
     persistent=(
-        Buf("x", bf16, ("T", "D"), "residual stream, carried from layer to layer"),
+        Buf("x", bf16, ("T", "D"), "residual stream, the chunk embedded into it, carried from "
+                                   "layer to layer"),
         Buf("xn", bf16, ("T", "D"), "RMS-normed input of the current block"),
     ),
     phases=(
@@ -89,7 +90,8 @@ ACTIVATIONS = LayoutSpec(
             Buf("q", bf16, ("T", "QD"), "queries (q-norm and RoPE applied in place)"),
             Buf("k", bf16, ("T", "KVD"), "this chunk's keys, before they join the KV cache"),
             Buf("v", bf16, ("T", "KVD"), "this chunk's values"),
-            Buf("attn", bf16, ("T", "QD"), "attention output; the o projection adds into x in place"),
+            Buf("attn", bf16, ("T", "QD"), "the raw q projection before its norm and RoPE (GQA); "
+                                           "a gated layer's output gate; MLA's output"),
         )),
         Phase("moe", (
             Buf("router_logits", f32, ("T", "E"), "router logits, fp32 for a stable softmax"),
