@@ -325,3 +325,57 @@ def test_the_engine_reads_the_same_logits_under_both_backends(tmp_path):
     print({f"{k.backend}/{k.block}/{k.merge}": f"{v:.2e}" for k, v in errs.items()})
     assert all(e < 2e-2 for e in errs.values()), errs
     assert calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", [(True, False, True), (False, True, False)])
+def test_cudnn_reads_one_set_of_operands_masked_and_not_on_the_gpu(order):
+    """The engine's cudnn blocks of a chunk whose prefix is as long as it (16 queries after 16
+    cached keys) are two launches on the same q, k and v views, shapes and strides, one masked
+    and one not: each launch, in either order, is its own mask's attention (attend_block_ref in
+    fp64; the engine read under cudnn sat at 3.19e-2 on that chunk where every other chunk and
+    backend sat near 1e-2, c46f6a8)."""
+    from strata.kernels.attention.flash import cudnn_forward
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(64, 4, 24, generator=g).cuda().bfloat16()[:16].transpose(0, 1)  # whole_q's
+    k = torch.randn(4, 40, 24, generator=g).cuda().bfloat16()[:, :16]   # scratch-like views
+    v = torch.randn(4, 40, 16, generator=g).cuda().bfloat16()[:, :16]
+    for masked in order:
+        o, lse = cudnn_forward(q, k, v, masked, 24 ** -0.5)
+        ro, rl = mla_attend.attend_block_ref(q.double(), k.double(), v.double(), masked,
+                                             24 ** -0.5)
+        assert float((o.double() - ro).abs().max() / ro.abs().max()) < BF16_REL, (order, masked)
+        assert float((lse.double() - rl).abs().max()) < 1e-3, (order, masked)
+
+
+@pytest.mark.gpu
+def test_each_cudnn_launch_of_the_engine_read_is_its_blocks_attention_on_the_gpu(tmp_path):
+    """The tiny DeepSeek engine read under cudnn (the read test_the_engine_reads_... holds to the
+    fp32 read): every block launch is held, on its own operands, to attend_block_ref in fp64;
+    a failure names the launch (n, m, masked, strides): where the read's second chunk goes off."""
+    from strata.engine.prefill import EngineConfig, PrefillEngine
+    from strata.packs import Pack
+    from strata.packs.memory import MemoryPack
+    from strata.packs.synth import ExpertFormats
+    from tests.models.hf_family import DS_TINY
+    mem = MemoryPack(DS_TINY, ExpertFormats.of("BF16"), distinct=2, variants=1, device="cpu")
+    pack = Pack.open(mem.save(tmp_path / "m.pack", progress=False, tokenizer=False))
+    real, bad, calls = mla_attend.attend_block_cudnn, [], []
+
+    def held(q, k, v, masked, scale):
+        o, lse = real(q, k, v, masked, scale)
+        ro, rl = mla_attend.attend_block_ref(q.double(), k.double(), v.double(), masked, scale)
+        e = float((o.double() - ro).abs().max() / ro.abs().max())
+        calls.append((q.shape[1], k.shape[1], masked))
+        if e >= BF16_REL or float((lse.double() - rl).abs().max()) >= 1e-3:
+            bad.append((q.shape[1], k.shape[1], masked, f"{e:.2e}", q.stride(), k.stride(),
+                        v.stride(), o.stride(), lse.stride()))
+        return o, lse
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mla_attend, "attend_block_cudnn", held)
+        with pin_mla_launch(MLALaunch("cudnn")):
+            PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=24 * pack.max_blob,
+                                             max_prompt=64, chunk=16, ring=2)
+                          ).run(torch.arange(40) * 7 % DS_TINY.vocab)
+    assert (16, 16, False) in calls and not bad, bad
+
