@@ -270,6 +270,15 @@ for step in "$@"; do
     peaks)   timeout 300 python3 -m strata.cli bench "$PEAK_PACK" --vram ${PEAK_VRAM:-24GiB} -p 8192,32768 -r 1 -o csv > "$OUT/peaks-$(basename "$PEAK_PACK" .pack).csv" 2> "$OUT/peaks.err"; bench_cols "$OUT/peaks-$(basename "$PEAK_PACK" .pack).csv" n_tokens,chunk,ring,tokens_per_s,of_bound,vram,peak_vram,cache_bytes; grep "past its" "$OUT/peaks.err" ;;
     # where a read's VRAM goes at its peak: PEAK_PACK at PEAK_VRAM, one 32K read under the allocator's history
     peakwhere) timeout 200 python3 benchmarks/peak_where.py --out "$OUT" --top 30 -- "$PEAK_PACK" --vram ${PEAK_VRAM:-24GiB} -p ${PEAK_T:-32768} -r 1 -o csv > "$OUT/peak_where.log" 2> "$OUT/peak_where.err"; grep -v "^[a-z_]*,\|^[a-z0-9]* L[0-9]" "$OUT/peak_where.log" | head -34; grep "past its" "$OUT/peak_where.err" ;;
+    # the streamed passes on torch's grouped GEMM (pin_decoded_gemm) beside the plan's choice (the
+    # Triton GEMM: the carve counts no grouped buffers): whether the plan should count them
+    groupedab) for arm in plan grouped; do timeout 150 python3 -c 'import sys
+from strata.cli import main
+from strata.kernels.moe.grouped import pin_decoded_gemm
+if sys.argv[1] == "plan":
+    sys.exit(main(sys.argv[2:]))
+with pin_decoded_gemm("grouped"):
+    sys.exit(main(sys.argv[2:]))' $arm bench "$PEAK_PACK" --vram ${PEAK_VRAM:-24GiB} -p ${PEAK_T:-32768} -r 2 -o csv > "$OUT/groupedab-$arm.csv" 2> "$OUT/groupedab-$arm.err"; bench_cols "$OUT/groupedab-$arm.csv" n_tokens,ring,tokens_per_s,of_bound,peak_vram; done ;;
     mlacudnn) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider -n 4 tests/kernels/test_mla_block.py tests/models/test_mla_flash.py tests/models/test_mla_blocks.py 2>&1 | tail -12 > "$OUT/gpu_mla_cudnn_tests.log"; tail -5 "$OUT/gpu_mla_cudnn_tests.log"
                timeout 90 python3 benchmarks/cudnn_mla_probe.py --out "$OUT" 2>&1 | tail -12
                timeout 150 python3 benchmarks/mla_bench.py --tokens 4096,8192,32768 --prefix 0,28672 --arms blocked:triton,blocked:cudnn,blocked:cudnn:4096/8192,blocked:cudnn:8192 --out "$OUT" > "$OUT/mla_cudnn_bench.log" 2>&1; grep "^P=" "$OUT/mla_cudnn_bench.log"
