@@ -144,14 +144,14 @@ class WarmKV(PromptKV):
             self.release()          # the engine's host KV arena is let go
             raise
 
-    def attend(self, layer, q, k, v, **extra):
+    def attend(self, layer, q, k, v, into=None, **extra):
         from strata.kernels.attention import chunk_attention, chunk_attention_for
         # the torch twin compiles nothing; a prefix by flash blocks launches no chunk_attention
         # (its merge kernel's variants follow the block's shape, which the dry chunk has)
         if (chunk_attention_for(q.device) is chunk_attention
                 and not self.flash_prefix(q, extra)):
             self._probe(layer, q, k, v, extra)
-        return super().attend(layer, q, k, v, **extra)
+        return super().attend(layer, q, k, v, into=into, **extra)
 
     def _prefixes(self, layer: int, T: int, device) -> list[list]:
         """The real prompt's prefix segments for its chunks of T tokens at this layer: a full

@@ -148,7 +148,9 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     # the optional per-head norm, then NEOX RoPE: one fused pass each on CUDA (layers.norm_rope)
     q = norm_rope(q, qw, cos, sin, s.norm_eps, norm_out(bufs.get("q"), q, qw))
     k = norm_rope(k, kw, cos, sin, s.norm_eps, norm_out(bufs.get("k"), k, kw))
-    o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks)   # [T, H, hd]
+    # the output into attn (the raw q's, dead once q is rotated) where the route takes it
+    o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks,
+               into=bufs.get("attn"))                                # [T, H, hd]
     return project(o.reshape(T, s.n_head * s.head_dim), w.wo, w.bo,
                    into_view(out, (T, w.wo.shape[0]), dt, x.device))  # [T, D]
 
@@ -173,11 +175,13 @@ def lower_right_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | PromptKV,
-           layer: int, *, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+           layer: int, *, window: int = 0, sinks: torch.Tensor | None = None,
+           into: torch.Tensor | None = None) -> torch.Tensor:
     """q [H, T, hd], k [Hkv, T, hd] (normed, rotated), v [T, Hkv, hd] of the chunk at positions
     P..P+T-1 -> o [T, H, hd] in q's dtype; k, v join `cache` (the attention every GQA wiring
     shares once its projections are done). `window` > 0: a sliding layer; `sinks` [H]: the
-    heads' sink logits. The cache's `packed` sequences mask block-diagonally."""
+    heads' sink logits. The cache's `packed` sequences mask block-diagonally. `into` (flat: the
+    engine's carve attn): PromptKV.attend's."""
     T = q.shape[1]
     packed = getattr(cache, "packed", None)
     starts = None if packed is None else packed.starts(q.device)
@@ -194,7 +198,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
         if starts is not None:
             extra["starts"] = starts
         kc, vc = one_layout(k.transpose(0, 1).to(kd).to(at), v.to(kd).to(at))   # [T, Hkv, hd]
-        o = cache.attend(layer, q.transpose(0, 1).to(at), kc, vc, **extra)   # [T, H, hd]
+        o = cache.attend(layer, q.transpose(0, 1).to(at), kc, vc, into=into,
+                         **extra)                                             # [T, H, hd]
         return o.to(q.dtype)
     k_all, v_all = cache.extend(layer, k, v.transpose(0, 1))         # [Hkv, n+T, hd]
     # the KV dtype (--kv) may be narrower than the dense math (bf16 KV beside fp32 on the CPU)

@@ -1,7 +1,6 @@
 """The KV cache of a chunked prefill: keys and values of the tokens read so far, per layer.
 
-- KVCache: the model's own (growing or preallocated, a float KV dtype: bf16 or fp32, one device
-  per layer)
+- KVCache: the model's own (growing or preallocated, bf16 or fp32, one device per layer)
 - PromptKV: the streaming engine's (bf16, fp32 or int8, a resident window in VRAM, the older tokens in
   pinned host memory streamed back through a staging buffer for each later chunk's attention;
   GQA's keys and values per kv head, or MLA's latent and rope key as one "head")
@@ -30,6 +29,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels.attention.flash import first_chunk_attention
+from strata.models.layers import buf_view
 
 
 NO_KV = -1     # the "window" of a layer that keeps no KV (a linear-attention layer)
@@ -324,12 +324,13 @@ class PromptKV:
         return self.stages[layer]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               **extra) -> torch.Tensor:
+               into: torch.Tensor | None = None, **extra) -> torch.Tensor:
         """q [T, H, hd], k, v [T, Hkv, hd] (normed and rotated; bf16 on CUDA, the dense dtype on
         the CPU) of the chunk at positions length.. -> o [T, H, hd] in q's dtype; then k, v join
-        the cache. `extra`: the
-        attention's window / sinks (chunk_attention's keywords), for the layers that have them;
-        a layer kept as a sliding one must mask with its window (its ring holds no more)."""
+        the cache. `extra`: the attention's window / sinks (chunk_attention's keywords), for the
+        layers that have them; a layer kept as a sliding one must mask with its window (its
+        ring holds no more). `into` (flat: the carve's attn): o's bytes on chunk_attention's
+        route where it fits (layers.buf_view; SDPA and flash blocks return their own)."""
         from strata.kernels.attention import chunk_attention_for
         from strata.kernels.attention.flash_prefix import prefix_flash_attention, prefix_route
         from strata.kernels.attention.probe import attention_impl
@@ -355,7 +356,8 @@ class PromptKV:
                                        sinks=extra.get("sinks"))
         else:
             fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
-            o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **extra)
+            kw = {"out": buf_view(into, q.shape, q.dtype, q.device), **extra}   # a caller's wins
+            o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **kw)
         self._append(layer, vals, k.shape[0])
         nxt = self._next.get(layer)
         if n_host and nxt is not None:

@@ -15,7 +15,7 @@ def place_x(res) -> int:
     return {p["name"]: p["offset"] for p in res.plan.participants[0].placements}["x"]
 
 
-def _engine(shape, tmp_path):
+def _engine(shape, tmp_path, **cfg):
     from strata.engine.prefill import EngineConfig, PrefillEngine
     from strata.packs import Pack
     from strata.packs.memory import MemoryPack
@@ -25,7 +25,7 @@ def _engine(shape, tmp_path):
     pack = Pack.open(mem.save(tmp_path / "m.pack", progress=False, tokenizer=False))
     return PrefillEngine(pack, EngineConfig(vram=1 << 30, cache=24 * pack.max_blob, max_prompt=64,
                                             device="cpu", ffn="ref", chunk=4, ring=2,
-                                            dtype=torch.bfloat16))
+                                            dtype=torch.bfloat16, **cfg))
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3moe", "deepseek2"])
@@ -184,3 +184,34 @@ def test_a_gated_attention_layer_projects_into_its_carve(tmp_path, monkeypatch):
     monkeypatch.setattr(qn, "norm_out", lambda *a: None)
     assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
                        res.logits)
+
+
+@pytest.mark.parametrize("kv", ["int8", "bf16"])
+def test_the_engines_kv_attends_into_the_carves_attn(kv, tmp_path, monkeypatch):
+    """tiny-qwen3moe under the engine's own KV (PromptKV: --kv int8, or bf16 with a resident
+    window), bf16: chunk_attention's output (every chunk's here, on the CPU; on CUDA a first
+    chunk's SDPA returns its own) lies in the carve's attn, and the read's bits are those with
+    it allocated."""
+    import strata.models.attention as att
+    import strata.models.kv as kvm
+    from strata.shapes import get_preset
+    shape = get_preset("tiny-qwen3moe")
+    outs, real = set(), att.attend
+
+    def spy(q, *a, **kw):
+        o = real(q, *a, **kw)
+        outs.add((q.data_ptr(), o.data_ptr()))
+        return o
+    monkeypatch.setattr(att, "attend", spy)
+    cfg = dict(kv="int8") if kv == "int8" else dict(kv="bf16", kv_resident=4)
+    eng = _engine(shape, tmp_path / "a", **cfg)
+    tok = torch.arange(9) % shape.vocab
+    res = eng.run(tok, logits="all")
+    place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
+    ((q, o),) = outs                       # one q (the carve's) and one output, every layer
+    assert o - q == place["attn"] - place["q"]
+    monkeypatch.setattr(att, "attend", real)
+    monkeypatch.setattr(kvm, "buf_view", lambda *a: None)
+    assert torch.equal(_engine(shape, tmp_path / "b", **cfg).run(tok, logits="all").logits,
+                       res.logits)
+
