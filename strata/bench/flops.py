@@ -27,12 +27,18 @@ from collections.abc import Sequence
 from strata.kernels.deltanet.sizes import CHUNK, conv_channels
 
 
+def routed_flops(rows: int, D: int, F: int) -> float:
+    """FLOPs of an expert FFN's three GEMMs over `rows` routed (token, expert) rows:
+    2·rows·3·D·F."""
+    return 2.0 * rows * 3 * D * F
+
+
 def expert_flops(shape, T: int, layers: int | None = None) -> float:
-    """FLOPs of the routed experts' three GEMMs for T tokens: 2·T·K·3·D·F per layer, over
-    `layers` MoE layers (default: every MoE layer of the shape; leading dense layers route
-    none)."""
+    """FLOPs of the routed experts' three GEMMs for T tokens: routed_flops of T·K rows per
+    layer, over `layers` MoE layers (default: every MoE layer of the shape; leading dense
+    layers route none)."""
     L = len(shape.moe_layers) if layers is None else layers
-    return 2.0 * T * shape.top_k * 3 * shape.d_model * shape.d_expert * L
+    return routed_flops(T * shape.top_k, shape.d_model, shape.d_expert) * L
 
 
 def _gated_hybrid(shape) -> bool:

@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from strata.bench.flops import (attention_flops, dense_flops, dense_gemms, dense_kinds,
-                                expert_flops, linear_flops)
+                                expert_flops, linear_flops, routed_flops)
 from strata.bench.timing import time_fn
 
 
@@ -375,7 +375,7 @@ def gemm_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> floa
     def run():
         torch._grouped_mm(x, wgu, offs=offs)
         torch._grouped_mm(h, wd, offs=offs)
-    return 2.0 * M * 3 * D * F / settled_seconds(run, device=dev, reps=reps, settle_s=settle_s)
+    return routed_flops(M, D, F) / settled_seconds(run, device=dev, reps=reps, settle_s=settle_s)
 
 
 def sdpa_rate(shape, T: int, reps: int = 10, settle_s: float = SETTLE_S) -> float:
