@@ -23,10 +23,16 @@ import triton
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
-from strata.kernels.norm import FLOATS, _on_device
+from strata.kernels.norm import FLOATS, NormTile, _on_device
 
 TORCH_HEADS = 16     # the twin's heads a group (its fp32 temporaries grow with it)
-ROWS_ELEMS = 2048    # a program's pairs (rows x next_pow2(P)), 4 warps
+ROWS_ELEMS = 2048    # pairs_tile: a program's pairs (rows x next_pow2(P))
+
+
+def pairs_tile(R: int) -> NormTile:
+    """The default launch of rows R wide: ROWS_ELEMS pairs a program (one row at least), 4
+    warps (sm_90: 64 registers, no spills at R 64; tests/kernels/compile_norm.py)."""
+    return NormTile(max(1, ROWS_ELEMS // triton.next_power_of_2(max(1, R // 2))), 4)
 
 
 def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -46,8 +52,10 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
             f"{getattr(sin, 'dtype', None)} {list(getattr(sin, 'shape', []))}")
 
 
-def rope_pairs_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [G, T, R] rotated in place by cos / sin [T, >= R/2] (the module docstring) -> x."""
+def rope_pairs_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                tile: NormTile | None = None) -> torch.Tensor:
+    """x [G, T, R] rotated in place by cos / sin [T, >= R/2] (the module docstring) -> x.
+    `tile` pins the launch (block_m rows a program, num_warps; default: pairs_tile(R))."""
     from strata.kernels._rope_pairs_kernel import _rope_pairs_kernel
     _check(x, cos, sin)
     G, T, R = x.shape
@@ -55,12 +63,12 @@ def rope_pairs_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     if n == 0 or R == 0:
         return x
     P = R // 2
-    PB = triton.next_power_of_2(P)
-    bm = max(1, ROWS_ELEMS // PB)
+    t = tile or pairs_tile(R)
     with _on_device(x):
-        _rope_pairs_kernel[(triton.cdiv(n, bm),)](
+        _rope_pairs_kernel[(triton.cdiv(n, t.block_m),)](
             x, cos, sin, n, T, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), P=P,
-            PB=PB, BM=bm, INTERP=INTERPRET, num_warps=4, enable_fp_fusion=False)
+            PB=triton.next_power_of_2(P), BM=t.block_m, INTERP=INTERPRET,
+            num_warps=t.num_warps, enable_fp_fusion=False)
     return x
 
 
@@ -75,12 +83,14 @@ def rotated_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return out.flatten(-2).to(x.dtype)
 
 
-def rope_pairs_torch_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """rope_pairs_'s twin: rotated_pairs a group of TORCH_HEADS at a time, copied into x."""
+def rope_pairs_torch_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                      tile: NormTile | None = None) -> torch.Tensor:
+    """rope_pairs_'s twin: rotated_pairs a group of TORCH_HEADS at a time, copied into x
+    (`tile` accepted and ignored: the signature's)."""
     _check(x, cos, sin)
     for h in range(0, x.shape[0], TORCH_HEADS):
         x[h:h + TORCH_HEADS].copy_(rotated_pairs(x[h:h + TORCH_HEADS], cos, sin))
     return x
 
 
-__all__ = ["TORCH_HEADS", "rope_pairs_", "rope_pairs_torch_", "rotated_pairs"]
+__all__ = ["TORCH_HEADS", "pairs_tile", "rope_pairs_", "rope_pairs_torch_", "rotated_pairs"]

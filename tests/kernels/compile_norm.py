@@ -19,7 +19,7 @@ from compile_moe import compile_one  # noqa: E402
 from strata.kernels import _norm_kernel as k  # noqa: E402
 from strata.kernels import _rope_pairs_kernel as rk  # noqa: E402
 from strata.kernels import rope_pairs as rp  # noqa: E402
-from strata.kernels.norm import NormTile, norm_tile  # noqa: E402
+from strata.kernels.norm import norm_tile  # noqa: E402
 
 ROWS_ALIGNED = {"x_ptr", "w_ptr", "out_ptr", "stride_x", "stride_o"}
 HEADS_ALIGNED = {"x_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "stride_xt", "stride_xh",
@@ -56,13 +56,13 @@ def heads_variant(NH: int, HD: int, types, norm: bool, rot: int = 0):
 
 def pairs_variant(R: int, x: str):
     """rope_pairs_'s kernel on MLA's q_pe (strided rows: no alignment hint on the strides)."""
-    PB = triton.next_power_of_2(R // 2)
-    const = dict(P=R // 2, PB=PB, BM=max(1, rp.ROWS_ELEMS // PB), INTERP=False)
+    t = rp.pairs_tile(R)
+    const = dict(P=R // 2, PB=triton.next_power_of_2(R // 2), BM=t.block_m, INTERP=False)
     sig = {"x_ptr": x, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "n_rows": "i32", "T": "i32",
            "stride_g": "i32", "stride_t": "i32", "stride_c": "i32", "stride_s": "i32",
            **{c: "constexpr" for c in const}}
     fn = rk._rope_pairs_kernel
-    return fn, ordered(fn, sig), const, NormTile(const["BM"], 4), {"cos_ptr", "sin_ptr"}
+    return fn, ordered(fn, sig), const, t, {"cos_ptr", "sin_ptr"}
 
 
 def variants():

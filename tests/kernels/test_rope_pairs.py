@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from strata.errors import StrataError
+from strata.kernels.norm import NormTile
 from strata.kernels.rope_pairs import rope_pairs_, rope_pairs_torch_, rotated_pairs
 from strata.models.layers import apply_rope_pairs, rope_cos_sin, yarn_cos_sin
 
@@ -36,6 +37,16 @@ def test_in_place_is_the_models_bits_on_mlas_layout(fn, dt, T, H, N, R):
     assert torch.equal(q[..., N:], want)
     assert torch.equal(q[..., :N], before[..., :N])                    # q_nope untouched
     assert not torch.equal(want, before[..., N:]) or T == 1 and R == 2 # it did rotate
+
+
+@FNS
+@pytest.mark.parametrize("tile", [None, NormTile(1, 1), NormTile(8, 2), NormTile(512, 8)])
+def test_a_pinned_tile_is_the_same_bits(fn, tile):
+    """A pinned launch (rows a program, warps) rotates as the default one (the twin ignores it)."""
+    g = torch.Generator().manual_seed(9)
+    q, q_pe, cos, sin = _query(37, 5, 16, 8, torch.bfloat16, g)
+    want = rotated_pairs(q_pe, cos, sin)
+    assert torch.equal(fn(q_pe, cos, sin, tile=tile), want)
 
 
 @FNS
