@@ -90,8 +90,9 @@ ACTIVATIONS = LayoutSpec(
             Buf("q", bf16, ("T", "QD"), "queries (q-norm and RoPE applied in place)"),
             Buf("k", bf16, ("T", "KVD"), "this chunk's keys, before they join the KV cache"),
             Buf("v", bf16, ("T", "KVD"), "this chunk's values"),
-            Buf("attn", bf16, ("T", "QD"), "the raw q projection before its norm and RoPE (GQA); "
-                                           "a gated layer's output gate; MLA's output"),
+            Buf("attn", bf16, ("T", "QD"), "GQA's raw q projection, then its attention output "
+                                           "(chunk_attention's route); a gated layer's output "
+                                           "gate; MLA's output"),
         )),
         Phase("moe", (
             Buf("router_logits", f32, ("T", "E"), "router logits, fp32 for a stable softmax"),

@@ -75,6 +75,12 @@ def project(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None,
     return y.add_(b) if torch.promote_types(y.dtype, b.dtype) == y.dtype else y + b
 
 
+def carve_proj(cache, layer: int) -> dict:
+    """The engine's carve views a layer projects into (cache.proj, set by strata.engine.session:
+    q, k, v, attn, flat), or {} (a CPU read's or the model's own cache: none)."""
+    return getattr(cache, "proj", {}).get(layer, {})
+
+
 def one_layout(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """k, v [S, Hkv, hd] with one set of strides, as chunk_attention reads them: a k that is not
     the [T, Hkv, hd] rows norm_rope leaves (a wiring's own rotation, a transposed view beside a
@@ -133,7 +139,7 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     # the engine's carve holds the chunk's q, k, v (cache.proj: the plan counted them), and the
     # raw q in attn (free until the attention's output); each view is None where there is none
     # (a CPU read in fp32, the model's own cache)
-    bufs = getattr(cache, "proj", {}).get(layer, {})
+    bufs = carve_proj(cache, layer)
     dt = torch.promote_types(x.dtype, w.wv.dtype)
     q = project(x, w.wq, w.bq, buf_view(bufs.get("attn"), (T, H * hd), dt, x.device)
                 ).view(T, H, hd)                                     # [T, H, hd]

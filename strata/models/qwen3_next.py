@@ -38,7 +38,7 @@ from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import cache_dtype
 from strata.kernels.deltanet import (causal_conv1d, causal_conv1d_torch, delta_rule_on,
                                      gated_rms_norm, gated_rms_norm_torch, split_qkv)
-from strata.models.attention import AttentionWeights, attend as attend_cached
+from strata.models.attention import AttentionWeights, attend as attend_cached, carve_proj, project
 from strata.models.ffn import DenseFFN
 from strata.models.kv import KVCache, kv_windows
 from strata.models.layer_state import new_states, state_dtype
@@ -130,7 +130,7 @@ class Qwen3Next(MoeDecoder):
         T, H, Hkv, hd = xn.shape[0], s.n_head, s.n_kv_head, s.head_dim
         # the engine's carve holds the rotated q and k, v and the gate (cache.proj; each None
         # where there is none: a CPU read in fp32, the model's own cache)
-        bufs = getattr(cache, "proj", {}).get(l, {})
+        bufs = carve_proj(cache, l)
         dt = torch.promote_types(xn.dtype, w.wv.dtype)
         qg = (xn @ w.wq.t()).view(T, H, 2 * hd)
         # per-head norm and the partial RoPE in one pass (strata.kernels.norm on CUDA)
@@ -138,8 +138,8 @@ class Qwen3Next(MoeDecoder):
                       norm_out(bufs.get("q"), qg[..., :hd], w.q_norm))         # [H, T, hd]
         k = (xn @ w.wk.t()).view(T, Hkv, hd)
         k = norm_rope(k, w.k_norm, cos, sin, s.rms_eps, norm_out(bufs.get("k"), k, w.k_norm))
-        v = torch.matmul(xn, w.wv.t(), out=buf_view(bufs.get("v"), (T, Hkv * hd), dt,
-                                                    xn.device)).view(T, Hkv, hd)
+        v = project(xn, w.wv, None, buf_view(bufs.get("v"), (T, Hkv * hd), dt, xn.device)
+                    ).view(T, Hkv, hd)
         o = attend_cached(q, k, v, cache, l)                                   # [T, H, hd]
         # the output gate into the sigmoid's own [T, H, hd] buffer (the carve's attn), reading
         # o and the gate where they lie (o is often a transposed view): neither is copied
