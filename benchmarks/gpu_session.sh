@@ -36,13 +36,14 @@ for r in csv.DictReader(open(sys.argv[1])):
 }
 for step in "$@"; do
   case $step in
-    # the whole GPU suite in one call (issue 36 item 7): the decode files first, each test's time in
+    # the whole GPU suite in one call (issue 36 item 7): each test's time in
     # test_times.txt as it finishes (a run stopped at its limit still names the slow ones);
-    # SUITE_N workers (4, as the issue times it), SUITE_T seconds (left: what the call has left
-    # of CALL_S after the steps before it), SUITE_PATHS in that order
+    # SUITE_N workers (4, as the issue times it) stealing work from each other, the longest tests
+    # first (tests/suite_order.py), SUITE_T seconds (left: what the call has left of CALL_S
+    # after the steps before it), over SUITE_PATHS
     suite)   st=${SUITE_T:-300}; [ "$st" = left ] && st=$(( ${CALL_S:-575} - ($(date +%s) - T0) ))
              echo "suite: ${st} s"
-             STRATA_TEST_TIMES="$OUT/test_times.txt" timeout -s INT $st python3 -m pytest -rfE -m gpu -n ${SUITE_N:-4} -p no:cacheprovider ${SUITE_PATHS:-tests/test_*.py tests/kernels tests/models tests/engine tests/archs tests/instruments tests/memory tests/packs} 2>&1 | tail -60 > "$OUT/gpu_suite.log"; tail -25 "$OUT/gpu_suite.log"; sort -rn "$OUT/test_times.txt" | head -30
+             STRATA_TEST_TIMES="$OUT/test_times.txt" timeout -s INT $st python3 -m pytest -rfE -m gpu -n ${SUITE_N:-4} --dist worksteal -p no:cacheprovider ${SUITE_PATHS:-tests/test_*.py tests/kernels tests/models tests/engine tests/archs tests/instruments tests/memory tests/packs} 2>&1 | tail -60 > "$OUT/gpu_suite.log"; tail -25 "$OUT/gpu_suite.log"; sort -rn "$OUT/test_times.txt" | head -30
              # every test's outcome and time in the log too (a call brings back 8 files: this one may be cut), and their count
              { echo "== outcomes (test_times.txt)"; awk '$3 == "call" {print $2}' "$OUT/test_times.txt" | sort | uniq -c; sort -rn "$OUT/test_times.txt"; } >> "$OUT/gpu_suite.log" ;;
     tests)   timeout 300 python3 -m pytest -rfE -m gpu -p no:cacheprovider tests 2>&1 | tail -40 > "$OUT/gpu_tests.log"; tail -5 "$OUT/gpu_tests.log" ;;

@@ -2,7 +2,8 @@
 
 - `torch.empty`/`empty_like` return NaN-filled float tensors (fla's trick): memory a kernel never
   wrote shows up as NaN in the comparison instead of passing by luck.
-- `@pytest.mark.gpu` tests skip cleanly without CUDA; they run on the device machine.
+- `@pytest.mark.gpu` tests skip cleanly without CUDA; they run on the device machine, the
+  longest first by the last recorded suite's times (tests/suite_order.py).
 - Hypothesis: no deadline (the interpreter is slow), a fixed CI profile.
 - Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads.
   torch's default, every core in every worker, oversubscribes them, and OpenMP's waiting threads
@@ -100,6 +101,9 @@ def nan_poison(monkeypatch):
 
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
+        # the longest first (tests/suite_order.py); every xdist worker collects the same order
+        from suite_order import longest_first, read_times
+        items[:] = longest_first(items, read_times())
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (runs on the GPU machine)")
     for item in items:
