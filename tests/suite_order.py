@@ -3,10 +3,10 @@ times the last whole GPU suite recorded (benchmarks/gpu_session.sh's `suite` ste
 one `seconds outcome when nodeid` line a test; the file lands in experiments/results).
 
 Why: the suite is four workers over ~1,000 s of tests whose slowest take ~40 s (Triton's first
-compiles), and the wall time is the busiest worker's. Collected in file order, the slow tests of
-the last files start late and the other workers idle at the end (343.6 s at c46f6a8 against
-257 s of work a worker). Longest first (with xdist's worksteal) is the classic list-scheduling
-bound: the tail is at most one test long. A test the file does not name (new, or renamed) goes
+compiles), and the wall time is the busiest worker's: 343.6 s at c46f6a8 against 257 s of work
+a worker, collection and start-up included. In file order a 40 s test may start when the others
+are nearly done; longest first, with xdist's worksteal, is list scheduling's classic order,
+whose tail is at most one (short) test. A test the file does not name (new, or renamed) goes
 first, as if slow: better early than at the tail. Within equal times the collection order stays.
 """
 from __future__ import annotations
