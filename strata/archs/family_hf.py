@@ -4,15 +4,11 @@ the experts (strata.archs.hf_tensors). Leading dense layers carry no blobs; shar
 the correction bias are dense tensors (strata.archs.family_names)."""
 from __future__ import annotations
 
-from strata.archs.hf_tensors import HF_GLOBAL, layer_experts
+from strata.archs.hf_tensors import HF_ATTENTION, hf_dense_tensor, layer_experts
 from strata.errors import StrataError
 from strata.shapes import Attn, DenseFfn, Mla, ModelShape, Router, Yarn
 
-_DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
+_DENSE = HF_ATTENTION | {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
     "attn_q_a.weight": "self_attn.q_a_proj.weight",
     "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
     "attn_q_b.weight": "self_attn.q_b_proj.weight",
@@ -23,8 +19,7 @@ _DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate_inp.weight": "mlp.gate.weight",
     "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
-} | {f"attn_{x}.{kind}": f"self_attn.{x}_proj.{kind}" for x in "qkv" for kind in ("weight", "bias")
-     } | {f"ffn_{w}.weight": f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")
+} | {f"ffn_{w}.weight": f"mlp.{w}_proj.weight" for w in ("gate", "up", "down")
           } | {f"ffn_{w}_shexp.weight": f"mlp.shared_experts.{w}_proj.weight"
                for w in ("gate", "up", "down")}
 
@@ -105,10 +100,7 @@ def _hf_shape(cfg: dict, where, arch: str) -> ModelShape:
 
 def hf_dense(ts, name: str):
     """The HF tensor of pack dense tensor `name` (a layer's or a global one)."""
-    if not name.startswith("blk."):
-        return ts.get(HF_GLOBAL[name])
-    _, i, rest = name.split(".", 2)
-    return ts.get(f"model.layers.{i}.{_DENSE[rest]}")
+    return hf_dense_tensor(ts, name, _DENSE)
 
 
 def hf_experts(ts, i: int, s: ModelShape):

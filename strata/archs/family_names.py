@@ -18,6 +18,7 @@ are the pack's blobs. GLM-4.5 calls the pre-FFN norm post_attention_norm, DeepSe
 """
 from __future__ import annotations
 
+from strata.archs.attention_names import gqa_specs
 from strata.shapes import ModelShape
 
 def ffn_norm_name(s: ModelShape) -> str:
@@ -40,15 +41,8 @@ def _attention(s: ModelShape, p: str) -> dict[str, tuple[int, ...]]:
             p + "attn_kv_a_norm.weight": (m.kv_lora,),
             p + "attn_kv_b.weight": (H * (nope + m.v_head_dim), m.kv_lora),
             p + "attn_output.weight": (D, H * m.v_head_dim)}
-    q, kv = H * s.head_dim, s.n_kv_head * s.head_dim
-    out = {p + "attn_q.weight": (q, D), p + "attn_k.weight": (kv, D),
-           p + "attn_v.weight": (kv, D)}
-    if s.attn.bias:
-        out |= {p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)}
-    out[p + "attn_output.weight"] = (D, q)
-    if s.attn.qk_norm:
-        out |= {p + "attn_q_norm.weight": (s.head_dim,), p + "attn_k_norm.weight": (s.head_dim,)}
-    return out
+    return gqa_specs(s, p, bias="after" if s.attn.bias else None,
+                     qk_norm="head" if s.attn.qk_norm else None)
 
 
 def _ffn(s: ModelShape, i: int, p: str) -> dict[str, tuple[int, ...]]:

@@ -29,6 +29,8 @@ import torch
 
 from strata.archs.gguf_tensors import dense, field as gguf_field, layer_experts
 from strata.archs import hparams_gguf, hparams_hf
+from strata.archs.attention_names import gqa_specs
+from strata.archs.hf_tensors import HF_ATTENTION, hf_dense_tensor
 from strata.archs.record import Arch
 from strata.errors import StrataError
 from strata.models.gpt_oss import GptOss
@@ -38,18 +40,8 @@ ARCH = "gpt-oss"
 
 
 def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
-    q, kv, D = s.n_head * s.head_dim, s.n_kv_head * s.head_dim, s.d_model
-    p = f"blk.{i}."
-    return {
-        p + "attn_norm.weight": (D,),                   # [D]
-        p + "attn_q.weight": (q, D),                    # [H*hd, D]
-        p + "attn_q.bias": (q,),
-        p + "attn_k.weight": (kv, D),                   # [Hkv*hd, D]
-        p + "attn_k.bias": (kv,),
-        p + "attn_v.weight": (kv, D),
-        p + "attn_v.bias": (kv,),
-        p + "attn_output.weight": (D, q),               # [D, H*hd]
-        p + "attn_output.bias": (D,),
+    D, p = s.d_model, f"blk.{i}."
+    return {p + "attn_norm.weight": (D,)} | gqa_specs(s, p, bias="each", out_bias=True) | {
         p + "attn_sinks.weight": (s.n_head,),           # [H] sink logits
         p + "post_attention_norm.weight": (D,),         # [D] the pre-FFN norm
         p + "ffn_gate_inp.weight": (s.n_expert, D),     # router [E, D]
@@ -66,15 +58,11 @@ def _shape(window: int, pattern: int, swiglu_alpha: float = 1.702, swiglu_limit:
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
-_HF_LAYER = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
-    "attn_norm.weight": "input_layernorm.weight",
+_HF_LAYER = HF_ATTENTION | {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "attn_sinks.weight": "self_attn.sinks",
     "ffn_gate_inp.weight": "mlp.router.weight",
     "ffn_gate_inp.bias": "mlp.router.bias",
-    **{f"attn_{a}.{k}": f"self_attn.{b}_proj.{k}"
-       for a, b in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))
-       for k in ("weight", "bias")},
 }
 
 
@@ -143,12 +131,7 @@ def hf_shape(cfg: dict, where) -> ModelShape:
 
 
 def hf_dense(ts, name: str) -> torch.Tensor:
-    if not name.startswith("blk."):
-        return ts.get({"token_embd.weight": "model.embed_tokens.weight",
-                       "output_norm.weight": "model.norm.weight",
-                       "output.weight": "lm_head.weight"}[name])
-    _, i, rest = name.split(".", 2)
-    return ts.get(f"model.layers.{i}.{_HF_LAYER[rest]}")
+    return hf_dense_tensor(ts, name, _HF_LAYER)
 
 
 def hf_experts(ts, i: int, s: ModelShape):

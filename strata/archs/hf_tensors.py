@@ -1,6 +1,7 @@
 """A Hugging Face folder's tensors as the HF importers read them: every *.safetensors file
-(memory-mapped, never pickle), the global tensors' names, and a layer's experts from either
-storage (per expert, or transformers 5's fused gate_up_proj / down_proj).
+(memory-mapped, never pickle), the global tensors' and a GQA block's names, a dense tensor by
+its pack name, and a layer's experts from either storage (per expert, or transformers 5's fused
+gate_up_proj / down_proj).
 
 Legend: E experts, D hidden, F expert width.
 """
@@ -16,6 +17,31 @@ from strata.shapes import ModelShape
 HF_GLOBAL = {  # pack name -> HF name of the tensors outside the layers
     "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight"}
+# a GQA layer's attention tensors (strata.archs.attention_names): pack name (minus "blk.N.") ->
+# HF name (minus "model.layers.N.")
+HF_ATTENTION = {
+    "attn_norm.weight": "input_layernorm.weight",
+    **{f"attn_{a}.{k}": f"self_attn.{b}_proj.{k}"
+       for a, b in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))
+       for k in ("weight", "bias")},
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+
+
+def hf_dense_tensor(ts, name: str, layer_names: dict) -> torch.Tensor:
+    """The HF tensor of pack dense tensor `name`: a global one by HF_GLOBAL, a layer's by
+    `layer_names` (pack name minus "blk.N." -> HF name minus "model.layers.N.", or a tuple of
+    names: the first the checkpoint holds, as where a release and transformers name it apart)."""
+    if not name.startswith("blk."):
+        return ts.get(HF_GLOBAL[name])
+    _, i, rest = name.split(".", 2)
+    p = f"model.layers.{i}."
+    cands = layer_names[rest]
+    for c in (cands,) if isinstance(cands, str) else cands:
+        if p + c in ts:
+            return ts.get(p + c)
+    raise StrataError(f"checkpoint has no {p}{cands if isinstance(cands, str) else cands[0]}")
 
 
 class SafeTensors:

@@ -24,7 +24,8 @@ import torch
 
 from strata.archs import hparams_gguf, hparams_hf
 from strata.archs.gguf_tensors import field, layer_experts, rope_base
-from strata.archs.hf_tensors import HF_GLOBAL
+from strata.archs.attention_names import gqa_specs
+from strata.archs.hf_tensors import HF_ATTENTION, hf_dense_tensor
 from strata.archs.mixtral import hf_experts as mixtral_hf_experts
 from strata.archs.record import Arch
 from strata.errors import StrataError
@@ -35,16 +36,8 @@ ARCH = "minimax-m2"
 
 
 def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
-    q, kv = s.n_head * s.head_dim, s.n_kv_head * s.head_dim
     p = f"blk.{i}."
-    return {
-        p + "attn_norm.weight": (s.d_model,),           # [D]
-        p + "attn_q.weight": (q, s.d_model),            # [H*hd, D]
-        p + "attn_k.weight": (kv, s.d_model),           # [Hkv*hd, D]
-        p + "attn_v.weight": (kv, s.d_model),           # [Hkv*hd, D]
-        p + "attn_output.weight": (s.d_model, q),       # [D, H*hd]
-        p + "attn_q_norm.weight": (q,),                 # [H*hd] over the whole projection
-        p + "attn_k_norm.weight": (kv,),                # [Hkv*hd]
+    return {p + "attn_norm.weight": (s.d_model,)} | gqa_specs(s, p, qk_norm="whole") | {
         p + "ffn_norm.weight": (s.d_model,),            # [D]
         p + "ffn_gate_inp.weight": (s.n_expert, s.d_model),  # router [E, D]
         p + "exp_probs_b.bias": (s.n_expert,),          # [E] e_score_correction_bias
@@ -52,15 +45,8 @@ def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
-_DENSE = {  # pack name (minus "blk.N.") -> HF name(s) (minus "model.layers.N."), first found
-    "attn_norm.weight": ("input_layernorm.weight",),
-    "attn_q.weight": ("self_attn.q_proj.weight",),
-    "attn_k.weight": ("self_attn.k_proj.weight",),
-    "attn_v.weight": ("self_attn.v_proj.weight",),
-    "attn_output.weight": ("self_attn.o_proj.weight",),
-    "attn_q_norm.weight": ("self_attn.q_norm.weight",),
-    "attn_k_norm.weight": ("self_attn.k_norm.weight",),
-    "ffn_norm.weight": ("post_attention_layernorm.weight",),
+_DENSE = HF_ATTENTION | {  # pack name (minus "blk.N.") -> HF name(s) (minus "model.layers.N.")
+    "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate_inp.weight": ("block_sparse_moe.gate.weight", "mlp.gate.weight"),
     "exp_probs_b.bias": ("block_sparse_moe.e_score_correction_bias",
                          "mlp.e_score_correction_bias"),
@@ -98,15 +84,7 @@ def hf_shape(cfg: dict, where) -> ModelShape:
 
 
 def hf_dense(ts, name: str) -> torch.Tensor:
-    if not name.startswith("blk."):
-        return ts.get(HF_GLOBAL[name])
-    _, i, rest = name.split(".", 2)
-    p = f"model.layers.{i}."
-    cands = _DENSE[rest]
-    for c in cands:
-        if p + c in ts:
-            return ts.get(p + c)
-    raise StrataError(f"checkpoint has no {p}{cands[0]}")
+    return hf_dense_tensor(ts, name, _DENSE)
 
 
 def hf_experts(ts, i: int, s: ModelShape):

@@ -22,6 +22,8 @@ import torch
 
 from strata.archs.gguf_tensors import check_dense_expert, field as gguf_field, layer_experts
 from strata.archs import hparams_gguf, hparams_hf
+from strata.archs.attention_names import gqa_specs
+from strata.archs.hf_tensors import HF_ATTENTION, hf_dense_tensor
 from strata.archs.record import Arch
 from strata.errors import StrataError
 from strata.models.mixtral import Mixtral
@@ -31,27 +33,17 @@ ARCH = "mixtral"
 
 
 def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
-    q, kv = s.n_head * s.head_dim, s.n_kv_head * s.head_dim
     p = f"blk.{i}."
-    return {
-        p + "attn_norm.weight": (s.d_model,),           # [D]
-        p + "attn_q.weight": (q, s.d_model),            # [H*hd, D]
-        p + "attn_k.weight": (kv, s.d_model),           # [Hkv*hd, D]
-        p + "attn_v.weight": (kv, s.d_model),           # [Hkv*hd, D]
-        p + "attn_output.weight": (s.d_model, q),       # [D, H*hd]
+    return {p + "attn_norm.weight": (s.d_model,)} | gqa_specs(s, p) | {
         p + "ffn_norm.weight": (s.d_model,),            # [D]
         p + "ffn_gate_inp.weight": (s.n_expert, s.d_model),  # router [E, D]
     }
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
-_HF_LAYER = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
+_HF_LAYER = HF_ATTENTION | {  # pack name (minus "blk.N.") -> HF name(s) (minus "model.layers.N.")
     "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate_inp.weight": ("block_sparse_moe.gate.weight", "mlp.gate.weight"),
 }
 
 
@@ -76,18 +68,7 @@ def hf_shape(cfg: dict, where) -> ModelShape:
 
 def hf_dense(ts, name: str) -> torch.Tensor:
     """The HF tensor of pack dense tensor `name` (a layer's or a global one)."""
-    if not name.startswith("blk."):
-        return ts.get({"token_embd.weight": "model.embed_tokens.weight",
-                       "output_norm.weight": "model.norm.weight",
-                       "output.weight": "lm_head.weight"}[name])
-    _, i, rest = name.split(".", 2)
-    p = f"model.layers.{i}."
-    if rest == "ffn_gate_inp.weight":
-        for cand in ("block_sparse_moe.gate.weight", "mlp.gate.weight"):
-            if p + cand in ts:
-                return ts.get(p + cand)
-        raise StrataError(f"checkpoint has no {p}block_sparse_moe.gate.weight (the router)")
-    return ts.get(p + _HF_LAYER[rest])
+    return hf_dense_tensor(ts, name, _HF_LAYER)
 
 
 def hf_experts(ts, i: int, s: ModelShape):

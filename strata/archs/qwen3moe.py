@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from strata.archs.gguf_tensors import field, layer_experts, rope_base
-from strata.archs.hf_tensors import HF_GLOBAL, layer_experts as hf_layer_experts
+from strata.archs.attention_names import gqa_specs
+from strata.archs.hf_tensors import HF_ATTENTION, hf_dense_tensor, layer_experts as hf_layer_experts
 from strata.archs import hparams_gguf, hparams_hf
 from strata.archs.record import Arch
 from strata.errors import StrataError
@@ -24,30 +25,15 @@ from strata.shapes import ModelShape
 
 
 def layer_specs(s: ModelShape, i: int) -> dict[str, tuple[int, ...]]:
-    q, kv = s.n_head * s.head_dim, s.n_kv_head * s.head_dim
     p = f"blk.{i}."
-    return {
-        p + "attn_norm.weight": (s.d_model,),           # [D]
-        p + "attn_q.weight": (q, s.d_model),            # [H*hd, D]
-        p + "attn_k.weight": (kv, s.d_model),           # [Hkv*hd, D]
-        p + "attn_v.weight": (kv, s.d_model),           # [Hkv*hd, D]
-        p + "attn_output.weight": (s.d_model, q),       # [D, H*hd]
-        p + "attn_q_norm.weight": (s.head_dim,),        # [hd]
-        p + "attn_k_norm.weight": (s.head_dim,),        # [hd]
+    return {p + "attn_norm.weight": (s.d_model,)} | gqa_specs(s, p, qk_norm="head") | {
         p + "ffn_norm.weight": (s.d_model,),            # [D]
         p + "ffn_gate_inp.weight": (s.n_expert, s.d_model),  # router [E, D]
     }
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------
-_DENSE = {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
+_DENSE = HF_ATTENTION | {  # pack name (minus "blk.N.") -> HF name (minus "model.layers.N.")
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate_inp.weight": "mlp.gate.weight",
 }
@@ -76,10 +62,7 @@ def hf_shape(cfg: dict, where) -> ModelShape:
 
 
 def hf_dense(ts, name: str) -> torch.Tensor:
-    if not name.startswith("blk."):
-        return ts.get(HF_GLOBAL[name])
-    _, i, rest = name.split(".", 2)
-    return ts.get(f"model.layers.{i}.{_DENSE[rest]}")
+    return hf_dense_tensor(ts, name, _DENSE)
 
 
 def hf_experts(ts, i: int, s: ModelShape):
