@@ -4,6 +4,7 @@ the experts (strata.archs.hf_tensors). Leading dense layers carry no blobs; shar
 the correction bias are dense tensors (strata.archs.family_names)."""
 from __future__ import annotations
 
+from strata.archs.hf_config import config_fields
 from strata.archs.hf_tensors import HF_ATTENTION, hf_dense_tensor, layer_experts
 from strata.errors import StrataError
 from strata.shapes import Attn, DenseFfn, Mla, ModelShape, Router, Yarn
@@ -61,7 +62,7 @@ def _hf_shape(cfg: dict, where, arch: str) -> ModelShape:
     if arch != "deepseek2" and kind not in ("default", None):
         raise StrataError(f"{where}: rope scaling {kind!r} is not implemented (strata runs "
                           f"plain RoPE for {mt})")
-    try:
+    with config_fields(where):
         H = cfg["num_attention_heads"]
         theta = cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)
         common = dict(
@@ -92,10 +93,6 @@ def _hf_shape(cfg: dict, where, arch: str) -> ModelShape:
                           mla=Mla(int(cfg.get("q_lora_rank") or 0), cfg["kv_lora_rank"],
                                   cfg["qk_rope_head_dim"], cfg["v_head_dim"]),
                           yarn=hf_yarn_ds(cfg, rope, where), **common)
-    except KeyError as e:
-        raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
-    except (TypeError, ValueError) as e:
-        raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
 
 
 def hf_dense(ts, name: str):

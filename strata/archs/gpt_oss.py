@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from strata.archs.hf_config import config_fields
 from strata.archs.gguf_tensors import dense, field as gguf_field, layer_experts
 from strata.archs import hparams_gguf, hparams_hf
 from strata.archs.attention_names import gqa_specs
@@ -99,7 +100,7 @@ MXFP4_HF = ("{where}: the experts are MXFP4 blocks (OpenAI's release format); co
 def hf_shape(cfg: dict, where) -> ModelShape:
     if (cfg.get("quantization_config") or {}).get("quant_method") == "mxfp4":
         raise StrataError(MXFP4_HF.format(where=where))
-    try:
+    with config_fields(where):
         H, L = cfg["num_attention_heads"], cfg["num_hidden_layers"]
         rp = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         theta = float(cfg.get("rope_theta") or rp.get("rope_theta", 150000.0))
@@ -124,10 +125,6 @@ def hf_shape(cfg: dict, where) -> ModelShape:
             max_pos=cfg.get("max_position_embeddings", 131072),
             swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
             swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), yarn=yarn)
-    except KeyError as e:
-        raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
-    except (TypeError, ValueError) as e:
-        raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
 
 
 def hf_dense(ts, name: str) -> torch.Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from strata.archs import hparams_gguf, hparams_hf
+from strata.archs.hf_config import config_fields
 from strata.archs.gguf_tensors import field, layer_experts, rope_base
 from strata.archs.attention_names import gqa_specs
 from strata.archs.hf_tensors import HF_ATTENTION, hf_dense_tensor
@@ -64,7 +65,7 @@ def rotary_fraction(cfg: dict, rope: dict, hd: int) -> float:
 
 def hf_shape(cfg: dict, where) -> ModelShape:
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    try:
+    with config_fields(where):
         H, D = cfg["num_attention_heads"], cfg["hidden_size"]
         hd = cfg.get("head_dim") or D // H
         theta = cfg.get("rope_theta") or rope.get("rope_theta", 5_000_000.0)
@@ -77,10 +78,6 @@ def hf_shape(cfg: dict, where) -> ModelShape:
             rms_eps=float(cfg["rms_norm_eps"]), norm_topk_prob=True,
             max_pos=cfg.get("max_position_embeddings", 196608), router=Router("sigmoid"),
             attn=Attn(rope_dim=int(hd * rotary_fraction(cfg, rope, hd))))
-    except KeyError as e:
-        raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
-    except (TypeError, ValueError) as e:
-        raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
 
 
 def hf_dense(ts, name: str) -> torch.Tensor:

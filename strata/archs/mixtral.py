@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from strata.archs.hf_config import config_fields
 from strata.archs.gguf_tensors import check_dense_expert, field as gguf_field, layer_experts
 from strata.archs import hparams_gguf, hparams_hf
 from strata.archs.attention_names import gqa_specs
@@ -48,7 +49,7 @@ _HF_LAYER = HF_ATTENTION | {  # pack name (minus "blk.N.") -> HF name(s) (minus 
 
 
 def hf_shape(cfg: dict, where) -> ModelShape:
-    try:
+    with config_fields(where):
         H = cfg["num_attention_heads"]
         rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta",
                                                                                 1e6)
@@ -60,10 +61,6 @@ def hf_shape(cfg: dict, where) -> ModelShape:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // H, vocab=cfg["vocab_size"],
             rope_theta=float(rope), rms_eps=float(cfg["rms_norm_eps"]), norm_topk_prob=True,
             max_pos=cfg.get("max_position_embeddings", 32768))
-    except KeyError as e:
-        raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
-    except (TypeError, ValueError) as e:
-        raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
 
 
 def hf_dense(ts, name: str) -> torch.Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from strata.archs.hf_config import config_fields
 from strata.archs.gguf_tensors import field, layer_experts, rope_base
 from strata.archs.attention_names import gqa_specs
 from strata.archs.hf_tensors import HF_ATTENTION, hf_dense_tensor, layer_experts as hf_layer_experts
@@ -43,7 +44,7 @@ def hf_shape(cfg: dict, where) -> ModelShape:
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise StrataError(f"{where}: dense MLP layers (mlp_only_layers/decoder_sparse_step) are not "
                           f"supported; every layer must be MoE")
-    try:
+    with config_fields(where):
         H = cfg["num_attention_heads"]
         rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         return ModelShape(
@@ -55,10 +56,6 @@ def hf_shape(cfg: dict, where) -> ModelShape:
             rope_theta=float(rope), rms_eps=float(cfg["rms_norm_eps"]),
             norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),   # Qwen3MoeConfig's default
             max_pos=cfg.get("max_position_embeddings", 40960))
-    except KeyError as e:
-        raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
-    except (TypeError, ValueError) as e:
-        raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
 
 
 def hf_dense(ts, name: str) -> torch.Tensor:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from strata.archs import hparams_gguf, hparams_hf
+from strata.archs.hf_config import config_fields
 from strata.archs.gguf_tensors import field, layer_experts, rope_base
 from strata.archs.hf_tensors import HF_GLOBAL, layer_experts as hf_layer_experts
 from strata.archs.record import Arch
@@ -100,7 +101,7 @@ def hf_linear(cfg: dict, where, arch: str, **extra) -> ModelShape:
         raise StrataError(f"{where}: dense MLP layers (mlp_only_layers / decoder_sparse_step) "
                           f"are not supported; every layer must be MoE")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    try:
+    with config_fields(where):
         H, D, L = cfg["num_attention_heads"], cfg["hidden_size"], cfg["num_hidden_layers"]
         hd = cfg.get("head_dim") or D // H
         F, Fs = cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
@@ -130,10 +131,6 @@ def hf_linear(cfg: dict, where, arch: str, **extra) -> ModelShape:
             vocab=cfg["vocab_size"], rope_theta=float(theta), rms_eps=float(cfg["rms_norm_eps"]),
             max_pos=cfg.get("max_position_embeddings", 32768), dense=DenseFfn(shared=Fs // F),
             attn=Attn(rope_dim=int(hd * float(prf))), linear=lin, **extra)
-    except KeyError as e:
-        raise StrataError(f"{where}: config.json lacks {e.args[0]}") from None
-    except (TypeError, ValueError) as e:
-        raise StrataError(f"{where}: config.json has a value of the wrong type ({e})") from None
 
 
 def hf_shape(cfg: dict, where) -> ModelShape:
