@@ -54,3 +54,22 @@ def test_the_dense_specs_are_the_records():
         a = get_arch(s.arch)
         assert layer_specs(s, s.n_layer - 1) == a.layer_specs(s, s.n_layer - 1), name
         assert dense_specs(s) == a.dense_specs(s), name
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.name)
+def test_a_config_without_its_fields_is_one_line_naming_the_file(arch):
+    with pytest.raises(StrataError, match=r"^/m/config\.json: config\.json lacks \S+$"):
+        arch.hf_shape({}, "/m/config.json")
+
+
+def test_a_field_of_the_wrong_type_is_one_line_naming_the_file():
+    from strata.archs.hf_config import config_fields
+    with pytest.raises(StrataError, match=r"^x: config\.json has a value of the wrong type "
+                                          r"\(invalid literal"):
+        with config_fields("x"):
+            int("seven")
+    with pytest.raises(StrataError, match="x: config.json lacks hidden_size"):
+        with config_fields("x"):
+            {}["hidden_size"]
+    with config_fields("x"):       # nothing raised: nothing said
+        pass
