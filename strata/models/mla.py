@@ -31,9 +31,10 @@ Two forms of the same attention, one signature (`mla_chunk_attention`):
   scratch), or strata's block kernel (`attend_carried`,
   strata.kernels.attention.mla_block: q/k 192 as two dots, v 128, the softmax state carried
   through the launches instead of merged); off CUDA, the reference, the same blocks in fp32
-  plain torch. The transient beyond the scratch is one block's kernel output
-  (+ its fp32 accumulator; flash's output hd wide; the block kernel's none) and the chunk's
-  concatenated q, not the S keys' K/V (2.7 GB at S = 32K before).
+  plain torch. The transient beyond the scratch is one launch's kernel output (flash's hd wide;
+  the block kernel's none), at most the launch's out_bytes (a block of more launches over
+  groups of heads: strata.models.mla_launch.launch_heads), not the S keys' K/V (2.7 GB at S =
+  32K before).
 - absorbed (`mla_chunk_attention_absorbed`, the reference, in fp64): fold Wuk into the query
   (q_lat = q_nope Wuk, [T, H, Lkv]) and attend in the latent space, then Wuv on the output.
 
@@ -70,7 +71,8 @@ from strata.models.layers import apply_rope_pairs, matmul_into, rms_norm, rope_p
 from strata.models.mla_attend import (attend_block, attend_block_cudnn, attend_block_flash,
                                       attend_block_ref, attend_carried, attend_for, key_blocks,
                                       merge_block, merge_for)
-from strata.models.mla_launch import MLA_BLOCK, backend_on, key_rows, mla_launch
+from strata.models.mla_launch import (MLA_BLOCK, backend_on, key_rows, launch_heads,
+                                     mla_launch)
 from strata.models.mla_scratch import MLAScratch, mla_scratch_rows, mla_value_width
 
 
@@ -320,6 +322,8 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
         n = min(block, T - t0)
         acc, lse = scratch.carried(n, H, Hv)
         blocks = key_blocks(P + t0 + n, n, kb, square=square)
+        hg = launch_heads(H, n, vw, q.element_size(), launch)
+        heads = [slice(h0, min(H, h0 + hg)) for h0 in range(0, H, hg)]
         for i, (a, b, masked) in enumerate(blocks):
             k, v = scratch.kv(b - a, H, hd, vw, rows)
             pieces = list(_pieces(segs, starts, a, b))
@@ -348,12 +352,16 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
                 last = i == len(blocks) - 1
                 attend_carried(q[:, t0:t0 + n], k, v, masked, scale, acc=acc, lse=lse,
                                first=i == 0, out=o[t0:t0 + n].transpose(0, 1) if last else None)
-            # the kernel's output lives only through its merge (one block's at a time)
+            # the kernel's output lives only through its merge (one block's at a time, a
+            # group of heads at a time: launch_heads keeps it within the launch's out_bytes)
             elif len(blocks) > 1:
-                merge(acc, lse, *attend(q[:, t0:t0 + n], k, v, masked, scale), i == 0)
+                for h in heads:
+                    merge(acc[h], lse[h], *attend(q[h, t0:t0 + n], k[h], v[h], masked, scale),
+                          i == 0)
             else:    # written as it comes (through the fp32 acc it would read the same)
-                o[t0:t0 + n].copy_(attend(q[:, t0:t0 + n], k, v, masked, scale)[0]
-                                   .transpose(0, 1))
+                for h in heads:
+                    o[t0:t0 + n, h].copy_(attend(q[h, t0:t0 + n], k[h], v[h], masked, scale)[0]
+                                          .transpose(0, 1))
         if len(blocks) > 1 and not carried:
             o[t0:t0 + n].copy_(acc.transpose(0, 1))
     return o

@@ -37,6 +37,16 @@ carves).
                over acc and a handful of [H, n] launches); "fused": one Triton launch a block
                (strata.kernels.attention.merge.lse_merge: acc and o read once, acc written
                once).
+      out_bytes  the most one launch's output may take (efficient, flash, cudnn: torch's ops
+               allocate it beside the carve, [heads, n, width] in the attention's dtype, and it
+               lives until its merge): a block launches over all H heads while n·H·width
+               values fit, else over groups of the most heads that do (launch_heads), each
+               merged into its heads' rows of the state. The heads are independent, so a
+               group's launch is the whole launch's rows for those heads; at B 4096 and
+               DeepSeek-V3's 128 value heads of 128 the whole launch is 128 MiB, and a block
+               the carve grew to 16,384 (or 32,768) would have asked for 0.5 (1) GiB of the
+               reserve (strata.memory.rig.RESERVE) in one piece. The triton backend writes into
+               the state and allocates none.
 
 The default on a GPU is cudnn at B = 4096 (strata's triton kernel where the GPU has no cuDNN
 attention), by an A/B on the H100 at 6e3010d (benchmarks/mla_bench.py, one DeepSeek-V3 layer's
@@ -70,6 +80,7 @@ from strata.kernels.attention.flash_prefix import blocks_kernel
 from strata.kernels.pins import pinned_record
 
 MLA_BLOCK = 4096   # the default B (strata.models.mla_scratch's docstring says why)
+OUT_BYTES = 128 << 20   # the default out_bytes: one launch's output beside the carve, at most
 DEFAULT_BACKEND = "flash" if INTERPRET else "cudnn"   # see the module docstring
 BACKENDS = ("efficient", "flash", "triton", "cudnn")
 MERGES = ("torch", "fused")
@@ -81,6 +92,7 @@ class MLALaunch:
     block: int = MLA_BLOCK
     merge: str = "fused"
     key_block: int | None = None    # cudnn: keys a launch before the masked block (None: block)
+    out_bytes: int = OUT_BYTES      # one launch's output at most (the docstring)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -96,6 +108,9 @@ class MLALaunch:
                               f"the {self.backend} backend")
         if self.merge not in MERGES:
             raise StrataError(f"MLALaunch: merge must be one of {MERGES}, got {self.merge!r}")
+        ob = self.out_bytes
+        if isinstance(ob, bool) or not isinstance(ob, int) or ob < 1:
+            raise StrataError(f"MLALaunch: out_bytes must be a positive int, got {ob!r}")
 
 
 DEFAULT = MLALaunch()
@@ -116,6 +131,15 @@ def key_rows(block: int, launch: MLALaunch | None = None) -> int:
     of `block`: its key_block where set (the cudnn backend's unmasked blocks), else the block."""
     launch = mla_launch() if launch is None else launch
     return max(block, launch.key_block or 0)
+
+
+def launch_heads(H: int, n: int, width: int, itemsize: int,
+                 launch: MLALaunch | None = None) -> int:
+    """Heads one block launch of n queries takes at once: all H while its output (n x heads x
+    width values of `itemsize` bytes) fits the launch's out_bytes (`launch`: the one in force
+    when None), else the most that do, and at least one."""
+    launch = mla_launch() if launch is None else launch
+    return max(1, min(H, launch.out_bytes // max(1, n * width * itemsize)))
 
 
 def mla_launch() -> MLALaunch:
@@ -139,4 +163,5 @@ def pin_mla_launch(launch: MLALaunch | None = None, **changes):
 
 
 __all__ = ["BACKENDS", "DEFAULT", "DEFAULT_BACKEND", "MERGES", "MLALaunch", "MLA_BLOCK",
-           "backend_on", "block_grows", "key_rows", "mla_launch", "pin_mla_launch"]
+           "OUT_BYTES", "backend_on", "block_grows", "key_rows", "launch_heads", "mla_launch",
+           "pin_mla_launch"]
