@@ -7,10 +7,10 @@ holds the token embeddings, the last the output norm and LM head). Each GPU's ex
 
 and holds whole slots of its own layers' experts (CacheLayout.build, round-robin).
 RESERVE (1 GiB) stands for the CUDA context (~0.5 GiB on recent drivers), allocator slack and
-the attention workspace (what attention kernels allocate beside the carve: an MLA block
-launch's output at most its out_bytes, 128 MiB, strata.models.mla_launch); the KV of earlier
-chunks is charged separately (`kv_tokens`, 0 in `strata plan`: the prefill engine knows its
-prompt length, the planner does not).
+the attention workspace (what attention kernels allocate beside the carve: one launch's output
+at most, strata.kernels.attention.flash.OUT_BYTES, 128 MiB, and MLA's out_bytes); the KV of
+earlier chunks is charged separately (`kv_tokens`, 0 in `strata plan`: the prefill engine knows
+its prompt length, the planner does not).
 The dense bytes and the KV bytes per layer are the model's to say (`Sizes.dense_layer`,
 `dense_first`, `dense_last`, `dense_scratch`, `kv_bytes`; strata.planning.model_sizes builds them;
 `Sizes.gpu_dense` adds them up for a GPU).

@@ -1,9 +1,9 @@
 """The KV cache of a chunked prefill: keys and values of the tokens read so far, per layer.
 
 - KVCache: the model's own (growing or preallocated, bf16 or fp32, one device per layer)
-- PromptKV: the streaming engine's (bf16, fp32 or int8, a resident window in VRAM, the older tokens in
-  pinned host memory streamed back through a staging buffer for each later chunk's attention;
-  GQA's keys and values per kv head, or MLA's latent and rope key as one "head")
+- PromptKV: the streaming engine's (bf16, fp32 or int8, a resident window in VRAM, the older
+  tokens in pinned host memory streamed back through a staging buffer for each later chunk's
+  attention; GQA's keys and values per kv head, or MLA's latent and rope key as one "head")
 - layer_kv_tokens / kv_windows: how many tokens each layer keeps and where, the one count the
   plan (strata.planning.model_sizes), PromptKV and KVCache all allocate by
 
@@ -14,8 +14,8 @@ most W - 1 whatever the chunk's length. Such a layer never holds host KV and is 
 only full layers split at the resident window.
 
 A layer that keeps no KV at all (NO_KV: a linear-attention layer, ModelShape.layer_kind, whose
-recurrent state a cache holds beside the KV as `states`, strata.models.layer_state) keeps 0
-tokens anywhere; the caches' vram_bytes count the states with the KV.
+recurrent state a cache holds as `states`, strata.models.layer_state) keeps 0 tokens; the
+caches' vram_bytes count the states with the KV.
 
 Legend: P tokens already cached, T tokens of the chunk, Hkv kv heads, hd head dim, L layers,
 W a sliding layer's window, R the tokens a layer keeps in VRAM.
@@ -74,8 +74,7 @@ class KVCache:
     layer holds only its last R = W - 1 tokens, in order ([Hkv, R, hd], at most `capacity`), and
     `extend` returns those joined with the chunk (a temporary of R + T tokens)."""
 
-    # the chunk's packed sequences (strata.models.packed.Packed), set by Decoder.prefill for
-    # the chunk it reads; None: one sequence
+    # the chunk's packed sequences (strata.models.packed.Packed; Decoder.prefill's); None: one
     packed = None
     # linear-attention layers' recurrent state (strata.models.layer_state); None: none
     states = None
@@ -188,8 +187,7 @@ class PromptKV:
     per layer is [S, Hkv, hd] and [S, Hkv, Hv] (+ [S, Hkv] scales each), the layout KVSegment
     reads: kv_token_parts, the tensors kv_token_bytes counts for the plan."""
 
-    # the chunk's packed sequences (strata.models.packed.Packed), set by Decoder.prefill for
-    # the chunk it reads; None: one sequence
+    # the chunk's packed sequences (strata.models.packed.Packed; Decoder.prefill's); None: one
     packed = None
     # linear-attention layers' recurrent state (strata.models.layer_state); None: none
     states = None
@@ -329,8 +327,9 @@ class PromptKV:
         the CPU) of the chunk at positions length.. -> o [T, H, hd] in q's dtype; then k, v join
         the cache. `extra`: the attention's window / sinks (chunk_attention's keywords), for the
         layers that have them; a layer kept as a sliding one must mask with its window (its
-        ring holds no more). `into` (flat: the carve's attn): o's bytes on chunk_attention's
-        route where it fits (layers.buf_view; SDPA and flash blocks return their own)."""
+        ring holds no more). `into` (flat: the carve's attn): o's bytes where it fits
+        (layers.buf_view), on every route (a first chunk's SDPA only where one launch would
+        pass flash.OUT_BYTES: its groups of heads land there)."""
         from strata.kernels.attention import chunk_attention_for
         from strata.kernels.attention.flash_prefix import prefix_flash_attention, prefix_route
         from strata.kernels.attention.probe import attention_impl
@@ -348,16 +347,16 @@ class PromptKV:
             prefix = [self._segment(self._staged(layer), n_host)] if n_host else []
             if P - n_host:
                 prefix.append(self._segment(self.resident[layer], P - n_host))
+        out = buf_view(into, q.shape, q.dtype, q.device)
         if not prefix and not extra and q.is_cuda and attention_impl(q.device) == "triton":
-            o = first_chunk_attention(q, k, v)
+            o = first_chunk_attention(q, k, v, out=out)
         elif (prefix or extra) and self.flash_prefix(q, extra):
             o = prefix_flash_attention(q, k, v, prefix, state=self.flash_state.get(layer),
                                        route=prefix_route(q.shape[-1], self.kv),
-                                       sinks=extra.get("sinks"))
+                                       sinks=extra.get("sinks"), out=out)
         else:
-            fn = chunk_attention_for(q.device)      # Triton on CUDA, unless pinned
-            kw = {"out": buf_view(into, q.shape, q.dtype, q.device), **extra}   # a caller's wins
-            o = fn(q, k, v, prefix, scratch=self.scratch.get(layer), **kw)
+            o = chunk_attention_for(q.device)(     # Triton on CUDA, unless pinned
+                q, k, v, prefix, scratch=self.scratch.get(layer), **{"out": out, **extra})
         self._append(layer, vals, k.shape[0])
         nxt = self._next.get(layer)
         if n_host and nxt is not None:

@@ -76,11 +76,11 @@ from dataclasses import dataclass
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
+from strata.kernels.attention.flash import OUT_BYTES   # the default out_bytes (every attention's)
 from strata.kernels.attention.flash_prefix import blocks_kernel
 from strata.kernels.pins import pinned_record
 
 MLA_BLOCK = 4096   # the default B (strata.models.mla_scratch's docstring says why)
-OUT_BYTES = 128 << 20   # the default out_bytes: one launch's output beside the carve, at most
 DEFAULT_BACKEND = "flash" if INTERPRET else "cudnn"   # see the module docstring
 BACKENDS = ("efficient", "flash", "triton", "cudnn")
 MERGES = ("torch", "fused")

@@ -6,11 +6,29 @@ and a chunk with no prefix, causal over its own keys by torch's SDPA (first_chun
 the engine's first chunk, strata.models.kv.PromptKV.attend).
 
 Legend: H query heads, Hkv key heads (H a multiple: GQA as FlashAttention-2 takes it), n queries,
-m keys, hd head width.
+m keys, hd head width, T a chunk's tokens.
+
+torch's attention ops take no output buffer: each allocates its own beside the engine's carve,
+out of the plan's reserve (strata.memory.rig.RESERVE). OUT_BYTES bounds one launch's: a launch
+that would pass it goes over groups of heads (launch_groups), each group's output copied into
+the caller's buffer (the carve's) as it comes.
 """
 from __future__ import annotations
 
 import torch
+
+OUT_BYTES = 128 << 20   # the most one attention launch's output takes beside the carve
+
+
+def launch_groups(H: int, Hkv: int, rows: int, width: int, itemsize: int,
+                  out_bytes: int = OUT_BYTES) -> list[slice]:
+    """The query heads of each launch over `rows` queries whose output is [heads, rows, width]
+    of `itemsize` bytes: all H in one launch while that fits `out_bytes`, else groups of the
+    most whole GQA groups (H / Hkv query heads a key head) that fit, at least one."""
+    G = H // Hkv
+    per = rows * width * itemsize * G                     # one key head's query heads
+    n = max(1, min(Hkv, out_bytes // max(1, per))) * G
+    return [slice(h, min(H, h + n)) for h in range(0, H, n)]
 
 
 def attend_block_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: bool,
@@ -85,14 +103,29 @@ def cudnn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: boo
     return o[0], lse.reshape(lse.shape[0], lse.shape[1], -1)[0, :, :n]     # [H, n, hd], [H, n]
 
 
-def first_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def first_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                          out: torch.Tensor | None = None,
+                          out_bytes: int = OUT_BYTES) -> torch.Tensor:
     """q [T, H, hd], k, v [T, Hkv, hd] bf16 of a chunk with no keys before it -> o [T, H, hd]:
     causal GQA over its own keys by torch's flash kernel, which runs this 1.2-1.25x faster than
     chunk_attention (attention_bench-NVIDIA_H200-5b184e5.csv, P = 0: 559 vs 455 TFLOP/s at
     T 8,192, 636 vs 512 at 16,384). Under --kv int8 the engine hands it the bf16 values of the
     chunk's int8 codes (strata.models.kv.PromptKV.attend), so both dtypes read the first chunk
-    as they store it."""
-    o = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        is_causal=True, enable_gqa=True)                               # [1, H, T, hd]
-    return o[0].transpose(0, 1)
+    as they store it. A chunk whose output passes `out_bytes` goes over groups of heads
+    (launch_groups) into `out` [T, H, hd] (allocated where None); one that fits is SDPA's own
+    output, as it comes (no copy)."""
+    T, H, hd = q.shape
+    Hkv = k.shape[1]
+    groups = launch_groups(H, Hkv, T, hd, q.element_size(), out_bytes)
+    G = H // Hkv
+    if len(groups) > 1 and out is None:
+        out = torch.empty_like(q)
+    for g in groups:
+        kv = slice(g.start // G, g.stop // G)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[:, g].transpose(0, 1)[None], k[:, kv].transpose(0, 1)[None],
+            v[:, kv].transpose(0, 1)[None], is_causal=True, enable_gqa=True)  # [1, h, T, hd]
+        if len(groups) == 1:
+            return o[0].transpose(0, 1)
+        out[:, g].copy_(o[0].transpose(0, 1))
+    return out

@@ -136,12 +136,14 @@ def flash_state_floats(n_head: int, head_dim: int) -> int:
 def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix=(), *,
                            sm_scale: float | None = None, state: torch.Tensor | None = None,
                            block: int | None = None, route: str = "flash",
-                           sinks: torch.Tensor | None = None) -> torch.Tensor:
+                           sinks: torch.Tensor | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
     """The chunk's attention over `prefix` (bf16 KVSegments) and its own keys (see the module
     docstring) -> o [T, H, hd]. route "cudnn": cuDNN's blocks (cudnn_forward), the chunk's
     keys before the query block unmasked and its own square block causal (cuDNN's alignment of
     a non-square mask is not relied on). `sinks` [H] float: each head's sink logit joins its
-    rows' denominators (chunk_attention's `sinks`)."""
+    rows' denominators (chunk_attention's `sinks`). `out` [T, H, hd]: where o goes (the
+    engine's carve; allocated where None)."""
     T, H, hd = q.shape
     Hkv = k.shape[1]
     if any(s.int8 for s in prefix):
@@ -170,7 +172,7 @@ def prefix_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pr
     if flat.numel() < need:
         raise StrataError(f"prefix_flash_attention: the state holds {flat.numel()} fp32 values, "
                           f"a query block of {Q} rows needs {need}")
-    o = torch.empty_like(q)
+    o = torch.empty_like(q) if out is None else out
     segs = [(s.k.transpose(0, 1), s.v.transpose(0, 1)) for s in prefix]      # [Hkv, S, hd]
     kc, vc = k.transpose(0, 1), v.transpose(0, 1)                              # [Hkv, T, hd]
     sink = None if sinks is None else sinks.float()[:, None]                   # [H, 1]
