@@ -111,15 +111,14 @@ def first_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     chunk_attention (attention_bench-NVIDIA_H200-5b184e5.csv, P = 0: 559 vs 455 TFLOP/s at
     T 8,192, 636 vs 512 at 16,384). Under --kv int8 the engine hands it the bf16 values of the
     chunk's int8 codes (strata.models.kv.PromptKV.attend), so both dtypes read the first chunk
-    as they store it. A chunk whose output passes `out_bytes` goes over groups of heads
-    (launch_groups) into `out` [T, H, hd] (allocated where None); one that fits is SDPA's own
-    output, as it comes (no copy)."""
+    as they store it. Given `out` [T, H, hd], a chunk whose output passes `out_bytes` goes over
+    groups of heads (launch_groups) into it; one that fits, or one with nowhere to go, is one
+    launch's own output, as it comes (no copy: groups into an allocated o would hold more)."""
     T, H, hd = q.shape
     Hkv = k.shape[1]
-    groups = launch_groups(H, Hkv, T, hd, q.element_size(), out_bytes)
+    groups = launch_groups(H, Hkv, T, hd, q.element_size(), out_bytes) if out is not None \
+        else [slice(0, H)]
     G = H // Hkv
-    if len(groups) > 1 and out is None:
-        out = torch.empty_like(q)
     for g in groups:
         kv = slice(g.start // G, g.stop // G)
         o = torch.nn.functional.scaled_dot_product_attention(
