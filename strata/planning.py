@@ -88,11 +88,12 @@ ACTIVATIONS = LayoutSpec(
     phases=(
         Phase("attention", (
             Buf("q", bf16, ("T", "QD"), "queries (q-norm and RoPE applied in place)"),
-            Buf("k", bf16, ("T", "KVD"), "this chunk's keys, before they join the KV cache"),
-            Buf("v", bf16, ("T", "KVD"), "this chunk's values"),
-            Buf("attn", bf16, ("T", "QD"), "GQA's raw q projection, then its attention output "
-                                           "(chunk_attention's route); a gated layer's output "
-                                           "gate; MLA's output"),
+            Buf("k", bf16, ("T", "KVD"), "this chunk's keys, before they join the KV cache; "
+                                         "MLA's x Wkva^T (its latent and rope key)"),
+            Buf("v", bf16, ("T", "KVD"), "this chunk's values; MLA's normed latent c"),
+            Buf("attn", bf16, ("T", "QD"), "GQA's raw q projection, then its attention output; "
+                                           "a gated layer's output gate; MLA's compressed "
+                                           "query and its norm, then its output"),
         )),
         Phase("moe", (
             Buf("router_logits", f32, ("T", "E"), "router logits, fp32 for a stable softmax"),

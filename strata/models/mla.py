@@ -66,7 +66,7 @@ import torch
 
 from strata.errors import StrataError
 from strata.kernels.attention.kv_int8 import KV_DTYPES, cache_dtype, quantize_kv
-from strata.models.layers import apply_rope_pairs, matmul_into, rms_norm, rope_pairs_in_place
+from strata.models.layers import matmul_into, norm_out, rms_norm, rope_pairs_in_place
 # the block kernels live in mla_attend; the tests and benchmarks import them from here too
 from strata.models.mla_attend import (attend_block, attend_block_cudnn, attend_block_flash,
                                       attend_block_ref, attend_carried, attend_for, key_blocks,
@@ -443,7 +443,10 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     sc = cache.scratch.get(layer)
     qbuf = sc.query(T, H * s.head_dim, x.dtype, x.device) if sc is not None else None
     if w.wqa is not None:
-        q = torch.matmul(rms_norm(x @ w.wqa.t(), w.q_norm, eps), w.wqb.t(), out=qbuf)
+        qa, qn = sc.q_a(T, m.q_lora, x.dtype, x.device) if sc is not None else (None, None)
+        qa = torch.matmul(x, w.wqa.t(), out=qa)
+        q = torch.matmul(rms_norm(qa, w.q_norm, eps, norm_out(qn, qa, w.q_norm)), w.wqb.t(),
+                         out=qbuf)
     else:
         q = torch.matmul(x, w.wq.t(), out=qbuf)
     q = q.view(T, H, s.head_dim).transpose(0, 1)                             # [H, T, hd]
@@ -451,9 +454,13 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, shape, cos: torch.Tensor, sin:
     # blocked attention reads as q whole (whole_q), with no joined copy
     q_nope, q_pe = q[..., :N], q[..., N:]
     rope_pairs_in_place(q_pe, cos, sin)
-    kv = x @ w.wkva.t()                                                      # [T, Lkv + R]
-    c = rms_norm(kv[:, :m.kv_lora], w.kv_norm, eps)
-    k_pe = apply_rope_pairs(kv[:, m.kv_lora:], cos, sin)                     # [T, R]
+    L = m.kv_lora
+    kv = torch.matmul(x, w.wkva.t(), out=None if sc is None else
+                      sc.kv_proj(T, L + R, x.dtype, x.device))               # [T, Lkv + R]
+    c = rms_norm(kv[:, :L], w.kv_norm, eps,
+                 None if sc is None else norm_out(sc.c_out(T, L, x.dtype, x.device),
+                                                  kv[:, :L], w.kv_norm))
+    k_pe = rope_pairs_in_place(kv[:, L:][None], cos, sin)[0]                # [T, R], in kv
 
     def attend(prefix, c_run, kpe_run, c_scale, kpe_scale):
         return mla_chunk_attention(q_nope, q_pe, c_run, kpe_run, w.wkvb,

@@ -75,7 +75,11 @@ class MLAScratch:
     >= rows·(Lkv + R)); k, v and c in the attention's dtype. In the engine also the chunk's
     query and output (`q`, `o`: the carve's q and attn, T·QD values each, QD = H·max(hd, Hv)),
     which the layer computes into instead of allocating them beside the plan (`query`,
-    `output`); not part of `nbytes`, which is the mla_* buffers'. `block`: the attention block
+    `output`), and the carve's k and v (`lat`, `lat_norm`, T·QD values each, which MLA's
+    attention otherwise leaves alone) for its latent projections: the compressed query and its
+    norm in o's bytes before the output lands there (`q_a`), x Wkva^T in lat (`kv_proj`, its
+    rope key rotated where it lies) and the normed latent c in lat_norm (`c_out`); none of
+    them part of `nbytes`, which is the mla_* buffers'. `block`: the attention block
     the carve sized them for (the plan's, strata.planning.mla_dims' MB), which the attention
     runs at; None: the launch's."""
     k: torch.Tensor
@@ -85,6 +89,8 @@ class MLAScratch:
     q: torch.Tensor | None = None
     o: torch.Tensor | None = None
     block: int | None = None
+    lat: torch.Tensor | None = None
+    lat_norm: torch.Tensor | None = None
 
     @classmethod
     def of(cls, H: int, hd: int, Hv: int, T: int, S: int, device, *,
@@ -107,10 +113,12 @@ class MLAScratch:
         (strata.planning.MLA_SCRATCH_BUFS, MLA_LATENT_BUF), and its q and attn (the
         attention phase's query and output, strata.planning.ACTIVATIONS), at the block the
         carve sized them for (its dims' MB)."""
-        c, q, o = (bufs.bufs.get(n) for n in ("mla_c", "q", "attn"))
+        c, q, o, k, v = (bufs.bufs.get(n) for n in ("mla_c", "q", "attn", "k", "v"))
         return cls(*(bufs[n].reshape(-1) for n in ("mla_k", "mla_v", "mla_state")),
                    *(None if t is None else t.reshape(-1) for t in (c, q, o)),
-                   block=bufs.dims.get("MB"))
+                   block=bufs.dims.get("MB"),
+                   lat=None if k is None else k.reshape(-1),
+                   lat_norm=None if v is None else v.reshape(-1))
 
     @property
     def nbytes(self) -> int:
@@ -145,6 +153,24 @@ class MLAScratch:
                ) -> torch.Tensor | None:
         """[T, H, Hv] over `o` for the attention's output, or None (as `query`)."""
         return buf_view(self.o, (T, H, Hv), dtype, device)
+
+    def q_a(self, T: int, q_lora: int, dtype: torch.dtype, device
+            ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """([T, Lq], [T, Lq]) over `o`'s first 2·T·Lq values: the compressed query and its
+        norm (dead before the attention's output lands there), or (None, None) (as `query`)."""
+        if self.o is None:
+            return None, None
+        n = T * q_lora
+        return (buf_view(self.o, (T, q_lora), dtype, device),
+                buf_view(self.o[n:], (T, q_lora), dtype, device))
+
+    def kv_proj(self, T: int, width: int, dtype: torch.dtype, device) -> torch.Tensor | None:
+        """[T, Lkv + R] over `lat` for x Wkva^T, or None (as `query`)."""
+        return buf_view(self.lat, (T, width), dtype, device)
+
+    def c_out(self, T: int, kv_lora: int, dtype: torch.dtype, device) -> torch.Tensor | None:
+        """[T, Lkv] over `lat_norm` for the normed latent c, or None (as `query`)."""
+        return buf_view(self.lat_norm, (T, kv_lora), dtype, device)
 
     def latent(self, m: int, width: int) -> torch.Tensor:
         """c [m, Lkv + R] view: a block's dequantized latent and rope key."""

@@ -101,6 +101,49 @@ def test_a_bf16_read_computes_q_o_and_the_dense_ffn_in_its_carve(tmp_path, monke
     assert torch.equal(eng2.run(tok, logits="all").logits, res.logits)
 
 
+def test_the_latent_projections_lie_in_the_carve(tmp_path, monkeypatch):
+    """A bf16 read: each MLA layer's compressed query and its norm lie in the carve's attn
+    (before the attention's output lands there), x Wkva^T in its k (its rope key rotated where
+    it lies) and the normed latent c in its v, the carve's buffers MLA's attention leaves
+    alone; the read's bits are those with each allocated beside the plan."""
+    import strata.models.mla as mla
+    from strata.models.mla_scratch import MLAScratch
+    from tests.models.hf_family import DS_TINY
+    m = DS_TINY.mla
+    norms, ropes = [], []
+    real_norm, real_rope = mla.rms_norm, mla.rope_pairs_in_place
+
+    def norm_spy(x, w, eps, out=None):
+        y = real_norm(x, w, eps, out)
+        norms.append((x.shape[0], x.data_ptr(), y.data_ptr()))
+        return y
+
+    def rope_spy(x, cos, sin):
+        ropes.append((x.shape[0], x.data_ptr()))
+        return real_rope(x, cos, sin)
+    monkeypatch.setattr(mla, "rms_norm", norm_spy)
+    monkeypatch.setattr(mla, "rope_pairs_in_place", rope_spy)
+    eng, tok = _bf16_engine(tmp_path)
+    res = eng.run(tok, logits="all")
+    place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
+    buf = eng.cache.buffer
+    two = 2                                                       # bf16 bytes
+    kv_ropes = [(G, p) for G, p in ropes if G == 1]    # the k_pe's ([1, T, R]; q_pe's [H, T, R])
+    assert len(kv_ropes) == DS_TINY.n_layer * 3 and len(norms) == 2 * DS_TINY.n_layer * 3
+    base = kv_ropes[0][1] - place["k"] - m.kv_lora * two
+    assert buf.data_ptr() <= base + place["k"] < buf.data_ptr() + buf.numel()
+    assert {p for _, p in kv_ropes} == {base + place["k"] + m.kv_lora * two}
+    for i in range(0, len(norms), 2):   # a layer's two: the query's, then the latent's
+        (T, qa, qn), (_, kv, c) = norms[i], norms[i + 1]
+        assert (qa, qn) == (base + place["attn"], base + place["attn"] + T * m.q_lora * two)
+        assert (kv, c) == (base + place["k"], base + place["v"])
+    for name in ("q_a", "kv_proj", "c_out"):
+        monkeypatch.setattr(MLAScratch, name, (lambda self, *a: (None, None)) if name == "q_a"
+                            else (lambda self, *a: None))
+    eng2, _ = _bf16_engine(tmp_path / "b")
+    assert torch.equal(eng2.run(tok, logits="all").logits, res.logits)
+
+
 def _bf16_engine(tmp_path):
     from strata.engine.prefill import EngineConfig, PrefillEngine
     from strata.packs import Pack
