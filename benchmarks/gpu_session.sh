@@ -280,6 +280,18 @@ if sys.argv[1] == "plan":
     sys.exit(main(sys.argv[2:]))
 with pin_decoded_gemm("grouped"):
     sys.exit(main(sys.argv[2:]))' $arm bench "$PEAK_PACK" --vram ${PEAK_VRAM:-24GiB} -p ${PEAK_T:-32768} -r 2 -o csv > "$OUT/groupedab-$arm.csv" 2> "$OUT/groupedab-$arm.err"; bench_cols "$OUT/groupedab-$arm.csv" n_tokens,ring,tokens_per_s,of_bound,peak_vram; done ;;
+    # attention outputs bounded beside the carve (flash.OUT_BYTES: MLA's launches over groups of
+    # heads, a first chunk's SDPA in groups into attn) beside one launch each (the bound lifted):
+    # PEAK_PACK's PEAK_T read, tok/s and the live peak of each arm
+    outab) for arm in bounded whole; do timeout 150 python3 -c 'import sys
+from strata.cli import main
+if sys.argv[1] == "whole":
+    import dataclasses, functools
+    import strata.models.kv as kv
+    import strata.models.mla_launch as ml      # the default launch, not a pin: the block grows
+    kv.first_chunk_attention = functools.partial(kv.first_chunk_attention, out_bytes=1 << 50)
+    ml.DEFAULT = dataclasses.replace(ml.DEFAULT, out_bytes=1 << 50)
+sys.exit(main(sys.argv[2:]))' $arm bench "$PEAK_PACK" --vram ${PEAK_VRAM:-24GiB} -p ${PEAK_T:-32768} -r 2 -o csv > "$OUT/outab-$arm.csv" 2> "$OUT/outab-$arm.err"; echo "[$arm]"; bench_cols "$OUT/outab-$arm.csv" n_tokens,ring,tokens_per_s,of_bound,peak_vram; grep "past its" "$OUT/outab-$arm.err"; done ;;
     mlacudnn) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider -n 4 tests/kernels/test_mla_block.py tests/models/test_mla_flash.py tests/models/test_mla_blocks.py 2>&1 | tail -12 > "$OUT/gpu_mla_cudnn_tests.log"; tail -5 "$OUT/gpu_mla_cudnn_tests.log"
                timeout 90 python3 benchmarks/cudnn_mla_probe.py --out "$OUT" 2>&1 | tail -12
                timeout 150 python3 benchmarks/mla_bench.py --tokens 4096,8192,32768 --prefix 0,28672 --arms blocked:triton,blocked:cudnn,blocked:cudnn:4096/8192,blocked:cudnn:8192 --out "$OUT" > "$OUT/mla_cudnn_bench.log" 2>&1; grep "^P=" "$OUT/mla_cudnn_bench.log"
