@@ -286,10 +286,10 @@ with pin_decoded_gemm("grouped"):
     outab) for arm in bounded whole; do timeout 150 python3 -c 'import sys
 from strata.cli import main
 if sys.argv[1] == "whole":
-    import dataclasses, functools
-    import strata.models.kv as kv
+    import dataclasses
+    import strata.kernels.attention.flash as fl
     import strata.models.mla_launch as ml      # the default launch, not a pin: the block grows
-    kv.first_chunk_attention = functools.partial(kv.first_chunk_attention, out_bytes=1 << 50)
+    fl.OUT_BYTES = 1 << 50
     ml.DEFAULT = dataclasses.replace(ml.DEFAULT, out_bytes=1 << 50)
 sys.exit(main(sys.argv[2:]))' $arm bench "$PEAK_PACK" --vram ${PEAK_VRAM:-24GiB} -p ${PEAK_T:-32768} -r 2 -o csv > "$OUT/outab-$arm.csv" 2> "$OUT/outab-$arm.err"; echo "[$arm]"; bench_cols "$OUT/outab-$arm.csv" n_tokens,ring,tokens_per_s,of_bound,peak_vram; grep "past its" "$OUT/outab-$arm.err"; done ;;
     mlacudnn) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider -n 4 tests/kernels/test_mla_block.py tests/models/test_mla_flash.py tests/models/test_mla_blocks.py 2>&1 | tail -12 > "$OUT/gpu_mla_cudnn_tests.log"; tail -5 "$OUT/gpu_mla_cudnn_tests.log"

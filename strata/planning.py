@@ -40,6 +40,7 @@ a block gathered from the staged and resident segments)
 (strata.models.mla_scratch: mla_scratch_rows, mla_state_floats, mla_value_width, at the
 launch in force, strata.models.mla_launch; S is the longest prompt, or T without a KV policy),
 DFF2 twice a leading dense layer's FFN width (its gate and up products; 0 without such layers),
+QG = 2·QD a gated attention layer's query and output gate projected together,
 DN_<name> bytes of one row of the delta rule's buffer <name> (strata.kernels.deltanet.sizes
 .chunk_buffers of the launch in force, in the activations' dtype beside the KV's).
 
@@ -136,6 +137,12 @@ ATTN_STATE_BUF = Buf("attn_state", f32, ("T", "QS"),
 # Live only inside one layer's attention: the attention phase.
 ATTN_FLASH_BUF = Buf("attn_flash", f32, ("FQ", "FS"),
                      "a query block's merged output and log-sum-exp over flash's key blocks")
+
+# Qwen3.5 / Qwen3-Next's gated full-attention layers project the query and the output gate in
+# one GEMM (each head's q, then its gate): q is normed out of it into the carve's q, the gate
+# stays until the attention's output (in attn) is gated. Live only inside one layer's
+# attention: the attention phase.
+GATED_Q_BUF = Buf("qg", bf16, ("T", "QG"), "a gated attention layer's query and output gate")
 
 # MLA: the expanded attention decompresses a block of keys at a time into mla_k / mla_v and
 # merges the blocks of a query block in mla_state (strata.models.mla_scratch). Live only inside
@@ -248,6 +255,7 @@ def layout_spec(ffn: ExpertFFNs = EXPERT_FFNS["kernel"], kv: KVPolicy | None = N
     if shape is not None and shape.linear is not None:
         for b in deltanet_bufs(shape, kv, act.itemsize if act is not None else None):
             spec = spec.with_buffer(b, "attention")
+        spec = spec.with_buffer(GATED_Q_BUF, "attention")
     if shape is not None and shape.dense.lead:
         spec = spec.with_buffer(DENSE_FFN_BUF, "dense")
     return spec.with_buffer(KV_STAGE_BUF) if kv is not None and kv.streams else spec
@@ -297,7 +305,7 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
     dn = ({f"DN_{b.name}": b.row_bytes for b in deltanet_buffers(shape, 1, kv, act_itemsize)}
           if shape.linear is not None else {})
     return dn | {"T": T, "D": shape.d_model, "E": E, "E1": E + 1, "K": K, "F": shape.d_expert,
-            "QD": qd, "KVD": kvd,
+            "QD": qd, "KVD": kvd, "QG": 2 * qd,
             "TK": T * K, "TKP": padded_rows(T, K, E, bm), "TC": -(-T // DELTA_CHUNK),
             "G": pass_experts(ring, batch), "BB": decoded_blob_bytes(shape),
             "KS": max((kv.host_tokens(kv.max_prompt, w) for w in kv_windows(shape)), default=0)
@@ -431,7 +439,7 @@ def default_devices(names: Sequence[str]) -> dict[str, torch.device]:
 
 
 __all__ = ["ACTIVATIONS", "ATTN_FLASH_BUF", "ATTN_STATE_BUF", "DECODE_BUF", "DENSE_BYTES",
-           "DENSE_FFN_BUF",
+           "DENSE_FFN_BUF", "GATED_Q_BUF",
            "KV_EXPAND_BUFS", "deltanet_buffers", "deltanet_bufs", "state_itemsize", "KV_STAGE_BUF",
            "KVPolicy", "MLA_LATENT_BUF", "MLA_SCRATCH_BUFS", "dims_for", "layer_dense_bytes",
            "layer_scratch_bytes",

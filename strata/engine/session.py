@@ -138,8 +138,8 @@ def open_share(part, pp: ParticipantPlan, layout: PromptLayout, chunk: int, lend
         share.mla_scratch = {l: MLAScratch.of_carve(bufs) for l in layers}
     elif all(bufs.bufs.get(n) is not None for n in ("q", "k", "v")):
         # a GQA layer projects into them (strata.models.attention.attention), flat views; a
-        # gated one (strata.models.qwen3_next) its output gate into attn
-        share.proj = {l: {n: bufs[n].view(-1) for n in ("q", "k", "v", "attn")
+        # gated one (strata.models.qwen3_next) its query and gate into qg, its output into attn
+        share.proj = {l: {n: bufs[n].view(-1) for n in ("q", "k", "v", "attn", "qg")
                           if bufs.bufs.get(n) is not None} for l in layers}
     if 0 in layers and bufs.bufs.get("x") is not None:
         # the participant that embeds the chunk: its hidden states in the carve's x (flat)

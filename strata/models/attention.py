@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from strata.kernels.attention.flash import causal, head_groups
 from strata.kernels.attention.probe import attention_impl
 from strata.models.kv import KVCache, PromptKV
 from strata.models.layers import buf_view, into_view, norm_out, norm_rope, rms_norm
@@ -217,9 +218,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
     # GQA without copying K/V per query head (enable_gqa: query head h reads kv head
     # h // (H / Hkv)). A later chunk's query i sits at P+i and sees keys 0..P+i: the causal
     # mask aligned to the bottom right, which flash attention runs without materializing it.
-    if P == 0:
-        o = F.scaled_dot_product_attention(q[None], k_all[None], v_all[None], is_causal=True,
-                                           enable_gqa=True)[0]                   # [H, T, hd]
-    else:
-        o = lower_right_causal(q[None], k_all[None], v_all[None])[0]
-    return o.transpose(0, 1)                                                  # [T, H, hd]
+    # torch's op allocates its output: past flash.OUT_BYTES a launch, groups of heads into
+    # `into` (the carve's attn) instead of one [T, H, hd] beside the plan
+    out = buf_view(into, (T, q.shape[0], v_all.shape[-1]), q.dtype, q.device)
+    return head_groups(causal if P == 0 else lower_right_causal, q, k_all, v_all,
+                       out=out)                                               # [T, H, hd]

@@ -128,11 +128,13 @@ class Qwen3Next(MoeDecoder):
             return self.delta_attend(xn, lw.attn, cache, l, into)
         s, w = self.shape, lw.attn
         T, H, Hkv, hd = xn.shape[0], s.n_head, s.n_kv_head, s.head_dim
-        # the engine's carve holds the rotated q and k, v and the gate (cache.proj; each None
-        # where there is none: a CPU read in fp32, the model's own cache)
+        # the engine's carve holds the query and gate projection (qg), the rotated q and k, v
+        # and the attention's output (cache.proj; each None where there is none: a CPU read in
+        # fp32, the model's own cache)
         bufs = carve_proj(cache, l)
         dt = torch.promote_types(xn.dtype, w.wv.dtype)
-        qg = (xn @ w.wq.t()).view(T, H, 2 * hd)
+        qg = project(xn, w.wq, None, buf_view(bufs.get("qg"), (T, 2 * H * hd), dt, xn.device)
+                     ).view(T, H, 2 * hd)
         # per-head norm and the partial RoPE in one pass (strata.kernels.norm on CUDA)
         q = norm_rope(qg[..., :hd], w.q_norm, cos, sin, s.rms_eps,
                       norm_out(bufs.get("q"), qg[..., :hd], w.q_norm))         # [H, T, hd]
@@ -140,12 +142,18 @@ class Qwen3Next(MoeDecoder):
         k = norm_rope(k, w.k_norm, cos, sin, s.rms_eps, norm_out(bufs.get("k"), k, w.k_norm))
         v = project(xn, w.wv, None, buf_view(bufs.get("v"), (T, Hkv * hd), dt, xn.device)
                     ).view(T, Hkv, hd)
-        o = attend_cached(q, k, v, cache, l)                                   # [T, H, hd]
-        # the output gate into the sigmoid's own [T, H, hd] buffer (the carve's attn), reading
-        # o and the gate where they lie (o is often a transposed view): neither is copied
-        gate = torch.sigmoid(qg[..., hd:], out=buf_view(bufs.get("attn"), (T, H, hd),
-                                                        qg.dtype, xn.device))
-        return matmul_into(gate.mul_(o).reshape(T, H * hd), w.wo, into)
+        attn = bufs.get("attn")
+        o = attend_cached(q, k, v, cache, l, into=attn)                        # [T, H, hd]
+        if attn is not None and o.data_ptr() == attn.data_ptr() and o.is_contiguous():
+            # the output in attn (the route wrote it there): gated where it lies, the gate's
+            # sigmoid in qg's own bytes (s·o and o·s are the same bits)
+            y = o.mul_(torch.sigmoid_(qg[..., hd:]))
+        else:
+            # the output gate into the sigmoid's own [T, H, hd] buffer (the carve's attn),
+            # reading o and the gate where they lie (o is often a transposed view)
+            y = torch.sigmoid(qg[..., hd:], out=buf_view(attn, (T, H, hd), qg.dtype,
+                                                         xn.device)).mul_(o)
+        return matmul_into(y.reshape(T, H * hd), w.wo, into)
 
     def delta_attend(self, xn, w: DeltaNetWeights, cache, l: int, into=None) -> torch.Tensor:
         """A Gated DeltaNet layer's output [T, D]; its conv state and S carry in cache.states.

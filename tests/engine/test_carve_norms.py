@@ -152,12 +152,18 @@ def test_the_attention_and_ffn_outputs_take_the_normed_inputs_bytes(name, tmp_pa
 
 def test_a_gated_attention_layer_projects_into_its_carve(tmp_path, monkeypatch):
     """tiny-qwen35moe's full-attention layers (Qwen3.5 / Qwen3-Next gated attention), bf16: the
-    rotated q and k, v and the output gate lie in the carve's q / k / v / attn, and the read's
-    bits are those with each allocated."""
+    query and gate projection lie in the carve's qg, the rotated q and k, v and the output gate
+    in its q / k / v / attn, and the read's bits are those with each allocated."""
     import strata.models.qwen3_next as qn
     from strata.shapes import get_preset
     shape = get_preset("tiny-qwen35moe")
-    seen, real, real_sig = [], qn.attend_cached, torch.sigmoid
+    seen, real, real_sig, real_proj = [], qn.attend_cached, torch.sigmoid, qn.project
+
+    def proj(x, wt, b, out=None):
+        if wt.shape[0] == 2 * shape.n_head * shape.head_dim:
+            seen.append(("qg", None if out is None else out.data_ptr()))
+        return real_proj(x, wt, b, out)
+    monkeypatch.setattr(qn, "project", proj)
 
     def spy(q, k, v, cache, layer, **kw):
         seen.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
@@ -174,11 +180,13 @@ def test_a_gated_attention_layer_projects_into_its_carve(tmp_path, monkeypatch):
     monkeypatch.setattr(qn.torch, "sigmoid", real_sig)
     place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
     full = sum(shape.layer_kind(l) != "linear" for l in range(shape.n_layer))
-    qkv = {s for s in seen if s[0] != "gate"}
+    qkv = {s for s in seen if s[0] not in ("gate", "qg")}
     gates = {s[1] for s in seen if s[0] == "gate" and s[1] is not None}
-    assert full and len(seen) >= 2 * full * 3 and len(qkv) == 1 and len(gates) == 1
-    ((q, k, v),), (g,) = qkv, gates
-    assert (k - q, v - q, g - q) == tuple(place[n] - place["q"] for n in ("k", "v", "attn"))
+    qgs = {s[1] for s in seen if s[0] == "qg"}
+    assert full and len(seen) >= 3 * full * 3 and len(qkv) == 1 and len(gates) == 1
+    ((q, k, v),), (g,), (qg,) = qkv, gates, qgs
+    assert (k - q, v - q, g - q, qg - q) == tuple(place[n] - place["q"]
+                                                  for n in ("k", "v", "attn", "qg"))
     monkeypatch.setattr(qn, "attend_cached", real)
     monkeypatch.setattr(qn, "buf_view", lambda *a: None)
     monkeypatch.setattr(qn, "norm_out", lambda *a: None)
@@ -215,3 +223,38 @@ def test_the_engines_kv_attends_into_the_carves_attn(kv, tmp_path, monkeypatch):
     assert torch.equal(_engine(shape, tmp_path / "b", **cfg).run(tok, logits="all").logits,
                        res.logits)
 
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-qwen35moe"])
+def test_attention_outputs_in_groups_of_heads_read_the_same(name, tmp_path, monkeypatch):
+    """A bf16 read whose attention launches would each pass the bound on one launch's output
+    (strata.kernels.attention.flash.OUT_BYTES, made 1 byte here): every GQA / gated layer's
+    SDPA goes over groups of heads (one key head's query heads a launch) into the carve's attn,
+    a gated layer gates its output where it lies; the logits are the one-launch read's bits."""
+    import strata.kernels.attention.flash as fl
+    from strata.shapes import get_preset
+    shape = get_preset(name)
+    tok = torch.arange(9) % shape.vocab
+    whole = _engine(shape, tmp_path / "a").run(tok, logits="all").logits
+    launches, real = [], fl.head_groups
+
+    def spy(attend, q, k, v, *, out=None, out_bytes=None):
+        heads = []
+
+        def counted(qg, kg, vg):
+            heads.append(qg.shape[1])
+            return attend(qg, kg, vg)
+        o = real(counted, q, k, v, out=out, out_bytes=out_bytes)
+        launches.append((q.shape[0], k.shape[0], heads, None if out is None else
+                         out.data_ptr(), o.data_ptr()))
+        return o
+    monkeypatch.setattr(fl, "OUT_BYTES", 1)
+    monkeypatch.setattr("strata.models.attention.head_groups", spy)
+    eng = _engine(shape, tmp_path / "b")
+    res = eng.run(tok, logits="all")
+    full = [l for l in range(shape.n_layer) if shape.layer_kind(l) != "linear"]
+    assert len(launches) == 3 * len(full)                      # 3 chunks, each full layer
+    for H, Hkv, heads, out, o in launches:   # a launch a key head, into attn (one buffer)
+        assert Hkv > 1 and heads == [H // Hkv] * Hkv and out is not None and o == out
+    assert len({o for *_, o in launches}) == 1
+    assert torch.equal(res.logits, whole)

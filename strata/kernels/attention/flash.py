@@ -21,10 +21,12 @@ OUT_BYTES = 128 << 20   # the most one attention launch's output takes beside th
 
 
 def launch_groups(H: int, Hkv: int, rows: int, width: int, itemsize: int,
-                  out_bytes: int = OUT_BYTES) -> list[slice]:
+                  out_bytes: int | None = None) -> list[slice]:
     """The query heads of each launch over `rows` queries whose output is [heads, rows, width]
     of `itemsize` bytes: all H in one launch while that fits `out_bytes`, else groups of the
-    most whole GQA groups (H / Hkv query heads a key head) that fit, at least one."""
+    most whole GQA groups (H / Hkv query heads a key head) that fit, at least one (None:
+    OUT_BYTES, read now)."""
+    out_bytes = OUT_BYTES if out_bytes is None else out_bytes
     G = H // Hkv
     per = rows * width * itemsize * G                     # one key head's query heads
     n = max(1, min(Hkv, out_bytes // max(1, per))) * G
@@ -103,28 +105,44 @@ def cudnn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: boo
     return o[0], lse.reshape(lse.shape[0], lse.shape[1], -1)[0, :, :n]     # [H, n, hd], [H, n]
 
 
+def head_groups(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                out: torch.Tensor | None = None, out_bytes: int | None = None) -> torch.Tensor:
+    """attend(q [1, h, n, hd], k [1, hk, m, hd], v [1, hk, m, hv]) -> [1, h, n, hv] (a torch
+    attention op, GQA) over q [H, n, hd], k [Hkv, m, hd], v [Hkv, m, hv] (head-major views) ->
+    o [n, H, hv]: given `out` [n, H, hv], over groups of heads (launch_groups) into it where one
+    launch's output would pass `out_bytes` (None: OUT_BYTES, read now); else one launch's own
+    output, as it comes (a transposed view; no copy: groups into an allocated o would hold
+    more)."""
+    out_bytes = OUT_BYTES if out_bytes is None else out_bytes
+    H, n = q.shape[:2]
+    Hkv, hv = k.shape[0], v.shape[-1]
+    groups = launch_groups(H, Hkv, n, hv, q.element_size(), out_bytes) if out is not None \
+        else [slice(0, H)]
+    G = H // Hkv
+    for g in groups:
+        kv = slice(g.start // G, g.stop // G)
+        o = attend(q[None, g], k[None, kv], v[None, kv])[0]                     # [h, n, hv]
+        if len(groups) == 1:
+            return o.transpose(0, 1)
+        out[:, g].copy_(o.transpose(0, 1))
+    return out
+
+
+def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """torch's SDPA, causal over a chunk's own keys (GQA): q [1, H, T, hd], k, v [1, Hkv, T, hd]
+    -> [1, H, T, hd]."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                            enable_gqa=True)
+
+
 def first_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                           out: torch.Tensor | None = None,
-                          out_bytes: int = OUT_BYTES) -> torch.Tensor:
+                          out_bytes: int | None = None) -> torch.Tensor:
     """q [T, H, hd], k, v [T, Hkv, hd] bf16 of a chunk with no keys before it -> o [T, H, hd]:
     causal GQA over its own keys by torch's flash kernel, which runs this 1.2-1.25x faster than
     chunk_attention (attention_bench-NVIDIA_H200-5b184e5.csv, P = 0: 559 vs 455 TFLOP/s at
     T 8,192, 636 vs 512 at 16,384). Under --kv int8 the engine hands it the bf16 values of the
     chunk's int8 codes (strata.models.kv.PromptKV.attend), so both dtypes read the first chunk
-    as they store it. Given `out` [T, H, hd], a chunk whose output passes `out_bytes` goes over
-    groups of heads (launch_groups) into it; one that fits, or one with nowhere to go, is one
-    launch's own output, as it comes (no copy: groups into an allocated o would hold more)."""
-    T, H, hd = q.shape
-    Hkv = k.shape[1]
-    groups = launch_groups(H, Hkv, T, hd, q.element_size(), out_bytes) if out is not None \
-        else [slice(0, H)]
-    G = H // Hkv
-    for g in groups:
-        kv = slice(g.start // G, g.stop // G)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q[:, g].transpose(0, 1)[None], k[:, kv].transpose(0, 1)[None],
-            v[:, kv].transpose(0, 1)[None], is_causal=True, enable_gqa=True)  # [1, h, T, hd]
-        if len(groups) == 1:
-            return o[0].transpose(0, 1)
-        out[:, g].copy_(o[0].transpose(0, 1))
-    return out
+    as they store it. `out`, `out_bytes`: head_groups'."""
+    return head_groups(causal, q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                       out=out, out_bytes=out_bytes)
