@@ -88,13 +88,15 @@ ACTIVATIONS = LayoutSpec(
     ),
     phases=(
         Phase("attention", (
-            Buf("q", bf16, ("T", "QD"), "queries (q-norm and RoPE applied in place)"),
+            Buf("q", bf16, ("T", "QD"), "queries (q-norm and RoPE applied in place); a linear "
+                                        "layer's conv q and k, then its gated norm"),
             Buf("k", bf16, ("T", "KVD"), "this chunk's keys, before they join the KV cache; "
                                          "MLA's x Wkva^T (its latent and rope key)"),
             Buf("v", bf16, ("T", "KVD"), "this chunk's values; MLA's normed latent c"),
             Buf("attn", bf16, ("T", "QD"), "GQA's raw q projection, then its attention output; "
                                            "a gated layer's output gate; MLA's compressed "
-                                           "query and its norm, then its output"),
+                                           "query and its norm, then its output; a linear "
+                                           "layer's conv v"),
         )),
         Phase("moe", (
             Buf("router_logits", f32, ("T", "E"), "router logits, fp32 for a stable softmax"),
@@ -142,7 +144,8 @@ ATTN_FLASH_BUF = Buf("attn_flash", f32, ("FQ", "FS"),
 # one GEMM (each head's q, then its gate): q is normed out of it into the carve's q, the gate
 # stays until the attention's output (in attn) is gated. Live only inside one layer's
 # attention: the attention phase.
-GATED_Q_BUF = Buf("qg", bf16, ("T", "QG"), "a gated attention layer's query and output gate")
+GATED_Q_BUF = Buf("qg", bf16, ("T", "QG"), "a gated attention layer's query and output gate; "
+                  "a linear layer's q / k / v projection, then the rule's output and gate z")
 
 # MLA: the expanded attention decompresses a block of keys at a time into mla_k / mla_v and
 # merges the blocks of a query block in mla_state (strata.models.mla_scratch). Live only inside

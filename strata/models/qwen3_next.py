@@ -164,8 +164,9 @@ class Qwen3Next(MoeDecoder):
             raise StrataError(f"layer {l} is linear attention but the cache holds no recurrent "
                               f"state for it (a cache of {type(self).__name__}.new_cache)")
         packed = getattr(cache, "packed", None)
+        bufs = carve_proj(cache, l)
         if packed is None:
-            return self.delta_rows(xn, w, states, l, into)
+            return self.delta_rows(xn, w, states, l, into, bufs)
         # one sequence at a time, each from the zero state a fresh cache holds, so that nothing
         # crosses a boundary (a packed batch is one chunk: no sequence carries into another
         # chunk). Its rows of xn are read by its own call only, so its output lands there: the
@@ -174,15 +175,23 @@ class Qwen3Next(MoeDecoder):
         for a, b in packed.bounds:
             states.conv[l].zero_()
             states.S[l].zero_()
-            xn[a:b] = self.delta_rows(xn[a:b], w, states, l, xn[a:b])
+            xn[a:b] = self.delta_rows(xn[a:b], w, states, l, xn[a:b], bufs)
         return xn
 
-    def delta_rows(self, xn, w: DeltaNetWeights, states, l: int, into=None) -> torch.Tensor:
+    def delta_rows(self, xn, w: DeltaNetWeights, states, l: int, into=None,
+                   bufs=None) -> torch.Tensor:
         """The layer over consecutive rows xn [T, D] of one sequence, from and into
         states.conv[l] and states.S[l] -> [T, D], into `into` where it takes it (layers.
-        into_view: xn itself, read by then)."""
+        into_view: xn itself, read by then). `bufs`: the carve's buffers a full layer's
+        attention uses and a linear one's leaves free (cache.proj), which take its [T, ·]
+        tensors in turn: the q / k / v projection in qg, the conv's q and k in q and its v in
+        attn, then (the projection read) the rule's output and the gate z in qg, the gated
+        norm in q (q and k read); each allocated where it does not fit (a CPU read in fp32)."""
         lin, T = self.shape.linear, xn.shape[0]
         Hk, Hv, dk, dv = lin.n_k_head, lin.n_v_head, lin.k_head_dim, lin.v_head_dim
+        bufs, dev = bufs or {}, xn.device
+        dt = torch.promote_types(xn.dtype, w.qkv.dtype)
+        qg, qk_w, v_w = bufs.get("qg"), 2 * Hk * dk, Hv * dv
         if w.ba is not None:      # per key head: r b's, then r a's
             ba = (xn @ w.ba.t()).view(T, Hk, 2, Hv // Hk)
             b, a = ba[:, :, 0].reshape(T, Hv), ba[:, :, 1].reshape(T, Hv)
@@ -191,19 +200,24 @@ class Qwen3Next(MoeDecoder):
         conv = states.conv[l]
         conv1d = causal_conv1d if xn.is_cuda else causal_conv1d_torch
         # q and k in one output, v in its own: the delta rule reads v without copying it
-        mixed, new_conv = conv1d(xn @ w.qkv.t(), w.conv, None, conv.to(xn.dtype),
-                                 split=2 * Hk * dk)
+        qkv = project(xn, w.qkv, None, buf_view(qg, (T, qk_w + v_w), dt, dev))
+        mixed, new_conv = conv1d(qkv, w.conv, None, conv.to(xn.dtype), split=qk_w,
+                                 out=(buf_view(bufs.get("q"), (T, qk_w), qkv.dtype, dev),
+                                      buf_view(bufs.get("attn"), (T, v_w), qkv.dtype, dev)))
         conv.copy_(new_conv)
         q, k, v = split_qkv(mixed, Hk, Hv, dk, dv)
         g = w.a * F.softplus(a.float() + w.dt_bias)                  # [T, Hv] fp32, <= 0
         rule = delta_rule_on(xn)
         S = states.S[l]
         o, _ = rule(q, k, v, g, b.sigmoid(), S, use_qk_l2norm=True, out_state=S,
-                    scratch=states.scratch.get(l))
-        z = (xn @ w.gate.t()).view(T, Hv, dv)
+                    scratch=states.scratch.get(l),
+                    out=buf_view(qg, (T, Hv, dv), v.dtype, dev))     # the projection is read
+        z = project(xn, w.gate, None, buf_view(None if qg is None else qg[T * v_w:],
+                                               (T, v_w), dt, dev)).view(T, Hv, dv)
         norm = gated_rms_norm if xn.is_cuda else gated_rms_norm_torch
-        return matmul_into(norm(o, z, w.norm, self.shape.rms_eps).reshape(T, Hv * dv), w.out,
-                           into)
+        y = norm(o, z, w.norm, self.shape.rms_eps,
+                 buf_view(bufs.get("q"), (T, Hv, dv), o.dtype, dev))  # q and k are read
+        return matmul_into(y.reshape(T, Hv * dv), w.out, into)
 
     def mlp(self, h, lw: HybridLayer, l: int, provider, observer) -> torch.Tensor:
         """The routed experts plus the shared expert behind its sigmoid gate."""

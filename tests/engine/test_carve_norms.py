@@ -258,3 +258,79 @@ def test_attention_outputs_in_groups_of_heads_read_the_same(name, tmp_path, monk
         assert Hkv > 1 and heads == [H // Hkv] * Hkv and out is not None and o == out
     assert len({o for *_, o in launches}) == 1
     assert torch.equal(res.logits, whole)
+
+
+def test_a_linear_layer_computes_in_the_carve_a_full_layer_uses(tmp_path, monkeypatch):
+    """tiny-qwen35moe's Gated DeltaNet layers, bf16: the q / k / v projection lies in the
+    carve's qg, the conv's q and k in its q and v in its attn, the rule's output and the gate z
+    in qg (the projection read), the gated norm in q (q and k read); the read's bits are those
+    with each allocated."""
+    import strata.models.qwen3_next as qn
+    from strata.shapes import get_preset
+    shape = get_preset("tiny-qwen35moe")
+    lin = shape.linear
+    qk_w, v_w = 2 * lin.n_k_head * lin.k_head_dim, lin.n_v_head * lin.v_head_dim
+    seen = {"proj": [], "conv": [], "rule": [], "norm": []}
+    real_proj, real_conv, real_rule, real_norm = (qn.project, qn.causal_conv1d_torch,
+                                                  qn.delta_rule_on, qn.gated_rms_norm_torch)
+
+    def proj(x, wt, b, out=None):
+        y = real_proj(x, wt, b, out)
+        if proj.linear:                              # a linear layer's, not a full one's
+            seen["proj"].append((wt.shape[0], y.data_ptr()))
+        return y
+    proj.linear = False
+
+    def conv(*a, out=None, **kw):
+        (y1, y2), s = real_conv(*a, out=out, **kw)
+        seen["conv"].append((y1.data_ptr(), y2.data_ptr()))
+        return (y1, y2), s
+
+    def rule_on(x):
+        rule = real_rule(x)
+
+        def spied(*a, out=None, **kw):
+            o, S = rule(*a, out=out, **kw)
+            seen["rule"].append(o.data_ptr())
+            return o, S
+        return spied
+
+    def norm(x, z, w, eps, out=None):
+        y = real_norm(x, z, w, eps, out)
+        seen["norm"].append(y.data_ptr())
+        return y
+    for name, fn in (("project", proj), ("causal_conv1d_torch", conv),
+                     ("delta_rule_on", rule_on), ("gated_rms_norm_torch", norm)):
+        monkeypatch.setattr(qn, name, fn)
+    eng = _engine(shape, tmp_path / "a")
+    real_rows = type(eng.model).delta_rows
+
+    def rows(self, *a, **kw):
+        proj.linear = True
+        try:
+            return real_rows(self, *a, **kw)
+        finally:
+            proj.linear = False
+    monkeypatch.setattr(type(eng.model), "delta_rows", rows)
+    tok = torch.arange(9) % shape.vocab
+    res = eng.run(tok, logits="all")
+    monkeypatch.setattr(type(eng.model), "delta_rows", real_rows)
+    place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
+    linear = sum(shape.layer_kind(l) == "linear" for l in range(shape.n_layer))
+    assert linear and len(seen["conv"]) == len(seen["rule"]) == len(seen["norm"]) == 3 * linear
+    qkv = {p for rows, p in seen["proj"] if rows == qk_w + v_w}
+    gate = {p for rows, p in seen["proj"] if rows == v_w}
+    (qg,) = qkv
+    base = qg - place["qg"]
+    assert set(seen["conv"]) == {(base + place["q"], base + place["attn"])}
+    assert set(seen["rule"]) == {base + place["qg"]}
+    assert set(seen["norm"]) == {base + place["q"]}
+    # z right after the rule's output [T, Hv, dv] in qg: T 4, 4, then 1 (9 in chunks of 4)
+    assert gate == {base + place["qg"] + n * v_w * 2 for n in (4, 1)}
+    for name in ("project", "causal_conv1d_torch", "delta_rule_on", "gated_rms_norm_torch"):
+        monkeypatch.setattr(qn, name, {"project": real_proj, "causal_conv1d_torch": real_conv,
+                                       "delta_rule_on": real_rule,
+                                       "gated_rms_norm_torch": real_norm}[name])
+    monkeypatch.setattr(qn, "buf_view", lambda *a: None)
+    assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
+                       res.logits)

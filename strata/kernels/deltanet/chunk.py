@@ -41,7 +41,7 @@ from strata.kernels.deltanet._chunk_kernel import (_gdn_out_fwd_kernel, _gdn_sta
                                                    _gdn_wy_fwd_kernel)
 from strata.kernels.deltanet.launch import delta_launch
 from strata.kernels.deltanet.norms import l2norm
-from strata.kernels.deltanet.buffers import launch_dims, take_buffer
+from strata.kernels.deltanet.buffers import launch_dims, output_buffer, take_buffer
 from strata.kernels.deltanet.sizes import CHUNK, chunk_buffers
 
 
@@ -67,8 +67,9 @@ def delta_rule_on(x: torch.Tensor):
 
 def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
                            use_qk_l2norm: bool = False, chunk_size: int = CHUNK,
-                           out_state=None, scratch=None):
-    """The chunked gated delta rule (see the module docstring) -> (o, final state)."""
+                           out_state=None, scratch=None, out=None):
+    """The chunked gated delta rule (see the module docstring) -> (o, final state); o into
+    `out` where given (a contiguous [T, Hv, dv] in q's dtype: the engine's carve)."""
     T, Hk, dk, Hv, dv = launch_dims(q, k, v, g, beta, initial_state, out_state, chunk_size,
                                     "chunk_gated_delta_rule")
     L = delta_launch()
@@ -76,11 +77,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
         from strata.kernels.deltanet.fla_rule import chunk_gated_delta_rule_fla
         return chunk_gated_delta_rule_fla(q, k, v, g, beta, initial_state, scale=scale,
                                           use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
-                                          out_state=out_state, scratch=scratch)
+                                          out_state=out_state, scratch=scratch, out=out)
     scratch = {b.name: take_buffer(scratch, b, q.device)
                for b in chunk_buffers(T, Hk, Hv, dk, dv, qk_l2norm=use_qk_l2norm,
                                       split=L.split)}
-    o = torch.empty((T, Hv, dv), dtype=q.dtype, device=q.device)
+    o = output_buffer(out, (T, Hv, dv), q.dtype, q.device, "chunk_gated_delta_rule")
     ht = out_state if out_state is not None else torch.empty(
         (Hv, dk, dv), dtype=torch.float32, device=q.device)
     if use_qk_l2norm:

@@ -80,19 +80,19 @@ def _split(split, C):
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   state: torch.Tensor | None = None, *, activation: str | None = "silu",
-                  split: int = 0):
+                  split: int = 0, out=None):
     """The conv over this call's rows after the carried ones, one Triton launch (see the module
     docstring); x's rows need a unit last stride (copied otherwise). `split` > 0: y is two
     contiguous tensors, its columns before `split` and from it ([T, split], [T, C - split]:
-    q and k, then v, so the delta rule reads v without copying it)."""
+    q and k, then v, so the delta rule reads v without copying it). `out`: where y goes (a
+    contiguous [T, C], or with `split` a pair; either may be None: allocated), x's dtype."""
     K = _check(x, weight, bias, state)
     silu = _activation(activation)
     T, C = x.shape
     split = _split(split, C)
     x = x if x.stride(-1) == 1 else x.contiguous()
     s = (state if state is not None else x.new_zeros((K - 1, C))).contiguous()
-    y = torch.empty((T, split or C), dtype=x.dtype, device=x.device)
-    y2 = torch.empty((T, C - split), dtype=x.dtype, device=x.device) if split else y
+    y, y2 = _outs(x, split, out, "causal_conv1d")
     if T:
         bt, bc = TILE
         b = bias if bias is not None else s            # never read without HAS_B
@@ -104,11 +104,32 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return ((y, y2) if split else y), _carry(x, state, K)
 
 
+def _outs(x: torch.Tensor, split: int, out, what: str):
+    """(y, y2) for a conv of x [T, C]: `out`'s where given (checked: contiguous, x's dtype and
+    device, [T, split or C] and [T, C - split]), else new; y2 is y without a split."""
+    T, C = x.shape
+    shapes = [(T, split), (T, C - split)] if split else [(T, C)]
+    given = (list(out) if isinstance(out, (tuple, list)) else [out]) if out is not None \
+        else [None] * len(shapes)
+    if len(given) != len(shapes):
+        raise StrataError(f"{what}: out must be {'a pair' if split else 'one tensor'} here")
+    ys = []
+    for t, shp in zip(given, shapes):
+        if t is None:
+            t = torch.empty(shp, dtype=x.dtype, device=x.device)
+        elif (tuple(t.shape) != shp or t.dtype != x.dtype or t.device != x.device
+              or not t.is_contiguous()):
+            raise StrataError(f"{what}: out must be contiguous {list(shp)} {x.dtype} on "
+                              f"{x.device}, got {t.dtype} {list(t.shape)} on {t.device}")
+        ys.append(t)
+    return (ys[0], ys[1]) if split else (ys[0], ys[0])
+
+
 def causal_conv1d_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                         state: torch.Tensor | None = None, *, activation: str | None = "silu",
-                        split: int = 0):
+                        split: int = 0, out=None):
     """The twin: the conv over this call's rows after the carried ones in plain torch (see
-    the module docstring); `split` as causal_conv1d's."""
+    the module docstring); `split` and `out` as causal_conv1d's."""
     K = _check(x, weight, bias, state)
     _activation(activation)
     T, C = x.shape
@@ -128,4 +149,10 @@ def causal_conv1d_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     y = acc.to(x.dtype)
     if split:
         y = (y[:, :split].contiguous(), y[:, split:].contiguous())
+    if out is not None:
+        y1, y2 = _outs(x, split, out, "causal_conv1d_torch")
+        if split:
+            y = (y1.copy_(y[0]), y2.copy_(y[1]))
+        else:
+            y = y1.copy_(y)
     return y, new_state.contiguous()

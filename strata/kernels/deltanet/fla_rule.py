@@ -39,7 +39,7 @@ import torch
 import triton
 
 from strata.errors import StrataError
-from strata.kernels.deltanet.buffers import launch_dims, take_buffer
+from strata.kernels.deltanet.buffers import launch_dims, output_buffer, take_buffer
 from strata.kernels.deltanet.fla_import import lean_kernel_modules
 from strata.kernels.deltanet.norms import l2norm
 from strata.kernels.deltanet.sizes import CHUNK, fla_buffers
@@ -128,7 +128,7 @@ def _interpretable(kernel) -> None:
 
 def chunk_gated_delta_rule_fla(q, k, v, g, beta, initial_state=None, *, scale=None,
                                use_qk_l2norm: bool = False, chunk_size: int = CHUNK,
-                               out_state=None, scratch=None):
+                               out_state=None, scratch=None, out=None):
     """The chunked gated delta rule on fla-core's kernels (the module docstring)."""
     T, Hk, dk, Hv, dv = launch_dims(q, k, v, g, beta, initial_state, out_state, chunk_size,
                                     "chunk_gated_delta_rule_fla")
@@ -141,7 +141,7 @@ def chunk_gated_delta_rule_fla(q, k, v, g, beta, initial_state=None, *, scale=No
         q, k = l2norm(q, out=bufs["qn"]), l2norm(k, out=bufs["kn"])
     q, k, v = (x.to(act).contiguous() for x in (q, k, v))
     g, beta = g.float().contiguous(), beta.contiguous()
-    o = torch.empty((T, Hv, dv), dtype=act, device=q.device)
+    o = output_buffer(out, (T, Hv, dv), act, q.device, "chunk_gated_delta_rule_fla")
     ht = bufs["ht"]
     state = out_state if out_state is not None else torch.empty(
         (Hv, dk, dv), dtype=torch.float32, device=q.device)

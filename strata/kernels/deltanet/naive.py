@@ -68,16 +68,18 @@ def _prepare(q, k, v, g, beta, scale, use_qk_l2norm):
     return qf, kf, v.float().transpose(0, 1), g.float().t(), beta.float().t()
 
 
-def _finish(o, S, out_state, dtype):
+def _finish(o, S, out_state, dtype, out=None):
     if out_state is not None:
         out_state.copy_(S)
         S = out_state
+    if out is not None:    # the launchers' `out`: o rounded to its dtype, written there
+        return out.copy_(o.transpose(0, 1).to(dtype)), S
     return o.transpose(0, 1).to(dtype).contiguous(), S
 
 
 def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=None,
                                use_qk_l2norm: bool = False, chunk_size: int = CHUNK,
-                               out_state=None, scratch=None):
+                               out_state=None, scratch=None, out=None):
     """The reference: one token at a time (see the module docstring) -> (o, final state).
     `chunk_size` and `scratch` are accepted (and ignored) to keep the chunked form's signature;
     `out_state`, when given, receives the final state (it may be initial_state)."""
@@ -96,12 +98,12 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, *, scale=No
         delta = (v_t - kv_mem) * bf[:, t, None]
         S = S + k_t[:, :, None] * delta[:, None, :]
         o[:, t] = (S * q_t[:, :, None]).sum(dim=-2)
-    return _finish(o, S, out_state, q.dtype)
+    return _finish(o, S, out_state, q.dtype, out)
 
 
 def chunk_gated_delta_rule_torch(q, k, v, g, beta, initial_state=None, *, scale=None,
                                  use_qk_l2norm: bool = False, chunk_size: int = CHUNK,
-                                 out_state=None, scratch=None):
+                                 out_state=None, scratch=None, out=None):
     """The chunked WY form in torch, chunk by chunk (the Triton launcher's twin; `scratch` is
     accepted and ignored: torch allocates its own temporaries)."""
     check_inputs(q, k, v, g, beta, initial_state, out_state, chunk_size,
@@ -133,4 +135,4 @@ def chunk_gated_delta_rule_torch(q, k, v, g, beta, initial_state=None, *, scale=
         g_last = G[:, -1:]                                                   # [Hv, 1]
         S = (S * g_last.exp()[..., None]
              + (kc * (g_last - G).exp()[..., None]).transpose(-1, -2) @ v_new)
-    return _finish(o, S, out_state, q.dtype)
+    return _finish(o, S, out_state, q.dtype, out)

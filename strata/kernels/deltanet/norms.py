@@ -105,11 +105,12 @@ def _check_gate(x, z, w, what):
 
 
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
-                   eps: float) -> torch.Tensor:
-    """The output gate: RMSNorm of x [..., N] weighted by w [N], times silu(z) -> x's dtype."""
+                   eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The output gate: RMSNorm of x [..., N] weighted by w [N], times silu(z) -> x's dtype
+    (into `out`, a contiguous tensor of x's shape and dtype, when given)."""
     N = _check_gate(x, z, w, "gated_rms_norm")
     rows, zr = _rows(x, N, "gated_rms_norm"), _rows(z, N, "gated_rms_norm")
-    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    out = _gate_out(x, out, "gated_rms_norm").view(rows.shape)
     if rows.shape[0]:
         grid, bm, bn = _grid(rows.shape[0], N)
         pt = torch.promote_types(w.dtype, x.dtype)
@@ -120,11 +121,25 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
 
 
 def gated_rms_norm_torch(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
-                         eps: float) -> torch.Tensor:
-    """The twin: transformers' Qwen3NextRMSNormGated.forward with weight w."""
+                         eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The twin: transformers' Qwen3NextRMSNormGated.forward with weight w (`out` as
+    gated_rms_norm's)."""
     _check_gate(x, z, w, "gated_rms_norm_torch")
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     y = w * y.to(x.dtype)
-    return (y * F.silu(z.float())).to(x.dtype)
+    y = (y * F.silu(z.float())).to(x.dtype)
+    return y if out is None else _gate_out(x, out, "gated_rms_norm_torch").copy_(y)
+
+
+def _gate_out(x: torch.Tensor, out: torch.Tensor | None, what: str) -> torch.Tensor:
+    """The gated norm's output: `out` (checked: contiguous, x's shape, dtype and device), or a
+    new tensor of x's shape and dtype."""
+    if out is None:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if (tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype or out.device != x.device
+            or not out.is_contiguous()):
+        raise StrataError(f"{what}: out must be a contiguous {list(x.shape)} {x.dtype} tensor "
+                          f"on {x.device}, got {out.dtype} {list(out.shape)} on {out.device}")
+    return out
 
