@@ -37,11 +37,16 @@ def _check(logits, bias, top_k, n_group, topk_group):
 
 def grouped_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, *,
                  n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
-                 routed_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, E] -> (ids int64 [T, K], weights fp32 [T, K]): see the module doc."""
+                 routed_scale: float = 1.0, consume: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] -> (ids int64 [T, K], weights fp32 [T, K]): see the module doc. `consume`:
+    fp32 logits the caller hands over (the router's own), whose bytes take s; the corrected
+    scores are masked in place: two [T, E] fp32 live at once, not four (134 MB at a 32K
+    DeepSeek-V3 chunk), the same values."""
     _check(logits, bias, top_k, n_group, topk_group)
     T, E = logits.shape
-    s = torch.sigmoid(logits.float())                                      # [T, E]
+    lf = logits.float()
+    s = torch.sigmoid(lf, out=lf) if consume and lf is logits else torch.sigmoid(lf)  # [T, E]
     c = s + bias.float() if bias is not None else s
     if n_group > 1:
         per = E // n_group
@@ -50,7 +55,10 @@ def grouped_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, *,
         keep = gs.topk(topk_group, dim=-1).indices                         # [T, Gk]
         mask = torch.zeros(T, n_group, dtype=torch.bool, device=c.device)
         mask.scatter_(1, keep, True)
-        c = c.masked_fill(~mask.repeat_interleave(per, dim=1), float("-inf"))
+        drop = ~mask.repeat_interleave(per, dim=1)
+        # in place where c is its own tensor (s is read for the weights after)
+        c = c.masked_fill_(drop, float("-inf")) if c is not s else c.masked_fill(drop,
+                                                                                 float("-inf"))
     ids = c.topk(top_k, dim=-1).indices                                     # [T, K]
     w = s.gather(1, ids)
     if norm_topk_prob:
@@ -60,8 +68,10 @@ def grouped_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, *,
 
 def grouped_topk_ref(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, *,
                      n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
-                     routed_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Brute force, token by token in Python (same signature and contract as grouped_topk)."""
+                     routed_scale: float = 1.0, consume: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Brute force, token by token in Python (same signature and contract as grouped_topk;
+    `consume` is accepted and changes nothing here)."""
     _check(logits, bias, top_k, n_group, topk_group)
     T, E = logits.shape
     per = E // n_group
@@ -90,5 +100,6 @@ def sigmoid_router(w_router: torch.Tensor, bias: torch.Tensor | None, shape):
         r = shape.router
         return grouped_topk(route_logits(h, w_router), bias, shape.top_k,
                             n_group=r.n_group, topk_group=r.topk_group,
-                            norm_topk_prob=shape.norm_topk_prob, routed_scale=r.scale)
+                            norm_topk_prob=shape.norm_topk_prob, routed_scale=r.scale,
+                            consume=True)
     return route

@@ -92,3 +92,21 @@ def test_group_limit_excludes_the_dropped_groups():
     assert sorted(ids[0].tolist()) == [2, 3]   # group 1 (1+1 > 5-5 after sigmoid)
     ids_all, _ = grouped_topk(logits, None, 2, n_group=1, topk_group=1)
     assert 0 in ids_all[0].tolist()
+
+
+def test_consumed_logits_route_the_same_and_others_are_left_alone():
+    """consume=True (the router's own logits): s takes the logits' bytes and the corrected
+    scores are masked in place; the ids and weights are the copying call's bits, with a bias
+    and without (where c is s itself: masked out of place), one group or several; without
+    consume the caller's logits are untouched."""
+    gen = torch.Generator().manual_seed(3)
+    for bias in (torch.randn(16, generator=gen), None):
+        for n_group, topk_group in ((1, 1), (4, 2)):
+            logits = torch.randn(9, 16, generator=gen)
+            kw = dict(n_group=n_group, topk_group=topk_group, routed_scale=2.5)
+            keep = logits.clone()
+            ids, w = grouped_topk(logits, bias, 4, **kw)
+            assert torch.equal(logits, keep)
+            ids2, w2 = grouped_topk(logits, bias, 4, consume=True, **kw)
+            assert torch.equal(ids2, ids) and torch.equal(w2, w)
+            assert torch.equal(logits, torch.sigmoid(keep))           # s in the logits' bytes
