@@ -55,12 +55,14 @@ def norm_out(buf: torch.Tensor | None, x: torch.Tensor, w: torch.Tensor | None
 
 def buf_view(buf: torch.Tensor | None, shape, dtype: torch.dtype, device
              ) -> torch.Tensor | None:
-    """A contiguous `shape` view of the flat `buf`'s first values (a carve's buffer), or None
-    where there is none, or it is too small, of another dtype or on another device."""
+    """A contiguous `shape` view of the contiguous `buf`'s first values (a carve's buffer, flat
+    or a view of one), or None where there is none, or it is too small, of another dtype or on
+    another device, or not contiguous."""
     n = math.prod(shape)
-    if buf is None or buf.dtype != dtype or buf.device != device or buf.numel() < n:
+    if buf is None or buf.dtype != dtype or buf.device != device or buf.numel() < n \
+            or not buf.is_contiguous():
         return None
-    return buf[:n].view(shape)
+    return buf.reshape(-1)[:n].view(shape)
 
 
 def into_view(into: torch.Tensor | None, shape, dtype: torch.dtype, device

@@ -38,3 +38,24 @@ def test_matmul_into_is_the_product_where_into_takes_it(T, n, m, dt, case):
     elif into is not None:
         assert got.data_ptr() != into.data_ptr()
         assert torch.equal(into.isnan(), before.isnan())       # nothing written into it
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(0, 40), st.sampled_from(DTYPES))
+def test_buf_view_reads_a_contiguous_buffer_flat(r, c, n, dt):
+    """buf_view over a contiguous buffer of any shape is a view of its first values in
+    row-major order, where they are; a transposed (non-contiguous) one, a short one or one of
+    another dtype answers None."""
+    from strata.models.layers import buf_view
+    buf = torch.arange(r * c, dtype=torch.float32).to(dt).view(r, c)
+    shape = (n,)
+    got = buf_view(buf, shape, dt, buf.device)
+    if n > r * c:
+        assert got is None
+    else:
+        assert torch.equal(got, buf.reshape(-1)[:n])
+        assert n == 0 or got.data_ptr() == buf.data_ptr()     # (an empty view points nowhere)
+    if r > 1 and c > 1:
+        assert buf_view(buf.t(), (1,), dt, buf.device) is None
+    other = torch.float16 if dt != torch.float16 else torch.float32
+    assert buf_view(buf, (1,), other, buf.device) is None
