@@ -328,8 +328,8 @@ class PromptKV:
         the cache. `extra`: the attention's window / sinks (chunk_attention's keywords), for the
         layers that have them; a layer kept as a sliding one must mask with its window (its
         ring holds no more). `into` (flat: the carve's attn): o's bytes where it fits
-        (layers.buf_view), on every route (a first chunk's SDPA only where one launch would
-        pass flash.OUT_BYTES: its groups of heads land there)."""
+        (layers.buf_view), on every route (a first chunk's SDPA over groups of heads where
+        one launch would pass flash.OUT_BYTES)."""
         from strata.kernels.attention import chunk_attention_for
         from strata.kernels.attention.flash_prefix import prefix_flash_attention, prefix_route
         from strata.kernels.attention.probe import attention_impl

@@ -152,12 +152,13 @@ def test_the_attention_and_ffn_outputs_take_the_normed_inputs_bytes(name, tmp_pa
 
 def test_a_gated_attention_layer_projects_into_its_carve(tmp_path, monkeypatch):
     """tiny-qwen35moe's full-attention layers (Qwen3.5 / Qwen3-Next gated attention), bf16: the
-    query and gate projection lie in the carve's qg, the rotated q and k, v and the output gate
-    in its q / k / v / attn, and the read's bits are those with each allocated."""
+    query and gate projection lie in the carve's qg, the rotated q and k, v in its q / k / v and
+    the attention's output in its attn, gated where it lies; the read's bits are those with
+    each allocated."""
     import strata.models.qwen3_next as qn
     from strata.shapes import get_preset
     shape = get_preset("tiny-qwen35moe")
-    seen, real, real_sig, real_proj = [], qn.attend_cached, torch.sigmoid, qn.project
+    seen, real, real_proj = [], qn.attend_cached, qn.project
 
     def proj(x, wt, b, out=None):
         if wt.shape[0] == 2 * shape.n_head * shape.head_dim:
@@ -166,30 +167,29 @@ def test_a_gated_attention_layer_projects_into_its_carve(tmp_path, monkeypatch):
     monkeypatch.setattr(qn, "project", proj)
 
     def spy(q, k, v, cache, layer, **kw):
+        o = real(q, k, v, cache, layer, **kw)
         seen.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
-        return real(q, k, v, cache, layer, **kw)
-
-    def sig(x, out=None):
-        seen.append(("gate", None if out is None else out.data_ptr()))
-        return real_sig(x, out=out)
+        seen.append(("o", o.data_ptr()))
+        return o
     monkeypatch.setattr(qn, "attend_cached", spy)
     eng = _engine(shape, tmp_path / "a")
-    monkeypatch.setattr(qn.torch, "sigmoid", sig)
     tok = torch.arange(9) % shape.vocab
     res = eng.run(tok, logits="all")
-    monkeypatch.setattr(qn.torch, "sigmoid", real_sig)
+    monkeypatch.setattr(qn, "project", real_proj)
     place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
     full = sum(shape.layer_kind(l) != "linear" for l in range(shape.n_layer))
-    qkv = {s for s in seen if s[0] not in ("gate", "qg")}
-    gates = {s[1] for s in seen if s[0] == "gate" and s[1] is not None}
+    qkv = {s for s in seen if s[0] not in ("o", "qg")}
+    outs = {s[1] for s in seen if s[0] == "o"}
     qgs = {s[1] for s in seen if s[0] == "qg"}
-    assert full and len(seen) >= 3 * full * 3 and len(qkv) == 1 and len(gates) == 1
-    ((q, k, v),), (g,), (qg,) = qkv, gates, qgs
-    assert (k - q, v - q, g - q, qg - q) == tuple(place[n] - place["q"]
-                                                  for n in ("k", "v", "attn", "qg"))
+    calls = [s for s in seen if s[0] == "o"]        # (qg counts the linear layers' too: the
+    assert full and len(calls) == 3 * full and len(qkv) == 1 and len(outs) == 1   # same buffer)
+    ((q, k, v),), (o,), (qg,) = qkv, outs, qgs
+    assert (k - q, v - q, o - q, qg - q) == tuple(place[n] - place["q"]
+                                                 for n in ("k", "v", "attn", "qg"))
     monkeypatch.setattr(qn, "attend_cached", real)
     monkeypatch.setattr(qn, "buf_view", lambda *a: None)
     monkeypatch.setattr(qn, "norm_out", lambda *a: None)
+    monkeypatch.setattr("strata.models.attention.buf_view", lambda *a: None)
     assert torch.equal(_engine(shape, tmp_path / "b").run(tok, logits="all").logits,
                        res.logits)
 

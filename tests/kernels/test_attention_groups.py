@@ -51,8 +51,9 @@ def test_a_first_chunk_in_groups_reads_as_one_launch(dtype, monkeypatch):
     alloc = first_chunk_attention(q, k, v, out_bytes=two)      # no buffer: one launch's own
     assert launches == [6] and torch.equal(alloc, whole)
     launches.clear()
-    assert torch.equal(first_chunk_attention(q, k, v, out=out, out_bytes=3 * two), whole)
-    assert launches == [6]                               # one launch: its own output as it comes
+    got = first_chunk_attention(q, k, v, out=out, out_bytes=3 * two)
+    assert launches == [6] and got.data_ptr() == out.data_ptr()   # one launch, into out
+    assert torch.equal(got, whole)
 
 
 def test_the_prefix_blocks_write_the_given_output():

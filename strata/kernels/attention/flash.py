@@ -109,10 +109,11 @@ def head_groups(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                 out: torch.Tensor | None = None, out_bytes: int | None = None) -> torch.Tensor:
     """attend(q [1, h, n, hd], k [1, hk, m, hd], v [1, hk, m, hv]) -> [1, h, n, hv] (a torch
     attention op, GQA) over q [H, n, hd], k [Hkv, m, hd], v [Hkv, m, hv] (head-major views) ->
-    o [n, H, hv]: given `out` [n, H, hv], over groups of heads (launch_groups) into it where one
-    launch's output would pass `out_bytes` (None: OUT_BYTES, read now); else one launch's own
-    output, as it comes (a transposed view; no copy: groups into an allocated o would hold
-    more)."""
+    o [n, H, hv]: given `out` [n, H, hv], into it, over groups of heads (launch_groups) where one
+    launch's output would pass `out_bytes` (None: OUT_BYTES, read now). The op's output is
+    head-major, so o token-major is a copy wherever it lands: into `out` (the carve's attn)
+    rather than the [n, H·hv] the output projection's reshape would allocate. Without `out`,
+    one launch's own output as it comes (a transposed view)."""
     out_bytes = OUT_BYTES if out_bytes is None else out_bytes
     H, n = q.shape[:2]
     Hkv, hv = k.shape[0], v.shape[-1]
@@ -122,7 +123,7 @@ def head_groups(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     for g in groups:
         kv = slice(g.start // G, g.stop // G)
         o = attend(q[None, g], k[None, kv], v[None, kv])[0]                     # [h, n, hv]
-        if len(groups) == 1:
+        if out is None:
             return o.transpose(0, 1)
         out[:, g].copy_(o.transpose(0, 1))
     return out
