@@ -93,21 +93,23 @@ def one_layout(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 def masked_attention(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, P: int,
                      window: int = 0, sinks: torch.Tensor | None = None,
-                     starts: torch.Tensor | None = None) -> torch.Tensor:
+                     starts: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """q [H, T, hd] at positions P.., k_all, v_all [Hkv, P+T, hd] -> o [H, T, hd] in q's dtype
     (positions counted from k_all's first key: a sliding layer's cache passes only its kept
     tail as the P), with the sliding window and the sink logits: what SDPA cannot express
     (sinks). `starts` [T] (packed sequences, P = 0): query i sees keys starts[i]..i only.
     bf16 on CUDA runs strata's chunk_attention over the cache in place (flash-style,
-    no [H, T, S] scores); otherwise an explicit mask and sink column in the model's own dtype
-    (the fp32 reference)."""
+    no [H, T, S] scores), its output into `out` [T, H, hd] where given (the carve's attn);
+    otherwise an explicit mask and sink column in the model's own dtype (the fp32 reference)."""
     H, T, hd = q.shape
     if q.is_cuda and q.dtype == torch.bfloat16:
         from strata.kernels.attention import KVSegment, chunk_attention
         kt, vt = one_layout(k_all.transpose(0, 1), v_all.transpose(0, 1))  # [P+T, Hkv, hd]
         prefix = [KVSegment(kt[:P], vt[:P])] if P else []
         o = chunk_attention(q.transpose(0, 1), kt[P:], vt[P:], prefix, window=window,
-                            sinks=None if sinks is None else sinks.float(), starts=starts)
+                            sinks=None if sinks is None else sinks.float(), starts=starts,
+                            out=out)
         return o.transpose(0, 1)
     G = H // k_all.shape[0]
     K = k_all.repeat_interleave(G, 0)                                # [H, S, hd]
@@ -212,14 +214,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | P
     # the KV dtype (--kv) may be narrower than the dense math (bf16 KV beside fp32 on the CPU)
     k_all, v_all = k_all.to(q.dtype), v_all.to(q.dtype)
     P = k_all.shape[1] - T   # the keys kept before the chunk: P, a sliding layer's last W - 1
+    out = buf_view(into, (T, q.shape[0], v_all.shape[-1]), q.dtype, q.device)
     if window or sinks is not None or starts is not None:
-        return masked_attention(q, k_all, v_all, P, window, sinks,
-                                starts).transpose(0, 1)                           # [T, H, hd]
+        return masked_attention(q, k_all, v_all, P, window, sinks, starts,
+                                out).transpose(0, 1)                              # [T, H, hd]
     # GQA without copying K/V per query head (enable_gqa: query head h reads kv head
     # h // (H / Hkv)). A later chunk's query i sits at P+i and sees keys 0..P+i: the causal
     # mask aligned to the bottom right, which flash attention runs without materializing it.
-    # torch's op allocates its output: past flash.OUT_BYTES a launch, groups of heads into
-    # `into` (the carve's attn) instead of one [T, H, hd] beside the plan
-    out = buf_view(into, (T, q.shape[0], v_all.shape[-1]), q.dtype, q.device)
+    # torch's op allocates its output: it goes into `into` (the carve's attn), over groups of
+    # heads past flash.OUT_BYTES a launch, instead of a [T, H, hd] beside the plan
     return head_groups(causal if P == 0 else lower_right_causal, q, k_all, v_all,
                        out=out)                                               # [T, H, hd]
