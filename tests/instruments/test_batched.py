@@ -85,7 +85,7 @@ def hybrid(request, tmp_path_factory):
 def test_hybrid_batched_ppl_equals_one_window_at_a_time(hybrid, capsys, how):
     pack, text, bound = hybrid
     # the hybrids' experts (221 KB of Q8_0): a cache a batch's buffers leave too small for all
-    extra = ["--vram", "2GiB", "--cache", "450KiB", "--ring", "2", "--no-warmup"] \
+    extra = ["--vram", "2GiB", "--cache", "512KiB", "--ring", "2", "--no-warmup"] \
         if how == "streamed" else []
     single = ppl(capsys, pack, text, "--batch-windows", "1", *extra)
     batched = ppl(capsys, pack, text, *extra)
