@@ -262,9 +262,10 @@ for step in "$@"; do
     # 8192 beside triton (every block through cuDNN since the square tiling, ce32a82; 4096/8192:
     # query blocks of 4096, the keys before them in launches of 8192), and the 5-layer resident
     # read at --mla-key-block 8192 and --mla-block 8192 against the default
-    # stop 67's GPU-unrun code: MLA's q as one tensor and in the carve, the dense-lead FFN in
-    # the carve, the bench / prefill peaks, the unsettled rate test
-    carvetests) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider -n 4 tests/models/test_mla.py tests/models/test_mla_blocks.py tests/models/test_mla_carve.py tests/models/test_mla_flash.py tests/models/test_mla_kv_resident.py tests/models/test_deepseek_yarn.py tests/kernels/test_mla_block.py tests/test_bench_cmd.py tests/test_roofline.py 2>&1 | tail -15 > "$OUT/gpu_carve_tests.log"; tail -12 "$OUT/gpu_carve_tests.log" ;;
+    # the carve's GPU tests: MLA's q / o / latent projections and its launches over groups of
+    # heads, the attention outputs in attn (head_groups), the delta rule's parts into given
+    # buffers, the bench / prefill peaks, the unsettled rate test
+    carvetests) timeout 150 python3 -m pytest -rfE -m gpu -p no:cacheprovider -n 4 tests/models/test_mla.py tests/models/test_mla_blocks.py tests/models/test_mla_carve.py tests/models/test_mla_flash.py tests/models/test_mla_heads.py tests/models/test_mla_kv_resident.py tests/models/test_deepseek_yarn.py tests/kernels/test_mla_block.py tests/kernels/test_attention_groups.py tests/kernels/test_deltanet_outs.py tests/engine/test_carve_norms.py tests/test_bench_cmd.py tests/test_roofline.py 2>&1 | tail -15 > "$OUT/gpu_carve_tests.log"; tail -12 "$OUT/gpu_carve_tests.log" ;;
     # MLA's block: DeepSeek's 5 resident layers at T 32768 under B 4096 (the default) and 32768
     mlablock) for m in "" "--mla-block 32768"; do t=$(echo "x $m" | tr -cd 'a-z0-9'); timeout 150 python3 benchmarks/profile_read.py --what resident --preset deepseek-v3 --quant Q4_K_M --layers 5 --T 32768 --reps 2 --top 6 $m --out "$OUT/mlablock$t" > "$OUT/profile_ds_$t.log" 2>&1; echo "[$m]"; grep -v "it/s\]" "$OUT/profile_ds_$t.log" | grep "^T=\|^-- " ; done ;;
     # what a read holds against its budget (bench's peak_vram): PEAK_PACK at PEAK_VRAM, 8K and 32K
