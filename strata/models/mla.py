@@ -322,7 +322,8 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
         n = min(block, T - t0)
         acc, lse = scratch.carried(n, H, Hv)
         blocks = key_blocks(P + t0 + n, n, kb, square=square)
-        hg = launch_heads(H, n, vw, q.element_size(), launch)
+        # bytes a launch holds a value: its output (efficient's with its fp32 accumulator)
+        hg = launch_heads(H, n, vw, q.element_size() + 4 * (backend == "efficient"), launch)
         heads = [slice(h0, min(H, h0 + hg)) for h0 in range(0, H, hg)]
         for i, (a, b, masked) in enumerate(blocks):
             k, v = scratch.kv(b - a, H, hd, vw, rows)

@@ -39,8 +39,9 @@ carves).
                once).
       out_bytes  the most one launch's output may take (efficient, flash, cudnn: torch's ops
                allocate it beside the carve, [heads, n, width] in the attention's dtype, and it
-               lives until its merge): a block launches over all H heads while n·H·width
-               values fit, else over groups of the most heads that do (launch_heads), each
+               lives until its merge; efficient's fp32 accumulator of that shape counts too):
+               a block launches over all H heads while n·H·width values fit, else over
+               groups of the most heads that do (launch_heads), each
                merged into its heads' rows of the state. The heads are independent, so a
                group's launch is the whole launch's rows for those heads; at B 4096 and
                DeepSeek-V3's 128 value heads of 128 the whole launch is 128 MiB, and a block

@@ -60,7 +60,8 @@ def test_groups_of_heads_read_as_one_launch(backend, merge, T, P, block, monkeyp
             return mla_chunk_attention(*ins, sdpa=True, scratch=sc, out=out, **kw), list(heads)
     whole, launches = read(OUT_BYTES)
     vw = mla_value_width(N + R, Hv, backend)
-    per_head = min(block, T) * vw * 4                    # one head's output of a query block
+    item = 4 + 4 * (backend == "efficient")              # its output (+ fp32 accumulator)
+    per_head = min(block, T) * vw * item                 # one head's bytes of a query block
     got, split = read(2 * per_head)                      # two heads a launch at most
     assert torch.isfinite(got).all() and torch.equal(got, whole)
     if backend == "triton":                              # it writes the state: nothing to split
@@ -70,21 +71,22 @@ def test_groups_of_heads_read_as_one_launch(backend, merge, T, P, block, monkeyp
     # every launch of a full query block in groups of 2, 2 and 1 heads; a shorter block's
     # groups hold more (its heads' output is smaller); every group within the bytes
     assert sum(h for h, _, _ in split) == H * len(launches) and len(split) > len(launches)
-    assert all(h == launch_heads(H, n, vw, 4, MLALaunch(out_bytes=2 * per_head))
-               or h == H % launch_heads(H, n, vw, 4, MLALaunch(out_bytes=2 * per_head))
+    assert all(h == launch_heads(H, n, vw, item, MLALaunch(out_bytes=2 * per_head))
+               or h == H % launch_heads(H, n, vw, item, MLALaunch(out_bytes=2 * per_head))
                for h, n, _ in split)
     assert [h for h, n, _ in split if n == min(block, T)][:3] == [2, 2, 1]
-    assert all(b <= 2 * per_head for _, _, b in split)
+    assert all(b * item // 4 <= 2 * per_head for _, _, b in split)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cudnn", "efficient"])
 def test_a_grown_block_stays_within_out_bytes_on_the_gpu(backend):
     """DeepSeek-V3's heads (128, q/k 192, v 128), one masked block of 4,096 queries: under an
-    out_bytes of a quarter of its 128 MiB output the launch goes over four groups of 32 heads,
-    and what the call allocates beyond its scratch and output is the chunk's joined q and one
-    group's launch (its output and lse; efficient's fp32 accumulator beside its output), not
-    the whole launch's; the result reads as the one launch's."""
+    out_bytes of a quarter of its 128 MiB output the launch goes over groups of heads (cudnn:
+    four of 32; efficient, whose fp32 accumulator counts beside its output: of 10), and what
+    the call allocates beyond its scratch and output is the chunk's joined q and one group's
+    launch (its output and lse), not the whole launch's; the result reads as the one
+    launch's."""
     from tests.models.test_mla_blocks import BF16_REL, SLACK, transient_beyond
     H, N, R, Hv, L, T, block = 128, 128, 64, 128, 512, 4096, 4096
     ins = draw(H, T, 0, N, R, Hv, L, seed=5, dtype=torch.bfloat16, device="cuda")
@@ -97,9 +99,10 @@ def test_a_grown_block_stays_within_out_bytes_on_the_gpu(backend):
             kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block, scratch=sc, out=out)
             extra = transient_beyond(ins, kw)
             got[ob] = out.clone()
-    heads = launch_heads(H, T, Hv, 2, MLALaunch(out_bytes=quarter))
-    assert heads == 32
-    per = T * Hv * (2 + (4 if backend == "efficient" else 0)) + -(-T // 32) * 32 * 4
+    item = 2 + 4 * (backend == "efficient")          # bf16 output (+ fp32 accumulator)
+    heads = launch_heads(H, T, Hv, item, MLALaunch(out_bytes=quarter))
+    assert heads == (32 if backend == "cudnn" else 10)
+    per = T * Hv * item + -(-T // 32) * 32 * 4
     bound = H * T * (N + R) * 2 + heads * per + SLACK
     assert extra <= bound, f"{backend}: {extra} B beyond the scratch, bound {bound} B"
     a, b = got[OUT_BYTES].float(), got[quarter].float()
