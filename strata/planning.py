@@ -302,8 +302,11 @@ def dims_for(shape: ModelShape, T: int, block_m: int | None = None, ring: int = 
     E, K = shape.n_expert, shape.top_k
     bm = block_m if block_m is not None else block_m_for(T, K, E)
     qd, kvd = shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
-    if shape.mla:   # the chunk's expanded per-head keys and values (strata.models.mla)
-        qd = kvd = shape.n_head * max(shape.head_dim, shape.mla.v_head_dim)
+    if shape.mla:   # the chunk's query and output at the wider of its head widths; k and v
+        # hold the latent projection x Wkva^T and its normed latent (strata.models.mla: the
+        # blocked attention decompresses keys into mla_k / mla_v, never the whole chunk's)
+        qd = shape.n_head * max(shape.head_dim, shape.mla.v_head_dim)
+        kvd = shape.mla.kv_lora + shape.mla.qk_rope
     m = shape.mla or Mla()   # no MLA: its scratch symbols are 0
     dn = ({f"DN_{b.name}": b.row_bytes for b in deltanet_buffers(shape, 1, kv, act_itemsize)}
           if shape.linear is not None else {})
