@@ -139,16 +139,16 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     output goes when it takes it (layers.into_view; a decoder passes x itself, its normed
     input, dead once q, k and v are projected)."""
     T, H, Hkv, hd = x.shape[0], s.n_head, s.n_kv_head, s.head_dim
-    # the engine's carve holds the chunk's q, k, v (cache.proj: the plan counted them), and the
-    # raw q in attn (free until the attention's output); each view is None where there is none
-    # (a CPU read in fp32, the model's own cache)
+    # the engine's carve holds the chunk's q, k, v (cache.proj: the plan counted them), the raw
+    # q in attn (free until the attention's output) and the raw k in v (free until v is
+    # projected, after k is normed); each view is None where there is none (a CPU read in
+    # fp32, the model's own cache)
     bufs = carve_proj(cache, layer)
     dt = torch.promote_types(x.dtype, w.wv.dtype)
     q = project(x, w.wq, w.bq, buf_view(bufs.get("attn"), (T, H * hd), dt, x.device)
                 ).view(T, H, hd)                                     # [T, H, hd]
-    k = project(x, w.wk, w.bk).view(T, Hkv, hd)                      # [T, Hkv, hd]
-    v = project(x, w.wv, w.bv, buf_view(bufs.get("v"), (T, Hkv * hd), dt, x.device)
-                ).view(T, Hkv, hd)
+    k = project(x, w.wk, w.bk, buf_view(bufs.get("v"), (T, Hkv * hd), dt, x.device)
+                ).view(T, Hkv, hd)                                   # [T, Hkv, hd]
     qw, kw = w.q_norm, w.k_norm
     if qw is not None and qw.numel() != hd:   # one norm over all heads (MiniMax-M2), then rope
         q = rms_norm(q.view(T, H * hd), qw, s.norm_eps).view(T, H, hd)
@@ -157,6 +157,8 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     # the optional per-head norm, then NEOX RoPE: one fused pass each on CUDA (layers.norm_rope)
     q = norm_rope(q, qw, cos, sin, s.norm_eps, norm_out(bufs.get("q"), q, qw))
     k = norm_rope(k, kw, cos, sin, s.norm_eps, norm_out(bufs.get("k"), k, kw))
+    v = project(x, w.wv, w.bv, buf_view(bufs.get("v"), (T, Hkv * hd), dt, x.device)
+                ).view(T, Hkv, hd)                                   # the raw k read
     # the output into attn (the raw q's, dead once q is rotated) where the route takes it
     o = attend(q, k, v, cache, layer, window=window, sinks=w.sinks,
                into=bufs.get("attn"))                                # [T, H, hd]

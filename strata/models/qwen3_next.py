@@ -138,7 +138,9 @@ class Qwen3Next(MoeDecoder):
         # per-head norm and the partial RoPE in one pass (strata.kernels.norm on CUDA)
         q = norm_rope(qg[..., :hd], w.q_norm, cos, sin, s.rms_eps,
                       norm_out(bufs.get("q"), qg[..., :hd], w.q_norm))         # [H, T, hd]
-        k = (xn @ w.wk.t()).view(T, Hkv, hd)
+        # the raw k in v's bytes until it is normed, then v there
+        k = project(xn, w.wk, None, buf_view(bufs.get("v"), (T, Hkv * hd), dt, xn.device)
+                    ).view(T, Hkv, hd)
         k = norm_rope(k, w.k_norm, cos, sin, s.rms_eps, norm_out(bufs.get("k"), k, w.k_norm))
         v = project(xn, w.wv, None, buf_view(bufs.get("v"), (T, Hkv * hd), dt, xn.device)
                     ).view(T, Hkv, hd)

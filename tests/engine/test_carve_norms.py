@@ -69,14 +69,14 @@ def test_the_norms_write_the_carve_and_the_residual_adds_in_place(name, tmp_path
 def test_a_gqa_read_projects_q_k_v_into_its_carve(name, tmp_path, monkeypatch):
     """tiny-qwen3moe, tiny-glm4moe and tiny-minimax-m2 (GQA; GLM's biases and partial RoPE,
     MiniMax's q / k norms over all heads), bf16: every layer's normed and rotated q and k and
-    its v projection
-    lie in the carve's q / k / v (cache.proj, the plan's buffers), the read's bits are the read's
-    with them allocated, and the maps are emptied when the prompt ends (a cache that outlives
-    it must not write into the refilled loan)."""
+    its v projection lie in the carve's q / k / v (cache.proj, the plan's buffers), the raw q in
+    its attn and the raw k in its v (before v is projected there), the read's bits are the
+    read's with them allocated, and the maps are emptied when the prompt ends (a cache that
+    outlives it must not write into the refilled loan)."""
     import strata.models.attention as att
     from strata.shapes import get_preset
     shape = get_preset(name)
-    seen, real = [], att.attend
+    seen, real, raw, real_proj = [], att.attend, [], att.project
 
     def spy(q, k, v, cache, layer, **kw):
         seen.append((q.data_ptr(), k.data_ptr(), v.data_ptr()))
@@ -84,12 +84,23 @@ def test_a_gqa_read_projects_q_k_v_into_its_carve(name, tmp_path, monkeypatch):
         return real(q, k, v, cache, layer, **kw)
     monkeypatch.setattr(att, "attend", spy)
     eng = _engine(shape, tmp_path / "a")
+    ks = {id(eng.model.layers[l].attn.wk) for l in range(shape.n_layer)}
+    qs = {id(eng.model.layers[l].attn.wq) for l in range(shape.n_layer)}
+
+    def proj(x, wt, b, out=None):          # the raw projections: where each lands
+        y = real_proj(x, wt, b, out)
+        raw.append(("k" if id(wt) in ks else "q" if id(wt) in qs else "", y.data_ptr()))
+        return y
+    monkeypatch.setattr(att, "project", proj)
     tok = torch.arange(9) % shape.vocab
     res = eng.run(tok, logits="all")
+    monkeypatch.setattr(att, "project", real_proj)
     place = {p["name"]: p["offset"] for p in res.plan.participants[0].placements}
     assert len(seen) == shape.n_layer * 3 and len(set(seen)) == 1     # one q, k, v: the carve's
     (q, k, v), = set(seen)
     assert (k - q, v - q) == (place["k"] - place["q"], place["v"] - place["q"])
+    assert {p for n, p in raw if n == "k"} == {v}                       # the raw k in v
+    assert {p for n, p in raw if n == "q"} == {q - place["q"] + place["attn"]}   # raw q in attn
     assert spy.cache.proj == {}
     monkeypatch.setattr(att, "attend", real)
     monkeypatch.setattr(att, "buf_view", lambda *a: None)
