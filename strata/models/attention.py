@@ -150,9 +150,11 @@ def attention(x: torch.Tensor, w: AttentionWeights, s: AttentionShape, cos: torc
     k = project(x, w.wk, w.bk, buf_view(bufs.get("v"), (T, Hkv * hd), dt, x.device)
                 ).view(T, Hkv, hd)                                   # [T, Hkv, hd]
     qw, kw = w.q_norm, w.k_norm
-    if qw is not None and qw.numel() != hd:   # one norm over all heads (MiniMax-M2), then rope
-        q = rms_norm(q.view(T, H * hd), qw, s.norm_eps).view(T, H, hd)
-        k = rms_norm(k.view(T, Hkv * hd), kw, s.norm_eps).view(T, Hkv, hd)
+    if qw is not None and qw.numel() != hd:   # one norm over all heads (MiniMax-M2), then rope:
+        # each over its own raw projection (a row-wise norm reads its row before writing it)
+        q2, k2 = q.view(T, H * hd), k.view(T, Hkv * hd)
+        q = rms_norm(q2, qw, s.norm_eps, norm_out(q2, q2, qw)).view(T, H, hd)
+        k = rms_norm(k2, kw, s.norm_eps, norm_out(k2, k2, kw)).view(T, Hkv, hd)
         qw = kw = None
     # the optional per-head norm, then NEOX RoPE: one fused pass each on CUDA (layers.norm_rope)
     q = norm_rope(q, qw, cos, sin, s.norm_eps, norm_out(bufs.get("q"), q, qw))

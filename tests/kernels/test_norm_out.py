@@ -32,6 +32,19 @@ def test_into_a_buffer_is_the_same_bits(fn, dt, wdt):
     assert flat[T * D:].isnan().all()                  # nothing written past its rows
 
 
+@pytest.mark.parametrize("fn", [rms_norm, rms_norm_torch], ids=["kernel", "twin"])
+@pytest.mark.parametrize("N", [96, 6144], ids=["D96", "N6144"])
+def test_in_place_over_its_own_input_is_the_same_bits(fn, N):
+    """out=x (MiniMax-M2's whole-projection q / k norms over their raw projections,
+    strata.models.attention): the kernel holds a row whole (BN >= N) and reads it before
+    writing it, so the bits are the copying call's, at a projection's width too."""
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(9, N, generator=g).bfloat16(), torch.randn(N, generator=g).bfloat16()
+    want = fn(x, w, 1e-6)
+    got = fn(x, w, 1e-6, out=norm_out(x, x, w))
+    assert got.data_ptr() == x.data_ptr() and torch.equal(got, want)
+
+
 def test_norm_out_passes_over_a_buffer_it_cannot_use():
     x, w = torch.zeros(4, 8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16)
     assert norm_out(None, x, w) is None
