@@ -75,9 +75,9 @@ class MLAScratch:
     >= rows·(Lkv + R)); k, v and c in the attention's dtype. In the engine also the chunk's
     query and output (`q`, `o`: the carve's q and attn, T·QD values each, QD = H·max(hd, Hv)),
     which the layer computes into instead of allocating them beside the plan (`query`,
-    `output`), and the carve's k and v (`lat`, `lat_norm`, T·(Lkv + R) values each: the plan's
-    KVD for MLA, strata.planning.dims_for) for its latent projections: the compressed query and its
-    norm in o's bytes before the output lands there (`q_a`), x Wkva^T in lat (`kv_proj`, its
+    `output`), and the carve's k and v (`lat`, `lat_norm`, T·(Lkv + R) values each: the
+    plan's KVD for MLA, strata.planning.dims_for) for its latent projections: the compressed
+    query and its norm in o's bytes before the output lands there (`q_a`), x Wkva^T in lat (`kv_proj`, its
     rope key rotated where it lies) and the normed latent c in lat_norm (`c_out`); none of
     them part of `nbytes`, which is the mla_* buffers'. `block`: the attention block
     the carve sized them for (the plan's, strata.planning.mla_dims' MB), which the attention
