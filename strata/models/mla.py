@@ -72,7 +72,7 @@ from strata.models.mla_attend import (attend_block, attend_block_cudnn, attend_b
                                       attend_block_ref, attend_carried, attend_for, key_blocks,
                                       merge_block, merge_for)
 from strata.models.mla_launch import (MLA_BLOCK, backend_on, key_rows, launch_heads,
-                                     mla_launch)
+                                     mla_launch, value_bytes)
 from strata.models.mla_scratch import MLAScratch, mla_scratch_rows, mla_value_width
 
 
@@ -322,8 +322,7 @@ def _expanded_scratch(q_nope, q_pe, segs, wkvb, v_head_dim, scale, block, scratc
         n = min(block, T - t0)
         acc, lse = scratch.carried(n, H, Hv)
         blocks = key_blocks(P + t0 + n, n, kb, square=square)
-        # bytes a launch holds a value: its output (efficient's with its fp32 accumulator)
-        hg = launch_heads(H, n, vw, q.element_size() + 4 * (backend == "efficient"), launch)
+        hg = launch_heads(H, n, vw, value_bytes(backend, q.element_size()), launch)
         heads = [slice(h0, min(H, h0 + hg)) for h0 in range(0, H, hg)]
         for i, (a, b, masked) in enumerate(blocks):
             k, v = scratch.kv(b - a, H, hd, vw, rows)

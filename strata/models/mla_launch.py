@@ -134,11 +134,17 @@ def key_rows(block: int, launch: MLALaunch | None = None) -> int:
     return max(block, launch.key_block or 0)
 
 
+def value_bytes(backend: str, itemsize: int) -> int:
+    """Bytes a block launch of `backend` holds beside the carve for each of its output's values
+    of `itemsize` bytes: the output, and the efficient kernel's fp32 accumulator beside it."""
+    return itemsize + (4 if backend == "efficient" else 0)
+
+
 def launch_heads(H: int, n: int, width: int, itemsize: int,
                  launch: MLALaunch | None = None) -> int:
-    """Heads one block launch of n queries takes at once: all H while its output (n x heads x
-    width values of `itemsize` bytes) fits the launch's out_bytes (`launch`: the one in force
-    when None), else the most that do, and at least one."""
+    """Heads one block launch of n queries takes at once: all H while what it holds (n x heads
+    x width values of `itemsize` bytes each: value_bytes) fits the launch's out_bytes
+    (`launch`: the one in force when None), else the most that do, and at least one."""
     launch = mla_launch() if launch is None else launch
     return max(1, min(H, launch.out_bytes // max(1, n * width * itemsize)))
 
@@ -165,4 +171,4 @@ def pin_mla_launch(launch: MLALaunch | None = None, **changes):
 
 __all__ = ["BACKENDS", "DEFAULT", "DEFAULT_BACKEND", "MERGES", "MLALaunch", "MLA_BLOCK",
            "OUT_BYTES", "backend_on", "block_grows", "key_rows", "launch_heads", "mla_launch",
-           "pin_mla_launch"]
+           "pin_mla_launch", "value_bytes"]

@@ -12,7 +12,7 @@ from strata.errors import StrataError
 from strata.models import mla_attend
 from strata.models.mla import mla_chunk_attention
 from strata.models.mla_launch import (BACKENDS, MERGES, OUT_BYTES, MLALaunch, launch_heads,
-                                      pin_mla_launch)
+                                      pin_mla_launch, value_bytes)
 from strata.models.mla_scratch import MLAScratch, mla_value_width
 from tests.models.test_mla_blocks import draw
 
@@ -30,6 +30,8 @@ def test_launch_heads_keeps_the_output_within_out_bytes():
             h = launch_heads(128, n, width, 2, at)
             assert 1 <= h <= 128 and (h == 1 or h * n * width * 2 <= OUT_BYTES)
             assert h == 128 or (h + 1) * n * width * 2 > OUT_BYTES
+    # the efficient kernel's fp32 accumulator beside its output; the others hold the output
+    assert [value_bytes(b, 2) for b in ("efficient", "flash", "triton", "cudnn")] == [6, 2, 2, 2]
     for bad in (0, -1, True, 1.5):
         with pytest.raises(StrataError, match="out_bytes must be a positive int"):
             MLALaunch(out_bytes=bad)
@@ -60,7 +62,7 @@ def test_groups_of_heads_read_as_one_launch(backend, merge, T, P, block, monkeyp
             return mla_chunk_attention(*ins, sdpa=True, scratch=sc, out=out, **kw), list(heads)
     whole, launches = read(OUT_BYTES)
     vw = mla_value_width(N + R, Hv, backend)
-    item = 4 + 4 * (backend == "efficient")              # its output (+ fp32 accumulator)
+    item = value_bytes(backend, 4)                       # its output (+ fp32 accumulator)
     per_head = min(block, T) * vw * item                 # one head's bytes of a query block
     got, split = read(2 * per_head)                      # two heads a launch at most
     assert torch.isfinite(got).all() and torch.equal(got, whole)
@@ -99,7 +101,7 @@ def test_a_grown_block_stays_within_out_bytes_on_the_gpu(backend):
             kw = dict(v_head_dim=Hv, scale=(N + R) ** -0.5, block=block, scratch=sc, out=out)
             extra = transient_beyond(ins, kw)
             got[ob] = out.clone()
-    item = 2 + 4 * (backend == "efficient")          # bf16 output (+ fp32 accumulator)
+    item = value_bytes(backend, 2)                   # bf16 output (+ fp32 accumulator)
     heads = launch_heads(H, T, Hv, item, MLALaunch(out_bytes=quarter))
     assert heads == (32 if backend == "cudnn" else 10)
     per = T * Hv * item + -(-T // 32) * 32 * 4
