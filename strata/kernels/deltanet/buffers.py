@@ -25,19 +25,6 @@ def launch_dims(q, k, v, g, beta, initial_state, out_state, chunk_size: int, wha
     return T, Hk, dk, Hv, dv
 
 
-def output_buffer(out, shape, dtype: torch.dtype, device, what: str) -> torch.Tensor:
-    """The rule's output o `shape` ([T, Hv, dv]): `out` where given (contiguous, that shape,
-    dtype and device: the engine's carve view; one line otherwise), else a new tensor."""
-    if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape)
-            or out.dtype != dtype or out.device != device or not out.is_contiguous()):
-        raise StrataError(f"{what}: out must be a contiguous {list(shape)} {dtype} tensor on "
-                          f"{device}, got {getattr(out, 'dtype', type(out).__name__)} "
-                          f"{list(getattr(out, 'shape', []))}")
-    return out
-
-
 def take_buffer(scratch, b, device, what: str = "chunk_gated_delta_rule"):
     """Buffer `b` (sizes.Buffer) from `scratch`: the first b.nbytes bytes of the tensor given
     under its name (any contiguous tensor on `device` that holds them, as the carve's uint8

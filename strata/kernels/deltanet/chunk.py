@@ -41,7 +41,8 @@ from strata.kernels.deltanet._chunk_kernel import (_gdn_out_fwd_kernel, _gdn_sta
                                                    _gdn_wy_fwd_kernel)
 from strata.kernels.deltanet.launch import delta_launch
 from strata.kernels.deltanet.norms import l2norm
-from strata.kernels.deltanet.buffers import launch_dims, output_buffer, take_buffer
+from strata.kernels.deltanet.outs import output_buffer
+from strata.kernels.deltanet.buffers import launch_dims, take_buffer
 from strata.kernels.deltanet.sizes import CHUNK, chunk_buffers
 
 

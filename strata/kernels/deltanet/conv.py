@@ -32,6 +32,7 @@ import triton
 from strata._backend import INTERPRET
 from strata.errors import StrataError
 from strata.kernels.deltanet._conv_kernel import _causal_conv1d_fwd_kernel
+from strata.kernels.deltanet.outs import output_buffer
 
 ROWS = 64               # the chunk of strata.kernels.deltanet.sizes.CHUNK
 TILE = (64, 128)        # the kernel's [rows, channels] per program (x's K-row halo from L2)
@@ -113,15 +114,7 @@ def _outs(x: torch.Tensor, split: int, out, what: str):
         else [None] * len(shapes)
     if len(given) != len(shapes):
         raise StrataError(f"{what}: out must be {'a pair' if split else 'one tensor'} here")
-    ys = []
-    for t, shp in zip(given, shapes):
-        if t is None:
-            t = torch.empty(shp, dtype=x.dtype, device=x.device)
-        elif (tuple(t.shape) != shp or t.dtype != x.dtype or t.device != x.device
-              or not t.is_contiguous()):
-            raise StrataError(f"{what}: out must be contiguous {list(shp)} {x.dtype} on "
-                              f"{x.device}, got {t.dtype} {list(t.shape)} on {t.device}")
-        ys.append(t)
+    ys = [output_buffer(t, shp, x.dtype, x.device, what) for t, shp in zip(given, shapes)]
     return (ys[0], ys[1]) if split else (ys[0], ys[0])
 
 

@@ -39,9 +39,10 @@ import torch
 import triton
 
 from strata.errors import StrataError
-from strata.kernels.deltanet.buffers import launch_dims, output_buffer, take_buffer
+from strata.kernels.deltanet.buffers import launch_dims, take_buffer
 from strata.kernels.deltanet.fla_import import lean_kernel_modules
 from strata.kernels.deltanet.norms import l2norm
+from strata.kernels.deltanet.outs import output_buffer
 from strata.kernels.deltanet.sizes import CHUNK, fla_buffers
 
 # the release strata launches and tests: its kernels' arguments are fla-core internals, so

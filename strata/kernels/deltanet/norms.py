@@ -22,6 +22,7 @@ import triton.language as tl
 
 from strata._backend import INTERPRET
 from strata.errors import StrataError
+from strata.kernels.deltanet.outs import output_buffer
 from strata.kernels.deltanet._norm_kernel import _gated_rms_norm_fwd_kernel, _l2norm_fwd_kernel
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -133,13 +134,6 @@ def gated_rms_norm_torch(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
 
 
 def _gate_out(x: torch.Tensor, out: torch.Tensor | None, what: str) -> torch.Tensor:
-    """The gated norm's output: `out` (checked: contiguous, x's shape, dtype and device), or a
-    new tensor of x's shape and dtype."""
-    if out is None:
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if (tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype or out.device != x.device
-            or not out.is_contiguous()):
-        raise StrataError(f"{what}: out must be a contiguous {list(x.shape)} {x.dtype} tensor "
-                          f"on {x.device}, got {out.dtype} {list(out.shape)} on {out.device}")
-    return out
+    """The gated norm's output: `out` (x's shape, dtype and device), or a new tensor."""
+    return output_buffer(out, x.shape, x.dtype, x.device, what)
 
